@@ -1,0 +1,61 @@
+"""hiertail_fast: fast, memory-lean HierTail (KDD'24) for long-tail node classification.
+
+Public API (imported lazily: `import hiertail_fast` imports neither triton nor the kernels):
+
+Kernels / ops
+    balanced_contrastive_loss, BalancedContrastiveLoss, hierarchical_contrastive_loss
+    gcn_propagate, GCNConv
+    topk_pool, TopKPool, topk_unpool, nearest_prototype
+Model and data
+    HierTail, CSRGraph, make_synthetic_graph, load_npz
+Metrics
+    accuracy, balanced_accuracy, macro_f1, g_means, per_class_accuracy,
+    class_imbalance_ratio, long_tailedness_ratio, loss_range
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> submodule that defines it
+_EXPORTS = {
+    "CSRGraph": "hiertail_fast.graph",
+    "balanced_contrastive_loss": "hiertail_fast.losses",
+    "BalancedContrastiveLoss": "hiertail_fast.losses",
+    "hierarchical_contrastive_loss": "hiertail_fast.losses",
+    "gcn_propagate": "hiertail_fast.ops.gcn_propagate",
+    "topk_pool": "hiertail_fast.ops.topk_pool",
+    "topk_unpool": "hiertail_fast.ops.topk_pool",
+    "TopKPoolResult": "hiertail_fast.ops.topk_pool",
+    "nearest_prototype": "hiertail_fast.ops.nearest_prototype",
+    "GCNConv": "hiertail_fast.nn.conv",
+    "TopKPool": "hiertail_fast.nn.pool",
+    "HierTail": "hiertail_fast.nn.hiertail",
+    "make_synthetic_graph": "hiertail_fast.data.synthetic",
+    "load_npz": "hiertail_fast.data.io",
+    "accuracy": "hiertail_fast.metrics",
+    "balanced_accuracy": "hiertail_fast.metrics",
+    "macro_f1": "hiertail_fast.metrics",
+    "g_means": "hiertail_fast.metrics",
+    "per_class_accuracy": "hiertail_fast.metrics",
+    "class_imbalance_ratio": "hiertail_fast.metrics",
+    "long_tailedness_ratio": "hiertail_fast.metrics",
+    "loss_range": "hiertail_fast.metrics",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hiertail_fast' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # cache: later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,65 @@
+"""Input checks shared by every public op: clear ValueError/TypeError naming the problem."""
+from __future__ import annotations
+
+import torch
+
+
+def check_tensor(t: object, name: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def check_float_matrix(t: object, name: str, *, finite: bool = True) -> torch.Tensor:
+    t = check_tensor(t, name)
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be 2-D [n, d], got shape {tuple(t.shape)}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    if finite and t.numel() and not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name} contains NaN or Inf")
+    return t
+
+
+def check_index_vector(t: object, name: str, *, length: int | None = None) -> torch.Tensor:
+    t = check_tensor(t, name)
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got {t.dtype}")
+    if length is not None and t.numel() != length:
+        raise ValueError(f"{name} has {t.numel()} entries, expected {length}")
+    if t.numel() and int(t.min()) < 0:
+        raise ValueError(f"{name} has negative entries")
+    return t
+
+
+def check_edge_index(edge_index: object, num_nodes: int | None = None) -> torch.Tensor:
+    ei = check_tensor(edge_index, "edge_index")
+    if ei.dim() != 2 or ei.shape[0] != 2:
+        raise ValueError(f"edge_index must have shape [2, E], got {tuple(ei.shape)}")
+    if ei.is_floating_point() or ei.is_complex() or ei.dtype == torch.bool:
+        raise TypeError(f"edge_index must be an integer tensor, got {ei.dtype}")
+    if ei.numel():
+        if int(ei.min()) < 0:
+            raise ValueError("edge_index has negative node indices")
+        if num_nodes is not None and int(ei.max()) >= num_nodes:
+            raise ValueError(
+                f"edge_index refers to node {int(ei.max())} but num_nodes is {num_nodes}"
+            )
+    return ei
+
+
+def check_edge_weight(edge_weight: object, num_edges: int) -> torch.Tensor | None:
+    if edge_weight is None:
+        return None
+    w = check_tensor(edge_weight, "edge_weight")
+    if w.dim() != 1:
+        raise ValueError(f"edge_weight must be 1-D [E], got shape {tuple(w.shape)}")
+    if not w.is_floating_point():
+        raise TypeError(f"edge_weight must be floating point, got {w.dtype}")
+    if w.numel() != num_edges:
+        raise ValueError(f"edge_weight has {w.numel()} entries but edge_index has {num_edges} edges")
+    if w.numel() and not bool(torch.isfinite(w).all()):
+        raise ValueError("edge_weight contains NaN or Inf")
+    return w
