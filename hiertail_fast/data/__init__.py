@@ -1,0 +1,1 @@
+"""Datasets: the uniform .npz format, splits, and the synthetic long-tail graph generator."""
