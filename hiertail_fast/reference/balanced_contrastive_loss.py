@@ -1,0 +1,139 @@
+"""Dense reference of the class-balanced contrastive loss (HierTail SCL Eq. 7 / BCL Eq. 8).
+
+The oracle for the fast backends (``hiertail_fast/ops/balanced_contrastive_loss.py``): plain
+PyTorch, N_all x N_all matrices, float64-safe so ``torch.autograd.gradcheck`` runs. Never fast.
+
+Definitions (N_all = N + m rows, DESIGN.md §3)::
+
+    Z_all = cat(z, prototypes)              labels_all = cat(labels, arange(m))
+    s_ij  = z_i . z_j / tau                 c(q) = #rows of label q,  w_k = 1 / c(label_k)
+    P(i)  = {j : label_j = label_i}         (include_self=True, the official code)
+          = {j != i : label_j = label_i}    (include_self=False, the paper's Eq. 7)
+
+    exact:    loss_i = log sum_k w_k exp(s_ik) - (1/|P(i)|) sum_{j in P(i)} s_ij
+    official: M_i = max_k s_ik,  S^_ij = exp(s_ij - M_i) + 1e-7,  D_i = sum_k w_k S^_ik
+              loss_i = -(1/|P(i)|) sum_{j in P(i)} log(S^_ij / D_i)
+
+The denominator always runs over ALL keys k (i included). ``official`` reproduces the official
+code's formula, including the +1e-7 after the row-max shift, which clamps every positive term
+at about log(1e-7) = -16.1: on unnormalised embeddings the two variants differ enormously. The
+gradient through M_i goes to the arg-max entry (first index on ties), as ``torch.max`` routes it.
+
+A row with an empty positive set (a class of one member with ``include_self=False``)
+contributes nothing: its entry is 0 under ``reduction="none"`` and it is left out of the mean
+(``"mean"`` averages over contributing rows; with ``include_self=True`` every row contributes,
+so this is the official code's mean over all rows). If no row contributes the loss is 0.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from hiertail_fast._validation import check_float_matrix, check_index_vector
+
+OFFICIAL_EPS = 1e-7
+REDUCTIONS = ("mean", "sum", "none")
+VARIANTS = ("exact", "official")
+
+
+def validate_contrastive_inputs(
+    z: torch.Tensor,
+    labels: torch.Tensor,
+    prototypes: torch.Tensor | None,
+    temperature: float,
+    reduction: str,
+    variant: str,
+) -> None:
+    """Input checks shared by reference and fast backends (ValueError/TypeError)."""
+    check_float_matrix(z, "z")
+    if z.shape[0] == 0 or z.shape[1] == 0:
+        raise ValueError(f"z is empty (shape {tuple(z.shape)}); need at least one row and column")
+    check_index_vector(labels, "labels", length=z.shape[0])
+    if labels.device != z.device:
+        raise ValueError(f"labels are on {labels.device} but z is on {z.device}")
+    if prototypes is not None:
+        check_float_matrix(prototypes, "prototypes")
+        if prototypes.shape[1] != z.shape[1]:
+            raise ValueError(
+                f"prototypes have width {prototypes.shape[1]} but z has width {z.shape[1]}"
+            )
+        if prototypes.dtype != z.dtype:
+            raise TypeError(f"prototypes are {prototypes.dtype} but z is {z.dtype}")
+        if prototypes.device != z.device:
+            raise ValueError(f"prototypes are on {prototypes.device} but z is on {z.device}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"temperature must be a float, got {type(temperature).__name__}")
+    if not math.isfinite(float(temperature)) or temperature <= 0:
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction={reduction!r} is not one of {REDUCTIONS}")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant={variant!r} is not one of {VARIANTS}")
+
+
+def _reduce(loss: torch.Tensor, contributes: torch.Tensor, reduction: str) -> torch.Tensor:
+    loss = torch.where(contributes, loss, torch.zeros_like(loss))
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / max(int(contributes.sum()), 1)
+
+
+def balanced_contrastive_loss_ref(
+    z: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    prototypes: torch.Tensor | None = None,
+    temperature: float = 0.1,
+    include_self: bool = True,
+    reduction: str = "mean",
+    variant: str = "exact",
+) -> torch.Tensor:
+    """Class-balanced contrastive loss, dense reference.
+
+    Args:
+        z: [N, d] floating embeddings (not normalised here).
+        labels: [N] non-negative integer labels.
+        prototypes: optional [m, d] rows appended to ``z``; prototype t gets label t.
+        temperature: tau > 0.
+        include_self: whether i is its own positive (official code) or not (paper Eq. 7).
+        reduction: "mean" (over contributing rows) | "sum" | "none" ([N + m], 0 for rows
+            with an empty positive set).
+        variant: "exact" (epsilon-free) | "official" (+1e-7 after the row-max shift).
+
+    Returns:
+        scalar, or [N + m] for ``reduction="none"``. Same dtype as ``z``.
+    """
+    validate_contrastive_inputs(z, labels, prototypes, temperature, reduction, variant)
+    labels = labels.long()
+    if prototypes is not None:
+        m = prototypes.shape[0]
+        z_all = torch.cat([z, prototypes], dim=0)
+        labels_all = torch.cat([labels, torch.arange(m, device=labels.device)])
+    else:
+        z_all, labels_all = z, labels
+    n_all = z_all.shape[0]
+
+    s = z_all @ z_all.t() / temperature                                  # [N_all, N_all]
+    _, inverse, counts = torch.unique(labels_all, return_inverse=True, return_counts=True)
+    w = 1.0 / counts[inverse].to(z_all.dtype)                             # [N_all] key weights
+    pos = labels_all[:, None] == labels_all[None, :]                      # positive mask
+    if not include_self:
+        pos = pos & ~torch.eye(n_all, dtype=torch.bool, device=z.device)
+    n_pos = pos.sum(dim=1)
+    contributes = n_pos > 0
+    denom = n_pos.clamp(min=1).to(z_all.dtype)
+    zero = torch.zeros((), dtype=z_all.dtype, device=z.device)
+
+    if variant == "exact":
+        lse = torch.logsumexp(s + torch.log(w)[None, :], dim=1)
+        loss = lse - torch.where(pos, s, zero).sum(dim=1) / denom
+    else:
+        row_max = s.max(dim=1, keepdim=True).values      # not detached: grad to the arg-max
+        s_hat = torch.exp(s - row_max) + OFFICIAL_EPS
+        d = (s_hat * w[None, :]).sum(dim=1, keepdim=True)
+        log_prob = torch.log(s_hat / d)
+        loss = -torch.where(pos, log_prob, zero).sum(dim=1) / denom
+    return _reduce(loss, contributes, reduction)
