@@ -1,0 +1,282 @@
+"""Evaluation metrics of the HierTail protocol (PROTOCOL_AND_BASELINES.md §1.3, paper Defs. 1-2).
+
+Every metric works on integer class predictions (not scores), takes numpy arrays, torch tensors
+or lists, and needs neither scikit-learn nor imbalanced-learn at run time. All return fractions
+in [0, 1]; the paper reports them multiplied by 100.
+
+Cost: O(n + K) time and memory, K = largest label + 1. Only three per-class count vectors are
+built with ``np.bincount`` (true positives TP_c, true counts T_c = TP_c + FN_c, predicted counts
+P_c = TP_c + FP_c); no K x K confusion matrix and no Python loop over samples or classes.
+
+Label set: like scikit-learn, the classes taken into account are those that occur in y_true or
+in y_pred ("present" labels); a class occurring in neither is ignored.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "accuracy",
+    "balanced_accuracy",
+    "macro_f1",
+    "g_means",
+    "per_class_accuracy",
+    "class_imbalance_ratio",
+    "long_tailedness_ratio",
+    "loss_range",
+    "evaluate",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# input handling
+# --------------------------------------------------------------------------------------------
+def _to_numpy(a: Any, name: str) -> np.ndarray:
+    """numpy view of a numpy array / torch tensor / sequence (torch is never imported here)."""
+    if hasattr(a, "detach") and hasattr(a, "cpu"):  # torch.Tensor without importing torch
+        a = a.detach().cpu().numpy()
+    try:
+        return np.asarray(a)
+    except Exception as exc:  # pragma: no cover - exotic inputs
+        raise TypeError(f"{name} cannot be converted to an array: {exc}") from exc
+
+
+def _labels(a: Any, name: str) -> np.ndarray:
+    """Validate a 1-D vector of non-negative integer class ids; return it as int64."""
+    arr = _to_numpy(a, name)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
+        raise ValueError(f"{name} must hold integer class ids, got dtype {arr.dtype}")
+    arr = arr.astype(np.int64, copy=False)
+    if arr.size and int(arr.min()) < 0:
+        raise ValueError(f"{name} has negative class ids (min {int(arr.min())})")
+    return arr
+
+
+def _pair(y_true: Any, y_pred: Any) -> tuple[np.ndarray, np.ndarray]:
+    t = _labels(y_true, "y_true")
+    p = _labels(y_pred, "y_pred")
+    if t.shape[0] != p.shape[0]:
+        raise ValueError(f"y_true has {t.shape[0]} entries but y_pred has {p.shape[0]}")
+    if t.shape[0] == 0:
+        raise ValueError("y_true and y_pred are empty")
+    return t, p
+
+
+def _counts(t: np.ndarray, p: np.ndarray, num_classes: int | None = None):
+    """Per-class TP, true counts T, predicted counts P over K = max label + 1 classes."""
+    k = int(max(t.max(), p.max())) + 1
+    if num_classes is not None:
+        if k > num_classes:
+            raise ValueError(f"labels go up to {k - 1} but num_classes is {num_classes}")
+        k = num_classes
+    tp = np.bincount(t[t == p], minlength=k).astype(np.float64)
+    true_c = np.bincount(t, minlength=k).astype(np.float64)
+    pred_c = np.bincount(p, minlength=k).astype(np.float64)
+    return tp, true_c, pred_c
+
+
+def _div0(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """num / den with 0 where den == 0 (scikit-learn's zero_division -> 0)."""
+    out = np.zeros_like(num, dtype=np.float64)
+    np.divide(num, den, out=out, where=den > 0)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# classification metrics
+# --------------------------------------------------------------------------------------------
+def accuracy(y_true: Any, y_pred: Any) -> float:
+    """Accuracy = mean_i 1[y_pred_i = y_true_i]."""
+    t, p = _pair(y_true, y_pred)
+    return float(np.count_nonzero(t == p) / t.shape[0])
+
+
+def _bacc(tp, true_c) -> float:
+    has = true_c > 0  # classes present in y_true only (sklearn drops predicted-only classes)
+    return float(np.mean(tp[has] / true_c[has]))
+
+
+def balanced_accuracy(y_true: Any, y_pred: Any) -> float:
+    """Balanced accuracy = mean over classes c present in y_true of recall TP_c / T_c.
+
+    Same as ``sklearn.metrics.balanced_accuracy_score`` (adjusted=False): classes that occur
+    only in y_pred are dropped (sklearn warns; we stay silent).
+    """
+    tp, true_c, _ = _counts(*_pair(y_true, y_pred))
+    return _bacc(tp, true_c)
+
+
+def _f1(tp, true_c, pred_c) -> float:
+    present = (true_c + pred_c) > 0
+    # F1_c = 2 TP / (2 TP + FP + FN) = 2 TP / (T_c + P_c); a present class has T_c + P_c > 0,
+    # and a class never predicted or never true (TP = 0) gets F1 = 0.
+    f1 = 2.0 * tp[present] / (true_c[present] + pred_c[present])
+    return float(np.mean(f1))
+
+
+def macro_f1(y_true: Any, y_pred: Any) -> float:
+    """Macro-F1 = mean over present classes (y_true ∪ y_pred) of F1_c = 2TP_c / (T_c + P_c).
+
+    Same as ``sklearn.metrics.f1_score(average="macro")`` with zero_division -> 0.
+    """
+    return _f1(*_counts(*_pair(y_true, y_pred)))
+
+
+def _gmean(tp, true_c, pred_c, n: int) -> float:
+    present = (true_c + pred_c) > 0
+    tp, true_c, pred_c = tp[present], true_c[present], pred_c[present]
+    # sensitivity_c = TP / (TP + FN) = TP / T_c; specificity_c = TN / (TN + FP) with
+    # TN = n - (T_c + P_c - TP), so TN + FP = n - T_c. 0/0 -> 0, as imblearn's _prf_divide.
+    sens = _div0(tp, true_c)
+    tn = n - (true_c + pred_c - tp)
+    spec = _div0(tn, n - true_c)
+    return float(np.sqrt(sens.mean() * spec.mean()))
+
+
+def g_means(y_true: Any, y_pred: Any) -> float:
+    """G-Means = sqrt(S̄ · P̄) exactly as ``imblearn.metrics.geometric_mean_score(average="macro")``.
+
+    S̄ = mean_c TP_c / (TP_c + FN_c) (macro sensitivity) and P̄ = mean_c TN_c / (TN_c + FP_c)
+    (macro specificity), both over the classes present in y_true ∪ y_pred, with 0/0 -> 0 (e.g.
+    the specificity of the only class when y_true holds a single class). This is neither the mean
+    of per-class sqrt(sens·spec) nor the geometric mean of recalls (average="multiclass").
+    """
+    t, p = _pair(y_true, y_pred)
+    return _gmean(*_counts(t, p), t.shape[0])
+
+
+def per_class_accuracy(y_true: Any, y_pred: Any, num_classes: int | None = None) -> np.ndarray:
+    """Per-class accuracy (= recall) TP_c / T_c, float64 [K], K = num_classes or max label + 1.
+
+    Entries of classes with no sample in y_true are NaN.
+    """
+    tp, true_c, _ = _counts(*_pair(y_true, y_pred), num_classes=num_classes)
+    out = np.full(tp.shape, np.nan)
+    np.divide(tp, true_c, out=out, where=true_c > 0)
+    return out
+
+
+def evaluate(y_true: Any, y_pred: Any) -> dict[str, float]:
+    """The four headline metrics in one pass over the data (fractions; the paper shows x100).
+
+    Returns ``{"acc", "bacc", "macro_f1", "g_means"}``, each equal to the single-metric function.
+    """
+    t, p = _pair(y_true, y_pred)
+    tp, true_c, pred_c = _counts(t, p)
+    n = t.shape[0]
+    return {
+        "acc": float(tp.sum() / n),
+        "bacc": _bacc(tp, true_c),
+        "macro_f1": _f1(tp, true_c, pred_c),
+        "g_means": _gmean(tp, true_c, pred_c, n),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# dataset statistics
+# --------------------------------------------------------------------------------------------
+def _class_sizes(y: Any, class_sizes: Any) -> np.ndarray:
+    """Sizes of the non-empty classes, from labels ``y`` or from explicit ``class_sizes``."""
+    if (y is None) == (class_sizes is None):
+        raise ValueError("give exactly one of y (labels) or class_sizes")
+    if y is not None:
+        lab = _labels(y, "y")
+        if lab.size == 0:
+            raise ValueError("y is empty")
+        sizes = np.bincount(lab)
+        return sizes[sizes > 0]  # classes are the labels that occur
+    sizes = _to_numpy(class_sizes, "class_sizes")
+    if sizes.ndim != 1 or sizes.size == 0:
+        raise ValueError(f"class_sizes must be a non-empty 1-D array, got shape {sizes.shape}")
+    if sizes.dtype == bool or not np.issubdtype(sizes.dtype, np.number):
+        raise ValueError(f"class_sizes must be numeric, got dtype {sizes.dtype}")
+    if not np.all(np.isfinite(sizes)) or np.any(sizes <= 0):
+        raise ValueError("class_sizes must be finite and > 0 (every class non-empty)")
+    if np.issubdtype(sizes.dtype, np.floating) and np.any(sizes != np.round(sizes)):
+        raise ValueError("class_sizes must be whole numbers")
+    return sizes.astype(np.int64)
+
+
+def class_imbalance_ratio(y: Any = None, *, class_sizes: Any = None) -> float:
+    """Class-imbalance ratio min_t |D_t| / max_t |D_t| over the non-empty classes (paper §2)."""
+    s = _class_sizes(y, class_sizes)
+    return float(s.min() / s.max())
+
+
+def long_tailedness_ratio(
+    y: Any = None,
+    p: float = 0.8,
+    *,
+    class_sizes: Any = None,
+    quantile: str = "midpoint",
+) -> float:
+    """Long-tailedness ratio Ratio_LT(p) = Q(p) / (T - Q(p)) (paper Definition 1).
+
+    Classes are sorted largest first; T = number of non-empty classes; s_(1) >= ... >= s_(T).
+    Let k = min{j : s_(1) + ... + s_(j) >= p · n}, the number of classes reaching a share p of
+    the n instances (shares compared with a 1e-9 relative tolerance).
+
+    quantile="plain":    Q(p) = k (the integer quantile of the definition).
+    quantile="midpoint": Q(p) = k - 0.5, the midpoint between k - 1 (classes holding just under
+                         p) and k (classes reaching p); Q(p) = k when the first k classes hold
+                         exactly p. This reproduces every Ratio_LT value of the paper's Table 1
+                         (Email 0.79, Wiki 1.00, BlogCatalog 0.77 with Q = 18.5, 8.5, 16.5).
+
+    Args:
+        y: labels [n] (classes = the labels that occur), or None when class_sizes is given.
+        p: quantile order in (0, 1); 0.8 is the paper's Pareto choice.
+        class_sizes: sizes [T] of the classes, all > 0, any order (instead of y).
+    Returns:
+        the ratio as a float; ``math.inf`` when Q(p) = T (only with quantile="plain").
+    """
+    if quantile not in ("midpoint", "plain"):
+        raise ValueError(f"quantile must be 'midpoint' or 'plain', got {quantile!r}")
+    if not (isinstance(p, (int, float)) and 0.0 < float(p) < 1.0):
+        raise ValueError(f"p must be a number in (0, 1), got {p!r}")
+    s = np.sort(_class_sizes(y, class_sizes))[::-1]
+    t = s.shape[0]
+    n = int(s.sum())
+    cum = np.cumsum(s)
+    target = float(p) * n
+    eps = 1e-9 * n
+    k = int(np.argmax(cum >= target - eps)) + 1  # cum[-1] = n > target, so some j qualifies
+    q = float(k)
+    if quantile == "midpoint" and abs(cum[k - 1] - target) > eps:
+        q = k - 0.5
+    return math.inf if q >= t else q / (t - q)
+
+
+def loss_range(losses: Any, y: Any = None) -> float:
+    """Loss range of paper Definition 2: max_t L̄_t - min_t L̄_t.
+
+    L̄_t is the mean loss (cross-entropy in the paper) of the nodes of class t.
+
+    Args:
+        losses: either per-class mean losses [T] (``y`` None; NaN entries, e.g. classes without
+            nodes, are ignored) or per-node losses [n] together with their labels ``y`` [n],
+            in which case L̄_t = bincount(y, losses) / bincount(y) over the classes present.
+        y: optional labels [n].
+    """
+    arr = _to_numpy(losses, "losses")
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"losses must be a non-empty 1-D array, got shape {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.number) or arr.dtype == bool:
+        raise ValueError(f"losses must be numeric, got dtype {arr.dtype}")
+    arr = arr.astype(np.float64)
+    if y is not None:
+        lab = _labels(y, "y")
+        if lab.shape[0] != arr.shape[0]:
+            raise ValueError(f"losses has {arr.shape[0]} entries but y has {lab.shape[0]}")
+        if np.isnan(arr).any():
+            raise ValueError("per-node losses contain NaN")
+        cnt = np.bincount(lab)
+        arr = np.bincount(lab, weights=arr)[cnt > 0] / cnt[cnt > 0]
+    arr = arr[~np.isnan(arr)]
+    if arr.size == 0:
+        raise ValueError("losses hold no finite per-class value")
+    return float(arr.max() - arr.min())

@@ -1,0 +1,222 @@
+"""Metrics against scikit-learn / imbalanced-learn, Ratio_LT by hand and on the paper's Table 1."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from hiertail_fast.metrics import (
+    accuracy,
+    balanced_accuracy,
+    class_imbalance_ratio,
+    evaluate,
+    g_means,
+    long_tailedness_ratio,
+    loss_range,
+    macro_f1,
+    per_class_accuracy,
+)
+
+skm = pytest.importorskip("sklearn.metrics")
+imb = pytest.importorskip("imblearn.metrics")
+
+
+def _oracle(t, p):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return {
+            "acc": skm.accuracy_score(t, p),
+            "bacc": skm.balanced_accuracy_score(t, p),
+            "macro_f1": skm.f1_score(t, p, average="macro", zero_division=0),
+            "g_means": imb.geometric_mean_score(t, p, average="macro"),
+        }
+
+
+def _random_case(rng, i):
+    """Random predictions incl. classes only true, only predicted, missing, tiny n."""
+    n = int(rng.integers(1, 60)) if i % 3 else int(rng.integers(60, 400))
+    k_true = int(rng.integers(1, 12))
+    t = rng.integers(0, k_true, n)
+    mode = i % 4
+    if mode == 0:  # noisy copies of the truth
+        p = np.where(rng.random(n) < 0.6, t, rng.integers(0, k_true, n))
+    elif mode == 1:  # predictions use classes never true (and skip some true ones)
+        p = rng.integers(k_true // 2, k_true + 5, n)
+    elif mode == 2:  # long-tailed truth, majority-biased predictions
+        t = np.minimum(rng.geometric(0.35, n) - 1, 15)
+        p = np.where(rng.random(n) < 0.7, 0, t)
+    else:  # sparse label ids with gaps
+        t = rng.choice([0, 3, 7, 20], n)
+        p = rng.choice([0, 3, 9, 20, 21], n)
+    return t.astype(np.int64), p.astype(np.int64)
+
+
+def test_against_sklearn_and_imblearn_random():
+    rng = np.random.default_rng(1234)
+    for i in range(400):
+        t, p = _random_case(rng, i)
+        want = _oracle(t, p)
+        got = evaluate(t, p)
+        for key, fn in [("acc", accuracy), ("bacc", balanced_accuracy), ("macro_f1", macro_f1),
+                        ("g_means", g_means)]:
+            assert got[key] == pytest.approx(want[key], abs=1e-12), (key, i, t, p)
+            assert fn(t, p) == pytest.approx(want[key], abs=1e-12), (key, i)
+
+
+@pytest.mark.parametrize(
+    "t,p",
+    [
+        ([0, 0, 0], [0, 0, 0]),  # one class everywhere: specificity 0/0 -> 0, G-Means 0
+        ([1, 1], [0, 0]),  # nothing right
+        ([0, 1], [0, 1]),  # perfect, binary
+        ([2], [5]),  # one sample, class only predicted
+        ([0, 1, 2, 3], [3, 2, 1, 0]),
+        ([4, 4, 4, 1], [4, 4, 4, 4]),
+    ],
+)
+def test_corner_cases(t, p):
+    want = _oracle(np.array(t), np.array(p))
+    got = evaluate(t, p)
+    for key in want:
+        assert got[key] == pytest.approx(want[key], abs=1e-12), key
+
+
+def test_g_means_is_not_mean_of_per_class_gmeans():
+    t = np.array([0, 0, 0, 0, 1, 1, 2])
+    p = np.array([0, 0, 1, 2, 1, 0, 2])
+    tp = np.array([2, 1, 1.0])
+    sens = tp / np.array([4, 2, 1])
+    spec = np.array([2 / 3, 4 / 5, 5 / 6])  # TN / (n - T_c)
+    assert g_means(t, p) == pytest.approx(math.sqrt(sens.mean() * spec.mean()))
+    assert g_means(t, p) != pytest.approx(np.mean(np.sqrt(sens * spec)))
+
+
+def test_torch_inputs_and_per_class_accuracy():
+    t = torch.tensor([0, 0, 1, 1, 1, 3])
+    p = torch.tensor([0, 1, 1, 1, 0, 3])
+    assert evaluate(t, p) == evaluate(t.numpy(), p.numpy())
+    pca = per_class_accuracy(t, p)
+    np.testing.assert_allclose(pca, [0.5, 2 / 3, np.nan, 1.0])
+    assert per_class_accuracy(t, p, num_classes=6).shape == (6,)
+    assert np.nanmean(pca) == pytest.approx(balanced_accuracy(t, p))
+    assert accuracy(t, p) == pytest.approx(4 / 6)
+
+
+@pytest.mark.parametrize(
+    "t,p,msg",
+    [
+        ([0, 1], [0], "entries"),
+        ([], [], "empty"),
+        ([[0, 1]], [[0, 1]], "1-D"),
+        ([0.0, 1.0], [0, 1], "integer"),
+        ([True, False], [0, 1], "integer"),
+        ([0, -1], [0, 1], "negative"),
+    ],
+)
+def test_bad_inputs(t, p, msg):
+    for fn in (accuracy, balanced_accuracy, macro_f1, g_means, evaluate, per_class_accuracy):
+        with pytest.raises(ValueError, match=msg):
+            fn(np.array(t), np.array(p))
+
+
+def test_per_class_accuracy_num_classes_too_small():
+    with pytest.raises(ValueError, match="num_classes"):
+        per_class_accuracy([0, 5], [0, 1], num_classes=3)
+
+
+# ----------------------------------------------------------------------------- dataset stats
+def test_class_imbalance_ratio():
+    assert class_imbalance_ratio(class_sizes=[109, 1, 50]) == pytest.approx(1 / 109)
+    assert class_imbalance_ratio(np.array([0, 0, 0, 2, 5, 5])) == pytest.approx(1 / 3)
+    with pytest.raises(ValueError):
+        class_imbalance_ratio()
+    with pytest.raises(ValueError):
+        class_imbalance_ratio([0, 1], class_sizes=[1, 1])
+
+
+@pytest.mark.parametrize(
+    "sizes,q_mid,q_plain",
+    [
+        # n = 100; cumulative 50, 80 -> exactly p at k = 2: both quantiles give Q = 2
+        ([50, 30, 10, 10], 2.0, 2.0),
+        # n = 100; cumulative 40, 70, 85 -> k = 3, midpoint 2.5
+        ([40, 30, 15, 10, 5], 2.5, 3.0),
+        # order does not matter; n = 10, cumulative 5, 7, 8 (exactly 0.8 at k = 3)
+        ([1, 2, 5, 1, 1], 3.0, 3.0),
+        # balanced 10 classes of 7: cumulative share j/10 reaches 0.8 exactly at j = 8
+        ([7] * 10, 8.0, 8.0),
+        # balanced 3 classes: k = 3 = T -> plain is infinite, midpoint 2.5 / 0.5
+        ([4, 4, 4], 2.5, 3.0),
+        # one dominant class
+        ([97, 1, 1, 1], 0.5, 1.0),
+    ],
+)
+def test_long_tailedness_ratio_by_hand(sizes, q_mid, q_plain):
+    t = len(sizes)
+    r_mid = long_tailedness_ratio(class_sizes=sizes)
+    r_plain = long_tailedness_ratio(class_sizes=sizes, quantile="plain")
+    assert r_mid == pytest.approx(q_mid / (t - q_mid))
+    assert r_plain == (math.inf if q_plain == t else pytest.approx(q_plain / (t - q_plain)))
+    # the same from labels, in shuffled order
+    y = np.random.default_rng(0).permutation(np.repeat(np.arange(t), sizes))
+    assert long_tailedness_ratio(y) == pytest.approx(r_mid)
+    assert long_tailedness_ratio(torch.from_numpy(y), quantile="plain") == r_plain
+
+
+def test_long_tailedness_ratio_other_p():
+    sizes = [40, 30, 15, 10, 5]  # cumulative 40 70 85 95 100
+    assert long_tailedness_ratio(class_sizes=sizes, p=0.5) == pytest.approx(1.5 / 3.5)
+    assert long_tailedness_ratio(class_sizes=sizes, p=0.4, quantile="plain") == pytest.approx(
+        1 / 4
+    )
+
+
+@pytest.mark.parametrize(
+    "name,table,q_mid,q_plain,num_classes",
+    [("email", 0.79, 18.5, 19, 42), ("wiki", 1.00, 8.5, 9, 17),
+     ("blogcatalog", 0.77, 16.5, 17, 38)],
+)
+def test_long_tailedness_ratio_table1(data_dir, name, table, q_mid, q_plain, num_classes):
+    y = np.load(data_dir / f"{name}.npz")["y"]
+    r = long_tailedness_ratio(y, 0.8)
+    assert round(r, 2) == table  # paper Table 1, two decimals
+    assert r == pytest.approx(q_mid / (num_classes - q_mid))
+    r_plain = long_tailedness_ratio(y, 0.8, quantile="plain")
+    assert r_plain == pytest.approx(q_plain / (num_classes - q_plain))
+    assert round(r_plain, 2) != table  # the plain quantile does not reproduce the table
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(class_sizes=[3, 0, 1]),
+        dict(class_sizes=[3, -1]),
+        dict(class_sizes=[2.5, 1]),
+        dict(class_sizes=[]),
+        dict(class_sizes=[[1, 2]]),
+        dict(class_sizes=[3, 1], p=1.0),
+        dict(class_sizes=[3, 1], p=0.0),
+        dict(class_sizes=[3, 1], quantile="linear"),
+        dict(y=[0.5, 1.0]),
+        dict(),
+    ],
+)
+def test_long_tailedness_ratio_bad(kwargs):
+    with pytest.raises(ValueError):
+        long_tailedness_ratio(**kwargs)
+
+
+def test_loss_range():
+    assert loss_range([0.2, 1.5, np.nan, 0.7]) == pytest.approx(1.3)
+    assert loss_range(torch.tensor([0.3])) == 0.0
+    # per-node losses with labels: class means 1.0 (class 0), 3.0 (class 2)
+    assert loss_range([0.5, 1.5, 3.0, 3.0], y=[0, 0, 2, 2]) == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        loss_range([np.nan])
+    with pytest.raises(ValueError):
+        loss_range([1.0, 2.0], y=[0])
+    with pytest.raises(ValueError):
+        loss_range([[1.0]])
