@@ -1,0 +1,55 @@
+"""Reference nearest-prototype assignment (sklearn ``pairwise_distances_argmin``, euclidean).
+
+    a_i = argmin_t ‖z_i − p_t‖²        (ties -> lowest t, as numpy/sklearn argmin)
+
+The squared distances are formed directly from the differences (no ‖z‖² − 2z·p + ‖p‖²
+expansion, so no cancellation): exact up to the rounding of one sum of squares. Dense
+[N, m, d] in row chunks: the oracle, never fast.
+"""
+from __future__ import annotations
+
+import torch
+
+from hiertail_fast._validation import check_float_matrix
+
+__all__ = ["nearest_prototype_ref", "check_prototype_args"]
+
+_CHUNK_ELEMENTS = 1 << 24  # bound on the [rows, m, d] difference tensor of one chunk
+
+
+def nearest_prototype_ref(z: torch.Tensor, prototypes: torch.Tensor) -> torch.Tensor:
+    """Index of the nearest prototype (euclidean) for every row of ``z``.
+
+    Args:
+        z: [N, d] floating point, finite.
+        prototypes: [m, d], same dtype and device, m >= 1, finite.
+    Returns:
+        int64 [N] with values in [0, m); ties go to the lowest prototype index.
+        Not differentiable (an assignment); computed under ``torch.no_grad``.
+    """
+    z, prototypes = check_prototype_args(z, prototypes)
+    n, d = z.shape
+    m = prototypes.shape[0]
+    out = torch.empty(n, dtype=torch.long, device=z.device)
+    rows = max(1, _CHUNK_ELEMENTS // max(1, m * d))
+    with torch.no_grad():
+        for start in range(0, n, rows):
+            diff = z[start:start + rows, None, :] - prototypes[None, :, :]
+            dist = (diff * diff).sum(dim=-1)  # [rows, m]
+            out[start:start + rows] = torch.argmin(dist, dim=1)  # first minimum on ties
+    return out
+
+
+def check_prototype_args(z: object, prototypes: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shared validation: both 2-D float, finite, same d/dtype/device, at least one prototype."""
+    z = check_float_matrix(z, "z")
+    prototypes = check_float_matrix(prototypes, "prototypes")
+    if prototypes.shape[0] < 1:
+        raise ValueError("prototypes must have at least one row")
+    if z.shape[1] != prototypes.shape[1]:
+        raise ValueError(f"z has {z.shape[1]} features but prototypes have {prototypes.shape[1]}")
+    if z.dtype != prototypes.dtype:
+        raise TypeError(f"z has dtype {z.dtype} but prototypes have {prototypes.dtype}")
+    if z.device != prototypes.device:
+        raise ValueError(f"z is on {z.device} but prototypes are on {prototypes.device}")
+    return z, prototypes

@@ -1,0 +1,159 @@
+"""Reference top-k pooling (PyG ``TopKPooling`` + ``filter_adj``) and unpooling.
+
+Semantics (PyG ``TopKPooling(in_channels, ratio)`` with its defaults: nonlinearity tanh,
+multiplier 1, min_score None, one graph per call):
+
+    score   = tanh(X·p / ‖p‖)                                   [n]
+    perm    = indices of the k largest scores, by descending score   [k]
+    X'      = X[perm] ⊙ score[perm][:, None]                    [k, d]
+    A'      = A[perm, perm]: edges (j -> i) with both ends kept, relabelled to positions in
+              perm, in the order they appear in edge_index; edge weights kept (None stays None)
+
+Returned like PyG's ``TopKPooling.forward``: ``(x_pooled, edge_index, edge_weight, perm,
+score[perm])`` (PyG also returns the batch vector, absent here: one graph per call).
+
+Pool size k (``pool_size``):
+- ``ratio`` an ``int`` (not bool) >= 1: k = min(ratio, n).
+- ``ratio`` a ``float`` in (0, 1): k = ceil(ratio·n) evaluated, exactly as PyG's ``topk``, in
+  the floating dtype of the scores (float32 for 16-bit inputs). This is a PyG quirk worth
+  knowing: ratio 0.3 and n = 100 give k = 31 in float32 (0.3f·100 rounds up to 30.000002)
+  but k = 30 in float64.
+- ``ratio == 1.0``: k = n (every node kept, re-ordered and gated). PyG reads any float >= 1 as
+  a count (1.0 -> k = 1); this library does not: a float is a ratio in (0, 1], a count must
+  be an ``int``. Floats <= 0 or > 1, ints < 1, bools, NaN -> ValueError/TypeError.
+
+Ties: ``perm`` comes from a stable descending sort, so equal scores keep ascending node index
+(lower index first). PyG's unstable ``torch.sort`` leaves tie order unspecified; without ties
+the two agree exactly.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from hiertail_fast._validation import (
+    check_edge_index,
+    check_edge_weight,
+    check_float_matrix,
+    check_index_vector,
+    check_tensor,
+)
+
+__all__ = ["pool_size", "topk_pool_ref", "topk_unpool_ref"]
+
+
+def pool_size(num_nodes: int, ratio: float | int, dtype: torch.dtype = torch.float32) -> int:
+    """Number of nodes kept from a graph of ``num_nodes`` nodes (rules in the module docstring).
+
+    ``dtype`` is the floating dtype of the scores: PyG rounds ceil(ratio·n) in that dtype.
+    """
+    if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real):
+        raise TypeError(f"ratio must be a float in (0, 1] or an int >= 1, got {ratio!r}")
+    if isinstance(ratio, numbers.Integral):
+        if int(ratio) < 1:
+            raise ValueError(f"an integer ratio is a node count and must be >= 1, got {ratio}")
+        return min(int(ratio), int(num_nodes))
+    ratio = float(ratio)
+    if math.isnan(ratio) or not 0.0 < ratio <= 1.0:
+        raise ValueError(
+            f"a float ratio must lie in (0, 1], got {ratio}; pass an int to keep a fixed number "
+            "of nodes"
+        )
+    if ratio == 1.0:
+        return int(num_nodes)
+    if dtype not in (torch.float32, torch.float64):
+        dtype = torch.float32  # 16-bit types would overflow / round n itself
+    k = torch.ceil(torch.tensor(float(num_nodes), dtype=dtype) * ratio)
+    return min(int(k), int(num_nodes))
+
+
+def topk_pool_ref(
+    x: torch.Tensor,
+    edge_index: torch.Tensor,
+    score_weight: torch.Tensor,
+    ratio: float | int,
+    edge_weight: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """Top-k pooling of one graph, plain PyTorch.
+
+    Args:
+        x: node features [n, d], floating point, finite.
+        edge_index: [2, E] integer, row 0 = source j, row 1 = target i, values in [0, n).
+        score_weight: projection vector p, [d] (or [1, d] as PyG stores it), nonzero norm.
+        ratio: float in (0, 1] (fraction, rounded up) or int >= 1 (count); see ``pool_size``.
+        edge_weight: optional [E] weights, kept for the surviving edges.
+
+    Returns:
+        ``(x_pooled [k, d], edge_index [2, E'] int64, edge_weight [E'] or None, perm [k] int64,
+        score [k])`` with ``score = tanh(x·p/‖p‖)[perm]``. Differentiable w.r.t. ``x``,
+        ``score_weight`` and ``edge_weight``.
+    """
+    x = check_float_matrix(x, "x")
+    n, d = x.shape
+    p = _check_score_weight(score_weight, d, x.dtype)
+    edge_index = check_edge_index(edge_index, n)
+    edge_weight = check_edge_weight(edge_weight, edge_index.shape[1])
+    k = pool_size(n, ratio, x.dtype)
+
+    score = torch.tanh((x * p).sum(dim=-1) / p.norm(p=2))
+    perm = torch.sort(score, descending=True, stable=True).indices[:k]
+    x_pooled = x[perm] * score[perm].unsqueeze(-1)
+
+    # filter_adj: old id -> position in perm (or -1), keep edges whose both ends survive.
+    new_id = torch.full((n,), -1, dtype=torch.long, device=x.device)
+    new_id[perm] = torch.arange(k, device=x.device)
+    row, col = new_id[edge_index[0].long()], new_id[edge_index[1].long()]
+    keep = (row >= 0) & (col >= 0)
+    pooled_edge_index = torch.stack([row[keep], col[keep]], dim=0)
+    pooled_weight = None if edge_weight is None else edge_weight[keep]
+    return x_pooled, pooled_edge_index, pooled_weight, perm, score[perm]
+
+
+def topk_unpool_ref(x_pooled: torch.Tensor, perm: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """Unpooling: ``out = zeros(num_nodes, d); out[perm] = x_pooled`` (differentiable).
+
+    Args:
+        x_pooled: [k, d] floating point.
+        perm: [k] distinct node indices in [0, num_nodes).
+        num_nodes: n, rows of the output.
+    Returns:
+        [num_nodes, d], same dtype/device as ``x_pooled``.
+    """
+    x_pooled = check_float_matrix(x_pooled, "x_pooled", finite=False)
+    perm = check_unpool_args(perm, num_nodes, x_pooled.shape[0])
+    out = x_pooled.new_zeros(num_nodes, x_pooled.shape[1])
+    return out.index_copy(0, perm.long(), x_pooled)
+
+
+def check_unpool_args(perm: object, num_nodes: object, k: int) -> torch.Tensor:
+    """Validate ``perm`` [k] (distinct, in range) and ``num_nodes`` for unpooling."""
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, numbers.Integral):
+        raise TypeError(f"num_nodes must be an int, got {type(num_nodes).__name__}")
+    perm = check_index_vector(perm, "perm", length=k)
+    if perm.numel():
+        if int(perm.max()) >= int(num_nodes):
+            raise ValueError(f"perm refers to node {int(perm.max())} but num_nodes is {num_nodes}")
+        if torch.unique(perm).numel() != perm.numel():
+            raise ValueError("perm has repeated node indices")
+    return perm
+
+
+def _check_score_weight(score_weight: object, d: int, dtype: torch.dtype) -> torch.Tensor:
+    """p as a [d] vector of x's dtype; rejects wrong shape, non-float, NaN/Inf and ‖p‖ = 0."""
+    p = check_tensor(score_weight, "score_weight")
+    if p.dim() == 2 and p.shape[0] == 1:
+        p = p.view(-1)  # PyG stores the projection as [1, d]
+    if p.dim() != 1 or p.shape[0] != d:
+        raise ValueError(f"score_weight must have shape [{d}] (or [1, {d}]), got "
+                         f"{tuple(score_weight.shape)}")
+    if not p.is_floating_point():
+        raise TypeError(f"score_weight must be floating point, got {p.dtype}")
+    if p.dtype != dtype:
+        raise TypeError(f"score_weight has dtype {p.dtype} but x has {dtype}")
+    if not bool(torch.isfinite(p).all()):
+        raise ValueError("score_weight contains NaN or Inf")
+    if not bool((p != 0).any()):
+        raise ValueError("score_weight is all zeros: the score x·p/‖p‖ is undefined")
+    return p
