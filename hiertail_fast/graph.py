@@ -1,0 +1,385 @@
+"""`CSRGraph`: an immutable compressed-sparse-row graph container.
+
+Orientation (PyG's default flow ``source_to_target``): an edge ``j -> i`` (``edge_index[0] = j``,
+``edge_index[1] = i``) is stored in ROW ``i`` (the target) with COLUMN ``j`` (the source), so the
+stored matrix M has ``M[i, j] = w_{j->i}`` and ``M @ X`` aggregates messages into their targets.
+Rows are sorted, and columns are sorted inside each row, so the entry order is (target, source).
+
+Duplicate edges (``dedupe=True``, the default) follow PyG's ``coalesce``: in an UNWEIGHTED graph an
+edge is in the set or not (duplicates collapse to one unit edge); in a WEIGHTED graph the weights of
+duplicates are SUMMED. With ``dedupe=False`` duplicates stay as separate entries (they still sum in
+any propagation, as in PyG's message passing).
+
+Nothing here mutates a caller's tensor; every derived quantity (row index of every entry, GCN
+degrees, transposed CSR, symmetry flag) is computed once per graph and cached on the object, so an
+epoch loop on a fixed graph pays for it once. Caches are keyed by their options (and dtype/device).
+Edge weights that require grad keep their autograd history through construction, `subgraph` and
+the self-loop methods (gathers / sums are differentiable); `augment_a2` is not differentiable.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from hiertail_fast._validation import check_edge_index, check_edge_weight, check_tensor
+
+_MAX_NODES = 3_037_000_499  # n * n + n must fit in int64 for the (row, col) sort key
+
+
+def _check_num_nodes(num_nodes: object) -> int:
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int):
+        if isinstance(num_nodes, torch.Tensor) and num_nodes.numel() == 1 and not (
+            num_nodes.is_floating_point()
+        ):
+            num_nodes = int(num_nodes)
+        else:
+            raise TypeError(f"num_nodes must be an int, got {type(num_nodes).__name__}")
+    if num_nodes < 0:
+        raise ValueError(f"num_nodes must be >= 0, got {num_nodes}")
+    if num_nodes > _MAX_NODES:
+        raise ValueError(f"num_nodes={num_nodes} is too large (max {_MAX_NODES})")
+    return int(num_nodes)
+
+
+class CSRGraph:
+    """Immutable CSR graph; see the module docstring for the orientation and duplicate rules.
+
+    Attributes (read-only):
+        indptr:    int64 [n + 1], row (target) pointers.
+        indices:   int64 [nnz], column (source) of every entry, sorted inside each row.
+        weight:    float [nnz] or None (all edges have unit weight).
+        num_nodes: n.
+    """
+
+    __slots__ = ("_indptr", "_indices", "_weight", "_num_nodes", "_cache")
+
+    def __init__(
+        self,
+        indptr: torch.Tensor,
+        indices: torch.Tensor,
+        weight: torch.Tensor | None = None,
+        num_nodes: int | None = None,
+        *,
+        validate: bool = True,
+    ) -> None:
+        if validate:
+            indptr = check_tensor(indptr, "indptr")
+            indices = check_tensor(indices, "indices")
+            for t, name in ((indptr, "indptr"), (indices, "indices")):
+                if t.dim() != 1:
+                    raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+                if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+                    raise TypeError(f"{name} must be an integer tensor, got {t.dtype}")
+            if indptr.numel() < 1:
+                raise ValueError("indptr must have num_nodes + 1 >= 1 entries")
+            n = indptr.numel() - 1 if num_nodes is None else _check_num_nodes(num_nodes)
+            if indptr.numel() != n + 1:
+                raise ValueError(f"indptr has {indptr.numel()} entries, expected {n + 1}")
+            indptr, indices = indptr.long(), indices.long()
+            if int(indptr[0]) != 0 or int(indptr[-1]) != indices.numel():
+                raise ValueError("indptr must start at 0 and end at len(indices)")
+            if n and bool((indptr.diff() < 0).any()):
+                raise ValueError("indptr must be non-decreasing")
+            if indices.numel():
+                if int(indices.min()) < 0 or int(indices.max()) >= n:
+                    raise ValueError(f"indices must lie in [0, {n}) (num_nodes)")
+                rows = torch.repeat_interleave(torch.arange(n, device=indptr.device),
+                                               indptr.diff())
+                if bool(((rows * n + indices).diff() < 0).any()):
+                    raise ValueError("indices must be sorted inside every row")
+            weight = check_edge_weight(weight, indices.numel())
+            num_nodes = n
+        self._indptr = indptr
+        self._indices = indices
+        self._weight = weight
+        self._num_nodes = int(num_nodes if num_nodes is not None else indptr.numel() - 1)
+        self._cache: dict[Any, Any] = {}
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_edge_index(
+        cls,
+        edge_index: torch.Tensor,
+        edge_weight: torch.Tensor | None = None,
+        num_nodes: int | None = None,
+        *,
+        symmetrize: bool = False,
+        dedupe: bool = True,
+        remove_self_loops: bool = False,
+    ) -> CSRGraph:
+        """Build from ``edge_index`` [2, E] (row 0 = source, row 1 = target, as PyG).
+
+        ``symmetrize`` adds every reversed edge (A + Aᵀ before deduplication; weighted graphs thus
+        get ``w_ij + w_ji`` on each pair, like PyG's ``to_undirected(reduce="add")``).
+        ``dedupe`` merges duplicate edges (weights summed; unweighted: kept once).
+        ``remove_self_loops`` drops every ``i -> i`` edge. O(E log E) (one sort).
+        """
+        if num_nodes is not None:
+            num_nodes = _check_num_nodes(num_nodes)
+        ei = check_edge_index(edge_index, num_nodes)
+        w = check_edge_weight(edge_weight, ei.shape[1])
+        if num_nodes is None:
+            num_nodes = int(ei.max()) + 1 if ei.numel() else 0
+            _check_num_nodes(num_nodes)
+        src, dst = ei[0].long(), ei[1].long()
+        if remove_self_loops:
+            keep = src != dst
+            src, dst = src[keep], dst[keep]
+            w = None if w is None else w[keep]
+        if symmetrize:
+            src, dst = torch.cat([src, dst]), torch.cat([dst, src])
+            w = None if w is None else torch.cat([w, w])
+        return cls._from_coo(dst, src, w, num_nodes, dedupe=dedupe)
+
+    @classmethod
+    def _from_coo(cls, row: torch.Tensor, col: torch.Tensor, w: torch.Tensor | None, n: int,
+                  *, dedupe: bool) -> CSRGraph:
+        """CSR from unsorted (row = target, col = source) entries; inputs are not modified."""
+        device = row.device
+        if n == 0 or row.numel() == 0:
+            indptr = torch.zeros(n + 1, dtype=torch.long, device=device)
+            empty = torch.zeros(0, dtype=torch.long, device=device)
+            return cls(indptr, empty, None if w is None else w[:0], n, validate=False)
+        key = row * n + col
+        if dedupe:
+            if w is None:
+                key = torch.unique(key)
+            else:
+                key, inverse = torch.unique(key, return_inverse=True)
+                # out-of-place index_add keeps autograd to the caller's weights
+                w = torch.zeros(key.numel(), dtype=w.dtype, device=device).index_add(0, inverse, w)
+        else:
+            key, perm = torch.sort(key, stable=True)
+            w = None if w is None else w[perm]
+        row, col = torch.div(key, n, rounding_mode="floor"), key % n
+        indptr = torch.zeros(n + 1, dtype=torch.long, device=device)
+        torch.cumsum(torch.bincount(row, minlength=n), 0, out=indptr[1:])
+        return cls(indptr, col, w, n, validate=False)
+
+    # ------------------------------------------------------------------ basic views
+    @property
+    def indptr(self) -> torch.Tensor:
+        return self._indptr
+
+    @property
+    def indices(self) -> torch.Tensor:
+        return self._indices
+
+    @property
+    def weight(self) -> torch.Tensor | None:
+        return self._weight
+
+    @property
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    @property
+    def num_edges(self) -> int:
+        return self._indices.numel()
+
+    @property
+    def device(self) -> torch.device:
+        return self._indptr.device
+
+    def _cached(self, key: Any, fn):
+        if key not in self._cache:
+            self._cache[key] = fn()
+        return self._cache[key]
+
+    def row_index(self) -> torch.Tensor:
+        """Target (row) of every CSR entry, int64 [nnz] (cached)."""
+        return self._cached("row", lambda: torch.repeat_interleave(
+            torch.arange(self._num_nodes, device=self.device), self._indptr.diff()))
+
+    def edge_index(self) -> torch.Tensor:
+        """[2, nnz] edge_index (row 0 = source, row 1 = target), in CSR (target, source) order."""
+        return torch.stack([self._indices, self.row_index()])
+
+    def edge_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+        """The stored weights (None for an unweighted graph), optionally cast."""
+        if self._weight is None or dtype is None:
+            return self._weight
+        return self._weight.to(dtype)
+
+    def weight_or_ones(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if self._weight is not None:
+            return self._weight.to(dtype)
+        return torch.ones(self.num_edges, dtype=dtype, device=self.device)
+
+    def degree(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Weighted in-degree (row sums of M, i.e. summed over the TARGET index), [n]."""
+        return torch.zeros(self._num_nodes, dtype=dtype, device=self.device).index_add(
+            0, self.row_index(), self.weight_or_ones(dtype))
+
+    def has_self_loop(self) -> torch.Tensor:
+        """bool [n]: whether node i has at least one stored ``i -> i`` entry (cached)."""
+        def compute() -> torch.Tensor:
+            mask = torch.zeros(self._num_nodes, dtype=torch.bool, device=self.device)
+            loops = self._indices == self.row_index()
+            mask[self._indices[loops]] = True
+            return mask
+        return self._cached("has_loop", compute)
+
+    def __repr__(self) -> str:
+        kind = "unweighted" if self._weight is None else f"weighted {self._weight.dtype}"
+        return (f"CSRGraph(num_nodes={self._num_nodes}, num_edges={self.num_edges}, {kind}, "
+                f"device={self.device})")
+
+    def to(self, device: torch.device | str) -> CSRGraph:
+        """Copy on `device` (caches are not carried over; they are rebuilt on demand)."""
+        w = None if self._weight is None else self._weight.to(device)
+        return CSRGraph(self._indptr.to(device), self._indices.to(device), w, self._num_nodes,
+                        validate=False)
+
+    # ------------------------------------------------------------------ self-loops
+    def remove_self_loops(self) -> CSRGraph:
+        keep = self._indices != self.row_index()
+        row = self.row_index()[keep]
+        indptr = torch.zeros(self._num_nodes + 1, dtype=torch.long, device=self.device)
+        torch.cumsum(torch.bincount(row, minlength=self._num_nodes), 0, out=indptr[1:])
+        w = None if self._weight is None else self._weight[keep]
+        return CSRGraph(indptr, self._indices[keep], w, self._num_nodes, validate=False)
+
+    def with_self_loops(self, fill: float = 1.0, *, remaining: bool = True) -> CSRGraph:
+        """Add self-loops of weight `fill`.
+
+        ``remaining=True`` (PyG ``add_remaining_self_loops``): only nodes WITHOUT a self-loop get
+        one; existing self-loops keep their weight. ``remaining=False`` (PyG ``add_self_loops``):
+        every node gets an extra loop entry (kept as a separate entry next to an existing one).
+        """
+        n = self._num_nodes
+        nodes = torch.arange(n, device=self.device)
+        if remaining:
+            nodes = nodes[~self.has_self_loop()]
+        if self._weight is None and float(fill) == 1.0:
+            w = None
+        else:
+            dtype = self._weight.dtype if self._weight is not None else torch.get_default_dtype()
+            loop_w = torch.full((nodes.numel(),), float(fill), dtype=dtype, device=self.device)
+            w = torch.cat([self.weight_or_ones(dtype), loop_w])
+        row = torch.cat([self.row_index(), nodes])
+        col = torch.cat([self._indices, nodes])
+        return CSRGraph._from_coo(row, col, w, n, dedupe=False)
+
+    # ------------------------------------------------------------------ GCN normalisation
+    def gcn_deg_inv_sqrt(self, improved: bool = True, add_self_loops: bool = True,
+                         dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(dinv, loop)``, both [n]: ``loop_i`` = fill (2 if improved else 1) for nodes without
+        a stored self-loop when `add_self_loops`, else 0; ``deg_i = Σ_row w + loop_i`` and
+        ``dinv = deg^-1/2`` with 0 where deg = 0 (as PyG's gcn_norm).
+
+        Cached (detached) per (improved, add_self_loops, dtype) when the weights do not require
+        grad; otherwise recomputed so gradients flow to the weights through the degrees.
+        """
+        def compute() -> tuple[torch.Tensor, torch.Tensor]:
+            fill = 2.0 if improved else 1.0
+            if add_self_loops:
+                loop = (~self.has_self_loop()).to(dtype) * fill
+            else:
+                loop = torch.zeros(self._num_nodes, dtype=dtype, device=self.device)
+            deg = self.degree(dtype) + loop
+            dinv = deg.pow(-0.5)
+            dinv = dinv.masked_fill(torch.isinf(dinv), 0.0)
+            return dinv, loop
+        if self._weight is not None and self._weight.requires_grad and torch.is_grad_enabled():
+            return compute()
+        return self._cached(("dinv", bool(improved), bool(add_self_loops), dtype), compute)
+
+    def gcn_norm_values(self, improved: bool = True, add_self_loops: bool = True,
+                        dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(values [nnz], diag [n])`` of Â = D^-1/2 (A + loop·I) D^-1/2 on this CSR pattern:
+        ``values_e = dinv_i w_e dinv_j`` for entry (i, j) and ``diag_i = loop_i dinv_i²`` (the
+        added self-loop, kept apart so A + I is never built). Cached like `gcn_deg_inv_sqrt`."""
+        def compute() -> tuple[torch.Tensor, torch.Tensor]:
+            dinv, loop = self.gcn_deg_inv_sqrt(improved, add_self_loops, dtype)
+            values = dinv[self.row_index()] * self.weight_or_ones(dtype) * dinv[self._indices]
+            return values, loop * dinv * dinv
+        if self._weight is not None and self._weight.requires_grad and torch.is_grad_enabled():
+            return compute()
+        return self._cached(("norm", bool(improved), bool(add_self_loops), dtype), compute)
+
+    # ------------------------------------------------------------------ transpose / symmetry
+    def transpose_perm(self) -> torch.Tensor:
+        """Permutation p of the entries such that entry p[k] of self is entry k of the transpose
+        (cached). Stable sort by column: the transposed rows come out sorted."""
+        return self._cached("tperm", lambda: torch.sort(self._indices, stable=True)[1])
+
+    def transpose(self) -> CSRGraph:
+        """The reversed graph (every ``j -> i`` becomes ``i -> j``), cached."""
+        def compute() -> CSRGraph:
+            perm = self.transpose_perm()
+            n = self._num_nodes
+            indptr = torch.zeros(n + 1, dtype=torch.long, device=self.device)
+            torch.cumsum(torch.bincount(self._indices, minlength=n), 0, out=indptr[1:])
+            w = None if self._weight is None else self._weight[perm]
+            return CSRGraph(indptr, self.row_index()[perm], w, n, validate=False)
+        return self._cached("transpose", compute)
+
+    def is_symmetric(self) -> bool:
+        """Whether M == Mᵀ, weights included (cached). Duplicate entries with different weights
+        can make this False for a symmetric multigraph (then the slower transposed path is used)."""
+        def compute() -> bool:
+            t = self.transpose()
+            if not torch.equal(t.indptr, self._indptr) or not torch.equal(t.indices, self._indices):
+                return False
+            if self._weight is None:
+                return True
+            return bool(torch.equal(t.weight.detach(), self._weight.detach()))
+        return self._cached("symmetric", compute)
+
+    # ------------------------------------------------------------------ subgraph / A²
+    def subgraph(self, nodes: torch.Tensor, *, return_entry_index: bool = False):
+        """Induced subgraph on `nodes` (distinct ids), relabelled in the ORDER of `nodes`: node
+        ``nodes[t]`` becomes t. Edge filter + relabel by a lookup table (O(n + nnz)) and one
+        sort of the kept entries to restore CSR order. With `return_entry_index`, also returns
+        the int64 index of every kept entry into this graph's entries (to carry edge data)."""
+        nodes = check_tensor(nodes, "nodes")
+        if nodes.dim() != 1:
+            raise ValueError(f"nodes must be 1-D, got shape {tuple(nodes.shape)}")
+        if nodes.is_floating_point() or nodes.is_complex() or nodes.dtype == torch.bool:
+            raise TypeError(f"nodes must be an integer tensor, got {nodes.dtype}")
+        n, k = self._num_nodes, nodes.numel()
+        nodes = nodes.long().to(self.device)
+        if k and (int(nodes.min()) < 0 or int(nodes.max()) >= n):
+            raise ValueError(f"nodes must lie in [0, {n})")
+        relabel = torch.full((n,), -1, dtype=torch.long, device=self.device)
+        relabel[nodes] = torch.arange(k, device=self.device)
+        if int((relabel >= 0).sum()) != k:
+            raise ValueError("nodes contains duplicate ids")
+        new_row, new_col = relabel[self.row_index()], relabel[self._indices]
+        entry = torch.nonzero((new_row >= 0) & (new_col >= 0)).squeeze(1)
+        if k == 0 or entry.numel() == 0:
+            out = CSRGraph._from_coo(new_row[:0], new_col[:0],
+                                     None if self._weight is None else self._weight[:0], k,
+                                     dedupe=False)
+        else:
+            key, order = torch.sort(new_row[entry] * k + new_col[entry])
+            entry = entry[order]
+            indptr = torch.zeros(k + 1, dtype=torch.long, device=self.device)
+            torch.cumsum(torch.bincount(torch.div(key, k, rounding_mode="floor"), minlength=k),
+                         0, out=indptr[1:])
+            w = None if self._weight is None else self._weight[entry]
+            out = CSRGraph(indptr, key % k, w, k, validate=False)
+        return (out, entry) if return_entry_index else out
+
+    def augment_a2(self) -> CSRGraph:
+        """The official HierTail ``augment_adj``: drop self-loops, add unit self-loops, square
+        (weighted sparse·sparse product), drop self-loops again. Off-diagonal weights become
+        ``2 w_uv + Σ_k w_uk w_kv`` (weighted 2-hop walks). Result is weighted and not
+        differentiable. Cost O(Σ_v deg_v²): can be nearly dense around hubs."""
+        g = self.remove_self_loops().with_self_loops(1.0)
+        n = g.num_nodes
+        if n == 0:
+            return CSRGraph(g.indptr, g.indices, torch.zeros(0), 0, validate=False)
+        dtype = g.weight.dtype if g.weight is not None else torch.get_default_dtype()
+        vals = g.weight_or_ones(dtype).detach()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's "sparse CSR is beta" notices
+            m = torch.sparse_csr_tensor(g.indptr, g.indices, vals, (n, n))
+            sq = m @ m
+        crow, col, val = sq.crow_indices().long(), sq.col_indices().long(), sq.values()
+        row = torch.repeat_interleave(torch.arange(n, device=g.device), crow.diff())
+        keep = row != col
+        return CSRGraph._from_coo(row[keep], col[keep], val[keep], n, dedupe=True)

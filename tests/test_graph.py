@@ -1,0 +1,242 @@
+"""CSRGraph: hand-computed tiny graphs, dense cross-checks on random graphs, bad inputs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hiertail_fast.graph import CSRGraph
+
+
+def dense(g: CSRGraph, dtype=torch.float64) -> torch.Tensor:
+    """M[i, j] = summed weight of the stored entries (target i, source j)."""
+    m = torch.zeros(g.num_nodes, g.num_nodes, dtype=dtype)
+    m.index_put_((g.row_index(), g.indices), g.weight_or_ones(dtype).detach(), accumulate=True)
+    return m
+
+
+def random_graph(n: int, e: int, *, weighted: bool, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, n, (2, e), generator=gen)
+    w = torch.rand(e, generator=gen, dtype=torch.float64) + 0.1 if weighted else None
+    return ei, w
+
+
+def dense_from_edges(ei, w, n, dtype=torch.float64) -> torch.Tensor:
+    m = torch.zeros(n, n, dtype=dtype)
+    vals = torch.ones(ei.shape[1], dtype=dtype) if w is None else w.to(dtype)
+    m.index_put_((ei[1], ei[0]), vals, accumulate=True)
+    return m
+
+
+def test_orientation_and_dedupe_unweighted():
+    ei = torch.tensor([[0, 1, 1, 2, 2], [1, 0, 2, 1, 1]])  # 2->1 twice
+    g = CSRGraph.from_edge_index(ei, num_nodes=4)
+    assert g.num_nodes == 4 and g.num_edges == 4 and g.weight is None
+    assert g.indptr.tolist() == [0, 1, 3, 4, 4]  # node 3 isolated
+    assert g.indices.tolist() == [1, 0, 2, 1]  # sources, sorted inside each target row
+    assert g.edge_index().tolist() == [[1, 0, 2, 1], [0, 1, 1, 2]]
+
+
+def test_dedupe_sums_weights_and_no_dedupe_keeps_entries():
+    ei = torch.tensor([[2, 0, 2], [1, 1, 1]])
+    w = torch.tensor([0.5, 1.0, 0.25])
+    g = CSRGraph.from_edge_index(ei, w)
+    assert g.edge_index().tolist() == [[0, 2], [1, 1]]
+    assert g.weight.tolist() == [1.0, 0.75]
+    g2 = CSRGraph.from_edge_index(ei, w, dedupe=False)
+    assert g2.edge_index().tolist() == [[0, 2, 2], [1, 1, 1]]
+    assert g2.weight.tolist() == [1.0, 0.5, 0.25]  # stable order among duplicates
+
+
+def test_symmetrize():
+    ei = torch.tensor([[0, 1, 2], [1, 0, 3]])
+    g = CSRGraph.from_edge_index(ei, symmetrize=True)
+    assert g.edge_index().tolist() == [[1, 0, 3, 2], [0, 1, 2, 3]]
+    assert g.is_symmetric()
+    gw = CSRGraph.from_edge_index(ei, torch.tensor([1.0, 2.0, 3.0]), symmetrize=True)
+    assert gw.weight.tolist() == [3.0, 3.0, 3.0, 3.0]  # A + Aᵀ: 1 + 2 on the 0-1 pair
+
+
+def test_self_loop_methods():
+    ei = torch.tensor([[0, 1, 1, 2], [1, 0, 1, 1]])  # node 1 has a loop
+    w = torch.tensor([1.0, 1.0, 5.0, 1.0])
+    g = CSRGraph.from_edge_index(ei, w, num_nodes=4)
+    assert g.has_self_loop().tolist() == [False, True, False, False]
+    r = g.with_self_loops(2.0)
+    assert torch.equal(dense(r).diagonal(), torch.tensor([2.0, 5.0, 2.0, 2.0], dtype=torch.float64))
+    a = g.with_self_loops(2.0, remaining=False)
+    assert torch.equal(dense(a).diagonal(), torch.tensor([2.0, 7.0, 2.0, 2.0], dtype=torch.float64))
+    nl = g.remove_self_loops()
+    assert nl.edge_index().tolist() == [[1, 0, 2], [0, 1, 1]]
+    assert nl.weight.tolist() == [1.0, 1.0, 1.0]
+    assert CSRGraph.from_edge_index(ei, remove_self_loops=True).num_edges == 3
+    assert g.with_self_loops(1.0).weight is not None
+    u = CSRGraph.from_edge_index(ei).with_self_loops(1.0)  # unit loops stay unweighted
+    assert u.weight is None and u.num_edges == 3 + 3
+
+
+def test_gcn_norm_path_graph_hand_computed():
+    # path 0-1-2 + isolated 3, improved: deg = (1+2, 2+2, 1+2, 0+2)
+    g = CSRGraph.from_edge_index(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), num_nodes=4)
+    dinv, loop = g.gcn_deg_inv_sqrt(improved=True, dtype=torch.float64)
+    exp = torch.tensor([3.0, 4.0, 3.0, 2.0], dtype=torch.float64).rsqrt()
+    torch.testing.assert_close(dinv, exp)
+    assert loop.tolist() == [2.0, 2.0, 2.0, 2.0]
+    values, diag = g.gcn_norm_values(improved=True, dtype=torch.float64)
+    torch.testing.assert_close(values, torch.full((4,), 12.0, dtype=torch.float64).rsqrt())
+    torch.testing.assert_close(diag, torch.tensor([2 / 3, 0.5, 2 / 3, 1.0], dtype=torch.float64))
+    _, loop1 = g.gcn_deg_inv_sqrt(improved=False)
+    assert loop1.tolist() == [1.0] * 4
+    dinv0, loop0 = g.gcn_deg_inv_sqrt(add_self_loops=False)
+    assert loop0.tolist() == [0.0] * 4 and dinv0[3] == 0  # deg 0 -> 0, not inf
+    assert g.gcn_norm_values() is g.gcn_norm_values()  # cached per options
+
+
+def test_gcn_norm_matches_pyg():
+    gcn_norm = pytest.importorskip("torch_geometric.nn.conv.gcn_conv").gcn_norm
+    ei, w = random_graph(30, 120, weighted=True, seed=3)
+    g = CSRGraph.from_edge_index(ei, w, num_nodes=33)
+    for improved in (True, False):
+        values, diag = g.gcn_norm_values(improved=improved, dtype=torch.float64)
+        full = dense(CSRGraph(g.indptr, g.indices, values, 33)) + torch.diag(diag)
+        pei, pw = gcn_norm(g.edge_index(), g.weight, 33, improved=improved)
+        torch.testing.assert_close(full, dense_from_edges(pei, pw, 33))
+
+
+def test_subgraph_relabel_in_given_order():
+    ei = torch.tensor([[0, 1, 1, 2, 3, 0], [1, 0, 2, 1, 0, 3]])
+    w = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    g = CSRGraph.from_edge_index(ei, w)
+    sub, entry = g.subgraph(torch.tensor([2, 0, 1]), return_entry_index=True)
+    # old -> new: 2 -> 0, 0 -> 1, 1 -> 2; kept edges 0->1, 1->0, 1->2, 2->1
+    assert sub.num_nodes == 3
+    assert sub.edge_index().tolist() == [[2, 2, 0, 1], [0, 1, 2, 2]]
+    assert sub.weight.tolist() == [3.0, 2.0, 4.0, 1.0]
+    assert torch.equal(g.weight[entry], sub.weight)
+    assert g.subgraph(torch.tensor([3])).num_edges == 0
+    assert g.subgraph(torch.zeros(0, dtype=torch.long)).num_nodes == 0
+
+
+def test_subgraph_random_matches_dense():
+    ei, w = random_graph(40, 200, weighted=True, seed=5)
+    g = CSRGraph.from_edge_index(ei, w, num_nodes=40)
+    nodes = torch.randperm(40)[:17]
+    sub = g.subgraph(nodes)
+    torch.testing.assert_close(dense(sub), dense(g)[nodes][:, nodes])
+    CSRGraph(sub.indptr, sub.indices, sub.weight, 17)  # passes full validation (sorted rows)
+
+
+def test_augment_a2_path_graph_exact():
+    # path 0-1-2-3 with weights w01 = 2, w12 = 3, w23 = 1 (both directions)
+    ei = torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]])
+    w = torch.tensor([2.0, 2.0, 3.0, 3.0, 1.0, 1.0], dtype=torch.float64)
+    a = CSRGraph.from_edge_index(ei, w).augment_a2()
+    expected = torch.tensor([  # 2 w_uv + Σ_k w_uk w_kv, zero diagonal
+        [0, 4, 6, 0],
+        [4, 0, 6, 3],
+        [6, 6, 0, 2],
+        [0, 3, 2, 0]], dtype=torch.float64)
+    torch.testing.assert_close(dense(a), expected)
+    assert not bool(a.has_self_loop().any())
+
+
+def test_augment_a2_random_nonsymmetric_matches_dense():
+    ei, w = random_graph(25, 80, weighted=True, seed=7)
+    g = CSRGraph.from_edge_index(ei, w, num_nodes=27)
+    m = dense(g.remove_self_loops()) + torch.eye(27, dtype=torch.float64)
+    sq = m @ m
+    sq.fill_diagonal_(0)
+    torch.testing.assert_close(dense(g.augment_a2()), sq)
+
+
+def test_transpose_and_symmetry():
+    ei, w = random_graph(20, 70, weighted=True, seed=1)
+    g = CSRGraph.from_edge_index(ei, w)
+    t = g.transpose()
+    torch.testing.assert_close(dense(t), dense(g).T)
+    assert g.transpose() is t and not g.is_symmetric()
+    s = CSRGraph.from_edge_index(ei, symmetrize=True)
+    assert s.is_symmetric()
+
+
+def test_round_trip_and_isolated_nodes():
+    ei, w = random_graph(15, 50, weighted=True, seed=2)
+    g = CSRGraph.from_edge_index(ei, w, num_nodes=20)  # nodes >= 15 isolated
+    g2 = CSRGraph.from_edge_index(g.edge_index(), g.edge_weight(), num_nodes=20)
+    assert torch.equal(g2.indptr, g.indptr) and torch.equal(g2.indices, g.indices)
+    assert torch.equal(g2.weight, g.weight)
+    torch.testing.assert_close(dense(g), dense_from_edges(ei, w, 20))
+    assert bool((g.indptr[15:] == g.num_edges).all())  # no entries in isolated rows
+
+
+def test_empty_graph():
+    g = CSRGraph.from_edge_index(torch.zeros(2, 0, dtype=torch.long), num_nodes=5)
+    assert g.num_edges == 0 and g.indptr.tolist() == [0] * 6
+    assert g.transpose().num_edges == 0 and g.is_symmetric()
+    assert g.augment_a2().num_edges == 0
+    dinv, _ = g.gcn_deg_inv_sqrt()
+    torch.testing.assert_close(dinv, torch.full((5,), 2.0).rsqrt())
+    z = CSRGraph.from_edge_index(torch.zeros(2, 0, dtype=torch.long))
+    assert z.num_nodes == 0 and "num_nodes=0" in repr(z)
+
+
+def test_inputs_not_mutated_and_weight_grad_flows():
+    ei = torch.tensor([[3, 0, 1, 1], [0, 1, 0, 0]], dtype=torch.int32)
+    w = torch.tensor([1.0, 2.0, 3.0, 4.0], requires_grad=True)
+    ei0, w0 = ei.clone(), w.detach().clone()
+    g = CSRGraph.from_edge_index(ei, w, symmetrize=True, remove_self_loops=True)
+    g.with_self_loops(2.0).subgraph(torch.tensor([1, 0])).augment_a2()
+    assert torch.equal(ei, ei0) and torch.equal(w.detach(), w0) and ei.dtype == torch.int32
+    g.weight.sum().backward()
+    assert w.grad.tolist() == [2.0, 2.0, 2.0, 2.0]
+
+
+def test_to_device_and_repr():
+    g = CSRGraph.from_edge_index(torch.tensor([[0], [1]]), torch.tensor([0.5]))
+    h = g.to("cpu")
+    assert torch.equal(h.indices, g.indices) and h.num_nodes == 2
+    assert "weighted" in repr(h) and "num_edges=1" in repr(h)
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(edge_index=torch.zeros(3, 4, dtype=torch.long)), ValueError, "shape"),
+        (dict(edge_index=torch.zeros(2, 4)), TypeError, "integer"),
+        (dict(edge_index=torch.tensor([[0, -1], [1, 0]])), ValueError, "negative"),
+        (dict(edge_index=torch.tensor([[0, 5], [1, 0]]), num_nodes=3), ValueError, "num_nodes"),
+        (dict(edge_index=torch.tensor([[0, 1]]).T, edge_weight=torch.tensor([1.0, 2.0])),
+         ValueError, "entries"),
+        (dict(edge_index=torch.tensor([[0], [1]]), edge_weight=torch.tensor([float("nan")])),
+         ValueError, "NaN"),
+        (dict(edge_index=torch.tensor([[0], [1]]), edge_weight=torch.tensor([1])),
+         TypeError, "floating"),
+        (dict(edge_index=[[0], [1]]), TypeError, "torch.Tensor"),
+        (dict(edge_index=torch.tensor([[0], [1]]), num_nodes=-1), ValueError, "num_nodes"),
+        (dict(edge_index=torch.tensor([[0], [1]]), num_nodes=2.0), TypeError, "num_nodes"),
+    ],
+)
+def test_bad_inputs(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        CSRGraph.from_edge_index(**kwargs)
+
+
+def test_bad_csr_and_subgraph():
+    ip, ix = torch.tensor([0, 2, 3]), torch.tensor([1, 0, 0])
+    with pytest.raises(ValueError, match="sorted"):
+        CSRGraph(ip, ix)
+    with pytest.raises(ValueError, match="indices"):
+        CSRGraph(ip, torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="non-decreasing"):
+        CSRGraph(torch.tensor([0, 2, 1, 3]), torch.tensor([0, 1, 0]))
+    with pytest.raises(ValueError, match="start at 0"):
+        CSRGraph(torch.tensor([0, 1, 2]), torch.tensor([0, 1, 1]))
+    with pytest.raises(TypeError, match="integer"):
+        CSRGraph(ip.float(), ix)
+    g = CSRGraph(torch.tensor([0, 2, 3]), torch.tensor([0, 1, 0]))
+    with pytest.raises(ValueError, match="duplicate"):
+        g.subgraph(torch.tensor([1, 1]))
+    with pytest.raises(ValueError, match="lie in"):
+        g.subgraph(torch.tensor([2]))
+    with pytest.raises(TypeError, match="integer"):
+        g.subgraph(torch.tensor([0.0]))
