@@ -1,0 +1,245 @@
+"""The uniform ``.npz`` graph format (shared/data/README.md): load with validation, save.
+
+Arrays of a file:
+
+=========================================  ====================  ==================================
+``edge_index``                             int [2, E]            edges, both directions stored for
+                                                                 an undirected graph (not enforced:
+                                                                 the graph container symmetrises)
+``x``                                      float [n, F]          dense node attributes, or instead
+``x_data, x_indices, x_indptr, x_shape``   CSR parts             of a sparse attribute matrix
+``y``                                      int [n]               labels 0..C-1
+=========================================  ====================  ==================================
+
+CSR attributes are densified on load (``n·F·4`` bytes of float32): the format stores CSR only
+when the dense matrix would exceed 200 MB, so plan memory for it; every file in shared/data is
+dense. Loading returns CPU torch tensors sharing memory with the decoded numpy arrays.
+"""
+from __future__ import annotations
+
+import os
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["GraphData", "load_npz", "save_npz", "relabel_by_size"]
+
+PathLike = str | os.PathLike
+
+
+@dataclass
+class GraphData:
+    """A node-classification graph on the CPU.
+
+    Attributes:
+        edge_index: int64 [2, E] (directed entries; E counts an undirected edge twice).
+        x: float32 [n, F] node attributes.
+        y: int64 [n] labels in 0..num_classes-1.
+        num_classes: C = max label + 1 (classes may be empty in user files).
+        name: a short name (file stem for loaded files).
+        label_map: int64 [C_old] with new = label_map[old] when labels were relabelled by size,
+            else None.
+    """
+
+    edge_index: torch.Tensor
+    x: torch.Tensor
+    y: torch.Tensor
+    num_classes: int
+    name: str = "graph"
+    label_map: np.ndarray | None = None
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.y.shape[0])
+
+    @property
+    def num_edges(self) -> int:
+        """Number of stored (directed) edges E."""
+        return int(self.edge_index.shape[1])
+
+    @property
+    def num_features(self) -> int:
+        return int(self.x.shape[1])
+
+    def class_sizes(self) -> torch.Tensor:
+        """int64 [C] number of nodes per class."""
+        return torch.bincount(self.y, minlength=self.num_classes)
+
+    def to_npz(self, path: PathLike, *, sparse_x: bool = False) -> None:
+        """Write the graph to ``path`` in the uniform format (see :func:`save_npz`)."""
+        save_npz(path, self.edge_index, self.x, self.y, sparse_x=sparse_x)
+
+
+def _np(a: Any) -> np.ndarray:
+    if isinstance(a, torch.Tensor):
+        return a.detach().cpu().numpy()
+    return np.asarray(a)
+
+
+def _is_int(a: np.ndarray) -> bool:
+    return np.issubdtype(a.dtype, np.integer) and a.dtype != bool
+
+
+def _check_arrays(edge_index: np.ndarray, x: np.ndarray, y: np.ndarray, where: str) -> None:
+    """Raise ValueError naming ``where`` (a file name) and the problem."""
+    if y.ndim != 1 or not _is_int(y):
+        raise ValueError(f"{where}: 'y' must be a 1-D integer array, got {y.dtype} {y.shape}")
+    n = y.shape[0]
+    if n == 0:
+        raise ValueError(f"{where}: the graph has no nodes ('y' is empty)")
+    if y.min() < 0:
+        raise ValueError(f"{where}: 'y' has negative labels (min {int(y.min())})")
+    if edge_index.ndim != 2 or edge_index.shape[0] != 2 or not _is_int(edge_index):
+        raise ValueError(
+            f"{where}: 'edge_index' must be an integer array of shape [2, E], "
+            f"got {edge_index.dtype} {edge_index.shape}"
+        )
+    if edge_index.size:
+        lo, hi = int(edge_index.min()), int(edge_index.max())
+        if lo < 0:
+            raise ValueError(f"{where}: 'edge_index' has negative node indices")
+        if hi >= n:
+            raise ValueError(f"{where}: 'edge_index' refers to node {hi} but there are {n} nodes")
+    if x.ndim != 2:
+        raise ValueError(f"{where}: 'x' must be 2-D [n, F], got shape {x.shape}")
+    if x.shape[0] != n:
+        raise ValueError(f"{where}: 'x' has {x.shape[0]} rows but 'y' has {n} labels")
+    if not (np.issubdtype(x.dtype, np.floating) or _is_int(x)):
+        raise ValueError(f"{where}: 'x' must be numeric, got {x.dtype}")
+    if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+        raise ValueError(f"{where}: 'x' contains NaN or Inf")
+
+
+def _csr_to_dense(z: Any, where: str) -> np.ndarray:
+    """Densify the CSR parts x_data/x_indices/x_indptr/x_shape (duplicates are summed)."""
+    data, indices = np.asarray(z["x_data"]), np.asarray(z["x_indices"])
+    indptr, shape = np.asarray(z["x_indptr"]), np.asarray(z["x_shape"])
+    if shape.shape != (2,) or not _is_int(shape) or shape.min() < 0:
+        raise ValueError(f"{where}: 'x_shape' must be two non-negative integers, got {shape}")
+    rows, cols = int(shape[0]), int(shape[1])
+    if indptr.ndim != 1 or indptr.shape[0] != rows + 1 or not _is_int(indptr):
+        raise ValueError(f"{where}: 'x_indptr' must be an integer array of length {rows + 1}")
+    if indptr[0] != 0 or np.any(np.diff(indptr) < 0):
+        raise ValueError(f"{where}: 'x_indptr' must start at 0 and be non-decreasing")
+    nnz = int(indptr[-1])
+    if data.shape != (nnz,) or indices.shape != (nnz,) or not _is_int(indices):
+        raise ValueError(
+            f"{where}: 'x_data' and 'x_indices' must be 1-D of length x_indptr[-1] = {nnz}"
+        )
+    if nnz and (indices.min() < 0 or indices.max() >= cols):
+        raise ValueError(f"{where}: 'x_indices' out of range [0, {cols})")
+    row = np.repeat(np.arange(rows, dtype=np.int64), np.diff(indptr))
+    dense = np.zeros((rows, cols), dtype=np.float32)
+    col = indices.astype(np.int64)
+    flat = row * cols + col
+    if np.unique(flat).shape[0] == nnz:
+        dense[row, col] = data
+    else:  # duplicate entries: CSR semantics sum them
+        np.add.at(dense, (row, col), data.astype(np.float32))
+    return dense
+
+
+def relabel_by_size(y: np.ndarray, num_classes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Relabel classes by descending size: class 0 largest, class C-1 smallest.
+
+    Returns ``(new_y, label_map)`` with ``new_y = label_map[y]``. Ties keep the original label
+    order (stable sort). The official HierTail harness uses a non-stable ``argsort`` reversed,
+    so its tie-break is arbitrary (in practice the larger original label first); results that
+    depend on which of two equal-size classes is "last" can differ from it.
+    """
+    y = _np(y).astype(np.int64, copy=False)
+    counts = np.bincount(y, minlength=num_classes or 0)
+    order = np.argsort(-counts, kind="stable")  # order[new] = old
+    label_map = np.empty_like(order)
+    label_map[order] = np.arange(order.shape[0])
+    return label_map[y], label_map
+
+
+_relabel = relabel_by_size  # load_npz's keyword of the same name shadows the function
+
+
+def load_npz(
+    path: PathLike, *, relabel_by_size: bool = False, name: str | None = None
+) -> GraphData:
+    """Load and validate a graph in the uniform ``.npz`` format from any path.
+
+    Args:
+        path: file path (str or Path).
+        relabel_by_size: relabel classes by descending size as the official harness does
+            (stable tie-break, see :func:`relabel_by_size`); ``label_map`` records the mapping.
+        name: dataset name (default: the file stem).
+    Raises:
+        FileNotFoundError if the file does not exist; ValueError naming the file and the problem
+        for unreadable files, missing arrays, shape/dtype mismatches, negative labels, edge
+        indices out of range, NaN/Inf attributes or malformed CSR parts.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"graph file not found: {p}")
+    where = str(p)
+    try:
+        z = np.load(p, allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{where}: not a readable .npz file ({exc})") from exc
+    with z:
+        keys = set(z.files)
+        missing = [k for k in ("edge_index", "y") if k not in keys]
+        csr = ("x_data", "x_indices", "x_indptr", "x_shape")
+        if "x" not in keys and not all(k in keys for k in csr):
+            missing.append("x (or x_data/x_indices/x_indptr/x_shape)")
+        if missing:
+            raise ValueError(f"{where}: missing array(s) {', '.join(missing)}; has {sorted(keys)}")
+        try:
+            edge_index, y = z["edge_index"], z["y"]
+            x = z["x"] if "x" in keys else _csr_to_dense(z, where)
+        except (OSError, ValueError, zipfile.BadZipFile) as exc:
+            if str(exc).startswith(where):
+                raise
+            raise ValueError(f"{where}: cannot decode arrays ({exc})") from exc
+    _check_arrays(edge_index, x, y, where)
+    y = y.astype(np.int64, copy=False)
+    label_map = None
+    if relabel_by_size:
+        y, label_map = _relabel(y)
+    return GraphData(
+        edge_index=torch.from_numpy(np.ascontiguousarray(edge_index, dtype=np.int64)),
+        x=torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)),
+        y=torch.from_numpy(np.ascontiguousarray(y)),
+        num_classes=int(y.max()) + 1,
+        name=name if name is not None else p.stem,
+        label_map=label_map,
+    )
+
+
+def save_npz(
+    path: PathLike, edge_index: Any, x: Any, y: Any, *, sparse_x: bool = False
+) -> None:
+    """Write a graph in the uniform ``.npz`` format (compressed) exactly at ``path``.
+
+    Args:
+        edge_index: int [2, E]; x: float [n, F]; y: int [n] (numpy arrays or torch tensors).
+        sparse_x: store x as CSR parts (x_data float32, x_indices int32, x_indptr int64,
+            x_shape int64) instead of a dense ``x``.
+    Raises:
+        ValueError on the same problems :func:`load_npz` rejects.
+    """
+    ei, xx, yy = _np(edge_index), _np(x), _np(y)
+    _check_arrays(ei, xx, yy, f"save_npz({os.fspath(path)})")
+    arrays = {"edge_index": ei.astype(np.int64), "y": yy.astype(np.int64)}
+    xx = xx.astype(np.float32, copy=False)
+    if sparse_x:
+        nz_row, nz_col = np.nonzero(xx)  # row-major order = CSR order
+        arrays["x_data"] = xx[nz_row, nz_col]
+        arrays["x_indices"] = nz_col.astype(np.int32)
+        arrays["x_indptr"] = np.concatenate(
+            [[0], np.cumsum(np.bincount(nz_row, minlength=xx.shape[0]))]
+        ).astype(np.int64)
+        arrays["x_shape"] = np.array(xx.shape, dtype=np.int64)
+    else:
+        arrays["x"] = xx
+    with open(path, "wb") as fh:  # a file handle: numpy would otherwise append ".npz"
+        np.savez_compressed(fh, **arrays)

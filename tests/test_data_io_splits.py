@@ -1,0 +1,205 @@
+"""The .npz loader/saver and the natural / user splits."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hiertail_fast.data.io import GraphData, load_npz, relabel_by_size, save_npz
+from hiertail_fast.data.splits import (
+    class_counts,
+    natural_split,
+    natural_split_sizes,
+    split_counts,
+    user_split,
+)
+
+
+def _tiny():
+    ei = np.array([[0, 1, 1, 2, 3, 4], [1, 0, 2, 1, 4, 3]], dtype=np.int64)
+    x = np.arange(15, dtype=np.float32).reshape(5, 3) * np.array([1, 0, 1], dtype=np.float32)
+    y = np.array([2, 0, 2, 1, 2], dtype=np.int64)
+    return ei, x, y
+
+
+@pytest.mark.parametrize("sparse_x", [False, True])
+def test_round_trip(tmp_path, sparse_x):
+    ei, x, y = _tiny()
+    path = tmp_path / "g"  # no suffix: written exactly here
+    save_npz(path, torch.from_numpy(ei), x, y, sparse_x=sparse_x)
+    assert path.is_file()
+    g = load_npz(str(path))
+    assert isinstance(g, GraphData) and g.name == "g"
+    assert g.edge_index.dtype == torch.int64 and g.x.dtype == torch.float32
+    assert g.y.dtype == torch.int64
+    np.testing.assert_array_equal(g.edge_index.numpy(), ei)
+    np.testing.assert_array_equal(g.x.numpy(), x)
+    np.testing.assert_array_equal(g.y.numpy(), y)
+    assert (g.num_nodes, g.num_edges, g.num_features, g.num_classes) == (5, 6, 3, 3)
+    keys = set(np.load(path).files)
+    assert ("x_data" in keys) == sparse_x and ("x" in keys) != sparse_x
+    g.to_npz(tmp_path / "again.npz")
+    g2 = load_npz(tmp_path / "again.npz")
+    assert torch.equal(g2.x, g.x) and torch.equal(g2.edge_index, g.edge_index)
+
+
+def test_relabel_by_size(tmp_path):
+    y = np.array([2, 0, 2, 1, 2, 1, 3, 3])  # sizes: 0:1, 1:2, 2:3, 3:2 -> ties 1 and 3
+    new, label_map = relabel_by_size(y)
+    np.testing.assert_array_equal(label_map, [3, 1, 0, 2])  # stable: class 1 before class 3
+    np.testing.assert_array_equal(new, label_map[y])
+    sizes = np.bincount(new)
+    assert np.all(np.diff(sizes) <= 0)
+    ei, x, _ = _tiny()
+    save_npz(tmp_path / "a.npz", ei, np.zeros((8, 2)), y)
+    g = load_npz(tmp_path / "a.npz", relabel_by_size=True)
+    np.testing.assert_array_equal(g.y.numpy(), new)
+    np.testing.assert_array_equal(g.label_map, label_map)
+
+
+def _write(path, **arrays):
+    with open(path, "wb") as fh:
+        np.savez(fh, **arrays)
+    return path
+
+
+@pytest.mark.parametrize(
+    "change,msg",
+    [
+        (dict(y=None), "missing array"),
+        (dict(x=None), "missing array"),
+        (dict(y=np.array([0, 1, -1, 0, 0])), "negative labels"),
+        (dict(y=np.array([0.0, 1, 1, 0, 0])), "integer"),
+        (dict(edge_index=np.array([[0, 5], [1, 0]])), "refers to node 5"),
+        (dict(edge_index=np.array([[0, -1], [1, 0]])), "negative node"),
+        (dict(edge_index=np.array([0, 1, 1, 0])), r"\[2, E\]"),
+        (dict(x=np.zeros((4, 3), np.float32)), "rows"),
+        (dict(x=np.full((5, 3), np.nan, np.float32)), "NaN"),
+        (dict(x=np.zeros(5, np.float32)), "2-D"),
+    ],
+)
+def test_load_validation(tmp_path, change, msg):
+    ei, x, y = _tiny()
+    arrays = dict(edge_index=ei, x=x, y=y)
+    arrays.update(change)
+    path = _write(tmp_path / "bad.npz", **{k: v for k, v in arrays.items() if v is not None})
+    with pytest.raises(ValueError, match=msg) as err:
+        load_npz(path)
+    assert "bad.npz" in str(err.value)  # names the file
+
+
+def test_load_bad_csr_and_files(tmp_path):
+    ei, _, y = _tiny()
+    good = dict(x_data=np.ones(2, np.float32), x_indices=np.array([0, 2], np.int32),
+                x_indptr=np.array([0, 1, 1, 2, 2, 2]), x_shape=np.array([5, 3]))
+    g = load_npz(_write(tmp_path / "csr.npz", edge_index=ei, y=y, **good))
+    assert g.x.shape == (5, 3) and float(g.x.sum()) == 2.0 and g.x[2, 2] == 1.0
+    for key, val, msg in [("x_indices", np.array([0, 3], np.int32), "out of range"),
+                          ("x_indptr", np.array([0, 1, 1, 2, 2]), "x_indptr"),
+                          ("x_data", np.ones(3, np.float32), "x_data")]:
+        with pytest.raises(ValueError, match=msg):
+            load_npz(_write(tmp_path / "c2.npz", edge_index=ei, y=y, **{**good, key: val}))
+    (tmp_path / "junk.npz").write_bytes(b"not a zip file")
+    with pytest.raises(ValueError, match="junk.npz"):
+        load_npz(tmp_path / "junk.npz")
+    with pytest.raises(FileNotFoundError):
+        load_npz(tmp_path / "nope.npz")
+    with pytest.raises(ValueError):
+        save_npz(tmp_path / "s.npz", ei, np.zeros((3, 2)), y)
+
+
+@pytest.mark.parametrize(
+    "name,nodes,edges,features,classes,smallest,largest",
+    [("email", 1005, 32128, 128, 42, 1, 109), ("wiki", 2405, 23192, 4973, 17, 9, 406),
+     ("blogcatalog", 10312, 667966, 64, 38, 3, 1423)],
+)
+def test_shared_files(data_dir, name, nodes, edges, features, classes, smallest, largest):
+    g = load_npz(data_dir / f"{name}.npz", relabel_by_size=True)
+    assert (g.num_nodes, g.num_edges, g.num_features, g.num_classes) == (
+        nodes, edges, features, classes)
+    sizes = g.class_sizes()
+    assert int(sizes[0]) == largest and int(sizes[-1]) == smallest
+    assert bool((sizes[:-1] >= sizes[1:]).all())
+
+
+# ------------------------------------------------------------------------------------ splits
+SIZES = [1, 2, 3, 5, 9, 10, 11, 19, 25, 104]
+# (train, val, test) by the rule of PROTOCOL §1.2, worked out by hand
+EXPECTED = [(1, 1, 1), (1, 1, 1), (1, 1, 1), (1, 1, 3), (1, 1, 7), (1, 1, 8), (1, 1, 8),
+            (1, 1, 15), (2, 2, 20), (10, 10, 83)]
+
+
+def _labels():
+    y = np.repeat(np.arange(len(SIZES)), SIZES)
+    return np.random.default_rng(5).permutation(y)
+
+
+def test_natural_split_sizes_per_class():
+    lay = natural_split_sizes(SIZES)
+    np.testing.assert_array_equal(lay[:, [1, 3, 5]], EXPECTED)
+    y = _labels()
+    tr, va, te = natural_split(y, seed=3)
+    counts = split_counts(y, tr, va, te)
+    np.testing.assert_array_equal(counts.numpy(), EXPECTED)
+    np.testing.assert_array_equal(class_counts(y, tr).numpy(), [e[0] for e in EXPECTED])
+    assert class_counts(y).tolist() == SIZES
+
+
+def test_natural_split_overlaps_and_disjointness():
+    y = _labels()
+    tr, va, te = natural_split(torch.from_numpy(y), seed=11)
+    for t in (tr, va, te):
+        assert t.dtype == torch.int64 and len(set(t.tolist())) == t.numel()
+    c1 = int(np.flatnonzero(y == 0)[0])  # the class of one node: in all three sets
+    assert c1 in tr.tolist() and c1 in va.tolist() and c1 in te.tolist()
+    c2 = set(np.flatnonzero(y == 1).tolist())  # class of two: train == val, test the other
+    tr2, va2, te2 = (set(t.tolist()) & c2 for t in (tr, va, te))
+    assert tr2 == va2 and len(tr2) == 1 and te2 == c2 - tr2
+    big = set(np.flatnonzero(y >= 2).tolist())  # n_c >= 3: pairwise disjoint
+    s_tr, s_va, s_te = (set(t.tolist()) & big for t in (tr, va, te))
+    assert not (s_tr & s_va) and not (s_tr & s_te) and not (s_va & s_te)
+    # val/test are grouped by class; each set holds only nodes of the right class counts
+    assert np.all(np.diff(y[va.numpy()]) >= 0) and np.all(np.diff(y[te.numpy()]) >= 0)
+
+
+def test_natural_split_determinism():
+    y = _labels()
+    a = natural_split(y, seed=7)
+    b = natural_split(y.tolist(), seed=7)
+    c = natural_split(y, seed=8)
+    assert all(torch.equal(u, v) for u, v in zip(a, b, strict=True))
+    assert not all(torch.equal(u, v) for u, v in zip(a, c, strict=True))
+    # train is shuffled, not grouped by class
+    ys = [y[natural_split(y, seed=s)[0].numpy()] for s in range(5)]
+    assert any(np.any(np.diff(t) < 0) for t in ys)
+
+
+def test_natural_split_bad():
+    with pytest.raises(ValueError):
+        natural_split(np.array([0.5, 1.0]))
+    with pytest.raises(ValueError):
+        natural_split(np.array([], dtype=np.int64))
+    with pytest.raises(ValueError):
+        natural_split(np.array([0, -1]))
+    with pytest.raises(ValueError, match="num_classes"):
+        natural_split(np.array([0, 4]), num_classes=3)
+
+
+def test_user_split():
+    mask = np.zeros(6, dtype=bool)
+    mask[[1, 4]] = True
+    idx = np.array([5, 0])
+    tr, va, te = user_split(6, mask, torch.tensor([2]), idx)
+    assert tr.tolist() == [1, 4] and va.tolist() == [2] and te.tolist() == [5, 0]
+    te[0] = 3
+    assert idx[0] == 5  # the caller's array is not modified
+    tr, va, te = user_split(6, [0, 1])
+    assert va.numel() == 0 and te.numel() == 0
+    for args, msg in [((6, [6]), "outside"), ((6, [-1]), "outside"), ((6, []), "empty"),
+                      ((6, np.zeros(6, bool)), "empty"), ((6, np.ones(5, bool)), "mask"),
+                      ((6, [1, 1]), "duplicate"), ((6, [0.5]), "integer"),
+                      ((6, [0], [[1]]), "1-D"), ((0, [0]), "positive")]:
+        with pytest.raises(ValueError, match=msg):
+            user_split(*args)
+    with pytest.raises(TypeError):
+        user_split(6.0, [0])
