@@ -1,0 +1,311 @@
+"""Triton kernels for the quadratic core of the class-balanced contrastive loss (DESIGN.md §3).
+
+For embeddings Z [N, d], a scale (1/τ) and L key-weight vectors log_w [L, N] (−inf hides a key
+from a level), the only all-pairs quantity of the loss is, per level l and query row i,
+
+    lse[l, i] = log Σ_{k: log_w[l,k] > −inf} exp(scale·z_i·z_k + log_w[l, k])
+
+i.e. attention's log-normaliser with Q = K = Z and a per-key bias, without the V product.
+
+Forward (`lse_forward`): FlashAttention-style online max/sum over key tiles of Z·Zᵀ (`tl.dot`,
+fp32 accumulation), saving only lse (L·N floats); optionally the UNWEIGHTED row max over
+visible keys, scale·z_i·z_k, and its first arg-max (the official variant's M_i).
+Multi-level fusion (shipped default, `fuse_levels=True`): one program computes each Z·Zᵀ tile
+once and updates L running (max, sum) pairs held in [BLOCK_M, L_PAD] registers, so the GEMM
+work does not grow with L; `fuse_levels=False` is the simple version (a grid axis over levels
+that recomputes the tile), kept to cross-check the fused one and for A/B timing on a GPU.
+
+Backward (`lse_backward`) of Σ_{l,i} g[l,i]·lse[l,i], with p_lik = exp(scale·s_ik + log_w[l,k]
+− lse[l,i]) recomputed from the saved lse (FlashAttention-2 style, O(N·d) memory):
+    query side  dz_i += scale·Σ_l g_li Σ_k p_lik z_k,
+    key side    dz_k += scale·Σ_l Σ_i g_li p_lik z_i.
+Because Q = K = Z, s is symmetric and BOTH sides of row i are sums over the same tile row:
+    dz_i = scale·Σ_j W_ij z_j,   W_ij = Σ_l g_li p_lij + Σ_l g_lj p_lji,
+so the shipped default (`two_pass=False`) is ONE kernel over row blocks that computes each
+Z·Zᵀ tile once and does one W·Z product: half the GEMM work of the FlashAttention-2 pair of
+passes, the same exp count, no atomics, deterministic run to run (each dz row is written by
+exactly one program, with a fixed loop order). `two_pass=True` runs the classic pair (query
+pass → fp32 partial, then key pass that adds it), the same kernel with QUERY_SIDE/KEY_SIDE
+flags, kept for cross-checks and GPU A/B timing.
+
+Numerics: |scale·s| reaches the thousands (τ = 0.01, norms ~30), so the max is always
+subtracted online; exponentials are taken in base 2 (log2 e folded into the scale, as in
+the Triton tutorial). fp32 inputs use IEEE fp32 dots (TF32 would give errors ~|s|·2⁻¹¹,
+i.e. O(1) at |s| ~ 1000); bf16/fp16 inputs use native dots (exact products, fp32
+accumulation) for Z·Zᵀ and a TF32 dot for W·Z with W kept in fp32 (bf16/fp16 → fp32 is exact;
+casting W itself to fp16 would underflow for g ~ 1/N). Under TRITON_INTERPRET=1 every dot is
+a numpy fp32 matmul, so the GPU precision modes are not exercised by the CPU tests.
+
+Conventions: a row with no visible key has lse = −inf, rowmax = −inf and argmax = 0 (a safe
+index; rowmax = −inf marks it), and contributes nothing to dz (no NaN). Program offsets are
+int64 (N·d may exceed 2³¹).
+
+Not measured yet (no GPU lent): fwd+bwd vs torch SDPA on the equivalent single-head problem,
+e.g. on CUDA with q = z.view(1, 1, N, d):
+    torch.nn.functional.scaled_dot_product_attention(q, q, q, scale=s).sum().backward()
+vs  dz = lse_backward(z, lw, lse_forward(z, lw, s, False)[0], g, s)  at N = 16k…100k,
+d = 64/128, bf16 and fp32, L = 1 and 3 (log_w = 0 for SDPA parity), with the fused forward
+and one-pass backward against `fuse_levels=False` / `two_pass=True`.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._utils import feature_block, pair_blocks
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+_SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def _balanced_contrastive_loss_fwd_kernel(
+    Z, LOG_W, LSE, ROWMAX, ARGMAX,
+    N, D, stride_z, scale,
+    NUM_LEVELS: tl.constexpr, L_PAD: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    NEED_MAX: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    # grid = (cdiv(N, BLOCK_M), L // NUM_LEVELS): this program owns rows offs_m for levels
+    # level0 .. level0 + NUM_LEVELS - 1 (NUM_LEVELS = L when fused, 1 when not).
+    level0 = tl.program_id(1).to(tl.int64) * NUM_LEVELS
+    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_valid = offs_m < N
+    offs_d = tl.arange(0, D_PAD)
+    d_valid = offs_d < D
+    q = tl.load(Z + offs_m[:, None] * stride_z + offs_d[None, :],
+                mask=m_valid[:, None] & d_valid[None, :], other=0.0)
+    if UPCAST:  # see _precisions: exact, bf16 products are exact in fp32
+        q = q.to(tl.float32)
+    cols = tl.arange(0, L_PAD)
+    qk_scale = scale * LOG2E
+    # One column per level: running max m2 and running sum l2 of 2^(t - m2), t in log2 units.
+    m2 = tl.full([BLOCK_M, L_PAD], float("-inf"), tl.float32)
+    l2 = tl.zeros([BLOCK_M, L_PAD], tl.float32)
+    rmax = tl.full([BLOCK_M, L_PAD], float("-inf"), tl.float32)
+    ridx = tl.zeros([BLOCK_M, L_PAD], tl.int32)
+    for start_n in range(0, N, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < N
+        k = tl.load(Z + offs_n.to(tl.int64)[:, None] * stride_z + offs_d[None, :],
+                    mask=n_valid[:, None] & d_valid[None, :], other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+        # the tile of Z·Zᵀ, computed once for all the levels this program carries
+        zz = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        s2 = zz * qk_scale
+        for j in tl.static_range(NUM_LEVELS):
+            lw = tl.load(LOG_W + (level0 + j) * N + offs_n, mask=n_valid, other=float("-inf"))
+            t = s2 + (lw * LOG2E)[None, :]
+            sel = (cols == j)[None, :]
+            m_old = tl.max(tl.where(sel, m2, float("-inf")), 1)
+            l_old = tl.sum(tl.where(sel, l2, 0.0), 1)
+            m_new = tl.maximum(m_old, tl.max(t, 1))
+            # reference point: 0 while the row has seen no visible key (avoids −inf − −inf)
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            l_new = l_old * tl.exp2(m_old - m_ref) + tl.sum(tl.exp2(t - m_ref[:, None]), 1)
+            m2 = tl.where(sel, m_new[:, None], m2)
+            l2 = tl.where(sel, l_new[:, None], l2)
+            if NEED_MAX:
+                # unweighted max over visible keys; ties -> lowest index (strict > across tiles)
+                sv = tl.where((lw > float("-inf"))[None, :], zz * scale, float("-inf"))
+                tile_max = tl.max(sv, 1)
+                tile_arg = tl.min(tl.where(sv == tile_max[:, None], offs_n[None, :], N), 1)
+                r_old = tl.max(tl.where(sel, rmax, float("-inf")), 1)
+                better = sel & (tile_max > r_old)[:, None]
+                rmax = tl.where(better, tile_max[:, None], rmax)
+                ridx = tl.where(better, tile_arg[:, None], ridx)
+    # l2 = 0 exactly when the row saw no visible key (m2 = −inf)
+    lse = tl.where(l2 > 0, (m2 + tl.log2(tl.where(l2 > 0, l2, 1.0))) * LN2, float("-inf"))
+    out = (level0 + cols)[None, :] * N + offs_m[:, None]
+    out_mask = m_valid[:, None] & (cols < NUM_LEVELS)[None, :]
+    tl.store(LSE + out, lse, mask=out_mask)
+    if NEED_MAX:
+        tl.store(ROWMAX + out, rmax, mask=out_mask)
+        tl.store(ARGMAX + out, ridx.to(tl.int64), mask=out_mask)
+
+
+@triton.jit
+def _balanced_contrastive_loss_bwd_kernel(
+    Z, LOG_W, LSE, GRAD, PARTIAL, DZ,
+    N, D, stride_z, scale,
+    NUM_LEVELS: tl.constexpr, L_PAD: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    QUERY_SIDE: tl.constexpr, KEY_SIDE: tl.constexpr, ADD_PARTIAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, GRAD_DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    # One program per block of rows r; it loops over all column tiles c and accumulates
+    #   dz_r = scale · Σ_c W_rc z_c,
+    #   W_rc = [QUERY_SIDE] Σ_l g_lr p_lrc  +  [KEY_SIDE] Σ_l g_lc p_lcr     (s_rc = s_cr).
+    # QUERY_SIDE only = FlashAttention-2's dq pass, KEY_SIDE only = its dk pass; both = the
+    # one-pass symmetric backward. ADD_PARTIAL adds an fp32 [N, d] buffer (the dq pass).
+    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_valid = offs_m < N
+    offs_d = tl.arange(0, D_PAD)
+    d_valid = offs_d < D
+    tile_mask = m_valid[:, None] & d_valid[None, :]
+    q = tl.load(Z + offs_m[:, None] * stride_z + offs_d[None, :], mask=tile_mask, other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    cols = tl.arange(0, L_PAD)
+    lvl = cols[None, :].to(tl.int64) * N + offs_m[:, None]
+    lvl_mask = m_valid[:, None] & (cols < NUM_LEVELS)[None, :]
+    # This block's rows, per level (log2 units). Dead rows (padding, no visible key) get
+    # lse = +inf and g = 0, so every p involving them is exp2(-inf) = 0: no NaN.
+    lse_r = tl.load(LSE + lvl, mask=lvl_mask, other=float("-inf")) * LOG2E
+    g_r = tl.load(GRAD + lvl, mask=lvl_mask, other=0.0)
+    g_r = tl.where(lse_r > float("-inf"), g_r, 0.0)
+    lse_r = tl.where(lse_r > float("-inf"), lse_r, float("inf"))
+    lw_r = tl.load(LOG_W + lvl, mask=lvl_mask, other=float("-inf")) * LOG2E
+    qk_scale = scale * LOG2E
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    for start_n in range(0, N, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < N
+        k = tl.load(Z + offs_n.to(tl.int64)[:, None] * stride_z + offs_d[None, :],
+                    mask=n_valid[:, None] & d_valid[None, :], other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+        s2 = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        w = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for j in tl.static_range(NUM_LEVELS):
+            sel = (cols == j)[None, :]
+            col = j * N + offs_n
+            if QUERY_SIDE:  # rows as queries, tile columns as keys
+                lw_c = tl.load(LOG_W + col, mask=n_valid, other=float("-inf")) * LOG2E
+                lse_j = tl.max(tl.where(sel, lse_r, float("-inf")), 1)
+                g_j = tl.sum(tl.where(sel, g_r, 0.0), 1)
+                w += g_j[:, None] * tl.exp2(s2 + lw_c[None, :] - lse_j[:, None])
+            if KEY_SIDE:  # tile columns as queries, rows as keys
+                lse_c = tl.load(LSE + col, mask=n_valid, other=float("-inf")) * LOG2E
+                g_c = tl.load(GRAD + col, mask=n_valid, other=0.0)
+                g_c = tl.where(lse_c > float("-inf"), g_c, 0.0)
+                lse_c = tl.where(lse_c > float("-inf"), lse_c, float("inf"))
+                lw_j = tl.max(tl.where(sel, lw_r, float("-inf")), 1)
+                w += g_c[None, :] * tl.exp2(s2 + lw_j[:, None] - lse_c[None, :])
+        # W stays fp32 (it can be ~1e-10 when g ~ 1/N: an fp16 cast would flush it to zero)
+        acc = tl.dot(w, k.to(tl.float32), acc, input_precision=GRAD_DOT_PRECISION)
+    acc = acc * scale
+    out = offs_m[:, None] * D + offs_d[None, :]
+    if ADD_PARTIAL:
+        acc += tl.load(PARTIAL + out, mask=tile_mask, other=0.0)
+    tl.store(DZ + out, acc.to(DZ.dtype.element_ty), mask=tile_mask)
+
+
+def _check(z: torch.Tensor, log_w: torch.Tensor) -> tuple[int, int, int]:
+    if z.dim() != 2 or z.dtype not in _SUPPORTED:
+        raise TypeError(f"z must be a 2-D float32/float16/bfloat16 tensor, got {z.dtype} "
+                        f"with shape {tuple(z.shape)}")
+    if z.shape[1] > 256:
+        raise ValueError(f"the triton kernels support d <= 256, got d = {z.shape[1]}")
+    if log_w.dim() != 2 or log_w.shape[1] != z.shape[0] or log_w.shape[0] < 1:
+        raise ValueError(f"log_w must have shape [L >= 1, N = {z.shape[0]}], "
+                         f"got {tuple(log_w.shape)}")
+    if log_w.device != z.device:
+        raise ValueError(f"log_w is on {log_w.device}, z on {z.device}")
+    return log_w.shape[0], z.shape[0], z.shape[1]
+
+
+def _precisions(z: torch.Tensor) -> tuple[str, str, bool]:
+    """(Z·Zᵀ dot precision, W·Z dot precision, UPCAST) for z, see the module docstring.
+
+    UPCAST: the CPU interpreter multiplies bf16 tiles as raw integers, so there the tiles are
+    converted to fp32 first (the same numbers: bf16 products are exact in fp32).
+    """
+    if z.dtype == torch.float32:
+        return "ieee", "ieee", False
+    if z.dtype == torch.bfloat16 and not z.is_cuda:
+        return "ieee", "ieee", True
+    return "tf32", "tf32", False
+
+
+def lse_forward(
+    z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool, *,
+    fuse_levels: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Weighted log-sum-exp of scale·Z·Zᵀ for every level, without storing N×N.
+
+    Args:
+        z: [N, d] float32/float16/bfloat16, d <= 256 (made contiguous if needed).
+        log_w: [L, N] log key weights per level; −inf hides key k from level l.
+        scale: multiplier of z_i·z_k (1/τ).
+        need_max: also return the unweighted row max over visible keys and its first arg-max.
+        fuse_levels: one pass over the Z·Zᵀ tiles for all L levels (default) instead of a
+            grid axis over levels that recomputes the tiles.
+    Returns:
+        lse [L, N] fp32 (−inf for a row with no visible key), rowmax [L, N] fp32 =
+        max_{k visible} scale·z_i·z_k (−inf if none) and argmax [L, N] int64 (lowest index
+        among ties, 0 if none) when need_max, else None, None.
+    """
+    num_levels, n, d = _check(z, log_w)
+    z = z.contiguous()
+    log_w = log_w.to(torch.float32).contiguous()
+    lse = torch.empty(num_levels, n, dtype=torch.float32, device=z.device)
+    rowmax = torch.empty_like(lse) if need_max else None
+    argmax = torch.empty(num_levels, n, dtype=torch.int64, device=z.device) if need_max else None
+    if n == 0:
+        return lse, rowmax, argmax
+    d_pad = feature_block(d)
+    block_m, block_n, warps = pair_blocks(n, d_pad, z.is_cuda)
+    per_program = num_levels if fuse_levels else 1
+    s_prec, _, upcast = _precisions(z)
+    grid = (triton.cdiv(n, block_m), num_levels // per_program)
+    _balanced_contrastive_loss_fwd_kernel[grid](
+        z, log_w, lse, rowmax if need_max else lse, argmax if need_max else lse,
+        n, d, z.stride(0), float(scale),
+        NUM_LEVELS=per_program, L_PAD=max(2, triton.next_power_of_2(per_program)), D_PAD=d_pad,
+        BLOCK_M=block_m, BLOCK_N=block_n, NEED_MAX=bool(need_max),
+        DOT_PRECISION=s_prec, UPCAST=upcast, num_warps=warps,
+    )
+    return lse, rowmax, argmax
+
+
+def lse_backward(
+    z: torch.Tensor, log_w: torch.Tensor, lse: torch.Tensor, grad_lse: torch.Tensor,
+    scale: float, *, two_pass: bool = False,
+) -> torch.Tensor:
+    """Gradient of Σ_{l,i} grad_lse[l,i]·lse[l,i] with respect to z (both sides of s = Z·Zᵀ).
+
+    Args:
+        z, log_w, scale: as given to `lse_forward`; lse: its [L, N] fp32 output.
+        grad_lse: [L, N] upstream gradient (rows with grad 0 or lse −inf contribute nothing).
+        two_pass: FlashAttention-2 query pass + key pass instead of the one-pass symmetric
+            kernel (same result up to fp32 rounding; twice the GEMM work).
+    Returns:
+        dz [N, d] in z's dtype (fp32 accumulation), deterministic run to run.
+    """
+    num_levels, n, d = _check(z, log_w)
+    for name, t in (("lse", lse), ("grad_lse", grad_lse)):
+        if t.shape != log_w.shape:
+            raise ValueError(f"{name} must have shape {tuple(log_w.shape)}, got {tuple(t.shape)}")
+    z = z.contiguous()
+    log_w = log_w.to(torch.float32).contiguous()
+    lse = lse.to(torch.float32).contiguous()
+    grad_lse = grad_lse.to(torch.float32).contiguous()
+    dz = torch.empty(n, d, dtype=z.dtype, device=z.device)
+    if n == 0:
+        return dz
+    d_pad = feature_block(d)
+    block_m, block_n, warps = pair_blocks(n, d_pad, z.is_cuda)
+    s_prec, w_prec, upcast = _precisions(z)
+    common = dict(
+        NUM_LEVELS=num_levels, L_PAD=max(2, triton.next_power_of_2(num_levels)), D_PAD=d_pad,
+        BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=s_prec, GRAD_DOT_PRECISION=w_prec,
+        UPCAST=upcast, num_warps=warps,
+    )
+    grid = (triton.cdiv(n, block_m),)
+    args = (z, log_w, lse, grad_lse)
+    tail = (n, d, z.stride(0), float(scale))
+    if not two_pass:
+        _balanced_contrastive_loss_bwd_kernel[grid](
+            *args, dz, dz, *tail, QUERY_SIDE=True, KEY_SIDE=True, ADD_PARTIAL=False, **common)
+        return dz
+    partial = torch.empty(n, d, dtype=torch.float32, device=z.device)
+    _balanced_contrastive_loss_bwd_kernel[grid](  # dq pass -> fp32 partial
+        *args, partial, partial, *tail, QUERY_SIDE=True, KEY_SIDE=False, ADD_PARTIAL=False,
+        **common)
+    _balanced_contrastive_loss_bwd_kernel[grid](  # dk pass, adds the partial
+        *args, partial, dz, *tail, QUERY_SIDE=False, KEY_SIDE=True, ADD_PARTIAL=True, **common)
+    return dz
