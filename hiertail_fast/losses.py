@@ -1,0 +1,111 @@
+"""Drop-in class-balanced contrastive losses (HierTail SCL Eq. 7 / BCL Eq. 8), O(N*d) memory.
+
+Same numbers as ``hiertail_fast.reference.balanced_contrastive_loss_ref`` (its docstring holds
+the definitions); the backend is picked by ``hiertail_fast.ops._dispatch.choose_backend``:
+CUDA tensors -> Triton kernels, otherwise the blocked torch path; ``backend=`` or the
+``HIERTAIL_BACKEND`` environment variable ("reference" | "torch" | "triton") forces one.
+
+Example::
+
+    >>> import torch
+    >>> from hiertail_fast import balanced_contrastive_loss
+    >>> z = torch.randn(1000, 64, requires_grad=True)
+    >>> y = torch.randint(0, 10, (1000,))
+    >>> loss = balanced_contrastive_loss(z, y, temperature=0.1)
+    >>> loss.backward()
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from hiertail_fast.ops.balanced_contrastive_loss import (
+    balanced_contrastive_loss_op,
+    hierarchical_contrastive_loss_op,
+)
+
+__all__ = [
+    "balanced_contrastive_loss",
+    "BalancedContrastiveLoss",
+    "hierarchical_contrastive_loss",
+]
+
+
+def balanced_contrastive_loss(
+    z: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    prototypes: torch.Tensor | None = None,
+    temperature: float = 0.1,
+    include_self: bool = True,
+    reduction: str = "mean",
+    variant: str = "exact",
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Class-balanced contrastive loss of ``z`` [N, d] with ``labels`` [N].
+
+    Rows ``prototypes`` [m, d] are appended with labels 0..m-1. Key k is weighted by
+    1 / |class of k|; ``include_self`` puts i in its own positive set (official code) or not
+    (paper Eq. 7); ``variant="official"`` adds the official code's 1e-7 after the row-max
+    shift (clamps positive terms near -16.1), ``"exact"`` is the epsilon-free formula.
+    ``reduction``: "mean" over rows with a non-empty positive set | "sum" | "none" ([N + m],
+    0 for rows with an empty positive set, e.g. singleton classes with include_self=False).
+    Extra memory O(B*N) on CPU (row blocks), O(N*d) on GPU.
+    """
+    return balanced_contrastive_loss_op(
+        z, labels, prototypes, temperature, include_self, reduction, variant, backend
+    )
+
+
+def hierarchical_contrastive_loss(
+    z: torch.Tensor,
+    level_labels: Sequence[torch.Tensor],
+    level_prototypes: Sequence[torch.Tensor | None],
+    *,
+    temperature: float = 0.1,
+    include_self: bool = True,
+    variant: str = "exact",
+    backend: str | None = None,
+) -> torch.Tensor:
+    """sum_l balanced_contrastive_loss(z, level_labels[l], prototypes=level_prototypes[l]).
+
+    Computed in one pass over the shared z.z^T block (multi-level fusion, DESIGN.md §3): the
+    exp of every node-node similarity is taken once for all levels. Each level uses the mean
+    reduction; ``level_prototypes[l]`` may be None (no prototypes in that level).
+    """
+    return hierarchical_contrastive_loss_op(
+        z, level_labels, level_prototypes, temperature, include_self, variant, backend
+    )
+
+
+class BalancedContrastiveLoss(nn.Module):
+    """nn.Module wrapper of :func:`balanced_contrastive_loss` (holds the hyper-parameters)."""
+
+    def __init__(
+        self,
+        temperature: float = 0.1,
+        include_self: bool = True,
+        reduction: str = "mean",
+        variant: str = "exact",
+    ) -> None:
+        super().__init__()
+        self.temperature = temperature
+        self.include_self = include_self
+        self.reduction = reduction
+        self.variant = variant
+
+    def forward(
+        self, z: torch.Tensor, labels: torch.Tensor, prototypes: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return balanced_contrastive_loss(
+            z, labels, prototypes=prototypes, temperature=self.temperature,
+            include_self=self.include_self, reduction=self.reduction, variant=self.variant,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"temperature={self.temperature}, include_self={self.include_self}, "
+            f"reduction={self.reduction!r}, variant={self.variant!r}"
+        )

@@ -1,0 +1,186 @@
+"""Blocked CPU (any-device torch) backend of the multi-level weighted log-sum-exp.
+
+The quadratic core of the balanced contrastive loss (DESIGN.md §3). For levels l = 0..L-1 and
+every row i of z [N, d]::
+
+    lse[l, i]    = log sum_{k visible in l} exp(scale * z_i.z_k + log_w[l, k])
+    rowmax[l, i] = max_{k visible in l} scale * z_i.z_k          (unweighted; official variant)
+
+``log_w[l, k] = -inf`` hides key k from level l. Same contract as the Triton launchers in
+``kernels/balanced_contrastive_loss.py`` (``lse_forward`` / ``lse_backward``), plus ``lse_fused``:
+when the upstream gradient coefficient of every row is known once its LSE is known (scalar
+reductions), the gradient is produced during the forward pass (Liger's fused-linear-CE trick).
+
+Memory/time tricks:
+* Row blocks of B full rows (B x N_c ~ ``HIERTAIL_CPU_BLOCK_BYTES``, default 48 MB): a full row
+  of keys is in the block, so its LSE is exact at once, no online rescaling, O(B*N) extra memory.
+* Keys are split into "common" columns (visible in every level: all nodes) and the few "rest"
+  columns (level-specific prototypes). exp() runs ONCE per common element with the shared
+  unweighted row max as shift; the L weighted sums are one [B, N_c] @ [N_c, L] product. Because
+  the shift is a max over keys every level sees, each level's sum is >= min_k w_k: no underflow.
+  The rest columns are a small dense [L, B, N_r] computation merged in log space.
+* In-place exp_/sub_/mul_ on the one block buffer; the weights are folded into the GEMM operands
+  (w * Z on the query side, w scaling of the key-side accumulator) for L = 1, so the gradient is
+  exactly two more GEMMs per block: forward + gradient = 3 GEMMs = the GEMM floor.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+
+CoefFn = Callable[[int, int, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+def _block_rows(n_rows: int, n_cols: int) -> int:
+    target = int(os.environ.get("HIERTAIL_CPU_BLOCK_BYTES", 48 << 20))
+    return max(8, min(n_rows, target // (4 * max(n_cols, 1))))
+
+
+def _engine(
+    z: torch.Tensor,
+    log_w: torch.Tensor,
+    scale: float,
+    need_max: bool,
+    coef_fn: CoefFn | None = None,
+    lse_in: torch.Tensor | None = None,
+    grad_lse: torch.Tensor | None = None,
+):
+    n, d = z.shape
+    n_levels = log_w.shape[0]
+    log_w = log_w.to(z.dtype)
+    visible = torch.isfinite(log_w)                                       # [L, N]
+    common = visible.all(dim=0)
+    all_common = bool(common.all())
+    if all_common:
+        cidx, zc = None, z
+        ridx = torch.empty(0, dtype=torch.long, device=z.device)
+    else:
+        cidx = common.nonzero().squeeze(1)
+        ridx = ((~common) & visible.any(dim=0)).nonzero().squeeze(1)      # drop all-hidden keys
+        zc = z[cidx]
+    n_c, n_r = zc.shape[0], ridx.numel()
+    wc = (log_w if all_common else log_w[:, cidx]).exp()                  # [L, N_c]
+    zr, lwr = z[ridx], log_w[:, ridx]                                     # [N_r, d], [L, N_r]
+    vis_r = visible[:, ridx]
+
+    grad = coef_fn is not None or grad_lse is not None
+    lse = torch.empty(n_levels, n, dtype=z.dtype, device=z.device)
+    rowmax = torch.empty_like(lse) if need_max else None
+    argmax = torch.empty(n_levels, n, dtype=torch.long, device=z.device) if need_max else None
+    if grad:
+        dz = torch.zeros(n, d, dtype=z.dtype, device=z.device)
+        key_c = torch.zeros(n_c, d, dtype=z.dtype, device=z.device)      # key-side accumulators
+        key_r = torch.zeros(n_r, d, dtype=z.dtype, device=z.device)
+        zwc = zc * wc[0][:, None] if n_levels == 1 else None             # w folded into GEMM
+    b = _block_rows(n, n_c)
+    buf = torch.empty(b, n_c, dtype=z.dtype, device=z.device)
+    tbuf = torch.empty(b, n_c, dtype=z.dtype, device=z.device) if grad and n_levels > 1 else None
+    neg_inf = torch.tensor(float("-inf"), dtype=z.dtype, device=z.device)
+    for r0 in range(0, n, b):
+        r1 = min(n, r0 + b)
+        zb = z[r0:r1]
+        zbs = zb * scale
+        e = buf[: r1 - r0]
+        # ---- common columns: one GEMM, one max, one exp for all levels
+        if n_c:
+            torch.mm(zbs, zc.t(), out=e)                                  # s_ik, [b, N_c]
+            if need_max:
+                m_c, i_c = e.max(dim=1)
+                if cidx is not None:
+                    i_c = cidx[i_c]
+            else:
+                m_c = e.amax(dim=1)
+            e.sub_(m_c[:, None]).exp_()                                   # exp(s - m_c) <= 1
+            log_sum_c = torch.log(torch.mm(e, wc.t())).t() + m_c[None]    # [L, b]
+        else:
+            m_c = neg_inf.expand(r1 - r0)
+            log_sum_c = neg_inf.expand(n_levels, r1 - r0)
+            i_c = torch.zeros(r1 - r0, dtype=torch.long, device=z.device)
+        # ---- rest columns (level-specific keys): small dense [L, b, N_r]
+        if n_r:
+            s_r = zbs @ zr.t()                                            # [b, N_r]
+            v_r = s_r[None] + lwr[:, None, :]                             # -inf where hidden
+            lse_b = torch.logaddexp(log_sum_c, torch.logsumexp(v_r, dim=2))
+        else:
+            lse_b = log_sum_c
+        lse[:, r0:r1] = lse_b
+        max_b = None
+        if need_max:
+            max_b = m_c[None].expand(n_levels, -1).clone()
+            arg_b = i_c[None].expand(n_levels, -1).clone()
+            if n_r:
+                m_r, j_r = s_r[None].masked_fill(~vis_r[:, None, :], float("-inf")).max(dim=2)
+                j_r = ridx[j_r]
+                # larger value wins; on a tie the smaller original index (first arg-max)
+                take = (m_r > max_b) | ((m_r == max_b) & (j_r < arg_b))
+                max_b = torch.where(take, m_r, max_b)
+                arg_b = torch.where(take, j_r, arg_b)
+            rowmax[:, r0:r1] = max_b
+            argmax[:, r0:r1] = arg_b
+        if not grad:
+            continue
+        # ---- gradient of sum_l g_l * lse_l, p_lik = w_lk exp(s_ik - lse_li)
+        g = grad_lse[:, r0:r1] if grad_lse is not None else coef_fn(r0, r1, lse_b, max_b)
+        lse_u = lse_in[:, r0:r1] if lse_in is not None else lse_b
+        nz = g != 0
+        if n_c:
+            a = torch.where(nz, g * torch.exp(m_c[None] - lse_u), torch.zeros_like(g))
+            if n_levels == 1:
+                dz[r0:r1] += (e @ zwc).mul_(a[0][:, None] * scale)
+                key_c.addmm_(e.t(), zb * a[0][:, None])
+            else:
+                t = torch.mm(a.t(), wc, out=tbuf[: r1 - r0])              # sum_l a_li w_lk
+                e.mul_(t)
+                dz[r0:r1].addmm_(e, zc, alpha=scale)
+                key_c.addmm_(e.t(), zb)
+        if n_r:
+            p_r = torch.exp(v_r - lse_u[:, :, None])
+            p_r = torch.where(nz[:, :, None], g[:, :, None] * p_r, torch.zeros_like(p_r)).sum(0)
+            dz[r0:r1].addmm_(p_r, zr, alpha=scale)
+            key_r.addmm_(p_r.t(), zb)
+    if not grad:
+        return lse, rowmax, argmax, None
+    if n_levels == 1:
+        key_c.mul_(wc[0][:, None])
+    if cidx is None:
+        dz.add_(key_c, alpha=scale)
+    else:
+        dz.index_add_(0, cidx, key_c, alpha=scale)
+    if n_r:
+        dz.index_add_(0, ridx, key_r, alpha=scale)
+    return lse, rowmax, argmax, dz
+
+
+def _compute_dtype(z: torch.Tensor) -> torch.dtype:
+    return torch.float64 if z.dtype == torch.float64 else torch.float32
+
+
+def lse_forward(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool):
+    """-> (lse [L, N], rowmax [L, N] or None, argmax [L, N] int64 or None). See module doc."""
+    zc = z.to(_compute_dtype(z))
+    lse, rowmax, argmax, _ = _engine(zc, log_w, float(scale), need_max)
+    return lse, rowmax, argmax
+
+
+def lse_backward(
+    z: torch.Tensor, log_w: torch.Tensor, lse: torch.Tensor, grad_lse: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """dz [N, d] = d/dz sum_{l,i} grad_lse[l,i] * lse[l,i] (query and key side), recomputed."""
+    zc = z.to(_compute_dtype(z))
+    dt = zc.dtype
+    _, _, _, dz = _engine(
+        zc, log_w, float(scale), False, lse_in=lse.to(dt), grad_lse=grad_lse.to(dt)
+    )
+    return dz
+
+
+def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool,
+              coef_fn: CoefFn):
+    """Forward and gradient in one pass: coef_fn(r0, r1, lse_b [L,b], rowmax_b) -> g [L,b].
+
+    Returns (lse, rowmax, argmax, dz) with dz = d/dz sum g * lse.
+    """
+    zc = z.to(_compute_dtype(z))
+    return _engine(zc, log_w, float(scale), need_max, coef_fn=coef_fn)

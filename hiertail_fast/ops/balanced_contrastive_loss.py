@@ -1,0 +1,304 @@
+"""Fused class-balanced contrastive loss: autograd Function + backend dispatch, O(N*d) memory.
+
+Factorisation (DESIGN.md §3), per level l and query row i of the level (s = z.z^T / tau)::
+
+    exact:    loss_i = LSE_i - (1/n_i) z_i.(S_c(i) - [not include_self] z_i) / tau
+    official: loss_i = log D_i - (1/n_i) sum_{j in P(i)} log(exp(s_ij - M_i) + eps)
+              log D_i = logaddexp(LSE_i - M_i, log(eps * #distinct labels))
+
+LSE_i = log sum_k w_k exp(s_ik) and M_i = max_k s_ik are the quadratic core, computed by a
+backend (``torch``: ``_lse_torch`` row blocks; ``triton``: ``kernels/balanced_contrastive_loss``).
+S_c are class sums (one index_add, O(N*d)); the official positive terms go through
+``_contrastive_pairs`` (positive pairs only). Hand-written backward, per-row coefficient g_i:
+
+    exact:    dLSE coefficient g_i;  ds_ij (j in P(i)) = -g_i / n_i   (class-sum form)
+    official: dLSE coefficient g_i r_i, r_i = exp(LSE_i - M_i - log D_i);
+              ds_ij (j in P(i)) = -(g_i / n_i) q_ij, q_ij = e_ij / (e_ij + eps);
+              dM_i = g_i (Q_i / n_i - r_i) routed to s_{i, argmax_i} (as torch.max does).
+
+With a scalar reduction on the torch backend the per-row coefficients are known during forward,
+so the gradient is computed there (3 GEMMs per block in total) and backward only scales it.
+"""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from hiertail_fast.ops import _lse_torch
+from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, positive_pairs
+from hiertail_fast.ops._dispatch import choose_backend
+from hiertail_fast.reference.balanced_contrastive_loss import (
+    balanced_contrastive_loss_ref,
+    validate_contrastive_inputs,
+)
+
+
+def _backend_module(name: str):
+    if name == "torch":
+        return _lse_torch
+    # lazily: `import hiertail_fast` must never import triton
+    return importlib.import_module("hiertail_fast.kernels.balanced_contrastive_loss")
+
+
+@dataclass
+class _Levels:
+    """Label structure of L levels over the N rows of one problem (no autograd)."""
+
+    log_w: torch.Tensor        # [L, N] -log(class size), -inf for rows not in the level
+    gid: torch.Tensor          # [L, N] group id within the level, -1 if not in the level
+    n_groups: list[int]
+    n_pos: torch.Tensor        # [L, N] |P(i)| (compute dtype), 0 if not in the level
+    contrib: torch.Tensor      # [L, N] bool, rows with a non-empty positive set
+    n_distinct: torch.Tensor   # [L] number of distinct labels = sum_k w_k
+
+
+def _make_levels(n: int, level_rows, include_self: bool, dtype, device) -> _Levels:
+    n_levels = len(level_rows)
+    log_w = torch.full((n_levels, n), float("-inf"), dtype=dtype, device=device)
+    gid = torch.full((n_levels, n), -1, dtype=torch.long, device=device)
+    n_pos = torch.zeros(n_levels, n, dtype=dtype, device=device)
+    n_groups = []
+    for lev, (rows, labels) in enumerate(level_rows):
+        _, inv, counts = torch.unique(labels, return_inverse=True, return_counts=True)
+        cnt = counts[inv].to(dtype)
+        log_w[lev, rows] = -torch.log(cnt)
+        gid[lev, rows] = inv
+        n_pos[lev, rows] = cnt - (0.0 if include_self else 1.0)
+        n_groups.append(int(counts.numel()))
+    n_distinct = torch.tensor(n_groups, dtype=dtype, device=device)
+    return _Levels(log_w, gid, n_groups, n_pos, n_pos > 0, n_distinct)
+
+
+def _class_sum_term(z, lv: _Levels, scale, include_self, coef=None):
+    """pos[l, i] = z_i.(S_c(i) - d z_i) * scale (d = not include_self); dz for coefficients coef.
+
+    coef [L, N] is the coefficient of pos[l, i]; dz_i gets scale * (coef_i (S_c - d z_i)
+    + A_c - d coef_i z_i) with A_c = sum_{i in c} coef_i z_i.
+    """
+    n, d = z.shape
+    pos = torch.zeros(lv.gid.shape, dtype=z.dtype, device=z.device)
+    dz = torch.zeros_like(z) if coef is not None else None
+    delta = 0.0 if include_self else 1.0
+    sq = (z * z).sum(1)
+    for lev in range(lv.gid.shape[0]):
+        rows = (lv.gid[lev] >= 0).nonzero().squeeze(1)
+        g = lv.gid[lev, rows]
+        zr = z[rows]
+        sums = torch.zeros(lv.n_groups[lev], d, dtype=z.dtype, device=z.device)
+        sums.index_add_(0, g, zr)
+        s_rows = sums[g]
+        pos[lev, rows] = ((zr * s_rows).sum(1) - delta * sq[rows]) * scale
+        if coef is not None:
+            c = coef[lev, rows]
+            acc = torch.zeros_like(sums).index_add_(0, g, zr * c[:, None])
+            grad = c[:, None] * (s_rows - 2.0 * delta * zr) + acc[g]
+            dz.index_add_(0, rows, grad, alpha=scale)
+    return pos, dz
+
+
+def _argmax_grad(z, lv_argmax, gamma, scale):
+    """dz for coefficient gamma [L, N] on s_{i, argmax[l, i]} (the row-max path)."""
+    dz = torch.zeros_like(z)
+    for lev in range(gamma.shape[0]):
+        a = lv_argmax[lev]
+        gm = (gamma[lev] * scale)[:, None]
+        dz.add_(gm * z[a])
+        dz.index_add_(0, a, gm * z)
+    return dz
+
+
+class BalancedContrastiveFunction(torch.autograd.Function):
+    """Sum over levels of the reduced balanced contrastive loss on the rows of ``z``."""
+
+    @staticmethod
+    def forward(ctx, z, lv: _Levels, scale: float, include_self: bool, variant: str,
+                reduction: str, backend: str, want_grad: bool):
+        official = variant == "official"
+        cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
+        zc = z.detach().to(cdt).contiguous()
+        mod = _backend_module(backend)
+        z_in = z.detach().contiguous() if backend == "triton" else zc
+        if backend == "triton" and z_in.dtype == torch.float64:
+            z_in = zc.float()
+        contrib = lv.contrib.to(cdt)
+        if reduction == "mean":
+            base = contrib / contrib.sum(1, keepdim=True).clamp(min=1)
+        else:
+            base = contrib                                      # "sum"; "none" uses it as a mask
+        inv_n = torch.where(lv.contrib, 1.0 / lv.n_pos.clamp(min=1), torch.zeros_like(base))
+        log_eps_w = torch.log(OFFICIAL_EPS * lv.n_distinct)[:, None]     # [L, 1]
+        fused = reduction != "none" and backend == "torch" and want_grad
+        log_w = lv.log_w if backend == "torch" else lv.log_w.float()
+
+        def ratio(lse, rmax, log_eps):  # r = exp(LSE - M) / D
+            a = lse - rmax
+            return torch.exp(a - torch.logaddexp(a, log_eps))
+
+        if fused:
+            def coef_fn(r0, r1, lse_b, max_b):
+                g = base[:, r0:r1]
+                return g * ratio(lse_b, max_b, log_eps_w) if official else g
+
+            lse, rmax, amax, dz = mod.lse_fused(zc, log_w, scale, official, coef_fn)
+        else:
+            lse, rmax, amax = mod.lse_forward(z_in, log_w, scale, official)
+            lse = lse.to(cdt)
+            rmax = rmax.to(cdt) if official else None
+        if official:
+            big_t, big_q = torch.zeros_like(lse), torch.zeros_like(lse)
+            for lev in range(lse.shape[0]):
+                coef = -(base[lev] * inv_n[lev]) if fused else None
+                t, q, dzp = positive_pairs(zc, lv.gid[lev], lv.n_groups[lev], rmax[lev], scale,
+                                           include_self, coef)
+                big_t[lev], big_q[lev] = t, q
+                if fused:
+                    dz += dzp
+            loss = torch.logaddexp(lse - rmax, log_eps_w) - big_t * inv_n
+        else:
+            pos, dzp = _class_sum_term(zc, lv, scale, include_self,
+                                       -(base * inv_n) if fused else None)
+            loss = lse - pos * inv_n
+            if fused:
+                dz += dzp
+        if official and fused:
+            gamma = base * (big_q * inv_n - ratio(lse, rmax, log_eps_w))
+            dz += _argmax_grad(zc, amax, gamma, scale)
+        loss = torch.where(lv.contrib, loss, torch.zeros_like(loss))
+        if reduction == "none":
+            out = loss[0]
+        else:
+            out = (loss * base).sum()
+        ctx.fused, ctx.reduction, ctx.official = fused, reduction, official
+        ctx.scale, ctx.include_self, ctx.backend, ctx.lv = scale, include_self, backend, lv
+        ctx.z_dtype = z.dtype
+        if fused:
+            ctx.save_for_backward(dz)
+        elif want_grad:
+            extra = (rmax, amax, big_q) if official else ()
+            ctx.save_for_backward(zc, z_in, log_w, lse, base, inv_n, log_eps_w, *extra)
+        return out.to(z.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        # None for: lv, scale, include_self, variant, reduction, backend, want_grad (no grads)
+        nones = (None,) * 7
+        if ctx.fused:
+            (dz,) = ctx.saved_tensors
+            return (dz * grad_out.to(dz.dtype)).to(ctx.z_dtype), *nones
+        zc, z_in, log_w, lse, base, inv_n, log_eps_w, *extra = ctx.saved_tensors
+        lv, scale = ctx.lv, ctx.scale
+        go = grad_out.to(zc.dtype)
+        g = base * go[None] if ctx.reduction == "none" else base * go     # [L, N]
+        mod = _backend_module(ctx.backend)
+        if ctx.official:
+            rmax, amax, big_q = extra
+            a = lse - rmax
+            r = torch.exp(a - torch.logaddexp(a, log_eps_w))
+            dz = mod.lse_backward(z_in, log_w, lse, (g * r).to(log_w.dtype), scale).to(zc.dtype)
+            for lev in range(lse.shape[0]):
+                dz += positive_pairs(zc, lv.gid[lev], lv.n_groups[lev], rmax[lev], scale,
+                                     ctx.include_self, -(g[lev] * inv_n[lev]))[2]
+            dz += _argmax_grad(zc, amax, g * (big_q * inv_n - r), scale)
+        else:
+            dz = mod.lse_backward(z_in, log_w, lse.to(log_w.dtype), g.to(log_w.dtype), scale)
+            dz = dz.to(zc.dtype) + _class_sum_term(zc, lv, scale, ctx.include_self,
+                                                   -(g * inv_n))[1]
+        return dz.to(ctx.z_dtype), *nones
+
+
+def balanced_contrastive_loss_op(
+    z: torch.Tensor,
+    labels: torch.Tensor,
+    prototypes: torch.Tensor | None = None,
+    temperature: float = 0.1,
+    include_self: bool = True,
+    reduction: str = "mean",
+    variant: str = "exact",
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Fast balanced contrastive loss; same arguments and numbers as the reference."""
+    validate_contrastive_inputs(z, labels, prototypes, temperature, reduction, variant)
+    choice = choose_backend(z, backend)
+    if choice == "reference":
+        return balanced_contrastive_loss_ref(
+            z, labels, prototypes=prototypes, temperature=temperature,
+            include_self=include_self, reduction=reduction, variant=variant,
+        )
+    labels = labels.long()
+    if prototypes is not None and prototypes.shape[0]:
+        m = prototypes.shape[0]
+        z_all = torch.cat([z, prototypes], dim=0)
+        labels = torch.cat([labels, torch.arange(m, device=labels.device)])
+    else:
+        z_all = z
+    n = z_all.shape[0]
+    cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
+    rows = torch.arange(n, device=z.device)
+    lv = _make_levels(n, [(rows, labels)], include_self, cdt, z.device)
+    return BalancedContrastiveFunction.apply(
+        z_all, lv, 1.0 / float(temperature), bool(include_self), variant, reduction, choice,
+        torch.is_grad_enabled() and z_all.requires_grad,
+    )
+
+
+def hierarchical_contrastive_loss_op(
+    z: torch.Tensor,
+    level_labels: Sequence[torch.Tensor],
+    level_prototypes: Sequence[torch.Tensor | None],
+    temperature: float = 0.1,
+    include_self: bool = True,
+    variant: str = "exact",
+    backend: str | None = None,
+) -> torch.Tensor:
+    """sum_l mean-reduced balanced loss on cat(z, P_l) with labels_l, in ONE pass over the block.
+
+    Z_big = cat(z, P_1, ..., P_L); level l sees the rows of z and of P_l (log_w = -inf hides the
+    other levels' prototypes), so the z.z^T part of the block and its exp are shared by all levels.
+    """
+    if isinstance(level_labels, torch.Tensor) or isinstance(level_prototypes, torch.Tensor):
+        raise TypeError("level_labels and level_prototypes must be sequences of tensors")
+    level_labels, level_prototypes = list(level_labels), list(level_prototypes)
+    if len(level_labels) == 0 or len(level_labels) != len(level_prototypes):
+        raise ValueError(
+            f"need one prototype tensor per level: got {len(level_labels)} label tensors and "
+            f"{len(level_prototypes)} prototype tensors (at least one level)"
+        )
+    for lab, pro in zip(level_labels, level_prototypes, strict=True):
+        validate_contrastive_inputs(z, lab, pro, temperature, "mean", variant)
+    choice = choose_backend(z, backend)
+    if choice == "reference":
+        total = 0
+        for lab, pro in zip(level_labels, level_prototypes, strict=True):
+            total = total + balanced_contrastive_loss_ref(
+                z, lab, prototypes=pro, temperature=temperature, include_self=include_self,
+                variant=variant,
+            )
+        return total
+    n = z.shape[0]
+    parts, level_rows, off = [z], [], n
+    for lab, pro in zip(level_labels, level_prototypes, strict=True):
+        m = 0 if pro is None else pro.shape[0]
+        rows = torch.cat([torch.arange(n, device=z.device),
+                          torch.arange(off, off + m, device=z.device)])
+        labels = torch.cat([lab.long(), torch.arange(m, device=z.device)])
+        level_rows.append((rows, labels))
+        if m:
+            parts.append(pro)
+        off += m
+    z_big = torch.cat(parts, dim=0) if len(parts) > 1 else z
+    cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
+    lv = _make_levels(off, level_rows, include_self, cdt, z.device)
+    return BalancedContrastiveFunction.apply(
+        z_big, lv, 1.0 / float(temperature), bool(include_self), variant, "mean", choice,
+        torch.is_grad_enabled() and z_big.requires_grad,
+    )
+
+
+__all__ = [
+    "BalancedContrastiveFunction",
+    "balanced_contrastive_loss_op",
+    "hierarchical_contrastive_loss_op",
+]
