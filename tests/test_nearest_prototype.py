@@ -4,7 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hiertail_fast.ops.nearest_prototype import nearest_prototype
 from hiertail_fast.reference.nearest_prototype import nearest_prototype_ref
+from tests.conftest import requires_triton
 
 try:
     from sklearn.metrics import pairwise_distances_argmin
@@ -51,3 +53,59 @@ def test_reference_bad_inputs(bad):
         z = z.long()
     with pytest.raises((ValueError, TypeError)):
         nearest_prototype_ref(z, p)
+
+
+# ---------------------------------------------------------------- backends
+BACKENDS = ["torch", pytest.param("triton", marks=requires_triton)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n,m,d,dtype", [(1, 1, 3, torch.float32), (77, 5, 19, torch.float32),
+                                         (130, 70, 33, torch.float64),
+                                         (200, 65, 64, torch.float32)])
+def test_backend_equals_reference(backend, n, m, d, dtype):
+    z = torch.randn(n, d, dtype=dtype) * 3 + 1
+    p = torch.randn(m, d, dtype=dtype) * 3
+    z0, p0 = z.clone(), p.clone()
+    out = nearest_prototype(z, p, backend=backend)
+    assert out.dtype == torch.long
+    assert torch.equal(out, nearest_prototype_ref(z, p))
+    assert torch.equal(z, z0) and torch.equal(p, p0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_backend_ties_and_near_ties(backend, dtype):
+    # exact ties (integer coordinates: every formula exact) -> lowest index, also across tiles
+    g = torch.Generator().manual_seed(3)
+    p = torch.randint(-3, 4, (90, 6), generator=g).to(dtype)
+    p = torch.cat([p, p[:20]])  # duplicates at indices >= 90 must never win
+    z = torch.randint(-3, 4, (150, 6), generator=g).to(dtype)
+    out = nearest_prototype(z, p, backend=backend)
+    assert torch.equal(out, nearest_prototype_ref(z, p))
+    assert int(out.max()) < 90
+    # near-ties far below the expanded formula's rounding, at a large offset (cancellation)
+    base = torch.randn(40, 16, dtype=dtype) + 1000.0
+    eps = torch.finfo(dtype).eps
+    q = torch.stack([base[0] + 1.0, base[0] - 1.0 + 4 * eps * 1000, base[0] + 3.0])
+    zz = base[:1].repeat(5, 1)
+    assert torch.equal(nearest_prototype(zz, q, backend=backend), nearest_prototype_ref(zz, q))
+
+
+@requires_sklearn
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backend_equals_sklearn(backend):
+    z, p = torch.randn(250, 24), torch.randn(40, 24)
+    expected = pairwise_distances_argmin(z.numpy(), p.numpy())
+    assert nearest_prototype(z, p, backend=backend).tolist() == expected.tolist()
+
+
+def test_default_dispatch_no_grad_and_16bit():
+    z = torch.randn(50, 8, requires_grad=True)
+    p = torch.randn(7, 8, requires_grad=True)
+    out = nearest_prototype(z, p)
+    assert not out.requires_grad and torch.equal(out, nearest_prototype_ref(z, p))
+    zh, ph = z.detach().bfloat16(), p.detach().bfloat16()
+    assert torch.equal(nearest_prototype(zh, ph, backend="torch"), nearest_prototype_ref(zh, ph))
+    with pytest.raises(ValueError):
+        nearest_prototype(z, p, backend="nope")

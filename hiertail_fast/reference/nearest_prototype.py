@@ -3,7 +3,8 @@
     a_i = argmin_t ‖z_i − p_t‖²        (ties -> lowest t, as numpy/sklearn argmin)
 
 The squared distances are formed directly from the differences (no ‖z‖² − 2z·p + ‖p‖²
-expansion, so no cancellation): exact up to the rounding of one sum of squares. Dense
+expansion, so no cancellation): exact up to the rounding of one sum of squares (float32 for
+16-bit inputs). Dense
 [N, m, d] in row chunks: the oracle, never fast.
 """
 from __future__ import annotations
@@ -28,6 +29,8 @@ def nearest_prototype_ref(z: torch.Tensor, prototypes: torch.Tensor) -> torch.Te
         Not differentiable (an assignment); computed under ``torch.no_grad``.
     """
     z, prototypes = check_prototype_args(z, prototypes)
+    if z.dtype in (torch.float16, torch.bfloat16):  # distances of 16-bit inputs in float32
+        z, prototypes = z.float(), prototypes.float()
     n, d = z.shape
     m = prototypes.shape[0]
     out = torch.empty(n, dtype=torch.long, device=z.device)

@@ -1,0 +1,105 @@
+"""Nearest-prototype assignment: blocked argmin of euclidean distance, O(N·m) time, O(block) memory.
+
+    a_i = argmin_t ‖z_i − p_t‖²        ties -> lowest t (as sklearn ``pairwise_distances_argmin``)
+
+Both backends (torch: blocked matmuls; triton: ``kernels/nearest_prototype.py``) rank the
+prototypes of a row by the expanded form d̃_it = ‖p_t‖² − 2 z_i·p_t (‖z_i‖² is constant per row
+and dropped), which costs one GEMM per block but rounds differently from the direct
+‖z_i − p_t‖²: two prototypes whose distances differ by less than the rounding error could swap.
+Near-ties are therefore re-checked: with u the unit roundoff of the accumulation dtype
+(float32 for 32- and 16-bit inputs, float64 for float64) the expanded value of any prototype is
+within γ·(‖z_i‖ + max_t ‖p_t‖)², γ = (d + 2)·u, of its exact value (the standard worst-case
+dot-product bound), so whenever the gap between the best and second-best expanded values is at
+most twice that, the row is recomputed with direct differences over all prototypes and the
+lowest index among exact minima wins. Outside such rows the expanded argmin is the exact one.
+The result is therefore deterministic and equal to the reference argmin of directly computed
+distances up to the rounding of that direct sum itself (which the reference shares).
+
+Not differentiable: an assignment (the official code detaches it too).
+"""
+from __future__ import annotations
+
+import torch
+
+from hiertail_fast.ops._dispatch import choose_backend
+from hiertail_fast.reference.nearest_prototype import check_prototype_args, nearest_prototype_ref
+
+__all__ = ["nearest_prototype"]
+
+_BLOCK_ELEMENTS = 1 << 22  # rows·prototypes of one [rows, M_TILE] distance block (16 MB fp32)
+_M_TILE = 8192
+
+
+def nearest_prototype(
+    z: torch.Tensor, prototypes: torch.Tensor, *, backend: str | None = None
+) -> torch.Tensor:
+    """Index of the nearest prototype (euclidean) for every row of ``z``.
+
+    Args:
+        z: [N, d] floating point, finite.
+        prototypes: [m, d], same dtype/device, m >= 1.
+        backend: "reference" | "torch" | "triton" | None (``choose_backend`` decides).
+    Returns:
+        int64 [N] in [0, m), lowest index on ties; no gradient.
+    """
+    z, prototypes = check_prototype_args(z, prototypes)
+    choice = choose_backend(z, backend)
+    if choice == "reference":
+        return nearest_prototype_ref(z, prototypes)
+    with torch.no_grad():
+        z = z.detach()
+        prototypes = prototypes.detach()
+        acc_dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
+        if choice == "triton":
+            from hiertail_fast.kernels.nearest_prototype import nearest_prototype_fwd
+
+            zc, pc = z.contiguous(), prototypes.contiguous()
+            pnorm = pc.to(acc_dtype).pow(2).sum(dim=1)
+            idx, best, second = nearest_prototype_fwd(zc, pc, pnorm)
+        else:
+            idx, best, second = _argmin_torch(z.to(acc_dtype), prototypes.to(acc_dtype))
+        return _refine_near_ties(z.to(acc_dtype), prototypes.to(acc_dtype), idx, best, second)
+
+
+def _argmin_torch(z: torch.Tensor, p: torch.Tensor):
+    """Blocked best / second-best of d̃ = ‖p‖² − 2 z·p; peak extra memory ~ _BLOCK_ELEMENTS."""
+    n, m = z.shape[0], p.shape[0]
+    pnorm = p.pow(2).sum(dim=1)
+    m_tile = min(m, _M_TILE)
+    rows = max(1, _BLOCK_ELEMENTS // m_tile)
+    idx = torch.empty(n, dtype=torch.long, device=z.device)
+    best = torch.empty(n, dtype=z.dtype, device=z.device)
+    second = torch.empty(n, dtype=z.dtype, device=z.device)
+    for r0 in range(0, n, rows):
+        zb = z[r0:r0 + rows]
+        b_val = torch.full((zb.shape[0],), float("inf"), dtype=z.dtype, device=z.device)
+        s_val = b_val.clone()
+        b_idx = torch.zeros(zb.shape[0], dtype=torch.long, device=z.device)
+        for m0 in range(0, m, m_tile):
+            # d̃ block [rows, tile] = ‖p‖² − 2 z·pᵀ, one GEMM (addmm: no separate temporary)
+            dist = torch.addmm(pnorm[m0:m0 + m_tile], zb, p[m0:m0 + m_tile].t(), alpha=-2.0)
+            t_val, t_arg = dist.min(dim=1)  # first minimum on ties
+            dist.scatter_(1, t_arg[:, None], float("inf"))
+            t_sec = dist.min(dim=1).values
+            better = t_val < b_val  # strict: equal later values keep the lower index
+            s_val = torch.where(better, torch.minimum(b_val, t_sec), torch.minimum(s_val, t_val))
+            b_idx = torch.where(better, t_arg + m0, b_idx)
+            b_val = torch.where(better, t_val, b_val)
+        idx[r0:r0 + rows], best[r0:r0 + rows], second[r0:r0 + rows] = b_idx, b_val, s_val
+    return idx, best, second
+
+
+def _refine_near_ties(z, p, idx, best, second):
+    """Recompute rows whose best/second gap is within the rounding bound, with exact distances."""
+    n, d = z.shape
+    if n == 0 or p.shape[0] == 1:
+        return idx
+    unit = torch.finfo(z.dtype).eps / 2
+    gamma = (d + 2) * unit
+    scale = (z.norm(dim=1) + p.norm(dim=1).max()) ** 2
+    suspect = torch.nonzero((second - best) <= 2.0 * gamma * scale).view(-1)
+    if suspect.numel() == 0:
+        return idx
+    idx = idx.clone()
+    idx[suspect] = nearest_prototype_ref(z[suspect], p)
+    return idx
