@@ -1,0 +1,153 @@
+"""Synthetic long-tail graph generator: class-size law, homophily, degree, structure, seeds."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hiertail_fast.data.io import load_npz
+from hiertail_fast.data.synthetic import SyntheticGraph, make_synthetic_graph, zipf_class_sizes
+from hiertail_fast.metrics import balanced_accuracy
+
+
+@pytest.fixture(scope="module")
+def big() -> SyntheticGraph:
+    return make_synthetic_graph(20_000, 70, seed=3)
+
+
+def _within(g) -> float:
+    y, ei = g.y.numpy(), g.edge_index.numpy()
+    return float((y[ei[0]] == y[ei[1]]).mean())
+
+
+@pytest.mark.parametrize(
+    "n,c,frac,mass", [(100_000, 70, 0.2, 0.8), (20_000, 70, 0.2, 0.8), (50_000, 40, 0.1, 0.6),
+                      (5_000, 10, 0.3, 0.9)],
+)
+def test_class_size_law(n, c, frac, mass):
+    s = zipf_class_sizes(n, c, frac, mass)
+    h = round(frac * c)
+    assert s.sum() == n and s.shape == (c,) and s.dtype == np.int64
+    assert np.all(np.diff(s) <= 0) and s.min() >= 2
+    assert s[:h].sum() / n == pytest.approx(mass, abs=0.01)
+    # a power law: log-size decreasing roughly linearly in log-rank (Zipf), not a step
+    slope = np.polyfit(np.log(np.arange(1, c + 1)), np.log(s - 1.5), 1)[0]
+    assert slope < -0.3
+
+
+def test_generated_graph_law(big):
+    sizes = np.bincount(big.y.numpy(), minlength=70)
+    np.testing.assert_array_equal(sizes, big.class_sizes_target)
+    assert sizes[0] == sizes.max() and np.all(np.diff(sizes) <= 0)
+    assert sizes[:14].sum() / 20_000 == pytest.approx(0.8, abs=0.01)
+    # labels are spread over node ids, not in contiguous blocks
+    assert np.count_nonzero(np.diff(big.y.numpy())) > 10_000
+
+
+def test_structure(big):
+    ei = big.edge_index
+    n = big.num_nodes
+    assert ei.dtype == torch.int64 and ei.shape[0] == 2
+    assert big.x.dtype == torch.float32 and big.x.shape == (n, 128)
+    assert big.y.dtype == torch.int64 and big.num_classes == 70
+    src, dst = ei.numpy()
+    assert np.all(src != dst)  # no self-loops
+    key = src * n + dst
+    assert np.all(np.diff(key) > 0)  # sorted by (src, dst) and no duplicates
+    back = np.sort(dst * n + src)
+    np.testing.assert_array_equal(back, key)  # symmetric
+    assert src.min() >= 0 and src.max() < n
+
+
+@pytest.mark.parametrize(
+    "kw", [dict(), dict(homophily=0.3, avg_degree=4.0), dict(homophily=0.95, avg_degree=20.0),
+           dict(homophily=0.0, degree_exponent=None)],
+)
+def test_homophily_and_degree(kw, big):
+    g = big if not kw else make_synthetic_graph(20_000, 70, seed=1, num_features=4, **kw)
+    h, d = kw.get("homophily", 0.8), kw.get("avg_degree", 10.0)
+    assert _within(g) == pytest.approx(h, abs=0.02)
+    assert g.num_edges / g.num_nodes == pytest.approx(d, rel=0.03)
+    assert g.stats["homophily"] == pytest.approx(_within(g))
+    assert g.stats["avg_degree"] == pytest.approx(g.num_edges / g.num_nodes)
+
+
+def test_degree_heterogeneity(big):
+    deg = np.bincount(big.edge_index[0].numpy(), minlength=big.num_nodes)
+    assert deg.max() > 10 * deg.mean()  # Pareto propensities: hubs
+    flat = make_synthetic_graph(20_000, 70, seed=3, num_features=4, degree_exponent=None)
+    deg2 = np.bincount(flat.edge_index[0].numpy(), minlength=flat.num_nodes)
+    assert deg2.max() < 4 * deg2.mean()  # plain SBM: Poisson-like degrees
+
+
+def test_feature_class_separation():
+    g = make_synthetic_graph(5_000, 10, seed=0, num_features=32, class_sep=3.0)
+    x, y = g.x.numpy().astype(np.float64), g.y.numpy()
+    means = np.stack([x[y == c].mean(0) for c in range(10)])
+    d = (x**2).sum(1)[:, None] - 2 * x @ means.T + (means**2).sum(1)[None]
+    assert balanced_accuracy(y, d.argmin(1)) > 0.8
+    g0 = make_synthetic_graph(5_000, 10, seed=0, num_features=32, class_sep=0.0)
+    x0 = g0.x.numpy().astype(np.float64)
+    assert np.abs(x0.mean(0)).max() < 0.1 and x0.std() == pytest.approx(1.0, abs=0.02)
+    # without separation the per-class means are just noise
+    m0 = np.stack([x0[y == c].mean(0) for c in range(10)])
+    assert np.linalg.norm(m0 - m0[0], axis=1).max() < np.linalg.norm(means - means[0], axis=1).max()
+
+
+def test_determinism_and_seeds():
+    a = make_synthetic_graph(3_000, 20, seed=5, num_features=8)
+    b = make_synthetic_graph(3_000, 20, seed=5, num_features=8)
+    c = make_synthetic_graph(3_000, 20, seed=6, num_features=8)
+    for t in ("edge_index", "x", "y"):
+        assert torch.equal(getattr(a, t), getattr(b, t))
+    assert not torch.equal(a.y, c.y) and not torch.equal(a.x, c.x)
+    assert a.edge_index.shape != c.edge_index.shape or not torch.equal(a.edge_index, c.edge_index)
+    # the graph does not depend on the feature dimension (independent random streams)
+    d = make_synthetic_graph(3_000, 20, seed=5, num_features=3)
+    assert torch.equal(a.edge_index, d.edge_index) and torch.equal(a.y, d.y)
+
+
+def test_small_graphs():
+    g = make_synthetic_graph(5, 5, avg_degree=2.0, num_features=2)  # n == C: one node a class
+    assert sorted(g.y.tolist()) == [0, 1, 2, 3, 4]
+    assert g.num_edges > 0 and _within(g) == 0.0  # no two nodes share a class
+    g = make_synthetic_graph(15, 10, avg_degree=3.0, num_features=2)  # C <= n < 2C
+    sizes = np.bincount(g.y.numpy(), minlength=10)
+    assert sizes.min() >= 1 and sizes.sum() == 15 and sizes[0] == sizes.max()
+    g = make_synthetic_graph(50, 2, avg_degree=0.0, num_features=2)
+    assert g.num_edges == 0 and g.x.shape == (50, 2)
+    with pytest.raises(ValueError, match="num_classes"):
+        make_synthetic_graph(9, 10)
+
+
+@pytest.mark.parametrize(
+    "kw,err",
+    [
+        (dict(num_nodes=100, num_classes=1), ValueError),
+        (dict(num_nodes=100, homophily=1.5), ValueError),
+        (dict(num_nodes=100, homophily=float("nan")), ValueError),
+        (dict(num_nodes=100, avg_degree=-1.0), ValueError),
+        (dict(num_nodes=100, avg_degree=100.0), ValueError),
+        (dict(num_nodes=100, head_mass=1.0), ValueError),
+        (dict(num_nodes=100, head_mass=0.1), ValueError),  # below the balanced head share
+        (dict(num_nodes=100, head_fraction=0.0), ValueError),
+        (dict(num_nodes=100, degree_exponent=1.0), ValueError),
+        (dict(num_nodes=100, num_features=0), ValueError),
+        (dict(num_nodes=100, feature_noise=-1.0), ValueError),
+        (dict(num_nodes=100.0), TypeError),
+        (dict(num_nodes=100, seed=1.5), TypeError),
+    ],
+)
+def test_bad_args(kw, err):
+    kw = {"num_classes": 10, **kw}
+    with pytest.raises(err):
+        make_synthetic_graph(**kw)
+
+
+def test_to_npz_round_trip(tmp_path):
+    g = make_synthetic_graph(500, 8, seed=2, num_features=6)
+    g.to_npz(tmp_path / "syn.npz")
+    h = load_npz(tmp_path / "syn.npz")
+    for t in ("edge_index", "x", "y"):
+        assert torch.equal(getattr(g, t), getattr(h, t))
+    assert h.num_classes == 8
