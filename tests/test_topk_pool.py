@@ -6,8 +6,11 @@ import math
 import pytest
 import torch
 
+from hiertail_fast.graph import CSRGraph
+from hiertail_fast.nn.pool import TopKPool
+from hiertail_fast.ops.topk_pool import TopKPoolResult, topk_pool, topk_unpool
 from hiertail_fast.reference.topk_pool import pool_size, topk_pool_ref, topk_unpool_ref
-from tests.conftest import tol
+from tests.conftest import requires_triton, tol
 
 try:
     from torch_geometric.nn import TopKPooling
@@ -190,3 +193,196 @@ def test_ceil_matches_pyg_in_float32():
     p = torch.randn(3)
     assert topk_pool_ref(x, torch.zeros(2, 0, dtype=torch.long), p, 0.3)[3].numel() == 31
     assert math.ceil(0.3 * 100) == 30  # the float64 value, for the record
+
+
+# ---------------------------------------------------------------- backends vs the reference
+BACKENDS = ["torch", pytest.param("triton", marks=requires_triton)]
+CASES = [  # n, E, d, ratio, weighted, dtype
+    (1, 0, 3, 0.5, False, torch.float32),
+    (7, 12, 5, 0.5, True, torch.float64),
+    (45, 150, 33, 0.3, True, torch.float32),
+    (131, 500, 64, 0.37, False, torch.float32),
+    (300, 1400, 17, 40, True, torch.float64),
+    (60, 0, 8, 1.0, True, torch.float32),
+]
+
+
+def _run_with_grads(fn, x, p, w, seed=5):
+    """Values + gradients of a loss touching every output (grad_output != 1)."""
+    x = x.clone().requires_grad_(True)
+    p = p.clone().requires_grad_(True)
+    w = None if w is None else w.clone().requires_grad_(True)
+    xp, ei, ew, perm, score = fn(x, p, w)
+    g = torch.Generator().manual_seed(seed)
+    loss = (xp * torch.randn(xp.shape, generator=g, dtype=xp.dtype)).sum() * 2
+    loss = loss + (score * torch.randn(score.shape, generator=g, dtype=xp.dtype)).sum()
+    if ew is not None:
+        # weights enter through a per-edge function of the (order-free) edge identity
+        loss = loss + (ew * (ei[0] * 3 + ei[1] + 1).to(ew.dtype)).sum()
+    loss.backward()
+    grads = (x.grad, p.grad, None if w is None else w.grad)
+    return (xp.detach(), ei, None if ew is None else ew.detach(), perm, score.detach()), grads
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n,e,d,ratio,weighted,dtype", CASES)
+def test_backend_equals_reference(backend, n, e, d, ratio, weighted, dtype):
+    ei, w = random_graph(n, e, seed=n + d, weighted=weighted, dtype=dtype)
+    x = torch.randn(n, d, dtype=dtype)
+    p = torch.randn(d, dtype=dtype)
+    copies = (x.clone(), p.clone(), ei.clone(), None if w is None else w.clone())
+
+    def ours(x, p, w):
+        r = topk_pool(x, ei, p, ratio, w, backend=backend)
+        assert isinstance(r, TopKPoolResult) and r.graph.num_nodes == r.perm.numel()
+        assert torch.equal(r.edge_index, r.graph.edge_index())
+        return r.x, r.edge_index, r.edge_weight, r.perm, r.score
+
+    def ref(x, p, w):
+        return topk_pool_ref(x, ei, p, ratio, w)
+
+    (got, g_got), (exp, g_exp) = _run_with_grads(ours, x, p, w), _run_with_grads(ref, x, p, w)
+    t = tol(dtype)
+    assert torch.equal(got[3], exp[3])  # perm
+    torch.testing.assert_close(got[0], exp[0], **t)
+    torch.testing.assert_close(got[4], exp[4], **t)
+    assert canonical_edges(got[1], got[2]) == canonical_edges(exp[1], exp[2])
+    assert (got[2] is None) == (exp[2] is None)
+    for a, b in zip(g_got, g_exp, strict=True):
+        if b is None:
+            assert a is None
+        else:
+            torch.testing.assert_close(a, b, **t)
+    for before, after in zip(copies, (x, p, ei, w), strict=True):
+        assert before is None or torch.equal(before, after)  # inputs not mutated
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backend_ties_deterministic(backend):
+    # integer features and p = (3, 4): every backend computes the same exact dot products, so
+    # equal rows tie exactly; the kept set and order must follow "lower index first".
+    base = torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, 0.0], [1.0, 1.0]])
+    x = base[torch.tensor([0, 3, 1, 3, 2, 0, 1, 3, 2, 0, 1])]
+    p = torch.tensor([3.0, 4.0])
+    ei = torch.tensor([[0, 1, 3, 7, 4, 8], [1, 3, 7, 4, 8, 10]])
+    for ratio in (2, 4, 5, 0.5, 1.0):
+        r = topk_pool(x, ei, p, ratio, backend=backend)
+        exp = topk_pool_ref(x, ei, p, ratio)
+        assert torch.equal(r.perm, exp[3])
+        assert canonical_edges(r.edge_index, None) == canonical_edges(exp[1], None)
+    assert topk_pool(x, ei, p, 5, backend=backend).perm.tolist() == [1, 3, 7, 4, 8]
+
+
+@pytest.mark.parametrize("backend,n", [("torch", 5000), pytest.param("triton", 300,
+                                                                      marks=requires_triton)])
+def test_many_ties_follow_the_rule(backend, n):
+    # 10 distinct score values over n nodes: perm must be the (−score, index) lexicographic order
+    x = torch.randint(0, 10, (n, 1)).double()
+    r = topk_pool(x, torch.zeros(2, 0, dtype=torch.long), torch.ones(1).double(), 0.5,
+                  backend=backend)
+    s = torch.tanh(x.view(-1))
+    expected = sorted(range(n), key=lambda i: (-float(s[i]), i))[: r.perm.numel()]
+    assert r.perm.tolist() == expected
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backend_gradcheck(backend):
+    ei, w = random_graph(9, 20, seed=2)
+    graph = CSRGraph.from_edge_index(ei, w, num_nodes=9, dedupe=False)
+    x = torch.randn(9, 4, dtype=torch.float64, requires_grad=True)
+    p = torch.randn(4, dtype=torch.float64, requires_grad=True)
+
+    def f(x, p):
+        r = topk_pool(x, graph, p, 0.6, backend=backend)
+        return r.x, r.score
+
+    # fast mode (random projections of the Jacobian) keeps the interpreted kernels quick
+    assert torch.autograd.gradcheck(f, (x, p), fast_mode=backend == "triton")
+
+
+@requires_pyg
+@pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
+def test_pooled_graph_equals_pyg(backend):
+    n = 120
+    ei, w = random_graph(n, 600, seed=9, dtype=torch.float32)
+    x = torch.randn(n, 16)
+    pool = TopKPooling(16, ratio=0.3)
+    theirs = pool(x, ei, w)
+    r = topk_pool(x, ei, pool.select.weight.detach(), 0.3, w, backend=backend)
+    assert torch.equal(r.perm, theirs[4])
+    torch.testing.assert_close(r.x, theirs[0].detach(), **tol(torch.float32))
+    torch.testing.assert_close(r.score, theirs[5].detach(), **tol(torch.float32))
+    assert canonical_edges(r.edge_index, r.edge_weight) == canonical_edges(theirs[1], theirs[2])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_csr_input_and_weight_grad(backend):
+    ei, w = random_graph(50, 200, seed=4)
+    x = torch.randn(50, 7, dtype=torch.float64)
+    p = torch.randn(7, dtype=torch.float64)
+    g = CSRGraph.from_edge_index(ei, w, num_nodes=50, dedupe=False)
+    a = topk_pool(x, g, p, 0.4, backend=backend)
+    b = topk_pool(x, ei, p, 0.4, w, backend=backend)
+    assert torch.equal(a.perm, b.perm) and torch.equal(a.graph.indptr, b.graph.indptr)
+    assert torch.equal(a.graph.indices, b.graph.indices)
+    with pytest.raises(ValueError):
+        topk_pool(x, g, p, 0.4, w, backend=backend)
+    with pytest.raises(ValueError):
+        topk_pool(x[:40], g, p, 0.4, backend=backend)
+    # gradient to the input edge weights through the kept edges
+    wr = w.clone().requires_grad_(True)
+    r = topk_pool(x, ei, p, 0.4, wr, backend=backend)
+    r.edge_weight.sum().backward()
+    kept = topk_pool_ref(x, ei, p, 0.4, wr.detach())
+    new_id = torch.full((50,), -1).index_put_((kept[3],), torch.arange(kept[3].numel()))
+    mask = (new_id[ei[0]] >= 0) & (new_id[ei[1]] >= 0)
+    assert torch.equal(wr.grad, mask.double())
+
+
+@pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
+def test_unpool_backends(backend):
+    xp = torch.randn(23, 9, requires_grad=True)
+    perm = torch.randperm(70)[:23]
+    out = topk_unpool(xp, perm, 70, backend=backend)
+    exp = topk_unpool_ref(xp.detach(), perm, 70)
+    assert torch.equal(out.detach(), exp)
+    gout = torch.randn(70, 9)
+    (out * gout).sum().backward()
+    assert torch.equal(xp.grad, gout[perm])
+    with pytest.raises(ValueError):
+        topk_unpool(xp, perm, 10, backend=backend)
+
+
+def test_module_matches_functional_and_init():
+    torch.manual_seed(1)
+    pool = TopKPool(12, ratio=0.25)
+    assert pool.weight.shape == (12,)
+    assert float(pool.weight.detach().abs().max()) <= 1 / math.sqrt(12)
+    assert "12, ratio=0.25" in repr(pool)
+    ei, w = random_graph(40, 100, seed=3, dtype=torch.float32)
+    x = torch.randn(40, 12)
+    r1 = pool(x, ei, w)
+    r2 = topk_pool(x, ei, pool.weight, 0.25, w)
+    assert torch.equal(r1.perm, r2.perm) and torch.equal(r1.x, r2.x)
+    r1.x.sum().backward()
+    assert pool.weight.grad is not None and bool(pool.weight.grad.abs().sum() > 0)
+    old = pool.weight.detach().clone()
+    pool.reset_parameters()
+    assert not torch.equal(old, pool.weight)
+    for bad in (0.0, 1.5, 0, True):
+        with pytest.raises((ValueError, TypeError)):
+            TopKPool(12, ratio=bad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_op_bad_inputs(backend):
+    x, p, ei, w = _tiny()
+    for kwargs in (dict(ratio=1.5), dict(ratio=0), dict(score_weight=torch.ones(3).double()),
+                   dict(score_weight=p.float()), dict(edge_weight=w[:2]),
+                   dict(edge_index=ei.float()), dict(x=x.clone().fill_(float("inf")))):
+        args = dict(x=x, graph_or_edge_index=ei, score_weight=p, ratio=0.5, edge_weight=w)
+        if "edge_index" in kwargs:
+            kwargs["graph_or_edge_index"] = kwargs.pop("edge_index")
+        args.update(kwargs)
+        with pytest.raises((ValueError, TypeError)):
+            topk_pool(**args, backend=backend)

@@ -1,0 +1,52 @@
+"""``TopKPool``: the top-k (gPool) pooling layer as an ``nn.Module`` over ``topk_pool``."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from hiertail_fast.graph import CSRGraph
+from hiertail_fast.ops.topk_pool import TopKPoolResult, topk_pool
+from hiertail_fast.reference.topk_pool import pool_size
+
+__all__ = ["TopKPool"]
+
+
+class TopKPool(nn.Module):
+    """Top-k pooling with a learnable projection p (PyG ``TopKPooling(channels, ratio)``).
+
+    score = tanh(X·p/‖p‖); keeps k nodes (``ratio`` float in (0, 1]: k = ceil(ratio·n) with
+    PyG's rounding; int: k = min(ratio, n)); returns X[perm]·score[perm] and the induced graph.
+
+    Args:
+        channels: d, the feature size.
+        ratio: pooling ratio or node count (checked at construction).
+    Parameters:
+        weight: [channels], initialised like PyG: uniform(−1/√channels, 1/√channels).
+    """
+
+    def __init__(self, channels: int, ratio: float | int = 0.5, *,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+        super().__init__()
+        if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
+            raise ValueError(f"channels must be a positive int, got {channels!r}")
+        pool_size(1, ratio)  # validates ratio (type and range) now, not at the first forward
+        self.channels = channels
+        self.ratio = ratio
+        self.weight = nn.Parameter(torch.empty(channels, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        bound = 1.0 / math.sqrt(self.channels)  # torch_geometric.nn.inits.uniform
+        nn.init.uniform_(self.weight, -bound, bound)
+
+    def forward(self, x: torch.Tensor, graph_or_edge_index: CSRGraph | torch.Tensor,
+                edge_weight: torch.Tensor | None = None, *,
+                backend: str | None = None) -> TopKPoolResult:
+        """x [n, channels], a CSRGraph or edge_index [2, E] (+ weights) -> TopKPoolResult."""
+        return topk_pool(x, graph_or_edge_index, self.weight, self.ratio, edge_weight,
+                         backend=backend)
+
+    def extra_repr(self) -> str:
+        return f"{self.channels}, ratio={self.ratio}"

@@ -1,0 +1,233 @@
+"""Top-k pooling (gPool / PyG ``TopKPooling``) and unpooling: autograd Functions and dispatch.
+
+Same semantics as ``hiertail_fast.reference.topk_pool`` (read its module docstring for the pool
+size rules, the PyG float32 ceil quirk, ratio == 1.0 and the tie rule):
+
+    score = tanh(X·p/‖p‖);  perm = top-k of score (stable: ties -> lower node index first)
+    X' = X[perm] ⊙ score[perm];  A' = A[perm, perm] relabelled 0..k−1, edge weights kept
+
+Backends (``choose_backend``):
+- torch: ``torch.mv`` for the score, a stable ``torch.sort`` for the selection (``torch.topk``
+  has no defined tie order), index ops, and ``CSRGraph.subgraph`` for the induced graph.
+- triton (``kernels/topk_pool.py``): score kernel, gather·scale kernel, fused backward, edge
+  filter + block prefix-sum relabel + compaction, unpool scatter. The top-k selection itself
+  is a stable ``torch.sort`` on the device, and the compacted entries are put in CSR order
+  (sorted (row, col) inside the pooled graph) by one ``torch.sort`` of their keys.
+
+Gradients flow to X (directly and through the score) and to p through the score, via
+``TopKPoolFunction`` whose backward saves only X, p, perm and score[perm] (no k×d copy); edge
+weights of the pooled graph are a gather of the input weights (differentiable by autograd).
+Edge order: the pooled graph is a ``CSRGraph`` (entries sorted by (target, source)); PyG's
+``filter_adj`` keeps the input order instead — same multiset of edges and weights.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from hiertail_fast._validation import check_float_matrix
+from hiertail_fast.graph import CSRGraph
+from hiertail_fast.ops._dispatch import choose_backend
+from hiertail_fast.reference.topk_pool import (
+    _check_score_weight,
+    check_unpool_args,
+    pool_size,
+    topk_pool_ref,
+    topk_unpool_ref,
+)
+
+__all__ = ["TopKPoolResult", "TopKPoolFunction", "TopKUnpoolFunction", "topk_pool",
+           "topk_unpool"]
+
+
+class TopKPoolResult(NamedTuple):
+    """Output of ``topk_pool``.
+
+    x: [k, d] pooled features X[perm]·score[perm]; graph: pooled ``CSRGraph`` (k nodes);
+    edge_index: [2, E'] (= ``graph.edge_index()``, row 0 source, row 1 target, CSR order);
+    edge_weight: [E'] or None (= ``graph.weight``); perm: int64 [k] kept node ids by descending
+    score; score: [k] = tanh(X·p/‖p‖)[perm] (as PyG's TopKPooling returns it).
+    """
+
+    x: torch.Tensor
+    graph: CSRGraph
+    edge_index: torch.Tensor
+    edge_weight: torch.Tensor | None
+    perm: torch.Tensor
+    score: torch.Tensor
+
+
+def _select(score: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest scores, descending; a STABLE sort puts equal scores in
+    ascending index order (torch.topk / unstable sort give no defined order among ties)."""
+    return torch.sort(score, descending=True, stable=True).indices[:k]
+
+
+class TopKPoolFunction(torch.autograd.Function):
+    """(x [n, d], p [d], k, backend) -> (x[perm]·s[perm] [k, d], perm [k], s[perm] [k])."""
+
+    @staticmethod
+    def forward(ctx, x, p, k, backend):
+        if backend == "triton":
+            from hiertail_fast.kernels import topk_pool as kern
+
+            x, p = x.contiguous(), p.contiguous()
+            score = kern.topk_score(x, p)
+            perm = _select(score, k)
+            x_pooled, score_sel = kern.gather_rows(x, perm, score)
+        else:
+            score = torch.tanh(torch.mv(x, p) / p.norm(p=2))
+            perm = _select(score, k)
+            score_sel = score[perm]
+            x_pooled = x.index_select(0, perm).mul_(score_sel.unsqueeze(1))
+        ctx.save_for_backward(x, p, perm, score_sel)
+        ctx.backend = backend
+        ctx.mark_non_differentiable(perm)
+        return x_pooled, perm, score_sel
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_x, grad_perm, grad_score):
+        x, p, perm, s = ctx.saved_tensors
+        if grad_x is None:
+            grad_x = x.new_zeros(perm.numel(), x.shape[1])
+        if ctx.backend == "triton":
+            from hiertail_fast.kernels import topk_pool as kern
+
+            gs = None if grad_score is None else grad_score.contiguous()
+            dx, dp = kern.topk_pool_bwd(x, p, perm, s, grad_x.contiguous(), gs)
+        else:
+            norm = p.norm(p=2)
+            phat = p / norm
+            xs = x.index_select(0, perm)  # [k, d]
+            ds = (grad_x * xs).sum(dim=1)  # ∂L/∂s_r through X' = X[perm]·s
+            if grad_score is not None:
+                ds = ds + grad_score
+            dt = ds * (1 - s * s)  # through tanh
+            dx = torch.zeros_like(x).index_copy_(
+                0, perm, torch.addr(grad_x * s.unsqueeze(1), dt, phat))
+            v = torch.mv(xs.t(), dt)  # Σ_r dt_r x_perm_r
+            dp = (v - torch.dot(v, phat) * phat) / norm  # (I − p̂p̂ᵀ) v / ‖p‖
+        # k and backend are Python values: no gradient
+        return (dx if ctx.needs_input_grad[0] else None,
+                dp if ctx.needs_input_grad[1] else None, None, None)
+
+
+class TopKUnpoolFunction(torch.autograd.Function):
+    """Triton unpool: out = zeros(n, d), out[perm] = x_pooled; backward = gather of rows."""
+
+    @staticmethod
+    def forward(ctx, x_pooled, perm, num_nodes):
+        from hiertail_fast.kernels import topk_pool as kern
+
+        ctx.save_for_backward(perm)
+        return kern.unpool_scatter(x_pooled.contiguous(), perm, num_nodes)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        from hiertail_fast.kernels import topk_pool as kern
+
+        (perm,) = ctx.saved_tensors
+        grad, _ = kern.gather_rows(grad_out.contiguous(), perm)
+        return grad, None, None  # perm: integer indices; num_nodes: a Python int
+
+
+def _as_graph(graph_or_edge_index, edge_weight, n: int, device: torch.device) -> CSRGraph:
+    if isinstance(graph_or_edge_index, CSRGraph):
+        graph = graph_or_edge_index
+        if edge_weight is not None:
+            raise ValueError("edge_weight must be None when a CSRGraph is given (its weights "
+                             "are used)")
+        if graph.num_nodes != n:
+            raise ValueError(f"the graph has {graph.num_nodes} nodes but x has {n} rows")
+    else:
+        # keep the graph as given: no symmetrisation, duplicates and self-loops stay
+        graph = CSRGraph.from_edge_index(graph_or_edge_index, edge_weight, num_nodes=n,
+                                         dedupe=False)
+    if graph.device != device:
+        raise ValueError(f"the graph is on {graph.device} but x is on {device}")
+    return graph
+
+
+def _subgraph_triton(graph: CSRGraph, perm: torch.Tensor) -> CSRGraph:
+    """Induced subgraph on perm (relabelled in perm order) with the Triton filter/compaction."""
+    from hiertail_fast.kernels import topk_pool as kern
+
+    n, k = graph.num_nodes, perm.numel()
+    relabel = torch.full((n,), -1, dtype=torch.long, device=perm.device)
+    relabel[perm] = torch.arange(k, device=perm.device)
+    new_row, new_col, eid = kern.filter_edges(graph.row_index(), graph.indices, relabel)
+    # CSR order: sort the kept entries by (row, col); stable keeps duplicates in input order
+    order = torch.sort(new_row * max(k, 1) + new_col, stable=True).indices
+    indptr = torch.zeros(k + 1, dtype=torch.long, device=perm.device)
+    torch.cumsum(torch.bincount(new_row, minlength=k), 0, out=indptr[1:])
+    eid = eid[order]
+    weight = None if graph.weight is None else graph.weight[eid]
+    return CSRGraph(indptr, new_col[order], weight, k, validate=False)
+
+
+def topk_pool(
+    x: torch.Tensor,
+    graph_or_edge_index: CSRGraph | torch.Tensor,
+    score_weight: torch.Tensor,
+    ratio: float | int,
+    edge_weight: torch.Tensor | None = None,
+    *,
+    backend: str | None = None,
+) -> TopKPoolResult:
+    """Top-k pooling of one graph (PyG ``TopKPooling`` semantics, see the module docstring).
+
+    Args:
+        x: [n, d] node features (floating point, finite).
+        graph_or_edge_index: a ``CSRGraph`` with n nodes (reused as is: pass one to avoid the
+            O(E log E) CSR build per call) or an ``edge_index`` [2, E] (source, target), which
+            is stored without symmetrisation or deduplication.
+        score_weight: projection p, [d] or [1, d], same dtype as x, nonzero.
+        ratio: float in (0, 1] (k = ceil(ratio·n), PyG rounding) or int >= 1 (k = min(ratio, n)).
+        edge_weight: [E] weights for an ``edge_index`` input (None: unweighted).
+        backend: "reference" | "torch" | "triton" | None.
+    Returns:
+        ``TopKPoolResult(x, graph, edge_index, edge_weight, perm, score)``.
+    """
+    x = check_float_matrix(x, "x")
+    n, d = x.shape
+    p = _check_score_weight(score_weight, d, x.dtype)
+    if p.device != x.device:
+        raise ValueError(f"score_weight is on {p.device} but x is on {x.device}")
+    graph = _as_graph(graph_or_edge_index, edge_weight, n, x.device)
+    k = pool_size(n, ratio, x.dtype)
+    choice = choose_backend(x, backend)
+    if choice == "reference":
+        x_pooled, ei, ew, perm, score = topk_pool_ref(x, graph.edge_index(), p, ratio,
+                                                      graph.weight)
+        pooled = CSRGraph.from_edge_index(ei, ew, num_nodes=k, dedupe=False)
+    else:
+        x_pooled, perm, score = TopKPoolFunction.apply(x, p, k, choice)
+        pooled = _subgraph_triton(graph, perm) if choice == "triton" else graph.subgraph(perm)
+    return TopKPoolResult(x_pooled, pooled, pooled.edge_index(), pooled.weight, perm, score)
+
+
+def topk_unpool(
+    x_pooled: torch.Tensor, perm: torch.Tensor, num_nodes: int, *, backend: str | None = None
+) -> torch.Tensor:
+    """Unpooling: ``zeros(num_nodes, d)`` with rows ``perm`` <- ``x_pooled`` (differentiable).
+
+    Args:
+        x_pooled: [k, d]; perm: [k] distinct ids in [0, num_nodes); num_nodes: n.
+    Returns:
+        [num_nodes, d] in x_pooled's dtype/device.
+    """
+    choice = choose_backend(x_pooled if isinstance(x_pooled, torch.Tensor) else torch.empty(0),
+                            backend)
+    if choice == "reference":
+        return topk_unpool_ref(x_pooled, perm, num_nodes)
+    x_pooled = check_float_matrix(x_pooled, "x_pooled", finite=False)
+    perm = check_unpool_args(perm, num_nodes, x_pooled.shape[0]).long()
+    if perm.device != x_pooled.device:
+        raise ValueError(f"perm is on {perm.device} but x_pooled is on {x_pooled.device}")
+    if choice == "triton":
+        return TopKUnpoolFunction.apply(x_pooled, perm, int(num_nodes))
+    return x_pooled.new_zeros(int(num_nodes), x_pooled.shape[1]).index_copy(0, perm, x_pooled)
