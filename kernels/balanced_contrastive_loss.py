@@ -23,18 +23,23 @@ Because Q = K = Z, s is symmetric and BOTH sides of row i are sums over the same
     dz_i = scale·Σ_j W_ij z_j,   W_ij = Σ_l g_li p_lij + Σ_l g_lj p_lji,
 so the shipped default (`two_pass=False`) is ONE kernel over row blocks that computes each
 Z·Zᵀ tile once and does one W·Z product: half the GEMM work of the FlashAttention-2 pair of
-passes, the same exp count, no atomics, deterministic run to run (each dz row is written by
-exactly one program, with a fixed loop order). `two_pass=True` runs the classic pair (query
+passes, the same exp count (under the interpreter the key side re-dots the transposed
+tile, see DOT_CR), no atomics, deterministic run to run (each dz row is written by exactly
+one program, with a fixed loop order). `two_pass=True` runs the classic pair (query
 pass → fp32 partial, then key pass that adds it), the same kernel with QUERY_SIDE/KEY_SIDE
 flags, kept for cross-checks and GPU A/B timing.
 
 Numerics: |scale·s| reaches the thousands (τ = 0.01, norms ~30), so the max is always
-subtracted online; exponentials are taken in base 2 (log2 e folded into the scale, as in
-the Triton tutorial). fp32 inputs use IEEE fp32 dots (TF32 would give errors ~|s|·2⁻¹¹,
-i.e. O(1) at |s| ~ 1000); bf16/fp16 inputs use native dots (exact products, fp32
-accumulation) for Z·Zᵀ and a TF32 dot for W·Z with W kept in fp32 (bf16/fp16 → fp32 is exact;
-casting W itself to fp16 would underflow for g ~ 1/N). Under TRITON_INTERPRET=1 every dot is
-a numpy fp32 matmul, so the GPU precision modes are not exercised by the CPU tests.
+subtracted online. Everything stays in natural-log units with tl.exp, not the tutorial's
+exp2 with log2 e folded into the scale: at |t| ~ 1e5 an fp32 ulp is ~0.01, and rounding t
+and lse in log2 units before the subtraction made p 8x less accurate than torch's fp32
+softmax (measured); tl.exp subtracts first, then scales the small difference. The backward's
+key side must see the same s_cr the forward used for lse[c] (see DOT_CR). fp32 inputs use
+IEEE fp32 dots (TF32 would give errors ~|s|·2⁻¹¹, i.e. O(1) at |s| ~ 1000); bf16/fp16 inputs
+use native dots (exact products, fp32 accumulation) for Z·Zᵀ and a TF32 dot for W·Z with W
+kept in fp32 (bf16/fp16 → fp32 is exact; casting W itself to fp16 would underflow for
+g ~ 1/N). Under TRITON_INTERPRET=1 every dot is a numpy fp32 matmul, so the GPU precision
+modes are not exercised by the CPU tests.
 
 Conventions: a row with no visible key has lse = −inf, rowmax = −inf and argmax = 0 (a safe
 index; rowmax = −inf marks it), and contributes nothing to dz (no NaN). Program offsets are
@@ -55,8 +60,6 @@ import triton.language as tl
 
 from ._utils import feature_block, pair_blocks
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -80,8 +83,7 @@ def _balanced_contrastive_loss_fwd_kernel(
     if UPCAST:  # see _precisions: exact, bf16 products are exact in fp32
         q = q.to(tl.float32)
     cols = tl.arange(0, L_PAD)
-    qk_scale = scale * LOG2E
-    # One column per level: running max m2 and running sum l2 of 2^(t - m2), t in log2 units.
+    # One column per level: running max m2 and running sum l2 of exp(t - m2).
     m2 = tl.full([BLOCK_M, L_PAD], float("-inf"), tl.float32)
     l2 = tl.zeros([BLOCK_M, L_PAD], tl.float32)
     rmax = tl.full([BLOCK_M, L_PAD], float("-inf"), tl.float32)
@@ -95,17 +97,17 @@ def _balanced_contrastive_loss_fwd_kernel(
             k = k.to(tl.float32)
         # the tile of Z·Zᵀ, computed once for all the levels this program carries
         zz = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        s2 = zz * qk_scale
+        s2 = zz * scale
         for j in tl.static_range(NUM_LEVELS):
             lw = tl.load(LOG_W + (level0 + j) * N + offs_n, mask=n_valid, other=float("-inf"))
-            t = s2 + (lw * LOG2E)[None, :]
+            t = s2 + lw[None, :]
             sel = (cols == j)[None, :]
             m_old = tl.max(tl.where(sel, m2, float("-inf")), 1)
             l_old = tl.sum(tl.where(sel, l2, 0.0), 1)
             m_new = tl.maximum(m_old, tl.max(t, 1))
             # reference point: 0 while the row has seen no visible key (avoids −inf − −inf)
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-            l_new = l_old * tl.exp2(m_old - m_ref) + tl.sum(tl.exp2(t - m_ref[:, None]), 1)
+            l_new = l_old * tl.exp(m_old - m_ref) + tl.sum(tl.exp(t - m_ref[:, None]), 1)
             m2 = tl.where(sel, m_new[:, None], m2)
             l2 = tl.where(sel, l_new[:, None], l2)
             if NEED_MAX:
@@ -118,7 +120,7 @@ def _balanced_contrastive_loss_fwd_kernel(
                 rmax = tl.where(better, tile_max[:, None], rmax)
                 ridx = tl.where(better, tile_arg[:, None], ridx)
     # l2 = 0 exactly when the row saw no visible key (m2 = −inf)
-    lse = tl.where(l2 > 0, (m2 + tl.log2(tl.where(l2 > 0, l2, 1.0))) * LN2, float("-inf"))
+    lse = tl.where(l2 > 0, m2 + tl.log(tl.where(l2 > 0, l2, 1.0)), float("-inf"))
     out = (level0 + cols)[None, :] * N + offs_m[:, None]
     out_mask = m_valid[:, None] & (cols < NUM_LEVELS)[None, :]
     tl.store(LSE + out, lse, mask=out_mask)
@@ -135,12 +137,17 @@ def _balanced_contrastive_loss_bwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     QUERY_SIDE: tl.constexpr, KEY_SIDE: tl.constexpr, ADD_PARTIAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr, GRAD_DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_RC: tl.constexpr, DOT_CR: tl.constexpr,
 ):
     # One program per block of rows r; it loops over all column tiles c and accumulates
     #   dz_r = scale · Σ_c W_rc z_c,
     #   W_rc = [QUERY_SIDE] Σ_l g_lr p_lrc  +  [KEY_SIDE] Σ_l g_lc p_lcr     (s_rc = s_cr).
     # QUERY_SIDE only = FlashAttention-2's dq pass, KEY_SIDE only = its dk pass; both = the
     # one-pass symmetric backward. ADD_PARTIAL adds an fp32 [N, d] buffer (the dq pass).
+    # DOT_RC: compute s_rc = z_r·z_c (query side; key side too unless DOT_CR). DOT_CR: the key
+    # side recomputes s_cr = (Z_c·Z_rᵀ)ᵀ in the orientation the forward used for rows c, so
+    # p_lcr is consistent with lse[l, c] even where a dot is not bitwise symmetric (numpy
+    # under the interpreter: measured 6x larger dz error at |s| ~ 1e5 without it).
     offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_valid = offs_m < N
     offs_d = tl.arange(0, D_PAD)
@@ -152,14 +159,13 @@ def _balanced_contrastive_loss_bwd_kernel(
     cols = tl.arange(0, L_PAD)
     lvl = cols[None, :].to(tl.int64) * N + offs_m[:, None]
     lvl_mask = m_valid[:, None] & (cols < NUM_LEVELS)[None, :]
-    # This block's rows, per level (log2 units). Dead rows (padding, no visible key) get
-    # lse = +inf and g = 0, so every p involving them is exp2(-inf) = 0: no NaN.
-    lse_r = tl.load(LSE + lvl, mask=lvl_mask, other=float("-inf")) * LOG2E
+    # This block's rows, per level. Dead rows (padding, no visible key) get lse = +inf and
+    # g = 0, so every p involving them is exp(-inf) = 0: no NaN.
+    lse_r = tl.load(LSE + lvl, mask=lvl_mask, other=float("-inf"))
     g_r = tl.load(GRAD + lvl, mask=lvl_mask, other=0.0)
     g_r = tl.where(lse_r > float("-inf"), g_r, 0.0)
     lse_r = tl.where(lse_r > float("-inf"), lse_r, float("inf"))
-    lw_r = tl.load(LOG_W + lvl, mask=lvl_mask, other=float("-inf")) * LOG2E
-    qk_scale = scale * LOG2E
+    lw_r = tl.load(LOG_W + lvl, mask=lvl_mask, other=float("-inf"))
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
     for start_n in range(0, N, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -168,23 +174,28 @@ def _balanced_contrastive_loss_bwd_kernel(
                     mask=n_valid[:, None] & d_valid[None, :], other=0.0)
         if UPCAST:
             k = k.to(tl.float32)
-        s2 = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        if DOT_RC:
+            s_rc = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
+        if DOT_CR:
+            s_cr = tl.trans(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)) * scale
+        else:
+            s_cr = s_rc
         w = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for j in tl.static_range(NUM_LEVELS):
             sel = (cols == j)[None, :]
             col = j * N + offs_n
             if QUERY_SIDE:  # rows as queries, tile columns as keys
-                lw_c = tl.load(LOG_W + col, mask=n_valid, other=float("-inf")) * LOG2E
+                lw_c = tl.load(LOG_W + col, mask=n_valid, other=float("-inf"))
                 lse_j = tl.max(tl.where(sel, lse_r, float("-inf")), 1)
                 g_j = tl.sum(tl.where(sel, g_r, 0.0), 1)
-                w += g_j[:, None] * tl.exp2(s2 + lw_c[None, :] - lse_j[:, None])
+                w += g_j[:, None] * tl.exp(s_rc + lw_c[None, :] - lse_j[:, None])
             if KEY_SIDE:  # tile columns as queries, rows as keys
-                lse_c = tl.load(LSE + col, mask=n_valid, other=float("-inf")) * LOG2E
+                lse_c = tl.load(LSE + col, mask=n_valid, other=float("-inf"))
                 g_c = tl.load(GRAD + col, mask=n_valid, other=0.0)
                 g_c = tl.where(lse_c > float("-inf"), g_c, 0.0)
                 lse_c = tl.where(lse_c > float("-inf"), lse_c, float("inf"))
                 lw_j = tl.max(tl.where(sel, lw_r, float("-inf")), 1)
-                w += g_c[None, :] * tl.exp2(s2 + lw_j[:, None] - lse_c[None, :])
+                w += g_c[None, :] * tl.exp(s_cr + lw_j[:, None] - lse_c[None, :])
         # W stays fp32 (it can be ~1e-10 when g ~ 1/N: an fp16 cast would flush it to zero)
         acc = tl.dot(w, k.to(tl.float32), acc, input_precision=GRAD_DOT_PRECISION)
     acc = acc * scale
@@ -295,17 +306,25 @@ def lse_backward(
         BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=s_prec, GRAD_DOT_PRECISION=w_prec,
         UPCAST=upcast, num_warps=warps,
     )
+    # see DOT_CR in the kernel: the interpreter's numpy dot is not bitwise symmetric; on a
+    # GPU each element of tl.dot accumulates the same products over k in the same order, so
+    # s_rc == s_cr and one dot serves both sides (the CUDA run of the tests checks accuracy).
+    redot = not z.is_cuda
+    if redot and block_m != block_n:
+        raise AssertionError("DOT_CR needs square tiles to reproduce the forward's dots")
     grid = (triton.cdiv(n, block_m),)
     args = (z, log_w, lse, grad_lse)
     tail = (n, d, z.stride(0), float(scale))
     if not two_pass:
         _balanced_contrastive_loss_bwd_kernel[grid](
-            *args, dz, dz, *tail, QUERY_SIDE=True, KEY_SIDE=True, ADD_PARTIAL=False, **common)
+            *args, dz, dz, *tail, QUERY_SIDE=True, KEY_SIDE=True, ADD_PARTIAL=False,
+            DOT_RC=True, DOT_CR=redot, **common)
         return dz
     partial = torch.empty(n, d, dtype=torch.float32, device=z.device)
     _balanced_contrastive_loss_bwd_kernel[grid](  # dq pass -> fp32 partial
         *args, partial, partial, *tail, QUERY_SIDE=True, KEY_SIDE=False, ADD_PARTIAL=False,
-        **common)
+        DOT_RC=True, DOT_CR=False, **common)
     _balanced_contrastive_loss_bwd_kernel[grid](  # dk pass, adds the partial
-        *args, partial, dz, *tail, QUERY_SIDE=False, KEY_SIDE=True, ADD_PARTIAL=True, **common)
+        *args, partial, dz, *tail, QUERY_SIDE=False, KEY_SIDE=True, ADD_PARTIAL=True,
+        DOT_RC=not redot, DOT_CR=redot, **common)
     return dz

@@ -1,0 +1,204 @@
+"""Triton LSE launchers of the balanced contrastive loss vs a dense float64 computation.
+
+Runs on CPU under TRITON_INTERPRET=1 (set by conftest) or on CUDA when present.
+Tolerance rule (STYLE.md, flash-attention style): the kernel's error against the float64
+computation on the SAME (rounded) inputs is at most 2× the error of a dense torch fp32
+computation on those inputs, plus tol(dtype) (rtol relative to the tensor's magnitude). For
+fp16/bf16 inputs this is stricter than comparing with a computation in the low dtype (whose
+error at |s| ~ 1000 is several units): the kernel multiplies low-precision values exactly and
+accumulates in fp32, so only its output rounding (dz in z's dtype) may exceed fp32 error.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import DEVICES, requires_triton, tol
+
+pytestmark = requires_triton
+INF = float("inf")
+
+
+def _kernels():
+    from hiertail_fast.kernels import balanced_contrastive_loss as k
+    return k
+
+
+def make_case(n, d, levels, norm, seed=0, hide=0.3):
+    """Clustered embeddings with norms in [norm/2, norm] (so |scale·s| reaches the thousands
+    while many keys share the softmax mass), log-weights with hidden keys, grads with zeros."""
+    gen = torch.Generator().manual_seed(seed)
+    centers = torch.randn(4, d, generator=gen)
+    labels = torch.randint(0, 4, (n,), generator=gen)
+    z = centers[labels] + 0.3 * torch.randn(n, d, generator=gen)
+    z = z / z.norm(dim=1, keepdim=True) * norm * (0.5 + 0.5 * torch.rand(n, 1, generator=gen))
+    log_w = -torch.rand(levels, n, generator=gen) * 3
+    log_w[torch.rand(levels, n, generator=gen) < hide] = -INF
+    log_w[:, 0] = 0.0  # every level sees at least one key
+    grad = torch.randn(levels, n, generator=gen)
+    grad[torch.rand(levels, n, generator=gen) < 0.2] = 0.0
+    return z, log_w, grad
+
+
+def dense(z, log_w, scale, grad, dtype):
+    """lse, rowmax, first argmax, dz of Σ g·lse, all-pairs in `dtype` (levels with no visible
+    key: lse = rowmax = −inf, argmax 0, no gradient)."""
+    zz = z.to(dtype).detach().requires_grad_()
+    s = scale * zz @ zz.T
+    n = z.shape[0]
+    lses, maxes, args, total = [], [], [], 0.0
+    for lw, g in zip(log_w.to(dtype), grad.to(dtype), strict=True):
+        visible = lw > -INF
+        if visible.any():
+            lse = torch.logsumexp(s + lw[None, :], dim=1)
+            total = total + (g * lse).sum()
+        else:
+            lse = torch.full((n,), -INF, dtype=dtype)
+        sv = torch.where(visible[None, :], s, -INF).detach()
+        mx = sv.max(dim=1).values
+        first = torch.where(sv == mx[:, None], torch.arange(n), n).min(dim=1).values
+        lses.append(lse.detach())
+        maxes.append(mx)
+        args.append(first)
+    dz = torch.autograd.grad(total, zz)[0] if torch.is_tensor(total) else torch.zeros_like(zz)
+    return torch.stack(lses), torch.stack(maxes), torch.stack(args), dz, s.detach()
+
+
+def assert_rule(out, ref, low, dtype, what):
+    out, ref, low = out.double().cpu(), ref.double(), low.double()
+    assert torch.equal(torch.isinf(out), torch.isinf(ref)), f"{what}: -inf pattern differs"
+    fin = torch.isfinite(ref)
+    assert torch.isfinite(out[fin]).all(), f"{what}: NaN/inf where the reference is finite"
+    if not fin.any():
+        return
+    t = tol(dtype)
+    err = (out[fin] - ref[fin]).abs().max().item()
+    bound = 2 * (low[fin] - ref[fin]).abs().max().item() + t["atol"]
+    bound += t["rtol"] * ref[fin].abs().max().item()
+    assert err <= bound, f"{what}: error {err:.3e} > bound {bound:.3e}"
+
+
+CASES = [  # n, d, levels, scale, norm
+    (1, 8, 1, 1.0, 1.0),
+    (5, 16, 2, 10.0, 3.0),
+    (33, 40, 3, 100.0, 3.0),
+    (130, 64, 2, 1.0, 30.0),
+    (130, 8, 1, 100.0, 30.0),
+    (300, 24, 2, 10.0, 10.0),
+    (70, 130, 3, 10.0, 10.0),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,d,levels,scale,norm", CASES)
+def test_forward_backward_fp32(n, d, levels, scale, norm, device):
+    k = _kernels()
+    z, log_w, grad = make_case(n, d, levels, norm)
+    ref = dense(z, log_w, scale, grad, torch.float64)
+    low = dense(z, log_w, scale, grad, torch.float32)
+    zd, lwd, gd = z.to(device), log_w.to(device), grad.to(device)
+    lse, rowmax, argmax = k.lse_forward(zd, lwd, scale, True)
+    assert lse.dtype == rowmax.dtype == torch.float32 and argmax.dtype == torch.int64
+    assert_rule(lse, ref[0], low[0], torch.float32, "lse")
+    assert_rule(rowmax, ref[1], low[1], torch.float32, "rowmax")
+    # arg-max: a visible key whose score is the max (exact index only matters on ties,
+    # tested separately); the fp32 kernel may pick another key within rounding of the max
+    s64, argmax = ref[4], argmax.cpu()
+    picked = s64.gather(1, argmax.T).T
+    assert_rule(picked, ref[1], low[1], torch.float32, "score at argmax")
+    assert (log_w.gather(1, argmax) > -INF).all()
+    dz = k.lse_backward(zd, lwd, lse, gd, scale)
+    assert dz.dtype == z.dtype and dz.shape == z.shape
+    assert_rule(dz, ref[3], low[3], torch.float32, "dz")
+    # determinism: bitwise-identical gradient on a second run
+    assert torch.equal(dz, k.lse_backward(zd, lwd, lse, gd, scale))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,d,levels,scale,norm", [CASES[2], CASES[5]])
+def test_alternative_schedules(n, d, levels, scale, norm, device):
+    """Grid-over-levels forward and FlashAttention-2 two-pass backward give the same numbers
+    as the shipped fused forward and one-pass backward."""
+    k = _kernels()
+    z, log_w, grad = make_case(n, d, levels, norm, seed=3)
+    ref = dense(z, log_w, scale, grad, torch.float64)
+    low = dense(z, log_w, scale, grad, torch.float32)
+    zd, lwd, gd = z.to(device), log_w.to(device), grad.to(device)
+    lse, rowmax, argmax = k.lse_forward(zd, lwd, scale, True)
+    lse_grid, rowmax_grid, argmax_grid = k.lse_forward(zd, lwd, scale, True, fuse_levels=False)
+    assert_rule(lse_grid, ref[0], low[0], torch.float32, "lse (grid over levels)")
+    torch.testing.assert_close(lse_grid, lse, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(rowmax_grid, rowmax, rtol=1e-6, atol=1e-6)
+    assert torch.equal(argmax_grid, argmax)
+    dz = k.lse_backward(zd, lwd, lse, gd, scale)
+    dz2 = k.lse_backward(zd, lwd, lse, gd, scale, two_pass=True)
+    assert_rule(dz2, ref[3], low[3], torch.float32, "dz (two-pass)")
+    torch.testing.assert_close(dz2, dz, rtol=1e-5, atol=1e-5 * dz.abs().max().item())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n,d,levels,scale,norm", [CASES[2], CASES[3]])
+def test_low_precision(n, d, levels, scale, norm, dtype, device):
+    k = _kernels()
+    z, log_w, grad = make_case(n, d, levels, norm, seed=1)
+    z = z.to(dtype)  # the reference sees the same rounded inputs
+    ref = dense(z, log_w, scale, grad, torch.float64)
+    low = dense(z, log_w, scale, grad, torch.float32)
+    zd, lwd, gd = z.to(device), log_w.to(device), grad.to(device)
+    lse, rowmax, _ = k.lse_forward(zd, lwd, scale, True)
+    assert_rule(lse, ref[0], low[0], torch.float32, "lse")
+    assert_rule(rowmax, ref[1], low[1], torch.float32, "rowmax")
+    dz = k.lse_backward(zd, lwd, lse, gd, scale)
+    assert dz.dtype == dtype
+    assert_rule(dz, ref[3], low[3].to(dtype), dtype, "dz")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_hidden_level_zero_grads_and_ties(device):
+    """A level with no visible key gives lse = rowmax = −inf, argmax 0 and no gradient (no NaN);
+    zero grads contribute nothing; equal scores across key tiles pick the lowest index."""
+    k = _kernels()
+    n, d, scale = 150, 16, 0.5
+    _, log_w, grad = make_case(n, d, 3, 3.0, seed=2)
+    # small integers: every dot is exact in fp32, so equal scores are exact ties
+    z = torch.randint(-2, 3, (n, d), generator=torch.Generator().manual_seed(2)).float()
+    z[:, 0] = 3.0
+    z[[10, 70, 140]] = torch.full((d,), 3.0)  # the key most rows prefer, in 3 different tiles
+    log_w[2] = -INF
+    log_w[0, [70, 140]] = 0.0
+    log_w[0, 10] = -INF  # level 0 cannot see the first copy: its ties resolve to 70
+    log_w[1, [10, 70, 140]] = 0.0
+    grad[1] = 0.0
+    ref = dense(z, log_w, scale, grad, torch.float64)
+    low = dense(z, log_w, scale, grad, torch.float32)
+    zd, lwd, gd = z.to(device), log_w.to(device), grad.to(device)
+    lse, rowmax, argmax = k.lse_forward(zd, lwd, scale, True)
+    lse, rowmax, argmax = lse.cpu(), rowmax.cpu(), argmax.cpu()
+    assert torch.isneginf(lse[2]).all() and torch.isneginf(rowmax[2]).all()
+    assert (argmax[2] == 0).all()
+    assert_rule(lse, ref[0], low[0], torch.float32, "lse")
+    # exact ties: the lowest index, as the float64 reference picks it
+    assert torch.equal(argmax, ref[2])
+    tied = (ref[4][:, 70] == ref[1][0]) & (ref[4][:, 140] == ref[1][0])
+    assert tied.sum() > 10, "test setup: the duplicated key should tie across tiles"
+    assert (argmax[0][tied] <= 70).all()  # never the later copy
+    dz = k.lse_backward(zd, lwd, lse.to(device), gd, scale).cpu()
+    assert torch.isfinite(dz).all()
+    assert_rule(dz, ref[3], low[3], torch.float32, "dz")
+    # levels 1 (zero grad) and 2 (hidden) add nothing: same as backward over level 0 alone
+    dz0 = k.lse_backward(zd, lwd[:1], lse[:1].to(device), gd[:1], scale).cpu()
+    torch.testing.assert_close(dz, dz0, rtol=1e-5, atol=1e-4)
+
+
+def test_bad_input():
+    k = _kernels()
+    z = torch.randn(6, 4)
+    with pytest.raises(TypeError, match="float32"):
+        k.lse_forward(z.double(), torch.zeros(1, 6), 1.0, False)
+    with pytest.raises(ValueError, match="d <= 256"):
+        k.lse_forward(torch.randn(6, 300), torch.zeros(1, 6), 1.0, False)
+    with pytest.raises(ValueError, match="log_w"):
+        k.lse_forward(z, torch.zeros(1, 5), 1.0, False)
+    with pytest.raises(ValueError, match="grad_lse"):
+        k.lse_backward(z, torch.zeros(2, 6), torch.zeros(2, 6), torch.zeros(1, 6), 1.0)
