@@ -14,6 +14,7 @@ in y_pred ("present" labels); a class occurring in neither is ignored.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -236,7 +237,7 @@ def long_tailedness_ratio(
     """
     if quantile not in ("midpoint", "plain"):
         raise ValueError(f"quantile must be 'midpoint' or 'plain', got {quantile!r}")
-    if not (isinstance(p, (int, float)) and 0.0 < float(p) < 1.0):
+    if isinstance(p, bool) or not (isinstance(p, numbers.Real) and 0.0 < float(p) < 1.0):
         raise ValueError(f"p must be a number in (0, 1), got {p!r}")
     s = np.sort(_class_sizes(y, class_sizes))[::-1]
     t = s.shape[0]
