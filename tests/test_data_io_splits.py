@@ -203,3 +203,25 @@ def test_user_split():
             user_split(*args)
     with pytest.raises(TypeError):
         user_split(6.0, [0])
+
+
+def _official_counts(n_c: int) -> tuple[int, int, int]:
+    """The per-class rule of HierTail's split_natural, written as plain Python branches."""
+    if n_c == 1:
+        return 1, 1, 1
+    if n_c == 2:
+        return 1, 1, 1
+    if n_c < 10:
+        a = int(np.ceil(n_c * 0.1))
+        return a, a, n_c - 2 * a
+    return int(n_c * 0.1), int(n_c * 0.1), int(n_c * 0.8)
+
+
+@pytest.mark.parametrize("name", ["email", "blogcatalog"])
+def test_natural_split_on_shared_data(data_dir, name):
+    y = load_npz(data_dir / f"{name}.npz", relabel_by_size=True).y
+    tr, va, te = natural_split(y, seed=123)
+    counts = split_counts(y, tr, va, te).numpy()
+    sizes = np.bincount(y.numpy())
+    np.testing.assert_array_equal(counts, [_official_counts(int(s)) for s in sizes])
+    assert (counts[:, 0] >= 1).all()  # every class has a training node under this rule
