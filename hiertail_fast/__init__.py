@@ -9,7 +9,7 @@ Kernels / ops
 Model and data
     HierTail, CSRGraph, make_synthetic_graph, load_npz
 Metrics
-    accuracy, balanced_accuracy, macro_f1, g_means, per_class_accuracy,
+    evaluate, accuracy, balanced_accuracy, macro_f1, g_means, per_class_accuracy,
     class_imbalance_ratio, long_tailedness_ratio, loss_range
 """
 from __future__ import annotations
@@ -35,6 +35,7 @@ _EXPORTS = {
     "HierTail": "hiertail_fast.nn.hiertail",
     "make_synthetic_graph": "hiertail_fast.data.synthetic",
     "load_npz": "hiertail_fast.data.io",
+    "evaluate": "hiertail_fast.metrics",
     "accuracy": "hiertail_fast.metrics",
     "balanced_accuracy": "hiertail_fast.metrics",
     "macro_f1": "hiertail_fast.metrics",
