@@ -21,6 +21,7 @@ def positive_pairs(
     gid: torch.Tensor,
     n_groups: int,
     row_max: torch.Tensor,
+    arg_max: torch.Tensor,
     scale: float,
     include_self: bool,
     coef: torch.Tensor | None = None,
@@ -30,7 +31,10 @@ def positive_pairs(
     Args:
         z: [N, d] compute-dtype embeddings (all rows of the problem).
         gid: [N] group id in 0..n_groups-1 of each row in the level, -1 for rows not in it.
-        row_max: [N] M_i (the level's row max of scale * z_i.z_k).
+        row_max: [N] M_i (the level's row max of scale * z_i.z_k); arg_max: [N] its index.
+            The positive pair (i, arg_max_i) gets s_ij - M_i = 0 exactly, as in the dense
+            reference (the pair's s recomputed here would carry a different fp32 rounding than
+            M_i, and this term is never clamped, so the rounding would show in the loss).
         coef: optional [N] coefficient c_i; the gradient of sum_{i, j in P(i)} c_i t_ij, with
             t_ij = log(exp(s_ij - M_i) + eps), w.r.t. s_ij (M_i held fixed) is returned as dz.
 
@@ -43,6 +47,7 @@ def positive_pairs(
     big_t = torch.zeros(n, dtype=dt, device=dev)
     big_q = torch.zeros(n, dtype=dt, device=dev)
     dz = torch.zeros(n, d, dtype=dt, device=dev) if coef is not None else None
+    coef = coef.to(dt) if coef is not None else None
     rows = (gid >= 0).nonzero().squeeze(1)
     if rows.numel() == 0:
         return big_t, big_q, dz
@@ -70,7 +75,8 @@ def positive_pairs(
         if i.numel() == 0:
             continue
         zi, zj = z[i], z[j]
-        e = torch.exp((zi * zj).sum(1) * scale - row_max[i])
+        x = (zi * zj).sum(1) * scale - row_max[i]
+        e = torch.exp(x.masked_fill_(j == arg_max[i], 0.0))
         big_t.index_add_(0, i, torch.log(e + OFFICIAL_EPS))
         q = e / (e + OFFICIAL_EPS)
         big_q.index_add_(0, i, q)
@@ -88,7 +94,8 @@ def positive_pairs(
         for a0 in range(0, ng, rb):
             a1 = min(ng, a0 + rb)
             ia = idx[a0:a1]
-            e = torch.mm(zg[a0:a1], zg.t()).mul_(scale).sub_(row_max[ia][:, None]).exp_()
+            x = torch.mm(zg[a0:a1], zg.t()).mul_(scale).sub_(row_max[ia][:, None])
+            e = x.masked_fill_(idx[None, :] == arg_max[ia][:, None], 0.0).exp_()
             t = torch.log(e + OFFICIAL_EPS)
             q = e.div_(e + OFFICIAL_EPS)
             if not include_self:

@@ -66,8 +66,8 @@ def _engine(
     vis_r = visible[:, ridx]
 
     grad = coef_fn is not None or grad_lse is not None
-    lse = torch.empty(n_levels, n, dtype=z.dtype, device=z.device)
-    rowmax = torch.empty_like(lse) if need_max else None
+    lse = torch.empty(n_levels, n, dtype=torch.float64, device=z.device)
+    rowmax = torch.empty(n_levels, n, dtype=z.dtype, device=z.device) if need_max else None
     argmax = torch.empty(n_levels, n, dtype=torch.long, device=z.device) if need_max else None
     if grad:
         dz = torch.zeros(n, d, dtype=z.dtype, device=z.device)
@@ -93,18 +93,25 @@ def _engine(
             else:
                 m_c = e.amax(dim=1)
             e.sub_(m_c[:, None]).exp_()                                   # exp(s - m_c) <= 1
-            log_sum_c = torch.log(torch.mm(e, wc.t())).t() + m_c[None]    # [L, b]
+            shift = m_c[None].expand(n_levels, -1)                        # [L, b]
+            rel = torch.log(torch.mm(e, wc.t())).t()                      # lse - shift
         else:
             m_c = neg_inf.expand(r1 - r0)
-            log_sum_c = neg_inf.expand(n_levels, r1 - r0)
             i_c = torch.zeros(r1 - r0, dtype=torch.long, device=z.device)
         # ---- rest columns (level-specific keys): small dense [L, b, N_r]
         if n_r:
             s_r = zbs @ zr.t()                                            # [b, N_r]
             v_r = s_r[None] + lwr[:, None, :]                             # -inf where hidden
-            lse_b = torch.logaddexp(log_sum_c, torch.logsumexp(v_r, dim=2))
-        else:
-            lse_b = log_sum_c
+            if not n_c:
+                shift = v_r.amax(dim=2)
+                shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+                rel = neg_inf.expand(n_levels, r1 - r0)
+            v_r = v_r - shift[:, :, None]
+            rel = torch.logaddexp(rel, torch.logsumexp(v_r, dim=2))
+        # lse kept in float64: shift (|s| up to thousands) + rel (small) without losing the
+        # digits of rel to the rounding of a large fp32 number (the official variant needs
+        # lse - rowmax to full precision)
+        lse_b = shift.double() + rel.double()
         lse[:, r0:r1] = lse_b
         max_b = None
         if need_max:
@@ -123,10 +130,12 @@ def _engine(
             continue
         # ---- gradient of sum_l g_l * lse_l, p_lik = w_lk exp(s_ik - lse_li)
         g = grad_lse[:, r0:r1] if grad_lse is not None else coef_fn(r0, r1, lse_b, max_b)
-        lse_u = lse_in[:, r0:r1] if lse_in is not None else lse_b
+        if lse_in is not None:
+            rel = (lse_in[:, r0:r1].double() - shift.double()).to(z.dtype)
+        g = g.to(z.dtype)
         nz = g != 0
         if n_c:
-            a = torch.where(nz, g * torch.exp(m_c[None] - lse_u), torch.zeros_like(g))
+            a = torch.where(nz, g * torch.exp(-rel), torch.zeros_like(g))
             if n_levels == 1:
                 dz[r0:r1] += (e @ zwc).mul_(a[0][:, None] * scale)
                 key_c.addmm_(e.t(), zb * a[0][:, None])
@@ -136,7 +145,7 @@ def _engine(
                 dz[r0:r1].addmm_(e, zc, alpha=scale)
                 key_c.addmm_(e.t(), zb)
         if n_r:
-            p_r = torch.exp(v_r - lse_u[:, :, None])
+            p_r = torch.exp(v_r - rel[:, :, None])
             p_r = torch.where(nz[:, :, None], g[:, :, None] * p_r, torch.zeros_like(p_r)).sum(0)
             dz[r0:r1].addmm_(p_r, zr, alpha=scale)
             key_r.addmm_(p_r.t(), zb)
@@ -158,7 +167,10 @@ def _compute_dtype(z: torch.Tensor) -> torch.dtype:
 
 
 def lse_forward(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool):
-    """-> (lse [L, N], rowmax [L, N] or None, argmax [L, N] int64 or None). See module doc."""
+    """-> (lse [L, N] float64, rowmax [L, N] or None, argmax [L, N] int64 or None).
+
+    lse is float64 here (a superset of the contract's fp32): see the comment in ``_engine``.
+    """
     zc = z.to(_compute_dtype(z))
     lse, rowmax, argmax, _ = _engine(zc, log_w, float(scale), need_max)
     return lse, rowmax, argmax
@@ -171,7 +183,7 @@ def lse_backward(
     zc = z.to(_compute_dtype(z))
     dt = zc.dtype
     _, _, _, dz = _engine(
-        zc, log_w, float(scale), False, lse_in=lse.to(dt), grad_lse=grad_lse.to(dt)
+        zc, log_w, float(scale), False, lse_in=lse, grad_lse=grad_lse.to(dt)
     )
     return dz
 

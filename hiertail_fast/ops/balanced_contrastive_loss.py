@@ -92,7 +92,7 @@ def _class_sum_term(z, lv: _Levels, scale, include_self, coef=None):
         s_rows = sums[g]
         pos[lev, rows] = ((zr * s_rows).sum(1) - delta * sq[rows]) * scale
         if coef is not None:
-            c = coef[lev, rows]
+            c = coef[lev, rows].to(z.dtype)
             acc = torch.zeros_like(sums).index_add_(0, g, zr * c[:, None])
             grad = c[:, None] * (s_rows - 2.0 * delta * zr) + acc[g]
             dz.index_add_(0, rows, grad, alpha=scale)
@@ -104,7 +104,7 @@ def _argmax_grad(z, lv_argmax, gamma, scale):
     dz = torch.zeros_like(z)
     for lev in range(gamma.shape[0]):
         a = lv_argmax[lev]
-        gm = (gamma[lev] * scale)[:, None]
+        gm = (gamma[lev] * scale).to(z.dtype)[:, None]
         dz.add_(gm * z[a])
         dz.index_add_(0, a, gm * z)
     return dz
@@ -143,16 +143,17 @@ class BalancedContrastiveFunction(torch.autograd.Function):
                 return g * ratio(lse_b, max_b, log_eps_w) if official else g
 
             lse, rmax, amax, dz = mod.lse_fused(zc, log_w, scale, official, coef_fn)
+            lse = lse.double()
         else:
             lse, rmax, amax = mod.lse_forward(z_in, log_w, scale, official)
-            lse = lse.to(cdt)
+            lse = lse.double()       # loss formulas in float64: lse - rowmax to full precision
             rmax = rmax.to(cdt) if official else None
         if official:
             big_t, big_q = torch.zeros_like(lse), torch.zeros_like(lse)
             for lev in range(lse.shape[0]):
                 coef = -(base[lev] * inv_n[lev]) if fused else None
-                t, q, dzp = positive_pairs(zc, lv.gid[lev], lv.n_groups[lev], rmax[lev], scale,
-                                           include_self, coef)
+                t, q, dzp = positive_pairs(zc, lv.gid[lev], lv.n_groups[lev], rmax[lev],
+                                           amax[lev], scale, include_self, coef)
                 big_t[lev], big_q[lev] = t, q
                 if fused:
                     dz += dzp
@@ -199,11 +200,12 @@ class BalancedContrastiveFunction(torch.autograd.Function):
             r = torch.exp(a - torch.logaddexp(a, log_eps_w))
             dz = mod.lse_backward(z_in, log_w, lse, (g * r).to(log_w.dtype), scale).to(zc.dtype)
             for lev in range(lse.shape[0]):
-                dz += positive_pairs(zc, lv.gid[lev], lv.n_groups[lev], rmax[lev], scale,
-                                     ctx.include_self, -(g[lev] * inv_n[lev]))[2]
+                dz += positive_pairs(zc, lv.gid[lev], lv.n_groups[lev], rmax[lev],
+                                     amax[lev], scale, ctx.include_self,
+                                     -(g[lev] * inv_n[lev]))[2]
             dz += _argmax_grad(zc, amax, g * (big_q * inv_n - r), scale)
         else:
-            dz = mod.lse_backward(z_in, log_w, lse.to(log_w.dtype), g.to(log_w.dtype), scale)
+            dz = mod.lse_backward(z_in, log_w, lse, g.to(log_w.dtype), scale)
             dz = dz.to(zc.dtype) + _class_sum_term(zc, lv, scale, ctx.include_self,
                                                    -(g * inv_n))[1]
         return dz.to(ctx.z_dtype), *nones

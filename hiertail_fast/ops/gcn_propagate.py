@@ -1,0 +1,209 @@
+"""GCN propagation Â·x with the normalisation fused in: autograd Function, dispatch, public API.
+
+    Â = D^-1/2 (A + L) D^-1/2   (PyG gcn_norm; L = fill·I on nodes without a self-loop, fill = 2
+                                 if improved; see `hiertail_fast.reference.gcn_propagate`)
+
+Backends (``backend=`` argument, else `choose_backend`: CUDA -> triton, CPU -> torch):
+* ``torch``: ``torch.sparse.mm`` on a CSR whose values are the NORMALISED weights
+  ``dinv_i w_e dinv_j``, built once per (graph, options, dtype) and cached on the `CSRGraph` (the
+  cheapest correct CPU path: the cache costs nnz extra floats once, nothing per call), plus the
+  added self-loop as a diagonal term ``loop_i dinv_i² x_i`` (A + I is never built).
+* ``triton``: `kernels/gcn_propagate.py`, CSR row-split SpMM scaling by ``dinv[row]·dinv[col]`` on
+  the fly, no atomics (deterministic).
+* ``torch_sparse`` (only through this op's ``backend=`` argument, when the optional package
+  imports): ``torch_sparse.SparseTensor`` matmul with the same cached normalised values.
+* ``reference``: `gcn_propagate_ref` (plain autograd).
+
+Backward (hand-written, no PyTorch sparse backward — it transposes on every call):
+* grad_x = Âᵀ·G: the forward CSR itself when the graph is symmetric (checked once, cached), else
+  the cached transposed CSR.
+* Edge weights (only when ``graph.weight`` requires grad): with ``a_e = <g_i, x_j>`` for entry
+  e = (j -> i), computed in torch in edge chunks (SDDMM) for every backend,
+      dL/dw_e|direct = dinv_i dinv_j a_e
+      dL/ddinv_k     = Σ_{e in row k} w_e dinv_j a_e + Σ_{e with col k} w_e dinv_i a_e
+                       + 2 loop_k dinv_k <g_k, x_k>
+  and the degree path dinv = (Σ w + loop)^-1/2 -> w is plain torch autograd (outside the
+  Function), so the total weight gradient includes both terms.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from hiertail_fast._validation import check_float_matrix, check_tensor
+from hiertail_fast.graph import CSRGraph
+from hiertail_fast.ops._dispatch import choose_backend
+
+_SDDMM_CHUNK_ELEMS = 1 << 22  # entries·d per chunk of the edge-gradient dot products (16 MB fp32)
+
+
+def torch_sparse_available() -> bool:
+    try:
+        import torch_sparse  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _sparse_csr(indptr, indices, values, n) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
+        return torch.sparse_csr_tensor(indptr, indices, values, (n, n))
+
+
+def _normalised(graph: CSRGraph, weight, dinv, key, transposed: bool):
+    """(indptr, indices, normalised values) of Â's off-diagonal part, or of Âᵀ. Cached on the
+    graph when `key` is not None (weights not requiring grad)."""
+    def compute():
+        w = weight if weight is not None else 1.0
+        values = dinv[graph.row_index()] * w * dinv[graph.indices]
+        if not transposed:
+            return graph.indptr, graph.indices, values
+        t = graph.transpose()
+        return t.indptr, t.indices, values[graph.transpose_perm()]
+    if key is None:
+        return compute()
+    return graph._cached(("gcn_norm_csr", transposed) + key, compute)
+
+
+def _spmm(backend, graph, weight, dinv, loop, x, key, transposed):
+    """(Â or Âᵀ)·x (no autograd), for the torch / torch_sparse / triton backends."""
+    n = graph.num_nodes
+    if backend == "triton":
+        from hiertail_fast.kernels.gcn_propagate import gcn_spmm  # lazy: never at import time
+
+        g = graph.transpose() if transposed else graph
+        w = weight
+        if transposed and w is not None:
+            w = graph.transpose().weight if key is not None else w[graph.transpose_perm()]
+        return gcn_spmm(g.indptr, g.indices, w, dinv, loop, x)
+    indptr, indices, values = _normalised(graph, weight, dinv, key, transposed)
+    if backend == "torch_sparse":
+        import torch_sparse
+
+        def build():
+            return torch_sparse.SparseTensor(rowptr=indptr, col=indices, value=values,
+                                             sparse_sizes=(n, n), is_sorted=True, trust_data=True)
+        adj = build() if key is None else graph._cached(("torch_sparse", transposed) + key, build)
+        out = adj.matmul(x)
+    else:
+        csr = _sparse_csr(indptr, indices, values, n)
+        out = torch.sparse.mm(csr, x) if indices.numel() else torch.zeros_like(x)
+    if loop is not None:
+        out.addcmul_((loop * dinv * dinv).unsqueeze(1), x)  # added self-loop: loop_i dinv_i² x_i
+    return out
+
+
+def _edge_dots(g: torch.Tensor, x: torch.Tensor, row: torch.Tensor, col: torch.Tensor):
+    """a_e = <g[row_e], x[col_e]> for every entry, in chunks so memory stays O(chunk·d)."""
+    out = torch.empty(row.numel(), dtype=g.dtype, device=g.device)
+    step = max(1, _SDDMM_CHUNK_ELEMS // max(1, g.shape[1]))
+    for s in range(0, row.numel(), step):
+        out[s:s + step] = (g[row[s:s + step]] * x[col[s:s + step]]).sum(1)
+    return out
+
+
+class GCNPropagateFunction(torch.autograd.Function):
+    """out = Â·x with Â given by (graph, weight, dinv, loop). Differentiable w.r.t. x, weight and
+    dinv (the caller computes dinv from the weights with autograd when they require grad)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, dinv, loop, graph, key, backend):
+        ctx.graph, ctx.key, ctx.backend = graph, key, backend
+        need_edge_grads = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+        # x is only needed for the edge-weight gradient: do not keep it alive otherwise
+        ctx.save_for_backward(x if need_edge_grads else None, weight, dinv, loop)
+        return _spmm(backend, graph, weight, dinv, loop, x, key, transposed=False)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight, dinv, loop = ctx.saved_tensors
+        graph, key = ctx.graph, ctx.key
+        grad_out = grad_out.contiguous()
+        grad_x = grad_w = grad_dinv = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _spmm(ctx.backend, graph, weight, dinv, loop, grad_out, key,
+                           transposed=not graph.is_symmetric())
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            row, col = graph.row_index(), graph.indices
+            a = _edge_dots(grad_out, x, row, col)
+            w = weight if weight is not None else torch.ones_like(a)
+            if ctx.needs_input_grad[1]:
+                grad_w = dinv[row] * dinv[col] * a
+            if ctx.needs_input_grad[2]:
+                grad_dinv = torch.zeros_like(dinv).index_add(0, row, w * dinv[col] * a)
+                grad_dinv.index_add_(0, col, w * dinv[row] * a)
+                if loop is not None:
+                    grad_dinv += 2.0 * loop * dinv * (grad_out * x).sum(1)
+        # None for: loop (constant), graph, key, backend (not tensors)
+        return grad_x, grad_w, grad_dinv, None, None, None, None
+
+
+def as_graph(graph_or_edge_index, edge_weight=None, num_nodes: int | None = None) -> CSRGraph:
+    """A `CSRGraph` from either a prepared graph or ``edge_index`` [2, E] (+ edge_weight). An
+    edge_index is converted with ``dedupe=False`` so duplicate edges count as in PyG."""
+    if isinstance(graph_or_edge_index, CSRGraph):
+        if edge_weight is not None:
+            raise ValueError("edge_weight must be None when a CSRGraph is given (its weights "
+                             "are stored in the graph)")
+        if num_nodes is not None and int(num_nodes) != graph_or_edge_index.num_nodes:
+            raise ValueError(f"num_nodes={num_nodes} but the graph has "
+                             f"{graph_or_edge_index.num_nodes} nodes")
+        return graph_or_edge_index
+    check_tensor(graph_or_edge_index, "graph_or_edge_index")
+    return CSRGraph.from_edge_index(graph_or_edge_index, edge_weight, num_nodes, dedupe=False)
+
+
+def gcn_propagate(
+    x: torch.Tensor,
+    graph_or_edge_index: CSRGraph | torch.Tensor,
+    edge_weight: torch.Tensor | None = None,
+    *,
+    num_nodes: int | None = None,
+    improved: bool = True,
+    add_self_loops: bool = True,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Â·x, Â = D^-1/2 (A + fill·I) D^-1/2 (PyG GCNConv propagation; fill 2 if improved).
+
+    Args:
+        x: [n, d] float features.
+        graph_or_edge_index: a `CSRGraph` (recommended for repeated calls: its CSR, degrees,
+            normalised values and transpose are built once and cached on it) or edge_index [2, E]
+            (row 0 = source, row 1 = target; converted on every call).
+        edge_weight: [E] weights for an edge_index (None = unit); gradients flow to them.
+        num_nodes: optional check, must equal ``x.shape[0]``.
+        backend: None (automatic), "reference", "torch", "triton" or "torch_sparse".
+    Returns:
+        [n, d] in x's dtype.
+    """
+    x = check_float_matrix(x, "x", finite=False)
+    if num_nodes is None and not isinstance(graph_or_edge_index, CSRGraph):
+        num_nodes = x.shape[0]  # an edge_index gets its node count from x
+    graph = as_graph(graph_or_edge_index, edge_weight, num_nodes)
+    if graph.num_nodes != x.shape[0]:
+        raise ValueError(f"x has {x.shape[0]} rows but the graph has {graph.num_nodes} nodes")
+    if graph.device != x.device:
+        raise ValueError(f"graph is on {graph.device} but x is on {x.device}")
+    if backend == "torch_sparse":
+        if not torch_sparse_available():
+            raise ValueError("backend='torch_sparse' needs the optional torch_sparse package")
+    else:
+        backend = choose_backend(x, backend)
+    if backend == "reference":
+        from hiertail_fast.reference.gcn_propagate import gcn_propagate_ref
+
+        return gcn_propagate_ref(x, graph.edge_index(), graph.weight, improved=improved,
+                                 add_self_loops=add_self_loops)
+
+    weight = graph.weight
+    weight_grad = weight is not None and weight.requires_grad and torch.is_grad_enabled()
+    # dinv/loop come from the graph's cache unless the weights need gradients (then they are
+    # recomputed with autograd so the degree path reaches the weights)
+    dinv, loop = graph.gcn_deg_inv_sqrt(improved, add_self_loops, x.dtype)
+    key = None if weight_grad else (bool(improved), bool(add_self_loops), x.dtype)
+    if weight is not None:
+        weight = weight.to(x.dtype)
+    return GCNPropagateFunction.apply(x, weight, dinv, loop if add_self_loops else None, graph,
+                                      key, backend)

@@ -1,0 +1,279 @@
+"""Fast backends (torch row blocks, Triton under TRITON_INTERPRET=1) of the balanced
+contrastive loss against the float64 reference: values and gradients w.r.t. z and prototypes."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+import hiertail_fast.ops._contrastive_pairs as pairs_mod
+import hiertail_fast.ops.balanced_contrastive_loss as ops_mod
+from hiertail_fast import (
+    BalancedContrastiveLoss,
+    balanced_contrastive_loss,
+    hierarchical_contrastive_loss,
+)
+from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
+from tests.conftest import tol, triton_importable
+
+_HAS_TRITON_OP = triton_importable() and (
+    importlib.util.find_spec("hiertail_fast.kernels.balanced_contrastive_loss") is not None
+)
+TRITON = pytest.param(
+    "triton", marks=pytest.mark.skipif(
+        not _HAS_TRITON_OP, reason="kernels/balanced_contrastive_loss.py (helper B) or triton "
+        "is not available"),
+)
+BACKENDS = ["torch", TRITON]
+
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # tiny tensors: OpenMP fork/join costs more than the work, and on a shared 2-core machine
+    # a parallel region can wait ~100 ms for a busy core
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+def _data(n, d, *, n_classes=6, norm=3.0, m=0, dtype=torch.float32, seed=0, singletons=2):
+    """Long-tailed labels (Zipf sizes + singleton classes), embeddings of norm ~ `norm`."""
+    g = torch.Generator().manual_seed(seed)
+    probs = 1.0 / torch.arange(1, n_classes + 1, dtype=torch.float64) ** 1.5
+    y = torch.multinomial(probs, n, replacement=True, generator=g)
+    k = min(singletons, n)
+    y[:k] = n_classes + torch.arange(k)                                  # singleton classes
+    z = torch.randn(n, d, generator=g, dtype=torch.float64) * norm / d ** 0.5
+    p = torch.randn(m, d, generator=g, dtype=torch.float64) * norm / d ** 0.5 if m else None
+    return z.to(dtype), y, (p.to(dtype) if m else None)
+
+
+def _loss_and_grads(fn, z, y, p, kw, weights=None):
+    z = z.detach().clone().requires_grad_()
+    p = p.detach().clone().requires_grad_() if p is not None else None
+    loss = fn(z, y, prototypes=p, **kw)
+    if weights is None:
+        (loss * 2).backward()                                            # grad_output = 2
+    else:
+        (loss * weights.to(loss.dtype)).sum().backward()
+    return [loss.detach(), z.grad] + ([p.grad] if p is not None else [])
+
+
+def _check(backend, z, y, p=None, weights=None, low_ref=True, **kw):
+    """Backend vs float64 reference. Each tensor's max error must be at most twice that of the
+    reference run in the input's dtype plus tol(dtype) scaled by the tensor's magnitude.
+
+    Gradients get 32 ulp of the size of the terms that cancel in them, scale * |z|max * g
+    (the backend adds the LSE, positive-pair and row-max parts of ds_ij after multiplying by z;
+    the dense reference sums them at the level of s): with the official clamp the true gradient
+    can be ~1e-9 while each term is ~30."""
+    fast = _loss_and_grads(
+        lambda *a, **k: balanced_contrastive_loss(*a, backend=backend, **k), z, y, p, kw, weights
+    )
+    exp = _loss_and_grads(ref, z.double(), y, p.double() if p is not None else None, kw, weights)
+    low = _loss_and_grads(ref, z, y, p, kw, weights) if low_ref else None
+    t = tol(z.dtype)
+    g_max = 2.0 if weights is None else weights.abs().max().item()
+    if kw.get("reduction", "mean") == "mean":
+        g_max /= z.shape[0]
+    zmax = max(z.abs().max().item(), p.abs().max().item() if p is not None else 0.0)
+    terms = g_max * zmax * (z.shape[1] ** 0.5) / kw.get("temperature", 0.1)
+    for i, (a, e) in enumerate(zip(fast, exp, strict=True)):
+        assert a.dtype == z.dtype and a.shape == e.shape
+        assert torch.isfinite(a).all()
+        err = (a.double() - e).abs().max().item()
+        ref_err = (low[i].double() - e).abs().max().item() if low_ref else 0.0
+        bound = 2 * ref_err + t["atol"] + t["rtol"] * e.abs().max().item()
+        if i > 0:
+            bound += 32 * torch.finfo(z.dtype).eps * terms
+        assert err <= bound, f"tensor {i}: error {err:.3g} > bound {bound:.3g}"
+    return fast
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("variant", ["exact", "official"])
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("tau", [0.01, 0.1, 1.0])
+@pytest.mark.parametrize("m", [0, 5])
+def test_matches_reference(backend, variant, include_self, tau, m):
+    n = 57 if backend == "triton" else 203
+    z, y, p = _data(n, 24, m=m, norm=2.0, seed=int(tau * 100) + m)
+    _check(backend, z, y, p, temperature=tau, include_self=include_self, variant=variant)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("variant", ["exact", "official"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_reductions_and_grad_output(backend, variant, reduction):
+    z, y, p = _data(71, 16, m=4, seed=3)
+    w = torch.linspace(-1.0, 2.0, 75) if reduction == "none" else None
+    for include_self in (True, False):
+        _check(backend, z, y, p, weights=w, reduction=reduction, variant=variant,
+               include_self=include_self, temperature=0.1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n", [1, 7, 129, 300])
+def test_ragged_sizes(backend, n):
+    d = 33 if n < 300 else 16
+    z, y, p = _data(n, d, m=3 if n > 1 else 0, seed=n)
+    for variant in ("exact", "official"):
+        _check(backend, z, y, p, variant=variant, temperature=0.5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("variant", ["exact", "official"])
+def test_unnormalised_large_similarities(backend, variant):
+    # norms up to ~30, tau = 0.01: |s| up to ~9e4
+    z, y, p = _data(90, 12, m=4, norm=1.0, seed=7)
+    z = z * torch.linspace(0.5, 30.0, 90)[:, None] / z.norm(dim=1, keepdim=True)
+    assert (z @ z.t()).abs().max() / 0.01 > 1e4
+    _check(backend, z, y, p, variant=variant, temperature=0.01)
+    _check(backend, z, y, p, variant=variant, temperature=0.01, include_self=False)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_official_clamp_binds_for_some_positives_only(backend):
+    # class members near their centre (exp(s - M) >> 1e-7, no clamp) and far ones (clamped)
+    g = torch.Generator().manual_seed(11)
+    centres = torch.randn(4, 8, generator=g) * 2
+    y = torch.arange(80) % 4
+    z = centres[y] + 0.05 * torch.randn(80, 8, generator=g)
+    z[::3] = torch.randn(27, 8, generator=g) * 2                          # far members
+    tau = 0.1
+    s = (z.double() @ z.double().t()) / tau
+    e = torch.exp(s - s.max(1, keepdim=True).values)
+    same = y[:, None] == y[None, :]
+    assert (e[same] < 1e-9).any() and (e[same] > 1e-3).any()              # both regimes
+    out = _check(backend, z, y, None, variant="official", temperature=tau)
+    ex = balanced_contrastive_loss(z, y, temperature=tau, backend=backend)
+    assert ex.item() > out[0].item() + 1.0                                # the clamp matters
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_inputs(backend, dtype):
+    z, y, p = _data(64, 16, m=3, seed=5, dtype=dtype)
+    for variant in ("exact", "official"):
+        fast = _loss_and_grads(
+            lambda *a, **k: balanced_contrastive_loss(*a, backend=backend, **k), z, y, p,
+            dict(variant=variant, temperature=0.5), None)
+        exp = _loss_and_grads(ref, z.float(), y, p.float(), dict(variant=variant,
+                                                                 temperature=0.5))
+        low = _loss_and_grads(ref, z, y, p, dict(variant=variant, temperature=0.5))
+        for a, e, lo in zip(fast, exp, low, strict=True):
+            assert a.dtype == dtype and torch.isfinite(a.float()).all()
+            err = (a.float() - e).abs().max().item()
+            low_err = (lo.float() - e).abs().max().item()
+            assert err <= 2 * low_err + tol(dtype)["atol"] * max(1.0, e.abs().max().item())
+
+
+@pytest.mark.parametrize("variant", ["exact", "official"])
+def test_torch_many_blocks_and_big_groups(monkeypatch, variant):
+    # several row blocks, several GEMM blocks per big class, pair chunks: N = 3000
+    monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(4 * 3010 * 128))
+    monkeypatch.setattr(pairs_mod, "BLOCK_ELEMS", 1 << 16)
+    monkeypatch.setattr(pairs_mod, "PAIR_CHUNK", 1 << 10)
+    z, y, p = _data(3000, 32, n_classes=40, m=10, seed=9)
+    _check("torch", z, y, p, low_ref=False, variant=variant, temperature=0.2,
+           include_self=variant == "exact")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("variant", ["exact", "official"])
+def test_hierarchical_equals_sum_of_levels(backend, variant, monkeypatch):
+    if backend == "torch":
+        monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(4 * 100 * 16))   # several blocks
+    z, y0, _ = _data(70, 12, n_classes=5, seed=1, dtype=torch.float64)
+    g = torch.Generator().manual_seed(2)
+    labels = [y0 % 5, torch.randint(0, 3, (70,), generator=g), torch.randint(0, 2, (70,),
+                                                                           generator=g)]
+    protos = [torch.randn(5, 12, generator=g, dtype=torch.float64),
+              torch.randn(3, 12, generator=g, dtype=torch.float64) * 3, None]
+    if backend == "triton":
+        z = z.float()
+        protos = [q.float() if q is not None else None for q in protos]
+    zf = z.clone().requires_grad_()
+    pf = [q.clone().requires_grad_() if q is not None else None for q in protos]
+    fused = hierarchical_contrastive_loss(zf, labels, pf, temperature=0.3, variant=variant,
+                                          backend=backend)
+    fused.backward()
+    zr = z.double().clone().requires_grad_()
+    pr = [q.double().clone().requires_grad_() if q is not None else None for q in protos]
+    total = sum(ref(zr, lab, prototypes=q, temperature=0.3, variant=variant)
+                for lab, q in zip(labels, pr, strict=True))
+    total.backward()
+    t = tol(z.dtype)
+    torch.testing.assert_close(fused.double(), total.detach(), **t)
+    torch.testing.assert_close(zf.grad.double(), zr.grad, **t)
+    for a, b in zip(pf[:2], pr[:2], strict=True):
+        torch.testing.assert_close(a.grad.double(), b.grad, **t)
+
+
+def test_functional_module_agree_and_repr():
+    z, y, p = _data(50, 8, m=3, seed=4)
+    mod = BalancedContrastiveLoss(temperature=0.2, include_self=False, variant="official")
+    assert "variant='official'" in repr(mod) and "temperature=0.2" in repr(mod)
+    a = mod(z, y, p)
+    b = balanced_contrastive_loss(z, y, prototypes=p, temperature=0.2, include_self=False,
+                                  variant="official")
+    assert torch.equal(a, b)
+
+
+def test_caller_tensors_not_mutated_and_deterministic():
+    z, y, p = _data(120, 8, m=4, seed=6)
+    z.requires_grad_()
+    zc, yc, pc = z.detach().clone(), y.clone(), p.clone()
+    for variant in ("exact", "official"):
+        for reduction in ("mean", "none"):
+            l1 = balanced_contrastive_loss(z, y, prototypes=p, variant=variant,
+                                           reduction=reduction)
+            (g1,) = torch.autograd.grad(l1.sum(), z)
+            l2 = balanced_contrastive_loss(z, y, prototypes=p, variant=variant,
+                                           reduction=reduction)
+            (g2,) = torch.autograd.grad(l2.sum(), z)
+            assert torch.equal(l1, l2) and torch.equal(g1, g2)
+    assert torch.equal(z.detach(), zc) and torch.equal(y, yc) and torch.equal(p, pc)
+    with torch.no_grad():
+        torch.testing.assert_close(balanced_contrastive_loss(z, y, prototypes=p), l1.new_tensor(
+            balanced_contrastive_loss(z, y, prototypes=p).item()))
+
+
+def test_reference_backend_routes_to_reference(monkeypatch):
+    calls = []
+
+    def spy(*a, **k):
+        calls.append(1)
+        return ref(*a, **k)
+
+    monkeypatch.setattr(ops_mod, "balanced_contrastive_loss_ref", spy)
+    z, y, p = _data(20, 4, m=2)
+    balanced_contrastive_loss(z, y, prototypes=p, backend="reference")
+    hierarchical_contrastive_loss(z, [y, y], [p, None], backend="reference")
+    assert len(calls) == 3
+    monkeypatch.setenv("HIERTAIL_BACKEND", "reference")
+    balanced_contrastive_loss(z, y)
+    assert len(calls) == 4
+    monkeypatch.setenv("HIERTAIL_BACKEND", "torch")
+    balanced_contrastive_loss(z, y)
+    assert len(calls) == 4
+
+
+def test_bad_inputs_public_api():
+    z, y, p = _data(10, 4, m=2)
+    with pytest.raises(ValueError, match="NaN"):
+        balanced_contrastive_loss(torch.full((10, 4), float("nan")), y)
+    with pytest.raises(ValueError, match="entries"):
+        balanced_contrastive_loss(z, y[:5])
+    with pytest.raises(ValueError, match="backend"):
+        balanced_contrastive_loss(z, y, backend="cuda")
+    with pytest.raises(ValueError, match="temperature"):
+        BalancedContrastiveLoss(temperature=0.0)(z, y)
+    with pytest.raises(ValueError, match="per level"):
+        hierarchical_contrastive_loss(z, [y, y], [p])
+    with pytest.raises(TypeError, match="sequences"):
+        hierarchical_contrastive_loss(z, y, [p])
+    with pytest.raises(ValueError, match="width"):
+        hierarchical_contrastive_loss(z, [y], [torch.randn(2, 5)])
