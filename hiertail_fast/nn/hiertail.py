@@ -1,0 +1,382 @@
+"""The HierTail model (KDD'24): hierarchical task grouping + long-tail balanced contrastive loss.
+
+Architecture (a Graph U-Net, DESIGN.md §6, PROTOCOL_AND_BASELINES.md §3)::
+
+    x⁰ = act(GCN₀(X, A₀))                                   embedding, [n, h]
+    for l = 1..L:   (A² augmentation of the level's graph, optional)
+        x̃ˡ, Aˡ, permˡ = TopK(xˡ⁻¹, Aˡ⁻¹, pˡ, kˡ)             task grouping, [kˡ, h]
+        xˡ = act(GCN↓ₗ(x̃ˡ, Aˡ))                             prototype embeddings
+    u = xᴸ
+    for l = L-1..0:
+        u = GCN↑ₗ(xˡ + unpool(u, permˡ⁺¹, nₗ), Aˡ)           skip addition, act except the last
+    paper:    logits = Linear(u)        (u = final hidden embedding, [n, h])
+    official: logits = u                (the last up conv maps h -> C, no activation)
+
+Loss: L = CE(logits[train], y[train]) + γ·(L_SCL + Σ_l L_BCL,l).
+
+Two named configurations (``HierTailConfig.paper()`` default, ``HierTailConfig.official()``):
+
+=================  ========================================  ====================================
+                   paper (Eqs. 6-10, appendix)               official (wanghh7/HierTail code)
+=================  ========================================  ====================================
+levels L           2: T⁽²⁾ = C, T⁽³⁾ = ceil(C/2) prototypes  3: ratios [1.0, 0.5, 0.5], first ×n/C
+                                                             once -> k₁ = floor(n/C), ceil(k/2)…
+convs              separate per level, Linear classifier     shared down conv (3 levels), shared
+                                                             up conv (2 levels), last up conv h→C
+A² augmentation    off (option)                              on (augment_adj before every pool)
+SCL                final hidden embeddings of train nodes    logits of train nodes
+BCL level l        (Zˡ, prototypes Zˡ⁺¹): node label =       (x⁰ of ALL nodes, xˡ⁺¹) for l = 0, 1;
+                   index t of its nearest prototype,         node label = permˡ[nearest] (the code's
+                   prototype t has label t                   slip), prototype t has label t
+loss variant       "exact", include_self=False (Eq. 7/8)     "official" (+1e-7), include_self=True
+γ, τ, hidden, lr   0.01, 0.1, 128, 0.01                      0.01, 1.0, 128, 0.001
+=================  ========================================  ====================================
+
+τ for ``paper``: the appendix searches τ ∈ {0.01, 0.1, 1.0}; 0.1 is the middle of that grid and
+the default of the official ``arg.py``. Hidden: 128 here; the paper uses 64 on Email, Wiki and
+BlogCatalog (``hiertail_fast.train`` picks it per dataset).
+
+Costs: every op is sparse or linear in n (GCN propagation O(E·h), top-k O(n log n), nearest
+prototype O(n·k·h) in blocks); the contrastive losses are the fused O(n·h)-memory kernels. The
+official BCL of both levels shares the all-node block x⁰, so it is ONE
+``hierarchical_contrastive_loss`` call carrying two label vectors and two prototype sets.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hiertail_fast.graph import CSRGraph
+from hiertail_fast.losses import balanced_contrastive_loss, hierarchical_contrastive_loss
+from hiertail_fast.nn.conv import GCNConv
+from hiertail_fast.nn.pool import TopKPool
+from hiertail_fast.ops.nearest_prototype import nearest_prototype
+from hiertail_fast.ops.topk_pool import topk_pool, topk_unpool
+
+__all__ = ["HierTail", "HierTailConfig", "HierTailOutput", "HierTailLoss", "prepare_graph"]
+
+_POOL_MODES = ("classes", "official")
+_VARIANTS = ("exact", "official")
+_BACKENDS = (None, "reference", "torch", "triton")
+
+
+@dataclass(frozen=True)
+class HierTailConfig:
+    """Every hyper-parameter of the model and its loss (``name`` says which preset it came from).
+
+    pool_ratios / pool_mode:
+        ``"classes"``: level l keeps ceil(pool_ratios[l]·C) nodes (paper: T⁽ˡ⁺¹⁾ counts).
+        ``"official"``: PyG ratios after the official rescale pool_ratios[0] ← pool_ratios[0]·n/C
+        applied ``pool_rescale_power`` times (1 = once, the recommended fix; s+1 at seed index s
+        reproduces the code's compounding bug); a ratio >= 1 is a count floor(r) (PyG ``topk``),
+        a ratio < 1 keeps ceil(r·n_prev).
+    """
+
+    name: str = "paper"
+    hidden: int = 128
+    pool_ratios: tuple[float, ...] = (1.0, 0.5)
+    pool_mode: str = "classes"
+    pool_rescale_power: int = 1
+    share_convs: bool = False          # one down conv for all pooled levels, one up conv (h→h)
+    linear_classifier: bool = True     # paper: Linear(h→C); official: last up conv h→C
+    augment_a2: bool = False           # official augment_adj ((A+I)² without loops) before pools
+    improved: bool = True              # GCNConv(improved=True): self-loop fill 2 where missing
+    dropout: float = 0.0
+    gamma: float = 0.01
+    tau: float = 0.1
+    scl_on: str = "hidden"             # "hidden" (paper) | "logits" (official)
+    bcl_mode: str = "paper"            # "paper" (level l vs level l+1) | "official" (x⁰ vs each)
+    fix_cluster_labels: bool = True    # official BCL: label = nearest index instead of perm[...]
+    loss_variant: str = "exact"
+    include_self: bool = False
+    loss_backend: str | None = None    # None: dispatch; "reference": dense reference losses
+    lr: float = 0.01
+    weight_decay: float = 5e-4
+
+    def __post_init__(self) -> None:
+        if self.hidden < 1:
+            raise ValueError(f"hidden must be >= 1, got {self.hidden}")
+        if not self.pool_ratios:
+            raise ValueError("pool_ratios must name at least one pooling level")
+        if any((not math.isfinite(r)) or r <= 0 for r in self.pool_ratios):
+            raise ValueError(f"pool_ratios must be finite and > 0, got {self.pool_ratios}")
+        if self.pool_mode not in _POOL_MODES:
+            raise ValueError(f"pool_mode={self.pool_mode!r} is not one of {_POOL_MODES}")
+        if self.pool_rescale_power < 1:
+            raise ValueError(f"pool_rescale_power must be >= 1, got {self.pool_rescale_power}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
+        if self.gamma < 0 or not math.isfinite(self.gamma):
+            raise ValueError(f"gamma must be finite and >= 0, got {self.gamma}")
+        if self.tau <= 0 or not math.isfinite(self.tau):
+            raise ValueError(f"tau must be finite and > 0, got {self.tau}")
+        if self.scl_on not in ("hidden", "logits"):
+            raise ValueError(f"scl_on={self.scl_on!r} is not 'hidden' or 'logits'")
+        if self.scl_on == "hidden" and not self.linear_classifier:
+            raise ValueError("scl_on='hidden' needs linear_classifier=True (a hidden embedding)")
+        if self.bcl_mode not in ("paper", "official"):
+            raise ValueError(f"bcl_mode={self.bcl_mode!r} is not 'paper' or 'official'")
+        if self.bcl_mode == "official" and len(self.pool_ratios) < 2:
+            raise ValueError("bcl_mode='official' needs at least two pooling levels")
+        if self.loss_variant not in _VARIANTS:
+            raise ValueError(f"loss_variant={self.loss_variant!r} is not one of {_VARIANTS}")
+        if self.loss_backend not in _BACKENDS:
+            raise ValueError(f"loss_backend={self.loss_backend!r} is not one of {_BACKENDS}")
+        if self.lr <= 0 or self.weight_decay < 0:
+            raise ValueError(f"need lr > 0 and weight_decay >= 0, got {self.lr}, "
+                             f"{self.weight_decay}")
+
+    @property
+    def num_levels(self) -> int:
+        """L, the number of task-grouping (pooling) levels."""
+        return len(self.pool_ratios)
+
+    @classmethod
+    def paper(cls, **overrides) -> HierTailConfig:
+        """The paper's model (default): see the module docstring's table."""
+        return cls(**{"name": "paper", **overrides})
+
+    @classmethod
+    def official(cls, **overrides) -> HierTailConfig:
+        """The official code as it runs (PROTOCOL_AND_BASELINES.md §3), seed-1 pool sizes."""
+        base = dict(
+            name="official", hidden=128, pool_ratios=(1.0, 0.5, 0.5), pool_mode="official",
+            share_convs=True, linear_classifier=False, augment_a2=True, improved=True,
+            dropout=0.0, gamma=0.01, tau=1.0, scl_on="logits", bcl_mode="official",
+            fix_cluster_labels=False, loss_variant="official", include_self=True, lr=0.001,
+        )
+        return cls(**{**base, **overrides})
+
+    @classmethod
+    def named(cls, name: str, **overrides) -> HierTailConfig:
+        """``"paper"`` or ``"official"`` preset by name."""
+        if name not in ("paper", "official"):
+            raise ValueError(f"unknown HierTail config {name!r}; use 'paper' or 'official'")
+        return getattr(cls, name)(**overrides)
+
+    def replace(self, **changes) -> HierTailConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["pool_ratios"] = list(self.pool_ratios)
+        return out
+
+    def pool_sizes(self, num_nodes: int, num_classes: int) -> list[int | float]:
+        """What each level hands to ``topk_pool``: an int count or a float ratio in (0, 1]."""
+        if self.pool_mode == "classes":
+            return [max(1, math.ceil(r * num_classes)) for r in self.pool_ratios]
+        first = float(self.pool_ratios[0])
+        for _ in range(self.pool_rescale_power):
+            first = first * num_nodes / num_classes  # embedder.py: ratio * len(labels) / nclass
+        return [_pyg_ratio(first, num_nodes)] + [_pyg_ratio(r, None) for r in self.pool_ratios[1:]]
+
+
+def _pyg_ratio(ratio: float, cap: int | None) -> int | float:
+    """PyG ``topk`` reading of a ratio: >= 1 is a count floor(r), < 1 a fraction (ceil)."""
+    if ratio >= 1.0:
+        k = math.floor(ratio) if math.isfinite(ratio) else cap
+        return int(k if cap is None else min(k, cap))
+    return float(ratio)
+
+
+def prepare_graph(edge_index: torch.Tensor, num_nodes: int, edge_weight=None) -> CSRGraph:
+    """The input graph as the official loader leaves it (``add_sl=True``): symmetrised, without
+    duplicates, every old self-loop removed and exactly one unit self-loop per node. Build it
+    ONCE per dataset; its GCN normalisation is cached by ``CSRGraph``."""
+    graph = CSRGraph.from_edge_index(edge_index, edge_weight, num_nodes=num_nodes,
+                                     symmetrize=True)
+    return graph.remove_self_loops().with_self_loops(1.0)
+
+
+@dataclass
+class HierTailOutput:
+    """Forward results.
+
+    logits [n, C]; embedding = x⁰ [n, h] (first-layer, post-activation); pooled[l] = xˡ⁺¹
+    [k_{l+1}, h] for every level (the deepest included); perms[l] [k_{l+1}] indices into level
+    l; hidden [n, h]: the final node embedding (paper: input of the Linear classifier; official:
+    input of the last up conv, after the skip addition).
+    """
+
+    logits: torch.Tensor
+    embedding: torch.Tensor
+    pooled: list[torch.Tensor]
+    perms: list[torch.Tensor]
+    hidden: torch.Tensor
+
+
+@dataclass
+class HierTailLoss:
+    """total = ce + gamma·(scl + bcl), bcl = Σ_l BCL_l. Scalar tensors (total carries the graph).
+
+    ``bcl_levels``: the per-level terms where they are computed separately (``paper``); empty
+    for the fused multi-level call of ``official`` (only the sum is computed there).
+    """
+
+    total: torch.Tensor
+    ce: torch.Tensor
+    scl: torch.Tensor
+    bcl: torch.Tensor
+    bcl_levels: list[torch.Tensor]
+
+    def as_floats(self) -> dict[str, float]:
+        out = {k: float(getattr(self, k).detach()) for k in ("total", "ce", "scl", "bcl")}
+        out.update({f"bcl_{i}": float(v.detach()) for i, v in enumerate(self.bcl_levels)})
+        return out
+
+
+class HierTail(nn.Module):
+    """HierTail for node classification on one graph.
+
+    Args:
+        in_channels: F, input feature width.
+        num_classes: C.
+        config: ``HierTailConfig`` (default ``HierTailConfig.paper()``).
+
+    ``forward(x [n, F], graph)`` -> ``HierTailOutput``; ``graph`` is a ``CSRGraph`` (prepare it
+    once with ``prepare_graph``) or an ``edge_index`` [2, E] (prepared on every call).
+    ``loss(output, y [n], train_idx)`` -> ``HierTailLoss``.
+    """
+
+    def __init__(self, in_channels: int, num_classes: int,
+                 config: HierTailConfig | None = None) -> None:
+        super().__init__()
+        if in_channels < 1 or num_classes < 1:
+            raise ValueError(f"need in_channels >= 1 and num_classes >= 1, got {in_channels}, "
+                             f"{num_classes}")
+        cfg = config if config is not None else HierTailConfig.paper()
+        if not isinstance(cfg, HierTailConfig):
+            raise TypeError(f"config must be a HierTailConfig, got {type(cfg).__name__}")
+        self.config, self.in_channels, self.num_classes = cfg, in_channels, num_classes
+        h, levels, imp = cfg.hidden, cfg.num_levels, cfg.improved
+        self.embed = GCNConv(in_channels, h, improved=imp)
+        self.pools = nn.ModuleList(TopKPool(h, 0.5) for _ in range(levels))
+        if cfg.share_convs:  # the same module object at every level, as layers.GraphUNet does
+            down = GCNConv(h, h, improved=imp)
+            self.down = nn.ModuleList([down] * levels)
+        else:
+            self.down = nn.ModuleList(GCNConv(h, h, improved=imp) for _ in range(levels))
+        n_up_hidden = levels if cfg.linear_classifier else levels - 1
+        if cfg.share_convs:
+            up = GCNConv(h, h, improved=imp)
+            ups = [up] * n_up_hidden
+        else:
+            ups = [GCNConv(h, h, improved=imp) for _ in range(n_up_hidden)]
+        if not cfg.linear_classifier:
+            ups.append(GCNConv(h, num_classes, improved=imp))
+        self.up = nn.ModuleList(ups)     # up[i] runs at level L-1-i (deepest skip first)
+        self.classifier = nn.Linear(h, num_classes) if cfg.linear_classifier else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for module in [self.embed, *self.pools, *self.down, *self.up]:
+            module.reset_parameters()
+        if self.classifier is not None:  # the official code's MLP head: N(0, 0.05²), bias 0
+            nn.init.normal_(self.classifier.weight, std=0.05)
+            nn.init.zeros_(self.classifier.bias)
+
+    def extra_repr(self) -> str:
+        return f"config={self.config.name!r}, levels={self.config.num_levels}"
+
+    # ---------------------------------------------------------------------------------------
+    def _act(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(F.relu(x), p=self.config.dropout, training=self.training)
+
+    def forward(self, x: torch.Tensor, graph: CSRGraph | torch.Tensor) -> HierTailOutput:
+        if not isinstance(x, torch.Tensor) or x.dim() != 2:
+            raise ValueError("x must be a 2-D tensor [n, F]")
+        if x.shape[1] != self.in_channels:
+            raise ValueError(f"x has {x.shape[1]} features, the model expects {self.in_channels}")
+        if isinstance(graph, torch.Tensor):
+            graph = prepare_graph(graph, x.shape[0])
+        if not isinstance(graph, CSRGraph):
+            raise TypeError(f"graph must be a CSRGraph or an edge_index tensor, got "
+                            f"{type(graph).__name__}")
+        if graph.num_nodes != x.shape[0]:
+            raise ValueError(f"graph has {graph.num_nodes} nodes but x has {x.shape[0]} rows")
+        cfg = self.config
+        sizes = cfg.pool_sizes(x.shape[0], self.num_classes)
+
+        h = self._act(self.embed(x, graph))
+        xs, graphs, perms = [h], [graph], []
+        for level in range(cfg.num_levels):
+            g = graphs[-1].augment_a2() if cfg.augment_a2 else graphs[-1]
+            res = topk_pool(h, g, self.pools[level].weight, sizes[level])
+            h = self._act(self.down[level](res.x, res.graph))
+            xs.append(h)
+            graphs.append(res.graph)
+            perms.append(res.perm)
+        # Unpooling with sum skips: up[i] runs on level j = L-1-i's graph.
+        u = xs[-1]
+        for i, j in enumerate(range(cfg.num_levels - 1, -1, -1)):
+            u = xs[j] + topk_unpool(u, perms[j], xs[j].shape[0])
+            hidden = u
+            u = self.up[i](u, graphs[j])
+            if i < cfg.num_levels - 1 or cfg.linear_classifier:
+                u = self._act(u)
+        if cfg.linear_classifier:
+            hidden, logits = u, self.classifier(u)
+        else:
+            logits = u
+        return HierTailOutput(logits=logits, embedding=xs[0], pooled=xs[1:], perms=perms,
+                              hidden=hidden)
+
+    # ---------------------------------------------------------------------------------------
+    def cluster_labels(self, output: HierTailOutput) -> list[torch.Tensor]:
+        """BCL node labels per level (assignment by nearest prototype, detached)."""
+        cfg = self.config
+        labels = []
+        with torch.no_grad():
+            if cfg.bcl_mode == "official":
+                z = output.embedding.detach()
+                for i in range(cfg.num_levels - 1):
+                    nearest = nearest_prototype(z, output.pooled[i].detach())
+                    # The official slip: perm[i][nearest] is a node id of the previous level,
+                    # while prototype t is labelled t (fix_cluster_labels uses nearest itself).
+                    labels.append(nearest if cfg.fix_cluster_labels
+                                  else output.perms[i][nearest])
+            else:
+                blocks = [output.embedding, *output.pooled]
+                for i in range(cfg.num_levels):
+                    labels.append(nearest_prototype(blocks[i].detach(), blocks[i + 1].detach()))
+        return labels
+
+    def loss(self, output: HierTailOutput, y: torch.Tensor,
+             train_idx: torch.Tensor) -> HierTailLoss:
+        """L = CE(logits[train], y[train]) + γ·(SCL + Σ_l BCL_l); see the module docstring."""
+        cfg = self.config
+        n = output.logits.shape[0]
+        if not isinstance(y, torch.Tensor) or y.shape != (n,):
+            raise ValueError(f"y must be a tensor of shape [{n}]")
+        if not isinstance(train_idx, torch.Tensor) or train_idx.dim() != 1 or not train_idx.numel():
+            raise ValueError("train_idx must be a non-empty 1-D index tensor")
+        kw = dict(temperature=cfg.tau, include_self=cfg.include_self, variant=cfg.loss_variant,
+                  backend=cfg.loss_backend)
+        y_train = y[train_idx]
+        ce = F.cross_entropy(output.logits[train_idx], y_train)
+        scl_input = output.logits if cfg.scl_on == "logits" else output.hidden
+        scl = balanced_contrastive_loss(scl_input[train_idx], y_train, **kw)
+
+        labels = self.cluster_labels(output)
+        if cfg.bcl_mode == "official":
+            # Both levels share the all-node block x⁰: one fused pass, two label/prototype sets.
+            fused = hierarchical_contrastive_loss(
+                output.embedding, labels, list(output.pooled[: cfg.num_levels - 1]), **kw)
+            # The fused call returns Σ_l BCL_l (a scalar); per-level values are not split out.
+            bcl_levels = [] if fused.dim() == 0 else list(fused)
+            bcl = fused.sum()
+        else:
+            blocks = [output.embedding, *output.pooled]
+            bcl_levels = [
+                balanced_contrastive_loss(blocks[i], labels[i], prototypes=blocks[i + 1], **kw)
+                for i in range(cfg.num_levels)
+            ]
+            bcl = torch.stack(bcl_levels).sum()
+        total = ce + cfg.gamma * (scl + bcl)
+        return HierTailLoss(total=total, ce=ce, scl=scl, bcl=bcl, bcl_levels=bcl_levels)

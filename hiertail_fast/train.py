@@ -1,0 +1,419 @@
+"""Lean HierTail training loop with the official protocol (PROTOCOL_AND_BASELINES.md §1.2-1.4).
+
+Per epoch: one full-graph train step (Adam, weight decay), then an eval-mode forward under
+``torch.no_grad()`` and the validation Macro-F1. Model selection as the official harness:
+
+- ``max_idx`` = the FIRST epoch reaching the maximum val-F1 (the patience counter starts there);
+  early stop when ``epoch - max_idx > patience``;
+- the best model = the LAST epoch reaching the maximum (ties update), whose eval-mode forward on
+  the test nodes gives the reported acc / bAcc / Macro-F1 / G-Means.
+
+Several seeds: each seeds Python/NumPy/torch, redoes the natural split with that seed (unless a
+fixed user split is given) and builds a fresh model; the summary is mean ± population std
+(``numpy.std``). Results always carry the config name and every hyper-parameter.
+
+CLI::
+
+    python -m hiertail_fast.train --data ../shared/data/email.npz --config paper --seeds 3
+    python -m hiertail_fast.train --synthetic --nodes 2000 --classes 20 --epochs 200 --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from hiertail_fast.data.io import GraphData, load_npz
+from hiertail_fast.data.splits import natural_split, user_split
+from hiertail_fast.metrics import evaluate, macro_f1
+from hiertail_fast.nn.hiertail import HierTail, HierTailConfig, prepare_graph
+
+__all__ = ["train_hiertail", "run_seeds", "main", "seed_everything", "DEFAULT_SEEDS"]
+
+DEFAULT_SEEDS = tuple(range(123, 133))       # the official 123..132
+METRICS = ("bacc", "macro_f1", "g_means", "acc")
+METRIC_NAMES = {"bacc": "bAcc", "macro_f1": "Macro-F1", "g_means": "G-Means", "acc": "Acc"}
+# Paper appendix: hidden 64 on BlogCatalog, Email, Wiki; 128 on the other three datasets.
+PAPER_HIDDEN = {"email": 64, "wiki": 64, "blogcatalog": 64}
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _split_parts(split: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(train, val, test) int64 index tensors from a tuple, a dict or an object with fields."""
+    if isinstance(split, dict):
+        parts = [split.get(k, split.get(f"{k}_idx")) for k in ("train", "val", "test")]
+    elif isinstance(split, (tuple, list)):
+        parts = list(split)
+    else:
+        parts = [getattr(split, k, getattr(split, f"{k}_idx", None))
+                 for k in ("train", "val", "test")]
+    if len(parts) != 3 or any(p is None for p in parts):
+        raise ValueError("split must provide train, val and test index arrays")
+    out = []
+    for name, p in zip(("train", "val", "test"), parts, strict=True):
+        t = torch.as_tensor(np.asarray(p) if not isinstance(p, torch.Tensor) else p)
+        if t.dim() != 1 or t.is_floating_point() or t.dtype == torch.bool:
+            raise ValueError(f"split[{name!r}] must be a 1-D integer index array")
+        if not t.numel():
+            raise ValueError(f"split[{name!r}] is empty")
+        out.append(t.long())
+    return out[0], out[1], out[2]
+
+
+def load_split(path: str | Path) -> dict[str, np.ndarray]:
+    """A user split file: ``.npz`` with integer arrays ``train``, ``val``, ``test`` (or
+    ``train_idx``, ``val_idx``, ``test_idx``)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"split file not found: {p}")
+    with np.load(p, allow_pickle=False) as z:
+        out = {}
+        for k in ("train", "val", "test"):
+            key = k if k in z.files else f"{k}_idx"
+            if key not in z.files:
+                raise ValueError(f"{p}: missing array {k!r} (or {k}_idx); has {sorted(z.files)}")
+            out[k] = np.asarray(z[key])
+    return out
+
+
+def train_hiertail(
+    data: GraphData,
+    split: Any,
+    config: HierTailConfig | None = None,
+    *,
+    epochs: int = 10_000,
+    patience: int = 1_000,
+    seed: int | None = None,
+    device: str | torch.device = "cpu",
+    graph=None,
+    progress: bool = True,
+    lr: float | None = None,
+    weight_decay: float | None = None,
+) -> dict:
+    """Train one HierTail model; return the best-epoch metrics (fractions, not ×100).
+
+    Args:
+        data: graph with ``edge_index`` [2, E], ``x`` [n, F], ``y`` [n], ``num_classes``.
+        split: (train, val, test) indices (tuple, dict or object with those fields).
+        config: model/loss config (default ``HierTailConfig.paper()``); lr / weight_decay come
+            from it unless given here.
+        epochs, patience: at most ``epochs`` epochs; stop when epoch − max_idx > patience.
+        seed: seeds Python/NumPy/torch before the model is built (None: leave the RNG as is).
+        graph: a prepared ``CSRGraph`` of ``data`` (``prepare_graph``) to skip re-preparing it.
+    Returns:
+        dict with ``test`` / ``val`` metric dicts, ``best_epoch`` (last epoch at the max val-F1),
+        ``max_idx`` (first such epoch), ``epochs_run``, ``stopped_early``, timings (seconds),
+        ``pool_sizes`` and ``final_loss`` parts.
+    """
+    cfg = config if config is not None else HierTailConfig.paper()
+    if epochs < 1 or patience < 0:
+        raise ValueError(f"need epochs >= 1 and patience >= 0, got {epochs}, {patience}")
+    lr = cfg.lr if lr is None else lr
+    weight_decay = cfg.weight_decay if weight_decay is None else weight_decay
+    if seed is not None:
+        seed_everything(seed)
+    device = torch.device(device)
+    n = int(data.y.shape[0])
+    train_idx, val_idx, test_idx = (t.to(device) for t in _split_parts(split))
+    for name, t in (("train", train_idx), ("val", val_idx), ("test", test_idx)):
+        if int(t.min()) < 0 or int(t.max()) >= n:
+            raise ValueError(f"split[{name!r}] has indices outside [0, {n})")
+    x = torch.as_tensor(data.x, dtype=torch.float32).to(device)
+    y = torch.as_tensor(data.y).long().to(device)
+    if graph is None:
+        graph = prepare_graph(torch.as_tensor(data.edge_index), n)
+    graph = graph.to(device)
+
+    model = HierTail(x.shape[1], int(data.num_classes), cfg).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    y_val, y_test = y[val_idx].cpu(), y[test_idx].cpu()
+
+    best_val, max_val = -1.0, -1.0
+    best_state, best_epoch, max_idx, stopped_early = None, 0, 0, False
+    train_time = eval_time = 0.0
+    parts: dict[str, float] = {}
+    bar = _progress(range(epochs), progress, desc=f"{cfg.name} seed={seed}")
+    epoch = -1
+    for epoch in bar:
+        t0 = time.perf_counter()
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        out = model(x, graph)
+        loss = model.loss(out, y, train_idx)
+        loss.total.backward()
+        opt.step()
+        t1 = time.perf_counter()
+        val_f1 = _eval_val(model, x, graph, val_idx, y_val)
+        t2 = time.perf_counter()
+        train_time += t1 - t0
+        eval_time += t2 - t1
+        if val_f1 > max_val:            # first epoch reaching the max: the patience anchor
+            max_val, max_idx = val_f1, epoch
+        if val_f1 >= best_val:          # ties update: the last epoch at the max is the model
+            best_val, best_epoch = val_f1, epoch
+            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        if progress:
+            bar.set_postfix(loss=f"{float(loss.total):.3f}", val_f1=f"{val_f1:.3f}",
+                            best=f"{max_val:.3f}@{max_idx}")
+        if epoch - max_idx > patience:
+            stopped_early = True
+            break
+    parts = loss.as_floats()
+    epochs_run = epoch + 1
+
+    model.load_state_dict(best_state)
+    model.eval()
+    with torch.no_grad():
+        pred = model(x, graph).logits.argmax(dim=1).cpu()
+    test_idx_c, val_idx_c = test_idx.cpu(), val_idx.cpu()
+    return {
+        "seed": seed,
+        "config_name": cfg.name,
+        "test": evaluate(y_test, pred[test_idx_c]),
+        "val": evaluate(y_val, pred[val_idx_c]),
+        "best_epoch": best_epoch,
+        "max_idx": max_idx,
+        "epochs_run": epochs_run,
+        "stopped_early": stopped_early,
+        "time_per_epoch_s": (train_time + eval_time) / epochs_run,
+        "train_step_s": train_time / epochs_run,
+        "eval_s": eval_time / epochs_run,
+        "pool_sizes": cfg.pool_sizes(n, int(data.num_classes)),
+        "final_loss": parts,
+        "lr": lr,
+        "weight_decay": weight_decay,
+    }
+
+
+def _eval_val(model: HierTail, x, graph, val_idx, y_val) -> float:
+    """Eval-mode forward without autograd; validation Macro-F1."""
+    model.eval()
+    with torch.no_grad():
+        pred = model(x, graph).logits.argmax(dim=1)
+    return macro_f1(y_val, pred[val_idx].cpu())
+
+
+def _progress(it, enabled: bool, desc: str):
+    if not enabled:
+        return it
+    from tqdm.auto import tqdm
+    return tqdm(it, desc=desc, leave=False, dynamic_ncols=True)
+
+
+def run_seeds(
+    data: GraphData,
+    config: HierTailConfig | None = None,
+    seeds: Sequence[int] = DEFAULT_SEEDS,
+    *,
+    split: Any = None,
+    compound_pool_bug: bool = False,
+    **train_kwargs,
+) -> dict:
+    """Train once per seed; per-seed results plus the mean ± population std of each metric.
+
+    ``split=None``: the natural per-class split, redone with every seed; otherwise the same user
+    split for all seeds. ``compound_pool_bug`` (official config): seed index s uses the first
+    pool ratio rescaled (s+1) times, as the released code does.
+    """
+    cfg = config if config is not None else HierTailConfig.paper()
+    seeds = [int(s) for s in seeds]
+    if not seeds:
+        raise ValueError("seeds is empty")
+    n = int(data.y.shape[0])
+    graph = prepare_graph(torch.as_tensor(data.edge_index), n)   # once for all seeds
+    runs = []
+    for s_idx, seed in enumerate(seeds):
+        run_cfg = cfg.replace(pool_rescale_power=s_idx + 1) if compound_pool_bug else cfg
+        seed_everything(seed)
+        run_split = split if split is not None else natural_split(data.y, seed)
+        runs.append(train_hiertail(data, run_split, run_cfg, seed=seed, graph=graph,
+                                   **train_kwargs))
+    summary = {}
+    for m in METRICS:
+        vals = np.array([r["test"][m] for r in runs], dtype=np.float64)
+        summary[m] = {"mean": float(vals.mean()), "std": float(vals.std())}
+    summary["time_per_epoch_s"] = float(np.mean([r["time_per_epoch_s"] for r in runs]))
+    return {
+        "config_name": cfg.name,
+        "config": cfg.to_dict(),
+        "compound_pool_bug": compound_pool_bug,
+        "seeds": seeds,
+        "split": "natural" if split is None else "user",
+        "runs": runs,
+        "summary": summary,
+    }
+
+
+def format_table(result: dict) -> str:
+    """The paper's table row: metrics ×100, mean ± std."""
+    lines = [f"HierTail config={result['config_name']} seeds={len(result['seeds'])}",
+             f"{'metric':<10}{'mean ± std (×100)':>20}"]
+    for m in METRICS:
+        s = result["summary"][m]
+        lines.append(f"{METRIC_NAMES[m]:<10}{100 * s['mean']:>11.2f} ± {100 * s['std']:<6.2f}")
+    lines.append(f"time/epoch {result['summary']['time_per_epoch_s'] * 1e3:.1f} ms")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------- CLI
+def _positive(kind):
+    def parse(text: str):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    return parse
+
+
+def _non_negative(kind):
+    def parse(text: str):
+        value = kind(text)
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+        return value
+    return parse
+
+
+def parse_seeds(values: Sequence[str], base: int = 123) -> list[int]:
+    """``["3"]`` -> 3 seeds from ``base``; ``["1,2,5"]`` or ``["1", "2", "5"]`` -> that list."""
+    items = [v for text in values for v in text.split(",") if v.strip()]
+    try:
+        nums = [int(v) for v in items]
+    except ValueError as exc:
+        raise ValueError(f"--seeds takes integers (a count or a list), got {values}") from exc
+    if not nums:
+        raise ValueError("--seeds is empty")
+    if len(values) == 1 and "," not in values[0]:
+        if nums[0] < 1:
+            raise ValueError(f"--seeds count must be >= 1, got {nums[0]}")
+        return list(range(base, base + nums[0]))
+    return nums
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m hiertail_fast.train",
+                                description="Train HierTail (long-tail node classification).")
+    src = p.add_argument_group("input")
+    src.add_argument("--data", type=Path, help="graph in the uniform .npz format")
+    src.add_argument("--synthetic", action="store_true", help="generate a long-tail graph")
+    src.add_argument("--nodes", type=_positive(int), default=2000)
+    src.add_argument("--classes", type=_positive(int), default=20)
+    src.add_argument("--avg-degree", type=_positive(float), default=10.0)
+    src.add_argument("--homophily", type=float, default=0.8)
+    src.add_argument("--features", type=_positive(int), default=64)
+    src.add_argument("--data-seed", type=int, default=0, help="synthetic generator seed")
+    src.add_argument("--split", type=Path, help="user split .npz (train/val/test arrays); "
+                     "default: natural per-class split redone per seed")
+    m = p.add_argument_group("model and training")
+    m.add_argument("--config", choices=("paper", "official"), default="paper")
+    m.add_argument("--hidden", type=_positive(int), help="default: config (paper: 64 on "
+                   "email/wiki/blogcatalog)")
+    m.add_argument("--gamma", type=_non_negative(float))
+    m.add_argument("--tau", type=_positive(float))
+    m.add_argument("--dropout", type=_non_negative(float))
+    m.add_argument("--lr", type=_positive(float))
+    m.add_argument("--weight-decay", type=_non_negative(float))
+    m.add_argument("--augment-a2", choices=("on", "off"), help="override the config's A²")
+    m.add_argument("--fix-cluster-labels", action="store_true",
+                   help="official BCL: label nodes by their nearest prototype index")
+    m.add_argument("--compound-pool-bug", action="store_true",
+                   help="official: rescale the first pool ratio once more every seed")
+    m.add_argument("--loss-backend", choices=("reference", "torch", "triton"))
+    m.add_argument("--epochs", type=_positive(int), default=10_000)
+    m.add_argument("--patience", type=_non_negative(int), default=1_000)
+    m.add_argument("--seeds", nargs="+", default=["10"],
+                   help="a count (from --seed-base) or a list: 3 | 1,2,5 | 1 2 5")
+    m.add_argument("--seed-base", type=int, default=123)
+    m.add_argument("--device", default="cpu")
+    m.add_argument("--no-progress", action="store_true")
+    m.add_argument("--json", type=Path, help="write all results to this JSON file")
+    return p
+
+
+def _config_from_args(args, dataset_name: str | None) -> HierTailConfig:
+    over: dict[str, Any] = {}
+    for key in ("hidden", "gamma", "tau", "dropout", "lr", "weight_decay", "loss_backend"):
+        if getattr(args, key) is not None:
+            over[key] = getattr(args, key)
+    if args.config == "paper" and args.hidden is None and dataset_name in PAPER_HIDDEN:
+        over["hidden"] = PAPER_HIDDEN[dataset_name]
+    if args.augment_a2 is not None:
+        over["augment_a2"] = args.augment_a2 == "on"
+    if args.fix_cluster_labels:
+        over["fix_cluster_labels"] = True
+    return HierTailConfig.named(args.config, **over)
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if (args.data is None) == (not args.synthetic):
+        parser.error("give exactly one of --data PATH.npz or --synthetic")
+    if args.dropout is not None and args.dropout >= 1:
+        parser.error(f"--dropout must lie in [0, 1), got {args.dropout}")
+    if args.compound_pool_bug and args.config != "official":
+        parser.error("--compound-pool-bug only applies to --config official")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: CUDA is not available")
+    try:
+        seeds = parse_seeds(args.seeds, args.seed_base)
+        if args.data is not None:
+            data = load_npz(args.data, relabel_by_size=True)
+            data_info: dict[str, Any] = {"path": str(args.data), "name": data.name}
+        else:
+            from hiertail_fast.data.synthetic import make_synthetic_graph
+            data = make_synthetic_graph(args.nodes, num_classes=args.classes,
+                                        avg_degree=args.avg_degree, homophily=args.homophily,
+                                        num_features=args.features, seed=args.data_seed)
+            data_info = {"synthetic": True, "nodes": args.nodes, "classes": args.classes,
+                         "avg_degree": args.avg_degree, "homophily": args.homophily,
+                         "features": args.features, "data_seed": args.data_seed,
+                         "name": "synthetic"}
+        split = None
+        if args.split is not None:
+            split = user_split(int(data.y.shape[0]), **load_split(args.split))
+        cfg = _config_from_args(args, data_info["name"] if args.data is not None else None)
+    except (ValueError, FileNotFoundError) as exc:
+        parser.error(str(exc))
+    data_info.update(num_nodes=int(data.y.shape[0]), num_edges=int(data.edge_index.shape[1]),
+                     num_features=int(data.x.shape[1]), num_classes=int(data.num_classes))
+    result = run_seeds(data, cfg, seeds, split=split, compound_pool_bug=args.compound_pool_bug,
+                       epochs=args.epochs, patience=args.patience, device=args.device,
+                       progress=not args.no_progress)
+    result["data"] = data_info
+    result["training"] = {"epochs": args.epochs, "patience": args.patience,
+                          "lr": cfg.lr, "weight_decay": cfg.weight_decay,
+                          "device": args.device, "optimizer": "Adam",
+                          "selection": "val macro-F1, last tie; patience from first max"}
+    result["argv"] = list(sys.argv[1:] if argv is None else argv)
+    print(format_table(result))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2, default=_json_default))
+    return result
+
+
+def _json_default(obj: Any):
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return float(obj)
+    if isinstance(obj, (torch.Tensor, np.ndarray)):
+        return np.asarray(obj).tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+if __name__ == "__main__":
+    main()
