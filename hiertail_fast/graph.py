@@ -43,6 +43,14 @@ def _check_num_nodes(num_nodes: object) -> int:
     return int(num_nodes)
 
 
+def deg_inv_sqrt(deg: torch.Tensor) -> torch.Tensor:
+    """deg^-1/2 with 0 where deg == 0 (PyG's gcn_norm), written with `where` on a safe input so
+    the gradient at isolated nodes is 0 instead of NaN (0 * inf). Negative degrees give NaN,
+    as in PyG."""
+    zero = deg == 0
+    return torch.where(zero, torch.zeros_like(deg), torch.where(zero, 1.0, deg).pow(-0.5))
+
+
 class CSRGraph:
     """Immutable CSR graph; see the module docstring for the orientation and duplicate rules.
 
@@ -279,10 +287,7 @@ class CSRGraph:
                 loop = (~self.has_self_loop()).to(dtype) * fill
             else:
                 loop = torch.zeros(self._num_nodes, dtype=dtype, device=self.device)
-            deg = self.degree(dtype) + loop
-            dinv = deg.pow(-0.5)
-            dinv = dinv.masked_fill(torch.isinf(dinv), 0.0)
-            return dinv, loop
+            return deg_inv_sqrt(self.degree(dtype) + loop), loop
         if self._weight is not None and self._weight.requires_grad and torch.is_grad_enabled():
             return compute()
         return self._cached(("dinv", bool(improved), bool(add_self_loops), dtype), compute)
@@ -327,7 +332,11 @@ class CSRGraph:
             if self._weight is None:
                 return True
             return bool(torch.equal(t.weight.detach(), self._weight.detach()))
-        return self._cached("symmetric", compute)
+        if "symmetric" not in self._cache:
+            self._cache["symmetric"] = compute()
+            if self._cache["symmetric"]:  # the transpose is the graph itself: free the copy
+                self._cache["transpose"] = self
+        return self._cache["symmetric"]
 
     # ------------------------------------------------------------------ subgraph / A²
     def subgraph(self, nodes: torch.Tensor, *, return_entry_index: bool = False):

@@ -1,0 +1,73 @@
+"""`GCNConv`: graph convolution ``out = Â (X Wᵀ) + b`` on top of `gcn_propagate`."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hiertail_fast.graph import CSRGraph
+from hiertail_fast.ops.gcn_propagate import gcn_propagate
+
+
+class GCNConv(nn.Module):
+    """PyG-compatible ``GCNConv`` (Kipf & Welling), default ``improved=True`` as HierTail uses it.
+
+        out = D^-1/2 (A + fill·I) D^-1/2 · X · Wᵀ + b,   fill = 2 if improved else 1
+
+    Parameters are laid out as PyG's (``weight`` [out_channels, in_channels], glorot init;
+    ``bias`` [out_channels], zeros), so weights copy over from ``torch_geometric.nn.GCNConv``
+    (``lin.weight``, ``bias``). Â is applied on the narrower side: (ÂX)Wᵀ when
+    in_channels < out_channels, else Â(XWᵀ) — the same result, fewer sparse flops.
+
+    Args:
+        in_channels, out_channels: feature sizes.
+        improved: self-loop weight 2 instead of 1 (added only where a node has none).
+        bias: learnable additive bias.
+        add_self_loops: add the self-loops at all.
+        backend: forwarded to `gcn_propagate` (None = automatic).
+
+    forward(x [n, in], graph_or_edge_index (CSRGraph or [2, E]), edge_weight [E] or None)
+    -> [n, out]. Pass a `CSRGraph` to reuse its cached degrees/normalisation across epochs.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, improved: bool = True,
+                 bias: bool = True, add_self_loops: bool = True,
+                 backend: str | None = None) -> None:
+        super().__init__()
+        if in_channels < 1 or out_channels < 1:
+            raise ValueError(f"in_channels and out_channels must be >= 1, got "
+                             f"{in_channels}, {out_channels}")
+        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+        self.improved, self.add_self_loops, self.backend = improved, add_self_loops, backend
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels))
+        self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        a = math.sqrt(6.0 / (self.in_channels + self.out_channels))  # glorot, as PyG
+        nn.init.uniform_(self.weight, -a, a)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def _propagate(self, h, graph):
+        return gcn_propagate(h, graph, improved=self.improved,
+                             add_self_loops=self.add_self_loops, backend=self.backend)
+
+    def forward(self, x: torch.Tensor, graph_or_edge_index: CSRGraph | torch.Tensor,
+                edge_weight: torch.Tensor | None = None) -> torch.Tensor:
+        graph = graph_or_edge_index
+        if not isinstance(graph, CSRGraph):  # convert once even when propagating once
+            graph = CSRGraph.from_edge_index(graph, edge_weight, x.shape[0], dedupe=False)
+        elif edge_weight is not None:
+            raise ValueError("edge_weight must be None when a CSRGraph is given")
+        if self.in_channels < self.out_channels:
+            out = F.linear(self._propagate(x, graph), self.weight)
+        else:
+            out = self._propagate(F.linear(x, self.weight), graph)
+        return out if self.bias is None else out + self.bias
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, improved={self.improved}, "
+                f"bias={self.bias is not None}, add_self_loops={self.add_self_loops}")

@@ -1,0 +1,58 @@
+"""Reference GCN propagation Â·x, exactly PyG's ``gcn_norm`` + sum aggregation (flow
+source_to_target). Plain torch (index_add), float64-safe, differentiable w.r.t. x and edge_weight.
+
+    Â = D^-1/2 (A + L) D^-1/2,    A[i, j] = Σ w_e over edges e = (j -> i)
+    L = diag(loop),  loop_i = fill (2 if improved else 1) when node i has NO self-loop and
+                     add_self_loops, else 0 (PyG add_remaining_self_loops: existing loops keep
+                     their own weight)
+    deg_i = Σ_{e: target(e) = i} w_e + loop_i           (summed over the TARGET index)
+    out_i = Σ_{e = (j -> i)} dinv_j w_e dinv_i x_j + loop_i dinv_i² x_i,   dinv = deg^-1/2 (0 if 0)
+
+Deliberate differences from PyG 2.8.1, both documented in the tests:
+* ``improved=True`` always uses fill 2. PyG 2.8's ``gcn_norm`` with ``edge_weight=None`` adds its
+  self-loops before creating the unit weights and so silently uses fill 1; pass explicit unit
+  weights to PyG (as its own GraphUNet/TopKPooling pipelines do) to get the documented fill 2.
+* A node with SEVERAL stored self-loops keeps all of them (they sum, like any duplicate edge);
+  PyG keeps one of them (the last one written by an indexed assignment).
+"""
+from __future__ import annotations
+
+import torch
+
+from hiertail_fast._validation import check_edge_index, check_edge_weight, check_float_matrix
+
+
+def gcn_propagate_ref(
+    x: torch.Tensor,
+    edge_index: torch.Tensor,
+    edge_weight: torch.Tensor | None = None,
+    *,
+    num_nodes: int | None = None,
+    improved: bool = True,
+    add_self_loops: bool = True,
+) -> torch.Tensor:
+    """Â·x for x [n, d], edge_index [2, E] (row 0 = source, row 1 = target), edge_weight [E].
+
+    Returns [n, d] in x's dtype. `num_nodes`, when given, must equal ``x.shape[0]``.
+    """
+    x = check_float_matrix(x, "x")
+    n = x.shape[0]
+    if num_nodes is not None and int(num_nodes) != n:
+        raise ValueError(f"num_nodes={num_nodes} but x has {n} rows")
+    edge_index = check_edge_index(edge_index, n)
+    w = check_edge_weight(edge_weight, edge_index.shape[1])
+    src, dst = edge_index[0].long(), edge_index[1].long()
+    w = torch.ones(src.numel(), dtype=x.dtype, device=x.device) if w is None else w.to(x.dtype)
+
+    loop = torch.zeros(n, dtype=x.dtype, device=x.device)
+    if add_self_loops:
+        has_loop = torch.zeros(n, dtype=torch.bool, device=x.device)
+        has_loop[src[src == dst]] = True
+        loop = (~has_loop).to(x.dtype) * (2.0 if improved else 1.0)
+
+    deg = torch.zeros(n, dtype=x.dtype, device=x.device).index_add(0, dst, w) + loop
+    zero = deg == 0  # isolated without self-loop: dinv = 0 (safe form keeps gradients finite)
+    dinv = torch.where(zero, torch.zeros_like(deg), torch.where(zero, 1.0, deg).pow(-0.5))
+    norm = dinv[src] * w * dinv[dst]
+    out = torch.zeros_like(x).index_add(0, dst, norm.unsqueeze(1) * x[src])
+    return out + (loop * dinv * dinv).unsqueeze(1) * x

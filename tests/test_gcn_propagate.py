@@ -1,0 +1,240 @@
+"""GCN propagation: reference vs hand-computed values and PyG; every backend vs the reference
+(values, x- and edge-weight gradients); GCNConv vs torch_geometric.nn.GCNConv; bad inputs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hiertail_fast.graph import CSRGraph
+from hiertail_fast.nn.conv import GCNConv
+from hiertail_fast.ops.gcn_propagate import (
+    GCNPropagateFunction,
+    gcn_propagate,
+    torch_sparse_available,
+)
+from hiertail_fast.reference.gcn_propagate import gcn_propagate_ref
+from tests.conftest import requires_triton, tol
+
+FAST_BACKENDS = [
+    "torch",
+    pytest.param("torch_sparse", marks=pytest.mark.skipif(
+        not torch_sparse_available(), reason="torch_sparse is not installed")),
+]
+BACKENDS = FAST_BACKENDS + [pytest.param("triton", marks=requires_triton)]
+
+
+def make_edges(n, e, *, weighted, symmetric=False, seed=0, dtype=torch.float32):
+    """Random edges over nodes 0..n-4 (the last 3 nodes are isolated), 5 duplicated edges and
+    single self-loops on about a quarter of the nodes; weights in [0.1, 1.1)."""
+    gen = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, n - 3, (2, e), generator=gen)
+    ei = ei[:, ei[0] != ei[1]]
+    loops = torch.randperm(n - 3, generator=gen)[: max(1, n // 4)]
+    ei = torch.cat([ei, ei[:, :5], loops.repeat(2, 1)], 1)
+    w = torch.rand(ei.shape[1], generator=gen, dtype=dtype) + 0.1 if weighted else None
+    if symmetric:
+        keep = ei[0] != ei[1]  # loops once, other edges in both directions with equal weights
+        ei = torch.cat([ei, ei[:, keep].flip(0)], 1)
+        w = None if w is None else torch.cat([w, w[keep]])
+    return ei, w
+
+
+def test_reference_hand_computed_path():
+    # path 0-1-2 plus isolated node 3; improved: deg = (3, 4, 3, 2)
+    ei = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
+    s = 12.0 ** -0.5
+    a_hat = torch.tensor([[2 / 3, s, 0, 0], [s, 0.5, s, 0], [0, s, 2 / 3, 0], [0, 0, 0, 1.0]],
+                         dtype=torch.float64)
+    x = torch.arange(12, dtype=torch.float64).reshape(4, 3) - 4.0
+    torch.testing.assert_close(gcn_propagate_ref(x, ei), a_hat @ x)
+    for backend in ("torch", "triton"):
+        torch.testing.assert_close(gcn_propagate(x, ei, backend=backend), a_hat @ x)
+    # no self-loops: the isolated node gets 0 (deg 0 -> dinv 0), end nodes have deg 1
+    plain = torch.tensor([[0, 2 ** -0.5, 0, 0], [2 ** -0.5, 0, 2 ** -0.5, 0],
+                          [0, 2 ** -0.5, 0, 0], [0, 0, 0, 0]], dtype=torch.float64)
+    torch.testing.assert_close(gcn_propagate_ref(x, ei, add_self_loops=False), plain @ x)
+
+
+@pytest.mark.parametrize("improved", [True, False])
+@pytest.mark.parametrize("weighted", [True, False])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_reference_matches_pyg(improved, weighted, symmetric):
+    pyg = pytest.importorskip("torch_geometric.nn")
+    n, d = 43, 5
+    ei, w = make_edges(n, 160, weighted=weighted, symmetric=symmetric, seed=1,
+                       dtype=torch.float64)
+    x = torch.randn(n, d, dtype=torch.float64)
+    conv = pyg.GCNConv(d, d, improved=improved, bias=False).double()
+    conv.lin.weight.data = torch.eye(d, dtype=torch.float64)
+    # explicit unit weights: PyG 2.8's gcn_norm ignores improved=True when edge_weight is None
+    pw = torch.ones(ei.shape[1], dtype=torch.float64) if w is None else w
+    expected = conv(x, ei, pw).detach()
+    torch.testing.assert_close(gcn_propagate_ref(x, ei, w, improved=improved), expected)
+    torch.testing.assert_close(gcn_propagate(x, ei, w, improved=improved), expected)
+
+
+@pytest.mark.parametrize("add_self_loops", [True, False])
+def test_reference_gradcheck(add_self_loops):
+    ei, w = make_edges(12, 30, weighted=True, seed=2, dtype=torch.float64)
+    x = torch.randn(12, 3, dtype=torch.float64, requires_grad=True)
+    w.requires_grad_(True)
+    fn = lambda x_, w_: gcn_propagate_ref(x_, ei, w_, add_self_loops=add_self_loops)
+    assert torch.autograd.gradcheck(fn, (x, w))
+
+
+def _check_backend(backend, ei, w, n, d, *, dtype, improved=True, add_self_loops=True,
+                   as_graph=True, weight_grad=True):
+    x = torch.randn(n, d, dtype=dtype)
+    grad_out = torch.randn(n, d, dtype=dtype)
+    x_ref = x.detach().to(torch.float64, copy=True).requires_grad_(True)
+    w_ref = None if w is None else w.detach().to(torch.float64, copy=True)
+    w_ref = None if w_ref is None else w_ref.requires_grad_(weight_grad)
+    out_ref = gcn_propagate_ref(x_ref, ei, w_ref, improved=improved,
+                                add_self_loops=add_self_loops)
+    (out_ref * grad_out.double()).sum().backward()
+
+    x_b = x.clone().requires_grad_(True)
+    w_b = None if w is None else w.clone().requires_grad_(weight_grad)
+    kw = dict(improved=improved, add_self_loops=add_self_loops, backend=backend)
+    if as_graph:
+        out = gcn_propagate(x_b, CSRGraph.from_edge_index(ei, w_b, n, dedupe=False), **kw)
+    else:
+        out = gcn_propagate(x_b, ei, w_b, **kw)
+    (out * grad_out).sum().backward()
+    t = tol(dtype)
+    torch.testing.assert_close(out, out_ref.to(dtype).detach(), **t)
+    torch.testing.assert_close(x_b.grad, x_ref.grad.to(dtype), **t)
+    if w is not None and weight_grad:
+        torch.testing.assert_close(w_b.grad, w_ref.grad.to(dtype), **t)
+
+
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+@pytest.mark.parametrize("weighted", [True, False])
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("d", [1, 7, 64, 100])
+def test_backend_matches_reference(backend, weighted, symmetric, d):
+    n = 61 if d > 7 else 150  # ragged: not a multiple of any block size
+    ei, w = make_edges(n, 3 * n, weighted=weighted, symmetric=symmetric, seed=d)
+    _check_backend(backend, ei, w, n, d, dtype=torch.float32)
+
+
+@requires_triton
+@pytest.mark.parametrize("d, weighted, symmetric", [
+    (1, True, False), (7, False, True), (7, True, False), (64, True, True), (100, False, False),
+])
+def test_triton_matches_reference(d, weighted, symmetric):
+    """Under TRITON_INTERPRET=1 on CPU (slow: a few cases covering every kernel flag)."""
+    n = 37 if d > 7 else 83  # ragged vs ROWS=4, BLOCK_E=32 and the feature blocks
+    ei, w = make_edges(n, 3 * n, weighted=weighted, symmetric=symmetric, seed=d)
+    _check_backend("triton", ei, w, n, d, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("improved, add_self_loops", [(False, True), (True, False)])
+def test_backend_options_and_edge_index_input(backend, improved, add_self_loops):
+    ei, w = make_edges(97, 300, weighted=True, seed=4, dtype=torch.float64)
+    _check_backend(backend, ei, w, 97, 9, dtype=torch.float64, improved=improved,
+                   add_self_loops=add_self_loops, as_graph=False)
+    _check_backend(backend, ei, w, 97, 9, dtype=torch.float64, weight_grad=False)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backend_empty_and_single_node(backend):
+    for n in (1, 4):
+        ei = torch.zeros(2, 0, dtype=torch.long)
+        x = torch.randn(n, 3, requires_grad=True)
+        out = gcn_propagate(x, ei, backend=backend)
+        torch.testing.assert_close(out, x.detach())  # only the fill-2 loop: 2 · (1/√2)² = 1
+        (out.sum() * 2).backward()
+        torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))
+
+
+def test_cached_graph_paths_and_function_agree():
+    ei, w = make_edges(50, 150, weighted=True, seed=5)
+    g = CSRGraph.from_edge_index(ei, w, 50)
+    x = torch.randn(50, 6)
+    first = gcn_propagate(x, g)
+    assert any(isinstance(k, tuple) and k[0] == "gcn_norm_csr" for k in g._cache)
+    torch.testing.assert_close(gcn_propagate(x, g), first, rtol=0, atol=0)  # cached: same bits
+    dinv, loop = g.gcn_deg_inv_sqrt(True, True, x.dtype)
+    direct = GCNPropagateFunction.apply(x, g.weight, dinv, loop, g, None, "torch")
+    torch.testing.assert_close(direct, first)
+    sym = CSRGraph.from_edge_index(ei, symmetrize=True)
+    xs = torch.randn(sym.num_nodes, 3, requires_grad=True)
+    gcn_propagate(xs, sym).sum().backward()
+    assert sym.is_symmetric() and sym.transpose() is sym  # backward reused the forward CSR
+
+
+@requires_triton
+def test_triton_deterministic():
+    ei, w = make_edges(120, 500, weighted=True, seed=6)
+    g = CSRGraph.from_edge_index(ei, w, 120)
+    x = torch.randn(120, 20)
+    a, b = gcn_propagate(x, g, backend="triton"), gcn_propagate(x, g, backend="triton")
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("in_ch, out_ch", [(5, 8), (8, 3)])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_gcnconv_matches_pyg(in_ch, out_ch, weighted):
+    pyg = pytest.importorskip("torch_geometric.nn")
+    n = 40
+    ei, w = make_edges(n, 120, weighted=weighted, seed=7)
+    ours = GCNConv(in_ch, out_ch)
+    theirs = pyg.GCNConv(in_ch, out_ch, improved=True)
+    with torch.no_grad():
+        ours.weight.copy_(theirs.lin.weight)
+        ours.bias.copy_(torch.randn(out_ch))
+        theirs.bias.copy_(ours.bias)
+    x1 = torch.randn(n, in_ch, requires_grad=True)
+    x2 = x1.detach().clone().requires_grad_(True)
+    pw = torch.ones(ei.shape[1]) if w is None else w
+    o1, o2 = ours(x1, ei, w), theirs(x2, ei, pw)
+    g = torch.randn_like(o1)
+    (o1 * g).sum().backward()
+    (o2 * g).sum().backward()
+    t = tol(torch.float32)
+    torch.testing.assert_close(o1, o2, **t)
+    torch.testing.assert_close(x1.grad, x2.grad, **t)
+    torch.testing.assert_close(ours.weight.grad, theirs.lin.weight.grad, **t)
+    torch.testing.assert_close(ours.bias.grad, theirs.bias.grad, **t)
+    graph_out = ours(x1, CSRGraph.from_edge_index(ei, w, n, dedupe=False))
+    torch.testing.assert_close(graph_out, o1)
+
+
+def test_gcnconv_module_api():
+    conv = GCNConv(4, 6, bias=False)
+    assert conv.bias is None and "improved=True" in repr(conv) and "4, 6" in repr(conv)
+    bound = (6.0 / 10) ** 0.5
+    assert float(conv.weight.detach().abs().max()) <= bound
+    with pytest.raises(ValueError, match="channels"):
+        GCNConv(0, 3)
+
+
+def test_bad_inputs():
+    ei = torch.tensor([[0, 1], [1, 2]])
+    x = torch.randn(3, 2)
+    g = CSRGraph.from_edge_index(ei, num_nodes=3)
+    with pytest.raises(ValueError, match="2-D"):
+        gcn_propagate(torch.randn(3), ei)
+    with pytest.raises(TypeError, match="floating"):
+        gcn_propagate(torch.ones(3, 2, dtype=torch.long), ei)
+    with pytest.raises(ValueError, match="num_nodes"):
+        gcn_propagate(torch.randn(2, 2), ei)  # node 2 out of range for 2 rows
+    with pytest.raises(ValueError, match="rows"):
+        gcn_propagate(torch.randn(4, 2), g)
+    with pytest.raises(ValueError, match="edge_weight must be None"):
+        gcn_propagate(x, g, torch.ones(2))
+    with pytest.raises(ValueError, match="entries"):
+        gcn_propagate(x, ei, torch.ones(3))
+    with pytest.raises(ValueError, match="negative"):
+        gcn_propagate(x, torch.tensor([[0, -1], [1, 2]]))
+    with pytest.raises(ValueError, match="backend"):
+        gcn_propagate(x, ei, backend="cusparse")
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        gcn_propagate(x, [[0, 1], [1, 2]])
+    with pytest.raises(ValueError, match="num_nodes"):
+        gcn_propagate_ref(x, ei, num_nodes=5)
+    if not torch_sparse_available():
+        with pytest.raises(ValueError, match="torch_sparse"):
+            gcn_propagate(x, ei, backend="torch_sparse")
