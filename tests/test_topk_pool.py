@@ -277,12 +277,14 @@ def test_backend_ties_deterministic(backend):
                                                                       marks=requires_triton)])
 def test_many_ties_follow_the_rule(backend, n):
     # 10 distinct score values over n nodes: perm must be the (−score, index) lexicographic order
+    # (ratio 0.5: one stable sort; 0.1 and 37: the topk-threshold path of _select)
     x = torch.randint(0, 10, (n, 1)).double()
-    r = topk_pool(x, torch.zeros(2, 0, dtype=torch.long), torch.ones(1).double(), 0.5,
-                  backend=backend)
     s = torch.tanh(x.view(-1))
-    expected = sorted(range(n), key=lambda i: (-float(s[i]), i))[: r.perm.numel()]
-    assert r.perm.tolist() == expected
+    order = sorted(range(n), key=lambda i: (-float(s[i]), i))
+    for ratio in (0.5, 0.1, 37):
+        r = topk_pool(x, torch.zeros(2, 0, dtype=torch.long), torch.ones(1).double(), ratio,
+                      backend=backend)
+        assert r.perm.tolist() == order[: r.perm.numel()]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -7,12 +7,14 @@ size rules, the PyG float32 ceil quirk, ratio == 1.0 and the tie rule):
     X' = X[perm] ⊙ score[perm];  A' = A[perm, perm] relabelled 0..k−1, edge weights kept
 
 Backends (``choose_backend``):
-- torch: ``torch.mv`` for the score, a stable ``torch.sort`` for the selection (``torch.topk``
-  has no defined tie order), index ops, and ``CSRGraph.subgraph`` for the induced graph.
+- torch: ``torch.mv`` for the score, ``_select`` for the top-k (``torch.topk`` + a stable sort
+  of the kept scores: torch.topk alone has no defined tie order), index ops, and
+  ``CSRGraph.subgraph`` for the induced graph.
 - triton (``kernels/topk_pool.py``): score kernel, gather·scale kernel, fused backward, edge
   filter + block prefix-sum relabel + compaction, unpool scatter. The top-k selection itself
-  is a stable ``torch.sort`` on the device, and the compacted entries are put in CSR order
-  (sorted (row, col) inside the pooled graph) by one ``torch.sort`` of their keys.
+  is ``_select`` (torch.topk / stable torch.sort) on the device, and the compacted entries
+  are put in CSR order (sorted (row, col) inside the pooled graph) by one ``torch.sort`` of
+  their keys.
 
 Gradients flow to X (directly and through the score) and to p through the score, via
 ``TopKPoolFunction`` whose backward saves only X, p, perm and score[perm] (no k×d copy); edge
@@ -60,9 +62,23 @@ class TopKPoolResult(NamedTuple):
 
 
 def _select(score: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the k largest scores, descending; a STABLE sort puts equal scores in
-    ascending index order (torch.topk / unstable sort give no defined order among ties)."""
-    return torch.sort(score, descending=True, stable=True).indices[:k]
+    """Indices of the k largest scores, descending; equal scores in ascending index order.
+
+    ``torch.topk`` and unstable sorts give no defined order among ties, so: for k >= n/4 one
+    stable descending sort; for smaller k (HierTail's k = n/#classes) ``torch.topk`` finds the
+    k-th largest value t in O(n), the entries > t are stable-sorted (fewer than k of them) and
+    the remaining slots go to the lowest-indexed entries equal to t. Same result either way.
+    """
+    n = score.numel()
+    if 4 * k >= n:
+        return torch.sort(score, descending=True, stable=True).indices[:k]
+    if k == 0:
+        return torch.zeros(0, dtype=torch.long, device=score.device)
+    t = torch.topk(score, k, sorted=False).values.min()
+    above = torch.nonzero(score > t).view(-1)  # ascending index
+    above = above[torch.sort(score[above], descending=True, stable=True).indices]
+    ties = torch.nonzero(score == t).view(-1)[: k - above.numel()]
+    return torch.cat([above, ties])
 
 
 class TopKPoolFunction(torch.autograd.Function):
@@ -160,8 +176,10 @@ def _subgraph_triton(graph: CSRGraph, perm: torch.Tensor) -> CSRGraph:
     relabel = torch.full((n,), -1, dtype=torch.long, device=perm.device)
     relabel[perm] = torch.arange(k, device=perm.device)
     new_row, new_col, eid = kern.filter_edges(graph.row_index(), graph.indices, relabel)
-    # CSR order: sort the kept entries by (row, col); stable keeps duplicates in input order
-    order = torch.sort(new_row * max(k, 1) + new_col, stable=True).indices
+    # CSR order: sort the kept entries by (row, col). Not stable (a stable sort of int64 keys
+    # is ~10x slower on CPU): duplicate (row, col) entries come in an unspecified, reproducible
+    # order, as in CSRGraph.subgraph.
+    order = torch.sort(new_row * max(k, 1) + new_col).indices
     indptr = torch.zeros(k + 1, dtype=torch.long, device=perm.device)
     torch.cumsum(torch.bincount(new_row, minlength=k), 0, out=indptr[1:])
     eid = eid[order]
