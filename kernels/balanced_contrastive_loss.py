@@ -83,9 +83,9 @@ def _balanced_contrastive_loss_fwd_kernel(
     if UPCAST:  # see _precisions: exact, bf16 products are exact in fp32
         q = q.to(tl.float32)
     cols = tl.arange(0, L_PAD)
-    # One column per level: running max m2 and running sum l2 of exp(t - m2).
-    m2 = tl.full([BLOCK_M, L_PAD], float("-inf"), tl.float32)
-    l2 = tl.zeros([BLOCK_M, L_PAD], tl.float32)
+    # One column per level: running max m_run and running sum l_run of exp(t - m_run).
+    m_run = tl.full([BLOCK_M, L_PAD], float("-inf"), tl.float32)
+    l_run = tl.zeros([BLOCK_M, L_PAD], tl.float32)
     rmax = tl.full([BLOCK_M, L_PAD], float("-inf"), tl.float32)
     ridx = tl.zeros([BLOCK_M, L_PAD], tl.int32)
     for start_n in range(0, N, BLOCK_N):
@@ -96,31 +96,30 @@ def _balanced_contrastive_loss_fwd_kernel(
         if UPCAST:
             k = k.to(tl.float32)
         # the tile of Z·Zᵀ, computed once for all the levels this program carries
-        zz = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        s2 = zz * scale
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
         for j in tl.static_range(NUM_LEVELS):
             lw = tl.load(LOG_W + (level0 + j) * N + offs_n, mask=n_valid, other=float("-inf"))
-            t = s2 + lw[None, :]
+            t = s + lw[None, :]
             sel = (cols == j)[None, :]
-            m_old = tl.max(tl.where(sel, m2, float("-inf")), 1)
-            l_old = tl.sum(tl.where(sel, l2, 0.0), 1)
+            m_old = tl.max(tl.where(sel, m_run, float("-inf")), 1)
+            l_old = tl.sum(tl.where(sel, l_run, 0.0), 1)
             m_new = tl.maximum(m_old, tl.max(t, 1))
             # reference point: 0 while the row has seen no visible key (avoids −inf − −inf)
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
             l_new = l_old * tl.exp(m_old - m_ref) + tl.sum(tl.exp(t - m_ref[:, None]), 1)
-            m2 = tl.where(sel, m_new[:, None], m2)
-            l2 = tl.where(sel, l_new[:, None], l2)
+            m_run = tl.where(sel, m_new[:, None], m_run)
+            l_run = tl.where(sel, l_new[:, None], l_run)
             if NEED_MAX:
                 # unweighted max over visible keys; ties -> lowest index (strict > across tiles)
-                sv = tl.where((lw > float("-inf"))[None, :], zz * scale, float("-inf"))
+                sv = tl.where((lw > float("-inf"))[None, :], s, float("-inf"))
                 tile_max = tl.max(sv, 1)
                 tile_arg = tl.min(tl.where(sv == tile_max[:, None], offs_n[None, :], N), 1)
                 r_old = tl.max(tl.where(sel, rmax, float("-inf")), 1)
                 better = sel & (tile_max > r_old)[:, None]
                 rmax = tl.where(better, tile_max[:, None], rmax)
                 ridx = tl.where(better, tile_arg[:, None], ridx)
-    # l2 = 0 exactly when the row saw no visible key (m2 = −inf)
-    lse = tl.where(l2 > 0, m2 + tl.log(tl.where(l2 > 0, l2, 1.0)), float("-inf"))
+    # l_run = 0 exactly when the row saw no visible key (m_run = −inf)
+    lse = tl.where(l_run > 0, m_run + tl.log(tl.where(l_run > 0, l_run, 1.0)), float("-inf"))
     out = (level0 + cols)[None, :] * N + offs_m[:, None]
     out_mask = m_valid[:, None] & (cols < NUM_LEVELS)[None, :]
     tl.store(LSE + out, lse, mask=out_mask)
