@@ -388,3 +388,17 @@ def test_op_bad_inputs(backend):
         args.update(kwargs)
         with pytest.raises((ValueError, TypeError)):
             topk_pool(**args, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pooled_csr_equals_csrgraph_subgraph(backend):
+    # on a duplicate-free graph the pooled CSR must equal CSRGraph.subgraph(perm) exactly
+    ei, w = random_graph(150, 900, seed=11)
+    g = CSRGraph.from_edge_index(ei, w, num_nodes=150)  # dedupe: weights of duplicates summed
+    x = torch.randn(150, 5, dtype=torch.float64)
+    p = torch.randn(5, dtype=torch.float64)
+    for ratio in (0.5, 9, 1.0):
+        r = topk_pool(x, g, p, ratio, backend=backend)
+        s = g.subgraph(r.perm)
+        assert torch.equal(r.graph.indptr, s.indptr) and torch.equal(r.graph.indices, s.indices)
+        assert torch.equal(r.graph.weight, s.weight)
