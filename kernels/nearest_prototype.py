@@ -49,7 +49,9 @@ def _nearest_prototype_fwd_kernel(
                          mask=col_ok[:, None] & d_ok[None, :], other=0.0)
             if USE_DOT:
                 # full fp32 products (no TF32): the argmin must not depend on the card
-                acc += tl.dot(zt, tl.trans(pt), input_precision="ieee").to(ACC)
+                # (16-bit tiles upcast: exact products, as a bf16/fp16 MMA with fp32 acc)
+                acc += tl.dot(zt.to(tl.float32), tl.trans(pt.to(tl.float32)),
+                              input_precision="ieee")
             else:
                 acc += tl.sum(zt.to(ACC)[:, None, :] * pt.to(ACC)[None, :, :], axis=2)
         pn = tl.load(pnorm_ptr + cols, mask=col_ok, other=0.0).to(ACC)

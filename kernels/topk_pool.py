@@ -68,6 +68,7 @@ def _topk_gather_scale_kernel(x_ptr, score_ptr, perm_ptr, out_ptr, out_score_ptr
     r = pid * BLOCK_K + tl.arange(0, BLOCK_K).to(tl.int64)
     r_ok = r < k
     src = tl.load(perm_ptr + r, mask=r_ok, other=0).to(tl.int64)
+    ACC = tl.float64 if x_ptr.dtype.element_ty == tl.float64 else tl.float32
     if HAS_SCALE:
         s = tl.load(score_ptr + src, mask=r_ok, other=0.0)
         tl.store(out_score_ptr + r, s, mask=r_ok)
@@ -75,8 +76,8 @@ def _topk_gather_scale_kernel(x_ptr, score_ptr, perm_ptr, out_ptr, out_score_ptr
         cols = d0 + tl.arange(0, BLOCK_D)
         m = r_ok[:, None] & (cols[None, :] < d)
         xt = tl.load(x_ptr + src[:, None] * stride_x + cols[None, :], mask=m, other=0.0)
-        if HAS_SCALE:
-            xt = xt * s[:, None]
+        if HAS_SCALE:  # product in fp32 (or fp64), one rounding to the output dtype
+            xt = (xt.to(ACC) * s.to(ACC)[:, None]).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + r[:, None] * stride_o + cols[None, :], xt, mask=m)
 
 
