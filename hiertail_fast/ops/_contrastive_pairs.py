@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from hiertail_fast.ops._lse_torch import exp_floor
+
 OFFICIAL_EPS = 1e-7
 SMALL_GROUP = 48
 PAIR_CHUNK = 1 << 16           # explicit pairs per chunk (3 gathers of PAIR_CHUNK x d floats)
@@ -76,7 +78,8 @@ def positive_pairs(
             continue
         zi, zj = z[i], z[j]
         x = (zi * zj).sum(1) * scale - row_max[i]
-        e = torch.exp(x.masked_fill_(j == arg_max[i], 0.0))
+        x.masked_fill_(j == arg_max[i], 0.0).clamp_(min=exp_floor(dt))  # no denormal exp
+        e = torch.exp(x)
         big_t.index_add_(0, i, torch.log(e + OFFICIAL_EPS))
         q = e / (e + OFFICIAL_EPS)
         big_q.index_add_(0, i, q)
@@ -95,7 +98,8 @@ def positive_pairs(
             a1 = min(ng, a0 + rb)
             ia = idx[a0:a1]
             x = torch.mm(zg[a0:a1], zg.t()).mul_(scale).sub_(row_max[ia][:, None])
-            e = x.masked_fill_(idx[None, :] == arg_max[ia][:, None], 0.0).exp_()
+            x.masked_fill_(idx[None, :] == arg_max[ia][:, None], 0.0)
+            e = x.clamp_(min=exp_floor(dt)).exp_()
             t = torch.log(e + OFFICIAL_EPS)
             q = e.div_(e + OFFICIAL_EPS)
             if not include_self:

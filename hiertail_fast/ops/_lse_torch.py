@@ -33,6 +33,11 @@ import torch
 CoefFn = Callable[[int, int, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
+def exp_floor(dtype: torch.dtype) -> float:
+    """Smallest exponent whose exp() is a normal number of `dtype` (see the clamp below)."""
+    return -708.0 if dtype == torch.float64 else -87.0
+
+
 def _block_rows(n_rows: int, n_cols: int) -> int:
     target = int(os.environ.get("HIERTAIL_CPU_BLOCK_BYTES", 48 << 20))
     return max(8, min(n_rows, target // (4 * max(n_cols, 1))))
@@ -92,7 +97,9 @@ def _engine(
                     i_c = cidx[i_c]
             else:
                 m_c = e.amax(dim=1)
-            e.sub_(m_c[:, None]).exp_()                                   # exp(s - m_c) <= 1
+            # exp(s - m_c) <= 1. The clamp keeps exp() out of the denormal range, where x86
+            # exp runs ~20x slower; e^-87 instead of ~0 changes a sum >= min_k w_k by < 1e-30
+            e.sub_(m_c[:, None]).clamp_(min=exp_floor(e.dtype)).exp_()
             shift = m_c[None].expand(n_levels, -1)                        # [L, b]
             rel = torch.log(torch.mm(e, wc.t())).t()                      # lse - shift
         else:
