@@ -88,7 +88,14 @@ def _spmm(backend, graph, weight, dinv, loop, x, key, transposed):
         adj = build() if key is None else graph._cached(("torch_sparse", transposed) + key, build)
         out = adj.matmul(x)
     else:
-        csr = _sparse_csr(indptr, indices, values, n)
+        def build():
+            ip, ix = indptr, indices
+            if key is not None and indices.numel() < 2**31 - 1:
+                # int32 copies, built once: MKL's CSR routines (LP64) take int32 indices and
+                # torch would otherwise convert the int64 ones on every call
+                ip, ix = indptr.int(), indices.int()
+            return _sparse_csr(ip, ix, values, n)
+        csr = build() if key is None else graph._cached(("torch_csr", transposed) + key, build)
         out = torch.sparse.mm(csr, x) if indices.numel() else torch.zeros_like(x)
     if loop is not None:
         out.addcmul_((loop * dinv * dinv).unsqueeze(1), x)  # added self-loop: loop_i dinv_i² x_i
