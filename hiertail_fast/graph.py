@@ -139,7 +139,8 @@ class CSRGraph:
         if symmetrize:
             src, dst = torch.cat([src, dst]), torch.cat([dst, src])
             w = None if w is None else torch.cat([w, w])
-        return cls._from_coo(dst, src, w, num_nodes, dedupe=dedupe)
+        out = cls._from_coo(dst, src, w, num_nodes, dedupe=dedupe)
+        return out.assume_symmetric() if symmetrize else out
 
     @classmethod
     def _from_coo(cls, row: torch.Tensor, col: torch.Tensor, w: torch.Tensor | None, n: int,
@@ -236,10 +237,10 @@ class CSRGraph:
                 f"device={self.device})")
 
     def to(self, device: torch.device | str) -> CSRGraph:
-        """Copy on `device` (caches are not carried over; they are rebuilt on demand)."""
+        """Copy on `device` (caches are rebuilt on demand; a known symmetry flag is kept)."""
         w = None if self._weight is None else self._weight.to(device)
-        return CSRGraph(self._indptr.to(device), self._indices.to(device), w, self._num_nodes,
-                        validate=False)
+        return self._inherit_symmetry(CSRGraph(self._indptr.to(device), self._indices.to(device),
+                                               w, self._num_nodes, validate=False))
 
     # ------------------------------------------------------------------ self-loops
     def remove_self_loops(self) -> CSRGraph:
@@ -248,7 +249,8 @@ class CSRGraph:
         indptr = torch.zeros(self._num_nodes + 1, dtype=torch.long, device=self.device)
         torch.cumsum(torch.bincount(row, minlength=self._num_nodes), 0, out=indptr[1:])
         w = None if self._weight is None else self._weight[keep]
-        return CSRGraph(indptr, self._indices[keep], w, self._num_nodes, validate=False)
+        return self._inherit_symmetry(
+            CSRGraph(indptr, self._indices[keep], w, self._num_nodes, validate=False))
 
     def with_self_loops(self, fill: float = 1.0, *, remaining: bool = True) -> CSRGraph:
         """Add self-loops of weight `fill`.
@@ -269,7 +271,7 @@ class CSRGraph:
             w = torch.cat([self.weight_or_ones(dtype), loop_w])
         row = torch.cat([self.row_index(), nodes])
         col = torch.cat([self._indices, nodes])
-        return CSRGraph._from_coo(row, col, w, n, dedupe=False)
+        return self._inherit_symmetry(CSRGraph._from_coo(row, col, w, n, dedupe=False))
 
     # ------------------------------------------------------------------ GCN normalisation
     def gcn_deg_inv_sqrt(self, improved: bool = True, add_self_loops: bool = True,
@@ -322,9 +324,26 @@ class CSRGraph:
             return CSRGraph(indptr, self.row_index()[perm], w, n, validate=False)
         return self._cached("transpose", compute)
 
+    @property
+    def known_symmetric(self) -> bool | None:
+        """True/False when symmetry is already known (checked, or inherited from a symmetric
+        parent by subgraph / self-loop methods / A² / symmetrize), None when not yet checked."""
+        return self._cache.get("symmetric")
+
+    def assume_symmetric(self) -> CSRGraph:
+        """Declare M == Mᵀ without checking (e.g. an induced subgraph of a symmetric graph, built
+        elsewhere) so backward passes reuse this CSR; returns self. Wrong use gives wrong
+        gradients: only call it when symmetry holds by construction."""
+        self._cache["symmetric"] = True
+        self._cache["transpose"] = self
+        return self
+
+    def _inherit_symmetry(self, child: CSRGraph) -> CSRGraph:
+        return child.assume_symmetric() if self.known_symmetric else child
+
     def is_symmetric(self) -> bool:
         """Whether M == Mᵀ, weights included (cached). Duplicate entries with different weights
-        can make this False for a symmetric multigraph (then the slower transposed path is used)."""
+        can make the check False for a symmetric multigraph (then the transposed path is used)."""
         def compute() -> bool:
             t = self.transpose()
             if not torch.equal(t.indptr, self._indptr) or not torch.equal(t.indices, self._indices):
@@ -335,7 +354,7 @@ class CSRGraph:
         if "symmetric" not in self._cache:
             self._cache["symmetric"] = compute()
             if self._cache["symmetric"]:  # the transpose is the graph itself: free the copy
-                self._cache["transpose"] = self
+                self.assume_symmetric()
         return self._cache["symmetric"]
 
     # ------------------------------------------------------------------ subgraph / A²
@@ -371,13 +390,18 @@ class CSRGraph:
                          0, out=indptr[1:])
             w = None if self._weight is None else self._weight[entry]
             out = CSRGraph(indptr, key % k, w, k, validate=False)
+        self._inherit_symmetry(out)  # an induced submatrix of a symmetric matrix is symmetric
         return (out, entry) if return_entry_index else out
 
     def augment_a2(self) -> CSRGraph:
         """The official HierTail ``augment_adj``: drop self-loops, add unit self-loops, square
         (weighted sparse·sparse product), drop self-loops again. Off-diagonal weights become
         ``2 w_uv + Σ_k w_uk w_kv`` (weighted 2-hop walks). Result is weighted and not
-        differentiable. Cost O(Σ_v deg_v²): can be nearly dense around hubs."""
+        differentiable. Cost O(Σ_v deg_v²): can be nearly dense around hubs. Cached on the graph
+        (a training loop that augments the same input graph every epoch pays once)."""
+        return self._cached("a2", self._augment_a2)
+
+    def _augment_a2(self) -> CSRGraph:
         g = self.remove_self_loops().with_self_loops(1.0)
         n = g.num_nodes
         if n == 0:
@@ -391,4 +415,6 @@ class CSRGraph:
         crow, col, val = sq.crow_indices().long(), sq.col_indices().long(), sq.values()
         row = torch.repeat_interleave(torch.arange(n, device=g.device), crow.diff())
         keep = row != col
-        return CSRGraph._from_coo(row[keep], col[keep], val[keep], n, dedupe=True)
+        # (M²)ᵀ = (Mᵀ)²: the square of a symmetric graph is symmetric
+        return self._inherit_symmetry(CSRGraph._from_coo(row[keep], col[keep], val[keep], n,
+                                                         dedupe=True))

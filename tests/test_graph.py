@@ -159,6 +159,21 @@ def test_transpose_and_symmetry():
     assert s.is_symmetric()
 
 
+def test_symmetry_is_inherited_and_correct():
+    ei, w = random_graph(30, 90, weighted=True, seed=8)
+    s = CSRGraph.from_edge_index(ei, w, symmetrize=True)
+    assert s.known_symmetric  # by construction, before any check
+    derived = [s.subgraph(torch.randperm(30)[:11]), s.augment_a2(), s.remove_self_loops(),
+               s.with_self_loops(2.0), s.to("cpu")]
+    for g in derived:
+        assert g.known_symmetric and g.transpose() is g
+        torch.testing.assert_close(dense(g), dense(g).T)  # the flag is true of the matrix
+    assert s.augment_a2() is derived[1]  # cached
+    ns = CSRGraph.from_edge_index(ei, w)
+    assert ns.known_symmetric is None and ns.subgraph(torch.arange(5)).known_symmetric is None
+    assert not ns.is_symmetric() and ns.known_symmetric is False
+
+
 def test_round_trip_and_isolated_nodes():
     ei, w = random_graph(15, 50, weighted=True, seed=2)
     g = CSRGraph.from_edge_index(ei, w, num_nodes=20)  # nodes >= 15 isolated
