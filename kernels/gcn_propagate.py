@@ -75,7 +75,7 @@ def gcn_spmm(
     x: torch.Tensor,
     *,
     rows_per_program: int = 4,
-    block_e: int = 32,
+    block_e: int | None = None,
 ) -> torch.Tensor:
     """Launcher: ``D^-1/2 (M + diag(loop)) D^-1/2 · x`` for the CSR ``M`` (indptr [n+1] int64,
     indices [nnz] int64, weight [nnz] or None = unit), dinv [n], loop [n] or None; x [n, d].
@@ -90,6 +90,9 @@ def gcn_spmm(
     w = weight.to(x.dtype).contiguous() if has_w else dinv  # dummy pointer when unweighted
     lp = loop.to(x.dtype).contiguous() if has_loop else dinv
     block_d = feature_block(d, max_block=128)
+    if block_e is None:  # entries per chunk ~ the mean degree: few masked lanes on sparse graphs
+        mean_deg = -(-indices.numel() // n)
+        block_e = min(64, max(8, triton.next_power_of_2(max(1, mean_deg))))
     grid = (triton.cdiv(n, rows_per_program), triton.cdiv(d, block_d))
     _gcn_propagate_fwd_kernel[grid](
         indptr.contiguous(), indices.contiguous(), w, dinv, lp, x, out,
