@@ -183,7 +183,8 @@ def test_torch_many_blocks_and_big_groups(monkeypatch, variant):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("variant", ["exact", "official"])
-def test_hierarchical_equals_sum_of_levels(backend, variant, monkeypatch):
+@pytest.mark.parametrize("include_self", [True, False])
+def test_hierarchical_equals_sum_of_levels(backend, variant, include_self, monkeypatch):
     if backend == "torch":
         monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(4 * 100 * 16))   # several blocks
     z, y0, _ = _data(70, 12, n_classes=5, seed=1, dtype=torch.float64)
@@ -198,18 +199,52 @@ def test_hierarchical_equals_sum_of_levels(backend, variant, monkeypatch):
     zf = z.clone().requires_grad_()
     pf = [q.clone().requires_grad_() if q is not None else None for q in protos]
     fused = hierarchical_contrastive_loss(zf, labels, pf, temperature=0.3, variant=variant,
-                                          backend=backend)
+                                          include_self=include_self, backend=backend)
     fused.backward()
     zr = z.double().clone().requires_grad_()
     pr = [q.double().clone().requires_grad_() if q is not None else None for q in protos]
-    total = sum(ref(zr, lab, prototypes=q, temperature=0.3, variant=variant)
-                for lab, q in zip(labels, pr, strict=True))
+    total = sum(ref(zr, lab, prototypes=q, temperature=0.3, variant=variant,
+                    include_self=include_self) for lab, q in zip(labels, pr, strict=True))
     total.backward()
     t = tol(z.dtype)
     torch.testing.assert_close(fused.double(), total.detach(), **t)
     torch.testing.assert_close(zf.grad.double(), zr.grad, **t)
     for a, b in zip(pf[:2], pr[:2], strict=True):
         torch.testing.assert_close(a.grad.double(), b.grad, **t)
+
+
+@pytest.mark.parametrize("n_cols_common", [101, 0])
+def test_torch_lse_contract_multilevel(monkeypatch, n_cols_common):
+    """_lse_torch.lse_forward / lse_backward / lse_fused vs dense formulas: hidden keys, 3 levels,
+    several row blocks, first arg-max on ties (duplicate rows), no key visible to every level."""
+    from hiertail_fast.ops import _lse_torch
+
+    monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(4 * 101 * 9))
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(101, 7, generator=g, dtype=torch.float64) * 3
+    z[50] = z[10]                                                        # ties in the max
+    log_w = -torch.rand(3, 101, generator=g, dtype=torch.float64) * 3
+    log_w[0, 90:] = float("-inf")
+    log_w[1, 80:90] = float("-inf")
+    if n_cols_common == 0:
+        log_w[2, :] = float("-inf")
+        log_w[2, 80:] = 0.0                       # level 2 only sees keys 80..100
+        log_w[0, 95:] = 0.0
+    s = z @ z.t() * 0.7
+    visible = torch.isfinite(log_w)
+    lse_d = torch.logsumexp(s[None] + log_w[:, None, :], dim=2)
+    max_d, arg_d = s[None].masked_fill(~visible[:, None, :], float("-inf")).max(dim=2)
+    lse, rmax, amax = _lse_torch.lse_forward(z, log_w, 0.7, True)
+    torch.testing.assert_close(lse, lse_d)
+    torch.testing.assert_close(rmax, max_d)
+    assert torch.equal(amax, arg_d)
+    assert bool((amax[:2, 10] == 10).all() and (amax[:2, 50] == 10).all())   # first index
+    grad = torch.randn(3, 101, generator=g, dtype=torch.float64)
+    zz = z.clone().requires_grad_()
+    (torch.logsumexp((zz @ zz.t() * 0.7)[None] + log_w[:, None, :], dim=2) * grad).sum().backward()
+    torch.testing.assert_close(_lse_torch.lse_backward(z, log_w, lse, grad, 0.7), zz.grad)
+    fused = _lse_torch.lse_fused(z, log_w, 0.7, False, lambda r0, r1, lb, mb: grad[:, r0:r1])
+    torch.testing.assert_close(fused[3], zz.grad)
 
 
 def test_functional_module_agree_and_repr():
