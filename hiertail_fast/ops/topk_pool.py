@@ -118,13 +118,16 @@ class TopKPoolFunction(torch.autograd.Function):
         else:
             norm = p.norm(p=2)
             phat = p / norm
+            # peak extra memory: dx [n, d] (the result) + two [k, d] buffers
             xs = x.index_select(0, perm)  # [k, d]
-            ds = (grad_x * xs).sum(dim=1)  # ∂L/∂s_r through X' = X[perm]·s
+            # ∂L/∂s_r through X' = X[perm]·s: row dots as a batched [1,d]·[d,1] (no k×d temp)
+            ds = torch.bmm(grad_x.unsqueeze(1), xs.unsqueeze(2)).view(-1)
             if grad_score is not None:
                 ds = ds + grad_score
             dt = ds * (1 - s * s)  # through tanh
-            dx = torch.zeros_like(x).index_copy_(
-                0, perm, torch.addr(grad_x * s.unsqueeze(1), dt, phat))
+            dxk = (grad_x * s.unsqueeze(1)).addr_(dt, phat)  # g·s + dt p̂, in place
+            dx = torch.zeros_like(x).index_copy_(0, perm, dxk)
+            del dxk
             v = torch.mv(xs.t(), dt)  # Σ_r dt_r x_perm_r
             dp = (v - torch.dot(v, phat) * phat) / norm  # (I − p̂p̂ᵀ) v / ‖p‖
         # k and backend are Python values: no gradient
