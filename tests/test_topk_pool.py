@@ -402,3 +402,4 @@ def test_pooled_csr_equals_csrgraph_subgraph(backend):
         s = g.subgraph(r.perm)
         assert torch.equal(r.graph.indptr, s.indptr) and torch.equal(r.graph.indices, s.indices)
         assert torch.equal(r.graph.weight, s.weight)
+
