@@ -11,17 +11,19 @@ Sweeps synthetic long-tail graphs (hiertail_fast.data.synthetic) of 100, 1k, 10k
                         official code computes them)
     gcn                 a 2-layer GCN (GCNConv, improved=True) on the same graph and loop
 
-Every (method, size) runs in a FRESH subprocess (`--worker`), so one run's memory can neither
-leak into nor hide another's. Memory figure (peak_memory_bytes):
-    cpu, --cpu-memory rss (default): peak resident set size (VmHWM) during the training epochs
-        minus the resident size of the worker right after `import torch, hiertail_fast`, i.e.
-        data + model + optimiser + the step's working memory, without the interpreter itself.
-    cpu, --cpu-memory tracked: peak bytes live in torch's CPU allocator during one extra
-        (profiled) epoch above the bytes live at its start, i.e. the step's working memory only.
-    cuda: torch.cuda.max_memory_allocated() over the training epochs (everything on the card).
-Runs whose predicted memory exceeds --memory-budget (or predicted time exceeds --time-budget)
-are not started and are reported as `skipped: would need ~X GB`.
-Writes <out>/scale.csv, <out>/scale.png (log-log time and memory) and <out>/scale.json (metadata).
+Every (method, size) runs in a FRESH subprocess (`--worker`), so that no run's memory leaks
+into or hides another's. peak_memory_bytes is:
+  cpu, --cpu-memory rss (default): peak resident set size (VmHWM) during the training epochs minus
+      the worker's resident size after imports and one priming epoch on a tiny graph (code pages,
+      thread pools): data + model + optimiser + the step's working memory, not the interpreter.
+  cpu, --cpu-memory tracked: peak bytes live in torch's CPU allocator during one extra profiled
+      epoch above those live at its start: the step's working memory only (deterministic).
+  cuda: torch.cuda.max_memory_allocated() over the training epochs (everything on the card).
+Runs whose predicted memory (time) exceeds --memory-budget (--time-budget) are reported as
+`skipped: would need ~X GB` (`skipped: would take ~X s`) instead of being started. Epochs: --warmup
+untimed, then up to --epochs timed (median), fewer once RUN_SECONDS are spent; the warm-up is
+dropped when an epoch is predicted to take over LONG_EPOCH_SECONDS (one-time costs are noise then).
+Writes <out>/scale.csv, <out>/scale.png (log-log time and memory), <out>/scale.json (metadata).
 """
 from __future__ import annotations
 
@@ -44,10 +46,14 @@ RESULT_TAG = "SCALE_RESULT "
 GB = 1e9
 DEFAULT_CPU_BUDGET = 4 * GB  # the default run must stay within 4 GB on the 2-core CI machine
 
+LONG_EPOCH_SECONDS = 60.0  # predicted epoch time above which the warm-up epoch is dropped
+RUN_SECONDS = 120.0  # timed epochs stop once this much is spent (at least one)
+
 # Memory model for the budget check, bytes. The dense reference keeps about REF_BYTES_PER_PAIR
-# bytes per (n + k)^2 pair alive through backward (DESIGN.md §3: ~33 B per N^2 element in the
-# official code). Linear terms: a few float32 copies of the n x (features + hidden) activations
-# and their gradients, plus the CSR graph (index + value per directed edge).
+# bytes per (n + k)^2 key pair alive through backward (DESIGN.md §3: ~33 B per N^2 element in the
+# official code; our reference measured ~21 B with --cpu-memory tracked at 4000 nodes, paper
+# config). Linear terms: ~a dozen float32 n x (features + hidden) activations and gradients, the
+# CSR graph (index + value per directed edge), and the blocked loss's 48 MB row block.
 REF_BYTES_PER_PAIR = 33.0
 BYTES_PER_NODE_CHANNEL = 4 * 12
 BYTES_PER_EDGE = 48
@@ -99,8 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-budget", type=_positive_float, metavar="GB",
                    help="skip runs predicted to need more (default: available memory, "
                         "capped at 4 GB on CPU; free GPU memory on CUDA)")
-    p.add_argument("--time-budget", type=_positive_float, default=900.0, metavar="S",
-                   help="skip runs predicted (from the previous size) to take longer (seconds)")
+    p.add_argument("--time-budget", type=_positive_float, default=1200.0, metavar="S",
+                   help="skip runs predicted (from smaller sizes) to take longer (default 1200)")
+    p.add_argument("--threads", type=_positive_int, help="torch threads (default: torch's)")
     p.add_argument("--cpu-memory", choices=("rss", "tracked"), default="rss",
                    help="CPU memory figure: peak RSS (default) or torch-allocator peak")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
@@ -116,11 +123,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         return args
     if args.warmup < 0:
         parser.error(f"--warmup must be >= 0, got {args.warmup}")
+    if args.classes < 2:
+        parser.error(f"--classes must be >= 2, got {args.classes}")
     sizes = sorted(set(args.sizes)) if args.sizes else default_sizes(args.nodes)
-    too_small = [n for n in sizes if n < max(2 * args.classes, 10)]
+    too_small = [n for n in sizes if n < args.classes]
     if too_small:
-        parser.error(f"sizes {too_small} are too small for --classes {args.classes} "
-                     f"(need at least {max(2 * args.classes, 10)} nodes)")
+        parser.error(f"sizes {too_small} are smaller than --classes {args.classes} "
+                     "(every class needs a node)")
     args.sizes = sizes
     args.methods = list(dict.fromkeys(args.methods))
     if args.device == "auto":
@@ -140,35 +149,45 @@ def default_sizes(max_nodes: int) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- budgets
-def predict_memory(method: str, nodes: int, *, classes: int, features: int, hidden: int,
-                   avg_degree: float, previous: tuple[int, float] | None = None) -> float:
-    """Predicted peak bytes of one run; `previous` = (nodes, measured bytes) of a smaller run.
-
-    hiertail / gcn: linear, FIXED + n·(features + hidden)·BYTES_PER_NODE_CHANNEL + E·BYTES_PER_EDGE.
-    hiertail-reference: that plus REF_BYTES_PER_PAIR·(n + k)^2 per contrastive level, k = pooled
-    nodes/prototypes (<= n/2 + classes). A measured smaller run, scaled by (n/n_prev)^p (p = 2 for
-    the reference, 1 otherwise), raises the prediction when the model underestimates.
-    """
-    edges = nodes * avg_degree
-    linear = FIXED_BYTES + nodes * (features + hidden) * BYTES_PER_NODE_CHANNEL
-    linear += edges * BYTES_PER_EDGE
-    predicted = linear
-    power = 1
-    if method == "hiertail-reference":
-        power = 2
-        keys = nodes + classes  # all nodes plus one level's prototypes
-        predicted += REF_BYTES_PER_PAIR * keys**2
-    if previous is not None and previous[1] > 0:
-        predicted = max(predicted, previous[1] * (nodes / previous[0]) ** power)
-    return predicted
-
-
-def predict_seconds(method: str, nodes: int, previous: tuple[int, float] | None) -> float | None:
-    """Epoch seconds scaled from a smaller run: HierTail's contrastive loss is all-pairs (n^2)."""
-    if previous is None or not previous[1] > 0:
+def extrapolate(history: list[tuple[int, float]], nodes: int, nominal: float) -> float | None:
+    """Scale the last measured (n, value) to `nodes` as value·(nodes/n)^p. p is the slope of
+    the last two measurements on log-log axes, clipped to [1, 2]; `nominal` with one point."""
+    points = [(n, v) for n, v in history if v > 0]
+    if not points:
         return None
-    power = 1 if method == "gcn" else 2
-    return previous[1] * (nodes / previous[0]) ** power
+    n1, v1 = points[-1]
+    power = nominal
+    if len(points) >= 2 and points[-2][0] < n1:
+        n0, v0 = points[-2]
+        power = min(2.0, max(1.0, math.log(v1 / v0) / math.log(n1 / n0)))
+    return v1 * (nodes / n1) ** power
+
+
+def predict_memory(method: str, nodes: int, *, classes: int, features: int, hidden: int,
+                   avg_degree: float, config: str = "paper",
+                   history: list[tuple[int, float]] = ()) -> float:
+    """Predicted peak bytes of one run; `history`: (nodes, measured bytes) of smaller runs.
+
+    hiertail / gcn: FIXED + n·(features + hidden)·BYTES_PER_NODE_CHANNEL + E·BYTES_PER_EDGE.
+    hiertail-reference: plus REF_BYTES_PER_PAIR·(n + k)^2 per contrastive level over all nodes
+    (paper: one level, k = C prototypes; official: two levels, k <= n/C pooled nodes). The
+    measured smaller runs, extrapolated (quadratically for the reference), can only raise it.
+    """
+    predicted = (FIXED_BYTES + nodes * (features + hidden) * BYTES_PER_NODE_CHANNEL
+                 + nodes * avg_degree * BYTES_PER_EDGE)
+    if method == "hiertail-reference":
+        levels, keys = (1, nodes + classes) if config == "paper" else (2, nodes + nodes // classes)
+        predicted += levels * REF_BYTES_PER_PAIR * keys**2
+    measured = extrapolate(list(history), nodes, 2.0 if method == "hiertail-reference" else 1.0)
+    return max(predicted, measured or 0.0)
+
+
+def planned_epochs(seconds: float | None, warmup: int, epochs: int) -> tuple[int, int]:
+    """(warm-up, timed) epochs a run will do when an epoch is predicted to take `seconds`."""
+    if seconds is None:
+        return warmup, epochs
+    timed = max(1, min(epochs, math.ceil(RUN_SECONDS / max(seconds, 1e-9))))
+    return (0 if seconds > LONG_EPOCH_SECONDS else warmup), timed
 
 
 def default_memory_budget(device: str) -> float:
@@ -291,9 +310,12 @@ def run_worker(spec: dict) -> dict:
     import torch
 
     device = torch.device(spec["device"])
-    # Prime: one epoch on a tiny graph faults in code pages, thread pools and lazily loaded
-    # libraries (~170 MB of RSS on first use), so that the baseline below already holds them.
-    _setup(spec, max(2 * spec["classes"], 200))[0]()
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    if device.type == "cpu" and spec["cpu_memory"] == "rss":
+        # Prime: one epoch on a tiny graph faults in code pages, thread pools and lazily loaded
+        # libraries (~170 MB of RSS on first use), so that the baseline below holds them.
+        _setup(spec, max(2 * spec["classes"], 200))[0]()
     gc.collect()
     _malloc_trim()
     baseline_rss = _proc_status_bytes("VmRSS")
@@ -306,8 +328,8 @@ def run_worker(spec: dict) -> dict:
     hwm_reset = _reset_peak_rss()
     for _ in range(spec["warmup"]):
         epoch()
-    times = []
-    for _ in range(spec["epochs"]):
+    times: list[float] = []
+    while len(times) < spec["epochs"] and (not times or sum(times) < RUN_SECONDS):
         sync()
         start = time.perf_counter()
         epoch()
@@ -321,9 +343,12 @@ def run_worker(spec: dict) -> dict:
         peak = _tracked_peak(epoch)
     else:  # without the reset, VmHWM is the whole process's peak: report it as such
         peak = _proc_status_bytes("VmHWM") - (baseline_rss if hwm_reset else 0)
+    notes = [] if all(map(math.isfinite, losses)) else ["non-finite loss"]
+    if len(times) < spec["epochs"]:
+        notes.append(f"{len(times)} timed epochs: {RUN_SECONDS:.0f} s spent")
     return {"edges": edges, "epoch_seconds": statistics.median(times),
             "peak_memory_bytes": int(peak), "device": name,
-            "status": "ok" if all(map(math.isfinite, losses)) else "ok (non-finite loss)"}
+            "status": "ok" + (f" ({', '.join(notes)})" if notes else "")}
 
 
 # ----------------------------------------------------------------------------- driver
@@ -334,8 +359,10 @@ def _gb(nbytes: float) -> str:
 def run_one(spec: dict, timeout: float | None) -> dict:
     """Run one (method, size) in a fresh interpreter; never raises for a failed run."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
+    # Passive OpenMP waiting: spinning threads collapse throughput 10x+ on a shared machine.
+    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"status": f"timeout: over {timeout:.0f} s"}
     for line in reversed(proc.stdout.splitlines()):
@@ -348,34 +375,36 @@ def run_one(spec: dict, timeout: float | None) -> dict:
 
 
 def sweep(args: argparse.Namespace, budget: float, progress=None) -> list[dict]:
-    """All (size, method) runs, smallest size first; skips runs over the budgets."""
+    """All (size, method) runs, smallest size first; runs over the budgets are skipped."""
     rows: list[dict] = []
-    last: dict[str, tuple[int, float, float]] = {}  # method -> (nodes, bytes, seconds)
-    epochs_per_run = args.warmup + args.epochs
+    mem_hist: dict[str, list] = {m: [] for m in args.methods}  # method -> [(nodes, bytes)]
+    time_hist: dict[str, list] = {m: [] for m in args.methods}  # method -> [(nodes, seconds)]
     for nodes in args.sizes:
         for method in args.methods:
             row = dict.fromkeys(CSV_COLUMNS, "")
             row.update(method=method, nodes=nodes, device=args.device)
-            prev = last.get(method)
             need = predict_memory(method, nodes, classes=args.classes, features=args.features,
                                   hidden=args.hidden, avg_degree=args.avg_degree,
-                                  previous=prev[:2] if prev else None)
-            secs = predict_seconds(method, nodes, (prev[0], prev[2]) if prev else None)
+                                  config=args.config, history=mem_hist[method])
+            secs = extrapolate(time_hist[method], nodes, 1.0)
+            warmup, epochs = planned_epochs(secs, args.warmup, args.epochs)
             if need > budget:
                 row["status"] = f"skipped: would need ~{_gb(need)} (budget {_gb(budget)})"
-            elif secs is not None and secs * epochs_per_run > args.time_budget:
-                row["status"] = (f"skipped: would take ~{secs * epochs_per_run:.0f} s "
+            elif secs is not None and secs * (warmup + epochs) > args.time_budget:
+                row["status"] = (f"skipped: would take ~{secs * (warmup + epochs):.0f} s "
                                  f"(time budget {args.time_budget:.0f} s)")
             else:
                 spec = {k: getattr(args, k) for k in (
-                    "classes", "avg_degree", "features", "hidden", "config", "epochs", "warmup",
-                    "device", "seed", "cpu_memory")}
-                spec.update(method=method, nodes=nodes)
-                # hard stop well past the prediction (a wedged run must not hang the sweep)
+                    "classes", "avg_degree", "features", "hidden", "config", "device", "seed",
+                    "cpu_memory", "threads")}
+                spec.update(method=method, nodes=nodes, warmup=warmup, epochs=args.epochs)
+                # hard stop far past any prediction: a wedged run must not hang the sweep
                 row.update(run_one(spec, timeout=max(3 * args.time_budget, 600)))
+                if warmup < args.warmup and row["status"] == "ok":
+                    row["status"] = "ok (no warm-up: long epochs)"
                 if str(row["status"]).startswith("ok"):
-                    last[method] = (nodes, float(row["peak_memory_bytes"]),
-                                    float(row["epoch_seconds"]))
+                    mem_hist[method].append((nodes, float(row["peak_memory_bytes"])))
+                    time_hist[method].append((nodes, float(row["epoch_seconds"])))
             rows.append(row)
             if progress is not None:
                 progress.update(1)
@@ -456,16 +485,17 @@ def main(argv: list[str] | None = None) -> int:
 
     budget = args.memory_budget * GB if args.memory_budget else default_memory_budget(args.device)
     args.out.mkdir(parents=True, exist_ok=True)
-    info = {"command": " ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])),
-            "machine_start": machine_info(), "memory_budget_bytes": budget,
-            "memory_measure": ("cuda max_memory_allocated" if args.device == "cuda" else
-                               "peak RSS above the post-import baseline" if args.cpu_memory ==
-                               "rss" else "torch CPU allocator peak of one step")}
-    print(f"sizes {args.sizes}, methods {args.methods}, device {args.device}, "
-          f"memory budget {_gb(budget)}, time budget {args.time_budget:.0f} s per run")
+    measure = ("torch.cuda.max_memory_allocated" if args.device == "cuda" else
+               "peak RSS above the primed post-import baseline" if args.cpu_memory == "rss" else
+               "torch CPU allocator peak of one step above its start")
+    info = {"argv": sys.argv[1:] if argv is None else argv, "args": vars(args),
+            "memory_budget_bytes": budget, "memory_measure": measure, **machine_info()}
+    print(f"sizes {args.sizes}, methods {args.methods}, device {args.device}, memory budget "
+          f"{_gb(budget)}, time budget {args.time_budget:.0f} s/run, memory = {measure}, "
+          f"load average {info['load_average'][0]:.1f} on {info['cores']} cores")
     started = time.perf_counter()
     with tqdm(total=len(args.sizes) * len(args.methods), unit="run", desc="scale") as bar:
-        bar.write(table([])[:-1])
+        bar.write(table([]))
         rows = sweep(args, budget, bar)
     info.update(wall_seconds=time.perf_counter() - started,
                 load_average_end=list(os.getloadavg()), rows=rows)
@@ -473,10 +503,9 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "scale.json").write_text(json.dumps(info, indent=1, default=str))
     if not args.no_plot:
         plot(rows, args.out / "scale.png")
-    print("\n" + table(rows))
-    print(f"\nwrote {args.out / 'scale.csv'}" + ("" if args.no_plot else
-                                                  f" and {args.out / 'scale.png'}")
-          + f" in {info['wall_seconds']:.0f} s")
+    print("\n" + table(rows) + f"\n\n{info['wall_seconds']:.0f} s; load average at the end "
+          f"{info['load_average_end'][0]:.1f}; wrote {args.out}/scale.csv, scale.json"
+          + ("" if args.no_plot else ", scale.png"))
     return 0
 
 
