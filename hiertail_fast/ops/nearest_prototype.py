@@ -10,10 +10,11 @@ Near-ties are therefore re-checked: with u the unit roundoff of the accumulation
 (float32 for 32- and 16-bit inputs, float64 for float64) the expanded value of any prototype is
 within γ·(‖z_i‖ + max_t ‖p_t‖)², γ = (d + 2)·u, of its exact value (the standard worst-case
 dot-product bound), so whenever the gap between the best and second-best expanded values is at
-most twice that, the row is recomputed with direct differences over all prototypes and the
-lowest index among exact minima wins. Outside such rows the expanded argmin is the exact one.
-The result is therefore deterministic and equal to the reference argmin of directly computed
-distances up to the rounding of that direct sum itself (which the reference shares).
+most twice that, the row's candidates (prototypes within that bound of its minimum) are
+recomputed with direct differences and the lowest index among exact minima wins. Outside
+such rows the expanded argmin is the exact one. The result is therefore deterministic and
+equal to the reference argmin of directly computed distances up to the rounding of that
+direct sum itself (which the reference shares).
 
 Not differentiable: an assignment (the official code detaches it too).
 """
@@ -90,16 +91,35 @@ def _argmin_torch(z: torch.Tensor, p: torch.Tensor):
 
 
 def _refine_near_ties(z, p, idx, best, second):
-    """Recompute rows whose best/second gap is within the rounding bound, with exact distances."""
+    """Re-decide rows whose best/second gap is within the rounding bound, with exact distances.
+
+    For such a row every prototype whose expanded value is within the bound of the row's
+    minimum is a candidate (any other one is provably farther than the expanded winner); the
+    candidates' distances are recomputed directly, ‖z − p‖², and the smallest wins, lowest index
+    on ties. Work: one small GEMM over the suspect rows plus a few exact distances.
+    """
     n, d = z.shape
-    if n == 0 or p.shape[0] == 1:
+    m = p.shape[0]
+    if n == 0 or m == 1:
         return idx
     unit = torch.finfo(z.dtype).eps / 2
-    gamma = (d + 2) * unit
-    scale = (z.norm(dim=1) + p.norm(dim=1).max()) ** 2
-    suspect = torch.nonzero((second - best) <= 2.0 * gamma * scale).view(-1)
+    gamma = (d + 2) * unit  # worst-case relative error of a length-d dot product (+2 ops)
+    tol = 2.0 * gamma * (z.norm(dim=1) + p.norm(dim=1).max()) ** 2  # two values' errors
+    suspect = torch.nonzero((second - best) <= tol).view(-1)
     if suspect.numel() == 0:
         return idx
+    zs = z[suspect]
+    expanded = torch.addmm(p.pow(2).sum(dim=1), zs, p.t(), alpha=-2.0)  # [r, m]
+    cand = expanded <= expanded.min(dim=1, keepdim=True).values + tol[suspect, None]
+    rows, cols = torch.nonzero(cand, as_tuple=True)
+    diff = zs[rows] - p[cols]
+    exact = (diff * diff).sum(dim=1)
+    r = suspect.numel()
+    emin = torch.full((r,), float("inf"), dtype=z.dtype, device=z.device)
+    emin = emin.scatter_reduce(0, rows, exact, "amin")
+    cols = torch.where(exact == emin[rows], cols, torch.full_like(cols, m))
+    winner = torch.full((r,), m, dtype=torch.long, device=z.device).scatter_reduce(
+        0, rows, cols, "amin")  # lowest index among the exact minima
     idx = idx.clone()
-    idx[suspect] = nearest_prototype_ref(z[suspect], p)
+    idx[suspect] = winner
     return idx
