@@ -85,10 +85,11 @@ def gcn_spmm(
     out = torch.empty_like(x)
     if n == 0 or d == 0:
         return out
-    dinv = dinv.to(x.dtype).contiguous()
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32  # scalars at acc precision
+    dinv = dinv.to(acc).contiguous()
     has_w, has_loop = weight is not None, loop is not None
-    w = weight.to(x.dtype).contiguous() if has_w else dinv  # dummy pointer when unweighted
-    lp = loop.to(x.dtype).contiguous() if has_loop else dinv
+    w = weight.to(acc).contiguous() if has_w else dinv  # dummy pointer when unweighted
+    lp = loop.to(acc).contiguous() if has_loop else dinv
     block_d = feature_block(d, max_block=128)
     if block_e is None:  # entries per chunk ~ the mean degree: few masked lanes on sparse graphs
         mean_deg = -(-indices.numel() // n)

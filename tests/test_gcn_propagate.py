@@ -105,7 +105,7 @@ def _check_backend(backend, ei, w, n, d, *, dtype, improved=True, add_self_loops
     torch.testing.assert_close(out, out_ref.to(dtype).detach(), **t)
     torch.testing.assert_close(x_b.grad, x_ref.grad.to(dtype), **t)
     if w is not None and weight_grad:
-        torch.testing.assert_close(w_b.grad, w_ref.grad.to(dtype), **t)
+        torch.testing.assert_close(w_b.grad, w_ref.grad.to(w_b.dtype), **t)
 
 
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
@@ -137,6 +137,13 @@ def test_backend_options_and_edge_index_input(backend, improved, add_self_loops)
     _check_backend(backend, ei, w, n, 9, dtype=torch.float64, improved=improved,
                    add_self_loops=add_self_loops, as_graph=False)
     _check_backend(backend, ei, w, n, 9, dtype=torch.float64, weight_grad=False)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_backend_low_precision(backend, dtype):
+    ei, w = make_edges(45, 130, weighted=True, seed=9)
+    _check_backend(backend, ei, w, 45, 12, dtype=dtype)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -79,6 +79,7 @@ def _spmm(backend, graph, weight, dinv, loop, x, key, transposed):
             w = graph.transpose().weight if key is not None else w[graph.transpose_perm()]
         return gcn_spmm(g.indptr, g.indices, w, dinv, loop, x)
     indptr, indices, values = _normalised(graph, weight, dinv, key, transposed)
+    x_in, x = x, x.to(values.dtype)  # fp16/bf16 run in fp32 (CPU sparse kernels lack them)
     if backend == "torch_sparse":
         import torch_sparse
 
@@ -99,7 +100,7 @@ def _spmm(backend, graph, weight, dinv, loop, x, key, transposed):
         out = torch.sparse.mm(csr, x) if indices.numel() else torch.zeros_like(x)
     if loop is not None:
         out.addcmul_((loop * dinv * dinv).unsqueeze(1), x)  # added self-loop: loop_i dinv_i² x_i
-    return out
+    return out.to(x_in.dtype)
 
 
 def _edge_dots(g: torch.Tensor, x: torch.Tensor, row: torch.Tensor, col: torch.Tensor):
@@ -208,9 +209,11 @@ def gcn_propagate(
     weight_grad = weight is not None and weight.requires_grad and torch.is_grad_enabled()
     # dinv/loop come from the graph's cache unless the weights need gradients (then they are
     # recomputed with autograd so the degree path reaches the weights)
-    dinv, loop = graph.gcn_deg_inv_sqrt(improved, add_self_loops, x.dtype)
-    key = None if weight_grad else (bool(improved), bool(add_self_loops), x.dtype)
+    # degrees and weights in fp32 for fp16/bf16 features (accumulation precision), else x.dtype
+    cdtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    dinv, loop = graph.gcn_deg_inv_sqrt(improved, add_self_loops, cdtype)
+    key = None if weight_grad else (bool(improved), bool(add_self_loops), cdtype)
     if weight is not None:
-        weight = weight.to(x.dtype)
+        weight = weight.to(cdtype)
     return GCNPropagateFunction.apply(x, weight, dinv, loop if add_self_loops else None, graph,
                                       key, backend)
