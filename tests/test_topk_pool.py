@@ -403,3 +403,19 @@ def test_pooled_csr_equals_csrgraph_subgraph(backend):
         assert torch.equal(r.graph.indptr, s.indptr) and torch.equal(r.graph.indices, s.indices)
         assert torch.equal(r.graph.weight, s.weight)
 
+
+
+@requires_pyg
+def test_pyg_pool_size_equals_pyg_topk():
+    from torch_geometric.nn.pool.select.topk import topk
+
+    from hiertail_fast.reference.topk_pool import pyg_pool_size
+
+    for n in (1, 7, 100, 333):
+        for ratio in (0.01, 0.3, 0.5, 0.99, 1.0, 1, 3, 23.93, 500.0):
+            for dtype in (torch.float32, torch.float64):
+                score = torch.rand(n, dtype=dtype)
+                k = topk(score, ratio, torch.zeros(n, dtype=torch.long)).numel()
+                assert pyg_pool_size(n, ratio, dtype) == k, (n, ratio, dtype)
+                if not (isinstance(ratio, float) and ratio >= 1):
+                    assert pool_size(n, ratio, dtype) == k  # ours agrees below 1.0 and for ints

@@ -21,6 +21,7 @@ Pool size k (``pool_size``):
 - ``ratio == 1.0``: k = n (every node kept, re-ordered and gated). PyG reads any float >= 1 as
   a count (1.0 -> k = 1); this library does not: a float is a ratio in (0, 1], a count must
   be an ``int``. Floats <= 0 or > 1, ints < 1, bools, NaN -> ValueError/TypeError.
+  ``pyg_pool_size`` implements PyG's full rule (floats >= 1 as counts) to compute such an int.
 
 Ties: ``perm`` comes from a stable descending sort, so equal scores keep ascending node index
 (lower index first). PyG's unstable ``torch.sort`` leaves tie order unspecified; without ties
@@ -41,7 +42,7 @@ from hiertail_fast._validation import (
     check_tensor,
 )
 
-__all__ = ["pool_size", "topk_pool_ref", "topk_unpool_ref"]
+__all__ = ["pool_size", "pyg_pool_size", "topk_pool_ref", "topk_unpool_ref"]
 
 
 def pool_size(num_nodes: int, ratio: float | int, dtype: torch.dtype = torch.float32) -> int:
@@ -67,6 +68,21 @@ def pool_size(num_nodes: int, ratio: float | int, dtype: torch.dtype = torch.flo
         dtype = torch.float32  # 16-bit types would overflow / round n itself
     k = torch.ceil(torch.tensor(float(num_nodes), dtype=dtype) * ratio)
     return min(int(k), int(num_nodes))
+
+
+def pyg_pool_size(num_nodes: int, ratio: float | int,
+                  dtype: torch.dtype = torch.float32) -> int:
+    """PyG's own rule, floats >= 1 included: k = min(int(ratio), n) when ratio >= 1 (so 1.0
+    keeps ONE node and 23.9 keeps 23), else ceil(ratio·n) in ``dtype``. Use it to turn the
+    official HierTail ratios (first one rescaled by n/#classes) into the int count that
+    ``topk_pool`` takes: ``topk_pool(..., ratio=pyg_pool_size(n, r))``."""
+    if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or math.isnan(ratio):
+        raise TypeError(f"ratio must be a real number, got {ratio!r}")
+    if ratio >= 1:
+        return min(int(ratio), int(num_nodes))
+    if ratio <= 0:
+        raise ValueError(f"ratio must be > 0, got {ratio}")
+    return pool_size(num_nodes, float(ratio), dtype)
 
 
 def topk_pool_ref(
