@@ -419,3 +419,15 @@ def test_pyg_pool_size_equals_pyg_topk():
                 assert pyg_pool_size(n, ratio, dtype) == k, (n, ratio, dtype)
                 if not (isinstance(ratio, float) and ratio >= 1):
                     assert pool_size(n, ratio, dtype) == k  # ours agrees below 1.0 and for ints
+
+
+@pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
+def test_pooled_graph_keeps_known_symmetry(backend):
+    ei, w = random_graph(80, 300, seed=6)
+    g = CSRGraph.from_edge_index(ei, w, num_nodes=80, symmetrize=True)
+    assert g.is_symmetric()
+    x = torch.randn(80, 4, dtype=torch.float64)
+    r = topk_pool(x, g, torch.randn(4, dtype=torch.float64), 0.5, backend=backend)
+    fresh = CSRGraph(r.graph.indptr, r.graph.indices, r.graph.weight, r.graph.num_nodes)
+    assert fresh.is_symmetric()  # checked from scratch
+    assert r.graph.known_symmetric  # and declared without a check

@@ -172,6 +172,12 @@ def _as_graph(graph_or_edge_index, edge_weight, n: int, device: torch.device) ->
     return graph
 
 
+def _inherit_symmetry(parent: CSRGraph, child: CSRGraph) -> CSRGraph:
+    """A[perm, perm] of a symmetric A is symmetric (same relabelling on rows and columns):
+    declare it, so gcn_propagate's backward reuses the pooled CSR instead of transposing."""
+    return child.assume_symmetric() if parent.known_symmetric else child
+
+
 def _subgraph_torch(graph: CSRGraph, perm: torch.Tensor) -> CSRGraph:
     """Induced subgraph on perm (relabelled in perm order), touching only the kept ROWS.
 
@@ -200,7 +206,7 @@ def _subgraph_torch(graph: CSRGraph, perm: torch.Tensor) -> CSRGraph:
     torch.cumsum(torch.bincount(new_row, minlength=k), 0, out=indptr[1:])
     eid = eid[order]
     weight = None if graph.weight is None else graph.weight[eid]
-    return CSRGraph(indptr, new_col[order], weight, k, validate=False)
+    return _inherit_symmetry(graph, CSRGraph(indptr, new_col[order], weight, k, validate=False))
 
 
 def _subgraph_triton(graph: CSRGraph, perm: torch.Tensor) -> CSRGraph:
@@ -219,7 +225,7 @@ def _subgraph_triton(graph: CSRGraph, perm: torch.Tensor) -> CSRGraph:
     torch.cumsum(torch.bincount(new_row, minlength=k), 0, out=indptr[1:])
     eid = eid[order]
     weight = None if graph.weight is None else graph.weight[eid]
-    return CSRGraph(indptr, new_col[order], weight, k, validate=False)
+    return _inherit_symmetry(graph, CSRGraph(indptr, new_col[order], weight, k, validate=False))
 
 
 def topk_pool(
@@ -256,7 +262,8 @@ def topk_pool(
     if choice == "reference":
         x_pooled, ei, ew, perm, score = topk_pool_ref(x, graph.edge_index(), p, ratio,
                                                       graph.weight)
-        pooled = CSRGraph.from_edge_index(ei, ew, num_nodes=k, dedupe=False)
+        pooled = _inherit_symmetry(graph, CSRGraph.from_edge_index(ei, ew, num_nodes=k,
+                                                                   dedupe=False))
     else:
         x_pooled, perm, score = TopKPoolFunction.apply(x, p, k, choice)
         pooled = _subgraph_triton(graph, perm) if choice == "triton" else \
