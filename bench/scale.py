@@ -61,27 +61,24 @@ FIXED_BYTES = 64e6
 
 
 # ----------------------------------------------------------------------------- arguments
-def _positive_int(text: str) -> int:
-    try:  # "100000" or "1e5"
-        number = float(text)
-        value = int(number)
-    except (ValueError, OverflowError):
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value != number:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
-    return value
+def _positive(kind: type):
+    """argparse type: a positive int ("100000" or "1e5") or a positive finite float."""
+    def convert(text: str):
+        try:
+            number = float(text)
+        except ValueError:
+            what = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if kind is int and (not math.isfinite(number) or number != int(number)):
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+        if not (number > 0 and math.isfinite(number)):
+            raise argparse.ArgumentTypeError(f"{text!r} must be a positive "
+                                             + ("integer" if kind is int else "number"))
+        return kind(number)
+    return convert
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
-    return value
+_positive_int, _positive_float = _positive(int), _positive(float)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,13 +129,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      "(every class needs a node)")
     args.sizes = sizes
     args.methods = list(dict.fromkeys(args.methods))
-    if args.device == "auto":
+    if args.device != "cpu":
         import torch
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif args.device == "cuda":
-        import torch
-        if not torch.cuda.is_available():
+        if args.device == "cuda" and not torch.cuda.is_available():
             parser.error("--device cuda was asked for but torch sees no CUDA device")
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     return args
 
 
@@ -150,17 +145,23 @@ def default_sizes(max_nodes: int) -> list[int]:
 
 # ----------------------------------------------------------------------------- budgets
 def extrapolate(history: list[tuple[int, float]], nodes: int, nominal: float) -> float | None:
-    """Scale the last measured (n, value) to `nodes` as value·(nodes/n)^p. p is the slope of
-    the last two measurements on log-log axes, clipped to [1, 2]; `nominal` with one point."""
+    """Extrapolate measured (n, value) pairs to `nodes`: v = a·n + b·n² with a, b >= 0 through
+    the last two points (HierTail's time is linear work plus the all-pairs loss); with one
+    point, v·(nodes/n)^nominal. None without measurements."""
     points = [(n, v) for n, v in history if v > 0]
     if not points:
         return None
     n1, v1 = points[-1]
-    power = nominal
-    if len(points) >= 2 and points[-2][0] < n1:
-        n0, v0 = points[-2]
-        power = min(2.0, max(1.0, math.log(v1 / v0) / math.log(n1 / n0)))
-    return v1 * (nodes / n1) ** power
+    if len(points) < 2 or points[-2][0] >= n1:
+        return v1 * (nodes / n1) ** nominal
+    n0, v0 = points[-2]
+    b = (v1 / n1 - v0 / n0) / (n1 - n0)
+    a = v0 / n0 - b * n0
+    if b <= 0:  # sub-linear (fixed costs): linear through the last point
+        return v1 * nodes / n1
+    if a < 0:  # super-quadratic: quadratic through the last point
+        return v1 * (nodes / n1) ** 2
+    return a * nodes + b * nodes**2
 
 
 def predict_memory(method: str, nodes: int, *, classes: int, features: int, hidden: int,
@@ -343,12 +344,9 @@ def run_worker(spec: dict) -> dict:
         peak = _tracked_peak(epoch)
     else:  # without the reset, VmHWM is the whole process's peak: report it as such
         peak = _proc_status_bytes("VmHWM") - (baseline_rss if hwm_reset else 0)
-    notes = [] if all(map(math.isfinite, losses)) else ["non-finite loss"]
-    if len(times) < spec["epochs"]:
-        notes.append(f"{len(times)} timed epochs: {RUN_SECONDS:.0f} s spent")
     return {"edges": edges, "epoch_seconds": statistics.median(times),
-            "peak_memory_bytes": int(peak), "device": name,
-            "status": "ok" + (f" ({', '.join(notes)})" if notes else "")}
+            "peak_memory_bytes": int(peak), "device": name, "timed_epochs": len(times),
+            "status": "ok" if all(map(math.isfinite, losses)) else "ok (non-finite loss)"}
 
 
 # ----------------------------------------------------------------------------- driver
@@ -381,11 +379,11 @@ def sweep(args: argparse.Namespace, budget: float, progress=None) -> list[dict]:
     time_hist: dict[str, list] = {m: [] for m in args.methods}  # method -> [(nodes, seconds)]
     for nodes in args.sizes:
         for method in args.methods:
-            row = dict.fromkeys(CSV_COLUMNS, "")
-            row.update(method=method, nodes=nodes, device=args.device)
             need = predict_memory(method, nodes, classes=args.classes, features=args.features,
                                   hidden=args.hidden, avg_degree=args.avg_degree,
                                   config=args.config, history=mem_hist[method])
+            row = {**dict.fromkeys(CSV_COLUMNS, ""), "method": method, "nodes": nodes,
+                   "device": args.device, "predicted_memory_bytes": need}
             secs = extrapolate(time_hist[method], nodes, 1.0)
             warmup, epochs = planned_epochs(secs, args.warmup, args.epochs)
             if need > budget:
@@ -400,8 +398,9 @@ def sweep(args: argparse.Namespace, budget: float, progress=None) -> list[dict]:
                 spec.update(method=method, nodes=nodes, warmup=warmup, epochs=args.epochs)
                 # hard stop far past any prediction: a wedged run must not hang the sweep
                 row.update(run_one(spec, timeout=max(3 * args.time_budget, 600)))
-                if warmup < args.warmup and row["status"] == "ok":
-                    row["status"] = "ok (no warm-up: long epochs)"
+                timed = row.get("timed_epochs", args.epochs)
+                if row["status"] == "ok" and (warmup, timed) != (args.warmup, args.epochs):
+                    row["status"] = f"ok ({warmup} warm-up + {timed} timed epochs: long epochs)"
                 if str(row["status"]).startswith("ok"):
                     mem_hist[method].append((nodes, float(row["peak_memory_bytes"])))
                     time_hist[method].append((nodes, float(row["epoch_seconds"])))
@@ -413,17 +412,15 @@ def sweep(args: argparse.Namespace, budget: float, progress=None) -> list[dict]:
 
 
 def format_row(row: dict) -> str:
-    secs = row["epoch_seconds"]
-    mem = row["peak_memory_bytes"]
-    secs_txt = f"{float(secs):10.4f}" if secs != "" else f"{'-':>10}"
-    mem_txt = f"{float(mem) / 1e6:12.1f}" if mem != "" else f"{'-':>12}"
-    return (f"{row['method']:<19}{row['nodes']:>9}{str(row['edges']):>11}{secs_txt}{mem_txt}  "
+    secs, mem = row["epoch_seconds"], row["peak_memory_bytes"]
+    secs = f"{float(secs):10.4f}" if secs != "" else f"{'-':>10}"
+    mem = f"{float(mem) / 1e6:12.1f}" if mem != "" else f"{'-':>12}"
+    return (f"{row['method']:<19}{row['nodes']:>9}{str(row['edges']):>11}{secs}{mem}  "
             f"{row['device']:<8} {row['status']}")
 
 
 def table(rows: list[dict]) -> str:
-    head = (f"{'method':<19}{'nodes':>9}{'edges':>11}{'epoch s':>10}{'peak MB':>12}  "
-            f"{'device':<8} status")
+    head = f"{'method':<19}{'nodes':>9}{'edges':>11}{'epoch s':>10}{'peak MB':>12}  device   status"
     return "\n".join([head, "-" * len(head)] + [format_row(r) for r in rows])
 
 
@@ -445,7 +442,14 @@ def plot(rows: list[dict], path: Path) -> None:
         ok = [r for r in rows if r["method"] == method and str(r["status"]).startswith("ok")]
         nodes = [int(r["nodes"]) for r in ok]
         ax_t.plot(nodes, [float(r["epoch_seconds"]) for r in ok], "o-", label=method)
-        ax_m.plot(nodes, [float(r["peak_memory_bytes"]) / 1e6 for r in ok], "o-", label=method)
+        line = ax_m.plot(nodes, [float(r["peak_memory_bytes"]) / 1e6 for r in ok], "o-",
+                         label=method)[0]
+        over = [r for r in rows if r["method"] == method and "would need" in str(r["status"])]
+        if over:  # skipped runs: their predicted memory, dashed from the last measured point
+            xs = nodes[-1:] + [int(r["nodes"]) for r in over]
+            ys = [float(r["peak_memory_bytes"]) / 1e6 for r in ok][-1:] + [
+                float(r["predicted_memory_bytes"]) / 1e6 for r in over]
+            ax_m.plot(xs, ys, "x--", color=line.get_color(), label=f"{method} (predicted)")
     for ax, label in ((ax_t, "seconds per training epoch"), (ax_m, "peak memory (MB)")):
         if ax.has_data():
             ax.set_xscale("log")
@@ -465,12 +469,8 @@ def plot(rows: list[dict], path: Path) -> None:
 def machine_info() -> dict:
     import psutil
     import torch
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpu = re.search(r"model name\s*:\s*(.*)", fh.read()).group(1)
-    except (OSError, AttributeError):
-        pass
+    with open("/proc/cpuinfo") as fh:
+        cpu = (re.findall(r"model name\s*:\s*(.*)", fh.read()) or [platform.processor()])[0]
     return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "memory_total_bytes": psutil.virtual_memory().total, "torch": torch.__version__,
             "python": platform.python_version(), "load_average": list(os.getloadavg())}

@@ -97,12 +97,14 @@ def test_memory_model_quadratic_for_reference_linear_otherwise():
     assert scale.predict_memory("gcn", 2000, history=[(1000, 1.0)], **kw) > 1e6
 
 
-def test_extrapolate_uses_measured_slope_clipped():
+def test_extrapolate_linear_plus_quadratic_fit():
     assert scale.extrapolate([], 10, 1.0) is None
     assert scale.extrapolate([(100, 1.0)], 1000, 1.0) == pytest.approx(10.0)
     assert scale.extrapolate([(100, 1.0), (1000, 100.0)], 10_000, 1.0) == pytest.approx(1e4)
     assert scale.extrapolate([(100, 1.0), (1000, 1.0)], 10_000, 2.0) == pytest.approx(10.0)
     assert scale.extrapolate([(100, 1.0), (1000, 1e6)], 10_000, 1.0) == pytest.approx(1e8)
+    # v = a·n + b·n² through both points: a = b = 1e-3 here
+    assert scale.extrapolate([(10, 0.11), (100, 10.1)], 1000, 1.0) == pytest.approx(1001.0)
 
 
 def test_planned_epochs_shrink_for_long_epochs():
@@ -140,6 +142,7 @@ def test_sweep_skips_from_measured_smaller_runs(monkeypatch):
     rows = scale.sweep(args, budget=3e9)
     status = {(r["method"], r["nodes"]): r["status"] for r in rows}
     assert status[("hiertail-reference", 200)] == status[("gcn", 200)] == "ok"
+    assert rows[0]["predicted_memory_bytes"] > 0
     # 1 GB at 200 nodes, quadratic: ~4 GB at 400 > 3 GB
     assert status[("hiertail-reference", 400)].startswith("skipped: would need ~4.0 GB")
     # 100 s/epoch at 200 nodes: ~200 s at 400 (one timed epoch, no warm-up) > 150 s
