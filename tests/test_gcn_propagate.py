@@ -9,6 +9,7 @@ from hiertail_fast.graph import CSRGraph
 from hiertail_fast.nn.conv import GCNConv
 from hiertail_fast.ops.gcn_propagate import (
     GCNPropagateFunction,
+    _merge_diagonal,
     gcn_propagate,
     torch_sparse_available,
 )
@@ -162,7 +163,7 @@ def test_cached_graph_paths_and_function_agree():
     g = CSRGraph.from_edge_index(ei, w, 50)
     x = torch.randn(50, 6)
     first = gcn_propagate(x, g)
-    assert any(isinstance(k, tuple) and k[0] == "gcn_norm_csr" for k in g._cache)
+    assert any(isinstance(k, tuple) and k[0] == "gcn_operator" for k in g._cache)
     torch.testing.assert_close(gcn_propagate(x, g), first, rtol=0, atol=0)  # cached: same bits
     dinv, loop = g.gcn_deg_inv_sqrt(True, True, x.dtype)
     direct = GCNPropagateFunction.apply(x, g.weight, dinv, loop, g, None, "torch")
@@ -171,6 +172,23 @@ def test_cached_graph_paths_and_function_agree():
     xs = torch.randn(sym.num_nodes, 3, requires_grad=True)
     gcn_propagate(xs, sym).sum().backward()
     assert sym.is_symmetric() and sym.transpose() is sym  # backward reused the forward CSR
+
+
+def test_merge_diagonal_matches_dense():
+    ei, w = make_edges(30, 80, weighted=True, seed=10, dtype=torch.float64)
+    g = CSRGraph.from_edge_index(ei, w, 30, dedupe=False)
+    diag = torch.rand(30, dtype=torch.float64) + 0.5
+    diag[g.has_self_loop()] = 0.0  # only nodes without a stored loop get an entry
+    diag[5] = 0.0
+    indptr, indices, values = _merge_diagonal(g.indptr, g.indices, g.weight, diag)
+    merged = CSRGraph(indptr, indices, values, 30)  # full validation: rows stay sorted
+    expected = torch.zeros(30, 30, dtype=torch.float64)
+    expected.index_put_((g.row_index(), g.indices), g.weight, accumulate=True)
+    expected += torch.diag(diag)
+    got = torch.zeros(30, 30, dtype=torch.float64)
+    got.index_put_((merged.row_index(), merged.indices), merged.weight, accumulate=True)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert merged.num_edges == g.num_edges + int((diag != 0).sum())
 
 
 @requires_triton

@@ -52,19 +52,62 @@ def _sparse_csr(indptr, indices, values, n) -> torch.Tensor:
         return torch.sparse_csr_tensor(indptr, indices, values, (n, n))
 
 
-def _normalised(graph: CSRGraph, weight, dinv, key, transposed: bool):
-    """(indptr, indices, normalised values) of Â's off-diagonal part, or of Âᵀ. Cached on the
-    graph when `key` is not None (weights not requiring grad)."""
-    def compute():
-        w = weight if weight is not None else 1.0
-        values = dinv[graph.row_index()] * w * dinv[graph.indices]
-        if not transposed:
-            return graph.indptr, graph.indices, values
-        t = graph.transpose()
-        return t.indptr, t.indices, values[graph.transpose_perm()]
-    if key is None:
-        return compute()
-    return graph._cached(("gcn_norm_csr", transposed) + key, compute)
+def _normalised(graph: CSRGraph, weight, dinv, transposed: bool):
+    """(indptr, indices, normalised values dinv_i w_e dinv_j) of Â without the added
+    self-loops, or of Âᵀ (the transposed CSR is cached on the graph)."""
+    w = weight if weight is not None else 1.0
+    values = dinv[graph.row_index()] * w * dinv[graph.indices]
+    if not transposed:
+        return graph.indptr, graph.indices, values
+    t = graph.transpose()
+    return t.indptr, t.indices, values[graph.transpose_perm()]
+
+
+def _merge_diagonal(indptr, indices, values, diag):
+    """Insert the entries (i, i, diag_i) for every i with diag_i != 0 (nodes without a stored
+    self-loop) into a row-sorted CSR, keeping columns sorted: O(nnz + n), no sort. Used once
+    per graph for the cached CPU operator, so a call is ONE sparse product (no extra pass of
+    x·diag over the features)."""
+    n = indptr.numel() - 1
+    ins = diag != 0
+    row = torch.repeat_interleave(torch.arange(n, device=indptr.device), indptr.diff())
+    before = torch.cumsum(ins, 0) - ins.long()  # inserted entries in earlier rows
+    new_indptr = indptr.clone()
+    new_indptr[:-1] += before
+    new_indptr[-1] += int(ins.sum())
+    pos = torch.arange(indices.numel(), device=indptr.device) + before[row]
+    pos += (ins[row] & (indices > row)).long()  # after the new diagonal entry of its row
+    nodes = torch.nonzero(ins).squeeze(1)
+    n_left = torch.bincount(row[indices < row], minlength=n)  # entries left of the diagonal
+    pos_diag = indptr[nodes] + before[nodes] + n_left[nodes]
+    total = int(new_indptr[-1])
+    new_indices = torch.empty(total, dtype=indices.dtype, device=indices.device)
+    new_values = torch.empty(total, dtype=values.dtype, device=values.device)
+    new_indices[pos], new_values[pos] = indices, values
+    new_indices[pos_diag], new_values[pos_diag] = nodes, diag[nodes]
+    return new_indptr, new_indices, new_values
+
+
+def _cached_operator(backend, graph, weight, dinv, loop, key, transposed):
+    """The normalised operator with the self-loop diagonal merged in, built once per (graph,
+    options, dtype, orientation) and cached on the graph: a ``torch.sparse_csr_tensor`` with
+    int32 indices (MKL's LP64 CSR routines take int32; torch would otherwise convert the
+    int64 ones on every call) or a ``torch_sparse.SparseTensor``."""
+    def build():
+        indptr, indices, values = _normalised(graph, weight, dinv, transposed)
+        if loop is not None:
+            indptr, indices, values = _merge_diagonal(indptr, indices, values, loop * dinv * dinv)
+        n = graph.num_nodes
+        if backend == "torch_sparse":
+            import torch_sparse
+
+            return torch_sparse.SparseTensor(rowptr=indptr, col=indices, value=values,
+                                             sparse_sizes=(n, n), is_sorted=True,
+                                             trust_data=True)
+        if indices.numel() < 2**31 - 1:
+            indptr, indices = indptr.int(), indices.int()
+        return _sparse_csr(indptr, indices, values, n)
+    return graph._cached(("gcn_operator", backend, transposed, loop is not None) + key, build)
 
 
 def _spmm(backend, graph, weight, dinv, loop, x, key, transposed):
@@ -78,26 +121,26 @@ def _spmm(backend, graph, weight, dinv, loop, x, key, transposed):
         if transposed and w is not None:
             w = graph.transpose().weight if key is not None else w[graph.transpose_perm()]
         return gcn_spmm(g.indptr, g.indices, w, dinv, loop, x)
-    indptr, indices, values = _normalised(graph, weight, dinv, key, transposed)
-    x_in, x = x, x.to(values.dtype)  # fp16/bf16 run in fp32 (CPU sparse kernels lack them)
+    x_in, x = x, x.to(dinv.dtype)  # fp16/bf16 run in fp32 (CPU sparse kernels lack them)
+    if key is not None:  # cached operator, self-loops merged in: one sparse product
+        op = _cached_operator(backend, graph, weight, dinv, loop, key, transposed)
+        nnz = op.nnz() if backend == "torch_sparse" else op._nnz()
+        if nnz == 0:
+            return torch.zeros_like(x_in)
+        return (op.matmul(x) if backend == "torch_sparse" else torch.sparse.mm(op, x)).to(
+            x_in.dtype)
+    # weights require grad: values built per call, the self-loop as a separate diagonal term
+    indptr, indices, values = _normalised(graph, weight, dinv, transposed)
     if backend == "torch_sparse":
         import torch_sparse
 
-        def build():
-            return torch_sparse.SparseTensor(rowptr=indptr, col=indices, value=values,
-                                             sparse_sizes=(n, n), is_sorted=True, trust_data=True)
-        adj = build() if key is None else graph._cached(("torch_sparse", transposed) + key, build)
-        out = adj.matmul(x)
+        out = torch_sparse.SparseTensor(rowptr=indptr, col=indices, value=values,
+                                        sparse_sizes=(n, n), is_sorted=True,
+                                        trust_data=True).matmul(x)
+    elif indices.numel():
+        out = torch.sparse.mm(_sparse_csr(indptr, indices, values, n), x)
     else:
-        def build():
-            ip, ix = indptr, indices
-            if key is not None and indices.numel() < 2**31 - 1:
-                # int32 copies, built once: MKL's CSR routines (LP64) take int32 indices and
-                # torch would otherwise convert the int64 ones on every call
-                ip, ix = indptr.int(), indices.int()
-            return _sparse_csr(ip, ix, values, n)
-        csr = build() if key is None else graph._cached(("torch_csr", transposed) + key, build)
-        out = torch.sparse.mm(csr, x) if indices.numel() else torch.zeros_like(x)
+        out = torch.zeros_like(x)
     if loop is not None:
         out.addcmul_((loop * dinv * dinv).unsqueeze(1), x)  # added self-loop: loop_i dinv_i² x_i
     return out.to(x_in.dtype)
