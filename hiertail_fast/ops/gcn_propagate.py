@@ -4,14 +4,18 @@
                                  if improved; see `hiertail_fast.reference.gcn_propagate`)
 
 Backends (``backend=`` argument, else `choose_backend`: CUDA -> triton, CPU -> torch):
-* ``torch``: ``torch.sparse.mm`` on a CSR whose values are the NORMALISED weights
-  ``dinv_i w_e dinv_j``, built once per (graph, options, dtype) and cached on the `CSRGraph` (the
-  cheapest correct CPU path: the cache costs nnz extra floats once, nothing per call), plus the
-  added self-loop as a diagonal term ``loop_i dinv_i² x_i`` (A + I is never built).
+* ``torch``: ``torch.sparse.mm`` on the normalised operator Â — values ``dinv_i w_e dinv_j`` with
+  the added self-loops ``loop_i dinv_i²`` inserted on the diagonal — built ONCE per (graph,
+  options, dtype) and cached on the `CSRGraph`. This CPU path does materialise Â, on purpose:
+  it is the cheapest correct thing (one MKL sparse product per call, the same cost as
+  ``torch.sparse.mm`` on the raw adjacency; the cache costs nnz + n values and int32 indices
+  once). When the edge weights require grad the values are rebuilt per call instead and the
+  self-loop is a separate diagonal term ``loop_i dinv_i² x_i``.
 * ``triton``: `kernels/gcn_propagate.py`, CSR row-split SpMM scaling by ``dinv[row]·dinv[col]`` on
   the fly, no atomics (deterministic).
 * ``torch_sparse`` (only through this op's ``backend=`` argument, when the optional package
-  imports): ``torch_sparse.SparseTensor`` matmul with the same cached normalised values.
+  imports; HIERTAIL_BACKEND does not know it): ``torch_sparse.SparseTensor`` matmul on the same
+  cached operator.
 * ``reference``: `gcn_propagate_ref` (plain autograd).
 
 Backward (hand-written, no PyTorch sparse backward — it transposes on every call):
