@@ -219,13 +219,15 @@ def run_seeds(
     *,
     split: Any = None,
     compound_pool_bug: bool = False,
+    log=None,
     **train_kwargs,
 ) -> dict:
     """Train once per seed; per-seed results plus the mean ± population std of each metric.
 
     ``split=None``: the natural per-class split, redone with every seed; otherwise the same user
     split for all seeds. ``compound_pool_bug`` (official config): seed index s uses the first
-    pool ratio rescaled (s+1) times, as the released code does.
+    pool ratio rescaled (s+1) times, as the released code does. ``log``: called with one line
+    per finished seed (e.g. ``print``).
     """
     cfg = config if config is not None else HierTailConfig.paper()
     seeds = [int(s) for s in seeds]
@@ -240,6 +242,12 @@ def run_seeds(
         run_split = split if split is not None else natural_split(data.y, seed)
         runs.append(train_hiertail(data, run_split, run_cfg, seed=seed, graph=graph,
                                    **train_kwargs))
+        if log is not None:
+            r = runs[-1]
+            log(f"seed {seed}: " + " ".join(f"{METRIC_NAMES[m]} {100 * r['test'][m]:.2f}"
+                                            for m in METRICS)
+                + f" | best epoch {r['best_epoch']}, {r['epochs_run']} epochs, "
+                f"{r['time_per_epoch_s'] * 1e3:.1f} ms/epoch")
     summary = {}
     for m in METRICS:
         vals = np.array([r["test"][m] for r in runs], dtype=np.float64)
@@ -337,6 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a count (from --seed-base) or a list: 3 | 1,2,5 | 1 2 5")
     m.add_argument("--seed-base", type=int, default=123)
     m.add_argument("--device", default="cpu")
+    m.add_argument("--threads", type=_positive(int),
+                   help="torch CPU threads (1 avoids OpenMP oversubscription on busy machines)")
     m.add_argument("--no-progress", action="store_true")
     m.add_argument("--json", type=Path, help="write all results to this JSON file")
     return p
@@ -367,6 +377,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         parser.error("--compound-pool-bug only applies to --config official")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: CUDA is not available")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     try:
         seeds = parse_seeds(args.seeds, args.seed_base)
         if args.data is not None:
@@ -391,11 +403,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
                      num_features=int(data.x.shape[1]), num_classes=int(data.num_classes))
     result = run_seeds(data, cfg, seeds, split=split, compound_pool_bug=args.compound_pool_bug,
                        epochs=args.epochs, patience=args.patience, device=args.device,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress,
+                       log=lambda line: print(line, file=sys.stderr, flush=True))
     result["data"] = data_info
     result["training"] = {"epochs": args.epochs, "patience": args.patience,
                           "lr": cfg.lr, "weight_decay": cfg.weight_decay,
-                          "device": args.device, "optimizer": "Adam",
+                          "device": args.device, "threads": torch.get_num_threads(),
+                          "optimizer": "Adam",
                           "selection": "val macro-F1, last tie; patience from first max"}
     result["argv"] = list(sys.argv[1:] if argv is None else argv)
     print(format_table(result))

@@ -1,0 +1,167 @@
+"""Training loop: end-to-end learning (synthetic graph, Email), protocol model selection and early
+stopping, eval under no_grad, seeds summary, the CLI and its JSON, bad arguments."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from hiertail_fast.data.io import load_npz
+from hiertail_fast.data.splits import natural_split
+from hiertail_fast.data.synthetic import make_synthetic_graph
+from hiertail_fast.nn.hiertail import HierTail, HierTailConfig
+from hiertail_fast.train import main, parse_seeds, run_seeds, train_hiertail
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny graphs: one thread avoids OpenMP oversubscription on a busy 2-core machine."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def syn():
+    return make_synthetic_graph(500, num_classes=10, avg_degree=10, homophily=0.8,
+                                num_features=32, seed=0)
+
+
+@pytest.fixture(scope="module")
+def small():
+    return make_synthetic_graph(120, num_classes=5, avg_degree=6, num_features=8, seed=1)
+
+
+# Measured (2-core CPU): paper, 80 epochs: bAcc 0.57 / 0.67 (seeds 0 / 1); official with lr 0.01,
+# 50 epochs: 0.53 / 0.56. The majority-class predictor has bAcc 1/C = 0.10: the bound asks for
+# 3x that, with a real margin below every measured run.
+@pytest.mark.parametrize("config, epochs", [(HierTailConfig.paper(hidden=32), 80),
+                                            (HierTailConfig.official(hidden=32, lr=0.01), 50)],
+                         ids=["paper", "official-lr0.01"])
+def test_synthetic_end_to_end_beats_majority(syn, config, epochs):
+    res = train_hiertail(syn, natural_split(syn.y, 0), config, epochs=epochs, seed=0,
+                         progress=False)
+    assert res["test"]["bacc"] >= 3.0 / syn.num_classes
+    assert res["config_name"] == config.name and res["epochs_run"] == epochs
+
+
+# Measured (paper, hidden 64, 60 epochs, seeds 123/124/125): bAcc 0.40 / 0.45 / 0.35, Macro-F1
+# 0.39 / 0.40 / 0.31 (the paper's full-protocol figures: 0.505 / 0.466). Majority predictor:
+# bAcc 1/42 = 0.024; the bound 0.2 is 8x that.
+def test_email_beats_majority(data_dir):
+    data = load_npz(data_dir / "email.npz", relabel_by_size=True)
+    res = train_hiertail(data, natural_split(data.y, 123), HierTailConfig.paper(hidden=64),
+                         epochs=60, seed=123, progress=False)
+    assert res["test"]["bacc"] >= 0.2
+    assert res["test"]["macro_f1"] >= 0.15
+
+
+def test_early_stopping_and_tie_rule(small):
+    """lr ~ 0: val-F1 constant -> max_idx = 0 (first max), best = last tie, stop after
+    patience + 1 epochs without strict improvement."""
+    cfg = HierTailConfig.paper(hidden=8, lr=1e-12)
+    res = train_hiertail(small, natural_split(small.y, 0), cfg, epochs=500, patience=3, seed=0,
+                         progress=False)
+    assert res["stopped_early"] and res["epochs_run"] == 5       # epochs 0..4, 4 - 0 > 3
+    assert res["max_idx"] == 0 and res["best_epoch"] == 4
+
+
+def test_eval_runs_under_no_grad(small, monkeypatch):
+    calls = []
+    forward = HierTail.forward
+
+    def spy(self, x, graph):
+        calls.append((self.training, torch.is_grad_enabled()))
+        return forward(self, x, graph)
+
+    monkeypatch.setattr(HierTail, "forward", spy)
+    train_hiertail(small, natural_split(small.y, 0), HierTailConfig.paper(hidden=8), epochs=3,
+                   seed=0, progress=False)
+    train_calls = [g for t, g in calls if t]
+    eval_calls = [g for t, g in calls if not t]
+    assert len(train_calls) == 3 and all(train_calls)
+    assert len(eval_calls) == 4 and not any(eval_calls)   # 3 per-epoch + the final test pass
+
+
+def test_seeds_summary_and_compound_pool_bug(small):
+    res = run_seeds(small, HierTailConfig.official(hidden=8), [5, 6], epochs=2,
+                    compound_pool_bug=True, progress=False)
+    n, c = small.num_nodes, small.num_classes
+    assert [r["seed"] for r in res["runs"]] == [5, 6]
+    assert res["runs"][0]["pool_sizes"][0] == math.floor(n / c)
+    assert res["runs"][1]["pool_sizes"][0] == min(math.floor((n / c) ** 2), n)
+    bacc = [r["test"]["bacc"] for r in res["runs"]]
+    assert res["summary"]["bacc"]["mean"] == pytest.approx(np.mean(bacc))
+    assert res["summary"]["bacc"]["std"] == pytest.approx(np.std(bacc))    # population std
+
+
+def test_cli_writes_json(tmp_path, capsys):
+    out = tmp_path / "res.json"
+    main(["--synthetic", "--nodes", "150", "--classes", "5", "--features", "8", "--hidden", "8",
+          "--epochs", "3", "--seeds", "2", "--no-progress", "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert result["config_name"] == "paper"
+    fields = {f.name for f in dataclasses.fields(HierTailConfig)}
+    assert fields <= set(result["config"]) and result["config"]["hidden"] == 8
+    assert result["seeds"] == [123, 124] and len(result["runs"]) == 2
+    for key in ("bacc", "macro_f1", "g_means", "acc"):
+        assert set(result["summary"][key]) == {"mean", "std"}
+        assert set(result["runs"][0]["test"]) >= {key}
+    assert result["data"]["synthetic"] and result["data"]["num_nodes"] == 150
+    assert result["training"]["epochs"] == 3 and result["training"]["lr"] == 0.01
+    assert "bAcc" in capsys.readouterr().out
+
+
+def test_cli_user_split(tmp_path, small):
+    split = natural_split(small.y, 0)
+    path = tmp_path / "split.npz"
+    np.savez(path, train=split[0].numpy(), val=split[1].numpy(), test=split[2].numpy())
+    data_path = tmp_path / "small.npz"
+    small.to_npz(data_path)
+    result = main(["--data", str(data_path), "--split", str(path), "--config", "official",
+                   "--epochs", "2", "--seeds", "3,4", "--no-progress", "--hidden", "8"])
+    assert result["split"] == "user" and result["seeds"] == [3, 4]
+    assert result["config"]["tau"] == 1.0 and result["config"]["augment_a2"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "exactly one of"),
+    (["--synthetic", "--data", "x.npz"], "exactly one of"),
+    (["--synthetic", "--epochs", "0"], "must be > 0"),
+    (["--data", "/nonexistent/graph.npz"], "not found"),
+    (["--synthetic", "--seeds", "x"], "integers"),
+    (["--synthetic", "--config", "fast"], "invalid choice"),
+    (["--synthetic", "--compound-pool-bug"], "only applies"),
+    (["--synthetic", "--dropout", "1.5"], "dropout"),
+    (["--synthetic", "--split", "/nonexistent/split.npz"], "not found"),
+])
+def test_cli_bad_args(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_parse_seeds():
+    assert parse_seeds(["3"]) == [123, 124, 125]
+    assert parse_seeds(["1,2,5"]) == [1, 2, 5]
+    assert parse_seeds(["7", "9"]) == [7, 9]
+    assert parse_seeds(["2"], base=10) == [10, 11]
+    with pytest.raises(ValueError):
+        parse_seeds(["0"])
+
+
+def test_train_api_bad_inputs(small):
+    split = natural_split(small.y, 0)
+    with pytest.raises(ValueError, match="epochs"):
+        train_hiertail(small, split, epochs=0, progress=False)
+    bad = (split[0], split[1], torch.tensor([0, small.num_nodes]))
+    with pytest.raises(ValueError, match="outside"):
+        train_hiertail(small, bad, epochs=1, progress=False)
+    with pytest.raises(ValueError, match="train, val and test"):
+        train_hiertail(small, {"train": split[0], "val": split[1]}, epochs=1, progress=False)
