@@ -134,7 +134,8 @@ def train_hiertail(
     y = torch.as_tensor(data.y).long().to(device)
     if graph is None:
         graph = prepare_graph(torch.as_tensor(data.edge_index), n)
-    graph = graph.to(device)
+    if graph.device != device:
+        graph = graph.to(device)   # a copy: caches (A², GCN degrees) are rebuilt once there
 
     model = HierTail(x.shape[1], int(data.num_classes), cfg).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
