@@ -135,16 +135,16 @@ def _spmm(backend, graph, weight, dinv, loop, x, key, transposed):
             x_in.dtype)
     # weights require grad: values built per call, the self-loop as a separate diagonal term
     indptr, indices, values = _normalised(graph, weight, dinv, transposed)
-    if backend == "torch_sparse":
+    if not indices.numel():
+        out = torch.zeros_like(x)
+    elif backend == "torch_sparse":
         import torch_sparse
 
         out = torch_sparse.SparseTensor(rowptr=indptr, col=indices, value=values,
                                         sparse_sizes=(n, n), is_sorted=True,
                                         trust_data=True).matmul(x)
-    elif indices.numel():
-        out = torch.sparse.mm(_sparse_csr(indptr, indices, values, n), x)
     else:
-        out = torch.zeros_like(x)
+        out = torch.sparse.mm(_sparse_csr(indptr, indices, values, n), x)
     if loop is not None:
         out.addcmul_((loop * dinv * dinv).unsqueeze(1), x)  # added self-loop: loop_i dinv_i² x_i
     return out.to(x_in.dtype)
