@@ -256,6 +256,7 @@ class HierTail(nn.Module):
         self.config, self.in_channels, self.num_classes = cfg, in_channels, num_classes
         h, levels, imp = cfg.hidden, cfg.num_levels, cfg.improved
         self.embed = GCNConv(in_channels, h, improved=imp)
+        # The projections p only: k depends on n and C, so forward passes it to topk_pool.
         self.pools = nn.ModuleList(TopKPool(h, 0.5) for _ in range(levels))
         if cfg.share_convs:  # the same module object at every level, as layers.GraphUNet does
             down = GCNConv(h, h, improved=imp)
@@ -275,7 +276,9 @@ class HierTail(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for module in [self.embed, *self.pools, *self.down, *self.up]:
+        # The official GraphUNet's order (down convs, pools, up convs; a shared conv is reset
+        # once per use), so a given seed draws the same random stream.
+        for module in [self.embed, *self.down, *self.pools, *self.up]:
             module.reset_parameters()
         if self.classifier is not None:  # the official code's MLP head: N(0, 0.05²), bias 0
             nn.init.normal_(self.classifier.weight, std=0.05)
