@@ -144,7 +144,7 @@ def train_hiertail(
     best_val, max_val = -1.0, -1.0
     best_state, best_epoch, max_idx, stopped_early = None, 0, 0, False
     train_time = eval_time = 0.0
-    parts: dict[str, float] = {}
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     bar = _progress(range(epochs), progress, desc=f"{cfg.name} seed={seed}")
     epoch = -1
     for epoch in bar:
@@ -155,8 +155,9 @@ def train_hiertail(
         loss = model.loss(out, y, train_idx)
         loss.total.backward()
         opt.step()
+        sync()
         t1 = time.perf_counter()
-        val_f1 = _eval_val(model, x, graph, val_idx, y_val)
+        val_f1 = _eval_val(model, x, graph, val_idx, y_val)   # .cpu() inside synchronises
         t2 = time.perf_counter()
         train_time += t1 - t0
         eval_time += t2 - t1
