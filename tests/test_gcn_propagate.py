@@ -174,6 +174,21 @@ def test_cached_graph_paths_and_function_agree():
     assert sym.is_symmetric() and sym.transpose() is sym  # backward reused the forward CSR
 
 
+def test_automatic_backend_on_device(device):
+    """CPU -> torch path; CUDA (when present) -> the Triton kernels, compiled for real."""
+    ei, w = make_edges(150, 600, weighted=True, seed=11, dtype=torch.float64)
+    x = torch.randn(150, 33, dtype=torch.float64)
+    g = CSRGraph.from_edge_index(ei, w, 150).to(device)
+    xd = x.to(device, copy=True).requires_grad_(True)
+    out = gcn_propagate(xd, g)
+    out.pow(2).sum().backward()
+    x_ref = x.clone().requires_grad_(True)
+    ref = gcn_propagate_ref(x_ref, ei, w)
+    ref.pow(2).sum().backward()
+    torch.testing.assert_close(out.cpu(), ref.detach(), **tol(torch.float64))
+    torch.testing.assert_close(xd.grad.cpu(), x_ref.grad, **tol(torch.float64))
+
+
 def test_merge_diagonal_matches_dense():
     ei, w = make_edges(30, 80, weighted=True, seed=10, dtype=torch.float64)
     g = CSRGraph.from_edge_index(ei, w, 30, dedupe=False)
