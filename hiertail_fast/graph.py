@@ -237,7 +237,10 @@ class CSRGraph:
                 f"device={self.device})")
 
     def to(self, device: torch.device | str) -> CSRGraph:
-        """Copy on `device` (caches are rebuilt on demand; a known symmetry flag is kept)."""
+        """The graph on `device`: itself when already there (immutable, so its caches are kept),
+        else a copy (caches rebuilt on demand; a known symmetry flag is kept)."""
+        if torch.device(device) == self.device:
+            return self
         w = None if self._weight is None else self._weight.to(device)
         return self._inherit_symmetry(CSRGraph(self._indptr.to(device), self._indices.to(device),
                                                w, self._num_nodes, validate=False))
