@@ -3,8 +3,8 @@
 
     python bench/scale.py --nodes 100000
 
-Sweeps synthetic long-tail graphs (hiertail_fast.data.synthetic) of 100, 1k, 10k, ... nodes up to
---nodes and trains, for each method, a few epochs (forward + backward + Adam step):
+Sweeps synthetic long-tail graphs of 100, 1k, 10k, ... nodes up to --nodes and trains, for each
+method, a few epochs (forward + backward + Adam step):
 
     hiertail            HierTail with the fast backends (blocked CPU path / Triton on CUDA)
     hiertail-reference  the same model with loss_backend="reference" (dense N x N losses, as the
@@ -278,16 +278,15 @@ def _setup(spec: dict, nodes: int):
 
     from hiertail_fast.data.splits import natural_split
     from hiertail_fast.data.synthetic import make_synthetic_graph
-    from hiertail_fast.graph import CSRGraph
+    from hiertail_fast.nn.hiertail import prepare_graph
 
     device = torch.device(spec["device"])
     torch.manual_seed(spec["seed"])
     data = make_synthetic_graph(nodes, spec["classes"], avg_degree=spec["avg_degree"],
                                 num_features=spec["features"], seed=spec["seed"])
     train_idx = natural_split(data.y, spec["seed"])[0].to(device)
-    # as the official loader leaves it (nn.hiertail.prepare_graph): symmetric, one self-loop a node
-    graph = CSRGraph.from_edge_index(data.edge_index, num_nodes=nodes, symmetrize=True)
-    graph = graph.remove_self_loops().with_self_loops(1.0).to(device)
+    # as the official loader leaves it: symmetric, deduplicated, one unit self-loop a node
+    graph = prepare_graph(data.edge_index, nodes).to(device)
     x, y = data.x.to(device), data.y.to(device)
     model, loss_fn = build_model(spec["method"], x.shape[1], int(data.num_classes), spec)
     model = model.to(device).train()
