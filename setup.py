@@ -28,7 +28,8 @@ setup(
     python_requires=">=3.10",
     packages=PACKAGES,
     package_dir={"hiertail_fast.kernels": "kernels"},
-    install_requires=["torch>=2.4", "numpy", "scipy", "tqdm", "matplotlib"],
+    # psutil: memory figures of bench/scale.py (the main job) and the benchmark suites
+    install_requires=["torch>=2.4", "numpy", "scipy", "tqdm", "matplotlib", "psutil"],
     extras_require={
         # triton ships with CUDA builds of torch; on CPU-only machines it is only needed to run
         # the kernels under TRITON_INTERPRET=1 (tests), so it is listed here, never imported

@@ -9,8 +9,8 @@ size rules, the PyG float32 ceil quirk, ratio == 1.0 and the tie rule):
 Backends (``choose_backend``):
 - torch: ``torch.mv`` for the score, ``_select`` for the top-k (``torch.topk`` + a stable sort
   of the kept scores: torch.topk alone has no defined tie order), index ops, and a
-  row-segment gather + filter + sort for the induced graph (``_subgraph_torch``; same result
-  as ``CSRGraph.subgraph``, O(Σ deg of kept rows) instead of O(E)).
+  ``CSRGraph.subgraph`` for the induced graph (row-segment gather + filter + sort,
+  O(Σ deg of kept rows) instead of O(E)).
 - triton (``kernels/topk_pool.py``): score kernel, gather·scale kernel, fused backward, edge
   filter + block prefix-sum relabel + compaction, unpool scatter. The top-k selection itself
   is ``_select`` (torch.topk / stable torch.sort) on the device, and the compacted entries
@@ -178,37 +178,6 @@ def _inherit_symmetry(parent: CSRGraph, child: CSRGraph) -> CSRGraph:
     return child.assume_symmetric() if parent.known_symmetric else child
 
 
-def _subgraph_torch(graph: CSRGraph, perm: torch.Tensor) -> CSRGraph:
-    """Induced subgraph on perm (relabelled in perm order), touching only the kept ROWS.
-
-    Pooled row r is original row perm[r]: a segment gather of those rows (O(Σ deg(perm)), not
-    O(E): for HierTail's k = n/#classes this is ~#classes times less work than filtering every
-    entry) gives the candidate entries already grouped by new row; a lookup drops the ones
-    whose source was not kept; one sort of (row, col) keys restores sorted columns in a row.
-    """
-    n, k = graph.num_nodes, perm.numel()
-    dev = perm.device
-    relabel = torch.full((n,), -1, dtype=torch.long, device=dev)
-    relabel[perm] = torch.arange(k, device=dev)
-    starts = graph.indptr[perm]
-    counts = graph.indptr[perm + 1] - starts
-    cum = torch.cumsum(counts, 0)
-    total = int(cum[-1]) if k else 0
-    # entry ids of rows perm[0], perm[1], ...: start of the row + position inside the segment
-    eid = torch.repeat_interleave(starts - (cum - counts), counts, output_size=total)
-    eid += torch.arange(total, device=dev)
-    new_col = relabel[graph.indices[eid]]
-    new_row = torch.repeat_interleave(torch.arange(k, device=dev), counts, output_size=total)
-    keep = new_col >= 0
-    eid, new_row, new_col = eid[keep], new_row[keep], new_col[keep]
-    order = torch.sort(new_row * max(k, 1) + new_col).indices  # duplicates: unspecified order
-    indptr = torch.zeros(k + 1, dtype=torch.long, device=dev)
-    torch.cumsum(torch.bincount(new_row, minlength=k), 0, out=indptr[1:])
-    eid = eid[order]
-    weight = None if graph.weight is None else graph.weight[eid]
-    return _inherit_symmetry(graph, CSRGraph(indptr, new_col[order], weight, k, validate=False))
-
-
 def _subgraph_triton(graph: CSRGraph, perm: torch.Tensor) -> CSRGraph:
     """Induced subgraph on perm (relabelled in perm order) with the Triton filter/compaction."""
     from hiertail_fast.kernels import topk_pool as kern
@@ -267,7 +236,7 @@ def topk_pool(
     else:
         x_pooled, perm, score = TopKPoolFunction.apply(x, p, k, choice)
         pooled = _subgraph_triton(graph, perm) if choice == "triton" else \
-            _subgraph_torch(graph, perm)
+            graph.subgraph(perm)
     return TopKPoolResult(x_pooled, pooled, pooled.edge_index(), pooled.weight, perm, score)
 
 
