@@ -77,3 +77,12 @@ def device_label() -> str:
 def peak_memory():
     """Factory: ``with peak_memory() as pm: ...``."""
     return PeakMemory
+
+
+def pytest_benchmark_update_machine_info(config, machine_info: dict) -> None:
+    """Record what decides the numbers in every saved run (--benchmark-autosave / -json)."""
+    machine_info["torch"] = torch.__version__
+    machine_info["torch_threads"] = torch.get_num_threads()
+    machine_info["device"] = device_name()
+    machine_info["hiertail_backend"] = os.environ.get("HIERTAIL_BACKEND", "auto")
+    machine_info["hiertail_bench_full"] = FULL
