@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import os
-import resource
 
 import pytest
 import torch
@@ -47,28 +46,10 @@ def _edge_index(n: int) -> torch.Tensor:
         return torch.randint(0, n, (2, 10 * n), generator=g)
 
 
-def _peak_start() -> int:
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        return torch.cuda.memory_allocated()
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _peak_bytes(start: int) -> int:
-    if DEVICE == "cuda":
-        return torch.cuda.max_memory_allocated() - start
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - start
-
-
-def _device_name() -> str:
-    return torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
-
-
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_topk_pool_fwd_bwd(benchmark, provider, n, d):
+def test_topk_pool_fwd_bwd(benchmark, peak_memory, device_label, provider, n, d):
     if provider == "reference" and n > 100_000:
         pytest.skip("the reference is benchmarked up to 100k nodes")
     if provider == "pyg":
@@ -98,16 +79,18 @@ def test_topk_pool_fwd_bwd(benchmark, provider, n, d):
             torch.cuda.synchronize()
 
     step()  # warm-up (Triton compilation, allocator)
-    start = _peak_start()
-    benchmark.pedantic(step, rounds=3 if n >= 1_000_000 else 5, iterations=1, warmup_rounds=0)
+    with peak_memory() as pm:
+        benchmark.pedantic(step, rounds=3 if n >= 1_000_000 else 5, iterations=1,
+                           warmup_rounds=0)
     benchmark.extra_info.update(
         n=n, d=d, num_edges=int(ei.shape[1]), k=(n + 1) // 2, dtype="float32",
-        device=_device_name(), provider=provider, peak_bytes=_peak_bytes(start))
+        device=device_label, provider=provider, peak_bytes=pm.peak_bytes,
+        peak_memory_method=pm.method)
 
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("provider", ["torch"] + (["triton"] if DEVICE == "cuda" else []))
-def test_topk_unpool_fwd_bwd(benchmark, provider, n):
+def test_topk_unpool_fwd_bwd(benchmark, device_label, provider, n):
     d = 128
     benchmark.group = f"topk_unpool n={n} d={d}"
     k = n // 2
@@ -122,14 +105,14 @@ def test_topk_unpool_fwd_bwd(benchmark, provider, n):
 
     step()
     benchmark.pedantic(step, rounds=5, iterations=1)
-    benchmark.extra_info.update(n=n, k=k, d=d, device=_device_name(), provider=provider)
+    benchmark.extra_info.update(n=n, k=k, d=d, device=device_label, provider=provider)
 
 
 @pytest.mark.parametrize("n", NP_SIZES)
 @pytest.mark.parametrize("m", [282, 4096])
 @pytest.mark.parametrize("provider", ["reference", "torch", "sklearn"]
                          + (["triton"] if DEVICE == "cuda" else []))
-def test_nearest_prototype(benchmark, provider, n, m):
+def test_nearest_prototype(benchmark, peak_memory, device_label, provider, n, m):
     d = 128
     if provider == "reference" and n * m > 2_000 * 282:
         pytest.skip("the dense reference only up to 2k x 282")
@@ -155,7 +138,7 @@ def test_nearest_prototype(benchmark, provider, n, m):
         return out
 
     step()
-    start = _peak_start()
-    benchmark.pedantic(step, rounds=3, iterations=1)
-    benchmark.extra_info.update(n=n, m=m, d=d, device=_device_name(), provider=provider,
-                                peak_bytes=_peak_bytes(start))
+    with peak_memory() as pm:
+        benchmark.pedantic(step, rounds=3, iterations=1)
+    benchmark.extra_info.update(n=n, m=m, d=d, device=device_label, provider=provider,
+                                peak_bytes=pm.peak_bytes, peak_memory_method=pm.method)

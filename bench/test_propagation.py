@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import os
-import resource
 import warnings
 
 import pytest
@@ -56,20 +55,6 @@ def _graph(n: int) -> tuple[torch.Tensor, CSRGraph]:
     return ei, CSRGraph.from_edge_index(ei, num_nodes=n)
 
 
-def _peak_start() -> int:
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        return torch.cuda.memory_allocated()
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _peak_bytes(start: int) -> int:
-    if DEVICE == "cuda":
-        return torch.cuda.max_memory_allocated() - start
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - start
-
-
 def _propagator(provider: str, ei: torch.Tensor, graph: CSRGraph):
     n = graph.num_nodes
     if provider == "reference":
@@ -95,7 +80,7 @@ def _propagator(provider: str, ei: torch.Tensor, graph: CSRGraph):
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_gcn_propagate(benchmark, provider, mode, d, n):
+def test_gcn_propagate(benchmark, peak_memory, device_label, provider, mode, d, n):
     if provider == "reference" and n > 100_000:
         pytest.skip("the reference is benchmarked up to 100k nodes")
     benchmark.group = f"gcn_propagate {mode} n={n} d={d}"
@@ -117,9 +102,10 @@ def test_gcn_propagate(benchmark, provider, mode, d, n):
 
     if not benchmark.disabled:  # (the CI smoke run calls step once, below)
         step()  # warm-up: Triton compilation, the graph's caches (degrees, normalised CSR)
-    start = _peak_start()
-    benchmark.pedantic(step, rounds=3 if n >= 1_000_000 else 7, iterations=1, warmup_rounds=1)
+    with peak_memory() as pm:
+        benchmark.pedantic(step, rounds=3 if n >= 1_000_000 else 7, iterations=1,
+                           warmup_rounds=1)
     benchmark.extra_info.update(
         n=n, d=d, nnz=graph.num_edges, dtype="float32", provider=provider, mode=mode,
-        device=torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
-        threads=torch.get_num_threads(), peak_bytes=_peak_bytes(start))
+        device=device_label, threads=torch.get_num_threads(), peak_bytes=pm.peak_bytes,
+        peak_memory_method=pm.method)
