@@ -1,0 +1,40 @@
+"""Packaging contract: lazy public API, no triton at import, every exported name resolves."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import hiertail_fast
+
+
+def test_import_does_not_import_triton_or_kernels():
+    # a fresh interpreter: this test process may already have imported triton elsewhere
+    code = (
+        "import sys, hiertail_fast, hiertail_fast.losses, hiertail_fast.nn.hiertail\n"
+        "bad = [m for m in sys.modules if m == 'triton' or m.startswith('triton.')\n"
+        "       or m.startswith('hiertail_fast.kernels')]\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=dict(os.environ, TRITON_INTERPRET="0"))
+    assert out.stdout.strip() == "", f"imported at package import time: {out.stdout}"
+
+
+@pytest.mark.parametrize("name", hiertail_fast.__all__)
+def test_every_public_name_resolves(name):
+    assert getattr(hiertail_fast, name) is not None
+
+
+def test_unknown_attribute_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="no_such_thing"):
+        hiertail_fast.no_such_thing  # noqa: B018
+
+
+def test_kernels_are_installed_under_the_package_name():
+    pytest.importorskip("triton")
+    import hiertail_fast.kernels.balanced_contrastive_loss as k
+
+    assert hasattr(k, "lse_forward") and hasattr(k, "lse_backward")
