@@ -59,7 +59,9 @@ def check_edge_weight(edge_weight: object, num_edges: int) -> torch.Tensor | Non
     if not w.is_floating_point():
         raise TypeError(f"edge_weight must be floating point, got {w.dtype}")
     if w.numel() != num_edges:
-        raise ValueError(f"edge_weight has {w.numel()} entries but edge_index has {num_edges} edges")
+        raise ValueError(
+            f"edge_weight has {w.numel()} entries but edge_index has {num_edges} edges"
+        )
     if w.numel() and not bool(torch.isfinite(w).all()):
         raise ValueError("edge_weight contains NaN or Inf")
     return w
