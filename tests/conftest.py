@@ -52,6 +52,17 @@ def _seed_everything():
     yield
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny tensors: OpenMP fork/join costs more than the work, and on a shared 2-core machine a
+    parallel region can wait ~100 ms for a busy core. Use as
+    ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(params=DEVICES)
 def device(request) -> str:
     return request.param

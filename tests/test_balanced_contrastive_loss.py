@@ -29,14 +29,7 @@ BACKENDS = ["torch", TRITON]
 
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny tensors: OpenMP fork/join costs more than the work, and on a shared 2-core machine
-    # a parallel region can wait ~100 ms for a busy core
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 def _data(n, d, *, n_classes=6, norm=3.0, m=0, dtype=torch.float32, seed=0, singletons=2):
     """Long-tailed labels (Zipf sizes + singleton classes), embeddings of norm ~ `norm`."""

@@ -14,14 +14,7 @@ E = math.e
 
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny tensors: OpenMP fork/join costs more than the work, and on a shared 2-core machine
-    # a parallel region can wait ~100 ms for a busy core
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 def _tiny():
     # s = z z^T = [[1,0,1],[0,1,1],[1,1,2]] (tau = 1); labels 0,0,1 -> w = [1/2, 1/2, 1]

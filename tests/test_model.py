@@ -33,13 +33,7 @@ def _tiny_graph(n: int = N, c: int = C, seed: int = 0):
     return x, torch.stack([src, dst]), y
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny graphs: one thread avoids OpenMP oversubscription on a busy 2-core machine."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

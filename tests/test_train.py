@@ -16,14 +16,7 @@ from hiertail_fast.data.synthetic import make_synthetic_graph
 from hiertail_fast.nn.hiertail import HierTail, HierTailConfig
 from hiertail_fast.train import main, parse_seeds, run_seeds, train_hiertail
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny graphs: one thread avoids OpenMP oversubscription on a busy 2-core machine."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
