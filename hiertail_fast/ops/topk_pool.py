@@ -172,12 +172,6 @@ def _as_graph(graph_or_edge_index, edge_weight, n: int, device: torch.device) ->
     return graph
 
 
-def _inherit_symmetry(parent: CSRGraph, child: CSRGraph) -> CSRGraph:
-    """A[perm, perm] of a symmetric A is symmetric (same relabelling on rows and columns):
-    declare it, so gcn_propagate's backward reuses the pooled CSR instead of transposing."""
-    return child.assume_symmetric() if parent.known_symmetric else child
-
-
 def _subgraph_triton(graph: CSRGraph, perm: torch.Tensor) -> CSRGraph:
     """Induced subgraph on perm (relabelled in perm order) with the Triton filter/compaction."""
     from hiertail_fast.kernels import topk_pool as kern
@@ -186,15 +180,7 @@ def _subgraph_triton(graph: CSRGraph, perm: torch.Tensor) -> CSRGraph:
     relabel = torch.full((n,), -1, dtype=torch.long, device=perm.device)
     relabel[perm] = torch.arange(k, device=perm.device)
     new_row, new_col, eid = kern.filter_edges(graph.row_index(), graph.indices, relabel)
-    # CSR order: sort the kept entries by (row, col). Not stable (a stable sort of int64 keys
-    # is ~10x slower on CPU): duplicate (row, col) entries come in an unspecified, reproducible
-    # order, as in CSRGraph.subgraph.
-    order = torch.sort(new_row * max(k, 1) + new_col).indices
-    indptr = torch.zeros(k + 1, dtype=torch.long, device=perm.device)
-    torch.cumsum(torch.bincount(new_row, minlength=k), 0, out=indptr[1:])
-    eid = eid[order]
-    weight = None if graph.weight is None else graph.weight[eid]
-    return _inherit_symmetry(graph, CSRGraph(indptr, new_col[order], weight, k, validate=False))
+    return graph._induced_from_entries(eid, new_row, new_col, k)[0]
 
 
 def topk_pool(
@@ -231,8 +217,8 @@ def topk_pool(
     if choice == "reference":
         x_pooled, ei, ew, perm, score = topk_pool_ref(x, graph.edge_index(), p, ratio,
                                                       graph.weight)
-        pooled = _inherit_symmetry(graph, CSRGraph.from_edge_index(ei, ew, num_nodes=k,
-                                                                   dedupe=False))
+        pooled = graph._inherit_symmetry(CSRGraph.from_edge_index(ei, ew, num_nodes=k,
+                                                                  dedupe=False))
     else:
         x_pooled, perm, score = TopKPoolFunction.apply(x, p, k, choice)
         pooled = _subgraph_triton(graph, perm) if choice == "triton" else \
