@@ -14,8 +14,9 @@ Metrics
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from hiertail_fast._lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -49,11 +50,11 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
+_resolve = lazy_getattr(__name__, _EXPORTS)
+
+
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hiertail_fast' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = _resolve(name)
     globals()[name] = value  # cache: later lookups skip __getattr__
     return value
 

@@ -1,8 +1,7 @@
 """Modules: GCNConv, TopKPool and the HierTail model."""
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hiertail_fast._lazy import lazy_getattr
 
 _EXPORTS = {
     "GCNConv": "hiertail_fast.nn.conv",
@@ -13,8 +12,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hiertail_fast.nn' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -4,8 +4,7 @@ Dense where that is simplest; float64-safe so `torch.autograd.gradcheck` runs. N
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hiertail_fast._lazy import lazy_getattr
 
 _EXPORTS = {
     "gcn_propagate_ref": "hiertail_fast.reference.gcn_propagate",
@@ -17,8 +16,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hiertail_fast.reference' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
