@@ -9,6 +9,7 @@ from hiertail_fast.graph import CSRGraph
 from hiertail_fast.nn.conv import GCNConv
 from hiertail_fast.ops.gcn_propagate import (
     GCNPropagateFunction,
+    _csr_matmul,
     _merge_diagonal,
     gcn_propagate,
     torch_sparse_available,
@@ -204,6 +205,29 @@ def test_merge_diagonal_matches_dense():
     got.index_put_((merged.row_index(), merged.indices), merged.weight, accumulate=True)
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
     assert merged.num_edges == g.num_edges + int((diag != 0).sum())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_csr_matmul_never_reads_its_uninitialised_output(dtype, monkeypatch):
+    """The CPU path multiplies into torch.empty memory with addmm(beta=0): whatever that memory
+    holds must not reach the result, empty rows included. torch.empty is patched to hand out
+    NaN/inf-filled memory so the check does not depend on what the allocator reuses."""
+    n, d = 50, 24
+    ei, w = make_edges(n, 200, weighted=True, seed=11, dtype=dtype)
+    g = CSRGraph.from_edge_index(ei, w, n)
+    dense = torch.zeros(n, n, dtype=dtype)
+    dense.index_put_((g.row_index(), g.indices), g.weight, accumulate=True)
+    assert (dense.abs().sum(1) == 0).any()  # some rows are empty
+    op = torch.sparse_csr_tensor(g.indptr.int(), g.indices.int(), g.weight, (n, n))
+    x = torch.randn(n, d, dtype=dtype)
+    real_empty = torch.empty
+    for poison in (float("nan"), float("inf"), -1e30):
+        monkeypatch.setattr(torch, "empty",
+                            lambda *a, _p=poison, **k: real_empty(*a, **k).fill_(_p))
+        out = _csr_matmul(op, x)
+        monkeypatch.setattr(torch, "empty", real_empty)
+        assert torch.isfinite(out).all()
+        torch.testing.assert_close(out, dense @ x, **tol(dtype))
 
 
 @requires_triton
