@@ -10,13 +10,28 @@ def check_tensor(t: object, name: str) -> torch.Tensor:
     return t
 
 
+def all_finite(t: torch.Tensor) -> bool:
+    """True iff no entry of the floating tensor t is NaN or ±inf.
+
+    One read pass: a NaN or inf anywhere makes the sum NaN or inf (nothing cancels them), so a
+    finite sum proves every entry finite. Only a non-finite sum (a bad entry, or finite values
+    whose sum overflows) pays for the exact element-wise check. ``torch.isfinite(t).all()``
+    alone costs several passes and a bool temporary (CPU: abs, two compares, a product: ~200 ms
+    for a 1M×64 fp32 matrix on the 2-core CPU, which was 15 % of a top-k pooling step)."""
+    if not t.numel():
+        return True
+    if bool(torch.isfinite(t.sum())):
+        return True
+    return bool(torch.isfinite(t).all())
+
+
 def check_float_matrix(t: object, name: str, *, finite: bool = True) -> torch.Tensor:
     t = check_tensor(t, name)
     if t.dim() != 2:
         raise ValueError(f"{name} must be 2-D [n, d], got shape {tuple(t.shape)}")
     if not t.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
-    if finite and t.numel() and not bool(torch.isfinite(t).all()):
+    if finite and not all_finite(t):
         raise ValueError(f"{name} contains NaN or Inf")
     return t
 
@@ -62,6 +77,6 @@ def check_edge_weight(edge_weight: object, num_edges: int) -> torch.Tensor | Non
         raise ValueError(
             f"edge_weight has {w.numel()} entries but edge_index has {num_edges} edges"
         )
-    if w.numel() and not bool(torch.isfinite(w).all()):
+    if not all_finite(w):
         raise ValueError("edge_weight contains NaN or Inf")
     return w

@@ -1,0 +1,42 @@
+"""Shared input checks: the one-pass finiteness test and the error messages built on it."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hiertail_fast._validation import all_finite, check_edge_weight, check_float_matrix
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_all_finite_finds_every_bad_entry(dtype, bad):
+    x = torch.randn(37, 5).to(dtype)
+    assert all_finite(x)
+    for pos in [(0, 0), (36, 4), (17, 2)]:
+        y = x.clone()
+        y[pos] = bad
+        assert not all_finite(y)
+        assert not all_finite(y.t())  # non-contiguous view
+        with pytest.raises(ValueError, match="x contains NaN or Inf"):
+            check_float_matrix(y, "x")
+    # an inf and a -inf, or NaN next to inf: no cancellation into a finite sum
+    y = x.clone()
+    y[1, 1], y[2, 2] = float("inf"), -float("inf")
+    assert not all_finite(y)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+def test_all_finite_when_the_sum_overflows(dtype):
+    big = torch.finfo(dtype).max / 2
+    x = torch.full((8, 8), big, dtype=dtype)  # every entry finite, their sum is not
+    assert not torch.isfinite(x.sum())
+    assert all_finite(x)
+    x[3, 3] = float("nan")
+    assert not all_finite(x)
+
+
+def test_all_finite_empty_and_edge_weight():
+    assert all_finite(torch.empty(0, 3))
+    assert check_edge_weight(torch.ones(4), 4) is not None
+    with pytest.raises(ValueError, match="edge_weight contains NaN or Inf"):
+        check_edge_weight(torch.tensor([1.0, float("nan"), 2.0]), 3)
