@@ -109,3 +109,23 @@ def test_default_dispatch_no_grad_and_16bit():
     assert torch.equal(nearest_prototype(zh, ph, backend="torch"), nearest_prototype_ref(zh, ph))
     with pytest.raises(ValueError):
         nearest_prototype(z, p, backend="nope")
+
+
+@pytest.mark.parametrize("m_tile", [1, 7, 109])
+def test_torch_tiles_and_row_blocks(monkeypatch, m_tile):
+    """Small prototype tiles and row blocks (109 of 110 prototypes leaves a last tile of width
+    1), with exact ties across tile borders: the merge of per-tile best/second-best must give
+    the reference argmin, lowest index first."""
+    import hiertail_fast.ops.nearest_prototype as npmod
+
+    monkeypatch.setattr(npmod, "_M_TILE", m_tile)
+    monkeypatch.setattr(npmod, "_BLOCK_ELEMENTS", 64 * m_tile)  # 64-row blocks
+    g = torch.Generator().manual_seed(5)
+    p = torch.randint(-3, 4, (90, 6), generator=g).float()
+    p = torch.cat([p, p[:20]])  # 110 prototypes, the duplicates (>= 90) must never win
+    z = torch.randint(-3, 4, (150, 6), generator=g).float()
+    out = nearest_prototype(z, p, backend="torch")
+    assert torch.equal(out, nearest_prototype_ref(z, p))
+    assert int(out.max()) < 90
+    z = torch.randn(150, 6, generator=g)
+    assert torch.equal(nearest_prototype(z, p, backend="torch"), nearest_prototype_ref(z, p))
