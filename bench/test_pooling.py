@@ -46,23 +46,19 @@ def _edge_index(n: int) -> torch.Tensor:
         return torch.randint(0, n, (2, 10 * n), generator=g)
 
 
-@pytest.mark.parametrize("n", SIZES)
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("provider", PROVIDERS)
-def test_topk_pool_fwd_bwd(benchmark, peak_memory, device_label, provider, n, d):
-    if provider == "reference" and n > 100_000:
-        pytest.skip("the reference is benchmarked up to 100k nodes")
-    if provider == "pyg":
-        pytest.importorskip("torch_geometric")
-        from torch_geometric.nn import TopKPooling
-    benchmark.group = f"topk_pool n={n} d={d}"
+def make_pool_step(provider: str, n: int, d: int):
+    """(step, number of edges): one top-k pooling forward + backward (ratio 0.5) of the
+    synthetic n-node graph with d features, by ``provider``. The graph container (ours) and
+    the module (PyG) are built once, outside the step, as in a training loop."""
     ei = _edge_index(n).to(DEVICE)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(n, d, generator=gen).to(DEVICE).requires_grad_(True)
     p = torch.randn(d, generator=gen).to(DEVICE).requires_grad_(True)
-    graph = CSRGraph.from_edge_index(ei, num_nodes=n, dedupe=False)  # built once, like training
+    graph = CSRGraph.from_edge_index(ei, num_nodes=n, dedupe=False)
     graph.row_index()
     if provider == "pyg":
+        from torch_geometric.nn import TopKPooling
+
         pool = TopKPooling(d, ratio=0.5).to(DEVICE)
         pool.select.weight.data.copy_(p.detach().view(1, -1))
 
@@ -78,12 +74,25 @@ def test_topk_pool_fwd_bwd(benchmark, peak_memory, device_label, provider, n, d)
         if DEVICE == "cuda":
             torch.cuda.synchronize()
 
+    return step, int(ei.shape[1])
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_topk_pool_fwd_bwd(benchmark, peak_memory, device_label, provider, n, d):
+    if provider == "reference" and n > 100_000:
+        pytest.skip("the reference is benchmarked up to 100k nodes")
+    if provider == "pyg":
+        pytest.importorskip("torch_geometric")
+    benchmark.group = f"topk_pool n={n} d={d}"
+    step, num_edges = make_pool_step(provider, n, d)
     step()  # warm-up (Triton compilation, allocator)
     with peak_memory() as pm:
         benchmark.pedantic(step, rounds=3 if n >= 1_000_000 else 5, iterations=1,
                            warmup_rounds=0)
     benchmark.extra_info.update(
-        n=n, d=d, num_edges=int(ei.shape[1]), k=(n + 1) // 2, dtype="float32",
+        n=n, d=d, num_edges=num_edges, k=(n + 1) // 2, dtype="float32",
         device=device_label, provider=provider, peak_bytes=pm.peak_bytes,
         peak_memory_method=pm.method)
 

@@ -1,0 +1,125 @@
+"""Our providers against the peers, timed ROUND-ROBIN (GCN propagation, top-k pooling).
+
+pytest-benchmark times one provider after another; on a shared or virtual machine the speed
+drifts between those windows by more than the differences being measured (the 2-core CPU
+here: torch.sparse.mm at 100k×64 measured anywhere from 47 to 78 ms median in back-to-back
+runs). Here every round calls each provider once, in turn, so drift hits all of them alike,
+and the table reports median and min per provider plus each one's median ratio to ``torch``.
+
+    python bench/interleaved.py propagation --nodes 100000 1000000 --dims 64 128 --rounds 15
+    python bench/interleaved.py pooling --nodes 100000 1000000 --dims 64 128 --rounds 7
+
+Graphs, providers and the timed steps are those of bench/test_propagation.py and
+bench/test_pooling.py (same graph generator, graph containers built once outside the timing,
+one warm-up call first). JSON to bench/results/interleaved_<op>.json (or ``--out``).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import test_pooling as tpool  # noqa: E402  (steps shared with the pytest-benchmark suites)
+import test_propagation as tprop  # noqa: E402
+from conftest import DEVICE, device_name  # noqa: E402
+
+OPS = {
+    "propagation": dict(providers=[p for p in tprop.PROVIDERS if p != "reference"],
+                        modes=["fwd", "fwd+bwd"]),
+    "pooling": dict(providers=[p for p in tpool.PROVIDERS if p != "reference" and (
+        p != "pyg" or importlib.util.find_spec("torch_geometric") is not None)],
+                    modes=["fwd+bwd"]),
+}
+
+
+def time_round_robin(steps: dict, rounds: int) -> dict[str, list[float]]:
+    for step in steps.values():
+        step()  # warm-up: caches on the graph, Triton compilation
+    times = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def propagation_step(provider: str, n: int, d: int, mode: str):
+    ei, graph = tprop._graph(n)
+    fn = tprop._propagator(provider, ei, graph)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(n, d, generator=gen).to(DEVICE).requires_grad_(mode == "fwd+bwd")
+    grad_out = torch.randn(n, d, generator=gen).to(DEVICE)
+
+    def step():
+        if mode == "fwd":
+            with torch.no_grad():
+                fn(x)
+        else:
+            x.grad = None
+            fn(x).backward(grad_out)
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+    return step, graph.num_edges
+
+
+def pooling_step(provider: str, n: int, d: int, mode: str):
+    return tpool.make_pool_step(provider, n, d)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("op", choices=sorted(OPS))
+    parser.add_argument("--nodes", type=int, nargs="+", default=[100_000])
+    parser.add_argument("--dims", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--modes", nargs="+", choices=["fwd", "fwd+bwd"])
+    parser.add_argument("--providers", nargs="+")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    spec = OPS[args.op]
+    providers = args.providers or spec["providers"]
+    modes = args.modes or spec["modes"]
+    unknown = set(providers) - set(spec["providers"])
+    if unknown:
+        parser.error(f"unknown or unavailable providers {sorted(unknown)} for {args.op}; "
+                     f"have {spec['providers']}")
+    if set(modes) - set(spec["modes"]):
+        parser.error(f"{args.op} is timed in modes {spec['modes']}")
+    make = propagation_step if args.op == "propagation" else pooling_step
+    out = args.out or Path(__file__).parent / "results" / f"interleaved_{args.op}.json"
+
+    records = []
+    print(f"{args.op} on {device_name()}, rounds {args.rounds}")
+    for n in args.nodes:
+        for d in args.dims:
+            for mode in modes:
+                steps, num_edges = {}, 0
+                for p in providers:
+                    steps[p], num_edges = make(p, n, d, mode)
+                times = time_round_robin(steps, args.rounds)
+                base = statistics.median(times["torch"]) if "torch" in times else None
+                print(f"\nn={n} d={d} {mode} (edges {num_edges})")
+                for p, ts in times.items():
+                    med = statistics.median(ts)
+                    ratio = f"{med / base:5.2f}x torch" if base else ""
+                    print(f"  {p:18s} median {med * 1e3:9.1f} ms   min {min(ts) * 1e3:9.1f} ms"
+                          f"   {ratio}", flush=True)
+                    records.append(dict(n=n, d=d, mode=mode, provider=p, edges=num_edges,
+                                        median_s=med, min_s=min(ts), times_s=ts))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(op=args.op, device=device_name(), rounds=args.rounds,
+                                   torch=torch.__version__, records=records), indent=1))
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

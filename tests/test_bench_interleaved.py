@@ -1,0 +1,39 @@
+"""bench/interleaved.py (round-robin timing against the peers): runs end to end on a small graph,
+records every provider, and rejects unknown providers with a message."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "interleaved.py"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("op,modes", [("propagation", {"fwd", "fwd+bwd"}),
+                                      ("pooling", {"fwd+bwd"})])
+def test_round_robin_records_every_provider(tmp_path, op, modes):
+    out = tmp_path / "r.json"
+    res = _run(op, "--nodes", "1000", "--dims", "8", "--rounds", "3", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    data = json.loads(out.read_text())
+    providers = {r["provider"] for r in data["records"]}
+    assert "torch" in providers and len(providers) >= 2  # ours and at least one peer
+    assert {r["mode"] for r in data["records"]} == modes
+    for r in data["records"]:
+        assert len(r["times_s"]) == 3 and all(t > 0 for t in r["times_s"])
+        assert r["min_s"] == min(r["times_s"]) and r["n"] == 1000 and r["d"] == 8
+    assert "x torch" in res.stdout
+
+
+def test_unknown_provider_is_an_error():
+    res = _run("pooling", "--providers", "torch", "nonexistent", "--rounds", "1")
+    assert res.returncode == 2
+    assert "nonexistent" in res.stderr
