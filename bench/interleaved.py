@@ -1,4 +1,4 @@
-"""Our providers against the peers, timed ROUND-ROBIN (GCN propagation, top-k pooling).
+"""Our providers against the peers, timed ROUND-ROBIN (propagation, pooling, prototypes).
 
 pytest-benchmark times one provider after another; on a shared or virtual machine the speed
 drifts between those windows by more than the differences being measured (the 2-core CPU
@@ -8,6 +8,7 @@ and the table reports median and min per provider plus each one's median ratio t
 
     python bench/interleaved.py propagation --nodes 100000 1000000 --dims 64 128 --rounds 15
     python bench/interleaved.py pooling --nodes 100000 1000000 --dims 64 128 --rounds 7
+    python bench/interleaved.py prototype --nodes 100000 --dims 128 --prototypes 282 --rounds 7
 
 Graphs, providers and the timed steps are those of bench/test_propagation.py and
 bench/test_pooling.py (same graph generator, graph containers built once outside the timing,
@@ -16,6 +17,7 @@ one warm-up call first). JSON to bench/results/interleaved_<op>.json (or ``--out
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import statistics
@@ -36,6 +38,10 @@ OPS = {
     "pooling": dict(providers=[p for p in tpool.PROVIDERS if p != "reference" and (
         p != "pyg" or importlib.util.find_spec("torch_geometric") is not None)],
                     modes=["fwd+bwd"]),
+    # --dims is the feature width d, --prototypes the number m of prototypes
+    "prototype": dict(providers=["torch"] + (["triton"] if DEVICE == "cuda" else []) + (
+        ["sklearn"] if importlib.util.find_spec("sklearn") is not None else []),
+                      modes=["fwd"]),
 }
 
 
@@ -74,6 +80,10 @@ def pooling_step(provider: str, n: int, d: int, mode: str):
     return tpool.make_pool_step(provider, n, d)
 
 
+def prototype_step(provider: str, n: int, d: int, mode: str, m: int):
+    return tpool.make_prototype_step(provider, n, m, d), 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("op", choices=sorted(OPS))
@@ -81,6 +91,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--modes", nargs="+", choices=["fwd", "fwd+bwd"])
     parser.add_argument("--providers", nargs="+")
+    parser.add_argument("--prototypes", type=int, default=282, help="m (prototype op)")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
@@ -93,7 +104,8 @@ def main(argv=None) -> int:
                      f"have {spec['providers']}")
     if set(modes) - set(spec["modes"]):
         parser.error(f"{args.op} is timed in modes {spec['modes']}")
-    make = propagation_step if args.op == "propagation" else pooling_step
+    make = {"propagation": propagation_step, "pooling": pooling_step,
+            "prototype": functools.partial(prototype_step, m=args.prototypes)}[args.op]
     out = args.out or Path(__file__).parent / "results" / f"interleaved_{args.op}.json"
 
     records = []
@@ -106,13 +118,16 @@ def main(argv=None) -> int:
                     steps[p], num_edges = make(p, n, d, mode)
                 times = time_round_robin(steps, args.rounds)
                 base = statistics.median(times["torch"]) if "torch" in times else None
-                print(f"\nn={n} d={d} {mode} (edges {num_edges})")
+                what = f"m={args.prototypes}" if args.op == "prototype" else f"edges {num_edges}"
+                print(f"\nn={n} d={d} {mode} ({what})")
                 for p, ts in times.items():
                     med = statistics.median(ts)
                     ratio = f"{med / base:5.2f}x torch" if base else ""
                     print(f"  {p:18s} median {med * 1e3:9.1f} ms   min {min(ts) * 1e3:9.1f} ms"
                           f"   {ratio}", flush=True)
                     records.append(dict(n=n, d=d, mode=mode, provider=p, edges=num_edges,
+                                        prototypes=args.prototypes if args.op == "prototype"
+                                        else None,
                                         median_s=med, min_s=min(ts), times_s=ts))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(dict(op=args.op, device=device_name(), rounds=args.rounds,

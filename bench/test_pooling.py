@@ -117,24 +117,17 @@ def test_topk_unpool_fwd_bwd(benchmark, device_label, provider, n):
     benchmark.extra_info.update(n=n, k=k, d=d, device=device_label, provider=provider)
 
 
-@pytest.mark.parametrize("n", NP_SIZES)
-@pytest.mark.parametrize("m", [282, 4096])
-@pytest.mark.parametrize("provider", ["reference", "torch", "sklearn"]
-                         + (["triton"] if DEVICE == "cuda" else []))
-def test_nearest_prototype(benchmark, peak_memory, device_label, provider, n, m):
-    d = 128
-    if provider == "reference" and n * m > 2_000 * 282:
-        pytest.skip("the dense reference only up to 2k x 282")
-    if provider == "sklearn" and n * m > 100_000 * 282:
-        pytest.skip("sklearn only up to 100k x 282")
-    benchmark.group = f"nearest_prototype n={n} m={m} d={d}"
+def make_prototype_step(provider: str, n: int, m: int, d: int = 128):
+    """One nearest-prototype assignment of n random rows to m random prototypes (d features)
+    by ``provider`` ("reference", "torch", "triton" or "sklearn" on numpy copies)."""
     gen = torch.Generator().manual_seed(2)
     z = torch.randn(n, d, generator=gen).to(DEVICE)
     protos = torch.randn(m, d, generator=gen).to(DEVICE)
     if provider == "sklearn":
-        sk = pytest.importorskip("sklearn.metrics")
+        from sklearn.metrics import pairwise_distances_argmin
+
         zn, pn = z.cpu().numpy(), protos.cpu().numpy()
-        fn = lambda: sk.pairwise_distances_argmin(zn, pn)  # noqa: E731
+        fn = lambda: pairwise_distances_argmin(zn, pn)  # noqa: E731
     elif provider == "reference":
         fn = lambda: nearest_prototype_ref(z, protos)  # noqa: E731
     else:
@@ -146,6 +139,23 @@ def test_nearest_prototype(benchmark, peak_memory, device_label, provider, n, m)
             torch.cuda.synchronize()
         return out
 
+    return step
+
+
+@pytest.mark.parametrize("n", NP_SIZES)
+@pytest.mark.parametrize("m", [282, 4096])
+@pytest.mark.parametrize("provider", ["reference", "torch", "sklearn"]
+                         + (["triton"] if DEVICE == "cuda" else []))
+def test_nearest_prototype(benchmark, peak_memory, device_label, provider, n, m):
+    d = 128
+    if provider == "reference" and n * m > 2_000 * 282:
+        pytest.skip("the dense reference only up to 2k x 282")
+    if provider == "sklearn" and n * m > 100_000 * 282:
+        pytest.skip("sklearn only up to 100k x 282")
+    if provider == "sklearn":
+        pytest.importorskip("sklearn.metrics")
+    benchmark.group = f"nearest_prototype n={n} m={m} d={d}"
+    step = make_prototype_step(provider, n, m, d)
     step()
     with peak_memory() as pm:
         benchmark.pedantic(step, rounds=3, iterations=1)

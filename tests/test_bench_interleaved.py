@@ -18,7 +18,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("op,modes", [("propagation", {"fwd", "fwd+bwd"}),
-                                      ("pooling", {"fwd+bwd"})])
+                                      ("pooling", {"fwd+bwd"}), ("prototype", {"fwd"})])
 def test_round_robin_records_every_provider(tmp_path, op, modes):
     out = tmp_path / "r.json"
     res = _run(op, "--nodes", "1000", "--dims", "8", "--rounds", "3", "--out", str(out))
