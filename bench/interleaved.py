@@ -58,22 +58,7 @@ def time_round_robin(steps: dict, rounds: int) -> dict[str, list[float]]:
 
 
 def propagation_step(provider: str, n: int, d: int, mode: str):
-    ei, graph = tprop._graph(n)
-    fn = tprop._propagator(provider, ei, graph)
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(n, d, generator=gen).to(DEVICE).requires_grad_(mode == "fwd+bwd")
-    grad_out = torch.randn(n, d, generator=gen).to(DEVICE)
-
-    def step():
-        if mode == "fwd":
-            with torch.no_grad():
-                fn(x)
-        else:
-            x.grad = None
-            fn(x).backward(grad_out)
-        if DEVICE == "cuda":
-            torch.cuda.synchronize()
-    return step, graph.num_edges
+    return tprop.make_propagation_step(provider, n, d, mode)
 
 
 def pooling_step(provider: str, n: int, d: int, mode: str):

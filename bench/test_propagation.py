@@ -76,14 +76,9 @@ def _propagator(provider: str, ei: torch.Tensor, graph: CSRGraph):
     raise ValueError(provider)
 
 
-@pytest.mark.parametrize("n", SIZES)
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
-@pytest.mark.parametrize("provider", PROVIDERS)
-def test_gcn_propagate(benchmark, peak_memory, device_label, provider, mode, d, n):
-    if provider == "reference" and n > 100_000:
-        pytest.skip("the reference is benchmarked up to 100k nodes")
-    benchmark.group = f"gcn_propagate {mode} n={n} d={d}"
+def make_propagation_step(provider: str, n: int, d: int, mode: str):
+    """(step, nnz): one propagation of random [n, d] features on the synthetic n-node graph by
+    ``provider``, forward only ("fwd", under no_grad) or forward + backward ("fwd+bwd")."""
     ei, graph = _graph(n)
     fn = _propagator(provider, ei, graph)
     gen = torch.Generator().manual_seed(1)
@@ -100,12 +95,24 @@ def test_gcn_propagate(benchmark, peak_memory, device_label, provider, mode, d, 
         if DEVICE == "cuda":
             torch.cuda.synchronize()
 
+    return step, graph.num_edges
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_gcn_propagate(benchmark, peak_memory, device_label, provider, mode, d, n):
+    if provider == "reference" and n > 100_000:
+        pytest.skip("the reference is benchmarked up to 100k nodes")
+    benchmark.group = f"gcn_propagate {mode} n={n} d={d}"
+    step, nnz = make_propagation_step(provider, n, d, mode)
     if not benchmark.disabled:  # (the CI smoke run calls step once, below)
         step()  # warm-up: Triton compilation, the graph's caches (degrees, normalised CSR)
     with peak_memory() as pm:
         benchmark.pedantic(step, rounds=3 if n >= 1_000_000 else 7, iterations=1,
                            warmup_rounds=1)
     benchmark.extra_info.update(
-        n=n, d=d, nnz=graph.num_edges, dtype="float32", provider=provider, mode=mode,
+        n=n, d=d, nnz=nnz, dtype="float32", provider=provider, mode=mode,
         device=device_label, threads=torch.get_num_threads(), peak_bytes=pm.peak_bytes,
         peak_memory_method=pm.method)
