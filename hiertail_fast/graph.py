@@ -15,6 +15,7 @@ degrees, transposed CSR, symmetry flag) is computed once per graph and cached on
 epoch loop on a fixed graph pays for it once. Caches are keyed by their options (and dtype/device).
 Edge weights that require grad keep their autograd history through construction, `subgraph` and
 the self-loop methods (gathers / sums are differentiable); `augment_a2` is not differentiable.
+Input checks, the COO -> CSR build and deg^-1/2 are module-level helpers in `hiertail_fast._csr`.
 """
 from __future__ import annotations
 
@@ -23,32 +24,8 @@ from typing import Any
 
 import torch
 
+from hiertail_fast._csr import check_csr, check_num_nodes, coo_to_csr, deg_inv_sqrt
 from hiertail_fast._validation import check_edge_index, check_edge_weight, check_tensor
-
-_MAX_NODES = 3_037_000_499  # n * n + n must fit in int64 for the (row, col) sort key
-
-
-def _check_num_nodes(num_nodes: object) -> int:
-    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int):
-        if isinstance(num_nodes, torch.Tensor) and num_nodes.numel() == 1 and not (
-            num_nodes.is_floating_point()
-        ):
-            num_nodes = int(num_nodes)
-        else:
-            raise TypeError(f"num_nodes must be an int, got {type(num_nodes).__name__}")
-    if num_nodes < 0:
-        raise ValueError(f"num_nodes must be >= 0, got {num_nodes}")
-    if num_nodes > _MAX_NODES:
-        raise ValueError(f"num_nodes={num_nodes} is too large (max {_MAX_NODES})")
-    return int(num_nodes)
-
-
-def deg_inv_sqrt(deg: torch.Tensor) -> torch.Tensor:
-    """deg^-1/2 with 0 where deg == 0 (PyG's gcn_norm), written with `where` on a safe input so
-    the gradient at isolated nodes is 0 instead of NaN (0 * inf). Negative degrees give NaN,
-    as in PyG."""
-    zero = deg == 0
-    return torch.where(zero, torch.zeros_like(deg), torch.where(zero, 1.0, deg).pow(-0.5))
 
 
 class CSRGraph:
@@ -73,32 +50,7 @@ class CSRGraph:
         validate: bool = True,
     ) -> None:
         if validate:
-            indptr = check_tensor(indptr, "indptr")
-            indices = check_tensor(indices, "indices")
-            for t, name in ((indptr, "indptr"), (indices, "indices")):
-                if t.dim() != 1:
-                    raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
-                if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-                    raise TypeError(f"{name} must be an integer tensor, got {t.dtype}")
-            if indptr.numel() < 1:
-                raise ValueError("indptr must have num_nodes + 1 >= 1 entries")
-            n = indptr.numel() - 1 if num_nodes is None else _check_num_nodes(num_nodes)
-            if indptr.numel() != n + 1:
-                raise ValueError(f"indptr has {indptr.numel()} entries, expected {n + 1}")
-            indptr, indices = indptr.long(), indices.long()
-            if int(indptr[0]) != 0 or int(indptr[-1]) != indices.numel():
-                raise ValueError("indptr must start at 0 and end at len(indices)")
-            if n and bool((indptr.diff() < 0).any()):
-                raise ValueError("indptr must be non-decreasing")
-            if indices.numel():
-                if int(indices.min()) < 0 or int(indices.max()) >= n:
-                    raise ValueError(f"indices must lie in [0, {n}) (num_nodes)")
-                rows = torch.repeat_interleave(torch.arange(n, device=indptr.device),
-                                               indptr.diff())
-                if bool(((rows * n + indices).diff() < 0).any()):
-                    raise ValueError("indices must be sorted inside every row")
-            weight = check_edge_weight(weight, indices.numel())
-            num_nodes = n
+            indptr, indices, weight, num_nodes = check_csr(indptr, indices, weight, num_nodes)
         self._indptr = indptr
         self._indices = indices
         self._weight = weight
@@ -125,12 +77,12 @@ class CSRGraph:
         ``remove_self_loops`` drops every ``i -> i`` edge. O(E log E) (one sort).
         """
         if num_nodes is not None:
-            num_nodes = _check_num_nodes(num_nodes)
+            num_nodes = check_num_nodes(num_nodes)
         ei = check_edge_index(edge_index, num_nodes)
         w = check_edge_weight(edge_weight, ei.shape[1])
         if num_nodes is None:
             num_nodes = int(ei.max()) + 1 if ei.numel() else 0
-            _check_num_nodes(num_nodes)
+            check_num_nodes(num_nodes)
         src, dst = ei[0].long(), ei[1].long()
         if remove_self_loops:
             keep = src != dst
@@ -146,26 +98,7 @@ class CSRGraph:
     def _from_coo(cls, row: torch.Tensor, col: torch.Tensor, w: torch.Tensor | None, n: int,
                   *, dedupe: bool) -> CSRGraph:
         """CSR from unsorted (row = target, col = source) entries; inputs are not modified."""
-        device = row.device
-        if n == 0 or row.numel() == 0:
-            indptr = torch.zeros(n + 1, dtype=torch.long, device=device)
-            empty = torch.zeros(0, dtype=torch.long, device=device)
-            return cls(indptr, empty, None if w is None else w[:0], n, validate=False)
-        key = row * n + col
-        if dedupe:
-            if w is None:
-                key = torch.unique(key)
-            else:
-                key, inverse = torch.unique(key, return_inverse=True)
-                # out-of-place index_add keeps autograd to the caller's weights
-                w = torch.zeros(key.numel(), dtype=w.dtype, device=device).index_add(0, inverse, w)
-        else:
-            key, perm = torch.sort(key, stable=True)
-            w = None if w is None else w[perm]
-        row, col = torch.div(key, n, rounding_mode="floor"), key % n
-        indptr = torch.zeros(n + 1, dtype=torch.long, device=device)
-        torch.cumsum(torch.bincount(row, minlength=n), 0, out=indptr[1:])
-        return cls(indptr, col, w, n, validate=False)
+        return cls(*coo_to_csr(row, col, w, n, dedupe=dedupe), n, validate=False)
 
     # ------------------------------------------------------------------ basic views
     @property

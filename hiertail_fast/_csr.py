@@ -1,0 +1,96 @@
+"""Module-level helpers of `hiertail_fast.graph.CSRGraph`: input checks, the COO -> CSR build
+(sort / dedupe) and the GCN degree normalisation. Same orientation and duplicate rules as the
+`hiertail_fast.graph` docstring; nothing here mutates a caller's tensor."""
+from __future__ import annotations
+
+import torch
+
+from hiertail_fast._validation import check_edge_weight, check_tensor
+
+MAX_NODES = 3_037_000_499  # n * n + n must fit in int64 for the (row, col) sort key
+
+
+def check_num_nodes(num_nodes: object) -> int:
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int):
+        if isinstance(num_nodes, torch.Tensor) and num_nodes.numel() == 1 and not (
+            num_nodes.is_floating_point()
+        ):
+            num_nodes = int(num_nodes)
+        else:
+            raise TypeError(f"num_nodes must be an int, got {type(num_nodes).__name__}")
+    if num_nodes < 0:
+        raise ValueError(f"num_nodes must be >= 0, got {num_nodes}")
+    if num_nodes > MAX_NODES:
+        raise ValueError(f"num_nodes={num_nodes} is too large (max {MAX_NODES})")
+    return int(num_nodes)
+
+
+def check_csr(
+    indptr: torch.Tensor, indices: torch.Tensor, weight: torch.Tensor | None,
+    num_nodes: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
+    """Checked CSR arrays ``(indptr int64 [n + 1], indices int64 [nnz], weight [nnz] or None,
+    n)``: 1-D integer index tensors, indptr from 0 to nnz and non-decreasing, indices in
+    [0, n) and sorted inside every row. ValueError/TypeError naming the problem."""
+    indptr = check_tensor(indptr, "indptr")
+    indices = check_tensor(indices, "indices")
+    for t, name in ((indptr, "indptr"), (indices, "indices")):
+        if t.dim() != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise TypeError(f"{name} must be an integer tensor, got {t.dtype}")
+    if indptr.numel() < 1:
+        raise ValueError("indptr must have num_nodes + 1 >= 1 entries")
+    n = indptr.numel() - 1 if num_nodes is None else check_num_nodes(num_nodes)
+    if indptr.numel() != n + 1:
+        raise ValueError(f"indptr has {indptr.numel()} entries, expected {n + 1}")
+    indptr, indices = indptr.long(), indices.long()
+    if int(indptr[0]) != 0 or int(indptr[-1]) != indices.numel():
+        raise ValueError("indptr must start at 0 and end at len(indices)")
+    if n and bool((indptr.diff() < 0).any()):
+        raise ValueError("indptr must be non-decreasing")
+    if indices.numel():
+        if int(indices.min()) < 0 or int(indices.max()) >= n:
+            raise ValueError(f"indices must lie in [0, {n}) (num_nodes)")
+        rows = torch.repeat_interleave(torch.arange(n, device=indptr.device), indptr.diff())
+        if bool(((rows * n + indices).diff() < 0).any()):
+            raise ValueError("indices must be sorted inside every row")
+    weight = check_edge_weight(weight, indices.numel())
+    return indptr, indices, weight, n
+
+
+def coo_to_csr(
+    row: torch.Tensor, col: torch.Tensor, w: torch.Tensor | None, n: int, *, dedupe: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(indptr [n + 1], indices [nnz], weight [nnz] or None)`` from unsorted (row = target,
+    col = source) entries, sorted by (row, col) through one int64 key ``row * n + col``.
+    ``dedupe``: duplicate entries merge (weights summed; unweighted: kept once); otherwise
+    they stay, in their input order (stable sort). Inputs are not modified."""
+    device = row.device
+    if n == 0 or row.numel() == 0:
+        indptr = torch.zeros(n + 1, dtype=torch.long, device=device)
+        empty = torch.zeros(0, dtype=torch.long, device=device)
+        return indptr, empty, None if w is None else w[:0]
+    key = row * n + col
+    if dedupe:
+        if w is None:
+            key = torch.unique(key)
+        else:
+            key, inverse = torch.unique(key, return_inverse=True)
+            # out-of-place index_add keeps autograd to the caller's weights
+            w = torch.zeros(key.numel(), dtype=w.dtype, device=device).index_add(0, inverse, w)
+    else:
+        key, perm = torch.sort(key, stable=True)
+        w = None if w is None else w[perm]
+    row, col = torch.div(key, n, rounding_mode="floor"), key % n
+    indptr = torch.zeros(n + 1, dtype=torch.long, device=device)
+    torch.cumsum(torch.bincount(row, minlength=n), 0, out=indptr[1:])
+    return indptr, col, w
+
+
+def deg_inv_sqrt(deg: torch.Tensor) -> torch.Tensor:
+    """deg^-1/2 with 0 where deg == 0 (PyG's gcn_norm), written with `where` on a safe input so
+    the gradient at isolated nodes is 0 instead of NaN (0 * inf). Negative degrees give NaN,
+    as in PyG."""
+    zero = deg == 0
+    return torch.where(zero, torch.zeros_like(deg), torch.where(zero, 1.0, deg).pow(-0.5))
