@@ -24,30 +24,34 @@ Runs whose predicted memory (time) exceeds --memory-budget (--time-budget) are r
 untimed, then up to --epochs timed (median), fewer once RUN_SECONDS are spent; the warm-up is
 dropped when an epoch is predicted to take over LONG_EPOCH_SECONDS (one-time costs are noise then).
 Writes <out>/scale.csv, <out>/scale.png (log-log time and memory), <out>/scale.json (metadata).
+The worker is bench/_scale_worker.py, the CSV / table / plot / metadata bench/_scale_report.py.
 """
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
-import platform
-import re
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+# The worker and the reporting live beside this file (bench/ is not a package). `x as x`:
+# re-exported, as tests and bench/test_epoch.py use them as scale.<name>.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _scale_report import CSV_COLUMNS, format_row, machine_info, plot, table, write_csv
+from _scale_worker import RUN_SECONDS, run_worker
+from _scale_worker import _setup as _setup
+from _scale_worker import _tracked_peak as _tracked_peak
+from _scale_worker import build_model as build_model
+
 METHODS = ("hiertail", "hiertail-reference", "gcn")
-CSV_COLUMNS = ("method", "nodes", "edges", "epoch_seconds", "peak_memory_bytes", "device", "status")
 RESULT_TAG = "SCALE_RESULT "
 GB = 1e9
 DEFAULT_CPU_BUDGET = 4 * GB  # the default run must stay within 4 GB on the 2-core CI machine
 
 LONG_EPOCH_SECONDS = 60.0  # predicted epoch time above which the warm-up epoch is dropped
-RUN_SECONDS = 120.0  # timed epochs stop once this much is spent (at least one)
 
 # Memory model for the budget check, bytes. The dense reference keeps about REF_BYTES_PER_PAIR
 # bytes per (n + k)^2 key pair alive through backward (DESIGN.md §3: ~33 B per N^2 element in the
@@ -199,155 +203,6 @@ def default_memory_budget(device: str) -> float:
     return float(min(psutil.virtual_memory().available, DEFAULT_CPU_BUDGET))
 
 
-# ----------------------------------------------------------------------------- worker
-def _proc_status_bytes(field: str) -> int:
-    with open("/proc/self/status") as fh:
-        return int(re.search(rf"{field}:\s+(\d+) kB", fh.read()).group(1)) * 1024
-
-
-def _reset_peak_rss() -> bool:
-    """Reset the kernel's resident high-water mark (VmHWM) to the current RSS (Linux >= 4.0)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _tracked_peak(step) -> int:
-    """Peak live bytes of torch's CPU allocator during `step()` above those live at its start."""
-    from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    sizes: list[tuple[int, int]] = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
-            sizes.append((node.start_time_ns, node.extra_fields.alloc_size))  # < 0: a free
-        stack.extend(node.children)
-    live = peak = 0
-    for _, nbytes in sorted(sizes):
-        live += nbytes
-        peak = max(peak, live)
-    return peak
-
-
-def build_model(method: str, in_channels: int, num_classes: int, spec: dict):
-    """(model, loss(model output, y, train_idx) -> scalar tensor) for one method."""
-    import torch
-    import torch.nn.functional as F
-
-    if method == "gcn":
-        from hiertail_fast.nn.conv import GCNConv
-
-        class GCN(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.conv1 = GCNConv(in_channels, spec["hidden"], improved=True)
-                self.conv2 = GCNConv(spec["hidden"], num_classes, improved=True)
-
-            def forward(self, x, graph):
-                return self.conv2(torch.relu(self.conv1(x, graph)), graph)
-
-        return GCN(), lambda out, y, idx: F.cross_entropy(out[idx], y[idx])
-
-    from hiertail_fast.nn.hiertail import HierTail, HierTailConfig
-
-    backend = "reference" if method == "hiertail-reference" else None
-    config = HierTailConfig.named(spec["config"], hidden=spec["hidden"], loss_backend=backend)
-    model = HierTail(in_channels, num_classes, config)
-    return model, lambda out, y, idx: model.loss(out, y, idx).total
-
-
-def _malloc_trim() -> None:
-    """Hand freed heap pages back to the OS (glibc), so the baseline RSS holds live data only."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def _setup(spec: dict, nodes: int):
-    """Graph, model and optimiser of one run; returns (epoch function, edges, losses list)."""
-    import torch
-
-    from hiertail_fast.data.splits import natural_split
-    from hiertail_fast.data.synthetic import make_synthetic_graph
-    from hiertail_fast.nn.hiertail import prepare_graph
-
-    device = torch.device(spec["device"])
-    torch.manual_seed(spec["seed"])
-    data = make_synthetic_graph(nodes, spec["classes"], avg_degree=spec["avg_degree"],
-                                num_features=spec["features"], seed=spec["seed"])
-    train_idx = natural_split(data.y, spec["seed"])[0].to(device)
-    # as the official loader leaves it: symmetric, deduplicated, one unit self-loop a node
-    graph = prepare_graph(data.edge_index, nodes).to(device)
-    x, y = data.x.to(device), data.y.to(device)
-    model, loss_fn = build_model(spec["method"], x.shape[1], int(data.num_classes), spec)
-    model = model.to(device).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    losses: list[float] = []
-
-    def epoch() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x, graph), y, train_idx)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())  # .item() synchronises: the time includes the kernels
-
-    return epoch, graph.num_edges - nodes, losses
-
-
-def run_worker(spec: dict) -> dict:
-    """One (method, size) run in this (fresh) process; returns the CSV row fields."""
-    import gc
-
-    import torch
-
-    device = torch.device(spec["device"])
-    if spec.get("threads"):
-        torch.set_num_threads(spec["threads"])
-    if device.type == "cpu" and spec["cpu_memory"] == "rss":
-        # Prime: one epoch on a tiny graph faults in code pages, thread pools and lazily loaded
-        # libraries (~170 MB of RSS on first use), so that the baseline below holds them.
-        _setup(spec, max(2 * spec["classes"], 200))[0]()
-    gc.collect()
-    _malloc_trim()
-    baseline_rss = _proc_status_bytes("VmRSS")
-    epoch, edges, losses = _setup(spec, spec["nodes"])
-    gc.collect()
-    _malloc_trim()  # drop the generator's freed temporaries from the resident set
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    hwm_reset = _reset_peak_rss()
-    for _ in range(spec["warmup"]):
-        epoch()
-    times: list[float] = []
-    while len(times) < spec["epochs"] and (not times or sum(times) < RUN_SECONDS):
-        sync()
-        start = time.perf_counter()
-        epoch()
-        sync()
-        times.append(time.perf_counter() - start)
-    name = "cpu"
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device)
-        name = f"cuda ({torch.cuda.get_device_name(device)})"
-    elif spec["cpu_memory"] == "tracked":
-        peak = _tracked_peak(epoch)
-    else:  # without the reset, VmHWM is the whole process's peak: report it as such
-        peak = _proc_status_bytes("VmHWM") - (baseline_rss if hwm_reset else 0)
-    return {"edges": edges, "epoch_seconds": statistics.median(times),
-            "peak_memory_bytes": int(peak), "device": name, "timed_epochs": len(times),
-            "status": "ok" if all(map(math.isfinite, losses)) else "ok (non-finite loss)"}
-
-
 # ----------------------------------------------------------------------------- driver
 def _gb(nbytes: float) -> str:
     return f"{nbytes / GB:.1f} GB" if nbytes >= 0.1 * GB else f"{nbytes / 1e6:.0f} MB"
@@ -408,71 +263,6 @@ def sweep(args: argparse.Namespace, budget: float, progress=None) -> list[dict]:
                 progress.update(1)
                 progress.write(format_row(row))
     return rows
-
-
-def format_row(row: dict) -> str:
-    secs, mem = row["epoch_seconds"], row["peak_memory_bytes"]
-    secs = f"{float(secs):10.4f}" if secs != "" else f"{'-':>10}"
-    mem = f"{float(mem) / 1e6:12.1f}" if mem != "" else f"{'-':>12}"
-    return (f"{row['method']:<19}{row['nodes']:>9}{str(row['edges']):>11}{secs}{mem}  "
-            f"{row['device']:<8} {row['status']}")
-
-
-def table(rows: list[dict]) -> str:
-    head = f"{'method':<19}{'nodes':>9}{'edges':>11}{'epoch s':>10}{'peak MB':>12}  device   status"
-    return "\n".join([head, "-" * len(head)] + [format_row(r) for r in rows])
-
-
-def write_csv(rows: list[dict], path: Path) -> None:
-    with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-
-
-def plot(rows: list[dict], path: Path) -> None:
-    """Log-log epoch seconds and peak memory against nodes, one line per method."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for method in dict.fromkeys(r["method"] for r in rows):
-        ok = [r for r in rows if r["method"] == method and str(r["status"]).startswith("ok")]
-        nodes = [int(r["nodes"]) for r in ok]
-        ax_t.plot(nodes, [float(r["epoch_seconds"]) for r in ok], "o-", label=method)
-        line = ax_m.plot(nodes, [float(r["peak_memory_bytes"]) / 1e6 for r in ok], "o-",
-                         label=method)[0]
-        over = [r for r in rows if r["method"] == method and "would need" in str(r["status"])]
-        if over:  # skipped runs: their predicted memory, dashed from the last measured point
-            xs = nodes[-1:] + [int(r["nodes"]) for r in over]
-            ys = [float(r["peak_memory_bytes"]) / 1e6 for r in ok][-1:] + [
-                float(r["predicted_memory_bytes"]) / 1e6 for r in over]
-            ax_m.plot(xs, ys, "x--", color=line.get_color(), label=f"{method} (predicted)")
-    for ax, label in ((ax_t, "seconds per training epoch"), (ax_m, "peak memory (MB)")):
-        if ax.has_data():
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.legend()
-        else:
-            ax.text(0.5, 0.5, "no completed runs", ha="center", transform=ax.transAxes)
-        ax.set_xlabel("nodes")
-        ax.set_ylabel(label)
-        ax.grid(True, which="both", alpha=0.3)
-    fig.suptitle(f"HierTail scalability ({rows[0]['device'] if rows else ''})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def machine_info() -> dict:
-    import psutil
-    import torch
-    with open("/proc/cpuinfo") as fh:
-        cpu = (re.findall(r"model name\s*:\s*(.*)", fh.read()) or [platform.processor()])[0]
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "memory_total_bytes": psutil.virtual_memory().total, "torch": torch.__version__,
-            "python": platform.python_version(), "load_average": list(os.getloadavg())}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,159 @@
+"""One (method, size) run of bench/scale.py, in the fresh subprocess that ``scale.py --worker``
+starts: builds the synthetic graph, the model and its optimiser, times the training epochs and
+measures their peak memory (see the scale.py docstring for what peak_memory_bytes means)."""
+from __future__ import annotations
+
+import math
+import re
+import statistics
+import time
+
+RUN_SECONDS = 120.0  # timed epochs stop once this much is spent (at least one)
+
+
+def _proc_status_bytes(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        return int(re.search(rf"{field}:\s+(\d+) kB", fh.read()).group(1)) * 1024
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the kernel's resident high-water mark (VmHWM) to the current RSS (Linux >= 4.0)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _tracked_peak(step) -> int:
+    """Peak live bytes of torch's CPU allocator during `step()` above those live at its start."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    sizes: list[tuple[int, int]] = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+            sizes.append((node.start_time_ns, node.extra_fields.alloc_size))  # < 0: a free
+        stack.extend(node.children)
+    live = peak = 0
+    for _, nbytes in sorted(sizes):
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+def build_model(method: str, in_channels: int, num_classes: int, spec: dict):
+    """(model, loss(model output, y, train_idx) -> scalar tensor) for one method."""
+    import torch
+    import torch.nn.functional as F
+
+    if method == "gcn":
+        from hiertail_fast.nn.conv import GCNConv
+
+        class GCN(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.conv1 = GCNConv(in_channels, spec["hidden"], improved=True)
+                self.conv2 = GCNConv(spec["hidden"], num_classes, improved=True)
+
+            def forward(self, x, graph):
+                return self.conv2(torch.relu(self.conv1(x, graph)), graph)
+
+        return GCN(), lambda out, y, idx: F.cross_entropy(out[idx], y[idx])
+
+    from hiertail_fast.nn.hiertail import HierTail, HierTailConfig
+
+    backend = "reference" if method == "hiertail-reference" else None
+    config = HierTailConfig.named(spec["config"], hidden=spec["hidden"], loss_backend=backend)
+    model = HierTail(in_channels, num_classes, config)
+    return model, lambda out, y, idx: model.loss(out, y, idx).total
+
+
+def _malloc_trim() -> None:
+    """Hand freed heap pages back to the OS (glibc), so the baseline RSS holds live data only."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _setup(spec: dict, nodes: int):
+    """Graph, model and optimiser of one run; returns (epoch function, edges, losses list)."""
+    import torch
+
+    from hiertail_fast.data.splits import natural_split
+    from hiertail_fast.data.synthetic import make_synthetic_graph
+    from hiertail_fast.nn.hiertail import prepare_graph
+
+    device = torch.device(spec["device"])
+    torch.manual_seed(spec["seed"])
+    data = make_synthetic_graph(nodes, spec["classes"], avg_degree=spec["avg_degree"],
+                                num_features=spec["features"], seed=spec["seed"])
+    train_idx = natural_split(data.y, spec["seed"])[0].to(device)
+    # as the official loader leaves it: symmetric, deduplicated, one unit self-loop a node
+    graph = prepare_graph(data.edge_index, nodes).to(device)
+    x, y = data.x.to(device), data.y.to(device)
+    model, loss_fn = build_model(spec["method"], x.shape[1], int(data.num_classes), spec)
+    model = model.to(device).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses: list[float] = []
+
+    def epoch() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x, graph), y, train_idx)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())  # .item() synchronises: the time includes the kernels
+
+    return epoch, graph.num_edges - nodes, losses
+
+
+def run_worker(spec: dict) -> dict:
+    """One (method, size) run in this (fresh) process; returns the CSV row fields."""
+    import gc
+
+    import torch
+
+    device = torch.device(spec["device"])
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    if device.type == "cpu" and spec["cpu_memory"] == "rss":
+        # Prime: one epoch on a tiny graph faults in code pages, thread pools and lazily loaded
+        # libraries (~170 MB of RSS on first use), so that the baseline below holds them.
+        _setup(spec, max(2 * spec["classes"], 200))[0]()
+    gc.collect()
+    _malloc_trim()
+    baseline_rss = _proc_status_bytes("VmRSS")
+    epoch, edges, losses = _setup(spec, spec["nodes"])
+    gc.collect()
+    _malloc_trim()  # drop the generator's freed temporaries from the resident set
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    hwm_reset = _reset_peak_rss()
+    for _ in range(spec["warmup"]):
+        epoch()
+    times: list[float] = []
+    while len(times) < spec["epochs"] and (not times or sum(times) < RUN_SECONDS):
+        sync()
+        start = time.perf_counter()
+        epoch()
+        sync()
+        times.append(time.perf_counter() - start)
+    name = "cpu"
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+        name = f"cuda ({torch.cuda.get_device_name(device)})"
+    elif spec["cpu_memory"] == "tracked":
+        peak = _tracked_peak(epoch)
+    else:  # without the reset, VmHWM is the whole process's peak: report it as such
+        peak = _proc_status_bytes("VmHWM") - (baseline_rss if hwm_reset else 0)
+    return {"edges": edges, "epoch_seconds": statistics.median(times),
+            "peak_memory_bytes": int(peak), "device": name, "timed_epochs": len(times),
+            "status": "ok" if all(map(math.isfinite, losses)) else "ok (non-finite loss)"}
