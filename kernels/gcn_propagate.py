@@ -9,8 +9,10 @@ fp64 inputs). Â is never built and there are no atomics: every output element i
 exactly one program, in a fixed order, so the result is deterministic.
 
 The backward Âᵀ·G runs the SAME kernel on the transposed CSR (Âᵀ_ij = dinv_i w_ji dinv_j has the
-same form), or on the forward CSR itself when the graph is symmetric. The edge-weight gradient
-is computed in torch by the caller (ops/gcn_propagate.py).
+same form), or on the forward CSR itself when the graph is symmetric. For the edge-weight
+gradient, `gcn_edge_dots` (an SDDMM) gives a_e = <g_row_e, x_col_e> for every entry: one program
+per BLOCK_E entries, feature chunks of BLOCK_D, no [E, d] temporaries and no atomics; the caller
+(ops/gcn_propagate.py) turns a into the weight and degree gradients with segment sums.
 
 Byte count per call (roofline): indptr (8 B/row) + per entry an int64 index and, if weighted, a
 value + one feature row read (d · itemsize) + dinv, + the output row written.
@@ -100,5 +102,47 @@ def gcn_spmm(
         n, d, x.stride(0), out.stride(0),
         HAS_WEIGHT=has_w, HAS_LOOP=has_loop, ACC_FP64=x.dtype == torch.float64,
         ROWS=rows_per_program, BLOCK_E=block_e, BLOCK_D=block_d,
+    )
+    return out
+
+
+@triton.jit
+def _gcn_edge_dots_kernel(
+    row_ptr, col_ptr, g_ptr, x_ptr, out_ptr, nnz, d, stride_g, stride_x,
+    ACC_FP64: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    offs_e = pid * BLOCK_E + tl.arange(0, BLOCK_E).to(tl.int64)
+    mask_e = offs_e < nnz
+    row = tl.load(row_ptr + offs_e, mask=mask_e, other=0)
+    col = tl.load(col_ptr + offs_e, mask=mask_e, other=0)
+    acc_dtype = tl.float64 if ACC_FP64 else tl.float32
+    acc = tl.zeros([BLOCK_E], dtype=acc_dtype)
+    for d0 in range(0, d, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        m = mask_e[:, None] & (offs_d[None, :] < d)
+        gt = tl.load(g_ptr + row[:, None] * stride_g + offs_d[None, :], mask=m, other=0.0)
+        xt = tl.load(x_ptr + col[:, None] * stride_x + offs_d[None, :], mask=m, other=0.0)
+        acc += tl.sum(gt.to(acc_dtype) * xt.to(acc_dtype), axis=1)
+    tl.store(out_ptr + offs_e, acc.to(out_ptr.dtype.element_ty), mask=mask_e)
+
+
+def gcn_edge_dots(g: torch.Tensor, x: torch.Tensor, row: torch.Tensor, col: torch.Tensor,
+                  *, block_e: int = 64) -> torch.Tensor:
+    """Launcher: a_e = <g[row_e], x[col_e]> for every entry e (SDDMM), g and x [n, d] of one
+    dtype, row/col [nnz] int64. Returns [nnz] float32 (float64 for float64 inputs), the
+    accumulation precision. Deterministic: every output is one program's fixed-order sum."""
+    nnz, d = row.numel(), g.shape[1]
+    acc = torch.float64 if g.dtype == torch.float64 else torch.float32
+    out = torch.empty(nnz, dtype=acc, device=g.device)
+    if nnz == 0:
+        return out
+    if d == 0:
+        return out.zero_()
+    g, x = g.contiguous(), x.contiguous()
+    block_d = feature_block(d, max_block=64)
+    _gcn_edge_dots_kernel[(triton.cdiv(nnz, block_e),)](
+        row.contiguous(), col.contiguous(), g, x, out, nnz, d, g.stride(0), x.stride(0),
+        ACC_FP64=g.dtype == torch.float64, BLOCK_E=block_e, BLOCK_D=block_d,
     )
     return out

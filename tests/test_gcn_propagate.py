@@ -9,8 +9,11 @@ from hiertail_fast.graph import CSRGraph
 from hiertail_fast.nn.conv import GCNConv
 from hiertail_fast.ops.gcn_propagate import (
     GCNPropagateFunction,
+    _col_sums,
     _csr_matmul,
+    _edge_dots,
     _merge_diagonal,
+    _row_sums,
     gcn_propagate,
     torch_sparse_available,
 )
@@ -228,6 +231,40 @@ def test_csr_matmul_never_reads_its_uninitialised_output(dtype, monkeypatch):
         monkeypatch.setattr(torch, "empty", real_empty)
         assert torch.isfinite(out).all()
         torch.testing.assert_close(out, dense @ x, **tol(dtype))
+
+
+@requires_triton
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("n, d, e", [(13, 1, 70), (40, 100, 333), (9, 3, 0)])
+def test_triton_edge_dots(dtype, n, d, e):
+    """SDDMM a_e = <g_row, x_col> of the edge-weight gradient against float64 gathers, with a
+    non-contiguous g and ragged entry/feature counts (BLOCK_E = 64, BLOCK_D = 16..64)."""
+    from hiertail_fast.kernels.gcn_propagate import gcn_edge_dots
+
+    gen = torch.Generator().manual_seed(n + d)
+    g = torch.randn(d, n, generator=gen).to(dtype).t()  # non-contiguous view
+    x = torch.randn(n, d, generator=gen).to(dtype)
+    row, col = torch.randint(0, n, (2, e), generator=gen)
+    g0, x0 = g.clone(), x.clone()
+    got = gcn_edge_dots(g, x, row, col)
+    assert got.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    want = _edge_dots(g.double(), x.double(), row, col)
+    torch.testing.assert_close(got.double(), want, **tol(torch.float32 if dtype == torch.float16
+                                                          else dtype))
+    assert torch.equal(g, g0) and torch.equal(x, x0)
+
+
+def test_row_and_col_sums_match_index_add():
+    """The deterministic segment sums of the degree gradient equal scatter-adds, on a
+    non-symmetric multigraph with isolated nodes and empty rows/columns."""
+    ei, w = make_edges(30, 90, weighted=True, seed=12, dtype=torch.float64)
+    g = CSRGraph.from_edge_index(ei, w, 30, dedupe=False)
+    v = torch.randn(g.num_edges, dtype=torch.float64)
+    row, col = g.row_index(), g.indices
+    torch.testing.assert_close(_row_sums(g, v), torch.zeros(30, dtype=v.dtype).index_add(0, row, v))
+    torch.testing.assert_close(_col_sums(g, v), torch.zeros(30, dtype=v.dtype).index_add(0, col, v))
+    empty = CSRGraph.from_edge_index(torch.zeros(2, 0, dtype=torch.long), None, 0)
+    assert _row_sums(empty, v[:0]).numel() == 0 and _col_sums(empty, v[:0]).numel() == 0
 
 
 @requires_triton

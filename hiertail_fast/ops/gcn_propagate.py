@@ -22,7 +22,9 @@ Backward (hand-written, no PyTorch sparse backward — it transposes on every ca
 * grad_x = Âᵀ·G: the forward CSR itself when the graph is symmetric (checked once, cached), else
   the cached transposed CSR.
 * Edge weights (only when ``graph.weight`` requires grad): with ``a_e = <g_i, x_j>`` for entry
-  e = (j -> i), computed in torch in edge chunks (SDDMM) for every backend,
+  e = (j -> i) — an SDDMM, `kernels/gcn_propagate.gcn_edge_dots` on the triton backend, torch
+  gathers in edge chunks otherwise — and row / column sums as segment reductions (deterministic
+  on every device),
       dL/dw_e|direct = dinv_i dinv_j a_e
       dL/ddinv_k     = Σ_{e in row k} w_e dinv_j a_e + Σ_{e with col k} w_e dinv_i a_e
                        + 2 loop_k dinv_k <g_k, x_k>
@@ -171,6 +173,24 @@ def _edge_dots(g: torch.Tensor, x: torch.Tensor, row: torch.Tensor, col: torch.T
     return out
 
 
+def _row_sums(graph: CSRGraph, v: torch.Tensor) -> torch.Tensor:
+    """[n] sums of the per-entry values v over each CSR row (entries are stored row by row):
+    a segment reduction, deterministic on every device (index_add_ uses atomics on CUDA)."""
+    if graph.num_nodes == 0:
+        return v.new_zeros(0)
+    return torch.segment_reduce(v, "sum", lengths=graph.indptr.diff())
+
+
+def _col_sums(graph: CSRGraph, v: torch.Tensor) -> torch.Tensor:
+    """[n] sums of v over the entries of each column: the entries in transposed order (the
+    graph's cached stable column sort) reduced in segments of the in-degree."""
+    n = graph.num_nodes
+    if n == 0:
+        return v.new_zeros(0)
+    counts = graph._cached("in_degree", lambda: torch.bincount(graph.indices, minlength=n))
+    return torch.segment_reduce(v[graph.transpose_perm()], "sum", lengths=counts)
+
+
 class GCNPropagateFunction(torch.autograd.Function):
     """out = Â·x with Â given by (graph, weight, dinv, loop). Differentiable w.r.t. x, weight and
     dinv (the caller computes dinv from the weights with autograd when they require grad)."""
@@ -194,13 +214,18 @@ class GCNPropagateFunction(torch.autograd.Function):
                            transposed=not graph.is_symmetric())
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             row, col = graph.row_index(), graph.indices
-            a = _edge_dots(grad_out, x, row, col)
+            if ctx.backend == "triton":
+                from hiertail_fast.kernels.gcn_propagate import gcn_edge_dots
+
+                a = gcn_edge_dots(grad_out, x.to(grad_out.dtype), row, col).to(dinv.dtype)
+            else:
+                a = _edge_dots(grad_out, x, row, col)
             w = weight if weight is not None else torch.ones_like(a)
             if ctx.needs_input_grad[1]:
                 grad_w = dinv[row] * dinv[col] * a
             if ctx.needs_input_grad[2]:
-                grad_dinv = torch.zeros_like(dinv).index_add(0, row, w * dinv[col] * a)
-                grad_dinv.index_add_(0, col, w * dinv[row] * a)
+                grad_dinv = (_row_sums(graph, w * dinv[col] * a)
+                             + _col_sums(graph, w * dinv[row] * a))
                 if loop is not None:
                     grad_dinv += 2.0 * loop * dinv * (grad_out * x).sum(1)
         # None for: loop (constant), graph, key, backend (not tensors)
