@@ -8,6 +8,9 @@ Providers
     torch_sparse   our op on torch_sparse.SparseTensor (when the optional package is installed)
     peer_sparse_mm torch.sparse.mm on the UN-normalised CSR, PyTorch's own sparse backward
     peer_torch_sparse  torch_sparse.SparseTensor matmul on the UN-normalised CSR (when installed)
+    peer_pyg       PyG ``GCNConv(improved=True)``'s own propagation (message passing over
+                   edge_index, the usual input) with its ``gcn_norm`` weights computed once, as
+                   ``cached=True`` does: the same Â·X as ours (when torch_geometric is installed)
 The peers do less math (no normalisation, no self-loops): matching them means the fused
 normalisation costs nothing. Graphs: ``make_synthetic_graph`` (long-tail DC-SBM, average degree
 10, symmetric), 10k nodes; 100k and 1M with ``HIERTAIL_BENCH_FULL=1``. d = 64 and 128, float32.
@@ -23,6 +26,7 @@ under an earlier peak).
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import warnings
 
@@ -38,7 +42,8 @@ SIZES = [10_000] + ([100_000, 1_000_000] if FULL else [])
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PROVIDERS = (["reference", "torch", "peer_sparse_mm"]
              + (["triton"] if DEVICE == "cuda" else [])
-             + (["torch_sparse", "peer_torch_sparse"] if torch_sparse_available() else []))
+             + (["torch_sparse", "peer_torch_sparse"] if torch_sparse_available() else [])
+             + (["peer_pyg"] if importlib.util.find_spec("torch_geometric") else []))
 
 
 @functools.lru_cache(maxsize=1)
@@ -67,6 +72,16 @@ def _propagator(provider: str, ei: torch.Tensor, graph: CSRGraph):
             warnings.simplefilter("ignore")
             adj = torch.sparse_csr_tensor(graph.indptr, graph.indices, ones, (n, n))
         return lambda x: torch.sparse.mm(adj, x)
+    if provider == "peer_pyg":  # PyG GCNConv's own propagation, its gcn_norm computed once
+        from torch_geometric.nn import GCNConv
+        from torch_geometric.nn.conv.gcn_conv import gcn_norm
+
+        conv = GCNConv(1, 1, improved=True).to(graph.device)
+        # explicit unit weights: with edge_weight=None PyG 2.8's gcn_norm adds self-loops of
+        # weight 1, ignoring improved=True (tests/test_gcn_propagate.py)
+        unit = torch.ones(ei.shape[1], device=ei.device)
+        ei_norm, w_norm = gcn_norm(ei, unit, n, improved=True, add_self_loops=True)
+        return lambda x: conv.propagate(ei_norm, x=x, edge_weight=w_norm)
     if provider == "peer_torch_sparse":
         import torch_sparse
 
