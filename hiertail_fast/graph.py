@@ -249,13 +249,18 @@ class CSRGraph:
         (cached). Stable sort by column: the transposed rows come out sorted."""
         return self._cached("tperm", lambda: torch.sort(self._indices, stable=True)[1])
 
+    def column_counts(self) -> torch.Tensor:
+        """[n] int64 number of entries in each column (the transpose's row lengths), cached."""
+        return self._cached("col_counts",
+                            lambda: torch.bincount(self._indices, minlength=self._num_nodes))
+
     def transpose(self) -> CSRGraph:
         """The reversed graph (every ``j -> i`` becomes ``i -> j``), cached."""
         def compute() -> CSRGraph:
             perm = self.transpose_perm()
             n = self._num_nodes
             indptr = torch.zeros(n + 1, dtype=torch.long, device=self.device)
-            torch.cumsum(torch.bincount(self._indices, minlength=n), 0, out=indptr[1:])
+            torch.cumsum(self.column_counts(), 0, out=indptr[1:])
             w = None if self._weight is None else self._weight[perm]
             return CSRGraph(indptr, self.row_index()[perm], w, n, validate=False)
         return self._cached("transpose", compute)

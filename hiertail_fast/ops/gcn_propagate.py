@@ -183,12 +183,10 @@ def _row_sums(graph: CSRGraph, v: torch.Tensor) -> torch.Tensor:
 
 def _col_sums(graph: CSRGraph, v: torch.Tensor) -> torch.Tensor:
     """[n] sums of v over the entries of each column: the entries in transposed order (the
-    graph's cached stable column sort) reduced in segments of the in-degree."""
-    n = graph.num_nodes
-    if n == 0:
+    graph's cached stable column sort) reduced in segments of the column counts."""
+    if graph.num_nodes == 0:
         return v.new_zeros(0)
-    counts = graph._cached("in_degree", lambda: torch.bincount(graph.indices, minlength=n))
-    return torch.segment_reduce(v[graph.transpose_perm()], "sum", lengths=counts)
+    return torch.segment_reduce(v[graph.transpose_perm()], "sum", lengths=graph.column_counts())
 
 
 class GCNPropagateFunction(torch.autograd.Function):
