@@ -35,6 +35,7 @@ import numbers
 import torch
 
 from hiertail_fast._validation import (
+    all_finite,
     check_edge_index,
     check_edge_weight,
     check_float_matrix,
@@ -168,7 +169,7 @@ def _check_score_weight(score_weight: object, d: int, dtype: torch.dtype) -> tor
         raise TypeError(f"score_weight must be floating point, got {p.dtype}")
     if p.dtype != dtype:
         raise TypeError(f"score_weight has dtype {p.dtype} but x has {dtype}")
-    if not bool(torch.isfinite(p).all()):
+    if not all_finite(p):
         raise ValueError("score_weight contains NaN or Inf")
     if not bool((p != 0).any()):
         raise ValueError("score_weight is all zeros: the score x·p/‖p‖ is undefined")
