@@ -1,0 +1,165 @@
+"""Hard numerical regimes of the fused contrastive loss: the exp cut-off (no denormal numbers
+reach a GEMM), wide logit ranges, and official positives that tie the row max (duplicate rows).
+Every fast backend against the float64 reference."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import hiertail_fast.ops._contrastive_pairs as pairs_mod
+import hiertail_fast.ops._lse_torch as lse_mod
+from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss
+from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+BACKENDS = ["torch", "attention"]
+
+
+def _subnormal(t: torch.Tensor) -> torch.Tensor:
+    return (t != 0) & (t.abs() < torch.finfo(t.dtype).tiny)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_exp_shifted_cuts_off_exactly(dtype):
+    c = lse_mod.exp_cutoff(dtype)
+    x = torch.tensor([0.0, -1.0, -c + 0.5, -c - 0.5, -c - 50, -1000.0, -math.inf], dtype=dtype)
+    e = lse_mod.exp_shifted_(x.clone())
+    torch.testing.assert_close(e[:3], torch.exp(x[:3]))
+    assert (e[3:] == 0).all()
+    assert not _subnormal(e).any()
+
+
+def _spy_blocks(monkeypatch):
+    """Record every exp block the torch engine and the pair pass produce."""
+    seen = []
+    real = lse_mod.exp_shifted_
+
+    def spy(x):
+        out = real(x)
+        seen.append(out.detach().clone())
+        return out
+
+    monkeypatch.setattr(lse_mod, "exp_shifted_", spy)
+    monkeypatch.setattr(pairs_mod, "exp_shifted_", spy)
+    return seen
+
+
+@pytest.mark.parametrize("variant", ["exact", "official"])
+def test_wide_logits_no_denormal_reaches_a_gemm(monkeypatch, variant):
+    """randn embeddings, tau = 0.5: most keys sit ~100 below the row max, where exp() and its
+    products with z were denormal (20x slower GEMMs on x86). Now they are exactly 0 before
+    any GEMM, and the loss still matches the float64 reference."""
+    seen = _spy_blocks(monkeypatch)
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(300, 64, generator=gen)
+    y = torch.randint(0, 4, (300,), generator=gen)
+    zz = z.clone().requires_grad_()
+    loss = balanced_contrastive_loss(zz, y, temperature=0.5, variant=variant, backend="torch")
+    loss.backward()
+    blocks = torch.cat([b.flatten() for b in seen])
+    assert (blocks == 0).float().mean() > 0.5          # the regime does cut most terms
+    assert not _subnormal(blocks).any()
+    zr = z.double().requires_grad_()
+    lr = ref(zr, y, temperature=0.5, variant=variant)
+    lr.backward()
+    assert abs(loss.item() - lr.item()) <= 1e-5 * abs(lr.item()) + 1e-5
+    err = (zz.grad.double() - zr.grad).abs().max().item()
+    assert err <= 1e-4 * zr.grad.abs().max().item() + 1e-6
+
+
+def _regime(name, n, d, gen):
+    z = torch.randn(n, d, generator=gen)
+    if name == "normalised":
+        return z / z.norm(dim=1, keepdim=True)
+    if name == "relu":
+        return torch.relu(z) / d ** 0.5
+    if name == "randn":
+        return z
+    return z * 30.0                                     # randn x 30: |s| to ~1e4 and beyond
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("regime", ["normalised", "relu", "randn", "randn30"])
+@pytest.mark.parametrize("tau", [0.01, 1.0, 10.0])
+@pytest.mark.parametrize("variant", ["exact", "official"])
+def test_regime_grid_matches_reference(backend, regime, tau, variant):
+    """The benchmark grid's regimes at test size: value and gradient within 2x the fp32
+    reference's own error plus fp32 tolerance (relative to the tensor's size); gradients also
+    get 32 ulp of the terms that cancel in them (tests/test_balanced_contrastive_loss.py's
+    rule: where every official positive is clamped the true gradient is ~0 while each of its
+    terms is ~ g * |z|max^2 * sqrt(d) / tau)."""
+    gen = torch.Generator().manual_seed(5)
+    z = _regime(regime, 70, 16, gen)
+    y = torch.randint(0, 5, (70,), generator=gen)
+    p = _regime(regime, 5, 16, gen)
+
+    def run(fn, zz, pp):
+        zz, pp = zz.clone().requires_grad_(), pp.clone().requires_grad_()
+        loss = fn(zz, y, prototypes=pp, temperature=tau, variant=variant)
+        (loss * 2).backward()
+        return [loss.detach(), zz.grad, pp.grad]
+
+    fast = run(lambda *a, **k: balanced_contrastive_loss(*a, backend=backend, **k), z, p)
+    exp = run(ref, z.double(), p.double())
+    low = run(ref, z, p)
+    zmax = max(z.abs().max().item(), p.abs().max().item())
+    terms = 2.0 / 75 * zmax * 16 ** 0.5 / tau
+    for i, (a, e, lo) in enumerate(zip(fast, exp, low, strict=True)):
+        assert torch.isfinite(a).all()
+        err = (a.double() - e).abs().max().item()
+        ref_err = (lo.double() - e).abs().max().item()
+        bound = 2 * ref_err + 1e-5 + 1e-4 * e.abs().max().item()
+        if i > 0:
+            bound += 32 * torch.finfo(torch.float32).eps * terms
+        assert err <= bound, f"tensor {i}: error {err:.3g} > {bound:.3g}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_official_duplicate_rows_at_huge_logits(backend):
+    """Issue reproducer: duplicate rows tie the row max; a recomputed positive score rounded
+    above the max gave exp overflow -> -inf loss and NaN gradient on the torch backend."""
+    z = torch.tensor([[1555.9102783203125, -3937.56591796875]] * 2
+                     + [[-6656.337890625, 776.95361328125]])
+    y = torch.zeros(3, dtype=torch.long)
+    zz = z.clone().requires_grad_()
+    got = balanced_contrastive_loss(zz, y, temperature=0.01, variant="official",
+                                    reduction="none", backend=backend)
+    got.sum().backward()
+    exp = ref(z.double(), y, temperature=0.01, variant="official", reduction="none")
+    torch.testing.assert_close(got.detach().double(), exp, rtol=1e-6, atol=1e-5)
+    assert torch.isfinite(zz.grad).all()
+
+
+@pytest.mark.parametrize("norm", [30.0, 300.0, 1000.0])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_official_duplicate_rows_error_like_fp32_reference(backend, norm):
+    """Positives that tie the max through duplicate rows must get s - M = 0 exactly, as the dense
+    reference does (it uses one s for both): error was 0.008 / 0.5 / 3.2 at these norms."""
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(40, 16, generator=gen)
+    z = z / z.norm(dim=1, keepdim=True) * norm
+    z[20:] = z[:20]
+    y = torch.randint(0, 3, (40,), generator=gen)
+    kw = dict(temperature=0.1, variant="official", reduction="none")
+    got = balanced_contrastive_loss(z, y, backend=backend, **kw).double()
+    exp = ref(z.double(), y, **kw)
+    low = ref(z, y, **kw).double()
+    err, ref_err = (got - exp).abs().max().item(), (low - exp).abs().max().item()
+    assert err <= 2 * ref_err + 1e-5
+
+
+def test_hierarchical_wide_regime_multilevel_path():
+    """The multi-level engine (a * w scaling of the shared exp block) in the wide regime."""
+    gen = torch.Generator().manual_seed(4)
+    z = torch.randn(120, 32, generator=gen)
+    ys = [torch.randint(0, 6, (120,), generator=gen), torch.randint(0, 3, (120,), generator=gen)]
+    ps = [torch.randn(6, 32, generator=gen), torch.randn(3, 32, generator=gen)]
+    zz = z.clone().requires_grad_()
+    hierarchical_contrastive_loss(zz, ys, ps, temperature=0.5, backend="torch").backward()
+    zr = z.double().requires_grad_()
+    sum(ref(zr, y, prototypes=p.double(), temperature=0.5)
+        for y, p in zip(ys, ps, strict=True)).backward()
+    err = (zz.grad.double() - zr.grad).abs().max().item()
+    assert err <= 1e-4 * zr.grad.abs().max().item() + 1e-6
