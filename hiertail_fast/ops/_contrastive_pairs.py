@@ -10,12 +10,41 @@ from __future__ import annotations
 
 import torch
 
-from hiertail_fast.ops._lse_torch import exp_floor
+from hiertail_fast.ops._lse_torch import exp_shifted_
 
 OFFICIAL_EPS = 1e-7
 SMALL_GROUP = 48
 PAIR_CHUNK = 1 << 16           # explicit pairs per chunk (3 gathers of PAIR_CHUNK x d floats)
 BLOCK_ELEMS = 1 << 22          # elements of one big-group GEMM block
+
+
+def _tie_bound(z: torch.Tensor, row_max: torch.Tensor, scale: float) -> torch.Tensor:
+    """[N] bound on |fl(s_ij - M_i) - (s_ij - M_i)|: the rounding of two length-d dot products
+    (gamma_d * scale * |z_i| * max|z| each) and of the subtraction."""
+    eps = torch.finfo(z.dtype).eps
+    norms = z.norm(dim=1)
+    zmax = float(norms.max()) if norms.numel() else 0.0
+    d = z.shape[1]
+    return 2.0 * (d + 2) * eps * abs(scale) * norms * zmax + eps * row_max.abs()
+
+
+def _consistent_with_max(x, i, j, z, row_max, arg_max, tie):
+    """x = s_ij - M_i recomputed for positive pairs, made consistent with the max M_i.
+
+    M_i came from another product (the LSE engine's GEMM), so a recomputed s_ij carries other
+    rounding: a positive that ties the max (j = argmax_i, or z_j a bitwise duplicate of
+    z_argmax_i) could come out > 0 (exp overflows at |s| ~ 1e4) or a few ulp of |s| < 0 (a
+    wrong term where the dense reference, which uses one s for both, has exactly 0). So:
+    pairs within the rounding bound of the max whose key row equals the arg-max row exactly
+    get x = 0 exactly (true s_ij = M_i), and every x is clamped to <= 0 (s_ij <= M_i holds
+    for the true values). Other near-ties keep an error <= the rounding bound, as the fp32
+    reference's own s does."""
+    near = (x > -tie[i]).nonzero(as_tuple=True)
+    if near[0].numel():
+        jn, an = j[near], arg_max[i[near]]
+        same = (jn == an) | (z[jn] == z[an]).all(dim=1)
+        x[tuple(t[same] for t in near)] = 0.0
+    return x.clamp_(max=0.0)
 
 
 def positive_pairs(
@@ -53,6 +82,7 @@ def positive_pairs(
     rows = (gid >= 0).nonzero().squeeze(1)
     if rows.numel() == 0:
         return big_t, big_q, dz
+    tie = _tie_bound(z, row_max, scale)
     srt = rows[torch.argsort(gid[rows], stable=True)]                    # rows sorted by group
     g_srt = gid[srt]
     counts = torch.bincount(g_srt, minlength=n_groups)
@@ -78,8 +108,7 @@ def positive_pairs(
             continue
         zi, zj = z[i], z[j]
         x = (zi * zj).sum(1) * scale - row_max[i]
-        x.masked_fill_(j == arg_max[i], 0.0).clamp_(min=exp_floor(dt))  # no denormal exp
-        e = torch.exp(x)
+        e = exp_shifted_(_consistent_with_max(x, i, j, z, row_max, arg_max, tie))
         big_t.index_add_(0, i, torch.log(e + OFFICIAL_EPS))
         q = e / (e + OFFICIAL_EPS)
         big_q.index_add_(0, i, q)
@@ -98,8 +127,9 @@ def positive_pairs(
             a1 = min(ng, a0 + rb)
             ia = idx[a0:a1]
             x = torch.mm(zg[a0:a1], zg.t()).mul_(scale).sub_(row_max[ia][:, None])
-            x.masked_fill_(idx[None, :] == arg_max[ia][:, None], 0.0)
-            e = x.clamp_(min=exp_floor(dt)).exp_()
+            ii = ia[:, None].expand_as(x)
+            jj = idx[None, :].expand_as(x)
+            e = exp_shifted_(_consistent_with_max(x, ii, jj, z, row_max, arg_max, tie))
             t = torch.log(e + OFFICIAL_EPS)
             q = e.div_(e + OFFICIAL_EPS)
             if not include_self:
