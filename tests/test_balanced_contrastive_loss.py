@@ -25,7 +25,7 @@ TRITON = pytest.param(
         not _HAS_TRITON_OP, reason="kernels/balanced_contrastive_loss.py (helper B) or triton "
         "is not available"),
 )
-BACKENDS = ["torch", TRITON]
+BACKENDS = ["torch", "attention", TRITON]
 
 
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import torch
 
-from hiertail_fast.ops import _lse_torch
+from hiertail_fast.ops import _attention_lse, _lse_torch
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, positive_pairs
-from hiertail_fast.ops._dispatch import choose_backend
+from hiertail_fast.ops._dispatch import choose_backend, requested_backend, triton_available
 from hiertail_fast.reference.balanced_contrastive_loss import (
     balanced_contrastive_loss_ref,
     validate_contrastive_inputs,
@@ -39,6 +39,8 @@ from hiertail_fast.reference.balanced_contrastive_loss import (
 def _backend_module(name: str):
     if name == "torch":
         return _lse_torch
+    if name == "attention":
+        return _attention_lse
     # lazily: `import hiertail_fast` must never import triton
     return importlib.import_module("hiertail_fast.kernels.balanced_contrastive_loss")
 
@@ -120,7 +122,7 @@ class BalancedContrastiveFunction(torch.autograd.Function):
         cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
         zc = z.detach().to(cdt).contiguous()
         mod = _backend_module(backend)
-        z_in = z.detach().contiguous() if backend == "triton" else zc
+        z_in = z.detach().contiguous() if backend in ("triton", "attention") else zc
         if backend == "triton" and z_in.dtype == torch.float64:
             z_in = zc.float()
         contrib = lv.contrib.to(cdt)
@@ -130,7 +132,7 @@ class BalancedContrastiveFunction(torch.autograd.Function):
             base = contrib                                      # "sum"; "none" uses it as a mask
         inv_n = torch.where(lv.contrib, 1.0 / lv.n_pos.clamp(min=1), torch.zeros_like(base))
         log_eps_w = torch.log(OFFICIAL_EPS * lv.n_distinct)[:, None]     # [L, 1]
-        fused = reduction != "none" and backend == "torch" and want_grad
+        fused = reduction != "none" and backend in ("torch", "attention") and want_grad
         log_w = lv.log_w if backend == "torch" else lv.log_w.float()
 
         def ratio(lse, rmax, log_eps):  # r = exp(LSE - M) / D
@@ -211,6 +213,75 @@ class BalancedContrastiveFunction(torch.autograd.Function):
         return dz.to(ctx.z_dtype), *nones
 
 
+# Loss backends: the generic three of _dispatch plus "attention" (PyTorch's fused attention
+# kernels through the adapter in _attention_lse; the loss is the only op they serve).
+LOSS_BACKENDS = ("reference", "torch", "triton", "attention")
+
+
+def _automatic_engine(z: torch.Tensor, variant: str) -> str:
+    """Engine for an automatic choice (no backend= and no HIERTAIL_BACKEND), by measurement:
+    see the loss rows of the table in ``_dispatch``."""
+    if z.is_cuda and _attention_lse.available(z.device) and z.dtype != torch.float64:
+        return "attention"
+    return choose_backend(z, None)
+
+
+def choose_loss_backend(z: torch.Tensor, backend: str | None, variant: str) -> str:
+    """Backend of one loss call. float64 always runs the torch engine (the attention and Triton
+    kernels compute in fp32: never a silent downgrade of a float64 request)."""
+    if backend is not None and backend not in LOSS_BACKENDS:
+        raise ValueError(f"backend={backend!r} is not one of {LOSS_BACKENDS}")
+    if backend == "attention":
+        if not _attention_lse.available(z.device):
+            raise ValueError(
+                "the attention backend needs torch >= "
+                f"{'.'.join(map(str, _attention_lse.MIN_TORCH))} with its fused attention "
+                f"kernels for {z.device.type} tensors; use backend='torch'"
+            )
+        choice = "attention"
+    elif backend is None and requested_backend() is None:
+        choice = _automatic_engine(z, variant)
+    else:
+        choice = choose_backend(z, backend)
+    if z.dtype == torch.float64 and choice in ("triton", "attention"):
+        return "torch"
+    return choice
+
+
+def _apply(fallback_device_backend: str, *args):
+    """BalancedContrastiveFunction.apply with the attention engine's precision guard and
+    fallback: the same call on our own engine when the logits are too large for its fp32 LSE
+    (see ATTENTION_MAX_LOGIT) or when the attention kernels refuse the call (a shape, dtype or
+    GPU they do not support)."""
+    args = list(args)
+    z_all, scale = args[0], args[2]
+    if args[6] == "attention" and _max_logit(z_all, scale) > ATTENTION_MAX_LOGIT:
+        args[6] = fallback_device_backend
+    try:
+        return BalancedContrastiveFunction.apply(*args)
+    except _attention_lse.AttentionUnavailable:
+        args[6] = fallback_device_backend
+        return BalancedContrastiveFunction.apply(*args)
+
+
+# The attention kernels return the LSE in fp32 and recompute s inside the kernel, so p_ik =
+# exp(s_ik + log w_k - lse_i) carries a relative error of about |lse_i| * 2^-24 (the rounding of
+# lse). Our own engines keep lse as shift + rel in float64 and reuse one s per block, and stay
+# exact at any |s|. Above this bound on |s| (Cauchy-Schwarz: scale * max_i |z_i|^2 >= |s_ik|) a
+# call goes to our engine: the attention path's relative error stays <= ~1.5e-5, inside fp32's
+# test tolerance (measured errors in README).
+ATTENTION_MAX_LOGIT = 256.0
+
+
+def _max_logit(z: torch.Tensor, scale: float) -> float:
+    with torch.no_grad():
+        return abs(scale) * float(z.float().pow(2).sum(1).max())
+
+
+def _fallback(z: torch.Tensor) -> str:
+    return "triton" if z.is_cuda and triton_available(z.device) else "torch"
+
+
 def balanced_contrastive_loss_op(
     z: torch.Tensor,
     labels: torch.Tensor,
@@ -223,7 +294,7 @@ def balanced_contrastive_loss_op(
 ) -> torch.Tensor:
     """Fast balanced contrastive loss; same arguments and numbers as the reference."""
     validate_contrastive_inputs(z, labels, prototypes, temperature, reduction, variant)
-    choice = choose_backend(z, backend)
+    choice = choose_loss_backend(z, backend, variant)
     if choice == "reference":
         return balanced_contrastive_loss_ref(
             z, labels, prototypes=prototypes, temperature=temperature,
@@ -240,8 +311,8 @@ def balanced_contrastive_loss_op(
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
     rows = torch.arange(n, device=z.device)
     lv = _make_levels(n, [(rows, labels)], include_self, cdt, z.device)
-    return BalancedContrastiveFunction.apply(
-        z_all, lv, 1.0 / float(temperature), bool(include_self), variant, reduction, choice,
+    return _apply(
+        _fallback(z), z_all, lv, 1.0 / float(temperature), bool(include_self), variant, reduction, choice,
         torch.is_grad_enabled() and z_all.requires_grad,
     )
 
@@ -270,7 +341,7 @@ def hierarchical_contrastive_loss_op(
         )
     for lab, pro in zip(level_labels, level_prototypes, strict=True):
         validate_contrastive_inputs(z, lab, pro, temperature, "mean", variant)
-    choice = choose_backend(z, backend)
+    choice = choose_loss_backend(z, backend, variant)
     if choice == "reference":
         total = 0
         for lab, pro in zip(level_labels, level_prototypes, strict=True):
@@ -293,8 +364,8 @@ def hierarchical_contrastive_loss_op(
     z_big = torch.cat(parts, dim=0) if len(parts) > 1 else z
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
     lv = _make_levels(off, level_rows, include_self, cdt, z.device)
-    return BalancedContrastiveFunction.apply(
-        z_big, lv, 1.0 / float(temperature), bool(include_self), variant, "mean", choice,
+    return _apply(
+        _fallback(z), z_big, lv, 1.0 / float(temperature), bool(include_self), variant, "mean", choice,
         torch.is_grad_enabled() and z_big.requires_grad,
     )
 

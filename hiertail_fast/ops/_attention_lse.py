@@ -1,0 +1,247 @@
+"""The loss's log-sum-exp and its gradient from PyTorch's fused attention kernels (one adapter).
+
+The quadratic core of the balanced contrastive loss (DESIGN.md §3.1),
+``lse[l, i] = log sum_k exp(scale * z_i.z_k + log_w[l, k])``, is attention's log-normaliser with
+Q = K = Z and a per-key additive bias: level l is head l with the bias row ``log_w[l]``
+(a stride-0 view over the query axis, never N x N memory). PyTorch ships attention kernels
+tuned per device (CPU flash attention, CUDA memory-efficient attention) that return that LSE.
+This module is the ONE place that calls their private ``torch.ops.aten`` entry points: a
+version check (``supported``), a probe of the op's schema, and a fallback the caller takes
+when this adapter says no (``available`` is False, or ``AttentionUnavailable`` is raised).
+
+The gradient of ``sum_{l,i} g_li * lse_li`` needs no backward kernel, only forward calls
+(p_lik = exp(scale s_ik + log_w_lk - lse_li)):
+
+    query side  dz_i += scale * sum_l g_li * O_li,          O_l = softmax_l(Z Z^T) Z  (V = Z)
+    key side    dz_k += scale * sum_l sum_i g_li p_lik z_i
+                      = scale * sum_l exp(log_w_lk + lse'_lk) * O'_lk
+
+where (O', lse') is a second call with keys' bias ``log g_li - lse_li`` (rows with g <= 0 hidden;
+negative coefficients take a third call with ``log(-g) - lse`` and are subtracted). The PyTorch
+*backward* kernels are never used: on CPU they are slower than our whole engine.
+
+Contract: the same ``lse_forward`` / ``lse_backward`` / ``lse_fused`` as ``_lse_torch``. The
+official variant's unweighted row max and arg-max are not an attention quantity: with
+``need_max`` they come from one extra blocked GEMM + max pass (``_row_max``: MKL / cuBLAS).
+lse is returned in float64 (from the kernel's fp32) so the caller's formulas are unchanged.
+A level with no visible key gets lse = -inf.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+# The private ops and the exact signatures used below, checked on torch 2.11 (the GPU image)
+# and 2.13 (the CPU machines). Older or newer releases go through the schema probe in
+# `_ops()`; anything unexpected makes the adapter unavailable rather than wrong.
+MIN_TORCH = (2, 4)
+_CPU_OP = "_scaled_dot_product_flash_attention_for_cpu"
+_CUDA_OP = "_scaled_dot_product_efficient_attention"
+_CPU_ARGS = ("query", "key", "value", "dropout_p", "is_causal", "attn_mask", "scale")
+_CUDA_ARGS = ("query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p",
+              "is_causal", "scale")
+# Memory-efficient attention reads the bias in 16-byte vectors: its row stride must be a
+# multiple of 16 elements (what F.scaled_dot_product_attention's own pad_bias does).
+BIAS_ALIGN = 16
+# Bias of a hidden key. Finite (not -inf): a row whose keys are all hidden must not produce NaN.
+HIDDEN = -1e30
+# CPU flash attention holds q/k/v/out as [1, H, N, d]; more levels than this are done in groups
+# of heads so the per-call O(H*N*d) copies stay small.
+MAX_HEADS = 8
+
+
+class AttentionUnavailable(RuntimeError):
+    """The attention kernels cannot serve this call (caller falls back to its own engine)."""
+
+
+def _torch_version() -> tuple[int, int]:
+    parts = torch.__version__.split("+")[0].split(".")
+    return int(parts[0]), int(parts[1])
+
+
+def supported(version: tuple[int, int] | None = None) -> bool:
+    """Whether this torch release is one the adapter knows (>= MIN_TORCH)."""
+    return (version or _torch_version()) >= MIN_TORCH
+
+
+@functools.lru_cache(maxsize=None)
+def _op(name: str, args: tuple[str, ...]):
+    """The aten op `name` if it exists with (at least) the named arguments, else None."""
+    if not supported():
+        return None
+    op = getattr(torch.ops.aten, name, None)
+    if op is None:
+        return None
+    try:
+        schema = op.default._schema
+    except (AttributeError, RuntimeError):
+        return None
+    have = {a.name for a in schema.arguments}
+    return op.default if set(args) <= have else None
+
+
+def available(device: torch.device | str) -> bool:
+    """Whether the attention kernels can compute the LSE for tensors on `device`."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return _op(_CPU_OP, _CPU_ARGS) is not None
+    if device.type == "cuda":
+        return _op(_CUDA_OP, _CUDA_ARGS) is not None
+    return False
+
+
+def _bias(rows: torch.Tensor, n: int) -> torch.Tensor:
+    """[H, N] bias rows -> [1, H, N, N] stride-0 view over the query axis, 16-aligned rows."""
+    h = rows.shape[0]
+    n_pad = -(-n // BIAS_ALIGN) * BIAS_ALIGN
+    store = torch.full((h, n_pad), HIDDEN, dtype=rows.dtype, device=rows.device)
+    store[:, :n] = rows
+    return store[:, :n].view(1, h, 1, n).expand(1, h, n, n)
+
+
+def _call(q: torch.Tensor, bias_rows: torch.Tensor, scale: float):
+    """One attention call with q = k = v = q [N, d] for H heads with key-bias rows [H, N].
+
+    Returns (out [H, N, d] in q's dtype, lse [H, N] float32)."""
+    n, d = q.shape
+    h = bias_rows.shape[0]
+    qh = q.view(1, 1, n, d).expand(1, h, n, d)
+    if q.device.type == "cpu":
+        op = _op(_CPU_OP, _CPU_ARGS)
+        if op is None:
+            raise AttentionUnavailable(f"torch.ops.aten.{_CPU_OP} is not available")
+        qh = qh.contiguous()
+        out, lse = op(qh, qh, qh, 0.0, False, attn_mask=_bias(bias_rows.to(q.dtype), n),
+                      scale=scale)
+    else:
+        op = _op(_CUDA_OP, _CUDA_ARGS)
+        if op is None:
+            raise AttentionUnavailable(f"torch.ops.aten.{_CUDA_OP} is not available")
+        try:
+            out, lse = op(qh, qh, qh, _bias(bias_rows.to(q.dtype), n), True, 0.0, False,
+                          scale=scale)[:2]
+        except RuntimeError as err:  # shape/dtype/arch the kernel refuses
+            raise AttentionUnavailable(str(err)) from err
+    # the CUDA kernel pads the LSE's sequence axis to a multiple of 32: keep the first N
+    return out[0], lse[0, :, :n].float()
+
+
+def _heads(log_w: torch.Tensor):
+    for h0 in range(0, log_w.shape[0], MAX_HEADS):
+        yield h0, min(log_w.shape[0], h0 + MAX_HEADS)
+
+
+def _bias_rows(log_w: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isfinite(log_w), log_w, torch.full_like(log_w, HIDDEN))
+
+
+def _lse_and_out(z: torch.Tensor, log_w: torch.Tensor, scale: float, want_out: bool):
+    n_levels, n = log_w.shape
+    lse = torch.empty(n_levels, n, dtype=torch.float64, device=z.device)
+    outs = []
+    bias = _bias_rows(log_w.float())
+    for h0, h1 in _heads(log_w):
+        out, l_h = _call(z, bias[h0:h1], scale)
+        lse[h0:h1] = l_h.double()
+        if want_out:
+            outs.append(out)
+    hidden = ~torch.isfinite(log_w).any(dim=1)                   # a level with no visible key
+    lse[hidden] = float("-inf")
+    return lse, (torch.cat(outs) if want_out else None)
+
+
+def _key_side(z, log_w, scale, lse, g):
+    """dz_k = scale * sum_l sum_i g_li p_lik z_i (two signs -> up to two calls per head group)."""
+    dz = torch.zeros(z.shape, dtype=torch.float32, device=z.device)
+    lse32 = lse.float()
+    for sign in (1.0, -1.0):
+        gs = g * sign
+        use = (gs > 0) & torch.isfinite(lse32)
+        if not bool(use.any()):
+            continue
+        rows = torch.where(use, torch.log(gs.clamp(min=1e-38)) - lse32,
+                           torch.full_like(lse32, HIDDEN))
+        for h0, h1 in _heads(log_w):
+            out, l2 = _call(z, rows[h0:h1], scale)
+            lw = log_w[h0:h1].float()
+            coef = torch.where(torch.isfinite(lw), torch.exp(lw + l2), torch.zeros_like(lw))
+            # keys that no row reaches with g > 0: lse' = HIDDEN -> exp underflows to exactly 0
+            dz.add_(torch.einsum("hk,hkd->kd", coef, out.float()), alpha=sign * scale)
+    return dz
+
+
+def _row_max(z: torch.Tensor, log_w: torch.Tensor, scale: float):
+    """Unweighted max_k scale * z_i.z_k over the keys visible in each level, and its first
+    arg-max (torch.max's tie rule), in row blocks of ~32 MB: (rowmax [L, N], argmax [L, N])."""
+    n = z.shape[0]
+    zc = z.float()
+    visible = torch.isfinite(log_w)
+    all_visible = bool(visible.all())
+    rowmax = torch.empty(log_w.shape, dtype=torch.float32, device=z.device)
+    argmax = torch.empty(log_w.shape, dtype=torch.long, device=z.device)
+    b = max(1, min(n, (32 << 20) // (4 * max(n, 1))))
+    for r0 in range(0, n, b):
+        s = torch.mm(zc[r0:r0 + b], zc.t()).mul_(scale)
+        if all_visible:
+            m, a = s.max(dim=1)
+            rowmax[:, r0:r0 + b], argmax[:, r0:r0 + b] = m, a
+            continue
+        for lev in range(log_w.shape[0]):
+            m, a = s.masked_fill(~visible[lev][None, :], float("-inf")).max(dim=1)
+            rowmax[lev, r0:r0 + b], argmax[lev, r0:r0 + b] = m, a
+    return rowmax, argmax
+
+
+def lse_forward(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool):
+    """-> (lse [L, N] float64, rowmax [L, N] or None, argmax [L, N] or None)."""
+    zi = _input(z)
+    lse, _ = _lse_and_out(zi, log_w, float(scale), want_out=False)
+    rowmax, argmax = _row_max(zi, log_w, float(scale)) if need_max else (None, None)
+    return lse, rowmax, argmax
+
+
+def lse_backward(
+    z: torch.Tensor, log_w: torch.Tensor, lse: torch.Tensor, grad_lse: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """dz [N, d] (float32) of sum_{l,i} grad_lse[l, i] * lse[l, i]; recomputes O."""
+    zi = _input(z)
+    _, out = _lse_and_out(zi, log_w, float(scale), want_out=True)
+    return _grad(zi, log_w, float(scale), lse, grad_lse.float(), out)
+
+
+def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool, coef_fn):
+    """Forward and gradient: coef_fn(0, N, lse, rowmax) -> g [L, N]; dz = d/dz sum g * lse.
+
+    Returns (lse, rowmax, argmax, dz) like ``_lse_torch.lse_fused``."""
+    zi = _input(z)
+    lse, out = _lse_and_out(zi, log_w, float(scale), want_out=True)
+    rowmax, argmax = _row_max(zi, log_w, float(scale)) if need_max else (None, None)
+    g = coef_fn(0, z.shape[0], lse, rowmax).float()
+    return lse, rowmax, argmax, _grad(zi, log_w, float(scale), lse, g, out)
+
+
+def _grad(z, log_w, scale, lse, g, out):
+    g = torch.where(torch.isfinite(lse), g, torch.zeros_like(g))
+    dz = torch.einsum("hi,hid->id", g, out.float()).mul_(scale)   # query side
+    return dz.add_(_key_side(z, log_w, scale, lse, g))
+
+
+def _input(z: torch.Tensor) -> torch.Tensor:
+    """fp32 / fp16 / bf16 go to the kernel as they are (it accumulates in fp32); float64 is not
+    an attention dtype on every device, so it is refused (the caller keeps its own engine)."""
+    if z.dtype == torch.float64:
+        raise AttentionUnavailable("float64 inputs stay on the exact engine")
+    if z.device.type == "cpu" and z.dtype != torch.float32:
+        return z.float()                      # CPU flash attention in 16-bit is not faster
+    return z.contiguous()
+
+
+__all__ = [
+    "AttentionUnavailable",
+    "available",
+    "lse_backward",
+    "lse_forward",
+    "lse_fused",
+    "supported",
+]

@@ -1,0 +1,228 @@
+"""The attention adapter (hiertail_fast/ops/_attention_lse.py) on CPU: PyTorch's flash-attention
+kernel as the loss's LSE engine. Its math (bias as a stride-0 view, the forward-only gradient
+identity, levels as heads, the row max pass), its guard and its fallbacks, against dense float64.
+On a CUDA machine the same tests also run the memory-efficient kernel (device fixture)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hiertail_fast.ops._attention_lse as attn
+import hiertail_fast.ops.balanced_contrastive_loss as ops_mod
+from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss
+from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
+
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),
+    pytest.mark.skipif(not attn.available("cpu"), reason="no CPU flash-attention op in torch"),
+]
+INF = float("inf")
+
+
+def _case(n, d, levels, seed=0, norm=2.0, hide=0.3):
+    gen = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, d, generator=gen) * norm / d ** 0.5
+    log_w = -torch.rand(levels, n, generator=gen) * 3
+    log_w[torch.rand(levels, n, generator=gen) < hide] = -INF
+    log_w[:, 0] = 0.0
+    g = torch.randn(levels, n, generator=gen)
+    g[torch.rand(levels, n, generator=gen) < 0.2] = 0.0                # zero coefficients
+    return z, log_w, g
+
+
+def _dense(z, log_w, scale, g):
+    """lse [L, N] and dz of sum g * lse in float64 autograd (all-hidden level: lse -inf)."""
+    zz = z.double().requires_grad_()
+    s = scale * zz @ zz.T
+    lses, total = [], 0.0
+    for lw, gl in zip(log_w.double(), g.double(), strict=True):
+        if torch.isfinite(lw).any():
+            lse = torch.logsumexp(s + lw[None, :], dim=1)
+            total = total + (gl * lse).sum()
+        else:
+            lse = torch.full((z.shape[0],), -INF, dtype=torch.float64)
+        lses.append(lse.detach())
+    total.backward()
+    return torch.stack(lses), zz.grad
+
+
+@pytest.mark.parametrize("n, d, levels", [(1, 3, 1), (37, 8, 1), (130, 20, 3), (77, 64, 2)])
+def test_lse_and_gradient_match_dense_float64(device, n, d, levels):
+    z, log_w, g = _case(n, d, levels)
+    lse_e, dz_e = _dense(z, log_w, 1.7, g)
+    z, log_w, g = z.to(device), log_w.to(device), g.to(device)
+    lse, rowmax, argmax = attn.lse_forward(z, log_w, 1.7, need_max=False)
+    assert rowmax is None and argmax is None and lse.dtype == torch.float64
+    torch.testing.assert_close(lse.cpu(), lse_e, rtol=1e-5, atol=1e-5)
+    dz = attn.lse_backward(z, log_w, lse, g, 1.7)
+    torch.testing.assert_close(dz.cpu().double(), dz_e, rtol=1e-4, atol=1e-5)
+    lse2, _, _, dz2 = attn.lse_fused(z, log_w, 1.7, False, lambda r0, r1, lse_b, mx: g[:, r0:r1])
+    torch.testing.assert_close(lse2, lse)
+    torch.testing.assert_close(dz2, dz)
+
+
+def test_level_with_no_visible_key_and_head_groups(monkeypatch):
+    """A level whose keys are all hidden: lse -inf, no gradient, no NaN; more levels than
+    MAX_HEADS run in head groups with the same result."""
+    z, log_w, g = _case(50, 6, 5, seed=3)
+    log_w[2] = -INF
+    lse_e, dz_e = _dense(z, log_w, 0.9, g)
+    lse, _, _ = attn.lse_forward(z, log_w, 0.9, need_max=False)
+    assert torch.isneginf(lse[2]).all()
+    torch.testing.assert_close(lse, lse_e, rtol=1e-5, atol=1e-5)
+    dz = attn.lse_backward(z, log_w, lse, g, 0.9)
+    monkeypatch.setattr(attn, "MAX_HEADS", 2)
+    dz_grouped = attn.lse_backward(z, log_w, lse, g, 0.9)
+    assert torch.isfinite(dz).all()
+    torch.testing.assert_close(dz.double(), dz_e, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(dz_grouped, dz, rtol=1e-5, atol=1e-6)
+
+
+def test_row_max_visible_keys_first_index_on_ties():
+    z = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
+    log_w = torch.zeros(2, 4)
+    log_w[1, 0] = -INF                                   # level 1 hides key 0
+    rowmax, argmax = attn._row_max(z, log_w, 2.0)
+    assert argmax[0].tolist() == [0, 0, 2, 0]            # rows 0, 1, 3 tie on keys 0, 1, 3
+    assert argmax[1].tolist() == [1, 1, 2, 1]
+    torch.testing.assert_close(rowmax[0], torch.tensor([2.0, 2.0, 2.0, 2.0]))
+
+
+def test_bias_is_an_aligned_stride0_view():
+    rows = torch.randn(3, 21)
+    b = attn._bias(rows, 21)
+    assert b.shape == (1, 3, 21, 21)
+    assert b.stride(2) == 0 and b.stride(3) == 1 and b.stride(1) % attn.BIAS_ALIGN == 0
+    torch.testing.assert_close(b[0, :, 5, :], rows)
+
+
+def test_version_check_and_missing_op(monkeypatch):
+    assert attn.supported((2, 11)) and attn.supported((3, 0))
+    assert not attn.supported((2, 3))
+    attn._op.cache_clear()
+    monkeypatch.setattr(attn, "MIN_TORCH", (99, 0))
+    try:
+        assert not attn.available("cpu")
+        z = torch.randn(10, 4)
+        with pytest.raises(ValueError, match="attention backend needs torch"):
+            balanced_contrastive_loss(z, torch.zeros(10, dtype=torch.long), backend="attention")
+    finally:
+        monkeypatch.undo()
+        attn._op.cache_clear()
+    assert attn.available("cpu")
+
+
+def _close(a, e, rtol=1e-4, atol=1e-5):
+    """Max error within atol + rtol * max|e| (fp32 tolerance relative to the tensor's size, as
+    tests/test_balanced_contrastive_loss.py's _check: entries near 0 are sums of cancelling
+    terms the size of the largest entries)."""
+    err = (a.double() - e.double()).abs().max().item()
+    assert err <= atol + rtol * e.abs().max().item(), f"error {err:.3g}"
+
+
+def _spy(monkeypatch):
+    calls = []
+    real = attn._call
+
+    def spy(*a, **k):
+        calls.append(a[0].shape)
+        return real(*a, **k)
+
+    monkeypatch.setattr(attn, "_call", spy)
+    return calls
+
+
+def _loss_grads(z, y, p, **kw):
+    z = z.clone().requires_grad_()
+    p = p.clone().requires_grad_() if p is not None else None
+    loss = balanced_contrastive_loss(z, y, prototypes=p, **kw)
+    (loss * 3).backward()
+    return loss.detach(), z.grad, p.grad if p is not None else None
+
+
+@pytest.mark.parametrize("variant", ["exact", "official"])
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_public_loss_runs_on_attention_and_matches_reference(monkeypatch, variant, include_self,
+                                                             reduction):
+    gen = torch.Generator().manual_seed(1)
+    z = torch.randn(120, 16, generator=gen)
+    p = torch.randn(7, 16, generator=gen)
+    y = torch.randint(0, 7, (120,), generator=gen)
+    y[:2] = torch.tensor([50, 51])                                   # singleton classes
+    calls = _spy(monkeypatch)
+    kw = dict(temperature=0.5, variant=variant, include_self=include_self, reduction=reduction)
+    got = _loss_grads(z, y, p, backend="attention", **kw) if reduction == "mean" else None
+    if reduction == "none":
+        zz = z.clone().requires_grad_()
+        loss = balanced_contrastive_loss(zz, y, prototypes=p, backend="attention", **kw)
+        (loss * torch.linspace(-1, 2, loss.numel())).sum().backward()
+        zr = z.double().requires_grad_()
+        lr = ref(zr, y, prototypes=p.double(), **kw)
+        (lr * torch.linspace(-1, 2, lr.numel()).double()).sum().backward()
+        _close(loss.detach(), lr.detach())
+        _close(zz.grad, zr.grad)
+    else:
+        exp = _loss_grads(z.double(), y, p.double(), backend="reference", **kw)
+        for a, e in zip(got, exp, strict=True):
+            _close(a, e)
+    assert calls, "the attention kernels were not used"
+
+
+def test_hierarchical_on_attention_equals_sum_of_levels(monkeypatch):
+    gen = torch.Generator().manual_seed(2)
+    z = torch.randn(90, 12, generator=gen)
+    ys = [torch.randint(0, 5, (90,), generator=gen), torch.randint(0, 3, (90,), generator=gen)]
+    ps = [torch.randn(5, 12, generator=gen), None]
+    calls = _spy(monkeypatch)
+    zz = z.clone().requires_grad_()
+    hierarchical_contrastive_loss(zz, ys, ps, temperature=0.7, backend="attention").backward()
+    assert calls
+    zr = z.double().requires_grad_()
+    total = sum(ref(zr, y, prototypes=None if p is None else p.double(), temperature=0.7)
+                for y, p in zip(ys, ps, strict=True))
+    total.backward()
+    torch.testing.assert_close(zz.grad.double(), zr.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_large_logits_go_to_the_exact_engine(monkeypatch):
+    """Above ATTENTION_MAX_LOGIT the fp32 LSE of the kernels is not precise enough: the call
+    runs on our engine (still correct), and the kernels are not called."""
+    z = torch.randn(60, 8)
+    z = z / z.norm(dim=1, keepdim=True) * 20.0                  # |s| up to 400 / 0.5 = 800
+    y = torch.randint(0, 4, (60,))
+    calls = _spy(monkeypatch)
+    got = _loss_grads(z, y, None, temperature=0.5, backend="attention")
+    exp = _loss_grads(z.double(), y, None, temperature=0.5, backend="reference")
+    assert not calls
+    for a, e in zip(got[:2], exp[:2], strict=True):
+        torch.testing.assert_close(a.double(), e, rtol=1e-4, atol=1e-4)
+
+
+def test_kernel_refusal_falls_back(monkeypatch):
+    def refuse(*a, **k):
+        raise attn.AttentionUnavailable("test: refused")
+
+    monkeypatch.setattr(attn, "_call", refuse)
+    z, y = torch.randn(40, 6), torch.randint(0, 3, (40,))
+    got = _loss_grads(z, y, None, temperature=0.3, backend="attention")
+    exp = _loss_grads(z.double(), y, None, temperature=0.3, backend="reference")
+    for a, e in zip(got[:2], exp[:2], strict=True):
+        torch.testing.assert_close(a.double(), e, rtol=1e-4, atol=1e-6)
+
+
+def test_float64_never_downgraded(monkeypatch):
+    """float64 requests on the fp32 kernels run our float64 engine instead (no silent fp32)."""
+    calls = _spy(monkeypatch)
+    z, y = torch.randn(30, 5, dtype=torch.float64), torch.randint(0, 3, (30,))
+    assert ops_mod.choose_loss_backend(z, "attention", "exact") == "torch"
+    got = balanced_contrastive_loss(z, y, temperature=0.2, backend="attention")
+    exp = ref(z, y, temperature=0.2)
+    assert not calls and got.dtype == torch.float64
+    torch.testing.assert_close(got, exp, rtol=1e-12, atol=1e-12)
+
+
+def test_unknown_loss_backend_is_a_clear_error():
+    with pytest.raises(ValueError, match="backend='flash' is not one of"):
+        balanced_contrastive_loss(torch.randn(4, 2), torch.zeros(4, dtype=torch.long),
+                                  backend="flash")
