@@ -1,0 +1,59 @@
+"""bench/loss_grid.py (the loss over input regimes vs the GEMM floor, round-robin): runs end to
+end on a tiny grid, records every cell and provider, and its anchors compute what they claim."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+SCRIPT = BENCH / "loss_grid.py"
+
+
+def test_grid_records_every_cell_and_provider(tmp_path):
+    out = tmp_path / "grid.json"
+    res = subprocess.run(
+        [sys.executable, str(SCRIPT), "--sizes", "120", "--dims", "8", "--taus", "0.1", "10",
+         "--regimes", "relu", "randn30", "--levels", "1", "3", "--variants", "exact",
+         "--rounds", "1", "--threads", "1", "--out", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(out.read_text())
+    assert len(data["records"]) == 2 * 2 * 2
+    assert data["threads"] == 1 and len(data["load_average_before"]) == 3
+    for r in data["records"]:
+        assert set(r["median_s"]) == {"torch", "attention", "floor", "floor+exp"}
+        assert all(t > 0 for t in r["median_s"].values())
+        for b in ("torch", "attention"):
+            assert abs(r["ratio_to_floor_exp"][b]
+                       - r["median_s"][b] / r["median_s"]["floor+exp"]) < 1e-12
+    md = out.with_suffix(".md").read_text()
+    assert md.count("\n| 120 | 8 |") == 8 and "load average" in md
+
+
+def test_anchor_and_cases_compute_what_they_claim():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import loss_grid
+    finally:
+        sys.path.remove(str(BENCH))
+    z, ys, ps = loss_grid.make_case("normalised", 50, 6, 3)
+    torch.testing.assert_close(z.norm(dim=1), torch.ones(50))
+    assert [p.shape[0] for p in ps] == [40, 20, 10]
+    assert (ys[1] == ys[0] // 2).all() and (ys[2] == ys[0] // 4).all()
+    calls = []
+    real_mm = torch.mm
+
+    def counting_mm(*a, **k):
+        calls.append(a[0].shape[0])
+        return real_mm(*a, **k)
+
+    torch.mm = counting_mm
+    try:
+        loss_grid.floor_step(z, ps, with_exp=False)()
+    finally:
+        torch.mm = real_mm
+    assert sum(calls) == 3 * (50 + 70)            # three full passes of rows of Z_all Z_all^T
