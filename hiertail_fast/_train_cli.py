@@ -1,8 +1,8 @@
 """The command line of `hiertail_fast.train`: ``python -m hiertail_fast.train`` (or
 ``python -m hiertail_fast``); see ``--help``. Builds the config from the options, loads the graph
-(``--data`` .npz or ``--synthetic``) and an optional user split, runs `run_seeds`, prints the
-table and writes ``--json``. `main`, `build_parser` and `parse_seeds` stay importable from
-`hiertail_fast.train`."""
+(``--data`` .npz, ``--dataset`` NAME [``--root``] or ``--synthetic``) and an optional user split,
+runs `run_seeds`, prints the table and writes ``--json``. `main`, `build_parser` and
+`parse_seeds` stay importable from `hiertail_fast.train`."""
 from __future__ import annotations
 
 import argparse
