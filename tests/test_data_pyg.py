@@ -85,6 +85,8 @@ def test_from_pyg_data_converts_dtypes_and_sparse_x():
     (dict(x=torch.ones(3, 2), edge_index=torch.zeros(2, 2, dtype=torch.long),
           y=torch.zeros(3, dtype=torch.long), edge_weight=torch.ones(3)),
      ValueError, "edge_weight"),
+    (dict(x=torch.ones(3, 2), edge_index=torch.tensor([[0], [3]]),
+          y=torch.zeros(3, dtype=torch.long)), ValueError, r"outside \[0, 3\)"),
 ])
 def test_from_pyg_data_bad_inputs(kwargs, exc, message):
     with pytest.raises(exc, match=message):

@@ -121,6 +121,8 @@ def from_pyg_data(data: Any, *, name: str | None = None) -> GraphData:
     if ei.dim() != 2 or ei.shape[0] != 2 or ei.is_floating_point() or ei.dtype == torch.bool:
         raise ValueError(f"data.edge_index must be an integer tensor [2, E], got {ei.dtype} "
                          f"{tuple(ei.shape)}")
+    if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= n):
+        raise ValueError(f"data.edge_index has node ids outside [0, {n}) (n = data.x rows)")
     if w is not None:
         w = torch.as_tensor(w)
         if w.shape != (ei.shape[1],):
