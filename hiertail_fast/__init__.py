@@ -7,7 +7,7 @@ Kernels / ops
     gcn_propagate, GCNConv
     topk_pool, TopKPool, topk_unpool, nearest_prototype
 Model and data
-    HierTail, CSRGraph, make_synthetic_graph, load_npz
+    HierTail, CSRGraph, make_synthetic_graph, load_npz, load_dataset, from_pyg_data, to_pyg_data
 Metrics
     evaluate, accuracy, balanced_accuracy, macro_f1, g_means, per_class_accuracy,
     class_imbalance_ratio, long_tailedness_ratio, loss_range
@@ -36,6 +36,9 @@ _EXPORTS = {
     "HierTail": "hiertail_fast.nn.hiertail",
     "make_synthetic_graph": "hiertail_fast.data.synthetic",
     "load_npz": "hiertail_fast.data.io",
+    "load_dataset": "hiertail_fast.data.datasets",
+    "from_pyg_data": "hiertail_fast.data.pyg",
+    "to_pyg_data": "hiertail_fast.data.pyg",
     "evaluate": "hiertail_fast.metrics",
     "accuracy": "hiertail_fast.metrics",
     "balanced_accuracy": "hiertail_fast.metrics",

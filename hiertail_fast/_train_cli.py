@@ -1,8 +1,8 @@
 """The command line of `hiertail_fast.train`: ``python -m hiertail_fast.train`` (or
 ``python -m hiertail_fast``); see ``--help``. Builds the config from the options, loads the graph
-(``--data`` .npz or ``--synthetic``) and an optional user split, runs `run_seeds`, prints the
-table and writes ``--json``. `main`, `build_parser` and `parse_seeds` stay importable from
-`hiertail_fast.train`."""
+(``--data`` .npz, ``--dataset`` NAME [``--root``] or ``--synthetic``) and an optional user split,
+runs `run_seeds`, prints the table and writes ``--json``. `main`, `build_parser` and
+`parse_seeds` stay importable from `hiertail_fast.train`."""
 from __future__ import annotations
 
 import argparse
@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_argument_group("input")
     src.add_argument("--data", type=Path, help="graph in the uniform .npz format")
     src.add_argument("--synthetic", action="store_true", help="generate a long-tail graph")
+    src.add_argument("--dataset", help="a paper dataset by name (cora_full, wiki, email, "
+                     "blogcatalog, amazon_clothing, amazon_electronics): ROOT/NAME.npz or PyG's "
+                     "raw files, official preprocessing (hiertail_fast.data.datasets)")
+    src.add_argument("--root", type=Path, help="data directory of --dataset (default: "
+                     "$HIERTAIL_DATA)")
     src.add_argument("--nodes", type=_positive(int), default=2000)
     src.add_argument("--classes", type=_positive(int), default=20)
     src.add_argument("--avg-degree", type=_positive(float), default=10.0)
@@ -113,8 +118,10 @@ def _config_from_args(args, dataset_name: str | None) -> HierTailConfig:
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if (args.data is None) == (not args.synthetic):
-        parser.error("give exactly one of --data PATH.npz or --synthetic")
+    if (args.data is not None) + args.synthetic + (args.dataset is not None) != 1:
+        parser.error("give exactly one of --data PATH.npz, --dataset NAME or --synthetic")
+    if args.root is not None and args.dataset is None:
+        parser.error("--root only applies to --dataset")
     if args.dropout is not None and args.dropout >= 1:
         parser.error(f"--dropout must lie in [0, 1), got {args.dropout}")
     if args.compound_pool_bug and args.config != "official":
@@ -128,6 +135,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
         if args.data is not None:
             data = load_npz(args.data, relabel_by_size=True)
             data_info: dict[str, Any] = {"path": str(args.data), "name": data.name}
+        elif args.dataset is not None:
+            from hiertail_fast.data.datasets import load_dataset, resolve_root
+            root = resolve_root(args.root)
+            data = load_dataset(args.dataset, root)
+            data_info = {"dataset": data.name, "root": str(root), "name": data.name}
         else:
             from hiertail_fast.data.synthetic import make_synthetic_graph
             data = make_synthetic_graph(args.nodes, num_classes=args.classes,
@@ -140,8 +152,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         split = None
         if args.split is not None:
             split = user_split(int(data.y.shape[0]), **load_split(args.split))
-        cfg = _config_from_args(args, data_info["name"] if args.data is not None else None)
-    except (ValueError, FileNotFoundError) as exc:
+        cfg = _config_from_args(args, None if args.synthetic else data_info["name"])
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as exc:
         parser.error(str(exc))
     data_info.update(num_nodes=int(data.y.shape[0]), num_edges=int(data.edge_index.shape[1]),
                      num_features=int(data.x.shape[1]), num_classes=int(data.num_classes))

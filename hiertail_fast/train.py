@@ -29,6 +29,7 @@ import torch
 
 from hiertail_fast._lazy import lazy_getattr
 from hiertail_fast.data.io import GraphData
+from hiertail_fast.data.pyg import as_graph_data
 from hiertail_fast.data.splits import natural_split
 from hiertail_fast.metrics import evaluate, macro_f1
 from hiertail_fast.nn.hiertail import HierTail, HierTailConfig, prepare_graph
@@ -88,7 +89,7 @@ def load_split(path: str | Path) -> dict[str, np.ndarray]:
 
 def train_hiertail(
     data: GraphData,
-    split: Any,
+    split: Any = None,
     config: HierTailConfig | None = None,
     *,
     epochs: int = 10_000,
@@ -103,8 +104,10 @@ def train_hiertail(
     """Train one HierTail model; return the best-epoch metrics (fractions, not ×100).
 
     Args:
-        data: graph with ``edge_index`` [2, E], ``x`` [n, F], ``y`` [n], ``num_classes``.
-        split: (train, val, test) indices (tuple, dict or object with those fields).
+        data: graph with ``edge_index`` [2, E], ``x`` [n, F], ``y`` [n], ``num_classes``, or a
+            PyG ``Data`` (x, edge_index, y, optional edge_weight and masks).
+        split: (train, val, test) indices (tuple, dict or object with those fields); None: the
+            ``Data``'s train/val/test masks, else the natural split drawn with ``seed``.
         config: model/loss config (default ``HierTailConfig.paper()``); lr / weight_decay come
             from it unless given here.
         epochs, patience: at most ``epochs`` epochs; stop when epoch − max_idx > patience.
@@ -120,8 +123,11 @@ def train_hiertail(
         raise ValueError(f"need epochs >= 1 and patience >= 0, got {epochs}, {patience}")
     lr = cfg.lr if lr is None else lr
     weight_decay = cfg.weight_decay if weight_decay is None else weight_decay
+    data, split = as_graph_data(data, split)
     if seed is not None:
         seed_everything(seed)
+    if split is None:
+        split = natural_split(data.y, 0 if seed is None else seed)
     device = torch.device(device)
     n = int(data.y.shape[0])
     train_idx, val_idx, test_idx = (t.to(device) for t in _split_parts(split))
@@ -131,7 +137,8 @@ def train_hiertail(
     x = torch.as_tensor(data.x, dtype=torch.float32).to(device)
     y = torch.as_tensor(data.y).long().to(device)
     if graph is None:
-        graph = prepare_graph(torch.as_tensor(data.edge_index), n)
+        graph = prepare_graph(torch.as_tensor(data.edge_index), n,
+                              getattr(data, "edge_weight", None))
     if graph.device != device:
         graph = graph.to(device)   # a copy: caches (A², GCN degrees) are rebuilt once there
 
@@ -224,17 +231,23 @@ def run_seeds(
 ) -> dict:
     """Train once per seed; per-seed results plus the mean ± population std of each metric.
 
-    ``split=None``: the natural per-class split, redone with every seed; otherwise the same user
-    split for all seeds. ``compound_pool_bug`` (official config): seed index s uses the first
-    pool ratio rescaled (s+1) times, as the released code does. ``log``: called with one line
+    ``data`` may be a PyG ``Data``. Split precedence: ``split`` (e.g. a ``--split`` file) > the
+    ``Data``'s train/val/test masks > the natural per-class split, redone with every seed; a
+    given split or the masks are the same for all seeds. ``compound_pool_bug`` (official
+    config): seed index s uses the first pool ratio rescaled (s+1) times, as the released code
+    does. ``log``: called with one line
     per finished seed (e.g. ``print``).
     """
     cfg = config if config is not None else HierTailConfig.paper()
+    data, split_given = as_graph_data(data, split)
+    split_kind = "natural" if split_given is None else "user" if split is not None else "masks"
+    split = split_given
     seeds = [int(s) for s in seeds]
     if not seeds:
         raise ValueError("seeds is empty")
     n = int(data.y.shape[0])
-    graph = prepare_graph(torch.as_tensor(data.edge_index), n)   # once for all seeds
+    graph = prepare_graph(torch.as_tensor(data.edge_index), n,   # once for all seeds
+                          getattr(data, "edge_weight", None))
     runs = []
     for s_idx, seed in enumerate(seeds):
         run_cfg = cfg.replace(pool_rescale_power=s_idx + 1) if compound_pool_bug else cfg
@@ -258,7 +271,7 @@ def run_seeds(
         "config": cfg.to_dict(),
         "compound_pool_bug": compound_pool_bug,
         "seeds": seeds,
-        "split": "natural" if split is None else "user",
+        "split": split_kind,
         "runs": runs,
         "summary": summary,
     }

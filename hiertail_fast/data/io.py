@@ -43,6 +43,7 @@ class GraphData:
         name: a short name (file stem for loaded files).
         label_map: int64 [C_old] with new = label_map[old] when labels were relabelled by size,
             else None.
+        edge_weight: float [E] or None (unit weights); never stored in the .npz format.
     """
 
     edge_index: torch.Tensor
@@ -51,6 +52,7 @@ class GraphData:
     num_classes: int
     name: str = "graph"
     label_map: np.ndarray | None = None
+    edge_weight: torch.Tensor | None = None
 
     @property
     def num_nodes(self) -> int:

@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hiertail_fast.data.pyg import graph_inputs, is_pyg_data
 from hiertail_fast.graph import CSRGraph
 from hiertail_fast.losses import balanced_contrastive_loss, hierarchical_contrastive_loss
 from hiertail_fast.nn.conv import GCNConv
@@ -185,12 +186,21 @@ def _pyg_ratio(ratio: float, cap: int | None) -> int | float:
     return float(ratio)
 
 
-def prepare_graph(edge_index: torch.Tensor, num_nodes: int, edge_weight=None) -> CSRGraph:
+def prepare_graph(edge_index, num_nodes: int | None = None, edge_weight=None) -> CSRGraph:
     """The input graph as the official loader leaves it (``add_sl=True``): symmetrised, without
     duplicates, every old self-loop removed and exactly one unit self-loop per node. Build it
-    ONCE per dataset; its GCN normalisation is cached by ``CSRGraph``."""
+    ONCE per dataset; its GCN normalisation is cached by ``CSRGraph``.
+
+    ``edge_index`` may be a PyG ``Data`` (its edge_index, num_nodes and edge_weight). A weighted
+    graph already symmetric (weights included) is kept as is; otherwise it becomes A + Aᵀ, as
+    the official ``if not is_undirected: to_undirected``."""
+    if is_pyg_data(edge_index):
+        edge_index, num_nodes, edge_weight = graph_inputs(edge_index, num_nodes, edge_weight)
     graph = CSRGraph.from_edge_index(edge_index, edge_weight, num_nodes=num_nodes,
-                                     symmetrize=True)
+                                     symmetrize=edge_weight is None)
+    if edge_weight is not None and not graph.is_symmetric():
+        graph = CSRGraph.from_edge_index(edge_index, edge_weight, num_nodes=num_nodes,
+                                         symmetrize=True)
     return graph.remove_self_loops().with_self_loops(1.0)
 
 
@@ -240,7 +250,8 @@ class HierTail(nn.Module):
         config: ``HierTailConfig`` (default ``HierTailConfig.paper()``).
 
     ``forward(x [n, F], graph)`` -> ``HierTailOutput``; ``graph`` is a ``CSRGraph`` (prepare it
-    once with ``prepare_graph``) or an ``edge_index`` [2, E] (prepared on every call).
+    once with ``prepare_graph``), an ``edge_index`` [2, E] or a PyG ``Data`` (prepared on every
+    call); ``forward(data)`` takes x from a PyG ``Data`` too.
     ``loss(output, y [n], train_idx)`` -> ``HierTailLoss``.
     """
 
@@ -291,15 +302,20 @@ class HierTail(nn.Module):
     def _act(self, x: torch.Tensor) -> torch.Tensor:
         return F.dropout(F.relu(x), p=self.config.dropout, training=self.training)
 
-    def forward(self, x: torch.Tensor, graph: CSRGraph | torch.Tensor) -> HierTailOutput:
+    def forward(self, x: torch.Tensor, graph: CSRGraph | torch.Tensor | None = None
+                ) -> HierTailOutput:
+        if graph is None:  # model(data): a PyG Data carries x and the graph
+            if not is_pyg_data(x):
+                raise TypeError("graph is required unless x is a PyG Data")
+            x, graph = x.x, x
         if not isinstance(x, torch.Tensor) or x.dim() != 2:
             raise ValueError("x must be a 2-D tensor [n, F]")
         if x.shape[1] != self.in_channels:
             raise ValueError(f"x has {x.shape[1]} features, the model expects {self.in_channels}")
-        if isinstance(graph, torch.Tensor):
-            graph = prepare_graph(graph, x.shape[0])
+        if isinstance(graph, torch.Tensor) or is_pyg_data(graph):
+            graph = prepare_graph(graph, x.shape[0])   # edge_index or PyG Data: every call
         if not isinstance(graph, CSRGraph):
-            raise TypeError(f"graph must be a CSRGraph or an edge_index tensor, got "
+            raise TypeError(f"graph must be a CSRGraph, an edge_index tensor or a PyG Data, got "
                             f"{type(graph).__name__}")
         if graph.num_nodes != x.shape[0]:
             raise ValueError(f"graph has {graph.num_nodes} nodes but x has {x.shape[0]} rows")

@@ -1,0 +1,182 @@
+"""Conversion between PyG and the uniform ``.npz`` format, written atomically.
+
+``python -m hiertail_fast.data convert SOURCE OUT [--root DIR] [--force] [--download]``
+
+SOURCE is a dataset name (``load_dataset(SOURCE, root)``: the official preprocessing applied),
+a uniform ``.npz`` file or a ``.pt`` file holding a PyG ``Data`` (``torch.save(data, path)``;
+read with ``torch.load(weights_only=False)``, i.e. unpickled: convert only files you trust).
+OUT's suffix picks the format: ``.npz`` (uniform; a ``Data``'s masks go to ``--split-out`` as
+``train`` / ``val`` / ``test`` arrays, the file ``--split`` of the trainer reads) or ``.pt``
+(a PyG ``Data``, masks included).
+
+Every file is written to a temporary file in OUT's directory and moved into place
+(``os.link`` without ``--force``, so an existing file is never replaced even by a concurrent
+writer; ``os.replace`` with it): readers never see a half-written file, and an existing file
+is kept unless ``force``.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from hiertail_fast.data.datasets import DATASETS, canonical_name, load_dataset
+from hiertail_fast.data.io import GraphData, load_npz, save_npz
+from hiertail_fast.data.pyg import from_pyg_data, is_pyg_data, split_from_masks, to_pyg_data
+
+__all__ = ["write_atomic", "save_graph", "convert", "main"]
+
+_FORMATS = (".npz", ".pt")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_atomic(path: Any, write: Callable[[Path], None], *, force: bool = False) -> Path:
+    """Call ``write(tmp)`` on a temporary path next to ``path``, then move it to ``path``.
+
+    Raises FileExistsError when ``path`` exists and not ``force``; FileNotFoundError when its
+    directory does not exist. The temporary file is removed on any failure.
+    """
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"output directory {path.parent} does not exist")
+    if path.exists() and not force:
+        raise FileExistsError(f"{path} exists: pass force=True (--force) to overwrite it")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 -> the usual file mode
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        if force:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)  # fails if path appeared meanwhile: never overwrite
+            except FileExistsError:
+                raise FileExistsError(f"{path} exists: pass force=True (--force) to "
+                                      "overwrite it") from None
+            except OSError:  # no hard links on this file system
+                os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return path
+
+
+def save_graph(graph: GraphData, path: Any, *, force: bool = False, split: Any = None) -> Path:
+    """Write ``graph`` atomically: ``.npz`` uniform format or ``.pt`` PyG ``Data`` (with the
+    masks of ``split``). The .npz format has no edge weights: a weighted graph is refused
+    unless every weight is 1."""
+    path = Path(path)
+    if path.suffix not in _FORMATS:
+        raise ValueError(f"output {path}: the suffix must be one of {_FORMATS}")
+    if path.suffix == ".pt":
+        data = to_pyg_data(graph, split=split)
+        return write_atomic(path, lambda tmp: torch.save(data, tmp), force=force)
+    w = graph.edge_weight
+    if w is not None and not bool((w == 1).all()):
+        raise ValueError(f"output {path}: the graph has edge weights, which the .npz format "
+                         "cannot store; drop them (edge_weight=None) or write a .pt file")
+    return write_atomic(path, lambda tmp: save_npz(tmp, graph.edge_index, graph.x, graph.y),
+                        force=force)
+
+
+def _read_source(source: Any, root: Any, download: bool) -> tuple[GraphData, Any]:
+    """(graph, split or None) of a dataset name, a .npz path or a .pt file with a Data."""
+    if is_pyg_data(source):
+        return from_pyg_data(source), split_from_masks(source)
+    if isinstance(source, GraphData):
+        return source, None
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"source must be a dataset name, a path, a Data or a GraphData, got "
+                        f"{type(source).__name__}")
+    path = Path(source)
+    if path.suffix in _FORMATS or path.exists():
+        if not path.is_file():
+            raise FileNotFoundError(f"source file not found: {path}")
+        if path.suffix == ".npz":
+            return load_npz(path), None
+        if path.suffix != ".pt":
+            raise ValueError(f"source {path}: expected a .npz or .pt file")
+        obj = torch.load(path, map_location="cpu", weights_only=False)
+        if not is_pyg_data(obj):
+            raise ValueError(f"source {path}: holds a {type(obj).__name__}, not a PyG Data")
+        return from_pyg_data(obj, name=path.stem), split_from_masks(obj)
+    try:
+        name = canonical_name(str(source))
+    except ValueError:
+        raise ValueError(f"source {str(source)!r} is neither a file nor a dataset name "
+                         f"({', '.join(DATASETS)})") from None
+    return load_dataset(name, root, download=download), None
+
+
+def convert(source: Any, out: Any, *, root: Any = None, force: bool = False,
+            download: bool = False, split_out: Any = None) -> GraphData:
+    """Convert ``source`` (module docstring) to ``out``; returns the graph written.
+
+    A split read from a ``Data``'s masks goes into a ``.pt`` output, and into ``split_out``
+    (``.npz`` with ``train`` / ``val`` / ``test`` node ids) when given.
+    """
+    out = Path(out)
+    if out.suffix not in _FORMATS:
+        raise ValueError(f"output {out}: the suffix must be one of {_FORMATS}")
+    for p in (out, split_out):
+        if p is not None and Path(p).exists() and not force:
+            raise FileExistsError(f"{p} exists: pass force=True (--force) to overwrite it")
+    graph, split = _read_source(source, root, download)
+    if split_out is not None and split is None:
+        raise ValueError(f"split_out={split_out}: the source has no train/val/test masks")
+    save_graph(graph, out, force=force, split=split if out.suffix == ".pt" else None)
+    if split_out is not None:
+        arrays = {k: t.numpy() for k, t in zip(("train", "val", "test"), split, strict=True)}
+        write_atomic(split_out, lambda tmp: _savez(tmp, arrays), force=force)
+    return graph
+
+
+def _savez(path: Path, arrays: dict) -> None:
+    with open(path, "wb") as fh:  # a handle: numpy would append ".npz" to a bare path
+        np.savez(fh, **arrays)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m hiertail_fast.data",
+                                description="Dataset tools of hiertail_fast.")
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("convert", help="dataset name | .npz | .pt (PyG Data) -> .npz | .pt")
+    c.add_argument("source", help=f"a dataset name ({', '.join(DATASETS)}), a uniform .npz "
+                   "or a .pt file with a PyG Data")
+    c.add_argument("out", type=Path, help="output file: .npz (uniform format) or .pt (PyG Data)")
+    c.add_argument("--root", type=Path, help="data directory of a dataset name (default: "
+                   "$HIERTAIL_DATA)")
+    c.add_argument("--force", action="store_true", help="overwrite an existing output")
+    c.add_argument("--download", action="store_true", help="let PyG download raw files")
+    c.add_argument("--split-out", type=Path, help="write a Data's masks here (.npz)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        g = convert(args.source, args.out, root=args.root, force=args.force,
+                    download=args.download, split_out=args.split_out)
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError, ImportError) as exc:
+        parser.error(str(exc))
+    print(f"wrote {args.out}: {g.num_nodes} nodes, {g.num_edges} edges, {g.num_features} "
+          f"features, {g.num_classes} classes", file=sys.stderr)
+    return 0

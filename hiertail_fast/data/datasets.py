@@ -1,0 +1,224 @@
+"""The paper's six datasets by name: ``load_dataset(name, root=...)``.
+
+Where a dataset is read from, in this order (``source="auto"``):
+
+1. ``<root>/<name>.npz`` in the uniform format (``hiertail_fast.data.io``; shared/data/README.md);
+2. for ``cora_full`` and ``wiki``, PyTorch Geometric's dataset class over its raw files under
+   ``root`` (``CitationFull(root, "cora")``: ``<root>/cora/raw/cora.npz``;
+   ``AttributedGraphDataset(root, "Wiki")``: ``<root>/wiki/raw/{attrs.npz, edgelist.txt,
+   labels.txt}``), as the official harness loads them. PyG downloads missing raw files only
+   with ``download=True`` (a network is needed); otherwise a FileNotFoundError names every
+   missing file, where to place it and where to get it.
+
+``email``, ``blogcatalog``, ``amazon_clothing`` and ``amazon_electronics`` have no PyG class
+(PyG's ``AttributedGraphDataset("BlogCatalog")`` is a different graph: 5,196 nodes, 6 classes,
+not the paper's 10,312 / 38): their error names the expected ``.npz`` path. ``root`` is the
+argument or, when None, the environment variable ``HIERTAIL_DATA``; nothing else is guessed.
+
+The official preprocessing (PROTOCOL_AND_BASELINES.md §1.1) is applied identically on both paths
+by :func:`official_preprocess`:
+
+- graph: undirected, duplicates and self-loops removed, edges sorted by (src, dst) (the uniform
+  format); the one self-loop per node is added by ``prepare_graph`` when training, exactly as
+  the official ``remove_self_loops`` + ``add_self_loops``; edge weights are dropped (the
+  official loaders keep only the edge index);
+- labels relabelled by descending class size (class 0 largest; stable tie-break, see
+  ``relabel_by_size``); ``label_map`` records the mapping;
+- features raw, except ``cora_full``: binarised (x > 0 -> 1, what PyG's ``read_npz`` does, so a
+  ``cora_full.npz`` made from the raw graph2gauss counts loads the same) and ``blogcatalog``:
+  row-normalised as the official BlogCatalog loader does (x_i / Σ_j x_ij, a zero sum gives a
+  zero row; DeepWalk rows have signed entries, so this is a signed-sum division as in the code:
+  on shared/data's recomputed embeddings a few rows with a sum near 0 reach |x| ~ 3,300, median
+  row max 0.43; ``preprocess=False``, or ``--data blogcatalog.npz``, keeps the raw embeddings).
+
+BlogCatalog's label rule (first group of the multi-label ``group`` matrix, groups after 16
+shifted down: 38 classes) is a property of its raw ``.mat``; ``blogcatalog.npz`` already
+carries it (shared/data/README.md), so it is not re-applied here.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hiertail_fast.data.io import GraphData, load_npz, relabel_by_size
+from hiertail_fast.data.pyg import from_pyg_data, import_pyg
+
+__all__ = ["DATASETS", "DatasetSpec", "load_dataset", "official_preprocess", "resolve_root",
+           "canonical_name", "undirected_edges", "ENV_ROOT"]
+
+ENV_ROOT = "HIERTAIL_DATA"
+_SOURCES = ("auto", "npz", "pyg")
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """How one paper dataset is found and preprocessed.
+
+    pyg: (class name in ``torch_geometric.datasets``, its ``name`` argument) or None;
+    raw_files: the files that class reads, relative to ``root``; get_raw: where to get them;
+    features: ``"raw"`` | ``"binary"`` | ``"row_normalized"``; hint: for the missing-file error.
+    """
+
+    name: str
+    pyg: tuple[str, str] | None = None
+    raw_files: tuple[str, ...] = ()
+    get_raw: str = ""
+    features: str = "raw"
+    hint: str = ""
+
+
+DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
+    DatasetSpec("cora_full", ("CitationFull", "cora"), ("cora/raw/cora.npz",),
+                "https://github.com/abojchevski/graph2gauss/raw/master/data/cora.npz",
+                features="binary"),
+    DatasetSpec("wiki", ("AttributedGraphDataset", "wiki"),
+                ("wiki/raw/attrs.npz", "wiki/raw/edgelist.txt", "wiki/raw/labels.txt"),
+                "the files of wiki.attr/ in PyG's Google Drive zip (id "
+                "1EPhlbziZTQv19OsTrKrAJwsElbVPEbiV, torch_geometric.datasets."
+                "AttributedGraphDataset.datasets['wiki'])"),
+    DatasetSpec("email", hint="convert Tail-GNN's dataset/email files (edges.txt, "
+                "graph.embeddings, labels.txt) as shared/data/README.md describes"),
+    DatasetSpec("blogcatalog", features="row_normalized",
+                hint="PyG's AttributedGraphDataset('BlogCatalog') is a different graph (5,196 "
+                "nodes, 6 classes); convert blogcatalog.mat + 64-d DeepWalk embeddings as "
+                "shared/data/README.md describes"),
+    DatasetSpec("amazon_clothing", hint="convert GPN's few_shot_data/Amazon_clothing_* files"),
+    DatasetSpec("amazon_electronics",
+                hint="convert GPN's few_shot_data/Amazon_eletronics_* files"),
+)}
+
+# The official harness's names (data_load.decide_config) and common spellings.
+_ALIASES = {"cora": "cora_full", "corafull": "cora_full", "blog": "blogcatalog",
+            "amz_cloth": "amazon_clothing", "amz_eletronics": "amazon_electronics",
+            "amz_electronics": "amazon_electronics"}
+
+
+def canonical_name(name: Any) -> str:
+    """The registry name of ``name`` (case, '-' and the official aliases accepted)."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    key = name.strip().lower().replace("-", "_")
+    key = _ALIASES.get(key, key)
+    if key not in DATASETS:
+        raise ValueError(f"unknown dataset name {name!r}; known: {', '.join(DATASETS)}")
+    return key
+
+
+def resolve_root(root: Any = None) -> Path:
+    """``root`` or ``$HIERTAIL_DATA`` as an existing directory (no other default)."""
+    if root is None:
+        root = os.environ.get(ENV_ROOT) or None
+        if root is None:
+            raise ValueError(f"root is not given and {ENV_ROOT} is not set: pass root=DIR "
+                             f"(--root DIR) or set {ENV_ROOT}=DIR")
+    if not isinstance(root, (str, os.PathLike)):
+        raise TypeError(f"root must be a path, got {type(root).__name__}")
+    path = Path(root).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"root {path} is not a directory")
+    return path
+
+
+def undirected_edges(edge_index: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """int64 [2, E]: both directions, no duplicates, no self-loops, sorted by (src, dst)."""
+    ei = torch.as_tensor(edge_index).long()
+    src, dst = ei[0], ei[1]
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    n = int(num_nodes)
+    key = torch.unique(torch.cat([src * n + dst, dst * n + src]))  # sorted
+    return torch.stack([key // n, key % n])
+
+
+def _row_normalize(x: torch.Tensor) -> torch.Tensor:
+    """x_i / Σ_j x_ij in float64 (the official numpy ``normalize``); zero sums give zero rows."""
+    x64 = x.double()
+    s = x64.sum(dim=1, keepdim=True)
+    inv = torch.where(s == 0, torch.zeros_like(s), 1.0 / s)
+    return (x64 * inv).float()
+
+
+def official_preprocess(graph: GraphData, name: str) -> GraphData:
+    """The official harness's preprocessing of dataset ``name`` (module docstring); a new
+    GraphData, the input is not modified."""
+    spec = DATASETS[canonical_name(name)]
+    n = graph.num_nodes
+    x = graph.x
+    if spec.features == "binary":
+        x = (x > 0).to(torch.float32)
+    elif spec.features == "row_normalized":
+        x = _row_normalize(x)
+    y, label_map = relabel_by_size(graph.y.numpy())
+    y = np.ascontiguousarray(y)
+    return GraphData(edge_index=undirected_edges(graph.edge_index, n), x=x,
+                     y=torch.from_numpy(y), num_classes=int(y.max()) + 1, name=spec.name,
+                     label_map=label_map)
+
+
+def _missing_message(spec: DatasetSpec, root: Path, missing: list[Path]) -> str:
+    npz = root / f"{spec.name}.npz"
+    if spec.pyg is None:
+        return (f"load_dataset({spec.name!r}): {npz} not found. {spec.name!r} has no PyTorch "
+                f"Geometric dataset class, so it is read only from a uniform .npz file: place "
+                f"it at {npz} ({spec.hint}).")
+    cls, arg = spec.pyg
+    files = "; ".join(str(p) for p in missing)
+    return (f"load_dataset({spec.name!r}): neither {npz} nor the raw files of PyG's "
+            f"{cls}(root, {arg!r}) are there. Place {files} (from {spec.get_raw}), or the "
+            f"uniform .npz at {npz}; with a network, download=True (--download) lets PyG "
+            f"fetch the raw files.")
+
+
+def _load_pyg(spec: DatasetSpec, root: Path, download: bool) -> GraphData:
+    assert spec.pyg is not None
+    cls_name, arg = spec.pyg
+    missing = [root / f for f in spec.raw_files if not (root / f).is_file()]
+    if missing and not download:
+        raise FileNotFoundError(_missing_message(spec, root, missing))
+    datasets = import_pyg("torch_geometric.datasets",
+                          f"load_dataset({spec.name!r}) without {root / (spec.name + '.npz')}")
+    try:
+        dataset = getattr(datasets, cls_name)(str(root), arg)
+    except ImportError as exc:  # AttributedGraphDataset.process needs pandas
+        dep = exc.name or "a missing module"
+        raise ImportError(f"PyG's {cls_name} needs {dep} to read the raw files of "
+                          f"{spec.name!r}: pip install {dep}") from exc
+    except OSError as exc:  # the download failed (no network, moved URL)
+        raise FileNotFoundError(_missing_message(spec, root, missing) + f" ({exc})") from exc
+    return from_pyg_data(dataset[0], name=spec.name)
+
+
+def load_dataset(name: str, root: Any = None, *, source: str = "auto",
+                 download: bool = False, preprocess: bool = True) -> GraphData:
+    """Load a paper dataset by name with the official preprocessing (module docstring).
+
+    Args:
+        name: ``cora_full``, ``wiki``, ``email``, ``blogcatalog``, ``amazon_clothing``,
+            ``amazon_electronics`` (also the official harness's ``blog``, ``amz_cloth``, ...).
+        root: the data directory; None reads ``$HIERTAIL_DATA``.
+        source: ``"auto"`` (the .npz if present, else PyG), ``"npz"`` or ``"pyg"`` only.
+        download: let PyG download missing raw files (needs a network).
+        preprocess: apply :func:`official_preprocess` (False: the graph as stored/read).
+    Raises:
+        TypeError / ValueError for a bad name, root or source; FileNotFoundError naming the
+        files to place and where; ImportError naming the package to install.
+    """
+    spec = DATASETS[canonical_name(name)]
+    if source not in _SOURCES:
+        raise ValueError(f"source={source!r} is not one of {_SOURCES}")
+    root = resolve_root(root)
+    npz = root / f"{spec.name}.npz"
+    if source in ("auto", "npz") and npz.is_file():
+        graph = load_npz(npz, name=spec.name)
+    elif source == "npz" or spec.pyg is None:
+        raise FileNotFoundError(_missing_message(spec, root, [npz]) if spec.pyg is None
+                                else f"load_dataset({spec.name!r}, source='npz'): {npz} not "
+                                "found")
+    else:
+        graph = _load_pyg(spec, root, download)
+    return official_preprocess(graph, spec.name) if preprocess else graph
