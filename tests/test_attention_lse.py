@@ -226,3 +226,41 @@ def test_unknown_loss_backend_is_a_clear_error():
     with pytest.raises(ValueError, match="backend='flash' is not one of"):
         balanced_contrastive_loss(torch.randn(4, 2), torch.zeros(4, dtype=torch.long),
                                   backend="flash")
+
+
+def test_cuda_branch_contract_with_an_emulated_kernel(monkeypatch):
+    """The memory-efficient kernel's contract, emulated on CPU: the bias it gets is a stride-0
+    view with 16-aligned rows, compute_log_sumexp is asked for, and the LSE it returns is padded
+    to a multiple of 32 (garbage after N) — the adapter must keep only the first N."""
+    seen = []
+
+    def fake_efficient(q, k, v, bias, compute_lse, dropout_p, is_causal, *, scale):
+        assert compute_lse and dropout_p == 0.0 and not is_causal
+        assert bias.stride(2) == 0 and bias.stride(3) == 1
+        assert bias.stride(1) % attn.BIAS_ALIGN == 0 and bias.dtype == q.dtype
+        s = scale * q @ k.transpose(-1, -2) + bias
+        lse = torch.logsumexp(s, dim=-1)
+        out = torch.softmax(s, dim=-1) @ v
+        n = q.shape[2]
+        padded = torch.full((*lse.shape[:2], -(-n // 32) * 32), float("nan"))
+        padded[..., :n] = lse
+        seen.append(n)
+        return out, padded, None, None
+
+    monkeypatch.setattr(attn, "_kernel_kind", lambda device: "cuda")
+    real_op = attn._op
+    monkeypatch.setattr(attn, "_op", lambda name, args: fake_efficient
+                        if name == attn._CUDA_OP else real_op(name, args))
+    z, log_w, g = _case(45, 8, 2, seed=9)
+    lse_e, dz_e = _dense(z, log_w, 1.3, g)
+    lse, _, _, dz = attn.lse_fused(z, log_w, 1.3, False, lambda r0, r1, lse_b, mx: g[:, r0:r1])
+    assert seen and torch.isfinite(lse).all()
+    torch.testing.assert_close(lse, lse_e, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dz.double(), dz_e, rtol=1e-4, atol=1e-5)
+
+    def refusing(*a, **k):
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    monkeypatch.setattr(attn, "_op", lambda name, args: refusing)
+    with pytest.raises(attn.AttentionUnavailable, match="No available kernel"):
+        attn.lse_forward(z, log_w, 1.3, need_max=False)

@@ -108,7 +108,7 @@ def _call(q: torch.Tensor, bias_rows: torch.Tensor, scale: float):
     h = bias_rows.shape[0]
     # heads share q = k = v; materialised (O(H*N*d)) since the kernels want dense heads
     qh = q.view(1, 1, n, d).expand(1, h, n, d).contiguous()
-    if q.device.type == "cpu":
+    if _kernel_kind(q.device) == "cpu":
         op = _op(_CPU_OP, _CPU_ARGS)
         if op is None:
             raise AttentionUnavailable(f"torch.ops.aten.{_CPU_OP} is not available")
@@ -125,6 +125,12 @@ def _call(q: torch.Tensor, bias_rows: torch.Tensor, scale: float):
             raise AttentionUnavailable(str(err)) from err
     # the CUDA kernel pads the LSE's sequence axis to a multiple of 32: keep the first N
     return out[0], lse[0, :, :n].float()
+
+
+def _kernel_kind(device: torch.device) -> str:
+    """Which kernel serves tensors of `device` ("cpu" flash or "cuda" memory-efficient); a
+    seam for the tests that run the CUDA branch's contract on CPU with an emulated op."""
+    return "cpu" if device.type == "cpu" else "cuda"
 
 
 def _heads(log_w: torch.Tensor):
