@@ -264,3 +264,45 @@ def test_cuda_branch_contract_with_an_emulated_kernel(monkeypatch):
     monkeypatch.setattr(attn, "_op", lambda name, args: refusing)
     with pytest.raises(attn.AttentionUnavailable, match="No available kernel"):
         attn.lse_forward(z, log_w, 1.3, need_max=False)
+
+
+def test_bias_folding_reproduces_the_bias_to_fp32_precision():
+    """bf16 flash attention has no bias: q' = [z, 1, 1, 1], k' = [z, hi, mid, lo of b / scale].
+    scale * q'.k' (exact products, fp32-or-better sums) must equal scale * z.z + b."""
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(33, 12, generator=gen).to(torch.bfloat16)
+    bias = -torch.rand(2, 33, generator=gen).double() * 12 - 0.123456789
+    bias[1, 3] = attn.HIDDEN
+    qf, kf, vf = attn.fold_bias(q, bias, 7.3)
+    assert qf.shape[1] % attn.HEAD_ALIGN == 0 and qf.dtype == torch.bfloat16
+    folded = 7.3 * torch.einsum("nd,hkd->hnk", qf.double(), kf.double())
+    want = 7.3 * (q.double() @ q.double().T)[None] + bias[:, None, :]
+    vis = bias[:, None, :].expand_as(want) > -1e20
+    err = (folded - want)[vis].abs().max().item()
+    assert err <= 1e-5 * want[vis].abs().max().item()
+    assert folded[1, :, 3].max() < -1e20                     # hidden key stays hidden
+    torch.testing.assert_close(vf[:, :12], q)
+    assert (vf[:, 12:] == 0).all()
+
+
+def test_bf16_flash_branch_with_an_emulated_kernel(monkeypatch):
+    """The bf16 CUDA branch (flash attention on folded inputs), emulated on CPU by a dense fp32
+    softmax over the 16-bit operands: lse and gradient as a dense float64 computation on the
+    bf16-rounded embeddings, to bf16-path accuracy."""
+    def fake_flash(q, k, v, dropout_p, is_causal, return_debug_mask, *, scale):
+        assert q.dtype == k.dtype == v.dtype == torch.bfloat16
+        assert q.shape[-1] % attn.HEAD_ALIGN == 0 and q.shape == k.shape == v.shape
+        s = scale * q.float() @ k.float().transpose(-1, -2)
+        return torch.softmax(s, -1).to(q.dtype) @ v, torch.logsumexp(s, -1)
+
+    monkeypatch.setattr(attn, "_kernel_kind", lambda device: "cuda")
+    real_op = attn._op
+    monkeypatch.setattr(attn, "_op", lambda name, args: fake_flash
+                        if name == attn._FLASH_OP else real_op(name, args))
+    z, log_w, g = _case(64, 16, 2, seed=11)
+    zb = z.to(torch.bfloat16)
+    assert attn._input(zb).dtype == torch.bfloat16
+    lse_e, dz_e = _dense(zb.float(), log_w, 0.8, g)
+    lse, _, _, dz = attn.lse_fused(zb, log_w, 0.8, False, lambda r0, r1, lse_b, mx: g[:, r0:r1])
+    torch.testing.assert_close(lse, lse_e, rtol=1e-5, atol=1e-4)
+    _close(dz, dz_e, rtol=2e-2, atol=1e-3)                  # O through bf16 softmax weights

@@ -41,6 +41,14 @@ _CUDA_OP = "_scaled_dot_product_efficient_attention"
 _CPU_ARGS = ("query", "key", "value", "dropout_p", "is_causal", "attn_mask", "scale")
 _CUDA_ARGS = ("query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p",
               "is_causal", "scale")
+# bf16 on CUDA: flash attention (bf16 tensor cores) has no bias argument, so the bias is folded
+# into FOLD_COLS extra feature columns: q' = [z, 1, 1, 1], k'_k = [z_k, b_k / scale split into
+# three bf16 parts] (hi + mid + lo carry b to ~fp32 precision; the products with 1 are exact and
+# accumulate in fp32), head dim padded to HEAD_ALIGN. DESIGN.md §3.1.
+_FLASH_OP = "_scaled_dot_product_flash_attention"
+_FLASH_ARGS = ("query", "key", "value", "dropout_p", "is_causal", "return_debug_mask", "scale")
+FOLD_COLS = 3
+HEAD_ALIGN = 8
 # Memory-efficient attention reads the bias in 16-byte vectors: its row stride must be a
 # multiple of 16 elements (what F.scaled_dot_product_attention's own pad_bias does).
 BIAS_ALIGN = 16
@@ -104,6 +112,8 @@ def _call(q: torch.Tensor, bias_rows: torch.Tensor, scale: float):
     """One attention call with q = k = v = q [N, d] for H heads with key-bias rows [H, N].
 
     Returns (out [H, N, d] in q's dtype, lse [H, N] float32)."""
+    if q.dtype == torch.bfloat16 and _kernel_kind(q.device) == "cuda":
+        return _call_folded(q, bias_rows, scale)
     n, d = q.shape
     h = bias_rows.shape[0]
     # heads share q = k = v; materialised (O(H*N*d)) since the kernels want dense heads
@@ -128,9 +138,47 @@ def _call(q: torch.Tensor, bias_rows: torch.Tensor, scale: float):
 
 
 def _kernel_kind(device: torch.device) -> str:
-    """Which kernel serves tensors of `device` ("cpu" flash or "cuda" memory-efficient); a
-    seam for the tests that run the CUDA branch's contract on CPU with an emulated op."""
+    """Which kernel serves tensors of `device` ("cpu" flash or "cuda" memory-efficient / bf16
+    flash); a seam for the tests that run the CUDA branches' contracts on CPU with emulated
+    ops."""
     return "cpu" if device.type == "cpu" else "cuda"
+
+
+def fold_bias(q: torch.Tensor, bias_rows: torch.Tensor, scale: float):
+    """(q' [N, d'], k' [H, N, d'], v' [N, d']) in q's dtype with scale * q'_i . k'_hk =
+    scale * q_i . q_k + bias_rows[h, k] (to fp32 precision of the bias) and v' = [q, 0]."""
+    n, d = q.shape
+    h = bias_rows.shape[0]
+    dp = -(-(d + FOLD_COLS) // HEAD_ALIGN) * HEAD_ALIGN
+    qf = torch.zeros(n, dp, dtype=q.dtype, device=q.device)
+    qf[:, :d] = q
+    qf[:, d:d + FOLD_COLS] = 1.0
+    kf = qf.expand(h, n, dp).clone()
+    vf = torch.zeros_like(qf)
+    vf[:, :d] = q
+    rest = (bias_rows.float() / scale).clamp(min=-1e37)
+    for c in range(FOLD_COLS):                                  # hi, mid, lo parts of b / scale
+        part = rest.to(q.dtype)
+        kf[:, :, d + c] = part
+        rest = rest - part.float()
+    return qf, kf, vf
+
+
+def _call_folded(q: torch.Tensor, bias_rows: torch.Tensor, scale: float):
+    op = _op(_FLASH_OP, _FLASH_ARGS)
+    if op is None:
+        raise AttentionUnavailable(f"torch.ops.aten.{_FLASH_OP} is not available")
+    n, d = q.shape
+    h = bias_rows.shape[0]
+    qf, kf, vf = fold_bias(q, bias_rows, scale)
+    dp = qf.shape[1]
+    qh = qf.view(1, 1, n, dp).expand(1, h, n, dp).contiguous()
+    vh = vf.view(1, 1, n, dp).expand(1, h, n, dp).contiguous()
+    try:
+        out, lse = op(qh, kf.unsqueeze(0), vh, 0.0, False, False, scale=scale)[:2]
+    except RuntimeError as err:
+        raise AttentionUnavailable(str(err)) from err
+    return out[0, :, :, :d], lse[0, :, :n].float()
 
 
 def _heads(log_w: torch.Tensor):
@@ -234,12 +282,14 @@ def _grad(z, log_w, scale, lse, g, out):
 
 
 def _input(z: torch.Tensor) -> torch.Tensor:
-    """The kernels run in fp32. float64 is refused (the caller keeps its exact engine: never a
-    silent downgrade); 16-bit inputs are upcast, because the kernels take the bias in the
-    inputs' dtype and log-weights in bf16 would be off by up to ~3 % (measured errors and the
-    unmet 16-bit speed target: README)."""
+    """Kernel input dtype. float64 is refused (the caller keeps its exact engine: never a
+    silent downgrade). bf16 on CUDA stays bf16 (flash attention with the folded bias); other
+    16-bit inputs, and every 16-bit input on CPU, run in fp32 (the memory-efficient kernel takes
+    its bias in the inputs' dtype: log-weights in 16 bits would be off by up to ~3 %)."""
     if z.dtype == torch.float64:
         raise AttentionUnavailable("float64 inputs stay on the exact engine")
+    if z.dtype == torch.bfloat16 and _kernel_kind(z.device) == "cuda":
+        return z.contiguous()
     return z.float().contiguous()
 
 
