@@ -51,11 +51,11 @@ def test_propagation_providers_compute_the_same_product():
         "bench_test_propagation", SCRIPT.parent / "test_propagation.py")
     tp = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tp)
-    ei, graph = tp._graph(2_000)
-    x = torch.randn(2_000, 5, dtype=torch.float32)
+    ei, graph = tp._graph(2_000)  # on the benchmark's device (CUDA when present)
+    x = torch.randn(2_000, 5, dtype=torch.float32, device=ei.device)
     want = tp._propagator("reference", ei, graph)(x)
-    adj = torch.zeros(2_000, 2_000).index_put_((ei[1], ei[0]), torch.ones(ei.shape[1]),
-                                               accumulate=True)
+    adj = torch.zeros(2_000, 2_000, device=ei.device).index_put_(
+        (ei[1], ei[0]), torch.ones(ei.shape[1], device=ei.device), accumulate=True)
     for provider in tp.PROVIDERS:
         got = tp._propagator(provider, ei, graph)(x)
         expected = adj @ x if provider in ("peer_sparse_mm", "peer_torch_sparse") else want
