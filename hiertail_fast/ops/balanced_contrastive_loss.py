@@ -223,7 +223,7 @@ def balanced_contrastive_loss_op(
 ) -> torch.Tensor:
     """Fast balanced contrastive loss; same arguments and numbers as the reference."""
     validate_contrastive_inputs(z, labels, prototypes, temperature, reduction, variant)
-    choice = choose_backend(z, backend)
+    choice = choose_backend(z, backend, op="balanced_contrastive_loss")
     if choice == "reference":
         return balanced_contrastive_loss_ref(
             z, labels, prototypes=prototypes, temperature=temperature,
@@ -270,7 +270,7 @@ def hierarchical_contrastive_loss_op(
         )
     for lab, pro in zip(level_labels, level_prototypes, strict=True):
         validate_contrastive_inputs(z, lab, pro, temperature, "mean", variant)
-    choice = choose_backend(z, backend)
+    choice = choose_backend(z, backend, op="balanced_contrastive_loss")
     if choice == "reference":
         total = 0
         for lab, pro in zip(level_labels, level_prototypes, strict=True):
