@@ -46,18 +46,19 @@ NO_CUDA_EXIT = 2
 SIZES = {  # loss N, loss d, graph n (propagation / pooling / prototypes), scale sweep, checks
     "full": dict(loss_n=[20_000, 100_000], loss_d=[64, 128], graph_n=1_000_000,
                  graph_d=[64, 128], scale=["10000", "100000"], check_graph=20_000,
-                 check_loss=3_000, reps=3),
+                 check_loss=3_000, reps=3, scale_reserve=90),
     "quick": dict(loss_n=[5_000, 20_000], loss_d=[64], graph_n=100_000, graph_d=[64, 128],
-                  scale=["1000", "10000"], check_graph=5_000, check_loss=1_500, reps=3),
+                  scale=["1000", "10000"], check_graph=5_000, check_loss=1_500, reps=3,
+                  scale_reserve=45),
     "cpu": dict(loss_n=[200], loss_d=[16], graph_n=1_000, graph_d=[16], scale=["100"],
-                check_graph=300, check_loss=120, reps=1),
+                check_graph=300, check_loss=120, reps=1, scale_reserve=20),
 }
 REFERENCE_BYTES_PER_PAIR = 36  # dense loss reference, fwd+bwd (10.7 GB at N = 20k, official)
 
 
 class Budget:
-    """Seconds left; `share(f)` is a section's budget: at most the fraction f of the total,
-    never past the overall deadline (so a slow section cannot starve the later ones)."""
+    """Seconds left until the deadline; sections get shares of it (`share`), so a slow section
+    cannot starve the later ones."""
 
     def __init__(self, seconds: float, deadline: float | None = None, reps: int = 3) -> None:
         self.total, self.reps = seconds, reps  # reps: timed calls per measurement
@@ -66,9 +67,10 @@ class Budget:
     def left(self) -> float:
         return self.deadline - time.perf_counter()
 
-    def share(self, fraction: float) -> Budget:
-        end = min(self.deadline, time.perf_counter() + fraction * self.total)
-        return Budget(self.total, end, self.reps)
+    def share(self, fraction: float, reserve: float = 0.0) -> Budget:
+        """A section's budget: `fraction` of what is left after keeping `reserve` seconds."""
+        end = time.perf_counter() + fraction * max(0.0, self.left() - reserve)
+        return Budget(self.total, min(self.deadline, end), self.reps)
 
 
 def _skipped(budget: Budget, need: float) -> dict | None:
@@ -267,9 +269,12 @@ def main(argv: list[str] | None = None) -> int:
         when=time.strftime("%Y-%m-%d %H:%M"), torch=torch.__version__, triton=triton_version,
         mode=mode, backends=list(gc.FAST_BACKENDS))
     report["correctness"] = gc.correctness(dev, sizes["check_graph"], sizes["check_loss"])
-    # graph ops first (short, 1M nodes), then the loss (long at 100k), then the sweep
-    report["graph"] = graph_section(dev, sizes["graph_n"], sizes["graph_d"], budget.share(0.25))
-    report["loss"] = loss_section(dev, sizes, budget.share(0.5))
+    # graph ops first (short, 1M nodes), then the loss (long at 100k), then the sweep, which
+    # keeps `scale_reserve` seconds whatever the sections before it took
+    reserve = sizes["scale_reserve"]
+    report["graph"] = graph_section(dev, sizes["graph_n"], sizes["graph_d"],
+                                    budget.share(0.3, reserve))
+    report["loss"] = loss_section(dev, sizes, budget.share(1.0, reserve))
     report["scale"] = scale_section(dev, sizes["scale"], args.out / "gpu_report_scale", budget)
     report["wall_s"] = time.perf_counter() - started
     text = render(report)

@@ -184,7 +184,8 @@ def test_cached_graph_paths_and_function_agree():
 
 
 def test_automatic_backend_on_device(device):
-    """CPU -> torch path; CUDA (when present) -> the Triton kernels, compiled for real."""
+    """Automatic backend on each device (CPU: torch; CUDA: the measured choice of
+    _dispatch.AUTO_BACKEND) against the reference."""
     ei, w = make_edges(150, 600, weighted=True, seed=11, dtype=torch.float64)
     x = torch.randn(150, 33, dtype=torch.float64)
     g = CSRGraph.from_edge_index(ei, w, 150).to(device)
