@@ -13,6 +13,10 @@ and the table reports median and min per provider plus each one's median ratio t
 Graphs, providers and the timed steps are those of bench/test_propagation.py and
 bench/test_pooling.py (same graph generator, graph containers built once outside the timing,
 one warm-up call first). JSON to bench/results/interleaved_<op>.json (or ``--out``).
+
+Propagation records also carry the achieved bandwidth under the byte model of
+bench/_roofline.py (per entry one int32 index + one feature row, per row one pointer + the
+output row; fwd+bwd twice that) and, on a CUDA card of known peak, its fraction of the peak.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import test_pooling as tpool  # noqa: E402  (steps shared with the pytest-benchmark suites)
 import test_propagation as tprop  # noqa: E402
+from _roofline import bandwidth_figures  # noqa: E402
 from conftest import DEVICE, device_name  # noqa: E402
 
 OPS = {
@@ -67,6 +72,14 @@ def pooling_step(provider: str, n: int, d: int, mode: str):
 
 def prototype_step(provider: str, n: int, d: int, mode: str, m: int):
     return tpool.make_prototype_step(provider, n, m, d), 0
+
+
+def _bandwidth_text(bw: dict) -> str:
+    if not bw:
+        return ""
+    peak = "peak unknown" if bw["peak_fraction"] is None else \
+        f"{100 * bw['peak_fraction']:.0f}% of peak"
+    return f"   {bw['achieved_GBps']:8.1f} GB/s ({peak})"
 
 
 def main(argv=None) -> int:
@@ -108,12 +121,15 @@ def main(argv=None) -> int:
                 for p, ts in times.items():
                     med = statistics.median(ts)
                     ratio = f"{med / base:5.2f}x torch" if base else ""
+                    bw = (bandwidth_figures(n, num_edges, d, med, mode, device_name()
+                                            if DEVICE == "cuda" else None)
+                          if args.op == "propagation" else {})
                     print(f"  {p:18s} median {med * 1e3:9.1f} ms   min {min(ts) * 1e3:9.1f} ms"
-                          f"   {ratio}", flush=True)
+                          f"   {ratio}{_bandwidth_text(bw)}", flush=True)
                     records.append(dict(n=n, d=d, mode=mode, provider=p, edges=num_edges,
                                         prototypes=args.prototypes if args.op == "prototype"
                                         else None,
-                                        median_s=med, min_s=min(ts), times_s=ts))
+                                        median_s=med, min_s=min(ts), times_s=ts, **bw))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(dict(op=args.op, device=device_name(), rounds=args.rounds,
                                    torch=torch.__version__, records=records), indent=1))

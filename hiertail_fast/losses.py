@@ -1,9 +1,10 @@
 """Drop-in class-balanced contrastive losses (HierTail SCL Eq. 7 / BCL Eq. 8), O(N*d) memory.
 
 Same numbers as ``hiertail_fast.reference.balanced_contrastive_loss_ref`` (its docstring holds
-the definitions); the backend is picked by ``hiertail_fast.ops._dispatch.choose_backend``:
-CUDA tensors -> Triton kernels, otherwise the blocked torch path; ``backend=`` or the
-``HIERTAIL_BACKEND`` environment variable ("reference" | "torch" | "triton") forces one.
+the definitions); the backend is picked by ``hiertail_fast.ops._dispatch.choose_backend``
+from its measured table (CUDA tensors -> Triton kernels, otherwise the blocked torch path);
+``backend=`` or the ``HIERTAIL_BACKEND`` environment variable ("reference" | "torch" |
+"triton") forces one.
 
 Example::
 

@@ -2,6 +2,20 @@
 
 TRITON_INTERPRET must be set before triton is imported anywhere, so it is set here, at
 import time of the test session, whenever no CUDA device is present.
+
+Device-awareness of the Triton tests (the suite must pass unchanged on a CUDA machine, where the
+kernels are compiled and accept only CUDA tensors):
+* every test that runs the ``triton`` backend takes its tensors' device from
+  `backend_device(backend)` / the ``triton_device`` fixture: ``TRITON_DEVICE`` = "cuda" when a
+  GPU is present, else "cpu" (interpreter);
+* a collected test whose parameters pair ``triton`` with ``device="cpu"`` is skipped on CUDA
+  machines (`pytest_collection_modifyitems`);
+* under the interpreter a guard fails any test that launches a Triton kernel without having
+  asked for the Triton device first (`_triton_launch_guard`): such a test would hand CPU tensors
+  to a compiled kernel on a GPU machine.
+``HIERTAIL_TEST_EMULATE_CUDA=1`` makes the collection behave as on a CUDA machine (devices,
+skips) so that tests/test_device_awareness.py can check it without a GPU; only
+``--collect-only`` is meaningful in that mode.
 """
 from __future__ import annotations
 
@@ -13,8 +27,11 @@ import numpy as np
 import pytest
 import torch
 
-if not torch.cuda.is_available():
+CUDA_PRESENT = torch.cuda.is_available()
+EMULATE_CUDA = os.environ.get("HIERTAIL_TEST_EMULATE_CUDA", "0") == "1"
+if not CUDA_PRESENT:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+CUDA_MACHINE = CUDA_PRESENT or EMULATE_CUDA  # collection as on a GPU machine
 
 DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -26,7 +43,29 @@ TOLERANCES = {
     torch.bfloat16: dict(rtol=1e-2, atol=1e-2),
 }
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = ["cpu"] + (["cuda"] if CUDA_MACHINE else [])
+# where the Triton kernels run: compiled on the GPU, else the interpreter on CPU tensors
+TRITON_DEVICE = "cuda" if CUDA_MACHINE else "cpu"
+TRITON_CPU_SKIP = ("pairs the triton backend with CPU tensors: on a CUDA machine the kernels "
+                   "are compiled and need CUDA tensors (the interpreter runs them only on "
+                   "machines without a GPU)")
+
+
+class _TritonDeviceRequests:
+    """Whether the running test asked for the Triton device (reset before every test)."""
+
+    asked = False
+
+
+def backend_device(backend: str | None) -> str:
+    """Device for the tensors a test hands to `backend`: TRITON_DEVICE for "triton", the GPU
+    when present for "attention", else CPU."""
+    if backend == "triton":
+        _TritonDeviceRequests.asked = True
+        return TRITON_DEVICE
+    if backend == "attention":                      # CUDA: the memory-efficient / flash kernels
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cpu"
 
 
 def tol(dtype: torch.dtype) -> dict:
@@ -66,6 +105,58 @@ def one_thread():
 @pytest.fixture(params=DEVICES)
 def device(request) -> str:
     return request.param
+
+
+@pytest.fixture
+def triton_device() -> str:
+    """The device the Triton kernels run on (CUDA, or CPU under the interpreter)."""
+    return backend_device("triton")
+
+
+def pairs_triton_with_cpu(item) -> bool:
+    """Whether a collected test's parameters pair the triton backend with a CPU device."""
+    values = list(getattr(getattr(item, "callspec", None), "params", {}).values())
+    has = lambda kind: any(isinstance(v, (str, torch.device)) and str(v) == kind for v in values)
+    return has("triton") and has("cpu")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not CUDA_MACHINE:
+        return
+    for item in items:
+        if pairs_triton_with_cpu(item):
+            item.add_marker(pytest.mark.skip(reason=TRITON_CPU_SKIP))
+
+
+def _interpreted_function_class():
+    if os.environ.get("TRITON_INTERPRET", "0") != "1" or CUDA_PRESENT:
+        return None
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:  # triton missing (its tests are skipped) or a layout we do not know
+        return None
+    return InterpretedFunction if hasattr(InterpretedFunction, "run") else None
+
+
+@pytest.fixture(autouse=True)
+def _triton_launch_guard(monkeypatch):
+    """Under the interpreter, fail a test that launches a Triton kernel without asking for the
+    Triton device: on a GPU machine it would hand CPU tensors to a compiled kernel."""
+    _TritonDeviceRequests.asked = False
+    cls = _interpreted_function_class()
+    if cls is not None:
+        run = cls.run
+
+        def guarded_run(self, *args, **kwargs):
+            if not _TritonDeviceRequests.asked:
+                pytest.fail(f"Triton kernel {self.__name__} launched by a test that did not take "
+                            "its device from backend_device('triton') or the triton_device "
+                            "fixture (tests/conftest.py): it would fail on a CUDA machine",
+                            pytrace=False)
+            return run(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "run", guarded_run)
+    yield
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from hiertail_fast import (
     hierarchical_contrastive_loss,
 )
 from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
-from tests.conftest import tol, triton_importable
+from tests.conftest import backend_device, tol, triton_importable
 
 _HAS_TRITON_OP = triton_importable() and (
     importlib.util.find_spec("hiertail_fast.kernels.balanced_contrastive_loss") is not None
@@ -43,15 +43,20 @@ def _data(n, d, *, n_classes=6, norm=3.0, m=0, dtype=torch.float32, seed=0, sing
     return z.to(dtype), y, (p.to(dtype) if m else None)
 
 
-def _loss_and_grads(fn, z, y, p, kw, weights=None):
-    z = z.detach().clone().requires_grad_()
-    p = p.detach().clone().requires_grad_() if p is not None else None
-    loss = fn(z, y, prototypes=p, **kw)
+def _loss_and_grads(fn, z, y, p, kw, weights=None, device="cpu"):
+    """Loss and gradients of `fn` run on `device`, returned on CPU."""
+    z = z.detach().to(device, copy=True).requires_grad_()
+    p = p.detach().to(device, copy=True).requires_grad_() if p is not None else None
+    loss = fn(z, y.to(device), prototypes=p, **kw)
     if weights is None:
         (loss * 2).backward()                                            # grad_output = 2
     else:
-        (loss * weights.to(loss.dtype)).sum().backward()
-    return [loss.detach(), z.grad] + ([p.grad] if p is not None else [])
+        (loss * weights.to(loss.device, loss.dtype)).sum().backward()
+    return [t.cpu() for t in [loss.detach(), z.grad] + ([p.grad] if p is not None else [])]
+
+
+def _fast(backend):
+    return lambda *a, **k: balanced_contrastive_loss(*a, backend=backend, **k)
 
 
 def _check(backend, z, y, p=None, weights=None, low_ref=True, **kw):
@@ -62,9 +67,7 @@ def _check(backend, z, y, p=None, weights=None, low_ref=True, **kw):
     (the backend adds the LSE, positive-pair and row-max parts of ds_ij after multiplying by z;
     the dense reference sums them at the level of s): with the official clamp the true gradient
     can be ~1e-9 while each term is ~30."""
-    fast = _loss_and_grads(
-        lambda *a, **k: balanced_contrastive_loss(*a, backend=backend, **k), z, y, p, kw, weights
-    )
+    fast = _loss_and_grads(_fast(backend), z, y, p, kw, weights, backend_device(backend))
     exp = _loss_and_grads(ref, z.double(), y, p.double() if p is not None else None, kw, weights)
     low = _loss_and_grads(ref, z, y, p, kw, weights) if low_ref else None
     t = tol(z.dtype)
@@ -141,7 +144,8 @@ def test_official_clamp_binds_for_some_positives_only(backend):
     same = y[:, None] == y[None, :]
     assert (e[same] < 1e-9).any() and (e[same] > 1e-3).any()              # both regimes
     out = _check(backend, z, y, None, variant="official", temperature=tau)
-    ex = balanced_contrastive_loss(z, y, temperature=tau, backend=backend)
+    dev = backend_device(backend)
+    ex = balanced_contrastive_loss(z.to(dev), y.to(dev), temperature=tau, backend=backend)
     assert ex.item() > out[0].item() + 1.0                                # the clamp matters
 
 
@@ -150,9 +154,8 @@ def test_official_clamp_binds_for_some_positives_only(backend):
 def test_low_precision_inputs(backend, dtype):
     z, y, p = _data(64, 16, m=3, seed=5, dtype=dtype)
     for variant in ("exact", "official"):
-        fast = _loss_and_grads(
-            lambda *a, **k: balanced_contrastive_loss(*a, backend=backend, **k), z, y, p,
-            dict(variant=variant, temperature=0.5), None)
+        fast = _loss_and_grads(_fast(backend), z, y, p, dict(variant=variant, temperature=0.5),
+                               None, backend_device(backend))
         exp = _loss_and_grads(ref, z.float(), y, p.float(), dict(variant=variant,
                                                                  temperature=0.5))
         low = _loss_and_grads(ref, z, y, p, dict(variant=variant, temperature=0.5))
@@ -189,9 +192,11 @@ def test_hierarchical_equals_sum_of_levels(backend, variant, include_self, monke
     if backend == "triton":
         z = z.float()
         protos = [q.float() if q is not None else None for q in protos]
-    zf = z.clone().requires_grad_()
-    pf = [q.clone().requires_grad_() if q is not None else None for q in protos]
-    fused = hierarchical_contrastive_loss(zf, labels, pf, temperature=0.3, variant=variant,
+    dev = backend_device(backend)
+    zf = z.to(dev, copy=True).requires_grad_()
+    pf = [q.to(dev, copy=True).requires_grad_() if q is not None else None for q in protos]
+    fused = hierarchical_contrastive_loss(zf, [lab.to(dev) for lab in labels], pf,
+                                          temperature=0.3, variant=variant,
                                           include_self=include_self, backend=backend)
     fused.backward()
     zr = z.double().clone().requires_grad_()
@@ -200,10 +205,10 @@ def test_hierarchical_equals_sum_of_levels(backend, variant, include_self, monke
                     include_self=include_self) for lab, q in zip(labels, pr, strict=True))
     total.backward()
     t = tol(z.dtype)
-    torch.testing.assert_close(fused.double(), total.detach(), **t)
-    torch.testing.assert_close(zf.grad.double(), zr.grad, **t)
+    torch.testing.assert_close(fused.double().cpu(), total.detach(), **t)
+    torch.testing.assert_close(zf.grad.double().cpu(), zr.grad, **t)
     for a, b in zip(pf[:2], pr[:2], strict=True):
-        torch.testing.assert_close(a.grad.double(), b.grad, **t)
+        torch.testing.assert_close(a.grad.double().cpu(), b.grad, **t)
 
 
 @pytest.mark.parametrize("n_cols_common", [101, 0])

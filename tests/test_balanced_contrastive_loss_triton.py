@@ -1,6 +1,6 @@
 """Triton LSE launchers of the balanced contrastive loss vs a dense float64 computation.
 
-Runs on CPU under TRITON_INTERPRET=1 (set by conftest) or on CUDA when present.
+Runs on CUDA when present, else on CPU under TRITON_INTERPRET=1 (conftest's triton_device).
 Tolerance rule (STYLE.md, flash-attention style): the kernel's error against the float64
 computation on the SAME (rounded) inputs is at most 2× the error of a dense torch fp32
 computation on those inputs, plus tol(dtype) (rtol relative to the tensor's magnitude). For
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import DEVICES, requires_triton, tol
+from tests.conftest import requires_triton, tol
 
 pytestmark = requires_triton
 INF = float("inf")
@@ -89,14 +89,13 @@ CASES = [  # n, d, levels, scale, norm
 ]
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("n,d,levels,scale,norm", CASES)
-def test_forward_backward_fp32(n, d, levels, scale, norm, device):
+def test_forward_backward_fp32(n, d, levels, scale, norm, triton_device):
     k = _kernels()
     z, log_w, grad = make_case(n, d, levels, norm)
     ref = dense(z, log_w, scale, grad, torch.float64)
     low = dense(z, log_w, scale, grad, torch.float32)
-    zd, lwd, gd = z.to(device), log_w.to(device), grad.to(device)
+    zd, lwd, gd = (t.to(triton_device) for t in (z, log_w, grad))
     lse, rowmax, argmax = k.lse_forward(zd, lwd, scale, True)
     assert lse.dtype == rowmax.dtype == torch.float32 and argmax.dtype == torch.int64
     assert_rule(lse, ref[0], low[0], torch.float32, "lse")
@@ -114,16 +113,15 @@ def test_forward_backward_fp32(n, d, levels, scale, norm, device):
     assert torch.equal(dz, k.lse_backward(zd, lwd, lse, gd, scale))
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("n,d,levels,scale,norm", [CASES[2], CASES[5]])
-def test_alternative_schedules(n, d, levels, scale, norm, device):
+def test_alternative_schedules(n, d, levels, scale, norm, triton_device):
     """Grid-over-levels forward and FlashAttention-2 two-pass backward give the same numbers
     as the shipped fused forward and one-pass backward."""
     k = _kernels()
     z, log_w, grad = make_case(n, d, levels, norm, seed=3)
     ref = dense(z, log_w, scale, grad, torch.float64)
     low = dense(z, log_w, scale, grad, torch.float32)
-    zd, lwd, gd = z.to(device), log_w.to(device), grad.to(device)
+    zd, lwd, gd = (t.to(triton_device) for t in (z, log_w, grad))
     lse, rowmax, argmax = k.lse_forward(zd, lwd, scale, True)
     lse_grid, rowmax_grid, argmax_grid = k.lse_forward(zd, lwd, scale, True, fuse_levels=False)
     assert_rule(lse_grid, ref[0], low[0], torch.float32, "lse (grid over levels)")
@@ -136,16 +134,15 @@ def test_alternative_schedules(n, d, levels, scale, norm, device):
     torch.testing.assert_close(dz2, dz, rtol=1e-5, atol=1e-5 * dz.abs().max().item())
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("n,d,levels,scale,norm", [CASES[2], CASES[3]])
-def test_low_precision(n, d, levels, scale, norm, dtype, device):
+def test_low_precision(n, d, levels, scale, norm, dtype, triton_device):
     k = _kernels()
     z, log_w, grad = make_case(n, d, levels, norm, seed=1)
     z = z.to(dtype)  # the reference sees the same rounded inputs
     ref = dense(z, log_w, scale, grad, torch.float64)
     low = dense(z, log_w, scale, grad, torch.float32)
-    zd, lwd, gd = z.to(device), log_w.to(device), grad.to(device)
+    zd, lwd, gd = (t.to(triton_device) for t in (z, log_w, grad))
     lse, rowmax, _ = k.lse_forward(zd, lwd, scale, True)
     assert_rule(lse, ref[0], low[0], torch.float32, "lse")
     assert_rule(rowmax, ref[1], low[1], torch.float32, "rowmax")
@@ -154,8 +151,7 @@ def test_low_precision(n, d, levels, scale, norm, dtype, device):
     assert_rule(dz, ref[3], low[3].to(dtype), dtype, "dz")
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_hidden_level_zero_grads_and_ties(device):
+def test_hidden_level_zero_grads_and_ties(triton_device):
     """A level with no visible key gives lse = rowmax = −inf, argmax 0 and no gradient (no NaN);
     zero grads contribute nothing; equal scores across key tiles pick the lowest index."""
     k = _kernels()
@@ -172,7 +168,7 @@ def test_hidden_level_zero_grads_and_ties(device):
     grad[1] = 0.0
     ref = dense(z, log_w, scale, grad, torch.float64)
     low = dense(z, log_w, scale, grad, torch.float32)
-    zd, lwd, gd = z.to(device), log_w.to(device), grad.to(device)
+    zd, lwd, gd = (t.to(triton_device) for t in (z, log_w, grad))
     lse, rowmax, argmax = k.lse_forward(zd, lwd, scale, True)
     lse, rowmax, argmax = lse.cpu(), rowmax.cpu(), argmax.cpu()
     assert torch.isneginf(lse[2]).all() and torch.isneginf(rowmax[2]).all()
@@ -183,22 +179,26 @@ def test_hidden_level_zero_grads_and_ties(device):
     tied = (ref[4][:, 70] == ref[1][0]) & (ref[4][:, 140] == ref[1][0])
     assert tied.sum() > 10, "test setup: the duplicated key should tie across tiles"
     assert (argmax[0][tied] <= 70).all()  # never the later copy
-    dz = k.lse_backward(zd, lwd, lse.to(device), gd, scale).cpu()
+    dz = k.lse_backward(zd, lwd, lse.to(triton_device), gd, scale).cpu()
     assert torch.isfinite(dz).all()
     assert_rule(dz, ref[3], low[3], torch.float32, "dz")
     # levels 1 (zero grad) and 2 (hidden) add nothing: same as backward over level 0 alone
-    dz0 = k.lse_backward(zd, lwd[:1], lse[:1].to(device), gd[:1], scale).cpu()
+    dz0 = k.lse_backward(zd, lwd[:1], lse[:1].to(triton_device), gd[:1], scale).cpu()
     torch.testing.assert_close(dz, dz0, rtol=1e-5, atol=1e-4)
 
 
-def test_bad_input():
+def test_bad_input(triton_device):
     k = _kernels()
-    z = torch.randn(6, 4)
+
+    def zeros(*shape):
+        return torch.zeros(*shape, device=triton_device)
+
+    z = torch.randn(6, 4, device=triton_device)
     with pytest.raises(TypeError, match="float32"):
-        k.lse_forward(z.double(), torch.zeros(1, 6), 1.0, False)
+        k.lse_forward(z.double(), zeros(1, 6), 1.0, False)
     with pytest.raises(ValueError, match="d <= 256"):
-        k.lse_forward(torch.randn(6, 300), torch.zeros(1, 6), 1.0, False)
+        k.lse_forward(zeros(6, 300), zeros(1, 6), 1.0, False)
     with pytest.raises(ValueError, match="log_w"):
-        k.lse_forward(z, torch.zeros(1, 5), 1.0, False)
+        k.lse_forward(z, zeros(1, 5), 1.0, False)
     with pytest.raises(ValueError, match="grad_lse"):
-        k.lse_backward(z, torch.zeros(2, 6), torch.zeros(2, 6), torch.zeros(1, 6), 1.0)
+        k.lse_backward(z, zeros(2, 6), zeros(2, 6), zeros(1, 6), 1.0)

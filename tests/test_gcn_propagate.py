@@ -18,7 +18,7 @@ from hiertail_fast.ops.gcn_propagate import (
     torch_sparse_available,
 )
 from hiertail_fast.reference.gcn_propagate import gcn_propagate_ref
-from tests.conftest import requires_triton, tol
+from tests.conftest import backend_device, requires_triton, tol
 
 FAST_BACKENDS = [
     "torch",
@@ -53,7 +53,9 @@ def test_reference_hand_computed_path():
     x = torch.arange(12, dtype=torch.float64).reshape(4, 3) - 4.0
     torch.testing.assert_close(gcn_propagate_ref(x, ei), a_hat @ x)
     for backend in ("torch", "triton"):
-        torch.testing.assert_close(gcn_propagate(x, ei, backend=backend), a_hat @ x)
+        dev = backend_device(backend)
+        got = gcn_propagate(x.to(dev), ei.to(dev), backend=backend)
+        torch.testing.assert_close(got.cpu(), a_hat @ x)
     # no self-loops: the isolated node gets 0 (deg 0 -> dinv 0), end nodes have deg 1
     plain = torch.tensor([[0, 2 ** -0.5, 0, 0], [2 ** -0.5, 0, 2 ** -0.5, 0],
                           [0, 2 ** -0.5, 0, 0], [0, 0, 0, 0]], dtype=torch.float64)
@@ -98,19 +100,21 @@ def _check_backend(backend, ei, w, n, d, *, dtype, improved=True, add_self_loops
                                 add_self_loops=add_self_loops)
     (out_ref * grad_out.double()).sum().backward()
 
-    x_b = x.clone().requires_grad_(True)
-    w_b = None if w is None else w.clone().requires_grad_(weight_grad)
+    dev = backend_device(backend)
+    x_b = x.to(dev, copy=True).requires_grad_(True)
+    w_b = None if w is None else w.to(dev, copy=True).requires_grad_(weight_grad)
     kw = dict(improved=improved, add_self_loops=add_self_loops, backend=backend)
     if as_graph:
-        out = gcn_propagate(x_b, CSRGraph.from_edge_index(ei, w_b, n, dedupe=False), **kw)
+        out = gcn_propagate(x_b, CSRGraph.from_edge_index(ei.to(dev), w_b, n, dedupe=False),
+                            **kw)
     else:
-        out = gcn_propagate(x_b, ei, w_b, **kw)
-    (out * grad_out).sum().backward()
+        out = gcn_propagate(x_b, ei.to(dev), w_b, **kw)
+    (out * grad_out.to(dev)).sum().backward()
     t = tol(dtype)
-    torch.testing.assert_close(out, out_ref.to(dtype).detach(), **t)
-    torch.testing.assert_close(x_b.grad, x_ref.grad.to(dtype), **t)
+    torch.testing.assert_close(out.cpu(), out_ref.to(dtype).detach(), **t)
+    torch.testing.assert_close(x_b.grad.cpu(), x_ref.grad.to(dtype), **t)
     if w is not None and weight_grad:
-        torch.testing.assert_close(w_b.grad, w_ref.grad.to(w_b.dtype), **t)
+        torch.testing.assert_close(w_b.grad.cpu(), w_ref.grad.to(w_b.dtype), **t)
 
 
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
@@ -153,9 +157,10 @@ def test_backend_low_precision(backend, dtype):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_backend_empty_and_single_node(backend):
+    dev = backend_device(backend)
     for n in (1, 4):
-        ei = torch.zeros(2, 0, dtype=torch.long)
-        x = torch.randn(n, 3, requires_grad=True)
+        ei = torch.zeros(2, 0, dtype=torch.long, device=dev)
+        x = torch.randn(n, 3, device=dev, requires_grad=True)
         out = gcn_propagate(x, ei, backend=backend)
         torch.testing.assert_close(out, x.detach())  # only the fill-2 loop: 2 · (1/√2)² = 1
         (out.sum() * 2).backward()
@@ -179,7 +184,8 @@ def test_cached_graph_paths_and_function_agree():
 
 
 def test_automatic_backend_on_device(device):
-    """CPU -> torch path; CUDA (when present) -> the Triton kernels, compiled for real."""
+    """Automatic backend on each device (CPU: torch; CUDA: the measured choice of
+    _dispatch.AUTO_BACKEND) against the reference."""
     ei, w = make_edges(150, 600, weighted=True, seed=11, dtype=torch.float64)
     x = torch.randn(150, 33, dtype=torch.float64)
     g = CSRGraph.from_edge_index(ei, w, 150).to(device)
@@ -236,19 +242,19 @@ def test_csr_matmul_never_reads_its_uninitialised_output(dtype, monkeypatch):
 @requires_triton
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
 @pytest.mark.parametrize("n, d, e", [(13, 1, 70), (40, 100, 333), (9, 3, 0)])
-def test_triton_edge_dots(dtype, n, d, e):
+def test_triton_edge_dots(dtype, n, d, e, triton_device):
     """SDDMM a_e = <g_row, x_col> of the edge-weight gradient against float64 gathers, with a
     non-contiguous g and ragged entry/feature counts (BLOCK_E = 64, BLOCK_D = 16..64)."""
     from hiertail_fast.kernels.gcn_propagate import gcn_edge_dots
 
     gen = torch.Generator().manual_seed(n + d)
-    g = torch.randn(d, n, generator=gen).to(dtype).t()  # non-contiguous view
-    x = torch.randn(n, d, generator=gen).to(dtype)
-    row, col = torch.randint(0, n, (2, e), generator=gen)
+    g = torch.randn(d, n, generator=gen).to(triton_device, dtype).t()  # non-contiguous view
+    x = torch.randn(n, d, generator=gen).to(triton_device, dtype)
+    row, col = torch.randint(0, n, (2, e), generator=gen).to(triton_device)
     g0, x0 = g.clone(), x.clone()
-    got = gcn_edge_dots(g, x, row, col)
+    got = gcn_edge_dots(g, x, row, col).cpu()
     assert got.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
-    want = _edge_dots(g.double(), x.double(), row, col)
+    want = _edge_dots(g.double().cpu(), x.double().cpu(), row.cpu(), col.cpu())
     torch.testing.assert_close(got.double(), want, **tol(torch.float32 if dtype == torch.float16
                                                           else dtype))
     assert torch.equal(g, g0) and torch.equal(x, x0)
@@ -268,16 +274,17 @@ def test_row_and_col_sums_match_index_add():
 
 
 @requires_triton
-def test_triton_hub_node_and_deterministic():
+def test_triton_hub_node_and_deterministic(triton_device):
     ei, w = make_edges(120, 300, weighted=True, seed=6)
     hub = torch.stack([torch.zeros(100, dtype=torch.long), torch.arange(1, 101)])
     ei = torch.cat([ei, hub, hub.flip(0)], 1)  # node 0: degree > 100, many BLOCK_E chunks
     w = torch.cat([w, torch.rand(200) + 0.5])
-    g = CSRGraph.from_edge_index(ei, w, 120)
+    g = CSRGraph.from_edge_index(ei, w, 120).to(triton_device)
     x = torch.randn(120, 20)
-    a, b = gcn_propagate(x, g, backend="triton"), gcn_propagate(x, g, backend="triton")
+    xd = x.to(triton_device)
+    a, b = gcn_propagate(xd, g, backend="triton"), gcn_propagate(xd, g, backend="triton")
     assert torch.equal(a, b)
-    torch.testing.assert_close(a, gcn_propagate_ref(x, ei, w), **tol(torch.float32))
+    torch.testing.assert_close(a.cpu(), gcn_propagate_ref(x, ei, w), **tol(torch.float32))
 
 
 @pytest.mark.parametrize("in_ch, out_ch", [(5, 8), (8, 3)])

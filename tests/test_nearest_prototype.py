@@ -6,7 +6,7 @@ import torch
 
 from hiertail_fast.ops.nearest_prototype import nearest_prototype
 from hiertail_fast.reference.nearest_prototype import nearest_prototype_ref
-from tests.conftest import requires_triton
+from tests.conftest import backend_device, requires_triton
 
 try:
     from sklearn.metrics import pairwise_distances_argmin
@@ -59,6 +59,12 @@ def test_reference_bad_inputs(bad):
 BACKENDS = ["torch", pytest.param("triton", marks=requires_triton)]
 
 
+def _run(z, p, backend):
+    """nearest_prototype on the backend's device (CUDA for triton on a GPU machine), on CPU."""
+    dev = backend_device(backend)
+    return nearest_prototype(z.to(dev), p.to(dev), backend=backend).cpu()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("n,m,d,dtype", [(1, 1, 3, torch.float32), (77, 5, 19, torch.float32),
                                          (130, 70, 33, torch.float64),
@@ -67,7 +73,7 @@ def test_backend_equals_reference(backend, n, m, d, dtype):
     z = torch.randn(n, d, dtype=dtype) * 3 + 1
     p = torch.randn(m, d, dtype=dtype) * 3
     z0, p0 = z.clone(), p.clone()
-    out = nearest_prototype(z, p, backend=backend)
+    out = _run(z, p, backend)
     assert out.dtype == torch.long
     assert torch.equal(out, nearest_prototype_ref(z, p))
     assert torch.equal(z, z0) and torch.equal(p, p0)
@@ -81,7 +87,7 @@ def test_backend_ties_and_near_ties(backend, dtype):
     p = torch.randint(-3, 4, (90, 6), generator=g).to(dtype)
     p = torch.cat([p, p[:20]])  # duplicates at indices >= 90 must never win
     z = torch.randint(-3, 4, (150, 6), generator=g).to(dtype)
-    out = nearest_prototype(z, p, backend=backend)
+    out = _run(z, p, backend)
     assert torch.equal(out, nearest_prototype_ref(z, p))
     assert int(out.max()) < 90
     # near-ties far below the expanded formula's rounding, at a large offset (cancellation)
@@ -89,7 +95,7 @@ def test_backend_ties_and_near_ties(backend, dtype):
     eps = torch.finfo(dtype).eps
     q = torch.stack([base[0] + 1.0, base[0] - 1.0 + 4 * eps * 1000, base[0] + 3.0])
     zz = base[:1].repeat(5, 1)
-    assert torch.equal(nearest_prototype(zz, q, backend=backend), nearest_prototype_ref(zz, q))
+    assert torch.equal(_run(zz, q, backend), nearest_prototype_ref(zz, q))
 
 
 @requires_sklearn
@@ -97,7 +103,7 @@ def test_backend_ties_and_near_ties(backend, dtype):
 def test_backend_equals_sklearn(backend):
     z, p = torch.randn(250, 24), torch.randn(40, 24)
     expected = pairwise_distances_argmin(z.numpy(), p.numpy())
-    assert nearest_prototype(z, p, backend=backend).tolist() == expected.tolist()
+    assert _run(z, p, backend).tolist() == expected.tolist()
 
 
 def test_default_dispatch_no_grad_and_16bit():

@@ -10,7 +10,7 @@ from hiertail_fast.graph import CSRGraph
 from hiertail_fast.nn.pool import TopKPool
 from hiertail_fast.ops.topk_pool import TopKPoolResult, topk_pool, topk_unpool
 from hiertail_fast.reference.topk_pool import pool_size, topk_pool_ref, topk_unpool_ref
-from tests.conftest import requires_triton, tol
+from tests.conftest import backend_device, requires_triton, tol
 
 try:
     from torch_geometric.nn import TopKPooling
@@ -207,6 +207,11 @@ CASES = [  # n, E, d, ratio, weighted, dtype
 ]
 
 
+def _on(device, *tensors):
+    """The tensors moved to `device` (differentiably; None stays None)."""
+    return tuple(None if t is None else t.to(device) for t in tensors)
+
+
 def _run_with_grads(fn, x, p, w, seed=5):
     """Values + gradients of a loss touching every output (grad_output != 1)."""
     x = x.clone().requires_grad_(True)
@@ -232,11 +237,13 @@ def test_backend_equals_reference(backend, n, e, d, ratio, weighted, dtype):
     p = torch.randn(d, dtype=dtype)
     copies = (x.clone(), p.clone(), ei.clone(), None if w is None else w.clone())
 
+    dev = backend_device(backend)
+
     def ours(x, p, w):
-        r = topk_pool(x, ei, p, ratio, w, backend=backend)
+        r = topk_pool(*_on(dev, x, ei, p), ratio, *_on(dev, w), backend=backend)
         assert isinstance(r, TopKPoolResult) and r.graph.num_nodes == r.perm.numel()
         assert torch.equal(r.edge_index, r.graph.edge_index())
-        return r.x, r.edge_index, r.edge_weight, r.perm, r.score
+        return _on("cpu", r.x, r.edge_index, r.edge_weight, r.perm, r.score)
 
     def ref(x, p, w):
         return topk_pool_ref(x, ei, p, ratio, w)
@@ -265,12 +272,13 @@ def test_backend_ties_deterministic(backend):
     x = base[torch.tensor([0, 3, 1, 3, 2, 0, 1, 3, 2, 0, 1])]
     p = torch.tensor([3.0, 4.0])
     ei = torch.tensor([[0, 1, 3, 7, 4, 8], [1, 3, 7, 4, 8, 10]])
+    on_dev = _on(backend_device(backend), x, ei, p)
     for ratio in (2, 4, 5, 0.5, 1.0):
-        r = topk_pool(x, ei, p, ratio, backend=backend)
+        r = topk_pool(*on_dev, ratio, backend=backend)
         exp = topk_pool_ref(x, ei, p, ratio)
-        assert torch.equal(r.perm, exp[3])
-        assert canonical_edges(r.edge_index, None) == canonical_edges(exp[1], None)
-    assert topk_pool(x, ei, p, 5, backend=backend).perm.tolist() == [1, 3, 7, 4, 8]
+        assert torch.equal(r.perm.cpu(), exp[3])
+        assert canonical_edges(r.edge_index.cpu(), None) == canonical_edges(exp[1], None)
+    assert topk_pool(*on_dev, 5, backend=backend).perm.tolist() == [1, 3, 7, 4, 8]
 
 
 @pytest.mark.parametrize("backend,n", [("torch", 5000), pytest.param("triton", 300,
@@ -281,18 +289,20 @@ def test_many_ties_follow_the_rule(backend, n):
     x = torch.randint(0, 10, (n, 1)).double()
     s = torch.tanh(x.view(-1))
     order = sorted(range(n), key=lambda i: (-float(s[i]), i))
+    on_dev = _on(backend_device(backend), x, torch.zeros(2, 0, dtype=torch.long),
+                 torch.ones(1).double())
     for ratio in (0.5, 0.1, 37):
-        r = topk_pool(x, torch.zeros(2, 0, dtype=torch.long), torch.ones(1).double(), ratio,
-                      backend=backend)
+        r = topk_pool(*on_dev, ratio, backend=backend)
         assert r.perm.tolist() == order[: r.perm.numel()]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_backend_gradcheck(backend):
     ei, w = random_graph(9, 20, seed=2)
-    graph = CSRGraph.from_edge_index(ei, w, num_nodes=9, dedupe=False)
-    x = torch.randn(9, 4, dtype=torch.float64, requires_grad=True)
-    p = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    dev = backend_device(backend)
+    graph = CSRGraph.from_edge_index(ei, w, num_nodes=9, dedupe=False).to(dev)
+    x = torch.randn(9, 4, dtype=torch.float64, device=dev, requires_grad=True)
+    p = torch.randn(4, dtype=torch.float64, device=dev, requires_grad=True)
 
     def f(x, p):
         r = topk_pool(x, graph, p, 0.6, backend=backend)
@@ -310,7 +320,9 @@ def test_pooled_graph_equals_pyg(backend):
     x = torch.randn(n, 16)
     pool = TopKPooling(16, ratio=0.3)
     theirs = pool(x, ei, w)
-    r = topk_pool(x, ei, pool.select.weight.detach(), 0.3, w, backend=backend)
+    dev = backend_device(backend)
+    r = topk_pool(*_on(dev, x, ei, pool.select.weight.detach()), 0.3, w.to(dev), backend=backend)
+    r = TopKPoolResult(*_on("cpu", *r))  # every field has .to (CSRGraph.to for the graph)
     assert torch.equal(r.perm, theirs[4])
     torch.testing.assert_close(r.x, theirs[0].detach(), **tol(torch.float32))
     torch.testing.assert_close(r.score, theirs[5].detach(), **tol(torch.float32))
@@ -322,6 +334,7 @@ def test_csr_input_and_weight_grad(backend):
     ei, w = random_graph(50, 200, seed=4)
     x = torch.randn(50, 7, dtype=torch.float64)
     p = torch.randn(7, dtype=torch.float64)
+    ei, w, x, p = _on(backend_device(backend), ei, w, x, p)
     g = CSRGraph.from_edge_index(ei, w, num_nodes=50, dedupe=False)
     a = topk_pool(x, g, p, 0.4, backend=backend)
     b = topk_pool(x, ei, p, 0.4, w, backend=backend)
@@ -336,19 +349,21 @@ def test_csr_input_and_weight_grad(backend):
     r = topk_pool(x, ei, p, 0.4, wr, backend=backend)
     r.edge_weight.sum().backward()
     kept = topk_pool_ref(x, ei, p, 0.4, wr.detach())
-    new_id = torch.full((50,), -1).index_put_((kept[3],), torch.arange(kept[3].numel()))
+    new_id = torch.full((50,), -1, device=x.device).index_put_(
+        (kept[3],), torch.arange(kept[3].numel(), device=x.device))
     mask = (new_id[ei[0]] >= 0) & (new_id[ei[1]] >= 0)
-    assert torch.equal(wr.grad, mask.double())
+    assert torch.equal(wr.grad, mask.double())  # (all on the backend's device)
 
 
 @pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
 def test_unpool_backends(backend):
-    xp = torch.randn(23, 9, requires_grad=True)
-    perm = torch.randperm(70)[:23]
+    dev = backend_device(backend)
+    xp = torch.randn(23, 9, device=dev, requires_grad=True)
+    perm = torch.randperm(70)[:23].to(dev)
     out = topk_unpool(xp, perm, 70, backend=backend)
     exp = topk_unpool_ref(xp.detach(), perm, 70)
     assert torch.equal(out.detach(), exp)
-    gout = torch.randn(70, 9)
+    gout = torch.randn(70, 9, device=dev)
     (out * gout).sum().backward()
     assert torch.equal(xp.grad, gout[perm])
     with pytest.raises(ValueError):
@@ -378,7 +393,7 @@ def test_module_matches_functional_and_init():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_op_bad_inputs(backend):
-    x, p, ei, w = _tiny()
+    x, p, ei, w = _on(backend_device(backend), *_tiny())
     for kwargs in (dict(ratio=1.5), dict(ratio=0), dict(score_weight=torch.ones(3).double()),
                    dict(score_weight=p.float()), dict(edge_weight=w[:2]),
                    dict(edge_index=ei.float()), dict(x=x.clone().fill_(float("inf")))):
@@ -394,9 +409,9 @@ def test_op_bad_inputs(backend):
 def test_pooled_csr_equals_csrgraph_subgraph(backend):
     # on a duplicate-free graph the pooled CSR must equal CSRGraph.subgraph(perm) exactly
     ei, w = random_graph(150, 900, seed=11)
-    g = CSRGraph.from_edge_index(ei, w, num_nodes=150)  # dedupe: weights of duplicates summed
-    x = torch.randn(150, 5, dtype=torch.float64)
-    p = torch.randn(5, dtype=torch.float64)
+    dev = backend_device(backend)
+    g = CSRGraph.from_edge_index(ei, w, num_nodes=150).to(dev)  # dedupe: duplicates summed
+    x, p = _on(dev, torch.randn(150, 5, dtype=torch.float64), torch.randn(5, dtype=torch.float64))
     for ratio in (0.5, 9, 1.0):
         r = topk_pool(x, g, p, ratio, backend=backend)
         s = g.subgraph(r.perm)
@@ -424,10 +439,11 @@ def test_pyg_pool_size_equals_pyg_topk():
 @pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
 def test_pooled_graph_keeps_known_symmetry(backend):
     ei, w = random_graph(80, 300, seed=6)
-    g = CSRGraph.from_edge_index(ei, w, num_nodes=80, symmetrize=True)
+    dev = backend_device(backend)
+    g = CSRGraph.from_edge_index(ei, w, num_nodes=80, symmetrize=True).to(dev)
     assert g.is_symmetric()
-    x = torch.randn(80, 4, dtype=torch.float64)
-    r = topk_pool(x, g, torch.randn(4, dtype=torch.float64), 0.5, backend=backend)
+    x, p = _on(dev, torch.randn(80, 4, dtype=torch.float64), torch.randn(4, dtype=torch.float64))
+    r = topk_pool(x, g, p, 0.5, backend=backend)
     fresh = CSRGraph(r.graph.indptr, r.graph.indices, r.graph.weight, r.graph.num_nodes)
     assert fresh.is_symmetric()  # checked from scratch
     assert r.graph.known_symmetric  # and declared without a check

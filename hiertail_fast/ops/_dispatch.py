@@ -1,9 +1,15 @@
 """Backend selection, decided in exactly one place.
 
 Rules, in order:
-1. `HIERTAIL_BACKEND=reference|torch|triton` (environment) forces a backend.
-2. CUDA tensors use the Triton kernels.
-3. Everything else uses the fast torch path (blocked CPU computation / torch.sparse).
+1. ``backend=`` on the call, else ``HIERTAIL_BACKEND=reference|torch|triton`` (environment),
+   forces a backend.
+2. With an op name (every op's call site passes one), the automatic backend is the one that
+   MEASURED faster for that op on that device class: `AUTO_BACKEND` below, one row per op and
+   device class, with the figures and the card they came from. A "triton" row falls back to
+   "torch" when triton cannot run on the tensor's device (not importable); a device class
+   without a row (e.g. "mps") uses "torch".
+3. Without an op name (the old rule, kept for callers outside the package): CUDA tensors use the
+   Triton kernels, everything else the fast torch path.
 
 `triton` on CPU tensors only works under `TRITON_INTERPRET=1` (that is how the kernels are
 tested without a GPU); asking for it otherwise is a clear error, not a crash in a kernel.
@@ -11,11 +17,57 @@ tested without a GPU); asking for it otherwise is a clear error, not a crash in 
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 
 BACKENDS = ("reference", "torch", "triton")
+# backends one op has beyond BACKENDS (requested with backend= on that op's calls only)
+OP_BACKENDS = {"balanced_contrastive_loss": ("attention",)}
 ENV_VAR = "HIERTAIL_BACKEND"
+OPS = ("gcn_propagate", "topk_pool", "nearest_prototype", "balanced_contrastive_loss")
+
+
+class AutoChoice(NamedTuple):
+    backend: str
+    evidence: str  # the measurement behind the choice: figures, card, source file
+
+
+_H200 = ("NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-11-26 "
+         "(shared/gpu-runs/2026-11-26-h200/SUMMARY.md")
+_CPU = "Triton runs on CPU only under the interpreter (a testing aid, orders slower)"
+
+# THE table: op -> device class -> automatic backend. Update a row only with a measurement on
+# the device class it names, and say where the figures are.
+AUTO_BACKEND: dict[str, dict[str, AutoChoice]] = {
+    "gcn_propagate": {
+        "cpu": AutoChoice("torch", _CPU),
+        "cuda": AutoChoice("torch", f"{_H200} §4): 1M nodes / 10M edges, fwd d=64/128 torch "
+                           "(cuSPARSE CSR) 1.2/1.8 ms vs triton 2.3/4.0 ms; fwd+bwd 2.5/3.5 vs "
+                           "4.6/7.9 ms"),
+    },
+    "topk_pool": {
+        "cpu": AutoChoice("torch", _CPU),
+        "cuda": AutoChoice("triton", f"{_H200} §4): 1M nodes / 10M edges, fwd+bwd d=64/128 "
+                           "triton 2.7/3.2 ms vs torch 4.6/5.6 ms"),
+    },
+    "nearest_prototype": {
+        "cpu": AutoChoice("torch", _CPU),
+        "cuda": AutoChoice("triton", f"{_H200} §4): 1M rows x 282 prototypes, d=128, triton "
+                           "8.0 ms vs torch 19.8 ms"),
+    },
+    "balanced_contrastive_loss": {
+        "cpu": AutoChoice("torch", _CPU),
+        # "attention" = PyTorch's fused attention kernels through ops/_attention_lse.py (the
+        # loss's own backend; float64, logits over its precision guard and shapes the kernels
+        # refuse go to our engines). The same method as a prototype outside the library on the
+        # H200: LSE + full gradient from two fp32 efficient-attention calls 0.0085 s, triton
+        # 0.251 s, SDPA fp32 fwd+bwd 0.0153 s. The library's engine itself: not yet timed on a
+        # GPU (bench/gpu_report.py times it).
+        "cuda": AutoChoice("attention", f"{_H200} §3 and issue 9's prototype): fwd+bwd 20k x "
+                           "64 fp32, two efficient-attention calls 0.0085 s vs triton 0.251 s"),
+    },
+}
 
 
 def requested_backend() -> str | None:
@@ -38,12 +90,45 @@ def triton_available(device: torch.device) -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def choose_backend(x: torch.Tensor, backend: str | None = None) -> str:
-    """Backend for an op whose main input is `x`; `backend` (argument) overrides the env."""
+def auto_backend(op: str, device: torch.device | str) -> str:
+    """The measured-faster backend of `op` on `device` (`AUTO_BACKEND`), torch when the row's
+    choice cannot run there."""
+    if op not in AUTO_BACKEND:
+        raise ValueError(f"op={op!r} is not one of {OPS}")
+    device = torch.device(device)
+    row = AUTO_BACKEND[op].get(device.type)
+    if row is None:
+        return "torch"
+    choice = row.backend
+    if choice == "attention" and not _attention_available(device):
+        choice = "triton" if device.type == "cuda" else "torch"
+    if choice == "triton" and not triton_available(device):
+        return "torch"
+    return choice
+
+
+def _attention_available(device: torch.device) -> bool:
+    """Whether PyTorch's attention kernels can serve the loss on `device` (its adapter decides;
+    imported lazily, it imports no triton)."""
+    from hiertail_fast.ops import _attention_lse
+
+    return _attention_lse.available(device)
+
+
+def choose_backend(x: torch.Tensor, backend: str | None = None, *, op: str | None = None) -> str:
+    """Backend for an op whose main input is `x`; `backend` (argument) overrides the env, which
+    overrides the automatic choice (`auto_backend(op, x.device)`, or the old device rule when
+    `op` is None)."""
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
+    if op is not None and op not in AUTO_BACKEND:
+        raise ValueError(f"op={op!r} is not one of {OPS}")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"choose_backend needs a torch.Tensor, got {type(x).__name__}")
     choice = backend or requested_backend()
     if choice is None:
+        if op is not None:
+            return auto_backend(op, x.device)
         choice = "triton" if x.is_cuda and triton_available(x.device) else "torch"
     if choice == "triton" and not triton_available(x.device):
         raise ValueError(

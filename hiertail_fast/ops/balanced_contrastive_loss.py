@@ -29,7 +29,14 @@ import torch
 
 from hiertail_fast.ops import _attention_lse, _lse_torch
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, positive_pairs
-from hiertail_fast.ops._dispatch import choose_backend, requested_backend, triton_available
+from hiertail_fast.ops._dispatch import (
+    BACKENDS,
+    OP_BACKENDS,
+    auto_backend,
+    choose_backend,
+    requested_backend,
+    triton_available,
+)
 from hiertail_fast.reference.balanced_contrastive_loss import (
     balanced_contrastive_loss_ref,
     validate_contrastive_inputs,
@@ -215,15 +222,15 @@ class BalancedContrastiveFunction(torch.autograd.Function):
 
 # Loss backends: the generic three of _dispatch plus "attention" (PyTorch's fused attention
 # kernels through the adapter in _attention_lse; the loss is the only op they serve).
-LOSS_BACKENDS = ("reference", "torch", "triton", "attention")
+LOSS_BACKENDS = BACKENDS + OP_BACKENDS["balanced_contrastive_loss"]
+OP = "balanced_contrastive_loss"
 
 
 def _automatic_engine(z: torch.Tensor, variant: str) -> str:
-    """Engine for an automatic choice (no backend= and no HIERTAIL_BACKEND), by measurement:
-    see the loss rows of the table in ``_dispatch``."""
-    if z.is_cuda and _attention_lse.available(z.device) and z.dtype != torch.float64:
-        return "attention"
-    return choose_backend(z, None)
+    """Engine for an automatic choice (no backend= and no HIERTAIL_BACKEND): the loss row of
+    ``_dispatch.AUTO_BACKEND`` (by measurement), our own engine where the attention kernels are
+    missing."""
+    return auto_backend(OP, z.device)
 
 
 def choose_loss_backend(z: torch.Tensor, backend: str | None, variant: str) -> str:
@@ -242,7 +249,7 @@ def choose_loss_backend(z: torch.Tensor, backend: str | None, variant: str) -> s
     elif backend is None and requested_backend() is None:
         choice = _automatic_engine(z, variant)
     else:
-        choice = choose_backend(z, backend)
+        choice = choose_backend(z, backend, op="balanced_contrastive_loss")
     if z.dtype == torch.float64 and choice in ("triton", "attention"):
         return "torch"
     return choice

@@ -44,7 +44,7 @@ def nearest_prototype(
         int64 [N] in [0, m), lowest index on ties; no gradient.
     """
     z, prototypes = check_prototype_args(z, prototypes)
-    choice = choose_backend(z, backend)
+    choice = choose_backend(z, backend, op="nearest_prototype")
     if choice == "reference":
         return nearest_prototype_ref(z, prototypes)
     with torch.no_grad():

@@ -213,7 +213,7 @@ def topk_pool(
         raise ValueError(f"score_weight is on {p.device} but x is on {x.device}")
     graph = _as_graph(graph_or_edge_index, edge_weight, n, x.device)
     k = pool_size(n, ratio, x.dtype)
-    choice = choose_backend(x, backend)
+    choice = choose_backend(x, backend, op="topk_pool")
     if choice == "reference":
         x_pooled, ei, ew, perm, score = topk_pool_ref(x, graph.edge_index(), p, ratio,
                                                       graph.weight)
@@ -237,7 +237,7 @@ def topk_unpool(
         [num_nodes, d] in x_pooled's dtype/device.
     """
     choice = choose_backend(x_pooled if isinstance(x_pooled, torch.Tensor) else torch.empty(0),
-                            backend)
+                            backend, op="topk_pool")
     if choice == "reference":
         return topk_unpool_ref(x_pooled, perm, num_nodes)
     x_pooled = check_float_matrix(x_pooled, "x_pooled", finite=False)

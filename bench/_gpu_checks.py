@@ -1,0 +1,260 @@
+"""Pieces of bench/gpu_report.py that do not need a GPU: timing, PASS/FAIL checks of every
+backend against the reference (values and gradients), markdown tables, atomic writes.
+
+Correctness rule: the relative error max|ours - reference| / max|reference| of each output and
+gradient (reference in float64, inputs in float32) is at most `VALUE_TOL` (values) or
+`GRAD_TOL` (gradients; the loss gradients are sums of terms that cancel); nearest prototype:
+the distance to our pick exceeds the distance to the reference's pick by at most `DIST_TOL`
+relative (a tie within rounding may pick either); pooling: the same kept nodes in the same order.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from hiertail_fast import CSRGraph, balanced_contrastive_loss, gcn_propagate, nearest_prototype
+from hiertail_fast.ops._dispatch import BACKENDS
+from hiertail_fast.ops.balanced_contrastive_loss import LOSS_BACKENDS
+from hiertail_fast.ops.topk_pool import topk_pool
+
+VALUE_TOL, GRAD_TOL, DIST_TOL = 1e-4, 1e-3, 1e-5
+FAST_BACKENDS = tuple(b for b in BACKENDS if b != "reference")  # new names are picked up
+# the loss has one more engine than the graph ops: "attention" (PyTorch's attention kernels)
+LOSS_FAST_BACKENDS = tuple(b for b in LOSS_BACKENDS if b != "reference")
+
+
+# ----------------------------------------------------------------------------- timing
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_call(fn: Callable[[], object], device: str, reps: int = 3, warmup: int = 1,
+              slow_seconds: float = 5.0) -> dict:
+    """Median seconds of `reps` calls after `warmup` calls (CUDA events on CUDA), plus the peak
+    extra memory of one call on CUDA. A warm-up slower than `slow_seconds` cuts reps to 1."""
+    if reps < 1 or warmup < 0:
+        raise ValueError("reps must be >= 1 and warmup >= 0")
+    start = time.perf_counter()
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    if warmup and (time.perf_counter() - start) / warmup > slow_seconds:
+        reps = 1
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated() if device == "cuda" else 0
+    times = []
+    for _ in range(reps):
+        if device == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(begin.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    peak = torch.cuda.max_memory_allocated() - base if device == "cuda" else None
+    return dict(median_s=statistics.median(times), reps=reps, peak_extra_bytes=peak)
+
+
+def guarded(fn: Callable[[], dict]) -> dict:
+    """Run one measurement; an exception becomes a reported error, never a crash of the report
+    (a backend that raises is a finding)."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - reported, with the last frame for debugging
+        if isinstance(exc, torch.cuda.OutOfMemoryError):
+            torch.cuda.empty_cache()
+            return dict(error="out of memory")
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        return dict(error=f"{type(exc).__name__}: {exc} ({Path(frame.filename).name}:"
+                          f"{frame.lineno})"[:300])
+
+
+# ----------------------------------------------------------------------------- PASS / FAIL
+def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max|got - want| / max|want| (absolute when want is all zeros), computed in float64."""
+    if got.shape != want.shape:
+        raise ValueError(f"shape {tuple(got.shape)} != reference {tuple(want.shape)}")
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    if got.numel() == 0:
+        return 0.0
+    if not torch.isfinite(got).all():
+        return float("inf")
+    scale = want.abs().max().item()
+    return (got - want).abs().max().item() / (scale if scale > 0 else 1.0)
+
+
+def verdict(error: float, tol: float) -> str:
+    if tol <= 0:
+        raise ValueError(f"tol must be positive, got {tol}")
+    return "PASS" if error <= tol else "FAIL"  # NaN compares False: FAIL
+
+
+def _rows(op: str, backend: str, pairs: dict) -> list[dict]:
+    """One row per checked tensor: pairs = {what: (error, tol)}."""
+    return [dict(op=op, backend=backend, check=what, error=err, tol=tol,
+                 result=verdict(err, tol)) for what, (err, tol) in pairs.items()]
+
+
+def _leaf(t: torch.Tensor, device: str, dtype=torch.float32) -> torch.Tensor:
+    return t.detach().to(device, dtype).requires_grad_(True)
+
+
+def check_propagation(backend: str, device: str, n: int, d: int) -> list[dict]:
+    gen = torch.Generator().manual_seed(0)
+    ei = torch.randint(0, n, (2, 8 * n), generator=gen)
+    w, x, g = torch.rand(8 * n, generator=gen) + 0.1, torch.randn(n, d, generator=gen), \
+        torch.randn(n, d, generator=gen)
+    out = {}
+    for name, dev, dt, bk in (("ours", device, torch.float32, backend),
+                              ("ref", "cpu", torch.float64, "reference")):
+        xl, wl = _leaf(x, dev, dt), _leaf(w, dev, dt)
+        graph = CSRGraph.from_edge_index(ei.to(dev), wl, num_nodes=n, dedupe=False)
+        y = gcn_propagate(xl, graph, backend=bk)
+        (y * g.to(dev, dt)).sum().backward()
+        out[name] = (y, xl.grad, wl.grad)
+    (y, gx, gw), (yr, gxr, gwr) = out["ours"], out["ref"]
+    return _rows("gcn_propagate", backend, {"value": (rel_error(y, yr), VALUE_TOL),
+                                            "grad x": (rel_error(gx, gxr), GRAD_TOL),
+                                            "grad edge weight": (rel_error(gw, gwr), GRAD_TOL)})
+
+
+def check_pooling(backend: str, device: str, n: int, d: int) -> list[dict]:
+    gen = torch.Generator().manual_seed(1)
+    ei = torch.randint(0, n, (2, 8 * n), generator=gen)
+    x = torch.randn(n, d, generator=gen)
+    # distinct, well separated scores (spacing ~2/n >> fp32 rounding): one kept set and order
+    x[:, 0] = (torch.randperm(n, generator=gen).double() / n - 0.5).float()
+    p = torch.zeros(d)
+    p[0] = 1.0
+    g = torch.randn((n + 1) // 2, d, generator=gen)
+    out = {}
+    for name, dev, dt, bk in (("ours", device, torch.float32, backend),
+                              ("ref", "cpu", torch.float64, "reference")):
+        xl, pl = _leaf(x, dev, dt), _leaf(p, dev, dt)
+        r = topk_pool(xl, ei.to(dev), pl, 0.5, backend=bk)
+        ((r.x * g.to(dev, dt)).sum() + r.score.sum()).backward()
+        out[name] = (r, xl.grad, pl.grad)
+    (r, gx, gp), (rr, gxr, gpr) = out["ours"], out["ref"]
+    same_perm = torch.equal(r.perm.cpu(), rr.perm.cpu())
+    same_edges = r.edge_index.shape == rr.edge_index.shape
+    return _rows("topk_pool", backend, {
+        "kept nodes (0 = same)": (0.0 if same_perm else float("inf"), VALUE_TOL),
+        "pooled edges (0 = same count)": (0.0 if same_edges else float("inf"), VALUE_TOL),
+        "value x": (rel_error(r.x, rr.x) if same_perm else float("inf"), VALUE_TOL),
+        "grad x": (rel_error(gx, gxr), GRAD_TOL), "grad p": (rel_error(gp, gpr), GRAD_TOL)})
+
+
+def check_prototype(backend: str, device: str, n: int, m: int, d: int) -> list[dict]:
+    gen = torch.Generator().manual_seed(2)
+    z, protos = torch.randn(n, d, generator=gen), torch.randn(m, d, generator=gen)
+    ours = nearest_prototype(z.to(device), protos.to(device), backend=backend).cpu()
+    dist = torch.cdist(z.double(), protos.double())
+    best = dist.min(dim=1).values
+    excess = ((dist.gather(1, ours[:, None]).squeeze(1) - best) / best.clamp_min(1e-30)).max()
+    return _rows("nearest_prototype", backend, {
+        "distance of the pick vs the nearest": (excess.item(), DIST_TOL)})
+
+
+def loss_inputs(n: int, d: int, m: int = 40, seed: int = 0) -> tuple:
+    """Zipf labels over 70 classes, relu(randn)/sqrt(d) features, m prototypes (as the H200 run)."""
+    gen = torch.Generator().manual_seed(seed)
+    probs = 1.0 / torch.arange(1, 71, dtype=torch.float64)
+    y = torch.multinomial(probs, n, replacement=True, generator=gen)
+    z = torch.relu(torch.randn(n, d, generator=gen)) / d ** 0.5
+    protos = torch.relu(torch.randn(m, d, generator=gen)) / d ** 0.5
+    return z, y % m, protos
+
+
+def check_loss(backend: str, device: str, n: int, d: int, variant: str) -> list[dict]:
+    z, y, protos = loss_inputs(n, d)
+    out = {}
+    for name, dev, dt, bk in (("ours", device, torch.float32, backend),
+                              ("ref", "cpu", torch.float64, "reference")):
+        zl, pl = _leaf(z, dev, dt), _leaf(protos, dev, dt)
+        loss = balanced_contrastive_loss(zl, y.to(dev), prototypes=pl, temperature=0.1,
+                                         variant=variant, backend=bk)
+        (loss * 2).backward()  # grad_output != 1
+        out[name] = (loss, zl.grad, pl.grad)
+    (v, gz, gp), (vr, gzr, gpr) = out["ours"], out["ref"]
+    return _rows(f"balanced_contrastive_loss ({variant})", backend, {
+        "value": (rel_error(v, vr), VALUE_TOL), "grad z": (rel_error(gz, gzr), GRAD_TOL),
+        "grad prototypes": (rel_error(gp, gpr), GRAD_TOL)})
+
+
+def backends_for(device: str, loss: bool = False) -> list[str]:
+    """The fast backends to validate on `device` (the loss's own list with ``loss``): triton only
+    on CUDA (on CPU it is the test interpreter, not a product path)."""
+    names = LOSS_FAST_BACKENDS if loss else FAST_BACKENDS
+    return [b for b in names if b != "triton" or device == "cuda"]
+
+
+def correctness(device: str, n_graph: int, n_loss: int) -> list[dict]:
+    rows = []
+    checks = [(backend, name, run) for backend in backends_for(device) for name, run in (
+        ("gcn_propagate", lambda b=backend: check_propagation(b, device, n_graph, 48)),
+        ("topk_pool", lambda b=backend: check_pooling(b, device, n_graph, 48)),
+        ("nearest_prototype", lambda b=backend: check_prototype(b, device, n_graph, 70, 64)))]
+    checks += [(backend, f"balanced_contrastive_loss ({v})",
+                lambda v=v, b=backend: check_loss(b, device, n_loss, 64, v))
+               for backend in backends_for(device, loss=True) for v in ("exact", "official")]
+    for backend, name, run in checks:
+        res = guarded(lambda run=run: dict(rows=run()))
+        rows += res.get("rows") or [dict(op=name, backend=backend, check="runs",
+                                         error=float("nan"), tol=0.0, result="FAIL",
+                                         note=res.get("error", ""))]
+    return rows
+
+
+# ----------------------------------------------------------------------------- output
+def fmt(value, unit: str = "") -> str:
+    if value is None or value == "":
+        return "–"
+    if isinstance(value, float):
+        if unit == "s":
+            return f"{value * 1e3:.2f} ms" if value < 1 else f"{value:.3f} s"
+        if unit == "MB":
+            return f"{value / 1e6:,.0f} MB"
+        return f"{value:.2e}" if value and (abs(value) < 1e-2 or abs(value) >= 1e4) else \
+            f"{value:.3g}"
+    return str(value)
+
+
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    if any(len(r) != len(header) for r in rows):
+        raise ValueError("every row needs one cell per column")
+    cells = [[str(c).replace("|", "\\|") for c in r] for r in rows]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in cells])
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same folder + os.replace, so a
+    reader never sees a half-written report."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: Path, data: dict) -> None:
+    atomic_write(path, json.dumps(data, indent=1, default=str, allow_nan=True))

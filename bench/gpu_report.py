@@ -1,0 +1,289 @@
+"""Validate and time hiertail_fast on this machine's GPU: one command, about 5 minutes.
+
+    python bench/gpu_report.py            # full sizes (budget --budget seconds, default 270)
+    python bench/gpu_report.py --quick    # smaller sizes, ~1-2 minutes
+
+1. Correctness: every fast backend of every op (`hiertail_fast.ops._dispatch.BACKENDS`, so a
+   backend added later is picked up) against the float64 reference, values and gradients,
+   PASS/FAIL (rules in bench/_gpu_checks.py). A backend that raises is a FAIL with its error.
+2. Loss fwd+bwd (both variants, N in {20k, 100k}, d in {64, 128}) for every loss backend,
+   against anchors on the same z: F.scaled_dot_product_attention(q=k=v=z) fp32 and bf16 fwd+bwd,
+   the cuBLAS fp32 3-GEMM floor (3 x z@z.T, row blocks, TF32 off) and the dense
+   backend="reference" when it fits in memory.
+3. Propagation (ours torch / triton vs torch.sparse.mm on the un-normalised CSR and PyG GCNConv
+   propagation when installed; achieved bandwidth, bench/_roofline.py), top-k pooling (vs PyG
+   TopKPooling when installed), nearest prototype (vs torch.cdist().argmin), 1M nodes.
+4. A short `bench/scale.py --device cuda` sweep in a subprocess.
+CUDA events, one warm-up, median of 3 (1 when a call takes over 5 s). Writes
+bench/results/gpu_report.md and .json (or --out DIR), atomically, and prints the markdown.
+Sections that would overrun the time budget are reported as skipped.
+
+Without CUDA it prints one line and exits with status 2 (nothing was validated; the exit status
+says so to scripts). ``--device cpu`` (hidden) runs the same code at tiny sizes on CPU: the CI
+test of this script.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _gpu_checks as gc  # noqa: E402
+from _roofline import bandwidth_figures  # noqa: E402
+
+from hiertail_fast import balanced_contrastive_loss  # noqa: E402
+
+NO_CUDA_EXIT = 2
+SIZES = {  # loss N, loss d, graph n (propagation / pooling / prototypes), scale sweep, checks
+    "full": dict(loss_n=[20_000, 100_000], loss_d=[64, 128], graph_n=1_000_000,
+                 graph_d=[64, 128], scale=["10000", "100000"], check_graph=20_000,
+                 check_loss=3_000, reps=3, scale_reserve=90),
+    "quick": dict(loss_n=[5_000, 20_000], loss_d=[64], graph_n=100_000, graph_d=[64, 128],
+                  scale=["1000", "10000"], check_graph=5_000, check_loss=1_500, reps=3,
+                  scale_reserve=45),
+    "cpu": dict(loss_n=[200], loss_d=[16], graph_n=1_000, graph_d=[16], scale=["100"],
+                check_graph=300, check_loss=120, reps=1, scale_reserve=20),
+}
+REFERENCE_BYTES_PER_PAIR = 36  # dense loss reference, fwd+bwd (10.7 GB at N = 20k, official)
+
+
+class Budget:
+    """Seconds left until the deadline; sections get shares of it (`share`), so a slow section
+    cannot starve the later ones."""
+
+    def __init__(self, seconds: float, deadline: float | None = None, reps: int = 3) -> None:
+        self.total, self.reps = seconds, reps  # reps: timed calls per measurement
+        self.deadline = time.perf_counter() + seconds if deadline is None else deadline
+
+    def left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def share(self, fraction: float, reserve: float = 0.0) -> Budget:
+        """A section's budget: `fraction` of what is left after keeping `reserve` seconds."""
+        end = time.perf_counter() + fraction * max(0.0, self.left() - reserve)
+        return Budget(self.total, min(self.deadline, end), self.reps)
+
+
+def _skipped(budget: Budget, need: float) -> dict | None:
+    return dict(error="skipped: time budget") if budget.left() < need else None
+
+
+def loss_section(dev: str, sizes: dict, budget: Budget) -> list[dict]:
+    rows = []
+    for n in sizes["loss_n"]:
+        for d in sizes["loss_d"]:
+            z, y, protos = gc.loss_inputs(n, d)
+            z, y, protos = z.to(dev), y.to(dev), protos.to(dev)
+            rows += _loss_anchors(dev, n, d, z, budget)
+            for variant in ("exact", "official"):
+                for backend in gc.LOSS_FAST_BACKENDS + ("reference",):
+                    rows.append(dict(n=n, d=d, variant=variant, what=f"ours ({backend})",
+                                     **_time_loss(dev, backend, variant, z, y, protos, budget)))
+    return rows
+
+
+def _time_loss(dev, backend, variant, z, y, protos, budget) -> dict:
+    n = z.shape[0] + protos.shape[0]
+    if backend == "triton" and dev != "cuda":
+        return dict(error="skipped: triton needs CUDA")
+    if backend == "reference":
+        need = REFERENCE_BYTES_PER_PAIR * n * n
+        free = torch.cuda.mem_get_info()[0] if dev == "cuda" else 4e9
+        if need > 0.8 * free:
+            return dict(error=f"does not fit (~{need / 1e9:,.0f} GB)")
+    zl, pl = z.clone().requires_grad_(True), protos.clone().requires_grad_(True)
+
+    def step():
+        zl.grad = pl.grad = None
+        balanced_contrastive_loss(zl, y, prototypes=pl, temperature=0.1, variant=variant,
+                                  backend=backend).backward()
+
+    return _skipped(budget, 10) or gc.guarded(lambda: gc.time_call(step, dev, budget.reps))
+
+
+def _loss_anchors(dev: str, n: int, d: int, z: torch.Tensor, budget: Budget) -> list[dict]:
+    rows = []
+    for dtype, label in ((torch.float32, "SDPA fp32 fwd+bwd"), (torch.bfloat16,
+                                                                "SDPA bf16 fwd+bwd")):
+        q = z.to(dtype)[None, None].clone().requires_grad_(True)
+
+        def sdpa(q=q):
+            q.grad = None
+            F.scaled_dot_product_attention(q, q, q).sum().backward()
+
+        res = _skipped(budget, 5) or gc.guarded(lambda f=sdpa: gc.time_call(f, dev, budget.reps))
+        rows.append(dict(n=n, d=d, variant="–", what=label, **res))
+    block = max(1, min(n, (1 << 28) // max(n, 1)))  # rows per block: <= 1 GB of fp32 output
+
+    def three_gemms():  # the GEMM work of the loss: z@z.T three times (fwd, two bwd products)
+        for _ in range(3):
+            for r0 in range(0, n, block):
+                torch.mm(z[r0:r0 + block], z.T)
+
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        rows.append(dict(n=n, d=d, variant="–", what="cuBLAS fp32 3 x z@z.T (floor)",
+                         **(_skipped(budget, 5) or gc.guarded(
+                             lambda: gc.time_call(three_gemms, dev, budget.reps)))))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    return rows
+
+
+def graph_section(dev: str, n: int, dims: list[int], budget: Budget) -> list[dict]:
+    import test_pooling as tpool  # the step factories of the pytest-benchmark suites
+    import test_propagation as tprop
+
+    have_pyg = "peer_pyg" in tprop.PROVIDERS
+    rows = []
+    for d in dims:
+        for mode in ("fwd", "fwd+bwd"):
+            for p in ["torch"] + (["triton"] if dev == "cuda" else []) + ["peer_sparse_mm"] + (
+                    ["peer_pyg"] if have_pyg else []):
+                res = _skipped(budget, 5) or gc.guarded(
+                    lambda p=p, d=d, mode=mode: _timed_step(tprop.make_propagation_step(
+                        p, n, d, mode), dev, budget.reps))
+                if "median_s" in res:
+                    res.update(bandwidth_figures(n, res["edges"], d, res["median_s"], mode,
+                                                 torch.cuda.get_device_name() if dev == "cuda"
+                                                 else None))
+                rows.append(dict(op="gcn_propagate", n=n, d=d, mode=mode, provider=p, **res))
+        for p in ["torch"] + (["triton"] if dev == "cuda" else []) + (
+                ["pyg"] if have_pyg else []):
+            res = _skipped(budget, 5) or gc.guarded(
+                lambda p=p, d=d: _timed_step(tpool.make_pool_step(p, n, d), dev, budget.reps))
+            rows.append(dict(op="topk_pool", n=n, d=d, mode="fwd+bwd", provider=p, **res))
+    m = 282
+    for p in ["torch"] + (["triton"] if dev == "cuda" else []) + ["cdist_argmin"]:
+        res = _skipped(budget, 5) or gc.guarded(lambda p=p: _timed_step(
+            (_cdist_step(n, m, 128, dev) if p == "cdist_argmin" else
+             tpool.make_prototype_step(p, n, m, 128)), dev, budget.reps))
+        rows.append(dict(op=f"nearest_prototype m={m}", n=n, d=128, mode="fwd", provider=p,
+                         **res))
+    return rows
+
+
+def _timed_step(step_and_edges, dev: str, reps: int) -> dict:
+    step, edges = step_and_edges if isinstance(step_and_edges, tuple) else (step_and_edges, None)
+    return dict(edges=edges, **gc.time_call(step, dev, reps))
+
+
+def _cdist_step(n: int, m: int, d: int, dev: str):
+    gen = torch.Generator().manual_seed(2)  # the same data as make_prototype_step
+    z = torch.randn(n, d, generator=gen).to(dev)
+    protos = torch.randn(m, d, generator=gen).to(dev)
+    return lambda: torch.cdist(z, protos).argmin(dim=1)
+
+
+def scale_section(dev: str, sizes: list[str], out: Path, budget: Budget) -> dict:
+    if budget.left() < 30:
+        return dict(error="skipped: time budget")
+    args = ["--device", dev, "--sizes", *sizes, "--epochs", "2", "--time-budget", "40",
+            "--no-plot", "--out", str(out)]
+    cmd = [sys.executable, str(HERE / "scale.py"), *args]
+    shown = "python bench/scale.py " + " ".join(args)
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True,
+                             timeout=max(30.0, budget.left()))
+    except subprocess.TimeoutExpired:
+        return dict(command=shown, error="timed out (time budget)")
+    if res.returncode != 0:
+        return dict(command=shown, error=res.stderr[-500:])
+    rows = json.loads((out / "scale.json").read_text())["rows"]
+    return dict(command=shown, rows=rows)
+
+
+def render(report: dict) -> str:
+    f = gc.fmt
+    checks = report["correctness"]
+    n_fail = sum(r["result"] != "PASS" for r in checks)
+    parts = [f"# hiertail_fast GPU report: {report['device']}", "",
+             f"{report['when']}, torch {report['torch']}, triton {report['triton']}, mode "
+             f"{report['mode']}, {report['wall_s']:.0f} s. Correctness: "
+             f"{len(checks) - n_fail} PASS, {n_fail} FAIL.", "", "## Correctness (vs float64 "
+             "reference)", "", gc.markdown_table(
+                 ["op", "backend", "check", "rel. error", "tol", "result"],
+                 [[r["op"], r["backend"], r["check"], f(r["error"]), f(r["tol"]),
+                   r["result"] + (f" ({r['note']})" if r.get("note") else "")] for r in checks]),
+             "", "## Loss forward + backward (40 prototypes, τ 0.1)", "", gc.markdown_table(
+                 ["N", "d", "variant", "what", "median", "peak extra", "note"],
+                 [[r["n"], r["d"], r["variant"], r["what"], f(r.get("median_s"), "s"),
+                   f(r.get("peak_extra_bytes") and float(r["peak_extra_bytes"]), "MB"),
+                   r.get("error", "")] for r in report["loss"]]),
+             "", "## Graph ops", "", gc.markdown_table(
+                 ["op", "n", "d", "mode", "provider", "median", "GB/s (byte model)",
+                  "of peak", "note"],
+                 [[r["op"], r["n"], r["d"], r["mode"], r["provider"], f(r.get("median_s"), "s"),
+                   f(r.get("achieved_GBps")), f(r.get("peak_fraction")), r.get("error", "")]
+                  for r in report["graph"]])]
+    sc = report["scale"]
+    parts += ["", "## Scale sweep", "", f"`{sc.get('command', 'bench/scale.py')}`", ""]
+    if "rows" in sc:
+        parts.append(gc.markdown_table(
+            ["method", "nodes", "edges", "s/epoch", "peak MB", "status"],
+            [[r["method"], r["nodes"], r["edges"],
+              f(float(r["epoch_seconds"]), "s") if r["epoch_seconds"] != "" else "–",
+              f(float(r["peak_memory_bytes"]), "MB") if r["peak_memory_bytes"] != "" else "–",
+              r["status"]] for r in sc["rows"]]))
+    else:
+        parts.append(sc.get("error", ""))
+    return "\n".join(parts) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (~1-2 minutes)")
+    parser.add_argument("--budget", type=float, default=270.0, help="seconds (default 270)")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help=argparse.SUPPRESS)  # cpu: the CI test of this script, tiny sizes
+    args = parser.parse_args(argv)
+    if args.budget <= 0:
+        parser.error("--budget must be positive")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_report: no CUDA device here, nothing to validate (run it on a GPU machine)")
+        return NO_CUDA_EXIT
+    if args.device == "cpu" and torch.cuda.is_available():
+        parser.error("--device cpu is the test mode for machines without CUDA")
+    mode = "cpu" if args.device == "cpu" else "quick" if args.quick else "full"
+    sizes, dev = SIZES[mode], args.device
+    budget = Budget(args.budget, reps=sizes["reps"])
+    started = time.perf_counter()
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "not installed"
+    report = dict(
+        device=torch.cuda.get_device_name() if dev == "cuda" else f"cpu ({platform.machine()})",
+        when=time.strftime("%Y-%m-%d %H:%M"), torch=torch.__version__, triton=triton_version,
+        mode=mode, backends=list(gc.FAST_BACKENDS),
+        loss_backends=list(gc.LOSS_FAST_BACKENDS))
+    report["correctness"] = gc.correctness(dev, sizes["check_graph"], sizes["check_loss"])
+    # graph ops first (short, 1M nodes), then the loss (long at 100k), then the sweep, which
+    # keeps `scale_reserve` seconds whatever the sections before it took
+    reserve = sizes["scale_reserve"]
+    report["graph"] = graph_section(dev, sizes["graph_n"], sizes["graph_d"],
+                                    budget.share(0.3, reserve))
+    report["loss"] = loss_section(dev, sizes, budget.share(1.0, reserve))
+    report["scale"] = scale_section(dev, sizes["scale"], args.out / "gpu_report_scale", budget)
+    report["wall_s"] = time.perf_counter() - started
+    text = render(report)
+    gc.write_json(args.out / "gpu_report.json", report)
+    gc.atomic_write(args.out / "gpu_report.md", text)
+    print(text + f"\nwrote {args.out / 'gpu_report.md'} and gpu_report.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""The suite is device-aware (tests/conftest.py): on a CUDA machine no test hands CPU tensors to
+a compiled Triton kernel. Checked here without a GPU in two ways:
+* the launch guard: under the interpreter, a Triton kernel launched by a test that did not ask
+  for the Triton device fails that test (so a new test that builds its tensors on CPU and runs
+  the triton backend fails on CPU CI already, not first on a GPU machine);
+* emulated collection: with HIERTAIL_TEST_EMULATE_CUDA=1 the suite is collected as on a CUDA
+  machine, and every test whose parameters pair triton with a CPU device must be skipped.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests import conftest
+from tests.conftest import CUDA_PRESENT, TRITON_CPU_SKIP, backend_device, requires_triton
+
+ROOT = Path(__file__).resolve().parents[1]
+interpreter_only = pytest.mark.skipif(CUDA_PRESENT, reason="the guard exists only under the "
+                                      "interpreter (no GPU); on CUDA the kernels are compiled")
+
+# Collects the suite in a fresh interpreter and prints one JSON line per test item: node id,
+# whether its parameters pair triton with a CPU device, and its skip reasons.
+_COLLECT = """
+import json, sys
+import pytest
+
+class Dump:
+    def pytest_collection_finish(self, session):
+        from tests.conftest import pairs_triton_with_cpu
+        for item in session.items:
+            reasons = [m.kwargs.get("reason", "") for m in item.iter_markers("skip")]
+            print("ITEM " + json.dumps(dict(id=item.nodeid, pairs=pairs_triton_with_cpu(item),
+                                            skip=reasons)))
+
+sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "tests"],
+                     plugins=[Dump()]))
+"""
+
+
+def _collect(emulate: bool) -> list[dict]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("HIERTAIL_TEST_EMULATE_CUDA", None)
+    if emulate:
+        env["HIERTAIL_TEST_EMULATE_CUDA"] = "1"
+    res = subprocess.run([sys.executable, "-c", _COLLECT], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    items = [json.loads(line[5:]) for line in res.stdout.splitlines() if line.startswith("ITEM ")]
+    assert len(items) > 100, "the suite should collect hundreds of tests"
+    return items
+
+
+@pytest.mark.slow
+def test_emulated_cuda_collection_never_pairs_triton_with_cpu():
+    cuda = _collect(emulate=True)
+    assert any("cuda" in it["id"] for it in cuda), "emulation should add the cuda device"
+    pairing = [it for it in cuda if it["pairs"]]
+    unskipped = [it["id"] for it in pairing if TRITON_CPU_SKIP not in it["skip"]]
+    assert not unskipped, f"tests pairing triton with CPU tensors run on CUDA: {unskipped}"
+    # the triton tests themselves are still collected and not skipped by this rule
+    triton_tests = [it for it in cuda if "triton" in it["id"] and not it["pairs"]]
+    assert triton_tests and all(TRITON_CPU_SKIP not in it["skip"] for it in triton_tests)
+    if not CUDA_PRESENT:  # on a CPU machine nothing is skipped for this reason
+        cpu = _collect(emulate=False)
+        assert not any(TRITON_CPU_SKIP in it["skip"] for it in cpu)
+        assert {it["id"] for it in cpu} <= {it["id"] for it in cuda}
+
+
+def test_pairing_rule_on_synthetic_items():
+    class Spec:
+        def __init__(self, **params):
+            self.params = params
+
+    class Item:
+        def __init__(self, **params):
+            self.callspec = Spec(**params)
+
+    assert conftest.pairs_triton_with_cpu(Item(backend="triton", device="cpu"))
+    assert conftest.pairs_triton_with_cpu(Item(provider="triton", dev=torch.device("cpu")))
+    assert not conftest.pairs_triton_with_cpu(Item(backend="triton", device="cuda"))
+    assert not conftest.pairs_triton_with_cpu(Item(backend="torch", device="cpu"))
+    assert not conftest.pairs_triton_with_cpu(object())  # not parametrised
+
+
+@interpreter_only
+@requires_triton
+def test_guard_fails_a_triton_launch_without_the_triton_device():
+    from hiertail_fast.ops.nearest_prototype import nearest_prototype
+
+    z, p = torch.randn(9, 4), torch.randn(3, 4)
+    with pytest.raises(pytest.fail.Exception, match="did not take its device"):
+        nearest_prototype(z, p, backend="triton")
+    dev = backend_device("triton")  # asking for the Triton device lifts the guard
+    assert dev == "cpu"
+    got = nearest_prototype(z.to(dev), p.to(dev), backend="triton")
+    assert torch.equal(got, torch.cdist(z, p).argmin(dim=1))
+
+
+def test_backend_device():
+    assert backend_device("torch") == "cpu" and backend_device("reference") == "cpu"
+    assert backend_device("triton") == ("cuda" if CUDA_PRESENT else "cpu")

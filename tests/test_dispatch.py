@@ -1,0 +1,150 @@
+"""The automatic-backend table of ops/_dispatch.py and the override rules of choose_backend."""
+from __future__ import annotations
+
+import builtins
+
+import pytest
+import torch
+
+from hiertail_fast.ops import _dispatch
+from hiertail_fast.ops._dispatch import AUTO_BACKEND, BACKENDS, OPS, auto_backend, choose_backend
+
+
+class _FakeCuda(torch.Tensor):
+    """A CPU tensor that reports a CUDA device, to exercise the CUDA rows without a GPU."""
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def _fake_cuda() -> torch.Tensor:
+    return torch.zeros(3).as_subclass(_FakeCuda)
+
+
+def test_every_op_has_a_measured_row_for_cpu_and_cuda():
+    assert set(AUTO_BACKEND) == set(OPS)
+    for op, rows in AUTO_BACKEND.items():
+        assert {"cpu", "cuda"} <= set(rows), op
+        for device_class, row in rows.items():
+            allowed = BACKENDS + _dispatch.OP_BACKENDS.get(op, ())
+            assert row.backend in allowed and row.backend != "reference", (op, device_class)
+            assert row.evidence.strip(), (op, device_class)
+        assert rows["cpu"].backend == "torch"  # triton on CPU is the test interpreter
+        assert "H200" in rows["cuda"].evidence  # the card the figures came from
+
+
+def test_cuda_rows_follow_the_h200_measurements():
+    # SUMMARY.md §4 of the 2026-11-26 H200 run; the loss: PyTorch's attention kernels (the
+    # prototype of issue 9 on the same H200, 0.0085 s vs triton 0.251 s)
+    assert {op: rows["cuda"].backend for op, rows in AUTO_BACKEND.items()} == {
+        "gcn_propagate": "torch", "topk_pool": "triton", "nearest_prototype": "triton",
+        "balanced_contrastive_loss": "attention"}
+
+
+def test_attention_row_falls_back_where_the_kernels_are_missing(monkeypatch):
+    op = "balanced_contrastive_loss"
+    monkeypatch.setattr(_dispatch, "_attention_available", lambda device: False)
+    monkeypatch.setattr(_dispatch, "triton_available", lambda device: device.type == "cuda")
+    assert auto_backend(op, "cuda") == "triton"
+    monkeypatch.setattr(_dispatch, "triton_available", lambda device: False)
+    assert auto_backend(op, "cuda") == "torch"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_auto_choice_per_device(monkeypatch, op):
+    monkeypatch.delenv(_dispatch.ENV_VAR, raising=False)
+    assert choose_backend(torch.zeros(3), op=op) == "torch"
+    monkeypatch.setattr(_dispatch, "triton_available", lambda device: device.type == "cuda")
+    assert choose_backend(_fake_cuda(), op=op) == AUTO_BACKEND[op]["cuda"].backend
+    assert auto_backend(op, "cuda") == AUTO_BACKEND[op]["cuda"].backend
+    assert auto_backend(op, "mps") == "torch"  # a device class without a row
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_cuda_falls_back_to_torch_without_triton(monkeypatch, op):
+    monkeypatch.delenv(_dispatch.ENV_VAR, raising=False)
+    real_import = builtins.__import__
+
+    def no_triton(name, *args, **kwargs):
+        if name == "triton" or name.startswith("triton."):
+            raise ImportError("triton is not installed (test)")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_triton)
+    assert not _dispatch.triton_available(torch.device("cuda"))
+    # the loss's attention engine needs no triton; every triton row falls back to torch
+    expected = "attention" if AUTO_BACKEND[op]["cuda"].backend == "attention" else "torch"
+    assert choose_backend(_fake_cuda(), op=op) == expected
+    assert choose_backend(_fake_cuda()) == "torch"  # the old rule falls back too
+
+
+def test_old_rule_without_op(monkeypatch):
+    monkeypatch.delenv(_dispatch.ENV_VAR, raising=False)
+    assert choose_backend(torch.zeros(3)) == "torch"
+    assert choose_backend(torch.zeros(3), None) == "torch"  # positional signature
+    monkeypatch.setattr(_dispatch, "triton_available", lambda device: device.type == "cuda")
+    assert choose_backend(_fake_cuda()) == "triton"  # CUDA -> triton when no op is named
+    assert choose_backend(_fake_cuda(), op="gcn_propagate") == "torch"
+
+
+def test_overrides_argument_over_env_over_table(monkeypatch):
+    monkeypatch.setattr(_dispatch, "triton_available", lambda device: True)
+    monkeypatch.setenv(_dispatch.ENV_VAR, "reference")
+    for op in OPS:
+        assert choose_backend(_fake_cuda(), op=op) == "reference"
+        assert choose_backend(_fake_cuda(), "torch", op=op) == "torch"
+        assert choose_backend(torch.zeros(3), "triton", op=op) == "triton"
+    monkeypatch.setenv(_dispatch.ENV_VAR, " Triton ")
+    assert choose_backend(_fake_cuda(), op="gcn_propagate") == "triton"  # env beats the table
+
+
+def test_forcing_triton_where_it_cannot_run_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(_dispatch, "triton_available", lambda device: False)
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        choose_backend(torch.zeros(3), "triton", op="topk_pool")
+    monkeypatch.setenv(_dispatch.ENV_VAR, "triton")
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        choose_backend(torch.zeros(3), op="topk_pool")
+
+
+def test_bad_arguments(monkeypatch):
+    monkeypatch.delenv(_dispatch.ENV_VAR, raising=False)
+    with pytest.raises(ValueError, match="backend='cuda'"):
+        choose_backend(torch.zeros(3), "cuda")
+    with pytest.raises(ValueError, match="op='spmm'"):
+        choose_backend(torch.zeros(3), op="spmm")
+    with pytest.raises(ValueError, match="op='spmm'"):
+        auto_backend("spmm", "cpu")
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        choose_backend([1.0, 2.0], op="topk_pool")
+    monkeypatch.setenv(_dispatch.ENV_VAR, "fast")
+    with pytest.raises(ValueError, match="HIERTAIL_BACKEND='fast'"):
+        choose_backend(torch.zeros(3), op="topk_pool")
+
+
+@pytest.mark.parametrize("module, op", [
+    ("hiertail_fast.ops.gcn_propagate", "gcn_propagate"),
+    ("hiertail_fast.ops.topk_pool", "topk_pool"),
+    ("hiertail_fast.ops.nearest_prototype", "nearest_prototype"),
+    ("hiertail_fast.ops.balanced_contrastive_loss", "balanced_contrastive_loss"),
+])
+def test_every_call_site_names_its_op(module, op):
+    """Every choose_backend call of an op module passes that op's name (else the table is
+    silently bypassed for it)."""
+    import ast
+    import importlib
+
+    source = importlib.import_module(module).__file__
+    tree = ast.parse(open(source, encoding="utf-8").read())
+    calls = [c for c in ast.walk(tree) if isinstance(c, ast.Call)
+             and getattr(c.func, "id", None) == "choose_backend"]
+    assert calls, f"{module} never calls choose_backend"
+    for call in calls:
+        ops = [k.value.value for k in call.keywords
+               if k.arg == "op" and isinstance(k.value, ast.Constant)]
+        assert ops == [op], f"{module}:{call.lineno} calls choose_backend without op={op!r}"

@@ -1,0 +1,137 @@
+"""bench/gpu_report.py: the one-line exit without CUDA, the CPU-testable pieces (PASS/FAIL logic,
+tables, atomic JSON writing, backend discovery) and a tiny end-to-end run with --device cpu."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import hiertail_fast.ops._dispatch as dispatch
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+SCRIPT = BENCH / "gpu_report.py"
+no_cuda_only = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+
+
+@pytest.fixture(scope="module")
+def gc():
+    spec = importlib.util.spec_from_file_location("bench_gpu_checks", BENCH / "_gpu_checks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+@no_cuda_only
+def test_without_cuda_one_line_and_exit_2(tmp_path):
+    res = _run("--out", str(tmp_path))
+    assert res.returncode == 2, res.stderr
+    assert len(res.stdout.strip().splitlines()) == 1 and "no CUDA" in res.stdout
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_bad_arguments():
+    res = _run("--budget", "0")
+    assert res.returncode == 2 and "--budget must be positive" in res.stderr
+
+
+def test_rel_error_and_verdict(gc):
+    want = torch.tensor([1.0, -4.0, 2.0])
+    assert gc.rel_error(torch.tensor([1.0, -4.0, 2.5]), want) == pytest.approx(0.5 / 4)
+    assert gc.rel_error(torch.tensor([0.5, 0.0]), torch.zeros(2)) == 0.5  # absolute at zero
+    assert gc.rel_error(torch.tensor([float("nan"), 0.0, 0.0]), want) == math.inf
+    assert gc.rel_error(torch.empty(0), torch.empty(0)) == 0.0
+    with pytest.raises(ValueError, match="shape"):
+        gc.rel_error(torch.zeros(2), torch.zeros(3))
+    assert gc.verdict(1e-5, 1e-4) == "PASS" and gc.verdict(1e-3, 1e-4) == "FAIL"
+    assert gc.verdict(float("nan"), 1e-4) == "FAIL" and gc.verdict(math.inf, 1e-4) == "FAIL"
+    with pytest.raises(ValueError, match="tol"):
+        gc.verdict(0.0, 0.0)
+
+
+def test_markdown_table_and_fmt(gc):
+    text = gc.markdown_table(["a", "b"], [[1, "x|y"], ["–", 2.5]])
+    assert text.splitlines() == ["| a | b |", "|---|---|", "| 1 | x\\|y |", "| – | 2.5 |"]
+    with pytest.raises(ValueError, match="one cell per column"):
+        gc.markdown_table(["a", "b"], [[1]])
+    assert gc.fmt(0.0123, "s") == "12.30 ms" and gc.fmt(4.4, "s") == "4.400 s"
+    assert gc.fmt(2.5e8, "MB") == "250 MB" and gc.fmt(None) == "–" and gc.fmt(1e-7) == "1.00e-07"
+
+
+def test_atomic_write_replaces_or_keeps_the_old_file(gc, tmp_path):
+    path = tmp_path / "sub" / "r.json"
+    gc.write_json(path, dict(a=1, err=math.inf))
+    assert json.loads(path.read_text()) == dict(a=1, err=math.inf)
+    gc.write_json(path, dict(a=2))
+    assert json.loads(path.read_text()) == dict(a=2)
+    with pytest.raises(TypeError):
+        gc.atomic_write(path, 123)  # fails while writing the temporary file
+    assert json.loads(path.read_text()) == dict(a=2)  # the old report is intact
+    assert [p.name for p in path.parent.iterdir()] == ["r.json"]  # no temporary left behind
+
+
+def test_time_call_and_guarded(gc):
+    calls = []
+    res = gc.time_call(lambda: calls.append(1), "cpu", reps=3, warmup=2)
+    assert len(calls) == 5 and res["reps"] == 3 and res["median_s"] >= 0
+    with pytest.raises(ValueError, match="reps"):
+        gc.time_call(lambda: None, "cpu", reps=0)
+    out = gc.guarded(lambda: 1 / 0)
+    assert out["error"].startswith("ZeroDivisionError")
+    assert gc.guarded(lambda: dict(ok=1)) == dict(ok=1)
+
+
+def test_new_backend_names_are_picked_up_and_a_raising_backend_is_a_fail(gc, monkeypatch):
+    with monkeypatch.context() as m:  # a backend registered later in _dispatch.BACKENDS
+        m.setattr(dispatch, "BACKENDS", dispatch.BACKENDS + ("newengine",))
+        fresh = importlib.util.module_from_spec(importlib.util.spec_from_file_location(
+            "bench_gpu_checks_fresh", BENCH / "_gpu_checks.py"))
+        fresh.__spec__.loader.exec_module(fresh)
+    assert "newengine" in fresh.FAST_BACKENDS and "reference" not in fresh.FAST_BACKENDS
+    # the loss's own engines (the attention kernels) are validated for the loss only
+    assert "attention" in fresh.LOSS_FAST_BACKENDS and "attention" not in fresh.FAST_BACKENDS
+    # with the registration undone, choose_backend rejects "newengine": every check of it
+    # raises -> FAIL rows carrying the error, while the other rows still run and pass
+    monkeypatch.setattr(fresh, "FAST_BACKENDS", ("torch", "newengine"))
+    monkeypatch.setattr(fresh, "LOSS_FAST_BACKENDS", ("torch", "attention", "newengine"))
+    rows = fresh.correctness("cpu", n_graph=60, n_loss=40)
+    bad = [r for r in rows if r["backend"] == "newengine"]
+    assert len(bad) == 5 and all(r["result"] == "FAIL" and "newengine" in r["note"] for r in bad)
+    good = [r for r in rows if r["backend"] == "torch"]
+    assert len(good) == 15 and all(r["result"] == "PASS" for r in good)
+    attention = [r for r in rows if r["backend"] == "attention"]
+    assert len(attention) == 6 and all(r["result"] == "PASS" for r in attention)
+
+
+@pytest.mark.slow
+@no_cuda_only
+def test_end_to_end_on_cpu(tmp_path, gc):
+    res = _run("--device", "cpu", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    report = json.loads((tmp_path / "gpu_report.json").read_text())
+    md = (tmp_path / "gpu_report.md").read_text()
+    assert md in res.stdout and "## Correctness" in md and "| PASS |" in md
+    assert report["backends"] == list(gc.FAST_BACKENDS)
+    checks = report["correctness"]
+    assert {r["op"].split(" (")[0] for r in checks} == set(dispatch.OPS)
+    assert all(r["result"] == "PASS" for r in checks), [r for r in checks if r["result"] != "PASS"]
+    what = {r["what"] for r in report["loss"]}
+    assert {"SDPA fp32 fwd+bwd", "SDPA bf16 fwd+bwd", "cuBLAS fp32 3 x z@z.T (floor)"} <= what
+    assert {f"ours ({b})" for b in gc.FAST_BACKENDS} | {"ours (reference)"} <= what
+    assert {r["variant"] for r in report["loss"]} == {"–", "exact", "official"}
+    timed = [r for r in report["loss"] + report["graph"] if "median_s" in r]
+    assert timed and all(r["median_s"] > 0 for r in timed)
+    prop = [r for r in report["graph"] if r["op"] == "gcn_propagate" and "median_s" in r]
+    assert {r["provider"] for r in prop} >= {"torch", "peer_sparse_mm"}
+    assert all(r["achieved_GBps"] > 0 for r in prop)
+    assert report["scale"]["rows"] and "bench/scale.py --device cpu" in report["scale"]["command"]
