@@ -46,5 +46,5 @@ setup(
         ],
         "pyg": ["torch-scatter", "torch-sparse"],
     },
-    entry_points={"console_scripts": ["hiertail-train=hiertail_fast.train:main"]},
+    entry_points={"console_scripts": ["hiertail-train=hiertail_fast.__main__:main"]},
 )
