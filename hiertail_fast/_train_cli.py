@@ -33,15 +33,17 @@ MAX_SEED_COUNT = 100_000
 
 def _number(kind, low: float, strict: bool):
     """argparse type: a finite `kind` number > low (strict) or >= low."""
-    bound = f"> {low:g}" if strict else f">= {low:g}"
+    bound = ("an integer " if kind is int else "a finite number ") + (
+        f"> {low:g}" if strict else f">= {low:g}")
 
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+            what = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
         if not math.isfinite(value) or (value <= low if strict else value < low):
-            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
         return value
     return parse
 

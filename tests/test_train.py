@@ -126,7 +126,7 @@ def test_cli_user_split(tmp_path, small):
 @pytest.mark.parametrize("argv, message", [
     ([], "exactly one of"),
     (["--synthetic", "--data", "x.npz"], "exactly one of"),
-    (["--synthetic", "--epochs", "0"], "must be > 0"),
+    (["--synthetic", "--epochs", "0"], "must be an integer > 0"),
     (["--data", "/nonexistent/graph.npz"], "not found"),
     (["--synthetic", "--seeds", "x"], "integers"),
     (["--synthetic", "--config", "fast"], "invalid choice"),
