@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import operator
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -97,26 +97,16 @@ class HierTailConfig:
     loss_variant: str = "exact"
     include_self: bool = False
     loss_backend: str | None = None    # None: dispatch; "reference": dense reference losses
-    # dtype of the contrastive losses' inputs: embeddings and prototypes are cast to it right
-    # before the loss calls ("float32" | "bfloat16" | "float16" or the torch dtype; None: the
-    # embeddings' own dtype). The loss ops accumulate in fp32; gradients flow back through the cast.
-    loss_dtype: str | None = None
+    loss_dtype: str | None = None      # float32|bfloat16|float16 (or dtype): contrastive inputs
     lr: float = 0.01
     weight_decay: float = 5e-4
 
     def __post_init__(self) -> None:
-        if isinstance(self.hidden, bool):
+        if isinstance(self.hidden, bool) or not isinstance(self.hidden, numbers.Integral):
             raise TypeError(f"hidden must be an integer, got {self.hidden!r}")
-        try:  # an int or an integer-like (numpy) scalar; 2.5 or "64" is a TypeError
-            object.__setattr__(self, "hidden", operator.index(self.hidden))
-        except TypeError:
-            raise TypeError(f"hidden must be an integer, got {self.hidden!r}") from None
-        if isinstance(self.loss_dtype, torch.dtype):  # stored by name: to_dict() stays JSON-able
-            names = {v: k for k, v in _LOSS_DTYPES.items()}
-            if self.loss_dtype not in names:
-                raise ValueError(f"loss_dtype={self.loss_dtype} is not one of {list(_LOSS_DTYPES)}")
-            object.__setattr__(self, "loss_dtype", names[self.loss_dtype])
-        if self.loss_dtype is not None and self.loss_dtype not in _LOSS_DTYPES:
+        names = {v: k for k, v in _LOSS_DTYPES.items()}  # a dtype is stored by name (JSON-able)
+        object.__setattr__(self, "loss_dtype", names.get(self.loss_dtype, self.loss_dtype))
+        if self.loss_dtype not in (None, *_LOSS_DTYPES):
             raise ValueError(f"loss_dtype={self.loss_dtype!r} is not None or one of "
                              f"{list(_LOSS_DTYPES)}")
         if self.hidden < 1:
@@ -382,8 +372,10 @@ class HierTail(nn.Module):
             raise ValueError("train_idx must be a non-empty 1-D index tensor")
         kw = dict(temperature=cfg.tau, include_self=cfg.include_self, variant=cfg.loss_variant,
                   backend=cfg.loss_backend)
-        dtype = _LOSS_DTYPES.get(cfg.loss_dtype)   # None: the embeddings' own dtype
-        cast = (lambda t: t) if dtype is None else (lambda t: t.to(dtype))  # autograd-tracked
+        # loss_dtype: embeddings and prototypes cast right before the contrastive losses (they
+        # accumulate in fp32; the cast is differentiable); None keeps the embeddings' dtype.
+        dtype = _LOSS_DTYPES.get(cfg.loss_dtype)
+        cast = (lambda t: t) if dtype is None else (lambda t: t.to(dtype))
         y_train = y[train_idx]
         ce = F.cross_entropy(output.logits[train_idx], y_train)
         scl_input = output.logits if cfg.scl_on == "logits" else output.hidden
