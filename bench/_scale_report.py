@@ -1,14 +1,19 @@
 """Reporting of bench/scale.py: the CSV columns, the progress rows and final table, scale.csv,
-the log-log scale.png (time and memory against nodes) and the machine facts of scale.json."""
+the log-log scale.png (time and memory against nodes), the machine facts of scale.json, and
+`write_outputs`, which replaces the three files together (the old ones kept as scale.prev.*)."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import platform
 import re
+import tempfile
 from pathlib import Path
 
-CSV_COLUMNS = ("method", "nodes", "edges", "epoch_seconds", "peak_memory_bytes", "device", "status")
+CSV_COLUMNS = ("method", "nodes", "edges", "epoch_seconds", "peak_memory_bytes", "device",
+               "loss_dtype", "status")
+OUTPUT_NAMES = ("scale.csv", "scale.json", "scale.png")
 
 
 def format_row(row: dict) -> str:
@@ -38,25 +43,33 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
+    points = {ax_t: 0, ax_m: 0}  # data points drawn: empty lines count as data for has_data()
     for method in dict.fromkeys(r["method"] for r in rows):
         ok = [r for r in rows if r["method"] == method and str(r["status"]).startswith("ok")]
         nodes = [int(r["nodes"]) for r in ok]
-        ax_t.plot(nodes, [float(r["epoch_seconds"]) for r in ok], "o-", label=method)
+        points[ax_t] += len(ok)
+        points[ax_m] += len(ok)
+        label = method if ok else f"_{method}"  # a leading underscore: not in the legend
+        ax_t.plot(nodes, [float(r["epoch_seconds"]) for r in ok], "o-", label=label)
         line = ax_m.plot(nodes, [float(r["peak_memory_bytes"]) / 1e6 for r in ok], "o-",
-                         label=method)[0]
+                         label=label)[0]
         over = [r for r in rows if r["method"] == method and "would need" in str(r["status"])]
         if over:  # skipped runs: their predicted memory, dashed from the last measured point
             xs = nodes[-1:] + [int(r["nodes"]) for r in over]
             ys = [float(r["peak_memory_bytes"]) / 1e6 for r in ok][-1:] + [
                 float(r["predicted_memory_bytes"]) / 1e6 for r in over]
             ax_m.plot(xs, ys, "x--", color=line.get_color(), label=f"{method} (predicted)")
+            points[ax_m] += len(xs)
     for ax, label in ((ax_t, "seconds per training epoch"), (ax_m, "peak memory (MB)")):
-        if ax.has_data():
+        if points[ax]:
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.legend()
         else:
-            ax.text(0.5, 0.5, "no completed runs", ha="center", transform=ax.transAxes)
+            ax.text(0.5, 0.5, "nothing was measured\n(every run skipped, failed or timed out)",
+                    ha="center", va="center", transform=ax.transAxes)
+            ax.set_xticks([])
+            ax.set_yticks([])
         ax.set_xlabel("nodes")
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
@@ -64,6 +77,47 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def write_outputs(rows: list[dict], info: dict, out: Path, *, with_plot: bool = True,
+                  keep: str = "scale.prev") -> tuple[list[Path], list[Path]]:
+    """Write scale.csv, scale.json and (with_plot) scale.png into `out` as one set.
+
+    All files are first written to temporary files in `out`; only when every one is complete
+    are the existing results moved to ``<keep>.csv/.json/.png`` (an older ``<keep>.*`` set is
+    replaced whole, so it never mixes generations) and the new files renamed into place. A
+    failure (plot error, full disk) leaves the old results untouched. Without the plot, an old
+    scale.png is moved aside with the rest, so it never sits beside newer tables.
+    Returns (written paths, kept previous paths)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    writers = {"scale.csv": lambda p: write_csv(rows, p),
+               "scale.json": lambda p: p.write_text(json.dumps(info, indent=1, default=str))}
+    if with_plot:
+        writers["scale.png"] = lambda p: plot(rows, p)
+    temps: dict[str, Path] = {}
+    try:
+        for name, write in writers.items():
+            fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=Path(name).suffix)
+            os.close(fd)
+            temps[name] = Path(tmp)
+            write(temps[name])
+            os.chmod(temps[name], 0o644)
+        kept = []
+        if any((out / name).exists() for name in OUTPUT_NAMES):
+            for name in OUTPUT_NAMES:
+                old, prev = out / name, out / f"{keep}{Path(name).suffix}"
+                if old.exists():
+                    os.replace(old, prev)
+                    kept.append(prev)
+                else:
+                    prev.unlink(missing_ok=True)
+        for name, tmp in temps.items():
+            os.replace(tmp, out / name)
+    finally:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+    return [out / name for name in writers], kept
 
 
 def machine_info() -> dict:

@@ -20,11 +20,21 @@ into or hides another's. peak_memory_bytes is:
       epoch above those live at its start: the step's working memory only (deterministic).
   cuda: torch.cuda.max_memory_allocated() over the training epochs (everything on the card).
 Runs whose predicted memory (time) exceeds --memory-budget (--time-budget) are reported as
-`skipped: would need ~X GB` (`skipped: would take ~X s`) instead of being started. Epochs: --warmup
-untimed, then up to --epochs timed (median), fewer once RUN_SECONDS are spent; the warm-up is
-dropped when an epoch is predicted to take over LONG_EPOCH_SECONDS (one-time costs are noise then).
-Writes <out>/scale.csv, <out>/scale.png (log-log time and memory), <out>/scale.json (metadata).
-The worker is bench/_scale_worker.py, the CSV / table / plot / metadata bench/_scale_report.py.
+`skipped: would need ~X GB` (`skipped: would take ~X s`) instead of being started. The time budget
+is also a hard limit: a run (its whole subprocess: imports, graph, model, epochs) still going
+after --time-budget seconds is killed and reported as `timed out after N s`; the sweep goes on,
+skipping that method's larger sizes. Epochs: --warmup untimed, then up to --epochs timed
+(median), fewer once RUN_SECONDS are spent; the warm-up is dropped when an epoch is predicted to
+take over LONG_EPOCH_SECONDS (one-time costs are noise then), and a warm-up epoch that itself
+took longer counts as the first timed epoch. --loss-dtype casts the contrastive losses' inputs
+(HierTailConfig.loss_dtype; the loss accumulates in fp32).
+
+Writes <out>/scale.csv, <out>/scale.png (log-log time and memory), <out>/scale.json (metadata),
+each through a temporary file + os.replace once all three are ready. Results already in <out>
+are not lost: they are moved to scale.prev.csv / .json / .png first (one generation; stdout says
+so), so a partial run (--methods gcn) never silently replaces a full sweep. --out is checked
+before any run. The worker is bench/_scale_worker.py, the CSV / table / plot / metadata
+bench/_scale_report.py.
 """
 from __future__ import annotations
 
@@ -40,11 +50,20 @@ from pathlib import Path
 # The worker and the reporting live beside this file (bench/ is not a package). `x as x`:
 # re-exported, as tests and bench/test_epoch.py use them as scale.<name>.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _scale_report import CSV_COLUMNS, format_row, machine_info, plot, table, write_csv
+from _scale_report import (
+    CSV_COLUMNS,
+    OUTPUT_NAMES,
+    format_row,
+    machine_info,
+    table,
+    write_outputs,
+)
 from _scale_worker import RUN_SECONDS, run_worker
 from _scale_worker import _setup as _setup
 from _scale_worker import _tracked_peak as _tracked_peak
 from _scale_worker import build_model as build_model
+
+from hiertail_fast._files import unwritable_dir_reason, unwritable_file_reason
 
 METHODS = ("hiertail", "hiertail-reference", "gcn")
 RESULT_TAG = "SCALE_RESULT "
@@ -107,11 +126,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip runs predicted to need more (default: available memory, "
                         "capped at 4 GB on CPU; free GPU memory on CUDA)")
     p.add_argument("--time-budget", type=_positive_float, default=1200.0, metavar="S",
-                   help="skip runs predicted (from smaller sizes) to take longer (default 1200)")
+                   help="seconds per run (default 1200): runs predicted from smaller sizes to "
+                        "take longer are skipped, a run still going after it is killed and "
+                        "reported as 'timed out' (wall clock of the whole run, setup included)")
+    p.add_argument("--loss-dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                   help="dtype of the contrastive losses' inputs (HierTail methods; default "
+                        "float32; the loss accumulates in fp32)")
     p.add_argument("--threads", type=_positive_int, help="torch threads (default: torch's)")
     p.add_argument("--cpu-memory", choices=("rss", "tracked"), default="rss",
                    help="CPU memory figure: peak RSS (default) or torch-allocator peak")
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
+                   help="directory for scale.csv/.json/.png (default bench/results); results "
+                        "already there are kept as scale.prev.* (one generation)")
     p.add_argument("--no-plot", action="store_true", help="skip scale.png")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one run, JSON spec
     return p
@@ -133,6 +159,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      "(every class needs a node)")
     args.sizes = sizes
     args.methods = list(dict.fromkeys(args.methods))
+    for target in [args.out, *(args.out / name for name in OUTPUT_NAMES)]:
+        problem = (unwritable_dir_reason(target) if target == args.out
+                   else unwritable_file_reason(target))
+        if problem:  # before any run: a sweep can take an hour
+            parser.error(f"--out {args.out} cannot be written: {problem}")
     if args.device != "cpu":
         import torch
         if args.device == "cuda" and not torch.cuda.is_available():
@@ -209,14 +240,15 @@ def _gb(nbytes: float) -> str:
 
 
 def run_one(spec: dict, timeout: float | None) -> dict:
-    """Run one (method, size) in a fresh interpreter; never raises for a failed run."""
+    """Run one (method, size) in a fresh interpreter; never raises for a failed run. The
+    subprocess is killed after `timeout` seconds of wall clock (its imports and setup count)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
     # Passive OpenMP waiting: spinning threads collapse throughput 10x+ on a shared machine.
     env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"status": f"timeout: over {timeout:.0f} s"}
+    except subprocess.TimeoutExpired:  # subprocess.run has killed the worker
+        return {"status": f"timed out after {timeout:g} s"}
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(RESULT_TAG):
             return json.loads(line[len(RESULT_TAG):])
@@ -231,16 +263,21 @@ def sweep(args: argparse.Namespace, budget: float, progress=None) -> list[dict]:
     rows: list[dict] = []
     mem_hist: dict[str, list] = {m: [] for m in args.methods}  # method -> [(nodes, bytes)]
     time_hist: dict[str, list] = {m: [] for m in args.methods}  # method -> [(nodes, seconds)]
+    timed_out: dict[str, int] = {}  # method -> the size at which it ran out of time
     for nodes in args.sizes:
         for method in args.methods:
             need = predict_memory(method, nodes, classes=args.classes, features=args.features,
                                   hidden=args.hidden, avg_degree=args.avg_degree,
                                   config=args.config, history=mem_hist[method])
             row = {**dict.fromkeys(CSV_COLUMNS, ""), "method": method, "nodes": nodes,
-                   "device": args.device, "predicted_memory_bytes": need}
+                   "device": args.device, "predicted_memory_bytes": need,
+                   "loss_dtype": "n/a" if method == "gcn" else args.loss_dtype}
             secs = extrapolate(time_hist[method], nodes, 1.0)
             warmup, epochs = planned_epochs(secs, args.warmup, args.epochs)
-            if need > budget:
+            if method in timed_out:
+                row["status"] = (f"skipped: {timed_out[method]} nodes timed out "
+                                 f"(time budget {args.time_budget:g} s)")
+            elif need > budget:
                 row["status"] = f"skipped: would need ~{_gb(need)} (budget {_gb(budget)})"
             elif secs is not None and secs * (warmup + epochs) > args.time_budget:
                 row["status"] = (f"skipped: would take ~{secs * (warmup + epochs):.0f} s "
@@ -248,13 +285,15 @@ def sweep(args: argparse.Namespace, budget: float, progress=None) -> list[dict]:
             else:
                 spec = {k: getattr(args, k) for k in (
                     "classes", "avg_degree", "features", "hidden", "config", "device", "seed",
-                    "cpu_memory", "threads")}
-                spec.update(method=method, nodes=nodes, warmup=warmup, epochs=args.epochs)
-                # hard stop far past any prediction: a wedged run must not hang the sweep
-                row.update(run_one(spec, timeout=max(3 * args.time_budget, 600)))
-                timed = row.get("timed_epochs", args.epochs)
-                if row["status"] == "ok" and (warmup, timed) != (args.warmup, args.epochs):
-                    row["status"] = f"ok ({warmup} warm-up + {timed} timed epochs: long epochs)"
+                    "cpu_memory", "threads", "loss_dtype")}
+                spec.update(method=method, nodes=nodes, warmup=warmup, epochs=args.epochs,
+                            long_epoch_seconds=LONG_EPOCH_SECONDS)
+                row.update(run_one(spec, timeout=args.time_budget))  # the budget is a hard limit
+                if row["status"].startswith("timed out"):
+                    timed_out[method] = nodes  # larger sizes of this method would too
+                done = (row.get("warmup_epochs", warmup), row.get("timed_epochs", args.epochs))
+                if row["status"] == "ok" and done != (args.warmup, args.epochs):
+                    row["status"] = f"ok ({done[0]} warm-up + {done[1]} timed epochs: long epochs)"
                 if str(row["status"]).startswith("ok"):
                     mem_hist[method].append((nodes, float(row["peak_memory_bytes"])))
                     time_hist[method].append((nodes, float(row["epoch_seconds"])))
@@ -273,28 +312,26 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     budget = args.memory_budget * GB if args.memory_budget else default_memory_budget(args.device)
-    args.out.mkdir(parents=True, exist_ok=True)
     measure = ("torch.cuda.max_memory_allocated" if args.device == "cuda" else
                "peak RSS above the primed post-import baseline" if args.cpu_memory == "rss" else
                "torch CPU allocator peak of one step above its start")
     info = {"argv": sys.argv[1:] if argv is None else argv, "args": vars(args),
             "memory_budget_bytes": budget, "memory_measure": measure, **machine_info()}
-    print(f"sizes {args.sizes}, methods {args.methods}, device {args.device}, memory budget "
-          f"{_gb(budget)}, time budget {args.time_budget:.0f} s/run, memory = {measure}, "
-          f"load average {info['load_average'][0]:.1f} on {info['cores']} cores")
+    print(f"sizes {args.sizes}, methods {args.methods}, device {args.device}, loss dtype "
+          f"{args.loss_dtype}, memory budget {_gb(budget)}, time budget "
+          f"{args.time_budget:g} s/run, memory = {measure}, load average "
+          f"{info['load_average'][0]:.1f} on {info['cores']} cores")
     started = time.perf_counter()
     with tqdm(total=len(args.sizes) * len(args.methods), unit="run", desc="scale") as bar:
         bar.write(table([]))
         rows = sweep(args, budget, bar)
     info.update(wall_seconds=time.perf_counter() - started,
                 load_average_end=list(os.getloadavg()), rows=rows)
-    write_csv(rows, args.out / "scale.csv")
-    (args.out / "scale.json").write_text(json.dumps(info, indent=1, default=str))
-    if not args.no_plot:
-        plot(rows, args.out / "scale.png")
+    written, kept = write_outputs(rows, info, args.out, with_plot=not args.no_plot)
     print("\n" + table(rows) + f"\n\n{info['wall_seconds']:.0f} s; load average at the end "
-          f"{info['load_average_end'][0]:.1f}; wrote {args.out}/scale.csv, scale.json"
-          + ("" if args.no_plot else ", scale.png"))
+          f"{info['load_average_end'][0]:.1f}; wrote {', '.join(map(str, written))}")
+    if kept:
+        print(f"the previous results are kept as {', '.join(map(str, kept))}")
     return 0
 
 

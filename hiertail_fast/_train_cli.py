@@ -1,12 +1,15 @@
-"""The command line of `hiertail_fast.train`: ``python -m hiertail_fast.train`` (or
-``python -m hiertail_fast``); see ``--help``. Builds the config from the options, loads the graph
-(``--data`` .npz, ``--dataset`` NAME [``--root``] or ``--synthetic``) and an optional user split,
-runs `run_seeds`, prints the table and writes ``--json``. `main`, `build_parser` and
-`parse_seeds` stay importable from `hiertail_fast.train`."""
+"""The command line of the training loop: ``python -m hiertail_fast.train``, ``python -m
+hiertail_fast`` or ``hiertail-train`` (all enter through `hiertail_fast.__main__.main`, which sets
+the OpenMP wait policy before torch is imported); see ``--help``. Builds the config from the
+options, loads the graph (``--data`` .npz, ``--dataset`` NAME [``--root``] or ``--synthetic``) and
+an optional user split, runs `run_seeds`, prints the table and writes ``--json``. This module
+drives `hiertail_fast.train`; the loop never imports it back."""
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -14,32 +17,50 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from hiertail_fast._files import atomic_write_text, unwritable_file_reason
 from hiertail_fast.data.io import load_npz
 from hiertail_fast.data.splits import user_split
 from hiertail_fast.nn.hiertail import HierTailConfig
 from hiertail_fast.train import PAPER_HIDDEN, format_table, load_split, run_seeds
 
+# Graphs below this many nodes train on one thread by default (--threads): an epoch on Email
+# (1,005 nodes) is ~25 ms of work, and a second OpenMP thread waiting for a busy core made it
+# 1,146 ms on a loaded 2-core machine (47 ms with passive waiting, 25 ms on one thread).
+SMALL_GRAPH_NODES = 5_000
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1   # what torch.manual_seed accepts
+MAX_SEED_COUNT = 100_000
 
-def _positive(kind):
+
+def _number(kind, low: float, strict: bool):
+    """argparse type: a finite `kind` number > low (strict) or >= low."""
+    bound = ("an integer " if kind is int else "a finite number ") + (
+        f"> {low:g}" if strict else f">= {low:g}")
+
     def parse(text: str):
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        try:
+            value = kind(text)
+        except ValueError:
+            what = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not math.isfinite(value) or (value <= low if strict else value < low):
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
         return value
     return parse
+
+
+def _positive(kind):
+    return _number(kind, 0, strict=True)
 
 
 def _non_negative(kind):
-    def parse(text: str):
-        value = kind(text)
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-        return value
-    return parse
+    return _number(kind, 0, strict=False)
 
 
 def parse_seeds(values: Sequence[str], base: int = 123) -> list[int]:
-    """``["3"]`` -> 3 seeds from ``base``; ``["1,2,5"]`` or ``["1", "2", "5"]`` -> that list."""
+    """``["3"]`` -> 3 seeds from ``base``; ``["1,2,5"]`` or ``["1", "2", "5"]`` -> that list.
+
+    Seeds must be distinct (the same seed twice would count one run twice in the mean ± std)
+    and within what ``torch.manual_seed`` accepts."""
     items = [v for text in values for v in text.split(",") if v.strip()]
     try:
         nums = [int(v) for v in items]
@@ -48,10 +69,33 @@ def parse_seeds(values: Sequence[str], base: int = 123) -> list[int]:
     if not nums:
         raise ValueError("--seeds is empty")
     if len(values) == 1 and "," not in values[0]:
-        if nums[0] < 1:
-            raise ValueError(f"--seeds count must be >= 1, got {nums[0]}")
-        return list(range(base, base + nums[0]))
+        if not 1 <= nums[0] <= MAX_SEED_COUNT:
+            raise ValueError(f"--seeds count must lie in [1, {MAX_SEED_COUNT}], got {nums[0]}")
+        nums = list(range(base, base + nums[0]))
+    for seed in (nums[0], nums[-1]) if len(values) == 1 and "," not in values[0] else nums:
+        if not SEED_MIN <= seed <= SEED_MAX:
+            raise ValueError(f"--seeds: seed {seed} is out of range [{SEED_MIN}, {SEED_MAX}]")
+    if len(set(nums)) < len(nums):
+        repeated = sorted({s for s in nums if nums.count(s) > 1})
+        raise ValueError(f"--seeds lists {', '.join(map(str, repeated))} more than once "
+                         "(each seed is one run of the mean ± std)")
     return nums
+
+
+def _device_error(text: str) -> str | None:
+    """Why `text` is not a usable --device, or None."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        return f"--device {text!r} is not a device (use cpu, cuda or cuda:N)"
+    if device.type not in ("cpu", "cuda"):
+        return f"--device {text}: only cpu and cuda devices can train"
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return f"--device {text}: CUDA is not available"
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            return f"--device {text}: only {torch.cuda.device_count()} CUDA device(s)"
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,11 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seeds", nargs="+", default=["10"],
                    help="a count (from --seed-base) or a list: 3 | 1,2,5 | 1 2 5")
     m.add_argument("--seed-base", type=int, default=123)
-    m.add_argument("--device", default="cpu")
+    m.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     m.add_argument("--threads", type=_positive(int),
-                   help="torch CPU threads (1 avoids OpenMP oversubscription on busy machines)")
+                   help=f"torch CPU threads (default: 1 below {SMALL_GRAPH_NODES:,} nodes, where "
+                   "the work per epoch is too small to share, else torch's default); OpenMP "
+                   "threads wait passively unless OMP_WAIT_POLICY is set")
     m.add_argument("--no-progress", action="store_true")
-    m.add_argument("--json", type=Path, help="write all results to this JSON file")
+    m.add_argument("--json", type=Path, help="write all results to this JSON file (checked "
+                   "before training; written atomically, replacing an existing file)")
     return p
 
 
@@ -116,6 +163,8 @@ def _config_from_args(args, dataset_name: str | None) -> HierTailConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
+    """Parse `argv`, train, print the table, write ``--json``; returns the results dict.
+    User errors exit with code 2 and one line on stderr (argparse's ``parser.error``)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if (args.data is not None) + args.synthetic + (args.dataset is not None) != 1:
@@ -126,37 +175,31 @@ def main(argv: Sequence[str] | None = None) -> dict:
         parser.error(f"--dropout must lie in [0, 1), got {args.dropout}")
     if args.compound_pool_bug and args.config != "official":
         parser.error("--compound-pool-bug only applies to --config official")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        parser.error(f"--device {args.device}: CUDA is not available")
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    for option, path in (("--data", args.data), ("--split", args.split)):
+        if path is not None and path.is_dir():
+            parser.error(f"{option} {path} is a directory, not an .npz file")
+    problem = _device_error(args.device)
+    if problem is None and args.json is not None:
+        problem = unwritable_file_reason(args.json)
+        problem = problem and f"--json {args.json} cannot be written: {problem}"
+    if problem is not None:
+        parser.error(problem)
     try:
         seeds = parse_seeds(args.seeds, args.seed_base)
-        if args.data is not None:
-            data = load_npz(args.data, relabel_by_size=True)
-            data_info: dict[str, Any] = {"path": str(args.data), "name": data.name}
-        elif args.dataset is not None:
-            from hiertail_fast.data.datasets import load_dataset, resolve_root
-            root = resolve_root(args.root)
-            data = load_dataset(args.dataset, root)
-            data_info = {"dataset": data.name, "root": str(root), "name": data.name}
-        else:
-            from hiertail_fast.data.synthetic import make_synthetic_graph
-            data = make_synthetic_graph(args.nodes, num_classes=args.classes,
-                                        avg_degree=args.avg_degree, homophily=args.homophily,
-                                        num_features=args.features, seed=args.data_seed)
-            data_info = {"synthetic": True, "nodes": args.nodes, "classes": args.classes,
-                         "avg_degree": args.avg_degree, "homophily": args.homophily,
-                         "features": args.features, "data_seed": args.data_seed,
-                         "name": "synthetic"}
+        data, data_info = _load_data(args)
         split = None
         if args.split is not None:
             split = user_split(int(data.y.shape[0]), **load_split(args.split))
         cfg = _config_from_args(args, None if args.synthetic else data_info["name"])
-    except (ValueError, TypeError, FileNotFoundError, ImportError) as exc:
+    except (ValueError, TypeError, OSError, ImportError) as exc:
         parser.error(str(exc))
     data_info.update(num_nodes=int(data.y.shape[0]), num_edges=int(data.edge_index.shape[1]),
                      num_features=int(data.x.shape[1]), num_classes=int(data.num_classes))
+    threads = args.threads
+    if threads is None and data_info["num_nodes"] < SMALL_GRAPH_NODES:
+        threads = 1
+    if threads is not None:
+        torch.set_num_threads(threads)
     result = run_seeds(data, cfg, seeds, split=split, compound_pool_bug=args.compound_pool_bug,
                        epochs=args.epochs, patience=args.patience, device=args.device,
                        progress=not args.no_progress,
@@ -165,14 +208,41 @@ def main(argv: Sequence[str] | None = None) -> dict:
     result["training"] = {"epochs": args.epochs, "patience": args.patience,
                           "lr": cfg.lr, "weight_decay": cfg.weight_decay,
                           "device": args.device, "threads": torch.get_num_threads(),
+                          "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                           "optimizer": "Adam",
                           "selection": "val macro-F1, last tie; patience from first max"}
     result["argv"] = list(sys.argv[1:] if argv is None else argv)
     print(format_table(result))
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2, default=_json_default))
+        text, existed = json.dumps(result, indent=2, default=_json_default), args.json.exists()
+        try:
+            atomic_write_text(args.json, text)
+        except OSError as exc:  # e.g. the disk filled up during training: keep the results
+            print(f"error: could not write --json {args.json} ({exc.strerror or exc}); "
+                  f"{'the existing file is unchanged' if existed else 'nothing was written'}"
+                  "; the results follow on stdout", file=sys.stderr)
+            print(text)
+            raise SystemExit(1) from None
+        print(f"{'replaced existing' if existed else 'wrote'} {args.json}", file=sys.stderr)
     return result
+
+
+def _load_data(args) -> tuple[Any, dict[str, Any]]:
+    if args.data is not None:
+        data = load_npz(args.data, relabel_by_size=True)
+        return data, {"path": str(args.data), "name": data.name}
+    if args.dataset is not None:
+        from hiertail_fast.data.datasets import load_dataset, resolve_root
+        root = resolve_root(args.root)
+        data = load_dataset(args.dataset, root)
+        return data, {"dataset": data.name, "root": str(root), "name": data.name}
+    from hiertail_fast.data.synthetic import make_synthetic_graph
+    data = make_synthetic_graph(args.nodes, num_classes=args.classes, avg_degree=args.avg_degree,
+                                homophily=args.homophily, num_features=args.features,
+                                seed=args.data_seed)
+    return data, {"synthetic": True, "nodes": args.nodes, "classes": args.classes,
+                  "avg_degree": args.avg_degree, "homophily": args.homophily,
+                  "features": args.features, "data_seed": args.data_seed, "name": "synthetic"}
 
 
 def _json_default(obj: Any):

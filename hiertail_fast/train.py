@@ -12,12 +12,22 @@ Several seeds: each seeds Python/NumPy/torch, redoes the natural split with that
 fixed user split is given) and builds a fresh model; the summary is mean ± population std
 (``numpy.std``). Results always carry the config name and every hyper-parameter.
 
-CLI (options and `main` in hiertail_fast/_train_cli.py)::
+CLI (options and `main` in hiertail_fast/_train_cli.py, which drives this module; the process
+entry is hiertail_fast/__main__.py)::
 
     python -m hiertail_fast.train --data ../shared/data/email.npz --config paper --seeds 3
     python -m hiertail_fast.train --synthetic --nodes 2000 --classes 20 --epochs 200 --json out.json
 """
 from __future__ import annotations
+
+if __name__ == "__main__":
+    # `python -m hiertail_fast.train`: hand over to the CLI entry BEFORE torch is imported below
+    # (it sets the OpenMP wait policy, which OpenMP reads when torch loads it).
+    import sys
+
+    from hiertail_fast.__main__ import main as _entry
+
+    sys.exit(_entry())
 
 import random
 import time
@@ -27,14 +37,13 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from hiertail_fast._lazy import lazy_getattr
 from hiertail_fast.data.io import GraphData
 from hiertail_fast.data.pyg import as_graph_data
 from hiertail_fast.data.splits import natural_split
 from hiertail_fast.metrics import evaluate, macro_f1
 from hiertail_fast.nn.hiertail import HierTail, HierTailConfig, prepare_graph
 
-__all__ = ["train_hiertail", "run_seeds", "main", "seed_everything", "DEFAULT_SEEDS"]
+__all__ = ["train_hiertail", "run_seeds", "seed_everything", "DEFAULT_SEEDS"]
 
 DEFAULT_SEEDS = tuple(range(123, 133))       # the official 123..132
 METRICS = ("bacc", "macro_f1", "g_means", "acc")
@@ -286,15 +295,3 @@ def format_table(result: dict) -> str:
         lines.append(f"{METRIC_NAMES[m]:<10}{100 * s['mean']:>11.2f} ± {100 * s['std']:<6.2f}")
     lines.append(f"time/epoch {result['summary']['time_per_epoch_s'] * 1e3:.1f} ms")
     return "\n".join(lines)
-
-
-# The command line (argparse options, main) lives in hiertail_fast/_train_cli.py, which imports
-# this module; its public names resolve from here on first use.
-__getattr__ = lazy_getattr(__name__, dict.fromkeys(("main", "build_parser", "parse_seeds"),
-                                                   "hiertail_fast._train_cli"))
-
-
-if __name__ == "__main__":
-    from hiertail_fast._train_cli import main
-
-    main()

@@ -89,7 +89,7 @@ def test_pyproject_keeps_extras_script_and_kernel_mapping():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     project = meta["project"]
     assert {"test", "pyg", "triton"} <= set(project["optional-dependencies"])
-    assert project["scripts"]["hiertail-train"] == "hiertail_fast.train:main"
+    assert project["scripts"]["hiertail-train"] == "hiertail_fast.__main__:main"
     assert meta["tool"]["setuptools"]["package-dir"] == {"hiertail_fast.kernels": "kernels"}
     listed = set(meta["tool"]["setuptools"]["packages"])
     on_disk = {".".join(p.parent.relative_to(ROOT).parts)

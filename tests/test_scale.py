@@ -11,6 +11,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,7 @@ def test_sizes_sorted_deduplicated_and_scientific_notation():
     (["--time-budget", "nan"], "must be a positive number"),
     (["--epochs", "0"], "must be a positive integer"),
     (["--warmup", "-1"], "--warmup must be >= 0"),
+    (["--loss-dtype", "float64"], "invalid choice: 'float64'"),
 ])
 def test_bad_arguments_exit_2_with_message(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -204,3 +206,173 @@ def test_memory_linear_for_hiertail_quadratic_for_reference(monkeypatch):
     assert ref[1] / ref[0] > 3.0, ref  # quadratic: ~3.8 measured; linear would be 2
     assert fast[1] / fast[0] < 6.0, fast  # 3x the nodes: linear <= 3, quadratic would be 9
     assert ref[1] > 3 * fast[1], (ref, fast)  # the dense reference at 4000 vs fast at 6000
+
+
+# ----------------------------------------------------------------------------- hard time limit
+def test_time_budget_is_a_hard_limit(tmp_path, capsys):
+    """A run still going after --time-budget seconds (here 0.5 s: less than the worker needs to
+    import torch) is killed; its row says so everywhere and the sweep goes on."""
+    out = tmp_path / "out"
+    started = time.perf_counter()
+    assert scale.main(["--sizes", "100", "200", "--methods", "gcn", "hiertail", "--time-budget",
+                       "0.5", "--device", "cpu", "--out", str(out), "--no-plot"]) == 0
+    assert time.perf_counter() - started < 60
+    rows = list(csv.DictReader(open(out / "scale.csv")))
+    assert [r["status"] for r in rows[:2]] == ["timed out after 0.5 s"] * 2
+    assert all(r["status"].startswith("skipped: 100 nodes timed out") for r in rows[2:]), rows
+    assert [r["status"] for r in json.loads((out / "scale.json").read_text())["rows"]] == [
+        r["status"] for r in rows]
+    assert "timed out after 0.5 s" in capsys.readouterr().out
+
+
+def test_sweep_goes_on_after_a_timeout(monkeypatch):
+    calls = []
+
+    def fake_run(spec, timeout):
+        calls.append((spec["method"], spec["nodes"], timeout))
+        if spec["method"] == "hiertail":
+            return {"status": f"timed out after {timeout:g} s"}
+        return {"edges": 10, "epoch_seconds": 0.1, "peak_memory_bytes": 1e6, "status": "ok"}
+
+    monkeypatch.setattr(scale, "run_one", fake_run)
+    args = scale.parse_args(["--sizes", "100", "1000", "--methods", "hiertail", "gcn",
+                             "--time-budget", "30", "--device", "cpu"])
+    status = [r["status"] for r in scale.sweep(args, budget=1e12)]
+    assert calls == [("hiertail", 100, 30.0), ("gcn", 100, 30.0), ("gcn", 1000, 30.0)]
+    assert status == ["timed out after 30 s", "ok",
+                      "skipped: 100 nodes timed out (time budget 30 s)", "ok"]
+
+
+def test_long_warmup_epoch_counts_as_timed(monkeypatch):
+    """The warm-up epoch took longer than the long-epoch cut-off the sweep predicted it would
+    stay under: it is the (only) timed epoch, not thrown away."""
+    spec = dict(method="gcn", nodes=100, classes=5, avg_degree=4.0, features=8, hidden=8,
+                config="paper", epochs=1, warmup=1, device="cpu", seed=0, cpu_memory="tracked",
+                threads=None, long_epoch_seconds=0.0)
+    result = scale.run_worker(spec)
+    assert (result["warmup_epochs"], result["timed_epochs"]) == (0, 1), result
+    monkeypatch.setattr(scale, "run_one", lambda spec, timeout: {**result, "status": "ok"})
+    args = scale.parse_args(["--sizes", "100", "--methods", "gcn", "--device", "cpu"])
+    assert scale.sweep(args, budget=1e12)[0]["status"] == (
+        "ok (0 warm-up + 1 timed epochs: long epochs)")
+
+
+# ----------------------------------------------------------------------------- output files
+def _no_run(*args, **kwargs):
+    raise AssertionError("a run was started although the outputs cannot be written")
+
+
+@pytest.mark.parametrize("layout", ["out-is-file", "parent-is-file", "csv-is-dir"])
+def test_unwritable_out_fails_before_any_run(layout, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(scale, "run_one", _no_run)
+    (tmp_path / "file").write_text("x")
+    out = {"out-is-file": tmp_path / "file", "parent-is-file": tmp_path / "file" / "results",
+           "csv-is-dir": tmp_path / "res"}[layout]
+    if layout == "csv-is-dir":
+        (out / "scale.csv").mkdir(parents=True)
+    with pytest.raises(SystemExit) as exc:
+        scale.main(["--sizes", "100", "--device", "cpu", "--out", str(out)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert f" error: --out {out} cannot be written: " in err[-1], err
+
+
+def test_unwritable_out_directory(tmp_path, monkeypatch, capsys):
+    """A directory where no file can be created (simulated: a chmod'ed one does not stop root)."""
+    monkeypatch.setattr(scale, "run_one", _no_run)
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr("hiertail_fast._files.tempfile.mkstemp", refuse)
+    with pytest.raises(SystemExit) as exc:
+        scale.main(["--sizes", "100", "--device", "cpu", "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    assert "cannot create files in" in capsys.readouterr().err
+
+
+def test_cli_unwritable_out_exit_2_without_traceback(tmp_path):
+    (tmp_path / "file").write_text("x")
+    proc = subprocess.run([sys.executable, str(SCALE_PY), "--sizes", "100", "--device", "cpu",
+                           "--out", str(tmp_path / "file")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "is not a directory" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def _old_results(out: Path) -> None:
+    out.mkdir()
+    for name in ("scale.csv", "scale.json", "scale.png"):
+        (out / name).write_text(f"old {name}")
+
+
+@pytest.mark.parametrize("argv", [["--sizes", "1000", "--memory-budget", "0.001"],
+                                  ["--sizes", "1e30"]], ids=["over-memory", "huge"])
+def test_everything_skipped_still_plots_and_keeps_a_consistent_set(argv, tmp_path, capsys,
+                                                                    monkeypatch):
+    monkeypatch.setattr(scale, "run_one", _no_run)
+    out = tmp_path / "res"
+    _old_results(out)
+    assert scale.main(argv + ["--device", "cpu", "--out", str(out)]) == 0
+    rows = list(csv.DictReader(open(out / "scale.csv")))
+    assert rows and all(r["status"].startswith("skipped") for r in rows)
+    png = (out / "scale.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"          # a new figure, not the old file
+    for name in ("csv", "json", "png"):
+        assert (out / f"scale.prev.{name}").read_text() == f"old scale.{name}"
+    assert "previous results are kept as" in capsys.readouterr().out
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+def test_partial_run_keeps_the_previous_set_and_drops_a_stale_plot(tmp_path, monkeypatch):
+    monkeypatch.setattr(scale, "run_one", _no_run)
+    out = tmp_path / "res"
+    _old_results(out)
+    scale.main(["--sizes", "100", "--methods", "gcn", "--memory-budget", "1e-6", "--device",
+                "cpu", "--out", str(out), "--no-plot"])
+    assert sorted(p.name for p in out.iterdir()) == [
+        "scale.csv", "scale.json", "scale.prev.csv", "scale.prev.json", "scale.prev.png"]
+    # a second run replaces the previous generation whole: no png from two runs ago survives
+    scale.main(["--sizes", "100", "--methods", "gcn", "--memory-budget", "1e-6", "--device",
+                "cpu", "--out", str(out), "--no-plot"])
+    assert sorted(p.name for p in out.iterdir()) == [
+        "scale.csv", "scale.json", "scale.prev.csv", "scale.prev.json"]
+
+
+def test_failed_plot_leaves_the_old_results_untouched(tmp_path, monkeypatch):
+    import _scale_report
+
+    def broken_plot(rows, path):
+        raise RuntimeError("plot failed")
+
+    monkeypatch.setattr(scale, "run_one", _no_run)
+    monkeypatch.setattr(_scale_report, "plot", broken_plot)
+    out = tmp_path / "res"
+    _old_results(out)
+    with pytest.raises(RuntimeError, match="plot failed"):
+        scale.main(["--sizes", "100", "--memory-budget", "1e-6", "--device", "cpu",
+                    "--out", str(out)])
+    assert sorted(p.name for p in out.iterdir()) == ["scale.csv", "scale.json", "scale.png"]
+    assert all((out / n).read_text() == f"old {n}" for n in ("scale.csv", "scale.json"))
+
+
+# ----------------------------------------------------------------------------- loss dtype
+def test_loss_dtype_option_reaches_the_model_and_the_results(tmp_path, monkeypatch):
+    assert scale.parse_args(["--device", "cpu"]).loss_dtype == "float32"
+    specs = []
+
+    def fake_run(spec, timeout):
+        specs.append(spec)
+        return {"edges": 10, "epoch_seconds": 0.1, "peak_memory_bytes": 1e6, "status": "ok"}
+
+    monkeypatch.setattr(scale, "run_one", fake_run)
+    scale.main(["--sizes", "100", "--methods", "hiertail", "gcn", "--loss-dtype", "bfloat16",
+                "--device", "cpu", "--out", str(tmp_path), "--no-plot"])
+    assert [s["loss_dtype"] for s in specs] == ["bfloat16", "bfloat16"]
+    rows = list(csv.DictReader(open(tmp_path / "scale.csv")))
+    assert [(r["method"], r["loss_dtype"]) for r in rows] == [("hiertail", "bfloat16"),
+                                                              ("gcn", "n/a")]
+    info = json.loads((tmp_path / "scale.json").read_text())
+    assert info["args"]["loss_dtype"] == "bfloat16" and info["args"]["device"] == "cpu"
+    model, _ = scale.build_model("hiertail", 8, 5, {"hidden": 8, "config": "paper",
+                                                    "loss_dtype": "float16"})
+    assert model.config.loss_dtype == "float16"

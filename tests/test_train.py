@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from hiertail_fast._train_cli import main, parse_seeds
 from hiertail_fast.data.io import load_npz
 from hiertail_fast.data.splits import natural_split
 from hiertail_fast.data.synthetic import make_synthetic_graph
 from hiertail_fast.nn.hiertail import HierTail, HierTailConfig
-from hiertail_fast.train import main, parse_seeds, run_seeds, train_hiertail
+from hiertail_fast.train import run_seeds, train_hiertail
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -125,7 +126,7 @@ def test_cli_user_split(tmp_path, small):
 @pytest.mark.parametrize("argv, message", [
     ([], "exactly one of"),
     (["--synthetic", "--data", "x.npz"], "exactly one of"),
-    (["--synthetic", "--epochs", "0"], "must be > 0"),
+    (["--synthetic", "--epochs", "0"], "must be an integer > 0"),
     (["--data", "/nonexistent/graph.npz"], "not found"),
     (["--synthetic", "--seeds", "x"], "integers"),
     (["--synthetic", "--config", "fast"], "invalid choice"),

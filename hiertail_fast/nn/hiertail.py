@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -64,6 +65,7 @@ __all__ = ["HierTail", "HierTailConfig", "HierTailOutput", "HierTailLoss", "prep
 _POOL_MODES = ("classes", "official")
 _VARIANTS = ("exact", "official")
 _BACKENDS = (None, "reference", "torch", "triton")
+_LOSS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -96,10 +98,18 @@ class HierTailConfig:
     loss_variant: str = "exact"
     include_self: bool = False
     loss_backend: str | None = None    # None: dispatch; "reference": dense reference losses
+    loss_dtype: str | None = None      # float32|bfloat16|float16 (or dtype): contrastive inputs
     lr: float = 0.01
     weight_decay: float = 5e-4
 
     def __post_init__(self) -> None:
+        if isinstance(self.hidden, bool) or not isinstance(self.hidden, numbers.Integral):
+            raise TypeError(f"hidden must be an integer, got {self.hidden!r}")
+        names = {v: k for k, v in _LOSS_DTYPES.items()}  # a dtype is stored by name (JSON-able)
+        object.__setattr__(self, "loss_dtype", names.get(self.loss_dtype, self.loss_dtype))
+        if self.loss_dtype not in (None, *_LOSS_DTYPES):
+            raise ValueError(f"loss_dtype={self.loss_dtype!r} is not None or one of "
+                             f"{list(_LOSS_DTYPES)}")
         if self.hidden < 1:
             raise ValueError(f"hidden must be >= 1, got {self.hidden}")
         if not self.pool_ratios:
@@ -128,9 +138,10 @@ class HierTailConfig:
             raise ValueError(f"loss_variant={self.loss_variant!r} is not one of {_VARIANTS}")
         if self.loss_backend not in _BACKENDS:
             raise ValueError(f"loss_backend={self.loss_backend!r} is not one of {_BACKENDS}")
-        if self.lr <= 0 or self.weight_decay < 0:
-            raise ValueError(f"need lr > 0 and weight_decay >= 0, got {self.lr}, "
-                             f"{self.weight_decay}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be finite and > 0, got {self.lr}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be finite and >= 0, got {self.weight_decay}")
 
     @property
     def num_levels(self) -> int:
@@ -377,21 +388,26 @@ class HierTail(nn.Module):
             raise ValueError("train_idx must be a non-empty 1-D index tensor")
         kw = dict(temperature=cfg.tau, include_self=cfg.include_self, variant=cfg.loss_variant,
                   backend=cfg.loss_backend)
+        # loss_dtype: embeddings and prototypes cast right before the contrastive losses (they
+        # accumulate in fp32; the cast is differentiable); None keeps the embeddings' dtype.
+        dtype = _LOSS_DTYPES.get(cfg.loss_dtype)
+        cast = (lambda t: t) if dtype is None else (lambda t: t.to(dtype))
         y_train = y[train_idx]
         ce = F.cross_entropy(output.logits[train_idx], y_train)
         scl_input = output.logits if cfg.scl_on == "logits" else output.hidden
-        scl = balanced_contrastive_loss(scl_input[train_idx], y_train, **kw)
+        scl = balanced_contrastive_loss(cast(scl_input[train_idx]), y_train, **kw)
 
         labels = self.cluster_labels(output)
         if cfg.bcl_mode == "official":
             # Both levels share the all-node block x⁰: one fused pass, two label/prototype sets.
             fused = hierarchical_contrastive_loss(
-                output.embedding, labels, list(output.pooled[: cfg.num_levels - 1]), **kw)
+                cast(output.embedding), labels,
+                [cast(p) for p in output.pooled[: cfg.num_levels - 1]], **kw)
             # The fused call returns Σ_l BCL_l (a scalar); per-level values are not split out.
             bcl_levels = [] if fused.dim() == 0 else list(fused)
             bcl = fused.sum()
         else:
-            blocks = [output.embedding, *output.pooled]
+            blocks = [cast(output.embedding), *map(cast, output.pooled)]
             bcl_levels = [
                 balanced_contrastive_loss(blocks[i], labels[i], prototypes=blocks[i + 1], **kw)
                 for i in range(cfg.num_levels)

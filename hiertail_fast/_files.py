@@ -1,0 +1,81 @@
+"""Result files of the command lines (``python -m hiertail_fast.train --json``, bench/scale.py):
+check that a target can be written BEFORE the hours of work that produce it, and write through a
+temporary file in the same directory + ``os.replace``, so that a failed write (full disk, a
+kill) never leaves a truncated file in place of the old one."""
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def unwritable_dir_reason(directory: Path) -> str | None:
+    """Why files cannot be created in `directory` (created later if missing), or None.
+
+    Probes with a real temporary file in the directory, or in its nearest existing ancestor
+    when it does not exist yet (nothing is created on the way)."""
+    directory = Path(directory)
+    probe = directory
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        if probe.is_symlink():  # a dangling link: mkdir would fail on it
+            return f"{probe} is a broken symbolic link"
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a directory" if probe == directory else (
+            f"{probe} (a parent of {directory}) is not a directory")
+    try:
+        fd, name = tempfile.mkstemp(dir=probe, prefix=".write-probe-")
+    except OSError as exc:
+        return f"cannot create files in {probe} ({exc.strerror or exc})"
+    os.close(fd)
+    os.unlink(name)
+    return None
+
+
+def unwritable_file_reason(path: Path) -> str | None:
+    """Why `path` cannot be (re)written as a file, or None."""
+    path = Path(path)
+    if path.is_dir():
+        return f"{path} is a directory"
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"{path} is read-only"
+    return unwritable_dir_reason(path.parent)
+
+
+def _new_file_mode(path: Path) -> int:
+    """The existing file's permissions, else what a plain ``open(path, "w")`` would give."""
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; on success it replaces `path` atomically, on any
+    error it is removed and `path` is left untouched. Missing parent directories are created."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        os.chmod(tmp, _new_file_mode(path))
+        with open(tmp, "rb+") as fh:  # the data on disk before the rename makes it visible
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)

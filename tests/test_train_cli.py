@@ -1,0 +1,250 @@
+"""The training command line as a user meets it: one-line errors with exit code 2 for bad input
+(checked before training, --json included), the --json file written atomically, the entry points
+(python -m hiertail_fast.train, python -m hiertail_fast, the hiertail-train function) and their
+OpenMP wait policy and thread defaults; HierTailConfig's own checks and loss_dtype."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import hiertail_fast.nn.hiertail as hiertail_module
+from hiertail_fast._train_cli import SMALL_GRAPH_NODES, main, parse_seeds
+from hiertail_fast.data.synthetic import make_synthetic_graph
+from hiertail_fast.nn.hiertail import HierTail, HierTailConfig, prepare_graph
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--synthetic", "--nodes", "120", "--classes", "5", "--features", "8", "--hidden", "8",
+        "--epochs", "2", "--seeds", "1", "--no-progress"]
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _python(args: list[str], env_drop=("OMP_WAIT_POLICY",), timeout=300, **env):
+    """Run `python args...` from the repository root with this checkout importable."""
+    environ = {k: v for k, v in os.environ.items() if k not in env_drop}
+    environ.update(PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
+                                                            os.environ.get("PYTHONPATH")])),
+                   **env)
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT,
+                          env=environ, timeout=timeout)
+
+
+# ----------------------------------------------------------------------------- user errors
+@pytest.mark.parametrize("extra, message", [
+    (["--lr", "nan"], "--lr: must be a finite number > 0, got nan"),
+    (["--lr", "inf"], "--lr: must be a finite number > 0, got inf"),
+    (["--weight-decay", "nan"], "--weight-decay: must be a finite number >= 0"),
+    (["--gamma=inf"], "--gamma: must be a finite number >= 0"),
+    (["--lr", "abc"], "'abc' is not a number"),
+    (["--seeds", "99999999999999999999,1"], "seed 99999999999999999999 is out of range"),
+    (["--seeds", "1,1"], "--seeds lists 1 more than once"),
+    (["--seeds", "3", "5", "3"], "--seeds lists 3 more than once"),
+    (["--seeds", "10000000000"], "--seeds count must lie in [1, 100000]"),
+    (["--device", "foo"], "--device 'foo' is not a device"),
+    (["--device", "meta"], "--device meta: only cpu and cuda devices can train"),
+])
+def test_bad_values_exit_2_with_one_line(extra, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(TINY + extra)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_device_without_cuda(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(TINY + ["--device", "cuda"])
+    assert exc.value.code == 2 and "CUDA is not available" in capsys.readouterr().err
+
+
+def test_data_or_split_directory_is_named_as_such(tmp_path, capsys):
+    for argv in (["--data", str(tmp_path)], TINY + ["--split", str(tmp_path)]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+        assert f"{tmp_path} is a directory, not an .npz file" in capsys.readouterr().err
+
+
+def _no_training(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("training started although --json cannot be written")
+    monkeypatch.setattr("hiertail_fast._train_cli.run_seeds", fail)
+
+
+def test_json_target_checked_before_training(tmp_path, capsys, monkeypatch):
+    _no_training(monkeypatch)
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    cases = [(tmp_path, "is a directory"),
+             (a_file / "out.json", f"{a_file} is not a directory"),
+             (a_file / "sub" / "out.json", f"{a_file} (a parent of {a_file / 'sub'}) is not a")]
+    for target, message in cases:
+        with pytest.raises(SystemExit) as exc:
+            main(TINY + ["--json", str(target)])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert f"--json {target} cannot be written: " in err and message in err, err
+
+
+def test_json_in_unwritable_directory(tmp_path, capsys, monkeypatch):
+    """A directory this process cannot create files in (mkstemp refused; a chmod'ed directory
+    does not stop root, so the refusal is simulated here and tested for real below)."""
+    _no_training(monkeypatch)
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr("hiertail_fast._files.tempfile.mkstemp", refuse)
+    with pytest.raises(SystemExit) as exc:
+        main(TINY + ["--json", str(tmp_path / "new" / "out.json")])
+    assert exc.value.code == 2
+    assert f"cannot create files in {tmp_path} (Permission denied)" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(IS_ROOT, reason="root writes into read-only directories")
+def test_json_in_read_only_directory(tmp_path, capsys, monkeypatch):
+    _no_training(monkeypatch)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "old.json").write_text("{}")
+    locked.chmod(0o555)
+    try:
+        for name in ("out.json", "old.json"):
+            with pytest.raises(SystemExit) as exc:
+                main(TINY + ["--json", str(locked / name)])
+            assert exc.value.code == 2 and "cannot be written" in capsys.readouterr().err
+    finally:
+        locked.chmod(0o755)
+
+
+def test_parse_seeds_distinct_and_in_range():
+    assert parse_seeds(["2"], base=2**64 - 2) == [2**64 - 2, 2**64 - 1]
+    with pytest.raises(ValueError, match="out of range"):
+        parse_seeds(["3"], base=2**64 - 2)
+    with pytest.raises(ValueError, match="more than once"):
+        parse_seeds(["4", "4"])
+
+
+# ----------------------------------------------------------------------------- the JSON file
+def test_json_replaced_atomically_with_a_line_saying_so(tmp_path, capsys):
+    out = tmp_path / "res.json"
+    out.write_text("old")
+    main(TINY + ["--json", str(out)])
+    assert json.loads(out.read_text())["seeds"] == [123]
+    assert f"replaced existing {out}" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["res.json"]  # no temporary left
+
+
+def test_full_disk_keeps_the_old_json_and_prints_the_results(tmp_path):
+    """A write that fails part-way (here: the file-size limit, as a full disk would) must leave
+    the previous file intact and no temporary file, and still hand the results to the user."""
+    out = tmp_path / "res.json"
+    out.write_text('{"old": true}')
+    code = ("import resource, signal, sys\n"
+            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))\n"
+            "from hiertail_fast.__main__ import main\n"
+            f"sys.exit(main({TINY + ['--json', str(out)]!r}))\n")
+    proc = _python(["-c", code])
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "could not write --json" in proc.stderr and "existing file is unchanged" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert json.loads(out.read_text()) == {"old": True}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["res.json"]
+    assert '"config_name": "paper"' in proc.stdout  # the results are not lost
+
+
+# ----------------------------------------------------------------------------- entry points
+SPIN = "GOMP_SPINCOUNT = '{}'"  # libgomp's OMP_DISPLAY_ENV=VERBOSE: 0 <=> passive waiting
+
+
+@pytest.mark.parametrize("entry", [["-m", "hiertail_fast.train"], ["-m", "hiertail_fast"],
+                                   ["-c", "import sys; from hiertail_fast.__main__ import main; "
+                                          "sys.exit(main())"]],
+                         ids=["m-train", "m-package", "console-script"])
+def test_entry_points_wait_passively_unless_told(entry):
+    proc = _python(entry + ["--help"], OMP_DISPLAY_ENV="VERBOSE")
+    assert proc.returncode == 0 and "--json" in proc.stdout, proc.stderr[-2000:]
+    assert SPIN.format(0) in proc.stderr          # OpenMP saw PASSIVE when torch loaded it
+    proc = _python(entry + ["--help"], OMP_DISPLAY_ENV="VERBOSE", OMP_WAIT_POLICY="ACTIVE")
+    assert SPIN.format(30000000000) in proc.stderr  # the user's own choice is kept
+
+
+def test_console_script_trains_and_exits_0(tmp_path):
+    """setup.py's hiertail-train calls sys.exit(main()): main must return 0, not the results."""
+    out = tmp_path / "res.json"
+    proc = _python(["-c", "import sys; from hiertail_fast.__main__ import main; "
+                          f"sys.exit(main({TINY + ['--json', str(out)]!r}))"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    training = json.loads(out.read_text())["training"]
+    assert training["omp_wait_policy"] == "PASSIVE" and training["threads"] == 1
+
+
+def test_import_has_no_side_effects_and_the_loop_does_not_import_the_cli():
+    code = ("import os, sys, torch\n"
+            "torch.set_num_threads(2); before = dict(os.environ)\n"
+            "import hiertail_fast, hiertail_fast.train, hiertail_fast.__main__\n"
+            "assert dict(os.environ) == before and torch.get_num_threads() == 2\n"
+            "assert 'hiertail_fast._train_cli' not in sys.modules\n"
+            "assert not hasattr(hiertail_fast.train, 'main')\n"
+            "import hiertail_fast._train_cli\n"
+            "assert dict(os.environ) == before and torch.get_num_threads() == 2\n"
+            "print('clean')\n")
+    proc = _python(["-c", code])
+    assert proc.returncode == 0 and "clean" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_threads_default_one_on_small_graphs_unless_given():
+    torch.set_num_threads(2)
+    assert main(TINY)["training"]["threads"] == 1   # 120 nodes < SMALL_GRAPH_NODES
+    assert main(TINY + ["--threads", "2"])["training"]["threads"] == 2
+    assert SMALL_GRAPH_NODES > 1005                 # Email trains on one thread by default
+
+
+# ----------------------------------------------------------------------------- the config
+@pytest.mark.parametrize("change, error", [
+    (dict(lr=float("nan")), ValueError), (dict(lr=float("inf")), ValueError),
+    (dict(weight_decay=float("nan")), ValueError), (dict(weight_decay=float("inf")), ValueError),
+    (dict(hidden=2.5), TypeError), (dict(hidden="64"), TypeError), (dict(hidden=True), TypeError),
+    (dict(loss_dtype="float64"), ValueError), (dict(loss_dtype=torch.int8), ValueError),
+])
+def test_config_rejects_at_construction(change, error):
+    with pytest.raises(error):
+        HierTailConfig.paper(**change)
+
+
+def test_config_loss_dtype_casts_the_contrastive_inputs(monkeypatch):
+    assert HierTailConfig.paper(loss_dtype=torch.bfloat16).loss_dtype == "bfloat16"  # JSON-able
+    g = make_synthetic_graph(150, num_classes=5, avg_degree=6, num_features=8, seed=0)
+    graph, idx = prepare_graph(g.edge_index, g.num_nodes), torch.arange(0, 150, 3)
+    seen = []
+    original = hiertail_module.balanced_contrastive_loss
+
+    def spy(z, labels, prototypes=None, **kw):
+        seen.append((z.dtype, None if prototypes is None else prototypes.dtype))
+        return original(z, labels, prototypes=prototypes, **kw)
+
+    monkeypatch.setattr(hiertail_module, "balanced_contrastive_loss", spy)
+    totals = {}
+    for dtype in (None, "float16", "bfloat16"):
+        torch.manual_seed(0)
+        model = HierTail(8, g.num_classes, HierTailConfig.paper(hidden=8, loss_dtype=dtype))
+        seen.clear()
+        loss = model.loss(model(g.x, graph), g.y, idx)
+        loss.total.backward()
+        want = torch.float32 if dtype is None else getattr(torch, dtype)
+        assert seen and all(d == want and p in (None, want) for d, p in seen), seen
+        assert loss.total.dtype == torch.float32
+        grads = [p.grad for p in model.parameters()]   # through the cast back to fp32
+        assert all(gr is not None and gr.dtype == torch.float32 and torch.isfinite(gr).all()
+                   for gr in grads)
+        totals[dtype] = loss.total.item()
+    assert totals["float16"] == pytest.approx(totals[None], rel=1e-2)
+    assert totals["bfloat16"] == pytest.approx(totals[None], rel=5e-2)
