@@ -27,13 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
+from hiertail_fast._validation import validate_contrastive_inputs
 from hiertail_fast.ops import _lse_torch
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, positive_pairs
 from hiertail_fast.ops._dispatch import choose_backend
-from hiertail_fast.reference.balanced_contrastive_loss import (
-    balanced_contrastive_loss_ref,
-    validate_contrastive_inputs,
-)
+from hiertail_fast.reference.balanced_contrastive_loss import balanced_contrastive_loss_ref
 
 
 def _backend_module(name: str):
