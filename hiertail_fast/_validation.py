@@ -93,12 +93,13 @@ def check_edge_weight(edge_weight: object, num_edges: int) -> torch.Tensor | Non
     return w
 
 
-def check_gcn_degrees(deg: torch.Tensor) -> torch.Tensor:
+def check_gcn_degrees(deg: torch.Tensor) -> None:
     """GCN degrees ``deg_i = Σ_{e -> i} w_e + loop_i`` must be >= 0: deg^-1/2 of a negative
     degree is not a real number (PyG silently returns NaN rows; a NaN there also broke the
     CPU operator build). ValueError naming the first offending node and its degree. NaN
     degrees (a sum of finite weights that overflowed to +inf and -inf) are rejected too."""
-    bad = ~(deg.detach() >= 0)
+    deg = deg.detach()  # a check only: nothing returned, no autograd
+    bad = ~(deg >= 0)
     if deg.numel() and bool(bad.any()):
         i = int(torch.nonzero(bad)[0])
         raise ValueError(
@@ -106,7 +107,6 @@ def check_gcn_degrees(deg: torch.Tensor) -> torch.Tensor:
             "self-loop): deg^-1/2 needs degrees >= 0, so the edge weights into a node must not "
             "sum to a negative value"
         )
-    return deg
 
 
 def validate_contrastive_inputs(
