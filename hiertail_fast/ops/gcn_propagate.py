@@ -277,6 +277,9 @@ def gcn_propagate(
         backend: None (automatic), "reference", "torch", "triton" or "torch_sparse".
     Returns:
         [n, d] in x's dtype.
+    Raises:
+        ValueError when a node's degree (weighted in-degree + added self-loop) is negative:
+        deg^-1/2 is undefined there (PyG returns NaN rows); the message names the node.
     """
     x = check_float_matrix(x, "x")  # NaN/Inf rejected on every backend, as the reference does
     if num_nodes is None and not isinstance(graph_or_edge_index, CSRGraph):
