@@ -1,7 +1,18 @@
 """Input checks shared by every public op: clear ValueError/TypeError naming the problem."""
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
+
+REDUCTIONS = ("mean", "sum", "none")
+VARIANTS = ("exact", "official")
+# Smallest accepted contrastive temperature. Every backend multiplies by 1/τ in float32: below
+# ~2.9e-39 that factor overflows (1e-45 passed the old "> 0" check, then failed inside the
+# kernels), and already at τ < 1e-6 a similarity z·z/τ of ordinary embeddings (|z·z| >= 3.4e32·τ)
+# overflows float32. The paper uses τ in [0.01, 1].
+MIN_TEMPERATURE = 1e-6
 
 
 def check_tensor(t: object, name: str) -> torch.Tensor:
@@ -80,3 +91,57 @@ def check_edge_weight(edge_weight: object, num_edges: int) -> torch.Tensor | Non
     if not all_finite(w):
         raise ValueError("edge_weight contains NaN or Inf")
     return w
+
+
+def check_gcn_degrees(deg: torch.Tensor) -> None:
+    """GCN degrees ``deg_i = Σ_{e -> i} w_e + loop_i`` must be >= 0: deg^-1/2 of a negative
+    degree is not a real number (PyG silently returns NaN rows; a NaN there also broke the
+    CPU operator build). ValueError naming the first offending node and its degree. NaN
+    degrees (a sum of finite weights that overflowed to +inf and -inf) are rejected too."""
+    deg = deg.detach()  # a check only: nothing returned, no autograd
+    bad = ~(deg >= 0)
+    if deg.numel() and bool(bad.any()):
+        i = int(torch.nonzero(bad)[0])
+        raise ValueError(
+            f"node {i} has GCN degree {float(deg[i]):g} (weighted in-degree plus added "
+            "self-loop): deg^-1/2 needs degrees >= 0, so the edge weights into a node must not "
+            "sum to a negative value"
+        )
+
+
+def validate_contrastive_inputs(
+    z: torch.Tensor,
+    labels: torch.Tensor,
+    prototypes: torch.Tensor | None,
+    temperature: float,
+    reduction: str,
+    variant: str,
+) -> None:
+    """Input checks of the balanced contrastive losses, shared by the reference and the fast
+    backends (ValueError/TypeError naming the argument). ``temperature`` must be a finite real
+    >= MIN_TEMPERATURE."""
+    check_float_matrix(z, "z")
+    if z.shape[0] == 0 or z.shape[1] == 0:
+        raise ValueError(f"z is empty (shape {tuple(z.shape)}); need at least one row and column")
+    check_index_vector(labels, "labels", length=z.shape[0])
+    if labels.device != z.device:
+        raise ValueError(f"labels are on {labels.device} but z is on {z.device}")
+    if prototypes is not None:
+        check_float_matrix(prototypes, "prototypes")
+        if prototypes.shape[1] != z.shape[1]:
+            raise ValueError(
+                f"prototypes have width {prototypes.shape[1]} but z has width {z.shape[1]}"
+            )
+        if prototypes.dtype != z.dtype:
+            raise TypeError(f"prototypes are {prototypes.dtype} but z is {z.dtype}")
+        if prototypes.device != z.device:
+            raise ValueError(f"prototypes are on {prototypes.device} but z is on {z.device}")
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+        raise TypeError(f"temperature must be a float, got {type(temperature).__name__}")
+    if not math.isfinite(float(temperature)) or not float(temperature) >= MIN_TEMPERATURE:
+        raise ValueError(f"temperature must be a finite number >= {MIN_TEMPERATURE:g}, got "
+                         f"{temperature}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction={reduction!r} is not one of {REDUCTIONS}")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant={variant!r} is not one of {VARIANTS}")

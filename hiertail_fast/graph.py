@@ -12,7 +12,10 @@ any propagation, as in PyG's message passing).
 
 Nothing here mutates a caller's tensor; every derived quantity (row index of every entry, GCN
 degrees, transposed CSR, symmetry flag) is computed once per graph and cached on the object, so an
-epoch loop on a fixed graph pays for it once. Caches are keyed by their options (and dtype/device).
+epoch loop on a fixed graph pays for it once. Caches are keyed by their options (and dtype/device);
+the ones that depend on the edge weights (degrees, normalised values, transpose, symmetry, A²,
+the propagation operator) also by the weights' version counter, so an in-place update of
+learnable weights (an optimizer step on an ``nn.Parameter``) is seen even under ``no_grad``.
 Edge weights that require grad keep their autograd history through construction, `subgraph` and
 the self-loop methods (gathers / sums are differentiable); `augment_a2` is not differentiable.
 Input checks, the COO -> CSR build and deg^-1/2 are module-level helpers in `hiertail_fast._csr`.
@@ -126,9 +129,34 @@ class CSRGraph:
         return self._indptr.device
 
     def _cached(self, key: Any, fn):
+        """Cache of a STRUCTURAL quantity (depends on indptr/indices only)."""
         if key not in self._cache:
             self._cache[key] = fn()
         return self._cache[key]
+
+    def _weight_version(self) -> int | None:
+        """Version of the stored weights: None when unweighted, else the tensor's in-place
+        version counter (bumped by every in-place update, e.g. an optimizer step on an
+        ``nn.Parameter``). -1 for inference tensors (no counter: never cached, see below)."""
+        if self._weight is None:
+            return None
+        if self._weight.is_inference():
+            return -1
+        return self._weight._version
+
+    def _cached_w(self, key: Any, fn):
+        """Cache of a quantity that depends on the edge WEIGHTS: an entry is valid only for the
+        weights' version it was computed from (the weight tensor itself is fixed per graph, so
+        identity cannot change), so an in-place update of learnable weights invalidates it
+        instead of serving the old operator. In-place changes through ``.data`` bypass the
+        version counter and are not seen (as everywhere in autograd)."""
+        ver = self._weight_version()
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] == ver and ver != -1:
+            return hit[1]
+        value = fn()
+        self._cache[key] = (ver, value)
+        return value
 
     def row_index(self) -> torch.Tensor:
         """Target (row) of every CSR entry, int64 [nnz] (cached)."""
@@ -228,7 +256,7 @@ class CSRGraph:
             return deg_inv_sqrt(self.degree(dtype) + loop), loop
         if self._weight is not None and self._weight.requires_grad and torch.is_grad_enabled():
             return compute()
-        return self._cached(("dinv", bool(improved), bool(add_self_loops), dtype), compute)
+        return self._cached_w(("dinv", bool(improved), bool(add_self_loops), dtype), compute)
 
     def gcn_norm_values(self, improved: bool = True, add_self_loops: bool = True,
                         dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -241,7 +269,7 @@ class CSRGraph:
             return values, loop * dinv * dinv
         if self._weight is not None and self._weight.requires_grad and torch.is_grad_enabled():
             return compute()
-        return self._cached(("norm", bool(improved), bool(add_self_loops), dtype), compute)
+        return self._cached_w(("norm", bool(improved), bool(add_self_loops), dtype), compute)
 
     # ------------------------------------------------------------------ transpose / symmetry
     def transpose_perm(self) -> torch.Tensor:
@@ -255,7 +283,8 @@ class CSRGraph:
                             lambda: torch.bincount(self._indices, minlength=self._num_nodes))
 
     def transpose(self) -> CSRGraph:
-        """The reversed graph (every ``j -> i`` becomes ``i -> j``), cached."""
+        """The reversed graph (every ``j -> i`` becomes ``i -> j``); cached for the current
+        version of the weights (it holds a gathered copy of them)."""
         def compute() -> CSRGraph:
             perm = self.transpose_perm()
             n = self._num_nodes
@@ -263,28 +292,42 @@ class CSRGraph:
             torch.cumsum(self.column_counts(), 0, out=indptr[1:])
             w = None if self._weight is None else self._weight[perm]
             return CSRGraph(indptr, self.row_index()[perm], w, n, validate=False)
-        return self._cached("transpose", compute)
+        if self.known_symmetric:
+            return self
+        return self._cached_w("transpose", compute)
 
     @property
     def known_symmetric(self) -> bool | None:
-        """True/False when symmetry is already known (checked, or inherited from a symmetric
-        parent by subgraph / self-loop methods / A² / symmetrize), None when not yet checked."""
-        return self._cache.get("symmetric")
+        """True/False when symmetry is already known (checked for the current weights, or
+        declared: inherited from a symmetric parent by subgraph / self-loop methods / A² /
+        symmetrize), None when not yet checked."""
+        if self._cache.get("assumed_symmetric"):
+            return True
+        hit = self._cache.get("symmetric")
+        if hit is not None and hit[0] == self._weight_version() and hit[0] != -1:
+            return hit[1]
+        return None
 
     def assume_symmetric(self) -> CSRGraph:
         """Declare M == Mᵀ without checking (e.g. an induced subgraph of a symmetric graph, built
         elsewhere) so backward passes reuse this CSR; returns self. Wrong use gives wrong
-        gradients: only call it when symmetry holds by construction."""
-        self._cache["symmetric"] = True
-        self._cache["transpose"] = self
+        gradients: only call it when symmetry holds by construction (also after any in-place
+        update of the weights: the declaration is not re-checked)."""
+        self._cache["assumed_symmetric"] = True
+        self._cache.pop("transpose", None)
         return self
 
     def _inherit_symmetry(self, child: CSRGraph) -> CSRGraph:
         return child.assume_symmetric() if self.known_symmetric else child
 
     def is_symmetric(self) -> bool:
-        """Whether M == Mᵀ, weights included (cached). Duplicate entries with different weights
-        can make the check False for a symmetric multigraph (then the transposed path is used)."""
+        """Whether M == Mᵀ, weights included (cached for the current weight version).
+        Duplicate entries with different weights can make the check False for a symmetric
+        multigraph (then the transposed path is used)."""
+        known = self.known_symmetric
+        if known is not None:
+            return known
+
         def compute() -> bool:
             t = self.transpose()
             if not torch.equal(t.indptr, self._indptr) or not torch.equal(t.indices, self._indices):
@@ -292,11 +335,10 @@ class CSRGraph:
             if self._weight is None:
                 return True
             return bool(torch.equal(t.weight.detach(), self._weight.detach()))
-        if "symmetric" not in self._cache:
-            self._cache["symmetric"] = compute()
-            if self._cache["symmetric"]:  # the transpose is the graph itself: free the copy
-                self.assume_symmetric()
-        return self._cache["symmetric"]
+        result = self._cached_w("symmetric", compute)
+        if result:  # the transpose is the graph itself: free the copy
+            self._cache.pop("transpose", None)
+        return result
 
     # ------------------------------------------------------------------ subgraph / A²
     def subgraph(self, nodes: torch.Tensor, *, return_entry_index: bool = False):
@@ -355,8 +397,9 @@ class CSRGraph:
         (weighted sparse·sparse product), drop self-loops again. Off-diagonal weights become
         ``2 w_uv + Σ_k w_uk w_kv`` (weighted 2-hop walks). Result is weighted and not
         differentiable. Cost O(Σ_v deg_v²): can be nearly dense around hubs. Cached on the graph
-        (a training loop that augments the same input graph every epoch pays once)."""
-        return self._cached("a2", self._augment_a2)
+        for the current weight version (a training loop that augments the same input graph
+        every epoch pays once)."""
+        return self._cached_w("a2", self._augment_a2)
 
     def _augment_a2(self) -> CSRGraph:
         g = self.remove_self_loops().with_self_loops(1.0)

@@ -1,6 +1,6 @@
 """Triton kernels for top-k pooling (gPool / PyG TopKPooling) and unpooling.
 
-Forward:   score_i = tanh(x_i·p̂), p̂ = p/‖p‖          (_topk_score_kernel, reads X once)
+Forward:   t_i = x_i·p̂, p̂ = p/‖p‖; score = tanh(t)   (_topk_score_kernel, reads X once)
            [top-k selection: a stable torch.sort on the device, in hiertail_fast/ops]
            out_r = x_{perm_r} · score_{perm_r}          (_topk_gather_scale_kernel)
 Backward:  for kept rows only (dropped rows get no gradient through the output):
@@ -15,8 +15,8 @@ the block counts gives every block its output offset, pass 2 recomputes the keep
 the kept entries inside the block with tl.cumsum and writes (new row, new col, entry id).
 Unpool: _topk_unpool_scatter_kernel writes out[perm_r] = x'_r (rows distinct: no atomics).
 
-tanh: Triton has no tanh primitive, so tanh(y) = sign(y)(1 − e^{−2|y|})/(1 + e^{−2|y|}), with
-the odd Taylor polynomial below |y| < 1/8 where 1 − e^{−2|y|} would cancel (error < 1e-11·|y|).
+tanh is applied by the caller with torch.tanh (the same function as on every other backend),
+so that scores saturating to ±1 tie, and break ties, exactly as the reference does.
 """
 from __future__ import annotations
 
@@ -28,20 +28,7 @@ from ._utils import feature_block
 
 
 @triton.jit
-def _tanh(y):
-    a = tl.abs(y)
-    e = tl.exp(-2.0 * a)
-    big = (1.0 - e) / (1.0 + e)
-    y2 = a * a
-    # tanh(a) = a − a³/3 + 2a⁵/15 − 17a⁷/315 + 62a⁹/2835 − …  (Horner)
-    small = a * (1.0 + y2 * (-1.0 / 3.0 + y2 * (2.0 / 15.0 + y2 * (-17.0 / 315.0
-                                                                   + y2 * (62.0 / 2835.0)))))
-    t = tl.where(a < 0.125, small, big)
-    return tl.where(y < 0, -t, t)
-
-
-@triton.jit
-def _topk_score_kernel(x_ptr, p_ptr, norm_ptr, score_ptr, n, d, stride_x,
+def _topk_score_kernel(x_ptr, p_ptr, score_ptr, n, d, stride_x,
                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
@@ -54,8 +41,8 @@ def _topk_score_kernel(x_ptr, p_ptr, norm_ptr, score_ptr, n, d, stride_x,
                      mask=row_ok[:, None] & (cols[None, :] < d), other=0.0).to(ACC)
         pt = tl.load(p_ptr + cols, mask=cols < d, other=0.0).to(ACC)
         acc += tl.sum(xt * pt[None, :], axis=1)
-    s = _tanh(acc / tl.load(norm_ptr).to(ACC))  # (x·p)/‖p‖ as the reference rounds it
-    tl.store(score_ptr + rows, s.to(score_ptr.dtype.element_ty), mask=row_ok)
+    # every row is reduced by the same fixed-order code: identical rows -> identical bits
+    tl.store(score_ptr + rows, acc.to(score_ptr.dtype.element_ty), mask=row_ok)
 
 
 @triton.jit
@@ -163,15 +150,14 @@ _BLOCK_ROWS = 32
 _BLOCK_E = 1024
 
 
-def topk_score(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """score = tanh(x·p/‖p‖), [n], x's dtype. x [n, d] and p [d] contiguous."""
+def topk_score(x: torch.Tensor, phat: torch.Tensor) -> torch.Tensor:
+    """t = x·p̂ [n] in x's dtype (the caller applies tanh), x [n, d] and p̂ [d] contiguous."""
     n, d = x.shape
     score = torch.empty(n, dtype=x.dtype, device=x.device)
     if n:
-        norm = p.norm(p=2).reshape(1)  # on the device: no host sync
         bd = feature_block(d, 128)
         _topk_score_kernel[(triton.cdiv(n, _BLOCK_ROWS),)](
-            x, p, norm, score, n, d, x.stride(0), BLOCK_N=_BLOCK_ROWS, BLOCK_D=bd)
+            x, phat, score, n, d, x.stride(0), BLOCK_N=_BLOCK_ROWS, BLOCK_D=bd)
     return score
 
 
@@ -189,12 +175,12 @@ def gather_rows(x: torch.Tensor, perm: torch.Tensor,
     return out, out_score
 
 
-def topk_pool_bwd(x, p, perm, score_sel, grad_out, grad_score):
-    """(dx [n, d], dp [d]) of (x[perm]·s[perm], s[perm]) with s = tanh(x·p/‖p‖)."""
+def topk_pool_bwd(x, phat, qn, m, perm, score_sel, grad_out, grad_score):
+    """(dx [n, d], dp [d]) of (x[perm]·s[perm], s[perm]) with s = tanh(x·p̂), p̂ = p/‖p‖ and
+    ‖p‖ = m·qn (m = max|p|, qn = ‖p/m‖: the scaled norm, which neither under- nor overflows)."""
     n, d = x.shape
     k = perm.numel()
-    norm = p.norm(p=2)
-    phat = (p / norm).contiguous()
+    phat = phat.contiguous()
     dx = torch.zeros_like(x)
     grid = triton.cdiv(k, _BLOCK_ROWS)
     acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -206,8 +192,9 @@ def topk_pool_bwd(x, p, perm, score_sel, grad_out, grad_score):
             HAS_GS=grad_score is not None, BLOCK_K=_BLOCK_ROWS, BLOCK_D=feature_block(d, 128))
     v = v.sum(dim=0)  # fixed-order reduction of the per-program partials: deterministic
     ph = phat.to(acc_dtype)
-    dp = (v - (v @ ph) * ph) / norm.to(acc_dtype)  # d(x·p/‖p‖)/dp = (I − p̂p̂ᵀ)x/‖p‖
-    return dx, dp.to(p.dtype)
+    # d(x·p/‖p‖)/dp = (I − p̂p̂ᵀ)x/‖p‖, divided by ‖p‖ = m·qn in two steps (no overflow)
+    dp = (v - (v @ ph) * ph) / qn.to(acc_dtype) / m.to(acc_dtype)
+    return dx, dp.to(phat.dtype)
 
 
 def filter_edges(row: torch.Tensor, col: torch.Tensor, relabel: torch.Tensor):

@@ -16,12 +16,12 @@ pytest.importorskip("torch_geometric")
 import scipy.sparse as sp  # noqa: E402
 from torch_geometric.data import Data  # noqa: E402
 
+from hiertail_fast._train_cli import main as train_main  # noqa: E402
 from hiertail_fast.data import load_dataset  # noqa: E402
 from hiertail_fast.data.conversion import convert, main, save_graph, write_atomic  # noqa: E402
 from hiertail_fast.data.datasets import official_preprocess, resolve_root  # noqa: E402
 from hiertail_fast.data.io import GraphData, load_npz, save_npz  # noqa: E402
 from hiertail_fast.train import load_split  # noqa: E402
-from hiertail_fast._train_cli import main as train_main  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

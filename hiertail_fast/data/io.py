@@ -18,7 +18,6 @@ dense. Loading returns CPU torch tensors sharing memory with the decoded numpy a
 from __future__ import annotations
 
 import os
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,9 +183,13 @@ def load_npz(
         raise FileNotFoundError(f"graph file not found: {p}")
     where = str(p)
     try:
-        z = np.load(p, allow_pickle=False)
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise ValueError(f"{where}: not a readable .npz file ({exc})") from exc
+        z = np.load(p, allow_pickle=False)  # never unpickle: a data file must not run code
+    except Exception as exc:
+        # numpy's own message may suggest allow_pickle=True: neither repeated nor chained
+        # (loading pickles from an untrusted file runs arbitrary code)
+        raise ValueError(f"{where}: not a readable .npz file (corrupt, not a zip archive of "
+                         f".npy arrays, or pickled data, which is never loaded; "
+                         f"{type(exc).__name__})") from None
     with z:
         keys = set(z.files)
         missing = [k for k in ("edge_index", "y") if k not in keys]
@@ -198,10 +201,12 @@ def load_npz(
         try:
             edge_index, y = z["edge_index"], z["y"]
             x = z["x"] if "x" in keys else _csr_to_dense(z, where)
-        except (OSError, ValueError, zipfile.BadZipFile) as exc:
-            if str(exc).startswith(where):
+        except Exception as exc:
+            if isinstance(exc, ValueError) and str(exc).startswith(where):
                 raise
-            raise ValueError(f"{where}: cannot decode arrays ({exc})") from exc
+            raise ValueError(f"{where}: cannot decode arrays (a corrupt member, or an object "
+                             f"array, which would need unsafe unpickling and is never loaded; "
+                             f"{type(exc).__name__})") from None
     _check_arrays(edge_index, x, y, where)
     y = y.astype(np.int64, copy=False)
     label_map = None

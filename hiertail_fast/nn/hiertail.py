@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hiertail_fast._validation import check_index_vector
 from hiertail_fast.data.pyg import graph_inputs, is_pyg_data
 from hiertail_fast.graph import CSRGraph
 from hiertail_fast.losses import balanced_contrastive_loss, hierarchical_contrastive_loss
@@ -382,10 +383,23 @@ class HierTail(nn.Module):
         """L = CE(logits[train], y[train]) + γ·(SCL + Σ_l BCL_l); see the module docstring."""
         cfg = self.config
         n = output.logits.shape[0]
-        if not isinstance(y, torch.Tensor) or y.shape != (n,):
-            raise ValueError(f"y must be a tensor of shape [{n}]")
-        if not isinstance(train_idx, torch.Tensor) or train_idx.dim() != 1 or not train_idx.numel():
+        # checked here, not deep inside torch's indexing / cross_entropy (IndexError, or a
+        # device-side assert on CUDA): labels in [0, C), indices in [0, n), same device
+        y = check_index_vector(y, "y", length=n)
+        if y.numel() and int(y.max()) >= self.num_classes:
+            raise ValueError(f"y has label {int(y.max())} but the model has "
+                             f"{self.num_classes} classes (labels must lie in [0, "
+                             f"{self.num_classes}))")
+        train_idx = check_index_vector(train_idx, "train_idx")
+        if not train_idx.numel():
             raise ValueError("train_idx must be a non-empty 1-D index tensor")
+        if int(train_idx.max()) >= n:
+            raise ValueError(f"train_idx refers to node {int(train_idx.max())} but the output "
+                             f"has {n} nodes")
+        for t, name in ((y, "y"), (train_idx, "train_idx")):
+            if t.device != output.logits.device:
+                raise ValueError(f"{name} is on {t.device} but the output is on "
+                                 f"{output.logits.device}")
         kw = dict(temperature=cfg.tau, include_self=cfg.include_self, variant=cfg.loss_variant,
                   backend=cfg.loss_backend)
         # loss_dtype: embeddings and prototypes cast right before the contrastive losses (they

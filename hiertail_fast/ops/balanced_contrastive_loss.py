@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hiertail_fast._validation import validate_contrastive_inputs
 from hiertail_fast.ops import _attention_lse, _lse_torch
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, positive_pairs
 from hiertail_fast.ops._dispatch import (
@@ -37,10 +38,7 @@ from hiertail_fast.ops._dispatch import (
     requested_backend,
     triton_available,
 )
-from hiertail_fast.reference.balanced_contrastive_loss import (
-    balanced_contrastive_loss_ref,
-    validate_contrastive_inputs,
-)
+from hiertail_fast.reference.balanced_contrastive_loss import balanced_contrastive_loss_ref
 
 
 def _backend_module(name: str):
@@ -319,8 +317,8 @@ def balanced_contrastive_loss_op(
     rows = torch.arange(n, device=z.device)
     lv = _make_levels(n, [(rows, labels)], include_self, cdt, z.device)
     return _apply(
-        _fallback(z), z_all, lv, 1.0 / float(temperature), bool(include_self), variant, reduction, choice,
-        torch.is_grad_enabled() and z_all.requires_grad,
+        _fallback(z), z_all, lv, 1.0 / float(temperature), bool(include_self), variant,
+        reduction, choice, torch.is_grad_enabled() and z_all.requires_grad,
     )
 
 
@@ -372,8 +370,8 @@ def hierarchical_contrastive_loss_op(
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
     lv = _make_levels(off, level_rows, include_self, cdt, z.device)
     return _apply(
-        _fallback(z), z_big, lv, 1.0 / float(temperature), bool(include_self), variant, "mean", choice,
-        torch.is_grad_enabled() and z_big.requires_grad,
+        _fallback(z), z_big, lv, 1.0 / float(temperature), bool(include_self), variant,
+        "mean", choice, torch.is_grad_enabled() and z_big.requires_grad,
     )
 
 

@@ -85,14 +85,22 @@ def _normalised(graph: CSRGraph, weight, dinv, transposed: bool):
     return t.indptr, t.indices, values[graph.transpose_perm()]
 
 
-def _merge_diagonal(indptr, indices, values, diag):
-    """Insert the entries (i, i, diag_i) for every i with diag_i != 0 (nodes without a stored
-    self-loop) into a row-sorted CSR, keeping columns sorted: O(nnz + n), no sort. Used once
-    per graph for the cached CPU operator, so a call is ONE sparse product (no extra pass of
-    x·diag over the features)."""
+def _merge_diagonal(indptr, indices, values, diag, insert=None):
+    """Insert the entries (i, i, diag_i) for every i with ``insert_i`` (nodes that get an added
+    self-loop; default ``diag != 0``) into a row-sorted CSR, keeping columns sorted: O(nnz + n),
+    no sort. Used once per graph for the cached CPU operator, so a call is ONE sparse product
+    (no extra pass of x·diag over the features).
+
+    Which rows get an entry is decided from the STRUCTURE (``insert`` and the stored diagonal),
+    never from the values: a row that already stores (i, i) never gets a second one, so the
+    target slots are a bijection onto the output and every slot of the (uninitialised) output
+    arrays is written exactly once. (Deciding by ``diag != 0`` once let a NaN diagonal insert
+    a colliding entry and leave a slot of garbage for MKL to read.)"""
     n = indptr.numel() - 1
-    ins = diag != 0
     row = torch.repeat_interleave(torch.arange(n, device=indptr.device), indptr.diff())
+    stored = torch.zeros(n, dtype=torch.bool, device=indptr.device)
+    stored[row[indices == row]] = True
+    ins = (diag != 0 if insert is None else insert) & ~stored
     before = torch.cumsum(ins, 0) - ins.long()  # inserted entries in earlier rows
     new_indptr = indptr.clone()
     new_indptr[:-1] += before
@@ -118,7 +126,8 @@ def _cached_operator(backend, graph, weight, dinv, loop, key, transposed):
     def build():
         indptr, indices, values = _normalised(graph, weight, dinv, transposed)
         if loop is not None:
-            indptr, indices, values = _merge_diagonal(indptr, indices, values, loop * dinv * dinv)
+            indptr, indices, values = _merge_diagonal(indptr, indices, values,
+                                                      loop * dinv * dinv, loop != 0)
         n = graph.num_nodes
         if backend == "torch_sparse":
             import torch_sparse
@@ -129,7 +138,8 @@ def _cached_operator(backend, graph, weight, dinv, loop, key, transposed):
         if indices.numel() < 2**31 - 1:
             indptr, indices = indptr.int(), indices.int()
         return _sparse_csr(indptr, indices, values, n)
-    return graph._cached(("gcn_operator", backend, transposed, loop is not None) + key, build)
+    # keyed by the weights' version too: an in-place update of learnable weights rebuilds it
+    return graph._cached_w(("gcn_operator", backend, transposed, loop is not None) + key, build)
 
 
 def _spmm(backend, graph, weight, dinv, loop, x, key, transposed):
@@ -262,7 +272,7 @@ def gcn_propagate(
     """Â·x, Â = D^-1/2 (A + fill·I) D^-1/2 (PyG GCNConv propagation; fill 2 if improved).
 
     Args:
-        x: [n, d] float features.
+        x: [n, d] float features, finite (NaN/Inf: ValueError on every backend).
         graph_or_edge_index: a `CSRGraph` (recommended for repeated calls: its CSR, degrees,
             normalised values and transpose are built once and cached on it) or edge_index [2, E]
             (row 0 = source, row 1 = target; converted on every call).
@@ -271,8 +281,11 @@ def gcn_propagate(
         backend: None (automatic), "reference", "torch", "triton" or "torch_sparse".
     Returns:
         [n, d] in x's dtype.
+    Raises:
+        ValueError when a node's degree (weighted in-degree + added self-loop) is negative:
+        deg^-1/2 is undefined there (PyG returns NaN rows); the message names the node.
     """
-    x = check_float_matrix(x, "x", finite=False)
+    x = check_float_matrix(x, "x")  # NaN/Inf rejected on every backend, as the reference does
     if num_nodes is None and not isinstance(graph_or_edge_index, CSRGraph):
         num_nodes = x.shape[0]  # an edge_index gets its node count from x
     graph = as_graph(graph_or_edge_index, edge_weight, num_nodes)

@@ -23,7 +23,11 @@ from __future__ import annotations
 import torch
 
 from hiertail_fast.ops._dispatch import choose_backend
-from hiertail_fast.reference.nearest_prototype import check_prototype_args, nearest_prototype_ref
+from hiertail_fast.reference.nearest_prototype import (
+    check_prototype_args,
+    nearest_prototype_ref,
+    pow2_rescale,
+)
 
 __all__ = ["nearest_prototype"]
 
@@ -48,8 +52,9 @@ def nearest_prototype(
     if choice == "reference":
         return nearest_prototype_ref(z, prototypes)
     with torch.no_grad():
-        z = z.detach()
-        prototypes = prototypes.detach()
+        # exact power-of-two rescale when ‖z‖² / ‖p‖² could over- or underflow (the expanded
+        # form needs them; float32 entries ~1e19 gave inf − inf = NaN and a wrong argmin)
+        z, prototypes = pow2_rescale(z.detach(), prototypes.detach())
         acc_dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
         if choice == "triton":
             from hiertail_fast.kernels.nearest_prototype import nearest_prototype_fwd

@@ -3,11 +3,12 @@
 Same semantics as ``hiertail_fast.reference.topk_pool`` (read its module docstring for the pool
 size rules, the PyG float32 ceil quirk, ratio == 1.0 and the tie rule):
 
-    score = tanh(X·p/‖p‖);  perm = top-k of score (stable: ties -> lower node index first)
+    score = tanh(X·p̂), p̂ = p/‖p‖;  perm = top-k of score (stable: ties -> lower node index first)
     X' = X[perm] ⊙ score[perm];  A' = A[perm, perm] relabelled 0..k−1, edge weights kept
 
 Backends (``choose_backend``):
-- torch: ``torch.mv`` for the score, ``_select`` for the top-k (``torch.topk`` + a stable sort
+- torch: a row-wise ``(x * p̂).sum(1)`` for the score (identical rows -> identical scores),
+  ``_select`` for the top-k (``torch.topk`` + a stable sort
   of the kept scores: torch.topk alone has no defined tie order), index ops, and a
   ``CSRGraph.subgraph`` for the induced graph (row-segment gather + filter + sort,
   O(Σ deg of kept rows) instead of O(E)).
@@ -37,6 +38,7 @@ from hiertail_fast.reference.topk_pool import (
     _check_score_weight,
     check_unpool_args,
     pool_size,
+    score_direction,
     topk_pool_ref,
     topk_unpool_ref,
 )
@@ -82,24 +84,42 @@ def _select(score: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat([above, ties])
 
 
+_ROW_DOT_CHUNK = 1 << 18  # elements of one [rows, d] product chunk of `_row_dot` (1 MB fp32)
+
+
+def _row_dot(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """x·v [n] as row-wise (x * v).sum(1), in row chunks (bounded temporary). Unlike torch.mv
+    (whose BLAS blocking rounds the trailing n mod 4 rows differently) each row's sum depends
+    only on the row, so identical rows give bit-identical results, equal to the reference's."""
+    n, d = x.shape
+    out = torch.empty(n, dtype=x.dtype, device=x.device)
+    step = max(1, _ROW_DOT_CHUNK // max(1, d))
+    for s in range(0, n, step):
+        torch.sum(x[s:s + step] * v, dim=1, out=out[s:s + step])
+    return out
+
+
 class TopKPoolFunction(torch.autograd.Function):
     """(x [n, d], p [d], k, backend) -> (x[perm]·s[perm] [k, d], perm [k], s[perm] [k])."""
 
     @staticmethod
     def forward(ctx, x, p, k, backend):
+        phat, qn, m = score_direction(p)  # p̂ = p/‖p‖ without under/overflow of ‖p‖
         if backend == "triton":
             from hiertail_fast.kernels import topk_pool as kern
 
-            x, p = x.contiguous(), p.contiguous()
-            score = kern.topk_score(x, p)
+            x = x.contiguous()
+            # kernel: t_i = x_i·p̂ (one fixed-order row reduction); tanh is torch's, the same
+            # function as on the other backends, so saturated ties break the same way
+            score = torch.tanh(kern.topk_score(x, phat.contiguous()))
             perm = _select(score, k)
             x_pooled, score_sel = kern.gather_rows(x, perm, score)
         else:
-            score = torch.tanh(torch.mv(x, p) / p.norm(p=2))
+            score = torch.tanh(_row_dot(x, phat))
             perm = _select(score, k)
             score_sel = score[perm]
             x_pooled = x.index_select(0, perm).mul_(score_sel.unsqueeze(1))
-        ctx.save_for_backward(x, p, perm, score_sel)
+        ctx.save_for_backward(x, p, perm, score_sel, phat, qn, m)
         ctx.backend = backend
         ctx.mark_non_differentiable(perm)
         return x_pooled, perm, score_sel
@@ -107,17 +127,15 @@ class TopKPoolFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_x, grad_perm, grad_score):
-        x, p, perm, s = ctx.saved_tensors
+        x, p, perm, s, phat, qn, m = ctx.saved_tensors
         if grad_x is None:
             grad_x = x.new_zeros(perm.numel(), x.shape[1])
         if ctx.backend == "triton":
             from hiertail_fast.kernels import topk_pool as kern
 
             gs = None if grad_score is None else grad_score.contiguous()
-            dx, dp = kern.topk_pool_bwd(x, p, perm, s, grad_x.contiguous(), gs)
+            dx, dp = kern.topk_pool_bwd(x, phat, qn, m, perm, s, grad_x.contiguous(), gs)
         else:
-            norm = p.norm(p=2)
-            phat = p / norm
             # peak extra memory: dx [n, d] (the result) + two [k, d] buffers
             xs = x.index_select(0, perm)  # [k, d]
             # ∂L/∂s_r through X' = X[perm]·s: row dots as a batched [1,d]·[d,1] (no k×d temp)
@@ -129,7 +147,8 @@ class TopKPoolFunction(torch.autograd.Function):
             dx = torch.zeros_like(x).index_copy_(0, perm, dxk)
             del dxk
             v = torch.mv(xs.t(), dt)  # Σ_r dt_r x_perm_r
-            dp = (v - torch.dot(v, phat) * phat) / norm  # (I − p̂p̂ᵀ) v / ‖p‖
+            # (I − p̂p̂ᵀ) v / ‖p‖ with ‖p‖ = m·‖q‖ divided in two steps (no overflow of ‖p‖)
+            dp = ((v - torch.dot(v, phat) * phat) / qn.to(v.dtype) / m.to(v.dtype)).to(p.dtype)
         # k and backend are Python values: no gradient
         return (dx if ctx.needs_input_grad[0] else None,
                 dp if ctx.needs_input_grad[1] else None, None, None)

@@ -26,50 +26,17 @@ so this is the official code's mean over all rows). If no row contributes the lo
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-from hiertail_fast._validation import check_float_matrix, check_index_vector
+# the input checks live in _validation; re-exported here for compatibility
+from hiertail_fast._validation import (  # noqa: F401
+    MIN_TEMPERATURE,
+    REDUCTIONS,
+    VARIANTS,
+    validate_contrastive_inputs,
+)
 
 OFFICIAL_EPS = 1e-7
-REDUCTIONS = ("mean", "sum", "none")
-VARIANTS = ("exact", "official")
-
-
-def validate_contrastive_inputs(
-    z: torch.Tensor,
-    labels: torch.Tensor,
-    prototypes: torch.Tensor | None,
-    temperature: float,
-    reduction: str,
-    variant: str,
-) -> None:
-    """Input checks shared by reference and fast backends (ValueError/TypeError)."""
-    check_float_matrix(z, "z")
-    if z.shape[0] == 0 or z.shape[1] == 0:
-        raise ValueError(f"z is empty (shape {tuple(z.shape)}); need at least one row and column")
-    check_index_vector(labels, "labels", length=z.shape[0])
-    if labels.device != z.device:
-        raise ValueError(f"labels are on {labels.device} but z is on {z.device}")
-    if prototypes is not None:
-        check_float_matrix(prototypes, "prototypes")
-        if prototypes.shape[1] != z.shape[1]:
-            raise ValueError(
-                f"prototypes have width {prototypes.shape[1]} but z has width {z.shape[1]}"
-            )
-        if prototypes.dtype != z.dtype:
-            raise TypeError(f"prototypes are {prototypes.dtype} but z is {z.dtype}")
-        if prototypes.device != z.device:
-            raise ValueError(f"prototypes are on {prototypes.device} but z is on {z.device}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise TypeError(f"temperature must be a float, got {type(temperature).__name__}")
-    if not math.isfinite(float(temperature)) or temperature <= 0:
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction={reduction!r} is not one of {REDUCTIONS}")
-    if variant not in VARIANTS:
-        raise ValueError(f"variant={variant!r} is not one of {VARIANTS}")
 
 
 def _reduce(loss: torch.Tensor, contributes: torch.Tensor, reduction: str) -> torch.Tensor:

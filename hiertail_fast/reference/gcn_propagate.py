@@ -8,6 +8,9 @@ source_to_target). Plain torch (index_add), float64-safe, differentiable w.r.t. 
     deg_i = Σ_{e: target(e) = i} w_e + loop_i           (summed over the TARGET index)
     out_i = Σ_{e = (j -> i)} dinv_j w_e dinv_i x_j + loop_i dinv_i² x_i,   dinv = deg^-1/2 (0 if 0)
 
+Negative degrees (negative edge weights that outweigh the rest) raise a ValueError naming the
+node: deg^-1/2 is undefined there (PyG returns NaN rows). Every backend applies the same rule.
+
 Deliberate differences from PyG 2.8.1, both documented in the tests:
 * ``improved=True`` always uses fill 2. PyG 2.8's ``gcn_norm`` with ``edge_weight=None`` adds its
   self-loops before creating the unit weights and so silently uses fill 1; pass explicit unit
@@ -19,7 +22,12 @@ from __future__ import annotations
 
 import torch
 
-from hiertail_fast._validation import check_edge_index, check_edge_weight, check_float_matrix
+from hiertail_fast._validation import (
+    check_edge_index,
+    check_edge_weight,
+    check_float_matrix,
+    check_gcn_degrees,
+)
 
 
 def gcn_propagate_ref(
@@ -51,6 +59,7 @@ def gcn_propagate_ref(
         loop = (~has_loop).to(x.dtype) * (2.0 if improved else 1.0)
 
     deg = torch.zeros(n, dtype=x.dtype, device=x.device).index_add(0, dst, w) + loop
+    check_gcn_degrees(deg)  # a negative degree has no deg^-1/2: ValueError (PyG: NaN rows)
     zero = deg == 0  # isolated without self-loop: dinv = 0 (safe form keeps gradients finite)
     dinv = torch.where(zero, torch.zeros_like(deg), torch.where(zero, 1.0, deg).pow(-0.5))
     norm = dinv[src] * w * dinv[dst]

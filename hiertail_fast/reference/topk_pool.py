@@ -3,7 +3,7 @@
 Semantics (PyG ``TopKPooling(in_channels, ratio)`` with its defaults: nonlinearity tanh,
 multiplier 1, min_score None, one graph per call):
 
-    score   = tanh(X·p / ‖p‖)                                   [n]
+    score   = tanh(X·p̂),  p̂ = p/‖p‖                            [n]
     perm    = indices of the k largest scores, by descending score   [k]
     X'      = X[perm] ⊙ score[perm][:, None]                    [k, d]
     A'      = A[perm, perm]: edges (j -> i) with both ends kept, relabelled to positions in
@@ -24,7 +24,11 @@ Pool size k (``pool_size``):
   ``pyg_pool_size`` implements PyG's full rule (floats >= 1 as counts) to compute such an int.
 
 Ties: ``perm`` comes from a stable descending sort, so equal scores keep ascending node index
-(lower index first). PyG's unstable ``torch.sort`` leaves tie order unspecified; without ties
+(lower index first). Scores are computed so that identical rows get bit-identical scores on
+every backend (a per-row dot product whose rounding does not depend on the row's position,
+then ``torch.tanh``), so the rule applies to duplicate rows too. ‖p‖ is computed scaled by
+max|p| (``score_direction``): entries of 1e-23 or 1e19 in float32 neither under- nor overflow.
+PyG's unstable ``torch.sort`` leaves tie order unspecified; without ties
 the two agree exactly.
 """
 from __future__ import annotations
@@ -34,6 +38,7 @@ import numbers
 
 import torch
 
+from hiertail_fast._csr import check_num_nodes
 from hiertail_fast._validation import (
     all_finite,
     check_edge_index,
@@ -43,7 +48,7 @@ from hiertail_fast._validation import (
     check_tensor,
 )
 
-__all__ = ["pool_size", "pyg_pool_size", "topk_pool_ref", "topk_unpool_ref"]
+__all__ = ["pool_size", "pyg_pool_size", "score_direction", "topk_pool_ref", "topk_unpool_ref"]
 
 
 def pool_size(num_nodes: int, ratio: float | int, dtype: torch.dtype = torch.float32) -> int:
@@ -114,7 +119,12 @@ def topk_pool_ref(
     edge_weight = check_edge_weight(edge_weight, edge_index.shape[1])
     k = pool_size(n, ratio, x.dtype)
 
-    score = torch.tanh((x * p).sum(dim=-1) / p.norm(p=2))
+    # x·p/‖p‖ as x·p̂ (p̂ from `score_direction`: no under/overflow of ‖p‖, and no overflow of
+    # x·p); a row-wise (x * p̂).sum(1), whose rounding does not depend on the row's position
+    # (torch.mv's blocking rounds the trailing n mod 4 rows differently), so identical rows
+    # get bit-identical scores and the lowest-index tie rule holds
+    phat, _, _ = score_direction(p)
+    score = torch.tanh((x * phat).sum(dim=-1))
     perm = torch.sort(score, descending=True, stable=True).indices[:k]
     x_pooled = x[perm] * score[perm].unsqueeze(-1)
 
@@ -144,10 +154,23 @@ def topk_unpool_ref(x_pooled: torch.Tensor, perm: torch.Tensor, num_nodes: int) 
     return out.index_copy(0, perm.long(), x_pooled)
 
 
+def score_direction(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(p̂, ‖q‖, m)`` for a nonzero p [d]: p̂ = p/‖p‖ in p's dtype, computed as q/‖q‖ with
+    q = p/m and m = max|p| (detached), so ‖p‖ = m·‖q‖ never under- or overflows (1 <= ‖q‖ <=
+    √d; the plain Σp² underflows to 0 for |p| ~ 1e-23 and overflows for |p| ~ 1e19 in
+    float32). ‖q‖ and m are in the accumulation dtype (float32, float64 for float64), for
+    backward's 1/‖p‖ = 1/(m‖q‖). Differentiable: m is detached, and since ‖·‖ is
+    1-homogeneous the gradient through q/‖q‖ is exactly (I − p̂p̂ᵀ)/‖p‖."""
+    acc = torch.float64 if p.dtype == torch.float64 else torch.float32
+    m = p.detach().abs().max()
+    q = (p / m).to(acc)
+    qn = torch.linalg.vector_norm(q)
+    return (q / qn).to(p.dtype), qn.detach(), m.to(acc)
+
+
 def check_unpool_args(perm: object, num_nodes: object, k: int) -> torch.Tensor:
     """Validate ``perm`` [k] (distinct, in range) and ``num_nodes`` for unpooling."""
-    if isinstance(num_nodes, bool) or not isinstance(num_nodes, numbers.Integral):
-        raise TypeError(f"num_nodes must be an int, got {type(num_nodes).__name__}")
+    num_nodes = check_num_nodes(num_nodes)  # int-like (numpy ints too), >= 0
     perm = check_index_vector(perm, "perm", length=k)
     if perm.numel():
         if int(perm.max()) >= int(num_nodes):

@@ -1,0 +1,66 @@
+"""Helpers of tests/test_fuzz.py: the hypothesis settings, backend lists and the comparison rule.
+
+Comparison rule (``assert_close64``): every backend's result, computed from inputs of dtype
+``dtype``, is compared with the float64 reference evaluated on the SAME (already rounded)
+inputs, elementwise  |got − ref64| <= atol + rtol·|ref64| + extra  with (rtol, atol) from
+``tests.conftest.tol(dtype)``, plus
+* for float16/bfloat16 inputs, twice the error of the low-precision reference itself
+  (``2·|ref_lowp − ref64|``, the rule of tests/conftest and STYLE.md);
+* ``extra``: a condition-scaled term for ill-conditioned cases, computed by the caller from a
+  first-order error bound (documented next to each use: huge logits of the contrastive loss in
+  float32, GCN degrees that nearly cancel with signed weights).
+"""
+from __future__ import annotations
+
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+from hiertail_fast.ops.gcn_propagate import torch_sparse_available
+from tests.conftest import tol, triton_importable
+
+LOW = (torch.float16, torch.bfloat16)
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+BACKENDS = ["reference", "torch"] + (["triton"] if triton_importable() else [])
+GCN_BACKENDS = BACKENDS + (["torch_sparse"] if torch_sparse_available() else [])
+# examples per (test, backend): the Triton interpreter costs ~0.1-0.5 s a call on CPU
+EXAMPLES = {"reference": 40, "torch": 60, "triton": 15, "torch_sparse": 30}
+
+
+def fuzz_settings(backend: str) -> settings:
+    """Fixed example budget, deterministic (derandomize: the same examples every run, so a
+    failure reproduces by rerunning the test), no deadline (the interpreter is slow), no
+    example database; a failure prints the falsifying example and a @reproduce_failure blob."""
+    return settings(max_examples=EXAMPLES[backend], deadline=None, derandomize=True,
+                    database=None, print_blob=True,
+                    suppress_health_check=list(HealthCheck))
+
+
+seeds = st.integers(0, 2**31 - 1)
+dtypes = st.sampled_from(DTYPES)
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """u of the dtype the fast paths ACCUMULATE in (float32 for 16-bit inputs)."""
+    return 2.0**-53 if dtype == torch.float64 else 2.0**-24
+
+
+def assert_close64(got, ref64, dtype, *, ref_lowp=None, extra=0.0, scale=1.0, what=""):
+    """The comparison rule of the module docstring; ``scale`` multiplies atol (for results
+    whose natural size is not 1, e.g. the gradient of a tiny-normed projection)."""
+    t = tol(dtype)
+    got64, ref64 = got.detach().double(), ref64.detach().double()
+    assert got64.shape == ref64.shape, (what, got64.shape, ref64.shape)
+    bound = t["atol"] * scale + t["rtol"] * ref64.abs() + extra
+    if ref_lowp is not None and dtype in LOW:
+        # a low-precision reference that overflowed (NaN/inf) sets no bound for that entry
+        lowp_err = (ref_lowp.detach().double() - ref64).abs()
+        bound = bound + 2 * torch.nan_to_num(lowp_err, nan=float("inf"))
+    err = (got64 - ref64).abs()
+    ok = (err <= bound) | (got64 == ref64)  # equal infinities are fine
+    if not bool(ok.all()):
+        i = int(torch.nonzero(~ok.reshape(-1))[0])
+        raise AssertionError(
+            f"{what}: max error {float(err.max()):.3g}; first bad entry {i}: got "
+            f"{float(got64.reshape(-1)[i])!r}, float64 reference {float(ref64.reshape(-1)[i])!r}"
+            f", bound {float(bound.reshape(-1)[i]):.3g}")

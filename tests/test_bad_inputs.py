@@ -1,0 +1,250 @@
+"""Bad-input table: each public function x each class of bad input -> the exact exception type
+and a message that names the offending argument (never an error from deep inside torch)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hiertail_fast import (
+    CSRGraph,
+    balanced_contrastive_loss,
+    gcn_propagate,
+    hierarchical_contrastive_loss,
+    load_npz,
+    nearest_prototype,
+    topk_pool,
+    topk_unpool,
+)
+from hiertail_fast.nn.hiertail import HierTail, HierTailConfig, prepare_graph
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+NAN, INF = float("nan"), float("inf")
+EI = torch.tensor([[0, 1, 2], [1, 2, 0]])
+X = torch.randn(3, 4)
+P = torch.randn(4)
+Z = torch.randn(5, 4)
+Y = torch.tensor([0, 0, 1, 1, 2])
+PROTOS = torch.randn(2, 4)
+
+
+def _with(t: torch.Tensor, value: float) -> torch.Tensor:
+    t = t.clone()
+    t.view(-1)[-1] = value
+    return t
+
+
+def _graph():
+    return CSRGraph.from_edge_index(EI, num_nodes=3)
+
+
+def _gcn(**kw):
+    args = dict(x=X, graph_or_edge_index=_graph())
+    args.update(kw)
+    x, graph = args.pop("x"), args.pop("graph_or_edge_index")
+    return lambda: gcn_propagate(x, graph, **args)
+
+
+def _pool(**kw):
+    args = dict(x=X, graph_or_edge_index=EI, score_weight=P, ratio=0.5)
+    args.update(kw)
+    return lambda: topk_pool(**args)
+
+
+def _unpool(**kw):
+    args = dict(x_pooled=torch.ones(2, 3), perm=torch.tensor([0, 2]), num_nodes=4)
+    args.update(kw)
+    return lambda: topk_unpool(**args)
+
+
+def _near(**kw):
+    args = dict(z=Z, prototypes=PROTOS)
+    args.update(kw)
+    return lambda: nearest_prototype(**args)
+
+
+def _bcl(**kw):
+    args = dict(z=Z, labels=Y, prototypes=PROTOS, temperature=0.1)
+    args.update(kw)
+    return lambda: balanced_contrastive_loss(**args)
+
+
+def _hier(**kw):
+    args = dict(z=Z, level_labels=[Y], level_prototypes=[PROTOS], temperature=0.1)
+    args.update(kw)
+    return lambda: hierarchical_contrastive_loss(**args)
+
+
+def _csr(**kw):
+    args = dict(edge_index=EI, edge_weight=None, num_nodes=3)
+    args.update(kw)
+    return lambda: CSRGraph.from_edge_index(**args)
+
+
+CASES = [
+    # ---- gcn_propagate
+    ("gcn x type", _gcn(x=X.tolist()), TypeError, "x must be a torch.Tensor"),
+    ("gcn x dim", _gcn(x=X[0]), ValueError, "x must be 2-D"),
+    ("gcn x dtype", _gcn(x=X.long()), TypeError, "x must be a floating-point"),
+    ("gcn x nan", _gcn(x=_with(X, NAN)), ValueError, "x contains NaN or Inf"),
+    ("gcn x inf", _gcn(x=_with(X, -INF)), ValueError, "x contains NaN or Inf"),
+    ("gcn rows", _gcn(x=torch.randn(4, 4)), ValueError, "x has 4 rows but the graph has 3"),
+    ("gcn ei negative", _gcn(graph_or_edge_index=EI - 1), ValueError,
+     "edge_index has negative node indices"),
+    ("gcn ei range", _gcn(graph_or_edge_index=EI + 1), ValueError,
+     "edge_index refers to node 3"),
+    ("gcn ei dtype", _gcn(graph_or_edge_index=EI.float()), TypeError,
+     "edge_index must be an integer tensor"),
+    ("gcn weight length", _gcn(graph_or_edge_index=EI, edge_weight=torch.ones(2)), ValueError,
+     "edge_weight has 2 entries"),
+    ("gcn weight nan", _gcn(graph_or_edge_index=EI, edge_weight=_with(torch.ones(3), NAN)),
+     ValueError, "edge_weight contains NaN or Inf"),
+    ("gcn weight dtype", _gcn(graph_or_edge_index=EI, edge_weight=torch.ones(3, dtype=int)),
+     TypeError, "edge_weight must be floating point"),
+    ("gcn negative degree", _gcn(graph_or_edge_index=EI, edge_weight=torch.tensor(
+        [1.0, -4.0, 1.0])), ValueError, "node 2 has GCN degree"),
+    ("gcn backend", _gcn(backend="cuda"), ValueError, "backend='cuda' is not one of"),
+    ("gcn num_nodes", _gcn(num_nodes=5), ValueError, "num_nodes=5 but the graph has 3"),
+    # ---- topk_pool / topk_unpool
+    ("pool x type", _pool(x=np.ones((3, 4))), TypeError, "x must be a torch.Tensor"),
+    ("pool x nan", _pool(x=_with(X, NAN)), ValueError, "x contains NaN or Inf"),
+    ("pool p dim", _pool(score_weight=torch.ones(2, 4)), ValueError, "score_weight must have"),
+    ("pool p length", _pool(score_weight=torch.ones(5)), ValueError, "score_weight must have"),
+    ("pool p dtype", _pool(score_weight=P.double()), TypeError, "score_weight has dtype"),
+    ("pool p inf", _pool(score_weight=_with(P, INF)), ValueError, "score_weight contains NaN"),
+    ("pool p zero", _pool(score_weight=torch.zeros(4)), ValueError, "score_weight is all zeros"),
+    ("pool ratio zero", _pool(ratio=0.0), ValueError, "a float ratio must lie in"),
+    ("pool ratio nan", _pool(ratio=NAN), ValueError, "a float ratio must lie in"),
+    ("pool ratio count", _pool(ratio=0), ValueError, "an integer ratio is a node count"),
+    ("pool ratio bool", _pool(ratio=True), TypeError, "ratio must be a float"),
+    ("pool ratio str", _pool(ratio="half"), TypeError, "ratio must be a float"),
+    ("pool ei range", _pool(graph_or_edge_index=EI * 2), ValueError, "edge_index refers to"),
+    ("pool backend", _pool(backend="gpu"), ValueError, "backend='gpu' is not one of"),
+    ("unpool perm range", _unpool(perm=torch.tensor([0, 4])), ValueError,
+     "perm refers to node 4"),
+    ("unpool perm negative", _unpool(perm=torch.tensor([-1, 2])), ValueError,
+     "perm has negative entries"),
+    ("unpool perm repeated", _unpool(perm=torch.tensor([2, 2])), ValueError,
+     "perm has repeated node indices"),
+    ("unpool perm length", _unpool(perm=torch.tensor([0])), ValueError, "perm has 1 entries"),
+    ("unpool perm dtype", _unpool(perm=torch.tensor([0.0, 2.0])), TypeError,
+     "perm must be an integer tensor"),
+    ("unpool num_nodes negative", _unpool(x_pooled=torch.ones(0, 3), perm=torch.zeros(
+        0, dtype=torch.long), num_nodes=-1), ValueError, "num_nodes must be >= 0"),
+    ("unpool num_nodes float", _unpool(num_nodes=4.0), TypeError, "num_nodes must be an int"),
+    ("unpool x dim", _unpool(x_pooled=torch.ones(2)), ValueError, "x_pooled must be 2-D"),
+    # ---- nearest_prototype
+    ("near z type", _near(z=[[1.0]]), TypeError, "z must be a torch.Tensor"),
+    ("near z dim", _near(z=Z[0]), ValueError, "z must be 2-D"),
+    ("near z nan", _near(z=_with(Z, NAN)), ValueError, "z contains NaN or Inf"),
+    ("near protos inf", _near(prototypes=_with(PROTOS, INF)), ValueError,
+     "prototypes contains NaN or Inf"),
+    ("near protos empty", _near(prototypes=PROTOS[:0]), ValueError,
+     "prototypes must have at least one row"),
+    ("near width", _near(prototypes=torch.ones(2, 3)), ValueError, "z has 4 features"),
+    ("near dtype", _near(prototypes=PROTOS.double()), TypeError, "prototypes have"),
+    ("near backend", _near(backend="fast"), ValueError, "backend='fast' is not one of"),
+    # ---- balanced / hierarchical contrastive loss
+    ("bcl z dtype", _bcl(z=Z.long()), TypeError, "z must be a floating-point"),
+    ("bcl z nan", _bcl(z=_with(Z, NAN)), ValueError, "z contains NaN or Inf"),
+    ("bcl z empty", _bcl(z=Z[:0], labels=Y[:0]), ValueError, "z is empty"),
+    ("bcl labels length", _bcl(labels=Y[:3]), ValueError, "labels has 3 entries"),
+    ("bcl labels negative", _bcl(labels=_with(Y, -1)), ValueError,
+     "labels has negative entries"),
+    ("bcl labels dtype", _bcl(labels=Y.float()), TypeError, "labels must be an integer"),
+    ("bcl protos width", _bcl(prototypes=torch.ones(2, 3)), ValueError, "prototypes have width"),
+    ("bcl protos nan", _bcl(prototypes=_with(PROTOS, NAN)), ValueError,
+     "prototypes contains NaN"),
+    ("bcl tau zero", _bcl(temperature=0.0), ValueError, "temperature must be a finite"),
+    ("bcl tau tiny", _bcl(temperature=1e-45), ValueError, "temperature must be a finite"),
+    ("bcl tau inf", _bcl(temperature=INF), ValueError, "temperature must be a finite"),
+    ("bcl tau type", _bcl(temperature="0.1"), TypeError, "temperature must be a float"),
+    ("bcl reduction", _bcl(reduction="avg"), ValueError, "reduction='avg' is not one of"),
+    ("bcl variant", _bcl(variant="paper"), ValueError, "variant='paper' is not one of"),
+    ("bcl backend", _bcl(backend="cpu"), ValueError, "backend='cpu' is not one of"),
+    ("hier levels", _hier(level_prototypes=[]), ValueError, "need one prototype tensor"),
+    ("hier type", _hier(level_labels=Y), TypeError, "level_labels and level_prototypes"),
+    ("hier labels negative", _hier(level_labels=[_with(Y, -3)]), ValueError,
+     "labels has negative entries"),
+    ("hier tau", _hier(temperature=-1.0), ValueError, "temperature must be a finite"),
+    # ---- CSRGraph construction
+    ("csr num_nodes bool", _csr(num_nodes=True), TypeError, "num_nodes must be an int"),
+    ("csr num_nodes float", _csr(num_nodes=3.0), TypeError, "num_nodes must be an int"),
+    ("csr num_nodes negative", _csr(num_nodes=-2), ValueError, "num_nodes must be >= 0"),
+    ("csr ei shape", _csr(edge_index=EI[0]), ValueError, "edge_index must have shape"),
+    ("csr ei type", _csr(edge_index=EI.tolist()), TypeError, "edge_index must be a torch"),
+    ("csr weight inf", _csr(edge_weight=_with(torch.ones(3), INF)), ValueError,
+     "edge_weight contains NaN or Inf"),
+    ("csr indices range", lambda: CSRGraph(torch.tensor([0, 1, 2]), torch.tensor([0, 5])),
+     ValueError, "indices must lie in"),
+    ("csr indptr order", lambda: CSRGraph(torch.tensor([0, 2, 1, 2]), torch.tensor([0, 1])),
+     ValueError, "indptr must be non-decreasing"),
+]
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+@pytest.mark.parametrize("call, exc, msg", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input(call, exc, msg, backend, monkeypatch):
+    monkeypatch.setenv("HIERTAIL_BACKEND", backend)  # the same answer from every backend
+    with pytest.raises(exc) as info:
+        call()
+    assert type(info.value) is exc  # the exact type, not a subclass from deep inside torch
+    assert msg in str(info.value), str(info.value)
+
+
+@pytest.fixture(scope="module")
+def model_output():
+    torch.manual_seed(0)
+    model = HierTail(4, 3, HierTailConfig.paper(hidden=8))
+    n = 10
+    return model, model(torch.randn(n, 4), prepare_graph(torch.randint(0, n, (2, 20)), n)), n
+
+
+@pytest.mark.parametrize("y, idx, exc, msg", [
+    ("range", None, ValueError, "y has label 7 but the model has 3 classes"),
+    ("negative", None, ValueError, "y has negative entries"),
+    ("float", None, TypeError, "y must be an integer tensor"),
+    ("length", None, ValueError, "y has 9 entries, expected 10"),
+    (None, "range", ValueError, "train_idx refers to node 10"),
+    (None, "negative", ValueError, "train_idx has negative entries"),
+    (None, "empty", ValueError, "train_idx must be a non-empty"),
+    (None, "dim", ValueError, "train_idx must be 1-D"),
+])
+def test_hiertail_loss_bad_input(model_output, y, idx, exc, msg):
+    model, out, n = model_output
+    labels = {None: torch.arange(n) % 3, "range": torch.full((n,), 7),
+              "negative": torch.full((n,), -1), "float": torch.zeros(n),
+              "length": torch.zeros(n - 1, dtype=torch.long)}[y]
+    train = {None: torch.arange(4), "range": torch.tensor([1, 10]),
+             "negative": torch.tensor([-2]), "empty": torch.zeros(0, dtype=torch.long),
+             "dim": torch.zeros(1, 2, dtype=torch.long)}[idx]
+    with pytest.raises(exc) as info:
+        model.loss(out, labels, train)
+    assert type(info.value) is exc and msg in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("content, msg", [
+    (b"", "not a readable .npz file"),
+    (b"PK\x03\x04 truncated zip", "not a readable .npz file"),
+])
+def test_load_npz_bad_file(tmp_path, content, msg):
+    path = tmp_path / "bad.npz"
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as info:
+        load_npz(path)
+    assert str(info.value).startswith(str(path)) and msg in str(info.value)
+    with pytest.raises(FileNotFoundError, match="graph file not found"):
+        load_npz(tmp_path / "missing.npz")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device (CUDA)")
+@pytest.mark.parametrize("call, msg", [
+    (lambda: nearest_prototype(Z, PROTOS.cuda()), "z is on cpu but prototypes are on cuda"),
+    (lambda: gcn_propagate(X.cuda(), _graph()), "graph is on cpu but x is on cuda"),
+    (lambda: topk_pool(X, EI, P.cuda(), 0.5), "score_weight is on cuda"),
+    (lambda: balanced_contrastive_loss(Z, Y.cuda()), "labels are on cuda"),
+])
+def test_device_mismatch(call, msg):
+    with pytest.raises(ValueError, match=msg):
+        call()

@@ -1,0 +1,395 @@
+"""Property-based fuzzing (hypothesis): every public op x every backend against the float64
+reference, values and gradients, on small random inputs that include the hard cases —
+self-loops, duplicate edges, isolated nodes, negative and zero weights, duplicate rows and
+exact ties, singleton classes, |logits| up to 1e4, τ in [0.01, 10], float16/bfloat16/float64.
+
+Each example is drawn as a handful of small parameters (a seed, sizes, flags) from which the
+tensors are built, so a failure shrinks to a readable case; the budget is fixed and the run
+deterministic (``tests/_fuzz_support.fuzz_settings``). Tolerances: ``assert_close64`` there.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import assume, given, note
+from hypothesis import strategies as st
+
+from hiertail_fast import (
+    CSRGraph,
+    balanced_contrastive_loss,
+    gcn_propagate,
+    hierarchical_contrastive_loss,
+    nearest_prototype,
+    topk_pool,
+    topk_unpool,
+)
+from hiertail_fast.reference.topk_pool import pool_size
+from tests._fuzz_support import (
+    BACKENDS,
+    GCN_BACKENDS,
+    LOW,
+    assert_close64,
+    dtypes,
+    fuzz_settings,
+    seeds,
+    unit_roundoff,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# ------------------------------------------------------------------------- gcn_propagate
+def _graph(kind, ei, w, n):
+    if kind == "edge_index":
+        return ei, w
+    sym = kind == "symmetric"
+    return CSRGraph.from_edge_index(ei, w, n, dedupe=kind != "csr", symmetrize=sym), None
+
+
+def _check_gcn(c, backend):
+    g = _gen(c["seed"])
+    n, dt = c["n"], c["dtype"]
+    active = max(1, n - c["isolated"])  # the last nodes get no edges: isolated
+    ei = torch.randint(0, active, (2, c["e"]), generator=g)
+    if c["loops"]:
+        nodes = torch.arange(0, active, 2)
+        ei = torch.cat([ei, torch.stack([nodes, nodes])], 1)
+    if c["dups"] and ei.shape[1]:
+        ei = torch.cat([ei, ei[:, :3]], 1)
+    wdt = torch.float64 if dt == torch.float64 else torch.float32
+    w = {"none": None, "zero": torch.zeros(ei.shape[1], dtype=wdt),
+         "positive": torch.rand(ei.shape[1], generator=g, dtype=wdt) + 0.1,
+         "signed": torch.randn(ei.shape[1], generator=g, dtype=wdt)}[c["weights"]]
+    if c["weights"] == "zero" and ei.shape[1]:
+        w[::2] = 1.5
+    x = torch.randn(n, c["d"], generator=g).to(dt).requires_grad_()
+    kw = dict(improved=c["improved"], add_self_loops=c["add_self_loops"])
+    x64 = x.detach().double().requires_grad_()
+    w64 = None if w is None else w.double().requires_grad_()
+    if w is not None:
+        w.requires_grad_()
+    try:
+        graph64, ew64 = _graph(c["graph"], ei, w64, n)
+        ref = gcn_propagate(x64, graph64, ew64, backend="reference", **kw)
+    except ValueError as exc:  # negative degree: every backend must say the same
+        assert "has GCN degree" in str(exc)
+        with pytest.raises(ValueError, match=r"node \d+ has GCN degree"):
+            graph, ew = _graph(c["graph"], ei, w, n)
+            gcn_propagate(x, graph, ew, backend=backend, **kw)
+        return
+    graph, ew = _graph(c["graph"], ei, w, n)
+    out = gcn_propagate(x, graph, ew, backend=backend, **kw)
+    lowp = None
+    if dt in LOW:
+        lowp = gcn_propagate(x.detach(), *_graph(c["graph"], ei, w, n), backend="reference",
+                             **kw)
+    # signed weights: the degree Σw + loop may nearly cancel; first-order bound on the
+    # relative error of dinv^2 ~ u·Σ|w|/|deg| per node, times the output size
+    extra = 0.0
+    if c["weights"] == "signed" and ei.shape[1]:
+        absdeg = torch.zeros(n, dtype=torch.float64).index_add(0, ei[1], w64.detach().abs())
+        deg = torch.zeros(n, dtype=torch.float64).index_add(0, ei[1], w64.detach())
+        cond = float(((absdeg + 2) / deg.abs().clamp_min(1e-300)).max())
+        extra = 8 * cond * unit_roundoff(dt) * float(ref.detach().abs().max())
+    assert_close64(out, ref, dt, ref_lowp=lowp, extra=extra, what="gcn value")
+    with torch.no_grad():  # the cached-operator path
+        out_ng = gcn_propagate(x, graph, ew, backend=backend, **kw)
+    assert_close64(out_ng, ref, dt, ref_lowp=lowp, extra=extra, what="gcn no_grad value")
+    gout = torch.randn(out.shape, generator=g).to(dt)
+    out.backward(gout)
+    ref.backward(gout.double())
+    assert_close64(x.grad, x64.grad, dt, extra=extra, what="gcn grad x")
+    if w is not None:
+        gscale = 1 + (float(w64.grad.abs().max()) if w64.grad.numel() else 0.0)
+        assert_close64(w.grad, w64.grad, dt, extra=extra * gscale, scale=gscale,
+                       what="gcn grad w")
+
+
+@st.composite
+def gcn_cases(draw):
+    return dict(seed=draw(seeds), n=draw(st.integers(1, 7)), e=draw(st.integers(0, 14)),
+                d=draw(st.integers(1, 5)), isolated=draw(st.integers(0, 2)),
+                loops=draw(st.booleans()), dups=draw(st.booleans()),
+                weights=draw(st.sampled_from(["none", "positive", "signed", "zero"])),
+                dtype=draw(dtypes), improved=draw(st.booleans()),
+                add_self_loops=draw(st.booleans()),
+                graph=draw(st.sampled_from(["csr", "dedupe", "symmetric", "edge_index"])))
+
+
+@pytest.mark.parametrize("backend", GCN_BACKENDS)
+def test_fuzz_gcn_propagate(backend):
+    @fuzz_settings(backend)
+    @given(c=gcn_cases())
+    def run(c):
+        _check_gcn(c, backend)
+    run()
+
+
+# ------------------------------------------------------------------------- top-k pooling
+def _pool_expected(x, p, perm):
+    """X[perm]·tanh(X[perm]·p̂)[:, None] and the scores, in x's dtype (autograd)."""
+    phat = p / torch.linalg.vector_norm(p)
+    s = torch.tanh((x[perm] * phat).sum(1))
+    return x[perm] * s[:, None], s
+
+
+def _check_topk(c, backend):
+    g = _gen(c["seed"])
+    n, d, dt = c["n"], c["d"], c["dtype"]
+    if c["ties"]:  # small integers: exact ties between different rows too
+        rows = torch.randint(-2, 3, (c["distinct"], d), generator=g).double()
+    else:
+        rows = torch.randn(c["distinct"], d, generator=g, dtype=torch.float64) * 2
+    x = rows[torch.randint(0, c["distinct"], (n,), generator=g)].to(dt)  # duplicate rows
+    scale = 1.0 if dt in LOW else c["p_scale"]
+    p = (torch.randn(d, generator=g, dtype=torch.float64) * scale).to(dt)
+    assume(bool((p != 0).any()))
+    ei = torch.randint(0, n, (2, c["e"]), generator=g)
+    ew = torch.rand(c["e"], generator=g).to(dt) if c["weighted"] else None
+    ratio = c["ratio"] if c["ratio"] != "count" else max(1, n // 2)
+    x, p = x.requires_grad_(), p.requires_grad_()
+    r = topk_pool(x, ei, p, ratio, ew, backend=backend)
+    k = pool_size(n, ratio, dt)
+    perm = r.perm
+    assert perm.numel() == k and torch.unique(perm).numel() == k
+    x64, p64 = x.detach().double().requires_grad_(), p.detach().double().requires_grad_()
+    xe, se = _pool_expected(x64, p64, perm)
+    lowp = _pool_expected(x.detach(), p.detach(), perm) if dt in LOW else (None, None)
+    assert_close64(r.score, se, dt, ref_lowp=lowp[1], what="topk score")
+    assert_close64(r.x, xe, dt, ref_lowp=lowp[0], what="topk x")
+    # the kept scores are the largest ones, in descending order ...
+    full = topk_pool(x.detach(), ei, p.detach(), 1.0, ew, backend=backend)  # every score
+    own = torch.empty(n, dtype=dt)
+    own[full.perm] = full.score
+    assert torch.equal(own[perm], r.score.detach())
+    kept = torch.zeros(n, dtype=torch.bool)
+    kept[perm] = True
+    assert bool((r.score[1:] <= r.score[:-1]).all())
+    if k < n:
+        assert float(own[~kept].max()) <= float(own[kept].min())
+    # ... and identical rows (bit-identical scores) are kept lowest index first, in order
+    _, group = torch.unique(x.detach(), dim=0, return_inverse=True)
+    pos = torch.full((n,), -1, dtype=torch.long)
+    pos[perm] = torch.arange(k)
+    for gid in group.unique():
+        members = torch.nonzero(group == gid).view(-1)
+        assert torch.unique(own[members]).numel() == 1, "identical rows, different scores"
+        sel = pos[members]
+        n_sel = int((sel >= 0).sum())
+        assert bool((sel[:n_sel] >= 0).all()), "a higher index was kept before a lower one"
+        assert bool((sel[:n_sel].diff() > 0).all()), "tied rows out of index order"
+    if backend != "reference" and dt not in LOW:  # no near-ties: the reference's perm exactly
+        ref = topk_pool(x.detach(), ei, p.detach(), ratio, ew, backend="reference")
+        s64 = _pool_expected(x64.detach(), p64.detach(), torch.arange(n))[1]
+        gaps = s64.unique().diff()
+        if not gaps.numel() or float(gaps.min()) > 1e-4:
+            assert perm.tolist() == ref.perm.tolist()
+    # pooled graph = induced subgraph on perm (dense comparison, duplicates summed)
+    new = torch.full((n,), -1, dtype=torch.long)
+    new[perm] = torch.arange(k)
+    keep = (new[ei[0]] >= 0) & (new[ei[1]] >= 0)
+    dense = torch.zeros(k, k, dtype=torch.float64)
+    vals = torch.ones(int(keep.sum()), dtype=torch.float64) if ew is None else ew[keep].double()
+    dense.index_put_((new[ei[1]][keep], new[ei[0]][keep]), vals, accumulate=True)
+    got = torch.zeros(k, k, dtype=torch.float64)
+    gw = r.graph.weight_or_ones(torch.float64).detach()
+    got.index_put_((r.graph.row_index(), r.graph.indices), gw, accumulate=True)
+    assert torch.equal(got, dense)
+    # gradients through the pooled features and the returned scores
+    gx = torch.randn(r.x.shape, generator=g).to(dt)
+    gs = torch.randn(k, generator=g).to(dt)
+    ((r.x * gx).sum() + (r.score * gs).sum()).backward()
+    ((xe * gx.double()).sum() + (se * gs.double()).sum()).backward()
+    psc = 1 + float(p64.grad.abs().max())
+    assert_close64(x.grad, x64.grad, dt, scale=4 if dt in LOW else 1, what="topk grad x")
+    assert_close64(p.grad, p64.grad, dt, scale=psc * (4 if dt in LOW else 1),
+                   extra=float(p64.grad.abs().max()) * (1e-2 if dt in LOW else 0),
+                   what="topk grad p")
+    # unpool puts the rows back (exactly: a copy)
+    up = topk_unpool(r.x.detach(), perm, n, backend=backend)
+    expect = torch.zeros(n, d, dtype=dt)
+    expect[perm] = r.x.detach()
+    assert torch.equal(up, expect)
+
+
+@st.composite
+def topk_cases(draw):
+    return dict(seed=draw(seeds), n=draw(st.integers(1, 9)), d=draw(st.integers(1, 5)),
+                distinct=draw(st.integers(1, 4)), ties=draw(st.booleans()), dtype=draw(dtypes),
+                p_scale=draw(st.sampled_from([1.0, 1e-23, 1e20])), e=draw(st.integers(0, 12)),
+                weighted=draw(st.booleans()),
+                ratio=draw(st.sampled_from([0.5, 0.3, 1.0, 1, 3, "count"])))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fuzz_topk_pool(backend):
+    @fuzz_settings(backend)
+    @given(c=topk_cases())
+    def run(c):
+        _check_topk(c, backend)
+    run()
+
+
+# ------------------------------------------------------------------------- nearest prototype
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fuzz_nearest_prototype(backend):
+    @fuzz_settings(backend)
+    @given(seed=seeds, n=st.integers(1, 8), m=st.integers(1, 5), d=st.integers(1, 5),
+           dup=st.booleans(), on_proto=st.booleans(), dt=dtypes,
+           scale=st.sampled_from([1.0, 1e-23, 1e20]))
+    def run(seed, n, m, d, dup, on_proto, dt, scale):
+        g = _gen(seed)
+        scale = 1.0 if dt in LOW else scale
+        protos = torch.randn(m, d, generator=g, dtype=torch.float64)
+        if dup:  # duplicate prototypes: exact ties, lowest index must win
+            protos = torch.cat([protos, protos.flip(0)])
+        z = torch.randn(n, d, generator=g, dtype=torch.float64)
+        if on_proto:
+            z[: min(n, protos.shape[0])] = protos[: min(n, protos.shape[0])]
+        z, protos = (z * scale).to(dt), (protos * scale).to(dt)
+        got = nearest_prototype(z, protos, backend=backend)
+        dist = torch.cdist(z.double() / scale, protos.double() / scale) ** 2  # exact enough
+        best = dist.min(1).values
+        # chosen distance within rounding of the minimum (fp32 accumulation of O(d) terms)
+        slack = 1e-5 * (z.double().norm(dim=1) / scale + protos.double().norm(dim=1).max()) ** 2
+        chosen = dist.gather(1, got[:, None]).squeeze(1)
+        assert bool((chosen <= best + slack).all()), (got, dist)
+        exact_tie = dist == dist.gather(1, got[:, None])  # bit-equal distances of duplicates
+        first = torch.argmax(exact_tie.int(), dim=1)
+        assert torch.equal(got, first), "ties must go to the lowest prototype index"
+    run()
+
+
+# ------------------------------------------------------------------------- contrastive losses
+@st.composite
+def loss_cases(draw):
+    return dict(seed=draw(seeds), n=draw(st.integers(1, 10)), d=draw(st.integers(1, 6)),
+                classes=draw(st.integers(1, 4)), singleton=draw(st.booleans()),
+                m=draw(st.integers(0, 3)), tau=10 ** draw(st.floats(-2, 1)),
+                logit=draw(st.sampled_from([1.0, 1e2, 1e4])), dtype=draw(dtypes),
+                include_self=draw(st.booleans()),
+                reduction=draw(st.sampled_from(["mean", "sum", "none"])),
+                variant=draw(st.sampled_from(["exact", "official"])),
+                levels=draw(st.integers(1, 2)))
+
+
+def _loss_inputs(c):
+    g = _gen(c["seed"])
+    n, d = c["n"], c["d"]
+    y = torch.randint(0, c["classes"], (n,), generator=g)
+    if c["singleton"]:
+        y[-1] = c["classes"] + 3  # a class of one member
+    z = torch.randn(n, d, generator=g, dtype=torch.float64)
+    protos = torch.randn(c["m"], d, generator=g, dtype=torch.float64)
+    # scale so that max |z_i·z_j| / τ = logit (the loss's condition number, below)
+    allz = torch.cat([z, protos])
+    smax = float((allz @ allz.t()).abs().max()) / c["tau"]
+    s = math.sqrt(c["logit"] / max(smax, 1e-12))
+    return y, (z * s).to(c["dtype"]), (protos * s).to(c["dtype"])
+
+
+def _cond_extra(zs, tau, dt, n_rows):
+    """First-order bound of float32 rounding in the similarities s_ij = z_i·z_j/τ:
+    |δs| <= (d + 2)·u·‖z_i‖‖z_j‖/τ =: δ; the loss moves by at most ~2δ and a gradient row,
+    a p-weighted sum over n_rows keys of z/τ, by ~2δ·n_rows·max‖z‖/τ."""
+    norms = torch.cat([t.detach().double().norm(dim=1) for t in zs])
+    delta = (zs[0].shape[1] + 2) * unit_roundoff(dt) * float(norms.max()) ** 2 / tau
+    return 4 * delta, 4 * delta * n_rows * float(norms.max()) / tau
+
+
+def _check_loss(c, backend, hierarchical):
+    dt = c["dtype"]
+    assume(not (backend == "reference" and dt in LOW))  # the oracle on itself
+    y, z, protos = _loss_inputs(c)
+    z.requires_grad_()
+    pr = protos.requires_grad_() if c["m"] else None
+    z64 = z.detach().double().requires_grad_()
+    pr64 = protos.detach().double().requires_grad_() if c["m"] else None
+    kw = dict(temperature=c["tau"], include_self=c["include_self"], variant=c["variant"])
+    if hierarchical:
+        labels = [y, y % 2][: c["levels"]]
+        out = hierarchical_contrastive_loss(z, labels, [pr, None][: c["levels"]],
+                                            backend=backend, **kw)
+        ref = hierarchical_contrastive_loss(z64, labels, [pr64, None][: c["levels"]],
+                                            backend="reference", **kw)
+    else:
+        kw["reduction"] = c["reduction"]
+        out = balanced_contrastive_loss(z, y, prototypes=pr, backend=backend, **kw)
+        ref = balanced_contrastive_loss(z64, y, prototypes=pr64, backend="reference", **kw)
+    lowp = _loss_lowp(c, y, z, protos, kw, hierarchical) if dt in LOW else None
+    n_rows = c["n"] + c["m"]
+    if backend == "triton" and dt == torch.float64:
+        dt = torch.float32  # the Triton loss kernels compute in float32, float64 inputs too
+    ex_val, ex_grad = _cond_extra([z, protos], c["tau"], dt, n_rows)
+    if backend == "triton" and dt in LOW:  # KNOWN DEFECT, see the strict xfail test below:
+        # the LSE part of dz is rounded to the 16-bit dtype before the positive-pair part
+        # (same size, opposite sign) is added: allow half an ulp of that part's bound
+        zmax = max(float(t.detach().double().abs().max()) for t in (z, protos) if t.numel())
+        ex_grad += torch.finfo(dt).eps * n_rows * zmax / c["tau"] * 4
+    note(f"condition extra: value {ex_val:.3g}, grad {ex_grad:.3g}")
+    lv, lz, lp = lowp if lowp is not None else (None, None, None)
+    assert_close64(out, ref, dt, ref_lowp=lv, extra=ex_val, what="loss value")
+    gout = _loss_gout(c, out.shape)
+    out.backward(gout.to(dt))
+    ref.backward(gout)
+    assert_close64(z.grad, z64.grad, dt, ref_lowp=lz, extra=ex_grad, what="loss grad z")
+    if c["m"]:
+        assert_close64(pr.grad, pr64.grad, dt, ref_lowp=lp, extra=ex_grad,
+                       what="loss grad prototypes")
+
+
+def _loss_gout(c, shape):
+    return torch.randn(shape, generator=_gen(c["seed"] + 1), dtype=torch.float64)
+
+
+def _loss_lowp(c, y, z, protos, kw, hierarchical):
+    """(value, grad z, grad prototypes) of the dense reference run in the 16-bit dtype itself:
+    the low-precision reference of the comparison rule."""
+    zl = z.detach().clone().requires_grad_()
+    pl = protos.detach().clone().requires_grad_() if c["m"] else None
+    if hierarchical:
+        labels = [y, y % 2][: c["levels"]]
+        out = hierarchical_contrastive_loss(zl, labels, [pl, None][: c["levels"]],
+                                            backend="reference", **kw)
+    else:
+        out = balanced_contrastive_loss(zl, y, prototypes=pl, backend="reference", **kw)
+    out.backward(_loss_gout(c, out.shape).to(z.dtype))
+    return out.detach(), zl.grad, None if pl is None else pl.grad
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fuzz_balanced_contrastive_loss(backend):
+    @fuzz_settings(backend)
+    @given(c=loss_cases())
+    def run(c):
+        _check_loss(c, backend, hierarchical=False)
+    run()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fuzz_hierarchical_contrastive_loss(backend):
+    @fuzz_settings(backend)
+    @given(c=loss_cases())
+    def run(c):
+        _check_loss(c, backend, hierarchical=True)
+    run()
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not installed")
+@pytest.mark.xfail(strict=True, reason=(
+    "LOSS ENGINE DEFECT (lead's files, not fixed here): kernels/balanced_contrastive_loss."
+    "lse_backward returns dz in z's dtype, so for float16/bfloat16 inputs the LSE part of the "
+    "gradient is rounded to 16 bits before ops/balanced_contrastive_loss adds the float32 "
+    "positive-pair part; where the two cancel the result is off by an ulp of the parts "
+    "(-0.0078 instead of 0 here; the torch backend gives 0)"))
+def test_triton_16bit_loss_gradient_cancellation():
+    z = torch.tensor([[10.0]], dtype=torch.float16, requires_grad=True)
+    loss = balanced_contrastive_loss(z, torch.tensor([0]), temperature=1.0, backend="triton")
+    loss.backward(torch.tensor(-1.1, dtype=torch.float16))
+    assert z.grad.item() == 0.0  # one row: the loss is log(w) = 0 for every z

@@ -1,0 +1,276 @@
+"""Regression tests of issue 12 ("Hardening"): each test reproduces one defect of the ops and
+failed before its fix (checked by stashing the fix)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hiertail_fast import (
+    CSRGraph,
+    balanced_contrastive_loss,
+    gcn_propagate,
+    load_npz,
+    nearest_prototype,
+    topk_pool,
+    topk_unpool,
+)
+from hiertail_fast.nn.hiertail import HierTail, HierTailConfig, prepare_graph
+from hiertail_fast.ops.gcn_propagate import _merge_diagonal
+from tests.conftest import requires_triton
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ROOT = Path(__file__).resolve().parents[1]
+BACKENDS = ["reference", "torch", pytest.param("triton", marks=requires_triton)]
+NO_EDGES = torch.zeros(2, 0, dtype=torch.long)
+
+
+# ---------------------------------------------------------------- 1. negative degree segfault
+def test_negative_degree_rejected_in_subprocess():
+    """A self-loop node with a negative degree got a NaN deg^-1/2; `NaN != 0` made the CPU
+    operator build insert a second diagonal entry and leave a slot of garbage for MKL
+    (segfault). Run in a subprocess so a crash fails this test instead of killing pytest."""
+    code = textwrap.dedent("""
+        import torch
+        from hiertail_fast import CSRGraph, gcn_propagate
+        g = CSRGraph.from_edge_index(torch.tensor([[0, 1], [1, 1]]), torch.tensor([-1., -1.]),
+                                     num_nodes=2)
+        for backend in ("torch", "reference", "triton"):
+            try:
+                gcn_propagate(torch.randn(2, 4), g, backend=backend)
+                print(backend, "no error")
+            except ValueError as exc:
+                print(backend, "ValueError:", exc)
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_INTERPRET="1")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert res.returncode == 0, (res.returncode, res.stderr[-2000:])
+    lines = res.stdout.strip().splitlines()
+    assert len(lines) == 3
+    for line in lines:
+        assert "ValueError: node 1 has GCN degree -2" in line, line
+
+
+def test_merge_diagonal_never_duplicates_a_stored_diagonal():
+    """Whatever the diagonal values (NaN included), a row that stores (i, i) gets no second
+    entry and every output slot is written: the merged CSR validates and equals the dense sum."""
+    ei = torch.tensor([[0, 1, 2, 1], [1, 1, 1, 2]])  # node 1 has a stored self-loop
+    g = CSRGraph.from_edge_index(ei, torch.ones(4, dtype=torch.float64), 3)
+    diag = torch.tensor([0.5, float("nan"), 0.25], dtype=torch.float64)
+    indptr, indices, values = _merge_diagonal(g.indptr, g.indices, g.weight, diag)
+    merged = CSRGraph(indptr, indices, values, 3)  # full validation: sorted, in range
+    assert merged.num_edges == g.num_edges + 2  # rows 0 and 2 only
+    dense = torch.zeros(3, 3, dtype=torch.float64)
+    dense[merged.row_index(), merged.indices] = merged.weight
+    assert dense[1, 1] == 1.0 and dense[0, 0] == 0.5 and dense[2, 2] == 0.25
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_negative_degree_same_error_every_backend(backend):
+    g = CSRGraph.from_edge_index(torch.tensor([[0, 1, 2], [1, 2, 2]]),
+                                 torch.tensor([1.0, -5.0, 1.0]), num_nodes=3)
+    with pytest.raises(ValueError, match="node 2 has GCN degree -4"):
+        gcn_propagate(torch.randn(3, 2), g, backend=backend)
+    # zero degree stays allowed (isolated node without added loop: dinv = 0, as PyG)
+    out = gcn_propagate(torch.randn(3, 2), CSRGraph.from_edge_index(NO_EDGES, num_nodes=3),
+                        add_self_loops=False, backend=backend)
+    assert torch.equal(out, torch.zeros(3, 2))
+
+
+# ---------------------------------------------------------------- 3. stale weight caches
+def _param_graph():
+    base = CSRGraph.from_edge_index(torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]]),
+                                    num_nodes=4)
+    w = torch.nn.Parameter(torch.tensor([0.5, 1.0, 1.5, 2.0, 2.5, 3.0]))
+    return base, w, CSRGraph(base.indptr, base.indices, w)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cache_sees_inplace_update_of_learnable_weights(backend):
+    base, w, g = _param_graph()
+    x = torch.randn(4, 3)
+    with torch.no_grad():
+        first = gcn_propagate(x, g, backend=backend)
+    w.grad = torch.ones(6)
+    torch.optim.SGD([w], lr=0.25).step()  # in place: bumps w._version
+    with torch.no_grad():
+        second = gcn_propagate(x, g, backend=backend)
+        fresh = gcn_propagate(x, CSRGraph(base.indptr, base.indices, w.detach().clone()),
+                              backend="reference")
+    assert not torch.allclose(first, second)
+    torch.testing.assert_close(second, fresh)
+
+
+def test_graph_weight_caches_follow_the_weights():
+    base, w, g = _param_graph()
+    with torch.no_grad():
+        dinv0, _ = g.gcn_deg_inv_sqrt()
+        assert not g.is_symmetric() and g.transpose().weight[0] == w[1]
+        w.copy_(torch.tensor([1.0, 1.0, 2.0, 2.0, 3.0, 3.0]))  # now symmetric
+    assert g.is_symmetric() and g.transpose() is g  # re-checked for the new weights
+    dinv1, _ = g.gcn_deg_inv_sqrt()
+    assert not torch.equal(dinv0, dinv1)
+    expect = CSRGraph(base.indptr, base.indices, w.detach().clone())
+    torch.testing.assert_close(dinv1, expect.gcn_deg_inv_sqrt()[0])
+    with torch.no_grad():
+        a2 = g.augment_a2().weight.clone()
+        w.mul_(2.0)
+    assert not torch.equal(a2, g.augment_a2().weight)
+
+
+# ---------------------------------------------------------------- 6. top-k tie rule
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_identical_rows_tie_by_lowest_index(backend):
+    x = torch.tensor([[-1.0, -1.0, 2.0]] * 5)
+    p = torch.tensor([-0.5870481729507446, 2.8191161155700684, -0.08441101014614105])
+    r = topk_pool(x, NO_EDGES, p, 2, backend=backend)
+    assert r.perm.tolist() == [0, 1]
+    assert r.score[0].item() == r.score[1].item()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_duplicate_rows_bit_identical_scores(backend, dtype):
+    gen = torch.Generator().manual_seed(3)
+    rows = torch.randn(3, 7, generator=gen, dtype=dtype) * 4  # some scores saturate
+    x = rows[torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1])]  # n = 11: ragged mod 4
+    p = torch.randn(7, generator=gen, dtype=dtype)
+    r = topk_pool(x, NO_EDGES, p, 1.0, backend=backend)
+    full = torch.empty(11, dtype=dtype)
+    full[r.perm] = r.score
+    for j in range(3):
+        assert torch.unique(full[j::3]).numel() == 1  # bit-identical within each copy group
+    ref = topk_pool(x, NO_EDGES, p, 1.0, backend="reference")
+    assert r.perm.tolist() == ref.perm.tolist()
+
+
+@requires_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_triton_saturated_scores_tie_like_the_reference(dtype):
+    """d = 1 and p = [1]: the pre-activation is x itself on every backend, so the scores must
+    be the reference's bit for bit; near saturation many of them round to exactly 1.0 and tie
+    (lowest index first). Triton's own tanh formula differed by an ulp there."""
+    x = torch.linspace(3.0, 20.0, 301, dtype=dtype).flip(0).unsqueeze(1)
+    p = torch.ones(1, dtype=dtype)
+    ref = topk_pool(x, NO_EDGES, p, 1.0, backend="reference")
+    got = topk_pool(x, NO_EDGES, p, 1.0, backend="triton")
+    assert torch.equal(got.score, ref.score)
+    assert torch.equal(got.perm, ref.perm)
+
+
+# ---------------------------------------------------------------- 7. ‖p‖ under/overflow
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("scale", [1e-23, 1e19, 3e37])
+def test_score_weight_norm_is_scaled(backend, scale):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(9, 5, generator=gen, requires_grad=True)
+    p0 = torch.randn(5, generator=gen)
+    p = (p0 * scale).requires_grad_()
+    r = topk_pool(x, NO_EDGES, p, 4, backend=backend)
+    expect = topk_pool(x.detach(), NO_EDGES, p0, 4, backend="reference")
+    assert r.perm.tolist() == expect.perm.tolist()
+    torch.testing.assert_close(r.score, expect.score, rtol=1e-5, atol=1e-6)
+    (r.x.sum() + r.score.sum()).backward()
+    assert bool(torch.isfinite(x.grad).all()) and bool(torch.isfinite(p.grad).all())
+    # dL/dp scales as 1/scale: compare with the unscaled gradient
+    p0 = p0.clone().requires_grad_()
+    x0 = x.detach().clone().requires_grad_()
+    e = topk_pool(x0, NO_EDGES, p0, 4, backend="reference")
+    (e.x.sum() + e.score.sum()).backward()
+    torch.testing.assert_close(p.grad * scale, p0.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(x.grad, x0.grad, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------- 10. op-level leftovers
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("scale", [1e19, 1e-23])
+def test_nearest_prototype_extreme_scales(backend, scale):
+    z = torch.tensor([[3.0, 3.0]]) * scale
+    protos = torch.tensor([[2.5, 3.0], [3.0, 3.1]]) * scale  # distances 0.5 vs 0.1
+    assert nearest_prototype(z, protos, backend=backend).tolist() == [1]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unpool_negative_num_nodes(backend):
+    with pytest.raises(ValueError, match="num_nodes must be >= 0"):
+        topk_unpool(torch.zeros(0, 3), torch.zeros(0, dtype=torch.long), -1, backend=backend)
+    out = topk_unpool(torch.ones(1, 2), torch.tensor([2]), np.int64(4), backend=backend)
+    assert out.shape == (4, 2) and out[2].tolist() == [1.0, 1.0]
+
+
+def test_num_nodes_accepts_integer_likes_only():
+    ei = torch.tensor([[0, 1], [1, 2]])
+    assert CSRGraph.from_edge_index(ei, num_nodes=np.int64(6)).num_nodes == 6
+    assert CSRGraph.from_edge_index(ei, num_nodes=torch.tensor(5)).num_nodes == 5
+    for bad in (True, np.bool_(True), 6.0, np.float64(6), "6"):
+        with pytest.raises(TypeError, match="num_nodes must be an int"):
+            CSRGraph.from_edge_index(ei, num_nodes=bad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_gcn_propagate_rejects_non_finite_x(backend, bad):
+    g = CSRGraph.from_edge_index(torch.tensor([[0, 1], [1, 0]]), num_nodes=2)
+    x = torch.ones(2, 3)
+    x[1, 2] = bad
+    with pytest.raises(ValueError, match="x contains NaN or Inf"):
+        gcn_propagate(x, g, backend=backend)
+
+
+def test_hiertail_loss_checks_labels_and_indices():
+    torch.manual_seed(0)
+    n, c = 12, 3
+    model = HierTail(4, c, HierTailConfig.paper(hidden=8))
+    ei = torch.randint(0, n, (2, 30))
+    out = model(torch.randn(n, 4), prepare_graph(ei, n))
+    y = torch.arange(n) % c
+    with pytest.raises(ValueError, match="y has label 3 but the model has 3 classes"):
+        model.loss(out, torch.full((n,), 3), torch.arange(4))
+    with pytest.raises(ValueError, match="train_idx refers to node 12"):
+        model.loss(out, y, torch.tensor([0, 12]))
+    with pytest.raises(ValueError, match="train_idx has negative entries"):
+        model.loss(out, y, torch.tensor([0, -1]))
+    assert torch.isfinite(model.loss(out, y, torch.arange(0, n, 2)).total)
+
+
+def test_corrupt_npz_names_file_and_never_suggests_pickle(tmp_path):
+    obj = tmp_path / "objects.npz"  # an object array: numpy would hint at allow_pickle=True
+    np.savez(obj, edge_index=np.zeros((2, 0), np.int64), y=np.zeros(2, np.int64),
+             x=np.array([None, 1], dtype=object))
+    junk = tmp_path / "junk.npz"
+    junk.write_bytes(b"\x80\x04not a zip archive")
+    truncated = tmp_path / "truncated.npz"
+    np.savez(truncated, edge_index=np.zeros((2, 3), np.int64), y=np.zeros(9, np.int64),
+             x=np.zeros((9, 40)))
+    truncated.write_bytes(truncated.read_bytes()[:-400])
+    for path in (obj, junk, truncated):
+        with pytest.raises(ValueError) as info:
+            load_npz(path)
+        msg = str(info.value)
+        assert msg.startswith(str(path)), msg
+        assert "allow_pickle" not in msg
+        assert info.value.__cause__ is None or "allow_pickle" not in str(info.value.__cause__)
+
+
+@pytest.mark.parametrize("temperature", [1e-45, 1e-7, 0.0, -1.0, float("nan")])
+def test_temperature_below_minimum_rejected(temperature):
+    z, y = torch.randn(4, 3), torch.tensor([0, 0, 1, 1])
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 1e-06"):
+        balanced_contrastive_loss(z, y, temperature=temperature)
+    assert torch.isfinite(balanced_contrastive_loss(z, y, temperature=1e-6, backend="reference"))
+
+
+def test_contrastive_validator_lives_in_validation():
+    from hiertail_fast import _validation
+    from hiertail_fast.reference import balanced_contrastive_loss as ref
+
+    assert ref.validate_contrastive_inputs is _validation.validate_contrastive_inputs
+    assert ref.REDUCTIONS == _validation.REDUCTIONS and ref.VARIANTS == _validation.VARIANTS
