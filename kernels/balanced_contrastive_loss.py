@@ -274,7 +274,7 @@ def lse_forward(
 
 def lse_backward(
     z: torch.Tensor, log_w: torch.Tensor, lse: torch.Tensor, grad_lse: torch.Tensor,
-    scale: float, *, two_pass: bool = False,
+    scale: float, *, two_pass: bool = False, out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Gradient of Σ_{l,i} grad_lse[l,i]·lse[l,i] with respect to z (both sides of s = Z·Zᵀ).
 
@@ -283,8 +283,11 @@ def lse_backward(
         grad_lse: [L, N] upstream gradient (rows with grad 0 or lse −inf contribute nothing).
         two_pass: FlashAttention-2 query pass + key pass instead of the one-pass symmetric
             kernel (same result up to fp32 rounding; twice the GEMM work).
+        out_dtype: dtype of dz (default z's). The loss asks for float32, so the LSE part of a
+            16-bit input's gradient is not rounded to 16 bits before the other parts (which it
+            can cancel) are added.
     Returns:
-        dz [N, d] in z's dtype (fp32 accumulation), deterministic run to run.
+        dz [N, d] in out_dtype (fp32 accumulation), deterministic run to run.
     """
     num_levels, n, d = _check(z, log_w)
     for name, t in (("lse", lse), ("grad_lse", grad_lse)):
@@ -294,7 +297,7 @@ def lse_backward(
     log_w = log_w.to(torch.float32).contiguous()
     lse = lse.to(torch.float32).contiguous()
     grad_lse = grad_lse.to(torch.float32).contiguous()
-    dz = torch.empty(n, d, dtype=z.dtype, device=z.device)
+    dz = torch.empty(n, d, dtype=out_dtype or z.dtype, device=z.device)
     if n == 0:
         return dz
     d_pad = feature_block(d)

@@ -17,14 +17,16 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from hiertail_fast.ops.gcn_propagate import torch_sparse_available
-from tests.conftest import tol, triton_importable
+from tests.conftest import on_backend_device, tol, triton_importable  # noqa: F401
 
 LOW = (torch.float16, torch.bfloat16)
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 BACKENDS = ["reference", "torch"] + (["triton"] if triton_importable() else [])
 GCN_BACKENDS = BACKENDS + (["torch_sparse"] if torch_sparse_available() else [])
+LOSS_BACKENDS = BACKENDS + ["attention"]      # the loss's own engine (PyTorch's attention)
+
 # examples per (test, backend): the Triton interpreter costs ~0.1-0.5 s a call on CPU
-EXAMPLES = {"reference": 40, "torch": 60, "triton": 15, "torch_sparse": 30}
+EXAMPLES = {"reference": 40, "torch": 60, "triton": 15, "torch_sparse": 30, "attention": 40}
 
 
 def fuzz_settings(backend: str) -> settings:

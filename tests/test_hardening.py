@@ -23,7 +23,7 @@ from hiertail_fast import (
 )
 from hiertail_fast.nn.hiertail import HierTail, HierTailConfig, prepare_graph
 from hiertail_fast.ops.gcn_propagate import _merge_diagonal
-from tests.conftest import requires_triton
+from tests.conftest import on_backend_device, requires_triton
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -75,6 +75,7 @@ def test_merge_diagonal_never_duplicates_a_stored_diagonal():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_negative_degree_same_error_every_backend(backend):
+    on_backend_device(backend)
     g = CSRGraph.from_edge_index(torch.tensor([[0, 1, 2], [1, 2, 2]]),
                                  torch.tensor([1.0, -5.0, 1.0]), num_nodes=3)
     with pytest.raises(ValueError, match="node 2 has GCN degree -4"):
@@ -95,6 +96,7 @@ def _param_graph():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cache_sees_inplace_update_of_learnable_weights(backend):
+    on_backend_device(backend)
     base, w, g = _param_graph()
     x = torch.randn(4, 3)
     with torch.no_grad():
@@ -129,6 +131,7 @@ def test_graph_weight_caches_follow_the_weights():
 # ---------------------------------------------------------------- 6. top-k tie rule
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_identical_rows_tie_by_lowest_index(backend):
+    on_backend_device(backend)
     x = torch.tensor([[-1.0, -1.0, 2.0]] * 5)
     p = torch.tensor([-0.5870481729507446, 2.8191161155700684, -0.08441101014614105])
     r = topk_pool(x, NO_EDGES, p, 2, backend=backend)
@@ -139,6 +142,7 @@ def test_identical_rows_tie_by_lowest_index(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_duplicate_rows_bit_identical_scores(backend, dtype):
+    on_backend_device(backend)
     gen = torch.Generator().manual_seed(3)
     rows = torch.randn(3, 7, generator=gen, dtype=dtype) * 4  # some scores saturate
     x = rows[torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1])]  # n = 11: ragged mod 4
@@ -158,6 +162,7 @@ def test_triton_saturated_scores_tie_like_the_reference(dtype):
     """d = 1 and p = [1]: the pre-activation is x itself on every backend, so the scores must
     be the reference's bit for bit; near saturation many of them round to exactly 1.0 and tie
     (lowest index first). Triton's own tanh formula differed by an ulp there."""
+    on_backend_device("triton")
     x = torch.linspace(3.0, 20.0, 301, dtype=dtype).flip(0).unsqueeze(1)
     p = torch.ones(1, dtype=dtype)
     ref = topk_pool(x, NO_EDGES, p, 1.0, backend="reference")
@@ -170,6 +175,7 @@ def test_triton_saturated_scores_tie_like_the_reference(dtype):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("scale", [1e-23, 1e19, 3e37])
 def test_score_weight_norm_is_scaled(backend, scale):
+    on_backend_device(backend)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(9, 5, generator=gen, requires_grad=True)
     p0 = torch.randn(5, generator=gen)
@@ -193,6 +199,7 @@ def test_score_weight_norm_is_scaled(backend, scale):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("scale", [1e19, 1e-23])
 def test_nearest_prototype_extreme_scales(backend, scale):
+    on_backend_device(backend)
     z = torch.tensor([[3.0, 3.0]]) * scale
     protos = torch.tensor([[2.5, 3.0], [3.0, 3.1]]) * scale  # distances 0.5 vs 0.1
     assert nearest_prototype(z, protos, backend=backend).tolist() == [1]
@@ -200,6 +207,7 @@ def test_nearest_prototype_extreme_scales(backend, scale):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_unpool_negative_num_nodes(backend):
+    on_backend_device(backend)
     with pytest.raises(ValueError, match="num_nodes must be >= 0"):
         topk_unpool(torch.zeros(0, 3), torch.zeros(0, dtype=torch.long), -1, backend=backend)
     out = topk_unpool(torch.ones(1, 2), torch.tensor([2]), np.int64(4), backend=backend)
@@ -218,6 +226,7 @@ def test_num_nodes_accepts_integer_likes_only():
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_gcn_propagate_rejects_non_finite_x(backend, bad):
+    on_backend_device(backend)
     g = CSRGraph.from_edge_index(torch.tensor([[0, 1], [1, 0]]), num_nodes=2)
     x = torch.ones(2, 3)
     x[1, 2] = bad

@@ -117,6 +117,14 @@ def _argmax_grad(z, lv_argmax, gamma, scale):
     return dz
 
 
+def _lse_backward(mod, z_in, log_w, lse, grad_lse, scale):
+    """The engine's LSE gradient, in fp32 for the Triton kernels (16-bit inputs: not rounded to
+    16 bits before the positive-pair part, which it can cancel, is added)."""
+    if mod is _lse_torch or mod is _attention_lse:
+        return mod.lse_backward(z_in, log_w, lse, grad_lse, scale)
+    return mod.lse_backward(z_in, log_w, lse, grad_lse, scale, out_dtype=torch.float32)
+
+
 class BalancedContrastiveFunction(torch.autograd.Function):
     """Sum over levels of the reduced balanced contrastive loss on the rows of ``z``."""
 
@@ -205,14 +213,15 @@ class BalancedContrastiveFunction(torch.autograd.Function):
             rmax, amax, big_q = extra
             a = lse - rmax
             r = torch.exp(a - torch.logaddexp(a, log_eps_w))
-            dz = mod.lse_backward(z_in, log_w, lse, (g * r).to(log_w.dtype), scale).to(zc.dtype)
+            dz = _lse_backward(mod, z_in, log_w, lse, (g * r).to(log_w.dtype), scale)
+            dz = dz.to(zc.dtype)
             for lev in range(lse.shape[0]):
                 dz += positive_pairs(zc, lv.gid[lev], lv.n_groups[lev], rmax[lev],
                                      amax[lev], scale, ctx.include_self,
                                      -(g[lev] * inv_n[lev]))[2]
             dz += _argmax_grad(zc, amax, g * (big_q * inv_n - r), scale)
         else:
-            dz = mod.lse_backward(z_in, log_w, lse, g.to(log_w.dtype), scale)
+            dz = _lse_backward(mod, z_in, log_w, lse, g.to(log_w.dtype), scale)
             dz = dz.to(zc.dtype) + _class_sum_term(zc, lv, scale, ctx.include_self,
                                                    -(g * inv_n))[1]
         return dz.to(ctx.z_dtype), *nones
