@@ -57,3 +57,20 @@ def test_anchor_and_cases_compute_what_they_claim():
     finally:
         torch.mm = real_mm
     assert sum(calls) == 3 * (50 + 70)            # three full passes of rows of Z_all Z_all^T
+
+
+def test_accuracy_report_runs_and_names_the_engine(tmp_path):
+    out = tmp_path / "acc.json"
+    res = subprocess.run(
+        [sys.executable, str(BENCH / "loss_accuracy.py"), "--n", "80", "--d", "8", "--taus",
+         "1", "--regimes", "relu", "randn30", "--out", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 2 * 2 * 2 * 2                 # backends x dtypes x variants x regimes
+    engines = {(r["backend"], r["regime"]): r["engine"] for r in rows}
+    assert engines[("attention", "relu")] == "attention kernels"
+    assert engines[("attention", "randn30")] == "own engine"       # over the precision guard
+    for r in rows:
+        if r["dtype"] == "float32" and r["regime"] == "relu":
+            assert r["value_rel_err"] < 1e-5 and r["grad_rel_err"] < 1e-4

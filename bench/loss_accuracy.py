@@ -1,0 +1,102 @@
+"""Measured error of each precision path of the fused loss against float64.
+
+For every loss backend that runs on the device (``torch``: our blocked engine; ``attention``:
+PyTorch's attention kernels through ops/_attention_lse.py; ``triton`` on CUDA) and each input
+dtype (float32, and bfloat16 where the path takes it), forward + backward of
+``balanced_contrastive_loss`` on the regimes of bench/loss_grid.py, against the dense reference
+run in float64 on the same (rounded) inputs. Reports the relative error of the value and the
+max-norm relative error of the gradient (max |g - g64| / max |g64|; where every official
+positive is clamped the true gradient is ~0 and only the absolute error, also reported, means
+anything), plus which engine actually ran (the attention backend hands logits above its precision guard to our engine).
+
+    python bench/loss_accuracy.py                    # N = 2,000, d = 64
+    python bench/loss_accuracy.py --n 4000 --out bench/results/loss_accuracy.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import DEVICE, device_name  # noqa: E402
+from loss_grid import REGIMES, make_case, write_atomic  # noqa: E402
+
+import hiertail_fast.ops._attention_lse as attn  # noqa: E402
+from hiertail_fast import balanced_contrastive_loss  # noqa: E402
+
+
+def _engine_used(fn) -> str:
+    """Run fn; 'attention kernels' if the adapter's kernels were called, else 'own engine'."""
+    calls = []
+    real = attn._call
+
+    def spy(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    attn._call = spy
+    try:
+        fn()
+    finally:
+        attn._call = real
+    return "attention kernels" if calls else "own engine"
+
+
+def measure(backend: str, dtype: torch.dtype, regime: str, tau: float, variant: str, n: int,
+            d: int) -> dict:
+    z, ys, ps = make_case(regime, n, d, 1)
+    z, p = z.to(dtype), ps[0].to(dtype)
+
+    def run(zz, pp, b):
+        zz, pp = zz.detach().clone().requires_grad_(), pp.detach().clone().requires_grad_()
+        loss = balanced_contrastive_loss(zz, ys[0], prototypes=pp, temperature=tau,
+                                         variant=variant, backend=b)
+        loss.backward()
+        return loss.detach().double(), zz.grad.double()
+
+    got = {}
+    engine = _engine_used(lambda: got.update(zip(("v", "g"), run(z, p, backend))))
+    v64, g64 = run(z.double(), p.double(), "reference")
+    return dict(backend=backend, dtype=str(dtype).replace("torch.", ""), regime=regime,
+                tau=tau, variant=variant, engine=engine,
+                value_rel_err=float(((got["v"] - v64).abs() / v64.abs().clamp(min=1e-30))),
+                grad_rel_err=float((got["g"] - g64).abs().max() / g64.abs().max()),
+                grad_abs_err=float((got["g"] - g64).abs().max()),
+                grad_max=float(g64.abs().max()))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=2000)
+    parser.add_argument("--d", type=int, default=64)
+    parser.add_argument("--taus", type=float, nargs="+", default=[0.1, 1.0])
+    parser.add_argument("--regimes", nargs="+", choices=REGIMES, default=list(REGIMES))
+    parser.add_argument("--out", type=Path,
+                        default=Path(__file__).parent / "results" / "loss_accuracy.json")
+    args = parser.parse_args(argv)
+    backends = ["torch", "attention"] + (["triton"] if DEVICE == "cuda" else [])
+    dtypes = [torch.float32, torch.bfloat16]
+    rows = []
+    for b in backends:
+        for dt in dtypes:
+            for variant in ("exact", "official"):
+                for regime in args.regimes:
+                    for tau in args.taus:
+                        rows.append(measure(b, dt, regime, tau, variant, args.n, args.d))
+                        r = rows[-1]
+                        print(f"{b:9s} {r['dtype']:8s} {variant:8s} {regime:10s} tau={tau:<4g} "
+                              f"{r['engine']:17s} value {r['value_rel_err']:.2e} "
+                              f"grad {r['grad_rel_err']:.2e} (abs {r['grad_abs_err']:.1e} of "
+                              f"max {r['grad_max']:.1e})", flush=True)
+    write_atomic(args.out, json.dumps(dict(device=device_name(), torch=torch.__version__,
+                                           n=args.n, d=args.d, rows=rows), indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
