@@ -65,7 +65,7 @@ __all__ = ["HierTail", "HierTailConfig", "HierTailOutput", "HierTailLoss", "prep
 
 _POOL_MODES = ("classes", "official")
 _VARIANTS = ("exact", "official")
-_BACKENDS = (None, "reference", "torch", "triton")
+_BACKENDS = (None, "reference", "torch", "triton", "attention")
 _LOSS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
