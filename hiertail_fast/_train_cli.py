@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from hiertail_fast.baselines.cli import add_method_arguments, method_config_from_args
 from hiertail_fast.data.io import load_npz
 from hiertail_fast.data.splits import user_split
 from hiertail_fast.nn.hiertail import HierTailConfig
@@ -98,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch CPU threads (1 avoids OpenMP oversubscription on busy machines)")
     m.add_argument("--no-progress", action="store_true")
     m.add_argument("--json", type=Path, help="write all results to this JSON file")
+    add_method_arguments(p)
     return p
 
 
@@ -153,15 +155,21 @@ def main(argv: Sequence[str] | None = None) -> dict:
         if args.split is not None:
             split = user_split(int(data.y.shape[0]), **load_split(args.split))
         cfg = _config_from_args(args, None if args.synthetic else data_info["name"])
+        baseline_cfg = method_config_from_args(args)   # None for --method hiertail
     except (ValueError, TypeError, FileNotFoundError, ImportError) as exc:
         parser.error(str(exc))
     data_info.update(num_nodes=int(data.y.shape[0]), num_edges=int(data.edge_index.shape[1]),
                      num_features=int(data.x.shape[1]), num_classes=int(data.num_classes))
-    result = run_seeds(data, cfg, seeds, split=split, compound_pool_bug=args.compound_pool_bug,
+    runner = run_seeds
+    if baseline_cfg is not None:    # the one dispatch point: a baseline on the same loop
+        from hiertail_fast.baselines.harness import run_baseline_seeds as runner
+        cfg = baseline_cfg
+    result = runner(data, cfg, seeds, split=split, compound_pool_bug=args.compound_pool_bug,
                        epochs=args.epochs, patience=args.patience, device=args.device,
                        progress=not args.no_progress,
                        log=lambda line: print(line, file=sys.stderr, flush=True))
     result["data"] = data_info
+    result["method"] = args.method
     result["training"] = {"epochs": args.epochs, "patience": args.patience,
                           "lr": cfg.lr, "weight_decay": cfg.weight_decay,
                           "device": args.device, "threads": torch.get_num_threads(),
