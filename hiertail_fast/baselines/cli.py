@@ -20,7 +20,7 @@ _HIERTAIL_ONLY = {"gamma": ("--gamma", None), "tau": ("--tau", None),
                   "loss_backend": ("--loss-backend", None), "config": ("--config", "paper")}
 _BASELINE_ONLY = {"im_class_num": "--im-class-num", "up_scale": "--up-scale",
                   "adj_norm": "--adj-norm", "smote_lambda": "--smote-lambda",
-                  "classifier": "--classifier"}
+                  "classifier": "--classifier", "rec_weight": "--rec-weight"}
 
 
 def add_method_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,6 +36,8 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
                    "λ per class per round (official, default) or per synthetic node")
     g.add_argument("--classifier", choices=("gnn", "mlp"), help="baselines: GraphConv + Linear "
                    "(gnn, default) or Linear (mlp; embed_smote's only choice)")
+    g.add_argument("--rec-weight", type=float, help="graphsmote_t / _o: weight of the edge "
+                   "reconstruction loss (1e-6)")
 
 
 def method_config_from_args(args: argparse.Namespace) -> BaselineConfig | None:

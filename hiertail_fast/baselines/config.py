@@ -13,12 +13,15 @@ from typing import Any
 
 # method name -> the fields that method uses (to_dict records only those).
 _COMMON = ("hidden", "dropout", "lr", "weight_decay", "adj_norm")
+_SMOTE = ("classifier", "im_class_num", "up_scale", "smote_lambda")
 METHOD_FIELDS: dict[str, tuple[str, ...]] = {
     "origin": _COMMON + ("classifier",),
     "reweight": _COMMON + ("classifier", "im_class_num", "up_scale"),
     "oversampling": _COMMON + ("classifier", "im_class_num", "up_scale"),
     "smote": _COMMON + ("classifier", "im_class_num", "up_scale", "smote_lambda"),
     "embed_smote": _COMMON + ("classifier", "im_class_num", "up_scale", "smote_lambda"),
+    "graphsmote_t": _COMMON + _SMOTE + ("rec_weight",),
+    "graphsmote_o": _COMMON + _SMOTE + ("rec_weight",),
 }
 DEFAULT_CLASSIFIER = {"embed_smote": "mlp"}   # §2.5: a Linear layer on the embeddings
 # field -> (faithful value, what the other values are)
@@ -43,7 +46,8 @@ class BaselineConfig:
     class size); re-weighting's tail weight is 1 + up_scale.
     adj_norm: "none" (faithful) or "row" (D^-1(A+I)). smote_lambda: "class" (faithful) or "node".
     classifier: "gnn" (GraphConv + ReLU + dropout + Linear) or "mlp" (Linear); None: the
-    method's own (mlp for embed_smote, gnn otherwise).
+    method's own (mlp for embed_smote, gnn otherwise; GraphSMOTE: gnn only).
+    rec_weight: GraphSMOTE's weight rw of the edge-reconstruction loss (1e-6).
     """
 
     method: str = "origin"
@@ -56,6 +60,7 @@ class BaselineConfig:
     adj_norm: str = "none"
     smote_lambda: str = "class"
     classifier: str | None = None
+    rec_weight: float = 1e-6
 
     def __post_init__(self) -> None:
         if self.method not in METHOD_FIELDS:
@@ -67,7 +72,7 @@ class BaselineConfig:
                 raise TypeError(f"{name} must be an int, got {type(v).__name__}")
             if v < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
-        for name in ("dropout", "lr", "weight_decay", "up_scale"):
+        for name in ("dropout", "lr", "weight_decay", "up_scale", "rec_weight"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise TypeError(f"{name} must be a number, got {type(v).__name__}")
@@ -77,9 +82,9 @@ class BaselineConfig:
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.weight_decay < 0 or self.up_scale < 0:
-            raise ValueError(f"weight_decay and up_scale must be >= 0, got "
-                             f"{self.weight_decay}, {self.up_scale}")
+        for name in ("weight_decay", "up_scale", "rec_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name, allowed in _CHOICES.items():
             v = getattr(self, name)
             if v is None and name == "classifier":
@@ -89,6 +94,9 @@ class BaselineConfig:
         if self.method == "embed_smote" and self.classifier == "gnn":
             raise ValueError("embed_smote's classifier is a Linear layer on the SMOTE-augmented "
                              "embeddings (§2.5); classifier='gnn' does not apply")
+        if self.method.startswith("graphsmote") and self.classifier == "mlp":
+            raise ValueError("GraphSMOTE's classifier is always the GNN classifier (§2.6); "
+                             "classifier='mlp' does not apply")
 
     @property
     def name(self) -> str:
