@@ -98,10 +98,46 @@ def test_training_loss_matches_dense_reference(tiny, method, norm):
     assert model.num_synthetic == sum(min(4, int((g.y == c).sum())) for c in (3, 2))
 
 
+@pytest.mark.parametrize("edge_grad", [False, True])
+def test_edge_grad_reaches_the_decoder_only_when_asked(tiny, edge_grad):
+    g, graph = tiny
+    train = torch.cat([torch.nonzero(g.y == c).flatten()[:4] for c in range(4)])
+    cfg = BaselineConfig(method="graphsmote_o", hidden=8, dropout=0.0, im_class_num=2,
+                         rec_weight=0.0, edge_grad=edge_grad)
+    ctx = MethodContext(g.x, g.y, graph, train, 4, torch.Generator().manual_seed(7))
+    model = build_method(ctx, cfg).train()
+    model.train_loss().backward()
+    grad = model.decoder.weight.grad
+    assert (grad is not None and grad.abs().sum() > 0) == edge_grad
+    # the sparse differentiable weights against the dense construction, gradients included
+    n = g.num_nodes
+    src, nbr = torch.tensor([4, 9]), torch.tensor([9, 4])
+    z1 = torch.randn(n + 2, 3, requires_grad=True)
+    z2 = z1.detach().clone().requires_grad_()
+    x = torch.randn(n + 2, 2, requires_grad=True)
+    ck, cj = gs.candidate_edges(graph, src, nbr)
+    b = gs.augmented_graph(graph, z1, ck, cj, "o", edge_grad)
+    (adjacency_operator(b, "row") @ x).pow(2).sum().backward()
+    dense = gs.augmented_graph_dense(_dense(graph), z2, src, nbr, "o", edge_grad)
+    (_row(dense) @ x).pow(2).sum().backward()
+    if edge_grad:
+        torch.testing.assert_close(z1.grad, z2.grad)
+    else:
+        assert z1.grad is None and z2.grad is None
+
+
 def test_graphsmote_bad_configs():
     with pytest.raises(ValueError, match="GNN classifier"):
         BaselineConfig(method="graphsmote_t", classifier="mlp")
     with pytest.raises(ValueError, match="rec_weight"):
         BaselineConfig(method="graphsmote_o", rec_weight=-1.0)
+    with pytest.raises(ValueError, match="edge_grad"):
+        BaselineConfig(method="graphsmote_t", edge_grad=True)
+    with pytest.raises(TypeError, match="edge_grad"):
+        BaselineConfig(method="graphsmote_o", edge_grad=1)
+    with pytest.raises(ValueError, match="variant"):
+        gs.augmented_graph(prepare_graph(torch.tensor([[0], [1]]), 2), torch.randn(3, 2),
+                           torch.tensor([0]), torch.tensor([1]), "t", edge_grad=True)
     d = BaselineConfig(method="graphsmote_o").to_dict()
+    assert d["faithful"]["edge_grad"]["is_official"] is True
     assert d["rec_weight"] == 1e-6 and d["classifier"] == "gnn"

@@ -20,7 +20,8 @@ _HIERTAIL_ONLY = {"gamma": ("--gamma", None), "tau": ("--tau", None),
                   "loss_backend": ("--loss-backend", None), "config": ("--config", "paper")}
 _BASELINE_ONLY = {"im_class_num": "--im-class-num", "up_scale": "--up-scale",
                   "adj_norm": "--adj-norm", "smote_lambda": "--smote-lambda",
-                  "classifier": "--classifier", "rec_weight": "--rec-weight"}
+                  "classifier": "--classifier", "rec_weight": "--rec-weight",
+                  "edge_grad": "--edge-grad"}
 
 
 def add_method_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +39,8 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
                    "(gnn, default) or Linear (mlp; embed_smote's only choice)")
     g.add_argument("--rec-weight", type=float, help="graphsmote_t / _o: weight of the edge "
                    "reconstruction loss (1e-6)")
+    g.add_argument("--edge-grad", action="store_const", const=True, help="graphsmote_o: the "
+                   "node loss reaches the edge generator (paper; the HierTail copy detaches)")
 
 
 def method_config_from_args(args: argparse.Namespace) -> BaselineConfig | None:

@@ -21,13 +21,15 @@ METHOD_FIELDS: dict[str, tuple[str, ...]] = {
     "smote": _COMMON + ("classifier", "im_class_num", "up_scale", "smote_lambda"),
     "embed_smote": _COMMON + ("classifier", "im_class_num", "up_scale", "smote_lambda"),
     "graphsmote_t": _COMMON + _SMOTE + ("rec_weight",),
-    "graphsmote_o": _COMMON + _SMOTE + ("rec_weight",),
+    "graphsmote_o": _COMMON + _SMOTE + ("rec_weight", "edge_grad"),
 }
 DEFAULT_CLASSIFIER = {"embed_smote": "mlp"}   # §2.5: a Linear layer on the embeddings
 # field -> (faithful value, what the other values are)
 FAITHFUL = {
     "adj_norm": ("none", "none: unnormalised A+I, sum aggregation (the HierTail copy, §1.1); "
                          "row: D^-1(A+I) (LTE4G / HeroLT, recommended)"),
+    "edge_grad": (False, "False: the augmented adjacency is detached (HierTail copy, §2.7 (a)); "
+                         "True: the node loss reaches the edge generator (paper, --opt_new_G)"),
     "smote_lambda": ("class", "class: one λ ~ U(0,1) per tail class per round (official, §1.5); "
                               "node: one λ per synthetic node (SMOTE / GraphSMOTE papers)"),
 }
@@ -48,6 +50,7 @@ class BaselineConfig:
     classifier: "gnn" (GraphConv + ReLU + dropout + Linear) or "mlp" (Linear); None: the
     method's own (mlp for embed_smote, gnn otherwise; GraphSMOTE: gnn only).
     rec_weight: GraphSMOTE's weight rw of the edge-reconstruction loss (1e-6).
+    edge_grad: GraphSMOTE_O only: keep the gradient of the synthetic edge weights (False).
     """
 
     method: str = "origin"
@@ -61,6 +64,7 @@ class BaselineConfig:
     smote_lambda: str = "class"
     classifier: str | None = None
     rec_weight: float = 1e-6
+    edge_grad: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in METHOD_FIELDS:
@@ -94,6 +98,10 @@ class BaselineConfig:
         if self.method == "embed_smote" and self.classifier == "gnn":
             raise ValueError("embed_smote's classifier is a Linear layer on the SMOTE-augmented "
                              "embeddings (§2.5); classifier='gnn' does not apply")
+        if not isinstance(self.edge_grad, bool):
+            raise TypeError(f"edge_grad must be a bool, got {type(self.edge_grad).__name__}")
+        if self.edge_grad and self.method != "graphsmote_o":
+            raise ValueError("edge_grad only applies to graphsmote_o (continuous edge weights)")
         if self.method.startswith("graphsmote") and self.classifier == "mlp":
             raise ValueError("GraphSMOTE's classifier is always the GNN classifier (§2.6); "
                              "classifier='mlp' does not apply")

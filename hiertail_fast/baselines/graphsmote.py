@@ -104,27 +104,31 @@ def candidate_edges(graph: CSRGraph, sources: torch.Tensor, neighbours: torch.Te
 
 
 def augmented_graph(graph: CSRGraph, z: torch.Tensor, cand_k: torch.Tensor,
-                    cand_j: torch.Tensor, variant: str) -> CSRGraph:
-    """B [n+s, n+s] (detached, not normalised): A+I's entries at weight 1, synthetic row n+k and
-    column n+k at the candidates j with weight 1[P ≥ 0.5] (``"t"``, zeros dropped) or P
-    (``"o"``), where P_kj = σ(z[n+k]·z[j]); s = z.shape[0] − n."""
+                    cand_j: torch.Tensor, variant: str, edge_grad: bool = False) -> CSRGraph:
+    """B [n+s, n+s] (not normalised): A+I's entries at weight 1, synthetic row n+k and column
+    n+k at the candidates j with weight 1[P ≥ 0.5] (``"t"``, zeros dropped) or P (``"o"``),
+    where P_kj = σ(z[n+k]·z[j]); s = z.shape[0] − n. Detached (the HierTail copy) unless
+    ``edge_grad`` (``"o"`` only: the weights keep their gradient to z, as the paper's _O)."""
+    if variant not in ("t", "o"):
+        raise ValueError(f"variant must be 't' or 'o', got {variant!r}")
+    if edge_grad and variant == "t":
+        raise ValueError("edge_grad needs continuous weights (variant 'o')")
     n = graph.num_nodes
     s = z.shape[0] - n
-    with torch.no_grad():
+    with torch.set_grad_enabled(edge_grad and torch.is_grad_enabled()):
         p = torch.sigmoid((z[n + cand_k] * z[cand_j]).sum(1)).float()
-        if variant == "t":
-            keep = p >= 0.5
-            cand_k, cand_j, p = cand_k[keep], cand_j[keep], torch.ones_like(p[keep])
-        elif variant != "o":
-            raise ValueError(f"variant must be 't' or 'o', got {variant!r}")
-        w0 = torch.ones(graph.num_edges, device=z.device)
-        rows = torch.cat([graph.row_index(), n + cand_k, cand_j])
-        cols = torch.cat([graph.indices, cand_j, n + cand_k])
-        return CSRGraph._from_coo(rows, cols, torch.cat([w0, p, p]), n + s, dedupe=False)
+    if variant == "t":
+        keep = p >= 0.5
+        cand_k, cand_j, p = cand_k[keep], cand_j[keep], torch.ones_like(p[keep])
+    w0 = torch.ones(graph.num_edges, device=z.device)
+    rows = torch.cat([graph.row_index(), n + cand_k, cand_j])
+    cols = torch.cat([graph.indices, cand_j, n + cand_k])
+    return CSRGraph._from_coo(rows, cols, torch.cat([w0, p, p]), n + s, dedupe=False)
 
 
 def augmented_graph_dense(adj: torch.Tensor, z: torch.Tensor, sources: torch.Tensor,
-                          neighbours: torch.Tensor, variant: str) -> torch.Tensor:
+                          neighbours: torch.Tensor, variant: str,
+                          edge_grad: bool = False) -> torch.Tensor:
     """The official dense construction of B (test oracle; O((n+s)²))."""
     n = adj.shape[0]
     a = (adj != 0).float()
@@ -133,9 +137,10 @@ def augmented_graph_dense(adj: torch.Tensor, z: torch.Tensor, sources: torch.Ten
     m[:n, :n] = a
     m[n:, :n] = a_new
     m[:n, n:] = a_new.T
-    p = torch.sigmoid(z @ z.T).detach()
+    p = torch.sigmoid(z @ z.T)
+    p = p if edge_grad else p.detach()
     b = ((p >= 0.5).float() if variant == "t" else p) * m
-    b[:n, :n] = adj
+    b = torch.cat([torch.cat([adj, b[:n, n:]], 1), b[n:]])     # original block := A
     return (b != 0).float() if variant == "t" else b
 
 
@@ -172,7 +177,7 @@ class _GraphSmote(BaselineMethod):
             ck, cj = candidate_edges(c.graph, torch.cat(srcs), torch.cat(nbrs))
         else:
             ck = cj = torch.zeros(0, dtype=torch.long, device=h.device)
-        b = augmented_graph(c.graph, z, ck, cj, self.variant)
+        b = augmented_graph(c.graph, z, ck, cj, self.variant, self.cfg.edge_grad)
         logits = self.classifier(h_all, adjacency_operator(b, "row"))
         train = torch.cat([c.train_idx, n + torch.arange(h_all.shape[0] - n, device=h.device)])
         y_all = torch.cat([c.y, *labels])
@@ -190,8 +195,10 @@ class GraphSmoteT(_GraphSmote):
 
 
 class GraphSmoteO(_GraphSmote):
-    """§2.7 GraphSMOTE_O: continuous predicted edge weights P of the synthetic nodes (detached,
-    as the HierTail copy does: the decoder learns from rw·L_rec only)."""
+    """§2.7 GraphSMOTE_O: continuous predicted edge weights P of the synthetic nodes; detached
+    as the HierTail copy does (the decoder learns from rw·L_rec only), or with
+    ``edge_grad=True`` differentiable (the paper's / original repo's ``--opt_new_G``: the node
+    loss also trains the edge generator)."""
 
     name = "graphsmote_o"
     variant = "o"
