@@ -7,8 +7,8 @@ decoder's z = [H; h_new] Wᵀ gives P = σ(z zᵀ). The official code materialis
 the augmented adjacency as dense (n+s)² matrices; here
 
 - ``L_rec`` = Σ_ij w_ij (P_ij − Ā_ij)² over the n×n block (Ā = binarised A+I, w = 1 on its
-  entries, |Ā|/(n² − |Ā|) elsewhere) is computed exactly as w₀·Σ P² (row blocks under activation
-  checkpointing: O(block·n) live memory, O(n²h) time as the official code) plus an O(|E|h)
+  entries, |Ā|/(n² − |Ā|) elsewhere) is computed exactly as w₀·Σ P² (row blocks recomputed in the
+  backward: O(block·n) live memory, O(n²h) time as the official code) plus an O(|E|h)
   correction on the entries of Ā (`recon_loss`);
 - the augmented graph B only has entries at the mask's positions: the original block (A+I), the
   synthetic rows' candidates cand(k) = N̄(v_k) ∪ N̄(nn(v_k)) and their transpose (no
@@ -27,7 +27,6 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from hiertail_fast.baselines.config import BaselineConfig
 from hiertail_fast.baselines.layers import adjacency_operator
@@ -57,9 +56,31 @@ class Decoder(nn.Module):
         return h @ self.weight.T
 
 
-def _sum_sq_sigmoid(zb: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    p = torch.sigmoid(zb @ z.T)
-    return (p * p).sum()
+class _SumSqSigmoidGram(torch.autograd.Function):
+    """Σ_ij σ(z_i·z_j)² over all n² pairs, in row blocks of ``block`` rows: the forward keeps
+    nothing but z, the backward recomputes each block (dL/ds = 2σ²(1 − σ) · grad); O(block·n)
+    live memory either way, O(n²·d) time."""
+
+    @staticmethod
+    def forward(ctx, z: torch.Tensor, block: int) -> torch.Tensor:
+        ctx.save_for_backward(z)
+        ctx.block = block
+        total = z.new_zeros((), dtype=torch.float64)
+        for lo in range(0, z.shape[0], block):
+            total += torch.sigmoid(z[lo:lo + block] @ z.T).square().sum(dtype=torch.float64)
+        return total.to(z.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (z,) = ctx.saved_tensors
+        gz = torch.zeros_like(z)
+        for lo in range(0, z.shape[0], ctx.block):
+            zb = z[lo:lo + ctx.block]
+            p = torch.sigmoid(zb @ z.T)
+            g = p.square_().mul_(1.0 - p.sqrt()).mul_(2.0 * grad)   # 2 σ² (1 − σ)
+            gz[lo:lo + ctx.block] += g @ z                            # as rows
+            gz += g.T @ zb                                            # as columns
+        return gz, None   # None: block is not differentiable
 
 
 def recon_loss(z: torch.Tensor, graph: CSRGraph) -> torch.Tensor:
@@ -73,12 +94,7 @@ def recon_loss(z: torch.Tensor, graph: CSRGraph) -> torch.Tensor:
     key = torch.unique(row * n + col)                      # binarised: duplicates count once
     e = key.numel()
     w0 = e / (n * n - e) if n * n > e else 0.0
-    block = max(1, _BLOCK_ELEMS // max(n, 1))
-    total = z.new_zeros(())
-    for lo in range(0, n, block):
-        zb = z[lo:lo + block]
-        total = total + (checkpoint(_sum_sq_sigmoid, zb, z, use_reentrant=False)
-                         if torch.is_grad_enabled() else _sum_sq_sigmoid(zb, z))
+    total = _SumSqSigmoidGram.apply(z, max(1, _BLOCK_ELEMS // max(n, 1)))
     r, c = key // n, key % n
     pe = torch.sigmoid((z[r] * z[c]).sum(1))
     return w0 * total + ((pe - 1.0) ** 2 - w0 * pe * pe).sum()
