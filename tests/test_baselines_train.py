@@ -99,3 +99,21 @@ def test_cli_bad_options(argv, msg, capsys):
         main(argv + ["--synthetic", "--nodes", "100", "--classes", "4", "--epochs", "1",
                      "--seeds", "1", "--no-progress"])
     assert msg in capsys.readouterr().err
+
+
+def test_user_split_and_split_file_are_used_for_every_seed(syn, tmp_path, capsys):
+    import numpy as np
+    tr, va, te = natural_split(syn.y, 9)
+    res = run_baseline_seeds(syn, BaselineConfig(method="reweight", hidden=8), seeds=[1, 2],
+                             split=(tr, va, te), epochs=2, progress=False)
+    assert res["split"] == "user"
+    path = tmp_path / "split.npz"
+    np.savez(path, train=tr.numpy(), val=va.numpy(), test=te.numpy())
+    out = tmp_path / "r.json"
+    main(["--method", "origin", "--synthetic", "--nodes", "500", "--classes", "10",
+          "--features", "32", "--avg-degree", "10", "--epochs", "2", "--seeds", "1",
+          "--no-progress", "--split", str(path), "--json", str(out)])
+    d = json.loads(out.read_text())
+    assert d["split"] == "user" and d["method"] == "origin"
+    with pytest.raises(ValueError, match="outside"):
+        train_baseline(syn, (tr, va, te + 10_000), BaselineConfig(), epochs=1)
