@@ -7,7 +7,8 @@ dtype (float32, and bfloat16 where the path takes it), forward + backward of
 run in float64 on the same (rounded) inputs. Reports the relative error of the value and the
 max-norm relative error of the gradient (max |g - g64| / max |g64|; where every official
 positive is clamped the true gradient is ~0 and only the absolute error, also reported, means
-anything), plus which engine actually ran (the attention backend hands logits above its precision guard to our engine).
+anything), plus which engine actually ran (the attention backend hands logits above its
+precision guard to our engine).
 
     python bench/loss_accuracy.py                    # N = 2,000, d = 64
     python bench/loss_accuracy.py --n 4000 --out bench/results/loss_accuracy.json
@@ -59,7 +60,7 @@ def measure(backend: str, dtype: torch.dtype, regime: str, tau: float, variant: 
         return loss.detach().double(), zz.grad.double()
 
     got = {}
-    engine = _engine_used(lambda: got.update(zip(("v", "g"), run(z, p, backend))))
+    engine = _engine_used(lambda: got.update(zip(("v", "g"), run(z, p, backend), strict=True)))
     v64, g64 = run(z.double(), p.double(), "reference")
     return dict(backend=backend, dtype=str(dtype).replace("torch.", ""), regime=regime,
                 tau=tau, variant=variant, engine=engine,

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from hiertail_fast._files import atomic_write_text, unwritable_file_reason
+from hiertail_fast.baselines.cli import add_method_arguments, method_config_from_args
 from hiertail_fast.data.io import load_npz
 from hiertail_fast.data.splits import user_split
 from hiertail_fast.nn.hiertail import HierTailConfig
@@ -145,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--no-progress", action="store_true")
     m.add_argument("--json", type=Path, help="write all results to this JSON file (checked "
                    "before training; written atomically, replacing an existing file)")
+    add_method_arguments(p)
     return p
 
 
@@ -191,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         if args.split is not None:
             split = user_split(int(data.y.shape[0]), **load_split(args.split))
         cfg = _config_from_args(args, None if args.synthetic else data_info["name"])
+        baseline_cfg = method_config_from_args(args)   # None for --method hiertail
     except (ValueError, TypeError, OSError, ImportError) as exc:
         parser.error(str(exc))
     data_info.update(num_nodes=int(data.y.shape[0]), num_edges=int(data.edge_index.shape[1]),
@@ -200,11 +203,16 @@ def main(argv: Sequence[str] | None = None) -> dict:
         threads = 1
     if threads is not None:
         torch.set_num_threads(threads)
-    result = run_seeds(data, cfg, seeds, split=split, compound_pool_bug=args.compound_pool_bug,
+    runner = run_seeds
+    if baseline_cfg is not None:    # the one dispatch point: a baseline on the same loop
+        from hiertail_fast.baselines.harness import run_baseline_seeds as runner
+        cfg = baseline_cfg
+    result = runner(data, cfg, seeds, split=split, compound_pool_bug=args.compound_pool_bug,
                        epochs=args.epochs, patience=args.patience, device=args.device,
                        progress=not args.no_progress,
                        log=lambda line: print(line, file=sys.stderr, flush=True))
     result["data"] = data_info
+    result["method"] = args.method
     result["training"] = {"epochs": args.epochs, "patience": args.patience,
                           "lr": cfg.lr, "weight_decay": cfg.weight_decay,
                           "device": args.device, "threads": torch.get_num_threads(),

@@ -288,7 +288,9 @@ def run_seeds(
 
 def format_table(result: dict) -> str:
     """The paper's table row: metrics ×100, mean ± std."""
-    lines = [f"HierTail config={result['config_name']} seeds={len(result['seeds'])}",
+    head = ("HierTail config=" + result["config_name"] if result.get("method", "hiertail")
+            == "hiertail" else "method=" + result["method"])
+    lines = [f"{head} seeds={len(result['seeds'])}",
              f"{'metric':<10}{'mean ± std (×100)':>20}"]
     for m in METRICS:
         s = result["summary"][m]

@@ -1,0 +1,61 @@
+"""The baselines' command-line options for ``python -m hiertail_fast.train --method NAME``.
+
+`add_method_arguments` adds ``--method`` and the baseline options to the trainer's parser;
+`method_config_from_args` checks that no option of the other kind was given and builds the
+`BaselineConfig` (the shared --hidden, --dropout, --lr, --weight-decay override its defaults).
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from hiertail_fast.baselines.config import BaselineConfig
+from hiertail_fast.baselines.methods import METHODS
+
+# HierTail-only options (argparse dest -> flag) and their "not given" values.
+_HIERTAIL_ONLY = {"gamma": ("--gamma", None), "tau": ("--tau", None),
+                  "augment_a2": ("--augment-a2", None),
+                  "fix_cluster_labels": ("--fix-cluster-labels", False),
+                  "compound_pool_bug": ("--compound-pool-bug", False),
+                  "loss_backend": ("--loss-backend", None), "config": ("--config", "paper")}
+_BASELINE_ONLY = {"im_class_num": "--im-class-num", "up_scale": "--up-scale",
+                  "adj_norm": "--adj-norm", "smote_lambda": "--smote-lambda",
+                  "classifier": "--classifier", "rec_weight": "--rec-weight",
+                  "edge_grad": "--edge-grad"}
+
+
+def add_method_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("method (baselines: PROTOCOL_AND_BASELINES.md §2)")
+    g.add_argument("--method", choices=("hiertail", *METHODS), default="hiertail",
+                   help="hiertail (default) or a baseline on the same loop")
+    g.add_argument("--im-class-num", type=int, help="baselines: tail = the last N labels (3)")
+    g.add_argument("--up-scale", type=float, help="baselines: synthetic-node rule / re-weight "
+                   "(1; 0 = up to the average class size)")
+    g.add_argument("--adj-norm", choices=("none", "row"), help="baselines: none = unnormalised "
+                   "A+I (official HierTail copy, default), row = D^-1(A+I) (recommended fix)")
+    g.add_argument("--smote-lambda", choices=("class", "node"), help="smote / embed_smote: one "
+                   "λ per class per round (official, default) or per synthetic node")
+    g.add_argument("--classifier", choices=("gnn", "mlp"), help="baselines: GraphConv + Linear "
+                   "(gnn, default) or Linear (mlp; embed_smote's only choice)")
+    g.add_argument("--rec-weight", type=float, help="graphsmote_t / _o: weight of the edge "
+                   "reconstruction loss (1e-6)")
+    g.add_argument("--edge-grad", action="store_const", const=True, help="graphsmote_o: the "
+                   "node loss reaches the edge generator (paper; the HierTail copy detaches)")
+
+
+def method_config_from_args(args: argparse.Namespace) -> BaselineConfig | None:
+    """None for ``--method hiertail`` (after checking no baseline option was given), else the
+    baseline's config. Raises ValueError naming any option that does not apply."""
+    if args.method == "hiertail":
+        bad = [flag for dest, flag in _BASELINE_ONLY.items() if getattr(args, dest) is not None]
+        if bad:
+            raise ValueError(f"{', '.join(bad)}: only for a baseline --method")
+        return None
+    bad = [flag for dest, (flag, unset) in _HIERTAIL_ONLY.items()
+           if getattr(args, dest, unset) != unset]
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: only for --method hiertail")
+    over: dict[str, Any] = {k: getattr(args, k)
+                            for k in ("hidden", "dropout", "lr", "weight_decay", *_BASELINE_ONLY)
+                            if getattr(args, k) is not None}
+    return BaselineConfig(method=args.method, **over)

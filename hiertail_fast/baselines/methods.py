@@ -1,0 +1,215 @@
+"""The baselines behind one interface (PROTOCOL_AND_BASELINES.md §2).
+
+A method is an ``nn.Module`` built from a `MethodContext` (the graph, features, labels and the
+training nodes of one run, with its seeded generator) and a `BaselineConfig`; the harness
+(`hiertail_fast.baselines.harness`) optimises ``parameters()`` with one Adam — the official
+one-Adam-per-module with equal settings is the same update — and calls
+
+- ``train_loss()``: the training forward in train mode (synthetic nodes included), a scalar;
+- ``predict()``: the eval-mode logits [n, C] of the n ORIGINAL nodes.
+
+Every method keeps O(n·F + n·h + |E|) memory (sparse Â; over-sampling / SMOTE add s nodes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hiertail_fast.baselines.config import BaselineConfig
+from hiertail_fast.baselines.layers import Classifier, Encoder, adjacency_operator
+from hiertail_fast.baselines.sampling import (
+    augment_adjacency,
+    same_class_nearest_neighbour,
+    smote_interpolate,
+    tail_classes,
+    upsample_rounds,
+)
+from hiertail_fast.graph import CSRGraph
+
+
+@dataclass
+class MethodContext:
+    """One run's inputs. graph: A+I as `prepare_graph` builds it (symmetric, one unit
+    self-loop per node), on x's device; train_idx int64 on that device; generator: the CPU
+    generator of every random draw of the method (λ), seeded from the run seed."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    graph: CSRGraph
+    train_idx: torch.Tensor
+    num_classes: int
+    generator: torch.Generator
+
+    def __post_init__(self) -> None:
+        n = self.x.shape[0]
+        if self.y.shape != (n,) or self.graph.num_nodes != n:
+            raise ValueError(f"x [{n}, F], y {tuple(self.y.shape)} and the graph "
+                             f"({self.graph.num_nodes} nodes) disagree")
+        if self.num_classes < 2:
+            raise ValueError(f"need at least 2 classes, got {self.num_classes}")
+
+
+class BaselineMethod(nn.Module):
+    """Base: an encoder and a classifier on Â (``cfg.adj_norm``), as Origin (§2.1)."""
+
+    name: ClassVar[str] = ""
+    uses_tail: ClassVar[bool] = False   # uses the tail classes (im_class_num)
+
+    def __init__(self, ctx: MethodContext, cfg: BaselineConfig) -> None:
+        super().__init__()
+        if cfg.method != self.name:
+            raise ValueError(f"config is for {cfg.method!r}, method is {self.name!r}")
+        if self.uses_tail:
+            tail_classes(ctx.num_classes, cfg.im_class_num)   # range check, clear message
+        self.cfg, self.ctx = cfg, ctx
+        self.adj = adjacency_operator(ctx.graph, cfg.adj_norm)
+        self.encoder = Encoder(ctx.x.shape[1], cfg.hidden, cfg.dropout)
+        self.classifier = Classifier(cfg.hidden, ctx.num_classes, cfg.dropout,
+                                     cfg.resolved_classifier)
+
+    def forward(self, x: torch.Tensor, adj: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.encoder(x, adj), adj)
+
+    def train_loss(self) -> torch.Tensor:
+        c = self.ctx
+        return F.cross_entropy(self(c.x, self.adj)[c.train_idx], c.y[c.train_idx])
+
+    def predict(self) -> torch.Tensor:
+        return self(self.ctx.x, self.adj)
+
+    def info(self) -> dict:
+        """Per-run facts for the results (e.g. the number of synthetic nodes)."""
+        return {}
+
+
+class Origin(BaselineMethod):
+    """§2.1: a GCN (1-layer encoder + GNN classifier) trained with CE on the imbalanced labels."""
+
+    name = "origin"
+
+
+class Reweight(BaselineMethod):
+    """§2.3: CE with class weight 1 + up_scale on the tail classes (1 elsewhere), PyTorch's
+    weighted mean Σ w_{y_i} CE_i / Σ w_{y_i}."""
+
+    name = "reweight"
+    uses_tail = True
+
+    def __init__(self, ctx: MethodContext, cfg: BaselineConfig) -> None:
+        super().__init__(ctx, cfg)
+        self.register_buffer("class_weight", reweight_class_weights(
+            ctx.num_classes, cfg.im_class_num, cfg.up_scale).to(ctx.x.device))
+
+    def train_loss(self) -> torch.Tensor:
+        c = self.ctx
+        return F.cross_entropy(self(c.x, self.adj)[c.train_idx], c.y[c.train_idx],
+                               weight=self.class_weight)
+
+
+def reweight_class_weights(num_classes: int, im_class_num: int, up_scale: float) -> torch.Tensor:
+    """float32 [C]: 1 + up_scale for the last ``im_class_num`` classes, 1 for the others."""
+    w = torch.ones(num_classes)
+    w[tail_classes(num_classes, im_class_num)] = 1.0 + float(up_scale)
+    return w
+
+
+class _InputUpsampling(BaselineMethod):
+    """Over-sampling / SMOTE: s synthetic nodes made ONCE (at build) and appended at the end,
+    each linked as a copy of its source (`augment_adjacency`); training AND evaluation run on
+    the augmented graph (as the official code), the loss over training + synthetic nodes."""
+
+    uses_tail = True
+    rule: ClassVar[str] = "src"
+
+    def __init__(self, ctx: MethodContext, cfg: BaselineConfig) -> None:
+        super().__init__(ctx, cfg)
+        rounds = upsample_rounds(ctx.y, ctx.train_idx, ctx.num_classes, cfg.im_class_num,
+                                 cfg.up_scale, self.rule)
+        n = ctx.x.shape[0]
+        dev = ctx.x.device
+        sources = (torch.cat([r for _, r in rounds]) if rounds
+                   else torch.zeros(0, dtype=torch.long, device=dev))
+        feats = [self.synthetic_features(ctx.x[r]) for _, r in rounds]
+        self.num_synthetic = int(sources.numel())
+        self.x_aug = torch.cat([ctx.x] + feats) if feats else ctx.x
+        self.y_aug = torch.cat([ctx.y, ctx.y[sources]])
+        self.train_aug = torch.cat([ctx.train_idx, n + torch.arange(
+            self.num_synthetic, device=dev)])
+        self.sources = sources
+        self.graph_aug = augment_adjacency(ctx.graph, sources)
+        self.adj = adjacency_operator(self.graph_aug, cfg.adj_norm)
+
+    def synthetic_features(self, x_round: torch.Tensor) -> torch.Tensor:
+        return x_round
+
+    def train_loss(self) -> torch.Tensor:
+        out = self(self.x_aug, self.adj)
+        return F.cross_entropy(out[self.train_aug], self.y_aug[self.train_aug])
+
+    def predict(self) -> torch.Tensor:
+        return self(self.x_aug, self.adj)[: self.ctx.x.shape[0]]
+
+    def info(self) -> dict:
+        return {"num_synthetic": self.num_synthetic}
+
+
+class OverSampling(_InputUpsampling):
+    """§2.2: duplicate the tail classes' training nodes with their edges."""
+
+    name = "oversampling"
+
+
+class Smote(_InputUpsampling):
+    """§2.4: synthetic tail nodes interpolating raw features with the nearest same-class
+    training node; edges copied from the source only."""
+
+    name = "smote"
+    rule = "smote"
+
+    def synthetic_features(self, x_round: torch.Tensor) -> torch.Tensor:
+        nn_idx = same_class_nearest_neighbour(x_round)
+        return smote_interpolate(x_round, nn_idx, self.ctx.generator,
+                                 per_node=self.cfg.smote_lambda == "node")
+
+
+class EmbedSmote(BaselineMethod):
+    """§2.5: SMOTE on the encoder's embeddings every epoch (neighbours from the detached
+    embeddings, interpolation differentiable), a Linear classifier on [H; H_new]; the synthetic
+    embeddings never pass through the graph."""
+
+    name = "embed_smote"
+    uses_tail = True
+
+    def __init__(self, ctx: MethodContext, cfg: BaselineConfig) -> None:
+        super().__init__(ctx, cfg)
+        self.rounds = upsample_rounds(ctx.y, ctx.train_idx, ctx.num_classes, cfg.im_class_num,
+                                      cfg.up_scale, "recon")
+        self.num_synthetic = sum(int(r.numel()) for _, r in self.rounds)
+
+    def train_loss(self) -> torch.Tensor:
+        c = self.ctx
+        h = self.encoder(c.x, self.adj)
+        parts, labels = [h[c.train_idx]], [c.y[c.train_idx]]
+        for cls, r in self.rounds:
+            h_r = h[r]
+            parts.append(smote_interpolate(h_r, same_class_nearest_neighbour(h_r), c.generator,
+                                           per_node=self.cfg.smote_lambda == "node"))
+            labels.append(torch.full((r.numel(),), cls, dtype=torch.long, device=h.device))
+        return F.cross_entropy(self.classifier(torch.cat(parts)), torch.cat(labels))
+
+    def info(self) -> dict:
+        return {"num_synthetic": self.num_synthetic}
+
+
+METHODS: dict[str, type[BaselineMethod]] = {
+    m.name: m for m in (Origin, Reweight, OverSampling, Smote, EmbedSmote)}
+
+
+def build_method(ctx: MethodContext, cfg: BaselineConfig) -> BaselineMethod:
+    if not isinstance(cfg, BaselineConfig):
+        raise TypeError(f"cfg must be a BaselineConfig, got {type(cfg).__name__}")
+    return METHODS[cfg.method](ctx, cfg)

@@ -1,0 +1,266 @@
+"""Baselines' characteristic steps (PROTOCOL_AND_BASELINES.md §1.5, §2): tail classes, the
+up_scale rules' synthetic-node counts, SMOTE's same-class nearest neighbour and interpolation,
+re-weighting's class weights, the sparse over-sampling graph against the official dense build,
+every method's sparse forward against the same model on dense matrices, bad configurations."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hiertail_fast.baselines import METHODS, BaselineConfig, MethodContext, build_method, sampling
+from hiertail_fast.baselines.layers import adjacency_operator
+from hiertail_fast.baselines.methods import reweight_class_weights
+from hiertail_fast.baselines.sampling import (
+    augment_adjacency,
+    augment_adjacency_dense,
+    same_class_nearest_neighbour,
+    smote_interpolate,
+    tail_classes,
+    upsample_rounds,
+)
+from hiertail_fast.data.synthetic import make_synthetic_graph
+from hiertail_fast.nn.hiertail import prepare_graph
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _labels(train_counts):
+    """y and a train_idx holding train_counts[c] nodes of class c (interleaved order)."""
+    y = torch.cat([torch.full((k + 2,), c) for c, k in enumerate(train_counts)])
+    train = torch.cat([torch.nonzero(y == c).flatten()[:k] for c, k in enumerate(train_counts)])
+    return y, train[torch.randperm(train.numel())]
+
+
+def test_tail_classes_are_the_last_labels_in_official_order():
+    assert tail_classes(10, 3) == [9, 8, 7]
+    assert tail_classes(3, 3) == [2, 1, 0]
+    for bad in (0, 4):
+        with pytest.raises(ValueError, match="im_class_num"):
+            tail_classes(3, bad)
+
+
+# train counts 10, 8, 6, 4, 3 (31 nodes, C = 5, avg = 6): tail classes 4, 3, 2 with 3, 4, 6.
+@pytest.mark.parametrize("rule, k, sizes", [
+    ("src", 1.0, [[3], [4], [6]]),
+    ("src", 1.5, [[3, 1], [4, 2], [6, 3]]),
+    ("src", 2.0, [[3, 3], [4, 4], [6, 6]]),
+    ("src", 0.0, [[3, 3], [4], [6]]),             # ⌊avg/n_c⌋ = 2, 1, 1 copies
+    ("smote", 1.0, [[3], [4], [6]]),
+    ("smote", 0.0, [[3, 3], [4, 2], [6]]),        # + ⌊(avg/n_c − ⌊avg/n_c⌋)·n_c⌋ = 0, 2, 0
+    ("recon", 1.0, [[3], [4], [6]]),
+    ("recon", 0.5, [[1], [2], [3]]),
+    ("recon", 2.0, [[3], [4], [6]]),              # one round whatever k > 0
+    ("recon", 0.0, [[3, 3], [4], [6]]),
+])
+def test_upsample_rounds_counts(rule, k, sizes):
+    y, train = _labels([10, 8, 6, 4, 3])
+    rounds = upsample_rounds(y, train, 5, 3, k, rule)
+    expect = [(c, m) for c, ms in zip((4, 3, 2), sizes, strict=True) for m in ms]
+    assert [(c, r.numel()) for c, r in rounds] == expect
+    for c, r in rounds:                            # the FIRST nodes of T_c, in train order
+        t_c = train[y[train] == c]
+        assert torch.equal(r, t_c[: r.numel()])
+
+
+def test_upsample_rounds_skip_empty_classes_and_bad_rule():
+    y, train = _labels([5, 4, 0])
+    assert [c for c, _ in upsample_rounds(y, train, 3, 2, 1.0, "src")] == [1]
+    with pytest.raises(ValueError, match="rule"):
+        upsample_rounds(y, train, 3, 2, 1.0, "adasyn")
+    with pytest.raises(ValueError, match="up_scale"):
+        upsample_rounds(y, train, 3, 2, -1.0, "src")
+
+
+def test_nearest_neighbour_hand_computed():
+    x = torch.tensor([[0.0], [1.0], [3.0], [10.0]])
+    assert same_class_nearest_neighbour(x).tolist() == [1, 0, 1, 2]
+    ties = torch.tensor([[0.0, 0.0], [1.0, 0.0], [-1.0, 0.0]])
+    assert same_class_nearest_neighbour(ties)[0] == 1          # lowest index on ties
+    assert same_class_nearest_neighbour(torch.ones(1, 3)).tolist() == [0]   # itself
+    dup = torch.tensor([[2.0], [2.0], [5.0]])
+    assert same_class_nearest_neighbour(dup).tolist() == [1, 0, 0]   # never itself
+
+
+def test_nearest_neighbour_matches_scipy_pdist_blocked(monkeypatch):
+    from scipy.spatial.distance import pdist, squareform
+    x = torch.randn(23, 5)
+    d = squareform(pdist(x.numpy()))
+    np.fill_diagonal(d, d.max() + 100)                          # the official recipe
+    monkeypatch.setattr(sampling, "_NN_BLOCK", 4)               # several row blocks
+    assert same_class_nearest_neighbour(x).tolist() == d.argmin(axis=-1).tolist()
+
+
+@pytest.mark.parametrize("per_node", [False, True])
+def test_smote_interpolate_lambda_and_gradients(per_node):
+    x = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    nn_idx = same_class_nearest_neighbour(x)
+    new = smote_interpolate(x, nn_idx, torch.Generator().manual_seed(3), per_node)
+    again = smote_interpolate(x, nn_idx, torch.Generator().manual_seed(3), per_node)
+    torch.testing.assert_close(new, again)                      # same seed, same nodes
+    lam = ((new - x) / (x[nn_idx] - x)).detach()
+    assert ((lam >= 0) & (lam <= 1)).all()
+    per_row = lam[:, 0]
+    torch.testing.assert_close(lam, per_row[:, None].expand_as(lam))
+    assert (float(per_row.max() - per_row.min()) > 1e-6) == per_node   # official: one λ/round
+    new.sum().backward()
+    assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+
+
+def test_reweight_class_weights_and_loss():
+    w = reweight_class_weights(6, 2, 1.0)
+    assert w.tolist() == [1, 1, 1, 1, 2, 2]
+    assert reweight_class_weights(4, 1, 0.5).tolist() == [1, 1, 1, 1.5]
+    logits, y = torch.randn(8, 6), torch.tensor([0, 5, 4, 1, 5, 2, 3, 4])
+    ce = F.cross_entropy(logits, y, reduction="none")
+    expect = (w[y] * ce).sum() / w[y].sum()
+    torch.testing.assert_close(F.cross_entropy(logits, y, weight=w), expect)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    g = make_synthetic_graph(60, num_classes=4, avg_degree=5, num_features=6, seed=2)
+    return g, prepare_graph(g.edge_index, g.num_nodes)
+
+
+def _dense(graph, norm="none"):
+    return adjacency_operator(graph, norm).to_dense()
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_augment_adjacency_matches_official_dense(tiny, weighted):
+    _, graph = tiny
+    if weighted:                       # generic weights, not symmetric: rows vs columns matter
+        from hiertail_fast.graph import CSRGraph
+        w = torch.rand(graph.num_edges) + 0.5
+        graph = CSRGraph(graph.indptr, graph.indices, w, graph.num_nodes)
+    sources = torch.tensor([3, 5, 3, 7, 5, 0, int(graph.indices[graph.indptr[3]])])
+    sparse = _dense(augment_adjacency(graph, sources))
+    dense = augment_adjacency_dense(_dense(graph), sources)
+    torch.testing.assert_close(sparse, dense, rtol=0, atol=0)
+    assert sparse[60, 3] == dense[3, 3] and sparse[60, 62] != 0   # copy–source, copy–copy
+    empty = augment_adjacency(graph, torch.zeros(0, dtype=torch.long))
+    torch.testing.assert_close(_dense(empty), _dense(graph))
+    with pytest.raises(ValueError, match="sources"):
+        augment_adjacency(graph, torch.tensor([60]))
+
+
+def test_row_normalisation():
+    from hiertail_fast.graph import CSRGraph
+    g = CSRGraph.from_edge_index(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 2]]), num_nodes=4)
+    a = _dense(g)
+    torch.testing.assert_close(_dense(g, "row"), a / a.sum(1, keepdim=True).clamp_min(1))
+    with pytest.raises(ValueError, match="norm"):
+        adjacency_operator(g, "sym")
+
+
+def _ctx(g, graph, seed=0):
+    """Training nodes: the first 4 of every class (tail classes with several nodes)."""
+    train = torch.cat([torch.nonzero(g.y == c).flatten()[:4] for c in range(g.num_classes)])
+    return MethodContext(g.x, g.y, graph, train, g.num_classes,
+                         torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("norm", ["none", "row"])
+def test_sparse_forward_matches_dense_reference(tiny, method, norm):
+    g, graph = tiny
+    cfg = BaselineConfig(method=method, hidden=8, adj_norm=norm, im_class_num=2)
+    model = build_method(_ctx(g, graph), cfg).eval()
+    a = _dense(graph)
+    x = g.x
+    if hasattr(model, "sources"):          # over-sampling / SMOTE: the official dense build
+        a = augment_adjacency_dense(a, model.sources)
+        x = model.x_aug
+    if norm == "row":
+        a = a / a.sum(1, keepdim=True)
+    with torch.no_grad():
+        expect = model(x, a)[: g.num_nodes]
+        torch.testing.assert_close(model.predict(), expect, rtol=1e-4, atol=1e-4)
+    loss = model.train().train_loss()
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters())
+
+
+def test_smote_synthetic_nodes_same_seed_same_nodes(tiny):
+    g, graph = tiny
+    cfg = BaselineConfig(method="smote", hidden=8, im_class_num=2, up_scale=1.5)
+    a, b = (build_method(_ctx(g, graph, seed=5), cfg) for _ in range(2))
+    c = build_method(_ctx(g, graph, seed=6), cfg)
+    assert a.num_synthetic == b.num_synthetic > 0
+    torch.testing.assert_close(a.x_aug, b.x_aug, rtol=0, atol=0)
+    assert not torch.equal(a.x_aug, c.x_aug)
+    n, src = g.num_nodes, a.sources
+    assert torch.equal(a.y_aug[n:], g.y[src])
+    assert a.graph_aug.num_nodes == n + src.numel()
+    # each synthetic node lies between its source and the source's nearest same-class
+    # training node (within the round: the full class, then the first half for k = 1.5)
+    pos = 0
+    for _cls, r in upsample_rounds(g.y, a.ctx.train_idx, g.num_classes, 2, 1.5, "smote"):
+        nb = r[same_class_nearest_neighbour(g.x[r])]
+        new = a.x_aug[n + pos: n + pos + r.numel()]
+        pos += r.numel()
+        if r.numel() == 1:                     # a lone node interpolates with itself
+            torch.testing.assert_close(new, g.x[r])
+            continue
+        lam = (new - g.x[r]) / (g.x[nb] - g.x[r])
+        torch.testing.assert_close(lam, lam[:1, :1].expand_as(lam))
+    assert pos == a.num_synthetic
+
+
+def test_oversampling_copies_features_and_training_nodes(tiny):
+    g, graph = tiny
+    cfg = BaselineConfig(method="oversampling", hidden=8, im_class_num=2, up_scale=2.0)
+    m = build_method(_ctx(g, graph), cfg)
+    n, s = g.num_nodes, m.num_synthetic
+    assert s == 2 * sum(int((g.y[m.ctx.train_idx] == c).sum()) for c in (2, 3))
+    torch.testing.assert_close(m.x_aug[n:], g.x[m.sources])
+    assert m.train_aug.numel() == m.ctx.train_idx.numel() + s
+
+
+def test_embed_smote_synthetic_count_and_linear_head(tiny):
+    g, graph = tiny
+    m = build_method(_ctx(g, graph), BaselineConfig(method="embed_smote", hidden=8,
+                                                    im_class_num=2, up_scale=0.5))
+    t = m.ctx.y[m.ctx.train_idx]
+    assert m.num_synthetic == sum(int(int((t == c).sum()) * 0.5) for c in (3, 2))
+    assert m.classifier.conv is None
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    (dict(method="graphmixup"), ValueError, "unknown baseline"),
+    (dict(hidden=True), TypeError, "hidden"),
+    (dict(hidden=0), ValueError, "hidden"),
+    (dict(im_class_num=2.0), TypeError, "im_class_num"),
+    (dict(dropout=1.0), ValueError, "dropout"),
+    (dict(lr=0.0), ValueError, "lr"),
+    (dict(up_scale=-1.0), ValueError, "up_scale"),
+    (dict(up_scale="1"), TypeError, "up_scale"),
+    (dict(adj_norm="sym"), ValueError, "adj_norm"),
+    (dict(smote_lambda="sample"), ValueError, "smote_lambda"),
+    (dict(method="embed_smote", classifier="gnn"), ValueError, "Linear"),
+])
+def test_bad_configs(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        BaselineConfig(**kwargs)
+
+
+def test_bad_build(tiny):
+    g, graph = tiny
+    with pytest.raises(ValueError, match="im_class_num"):
+        build_method(_ctx(g, graph), BaselineConfig(method="smote", im_class_num=5))
+    with pytest.raises(TypeError, match="BaselineConfig"):
+        build_method(_ctx(g, graph), {"method": "origin"})
+    with pytest.raises(ValueError, match="disagree"):
+        MethodContext(g.x[:-1], g.y, graph, torch.arange(3), 4, torch.Generator())
+
+
+def test_config_records_faithful_choices():
+    d = BaselineConfig(method="smote", adj_norm="row").to_dict()
+    assert d["method"] == "smote" and d["classifier"] == "gnn"
+    assert d["faithful"]["adj_norm"]["is_official"] is False
+    assert d["faithful"]["smote_lambda"]["is_official"] is True
+    o = BaselineConfig(method="origin").to_dict()
+    assert "smote_lambda" not in o and "up_scale" not in o
+    assert BaselineConfig(method="embed_smote").to_dict()["classifier"] == "mlp"
