@@ -34,7 +34,8 @@ def test_every_op_has_a_measured_row_for_cpu_and_cuda():
             allowed = BACKENDS + _dispatch.OP_BACKENDS.get(op, ())
             assert row.backend in allowed and row.backend != "reference", (op, device_class)
             assert row.evidence.strip(), (op, device_class)
-        assert rows["cpu"].backend == "torch"  # triton on CPU is the test interpreter
+        # triton on CPU is the test interpreter
+        assert rows["cpu"].backend in ("torch", "attention")
         assert "H200" in rows["cuda"].evidence  # the card the figures came from
 
 
@@ -58,7 +59,7 @@ def test_attention_row_falls_back_where_the_kernels_are_missing(monkeypatch):
 @pytest.mark.parametrize("op", OPS)
 def test_auto_choice_per_device(monkeypatch, op):
     monkeypatch.delenv(_dispatch.ENV_VAR, raising=False)
-    assert choose_backend(torch.zeros(3), op=op) == "torch"
+    assert choose_backend(torch.zeros(3), op=op) == AUTO_BACKEND[op]["cpu"].backend
     monkeypatch.setattr(_dispatch, "triton_available", lambda device: device.type == "cuda")
     assert choose_backend(_fake_cuda(), op=op) == AUTO_BACKEND[op]["cuda"].backend
     assert auto_backend(op, "cuda") == AUTO_BACKEND[op]["cuda"].backend
@@ -148,3 +149,17 @@ def test_every_call_site_names_its_op(module, op):
         ops = [k.value.value for k in call.keywords
                if k.arg == "op" and isinstance(k.value, ast.Constant)]
         assert ops == [op], f"{module}:{call.lineno} calls choose_backend without op={op!r}"
+
+
+def test_loss_engine_refinement_on_cpu(monkeypatch):
+    """On CPU the attention engine serves the exact single-level loss only (measured); the
+    official variant and several levels keep our fused engine."""
+    from hiertail_fast.ops.balanced_contrastive_loss import choose_loss_backend
+
+    monkeypatch.delenv(_dispatch.ENV_VAR, raising=False)
+    z = torch.zeros(4, 2)
+    assert choose_loss_backend(z, None, "exact") == "attention"
+    assert choose_loss_backend(z, None, "official") == "torch"
+    assert choose_loss_backend(z, None, "exact", n_levels=3) == "torch"
+    assert choose_loss_backend(z, "torch", "exact") == "torch"           # explicit wins
+    assert choose_loss_backend(z.double(), None, "exact") == "torch"     # float64: own engine

@@ -233,14 +233,21 @@ LOSS_BACKENDS = BACKENDS + OP_BACKENDS["balanced_contrastive_loss"]
 OP = "balanced_contrastive_loss"
 
 
-def _automatic_engine(z: torch.Tensor, variant: str) -> str:
+def _automatic_engine(z: torch.Tensor, variant: str, n_levels: int) -> str:
     """Engine for an automatic choice (no backend= and no HIERTAIL_BACKEND): the loss row of
-    ``_dispatch.AUTO_BACKEND`` (by measurement), our own engine where the attention kernels are
-    missing."""
-    return auto_backend(OP, z.device)
+    ``_dispatch.AUTO_BACKEND`` (by measurement), refined where the measurement said so: on CPU
+    the attention kernels win only the exact single-level loss; our fused engine wins the
+    official variant (its row max rides on the same GEMM) and several levels (one exp of the
+    shared block for all levels, where attention pays one head per level)."""
+    choice = auto_backend(OP, z.device)
+    if choice == "attention" and z.device.type == "cpu" and (
+            variant == "official" or n_levels > 1):
+        return "torch"
+    return choice
 
 
-def choose_loss_backend(z: torch.Tensor, backend: str | None, variant: str) -> str:
+def choose_loss_backend(z: torch.Tensor, backend: str | None, variant: str,
+                        n_levels: int = 1) -> str:
     """Backend of one loss call. float64 always runs the torch engine (the attention and Triton
     kernels compute in fp32: never a silent downgrade of a float64 request)."""
     if backend is not None and backend not in LOSS_BACKENDS:
@@ -254,7 +261,7 @@ def choose_loss_backend(z: torch.Tensor, backend: str | None, variant: str) -> s
             )
         choice = "attention"
     elif backend is None and requested_backend() is None:
-        choice = _automatic_engine(z, variant)
+        choice = _automatic_engine(z, variant, n_levels)
     else:
         choice = choose_backend(z, backend, op="balanced_contrastive_loss")
     if z.dtype == torch.float64 and choice in ("triton", "attention"):
@@ -355,7 +362,7 @@ def hierarchical_contrastive_loss_op(
         )
     for lab, pro in zip(level_labels, level_prototypes, strict=True):
         validate_contrastive_inputs(z, lab, pro, temperature, "mean", variant)
-    choice = choose_loss_backend(z, backend, variant)
+    choice = choose_loss_backend(z, backend, variant, len(level_labels))
     if choice == "reference":
         total = 0
         for lab, pro in zip(level_labels, level_prototypes, strict=True):
