@@ -7,7 +7,9 @@ y // 4) for each loss backend, and two anchors computed the way the library coul
 do it (row blocks of ~48 MB into one reused buffer, so no first-touch page faults):
 
     floor      3 x Z Z^T (the GEMMs any exact fused loss needs: forward + two gradient sides)
-    floor+exp  the same plus one exp pass over every block (the minimum element-wise work)
+    floor+exp  the same plus one exp pass over every block (the minimum element-wise work; the
+               products are clamped to <= 0 first, as after a max shift: exp of the raw huge
+               products would overflow into exp's slow path and flatter the ratio)
 
 Regimes: ``normalised`` (unit rows), ``relu`` (relu(randn) / sqrt(d)), ``randn`` (wide:
 most keys ~100 below the row max at tau <= 0.5), ``randn30`` (|s| to ~1e4 and beyond).
@@ -95,7 +97,7 @@ def floor_step(z, ps, with_exp: bool):
                 r1 = min(n, r0 + rows)
                 out = torch.mm(z_all[r0:r1], zt, out=buf[: r1 - r0])
                 if with_exp and k == 0:
-                    out.exp_()
+                    out.clamp_(max=0.0).exp_()    # exp of values <= 0, as a shifted LSE does
         _sync()
     return step
 
