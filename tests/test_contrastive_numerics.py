@@ -12,6 +12,7 @@ import hiertail_fast.ops._contrastive_pairs as pairs_mod
 import hiertail_fast.ops._lse_torch as lse_mod
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss
 from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
+from tests.conftest import backend_device
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BACKENDS = ["torch", "attention"]
@@ -163,3 +164,28 @@ def test_hierarchical_wide_regime_multilevel_path():
         for y, p in zip(ys, ps, strict=True)).backward()
     err = (zz.grad.double() - zr.grad).abs().max().item()
     assert err <= 1e-4 * zr.grad.abs().max().item() + 1e-6
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float16_loss_above_65504_is_not_inf(backend):
+    """The loss of float16 inputs is computed in fp32 and returned in fp32 (a value above
+    float16's 65,504 came back as inf); the gradient stays float16."""
+    z = torch.tensor([[300.0, 0.0], [0.0, 300.0], [212.0, 212.0]], dtype=torch.float16)
+    y = torch.tensor([0, 0, 1])
+    zz = z.clone().requires_grad_()
+    loss = balanced_contrastive_loss(zz, y, temperature=0.5, backend=backend)
+    exp = ref(z.double(), y, temperature=0.5)
+    assert exp.item() > 65504 and loss.dtype == torch.float32
+    assert abs(loss.item() - exp.item()) <= 1e-3 * exp.item()
+    loss.backward()
+    assert zz.grad.dtype == torch.float16
+
+
+def test_float64_on_triton_runs_the_float64_engine():
+    """float64 on the fp32 Triton kernels was computed in fp32 silently: it now runs our
+    float64 torch engine (issue 12 item 8)."""
+    from hiertail_fast.ops.balanced_contrastive_loss import choose_loss_backend
+
+    z = torch.randn(5, 3, dtype=torch.float64, device=backend_device("triton"))
+    assert choose_loss_backend(z, "triton", "exact") == "torch"
+    assert choose_loss_backend(z, "attention", "official") == "torch"

@@ -125,6 +125,11 @@ def _lse_backward(mod, z_in, log_w, lse, grad_lse, scale):
     return mod.lse_backward(z_in, log_w, lse, grad_lse, scale, out_dtype=torch.float32)
 
 
+def loss_dtype(dtype: torch.dtype) -> torch.dtype:
+    """dtype of the returned loss: float32 for 16-bit inputs, else the input's dtype."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 class BalancedContrastiveFunction(torch.autograd.Function):
     """Sum over levels of the reduced balanced contrastive loss on the rows of ``z``."""
 
@@ -195,7 +200,9 @@ class BalancedContrastiveFunction(torch.autograd.Function):
         elif want_grad:
             extra = (rmax, amax, big_q) if official else ()
             ctx.save_for_backward(zc, z_in, log_w, lse, base, inv_n, log_eps_w, *extra)
-        return out.to(z.dtype)
+        # the loss value of 16-bit inputs stays fp32 (computed in fp32; as autocast keeps losses
+        # in fp32): a float16 loss above 65,504 would otherwise come back as inf
+        return out.to(loss_dtype(z.dtype))
 
     @staticmethod
     def backward(ctx, grad_out):
