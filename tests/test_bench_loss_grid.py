@@ -74,3 +74,12 @@ def test_accuracy_report_runs_and_names_the_engine(tmp_path):
     for r in rows:
         if r["dtype"] == "float32" and r["regime"] == "relu":
             assert r["value_rel_err"] < 1e-5 and r["grad_rel_err"] < 1e-4
+
+
+def test_busy_machine_script_runs_on_an_idle_machine(data_dir):
+    res = subprocess.run(
+        [sys.executable, str(BENCH / "busy_machine.py"), "--data", str(data_dir / "email.npz"),
+         "--epochs", "2", "--busy", "0"], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    times = [line.split()[1] for line in res.stdout.splitlines()[1:]]
+    assert len(times) == 3 and all(float(t) > 0 for t in times)
