@@ -31,6 +31,8 @@ if __name__ == "__main__":
 
 import random
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -132,62 +134,26 @@ def train_hiertail(
         raise ValueError(f"need epochs >= 1 and patience >= 0, got {epochs}, {patience}")
     lr = cfg.lr if lr is None else lr
     weight_decay = cfg.weight_decay if weight_decay is None else weight_decay
-    data, split = as_graph_data(data, split)
-    if seed is not None:
-        seed_everything(seed)
-    if split is None:
-        split = natural_split(data.y, 0 if seed is None else seed)
-    device = torch.device(device)
+    run = prepare_run(data, split, seed, device, graph)
+    data, x, y, graph = run.data, run.x, run.y, run.graph
+    train_idx, val_idx, test_idx, device = run.train_idx, run.val_idx, run.test_idx, run.device
     n = int(data.y.shape[0])
-    train_idx, val_idx, test_idx = (t.to(device) for t in _split_parts(split))
-    for name, t in (("train", train_idx), ("val", val_idx), ("test", test_idx)):
-        if int(t.min()) < 0 or int(t.max()) >= n:
-            raise ValueError(f"split[{name!r}] has indices outside [0, {n})")
-    x = torch.as_tensor(data.x, dtype=torch.float32).to(device)
-    y = torch.as_tensor(data.y).long().to(device)
-    if graph is None:
-        graph = prepare_graph(torch.as_tensor(data.edge_index), n,
-                              getattr(data, "edge_weight", None))
-    if graph.device != device:
-        graph = graph.to(device)   # a copy: caches (A², GCN degrees) are rebuilt once there
 
     model = HierTail(x.shape[1], int(data.num_classes), cfg).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
     y_val, y_test = y[val_idx].cpu(), y[test_idx].cpu()
 
-    best_val, max_val = -1.0, -1.0
-    best_state, best_epoch, max_idx, stopped_early = None, 0, 0, False
-    train_time = eval_time = 0.0
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    bar = _progress(range(epochs), progress, desc=f"{cfg.name} seed={seed}")
-    epoch = -1
-    for epoch in bar:
-        t0 = time.perf_counter()
-        model.train()
-        opt.zero_grad(set_to_none=True)
-        out = model(x, graph)
-        loss = model.loss(out, y, train_idx)
-        loss.total.backward()
-        opt.step()
-        sync()
-        t1 = time.perf_counter()
-        val_f1 = _eval_val(model, x, graph, val_idx, y_val)   # .cpu() inside synchronises
-        t2 = time.perf_counter()
-        train_time += t1 - t0
-        eval_time += t2 - t1
-        if val_f1 > max_val:            # first epoch reaching the max: the patience anchor
-            max_val, max_idx = val_f1, epoch
-        if val_f1 >= best_val:          # ties update: the last epoch at the max is the model
-            best_val, best_epoch = val_f1, epoch
-            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        if progress:
-            bar.set_postfix(loss=f"{float(loss.total):.3f}", val_f1=f"{val_f1:.3f}",
-                            best=f"{max_val:.3f}@{max_idx}")
-        if epoch - max_idx > patience:
-            stopped_early = True
-            break
-    parts = loss.as_floats()
-    epochs_run = epoch + 1
+    def step():
+        loss = model.loss(model(x, graph), y, train_idx)
+        return loss, loss.total
+
+    fit = fit_early_stopping(model, opt, step, lambda: _eval_val(model, x, graph, val_idx, y_val),
+                             epochs=epochs, patience=patience, progress=progress,
+                             desc=f"{cfg.name} seed={seed}", device=device)
+    parts = fit.last_loss.as_floats()
+    best_state, best_epoch, max_idx = fit.best_state, fit.best_epoch, fit.max_idx
+    stopped_early, epochs_run = fit.stopped_early, fit.epochs_run
+    train_time, eval_time = fit.train_time, fit.eval_time
 
     model.load_state_dict(best_state)
     model.eval()
@@ -211,6 +177,100 @@ def train_hiertail(
         "lr": lr,
         "weight_decay": weight_decay,
     }
+
+
+@dataclass
+class RunInputs:
+    """One training run's inputs on its device (`prepare_run`)."""
+
+    data: GraphData
+    x: torch.Tensor
+    y: torch.Tensor
+    graph: Any
+    train_idx: torch.Tensor
+    val_idx: torch.Tensor
+    test_idx: torch.Tensor
+    device: torch.device
+
+
+def prepare_run(data: Any, split: Any, seed: int | None, device: str | torch.device,
+                graph=None) -> RunInputs:
+    """The protocol's set-up, shared by HierTail and the baselines: seed everything, the split
+    (given, the ``Data``'s masks, or the natural split drawn with ``seed``; indices checked),
+    features / labels / the prepared graph on ``device``."""
+    data, split = as_graph_data(data, split)
+    if seed is not None:
+        seed_everything(seed)
+    if split is None:
+        split = natural_split(data.y, 0 if seed is None else seed)
+    device = torch.device(device)
+    n = int(data.y.shape[0])
+    train_idx, val_idx, test_idx = (t.to(device) for t in _split_parts(split))
+    for name, t in (("train", train_idx), ("val", val_idx), ("test", test_idx)):
+        if int(t.min()) < 0 or int(t.max()) >= n:
+            raise ValueError(f"split[{name!r}] has indices outside [0, {n})")
+    x = torch.as_tensor(data.x, dtype=torch.float32).to(device)
+    y = torch.as_tensor(data.y).long().to(device)
+    if graph is None:
+        graph = prepare_graph(torch.as_tensor(data.edge_index), n,
+                              getattr(data, "edge_weight", None))
+    if graph.device != device:
+        graph = graph.to(device)   # a copy: caches (A², GCN degrees) are rebuilt once there
+    return RunInputs(data, x, y, graph, train_idx, val_idx, test_idx, device)
+
+
+@dataclass
+class FitResult:
+    best_state: dict
+    best_epoch: int
+    max_idx: int
+    epochs_run: int
+    stopped_early: bool
+    train_time: float
+    eval_time: float
+    last_loss: Any
+
+
+def fit_early_stopping(model: torch.nn.Module, opt: torch.optim.Optimizer,
+                       step: Callable[[], tuple[Any, torch.Tensor]],
+                       val_f1: Callable[[], float], *, epochs: int, patience: int,
+                       progress: bool, desc: str, device: torch.device) -> FitResult:
+    """The protocol's loop (HierTail and every baseline): per epoch one optimiser step on
+    ``step()`` -> (loss record, scalar to back-propagate), then the eval-mode validation
+    Macro-F1 ``val_f1()``. Patience counts from the FIRST epoch at the max; the model kept is the
+    LAST epoch at the max (the official code's ``>=``)."""
+    best_val, max_val = -1.0, -1.0
+    best_state, best_epoch, max_idx, stopped_early = None, 0, 0, False
+    train_time = eval_time = 0.0
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    bar = _progress(range(epochs), progress, desc=desc)
+    epoch, loss = -1, None
+    for epoch in bar:
+        t0 = time.perf_counter()
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        loss, scalar = step()
+        scalar.backward()
+        opt.step()
+        sync()
+        t1 = time.perf_counter()
+        f1 = val_f1()                    # .cpu() inside synchronises
+        t2 = time.perf_counter()
+        train_time += t1 - t0
+        eval_time += t2 - t1
+        if f1 > max_val:                 # first epoch reaching the max: the patience anchor
+            max_val, max_idx = f1, epoch
+        if f1 >= best_val:               # ties update: the last epoch at the max is the model
+            best_val, best_epoch = f1, epoch
+            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        if progress:
+            bar.set_postfix(loss=f"{float(scalar.detach()):.3f}", val_f1=f"{f1:.3f}",
+                            best=f"{max_val:.3f}@{max_idx}")
+        if epoch - max_idx > patience:
+            stopped_early = True
+            break
+    return FitResult(best_state, best_epoch, max_idx, epoch + 1, stopped_early, train_time,
+                     eval_time, loss)
 
 
 def _eval_val(model: HierTail, x, graph, val_idx, y_val) -> float:

@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
+from hiertail_fast._train_cli import main
 from hiertail_fast.baselines import METHODS, BaselineConfig, run_baseline_seeds, train_baseline
 from hiertail_fast.data.io import load_npz
 from hiertail_fast.data.splits import natural_split
 from hiertail_fast.data.synthetic import make_synthetic_graph
 from hiertail_fast.metrics import balanced_accuracy
-from hiertail_fast._train_cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

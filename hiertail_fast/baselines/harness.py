@@ -8,7 +8,6 @@ eval-mode test metrics; mean ± population std over seeds) as `train_hiertail` /
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -24,8 +23,8 @@ from hiertail_fast.train import (
     DEFAULT_SEEDS,
     METRIC_NAMES,
     METRICS,
-    _progress,
-    _split_parts,
+    fit_early_stopping,
+    prepare_run,
     seed_everything,
 )
 
@@ -57,63 +56,28 @@ def train_baseline(
             raise TypeError(f"{name} must be an int, got {type(v).__name__}")
     if epochs < 1 or patience < 0:
         raise ValueError(f"need epochs >= 1 and patience >= 0, got {epochs}, {patience}")
-    data, split = as_graph_data(data, split)
-    if seed is not None:
-        seed_everything(seed)
-    if split is None:
-        split = natural_split(data.y, 0 if seed is None else seed)
-    device = torch.device(device)
-    n = int(data.y.shape[0])
-    train_idx, val_idx, test_idx = (t.to(device) for t in _split_parts(split))
-    for name, t in (("train", train_idx), ("val", val_idx), ("test", test_idx)):
-        if int(t.min()) < 0 or int(t.max()) >= n:
-            raise ValueError(f"split[{name!r}] has indices outside [0, {n})")
-    x = torch.as_tensor(data.x, dtype=torch.float32).to(device)
-    y = torch.as_tensor(data.y).long().to(device)
-    if graph is None:
-        graph = prepare_graph(torch.as_tensor(data.edge_index), n,
-                              getattr(data, "edge_weight", None))
-    if graph.device != device:
-        graph = graph.to(device)
+    run = prepare_run(data, split, seed, device, graph)
+    data, x, y, graph = run.data, run.x, run.y, run.graph
+    train_idx, val_idx, test_idx, device = run.train_idx, run.val_idx, run.test_idx, run.device
     gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
     ctx = MethodContext(x, y, graph, train_idx, int(data.num_classes), gen)
     model = build_method(ctx, cfg).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     y_val, y_test = y[val_idx].cpu(), y[test_idx].cpu()
 
-    best_val, max_val = -1.0, -1.0
-    best_state, best_epoch, max_idx, stopped_early = None, 0, 0, False
-    train_time = eval_time = 0.0
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    bar = _progress(range(epochs), progress, desc=f"{cfg.name} seed={seed}")
-    epoch, loss = -1, torch.zeros(())
-    for epoch in bar:
-        t0 = time.perf_counter()
-        model.train()
-        opt.zero_grad(set_to_none=True)
+    def step():
         loss = model.train_loss()
-        loss.backward()
-        opt.step()
-        sync()
-        t1 = time.perf_counter()
+        return loss, loss
+
+    def val_f1() -> float:
         model.eval()
         with torch.no_grad():
-            val_f1 = macro_f1(y_val, model.predict().argmax(dim=1)[val_idx].cpu())
-        t2 = time.perf_counter()
-        train_time += t1 - t0
-        eval_time += t2 - t1
-        if val_f1 > max_val:            # first epoch reaching the max: the patience anchor
-            max_val, max_idx = val_f1, epoch
-        if val_f1 >= best_val:          # ties update: the last epoch at the max is the model
-            best_val, best_epoch = val_f1, epoch
-            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        if progress:
-            bar.set_postfix(loss=f"{float(loss.detach()):.3f}", val_f1=f"{val_f1:.3f}",
-                            best=f"{max_val:.3f}@{max_idx}")
-        if epoch - max_idx > patience:
-            stopped_early = True
-            break
-    epochs_run = epoch + 1
+            return macro_f1(y_val, model.predict().argmax(dim=1)[val_idx].cpu())
+
+    fit = fit_early_stopping(model, opt, step, val_f1, epochs=epochs, patience=patience,
+                             progress=progress, desc=f"{cfg.name} seed={seed}", device=device)
+    best_state, epochs_run = fit.best_state, fit.epochs_run
+    train_time, eval_time = fit.train_time, fit.eval_time
     model.load_state_dict(best_state)
     model.eval()
     with torch.no_grad():
@@ -124,14 +88,14 @@ def train_baseline(
         "config_name": cfg.name,
         "test": evaluate(y_test, pred[test_idx.cpu()]),
         "val": evaluate(y_val, pred[val_idx.cpu()]),
-        "best_epoch": best_epoch,
-        "max_idx": max_idx,
+        "best_epoch": fit.best_epoch,
+        "max_idx": fit.max_idx,
         "epochs_run": epochs_run,
-        "stopped_early": stopped_early,
+        "stopped_early": fit.stopped_early,
         "time_per_epoch_s": (train_time + eval_time) / epochs_run,
         "train_step_s": train_time / epochs_run,
         "eval_s": eval_time / epochs_run,
-        "final_loss": float(loss.detach()),
+        "final_loss": float(fit.last_loss.detach()),
         "lr": cfg.lr,
         "weight_decay": cfg.weight_decay,
         **model.info(),

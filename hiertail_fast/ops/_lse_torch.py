@@ -12,8 +12,9 @@ when the upstream gradient coefficient of every row is known once its LSE is kno
 reductions), the gradient is produced during the forward pass (Liger's fused-linear-CE trick).
 
 Memory/time tricks:
-* Row blocks of B full rows (B <= MAX_BLOCK_ROWS, B x N_c <= ``HIERTAIL_CPU_BLOCK_BYTES``): a full row
-  of keys is in the block, so its LSE is exact at once, no online rescaling, O(B*N) extra memory.
+* Row blocks of B full rows (B <= MAX_BLOCK_ROWS, B x N_c <= ``HIERTAIL_CPU_BLOCK_BYTES``): a
+  full row of keys is in the block, so its LSE is exact at once, no online rescaling, O(B*N)
+  extra memory.
 * Keys are split into "common" columns (visible in every level: all nodes) and the few "rest"
   columns (level-specific prototypes). exp() runs ONCE per common element with the shared
   unweighted row max as shift; the L weighted sums are one [B, N_c] @ [N_c, L] product. Because
