@@ -186,7 +186,7 @@ def test_hierarchical_on_attention_equals_sum_of_levels(monkeypatch):
 
 
 def test_large_logits_go_to_the_exact_engine(monkeypatch):
-    """Above ATTENTION_MAX_LOGIT the fp32 LSE of the kernels is not precise enough: the call
+    """Above _attention_lse.MAX_LOGIT the fp32 LSE of the kernels is not precise enough: the call
     runs on our engine (still correct), and the kernels are not called."""
     z = torch.randn(60, 8)
     z = z / z.norm(dim=1, keepdim=True) * 20.0                  # |s| up to 400 / 0.5 = 800

@@ -132,7 +132,8 @@ def test_bad_arguments(monkeypatch):
     ("hiertail_fast.ops.gcn_propagate", "gcn_propagate"),
     ("hiertail_fast.ops.topk_pool", "topk_pool"),
     ("hiertail_fast.ops.nearest_prototype", "nearest_prototype"),
-    ("hiertail_fast.ops.balanced_contrastive_loss", "balanced_contrastive_loss"),
+    # the loss's own entry, choose_loss_backend, lives in _dispatch and is its only caller
+    ("hiertail_fast.ops._dispatch", "balanced_contrastive_loss"),
 ])
 def test_every_call_site_names_its_op(module, op):
     """Every choose_backend call of an op module passes that op's name (else the table is
@@ -163,3 +164,14 @@ def test_loss_engine_refinement_on_cpu(monkeypatch):
     assert choose_loss_backend(z, None, "exact", n_levels=3) == "torch"
     assert choose_loss_backend(z, "torch", "exact") == "torch"           # explicit wins
     assert choose_loss_backend(z.double(), None, "exact") == "torch"     # float64: own engine
+
+
+def test_the_loss_ops_choose_through_choose_loss_backend():
+    import ast
+    import importlib
+
+    source = importlib.import_module("hiertail_fast.ops.balanced_contrastive_loss").__file__
+    tree = ast.parse(open(source, encoding="utf-8").read())
+    names = [getattr(c.func, "id", None) for c in ast.walk(tree) if isinstance(c, ast.Call)]
+    assert names.count("choose_loss_backend") == 2          # the single and hierarchical ops
+    assert "choose_backend" not in names

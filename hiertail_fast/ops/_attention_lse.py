@@ -293,6 +293,22 @@ def _input(z: torch.Tensor) -> torch.Tensor:
     return z.float().contiguous()
 
 
+# The attention kernels return the LSE in fp32 and recompute s inside the kernel, so p_ik =
+# exp(s_ik + log w_k - lse_i) carries a relative error of about |lse_i| * 2^-24 (the rounding of
+# lse). Our own engines keep lse as shift + rel in float64 and reuse one s per block, and stay
+# exact at any |s|. Above this bound on |s| (Cauchy-Schwarz: scale * max_i |z_i|^2 >= |s_ik|) a
+# call goes to our engine: the attention path's relative error stays <= ~1.5e-5, inside fp32's
+# test tolerance (measured errors in README, bench/loss_accuracy.py).
+MAX_LOGIT = 256.0
+
+
+def within_precision(z: torch.Tensor, scale: float) -> bool:
+    """Whether the kernels' fp32 LSE is precise enough for these logits: scale * max |z_i|^2
+    (>= every |s_ik|, Cauchy-Schwarz) <= MAX_LOGIT."""
+    with torch.no_grad():
+        return abs(scale) * float(z.float().pow(2).sum(1).max()) <= MAX_LOGIT
+
+
 __all__ = [
     "AttentionUnavailable",
     "available",
@@ -300,4 +316,5 @@ __all__ = [
     "lse_forward",
     "lse_fused",
     "supported",
+    "within_precision",
 ]

@@ -11,6 +11,10 @@ Rules, in order:
 3. Without an op name (the old rule, kept for callers outside the package): CUDA tensors use the
    Triton kernels, everything else the fast torch path.
 
+The contrastive loss has one more backend, ``attention`` (PyTorch's attention kernels), and its
+own entry, `choose_loss_backend`: its table row, refined by variant and level count where the
+measurement said so, and float64 always on our float64 engine.
+
 `triton` on CPU tensors only works under `TRITON_INTERPRET=1` (that is how the kernels are
 tested without a GPU); asking for it otherwise is a clear error, not a crash in a kernel.
 """
@@ -142,4 +146,46 @@ def choose_backend(x: torch.Tensor, backend: str | None = None, *, op: str | Non
             "the triton backend needs CUDA tensors (or TRITON_INTERPRET=1 set before triton is "
             f"imported, for testing on CPU); got a tensor on {x.device}"
         )
+    return choice
+
+
+# Loss backends: the generic three plus "attention" (PyTorch's fused attention kernels through
+# the adapter in ops/_attention_lse.py; the loss is the only op they serve).
+LOSS_BACKENDS = BACKENDS + OP_BACKENDS["balanced_contrastive_loss"]
+
+
+def _automatic_engine(z: torch.Tensor, variant: str, n_levels: int) -> str:
+    """Engine for an automatic choice (no backend= and no HIERTAIL_BACKEND): the loss row of
+    ``_dispatch.AUTO_BACKEND`` (by measurement), refined where the measurement said so: on CPU
+    the attention kernels win only the exact single-level loss; our fused engine wins the
+    official variant (its row max rides on the same GEMM) and several levels (one exp of the
+    shared block for all levels, where attention pays one head per level)."""
+    choice = auto_backend("balanced_contrastive_loss", z.device)
+    if choice == "attention" and z.device.type == "cpu" and (
+            variant == "official" or n_levels > 1):
+        return "torch"
+    return choice
+
+
+def choose_loss_backend(z: torch.Tensor, backend: str | None, variant: str,
+                        n_levels: int = 1) -> str:
+    """Backend of one loss call. float64 always runs the torch engine (the attention and Triton
+    kernels compute in fp32: never a silent downgrade of a float64 request)."""
+    if backend is not None and backend not in LOSS_BACKENDS:
+        raise ValueError(f"backend={backend!r} is not one of {LOSS_BACKENDS}")
+    if backend == "attention":
+        if not _attention_available(z.device):
+            from hiertail_fast.ops._attention_lse import MIN_TORCH
+
+            raise ValueError(
+                f"the attention backend needs torch >= {'.'.join(map(str, MIN_TORCH))} with "
+                f"its fused attention kernels for {z.device.type} tensors; use backend='torch'"
+            )
+        choice = "attention"
+    elif backend is None and requested_backend() is None:
+        choice = _automatic_engine(z, variant, n_levels)
+    else:
+        choice = choose_backend(z, backend, op="balanced_contrastive_loss")
+    if z.dtype == torch.float64 and choice in ("triton", "attention"):
+        return "torch"
     return choice

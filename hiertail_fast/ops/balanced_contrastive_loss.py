@@ -30,12 +30,9 @@ import torch
 from hiertail_fast._validation import validate_contrastive_inputs
 from hiertail_fast.ops import _attention_lse, _lse_torch
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, positive_pairs
-from hiertail_fast.ops._dispatch import (
-    BACKENDS,
-    OP_BACKENDS,
-    auto_backend,
-    choose_backend,
-    requested_backend,
+from hiertail_fast.ops._dispatch import (  # noqa: F401  (LOSS_BACKENDS: re-exported)
+    LOSS_BACKENDS,
+    choose_loss_backend,
     triton_available,
 )
 from hiertail_fast.reference.balanced_contrastive_loss import balanced_contrastive_loss_ref
@@ -234,76 +231,20 @@ class BalancedContrastiveFunction(torch.autograd.Function):
         return dz.to(ctx.z_dtype), *nones
 
 
-# Loss backends: the generic three of _dispatch plus "attention" (PyTorch's fused attention
-# kernels through the adapter in _attention_lse; the loss is the only op they serve).
-LOSS_BACKENDS = BACKENDS + OP_BACKENDS["balanced_contrastive_loss"]
-OP = "balanced_contrastive_loss"
-
-
-def _automatic_engine(z: torch.Tensor, variant: str, n_levels: int) -> str:
-    """Engine for an automatic choice (no backend= and no HIERTAIL_BACKEND): the loss row of
-    ``_dispatch.AUTO_BACKEND`` (by measurement), refined where the measurement said so: on CPU
-    the attention kernels win only the exact single-level loss; our fused engine wins the
-    official variant (its row max rides on the same GEMM) and several levels (one exp of the
-    shared block for all levels, where attention pays one head per level)."""
-    choice = auto_backend(OP, z.device)
-    if choice == "attention" and z.device.type == "cpu" and (
-            variant == "official" or n_levels > 1):
-        return "torch"
-    return choice
-
-
-def choose_loss_backend(z: torch.Tensor, backend: str | None, variant: str,
-                        n_levels: int = 1) -> str:
-    """Backend of one loss call. float64 always runs the torch engine (the attention and Triton
-    kernels compute in fp32: never a silent downgrade of a float64 request)."""
-    if backend is not None and backend not in LOSS_BACKENDS:
-        raise ValueError(f"backend={backend!r} is not one of {LOSS_BACKENDS}")
-    if backend == "attention":
-        if not _attention_lse.available(z.device):
-            raise ValueError(
-                "the attention backend needs torch >= "
-                f"{'.'.join(map(str, _attention_lse.MIN_TORCH))} with its fused attention "
-                f"kernels for {z.device.type} tensors; use backend='torch'"
-            )
-        choice = "attention"
-    elif backend is None and requested_backend() is None:
-        choice = _automatic_engine(z, variant, n_levels)
-    else:
-        choice = choose_backend(z, backend, op="balanced_contrastive_loss")
-    if z.dtype == torch.float64 and choice in ("triton", "attention"):
-        return "torch"
-    return choice
-
-
 def _apply(fallback_device_backend: str, *args):
     """BalancedContrastiveFunction.apply with the attention engine's precision guard and
     fallback: the same call on our own engine when the logits are too large for its fp32 LSE
-    (see ATTENTION_MAX_LOGIT) or when the attention kernels refuse the call (a shape, dtype or
+    (``_attention_lse.MAX_LOGIT``) or when the attention kernels refuse the call (a shape, dtype or
     GPU they do not support)."""
     args = list(args)
     z_all, scale = args[0], args[2]
-    if args[6] == "attention" and _max_logit(z_all, scale) > ATTENTION_MAX_LOGIT:
+    if args[6] == "attention" and not _attention_lse.within_precision(z_all, scale):
         args[6] = fallback_device_backend
     try:
         return BalancedContrastiveFunction.apply(*args)
     except _attention_lse.AttentionUnavailable:
         args[6] = fallback_device_backend
         return BalancedContrastiveFunction.apply(*args)
-
-
-# The attention kernels return the LSE in fp32 and recompute s inside the kernel, so p_ik =
-# exp(s_ik + log w_k - lse_i) carries a relative error of about |lse_i| * 2^-24 (the rounding of
-# lse). Our own engines keep lse as shift + rel in float64 and reuse one s per block, and stay
-# exact at any |s|. Above this bound on |s| (Cauchy-Schwarz: scale * max_i |z_i|^2 >= |s_ik|) a
-# call goes to our engine: the attention path's relative error stays <= ~1.5e-5, inside fp32's
-# test tolerance (measured errors in README).
-ATTENTION_MAX_LOGIT = 256.0
-
-
-def _max_logit(z: torch.Tensor, scale: float) -> float:
-    with torch.no_grad():
-        return abs(scale) * float(z.float().pow(2).sum(1).max())
 
 
 def _fallback(z: torch.Tensor) -> str:

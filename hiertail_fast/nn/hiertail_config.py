@@ -1,0 +1,147 @@
+"""HierTailConfig: the model's and loss's hyper-parameters, the two named configurations
+(``paper``, ``official``; their table is in hiertail_fast/nn/hiertail.py's docstring), validated
+at construction, and the per-level pool sizes."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["HierTailConfig"]
+
+_POOL_MODES = ("classes", "official")
+_VARIANTS = ("exact", "official")
+_BACKENDS = (None, "reference", "torch", "triton", "attention")
+_LOSS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class HierTailConfig:
+    """Every hyper-parameter of the model and its loss (``name`` says which preset it came from).
+
+    pool_ratios / pool_mode:
+        ``"classes"``: level l keeps ceil(pool_ratios[l]·C) nodes (paper: T⁽ˡ⁺¹⁾ counts).
+        ``"official"``: PyG ratios after the official rescale pool_ratios[0] ← pool_ratios[0]·n/C
+        applied ``pool_rescale_power`` times (1 = once, the recommended fix; s+1 at seed index s
+        reproduces the code's compounding bug); a ratio >= 1 is a count floor(r) (PyG ``topk``),
+        a ratio < 1 keeps ceil(r·n_prev).
+    """
+
+    name: str = "paper"
+    hidden: int = 128
+    pool_ratios: tuple[float, ...] = (1.0, 0.5)
+    pool_mode: str = "classes"
+    pool_rescale_power: int = 1
+    share_convs: bool = False          # one down conv for all pooled levels, one up conv (h→h)
+    linear_classifier: bool = True     # paper: Linear(h→C); official: last up conv h→C
+    augment_a2: bool = False           # official augment_adj ((A+I)² without loops) before pools
+    improved: bool = True              # GCNConv(improved=True): self-loop fill 2 where missing
+    dropout: float = 0.0
+    gamma: float = 0.01
+    tau: float = 0.1
+    scl_on: str = "hidden"             # "hidden" (paper) | "logits" (official)
+    bcl_mode: str = "paper"            # "paper" (level l vs level l+1) | "official" (x⁰ vs each)
+    fix_cluster_labels: bool = True    # official BCL: label = nearest index instead of perm[...]
+    loss_variant: str = "exact"
+    include_self: bool = False
+    loss_backend: str | None = None    # None: dispatch; "reference": dense reference losses
+    loss_dtype: str | None = None      # float32|bfloat16|float16 (or dtype): contrastive inputs
+    lr: float = 0.01
+    weight_decay: float = 5e-4
+
+    def __post_init__(self) -> None:
+        if isinstance(self.hidden, bool) or not isinstance(self.hidden, numbers.Integral):
+            raise TypeError(f"hidden must be an integer, got {self.hidden!r}")
+        names = {v: k for k, v in _LOSS_DTYPES.items()}  # a dtype is stored by name (JSON-able)
+        object.__setattr__(self, "loss_dtype", names.get(self.loss_dtype, self.loss_dtype))
+        if self.loss_dtype not in (None, *_LOSS_DTYPES):
+            raise ValueError(f"loss_dtype={self.loss_dtype!r} is not None or one of "
+                             f"{list(_LOSS_DTYPES)}")
+        if self.hidden < 1:
+            raise ValueError(f"hidden must be >= 1, got {self.hidden}")
+        if not self.pool_ratios:
+            raise ValueError("pool_ratios must name at least one pooling level")
+        if any((not math.isfinite(r)) or r <= 0 for r in self.pool_ratios):
+            raise ValueError(f"pool_ratios must be finite and > 0, got {self.pool_ratios}")
+        if self.pool_mode not in _POOL_MODES:
+            raise ValueError(f"pool_mode={self.pool_mode!r} is not one of {_POOL_MODES}")
+        if self.pool_rescale_power < 1:
+            raise ValueError(f"pool_rescale_power must be >= 1, got {self.pool_rescale_power}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
+        if self.gamma < 0 or not math.isfinite(self.gamma):
+            raise ValueError(f"gamma must be finite and >= 0, got {self.gamma}")
+        if self.tau <= 0 or not math.isfinite(self.tau):
+            raise ValueError(f"tau must be finite and > 0, got {self.tau}")
+        if self.scl_on not in ("hidden", "logits"):
+            raise ValueError(f"scl_on={self.scl_on!r} is not 'hidden' or 'logits'")
+        if self.scl_on == "hidden" and not self.linear_classifier:
+            raise ValueError("scl_on='hidden' needs linear_classifier=True (a hidden embedding)")
+        if self.bcl_mode not in ("paper", "official"):
+            raise ValueError(f"bcl_mode={self.bcl_mode!r} is not 'paper' or 'official'")
+        if self.bcl_mode == "official" and len(self.pool_ratios) < 2:
+            raise ValueError("bcl_mode='official' needs at least two pooling levels")
+        if self.loss_variant not in _VARIANTS:
+            raise ValueError(f"loss_variant={self.loss_variant!r} is not one of {_VARIANTS}")
+        if self.loss_backend not in _BACKENDS:
+            raise ValueError(f"loss_backend={self.loss_backend!r} is not one of {_BACKENDS}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be finite and > 0, got {self.lr}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be finite and >= 0, got {self.weight_decay}")
+
+    @property
+    def num_levels(self) -> int:
+        """L, the number of task-grouping (pooling) levels."""
+        return len(self.pool_ratios)
+
+    @classmethod
+    def paper(cls, **overrides) -> HierTailConfig:
+        """The paper's model (default): see the module docstring's table."""
+        return cls(**{"name": "paper", **overrides})
+
+    @classmethod
+    def official(cls, **overrides) -> HierTailConfig:
+        """The official code as it runs (PROTOCOL_AND_BASELINES.md §3), seed-1 pool sizes."""
+        base = dict(
+            name="official", hidden=128, pool_ratios=(1.0, 0.5, 0.5), pool_mode="official",
+            share_convs=True, linear_classifier=False, augment_a2=True, improved=True,
+            dropout=0.0, gamma=0.01, tau=1.0, scl_on="logits", bcl_mode="official",
+            fix_cluster_labels=False, loss_variant="official", include_self=True, lr=0.001,
+        )
+        return cls(**{**base, **overrides})
+
+    @classmethod
+    def named(cls, name: str, **overrides) -> HierTailConfig:
+        """``"paper"`` or ``"official"`` preset by name."""
+        if name not in ("paper", "official"):
+            raise ValueError(f"unknown HierTail config {name!r}; use 'paper' or 'official'")
+        return getattr(cls, name)(**overrides)
+
+    def replace(self, **changes) -> HierTailConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["pool_ratios"] = list(self.pool_ratios)
+        return out
+
+    def pool_sizes(self, num_nodes: int, num_classes: int) -> list[int | float]:
+        """What each level hands to ``topk_pool``: an int count or a float ratio in (0, 1]."""
+        if self.pool_mode == "classes":
+            return [max(1, math.ceil(r * num_classes)) for r in self.pool_ratios]
+        first = float(self.pool_ratios[0])
+        for _ in range(self.pool_rescale_power):
+            first = first * num_nodes / num_classes  # embedder.py: ratio * len(labels) / nclass
+        return [_pyg_ratio(first, num_nodes)] + [_pyg_ratio(r, None) for r in self.pool_ratios[1:]]
+
+
+def _pyg_ratio(ratio: float, cap: int | None) -> int | float:
+    """PyG ``topk`` reading of a ratio: >= 1 is a count floor(r), < 1 a fraction (ceil)."""
+    if ratio >= 1.0:
+        k = math.floor(ratio) if math.isfinite(ratio) else cap
+        return int(k if cap is None else min(k, cap))
+    return float(ratio)
