@@ -306,3 +306,30 @@ def test_bf16_flash_branch_with_an_emulated_kernel(monkeypatch):
     lse, _, _, dz = attn.lse_fused(zb, log_w, 0.8, False, lambda r0, r1, lse_b, mx: g[:, r0:r1])
     torch.testing.assert_close(lse, lse_e, rtol=1e-5, atol=1e-4)
     _close(dz, dz_e, rtol=2e-2, atol=1e-3)                  # O through bf16 softmax weights
+
+
+def test_public_bf16_loss_reaches_the_flash_branch(monkeypatch):
+    """A bf16 loss call on the attention backend (fused forward + gradient, the training path)
+    must hand bf16 tensors to the flash kernel on CUDA, not an fp32 copy."""
+    seen = []
+
+    def fake_flash(q, k, v, dropout_p, is_causal, return_debug_mask, *, scale):
+        seen.append(q.dtype)
+        s = scale * q.float() @ k.float().transpose(-1, -2)
+        return torch.softmax(s, -1).to(q.dtype) @ v, torch.logsumexp(s, -1)
+
+    monkeypatch.setattr(attn, "_kernel_kind", lambda device: "cuda")
+    real_op = attn._op
+    monkeypatch.setattr(attn, "_op", lambda name, args: fake_flash
+                        if name == attn._FLASH_OP else real_op(name, args))
+    gen = torch.Generator().manual_seed(12)
+    z = torch.randn(50, 16, generator=gen).to(torch.bfloat16).requires_grad_()
+    y = torch.randint(0, 4, (50,), generator=gen)
+    loss = balanced_contrastive_loss(z, y, temperature=0.5, backend="attention")
+    loss.backward()
+    assert seen and all(dt == torch.bfloat16 for dt in seen)
+    zr = z.detach().double().requires_grad_()
+    exp = ref(zr, y, temperature=0.5)
+    exp.backward()
+    assert abs(loss.item() - exp.item()) <= 2e-2 * abs(exp.item())
+    _close(z.grad, zr.grad, rtol=3e-2, atol=1e-3)

@@ -159,7 +159,10 @@ class BalancedContrastiveFunction(torch.autograd.Function):
                 g = base[:, r0:r1]
                 return g * ratio(lse_b, max_b, log_eps_w) if official else g
 
-            lse, rmax, amax, dz = mod.lse_fused(zc, log_w, scale, official, coef_fn)
+            # the attention engine takes the input dtype (bf16 on CUDA: flash attention)
+            z_eng = z_in if backend == "attention" else zc
+            lse, rmax, amax, dz = mod.lse_fused(z_eng, log_w, scale, official, coef_fn)
+            dz = dz.to(zc.dtype)
             lse = lse.double()
         else:
             lse, rmax, amax = mod.lse_forward(z_in, log_w, scale, official)
