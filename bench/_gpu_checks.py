@@ -10,9 +10,7 @@ relative (a tie within rounding may pick either); pooling: the same kept nodes i
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -21,6 +19,7 @@ from pathlib import Path
 import torch
 
 from hiertail_fast import CSRGraph, balanced_contrastive_loss, gcn_propagate, nearest_prototype
+from hiertail_fast._files import atomic_write_text
 from hiertail_fast.ops._dispatch import BACKENDS
 from hiertail_fast.ops.balanced_contrastive_loss import LOSS_BACKENDS
 from hiertail_fast.ops.topk_pool import topk_pool
@@ -241,20 +240,5 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in cells])
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder + os.replace, so a
-    reader never sees a half-written report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_json(path: Path, data: dict) -> None:
-    atomic_write(path, json.dumps(data, indent=1, default=str, allow_nan=True))
+    atomic_write_text(path, json.dumps(data, indent=1, default=str, allow_nan=True))

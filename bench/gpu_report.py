@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     report["wall_s"] = time.perf_counter() - started
     text = render(report)
     gc.write_json(args.out / "gpu_report.json", report)
-    gc.atomic_write(args.out / "gpu_report.md", text)
+    gc.atomic_write_text(args.out / "gpu_report.md", text)
     print(text + f"\nwrote {args.out / 'gpu_report.md'} and gpu_report.json")
     return 0
 

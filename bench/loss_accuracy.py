@@ -24,10 +24,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import DEVICE, device_name  # noqa: E402
-from loss_grid import REGIMES, make_case, write_atomic  # noqa: E402
+from loss_grid import REGIMES, make_case  # noqa: E402
 
 import hiertail_fast.ops._attention_lse as attn  # noqa: E402
 from hiertail_fast import balanced_contrastive_loss  # noqa: E402
+from hiertail_fast._files import atomic_write_text  # noqa: E402
 
 
 def _engine_used(fn) -> str:
@@ -93,7 +94,7 @@ def main(argv=None) -> int:
                               f"{r['engine']:17s} value {r['value_rel_err']:.2e} "
                               f"grad {r['grad_rel_err']:.2e} (abs {r['grad_abs_err']:.1e} of "
                               f"max {r['grad_max']:.1e})", flush=True)
-    write_atomic(args.out, json.dumps(dict(device=device_name(), torch=torch.__version__,
+    atomic_write_text(args.out, json.dumps(dict(device=device_name(), torch=torch.__version__,
                                            n=args.n, d=args.d, rows=rows), indent=1))
     print(f"wrote {args.out}")
     return 0

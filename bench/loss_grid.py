@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from conftest import DEVICE, device_name  # noqa: E402
 
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss  # noqa: E402
+from hiertail_fast._files import atomic_write_text  # noqa: E402
 
 REGIMES = ("normalised", "relu", "randn", "randn30")
 BACKENDS = ("torch", "attention")
@@ -114,13 +115,6 @@ def load_average() -> list[float]:
         return []
 
 
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def run_grid(args) -> list[dict]:
     records = []
     cells = [(n, d, levels, variant, regime, tau)
@@ -194,8 +188,8 @@ def main(argv=None) -> int:
                 rounds=args.rounds, load_average_before=before, load_average_after=after,
                 wall_s=time.perf_counter() - start, argv=sys.argv[1:] if argv is None else argv)
     md = markdown(records, args.backends)
-    write_atomic(args.out, json.dumps(dict(meta, records=records), indent=1))
-    write_atomic(args.out.with_suffix(".md"),
+    atomic_write_text(args.out, json.dumps(dict(meta, records=records), indent=1))
+    atomic_write_text(args.out.with_suffix(".md"),
                  f"Loss grid on {meta['device']}, torch {meta['torch']}, {meta['threads']} "
                  f"threads, load average {before} -> {after}, medians of {args.rounds} rounds "
                  f"(seconds)\n\n{md}\n")

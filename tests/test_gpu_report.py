@@ -75,7 +75,7 @@ def test_atomic_write_replaces_or_keeps_the_old_file(gc, tmp_path):
     gc.write_json(path, dict(a=2))
     assert json.loads(path.read_text()) == dict(a=2)
     with pytest.raises(TypeError):
-        gc.atomic_write(path, 123)  # fails while writing the temporary file
+        gc.atomic_write_text(path, 123)  # fails while writing the temporary file
     assert json.loads(path.read_text()) == dict(a=2)  # the old report is intact
     assert [p.name for p in path.parent.iterdir()] == ["r.json"]  # no temporary left behind
 
