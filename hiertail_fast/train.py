@@ -150,12 +150,7 @@ def train_hiertail(
     fit = fit_early_stopping(model, opt, step, lambda: _eval_val(model, x, graph, val_idx, y_val),
                              epochs=epochs, patience=patience, progress=progress,
                              desc=f"{cfg.name} seed={seed}", device=device)
-    parts = fit.last_loss.as_floats()
-    best_state, best_epoch, max_idx = fit.best_state, fit.best_epoch, fit.max_idx
-    stopped_early, epochs_run = fit.stopped_early, fit.epochs_run
-    train_time, eval_time = fit.train_time, fit.eval_time
-
-    model.load_state_dict(best_state)
+    model.load_state_dict(fit.best_state)
     model.eval()
     with torch.no_grad():
         pred = model(x, graph).logits.argmax(dim=1).cpu()
@@ -165,15 +160,9 @@ def train_hiertail(
         "config_name": cfg.name,
         "test": evaluate(y_test, pred[test_idx_c]),
         "val": evaluate(y_val, pred[val_idx_c]),
-        "best_epoch": best_epoch,
-        "max_idx": max_idx,
-        "epochs_run": epochs_run,
-        "stopped_early": stopped_early,
-        "time_per_epoch_s": (train_time + eval_time) / epochs_run,
-        "train_step_s": train_time / epochs_run,
-        "eval_s": eval_time / epochs_run,
+        **fit_record(fit),
         "pool_sizes": cfg.pool_sizes(n, int(data.num_classes)),
-        "final_loss": parts,
+        "final_loss": fit.last_loss.as_floats(),
         "lr": lr,
         "weight_decay": weight_decay,
     }
@@ -273,6 +262,56 @@ def fit_early_stopping(model: torch.nn.Module, opt: torch.optim.Optimizer,
                      eval_time, loss)
 
 
+def fit_record(fit: FitResult) -> dict:
+    """The per-run fields every method reports from its fit: best / first-max epoch, epochs run,
+    early stop, seconds per epoch (train step + eval), per train step and per eval."""
+    n = fit.epochs_run
+    return {
+        "best_epoch": fit.best_epoch,
+        "max_idx": fit.max_idx,
+        "epochs_run": n,
+        "stopped_early": fit.stopped_early,
+        "time_per_epoch_s": (fit.train_time + fit.eval_time) / n,
+        "train_step_s": fit.train_time / n,
+        "eval_s": fit.eval_time / n,
+    }
+
+
+def run_each_seed(data: Any, split: Any, seeds: Sequence[int],
+                  train_one: Callable[[int, int, GraphData, Any, Any], dict], log=None,
+                  label: str = "") -> dict:
+    """The seed loop of `run_seeds` and the baselines' `run_baseline_seeds`: the graph prepared
+    once, ``train_one(seed_index, seed, data, split, graph)`` per seed after `seed_everything`
+    (``data`` converted once from a PyG ``Data``), with
+    the split precedence of `run_seeds`; returns seeds, the split's kind, the runs and the
+    summary (mean ± population std of each metric, mean seconds per epoch)."""
+    data, split_given = as_graph_data(data, split)
+    split_kind = "natural" if split_given is None else "user" if split is not None else "masks"
+    seeds = [int(s) for s in seeds]
+    if not seeds:
+        raise ValueError("seeds is empty")
+    n = int(data.y.shape[0])
+    graph = prepare_graph(torch.as_tensor(data.edge_index), n,   # once for all seeds
+                          getattr(data, "edge_weight", None))
+    runs = []
+    for s_idx, seed in enumerate(seeds):
+        seed_everything(seed)
+        run_split = split_given if split_given is not None else natural_split(data.y, seed)
+        runs.append(train_one(s_idx, seed, data, run_split, graph))
+        if log is not None:
+            r = runs[-1]
+            log(f"{label}seed {seed}: " + " ".join(f"{METRIC_NAMES[m]} {100 * r['test'][m]:.2f}"
+                                                   for m in METRICS)
+                + f" | best epoch {r['best_epoch']}, {r['epochs_run']} epochs, "
+                f"{r['time_per_epoch_s'] * 1e3:.1f} ms/epoch")
+    summary = {}
+    for m in METRICS:
+        vals = np.array([r["test"][m] for r in runs], dtype=np.float64)
+        summary[m] = {"mean": float(vals.mean()), "std": float(vals.std())}
+    summary["time_per_epoch_s"] = float(np.mean([r["time_per_epoch_s"] for r in runs]))
+    return {"seeds": seeds, "split": split_kind, "runs": runs, "summary": summary}
+
+
 def _eval_val(model: HierTail, x, graph, val_idx, y_val) -> float:
     """Eval-mode forward without autograd; validation Macro-F1."""
     model.eval()
@@ -308,41 +347,18 @@ def run_seeds(
     per finished seed (e.g. ``print``).
     """
     cfg = config if config is not None else HierTailConfig.paper()
-    data, split_given = as_graph_data(data, split)
-    split_kind = "natural" if split_given is None else "user" if split is not None else "masks"
-    split = split_given
-    seeds = [int(s) for s in seeds]
-    if not seeds:
-        raise ValueError("seeds is empty")
-    n = int(data.y.shape[0])
-    graph = prepare_graph(torch.as_tensor(data.edge_index), n,   # once for all seeds
-                          getattr(data, "edge_weight", None))
-    runs = []
-    for s_idx, seed in enumerate(seeds):
+
+    def train_one(s_idx, seed, graph_data, run_split, graph):
         run_cfg = cfg.replace(pool_rescale_power=s_idx + 1) if compound_pool_bug else cfg
-        seed_everything(seed)
-        run_split = split if split is not None else natural_split(data.y, seed)
-        runs.append(train_hiertail(data, run_split, run_cfg, seed=seed, graph=graph,
-                                   **train_kwargs))
-        if log is not None:
-            r = runs[-1]
-            log(f"seed {seed}: " + " ".join(f"{METRIC_NAMES[m]} {100 * r['test'][m]:.2f}"
-                                            for m in METRICS)
-                + f" | best epoch {r['best_epoch']}, {r['epochs_run']} epochs, "
-                f"{r['time_per_epoch_s'] * 1e3:.1f} ms/epoch")
-    summary = {}
-    for m in METRICS:
-        vals = np.array([r["test"][m] for r in runs], dtype=np.float64)
-        summary[m] = {"mean": float(vals.mean()), "std": float(vals.std())}
-    summary["time_per_epoch_s"] = float(np.mean([r["time_per_epoch_s"] for r in runs]))
+        return train_hiertail(graph_data, run_split, run_cfg, seed=seed, graph=graph,
+                              **train_kwargs)
+
+    each = run_each_seed(data, split, seeds, train_one, log)
     return {
         "config_name": cfg.name,
         "config": cfg.to_dict(),
         "compound_pool_bug": compound_pool_bug,
-        "seeds": seeds,
-        "split": split_kind,
-        "runs": runs,
-        "summary": summary,
+        **each,                          # seeds, split, runs, summary
     }
 
 

@@ -15,17 +15,13 @@ import torch
 
 from hiertail_fast.baselines.config import BaselineConfig
 from hiertail_fast.baselines.methods import MethodContext, build_method
-from hiertail_fast.data.pyg import as_graph_data
-from hiertail_fast.data.splits import natural_split
 from hiertail_fast.metrics import evaluate, macro_f1
-from hiertail_fast.nn.hiertail import prepare_graph
 from hiertail_fast.train import (
     DEFAULT_SEEDS,
-    METRIC_NAMES,
-    METRICS,
     fit_early_stopping,
+    fit_record,
     prepare_run,
-    seed_everything,
+    run_each_seed,
 )
 
 __all__ = ["train_baseline", "run_baseline_seeds"]
@@ -76,9 +72,7 @@ def train_baseline(
 
     fit = fit_early_stopping(model, opt, step, val_f1, epochs=epochs, patience=patience,
                              progress=progress, desc=f"{cfg.name} seed={seed}", device=device)
-    best_state, epochs_run = fit.best_state, fit.epochs_run
-    train_time, eval_time = fit.train_time, fit.eval_time
-    model.load_state_dict(best_state)
+    model.load_state_dict(fit.best_state)
     model.eval()
     with torch.no_grad():
         pred = model.predict().argmax(dim=1).cpu()
@@ -88,13 +82,7 @@ def train_baseline(
         "config_name": cfg.name,
         "test": evaluate(y_test, pred[test_idx.cpu()]),
         "val": evaluate(y_val, pred[val_idx.cpu()]),
-        "best_epoch": fit.best_epoch,
-        "max_idx": fit.max_idx,
-        "epochs_run": epochs_run,
-        "stopped_early": fit.stopped_early,
-        "time_per_epoch_s": (train_time + eval_time) / epochs_run,
-        "train_step_s": train_time / epochs_run,
-        "eval_s": eval_time / epochs_run,
+        **fit_record(fit),
         "final_loss": float(fit.last_loss.detach()),
         "lr": cfg.lr,
         "weight_decay": cfg.weight_decay,
@@ -116,37 +104,14 @@ def run_baseline_seeds(
     cfg = config if config is not None else BaselineConfig()
     if compound_pool_bug:
         raise ValueError("compound_pool_bug only applies to HierTail's official config")
-    data, split_given = as_graph_data(data, split)
-    split_kind = "natural" if split_given is None else "user" if split is not None else "masks"
-    seeds = [int(s) for s in seeds]
-    if not seeds:
-        raise ValueError("seeds is empty")
-    n = int(data.y.shape[0])
-    graph = prepare_graph(torch.as_tensor(data.edge_index), n,
-                          getattr(data, "edge_weight", None))
-    runs = []
-    for seed in seeds:
-        seed_everything(seed)
-        run_split = split_given if split_given is not None else natural_split(data.y, seed)
-        runs.append(train_baseline(data, run_split, cfg, seed=seed, graph=graph,
-                                   **train_kwargs))
-        if log is not None:
-            r = runs[-1]
-            log(f"{cfg.method} seed {seed}: "
-                + " ".join(f"{METRIC_NAMES[m]} {100 * r['test'][m]:.2f}" for m in METRICS)
-                + f" | best epoch {r['best_epoch']}, {r['epochs_run']} epochs, "
-                f"{r['time_per_epoch_s'] * 1e3:.1f} ms/epoch")
-    summary = {}
-    for m in METRICS:
-        vals = np.array([r["test"][m] for r in runs], dtype=np.float64)
-        summary[m] = {"mean": float(vals.mean()), "std": float(vals.std())}
-    summary["time_per_epoch_s"] = float(np.mean([r["time_per_epoch_s"] for r in runs]))
+    each = run_each_seed(
+        data, split, seeds,
+        lambda s_idx, seed, graph_data, run_split, graph: train_baseline(
+            graph_data, run_split, cfg, seed=seed, graph=graph, **train_kwargs),
+        log, label=f"{cfg.method} ")
     return {
         "method": cfg.method,
         "config_name": cfg.name,
         "config": cfg.to_dict(),
-        "seeds": seeds,
-        "split": split_kind,
-        "runs": runs,
-        "summary": summary,
+        **each,                          # seeds, split, runs, summary
     }
