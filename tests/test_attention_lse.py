@@ -228,6 +228,27 @@ def test_unknown_loss_backend_is_a_clear_error():
                                   backend="flash")
 
 
+def _emulate_cuda(monkeypatch, op_name, fake):
+    """Route the adapter's CUDA branch to `fake` in place of the aten op `op_name` (CPU tensors;
+    every other op stays the real one)."""
+    monkeypatch.setattr(attn, "_kernel_kind", lambda device: "cuda")
+    real_op = attn._op
+    monkeypatch.setattr(attn, "_op", lambda name, args: fake
+                        if name == op_name else real_op(name, args))
+
+
+def _fake_flash(seen):
+    """Flash attention emulated by a dense fp32 softmax over the 16-bit operands; records the
+    dtype it was given and checks its contract (bf16, equal aligned head dims)."""
+    def flash(q, k, v, dropout_p, is_causal, return_debug_mask, *, scale):
+        seen.append(q.dtype)
+        assert q.dtype == k.dtype == v.dtype == torch.bfloat16
+        assert q.shape[-1] % attn.HEAD_ALIGN == 0 and q.shape == k.shape == v.shape
+        s = scale * q.float() @ k.float().transpose(-1, -2)
+        return torch.softmax(s, -1).to(q.dtype) @ v, torch.logsumexp(s, -1)
+    return flash
+
+
 def test_cuda_branch_contract_with_an_emulated_kernel(monkeypatch):
     """The memory-efficient kernel's contract, emulated on CPU: the bias it gets is a stride-0
     view with 16-aligned rows, compute_log_sumexp is asked for, and the LSE it returns is padded
@@ -247,10 +268,7 @@ def test_cuda_branch_contract_with_an_emulated_kernel(monkeypatch):
         seen.append(n)
         return out, padded, None, None
 
-    monkeypatch.setattr(attn, "_kernel_kind", lambda device: "cuda")
-    real_op = attn._op
-    monkeypatch.setattr(attn, "_op", lambda name, args: fake_efficient
-                        if name == attn._CUDA_OP else real_op(name, args))
+    _emulate_cuda(monkeypatch, attn._CUDA_OP, fake_efficient)
     z, log_w, g = _case(45, 8, 2, seed=9)
     lse_e, dz_e = _dense(z, log_w, 1.3, g)
     lse, _, _, dz = attn.lse_fused(z, log_w, 1.3, False, lambda r0, r1, lse_b, mx: g[:, r0:r1])
@@ -289,21 +307,14 @@ def test_bf16_flash_branch_with_an_emulated_kernel(monkeypatch):
     """The bf16 CUDA branch (flash attention on folded inputs), emulated on CPU by a dense fp32
     softmax over the 16-bit operands: lse and gradient as a dense float64 computation on the
     bf16-rounded embeddings, to bf16-path accuracy."""
-    def fake_flash(q, k, v, dropout_p, is_causal, return_debug_mask, *, scale):
-        assert q.dtype == k.dtype == v.dtype == torch.bfloat16
-        assert q.shape[-1] % attn.HEAD_ALIGN == 0 and q.shape == k.shape == v.shape
-        s = scale * q.float() @ k.float().transpose(-1, -2)
-        return torch.softmax(s, -1).to(q.dtype) @ v, torch.logsumexp(s, -1)
-
-    monkeypatch.setattr(attn, "_kernel_kind", lambda device: "cuda")
-    real_op = attn._op
-    monkeypatch.setattr(attn, "_op", lambda name, args: fake_flash
-                        if name == attn._FLASH_OP else real_op(name, args))
+    seen = []
+    _emulate_cuda(monkeypatch, attn._FLASH_OP, _fake_flash(seen))
     z, log_w, g = _case(64, 16, 2, seed=11)
     zb = z.to(torch.bfloat16)
     assert attn._input(zb).dtype == torch.bfloat16
     lse_e, dz_e = _dense(zb.float(), log_w, 0.8, g)
     lse, _, _, dz = attn.lse_fused(zb, log_w, 0.8, False, lambda r0, r1, lse_b, mx: g[:, r0:r1])
+    assert seen
     torch.testing.assert_close(lse, lse_e, rtol=1e-5, atol=1e-4)
     _close(dz, dz_e, rtol=2e-2, atol=1e-3)                  # O through bf16 softmax weights
 
@@ -312,16 +323,7 @@ def test_public_bf16_loss_reaches_the_flash_branch(monkeypatch):
     """A bf16 loss call on the attention backend (fused forward + gradient, the training path)
     must hand bf16 tensors to the flash kernel on CUDA, not an fp32 copy."""
     seen = []
-
-    def fake_flash(q, k, v, dropout_p, is_causal, return_debug_mask, *, scale):
-        seen.append(q.dtype)
-        s = scale * q.float() @ k.float().transpose(-1, -2)
-        return torch.softmax(s, -1).to(q.dtype) @ v, torch.logsumexp(s, -1)
-
-    monkeypatch.setattr(attn, "_kernel_kind", lambda device: "cuda")
-    real_op = attn._op
-    monkeypatch.setattr(attn, "_op", lambda name, args: fake_flash
-                        if name == attn._FLASH_OP else real_op(name, args))
+    _emulate_cuda(monkeypatch, attn._FLASH_OP, _fake_flash(seen))
     gen = torch.Generator().manual_seed(12)
     z = torch.randn(50, 16, generator=gen).to(torch.bfloat16).requires_grad_()
     y = torch.randint(0, 4, (50,), generator=gen)
