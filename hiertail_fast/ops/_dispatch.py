@@ -110,12 +110,17 @@ def auto_backend(op: str, device: torch.device | str) -> str:
     row = AUTO_BACKEND[op].get(device.type)
     if row is None:
         return "torch"
-    choice = row.backend
-    if choice == "attention" and not _attention_available(device):
-        choice = "triton" if device.type == "cuda" else "torch"
-    if choice == "triton" and not triton_available(device):
+    if row.backend == "attention" and not _attention_available(device):
+        return own_engine(device)
+    if row.backend == "triton" and not triton_available(device):
         return "torch"
-    return choice
+    return row.backend
+
+
+def own_engine(device: torch.device) -> str:
+    """Our own kernels for `device` where PyTorch's attention kernels are missing or refuse a
+    loss call: Triton on CUDA when importable, else the torch path."""
+    return "triton" if device.type == "cuda" and triton_available(device) else "torch"
 
 
 def _attention_available(device: torch.device) -> bool:

@@ -33,7 +33,7 @@ from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, positive_pairs
 from hiertail_fast.ops._dispatch import (  # noqa: F401  (LOSS_BACKENDS: re-exported)
     LOSS_BACKENDS,
     choose_loss_backend,
-    triton_available,
+    own_engine,
 )
 from hiertail_fast.reference.balanced_contrastive_loss import balanced_contrastive_loss_ref
 
@@ -250,10 +250,6 @@ def _apply(fallback_device_backend: str, *args):
         return BalancedContrastiveFunction.apply(*args)
 
 
-def _fallback(z: torch.Tensor) -> str:
-    return "triton" if z.is_cuda and triton_available(z.device) else "torch"
-
-
 def balanced_contrastive_loss_op(
     z: torch.Tensor,
     labels: torch.Tensor,
@@ -284,7 +280,7 @@ def balanced_contrastive_loss_op(
     rows = torch.arange(n, device=z.device)
     lv = _make_levels(n, [(rows, labels)], include_self, cdt, z.device)
     return _apply(
-        _fallback(z), z_all, lv, 1.0 / float(temperature), bool(include_self), variant,
+        own_engine(z.device), z_all, lv, 1.0 / float(temperature), bool(include_self), variant,
         reduction, choice, torch.is_grad_enabled() and z_all.requires_grad,
     )
 
@@ -337,7 +333,7 @@ def hierarchical_contrastive_loss_op(
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
     lv = _make_levels(off, level_rows, include_self, cdt, z.device)
     return _apply(
-        _fallback(z), z_big, lv, 1.0 / float(temperature), bool(include_self), variant,
+        own_engine(z.device), z_big, lv, 1.0 / float(temperature), bool(include_self), variant,
         "mean", choice, torch.is_grad_enabled() and z_big.requires_grad,
     )
 
