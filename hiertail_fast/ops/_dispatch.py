@@ -65,10 +65,10 @@ AUTO_BACKEND: dict[str, dict[str, AutoChoice]] = {
         # loss op keeps our fused torch engine for the official variant and for several levels
         # (ops/balanced_contrastive_loss._automatic_engine), which measured faster there.
         "cpu": AutoChoice("attention", "2-core AMD EPYC (torch 2.13, 2 threads, idle), "
-                          "bench/loss_grid.py: exact 1 level N=20k d=128 relu tau=0.1 attention "
-                          "2.46 s vs torch 3.09 s (3-GEMM floor 2.28 s); N=6k: median ratio 1.00 "
-                          "over 32 regimes; official / 3 levels: torch faster (median 1.03x / "
-                          "2.0-2.2x) -> torch (bench/results/loss_grid_6000.md)"),
+                          "bench/loss_grid.py: exact 1 level N=100k d=128 relu tau=0.1 attention "
+                          "65.1 s vs torch 85.9 s; N=20k and 6k: parity (median ratio 1.00); "
+                          "official / 3 levels: torch faster (median 1.03x / 2.0-2.2x) -> torch "
+                          "(docs/results/loss_grid_*.md)"),
         # "attention" = PyTorch's fused attention kernels through ops/_attention_lse.py (the
         # loss's own backend; float64, logits over its precision guard and shapes the kernels
         # refuse go to our engines). The same method as a prototype outside the library on the
