@@ -200,8 +200,8 @@ def _engine(
             argmax[:, rows] = arg_b
         pos_r = None
         if positives is not None:
-            if n_c:
-                positives.common_block(rows, e, m_c, max_b, arg_b, grad)
+            if n_c and not grad:               # with the gradient: below, in the same pass
+                positives.common_block(rows, e, m_c, max_b, arg_b)
             pos_r = positives.rest_block(rows, ridx, s_r if n_r else None, max_b, arg_b, grad)
         if not grad:
             continue
@@ -225,11 +225,11 @@ def _engine(
                 key_c.addmm_(e.t(), zb * a[0][:, None], alpha=a_max)
             else:
                 t = torch.mm(a.t(), wc, out=tbuf[: r1 - r0])              # sum_l a_li w_lk
-                e.mul_(t)
-                if positives is not None:                                 # + c_i q_ij / a_max
-                    positives.common_grad(e, 1.0 / a_max)
-                dz[rows] += torch.mm(e, zc).mul_(scale * a_max)
-                key_c.addmm_(e.t(), zb, alpha=a_max)
+                t.mul_(e)                    # t = the gradient block; e keeps the forward values
+                if positives is not None:    # their sums, and + c_i q_ij / a_max into t
+                    positives.common_block(rows, e, m_c, max_b, arg_b, t, 1.0 / a_max)
+                dz[rows] += torch.mm(t, zc).mul_(scale * a_max)
+                key_c.addmm_(t.t(), zb, alpha=a_max)
         if n_r:
             p_r = exp_shifted_(v_r - rel[:, :, None])                     # v_r - rel <= 0
             p_r = torch.where(nz[:, :, None], g[:, :, None] * p_r, torch.zeros_like(p_r)).sum(0)

@@ -71,7 +71,6 @@ class BlockPositives:
             self.handled.append(ok)
         self._scale = scale
         self._tie_unit = None
-        self._pending: list = []
 
     def _tie(self, rows, row_max_b):
         """``_contrastive_pairs._tie_bound`` of the block's rows (their maxima row_max_b)."""
@@ -81,49 +80,64 @@ class BlockPositives:
         return self._tie_unit[rows] + torch.finfo(self.z.dtype).eps * row_max_b.abs()
 
     # ---- forward: common keys
-    def common_block(self, rows, e, m_c, max_b, arg_b, want_grad: bool):
-        """rows [b] (original ids) of the block; e [b, n_c] = exp(s - m_c) (unmodified)."""
-        self._pending = []
+    def common_block(self, rows, e, m_c, max_b, arg_b, target=None, inv_norm: float = 1.0):
+        """Sums of the block's positives with a common key, into T and Q.
+
+        rows [b] (original ids); e [b, n_c] = exp(s - m_c), the forward values; target: the
+        block's gradient matrix (E * weights, normalised by 1 / inv_norm), which gets the
+        positives' coefficients c_i q_ij * inv_norm added in place (no copy of q is kept)."""
         for lev, ok in enumerate(self.handled):
             if not ok:
                 continue
             g = self.gid[lev, rows]
             f = torch.exp(m_c - max_b[lev]).clamp_(max=1.0)         # 1 when the max is common
             cnt = torch.where(g >= 0, self.count[lev][g.clamp(min=0)], torch.zeros_like(g))
-            exact = f == 1.0
-            big = (cnt >= SLICE_GROUP) & exact
+            big = (cnt >= SLICE_GROUP) & (f == 1.0)
             t_row = torch.zeros(rows.numel(), dtype=e.dtype, device=e.device)
             q_row = torch.zeros_like(t_row)
-            coef = None if not want_grad else self.pos_coef[lev, rows]
+            coef = None if target is None else self.pos_coef[lev, rows] * inv_norm
             for grp in torch.unique(g[big]).tolist():
                 loc = ((g == grp) & big).nonzero().squeeze(1)
-                self._slice(lev, grp, loc, rows, e, t_row, q_row, coef)
+                self._slice(lev, grp, loc, rows, e, t_row, q_row, coef, target)
             small = ((cnt > 0) & ~big).nonzero().squeeze(1)
             if small.numel():
                 self._pairs(lev, small, cnt, g, rows, e, f, max_b[lev], arg_b[lev],
-                            t_row, q_row, coef)
+                            t_row, q_row, coef, target)
             self.T[lev, rows] += t_row
             self.Q[lev, rows] += q_row
 
-    def _slice(self, lev, grp, loc, rows, e, t_row, q_row, coef):
+    def _slice(self, lev, grp, loc, rows, e, t_row, q_row, coef, target):
+        """One group's rows x its common keys as a 2-D slice of the block (f = 1, so
+        x = exp(s - M) exactly). Passes: x + eps, x / that, log of it in place, two row sums,
+        one addcmul into the target."""
         c0 = int(self.start[lev][grp])
         c1 = c0 + int(self.count[lev][grp])
         r0, r1 = int(loc[0]), int(loc[-1]) + 1
         rsel = slice(r0, r1) if r1 - r0 == loc.numel() else loc
-        x = e[rsel, c0:c1]                                    # f = 1: x = exp(s - M) exactly
-        t = torch.log(x + OFFICIAL_EPS)
-        q = x / (x + OFFICIAL_EPS)
-        if not self.include_self:
+        x = e[rsel, c0:c1]
+        den = x + OFFICIAL_EPS
+        q = torch.div(x, den)
+        t_sum = torch.log_(den).sum(1)
+        q_sum = q.sum(1)
+        if not self.include_self:                   # take the row's own key back out
             cp = self.cpos[rows[loc]] - c0
             mine = ((cp >= 0) & (cp < c1 - c0)).nonzero().squeeze(1)
-            t[mine, cp[mine]] = 0.0
-            q[mine, cp[mine]] = 0.0
-        t_row[loc] += t.sum(1)
-        q_row[loc] += q.sum(1)
-        if coef is not None:
-            self._pending.append(("slice", rsel, c0, c1, q.mul_(coef[loc][:, None])))
+            if mine.numel():
+                x_self = x[mine, cp[mine]]
+                t_sum[mine] -= torch.log(x_self + OFFICIAL_EPS)
+                q_sum[mine] -= x_self / (x_self + OFFICIAL_EPS)
+                q[mine, cp[mine]] = 0.0
+        t_row[rsel] += t_sum
+        q_row[rsel] += q_sum
+        if target is not None:
+            c = coef[rsel][:, None]
+            if isinstance(rsel, slice):
+                target[rsel, c0:c1].addcmul_(q, c)
+            else:
+                target[rsel, c0:c1] += q * c
 
-    def _pairs(self, lev, small, cnt, g, rows, e, f, row_max, arg_max, t_row, q_row, coef):
+    def _pairs(self, lev, small, cnt, g, rows, e, f, row_max, arg_max, t_row, q_row, coef,
+               target):
         """Explicit (row, key) lists for small groups and for rows whose max is not common."""
         ne = cnt[small]
         r = torch.repeat_interleave(small, ne)
@@ -143,21 +157,12 @@ class BlockPositives:
             xo = _consistent_with_max(xo, r[odd], self.cidx[col[odd]], self.z, row_max,
                                       arg_max, self._tie(rows, row_max))
             x[odd] = exp_shifted_(xo)
-        t = torch.log(x + OFFICIAL_EPS)
-        q = x / (x + OFFICIAL_EPS)
-        t_row.index_add_(0, r, t)
+        den = x + OFFICIAL_EPS
+        q = torch.div(x, den)
+        t_row.index_add_(0, r, torch.log_(den))
         q_row.index_add_(0, r, q)
-        if coef is not None:
-            self._pending.append(("flat", flat, None, None, q.mul_(coef[r])))
-
-    def common_grad(self, e_grad, inv_norm: float) -> None:
-        """Add the block's positive coefficients c_i q_ij * inv_norm into the gradient matrix."""
-        for kind, loc, c0, c1, val in self._pending:
-            if kind == "slice":
-                e_grad[loc, c0:c1] += val.mul_(inv_norm)
-            else:
-                e_grad.view(-1).index_add_(0, loc, val.mul_(inv_norm))
-        self._pending = []
+        if target is not None:
+            target.view(-1).index_add_(0, flat, q.mul_(coef[r]))
 
     def coef_max(self, rows) -> float:
         if self.pos_coef is None:
