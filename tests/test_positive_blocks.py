@@ -37,7 +37,7 @@ def _count_pair_passes(monkeypatch):
 def test_key_order_makes_nested_levels_contiguous():
     gen = torch.Generator().manual_seed(0)
     y = torch.randint(0, 12, (200,), generator=gen)
-    gid = torch.stack([y, y // 3, y // 6])
+    gid = torch.stack([y // 3, y, y // 6])                  # in any level order
     order = key_order(gid)
     for lev in range(3):
         g = gid[lev, order]
@@ -51,9 +51,11 @@ def test_handled_levels_nested_and_not():
     common = torch.ones(120, dtype=torch.bool)
     nested = BlockPositives(z, torch.stack([y, y // 2]), [8, 4], True, None, 1.0, common)
     assert nested.handled == [True, True]
-    other = torch.randint(0, 3, (120,), generator=gen)
+    other = torch.randint(0, 3, (120,), generator=gen)      # fewer, bigger groups: costlier
     mixed = BlockPositives(z, torch.stack([y, other]), [8, 3], True, None, 1.0, common)
-    assert mixed.handled == [False, True]          # the order sorts by the last level first
+    assert mixed.handled == [False, True]
+    swapped = BlockPositives(z, torch.stack([other, y]), [3, 8], True, None, 1.0, common)
+    assert swapped.handled == [True, False]        # the costliest level wins, wherever it is
 
 
 def _grads(fn, z, protos):

@@ -18,8 +18,9 @@ level-specific key holds the max; f_i < 1), a positive can tie it only as a bitw
 the arg-max row: those rows go through explicit pair lists with ``_consistent_with_max``, as
 the level-specific (rest) keys do.
 
-A level whose label groups are not contiguous in the one key order (levels that do not nest:
-the order sorts by the last level first) is left to ``positive_pairs``; ``handled`` says which.
+A level whose label groups are not contiguous in the one key order (levels that do not nest;
+the order favours the level with the most positive pairs) is left to ``positive_pairs``;
+``handled`` says which.
 """
 from __future__ import annotations
 
@@ -32,10 +33,13 @@ SLICE_GROUP = 64        # groups with at least this many common keys are read as
 
 
 def key_order(gid: torch.Tensor) -> torch.Tensor:
-    """Stable lexicographic order of the rows by (gid[L-1], ..., gid[0]): for nested levels
-    every level's groups are contiguous."""
+    """Stable lexicographic order of the rows by their group ids, the level with the most
+    positive pairs (sum_c n_c^2) most significant: that level's groups are always contiguous,
+    and for nested levels (the costliest is then the coarsest) every level's are."""
+    cost = [float((torch.bincount(g[g >= 0]).double() ** 2).sum()) if bool((g >= 0).any())
+            else 0.0 for g in gid]
     order = torch.arange(gid.shape[1], device=gid.device)
-    for lev in range(gid.shape[0]):
+    for lev in sorted(range(gid.shape[0]), key=lambda lev: cost[lev]):
         order = order[torch.argsort(gid[lev, order], stable=True)]
     return order
 
