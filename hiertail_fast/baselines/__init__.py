@@ -5,6 +5,7 @@ stopping, metrics, seeds and ``--json`` as HierTail. Landed: ``origin``, ``rewei
 ``oversampling``, ``smote``, ``embed_smote``, ``graphsmote_t``, ``graphsmote_o`` — all in
 O(n·F + n·h + |E|) memory (GraphSMOTE's reconstruction loss still takes O(n²·h) time).
 """
+from hiertail_fast.baselines import graphens as _graphens  # noqa: F401 (registers graphens)
 from hiertail_fast.baselines import graphsmote as _graphsmote  # noqa: F401 (registers _T, _O)
 from hiertail_fast.baselines.config import BaselineConfig
 from hiertail_fast.baselines.harness import run_baseline_seeds, train_baseline
