@@ -245,3 +245,14 @@ def test_graphens_defaults_are_the_official_ones():
     assert (d["hidden"], d["keep_prob"], d["pred_temp"], d["warmup_epochs"]) == (256, 0.01, 2.0, 1)
     assert (d["lr"], d["weight_decay"], d["dropout"]) == (0.01, 5e-4, 0.5)
     assert "adj_norm" not in d and BaselineConfig().hidden == 64
+
+
+def test_graphens_runs_on_every_device(tiny, device):
+    g, graph = tiny
+    train = torch.cat([torch.nonzero(g.y == c).flatten()[:k] for c, k in enumerate((9, 5, 2, 1))])
+    ctx = MethodContext(g.x.to(device), g.y.to(device), graph.to(device), train.to(device), 4,
+                        torch.Generator().manual_seed(1))
+    m = build_method(ctx, BaselineConfig(method="graphens", hidden=8, keep_prob=0.1)).to(device)
+    for _ in range(3):                                   # warmup, then sampling + saliency
+        m.train_loss().backward()
+    assert m.predict().shape == (g.num_nodes, 4) and m._saliency.device.type == device

@@ -198,3 +198,15 @@ def test_imgagn_bad_build_and_defaults(tiny):
     assert m.num_synthetic == 0 and not m.blocks
     m.train_loss().backward()
     assert m.discriminator_steps == 1
+
+
+def test_imgagn_runs_on_every_device(tiny, device):
+    g, graph = tiny
+    train = torch.cat([torch.nonzero(g.y == c).flatten()[:k] for c, k in enumerate(COUNTS)])
+    ctx = MethodContext(g.x.to(device), g.y.to(device), graph.to(device), train.to(device), 5,
+                        torch.Generator().manual_seed(1))
+    m = build_method(ctx, BaselineConfig(method="imgagn", hidden=8, disc_steps=1,
+                                         gen_adv_grad=True)).to(device)
+    for _ in range(3):                                   # D, G, new cycle + D
+        m.train_loss().backward()
+    assert m.predict().shape == (g.num_nodes, 5) and m.gen_weights()[0].device.type == device
