@@ -22,8 +22,15 @@ METHOD_FIELDS: dict[str, tuple[str, ...]] = {
     "embed_smote": _COMMON + ("classifier", "im_class_num", "up_scale", "smote_lambda"),
     "graphsmote_t": _COMMON + _SMOTE + ("rec_weight",),
     "graphsmote_o": _COMMON + _SMOTE + ("rec_weight", "edge_grad"),
+    # own official aggregation D^-1(A+I) (no adj_norm), own architecture (no classifier)
+    "graphens": ("hidden", "dropout", "lr", "weight_decay", "keep_prob", "pred_temp",
+                 "warmup_epochs"),
+    "imgagn": ("hidden", "dropout", "lr", "weight_decay", "im_class_num", "disc_steps",
+               "gen_ratio", "gen_adv_grad"),
 }
 DEFAULT_CLASSIFIER = {"embed_smote": "mlp"}   # §2.5: a Linear layer on the embeddings
+# hidden size where the method's official code differs from the harness's 64 (§2.9, §2.10)
+DEFAULT_HIDDEN = {"graphens": 256, "imgagn": 128}
 # field -> (faithful value, what the other values are)
 FAITHFUL = {
     "adj_norm": ("none", "none: unnormalised A+I, sum aggregation (the HierTail copy, §1.1); "
@@ -32,6 +39,9 @@ FAITHFUL = {
                          "True: the node loss reaches the edge generator (paper, --opt_new_G)"),
     "smote_lambda": ("class", "class: one λ ~ U(0,1) per tail class per round (official, §1.5); "
                               "node: one λ per synthetic node (SMOTE / GraphSMOTE papers)"),
+    "gen_adv_grad": (False, "False: the generator's adversarial terms see detached features, "
+                            "so only the feature distance trains it (official, §2.9 [BUG]); "
+                            "True: they reach the generator (recommended)"),
 }
 _CHOICES = {"adj_norm": ("none", "row"), "smote_lambda": ("class", "node"),
             "classifier": ("gnn", "mlp")}
@@ -41,7 +51,8 @@ _CHOICES = {"adj_norm": ("none", "row"), "smote_lambda": ("class", "node"),
 class BaselineConfig:
     """One baseline run's configuration.
 
-    method: one of `METHOD_FIELDS`. hidden: embedding size h (64: Email / Wiki / BlogCatalog).
+    method: one of `METHOD_FIELDS`. hidden: embedding size h (None: 64, the paper's Email / Wiki /
+    BlogCatalog size; graphens 256 and imgagn 128, their official codes' sizes).
     dropout: after every ReLU (0.5). lr, weight_decay: Adam (0.01, 5e-4).
     im_class_num: the tail classes are the last ``im_class_num`` labels (3).
     up_scale: synthetic-node rule (§1.5; 1: one per tail training node; 0: up to the average
@@ -51,10 +62,16 @@ class BaselineConfig:
     method's own (mlp for embed_smote, gnn otherwise; GraphSMOTE: gnn only).
     rec_weight: GraphSMOTE's weight rw of the edge-reconstruction loss (1e-6).
     edge_grad: GraphSMOTE_O only: keep the gradient of the synthetic edge weights (False).
+    keep_prob, pred_temp, warmup_epochs: GraphENS (§2.10): the saliency mask keeps
+    ⌊F·keep_prob⌋ features (0.01), the prediction temperature τ (2), the epochs of plain mixup
+    with copied neighbours before neighbour sampling starts (1).
+    disc_steps, gen_ratio, gen_adv_grad: ImGAGN (§2.9): discriminator epochs per generator epoch
+    (100, official ``epochs``), generated nodes per tail class = ⌊gen_ratio·max_c n_c⌋ − n_c (1,
+    official ``ratio_generated``), adversarial gradient to the generator (False, faithful).
     """
 
     method: str = "origin"
-    hidden: int = 64
+    hidden: int | None = None
     dropout: float = 0.5
     lr: float = 0.01
     weight_decay: float = 5e-4
@@ -65,18 +82,27 @@ class BaselineConfig:
     classifier: str | None = None
     rec_weight: float = 1e-6
     edge_grad: bool = False
+    keep_prob: float = 0.01
+    pred_temp: float = 2.0
+    warmup_epochs: int = 1
+    disc_steps: int = 100
+    gen_ratio: float = 1.0
+    gen_adv_grad: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in METHOD_FIELDS:
             raise ValueError(f"unknown baseline method {self.method!r}; "
                              f"choose from {sorted(METHOD_FIELDS)}")
-        for name in ("hidden", "im_class_num"):
+        if self.hidden is None:      # frozen dataclass: resolve the per-method default once
+            object.__setattr__(self, "hidden", DEFAULT_HIDDEN.get(self.method, 64))
+        for name in ("hidden", "im_class_num", "warmup_epochs", "disc_steps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise TypeError(f"{name} must be an int, got {type(v).__name__}")
             if v < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
-        for name in ("dropout", "lr", "weight_decay", "up_scale", "rec_weight"):
+        for name in ("dropout", "lr", "weight_decay", "up_scale", "rec_weight", "keep_prob",
+                     "pred_temp", "gen_ratio"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise TypeError(f"{name} must be a number, got {type(v).__name__}")
@@ -102,6 +128,15 @@ class BaselineConfig:
             raise TypeError(f"edge_grad must be a bool, got {type(self.edge_grad).__name__}")
         if self.edge_grad and self.method != "graphsmote_o":
             raise ValueError("edge_grad only applies to graphsmote_o (continuous edge weights)")
+        if not 0.0 < self.keep_prob <= 1.0:
+            raise ValueError(f"keep_prob must lie in (0, 1], got {self.keep_prob}")
+        for name in ("pred_temp", "gen_ratio"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not isinstance(self.gen_adv_grad, bool):
+            raise TypeError(f"gen_adv_grad must be a bool, got {type(self.gen_adv_grad).__name__}")
+        if self.gen_adv_grad and self.method != "imgagn":
+            raise ValueError("gen_adv_grad only applies to imgagn (its generator)")
         if self.method.startswith("graphsmote") and self.classifier == "mlp":
             raise ValueError("GraphSMOTE's classifier is always the GNN classifier (§2.6); "
                              "classifier='mlp' does not apply")

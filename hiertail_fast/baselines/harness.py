@@ -58,7 +58,7 @@ def train_baseline(
     gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
     ctx = MethodContext(x, y, graph, train_idx, int(data.num_classes), gen)
     model = build_method(ctx, cfg).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = torch.optim.Adam(model.param_groups(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     y_val, y_test = y[val_idx].cpu(), y[test_idx].cpu()
 
     def step():
