@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 CSV_COLUMNS = ("method", "nodes", "edges", "epoch_seconds", "peak_memory_bytes", "device",
-               "loss_dtype", "status")
+               "loss_dtype", "status", "once_seconds")
 OUTPUT_NAMES = ("scale.csv", "scale.json", "scale.png")
 
 
@@ -20,8 +20,10 @@ def format_row(row: dict) -> str:
     secs, mem = row["epoch_seconds"], row["peak_memory_bytes"]
     secs = f"{float(secs):10.4f}" if secs != "" else f"{'-':>10}"
     mem = f"{float(mem) / 1e6:12.1f}" if mem != "" else f"{'-':>12}"
+    once = row.get("once_seconds", "")
+    once = f" (+ after-loop stages once: {float(once):.3f} s)" if once != "" else ""
     return (f"{row['method']:<19}{row['nodes']:>9}{str(row['edges']):>11}{secs}{mem}  "
-            f"{row['device']:<8} {row['status']}")
+            f"{row['device']:<8} {row['status']}{once}")
 
 
 def table(rows: list[dict]) -> str:

@@ -1,6 +1,13 @@
 """One (method, size) run of bench/scale.py, in the fresh subprocess that ``scale.py --worker``
 starts: builds the synthetic graph, the model and its optimiser, times the training epochs and
-measures their peak memory (see the scale.py docstring for what peak_memory_bytes means)."""
+measures their peak memory (see the scale.py docstring for what peak_memory_bytes means).
+
+A harness baseline (any ``hiertail_fast.baselines.METHODS`` name) trains as
+``python -m hiertail_fast.train --method NAME`` does: its epoch is one step on
+``train_loss()`` (default `BaselineConfig`, --hidden). A baseline with stages after the loop
+(``after_fit``: LTE4G's prototypes, experts and students) runs them once after the timed epochs,
+with one epoch per stage loop (`ONCE_SCHEDULE`): their seconds are ``once_seconds`` and their
+memory counts in the peak."""
 from __future__ import annotations
 
 import math
@@ -9,6 +16,8 @@ import statistics
 import time
 
 RUN_SECONDS = 120.0  # timed epochs stop once this much is spent (at least one)
+OWN_METHODS = ("hiertail", "hiertail-reference", "gcn")
+ONCE_SCHEDULE = {"expert_ep": 1, "curriculum_ep": 1}   # the after-loop stages: 1 epoch per loop
 
 
 def _proc_status_bytes(field: str) -> int:
@@ -84,8 +93,27 @@ def _malloc_trim() -> None:
         pass
 
 
+def _baseline(method: str, x, y, graph, split, num_classes: int, spec: dict):
+    """(model, its once-stages or None) of a harness baseline on this graph."""
+    import torch
+
+    from hiertail_fast.baselines import BaselineConfig, MethodContext, build_method
+    from hiertail_fast.baselines.config import METHOD_FIELDS
+    from hiertail_fast.baselines.methods import BaselineMethod
+
+    once = {k: v for k, v in ONCE_SCHEDULE.items() if k in METHOD_FIELDS[method]}
+    cfg = BaselineConfig(method=method, hidden=spec["hidden"], **once)
+    ctx = MethodContext(x, y, graph, split[0], num_classes,
+                        torch.Generator().manual_seed(spec["seed"]))
+    model = build_method(ctx, cfg)
+    if type(model).after_fit is BaselineMethod.after_fit:
+        return model, None
+    return model, lambda: model.after_fit(split[1], epochs=1)
+
+
 def _setup(spec: dict, nodes: int):
-    """Graph, model and optimiser of one run; returns (epoch function, edges, losses list)."""
+    """Graph, model and optimiser of one run; returns (epoch function, edges, losses list,
+    once-stages function or None)."""
     import torch
 
     from hiertail_fast.data.splits import natural_split
@@ -96,23 +124,31 @@ def _setup(spec: dict, nodes: int):
     torch.manual_seed(spec["seed"])
     data = make_synthetic_graph(nodes, spec["classes"], avg_degree=spec["avg_degree"],
                                 num_features=spec["features"], seed=spec["seed"])
-    train_idx = natural_split(data.y, spec["seed"])[0].to(device)
+    split = [t.to(device) for t in natural_split(data.y, spec["seed"])]
+    train_idx = split[0]
     # as the official loader leaves it: symmetric, deduplicated, one unit self-loop a node
     graph = prepare_graph(data.edge_index, nodes).to(device)
     x, y = data.x.to(device), data.y.to(device)
-    model, loss_fn = build_model(spec["method"], x.shape[1], int(data.num_classes), spec)
+    once = None
+    if spec["method"] in OWN_METHODS:
+        model, loss_fn = build_model(spec["method"], x.shape[1], int(data.num_classes), spec)
+        forward = lambda: loss_fn(model(x, graph), y, train_idx)  # noqa: E731
+    else:
+        model, once = _baseline(spec["method"], x, y, graph, split, int(data.num_classes), spec)
+        forward = lambda: model.train_loss()  # noqa: E731
     model = model.to(device).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     losses: list[float] = []
 
     def epoch() -> None:
+        model.train()
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x, graph), y, train_idx)
+        loss = forward()
         loss.backward()
         optimizer.step()
         losses.append(loss.item())  # .item() synchronises: the time includes the kernels
 
-    return epoch, graph.num_edges - nodes, losses
+    return epoch, graph.num_edges - nodes, losses, once
 
 
 def run_worker(spec: dict) -> dict:
@@ -127,11 +163,15 @@ def run_worker(spec: dict) -> dict:
     if device.type == "cpu" and spec["cpu_memory"] == "rss":
         # Prime: one epoch on a tiny graph faults in code pages, thread pools and lazily loaded
         # libraries (~170 MB of RSS on first use), so that the baseline below holds them.
-        _setup(spec, max(2 * spec["classes"], 200))[0]()
+        primer = _setup(spec, max(2 * spec["classes"], 200))
+        primer[0]()
+        if primer[3] is not None:
+            primer[3]()
+        del primer
     gc.collect()
     _malloc_trim()
     baseline_rss = _proc_status_bytes("VmRSS")
-    epoch, edges, losses = _setup(spec, spec["nodes"])
+    epoch, edges, losses, once = _setup(spec, spec["nodes"])
     gc.collect()
     _malloc_trim()  # drop the generator's freed temporaries from the resident set
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -156,15 +196,23 @@ def run_worker(spec: dict) -> dict:
         epoch()
         sync()
         times.append(time.perf_counter() - start)
+    once_seconds = ""
+    if once is not None:
+        start = time.perf_counter()
+        once()
+        sync()
+        once_seconds = time.perf_counter() - start
     name = "cpu"
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device)
         name = f"cuda ({torch.cuda.get_device_name(device)})"
     elif spec["cpu_memory"] == "tracked":
         peak = _tracked_peak(epoch)
+        if once is not None:
+            peak = max(peak, _tracked_peak(once))
     else:  # without the reset, VmHWM is the whole process's peak: report it as such
         peak = _proc_status_bytes("VmHWM") - (baseline_rss if hwm_reset else 0)
     return {"edges": edges, "epoch_seconds": statistics.median(times),
             "peak_memory_bytes": int(peak), "device": name, "timed_epochs": len(times),
-            "warmup_epochs": warmed,
+            "warmup_epochs": warmed, "once_seconds": once_seconds,
             "status": "ok" if all(map(math.isfinite, losses)) else "ok (non-finite loss)"}

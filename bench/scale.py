@@ -10,6 +10,16 @@ method, a few epochs (forward + backward + Adam step):
     hiertail-reference  the same model with loss_backend="reference" (dense N x N losses, as the
                         official code computes them)
     gcn                 a 2-layer GCN (GCNConv, improved=True) on the same graph and loop
+    any harness baseline (``python -m hiertail_fast.train --method NAME``: lte4g, graphsmote_t,
+                        origin, ...; every name in hiertail_fast.baselines.METHODS, so methods
+                        added there later work here unchanged), default config, --hidden; its
+                        epoch is one step on the method's train_loss. Stages after the loop
+                        (LTE4G's prototypes, 4 experts and 2 students) run once after the timed
+                        epochs with one epoch per stage loop: their seconds are the CSV's
+                        once_seconds, their memory counts in peak_memory_bytes.
+
+The default --methods are the first three; e.g. the paper's comparison with LTE4G and the
+heaviest common baseline: --methods hiertail gcn lte4g graphsmote_t.
 
 Every (method, size) runs in a FRESH subprocess (`--worker`), so that no run's memory leaks
 into or hides another's. peak_memory_bytes is:
@@ -58,14 +68,14 @@ from _scale_report import (
     table,
     write_outputs,
 )
-from _scale_worker import RUN_SECONDS, run_worker
+from _scale_worker import OWN_METHODS, RUN_SECONDS, run_worker
 from _scale_worker import _setup as _setup
 from _scale_worker import _tracked_peak as _tracked_peak
 from _scale_worker import build_model as build_model
 
 from hiertail_fast._files import unwritable_dir_reason, unwritable_file_reason
 
-METHODS = ("hiertail", "hiertail-reference", "gcn")
+METHODS = OWN_METHODS   # the default --methods; any harness baseline is accepted too
 RESULT_TAG = "SCALE_RESULT "
 GB = 1e9
 DEFAULT_CPU_BUDGET = 4 * GB  # the default run must stay within 4 GB on the 2-core CI machine
@@ -81,6 +91,22 @@ REF_BYTES_PER_PAIR = 33.0
 BYTES_PER_NODE_CHANNEL = 4 * 12
 BYTES_PER_EDGE = 48
 FIXED_BYTES = 64e6
+# Baselines whose time or memory is not linear + fixed: (time exponent for the one-point
+# extrapolation, extra fixed bytes). GraphSMOTE's L_rec is O(n²·h) time over 16 MB row blocks
+# (P, its gradient and temporaries); LTE4G's similar-node search forms 16 MB cosine blocks.
+# Any other baseline: linear time, the linear memory model (measured runs raise both).
+BASELINE_SCALING = {"graphsmote_t": (2.0, 3 * 16e6), "graphsmote_o": (2.0, 3 * 16e6),
+                    "lte4g": (1.0, 3 * 16e6)}
+
+
+def baseline_methods() -> tuple[str, ...]:
+    """The harness's baseline names (imports torch: only called to check --methods)."""
+    from hiertail_fast.baselines import METHODS as registry
+    return tuple(sorted(registry))
+
+
+def time_exponent(method: str) -> float:
+    return BASELINE_SCALING.get(method, (1.0, 0.0))[0]
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -110,8 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=_positive_int, default=100_000,
                    help="largest graph; sizes 100, 1k, 10k, ... up to it (default 100000)")
     p.add_argument("--sizes", type=_positive_int, nargs="+", help="explicit sizes (override)")
-    p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), metavar="M",
-                   help=f"any of {', '.join(METHODS)} (default: all)")
+    p.add_argument("--methods", nargs="+", default=list(METHODS), metavar="M",
+                   help=f"{', '.join(METHODS)} (the default) or any harness baseline "
+                        "(python -m hiertail_fast.train --method NAME: lte4g, graphsmote_t, ...)")
     p.add_argument("--classes", type=_positive_int, default=70)
     p.add_argument("--avg-degree", type=_positive_float, default=10.0)
     p.add_argument("--features", type=_positive_int, default=128)
@@ -159,6 +186,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      "(every class needs a node)")
     args.sizes = sizes
     args.methods = list(dict.fromkeys(args.methods))
+    unknown = [m for m in args.methods if m not in METHODS]
+    if unknown:
+        allowed = (*METHODS, *baseline_methods())
+        bad = [m for m in unknown if m not in allowed]
+        if bad:
+            parser.error(f"argument --methods: invalid choice: {bad[0]!r} (choose from "
+                         f"{', '.join(allowed)})")
     for target in [args.out, *(args.out / name for name in OUTPUT_NAMES)]:
         problem = (unwritable_dir_reason(target) if target == args.out
                    else unwritable_file_reason(target))
@@ -204,7 +238,8 @@ def predict_memory(method: str, nodes: int, *, classes: int, features: int, hidd
                    history: list[tuple[int, float]] = ()) -> float:
     """Predicted peak bytes of one run; `history`: (nodes, measured bytes) of smaller runs.
 
-    hiertail / gcn: FIXED + n·(features + hidden)·BYTES_PER_NODE_CHANNEL + E·BYTES_PER_EDGE.
+    hiertail / gcn / baselines: FIXED + n·(features + hidden)·BYTES_PER_NODE_CHANNEL +
+    E·BYTES_PER_EDGE (+ a baseline's BASELINE_SCALING block bytes).
     hiertail-reference: plus REF_BYTES_PER_PAIR·(n + k)^2 per contrastive level over all nodes
     (paper: one level, k = C prototypes; official: two levels, k <= n/C pooled nodes). The
     measured smaller runs, extrapolated (quadratically for the reference), can only raise it.
@@ -214,6 +249,7 @@ def predict_memory(method: str, nodes: int, *, classes: int, features: int, hidd
     if method == "hiertail-reference":
         levels, keys = (1, nodes + classes) if config == "paper" else (2, nodes + nodes // classes)
         predicted += levels * REF_BYTES_PER_PAIR * keys**2
+    predicted += BASELINE_SCALING.get(method, (1.0, 0.0))[1]
     measured = extrapolate(list(history), nodes, 2.0 if method == "hiertail-reference" else 1.0)
     return max(predicted, measured or 0.0)
 
@@ -271,8 +307,8 @@ def sweep(args: argparse.Namespace, budget: float, progress=None) -> list[dict]:
                                   config=args.config, history=mem_hist[method])
             row = {**dict.fromkeys(CSV_COLUMNS, ""), "method": method, "nodes": nodes,
                    "device": args.device, "predicted_memory_bytes": need,
-                   "loss_dtype": "n/a" if method == "gcn" else args.loss_dtype}
-            secs = extrapolate(time_hist[method], nodes, 1.0)
+                   "loss_dtype": args.loss_dtype if method.startswith("hiertail") else "n/a"}
+            secs = extrapolate(time_hist[method], nodes, time_exponent(method))
             warmup, epochs = planned_epochs(secs, args.warmup, args.epochs)
             if method in timed_out:
                 row["status"] = (f"skipped: {timed_out[method]} nodes timed out "

@@ -183,7 +183,9 @@ def test_sparse_forward_matches_dense_reference(tiny, method, norm):
         torch.testing.assert_close(model.predict(), expect, rtol=1e-4, atol=1e-4)
     loss = model.train().train_loss()
     loss.backward()
-    assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters())
+    # every parameter of the loop's stage (LTE4G's experts and students train after it)
+    loop = [p for k, p in model.named_parameters() if not k.startswith(("experts.", "students."))]
+    assert torch.isfinite(loss) and all(p.grad is not None for p in loop)
 
 
 def test_smote_synthetic_nodes_same_seed_same_nodes(tiny):

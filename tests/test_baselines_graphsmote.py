@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hiertail_fast.baselines import BaselineConfig, MethodContext, build_method
+from hiertail_fast.baselines import BaselineConfig, MethodContext, build_method, train_baseline
 from hiertail_fast.baselines import graphsmote as gs
 from hiertail_fast.baselines.layers import adjacency_operator
 from hiertail_fast.baselines.sampling import same_class_nearest_neighbour, smote_interpolate
@@ -141,3 +141,42 @@ def test_graphsmote_bad_configs():
     d = BaselineConfig(method="graphsmote_o").to_dict()
     assert d["faithful"]["edge_grad"]["is_official"] is True
     assert d["rec_weight"] == 1e-6 and d["classifier"] == "gnn"
+
+
+def test_ep_pre_pretrains_encoder_and_decoder_on_recon_loss_only(tiny):
+    g, graph = tiny
+    train = torch.cat([torch.nonzero(g.y == c).flatten()[:4] for c in range(4)])
+
+    def built(ep_pre):
+        torch.manual_seed(0)
+        cfg = BaselineConfig(method="graphsmote_t", hidden=8, dropout=0.0, im_class_num=2,
+                             ep_pre=ep_pre)
+        ctx = MethodContext(g.x, g.y, graph, train, 4, torch.Generator().manual_seed(7))
+        m = build_method(ctx, cfg)
+        return m, torch.optim.Adam(m.parameters(), lr=0.01)
+
+    m, opt = built(3)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    first = gs.recon_loss(m.decoder.embed(m.encoder(g.x, m.adj)), graph)
+    assert m.pretrain(opt) == 3
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, before[k]) == k.startswith("classifier."), k
+    assert gs.recon_loss(m.decoder.embed(m.encoder(g.x, m.adj)), graph) < first
+    assert all(p not in opt.state for p in m.classifier.parameters())   # Adam skipped them
+    # λ stream: one draw per round and pre-training epoch, as the official recon_upsample
+    ref = torch.Generator().manual_seed(7)
+    for _ in range(3 * len(m.rounds)):
+        torch.rand(1, 1, generator=ref, dtype=torch.float64)
+    assert torch.equal(m.ctx.generator.get_state(), ref.get_state())
+    m0, opt0 = built(0)
+    assert m0.pretrain(opt0) == 0
+    res = train_baseline(g, None, BaselineConfig(method="graphsmote_o", hidden=8, ep_pre=2),
+                         epochs=2, seed=0, progress=False)
+    assert res["pretrain_epochs"] == 2
+    assert "pretrain_epochs" not in train_baseline(g, None, BaselineConfig(
+        method="graphsmote_o", hidden=8), epochs=1, seed=0, progress=False)
+    assert BaselineConfig(method="graphsmote_t").to_dict()["ep_pre"] == 0
+    with pytest.raises(ValueError, match="ep_pre"):
+        BaselineConfig(method="graphsmote_t", ep_pre=-1)
+    with pytest.raises(TypeError, match="ep_pre"):
+        BaselineConfig(method="graphsmote_t", ep_pre=2.0)

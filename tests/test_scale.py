@@ -376,3 +376,51 @@ def test_loss_dtype_option_reaches_the_model_and_the_results(tmp_path, monkeypat
     model, _ = scale.build_model("hiertail", 8, 5, {"hidden": 8, "config": "paper",
                                                     "loss_dtype": "float16"})
     assert model.config.loss_dtype == "float16"
+
+
+# ----------------------------------------------------------------------------- baselines
+def test_any_harness_baseline_is_a_method(monkeypatch):
+    args = scale.parse_args(["--methods", "gcn", "lte4g", "graphsmote_t", "--device", "cpu"])
+    assert args.methods == ["gcn", "lte4g", "graphsmote_t"]
+    assert scale.parse_args(["--device", "cpu"]).methods == list(scale.METHODS)
+    # a baseline registered later (graphens, imgagn, ... built elsewhere) needs no edit here
+    from hiertail_fast.baselines import METHODS as registry
+    monkeypatch.setitem(registry, "newcomer", registry["origin"])
+    assert scale.parse_args(["--methods", "newcomer", "--device", "cpu"]).methods == ["newcomer"]
+
+
+def test_baseline_budgets_and_loss_dtype_column(monkeypatch):
+    kw = dict(classes=70, features=128, hidden=128, avg_degree=10.0)
+    lin = [scale.predict_memory("lte4g", n, **kw) for n in (200_000, 400_000)]
+    assert 1.9 < lin[1] / lin[0] <= 2.0                         # linear memory
+    assert scale.predict_memory("graphsmote_t", 1000, **kw) > scale.predict_memory("gcn", 1000,
+                                                                                   **kw)
+    assert scale.time_exponent("graphsmote_t") == 2.0 and scale.time_exponent("origin") == 1.0
+
+    def fake_run(spec, timeout):
+        return {"edges": 10, "epoch_seconds": 10.0, "peak_memory_bytes": 1e6, "status": "ok"}
+
+    monkeypatch.setattr(scale, "run_one", fake_run)
+    args = scale.parse_args(["--sizes", "200", "400", "--methods", "graphsmote_t", "lte4g",
+                             "--time-budget", "100", "--device", "cpu"])
+    rows = scale.sweep(args, budget=1e12)
+    status = {(r["method"], r["nodes"]): r["status"] for r in rows}
+    # 10 s/epoch at 200 nodes: O(n²) GraphSMOTE ~40 s/epoch at 400, 1 + 3 epochs ~160 s
+    # (skipped), linear LTE4G ~20 s/epoch, ~80 s (run)
+    assert status[("graphsmote_t", 400)].startswith("skipped: would take ~160 s")
+    assert status[("lte4g", 400)] == "ok"
+    assert {r["loss_dtype"] for r in rows} == {"n/a"}
+
+
+@pytest.mark.parametrize("method", ["lte4g", "graphsmote_t"])
+def test_worker_runs_baselines_at_tiny_size(method):
+    spec = dict(method=method, nodes=120, classes=6, avg_degree=5.0, features=8, hidden=8,
+                config="paper", epochs=1, warmup=0, device="cpu", seed=0, cpu_memory="rss",
+                threads=None)
+    result = scale.run_worker(spec)
+    assert result["status"] == "ok" and result["timed_epochs"] == 1, result
+    assert result["peak_memory_bytes"] > 0 and result["epoch_seconds"] > 0
+    # LTE4G's prototypes / experts / students ran once after the epochs; GraphSMOTE has none
+    assert (result["once_seconds"] != "") == (method == "lte4g")
+    assert scale.format_row({**dict.fromkeys(scale.CSV_COLUMNS, ""), **result, "method": method,
+                             "nodes": 120}).startswith(method)

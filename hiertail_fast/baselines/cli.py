@@ -25,7 +25,15 @@ _BASELINE_ONLY = {"im_class_num": "--im-class-num", "up_scale": "--up-scale",
                   "keep_prob": "--keep-prob", "pred_temp": "--pred-temp",
                   "warmup_epochs": "--warmup-epochs",
                   "disc_steps": "--disc-steps", "gen_ratio": "--gen-ratio",
-                  "gen_adv_grad": "--gen-adv-grad"}
+                  "gen_adv_grad": "--gen-adv-grad",
+                  "ep_pre": "--ep-pre",
+                  "sep_class": "--sep-class", "sep_degree": "--sep-degree",
+                  "class_weight": "--class-weight", "focal_gamma": "--focal-gamma",
+                  "focal_alpha": "--focal-alpha", "focal": "--focal",
+                  "criterion": "--criterion", "prototype_fill": "--prototype-fill",
+                  "lr_expert": "--lr-expert", "expert_ep": "--expert-ep",
+                  "expert_patience": "--expert-patience", "curriculum_ep": "--curriculum-ep",
+                  "kd_temperature": "--kd-temperature", "kd_reduction": "--kd-reduction"}
 
 
 def add_method_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +64,28 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
                    "floor(ratio * largest training class) - n_c (1)")
     g.add_argument("--gen-adv-grad", action="store_const", const=True, help="imgagn: the "
                    "adversarial terms reach the generator (fix; the official code detaches)")
+    g.add_argument("--ep-pre", type=int, help="graphsmote_t / _o: edge-generator pre-training "
+                   "epochs before the loop (0: HierTail copy; LTE4G's copy: 50)")
+    t = parser.add_argument_group("lte4g (PROTOCOL_AND_BASELINES.md §2.11; LTE4G's defaults)")
+    t.add_argument("--sep-class", help="head/tail classes: pareto_XY (pareto_73)")
+    t.add_argument("--sep-degree", type=int, help="degree >= this + 1 is high (5)")
+    t.add_argument("--class-weight", choices=("on", "off"), help="1/n_c class weights in the "
+                   "encoder's CE (on)")
+    t.add_argument("--focal-gamma", type=float, help="focal γ (1)")
+    t.add_argument("--focal-alpha", type=float, help="focal α without class weights (0.6)")
+    t.add_argument("--focal", choices=("batch", "sample"), help="batch-level p_t (official, "
+                   "default) or per-node p_t (the paper's focal loss)")
+    t.add_argument("--criterion", choices=("mean", "median", "max"), help="prototype fill "
+                   "target (mean)")
+    t.add_argument("--prototype-fill", choices=("official", "gap"), help="similar-node fill: "
+                   "official quirk (default) or the gap the neighbours left")
+    t.add_argument("--lr-expert", type=float, help="experts' and students' lr (0.01)")
+    t.add_argument("--expert-ep", type=int, help="expert epochs (1000; capped at --epochs)")
+    t.add_argument("--expert-patience", type=int, help="expert early stop (300)")
+    t.add_argument("--curriculum-ep", type=int, help="student epochs (500)")
+    t.add_argument("--kd-temperature", type=float, help="distillation temperature T (1)")
+    t.add_argument("--kd-reduction", choices=("mean", "batchmean"), help="KL over elements "
+                   "(official, default) or over nodes")
 
 
 def method_config_from_args(args: argparse.Namespace) -> BaselineConfig | None:
@@ -73,4 +103,6 @@ def method_config_from_args(args: argparse.Namespace) -> BaselineConfig | None:
     over: dict[str, Any] = {k: getattr(args, k)
                             for k in ("hidden", "dropout", "lr", "weight_decay", *_BASELINE_ONLY)
                             if getattr(args, k) is not None}
+    if "class_weight" in over:
+        over["class_weight"] = over["class_weight"] == "on"
     return BaselineConfig(method=args.method, **over)

@@ -1,13 +1,16 @@
 """`BaselineConfig`: the long-tail baselines' hyper-parameters (PROTOCOL_AND_BASELINES.md §1.6, §2).
 
-Defaults are the official harness's (the HierTail copy of the LTE4G baselines) except the learning
-rate, which follows the paper's appendix (0.01; the released code's default is 0.001, §1.4) as the
-HierTail ``paper`` configuration does. Every choice where the official code and the recommended
-fix differ is a field, recorded by `BaselineConfig.to_dict` with whether it is the faithful one.
+Defaults are the official harness's (the HierTail copy of the LTE4G baselines; LTE4G's own code for
+``lte4g``, §2.11) except the learning rate, which follows the paper's appendix (0.01; the released
+code's default is 0.001, §1.4) as the HierTail ``paper`` configuration does. Every choice where the
+official code and the recommended fix differ is a field, recorded by `BaselineConfig.to_dict` with
+whether it is the faithful one (the official value can depend on the method: LTE4G's code
+row-normalises Â, the HierTail copy of the other baselines does not).
 """
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -20,8 +23,12 @@ METHOD_FIELDS: dict[str, tuple[str, ...]] = {
     "oversampling": _COMMON + ("classifier", "im_class_num", "up_scale"),
     "smote": _COMMON + ("classifier", "im_class_num", "up_scale", "smote_lambda"),
     "embed_smote": _COMMON + ("classifier", "im_class_num", "up_scale", "smote_lambda"),
-    "graphsmote_t": _COMMON + _SMOTE + ("rec_weight",),
-    "graphsmote_o": _COMMON + _SMOTE + ("rec_weight", "edge_grad"),
+    "graphsmote_t": _COMMON + _SMOTE + ("rec_weight", "ep_pre"),
+    "graphsmote_o": _COMMON + _SMOTE + ("rec_weight", "ep_pre", "edge_grad"),
+    "lte4g": _COMMON + ("classifier", "sep_class", "sep_degree", "class_weight", "focal_gamma",
+                        "focal_alpha", "focal", "criterion", "prototype_fill", "lr_expert",
+                        "expert_ep", "expert_patience", "curriculum_ep", "kd_temperature",
+                        "kd_reduction"),
     # own official aggregation D^-1(A+I) (no adj_norm), own architecture (no classifier)
     "graphens": ("hidden", "dropout", "lr", "weight_decay", "keep_prob", "pred_temp",
                  "warmup_epochs"),
@@ -42,9 +49,21 @@ FAITHFUL = {
     "gen_adv_grad": (False, "False: the generator's adversarial terms see detached features, "
                             "so only the feature distance trains it (official, §2.9 [BUG]); "
                             "True: they reach the generator (recommended)"),
+    "focal": ("batch", "batch: (1 − p_t)^γ with p_t = exp(−mean CE), one scalar for the batch "
+                       "(LTE4G code, §2.11); sample: per-node p_t (the paper's focal loss)"),
+    "kd_reduction": ("mean", "mean: KL averaged over every (node, class) element (LTE4G code); "
+                             "batchmean: summed over classes, averaged over nodes (the KL)"),
+    "prototype_fill": ("official", "official: the similar-node fill runs while len(resources) "
+                                   "< gap, resources counting the class's own training nodes "
+                                   "(§2.11 (b) quirk); gap: fill what the neighbours left"),
 }
+# (method, field) -> the official value where it differs from FAITHFUL's.
+METHOD_OFFICIAL = {("lte4g", "adj_norm"): "row"}   # LTE4G's embedder: adj_norm_1 = D^-1(A+I)
 _CHOICES = {"adj_norm": ("none", "row"), "smote_lambda": ("class", "node"),
-            "classifier": ("gnn", "mlp")}
+            "classifier": ("gnn", "mlp"), "focal": ("batch", "sample"),
+            "kd_reduction": ("mean", "batchmean"), "prototype_fill": ("official", "gap"),
+            "criterion": ("mean", "median", "max")}
+_SEP_CLASS = re.compile(r"pareto_[1-9][1-9]")
 
 
 @dataclass(frozen=True)
@@ -57,7 +76,8 @@ class BaselineConfig:
     im_class_num: the tail classes are the last ``im_class_num`` labels (3).
     up_scale: synthetic-node rule (§1.5; 1: one per tail training node; 0: up to the average
     class size); re-weighting's tail weight is 1 + up_scale.
-    adj_norm: "none" (faithful) or "row" (D^-1(A+I)). smote_lambda: "class" (faithful) or "node".
+    adj_norm: "none" or "row" (D^-1(A+I)); None: the method's official one (row for lte4g, none
+    otherwise). smote_lambda: "class" (faithful) or "node".
     classifier: "gnn" (GraphConv + ReLU + dropout + Linear) or "mlp" (Linear); None: the
     method's own (mlp for embed_smote, gnn otherwise; GraphSMOTE: gnn only).
     rec_weight: GraphSMOTE's weight rw of the edge-reconstruction loss (1e-6).
@@ -68,6 +88,17 @@ class BaselineConfig:
     disc_steps, gen_ratio, gen_adv_grad: ImGAGN (§2.9): discriminator epochs per generator epoch
     (100, official ``epochs``), generated nodes per tail class = ⌊gen_ratio·max_c n_c⌋ − n_c (1,
     official ``ratio_generated``), adversarial gradient to the generator (False, faithful).
+    ep_pre: GraphSMOTE: epochs of edge-generator pre-training (L_rec only, encoder + decoder)
+    before the loop (0: HierTail copy / HeroLT; LTE4G's copy: 50, §1.6).
+
+    LTE4G (§2.11; LTE4G ``arg.py`` defaults): sep_class "pareto_XY" (head ≈ X/(X+Y) of the
+    classes; "pareto_73"), sep_degree (5: degree ≥ 6 is high), class_weight (True: CE weighted
+    1/n_c), focal_gamma γ (1), focal_alpha α (0.6, only without class_weight), focal ("batch"
+    official / "sample"), criterion of the prototype fill ("mean"), prototype_fill ("official" /
+    "gap"), lr_expert (0.01), expert_ep (1000; also capped at the loop's epochs, as the official
+    ``epoch + 1 == args.ep`` test does), expert_patience (300: stop once 300 epochs passed the
+    first max), curriculum_ep (500 student epochs, no early stop), kd_temperature T (1),
+    kd_reduction ("mean" official / "batchmean").
     """
 
     method: str = "origin"
@@ -77,7 +108,7 @@ class BaselineConfig:
     weight_decay: float = 5e-4
     im_class_num: int = 3
     up_scale: float = 1.0
-    adj_norm: str = "none"
+    adj_norm: str | None = None
     smote_lambda: str = "class"
     classifier: str | None = None
     rec_weight: float = 1e-6
@@ -88,6 +119,21 @@ class BaselineConfig:
     disc_steps: int = 100
     gen_ratio: float = 1.0
     gen_adv_grad: bool = False
+    ep_pre: int = 0
+    sep_class: str = "pareto_73"
+    sep_degree: int = 5
+    class_weight: bool = True
+    focal_gamma: float = 1.0
+    focal_alpha: float = 0.6
+    focal: str = "batch"
+    criterion: str = "mean"
+    prototype_fill: str = "official"
+    lr_expert: float = 0.01
+    expert_ep: int = 1000
+    expert_patience: int = 300
+    curriculum_ep: int = 500
+    kd_temperature: float = 1.0
+    kd_reduction: str = "mean"
 
     def __post_init__(self) -> None:
         if self.method not in METHOD_FIELDS:
@@ -95,14 +141,17 @@ class BaselineConfig:
                              f"choose from {sorted(METHOD_FIELDS)}")
         if self.hidden is None:      # frozen dataclass: resolve the per-method default once
             object.__setattr__(self, "hidden", DEFAULT_HIDDEN.get(self.method, 64))
-        for name in ("hidden", "im_class_num", "warmup_epochs", "disc_steps"):
+        for name, low in (("hidden", 1), ("im_class_num", 1), ("ep_pre", 0), ("sep_degree", 0),
+                          ("expert_ep", 1), ("expert_patience", 1), ("curriculum_ep", 1),
+                          ("warmup_epochs", 1), ("disc_steps", 1)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-            if v < 1:
-                raise ValueError(f"{name} must be >= 1, got {v}")
-        for name in ("dropout", "lr", "weight_decay", "up_scale", "rec_weight", "keep_prob",
-                     "pred_temp", "gen_ratio"):
+            if v < low:
+                raise ValueError(f"{name} must be >= {low}, got {v}")
+        for name in ("dropout", "lr", "weight_decay", "up_scale", "rec_weight", "focal_gamma",
+                     "focal_alpha", "lr_expert", "kd_temperature", "keep_prob", "pred_temp",
+                     "gen_ratio"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise TypeError(f"{name} must be a number, got {type(v).__name__}")
@@ -110,22 +159,31 @@ class BaselineConfig:
                 raise ValueError(f"{name} must be finite, got {v}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        for name in ("weight_decay", "up_scale", "rec_weight"):
+        for name in ("lr", "lr_expert", "kd_temperature"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("weight_decay", "up_scale", "rec_weight", "focal_gamma", "focal_alpha"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name, allowed in _CHOICES.items():
             v = getattr(self, name)
-            if v is None and name == "classifier":
+            if v is None and name in ("classifier", "adj_norm"):
                 continue
             if v not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {v!r}")
         if self.method == "embed_smote" and self.classifier == "gnn":
             raise ValueError("embed_smote's classifier is a Linear layer on the SMOTE-augmented "
                              "embeddings (§2.5); classifier='gnn' does not apply")
-        if not isinstance(self.edge_grad, bool):
-            raise TypeError(f"edge_grad must be a bool, got {type(self.edge_grad).__name__}")
+        for name in ("edge_grad", "class_weight"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        if not isinstance(self.sep_class, str) or not _SEP_CLASS.fullmatch(self.sep_class):
+            raise ValueError("sep_class must be 'pareto_XY' with digits X, Y in 1..9 (head ≈ "
+                             f"X/(X+Y) of the classes, LTE4G's 'pareto_73'), got "
+                             f"{self.sep_class!r}")
+        if self.ep_pre and not self.method.startswith("graphsmote"):
+            raise ValueError("ep_pre (edge-generator pre-training) only applies to graphsmote_t "
+                             "/ graphsmote_o")
         if self.edge_grad and self.method != "graphsmote_o":
             raise ValueError("edge_grad only applies to graphsmote_o (continuous edge weights)")
         if not 0.0 < self.keep_prob <= 1.0:
@@ -149,6 +207,10 @@ class BaselineConfig:
     def resolved_classifier(self) -> str:
         return self.classifier or DEFAULT_CLASSIFIER.get(self.method, "gnn")
 
+    @property
+    def resolved_adj_norm(self) -> str:
+        return self.adj_norm or official_value(self.method, "adj_norm")
+
     def replace(self, **changes: Any) -> BaselineConfig:
         return replace(self, **changes)
 
@@ -156,12 +218,21 @@ class BaselineConfig:
         """The fields the method uses, plus ``faithful``: for every official-vs-fix choice the
         method has, whether this run uses the official code's behaviour, and what each means."""
         d = asdict(self)
+        d["classifier"], d["adj_norm"] = self.resolved_classifier, self.resolved_adj_norm
         out: dict[str, Any] = {"method": self.method}
         for k in METHOD_FIELDS[self.method]:
-            out[k] = self.resolved_classifier if k == "classifier" else d[k]
+            out[k] = d[k]
         out["tail_classes"] = f"the last {self.im_class_num} labels (classes sorted by size)" \
             if "im_class_num" in METHOD_FIELDS[self.method] else None
-        out["faithful"] = {k: {"value": d[k], "official": v[0], "is_official": d[k] == v[0],
-                               "choices": v[1]}
-                           for k, v in FAITHFUL.items() if k in METHOD_FIELDS[self.method]}
+        out["faithful"] = {}
+        for k, (_, choices) in FAITHFUL.items():
+            if k in METHOD_FIELDS[self.method]:
+                official = official_value(self.method, k)
+                out["faithful"][k] = {"value": d[k], "official": official,
+                                      "is_official": d[k] == official, "choices": choices}
         return out
+
+
+def official_value(method: str, field: str) -> Any:
+    """The official code's value of an official-vs-fix field for ``method``."""
+    return METHOD_OFFICIAL.get((method, field), FAITHFUL[field][0])

@@ -16,7 +16,13 @@ the augmented adjacency as dense (n+s)² matrices; here
   O(s·deg·h) (`augmented_graph`). _T keeps the candidates with P ≥ 0.5 at weight 1, _O keeps
   them with weight P; B is detached (as the copy does for both) and row-normalised D⁻¹B.
 
-L = CE over training + synthetic nodes + rw·L_rec (rw 1e-6). Evaluation: Classifier(Encoder(X,
+L = CE over training + synthetic nodes + rw·L_rec (rw 1e-6). With ``ep_pre`` > 0 (LTE4G's copy:
+50; HierTail's and HeroLT's: 0) the loop is preceded by ``ep_pre`` pre-training epochs of the
+edge generator as the official code runs them: train mode, L_rec alone (SMOTE still drawn, so
+the λ stream advances as there), encoder + decoder stepped, the classifier untouched (it gets no
+gradient, so the shared Adam skips it), no evaluation, stopped once 500 epochs passed the
+lowest L_rec; the loop's Adam state carries on from them (the official optimisers are the same
+objects). Evaluation: Classifier(Encoder(X,
 Â), Â) on the original graph — with the faithful ``adj_norm="none"`` Â is the unnormalised A+I
 there although training used the row-normalised B (the copy's §1.1 inconsistency).
 """
@@ -40,6 +46,7 @@ from hiertail_fast.baselines.sampling import (
 from hiertail_fast.graph import CSRGraph
 
 _BLOCK_ELEMS = 1 << 22   # rows × n of one block of P (16 MB in fp32)
+_PRETRAIN_CONVERGED = 500   # official: pre-training stops 500 epochs after its lowest L_rec
 
 
 class Decoder(nn.Module):
@@ -174,6 +181,23 @@ class _GraphSmote(BaselineMethod):
         self.num_synthetic = sum(int(r.numel()) for _, r in self.rounds)
 
     def train_loss(self) -> torch.Tensor:
+        return self._forward(pretrain=False)
+
+    def pretrain(self, opt: torch.optim.Optimizer) -> int:
+        """``ep_pre`` epochs of L_rec alone (see the module docstring); returns epochs run."""
+        losses: list[float] = []
+        for epoch in range(self.cfg.ep_pre):
+            self.train()
+            opt.zero_grad(set_to_none=True)
+            loss = self._forward(pretrain=True)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+            if epoch - losses.index(min(losses)) > _PRETRAIN_CONVERGED:
+                break
+        return len(losses)
+
+    def _forward(self, pretrain: bool) -> torch.Tensor:
         c = self.ctx
         n = c.x.shape[0]
         h = self.encoder(c.x, self.adj)
@@ -189,6 +213,8 @@ class _GraphSmote(BaselineMethod):
         h_all = torch.cat([h, *new])
         z = self.decoder.embed(h_all)
         l_rec = recon_loss(z[:n], c.graph)
+        if pretrain:
+            return l_rec
         if new:
             ck, cj = candidate_edges(c.graph, torch.cat(srcs), torch.cat(nbrs))
         else:

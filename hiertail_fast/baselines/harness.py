@@ -5,6 +5,10 @@ Same split (natural per-class split redone per seed, or a given one / the Data's
 under ``torch.no_grad()`` after every step, model selection (patience counted from the FIRST
 epoch at the max, the LAST epoch at the max is the model) and reported metrics (best model's
 eval-mode test metrics; mean ± population std over seeds) as `train_hiertail` / `run_seeds`.
+
+A method's extra stages hang on the one loop: ``pretrain(opt)`` runs before it (GraphSMOTE's
+``ep_pre``), ``after_fit`` after its best state is loaded (LTE4G's experts and students); the
+loop's epochs, patience and model selection are the method's main training stage.
 """
 from __future__ import annotations
 
@@ -70,9 +74,11 @@ def train_baseline(
         with torch.no_grad():
             return macro_f1(y_val, model.predict().argmax(dim=1)[val_idx].cpu())
 
+    pretrain_epochs = model.pretrain(opt)
     fit = fit_early_stopping(model, opt, step, val_f1, epochs=epochs, patience=patience,
                              progress=progress, desc=f"{cfg.name} seed={seed}", device=device)
     model.load_state_dict(fit.best_state)
+    model.after_fit(val_idx, epochs=epochs, progress=progress)
     model.eval()
     with torch.no_grad():
         pred = model.predict().argmax(dim=1).cpu()
@@ -86,6 +92,7 @@ def train_baseline(
         "final_loss": float(fit.last_loss.detach()),
         "lr": cfg.lr,
         "weight_decay": cfg.weight_decay,
+        **({"pretrain_epochs": pretrain_epochs} if pretrain_epochs else {}),
         **model.info(),
     }
 

@@ -6,7 +6,12 @@ training nodes of one run, with its seeded generator) and a `BaselineConfig`; th
 one-Adam-per-module with equal settings is the same update — and calls
 
 - ``train_loss()``: the training forward in train mode (synthetic nodes included), a scalar;
-- ``predict()``: the eval-mode logits [n, C] of the n ORIGINAL nodes.
+- ``predict()``: the eval-mode logits [n, C] of the n ORIGINAL nodes;
+
+and two stage hooks, no-ops by default: ``pretrain(opt)`` before the loop (GraphSMOTE's
+``ep_pre`` edge-generator epochs, on the loop's optimiser, no evaluation) and
+``after_fit(val_idx, epochs=..., progress=...)`` once the loop's best state is loaded (LTE4G's
+prototypes, experts and students, which select on the validation nodes themselves).
 
 Every method keeps O(n·F + n·h + |E|) memory (sparse Â; over-sampling / SMOTE add s nodes).
 """
@@ -66,7 +71,7 @@ class BaselineMethod(nn.Module):
         if self.uses_tail:
             tail_classes(ctx.num_classes, cfg.im_class_num)   # range check, clear message
         self.cfg, self.ctx = cfg, ctx
-        self.adj = adjacency_operator(ctx.graph, cfg.adj_norm)
+        self.adj = adjacency_operator(ctx.graph, cfg.resolved_adj_norm)
         self.encoder = Encoder(ctx.x.shape[1], cfg.hidden, cfg.dropout)
         self.classifier = Classifier(cfg.hidden, ctx.num_classes, cfg.dropout,
                                      cfg.resolved_classifier)
@@ -80,6 +85,13 @@ class BaselineMethod(nn.Module):
 
     def predict(self) -> torch.Tensor:
         return self(self.ctx.x, self.adj)
+
+    def pretrain(self, opt: torch.optim.Optimizer) -> int:
+        """Steps to take with the loop's optimiser before the loop; returns how many ran."""
+        return 0
+
+    def after_fit(self, val_idx: torch.Tensor, *, epochs: int, progress: bool = False) -> None:
+        """Stages after the loop (its best state loaded); the loop's ``epochs`` for reference."""
 
     def info(self) -> dict:
         """Per-run facts for the results (e.g. the number of synthetic nodes)."""
@@ -146,7 +158,7 @@ class _InputUpsampling(BaselineMethod):
             self.num_synthetic, device=dev)])
         self.sources = sources
         self.graph_aug = augment_adjacency(ctx.graph, sources)
-        self.adj = adjacency_operator(self.graph_aug, cfg.adj_norm)
+        self.adj = adjacency_operator(self.graph_aug, cfg.resolved_adj_norm)
 
     def synthetic_features(self, x_round: torch.Tensor) -> torch.Tensor:
         return x_round

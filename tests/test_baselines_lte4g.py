@@ -1,0 +1,243 @@
+"""LTE4G's characteristic steps (§2.11): the head/tail class split, degrees and class × degree
+groups, the blocked similar-node search and the prototypes against the official dense
+computations, routing, the focal / distillation losses, the expert hand-over (HT from the best
+HH), the routed inference, and the configuration errors. Training on the synthetic graph and on
+Email is in test_baselines_train.py (every method)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hiertail_fast.baselines import BaselineConfig, MethodContext, build_method, train_baseline
+from hiertail_fast.baselines import lte4g_steps as st
+from hiertail_fast.baselines.layers import adjacency_operator
+from hiertail_fast.data.splits import natural_split
+from hiertail_fast.data.synthetic import make_synthetic_graph
+from hiertail_fast.nn.hiertail import prepare_graph
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    g = make_synthetic_graph(90, num_classes=6, avg_degree=6, num_features=8, seed=5)
+    return g, prepare_graph(g.edge_index, g.num_nodes)
+
+
+def _dense(graph):
+    return adjacency_operator(graph, "none").to_dense()
+
+
+# ----------------------------------------------------------------------------- groups
+def test_head_tail_split_pareto_rule():
+    # C = 10, cut = d[7] = 2: "≥ 2" gives 8/2 (|4 − 7/3|), "> 2" gives 6/4 (|1.5 − 7/3|): 6
+    assert st.head_tail_split([10, 8, 6, 5, 4, 3, 2, 2, 1, 1]) == 6
+    # all counts equal: "> cut" has no head class, "≥ cut" no tail class -> raised to 1 head
+    assert st.head_tail_split([3, 3]) == 1
+    assert st.head_tail_split([5, 4, 1], "pareto_19") == 1          # ⌊3·0.1⌋ = 0: one head
+    # pareto_55, d = [3, 3, 1]: 2/1 and 0/3 are both 1 away from 1: a coin picks 2 or 0 (-> 1)
+    picks = {st.head_tail_split([3, 3, 1], "pareto_55", torch.Generator().manual_seed(s))
+             for s in range(20)}
+    assert picks == {1, 2}
+
+
+def test_degrees_and_groups_match_dense_rule(tiny):
+    g, graph = tiny
+    deg = st.node_degrees(graph)
+    torch.testing.assert_close(deg, st.node_degrees_dense(_dense(graph)))
+    assert int(deg.min()) >= 1                                     # the self-loop counts
+    train = natural_split(g.y, 0)[0]
+    groups = st.group_train_nodes(train, g.y, 3, deg, 4)
+    everyone = torch.cat(list(groups.values()))
+    assert torch.equal(torch.sort(everyone).values, torch.sort(train).values)
+    for name, nodes in groups.items():
+        assert bool(((g.y[nodes] >= 3) == (name[0] == "T")).all())
+        assert bool(((deg[nodes] >= 5) == (name[1] == "H")).all())
+    ev = st.group_eval_nodes(train, g.y, 3, deg, 4)
+    assert all(torch.equal(ev[k], groups[k]) for k in st.GROUPS)
+
+
+def test_single_training_node_of_a_group_goes_to_a_coin_subset():
+    y = torch.tensor([0, 0, 1])
+    deg = torch.tensor([9, 1, 9])
+    seen = set()
+    for s in range(20):
+        gr = st.group_train_nodes(torch.tensor([0, 1, 2]), y, 1, deg, 5,
+                                  torch.Generator().manual_seed(s))
+        assert gr["HH"].tolist() == [0] and gr["HT"].tolist() == [1]
+        seen.add((len(gr["TH"]), len(gr["TT"])))
+    assert seen == {(1, 0), (0, 1)}
+
+
+# ----------------------------------------------------------------------------- prototypes
+def test_similar_nodes_blocked_equals_dense(tiny):
+    g, graph = tiny
+    centres = torch.tensor([0, 7, 13, 40, 41, 89])
+    dense = st.similar_nodes_dense(g.x, _dense(graph), centres)
+    for block in (90, 2 * 90, 10**6):                   # 1-row, 2-row and single blocks
+        assert torch.equal(st.similar_nodes(g.x, graph, centres, block_elems=block), dense)
+
+
+def _official_centroids(embed, prob, x, adj, y, train_idx, c_num, fill, criterion):
+    """The official loop of lte4g.py, Step 2 (dense, sets and lists)."""
+    xn = F.normalize(x)
+    counts = [int((y[train_idx] == c).sum()) for c in range(c_num)]
+    target = int(sum(counts) / len(counts)) if criterion == "mean" else max(counts)
+    out, filled = torch.zeros(c_num, embed.shape[1]), []
+    for i in range(c_num):
+        centres = [int(v) for v in train_idx[y[train_idx] == i]]
+        resources = list(centres)
+        sim = (xn @ xn.T)[centres] - (adj[centres] > 0).float()
+        if counts[i] < target:
+            gap = target - counts[i]
+            nbrs = torch.tensor(sorted(set(adj[centres].nonzero()[:, 1].tolist()) - set(centres)))
+            similar = torch.tensor(sorted(set(sim.topk(11)[1][:, 1:].reshape(-1).tolist())))
+            picks = nbrs[prob[nbrs, i].sort(descending=True)[1][:gap]]
+            resources.extend(picks.tolist())
+            have = len(resources) if fill == "official" else len(picks)
+            if have < gap:
+                filled.append(i)
+                more = similar[prob[similar, i].sort(descending=True)[1][:gap - have]]
+                resources.extend(more.tolist())
+        out[i] = embed[torch.tensor(resources)].mean(0)
+    return out, filled
+
+
+@pytest.mark.parametrize("fill", ["official", "gap"])
+@pytest.mark.parametrize("criterion", ["mean", "max"])
+def test_prototypes_match_official_dense(tiny, fill, criterion):
+    g, graph = tiny
+    train = natural_split(g.y, 1)[0]
+    embed = torch.randn(90, 5)
+    prob = torch.softmax(torch.randn(90, 6), 1)
+    got = st.class_prototypes(embed, prob, g.x, graph, g.y, train, 6, criterion, fill)
+    ref, filled = _official_centroids(embed, prob, g.x, _dense(graph), g.y, train, 6, fill,
+                                      criterion)
+    torch.testing.assert_close(got, ref)
+    if criterion == "max":                 # target 7: the similar-node fill (b) is exercised
+        assert filled
+
+
+def test_resources_fill_rules():
+    # path 0-1-2-3-4 plus self-loops; class 0's only training node is 0, target 4 (gap 3):
+    # (a) neighbour 1; official (b) sees len(resources) = 2 < 3 and adds 1 similar node,
+    # "gap" sees 1 pick < 3 and adds 2.
+    graph = prepare_graph(torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]]), 5)
+    x = torch.eye(5) + 0.1
+    prob = torch.softmax(torch.randn(5, 2), 1)
+    off = st.class_resources(0, torch.tensor([0]), 4, prob, x, graph, "official")
+    gap = st.class_resources(0, torch.tensor([0]), 4, prob, x, graph, "gap")
+    assert off[:2].tolist() == gap[:2].tolist() == [0, 1]
+    assert len(off) == 3 and len(gap) == 4
+    assert st.class_resources(0, torch.tensor([0, 1]), 2, prob, x, graph).tolist() == [0, 1]
+
+
+def test_routing_by_top1_cosine():
+    centroids = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
+    embed = torch.tensor([[2.0, 0.1], [0.1, 3.0], [-1.0, -0.2]])
+    assert st.route_to_tail(embed, centroids, 1).tolist() == [False, True, True]
+    assert st.route_to_tail(embed, centroids, 2).tolist() == [False, False, True]
+
+
+# ----------------------------------------------------------------------------- losses
+def test_focal_loss_batch_and_sample():
+    logits, y = torch.randn(7, 3), torch.tensor([0, 1, 2, 0, 0, 1, 2])
+    w = torch.tensor([0.25, 0.5, 1.0])
+    ce = F.cross_entropy(logits, y, reduction="none")
+    pt = torch.exp(-ce.mean())
+    torch.testing.assert_close(st.focal_loss(logits, y, w, 2.0, 0.6),
+                               (1 - pt) ** 2 * (w[y] * ce).sum() / w[y].sum())
+    torch.testing.assert_close(st.focal_loss(logits, y, None, 1.0, 0.6), 0.6 * (1 - pt) * ce.mean())
+    per = (1 - torch.exp(-ce)) * ce
+    torch.testing.assert_close(st.focal_loss(logits, y, w, 1.0, 0.6, "sample"),
+                               (w[y] * per).sum() / w[y].sum())
+    with pytest.raises(ValueError, match="focal"):
+        st.focal_loss(logits, y, w, 1.0, 0.6, "node")
+
+
+def test_distillation_loss_reductions_and_empty():
+    s, t = torch.randn(4, 3), torch.randn(4, 3)
+    with pytest.warns(UserWarning):                      # torch's note on reduction="mean"
+        ref = F.kl_div(F.log_softmax(s / 2, 1), F.softmax(t / 2, 1), reduction="mean") * 4
+    torch.testing.assert_close(st.distillation_loss(s, t, 2.0), ref)
+    ref_b = F.kl_div(F.log_softmax(s, 1), F.softmax(t, 1), reduction="batchmean")
+    torch.testing.assert_close(st.distillation_loss(s, t, 1.0, "batchmean"), ref_b)
+    assert float(st.distillation_loss(s[:0], t[:0], 1.0)) == 0.0
+    with pytest.raises(ValueError, match="shape"):
+        st.distillation_loss(s, t[:, :2], 1.0)
+    assert st.curriculum_alpha(0, 500) == 1.0
+    assert st.curriculum_alpha(250, 500) == pytest.approx(math.cos(math.pi / 4))
+
+
+# ----------------------------------------------------------------------------- the method
+def _built(g, graph, **cfg):
+    train = natural_split(g.y, 0)[0]
+    ctx = MethodContext(g.x, g.y, graph, train, 6, torch.Generator().manual_seed(0))
+    return build_method(ctx, BaselineConfig(method="lte4g", hidden=8, **cfg)), natural_split(g.y, 0)
+
+
+def test_low_degree_experts_start_from_high_degree_ones_and_routing_masks(tiny):
+    g, graph = tiny
+    # sep_degree 0: every node is high-degree, HT / TT get no training node: they stay copies
+    # of the best HH / TH (official: NaN), and the students' tail-degree KD term is 0.
+    m, (_, val, _) = _built(g, graph, sep_degree=0, expert_ep=5, curriculum_ep=5)
+    m.after_fit(val, epochs=100)
+    for hi, lo in (("HH", "HT"), ("TH", "TT")):
+        for a, b in zip(m.experts[hi].parameters(), m.experts[lo].parameters(),
+                        strict=True):
+            assert torch.equal(a, b)
+    log = m.info()["stages"]
+    assert log["experts"]["HT"]["epochs_run"] == 0 and log["experts"]["HH"]["epochs_run"] == 5
+    assert log["students"]["T"]["epochs_run"] == 5
+    m.eval()
+    with torch.no_grad():
+        out = m.predict()
+    assert torch.isfinite(out).all()
+    tail = (out[:, m.sep_point:] > -999999.0).all(1)
+    assert bool(((out[:, :m.sep_point] > -999999.0).all(1) ^ tail).all())   # one block a node
+
+
+def test_expert_epochs_capped_by_loop_and_distillation_targets(tiny):
+    g, graph = tiny
+    m, (_, val, _) = _built(g, graph, expert_ep=50, expert_patience=2, curriculum_ep=3)
+    m.after_fit(val, epochs=4)
+    ex = m.info()["stages"]["experts"]
+    assert all(e["epochs_run"] <= 4 for e in ex.values())
+    embed = m.encoder(g.x, m.adj)
+    t = m.distillation_targets("T", embed)
+    assert t["H"].shape == (len(m.train_groups["TH"]), 6 - m.sep_point)
+    m.experts["TH"].eval()
+    torch.testing.assert_close(t["H"], m.experts["TH"](embed, m.adj)[m.train_groups["TH"]])
+
+
+def test_train_records_stages_and_faithful_choices(tiny):
+    g, _ = tiny
+    res = train_baseline(g, None, BaselineConfig(method="lte4g", hidden=8, curriculum_ep=3),
+                         epochs=3, seed=0, progress=False)
+    assert res["stages"]["students"]["H"]["epochs_run"] == 3 and 1 <= res["sep_point"] < 6
+    d = BaselineConfig(method="lte4g").to_dict()
+    assert d["adj_norm"] == "row" and d["faithful"]["adj_norm"]["is_official"] is True
+    assert BaselineConfig(method="lte4g", adj_norm="none").to_dict()[
+        "faithful"]["adj_norm"]["is_official"] is False
+    assert BaselineConfig(method="origin").to_dict()["faithful"]["adj_norm"]["official"] == "none"
+    assert {"focal", "kd_reduction", "prototype_fill"} <= set(d["faithful"])
+
+
+@pytest.mark.parametrize("kw, err, msg", [
+    (dict(sep_class="pareto_70"), ValueError, "sep_class"),
+    (dict(sep_class=73), ValueError, "sep_class"),
+    (dict(expert_ep=0), ValueError, "expert_ep"),
+    (dict(curriculum_ep=2.5), TypeError, "curriculum_ep"),
+    (dict(class_weight="yes"), TypeError, "class_weight"),
+    (dict(kd_reduction="sum"), ValueError, "kd_reduction"),
+    (dict(focal="node"), ValueError, "focal"),
+    (dict(criterion="min"), ValueError, "criterion"),
+    (dict(kd_temperature=0.0), ValueError, "kd_temperature"),
+    (dict(ep_pre=5), ValueError, "ep_pre"),
+])
+def test_bad_lte4g_configs(kw, err, msg):
+    with pytest.raises(err, match=msg):
+        BaselineConfig(method="lte4g", **kw)
