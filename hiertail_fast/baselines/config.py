@@ -22,7 +22,19 @@ METHOD_FIELDS: dict[str, tuple[str, ...]] = {
     "embed_smote": _COMMON + ("classifier", "im_class_num", "up_scale", "smote_lambda"),
     "graphsmote_t": _COMMON + _SMOTE + ("rec_weight",),
     "graphsmote_o": _COMMON + _SMOTE + ("rec_weight", "edge_grad"),
+    "graphmixup": _COMMON + ("im_class_num", "up_scale", "dis_nclass", "clu_nclass", "k_num",
+                             "dis_weight", "clu_weight", "delta_k", "edge_mode",
+                             "pretrain_epochs", "q_start_epoch", "mixup_neighbour",
+                             "self_loops"),
 }
+# method -> its official defaults where they differ from the dataclass's (§2.8: GraphMixup's
+# main.py); a field left at None takes the method's default, else the dataclass's.
+METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
+    "graphmixup": {"hidden": 128, "dropout": 0.1, "lr": 1e-3, "up_scale": 0.0,
+                   "self_loops": False},
+}
+_GLOBAL_DEFAULTS = {"hidden": 64, "dropout": 0.5, "lr": 0.01, "up_scale": 1.0,
+                    "self_loops": True}
 DEFAULT_CLASSIFIER = {"embed_smote": "mlp"}   # §2.5: a Linear layer on the embeddings
 # field -> (faithful value, what the other values are)
 FAITHFUL = {
@@ -32,9 +44,15 @@ FAITHFUL = {
                          "True: the node loss reaches the edge generator (paper, --opt_new_G)"),
     "smote_lambda": ("class", "class: one λ ~ U(0,1) per tail class per round (official, §1.5); "
                               "node: one λ per synthetic node (SMOTE / GraphSMOTE papers)"),
+    "mixup_neighbour": ("local", "local: the neighbour's index inside the class used as a node "
+                                 "id, for its embedding and its edges (GraphMixup's bug, §2.8); "
+                                 "global: the neighbour itself (recommended)"),
+    "self_loops": (False, "GraphMixup: False: raw A without self-loops (official); "
+                          "True: A+I as the other baselines"),
 }
 _CHOICES = {"adj_norm": ("none", "row"), "smote_lambda": ("class", "node"),
-            "classifier": ("gnn", "mlp")}
+            "classifier": ("gnn", "mlp"), "edge_mode": ("continuous", "discrete"),
+            "mixup_neighbour": ("local", "global")}
 
 
 @dataclass(frozen=True)
@@ -51,25 +69,50 @@ class BaselineConfig:
     method's own (mlp for embed_smote, gnn otherwise; GraphSMOTE: gnn only).
     rec_weight: GraphSMOTE's weight rw of the edge-reconstruction loss (1e-6).
     edge_grad: GraphSMOTE_O only: keep the gradient of the synthetic edge weights (False).
+    GraphMixup (`hiertail_fast.baselines.graphmixup`): dis_nclass (6: hop classes 1..5 and
+    'far'), clu_nclass (15 parts), k_num (5000 pairs per hop class), dis_weight / clu_weight
+    (1, 1), delta_k (0.05: the Q-agent's stopping range), edge_mode ("continuous": P ⊙ M not
+    detached; "discrete": 1[P ≥ 0.5], detached), pretrain_epochs (None: min(2010, epochs // 2,
+    patience) of the harness's run), q_start_epoch (50: fine-tune epoch where the Q-agent
+    starts), mixup_neighbour ("local": official bug; "global"), self_loops (False: raw A).
+    hidden / dropout / lr / up_scale / self_loops left at None take the method's official
+    default (`METHOD_DEFAULTS`; GraphMixup 128 / 0.1 / 1e-3 / 0 / False), else 64 / 0.5 / 0.01
+    / 1 / True.
     """
 
     method: str = "origin"
-    hidden: int = 64
-    dropout: float = 0.5
-    lr: float = 0.01
+    hidden: int = None          # type: ignore[assignment]  # None: METHOD_DEFAULTS, else 64
+    dropout: float = None       # type: ignore[assignment]  # None: METHOD_DEFAULTS, else 0.5
+    lr: float = None            # type: ignore[assignment]  # None: METHOD_DEFAULTS, else 0.01
     weight_decay: float = 5e-4
     im_class_num: int = 3
-    up_scale: float = 1.0
+    up_scale: float = None      # type: ignore[assignment]  # None: METHOD_DEFAULTS, else 1
     adj_norm: str = "none"
     smote_lambda: str = "class"
     classifier: str | None = None
     rec_weight: float = 1e-6
     edge_grad: bool = False
+    # GraphMixup (§2.8; checked in `_check_graphmixup`)
+    dis_nclass: int = 6
+    clu_nclass: int = 15
+    k_num: int = 5000
+    dis_weight: float = 1.0
+    clu_weight: float = 1.0
+    delta_k: float = 0.05
+    edge_mode: str = "continuous"
+    pretrain_epochs: int | None = None
+    q_start_epoch: int = 50
+    mixup_neighbour: str = "local"
+    self_loops: bool = None     # type: ignore[assignment]  # None: METHOD_DEFAULTS, else True
 
     def __post_init__(self) -> None:
         if self.method not in METHOD_FIELDS:
             raise ValueError(f"unknown baseline method {self.method!r}; "
                              f"choose from {sorted(METHOD_FIELDS)}")
+        for name, default in _GLOBAL_DEFAULTS.items():      # frozen: resolve the None defaults
+            if getattr(self, name) is None:
+                object.__setattr__(self, name,
+                                   METHOD_DEFAULTS.get(self.method, {}).get(name, default))
         for name in ("hidden", "im_class_num"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
@@ -105,6 +148,7 @@ class BaselineConfig:
         if self.method.startswith("graphsmote") and self.classifier == "mlp":
             raise ValueError("GraphSMOTE's classifier is always the GNN classifier (§2.6); "
                              "classifier='mlp' does not apply")
+        _check_graphmixup(self)
 
     @property
     def name(self) -> str:
@@ -130,3 +174,31 @@ class BaselineConfig:
                                "choices": v[1]}
                            for k, v in FAITHFUL.items() if k in METHOD_FIELDS[self.method]}
         return out
+
+
+def _check_graphmixup(cfg: BaselineConfig) -> None:
+    """GraphMixup's fields (§2.8): types and ranges; its classifier is the GNN classifier."""
+    for name in ("dis_nclass", "clu_nclass", "k_num", "q_start_epoch"):
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if cfg.dis_nclass < 2 or cfg.clu_nclass < 1 or cfg.k_num < 1 or cfg.q_start_epoch < 0:
+        raise ValueError("need dis_nclass >= 2 (hop classes 1..dis_nclass-1 and 'far'), "
+                         f"clu_nclass >= 1, k_num >= 1, q_start_epoch >= 0; got {cfg.dis_nclass},"
+                         f" {cfg.clu_nclass}, {cfg.k_num}, {cfg.q_start_epoch}")
+    for name in ("dis_weight", "clu_weight", "delta_k"):
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"{name} must be a number, got {type(v).__name__}")
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"{name} must be finite and >= 0, got {v}")
+    p = cfg.pretrain_epochs
+    if p is not None and (isinstance(p, bool) or not isinstance(p, int)):
+        raise TypeError(f"pretrain_epochs must be an int or None, got {type(p).__name__}")
+    if p is not None and p < 0:
+        raise ValueError(f"pretrain_epochs must be >= 0, got {p}")
+    if not isinstance(cfg.self_loops, bool):
+        raise TypeError(f"self_loops must be a bool, got {type(cfg.self_loops).__name__}")
+    if cfg.method == "graphmixup" and cfg.classifier == "mlp":
+        raise ValueError("GraphMixup's classifier is the GNN classifier (§2.8); "
+                         "classifier='mlp' does not apply")
