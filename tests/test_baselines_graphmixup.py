@@ -180,6 +180,10 @@ def test_q_agent_stopping_rule():
     assert not a.stopped(0.05) and a.stopped(0.1)
 
 
+def _norm(a, norm):
+    return a / a.sum(1, keepdim=True).clamp_min(1e-30) if norm == "row" else a
+
+
 def _dense_epoch_loss(m, g, pretrain: bool):
     """The official dense pipeline for one epoch (dropout 0): encoder on dense A, mixup, dense
     P, the (n+s)² mask M with the original block := A, the classifier on B = P ⊙ M, and
@@ -188,7 +192,7 @@ def _dense_epoch_loss(m, g, pretrain: bool):
     a = _dense(m.graph_mx)
     n = a.shape[0]
     enc, cls = m.encoder.conv, m.classifier
-    h = F.relu(a @ (c.x @ enc.weight) + enc.bias)
+    h = F.relu(_norm(a, cfg.adj_norm) @ (c.x @ enc.weight) + enc.bias)
     rounds = gm.mixup_rounds(c.y, c.train_idx, c.num_classes, cfg.im_class_num, cfg.up_scale,
                              m.agent.k)
     new, rows, labels = [], [], []
@@ -210,6 +214,7 @@ def _dense_epoch_loss(m, g, pretrain: bool):
         p = (p >= 0.5).float().detach()
     b = p * mask
     b = torch.cat([torch.cat([a, b[:n, n:]], 1), b[n:]])
+    b = _norm(b, cfg.adj_norm)
     out = cls.linear(F.relu(b @ (h_all @ cls.conv.weight) + cls.conv.bias))
     train = torch.cat([c.train_idx, n + torch.arange(s)])
     ce = F.cross_entropy(out[train], torch.cat([c.y, *labels])[train])
@@ -225,15 +230,15 @@ def _dense_epoch_loss(m, g, pretrain: bool):
     return recon_loss_dense(z[:n], a) / n + l_dis + l_clu + 0 * ce
 
 
-@pytest.mark.parametrize("neighbour, edge_mode, up_scale, self_loops", [
-    ("local", "continuous", 0.0, False), ("global", "continuous", 1.5, True),
-    ("global", "discrete", 0.0, False)])
+@pytest.mark.parametrize("neighbour, edge_mode, up_scale, self_loops, norm", [
+    ("local", "continuous", 0.0, False, "none"), ("global", "continuous", 1.5, True, "none"),
+    ("global", "discrete", 0.0, False, "none"), ("local", "continuous", 0.0, False, "row")])
 @pytest.mark.parametrize("pretrain", [True, False])
 def test_epoch_loss_and_gradients_match_dense(tiny, neighbour, edge_mode, up_scale,
-                                              self_loops, pretrain):
+                                              self_loops, norm, pretrain):
     g, graph = tiny
     cfg = BaselineConfig(method="graphmixup", hidden=8, dropout=0.0, im_class_num=2,
-                         k_num=30, clu_nclass=5, mixup_neighbour=neighbour,
+                         k_num=30, clu_nclass=5, mixup_neighbour=neighbour, adj_norm=norm,
                          edge_mode=edge_mode, up_scale=up_scale, self_loops=self_loops)
     m = build_method(_ctx(g, graph), cfg).train()
     if not pretrain:
@@ -324,9 +329,10 @@ def test_official_defaults_and_bad_builds(tiny):
     assert d["faithful"]["mixup_neighbour"]["is_official"] and "k_num" in d
     g, graph = tiny
     ctx = _ctx(g, graph)
-    with pytest.raises(ValueError, match="val_idx"):
-        build_method(MethodContext(ctx.x, ctx.y, graph, ctx.train_idx, 4, torch.Generator()),
-                     cfg)
+    bare = build_method(MethodContext(ctx.x, ctx.y, graph, ctx.train_idx, 4,
+                                      torch.Generator()), cfg.replace(hidden=8, k_num=5))
+    assert bare.pretrain_epochs == gm.OFFICIAL_PRETRAIN_EPOCHS       # no harness epochs given
+    assert bare.info()["q_reward_nodes"].startswith("train")         # no validation nodes
     with pytest.raises(ValueError, match="no fine-tuning"):
         build_method(ctx, cfg.replace(pretrain_epochs=20))
 

@@ -8,7 +8,8 @@ embeddings of the class (``mixup_neighbour="local"`` reproduces the official bug
 neighbour's index INSIDE the class is used as a node id, for its embedding and its edges);
 z = [H; h_new] Wᵀ, P = σ(z zᵀ); the synthetic nodes' candidate edges cand = A[v] ∪ A[nn] get
 weight P (``edge_mode="continuous"``, NOT detached) or 1[P ≥ 0.5] (``"discrete"``, detached),
-no synthetic–synthetic edge; logits = Classifier([H; h_new], B).
+no synthetic–synthetic edge; logits = Classifier([H; h_new], B) — P evaluated only at the
+candidates and B applied as an operator (`AugmentedAdjacency`), never an (n+s)² matrix.
 
 Losses: L_rec = adj_mse_loss(P[:n, :n], A) / n (`graphsmote.recon_loss`: blocked, O(block·n)
 memory, O(n²h) time — the math is a sum over all n² pairs); L_dis = NLL of
@@ -37,12 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hiertail_fast.baselines.config import BaselineConfig
-from hiertail_fast.baselines.graphsmote import (
-    Decoder,
-    augmented_graph,
-    candidate_edges,
-    recon_loss,
-)
+from hiertail_fast.baselines.graphsmote import Decoder, candidate_edges, recon_loss
 from hiertail_fast.baselines.layers import adjacency_operator
 from hiertail_fast.baselines.methods import METHODS, BaselineMethod, MethodContext
 from hiertail_fast.baselines.mixup_targets import (
@@ -53,6 +49,7 @@ from hiertail_fast.baselines.mixup_targets import (
     raw_adjacency,
 )
 from hiertail_fast.baselines.sampling import same_class_nearest_neighbour, tail_classes
+from hiertail_fast.graph import CSRGraph
 from hiertail_fast.metrics import macro_f1
 
 OFFICIAL_PRETRAIN_EPOCHS = 2010
@@ -168,6 +165,34 @@ class QLearningScale:
         return max(last) - min(last) <= delta_k
 
 
+class AugmentedAdjacency:
+    """B [n+s, n+s] as an operator ``B @ XW``: the original block (A, constant: a sparse CSR
+    product) plus the synthetic rows n+k and columns n+k at the candidates j with weight w_kj
+    (carrying gradient in the continuous mode), applied by gather + index_add. torch's backward
+    of a sparse matrix product with respect to its VALUES forms the dense (n+s)² matrix
+    grad·(XW)ᵀ before masking it; here the weights' gradient costs O(|cand|·h).
+    ``norm="row"``: D⁻¹B, the degrees including the synthetic weights (differentiable)."""
+
+    def __init__(self, graph: CSRGraph, s: int, cand_k: torch.Tensor, cand_j: torch.Tensor,
+                 w: torch.Tensor, norm: str = "none") -> None:
+        n = graph.num_nodes
+        pad = graph.indptr[-1:].expand(s)                   # s empty rows for the synthetic
+        base = CSRGraph(torch.cat([graph.indptr, pad]), graph.indices, None, n + s,
+                        validate=False)
+        self.const = adjacency_operator(base, "none")
+        self.rows = torch.cat([n + cand_k, cand_j])
+        self.cols = torch.cat([cand_j, n + cand_k])
+        self.w = torch.cat([w, w])
+        self.inv_deg = None
+        if norm == "row":
+            deg = base.degree(self.w.dtype).index_add(0, self.rows, self.w)
+            self.inv_deg = torch.where(deg > 0, 1.0 / deg.clamp_min(1e-30), torch.zeros_like(deg))
+
+    def __matmul__(self, xw: torch.Tensor) -> torch.Tensor:
+        out = (self.const @ xw).index_add(0, self.rows, self.w[:, None] * xw[self.cols])
+        return out if self.inv_deg is None else out * self.inv_deg[:, None]
+
+
 def pretrain_length(cfg: BaselineConfig, epochs: int | None, patience: int | None) -> int:
     """The pre-training epochs on the harness (module docstring)."""
     if cfg.pretrain_epochs is not None:
@@ -192,9 +217,11 @@ class GraphMixup(BaselineMethod):
 
     def __init__(self, ctx: MethodContext, cfg: BaselineConfig) -> None:
         super().__init__(ctx, cfg)
-        if ctx.val_idx is None:
-            raise ValueError("graphmixup needs ctx.val_idx: its Q-agent's reward is the "
-                             "validation Macro-F1 of the training forward pass")
+        # the Q-agent's reward: the validation Macro-F1 of the training forward pass; a context
+        # without validation nodes (a caller other than the harness) falls back to the
+        # training nodes, and info() says so
+        self.reward_idx = ctx.val_idx if ctx.val_idx is not None else ctx.train_idx
+        self.reward_nodes = "val" if ctx.val_idx is not None else "train (no val_idx given)"
         dev, h = ctx.x.device, cfg.hidden
         self.graph_mx = raw_adjacency(ctx.graph, cfg.self_loops)
         self.adj = adjacency_operator(self.graph_mx, cfg.adj_norm)
@@ -233,10 +260,12 @@ class GraphMixup(BaselineMethod):
         w = self.decoder.weight if pretrain else self.decoder.weight.detach()
         z = h_all @ w.T
         ck, cj = candidate_edges(self.graph_mx, src, nbr)
-        continuous = cfg.edge_mode == "continuous"
-        b = augmented_graph(self.graph_mx, z, ck, cj, "o" if continuous else "t",
-                            edge_grad=continuous)
-        logits = self.classifier(h_all, adjacency_operator(b, cfg.adj_norm))
+        p = torch.sigmoid((z[n + ck] * z[cj]).sum(1))       # P only at the candidates
+        if cfg.edge_mode == "discrete":                     # 1[P ≥ 0.5], detached
+            keep = p.detach() >= 0.5
+            ck, cj, p = ck[keep], cj[keep], torch.ones_like(p[keep]).detach()
+        b = AugmentedAdjacency(self.graph_mx, self.num_synthetic, ck, cj, p, cfg.adj_norm)
+        logits = self.classifier(h_all, b)
         train = torch.cat([c.train_idx, n + torch.arange(self.num_synthetic, device=h.device)])
         ce = F.cross_entropy(logits[train], torch.cat([c.y, y_new])[train])
         if pretrain:
@@ -253,7 +282,7 @@ class GraphMixup(BaselineMethod):
                 self.agent.update(self.f1_now, self.f1_last)   # k for the next epoch
             self.agent.record.append(self.agent.k)
         with torch.no_grad():      # the official val-F1: the training forward's output
-            f1 = macro_f1(c.y[c.val_idx].cpu(), logits[c.val_idx].argmax(1).cpu())
+            f1 = macro_f1(c.y[self.reward_idx].cpu(), logits[self.reward_idx].argmax(1).cpu())
         self.f1_last, self.f1_now = self.f1_now, f1
         self.epoch += 1
         return loss
@@ -277,6 +306,7 @@ class GraphMixup(BaselineMethod):
             "scale_k": self.agent.k,
             "local_path_pairs": int(self.pair_u.numel()),
             "partitioner": self.partitioner,
+            "q_reward_nodes": self.reward_nodes,
         }
 
 

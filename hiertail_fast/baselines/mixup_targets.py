@@ -34,7 +34,7 @@ from scipy.sparse.csgraph import breadth_first_order, connected_components, dijk
 
 from hiertail_fast.graph import CSRGraph
 
-_BLOCK_ELEMS = 1 << 22          # sources × n of one BFS block (32 MB of float64 distances)
+_BLOCK_ELEMS = 1 << 20          # sources × n of one BFS block (8 MB of float64 distances)
 
 
 def raw_adjacency(graph: CSRGraph, self_loops: bool) -> CSRGraph:
@@ -57,10 +57,10 @@ def _block(n: int) -> int:
 
 
 def _class_codes(a: sp.csr_matrix, sources: np.ndarray, cutoff: int, far: int) -> np.ndarray:
-    """int64 [len(sources), n]: the hop class of (u, v) for v > u — hop d ∈ [1, cutoff], or
+    """int32 [len(sources), n]: the hop class of (u, v) for v > u — hop d ∈ [1, cutoff], or
     ``far`` beyond the cutoff / unreachable — and 0 for v ≤ u (lower triangle and diagonal)."""
     d = dijkstra(a, directed=False, indices=sources, unweighted=True, limit=cutoff)
-    code = np.where(np.isfinite(d), d, far).astype(np.int64)
+    code = np.where(np.isfinite(d), d, far).astype(np.int32)
     code[np.arange(a.shape[0])[None, :] <= sources[:, None]] = 0
     return code
 
