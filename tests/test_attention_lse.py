@@ -56,7 +56,7 @@ def test_lse_and_gradient_match_dense_float64(device, n, d, levels):
     torch.testing.assert_close(lse.cpu(), lse_e, rtol=1e-5, atol=1e-5)
     dz = attn.lse_backward(z, log_w, lse, g, 1.7)
     torch.testing.assert_close(dz.cpu().double(), dz_e, rtol=1e-4, atol=1e-5)
-    lse2, _, _, dz2 = attn.lse_fused(z, log_w, 1.7, False, lambda r0, r1, lse_b, mx: g[:, r0:r1])
+    lse2, _, _, dz2 = attn.lse_fused(z, log_w, 1.7, False, lambda rows, lse_b, mx: g[:, rows])
     torch.testing.assert_close(lse2, lse)
     torch.testing.assert_close(dz2, dz)
 
@@ -271,7 +271,7 @@ def test_cuda_branch_contract_with_an_emulated_kernel(monkeypatch):
     _emulate_cuda(monkeypatch, attn._CUDA_OP, fake_efficient)
     z, log_w, g = _case(45, 8, 2, seed=9)
     lse_e, dz_e = _dense(z, log_w, 1.3, g)
-    lse, _, _, dz = attn.lse_fused(z, log_w, 1.3, False, lambda r0, r1, lse_b, mx: g[:, r0:r1])
+    lse, _, _, dz = attn.lse_fused(z, log_w, 1.3, False, lambda rows, lse_b, mx: g[:, rows])
     assert seen and torch.isfinite(lse).all()
     torch.testing.assert_close(lse, lse_e, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(dz.double(), dz_e, rtol=1e-4, atol=1e-5)
@@ -313,7 +313,7 @@ def test_bf16_flash_branch_with_an_emulated_kernel(monkeypatch):
     zb = z.to(torch.bfloat16)
     assert attn._input(zb).dtype == torch.bfloat16
     lse_e, dz_e = _dense(zb.float(), log_w, 0.8, g)
-    lse, _, _, dz = attn.lse_fused(zb, log_w, 0.8, False, lambda r0, r1, lse_b, mx: g[:, r0:r1])
+    lse, _, _, dz = attn.lse_fused(zb, log_w, 0.8, False, lambda rows, lse_b, mx: g[:, rows])
     assert seen
     torch.testing.assert_close(lse, lse_e, rtol=1e-5, atol=1e-4)
     _close(dz, dz_e, rtol=2e-2, atol=1e-3)                  # O through bf16 softmax weights

@@ -32,6 +32,28 @@ def test_exp_shifted_cuts_off_exactly(dtype):
     assert not _subnormal(e).any()
 
 
+@pytest.mark.parametrize("cols", [1, 63, 64, 127, 128, 200, 6001])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_row_max_first_argmax_matches_torch_max(cols, dtype):
+    gen = torch.Generator().manual_seed(cols)
+    x = torch.randn(37, cols, generator=gen, dtype=dtype)
+    x[3] = 0.0                                          # every entry ties
+    x[4, -1] = 50.0                                     # max in the last (partial) chunk
+    x[5, :] = -math.inf
+    x[5, cols // 2] = 1.0                               # masked row, one visible key
+    if cols > 70:
+        x[6, [5, 69, cols - 1]] = 9.0                   # ties across chunks: first wins
+        x[7, 64:] = -math.inf                           # every chunk after the first hidden
+    x[8] = torch.randint(0, 3, (cols,), generator=gen).to(dtype)   # many duplicates
+    values, index = lse_mod.row_max_first_argmax(x)
+    want_v, want_i = x.max(dim=1)
+    assert torch.equal(values, want_v)
+    assert torch.equal(index, want_i)
+    # the first index holding the max, whatever torch.max's own rule
+    first = torch.tensor([int((row == row.max()).nonzero()[0]) for row in x])
+    assert torch.equal(index, first)
+
+
 def _spy_blocks(monkeypatch):
     """Record every exp block the torch engine and the pair pass produce."""
     seen = []

@@ -22,6 +22,10 @@ _BASELINE_ONLY = {"im_class_num": "--im-class-num", "up_scale": "--up-scale",
                   "adj_norm": "--adj-norm", "smote_lambda": "--smote-lambda",
                   "classifier": "--classifier", "rec_weight": "--rec-weight",
                   "edge_grad": "--edge-grad",
+                  "keep_prob": "--keep-prob", "pred_temp": "--pred-temp",
+                  "warmup_epochs": "--warmup-epochs",
+                  "disc_steps": "--disc-steps", "gen_ratio": "--gen-ratio",
+                  "gen_adv_grad": "--gen-adv-grad",
                   # graphmixup (§2.8)
                   "dis_nclass": "--dis-nclass", "clu_nclass": "--clu-nclass",
                   "k_num": "--k-num", "dis_weight": "--dis-weight",
@@ -71,6 +75,17 @@ def add_graphmixup_arguments(g) -> None:
                    "official local-index bug (default) or the real neighbour")
     g.add_argument("--self-loops", action="store_const", const=True, help="graphmixup: A+I "
                    "instead of the official raw A")
+    g.add_argument("--keep-prob", type=float, help="graphens: share of the features the "
+                   "saliency mask takes from the source (0.01)")
+    g.add_argument("--pred-temp", type=float, help="graphens: prediction temperature (2)")
+    g.add_argument("--warmup-epochs", type=int, help="graphens: epochs of plain mixup with the "
+                   "source's neighbours before neighbour sampling (1)")
+    g.add_argument("--disc-steps", type=int, help="imgagn: discriminator epochs per generator "
+                   "epoch (100)")
+    g.add_argument("--gen-ratio", type=float, help="imgagn: generated nodes per tail class = "
+                   "floor(ratio * largest training class) - n_c (1)")
+    g.add_argument("--gen-adv-grad", action="store_const", const=True, help="imgagn: the "
+                   "adversarial terms reach the generator (fix; the official code detaches)")
 
 
 def method_config_from_args(args: argparse.Namespace) -> BaselineConfig | None:

@@ -26,16 +26,25 @@ METHOD_FIELDS: dict[str, tuple[str, ...]] = {
                              "dis_weight", "clu_weight", "delta_k", "edge_mode",
                              "pretrain_epochs", "q_start_epoch", "mixup_neighbour",
                              "self_loops"),
+    # own official aggregation D^-1(A+I) (no adj_norm), own architecture (no classifier)
+    "graphens": ("hidden", "dropout", "lr", "weight_decay", "keep_prob", "pred_temp",
+                 "warmup_epochs"),
+    "imgagn": ("hidden", "dropout", "lr", "weight_decay", "im_class_num", "disc_steps",
+               "gen_ratio", "gen_adv_grad"),
 }
 # method -> its official defaults where they differ from the dataclass's (§2.8: GraphMixup's
 # main.py); a field left at None takes the method's default, else the dataclass's.
 METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
     "graphmixup": {"hidden": 128, "dropout": 0.1, "lr": 1e-3, "up_scale": 0.0,
                    "self_loops": False},
+    "graphens": {"hidden": 256},      # §2.10
+    "imgagn": {"hidden": 128},        # §2.9
 }
 _GLOBAL_DEFAULTS = {"hidden": 64, "dropout": 0.5, "lr": 0.01, "up_scale": 1.0,
                     "self_loops": True}
 DEFAULT_CLASSIFIER = {"embed_smote": "mlp"}   # §2.5: a Linear layer on the embeddings
+# hidden size where the method's official code differs from the harness's 64 (§2.8-§2.10)
+DEFAULT_HIDDEN = {m: d["hidden"] for m, d in METHOD_DEFAULTS.items() if "hidden" in d}
 # field -> (faithful value, what the other values are)
 FAITHFUL = {
     "adj_norm": ("none", "none: unnormalised A+I, sum aggregation (the HierTail copy, §1.1); "
@@ -49,6 +58,9 @@ FAITHFUL = {
                                  "global: the neighbour itself (recommended)"),
     "self_loops": (False, "GraphMixup: False: raw A without self-loops (official); "
                           "True: A+I as the other baselines"),
+    "gen_adv_grad": (False, "False: the generator's adversarial terms see detached features, "
+                            "so only the feature distance trains it (official, §2.9 [BUG]); "
+                            "True: they reach the generator (recommended)"),
 }
 _CHOICES = {"adj_norm": ("none", "row"), "smote_lambda": ("class", "node"),
             "classifier": ("gnn", "mlp"), "edge_mode": ("continuous", "discrete"),
@@ -59,7 +71,8 @@ _CHOICES = {"adj_norm": ("none", "row"), "smote_lambda": ("class", "node"),
 class BaselineConfig:
     """One baseline run's configuration.
 
-    method: one of `METHOD_FIELDS`. hidden: embedding size h (64: Email / Wiki / BlogCatalog).
+    method: one of `METHOD_FIELDS`. hidden: embedding size h (None: 64, the paper's Email / Wiki /
+    BlogCatalog size; graphens 256 and imgagn 128, their official codes' sizes).
     dropout: after every ReLU (0.5). lr, weight_decay: Adam (0.01, 5e-4).
     im_class_num: the tail classes are the last ``im_class_num`` labels (3).
     up_scale: synthetic-node rule (§1.5; 1: one per tail training node; 0: up to the average
@@ -69,6 +82,12 @@ class BaselineConfig:
     method's own (mlp for embed_smote, gnn otherwise; GraphSMOTE: gnn only).
     rec_weight: GraphSMOTE's weight rw of the edge-reconstruction loss (1e-6).
     edge_grad: GraphSMOTE_O only: keep the gradient of the synthetic edge weights (False).
+    keep_prob, pred_temp, warmup_epochs: GraphENS (§2.10): the saliency mask keeps
+    ⌊F·keep_prob⌋ features (0.01), the prediction temperature τ (2), the epochs of plain mixup
+    with copied neighbours before neighbour sampling starts (1).
+    disc_steps, gen_ratio, gen_adv_grad: ImGAGN (§2.9): discriminator epochs per generator epoch
+    (100, official ``epochs``), generated nodes per tail class = ⌊gen_ratio·max_c n_c⌋ − n_c (1,
+    official ``ratio_generated``), adversarial gradient to the generator (False, faithful).
     GraphMixup (`hiertail_fast.baselines.graphmixup`): dis_nclass (6: hop classes 1..5 and
     'far'), clu_nclass (15 parts), k_num (5000 pairs per hop class), dis_weight / clu_weight
     (1, 1), delta_k (0.05: the Q-agent's stopping range), edge_mode ("continuous": P ⊙ M not
@@ -104,6 +123,12 @@ class BaselineConfig:
     q_start_epoch: int = 50
     mixup_neighbour: str = "local"
     self_loops: bool = None     # type: ignore[assignment]  # None: METHOD_DEFAULTS, else True
+    keep_prob: float = 0.01
+    pred_temp: float = 2.0
+    warmup_epochs: int = 1
+    disc_steps: int = 100
+    gen_ratio: float = 1.0
+    gen_adv_grad: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in METHOD_FIELDS:
@@ -113,13 +138,14 @@ class BaselineConfig:
             if getattr(self, name) is None:
                 object.__setattr__(self, name,
                                    METHOD_DEFAULTS.get(self.method, {}).get(name, default))
-        for name in ("hidden", "im_class_num"):
+        for name in ("hidden", "im_class_num", "warmup_epochs", "disc_steps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise TypeError(f"{name} must be an int, got {type(v).__name__}")
             if v < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
-        for name in ("dropout", "lr", "weight_decay", "up_scale", "rec_weight"):
+        for name in ("dropout", "lr", "weight_decay", "up_scale", "rec_weight", "keep_prob",
+                     "pred_temp", "gen_ratio"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise TypeError(f"{name} must be a number, got {type(v).__name__}")
@@ -145,6 +171,15 @@ class BaselineConfig:
             raise TypeError(f"edge_grad must be a bool, got {type(self.edge_grad).__name__}")
         if self.edge_grad and self.method != "graphsmote_o":
             raise ValueError("edge_grad only applies to graphsmote_o (continuous edge weights)")
+        if not 0.0 < self.keep_prob <= 1.0:
+            raise ValueError(f"keep_prob must lie in (0, 1], got {self.keep_prob}")
+        for name in ("pred_temp", "gen_ratio"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not isinstance(self.gen_adv_grad, bool):
+            raise TypeError(f"gen_adv_grad must be a bool, got {type(self.gen_adv_grad).__name__}")
+        if self.gen_adv_grad and self.method != "imgagn":
+            raise ValueError("gen_adv_grad only applies to imgagn (its generator)")
         if self.method.startswith("graphsmote") and self.classifier == "mlp":
             raise ValueError("GraphSMOTE's classifier is always the GNN classifier (§2.6); "
                              "classifier='mlp' does not apply")

@@ -90,6 +90,11 @@ class BaselineMethod(nn.Module):
         """Per-run facts for the results (e.g. the number of synthetic nodes)."""
         return {}
 
+    def param_groups(self) -> list[dict]:
+        """Adam's parameter groups; a group may set its own ``weight_decay`` (GraphENS decays
+        only its convolutions). Default: one group, the config's settings."""
+        return [{"params": list(self.parameters())}]
+
 
 class Origin(BaselineMethod):
     """§2.1: a GCN (1-layer encoder + GNN classifier) trained with CE on the imbalanced labels."""

@@ -32,6 +32,8 @@ import functools
 
 import torch
 
+from hiertail_fast.ops import _lse_torch
+
 # The private ops and the exact signatures used below, checked on torch 2.11 (the GPU image)
 # and 2.13 (the CPU machines). Older or newer releases go through the schema probe in
 # `_ops()`; anything unexpected makes the adapter unavailable rather than wrong.
@@ -225,6 +227,11 @@ def _key_side(z, log_w, scale, lse, g):
     return dz
 
 
+def _max_first(s: torch.Tensor):
+    """s.max(dim=1) (first arg-max); on CPU through the vectorised two-level search."""
+    return _lse_torch.row_max_first_argmax(s) if s.device.type == "cpu" else s.max(dim=1)
+
+
 def _row_max(z: torch.Tensor, log_w: torch.Tensor, scale: float):
     """Unweighted max_k scale * z_i.z_k over the keys visible in each level, and its first
     arg-max (torch.max's tie rule), in row blocks of ~32 MB: (rowmax [L, N], argmax [L, N])."""
@@ -238,11 +245,11 @@ def _row_max(z: torch.Tensor, log_w: torch.Tensor, scale: float):
     for r0 in range(0, n, b):
         s = torch.mm(zc[r0:r0 + b], zc.t()).mul_(scale)
         if all_visible:
-            m, a = s.max(dim=1)
+            m, a = _max_first(s)
             rowmax[:, r0:r0 + b], argmax[:, r0:r0 + b] = m, a
             continue
         for lev in range(log_w.shape[0]):
-            m, a = s.masked_fill(~visible[lev][None, :], float("-inf")).max(dim=1)
+            m, a = _max_first(s.masked_fill(~visible[lev][None, :], float("-inf")))
             rowmax[lev, r0:r0 + b], argmax[lev, r0:r0 + b] = m, a
     return rowmax, argmax
 
@@ -265,13 +272,13 @@ def lse_backward(
 
 
 def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool, coef_fn):
-    """Forward and gradient: coef_fn(0, N, lse, rowmax) -> g [L, N]; dz = d/dz sum g * lse.
+    """Forward and gradient: coef_fn(slice(None), lse, rowmax) -> g [L, N]; dz = d/dz sum g * lse.
 
     Returns (lse, rowmax, argmax, dz) like ``_lse_torch.lse_fused``."""
     zi = _input(z)
     lse, out = _lse_and_out(zi, log_w, float(scale), want_out=True)
     rowmax, argmax = _row_max(zi, log_w, float(scale)) if need_max else (None, None)
-    g = coef_fn(0, z.shape[0], lse, rowmax).float()
+    g = coef_fn(slice(None), lse, rowmax).float()
     return lse, rowmax, argmax, _grad(zi, log_w, float(scale), lse, g, out)
 
 

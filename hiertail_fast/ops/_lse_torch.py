@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import torch
 
-CoefFn = Callable[[int, int, torch.Tensor, torch.Tensor | None], torch.Tensor]
+CoefFn = Callable[[slice | torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
 def exp_cutoff(dtype: torch.dtype) -> float:
@@ -60,6 +60,31 @@ def exp_shifted_(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.threshold_(x, math.exp(-c) * 1.0001, 0.0)
 
 
+ARGMAX_CHUNK = 64
+
+
+def row_max_first_argmax(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) of ``x.max(dim=1)`` for a 2-D block: the max and its FIRST index.
+
+    ``Tensor.max(dim)`` with indices is not vectorised on CPU (~15x slower than ``amax`` on a
+    [256, 6,000] block). Two levels instead: the max of every chunk of ARGMAX_CHUNK columns
+    (vectorised ``amax``), the first chunk holding the row max (a small [B, N/64] max), then the
+    first equal entry inside that chunk. Same values and the same first-index tie rule."""
+    rows, n = x.shape
+    c = ARGMAX_CHUNK
+    n_full = n // c
+    if n_full < 2:
+        return x.max(dim=1)
+    chunk_max = x[:, : n_full * c].reshape(rows, n_full, c).amax(dim=2)
+    if n > n_full * c:
+        chunk_max = torch.cat([chunk_max, x[:, n_full * c:].amax(dim=1, keepdim=True)], 1)
+    values, chunk = chunk_max.max(dim=1)
+    idx = (chunk * c)[:, None] + torch.arange(c, device=x.device)
+    idx.clamp_(max=n - 1)                    # the last, partial chunk
+    first = (x.gather(1, idx) == values[:, None]).to(torch.uint8).argmax(dim=1)
+    return values, idx.gather(1, first[:, None]).squeeze(1)
+
+
 # Rows per block: at most MAX_BLOCK_ROWS (measured, idle 2-core EPYC, N = 6,000, d = 64: 128-512
 # rows 0.123-0.128 s per loss, 1,024 rows 0.148 s, 2,048 rows 0.166 s: tall blocks stream the
 # [B, N] buffer through memory between the GEMMs and the exp), and at most
@@ -80,6 +105,7 @@ def _engine(
     coef_fn: CoefFn | None = None,
     lse_in: torch.Tensor | None = None,
     grad_lse: torch.Tensor | None = None,
+    positives=None,
 ):
     n, d = z.shape
     n_levels = log_w.shape[0]
@@ -87,7 +113,14 @@ def _engine(
     visible = torch.isfinite(log_w)                                       # [L, N]
     common = visible.all(dim=0)
     all_common = bool(common.all())
-    if all_common:
+    order = None
+    if positives is not None:
+        # official positives read from the blocks (``_positive_blocks``): common keys sorted by
+        # label, rows visited in the same order (a group's rows share a block)
+        order, cidx = positives.order, positives.cidx
+        zc = z[cidx]
+        ridx = ((~common) & visible.any(dim=0)).nonzero().squeeze(1)
+    elif all_common:
         cidx, zc = None, z
         ridx = torch.empty(0, dtype=torch.long, device=z.device)
     else:
@@ -95,7 +128,7 @@ def _engine(
         ridx = ((~common) & visible.any(dim=0)).nonzero().squeeze(1)      # drop all-hidden keys
         zc = z[cidx]
     n_c, n_r = zc.shape[0], ridx.numel()
-    wc = (log_w if all_common else log_w[:, cidx]).exp()                  # [L, N_c]
+    wc = (log_w if cidx is None else log_w[:, cidx]).exp()                # [L, N_c]
     zr, lwr = z[ridx], log_w[:, ridx]                                     # [N_r, d], [L, N_r]
     vis_r = visible[:, ridx]
 
@@ -107,21 +140,25 @@ def _engine(
         dz = torch.zeros(n, d, dtype=z.dtype, device=z.device)
         key_c = torch.zeros(n_c, d, dtype=z.dtype, device=z.device)      # key-side accumulators
         key_r = torch.zeros(n_r, d, dtype=z.dtype, device=z.device)
-        zwc = zc * wc[0][:, None] if n_levels == 1 else None             # w folded into GEMM
+        # w folded into the GEMM operands for one level (the positives' coefficients are not
+        # w-weighted: with them the weights go into the block, as for several levels)
+        folded = n_levels == 1 and positives is None
+        zwc = zc * wc[0][:, None] if folded else None
     b = _block_rows(n, n_c)
     buf = torch.empty(b, n_c, dtype=z.dtype, device=z.device)
-    tbuf = torch.empty(b, n_c, dtype=z.dtype, device=z.device) if grad and n_levels > 1 else None
+    tbuf = torch.empty(b, n_c, dtype=z.dtype, device=z.device) if grad and not folded else None
     neg_inf = torch.tensor(float("-inf"), dtype=z.dtype, device=z.device)
     for r0 in range(0, n, b):
         r1 = min(n, r0 + b)
-        zb = z[r0:r1]
+        rows = slice(r0, r1) if order is None else order[r0:r1]          # this block's rows
+        zb = z[rows]
         zbs = zb * scale
         e = buf[: r1 - r0]
         # ---- common columns: one GEMM, one max, one exp for all levels
         if n_c:
             torch.mm(zbs, zc.t(), out=e)                                  # s_ik, [b, N_c]
             if need_max:
-                m_c, i_c = e.max(dim=1)
+                m_c, i_c = row_max_first_argmax(e)
                 if cidx is not None:
                     i_c = cidx[i_c]
             else:
@@ -147,7 +184,7 @@ def _engine(
         # digits of rel to the rounding of a large fp32 number (the official variant needs
         # lse - rowmax to full precision)
         lse_b = shift.double() + rel.double()
-        lse[:, r0:r1] = lse_b
+        lse[:, rows] = lse_b
         max_b = None
         if need_max:
             max_b = m_c[None].expand(n_levels, -1).clone()
@@ -159,38 +196,50 @@ def _engine(
                 take = (m_r > max_b) | ((m_r == max_b) & (j_r < arg_b))
                 max_b = torch.where(take, m_r, max_b)
                 arg_b = torch.where(take, j_r, arg_b)
-            rowmax[:, r0:r1] = max_b
-            argmax[:, r0:r1] = arg_b
+            rowmax[:, rows] = max_b
+            argmax[:, rows] = arg_b
+        pos_r = None
+        if positives is not None:
+            if n_c and not grad:               # with the gradient: below, in the same pass
+                positives.common_block(rows, e, m_c, max_b, arg_b)
+            pos_r = positives.rest_block(rows, ridx, s_r if n_r else None, max_b, arg_b, grad)
         if not grad:
             continue
         # ---- gradient of sum_l g_l * lse_l, p_lik = w_lk exp(s_ik - lse_li)
-        g = grad_lse[:, r0:r1] if grad_lse is not None else coef_fn(r0, r1, lse_b, max_b)
+        g = grad_lse[:, rows] if grad_lse is not None else coef_fn(rows, lse_b, max_b)
         if lse_in is not None:
-            rel = (lse_in[:, r0:r1].double() - shift.double()).to(z.dtype)
+            rel = (lse_in[:, rows].double() - shift.double()).to(z.dtype)
         g = g.to(z.dtype)
         nz = g != 0
         if n_c:
             a = torch.where(nz, g * torch.exp(-rel), torch.zeros_like(g))
             # a (~ g / N) goes into the GEMM operands divided by its block max and comes back
             # as the scalar alpha: operands stay O(1), so e * a * z never turns denormal
-            a_max = float(a.abs().max()) or 1.0
+            a_max = float(a.abs().max())
+            if positives is not None:
+                a_max = max(a_max, positives.coef_max(rows))
+            a_max = a_max or 1.0
             a = a / a_max
-            if n_levels == 1:
-                dz[r0:r1] += (e @ zwc).mul_(a[0][:, None] * (scale * a_max))
+            if folded:
+                dz[rows] += (e @ zwc).mul_(a[0][:, None] * (scale * a_max))
                 key_c.addmm_(e.t(), zb * a[0][:, None], alpha=a_max)
             else:
                 t = torch.mm(a.t(), wc, out=tbuf[: r1 - r0])              # sum_l a_li w_lk
-                e.mul_(t)
-                dz[r0:r1].addmm_(e, zc, alpha=scale * a_max)
-                key_c.addmm_(e.t(), zb, alpha=a_max)
+                t.mul_(e)                    # t = the gradient block; e keeps the forward values
+                if positives is not None:    # their sums, and + c_i q_ij / a_max into t
+                    positives.common_block(rows, e, m_c, max_b, arg_b, t, 1.0 / a_max)
+                dz[rows] += torch.mm(t, zc).mul_(scale * a_max)
+                key_c.addmm_(t.t(), zb, alpha=a_max)
         if n_r:
             p_r = exp_shifted_(v_r - rel[:, :, None])                     # v_r - rel <= 0
             p_r = torch.where(nz[:, :, None], g[:, :, None] * p_r, torch.zeros_like(p_r)).sum(0)
-            dz[r0:r1].addmm_(p_r, zr, alpha=scale)
+            if pos_r is not None:
+                p_r += pos_r
+            dz[rows] += torch.mm(p_r, zr).mul_(scale)
             key_r.addmm_(p_r.t(), zb)
     if not grad:
         return lse, rowmax, argmax, None
-    if n_levels == 1:
+    if folded:
         key_c.mul_(wc[0][:, None])
     if cidx is None:
         dz.add_(key_c, alpha=scale)
@@ -205,13 +254,16 @@ def _compute_dtype(z: torch.Tensor) -> torch.dtype:
     return torch.float64 if z.dtype == torch.float64 else torch.float32
 
 
-def lse_forward(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool):
+def lse_forward(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool,
+                positives=None):
     """-> (lse [L, N] float64, rowmax [L, N] or None, argmax [L, N] int64 or None).
 
     lse is float64 here (a superset of the contract's fp32): see the comment in ``_engine``.
+    ``positives``: a ``_positive_blocks.BlockPositives`` that collects the official positive
+    pairs' sums from the blocks.
     """
     zc = z.to(_compute_dtype(z))
-    lse, rowmax, argmax, _ = _engine(zc, log_w, float(scale), need_max)
+    lse, rowmax, argmax, _ = _engine(zc, log_w, float(scale), need_max, positives=positives)
     return lse, rowmax, argmax
 
 
@@ -228,10 +280,12 @@ def lse_backward(
 
 
 def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool,
-              coef_fn: CoefFn):
-    """Forward and gradient in one pass: coef_fn(r0, r1, lse_b [L,b], rowmax_b) -> g [L,b].
+              coef_fn: CoefFn, positives=None):
+    """Forward and gradient in one pass: coef_fn(rows, lse_b [L,b], rowmax_b) -> g [L,b]
+    (rows: the block's rows, a slice or an index tensor).
 
-    Returns (lse, rowmax, argmax, dz) with dz = d/dz sum g * lse.
+    Returns (lse, rowmax, argmax, dz) with dz = d/dz sum g * lse (+ the positive pairs' part
+    when ``positives``, a ``_positive_blocks.BlockPositives``, is given).
     """
     zc = z.to(_compute_dtype(z))
-    return _engine(zc, log_w, float(scale), need_max, coef_fn=coef_fn)
+    return _engine(zc, log_w, float(scale), need_max, coef_fn=coef_fn, positives=positives)

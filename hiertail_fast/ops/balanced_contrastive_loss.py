@@ -35,6 +35,7 @@ from hiertail_fast.ops._dispatch import (  # noqa: F401  (LOSS_BACKENDS: re-expo
     choose_loss_backend,
     own_engine,
 )
+from hiertail_fast.ops._positive_blocks import BlockPositives
 from hiertail_fast.reference.balanced_contrastive_loss import balanced_contrastive_loss_ref
 
 
@@ -154,23 +155,33 @@ class BalancedContrastiveFunction(torch.autograd.Function):
             a = lse - rmax
             return torch.exp(a - torch.logaddexp(a, log_eps))
 
+        # the official positives read from the torch engine's own blocks (no extra GEMM)
+        positives = None
+        if official and backend == "torch":
+            positives = BlockPositives(zc, lv.gid, lv.n_groups, include_self,
+                                       -(base * inv_n) if fused else None, scale,
+                                       torch.isfinite(lv.log_w).all(dim=0))
+        kw = {} if positives is None else {"positives": positives}
         if fused:
-            def coef_fn(r0, r1, lse_b, max_b):
-                g = base[:, r0:r1]
+            def coef_fn(rows, lse_b, max_b):
+                g = base[:, rows]
                 return g * ratio(lse_b, max_b, log_eps_w) if official else g
 
             # the attention engine takes the input dtype (bf16 on CUDA: flash attention)
             z_eng = z_in if backend == "attention" else zc
-            lse, rmax, amax, dz = mod.lse_fused(z_eng, log_w, scale, official, coef_fn)
+            lse, rmax, amax, dz = mod.lse_fused(z_eng, log_w, scale, official, coef_fn, **kw)
             dz = dz.to(zc.dtype)
             lse = lse.double()
         else:
-            lse, rmax, amax = mod.lse_forward(z_in, log_w, scale, official)
+            lse, rmax, amax = mod.lse_forward(z_in, log_w, scale, official, **kw)
             lse = lse.double()       # loss formulas in float64: lse - rowmax to full precision
             rmax = rmax.to(cdt) if official else None
         if official:
             big_t, big_q = torch.zeros_like(lse), torch.zeros_like(lse)
             for lev in range(lse.shape[0]):
+                if positives is not None and positives.handled[lev]:
+                    big_t[lev], big_q[lev] = positives.T[lev], positives.Q[lev]
+                    continue
                 coef = -(base[lev] * inv_n[lev]) if fused else None
                 t, q, dzp = positive_pairs(zc, lv.gid[lev], lv.n_groups[lev], rmax[lev],
                                            amax[lev], scale, include_self, coef)

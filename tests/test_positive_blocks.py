@@ -1,0 +1,144 @@
+"""The official variant's positive pairs read from the torch engine's blocks (_positive_blocks):
+which levels it takes, and values / gradients against the float64 reference on every path it
+has (2-D slices of big groups, pair lists of small ones, rows whose max is a level-specific key,
+ties with duplicated rows at huge logits, include_self both ways, fused and recomputed)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hiertail_fast.ops._contrastive_pairs as pairs_mod
+import hiertail_fast.ops._positive_blocks as blocks_mod
+import hiertail_fast.ops.balanced_contrastive_loss as ops_mod
+from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss
+from hiertail_fast.ops._positive_blocks import BlockPositives, key_order
+from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _zipf_labels(n, classes, gen):
+    probs = 1.0 / torch.arange(1, classes + 1, dtype=torch.float64)
+    return torch.multinomial(probs, n, replacement=True, generator=gen)
+
+
+def _count_pair_passes(monkeypatch):
+    calls = []
+    real = pairs_mod.positive_pairs
+
+    def spy(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(ops_mod, "positive_pairs", spy)
+    return calls
+
+
+def test_key_order_makes_nested_levels_contiguous():
+    gen = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 12, (200,), generator=gen)
+    gid = torch.stack([y // 3, y, y // 6])                  # in any level order
+    order = key_order(gid)
+    for lev in range(3):
+        g = gid[lev, order]
+        assert int((g[1:] != g[:-1]).sum()) + 1 == int(torch.unique(g).numel())
+
+
+def test_handled_levels_nested_and_not():
+    gen = torch.Generator().manual_seed(1)
+    y = torch.randint(0, 8, (120,), generator=gen)
+    z = torch.randn(120, 4, generator=gen)
+    common = torch.ones(120, dtype=torch.bool)
+    nested = BlockPositives(z, torch.stack([y, y // 2]), [8, 4], True, None, 1.0, common)
+    assert nested.handled == [True, True]
+    other = torch.randint(0, 3, (120,), generator=gen)      # fewer, bigger groups: costlier
+    mixed = BlockPositives(z, torch.stack([y, other]), [8, 3], True, None, 1.0, common)
+    assert mixed.handled == [False, True]
+    swapped = BlockPositives(z, torch.stack([other, y]), [3, 8], True, None, 1.0, common)
+    assert swapped.handled == [True, False]        # the costliest level wins, wherever it is
+
+
+def _grads(fn, z, protos):
+    zz = z.detach().clone().requires_grad_()
+    pp = [p.detach().clone().requires_grad_() if p is not None else None for p in protos]
+    loss = fn(zz, pp)
+    (loss.sum() if loss.dim() else loss).backward()
+    return loss.detach(), zz.grad, [p.grad for p in pp if p is not None]
+
+
+def _assert_close64(got, want):
+    for a, b in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_single_level_slices_and_pairs_float64(monkeypatch, include_self, reduction):
+    """Zipf labels: big classes (>= SLICE_GROUP keys: 2-D slices) and small ones (pair lists);
+    several row blocks. The forward never calls the separate pair pass; reduction "none"
+    recomputes the gradient in backward, through it (once)."""
+    monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(8 * 700 * 64))
+    calls = _count_pair_passes(monkeypatch)
+    gen = torch.Generator().manual_seed(2)
+    y = _zipf_labels(700, 25, gen)
+    z = torch.randn(700, 16, generator=gen, dtype=torch.float64)
+    p = torch.randn(25, 16, generator=gen, dtype=torch.float64) * 2
+    kw = dict(temperature=0.2, variant="official", include_self=include_self,
+              reduction=reduction)
+    got = _grads(lambda zz, pp: balanced_contrastive_loss(zz, y, prototypes=pp[0],
+                                                          backend="torch", **kw), z, [p])
+    want = _grads(lambda zz, pp: ref(zz, y, prototypes=pp[0], **kw), z, [p])
+    _assert_close64(got, want)
+    assert len(calls) == (0 if reduction == "mean" else 1)
+    assert int(torch.bincount(y).max()) >= blocks_mod.SLICE_GROUP
+
+
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("nested", [True, False])
+def test_hierarchical_rest_keys_and_prototype_maxima_float64(monkeypatch, include_self, nested):
+    """Level-specific prototypes with large norms hold many rows' maxima (f < 1: the explicit
+    pair path), nested levels go through the blocks, non-nested ones through the pair pass."""
+    monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(8 * 400 * 32))
+    calls = _count_pair_passes(monkeypatch)
+    gen = torch.Generator().manual_seed(3)
+    y = _zipf_labels(400, 12, gen)
+    second = y // 3 if nested else torch.randint(0, 4, (400,), generator=gen)
+    z = torch.randn(400, 8, generator=gen, dtype=torch.float64)
+    protos = [torch.randn(12, 8, generator=gen, dtype=torch.float64) * 3,
+              torch.randn(4, 8, generator=gen, dtype=torch.float64) * 3]
+    kw = dict(temperature=0.5, variant="official", include_self=include_self)
+    got = _grads(lambda zz, pp: hierarchical_contrastive_loss(zz, [y, second], pp,
+                                                              backend="torch", **kw), z, protos)
+    want = _grads(lambda zz, pp: ref(zz, y, prototypes=pp[0], **kw)
+                  + ref(zz, second, prototypes=pp[1], **kw), z, protos)
+    _assert_close64(got, want)
+    assert len(calls) == (0 if nested else 1)
+
+
+@pytest.mark.parametrize("norm", [3.0, 30.0])
+def test_fused_duplicate_rows_at_huge_logits(norm):
+    """Duplicated rows (nodes, and prototypes equal to nodes: ties across two products) with
+    |s| to ~9,000, fused path (mean reduction): error within 1e-5 relative of the fp32
+    reference's. (Known: several levels put the level-specific keys in a second product, so a
+    prototype that duplicates a node bitwise does not tie it bitwise; the error grows with
+    ulp(|s|): 1.4e-5 relative at |s| ~ 1e5, norm 100.)"""
+    gen = torch.Generator().manual_seed(5)
+    z = torch.randn(60, 16, generator=gen)
+    z = z / z.norm(dim=1, keepdim=True) * norm
+    z[30:] = z[:30]
+    y = torch.randint(0, 3, (60,), generator=gen)
+    protos = [z[[0, 7, 9]].clone(), z[[1, 2]].clone()]
+    labels = [y, y // 2]
+    kw = dict(temperature=0.1, variant="official")
+    zz = z.clone().requires_grad_()
+    got = hierarchical_contrastive_loss(zz, labels, protos, backend="torch", **kw)
+    got.backward()
+    assert torch.isfinite(zz.grad).all()
+
+    def total(t, ps):
+        return sum(ref(t, lab, prototypes=q, **kw) for lab, q in zip(labels, ps, strict=True))
+
+    exp = total(z.double(), [q.double() for q in protos])
+    low = total(z, protos).double()
+    err, ref_err = abs(got.double() - exp).item(), abs(low - exp).item()
+    assert err <= 2 * ref_err + 1e-5 * max(1.0, abs(exp.item()))
