@@ -157,10 +157,12 @@ def test_row_normalisation():
 
 
 def _ctx(g, graph, seed=0):
-    """Training nodes: the first 4 of every class (tail classes with several nodes)."""
+    """Training nodes: the first 4 of every class (tail classes with several nodes);
+    validation nodes: the next 2."""
     train = torch.cat([torch.nonzero(g.y == c).flatten()[:4] for c in range(g.num_classes)])
+    val = torch.cat([torch.nonzero(g.y == c).flatten()[4:6] for c in range(g.num_classes)])
     return MethodContext(g.x, g.y, graph, train, g.num_classes,
-                         torch.Generator().manual_seed(seed))
+                         torch.Generator().manual_seed(seed), val_idx=val)
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -171,13 +173,13 @@ def test_sparse_forward_matches_dense_reference(tiny, method, norm):
     g, graph = tiny
     cfg = BaselineConfig(method=method, hidden=8, adj_norm=norm, im_class_num=2)
     model = build_method(_ctx(g, graph), cfg).eval()
-    a = _dense(graph)
+    a = _dense(getattr(model, "graph_mx", graph))    # GraphMixup: raw A, no self-loops
     x = g.x
     if hasattr(model, "sources"):          # over-sampling / SMOTE: the official dense build
         a = augment_adjacency_dense(a, model.sources)
         x = model.x_aug
-    if norm == "row":
-        a = a / a.sum(1, keepdim=True)
+    if norm == "row":                   # an isolated node's zero row stays 0
+        a = a / a.sum(1, keepdim=True).clamp_min(1e-30)
     with torch.no_grad():
         expect = model(x, a)[: g.num_nodes]
         torch.testing.assert_close(model.predict(), expect, rtol=1e-4, atol=1e-4)
@@ -234,7 +236,7 @@ def test_embed_smote_synthetic_count_and_linear_head(tiny):
 
 
 @pytest.mark.parametrize("kwargs, exc, match", [
-    (dict(method="graphmixup"), ValueError, "unknown baseline"),
+    (dict(method="no_such_method"), ValueError, "unknown baseline"),
     (dict(hidden=True), TypeError, "hidden"),
     (dict(hidden=0), ValueError, "hidden"),
     (dict(im_class_num=2.0), TypeError, "im_class_num"),

@@ -33,7 +33,14 @@ _BASELINE_ONLY = {"im_class_num": "--im-class-num", "up_scale": "--up-scale",
                   "criterion": "--criterion", "prototype_fill": "--prototype-fill",
                   "lr_expert": "--lr-expert", "expert_ep": "--expert-ep",
                   "expert_patience": "--expert-patience", "curriculum_ep": "--curriculum-ep",
-                  "kd_temperature": "--kd-temperature", "kd_reduction": "--kd-reduction"}
+                  "kd_temperature": "--kd-temperature", "kd_reduction": "--kd-reduction",
+                  # graphmixup (§2.8)
+                  "dis_nclass": "--dis-nclass", "clu_nclass": "--clu-nclass",
+                  "k_num": "--k-num", "dis_weight": "--dis-weight",
+                  "clu_weight": "--clu-weight", "delta_k": "--delta-k",
+                  "edge_mode": "--edge-mode", "pretrain_epochs": "--pretrain-epochs",
+                  "q_start_epoch": "--q-start-epoch", "mixup_neighbour": "--mixup-neighbour",
+                  "self_loops": "--self-loops"}
 
 
 def add_method_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,6 +94,29 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--kd-reduction", choices=("mean", "batchmean"), help="KL over elements "
                    "(official, default) or over nodes")
 
+    add_graphmixup_arguments(g)
+
+
+def add_graphmixup_arguments(g) -> None:
+    """GraphMixup's options (§2.8; defaults in `BaselineConfig`)."""
+    g.add_argument("--dis-nclass", type=int, help="graphmixup: local-path classes (6: hops "
+                   "1..5 and far)")
+    g.add_argument("--clu-nclass", type=int, help="graphmixup: global-path parts (15)")
+    g.add_argument("--k-num", type=int, help="graphmixup: pairs per hop class (5000)")
+    g.add_argument("--dis-weight", type=float, help="graphmixup: local-path loss weight (1)")
+    g.add_argument("--clu-weight", type=float, help="graphmixup: global-path loss weight (1)")
+    g.add_argument("--delta-k", type=float, help="graphmixup: Q-agent stops when the last 20 "
+                   "k span <= this (0.05)")
+    g.add_argument("--edge-mode", choices=("continuous", "discrete"), help="graphmixup: "
+                   "synthetic edge weights P (official) or 1[P >= 0.5]")
+    g.add_argument("--pretrain-epochs", type=int, help="graphmixup: pre-training epochs "
+                   "(default min(2010, epochs // 2, patience))")
+    g.add_argument("--q-start-epoch", type=int, help="graphmixup: fine-tune epoch where the "
+                   "Q-agent starts (50)")
+    g.add_argument("--mixup-neighbour", choices=("local", "global"), help="graphmixup: the "
+                   "official local-index bug (default) or the real neighbour")
+    g.add_argument("--self-loops", action="store_const", const=True, help="graphmixup: A+I "
+                   "instead of the official raw A")
 
 def method_config_from_args(args: argparse.Namespace) -> BaselineConfig | None:
     """None for ``--method hiertail`` (after checking no baseline option was given), else the

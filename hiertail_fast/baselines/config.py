@@ -29,15 +29,27 @@ METHOD_FIELDS: dict[str, tuple[str, ...]] = {
                         "focal_alpha", "focal", "criterion", "prototype_fill", "lr_expert",
                         "expert_ep", "expert_patience", "curriculum_ep", "kd_temperature",
                         "kd_reduction"),
+    "graphmixup": _COMMON + ("im_class_num", "up_scale", "dis_nclass", "clu_nclass", "k_num",
+                             "dis_weight", "clu_weight", "delta_k", "edge_mode",
+                             "pretrain_epochs", "q_start_epoch", "mixup_neighbour",
+                             "self_loops"),
     # own official aggregation D^-1(A+I) (no adj_norm), own architecture (no classifier)
     "graphens": ("hidden", "dropout", "lr", "weight_decay", "keep_prob", "pred_temp",
                  "warmup_epochs"),
     "imgagn": ("hidden", "dropout", "lr", "weight_decay", "im_class_num", "disc_steps",
                "gen_ratio", "gen_adv_grad"),
 }
+# method -> its official defaults where they differ from the dataclass's (§2.8: GraphMixup's
+# main.py); a field left at None takes the method's default, else the dataclass's.
+METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
+    "graphmixup": {"hidden": 128, "dropout": 0.1, "lr": 1e-3, "up_scale": 0.0,
+                   "self_loops": False},
+    "graphens": {"hidden": 256},      # §2.10
+    "imgagn": {"hidden": 128},        # §2.9
+}
+_GLOBAL_DEFAULTS = {"hidden": 64, "dropout": 0.5, "lr": 0.01, "up_scale": 1.0,
+                    "self_loops": True}
 DEFAULT_CLASSIFIER = {"embed_smote": "mlp"}   # §2.5: a Linear layer on the embeddings
-# hidden size where the method's official code differs from the harness's 64 (§2.9, §2.10)
-DEFAULT_HIDDEN = {"graphens": 256, "imgagn": 128}
 # field -> (faithful value, what the other values are)
 FAITHFUL = {
     "adj_norm": ("none", "none: unnormalised A+I, sum aggregation (the HierTail copy, §1.1); "
@@ -46,6 +58,11 @@ FAITHFUL = {
                          "True: the node loss reaches the edge generator (paper, --opt_new_G)"),
     "smote_lambda": ("class", "class: one λ ~ U(0,1) per tail class per round (official, §1.5); "
                               "node: one λ per synthetic node (SMOTE / GraphSMOTE papers)"),
+    "mixup_neighbour": ("local", "local: the neighbour's index inside the class used as a node "
+                                 "id, for its embedding and its edges (GraphMixup's bug, §2.8); "
+                                 "global: the neighbour itself (recommended)"),
+    "self_loops": (False, "GraphMixup: False: raw A without self-loops (official); "
+                          "True: A+I as the other baselines"),
     "gen_adv_grad": (False, "False: the generator's adversarial terms see detached features, "
                             "so only the feature distance trains it (official, §2.9 [BUG]); "
                             "True: they reach the generator (recommended)"),
@@ -62,7 +79,8 @@ METHOD_OFFICIAL = {("lte4g", "adj_norm"): "row"}   # LTE4G's embedder: adj_norm_
 _CHOICES = {"adj_norm": ("none", "row"), "smote_lambda": ("class", "node"),
             "classifier": ("gnn", "mlp"), "focal": ("batch", "sample"),
             "kd_reduction": ("mean", "batchmean"), "prototype_fill": ("official", "gap"),
-            "criterion": ("mean", "median", "max")}
+            "criterion": ("mean", "median", "max"), "edge_mode": ("continuous", "discrete"),
+            "mixup_neighbour": ("local", "global")}
 _SEP_CLASS = re.compile(r"pareto_[1-9][1-9]")
 
 
@@ -99,20 +117,42 @@ class BaselineConfig:
     ``epoch + 1 == args.ep`` test does), expert_patience (300: stop once 300 epochs passed the
     first max), curriculum_ep (500 student epochs, no early stop), kd_temperature T (1),
     kd_reduction ("mean" official / "batchmean").
+
+    GraphMixup (`hiertail_fast.baselines.graphmixup`): dis_nclass (6: hop classes 1..5 and
+    'far'), clu_nclass (15 parts), k_num (5000 pairs per hop class), dis_weight / clu_weight
+    (1, 1), delta_k (0.05: the Q-agent's stopping range), edge_mode ("continuous": P ⊙ M not
+    detached; "discrete": 1[P ≥ 0.5], detached), pretrain_epochs (None: min(2010, epochs // 2,
+    patience) of the harness's run), q_start_epoch (50: fine-tune epoch where the Q-agent
+    starts), mixup_neighbour ("local": official bug; "global"), self_loops (False: raw A).
+    hidden / dropout / lr / up_scale / self_loops left at None take the method's official
+    default (`METHOD_DEFAULTS`; GraphMixup 128 / 0.1 / 1e-3 / 0 / False), else 64 / 0.5 / 0.01
+    / 1 / True.
     """
 
     method: str = "origin"
-    hidden: int | None = None
-    dropout: float = 0.5
-    lr: float = 0.01
+    hidden: int = None          # type: ignore[assignment]  # None: METHOD_DEFAULTS, else 64
+    dropout: float = None       # type: ignore[assignment]  # None: METHOD_DEFAULTS, else 0.5
+    lr: float = None            # type: ignore[assignment]  # None: METHOD_DEFAULTS, else 0.01
     weight_decay: float = 5e-4
     im_class_num: int = 3
-    up_scale: float = 1.0
+    up_scale: float = None      # type: ignore[assignment]  # None: METHOD_DEFAULTS, else 1
     adj_norm: str | None = None
     smote_lambda: str = "class"
     classifier: str | None = None
     rec_weight: float = 1e-6
     edge_grad: bool = False
+    # GraphMixup (§2.8; checked in `_check_graphmixup`)
+    dis_nclass: int = 6
+    clu_nclass: int = 15
+    k_num: int = 5000
+    dis_weight: float = 1.0
+    clu_weight: float = 1.0
+    delta_k: float = 0.05
+    edge_mode: str = "continuous"
+    pretrain_epochs: int | None = None
+    q_start_epoch: int = 50
+    mixup_neighbour: str = "local"
+    self_loops: bool = None     # type: ignore[assignment]  # None: METHOD_DEFAULTS, else True
     keep_prob: float = 0.01
     pred_temp: float = 2.0
     warmup_epochs: int = 1
@@ -139,8 +179,10 @@ class BaselineConfig:
         if self.method not in METHOD_FIELDS:
             raise ValueError(f"unknown baseline method {self.method!r}; "
                              f"choose from {sorted(METHOD_FIELDS)}")
-        if self.hidden is None:      # frozen dataclass: resolve the per-method default once
-            object.__setattr__(self, "hidden", DEFAULT_HIDDEN.get(self.method, 64))
+        for name, default in _GLOBAL_DEFAULTS.items():      # frozen: resolve the None defaults
+            if getattr(self, name) is None:
+                object.__setattr__(self, name,
+                                   METHOD_DEFAULTS.get(self.method, {}).get(name, default))
         for name, low in (("hidden", 1), ("im_class_num", 1), ("ep_pre", 0), ("sep_degree", 0),
                           ("expert_ep", 1), ("expert_patience", 1), ("curriculum_ep", 1),
                           ("warmup_epochs", 1), ("disc_steps", 1)):
@@ -198,6 +240,7 @@ class BaselineConfig:
         if self.method.startswith("graphsmote") and self.classifier == "mlp":
             raise ValueError("GraphSMOTE's classifier is always the GNN classifier (§2.6); "
                              "classifier='mlp' does not apply")
+        _check_graphmixup(self)
 
     @property
     def name(self) -> str:
@@ -236,3 +279,31 @@ class BaselineConfig:
 def official_value(method: str, field: str) -> Any:
     """The official code's value of an official-vs-fix field for ``method``."""
     return METHOD_OFFICIAL.get((method, field), FAITHFUL[field][0])
+
+
+def _check_graphmixup(cfg: BaselineConfig) -> None:
+    """GraphMixup's fields (§2.8): types and ranges; its classifier is the GNN classifier."""
+    for name in ("dis_nclass", "clu_nclass", "k_num", "q_start_epoch"):
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if cfg.dis_nclass < 2 or cfg.clu_nclass < 1 or cfg.k_num < 1 or cfg.q_start_epoch < 0:
+        raise ValueError("need dis_nclass >= 2 (hop classes 1..dis_nclass-1 and 'far'), "
+                         f"clu_nclass >= 1, k_num >= 1, q_start_epoch >= 0; got {cfg.dis_nclass},"
+                         f" {cfg.clu_nclass}, {cfg.k_num}, {cfg.q_start_epoch}")
+    for name in ("dis_weight", "clu_weight", "delta_k"):
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"{name} must be a number, got {type(v).__name__}")
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"{name} must be finite and >= 0, got {v}")
+    p = cfg.pretrain_epochs
+    if p is not None and (isinstance(p, bool) or not isinstance(p, int)):
+        raise TypeError(f"pretrain_epochs must be an int or None, got {type(p).__name__}")
+    if p is not None and p < 0:
+        raise ValueError(f"pretrain_epochs must be >= 0, got {p}")
+    if not isinstance(cfg.self_loops, bool):
+        raise TypeError(f"self_loops must be a bool, got {type(cfg.self_loops).__name__}")
+    if cfg.method == "graphmixup" and cfg.classifier == "mlp":
+        raise ValueError("GraphMixup's classifier is the GNN classifier (§2.8); "
+                         "classifier='mlp' does not apply")

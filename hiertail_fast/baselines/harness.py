@@ -60,7 +60,8 @@ def train_baseline(
     data, x, y, graph = run.data, run.x, run.y, run.graph
     train_idx, val_idx, test_idx, device = run.train_idx, run.val_idx, run.test_idx, run.device
     gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
-    ctx = MethodContext(x, y, graph, train_idx, int(data.num_classes), gen)
+    ctx = MethodContext(x, y, graph, train_idx, int(data.num_classes), gen, val_idx=val_idx,
+                        epochs=int(epochs), patience=int(patience))
     model = build_method(ctx, cfg).to(device)
     opt = torch.optim.Adam(model.param_groups(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     y_val, y_test = y[val_idx].cpu(), y[test_idx].cpu()

@@ -40,7 +40,9 @@ from hiertail_fast.graph import CSRGraph
 class MethodContext:
     """One run's inputs. graph: A+I as `prepare_graph` builds it (symmetric, one unit
     self-loop per node), on x's device; train_idx int64 on that device; generator: the CPU
-    generator of every random draw of the method (λ), seeded from the run seed."""
+    generator of every random draw of the method (λ), seeded from the run seed. Optional, for
+    the methods that need them (GraphMixup's Q-agent and phases): val_idx, the harness's epoch
+    cap and patience."""
 
     x: torch.Tensor
     y: torch.Tensor
@@ -48,6 +50,9 @@ class MethodContext:
     train_idx: torch.Tensor
     num_classes: int
     generator: torch.Generator
+    val_idx: torch.Tensor | None = None
+    epochs: int | None = None
+    patience: int | None = None
 
     def __post_init__(self) -> None:
         n = self.x.shape[0]
