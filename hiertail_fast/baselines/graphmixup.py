@@ -39,7 +39,7 @@ from torch import nn
 
 from hiertail_fast.baselines.config import BaselineConfig
 from hiertail_fast.baselines.graphsmote import Decoder, candidate_edges, recon_loss
-from hiertail_fast.baselines.layers import adjacency_operator
+from hiertail_fast.baselines.layers import AugmentedAdjacency, adjacency_operator
 from hiertail_fast.baselines.methods import METHODS, BaselineMethod, MethodContext
 from hiertail_fast.baselines.mixup_targets import (
     cluster_centres,
@@ -49,7 +49,6 @@ from hiertail_fast.baselines.mixup_targets import (
     raw_adjacency,
 )
 from hiertail_fast.baselines.sampling import same_class_nearest_neighbour, tail_classes
-from hiertail_fast.graph import CSRGraph
 from hiertail_fast.metrics import macro_f1
 
 OFFICIAL_PRETRAIN_EPOCHS = 2010
@@ -163,34 +162,6 @@ class QLearningScale:
             return False
         last = self.record[-window:]
         return max(last) - min(last) <= delta_k
-
-
-class AugmentedAdjacency:
-    """B [n+s, n+s] as an operator ``B @ XW``: the original block (A, constant: a sparse CSR
-    product) plus the synthetic rows n+k and columns n+k at the candidates j with weight w_kj
-    (carrying gradient in the continuous mode), applied by gather + index_add. torch's backward
-    of a sparse matrix product with respect to its VALUES forms the dense (n+s)² matrix
-    grad·(XW)ᵀ before masking it; here the weights' gradient costs O(|cand|·h).
-    ``norm="row"``: D⁻¹B, the degrees including the synthetic weights (differentiable)."""
-
-    def __init__(self, graph: CSRGraph, s: int, cand_k: torch.Tensor, cand_j: torch.Tensor,
-                 w: torch.Tensor, norm: str = "none") -> None:
-        n = graph.num_nodes
-        pad = graph.indptr[-1:].expand(s)                   # s empty rows for the synthetic
-        base = CSRGraph(torch.cat([graph.indptr, pad]), graph.indices, None, n + s,
-                        validate=False)
-        self.const = adjacency_operator(base, "none")
-        self.rows = torch.cat([n + cand_k, cand_j])
-        self.cols = torch.cat([cand_j, n + cand_k])
-        self.w = torch.cat([w, w])
-        self.inv_deg = None
-        if norm == "row":
-            deg = base.degree(self.w.dtype).index_add(0, self.rows, self.w)
-            self.inv_deg = torch.where(deg > 0, 1.0 / deg.clamp_min(1e-30), torch.zeros_like(deg))
-
-    def __matmul__(self, xw: torch.Tensor) -> torch.Tensor:
-        out = (self.const @ xw).index_add(0, self.rows, self.w[:, None] * xw[self.cols])
-        return out if self.inv_deg is None else out * self.inv_deg[:, None]
 
 
 def pretrain_length(cfg: BaselineConfig, epochs: int | None, patience: int | None) -> int:

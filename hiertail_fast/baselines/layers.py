@@ -2,6 +2,8 @@
 
 - `adjacency_operator`: the baselines' Â as a sparse CSR tensor — the unnormalised A+I of the
   HierTail copy (``norm="none"``, faithful: sum aggregation) or D^-1(A+I) (``norm="row"``).
+- `AugmentedAdjacency`: the graph augmented with synthetic nodes (GraphSMOTE, GraphMixup) as an
+  operator, its synthetic edge weights differentiable in O(|cand|·h).
 - `GraphConv`: H' = Â (H W) + b, W [in, out] and b initialised U(±1/√out).
 - `Encoder` (GraphConv, ReLU, Dropout) and `Classifier` (GraphConv, ReLU, Dropout, Linear with
   weight N(0, 0.05²); or the Linear alone, ``cls_og='MLP'``).
@@ -34,6 +36,37 @@ def adjacency_operator(graph: CSRGraph, norm: str = "none") -> torch.Tensor:
         inv = torch.where(deg > 0, 1.0 / deg.clamp_min(1e-30), torch.zeros_like(deg))
         w = w * inv[graph.row_index()]
     return _sparse_csr(graph.indptr, graph.indices, w.contiguous(), graph.num_nodes)
+
+
+class AugmentedAdjacency:
+    """B [n+s, n+s] as an operator ``B @ XW``: the original block (``graph`` binarised, its
+    entries at weight 1; constant: a sparse CSR product) plus the synthetic rows n+k and
+    columns n+k at the candidates j with weight w_kj (carrying gradient where ``w`` does),
+    applied by gather + index_add; no synthetic–synthetic entry. torch's backward of a sparse
+    matrix product with respect to its VALUES forms the dense (n+s)² matrix grad·(XW)ᵀ before
+    masking it; here the weights' gradient costs O(|cand|·h). ``norm="row"``: D⁻¹B, the
+    degrees including the synthetic weights (differentiable)."""
+
+    def __init__(self, graph: CSRGraph, s: int, cand_k: torch.Tensor, cand_j: torch.Tensor,
+                 w: torch.Tensor, norm: str = "none") -> None:
+        if norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        n = graph.num_nodes
+        pad = graph.indptr[-1:].expand(s)                   # s empty rows for the synthetic
+        base = CSRGraph(torch.cat([graph.indptr, pad]), graph.indices, None, n + s,
+                        validate=False)
+        self.const = adjacency_operator(base, "none")
+        self.rows = torch.cat([n + cand_k, cand_j])
+        self.cols = torch.cat([cand_j, n + cand_k])
+        self.w = torch.cat([w, w])
+        self.inv_deg = None
+        if norm == "row":
+            deg = base.degree(self.w.dtype).index_add(0, self.rows, self.w)
+            self.inv_deg = torch.where(deg > 0, 1.0 / deg.clamp_min(1e-30), torch.zeros_like(deg))
+
+    def __matmul__(self, xw: torch.Tensor) -> torch.Tensor:
+        out = (self.const @ xw).index_add(0, self.rows, self.w[:, None] * xw[self.cols])
+        return out if self.inv_deg is None else out * self.inv_deg[:, None]
 
 
 class GraphConv(nn.Module):
