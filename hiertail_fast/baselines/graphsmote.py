@@ -13,8 +13,10 @@ the augmented adjacency as dense (n+s)² matrices; here
 - the augmented graph B only has entries at the mask's positions: the original block (A+I), the
   synthetic rows' candidates cand(k) = N̄(v_k) ∪ N̄(nn(v_k)) and their transpose (no
   synthetic–synthetic block, so no self-loop on a synthetic node), so P is only evaluated there,
-  O(s·deg·h) (`augmented_graph`). _T keeps the candidates with P ≥ 0.5 at weight 1, _O keeps
-  them with weight P; B is detached (as the copy does for both) and row-normalised D⁻¹B.
+  O(s·deg·h), and B is applied as an operator, never formed (`augmented_adjacency`). _T keeps
+  the candidates with P ≥ 0.5 at weight 1, _O keeps them with weight P; B is detached (as the
+  copy does for both; with ``edge_grad`` _O's weights keep their gradient, O(s·deg·h) in the
+  backward) and row-normalised D⁻¹B.
 
 L = CE over training + synthetic nodes + rw·L_rec (rw 1e-6). With ``ep_pre`` > 0 (LTE4G's copy:
 50; HierTail's and HeroLT's: 0) the loop is preceded by ``ep_pre`` pre-training epochs of the
@@ -35,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hiertail_fast.baselines.config import BaselineConfig
-from hiertail_fast.baselines.layers import adjacency_operator
+from hiertail_fast.baselines.layers import AugmentedAdjacency
 from hiertail_fast.baselines.methods import METHODS, BaselineMethod, MethodContext
 from hiertail_fast.baselines.sampling import (
     _gather_rows,
@@ -126,27 +128,25 @@ def candidate_edges(graph: CSRGraph, sources: torch.Tensor, neighbours: torch.Te
     return key // n, key % n
 
 
-def augmented_graph(graph: CSRGraph, z: torch.Tensor, cand_k: torch.Tensor,
-                    cand_j: torch.Tensor, variant: str, edge_grad: bool = False) -> CSRGraph:
-    """B [n+s, n+s] (not normalised): A+I's entries at weight 1, synthetic row n+k and column
-    n+k at the candidates j with weight 1[P ≥ 0.5] (``"t"``, zeros dropped) or P (``"o"``),
-    where P_kj = σ(z[n+k]·z[j]); s = z.shape[0] − n. Detached (the HierTail copy) unless
-    ``edge_grad`` (``"o"`` only: the weights keep their gradient to z, as the paper's _O)."""
+def augmented_adjacency(graph: CSRGraph, z: torch.Tensor, cand_k: torch.Tensor,
+                        cand_j: torch.Tensor, variant: str, edge_grad: bool = False,
+                        norm: str = "none") -> AugmentedAdjacency:
+    """B [n+s, n+s] as an operator (``norm="row"``: D⁻¹B): A+I's entries at weight 1, synthetic
+    row n+k and column n+k at the candidates j with weight 1[P ≥ 0.5] (``"t"``, zeros dropped)
+    or P (``"o"``), where P_kj = σ(z[n+k]·z[j]); s = z.shape[0] − n. Detached (the HierTail
+    copy) unless ``edge_grad`` (``"o"`` only: the weights, and so the degrees, keep their
+    gradient to z, as the paper's _O; O(|cand|·h) in the backward, `AugmentedAdjacency`)."""
     if variant not in ("t", "o"):
         raise ValueError(f"variant must be 't' or 'o', got {variant!r}")
     if edge_grad and variant == "t":
         raise ValueError("edge_grad needs continuous weights (variant 'o')")
     n = graph.num_nodes
-    s = z.shape[0] - n
     with torch.set_grad_enabled(edge_grad and torch.is_grad_enabled()):
         p = torch.sigmoid((z[n + cand_k] * z[cand_j]).sum(1)).float()
     if variant == "t":
         keep = p >= 0.5
         cand_k, cand_j, p = cand_k[keep], cand_j[keep], torch.ones_like(p[keep])
-    w0 = torch.ones(graph.num_edges, device=z.device)
-    rows = torch.cat([graph.row_index(), n + cand_k, cand_j])
-    cols = torch.cat([graph.indices, cand_j, n + cand_k])
-    return CSRGraph._from_coo(rows, cols, torch.cat([w0, p, p]), n + s, dedupe=False)
+    return AugmentedAdjacency(graph, z.shape[0] - n, cand_k, cand_j, p, norm)
 
 
 def augmented_graph_dense(adj: torch.Tensor, z: torch.Tensor, sources: torch.Tensor,
@@ -219,8 +219,9 @@ class _GraphSmote(BaselineMethod):
             ck, cj = candidate_edges(c.graph, torch.cat(srcs), torch.cat(nbrs))
         else:
             ck = cj = torch.zeros(0, dtype=torch.long, device=h.device)
-        b = augmented_graph(c.graph, z, ck, cj, self.variant, self.cfg.edge_grad)
-        logits = self.classifier(h_all, adjacency_operator(b, "row"))
+        # training: always the row-normalised B (official), whatever adj_norm
+        b = augmented_adjacency(c.graph, z, ck, cj, self.variant, self.cfg.edge_grad, "row")
+        logits = self.classifier(h_all, b)
         train = torch.cat([c.train_idx, n + torch.arange(h_all.shape[0] - n, device=h.device)])
         y_all = torch.cat([c.y, *labels])
         return F.cross_entropy(logits[train], y_all[train]) + self.cfg.rec_weight * l_rec
