@@ -140,9 +140,9 @@ def _engine(
         dz = torch.zeros(n, d, dtype=z.dtype, device=z.device)
         key_c = torch.zeros(n_c, d, dtype=z.dtype, device=z.device)      # key-side accumulators
         key_r = torch.zeros(n_r, d, dtype=z.dtype, device=z.device)
-        # w folded into the GEMM operands for one level (the official positives' gradient
-        # then goes through ``_positive_blocks.DirectGrad``'s small GEMMs)
-        folded = n_levels == 1
+        # w folded into the GEMM operands for one level (the positives' coefficients are not
+        # w-weighted: with them the weights go into the block, as for several levels)
+        folded = n_levels == 1 and positives is None
         zwc = zc * wc[0][:, None] if folded else None
     b = _block_rows(n, n_c)
     buf = torch.empty(b, n_c, dtype=z.dtype, device=z.device)
@@ -216,16 +216,13 @@ def _engine(
             # a (~ g / N) goes into the GEMM operands divided by its block max and comes back
             # as the scalar alpha: operands stay O(1), so e * a * z never turns denormal
             a_max = float(a.abs().max())
-            if positives is not None and not folded:
+            if positives is not None:
                 a_max = max(a_max, positives.coef_max(rows))
             a_max = a_max or 1.0
             a = a / a_max
             if folded:
                 dz[rows] += (e @ zwc).mul_(a[0][:, None] * (scale * a_max))
                 key_c.addmm_(e.t(), zb * a[0][:, None], alpha=a_max)
-                if positives is not None:                # e still holds the forward values
-                    positives.common_block(rows, e, m_c, max_b, arg_b,
-                                           positives.direct_grad(dz, rows, zb, zc, scale))
             else:
                 t = torch.mm(a.t(), wc, out=tbuf[: r1 - r0])              # sum_l a_li w_lk
                 t.mul_(e)                    # t = the gradient block; e keeps the forward values

@@ -44,25 +44,6 @@ def key_order(gid: torch.Tensor) -> torch.Tensor:
     return order
 
 
-class DirectGrad:
-    """Where the positives' gradient goes when the block's gradient matrix is not theirs to
-    modify (one level: the weights are folded into the GEMM operands). Each slice's
-    coefficients C [r, m] become two small GEMMs, dz_rows += scale C z_keys and
-    dz_keys += scale C^T z_rows: 2 sum_c n_c^2 d multiply-adds, far less than the two extra
-    element-wise passes over the whole block that unfolding the weights would cost."""
-
-    def __init__(self, dz, rows, zb, zc, cidx, scale: float):
-        self.dz, self.rows, self.zb, self.zc, self.cidx, self.scale = dz, rows, zb, zc, cidx, scale
-
-    def add_slice(self, rsel, c0: int, c1: int, cq) -> None:
-        self.dz.index_add_(0, self.rows[rsel], cq @ self.zc[c0:c1], alpha=self.scale)
-        self.dz.index_add_(0, self.cidx[c0:c1], cq.t() @ self.zb[rsel], alpha=self.scale)
-
-    def add_pairs(self, r, col, val) -> None:
-        self.dz.index_add_(0, self.rows[r], val[:, None] * self.zc[col], alpha=self.scale)
-        self.dz.index_add_(0, self.cidx[col], val[:, None] * self.zb[r], alpha=self.scale)
-
-
 class BlockPositives:
     """Positive-pair sums T, Q [L, N] (and gradient terms) of the levels whose groups are
     contiguous among the common keys ``cidx`` (common key order = ``key_order``)."""
@@ -108,8 +89,7 @@ class BlockPositives:
 
         rows [b] (original ids); e [b, n_c] = exp(s - m_c), the forward values; target: the
         block's gradient matrix (E * weights, normalised by 1 / inv_norm), which gets the
-        positives' coefficients c_i q_ij * inv_norm added in place (no copy of q is kept), or
-        a `DirectGrad`."""
+        positives' coefficients c_i q_ij * inv_norm added in place (no copy of q is kept)."""
         for lev, ok in enumerate(self.handled):
             if not ok:
                 continue
@@ -153,9 +133,7 @@ class BlockPositives:
                 q[mine, cp[mine]] = 0.0
         t_row[rsel] += t_sum
         q_row[rsel] += q_sum
-        if isinstance(target, DirectGrad):
-            target.add_slice(rsel, c0, c1, q.mul_(coef[rsel][:, None]))
-        elif target is not None:
+        if target is not None:
             c = coef[rsel][:, None]
             if isinstance(rsel, slice):
                 target[rsel, c0:c1].addcmul_(q, c)
@@ -187,13 +165,8 @@ class BlockPositives:
         q = torch.div(x, den)
         t_row.index_add_(0, r, torch.log_(den))
         q_row.index_add_(0, r, q)
-        if isinstance(target, DirectGrad):
-            target.add_pairs(r, col, q.mul_(coef[r]))
-        elif target is not None:
+        if target is not None:
             target.view(-1).index_add_(0, flat, q.mul_(coef[r]))
-
-    def direct_grad(self, dz, rows, zb, zc, scale: float) -> DirectGrad:
-        return DirectGrad(dz, rows, zb, zc, self.cidx, scale)
 
     def coef_max(self, rows) -> float:
         if self.pos_coef is None:
