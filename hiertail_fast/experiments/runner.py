@@ -224,6 +224,7 @@ def run_specs(specs: list[RunSpec], budget: Budget, source: DataSource, cache: R
     import torch
 
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    code_version()                   # the commit at the start, not after later edits
     device_type = torch.device(device).type
     todo = [(s, seed) for s in specs for seed in budget.seeds]
     bar = None
