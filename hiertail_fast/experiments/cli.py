@@ -137,10 +137,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
             if synthetic is None:
                 from hiertail_fast.data.datasets import canonical_name
                 datasets = [canonical_name(x) for x in datasets]
-                missing = [x for x in datasets if x not in present]
-                if missing:
-                    raise ValueError(f"--datasets: {', '.join(missing)} not in {data_dir} "
-                                     f"(present: {', '.join(present) or 'none'})")
+                for x in datasets:     # an .npz or, for cora_full / wiki, PyG's raw files
+                    try:
+                        source.load(x)
+                    except FileNotFoundError as exc:
+                        raise ValueError(f"--datasets {x}: not in {data_dir} (present: "
+                                         f"{', '.join(present) or 'none'}); {exc}") from None
+            elif datasets != ["synthetic"]:
+                raise ValueError("--synthetic runs the one graph named 'synthetic'")
         if not datasets:
             raise ValueError(f"no dataset found in {data_dir}")
         out = args.out or Path("results") / args.name
