@@ -129,3 +129,13 @@ def test_bad_arguments_exit_with_a_message(tmp_path, capsys, bad, message):
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_report_only_trains_nothing_and_names_what_is_missing(tmp_path, monkeypatch):
+    base = ["main", *TINY, "--out", str(tmp_path)]
+    main([*base, "--methods", "origin"])
+    calls = _count_trainings(monkeypatch)
+    res = main([*base, "--methods", "origin,reweight", "--report-only"])
+    assert calls == []
+    assert [r["row"] for r in res["rows"]] == ["origin"]
+    assert any("synthetic / reweight: no finished run yet" in n for n in res["notes"])

@@ -23,7 +23,7 @@ from hiertail_fast.experiments.runner import (
 )
 
 # options that change where / how fast results are written, not what they are
-_NOT_RESULT_ARGS = ("out", "runs_dir", "no_progress", "threads", "data_dir")
+_NOT_RESULT_ARGS = ("out", "runs_dir", "no_progress", "threads", "data_dir", "report_only")
 
 
 def _module(name: str):
@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(official HierTail copy, default) or row = D^-1(A+I) (LTE4G / HeroLT; "
                    "PROTOCOL §5.2 item 9)")
     t.add_argument("--no-progress", action="store_true")
+    t.add_argument("--report-only", action="store_true", help="train nothing: write the tables "
+                   "from the runs already cached (rows say how many seeds they hold)")
     seen = set()
     for name in EXPERIMENTS:
         add = getattr(_module(name), "add_arguments", None)
@@ -159,7 +161,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     except (ValueError, TypeError, OSError) as exc:
         parser.error(str(exc))
     records = run_specs(specs, budget, source, ctx.cache, device=device,
-                        progress=not args.no_progress)
+                        progress=not args.no_progress and not args.report_only,
+                        train=not args.report_only)
+    if args.report_only:
+        done = {(r["spec"].dataset, r["spec"].row) for r in records}
+        absent = [f"{s.dataset} / {s.row}" for s in specs if (s.dataset, s.row) not in done]
+        ctx.notes += [f"- {a}: no finished run yet (--report-only)" for a in absent]
     body, payload, figures = module.report(ctx, records)
     prov = provenance(argv, budget, started, device)
     notes = ("\n\nNotes:\n" + "\n".join(ctx.notes)) if ctx.notes else ""

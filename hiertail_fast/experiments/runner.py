@@ -218,8 +218,10 @@ def _train(spec: RunSpec, data, split, graph, seed: int, budget: Budget, device:
 
 
 def run_specs(specs: list[RunSpec], budget: Budget, source: DataSource, cache: RunCache, *,
-              device: str = "cpu", progress: bool = True, log=None) -> list[dict]:
-    """Every (spec, seed) of the budget: the cached record, or train, record and cache it.
+              device: str = "cpu", progress: bool = True, log=None,
+              train: bool = True) -> list[dict]:
+    """Every (spec, seed) of the budget: the cached record, or train, record and cache it
+    (``train=False``: only the cached records; the missing ones are counted in the log).
     Returns the records in spec order, seeds in budget order."""
     import torch
 
@@ -231,10 +233,13 @@ def run_specs(specs: list[RunSpec], budget: Budget, source: DataSource, cache: R
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=len(todo), desc="runs", dynamic_ncols=True)
-    records = []
+    records, missing = [], []
     for i, (spec, seed) in enumerate(todo):
         identity = spec.identity(seed, budget, device_type, source.data_key(spec.dataset))
         record = cache.get(spec, identity)
+        if record is None and not train:
+            missing.append(f"{spec.dataset} {spec.row} seed {seed}")
+            continue
         if record is None:
             data, split, graph = source.run_inputs(spec, seed)
             t0 = time.perf_counter()
@@ -254,6 +259,9 @@ def run_specs(specs: list[RunSpec], budget: Budget, source: DataSource, cache: R
             bar.update(1)
     if bar is not None:
         bar.close()
+    if missing:
+        log(f"{len(missing)} of {len(todo)} runs are not cached and were not trained "
+            f"(--report-only): {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}")
     return records
 
 
