@@ -108,6 +108,31 @@ def _device(args) -> str:
     return args.device
 
 
+def _select_datasets(args, source: DataSource, data_dir: Path) -> list[str]:
+    """--datasets (each loadable: a user's .npz or, for cora_full / wiki, PyG's raw files), else
+    every paper dataset with an .npz in the data folder (or the synthetic graph)."""
+    present = source.available()
+    if not args.datasets:
+        if not present:
+            raise ValueError(f"no dataset found in {data_dir}")
+        return present
+    datasets = [x.strip() for x in args.datasets.split(",") if x.strip()]
+    if source.synthetic is not None:
+        if datasets != ["synthetic"]:
+            raise ValueError("--synthetic runs the one graph named 'synthetic'")
+        return datasets
+    from hiertail_fast.data.datasets import canonical_name
+
+    datasets = [canonical_name(x) for x in datasets]
+    for x in datasets:
+        try:
+            source.load(x)
+        except FileNotFoundError as exc:
+            raise ValueError(f"--datasets {x}: not in {data_dir} (present: "
+                             f"{', '.join(present) or 'none'}); {exc}") from None
+    return datasets
+
+
 def _result_args(args) -> dict:
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in sorted(vars(args).items())
             if k not in _NOT_RESULT_ARGS}
@@ -132,23 +157,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         if synthetic is None and not data_dir.is_dir():
             raise ValueError(f"data folder {data_dir} not found (--data-dir or $HIERTAIL_DATA)")
         source = DataSource(data_dir, synthetic)
-        present = source.available()
-        datasets = present
-        if args.datasets:
-            datasets = [x.strip() for x in args.datasets.split(",") if x.strip()]
-            if synthetic is None:
-                from hiertail_fast.data.datasets import canonical_name
-                datasets = [canonical_name(x) for x in datasets]
-                for x in datasets:     # an .npz or, for cora_full / wiki, PyG's raw files
-                    try:
-                        source.load(x)
-                    except FileNotFoundError as exc:
-                        raise ValueError(f"--datasets {x}: not in {data_dir} (present: "
-                                         f"{', '.join(present) or 'none'}); {exc}") from None
-            elif datasets != ["synthetic"]:
-                raise ValueError("--synthetic runs the one graph named 'synthetic'")
-        if not datasets:
-            raise ValueError(f"no dataset found in {data_dir}")
+        datasets = _select_datasets(args, source, data_dir)
         out = args.out or Path("results") / args.name
         ctx = Context(args, budget, source, RunCache(args.runs_dir or out / "runs"), datasets,
                       device)

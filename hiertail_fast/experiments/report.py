@@ -76,6 +76,7 @@ def comparison_rows(summary: dict, rows: list[tuple[str, str, str]], paper_looku
                                    "comparison": c}
         entry["verdict"] = row_verdict(comps)
         entry["epochs_run"] = s["epochs_run"]
+        entry["train_wall_s"] = s["wall_s"]
         out.append(entry)
     return out
 
