@@ -42,7 +42,7 @@ import torch
 from hiertail_fast.data.io import GraphData
 from hiertail_fast.data.pyg import as_graph_data
 from hiertail_fast.data.splits import natural_split
-from hiertail_fast.metrics import evaluate, macro_f1
+from hiertail_fast.metrics import evaluate, macro_f1, per_class_accuracy
 from hiertail_fast.nn.hiertail import HierTail, HierTailConfig, prepare_graph
 
 __all__ = ["train_hiertail", "run_seeds", "seed_everything", "DEFAULT_SEEDS"]
@@ -160,6 +160,7 @@ def train_hiertail(
         "config_name": cfg.name,
         "test": evaluate(y_test, pred[test_idx_c]),
         "val": evaluate(y_val, pred[val_idx_c]),
+        "test_per_class": per_class_recall(y_test, pred[test_idx_c], int(data.num_classes)),
         **fit_record(fit),
         "pool_sizes": cfg.pool_sizes(n, int(data.num_classes)),
         "final_loss": fit.last_loss.as_floats(),
@@ -260,6 +261,13 @@ def fit_early_stopping(model: torch.nn.Module, opt: torch.optim.Optimizer,
             break
     return FitResult(best_state, best_epoch, max_idx, epoch + 1, stopped_early, train_time,
                      eval_time, loss)
+
+
+def per_class_recall(y_true: torch.Tensor, y_pred: torch.Tensor, num_classes: int) -> list:
+    """Per-class test recall (the per-class bAcc of the paper's figure) as a JSON-able list;
+    None for a class without test nodes."""
+    return [None if np.isnan(v) else float(v)
+            for v in per_class_accuracy(y_true, y_pred, num_classes)]
 
 
 def fit_record(fit: FitResult) -> dict:

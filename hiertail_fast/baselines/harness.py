@@ -24,6 +24,7 @@ from hiertail_fast.train import (
     DEFAULT_SEEDS,
     fit_early_stopping,
     fit_record,
+    per_class_recall,
     prepare_run,
     run_each_seed,
 )
@@ -89,6 +90,7 @@ def train_baseline(
         "config_name": cfg.name,
         "test": evaluate(y_test, pred[test_idx.cpu()]),
         "val": evaluate(y_val, pred[val_idx.cpu()]),
+        "test_per_class": per_class_recall(y_test, pred[test_idx.cpu()], int(data.num_classes)),
         **fit_record(fit),
         "final_loss": float(fit.last_loss.detach()),
         "lr": cfg.lr,

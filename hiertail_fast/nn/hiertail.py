@@ -61,6 +61,8 @@ from hiertail_fast.ops.topk_pool import topk_pool, topk_unpool
 
 __all__ = ["HierTail", "HierTailConfig", "HierTailOutput", "HierTailLoss", "prepare_graph"]
 
+_ACTIVATIONS = {"relu": F.relu, "leaky_relu": F.leaky_relu, "elu": F.elu, "tanh": torch.tanh}
+
 def prepare_graph(edge_index, num_nodes: int | None = None, edge_weight=None) -> CSRGraph:
     """The input graph as the official loader leaves it (``add_sl=True``): symmetrised, without
     duplicates, every old self-loop removed and exactly one unit self-loop per node. Build it
@@ -149,7 +151,8 @@ class HierTail(nn.Module):
             self.down = nn.ModuleList([down] * levels)
         else:
             self.down = nn.ModuleList(GCNConv(h, h, improved=imp) for _ in range(levels))
-        n_up_hidden = levels if cfg.linear_classifier else levels - 1
+        # without task grouping (ablation M1 off) one GCN follows the embedding, as in Origin
+        n_up_hidden = max(levels, 1) if cfg.linear_classifier else max(levels - 1, 0)
         if cfg.share_convs:
             up = GCNConv(h, h, improved=imp)
             ups = [up] * n_up_hidden
@@ -175,7 +178,8 @@ class HierTail(nn.Module):
 
     # ---------------------------------------------------------------------------------------
     def _act(self, x: torch.Tensor) -> torch.Tensor:
-        return F.dropout(F.relu(x), p=self.config.dropout, training=self.training)
+        return F.dropout(_ACTIVATIONS[self.config.activation](x), p=self.config.dropout,
+                         training=self.training)
 
     def forward(self, x: torch.Tensor, graph: CSRGraph | torch.Tensor | None = None
                 ) -> HierTailOutput:
@@ -206,6 +210,13 @@ class HierTail(nn.Module):
             xs.append(h)
             graphs.append(res.graph)
             perms.append(res.perm)
+        if cfg.num_levels == 0:          # ablation without task grouping (M1 off)
+            u = self.up[0](h, graph)
+            if cfg.linear_classifier:
+                u = self._act(u)
+                return HierTailOutput(logits=self.classifier(u), embedding=h, pooled=[],
+                                      perms=[], hidden=u)
+            return HierTailOutput(logits=u, embedding=h, pooled=[], perms=[], hidden=h)
         # Unpooling with sum skips: up[i] runs on level j = L-1-i's graph.
         u = xs[-1]
         for i, j in enumerate(range(cfg.num_levels - 1, -1, -1)):
@@ -271,6 +282,9 @@ class HierTail(nn.Module):
         cast = (lambda t: t) if dtype is None else (lambda t: t.to(dtype))
         y_train = y[train_idx]
         ce = F.cross_entropy(output.logits[train_idx], y_train)
+        if not cfg.contrastive:          # ablation without M2: L = CE
+            zero = ce.new_zeros(())
+            return HierTailLoss(total=ce, ce=ce, scl=zero, bcl=zero, bcl_levels=[])
         scl_input = output.logits if cfg.scl_on == "logits" else output.hidden
         scl = balanced_contrastive_loss(cast(scl_input[train_idx]), y_train, **kw)
 

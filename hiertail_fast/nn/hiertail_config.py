@@ -16,6 +16,7 @@ _POOL_MODES = ("classes", "official")
 _VARIANTS = ("exact", "official")
 _BACKENDS = (None, "reference", "torch", "triton", "attention")
 _LOSS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ACTIVATIONS = ("relu", "leaky_relu", "elu", "tanh")   # the appendix figure's activation sweep
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,13 @@ class HierTailConfig:
         applied ``pool_rescale_power`` times (1 = once, the recommended fix; s+1 at seed index s
         reproduces the code's compounding bug); a ratio >= 1 is a count floor(r) (PyG ``topk``),
         a ratio < 1 keeps ceil(r·n_prev).
+    pool_counts: explicit number of tasks per level (e.g. (198, 70) for Table 5's over-clustering
+        row); overrides pool_ratios / pool_mode and sets the number of levels. None: the ratios.
+    task_grouping (M1) / contrastive (M2): the ablation switches of Table 4. ``task_grouping=False``
+        drops the pooling levels: embedding GCN -> one GCN -> classifier (paper: GCN h->h, act,
+        Linear; official: GCN h->C). ``contrastive=False`` drops SCL and BCL (L = CE). BCL needs
+        the task prototypes, so ``contrastive`` requires ``task_grouping``.
+    activation: the non-linearity after every hidden GCN (relu in both configurations).
     """
 
     name: str = "paper"
@@ -51,6 +59,10 @@ class HierTailConfig:
     loss_dtype: str | None = None      # float32|bfloat16|float16 (or dtype): contrastive inputs
     lr: float = 0.01
     weight_decay: float = 5e-4
+    pool_counts: tuple[int, ...] | None = None
+    task_grouping: bool = True         # M1
+    contrastive: bool = True           # M2
+    activation: str = "relu"
 
     def __post_init__(self) -> None:
         if isinstance(self.hidden, bool) or not isinstance(self.hidden, numbers.Integral):
@@ -92,11 +104,33 @@ class HierTailConfig:
             raise ValueError(f"lr must be finite and > 0, got {self.lr}")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise ValueError(f"weight_decay must be finite and >= 0, got {self.weight_decay}")
+        self._check_ablation_fields()
+
+    def _check_ablation_fields(self) -> None:
+        if self.pool_counts is not None:
+            counts = tuple(self.pool_counts)
+            if not counts or any(isinstance(k, bool) or not isinstance(k, numbers.Integral)
+                                 or k < 1 for k in counts):
+                raise ValueError(f"pool_counts must be a non-empty tuple of integers >= 1, got "
+                                 f"{self.pool_counts!r}")
+            object.__setattr__(self, "pool_counts", tuple(int(k) for k in counts))
+            if self.bcl_mode == "official" and len(counts) < 2:
+                raise ValueError("bcl_mode='official' needs at least two pooling levels")
+        for name in ("task_grouping", "contrastive"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.contrastive and not self.task_grouping:
+            raise ValueError("contrastive=True (M2) needs task_grouping=True (M1): the balanced "
+                             "contrastive loss contrasts nodes with the task prototypes")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation={self.activation!r} is not one of {ACTIVATIONS}")
 
     @property
     def num_levels(self) -> int:
-        """L, the number of task-grouping (pooling) levels."""
-        return len(self.pool_ratios)
+        """L, the number of task-grouping (pooling) levels (0 without task grouping)."""
+        if not self.task_grouping:
+            return 0
+        return len(self.pool_counts) if self.pool_counts is not None else len(self.pool_ratios)
 
     @classmethod
     def paper(cls, **overrides) -> HierTailConfig:
@@ -127,10 +161,20 @@ class HierTailConfig:
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
         out["pool_ratios"] = list(self.pool_ratios)
+        if self.pool_counts is not None:
+            out["pool_counts"] = list(self.pool_counts)
         return out
 
     def pool_sizes(self, num_nodes: int, num_classes: int) -> list[int | float]:
         """What each level hands to ``topk_pool``: an int count or a float ratio in (0, 1]."""
+        if not self.task_grouping:
+            return []
+        if self.pool_counts is not None:   # a level keeps at most the previous level's nodes
+            sizes, prev = [], num_nodes
+            for k in self.pool_counts:
+                prev = min(k, prev)
+                sizes.append(prev)
+            return sizes
         if self.pool_mode == "classes":
             return [max(1, math.ceil(r * num_classes)) for r in self.pool_ratios]
         first = float(self.pool_ratios[0])

@@ -1,0 +1,194 @@
+"""The command line of the experiments (``python -m hiertail_fast.experiments NAME --help``)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from hiertail_fast.experiments import EXPERIMENTS
+from hiertail_fast.experiments.common import Context
+from hiertail_fast.experiments.runner import (
+    FULL_EPOCHS,
+    FULL_PATIENCE,
+    FULL_SEEDS,
+    QUICK,
+    Budget,
+    DataSource,
+    RunCache,
+    run_specs,
+)
+
+# options that change where / how fast results are written, not what they are
+_NOT_RESULT_ARGS = ("out", "runs_dir", "no_progress", "threads", "data_dir", "report_only")
+
+
+def _module(name: str):
+    return importlib.import_module(EXPERIMENTS[name])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from hiertail_fast._train_cli import _non_negative, _positive
+
+    p = argparse.ArgumentParser(prog="python -m hiertail_fast.experiments",
+                                description="Reproduce one table or figure of the HierTail "
+                                "paper (see hiertail_fast/experiments/__init__.py).")
+    p.add_argument("name", choices=list(EXPERIMENTS))
+    p.add_argument("--out", type=Path, help="results folder (default results/NAME)")
+    p.add_argument("--runs-dir", type=Path, help="per-run cache (default OUT/runs); share it "
+                   "between experiments to reuse their runs")
+    d = p.add_argument_group("data")
+    d.add_argument("--data-dir", type=Path, help="folder of the uniform .npz files (default "
+                   "$HIERTAIL_DATA, else ../shared/data)")
+    d.add_argument("--datasets", help="comma-separated names (default: every paper dataset "
+                   "present in the data folder)")
+    d.add_argument("--synthetic", action="store_true", help="one small synthetic long-tail "
+                   "graph instead of the paper's datasets (tests, smoke runs)")
+    d.add_argument("--synthetic-nodes", type=_positive(int), default=240)
+    d.add_argument("--synthetic-classes", type=_positive(int), default=6)
+    b = p.add_argument_group("budget (default: the full protocol)")
+    b.add_argument("--quick", action="store_true", help=f"{QUICK['seeds']} seeds, ≤ "
+                   f"{QUICK['epochs']} epochs, patience {QUICK['patience']} (labelled REDUCED)")
+    b.add_argument("--seeds", nargs="+", help="a count from --seed-base or a list: 3 | 1,2,5")
+    b.add_argument("--seed-base", type=int, default=FULL_SEEDS[0])
+    b.add_argument("--epochs", type=_positive(int))
+    b.add_argument("--patience", type=_non_negative(int))
+    t = p.add_argument_group("training")
+    t.add_argument("--device", help="cpu or cuda[:N] (default: cuda when present)")
+    t.add_argument("--threads", type=_positive(int), help="torch CPU threads (default: 1 below "
+                   "5,000 nodes, else torch's default)")
+    t.add_argument("--hidden", type=_positive(int), help="override every method's hidden size")
+    t.add_argument("--lr", type=_positive(float), help="override every method's learning rate "
+                   "(e.g. 0.001, the official code's default, PROTOCOL §5.1 item 1)")
+    t.add_argument("--adj-norm", choices=("none", "row"), help="baselines' adjacency: none "
+                   "(official HierTail copy, default) or row = D^-1(A+I) (LTE4G / HeroLT; "
+                   "PROTOCOL §5.2 item 9)")
+    t.add_argument("--no-progress", action="store_true")
+    t.add_argument("--report-only", action="store_true", help="train nothing: write the tables "
+                   "from the runs already cached (rows say how many seeds they hold)")
+    seen = set()
+    for name in EXPERIMENTS:
+        add = getattr(_module(name), "add_arguments", None)
+        if add is not None and add not in seen:
+            seen.add(add)
+            add(p.add_argument_group(f"{name}"))
+    return p
+
+
+def budget_from_args(args) -> Budget:
+    from hiertail_fast._train_cli import parse_seeds
+
+    seeds = list(FULL_SEEDS)
+    epochs, patience = FULL_EPOCHS, FULL_PATIENCE
+    if args.quick:
+        seeds = list(range(args.seed_base, args.seed_base + QUICK["seeds"]))
+        epochs, patience = QUICK["epochs"], QUICK["patience"]
+    elif args.seed_base != FULL_SEEDS[0]:
+        seeds = list(range(args.seed_base, args.seed_base + len(FULL_SEEDS)))
+    if args.seeds:
+        seeds = parse_seeds(args.seeds, args.seed_base)
+    epochs = args.epochs if args.epochs is not None else epochs
+    patience = args.patience if args.patience is not None else patience
+    return Budget(tuple(seeds), epochs, patience)
+
+
+def _device(args) -> str:
+    import torch
+
+    from hiertail_fast._train_cli import _device_error
+
+    if args.device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    problem = _device_error(args.device)
+    if problem:
+        raise ValueError(problem)
+    return args.device
+
+
+def _select_datasets(args, source: DataSource, data_dir: Path) -> list[str]:
+    """--datasets (each loadable: a user's .npz or, for cora_full / wiki, PyG's raw files), else
+    every paper dataset with an .npz in the data folder (or the synthetic graph)."""
+    present = source.available()
+    if not args.datasets:
+        if not present:
+            raise ValueError(f"no dataset found in {data_dir}")
+        return present
+    datasets = [x.strip() for x in args.datasets.split(",") if x.strip()]
+    if source.synthetic is not None:
+        if datasets != ["synthetic"]:
+            raise ValueError("--synthetic runs the one graph named 'synthetic'")
+        return datasets
+    from hiertail_fast.data.datasets import canonical_name
+
+    datasets = [canonical_name(x) for x in datasets]
+    for x in datasets:
+        try:
+            source.load(x)
+        except FileNotFoundError as exc:
+            raise ValueError(f"--datasets {x}: not in {data_dir} (present: "
+                             f"{', '.join(present) or 'none'}); {exc}") from None
+    return datasets
+
+
+def _result_args(args) -> dict:
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in sorted(vars(args).items())
+            if k not in _NOT_RESULT_ARGS}
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    import torch
+
+    from hiertail_fast.experiments.report import provenance, provenance_markdown, write_outputs
+
+    started = time.time()
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    module = _module(args.name)
+    try:
+        budget = budget_from_args(args)
+        device = _device(args)
+        data_dir = args.data_dir or Path(os.environ.get("HIERTAIL_DATA", "../shared/data"))
+        synthetic = ({"nodes": args.synthetic_nodes, "classes": args.synthetic_classes,
+                      "features": 16} if args.synthetic else None)
+        if synthetic is None and not data_dir.is_dir():
+            raise ValueError(f"data folder {data_dir} not found (--data-dir or $HIERTAIL_DATA)")
+        source = DataSource(data_dir, synthetic)
+        datasets = _select_datasets(args, source, data_dir)
+        out = args.out or Path("results") / args.name
+        ctx = Context(args, budget, source, RunCache(args.runs_dir or out / "runs"), datasets,
+                      device)
+        threads = args.threads
+        if threads is None and max(source.data_key(n)["nodes"] for n in datasets) < 5000:
+            threads = 1
+        if threads is not None:
+            torch.set_num_threads(threads)
+        specs = module.specs(ctx)
+    except (ValueError, TypeError, OSError) as exc:
+        parser.error(str(exc))
+    records = run_specs(specs, budget, source, ctx.cache, device=device,
+                        progress=not args.no_progress and not args.report_only,
+                        train=not args.report_only)
+    if args.report_only:
+        done = {(r["spec"].dataset, r["spec"].row) for r in records}
+        absent = [f"{s.dataset} / {s.row}" for s in specs if (s.dataset, s.row) not in done]
+        ctx.notes += [f"- {a}: no finished run yet (--report-only)" for a in absent]
+    body, payload, figures = module.report(ctx, records)
+    prov = provenance(argv, budget, started, device)
+    notes = ("\n\nNotes:\n" + "\n".join(ctx.notes)) if ctx.notes else ""
+    trains = getattr(module, "TRAINS", True)   # the datasets table trains nothing
+    header = f"{budget.header()}\n\n" if trains else ""
+    markdown = (f"# {module.TITLE}\n\n{header}{provenance_markdown(prov, trains)}\n\n"
+                f"{body}{notes}\n")
+    full = {"experiment": args.name, "title": module.TITLE, "args": _result_args(args),
+            "budget_header": budget.header() if trains else None, "provenance": prov,
+            "notes": ctx.notes, **payload}
+    log = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    stem = args.name + (budget.tag() if trains else "")
+    paths = write_outputs(out, stem, markdown, full, figures, log=log)
+    print(markdown)
+    log("wrote " + ", ".join(str(p) for p in paths))
+    return full

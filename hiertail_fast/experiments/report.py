@@ -1,0 +1,188 @@
+"""Table writing shared by the experiments: the comparison with the paper (our mean ± std, the
+paper's, the difference in units of the paper's std, a verdict), provenance (command, commit,
+machine, torch, budget, wall time) and the atomic writing of markdown / JSON / PNG results.
+
+Verdict per metric: ``reproduced`` when |ours − paper| ≤ one paper std, else ``below`` /
+``above``; where the paper gives no std (Table 5) or a std of 0, within 0.5 points counts as
+reproduced. A row is ``reproduced`` when all its metrics are, ``below`` / ``above`` when every
+metric off by more than that lies on the same side, else ``mixed``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hiertail_fast._files import atomic_path, atomic_write_text
+from hiertail_fast.experiments.paper_numbers import METRICS, Cell
+from hiertail_fast.experiments.runner import code_version, fmt
+
+__all__ = ["compare", "row_verdict", "comparison_rows", "markdown_table", "provenance",
+           "write_outputs"]
+
+METRIC_NAMES = {"bacc": "bAcc", "macro_f1": "Macro-F1", "g_means": "G-Means", "acc": "Acc"}
+NO_STD_TOLERANCE = 0.5
+
+
+def compare(ours: float, paper: Cell | None) -> dict | None:
+    """{"diff", "diff_in_std" (None without a paper std), "verdict"}; None without a paper
+    cell."""
+    if paper is None:
+        return None
+    diff = ours - paper.mean
+    if paper.std:
+        z = diff / paper.std
+        ok = abs(z) <= 1.0
+    else:
+        z, ok = None, abs(diff) <= NO_STD_TOLERANCE
+    verdict = "reproduced" if ok else ("below" if diff < 0 else "above")
+    return {"diff": diff, "diff_in_std": z, "verdict": verdict}
+
+
+def row_verdict(comparisons: list[dict | None]) -> str:
+    cs = [c for c in comparisons if c is not None]
+    if not cs:
+        return "no paper value"
+    off = {c["verdict"] for c in cs} - {"reproduced"}
+    if not off:
+        return "reproduced"
+    return off.pop() if len(off) == 1 else "mixed"
+
+
+def comparison_rows(summary: dict, rows: list[tuple[str, str, str]], paper_lookup
+                    ) -> list[dict]:
+    """One JSON-able row per (dataset, row key, label) present in ``summary`` (runner.summarize);
+    ``paper_lookup(dataset, row_key, metric)`` -> Cell | None."""
+    out = []
+    for dataset, row, label in rows:
+        s = summary.get((dataset, row))
+        if s is None:
+            continue
+        entry: dict[str, Any] = {"dataset": dataset, "row": row, "label": label, "n": s["n"],
+                                 "seeds": s["seeds"], "metrics": {}}
+        comps = []
+        for m in METRICS:
+            paper = paper_lookup(dataset, row, m)
+            c = compare(s[m]["mean"], paper)
+            comps.append(c)
+            entry["metrics"][m] = {"ours": s[m], "paper": None if paper is None
+                                   else {"mean": paper.mean, "std": paper.std},
+                                   "comparison": c}
+        entry["verdict"] = row_verdict(comps)
+        entry["epochs_run"] = s["epochs_run"]
+        entry["train_wall_s"] = s["wall_s"]
+        out.append(entry)
+    return out
+
+
+def _diff_cell(c: dict | None) -> str:
+    if c is None:
+        return "–"
+    if c["diff_in_std"] is None:
+        return f"{c['diff']:+.1f} pt"
+    return f"{c['diff_in_std']:+.1f}σ"
+
+
+def markdown_table(rows: list[dict], expected_seeds: int) -> str:
+    """Per dataset a table: Method | seeds | per metric ours, paper, Δ (paper σ) | verdict."""
+    head = ["Method", "seeds"]
+    for m in METRICS:
+        name = METRIC_NAMES[m]
+        head += [f"{name} ours", f"{name} paper", f"{name} Δ"]
+    head.append("verdict")
+    out = []
+    for dataset in dict.fromkeys(r["dataset"] for r in rows):
+        out += [f"### {dataset}", "", "| " + " | ".join(head) + " |",
+                "|" + "---|" * len(head)]
+        for r in (r for r in rows if r["dataset"] == dataset):
+            seeds = str(r["n"]) + ("" if r["n"] >= expected_seeds else f" of {expected_seeds}")
+            cells = [r["label"], seeds]
+            for m in METRICS:
+                v = r["metrics"][m]
+                p = v["paper"]
+                cells += [fmt(v["ours"]["mean"], v["ours"]["std"]),
+                          "–" if p is None else fmt(p["mean"], p["std"]),
+                          _diff_cell(v["comparison"])]
+            cells.append(r["verdict"])
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def provenance(argv: list[str], budget, started: float, device: str) -> dict:
+    import torch
+
+    gpu = (torch.cuda.get_device_name(torch.device(device))
+           if device.startswith("cuda") and torch.cuda.is_available() else None)
+    return {
+        "command": "python -m hiertail_fast.experiments " + shlex.join(argv),
+        **code_version(),
+        "machine": {"host": platform.node(), "platform": platform.platform(),
+                    "processor": platform.processor() or platform.machine(),
+                    "cpu_count": os.cpu_count(), "gpu": gpu},
+        "python": sys.version.split()[0], "torch": torch.__version__,
+        "threads": torch.get_num_threads(), "device": device,
+        "seeds": list(budget.seeds), "epochs": budget.epochs, "patience": budget.patience,
+        "full_protocol": budget.is_full,
+        "wall_time_s": round(time.time() - started, 1),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def provenance_markdown(p: dict, trains: bool = True) -> str:
+    m = p["machine"]
+    budget = [f"- seeds {p['seeds']}, epochs ≤ {p['epochs']:,}, patience {p['patience']:,}"]
+    return "\n".join([
+        "Provenance:",
+        f"- command: `{p['command']}`",
+        f"- git commit: `{p['git_commit']}`" + (" (uncommitted changes)" if p["git_dirty"]
+                                                 else ""),
+        f"- machine: {m['host']}, {m['platform']}, {m['cpu_count']} CPUs"
+        + (f", GPU {m['gpu']}" if m["gpu"] else "") + f"; device {p['device']}, "
+        f"{p['threads']} torch thread(s)",
+        f"- python {p['python']}, torch {p['torch']}",
+        *(budget if trains else []),
+        f"- wall time of this command: {p['wall_time_s']:.0f} s (cached runs are not retrained)",
+        f"- date: {p['date']}",
+    ])
+
+
+def write_outputs(out: Path, stem: str, markdown: str, payload: dict,
+                  figures: dict[str, Any] | None = None, log=print) -> list[Path]:
+    """Write ``<stem>.md``, ``<stem>.json`` and ``<stem>-<figure>.png`` under ``out``, atomically.
+
+    A summary made by a command with other arguments (``payload["args"]``) is never replaced:
+    this one then goes to ``<stem>-<hash of the args>.*`` and the log says so. The same
+    arguments replace their own summary (the numbers are the same; more runs may be finished)."""
+    out = Path(out)
+    args_key = json.dumps(payload.get("args"), sort_keys=True, default=str)
+    existing = out / f"{stem}.json"
+    if existing.is_file():
+        try:
+            old_args = json.dumps(json.loads(existing.read_text()).get("args"), sort_keys=True,
+                                  default=str)
+        except (OSError, ValueError):
+            old_args = None
+        if old_args != args_key:
+            new_stem = f"{stem}-{hashlib.sha256(args_key.encode()).hexdigest()[:8]}"
+            log(f"{existing} comes from other arguments; kept. This command writes "
+                f"{new_stem}.*")
+            stem = new_stem
+    paths = []
+    for name, fig in (figures or {}).items():
+        p = out / f"{stem}-{name}.png"
+        with atomic_path(p) as tmp:
+            fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+        paths.append(p)
+        payload.setdefault("figures", []).append(p.name)
+    for p, text in ((out / f"{stem}.md", markdown),
+                    (out / f"{stem}.json", json.dumps(payload, indent=1, default=str) + "\n")):
+        atomic_write_text(p, text)
+        paths.append(p)
+    return paths

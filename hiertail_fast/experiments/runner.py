@@ -1,0 +1,289 @@
+"""The shared runner of the experiments: budgets, data sources, run specs, the per-run cache
+(resume) and the loop that trains whatever is not cached yet.
+
+A run is one (dataset, split, method, configuration, seed) under one budget (epochs, patience)
+on one device type. Its result is written, atomically, to its own file under the runs folder as
+soon as it finishes (``<runs>/<dataset>/<method>-<hash>-s<seed>.json``). A run whose file
+exists is never recomputed (the same run in two rows or two experiments is trained once), so an
+interrupted command resumes where it stopped, two commands can share a runs folder, and nothing
+a previous command computed is overwritten. Stopping the process (SIGSTOP / SIGCONT, or killing
+it) loses at most the run in progress.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hiertail_fast._files import atomic_write_text
+
+__all__ = ["Budget", "RunSpec", "DataSource", "RunCache", "run_specs", "summarize",
+           "FULL_SEEDS", "FULL_EPOCHS", "FULL_PATIENCE", "QUICK"]
+
+FULL_SEEDS = tuple(range(123, 133))     # the official 123..132
+FULL_EPOCHS, FULL_PATIENCE = 10_000, 1_000
+QUICK = {"seeds": 3, "epochs": 300, "patience": 100}
+METRICS = ("bacc", "macro_f1", "g_means", "acc")
+# hidden size of the paper's appendix: 64 on these three, 128 on the other paper datasets
+SMALL_HIDDEN = {"email": 64, "wiki": 64, "blogcatalog": 64}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Seeds, the epoch limit and the early-stopping patience of every run of a command."""
+
+    seeds: tuple[int, ...] = FULL_SEEDS
+    epochs: int = FULL_EPOCHS
+    patience: int = FULL_PATIENCE
+
+    def __post_init__(self) -> None:
+        if not self.seeds:
+            raise ValueError("a budget needs at least one seed")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must be distinct, got {list(self.seeds)}")
+        if self.epochs < 1 or self.patience < 0:
+            raise ValueError(f"need epochs >= 1 and patience >= 0, got {self.epochs}, "
+                             f"{self.patience}")
+
+    @property
+    def is_full(self) -> bool:
+        return (self.seeds == FULL_SEEDS and self.epochs == FULL_EPOCHS
+                and self.patience == FULL_PATIENCE)
+
+    def describe(self) -> str:
+        return (f"{len(self.seeds)} seeds ({self.seeds[0]}..{self.seeds[-1]}) × ≤ "
+                f"{self.epochs:,} epochs, patience {self.patience:,}")
+
+    def header(self) -> str:
+        """The budget line every table starts with; a reduced budget says so."""
+        if self.is_full:
+            return f"Budget: the full protocol, {self.describe()}."
+        return (f"**REDUCED BUDGET: {self.describe()}** (the paper: 10 seeds × ≤ 10,000 epochs, "
+                "patience 1,000). These numbers are not the protocol's; compare with care.")
+
+    def tag(self) -> str:
+        """'' for the full protocol, else a file-name suffix naming the budget."""
+        if self.is_full:
+            return ""
+        return f"-s{len(self.seeds)}-e{self.epochs}-p{self.patience}"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One row of a table on one dataset: a method and its configuration (seeds come from the
+    budget). ``split``: ("natural",) or ("semi_lt", alpha, val, test, alignment_bug)."""
+
+    dataset: str
+    row: str
+    method: str                      # "hiertail" or a baseline name
+    config: Any                      # HierTailConfig | BaselineConfig
+    split: tuple = ("natural",)
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def identity(self, seed: int, budget: Budget, device_type: str, data_key: dict) -> dict:
+        return {"dataset": self.dataset, "data": data_key, "split": list(self.split),
+                "method": self.method, "config": self.config.to_dict(), "seed": int(seed),
+                "epochs": budget.epochs, "patience": budget.patience, "device": device_type}
+
+
+def git(*args: str) -> str | None:
+    """``git ARGS`` in this package's checkout; None when git or the checkout is absent."""
+    try:
+        res = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
+@lru_cache(maxsize=1)
+def code_version() -> dict:
+    """The commit the runs of this process train with (and whether tracked files differ)."""
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return {"git_commit": git("rev-parse", "HEAD"),
+            "git_dirty": None if dirty is None else bool(dirty)}
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "._=-" else "_" for c in text)[:80]
+
+
+class RunCache:
+    """One JSON file per finished run; the file name carries a hash of the run's identity."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def path(self, spec: RunSpec, identity: dict) -> Path:
+        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
+        return (self.root / _safe(spec.dataset)
+                / f"{_safe(spec.method)}-{digest}-s{identity['seed']}.json")
+
+    def get(self, spec: RunSpec, identity: dict) -> dict | None:
+        p = self.path(spec, identity)
+        if not p.is_file():
+            return None
+        record = json.loads(p.read_text())
+        return record if record.get("identity") == identity else None
+
+    def put(self, spec: RunSpec, identity: dict, record: dict) -> Path:
+        p = self.path(spec, identity)
+        atomic_write_text(p, json.dumps(record, indent=1, default=_json_default) + "\n")
+        return p
+
+
+def _json_default(obj: Any):
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+class DataSource:
+    """The graphs of a command: paper datasets from ``data_dir`` (``load_dataset``, official
+    preprocessing) or one small synthetic long-tail graph named ``synthetic`` (CI)."""
+
+    def __init__(self, data_dir: Path | None, synthetic: dict | None = None) -> None:
+        self.data_dir, self.synthetic = data_dir, synthetic
+        self._data: dict[str, Any] = {}
+        self._graphs: dict[tuple, Any] = {}
+
+    def available(self) -> list[str]:
+        if self.synthetic is not None:
+            return ["synthetic"]
+        from hiertail_fast.data.datasets import DATASETS
+        return [n for n in DATASETS if (Path(self.data_dir) / f"{n}.npz").is_file()]
+
+    def load(self, name: str):
+        if name not in self._data:
+            if name == "synthetic" and self.synthetic is not None:
+                from hiertail_fast.data.synthetic import make_synthetic_graph
+                s = self.synthetic
+                g = make_synthetic_graph(s["nodes"], num_classes=s["classes"], avg_degree=6.0,
+                                         num_features=s["features"], seed=s.get("seed", 0))
+                g.name = "synthetic"
+                self._data[name] = g
+            else:
+                from hiertail_fast.data.datasets import load_dataset
+                self._data[name] = load_dataset(name, self.data_dir)
+        return self._data[name]
+
+    def data_key(self, name: str) -> dict:
+        d = self.load(name)
+        return {"nodes": int(d.y.shape[0]), "edges": int(d.edge_index.shape[1]),
+                "features": int(d.x.shape[1]), "classes": int(d.num_classes)}
+
+    def run_inputs(self, spec: RunSpec, seed: int):
+        """(graph data, split, prepared graph) of one run."""
+        from hiertail_fast.data.splits import natural_split
+        from hiertail_fast.nn.hiertail import prepare_graph
+        data = self.load(spec.dataset)
+        if spec.split[0] == "natural":
+            split = natural_split(data.y, seed)
+        elif spec.split[0] == "semi_lt":
+            from hiertail_fast.data.semi_synthetic import semi_synthetic_long_tail
+            _, alpha, val, test, bug = spec.split
+            semi = semi_synthetic_long_tail(data, alpha=alpha, val_per_class=val,
+                                            test_per_class=test, split_seed=seed,
+                                            alignment_bug=bug)
+            data, split = semi.data, semi.split
+        else:
+            raise ValueError(f"unknown split {spec.split!r}")
+        key = (spec.dataset, spec.split)
+        if key not in self._graphs:
+            self._graphs[key] = prepare_graph(data.edge_index, int(data.y.shape[0]))
+        return data, split, self._graphs[key]
+
+
+def _train(spec: RunSpec, data, split, graph, seed: int, budget: Budget, device: str) -> dict:
+    kw = dict(epochs=budget.epochs, patience=budget.patience, seed=seed, device=device,
+              graph=graph, progress=False)
+    if spec.method == "hiertail":
+        from hiertail_fast.train import train_hiertail
+        return train_hiertail(data, split, spec.config, **kw)
+    from hiertail_fast.baselines.harness import train_baseline
+    return train_baseline(data, split, spec.config, **kw)
+
+
+def run_specs(specs: list[RunSpec], budget: Budget, source: DataSource, cache: RunCache, *,
+              device: str = "cpu", progress: bool = True, log=None,
+              train: bool = True) -> list[dict]:
+    """Every (spec, seed) of the budget: the cached record, or train, record and cache it
+    (``train=False``: only the cached records; the missing ones are counted in the log).
+    Returns the records in spec order, seeds in budget order."""
+    import torch
+
+    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    code_version()                   # the commit at the start, not after later edits
+    device_type = torch.device(device).type
+    todo = [(s, seed) for s in specs for seed in budget.seeds]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(todo), desc="runs", dynamic_ncols=True)
+    records, missing = [], []
+    for i, (spec, seed) in enumerate(todo):
+        identity = spec.identity(seed, budget, device_type, source.data_key(spec.dataset))
+        record = cache.get(spec, identity)
+        if record is None and not train:
+            missing.append(f"{spec.dataset} {spec.row} seed {seed}")
+            continue
+        if record is None:
+            data, split, graph = source.run_inputs(spec, seed)
+            t0 = time.perf_counter()
+            result = _train(spec, data, split, graph, seed, budget, device)
+            record = {"identity": identity, "row": spec.row, "result": result,
+                      "wall_s": time.perf_counter() - t0, "threads": torch.get_num_threads(),
+                      **code_version(),
+                      "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            cache.put(spec, identity, record)
+            t = result["test"]
+            log(f"[{i + 1}/{len(todo)}] {spec.dataset} {spec.row} seed {seed}: bAcc "
+                f"{100 * t['bacc']:.1f} Macro-F1 {100 * t['macro_f1']:.1f} | "
+                f"{result['epochs_run']} epochs, {record['wall_s']:.0f} s")
+        record = dict(record, spec=spec)
+        records.append(record)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    if missing:
+        log(f"{len(missing)} of {len(todo)} runs are not cached and were not trained "
+            f"(--report-only): {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}")
+    return records
+
+
+def summarize(records: list[dict]) -> dict[tuple[str, str], dict]:
+    """(dataset, row) -> {"n", "seeds", metric: {"mean", "std"} ×100, "epochs_run",
+    "wall_s"}; population std over seeds, as the paper."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["spec"].dataset, r["spec"].row), []).append(r)
+    out = {}
+    for key, rs in groups.items():
+        s: dict[str, Any] = {"n": len(rs), "seeds": [r["identity"]["seed"] for r in rs]}
+        for m in METRICS:
+            v = np.array([100 * r["result"]["test"][m] for r in rs])
+            s[m] = {"mean": float(v.mean()), "std": float(v.std())}
+        s["epochs_run"] = [r["result"]["epochs_run"] for r in rs]
+        s["wall_s"] = float(sum(r["wall_s"] for r in rs))
+        out[key] = s
+    return out
+
+
+def fmt(mean: float, std: float | None) -> str:
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "–"
+    return f"{mean:.1f}" if std is None else f"{mean:.1f} ± {std:.1f}"
