@@ -45,7 +45,7 @@ from torch import nn
 
 from hiertail_fast.baselines.config import BaselineConfig
 from hiertail_fast.baselines.layers import GraphConv, adjacency_operator
-from hiertail_fast.baselines.methods import METHODS, BaselineMethod, MethodContext
+from hiertail_fast.baselines.methods import METHODS, MethodContext, OwnArchitectureMethod
 from hiertail_fast.baselines.sampling import _gather_rows
 from hiertail_fast.graph import CSRGraph
 
@@ -165,21 +165,14 @@ def saliency_mixup(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, lam: t
     return lam_m * x[src] + (1.0 - lam_m) * x[dst]
 
 
-class GraphENS(BaselineMethod):
+class GraphENS(OwnArchitectureMethod):
     """§2.10 GraphENS (see the module docstring). ``steps`` counts training steps."""
 
     name = "graphens"
 
     def __init__(self, ctx: MethodContext, cfg: BaselineConfig) -> None:
-        nn.Module.__init__(self)   # not BaselineMethod's: no LTE4G encoder / classifier here
-        if cfg.method != self.name:
-            raise ValueError(f"config is for {cfg.method!r}, method is {self.name!r}")
-        self.cfg, self.ctx = cfg, ctx
-        n, f = ctx.x.shape
-        # unit-weight A+I (the official conv ignores weights), its mean operator, and N's support
-        self.struct = CSRGraph(ctx.graph.indptr, ctx.graph.indices, None, n,
-                               validate=False).with_self_loops()
-        self.adj = adjacency_operator(self.struct, "row")
+        super().__init__(ctx, cfg)             # struct = unit-weight A+I, adj = its mean
+        f = ctx.x.shape[1]
         self.nbrs = self.struct.remove_self_loops()
         self.deg = self.nbrs.indptr[1:] - self.nbrs.indptr[:-1]
         self.degree_hist = torch.bincount(self.deg.cpu()).double()   # official degree_dist

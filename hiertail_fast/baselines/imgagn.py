@@ -48,7 +48,7 @@ from torch import nn
 
 from hiertail_fast.baselines.config import BaselineConfig
 from hiertail_fast.baselines.layers import GraphConv, adjacency_operator
-from hiertail_fast.baselines.methods import METHODS, BaselineMethod, MethodContext
+from hiertail_fast.baselines.methods import METHODS, MethodContext, OwnArchitectureMethod
 from hiertail_fast.baselines.sampling import tail_classes
 from hiertail_fast.graph import CSRGraph
 
@@ -132,21 +132,15 @@ def generated_graph_dense(adj: torch.Tensor, owners: list[torch.Tensor],
     return big / big.sum(1, keepdim=True)
 
 
-class ImGAGN(BaselineMethod):
+class ImGAGN(OwnArchitectureMethod):
     """§2.9 ImGAGN, multi-class (see the module docstring). ``steps`` counts training steps."""
 
     name = "imgagn"
     uses_tail = True
 
     def __init__(self, ctx: MethodContext, cfg: BaselineConfig) -> None:
-        nn.Module.__init__(self)   # not BaselineMethod's: D and G replace encoder / classifier
-        if cfg.method != self.name:
-            raise ValueError(f"config is for {cfg.method!r}, method is {self.name!r}")
-        self.cfg, self.ctx = cfg, ctx
-        n, f = ctx.x.shape
-        self.struct = CSRGraph(ctx.graph.indptr, ctx.graph.indices, None, n,
-                               validate=False).with_self_loops()
-        self.adj = adjacency_operator(self.struct, "row")
+        super().__init__(ctx, cfg)     # D and G replace encoder / classifier; adj = D^-1(A+I)
+        f = ctx.x.shape[1]
         self.disc = Discriminator(f, cfg.hidden, ctx.num_classes, cfg.dropout)
         train = ctx.train_idx.sort().values
         y_train = ctx.y[train]

@@ -71,15 +71,20 @@ class BaselineMethod(nn.Module):
 
     def __init__(self, ctx: MethodContext, cfg: BaselineConfig) -> None:
         super().__init__()
+        self._bind(ctx, cfg)
+        self.adj = adjacency_operator(ctx.graph, cfg.resolved_adj_norm)
+        self.encoder = Encoder(ctx.x.shape[1], cfg.hidden, cfg.dropout)
+        self.classifier = Classifier(cfg.hidden, ctx.num_classes, cfg.dropout,
+                                     cfg.resolved_classifier)
+
+    def _bind(self, ctx: MethodContext, cfg: BaselineConfig) -> None:
+        """The checks and state every method shares: the config is this method's, the tail
+        classes exist (a clear message), ``cfg`` and ``ctx`` kept."""
         if cfg.method != self.name:
             raise ValueError(f"config is for {cfg.method!r}, method is {self.name!r}")
         if self.uses_tail:
             tail_classes(ctx.num_classes, cfg.im_class_num)   # range check, clear message
         self.cfg, self.ctx = cfg, ctx
-        self.adj = adjacency_operator(ctx.graph, cfg.resolved_adj_norm)
-        self.encoder = Encoder(ctx.x.shape[1], cfg.hidden, cfg.dropout)
-        self.classifier = Classifier(cfg.hidden, ctx.num_classes, cfg.dropout,
-                                     cfg.resolved_classifier)
 
     def forward(self, x: torch.Tensor, adj: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.encoder(x, adj), adj)
@@ -106,6 +111,19 @@ class BaselineMethod(nn.Module):
         """Adam's parameter groups; a group may set its own ``weight_decay`` (GraphENS decays
         only its convolutions). Default: one group, the config's settings."""
         return [{"params": list(self.parameters())}]
+
+
+class OwnArchitectureMethod(BaselineMethod):
+    """Base of the methods with their own official modules and aggregation (GraphENS, ImGAGN):
+    no shared encoder / classifier; ``struct`` is the unit-weight A+I (their official convs
+    ignore edge weights) and ``adj`` its mean operator D^-1(A+I)."""
+
+    def __init__(self, ctx: MethodContext, cfg: BaselineConfig) -> None:
+        nn.Module.__init__(self)     # not BaselineMethod's: no shared encoder / classifier
+        self._bind(ctx, cfg)
+        self.struct = CSRGraph(ctx.graph.indptr, ctx.graph.indices, None, ctx.x.shape[0],
+                               validate=False).with_self_loops()
+        self.adj = adjacency_operator(self.struct, "row")
 
 
 class Origin(BaselineMethod):
