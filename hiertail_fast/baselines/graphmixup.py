@@ -48,7 +48,7 @@ from hiertail_fast.baselines.mixup_targets import (
     partition,
     raw_adjacency,
 )
-from hiertail_fast.baselines.sampling import same_class_nearest_neighbour, tail_classes
+from hiertail_fast.baselines.sampling import same_class_nearest_neighbour, tail_rounds
 from hiertail_fast.metrics import macro_f1
 
 OFFICIAL_PRETRAIN_EPOCHS = 2010
@@ -63,26 +63,17 @@ def mixup_rounds(y: torch.Tensor, train_idx: torch.Tensor, num_classes: int,
     ⌊n_c·(avg/n_c + k − 1 − r)⌋ (none when r < 0); up_scale > 0: ⌊up_scale⌋ full rounds and
     one over the first ⌊n_c·(up_scale − ⌊up_scale⌋)⌋. k = ``scale`` (the Q-agent's). Empty
     rounds and classes without training nodes are skipped (the official code crashes there)."""
-    if up_scale < 0:
-        raise ValueError(f"up_scale must be >= 0, got {up_scale}")
-    train_idx = train_idx.long()
-    y_train = y[train_idx]
-    avg = int(train_idx.numel() / num_classes)
-    rounds: list[tuple[int, torch.Tensor]] = []
-    for c in tail_classes(num_classes, im_class_num):
-        t_c = train_idx[y_train == c]
-        n_c = t_c.numel()
-        if n_c == 0:
-            continue
+
+    def parts(n_c: int, avg: int) -> list[int]:
         if up_scale == 0:
             full = int(avg / n_c + scale) - 1
             rest = avg / n_c + scale - 1 - full if full >= 0 else 0.0
             full = max(full, 0)
         else:
             full, rest = int(up_scale), up_scale - int(up_scale)
-        parts = [n_c] * full + ([int(n_c * rest)] if rest != 0 else [])
-        rounds.extend((c, t_c[:m]) for m in parts if m > 0)
-    return rounds
+        return [n_c] * full + ([int(n_c * rest)] if rest != 0 else [])
+
+    return tail_rounds(y, train_idx, num_classes, im_class_num, up_scale, parts)
 
 
 def mixup_embeddings(h: torch.Tensor, rounds: list[tuple[int, torch.Tensor]],

@@ -49,6 +49,28 @@ def upsample_rounds(y: torch.Tensor, train_idx: torch.Tensor, num_classes: int,
     """
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+
+    def parts(n_c: int, avg: int) -> list[int]:
+        if rule == "recon":
+            if up_scale == 0:
+                return [n_c] * int(avg / n_c)
+            return [min(int(n_c * up_scale), n_c)]
+        if up_scale == 0:
+            out = [n_c] * int(avg / n_c)
+            if rule == "smote":
+                out.append(int(n_c * (avg / n_c - int(avg / n_c))))
+            return out
+        return [n_c] * int(up_scale) + [int(n_c * (up_scale - int(up_scale)))]
+
+    return tail_rounds(y, train_idx, num_classes, im_class_num, up_scale, parts)
+
+
+def tail_rounds(y: torch.Tensor, train_idx: torch.Tensor, num_classes: int, im_class_num: int,
+                up_scale: float, parts) -> list[tuple[int, torch.Tensor]]:
+    """The official up-sampling loop shared by every rule: per tail class c (``tail_classes``
+    order) with T_c its training nodes in ``train_idx`` order, n_c = |T_c| > 0 and
+    avg = ⌊|train| / C⌋, the rounds (c, T_c[:m]) for m in ``parts(n_c, avg)``, empty ones
+    dropped (classes without training nodes are skipped)."""
     if up_scale < 0:
         raise ValueError(f"up_scale must be >= 0, got {up_scale}")
     train_idx = train_idx.long()
@@ -58,20 +80,8 @@ def upsample_rounds(y: torch.Tensor, train_idx: torch.Tensor, num_classes: int,
     for c in tail_classes(num_classes, im_class_num):
         t_c = train_idx[y_train == c]
         n_c = t_c.numel()
-        if n_c == 0:
-            continue
-        if rule == "recon":
-            if up_scale == 0:
-                parts = [n_c] * int(avg / n_c)
-            else:
-                parts = [min(int(n_c * up_scale), n_c)]
-        elif up_scale == 0:
-            parts = [n_c] * int(avg / n_c)
-            if rule == "smote":
-                parts.append(int(n_c * (avg / n_c - int(avg / n_c))))
-        else:
-            parts = [n_c] * int(up_scale) + [int(n_c * (up_scale - int(up_scale)))]
-        rounds.extend((c, t_c[:m]) for m in parts if m > 0)
+        if n_c:
+            rounds.extend((c, t_c[:m]) for m in parts(n_c, avg) if m > 0)
     return rounds
 
 
