@@ -79,25 +79,7 @@ def test_training_loss_matches_dense_reference(tiny, method, norm):
     model = build_method(ctx, cfg).train()
     loss = model.train_loss()
     # the official dense computation with the same parameters and the same λ draws
-    gen = torch.Generator().manual_seed(7)
-    a = _dense(graph)
-    a_hat = _row(a) if norm == "row" else a
-    h = model.encoder(g.x, a_hat)
-    new, labels, srcs, nbrs = [], [], [], []
-    for cls, r in model.rounds:
-        nb = same_class_nearest_neighbour(h[r])
-        new.append(smote_interpolate(h[r], nb, gen))
-        labels += [cls] * r.numel()
-        srcs.append(r)
-        nbrs.append(r[nb])
-    h_all = torch.cat([h, *new])
-    z = model.decoder.embed(h_all)
-    n = g.num_nodes
-    b = gs.augmented_graph_dense(a, z, torch.cat(srcs), torch.cat(nbrs), method[-1])
-    logits = model.classifier(h_all, _row(b))
-    idx = torch.cat([train, torch.arange(n, h_all.shape[0])])
-    y_all = torch.cat([g.y, torch.tensor(labels)])
-    expect = F.cross_entropy(logits[idx], y_all[idx]) + 0.01 * gs.recon_loss_dense(z[:n], a)
+    expect = _dense_smote_loss(model, g, norm, 0.01)
     torch.testing.assert_close(loss, expect, rtol=1e-4, atol=1e-5)
     assert model.num_synthetic == sum(min(4, int((g.y == c).sum())) for c in (3, 2))
 
