@@ -118,15 +118,13 @@ def _engine(
         # official positives read from the blocks (``_positive_blocks``): common keys sorted by
         # label, rows visited in the same order (a group's rows share a block)
         order, cidx = positives.order, positives.cidx
-        zc = z[cidx]
-        ridx = ((~common) & visible.any(dim=0)).nonzero().squeeze(1)
-    elif all_common:
-        cidx, zc = None, z
+    else:
+        cidx = None if all_common else common.nonzero().squeeze(1)
+    zc = z if cidx is None else z[cidx]
+    if all_common:
         ridx = torch.empty(0, dtype=torch.long, device=z.device)
     else:
-        cidx = common.nonzero().squeeze(1)
         ridx = ((~common) & visible.any(dim=0)).nonzero().squeeze(1)      # drop all-hidden keys
-        zc = z[cidx]
     n_c, n_r = zc.shape[0], ridx.numel()
     wc = (log_w if cidx is None else log_w[:, cidx]).exp()                # [L, N_c]
     zr, lwr = z[ridx], log_w[:, ridx]                                     # [N_r, d], [L, N_r]
