@@ -142,3 +142,57 @@ def test_fused_duplicate_rows_at_huge_logits(norm):
     low = total(z, protos).double()
     err, ref_err = abs(got.double() - exp).item(), abs(low - exp).item()
     assert err <= 2 * ref_err + 1e-5 * max(1.0, abs(exp.item()))
+
+
+def test_foldable_only_for_one_level_with_per_group_weights():
+    """One level whose key weights are constant per group: the engine keeps w folded into its
+    GEMM operands (no [b, N] gradient matrix); two levels, or weights that vary inside a group,
+    use the unfolded block."""
+    gen = torch.Generator().manual_seed(6)
+    y = torch.randint(0, 5, (90,), generator=gen)
+    z = torch.randn(90, 4, generator=gen)
+    common = torch.ones(90, dtype=torch.bool)
+    log_w = -torch.log(torch.bincount(y)[y].double())[None]
+    one = BlockPositives(z, y[None], [5], True, None, 1.0, common, log_w)
+    assert one.foldable
+    varying = log_w.clone()
+    varying[0, int((y == y[0]).nonzero()[1])] -= 1.0     # a second member of y[0]'s group
+    assert not BlockPositives(z, y[None], [5], True, None, 1.0, common, varying).foldable
+    two = BlockPositives(z, torch.stack([y, y // 2]), [5, 3], True, None, 1.0, common,
+                         torch.cat([log_w, log_w]))
+    assert not two.foldable
+    assert not BlockPositives(z, y[None], [5], True, None, 1.0, common).foldable   # no log_w
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_single_level_folded_equals_unfolded(monkeypatch, dtype, include_self):
+    """The folded official gradient (positives' coefficients divided by a_i w_i, added into
+    the exp block in place) against the unfolded block (w in a separate gradient matrix) and
+    the float64 reference: wide logits (randn, tau 0.2: most keys exactly 0 after the
+    cut-off), Zipf labels (slices and pair lists), prototypes, several row blocks."""
+    monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(4 * 96 * 540))
+    gen = torch.Generator().manual_seed(7)
+    y = _zipf_labels(500, 20, gen)
+    z = torch.randn(500, 16, generator=gen, dtype=torch.float64)
+    p = torch.randn(20, 16, generator=gen, dtype=torch.float64)
+    kw = dict(temperature=0.2, variant="official", include_self=include_self)
+
+    def run():
+        return _grads(lambda zz, pp: balanced_contrastive_loss(
+            zz, y, prototypes=pp[0], backend="torch", **kw), z.to(dtype), [p.to(dtype)])
+
+    folded = run()
+    monkeypatch.setattr(blocks_mod, "_constant_per_group", lambda *a: False)
+    unfolded = run()
+    want = _grads(lambda zz, pp: ref(zz, y, prototypes=pp[0], **kw), z, [p])
+    if dtype == torch.float64:
+        _assert_close64(folded, unfolded)
+        _assert_close64(folded, want)
+    else:
+        for a, b, c in zip([folded[0], folded[1], *folded[2]],
+                           [unfolded[0], unfolded[1], *unfolded[2]],
+                           [want[0], want[1], *want[2]], strict=True):
+            scale = float(c.abs().max())
+            assert float((a.double() - c).abs().max()) <= 1e-5 * scale
+            assert float((a - b).abs().max()) <= 1e-5 * scale

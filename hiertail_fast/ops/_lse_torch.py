@@ -138,10 +138,13 @@ def _engine(
         dz = torch.zeros(n, d, dtype=z.dtype, device=z.device)
         key_c = torch.zeros(n_c, d, dtype=z.dtype, device=z.device)      # key-side accumulators
         key_r = torch.zeros(n_r, d, dtype=z.dtype, device=z.device)
-        # w folded into the GEMM operands for one level (the positives' coefficients are not
-        # w-weighted: with them the weights go into the block, as for several levels)
-        folded = n_levels == 1 and positives is None
+        # w folded into the GEMM operands for one level. The official positives' coefficients
+        # are not w-weighted, but with one level and every key common a row's positives are
+        # its own class, whose keys share the row's weight w_i: their coefficient c_i q_ij
+        # goes into the block as c_i q_ij / (a_i w_i), and the fold holds (see below)
+        folded = n_levels == 1 and (positives is None or (n_r == 0 and positives.foldable))
         zwc = zc * wc[0][:, None] if folded else None
+        wrow = log_w[0].exp() if folded and positives is not None else None   # w_i by row id
     b = _block_rows(n, n_c)
     buf = torch.empty(b, n_c, dtype=z.dtype, device=z.device)
     tbuf = torch.empty(b, n_c, dtype=z.dtype, device=z.device) if grad and not folded else None
@@ -214,11 +217,18 @@ def _engine(
             # a (~ g / N) goes into the GEMM operands divided by its block max and comes back
             # as the scalar alpha: operands stay O(1), so e * a * z never turns denormal
             a_max = float(a.abs().max())
-            if positives is not None:
+            if positives is not None and not folded:
                 a_max = max(a_max, positives.coef_max(rows))
             a_max = a_max or 1.0
             a = a / a_max
             if folded:
+                # t_ik = a_max a_i w_k e'_ik with e' = e, plus on the row's positives (keys of
+                # its class, w_k = w_i): c_i q_ik / (a_max a_i w_i), added into e in place
+                # (its forward values are spent); rows with a_i = 0 have c_i = 0
+                if positives is not None:
+                    den = a[0] * (a_max * wrow[rows])
+                    inv = torch.where(den > 0, 1.0 / den, torch.zeros_like(den))
+                    positives.common_block(rows, e, m_c, max_b, arg_b, e, inv)
                 dz[rows] += (e @ zwc).mul_(a[0][:, None] * (scale * a_max))
                 key_c.addmm_(e.t(), zb * a[0][:, None], alpha=a_max)
             else:

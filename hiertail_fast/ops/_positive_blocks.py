@@ -32,6 +32,17 @@ from hiertail_fast.ops._lse_torch import exp_shifted_
 SLICE_GROUP = 64        # groups with at least this many common keys are read as 2-D slices
 
 
+def _constant_per_group(values: torch.Tensor, g: torch.Tensor) -> bool:
+    """Whether every group (g >= 0) has one value (rows outside every group: ignored)."""
+    inside = g >= 0
+    if not bool(inside.any()):
+        return True
+    v, gi = values[inside], g[inside]
+    first = torch.zeros(int(gi.max()) + 1, dtype=v.dtype, device=v.device)
+    first[gi] = v                          # one member's value per group (any member)
+    return bool((first[gi] == v).all())
+
+
 def key_order(gid: torch.Tensor) -> torch.Tensor:
     """Stable lexicographic order of the rows by their group ids, the level with the most
     positive pairs (sum_c n_c^2) most significant: that level's groups are always contiguous,
@@ -48,7 +59,8 @@ class BlockPositives:
     """Positive-pair sums T, Q [L, N] (and gradient terms) of the levels whose groups are
     contiguous among the common keys ``cidx`` (common key order = ``key_order``)."""
 
-    def __init__(self, z, gid, n_groups, include_self: bool, pos_coef, scale: float, common):
+    def __init__(self, z, gid, n_groups, include_self: bool, pos_coef, scale: float, common,
+                 log_w=None):
         n_levels, n = gid.shape
         dev = gid.device
         self.z, self.gid, self.include_self = z, gid, include_self
@@ -75,6 +87,10 @@ class BlockPositives:
             self.handled.append(ok)
         self._scale = scale
         self._tie_unit = None
+        # one level whose key weights are constant inside each group (w_k = 1 / class size):
+        # the engine may keep w folded into its GEMM operands (``_lse_torch._engine``)
+        self.foldable = n_levels == 1 and self.handled[0] and log_w is not None and bool(
+            _constant_per_group(log_w[0, self.cidx], gid[0, self.cidx]))
 
     def _tie(self, rows, row_max_b):
         """``_contrastive_pairs._tie_bound`` of the block's rows (their maxima row_max_b)."""
@@ -84,12 +100,14 @@ class BlockPositives:
         return self._tie_unit[rows] + torch.finfo(self.z.dtype).eps * row_max_b.abs()
 
     # ---- forward: common keys
-    def common_block(self, rows, e, m_c, max_b, arg_b, target=None, inv_norm: float = 1.0):
+    def common_block(self, rows, e, m_c, max_b, arg_b, target=None, inv_norm=1.0):
         """Sums of the block's positives with a common key, into T and Q.
 
         rows [b] (original ids); e [b, n_c] = exp(s - m_c), the forward values; target: the
-        block's gradient matrix (E * weights, normalised by 1 / inv_norm), which gets the
-        positives' coefficients c_i q_ij * inv_norm added in place (no copy of q is kept)."""
+        block's gradient matrix (E * weights, normalised by 1 / inv_norm; a float or a [b]
+        tensor of per-row factors), which gets the positives' coefficients c_i q_ij * inv_norm
+        added in place (no copy of q is kept). target may be e itself: every positive entry
+        is read before it is written."""
         for lev, ok in enumerate(self.handled):
             if not ok:
                 continue

@@ -160,7 +160,7 @@ class BalancedContrastiveFunction(torch.autograd.Function):
         if official and backend == "torch":
             positives = BlockPositives(zc, lv.gid, lv.n_groups, include_self,
                                        -(base * inv_n) if fused else None, scale,
-                                       torch.isfinite(lv.log_w).all(dim=0))
+                                       torch.isfinite(lv.log_w).all(dim=0), lv.log_w)
         kw = {} if positives is None else {"positives": positives}
         if fused:
             def coef_fn(rows, lse_b, max_b):
