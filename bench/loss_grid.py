@@ -8,8 +8,10 @@ do it (row blocks of ~48 MB into one reused buffer, so no first-touch page fault
 
     floor      3 x Z Z^T (the GEMMs any exact fused loss needs: forward + two gradient sides)
     floor+exp  the same plus one exp pass over every block (the minimum element-wise work; the
-               products are clamped to <= 0 first, as after a max shift: exp of the raw huge
-               products would overflow into exp's slow path and flatter the ratio)
+               products are clamped into [-C, 0] first (C = the library's exp cut-off, 50 in
+               fp32), the range a max-shifted exp needs: exp of the raw huge products would
+               overflow, and exp far below -87 takes exp's slow path; either would slow the
+               anchor down and flatter the ratio)
 
 Regimes: ``normalised`` (unit rows), ``relu`` (relu(randn) / sqrt(d)), ``randn`` (wide:
 most keys ~100 below the row max at tau <= 0.5), ``randn30`` (|s| to ~1e4 and beyond).
@@ -38,6 +40,7 @@ from conftest import DEVICE, device_name  # noqa: E402
 
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss  # noqa: E402
 from hiertail_fast._files import atomic_write_text  # noqa: E402
+from hiertail_fast.ops._lse_torch import exp_cutoff  # noqa: E402
 
 REGIMES = ("normalised", "relu", "randn", "randn30")
 BACKENDS = ("torch", "attention")
@@ -91,6 +94,7 @@ def floor_step(z, ps, with_exp: bool):
     rows = max(8, min(n, (48 << 20) // (4 * n)))
     buf = torch.empty(rows, n, device=z.device)
     zt = z_all.t()
+    cutoff = exp_cutoff(z_all.dtype)
 
     def step():
         for k in range(3):
@@ -98,7 +102,8 @@ def floor_step(z, ps, with_exp: bool):
                 r1 = min(n, r0 + rows)
                 out = torch.mm(z_all[r0:r1], zt, out=buf[: r1 - r0])
                 if with_exp and k == 0:
-                    out.clamp_(max=0.0).exp_()    # exp of values <= 0, as a shifted LSE does
+                    # exp of values in [-C, 0], as a shifted LSE with the cut-off needs
+                    out.clamp_(min=-cutoff, max=0.0).exp_()
         _sync()
     return step
 
