@@ -211,3 +211,15 @@ def test_float64_on_triton_runs_the_float64_engine():
     z = torch.randn(5, 3, dtype=torch.float64, device=backend_device("triton"))
     assert choose_loss_backend(z, "triton", "exact") == "torch"
     assert choose_loss_backend(z, "attention", "official") == "torch"
+
+
+@pytest.mark.parametrize("levels", [1, 2, 3])
+def test_level_weights_equals_the_small_gemm(levels):
+    """sum_l a_li w_lk by broadcast + addcmul (the engine's gradient weights) = a^T w."""
+    gen = torch.Generator().manual_seed(levels)
+    a = torch.randn(levels, 37, generator=gen, dtype=torch.float64)
+    w = torch.rand(levels, 101, generator=gen, dtype=torch.float64)
+    out = torch.full((37, 101), float("nan"), dtype=torch.float64)
+    got = lse_mod.level_weights(a, w, out)
+    assert got.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(got, a.t() @ w, rtol=1e-12, atol=1e-14)

@@ -85,6 +85,17 @@ def row_max_first_argmax(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return values, idx.gather(1, first[:, None]).squeeze(1)
 
 
+def level_weights(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out[i, k] = sum_l a[l, i] * w[l, k] for a few levels L: one broadcast product and L - 1
+    in-place addcmuls (L passes over out). As ``torch.mm(a.t(), w)`` this is a K = L GEMM,
+    which CPU BLAS runs at ~half the cost of a full d = 64 block GEMM (measured, 2-core EPYC,
+    [256, 3] x [3, 6,040]: 0.78 ms vs 0.3 ms for three passes)."""
+    torch.mul(a[0][:, None], w[0][None, :], out=out)
+    for lev in range(1, a.shape[0]):
+        out.addcmul_(a[lev][:, None], w[lev][None, :])
+    return out
+
+
 # Rows per block: at most MAX_BLOCK_ROWS (measured, idle 2-core EPYC, N = 6,000, d = 64: 128-512
 # rows 0.123-0.128 s per loss, 1,024 rows 0.148 s, 2,048 rows 0.166 s: tall blocks stream the
 # [B, N] buffer through memory between the GEMMs and the exp), and at most
@@ -232,7 +243,7 @@ def _engine(
                 dz[rows] += (e @ zwc).mul_(a[0][:, None] * (scale * a_max))
                 key_c.addmm_(e.t(), zb * a[0][:, None], alpha=a_max)
             else:
-                t = torch.mm(a.t(), wc, out=tbuf[: r1 - r0])              # sum_l a_li w_lk
+                t = level_weights(a, wc, tbuf[: r1 - r0])                 # sum_l a_li w_lk
                 t.mul_(e)                    # t = the gradient block; e keeps the forward values
                 if positives is not None:    # their sums, and + c_i q_ij / a_max into t
                     positives.common_block(rows, e, m_c, max_b, arg_b, t, 1.0 / a_max)
