@@ -93,11 +93,16 @@ def test_single_level_slices_and_pairs_float64(monkeypatch, include_self, reduct
     assert int(torch.bincount(y).max()) >= blocks_mod.SLICE_GROUP
 
 
+@pytest.mark.parametrize("rest_path", ["one_each", "mask"])
 @pytest.mark.parametrize("include_self", [True, False])
 @pytest.mark.parametrize("nested", [True, False])
-def test_hierarchical_rest_keys_and_prototype_maxima_float64(monkeypatch, include_self, nested):
+def test_hierarchical_rest_keys_and_prototype_maxima_float64(monkeypatch, include_self, nested,
+                                                             rest_path):
     """Level-specific prototypes with large norms hold many rows' maxima (f < 1: the explicit
-    pair path), nested levels go through the blocks, non-nested ones through the pair pass."""
+    pair path), nested levels go through the blocks, non-nested ones through the pair pass.
+    Rest keys: the one-prototype-per-label lookup, and the general mask path it replaces."""
+    if rest_path == "mask":
+        monkeypatch.setattr(BlockPositives, "_rest_columns", lambda self, ridx: None)
     monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(8 * 400 * 32))
     calls = _count_pair_passes(monkeypatch)
     gen = torch.Generator().manual_seed(3)

@@ -87,6 +87,7 @@ class BlockPositives:
             self.handled.append(ok)
         self._scale = scale
         self._tie_unit = None
+        self._rest_map = None
         # one level whose key weights are constant inside each group (w_k = 1 / class size):
         # the engine may keep w folded into its GEMM operands (``_lse_torch._engine``)
         self.foldable = n_levels == 1 and self.handled[0] and log_w is not None and bool(
@@ -192,12 +193,37 @@ class BlockPositives:
         return float(self.pos_coef[:, rows].abs().max()) if rows.numel() else 0.0
 
     # ---- level-specific (rest) keys: small dense [b, N_r]
+    def _rest_columns(self, ridx):
+        """[L', G] column (in ridx) of each handled level's group's one rest key, -1 if none,
+        and the handled levels L'; None when a group has several rest keys (then the general
+        mask path). The usual case: level-specific keys are that level's prototypes, one per
+        label."""
+        if self._rest_map is None:
+            levels = [lev for lev, ok in enumerate(self.handled) if ok]
+            width = max([self.count[lev].numel() for lev in levels] + [1])
+            cols = torch.full((len(levels), width), -1, dtype=torch.long, device=ridx.device)
+            pos = torch.arange(ridx.numel(), device=ridx.device)
+            one_each = True
+            for k, lev in enumerate(levels):
+                g = self.gid[lev, ridx]
+                inside = g >= 0
+                if bool((torch.bincount(g[inside], minlength=width) > 1).any()):
+                    one_each = False
+                    break
+                cols[k, g[inside]] = pos[inside]
+            self._rest_map = (cols, torch.tensor(levels, dtype=torch.long, device=ridx.device)
+                              ) if one_each else False
+        return self._rest_map or None
+
     def rest_block(self, rows, ridx, s_r, max_b, arg_b, want_grad: bool):
         """Positive pairs with a rest key; returns their gradient coefficients [b, N_r] (or
         None). s_r = scale * z_rows . z_ridx (unshifted)."""
         out = None
         if not ridx.numel():
             return out
+        rest_map = self._rest_columns(ridx)
+        if rest_map is not None:
+            return self._rest_block_one_each(rows, ridx, s_r, max_b, arg_b, want_grad, *rest_map)
         for lev, ok in enumerate(self.handled):
             if not ok:
                 continue
@@ -221,3 +247,35 @@ class BlockPositives:
                     out = torch.zeros_like(s_r)
                 out.index_put_((pi, pj), q * self.pos_coef[lev, i], accumulate=True)
         return out
+
+    def _rest_block_one_each(self, rows, ridx, s_r, max_b, arg_b, want_grad, cols, levels):
+        """``rest_block`` when every group has at most one rest key: each (level, row) has at
+        most one rest positive, looked up in ``cols``; all handled levels in one vectorised
+        pass (flattened (level, row) index f = k * b + row)."""
+        b = rows.numel()
+        g = self.gid[levels][:, rows]                                     # [L', b]
+        pj = torch.where(g >= 0, cols.gather(1, g.clamp(min=0)), torch.full_like(g, -1))
+        valid = pj >= 0
+        if not self.include_self:
+            valid &= rows[None, :] != ridx[pj.clamp(min=0)]
+        k, pi = valid.nonzero(as_tuple=True)
+        if not pi.numel():
+            return None
+        pj = pj[k, pi]
+        lev_max, lev_arg = max_b[levels], arg_b[levels]                  # [L', b]
+        flat = k * b + pi
+        x = s_r[pi, pj] - lev_max.reshape(-1)[flat]
+        tie = self._tie(rows, lev_max).reshape(-1)                        # [L' * b]
+        x = exp_shifted_(_consistent_with_max(x, flat, ridx[pj], self.z, lev_max.reshape(-1),
+                                              lev_arg.reshape(-1), tie))
+        q = x / (x + OFFICIAL_EPS)
+        n = self.T.shape[1]
+        at = levels[k] * n + rows[pi]                                     # into T, Q [L, N]
+        self.T.view(-1).index_add_(0, at, torch.log(x + OFFICIAL_EPS))
+        self.Q.view(-1).index_add_(0, at, q)
+        if not want_grad:
+            return None
+        out = torch.zeros_like(s_r)
+        out.index_put_((pi, pj), q * self.pos_coef.view(-1)[at], accumulate=True)
+        return out
+
