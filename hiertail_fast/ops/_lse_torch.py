@@ -22,7 +22,10 @@ Memory/time tricks:
   The rest columns are a small dense [L, B, N_r] computation merged in log space.
 * In-place exp_/sub_/mul_ on the one block buffer; the weights are folded into the GEMM operands
   (w * Z on the query side, w scaling of the key-side accumulator) for L = 1, so the gradient is
-  exactly two more GEMMs per block: forward + gradient = 3 GEMMs = the GEMM floor.
+  exactly two more GEMMs per block: forward + gradient = 3 GEMMs = the GEMM floor. The official
+  variant's positives keep the fold (their keys share the row's weight; see ``_engine``).
+* Several levels: the gradient block is E * sum_l a_l w_l^T, built by ``level_weights`` in L
+  element-wise passes (a K = L GEMM costs CPU BLAS half a block GEMM).
 """
 from __future__ import annotations
 
