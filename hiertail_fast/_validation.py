@@ -13,6 +13,9 @@ VARIANTS = ("exact", "official")
 # kernels), and already at τ < 1e-6 a similarity z·z/τ of ordinary embeddings (|z·z| >= 3.4e32·τ)
 # overflows float32. The paper uses τ in [0.01, 1].
 MIN_TEMPERATURE = 1e-6
+# Node-feature normalisations a dataset can be loaded with: none (the official harness's
+# default, is_normalize=False) or row (x_i / Σ_j x_ij, the official --is_normalize).
+FEATURE_NORMS = ("none", "row")
 
 
 def check_tensor(t: object, name: str) -> torch.Tensor:
@@ -58,6 +61,16 @@ def check_index_vector(t: object, name: str, *, length: int | None = None) -> to
     if t.numel() and int(t.min()) < 0:
         raise ValueError(f"{name} has negative entries")
     return t
+
+
+def check_feature_norm(value: object, name: str = "feature_norm") -> str:
+    """``value`` if it is one of FEATURE_NORMS, else a TypeError / ValueError naming them."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, one of {FEATURE_NORMS}; got "
+                        f"{type(value).__name__}")
+    if value not in FEATURE_NORMS:
+        raise ValueError(f"{name}={value!r} is not one of {FEATURE_NORMS}")
+    return value
 
 
 def check_edge_index(edge_index: object, num_nodes: int | None = None) -> torch.Tensor:

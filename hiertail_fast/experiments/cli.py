@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from hiertail_fast._validation import FEATURE_NORMS
 from hiertail_fast.experiments import EXPERIMENTS
 from hiertail_fast.experiments.common import Context
 from hiertail_fast.experiments.runner import (
@@ -47,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "present in the data folder)")
     d.add_argument("--synthetic", action="store_true", help="one small synthetic long-tail "
                    "graph instead of the paper's datasets (tests, smoke runs)")
+    d.add_argument("--feature-norm", choices=FEATURE_NORMS, default="none",
+                   help="node features: none (raw, the official harness's default) or row = "
+                   "x_i / sum_j x_ij (the official --is_normalize; Wiki's raw TF-IDF rows sum "
+                   "to thousands); a non-default value is part of every run's cache key")
     d.add_argument("--synthetic-nodes", type=_positive(int), default=240)
     d.add_argument("--synthetic-classes", type=_positive(int), default=6)
     b = p.add_argument_group("budget (default: the full protocol)")
@@ -156,11 +161,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
                       "features": 16} if args.synthetic else None)
         if synthetic is None and not data_dir.is_dir():
             raise ValueError(f"data folder {data_dir} not found (--data-dir or $HIERTAIL_DATA)")
-        source = DataSource(data_dir, synthetic)
+        source = DataSource(data_dir, synthetic, args.feature_norm)
         datasets = _select_datasets(args, source, data_dir)
         out = args.out or Path("results") / args.name
         ctx = Context(args, budget, source, RunCache(args.runs_dir or out / "runs"), datasets,
                       device)
+        if args.feature_norm != "none":
+            ctx.notes.append(f"- node features: --feature-norm {args.feature_norm} (x_i / "
+                             "Σ_j x_ij, the official --is_normalize; the official harness "
+                             "uses raw features except on BlogCatalog)")
         threads = args.threads
         if threads is None and max(source.data_key(n)["nodes"] for n in datasets) < 5000:
             threads = 1

@@ -153,10 +153,17 @@ def _json_default(obj: Any):
 
 class DataSource:
     """The graphs of a command: paper datasets from ``data_dir`` (``load_dataset``, official
-    preprocessing) or one small synthetic long-tail graph named ``synthetic`` (CI)."""
+    preprocessing) or one small synthetic long-tail graph named ``synthetic`` (CI), their
+    features normalised by ``feature_norm`` (``"none"``, the official default, or ``"row"``;
+    ``load_dataset``). A non-default ``feature_norm`` is part of every run's data key, so its
+    runs are cached apart; ``"none"`` leaves the key (and the runs cached before) as it was."""
 
-    def __init__(self, data_dir: Path | None, synthetic: dict | None = None) -> None:
+    def __init__(self, data_dir: Path | None, synthetic: dict | None = None,
+                 feature_norm: str = "none") -> None:
+        from hiertail_fast._validation import check_feature_norm
+
         self.data_dir, self.synthetic = data_dir, synthetic
+        self.feature_norm = check_feature_norm(feature_norm)
         self._data: dict[str, Any] = {}
         self._graphs: dict[tuple, Any] = {}
 
@@ -174,16 +181,21 @@ class DataSource:
                 g = make_synthetic_graph(s["nodes"], num_classes=s["classes"], avg_degree=6.0,
                                          num_features=s["features"], seed=s.get("seed", 0))
                 g.name = "synthetic"
-                self._data[name] = g
+                from hiertail_fast.data.datasets import normalize_features
+                self._data[name] = normalize_features(g, self.feature_norm)
             else:
                 from hiertail_fast.data.datasets import load_dataset
-                self._data[name] = load_dataset(name, self.data_dir)
+                self._data[name] = load_dataset(name, self.data_dir,
+                                                feature_norm=self.feature_norm)
         return self._data[name]
 
     def data_key(self, name: str) -> dict:
         d = self.load(name)
-        return {"nodes": int(d.y.shape[0]), "edges": int(d.edge_index.shape[1]),
-                "features": int(d.x.shape[1]), "classes": int(d.num_classes)}
+        key = {"nodes": int(d.y.shape[0]), "edges": int(d.edge_index.shape[1]),
+               "features": int(d.x.shape[1]), "classes": int(d.num_classes)}
+        if self.feature_norm != "none":
+            key["feature_norm"] = self.feature_norm
+        return key
 
     def run_inputs(self, spec: RunSpec, seed: int):
         """(graph data, split, prepared graph) of one run."""
