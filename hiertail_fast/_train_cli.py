@@ -116,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--homophily", type=float, default=0.8)
     src.add_argument("--features", type=_positive(int), default=64)
     src.add_argument("--data-seed", type=int, default=0, help="synthetic generator seed")
+    src.add_argument("--feature-norm", choices=("none", "row"), default="none",
+                     help="node features: none (as loaded; the official default) or row = "
+                     "x_i / sum_j x_ij (the official --is_normalize; Wiki's raw TF-IDF rows "
+                     "sum to thousands and collapse training without it)")
     src.add_argument("--split", type=Path, help="user split .npz (train/val/test arrays); "
                      "default: natural per-class split redone per seed")
     m = p.add_argument_group("model and training")
@@ -236,6 +240,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 def _load_data(args) -> tuple[Any, dict[str, Any]]:
+    data, info = _load_source(args)
+    if args.feature_norm != "none":
+        from hiertail_fast.data.datasets import normalize_features
+        data = normalize_features(data, args.feature_norm)
+        info["feature_norm"] = args.feature_norm
+    return data, info
+
+
+def _load_source(args) -> tuple[Any, dict[str, Any]]:
     if args.data is not None:
         data = load_npz(args.data, relabel_by_size=True)
         return data, {"path": str(args.data), "name": data.name}

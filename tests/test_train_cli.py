@@ -248,3 +248,22 @@ def test_config_loss_dtype_casts_the_contrastive_inputs(monkeypatch):
         totals[dtype] = loss.total.item()
     assert totals["float16"] == pytest.approx(totals[None], rel=1e-2)
     assert totals["bfloat16"] == pytest.approx(totals[None], rel=5e-2)
+
+
+def test_feature_norm_row_normalises_the_features_and_is_recorded(tmp_path):
+    """--feature-norm row divides every feature row by its sum before training (the official
+    --is_normalize) and says so in the result; the default leaves the features as loaded."""
+    from hiertail_fast._train_cli import _load_data, build_parser
+
+    args = build_parser().parse_args(TINY + ["--feature-norm", "row"])
+    data, info = _load_data(args)
+    raw, raw_info = _load_data(build_parser().parse_args(TINY))
+    sums = data.x.sum(1)
+    nonzero = raw.x.sum(1) != 0
+    torch.testing.assert_close(sums[nonzero], torch.ones_like(sums[nonzero]))
+    want = raw.x[nonzero] / raw.x.sum(1, keepdim=True)[nonzero]
+    torch.testing.assert_close(data.x[nonzero], want)
+    assert info["feature_norm"] == "row" and "feature_norm" not in raw_info
+    result = main(TINY + ["--feature-norm", "row", "--json", str(tmp_path / "r.json")])
+    assert result["data"]["feature_norm"] == "row"
+    assert json.loads((tmp_path / "r.json").read_text())["data"]["feature_norm"] == "row"
