@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from hiertail_fast.experiments.common import Context, baseline_config, hiertail_config
 from hiertail_fast.experiments.paper_numbers import TABLE4_ABLATION, paper_cell
-from hiertail_fast.experiments.report import comparison_rows, markdown_table
-from hiertail_fast.experiments.runner import RunSpec, summarize
+from hiertail_fast.experiments.report import comparison_report
+from hiertail_fast.experiments.runner import RunSpec
 
 TITLE = "Table 4: ablation of HierTail's components"
 # row key -> (label, config switches)
@@ -44,12 +44,8 @@ def report(ctx: Context, records: list[dict]):
     labels = {r: label for r, (label, _) in ROWS.items()}
     labels[ORIGIN_ROW] = "Origin (GCN baseline; paper row = L_CE only)"
     rows = [(d, r, labels[r]) for d in ctx.datasets for r in labels]
-    table = comparison_rows(summarize(records), rows, paper_lookup)
-    body = "\n".join([
+    return comparison_report(
+        records, rows, paper_lookup,
         f"HierTail preset: `{ctx.args.config}`. M1 = hierarchical task grouping (pooling levels), "
         "M2 = the balanced contrastive losses (SCL + BCL). The paper's numbers (Table 4) are for "
-        "Cora-Full only; other datasets show ours alone.",
-        "",
-        markdown_table(table, len(ctx.budget.seeds)),
-    ])
-    return body, {"rows": table}, {}
+        "Cora-Full only; other datasets show ours alone.", len(ctx.budget.seeds))

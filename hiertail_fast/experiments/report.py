@@ -21,7 +21,7 @@ from typing import Any
 
 from hiertail_fast._files import atomic_path, atomic_write_text
 from hiertail_fast.experiments.paper_numbers import METRICS, Cell
-from hiertail_fast.experiments.runner import code_version, fmt
+from hiertail_fast.experiments.runner import code_version, fmt, summarize
 
 __all__ = ["compare", "row_verdict", "comparison_rows", "markdown_table", "provenance",
            "write_outputs"]
@@ -87,6 +87,14 @@ def _diff_cell(c: dict | None) -> str:
     if c["diff_in_std"] is None:
         return f"{c['diff']:+.1f} pt"
     return f"{c['diff_in_std']:+.1f}σ"
+
+
+def comparison_report(records: list[dict], rows: list[tuple[str, str, str]], paper_lookup,
+                      intro: str, expected_seeds: int):
+    """(markdown body, JSON part, figures) of a table command: ``intro``, then the comparison
+    table of ``rows`` (``comparison_rows``) against the paper's cells."""
+    table = comparison_rows(summarize(records), rows, paper_lookup)
+    return "\n".join([intro, "", markdown_table(table, expected_seeds)]), {"rows": table}, {}
 
 
 def markdown_table(rows: list[dict], expected_seeds: int) -> str:

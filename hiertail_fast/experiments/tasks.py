@@ -9,8 +9,8 @@ import math
 
 from hiertail_fast.experiments.common import Context, hiertail_config
 from hiertail_fast.experiments.paper_numbers import TABLE5_TASKS, paper_cell
-from hiertail_fast.experiments.report import comparison_rows, markdown_table
-from hiertail_fast.experiments.runner import RunSpec, summarize
+from hiertail_fast.experiments.report import comparison_report
+from hiertail_fast.experiments.runner import RunSpec
 
 TITLE = "Table 5: number of tasks in the second (and third) layer"
 
@@ -60,12 +60,8 @@ def report(ctx: Context, records: list[dict]):
     for d in ctx.datasets:
         for counts in task_counts(ctx.source.data_key(d)["classes"], ctx.args.task_counts):
             rows.append((d, _row(counts), f"[{counts[0]}, {counts[1]}]"))
-    table = comparison_rows(summarize(records), rows, paper_lookup)
-    body = "\n".join([
+    return comparison_report(
+        records, rows, paper_lookup,
         f"HierTail preset: `{ctx.args.config}`, the two task-grouping levels keeping [A, B] "
         "nodes (`pool_counts`). The paper's Table 5 is Cora-Full only and has no std: Δ is in "
-        "points there (reproduced within 0.5).",
-        "",
-        markdown_table(table, len(ctx.budget.seeds)),
-    ])
-    return body, {"rows": table}, {}
+        "points there (reproduced within 0.5).", len(ctx.budget.seeds))

@@ -278,4 +278,3 @@ class BlockPositives:
         out = torch.zeros_like(s_r)
         out.index_put_((pi, pj), q * self.pos_coef.view(-1)[at], accumulate=True)
         return out
-
