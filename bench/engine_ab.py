@@ -12,15 +12,22 @@ between a path the library takes and one it keeps (or reproduces) for comparison
     rest        level-specific positives: one vectorised lookup per block for all levels (new)
                 vs the general per-level mask path (kept for other key layouts)
     all         the three together (old = all three old paths: the engine as it was before them)
+    checkout    the official positives (``_positive_blocks.BlockPositives``) of another checkout
+                given by --baseline (e.g. a git worktree of an earlier commit; calls adapted to
+                its older signature where needed) vs this one's, with this checkout's engine
 
     python bench/engine_ab.py --switch weights --levels 3 --variant official --rounds 15
     python bench/engine_ab.py --switch fold --levels 1 --variant official --regimes relu randn
+    git worktree add --detach /tmp/base HEAD~1 && \
+        python bench/engine_ab.py --switch checkout --baseline /tmp/base --levels 3
 
 Run it on an idle machine (record the load average; it is printed).
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import inspect
 import os
 import statistics
 import sys
@@ -34,13 +41,44 @@ from loss_grid import REGIMES, floor_step, loss_step, make_case  # noqa: E402
 
 import hiertail_fast.ops._lse_torch as lse_mod  # noqa: E402
 import hiertail_fast.ops._positive_blocks as blocks_mod  # noqa: E402
+import hiertail_fast.ops.balanced_contrastive_loss as loss_mod  # noqa: E402
 
 
 def _mm_level_weights(a, w, out):
     return torch.mm(a.t(), w, out=out)
 
 
-def _switches():
+def checkout_positives(checkout: Path):
+    """``BlockPositives`` of another checkout, loaded from its file under another module name.
+    Before the visiting-order rewrite its block calls took the block's rows, not its slice p:
+    adapted here (rows = order[p]; no ``finish`` step)."""
+    path = Path(checkout) / "hiertail_fast" / "ops" / "_positive_blocks.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"--baseline {checkout}: no {path}")
+    spec = importlib.util.spec_from_file_location("_baseline_positive_blocks", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cls = mod.BlockPositives
+    if "p" in inspect.signature(cls.common_block).parameters:
+        return cls
+
+    class Adapted(cls):
+        def common_block(self, p, *a, **k):
+            return super().common_block(*a, **k)
+
+        def rest_block(self, p, *a, **k):
+            return super().rest_block(*a, **k)
+
+        def coef_max(self, p):
+            return super().coef_max(self.order[p])
+
+        def finish(self):
+            pass
+
+    return Adapted
+
+
+def _switches(baseline: Path | None = None):
     real_weights = lse_mod.level_weights
     real_const = blocks_mod._constant_per_group
     real_rest = blocks_mod.BlockPositives._rest_columns
@@ -58,12 +96,21 @@ def _switches():
         for setter in (set_weights, set_fold, set_rest):
             setter(new)
 
-    return {"weights": set_weights, "fold": set_fold, "rest": set_rest, "all": set_all}
+    real_positives = loss_mod.BlockPositives
+    old_positives = checkout_positives(baseline) if baseline is not None else None
+
+    def set_checkout(new: bool):
+        loss_mod.BlockPositives = real_positives if new else old_positives
+
+    return {"weights": set_weights, "fold": set_fold, "rest": set_rest, "all": set_all,
+            "checkout": set_checkout}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--switch", choices=("fold", "weights", "rest", "all"), required=True)
+    p.add_argument("--switch", choices=("fold", "weights", "rest", "all", "checkout"),
+                   required=True)
+    p.add_argument("--baseline", type=Path, help="--switch checkout: the other checkout")
     p.add_argument("--n", type=int, default=6000)
     p.add_argument("--d", type=int, default=64)
     p.add_argument("--levels", type=int, choices=(1, 3), default=3)
@@ -75,9 +122,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.n < 1 or args.d < 1 or args.rounds < 2:
         p.error("--n and --d must be positive and --rounds at least 2")
+    if (args.switch == "checkout") != (args.baseline is not None):
+        p.error("--baseline goes with --switch checkout (and it needs one)")
     if args.threads:
         torch.set_num_threads(args.threads)
-    set_path = _switches()[args.switch]
+    set_path = _switches(args.baseline)[args.switch]
     print(f"load average {os.getloadavg()}, {torch.get_num_threads()} threads, "
           f"switch {args.switch}, N {args.n}, d {args.d}, L {args.levels}, {args.variant}, "
           f"tau {args.tau:g}, {args.rounds} rounds (first dropped)")

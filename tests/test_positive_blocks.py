@@ -201,3 +201,70 @@ def test_single_level_folded_equals_unfolded(monkeypatch, dtype, include_self):
             scale = float(c.abs().max())
             assert float((a.double() - c).abs().max()) <= 1e-5 * scale
             assert float((a - b).abs().max()) <= 1e-5 * scale
+
+
+def _spy_runs(monkeypatch):
+    calls = []
+    real = BlockPositives._run
+
+    def spy(self, *a, **k):
+        calls.append(self.chain)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(BlockPositives, "_run", spy)
+    return calls
+
+
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("proto_norm", [0.0, 3.0])
+def test_three_nested_levels_share_the_top_slices_float64(monkeypatch, include_self,
+                                                          proto_norm):
+    """Levels y, y // 2, y // 4 (given in another order): the top level (y // 4, the most
+    positive pairs) is read once per element for all three (``_run``); prototypes of large
+    norm hold many rows' maxima (f < 1 at some levels: those (level, row) pairs go to the
+    pair lists). Values and gradients (z and prototypes) against the float64 reference
+    (fused pass), and the value of the forward-only pass (no_grad: no gradient target)."""
+    monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(8 * 700 * 48))
+    runs = _spy_runs(monkeypatch)
+    gen = torch.Generator().manual_seed(7)
+    y = _zipf_labels(700, 24, gen)
+    labels = [y // 2, y, y // 4]
+    z = torch.randn(700, 12, generator=gen, dtype=torch.float64)
+    protos = [None if proto_norm == 0 else
+              torch.randn(int(lab.max()) + 1, 12, generator=gen, dtype=torch.float64)
+              * proto_norm for lab in labels]
+    kw = dict(temperature=0.3, variant="official", include_self=include_self)
+
+    def ours(zz, pp):
+        return hierarchical_contrastive_loss(zz, labels, pp, backend="torch", **kw)
+
+    want = _grads(lambda zz, pp: sum(ref(zz, lab, prototypes=q, **kw)
+                                     for lab, q in zip(labels, pp, strict=True)), z, protos)
+    _assert_close64(_grads(ours, z, protos), want)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(z, protos), want[0], rtol=1e-9, atol=1e-11)
+    assert runs and all(sorted(chain) == [0, 1, 2] and chain[0] == 2 for chain in runs)
+
+
+def test_chain_takes_only_the_levels_nested_in_the_top_one():
+    """B's groups are contiguous in A's order (so B is handled) but one of them straddles two
+    groups of A: B is not in the chain and its big groups go through ``_slice``. A level
+    nested in A is. Values and gradients against the float64 reference."""
+    n = 600
+    a = (torch.arange(n) >= 300).long()                       # 2 groups of 300: most pairs
+    b = torch.arange(n) // 200                                # group 1 = rows 200..399
+    c = torch.arange(n) // 150                                # inside A's groups
+    gen = torch.Generator().manual_seed(8)
+    perm = torch.randperm(n, generator=gen)
+    gid = torch.stack([a, b, c])[:, perm]
+    z = torch.randn(n, 6, generator=gen, dtype=torch.float64)
+    blocks = BlockPositives(z, gid, [2, 3, 4], True, None, 1.0,
+                            torch.ones(n, dtype=torch.bool))
+    assert blocks.handled == [True, True, True]
+    assert blocks.chain == [0, 2]
+    labels = list(gid)
+    kw = dict(temperature=0.5, variant="official")
+    got = _grads(lambda zz, pp: hierarchical_contrastive_loss(zz, labels, [None] * 3,
+                                                              backend="torch", **kw), z, [])
+    want = _grads(lambda zz, pp: sum(ref(zz, lab, **kw) for lab in labels), z, [])
+    _assert_close64(got, want)

@@ -165,7 +165,8 @@ def _engine(
     neg_inf = torch.tensor(float("-inf"), dtype=z.dtype, device=z.device)
     for r0 in range(0, n, b):
         r1 = min(n, r0 + b)
-        rows = slice(r0, r1) if order is None else order[r0:r1]          # this block's rows
+        blk = slice(r0, r1)                                 # the block, in visiting order
+        rows = blk if order is None else order[r0:r1]       # its rows (original ids)
         zb = z[rows]
         zbs = zb * scale
         e = buf[: r1 - r0]
@@ -216,8 +217,9 @@ def _engine(
         pos_r = None
         if positives is not None:
             if n_c and not grad:               # with the gradient: below, in the same pass
-                positives.common_block(rows, e, m_c, max_b, arg_b)
-            pos_r = positives.rest_block(rows, ridx, s_r if n_r else None, max_b, arg_b, grad)
+                positives.common_block(blk, rows, e, m_c, max_b, arg_b)
+            pos_r = positives.rest_block(blk, rows, ridx, s_r if n_r else None, max_b, arg_b,
+                                         grad)
         if not grad:
             continue
         # ---- gradient of sum_l g_l * lse_l, p_lik = w_lk exp(s_ik - lse_li)
@@ -232,7 +234,7 @@ def _engine(
             # as the scalar alpha: operands stay O(1), so e * a * z never turns denormal
             a_max = float(a.abs().max())
             if positives is not None and not folded:
-                a_max = max(a_max, positives.coef_max(rows))
+                a_max = max(a_max, positives.coef_max(blk))
             a_max = a_max or 1.0
             a = a / a_max
             if folded:
@@ -242,14 +244,14 @@ def _engine(
                 if positives is not None:
                     den = a[0] * (a_max * wrow[rows])
                     inv = torch.where(den > 0, 1.0 / den, torch.zeros_like(den))
-                    positives.common_block(rows, e, m_c, max_b, arg_b, e, inv)
+                    positives.common_block(blk, rows, e, m_c, max_b, arg_b, e, inv)
                 dz[rows] += (e @ zwc).mul_(a[0][:, None] * (scale * a_max))
                 key_c.addmm_(e.t(), zb * a[0][:, None], alpha=a_max)
             else:
                 t = level_weights(a, wc, tbuf[: r1 - r0])                 # sum_l a_li w_lk
                 t.mul_(e)                    # t = the gradient block; e keeps the forward values
                 if positives is not None:    # their sums, and + c_i q_ij / a_max into t
-                    positives.common_block(rows, e, m_c, max_b, arg_b, t, 1.0 / a_max)
+                    positives.common_block(blk, rows, e, m_c, max_b, arg_b, t, 1.0 / a_max)
                 dz[rows] += torch.mm(t, zc).mul_(scale * a_max)
                 key_c.addmm_(t.t(), zb, alpha=a_max)
         if n_r:
@@ -259,6 +261,8 @@ def _engine(
                 p_r += pos_r
             dz[rows] += torch.mm(p_r, zr).mul_(scale)
             key_r.addmm_(p_r.t(), zb)
+    if positives is not None:
+        positives.finish()
     if not grad:
         return lse, rowmax, argmax, None
     if folded:

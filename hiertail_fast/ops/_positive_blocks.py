@@ -18,11 +18,26 @@ level-specific key holds the max; f_i < 1), a positive can tie it only as a bitw
 the arg-max row: those rows go through explicit pair lists with ``_consistent_with_max``, as
 the level-specific (rest) keys do.
 
+Nested levels (every group of a level inside one group of the most significant level of the key
+order, as y, y // 2, y // 4) share that level's slices (``_run``): a row's positives at each of
+them are a column range inside its top group's range, with the same x wherever f_i = 1. So
+log(x + eps) and q are computed ONCE per element for all those levels; each level's sums are
+sums over "segments" (runs of keys equal at every such level) and the block's gradient gets
+sum_l c_li q_ij with one coefficient per (row, segment). Three levels y, y // 2, y // 4 (Zipf
+labels): the element-wise work over positives drops from sum_l sum_c n_c^2 to the top level's.
+
+Overhead: the rows of a block are a slice of the key order, so every per-row quantity (group
+ids, group sizes, coefficients, the sums T and Q) is kept in that order and read as a view; a
+block costs a few dozen small torch calls, not hundreds (the official variant's extra time at
+N = 6,000 was mostly per-call overhead of ~14,000 small ops per loss).
+
 A level whose label groups are not contiguous in the one key order (levels that do not nest;
 the order favours the level with the most positive pairs) is left to ``positive_pairs``;
 ``handled`` says which.
 """
 from __future__ import annotations
+
+from bisect import bisect_right
 
 import torch
 
@@ -43,40 +58,49 @@ def _constant_per_group(values: torch.Tensor, g: torch.Tensor) -> bool:
     return bool((first[gi] == v).all())
 
 
+def _significance(gid: torch.Tensor) -> list[int]:
+    """Levels from least to most significant sort key: by their positive pairs sum_c n_c^2."""
+    cost = [float((torch.bincount(g[g >= 0]).double() ** 2).sum()) if bool((g >= 0).any())
+            else 0.0 for g in gid]
+    return sorted(range(gid.shape[0]), key=lambda lev: cost[lev])
+
+
 def key_order(gid: torch.Tensor) -> torch.Tensor:
     """Stable lexicographic order of the rows by their group ids, the level with the most
     positive pairs (sum_c n_c^2) most significant: that level's groups are always contiguous,
     and for nested levels (the costliest is then the coarsest) every level's are."""
-    cost = [float((torch.bincount(g[g >= 0]).double() ** 2).sum()) if bool((g >= 0).any())
-            else 0.0 for g in gid]
     order = torch.arange(gid.shape[1], device=gid.device)
-    for lev in sorted(range(gid.shape[0]), key=lambda lev: cost[lev]):
+    for lev in _significance(gid):
         order = order[torch.argsort(gid[lev, order], stable=True)]
     return order
 
 
+def _group_sizes(g: torch.Tensor, n_groups: int) -> torch.Tensor:
+    return torch.bincount(g[g >= 0], minlength=n_groups)
+
+
 class BlockPositives:
     """Positive-pair sums T, Q [L, N] (and gradient terms) of the levels whose groups are
-    contiguous among the common keys ``cidx`` (common key order = ``key_order``)."""
+    contiguous among the common keys ``cidx`` (common key order = ``key_order``).
+
+    The engine visits the rows in ``order``; its block p = slice(r0, r1) holds the rows
+    order[p]. Per-row state is kept in that visiting order (suffix ``_s``)."""
 
     def __init__(self, z, gid, n_groups, include_self: bool, pos_coef, scale: float, common,
                  log_w=None):
         n_levels, n = gid.shape
         dev = gid.device
         self.z, self.gid, self.include_self = z, gid, include_self
-        self.pos_coef = None if pos_coef is None else pos_coef.to(z.dtype)
         self.order = key_order(gid)
         self.cidx = self.order[common[self.order]]
         self.n_c = int(self.cidx.numel())
         self.cpos = torch.full((n,), -1, dtype=torch.long, device=dev)
         self.cpos[self.cidx] = torch.arange(self.n_c, device=dev)
-        self.T = torch.zeros(n_levels, n, dtype=z.dtype, device=dev)
-        self.Q = torch.zeros_like(self.T)
         self.start, self.count, self.handled = [], [], []
         for lev in range(n_levels):
             g = gid[lev, self.cidx]
             inside = g >= 0
-            cnt = torch.bincount(g[inside], minlength=n_groups[lev])
+            cnt = _group_sizes(g, n_groups[lev])
             first = torch.full((n_groups[lev],), self.n_c, dtype=torch.long, device=dev)
             pos = torch.arange(self.n_c, device=dev)
             first.scatter_reduce_(0, g[inside], pos[inside], "amin")
@@ -85,6 +109,14 @@ class BlockPositives:
             self.start.append(first)
             self.count.append(cnt)
             self.handled.append(ok)
+        # per-row state in visiting order
+        self.gid_s = gid[:, self.order]                                   # [L, N]
+        self.cnt_s = torch.stack([torch.where(g >= 0, c[g.clamp(min=0)], torch.zeros_like(g))
+                                  for g, c in zip(self.gid_s, self.count, strict=True)])
+        self.cpos_s = self.cpos[self.order]
+        self.coef_s = None if pos_coef is None else pos_coef.to(z.dtype)[:, self.order]
+        self.T_s = torch.zeros(n_levels, n, dtype=z.dtype, device=dev)
+        self.Q_s = torch.zeros_like(self.T_s)
         self._scale = scale
         self._tie_unit = None
         self._rest_map = None
@@ -92,6 +124,102 @@ class BlockPositives:
         # the engine may keep w folded into its GEMM operands (``_lse_torch._engine``)
         self.foldable = n_levels == 1 and self.handled[0] and log_w is not None and bool(
             _constant_per_group(log_w[0, self.cidx], gid[0, self.cidx]))
+        self._chain(gid, n_groups, _significance(gid)[-1])
+
+    @property
+    def T(self) -> torch.Tensor:                     # noqa: N802 (the DESIGN.md symbol)
+        """[L, N] sum over row i's positives of log(x_ij + eps), by original row id."""
+        out = torch.empty_like(self.T_s)
+        out[:, self.order] = self.T_s
+        return out
+
+    @property
+    def Q(self) -> torch.Tensor:                     # noqa: N802
+        """[L, N] sum over row i's positives of x_ij / (x_ij + eps), by original row id."""
+        out = torch.empty_like(self.Q_s)
+        out[:, self.order] = self.Q_s
+        return out
+
+    def _chain(self, gid, n_groups, top):
+        """The shared-slice plan (``_run``). ``chain``: the top level (the most significant
+        sort key: its groups are contiguous) and every handled level whose groups each lie
+        inside one top group, among the common keys; [] if that is the top level alone. Segments: maximal runs of common keys with
+        equal ids at every chain level (``seg_sizes[grp]``: the sizes of top group grp's, in
+        key order). Per chain level k and row (visiting order): ``ok_s`` (the row's group is
+        inside its own top group: its positives are all in that group's slice) and the
+        row's segments [``seg_a_s``, ``seg_b_s``), local to the top group.
+        ``runs``: (start, top group) of each run of rows with one top group (visiting order)."""
+        dev = gid.device
+        levels = [lev for lev, ok in enumerate(self.handled) if ok]
+        self.chain = []
+        if self.n_c == 0 or top not in levels:
+            return
+        keys = gid[:, self.cidx]
+        chain = [top] + [lev for lev in levels if lev != top
+                         and _constant_per_group(keys[top], keys[lev])]
+        if len(chain) < 2:      # one level: nothing to share, ``_slice`` is the leaner path
+            return
+        ci = torch.tensor(chain, dtype=torch.long, device=dev)
+        kg = keys[ci]                                                      # [C, n_c]
+        change = torch.ones(self.n_c, dtype=torch.bool, device=dev)
+        change[1:] = (kg[:, 1:] != kg[:, :-1]).any(dim=0)
+        seg_start = change.nonzero().squeeze(1)                           # global segments
+        seg_end = torch.cat([seg_start[1:], seg_start.new_tensor([self.n_c])])
+        seg_top = kg[0, seg_start]
+        n_top = self.count[top].numel()
+        first = torch.zeros(n_top, dtype=torch.long, device=dev)           # first segment of
+        first.scatter_reduce_(0, seg_top.clamp(min=0), torch.arange(       # each top group
+            seg_start.numel(), device=dev), "amin", include_self=False)
+        sizes = (seg_end - seg_start).tolist()
+        lo_hi = torch.stack([first, first + torch.bincount(seg_top[seg_top >= 0],
+                                                           minlength=n_top)]).tolist()
+        self.seg_sizes = [sizes[a:b] for a, b in zip(*lo_hi, strict=True)]
+        top_s = self.gid_s[top]
+        ok, seg_a, seg_b = [], [], []
+        for lev in chain:
+            # the top group of each of this level's groups (-1: a group without common keys)
+            top_of = torch.full((self.count[lev].numel(),), -1, dtype=torch.long, device=dev)
+            inside = keys[lev] >= 0
+            top_of[keys[lev][inside]] = keys[top][inside]
+            g = self.gid_s[lev]
+            gc = g.clamp(min=0)
+            ok.append((g >= 0) & (top_s >= 0) & (top_of[gc] == top_s))
+            # a group's segments, local to its top group
+            a = torch.searchsorted(seg_start, self.start[lev].clamp(max=self.n_c - 1))[gc]
+            b = torch.searchsorted(seg_start, self.start[lev] + self.count[lev])[gc]
+            base = first[top_s.clamp(min=0)]
+            seg_a.append(a - base)
+            seg_b.append(b - base)
+        self.chain = chain
+        self.chain_idx = ci
+        self.ok_s, self.seg_a_s, self.seg_b_s = torch.stack(ok), torch.stack(seg_a), \
+            torch.stack(seg_b)
+        self.coef_cs = None if self.coef_s is None else self.coef_s[ci]   # [C, N]
+        self.Tc_s = torch.zeros(len(chain), gid.shape[1], dtype=self.T_s.dtype, device=dev)
+        self.Qc_s = torch.zeros_like(self.Tc_s)
+        rs = torch.ones(gid.shape[1], dtype=torch.bool, device=dev)
+        rs[1:] = top_s[1:] != top_s[:-1]
+        starts = rs.nonzero().squeeze(1)
+        self.run_start = starts.tolist()
+        self.run_grp = top_s[starts].tolist()
+        self._seg_ar = {}
+        self._work = None
+
+    def _scratch(self, x):
+        """Two [r, c] work buffers for ``_run``, reused across blocks: a fresh multi-MB tensor
+        per block would be new pages (first-touch faults) every time."""
+        n = x.numel()
+        if self._work is None or self._work.shape[1] < n:
+            self._work = torch.empty(2, n, dtype=x.dtype, device=x.device)
+        return self._work[0, :n].view(x.shape), self._work[1, :n].view(x.shape)
+
+    def finish(self):
+        """Fold the chain levels' sums into T and Q (after the engine's pass)."""
+        if self.chain:
+            self.T_s[self.chain_idx] += self.Tc_s
+            self.Q_s[self.chain_idx] += self.Qc_s
+            self.Tc_s.zero_()
+            self.Qc_s.zero_()
 
     def _tie(self, rows, row_max_b):
         """``_contrastive_pairs._tie_bound`` of the block's rows (their maxima row_max_b)."""
@@ -101,33 +229,104 @@ class BlockPositives:
         return self._tie_unit[rows] + torch.finfo(self.z.dtype).eps * row_max_b.abs()
 
     # ---- forward: common keys
-    def common_block(self, rows, e, m_c, max_b, arg_b, target=None, inv_norm=1.0):
+    def common_block(self, p, rows, e, m_c, max_b, arg_b, target=None, inv_norm=1.0):
         """Sums of the block's positives with a common key, into T and Q.
 
-        rows [b] (original ids); e [b, n_c] = exp(s - m_c), the forward values; target: the
-        block's gradient matrix (E * weights, normalised by 1 / inv_norm; a float or a [b]
-        tensor of per-row factors), which gets the positives' coefficients c_i q_ij * inv_norm
-        added in place (no copy of q is kept). target may be e itself: every positive entry
-        is read before it is written."""
-        for lev, ok in enumerate(self.handled):
-            if not ok:
+        p: the block's slice of the visiting order, rows = order[p] (original ids); e [b, n_c]
+        = exp(s - m_c), the forward values; target: the block's gradient matrix (E * weights,
+        normalised by 1 / inv_norm; a float or a [b] tensor of per-row factors), which gets
+        the positives' coefficients c_i q_ij * inv_norm added in place (no copy of q is
+        kept). target may be e itself: every positive entry is read before it is written."""
+        f = torch.exp(m_c[None] - max_b).clamp_(max=1.0)                  # [L, b]; 1: common max
+        f_one = f == 1.0
+        cnt = self.cnt_s[:, p]
+        if self.chain:
+            done = self._runs(p, e, f_one, target, inv_norm)              # [C, b]
+            if done is not None:
+                cnt = cnt.clone()
+                cnt[self.chain_idx] *= ~done
+        left = (cnt > 0).any(dim=1).tolist()              # levels with rows still to visit
+        for lev, todo in enumerate(left):
+            if not (todo and self.handled[lev]):
                 continue
-            g = self.gid[lev, rows]
-            f = torch.exp(m_c - max_b[lev]).clamp_(max=1.0)         # 1 when the max is common
-            cnt = torch.where(g >= 0, self.count[lev][g.clamp(min=0)], torch.zeros_like(g))
-            big = (cnt >= SLICE_GROUP) & (f == 1.0)
-            t_row = torch.zeros(rows.numel(), dtype=e.dtype, device=e.device)
+            g = self.gid_s[lev, p]
+            c = cnt[lev]
+            big = (c >= SLICE_GROUP) & f_one[lev]
+            t_row = torch.zeros(g.numel(), dtype=e.dtype, device=e.device)
             q_row = torch.zeros_like(t_row)
-            coef = None if target is None else self.pos_coef[lev, rows] * inv_norm
+            coef = None if target is None else self.coef_s[lev, p] * inv_norm
             for grp in torch.unique(g[big]).tolist():
                 loc = ((g == grp) & big).nonzero().squeeze(1)
                 self._slice(lev, grp, loc, rows, e, t_row, q_row, coef, target)
-            small = ((cnt > 0) & ~big).nonzero().squeeze(1)
+            small = ((c > 0) & ~big).nonzero().squeeze(1)
             if small.numel():
-                self._pairs(lev, small, cnt, g, rows, e, f, max_b[lev], arg_b[lev],
+                self._pairs(lev, small, c, g, rows, e, f[lev], max_b[lev], arg_b[lev],
                             t_row, q_row, coef, target)
-            self.T[lev, rows] += t_row
-            self.Q[lev, rows] += q_row
+            self.T_s[lev, p] += t_row
+            self.Q_s[lev, p] += q_row
+
+    def _runs(self, p, e, f_one, target, inv_norm):
+        """The chain levels' positives of the block's rows in big top groups (``_run`` each).
+        Returns done [C, b] ((chain level, row) pairs taken), or None if no such rows."""
+        r0, r1 = p.start, p.stop
+        top = self.chain[0]
+        i = bisect_right(self.run_start, r0) - 1
+        done = None
+        coef = None
+        while i < len(self.run_start) and self.run_start[i] < r1:
+            grp = self.run_grp[i]
+            a = max(r0, self.run_start[i])
+            b = min(r1, self.run_start[i + 1]) if i + 1 < len(self.run_start) else r1
+            i += 1
+            if grp < 0 or int(self.count[top][grp]) < SLICE_GROUP:
+                continue
+            if done is None:
+                done = torch.zeros(len(self.chain), r1 - r0, dtype=torch.bool, device=e.device)
+                f_c = f_one[self.chain_idx]
+                if target is not None:
+                    coef = self.coef_cs[:, p] * inv_norm                   # [C, b]
+            self._run(grp, a - r0, b - r0, r0, e, f_c, done, coef, target)
+        return done
+
+    def _run(self, grp, a, b, r0, e, f_c, done, coef, target):
+        """Block rows [a, b) (one top group, grp) x that group's common keys: log(x + eps)
+        and q once per element for every chain level, whose sums are segment sums; one
+        gradient coefficient per (row, segment): the sum over the levels holding it."""
+        top = self.chain[0]
+        c0 = int(self.start[top][grp])
+        c1 = c0 + int(self.count[top][grp])
+        x = e[a:b, c0:c1]
+        den, q = self._scratch(x)
+        torch.add(x, OFFICIAL_EPS, out=den)
+        torch.div(x, den, out=q)
+        lg = torch.log_(den)
+        g0, g1 = r0 + a, r0 + b                                            # visiting order
+        if not self.include_self:           # the row's own key: inside every level's range
+            cp = self.cpos_s[g0:g1] - c0
+            mine = ((cp >= 0) & (cp < c1 - c0)).nonzero().squeeze(1)
+            if mine.numel():
+                lg[mine, cp[mine]] = 0.0
+                q[mine, cp[mine]] = 0.0
+        sizes = self.seg_sizes[grp]
+        lgs, qs = lg.split(sizes, 1), q.split(sizes, 1)
+        t_seg = torch.stack([t.sum(1) for t in lgs], 1)                   # [r, S]
+        q_seg = torch.stack([t.sum(1) for t in qs], 1)
+        sidx = self._seg_ar.get(len(sizes))
+        if sidx is None:
+            sidx = self._seg_ar[len(sizes)] = torch.arange(len(sizes), device=e.device)
+        # x is a level's own where its f = 1; member [C, r, S]: the row's segments per level
+        ok = self.ok_s[:, g0:g1] & f_c[:, a:b]
+        member = ((sidx >= self.seg_a_s[:, g0:g1, None]) & (sidx < self.seg_b_s[:, g0:g1, None])
+                  & ok[:, :, None]).to(lg.dtype)
+        self.Tc_s[:, g0:g1] += (member * t_seg).sum(2)
+        self.Qc_s[:, g0:g1] += (member * q_seg).sum(2)
+        done[:, a:b] = ok
+        if target is None:
+            return
+        c = (member * coef[:, a:b, None]).sum(0)                          # [r, S]
+        for tg, qk, ck in zip(target[a:b, c0:c1].split(sizes, 1), qs, c.split(1, 1),
+                              strict=True):
+            tg.addcmul_(qk, ck)
 
     def _slice(self, lev, grp, loc, rows, e, t_row, q_row, coef, target):
         """One group's rows x its common keys as a 2-D slice of the block (f = 1, so
@@ -187,10 +386,11 @@ class BlockPositives:
         if target is not None:
             target.view(-1).index_add_(0, flat, q.mul_(coef[r]))
 
-    def coef_max(self, rows) -> float:
-        if self.pos_coef is None:
+    def coef_max(self, p) -> float:
+        """max |c| of the block's rows (p: its slice of the visiting order)."""
+        if self.coef_s is None or p.stop <= p.start:
             return 0.0
-        return float(self.pos_coef[:, rows].abs().max()) if rows.numel() else 0.0
+        return float(self.coef_s[:, p].abs().max())
 
     # ---- level-specific (rest) keys: small dense [b, N_r]
     def _rest_columns(self, ridx):
@@ -215,15 +415,16 @@ class BlockPositives:
                               ) if one_each else False
         return self._rest_map or None
 
-    def rest_block(self, rows, ridx, s_r, max_b, arg_b, want_grad: bool):
+    def rest_block(self, p, rows, ridx, s_r, max_b, arg_b, want_grad: bool):
         """Positive pairs with a rest key; returns their gradient coefficients [b, N_r] (or
-        None). s_r = scale * z_rows . z_ridx (unshifted)."""
+        None). s_r = scale * z_rows . z_ridx (unshifted); p, rows as in ``common_block``."""
         out = None
         if not ridx.numel():
             return out
         rest_map = self._rest_columns(ridx)
         if rest_map is not None:
-            return self._rest_block_one_each(rows, ridx, s_r, max_b, arg_b, want_grad, *rest_map)
+            return self._rest_block_one_each(p, rows, ridx, s_r, max_b, arg_b, want_grad,
+                                             *rest_map)
         for lev, ok in enumerate(self.handled):
             if not ok:
                 continue
@@ -234,26 +435,26 @@ class BlockPositives:
             pi, pj = mask.nonzero(as_tuple=True)
             if not pi.numel():
                 continue
-            i = rows[pi]
+            i = p.start + pi                                              # visiting order
             x = s_r[pi, pj] - max_b[lev][pi]
             # pi: block-local rows (index the block's arg-max and tie bound); ridx[pj] global
             x = exp_shifted_(_consistent_with_max(x, pi, ridx[pj], self.z, max_b[lev],
                                                   arg_b[lev], self._tie(rows, max_b[lev])))
             q = x / (x + OFFICIAL_EPS)
-            self.T[lev].index_add_(0, i, torch.log(x + OFFICIAL_EPS))
-            self.Q[lev].index_add_(0, i, q)
+            self.T_s[lev].index_add_(0, i, torch.log(x + OFFICIAL_EPS))
+            self.Q_s[lev].index_add_(0, i, q)
             if want_grad:
                 if out is None:
                     out = torch.zeros_like(s_r)
-                out.index_put_((pi, pj), q * self.pos_coef[lev, i], accumulate=True)
+                out.index_put_((pi, pj), q * self.coef_s[lev, i], accumulate=True)
         return out
 
-    def _rest_block_one_each(self, rows, ridx, s_r, max_b, arg_b, want_grad, cols, levels):
+    def _rest_block_one_each(self, p, rows, ridx, s_r, max_b, arg_b, want_grad, cols, levels):
         """``rest_block`` when every group has at most one rest key: each (level, row) has at
         most one rest positive, looked up in ``cols``; all handled levels in one vectorised
         pass (flattened (level, row) index f = k * b + row)."""
         b = rows.numel()
-        g = self.gid[levels][:, rows]                                     # [L', b]
+        g = self.gid_s[levels][:, p]                                      # [L', b]
         pj = torch.where(g >= 0, cols.gather(1, g.clamp(min=0)), torch.full_like(g, -1))
         valid = pj >= 0
         if not self.include_self:
@@ -269,12 +470,12 @@ class BlockPositives:
         x = exp_shifted_(_consistent_with_max(x, flat, ridx[pj], self.z, lev_max.reshape(-1),
                                               lev_arg.reshape(-1), tie))
         q = x / (x + OFFICIAL_EPS)
-        n = self.T.shape[1]
-        at = levels[k] * n + rows[pi]                                     # into T, Q [L, N]
-        self.T.view(-1).index_add_(0, at, torch.log(x + OFFICIAL_EPS))
-        self.Q.view(-1).index_add_(0, at, q)
+        n = self.T_s.shape[1]
+        at = levels[k] * n + (p.start + pi)                       # into T_s, Q_s [L, N]
+        self.T_s.view(-1).index_add_(0, at, torch.log(x + OFFICIAL_EPS))
+        self.Q_s.view(-1).index_add_(0, at, q)
         if not want_grad:
             return None
         out = torch.zeros_like(s_r)
-        out.index_put_((pi, pj), q * self.pos_coef.view(-1)[at], accumulate=True)
+        out.index_put_((pi, pj), q * self.coef_s.view(-1)[at], accumulate=True)
         return out
