@@ -143,12 +143,13 @@ class BlockPositives:
     def _chain(self, gid, n_groups, top):
         """The shared-slice plan (``_run``). ``chain``: the top level (the most significant
         sort key: its groups are contiguous) and every handled level whose groups each lie
-        inside one top group, among the common keys; [] if that is the top level alone. Segments: maximal runs of common keys with
-        equal ids at every chain level (``seg_sizes[grp]``: the sizes of top group grp's, in
-        key order). Per chain level k and row (visiting order): ``ok_s`` (the row's group is
-        inside its own top group: its positives are all in that group's slice) and the
-        row's segments [``seg_a_s``, ``seg_b_s``), local to the top group.
-        ``runs``: (start, top group) of each run of rows with one top group (visiting order)."""
+        inside one top group, among the common keys; [] if that is the top level alone.
+        Segments: maximal runs of common keys with equal ids at every chain level
+        (``seg_sizes[grp]``: the sizes of top group grp's, in key order). Per chain level k
+        and row (visiting order): ``ok_s`` (the row's group is inside its own top group: its
+        positives are all in that group's slice) and the row's segments [``seg_a_s``,
+        ``seg_b_s``), local to the top group. ``run_start``, ``run_grp``: start and top group
+        of each run of rows with one top group (visiting order)."""
         dev = gid.device
         levels = [lev for lev, ok in enumerate(self.handled) if ok]
         self.chain = []
