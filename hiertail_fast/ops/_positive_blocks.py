@@ -75,10 +75,6 @@ def key_order(gid: torch.Tensor) -> torch.Tensor:
     return order
 
 
-def _group_sizes(g: torch.Tensor, n_groups: int) -> torch.Tensor:
-    return torch.bincount(g[g >= 0], minlength=n_groups)
-
-
 class BlockPositives:
     """Positive-pair sums T, Q [L, N] (and gradient terms) of the levels whose groups are
     contiguous among the common keys ``cidx`` (common key order = ``key_order``).
@@ -100,7 +96,7 @@ class BlockPositives:
         for lev in range(n_levels):
             g = gid[lev, self.cidx]
             inside = g >= 0
-            cnt = _group_sizes(g, n_groups[lev])
+            cnt = torch.bincount(g[inside], minlength=n_groups[lev])
             first = torch.full((n_groups[lev],), self.n_c, dtype=torch.long, device=dev)
             pos = torch.arange(self.n_c, device=dev)
             first.scatter_reduce_(0, g[inside], pos[inside], "amin")
@@ -124,23 +120,23 @@ class BlockPositives:
         # the engine may keep w folded into its GEMM operands (``_lse_torch._engine``)
         self.foldable = n_levels == 1 and self.handled[0] and log_w is not None and bool(
             _constant_per_group(log_w[0, self.cidx], gid[0, self.cidx]))
-        self._chain(gid, n_groups, _significance(gid)[-1])
+        self._chain(gid, _significance(gid)[-1])
 
     @property
-    def T(self) -> torch.Tensor:                     # noqa: N802 (the DESIGN.md symbol)
+    def T(self) -> torch.Tensor:                     # the DESIGN.md symbol
         """[L, N] sum over row i's positives of log(x_ij + eps), by original row id."""
         out = torch.empty_like(self.T_s)
         out[:, self.order] = self.T_s
         return out
 
     @property
-    def Q(self) -> torch.Tensor:                     # noqa: N802
+    def Q(self) -> torch.Tensor:
         """[L, N] sum over row i's positives of x_ij / (x_ij + eps), by original row id."""
         out = torch.empty_like(self.Q_s)
         out[:, self.order] = self.Q_s
         return out
 
-    def _chain(self, gid, n_groups, top):
+    def _chain(self, gid, top):
         """The shared-slice plan (``_run``). ``chain``: the top level (the most significant
         sort key: its groups are contiguous) and every handled level whose groups each lie
         inside one top group, among the common keys; [] if that is the top level alone.
