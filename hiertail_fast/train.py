@@ -224,11 +224,16 @@ class FitResult:
 def fit_early_stopping(model: torch.nn.Module, opt: torch.optim.Optimizer,
                        step: Callable[[], tuple[Any, torch.Tensor]],
                        val_f1: Callable[[], float], *, epochs: int, patience: int,
-                       progress: bool, desc: str, device: torch.device) -> FitResult:
+                       progress: bool, desc: str, device: torch.device,
+                       select_from: int = 0) -> FitResult:
     """The protocol's loop (HierTail and every baseline): per epoch one optimiser step on
     ``step()`` -> (loss record, scalar to back-propagate), then the eval-mode validation
     Macro-F1 ``val_f1()``. Patience counts from the FIRST epoch at the max; the model kept is the
-    LAST epoch at the max (the official code's ``>=``)."""
+    LAST epoch at the max (the official code's ``>=``). Epochs before ``select_from`` (a
+    method's pre-training, whose classifier does not learn) are trained only: not validated,
+    never selected, and the patience counts from ``select_from`` at the earliest."""
+    if not 0 <= select_from < epochs:
+        raise ValueError(f"select_from={select_from} must be in [0, epochs={epochs})")
     best_val, max_val = -1.0, -1.0
     best_state, best_epoch, max_idx, stopped_early = None, 0, 0, False
     train_time = eval_time = 0.0
@@ -244,6 +249,9 @@ def fit_early_stopping(model: torch.nn.Module, opt: torch.optim.Optimizer,
         opt.step()
         sync()
         t1 = time.perf_counter()
+        if epoch < select_from:
+            train_time += t1 - t0
+            continue
         f1 = val_f1()                    # .cpu() inside synchronises
         t2 = time.perf_counter()
         train_time += t1 - t0

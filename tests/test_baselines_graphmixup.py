@@ -273,10 +273,12 @@ def test_same_seed_same_pairs_and_schedule(tiny):
     c = build_method(_ctx(g, graph, seed=6), cfg)
     assert torch.equal(a.pair_u, b.pair_u) and torch.equal(a.pair_v, b.pair_v)
     assert not (torch.equal(a.pair_u, c.pair_u) and torch.equal(a.pair_v, c.pair_v))
-    assert a.pretrain_epochs == 5             # min(2010, 20 // 2, patience 5)
-    assert gm.pretrain_length(cfg, 10_000, 1_000) == 1_000
-    assert gm.pretrain_length(cfg, None, None) == gm.OFFICIAL_PRETRAIN_EPOCHS
-    assert gm.pretrain_length(cfg.replace(pretrain_epochs=3), 10, 1) == 3
+    assert a.pretrain_epochs == 10            # min(2010, 20 // 2)
+    assert a.selection_start() == a.pretrain_epochs
+    assert gm.pretrain_length(cfg, 10_000) == gm.OFFICIAL_PRETRAIN_EPOCHS
+    assert gm.pretrain_length(cfg, 1_000) == 500
+    assert gm.pretrain_length(cfg, None) == gm.OFFICIAL_PRETRAIN_EPOCHS
+    assert gm.pretrain_length(cfg.replace(pretrain_epochs=3), 10) == 3
 
 
 def test_phases_and_q_agent_run_on_the_harness_epochs(tiny):
@@ -354,3 +356,20 @@ def test_cli_flags():
             cfg.self_loops, cfg.hidden) == (100, "discrete", 7, "global", True, 128)
     with pytest.raises(ValueError, match="--k-num"):
         method_config_from_args(p.parse_args("--method hiertail --k-num 3".split()))
+
+
+def test_harness_selects_and_counts_patience_over_fine_tune_epochs_only():
+    """train_baseline: the selected epoch is a fine-tune one, and a patience shorter than the
+    pre-train does not end the run inside it (the harness before 2026-11-26 validated from
+    epoch 0 and capped P at the patience). The run's config records the rule."""
+    from hiertail_fast.baselines.harness import train_baseline
+    from hiertail_fast.data.splits import natural_split
+
+    g = make_synthetic_graph(300, num_classes=4, avg_degree=3, num_features=6, seed=4)
+    cfg = BaselineConfig(method="graphmixup", hidden=8, im_class_num=2, k_num=25)
+    res = train_baseline(g, natural_split(g.y, 0), cfg, epochs=30, patience=3, seed=0,
+                         progress=False)
+    p = res["schedule"]["pretrain_epochs"]
+    assert p == 15                                       # min(2010, 30 // 2), not the patience
+    assert res["best_epoch"] >= p and res["epochs_run"] > p
+    assert cfg.to_dict()["model_selection"] == "fine-tune epochs only"

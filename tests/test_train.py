@@ -159,3 +159,34 @@ def test_train_api_bad_inputs(small):
         train_hiertail(small, bad, epochs=1, progress=False)
     with pytest.raises(ValueError, match="train, val and test"):
         train_hiertail(small, {"train": split[0], "val": split[1]}, epochs=1, progress=False)
+
+
+def test_fit_early_stopping_select_from_skips_validation_and_selection():
+    """Epochs before select_from are trained only (no val_f1 call, never selected); the
+    patience counts from select_from at the earliest; a bad select_from is refused."""
+    from hiertail_fast.train import fit_early_stopping
+
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    curve = [0.9, 0.9, 0.1, 0.2, 0.2, 0.1, 0.1, 0.1, 0.1, 0.1]   # val F1 by epoch
+    calls = []
+
+    def step():
+        loss = model.weight.sum() * 0.0
+        return loss, loss
+
+    def val_f1():
+        calls.append(len(calls))
+        return curve[len(calls) + 1]                     # call k (from 1) is epoch k + 1
+
+    fit = fit_early_stopping(model, opt, step, val_f1, epochs=10, patience=2, progress=False,
+                             desc="t", device=torch.device("cpu"), select_from=2)
+    # epochs 0, 1 (F1 0.9) are not validated; the max from epoch 2 on is 0.2 at epoch 3 (first)
+    # and 4 (last: the model kept); patience 2 from epoch 3 stops at epoch 6 (6 - 3 > 2)
+    assert (fit.max_idx, fit.best_epoch, fit.epochs_run, fit.stopped_early) == (3, 4, 7, True)
+    assert len(calls) == 5                               # epochs 2..6 validated
+    for bad in (-1, 10):
+        with pytest.raises(ValueError, match="select_from"):
+            fit_early_stopping(model, opt, step, val_f1, epochs=10, patience=2,
+                               progress=False, desc="t", device=torch.device("cpu"),
+                               select_from=bad)

@@ -110,7 +110,7 @@ def add_graphmixup_arguments(g) -> None:
     g.add_argument("--edge-mode", choices=("continuous", "discrete"), help="graphmixup: "
                    "synthetic edge weights P (official) or 1[P >= 0.5]")
     g.add_argument("--pretrain-epochs", type=int, help="graphmixup: pre-training epochs "
-                   "(default min(2010, epochs // 2, patience))")
+                   "(default min(2010, epochs // 2); selection over the fine-tune epochs)")
     g.add_argument("--q-start-epoch", type=int, help="graphmixup: fine-tune epoch where the "
                    "Q-agent starts (50)")
     g.add_argument("--mixup-neighbour", choices=("local", "global"), help="graphmixup: the "

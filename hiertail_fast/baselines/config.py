@@ -121,9 +121,10 @@ class BaselineConfig:
     GraphMixup (`hiertail_fast.baselines.graphmixup`): dis_nclass (6: hop classes 1..5 and
     'far'), clu_nclass (15 parts), k_num (5000 pairs per hop class), dis_weight / clu_weight
     (1, 1), delta_k (0.05: the Q-agent's stopping range), edge_mode ("continuous": P ⊙ M not
-    detached; "discrete": 1[P ≥ 0.5], detached), pretrain_epochs (None: min(2010, epochs // 2,
-    patience) of the harness's run), q_start_epoch (50: fine-tune epoch where the Q-agent
-    starts), mixup_neighbour ("local": official bug; "global"), self_loops (False: raw A).
+    detached; "discrete": 1[P ≥ 0.5], detached), pretrain_epochs (None: min(2010, epochs // 2)
+    of the harness's run; selection and patience over the fine-tune epochs only),
+    q_start_epoch (50: fine-tune epoch where the Q-agent starts), mixup_neighbour ("local":
+    official bug; "global"), self_loops (False: raw A).
     hidden / dropout / lr / up_scale / self_loops left at None take the method's official
     default (`METHOD_DEFAULTS`; GraphMixup 128 / 0.1 / 1e-3 / 0 / False), else 64 / 0.5 / 0.01
     / 1 / True.
@@ -267,6 +268,8 @@ class BaselineConfig:
             out[k] = d[k]
         out["tail_classes"] = f"the last {self.im_class_num} labels (classes sorted by size)" \
             if "im_class_num" in METHOD_FIELDS[self.method] else None
+        if self.method == "graphmixup":     # recorded (and part of a run's cache key) since
+            out["model_selection"] = "fine-tune epochs only"   # the harness changed on 11-26
         out["faithful"] = {}
         for k, (_, choices) in FAITHFUL.items():
             if k in METHOD_FIELDS[self.method]:

@@ -78,7 +78,8 @@ def train_baseline(
 
     pretrain_epochs = model.pretrain(opt)
     fit = fit_early_stopping(model, opt, step, val_f1, epochs=epochs, patience=patience,
-                             progress=progress, desc=f"{cfg.name} seed={seed}", device=device)
+                             progress=progress, desc=f"{cfg.name} seed={seed}", device=device,
+                             select_from=model.selection_start())
     model.load_state_dict(fit.best_state)
     model.after_fit(val_idx, epochs=epochs, progress=progress)
     model.eval()

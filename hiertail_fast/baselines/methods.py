@@ -100,6 +100,11 @@ class BaselineMethod(nn.Module):
         """Steps to take with the loop's optimiser before the loop; returns how many ran."""
         return 0
 
+    def selection_start(self) -> int:
+        """First epoch of the loop that may be selected (and starts the patience): 0, or the
+        end of a pre-training phase run inside the loop's epochs."""
+        return 0
+
     def after_fit(self, val_idx: torch.Tensor, *, epochs: int, progress: bool = False) -> None:
         """Stages after the loop (its best state loaded); the loop's ``epochs`` for reference."""
 
