@@ -3,39 +3,14 @@
 `hiertail_fast.graph` docstring; nothing here mutates a caller's tensor."""
 from __future__ import annotations
 
-import operator
-
-import numpy as np
 import torch
 
-from hiertail_fast._validation import check_edge_weight, check_gcn_degrees, check_tensor
-
-MAX_NODES = 3_037_000_499  # n * n + n must fit in int64 for the (row, col) sort key
-
-
-def check_num_nodes(num_nodes: object, name: str = "num_nodes") -> int:
-    """``num_nodes`` as an int: any integer that ``operator.index`` accepts (int, numpy
-    integers, a one-element integer tensor); bool (including numpy's) and floats are rejected
-    with TypeError, negative or too large values with ValueError."""
-    if isinstance(num_nodes, torch.Tensor):
-        ok = num_nodes.numel() == 1 and not (num_nodes.is_floating_point()
-                                             or num_nodes.is_complex()
-                                             or num_nodes.dtype == torch.bool)
-        if not ok:
-            raise TypeError(f"{name} must be an int, got a tensor of shape "
-                            f"{tuple(num_nodes.shape)} and dtype {num_nodes.dtype}")
-        num_nodes = int(num_nodes)
-    if isinstance(num_nodes, (bool, np.bool_)):
-        raise TypeError(f"{name} must be an int, got bool")
-    try:
-        num_nodes = operator.index(num_nodes)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(num_nodes).__name__}") from None
-    if num_nodes < 0:
-        raise ValueError(f"{name} must be >= 0, got {num_nodes}")
-    if num_nodes > MAX_NODES:
-        raise ValueError(f"{name}={num_nodes} is too large (max {MAX_NODES})")
-    return int(num_nodes)
+from hiertail_fast._validation import (
+    check_edge_weight,
+    check_gcn_degrees,
+    check_num_nodes,
+    check_tensor,
+)
 
 
 def check_csr(

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 
+import numpy as np
 import torch
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -16,6 +18,7 @@ MIN_TEMPERATURE = 1e-6
 # Node-feature normalisations a dataset can be loaded with: none (the official harness's
 # default, is_normalize=False) or row (x_i / Σ_j x_ij, the official --is_normalize).
 FEATURE_NORMS = ("none", "row")
+MAX_NODES = 3_037_000_499  # n * n + n must fit in int64 for the (row, col) sort key
 
 
 def check_tensor(t: object, name: str) -> torch.Tensor:
@@ -158,3 +161,59 @@ def validate_contrastive_inputs(
         raise ValueError(f"reduction={reduction!r} is not one of {REDUCTIONS}")
     if variant not in VARIANTS:
         raise ValueError(f"variant={variant!r} is not one of {VARIANTS}")
+
+
+def check_num_nodes(num_nodes: object, name: str = "num_nodes") -> int:
+    """``num_nodes`` as an int: any integer that ``operator.index`` accepts (int, numpy
+    integers, a one-element integer tensor); bool (including numpy's) and floats are rejected
+    with TypeError, negative or too large values with ValueError."""
+    if isinstance(num_nodes, torch.Tensor):
+        ok = num_nodes.numel() == 1 and not (num_nodes.is_floating_point()
+                                             or num_nodes.is_complex()
+                                             or num_nodes.dtype == torch.bool)
+        if not ok:
+            raise TypeError(f"{name} must be an int, got a tensor of shape "
+                            f"{tuple(num_nodes.shape)} and dtype {num_nodes.dtype}")
+        num_nodes = int(num_nodes)
+    if isinstance(num_nodes, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an int, got bool")
+    try:
+        num_nodes = operator.index(num_nodes)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(num_nodes).__name__}") from None
+    if num_nodes < 0:
+        raise ValueError(f"{name} must be >= 0, got {num_nodes}")
+    if num_nodes > MAX_NODES:
+        raise ValueError(f"{name}={num_nodes} is too large (max {MAX_NODES})")
+    return int(num_nodes)
+
+
+def check_unpool_args(perm: object, num_nodes: object, k: int) -> torch.Tensor:
+    """Validate ``perm`` [k] (distinct, in range) and ``num_nodes`` for unpooling."""
+    num_nodes = check_num_nodes(num_nodes)  # int-like (numpy ints too), >= 0
+    perm = check_index_vector(perm, "perm", length=k)
+    if perm.numel():
+        if int(perm.max()) >= int(num_nodes):
+            raise ValueError(f"perm refers to node {int(perm.max())} but num_nodes is {num_nodes}")
+        if torch.unique(perm).numel() != perm.numel():
+            raise ValueError("perm has repeated node indices")
+    return perm
+
+
+def check_score_weight(score_weight: object, d: int, dtype: torch.dtype) -> torch.Tensor:
+    """p as a [d] vector of x's dtype; rejects wrong shape, non-float, NaN/Inf and ‖p‖ = 0."""
+    p = check_tensor(score_weight, "score_weight")
+    if p.dim() == 2 and p.shape[0] == 1:
+        p = p.view(-1)  # PyG stores the projection as [1, d]
+    if p.dim() != 1 or p.shape[0] != d:
+        raise ValueError(f"score_weight must have shape [{d}] (or [1, {d}]), got "
+                         f"{tuple(score_weight.shape)}")
+    if not p.is_floating_point():
+        raise TypeError(f"score_weight must be floating point, got {p.dtype}")
+    if p.dtype != dtype:
+        raise TypeError(f"score_weight has dtype {p.dtype} but x has {dtype}")
+    if not all_finite(p):
+        raise ValueError("score_weight contains NaN or Inf")
+    if not bool((p != 0).any()):
+        raise ValueError("score_weight is all zeros: the score x·p/‖p‖ is undefined")
+    return p

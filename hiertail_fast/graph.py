@@ -27,8 +27,13 @@ from typing import Any
 
 import torch
 
-from hiertail_fast._csr import check_csr, check_num_nodes, coo_to_csr, deg_inv_sqrt
-from hiertail_fast._validation import check_edge_index, check_edge_weight, check_tensor
+from hiertail_fast._csr import check_csr, coo_to_csr, deg_inv_sqrt
+from hiertail_fast._validation import (
+    check_edge_index,
+    check_edge_weight,
+    check_num_nodes,
+    check_tensor,
+)
 
 
 class CSRGraph:

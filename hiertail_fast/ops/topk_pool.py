@@ -31,12 +31,14 @@ from typing import NamedTuple
 import torch
 from torch.autograd.function import once_differentiable
 
-from hiertail_fast._validation import check_float_matrix
+from hiertail_fast._validation import (
+    check_float_matrix,
+    check_score_weight,
+    check_unpool_args,
+)
 from hiertail_fast.graph import CSRGraph
 from hiertail_fast.ops._dispatch import choose_backend
 from hiertail_fast.reference.topk_pool import (
-    _check_score_weight,
-    check_unpool_args,
     pool_size,
     score_direction,
     topk_pool_ref,
@@ -227,7 +229,7 @@ def topk_pool(
     """
     x = check_float_matrix(x, "x")
     n, d = x.shape
-    p = _check_score_weight(score_weight, d, x.dtype)
+    p = check_score_weight(score_weight, d, x.dtype)
     if p.device != x.device:
         raise ValueError(f"score_weight is on {p.device} but x is on {x.device}")
     graph = _as_graph(graph_or_edge_index, edge_weight, n, x.device)

@@ -38,14 +38,12 @@ import numbers
 
 import torch
 
-from hiertail_fast._csr import check_num_nodes
 from hiertail_fast._validation import (
-    all_finite,
     check_edge_index,
     check_edge_weight,
     check_float_matrix,
-    check_index_vector,
-    check_tensor,
+    check_score_weight,
+    check_unpool_args,
 )
 
 __all__ = ["pool_size", "pyg_pool_size", "score_direction", "topk_pool_ref", "topk_unpool_ref"]
@@ -114,7 +112,7 @@ def topk_pool_ref(
     """
     x = check_float_matrix(x, "x")
     n, d = x.shape
-    p = _check_score_weight(score_weight, d, x.dtype)
+    p = check_score_weight(score_weight, d, x.dtype)
     edge_index = check_edge_index(edge_index, n)
     edge_weight = check_edge_weight(edge_weight, edge_index.shape[1])
     k = pool_size(n, ratio, x.dtype)
@@ -166,34 +164,3 @@ def score_direction(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     q = (p / m).to(acc)
     qn = torch.linalg.vector_norm(q)
     return (q / qn).to(p.dtype), qn.detach(), m.to(acc)
-
-
-def check_unpool_args(perm: object, num_nodes: object, k: int) -> torch.Tensor:
-    """Validate ``perm`` [k] (distinct, in range) and ``num_nodes`` for unpooling."""
-    num_nodes = check_num_nodes(num_nodes)  # int-like (numpy ints too), >= 0
-    perm = check_index_vector(perm, "perm", length=k)
-    if perm.numel():
-        if int(perm.max()) >= int(num_nodes):
-            raise ValueError(f"perm refers to node {int(perm.max())} but num_nodes is {num_nodes}")
-        if torch.unique(perm).numel() != perm.numel():
-            raise ValueError("perm has repeated node indices")
-    return perm
-
-
-def _check_score_weight(score_weight: object, d: int, dtype: torch.dtype) -> torch.Tensor:
-    """p as a [d] vector of x's dtype; rejects wrong shape, non-float, NaN/Inf and ‖p‖ = 0."""
-    p = check_tensor(score_weight, "score_weight")
-    if p.dim() == 2 and p.shape[0] == 1:
-        p = p.view(-1)  # PyG stores the projection as [1, d]
-    if p.dim() != 1 or p.shape[0] != d:
-        raise ValueError(f"score_weight must have shape [{d}] (or [1, {d}]), got "
-                         f"{tuple(score_weight.shape)}")
-    if not p.is_floating_point():
-        raise TypeError(f"score_weight must be floating point, got {p.dtype}")
-    if p.dtype != dtype:
-        raise TypeError(f"score_weight has dtype {p.dtype} but x has {dtype}")
-    if not all_finite(p):
-        raise ValueError("score_weight contains NaN or Inf")
-    if not bool((p != 0).any()):
-        raise ValueError("score_weight is all zeros: the score x·p/‖p‖ is undefined")
-    return p
