@@ -122,19 +122,20 @@ class BlockPositives:
             _constant_per_group(log_w[0, self.cidx], gid[0, self.cidx]))
         self._chain(gid, _significance(gid)[-1])
 
+    def _by_row_id(self, sums_s: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(sums_s)
+        out[:, self.order] = sums_s
+        return out
+
     @property
     def T(self) -> torch.Tensor:                     # the DESIGN.md symbol
         """[L, N] sum over row i's positives of log(x_ij + eps), by original row id."""
-        out = torch.empty_like(self.T_s)
-        out[:, self.order] = self.T_s
-        return out
+        return self._by_row_id(self.T_s)
 
     @property
     def Q(self) -> torch.Tensor:
         """[L, N] sum over row i's positives of x_ij / (x_ij + eps), by original row id."""
-        out = torch.empty_like(self.Q_s)
-        out[:, self.order] = self.Q_s
-        return out
+        return self._by_row_id(self.Q_s)
 
     def _chain(self, gid, top):
         """The shared-slice plan (``_run``). ``chain``: the top level (the most significant
@@ -199,6 +200,9 @@ class BlockPositives:
         starts = rs.nonzero().squeeze(1)
         self.run_start = starts.tolist()
         self.run_grp = top_s[starts].tolist()
+        # each top group's common-key columns [c0, c1), as host ints (read per run)
+        c0 = self.start[top].clamp(max=self.n_c)
+        self.top_cols = list(zip(c0.tolist(), (c0 + self.count[top]).tolist(), strict=True))
         self._seg_ar = {}
         self._work = None
 
@@ -266,7 +270,6 @@ class BlockPositives:
         """The chain levels' positives of the block's rows in big top groups (``_run`` each).
         Returns done [C, b] ((chain level, row) pairs taken), or None if no such rows."""
         r0, r1 = p.start, p.stop
-        top = self.chain[0]
         i = bisect_right(self.run_start, r0) - 1
         done = None
         coef = None
@@ -275,7 +278,7 @@ class BlockPositives:
             a = max(r0, self.run_start[i])
             b = min(r1, self.run_start[i + 1]) if i + 1 < len(self.run_start) else r1
             i += 1
-            if grp < 0 or int(self.count[top][grp]) < SLICE_GROUP:
+            if grp < 0 or self.top_cols[grp][1] - self.top_cols[grp][0] < SLICE_GROUP:
                 continue
             if done is None:
                 done = torch.zeros(len(self.chain), r1 - r0, dtype=torch.bool, device=e.device)
@@ -289,9 +292,7 @@ class BlockPositives:
         """Block rows [a, b) (one top group, grp) x that group's common keys: log(x + eps)
         and q once per element for every chain level, whose sums are segment sums; one
         gradient coefficient per (row, segment): the sum over the levels holding it."""
-        top = self.chain[0]
-        c0 = int(self.start[top][grp])
-        c1 = c0 + int(self.count[top][grp])
+        c0, c1 = self.top_cols[grp]
         x = e[a:b, c0:c1]
         den, q = self._scratch(x)
         torch.add(x, OFFICIAL_EPS, out=den)
