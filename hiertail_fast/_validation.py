@@ -217,3 +217,18 @@ def check_score_weight(score_weight: object, d: int, dtype: torch.dtype) -> torc
     if not bool((p != 0).any()):
         raise ValueError("score_weight is all zeros: the score x·p/‖p‖ is undefined")
     return p
+
+
+def check_prototype_args(z: object, prototypes: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shared validation: both 2-D float, finite, same d/dtype/device, at least one prototype."""
+    z = check_float_matrix(z, "z")
+    prototypes = check_float_matrix(prototypes, "prototypes")
+    if prototypes.shape[0] < 1:
+        raise ValueError("prototypes must have at least one row")
+    if z.shape[1] != prototypes.shape[1]:
+        raise ValueError(f"z has {z.shape[1]} features but prototypes have {prototypes.shape[1]}")
+    if z.dtype != prototypes.dtype:
+        raise TypeError(f"z has dtype {z.dtype} but prototypes have {prototypes.dtype}")
+    if z.device != prototypes.device:
+        raise ValueError(f"z is on {z.device} but prototypes are on {prototypes.device}")
+    return z, prototypes

@@ -22,12 +22,9 @@ from __future__ import annotations
 
 import torch
 
+from hiertail_fast._validation import check_prototype_args
 from hiertail_fast.ops._dispatch import choose_backend
-from hiertail_fast.reference.nearest_prototype import (
-    check_prototype_args,
-    nearest_prototype_ref,
-    pow2_rescale,
-)
+from hiertail_fast.reference.nearest_prototype import nearest_prototype_ref, pow2_rescale
 
 __all__ = ["nearest_prototype"]
 

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from hiertail_fast._validation import check_float_matrix
+from hiertail_fast._validation import check_prototype_args
 
 __all__ = ["nearest_prototype_ref", "check_prototype_args", "pow2_rescale"]
 
@@ -66,18 +66,3 @@ def pow2_rescale(z: torch.Tensor, prototypes: torch.Tensor) -> tuple[torch.Tenso
         return z, prototypes
     s = math.ldexp(1.0, -e)
     return z * s, prototypes * s
-
-
-def check_prototype_args(z: object, prototypes: object) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shared validation: both 2-D float, finite, same d/dtype/device, at least one prototype."""
-    z = check_float_matrix(z, "z")
-    prototypes = check_float_matrix(prototypes, "prototypes")
-    if prototypes.shape[0] < 1:
-        raise ValueError("prototypes must have at least one row")
-    if z.shape[1] != prototypes.shape[1]:
-        raise ValueError(f"z has {z.shape[1]} features but prototypes have {prototypes.shape[1]}")
-    if z.dtype != prototypes.dtype:
-        raise TypeError(f"z has dtype {z.dtype} but prototypes have {prototypes.dtype}")
-    if z.device != prototypes.device:
-        raise ValueError(f"z is on {z.device} but prototypes are on {prototypes.device}")
-    return z, prototypes
