@@ -87,12 +87,24 @@ def loss_step(backend: str, z, ys, ps, tau: float, variant: str):
     return step
 
 
+_FLOOR_BUFFERS: dict = {}
+
+
+def _floor_buffer(rows: int, n: int, like: torch.Tensor) -> torch.Tensor:
+    """One reused [rows, n] buffer per shape: every cell's anchors share it (a grid whose cells
+    all stay alive, ``--order interleaved``, would otherwise hold 48 MB per anchor)."""
+    key = (rows, n, like.dtype, str(like.device))
+    if key not in _FLOOR_BUFFERS:
+        _FLOOR_BUFFERS[key] = torch.empty(rows, n, dtype=like.dtype, device=like.device)
+    return _FLOOR_BUFFERS[key]
+
+
 def floor_step(z, ps, with_exp: bool):
     """3 x (row blocks of Z_all Z_all^T into one reused buffer) [+ one in-place exp]."""
     z_all = torch.cat([z] + list(ps)).contiguous()
     n = z_all.shape[0]
     rows = max(8, min(n, (48 << 20) // (4 * n)))
-    buf = torch.empty(rows, n, device=z.device)
+    buf = _floor_buffer(rows, n, z_all)
     zt = z_all.t()
     cutoff = exp_cutoff(z_all.dtype)
 
@@ -120,33 +132,75 @@ def load_average() -> list[float]:
         return []
 
 
+def _cell_steps(cell, backends):
+    n, d, levels, variant, regime, tau = cell
+    z, ys, ps = make_case(regime, n, d, levels)
+    steps = {b: loss_step(b, z, ys, ps, tau, variant) for b in backends}
+    steps["floor"] = floor_step(z, ps, with_exp=False)
+    steps["floor+exp"] = floor_step(z, ps, with_exp=True)
+    return steps
+
+
+def _time_once(step) -> float:
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
+
+
+def _record(cell, times, backends):
+    n, d, levels, variant, regime, tau = cell
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    return dict(n=n, d=d, levels=levels, variant=variant, regime=regime, tau=tau,
+                median_s=med, min_s={k: min(v) for k, v in times.items()},
+                ratio_to_floor_exp={b: med[b] / med["floor+exp"] for b in backends})
+
+
+def _print_record(i, total, rec, backends):
+    med = rec["median_s"]
+    best = min(backends, key=lambda b: med[b])
+    print(f"[{i}/{total}] n={rec['n']} d={rec['d']} L={rec['levels']} {rec['variant']:8s} "
+          f"{rec['regime']:10s} tau={rec['tau']:<5g} "
+          + "  ".join(f"{k} {v:.3f}s" for k, v in med.items())
+          + f"  best {best} {med[best] / med['floor+exp']:.2f}x floor+exp", flush=True)
+
+
 def run_grid(args) -> list[dict]:
-    records = []
+    """Time every cell. ``--order cells``: one cell at a time (all its rounds, then the next).
+    ``--order interleaved`` (default): every round visits every cell (in a rotated order), so a
+    slow spell of the machine (minutes of drift, seen on this project's VMs) spreads over all
+    cells instead of sinking the few that happen to run during it; within a cell the providers
+    always alternate, so the ratios compare like with like either way."""
     cells = [(n, d, levels, variant, regime, tau)
              for n in args.sizes for d in args.dims for levels in args.levels
              for variant in args.variants for regime in args.regimes for tau in args.taus]
-    for i, (n, d, levels, variant, regime, tau) in enumerate(cells, 1):
-        z, ys, ps = make_case(regime, n, d, levels)
-        steps = {b: loss_step(b, z, ys, ps, tau, variant) for b in args.backends}
-        steps["floor"] = floor_step(z, ps, with_exp=False)
-        steps["floor+exp"] = floor_step(z, ps, with_exp=True)
+    records = []
+    if args.order == "cells":
+        for i, cell in enumerate(cells, 1):
+            steps = _cell_steps(cell, args.backends)
+            for step in steps.values():
+                step()                                              # warm-up
+            times = {name: [] for name in steps}
+            for _ in range(args.rounds):
+                for name, step in steps.items():
+                    times[name].append(_time_once(step))
+            records.append(_record(cell, times, args.backends))
+            _print_record(i, len(cells), records[-1], args.backends)
+        return records
+    all_steps = [_cell_steps(cell, args.backends) for cell in cells]
+    for steps in all_steps:
         for step in steps.values():
             step()                                                  # warm-up
-        times = {name: [] for name in steps}
-        for _ in range(args.rounds):
-            for name, step in steps.items():
-                start = time.perf_counter()
-                step()
-                times[name].append(time.perf_counter() - start)
-        med = {name: statistics.median(ts) for name, ts in times.items()}
-        rec = dict(n=n, d=d, levels=levels, variant=variant, regime=regime, tau=tau,
-                   median_s=med, min_s={k: min(v) for k, v in times.items()},
-                   ratio_to_floor_exp={b: med[b] / med["floor+exp"] for b in args.backends})
-        records.append(rec)
-        best = min(args.backends, key=lambda b: med[b])
-        print(f"[{i}/{len(cells)}] n={n} d={d} L={levels} {variant:8s} {regime:10s} "
-              f"tau={tau:<5g} " + "  ".join(f"{k} {v:.3f}s" for k, v in med.items())
-              + f"  best {best} {med[best] / med['floor+exp']:.2f}x floor+exp", flush=True)
+    times = [{name: [] for name in steps} for steps in all_steps]
+    for r in range(args.rounds):
+        shift = (r * len(cells)) // args.rounds                     # rotate the visiting order
+        for k in range(len(cells)):
+            c = (k + shift) % len(cells)
+            for name, step in all_steps[c].items():
+                times[c][name].append(_time_once(step))
+        print(f"round {r + 1}/{args.rounds} done", flush=True)
+    for i, (cell, t) in enumerate(zip(cells, times, strict=True), 1):
+        records.append(_record(cell, t, args.backends))
+        _print_record(i, len(cells), records[-1], args.backends)
     return records
 
 
@@ -176,6 +230,9 @@ def main(argv=None) -> int:
                         default=["exact", "official"])
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--order", choices=["interleaved", "cells"], default="interleaved",
+                        help="interleaved: every round visits every cell (drift spreads over "
+                        "all cells); cells: one cell's rounds after another")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results"
                         / "loss_grid.json")
@@ -190,14 +247,15 @@ def main(argv=None) -> int:
     records = run_grid(args)
     after = load_average()
     meta = dict(device=device_name(), torch=torch.__version__, threads=torch.get_num_threads(),
-                rounds=args.rounds, load_average_before=before, load_average_after=after,
+                rounds=args.rounds, order=args.order, load_average_before=before,
+                load_average_after=after,
                 wall_s=time.perf_counter() - start, argv=sys.argv[1:] if argv is None else argv)
     md = markdown(records, args.backends)
     atomic_write_text(args.out, json.dumps(dict(meta, records=records), indent=1))
     atomic_write_text(args.out.with_suffix(".md"),
                  f"Loss grid on {meta['device']}, torch {meta['torch']}, {meta['threads']} "
                  f"threads, load average {before} -> {after}, medians of {args.rounds} rounds "
-                 f"(seconds)\n\n{md}\n")
+                 f"({args.order} order; seconds)\n\n{md}\n")
     print(md)
     print(f"load average {before} -> {after}; wrote {args.out} and .md")
     return 0

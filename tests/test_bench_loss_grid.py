@@ -6,24 +6,31 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 SCRIPT = BENCH / "loss_grid.py"
 
 
-def test_grid_records_every_cell_and_provider(tmp_path):
+@pytest.mark.parametrize("order", ["interleaved", "cells"])
+def test_grid_records_every_cell_and_provider(tmp_path, order):
     out = tmp_path / "grid.json"
     res = subprocess.run(
         [sys.executable, str(SCRIPT), "--sizes", "120", "--dims", "8", "--taus", "0.1", "10",
          "--regimes", "relu", "randn30", "--levels", "1", "3", "--variants", "exact",
-         "--rounds", "1", "--threads", "1", "--out", str(out)],
+         "--rounds", "2", "--threads", "1", "--order", order, "--out", str(out)],
         capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     data = json.loads(out.read_text())
     assert len(data["records"]) == 2 * 2 * 2
     assert data["threads"] == 1 and len(data["load_average_before"]) == 3
+    assert data["order"] == order and data["rounds"] == 2
+    cells = {(r["levels"], r["regime"], r["tau"]) for r in data["records"]}
+    assert cells == {(lv, rg, t) for lv in (1, 3) for rg in ("relu", "randn30")
+                     for t in (0.1, 10.0)}
     for r in data["records"]:
         assert set(r["median_s"]) == {"torch", "attention", "floor", "floor+exp"}
         assert all(t > 0 for t in r["median_s"].values())
@@ -32,6 +39,38 @@ def test_grid_records_every_cell_and_provider(tmp_path):
                        - r["median_s"][b] / r["median_s"]["floor+exp"]) < 1e-12
     md = out.with_suffix(".md").read_text()
     assert md.count("\n| 120 | 8 |") == 8 and "load average" in md
+
+
+def test_interleaved_rounds_visit_every_cell_each_round(monkeypatch):
+    """Round r times every cell once (rotated start), every provider of a cell back to back."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import loss_grid
+    finally:
+        sys.path.remove(str(BENCH))
+    log = []
+
+    def fake_steps(cell, backends):
+        return {name: (lambda c=cell, nm=name: log.append((c[5], nm)))
+                for name in list(backends) + ["floor", "floor+exp"]}
+
+    monkeypatch.setattr(loss_grid, "_cell_steps", fake_steps)
+    args = SimpleNamespace(sizes=[10], dims=[4], levels=[1], variants=["exact"],
+                           regimes=["relu"], taus=[0.1, 1.0, 10.0], backends=("torch",),
+                           rounds=3, order="interleaved")
+    records = loss_grid.run_grid(args)
+    assert len(records) == 3
+    timed = log[3 * 3:]                                     # after one warm-up call each
+    assert len(timed) == 3 * 3 * 3                          # rounds x cells x providers
+    for r in range(3):
+        one_round = timed[r * 9:(r + 1) * 9]
+        assert sorted({t for t, _ in one_round}) == [0.1, 1.0, 10.0]
+        for k in range(3):                                  # a cell's providers together
+            chunk = one_round[3 * k:3 * k + 3]
+            assert len({t for t, _ in chunk}) == 1
+            assert [nm for _, nm in chunk] == ["torch", "floor", "floor+exp"]
+    firsts = [timed[r * 9][0] for r in range(3)]
+    assert len(set(firsts)) == 3                            # the start rotates
 
 
 def test_anchor_and_cases_compute_what_they_claim():
