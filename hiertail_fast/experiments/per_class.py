@@ -54,6 +54,7 @@ def _figure(dataset: str, train, unlabelled, curves: dict):
     ax.bar(x, train, bottom=unlabelled, color="gold", alpha=0.7, label="labelled (train) nodes")
     ax.set_yscale("log")
     ax.set_xlabel("class (sorted by frequency)")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))   # class ranks
     ax.set_ylabel("nodes")
     ax2 = ax.twinx()
     for (label, mean), color in zip(curves.items(), ("tab:green", "tab:red"), strict=False):
