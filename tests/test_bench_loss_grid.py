@@ -122,3 +122,21 @@ def test_busy_machine_script_runs_on_an_idle_machine(data_dir):
     assert res.returncode == 0, res.stderr
     times = [line.split()[1] for line in res.stdout.splitlines()[1:]]
     assert len(times) == 3 and all(float(t) > 0 for t in times)
+
+
+def test_dispatch_count_counts_the_loss_calls():
+    """bench/dispatch_count.py: counts every operator of one loss step, by call site; the
+    official variant's positive-pair pass adds calls on top of the exact variant's."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import dispatch_count
+    finally:
+        sys.path.remove(str(BENCH))
+    exact = dispatch_count.count(300, 8, 3, "exact", "relu", 0.1, "torch")
+    official = dispatch_count.count(300, 8, 3, "official", "relu", 0.1, "torch")
+    assert sum(exact.values()) > 50
+    assert sum(official.values()) > sum(exact.values())
+    assert any(where.startswith("_positive_blocks.py:") for _, where in official)
+    assert not any(where.startswith("_positive_blocks.py:") for _, where in exact)
+    mm = sum(k for (name, _), k in exact.items() if name in ("mm", "addmm_", "addmm"))
+    assert mm >= 3                       # forward + the two gradient sides, at least one block
