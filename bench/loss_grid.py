@@ -164,6 +164,24 @@ def _print_record(i, total, rec, backends):
           + f"  best {best} {med[best] / med['floor+exp']:.2f}x floor+exp", flush=True)
 
 
+def _timed_rounds(step_sets: list[dict], rounds: int, progress: bool = False) -> list[dict]:
+    """Warm every step up once, then ``rounds`` rounds that each visit every set once (the
+    start rotating round by round), a set's providers back to back. -> per set, name -> [s]."""
+    for steps in step_sets:
+        for step in steps.values():
+            step()                                                  # warm-up
+    times = [{name: [] for name in steps} for steps in step_sets]
+    for r in range(rounds):
+        shift = (r * len(step_sets)) // rounds                      # rotate the visiting order
+        for k in range(len(step_sets)):
+            c = (k + shift) % len(step_sets)
+            for name, step in step_sets[c].items():
+                times[c][name].append(_time_once(step))
+        if progress:
+            print(f"round {r + 1}/{rounds} done", flush=True)
+    return times
+
+
 def run_grid(args) -> list[dict]:
     """Time every cell. ``--order cells``: one cell at a time (all its rounds, then the next).
     ``--order interleaved`` (default): every round visits every cell (in a rotated order), so a
@@ -174,32 +192,16 @@ def run_grid(args) -> list[dict]:
              for n in args.sizes for d in args.dims for levels in args.levels
              for variant in args.variants for regime in args.regimes for tau in args.taus]
     records = []
-    if args.order == "cells":
+    if args.order == "cells":                   # one cell's data alive at a time
         for i, cell in enumerate(cells, 1):
-            steps = _cell_steps(cell, args.backends)
-            for step in steps.values():
-                step()                                              # warm-up
-            times = {name: [] for name in steps}
-            for _ in range(args.rounds):
-                for name, step in steps.items():
-                    times[name].append(_time_once(step))
+            [times] = _timed_rounds([_cell_steps(cell, args.backends)], args.rounds)
             records.append(_record(cell, times, args.backends))
             _print_record(i, len(cells), records[-1], args.backends)
         return records
-    all_steps = [_cell_steps(cell, args.backends) for cell in cells]
-    for steps in all_steps:
-        for step in steps.values():
-            step()                                                  # warm-up
-    times = [{name: [] for name in steps} for steps in all_steps]
-    for r in range(args.rounds):
-        shift = (r * len(cells)) // args.rounds                     # rotate the visiting order
-        for k in range(len(cells)):
-            c = (k + shift) % len(cells)
-            for name, step in all_steps[c].items():
-                times[c][name].append(_time_once(step))
-        print(f"round {r + 1}/{args.rounds} done", flush=True)
-    for i, (cell, t) in enumerate(zip(cells, times, strict=True), 1):
-        records.append(_record(cell, t, args.backends))
+    all_times = _timed_rounds([_cell_steps(cell, args.backends) for cell in cells], args.rounds,
+                              progress=True)
+    for i, (cell, times) in enumerate(zip(cells, all_times, strict=True), 1):
+        records.append(_record(cell, times, args.backends))
         _print_record(i, len(cells), records[-1], args.backends)
     return records
 

@@ -47,6 +47,7 @@ def _figure(dataset: str, train, unlabelled, curves: dict):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     x = np.arange(train.shape[0])
     fig, ax = plt.subplots(figsize=(max(6.0, 0.16 * x.shape[0] + 3), 3.8))
@@ -54,7 +55,7 @@ def _figure(dataset: str, train, unlabelled, curves: dict):
     ax.bar(x, train, bottom=unlabelled, color="gold", alpha=0.7, label="labelled (train) nodes")
     ax.set_yscale("log")
     ax.set_xlabel("class (sorted by frequency)")
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))   # class ranks
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # class ranks
     ax.set_ylabel("nodes")
     ax2 = ax.twinx()
     for (label, mean), color in zip(curves.items(), ("tab:green", "tab:red"), strict=False):
