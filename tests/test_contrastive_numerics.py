@@ -52,6 +52,13 @@ def test_row_max_first_argmax_matches_torch_max(cols, dtype):
     # the first index holding the max, whatever torch.max's own rule
     first = torch.tensor([int((row == row.max()).nonzero()[0]) for row in x])
     assert torch.equal(index, first)
+    # strided inputs: a column window of a wider block (the chunks are a view, never a copy,
+    # and must not read past the window) and a transposed block
+    wide = torch.full((37, cols + 70), 1e6, dtype=dtype)
+    wide[:, 3 : 3 + cols] = x
+    for view in (wide[:, 3 : 3 + cols], x.t().contiguous().t()):
+        v2, i2 = lse_mod.row_max_first_argmax(view)
+        assert torch.equal(v2, want_v) and torch.equal(i2, want_i)
 
 
 def _spy_blocks(monkeypatch):

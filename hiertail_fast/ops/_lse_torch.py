@@ -78,7 +78,10 @@ def row_max_first_argmax(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     n_full = n // c
     if n_full < 2:
         return x.max(dim=1)
-    chunk_max = x[:, : n_full * c].reshape(rows, n_full, c).amax(dim=2)
+    # the full chunks as a strided VIEW [rows, n_full, c]: ``x[:, :n_full * c].reshape`` copies
+    # the whole block whenever c does not divide n (a non-contiguous slice), an extra pass
+    s0, s1 = x.stride()
+    chunk_max = x.as_strided((rows, n_full, c), (s0, c * s1, s1)).amax(dim=2)
     if n > n_full * c:
         chunk_max = torch.cat([chunk_max, x[:, n_full * c:].amax(dim=1, keepdim=True)], 1)
     values, chunk = chunk_max.max(dim=1)
