@@ -37,8 +37,30 @@ def test_grid_records_every_cell_and_provider(tmp_path, order):
         for b in ("torch", "attention"):
             assert abs(r["ratio_to_floor_exp"][b]
                        - r["median_s"][b] / r["median_s"]["floor+exp"]) < 1e-12
+            assert abs(r["min_ratio_to_floor_exp"][b]
+                       - r["min_s"][b] / r["min_s"]["floor+exp"]) < 1e-12
+            assert r["min_s"][b] <= r["median_s"][b]
     md = out.with_suffix(".md").read_text()
     assert md.count("\n| 120 | 8 |") == 8 and "load average" in md
+    # the summary: one row per (N, levels, variant), 4 cells each
+    assert md.count("\n| 120 | 1 | exact | 4 |") == 1 and md.count("\n| 120 | 3 | exact | 4 |") == 1
+
+
+def test_summary_ranges_and_counts_over_the_best_engine():
+    sys.path.insert(0, str(BENCH))
+    from loss_grid import summary
+
+    def rec(levels, med, mins):
+        return dict(n=6, levels=levels, variant="official",
+                    ratio_to_floor_exp=dict(zip(("torch", "attention"), med, strict=True)),
+                    min_ratio_to_floor_exp=dict(zip(("torch", "attention"), mins, strict=True)))
+
+    rows = [rec(1, (1.6, 1.7), (1.2, 1.4)), rec(1, (1.4, 1.2), (1.3, 1.1)),
+            rec(1, (2.0, 1.55), (1.6, 1.45))]
+    md = summary(rows, ("torch", "attention"))
+    # best engine per cell: medians 1.6, 1.2, 1.55 -> 2 above 1.5; mins 1.2, 1.1, 1.45 -> 0
+    assert ("| 6 | 1 | official | 3 | 1.20-1.60 (median 1.55) | 2 "
+            "| 1.10-1.45 (median 1.20) | 0 |") in md
 
 
 def test_interleaved_rounds_visit_every_cell_each_round(monkeypatch):
