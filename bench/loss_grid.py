@@ -241,7 +241,47 @@ def summary(records: list[dict], backends, limit: float = 1.5) -> str:
             cols += [f"{min(best):.2f}-{max(best):.2f} (median {statistics.median(best):.2f})",
                      str(sum(x > limit for x in best))]
         lines.append(f"| {n} | {levels} | {variant} | {len(rs)} | " + " | ".join(cols) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + _official_over_exact(records, backends))
+
+
+def _official_over_exact(records: list[dict], backends, limit: float = 1.3) -> list[str]:
+    """Official / exact per cell (the best engine of each, same N, d, L, regime, tau), from
+    the medians and from the best-of-rounds times; [] when the grid lacks either variant."""
+    by_cell = {(r["n"], r["d"], r["levels"], r["regime"], r["tau"], r["variant"]): r
+               for r in records}
+    groups: dict = {}
+    for (n, d, levels, regime, tau, variant), r in by_cell.items():
+        exact = by_cell.get((n, d, levels, regime, tau, "exact"))
+        if variant != "official" or exact is None:
+            continue
+        groups.setdefault((n, levels), []).append(
+            [min(r[k][b] for b in backends) / min(exact[k][b] for b in backends)
+             for k in ("median_s", "min_s")])
+    if not groups:
+        return []
+    lines = ["", f"| N | L | cells | official / exact, medians | cells > {limit:g} | same, best "
+             f"of rounds | cells > {limit:g} |", "|---" * 7 + "|"]
+    for (n, levels), pairs in sorted(groups.items()):
+        cols = []
+        for k in (0, 1):
+            v = [p[k] for p in pairs]
+            cols += [f"{min(v):.2f}-{max(v):.2f} (median {statistics.median(v):.2f})",
+                     str(sum(x > limit for x in v))]
+        lines.append(f"| {n} | {levels} | {len(pairs)} | " + " | ".join(cols) + " |")
+    return lines
+
+
+def write_report(out: Path, meta: dict, records: list[dict], backends) -> str:
+    """JSON + markdown (summary, then every cell) next to it; returns the markdown."""
+    md = summary(records, backends) + "\n\n" + markdown(records, backends)
+    atomic_write_text(out, json.dumps(dict(meta, records=records), indent=1))
+    atomic_write_text(out.with_suffix(".md"),
+                      f"Loss grid on {meta['device']}, torch {meta['torch']}, {meta['threads']} "
+                      f"threads, load average {meta['load_average_before']} -> "
+                      f"{meta['load_average_after']}, medians of {meta['rounds']} rounds "
+                      f"({meta.get('order', 'cells')} order; seconds; \"(min)\": best of the "
+                      f"rounds over the best of the rounds)\n\n{md}\n")
+    return md
 
 
 def main(argv=None) -> int:
@@ -261,7 +301,12 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results"
                         / "loss_grid.json")
+    parser.add_argument("--report", type=Path, metavar="JSON",
+                        help="only rewrite the markdown of an earlier run's JSON (and the JSON "
+                        "itself, with the records' derived ratios) in this version's format")
     args = parser.parse_args(argv)
+    if args.report is not None:
+        return _rewrite(args.report)
     if min(args.sizes) < 1 or min(args.dims) < 1 or args.rounds < 1:
         parser.error("--sizes, --dims and --rounds must be positive")
     if args.threads:
@@ -275,15 +320,20 @@ def main(argv=None) -> int:
                 rounds=args.rounds, order=args.order, load_average_before=before,
                 load_average_after=after,
                 wall_s=time.perf_counter() - start, argv=sys.argv[1:] if argv is None else argv)
-    md = summary(records, args.backends) + "\n\n" + markdown(records, args.backends)
-    atomic_write_text(args.out, json.dumps(dict(meta, records=records), indent=1))
-    atomic_write_text(args.out.with_suffix(".md"),
-                 f"Loss grid on {meta['device']}, torch {meta['torch']}, {meta['threads']} "
-                 f"threads, load average {before} -> {after}, medians of {args.rounds} rounds "
-                 f"({args.order} order; seconds; \"(min)\": best of the rounds over the best "
-                 f"of the rounds)\n\n{md}\n")
+    md = write_report(args.out, meta, records, args.backends)
     print(md)
     print(f"load average {before} -> {after}; wrote {args.out} and .md")
+    return 0
+
+
+def _rewrite(path: Path) -> int:
+    data = json.loads(path.read_text())
+    records = data.pop("records")
+    backends = [b for b in BACKENDS if b in records[0]["median_s"]]
+    for r in records:               # runs from before the best-of-rounds ratios lack them
+        r["min_ratio_to_floor_exp"] = {b: r["min_s"][b] / r["min_s"]["floor+exp"]
+                                       for b in backends}
+    print(write_report(path, data, records, backends))
     return 0
 
 

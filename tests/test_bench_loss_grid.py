@@ -51,7 +51,7 @@ def test_summary_ranges_and_counts_over_the_best_engine():
     from loss_grid import summary
 
     def rec(levels, med, mins):
-        return dict(n=6, levels=levels, variant="official",
+        return dict(n=6, d=4, levels=levels, variant="official", regime="relu", tau=0.1,
                     ratio_to_floor_exp=dict(zip(("torch", "attention"), med, strict=True)),
                     min_ratio_to_floor_exp=dict(zip(("torch", "attention"), mins, strict=True)))
 
@@ -162,3 +162,47 @@ def test_dispatch_count_counts_the_loss_calls():
     assert not any(where.startswith("_positive_blocks.py:") for _, where in exact)
     mm = sum(k for (name, _), k in exact.items() if name in ("mm", "addmm_", "addmm"))
     assert mm >= 3                       # forward + the two gradient sides, at least one block
+
+
+def test_vm_noise_samples_every_provider(tmp_path):
+    out = tmp_path / "noise.json"
+    res = subprocess.run(
+        [sys.executable, str(BENCH / "vm_noise.py"), "--n", "90", "--d", "8", "--samples", "3",
+         "--pause", "0", "--copy-mb", "1", "--threads", "1", "--out", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    rep = json.loads(out.read_text())
+    assert len(rep["samples"]) == 3 and rep["threads"] == 1
+    for row in rep["samples"]:
+        assert row["copy_gbs"] > 0 and min(row[k] for k in ("exact", "official",
+                                                            "floor+exp")) > 0
+    for key, s in rep["spread"].items():
+        vals = [row[key] for row in rep["samples"]]
+        assert s["min"] == min(vals) and s["max"] == max(vals) and s["min"] <= s["median"]
+    bad = subprocess.run([sys.executable, str(BENCH / "vm_noise.py"), "--samples", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--samples" in bad.stderr
+
+
+def test_report_rewrites_an_earlier_json_with_official_over_exact(tmp_path):
+    def rec(variant, torch_s, attn_s, fe_s):
+        return dict(n=6, d=4, levels=1, variant=variant, regime="relu", tau=0.1,
+                    median_s={"torch": torch_s, "attention": attn_s, "floor": 0.5,
+                              "floor+exp": fe_s},
+                    min_s={"torch": torch_s / 2, "attention": attn_s, "floor": 0.4,
+                           "floor+exp": fe_s / 2},
+                    ratio_to_floor_exp={"torch": torch_s / fe_s, "attention": attn_s / fe_s})
+    old = dict(device="cpu", torch="x", threads=2, rounds=3, load_average_before=[0, 0, 0],
+               load_average_after=[0, 0, 0],           # no "order": a run from before it
+               records=[rec("exact", 1.0, 2.0, 1.0), rec("official", 1.5, 1.4, 1.0)])
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    res = subprocess.run([sys.executable, str(SCRIPT), "--report", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    md = path.with_suffix(".md").read_text()
+    assert "(cells order;" in md
+    # medians: best official 1.4 / best exact 1.0; best of rounds: min(0.75, 1.4) / min(0.5, 2.0)
+    assert "| 6 | 1 | 1 | 1.40-1.40 (median 1.40) | 1 | 1.50-1.50 (median 1.50) | 1 |" in md
+    data = json.loads(path.read_text())
+    assert data["records"][1]["min_ratio_to_floor_exp"]["torch"] == 0.75 / 0.5
