@@ -4,9 +4,10 @@ sample, with a memory-copy probe: the noise a benchmark on a shared host has to 
 Every sample: the best of three 64 MB copies (GB/s), then one forward + backward of the exact
 and the official loss (torch engine, relu(randn)/sqrt(d), tau 0.1, one level) and one
 floor + exp anchor (``loss_grid.floor_step``), each timed once; then a pause. On this project's
-2-core VM, idle by its load average, the exact loss swung 137-254 ms and the anchor 133-211 ms
-at N = 6,000 within a minute (2026-11-26), more than any engine change being measured: hence
-round-robin medians over many rounds, and the best-of-rounds ratios ``loss_grid`` reports.
+2-core VM, idle by its load average, the exact loss swung 146-271 ms and the anchor 138-186 ms
+at N = 6,000 within 100 s (2026-11-26, docs/results/vm_noise.json), more than any engine
+change being measured: hence round-robin medians over many rounds, and the best-of-rounds
+ratios ``loss_grid`` reports.
 
     python bench/vm_noise.py --n 6000 --samples 20 --pause 4
 """
