@@ -206,3 +206,9 @@ def test_report_rewrites_an_earlier_json_with_official_over_exact(tmp_path):
     assert "| 6 | 1 | 1 | 1.40-1.40 (median 1.40) | 1 | 1.50-1.50 (median 1.50) | 1 |" in md
     data = json.loads(path.read_text())
     assert data["records"][1]["min_ratio_to_floor_exp"]["torch"] == 0.75 / 0.5
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"records": [{"n": 1}]}')
+    res = subprocess.run([sys.executable, str(SCRIPT), "--report", str(bad)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "not a loss_grid JSON" in res.stderr
+    assert bad.read_text() == '{"records": [{"n": 1}]}'            # left as it was
