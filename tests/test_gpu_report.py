@@ -135,3 +135,23 @@ def test_end_to_end_on_cpu(tmp_path, gc):
     assert {r["provider"] for r in prop} >= {"torch", "peer_sparse_mm"}
     assert all(r["achieved_GBps"] > 0 for r in prop)
     assert report["scale"]["rows"] and "bench/scale.py --device cpu" in report["scale"]["command"]
+
+
+@no_cuda_only
+def test_gpu_session_script_logs_each_step_under_out(tmp_path):
+    """bench/gpu_session.sh, the one prepared device call: on this CPU machine its report step
+    runs gpu_report (exit 2, no CUDA) under the limit, logs it under $OUT and records the exit
+    status; an unknown step is refused."""
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path), "STEPS": "report", "REPORT_S": "120",
+           "PYTHON": sys.executable}
+    script = str(BENCH / "gpu_session.sh")
+    res = subprocess.run(["bash", script], capture_output=True, text=True, timeout=300, env=env,
+                         cwd=BENCH.parent)
+    assert res.returncode == 0, res.stderr
+    summary = (tmp_path / "summary.txt").read_text().splitlines()
+    assert len(summary) == 1 and summary[0].startswith("gpu_report rc 2 in ")
+    assert "no CUDA" in (tmp_path / "gpu_report.log").read_text()
+    assert (tmp_path / "machine.txt").exists()
+    bad = subprocess.run(["bash", script], capture_output=True, text=True, timeout=60,
+                         env=dict(env, STEPS="bogus"), cwd=BENCH.parent)
+    assert bad.returncode == 2 and "unknown step bogus" in bad.stdout

@@ -1,0 +1,43 @@
+#!/bin/bash
+# One prepared call for a borrowed GPU machine (see README "On a GPU machine"): install on top of
+# the image's own torch/triton, record the card, run bench/gpu_report.py and the test suite on
+# CUDA, each under its own time limit, every log under $OUT (the folder a device call brings
+# back). The device time is short and a fresh machine costs minutes to start: one call, with
+# limits that leave room for a rerun.
+#
+#   OUT=/some/dir bash bench/gpu_session.sh            # all steps
+#   STEPS="report tests" REPORT_S=200 TESTS_S=300 bash bench/gpu_session.sh
+#
+# STEPS (default "install report tests"), REPORT_S (gpu_report's limit, default 270 s; its own
+# --budget is 30 s less), TESTS_S (the test suite's limit, default 270 s). summary.txt gets one
+# line per step with its exit status (124: it ran past its limit). PYTHON: the interpreter
+# (default: python).
+set -u
+OUT=${OUT:-bench/results/gpu_session}
+STEPS=${STEPS:-install report tests}
+REPORT_S=${REPORT_S:-270}
+TESTS_S=${TESTS_S:-270}
+PY=${PYTHON:-python}
+mkdir -p "$OUT"
+summary="$OUT/summary.txt"
+: > "$summary"
+step() {        # step NAME LIMIT_S CMD...: run CMD under a limit, log to $OUT/NAME.log
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc $rc in $((SECONDS - t0)) s (limit $limit s)" | tee -a "$summary"
+}
+{ date -u; nvidia-smi 2>&1 || echo "no nvidia-smi"; } > "$OUT/machine.txt"
+for s in $STEPS; do
+  case $s in
+    install) step install 300 "$PY" -m pip install --no-deps --no-build-isolation -e . ;;
+    report)
+      step gpu_report "$REPORT_S" "$PY" bench/gpu_report.py --budget $((REPORT_S - 30)) \
+        --out "$OUT" ;;
+    tests) step pytest "$TESTS_S" "$PY" -m pytest --benchmark-disable -q -p no:cacheprovider \
+             -o junit_family=xunit2 --junitxml="$OUT/pytest.xml" ;;
+    *) echo "unknown step $s (install, report, tests)" | tee -a "$summary"; exit 2 ;;
+  esac
+done
+exit 0
