@@ -156,11 +156,14 @@ def _record(cell, times, backends):
     med = {name: statistics.median(ts) for name, ts in times.items()}
     best = {k: min(v) for k, v in times.items()}
     return dict(n=n, d=d, levels=levels, variant=variant, regime=regime, tau=tau,
-                median_s=med, min_s=best,
-                ratio_to_floor_exp={b: med[b] / med["floor+exp"] for b in backends},
+                median_s=med, min_s=best, ratio_to_floor_exp=_ratios(med, backends),
                 # best of rounds over best of rounds: contention on a shared host only ever
                 # adds time, so the minimum is the estimate of the uncontended cost
-                min_ratio_to_floor_exp={b: best[b] / best["floor+exp"] for b in backends})
+                min_ratio_to_floor_exp=_ratios(best, backends))
+
+
+def _ratios(seconds: dict, backends) -> dict:
+    return {b: seconds[b] / seconds["floor+exp"] for b in backends}
 
 
 def _print_record(i, total, rec, backends):
@@ -239,11 +242,8 @@ def summary(records: list[dict], backends, limit: float = 1.5) -> str:
     lines = ["| N | L | variant | cells | best engine / floor+exp, medians | cells > "
              f"{limit:g} | same, best of rounds | cells > {limit:g} |", "|---" * 8 + "|"]
     for (n, levels, variant), rs in sorted(groups.items()):
-        cols = []
-        for key in ("ratio_to_floor_exp", "min_ratio_to_floor_exp"):
-            best = [min(r[key][b] for b in backends) for r in rs]
-            cols += [f"{min(best):.2f}-{max(best):.2f} (median {statistics.median(best):.2f})",
-                     str(sum(x > limit for x in best))]
+        cols = [_spread_cols([min(r[key][b] for b in backends) for r in rs], limit)
+                for key in ("ratio_to_floor_exp", "min_ratio_to_floor_exp")]
         lines.append(f"| {n} | {levels} | {variant} | {len(rs)} | " + " | ".join(cols) + " |")
     return "\n".join(lines + _official_over_exact(records, backends))
 
@@ -266,13 +266,15 @@ def _official_over_exact(records: list[dict], backends, limit: float = 1.3) -> l
     lines = ["", f"| N | L | cells | official / exact, medians | cells > {limit:g} | same, best "
              f"of rounds | cells > {limit:g} |", "|---" * 7 + "|"]
     for (n, levels), pairs in sorted(groups.items()):
-        cols = []
-        for k in (0, 1):
-            v = [p[k] for p in pairs]
-            cols += [f"{min(v):.2f}-{max(v):.2f} (median {statistics.median(v):.2f})",
-                     str(sum(x > limit for x in v))]
+        cols = [_spread_cols([p[k] for p in pairs], limit) for k in (0, 1)]
         lines.append(f"| {n} | {levels} | {len(pairs)} | " + " | ".join(cols) + " |")
     return lines
+
+
+def _spread_cols(values: list[float], limit: float) -> str:
+    """Two table cells: 'min-max (median m)' and the count of values above ``limit``."""
+    return (f"{min(values):.2f}-{max(values):.2f} (median {statistics.median(values):.2f}) | "
+            f"{sum(x > limit for x in values)}")
 
 
 def write_report(out: Path, meta: dict, records: list[dict], backends) -> str:
@@ -338,8 +340,7 @@ def _rewrite(path: Path) -> int:
     records = data.pop("records")
     backends = [b for b in BACKENDS if b in records[0]["median_s"]]
     for r in records:               # runs from before the best-of-rounds ratios lack them
-        r["min_ratio_to_floor_exp"] = {b: r["min_s"][b] / r["min_s"]["floor+exp"]
-                                       for b in backends}
+        r["min_ratio_to_floor_exp"] = _ratios(r["min_s"], backends)
     print(write_report(path, data, records, backends))
     return 0
 

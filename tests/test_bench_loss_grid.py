@@ -48,7 +48,10 @@ def test_grid_records_every_cell_and_provider(tmp_path, order):
 
 def test_summary_ranges_and_counts_over_the_best_engine():
     sys.path.insert(0, str(BENCH))
-    from loss_grid import summary
+    try:
+        from loss_grid import summary
+    finally:
+        sys.path.remove(str(BENCH))
 
     def rec(levels, med, mins):
         return dict(n=6, d=4, levels=levels, variant="official", regime="relu", tau=0.1,
