@@ -1,13 +1,19 @@
 """The official variant's positive pairs read from the torch engine's blocks (_positive_blocks):
 which levels it takes, and values / gradients against the float64 reference on every path it
 has (2-D slices of big groups, pair lists of small ones, rows whose max is a level-specific key,
-ties with duplicated rows at huge logits, include_self both ways, fused and recomputed)."""
+ties with duplicated rows at huge logits, include_self both ways, fused and recomputed).
+
+Every test runs twice (``engine_path``): through the fused C kernel (``_positive_blocks.c``) and
+through the torch path that replaces it where no C compiler is found."""
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 
 import hiertail_fast.ops._contrastive_pairs as pairs_mod
+import hiertail_fast.ops._native as native_mod
 import hiertail_fast.ops._positive_blocks as blocks_mod
 import hiertail_fast.ops.balanced_contrastive_loss as ops_mod
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss
@@ -15,6 +21,35 @@ from hiertail_fast.ops._positive_blocks import BlockPositives, key_order
 from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(autouse=True, params=["native", "torch"])
+def engine_path(request, monkeypatch):
+    """"native": the C kernel (must build in CI, which has a compiler); "torch": switched off
+    (``HIERTAIL_NATIVE=0``), as on a machine without one."""
+    monkeypatch.setattr(native_mod, "_LOADED", {})
+    if request.param == "torch":
+        monkeypatch.setenv("HIERTAIL_NATIVE", "0")
+    else:
+        monkeypatch.delenv("HIERTAIL_NATIVE", raising=False)
+        if blocks_mod.native_kernel(torch.float64) is None:
+            if os.environ.get("CI"):
+                pytest.fail("the native positives kernel did not build on the CI machine")
+            pytest.skip("no C compiler here: the native kernel cannot be built")
+    return request.param
+
+
+def _spy_kernel(monkeypatch):
+    """Records the per-row factor argument (None or a tensor) of every C kernel call."""
+    calls = []
+    real = BlockPositives._kernel
+
+    def spy(self, p, e, target, lo, hi, coef, fac, level=0):
+        calls.append(fac)
+        return real(self, p, e, target, lo, hi, coef, fac, level)
+
+    monkeypatch.setattr(BlockPositives, "_kernel", spy)
+    return calls
 
 
 def _zipf_labels(n, classes, gen):
@@ -217,8 +252,8 @@ def _spy_runs(monkeypatch):
 
 @pytest.mark.parametrize("include_self", [True, False])
 @pytest.mark.parametrize("proto_norm", [0.0, 3.0])
-def test_three_nested_levels_share_the_top_slices_float64(monkeypatch, include_self,
-                                                          proto_norm):
+def test_three_nested_levels_share_the_top_slices_float64(monkeypatch, engine_path,
+                                                          include_self, proto_norm):
     """Levels y, y // 2, y // 4 (given in another order): the top level (y // 4, the most
     positive pairs) is read once per element for all three (``_run``); prototypes of large
     norm hold many rows' maxima (f < 1 at some levels: those (level, row) pairs go to the
@@ -226,6 +261,7 @@ def test_three_nested_levels_share_the_top_slices_float64(monkeypatch, include_s
     (fused pass), and the value of the forward-only pass (no_grad: no gradient target)."""
     monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(8 * 700 * 48))
     runs = _spy_runs(monkeypatch)
+    kernels = _spy_kernel(monkeypatch)
     gen = torch.Generator().manual_seed(7)
     y = _zipf_labels(700, 24, gen)
     labels = [y // 2, y, y // 4]
@@ -243,10 +279,15 @@ def test_three_nested_levels_share_the_top_slices_float64(monkeypatch, include_s
     _assert_close64(_grads(ours, z, protos), want)
     with torch.no_grad():
         torch.testing.assert_close(ours(z, protos), want[0], rtol=1e-9, atol=1e-11)
-    assert runs and all(sorted(chain) == [0, 1, 2] and chain[0] == 2 for chain in runs)
+    if engine_path == "torch":
+        assert runs and all(sorted(chain) == [0, 1, 2] and chain[0] == 2 for chain in runs)
+    else:                       # one kernel call per block shares the entries of all levels
+        assert not runs and kernels
+        if proto_norm:          # rows whose max is a prototype: x = e f in per-level calls
+            assert any(fac is not None for fac in kernels)
 
 
-def test_chain_takes_only_the_levels_nested_in_the_top_one():
+def test_chain_takes_only_the_levels_nested_in_the_top_one(engine_path):
     """B's groups are contiguous in A's order (so B is handled) but one of them straddles two
     groups of A: B is not in the chain and its big groups go through ``_slice``. A level
     nested in A is. Values and gradients against the float64 reference."""
@@ -261,7 +302,7 @@ def test_chain_takes_only_the_levels_nested_in_the_top_one():
     blocks = BlockPositives(z, gid, [2, 3, 4], True, None, 1.0,
                             torch.ones(n, dtype=torch.bool))
     assert blocks.handled == [True, True, True]
-    assert blocks.chain == [0, 2]
+    assert blocks.chain == ([0, 2] if engine_path == "torch" else [])    # the kernel: no plan
     labels = list(gid)
     kw = dict(temperature=0.5, variant="official")
     got = _grads(lambda zz, pp: hierarchical_contrastive_loss(zz, labels, [None] * 3,

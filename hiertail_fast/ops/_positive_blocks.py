@@ -34,17 +34,44 @@ N = 6,000 was mostly per-call overhead of ~14,000 small ops per loss).
 A level whose label groups are not contiguous in the one key order (levels that do not nest;
 the order favours the level with the most positive pairs) is left to ``positive_pairs``;
 ``handled`` says which.
+
+Fused C kernel (``_positive_blocks.c``, built on first use by ``_native``): with it, a block's
+positives of every handled level are ONE call — each (level, row) gives its key range
+[lo, hi), the kernel reads each entry once for all levels holding it (log, quotient, sums,
+gradient coefficient in one loop) — instead of the torch path's six passes and the slice /
+segment / pair-list plan above, which stays for machines without a C compiler
+(``HIERTAIL_NATIVE=0`` forces it). Rows whose max is a level-specific key go through the kernel
+with their factor f_i unless a positive could tie that max (the pair lists, as before).
 """
 from __future__ import annotations
 
+import ctypes
+import math
 from bisect import bisect_right
 
 import torch
 
+from hiertail_fast.ops import _native
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, _consistent_with_max, _tie_bound
-from hiertail_fast.ops._lse_torch import exp_shifted_
+from hiertail_fast.ops._lse_torch import exp_cutoff, exp_shifted_
 
 SLICE_GROUP = 64        # groups with at least this many common keys are read as 2-D slices
+NATIVE_MAX_LEVELS = 16  # MAX_LEVELS of _positive_blocks.c
+
+
+def native_kernel(dtype: torch.dtype):
+    """The fused C kernel of ``_positive_blocks.c`` for float32 / float64 blocks, or None
+    (native kernels off or not buildable here: the torch path)."""
+    lib = _native.load("_positive_blocks")
+    if lib is None or dtype not in (torch.float32, torch.float64):
+        return None
+    fn = lib.hiertail_positives_f32 if dtype == torch.float32 else lib.hiertail_positives_f64
+    if fn.argtypes is None:
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        fn.argtypes = [i64, i64, ptr, i64, ptr, i64, ptr, ptr, i64, ptr, ptr, i64,
+                       ctypes.c_double, ptr, ctypes.c_double, ptr, ptr, i64]
+        fn.restype = None
+    return fn
 
 
 def _constant_per_group(values: torch.Tensor, g: torch.Tensor) -> bool:
@@ -120,6 +147,24 @@ class BlockPositives:
         # the engine may keep w folded into its GEMM operands (``_lse_torch._engine``)
         self.foldable = n_levels == 1 and self.handled[0] and log_w is not None and bool(
             _constant_per_group(log_w[0, self.cidx], gid[0, self.cidx]))
+        # the fused C kernel: every handled level's positives of a block in one call, each
+        # row's key range per level given as [lo, hi) (visiting order, [L, N])
+        self.native = None
+        if z.device.type == "cpu" and n_levels <= NATIVE_MAX_LEVELS:
+            self.native = native_kernel(z.dtype)
+        if self.native is not None:
+            self.chain = []
+            lo = torch.zeros(n_levels, n, dtype=torch.long, device=dev)
+            hi = torch.zeros_like(lo)
+            for lev in range(n_levels):
+                if self.handled[lev]:
+                    g = self.gid_s[lev]
+                    inside = g >= 0
+                    lo[lev, inside] = self.start[lev][g[inside]]
+                    hi[lev, inside] = lo[lev, inside] + self.count[lev][g[inside]]
+            self.lo_s, self.hi_s = lo, hi
+            self.handled_mask = torch.tensor(self.handled, dtype=torch.bool, device=dev)
+            return
         self._chain(gid, _significance(gid)[-1])
 
     def _by_row_id(self, sums_s: torch.Tensor) -> torch.Tensor:
@@ -240,6 +285,10 @@ class BlockPositives:
         kept). target may be e itself: every positive entry is read before it is written."""
         f = torch.exp(m_c[None] - max_b).clamp_(max=1.0)                  # [L, b]; 1: common max
         f_one = f == 1.0
+        if self.native is not None:
+            self._native_block(p, rows, e, m_c, f, f_one, max_b, arg_b, target,
+                               inv_norm)
+            return
         cnt = self.cnt_s[:, p]
         if self.chain:
             done = self._runs(p, e, f_one, target, inv_norm)              # [C, b]
@@ -265,6 +314,60 @@ class BlockPositives:
                             t_row, q_row, coef, target)
             self.T_s[lev, p] += t_row
             self.Q_s[lev, p] += q_row
+
+    def _native_block(self, p, rows, e, m_c, f, f_one, max_b, arg_b, target, inv_norm):
+        """``common_block`` through the fused C kernel. One call for every (level, row) whose
+        max is a common key (f = 1: x = e exactly), all levels sharing each entry; one call
+        per level for the rows whose max M_i is a level-specific key (x = e f_i, f_i < 1) and
+        beyond the rounding bound of every common key (s_ij <= m_c < M_i - tie: no positive
+        can tie M_i). The few left, within the bound, take the pair lists with the tie rule
+        (``_pairs``)."""
+        b = p.stop - p.start
+        lo, hi = self.lo_s[:, p], self.hi_s[:, p]
+        coef = None
+        if target is not None:
+            assert target.stride(1) == 1 and target.dtype == e.dtype
+            coef = (self.coef_s[:, p] * inv_norm).to(e.dtype).contiguous()
+        if bool(f_one.all()):
+            self._kernel(p, e, target, lo.contiguous(), hi.contiguous(), coef, None)
+            return
+        self._kernel(p, e, target, lo.contiguous(), torch.where(f_one, hi, lo), coef, None)
+        odd = (~f_one) & (self.cnt_s[:, p] > 0) & self.handled_mask[:, None]
+        near = odd & ((m_c[None] - max_b) > -self._tie(rows, max_b))
+        far = odd & ~near
+        for lev in far.any(dim=1).nonzero().squeeze(1).tolist():
+            self._kernel(p, e, target, lo[lev:lev + 1].contiguous(),
+                         torch.where(far[lev], hi[lev], lo[lev])[None],
+                         None if coef is None else coef[lev:lev + 1],
+                         f[lev].to(e.dtype).contiguous(), lev)
+        cnt = self.cnt_s[:, p]
+        for lev in near.any(dim=1).nonzero().squeeze(1).tolist():
+            t_row = torch.zeros(b, dtype=e.dtype, device=e.device)
+            q_row = torch.zeros_like(t_row)
+            self._pairs(lev, near[lev].nonzero().squeeze(1), cnt[lev], self.gid_s[lev, p],
+                        rows, e, f[lev], max_b[lev], arg_b[lev], t_row, q_row,
+                        None if coef is None else coef[lev], target)
+            self.T_s[lev, p] += t_row
+            self.Q_s[lev, p] += q_row
+
+    def _kernel(self, p, e, target, lo, hi, coef, fac, level=0):
+        """One call of the C kernel on block p: levels ``level`` .. ``level + len(lo) - 1``,
+        key ranges lo, hi and coefficients coef [K, b] (contiguous); fac: [b] per-row factor
+        of x (None: 1)."""
+        b = p.stop - p.start
+        n = self.T_s.shape[1]
+        assert e.stride(1) == 1 and self.T_s.is_contiguous() and hi.is_contiguous()
+        off = (level * n + p.start) * self.T_s.element_size()
+        self_col = None if self.include_self else self.cpos_s[p]
+        self.native(b, lo.shape[0], e.data_ptr(), e.stride(0),
+                    None if target is None else target.data_ptr(),
+                    0 if target is None else target.stride(0),
+                    lo.data_ptr(), hi.data_ptr(), b,
+                    None if self_col is None else self_col.data_ptr(),
+                    None if coef is None else coef.data_ptr(), b, OFFICIAL_EPS,
+                    None if fac is None else fac.data_ptr(),
+                    0.0 if fac is None else math.exp(-exp_cutoff(e.dtype)) * 1.0001,
+                    self.T_s.data_ptr() + off, self.Q_s.data_ptr() + off, n)
 
     def _runs(self, p, e, f_one, target, inv_norm):
         """The chain levels' positives of the block's rows in big top groups (``_run`` each).

@@ -1,0 +1,117 @@
+"""Small C kernels of the CPU engine, compiled on first use with the system C compiler.
+
+Why: a few element-wise steps of the CPU loss (the official variant's positive pairs) are six
+eager torch passes and dozens of small calls per block where one fused loop does it; PyTorch
+has no fused op for them, and ``torch.compile`` costs 7-30 s per process before its first call.
+A plain C99 file (no Python or torch headers) compiles in well under a second with ``cc`` — the
+compiler Triton and the optional torch-scatter build already need — and is loaded with ctypes.
+
+Where there is no compiler, or the build fails, or ``HIERTAIL_NATIVE=0``, ``load`` returns
+None (one warning per process for a failed build) and the callers keep their eager torch path,
+which stays tested. Builds are cached per source, compiler, flags and CPU (``-march=native``:
+the binary is built on the machine that runs it) under ``HIERTAIL_NATIVE_CACHE`` (default:
+``~/.cache/hiertail_fast/native``; the temp directory if that cannot be written), written to a
+temporary file and renamed into place, so concurrent processes never load a half-written
+library.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-std=gnu99", "-shared",
+         "-fPIC"]
+_LOCK = threading.Lock()
+_LOADED: dict[str, ctypes.CDLL | None] = {}
+
+
+def enabled() -> bool:
+    """False when the user switched the native kernels off (``HIERTAIL_NATIVE=0``)."""
+    return os.environ.get("HIERTAIL_NATIVE", "1").strip() not in ("0", "false", "no", "off")
+
+
+def compiler() -> str | None:
+    """The C compiler to use: ``$CC``, else ``cc``/``gcc``/``clang`` on PATH; None if none."""
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name.split()[0]):
+            return name
+    return None
+
+
+def _cpu_signature() -> str:
+    """The CPU's model and feature flags (the key of a ``-march=native`` build)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [ln for ln in f if ln.startswith(("model name", "flags"))][:2]
+        return "".join(lines)
+    except OSError:
+        return platform.processor() + platform.machine()
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("HIERTAIL_NATIVE_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hiertail_fast" \
+        / "native"
+
+
+def _build(source: Path, cc: str) -> Path:
+    """Compile ``source`` into the cache (if not there yet) and return the library's path."""
+    key = hashlib.sha256()
+    for part in (source.read_bytes(), cc.encode(), " ".join(FLAGS).encode(),
+                 _cpu_signature().encode()):
+        key.update(part)
+    name = f"{source.stem}-{key.hexdigest()[:16]}.so"
+    fallback = Path(tempfile.gettempdir()) / f"hiertail_fast-native-{os.getuid()}"
+    for out_dir in (cache_dir(), fallback):      # an unwritable cache: the temp directory
+        lib = out_dir / name
+        if lib.exists():
+            return lib
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=out_dir)
+            break
+        except OSError:
+            if out_dir == fallback:
+                raise
+    os.close(fd)
+    try:
+        proc = subprocess.run([*cc.split(), *FLAGS, str(source), "-o", tmp, "-lm"],
+                              capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cc} failed on {source.name}:\n{proc.stderr.strip()[-2000:]}")
+        os.replace(tmp, lib)                # atomic: a reader sees no file or the whole one
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return lib
+
+
+def load(name: str) -> ctypes.CDLL | None:
+    """The compiled ``hiertail_fast/ops/<name>.c`` (built once per process and machine), or
+    None when native kernels are off or cannot be built here."""
+    if not enabled():
+        return None
+    with _LOCK:
+        if name in _LOADED:
+            return _LOADED[name]
+        lib = None
+        cc = compiler()
+        if cc is not None:
+            try:
+                lib = ctypes.CDLL(str(_build(_HERE / f"{name}.c", cc)))
+            except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+                warnings.warn(f"hiertail_fast: native CPU kernel {name!r} unavailable, using the "
+                              f"torch path ({err})", RuntimeWarning, stacklevel=2)
+        _LOADED[name] = lib
+        return lib

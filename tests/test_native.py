@@ -1,0 +1,166 @@
+"""The C kernels of the CPU engine (``ops/_native.py`` + ``ops/_positive_blocks.c``): the build
+(cache, switches, no compiler, failing compiler), the kernel's own log against float64, and the
+fused positives kernel against a plain numpy loop on ragged, nested, overlapping key ranges."""
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+import hiertail_fast.ops._native as native_mod
+import hiertail_fast.ops._positive_blocks as blocks_mod
+from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """A private build cache and no library loaded yet in this process."""
+    monkeypatch.setattr(native_mod, "_LOADED", {})
+    monkeypatch.setenv("HIERTAIL_NATIVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("HIERTAIL_NATIVE", raising=False)
+    return tmp_path / "cache"
+
+
+def _lib():
+    lib = native_mod.load("_positive_blocks")
+    if lib is None:
+        if os.environ.get("CI"):
+            pytest.fail("the native kernels did not build on the CI machine")
+        pytest.skip("no C compiler here")
+    return lib
+
+
+def test_build_is_cached_and_reused(fresh, monkeypatch):
+    lib = _lib()
+    built = list(fresh.glob("_positive_blocks-*.so"))
+    assert len(built) == 1 and not list(fresh.glob("*.tmp"))
+    assert native_mod.load("_positive_blocks") is lib              # once per process
+    monkeypatch.setattr(native_mod, "_LOADED", {})
+
+    def no_compiler(*a, **k):
+        raise AssertionError("compiled again although the cache holds the library")
+
+    monkeypatch.setattr(subprocess, "run", no_compiler)
+    assert native_mod.load("_positive_blocks") is not None         # a new process: the cache
+
+
+def test_unwritable_cache_falls_back_to_the_temp_dir(fresh, monkeypatch, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("HIERTAIL_NATIVE_CACHE", str(blocker / "cache"))
+    monkeypatch.setattr(native_mod.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    assert _lib() is not None
+    assert len(list((tmp_path / "tmp").glob("hiertail_fast-native-*/_positive_blocks-*.so"))) == 1
+
+
+def test_switched_off_and_no_compiler(fresh, monkeypatch):
+    monkeypatch.setenv("HIERTAIL_NATIVE", "0")
+    assert native_mod.load("_positive_blocks") is None
+    assert blocks_mod.native_kernel(torch.float32) is None
+    monkeypatch.delenv("HIERTAIL_NATIVE")
+    monkeypatch.setattr(native_mod, "_LOADED", {})
+    monkeypatch.setattr(native_mod, "compiler", lambda: None)
+    assert native_mod.load("_positive_blocks") is None
+    assert not fresh.exists() or not list(fresh.iterdir())          # nothing was built
+
+
+def test_failing_compiler_warns_once_and_leaves_nothing(fresh, monkeypatch, tmp_path):
+    fake = tmp_path / "badcc"
+    fake.write_text("#!/bin/sh\necho 'badcc: cannot compile' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    with pytest.warns(RuntimeWarning, match="badcc: cannot compile"):
+        assert native_mod.load("_positive_blocks") is None
+    assert native_mod.load("_positive_blocks") is None              # no second try, no warning
+    assert not list(fresh.iterdir())                                # no half-written file
+
+
+def test_kernel_log_within_two_ulp():
+    """The vectorisable log of the float32 kernel on its whole domain x + eps, x in [0, 1]
+    (and well beyond), against float64 log: within 2 ulp of the correctly rounded result."""
+    lib = _lib()
+    fn = lib.hiertail_log_f32
+    fn.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+    rng = np.random.default_rng(0)
+    a = np.concatenate([np.geomspace(1e-30, 10.0, 400_000), 1.0 + rng.uniform(-1e-3, 1e-3, 50_000),
+                        rng.uniform(OFFICIAL_EPS, 1.0, 50_000), [OFFICIAL_EPS, 1.0, 1.0 + 1e-7]])
+    a = a.astype(np.float32)
+    out = np.empty_like(a)
+    fn(a.size, a.ctypes.data, out.ctypes.data)
+    exact = np.log(a.astype(np.float64))
+    ulp = np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64)
+    err = np.abs(out.astype(np.float64) - exact) / ulp
+    assert float(err.max()) <= 2.0, float(err.max())
+
+
+def _numpy_positives(x, target, lo, hi, self_col, coef, fac, cut, eps):
+    """The kernel's contract, element by element in float64."""
+    rows = x.shape[0]
+    levels = lo.shape[0]
+    t = np.zeros((levels, rows))
+    q = np.zeros((levels, rows))
+    tgt = None if target is None else target.astype(np.float64)
+    for i in range(rows):
+        f = 1.0 if fac is None else float(fac[i])
+        for j in range(x.shape[1]):
+            if self_col is not None and j == self_col[i]:
+                continue
+            members = [k for k in range(levels) if lo[k, i] <= j < hi[k, i]]
+            if not members:
+                continue
+            v = float(x[i, j]) * f
+            v = v if v > cut else 0.0
+            qq = v / (v + eps)
+            for k in members:
+                t[k, i] += np.log(v + eps)
+                q[k, i] += qq
+            if tgt is not None:
+                tgt[i, j] += sum(float(coef[k, i]) for k in members) * qq
+    return t, q, tgt
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", ["nested", "overlapping", "factor", "aliased"])
+def test_positives_kernel_against_numpy(dtype, case):
+    """Ragged per-row ranges (empty ones included), nested levels (shared entries), ranges that
+    overlap without nesting, own keys inside and outside the ranges, a per-row factor with the
+    cut-off, and the target aliasing x (the folded gradient block)."""
+    _lib()
+    kernel = blocks_mod.native_kernel(dtype)
+    gen = torch.Generator().manual_seed(11)
+    rows, cols, levels = 37, 90, (1 if case in ("factor", "aliased") else 3)
+    x = torch.rand(rows, cols, generator=gen, dtype=dtype) ** 4
+    x[:, ::7] = 0.0                                   # exact zeros (cut-off entries)
+    lo = torch.randint(0, cols, (levels, rows), generator=gen)
+    width = torch.randint(0, 40, (levels, rows), generator=gen)
+    if case == "nested":                              # each level inside the one before
+        for k in range(1, levels):
+            lo[k] = torch.minimum(lo[k - 1] + width[k] // 4, torch.full_like(lo[k], cols))
+            width[k] = torch.clamp(width[k - 1] - width[k] // 4 - 2, min=0)
+    hi = torch.clamp(lo + width, max=cols)
+    hi[:, :3] = lo[:, :3]                             # rows without positives
+    self_col = torch.randint(-1, cols, (rows,), generator=gen)
+    self_col[5:15] = lo[0, 5:15]                      # own key at a range's first column
+    coef = torch.randn(levels, rows, generator=gen, dtype=dtype)
+    fac = torch.rand(rows, generator=gen, dtype=dtype) * 1e-10 if case == "factor" else None
+    cut = 1e-15 if case == "factor" else 0.0
+    target = x.clone() if case != "aliased" else x     # aliased: written in place
+    x_np = x.numpy().copy()
+    want_t, want_q, want_tg = _numpy_positives(
+        x_np, target.numpy().copy(), lo.numpy(), hi.numpy(), self_col.numpy(), coef.numpy(),
+        None if fac is None else fac.numpy(), cut, OFFICIAL_EPS)
+    t_out = torch.zeros(levels, rows, dtype=dtype)
+    q_out = torch.zeros_like(t_out)
+    kernel(rows, levels, x.data_ptr(), cols, target.data_ptr(), cols, lo.data_ptr(),
+           hi.data_ptr(), rows, self_col.data_ptr(), coef.data_ptr(), rows, OFFICIAL_EPS,
+           None if fac is None else fac.data_ptr(), cut, t_out.data_ptr(), q_out.data_ptr(),
+           rows)
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(t_out.double().numpy(), want_t, **tol)
+    np.testing.assert_allclose(q_out.double().numpy(), want_q, **tol)
+    np.testing.assert_allclose(target.double().numpy(), want_tg, **tol)
+    assert int((t_out != 0).sum()) > rows // 2                      # the ranges were not empty
