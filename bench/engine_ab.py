@@ -12,12 +12,15 @@ between a path the library takes and one it keeps (or reproduces) for comparison
     rest        level-specific positives: one vectorised lookup per block for all levels (new)
                 vs the general per-level mask path (kept for other key layouts)
     all         the three together (old = all three old paths: the engine as it was before them)
+    native      official positives through the fused C kernel (``_positive_blocks.c``, new)
+                vs the torch path it replaces where no C compiler is found
     checkout    the official positives (``_positive_blocks.BlockPositives``) of another checkout
                 given by --baseline (e.g. a git worktree of an earlier commit; calls adapted to
                 its older signature where needed) vs this one's, with this checkout's engine
 
     python bench/engine_ab.py --switch weights --levels 3 --variant official --rounds 15
     python bench/engine_ab.py --switch fold --levels 1 --variant official --regimes relu randn
+    python bench/engine_ab.py --switch native --levels 3 --exact     (+ the exact variant's time)
     git worktree add --detach /tmp/base HEAD~1 && \
         python bench/engine_ab.py --switch checkout --baseline /tmp/base --levels 3
 
@@ -96,6 +99,11 @@ def _switches(baseline: Path | None = None):
         for setter in (set_weights, set_fold, set_rest):
             setter(new)
 
+    real_native = blocks_mod.native_kernel
+
+    def set_native(new: bool):
+        blocks_mod.native_kernel = real_native if new else (lambda dtype: None)
+
     real_positives = loss_mod.BlockPositives
     old_positives = checkout_positives(baseline) if baseline is not None else None
 
@@ -103,12 +111,12 @@ def _switches(baseline: Path | None = None):
         loss_mod.BlockPositives = real_positives if new else old_positives
 
     return {"weights": set_weights, "fold": set_fold, "rest": set_rest, "all": set_all,
-            "checkout": set_checkout}
+            "native": set_native, "checkout": set_checkout}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--switch", choices=("fold", "weights", "rest", "all", "checkout"),
+    p.add_argument("--switch", choices=("fold", "weights", "rest", "all", "native", "checkout"),
                    required=True)
     p.add_argument("--baseline", type=Path, help="--switch checkout: the other checkout")
     p.add_argument("--n", type=int, default=6000)
@@ -119,11 +127,16 @@ def main(argv=None) -> int:
     p.add_argument("--regimes", nargs="+", choices=REGIMES, default=["relu", "randn"])
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--threads", type=int)
+    p.add_argument("--exact", action="store_true",
+                   help="also time the exact variant (official / exact ratios; --variant "
+                        "official)")
     args = p.parse_args(argv)
     if args.n < 1 or args.d < 1 or args.rounds < 2:
         p.error("--n and --d must be positive and --rounds at least 2")
     if (args.switch == "checkout") != (args.baseline is not None):
         p.error("--baseline goes with --switch checkout (and it needs one)")
+    if args.exact and args.variant != "official":
+        p.error("--exact compares the official variant with the exact one: --variant official")
     if args.threads:
         torch.set_num_threads(args.threads)
     set_path = _switches(args.baseline)[args.switch]
@@ -134,21 +147,26 @@ def main(argv=None) -> int:
         for regime in args.regimes:
             z, ys, ps = make_case(regime, args.n, args.d, args.levels)
             step = loss_step("torch", z, ys, ps, args.tau, args.variant)
-            anchor = floor_step(z, ps, with_exp=True)
-            times = {"old": [], "new": [], "floor+exp": []}
+            steps = {"old": step, "new": step, "floor+exp": floor_step(z, ps, with_exp=True)}
+            if args.exact:
+                steps["exact"] = loss_step("torch", z, ys, ps, args.tau, "exact")
+            times = {name: [] for name in steps}
             for r in range(args.rounds):
-                for name in times:
-                    if name != "floor+exp":
+                for name, fn in steps.items():
+                    if name in ("old", "new"):
                         set_path(name == "new")
-                    fn = anchor if name == "floor+exp" else step
                     start = time.perf_counter()
                     fn()
                     if r:                                   # the first round warms up
                         times[name].append(time.perf_counter() - start)
             med = {k: statistics.median(v) for k, v in times.items()}
-            print(f"{regime:10s} old {med['old']:.4f} s  new {med['new']:.4f} s  "
-                  f"floor+exp {med['floor+exp']:.4f} s  new/old {med['new'] / med['old']:.3f}",
-                  flush=True)
+            line = (f"{regime:10s} old {med['old']:.4f} s  new {med['new']:.4f} s  "
+                    f"floor+exp {med['floor+exp']:.4f} s  new/old {med['new'] / med['old']:.3f}")
+            if args.exact:
+                line += (f"  exact {med['exact']:.4f} s  old/exact "
+                         f"{med['old'] / med['exact']:.3f}  new/exact "
+                         f"{med['new'] / med['exact']:.3f}")
+            print(line, flush=True)
     finally:
         set_path(True)
     print(f"load average {os.getloadavg()}")

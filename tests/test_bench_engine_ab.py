@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import hiertail_fast.ops._lse_torch as lse_mod
 import hiertail_fast.ops._positive_blocks as blocks_mod
@@ -96,8 +97,6 @@ def test_checkout_positives_adapts_the_older_block_signature(tmp_path):
         "        self.seen.append(('rest', rows))\n"
         "    def coef_max(self, rows):\n"
         "        return float(rows.sum())\n")
-    import torch
-
     cls = engine_ab.checkout_positives(tmp_path)
     obj = cls(torch.tensor([4, 2, 0, 1, 3]))
     rows = obj.order[1:3]
@@ -116,3 +115,28 @@ def test_checkout_switch_needs_its_baseline():
         engine_ab.main(["--switch", "checkout"])
     with pytest.raises(SystemExit):
         engine_ab.main(["--switch", "fold", "--baseline", "."])
+
+
+def test_switch_native_swaps_the_kernel_and_times_exact(capsys, monkeypatch):
+    """--switch native: the new rounds build the positives with the C kernel, the old rounds
+    without it (the torch path); --exact adds the exact variant and the official / exact
+    ratios. The library's own ``native_kernel`` is back afterwards."""
+    real = blocks_mod.native_kernel
+    if real(torch.float32) is None:
+        pytest.skip("no C compiler here: nothing to switch")
+    built = []
+    real_init = blocks_mod.BlockPositives.__init__
+
+    def spy_init(self, *a, **k):
+        real_init(self, *a, **k)
+        built.append(self.native is not None)
+
+    monkeypatch.setattr(blocks_mod.BlockPositives, "__init__", spy_init)
+    assert engine_ab.main(["--switch", "native", "--levels", "1", "--n", "150", "--d", "8",
+                           "--rounds", "2", "--regimes", "relu", "--exact"]) == 0
+    out = capsys.readouterr().out
+    assert "new/exact" in out and "old/exact" in out
+    assert built == [False, True, False, True]          # 2 rounds x (old, new)
+    assert blocks_mod.native_kernel is real
+    with pytest.raises(SystemExit):
+        engine_ab.main(["--switch", "native", "--variant", "exact", "--exact"])
