@@ -42,6 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import DEVICE, device_name  # noqa: E402
 
+import hiertail_fast.ops._native as native_mod  # noqa: E402
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss  # noqa: E402
 from hiertail_fast._files import atomic_write_text  # noqa: E402
 from hiertail_fast.ops._lse_torch import exp_cutoff  # noqa: E402
@@ -277,14 +278,22 @@ def _spread_cols(values: list[float], limit: float) -> str:
             f"{sum(x > limit for x in values)}")
 
 
+def _native_words(meta: dict) -> str:
+    """Whether the CPU engine ran with its C kernels (runs before they existed: nothing)."""
+    if "native_kernels" not in meta:
+        return ""
+    return "C kernels " + ("on" if meta["native_kernels"] else "off (torch path)") + ", "
+
+
 def write_report(out: Path, meta: dict, records: list[dict], backends) -> str:
     """JSON + markdown (summary, then every cell) next to it; returns the markdown."""
     md = summary(records, backends) + "\n\n" + markdown(records, backends)
     atomic_write_text(out, json.dumps(dict(meta, records=records), indent=1))
     atomic_write_text(out.with_suffix(".md"),
                       f"Loss grid on {meta['device']}, torch {meta['torch']}, {meta['threads']} "
-                      f"threads, load average {meta['load_average_before']} -> "
-                      f"{meta['load_average_after']}, medians of {meta['rounds']} rounds "
+                      f"threads, {_native_words(meta)}load average "
+                      f"{meta['load_average_before']} -> {meta['load_average_after']}, "
+                      f"medians of {meta['rounds']} rounds "
                       f"({meta.get('order', 'cells')} order; seconds; \"(min)\": best of the "
                       f"rounds over the best of the rounds)\n\n{md}\n")
     return md
@@ -326,6 +335,7 @@ def main(argv=None) -> int:
     records = run_grid(args)
     after = load_average()
     meta = dict(device=device_name(), torch=torch.__version__, threads=torch.get_num_threads(),
+                native_kernels=native_mod.load("_positive_blocks") is not None,
                 rounds=args.rounds, order=args.order, load_average_before=before,
                 load_average_after=after,
                 wall_s=time.perf_counter() - start, argv=sys.argv[1:] if argv is None else argv)

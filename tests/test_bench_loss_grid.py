@@ -42,6 +42,9 @@ def test_grid_records_every_cell_and_provider(tmp_path, order):
             assert r["min_s"][b] <= r["median_s"][b]
     md = out.with_suffix(".md").read_text()
     assert md.count("\n| 120 | 8 |") == 8 and "load average" in md
+    # whether the engine ran with its C kernels is recorded and named in the header
+    assert isinstance(data["native_kernels"], bool)
+    assert ("C kernels on," if data["native_kernels"] else "C kernels off") in md
     # the summary: one row per (N, levels, variant), 4 cells each
     assert md.count("\n| 120 | 1 | exact | 4 |") == 1 and md.count("\n| 120 | 3 | exact | 4 |") == 1
 
@@ -204,7 +207,7 @@ def test_report_rewrites_an_earlier_json_with_official_over_exact(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     md = path.with_suffix(".md").read_text()
-    assert "(cells order;" in md
+    assert "(cells order;" in md and "C kernels" not in md        # not recorded then
     # medians: best official 1.4 / best exact 1.0; best of rounds: min(0.75, 1.4) / min(0.5, 2.0)
     assert "| 6 | 1 | 1 | 1.40-1.40 (median 1.40) | 1 | 1.50-1.50 (median 1.50) | 1 |" in md
     data = json.loads(path.read_text())
