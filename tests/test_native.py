@@ -13,7 +13,9 @@ import torch
 
 import hiertail_fast.ops._native as native_mod
 import hiertail_fast.ops._positive_blocks as blocks_mod
+from hiertail_fast import hierarchical_contrastive_loss
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS
+from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
 
 
 @pytest.fixture
@@ -164,3 +166,23 @@ def test_positives_kernel_against_numpy(dtype, case):
     np.testing.assert_allclose(q_out.double().numpy(), want_q, **tol)
     np.testing.assert_allclose(target.double().numpy(), want_tg, **tol)
     assert int((t_out != 0).sum()) > rows // 2                      # the ranges were not empty
+
+
+def test_more_levels_than_the_kernel_takes_use_the_torch_path():
+    """The kernel keeps per-row state for at most NATIVE_MAX_LEVELS levels; more levels take
+    the torch path (and still match the reference)."""
+    _lib()
+    levels = blocks_mod.NATIVE_MAX_LEVELS + 1
+    gen = torch.Generator().manual_seed(12)
+    y = torch.randint(0, 4, (60,), generator=gen)
+    gid = torch.stack([y] * levels)
+    z = torch.randn(60, 4, generator=gen)
+    common = torch.ones(60, dtype=torch.bool)
+    many = blocks_mod.BlockPositives(z, gid, [4] * levels, True, None, 1.0, common)
+    few = blocks_mod.BlockPositives(z, gid[:-1], [4] * (levels - 1), True, None, 1.0, common)
+    assert many.native is None and few.native is not None
+    labels = [y] * levels
+    got = hierarchical_contrastive_loss(z.double(), labels, [None] * levels, temperature=0.5,
+                                        variant="official", backend="torch")
+    want = sum(ref(z.double(), lab, temperature=0.5, variant="official") for lab in labels)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)

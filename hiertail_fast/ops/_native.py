@@ -72,7 +72,8 @@ def _build(source: Path, cc: str) -> Path:
                  _cpu_signature().encode()):
         key.update(part)
     name = f"{source.stem}-{key.hexdigest()[:16]}.so"
-    fallback = Path(tempfile.gettempdir()) / f"hiertail_fast-native-{os.getuid()}"
+    user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    fallback = Path(tempfile.gettempdir()) / f"hiertail_fast-native-{user}"
     for out_dir in (cache_dir(), fallback):      # an unwritable cache: the temp directory
         lib = out_dir / name
         if lib.exists():
@@ -110,7 +111,7 @@ def load(name: str) -> ctypes.CDLL | None:
         if cc is not None:
             try:
                 lib = ctypes.CDLL(str(_build(_HERE / f"{name}.c", cc)))
-            except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+            except Exception as err:      # an optional accelerator: any failure -> torch path
                 warnings.warn(f"hiertail_fast: native CPU kernel {name!r} unavailable, using the "
                               f"torch path ({err})", RuntimeWarning, stacklevel=2)
         _LOADED[name] = lib
