@@ -10,6 +10,8 @@ import subprocess
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import hiertail_fast.ops._native as native_mod
 import hiertail_fast.ops._positive_blocks as blocks_mod
@@ -186,3 +188,43 @@ def test_more_levels_than_the_kernel_takes_use_the_torch_path():
                                         variant="official", backend="torch")
     want = sum(ref(z.double(), lab, temperature=0.5, variant="official") for lab in labels)
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(rows=st.integers(1, 9), cols=st.integers(1, 70), levels=st.integers(1, 4),
+       seed=st.integers(0, 2**31 - 1), with_target=st.booleans(), with_self=st.booleans(),
+       with_fac=st.booleans(), f64=st.booleans())
+def test_positives_kernel_fuzz(rows, cols, levels, seed, with_target, with_self, with_fac, f64):
+    """Random shapes, ranges (empty, full, partial, overlapping), own keys, factors and
+    dtypes, the forward-only call (no target) included: the kernel against the numpy loop."""
+    _lib()
+    dtype = torch.float64 if f64 else torch.float32
+    kernel = blocks_mod.native_kernel(dtype)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(rows, cols, generator=gen, dtype=dtype) ** 3
+    lo = torch.randint(0, cols + 1, (levels, rows), generator=gen)
+    hi = torch.minimum(lo + torch.randint(0, cols + 1, (levels, rows), generator=gen),
+                       torch.full_like(lo, cols))
+    self_col = torch.randint(-1, cols, (rows,), generator=gen) if with_self else None
+    coef = torch.randn(levels, rows, generator=gen, dtype=dtype)
+    fac = torch.rand(rows, generator=gen, dtype=dtype) if with_fac and levels == 1 else None
+    cut = 1e-3 if fac is not None else 0.0
+    target = x.clone() * 2 if with_target else None
+    want_t, want_q, want_tg = _numpy_positives(
+        x.numpy(), None if target is None else target.numpy().copy(), lo.numpy(), hi.numpy(),
+        None if self_col is None else self_col.numpy(), coef.numpy(),
+        None if fac is None else fac.numpy(), cut, OFFICIAL_EPS)
+    t_out = torch.zeros(levels, rows, dtype=dtype)
+    q_out = torch.zeros_like(t_out)
+    kernel(rows, levels, x.data_ptr(), cols, None if target is None else target.data_ptr(),
+           cols if target is not None else 0, lo.data_ptr(), hi.data_ptr(), rows,
+           None if self_col is None else self_col.data_ptr(),
+           coef.data_ptr() if target is not None else None, rows, OFFICIAL_EPS,
+           None if fac is None else fac.data_ptr(), cut, t_out.data_ptr(), q_out.data_ptr(),
+           rows)
+    tol = dict(rtol=1e-12, atol=1e-12) if f64 else dict(rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(t_out.double().numpy(), want_t, **tol)
+    np.testing.assert_allclose(q_out.double().numpy(), want_q, **tol)
+    if target is not None:
+        np.testing.assert_allclose(target.double().numpy(), want_tg, **tol)
