@@ -228,3 +228,43 @@ def test_positives_kernel_fuzz(rows, cols, levels, seed, with_target, with_self,
     np.testing.assert_allclose(q_out.double().numpy(), want_q, **tol)
     if target is not None:
         np.testing.assert_allclose(target.double().numpy(), want_tg, **tol)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_big_blocks_split_over_threads_bit_for_bit(monkeypatch, threads):
+    """Blocks with enough entries are split into row chunks on torch's thread count: the same
+    loss and gradients bit for bit as one call per block (rows are independent), on the fused
+    pass with level-specific prototypes (the per-level calls with a factor too)."""
+    _lib()
+    gen = torch.Generator().manual_seed(13)
+    y = torch.randint(0, 6, (300,), generator=gen)
+    labels = [y, y // 2, y // 3]
+    z = torch.randn(300, 8, generator=gen)
+    protos = [torch.randn(int(lab.max()) + 1, 8, generator=gen) * 3 for lab in labels]
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    submitted = []
+    real_pool = blocks_mod._pool
+
+    def spy_pool(n):
+        submitted.append(n)
+        return real_pool(n)
+
+    def run(min_entries):
+        monkeypatch.setattr(blocks_mod, "PARALLEL_MIN_ENTRIES", min_entries)
+        zz = z.clone().requires_grad_()
+        loss = hierarchical_contrastive_loss(zz, labels, protos, temperature=0.3,
+                                             variant="official", include_self=False,
+                                             backend="torch")
+        loss.backward()
+        return loss.detach(), zz.grad
+
+    try:
+        monkeypatch.setattr(blocks_mod, "_pool", spy_pool)
+        one = run(1 << 60)
+        assert not submitted
+        split = run(0)
+        assert submitted and set(submitted) == {threads}
+    finally:
+        torch.set_num_threads(old_threads)
+    assert torch.equal(one[0], split[0]) and torch.equal(one[1], split[1])
