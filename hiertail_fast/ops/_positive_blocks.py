@@ -182,7 +182,6 @@ class BlockPositives:
                     lo[lev, inside] = self.start[lev][g[inside]]
                     hi[lev, inside] = lo[lev, inside] + self.count[lev][g[inside]]
             self.lo_s, self.hi_s = lo, hi
-            self.handled_mask = torch.tensor(self.handled, dtype=torch.bool, device=dev)
             return
         self._chain(gid, _significance(gid)[-1])
 
@@ -351,7 +350,7 @@ class BlockPositives:
             self._kernel(p, e, target, lo.contiguous(), hi.contiguous(), coef, None)
             return
         self._kernel(p, e, target, lo.contiguous(), torch.where(f_one, hi, lo), coef, None)
-        odd = (~f_one) & (self.cnt_s[:, p] > 0) & self.handled_mask[:, None]
+        odd = (~f_one) & (hi > lo)          # hi > lo: a handled level, a group with common keys
         near = odd & ((m_c[None] - max_b) > -self._tie(rows, max_b))
         far = odd & ~near
         for lev in far.any(dim=1).nonzero().squeeze(1).tolist():
@@ -398,7 +397,7 @@ class BlockPositives:
                         t_ptr + r0 * osz, q_ptr + r0 * osz, n)
 
         threads = min(torch.get_num_threads(), b)
-        if threads < 2 or int((hi - lo).clamp_(min=0).sum()) < PARALLEL_MIN_ENTRIES:
+        if threads < 2 or int((hi - lo).sum()) < PARALLEL_MIN_ENTRIES:     # hi >= lo
             run(0, b)
             return
         bounds = [b * k // threads for k in range(threads + 1)]
