@@ -27,6 +27,8 @@ import threading
 import warnings
 from pathlib import Path
 
+from hiertail_fast._files import atomic_path, unwritable_dir_reason
+
 _HERE = Path(__file__).resolve().parent
 FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-std=gnu99", "-shared",
          "-fPIC"]
@@ -74,27 +76,22 @@ def _build(source: Path, cc: str) -> Path:
     name = f"{source.stem}-{key.hexdigest()[:16]}.so"
     user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
     fallback = Path(tempfile.gettempdir()) / f"hiertail_fast-native-{user}"
+    reasons = []
     for out_dir in (cache_dir(), fallback):      # an unwritable cache: the temp directory
         lib = out_dir / name
         if lib.exists():
             return lib
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=out_dir)
+        reason = unwritable_dir_reason(out_dir)
+        if reason is None:
             break
-        except OSError:
-            if out_dir == fallback:
-                raise
-    os.close(fd)
-    try:
-        proc = subprocess.run([*cc.split(), *FLAGS, str(source), "-o", tmp, "-lm"],
+        reasons.append(reason)
+    else:
+        raise OSError("no writable directory for the build: " + "; ".join(reasons))
+    with atomic_path(lib) as tmp:           # a reader sees no file or the whole one
+        proc = subprocess.run([*cc.split(), *FLAGS, str(source), "-o", str(tmp), "-lm"],
                               capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed on {source.name}:\n{proc.stderr.strip()[-2000:]}")
-        os.replace(tmp, lib)                # atomic: a reader sees no file or the whole one
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return lib
 
 
