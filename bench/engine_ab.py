@@ -14,6 +14,8 @@ between a path the library takes and one it keeps (or reproduces) for comparison
     all         the three together (old = all three old paths: the engine as it was before them)
     native      official positives through the fused C kernel (``_positive_blocks.c``, new)
                 vs the torch path it replaces where no C compiler is found
+    blockexp    every block's row max / exp / level sums in one C pass on torch's OpenMP
+                threads (``_block_exp.c``, new) vs the six torch passes it replaces
     checkout    the official positives (``_positive_blocks.BlockPositives``) of another checkout
                 given by --baseline (e.g. a git worktree of an earlier commit; calls adapted to
                 its older signature where needed) vs this one's, with this checkout's engine
@@ -42,6 +44,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from loss_grid import REGIMES, floor_step, loss_step, make_case  # noqa: E402
 
+import hiertail_fast.ops._block_exp as block_mod  # noqa: E402
 import hiertail_fast.ops._lse_torch as lse_mod  # noqa: E402
 import hiertail_fast.ops._positive_blocks as blocks_mod  # noqa: E402
 import hiertail_fast.ops.balanced_contrastive_loss as loss_mod  # noqa: E402
@@ -104,6 +107,11 @@ def _switches(baseline: Path | None = None):
     def set_native(new: bool):
         blocks_mod.native_kernel = real_native if new else (lambda dtype: None)
 
+    real_block = block_mod.kernel
+
+    def set_block(new: bool):
+        block_mod.kernel = real_block if new else (lambda: None)
+
     real_positives = loss_mod.BlockPositives
     old_positives = checkout_positives(baseline) if baseline is not None else None
 
@@ -111,12 +119,13 @@ def _switches(baseline: Path | None = None):
         loss_mod.BlockPositives = real_positives if new else old_positives
 
     return {"weights": set_weights, "fold": set_fold, "rest": set_rest, "all": set_all,
-            "native": set_native, "checkout": set_checkout}
+            "native": set_native, "blockexp": set_block, "checkout": set_checkout}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--switch", choices=("fold", "weights", "rest", "all", "native", "checkout"),
+    p.add_argument("--switch", choices=("fold", "weights", "rest", "all", "native", "blockexp",
+                                                 "checkout"),
                    required=True)
     p.add_argument("--baseline", type=Path, help="--switch checkout: the other checkout")
     p.add_argument("--n", type=int, default=6000)

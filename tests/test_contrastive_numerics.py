@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+import hiertail_fast.ops._block_exp as block_mod
 import hiertail_fast.ops._contrastive_pairs as pairs_mod
 import hiertail_fast.ops._lse_torch as lse_mod
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss
@@ -73,6 +74,14 @@ def _spy_blocks(monkeypatch):
 
     monkeypatch.setattr(lse_mod, "exp_shifted_", spy)
     monkeypatch.setattr(pairs_mod, "exp_shifted_", spy)
+    real_native = block_mod.native_step
+
+    def spy_native(fn, e, w, need_arg):       # the C kernel's blocks (exp in place in e)
+        out = real_native(fn, e, w, need_arg)
+        seen.append(e.detach().clone())
+        return out
+
+    monkeypatch.setattr(block_mod, "native_step", spy_native)
     return seen
 
 

@@ -129,10 +129,12 @@ def _numpy_positives(x, target, lo, hi, self_col, coef, fac, cut, eps):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("case", ["nested", "overlapping", "factor", "aliased"])
-def test_positives_kernel_against_numpy(dtype, case):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_positives_kernel_against_numpy(dtype, case, threads):
     """Ragged per-row ranges (empty ones included), nested levels (shared entries), ranges that
     overlap without nesting, own keys inside and outside the ranges, a per-row factor with the
-    cut-off, and the target aliasing x (the folded gradient block)."""
+    cut-off, and the target aliasing x (the folded gradient block); on one thread and with the
+    rows split over two (min_entries 0)."""
     _lib()
     kernel = blocks_mod.native_kernel(dtype)
     gen = torch.Generator().manual_seed(11)
@@ -159,10 +161,11 @@ def test_positives_kernel_against_numpy(dtype, case):
         None if fac is None else fac.numpy(), cut, OFFICIAL_EPS)
     t_out = torch.zeros(levels, rows, dtype=dtype)
     q_out = torch.zeros_like(t_out)
-    kernel(rows, levels, x.data_ptr(), cols, target.data_ptr(), cols, lo.data_ptr(),
-           hi.data_ptr(), rows, self_col.data_ptr(), coef.data_ptr(), rows, OFFICIAL_EPS,
-           None if fac is None else fac.data_ptr(), cut, t_out.data_ptr(), q_out.data_ptr(),
-           rows)
+    ran = kernel(threads, 0, rows, levels, x.data_ptr(), cols, target.data_ptr(), cols,
+                 lo.data_ptr(), hi.data_ptr(), rows, self_col.data_ptr(), coef.data_ptr(), rows,
+                 OFFICIAL_EPS, None if fac is None else fac.data_ptr(), cut, t_out.data_ptr(),
+                 q_out.data_ptr(), rows)
+    assert ran == (threads if native_mod.load("_positive_blocks", openmp=True).threaded else 1)
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=2e-6, atol=2e-6)
     np.testing.assert_allclose(t_out.double().numpy(), want_t, **tol)
     np.testing.assert_allclose(q_out.double().numpy(), want_q, **tol)
@@ -217,7 +220,8 @@ def test_positives_kernel_fuzz(rows, cols, levels, seed, with_target, with_self,
         None if fac is None else fac.numpy(), cut, OFFICIAL_EPS)
     t_out = torch.zeros(levels, rows, dtype=dtype)
     q_out = torch.zeros_like(t_out)
-    kernel(rows, levels, x.data_ptr(), cols, None if target is None else target.data_ptr(),
+    kernel(1 + seed % 2, 0, rows, levels, x.data_ptr(), cols,
+           None if target is None else target.data_ptr(),
            cols if target is not None else 0, lo.data_ptr(), hi.data_ptr(), rows,
            None if self_col is None else self_col.data_ptr(),
            coef.data_ptr() if target is not None else None, rows, OFFICIAL_EPS,
@@ -232,10 +236,13 @@ def test_positives_kernel_fuzz(rows, cols, levels, seed, with_target, with_self,
 
 @pytest.mark.parametrize("threads", [2, 3])
 def test_big_blocks_split_over_threads_bit_for_bit(monkeypatch, threads):
-    """Blocks with enough entries are split into row chunks on torch's thread count: the same
-    loss and gradients bit for bit as one call per block (rows are independent), on the fused
-    pass with level-specific prototypes (the per-level calls with a factor too)."""
+    """Blocks with enough entries run their rows on torch's OpenMP threads: the same loss and
+    gradients bit for bit as one thread per block (rows are independent), on the fused pass
+    with level-specific prototypes (the per-level calls with a factor too)."""
     _lib()
+    threaded = native_mod.load("_positive_blocks", openmp=True).threaded
+    if os.environ.get("CI"):
+        assert threaded, "the OpenMP build of the kernels did not load on the CI machine"
     gen = torch.Generator().manual_seed(13)
     y = torch.randint(0, 6, (300,), generator=gen)
     labels = [y, y // 2, y // 3]
@@ -243,15 +250,16 @@ def test_big_blocks_split_over_threads_bit_for_bit(monkeypatch, threads):
     protos = [torch.randn(int(lab.max()) + 1, 8, generator=gen) * 3 for lab in labels]
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
-    submitted = []
-    real_pool = blocks_mod._pool
+    ran = []
+    real_kernel = blocks_mod.BlockPositives._kernel
 
-    def spy_pool(n):
-        submitted.append(n)
-        return real_pool(n)
+    def spy(self, *args, **kw):
+        ran.append(real_kernel(self, *args, **kw))
+        return ran[-1]
 
     def run(min_entries):
         monkeypatch.setattr(blocks_mod, "PARALLEL_MIN_ENTRIES", min_entries)
+        ran.clear()
         zz = z.clone().requires_grad_()
         loss = hierarchical_contrastive_loss(zz, labels, protos, temperature=0.3,
                                              variant="official", include_self=False,
@@ -260,11 +268,11 @@ def test_big_blocks_split_over_threads_bit_for_bit(monkeypatch, threads):
         return loss.detach(), zz.grad
 
     try:
-        monkeypatch.setattr(blocks_mod, "_pool", spy_pool)
+        monkeypatch.setattr(blocks_mod.BlockPositives, "_kernel", spy)
         one = run(1 << 60)
-        assert not submitted
+        assert ran and set(ran) == {1}
         split = run(0)
-        assert submitted and set(submitted) == {threads}
+        assert ran and set(ran) == ({threads} if threaded else {1})
     finally:
         torch.set_num_threads(old_threads)
     assert torch.equal(one[0], split[0]) and torch.equal(one[1], split[1])

@@ -35,6 +35,8 @@ from collections.abc import Callable
 
 import torch
 
+from hiertail_fast.ops import _block_exp  # (it imports this module too)
+
 CoefFn = Callable[[slice | torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
@@ -164,6 +166,8 @@ def _engine(
         wrow = log_w[0].exp() if folded and positives is not None else None   # w_i by row id
     b = _block_rows(n, n_c)
     buf = torch.empty(b, n_c, dtype=z.dtype, device=z.device)
+    block_fn = (_block_exp.kernel() if z.dtype == torch.float32 and z.device.type == "cpu"
+                else None)
     tbuf = torch.empty(b, n_c, dtype=z.dtype, device=z.device) if grad and not folded else None
     neg_inf = torch.tensor(float("-inf"), dtype=z.dtype, device=z.device)
     for r0 in range(0, n, b):
@@ -176,16 +180,17 @@ def _engine(
         # ---- common columns: one GEMM, one max, one exp for all levels
         if n_c:
             torch.mm(zbs, zc.t(), out=e)                                  # s_ik, [b, N_c]
-            if need_max:
-                m_c, i_c = row_max_first_argmax(e)
-                if cidx is not None:
-                    i_c = cidx[i_c]
+            # m_c = the row max (+ first arg-max), e <- exp(s - m_c) <= 1, exactly 0 below
+            # e^-C (no denormal reaches the GEMMs below), and sum_k w_lk e_ik for every level:
+            # one C pass per row where it is built (float64 sums), else six torch passes
+            if block_fn is not None:
+                m_c, i_c, sums = _block_exp.native_step(block_fn, e, wc, need_max)
             else:
-                m_c = e.amax(dim=1)
-            # exp(s - m_c) <= 1, exactly 0 below e^-C (no denormal reaches the GEMMs below)
-            exp_shifted_(e.sub_(m_c[:, None]))
+                m_c, i_c, sums = _block_exp.reference_step(e, wc, need_max)
+            if need_max and cidx is not None:
+                i_c = cidx[i_c]
             shift = m_c[None].expand(n_levels, -1)                        # [L, b]
-            rel = torch.log(torch.mm(e, wc.t())).t()                      # lse - shift
+            rel = torch.log(sums)                                         # lse - shift
         else:
             m_c = neg_inf.expand(r1 - r0)
             i_c = torch.zeros(r1 - r0, dtype=torch.long, device=z.device)
@@ -204,6 +209,7 @@ def _engine(
         # lse - rowmax to full precision)
         lse_b = shift.double() + rel.double()
         lse[:, rows] = lse_b
+        rel = rel.to(z.dtype)
         max_b = None
         if need_max:
             max_b = m_c[None].expand(n_levels, -1).clone()

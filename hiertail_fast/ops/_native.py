@@ -13,6 +13,15 @@ the binary is built on the machine that runs it) under ``HIERTAIL_NATIVE_CACHE``
 ``~/.cache/hiertail_fast/native``; the temp directory if that cannot be written), written to a
 temporary file and renamed into place, so concurrent processes never load a half-written
 library.
+
+Threads: ``load(name, openmp=True)`` builds the kernel with ``-fopenmp`` but does NOT link an
+OpenMP runtime of its own: its ``#pragma omp parallel`` regions run on the runtime torch already
+loaded (``libgomp`` of the torch wheel; Intel's and LLVM's runtimes export the same GOMP entry
+points), made global first. So the kernel's row loop uses torch's own worker threads, which
+spin-wait right after every torch op: a second thread pool of ours (or Python threads) would
+compete with those spinning workers for the same cores instead of using them. Where no such
+runtime is loaded, or the build or load fails (e.g. a compiler with another OpenMP ABI), the
+serial build of the same file is used.
 """
 from __future__ import annotations
 
@@ -67,13 +76,15 @@ def cache_dir() -> Path:
         / "native"
 
 
-def _build(source: Path, cc: str) -> Path:
-    """Compile ``source`` into the cache (if not there yet) and return the library's path."""
+def _build(source: Path, cc: str, openmp: bool = False) -> Path:
+    """Compile ``source`` into the cache (if not there yet) and return the library's path.
+    ``openmp``: compiled with -fopenmp, linked without a runtime (GOMP symbols left undefined,
+    resolved at load time from the runtime torch loaded; ``openmp_runtime``)."""
     key = hashlib.sha256()
     for part in (source.read_bytes(), cc.encode(), " ".join(FLAGS).encode(),
-                 _cpu_signature().encode()):
+                 _cpu_signature().encode(), b"openmp" if openmp else b""):
         key.update(part)
-    name = f"{source.stem}-{key.hexdigest()[:16]}.so"
+    name = f"{source.stem}{'-omp' if openmp else ''}-{key.hexdigest()[:16]}.so"
     user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
     fallback = Path(tempfile.gettempdir()) / f"hiertail_fast-native-{user}"
     reasons = []
@@ -88,28 +99,73 @@ def _build(source: Path, cc: str) -> Path:
     else:
         raise OSError("no writable directory for the build: " + "; ".join(reasons))
     with atomic_path(lib) as tmp:           # a reader sees no file or the whole one
-        proc = subprocess.run([*cc.split(), *FLAGS, str(source), "-o", str(tmp), "-lm"],
-                              capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{cc} failed on {source.name}:\n{proc.stderr.strip()[-2000:]}")
+        if openmp:                          # compile with -fopenmp, link without its runtime
+            obj = Path(str(tmp) + ".o")
+            try:
+                _run(cc, [*FLAGS, "-fopenmp", "-c", str(source), "-o", str(obj)], source)
+                _run(cc, ["-shared", "-fPIC", str(obj), "-o", str(tmp), "-lm"], source)
+            finally:
+                obj.unlink(missing_ok=True)
+        else:
+            _run(cc, [*FLAGS, str(source), "-o", str(tmp), "-lm"], source)
     return lib
 
 
-def load(name: str) -> ctypes.CDLL | None:
+def _run(cc: str, args: list[str], source: Path) -> None:
+    proc = subprocess.run([*cc.split(), *args], capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cc} failed on {source.name}:\n{proc.stderr.strip()[-2000:]}")
+
+
+_RUNTIME_NAMES = ("libgomp", "libiomp5", "libomp")
+
+
+def openmp_runtime() -> str | None:
+    """Path of the OpenMP runtime already loaded into this process (torch's), made global so a
+    kernel library can bind its GOMP entry points to it; None if there is none (no /proc, a
+    torch without OpenMP) or it cannot be promoted."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {ln.split()[-1] for ln in f if "/" in ln}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        if not Path(path).name.startswith(_RUNTIME_NAMES):
+            continue
+        try:                               # already loaded: RTLD_NOLOAD only promotes it
+            rt = ctypes.CDLL(path, mode=os.RTLD_GLOBAL | getattr(os, "RTLD_NOLOAD", 0))
+        except OSError:
+            continue
+        if hasattr(rt, "GOMP_parallel"):
+            return path
+    return None
+
+
+def load(name: str, openmp: bool = False) -> ctypes.CDLL | None:
     """The compiled ``hiertail_fast/ops/<name>.c`` (built once per process and machine), or
-    None when native kernels are off or cannot be built here."""
+    None when native kernels are off or cannot be built here. ``openmp``: the build whose
+    parallel regions run on torch's OpenMP threads if that works here, else the serial one;
+    the library's ``threaded`` attribute says which."""
     if not enabled():
         return None
+    key = f"{name}+omp" if openmp else name
     with _LOCK:
-        if name in _LOADED:
-            return _LOADED[name]
+        if key in _LOADED:
+            return _LOADED[key]
         lib = None
         cc = compiler()
-        if cc is not None:
+        if cc is not None and openmp and openmp_runtime() is not None:
+            try:                          # a speed-up only: on failure, the serial build
+                lib = ctypes.CDLL(str(_build(_HERE / f"{name}.c", cc, openmp=True)))
+                lib.threaded = True
+            except Exception:
+                lib = None
+        if cc is not None and lib is None:
             try:
                 lib = ctypes.CDLL(str(_build(_HERE / f"{name}.c", cc)))
+                lib.threaded = False
             except Exception as err:      # an optional accelerator: any failure -> torch path
                 warnings.warn(f"hiertail_fast: native CPU kernel {name!r} unavailable, using the "
                               f"torch path ({err})", RuntimeWarning, stacklevel=2)
-        _LOADED[name] = lib
+        _LOADED[key] = lib
         return lib

@@ -27,6 +27,20 @@
 
 #define MAX_LEVELS 16
 
+/* Threads: built with -fopenmp by ``_native.load(..., openmp=True)``, the row loop runs on
+ * torch's OpenMP threads when the block has at least min_entries entries in its ranges (rows
+ * are independent: the result is the same bit for bit on any thread count); the serial build
+ * ignores the pragmas. Both return the number of threads that ran. */
+#ifdef _OPENMP
+int omp_get_num_threads(void);
+int omp_get_thread_num(void);
+#define NUM_THREADS() omp_get_num_threads()
+#define THREAD_NUM() omp_get_thread_num()
+#else
+#define NUM_THREADS() 1
+#define THREAD_NUM() 0
+#endif
+
 /* Natural log for a in [2^-126, 2^127] (normal, positive): a = 2^e * (1 + m), m in [-1/3, 1/3),
  * log(1 + m) = m - m^2/2 + m^3 P(m), P of degree 8 fitted to log1p on that interval (relative
  * error 1e-9 in exact arithmetic; ~1 ulp in float). Branch-free, so the loops vectorise (a libm
@@ -58,12 +72,26 @@ void hiertail_log_f32(int64_t n, const float *a, float *out)     /* for the accu
 }
 
 #define POSITIVES_KERNEL(NAME, T, LOG)                                                        \
-void NAME(int64_t rows, int64_t levels, const T *x, int64_t ldx, T *target, int64_t ldt,      \
-          const int64_t *lo, const int64_t *hi, int64_t ld_range, const int64_t *self_col,    \
-          const T *coef, int64_t ld_coef, double eps, const T *fac, double cut,               \
-          T *t_out, T *q_out, int64_t ld_out)                                                 \
+int64_t NAME(int64_t threads, int64_t min_entries, int64_t rows, int64_t levels, const T *x,  \
+             int64_t ldx, T *target, int64_t ldt, const int64_t *lo, const int64_t *hi,       \
+             int64_t ld_range, const int64_t *self_col, const T *coef, int64_t ld_coef,       \
+             double eps, const T *fac, double cut, T *t_out, T *q_out, int64_t ld_out)        \
 {                                                                                             \
     const T eps_t = (T)eps, cut_t = (T)cut;                                                   \
+    int64_t entries = 0, used = 1;                                                            \
+    for (int64_t k = 0; k < levels; k++)                                                      \
+        for (int64_t i = 0; i < rows; i++) {                                                  \
+            const int64_t w = hi[k * ld_range + i] - lo[k * ld_range + i];                    \
+            entries += w > 0 ? w : 0;                                                         \
+        }                                                                                     \
+    if (threads < 1 || entries < min_entries)                                                 \
+        threads = 1;                                                                          \
+    _Pragma("omp parallel num_threads(threads) if (threads > 1)")                             \
+    {                                                                                         \
+    if (THREAD_NUM() == 0)                                                                    \
+        used = NUM_THREADS();                                                                 \
+    /* rows differ in work (their groups' sizes): dynamic chunks of rows */                   \
+    _Pragma("omp for schedule(dynamic, 8)")                                                   \
     for (int64_t i = 0; i < rows; i++) {                                                      \
         const T f = fac ? fac[i] : (T)1;                                                      \
         int64_t l0[MAX_LEVELS], h0[MAX_LEVELS], cut[2 * MAX_LEVELS + 2];                      \
@@ -142,6 +170,8 @@ void NAME(int64_t rows, int64_t levels, const T *x, int64_t ldx, T *target, int6
                 q_out[k * ld_out + i] += (T)sq_k[k];                                          \
             }                                                                                 \
     }                                                                                         \
+    }                                                                                         \
+    return used;                                                                              \
 }
 
 POSITIVES_KERNEL(hiertail_positives_f32, float, log_f32)

@@ -47,9 +47,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-import threading
 from bisect import bisect_right
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -59,37 +57,23 @@ from hiertail_fast.ops._lse_torch import exp_cutoff, exp_shifted_
 
 SLICE_GROUP = 64        # groups with at least this many common keys are read as 2-D slices
 NATIVE_MAX_LEVELS = 16  # MAX_LEVELS of _positive_blocks.c
-# entries (sum of the rows' key-range widths) from which a kernel call is split over threads:
-# ~2 ms of one thread's work, so a pool hand-off (~tens of us) is noise
-PARALLEL_MIN_ENTRIES = 1 << 21
-_POOL: list = []
-_POOL_LOCK = threading.Lock()
-
-
-def _pool(threads: int) -> ThreadPoolExecutor:
-    """A process-wide pool for the kernel's row chunks (threads - 1 workers: the calling
-    thread runs one chunk itself), rebuilt when torch's thread count changes."""
-    with _POOL_LOCK:
-        if not _POOL or _POOL[0] != threads:
-            if _POOL:
-                _POOL[1].shutdown(wait=False)
-            _POOL[:] = [threads, ThreadPoolExecutor(max_workers=threads - 1,
-                                                    thread_name_prefix="hiertail-native")]
-        return _POOL[1]
+# entries (sum of the rows' key-range widths) from which a kernel call runs its rows on torch's
+# OpenMP threads (``_native.load(..., openmp=True)``; their fork costs a few us while they spin)
+PARALLEL_MIN_ENTRIES = 1 << 15
 
 
 def native_kernel(dtype: torch.dtype):
     """The fused C kernel of ``_positive_blocks.c`` for float32 / float64 blocks, or None
     (native kernels off or not buildable here: the torch path)."""
-    lib = _native.load("_positive_blocks")
+    lib = _native.load("_positive_blocks", openmp=True)
     if lib is None or dtype not in (torch.float32, torch.float64):
         return None
     fn = lib.hiertail_positives_f32 if dtype == torch.float32 else lib.hiertail_positives_f64
     if fn.argtypes is None:
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        fn.argtypes = [i64, i64, ptr, i64, ptr, i64, ptr, ptr, i64, ptr, ptr, i64,
+        fn.argtypes = [i64, i64, i64, i64, ptr, i64, ptr, i64, ptr, ptr, i64, ptr, ptr, i64,
                        ctypes.c_double, ptr, ctypes.c_double, ptr, ptr, i64]
-        fn.restype = None
+        fn.restype = i64                  # the number of threads that ran
     return fn
 
 
@@ -371,41 +355,25 @@ class BlockPositives:
     def _kernel(self, p, e, target, lo, hi, coef, fac, level=0):
         """The C kernel on block p: levels ``level`` .. ``level + len(lo) - 1``, key ranges
         lo, hi and coefficients coef [K, b] (contiguous); fac: [b] per-row factor of x (None:
-        1). A block with at least PARALLEL_MIN_ENTRIES entries in its ranges is split into row
-        chunks run on torch's thread count (ctypes releases the GIL; rows are independent, so
-        the result is the same bit for bit): the kernel must not stay one thread where the
-        torch path it replaces would use every core."""
+        1). A block with at least PARALLEL_MIN_ENTRIES entries in its ranges runs its rows on
+        torch's OpenMP threads (rows are independent, so the result is the same bit for bit):
+        the kernel must not stay one thread where the torch path it replaces would use every
+        core. Returns the number of threads that ran."""
         b = p.stop - p.start
         n = self.T_s.shape[1]
         assert e.stride(1) == 1 and self.T_s.is_contiguous() and hi.is_contiguous()
         self_col = None if self.include_self else self.cpos_s[p]
         cut = 0.0 if fac is None else math.exp(-exp_cutoff(e.dtype)) * 1.0001
-        isz, osz = e.element_size(), self.T_s.element_size()
-        t_ptr = self.T_s.data_ptr() + (level * n + p.start) * osz
-        q_ptr = self.Q_s.data_ptr() + (level * n + p.start) * osz
-
-        def run(r0, r1):                                 # block rows [r0, r1)
-            self.native(r1 - r0, lo.shape[0], e.data_ptr() + r0 * e.stride(0) * isz,
-                        e.stride(0),
-                        None if target is None else
-                        target.data_ptr() + r0 * target.stride(0) * isz,
-                        0 if target is None else target.stride(0),
-                        lo.data_ptr() + r0 * 8, hi.data_ptr() + r0 * 8, b,
-                        None if self_col is None else self_col.data_ptr() + r0 * 8,
-                        None if coef is None else coef.data_ptr() + r0 * isz, b, OFFICIAL_EPS,
-                        None if fac is None else fac.data_ptr() + r0 * isz, cut,
-                        t_ptr + r0 * osz, q_ptr + r0 * osz, n)
-
-        threads = min(torch.get_num_threads(), b)
-        if threads < 2 or int((hi - lo).sum()) < PARALLEL_MIN_ENTRIES:     # hi >= lo
-            run(0, b)
-            return
-        bounds = [b * k // threads for k in range(threads + 1)]
-        futures = [_pool(threads).submit(run, r0, r1)
-                   for r0, r1 in zip(bounds[1:-1], bounds[2:], strict=True)]
-        run(bounds[0], bounds[1])
-        for f in futures:
-            f.result()
+        osz = self.T_s.element_size()
+        return self.native(
+            torch.get_num_threads(), PARALLEL_MIN_ENTRIES, b, lo.shape[0], e.data_ptr(),
+            e.stride(0), None if target is None else target.data_ptr(),
+            0 if target is None else target.stride(0), lo.data_ptr(), hi.data_ptr(), b,
+            None if self_col is None else self_col.data_ptr(),
+            None if coef is None else coef.data_ptr(), b, OFFICIAL_EPS,
+            None if fac is None else fac.data_ptr(), cut,
+            self.T_s.data_ptr() + (level * n + p.start) * osz,
+            self.Q_s.data_ptr() + (level * n + p.start) * osz, n)
 
     def _runs(self, p, e, f_one, target, inv_norm):
         """The chain levels' positives of the block's rows in big top groups (``_run`` each).

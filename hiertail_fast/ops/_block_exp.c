@@ -1,0 +1,139 @@
+/* The common-column step of the CPU engine's row block, fused (``_lse_torch._engine``).
+ *
+ * For each row i of a block of logits s (in place in e), with the cut-off C of the engine
+ * (terms below e^-C of the row's largest are exactly 0: no denormal ever reaches a GEMM):
+ *
+ *     m_i      = max_k s_ik                   (arg_i = its FIRST index, if asked: torch.max's rule)
+ *     e_ik     = exp(max(s_ik - m_i, -C)), then 0 where <= thr (thr = e^-C * 1.0001)
+ *     sums[l][i] = sum_k w[l][k] * e_ik        (float64 accumulation, l < levels)
+ *
+ * The eager path is an amax (or a two-level arg-max search), sub_, clamp_, exp_, threshold_ and
+ * a [b, N] x [N, L] product: six passes over a block that does not fit in cache. Here a row
+ * (24 KB at N = 6,000) is read from memory once, for its max, and stays in L1/L2 for the exp
+ * and the sums. The exp is a branch-free polynomial (vectorises; <= 2 ulp against float64 on
+ * [-C, 0], tested), so the loop runs at SIMD width where libm's expf would not.
+ * Compiled on first use by ``_native.py`` (plain C99, no Python or torch headers).
+ */
+#include <stdint.h>
+
+#define ARG_CHUNK 64
+/* below this many entries a block runs on one thread (a fork costs a few us) */
+#define PARALLEL_MIN_ENTRIES 32768
+#ifdef _OPENMP                     /* the -fopenmp build (``_native.py``): torch's threads */
+int omp_get_num_threads(void);
+int omp_get_thread_num(void);
+#define NUM_THREADS() omp_get_num_threads()
+#define THREAD_NUM() omp_get_thread_num()
+#else
+#define NUM_THREADS() 1
+#define THREAD_NUM() 0
+#endif
+
+/* exp(x) for x in [-87, 0]: x = n ln2 + r, |r| <= ln2 / 2 (n rounded with the 1.5 * 2^23
+ * trick, ln2 in two parts so n ln2 is exact enough), exp(r) by Cephes' degree-6 polynomial,
+ * 2^n from the exponent bits. */
+static inline float exp_f32(float x)
+{
+    const float shifter = 12582912.0f;               /* 1.5 * 2^23: adding it rounds to int */
+    float n = (x * 1.44269504088896341f + shifter) - shifter;
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float y = p * r * r + r + 1.0f;
+    union { float f; int32_t i; } u = { y };
+    u.i += (int32_t)n * (1 << 23);                   /* y * 2^n (n >= -126: no denormal) */
+    return u.f;
+}
+
+void hiertail_exp_f32(int64_t n, const float *a, float *out)     /* for the accuracy test */
+{
+    for (int64_t j = 0; j < n; j++)
+        out[j] = exp_f32(a[j]);
+}
+
+/* One row: its max (and first arg-max), the exp in place, the weighted sums. */
+static void row_step(int64_t n, float *x, float cutoff, float thr, int64_t levels,
+                     const float *w, int64_t ldw, float *m_out, int64_t *arg_out,
+                     double *sums, int64_t ld_sums)
+{
+    float m = x[0];
+#pragma omp simd reduction(max:m)
+    for (int64_t k = 0; k < n; k++)
+        m = x[k] > m ? x[k] : m;
+    *m_out = m;
+    if (arg_out) {                 /* first k with x[k] == m: find its chunk vectorised */
+        int64_t c0 = 0;
+        for (; c0 < n; c0 += ARG_CHUNK) {
+            const int64_t c1 = c0 + ARG_CHUNK < n ? c0 + ARG_CHUNK : n;
+            int hit = 0;
+#pragma omp simd reduction(|:hit)
+            for (int64_t k = c0; k < c1; k++)
+                hit |= x[k] == m;
+            if (hit)
+                break;
+        }
+        int64_t a = c0 < n ? c0 : 0;   /* (no hit: only for a NaN max) */
+        while (a < n - 1 && x[a] != m)
+            a++;
+        *arg_out = a;
+    }
+    const float lo = -cutoff;
+    if (levels == 1) {             /* one level: the sum in the same loop */
+        double acc = 0.0;
+#pragma omp simd reduction(+:acc)
+        for (int64_t k = 0; k < n; k++) {
+            float v = x[k] - m;
+            v = v < lo ? lo : v;
+            v = exp_f32(v);
+            v = v <= thr ? 0.0f : v;
+            x[k] = v;
+            acc += (double)(w[k] * v);
+        }
+        sums[0] = acc;
+        return;
+    }
+#pragma omp simd
+    for (int64_t k = 0; k < n; k++) {
+        float v = x[k] - m;
+        v = v < lo ? lo : v;
+        v = exp_f32(v);
+        x[k] = v <= thr ? 0.0f : v;
+    }
+    for (int64_t l = 0; l < levels; l++) {   /* the row is in L1/L2 now */
+        const float *wl = w + l * ldw;
+        double acc = 0.0;
+#pragma omp simd reduction(+:acc)
+        for (int64_t k = 0; k < n; k++)
+            acc += (double)(wl[k] * x[k]);
+        sums[l * ld_sums] = acc;
+    }
+}
+
+/* rows x n block e (row stride lde), weights w [levels][ldw]; outputs m_out[rows],
+ * arg_out[rows] (NULL: no arg-max), sums[levels][ld_sums]. threads > 1: the rows are split over
+ * the OpenMP threads (torch's own, see ``_native.py``); rows are independent, so the result is
+ * the same bit for bit on any thread count. */
+int64_t hiertail_block_exp_f32(int64_t threads, int64_t rows, int64_t n, float *e,
+                               int64_t lde, float cutoff, float thr, int64_t levels,
+                               const float *w, int64_t ldw, float *m_out, int64_t *arg_out,
+                               double *sums, int64_t ld_sums)
+{
+    int64_t used = 1;
+    if (threads < 1 || rows * n < PARALLEL_MIN_ENTRIES)
+        threads = 1;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        if (THREAD_NUM() == 0)
+            used = NUM_THREADS();
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < rows; i++)
+            row_step(n, e + i * lde, cutoff, thr, levels, w, ldw, m_out + i,
+                     arg_out ? arg_out + i : (int64_t *)0, sums + i, ld_sums);
+    }
+    return used;        /* the number of threads that ran */
+}

@@ -1,0 +1,67 @@
+"""The CPU engine's per-block softmax step in one C kernel (``_block_exp.c``).
+
+For a float32 block of logits e [b, N] (rows of ``_lse_torch._engine``'s common columns) and
+key weights w [L, N]::
+
+    m_i = max_k e_ik  (+ its first arg-max),  e_ik <- exp(e_ik - m_i) (0 below e^-C),
+    sums[l, i] = sum_k w_lk e_ik  (float64)
+
+which the torch path does in six passes over the block (``reference_step``, kept as the
+fallback where no C compiler is found and as the oracle of the tests). The kernel's row loop
+runs on torch's OpenMP threads (``_native.load(..., openmp=True)``).
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+
+import torch
+
+from hiertail_fast.ops import _lse_torch, _native  # (_lse_torch imports this module too)
+
+
+def kernel():
+    """The C kernel (ctypes function), or None (native kernels off or not buildable here)."""
+    lib = _native.load("_block_exp", openmp=True)
+    if lib is None:
+        return None
+    fn = lib.hiertail_block_exp_f32
+    if fn.argtypes is None:
+        i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+        fn.argtypes = [i64, i64, i64, ptr, i64, f32, f32, i64, ptr, i64, ptr, ptr, ptr, i64]
+        fn.restype = i64                  # the number of threads that ran
+    return fn
+
+
+def reference_step(e: torch.Tensor, w: torch.Tensor, need_arg: bool):
+    """The torch path: (m [b], first arg-max [b] or None, sums [L, b] in e's dtype); e in place."""
+    if need_arg:
+        m, arg = _lse_torch.row_max_first_argmax(e)
+    else:
+        m, arg = e.amax(dim=1), None
+    _lse_torch.exp_shifted_(e.sub_(m[:, None]))
+    return m, arg, torch.mm(e, w.t()).t()
+
+
+def native_step(fn, e: torch.Tensor, w: torch.Tensor, need_arg: bool):
+    """The same through the C kernel ``fn`` (from ``kernel()``); sums are float64.
+
+    e: float32 [b, N] with unit column stride (rows may be strided), w: float32 [L, N]."""
+    if e.dtype != torch.float32 or w.dtype != torch.float32:
+        raise TypeError(f"the block kernel takes float32 (got {e.dtype}, {w.dtype})")
+    b, n = e.shape
+    if w.dim() != 2 or w.shape[1] != n:
+        raise ValueError(f"weights of shape {tuple(w.shape)} do not match a block of {n} columns")
+    if n == 0:
+        raise ValueError("the block kernel needs at least one column")
+    if e.stride(1) != 1:
+        raise ValueError("the block kernel needs unit column stride")
+    w = w.contiguous()
+    m = torch.empty(b, dtype=torch.float32)
+    arg = torch.empty(b, dtype=torch.long) if need_arg else None
+    sums = torch.empty(w.shape[0], b, dtype=torch.float64)
+    c = _lse_torch.exp_cutoff(torch.float32)
+    fn(torch.get_num_threads(), b, n, e.data_ptr(), e.stride(0), c, math.exp(-c) * 1.0001,
+       w.shape[0], w.data_ptr(), w.stride(0), m.data_ptr(),
+       None if arg is None else arg.data_ptr(), sums.data_ptr(), b)
+    return m, arg, sums
