@@ -16,6 +16,8 @@ between a path the library takes and one it keeps (or reproduces) for comparison
                 vs the torch path it replaces where no C compiler is found
     blockexp    every block's row max / exp / level sums in one C pass on torch's OpenMP
                 threads (``_block_exp.c``, new) vs the six torch passes it replaces
+    posthreads  the positives kernel's rows on torch's OpenMP threads for blocks with at least
+                PARALLEL_MIN_ENTRIES entries (new) vs one thread per call
     checkout    the official positives (``_positive_blocks.BlockPositives``) of another checkout
                 given by --baseline (e.g. a git worktree of an earlier commit; calls adapted to
                 its older signature where needed) vs this one's, with this checkout's engine
@@ -112,6 +114,11 @@ def _switches(baseline: Path | None = None):
     def set_block(new: bool):
         block_mod.kernel = real_block if new else (lambda: None)
 
+    real_min_entries = blocks_mod.PARALLEL_MIN_ENTRIES
+
+    def set_posthreads(new: bool):
+        blocks_mod.PARALLEL_MIN_ENTRIES = real_min_entries if new else 1 << 62
+
     real_positives = loss_mod.BlockPositives
     old_positives = checkout_positives(baseline) if baseline is not None else None
 
@@ -119,13 +126,14 @@ def _switches(baseline: Path | None = None):
         loss_mod.BlockPositives = real_positives if new else old_positives
 
     return {"weights": set_weights, "fold": set_fold, "rest": set_rest, "all": set_all,
-            "native": set_native, "blockexp": set_block, "checkout": set_checkout}
+            "native": set_native, "blockexp": set_block, "posthreads": set_posthreads,
+            "checkout": set_checkout}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--switch", choices=("fold", "weights", "rest", "all", "native", "blockexp",
-                                                 "checkout"),
+                                                 "posthreads", "checkout"),
                    required=True)
     p.add_argument("--baseline", type=Path, help="--switch checkout: the other checkout")
     p.add_argument("--n", type=int, default=6000)
@@ -139,6 +147,9 @@ def main(argv=None) -> int:
     p.add_argument("--exact", action="store_true",
                    help="also time the exact variant (official / exact ratios; --variant "
                         "official)")
+    p.add_argument("--exact-backend", choices=("torch", "attention"), default="torch",
+                   help="--exact: the exact variant's backend (attention: PyTorch's CPU flash "
+                        "kernel, what the automatic choice picks for one level)")
     args = p.parse_args(argv)
     if args.n < 1 or args.d < 1 or args.rounds < 2:
         p.error("--n and --d must be positive and --rounds at least 2")
@@ -151,14 +162,15 @@ def main(argv=None) -> int:
     set_path = _switches(args.baseline)[args.switch]
     print(f"load average {os.getloadavg()}, {torch.get_num_threads()} threads, "
           f"switch {args.switch}, N {args.n}, d {args.d}, L {args.levels}, {args.variant}, "
-          f"tau {args.tau:g}, {args.rounds} rounds (first dropped)")
+          f"tau {args.tau:g}, {args.rounds} rounds (first dropped)"
+          + (f", exact variant on {args.exact_backend}" if args.exact else ""))
     try:
         for regime in args.regimes:
             z, ys, ps = make_case(regime, args.n, args.d, args.levels)
             step = loss_step("torch", z, ys, ps, args.tau, args.variant)
             steps = {"old": step, "new": step, "floor+exp": floor_step(z, ps, with_exp=True)}
             if args.exact:
-                steps["exact"] = loss_step("torch", z, ys, ps, args.tau, "exact")
+                steps["exact"] = loss_step(args.exact_backend, z, ys, ps, args.tau, "exact")
             times = {name: [] for name in steps}
             for r in range(args.rounds):
                 for name, fn in steps.items():

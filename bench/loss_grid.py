@@ -278,11 +278,19 @@ def _spread_cols(values: list[float], limit: float) -> str:
             f"{sum(x > limit for x in values)}")
 
 
+def _loaded(name: str) -> bool:
+    return native_mod.load(name, openmp=True) is not None
+
+
 def _native_words(meta: dict) -> str:
     """Whether the CPU engine ran with its C kernels (runs before they existed: nothing)."""
     if "native_kernels" not in meta:
         return ""
-    return "C kernels " + ("on" if meta["native_kernels"] else "off (torch path)") + ", "
+    if not meta["native_kernels"]:
+        return "C kernels off (torch path), "
+    threaded = meta.get("native_threads")          # runs before the OpenMP builds: nothing
+    return "C kernels on" + ("" if threaded is None else " (on torch's OpenMP threads)"
+                             if threaded else " (serial build)") + ", "
 
 
 def write_report(out: Path, meta: dict, records: list[dict], backends) -> str:
@@ -335,7 +343,9 @@ def main(argv=None) -> int:
     records = run_grid(args)
     after = load_average()
     meta = dict(device=device_name(), torch=torch.__version__, threads=torch.get_num_threads(),
-                native_kernels=native_mod.load("_positive_blocks") is not None,
+                native_kernels=_loaded("_positive_blocks") and _loaded("_block_exp"),
+                native_threads=bool(_loaded("_block_exp")
+                                    and native_mod.load("_block_exp", openmp=True).threaded),
                 rounds=args.rounds, order=args.order, load_average_before=before,
                 load_average_after=after,
                 wall_s=time.perf_counter() - start, argv=sys.argv[1:] if argv is None else argv)

@@ -43,8 +43,12 @@ def test_grid_records_every_cell_and_provider(tmp_path, order):
     md = out.with_suffix(".md").read_text()
     assert md.count("\n| 120 | 8 |") == 8 and "load average" in md
     # whether the engine ran with its C kernels is recorded and named in the header
-    assert isinstance(data["native_kernels"], bool)
-    assert ("C kernels on," if data["native_kernels"] else "C kernels off") in md
+    assert isinstance(data["native_kernels"], bool) and isinstance(data["native_threads"], bool)
+    if not data["native_kernels"]:
+        assert "C kernels off" in md
+    else:
+        assert ("C kernels on (on torch's OpenMP threads)," if data["native_threads"]
+                else "C kernels on (serial build),") in md
     # the summary: one row per (N, levels, variant), 4 cells each
     assert md.count("\n| 120 | 1 | exact | 4 |") == 1 and md.count("\n| 120 | 3 | exact | 4 |") == 1
 
