@@ -140,3 +140,72 @@ def test_switch_native_swaps_the_kernel_and_times_exact(capsys, monkeypatch):
     assert blocks_mod.native_kernel is real
     with pytest.raises(SystemExit):
         engine_ab.main(["--switch", "native", "--variant", "exact", "--exact"])
+
+
+def test_switch_blockexp_swaps_the_block_kernel_and_restores(capsys, monkeypatch):
+    """--switch blockexp: the new rounds run every block through the C kernel, the old rounds
+    through the torch passes; --exact-backend attention times the exact variant on PyTorch's
+    kernel. The library's own ``kernel`` is back afterwards."""
+    import hiertail_fast.ops._block_exp as block_mod
+
+    real = block_mod.kernel
+    if real() is None:
+        pytest.skip("no C compiler here: nothing to switch")
+    paths = []
+    real_native, real_ref = block_mod.native_step, block_mod.reference_step
+    monkeypatch.setattr(block_mod, "native_step",
+                        lambda *a: paths.append("C") or real_native(*a))
+    monkeypatch.setattr(block_mod, "reference_step",
+                        lambda *a: paths.append("torch") or real_ref(*a))
+    assert engine_ab.main(["--switch", "blockexp", "--levels", "1", "--n", "150", "--d", "8",
+                           "--rounds", "2", "--regimes", "relu", "--exact",
+                           "--exact-backend", "attention"]) == 0
+    out = capsys.readouterr().out
+    assert "exact variant on attention" in out and "new/exact" in out
+    # one block per loss: 2 rounds x (old, new); the attention backend's exact loss runs no
+    # block of ours
+    assert paths == ["torch", "C", "torch", "C"]
+    assert block_mod.kernel is real
+
+
+def test_switch_posthreads_sets_and_restores_the_threshold(capsys, monkeypatch):
+    seen = []
+    real_kernel = blocks_mod.BlockPositives._kernel
+
+    def spy(self, *a, **k):
+        seen.append(blocks_mod.PARALLEL_MIN_ENTRIES)
+        return real_kernel(self, *a, **k)
+
+    monkeypatch.setattr(blocks_mod.BlockPositives, "_kernel", spy)
+    real = blocks_mod.PARALLEL_MIN_ENTRIES
+    assert engine_ab.main(["--switch", "posthreads", "--levels", "1", "--n", "150", "--d", "8",
+                           "--rounds", "2", "--regimes", "relu"]) == 0
+    assert "new/old" in capsys.readouterr().out
+    if blocks_mod.native_kernel(torch.float32) is not None:
+        assert seen and set(seen) == {real, 1 << 62}
+    assert blocks_mod.PARALLEL_MIN_ENTRIES == real
+
+
+def test_version_ab_times_another_revision(capsys, tmp_path):
+    """bench/version_ab.py: HEAD's package unpacked under another name (its imports rewritten,
+    nothing of it resolving to this checkout's modules), timed against this checkout; the two
+    gradients compared first."""
+    import subprocess
+
+    import version_ab
+
+    root = Path(__file__).resolve().parents[1]
+    if subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
+                      capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    pkg = version_ab.unpack_revision("HEAD", tmp_path)
+    assert (pkg / "__init__.py").is_file()
+    text = "".join(p.read_text() for p in pkg.rglob("*.py"))
+    assert "hiertail_fast_rev" in text and "import hiertail_fast\n" not in text
+    assert "from hiertail_fast." not in text and "from hiertail_fast import" not in text
+    assert version_ab.main(["--rev", "HEAD", "--levels", "1", "--n", "150", "--d", "8",
+                            "--rounds", "2", "--regimes", "relu", "--exact"]) == 0
+    out = capsys.readouterr().out
+    assert "new/old" in out and "new/exact" in out and "grad diff" in out
+    with pytest.raises(SystemExit):
+        version_ab.main(["--rev", "no-such-revision-xyz", "--n", "50", "--rounds", "2"])

@@ -1,0 +1,132 @@
+"""In-process A/B of the CPU loss against another git revision of the package, ROUND-ROBIN.
+
+``engine_ab.py`` switches between two paths that the current code keeps. A change that replaces
+code (nothing left to switch back to) is measured against the package as it was at an earlier
+revision: ``git archive REV hiertail_fast`` is unpacked into a temporary directory as the
+package ``hiertail_fast_rev`` (its imports rewritten to that name; its C kernels build from
+their own sources into the same cache, under their own hash), imported beside this checkout's
+package, and the two losses are timed round by round in one process with the floor + exp
+anchor (and, with ``--exact``, this checkout's exact variant), so the VM's drift hits them alike.
+Before timing, the two gradients are compared (max |difference| / max |gradient|), so a
+speed-up that changed the numbers shows.
+
+    python bench/version_ab.py --rev HEAD~1 --levels 1 --variant official --regimes relu randn
+    python bench/version_ab.py --rev 9905973 --levels 3 --exact --rounds 9
+
+Run it on an idle machine (``bench/idle_window.sh``); the load average is printed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from io import BytesIO
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from loss_grid import REGIMES, floor_step, make_case  # noqa: E402
+
+import hiertail_fast  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+REV_NAME = "hiertail_fast_rev"
+
+
+def unpack_revision(rev: str, into: Path, repo: Path = REPO) -> Path:
+    """``hiertail_fast`` at git revision ``rev`` as the package ``REV_NAME`` under ``into``."""
+    proc = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", rev,
+                           "hiertail_fast"], capture_output=True, timeout=120)
+    if proc.returncode != 0:
+        raise SystemExit(f"git archive {rev} failed: {proc.stderr.decode().strip()}")
+    with tarfile.open(fileobj=BytesIO(proc.stdout)) as tar:
+        if hasattr(tarfile, "data_filter"):        # Python >= 3.11.4 / 3.12
+            tar.extractall(into, filter="data")
+        else:
+            tar.extractall(into)
+    pkg = into / REV_NAME
+    (into / "hiertail_fast").rename(pkg)
+    word = re.compile(r"\bhiertail_fast\b")
+    for path in pkg.rglob("*.py"):
+        path.write_text(word.sub(REV_NAME, path.read_text()))
+    return pkg
+
+
+def loss_step(pkg, z, ys, ps, tau: float, variant: str):
+    """Forward + backward of the loss of package ``pkg`` (torch engine); returns the gradient."""
+    def step():
+        zz = z.detach().requires_grad_()
+        if len(ys) == 1:
+            loss = pkg.balanced_contrastive_loss(zz, ys[0], prototypes=ps[0], temperature=tau,
+                                                 variant=variant, backend="torch")
+        else:
+            loss = pkg.hierarchical_contrastive_loss(zz, ys, ps, temperature=tau,
+                                                     variant=variant, backend="torch")
+        loss.backward()
+        return zz.grad
+    return step
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rev", required=True, help="the git revision to compare with (old)")
+    p.add_argument("--n", type=int, default=6000)
+    p.add_argument("--d", type=int, default=64)
+    p.add_argument("--levels", type=int, choices=(1, 3), default=1)
+    p.add_argument("--variant", choices=("exact", "official"), default="official")
+    p.add_argument("--tau", type=float, default=0.1)
+    p.add_argument("--regimes", nargs="+", choices=REGIMES, default=["relu", "randn"])
+    p.add_argument("--rounds", type=int, default=11)
+    p.add_argument("--exact", action="store_true",
+                   help="also time this checkout's exact variant (new / exact ratios)")
+    args = p.parse_args(argv)
+    if args.n < 1 or args.d < 1 or args.rounds < 2:
+        p.error("--n and --d must be positive and --rounds at least 2")
+    with tempfile.TemporaryDirectory(prefix="version_ab-") as tmp:
+        unpack_revision(args.rev, Path(tmp))
+        sys.path.insert(0, tmp)
+        try:
+            old_pkg = __import__(REV_NAME)
+        finally:
+            sys.path.remove(tmp)
+        print(f"load average {os.getloadavg()}, {torch.get_num_threads()} threads, old = "
+              f"{args.rev}, new = this checkout, N {args.n}, d {args.d}, L {args.levels}, "
+              f"{args.variant}, tau {args.tau:g}, {args.rounds} rounds (first dropped)",
+              flush=True)
+        for regime in args.regimes:
+            z, ys, ps = make_case(regime, args.n, args.d, args.levels)
+            steps = {"old": loss_step(old_pkg, z, ys, ps, args.tau, args.variant),
+                     "new": loss_step(hiertail_fast, z, ys, ps, args.tau, args.variant),
+                     "floor+exp": floor_step(z, ps, with_exp=True)}
+            if args.exact:
+                steps["exact"] = loss_step(hiertail_fast, z, ys, ps, args.tau, "exact")
+            g_old, g_new = steps["old"](), steps["new"]()
+            diff = float((g_old - g_new).abs().max() / g_old.abs().max().clamp(min=1e-30))
+            times = {name: [] for name in steps}
+            for r in range(args.rounds):
+                for name, fn in steps.items():
+                    start = time.perf_counter()
+                    fn()
+                    if r:                                   # the first round warms up
+                        times[name].append(time.perf_counter() - start)
+            med = {k: statistics.median(v) for k, v in times.items()}
+            line = (f"{regime:10s} old {med['old']:.4f} s  new {med['new']:.4f} s  "
+                    f"floor+exp {med['floor+exp']:.4f} s  new/old {med['new'] / med['old']:.3f}"
+                    f"  grad diff {diff:.1e}")
+            if args.exact:
+                line += (f"  exact {med['exact']:.4f} s  new/exact "
+                         f"{med['new'] / med['exact']:.3f}")
+            print(line, flush=True)
+    print(f"load average {os.getloadavg()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
