@@ -130,19 +130,24 @@ def _switches(baseline: Path | None = None):
             "checkout": set_checkout}
 
 
+def add_case_arguments(p: argparse.ArgumentParser, levels: int, rounds: int) -> None:
+    """The loss case and the rounds (shared with ``version_ab.py``)."""
+    p.add_argument("--n", type=int, default=6000)
+    p.add_argument("--d", type=int, default=64)
+    p.add_argument("--levels", type=int, choices=(1, 3), default=levels)
+    p.add_argument("--variant", choices=("exact", "official"), default="official")
+    p.add_argument("--tau", type=float, default=0.1)
+    p.add_argument("--regimes", nargs="+", choices=REGIMES, default=["relu", "randn"])
+    p.add_argument("--rounds", type=int, default=rounds)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--switch", choices=("fold", "weights", "rest", "all", "native", "blockexp",
                                                  "posthreads", "checkout"),
                    required=True)
     p.add_argument("--baseline", type=Path, help="--switch checkout: the other checkout")
-    p.add_argument("--n", type=int, default=6000)
-    p.add_argument("--d", type=int, default=64)
-    p.add_argument("--levels", type=int, choices=(1, 3), default=3)
-    p.add_argument("--variant", choices=("exact", "official"), default="official")
-    p.add_argument("--tau", type=float, default=0.1)
-    p.add_argument("--regimes", nargs="+", choices=REGIMES, default=["relu", "randn"])
-    p.add_argument("--rounds", type=int, default=15)
+    add_case_arguments(p, levels=3, rounds=15)
     p.add_argument("--threads", type=int)
     p.add_argument("--exact", action="store_true",
                    help="also time the exact variant (official / exact ratios; --variant "

@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from loss_grid import REGIMES, floor_step, make_case  # noqa: E402
+from engine_ab import add_case_arguments  # noqa: E402
+from loss_grid import floor_step, make_case  # noqa: E402
 
 import hiertail_fast  # noqa: E402
 
@@ -77,13 +78,7 @@ def loss_step(pkg, z, ys, ps, tau: float, variant: str):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rev", required=True, help="the git revision to compare with (old)")
-    p.add_argument("--n", type=int, default=6000)
-    p.add_argument("--d", type=int, default=64)
-    p.add_argument("--levels", type=int, choices=(1, 3), default=1)
-    p.add_argument("--variant", choices=("exact", "official"), default="official")
-    p.add_argument("--tau", type=float, default=0.1)
-    p.add_argument("--regimes", nargs="+", choices=REGIMES, default=["relu", "randn"])
-    p.add_argument("--rounds", type=int, default=11)
+    add_case_arguments(p, levels=1, rounds=11)
     p.add_argument("--exact", action="store_true",
                    help="also time this checkout's exact variant (new / exact ratios)")
     args = p.parse_args(argv)

@@ -174,3 +174,15 @@ def data_dir() -> Path:
     if not DATA_DIR.is_dir():
         pytest.skip(f"shared datasets not found at {DATA_DIR}")
     return DATA_DIR
+
+
+@pytest.fixture
+def fresh_native(monkeypatch, tmp_path):
+    """The C kernels' builder with a private build cache and no library loaded yet in this
+    process (``hiertail_fast.ops._native``)."""
+    import hiertail_fast.ops._native as native_mod
+
+    monkeypatch.setattr(native_mod, "_LOADED", {})
+    monkeypatch.setenv("HIERTAIL_NATIVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("HIERTAIL_NATIVE", raising=False)
+    return tmp_path / "cache"

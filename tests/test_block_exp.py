@@ -161,24 +161,16 @@ def test_rows_split_over_threads_bit_for_bit(threads):
         assert torch.equal(x, y)
 
 
-@pytest.fixture
-def fresh(monkeypatch, tmp_path):
-    monkeypatch.setattr(native_mod, "_LOADED", {})
-    monkeypatch.setenv("HIERTAIL_NATIVE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("HIERTAIL_NATIVE", raising=False)
-    return tmp_path / "cache"
-
-
-def test_no_openmp_runtime_means_the_serial_build(fresh, monkeypatch):
+def test_no_openmp_runtime_means_the_serial_build(fresh_native, monkeypatch):
     """Without an OpenMP runtime in the process (or when the -fopenmp build fails to build or
     load) the serial build of the same file serves, without a warning, with the same results."""
     _kernel()
     monkeypatch.setattr(native_mod, "_LOADED", {})
-    monkeypatch.setenv("HIERTAIL_NATIVE_CACHE", str(fresh / "other"))
+    monkeypatch.setenv("HIERTAIL_NATIVE_CACHE", str(fresh_native / "other"))
     monkeypatch.setattr(native_mod, "openmp_runtime", lambda: None)
     lib = native_mod.load("_block_exp", openmp=True)
     assert lib is not None and lib.threaded is False
-    assert [p.name for p in (fresh / "other").iterdir() if "-omp-" in p.name] == []
+    assert [p.name for p in (fresh_native / "other").iterdir() if "-omp-" in p.name] == []
     monkeypatch.setattr(native_mod, "_LOADED", {})
     monkeypatch.setattr(native_mod, "openmp_runtime", lambda: "/nonexistent/libgomp.so.1")
     real_build = native_mod._build

@@ -20,15 +20,6 @@ from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS
 from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
 
 
-@pytest.fixture
-def fresh(monkeypatch, tmp_path):
-    """A private build cache and no library loaded yet in this process."""
-    monkeypatch.setattr(native_mod, "_LOADED", {})
-    monkeypatch.setenv("HIERTAIL_NATIVE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("HIERTAIL_NATIVE", raising=False)
-    return tmp_path / "cache"
-
-
 def _lib():
     lib = native_mod.load("_positive_blocks")
     if lib is None:
@@ -38,10 +29,10 @@ def _lib():
     return lib
 
 
-def test_build_is_cached_and_reused(fresh, monkeypatch):
+def test_build_is_cached_and_reused(fresh_native, monkeypatch):
     lib = _lib()
-    built = list(fresh.glob("_positive_blocks-*.so"))
-    assert len(built) == 1 and not list(fresh.glob("*.tmp"))
+    built = list(fresh_native.glob("_positive_blocks-*.so"))
+    assert len(built) == 1 and not list(fresh_native.glob("*.tmp"))
     assert native_mod.load("_positive_blocks") is lib              # once per process
     monkeypatch.setattr(native_mod, "_LOADED", {})
 
@@ -52,7 +43,7 @@ def test_build_is_cached_and_reused(fresh, monkeypatch):
     assert native_mod.load("_positive_blocks") is not None         # a new process: the cache
 
 
-def test_unwritable_cache_falls_back_to_the_temp_dir(fresh, monkeypatch, tmp_path):
+def test_unwritable_cache_falls_back_to_the_temp_dir(fresh_native, monkeypatch, tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
     monkeypatch.setenv("HIERTAIL_NATIVE_CACHE", str(blocker / "cache"))
@@ -61,7 +52,7 @@ def test_unwritable_cache_falls_back_to_the_temp_dir(fresh, monkeypatch, tmp_pat
     assert len(list((tmp_path / "tmp").glob("hiertail_fast-native-*/_positive_blocks-*.so"))) == 1
 
 
-def test_switched_off_and_no_compiler(fresh, monkeypatch):
+def test_switched_off_and_no_compiler(fresh_native, monkeypatch):
     monkeypatch.setenv("HIERTAIL_NATIVE", "0")
     assert native_mod.load("_positive_blocks") is None
     assert blocks_mod.native_kernel(torch.float32) is None
@@ -69,10 +60,10 @@ def test_switched_off_and_no_compiler(fresh, monkeypatch):
     monkeypatch.setattr(native_mod, "_LOADED", {})
     monkeypatch.setattr(native_mod, "compiler", lambda: None)
     assert native_mod.load("_positive_blocks") is None
-    assert not fresh.exists() or not list(fresh.iterdir())          # nothing was built
+    assert not fresh_native.exists() or not list(fresh_native.iterdir())      # nothing built
 
 
-def test_failing_compiler_warns_once_and_leaves_nothing(fresh, monkeypatch, tmp_path):
+def test_failing_compiler_warns_once_and_leaves_nothing(fresh_native, monkeypatch, tmp_path):
     fake = tmp_path / "badcc"
     fake.write_text("#!/bin/sh\necho 'badcc: cannot compile' >&2\nexit 1\n")
     fake.chmod(0o755)
@@ -80,7 +71,7 @@ def test_failing_compiler_warns_once_and_leaves_nothing(fresh, monkeypatch, tmp_
     with pytest.warns(RuntimeWarning, match="badcc: cannot compile"):
         assert native_mod.load("_positive_blocks") is None
     assert native_mod.load("_positive_blocks") is None              # no second try, no warning
-    assert not list(fresh.iterdir())                                # no half-written file
+    assert not list(fresh_native.iterdir())                                # no half-written file
 
 
 def test_kernel_log_within_two_ulp():

@@ -16,18 +16,11 @@
  */
 #include <stdint.h>
 
+#include "_native_omp.h"
+
 #define ARG_CHUNK 64
 /* below this many entries a block runs on one thread (a fork costs a few us) */
 #define PARALLEL_MIN_ENTRIES 32768
-#ifdef _OPENMP                     /* the -fopenmp build (``_native.py``): torch's threads */
-int omp_get_num_threads(void);
-int omp_get_thread_num(void);
-#define NUM_THREADS() omp_get_num_threads()
-#define THREAD_NUM() omp_get_thread_num()
-#else
-#define NUM_THREADS() 1
-#define THREAD_NUM() 0
-#endif
 
 /* exp(x) for x in [-87, 0]: x = n ln2 + r, |r| <= ln2 / 2 (n rounded with the 1.5 * 2^23
  * trick, ln2 in two parts so n ln2 is exact enough), exp(r) by Cephes' degree-6 polynomial,

@@ -81,7 +81,8 @@ def _build(source: Path, cc: str, openmp: bool = False) -> Path:
     ``openmp``: compiled with -fopenmp, linked without a runtime (GOMP symbols left undefined,
     resolved at load time from the runtime torch loaded; ``openmp_runtime``)."""
     key = hashlib.sha256()
-    for part in (source.read_bytes(), cc.encode(), " ".join(FLAGS).encode(),
+    headers = [h.read_bytes() for h in sorted(source.parent.glob("*.h"))]   # it may include
+    for part in (source.read_bytes(), *headers, cc.encode(), " ".join(FLAGS).encode(),
                  _cpu_signature().encode(), b"openmp" if openmp else b""):
         key.update(part)
     name = f"{source.stem}{'-omp' if openmp else ''}-{key.hexdigest()[:16]}.so"

@@ -27,19 +27,9 @@
 
 #define MAX_LEVELS 16
 
-/* Threads: built with -fopenmp by ``_native.load(..., openmp=True)``, the row loop runs on
- * torch's OpenMP threads when the block has at least min_entries entries in its ranges (rows
- * are independent: the result is the same bit for bit on any thread count); the serial build
- * ignores the pragmas. Both return the number of threads that ran. */
-#ifdef _OPENMP
-int omp_get_num_threads(void);
-int omp_get_thread_num(void);
-#define NUM_THREADS() omp_get_num_threads()
-#define THREAD_NUM() omp_get_thread_num()
-#else
-#define NUM_THREADS() 1
-#define THREAD_NUM() 0
-#endif
+/* Threads (_native_omp.h): the row loop runs on torch's OpenMP threads when the block has at
+ * least min_entries entries in its ranges; the kernel returns the number of threads that ran. */
+#include "_native_omp.h"
 
 /* Natural log for a in [2^-126, 2^127] (normal, positive): a = 2^e * (1 + m), m in [-1/3, 1/3),
  * log(1 + m) = m - m^2/2 + m^3 P(m), P of degree 8 fitted to log1p on that interval (relative
