@@ -141,6 +141,22 @@ def add_case_arguments(p: argparse.ArgumentParser, levels: int, rounds: int) -> 
     p.add_argument("--rounds", type=int, default=rounds)
 
 
+def round_robin_medians(steps: dict, rounds: int, before=None) -> dict:
+    """Median seconds per step over ``rounds`` rounds, each round calling every step once in
+    turn (the first round warms up and is dropped); ``before(name)`` runs untimed before each
+    step (e.g. a path switch). Shared with ``version_ab.py``."""
+    times = {name: [] for name in steps}
+    for r in range(rounds):
+        for name, fn in steps.items():
+            if before is not None:
+                before(name)
+            start = time.perf_counter()
+            fn()
+            if r:
+                times[name].append(time.perf_counter() - start)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--switch", choices=("fold", "weights", "rest", "all", "native", "blockexp",
@@ -165,6 +181,11 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     set_path = _switches(args.baseline)[args.switch]
+
+    def switch_for(name: str) -> None:            # the old / new path before its step
+        if name in ("old", "new"):
+            set_path(name == "new")
+
     print(f"load average {os.getloadavg()}, {torch.get_num_threads()} threads, "
           f"switch {args.switch}, N {args.n}, d {args.d}, L {args.levels}, {args.variant}, "
           f"tau {args.tau:g}, {args.rounds} rounds (first dropped)"
@@ -176,16 +197,7 @@ def main(argv=None) -> int:
             steps = {"old": step, "new": step, "floor+exp": floor_step(z, ps, with_exp=True)}
             if args.exact:
                 steps["exact"] = loss_step(args.exact_backend, z, ys, ps, args.tau, "exact")
-            times = {name: [] for name in steps}
-            for r in range(args.rounds):
-                for name, fn in steps.items():
-                    if name in ("old", "new"):
-                        set_path(name == "new")
-                    start = time.perf_counter()
-                    fn()
-                    if r:                                   # the first round warms up
-                        times[name].append(time.perf_counter() - start)
-            med = {k: statistics.median(v) for k, v in times.items()}
+            med = round_robin_medians(steps, args.rounds, before=switch_for)
             line = (f"{regime:10s} old {med['old']:.4f} s  new {med['new']:.4f} s  "
                     f"floor+exp {med['floor+exp']:.4f} s  new/old {med['new'] / med['old']:.3f}")
             if args.exact:

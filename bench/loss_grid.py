@@ -278,10 +278,6 @@ def _spread_cols(values: list[float], limit: float) -> str:
             f"{sum(x > limit for x in values)}")
 
 
-def _loaded(name: str) -> bool:
-    return native_mod.load(name, openmp=True) is not None
-
-
 def _native_words(meta: dict) -> str:
     """Whether the CPU engine ran with its C kernels (runs before they existed: nothing)."""
     if "native_kernels" not in meta:
@@ -342,10 +338,10 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     records = run_grid(args)
     after = load_average()
+    kernels = [native_mod.load(name, openmp=True) for name in ("_positive_blocks", "_block_exp")]
     meta = dict(device=device_name(), torch=torch.__version__, threads=torch.get_num_threads(),
-                native_kernels=_loaded("_positive_blocks") and _loaded("_block_exp"),
-                native_threads=bool(_loaded("_block_exp")
-                                    and native_mod.load("_block_exp", openmp=True).threaded),
+                native_kernels=all(lib is not None for lib in kernels),
+                native_threads=all(lib is not None and lib.threaded for lib in kernels),
                 rounds=args.rounds, order=args.order, load_average_before=before,
                 load_average_after=after,
                 wall_s=time.perf_counter() - start, argv=sys.argv[1:] if argv is None else argv)

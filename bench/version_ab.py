@@ -20,19 +20,17 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from io import BytesIO
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_ab import add_case_arguments  # noqa: E402
+from engine_ab import add_case_arguments, round_robin_medians  # noqa: E402
 from loss_grid import floor_step, make_case  # noqa: E402
 
 import hiertail_fast  # noqa: E402
@@ -104,14 +102,7 @@ def main(argv=None) -> int:
                 steps["exact"] = loss_step(hiertail_fast, z, ys, ps, args.tau, "exact")
             g_old, g_new = steps["old"](), steps["new"]()
             diff = float((g_old - g_new).abs().max() / g_old.abs().max().clamp(min=1e-30))
-            times = {name: [] for name in steps}
-            for r in range(args.rounds):
-                for name, fn in steps.items():
-                    start = time.perf_counter()
-                    fn()
-                    if r:                                   # the first round warms up
-                        times[name].append(time.perf_counter() - start)
-            med = {k: statistics.median(v) for k, v in times.items()}
+            med = round_robin_medians(steps, args.rounds)
             line = (f"{regime:10s} old {med['old']:.4f} s  new {med['new']:.4f} s  "
                     f"floor+exp {med['floor+exp']:.4f} s  new/old {med['new'] / med['old']:.3f}"
                     f"  grad diff {diff:.1e}")
