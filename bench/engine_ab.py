@@ -18,23 +18,19 @@ between a path the library takes and one it keeps (or reproduces) for comparison
                 threads (``_block_exp.c``, new) vs the six torch passes it replaces
     posthreads  the positives kernel's rows on torch's OpenMP threads for blocks with at least
                 PARALLEL_MIN_ENTRIES entries (new) vs one thread per call
-    checkout    the official positives (``_positive_blocks.BlockPositives``) of another checkout
-                given by --baseline (e.g. a git worktree of an earlier commit; calls adapted to
-                its older signature where needed) vs this one's, with this checkout's engine
 
     python bench/engine_ab.py --switch weights --levels 3 --variant official --rounds 15
     python bench/engine_ab.py --switch fold --levels 1 --variant official --regimes relu randn
     python bench/engine_ab.py --switch native --levels 3 --exact     (+ the exact variant's time)
-    git worktree add --detach /tmp/base HEAD~1 && \
-        python bench/engine_ab.py --switch checkout --baseline /tmp/base --levels 3
+
+A change that leaves no old path to switch to is measured against the package at an earlier git
+revision, with that revision's own C kernels: ``bench/version_ab.py``.
 
 Run it on an idle machine (record the load average; it is printed).
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import inspect
 import os
 import statistics
 import sys
@@ -49,44 +45,13 @@ from loss_grid import REGIMES, floor_step, loss_step, make_case  # noqa: E402
 import hiertail_fast.ops._block_exp as block_mod  # noqa: E402
 import hiertail_fast.ops._lse_torch as lse_mod  # noqa: E402
 import hiertail_fast.ops._positive_blocks as blocks_mod  # noqa: E402
-import hiertail_fast.ops.balanced_contrastive_loss as loss_mod  # noqa: E402
 
 
 def _mm_level_weights(a, w, out):
     return torch.mm(a.t(), w, out=out)
 
 
-def checkout_positives(checkout: Path):
-    """``BlockPositives`` of another checkout, loaded from its file under another module name.
-    Before the visiting-order rewrite its block calls took the block's rows, not its slice p:
-    adapted here (rows = order[p]; no ``finish`` step)."""
-    path = Path(checkout) / "hiertail_fast" / "ops" / "_positive_blocks.py"
-    if not path.is_file():
-        raise FileNotFoundError(f"--baseline {checkout}: no {path}")
-    spec = importlib.util.spec_from_file_location("_baseline_positive_blocks", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    cls = mod.BlockPositives
-    if "p" in inspect.signature(cls.common_block).parameters:
-        return cls
-
-    class Adapted(cls):
-        def common_block(self, p, *a, **k):
-            return super().common_block(*a, **k)
-
-        def rest_block(self, p, *a, **k):
-            return super().rest_block(*a, **k)
-
-        def coef_max(self, p):
-            return super().coef_max(self.order[p])
-
-        def finish(self):
-            pass
-
-    return Adapted
-
-
-def _switches(baseline: Path | None = None):
+def _switches():
     real_weights = lse_mod.level_weights
     real_const = blocks_mod._constant_per_group
     real_rest = blocks_mod.BlockPositives._rest_columns
@@ -119,15 +84,8 @@ def _switches(baseline: Path | None = None):
     def set_posthreads(new: bool):
         blocks_mod.PARALLEL_MIN_ENTRIES = real_min_entries if new else 1 << 62
 
-    real_positives = loss_mod.BlockPositives
-    old_positives = checkout_positives(baseline) if baseline is not None else None
-
-    def set_checkout(new: bool):
-        loss_mod.BlockPositives = real_positives if new else old_positives
-
     return {"weights": set_weights, "fold": set_fold, "rest": set_rest, "all": set_all,
-            "native": set_native, "blockexp": set_block, "posthreads": set_posthreads,
-            "checkout": set_checkout}
+            "native": set_native, "blockexp": set_block, "posthreads": set_posthreads}
 
 
 def add_case_arguments(p: argparse.ArgumentParser, levels: int, rounds: int) -> None:
@@ -160,9 +118,7 @@ def round_robin_medians(steps: dict, rounds: int, before=None) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--switch", choices=("fold", "weights", "rest", "all", "native", "blockexp",
-                                                 "posthreads", "checkout"),
-                   required=True)
-    p.add_argument("--baseline", type=Path, help="--switch checkout: the other checkout")
+                                        "posthreads"), required=True)
     add_case_arguments(p, levels=3, rounds=15)
     p.add_argument("--threads", type=int)
     p.add_argument("--exact", action="store_true",
@@ -174,13 +130,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.n < 1 or args.d < 1 or args.rounds < 2:
         p.error("--n and --d must be positive and --rounds at least 2")
-    if (args.switch == "checkout") != (args.baseline is not None):
-        p.error("--baseline goes with --switch checkout (and it needs one)")
     if args.exact and args.variant != "official":
         p.error("--exact compares the official variant with the exact one: --variant official")
     if args.threads:
         torch.set_num_threads(args.threads)
-    set_path = _switches(args.baseline)[args.switch]
+    set_path = _switches()[args.switch]
 
     def switch_for(name: str) -> None:            # the old / new path before its step
         if name in ("old", "new"):

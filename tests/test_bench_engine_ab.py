@@ -60,61 +60,12 @@ def test_bad_arguments_exit_with_a_message():
         engine_ab.main(["--switch", "fold", "--rounds", "1"])
 
 
-def test_switch_checkout_swaps_the_positives_class_and_restores(capsys, monkeypatch):
-    """--switch checkout --baseline <this checkout>: the loss really builds the other
-    checkout's BlockPositives in the old rounds, and the library's own class after."""
-    import hiertail_fast.ops.balanced_contrastive_loss as loss_mod
-
-    root = Path(__file__).resolve().parents[1]
-    built = []
-    real_init = blocks_mod.BlockPositives.__init__
-
-    def spy_init(self, *a, **k):
-        built.append(type(self).__module__)
-        real_init(self, *a, **k)
-
-    monkeypatch.setattr(blocks_mod.BlockPositives, "__init__", spy_init)
-    assert engine_ab.main(["--switch", "checkout", "--baseline", str(root), "--levels", "3",
-                           "--n", "150", "--d", "8", "--rounds", "2", "--regimes", "relu"]) == 0
-    assert "new/old" in capsys.readouterr().out
-    # 2 rounds x (old, new): the other checkout's class (another module) never reaches the spy
-    assert built == ["hiertail_fast.ops._positive_blocks"] * 2
-    assert loss_mod.BlockPositives is blocks_mod.BlockPositives
-
-
-def test_checkout_positives_adapts_the_older_block_signature(tmp_path):
-    """A checkout from before the visiting-order rewrite (block calls took the rows): the
-    adapter passes rows = order[p] and drops p."""
-    ops = tmp_path / "hiertail_fast" / "ops"
-    ops.mkdir(parents=True)
-    (ops / "_positive_blocks.py").write_text(
-        "class BlockPositives:\n"
-        "    def __init__(self, order):\n"
-        "        self.order, self.seen = order, []\n"
-        "    def common_block(self, rows, e, m_c, max_b, arg_b, target=None, inv_norm=1.0):\n"
-        "        self.seen.append(('common', rows))\n"
-        "    def rest_block(self, rows, ridx, s_r, max_b, arg_b, want_grad):\n"
-        "        self.seen.append(('rest', rows))\n"
-        "    def coef_max(self, rows):\n"
-        "        return float(rows.sum())\n")
-    cls = engine_ab.checkout_positives(tmp_path)
-    obj = cls(torch.tensor([4, 2, 0, 1, 3]))
-    rows = obj.order[1:3]
-    obj.common_block(slice(1, 3), rows, None, None, None, None)
-    obj.rest_block(slice(1, 3), rows, None, None, None, None, True)
-    assert [kind for kind, _ in obj.seen] == ["common", "rest"]
-    assert all(r is rows for _, r in obj.seen)
-    assert obj.coef_max(slice(1, 3)) == 2.0            # rows order[1:3] = [2, 0]
-    obj.finish()
-    with pytest.raises(FileNotFoundError, match="--baseline"):
-        engine_ab.checkout_positives(tmp_path / "nowhere")
-
-
-def test_checkout_switch_needs_its_baseline():
+def test_the_checkout_switch_is_gone():
+    """Replaced by ``version_ab.py`` (the other revision with its own C kernels: an older
+    ``_positive_blocks.py`` against this checkout's kernel would call it with another
+    argument list)."""
     with pytest.raises(SystemExit):
         engine_ab.main(["--switch", "checkout"])
-    with pytest.raises(SystemExit):
-        engine_ab.main(["--switch", "fold", "--baseline", "."])
 
 
 def test_switch_native_swaps_the_kernel_and_times_exact(capsys, monkeypatch):

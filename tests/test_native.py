@@ -100,31 +100,32 @@ def _numpy_positives(x, target, lo, hi, self_col, coef, fac, cut, eps):
     q = np.zeros((levels, rows))
     tgt = None if target is None else target.astype(np.float64)
     for i in range(rows):
-        f = 1.0 if fac is None else float(fac[i])
         for j in range(x.shape[1]):
             if self_col is not None and j == self_col[i]:
                 continue
             members = [k for k in range(levels) if lo[k, i] <= j < hi[k, i]]
-            if not members:
-                continue
-            v = float(x[i, j]) * f
-            v = v if v > cut else 0.0
-            qq = v / (v + eps)
+            xv = float(x[i, j])                      # read before any write (aliasing)
             for k in members:
+                v = xv * (1.0 if fac is None else float(fac[k, i]))
+                v = v if v > cut else 0.0
+                qq = v / (v + eps)
                 t[k, i] += np.log(v + eps)
                 q[k, i] += qq
-            if tgt is not None:
-                tgt[i, j] += sum(float(coef[k, i]) for k in members) * qq
+                if tgt is not None:
+                    tgt[i, j] += float(coef[k, i]) * qq
     return t, q, tgt
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("case", ["nested", "overlapping", "factor", "aliased"])
+@pytest.mark.parametrize("case", ["nested", "overlapping", "factor", "aliased",
+                                  "level_factors", "aliased_level_factors"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_positives_kernel_against_numpy(dtype, case, threads):
     """Ragged per-row ranges (empty ones included), nested levels (shared entries), ranges that
     overlap without nesting, own keys inside and outside the ranges, a per-row factor with the
-    cut-off, and the target aliasing x (the folded gradient block); on one thread and with the
+    cut-off, the target aliasing x (the folded gradient block), and per-level factors on nested
+    levels (1 at some levels, one value shared by two, another at the third: entries read once
+    per distinct factor; aliased: once for all, before the write); on one thread and with the
     rows split over two (min_entries 0)."""
     _lib()
     kernel = blocks_mod.native_kernel(dtype)
@@ -134,7 +135,7 @@ def test_positives_kernel_against_numpy(dtype, case, threads):
     x[:, ::7] = 0.0                                   # exact zeros (cut-off entries)
     lo = torch.randint(0, cols, (levels, rows), generator=gen)
     width = torch.randint(0, 40, (levels, rows), generator=gen)
-    if case == "nested":                              # each level inside the one before
+    if case in ("nested", "level_factors", "aliased_level_factors"):   # each inside the last
         for k in range(1, levels):
             lo[k] = torch.minimum(lo[k - 1] + width[k] // 4, torch.full_like(lo[k], cols))
             width[k] = torch.clamp(width[k - 1] - width[k] // 4 - 2, min=0)
@@ -143,9 +144,18 @@ def test_positives_kernel_against_numpy(dtype, case, threads):
     self_col = torch.randint(-1, cols, (rows,), generator=gen)
     self_col[5:15] = lo[0, 5:15]                      # own key at a range's first column
     coef = torch.randn(levels, rows, generator=gen, dtype=dtype)
-    fac = torch.rand(rows, generator=gen, dtype=dtype) * 1e-10 if case == "factor" else None
-    cut = 1e-15 if case == "factor" else 0.0
-    target = x.clone() if case != "aliased" else x     # aliased: written in place
+    fac, cut = None, 0.0
+    if case == "factor":
+        fac, cut = torch.rand(1, rows, generator=gen, dtype=dtype) * 1e-10, 1e-15
+    elif case in ("level_factors", "aliased_level_factors"):
+        fac = torch.ones(levels, rows, dtype=dtype)
+        odd = torch.rand(rows, generator=gen, dtype=dtype) * 0.9
+        fac[1, 10:25] = odd[10:25]                     # levels 1 and 2 share a factor < 1
+        fac[2, 10:25] = odd[10:25]
+        fac[0, 20:30] = odd[20:30] * 1e-3              # a third one (rows 20..24: all differ)
+        fac[2, 30:] = odd[30:] * 1e-7
+        cut = 1e-9
+    target = x if case.startswith("aliased") else x.clone()   # aliased: written in place
     x_np = x.numpy().copy()
     want_t, want_q, want_tg = _numpy_positives(
         x_np, target.numpy().copy(), lo.numpy(), hi.numpy(), self_col.numpy(), coef.numpy(),
@@ -154,8 +164,8 @@ def test_positives_kernel_against_numpy(dtype, case, threads):
     q_out = torch.zeros_like(t_out)
     ran = kernel(threads, 0, rows, levels, x.data_ptr(), cols, target.data_ptr(), cols,
                  lo.data_ptr(), hi.data_ptr(), rows, self_col.data_ptr(), coef.data_ptr(), rows,
-                 OFFICIAL_EPS, None if fac is None else fac.data_ptr(), cut, t_out.data_ptr(),
-                 q_out.data_ptr(), rows)
+                 OFFICIAL_EPS, None if fac is None else fac.data_ptr(), rows, cut,
+                 t_out.data_ptr(), q_out.data_ptr(), rows)
     assert ran == (threads if native_mod.load("_positive_blocks", openmp=True).threaded else 1)
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=2e-6, atol=2e-6)
     np.testing.assert_allclose(t_out.double().numpy(), want_t, **tol)
@@ -187,11 +197,13 @@ def test_more_levels_than_the_kernel_takes_use_the_torch_path():
 @settings(max_examples=60, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))
 @given(rows=st.integers(1, 9), cols=st.integers(1, 70), levels=st.integers(1, 4),
-       seed=st.integers(0, 2**31 - 1), with_target=st.booleans(), with_self=st.booleans(),
+       seed=st.integers(0, 2**31 - 1), with_target=st.sampled_from([None, "copy", "alias"]),
+       with_self=st.booleans(),
        with_fac=st.booleans(), f64=st.booleans())
 def test_positives_kernel_fuzz(rows, cols, levels, seed, with_target, with_self, with_fac, f64):
-    """Random shapes, ranges (empty, full, partial, overlapping), own keys, factors and
-    dtypes, the forward-only call (no target) included: the kernel against the numpy loop."""
+    """Random shapes, ranges (empty, full, partial, overlapping), own keys, per-level factors
+    and dtypes, the forward-only call (no target) and a target aliasing x included: the kernel
+    against the numpy loop."""
     _lib()
     dtype = torch.float64 if f64 else torch.float32
     kernel = blocks_mod.native_kernel(dtype)
@@ -202,9 +214,11 @@ def test_positives_kernel_fuzz(rows, cols, levels, seed, with_target, with_self,
                        torch.full_like(lo, cols))
     self_col = torch.randint(-1, cols, (rows,), generator=gen) if with_self else None
     coef = torch.randn(levels, rows, generator=gen, dtype=dtype)
-    fac = torch.rand(rows, generator=gen, dtype=dtype) if with_fac and levels == 1 else None
+    fac = torch.rand(levels, rows, generator=gen, dtype=dtype) if with_fac else None
+    if fac is not None:
+        fac[:, ::2] = 1.0                              # f = 1 at some (level, row) pairs
     cut = 1e-3 if fac is not None else 0.0
-    target = x.clone() * 2 if with_target else None
+    target = {None: None, "copy": x.clone() * 2, "alias": x}[with_target]
     want_t, want_q, want_tg = _numpy_positives(
         x.numpy(), None if target is None else target.numpy().copy(), lo.numpy(), hi.numpy(),
         None if self_col is None else self_col.numpy(), coef.numpy(),
@@ -216,8 +230,8 @@ def test_positives_kernel_fuzz(rows, cols, levels, seed, with_target, with_self,
            cols if target is not None else 0, lo.data_ptr(), hi.data_ptr(), rows,
            None if self_col is None else self_col.data_ptr(),
            coef.data_ptr() if target is not None else None, rows, OFFICIAL_EPS,
-           None if fac is None else fac.data_ptr(), cut, t_out.data_ptr(), q_out.data_ptr(),
-           rows)
+           None if fac is None else fac.data_ptr(), rows, cut, t_out.data_ptr(),
+           q_out.data_ptr(), rows)
     tol = dict(rtol=1e-12, atol=1e-12) if f64 else dict(rtol=2e-6, atol=2e-6)
     np.testing.assert_allclose(t_out.double().numpy(), want_t, **tol)
     np.testing.assert_allclose(q_out.double().numpy(), want_q, **tol)

@@ -44,9 +44,9 @@ def _spy_kernel(monkeypatch):
     calls = []
     real = BlockPositives._kernel
 
-    def spy(self, p, e, target, lo, hi, coef, fac, level=0):
-        calls.append(fac)
-        return real(self, p, e, target, lo, hi, coef, fac, level)
+    def spy(self, p, e, target, lo, hi, coef, fac):
+        calls.append((p, fac))
+        return real(self, p, e, target, lo, hi, coef, fac)
 
     monkeypatch.setattr(BlockPositives, "_kernel", spy)
     return calls
@@ -281,10 +281,17 @@ def test_three_nested_levels_share_the_top_slices_float64(monkeypatch, engine_pa
         torch.testing.assert_close(ours(z, protos), want[0], rtol=1e-9, atol=1e-11)
     if engine_path == "torch":
         assert runs and all(sorted(chain) == [0, 1, 2] and chain[0] == 2 for chain in runs)
-    else:                       # one kernel call per block shares the entries of all levels
+    else:       # ONE kernel call per block and pass shares the entries of all levels
         assert not runs and kernels
-        if proto_norm:          # rows whose max is a prototype: x = e f in per-level calls
-            assert any(fac is not None for fac in kernels)
+        blocks = [(p.start, p.stop) for p, _ in kernels]
+        assert len(set(blocks)) < len(blocks) == 2 * len(set(blocks))   # fused + no_grad
+        facs = [fac for _, fac in kernels if fac is not None]
+        if proto_norm:          # rows whose max is a prototype: x = e f, f < 1 at that level
+            assert facs and all(f.shape[0] == 3 for f in facs)
+            # some row has f < 1 at one level and f = 1 at another: two factor groups
+            assert any(bool(((f < 1).any(0) & (f == 1).any(0)).any()) for f in facs)
+        else:
+            assert not facs
 
 
 def test_chain_takes_only_the_levels_nested_in_the_top_one(engine_path):

@@ -270,10 +270,16 @@ def _engine(
                 p_r += pos_r
             dz[rows] += torch.mm(p_r, zr).mul_(scale)
             key_r.addmm_(p_r.t(), zb)
+    rest_pairs = None
     if positives is not None:
-        positives.finish()
+        rest_pairs = positives.finish(rowmax, argmax, grad)
     if not grad:
         return lse, rowmax, argmax, None
+    if rest_pairs is not None:          # the official positives with a level-specific key
+        i, j, c = rest_pairs            # (one per row and level): c_i q_ij on s_ij
+        c = c.to(z.dtype)[:, None]
+        dz.index_add_(0, i, c * z[j], alpha=scale)
+        dz.index_add_(0, j, c * z[i], alpha=scale)
     if folded:
         key_c.mul_(wc[0][:, None])
     if cidx is None:

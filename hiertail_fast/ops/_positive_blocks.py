@@ -72,7 +72,7 @@ def native_kernel(dtype: torch.dtype):
     if fn.argtypes is None:
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         fn.argtypes = [i64, i64, i64, i64, ptr, i64, ptr, i64, ptr, ptr, i64, ptr, ptr, i64,
-                       ctypes.c_double, ptr, ctypes.c_double, ptr, ptr, i64]
+                       ctypes.c_double, ptr, i64, ctypes.c_double, ptr, ptr, i64]
         fn.restype = i64                  # the number of threads that ran
     return fn
 
@@ -146,6 +146,7 @@ class BlockPositives:
         self._scale = scale
         self._tie_unit = None
         self._rest_map = None
+        self._rest_pj = None            # the one-each rest positives (``_collect_rest``)
         # one level whose key weights are constant inside each group (w_k = 1 / class size):
         # the engine may keep w folded into its GEMM operands (``_lse_torch._engine``)
         self.foldable = n_levels == 1 and self.handled[0] and log_w is not None and bool(
@@ -261,13 +262,23 @@ class BlockPositives:
             self._work = torch.empty(2, n, dtype=x.dtype, device=x.device)
         return self._work[0, :n].view(x.shape), self._work[1, :n].view(x.shape)
 
-    def finish(self):
-        """Fold the chain levels' sums into T and Q (after the engine's pass)."""
+    def finish(self, rowmax=None, argmax=None, want_grad=False):
+        """After the engine's pass: fold the chain levels' sums into T and Q, and the rest
+        positives collected per block (``_collect_rest``; rowmax, argmax [L, N]: the pass's
+        level maxima by original row id). Returns their gradient terms (rows, keys,
+        coefficients), or None."""
         if self.chain:
             self.T_s[self.chain_idx] += self.Tc_s
             self.Q_s[self.chain_idx] += self.Qc_s
             self.Tc_s.zero_()
             self.Qc_s.zero_()
+        if self._rest_pj is None:
+            return None
+        if rowmax is None:
+            raise ValueError("rest positives were collected: finish needs the level maxima")
+        out = self._finish_rest(rowmax, argmax, want_grad)
+        self._rest_pj = None
+        return out
 
     def _tie(self, rows, row_max_b):
         """``_contrastive_pairs._tie_bound`` of the block's rows (their maxima row_max_b)."""
@@ -318,12 +329,12 @@ class BlockPositives:
             self.Q_s[lev, p] += q_row
 
     def _native_block(self, p, rows, e, m_c, f, f_one, max_b, arg_b, target, inv_norm):
-        """``common_block`` through the fused C kernel. One call for every (level, row) whose
-        max is a common key (f = 1: x = e exactly), all levels sharing each entry; one call
-        per level for the rows whose max M_i is a level-specific key (x = e f_i, f_i < 1) and
-        beyond the rounding bound of every common key (s_ij <= m_c < M_i - tie: no positive
-        can tie M_i). The few left, within the bound, take the pair lists with the tie rule
-        (``_pairs``)."""
+        """``common_block`` through the fused C kernel, ONE call for the block: every level
+        reads x = e f with its own per-row factor f = exp(m_c - M) (1 where the level's max M_i
+        is a common key, so x = e exactly; < 1 where it is a level-specific key), all levels
+        sharing each entry where their factors agree. Rows whose max is a level-specific key
+        within the rounding bound of the common max (a positive could tie M_i) are left out of
+        the call for that level and take the pair lists with the tie rule (``_pairs``)."""
         b = p.stop - p.start
         lo, hi = self.lo_s[:, p], self.hi_s[:, p]
         coef = None
@@ -333,15 +344,12 @@ class BlockPositives:
         if bool(f_one.all()):
             self._kernel(p, e, target, lo.contiguous(), hi.contiguous(), coef, None)
             return
-        self._kernel(p, e, target, lo.contiguous(), torch.where(f_one, hi, lo), coef, None)
         odd = (~f_one) & (hi > lo)          # hi > lo: a handled level, a group with common keys
         near = odd & ((m_c[None] - max_b) > -self._tie(rows, max_b))
-        far = odd & ~near
-        for lev in far.any(dim=1).nonzero().squeeze(1).tolist():
-            self._kernel(p, e, target, lo[lev:lev + 1].contiguous(),
-                         torch.where(far[lev], hi[lev], lo[lev])[None],
-                         None if coef is None else coef[lev:lev + 1],
-                         f[lev].to(e.dtype).contiguous(), lev)
+        self._kernel(p, e, target, lo.contiguous(), torch.where(near, lo, hi), coef,
+                     f.to(e.dtype).contiguous())
+        if not bool(near.any()):
+            return
         cnt = self.cnt_s[:, p]
         for lev in near.any(dim=1).nonzero().squeeze(1).tolist():
             t_row = torch.zeros(b, dtype=e.dtype, device=e.device)
@@ -352,13 +360,13 @@ class BlockPositives:
             self.T_s[lev, p] += t_row
             self.Q_s[lev, p] += q_row
 
-    def _kernel(self, p, e, target, lo, hi, coef, fac, level=0):
-        """The C kernel on block p: levels ``level`` .. ``level + len(lo) - 1``, key ranges
-        lo, hi and coefficients coef [K, b] (contiguous); fac: [b] per-row factor of x (None:
-        1). A block with at least PARALLEL_MIN_ENTRIES entries in its ranges runs its rows on
-        torch's OpenMP threads (rows are independent, so the result is the same bit for bit):
-        the kernel must not stay one thread where the torch path it replaces would use every
-        core. Returns the number of threads that ran."""
+    def _kernel(self, p, e, target, lo, hi, coef, fac):
+        """The C kernel on block p: every level, key ranges lo, hi, coefficients coef and
+        factors fac [L, b] (contiguous; fac None: 1, no cut-off). A block with at least
+        PARALLEL_MIN_ENTRIES entries in its ranges runs its rows on torch's OpenMP threads
+        (rows are independent, so the result is the same bit for bit): the kernel must not
+        stay one thread where the torch path it replaces would use every core. Returns the
+        number of threads that ran."""
         b = p.stop - p.start
         n = self.T_s.shape[1]
         assert e.stride(1) == 1 and self.T_s.is_contiguous() and hi.is_contiguous()
@@ -371,9 +379,8 @@ class BlockPositives:
             0 if target is None else target.stride(0), lo.data_ptr(), hi.data_ptr(), b,
             None if self_col is None else self_col.data_ptr(),
             None if coef is None else coef.data_ptr(), b, OFFICIAL_EPS,
-            None if fac is None else fac.data_ptr(), cut,
-            self.T_s.data_ptr() + (level * n + p.start) * osz,
-            self.Q_s.data_ptr() + (level * n + p.start) * osz, n)
+            None if fac is None else fac.data_ptr(), b, cut,
+            self.T_s.data_ptr() + p.start * osz, self.Q_s.data_ptr() + p.start * osz, n)
 
     def _runs(self, p, e, f_one, target, inv_norm):
         """The chain levels' positives of the block's rows in big top groups (``_run`` each).
@@ -523,15 +530,17 @@ class BlockPositives:
         return self._rest_map or None
 
     def rest_block(self, p, rows, ridx, s_r, max_b, arg_b, want_grad: bool):
-        """Positive pairs with a rest key; returns their gradient coefficients [b, N_r] (or
-        None). s_r = scale * z_rows . z_ridx (unshifted); p, rows as in ``common_block``."""
+        """Positive pairs with a rest key; returns their gradient coefficients [b, N_r], or
+        None (none here, or the usual case of one rest key per group: its s are collected and
+        the work runs once after the pass, in ``finish``). s_r = scale * z_rows . z_ridx
+        (unshifted); p, rows as in ``common_block``."""
         out = None
         if not ridx.numel():
             return out
         rest_map = self._rest_columns(ridx)
         if rest_map is not None:
-            return self._rest_block_one_each(p, rows, ridx, s_r, max_b, arg_b, want_grad,
-                                             *rest_map)
+            self._collect_rest(p, ridx, s_r, *rest_map)
+            return out
         for lev, ok in enumerate(self.handled):
             if not ok:
                 continue
@@ -556,33 +565,41 @@ class BlockPositives:
                 out.index_put_((pi, pj), q * self.coef_s[lev, i], accumulate=True)
         return out
 
-    def _rest_block_one_each(self, p, rows, ridx, s_r, max_b, arg_b, want_grad, cols, levels):
-        """``rest_block`` when every group has at most one rest key: each (level, row) has at
-        most one rest positive, looked up in ``cols``; all handled levels in one vectorised
-        pass (flattened (level, row) index f = k * b + row)."""
-        b = rows.numel()
-        g = self.gid_s[levels][:, p]                                      # [L', b]
-        pj = torch.where(g >= 0, cols.gather(1, g.clamp(min=0)), torch.full_like(g, -1))
-        valid = pj >= 0
-        if not self.include_self:
-            valid &= rows[None, :] != ridx[pj.clamp(min=0)]
-        k, pi = valid.nonzero(as_tuple=True)
-        if not pi.numel():
+    def _collect_rest(self, p, ridx, s_r, cols, levels):
+        """The one-each case of ``rest_block``: keep only the block's s of each (handled
+        level, row) pair with its group's rest key (one gather), for ``_finish_rest``; the
+        rest of the work runs once for all rows after the pass, not per block."""
+        if self._rest_pj is None:
+            g = self.gid_s[levels]                                         # [L', N]
+            pj = torch.where(g >= 0, cols.gather(1, g.clamp(min=0)), torch.full_like(g, -1))
+            if not self.include_self:                                      # own key: no pair
+                pj = torch.where(self.order[None, :] == ridx[pj.clamp(min=0)],
+                                 torch.full_like(pj, -1), pj)
+            self._rest_pj = pj
+            self._rest_s = torch.zeros(pj.shape, dtype=s_r.dtype, device=s_r.device)
+            self._rest_ridx, self._rest_levels = ridx, levels
+        self._rest_s[:, p] = s_r.gather(1, self._rest_pj[:, p].clamp(min=0).t()).t()
+
+    def _finish_rest(self, rowmax, argmax, want_grad):
+        """The rest positives collected by ``_collect_rest``, all rows at once: x = s - M_i
+        made consistent with the max (ties), T and Q; with ``want_grad``, the pairs' gradient
+        coefficients c_i q_ij as (rows, keys, coefficients), original ids."""
+        pj, ridx, levels = self._rest_pj, self._rest_ridx, self._rest_levels
+        k, pos = (pj >= 0).nonzero(as_tuple=True)
+        if not pos.numel():
             return None
-        pj = pj[k, pi]
-        lev_max, lev_arg = max_b[levels], arg_b[levels]                  # [L', b]
-        flat = k * b + pi
-        x = s_r[pi, pj] - lev_max.reshape(-1)[flat]
-        tie = self._tie(rows, lev_max).reshape(-1)                        # [L' * b]
-        x = exp_shifted_(_consistent_with_max(x, flat, ridx[pj], self.z, lev_max.reshape(-1),
-                                              lev_arg.reshape(-1), tie))
+        j = ridx[pj[k, pos]]
+        rows = self.order[pos]
+        lev = levels[k]
+        lev_max, lev_arg = rowmax[lev, rows], argmax[lev, rows]
+        x = self._rest_s[k, pos] - lev_max
+        x = exp_shifted_(_consistent_with_max(x, torch.arange(x.numel(), device=x.device), j,
+                                              self.z, lev_max, lev_arg,
+                                              self._tie(rows, lev_max)))
         q = x / (x + OFFICIAL_EPS)
-        n = self.T_s.shape[1]
-        at = levels[k] * n + (p.start + pi)                       # into T_s, Q_s [L, N]
+        at = lev * self.T_s.shape[1] + pos                        # into T_s, Q_s [L, N]
         self.T_s.view(-1).index_add_(0, at, torch.log(x + OFFICIAL_EPS))
         self.Q_s.view(-1).index_add_(0, at, q)
         if not want_grad:
             return None
-        out = torch.zeros_like(s_r)
-        out.index_put_((pi, pj), q * self.coef_s.view(-1)[at], accumulate=True)
-        return out
+        return rows, j, q * self.coef_s.view(-1)[at]
