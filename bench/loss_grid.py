@@ -20,9 +20,12 @@ median per provider and ``ratio`` = backend median / floor+exp median, and the b
 ratio (best backend time / best floor+exp time: contention on a shared host only adds time,
 so this one estimates the code's own cost; ``bench/vm_noise.py`` shows how much it adds); the
 issue's target is <= 1.5. A summary per (N, levels, variant), and official / exact per cell
-when both variants ran. JSON (+ markdown) to bench/results/loss_grid.{json,md}, with the load
-average before and after (figures from a loaded machine are not figures of the library);
-``--report JSON`` re-renders an earlier run in this format.
+when both variants ran: of the medians, of the best rounds, and paired round by round (the two
+variants of an engine run back to back in every round, so the VM's drift, which moves the
+GEMM speed by up to 2x within seconds, cancels in each round's ratio). JSON (+ markdown, with
+every round's times) to bench/results/loss_grid.{json,md}, with the load average before and
+after (figures from a loaded machine are not figures of the library); ``--report JSON``
+re-renders an earlier run in this format.
 
     python bench/loss_grid.py --sizes 6000 --dims 64 128 --rounds 3
     python bench/loss_grid.py --sizes 20000 --taus 0.1 1 --regimes relu randn30 --rounds 2
@@ -137,13 +140,27 @@ def load_average() -> list[float]:
         return []
 
 
-def _cell_steps(cell, backends):
-    n, d, levels, variant, regime, tau = cell
+def _case_steps(case, variants, backends):
+    """The steps of one case (N, d, L, regime, tau): every variant on every engine, the
+    variants of an engine back to back (official right after exact: a per-round ratio of the
+    two compares like with like on a VM whose speed drifts within seconds), then the anchors,
+    which every variant's record shares (the same data, so the same floor)."""
+    n, d, levels, regime, tau = case
     z, ys, ps = make_case(regime, n, d, levels)
-    steps = {b: loss_step(b, z, ys, ps, tau, variant) for b in backends}
+    steps = {f"{v}:{b}": loss_step(b, z, ys, ps, tau, v) for b in backends for v in variants}
     steps["floor"] = floor_step(z, ps, with_exp=False)
     steps["floor+exp"] = floor_step(z, ps, with_exp=True)
     return steps
+
+
+def _case_records(case, times, variants, backends) -> list[dict]:
+    n, d, levels, regime, tau = case
+    out = []
+    for v in variants:
+        t = {b: times[f"{v}:{b}"] for b in backends}
+        t["floor"], t["floor+exp"] = times["floor"], times["floor+exp"]
+        out.append(_record((n, d, levels, v, regime, tau), t, backends))
+    return out
 
 
 def _time_once(step) -> float:
@@ -160,7 +177,8 @@ def _record(cell, times, backends):
                 median_s=med, min_s=best, ratio_to_floor_exp=_ratios(med, backends),
                 # best of rounds over best of rounds: contention on a shared host only ever
                 # adds time, so the minimum is the estimate of the uncontended cost
-                min_ratio_to_floor_exp=_ratios(best, backends))
+                min_ratio_to_floor_exp=_ratios(best, backends),
+                times_s={k: list(v) for k, v in times.items()})      # per round, in order
 
 
 def _ratios(seconds: dict, backends) -> dict:
@@ -195,26 +213,34 @@ def _timed_rounds(step_sets: list[dict], rounds: int, progress: bool = False) ->
 
 
 def run_grid(args) -> list[dict]:
-    """Time every cell. ``--order cells``: one cell at a time (all its rounds, then the next).
-    ``--order interleaved`` (default): every round visits every cell (in a rotated order), so a
-    slow spell of the machine (minutes of drift, seen on this project's VMs) spreads over all
-    cells instead of sinking the few that happen to run during it; within a cell the providers
-    always alternate, so the ratios compare like with like either way."""
-    cells = [(n, d, levels, variant, regime, tau)
+    """Time every cell. A case (N, d, L, regime, tau) holds every variant's cell and their
+    shared anchors (``_case_steps``). ``--order cells``: one case at a time (all its rounds,
+    then the next). ``--order interleaved`` (default): every round visits every case (in a
+    rotated order), so a slow spell of the machine (minutes of drift, seen on this project's
+    VMs) spreads over all cells instead of sinking the few that happen to run during it;
+    within a case the providers always alternate, so the ratios compare like with like either
+    way. Records come in the order N, d, L, variant, regime, tau."""
+    cases = [(n, d, levels, regime, tau)
              for n in args.sizes for d in args.dims for levels in args.levels
-             for variant in args.variants for regime in args.regimes for tau in args.taus]
+             for regime in args.regimes for tau in args.taus]
     records = []
-    if args.order == "cells":                   # one cell's data alive at a time
-        for i, cell in enumerate(cells, 1):
-            [times] = _timed_rounds([_cell_steps(cell, args.backends)], args.rounds)
-            records.append(_record(cell, times, args.backends))
-            _print_record(i, len(cells), records[-1], args.backends)
-        return records
-    all_times = _timed_rounds([_cell_steps(cell, args.backends) for cell in cells], args.rounds,
-                              progress=True)
-    for i, (cell, times) in enumerate(zip(cells, all_times, strict=True), 1):
-        records.append(_record(cell, times, args.backends))
-        _print_record(i, len(cells), records[-1], args.backends)
+    if args.order == "cells":                   # one case's data alive at a time
+        for case in cases:
+            [times] = _timed_rounds([_case_steps(case, args.variants, args.backends)],
+                                    args.rounds)
+            records += _case_records(case, times, args.variants, args.backends)
+    else:
+        all_times = _timed_rounds([_case_steps(case, args.variants, args.backends)
+                                   for case in cases], args.rounds, progress=True)
+        for case, times in zip(cases, all_times, strict=True):
+            records += _case_records(case, times, args.variants, args.backends)
+    key = {(n, d, lv, v, rg, t): i for i, (n, d, lv, v, rg, t) in enumerate(
+        (n, d, lv, v, rg, t) for n in args.sizes for d in args.dims for lv in args.levels
+        for v in args.variants for rg in args.regimes for t in args.taus)}
+    records.sort(key=lambda r: key[(r["n"], r["d"], r["levels"], r["variant"], r["regime"],
+                                    r["tau"])])
+    for i, rec in enumerate(records, 1):
+        _print_record(i, len(records), rec, args.backends)
     return records
 
 
@@ -249,9 +275,25 @@ def summary(records: list[dict], backends, limit: float = 1.5) -> str:
     return "\n".join(lines + _official_over_exact(records, backends))
 
 
+def _best(rec: dict, backends) -> str:
+    return min(backends, key=lambda b: rec["median_s"][b])
+
+
+def paired_ratio(official: dict, exact: dict, backends) -> float | None:
+    """Median over the rounds of official / exact, each round's two times taken back to back
+    (``_case_steps``), each variant on its best engine by median; None for runs from before
+    the per-round times were recorded (or whose variants were timed apart)."""
+    if "times_s" not in official or "times_s" not in exact:
+        return None
+    a = official["times_s"][_best(official, backends)]
+    b = exact["times_s"][_best(exact, backends)]
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
+
+
 def _official_over_exact(records: list[dict], backends, limit: float = 1.3) -> list[str]:
     """Official / exact per cell (the best engine of each, same N, d, L, regime, tau), from
-    the medians and from the best-of-rounds times; [] when the grid lacks either variant."""
+    the medians, from the best-of-rounds times and, where recorded, paired round by round
+    (``paired_ratio``); [] when the grid lacks either variant."""
     by_cell = {(r["n"], r["d"], r["levels"], r["regime"], r["tau"], r["variant"]): r
                for r in records}
     groups: dict = {}
@@ -261,13 +303,18 @@ def _official_over_exact(records: list[dict], backends, limit: float = 1.3) -> l
             continue
         groups.setdefault((n, levels), []).append(
             [min(r[k][b] for b in backends) / min(exact[k][b] for b in backends)
-             for k in ("median_s", "min_s")])
+             for k in ("median_s", "min_s")] + [paired_ratio(r, exact, backends)])
     if not groups:
         return []
-    lines = ["", f"| N | L | cells | official / exact, medians | cells > {limit:g} | same, best "
-             f"of rounds | cells > {limit:g} |", "|---" * 7 + "|"]
+    paired = all(p[2] is not None for ps in groups.values() for p in ps)
+    head = (f"| N | L | cells | official / exact, medians | cells > {limit:g} | same, best "
+            f"of rounds | cells > {limit:g} |")
+    if paired:
+        head += f" same, paired by round (median) | cells > {limit:g} |"
+    lines = ["", head, "|---" * (9 if paired else 7) + "|"]
     for (n, levels), pairs in sorted(groups.items()):
-        cols = [_spread_cols([p[k] for p in pairs], limit) for k in (0, 1)]
+        cols = [_spread_cols([p[k] for p in pairs], limit) for k in ((0, 1, 2) if paired
+                                                                     else (0, 1))]
         lines.append(f"| {n} | {levels} | {len(pairs)} | " + " | ".join(cols) + " |")
     return lines
 

@@ -73,8 +73,10 @@ def test_summary_ranges_and_counts_over_the_best_engine():
             "| 1.10-1.45 (median 1.20) | 0 |") in md
 
 
-def test_interleaved_rounds_visit_every_cell_each_round(monkeypatch):
-    """Round r times every cell once (rotated start), every provider of a cell back to back."""
+def test_interleaved_rounds_visit_every_case_each_round(monkeypatch):
+    """Round r times every case once (rotated start), every provider of a case back to back,
+    official right after exact on each engine; the anchors are timed once per case and shared
+    by its two variants' records."""
     sys.path.insert(0, str(BENCH))
     try:
         import loss_grid
@@ -82,27 +84,57 @@ def test_interleaved_rounds_visit_every_cell_each_round(monkeypatch):
         sys.path.remove(str(BENCH))
     log = []
 
-    def fake_steps(cell, backends):
-        return {name: (lambda c=cell, nm=name: log.append((c[5], nm)))
-                for name in list(backends) + ["floor", "floor+exp"]}
+    def fake_steps(case, variants, backends):
+        names = [f"{v}:{b}" for b in backends for v in variants] + ["floor", "floor+exp"]
+        return {nm: (lambda c=case, nm=nm: log.append((c[4], nm))) for nm in names}
 
-    monkeypatch.setattr(loss_grid, "_cell_steps", fake_steps)
-    args = SimpleNamespace(sizes=[10], dims=[4], levels=[1], variants=["exact"],
+    monkeypatch.setattr(loss_grid, "_case_steps", fake_steps)
+    args = SimpleNamespace(sizes=[10], dims=[4], levels=[1], variants=["exact", "official"],
                            regimes=["relu"], taus=[0.1, 1.0, 10.0], backends=("torch",),
                            rounds=3, order="interleaved")
     records = loss_grid.run_grid(args)
-    assert len(records) == 3
-    timed = log[3 * 3:]                                     # after one warm-up call each
-    assert len(timed) == 3 * 3 * 3                          # rounds x cells x providers
+    assert [(r["variant"], r["tau"]) for r in records] == [
+        (v, t) for v in ("exact", "official") for t in (0.1, 1.0, 10.0)]
+    for r in records:
+        assert set(r["times_s"]) == {"torch", "floor", "floor+exp"}
+        assert all(len(v) == 3 for v in r["times_s"].values())
+    assert records[0]["times_s"]["floor"] == records[3]["times_s"]["floor"]    # shared
+    timed = log[3 * 4:]                                     # after one warm-up call each
+    assert len(timed) == 3 * 3 * 4                          # rounds x cases x providers
     for r in range(3):
-        one_round = timed[r * 9:(r + 1) * 9]
+        one_round = timed[r * 12:(r + 1) * 12]
         assert sorted({t for t, _ in one_round}) == [0.1, 1.0, 10.0]
-        for k in range(3):                                  # a cell's providers together
-            chunk = one_round[3 * k:3 * k + 3]
+        for k in range(3):                                  # a case's providers together
+            chunk = one_round[4 * k:4 * k + 4]
             assert len({t for t, _ in chunk}) == 1
-            assert [nm for _, nm in chunk] == ["torch", "floor", "floor+exp"]
-    firsts = [timed[r * 9][0] for r in range(3)]
+            assert [nm for _, nm in chunk] == ["exact:torch", "official:torch", "floor",
+                                               "floor+exp"]
+    firsts = [timed[r * 12][0] for r in range(3)]
     assert len(set(firsts)) == 3                            # the start rotates
+
+
+def test_paired_ratio_takes_each_rounds_own_pair():
+    """Official / exact round by round (each on its best engine by median), then the median:
+    a slow round slows both of its times and cancels; the ratio of the medians does not."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import loss_grid
+    finally:
+        sys.path.remove(str(BENCH))
+    ex = dict(median_s={"torch": 1.0, "attention": 2.0},
+              times_s={"torch": [1.0, 2.0, 1.0, 2.0, 0.5], "attention": [2.0] * 5})
+    off = dict(median_s={"torch": 1.9, "attention": 3.0},
+               times_s={"torch": [1.1, 2.2, 1.9, 2.3, 0.6], "attention": [3.0] * 5})
+    # rounds: 1.1, 1.1, 1.9, 1.15, 1.2 -> median 1.15 (medians: 1.9 / 1.0)
+    assert abs(loss_grid.paired_ratio(off, ex, ("torch", "attention")) - 1.15) < 1e-12
+    assert loss_grid.paired_ratio({"median_s": off["median_s"]}, ex, ("torch",)) is None
+    # the summary gains the paired columns when every pair has its rounds
+    recs = [dict(n=6, d=4, levels=1, variant=v, regime="relu", tau=0.1, min_s=r["median_s"],
+                 **r) for v, r in (("exact", ex), ("official", off))]
+    lines = loss_grid._official_over_exact(recs, ("torch", "attention"))
+    assert "paired by round" in lines[1]
+    assert lines[3] == ("| 6 | 1 | 1 | 1.90-1.90 (median 1.90) | 1 | 1.90-1.90 (median 1.90) "
+                        "| 1 | 1.15-1.15 (median 1.15) | 0 |")
 
 
 def test_anchor_and_cases_compute_what_they_claim():
