@@ -140,6 +140,25 @@ def load_average() -> list[float]:
         return []
 
 
+def gemm_probe(rows: int = 256, n: int = 20000, d: int = 64, reps: int = 50) -> float:
+    """GFLOP/s of a [rows, d] x [d, n] product (median of reps): the VM's speed at the time
+    of a run (this project's VMs swing between ~60 and ~170 GFLOP/s on it), recorded before
+    and after every grid so runs from different spells can be told apart."""
+    a = torch.randn(rows, d, device=DEVICE)
+    b = torch.randn(n, d, device=DEVICE)
+    out = torch.empty(rows, n, device=DEVICE)
+    for _ in range(3):
+        torch.mm(a, b.t(), out=out)
+    times = []
+    for _ in range(reps):
+        _sync()
+        start = time.perf_counter()
+        torch.mm(a, b.t(), out=out)
+        _sync()
+        times.append(time.perf_counter() - start)
+    return round(2 * rows * n * d / statistics.median(times) / 1e9, 1)
+
+
 def _case_steps(case, variants, backends):
     """The steps of one case (N, d, L, regime, tau): every variant on every engine, the
     variants of an engine back to back (official right after exact: a per-round ratio of the
@@ -340,10 +359,12 @@ def write_report(out: Path, meta: dict, records: list[dict], backends) -> str:
     """JSON + markdown (summary, then every cell) next to it; returns the markdown."""
     md = summary(records, backends) + "\n\n" + markdown(records, backends)
     atomic_write_text(out, json.dumps(dict(meta, records=records), indent=1))
+    probe = (f"GEMM probe {meta['gemm_gflops_before']} -> {meta['gemm_gflops_after']} "
+             "GFLOP/s ([256, 64] x [64, 20000]), " if "gemm_gflops_before" in meta else "")
     atomic_write_text(out.with_suffix(".md"),
                       f"Loss grid on {meta['device']}, torch {meta['torch']}, {meta['threads']} "
                       f"threads, {_native_words(meta)}load average "
-                      f"{meta['load_average_before']} -> {meta['load_average_after']}, "
+                      f"{meta['load_average_before']} -> {meta['load_average_after']}, {probe}"
                       f"medians of {meta['rounds']} rounds "
                       f"({meta.get('order', 'cells')} order; seconds; \"(min)\": best of the "
                       f"rounds over the best of the rounds)\n\n{md}\n")
@@ -381,20 +402,26 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     before = load_average()
-    print(f"loss grid on {device_name()}, torch {torch.__version__}, load average {before}")
+    probe_before = gemm_probe()
+    print(f"loss grid on {device_name()}, torch {torch.__version__}, load average {before}, "
+          f"GEMM probe {probe_before} GFLOP/s")
     start = time.perf_counter()
     records = run_grid(args)
+    wall = time.perf_counter() - start
     after = load_average()
+    probe_after = gemm_probe()
     kernels = [native_mod.load(name, openmp=True) for name in ("_positive_blocks", "_block_exp")]
     meta = dict(device=device_name(), torch=torch.__version__, threads=torch.get_num_threads(),
                 native_kernels=all(lib is not None for lib in kernels),
                 native_threads=all(lib is not None and lib.threaded for lib in kernels),
                 rounds=args.rounds, order=args.order, load_average_before=before,
-                load_average_after=after,
-                wall_s=time.perf_counter() - start, argv=sys.argv[1:] if argv is None else argv)
+                load_average_after=after, gemm_gflops_before=probe_before,
+                gemm_gflops_after=probe_after, wall_s=wall,
+                argv=sys.argv[1:] if argv is None else argv)
     md = write_report(args.out, meta, records, args.backends)
     print(md)
-    print(f"load average {before} -> {after}; wrote {args.out} and .md")
+    print(f"load average {before} -> {after}, GEMM probe {probe_before} -> {probe_after} "
+          f"GFLOP/s; wrote {args.out} and .md")
     return 0
 
 

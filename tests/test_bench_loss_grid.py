@@ -27,6 +27,7 @@ def test_grid_records_every_cell_and_provider(tmp_path, order):
     data = json.loads(out.read_text())
     assert len(data["records"]) == 2 * 2 * 2
     assert data["threads"] == 1 and len(data["load_average_before"]) == 3
+    assert data["gemm_gflops_before"] > 0 and data["gemm_gflops_after"] > 0
     assert data["order"] == order and data["rounds"] == 2
     cells = {(r["levels"], r["regime"], r["tau"]) for r in data["records"]}
     assert cells == {(lv, rg, t) for lv in (1, 3) for rg in ("relu", "randn30")
@@ -41,7 +42,7 @@ def test_grid_records_every_cell_and_provider(tmp_path, order):
                        - r["min_s"][b] / r["min_s"]["floor+exp"]) < 1e-12
             assert r["min_s"][b] <= r["median_s"][b]
     md = out.with_suffix(".md").read_text()
-    assert md.count("\n| 120 | 8 |") == 8 and "load average" in md
+    assert md.count("\n| 120 | 8 |") == 8 and "load average" in md and "GEMM probe" in md
     # whether the engine ran with its C kernels is recorded and named in the header
     assert isinstance(data["native_kernels"], bool) and isinstance(data["native_threads"], bool)
     if not data["native_kernels"]:
