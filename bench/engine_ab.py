@@ -9,8 +9,9 @@ between a path the library takes and one it keeps (or reproduces) for comparison
                 vs the unfolded [B, N] gradient matrix (the path for weights that vary per group)
     weights     several levels: sum_l a_l w_l^T by broadcast + addcmul passes (new) vs the K = L
                 GEMM ``torch.mm(a.t(), w)`` it replaced
-    rest        level-specific positives: one vectorised lookup per block for all levels (new)
-                vs the general per-level mask path (kept for other key layouts)
+    rest        level-specific positives, one per group: their logits gathered per block and
+                the rest computed once after the pass for all levels (new) vs the general
+                per-level mask path of every block (kept for other key layouts)
     all         the three together (old = all three old paths: the engine as it was before them)
     native      official positives through the fused C kernel (``_positive_blocks.c``, new)
                 vs the torch path it replaces where no C compiler is found

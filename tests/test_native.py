@@ -243,7 +243,7 @@ def test_positives_kernel_fuzz(rows, cols, levels, seed, with_target, with_self,
 def test_big_blocks_split_over_threads_bit_for_bit(monkeypatch, threads):
     """Blocks with enough entries run their rows on torch's OpenMP threads: the same loss and
     gradients bit for bit as one thread per block (rows are independent), on the fused pass
-    with level-specific prototypes (the per-level calls with a factor too)."""
+    with level-specific prototypes (rows with a factor below 1 at some levels too)."""
     _lib()
     threaded = native_mod.load("_positive_blocks", openmp=True).threaded
     if os.environ.get("CI"):
