@@ -65,7 +65,7 @@ void hiertail_log_f32(int64_t n, const float *a, float *out)     /* for the accu
  * below cut), sums of log(x + eps) and q = x / (x + eps) into *st, *sq, and c * q added to
  * tr[j] (tr NULL: forward only). tr may alias xr: entry j is read before it is written. */
 #define SEGMENT_PASS(NAME, T, LOG)                                                            \
-static inline void NAME(const T *xr, T *tr, int64_t j0, int64_t j1, T f, T cut, T eps, T c,  \
+static inline void NAME(const T *xr, T *tr, int64_t j0, int64_t j1, T f, T cut, T eps, T c,   \
                         double *st_out, double *sq_out)                                       \
 {                                                                                             \
     double st = 0.0, sq = 0.0;                                                                \
@@ -97,7 +97,7 @@ static inline void NAME(const T *xr, T *tr, int64_t j0, int64_t j1, T f, T cut, 
  * at all of them come here, and only in an aliased call (which the engine makes with one
  * level, where this never happens). */
 #define SEGMENT_PASS_GROUPS(NAME, T, LOG)                                                     \
-static void NAME(const T *xr, T *tr, int64_t j0, int64_t j1, int n_grp, const T *f,          \
+static void NAME(const T *xr, T *tr, int64_t j0, int64_t j1, int n_grp, const T *f,           \
                  T cut, T eps, const T *c, double *st, double *sq)                            \
 {                                                                                             \
     for (int g = 0; g < n_grp; g++)                                                           \
@@ -140,10 +140,10 @@ int64_t NAME(int64_t threads, int64_t min_entries, int64_t rows, int64_t levels,
     /* rows differ in work (their groups' sizes): dynamic chunks of rows */                   \
     _Pragma("omp for schedule(dynamic, 8)")                                                   \
     for (int64_t i = 0; i < rows; i++) {                                                      \
-        int64_t l0[MAX_LEVELS], h0[MAX_LEVELS], edge[2 * MAX_LEVELS + 2];                      \
+        int64_t l0[MAX_LEVELS], h0[MAX_LEVELS], edge[2 * MAX_LEVELS + 2];                     \
         T f_k[MAX_LEVELS];                                                                    \
         double st_k[MAX_LEVELS], sq_k[MAX_LEVELS];                                            \
-        int n_edge = 0;                                                                        \
+        int n_edge = 0;                                                                       \
         for (int64_t k = 0; k < levels; k++) {                                                \
             l0[k] = lo[k * ld_range + i];                                                     \
             h0[k] = hi[k * ld_range + i];                                                     \
@@ -151,30 +151,30 @@ int64_t NAME(int64_t threads, int64_t min_entries, int64_t rows, int64_t levels,
             st_k[k] = 0.0;                                                                    \
             sq_k[k] = 0.0;                                                                    \
             if (l0[k] < h0[k]) {                                                              \
-                edge[n_edge++] = l0[k];                                                         \
-                edge[n_edge++] = h0[k];                                                         \
+                edge[n_edge++] = l0[k];                                                       \
+                edge[n_edge++] = h0[k];                                                       \
             }                                                                                 \
         }                                                                                     \
-        if (n_edge == 0)                                                                       \
+        if (n_edge == 0)                                                                      \
             continue;                                                                         \
         const int64_t self = self_col ? self_col[i] : -1;                                     \
         if (self >= 0) {                                                                      \
-            edge[n_edge++] = self;                                                              \
-            edge[n_edge++] = self + 1;                                                          \
+            edge[n_edge++] = self;                                                            \
+            edge[n_edge++] = self + 1;                                                        \
         }                                                                                     \
-        for (int a = 1; a < n_edge; a++) {               /* insertion sort: a few values */    \
-            int64_t v = edge[a];                                                               \
+        for (int a = 1; a < n_edge; a++) {               /* insertion sort: a few values */   \
+            int64_t v = edge[a];                                                              \
             int b = a - 1;                                                                    \
-            while (b >= 0 && edge[b] > v) {                                                    \
-                edge[b + 1] = edge[b];                                                          \
+            while (b >= 0 && edge[b] > v) {                                                   \
+                edge[b + 1] = edge[b];                                                        \
                 b--;                                                                          \
             }                                                                                 \
-            edge[b + 1] = v;                                                                   \
+            edge[b + 1] = v;                                                                  \
         }                                                                                     \
         const T *xr = x + i * ldx;                                                            \
         T *tr = target ? target + i * ldt : 0;                                                \
-        for (int s = 0; s + 1 < n_edge; s++) {                                                 \
-            const int64_t j0 = edge[s], j1 = edge[s + 1];                                       \
+        for (int s = 0; s + 1 < n_edge; s++) {                                                \
+            const int64_t j0 = edge[s], j1 = edge[s + 1];                                     \
             if (j1 <= j0 || (j0 == self && j1 == self + 1))                                   \
                 continue;                                                                     \
             /* the segment's levels, grouped by factor (usually one group: f = 1) */          \

@@ -262,7 +262,7 @@ class BlockPositives:
             self._work = torch.empty(2, n, dtype=x.dtype, device=x.device)
         return self._work[0, :n].view(x.shape), self._work[1, :n].view(x.shape)
 
-    def finish(self, rowmax=None, argmax=None, want_grad=False):
+    def finish(self, rowmax, argmax, want_grad: bool):
         """After the engine's pass: fold the chain levels' sums into T and Q, and the rest
         positives collected per block (``_collect_rest``; rowmax, argmax [L, N]: the pass's
         level maxima by original row id). Returns their gradient terms (rows, keys,
@@ -274,10 +274,8 @@ class BlockPositives:
             self.Qc_s.zero_()
         if self._rest_pj is None:
             return None
-        if rowmax is None:
-            raise ValueError("rest positives were collected: finish needs the level maxima")
         out = self._finish_rest(rowmax, argmax, want_grad)
-        self._rest_pj = None
+        self._rest_pj = self._rest_s = None
         return out
 
     def _tie(self, rows, row_max_b):
