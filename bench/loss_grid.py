@@ -206,7 +206,7 @@ def _ratios(seconds: dict, backends) -> dict:
 
 def _print_record(i, total, rec, backends):
     med = rec["median_s"]
-    best = min(backends, key=lambda b: med[b])
+    best = _best(rec, backends)
     print(f"[{i}/{total}] n={rec['n']} d={rec['d']} L={rec['levels']} {rec['variant']:8s} "
           f"{rec['regime']:10s} tau={rec['tau']:<5g} "
           + "  ".join(f"{k} {v:.3f}s" for k, v in med.items())
@@ -242,22 +242,18 @@ def run_grid(args) -> list[dict]:
     cases = [(n, d, levels, regime, tau)
              for n in args.sizes for d in args.dims for levels in args.levels
              for regime in args.regimes for tau in args.taus]
-    records = []
     if args.order == "cells":                   # one case's data alive at a time
-        for case in cases:
-            [times] = _timed_rounds([_case_steps(case, args.variants, args.backends)],
-                                    args.rounds)
-            records += _case_records(case, times, args.variants, args.backends)
+        all_times = [_timed_rounds([_case_steps(case, args.variants, args.backends)],
+                                   args.rounds)[0] for case in cases]
     else:
         all_times = _timed_rounds([_case_steps(case, args.variants, args.backends)
                                    for case in cases], args.rounds, progress=True)
-        for case, times in zip(cases, all_times, strict=True):
-            records += _case_records(case, times, args.variants, args.backends)
-    key = {(n, d, lv, v, rg, t): i for i, (n, d, lv, v, rg, t) in enumerate(
-        (n, d, lv, v, rg, t) for n in args.sizes for d in args.dims for lv in args.levels
-        for v in args.variants for rg in args.regimes for t in args.taus)}
-    records.sort(key=lambda r: key[(r["n"], r["d"], r["levels"], r["variant"], r["regime"],
-                                    r["tau"])])
+    by_cell = {(r["n"], r["d"], r["levels"], r["variant"], r["regime"], r["tau"]): r
+               for case, times in zip(cases, all_times, strict=True)
+               for r in _case_records(case, times, args.variants, args.backends)}
+    records = [by_cell[(n, d, levels, v, regime, tau)]
+               for n in args.sizes for d in args.dims for levels in args.levels
+               for v in args.variants for regime in args.regimes for tau in args.taus]
     for i, rec in enumerate(records, 1):
         _print_record(i, len(records), rec, args.backends)
     return records
