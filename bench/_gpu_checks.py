@@ -9,7 +9,9 @@ relative (a tie within rounding may pick either); pooling: the same kept nodes i
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import statistics
 import time
 import traceback
@@ -28,6 +30,38 @@ VALUE_TOL, GRAD_TOL, DIST_TOL = 1e-4, 1e-3, 1e-5
 FAST_BACKENDS = tuple(b for b in BACKENDS if b != "reference")  # new names are picked up
 # the loss has one more engine than the graph ops: "attention" (PyTorch's attention kernels)
 LOSS_FAST_BACKENDS = tuple(b for b in LOSS_BACKENDS if b != "reference")
+
+# Opt-in Triton modes (the knobs of kernels/_utils.py), validated and timed beside the defaults
+# on CUDA so that a GPU run says whether one should become the default: label -> environment.
+TRITON_MODES = {
+    "triton[tf32x3]": {"HIERTAIL_TRITON_FP32_DOT": "tf32x3"},
+    "triton[autotune]": {"HIERTAIL_TRITON_AUTOTUNE": "1"},
+    "triton[tf32x3+autotune]": {"HIERTAIL_TRITON_FP32_DOT": "tf32x3",
+                                "HIERTAIL_TRITON_AUTOTUNE": "1"},
+}
+
+
+@contextlib.contextmanager
+def backend_mode(label: str):
+    """Yields the backend name of `label` (a backend, or a TRITON_MODES entry, whose
+    environment is set for the duration and restored after, also on error)."""
+    env = TRITON_MODES.get(label, {})
+    old = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield label.split("[")[0]
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def loss_labels(device: str) -> list[str]:
+    """The loss engines to validate and time on `device`: its fast backends, plus the opt-in
+    Triton modes on CUDA."""
+    return backends_for(device, loss=True) + (list(TRITON_MODES) if device == "cuda" else [])
 
 
 # ----------------------------------------------------------------------------- timing
@@ -181,12 +215,13 @@ def loss_inputs(n: int, d: int, m: int = 40, seed: int = 0) -> tuple:
 def check_loss(backend: str, device: str, n: int, d: int, variant: str) -> list[dict]:
     z, y, protos = loss_inputs(n, d)
     out = {}
-    for name, dev, dt, bk in (("ours", device, torch.float32, backend),
-                              ("ref", "cpu", torch.float64, "reference")):
+    for name, dev, dt, label in (("ours", device, torch.float32, backend),
+                                 ("ref", "cpu", torch.float64, "reference")):
         zl, pl = _leaf(z, dev, dt), _leaf(protos, dev, dt)
-        loss = balanced_contrastive_loss(zl, y.to(dev), prototypes=pl, temperature=0.1,
-                                         variant=variant, backend=bk)
-        (loss * 2).backward()  # grad_output != 1
+        with backend_mode(label) as bk:
+            loss = balanced_contrastive_loss(zl, y.to(dev), prototypes=pl, temperature=0.1,
+                                             variant=variant, backend=bk)
+            (loss * 2).backward()  # grad_output != 1
         out[name] = (loss, zl.grad, pl.grad)
     (v, gz, gp), (vr, gzr, gpr) = out["ours"], out["ref"]
     return _rows(f"balanced_contrastive_loss ({variant})", backend, {
@@ -209,7 +244,7 @@ def correctness(device: str, n_graph: int, n_loss: int) -> list[dict]:
         ("nearest_prototype", lambda b=backend: check_prototype(b, device, n_graph, 70, 64)))]
     checks += [(backend, f"balanced_contrastive_loss ({v})",
                 lambda v=v, b=backend: check_loss(b, device, n_loss, 64, v))
-               for backend in backends_for(device, loss=True) for v in ("exact", "official")]
+               for backend in loss_labels(device) for v in ("exact", "official")]
     for backend, name, run in checks:
         res = guarded(lambda run=run: dict(rows=run()))
         rows += res.get("rows") or [dict(op=name, backend=backend, check="runs",

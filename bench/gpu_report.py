@@ -6,10 +6,11 @@
 1. Correctness: every fast backend of every op (`hiertail_fast.ops._dispatch.BACKENDS`, so a
    backend added later is picked up) against the float64 reference, values and gradients,
    PASS/FAIL (rules in bench/_gpu_checks.py). A backend that raises is a FAIL with its error.
-2. Loss fwd+bwd (both variants, N in {20k, 100k}, d in {64, 128}) for every loss backend,
-   against anchors on the same z: F.scaled_dot_product_attention(q=k=v=z) fp32 and bf16 fwd+bwd,
-   the cuBLAS fp32 3-GEMM floor (3 x z@z.T, row blocks, TF32 off) and the dense
-   backend="reference" when it fits in memory.
+2. Loss fwd+bwd (both variants, N in {20k, 100k}, d in {64, 128}) for every loss backend (and,
+   on CUDA, the opt-in Triton modes of bench/_gpu_checks.TRITON_MODES: 3xTF32 dots, autotuned
+   tiles; validated in section 1 too), against anchors on the same z:
+   F.scaled_dot_product_attention(q=k=v=z) fp32 and bf16 fwd+bwd, the cuBLAS fp32 3-GEMM floor
+   (3 x z@z.T, row blocks, TF32 off) and the dense backend="reference" when it fits in memory.
 3. Propagation (ours torch / triton vs torch.sparse.mm on the un-normalised CSR and PyG GCNConv
    propagation when installed; achieved bandwidth, bench/_roofline.py), top-k pooling (vs PyG
    TopKPooling when installed), nearest prototype (vs torch.cdist().argmin), 1M nodes.
@@ -85,14 +86,19 @@ def loss_section(dev: str, sizes: dict, budget: Budget) -> list[dict]:
             z, y, protos = z.to(dev), y.to(dev), protos.to(dev)
             rows += _loss_anchors(dev, n, d, z, budget)
             for variant in ("exact", "official"):
-                for backend in gc.LOSS_FAST_BACKENDS + ("reference",):
-                    rows.append(dict(n=n, d=d, variant=variant, what=f"ours ({backend})",
-                                     **_time_loss(dev, backend, variant, z, y, protos, budget)))
+                # the opt-in Triton modes last: the time budget skips them before the reference
+                labels = list(gc.LOSS_FAST_BACKENDS) + ["reference"] + [
+                    m for m in gc.loss_labels(dev) if m not in gc.LOSS_FAST_BACKENDS]
+                for label in labels:
+                    rows.append(dict(n=n, d=d, variant=variant, what=f"ours ({label})",
+                                     **_time_loss(dev, label, variant, z, y, protos, budget)))
     return rows
 
 
-def _time_loss(dev, backend, variant, z, y, protos, budget) -> dict:
+def _time_loss(dev, label, variant, z, y, protos, budget) -> dict:
+    """fwd+bwd seconds of the loss on engine `label` (a backend or a gc.TRITON_MODES entry)."""
     n = z.shape[0] + protos.shape[0]
+    backend = label.split("[")[0]
     if backend == "triton" and dev != "cuda":
         return dict(error="skipped: triton needs CUDA")
     if backend == "reference":
@@ -104,8 +110,9 @@ def _time_loss(dev, backend, variant, z, y, protos, budget) -> dict:
 
     def step():
         zl.grad = pl.grad = None
-        balanced_contrastive_loss(zl, y, prototypes=pl, temperature=0.1, variant=variant,
-                                  backend=backend).backward()
+        with gc.backend_mode(label) as bk:
+            balanced_contrastive_loss(zl, y, prototypes=pl, temperature=0.1, variant=variant,
+                                      backend=bk).backward()
 
     return _skipped(budget, 10) or gc.guarded(lambda: gc.time_call(step, dev, budget.reps))
 

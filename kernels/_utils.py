@@ -1,7 +1,67 @@
-"""Block-size choices shared by every launcher."""
+"""Block-size choices and tuning knobs shared by the launchers."""
 from __future__ import annotations
 
+import os
+
 import triton
+
+# fp32 inputs on a GPU: how tl.dot multiplies them. "ieee": FMA units, full fp32 (the default,
+# the precision every CUDA figure so far was measured with); "tf32x3": CUTLASS's 3xTF32 on
+# tensor cores (a = a_big + a_small in TF32, a_big b_big + a_big b_small + a_small b_big): each
+# product within ~3 * 2^-22 relative (the dropped a_small b_small and the rounding of the
+# small parts; fp32's own product rounding is 2^-24), accumulated in fp32, at a third of TF32's
+# tensor-core rate. Plain "tf32" is not offered: its error ~|s| 2^-11 is O(1) at the loss's
+# |s| ~ 1000. Under TRITON_INTERPRET=1 every dot is a numpy fp32 product whatever is asked, so
+# the CPU tests check the plumbing, not the precision (bench/gpu_report.py measures it).
+FP32_DOTS = ("ieee", "tf32x3")
+FP32_DOT_ENV = "HIERTAIL_TRITON_FP32_DOT"
+# "1": the loss kernels pick their tiles by triton.autotune on CUDA (TUNE_TILES, timed on the
+# first call of each shape); default "0": the fixed tiles of `pair_blocks`.
+AUTOTUNE_ENV = "HIERTAIL_TRITON_AUTOTUNE"
+_ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) tried by the autotuner: FlashAttention-like tiles
+# around `pair_blocks`' choices. Configs that do not fit a GPU's registers / shared memory are
+# skipped by triton's autotuner (it times them as infinitely slow).
+TUNE_TILES = (
+    (32, 64, 4, 3), (64, 32, 4, 3), (64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 3),
+    (64, 32, 8, 3), (128, 32, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3),
+)
+
+
+def fp32_dot(value: str | None = None) -> str:
+    """The fp32 dot precision: `value`, else $HIERTAIL_TRITON_FP32_DOT, else "ieee"."""
+    if value is None:
+        value = os.environ.get(FP32_DOT_ENV, "").strip().lower() or "ieee"
+        where = f"{FP32_DOT_ENV}={value!r}"
+    else:
+        where = f"fp32_dot={value!r}"
+    if value not in FP32_DOTS:
+        raise ValueError(f"{where} is not one of {FP32_DOTS}")
+    return value
+
+
+def autotune_requested(value: bool | None = None) -> bool:
+    """Whether tiles are autotuned: `value`, else $HIERTAIL_TRITON_AUTOTUNE ("1"/"0")."""
+    if value is not None:
+        if not isinstance(value, bool):
+            raise TypeError(f"autotune must be True, False or None, got {value!r}")
+        return value
+    raw = os.environ.get(AUTOTUNE_ENV, "").strip().lower()
+    if raw in _ON:
+        return True
+    if raw in _OFF:
+        return False
+    raise ValueError(f"{AUTOTUNE_ENV}={raw!r} is not one of 1/0 (true/false, yes/no, on/off)")
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def tune_configs() -> list[triton.Config]:
+    """TUNE_TILES as triton configs (BLOCK_M / BLOCK_N meta-parameters)."""
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+            for m, n, w, s in TUNE_TILES]
 
 
 def feature_block(d: int, max_block: int = 256) -> int:
@@ -13,9 +73,9 @@ def pair_blocks(n: int, d_pad: int, on_gpu: bool) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for kernels that stream tiles of Z·Zᵀ (contrastive LSE).
 
     GPU: FlashAttention-like tiles, smaller when the [BLOCK_M, d_pad] fp32 accumulator of the
-    backward grows (heuristic, not autotuned: autotune configs break under the interpreter).
+    backward grows (the fixed default; $HIERTAIL_TRITON_AUTOTUNE=1 times TUNE_TILES instead).
     Interpreter (CPU tests): one tile as large as the problem allows up to 64, since every
-    program costs Python overhead there.
+    program costs Python overhead there (autotuning is never used under the interpreter).
     """
     if not on_gpu:
         block = min(64, max(16, triton.next_power_of_2(int(n))))

@@ -35,11 +35,20 @@ exp2 with log2 e folded into the scale: at |t| ~ 1e5 an fp32 ulp is ~0.01, and r
 and lse in log2 units before the subtraction made p 8x less accurate than torch's fp32
 softmax (measured); tl.exp subtracts first, then scales the small difference. The backward's
 key side must see the same s_cr the forward used for lse[c] (see DOT_CR). fp32 inputs use
-IEEE fp32 dots (TF32 would give errors ~|s|·2⁻¹¹, i.e. O(1) at |s| ~ 1000); bf16/fp16 inputs
-use native dots (exact products, fp32 accumulation) for Z·Zᵀ and a TF32 dot for W·Z with W
-kept in fp32 (bf16/fp16 → fp32 is exact; casting W itself to fp16 would underflow for
-g ~ 1/N). Under TRITON_INTERPRET=1 every dot is a numpy fp32 matmul, so the GPU precision
-modes are not exercised by the CPU tests.
+IEEE fp32 dots by default (TF32 would give errors ~|s|·2⁻¹¹, i.e. O(1) at |s| ~ 1000), or
+3xTF32 tensor-core dots with ``fp32_dot="tf32x3"`` / $HIERTAIL_TRITON_FP32_DOT (products
+within ~3·2⁻²² relative instead of 2⁻²⁴, fp32 accumulation; ``_utils.FP32_DOTS``): the
+one-pass backward's transposed tile should stay consistent with the forward's (the same
+products in the same order, and big + small is commutative; the CUDA tests check it);
+bf16/fp16 inputs use native dots (exact products, fp32 accumulation) for Z·Zᵀ and a TF32 dot
+for W·Z with W kept in fp32 (bf16/fp16 → fp32 is exact; casting W itself to fp16 would
+underflow for g ~ 1/N). Under TRITON_INTERPRET=1 every dot is a numpy fp32 matmul, so the
+GPU precision modes are not exercised by the CPU tests (their plumbing is).
+
+Tiles: fixed per head dimension (``_utils.pair_blocks``), or timed by ``triton.autotune`` over
+``_utils.TUNE_TILES`` with ``autotune=True`` / $HIERTAIL_TRITON_AUTOTUNE=1 (CUDA only; never
+under the interpreter, where the tiles must be square for DOT_CR). Both knobs are off by
+default until a GPU run of bench/gpu_report.py (which times and validates them) says more.
 
 Conventions: a row with no visible key has lse = −inf, rowmax = −inf and argmax = 0 (a safe
 index; rowmax = −inf marks it), and contributes nothing to dz (no NaN). Program offsets are
@@ -50,7 +59,9 @@ e.g. on CUDA with q = z.view(1, 1, N, d):
     torch.nn.functional.scaled_dot_product_attention(q, q, q, scale=s).sum().backward()
 vs  dz = lse_backward(z, lw, lse_forward(z, lw, s, False)[0], g, s)  at N = 16k…100k,
 d = 64/128, bf16 and fp32, L = 1 and 3 (log_w = 0 for SDPA parity), with the fused forward
-and one-pass backward against `fuse_levels=False` / `two_pass=True`.
+and one-pass backward against `fuse_levels=False` / `two_pass=True`, and fp32 with
+``fp32_dot="tf32x3"`` and ``autotune=True`` against the defaults (bench/gpu_report.py's
+Triton modes time and validate those two).
 """
 from __future__ import annotations
 
@@ -58,7 +69,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._utils import feature_block, pair_blocks
+from ._utils import autotune_requested, feature_block, interpreting, pair_blocks, tune_configs
+from ._utils import fp32_dot as fp32_dot_precision
 
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -218,22 +230,61 @@ def _check(z: torch.Tensor, log_w: torch.Tensor) -> tuple[int, int, int]:
     return log_w.shape[0], z.shape[0], z.shape[1]
 
 
-def _precisions(z: torch.Tensor) -> tuple[str, str, bool]:
-    """(Z·Zᵀ dot precision, W·Z dot precision, UPCAST) for z, see the module docstring.
+def _precisions(dtype: torch.dtype, on_cuda: bool, fp32_dot: str = "ieee"
+                ) -> tuple[str, str, bool]:
+    """(Z·Zᵀ dot precision, W·Z dot precision, UPCAST) for inputs of `dtype`, see the module
+    docstring; `fp32_dot` (``_utils.FP32_DOTS``) is the precision of fp32 inputs' dots.
 
     UPCAST: the CPU interpreter multiplies bf16 tiles as raw integers, so there the tiles are
     converted to fp32 first (the same numbers: bf16 products are exact in fp32).
     """
-    if z.dtype == torch.float32:
-        return "ieee", "ieee", False
-    if z.dtype == torch.bfloat16 and not z.is_cuda:
+    if dtype == torch.float32:
+        return fp32_dot, fp32_dot, False
+    if dtype == torch.bfloat16 and not on_cuda:
         return "ieee", "ieee", True
     return "tf32", "tf32", False
 
 
+# The autotuned kernels (triton.autotune over _utils.TUNE_TILES), built on first use: only CUDA
+# launches use them, so the interpreter never constructs an autotuner. Tuned per shape and per
+# compile-time mode (the keys); the chosen config is reused by every later call with that key.
+_TUNED: dict[str, object] = {}
+_TUNE_KEYS = {
+    "fwd": ["N", "D", "NUM_LEVELS", "NEED_MAX", "DOT_PRECISION"],
+    "bwd": ["N", "D", "NUM_LEVELS", "QUERY_SIDE", "KEY_SIDE", "DOT_PRECISION"],
+}
+
+
+def _tuned(which: str):
+    if which not in _TUNED:
+        kernel = (_balanced_contrastive_loss_fwd_kernel if which == "fwd"
+                  else _balanced_contrastive_loss_bwd_kernel)
+        _TUNED[which] = triton.autotune(configs=tune_configs(), key=_TUNE_KEYS[which])(kernel)
+    return _TUNED[which]
+
+
+def _launch(which: str, n: int, axis1: int, tiles, tune: bool, args: tuple, meta: dict) -> None:
+    """One launch over cdiv(n, BLOCK_M) row blocks (x axis1): fixed `tiles` (BLOCK_M, BLOCK_N,
+    num_warps) or, with `tune`, the autotuned kernel, whose config supplies them."""
+    if tune:
+        _tuned(which)[lambda cfg: (triton.cdiv(n, cfg["BLOCK_M"]), axis1)](*args, **meta)
+        return
+    block_m, block_n, warps = tiles
+    kernel = (_balanced_contrastive_loss_fwd_kernel if which == "fwd"
+              else _balanced_contrastive_loss_bwd_kernel)
+    kernel[(triton.cdiv(n, block_m), axis1)](*args, **meta, BLOCK_M=block_m, BLOCK_N=block_n,
+                                             num_warps=warps)
+
+
+def _use_autotune(z: torch.Tensor, autotune: bool | None) -> bool:
+    """Autotune when asked (argument, else $HIERTAIL_TRITON_AUTOTUNE) and on CUDA; the
+    interpreter keeps the fixed square tiles its DOT_CR recomputation needs."""
+    return autotune_requested(autotune) and z.is_cuda and not interpreting()
+
+
 def lse_forward(
     z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool, *,
-    fuse_levels: bool = True,
+    fuse_levels: bool = True, fp32_dot: str | None = None, autotune: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Weighted log-sum-exp of scale·Z·Zᵀ for every level, without storing N×N.
 
@@ -244,12 +295,18 @@ def lse_forward(
         need_max: also return the unweighted row max over visible keys and its first arg-max.
         fuse_levels: one pass over the Z·Zᵀ tiles for all L levels (default) instead of a
             grid axis over levels that recomputes the tiles.
+        fp32_dot: "ieee" or "tf32x3", the dots of fp32 inputs (default
+            $HIERTAIL_TRITON_FP32_DOT, else "ieee"; see the module docstring).
+        autotune: time ``_utils.TUNE_TILES`` on CUDA instead of the fixed tiles (default
+            $HIERTAIL_TRITON_AUTOTUNE, else off).
     Returns:
         lse [L, N] fp32 (−inf for a row with no visible key), rowmax [L, N] fp32 =
         max_{k visible} scale·z_i·z_k (−inf if none) and argmax [L, N] int64 (lowest index
         among ties, 0 if none) when need_max, else None, None.
     """
     num_levels, n, d = _check(z, log_w)
+    s_prec, _, upcast = _precisions(z.dtype, z.is_cuda, fp32_dot_precision(fp32_dot))
+    tune = _use_autotune(z, autotune)
     z = z.contiguous()
     log_w = log_w.to(torch.float32).contiguous()
     lse = torch.empty(num_levels, n, dtype=torch.float32, device=z.device)
@@ -258,23 +315,20 @@ def lse_forward(
     if n == 0:
         return lse, rowmax, argmax
     d_pad = feature_block(d)
-    block_m, block_n, warps = pair_blocks(n, d_pad, z.is_cuda)
     per_program = num_levels if fuse_levels else 1
-    s_prec, _, upcast = _precisions(z)
-    grid = (triton.cdiv(n, block_m), num_levels // per_program)
-    _balanced_contrastive_loss_fwd_kernel[grid](
-        z, log_w, lse, rowmax if need_max else lse, argmax if need_max else lse,
-        n, d, z.stride(0), float(scale),
-        NUM_LEVELS=per_program, L_PAD=max(2, triton.next_power_of_2(per_program)), D_PAD=d_pad,
-        BLOCK_M=block_m, BLOCK_N=block_n, NEED_MAX=bool(need_max),
-        DOT_PRECISION=s_prec, UPCAST=upcast, num_warps=warps,
-    )
+    args = (z, log_w, lse, rowmax if need_max else lse, argmax if need_max else lse,
+            n, d, z.stride(0), float(scale))
+    meta = dict(NUM_LEVELS=per_program, L_PAD=max(2, triton.next_power_of_2(per_program)),
+                D_PAD=d_pad, NEED_MAX=bool(need_max), DOT_PRECISION=s_prec, UPCAST=upcast)
+    _launch("fwd", n, num_levels // per_program, pair_blocks(n, d_pad, z.is_cuda), tune, args,
+            meta)
     return lse, rowmax, argmax
 
 
 def lse_backward(
     z: torch.Tensor, log_w: torch.Tensor, lse: torch.Tensor, grad_lse: torch.Tensor,
     scale: float, *, two_pass: bool = False, out_dtype: torch.dtype | None = None,
+    fp32_dot: str | None = None, autotune: bool | None = None,
 ) -> torch.Tensor:
     """Gradient of Σ_{l,i} grad_lse[l,i]·lse[l,i] with respect to z (both sides of s = Z·Zᵀ).
 
@@ -286,6 +340,8 @@ def lse_backward(
         out_dtype: dtype of dz (default z's). The loss asks for float32, so the LSE part of a
             16-bit input's gradient is not rounded to 16 bits before the other parts (which it
             can cancel) are added.
+        fp32_dot, autotune: as in `lse_forward` (use the forward's fp32_dot: the one-pass
+            backward relies on recomputing the forward's scores exactly).
     Returns:
         dz [N, d] in out_dtype (fp32 accumulation), deterministic run to run.
     """
@@ -293,6 +349,8 @@ def lse_backward(
     for name, t in (("lse", lse), ("grad_lse", grad_lse)):
         if t.shape != log_w.shape:
             raise ValueError(f"{name} must have shape {tuple(log_w.shape)}, got {tuple(t.shape)}")
+    s_prec, w_prec, upcast = _precisions(z.dtype, z.is_cuda, fp32_dot_precision(fp32_dot))
+    tune = _use_autotune(z, autotune)
     z = z.contiguous()
     log_w = log_w.to(torch.float32).contiguous()
     lse = lse.to(torch.float32).contiguous()
@@ -301,32 +359,29 @@ def lse_backward(
     if n == 0:
         return dz
     d_pad = feature_block(d)
-    block_m, block_n, warps = pair_blocks(n, d_pad, z.is_cuda)
-    s_prec, w_prec, upcast = _precisions(z)
+    tiles = pair_blocks(n, d_pad, z.is_cuda)
     common = dict(
         NUM_LEVELS=num_levels, L_PAD=max(2, triton.next_power_of_2(num_levels)), D_PAD=d_pad,
-        BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=s_prec, GRAD_DOT_PRECISION=w_prec,
-        UPCAST=upcast, num_warps=warps,
+        DOT_PRECISION=s_prec, GRAD_DOT_PRECISION=w_prec, UPCAST=upcast,
     )
     # see DOT_CR in the kernel: the interpreter's numpy dot is not bitwise symmetric; on a
     # GPU each element of tl.dot accumulates the same products over k in the same order, so
     # s_rc == s_cr and one dot serves both sides (the CUDA run of the tests checks accuracy).
     redot = not z.is_cuda
-    if redot and block_m != block_n:
+    if redot and tiles[0] != tiles[1]:
         raise AssertionError("DOT_CR needs square tiles to reproduce the forward's dots")
-    grid = (triton.cdiv(n, block_m),)
     args = (z, log_w, lse, grad_lse)
     tail = (n, d, z.stride(0), float(scale))
     if not two_pass:
-        _balanced_contrastive_loss_bwd_kernel[grid](
-            *args, dz, dz, *tail, QUERY_SIDE=True, KEY_SIDE=True, ADD_PARTIAL=False,
-            DOT_RC=True, DOT_CR=redot, **common)
+        _launch("bwd", n, 1, tiles, tune, (*args, dz, dz, *tail), dict(
+            QUERY_SIDE=True, KEY_SIDE=True, ADD_PARTIAL=False, DOT_RC=True, DOT_CR=redot,
+            **common))
         return dz
     partial = torch.empty(n, d, dtype=torch.float32, device=z.device)
-    _balanced_contrastive_loss_bwd_kernel[grid](  # dq pass -> fp32 partial
-        *args, partial, partial, *tail, QUERY_SIDE=True, KEY_SIDE=False, ADD_PARTIAL=False,
-        DOT_RC=True, DOT_CR=False, **common)
-    _balanced_contrastive_loss_bwd_kernel[grid](  # dk pass, adds the partial
-        *args, partial, dz, *tail, QUERY_SIDE=False, KEY_SIDE=True, ADD_PARTIAL=True,
-        DOT_RC=not redot, DOT_CR=redot, **common)
+    _launch("bwd", n, 1, tiles, tune, (*args, partial, partial, *tail), dict(  # dq -> partial
+        QUERY_SIDE=True, KEY_SIDE=False, ADD_PARTIAL=False, DOT_RC=True, DOT_CR=False,
+        **common))
+    _launch("bwd", n, 1, tiles, tune, (*args, partial, dz, *tail), dict(  # dk, adds partial
+        QUERY_SIDE=False, KEY_SIDE=True, ADD_PARTIAL=True, DOT_RC=not redot, DOT_CR=redot,
+        **common))
     return dz

@@ -202,3 +202,147 @@ def test_bad_input(triton_device):
         k.lse_forward(z, zeros(1, 5), 1.0, False)
     with pytest.raises(ValueError, match="grad_lse"):
         k.lse_backward(z, zeros(2, 6), zeros(2, 6), zeros(1, 6), 1.0)
+
+
+# ------------------------------------------------------------------ precision and tile knobs
+@pytest.mark.parametrize("n,d,levels,scale,norm", [CASES[2], CASES[4], CASES[5]])
+def test_tf32x3_and_autotuned_tiles(n, d, levels, scale, norm, triton_device):
+    """fp32_dot="tf32x3" with autotuned tiles against float64, under the same rule as the
+    default path. On CUDA this is the accuracy test of 3xTF32 tensor-core dots and of every
+    tile the autotuner may pick; under the CPU interpreter (a numpy fp32 dot whatever the
+    precision; no autotuner) it checks that the options reach the kernels and change nothing
+    there."""
+    k = _kernels()
+    z, log_w, grad = make_case(n, d, levels, norm, seed=4)
+    ref = dense(z, log_w, scale, grad, torch.float64)
+    low = dense(z, log_w, scale, grad, torch.float32)
+    zd, lwd, gd = (t.to(triton_device) for t in (z, log_w, grad))
+    opts = dict(fp32_dot="tf32x3", autotune=True)
+    lse, rowmax, argmax = k.lse_forward(zd, lwd, scale, True, **opts)
+    assert_rule(lse, ref[0], low[0], torch.float32, "lse (tf32x3)")
+    assert_rule(rowmax, ref[1], low[1], torch.float32, "rowmax (tf32x3)")
+    picked = ref[4].gather(1, argmax.cpu().T).T
+    assert_rule(picked, ref[1], low[1], torch.float32, "score at argmax (tf32x3)")
+    for two_pass in (False, True):
+        dz = k.lse_backward(zd, lwd, lse, gd, scale, two_pass=two_pass, **opts)
+        assert_rule(dz, ref[3], low[3], torch.float32, f"dz (tf32x3, two_pass={two_pass})")
+    if triton_device == "cpu":
+        # the interpreter computes the same numbers for both precisions, with fixed tiles
+        assert torch.equal(lse, k.lse_forward(zd, lwd, scale, True)[0])
+        assert not k._TUNED, "no autotuner is built under the interpreter"
+
+
+def test_precision_table():
+    """_precisions: fp32 follows fp32_dot; 16-bit inputs keep native dots (TF32 for W·Z) on
+    CUDA and fp32 upcasting of bf16 under the interpreter, whatever fp32_dot says."""
+    k = _kernels()
+    for dot in ("ieee", "tf32x3"):
+        for cuda in (False, True):
+            assert k._precisions(torch.float32, cuda, dot) == (dot, dot, False)
+            assert k._precisions(torch.float16, cuda, dot) == ("tf32", "tf32", False)
+        assert k._precisions(torch.bfloat16, True, dot) == ("tf32", "tf32", False)
+        assert k._precisions(torch.bfloat16, False, dot) == ("ieee", "ieee", True)
+
+
+def test_knobs_from_the_environment(monkeypatch, triton_device):
+    """$HIERTAIL_TRITON_FP32_DOT / $HIERTAIL_TRITON_AUTOTUNE: defaults, accepted spellings, an
+    argument wins over the variable, and a bad value is a ValueError naming the variable
+    before any kernel runs."""
+    from hiertail_fast.kernels import _utils as u
+
+    monkeypatch.delenv(u.FP32_DOT_ENV, raising=False)
+    monkeypatch.delenv(u.AUTOTUNE_ENV, raising=False)
+    assert u.fp32_dot() == "ieee" and u.autotune_requested() is False
+    monkeypatch.setenv(u.FP32_DOT_ENV, " TF32x3 ")
+    assert u.fp32_dot() == "tf32x3" and u.fp32_dot("ieee") == "ieee"
+    for raw, want in (("1", True), ("on", True), ("TRUE", True), ("0", False), ("no", False)):
+        monkeypatch.setenv(u.AUTOTUNE_ENV, raw)
+        assert u.autotune_requested() is want
+    assert u.autotune_requested(False) is False
+    with pytest.raises(TypeError, match="autotune"):
+        u.autotune_requested(1)
+    with pytest.raises(ValueError, match="fp32_dot='tf32'"):
+        u.fp32_dot("tf32")
+    z = torch.randn(6, 4, device=triton_device)
+    lw = torch.zeros(1, 6, device=triton_device)
+    k = _kernels()
+    monkeypatch.setenv(u.FP32_DOT_ENV, "fast")
+    with pytest.raises(ValueError, match=u.FP32_DOT_ENV):
+        k.lse_forward(z, lw, 1.0, False)
+    monkeypatch.setenv(u.FP32_DOT_ENV, "ieee")
+    monkeypatch.setenv(u.AUTOTUNE_ENV, "maybe")
+    with pytest.raises(ValueError, match=u.AUTOTUNE_ENV):
+        k.lse_backward(z, lw, lw, lw, 1.0)
+    # autotuning is a CUDA-only choice: never on a CPU tensor (the interpreter's fixed tiles)
+    monkeypatch.setenv(u.AUTOTUNE_ENV, "1")
+    assert k._use_autotune(z.cpu(), None) is False
+    assert k._use_autotune(z.cpu(), True) is False
+
+
+def test_tune_configs_cover_the_fixed_tiles():
+    """Every fixed GPU tile of pair_blocks is among the autotuner's candidates (autotuning can
+    only match or beat the default), with distinct, power-of-two tiles."""
+    from hiertail_fast.kernels import _utils as u
+
+    configs = u.tune_configs()
+    seen = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps) for c in configs}
+    assert len(configs) == len(u.TUNE_TILES) == len(set(u.TUNE_TILES))
+    for d_pad in (16, 64, 128, 256):
+        assert u.pair_blocks(10_000, d_pad, True) in seen
+    for m, n, w, s in u.TUNE_TILES:
+        assert m & (m - 1) == 0 and n & (n - 1) == 0 and w in (2, 4, 8) and s >= 1
+
+
+class _OneConfigTuner:
+    """Stands in for triton's autotuner where none can run (the interpreter has no GPU to time
+    on): 'tunes' to one given config, then launches exactly as the autotuner does (the grid
+    function called with the config's meta-parameters, the config's tiles and warps added)."""
+
+    def __init__(self, kernel, config):
+        self.kernel, self.config, self.launches = kernel, config, 0
+
+    def __getitem__(self, grid):
+        def run(*args, **meta):
+            assert not {"BLOCK_M", "BLOCK_N", "num_warps"} & set(meta), "tiles come from config"
+            self.launches += 1
+            self.kernel[grid(self.config.kwargs)](*args, **meta, **self.config.kwargs,
+                                                  num_warps=self.config.num_warps)
+        return run
+
+
+def test_autotuned_launch_path(monkeypatch, triton_device):
+    """The launchers' autotuned branch (grid from the chosen config, no fixed tiles passed)
+    gives correct numbers, forward and both backward schedules. On CPU the autotuner itself is
+    replaced by one that picks a config (square for the backward, as DOT_CR needs); on CUDA
+    the real one runs."""
+    import triton
+
+    k = _kernels()
+    from hiertail_fast.kernels import _utils as u
+
+    for which, kernel in (("fwd", k._balanced_contrastive_loss_fwd_kernel),
+                          ("bwd", k._balanced_contrastive_loss_bwd_kernel)):
+        assert set(k._TUNE_KEYS[which]) <= set(kernel.arg_names)  # (3.6 does not check)
+    fakes = {}
+    if triton_device == "cpu":
+        fakes = {  # forward: a tall, narrow tile (a grid taken from BLOCK_N would miss rows)
+            "fwd": _OneConfigTuner(k._balanced_contrastive_loss_fwd_kernel, triton.Config(
+                {"BLOCK_M": 16, "BLOCK_N": 64}, num_warps=4)),
+            "bwd": _OneConfigTuner(k._balanced_contrastive_loss_bwd_kernel, triton.Config(
+                {"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4))}
+        monkeypatch.setattr(k, "_tuned", fakes.__getitem__)
+        monkeypatch.setattr(k, "_use_autotune", lambda z, autotune: u.autotune_requested(autotune))
+    n, d, levels, scale, norm = CASES[5]          # 300 rows: several 32-row blocks
+    z, log_w, grad = make_case(n, d, levels, norm, seed=5)
+    ref = dense(z, log_w, scale, grad, torch.float64)
+    low = dense(z, log_w, scale, grad, torch.float32)
+    zd, lwd, gd = (t.to(triton_device) for t in (z, log_w, grad))
+    for fuse in (True, False):
+        lse, rowmax, _ = k.lse_forward(zd, lwd, scale, True, fuse_levels=fuse, autotune=True)
+        assert_rule(lse, ref[0], low[0], torch.float32, f"lse (autotuned, fuse={fuse})")
+        assert_rule(rowmax, ref[1], low[1], torch.float32, "rowmax (autotuned)")
+    for two_pass in (False, True):
+        dz = k.lse_backward(zd, lwd, lse, gd, scale, two_pass=two_pass, autotune=True)
+        assert_rule(dz, ref[3], low[3], torch.float32, f"dz (autotuned, two_pass={two_pass})")
+    if fakes:
+        assert fakes["fwd"].launches == 2 and fakes["bwd"].launches == 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -112,6 +113,32 @@ def test_new_backend_names_are_picked_up_and_a_raising_backend_is_a_fail(gc, mon
     attention = [r for r in rows if r["backend"] == "attention"]
     assert len(attention) == 6 and all(r["result"] == "PASS" for r in attention)
 
+
+
+def test_triton_modes_set_and_restore_their_environment(gc, monkeypatch):
+    """Each opt-in Triton mode names the triton backend and sets only the knobs of
+    kernels/_utils.py, restoring them afterwards (also after an error); the modes are
+    validated and timed on CUDA only."""
+    from hiertail_fast.kernels import _utils as knobs
+
+    monkeypatch.delenv(knobs.AUTOTUNE_ENV, raising=False)
+    monkeypatch.setenv(knobs.FP32_DOT_ENV, "ieee")
+    assert gc.TRITON_MODES and all(set(env) <= {knobs.FP32_DOT_ENV, knobs.AUTOTUNE_ENV}
+                                   for env in gc.TRITON_MODES.values())
+    for label, env in gc.TRITON_MODES.items():
+        with gc.backend_mode(label) as backend:
+            assert backend == "triton"
+            assert all(os.environ[k] == v for k, v in env.items())
+            assert knobs.fp32_dot() in knobs.FP32_DOTS  # values the launchers accept
+            knobs.autotune_requested()
+        assert os.environ[knobs.FP32_DOT_ENV] == "ieee" and knobs.AUTOTUNE_ENV not in os.environ
+    with pytest.raises(RuntimeError), gc.backend_mode("triton[tf32x3+autotune]"):
+        raise RuntimeError("a failing check")
+    assert os.environ[knobs.FP32_DOT_ENV] == "ieee" and knobs.AUTOTUNE_ENV not in os.environ
+    with gc.backend_mode("torch") as backend:
+        assert backend == "torch"
+    assert gc.loss_labels("cpu") == gc.backends_for("cpu", loss=True)
+    assert set(gc.loss_labels("cuda")) == set(gc.LOSS_FAST_BACKENDS) | set(gc.TRITON_MODES)
 
 @pytest.mark.slow
 @no_cuda_only
