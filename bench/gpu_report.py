@@ -6,9 +6,11 @@
 1. Correctness: every fast backend of every op (`hiertail_fast.ops._dispatch.BACKENDS`, so a
    backend added later is picked up) against the float64 reference, values and gradients,
    PASS/FAIL (rules in bench/_gpu_checks.py). A backend that raises is a FAIL with its error.
-2. Loss fwd+bwd (both variants, N in {20k, 100k}, d in {64, 128}) for every loss backend (and,
-   on CUDA, the opt-in Triton modes of bench/_gpu_checks.TRITON_MODES: 3xTF32 dots, autotuned
-   tiles; validated in section 1 too), against anchors on the same z:
+2. Loss fwd+bwd (both variants, N in {20k, 100k}, d in {64, 128}): the automatic engine with 1
+   and 3 levels and fp32 and bf16 inputs (issue 9's targets), then every loss backend at fp32
+   and one level (and, on CUDA, the opt-in Triton modes of bench/_gpu_checks.TRITON_MODES:
+   3xTF32 dots, autotuned tiles; validated in section 1 too), with ratios to the anchors on the
+   same z:
    F.scaled_dot_product_attention(q=k=v=z) fp32 and bf16 fwd+bwd, the cuBLAS fp32 3-GEMM floor
    (3 x z@z.T, row blocks, TF32 off) and the dense backend="reference" when it fits in memory.
 3. Propagation (ours torch / triton vs torch.sparse.mm on the un-normalised CSR and PyG GCNConv
@@ -26,6 +28,7 @@ test of this script.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import subprocess
@@ -41,7 +44,8 @@ sys.path.insert(0, str(HERE))
 import _gpu_checks as gc  # noqa: E402
 from _roofline import bandwidth_figures  # noqa: E402
 
-from hiertail_fast import balanced_contrastive_loss  # noqa: E402
+from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss  # noqa: E402
+from hiertail_fast.ops._dispatch import choose_loss_backend  # noqa: E402
 
 NO_CUDA_EXIT = 2
 SIZES = {  # loss N, loss d, graph n (propagation / pooling / prototypes), scale sweep, checks
@@ -54,6 +58,7 @@ SIZES = {  # loss N, loss d, graph n (propagation / pooling / prototypes), scale
     "cpu": dict(loss_n=[200], loss_d=[16], graph_n=1_000, graph_d=[16], scale=["100"],
                 check_graph=300, check_loss=120, reps=1, scale_reserve=20),
 }
+FLOOR = "cuBLAS fp32 3 x z@z.T (floor)"
 REFERENCE_BYTES_PER_PAIR = 36  # dense loss reference, fwd+bwd (10.7 GB at N = 20k, official)
 
 
@@ -79,6 +84,10 @@ def _skipped(budget: Budget, need: float) -> dict | None:
 
 
 def loss_section(dev: str, sizes: dict, budget: Budget) -> list[dict]:
+    """Per (N, d): the anchors; then the automatic engine (what a user gets) for both variants,
+    1 and 3 levels, fp32 and bf16 inputs (issue 9's targets); then every backend at fp32 and
+    one level, the dense reference and (CUDA) the opt-in Triton modes. The time budget skips
+    rows from the end, so this order is also their priority."""
     rows = []
     for n in sizes["loss_n"]:
         for d in sizes["loss_d"]:
@@ -86,19 +95,41 @@ def loss_section(dev: str, sizes: dict, budget: Budget) -> list[dict]:
             z, y, protos = z.to(dev), y.to(dev), protos.to(dev)
             rows += _loss_anchors(dev, n, d, z, budget)
             for variant in ("exact", "official"):
-                # the opt-in Triton modes last: the time budget skips them before the reference
-                labels = list(gc.LOSS_FAST_BACKENDS) + ["reference"] + [
-                    m for m in gc.loss_labels(dev) if m not in gc.LOSS_FAST_BACKENDS]
+                for levels in (1, 3):
+                    for dtype, name in DTYPES.items():
+                        engine = choose_loss_backend(z.to(dtype), None, variant, levels)
+                        rows.append(dict(
+                            n=n, d=d, variant=variant, levels=levels, dtype=name,
+                            what=f"ours (auto: {engine})", **_time_loss(
+                                dev, None, variant, z, y, protos, budget, levels, dtype)))
+            # the opt-in Triton modes last: the time budget skips them before the reference
+            labels = list(gc.LOSS_FAST_BACKENDS) + ["reference"] + [
+                m for m in gc.loss_labels(dev) if m not in gc.LOSS_FAST_BACKENDS]
+            for variant in ("exact", "official"):
                 for label in labels:
-                    rows.append(dict(n=n, d=d, variant=variant, what=f"ours ({label})",
+                    rows.append(dict(n=n, d=d, variant=variant, levels=1, dtype="fp32",
+                                     what=f"ours ({label})",
                                      **_time_loss(dev, label, variant, z, y, protos, budget)))
     return rows
 
 
-def _time_loss(dev, label, variant, z, y, protos, budget) -> dict:
-    """fwd+bwd seconds of the loss on engine `label` (a backend or a gc.TRITON_MODES entry)."""
+DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+
+
+def loss_levels(y: torch.Tensor, protos: torch.Tensor, levels: int) -> tuple[list, list]:
+    """Labels and prototypes of `levels` nested task-grouping levels (as bench/loss_grid.py):
+    y, y // 2, y // 4 with the first m, m / 2, m / 4 of the m prototypes."""
+    m = protos.shape[0]
+    return ([y // 2 ** k for k in range(levels)],
+            [protos[: max(1, m // 2 ** k)] for k in range(levels)])
+
+
+def _time_loss(dev, label, variant, z, y, protos, budget, levels: int = 1,
+               dtype: torch.dtype = torch.float32) -> dict:
+    """fwd+bwd seconds of the loss on engine `label` (a backend, a gc.TRITON_MODES entry, or
+    None: the automatic choice) over `levels` levels, inputs cast to `dtype`."""
     n = z.shape[0] + protos.shape[0]
-    backend = label.split("[")[0]
+    backend = None if label is None else label.split("[")[0]
     if backend == "triton" and dev != "cuda":
         return dict(error="skipped: triton needs CUDA")
     if backend == "reference":
@@ -106,13 +137,20 @@ def _time_loss(dev, label, variant, z, y, protos, budget) -> dict:
         free = torch.cuda.mem_get_info()[0] if dev == "cuda" else 4e9
         if need > 0.8 * free:
             return dict(error=f"does not fit (~{need / 1e9:,.0f} GB)")
-    zl, pl = z.clone().requires_grad_(True), protos.clone().requires_grad_(True)
+    zl = z.to(dtype).clone().requires_grad_(True)
+    pl = protos.to(dtype).clone().requires_grad_(True)
+    ys, ps = loss_levels(y, pl, levels)
 
     def step():
         zl.grad = pl.grad = None
-        with gc.backend_mode(label) as bk:
-            balanced_contrastive_loss(zl, y, prototypes=pl, temperature=0.1, variant=variant,
-                                      backend=bk).backward()
+        with (gc.backend_mode(label) if label else contextlib.nullcontext()) as bk:
+            if levels == 1:
+                loss = balanced_contrastive_loss(zl, y, prototypes=pl, temperature=0.1,
+                                                 variant=variant, backend=bk)
+            else:
+                loss = hierarchical_contrastive_loss(zl, ys, ps, temperature=0.1,
+                                                     variant=variant, backend=bk)
+            loss.backward()
 
     return _skipped(budget, 10) or gc.guarded(lambda: gc.time_call(step, dev, budget.reps))
 
@@ -139,7 +177,7 @@ def _loss_anchors(dev: str, n: int, d: int, z: torch.Tensor, budget: Budget) -> 
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        rows.append(dict(n=n, d=d, variant="–", what="cuBLAS fp32 3 x z@z.T (floor)",
+        rows.append(dict(n=n, d=d, variant="–", what=FLOOR,
                          **(_skipped(budget, 5) or gc.guarded(
                              lambda: gc.time_call(three_gemms, dev, budget.reps)))))
     finally:
@@ -210,8 +248,25 @@ def scale_section(dev: str, sizes: list[str], out: Path, budget: Budget) -> dict
     return dict(command=shown, rows=rows)
 
 
+def anchor_ratios(loss_rows: list[dict]) -> dict[int, dict]:
+    """Row index -> {"sdpa": median / SDPA fwd+bwd in the row's input dtype, "floor": median /
+    cuBLAS 3-GEMM floor}, same (N, d); a ratio whose times are missing is left out."""
+    anchors = {(r["n"], r["d"], r["what"]): r.get("median_s") for r in loss_rows
+               if r["variant"] == "–"}
+    out = {}
+    for i, r in enumerate(loss_rows):
+        t = r.get("median_s")
+        if r["variant"] == "–" or not t:
+            continue
+        sdpa = anchors.get((r["n"], r["d"], f"SDPA {r.get('dtype', 'fp32')} fwd+bwd"))
+        floor = anchors.get((r["n"], r["d"], FLOOR))
+        out[i] = {k: t / v for k, v in (("sdpa", sdpa), ("floor", floor)) if v}
+    return out
+
+
 def render(report: dict) -> str:
     f = gc.fmt
+    ratios = anchor_ratios(report["loss"])
     checks = report["correctness"]
     n_fail = sum(r["result"] != "PASS" for r in checks)
     parts = [f"# hiertail_fast GPU report: {report['device']}", "",
@@ -222,11 +277,17 @@ def render(report: dict) -> str:
                  ["op", "backend", "check", "rel. error", "tol", "result"],
                  [[r["op"], r["backend"], r["check"], f(r["error"]), f(r["tol"]),
                    r["result"] + (f" ({r['note']})" if r.get("note") else "")] for r in checks]),
-             "", "## Loss forward + backward (40 prototypes, τ 0.1)", "", gc.markdown_table(
-                 ["N", "d", "variant", "what", "median", "peak extra", "note"],
-                 [[r["n"], r["d"], r["variant"], r["what"], f(r.get("median_s"), "s"),
+             "", "## Loss forward + backward (40 prototypes, τ 0.1)", "",
+             "÷ SDPA: over `F.scaled_dot_product_attention` fwd+bwd on q = k = v = z in the "
+             "row's input dtype (issue 9: ≤ 0.6 in fp32, ≤ 1.0 in bf16); ÷ floor: over the "
+             "cuBLAS fp32 3-GEMM floor (≤ 2.5).", "", gc.markdown_table(
+                 ["N", "d", "variant", "levels", "input", "what", "median", "÷ SDPA",
+                  "÷ floor", "peak extra", "note"],
+                 [[r["n"], r["d"], r["variant"], r.get("levels", "–"), r.get("dtype", "–"),
+                   r["what"], f(r.get("median_s"), "s"), f(ratios.get(i, {}).get("sdpa")),
+                   f(ratios.get(i, {}).get("floor")),
                    f(r.get("peak_extra_bytes") and float(r["peak_extra_bytes"]), "MB"),
-                   r.get("error", "")] for r in report["loss"]]),
+                   r.get("error", "")] for i, r in enumerate(report["loss"])]),
              "", "## Graph ops", "", gc.markdown_table(
                  ["op", "n", "d", "mode", "provider", "median", "GB/s (byte model)",
                   "of peak", "note"],

@@ -140,6 +140,26 @@ def test_triton_modes_set_and_restore_their_environment(gc, monkeypatch):
     assert gc.loss_labels("cpu") == gc.backends_for("cpu", loss=True)
     assert set(gc.loss_labels("cuda")) == set(gc.LOSS_FAST_BACKENDS) | set(gc.TRITON_MODES)
 
+
+def test_anchor_ratios_use_the_rows_input_dtype():
+    spec = importlib.util.spec_from_file_location("bench_gpu_report", SCRIPT)
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    rows = [dict(n=10, d=4, variant="–", what="SDPA fp32 fwd+bwd", median_s=2.0),
+            dict(n=10, d=4, variant="–", what="SDPA bf16 fwd+bwd", median_s=0.5),
+            dict(n=10, d=4, variant="–", what=report.FLOOR, median_s=4.0),
+            dict(n=10, d=4, variant="exact", dtype="fp32", what="ours", median_s=1.0),
+            dict(n=10, d=4, variant="exact", dtype="bf16", what="ours", median_s=1.0),
+            dict(n=10, d=4, variant="official", what="ours", error="skipped: time budget"),
+            dict(n=20, d=4, variant="exact", dtype="fp32", what="ours", median_s=1.0)]
+    ratios = report.anchor_ratios(rows)
+    assert ratios[3] == {"sdpa": 0.5, "floor": 0.25}
+    assert ratios[4] == {"sdpa": 2.0, "floor": 0.25}
+    assert 5 not in ratios and ratios[6] == {}            # no time; no anchors at N = 20
+    assert not set(ratios) & {0, 1, 2}                    # anchors get no ratio of their own
+    ys, ps = report.loss_levels(torch.arange(40), torch.zeros(40, 3), 3)
+    assert [int(y.max()) for y in ys] == [39, 19, 9] and [p.shape[0] for p in ps] == [40, 20, 10]
+
 @pytest.mark.slow
 @no_cuda_only
 def test_end_to_end_on_cpu(tmp_path, gc):
@@ -155,6 +175,12 @@ def test_end_to_end_on_cpu(tmp_path, gc):
     what = {r["what"] for r in report["loss"]}
     assert {"SDPA fp32 fwd+bwd", "SDPA bf16 fwd+bwd", "cuBLAS fp32 3 x z@z.T (floor)"} <= what
     assert {f"ours ({b})" for b in gc.FAST_BACKENDS} | {"ours (reference)"} <= what
+    # the automatic engine: both variants x 1 / 3 levels x fp32 / bf16 inputs, with ratios
+    auto = [r for r in report["loss"] if r["what"].startswith("ours (auto: ")]
+    assert {(r["variant"], r["levels"], r["dtype"]) for r in auto} == {
+        (v, lv, dt) for v in ("exact", "official") for lv in (1, 3) for dt in ("fp32", "bf16")}
+    assert all("median_s" in r for r in auto), [r for r in auto if "median_s" not in r]
+    assert "÷ SDPA" in md and "| 3 | bf16 | ours (auto: " in md
     assert {r["variant"] for r in report["loss"]} == {"–", "exact", "official"}
     timed = [r for r in report["loss"] + report["graph"] if "median_s" in r]
     assert timed and all(r["median_s"] > 0 for r in timed)
