@@ -84,32 +84,37 @@ def _skipped(budget: Budget, need: float) -> dict | None:
 
 
 def loss_section(dev: str, sizes: dict, budget: Budget) -> list[dict]:
-    """Per (N, d): the anchors; then the automatic engine (what a user gets) for both variants,
-    1 and 3 levels, fp32 and bf16 inputs (issue 9's targets); then every backend at fp32 and
-    one level, the dense reference and (CUDA) the opt-in Triton modes. The time budget skips
-    rows from the end, so this order is also their priority."""
+    """First, for every (N, d): the anchors and the automatic engine (what a user gets) for both
+    variants, 1 and 3 levels, fp32 and bf16 inputs (issue 9's targets); then, for every (N, d):
+    each backend at fp32 and one level, the dense reference and (CUDA) the opt-in Triton modes.
+    The time budget skips rows from the end, so this order is also their priority."""
+    cases = [(n, d) for n in sizes["loss_n"] for d in sizes["loss_d"]]
+    inputs = {}
+    for n, d in cases:
+        z, y, protos = gc.loss_inputs(n, d)
+        inputs[n, d] = z.to(dev), y.to(dev), protos.to(dev)
     rows = []
-    for n in sizes["loss_n"]:
-        for d in sizes["loss_d"]:
-            z, y, protos = gc.loss_inputs(n, d)
-            z, y, protos = z.to(dev), y.to(dev), protos.to(dev)
-            rows += _loss_anchors(dev, n, d, z, budget)
-            for variant in ("exact", "official"):
-                for levels in (1, 3):
-                    for dtype, name in DTYPES.items():
-                        engine = choose_loss_backend(z.to(dtype), None, variant, levels)
-                        rows.append(dict(
-                            n=n, d=d, variant=variant, levels=levels, dtype=name,
-                            what=f"ours (auto: {engine})", **_time_loss(
-                                dev, None, variant, z, y, protos, budget, levels, dtype)))
-            # the opt-in Triton modes last: the time budget skips them before the reference
-            labels = list(gc.LOSS_FAST_BACKENDS) + ["reference"] + [
-                m for m in gc.loss_labels(dev) if m not in gc.LOSS_FAST_BACKENDS]
-            for variant in ("exact", "official"):
-                for label in labels:
-                    rows.append(dict(n=n, d=d, variant=variant, levels=1, dtype="fp32",
-                                     what=f"ours ({label})",
-                                     **_time_loss(dev, label, variant, z, y, protos, budget)))
+    for n, d in cases:
+        z, y, protos = inputs[n, d]
+        rows += _loss_anchors(dev, n, d, z, budget)
+        for variant in ("exact", "official"):
+            for levels in (1, 3):
+                for dtype, name in DTYPES.items():
+                    engine = choose_loss_backend(z.to(dtype), None, variant, levels)
+                    rows.append(dict(
+                        n=n, d=d, variant=variant, levels=levels, dtype=name,
+                        what=f"ours (auto: {engine})", **_time_loss(
+                            dev, None, variant, z, y, protos, budget, levels, dtype)))
+    # the opt-in Triton modes last: the time budget skips them before the reference
+    labels = list(gc.LOSS_FAST_BACKENDS) + ["reference"] + [
+        m for m in gc.loss_labels(dev) if m not in gc.LOSS_FAST_BACKENDS]
+    for n, d in cases:
+        z, y, protos = inputs[n, d]
+        for variant in ("exact", "official"):
+            for label in labels:
+                rows.append(dict(n=n, d=d, variant=variant, levels=1, dtype="fp32",
+                                 what=f"ours ({label})",
+                                 **_time_loss(dev, label, variant, z, y, protos, budget)))
     return rows
 
 
