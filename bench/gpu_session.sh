@@ -8,15 +8,17 @@
 #   OUT=/some/dir bash bench/gpu_session.sh            # all steps
 #   STEPS="report tests" REPORT_S=200 TESTS_S=300 bash bench/gpu_session.sh
 #
-# STEPS (default "install report tests"), REPORT_S (gpu_report's limit, default 270 s; its own
-# --budget is 30 s less), TESTS_S (the test suite's limit, default 270 s). summary.txt gets one
-# line per step with its exit status (124: it ran past its limit). PYTHON: the interpreter
-# (default: python).
+# STEPS (default "install report tests"; "scale" adds the 100k / 1M-node scale study with the
+# loss in fp32 and in bf16, each under SCALE_S, default 240 s), REPORT_S (gpu_report's limit,
+# default 270 s; its own --budget is 30 s less), TESTS_S (the test suite's limit, default
+# 270 s). summary.txt gets one line per step with its exit status (124: it ran past its
+# limit). PYTHON: the interpreter (default: python).
 set -u
 OUT=${OUT:-bench/results/gpu_session}
 STEPS=${STEPS:-install report tests}
 REPORT_S=${REPORT_S:-270}
 TESTS_S=${TESTS_S:-270}
+SCALE_S=${SCALE_S:-240}
 PY=${PYTHON:-python}
 mkdir -p "$OUT"
 summary="$OUT/summary.txt"
@@ -37,7 +39,14 @@ for s in $STEPS; do
         --out "$OUT" ;;
     tests) step pytest "$TESTS_S" "$PY" -m pytest --benchmark-disable -q -p no:cacheprovider \
              -o junit_family=xunit2 --junitxml="$OUT/pytest.xml" ;;
-    *) echo "unknown step $s (install, report, tests)" | tee -a "$summary"; exit 2 ;;
+    scale)      # issue 9's scale study: HierTail epochs at 100k and 1M nodes, loss in fp32
+      # and in bf16 (not a default step: about SCALE_S seconds per dtype)
+      for dt in float32 bfloat16; do
+        step "scale_$dt" "$SCALE_S" "$PY" bench/scale.py --device cuda --sizes 100000 1000000 \
+          --methods hiertail --epochs 2 --loss-dtype "$dt" --time-budget $((SCALE_S / 2 - 10)) \
+          --no-plot --out "$OUT/scale_$dt"
+      done ;;
+    *) echo "unknown step $s (install, report, tests, scale)" | tee -a "$summary"; exit 2 ;;
   esac
 done
 exit 0

@@ -208,3 +208,14 @@ def test_gpu_session_script_logs_each_step_under_out(tmp_path):
     bad = subprocess.run(["bash", script], capture_output=True, text=True, timeout=60,
                          env=dict(env, STEPS="bogus"), cwd=BENCH.parent)
     assert bad.returncode == 2 and "unknown step bogus" in bad.stdout
+    # the optional scale step: one run per loss dtype, each logged with its exit status (here
+    # scale.py refuses --device cuda: no CUDA on this machine)
+    scale = subprocess.run(["bash", script], capture_output=True, text=True, timeout=300,
+                           env=dict(env, STEPS="scale", SCALE_S="60"), cwd=BENCH.parent)
+    assert scale.returncode == 0, scale.stderr
+    lines = (tmp_path / "summary.txt").read_text().splitlines()
+    assert [ln.split(" rc ")[0] for ln in lines] == ["scale_float32", "scale_bfloat16"]
+    assert all(" rc 2 in " in ln and "(limit 60 s)" in ln for ln in lines)
+    for dt in ("float32", "bfloat16"):
+        log = (tmp_path / f"scale_{dt}.log").read_text()
+        assert "--device cuda was asked for but torch sees no CUDA device" in log
