@@ -8,7 +8,7 @@
    PASS/FAIL (rules in bench/_gpu_checks.py). A backend that raises is a FAIL with its error.
 2. Loss fwd+bwd (both variants, N in {20k, 100k}, d in {64, 128}): the automatic engine with 1
    and 3 levels and fp32 and bf16 inputs (issue 9's targets), then every loss backend at fp32
-   and one level (and, on CUDA, the opt-in Triton modes of bench/_gpu_checks.TRITON_MODES:
+   with 1 and 3 levels (and, on CUDA, the opt-in Triton modes of bench/_gpu_checks.TRITON_MODES:
    3xTF32 dots, autotuned tiles; validated in section 1 too), with ratios to the anchors on the
    same z:
    F.scaled_dot_product_attention(q=k=v=z) fp32 and bf16 fwd+bwd, the cuBLAS fp32 3-GEMM floor
@@ -86,8 +86,9 @@ def _skipped(budget: Budget, need: float) -> dict | None:
 def loss_section(dev: str, sizes: dict, budget: Budget) -> list[dict]:
     """First, for every (N, d): the anchors and the automatic engine (what a user gets) for both
     variants, 1 and 3 levels, fp32 and bf16 inputs (issue 9's targets); then, for every (N, d):
-    each backend at fp32 and one level, the dense reference and (CUDA) the opt-in Triton modes.
-    The time budget skips rows from the end, so this order is also their priority."""
+    each backend at fp32 with 1 and 3 levels, the dense reference (1 level) and (CUDA) the
+    opt-in Triton modes (1 level). The time budget skips rows from the end, so this order is
+    also their priority."""
     cases = [(n, d) for n in sizes["loss_n"] for d in sizes["loss_d"]]
     inputs = {}
     for n, d in cases:
@@ -105,16 +106,19 @@ def loss_section(dev: str, sizes: dict, budget: Budget) -> list[dict]:
                         n=n, d=d, variant=variant, levels=levels, dtype=name,
                         what=f"ours (auto: {engine})", **_time_loss(
                             dev, None, variant, z, y, protos, budget, levels, dtype)))
-    # the opt-in Triton modes last: the time budget skips them before the reference
-    labels = list(gc.LOSS_FAST_BACKENDS) + ["reference"] + [
-        m for m in gc.loss_labels(dev) if m not in gc.LOSS_FAST_BACKENDS]
+    # every engine at 1 and 3 levels (several levels: our fused one-pass engines against the
+    # attention kernels' one head per level), the reference, then the opt-in Triton modes: the
+    # time budget skips those first
+    runs = [(label, levels) for levels in (1, 3) for label in gc.LOSS_FAST_BACKENDS]
+    runs += [("reference", 1)] + [(m, 1) for m in gc.loss_labels(dev)
+                                  if m not in gc.LOSS_FAST_BACKENDS]
     for n, d in cases:
         z, y, protos = inputs[n, d]
         for variant in ("exact", "official"):
-            for label in labels:
-                rows.append(dict(n=n, d=d, variant=variant, levels=1, dtype="fp32",
-                                 what=f"ours ({label})",
-                                 **_time_loss(dev, label, variant, z, y, protos, budget)))
+            for label, levels in runs:
+                rows.append(dict(n=n, d=d, variant=variant, levels=levels, dtype="fp32",
+                                 what=f"ours ({label})", **_time_loss(
+                                     dev, label, variant, z, y, protos, budget, levels)))
     return rows
 
 

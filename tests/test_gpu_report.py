@@ -175,6 +175,8 @@ def test_end_to_end_on_cpu(tmp_path, gc):
     what = {r["what"] for r in report["loss"]}
     assert {"SDPA fp32 fwd+bwd", "SDPA bf16 fwd+bwd", "cuBLAS fp32 3 x z@z.T (floor)"} <= what
     assert {f"ours ({b})" for b in gc.FAST_BACKENDS} | {"ours (reference)"} <= what
+    engines = {(r["what"], r["levels"]) for r in report["loss"] if r["variant"] == "official"}
+    assert {(f"ours ({b})", lv) for b in ("torch", "attention") for lv in (1, 3)} <= engines
     # the automatic engine: both variants x 1 / 3 levels x fp32 / bf16 inputs, with ratios
     auto = [r for r in report["loss"] if r["what"].startswith("ours (auto: ")]
     assert {(r["variant"], r["levels"], r["dtype"]) for r in auto} == {
