@@ -59,6 +59,7 @@ SIZES = {  # loss N, loss d, graph n (propagation / pooling / prototypes), scale
                 check_graph=300, check_loss=120, reps=1, scale_reserve=20),
 }
 FLOOR = "cuBLAS fp32 3 x z@z.T (floor)"
+AUTOTUNE_NEED_S = 120  # budget an autotuned row needs: its first call compiles every tile
 REFERENCE_BYTES_PER_PAIR = 36  # dense loss reference, fwd+bwd (10.7 GB at N = 20k, official)
 
 
@@ -83,32 +84,40 @@ def _skipped(budget: Budget, need: float) -> dict | None:
     return dict(error="skipped: time budget") if budget.left() < need else None
 
 
-def loss_section(dev: str, sizes: dict, budget: Budget) -> list[dict]:
+def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None = None,
+                 checkpoint=None) -> list[dict]:
     """First, for every (N, d): the anchors and the automatic engine (what a user gets) for both
     variants, 1 and 3 levels, fp32 and bf16 inputs (issue 9's targets); then, for every (N, d):
     each backend at fp32 with 1 and 3 levels, the dense reference (1 level) and (CUDA) the
     opt-in Triton modes (1 level). The time budget skips rows from the end, so this order is
     also their priority."""
     cases = [(n, d) for n in sizes["loss_n"] for d in sizes["loss_d"]]
+    rows = [] if rows is None else rows       # (the caller's list: filled as rows are timed)
+
+    def add(row: dict) -> None:
+        rows.append(row)
+        if checkpoint is not None:
+            checkpoint()
+
     inputs = {}
     for n, d in cases:
         z, y, protos = gc.loss_inputs(n, d)
         inputs[n, d] = z.to(dev), y.to(dev), protos.to(dev)
-    rows = []
     for n, d in cases:
         z, y, protos = inputs[n, d]
-        rows += _loss_anchors(dev, n, d, z, budget)
+        for row in _loss_anchors(dev, n, d, z, budget):
+            add(row)
         for variant in ("exact", "official"):
             for levels in (1, 3):
                 for dtype, name in DTYPES.items():
                     engine = choose_loss_backend(z.to(dtype), None, variant, levels)
-                    rows.append(dict(
-                        n=n, d=d, variant=variant, levels=levels, dtype=name,
-                        what=f"ours (auto: {engine})", **_time_loss(
-                            dev, None, variant, z, y, protos, budget, levels, dtype)))
+                    add(dict(n=n, d=d, variant=variant, levels=levels, dtype=name,
+                             what=f"ours (auto: {engine})", **_time_loss(
+                                 dev, None, variant, z, y, protos, budget, levels, dtype)))
     # every engine at 1 and 3 levels (several levels: our fused one-pass engines against the
     # attention kernels' one head per level), the reference, then the opt-in Triton modes: the
-    # time budget skips those first
+    # time budget skips those first; the autotuned ones only at the first size (tuning compiles
+    # every candidate tile: AUTOTUNE_NEED_S of budget)
     runs = [(label, levels) for levels in (1, 3) for label in gc.LOSS_FAST_BACKENDS]
     runs += [("reference", 1)] + [(m, 1) for m in gc.loss_labels(dev)
                                   if m not in gc.LOSS_FAST_BACKENDS]
@@ -116,9 +125,11 @@ def loss_section(dev: str, sizes: dict, budget: Budget) -> list[dict]:
         z, y, protos = inputs[n, d]
         for variant in ("exact", "official"):
             for label, levels in runs:
-                rows.append(dict(n=n, d=d, variant=variant, levels=levels, dtype="fp32",
-                                 what=f"ours ({label})", **_time_loss(
-                                     dev, label, variant, z, y, protos, budget, levels)))
+                if "autotune" in label and (n, d) != cases[0]:
+                    continue
+                add(dict(n=n, d=d, variant=variant, levels=levels, dtype="fp32",
+                         what=f"ours ({label})", **_time_loss(
+                             dev, label, variant, z, y, protos, budget, levels)))
     return rows
 
 
@@ -161,7 +172,8 @@ def _time_loss(dev, label, variant, z, y, protos, budget, levels: int = 1,
                                                      variant=variant, backend=bk)
             loss.backward()
 
-    return _skipped(budget, 10) or gc.guarded(lambda: gc.time_call(step, dev, budget.reps))
+    need = AUTOTUNE_NEED_S if label and "autotune" in label else 10
+    return _skipped(budget, need) or gc.guarded(lambda: gc.time_call(step, dev, budget.reps))
 
 
 def _loss_anchors(dev: str, n: int, d: int, z: torch.Tensor, budget: Budget) -> list[dict]:
@@ -275,12 +287,15 @@ def anchor_ratios(loss_rows: list[dict]) -> dict[int, dict]:
 
 def render(report: dict) -> str:
     f = gc.fmt
+    report = {"loss": [], "graph": [], "scale": {"error": "not run yet"}, **report}
     ratios = anchor_ratios(report["loss"])
     checks = report["correctness"]
     n_fail = sum(r["result"] != "PASS" for r in checks)
     parts = [f"# hiertail_fast GPU report: {report['device']}", "",
              f"{report['when']}, torch {report['torch']}, triton {report['triton']}, mode "
-             f"{report['mode']}, {report['wall_s']:.0f} s. Correctness: "
+             f"{report['mode']}, {report['wall_s']:.0f} s"
+             f"{'' if report.get('complete', True) else ' (PARTIAL: stopped or still running)'}"
+             f". Correctness: "
              f"{len(checks) - n_fail} PASS, {n_fail} FAIL.", "", "## Correctness (vs float64 "
              "reference)", "", gc.markdown_table(
                  ["op", "backend", "check", "rel. error", "tol", "result"],
@@ -346,18 +361,28 @@ def main(argv: list[str] | None = None) -> int:
         when=time.strftime("%Y-%m-%d %H:%M"), torch=torch.__version__, triton=triton_version,
         mode=mode, backends=list(gc.FAST_BACKENDS),
         loss_backends=list(gc.LOSS_FAST_BACKENDS))
+    def save(final: bool = False) -> str:
+        # written after every section and every loss row, so that a run stopped from outside
+        # (a device call's time limit) still leaves everything measured so far
+        report["wall_s"] = time.perf_counter() - started
+        report["complete"] = final
+        text = render(report)
+        gc.write_json(args.out / "gpu_report.json", report)
+        gc.atomic_write_text(args.out / "gpu_report.md", text)
+        return text
+
     report["correctness"] = gc.correctness(dev, sizes["check_graph"], sizes["check_loss"])
+    save()
     # graph ops first (short, 1M nodes), then the loss (long at 100k), then the sweep, which
     # keeps `scale_reserve` seconds whatever the sections before it took
     reserve = sizes["scale_reserve"]
     report["graph"] = graph_section(dev, sizes["graph_n"], sizes["graph_d"],
                                     budget.share(0.3, reserve))
-    report["loss"] = loss_section(dev, sizes, budget.share(1.0, reserve))
+    save()
+    report["loss"] = []
+    loss_section(dev, sizes, budget.share(1.0, reserve), rows=report["loss"], checkpoint=save)
     report["scale"] = scale_section(dev, sizes["scale"], args.out / "gpu_report_scale", budget)
-    report["wall_s"] = time.perf_counter() - started
-    text = render(report)
-    gc.write_json(args.out / "gpu_report.json", report)
-    gc.atomic_write_text(args.out / "gpu_report.md", text)
+    text = save(final=True)
     print(text + f"\nwrote {args.out / 'gpu_report.md'} and gpu_report.json")
     return 0
 

@@ -205,8 +205,23 @@ def test_bad_input(triton_device):
 
 
 # ------------------------------------------------------------------ precision and tile knobs
+@pytest.fixture
+def two_tiles(monkeypatch, triton_device):
+    """On CUDA the real autotuner runs, over two candidate tiles and with a fresh tuner cache
+    (the full TUNE_TILES compile ten tiles per kernel variant: minutes of a short GPU
+    session); on CPU nothing changes (no autotuner under the interpreter)."""
+    if triton_device == "cuda":
+        import triton
+
+        k = _kernels()
+        monkeypatch.setattr(k, "tune_configs", lambda: [
+            triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=2),
+            triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=4, num_stages=3)])
+        monkeypatch.setattr(k, "_TUNED", {})
+
+
 @pytest.mark.parametrize("n,d,levels,scale,norm", [CASES[2], CASES[4], CASES[5]])
-def test_tf32x3_and_autotuned_tiles(n, d, levels, scale, norm, triton_device):
+def test_tf32x3_and_autotuned_tiles(n, d, levels, scale, norm, triton_device, two_tiles):
     """fp32_dot="tf32x3" with autotuned tiles against float64, under the same rule as the
     default path. On CUDA this is the accuracy test of 3xTF32 tensor-core dots and of every
     tile the autotuner may pick; under the CPU interpreter (a numpy fp32 dot whatever the
@@ -310,7 +325,7 @@ class _OneConfigTuner:
         return run
 
 
-def test_autotuned_launch_path(monkeypatch, triton_device):
+def test_autotuned_launch_path(monkeypatch, triton_device, two_tiles):
     """The launchers' autotuned branch (grid from the chosen config, no fixed tiles passed)
     gives correct numbers, forward and both backward schedules. On CPU the autotuner itself is
     replaced by one that picks a config (square for the backward, as DOT_CR needs); on CUDA

@@ -139,6 +139,9 @@ def test_triton_modes_set_and_restore_their_environment(gc, monkeypatch):
         assert backend == "torch"
     assert gc.loss_labels("cpu") == gc.backends_for("cpu", loss=True)
     assert set(gc.loss_labels("cuda")) == set(gc.LOSS_FAST_BACKENDS) | set(gc.TRITON_MODES)
+    assert gc.loss_check_labels("cpu") == gc.loss_labels("cpu")
+    assert "triton[tf32x3]" in gc.loss_check_labels("cuda")
+    assert not [m for m in gc.loss_check_labels("cuda") if "autotune" in m]
 
 
 def test_anchor_ratios_use_the_rows_input_dtype():
@@ -157,6 +160,12 @@ def test_anchor_ratios_use_the_rows_input_dtype():
     assert ratios[4] == {"sdpa": 2.0, "floor": 0.25}
     assert 5 not in ratios and ratios[6] == {}            # no time; no anchors at N = 20
     assert not set(ratios) & {0, 1, 2}                    # anchors get no ratio of their own
+    # a report saved part-way (after the checks, before the loss) renders, marked PARTIAL
+    partial = dict(device="dev", when="now", torch="t", triton="tr", mode="cpu", wall_s=3.0,
+                   complete=False, correctness=[])
+    md = report.render(partial)
+    assert "(PARTIAL: stopped or still running)" in md and "## Loss" in md
+    assert "PARTIAL" not in report.render(dict(partial, complete=True))
     ys, ps = report.loss_levels(torch.arange(40), torch.zeros(40, 3), 3)
     assert [int(y.max()) for y in ys] == [39, 19, 9] and [p.shape[0] for p in ps] == [40, 20, 10]
 
@@ -168,6 +177,7 @@ def test_end_to_end_on_cpu(tmp_path, gc):
     report = json.loads((tmp_path / "gpu_report.json").read_text())
     md = (tmp_path / "gpu_report.md").read_text()
     assert md in res.stdout and "## Correctness" in md and "| PASS |" in md
+    assert report["complete"] is True and "PARTIAL" not in md
     assert report["backends"] == list(gc.FAST_BACKENDS)
     checks = report["correctness"]
     assert {r["op"].split(" (")[0] for r in checks} == set(dispatch.OPS)
@@ -221,3 +231,17 @@ def test_gpu_session_script_logs_each_step_under_out(tmp_path):
     for dt in ("float32", "bfloat16"):
         log = (tmp_path / f"scale_{dt}.log").read_text()
         assert "--device cuda was asked for but torch sees no CUDA device" in log
+
+
+def test_loss_rows_are_checkpointed_one_by_one():
+    """loss_section fills the caller's list and calls the checkpoint after every row (the report
+    is saved then: a run stopped by a device call's time limit keeps what it measured)."""
+    spec = importlib.util.spec_from_file_location("bench_gpu_report_ckpt", SCRIPT)
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    rows, seen = [], []
+    sizes = dict(report.SIZES["cpu"], loss_n=[150], loss_d=[8])
+    out = report.loss_section("cpu", sizes, report.Budget(120, reps=1), rows=rows,
+                              checkpoint=lambda: seen.append(len(rows)))
+    assert out is rows and seen == list(range(1, len(rows) + 1))
+    assert any(r["what"] == "ours (torch)" and r["levels"] == 3 for r in rows)
