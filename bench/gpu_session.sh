@@ -37,8 +37,10 @@ for s in $STEPS; do
     report)
       step gpu_report "$REPORT_S" "$PY" bench/gpu_report.py --budget $((REPORT_S - 30)) \
         --out "$OUT" ;;
-    tests) step pytest "$TESTS_S" "$PY" -m pytest --benchmark-disable -q -p no:cacheprovider \
-             -o junit_family=xunit2 --junitxml="$OUT/pytest.xml" ;;
+    tests)      # -v: one line per test as it ends, so a run stopped at its limit still
+      # names every test it got through (the junit XML is only written at the end)
+      step pytest "$TESTS_S" "$PY" -m pytest --benchmark-disable -v --tb=short \
+        -p no:cacheprovider -o junit_family=xunit2 --junitxml="$OUT/pytest.xml" ;;
     scale)      # issue 9's scale study: HierTail epochs at 100k and 1M nodes, loss in fp32
       # and in bf16 (not a default step: about SCALE_S seconds per dtype)
       for dt in float32 bfloat16; do
