@@ -15,10 +15,14 @@ in one process (median of ``--reps`` calls per piece per round, then median / be
     key-side GEMM            key.addmm_(e^T, z_B)
     exact loss / block       the whole exact loss fwd+bwd on the torch engine / ceil(N / B)
     attention loss / block   the same loss on PyTorch's attention kernel / ceil(N / B)
+    3-GEMM floor / block     the engine scheme's GEMMs over all blocks / ceil(N / B)
+    symmetric floor / block  the GEMMs of a scheme using s_ij = s_ji (upper-triangle blocks, two
+                             passes: 2 N^2 d multiply-adds instead of 3) / ceil(N / B)
 
 and GFLOP/s for the GEMMs. What it answers: whether the engine's blocks run at BLAS speed for
-their shapes and whether cache-sized output tiles would make the K = d GEMM faster (the
-question behind moving the block loop into C). Run it on an idle machine
+their shapes, whether cache-sized output tiles would make the K = d GEMM faster (the
+question behind moving the block loop into C), and what the symmetric scheme's GEMMs would
+cost against the engine's. Run it on an idle machine
 (bench/idle_window.sh); the load average is recorded before and after.
 
     python bench/block_costs.py --sizes 6000 20000 --dims 64 128 --rounds 7
@@ -77,7 +81,86 @@ def _pieces(n: int, d: int, tile: int) -> dict:
         step = loss_step(backend, z[:n], ys, ps, 0.1, "exact")
         pieces[f"{'exact' if backend == 'torch' else 'attention'} loss / block"] = (
             step, None, blocks)
+    pieces["3-GEMM floor / block"] = (lambda: three_gemm_floor(z, e), None, blocks)
+    pieces["symmetric floor / block"] = (lambda: symmetric_floor(z, e), None, blocks)
     return pieces
+
+
+def symmetric_lse_grad(z: torch.Tensor, w: torch.Tensor, scale: float, g: torch.Tensor,
+                       cutoff: float = 50.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The symmetric scheme in plain torch (one level, every key visible): lse_i = log sum_k
+    w_k exp(scale z_i.z_k) and dz = d/dz sum_i g_i lse_i, from upper-triangle row blocks only.
+
+    Pass 1, block B = rows [r0, r1) against keys [r0, N): its rows get the block's row
+    statistics (keys >= r0) and the rows r1.. get its column statistics (keys in B: s_ji =
+    s_ij), both merged online into running (max, sum) pairs, so every pair counts once per
+    direction. Pass 2: W_ij = g_i w_j e^(s_ij - lse_i) on the block, plus g_j w_i e^(s_ij -
+    lse_j) off its diagonal part; then dz_B += W Z_[r0:] and dz_[r0:] += W^T z_B. A tested
+    model of the candidate scheme timed by `symmetric_floor` (see README), not the engine."""
+    n = z.shape[0]
+    zs = z * scale
+    m = torch.full((n,), float("-inf"), dtype=z.dtype)
+    total = torch.zeros(n, dtype=z.dtype)
+
+    def merge(sl: slice, s: torch.Tensor, weights: torch.Tensor) -> None:
+        # rows of s are the queries sl; running (max, sum of weights * exp(s - max)) pairs
+        new = torch.maximum(m[sl], s.amax(1))
+        total[sl] = total[sl] * torch.exp(m[sl] - new) \
+            + torch.exp((s - new[:, None]).clamp(min=-cutoff)) @ weights
+        m[sl] = new
+
+    for r0 in range(0, n, BLOCK):
+        r1 = min(n, r0 + BLOCK)
+        s = zs[r0:r1] @ z[r0:].t()
+        merge(slice(r0, r1), s, w[r0:])                       # rows of B, keys >= r0
+        if r1 < n:
+            merge(slice(r1, n), s[:, r1 - r0:].t(), w[r0:r1])  # rows after B, keys in B
+    lse = m + total.log()
+    dz = torch.zeros_like(z)
+    for r0 in range(0, n, BLOCK):
+        r1 = min(n, r0 + BLOCK)
+        s = zs[r0:r1] @ z[r0:].t()
+        big_w = torch.exp((s - lse[r0:r1, None]).clamp(min=-cutoff)) * w[None, r0:] \
+            * g[r0:r1, None]
+        if r1 < n:
+            big_w[:, r1 - r0:] += torch.exp((s[:, r1 - r0:] - lse[None, r1:]).clamp(
+                min=-cutoff)) * w[r0:r1, None] * g[None, r1:]
+        dz[r0:r1] += big_w @ z[r0:]
+        dz[r0:] += big_w.t() @ z[r0:r1]
+    return lse, dz * scale
+
+
+def three_gemm_floor(z: torch.Tensor, buf: torch.Tensor) -> None:
+    """The GEMMs of the engine's scheme over all row blocks: per block the logits z_B Z^T, the
+    query side e Z and the key side e^T z_B (3 N^2 d multiply-adds)."""
+    n, d = z.shape
+    dz, key = torch.zeros(n, d), torch.zeros(n, d)
+    for r0 in range(0, n, BLOCK):
+        r1 = min(n, r0 + BLOCK)
+        e = buf[: r1 - r0]
+        torch.mm(z[r0:r1], z.t(), out=e)
+        dz[r0:r1] += e @ z
+        key.addmm_(e.t(), z[r0:r1])
+
+
+def symmetric_floor(z: torch.Tensor, buf: torch.Tensor) -> None:
+    """The GEMMs of a scheme that uses s_ij = s_ji (not the engine's; a candidate measured
+    here, its math in `symmetric_lse_grad`): block B of rows against the keys from B's first
+    row on only (the upper triangle), once for the log-sum-exp with row AND column
+    statistics, once more for the gradient block W, whose two products give both sides of
+    both orientations: dz_B += W Z_{>=B} and dz_{>=B} += W^T z_B. 2 N^2 d multiply-adds
+    instead of 3 (the exp work doubles: each entry serves its row and its column)."""
+    n, d = z.shape
+    dz = torch.zeros(n, d)
+    for r0 in range(0, n, BLOCK):
+        r1 = min(n, r0 + BLOCK)
+        torch.mm(z[r0:r1], z[r0:].t(), out=buf[: r1 - r0, : n - r0])
+    for r0 in range(0, n, BLOCK):
+        r1 = min(n, r0 + BLOCK)
+        e = buf[: r1 - r0, : n - r0]
+        torch.mm(z[r0:r1], z[r0:].t(), out=e)
+        dz[r0:r1] += e @ z[r0:]
+        dz[r0:].addmm_(e.t(), z[r0:r1])
 
 
 def measure(n: int, d: int, rounds: int, reps: int, tile: int) -> list[dict]:
