@@ -41,6 +41,11 @@ TRITON_MODES = {
 }
 
 
+def backend_of(label: str) -> str:
+    """The backend a label names: itself, or the backend of a TRITON_MODES entry."""
+    return label.split("[")[0]
+
+
 @contextlib.contextmanager
 def backend_mode(label: str):
     """Yields the backend name of `label` (a backend, or a TRITON_MODES entry, whose
@@ -49,7 +54,7 @@ def backend_mode(label: str):
     old = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
     try:
-        yield label.split("[")[0]
+        yield backend_of(label)
     finally:
         for key, value in old.items():
             if value is None:
@@ -69,7 +74,12 @@ def loss_check_labels(device: str) -> list[str]:
     call compiles and times every candidate tile (minutes for the checks' kernel variants); the
     CUDA test suite validates the autotuned path (tests/test_balanced_contrastive_loss_triton.py,
     on a reduced tile set)."""
-    return [label for label in loss_labels(device) if "autotune" not in label]
+    return [label for label in loss_labels(device) if not autotuned(label)]
+
+
+def autotuned(label: str | None) -> bool:
+    """Whether engine `label` autotunes its tiles (a TRITON_MODES entry that turns it on)."""
+    return TRITON_MODES.get(label or "", {}).get("HIERTAIL_TRITON_AUTOTUNE") == "1"
 
 
 # ----------------------------------------------------------------------------- timing
@@ -218,6 +228,14 @@ def loss_inputs(n: int, d: int, m: int = 40, seed: int = 0) -> tuple:
     z = torch.relu(torch.randn(n, d, generator=gen)) / d ** 0.5
     protos = torch.relu(torch.randn(m, d, generator=gen)) / d ** 0.5
     return z, y % m, protos
+
+
+def nested_levels(y: torch.Tensor, protos: torch.Tensor, levels: int) -> tuple[list, list]:
+    """Labels and prototypes of `levels` nested task-grouping levels: y, y // 2, y // 4 with
+    the first m, m / 2, m / 4 of the m prototypes (bench/gpu_report.py, bench/loss_grid.py)."""
+    m = protos.shape[0]
+    return ([y // 2 ** k for k in range(levels)],
+            [protos[: max(1, m // 2 ** k)] for k in range(levels)])
 
 
 def check_loss(backend: str, device: str, n: int, d: int, variant: str) -> list[dict]:

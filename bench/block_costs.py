@@ -132,7 +132,9 @@ def symmetric_lse_grad(z: torch.Tensor, w: torch.Tensor, scale: float, g: torch.
 
 def three_gemm_floor(z: torch.Tensor, buf: torch.Tensor) -> None:
     """The GEMMs of the engine's scheme over all row blocks: per block the logits z_B Z^T, the
-    query side e Z and the key side e^T z_B (3 N^2 d multiply-adds)."""
+    query side e Z and the key side e^T z_B (3 N^2 d multiply-adds). Not loss_grid's
+    ``floor_step`` (three logits GEMMs): the engine's own shapes, to set against
+    `symmetric_floor` like for like."""
     n, d = z.shape
     dz, key = torch.zeros(n, d), torch.zeros(n, d)
     for r0 in range(0, n, BLOCK):

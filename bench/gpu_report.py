@@ -125,7 +125,7 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
         z, y, protos = inputs[n, d]
         for variant in ("exact", "official"):
             for label, levels in runs:
-                if "autotune" in label and (n, d) != cases[0]:
+                if gc.autotuned(label) and (n, d) != cases[0]:
                     continue
                 add(dict(n=n, d=d, variant=variant, levels=levels, dtype="fp32",
                          what=f"ours ({label})", **_time_loss(
@@ -136,20 +136,12 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
 DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 
-def loss_levels(y: torch.Tensor, protos: torch.Tensor, levels: int) -> tuple[list, list]:
-    """Labels and prototypes of `levels` nested task-grouping levels (as bench/loss_grid.py):
-    y, y // 2, y // 4 with the first m, m / 2, m / 4 of the m prototypes."""
-    m = protos.shape[0]
-    return ([y // 2 ** k for k in range(levels)],
-            [protos[: max(1, m // 2 ** k)] for k in range(levels)])
-
-
 def _time_loss(dev, label, variant, z, y, protos, budget, levels: int = 1,
                dtype: torch.dtype = torch.float32) -> dict:
     """fwd+bwd seconds of the loss on engine `label` (a backend, a gc.TRITON_MODES entry, or
     None: the automatic choice) over `levels` levels, inputs cast to `dtype`."""
     n = z.shape[0] + protos.shape[0]
-    backend = None if label is None else label.split("[")[0]
+    backend = None if label is None else gc.backend_of(label)
     if backend == "triton" and dev != "cuda":
         return dict(error="skipped: triton needs CUDA")
     if backend == "reference":
@@ -159,7 +151,7 @@ def _time_loss(dev, label, variant, z, y, protos, budget, levels: int = 1,
             return dict(error=f"does not fit (~{need / 1e9:,.0f} GB)")
     zl = z.to(dtype).clone().requires_grad_(True)
     pl = protos.to(dtype).clone().requires_grad_(True)
-    ys, ps = loss_levels(y, pl, levels)
+    ys, ps = gc.nested_levels(y, pl, levels)
 
     def step():
         zl.grad = pl.grad = None
@@ -172,7 +164,7 @@ def _time_loss(dev, label, variant, z, y, protos, budget, levels: int = 1,
                                                      variant=variant, backend=bk)
             loss.backward()
 
-    need = AUTOTUNE_NEED_S if label and "autotune" in label else 10
+    need = AUTOTUNE_NEED_S if gc.autotuned(label) else 10
     return _skipped(budget, need) or gc.guarded(lambda: gc.time_call(step, dev, budget.reps))
 
 

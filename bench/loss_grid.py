@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _gpu_checks import nested_levels  # noqa: E402
 from conftest import DEVICE, device_name  # noqa: E402
 
 import hiertail_fast.ops._native as native_mod  # noqa: E402
@@ -74,10 +75,7 @@ def make_case(regime: str, n: int, d: int, levels: int, seed: int = 0):
     y = torch.multinomial(probs, n, replacement=True, generator=gen)
     z = embeddings(regime, n, d, gen)
     protos = embeddings(regime, N_CLASSES, d, gen)
-    if levels == 1:
-        return z.to(DEVICE), [y.to(DEVICE)], [protos.to(DEVICE)]
-    ys = [y, y // 2, y // 4][:levels]
-    ps = [protos, protos[: N_CLASSES // 2], protos[: N_CLASSES // 4]][:levels]
+    ys, ps = nested_levels(y, protos, levels)
     return z.to(DEVICE), [t.to(DEVICE) for t in ys], [p.to(DEVICE) for p in ps]
 
 

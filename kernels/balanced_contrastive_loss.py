@@ -255,11 +255,14 @@ _TUNE_KEYS = {
 }
 
 
+_KERNELS = {"fwd": _balanced_contrastive_loss_fwd_kernel,
+            "bwd": _balanced_contrastive_loss_bwd_kernel}
+
+
 def _tuned(which: str):
     if which not in _TUNED:
-        kernel = (_balanced_contrastive_loss_fwd_kernel if which == "fwd"
-                  else _balanced_contrastive_loss_bwd_kernel)
-        _TUNED[which] = triton.autotune(configs=tune_configs(), key=_TUNE_KEYS[which])(kernel)
+        _TUNED[which] = triton.autotune(configs=tune_configs(),
+                                        key=_TUNE_KEYS[which])(_KERNELS[which])
     return _TUNED[which]
 
 
@@ -270,10 +273,8 @@ def _launch(which: str, n: int, axis1: int, tiles, tune: bool, args: tuple, meta
         _tuned(which)[lambda cfg: (triton.cdiv(n, cfg["BLOCK_M"]), axis1)](*args, **meta)
         return
     block_m, block_n, warps = tiles
-    kernel = (_balanced_contrastive_loss_fwd_kernel if which == "fwd"
-              else _balanced_contrastive_loss_bwd_kernel)
-    kernel[(triton.cdiv(n, block_m), axis1)](*args, **meta, BLOCK_M=block_m, BLOCK_N=block_n,
-                                             num_warps=warps)
+    _KERNELS[which][(triton.cdiv(n, block_m), axis1)](*args, **meta, BLOCK_M=block_m,
+                                                      BLOCK_N=block_n, num_warps=warps)
 
 
 def _use_autotune(z: torch.Tensor, autotune: bool | None) -> bool:

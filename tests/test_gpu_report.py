@@ -142,6 +142,9 @@ def test_triton_modes_set_and_restore_their_environment(gc, monkeypatch):
     assert gc.loss_check_labels("cpu") == gc.loss_labels("cpu")
     assert "triton[tf32x3]" in gc.loss_check_labels("cuda")
     assert not [m for m in gc.loss_check_labels("cuda") if "autotune" in m]
+    assert [m for m in gc.TRITON_MODES if gc.autotuned(m)] == ["triton[autotune]",
+                                                              "triton[tf32x3+autotune]"]
+    assert not gc.autotuned(None) and not gc.autotuned("triton")
 
 
 def test_anchor_ratios_use_the_rows_input_dtype():
@@ -166,7 +169,7 @@ def test_anchor_ratios_use_the_rows_input_dtype():
     md = report.render(partial)
     assert "(PARTIAL: stopped or still running)" in md and "## Loss" in md
     assert "PARTIAL" not in report.render(dict(partial, complete=True))
-    ys, ps = report.loss_levels(torch.arange(40), torch.zeros(40, 3), 3)
+    ys, ps = report.gc.nested_levels(torch.arange(40), torch.zeros(40, 3), 3)
     assert [int(y.max()) for y in ys] == [39, 19, 9] and [p.shape[0] for p in ps] == [40, 20, 10]
 
 @pytest.mark.slow
