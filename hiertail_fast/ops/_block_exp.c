@@ -16,32 +16,12 @@
  */
 #include <stdint.h>
 
+#include "_native_math.h"
 #include "_native_omp.h"
 
 #define ARG_CHUNK 64
 /* below this many entries a block runs on one thread (a fork costs a few us) */
 #define PARALLEL_MIN_ENTRIES 32768
-
-/* exp(x) for x in [-87, 0]: x = n ln2 + r, |r| <= ln2 / 2 (n rounded with the 1.5 * 2^23
- * trick, ln2 in two parts so n ln2 is exact enough), exp(r) by Cephes' degree-6 polynomial,
- * 2^n from the exponent bits. */
-static inline float exp_f32(float x)
-{
-    const float shifter = 12582912.0f;               /* 1.5 * 2^23: adding it rounds to int */
-    float n = (x * 1.44269504088896341f + shifter) - shifter;
-    float r = x - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    float y = p * r * r + r + 1.0f;
-    union { float f; int32_t i; } u = { y };
-    u.i += (int32_t)n * (1 << 23);                   /* y * 2^n (n >= -126: no denormal) */
-    return u.f;
-}
 
 void hiertail_exp_f32(int64_t n, const float *a, float *out)     /* for the accuracy test */
 {

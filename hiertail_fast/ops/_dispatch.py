@@ -162,14 +162,25 @@ LOSS_BACKENDS = BACKENDS + OP_BACKENDS["balanced_contrastive_loss"]
 def _automatic_engine(z: torch.Tensor, variant: str, n_levels: int) -> str:
     """Engine for an automatic choice (no backend= and no HIERTAIL_BACKEND): the loss row of
     ``_dispatch.AUTO_BACKEND`` (by measurement), refined where the measurement said so: on CPU
-    the attention kernels win only the exact single-level loss; our fused engine wins the
-    official variant (its row max rides on the same GEMM) and several levels (one exp of the
-    shared block for all levels, where attention pays one head per level)."""
+    the attention kernels win only the exact single-level loss on problems too small for our
+    symmetric engine (or where it cannot be built); our engines win the official variant (its
+    row max rides on the same GEMM), several levels (one exp of the shared block for all
+    levels, where attention pays one head per level) and one level from MIN_ROWS rows."""
     choice = auto_backend("balanced_contrastive_loss", z.device)
     if choice == "attention" and z.device.type == "cpu" and (
-            variant == "official" or n_levels > 1):
+            variant == "official" or n_levels > 1 or _symmetric_engine_takes(z, n_levels)):
         return "torch"
     return choice
+
+
+def _symmetric_engine_takes(z: torch.Tensor, n_levels: int) -> bool:
+    """Whether a one-level CPU loss on `z` runs our symmetric engine (``_lse_symmetric``: each
+    pair once, 2 N^2 d multiply-adds), which measured faster than the CPU attention kernel
+    (4 N^2 d) for the exact loss (README, "The CPU loss engines")."""
+    from hiertail_fast.ops import _lse_symmetric
+
+    return (n_levels == 1 and z.dtype == torch.float32 and z.shape[0] >= _lse_symmetric.MIN_ROWS
+            and _lse_symmetric.enabled() and _lse_symmetric.available())
 
 
 def choose_loss_backend(z: torch.Tensor, backend: str | None, variant: str,

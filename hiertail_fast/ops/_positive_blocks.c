@@ -29,31 +29,8 @@
 
 /* Threads (_native_omp.h): the row loop runs on torch's OpenMP threads when the block has at
  * least min_entries entries in its ranges; the kernel returns the number of threads that ran. */
+#include "_native_math.h"
 #include "_native_omp.h"
-
-/* Natural log for a in [2^-126, 2^127] (normal, positive): a = 2^e * (1 + m), m in [-1/3, 1/3),
- * log(1 + m) = m - m^2/2 + m^3 P(m), P of degree 8 fitted to log1p on that interval (relative
- * error 1e-9 in exact arithmetic; ~1 ulp in float). Branch-free, so the loops vectorise (a libm
- * call would not). The positives only ever take it of x + eps in [eps, 1 + eps]. */
-static inline float log_f32(float a)
-{
-    union { float f; int32_t i; } u = { a };
-    int32_t e = (u.i - 0x3f2aaaab) >> 23;          /* a / 2^e in [2/3, 4/3) */
-    u.i -= (int32_t)((uint32_t)e << 23);
-    float m = u.f - 1.0f;
-    float p = 1.169969230e-01f;
-    p = p * m - 1.285212925e-01f;
-    p = p * m + 1.083586870e-01f;
-    p = p * m - 1.219399051e-01f;
-    p = p * m + 1.429704904e-01f;
-    p = p * m - 1.667972320e-01f;
-    p = p * m + 1.999985844e-01f;
-    p = p * m - 2.499981656e-01f;
-    p = p * m + 3.333333300e-01f;
-    float m2 = m * m;
-    float r = m - 0.5f * m2 + m2 * m * p;
-    return (float)e * 6.93147182e-01f + r;
-}
 
 void hiertail_log_f32(int64_t n, const float *a, float *out)     /* for the accuracy test */
 {

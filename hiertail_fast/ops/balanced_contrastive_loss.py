@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from hiertail_fast._validation import validate_contrastive_inputs
-from hiertail_fast.ops import _attention_lse, _lse_torch
+from hiertail_fast.ops import _attention_lse, _lse_symmetric, _lse_torch
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, positive_pairs
 from hiertail_fast.ops._dispatch import (  # noqa: F401  (LOSS_BACKENDS: re-exported)
     LOSS_BACKENDS,
@@ -155,9 +155,15 @@ class BalancedContrastiveFunction(torch.autograd.Function):
             a = lse - rmax
             return torch.exp(a - torch.logaddexp(a, log_eps))
 
+        # one level, every key visible, CPU float32: the symmetric engine (each pair once)
+        symmetric = backend == "torch" and _lse_symmetric.applicable(zc, lv.log_w)
+        if symmetric:
+            mod = _lse_symmetric
         # the official positives read from the torch engine's own blocks (no extra GEMM)
         positives = None
-        if official and backend == "torch":
+        if official and symmetric and fused:
+            positives = _lse_symmetric.Positives(lv.gid[0], include_self, -(base * inv_n)[0])
+        elif official and backend == "torch" and not symmetric:
             positives = BlockPositives(zc, lv.gid, lv.n_groups, include_self,
                                        -(base * inv_n) if fused else None, scale,
                                        torch.isfinite(lv.log_w).all(dim=0), lv.log_w)
@@ -172,6 +178,9 @@ class BalancedContrastiveFunction(torch.autograd.Function):
             lse, rmax, amax, dz = mod.lse_fused(z_eng, log_w, scale, official, coef_fn, **kw)
             dz = dz.to(zc.dtype)
             lse = lse.double()
+        elif symmetric:         # forward only: pass 1 (the positives: positive_pairs below)
+            lse, rmax, amax, _ = mod.lse_fused(zc, log_w, scale, official)
+            rmax = rmax.to(cdt) if official else None
         else:
             lse, rmax, amax = mod.lse_forward(z_in, log_w, scale, official, **kw)
             lse = lse.double()       # loss formulas in float64: lse - rowmax to full precision

@@ -1,0 +1,229 @@
+"""Symmetric CPU engine of the single-level weighted log-sum-exp and its gradient.
+
+Same contract as ``_lse_torch.lse_fused`` / ``lse_forward`` for ONE level whose keys are all
+visible (log_w finite: the plain and the official loss on cat(z, prototypes)). The logits are
+symmetric, s_ij = scale z_i.z_j = s_ji, and the row-block engine (like every attention kernel)
+computes each pair twice: once as (query i, key j), once as (query j, key i). Here each
+unordered pair is computed once, in the upper triangle:
+
+* rows are visited in blocks B; block B's tiles are B x B ("diagonal", read row-wise) and
+  B x (all keys after B) (one GEMM, read row-wise AND column-wise);
+* pass 1 (``hiertail_sym_stats_f32``) keeps running (max, sum of w exp(s - max), arg-max) of
+  every row over the keys seen so far: a tile's entry s_ij updates row i (key j) and row j
+  (key i) -> LSE_i, M_i (official row max) and its arg-max for all rows;
+* with the per-row gradient coefficients g_i known (``coef_fn``), pass 2 recomputes each tile
+  and replaces it by W_ij = g_i p_ij + g_j p_ji (p_ij = w_j exp(s_ij - LSE_i)): the gradient of
+  sum_i g_i LSE_i is scale * (A + A^T) Z with A_ij = g_i p_ij, and W is A + A^T on the tile,
+  so dz_B += W Z_after and dz_after += W^T z_B (diagonal: W = A, both products with Z_B).
+
+GEMM work: pass 1 N^2 d / 2, pass 2 N^2 d / 2 + 2 x N^2 d / 2 = 2 N^2 d multiply-adds, where
+the row-block engine (forward + fused gradient) needs 3 N^2 d and PyTorch's attention kernel
+(two forward calls) 4 N^2 d; the price is a second exp per entry in each pass (both in one C
+loop, ``_symmetric_lse.c``). bench/block_costs.py measured the GEMMs of this scheme at
+0.61-0.77 x the engine's (2-core EPYC, N 6k/20k, d 64/128); its math in plain torch
+(``symmetric_lse_grad`` there) matches the row-block engine to 1e-12.
+
+The official variant's positive pairs ride on pass 2: rows are processed sorted by label, so
+row i's positives are one column range; for each positive entry the kernel adds
+log(exp(s_ij - M_i) + eps) and q_ij to T_i, Q_i (and the mirrored ones to T_j, Q_j) and the
+coefficient c_i q_ij (+ c_j q_ji) to W. The arg-max ties go to the smallest ORIGINAL index
+(torch.max's first index), whatever the visiting order.
+
+float32 on CPU with the C kernel only (``applicable``); float64, several levels, hidden keys,
+no compiler: the row-block engine.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+
+import torch
+
+from hiertail_fast.ops import _native
+from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS
+from hiertail_fast.ops._lse_torch import MAX_BLOCK_ROWS, exp_cutoff
+
+ENV_VAR = "HIERTAIL_SYMMETRIC"
+# below this many rows the row-block engine's single block is as good (and has fewer calls)
+MIN_ROWS = 2 * MAX_BLOCK_ROWS
+
+
+def enabled() -> bool:
+    """False when switched off with ``HIERTAIL_SYMMETRIC=0`` (A/B runs, debugging)."""
+    return os.environ.get(ENV_VAR, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _kernels():
+    lib = _native.load("_symmetric_lse", openmp=True)
+    if lib is None:
+        return None
+    stats, grad = lib.hiertail_sym_stats_f32, lib.hiertail_sym_grad_f32
+    if stats.argtypes is None:
+        i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+        stats.argtypes = [i64, i64, i64, ptr, i64, i64, ptr, ptr, ptr, ptr, f32, f32,
+                          ptr, ptr, ptr, ptr, ptr, ptr]
+        stats.restype = i64
+        grad.argtypes = [i64, i64, i64, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr,
+                         ptr, f32, f32, ptr, ptr, i64, ptr, ptr, ptr, ptr, ptr, f32, ptr, ptr,
+                         ptr, ptr]
+        grad.restype = i64
+    return stats, grad
+
+
+def available() -> bool:
+    """Whether the C kernel is built (or can be built) here."""
+    return _kernels() is not None
+
+
+def applicable(z: torch.Tensor, log_w: torch.Tensor) -> bool:
+    """Whether this engine takes the call: CPU float32, one level, every key visible, at least
+    MIN_ROWS rows, not switched off, and the C kernel built here."""
+    return (enabled() and z.device.type == "cpu" and z.dtype == torch.float32
+            and log_w.shape[0] == 1 and z.shape[0] >= MIN_ROWS
+            and bool(torch.isfinite(log_w).all()) and available())
+
+
+class Positives:
+    """The official positive pairs of one level: labels (group ids, all rows), whether a row
+    is its own positive, the coefficient c_i of each row's positive terms (None: forward only).
+    After ``lse_fused``: ``T``, ``Q`` [1, N] (float64) and ``handled == [True]``, as
+    ``_positive_blocks.BlockPositives`` has them."""
+
+    def __init__(self, gid: torch.Tensor, include_self: bool, coef: torch.Tensor | None):
+        self.gid, self.include_self, self.coef = gid, include_self, coef
+        self.handled = [False]
+        self.T = self.Q = None
+
+
+def _ptr(t: torch.Tensor | None):
+    return None if t is None else t.data_ptr()
+
+
+def _tiles(n: int):
+    """(r0, r1) of every row block; block rows as MAX_BLOCK_ROWS (the row-block engine's
+    measured best) and the flat buffer size they need."""
+    b = MAX_BLOCK_ROWS
+    return [(r0, min(n, r0 + b)) for r0 in range(0, n, b)], b * n
+
+
+def _gemm(buf: torch.Tensor, a: torch.Tensor, bt: torch.Tensor) -> torch.Tensor:
+    """a @ bt.T into a contiguous view of the flat buffer (row stride = its width)."""
+    out = buf[: a.shape[0] * bt.shape[0]].view(a.shape[0], bt.shape[0])
+    return torch.mm(a, bt.t(), out=out)
+
+
+def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool,
+              coef_fn=None, positives: Positives | None = None):
+    """-> (lse [1, N] float64, rowmax [1, N] or None, argmax [1, N] or None, dz or None).
+
+    ``coef_fn(rows, lse [1, N], rowmax [1, N] or None) -> g [1, N]`` (rows = slice(0, N)); None:
+    forward only (pass 1). ``positives``: the official positive pairs (their T, Q are filled
+    and their gradient is added to dz)."""
+    stats_fn, grad_fn = _kernels()
+    n, _ = z.shape
+    threads = torch.get_num_threads()
+    cutoff = exp_cutoff(torch.float32)
+    thr = math.exp(-cutoff) * 1.0001
+    with_pos = positives is not None and coef_fn is not None
+    if with_pos:        # sorted by label: a row's positives are one range of columns
+        gid = positives.gid
+        order = torch.sort(gid, stable=True).indices
+        gs = gid[order]
+        counts = torch.bincount(gs)
+        start = torch.cumsum(counts, 0) - counts
+        lo, hi = start[gs], start[gs] + counts[gs]
+    else:
+        order = torch.arange(n)
+    zs = z[order].contiguous()
+    zss = zs * scale
+    lw = log_w[0][order].to(torch.float32).contiguous()
+    w = lw.exp()
+    ids = order.contiguous() if need_max else None  # original ids (arg-max ties)
+    row_m = torch.full((n,), float("-inf"), dtype=torch.float32)
+    row_s = torch.zeros(n, dtype=torch.float64)
+    row_a = torch.full((n,), -1, dtype=torch.long)
+    tiles, size = _tiles(n)
+    buf = torch.empty(size, dtype=torch.float32)
+
+    def tile(r0, r1, diag):
+        cols = slice(r0, r1) if diag else slice(r1, n)
+        return cols, _gemm(buf, zss[r0:r1], zs[cols])
+
+    def ptrs(t, sl):
+        return t[sl].data_ptr()
+
+    def ids_ptr(sl):
+        return None if ids is None else ids[sl].data_ptr()
+
+    # ---- pass 1: running row statistics, each pair once
+    for r0, r1 in tiles:
+        rs = slice(r0, r1)
+        for diag in (True, False):
+            cols, s = tile(r0, r1, diag)
+            if s.shape[1] == 0:
+                continue
+            used = stats_fn(threads, r1 - r0, s.shape[1], s.data_ptr(), s.stride(0), int(diag),
+                            ptrs(w, rs), ptrs(w, cols), ids_ptr(rs), ids_ptr(cols), cutoff,
+                            thr, ptrs(row_m, rs), ptrs(row_s, rs), ptrs(row_a, rs),
+                            ptrs(row_m, cols), ptrs(row_s, cols), ptrs(row_a, cols))
+            if used < 0:
+                raise MemoryError("the symmetric loss kernel could not allocate its row stats")
+    lse_s = row_m.double() + torch.log(row_s)
+    inv = torch.empty_like(order)
+    inv[order] = torch.arange(n)
+    lse = lse_s[inv][None]
+    rowmax = row_m[inv][None] if need_max else None
+    argmax = row_a[inv][None] if need_max else None
+    if coef_fn is None:
+        return lse, rowmax, argmax, None
+    # ---- pass 2: W = A + A^T tile by tile, dz = scale * W Z
+    g = coef_fn(slice(0, n), lse, row_m[inv][None])[0].to(torch.float64)[order]
+    c = positives.coef[order].to(torch.float64) if with_pos else None
+    # g, c (~1/N) divided by their max and given back as one scalar: W's entries stay O(1)
+    # and W Z never turns denormal
+    g_max = float(g.abs().max())
+    if c is not None:
+        g_max = max(g_max, float(c.abs().max()))
+    g_max = g_max or 1.0
+    g32 = (g / g_max).float()
+    c32 = (c / g_max).float() if c is not None else None
+    rel = (lse_s - row_m.double()).float()          # lse - M, small: the cancellation exact
+    g_erel = (g32 * torch.exp(-rel)).contiguous() if with_pos else None   # g e^-rel (positives)
+    dz = torch.zeros_like(zs)
+    big_t = torch.zeros(n, dtype=torch.float64) if with_pos else None
+    big_q = torch.zeros(n, dtype=torch.float64) if with_pos else None
+    for r0, r1 in tiles:
+        rs = slice(r0, r1)
+        for diag in (True, False):
+            cols, s = tile(r0, r1, diag)
+            if s.shape[1] == 0:
+                continue
+            c0 = cols.start
+            lo_t = hi_t = None
+            if with_pos:           # row ranges in the tile's column numbering
+                lo_t = (lo[rs] - c0).contiguous()
+                hi_t = (hi[rs] - c0).contiguous()
+            used = grad_fn(threads, r1 - r0, s.shape[1], s.data_ptr(), s.stride(0), int(diag),
+                           ptrs(row_m, rs), ptrs(rel, rs), ptrs(g32, rs), ptrs(lw, rs),
+                           ptrs(row_m, cols), ptrs(rel, cols), ptrs(g32, cols), ptrs(lw, cols),
+                           cutoff, thr, _ptr(lo_t), _ptr(hi_t), int(positives.include_self)
+                           if with_pos else 1, ptrs(c32, rs) if with_pos else None,
+                           ptrs(c32, cols) if with_pos else None,
+                           ptrs(w, rs) if with_pos else None, ptrs(w, cols) if with_pos else None,
+                           ptrs(g_erel, cols) if with_pos else None, OFFICIAL_EPS,
+                           ptrs(big_t, rs) if with_pos else None,
+                           ptrs(big_q, rs) if with_pos else None,
+                           ptrs(big_t, cols) if with_pos else None,
+                           ptrs(big_q, cols) if with_pos else None)
+            if used < 0:
+                raise MemoryError("the symmetric loss kernel could not allocate its row sums")
+            dz[rs].addmm_(s, zs[cols])
+            dz[cols].addmm_(s.t(), zs[rs])
+    dz.mul_(scale * g_max)
+    out = torch.empty_like(dz)
+    out[order] = dz
+    if with_pos:
+        positives.T, positives.Q = big_t[inv][None], big_q[inv][None]
+        positives.handled = [True]
+    return lse, rowmax, argmax, out

@@ -1,0 +1,208 @@
+"""The symmetric CPU engine (``ops/_lse_symmetric.py`` + ``_symmetric_lse.c``): each pair once.
+
+At test size the engine is forced on small problems (``MIN_ROWS`` = 1) and cut into many
+ragged tiles (row blocks of 16 or 64 rows, so the wide tiles span several C chunks and, above
+32k entries, several threads). Every case is checked against the float64 reference (values
+and gradients, both variants, the hard regimes of tests/test_contrastive_numerics.py) and
+against the row-block engine, and a spy asserts that the symmetric kernels really ran.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hiertail_fast.ops._lse_symmetric as sym
+from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss
+from hiertail_fast.ops import _dispatch, _lse_torch
+from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
+from tests.test_contrastive_numerics import _regime
+
+pytestmark = pytest.mark.skipif(not sym.available(), reason="no C compiler: the engine is off")
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    """The engine on every fp32 CPU single-level call, row blocks of 16; returns the spy's
+    call counter ({'fused': n})."""
+    monkeypatch.setenv(sym.ENV_VAR, "1")
+    monkeypatch.setattr(sym, "MIN_ROWS", 1)
+    monkeypatch.setattr(sym, "MAX_BLOCK_ROWS", 16)
+    calls = {"fused": 0}
+    real = sym.lse_fused
+
+    def spy(*args, **kwargs):
+        calls["fused"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sym, "lse_fused", spy)
+    return calls
+
+
+def _loss_and_grads(z, y, p, *, variant, tau=0.1, include_self=True, reduction="mean",
+                    backend="torch"):
+    zz = z.clone().requires_grad_()
+    pp = None if p is None else p.clone().requires_grad_()
+    fn = ref if backend is None else (
+        lambda *a, **k: balanced_contrastive_loss(*a, backend=backend, **k))
+    loss = fn(zz, y, prototypes=pp, temperature=tau, variant=variant,
+              include_self=include_self, reduction=reduction)
+    (loss.sum() * 2).backward()
+    return [loss.detach(), zz.grad] + ([] if pp is None else [pp.grad])
+
+
+def _assert_like_reference(fast, z, y, p, **kw):
+    """Within 2x the fp32 reference's own error + fp32 tolerance (test_contrastive_numerics'
+    rule, with its 32-ulp allowance for the gradient terms that cancel)."""
+    exp = _loss_and_grads(z.double(), y, None if p is None else p.double(), backend=None, **kw)
+    low = _loss_and_grads(z, y, p, backend=None, **kw)
+    zmax = max(z.abs().max().item(), 0.0 if p is None else p.abs().max().item())
+    terms = 2.0 * zmax * z.shape[1] ** 0.5 / kw.get("tau", 0.1) / z.shape[0]
+    for i, (a, e, lo) in enumerate(zip(fast, exp, low, strict=True)):
+        assert torch.isfinite(a).all()
+        err = (a.double() - e).abs().max().item()
+        ref_err = (lo.double() - e).abs().max().item()
+        bound = 2 * ref_err + 1e-5 + 1e-4 * e.abs().max().item()
+        if i > 0:
+            bound += 32 * torch.finfo(torch.float32).eps * terms
+        assert err <= bound, f"tensor {i}: error {err:.3g} > {bound:.3g}"
+
+
+@pytest.mark.parametrize("regime", ["normalised", "relu", "randn", "randn30"])
+@pytest.mark.parametrize("tau", [0.01, 1.0])
+@pytest.mark.parametrize("variant", ["exact", "official"])
+def test_regimes_match_reference(forced, regime, tau, variant):
+    gen = torch.Generator().manual_seed(7)
+    z = _regime(regime, 83, 16, gen)                  # 83 + 5 rows: ragged blocks of 16
+    y = torch.randint(0, 5, (83,), generator=gen)
+    p = _regime(regime, 5, 16, gen)
+    fast = _loss_and_grads(z, y, p, variant=variant, tau=tau)
+    assert forced["fused"] == 1
+    _assert_like_reference(fast, z, y, p, variant=variant, tau=tau)
+
+
+@pytest.mark.parametrize("variant", ["exact", "official"])
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_options_match_reference_and_row_block_engine(forced, monkeypatch, variant,
+                                                       include_self, reduction):
+    """include_self, every reduction (``none``: the engine's forward-only pass, the row-block
+    engine's backward), no prototypes; the row-block engine agrees within fp32 rounding."""
+    gen = torch.Generator().manual_seed(3)
+    z = torch.randn(101, 8, generator=gen)
+    y = torch.randint(0, 4, (101,), generator=gen)
+    kw = dict(variant=variant, tau=0.5, include_self=include_self, reduction=reduction)
+    fast = _loss_and_grads(z, y, None, **kw)
+    assert forced["fused"] == 1
+    _assert_like_reference(fast, z, y, None, **kw)
+    monkeypatch.setenv(sym.ENV_VAR, "0")
+    rows = _loss_and_grads(z, y, None, **kw)
+    assert forced["fused"] == 1                           # switched off: not called again
+    for a, b in zip(fast, rows, strict=True):     # fp32 rounding, relative to the tensor
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-4 * b.abs().max().item() + 1e-6)
+
+
+def test_threads_and_chunks_agree(forced, monkeypatch):
+    """Row blocks of 64 rows: the wide tiles span several 256-column chunks, split over two
+    threads; one thread gives the same loss and gradient (to fp32 rounding: the threads' row
+    sums are merged in another order)."""
+    monkeypatch.setattr(sym, "MAX_BLOCK_ROWS", 64)
+    gen = torch.Generator().manual_seed(11)
+    z = torch.randn(1100, 16, generator=gen)
+    y = torch.randint(0, 6, (1100,), generator=gen)
+    before = torch.get_num_threads()
+    try:
+        out = {}
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out[threads] = _loss_and_grads(z, y, None, variant="official", tau=0.5)
+    finally:
+        torch.set_num_threads(before)
+    assert forced["fused"] == 2
+    for a, b in zip(out[1], out[2], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    _assert_like_reference(out[2], z, y, None, variant="official", tau=0.5)
+
+
+def test_statistics_and_first_argmax_on_ties(forced):
+    """lse, row max and arg-max against a dense float64 computation, on data full of ties
+    (integer embeddings, duplicate rows): the arg-max is the FIRST index holding the max in
+    the caller's order (torch.max's rule), although the engine visits rows sorted by label."""
+    gen = torch.Generator().manual_seed(2)
+    z = torch.randint(-1, 2, (77, 6), generator=gen).float()
+    z[40:60] = z[0:20]
+    y = torch.randint(0, 4, (77,), generator=gen)
+    log_w = -torch.log(torch.bincount(y)[y].float())[None]
+    pos = sym.Positives(y, True, torch.full((77,), -0.01))
+    coef = lambda rows, lse, rmax: torch.full_like(lse, 0.01)       # noqa: E731
+    lse, rmax, amax, dz = sym.lse_fused(z, log_w, 0.5, True, coef, positives=pos)
+    s = (z.double() @ z.double().t()) * 0.5        # exact in fp32 too: ties stay ties
+    torch.testing.assert_close(lse[0], torch.logsumexp(s + log_w[0].double(), dim=1))
+    assert torch.equal(rmax[0].double(), s.max(dim=1).values)
+    first = torch.tensor([int((row == row.max()).nonzero()[0]) for row in s])
+    assert torch.equal(amax[0], first)
+    # T, Q: the positives' sums with x = exp(s_ij - M_i)
+    same = y[:, None] == y[None, :]
+    x = torch.exp(s - s.max(dim=1, keepdim=True).values)
+    eps = 1e-7
+    big_t = torch.where(same, torch.log(x + eps), torch.zeros_like(x)).sum(1)
+    big_q = torch.where(same, x / (x + eps), torch.zeros_like(x)).sum(1)
+    torch.testing.assert_close(pos.T[0], big_t, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(pos.Q[0], big_q, rtol=1e-6, atol=1e-5)
+    assert pos.handled == [True]
+    # the gradient: d/dz of sum_i 0.01 lse_i - 0.01 sum_{j in P(i)} log(x_ij + eps) at fixed M
+    zd = z.double().requires_grad_()
+    sd = (zd @ zd.t()) * 0.5
+    m = sd.max(dim=1, keepdim=True).values.detach()
+    val = 0.01 * torch.logsumexp(sd + log_w[0].double(), dim=1).sum() - 0.01 * torch.where(
+        same, torch.log(torch.exp(sd - m) + eps), torch.zeros_like(sd)).sum()
+    val.backward()
+    torch.testing.assert_close(dz.double(), zd.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_wide_logits_stay_finite_and_exact(forced):
+    """|s| ~ 1e5 (randn x 30, tau = 0.01): exp arguments split as (s - M) + small part."""
+    gen = torch.Generator().manual_seed(9)
+    z = torch.randn(90, 12, generator=gen) * 30
+    y = torch.randint(0, 3, (90,), generator=gen)
+    for variant in ("exact", "official"):
+        fast = _loss_and_grads(z, y, None, variant=variant, tau=0.01)
+        _assert_like_reference(fast, z, y, None, variant=variant, tau=0.01)
+
+
+def test_applicable_only_where_it_is_built_for(monkeypatch):
+    monkeypatch.setenv(sym.ENV_VAR, "1")
+    z = torch.randn(sym.MIN_ROWS, 4)
+    lw = torch.zeros(1, sym.MIN_ROWS)
+    assert sym.applicable(z, lw)
+    assert not sym.applicable(z.double(), lw.double())                 # float64: row blocks
+    assert not sym.applicable(z[:-1], lw[:, :-1])                      # too few rows
+    assert not sym.applicable(z, torch.zeros(2, sym.MIN_ROWS))         # several levels
+    hidden = lw.clone()
+    hidden[0, 3] = float("-inf")
+    assert not sym.applicable(z, hidden)                               # a hidden key
+    monkeypatch.setenv(sym.ENV_VAR, "0")
+    assert not sym.applicable(z, lw)
+
+
+def test_automatic_choice_on_cpu(monkeypatch):
+    """The exact single-level loss goes to the symmetric engine (measured faster than the CPU
+    attention kernel) from MIN_ROWS rows, the attention kernel below; switched off, attention."""
+    monkeypatch.delenv("HIERTAIL_BACKEND", raising=False)
+    monkeypatch.setenv(sym.ENV_VAR, "1")
+    big, small = torch.randn(sym.MIN_ROWS, 4), torch.randn(sym.MIN_ROWS - 1, 4)
+    assert _dispatch.choose_loss_backend(big, None, "exact") == "torch"
+    assert _dispatch.choose_loss_backend(big, None, "official") == "torch"
+    if _dispatch._attention_available(big.device):
+        assert _dispatch.choose_loss_backend(small, None, "exact") == "attention"
+        monkeypatch.setenv(sym.ENV_VAR, "0")
+        assert _dispatch.choose_loss_backend(big, None, "exact") == "attention"
+
+
+def test_several_levels_keep_the_row_block_engine(forced):
+    gen = torch.Generator().manual_seed(1)
+    z = torch.randn(50, 8, generator=gen, requires_grad=True)
+    ys = [torch.randint(0, 4, (50,), generator=gen), torch.randint(0, 2, (50,), generator=gen)]
+    ps = [torch.randn(4, 8, generator=gen), torch.randn(2, 8, generator=gen)]
+    hierarchical_contrastive_loss(z, ys, ps, temperature=0.5, backend="torch").backward()
+    assert forced["fused"] == 0
+    assert _lse_torch.MAX_BLOCK_ROWS == 256            # the row-block engine's own blocks
