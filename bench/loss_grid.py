@@ -38,6 +38,7 @@ import os
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -49,10 +50,14 @@ from conftest import DEVICE, device_name  # noqa: E402
 import hiertail_fast.ops._native as native_mod  # noqa: E402
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss  # noqa: E402
 from hiertail_fast._files import atomic_write_text  # noqa: E402
+from hiertail_fast.ops._lse_symmetric import ENV_VAR as SYMMETRIC_ENV  # noqa: E402
 from hiertail_fast.ops._lse_torch import exp_cutoff  # noqa: E402
 
 REGIMES = ("normalised", "relu", "randn", "randn30")
-BACKENDS = ("torch", "attention")
+# "rowblock": the torch backend with the symmetric engine switched off (HIERTAIL_SYMMETRIC=0),
+# i.e. the row-block engine, for A/Bs of the two on one-level cells (on 3 levels they are one)
+BACKENDS = ("torch", "attention", "rowblock")
+DEFAULT_BACKENDS = ("torch", "attention")
 N_CLASSES = 40
 
 
@@ -80,17 +85,36 @@ def make_case(regime: str, n: int, d: int, levels: int, seed: int = 0):
 
 
 def loss_step(backend: str, z, ys, ps, tau: float, variant: str):
+    switch = {SYMMETRIC_ENV: "0"} if backend == "rowblock" else {}
+    engine = "torch" if backend == "rowblock" else backend
+
     def step():
-        zz = z.detach().requires_grad_()
-        if len(ys) == 1:
-            loss = balanced_contrastive_loss(zz, ys[0], prototypes=ps[0], temperature=tau,
-                                             variant=variant, backend=backend)
-        else:
-            loss = hierarchical_contrastive_loss(zz, ys, ps, temperature=tau, variant=variant,
-                                                 backend=backend)
-        loss.backward()
+        with _environment(switch):
+            zz = z.detach().requires_grad_()
+            if len(ys) == 1:
+                loss = balanced_contrastive_loss(zz, ys[0], prototypes=ps[0], temperature=tau,
+                                                 variant=variant, backend=engine)
+            else:
+                loss = hierarchical_contrastive_loss(zz, ys, ps, temperature=tau,
+                                                     variant=variant, backend=engine)
+            loss.backward()
         _sync()
     return step
+
+
+@contextmanager
+def _environment(values: dict):
+    """The environment variables ``values`` set for the block, then put back as they were."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 _FLOOR_BUFFERS: dict = {}
@@ -374,7 +398,8 @@ def main(argv=None) -> int:
     parser.add_argument("--levels", type=int, nargs="+", choices=[1, 3], default=[1, 3])
     parser.add_argument("--variants", nargs="+", choices=["exact", "official"],
                         default=["exact", "official"])
-    parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
+    parser.add_argument("--backends", nargs="+", choices=BACKENDS,
+                        default=list(DEFAULT_BACKENDS))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--order", choices=["interleaved", "cells"], default="interleaved",
                         help="interleaved: every round visits every cell (drift spreads over "

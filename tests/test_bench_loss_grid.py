@@ -3,6 +3,7 @@ end on a tiny grid, records every cell and provider, and its anchors compute wha
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -255,3 +256,30 @@ def test_report_rewrites_an_earlier_json_with_official_over_exact(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "not a loss_grid JSON" in res.stderr
     assert bad.read_text() == '{"records": [{"n": 1}]}'            # left as it was
+
+
+def test_rowblock_provider_switches_the_symmetric_engine_off_for_its_call(monkeypatch):
+    """``rowblock`` = the torch backend with HIERTAIL_SYMMETRIC=0 during its step only (the
+    environment is put back after it), ``torch`` leaves the switch alone."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import loss_grid
+    finally:
+        sys.path.remove(str(BENCH))
+    import hiertail_fast.ops._lse_symmetric as sym
+
+    monkeypatch.delenv(sym.ENV_VAR, raising=False)
+    monkeypatch.setattr(sym, "MIN_ROWS", 1)
+    seen = []
+    real = sym.applicable
+
+    def spy(z, log_w):
+        seen.append(sym.enabled())
+        return real(z, log_w)
+
+    monkeypatch.setattr(sym, "applicable", spy)
+    z, ys, ps = loss_grid.make_case("relu", 60, 8, 1)
+    loss_grid.loss_step("rowblock", z, ys, ps, 0.1, "exact")()
+    assert seen == [False] and sym.ENV_VAR not in os.environ
+    loss_grid.loss_step("torch", z, ys, ps, 0.1, "exact")()
+    assert seen == [False, True]
