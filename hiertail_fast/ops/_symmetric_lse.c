@@ -1,5 +1,5 @@
-/* The two element-wise passes of the symmetric CPU engine (``_lse_symmetric.py`` has the
- * scheme and the math; DESIGN.md section 3.2).
+/* The two element-wise passes of the symmetric CPU engine (the scheme and its math: the
+ * docstring of ``_lse_symmetric.py``; DESIGN.md section 3 for the loss).
  *
  * s_ij = s_ji: the engine visits each unordered pair once, in a tile of logits s [rows, cols]
  * of the upper triangle (rows i of a row block, columns j of the keys after it; a "diagonal"
@@ -101,22 +101,18 @@ int64_t hiertail_sym_stats_f32(int64_t threads, int64_t rows, int64_t cols, cons
             ts[i] = 0.0;
             ta[i] = -1;
         }
-        float old_m[CHUNK];
+        float old_m[CHUNK], ccm[CHUNK];
         float cacc[CHUNK];   /* <= rows (256) terms per tile, then float64 */
 #pragma omp for schedule(static)
         for (int64_t c = 0; c < n_chunks; c++) {
             const int64_t k0 = c * CHUNK, n = (k0 + CHUNK < cols ? CHUNK : cols - k0);
             float *cm = col_m + k0;
             int64_t *ca = col_a + k0;
-            /* sweep 1: row maxima of the chunk, and the columns' running maxima */
+            /* sweep 1: the chunk's row maxima and column maxima (maxima only: vectorised) */
             if (!diag)
                 for (int64_t k = 0; k < n; k++) {
                     old_m[k] = ca[k] < 0 ? -INFINITY : cm[k];
-                    if (ca[k] < 0) {               /* first visit: "seen" (id 0 if untracked) */
-                        cm[k] = -INFINITY;
-                        if (!id_row)
-                            ca[k] = 0;
-                    }
+                    ccm[k] = -INFINITY;
                 }
             for (int64_t i = 0; i < rows; i++) {
                 const float *x = s + i * lds + k0;
@@ -125,27 +121,43 @@ int64_t hiertail_sym_stats_f32(int64_t threads, int64_t rows, int64_t cols, cons
 #pragma omp simd reduction(max:m)
                     for (int64_t k = 0; k < n; k++)
                         m = x[k] > m ? x[k] : m;
-                } else if (!id_row) {              /* no arg-max asked: the maxima only */
+                } else {
 #pragma omp simd reduction(max:m)
                     for (int64_t k = 0; k < n; k++) {
                         const float v = x[k];
-                        cm[k] = v > cm[k] ? v : cm[k];
-                        m = v > m ? v : m;
-                    }
-                } else {
-                    const int64_t idi = id_row[i];
-#pragma omp simd reduction(max:m)
-                    for (int64_t k = 0; k < n; k++) {
-                        const float v = x[k], cur = cm[k];
-                        const int64_t cur_a = ca[k];
-                        const int take = v > cur || cur_a < 0 || (v == cur && idi < cur_a);
-                        cm[k] = take ? v : cur;
-                        ca[k] = take ? idi : cur_a;
+                        ccm[k] = v > ccm[k] ? v : ccm[k];
                         m = v > m ? v : m;
                     }
                 }
                 chunk_max[i] = m;
             }
+            /* the columns' running maxima; their arg-max only where the chunk holds the max
+             * (a new max, or a tie that may come with a smaller id): a strided scan of that
+             * column of the chunk (in L2), rare after the first row blocks */
+            if (!diag)
+                for (int64_t k = 0; k < n; k++) {
+                    const float c = ccm[k];
+                    const int seen = ca[k] >= 0;
+                    if (seen && c < old_m[k])
+                        continue;
+                    if (!id_row) {                 /* untracked: id 0 marks "seen" */
+                        cm[k] = seen && old_m[k] > c ? old_m[k] : c;
+                        ca[k] = 0;
+                        continue;
+                    }
+                    int64_t a = -1;
+                    for (int64_t i = 0; i < rows; i++)
+                        if (s[i * lds + k0 + k] == c && (a < 0 || id_row[i] < a))
+                            a = id_row[i];
+                    if (a < 0)
+                        continue;                  /* a NaN column: the caller's checks */
+                    if (!seen || c > old_m[k]) {
+                        cm[k] = c;
+                        ca[k] = a;
+                    } else if (a < ca[k]) {
+                        ca[k] = a;
+                    }
+                }
             /* the rows' running maxima (arg-max: the smallest id holding the chunk's max) */
             for (int64_t i = 0; i < rows; i++) {
                 const float m = chunk_max[i];
