@@ -61,14 +61,17 @@ AUTO_BACKEND: dict[str, dict[str, AutoChoice]] = {
                            "8.0 ms vs torch 19.8 ms"),
     },
     "balanced_contrastive_loss": {
-        # CPU: the attention kernels (CPU flash attention) for the exact single-level loss; the
-        # loss op keeps our fused torch engine for the official variant and for several levels
-        # (ops/balanced_contrastive_loss._automatic_engine), which measured faster there.
+        # CPU: the attention kernels (CPU flash attention) for the exact single-level loss on
+        # problems under _lse_symmetric.MIN_ROWS rows (or without a C compiler); from there our
+        # symmetric engine, and our engines for the official variant and several levels
+        # (`_automatic_engine`), which measured faster there.
         "cpu": AutoChoice("attention", "2-core AMD EPYC (torch 2.13, 2 threads, idle), "
-                          "bench/loss_grid.py: exact 1 level N=100k d=128 relu tau=0.1 attention "
-                          "65.1 s vs torch 85.9 s; N=20k and 6k: parity (median ratio 1.00); "
-                          "official / 3 levels: torch faster (median 1.03x / 2.0-2.2x) -> torch "
-                          "(docs/results/loss_grid_*.md)"),
+                          "bench/loss_grid.py --levels 1: the symmetric torch engine vs attention "
+                          "on the cells where attention runs its own kernel (normalised, relu), "
+                          "medians: 6k 1.29x, 20k 1.23x faster (docs/results/loss_grid_{6000,"
+                          "20000}_L1_symmetric.md); official / 3 levels: torch faster (1.75x / "
+                          "2.0-2.5x). Before the symmetric engine: exact 1 level N=100k d=128 "
+                          "attention 65.1 s vs row-block torch 85.9 s"),
         # "attention" = PyTorch's fused attention kernels through ops/_attention_lse.py (the
         # loss's own backend; float64, logits over its precision guard and shapes the kernels
         # refuse go to our engines). The same method as a prototype outside the library on the
