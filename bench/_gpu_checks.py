@@ -47,20 +47,27 @@ def backend_of(label: str) -> str:
 
 
 @contextlib.contextmanager
-def backend_mode(label: str):
-    """Yields the backend name of `label` (a backend, or a TRITON_MODES entry, whose
-    environment is set for the duration and restored after, also on error)."""
-    env = TRITON_MODES.get(label, {})
-    old = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
+def environment(values: dict):
+    """The environment variables `values` set for the block, then put back as they were (also
+    on error)."""
+    old = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
     try:
-        yield backend_of(label)
+        yield
     finally:
         for key, value in old.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@contextlib.contextmanager
+def backend_mode(label: str):
+    """Yields the backend name of `label` (a backend, or a TRITON_MODES entry, whose
+    environment is set for the duration and restored after, also on error)."""
+    with environment(TRITON_MODES.get(label, {})):
+        yield backend_of(label)
 
 
 def loss_labels(device: str) -> list[str]:

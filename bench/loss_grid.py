@@ -38,13 +38,12 @@ import os
 import statistics
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _gpu_checks import nested_levels  # noqa: E402
+from _gpu_checks import environment, nested_levels  # noqa: E402
 from conftest import DEVICE, device_name  # noqa: E402
 
 import hiertail_fast.ops._native as native_mod  # noqa: E402
@@ -89,7 +88,7 @@ def loss_step(backend: str, z, ys, ps, tau: float, variant: str):
     engine = "torch" if backend == "rowblock" else backend
 
     def step():
-        with _environment(switch):
+        with environment(switch):
             zz = z.detach().requires_grad_()
             if len(ys) == 1:
                 loss = balanced_contrastive_loss(zz, ys[0], prototypes=ps[0], temperature=tau,
@@ -100,21 +99,6 @@ def loss_step(backend: str, z, ys, ps, tau: float, variant: str):
             loss.backward()
         _sync()
     return step
-
-
-@contextmanager
-def _environment(values: dict):
-    """The environment variables ``values`` set for the block, then put back as they were."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 _FLOOR_BUFFERS: dict = {}

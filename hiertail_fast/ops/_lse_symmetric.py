@@ -146,9 +146,13 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
     tiles, size = _tiles(n)
     buf = torch.empty(size, dtype=torch.float32)
 
-    def tile(r0, r1, diag):
-        cols = slice(r0, r1) if diag else slice(r1, n)
-        return cols, _gemm(buf, zss[r0:r1], zs[cols])
+    def tiles_of_the_triangle():
+        """(rows, cols, diag, logits tile) of every non-empty upper-triangle tile, in order."""
+        for r0, r1 in tiles:
+            for diag in (True, False):
+                cols = slice(r0, r1) if diag else slice(r1, n)
+                if cols.stop > cols.start:
+                    yield slice(r0, r1), cols, diag, _gemm(buf, zss[r0:r1], zs[cols])
 
     def ptrs(t, sl):
         return t[sl].data_ptr()
@@ -156,19 +160,17 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
     def ids_ptr(sl):
         return None if ids is None else ids[sl].data_ptr()
 
+    def pos_ptr(t, sl):             # the official positives' arrays (None: no positives)
+        return t[sl].data_ptr() if with_pos else None
+
     # ---- pass 1: running row statistics, each pair once
-    for r0, r1 in tiles:
-        rs = slice(r0, r1)
-        for diag in (True, False):
-            cols, s = tile(r0, r1, diag)
-            if s.shape[1] == 0:
-                continue
-            used = stats_fn(threads, r1 - r0, s.shape[1], s.data_ptr(), s.stride(0), int(diag),
-                            ptrs(w, rs), ptrs(w, cols), ids_ptr(rs), ids_ptr(cols), cutoff,
-                            thr, ptrs(row_m, rs), ptrs(row_s, rs), ptrs(row_a, rs),
-                            ptrs(row_m, cols), ptrs(row_s, cols), ptrs(row_a, cols))
-            if used < 0:
-                raise MemoryError("the symmetric loss kernel could not allocate its row stats")
+    for rs, cols, diag, s in tiles_of_the_triangle():
+        used = stats_fn(threads, s.shape[0], s.shape[1], s.data_ptr(), s.stride(0), int(diag),
+                        ptrs(w, rs), ptrs(w, cols), ids_ptr(rs), ids_ptr(cols), cutoff, thr,
+                        ptrs(row_m, rs), ptrs(row_s, rs), ptrs(row_a, rs), ptrs(row_m, cols),
+                        ptrs(row_s, cols), ptrs(row_a, cols))
+        if used < 0:
+            raise MemoryError("the symmetric loss kernel could not allocate its row stats")
     lse_s = row_m.double() + torch.log(row_s)
     inv = torch.empty_like(order)
     inv[order] = torch.arange(n)
@@ -193,33 +195,24 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
     dz = torch.zeros_like(zs)
     big_t = torch.zeros(n, dtype=torch.float64) if with_pos else None
     big_q = torch.zeros(n, dtype=torch.float64) if with_pos else None
-    for r0, r1 in tiles:
-        rs = slice(r0, r1)
-        for diag in (True, False):
-            cols, s = tile(r0, r1, diag)
-            if s.shape[1] == 0:
-                continue
-            c0 = cols.start
-            lo_t = hi_t = None
-            if with_pos:           # row ranges in the tile's column numbering
-                lo_t = (lo[rs] - c0).contiguous()
-                hi_t = (hi[rs] - c0).contiguous()
-            used = grad_fn(threads, r1 - r0, s.shape[1], s.data_ptr(), s.stride(0), int(diag),
-                           ptrs(row_m, rs), ptrs(rel, rs), ptrs(g32, rs), ptrs(lw, rs),
-                           ptrs(row_m, cols), ptrs(rel, cols), ptrs(g32, cols), ptrs(lw, cols),
-                           cutoff, thr, _ptr(lo_t), _ptr(hi_t), int(positives.include_self)
-                           if with_pos else 1, ptrs(c32, rs) if with_pos else None,
-                           ptrs(c32, cols) if with_pos else None,
-                           ptrs(w, rs) if with_pos else None, ptrs(w, cols) if with_pos else None,
-                           ptrs(g_erel, cols) if with_pos else None, OFFICIAL_EPS,
-                           ptrs(big_t, rs) if with_pos else None,
-                           ptrs(big_q, rs) if with_pos else None,
-                           ptrs(big_t, cols) if with_pos else None,
-                           ptrs(big_q, cols) if with_pos else None)
-            if used < 0:
-                raise MemoryError("the symmetric loss kernel could not allocate its row sums")
-            dz[rs].addmm_(s, zs[cols])
-            dz[cols].addmm_(s.t(), zs[rs])
+    for rs, cols, diag, s in tiles_of_the_triangle():
+        c0 = cols.start
+        lo_t = hi_t = None
+        if with_pos:           # row ranges in the tile's column numbering
+            lo_t = (lo[rs] - c0).contiguous()
+            hi_t = (hi[rs] - c0).contiguous()
+        used = grad_fn(threads, s.shape[0], s.shape[1], s.data_ptr(), s.stride(0), int(diag),
+                       ptrs(row_m, rs), ptrs(rel, rs), ptrs(g32, rs), ptrs(lw, rs),
+                       ptrs(row_m, cols), ptrs(rel, cols), ptrs(g32, cols), ptrs(lw, cols),
+                       cutoff, thr, _ptr(lo_t), _ptr(hi_t),
+                       int(positives.include_self) if with_pos else 1,
+                       pos_ptr(c32, rs), pos_ptr(c32, cols), pos_ptr(w, rs), pos_ptr(w, cols),
+                       pos_ptr(g_erel, cols), OFFICIAL_EPS, pos_ptr(big_t, rs),
+                       pos_ptr(big_q, rs), pos_ptr(big_t, cols), pos_ptr(big_q, cols))
+        if used < 0:
+            raise MemoryError("the symmetric loss kernel could not allocate its row sums")
+        dz[rs].addmm_(s, zs[cols])
+        dz[cols].addmm_(s.t(), zs[rs])
     dz.mul_(scale * g_max)
     out = torch.empty_like(dz)
     out[order] = dz
