@@ -199,3 +199,30 @@ def test_several_levels_keep_the_row_block_engine(forced):
     hierarchical_contrastive_loss(z, ys, ps, temperature=0.5, backend="torch").backward()
     assert forced["fused"] == 0
     assert _lse_torch.MAX_BLOCK_ROWS == 256            # the row-block engine's own blocks
+
+
+def test_no_denormal_reaches_a_gemm(forced, monkeypatch):
+    """Wide logits (randn x 30, tau 0.5: most terms far below e^-87 of their row's largest):
+    the gradient tiles W that go into the GEMMs hold exact zeros where a term is cut, and no
+    nonzero below e^-50 of the largest (whose products with z would turn subnormal: x86
+    multiplies those 20-30x slower)."""
+    tiles = []
+    real = torch.Tensor.addmm_
+
+    def spy(self, mat1, mat2, **kwargs):
+        tiles.append(mat1.detach().flatten().clone())
+        return real(self, mat1, mat2, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "addmm_", spy)
+    gen = torch.Generator().manual_seed(12)
+    z = torch.randn(300, 32, generator=gen)
+    y = torch.randint(0, 3, (300,), generator=gen)
+    for variant in ("exact", "official"):
+        zz = z.clone().requires_grad_()
+        balanced_contrastive_loss(zz, y, temperature=0.5, variant=variant,
+                                  backend="torch").backward()
+    assert forced["fused"] == 2
+    w = torch.cat(tiles).abs()
+    assert (w == 0).float().mean() > 0.5                # the regime does cut most terms
+    nonzero = w[w > 0]
+    assert nonzero.min() >= 1e-22 * nonzero.max()       # e^-50 = 1.9e-22
