@@ -226,3 +226,36 @@ def test_no_denormal_reaches_a_gemm(forced, monkeypatch):
     assert (w == 0).float().mean() > 0.5                # the regime does cut most terms
     nonzero = w[w > 0]
     assert nonzero.min() >= 1e-22 * nonzero.max()       # e^-50 = 1.9e-22
+
+
+def test_tiles_cover_each_pair_once_within_the_buffer_budget(monkeypatch):
+    """The tile list: each unordered pair of rows of different blocks in exactly one tile (as
+    (earlier row, later row)), each ordered pair inside a block in its diagonal tile; wide
+    ranges cut into pieces within HIERTAIL_CPU_BLOCK_BYTES, and the buffer holds any tile."""
+    monkeypatch.setattr(sym, "MAX_BLOCK_ROWS", 16)
+    monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(4 * 16 * 40))      # 40-column pieces
+    n = 103
+    tiles, size = sym._tiles(n)
+    cover = torch.zeros(n, n, dtype=torch.long)
+    for r0, r1, c0, c1 in tiles:
+        assert (r1 - r0) * (c1 - c0) <= size and c1 - c0 <= max(40, r1 - r0)
+        cover[r0:r1, c0:c1] += 1
+    block = torch.arange(n) // 16
+    same = block[:, None] == block[None, :]
+    assert (cover[same] == 1).all()
+    later = block[:, None] < block[None, :]
+    assert (cover[later] == 1).all() and (cover[~same & ~later] == 0).all()
+
+
+@pytest.mark.parametrize("variant", ["exact", "official"])
+def test_wide_ranges_cut_into_pieces_give_the_same_loss(forced, monkeypatch, variant):
+    gen = torch.Generator().manual_seed(21)
+    z = torch.randn(150, 8, generator=gen)
+    y = torch.randint(0, 5, (150,), generator=gen)
+    whole = _loss_and_grads(z, y, None, variant=variant, tau=0.5)
+    monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(4 * 16 * 40))
+    pieces = _loss_and_grads(z, y, None, variant=variant, tau=0.5)
+    assert forced["fused"] == 2
+    for a, b in zip(whole, pieces, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5 * b.abs().max().item() + 1e-7)
+    _assert_like_reference(pieces, z, y, None, variant=variant, tau=0.5)

@@ -100,11 +100,21 @@ def _ptr(t: torch.Tensor | None):
     return None if t is None else t.data_ptr()
 
 
-def _tiles(n: int):
-    """(r0, r1) of every row block; block rows as MAX_BLOCK_ROWS (the row-block engine's
-    measured best) and the flat buffer size they need."""
+def _tiles(n: int) -> tuple[list[tuple[int, int, int, int]], int]:
+    """Every upper-triangle tile (r0, r1, c0, c1) in visiting order, and the flat buffer size
+    they need. Row blocks of MAX_BLOCK_ROWS (the row-block engine's measured best); per block
+    its diagonal tile (c0 = r0) and the keys after it, cut into pieces of at most
+    ``HIERTAIL_CPU_BLOCK_BYTES`` (48 MB, as the row-block engine's buffer) so the buffer stays
+    bounded at any N (one piece up to ~49k keys at 256 rows)."""
     b = MAX_BLOCK_ROWS
-    return [(r0, min(n, r0 + b)) for r0 in range(0, n, b)], b * n
+    budget = int(os.environ.get("HIERTAIL_CPU_BLOCK_BYTES", 48 << 20))
+    width = max(b, budget // (4 * b))
+    tiles = []
+    for r0 in range(0, n, b):
+        r1 = min(n, r0 + b)
+        tiles.append((r0, r1, r0, r1))
+        tiles.extend((r0, r1, c0, min(n, c0 + width)) for c0 in range(r1, n, width))
+    return tiles, b * min(n, max(b, width))
 
 
 def _gemm(buf: torch.Tensor, a: torch.Tensor, bt: torch.Tensor) -> torch.Tensor:
@@ -147,12 +157,10 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
     buf = torch.empty(size, dtype=torch.float32)
 
     def tiles_of_the_triangle():
-        """(rows, cols, diag, logits tile) of every non-empty upper-triangle tile, in order."""
-        for r0, r1 in tiles:
-            for diag in (True, False):
-                cols = slice(r0, r1) if diag else slice(r1, n)
-                if cols.stop > cols.start:
-                    yield slice(r0, r1), cols, diag, _gemm(buf, zss[r0:r1], zs[cols])
+        """(rows, cols, diag, logits tile) of every upper-triangle tile, in order."""
+        for r0, r1, c0, c1 in tiles:
+            cols = slice(c0, c1)
+            yield slice(r0, r1), cols, c0 == r0, _gemm(buf, zss[r0:r1], zs[cols])
 
     def ptrs(t, sl):
         return t[sl].data_ptr()
