@@ -182,8 +182,7 @@ def _symmetric_engine_takes(z: torch.Tensor, n_levels: int) -> bool:
     (4 N^2 d) for the exact loss (README, "The CPU loss engines")."""
     from hiertail_fast.ops import _lse_symmetric
 
-    return (n_levels == 1 and z.dtype == torch.float32 and z.shape[0] >= _lse_symmetric.MIN_ROWS
-            and _lse_symmetric.enabled() and _lse_symmetric.available())
+    return _lse_symmetric.serves(z.device, z.dtype, z.shape[0], n_levels)
 
 
 def choose_loss_backend(z: torch.Tensor, backend: str | None, variant: str,

@@ -42,7 +42,7 @@ import torch
 
 from hiertail_fast.ops import _native
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS
-from hiertail_fast.ops._lse_torch import MAX_BLOCK_ROWS, exp_cutoff
+from hiertail_fast.ops._lse_torch import MAX_BLOCK_ROWS, block_bytes, exp_cutoff
 
 ENV_VAR = "HIERTAIL_SYMMETRIC"
 # below this many rows the row-block engine's single block is as good (and has fewer calls)
@@ -76,12 +76,18 @@ def available() -> bool:
     return _kernels() is not None
 
 
+def serves(device: torch.device, dtype: torch.dtype, n_rows: int, n_levels: int) -> bool:
+    """Whether this engine takes problems of this kind: CPU float32, one level, at least
+    MIN_ROWS rows, not switched off, and the C kernel built here (the one rule, also behind
+    the automatic backend choice, ``_dispatch``)."""
+    return (enabled() and device.type == "cpu" and dtype == torch.float32 and n_levels == 1
+            and n_rows >= MIN_ROWS and available())
+
+
 def applicable(z: torch.Tensor, log_w: torch.Tensor) -> bool:
-    """Whether this engine takes the call: CPU float32, one level, every key visible, at least
-    MIN_ROWS rows, not switched off, and the C kernel built here."""
-    return (enabled() and z.device.type == "cpu" and z.dtype == torch.float32
-            and log_w.shape[0] == 1 and z.shape[0] >= MIN_ROWS
-            and bool(torch.isfinite(log_w).all()) and available())
+    """Whether this engine takes the call: ``serves`` its kind, and every key is visible."""
+    return (serves(z.device, z.dtype, z.shape[0], log_w.shape[0])
+            and bool(torch.isfinite(log_w).all()))
 
 
 class Positives:
@@ -107,8 +113,7 @@ def _tiles(n: int) -> tuple[list[tuple[int, int, int, int]], int]:
     ``HIERTAIL_CPU_BLOCK_BYTES`` (48 MB, as the row-block engine's buffer) so the buffer stays
     bounded at any N (one piece up to ~49k keys at 256 rows)."""
     b = MAX_BLOCK_ROWS
-    budget = int(os.environ.get("HIERTAIL_CPU_BLOCK_BYTES", 48 << 20))
-    width = max(b, budget // (4 * b))
+    width = max(b, block_bytes() // (4 * b))
     tiles = []
     for r0 in range(0, n, b):
         r1 = min(n, r0 + b)

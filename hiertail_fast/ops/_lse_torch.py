@@ -111,9 +111,13 @@ def level_weights(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.
 MAX_BLOCK_ROWS = 256
 
 
+def block_bytes() -> int:
+    """The CPU engines' block buffer budget: $HIERTAIL_CPU_BLOCK_BYTES, default 48 MB."""
+    return int(os.environ.get("HIERTAIL_CPU_BLOCK_BYTES", 48 << 20))
+
+
 def _block_rows(n_rows: int, n_cols: int) -> int:
-    target = int(os.environ.get("HIERTAIL_CPU_BLOCK_BYTES", 48 << 20))
-    return max(8, min(n_rows, MAX_BLOCK_ROWS, target // (4 * max(n_cols, 1))))
+    return max(8, min(n_rows, MAX_BLOCK_ROWS, block_bytes() // (4 * max(n_cols, 1))))
 
 
 def _engine(
