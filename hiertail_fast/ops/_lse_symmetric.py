@@ -65,8 +65,8 @@ def _kernels():
                           ptr, ptr, ptr, ptr, ptr, ptr]
         stats.restype = i64
         grad.argtypes = [i64, i64, i64, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr,
-                         ptr, f32, f32, ptr, ptr, i64, ptr, ptr, ptr, ptr, ptr, f32, ptr, ptr,
-                         ptr, ptr]
+                         ptr, f32, f32, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, f32, ptr,
+                         ptr, ptr, ptr]
         grad.restype = i64
     return stats, grad
 
@@ -102,8 +102,9 @@ class Positives:
         self.T = self.Q = None
 
 
-def _ptr(t: torch.Tensor | None):
-    return None if t is None else t.data_ptr()
+def _ptr(t: torch.Tensor | None, rows: slice):
+    """Address of t[rows] for the C kernels (None: an absent optional array)."""
+    return None if t is None else t[rows].data_ptr()
 
 
 def _tiles(n: int) -> tuple[list[tuple[int, int, int, int]], int]:
@@ -141,6 +142,7 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
     cutoff = exp_cutoff(torch.float32)
     thr = math.exp(-cutoff) * 1.0001
     with_pos = positives is not None and coef_fn is not None
+    lo = hi = None                  # each row's positive keys [lo, hi) in the sorted order
     if with_pos:        # sorted by label: a row's positives are one range of columns
         gid = positives.gid
         order = torch.sort(gid, stable=True).indices
@@ -167,33 +169,26 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
             cols = slice(c0, c1)
             yield slice(r0, r1), cols, c0 == r0, _gemm(buf, zss[r0:r1], zs[cols])
 
-    def ptrs(t, sl):
-        return t[sl].data_ptr()
-
-    def ids_ptr(sl):
-        return None if ids is None else ids[sl].data_ptr()
-
-    def pos_ptr(t, sl):             # the official positives' arrays (None: no positives)
-        return t[sl].data_ptr() if with_pos else None
-
+    p = _ptr
     # ---- pass 1: running row statistics, each pair once
     for rs, cols, diag, s in tiles_of_the_triangle():
         used = stats_fn(threads, s.shape[0], s.shape[1], s.data_ptr(), s.stride(0), int(diag),
-                        ptrs(w, rs), ptrs(w, cols), ids_ptr(rs), ids_ptr(cols), cutoff, thr,
-                        ptrs(row_m, rs), ptrs(row_s, rs), ptrs(row_a, rs), ptrs(row_m, cols),
-                        ptrs(row_s, cols), ptrs(row_a, cols))
+                        p(w, rs), p(w, cols), p(ids, rs), p(ids, cols), cutoff, thr,
+                        p(row_m, rs), p(row_s, rs), p(row_a, rs), p(row_m, cols),
+                        p(row_s, cols), p(row_a, cols))
         if used < 0:
             raise MemoryError("the symmetric loss kernel could not allocate its row stats")
     lse_s = row_m.double() + torch.log(row_s)
     inv = torch.empty_like(order)
     inv[order] = torch.arange(n)
     lse = lse_s[inv][None]
-    rowmax = row_m[inv][None] if need_max else None
+    m_by_id = row_m[inv][None]
+    rowmax = m_by_id if need_max else None
     argmax = row_a[inv][None] if need_max else None
     if coef_fn is None:
         return lse, rowmax, argmax, None
     # ---- pass 2: W = A + A^T tile by tile, dz = scale * W Z
-    g = coef_fn(slice(0, n), lse, row_m[inv][None])[0].to(torch.float64)[order]
+    g = coef_fn(slice(0, n), lse, m_by_id)[0].to(torch.float64)[order]
     c = positives.coef[order].to(torch.float64) if with_pos else None
     # g, c (~1/N) divided by their max and given back as one scalar: W's entries stay O(1)
     # and W Z never turns denormal
@@ -204,24 +199,21 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
     g32 = (g / g_max).float()
     c32 = (c / g_max).float() if c is not None else None
     rel = (lse_s - row_m.double()).float()          # lse - M, small: the cancellation exact
-    g_erel = (g32 * torch.exp(-rel)).contiguous() if with_pos else None   # g e^-rel (positives)
-    dz = torch.zeros_like(zs)
+    # the official positives' arrays (all None without positives)
+    g_erel = (g32 * torch.exp(-rel)).contiguous() if with_pos else None   # g e^-rel
     big_t = torch.zeros(n, dtype=torch.float64) if with_pos else None
     big_q = torch.zeros(n, dtype=torch.float64) if with_pos else None
+    w_pos = w if with_pos else None
+    dz = torch.zeros_like(zs)
     for rs, cols, diag, s in tiles_of_the_triangle():
-        c0 = cols.start
-        lo_t = hi_t = None
-        if with_pos:           # row ranges in the tile's column numbering
-            lo_t = (lo[rs] - c0).contiguous()
-            hi_t = (hi[rs] - c0).contiguous()
         used = grad_fn(threads, s.shape[0], s.shape[1], s.data_ptr(), s.stride(0), int(diag),
-                       ptrs(row_m, rs), ptrs(rel, rs), ptrs(g32, rs), ptrs(lw, rs),
-                       ptrs(row_m, cols), ptrs(rel, cols), ptrs(g32, cols), ptrs(lw, cols),
-                       cutoff, thr, _ptr(lo_t), _ptr(hi_t),
+                       p(row_m, rs), p(rel, rs), p(g32, rs), p(lw, rs),
+                       p(row_m, cols), p(rel, cols), p(g32, cols), p(lw, cols),
+                       cutoff, thr, p(lo, rs), p(hi, rs), cols.start,
                        int(positives.include_self) if with_pos else 1,
-                       pos_ptr(c32, rs), pos_ptr(c32, cols), pos_ptr(w, rs), pos_ptr(w, cols),
-                       pos_ptr(g_erel, cols), OFFICIAL_EPS, pos_ptr(big_t, rs),
-                       pos_ptr(big_q, rs), pos_ptr(big_t, cols), pos_ptr(big_q, cols))
+                       p(c32, rs), p(c32, cols), p(w_pos, rs), p(w_pos, cols),
+                       p(g_erel, cols), OFFICIAL_EPS, p(big_t, rs),
+                       p(big_q, rs), p(big_t, cols), p(big_q, cols))
         if used < 0:
             raise MemoryError("the symmetric loss kernel could not allocate its row sums")
         dz[rs].addmm_(s, zs[cols])

@@ -278,15 +278,16 @@ static inline void grad_span(float *x, int64_t k0, int64_t k1, int diag, float m
 
 /* Pass 2 over one tile, s overwritten by W. Per row (r_*) and column (c_*): M (fp32 row max),
  * rel = lse - M, g (the LSE's gradient coefficient), lw = log w. Positives (official; lo == NULL:
- * none): row i's positive columns [lo_i, hi_i) in the tile's column numbering, coefficients
- * c_*, key weights w_*, c_f = g e^-rel of the columns, sums into t_* / q_* (float64); include_self = 0 skips the row's own column on the
- * diagonal. Returns the number of threads that ran (-1: out of memory). */
+ * none): row i's positive keys [lo_i, hi_i) in the caller's key numbering, col0 the key of
+ * the tile's column 0; coefficients c_*, key weights w_*, c_f = g e^-rel of the columns, sums
+ * into t_* / q_* (float64); include_self = 0 skips the row's own column on the diagonal.
+ * Returns the number of threads that ran (-1: out of memory). */
 int64_t hiertail_sym_grad_f32(int64_t threads, int64_t rows, int64_t cols, float *s, int64_t lds,
                               int64_t diag, const float *r_m, const float *r_rel,
                               const float *r_g, const float *r_lw, const float *c_m,
                               const float *c_rel, const float *c_g, const float *c_lw,
                               float cutoff, float thr, const int64_t *lo, const int64_t *hi,
-                              int64_t include_self, const float *r_c, const float *c_c,
+                              int64_t col0, int64_t include_self, const float *r_c, const float *c_c,
                               const float *r_w, const float *c_w, const float *c_f,
                               float eps, double *t_row, double *q_row, double *t_col,
                               double *q_col)
@@ -316,9 +317,10 @@ int64_t hiertail_sym_grad_f32(int64_t threads, int64_t rows, int64_t cols, float
                 float *x = s + i * lds;
                 const float m_i = r_m[i], b_i = r_rel[i], g_i = r_g[i], lw_i = r_lw[i];
                 int64_t p0 = k0, p1 = k0;          /* the positives inside this chunk */
-                if (lo) {
-                    p0 = lo[i] < k0 ? k0 : (lo[i] > k1 ? k1 : lo[i]);
-                    p1 = hi[i] > k1 ? k1 : (hi[i] < p0 ? p0 : hi[i]);
+                if (lo) {                          /* the row's range, tile columns */
+                    const int64_t a = lo[i] - col0, b = hi[i] - col0;
+                    p0 = a < k0 ? k0 : (a > k1 ? k1 : a);
+                    p1 = b > k1 ? k1 : (b < p0 ? p0 : b);
                 }
                 double *tr = lo ? pt + t * rows + i : &dummy_t;
                 double *qr = lo ? pq + t * rows + i : &dummy_q;
