@@ -12,14 +12,19 @@
 # loss in fp32 and in bf16, each under SCALE_S, default 240 s), REPORT_S (gpu_report's limit,
 # default 270 s; its own --budget is 30 s less), TESTS_S (the test suite's limit, default
 # 270 s). summary.txt gets one line per step with its exit status (124: it ran past its
-# limit). PYTHON: the interpreter (default: python).
+# limit). PYTHON: the interpreter (default: python, else python3: the GPU image has only the
+# latter). PYTEST_ARGS: extra pytest arguments (e.g. "-n 8": the GPU image has pytest-xdist).
+# ARCHIVE: a .tar.gz path that gets every file of $OUT at the end (a device call brings back
+# at most 8 files; the session writes more).
 set -u
 OUT=${OUT:-bench/results/gpu_session}
 STEPS=${STEPS:-install report tests}
 REPORT_S=${REPORT_S:-270}
 TESTS_S=${TESTS_S:-270}
 SCALE_S=${SCALE_S:-240}
-PY=${PYTHON:-python}
+PY=${PYTHON:-$(command -v python || command -v python3)}
+PYTEST_ARGS=${PYTEST_ARGS:-}
+ARCHIVE=${ARCHIVE:-}
 mkdir -p "$OUT"
 summary="$OUT/summary.txt"
 : > "$summary"
@@ -39,7 +44,8 @@ for s in $STEPS; do
         --out "$OUT" ;;
     tests)      # -v: one line per test as it ends, so a run stopped at its limit still
       # names every test it got through (the junit XML is only written at the end)
-      step pytest "$TESTS_S" "$PY" -m pytest --benchmark-disable -v --tb=short \
+      # shellcheck disable=SC2086  # PYTEST_ARGS: several words on purpose
+      step pytest "$TESTS_S" "$PY" -m pytest --benchmark-disable -v --tb=short $PYTEST_ARGS \
         -p no:cacheprovider -o junit_family=xunit2 --junitxml="$OUT/pytest.xml" ;;
     scale)      # issue 9's scale study: HierTail epochs at 100k and 1M nodes, loss in fp32
       # and in bf16 (not a default step: about SCALE_S seconds per dtype)
@@ -51,4 +57,5 @@ for s in $STEPS; do
     *) echo "unknown step $s (install, report, tests, scale)" | tee -a "$summary"; exit 2 ;;
   esac
 done
+if [ -n "$ARCHIVE" ]; then tar czf "$ARCHIVE" -C "$OUT" . && echo "archived $OUT in $ARCHIVE"; fi
 exit 0
