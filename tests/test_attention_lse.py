@@ -185,18 +185,38 @@ def test_hierarchical_on_attention_equals_sum_of_levels(monkeypatch):
     torch.testing.assert_close(zz.grad.double(), zr.grad, rtol=1e-4, atol=1e-6)
 
 
-def test_large_logits_go_to_the_exact_engine(monkeypatch):
-    """Above _attention_lse.MAX_LOGIT the fp32 LSE of the kernels is not precise enough: the call
-    runs on our engine (still correct), and the kernels are not called."""
+@pytest.mark.parametrize("variant", ["exact", "official"])
+def test_large_logits_go_to_the_exact_engine(monkeypatch, variant):
+    """Above _attention_lse.MAX_LOGIT[variant] the fp32 LSE of the kernels is not precise
+    enough: the call runs on our engine (still correct), and the kernels are not called."""
     z = torch.randn(60, 8)
-    z = z / z.norm(dim=1, keepdim=True) * 20.0                  # |s| up to 400 / 0.5 = 800
+    z = z / z.norm(dim=1, keepdim=True) * 40.0                  # |s| up to 1600 / 0.5 = 3200
     y = torch.randint(0, 4, (60,))
     calls = _spy(monkeypatch)
-    got = _loss_grads(z, y, None, temperature=0.5, backend="attention")
-    exp = _loss_grads(z.double(), y, None, temperature=0.5, backend="reference")
+    got = _loss_grads(z, y, None, temperature=0.5, backend="attention", variant=variant)
+    exp = _loss_grads(z.double(), y, None, temperature=0.5, backend="reference",
+                      variant=variant)
     assert not calls
     for a, e in zip(got[:2], exp[:2], strict=True):
         torch.testing.assert_close(a.double(), e, rtol=1e-4, atol=1e-4)
+
+
+def test_guard_depends_on_the_variant(monkeypatch):
+    """A bound between the two limits (here 800): the exact variant stays on the kernels (its
+    error there is measured ~1e-5, bench/attention_guard.py), the official one goes to our
+    engine; both match the float64 reference."""
+    assert attn.MAX_LOGIT["official"] < 800 <= attn.MAX_LOGIT["exact"]
+    z = torch.randn(60, 8)
+    z = z / z.norm(dim=1, keepdim=True) * 20.0                  # bound 400 / 0.5 = 800
+    y = torch.randint(0, 4, (60,))
+    for variant, runs_kernels in (("exact", True), ("official", False)):
+        calls = _spy(monkeypatch)
+        got = _loss_grads(z, y, None, temperature=0.5, backend="attention", variant=variant)
+        exp = _loss_grads(z.double(), y, None, temperature=0.5, backend="reference",
+                          variant=variant)
+        assert bool(calls) == runs_kernels, variant
+        for a, e in zip(got[:2], exp[:2], strict=True):
+            torch.testing.assert_close(a.double(), e, rtol=1e-4, atol=1e-4)
 
 
 def test_kernel_refusal_falls_back(monkeypatch):
@@ -257,8 +277,9 @@ def test_cuda_branch_contract_with_an_emulated_kernel(monkeypatch):
 
     def fake_efficient(q, k, v, bias, compute_lse, dropout_p, is_causal, *, scale):
         assert compute_lse and dropout_p == 0.0 and not is_causal
-        assert bias.stride(2) == 0 and bias.stride(3) == 1
+        assert (bias.shape[2] == 1 or bias.stride(2) == 0) and bias.stride(3) == 1
         assert bias.stride(1) % attn.BIAS_ALIGN == 0 and bias.dtype == q.dtype
+        assert q.shape[-1] % attn.HEAD_ALIGN == 0          # 16-byte rows (zero-padded head dim)
         s = scale * q @ k.transpose(-1, -2) + bias
         lse = torch.logsumexp(s, dim=-1)
         out = torch.softmax(s, dim=-1) @ v
@@ -269,12 +290,14 @@ def test_cuda_branch_contract_with_an_emulated_kernel(monkeypatch):
         return out, padded, None, None
 
     _emulate_cuda(monkeypatch, attn._CUDA_OP, fake_efficient)
-    z, log_w, g = _case(45, 8, 2, seed=9)
-    lse_e, dz_e = _dense(z, log_w, 1.3, g)
-    lse, _, _, dz = attn.lse_fused(z, log_w, 1.3, False, lambda rows, lse_b, mx: g[:, rows])
-    assert seen and torch.isfinite(lse).all()
-    torch.testing.assert_close(lse, lse_e, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(dz.double(), dz_e, rtol=1e-4, atol=1e-5)
+    for n, d in ((45, 8), (1, 3), (33, 13)):              # aligned and padded head dims
+        z, log_w, g = _case(n, d, 2, seed=9)
+        lse_e, dz_e = _dense(z, log_w, 1.3, g)
+        lse, _, _, dz = attn.lse_fused(z, log_w, 1.3, False,
+                                       lambda rows, lse_b, mx, g=g: g[:, rows])
+        assert seen and torch.isfinite(lse).all() and dz.shape == (n, d)
+        torch.testing.assert_close(lse, lse_e, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(dz.double(), dz_e, rtol=1e-4, atol=1e-5)
 
     def refusing(*a, **k):
         raise RuntimeError("No available kernel. Aborting execution.")

@@ -130,13 +130,29 @@ def _call(q: torch.Tensor, bias_rows: torch.Tensor, scale: float):
         op = _op(_CUDA_OP, _CUDA_ARGS)
         if op is None:
             raise AttentionUnavailable(f"torch.ops.aten.{_CUDA_OP} is not available")
+        # The kernel reads q/k/v rows in 16-byte vectors: F.scaled_dot_product_attention refuses
+        # a head dim that is not a multiple of 16 bytes before it gets there, but the private op
+        # is called directly (on an H200, d = 3 failed). Zero columns change no dot product.
+        qh = _pad_head_dim(qh, HEAD_ALIGN)
         try:
             out, lse = op(qh, qh, qh, _bias(bias_rows.to(q.dtype), n), True, 0.0, False,
                           scale=scale)[:2]
         except RuntimeError as err:  # shape/dtype/arch the kernel refuses
             raise AttentionUnavailable(str(err)) from err
+        out = out[..., :d]
     # the CUDA kernel pads the LSE's sequence axis to a multiple of 32: keep the first N
     return out[0], lse[0, :, :n].float()
+
+
+def _pad_head_dim(x: torch.Tensor, align: int) -> torch.Tensor:
+    """x [..., d] with zero columns appended up to a multiple of `align` (x itself if aligned)."""
+    d = x.shape[-1]
+    dp = -(-d // align) * align
+    if dp == d:
+        return x
+    out = x.new_zeros(*x.shape[:-1], dp)
+    out[..., :d] = x
+    return out
 
 
 def _kernel_kind(device: torch.device) -> str:
@@ -234,14 +250,17 @@ def _max_first(s: torch.Tensor):
 
 def _row_max(z: torch.Tensor, log_w: torch.Tensor, scale: float):
     """Unweighted max_k scale * z_i.z_k over the keys visible in each level, and its first
-    arg-max (torch.max's tie rule), in row blocks of ~32 MB: (rowmax [L, N], argmax [L, N])."""
+    arg-max (torch.max's tie rule), in row blocks of the device's block budget
+    (``_lse_torch.block_bytes``: 48 MB on CPU, 128 MB on CUDA; with 32 MB blocks the official
+    loss took 4-5x the exact one's time on an H200 at N = 20k): (rowmax [L, N], argmax [L, N]).
+    """
     n = z.shape[0]
     zc = z.float()
     visible = torch.isfinite(log_w)
     all_visible = bool(visible.all())
     rowmax = torch.empty(log_w.shape, dtype=torch.float32, device=z.device)
     argmax = torch.empty(log_w.shape, dtype=torch.long, device=z.device)
-    b = max(1, min(n, (32 << 20) // (4 * max(n, 1))))
+    b = max(1, min(n, _lse_torch.block_bytes(z.device) // (4 * max(n, 1))))
     for r0 in range(0, n, b):
         s = torch.mm(zc[r0:r0 + b], zc.t()).mul_(scale)
         if all_visible:
@@ -303,17 +322,23 @@ def _input(z: torch.Tensor) -> torch.Tensor:
 # The attention kernels return the LSE in fp32 and recompute s inside the kernel, so p_ik =
 # exp(s_ik + log w_k - lse_i) carries a relative error of about |lse_i| * 2^-24 (the rounding of
 # lse). Our own engines keep lse as shift + rel in float64 and reuse one s per block, and stay
-# exact at any |s|. Above this bound on |s| (Cauchy-Schwarz: scale * max_i |z_i|^2 >= |s_ik|) a
-# call goes to our engine: the attention path's relative error stays <= ~1.5e-5, inside fp32's
-# test tolerance (measured errors in README, bench/loss_accuracy.py).
-MAX_LOGIT = 256.0
+# exact at any |s|. Above a bound on |s| (Cauchy-Schwarz: scale * max_i |z_i|^2 >= |s_ik|,
+# attained by s_ii) a call goes to our engine. The bound depends on the variant: the official
+# variant's gradient cancels more (positives clamped at the row max), so its error grows ~8x
+# faster. Measured with the guard off (`python bench/attention_guard.py`, N = 2,000, d = 64,
+# relu / randn embeddings, CPU flash kernel; max-norm relative gradient error): exact 3.4e-6 /
+# 6.2e-6 at a bound of 256, 1.1e-5 / 2.2e-5 at 1,024, 1.7e-5 / 6.3e-5 at 2,048; official (relu)
+# 3.4e-5 at 256, 1.7e-4 at 1,024. The limits keep every measured error >= 3x inside fp32's test
+# tolerance (1e-4). HierTail's own embeddings sit at ~400-450 (scale 10, unnormalised hidden
+# layer), which 256 sent to the slower engine for the exact variant.
+MAX_LOGIT = {"exact": 1024.0, "official": 256.0}
 
 
-def within_precision(z: torch.Tensor, scale: float) -> bool:
+def within_precision(z: torch.Tensor, scale: float, variant: str = "official") -> bool:
     """Whether the kernels' fp32 LSE is precise enough for these logits: scale * max |z_i|^2
-    (>= every |s_ik|, Cauchy-Schwarz) <= MAX_LOGIT."""
+    (>= every |s_ik|, Cauchy-Schwarz) <= MAX_LOGIT[variant]."""
     with torch.no_grad():
-        return abs(scale) * float(z.float().pow(2).sum(1).max()) <= MAX_LOGIT
+        return abs(scale) * float(z.float().pow(2).sum(1).max()) <= MAX_LOGIT[variant]
 
 
 __all__ = [

@@ -111,13 +111,25 @@ def level_weights(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.
 MAX_BLOCK_ROWS = 256
 
 
-def block_bytes() -> int:
-    """The CPU engines' block buffer budget: $HIERTAIL_CPU_BLOCK_BYTES, default 48 MB."""
+# On CUDA a block is one launch of each of the engine's ~15 kernels: 256-row blocks leave the
+# GPU waiting on launches (the H200 ran this engine at 20k x 64, exact, in 36.7 ms against
+# 12.2 ms for the attention kernels: bench/gpu_report.py, 2026-11-27). There the budget alone
+# bounds the block (HIERTAIL_CUDA_BLOCK_BYTES, 128 MB: 1,600 rows at N = 20k, 320 at 100k).
+CUDA_BLOCK_BYTES = 128 << 20
+
+
+def block_bytes(device: torch.device | str | None = None) -> int:
+    """A block buffer's budget in bytes: $HIERTAIL_CPU_BLOCK_BYTES (default 48 MB) for the CPU
+    engines, $HIERTAIL_CUDA_BLOCK_BYTES (default 128 MB) for tensors on CUDA."""
+    if device is not None and torch.device(device).type == "cuda":
+        return int(os.environ.get("HIERTAIL_CUDA_BLOCK_BYTES", CUDA_BLOCK_BYTES))
     return int(os.environ.get("HIERTAIL_CPU_BLOCK_BYTES", 48 << 20))
 
 
-def _block_rows(n_rows: int, n_cols: int) -> int:
-    return max(8, min(n_rows, MAX_BLOCK_ROWS, block_bytes() // (4 * max(n_cols, 1))))
+def _block_rows(n_rows: int, n_cols: int, device: torch.device | None = None) -> int:
+    """Rows per block: the byte budget of `device`, and at most MAX_BLOCK_ROWS on CPU."""
+    cap = n_rows if device is not None and device.type == "cuda" else MAX_BLOCK_ROWS
+    return max(8, min(n_rows, cap, block_bytes(device) // (4 * max(n_cols, 1))))
 
 
 def _engine(
@@ -168,7 +180,7 @@ def _engine(
         folded = n_levels == 1 and (positives is None or (n_r == 0 and positives.foldable))
         zwc = zc * wc[0][:, None] if folded else None
         wrow = log_w[0].exp() if folded and positives is not None else None   # w_i by row id
-    b = _block_rows(n, n_c)
+    b = _block_rows(n, n_c, z.device)
     buf = torch.empty(b, n_c, dtype=z.dtype, device=z.device)
     block_fn = (_block_exp.kernel() if z.dtype == torch.float32 and z.device.type == "cpu"
                 else None)

@@ -257,11 +257,11 @@ class BalancedContrastiveFunction(torch.autograd.Function):
 def _apply(fallback_device_backend: str, *args):
     """BalancedContrastiveFunction.apply with the attention engine's precision guard and
     fallback: the same call on our own engine when the logits are too large for its fp32 LSE
-    (``_attention_lse.MAX_LOGIT``) or when the attention kernels refuse the call (a shape, dtype or
-    GPU they do not support)."""
+    (``_attention_lse.MAX_LOGIT``, per variant) or when the attention kernels refuse the call (a
+    shape, dtype or GPU they do not support)."""
     args = list(args)
     z_all, scale = args[0], args[2]
-    if args[6] == "attention" and not _attention_lse.within_precision(z_all, scale):
+    if args[6] == "attention" and not _attention_lse.within_precision(z_all, scale, args[4]):
         args[6] = fallback_device_backend
     try:
         return BalancedContrastiveFunction.apply(*args)

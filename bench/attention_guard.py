@@ -1,0 +1,100 @@
+"""Error of the attention path against float64 as the logits grow: where its guard belongs.
+
+The attention kernels return the LSE in fp32 and recompute every logit in each call, so the
+error of the attention path grows with the logits' size (``ops/_attention_lse.py``, the
+comment above ``MAX_LOGIT``). The library sends a call to its own engine when the bound
+B = scale * max_i |z_i|^2 (>= every |s_ik|, and attained: s_ii) is above ``MAX_LOGIT`` (per
+variant). This script switches the guard off and measures, for bounds B from 64 up, the
+relative error of the loss value and the max-norm relative error of the gradient (as
+bench/loss_accuracy.py) of the attention path and of the ``torch`` engine, both variants, one
+level, relu(randn) and randn embeddings rescaled to the bound, against the dense reference in
+float64 on the same inputs. Where every official positive is clamped (randn at large bounds)
+the true gradient is ~0 and only the absolute error (also reported) means anything.
+
+    python bench/attention_guard.py                          # N = 2,000, d = 64, this device
+    python bench/attention_guard.py --bounds 256 1024 4096 --out bench/results/guard.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import DEVICE, device_name  # noqa: E402
+
+import hiertail_fast.ops._attention_lse as attn  # noqa: E402
+from hiertail_fast import balanced_contrastive_loss  # noqa: E402
+from hiertail_fast._files import atomic_write_text  # noqa: E402
+
+TAU = 0.1
+
+
+def make_inputs(regime: str, n: int, d: int, bound: float, seed: int = 0):
+    """z [n, d], labels, 40 prototypes; all rows rescaled so that scale * max |row|^2 = bound."""
+    gen = torch.Generator().manual_seed(seed)
+    z = torch.randn(n + 40, d, generator=gen)
+    if regime == "relu":
+        z = z.relu()
+    z = z * (bound * TAU / float(z.pow(2).sum(1).max())) ** 0.5
+    y = torch.randint(0, 40, (n,), generator=gen)
+    return z[:n].to(DEVICE), y.to(DEVICE), z[n:].to(DEVICE)
+
+
+def errors(backend: str, variant: str, z, y, p) -> dict:
+    def run(zz, pp, b):
+        zz, pp = zz.detach().clone().requires_grad_(), pp.detach().clone().requires_grad_()
+        loss = balanced_contrastive_loss(zz, y, prototypes=pp, temperature=TAU,
+                                         variant=variant, backend=b)
+        loss.backward()
+        return loss.detach().double(), zz.grad.double()
+
+    v, g = run(z, p, backend)
+    v64, g64 = run(z.double(), p.double(), "reference")
+    return dict(value_rel_err=float((v - v64).abs() / v64.abs().clamp(min=1e-30)),
+                grad_rel_err=float((g - g64).abs().max() / g64.abs().max().clamp(min=1e-30)),
+                grad_abs_err=float((g - g64).abs().max()), grad_max=float(g64.abs().max()))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=2000)
+    parser.add_argument("--d", type=int, default=64)
+    parser.add_argument("--bounds", type=float, nargs="+",
+                        default=[64, 256, 512, 1024, 2048, 4096, 16384])
+    parser.add_argument("--out", type=Path,
+                        default=Path(__file__).parent / "results" / "attention_guard.json")
+    args = parser.parse_args(argv)
+    if args.n < 2 or args.d < 1 or min(args.bounds) <= 0:
+        parser.error("--n >= 2, --d >= 1 and positive --bounds")
+    real_guard = attn.MAX_LOGIT
+    attn.MAX_LOGIT = dict.fromkeys(real_guard, float("inf"))   # every call on the kernels
+    rows = []
+    try:
+        for bound in args.bounds:
+            for regime in ("relu", "randn"):
+                z, y, p = make_inputs(regime, args.n, args.d, bound)
+                for variant in ("exact", "official"):
+                    for backend in ("attention", "torch"):
+                        rows.append(dict(bound=bound, regime=regime, variant=variant,
+                                         backend=backend, **errors(backend, variant, z, y, p)))
+                        r = rows[-1]
+                        print(f"B {bound:8.0f} {regime:5s} {variant:8s} {backend:9s} value "
+                              f"{r['value_rel_err']:.2e} grad {r['grad_rel_err']:.2e} (abs "
+                              f"{r['grad_abs_err']:.1e} of max {r['grad_max']:.1e})",
+                              flush=True)
+    finally:
+        attn.MAX_LOGIT = real_guard
+    meta = dict(device=device_name(), torch=torch.__version__, n=args.n, d=args.d, tau=TAU,
+                guard_in_library=real_guard)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.out, json.dumps(dict(meta=meta, rows=rows), indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
