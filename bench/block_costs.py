@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+import loss_grid  # noqa: E402
 from loss_grid import device_name, load_average, loss_step, make_case  # noqa: E402
 
 from hiertail_fast._files import atomic_write_text  # noqa: E402
@@ -201,6 +202,7 @@ def render(meta: dict, rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+@loss_grid.on_device("cpu")     # the CPU engines' internals, also on a GPU machine
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[6000])
@@ -220,7 +222,7 @@ def main(argv=None) -> int:
         for d in args.dims:
             rows += measure(n, d, args.rounds, args.reps, args.tile)
             print(f"N {n} d {d} done", flush=True)
-    meta = dict(device=device_name(), torch=torch.__version__, threads=torch.get_num_threads(),
+    meta = dict(device=device_name("cpu"), torch=torch.__version__, threads=torch.get_num_threads(),
                 rounds=args.rounds, reps=args.reps, tile=args.tile, load_before=before,
                 load_after=load_average(), argv=sys.argv[1:] if argv is None else argv)
     md = render(meta, rows)

@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+import loss_grid  # noqa: E402
 from loss_grid import REGIMES, floor_step, loss_step, make_case  # noqa: E402
 
 import hiertail_fast.ops._block_exp as block_mod  # noqa: E402
@@ -116,6 +117,7 @@ def round_robin_medians(steps: dict, rounds: int, before=None) -> dict:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+@loss_grid.on_device("cpu")     # the CPU engines' internals, also on a GPU machine
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--switch", choices=("fold", "weights", "rest", "all", "native", "blockexp",

@@ -59,6 +59,7 @@ SIZES = {  # loss N, loss d, graph n (propagation / pooling / prototypes), scale
                 check_graph=300, check_loss=120, reps=1, scale_reserve=20),
 }
 FLOOR = "cuBLAS fp32 3 x z@z.T (floor)"
+SECTIONS = ("correctness", "graph", "loss", "scale")
 AUTOTUNE_NEED_S = 120  # budget an autotuned row needs: its first call compiles every tile
 REFERENCE_BYTES_PER_PAIR = 36  # dense loss reference, fwd+bwd (10.7 GB at N = 20k, official)
 
@@ -277,6 +278,12 @@ def anchor_ratios(loss_rows: list[dict]) -> dict[int, dict]:
     return out
 
 
+def _sections_note(report: dict) -> str:
+    """', sections: ...' when --sections left some out, else ''."""
+    run = report.get("sections", list(SECTIONS))
+    return "" if len(run) == len(SECTIONS) else ", sections: " + " ".join(run)
+
+
 def render(report: dict) -> str:
     f = gc.fmt
     report = {"loss": [], "graph": [], "scale": {"error": "not run yet"}, **report}
@@ -287,6 +294,7 @@ def render(report: dict) -> str:
              f"{report['when']}, torch {report['torch']}, triton {report['triton']}, mode "
              f"{report['mode']}, {report['wall_s']:.0f} s"
              f"{'' if report.get('complete', True) else ' (PARTIAL: stopped or still running)'}"
+             f"{_sections_note(report)}"
              f". Correctness: "
              f"{len(checks) - n_fail} PASS, {n_fail} FAIL.", "", "## Correctness (vs float64 "
              "reference)", "", gc.markdown_table(
@@ -329,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes (~1-2 minutes)")
     parser.add_argument("--budget", type=float, default=270.0, help="seconds (default 270)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS),
+                        help="run only these sections (default: all), e.g. a re-check of the "
+                             "loss after a change: --sections loss")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help=argparse.SUPPRESS)  # cpu: the CI test of this script, tiny sizes
     args = parser.parse_args(argv)
@@ -363,17 +374,24 @@ def main(argv: list[str] | None = None) -> int:
         gc.atomic_write_text(args.out / "gpu_report.md", text)
         return text
 
-    report["correctness"] = gc.correctness(dev, sizes["check_graph"], sizes["check_loss"])
+    report["sections"] = args.sections
+    report["correctness"] = (gc.correctness(dev, sizes["check_graph"], sizes["check_loss"])
+                             if "correctness" in args.sections else [])
     save()
     # graph ops first (short, 1M nodes), then the loss (long at 100k), then the sweep, which
     # keeps `scale_reserve` seconds whatever the sections before it took
-    reserve = sizes["scale_reserve"]
-    report["graph"] = graph_section(dev, sizes["graph_n"], sizes["graph_d"],
-                                    budget.share(0.3, reserve))
-    save()
+    reserve = sizes["scale_reserve"] if "scale" in args.sections else 0.0
+    if "graph" in args.sections:
+        report["graph"] = graph_section(dev, sizes["graph_n"], sizes["graph_d"],
+                                        budget.share(0.3 if "loss" in args.sections else 1.0,
+                                                     reserve))
+        save()
     report["loss"] = []
-    loss_section(dev, sizes, budget.share(1.0, reserve), rows=report["loss"], checkpoint=save)
-    report["scale"] = scale_section(dev, sizes["scale"], args.out / "gpu_report_scale", budget)
+    if "loss" in args.sections:
+        loss_section(dev, sizes, budget.share(1.0, reserve), rows=report["loss"],
+                     checkpoint=save)
+    report["scale"] = (scale_section(dev, sizes["scale"], args.out / "gpu_report_scale", budget)
+                       if "scale" in args.sections else dict(error="not run (--sections)"))
     text = save(final=True)
     print(text + f"\nwrote {args.out / 'gpu_report.md'} and gpu_report.json")
     return 0

@@ -33,6 +33,7 @@ re-renders an earlier run in this format.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -58,6 +59,24 @@ REGIMES = ("normalised", "relu", "randn", "randn30")
 BACKENDS = ("torch", "attention", "rowblock")
 DEFAULT_BACKENDS = ("torch", "attention")
 N_CLASSES = 40
+
+
+def on_device(device: str):
+    """Decorator: while the decorated function runs, this module's cases and anchors go to
+    `device` (default: CUDA when present). The tools that A/B the CPU engines' internals
+    (engine_ab, block_costs, version_ab) pin "cpu" on their main, so that on a GPU machine they
+    still measure what they are about."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def pinned(*args, **kwargs):
+            global DEVICE
+            before, DEVICE = DEVICE, device
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                DEVICE = before
+        return pinned
+    return wrap
 
 
 def embeddings(regime: str, n: int, d: int, gen: torch.Generator) -> torch.Tensor:

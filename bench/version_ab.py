@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+import loss_grid  # noqa: E402
 from engine_ab import add_case_arguments, round_robin_medians  # noqa: E402
 from loss_grid import floor_step, make_case  # noqa: E402
 
@@ -73,6 +74,7 @@ def loss_step(pkg, z, ys, ps, tau: float, variant: str):
     return step
 
 
+@loss_grid.on_device("cpu")     # the CPU engines' internals, also on a GPU machine
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rev", required=True, help="the git revision to compare with (old)")

@@ -146,7 +146,7 @@ def test_anchor_and_cases_compute_what_they_claim():
     finally:
         sys.path.remove(str(BENCH))
     z, ys, ps = loss_grid.make_case("normalised", 50, 6, 3)
-    torch.testing.assert_close(z.norm(dim=1), torch.ones(50))
+    torch.testing.assert_close(z.norm(dim=1), torch.ones(50, device=z.device))
     assert [p.shape[0] for p in ps] == [40, 20, 10]
     assert (ys[1] == ys[0] // 2).all() and (ys[2] == ys[0] // 4).all()
     calls = []
@@ -172,7 +172,8 @@ def test_accuracy_report_runs_and_names_the_engine(tmp_path):
         capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 2 * 2 * 2 * 2                 # backends x dtypes x variants x regimes
+    n_backends = 3 if torch.cuda.is_available() else 2      # torch, attention (+ triton)
+    assert len(rows) == n_backends * 2 * 2 * 2      # backends x dtypes x variants x regimes
     engines = {(r["backend"], r["regime"]): r["engine"] for r in rows}
     assert engines[("attention", "relu")] == "attention kernels"
     assert engines[("attention", "randn30")] == "own engine"       # over the precision guard

@@ -127,6 +127,9 @@ def test_bad_arguments_exit_with_a_message(tmp_path, capsys, bad, message):
     argv = ["main", "--seeds", "1", "--epochs", "2", "--out", str(tmp_path), *bad]
     if "--datasets" not in bad:
         argv.append("--synthetic")
+    else:       # an existing (empty) data folder: the name check, not a missing folder, speaks
+        (tmp_path / "data").mkdir()
+        argv += ["--data-dir", str(tmp_path / "data")]
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2 and message in capsys.readouterr().err

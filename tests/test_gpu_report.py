@@ -248,3 +248,18 @@ def test_loss_rows_are_checkpointed_one_by_one():
                               checkpoint=lambda: seen.append(len(rows)))
     assert out is rows and seen == list(range(1, len(rows) + 1))
     assert any(r["what"] == "ours (torch)" and r["levels"] == 3 for r in rows)
+
+
+@pytest.mark.slow
+@no_cuda_only
+def test_sections_run_only_what_is_asked(tmp_path):
+    res = _run("--device", "cpu", "--sections", "loss", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    report = json.loads((tmp_path / "gpu_report.json").read_text())
+    assert report["sections"] == ["loss"] and report["complete"] is True
+    assert report["correctness"] == [] and "graph" not in report
+    assert any("median_s" in r for r in report["loss"])
+    assert report["scale"] == {"error": "not run (--sections)"}
+    assert ", sections: loss" in (tmp_path / "gpu_report.md").read_text()
+    bad = _run("--device", "cpu", "--sections", "nope", "--out", str(tmp_path / "x"))
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr

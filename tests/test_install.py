@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import site
 import subprocess
 import venv
 from pathlib import Path
@@ -46,6 +47,18 @@ def _offline_env() -> dict:
                 HTTPS_PROXY="http://127.0.0.1:9", HTTP_PROXY="http://127.0.0.1:9")
 
 
+def _see_this_interpreters_packages(python: Path) -> None:
+    """--system-site-packages shows the BASE interpreter's packages. Where the tests run in a
+    venv themselves (the GPU image's python is /opt/torch/.venv), torch and setuptools live in
+    that venv: a .pth file in the new venv adds this interpreter's site-packages (a no-op
+    duplicate where they are the base's)."""
+    res = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                          "['purelib'])"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    paths = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    (Path(res.stdout.strip()) / "_outer_site_packages.pth").write_text("\n".join(paths) + "\n")
+
+
 @pytest.mark.parametrize("editable", [True, False], ids=["editable", "regular"])
 def test_offline_install_into_fresh_venv(tmp_path, editable):
     for module in ("setuptools", "pip"):
@@ -60,6 +73,7 @@ def test_offline_install_into_fresh_venv(tmp_path, editable):
         pytest.skip(f"cannot create a venv here: {exc}")
     bindir = env_dir / ("Scripts" if os.name == "nt" else "bin")
     python = bindir / ("python.exe" if os.name == "nt" else "python")
+    _see_this_interpreters_packages(python)
     target = ["-e", str(src)] if editable else [str(src)]
     env = _offline_env()
     res = subprocess.run([str(python), "-m", "pip", "install", "--no-index", "--no-deps",
