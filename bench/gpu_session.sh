@@ -8,10 +8,12 @@
 #   OUT=/some/dir bash bench/gpu_session.sh            # all steps
 #   STEPS="report tests" REPORT_S=200 TESTS_S=300 bash bench/gpu_session.sh
 #
-# STEPS (default "install report tests"; "scale" adds the 100k / 1M-node scale study with the
-# loss in fp32 and in bf16, each under SCALE_S, default 240 s), REPORT_S (gpu_report's limit,
-# default 270 s; its own --budget is 30 s less), TESTS_S (the test suite's limit, default
-# 270 s). summary.txt gets one line per step with its exit status (124: it ran past its
+# STEPS (default "install report tests"; "scale" adds the scale study at SCALE_SIZES (default
+# "100000 1000000") with the loss in each of SCALE_DTYPES (default "float32 bfloat16"), each
+# under SCALE_S, default 240 s; "guard" adds bench/attention_guard.py under GUARD_S, default
+# 60 s), REPORT_S (gpu_report's limit, default 270 s; its own --budget is 30 s less),
+# REPORT_ARGS (more gpu_report arguments, e.g. "--sections loss"), TESTS_S (the test suite's
+# limit, default 270 s). summary.txt gets one line per step with its exit status (124: it ran past its
 # limit). PYTHON: the interpreter (default: python, else python3: the GPU image has only the
 # latter). PYTEST_ARGS: extra pytest arguments (e.g. "-n 8": the GPU image has pytest-xdist).
 # ARCHIVE: a .tar.gz path that gets every file of $OUT at the end (a device call brings back
@@ -22,6 +24,10 @@ STEPS=${STEPS:-install report tests}
 REPORT_S=${REPORT_S:-270}
 TESTS_S=${TESTS_S:-270}
 SCALE_S=${SCALE_S:-240}
+SCALE_SIZES=${SCALE_SIZES:-100000 1000000}
+SCALE_DTYPES=${SCALE_DTYPES:-float32 bfloat16}
+GUARD_S=${GUARD_S:-60}
+REPORT_ARGS=${REPORT_ARGS:-}
 PY=${PYTHON:-$(command -v python || command -v python3)}
 PYTEST_ARGS=${PYTEST_ARGS:-}
 ARCHIVE=${ARCHIVE:-}
@@ -40,8 +46,12 @@ for s in $STEPS; do
   case $s in
     install) step install 300 "$PY" -m pip install --no-deps --no-build-isolation -e . ;;
     report)
+      # shellcheck disable=SC2086  # REPORT_ARGS: several words on purpose
       step gpu_report "$REPORT_S" "$PY" bench/gpu_report.py --budget $((REPORT_S - 30)) \
-        --out "$OUT" ;;
+        --out "$OUT" $REPORT_ARGS ;;
+    guard)      # the attention path's error against float64 as the logits grow (its guard)
+      step attention_guard "$GUARD_S" "$PY" bench/attention_guard.py --bounds 256 512 1024 2048 \
+        4096 --out "$OUT/attention_guard.json" ;;
     tests)      # -v: one line per test as it ends, so a run stopped at its limit still
       # names every test it got through (the junit XML is only written at the end)
       # shellcheck disable=SC2086  # PYTEST_ARGS: several words on purpose
@@ -49,13 +59,19 @@ for s in $STEPS; do
         -p no:cacheprovider -o junit_family=xunit2 --junitxml="$OUT/pytest.xml" ;;
     scale)      # issue 9's scale study: HierTail epochs at 100k and 1M nodes, loss in fp32
       # and in bf16 (not a default step: about SCALE_S seconds per dtype)
-      for dt in float32 bfloat16; do
-        step "scale_$dt" "$SCALE_S" "$PY" bench/scale.py --device cuda --sizes 100000 1000000 \
+      for dt in $SCALE_DTYPES; do
+        # shellcheck disable=SC2086  # SCALE_SIZES: several words on purpose
+        step "scale_$dt" "$SCALE_S" "$PY" bench/scale.py --device cuda --sizes $SCALE_SIZES \
           --methods hiertail --epochs 2 --loss-dtype "$dt" --time-budget $((SCALE_S / 2 - 10)) \
           --no-plot --out "$OUT/scale_$dt"
       done ;;
-    *) echo "unknown step $s (install, report, tests, scale)" | tee -a "$summary"; exit 2 ;;
+    *) echo "unknown step $s (install, report, tests, guard, scale)" | tee -a "$summary"
+       exit 2 ;;
   esac
 done
-if [ -n "$ARCHIVE" ]; then tar czf "$ARCHIVE" -C "$OUT" . && echo "archived $OUT in $ARCHIVE"; fi
+if [ -n "$ARCHIVE" ]; then     # written beside, then moved: ARCHIVE may lie inside $OUT
+  tmp=$(mktemp "${TMPDIR:-/tmp}/gpu_session.XXXXXX")
+  tar czf "$tmp" --exclude="./$(basename "$ARCHIVE")" -C "$OUT" . && mv "$tmp" "$ARCHIVE" \
+    && echo "archived $OUT in $ARCHIVE"
+fi
 exit 0
