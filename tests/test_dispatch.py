@@ -167,6 +167,20 @@ def test_loss_engine_refinement_on_cpu(monkeypatch):
     assert choose_loss_backend(z.double(), None, "exact") == "torch"     # float64: own engine
 
 
+def test_loss_engine_refinement_on_cuda(monkeypatch):
+    """On CUDA (measured on an H200): the attention kernels for the exact single-level loss, our
+    torch engine (cuBLAS) for the official variant and for several levels."""
+    from hiertail_fast.ops.balanced_contrastive_loss import choose_loss_backend
+
+    monkeypatch.delenv(_dispatch.ENV_VAR, raising=False)
+    monkeypatch.setattr(_dispatch, "_attention_available", lambda device: True)
+    z = torch.zeros(600, 2).as_subclass(_FakeCuda)
+    assert choose_loss_backend(z, None, "exact") == "attention"
+    assert choose_loss_backend(z, None, "official") == "torch"
+    assert choose_loss_backend(z, None, "exact", n_levels=3) == "torch"
+    assert choose_loss_backend(z, "attention", "official") == "attention"  # explicit wins
+
+
 def test_the_loss_ops_choose_through_choose_loss_backend():
     import ast
     import importlib
