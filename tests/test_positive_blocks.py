@@ -23,12 +23,14 @@ from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(autouse=True, params=["native", "torch"])
+@pytest.fixture(autouse=True, params=["native", "torch", "band"])
 def engine_path(request, monkeypatch):
     """"native": the C kernel (must build in CI, which has a compiler); "torch": switched off
-    (``HIERTAIL_NATIVE=0``), as on a machine without one."""
+    (``HIERTAIL_NATIVE=0``), as on a CPU without one (the slice / segment / pair-list plan);
+    "band": the kernel's torch twin over whole key bands, the path CUDA tensors take."""
     monkeypatch.setattr(native_mod, "_LOADED", {})
-    if request.param == "torch":
+    monkeypatch.setenv(blocks_mod.POSITIVES_ENV, "band" if request.param == "band" else "slices")
+    if request.param in ("torch", "band"):
         monkeypatch.setenv("HIERTAIL_NATIVE", "0")
     else:
         monkeypatch.delenv("HIERTAIL_NATIVE", raising=False)
@@ -40,15 +42,17 @@ def engine_path(request, monkeypatch):
 
 
 def _spy_kernel(monkeypatch):
-    """Records the per-row factor argument (None or a tensor) of every C kernel call."""
+    """Records the per-row factor argument (None or a tensor) of every C kernel call (or of
+    its torch twin ``_band``, which takes the same arguments)."""
     calls = []
-    real = BlockPositives._kernel
+    for name in ("_kernel", "_band"):
+        real = getattr(BlockPositives, name)
 
-    def spy(self, p, e, target, lo, hi, coef, fac):
-        calls.append((p, fac))
-        return real(self, p, e, target, lo, hi, coef, fac)
+        def spy(self, p, e, target, lo, hi, coef, fac, real=real):
+            calls.append((p, fac))
+            return real(self, p, e, target, lo, hi, coef, fac)
 
-    monkeypatch.setattr(BlockPositives, "_kernel", spy)
+        monkeypatch.setattr(BlockPositives, name, spy)
     return calls
 
 
@@ -281,7 +285,7 @@ def test_three_nested_levels_share_the_top_slices_float64(monkeypatch, engine_pa
         torch.testing.assert_close(ours(z, protos), want[0], rtol=1e-9, atol=1e-11)
     if engine_path == "torch":
         assert runs and all(sorted(chain) == [0, 1, 2] and chain[0] == 2 for chain in runs)
-    else:       # ONE kernel call per block and pass shares the entries of all levels
+    else:       # ONE kernel (band) call per block and pass: the entries of all levels
         assert not runs and kernels
         blocks = [(p.start, p.stop) for p, _ in kernels]
         assert len(set(blocks)) < len(blocks) == 2 * len(set(blocks))   # fused + no_grad
@@ -316,3 +320,18 @@ def test_chain_takes_only_the_levels_nested_in_the_top_one(engine_path):
                                                               backend="torch", **kw), z, [])
     want = _grads(lambda zz, pp: sum(ref(zz, lab, **kw) for lab in labels), z, [])
     _assert_close64(got, want)
+
+
+def test_positives_path_switch(monkeypatch):
+    """$HIERTAIL_POSITIVES: by default the band on CUDA, the slice plan elsewhere; "band" /
+    "slices" force one; anything else is a clear error."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.delenv(blocks_mod.POSITIVES_ENV, raising=False)
+    assert blocks_mod.band_path(cuda) and not blocks_mod.band_path(cpu)
+    monkeypatch.setenv(blocks_mod.POSITIVES_ENV, "Band")
+    assert blocks_mod.band_path(cuda) and blocks_mod.band_path(cpu)
+    monkeypatch.setenv(blocks_mod.POSITIVES_ENV, "slices")
+    assert not blocks_mod.band_path(cuda) and not blocks_mod.band_path(cpu)
+    monkeypatch.setenv(blocks_mod.POSITIVES_ENV, "fast")
+    with pytest.raises(ValueError, match="HIERTAIL_POSITIVES='fast'"):
+        blocks_mod.band_path(cpu)

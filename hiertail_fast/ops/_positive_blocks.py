@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 from bisect import bisect_right
 
 import torch
@@ -60,6 +61,21 @@ NATIVE_MAX_LEVELS = 16  # MAX_LEVELS of _positive_blocks.c
 # entries (sum of the rows' key-range widths) from which a kernel call runs its rows on torch's
 # OpenMP threads (``_native.load(..., openmp=True)``; their fork costs a few us while they spin)
 PARALLEL_MIN_ENTRIES = 1 << 15
+
+
+POSITIVES_ENV = "HIERTAIL_POSITIVES"
+
+
+def band_path(device: torch.device) -> bool:
+    """Whether blocks without the C kernel take the whole-band path (``_band``) rather than the
+    slice / segment / pair-list plan: $HIERTAIL_POSITIVES = "band" or "slices"; by default the
+    band on CUDA, where every small torch call is a kernel launch (on an H200 the slice plan's
+    ~3,400 calls per official loss at N = 20k made it 3.6x the exact loss's time), and the
+    slices elsewhere (CPU without a C compiler: measured there, fewer entries touched)."""
+    value = os.environ.get(POSITIVES_ENV, "").strip().lower()
+    if value not in ("", "band", "slices"):
+        raise ValueError(f"{POSITIVES_ENV}={value!r} is not one of 'band', 'slices'")
+    return value == "band" or (value == "" and device.type == "cuda")
 
 
 def native_kernel(dtype: torch.dtype):
@@ -156,7 +172,9 @@ class BlockPositives:
         self.native = None
         if z.device.type == "cpu" and n_levels <= NATIVE_MAX_LEVELS:
             self.native = native_kernel(z.dtype)
-        if self.native is not None:
+        # without it: the same per-(level, row) key ranges, as whole-band torch ops (``_band``)
+        self.band = self.native is None and band_path(z.device)
+        if self.native is not None or self.band:
             self.chain = []
             lo = torch.zeros(n_levels, n, dtype=torch.long, device=dev)
             hi = torch.zeros_like(lo)
@@ -296,7 +314,7 @@ class BlockPositives:
         kept). target may be e itself: every positive entry is read before it is written."""
         f = torch.exp(m_c[None] - max_b).clamp_(max=1.0)                  # [L, b]; 1: common max
         f_one = f == 1.0
-        if self.native is not None:
+        if self.native is not None or self.band:
             self._native_block(p, rows, e, m_c, f, f_one, max_b, arg_b, target,
                                inv_norm)
             return
@@ -327,7 +345,8 @@ class BlockPositives:
             self.Q_s[lev, p] += q_row
 
     def _native_block(self, p, rows, e, m_c, f, f_one, max_b, arg_b, target, inv_norm):
-        """``common_block`` through the fused C kernel, ONE call for the block: every level
+        """``common_block`` through the fused C kernel (or its torch twin ``_band``), ONE call
+        for the block: every level
         reads x = e f with its own per-row factor f = exp(m_c - M) (1 where the level's max M_i
         is a common key, so x = e exactly; < 1 where it is a level-specific key), all levels
         sharing each entry where their factors agree. Rows whose max is a level-specific key
@@ -339,13 +358,14 @@ class BlockPositives:
         if target is not None:
             assert target.stride(1) == 1 and target.dtype == e.dtype
             coef = (self.coef_s[:, p] * inv_norm).to(e.dtype).contiguous()
+        run = self._band if self.band else self._kernel
         if bool(f_one.all()):
-            self._kernel(p, e, target, lo.contiguous(), hi.contiguous(), coef, None)
+            run(p, e, target, lo.contiguous(), hi.contiguous(), coef, None)
             return
         odd = (~f_one) & (hi > lo)          # hi > lo: a handled level, a group with common keys
         near = odd & ((m_c[None] - max_b) > -self._tie(rows, max_b))
-        self._kernel(p, e, target, lo.contiguous(), torch.where(near, lo, hi), coef,
-                     f.to(e.dtype).contiguous())
+        run(p, e, target, lo.contiguous(), torch.where(near, lo, hi), coef,
+            f.to(e.dtype).contiguous())
         if not bool(near.any()):
             return
         cnt = self.cnt_s[:, p]
@@ -357,6 +377,44 @@ class BlockPositives:
                         None if coef is None else coef[lev], target)
             self.T_s[lev, p] += t_row
             self.Q_s[lev, p] += q_row
+
+    def _band(self, p, e, target, lo, hi, coef, fac):
+        """``_kernel``'s work as whole-band torch ops, for devices without the C kernel (CUDA):
+        the block's rows are consecutive in key order, so all their key ranges lie in one
+        column band [min lo, max hi) of width ~ the block's rows plus its two end groups; per
+        level, masked element-wise passes over that band (log(x + eps), q, row sums in
+        float64) and the gradient coefficients of every level added into target once, after
+        every level has read the band (target may alias e). ~15 launches per level and block
+        instead of a few per group. Temporaries: a few band-sized tensors."""
+        has = hi > lo
+        if not bool(has.any()):
+            return
+        c0, c1 = int(lo[has].min()), int(hi[has].max())
+        band = e[:, c0:c1]
+        cols = torch.arange(c0, c1, device=e.device)
+        cut = 0.0 if fac is None else math.exp(-exp_cutoff(e.dtype)) * 1.0001
+        self_col = None if self.include_self else self.cpos_s[p][:, None]
+        zero = torch.zeros((), dtype=e.dtype, device=e.device)
+        grad = None
+        for lev in range(lo.shape[0]):
+            if not bool(has[lev].any()):
+                continue
+            inside = (cols >= lo[lev][:, None]) & (cols < hi[lev][:, None])
+            if self_col is not None:
+                inside &= cols != self_col
+            x = band if fac is None else band * fac[lev][:, None]
+            if cut:
+                x = torch.where(x > cut, x, zero)
+            den = x + OFFICIAL_EPS
+            q = torch.where(inside, x / den, zero)
+            t = torch.where(inside, torch.log(den), zero)
+            self.T_s[lev, p] += t.sum(1, dtype=torch.float64).to(self.T_s.dtype)
+            self.Q_s[lev, p] += q.sum(1, dtype=torch.float64).to(self.Q_s.dtype)
+            if coef is not None:
+                term = q.mul_(coef[lev][:, None])
+                grad = term if grad is None else grad.add_(term)
+        if grad is not None:
+            target[:, c0:c1] += grad
 
     def _kernel(self, p, e, target, lo, hi, coef, fac):
         """The C kernel on block p: every level, key ranges lo, hi, coefficients coef and
