@@ -3,6 +3,12 @@ in the library they come from: the per-call overhead of the CPU engine is paid p
 so this is the count behind README's "small torch calls per loss". A count, not a timing.
 
     python bench/dispatch_count.py --levels 3 --variant official --top 15
+    python bench/dispatch_count.py --n 20000 --levels 1 --as-cuda      # CUDA's engine paths
+
+``--as-cuda`` counts, on this CPU, the calls the torch engine makes for CUDA tensors, where
+every call is a kernel launch: no C kernels, no symmetric engine, CUDA's block budget with no
+row cap, the whole-band positives (``HIERTAIL_POSITIVES``; ``--positives slices`` for the
+per-group plan CUDA ran before).
 """
 from __future__ import annotations
 
@@ -43,6 +49,18 @@ def count(n: int, d: int, levels: int, variant: str, regime: str, tau: float, ba
     return counter.calls
 
 
+def _as_cuda(positives: str) -> None:
+    """This process's engine configured as for CUDA tensors (before the first loss call)."""
+    import os
+
+    import hiertail_fast.ops._lse_torch as lse_torch
+
+    os.environ.update({"HIERTAIL_NATIVE": "0", "HIERTAIL_SYMMETRIC": "0",
+                       "HIERTAIL_POSITIVES": positives,
+                       "HIERTAIL_CPU_BLOCK_BYTES": str(lse_torch.CUDA_BLOCK_BYTES)})
+    lse_torch.MAX_BLOCK_ROWS = 1 << 62           # CUDA: the byte budget alone bounds a block
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=6000)
@@ -53,8 +71,14 @@ def main(argv=None) -> int:
     parser.add_argument("--tau", type=float, default=0.1)
     parser.add_argument("--backend", default="torch")
     parser.add_argument("--top", type=int, default=0, help="also list the N busiest call sites")
+    parser.add_argument("--as-cuda", action="store_true",
+                        help="the torch engine's CUDA configuration, counted on the CPU")
+    parser.add_argument("--positives", choices=["band", "slices"], default="band",
+                        help="--as-cuda: the official positives' path (default band)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.as_cuda:
+        _as_cuda(args.positives)
     variants = ["exact", "official"] if args.variant == "both" else [args.variant]
     for v in variants:
         calls = count(args.n, args.d, args.levels, v, args.regime, args.tau, args.backend)

@@ -284,3 +284,37 @@ def test_rowblock_provider_switches_the_symmetric_engine_off_for_its_call(monkey
     assert seen == [False] and sym.ENV_VAR not in os.environ
     loss_grid.loss_step("torch", z, ys, ps, 0.1, "exact")()
     assert seen == [False, True]
+
+
+def test_dispatch_count_as_cuda_counts_the_band_and_the_slices():
+    """--as-cuda (a subprocess: it configures the engine through the environment): the
+    official positives' band path makes fewer calls than the per-group slice plan, through
+    _band and not _slice, and the exact variant's count does not depend on the path."""
+    def run(*extra):
+        res = subprocess.run(
+            [sys.executable, str(BENCH / "dispatch_count.py"), "--n", "900", "--d", "8",
+             "--levels", "1", "--as-cuda", "--top", "400", *extra],
+            capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        totals = [int(line.split(": ")[1].split()[0]) for line in res.stdout.splitlines()
+                  if "operator calls per loss" in line]
+        return totals, res.stdout
+
+    import inspect
+
+    from hiertail_fast.ops._positive_blocks import BlockPositives
+
+    def lines_of(method):
+        src, first = inspect.getsourcelines(method)
+        return set(range(first, first + len(src)))
+
+    def sites(out):
+        return {int(line.split(":")[-1]) for line in out.splitlines()
+                if "_positive_blocks.py:" in line}
+
+    (exact_b, official_b), out_b = run("--positives", "band")
+    (exact_s, official_s), out_s = run("--positives", "slices")
+    assert exact_b == exact_s and official_b < official_s
+    band, slices = lines_of(BlockPositives._band), lines_of(BlockPositives._slice)
+    assert sites(out_b) & band and not sites(out_b) & slices
+    assert sites(out_s) & slices and not sites(out_s) & band

@@ -48,12 +48,14 @@ AUTO_BACKEND: dict[str, dict[str, AutoChoice]] = {
         "cpu": AutoChoice("torch", _CPU),
         "cuda": AutoChoice("torch", f"{_H200} §4): 1M nodes / 10M edges, fwd d=64/128 torch "
                            "(cuSPARSE CSR) 1.2/1.8 ms vs triton 2.3/4.0 ms; fwd+bwd 2.5/3.5 vs "
-                           "4.6/7.9 ms"),
+                           "4.6/7.9 ms. Again 2026-11-27 (bench/gpu_report.py, H200): fwd "
+                           "1.59/1.86 vs 2.51/4.51 ms, fwd+bwd d=64 2.50 vs 4.88 ms"),
     },
     "topk_pool": {
         "cpu": AutoChoice("torch", _CPU),
         "cuda": AutoChoice("triton", f"{_H200} §4): 1M nodes / 10M edges, fwd+bwd d=64/128 "
-                           "triton 2.7/3.2 ms vs torch 4.6/5.6 ms"),
+                           "triton 2.7/3.2 ms vs torch 4.6/5.6 ms. Again 2026-11-27 "
+                           "(bench/gpu_report.py, H200): d=64 triton 3.09 vs torch 10.47 ms"),
     },
     "nearest_prototype": {
         "cpu": AutoChoice("torch", _CPU),
