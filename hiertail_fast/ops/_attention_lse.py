@@ -252,7 +252,7 @@ def _row_max(z: torch.Tensor, log_w: torch.Tensor, scale: float):
     """Unweighted max_k scale * z_i.z_k over the keys visible in each level, and its first
     arg-max (torch.max's tie rule), in row blocks of the device's block budget
     (``_lse_torch.block_bytes``: 48 MB on CPU, 128 MB on CUDA; with 32 MB blocks the official
-    loss took 4-5x the exact one's time on an H200 at N = 20k): (rowmax [L, N], argmax [L, N]).
+    loss took 3-5x the exact one's time on an H200 at N = 20k): (rowmax [L, N], argmax [L, N]).
     """
     n = z.shape[0]
     zc = z.float()

@@ -71,7 +71,8 @@ def band_path(device: torch.device) -> bool:
     slice / segment / pair-list plan: $HIERTAIL_POSITIVES = "band" or "slices"; by default the
     band on CUDA, where every small torch call is a kernel launch (on an H200 the slice plan's
     ~3,400 calls per official loss at N = 20k made it 3.6x the exact loss's time), and the
-    slices elsewhere (CPU without a C compiler: measured there, fewer entries touched)."""
+    slices elsewhere (a CPU without a C compiler, where that plan was tuned; it touches only
+    the positive entries, the band a whole band per level: the two are not compared there)."""
     value = os.environ.get(POSITIVES_ENV, "").strip().lower()
     if value not in ("", "band", "slices"):
         raise ValueError(f"{POSITIVES_ENV}={value!r} is not one of 'band', 'slices'")
