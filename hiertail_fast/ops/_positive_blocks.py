@@ -316,7 +316,7 @@ class BlockPositives:
         f = torch.exp(m_c[None] - max_b).clamp_(max=1.0)                  # [L, b]; 1: common max
         f_one = f == 1.0
         if self.native is not None or self.band:
-            self._native_block(p, rows, e, m_c, f, f_one, max_b, arg_b, target,
+            self._ranges_block(p, rows, e, m_c, f, f_one, max_b, arg_b, target,
                                inv_norm)
             return
         cnt = self.cnt_s[:, p]
@@ -345,7 +345,7 @@ class BlockPositives:
             self.T_s[lev, p] += t_row
             self.Q_s[lev, p] += q_row
 
-    def _native_block(self, p, rows, e, m_c, f, f_one, max_b, arg_b, target, inv_norm):
+    def _ranges_block(self, p, rows, e, m_c, f, f_one, max_b, arg_b, target, inv_norm):
         """``common_block`` through the fused C kernel (or its torch twin ``_band``), ONE call
         for the block: every level
         reads x = e f with its own per-row factor f = exp(m_c - M) (1 where the level's max M_i
