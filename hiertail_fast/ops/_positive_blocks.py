@@ -349,9 +349,10 @@ class BlockPositives:
         """``common_block`` through the fused C kernel (or its torch twin ``_band``), ONE call
         for the block: every level reads x = e f with its own per-row factor f = exp(m_c - M)
         (1 where the level's max M_i is a common key, so x = e exactly; < 1 where it is a
-        level-specific key), all levels sharing each entry where their factors agree. Rows whose max is a level-specific key
-        within the rounding bound of the common max (a positive could tie M_i) are left out of
-        the call for that level and take the pair lists with the tie rule (``_pairs``)."""
+        level-specific key), all levels sharing each entry where their factors agree. Rows
+        whose max is a level-specific key within the rounding bound of the common max (a
+        positive could tie M_i) are left out of the call for that level and take the pair lists
+        with the tie rule (``_pairs``)."""
         b = p.stop - p.start
         lo, hi = self.lo_s[:, p], self.hi_s[:, p]
         coef = None
