@@ -396,6 +396,10 @@ class BlockPositives:
         cut = 0.0 if fac is None else math.exp(-exp_cutoff(e.dtype)) * 1.0001
         self_col = None if self.include_self else self.cpos_s[p][:, None]
         zero = torch.zeros((), dtype=e.dtype, device=e.device)
+        shared = None           # no factors: x = e for every level, log and quotient once
+        if fac is None:
+            den = band + OFFICIAL_EPS
+            shared = (band / den, torch.log_(den))
         grad = None
         for lev in range(lo.shape[0]):
             if not bool(has[lev].any()):
@@ -403,12 +407,15 @@ class BlockPositives:
             inside = (cols >= lo[lev][:, None]) & (cols < hi[lev][:, None])
             if self_col is not None:
                 inside &= cols != self_col
-            x = band if fac is None else band * fac[lev][:, None]
-            if cut:
+            if shared is None:
+                x = band * fac[lev][:, None]
                 x = torch.where(x > cut, x, zero)
-            den = x + OFFICIAL_EPS
-            q = torch.where(inside, x / den, zero)
-            t = torch.where(inside, torch.log(den), zero)
+                den = x + OFFICIAL_EPS
+                q_all, t_all = x / den, torch.log_(den)
+            else:
+                q_all, t_all = shared
+            q = torch.where(inside, q_all, zero)
+            t = torch.where(inside, t_all, zero)
             self.T_s[lev, p] += t.sum(1, dtype=torch.float64).to(self.T_s.dtype)
             self.Q_s[lev, p] += q.sum(1, dtype=torch.float64).to(self.Q_s.dtype)
             if coef is not None:
