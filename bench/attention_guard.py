@@ -25,9 +25,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import DEVICE, device_name  # noqa: E402
+from loss_accuracy import errors, loss_and_grad  # noqa: E402
 
 import hiertail_fast.ops._attention_lse as attn  # noqa: E402
-from hiertail_fast import balanced_contrastive_loss  # noqa: E402
 from hiertail_fast._files import atomic_write_text  # noqa: E402
 
 TAU = 0.1
@@ -44,19 +44,10 @@ def make_inputs(regime: str, n: int, d: int, bound: float, seed: int = 0):
     return z[:n].to(DEVICE), y.to(DEVICE), z[n:].to(DEVICE)
 
 
-def errors(backend: str, variant: str, z, y, p) -> dict:
-    def run(zz, pp, b):
-        zz, pp = zz.detach().clone().requires_grad_(), pp.detach().clone().requires_grad_()
-        loss = balanced_contrastive_loss(zz, y, prototypes=pp, temperature=TAU,
-                                         variant=variant, backend=b)
-        loss.backward()
-        return loss.detach().double(), zz.grad.double()
-
-    v, g = run(z, p, backend)
-    v64, g64 = run(z.double(), p.double(), "reference")
-    return dict(value_rel_err=float((v - v64).abs() / v64.abs().clamp(min=1e-30)),
-                grad_rel_err=float((g - g64).abs().max() / g64.abs().max().clamp(min=1e-30)),
-                grad_abs_err=float((g - g64).abs().max()), grad_max=float(g64.abs().max()))
+def errors_vs_float64(backend: str, variant: str, z, y, p) -> dict:
+    """bench/loss_accuracy.py's errors of `backend` against the float64 reference."""
+    return errors(loss_and_grad(z, y, p, TAU, variant, backend),
+                  loss_and_grad(z.double(), y, p.double(), TAU, variant, "reference"))
 
 
 def main(argv=None) -> int:
@@ -79,8 +70,9 @@ def main(argv=None) -> int:
                 z, y, p = make_inputs(regime, args.n, args.d, bound)
                 for variant in ("exact", "official"):
                     for backend in ("attention", "torch"):
+                        err = errors_vs_float64(backend, variant, z, y, p)
                         rows.append(dict(bound=bound, regime=regime, variant=variant,
-                                         backend=backend, **errors(backend, variant, z, y, p)))
+                                         backend=backend, **err))
                         r = rows[-1]
                         print(f"B {bound:8.0f} {regime:5s} {variant:8s} {backend:9s} value "
                               f"{r['value_rel_err']:.2e} grad {r['grad_rel_err']:.2e} (abs "

@@ -48,27 +48,33 @@ def _engine_used(fn) -> str:
     return "attention kernels" if calls else "own engine"
 
 
+def loss_and_grad(z, y, p, tau: float, variant: str, backend: str):
+    """(value, d value / dz) of the one-level loss on copies of z and p, both in float64."""
+    zz, pp = z.detach().clone().requires_grad_(), p.detach().clone().requires_grad_()
+    loss = balanced_contrastive_loss(zz, y, prototypes=pp, temperature=tau, variant=variant,
+                                     backend=backend)
+    loss.backward()
+    return loss.detach().double(), zz.grad.double()
+
+
+def errors(got: tuple, want: tuple) -> dict:
+    """Relative error of the value, max-norm relative and absolute error of the gradient, and
+    the true gradient's size: (value, grad) against the float64 (value, grad)."""
+    (v, g), (v64, g64) = got, want
+    return dict(value_rel_err=float((v - v64).abs() / v64.abs().clamp(min=1e-30)),
+                grad_rel_err=float((g - g64).abs().max() / g64.abs().max()),
+                grad_abs_err=float((g - g64).abs().max()), grad_max=float(g64.abs().max()))
+
+
 def measure(backend: str, dtype: torch.dtype, regime: str, tau: float, variant: str, n: int,
             d: int) -> dict:
     z, ys, ps = make_case(regime, n, d, 1)
     z, p = z.to(dtype), ps[0].to(dtype)
-
-    def run(zz, pp, b):
-        zz, pp = zz.detach().clone().requires_grad_(), pp.detach().clone().requires_grad_()
-        loss = balanced_contrastive_loss(zz, ys[0], prototypes=pp, temperature=tau,
-                                         variant=variant, backend=b)
-        loss.backward()
-        return loss.detach().double(), zz.grad.double()
-
-    got = {}
-    engine = _engine_used(lambda: got.update(zip(("v", "g"), run(z, p, backend), strict=True)))
-    v64, g64 = run(z.double(), p.double(), "reference")
+    got = []
+    engine = _engine_used(lambda: got.append(loss_and_grad(z, ys[0], p, tau, variant, backend)))
+    want = loss_and_grad(z.double(), ys[0], p.double(), tau, variant, "reference")
     return dict(backend=backend, dtype=str(dtype).replace("torch.", ""), regime=regime,
-                tau=tau, variant=variant, engine=engine,
-                value_rel_err=float(((got["v"] - v64).abs() / v64.abs().clamp(min=1e-30))),
-                grad_rel_err=float((got["g"] - g64).abs().max() / g64.abs().max()),
-                grad_abs_err=float((got["g"] - g64).abs().max()),
-                grad_max=float(g64.abs().max()))
+                tau=tau, variant=variant, engine=engine, **errors(got[0], want))
 
 
 def main(argv=None) -> int:

@@ -318,3 +318,28 @@ def test_dispatch_count_as_cuda_counts_the_band_and_the_slices():
     band, slices = lines_of(BlockPositives._band), lines_of(BlockPositives._slice)
     assert sites(out_b) & band and not sites(out_b) & slices
     assert sites(out_s) & slices and not sites(out_s) & band
+
+
+def test_attention_guard_sweep_runs_with_the_guard_off(tmp_path):
+    """bench/attention_guard.py: every (bound, regime, variant, backend) row, the attention
+    kernels really used above the library's limit (the guard off), errors small at a small
+    bound, and the library's limits recorded."""
+    out = tmp_path / "guard.json"
+    res = subprocess.run(
+        [sys.executable, str(BENCH / "attention_guard.py"), "--n", "200", "--d", "8",
+         "--bounds", "64", "4096", "--out", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert len(rows) == 2 * 2 * 2 * 2                   # bounds x regimes x variants x backends
+    assert data["meta"]["guard_in_library"] == {"exact": 1024.0, "official": 256.0}
+    for r in rows:
+        if r["bound"] == 64 and r["regime"] == "relu":
+            assert r["value_rel_err"] < 1e-5 and r["grad_rel_err"] < 1e-4, r
+    big = [r for r in rows if r["bound"] == 4096 and r["backend"] == "attention"
+           and r["variant"] == "exact" and r["regime"] == "relu"]
+    torch_big = [r for r in rows if r["bound"] == 4096 and r["backend"] == "torch"
+                 and r["variant"] == "exact" and r["regime"] == "relu"]
+    # past the exact limit the kernels ran (guard off): their error is above the torch engine's
+    assert big[0]["grad_rel_err"] > torch_big[0]["grad_rel_err"]
