@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from hiertail_fast.ops._lse_torch import exp_shifted_
+from hiertail_fast.ops._lse_torch import block_bytes, exp_shifted_
 
 OFFICIAL_EPS = 1e-7
 SMALL_GROUP = 48
 PAIR_CHUNK = 1 << 16           # explicit pairs per chunk (3 gathers of PAIR_CHUNK x d floats)
-BLOCK_ELEMS = 1 << 22          # elements of one big-group GEMM block (CPU)
-CUDA_BLOCK_FACTOR = 8         # on CUDA blocks 8x larger (128 MB): fewer launches
+BLOCK_ELEMS = 1 << 22          # elements of one big-group GEMM block on CPU (on CUDA: the
+                               # engine's block budget, _lse_torch.block_bytes: fewer launches)
 
 
 def _tie_bound(z: torch.Tensor, row_max: torch.Tensor, scale: float) -> torch.Tensor:
@@ -84,7 +84,8 @@ def positive_pairs(
     if rows.numel() == 0:
         return big_t, big_q, dz
     tie = _tie_bound(z, row_max, scale)
-    block_elems = BLOCK_ELEMS * (CUDA_BLOCK_FACTOR if dev.type == "cuda" else 1)
+    block_elems = (block_bytes(dev) // z.element_size() if dev.type == "cuda"
+                   else BLOCK_ELEMS)
     srt = rows[torch.argsort(gid[rows], stable=True)]                    # rows sorted by group
     g_srt = gid[srt]
     counts = torch.bincount(g_srt, minlength=n_groups)

@@ -79,6 +79,13 @@ def band_path(device: torch.device) -> bool:
     return value == "band" or (value == "" and device.type == "cuda")
 
 
+def _factor_cut(fac, dtype: torch.dtype) -> float:
+    """The value at or below which a factored entry x = e * f counts as exactly 0 (the engine's
+    exp cut-off, no denormal enters the sums); 0 without factors (e is cut already). One rule
+    for the C kernel's argument and its torch twin."""
+    return 0.0 if fac is None else math.exp(-exp_cutoff(dtype)) * 1.0001
+
+
 def native_kernel(dtype: torch.dtype):
     """The fused C kernel of ``_positive_blocks.c`` for float32 / float64 blocks, or None
     (native kernels off or not buildable here: the torch path)."""
@@ -393,7 +400,7 @@ class BlockPositives:
         c0, c1 = int(lo[has].min()), int(hi[has].max())
         band = e[:, c0:c1]
         cols = torch.arange(c0, c1, device=e.device)
-        cut = 0.0 if fac is None else math.exp(-exp_cutoff(e.dtype)) * 1.0001
+        cut = _factor_cut(fac, e.dtype)
         self_col = None if self.include_self else self.cpos_s[p][:, None]
         zero = torch.zeros((), dtype=e.dtype, device=e.device)
         shared = None           # no factors: x = e for every level, log and quotient once
@@ -435,7 +442,7 @@ class BlockPositives:
         n = self.T_s.shape[1]
         assert e.stride(1) == 1 and self.T_s.is_contiguous() and hi.is_contiguous()
         self_col = None if self.include_self else self.cpos_s[p]
-        cut = 0.0 if fac is None else math.exp(-exp_cutoff(e.dtype)) * 1.0001
+        cut = _factor_cut(fac, e.dtype)
         osz = self.T_s.element_size()
         return self.native(
             torch.get_num_threads(), PARALLEL_MIN_ENTRIES, b, lo.shape[0], e.data_ptr(),
