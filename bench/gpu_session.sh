@@ -10,8 +10,11 @@
 #
 # STEPS (default "install report tests"; "scale" adds the scale study at SCALE_SIZES (default
 # "100000 1000000") with the loss in each of SCALE_DTYPES (default "float32 bfloat16"), each
-# under SCALE_S, default 240 s; "guard" adds bench/attention_guard.py under GUARD_S, default
-# 60 s), REPORT_S (gpu_report's limit, default 270 s; its own --budget is 30 s less),
+# under SCALE_S, default 240 s, with SCALE_WARMUP (default 1) + SCALE_EPOCHS (default 2)
+# epochs; "guard" adds bench/attention_guard.py under GUARD_S, default 60 s; "profile" adds
+# bench/loss_profile.py under PROFILE_S, default 200 s, its timed rows getting PROFILE_S - 60,
+# with PROFILE_ARGS, e.g. "--sizes 20000:64"), REPORT_S (gpu_report's limit, default 270 s;
+# its own --budget is 30 s less),
 # REPORT_ARGS (more gpu_report arguments, e.g. "--sections loss"), TESTS_S (the test suite's
 # limit, default 270 s). summary.txt gets one line per step with its exit status (124: it ran past its
 # limit). PYTHON: the interpreter (default: python, else python3: the GPU image has only the
@@ -26,7 +29,11 @@ TESTS_S=${TESTS_S:-270}
 SCALE_S=${SCALE_S:-240}
 SCALE_SIZES=${SCALE_SIZES:-100000 1000000}
 SCALE_DTYPES=${SCALE_DTYPES:-float32 bfloat16}
+SCALE_EPOCHS=${SCALE_EPOCHS:-2}
+SCALE_WARMUP=${SCALE_WARMUP:-1}
 GUARD_S=${GUARD_S:-60}
+PROFILE_S=${PROFILE_S:-200}
+PROFILE_ARGS=${PROFILE_ARGS:-}
 REPORT_ARGS=${REPORT_ARGS:-}
 PY=${PYTHON:-$(command -v python || command -v python3)}
 PYTEST_ARGS=${PYTEST_ARGS:-}
@@ -52,6 +59,10 @@ for s in $STEPS; do
     guard)      # the attention path's error against float64 as the logits grow (its guard)
       step attention_guard "$GUARD_S" "$PY" bench/attention_guard.py --bounds 256 512 1024 2048 \
         4096 --out "$OUT/attention_guard.json" ;;
+    profile)    # why the loss takes its time: every engine's rows and a profiler breakdown
+      # shellcheck disable=SC2086  # PROFILE_ARGS: several words on purpose
+      step loss_profile "$PROFILE_S" "$PY" bench/loss_profile.py --budget $((PROFILE_S - 60)) \
+        --out "$OUT" $PROFILE_ARGS ;;
     tests)      # -v: one line per test as it ends, so a run stopped at its limit still
       # names every test it got through (the junit XML is only written at the end)
       # shellcheck disable=SC2086  # PYTEST_ARGS: several words on purpose
@@ -62,10 +73,10 @@ for s in $STEPS; do
       for dt in $SCALE_DTYPES; do
         # shellcheck disable=SC2086  # SCALE_SIZES: several words on purpose
         step "scale_$dt" "$SCALE_S" "$PY" bench/scale.py --device cuda --sizes $SCALE_SIZES \
-          --methods hiertail --epochs 2 --loss-dtype "$dt" --time-budget $((SCALE_S / 2 - 10)) \
-          --no-plot --out "$OUT/scale_$dt"
+          --methods hiertail --epochs "$SCALE_EPOCHS" --warmup "$SCALE_WARMUP" --loss-dtype "$dt" \
+          --time-budget $((SCALE_S / 2 - 10)) --no-plot --out "$OUT/scale_$dt"
       done ;;
-    *) echo "unknown step $s (install, report, tests, guard, scale)" | tee -a "$summary"
+    *) echo "unknown step $s (install, report, tests, guard, profile, scale)" | tee -a "$summary"
        exit 2 ;;
   esac
 done

@@ -1,0 +1,247 @@
+"""Where the loss's time goes on a GPU: per-engine fwd+bwd times and a profiler breakdown.
+
+    python bench/loss_profile.py --out DIR                 # CUDA: 20k x 64, 100k x 64, 20k x 128
+    python bench/loss_profile.py --sizes 20000:64 --profile-only
+
+bench/gpu_report.py answers "is it right and how fast, against the anchors"; this script answers
+"why": for each (N, d) it times the anchors (SDPA fp32 / bf16 fwd+bwd, the cuBLAS 3-GEMM floor),
+then every engine of --engines (the automatic choice, attention, torch, the Triton modes; plus
+the official positives' two torch plans, band and slices: $HIERTAIL_POSITIVES) on both variants
+at 1 and 3 levels, and the automatic engine on bf16 inputs. Then, at the first size, one
+torch.profiler step of the automatic engine per (variant, levels, dtype): the top kernels by
+device time, the top host ops by self time, the number of host<->device synchronisations and
+the share of the step's wall time the device was busy (a low share: launch / sync overhead, the
+thing to cut at N = 20k; a high one: the kernels themselves). Writes DIR/loss_profile.json and
+.md (atomically, after every row: a run stopped by a device call's limit keeps what it got).
+
+Rows use bench/gpu_report.py's inputs and timing (CUDA events, warm-up, median of --reps).
+``--device cpu`` runs the same code at a tiny size (its test in CI).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _gpu_checks as gc  # noqa: E402
+import gpu_report  # noqa: E402
+
+from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss  # noqa: E402
+from hiertail_fast._files import unwritable_dir_reason  # noqa: E402
+from hiertail_fast.ops._dispatch import choose_loss_backend  # noqa: E402
+
+POSITIVE_PLANS = {"torch+band": {"HIERTAIL_POSITIVES": "band"},
+                  "torch+slices": {"HIERTAIL_POSITIVES": "slices"}}
+ENGINES = ("auto", "attention", "torch", "torch+slices", "triton[tf32x3]",
+           "triton[tf32x3+autotune]")
+DEFAULT_SIZES = {"cuda": ["20000:64", "100000:64", "20000:128"], "cpu": ["200:16"]}
+SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+               "cudaMemcpy", "cudaMemcpyAsync")
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        n, d = (int(v) for v in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a size is N:d (e.g. 20000:64), got {text!r}") from None
+    if n < 2 or d < 1:
+        raise argparse.ArgumentTypeError(f"need N >= 2 and d >= 1, got {text!r}")
+    return n, d
+
+
+@contextlib.contextmanager
+def engine_mode(label: str):
+    """Yields the `backend=` argument of engine `label` with its environment set: "auto" ->
+    None, a positives plan -> "torch" with $HIERTAIL_POSITIVES, else gpu_report's labels."""
+    if label == "auto":
+        yield None
+    elif label in POSITIVE_PLANS:
+        with gc.environment(POSITIVE_PLANS[label]):
+            yield "torch"
+    else:
+        with gc.backend_mode(label) as bk:
+            yield bk
+
+
+def make_step(z, y, protos, variant: str, levels: int, dtype: torch.dtype, label: str):
+    """One fwd+bwd of the loss on engine `label` (fresh leaves in `dtype`)."""
+    zl = z.to(dtype).clone().requires_grad_(True)
+    pl = protos.to(dtype).clone().requires_grad_(True)
+    ys, ps = gc.nested_levels(y, pl, levels)
+
+    def step():
+        zl.grad = pl.grad = None
+        with engine_mode(label) as bk:
+            if levels == 1:
+                loss = balanced_contrastive_loss(zl, y, prototypes=pl, temperature=0.1,
+                                                 variant=variant, backend=bk)
+            else:
+                loss = hierarchical_contrastive_loss(zl, ys, ps, temperature=0.1,
+                                                     variant=variant, backend=bk)
+            loss.backward()
+    return step
+
+
+def time_rows(dev, n, d, engines, reps, deadline, first: bool, add) -> None:
+    z, y, protos = (t.to(dev) for t in gc.loss_inputs(n, d))
+    budget = gpu_report.Budget(max(1.0, deadline - time.perf_counter()), deadline, reps)
+    for row in gpu_report._loss_anchors(dev, n, d, z, budget):
+        add(row)
+    cases = [(v, lv, torch.float32, e) for v in ("exact", "official") for lv in (1, 3)
+             for e in engines]
+    cases += [(v, lv, torch.bfloat16, "auto") for v in ("exact", "official") for lv in (1, 3)]
+    for variant, levels, dtype, label in cases:
+        if label.startswith("triton") and dev != "cuda":
+            continue
+        if gc.autotuned(label) and not (first and variant == "exact"):
+            continue    # tuning compiles every tile: the first size's exact rows only
+        if label in POSITIVE_PLANS and variant != "official":
+            continue
+        row = dict(n=n, d=d, variant=variant, levels=levels,
+                   dtype=gpu_report.DTYPES[dtype], what=label)
+        if label == "auto":
+            row["engine"] = choose_loss_backend(z.to(dtype), None, variant, levels)
+        need = gpu_report.AUTOTUNE_NEED_S if gc.autotuned(label) else 5
+        left = deadline - time.perf_counter()
+        if left < need:
+            row["error"] = "skipped: time budget"
+        else:
+            step = make_step(z, y, protos, variant, levels, dtype, label)
+            row.update(gc.guarded(lambda s=step: gc.time_call(s, dev, reps)))
+        add(row)
+
+
+def profile_rows(dev, n, d, add) -> None:
+    """One profiled step of the automatic engine per (variant, levels, dtype)."""
+    from torch.profiler import ProfilerActivity, profile
+    z, y, protos = (t.to(dev) for t in gc.loss_inputs(n, d))
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
+    for variant in ("exact", "official"):
+        for levels in (1, 3):
+            for dtype in (torch.float32, torch.bfloat16):
+                step = make_step(z, y, protos, variant, levels, dtype, "auto")
+                row = dict(n=n, d=d, variant=variant, levels=levels,
+                           dtype=gpu_report.DTYPES[dtype], what="profile (auto)",
+                           engine=choose_loss_backend(z.to(dtype), None, variant, levels))
+                try:
+                    step()
+                    gc.sync(dev)
+                    with profile(activities=acts) as prof:
+                        t0 = time.perf_counter()
+                        step()
+                        gc.sync(dev)
+                        wall = time.perf_counter() - t0
+                    row.update(_summarise(prof, wall, dev))
+                except Exception as exc:  # noqa: BLE001 - reported, not fatal
+                    row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                add(row)
+
+
+def _summarise(prof, wall: float, dev: str) -> dict:
+    events = prof.key_averages()
+    device_us = lambda e: getattr(e, "self_device_time_total",  # noqa: E731
+                                  getattr(e, "self_cuda_time_total", 0.0))
+    kernels = sorted((e for e in events if device_us(e) > 0), key=device_us, reverse=True)
+    busy = sum(device_us(e) for e in kernels) / 1e6
+    host = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)
+    syncs = {e.key: e.count for e in events if e.key in SYNC_EVENTS}
+    return dict(
+        seconds=wall, device_busy_s=busy if dev == "cuda" else None, syncs=syncs,
+        ops=sum(e.count for e in events if e.key.startswith("aten::")),
+        top_kernels=[(e.key[:90], e.count, device_us(e) / 1e3) for e in kernels[:15]],
+        top_host=[(e.key[:60], e.count, e.self_cpu_time_total / 1e3) for e in host[:12]])
+
+
+def _ratio(seconds: float, anchor: float | None) -> str:
+    return f"{seconds / anchor:.2f}" if anchor else "–"
+
+
+def render(report: dict) -> str:
+    lines = [f"# Loss profile on {report['device']} ({report['when']}, torch {report['torch']})",
+             "", "| N | d | variant | levels | dtype | engine | ms | ÷ SDPA (same dtype) "
+             "| ÷ floor |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    anchors = {}
+    for r in report["rows"]:
+        if r.get("variant") == "–" and "median_s" in r:
+            anchors[r["n"], r["d"], r["what"]] = r["median_s"]
+    for r in report["rows"]:
+        if r.get("variant") == "–" or r["what"].startswith("profile"):
+            continue
+        sdpa = anchors.get((r["n"], r["d"], f"SDPA {r['dtype']} fwd+bwd"))
+        floor = anchors.get((r["n"], r["d"], gpu_report.FLOOR))
+        what = r["what"] + (f" → {r['engine']}" if "engine" in r else "")
+        if "median_s" in r:
+            s = r["median_s"]
+            cells = f"{s * 1e3:.2f} | {_ratio(s, sdpa)} | {_ratio(s, floor)}"
+        else:
+            cells = f"{r.get('error', '?')} | | "
+        lines.append(f"| {r['n']} | {r['d']} | {r['variant']} | {r['levels']} | {r['dtype']} | "
+                     f"{what} | {cells} |")
+    lines += ["", "Anchors: " + "; ".join(f"{k[0]}×{k[1]} {k[2]} {v * 1e3:.2f} ms"
+                                          for k, v in anchors.items())]
+    for r in report["rows"]:
+        if not r["what"].startswith("profile"):
+            continue
+        lines += ["", f"## Profile: {r['variant']}, {r['levels']} level(s), {r['dtype']}, "
+                      f"N {r['n']}, d {r['d']}, engine {r.get('engine')}"]
+        if "error" in r:
+            lines.append(f"error: {r['error']}")
+            continue
+        busy = r["device_busy_s"]
+        lines.append(f"wall {r['seconds'] * 1e3:.2f} ms (profiled), device busy "
+                     f"{'–' if busy is None else f'{busy * 1e3:.2f} ms'}, aten ops {r['ops']}, "
+                     f"syncs {r['syncs']}")
+        lines += ["", "| kernel | calls | device ms |", "|---|---|---|"]
+        lines += [f"| `{k}` | {c} | {t:.3f} |" for k, c, t in r["top_kernels"]]
+        lines += ["", "| host op | calls | self ms |", "|---|---|---|"]
+        lines += [f"| `{k}` | {c} | {t:.3f} |" for k, c, t in r["top_host"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", nargs="+", type=_size, help="N:d pairs (default per device)")
+    p.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    p.add_argument("--budget", type=float, default=150.0, help="seconds for the timed rows")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--profile-only", action="store_true")
+    p.add_argument("--no-profile", action="store_true")
+    p.add_argument("--out", type=Path, default=HERE / "results")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("loss_profile: no CUDA device (use --device cpu for the CPU test mode)")
+        return 2
+    sizes = args.sizes or [_size(s) for s in DEFAULT_SIZES[args.device]]
+    reason = unwritable_dir_reason(args.out)
+    if reason:
+        p.error(f"--out: {reason}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = dict(device=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+                  when=time.strftime("%Y-%m-%d %H:%M"), torch=torch.__version__,
+                  argv=sys.argv[1:] if argv is None else argv, rows=[])
+
+    def add(row: dict) -> None:
+        report["rows"].append(row)
+        gc.write_json(args.out / "loss_profile.json", report)
+        gc.atomic_write_text(args.out / "loss_profile.md", render(report))
+
+    if not args.profile_only:
+        deadline = time.perf_counter() + args.budget
+        for i, (n, d) in enumerate(sizes):
+            time_rows(args.device, n, d, args.engines, args.reps, deadline, i == 0, add)
+    if not args.no_profile:
+        profile_rows(args.device, *sizes[0], add)
+    print(render(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
