@@ -13,11 +13,19 @@ the true gradient is ~0 and only the absolute error (also reported) means anythi
 
     python bench/attention_guard.py                          # N = 2,000, d = 64, this device
     python bench/attention_guard.py --bounds 256 1024 4096 --out bench/results/guard.json
+    python bench/attention_guard.py --dtype bfloat16          # bf16 inputs (their own limits)
+    python bench/attention_guard.py --engines attention triton[tf32x3]   # CUDA: 3xTF32 dots
+
+``--dtype bfloat16`` rounds the inputs to bf16 and compares with float64 on those rounded
+inputs (the bf16 path's own error; on CUDA flash attention with the folded bias).
+``triton[tf32x3]`` forces the Triton kernels' 3xTF32 dots ($HIERTAIL_TRITON_FP32_DOT), whose
+limit is ``ops/_triton_loss.TF32X3_MAX_LOGIT``.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -29,8 +37,11 @@ from loss_accuracy import errors, loss_and_grad  # noqa: E402
 
 import hiertail_fast.ops._attention_lse as attn  # noqa: E402
 from hiertail_fast._files import atomic_write_text  # noqa: E402
+from hiertail_fast.ops import _triton_loss  # noqa: E402
 
 TAU = 0.1
+ENGINES = ("attention", "torch", "triton[tf32x3]")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def make_inputs(regime: str, n: int, d: int, bound: float, seed: int = 0):
@@ -44,10 +55,21 @@ def make_inputs(regime: str, n: int, d: int, bound: float, seed: int = 0):
     return z[:n].to(DEVICE), y.to(DEVICE), z[n:].to(DEVICE)
 
 
-def errors_vs_float64(backend: str, variant: str, z, y, p) -> dict:
-    """bench/loss_accuracy.py's errors of `backend` against the float64 reference."""
-    return errors(loss_and_grad(z, y, p, TAU, variant, backend),
-                  loss_and_grad(z.double(), y, p.double(), TAU, variant, "reference"))
+def errors_vs_float64(engine: str, variant: str, z, y, p) -> dict:
+    """bench/loss_accuracy.py's errors of `engine` against the float64 reference on the same
+    (possibly bf16-rounded) inputs; "triton[tf32x3]" forces 3xTF32 dots."""
+    forced = {_triton_loss.FP32_DOT_ENV: "tf32x3"} if engine == "triton[tf32x3]" else {}
+    old = {k: os.environ.get(k) for k in forced}
+    os.environ.update(forced)
+    try:
+        got = loss_and_grad(z, y, p, TAU, variant, engine.split("[")[0])
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return errors(got, loss_and_grad(z.double(), y, p.double(), TAU, variant, "reference"))
 
 
 def main(argv=None) -> int:
@@ -56,32 +78,40 @@ def main(argv=None) -> int:
     parser.add_argument("--d", type=int, default=64)
     parser.add_argument("--bounds", type=float, nargs="+",
                         default=[64, 256, 512, 1024, 2048, 4096, 16384])
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
+    parser.add_argument("--engines", nargs="+", choices=ENGINES, default=["attention", "torch"])
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).parent / "results" / "attention_guard.json")
     args = parser.parse_args(argv)
     if args.n < 2 or args.d < 1 or min(args.bounds) <= 0:
         parser.error("--n >= 2, --d >= 1 and positive --bounds")
-    real_guard = attn.MAX_LOGIT
+    if "triton[tf32x3]" in args.engines and DEVICE != "cuda":
+        parser.error("triton[tf32x3] needs CUDA (the interpreter's dots are numpy fp32)")
+    dtype = DTYPES[args.dtype]
+    real_guard, real_bf16 = attn.MAX_LOGIT, attn.MAX_LOGIT_BF16
     attn.MAX_LOGIT = dict.fromkeys(real_guard, float("inf"))   # every call on the kernels
+    attn.MAX_LOGIT_BF16 = dict.fromkeys(real_bf16, float("inf"))
     rows = []
     try:
         for bound in args.bounds:
             for regime in ("relu", "randn"):
                 z, y, p = make_inputs(regime, args.n, args.d, bound)
+                z, p = z.to(dtype), p.to(dtype)
                 for variant in ("exact", "official"):
-                    for backend in ("attention", "torch"):
+                    for backend in args.engines:
                         err = errors_vs_float64(backend, variant, z, y, p)
                         rows.append(dict(bound=bound, regime=regime, variant=variant,
-                                         backend=backend, **err))
+                                         backend=backend, dtype=args.dtype, **err))
                         r = rows[-1]
-                        print(f"B {bound:8.0f} {regime:5s} {variant:8s} {backend:9s} value "
+                        print(f"B {bound:8.0f} {regime:5s} {variant:8s} {backend:14s} value "
                               f"{r['value_rel_err']:.2e} grad {r['grad_rel_err']:.2e} (abs "
                               f"{r['grad_abs_err']:.1e} of max {r['grad_max']:.1e})",
                               flush=True)
     finally:
-        attn.MAX_LOGIT = real_guard
+        attn.MAX_LOGIT, attn.MAX_LOGIT_BF16 = real_guard, real_bf16
     meta = dict(device=device_name(), torch=torch.__version__, n=args.n, d=args.d, tau=TAU,
-                guard_in_library=real_guard)
+                dtype=args.dtype, guard_in_library=real_guard, guard_bf16=real_bf16,
+                tf32x3_limit=_triton_loss.TF32X3_MAX_LOGIT)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, json.dumps(dict(meta=meta, rows=rows), indent=1))
     print(f"wrote {args.out}")

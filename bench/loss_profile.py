@@ -34,12 +34,14 @@ import gpu_report  # noqa: E402
 
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss  # noqa: E402
 from hiertail_fast._files import unwritable_dir_reason  # noqa: E402
-from hiertail_fast.ops._dispatch import choose_loss_backend  # noqa: E402
+from hiertail_fast.ops._dispatch import choose_loss_backend, refine_loss_backend  # noqa: E402
 
 POSITIVE_PLANS = {"torch+band": {"HIERTAIL_POSITIVES": "band"},
                   "torch+slices": {"HIERTAIL_POSITIVES": "slices"}}
-ENGINES = ("auto", "attention", "torch", "torch+slices", "triton[tf32x3]",
+ENGINES = ("auto", "attention", "torch", "torch+slices", "triton", "triton[tf32x3]",
            "triton[tf32x3+autotune]")
+DEFAULT_ENGINES = ("auto", "attention", "torch", "torch+slices", "triton")
+BF16_ENGINES = ("auto", "attention", "torch", "triton")     # (16-bit: no fp32-dot modes)
 DEFAULT_SIZES = {"cuda": ["20000:64", "100000:64", "20000:128"], "cpu": ["200:16"]}
 SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
                "cudaMemcpy", "cudaMemcpyAsync")
@@ -69,6 +71,15 @@ def engine_mode(label: str):
             yield bk
 
 
+def auto_engine(z, protos, variant: str, levels: int, dtype: torch.dtype) -> str:
+    """The engine the automatic choice takes for this call (as the loss ops decide it)."""
+    zl = z.to(dtype)
+    choice = choose_loss_backend(zl, None, variant, levels)
+    if choice == "reference":
+        return choice
+    return refine_loss_backend(choice, torch.cat([zl, protos.to(dtype)]), 10.0, variant, levels)
+
+
 def make_step(z, y, protos, variant: str, levels: int, dtype: torch.dtype, label: str):
     """One fwd+bwd of the loss on engine `label` (fresh leaves in `dtype`)."""
     zl = z.to(dtype).clone().requires_grad_(True)
@@ -95,7 +106,8 @@ def time_rows(dev, n, d, engines, reps, deadline, first: bool, add) -> None:
         add(row)
     cases = [(v, lv, torch.float32, e) for v in ("exact", "official") for lv in (1, 3)
              for e in engines]
-    cases += [(v, lv, torch.bfloat16, "auto") for v in ("exact", "official") for lv in (1, 3)]
+    cases += [(v, lv, torch.bfloat16, e) for v in ("exact", "official") for lv in (1, 3)
+              for e in engines if e in BF16_ENGINES]
     for variant, levels, dtype, label in cases:
         if label.startswith("triton") and dev != "cuda":
             continue
@@ -106,7 +118,7 @@ def time_rows(dev, n, d, engines, reps, deadline, first: bool, add) -> None:
         row = dict(n=n, d=d, variant=variant, levels=levels,
                    dtype=gpu_report.DTYPES[dtype], what=label)
         if label == "auto":
-            row["engine"] = choose_loss_backend(z.to(dtype), None, variant, levels)
+            row["engine"] = auto_engine(z, protos, variant, levels, dtype)
         need = gpu_report.AUTOTUNE_NEED_S if gc.autotuned(label) else 5
         left = deadline - time.perf_counter()
         if left < need:
@@ -128,7 +140,7 @@ def profile_rows(dev, n, d, add) -> None:
                 step = make_step(z, y, protos, variant, levels, dtype, "auto")
                 row = dict(n=n, d=d, variant=variant, levels=levels,
                            dtype=gpu_report.DTYPES[dtype], what="profile (auto)",
-                           engine=choose_loss_backend(z.to(dtype), None, variant, levels))
+                           engine=auto_engine(z, protos, variant, levels, dtype))
                 try:
                     step()
                     gc.sync(dev)
@@ -147,7 +159,9 @@ def _summarise(prof, wall: float, dev: str) -> dict:
     events = prof.key_averages()
     device_us = lambda e: getattr(e, "self_device_time_total",  # noqa: E731
                                   getattr(e, "self_cuda_time_total", 0.0))
-    kernels = sorted((e for e in events if device_us(e) > 0), key=device_us, reverse=True)
+    # kernels only: key_averages also lists each aten op with its kernels' device time
+    kernels = sorted((e for e in events if device_us(e) > 0 and not e.key.startswith("aten::")),
+                     key=device_us, reverse=True)
     busy = sum(device_us(e) for e in kernels) / 1e6
     host = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)
     syncs = {e.key: e.count for e in events if e.key in SYNC_EVENTS}
@@ -208,7 +222,7 @@ def render(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", nargs="+", type=_size, help="N:d pairs (default per device)")
-    p.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    p.add_argument("--engines", nargs="+", choices=ENGINES, default=list(DEFAULT_ENGINES))
     p.add_argument("--budget", type=float, default=150.0, help="seconds for the timed rows")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--profile-only", action="store_true")

@@ -219,6 +219,35 @@ def test_guard_depends_on_the_variant(monkeypatch):
             torch.testing.assert_close(a.double(), e, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("variant", ["exact", "official"])
+def test_bf16_inputs_have_their_own_limits(monkeypatch, variant):
+    """A bound between the fp32 and the bf16 limits: fp32 inputs go to our engine, bf16 inputs
+    stay on the kernels (their gradient comes back rounded to bf16, 2^-9, far above the
+    kernels' fp32 error there); float16 keeps the fp32 limits. The bf16 result matches the
+    float64 reference on the same bf16 inputs to bf16's rounding of the returned gradient."""
+    assert attn.max_logit(variant, torch.float32) < attn.max_logit(variant, torch.bfloat16)
+    assert attn.max_logit(variant, torch.float16) == attn.max_logit(variant, torch.float32)
+    bound = 0.5 * (attn.max_logit(variant, torch.float32) + attn.max_logit(variant,
+                                                                              torch.bfloat16))
+    gen = torch.Generator().manual_seed(4)
+    z = torch.randn(60, 8, generator=gen).relu() + 0.05
+    z = z / z.norm(dim=1, keepdim=True) * (bound * 0.5) ** 0.5        # temperature 0.5
+    y = torch.randint(0, 4, (60,), generator=gen)
+    zb = z.bfloat16()
+    assert attn.within_precision(zb, 2.0, variant) and not attn.within_precision(z, 2.0, variant)
+    for dtype, runs_kernels in ((torch.float32, False), (torch.float16, False),
+                                (torch.bfloat16, True)):
+        calls = _spy(monkeypatch)
+        got = _loss_grads(zb.to(dtype), y, None, temperature=0.5, backend="attention",
+                          variant=variant)
+        assert bool(calls) == runs_kernels, dtype
+    exp = _loss_grads(zb.double(), y, None, temperature=0.5, backend="reference",
+                      variant=variant)
+    torch.testing.assert_close(got[0].double(), exp[0], rtol=1e-4, atol=1e-4)
+    scale = exp[1].abs().max()
+    assert float((got[1].double() - exp[1]).abs().max() / scale) < 4e-3
+
+
 def test_kernel_refusal_falls_back(monkeypatch):
     def refuse(*a, **k):
         raise attn.AttentionUnavailable("test: refused")

@@ -361,3 +361,58 @@ def test_autotuned_launch_path(monkeypatch, triton_device, two_tiles):
         assert_rule(dz, ref[3], low[3], torch.float32, f"dz (autotuned, two_pass={two_pass})")
     if fakes:
         assert fakes["fwd"].launches == 2 and fakes["bwd"].launches == 3
+
+
+@pytest.mark.parametrize("variant", ["exact", "official"])
+def test_the_loss_picks_its_fp32_dot_from_the_logits(monkeypatch, triton_device, variant):
+    """ops/_triton_loss: the loss on backend="triton" multiplies fp32 with 3xTF32 while the
+    logits' bound is within TF32X3_MAX_LOGIT[variant], with exact IEEE dots above it, and
+    $HIERTAIL_TRITON_FP32_DOT overrides both; the backward gets the forward's choice (its
+    one-pass kernel recomputes the forward's scores). Both stay within the float64 reference."""
+    from hiertail_fast import balanced_contrastive_loss
+    from hiertail_fast.ops import _triton_loss
+
+    k = _kernels()
+    seen = []
+    real_fwd, real_bwd = k.lse_forward, k.lse_backward
+
+    def fwd(*args, fp32_dot=None, **kw):
+        seen.append(("fwd", fp32_dot))
+        return real_fwd(*args, fp32_dot=fp32_dot, **kw)
+
+    def bwd(*args, fp32_dot=None, **kw):
+        seen.append(("bwd", fp32_dot))
+        return real_bwd(*args, fp32_dot=fp32_dot, **kw)
+
+    monkeypatch.setattr(k, "lse_forward", fwd)
+    monkeypatch.setattr(k, "lse_backward", bwd)
+    monkeypatch.delenv(_triton_loss.FP32_DOT_ENV, raising=False)
+    limit = _triton_loss.TF32X3_MAX_LOGIT[variant]
+    gen = torch.Generator().manual_seed(3)
+    y = torch.randint(0, 3, (40,), generator=gen)
+    z = torch.randn(40, 8, generator=gen)
+    z = z / z.norm(dim=1, keepdim=True)
+    cases = [(0.5 * limit, None, "tf32x3"), (2.0 * limit, None, "ieee"),
+             (0.5 * limit, "ieee", "ieee"), (2.0 * limit, "tf32x3", "tf32x3")]
+    for bound, env, want in cases:
+        if env is None:
+            monkeypatch.delenv(_triton_loss.FP32_DOT_ENV, raising=False)
+        else:
+            monkeypatch.setenv(_triton_loss.FP32_DOT_ENV, env)
+        zb = z * (bound * 0.5) ** 0.5                      # temperature 0.5: scale 2
+        assert _triton_loss.fp32_dot(zb, 2.0, variant) == want
+        seen.clear()
+        got = zb.to(triton_device).detach().requires_grad_()
+        loss = balanced_contrastive_loss(got, y.to(triton_device), temperature=0.5,
+                                         variant=variant, backend="triton")
+        loss.backward()
+        assert seen == [("fwd", want), ("bwd", want)]
+        ref = zb.double().requires_grad_()
+        loss_ref = balanced_contrastive_loss(ref, y, temperature=0.5,
+                                             variant=variant, backend="reference")
+        loss_ref.backward()
+        torch.testing.assert_close(loss.double().cpu(), loss_ref, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got.grad.double().cpu(), ref.grad, rtol=1e-4, atol=1e-4)
+    # 16-bit inputs have native dots: the knob says "ieee" (unused) for them
+    monkeypatch.delenv(_triton_loss.FP32_DOT_ENV, raising=False)
+    assert _triton_loss.fp32_dot(z.bfloat16(), 2.0, variant) == "ieee"

@@ -343,3 +343,24 @@ def test_attention_guard_sweep_runs_with_the_guard_off(tmp_path):
                  and r["variant"] == "exact" and r["regime"] == "relu"]
     # past the exact limit the kernels ran (guard off): their error is above the torch engine's
     assert big[0]["grad_rel_err"] > torch_big[0]["grad_rel_err"]
+
+
+def test_attention_guard_sweep_in_bf16_and_its_engine_choices(tmp_path):
+    """--dtype bfloat16: rows say so and the bf16 limits are recorded (errors then include
+    bf16's rounding of the returned gradient, ~2^-9: both engines alike); triton[tf32x3] is
+    refused without CUDA (the interpreter's dots are not the GPU's)."""
+    out = tmp_path / "guard.json"
+    cmd = [sys.executable, str(BENCH / "attention_guard.py"), "--n", "150", "--d", "8",
+           "--bounds", "4096", "--dtype", "bfloat16", "--engines", "attention", "torch",
+           "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(out.read_text())
+    assert data["meta"]["dtype"] == "bfloat16" and data["meta"]["guard_bf16"]["exact"] > 1024
+    assert {r["dtype"] for r in data["rows"]} == {"bfloat16"} and len(data["rows"]) == 8
+    for r in data["rows"]:
+        assert r["grad_rel_err"] < 1e-2, r                   # bf16 rounding, not a wrong answer
+    if not torch.cuda.is_available():
+        res = subprocess.run(cmd[:-5] + ["--engines", "triton[tf32x3]", "--out", str(out)],
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 2 and "needs CUDA" in res.stderr

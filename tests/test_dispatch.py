@@ -189,4 +189,47 @@ def test_the_loss_ops_choose_through_choose_loss_backend():
     tree = ast.parse(open(source, encoding="utf-8").read())
     names = [getattr(c.func, "id", None) for c in ast.walk(tree) if isinstance(c, ast.Call)]
     assert names.count("choose_loss_backend") == 2          # the single and hierarchical ops
+    assert names.count("refine_loss_backend") == 2          # ... on their concatenated rows
     assert "choose_backend" not in names
+
+
+def _fake_cuda_rows(n: int, bound: float, scale: float = 10.0) -> torch.Tensor:
+    """n fp32 rows (as a fake CUDA tensor) whose logits bound scale * max |z_i|^2 is `bound`."""
+    z = torch.zeros(n, 2)
+    z[:, 0] = (bound / scale) ** 0.5
+    return z.as_subclass(_FakeCuda)
+
+
+@pytest.mark.parametrize("variant", ["exact", "official"])
+def test_large_cuda_problems_go_to_triton_where_its_dots_are_precise(monkeypatch, variant):
+    """refine_loss_backend (measured on an H200, see TRITON_MIN_ROWS): from TRITON_MIN_ROWS rows,
+    fp32, logits within _triton_loss.TF32X3_MAX_LOGIT -> triton; larger logits -> the official
+    single level on attention where its guard allows, else the choice stands; below the size,
+    another dtype or an explicit choice (not refined: the ops refine automatic choices only)
+    -> unchanged. $HIERTAIL_TRITON_FP32_DOT=ieee (slow exact dots) or no triton: never triton
+    (the official single level still goes to attention)."""
+    from hiertail_fast.ops import _attention_lse, _triton_loss
+
+    monkeypatch.delenv(_triton_loss.FP32_DOT_ENV, raising=False)
+    monkeypatch.setattr(_dispatch, "_attention_available", lambda device: True)
+    monkeypatch.setattr(_dispatch, "triton_available", lambda device: True)
+    n = _dispatch.TRITON_MIN_ROWS
+    small = 0.5 * _triton_loss.TF32X3_MAX_LOGIT[variant]
+    mid = 0.5 * (_triton_loss.TF32X3_MAX_LOGIT[variant] + _attention_lse.MAX_LOGIT[variant])
+    huge = 2.0 * _attention_lse.MAX_LOGIT[variant]
+    refine = _dispatch.refine_loss_backend
+    for choice in ("attention", "torch"):
+        assert refine(choice, _fake_cuda_rows(n, small), 10.0, variant) == "triton"
+        assert refine(choice, _fake_cuda_rows(n - 1, small), 10.0, variant) == choice
+        assert refine(choice, _fake_cuda_rows(n, small).double(), 10.0, variant) == choice
+        assert refine(choice, torch.zeros(n, 2), 10.0, variant) == choice        # CPU
+        assert refine(choice, _fake_cuda_rows(n, huge), 10.0, variant) == choice
+        one_level = refine(choice, _fake_cuda_rows(n, mid), 10.0, variant)
+        assert one_level == ("attention" if variant == "official" else choice)
+        assert refine(choice, _fake_cuda_rows(n, mid), 10.0, variant, 3) == choice
+    not_triton = "attention" if variant == "official" else "torch"
+    monkeypatch.setenv(_triton_loss.FP32_DOT_ENV, "ieee")
+    assert refine("torch", _fake_cuda_rows(n, small), 10.0, variant) == not_triton
+    monkeypatch.setattr(_dispatch, "triton_available", lambda device: False)
+    monkeypatch.delenv(_triton_loss.FP32_DOT_ENV)
+    assert refine("torch", _fake_cuda_rows(n, small), 10.0, variant) == not_triton

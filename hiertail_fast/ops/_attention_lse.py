@@ -334,21 +334,46 @@ def _input(z: torch.Tensor) -> torch.Tensor:
 # tolerance (1e-4). HierTail's own embeddings sit at ~400-450 (scale 10, unnormalised hidden
 # layer), which 256 sent to a slower engine for the exact variant.
 MAX_LOGIT = {"exact": 1024.0, "official": 256.0}
+# bf16 inputs: the same kernels' error (on CUDA flash attention, bias folded to fp32 precision;
+# products of bf16 numbers are exact in the fp32 accumulator), but the gradient comes back in
+# bf16 (rounded to 2^-9 relative, 2e-3): the limits sit where the measured
+# fp32 error, growing ~linearly with the bound (above), stays >= 4x under that rounding
+# (exact: 2.1e-4 at 4,096 -> ~4e-4 at 8,192; official: 1.8e-4 at 1,024 -> ~4e-4 at 2,048).
+# HierTail's own embeddings reach ~1,200 at 100k nodes (scale 10), over the fp32 limit: with
+# --loss-dtype bfloat16 they now stay on the bf16 kernels. bench/attention_guard.py --dtype
+# bfloat16 measures the bf16 path itself.
+# (float16 rounds 4x finer: it keeps the fp32 limits.)
+MAX_LOGIT_BF16 = {"exact": 8192.0, "official": 2048.0}
 
 
-def within_precision(z: torch.Tensor, scale: float, variant: str = "official") -> bool:
-    """Whether the kernels' fp32 LSE is precise enough for these logits: scale * max |z_i|^2
-    (>= every |s_ik|, Cauchy-Schwarz) <= MAX_LOGIT[variant]."""
+def logit_bound(z: torch.Tensor, scale: float) -> float:
+    """scale * max_i |z_i|^2: >= every |s_ik| (Cauchy-Schwarz), attained by s_ii (one
+    reduction and one host sync)."""
     with torch.no_grad():
-        return abs(scale) * float(z.float().pow(2).sum(1).max()) <= MAX_LOGIT[variant]
+        return abs(scale) * float(z.float().pow(2).sum(1).max()) if z.shape[0] else 0.0
+
+
+def max_logit(variant: str, dtype: torch.dtype) -> float:
+    """The guard's limit for `variant` on inputs of `dtype`."""
+    return (MAX_LOGIT_BF16 if dtype == torch.bfloat16 else MAX_LOGIT)[variant]
+
+
+def within_precision(z: torch.Tensor, scale: float, variant: str = "official",
+                     bound: float | None = None) -> bool:
+    """Whether the kernels' fp32 LSE is precise enough for these logits: the bound
+    (``logit_bound``, or the one given) <= ``max_logit(variant, z.dtype)``."""
+    b = logit_bound(z, scale) if bound is None else bound
+    return b <= max_logit(variant, z.dtype)
 
 
 __all__ = [
     "AttentionUnavailable",
     "available",
+    "logit_bound",
     "lse_backward",
     "lse_forward",
     "lse_fused",
+    "max_logit",
     "supported",
     "within_precision",
 ]

@@ -182,6 +182,38 @@ def _automatic_engine(z: torch.Tensor, variant: str, n_levels: int) -> str:
     return choice
 
 
+# Large fp32 problems on CUDA (NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-11-27,
+# bench/loss_profile.py, fwd+bwd, d = 64, logits bound ~20): at N = 100k our Triton kernels with
+# 3xTF32 dots took exact 1 level 120 ms (attention 169, torch 276), 3 levels 235 (torch 440),
+# official 1 level 241 (attention 315, torch 564), 3 levels 879 (torch 1,042-1,187); at 20k
+# they only tied on the exact loss (11.6 vs 12.1 ms; 3 levels 21.5 vs 21.8) and lost the
+# official one (95 vs 34 ms). Attention beat our torch engine on the official single level at
+# 100k (315 vs 564 ms) but not at 20k (60 vs 34).
+TRITON_MIN_ROWS = 50_000
+
+
+def refine_loss_backend(choice: str, z_all: torch.Tensor, scale: float, variant: str,
+                        n_levels: int = 1) -> str:
+    """An automatic choice refined for a large fp32 CUDA problem (>= TRITON_MIN_ROWS rows of
+    z_all, the loss's rows with any prototypes): our Triton kernels where their 3xTF32 dots are
+    precise enough for the logits (``_triton_loss.fp32_dot``), else the attention kernels for the
+    official single level where their guard allows, else `choice`. One reduction + one sync for
+    the logits' bound; nothing is computed for the problems it does not apply to."""
+    if not (choice in ("attention", "torch") and z_all.is_cuda
+            and z_all.dtype == torch.float32 and z_all.shape[0] >= TRITON_MIN_ROWS):
+        return choice
+    from hiertail_fast.ops import _attention_lse, _triton_loss
+
+    bound = _attention_lse.logit_bound(z_all, scale)
+    if (triton_available(z_all.device)
+            and _triton_loss.fp32_dot(z_all, scale, variant, bound) == "tf32x3"):
+        return "triton"
+    if (variant == "official" and n_levels == 1 and _attention_available(z_all.device)
+            and _attention_lse.within_precision(z_all, scale, variant, bound)):
+        return "attention"
+    return choice
+
+
 def _symmetric_engine_takes(z: torch.Tensor, n_levels: int) -> bool:
     """Whether a one-level CPU loss on `z` runs our symmetric engine (``_lse_symmetric``: each
     pair once, 2 N^2 d multiply-adds), which measured faster than the CPU attention kernel

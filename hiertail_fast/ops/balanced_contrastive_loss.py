@@ -21,31 +21,27 @@ so the gradient is computed there (3 GEMMs per block in total) and backward only
 """
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from hiertail_fast._validation import validate_contrastive_inputs
-from hiertail_fast.ops import _attention_lse, _lse_symmetric, _lse_torch
+from hiertail_fast.ops import _attention_lse, _lse_symmetric, _lse_torch, _triton_loss
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, positive_pairs
 from hiertail_fast.ops._dispatch import (  # noqa: F401  (LOSS_BACKENDS: re-exported)
     LOSS_BACKENDS,
     choose_loss_backend,
     own_engine,
+    refine_loss_backend,
+    requested_backend,
 )
 from hiertail_fast.ops._positive_blocks import BlockPositives
 from hiertail_fast.reference.balanced_contrastive_loss import balanced_contrastive_loss_ref
 
 
 def _backend_module(name: str):
-    if name == "torch":
-        return _lse_torch
-    if name == "attention":
-        return _attention_lse
-    # lazily: `import hiertail_fast` must never import triton
-    return importlib.import_module("hiertail_fast.kernels.balanced_contrastive_loss")
+    return {"torch": _lse_torch, "attention": _attention_lse, "triton": _triton_loss}[name]
 
 
 @dataclass
@@ -115,12 +111,14 @@ def _argmax_grad(z, lv_argmax, gamma, scale):
     return dz
 
 
-def _lse_backward(mod, z_in, log_w, lse, grad_lse, scale):
+def _lse_backward(mod, z_in, log_w, lse, grad_lse, scale, fp32_dot=None):
     """The engine's LSE gradient, in fp32 for the Triton kernels (16-bit inputs: not rounded to
-    16 bits before the positive-pair part, which it can cancel, is added)."""
+    16 bits before the positive-pair part, which it can cancel, is added) with the forward's
+    fp32 dot."""
     if mod is _lse_torch or mod is _attention_lse:
         return mod.lse_backward(z_in, log_w, lse, grad_lse, scale)
-    return mod.lse_backward(z_in, log_w, lse, grad_lse, scale, out_dtype=torch.float32)
+    return mod.lse_backward(z_in, log_w, lse, grad_lse, scale, out_dtype=torch.float32,
+                            fp32_dot=fp32_dot)
 
 
 def loss_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -168,6 +166,11 @@ class BalancedContrastiveFunction(torch.autograd.Function):
                                        -(base * inv_n) if fused else None, scale,
                                        torch.isfinite(lv.log_w).all(dim=0), lv.log_w)
         kw = {} if positives is None else {"positives": positives}
+        # the Triton kernels: 3xTF32 dots where the logits allow (_triton_loss), saved for the
+        # backward, whose one-pass kernel must recompute the forward's scores
+        fp32_dot = _triton_loss.fp32_dot(z_in, scale, variant) if backend == "triton" else None
+        if fp32_dot is not None:
+            kw["fp32_dot"] = fp32_dot
         if fused:
             def coef_fn(rows, lse_b, max_b):
                 g = base[:, rows]
@@ -214,7 +217,7 @@ class BalancedContrastiveFunction(torch.autograd.Function):
             out = (loss * base).sum()
         ctx.fused, ctx.reduction, ctx.official = fused, reduction, official
         ctx.scale, ctx.include_self, ctx.backend, ctx.lv = scale, include_self, backend, lv
-        ctx.z_dtype = z.dtype
+        ctx.z_dtype, ctx.fp32_dot = z.dtype, fp32_dot
         if fused:
             ctx.save_for_backward(dz)
         elif want_grad:
@@ -240,7 +243,8 @@ class BalancedContrastiveFunction(torch.autograd.Function):
             rmax, amax, big_q = extra
             a = lse - rmax
             r = torch.exp(a - torch.logaddexp(a, log_eps_w))
-            dz = _lse_backward(mod, z_in, log_w, lse, (g * r).to(log_w.dtype), scale)
+            dz = _lse_backward(mod, z_in, log_w, lse, (g * r).to(log_w.dtype), scale,
+                               ctx.fp32_dot)
             dz = dz.to(zc.dtype)
             for lev in range(lse.shape[0]):
                 dz += positive_pairs(zc, lv.gid[lev], lv.n_groups[lev], rmax[lev],
@@ -248,7 +252,7 @@ class BalancedContrastiveFunction(torch.autograd.Function):
                                      -(g[lev] * inv_n[lev]))[2]
             dz += _argmax_grad(zc, amax, g * (big_q * inv_n - r), scale)
         else:
-            dz = _lse_backward(mod, z_in, log_w, lse, g.to(log_w.dtype), scale)
+            dz = _lse_backward(mod, z_in, log_w, lse, g.to(log_w.dtype), scale, ctx.fp32_dot)
             dz = dz.to(zc.dtype) + _class_sum_term(zc, lv, scale, ctx.include_self,
                                                    -(g * inv_n))[1]
         return dz.to(ctx.z_dtype), *nones
@@ -299,6 +303,8 @@ def balanced_contrastive_loss_op(
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
     rows = torch.arange(n, device=z.device)
     lv = _make_levels(n, [(rows, labels)], include_self, cdt, z.device)
+    if backend is None and requested_backend() is None:
+        choice = refine_loss_backend(choice, z_all, 1.0 / float(temperature), variant)
     return _apply(
         own_engine(z.device), z_all, lv, 1.0 / float(temperature), bool(include_self), variant,
         reduction, choice, torch.is_grad_enabled() and z_all.requires_grad,
@@ -352,6 +358,9 @@ def hierarchical_contrastive_loss_op(
     z_big = torch.cat(parts, dim=0) if len(parts) > 1 else z
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
     lv = _make_levels(off, level_rows, include_self, cdt, z.device)
+    if backend is None and requested_backend() is None:
+        choice = refine_loss_backend(choice, z_big, 1.0 / float(temperature), variant,
+                                     len(level_labels))
     return _apply(
         own_engine(z.device), z_big, lv, 1.0 / float(temperature), bool(include_self), variant,
         "mean", choice, torch.is_grad_enabled() and z_big.requires_grad,

@@ -1,0 +1,69 @@
+"""The Triton loss kernels as a loss engine: which fp32 dot each call multiplies with.
+
+``kernels/balanced_contrastive_loss.py`` multiplies fp32 tiles either with IEEE fp32 FMAs
+("ieee": exact products, no tensor cores) or with 3xTF32 tensor-core dots ("tf32x3": each
+product within ~2^-22 relative, fp32 accumulation). On an NVIDIA H200 (torch 2.11, triton 3.6,
+2026-11-27, bench/loss_profile.py, exact loss fwd+bwd, d = 64) tf32x3 took 11.6 ms at N = 20k
+where ieee took 258 ms, and 120 ms at N = 100k: 0.47x SDPA fp32 fwd+bwd, at the cuBLAS 3-GEMM
+floor.
+
+Like the attention kernels' fp32 LSE (``_attention_lse``, the comment above ``MAX_LOGIT``), the
+tf32x3 error grows with the logits: an error of ~|s_ik| 2^-22 in each logit is a relative
+error of that size in p_ik = exp(s_ik + log w_k - lse_i), on top of the fp32 LSE's own
+|lse| 2^-24. So the engine picks per call from the bound B = scale * max_i |z_i|^2 (>= every
+|s_ik|): "tf32x3" while B <= TF32X3_MAX_LOGIT[variant], else "ieee" (exact at any B, slow).
+$HIERTAIL_TRITON_FP32_DOT (``kernels/_utils.FP32_DOT_ENV``) forces one for every call. 16-bit
+inputs use native tensor-core dots (exact products) whatever this says.
+
+The limits are half the attention path's fp32 limits (the products' 2^-22 against the LSE's
+2^-24 roughly doubles that path's error); bench/attention_guard.py --engines measures them.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+
+import torch
+
+from hiertail_fast.ops._attention_lse import logit_bound
+
+TF32X3_MAX_LOGIT = {"exact": 512.0, "official": 128.0}
+FP32_DOT_ENV = "HIERTAIL_TRITON_FP32_DOT"     # the same name as kernels/_utils.FP32_DOT_ENV
+
+
+def _kernels():
+    # lazily: `import hiertail_fast` must never import triton
+    return importlib.import_module("hiertail_fast.kernels.balanced_contrastive_loss")
+
+
+def tf32x3_precise(z: torch.Tensor, scale: float, variant: str,
+                   bound: float | None = None) -> bool:
+    """Whether 3xTF32 dots keep this call's error inside fp32's tolerances (B <= limit)."""
+    b = logit_bound(z, scale) if bound is None else bound
+    return b <= TF32X3_MAX_LOGIT[variant]
+
+
+def fp32_dot(z: torch.Tensor, scale: float, variant: str, bound: float | None = None) -> str:
+    """The fp32 dot for one loss call on `z`: $HIERTAIL_TRITON_FP32_DOT when set (validated by
+    the kernels' own parser), else "tf32x3" where precise enough, else "ieee". Inputs that are
+    not fp32 get "ieee" (unused: 16-bit tiles have their own dots)."""
+    if os.environ.get(FP32_DOT_ENV, "").strip():
+        return importlib.import_module("hiertail_fast.kernels._utils").fp32_dot()
+    if z.dtype != torch.float32:
+        return "ieee"
+    return "tf32x3" if tf32x3_precise(z, scale, variant, bound) else "ieee"
+
+
+def lse_forward(z, log_w, scale, need_max, *, fp32_dot: str | None = None):
+    return _kernels().lse_forward(z, log_w, scale, need_max, fp32_dot=fp32_dot)
+
+
+def lse_backward(z, log_w, lse, grad_lse, scale, *, fp32_dot: str | None = None,
+                 out_dtype: torch.dtype | None = None):
+    """The kernels' backward with the forward's `fp32_dot` (its one-pass kernel recomputes the
+    forward's scores and relies on getting the same ones)."""
+    return _kernels().lse_backward(z, log_w, lse, grad_lse, scale, fp32_dot=fp32_dot,
+                                   out_dtype=out_dtype)
+
+
+__all__ = ["TF32X3_MAX_LOGIT", "fp32_dot", "lse_backward", "lse_forward", "tf32x3_precise"]

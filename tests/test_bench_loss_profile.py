@@ -1,0 +1,43 @@
+"""bench/loss_profile.py on CPU (its test mode): rows, the profile breakdown, the files."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+import loss_profile  # noqa: E402
+
+
+def test_rows_profile_and_files(tmp_path):
+    rc = loss_profile.main(["--device", "cpu", "--sizes", "120:8", "--engines", "auto", "torch",
+                            "torch+slices", "--budget", "60", "--reps", "1", "--out",
+                            str(tmp_path)])
+    assert rc == 0
+    data = json.loads((tmp_path / "loss_profile.json").read_text())
+    rows = data["rows"]
+    anchors = [r for r in rows if r["variant"] == "–"]
+    assert {r["what"] for r in anchors} >= {"SDPA fp32 fwd+bwd", "SDPA bf16 fwd+bwd"}
+    timed = [r for r in rows if r["variant"] != "–" and not r["what"].startswith("profile")]
+    # fp32: 2 variants x 2 level counts x (auto, torch) + official x 2 levels x slices; bf16:
+    # 2 x 2 x (auto, torch)
+    assert len(timed) == 8 + 2 + 8
+    assert all(r["median_s"] > 0 for r in timed), timed
+    assert {r["engine"] for r in timed if r["what"] == "auto"} <= {"torch", "attention"}
+    assert not [r for r in timed if r["what"] == "torch+slices" and r["variant"] == "exact"]
+    prof = [r for r in rows if r["what"].startswith("profile")]
+    assert len(prof) == 2 * 2 * 2 and all(r["top_host"] and r["ops"] > 0 for r in prof), prof
+    md = (tmp_path / "loss_profile.md").read_text()
+    assert "| 120 | 8 | official | 3 | bf16 | torch |" in md and "## Profile:" in md
+
+
+def test_sizes_are_checked_and_cuda_is_required(capsys):
+    with pytest.raises(SystemExit):
+        loss_profile.main(["--device", "cpu", "--sizes", "20000x64"])
+    if not torch.cuda.is_available():
+        assert loss_profile.main([]) == 2
+        assert "no CUDA" in capsys.readouterr().out
