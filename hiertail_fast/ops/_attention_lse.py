@@ -219,7 +219,7 @@ def _lse_and_out(z: torch.Tensor, log_w: torch.Tensor, scale: float, want_out: b
         if want_out:
             outs.append(out)
     hidden = ~torch.isfinite(log_w).any(dim=1)                   # a level with no visible key
-    lse[hidden] = float("-inf")
+    lse.masked_fill_(hidden[:, None], float("-inf"))           # (no host sync, unlike lse[hidden])
     return lse, (torch.cat(outs) if want_out else None)
 
 
@@ -227,11 +227,14 @@ def _key_side(z, log_w, scale, lse, g):
     """dz_k = scale * sum_l sum_i g_li p_lik z_i (two signs -> up to two calls per head group)."""
     dz = torch.zeros(z.shape, dtype=torch.float32, device=z.device)
     lse32 = lse.float()
-    for sign in (1.0, -1.0):
-        gs = g * sign
-        use = (gs > 0) & torch.isfinite(lse32)
-        if not bool(use.any()):
+    live = torch.isfinite(lse32)
+    # which signs occur: one host sync for both (the exact variant's g is never negative)
+    signs = torch.stack([((g > 0) & live).any(), ((g < 0) & live).any()]).tolist()
+    for sign, occurs in zip((1.0, -1.0), signs, strict=True):
+        if not occurs:
             continue
+        gs = g * sign
+        use = (gs > 0) & live
         rows = torch.where(use, torch.log(gs.clamp(min=1e-38)) - lse32,
                            torch.full_like(lse32, HIDDEN))
         for h0, h1 in _heads(log_w):

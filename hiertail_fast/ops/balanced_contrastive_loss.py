@@ -54,6 +54,7 @@ class _Levels:
     n_pos: torch.Tensor        # [L, N] |P(i)| (compute dtype), 0 if not in the level
     contrib: torch.Tensor      # [L, N] bool, rows with a non-empty positive set
     n_distinct: torch.Tensor   # [L] number of distinct labels = sum_k w_k
+    full: list[bool]           # per level: every row is in it (no index lists needed)
 
 
 def _make_levels(n: int, level_rows, include_self: bool, dtype, device) -> _Levels:
@@ -70,7 +71,9 @@ def _make_levels(n: int, level_rows, include_self: bool, dtype, device) -> _Leve
         n_pos[lev, rows] = cnt - (0.0 if include_self else 1.0)
         n_groups.append(int(counts.numel()))
     n_distinct = torch.tensor(n_groups, dtype=dtype, device=device)
-    return _Levels(log_w, gid, n_groups, n_pos, n_pos > 0, n_distinct)
+    # rows are distinct indices (the ops build them): n of them cover every row
+    full = [rows.numel() == n for rows, _ in level_rows]
+    return _Levels(log_w, gid, n_groups, n_pos, n_pos > 0, n_distinct, full)
 
 
 def _class_sum_term(z, lv: _Levels, scale, include_self, coef=None):
@@ -85,7 +88,8 @@ def _class_sum_term(z, lv: _Levels, scale, include_self, coef=None):
     delta = 0.0 if include_self else 1.0
     sq = (z * z).sum(1)
     for lev in range(lv.gid.shape[0]):
-        rows = (lv.gid[lev] >= 0).nonzero().squeeze(1)
+        # a level over every row takes them all (nonzero would cost a host sync)
+        rows = slice(None) if lv.full[lev] else (lv.gid[lev] >= 0).nonzero().squeeze(1)
         g = lv.gid[lev, rows]
         zr = z[rows]
         sums = torch.zeros(lv.n_groups[lev], d, dtype=z.dtype, device=z.device)
@@ -96,7 +100,10 @@ def _class_sum_term(z, lv: _Levels, scale, include_self, coef=None):
             c = coef[lev, rows].to(z.dtype)
             acc = torch.zeros_like(sums).index_add_(0, g, zr * c[:, None])
             grad = c[:, None] * (s_rows - 2.0 * delta * zr) + acc[g]
-            dz.index_add_(0, rows, grad, alpha=scale)
+            if lv.full[lev]:
+                dz.add_(grad, alpha=scale)
+            else:
+                dz.index_add_(0, rows, grad, alpha=scale)
     return pos, dz
 
 
