@@ -11,7 +11,8 @@
 # STEPS (default "install report tests"; "scale" adds the scale study at SCALE_SIZES (default
 # "100000 1000000") with the loss in each of SCALE_DTYPES (default "float32 bfloat16"), each
 # under SCALE_S, default 240 s, with SCALE_WARMUP (default 1) + SCALE_EPOCHS (default 2)
-# epochs; "guard" adds bench/attention_guard.py under GUARD_S, default 60 s; "profile" adds
+# epochs; "guard" adds bench/attention_guard.py under GUARD_S, default 60 s, with GUARD_ARGS
+# (default: the bounds 256 ... 4096; e.g. "--dtype bfloat16 --bounds 4096 8192"); "profile" adds
 # bench/loss_profile.py under PROFILE_S, default 200 s, its timed rows getting PROFILE_S - 60,
 # with PROFILE_ARGS, e.g. "--sizes 20000:64"), REPORT_S (gpu_report's limit, default 270 s;
 # its own --budget is 30 s less),
@@ -32,6 +33,7 @@ SCALE_DTYPES=${SCALE_DTYPES:-float32 bfloat16}
 SCALE_EPOCHS=${SCALE_EPOCHS:-2}
 SCALE_WARMUP=${SCALE_WARMUP:-1}
 GUARD_S=${GUARD_S:-60}
+GUARD_ARGS=${GUARD_ARGS:---bounds 256 512 1024 2048 4096}
 PROFILE_S=${PROFILE_S:-200}
 PROFILE_ARGS=${PROFILE_ARGS:-}
 REPORT_ARGS=${REPORT_ARGS:-}
@@ -57,8 +59,9 @@ for s in $STEPS; do
       step gpu_report "$REPORT_S" "$PY" bench/gpu_report.py --budget $((REPORT_S - 30)) \
         --out "$OUT" $REPORT_ARGS ;;
     guard)      # the attention path's error against float64 as the logits grow (its guard)
-      step attention_guard "$GUARD_S" "$PY" bench/attention_guard.py --bounds 256 512 1024 2048 \
-        4096 --out "$OUT/attention_guard.json" ;;
+      # shellcheck disable=SC2086  # GUARD_ARGS: several words on purpose
+      step attention_guard "$GUARD_S" "$PY" bench/attention_guard.py $GUARD_ARGS \
+        --out "$OUT/attention_guard.json" ;;
     profile)    # why the loss takes its time: every engine's rows and a profiler breakdown
       # shellcheck disable=SC2086  # PROFILE_ARGS: several words on purpose
       step loss_profile "$PROFILE_S" "$PY" bench/loss_profile.py --budget $((PROFILE_S - 60)) \

@@ -99,7 +99,7 @@ def make_step(z, y, protos, variant: str, levels: int, dtype: torch.dtype, label
     return step
 
 
-def time_rows(dev, n, d, engines, reps, deadline, first: bool, add) -> None:
+def time_rows(dev, n, d, engines, reps, deadline, add) -> None:
     z, y, protos = (t.to(dev) for t in gc.loss_inputs(n, d))
     budget = gpu_report.Budget(max(1.0, deadline - time.perf_counter()), deadline, reps)
     for row in gpu_report._loss_anchors(dev, n, d, z, budget):
@@ -111,8 +111,8 @@ def time_rows(dev, n, d, engines, reps, deadline, first: bool, add) -> None:
     for variant, levels, dtype, label in cases:
         if label.startswith("triton") and dev != "cuda":
             continue
-        if gc.autotuned(label) and not (first and variant == "exact"):
-            continue    # tuning compiles every tile: the first size's exact rows only
+        if gc.autotuned(label):
+            continue    # tuning compiles every tile: last, at the first size (tuned_rows)
         if label in POSITIVE_PLANS and variant != "official":
             continue
         row = dict(n=n, d=d, variant=variant, levels=levels,
@@ -127,6 +127,23 @@ def time_rows(dev, n, d, engines, reps, deadline, first: bool, add) -> None:
             step = make_step(z, y, protos, variant, levels, dtype, label)
             row.update(gc.guarded(lambda s=step: gc.time_call(s, dev, reps)))
         add(row)
+
+
+def tuned_rows(dev, n, d, engines, reps, deadline, add) -> None:
+    """The autotuned Triton modes on the exact loss at (n, d), after every other row: the first
+    call compiles and times every candidate tile (gpu_report.AUTOTUNE_NEED_S of budget)."""
+    z, y, protos = (t.to(dev) for t in gc.loss_inputs(n, d))
+    for label in [e for e in engines if gc.autotuned(e)]:
+        for levels in (1, 3):
+            row = dict(n=n, d=d, variant="exact", levels=levels, dtype="fp32", what=label)
+            if dev != "cuda":
+                continue
+            if deadline - time.perf_counter() < gpu_report.AUTOTUNE_NEED_S / 2:
+                row["error"] = "skipped: time budget"
+            else:
+                step = make_step(z, y, protos, "exact", levels, torch.float32, label)
+                row.update(gc.guarded(lambda s=step: gc.time_call(s, dev, reps)))
+            add(row)
 
 
 def profile_rows(dev, n, d, add) -> None:
@@ -249,8 +266,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.profile_only:
         deadline = time.perf_counter() + args.budget
-        for i, (n, d) in enumerate(sizes):
-            time_rows(args.device, n, d, args.engines, args.reps, deadline, i == 0, add)
+        for n, d in sizes:
+            time_rows(args.device, n, d, args.engines, args.reps, deadline, add)
+        tuned_rows(args.device, *sizes[0], args.engines, args.reps, deadline, add)
     if not args.no_profile:
         profile_rows(args.device, *sizes[0], add)
     print(render(report))
