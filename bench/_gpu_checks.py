@@ -22,7 +22,7 @@ import torch
 
 from hiertail_fast import CSRGraph, balanced_contrastive_loss, gcn_propagate, nearest_prototype
 from hiertail_fast._files import atomic_write_text
-from hiertail_fast.ops._dispatch import BACKENDS
+from hiertail_fast.ops._dispatch import BACKENDS, choose_loss_backend, refine_loss_backend
 from hiertail_fast.ops.balanced_contrastive_loss import LOSS_BACKENDS
 from hiertail_fast.ops.topk_pool import topk_pool
 
@@ -235,6 +235,19 @@ def loss_inputs(n: int, d: int, m: int = 40, seed: int = 0) -> tuple:
     z = torch.relu(torch.randn(n, d, generator=gen)) / d ** 0.5
     protos = torch.relu(torch.randn(m, d, generator=gen)) / d ** 0.5
     return z, y % m, protos
+
+
+def auto_engine(z, protos, variant: str, levels: int, dtype: torch.dtype,
+                temperature: float = 0.1) -> str:
+    """The engine the loss ops' automatic choice takes for z with the prototypes (as
+    ops/balanced_contrastive_loss.py decides it: choose_loss_backend, then refine_loss_backend
+    on all the rows; not the precision guard, which the call itself applies)."""
+    zl = z.to(dtype)
+    choice = choose_loss_backend(zl, None, variant, levels)
+    if choice == "reference":
+        return choice
+    return refine_loss_backend(choice, torch.cat([zl, protos.to(dtype)]), 1.0 / temperature,
+                               variant, levels)
 
 
 def nested_levels(y: torch.Tensor, protos: torch.Tensor, levels: int) -> tuple[list, list]:

@@ -45,7 +45,6 @@ import _gpu_checks as gc  # noqa: E402
 from _roofline import bandwidth_figures  # noqa: E402
 
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss  # noqa: E402
-from hiertail_fast.ops._dispatch import choose_loss_backend  # noqa: E402
 
 NO_CUDA_EXIT = 2
 SIZES = {  # loss N, loss d, graph n (propagation / pooling / prototypes), scale sweep, checks
@@ -111,7 +110,7 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
         for variant in ("exact", "official"):
             for levels in (1, 3):
                 for dtype, name in DTYPES.items():
-                    engine = choose_loss_backend(z.to(dtype), None, variant, levels)
+                    engine = gc.auto_engine(z, protos, variant, levels, dtype)
                     add(dict(n=n, d=d, variant=variant, levels=levels, dtype=name,
                              what=f"ours (auto: {engine})", **_time_loss(
                                  dev, None, variant, z, y, protos, budget, levels, dtype)))

@@ -34,7 +34,6 @@ import gpu_report  # noqa: E402
 
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss  # noqa: E402
 from hiertail_fast._files import unwritable_dir_reason  # noqa: E402
-from hiertail_fast.ops._dispatch import choose_loss_backend, refine_loss_backend  # noqa: E402
 
 POSITIVE_PLANS = {"torch+band": {"HIERTAIL_POSITIVES": "band"},
                   "torch+slices": {"HIERTAIL_POSITIVES": "slices"}}
@@ -69,15 +68,6 @@ def engine_mode(label: str):
     else:
         with gc.backend_mode(label) as bk:
             yield bk
-
-
-def auto_engine(z, protos, variant: str, levels: int, dtype: torch.dtype) -> str:
-    """The engine the automatic choice takes for this call (as the loss ops decide it)."""
-    zl = z.to(dtype)
-    choice = choose_loss_backend(zl, None, variant, levels)
-    if choice == "reference":
-        return choice
-    return refine_loss_backend(choice, torch.cat([zl, protos.to(dtype)]), 10.0, variant, levels)
 
 
 def make_step(z, y, protos, variant: str, levels: int, dtype: torch.dtype, label: str):
@@ -118,7 +108,7 @@ def time_rows(dev, n, d, engines, reps, deadline, add) -> None:
         row = dict(n=n, d=d, variant=variant, levels=levels,
                    dtype=gpu_report.DTYPES[dtype], what=label)
         if label == "auto":
-            row["engine"] = auto_engine(z, protos, variant, levels, dtype)
+            row["engine"] = gc.auto_engine(z, protos, variant, levels, dtype)
         need = gpu_report.AUTOTUNE_NEED_S if gc.autotuned(label) else 5
         left = deadline - time.perf_counter()
         if left < need:
@@ -157,7 +147,7 @@ def profile_rows(dev, n, d, add) -> None:
                 step = make_step(z, y, protos, variant, levels, dtype, "auto")
                 row = dict(n=n, d=d, variant=variant, levels=levels,
                            dtype=gpu_report.DTYPES[dtype], what="profile (auto)",
-                           engine=auto_engine(z, protos, variant, levels, dtype))
+                           engine=gc.auto_engine(z, protos, variant, levels, dtype))
                 try:
                     step()
                     gc.sync(dev)

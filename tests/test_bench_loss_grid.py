@@ -174,9 +174,13 @@ def test_accuracy_report_runs_and_names_the_engine(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     n_backends = 3 if torch.cuda.is_available() else 2      # torch, attention (+ triton)
     assert len(rows) == n_backends * 2 * 2 * 2      # backends x dtypes x variants x regimes
-    engines = {(r["backend"], r["regime"]): r["engine"] for r in rows}
-    assert engines[("attention", "relu")] == "attention kernels"
-    assert engines[("attention", "randn30")] == "own engine"       # over the precision guard
+    engines = {(r["backend"], r["regime"], r["variant"], r["dtype"]): r["engine"] for r in rows}
+    for variant in ("exact", "official"):
+        assert engines[("attention", "relu", variant, "float32")] == "attention kernels"
+        # over the precision guard
+        assert engines[("attention", "randn30", variant, "float32")] == "own engine"
+    # bf16, official: never on the bf16 kernels (ops/_attention_lse.MAX_LOGIT_BF16)
+    assert engines[("attention", "relu", "official", "bfloat16")] == "own engine"
     for r in rows:
         if r["dtype"] == "float32" and r["regime"] == "relu":
             assert r["value_rel_err"] < 1e-5 and r["grad_rel_err"] < 1e-4
@@ -347,8 +351,9 @@ def test_attention_guard_sweep_runs_with_the_guard_off(tmp_path):
 
 def test_attention_guard_sweep_in_bf16_and_its_engine_choices(tmp_path):
     """--dtype bfloat16: rows say so and the bf16 limits are recorded (errors then include
-    bf16's rounding of the returned gradient, ~2^-9: both engines alike); triton[tf32x3] is
-    refused without CUDA (the interpreter's dots are not the GPU's)."""
+    bf16's rounding of the returned gradient, ~2^-9: both engines alike for the exact
+    variant); triton[tf32x3] is refused without CUDA (the interpreter's dots are not the
+    GPU's)."""
     out = tmp_path / "guard.json"
     cmd = [sys.executable, str(BENCH / "attention_guard.py"), "--n", "150", "--d", "8",
            "--bounds", "4096", "--dtype", "bfloat16", "--engines", "attention", "torch",
@@ -359,7 +364,12 @@ def test_attention_guard_sweep_in_bf16_and_its_engine_choices(tmp_path):
     assert data["meta"]["dtype"] == "bfloat16" and data["meta"]["guard_bf16"]["exact"] > 1024
     assert {r["dtype"] for r in data["rows"]} == {"bfloat16"} and len(data["rows"]) == 8
     for r in data["rows"]:
-        assert r["grad_rel_err"] < 1e-2, r                   # bf16 rounding, not a wrong answer
+        # bf16 rounding, not a wrong answer; the official variant on the bf16 kernels is
+        # imprecise on CUDA (flash returns O in bf16, the gradient cancels: 3.6e-2 on an H200)
+        # and the library never sends it there (its bf16 limit is 0)
+        if r["variant"] == "exact" or r["backend"] == "torch" or not torch.cuda.is_available():
+            assert r["grad_rel_err"] < 1e-2, r
+    assert data["meta"]["guard_bf16"]["official"] == 0.0
     if not torch.cuda.is_available():
         res = subprocess.run(cmd[:-5] + ["--engines", "triton[tf32x3]", "--out", str(out)],
                              capture_output=True, text=True, timeout=300)

@@ -200,36 +200,47 @@ def _fake_cuda_rows(n: int, bound: float, scale: float = 10.0) -> torch.Tensor:
     return z.as_subclass(_FakeCuda)
 
 
-@pytest.mark.parametrize("variant", ["exact", "official"])
-def test_large_cuda_problems_go_to_triton_where_its_dots_are_precise(monkeypatch, variant):
-    """refine_loss_backend (measured on an H200, see TRITON_MIN_ROWS): from TRITON_MIN_ROWS rows,
-    fp32, logits within _triton_loss.TF32X3_MAX_LOGIT -> triton; larger logits -> the official
-    single level on attention where its guard allows, else the choice stands; below the size,
-    another dtype or an explicit choice (not refined: the ops refine automatic choices only)
-    -> unchanged. $HIERTAIL_TRITON_FP32_DOT=ieee (slow exact dots) or no triton: never triton
-    (the official single level still goes to attention)."""
+def test_automatic_cuda_choices_by_size_dtype_and_logits(monkeypatch):
+    """refine_loss_backend, the measured table in ops/_dispatch.py: fp32 goes to triton from
+    TRITON_MIN_ROWS[variant] rows while the logits suit its 3xTF32 dots, the official single
+    level to attention from ATTENTION_OFFICIAL_MIN_ROWS within its guard; bf16 exact goes to
+    attention at any size and level count, bf16 official to triton from TRITON_MIN_ROWS_BF16;
+    float64, CPU tensors, small problems, large logits keep the choice; $HIERTAIL_TRITON_FP32_DOT
+    =ieee (slow exact dots) or no triton: never triton."""
     from hiertail_fast.ops import _attention_lse, _triton_loss
 
     monkeypatch.delenv(_triton_loss.FP32_DOT_ENV, raising=False)
     monkeypatch.setattr(_dispatch, "_attention_available", lambda device: True)
     monkeypatch.setattr(_dispatch, "triton_available", lambda device: True)
-    n = _dispatch.TRITON_MIN_ROWS
-    small = 0.5 * _triton_loss.TF32X3_MAX_LOGIT[variant]
-    mid = 0.5 * (_triton_loss.TF32X3_MAX_LOGIT[variant] + _attention_lse.MAX_LOGIT[variant])
-    huge = 2.0 * _attention_lse.MAX_LOGIT[variant]
-    refine = _dispatch.refine_loss_backend
+    refine, rows = _dispatch.refine_loss_backend, _fake_cuda_rows
+    tri, att = _dispatch.TRITON_MIN_ROWS, _dispatch.ATTENTION_OFFICIAL_MIN_ROWS
+    assert att < tri["official"] and tri["exact"] <= att
+    small = 0.5 * _attention_lse.MAX_LOGIT["official"]            # within every limit
+    over = 2.0 * _triton_loss.TF32X3_MAX_LOGIT["exact"]           # over every fp32 limit
     for choice in ("attention", "torch"):
-        assert refine(choice, _fake_cuda_rows(n, small), 10.0, variant) == "triton"
-        assert refine(choice, _fake_cuda_rows(n - 1, small), 10.0, variant) == choice
-        assert refine(choice, _fake_cuda_rows(n, small).double(), 10.0, variant) == choice
-        assert refine(choice, torch.zeros(n, 2), 10.0, variant) == choice        # CPU
-        assert refine(choice, _fake_cuda_rows(n, huge), 10.0, variant) == choice
-        one_level = refine(choice, _fake_cuda_rows(n, mid), 10.0, variant)
-        assert one_level == ("attention" if variant == "official" else choice)
-        assert refine(choice, _fake_cuda_rows(n, mid), 10.0, variant, 3) == choice
-    not_triton = "attention" if variant == "official" else "torch"
+        assert refine(choice, rows(tri["exact"], small), 10.0, "exact") == "triton"
+        assert refine(choice, rows(tri["exact"], small), 10.0, "exact", 3) == "triton"
+        assert refine(choice, rows(tri["exact"] - 1, small), 10.0, "exact") == choice
+        assert refine(choice, rows(tri["exact"], over), 10.0, "exact") == choice
+        assert refine(choice, rows(tri["official"], small), 10.0, "official", 3) == "triton"
+        assert refine(choice, rows(att, small), 10.0, "official") == "attention"
+        assert refine(choice, rows(att, small), 10.0, "official", 3) == choice
+        assert refine(choice, rows(att - 1, small), 10.0, "official") == choice
+        assert refine(choice, rows(tri["official"], over), 10.0, "official") == choice
+        assert refine(choice, rows(tri["exact"], small).double(), 10.0, "exact") == choice
+        assert refine(choice, torch.zeros(tri["official"], 2), 10.0, "exact") == choice  # CPU
+        # bf16
+        b16 = rows(100, over * 2).bfloat16()
+        assert refine(choice, b16, 10.0, "exact") == "attention"       # (the op's guard next)
+        assert refine(choice, b16, 10.0, "exact", 3) == "attention"
+        assert refine(choice, b16, 10.0, "official") == choice
+        big16 = rows(_dispatch.TRITON_MIN_ROWS_BF16["official"], small).bfloat16()
+        assert refine(choice, big16, 10.0, "official", 3) == "triton"
+    assert refine("reference", rows(tri["exact"], small), 10.0, "exact") == "reference"
     monkeypatch.setenv(_triton_loss.FP32_DOT_ENV, "ieee")
-    assert refine("torch", _fake_cuda_rows(n, small), 10.0, variant) == not_triton
-    monkeypatch.setattr(_dispatch, "triton_available", lambda device: False)
+    assert refine("torch", rows(tri["official"], small), 10.0, "official") == "attention"
+    assert refine("torch", rows(tri["exact"], small), 10.0, "exact") == "torch"
     monkeypatch.delenv(_triton_loss.FP32_DOT_ENV)
-    assert refine("torch", _fake_cuda_rows(n, small), 10.0, variant) == not_triton
+    monkeypatch.setattr(_dispatch, "triton_available", lambda device: False)
+    assert refine("torch", rows(tri["official"], small), 10.0, "official") == "attention"
+    assert refine("torch", rows(tri["exact"], small), 10.0, "exact") == "torch"

@@ -182,33 +182,55 @@ def _automatic_engine(z: torch.Tensor, variant: str, n_levels: int) -> str:
     return choice
 
 
-# Large fp32 problems on CUDA (NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-11-27,
-# bench/loss_profile.py, fwd+bwd, d = 64, logits bound ~20): at N = 100k our Triton kernels with
-# 3xTF32 dots took exact 1 level 120 ms (attention 169, torch 276), 3 levels 235 (torch 440),
-# official 1 level 241 (attention 315, torch 564), 3 levels 879 (torch 1,042-1,187); at 20k
-# they only tied on the exact loss (11.6 vs 12.1 ms; 3 levels 21.5 vs 21.8) and lost the
-# official one (95 vs 34 ms). Attention beat our torch engine on the official single level at
-# 100k (315 vs 564 ms) but not at 20k (60 vs 34).
-TRITON_MIN_ROWS = 50_000
+# Refinements of the automatic CUDA choice, measured on an NVIDIA H200 (torch 2.11.0+cu130,
+# triton 3.6.0, 2026-11-27, `python bench/loss_profile.py --sizes 20000:64 50000:64 100000:64`,
+# fwd+bwd, logits bound ~20; docs/results/gpu_h200_2026-11-27/loss_profile_*.md), ms at
+# N = 20k / 50k / 100k:
+#   fp32 exact 1 level   triton (3xTF32) 10.2 / 32.4 / 121, attention 11.2 / 45.8 / 169
+#   fp32 exact 3 levels  triton 22.6 / 67.9 / 238, torch 23.6 / 113 / 451
+#   fp32 official 1 lvl  torch 34.8 / 182 / 581, attention 62.1 / 112 / 321,
+#                        triton 81.8 / 118 / 245
+#   fp32 official 3 lvls torch 78.0 / 331 / 1,195, triton 207 / 290 / 879
+#   bf16 exact 3 levels  attention 10.5 / 27.5 / 81.6, triton 12.7 / 40.3 / 107,
+#                        torch 25.4 / 120 / 462
+#   bf16 official 1 lvl  torch 40.4 / 147 / 602, triton 75.6 / 87.6 / -, (attention: imprecise)
+#   bf16 official 3 lvls torch 61.4 / 291 / -, triton 132 / 254 / -
+TRITON_MIN_ROWS = {"exact": 20_000, "official": 75_000}      # fp32, 3xTF32 dots
+TRITON_MIN_ROWS_BF16 = {"official": 50_000}
+ATTENTION_OFFICIAL_MIN_ROWS = 50_000                         # fp32, one level
 
 
 def refine_loss_backend(choice: str, z_all: torch.Tensor, scale: float, variant: str,
                         n_levels: int = 1) -> str:
-    """An automatic choice refined for a large fp32 CUDA problem (>= TRITON_MIN_ROWS rows of
-    z_all, the loss's rows with any prototypes): our Triton kernels where their 3xTF32 dots are
-    precise enough for the logits (``_triton_loss.fp32_dot``), else the attention kernels for the
-    official single level where their guard allows, else `choice`. One reduction + one sync for
-    the logits' bound; nothing is computed for the problems it does not apply to."""
-    if not (choice in ("attention", "torch") and z_all.is_cuda
-            and z_all.dtype == torch.float32 and z_all.shape[0] >= TRITON_MIN_ROWS):
+    """An automatic CUDA choice refined by size, dtype and the logits' bound (the table above;
+    z_all: the loss's rows with any prototypes). fp32: our Triton kernels from
+    TRITON_MIN_ROWS[variant] rows where their 3xTF32 dots are precise enough for the logits
+    (``_triton_loss.fp32_dot``), else the attention kernels for the official single level from
+    ATTENTION_OFFICIAL_MIN_ROWS where their guard allows. bf16: the attention kernels for the
+    exact variant at any number of levels (their guard in the op sends large logits to our
+    engine), the Triton kernels for the official variant from TRITON_MIN_ROWS_BF16. Anything
+    else keeps `choice`. Costs one reduction + one sync (the bound) where it may apply."""
+    if not (choice in ("attention", "torch") and z_all.is_cuda):
+        return choice
+    n, device = z_all.shape[0], z_all.device
+    if z_all.dtype == torch.bfloat16:
+        if variant == "exact" and _attention_available(device):
+            return "attention"
+        if variant == "official" and n >= TRITON_MIN_ROWS_BF16[variant] and (
+                triton_available(device)):
+            return "triton"
+        return choice
+    if z_all.dtype != torch.float32 or n < min(TRITON_MIN_ROWS[variant],
+                                               ATTENTION_OFFICIAL_MIN_ROWS):
         return choice
     from hiertail_fast.ops import _attention_lse, _triton_loss
 
     bound = _attention_lse.logit_bound(z_all, scale)
-    if (triton_available(z_all.device)
+    if (n >= TRITON_MIN_ROWS[variant] and triton_available(device)
             and _triton_loss.fp32_dot(z_all, scale, variant, bound) == "tf32x3"):
         return "triton"
-    if (variant == "official" and n_levels == 1 and _attention_available(z_all.device)
+    if (variant == "official" and n_levels == 1 and n >= ATTENTION_OFFICIAL_MIN_ROWS
+            and _attention_available(device)
             and _attention_lse.within_precision(z_all, scale, variant, bound)):
         return "attention"
     return choice
