@@ -4,11 +4,14 @@ so this is the count behind README's "small torch calls per loss". A count, not 
 
     python bench/dispatch_count.py --levels 3 --variant official --top 15
     python bench/dispatch_count.py --n 20000 --levels 1 --as-cuda      # CUDA's engine paths
+    python bench/dispatch_count.py --n 20000 --levels 1 --as-cuda --syncs --variant official
 
 ``--as-cuda`` counts, on this CPU, the calls the torch engine makes for CUDA tensors, where
 every call is a kernel launch: no C kernels, no symmetric engine, CUDA's block budget with no
 row cap, the whole-band positives (``HIERTAIL_POSITIVES``; ``--positives slices`` for the
-per-group plan CUDA ran before).
+per-group plan CUDA ran before). ``--syncs`` counts only the calls that make a CUDA host wait
+for the device (``SYNC_OPS``: a scalar read, nonzero, unique, ...; indexing with a boolean
+mask): each one drains the GPU's queue of launched kernels.
 """
 from __future__ import annotations
 
@@ -24,26 +27,48 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, str(Path(__file__).parent))
 from loss_grid import REGIMES, loss_step, make_case  # noqa: E402
 
+# operators that make a CUDA host wait for the device (their result's size or value is read)
+SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "_unique2", "unique_dim",
+                      "unique_consecutive", "masked_select", "repeat_interleave"})
+_INDEXING = frozenset({"index", "index_put", "index_put_", "_index_put_impl_"})
+
+
+def _syncs(name: str, args) -> str | None:
+    """The name to count a host-syncing call under, or None if the call does not sync."""
+    if name in SYNC_OPS:
+        return name
+    if name in _INDEXING and any(isinstance(t, torch.Tensor) and t.dtype == torch.bool
+                                 for t in args[1] if t is not None):
+        return name + "[bool]"                 # a boolean mask: nonzero inside
+    return None
+
 
 class _Counter(TorchDispatchMode):
-    """Counts every dispatched operator by (name, the innermost library source line)."""
+    """Counts every dispatched operator (only the host-syncing ones with `syncs`) by (name, the
+    innermost library source line)."""
 
-    def __init__(self):
+    def __init__(self, syncs: bool = False):
         super().__init__()
         self.calls: collections.Counter = collections.Counter()
+        self.syncs = syncs
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        frames = [f for f in traceback.extract_stack() if "hiertail_fast" in f.filename]
-        where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "-"
-        self.calls[(func.overloadpacket.__name__, where)] += 1
+        name = func.overloadpacket.__name__
+        if self.syncs:
+            name = _syncs(name, args)
+        if name is not None:
+            frames = [f for f in traceback.extract_stack() if "hiertail_fast" in f.filename]
+            where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "-"
+            self.calls[(name, where)] += 1
         return func(*args, **(kwargs or {}))
 
 
-def count(n: int, d: int, levels: int, variant: str, regime: str, tau: float, backend: str):
+def count(n: int, d: int, levels: int, variant: str, regime: str, tau: float, backend: str,
+          syncs: bool = False):
     z, ys, ps = make_case(regime, n, d, levels)
     step = loss_step(backend, z, ys, ps, tau, variant)
     step()                                            # warm-up: caches, lazy imports
-    counter = _Counter()
+    counter = _Counter(syncs)
     with counter:
         step()
     return counter.calls
@@ -75,15 +100,19 @@ def main(argv=None) -> int:
                         help="the torch engine's CUDA configuration, counted on the CPU")
     parser.add_argument("--positives", choices=["band", "slices"], default="band",
                         help="--as-cuda: the official positives' path (default band)")
+    parser.add_argument("--syncs", action="store_true",
+                        help="count only the calls that make a CUDA host wait (SYNC_OPS)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.as_cuda:
         _as_cuda(args.positives)
     variants = ["exact", "official"] if args.variant == "both" else [args.variant]
     for v in variants:
-        calls = count(args.n, args.d, args.levels, v, args.regime, args.tau, args.backend)
+        calls = count(args.n, args.d, args.levels, v, args.regime, args.tau, args.backend,
+                      args.syncs)
+        what = "host-syncing calls" if args.syncs else "operator calls"
         print(f"N={args.n} d={args.d} levels={args.levels} {v} {args.regime} tau={args.tau:g} "
-              f"backend={args.backend}: {sum(calls.values())} operator calls per loss")
+              f"backend={args.backend}: {sum(calls.values())} {what} per loss")
         for (name, where), k in calls.most_common(args.top):
             print(f"  {k:6d}  {name:24s} {where}")
     return 0

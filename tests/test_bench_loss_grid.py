@@ -197,7 +197,8 @@ def test_busy_machine_script_runs_on_an_idle_machine(data_dir):
 
 def test_dispatch_count_counts_the_loss_calls():
     """bench/dispatch_count.py: counts every operator of one loss step, by call site; the
-    official variant's positive-pair pass adds calls on top of the exact variant's."""
+    official variant's positive-pair pass adds calls on top of the exact variant's; --syncs
+    counts the host-syncing ones."""
     sys.path.insert(0, str(BENCH))
     try:
         import dispatch_count
@@ -211,6 +212,15 @@ def test_dispatch_count_counts_the_loss_calls():
     assert not any(where.startswith("_positive_blocks.py:") for _, where in exact)
     mm = sum(k for (name, _), k in exact.items() if name in ("mm", "addmm_", "addmm"))
     assert mm >= 3                       # forward + the two gradient sides, at least one block
+    # --syncs: only the host-syncing calls (their result's value or size is read), a subset
+    syncs = dispatch_count.count(300, 8, 3, "official", "relu", 0.1, "torch", syncs=True)
+    assert 0 < sum(syncs.values()) < sum(official.values())
+    assert any(name == "_unique2" for name, _ in syncs)     # label grouping reads its size
+    assert all(name in dispatch_count.SYNC_OPS or name.endswith("[bool]") for name, _ in syncs)
+    mask = torch.tensor([True, False])
+    assert dispatch_count._syncs("index", (torch.zeros(2), [mask])) == "index[bool]"
+    assert dispatch_count._syncs("index", (torch.zeros(2), [torch.tensor([0])])) is None
+    assert dispatch_count._syncs("mm", ()) is None
 
 
 def test_vm_noise_samples_every_provider(tmp_path):

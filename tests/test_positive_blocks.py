@@ -335,3 +335,34 @@ def test_positives_path_switch(monkeypatch):
     monkeypatch.setenv(blocks_mod.POSITIVES_ENV, "fast")
     with pytest.raises(ValueError, match="HIERTAIL_POSITIVES='fast'"):
         blocks_mod.band_path(cpu)
+
+
+@pytest.mark.parametrize("n, b", [(97, 10), (100, 25), (60, 60), (61, 7)])
+def test_band_extents_match_each_blocks_own_ranges(monkeypatch, n, b):
+    """_extent: the band [c0, c1) and the levels with a range of each block [k b, (k+1) b),
+    computed for all blocks in one pass (and the last, shorter block), equal a direct
+    computation on the block's own rows; f = 1 is known statically when every visible key is
+    a common key, not when a level has its own keys."""
+    monkeypatch.setenv("HIERTAIL_POSITIVES", "band")
+    monkeypatch.setattr(blocks_mod, "native_kernel", lambda dtype: None)
+    gen = torch.Generator().manual_seed(n + b)
+    z = torch.randn(n, 4, generator=gen)
+    gid = torch.stack([torch.randint(0, 5, (n,), generator=gen),
+                       torch.randint(0, 3, (n,), generator=gen)])
+    gid[1, torch.rand(n, generator=gen) < 0.3] = -1        # level 1: some rows not in it
+    log_w = torch.where(gid >= 0, torch.zeros(()), torch.tensor(float("-inf")))
+    common = torch.isfinite(log_w).all(dim=0)
+    bp = BlockPositives(z, gid, [5, 3], True, None, 1.0, common, log_w)
+    assert bp.band and not bp._f_always_one                  # level 0 sees non-common keys
+    for r0 in range(0, n, b):
+        p = slice(r0, min(n, r0 + b))
+        lo, hi = bp.lo_s[:, p], bp.hi_s[:, p]
+        has = hi > lo
+        want_levels = [lev for lev in range(2) if bool(has[lev].any())]
+        c0, c1, levels = bp._extent(p)
+        assert levels == want_levels
+        if want_levels:
+            assert (c0, c1) == (int(lo[has].min()), int(hi[has].max()))
+    one = BlockPositives(z, gid[:1], [5], True, None, 1.0, torch.ones(n, dtype=torch.bool),
+                         torch.zeros(1, n))
+    assert one._f_always_one

@@ -193,6 +193,11 @@ class BlockPositives:
                     lo[lev, inside] = self.start[lev][g[inside]]
                     hi[lev, inside] = lo[lev, inside] + self.count[lev][g[inside]]
             self.lo_s, self.hi_s = lo, hi
+            self._band_blocks = {}     # block size -> [(c0, c1, levels with a range)]: _extent
+            # every level's visible keys are common keys (and there is one): a row's level max
+            # is its common max, f = exp(m_c - M) = 1 exactly, so no block needs the check
+            self._f_always_one = self.n_c > 0 and log_w is not None and bool(
+                (~torch.isfinite(log_w) | common[None, :]).all())
             return
         self._chain(gid, _significance(gid)[-1])
 
@@ -367,7 +372,7 @@ class BlockPositives:
             assert target.stride(1) == 1 and target.dtype == e.dtype
             coef = (self.coef_s[:, p] * inv_norm).to(e.dtype).contiguous()
         run = self._band if self.band else self._kernel
-        if bool(f_one.all()):
+        if self._f_always_one or bool(f_one.all()):
             run(p, e, target, lo.contiguous(), hi.contiguous(), coef, None)
             return
         odd = (~f_one) & (hi > lo)          # hi > lo: a handled level, a group with common keys
@@ -394,10 +399,9 @@ class BlockPositives:
         float64) and the gradient coefficients of every level added into target once, after
         every level has read the band (target may alias e). ~15 launches per level and block
         instead of a few per group. Temporaries: a few band-sized tensors."""
-        has = hi > lo
-        if not bool(has.any()):
+        c0, c1, levels = self._extent(p)
+        if not levels:
             return
-        c0, c1 = int(lo[has].min()), int(hi[has].max())
         band = e[:, c0:c1]
         cols = torch.arange(c0, c1, device=e.device)
         cut = _factor_cut(fac, e.dtype)
@@ -408,9 +412,7 @@ class BlockPositives:
             den = band + OFFICIAL_EPS
             shared = (band / den, torch.log_(den))
         grad = None
-        for lev in range(lo.shape[0]):
-            if not bool(has[lev].any()):
-                continue
+        for lev in levels:
             inside = (cols >= lo[lev][:, None]) & (cols < hi[lev][:, None])
             if self_col is not None:
                 inside &= cols != self_col
@@ -430,6 +432,38 @@ class BlockPositives:
                 grad = term if grad is None else grad.add_(term)
         if grad is not None:
             target[:, c0:c1] += grad
+
+    def _extent(self, p) -> tuple[int, int, list[int]]:
+        """Block p's key band [c0, c1) (the union of its rows' ranges over every level) and the
+        levels with a non-empty range, as host numbers. Blocks are [k b, (k + 1) b) in visiting
+        order (``_lse_torch._engine``): the extents of every block of p's size are computed at
+        once, one host sync per call instead of several per block (on CUDA each drains the GPU
+        queue); a last, shorter block that does not start at a multiple of its size gets its
+        own. A caller that narrows some ranges (``_ranges_block``'s near-tie rows) still gets a
+        band that contains them (``_band`` masks by the ranges it is given)."""
+        b = p.stop - p.start
+        if p.start % b:
+            return self._extents(p.start, p.stop, b)[0]
+        if b not in self._band_blocks:
+            self._band_blocks[b] = self._extents(0, self.lo_s.shape[1], b)
+        return self._band_blocks[b][p.start // b]
+
+    def _extents(self, r0: int, r1: int, size: int) -> list[tuple[int, int, list[int]]]:
+        """(c0, c1, levels with a range) of rows [r0, r1) cut in blocks of `size` (one sync)."""
+        lo, hi = self.lo_s[:, r0:r1], self.hi_s[:, r0:r1]
+        n_levels, n = lo.shape
+        blk = torch.arange(n, device=lo.device) // size
+        n_blk = -(-n // size)
+        has = hi > lo
+        big = torch.iinfo(torch.long).max
+        c0 = torch.full((n_blk,), big, dtype=torch.long, device=lo.device)
+        c1 = torch.full((n_blk,), -1, dtype=torch.long, device=lo.device)
+        c0.scatter_reduce_(0, blk, torch.where(has, lo, big).amin(0), "amin")
+        c1.scatter_reduce_(0, blk, torch.where(has, hi, -1).amax(0), "amax")
+        lev_has = torch.zeros(n_levels, n_blk, dtype=torch.long, device=lo.device)
+        lev_has.scatter_reduce_(1, blk.expand(n_levels, n), has.long(), "amax")
+        rows = torch.cat([c0[None], c1[None], lev_has]).t().tolist()
+        return [(r[0], r[1], [lev for lev in range(n_levels) if r[2 + lev]]) for r in rows]
 
     def _kernel(self, p, e, target, lo, hi, coef, fac):
         """The C kernel on block p: every level, key ranges lo, hi, coefficients coef and
