@@ -20,7 +20,13 @@ from pathlib import Path
 
 import torch
 
-from hiertail_fast import CSRGraph, balanced_contrastive_loss, gcn_propagate, nearest_prototype
+from hiertail_fast import (
+    CSRGraph,
+    balanced_contrastive_loss,
+    gcn_propagate,
+    hierarchical_contrastive_loss,
+    nearest_prototype,
+)
 from hiertail_fast._files import atomic_write_text
 from hiertail_fast.ops._dispatch import BACKENDS, choose_loss_backend, refine_loss_backend
 from hiertail_fast.ops.balanced_contrastive_loss import LOSS_BACKENDS
@@ -248,6 +254,27 @@ def auto_engine(z, protos, variant: str, levels: int, dtype: torch.dtype,
         return choice
     return refine_loss_backend(choice, torch.cat([zl, protos.to(dtype)]), 1.0 / temperature,
                                variant, levels)
+
+
+def loss_step(z, y, protos, variant: str, levels: int, dtype: torch.dtype, mode):
+    """One fwd+bwd of the loss (τ 0.1) on fresh leaves of z and the prototypes in `dtype`, over
+    `levels` nested levels (``nested_levels``); `mode()` is a context manager that yields the
+    call's ``backend=`` argument (and sets any environment its engine needs)."""
+    zl = z.to(dtype).clone().requires_grad_(True)
+    pl = protos.to(dtype).clone().requires_grad_(True)
+    ys, ps = nested_levels(y, pl, levels)
+
+    def step():
+        zl.grad = pl.grad = None
+        with mode() as bk:
+            if levels == 1:
+                loss = balanced_contrastive_loss(zl, y, prototypes=pl, temperature=0.1,
+                                                 variant=variant, backend=bk)
+            else:
+                loss = hierarchical_contrastive_loss(zl, ys, ps, temperature=0.1,
+                                                     variant=variant, backend=bk)
+            loss.backward()
+    return step
 
 
 def nested_levels(y: torch.Tensor, protos: torch.Tensor, levels: int) -> tuple[list, list]:

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+import _gpu_checks as gc  # noqa: E402
 from conftest import DEVICE, device_name  # noqa: E402
 from loss_accuracy import errors, loss_and_grad  # noqa: E402
 
@@ -58,17 +58,8 @@ def make_inputs(regime: str, n: int, d: int, bound: float, seed: int = 0):
 def errors_vs_float64(engine: str, variant: str, z, y, p) -> dict:
     """bench/loss_accuracy.py's errors of `engine` against the float64 reference on the same
     (possibly bf16-rounded) inputs; "triton[tf32x3]" forces 3xTF32 dots."""
-    forced = {_triton_loss.FP32_DOT_ENV: "tf32x3"} if engine == "triton[tf32x3]" else {}
-    old = {k: os.environ.get(k) for k in forced}
-    os.environ.update(forced)
-    try:
-        got = loss_and_grad(z, y, p, TAU, variant, engine.split("[")[0])
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with gc.backend_mode(engine) as backend:          # (a Triton mode sets its knob)
+        got = loss_and_grad(z, y, p, TAU, variant, backend)
     return errors(got, loss_and_grad(z.double(), y, p.double(), TAU, variant, "reference"))
 
 

@@ -44,8 +44,6 @@ sys.path.insert(0, str(HERE))
 import _gpu_checks as gc  # noqa: E402
 from _roofline import bandwidth_figures  # noqa: E402
 
-from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss  # noqa: E402
-
 NO_CUDA_EXIT = 2
 SIZES = {  # loss N, loss d, graph n (propagation / pooling / prototypes), scale sweep, checks
     "full": dict(loss_n=[20_000, 100_000], loss_d=[64, 128], graph_n=1_000_000,
@@ -149,20 +147,8 @@ def _time_loss(dev, label, variant, z, y, protos, budget, levels: int = 1,
         free = torch.cuda.mem_get_info()[0] if dev == "cuda" else 4e9
         if need > 0.8 * free:
             return dict(error=f"does not fit (~{need / 1e9:,.0f} GB)")
-    zl = z.to(dtype).clone().requires_grad_(True)
-    pl = protos.to(dtype).clone().requires_grad_(True)
-    ys, ps = gc.nested_levels(y, pl, levels)
-
-    def step():
-        zl.grad = pl.grad = None
-        with (gc.backend_mode(label) if label else contextlib.nullcontext()) as bk:
-            if levels == 1:
-                loss = balanced_contrastive_loss(zl, y, prototypes=pl, temperature=0.1,
-                                                 variant=variant, backend=bk)
-            else:
-                loss = hierarchical_contrastive_loss(zl, ys, ps, temperature=0.1,
-                                                     variant=variant, backend=bk)
-            loss.backward()
+    step = gc.loss_step(z, y, protos, variant, levels, dtype, lambda: (
+        gc.backend_mode(label) if label else contextlib.nullcontext()))
 
     need = AUTOTUNE_NEED_S if gc.autotuned(label) else 10
     return _skipped(budget, need) or gc.guarded(lambda: gc.time_call(step, dev, budget.reps))

@@ -32,7 +32,6 @@ sys.path.insert(0, str(HERE))
 import _gpu_checks as gc  # noqa: E402
 import gpu_report  # noqa: E402
 
-from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss  # noqa: E402
 from hiertail_fast._files import unwritable_dir_reason  # noqa: E402
 
 POSITIVE_PLANS = {"torch+band": {"HIERTAIL_POSITIVES": "band"},
@@ -72,21 +71,7 @@ def engine_mode(label: str):
 
 def make_step(z, y, protos, variant: str, levels: int, dtype: torch.dtype, label: str):
     """One fwd+bwd of the loss on engine `label` (fresh leaves in `dtype`)."""
-    zl = z.to(dtype).clone().requires_grad_(True)
-    pl = protos.to(dtype).clone().requires_grad_(True)
-    ys, ps = gc.nested_levels(y, pl, levels)
-
-    def step():
-        zl.grad = pl.grad = None
-        with engine_mode(label) as bk:
-            if levels == 1:
-                loss = balanced_contrastive_loss(zl, y, prototypes=pl, temperature=0.1,
-                                                 variant=variant, backend=bk)
-            else:
-                loss = hierarchical_contrastive_loss(zl, ys, ps, temperature=0.1,
-                                                     variant=variant, backend=bk)
-            loss.backward()
-    return step
+    return gc.loss_step(z, y, protos, variant, levels, dtype, lambda: engine_mode(label))
 
 
 def time_rows(dev, n, d, engines, reps, deadline, add) -> None:
