@@ -11,7 +11,8 @@ every call is a kernel launch: no C kernels, no symmetric engine, CUDA's block b
 row cap, the whole-band positives (``HIERTAIL_POSITIVES``; ``--positives slices`` for the
 per-group plan CUDA ran before). ``--syncs`` counts only the calls that make a CUDA host wait
 for the device (``SYNC_OPS``: a scalar read, nonzero, unique, ...; indexing with a boolean
-mask): each one drains the GPU's queue of launched kernels.
+mask; ``tolist()`` of a library tensor, which runs no operator on CPU): each one drains the
+GPU's queue of launched kernels.
 """
 from __future__ import annotations
 
@@ -69,8 +70,24 @@ def count(n: int, d: int, levels: int, variant: str, regime: str, tau: float, ba
     step = loss_step(backend, z, ys, ps, tau, variant)
     step()                                            # warm-up: caches, lazy imports
     counter = _Counter(syncs)
-    with counter:
-        step()
+    real_tolist = torch.Tensor.tolist
+
+    def tolist(self):
+        # a CPU tensor's tolist() runs no operator (on CUDA: a device-to-host copy, a sync)
+        with torch.utils._python_dispatch._disable_current_modes():
+            frames = [f for f in traceback.extract_stack() if "hiertail_fast" in f.filename]
+        if frames:
+            where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}"
+            counter.calls[("tolist", where)] += 1
+        return real_tolist(self)
+
+    if syncs:
+        torch.Tensor.tolist = tolist
+    try:
+        with counter:
+            step()
+    finally:
+        torch.Tensor.tolist = real_tolist
     return counter.calls
 
 
