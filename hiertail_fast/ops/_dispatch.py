@@ -123,10 +123,10 @@ def auto_backend(op: str, device: torch.device | str) -> str:
 
 def own_engine(device: torch.device) -> str:
     """Our own engine for `device` where PyTorch's attention kernels are missing, refuse a loss
-    call or would be too imprecise: the torch engine on every device. On CUDA it runs on cuBLAS
-    and measured 3-7x faster than our Triton kernels (NVIDIA H200, torch 2.11.0+cu130, triton
-    3.6.0, 2026-11-27, bench/gpu_report.py: exact loss fwd+bwd, N = 20k, d = 64, 1 level 36.7 vs
-    256.1 ms, 3 levels 113.8 vs 340.6 ms), so backend="triton" is used only when asked for."""
+    call or would be too imprecise: the torch engine on every device (exact at any logits). On
+    CUDA it runs on cuBLAS (NVIDIA H200, bench/gpu_report.py 2026-11-27: 3-7x faster than our
+    Triton kernels with exact IEEE dots, which is what they use where the logits are too large
+    for their 3xTF32 dots)."""
     return "torch"
 
 
