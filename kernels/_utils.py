@@ -8,11 +8,12 @@ import triton
 # fp32 inputs on a GPU: how tl.dot multiplies them. "ieee": FMA units, full fp32 (the launchers'
 # default; the loss engine, ops/_triton_loss.py, picks per call from the logits); "tf32x3":
 # CUTLASS's 3xTF32 on tensor cores (a = a_big + a_small in TF32, a_big b_big + a_big b_small +
-# a_small b_big): each product within ~3 * 2^-22 relative (the dropped a_small b_small and the rounding of the
-# small parts; fp32's own product rounding is 2^-24), accumulated in fp32, at a third of TF32's
-# tensor-core rate. Plain "tf32" is not offered: its error ~|s| 2^-11 is O(1) at the loss's
-# |s| ~ 1000. Under TRITON_INTERPRET=1 every dot is a numpy fp32 product whatever is asked, so
-# the CPU tests check the plumbing, not the precision (bench/gpu_report.py measures it).
+# a_small b_big): each product within ~3 * 2^-22 relative (the dropped a_small b_small and the
+# rounding of the small parts; fp32's own product rounding is 2^-24), accumulated in fp32, at a
+# third of TF32's tensor-core rate. Plain "tf32" is not offered: its error ~|s| 2^-11 is O(1) at
+# the loss's |s| ~ 1000. Under TRITON_INTERPRET=1 every dot is a numpy fp32 product whatever is
+# asked, so the CPU tests check the plumbing, not the precision (bench/gpu_report.py and
+# bench/attention_guard.py measure it).
 FP32_DOTS = ("ieee", "tf32x3")
 FP32_DOT_ENV = "HIERTAIL_TRITON_FP32_DOT"
 # "1": the loss kernels pick their tiles by triton.autotune on CUDA (TUNE_TILES, timed on the
