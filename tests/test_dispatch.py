@@ -203,7 +203,8 @@ def _fake_cuda_rows(n: int, bound: float, scale: float = 10.0) -> torch.Tensor:
 def test_automatic_cuda_choices_by_size_dtype_and_logits(monkeypatch):
     """refine_loss_backend, the measured table in ops/_dispatch.py: fp32 goes to triton from
     TRITON_MIN_ROWS[variant] rows while the logits suit its 3xTF32 dots, the official single
-    level to attention from ATTENTION_OFFICIAL_MIN_ROWS within its guard; bf16 exact goes to
+    level to attention from ATTENTION_OFFICIAL_MIN_ROWS within its guard (Triton only up to
+    TRITON_MAX_DIM columns, the head dim it was measured at); bf16 exact goes to
     attention at any size and level count, bf16 official to triton from TRITON_MIN_ROWS_BF16;
     float64, CPU tensors, small problems, large logits keep the choice; $HIERTAIL_TRITON_FP32_DOT
     =ieee (slow exact dots) or no triton: never triton."""
@@ -236,6 +237,13 @@ def test_automatic_cuda_choices_by_size_dtype_and_logits(monkeypatch):
         assert refine(choice, b16, 10.0, "official") == choice
         big16 = rows(_dispatch.TRITON_MIN_ROWS_BF16["official"], small).bfloat16()
         assert refine(choice, big16, 10.0, "official", 3) == "triton"
+        # wider than the measured head dim: the Triton rows do not apply
+        wide = torch.zeros(tri["official"], _dispatch.TRITON_MAX_DIM + 1)
+        wide[:, 0] = (small / 10.0) ** 0.5
+        wide = wide.as_subclass(_FakeCuda)
+        assert refine(choice, wide, 10.0, "exact") == choice
+        assert refine(choice, wide, 10.0, "official") == "attention"
+        assert refine(choice, wide.bfloat16(), 10.0, "official") == choice
     assert refine("reference", rows(tri["exact"], small), 10.0, "exact") == "reference"
     monkeypatch.setenv(_triton_loss.FP32_DOT_ENV, "ieee")
     assert refine("torch", rows(tri["official"], small), 10.0, "official") == "attention"

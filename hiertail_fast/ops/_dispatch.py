@@ -197,6 +197,9 @@ def _automatic_engine(z: torch.Tensor, variant: str, n_levels: int) -> str:
 #   bf16 official 3 lvls torch 61.4 / 291 / -, triton 132 / 254 / -
 TRITON_MIN_ROWS = {"exact": 20_000, "official": 75_000}      # fp32, 3xTF32 dots
 TRITON_MIN_ROWS_BF16 = {"official": 50_000}
+# The Triton rows were measured at d = 64 only; wider embeddings (HierTail's hidden 128) keep the
+# choices measured for them (attention / torch) until a GPU run times the kernels there.
+TRITON_MAX_DIM = 64
 ATTENTION_OFFICIAL_MIN_ROWS = 50_000                         # fp32, one level
 
 
@@ -208,7 +211,8 @@ def refine_loss_backend(choice: str, z_all: torch.Tensor, scale: float, variant:
     (``_triton_loss.fp32_dot``), else the attention kernels for the official single level from
     ATTENTION_OFFICIAL_MIN_ROWS where their guard allows. bf16: the attention kernels for the
     exact variant at any number of levels (their guard in the op sends large logits to our
-    engine), the Triton kernels for the official variant from TRITON_MIN_ROWS_BF16. Anything
+    engine), the Triton kernels for the official variant from TRITON_MIN_ROWS_BF16 (at most
+    TRITON_MAX_DIM columns). Anything
     else keeps `choice`. Costs one reduction + one sync (the bound) where it may apply."""
     if not (choice in ("attention", "torch") and z_all.is_cuda):
         return choice
@@ -216,8 +220,8 @@ def refine_loss_backend(choice: str, z_all: torch.Tensor, scale: float, variant:
     if z_all.dtype == torch.bfloat16:
         if variant == "exact" and _attention_available(device):
             return "attention"
-        if variant == "official" and n >= TRITON_MIN_ROWS_BF16[variant] and (
-                triton_available(device)):
+        if (variant == "official" and n >= TRITON_MIN_ROWS_BF16[variant]
+                and z_all.shape[1] <= TRITON_MAX_DIM and triton_available(device)):
             return "triton"
         return choice
     if z_all.dtype != torch.float32 or n < min(TRITON_MIN_ROWS[variant],
@@ -226,7 +230,8 @@ def refine_loss_backend(choice: str, z_all: torch.Tensor, scale: float, variant:
     from hiertail_fast.ops import _attention_lse, _triton_loss
 
     bound = _attention_lse.logit_bound(z_all, scale)
-    if (n >= TRITON_MIN_ROWS[variant] and triton_available(device)
+    if (n >= TRITON_MIN_ROWS[variant] and z_all.shape[1] <= TRITON_MAX_DIM
+            and triton_available(device)
             and _triton_loss.fp32_dot(z_all, scale, variant, bound) == "tf32x3"):
         return "triton"
     if (variant == "official" and n_levels == 1 and n >= ATTENTION_OFFICIAL_MIN_ROWS
