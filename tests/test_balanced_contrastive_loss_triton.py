@@ -416,3 +416,12 @@ def test_the_loss_picks_its_fp32_dot_from_the_logits(monkeypatch, triton_device,
     # 16-bit inputs have native dots: the knob says "ieee" (unused) for them
     monkeypatch.delenv(_triton_loss.FP32_DOT_ENV, raising=False)
     assert _triton_loss.fp32_dot(z.bfloat16(), 2.0, variant) == "ieee"
+    # a card without TF32 tensor cores (compute capability < 8.0): exact dots
+    small = z * (0.5 * limit * 0.5) ** 0.5
+    assert _triton_loss.fp32_dot(small, 2.0, variant) == "tf32x3"
+    monkeypatch.setattr(_triton_loss, "tf32_cores", lambda device: False)
+    assert _triton_loss.fp32_dot(small, 2.0, variant) == "ieee"
+    monkeypatch.undo()
+    if torch.cuda.is_available():
+        cap = torch.cuda.get_device_capability()
+        assert _triton_loss.tf32_cores(torch.device("cuda")) == (cap >= (8, 0))

@@ -207,12 +207,13 @@ def test_automatic_cuda_choices_by_size_dtype_and_logits(monkeypatch):
     TRITON_MAX_DIM columns, the head dim it was measured at); bf16 exact goes to
     attention at any size and level count, bf16 official to triton from TRITON_MIN_ROWS_BF16;
     float64, CPU tensors, small problems, large logits keep the choice; $HIERTAIL_TRITON_FP32_DOT
-    =ieee (slow exact dots) or no triton: never triton."""
+    =ieee (slow exact dots), a card without TF32 tensor cores or no triton: never triton."""
     from hiertail_fast.ops import _attention_lse, _triton_loss
 
     monkeypatch.delenv(_triton_loss.FP32_DOT_ENV, raising=False)
     monkeypatch.setattr(_dispatch, "_attention_available", lambda device: True)
     monkeypatch.setattr(_dispatch, "triton_available", lambda device: True)
+    monkeypatch.setattr(_triton_loss, "tf32_cores", lambda device: True)   # an H200
     refine, rows = _dispatch.refine_loss_backend, _fake_cuda_rows
     tri, att = _dispatch.TRITON_MIN_ROWS, _dispatch.ATTENTION_OFFICIAL_MIN_ROWS
     assert att < tri["official"] and tri["exact"] <= att
@@ -249,6 +250,13 @@ def test_automatic_cuda_choices_by_size_dtype_and_logits(monkeypatch):
     assert refine("torch", rows(tri["official"], small), 10.0, "official") == "attention"
     assert refine("torch", rows(tri["exact"], small), 10.0, "exact") == "torch"
     monkeypatch.delenv(_triton_loss.FP32_DOT_ENV)
+    # a card without TF32 tensor cores (before Ampere): never triton
+    monkeypatch.setattr(_triton_loss, "tf32_cores", lambda device: False)
+    assert refine("torch", rows(tri["exact"], small), 10.0, "exact") == "torch"
+    assert refine("torch", rows(tri["official"], small), 10.0, "official") == "attention"
+    big16 = rows(_dispatch.TRITON_MIN_ROWS_BF16["official"], small).bfloat16()
+    assert refine("torch", big16, 10.0, "official") == "torch"
+    monkeypatch.setattr(_triton_loss, "tf32_cores", lambda device: True)
     monkeypatch.setattr(_dispatch, "triton_available", lambda device: False)
     assert refine("torch", rows(tri["official"], small), 10.0, "official") == "attention"
     assert refine("torch", rows(tri["exact"], small), 10.0, "exact") == "torch"

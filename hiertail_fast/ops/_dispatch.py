@@ -222,7 +222,10 @@ def refine_loss_backend(choice: str, z_all: torch.Tensor, scale: float, variant:
             return "attention"
         if (variant == "official" and n >= TRITON_MIN_ROWS_BF16[variant]
                 and z_all.shape[1] <= TRITON_MAX_DIM and triton_available(device)):
-            return "triton"
+            from hiertail_fast.ops import _triton_loss
+
+            if _triton_loss.tf32_cores(device):         # (bf16 tensor cores: Ampere on, too)
+                return "triton"
         return choice
     if z_all.dtype != torch.float32 or n < min(TRITON_MIN_ROWS[variant],
                                                ATTENTION_OFFICIAL_MIN_ROWS):

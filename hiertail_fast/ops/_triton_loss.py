@@ -49,13 +49,23 @@ def tf32x3_precise(z: torch.Tensor, scale: float, variant: str,
     return b <= TF32X3_MAX_LOGIT[variant]
 
 
+def tf32_cores(device: torch.device) -> bool:
+    """Whether `device` multiplies TF32 on tensor cores (NVIDIA compute capability >= 8.0,
+    Ampere on): older cards would run "tf32x3" slowly or not at all. CPU tensors (the Triton
+    interpreter, whose dots are numpy fp32 whatever is asked): True."""
+    if device.type != "cuda":
+        return True
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
 def fp32_dot(z: torch.Tensor, scale: float, variant: str, bound: float | None = None) -> str:
     """The fp32 dot for one loss call on `z`: $HIERTAIL_TRITON_FP32_DOT when set (validated by
-    the kernels' own parser), else "tf32x3" where precise enough, else "ieee". Inputs that are
-    not fp32 get "ieee" (unused: 16-bit tiles have their own dots)."""
+    the kernels' own parser), else "tf32x3" where precise enough on a card with TF32 tensor
+    cores, else "ieee". Inputs that are not fp32 get "ieee" (unused: 16-bit tiles have their
+    own dots)."""
     if os.environ.get(FP32_DOT_ENV, "").strip():
         return importlib.import_module("hiertail_fast.kernels._utils").fp32_dot()
-    if z.dtype != torch.float32:
+    if z.dtype != torch.float32 or not tf32_cores(z.device):
         return "ieee"
     return "tf32x3" if tf32x3_precise(z, scale, variant, bound) else "ieee"
 
@@ -72,4 +82,5 @@ def lse_backward(z, log_w, lse, grad_lse, scale, *, fp32_dot: str | None = None,
                                    out_dtype=out_dtype)
 
 
-__all__ = ["TF32X3_MAX_LOGIT", "fp32_dot", "lse_backward", "lse_forward", "tf32x3_precise"]
+__all__ = ["TF32X3_MAX_LOGIT", "fp32_dot", "lse_backward", "lse_forward", "tf32_cores",
+           "tf32x3_precise"]
