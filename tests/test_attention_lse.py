@@ -391,3 +391,25 @@ def test_public_bf16_loss_reaches_the_flash_branch(monkeypatch):
     exp.backward()
     assert abs(loss.item() - exp.item()) <= 2e-2 * abs(exp.item())
     _close(z.grad, zr.grad, rtol=3e-2, atol=1e-3)
+
+
+def test_the_logits_bound_is_computed_once_per_call_and_only_when_asked(monkeypatch):
+    """One reduction + host sync per loss call at most (the call's shared LogitBound: the
+    automatic CUDA choice, the attention guard and the Triton dots all read it), none on an
+    engine no guard applies to."""
+    calls = []
+    real = attn.logit_bound
+
+    def counting(z, scale):
+        calls.append(z.shape)
+        return real(z, scale)
+
+    monkeypatch.setattr(attn, "logit_bound", counting)
+    z, y = torch.randn(50, 6), torch.randint(0, 3, (50,))
+    for backend, want in (("attention", 1), ("torch", 0)):
+        calls.clear()
+        _loss_grads(z, y, torch.randn(3, 6), temperature=0.5, backend=backend)
+        assert len(calls) == want, backend
+        assert all(shape == (53, 6) for shape in calls)          # z with its prototypes
+    bound = attn.LogitBound(z, 2.0)
+    assert bound.value == bound.value == real(z, 2.0) and len(calls) == 1

@@ -359,21 +359,36 @@ def logit_bound(z: torch.Tensor, scale: float) -> float:
         return abs(scale) * float(z.float().pow(2).sum(1).max()) if z.shape[0] else 0.0
 
 
+class LogitBound:
+    """One loss call's ``logit_bound``, computed on first use and then shared by every guard
+    that asks (the automatic CUDA choice, the attention guard, the Triton dots): one reduction
+    and one host sync per call at most, none when no guard asks."""
+
+    def __init__(self, z: torch.Tensor, scale: float) -> None:
+        self._z, self._scale, self._value = z, scale, None
+
+    @property
+    def value(self) -> float:
+        if self._value is None:
+            self._value = logit_bound(self._z, self._scale)
+        return self._value
+
+
 def max_logit(variant: str, dtype: torch.dtype) -> float:
     """The guard's limit for `variant` on inputs of `dtype`."""
     return (MAX_LOGIT_BF16 if dtype == torch.bfloat16 else MAX_LOGIT)[variant]
 
 
 def within_precision(z: torch.Tensor, scale: float, variant: str = "official",
-                     bound: float | None = None) -> bool:
-    """Whether the kernels' fp32 LSE is precise enough for these logits: the bound
-    (``logit_bound``, or the one given) <= ``max_logit(variant, z.dtype)``."""
-    b = logit_bound(z, scale) if bound is None else bound
-    return b <= max_logit(variant, z.dtype)
+                     bound: LogitBound | None = None) -> bool:
+    """Whether the kernels' fp32 LSE is precise enough for these logits: the bound (the call's
+    shared ``LogitBound`` if given) <= ``max_logit(variant, z.dtype)``."""
+    return (bound or LogitBound(z, scale)).value <= max_logit(variant, z.dtype)
 
 
 __all__ = [
     "AttentionUnavailable",
+    "LogitBound",
     "available",
     "logit_bound",
     "lse_backward",

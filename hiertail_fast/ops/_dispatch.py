@@ -204,16 +204,17 @@ ATTENTION_OFFICIAL_MIN_ROWS = 50_000                         # fp32, one level
 
 
 def refine_loss_backend(choice: str, z_all: torch.Tensor, scale: float, variant: str,
-                        n_levels: int = 1) -> str:
+                        n_levels: int = 1, bound=None) -> str:
     """An automatic CUDA choice refined by size, dtype and the logits' bound (the table above;
     z_all: the loss's rows with any prototypes). fp32: our Triton kernels from
-    TRITON_MIN_ROWS[variant] rows where their 3xTF32 dots are precise enough for the logits
+    TRITON_MIN_ROWS[variant] rows of at most TRITON_MAX_DIM columns (the head dim they were
+    timed at) where their 3xTF32 dots are precise enough for the logits
     (``_triton_loss.fp32_dot``), else the attention kernels for the official single level from
     ATTENTION_OFFICIAL_MIN_ROWS where their guard allows. bf16: the attention kernels for the
     exact variant at any number of levels (their guard in the op sends large logits to our
     engine), the Triton kernels for the official variant from TRITON_MIN_ROWS_BF16 (at most
-    TRITON_MAX_DIM columns). Anything
-    else keeps `choice`. Costs one reduction + one sync (the bound) where it may apply."""
+    TRITON_MAX_DIM columns). Anything else keeps `choice`. The logits' bound: `bound`, the
+    call's shared ``_attention_lse.LogitBound`` (computed only where a rule needs it)."""
     if not (choice in ("attention", "torch") and z_all.is_cuda):
         return choice
     n, device = z_all.shape[0], z_all.device
@@ -232,7 +233,7 @@ def refine_loss_backend(choice: str, z_all: torch.Tensor, scale: float, variant:
         return choice
     from hiertail_fast.ops import _attention_lse, _triton_loss
 
-    bound = _attention_lse.logit_bound(z_all, scale)
+    bound = bound or _attention_lse.LogitBound(z_all, scale)
     if (n >= TRITON_MIN_ROWS[variant] and z_all.shape[1] <= TRITON_MAX_DIM
             and triton_available(device)
             and _triton_loss.fp32_dot(z_all, scale, variant, bound) == "tf32x3"):

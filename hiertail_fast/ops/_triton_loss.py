@@ -31,7 +31,7 @@ import os
 
 import torch
 
-from hiertail_fast.ops._attention_lse import logit_bound
+from hiertail_fast.ops._attention_lse import LogitBound
 
 TF32X3_MAX_LOGIT = {"exact": 2048.0, "official": 1024.0}
 FP32_DOT_ENV = "HIERTAIL_TRITON_FP32_DOT"     # the same name as kernels/_utils.FP32_DOT_ENV
@@ -43,10 +43,10 @@ def _kernels():
 
 
 def tf32x3_precise(z: torch.Tensor, scale: float, variant: str,
-                   bound: float | None = None) -> bool:
-    """Whether 3xTF32 dots keep this call's error inside fp32's tolerances (B <= limit)."""
-    b = logit_bound(z, scale) if bound is None else bound
-    return b <= TF32X3_MAX_LOGIT[variant]
+                   bound: LogitBound | None = None) -> bool:
+    """Whether 3xTF32 dots keep this call's error inside fp32's tolerances (B <= limit; B from
+    the call's shared ``LogitBound`` if given)."""
+    return (bound or LogitBound(z, scale)).value <= TF32X3_MAX_LOGIT[variant]
 
 
 def tf32_cores(device: torch.device) -> bool:
@@ -58,7 +58,8 @@ def tf32_cores(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
-def fp32_dot(z: torch.Tensor, scale: float, variant: str, bound: float | None = None) -> str:
+def fp32_dot(z: torch.Tensor, scale: float, variant: str,
+             bound: LogitBound | None = None) -> str:
     """The fp32 dot for one loss call on `z`: $HIERTAIL_TRITON_FP32_DOT when set (validated by
     the kernels' own parser), else "tf32x3" where precise enough on a card with TF32 tensor
     cores, else "ieee". Inputs that are not fp32 get "ieee" (unused: 16-bit tiles have their

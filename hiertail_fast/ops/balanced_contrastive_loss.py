@@ -138,7 +138,7 @@ class BalancedContrastiveFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, z, lv: _Levels, scale: float, include_self: bool, variant: str,
-                reduction: str, backend: str, want_grad: bool):
+                reduction: str, backend: str, want_grad: bool, fp32_dot: str | None):
         official = variant == "official"
         cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
         zc = z.detach().to(cdt).contiguous()
@@ -173,9 +173,8 @@ class BalancedContrastiveFunction(torch.autograd.Function):
                                        -(base * inv_n) if fused else None, scale,
                                        torch.isfinite(lv.log_w).all(dim=0), lv.log_w)
         kw = {} if positives is None else {"positives": positives}
-        # the Triton kernels: 3xTF32 dots where the logits allow (_triton_loss), saved for the
-        # backward, whose one-pass kernel must recompute the forward's scores
-        fp32_dot = _triton_loss.fp32_dot(z_in, scale, variant) if backend == "triton" else None
+        # the Triton kernels' fp32 dot (chosen in _apply), saved for the backward, whose
+        # one-pass kernel must recompute the forward's scores
         if fp32_dot is not None:
             kw["fp32_dot"] = fp32_dot
         if fused:
@@ -236,8 +235,8 @@ class BalancedContrastiveFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        # None for: lv, scale, include_self, variant, reduction, backend, want_grad (no grads)
-        nones = (None,) * 7
+        # None for: lv, scale, include_self, variant, reduction, backend, want_grad, fp32_dot
+        nones = (None,) * 8
         if ctx.fused:
             (dz,) = ctx.saved_tensors
             return (dz * grad_out.to(dz.dtype)).to(ctx.z_dtype), *nones
@@ -265,19 +264,29 @@ class BalancedContrastiveFunction(torch.autograd.Function):
         return dz.to(ctx.z_dtype), *nones
 
 
-def _apply(fallback_device_backend: str, *args):
-    """BalancedContrastiveFunction.apply with the attention engine's precision guard and
-    fallback: the same call on our own engine when the logits are too large for its fp32 LSE
-    (``_attention_lse.MAX_LOGIT``, per variant) or when the attention kernels refuse the call (a
-    shape, dtype or GPU they do not support)."""
-    args = list(args)
-    z_all, scale = args[0], args[2]
-    if args[6] == "attention" and not _attention_lse.within_precision(z_all, scale, args[4]):
-        args[6] = fallback_device_backend
+def _apply(z_all, lv: _Levels, scale: float, include_self: bool, variant: str, reduction: str,
+           backend: str, want_grad: bool, automatic: bool):
+    """BalancedContrastiveFunction.apply on the rows z_all with the engine settled here, once
+    per call, from the logits' bound (one shared ``LogitBound``, computed only if a rule asks):
+    an automatic choice refined for CUDA (``refine_loss_backend``); the attention engine's
+    precision guard (``_attention_lse.max_logit``, per variant and dtype) and fallback to our
+    own engine when the logits are too large for its fp32 LSE or when the attention kernels
+    refuse the call (a shape, dtype or GPU they do not support); the Triton engine's fp32 dot
+    (``_triton_loss.fp32_dot``)."""
+    bound = _attention_lse.LogitBound(z_all, scale)
+    if automatic:
+        backend = refine_loss_backend(backend, z_all, scale, variant, lv.log_w.shape[0], bound)
+    fallback = own_engine(z_all.device)
+    if backend == "attention" and not _attention_lse.within_precision(z_all, scale, variant,
+                                                                      bound):
+        backend = fallback
+    fp32_dot = (_triton_loss.fp32_dot(z_all, scale, variant, bound) if backend == "triton"
+                else None)
+    args = [z_all, lv, scale, include_self, variant, reduction, backend, want_grad, fp32_dot]
     try:
         return BalancedContrastiveFunction.apply(*args)
     except _attention_lse.AttentionUnavailable:
-        args[6] = fallback_device_backend
+        args[6] = fallback
         return BalancedContrastiveFunction.apply(*args)
 
 
@@ -310,11 +319,10 @@ def balanced_contrastive_loss_op(
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
     rows = torch.arange(n, device=z.device)
     lv = _make_levels(n, [(rows, labels)], include_self, cdt, z.device)
-    if backend is None and requested_backend() is None:
-        choice = refine_loss_backend(choice, z_all, 1.0 / float(temperature), variant)
     return _apply(
-        own_engine(z.device), z_all, lv, 1.0 / float(temperature), bool(include_self), variant,
-        reduction, choice, torch.is_grad_enabled() and z_all.requires_grad,
+        z_all, lv, 1.0 / float(temperature), bool(include_self), variant, reduction, choice,
+        torch.is_grad_enabled() and z_all.requires_grad,
+        automatic=backend is None and requested_backend() is None,
     )
 
 
@@ -365,12 +373,10 @@ def hierarchical_contrastive_loss_op(
     z_big = torch.cat(parts, dim=0) if len(parts) > 1 else z
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
     lv = _make_levels(off, level_rows, include_self, cdt, z.device)
-    if backend is None and requested_backend() is None:
-        choice = refine_loss_backend(choice, z_big, 1.0 / float(temperature), variant,
-                                     len(level_labels))
     return _apply(
-        own_engine(z.device), z_big, lv, 1.0 / float(temperature), bool(include_self), variant,
-        "mean", choice, torch.is_grad_enabled() and z_big.requires_grad,
+        z_big, lv, 1.0 / float(temperature), bool(include_self), variant, "mean", choice,
+        torch.is_grad_enabled() and z_big.requires_grad,
+        automatic=backend is None and requested_backend() is None,
     )
 
 
