@@ -28,8 +28,8 @@ from hiertail_fast import (
     nearest_prototype,
 )
 from hiertail_fast._files import atomic_write_text
-from hiertail_fast.ops._dispatch import BACKENDS, choose_loss_backend, refine_loss_backend
-from hiertail_fast.ops.balanced_contrastive_loss import LOSS_BACKENDS
+from hiertail_fast.ops._dispatch import BACKENDS, choose_loss_backend
+from hiertail_fast.ops.balanced_contrastive_loss import LOSS_BACKENDS, settle_engine
 from hiertail_fast.ops.topk_pool import topk_pool
 
 VALUE_TOL, GRAD_TOL, DIST_TOL = 1e-4, 1e-3, 1e-5
@@ -245,15 +245,15 @@ def loss_inputs(n: int, d: int, m: int = 40, seed: int = 0) -> tuple:
 
 def auto_engine(z, protos, variant: str, levels: int, dtype: torch.dtype,
                 temperature: float = 0.1) -> str:
-    """The engine the loss ops' automatic choice takes for z with the prototypes (as
-    ops/balanced_contrastive_loss.py decides it: choose_loss_backend, then refine_loss_backend
-    on all the rows; not the precision guard, which the call itself applies)."""
+    """The engine the loss ops' automatic choice runs for z with the prototypes: the library's
+    own ``choose_loss_backend`` then ``settle_engine`` (CUDA refinement, precision guard) on
+    all the rows."""
     zl = z.to(dtype)
     choice = choose_loss_backend(zl, None, variant, levels)
     if choice == "reference":
         return choice
-    return refine_loss_backend(choice, torch.cat([zl, protos.to(dtype)]), 1.0 / temperature,
-                               variant, levels)
+    return settle_engine(torch.cat([zl, protos.to(dtype)]), 1.0 / temperature, variant, levels,
+                         choice, automatic=True)[0]
 
 
 def loss_step(z, y, protos, variant: str, levels: int, dtype: torch.dtype, mode):

@@ -189,11 +189,16 @@ def test_the_loss_ops_choose_through_choose_loss_backend():
     tree = ast.parse(open(source, encoding="utf-8").read())
     names = [getattr(c.func, "id", None) for c in ast.walk(tree) if isinstance(c, ast.Call)]
     assert names.count("choose_loss_backend") == 2          # the single and hierarchical ops
-    # ... refined on their concatenated rows in _apply, which both ops call
-    apply_fn = next(f for f in ast.walk(tree)
-                    if isinstance(f, ast.FunctionDef) and f.name == "_apply")
-    in_apply = [getattr(c.func, "id", None) for c in ast.walk(apply_fn) if isinstance(c, ast.Call)]
-    assert names.count("refine_loss_backend") == in_apply.count("refine_loss_backend") == 1
+    # ... refined on their concatenated rows in settle_engine, through _apply, which both ops
+    # call
+
+    def calls_in(name):
+        fn = next(f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == name)
+        return [getattr(c.func, "id", None) for c in ast.walk(fn) if isinstance(c, ast.Call)]
+
+    assert names.count("refine_loss_backend") == calls_in("settle_engine").count(
+        "refine_loss_backend") == 1
+    assert calls_in("_apply").count("settle_engine") == names.count("settle_engine") == 1
     assert names.count("_apply") == 2
     assert "choose_backend" not in names
 

@@ -263,3 +263,12 @@ def test_sections_run_only_what_is_asked(tmp_path):
     assert ", sections: loss" in (tmp_path / "gpu_report.md").read_text()
     bad = _run("--device", "cpu", "--sections", "nope", "--out", str(tmp_path / "x"))
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_auto_engine_labels_what_the_call_runs(gc):
+    """_gpu_checks.auto_engine: the library's own choice for the rows, the precision guard
+    included (a small CPU problem: the attention kernels, or our engine for large logits)."""
+    z, y, protos = gc.loss_inputs(100, 8)
+    assert gc.auto_engine(z, protos, "exact", 1, torch.float32) == "attention"
+    assert gc.auto_engine(z * 100, protos, "exact", 1, torch.float32) == "torch"   # guard
+    assert gc.auto_engine(z, protos, "official", 1, torch.float32) == "torch"

@@ -264,29 +264,38 @@ class BalancedContrastiveFunction(torch.autograd.Function):
         return dz.to(ctx.z_dtype), *nones
 
 
-def _apply(z_all, lv: _Levels, scale: float, include_self: bool, variant: str, reduction: str,
-           backend: str, want_grad: bool, automatic: bool):
-    """BalancedContrastiveFunction.apply on the rows z_all with the engine settled here, once
-    per call, from the logits' bound (one shared ``LogitBound``, computed only if a rule asks):
-    an automatic choice refined for CUDA (``refine_loss_backend``); the attention engine's
-    precision guard (``_attention_lse.max_logit``, per variant and dtype) and fallback to our
-    own engine when the logits are too large for its fp32 LSE or when the attention kernels
-    refuse the call (a shape, dtype or GPU they do not support); the Triton engine's fp32 dot
-    (``_triton_loss.fp32_dot``)."""
-    bound = _attention_lse.LogitBound(z_all, scale)
+def settle_engine(z_all: torch.Tensor, scale: float, variant: str, n_levels: int, backend: str,
+                  automatic: bool, bound: _attention_lse.LogitBound | None = None
+                  ) -> tuple[str, str | None]:
+    """(engine, Triton fp32 dot or None) of one loss call on the rows z_all (with any
+    prototypes), settled from the logits' bound (one shared ``LogitBound``, computed only if a
+    rule asks): an automatic choice refined for CUDA (``refine_loss_backend``); the attention
+    engine's precision guard (``_attention_lse.max_logit``, per variant and dtype), our own
+    engine where the logits are too large for its fp32 LSE; the Triton engine's fp32 dot
+    (``_triton_loss.fp32_dot``). bench/_gpu_checks.py labels its "auto" rows with it."""
+    bound = bound or _attention_lse.LogitBound(z_all, scale)
     if automatic:
-        backend = refine_loss_backend(backend, z_all, scale, variant, lv.log_w.shape[0], bound)
-    fallback = own_engine(z_all.device)
+        backend = refine_loss_backend(backend, z_all, scale, variant, n_levels, bound)
     if backend == "attention" and not _attention_lse.within_precision(z_all, scale, variant,
                                                                       bound):
-        backend = fallback
+        backend = own_engine(z_all.device)
     fp32_dot = (_triton_loss.fp32_dot(z_all, scale, variant, bound) if backend == "triton"
                 else None)
+    return backend, fp32_dot
+
+
+def _apply(z_all, lv: _Levels, scale: float, include_self: bool, variant: str, reduction: str,
+           backend: str, want_grad: bool, automatic: bool):
+    """BalancedContrastiveFunction.apply with the engine of ``settle_engine``, and the fallback
+    to our own engine when the attention kernels refuse the call (a shape, dtype or GPU they do
+    not support)."""
+    backend, fp32_dot = settle_engine(z_all, scale, variant, lv.log_w.shape[0], backend,
+                                      automatic)
     args = [z_all, lv, scale, include_self, variant, reduction, backend, want_grad, fp32_dot]
     try:
         return BalancedContrastiveFunction.apply(*args)
     except _attention_lse.AttentionUnavailable:
-        args[6] = fallback
+        args[6] = own_engine(z_all.device)
         return BalancedContrastiveFunction.apply(*args)
 
 
@@ -384,4 +393,5 @@ __all__ = [
     "BalancedContrastiveFunction",
     "balanced_contrastive_loss_op",
     "hierarchical_contrastive_loss_op",
+    "settle_engine",
 ]
