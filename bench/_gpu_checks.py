@@ -348,5 +348,23 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in cells])
 
 
+def load_average() -> list[float] | None:
+    """The machine's 1 / 5 / 15-minute load averages (None where the OS has none): recorded
+    at a run's start and end, so its figures say whether the machine was idle."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def load_note(report: dict) -> str:
+    """'load average A -> B on N cores' from a report's load_average_start / _end."""
+    start, end = report.get("load_average_start"), report.get("load_average_end")
+    if start is None:
+        return "load average not recorded"
+    tail = "(still running)" if end is None else f"{end[0]:g}"
+    return f"load average {start[0]:g} -> {tail} on {os.cpu_count()} cores"
+
+
 def write_json(path: Path, data: dict) -> None:
     atomic_write_text(path, json.dumps(data, indent=1, default=str, allow_nan=True))

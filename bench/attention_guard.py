@@ -83,6 +83,7 @@ def main(argv=None) -> int:
     attn.MAX_LOGIT = dict.fromkeys(real_guard, float("inf"))   # every call on the kernels
     attn.MAX_LOGIT_BF16 = dict.fromkeys(real_bf16, float("inf"))
     rows = []
+    load_start = gc.load_average()
     try:
         for bound in args.bounds:
             for regime in ("relu", "randn"):
@@ -102,6 +103,7 @@ def main(argv=None) -> int:
         attn.MAX_LOGIT, attn.MAX_LOGIT_BF16 = real_guard, real_bf16
     meta = dict(device=device_name(), torch=torch.__version__, n=args.n, d=args.d, tau=TAU,
                 dtype=args.dtype, guard_in_library=real_guard, guard_bf16=real_bf16,
+                load_average_start=load_start, load_average_end=gc.load_average(),
                 tf32x3_limit=_triton_loss.TF32X3_MAX_LOGIT)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, json.dumps(dict(meta=meta, rows=rows), indent=1))

@@ -277,7 +277,7 @@ def render(report: dict) -> str:
     n_fail = sum(r["result"] != "PASS" for r in checks)
     parts = [f"# hiertail_fast GPU report: {report['device']}", "",
              f"{report['when']}, torch {report['torch']}, triton {report['triton']}, mode "
-             f"{report['mode']}, {report['wall_s']:.0f} s"
+             f"{report['mode']}, {report['wall_s']:.0f} s, {gc.load_note(report)}"
              f"{'' if report.get('complete', True) else ' (PARTIAL: stopped or still running)'}"
              f"{_sections_note(report)}"
              f". Correctness: "
@@ -354,12 +354,14 @@ def main(argv: list[str] | None = None) -> int:
         # (a device call's time limit) still leaves everything measured so far
         report["wall_s"] = time.perf_counter() - started
         report["complete"] = final
+        report["load_average_end"] = gc.load_average() if final else None
         text = render(report)
         gc.write_json(args.out / "gpu_report.json", report)
         gc.atomic_write_text(args.out / "gpu_report.md", text)
         return text
 
     report["sections"] = args.sections
+    report["load_average_start"] = gc.load_average()
     report["correctness"] = (gc.correctness(dev, sizes["check_graph"], sizes["check_loss"])
                              if "correctness" in args.sections else [])
     save()

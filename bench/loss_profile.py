@@ -169,7 +169,8 @@ def _ratio(seconds: float, anchor: float | None) -> str:
 
 
 def render(report: dict) -> str:
-    lines = [f"# Loss profile on {report['device']} ({report['when']}, torch {report['torch']})",
+    lines = [f"# Loss profile on {report['device']} ({report['when']}, torch {report['torch']}, "
+             f"{gc.load_note(report)})",
              "", "| N | d | variant | levels | dtype | engine | ms | ÷ SDPA (same dtype) "
              "| ÷ floor |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -232,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     report = dict(device=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
                   when=time.strftime("%Y-%m-%d %H:%M"), torch=torch.__version__,
-                  argv=sys.argv[1:] if argv is None else argv, rows=[])
+                  argv=sys.argv[1:] if argv is None else argv, rows=[],
+                  load_average_start=gc.load_average(), load_average_end=None)
 
     def add(row: dict) -> None:
         report["rows"].append(row)
@@ -246,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         tuned_rows(args.device, *sizes[0], args.engines, args.reps, deadline, add)
     if not args.no_profile:
         profile_rows(args.device, *sizes[0], add)
+    report["load_average_end"] = gc.load_average()
+    gc.write_json(args.out / "loss_profile.json", report)
+    gc.atomic_write_text(args.out / "loss_profile.md", render(report))
     print(render(report))
     return 0
 

@@ -379,6 +379,7 @@ def test_attention_guard_sweep_in_bf16_and_its_engine_choices(tmp_path):
     assert res.returncode == 0, res.stderr
     data = json.loads(out.read_text())
     assert data["meta"]["dtype"] == "bfloat16" and data["meta"]["guard_bf16"]["exact"] > 1024
+    assert len(data["meta"]["load_average_start"]) == len(data["meta"]["load_average_end"]) == 3
     assert {r["dtype"] for r in data["rows"]} == {"bfloat16"} and len(data["rows"]) == 8
     for r in data["rows"]:
         # bf16 rounding, not a wrong answer; the official variant on the bf16 kernels is

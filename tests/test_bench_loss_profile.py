@@ -31,7 +31,10 @@ def test_rows_profile_and_files(tmp_path):
     assert not [r for r in timed if r["what"] == "torch+slices" and r["variant"] == "exact"]
     prof = [r for r in rows if r["what"].startswith("profile")]
     assert len(prof) == 2 * 2 * 2 and all(r["top_host"] and r["ops"] > 0 for r in prof), prof
+    # the machine's load at the start and end (whether the figures came from an idle machine)
+    assert len(data["load_average_start"]) == len(data["load_average_end"]) == 3
     md = (tmp_path / "loss_profile.md").read_text()
+    assert "load average" in md.splitlines()[0]
     assert "| 120 | 8 | official | 3 | bf16 | torch |" in md and "## Profile:" in md
 
 

@@ -178,6 +178,7 @@ def test_end_to_end_on_cpu(tmp_path, gc):
     res = _run("--device", "cpu", "--out", str(tmp_path))
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     report = json.loads((tmp_path / "gpu_report.json").read_text())
+    assert len(report["load_average_start"]) == len(report["load_average_end"]) == 3
     md = (tmp_path / "gpu_report.md").read_text()
     assert md in res.stdout and "## Correctness" in md and "| PASS |" in md
     assert report["complete"] is True and "PARTIAL" not in md
