@@ -265,6 +265,10 @@ def test_knobs_from_the_environment(monkeypatch, triton_device):
     before any kernel runs."""
     from hiertail_fast.kernels import _utils as u
 
+    from hiertail_fast.ops import _triton_loss
+
+    # the loss engine reads the same variable without importing triton (its own copy of the name)
+    assert _triton_loss.FP32_DOT_ENV == u.FP32_DOT_ENV
     monkeypatch.delenv(u.FP32_DOT_ENV, raising=False)
     monkeypatch.delenv(u.AUTOTUNE_ENV, raising=False)
     assert u.fp32_dot() == "ieee" and u.autotune_requested() is False
