@@ -71,6 +71,15 @@ def fp32_dot(z: torch.Tensor, scale: float, variant: str,
     return "tf32x3" if tf32x3_precise(z, scale, variant, bound) else "ieee"
 
 
+def positive_pairs(z, gid, n_groups, row_max, arg_max, scale, include_self, coef=None, *,
+                   need_sums: bool = True, fp32_dot: str | None = None):
+    """The official positive-pair pass on the Triton kernel
+    (``kernels/balanced_contrastive_loss_positives.py``), with the forward's `fp32_dot`."""
+    mod = importlib.import_module("hiertail_fast.kernels.balanced_contrastive_loss_positives")
+    return mod.positive_pairs(z, gid, n_groups, row_max, arg_max, scale, include_self, coef,
+                              need_sums=need_sums, fp32_dot=fp32_dot)
+
+
 def lse_forward(z, log_w, scale, need_max, *, fp32_dot: str | None = None):
     return _kernels().lse_forward(z, log_w, scale, need_max, fp32_dot=fp32_dot)
 
@@ -83,5 +92,5 @@ def lse_backward(z, log_w, lse, grad_lse, scale, *, fp32_dot: str | None = None,
                                    out_dtype=out_dtype)
 
 
-__all__ = ["TF32X3_MAX_LOGIT", "fp32_dot", "lse_backward", "lse_forward", "tf32_cores",
-           "tf32x3_precise"]
+__all__ = ["TF32X3_MAX_LOGIT", "fp32_dot", "lse_backward", "lse_forward", "positive_pairs",
+           "tf32_cores", "tf32x3_precise"]

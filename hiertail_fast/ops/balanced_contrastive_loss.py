@@ -118,6 +118,18 @@ def _argmax_grad(z, lv_argmax, gamma, scale):
     return dz
 
 
+def _positive_terms(backend, zc, z_in, lv: _Levels, lev: int, rmax, amax, scale,
+                    include_self, coef, fp32_dot, need_sums: bool = True):
+    """(T, Q, dz) of the official positive pairs of level `lev` (``positive_pairs``' contract):
+    on the Triton engine its own kernel (``_triton_loss.positive_pairs``: one launch, no host
+    sync, the same dots as the row max it is compared with), elsewhere the torch pass on the
+    compute-dtype rows (which always returns the sums)."""
+    args = (lv.gid[lev], lv.n_groups[lev], rmax[lev], amax[lev], scale, include_self, coef)
+    if backend == "triton":
+        return _triton_loss.positive_pairs(z_in, *args, need_sums=need_sums, fp32_dot=fp32_dot)
+    return positive_pairs(zc, *args)
+
+
 def _lse_backward(mod, z_in, log_w, lse, grad_lse, scale, fp32_dot=None):
     """The engine's LSE gradient, in fp32 for the Triton kernels (16-bit inputs: not rounded to
     16 bits before the positive-pair part, which it can cancel, is added) with the forward's
@@ -201,8 +213,8 @@ class BalancedContrastiveFunction(torch.autograd.Function):
                     big_t[lev], big_q[lev] = positives.T[lev], positives.Q[lev]
                     continue
                 coef = -(base[lev] * inv_n[lev]) if fused else None
-                t, q, dzp = positive_pairs(zc, lv.gid[lev], lv.n_groups[lev], rmax[lev],
-                                           amax[lev], scale, include_self, coef)
+                t, q, dzp = _positive_terms(backend, zc, z_in, lv, lev, rmax, amax, scale,
+                                            include_self, coef, fp32_dot)
                 big_t[lev], big_q[lev] = t, q
                 if fused:
                     dz += dzp
@@ -253,9 +265,9 @@ class BalancedContrastiveFunction(torch.autograd.Function):
                                ctx.fp32_dot)
             dz = dz.to(zc.dtype)
             for lev in range(lse.shape[0]):
-                dz += positive_pairs(zc, lv.gid[lev], lv.n_groups[lev], rmax[lev],
-                                     amax[lev], scale, ctx.include_self,
-                                     -(g[lev] * inv_n[lev]))[2]
+                dz += _positive_terms(ctx.backend, zc, z_in, lv, lev, rmax, amax, scale,
+                                      ctx.include_self, -(g[lev] * inv_n[lev]), ctx.fp32_dot,
+                                      need_sums=False)[2]
             dz += _argmax_grad(zc, amax, g * (big_q * inv_n - r), scale)
         else:
             dz = _lse_backward(mod, z_in, log_w, lse, g.to(log_w.dtype), scale, ctx.fp32_dot)
