@@ -47,6 +47,13 @@ from .balanced_contrastive_loss import _check as _check_z
 from .balanced_contrastive_loss import _precisions
 
 OFFICIAL_EPS = 1e-7     # the official code's epsilon (ops/_contrastive_pairs.OFFICIAL_EPS)
+# (BLOCK_M, BLOCK_N, num_warps) on a GPU, every d. Chosen from the compiled code, not from
+# timings (none yet): `python bench/kernel_resources.py` (triton 3.9, sm_90, 3 stages) gives the
+# gradient pass with the LSE kernels' fixed tile (128 x 64, 4 warps) 900 / 5,908 bytes of
+# register spills per thread (fp32 / bf16, d 64) and 4 warps per SM; 64 x 32 with 8 warps
+# spills 0 / 0 at d 64 (8 warps per SM) and the least of all tiles at d 128 (812 fp32, 8 bf16).
+# Smaller row blocks also scan fewer columns outside their rows' ranges at group boundaries.
+GPU_TILES = (64, 32, 8)
 
 
 @triton.jit
@@ -219,7 +226,7 @@ def positive_pairs(
     c_s = (coef.float()[order].contiguous() if coef is not None
            else torch.zeros(n, dtype=torch.float32, device=dev))
     d_pad = feature_block(d)
-    block_m, block_n, warps = pair_blocks(n, d_pad, z.is_cuda)
+    block_m, block_n, warps = GPU_TILES if z.is_cuda else pair_blocks(n, d_pad, False)
     out_t = big_t if need_sums else rmax          # placeholders where a flag is off
     _positive_pairs_kernel[(triton.cdiv(n, block_m),)](
         z, order, lo, hi, *sorted_in, c_s, out_t, big_q if need_sums else rmax,
@@ -232,4 +239,4 @@ def positive_pairs(
     return big_t, big_q, dz
 
 
-__all__ = ["positive_pairs", "row_ids", "tie_bound"]
+__all__ = ["GPU_TILES", "positive_pairs", "row_ids", "tie_bound"]

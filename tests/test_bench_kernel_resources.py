@@ -1,0 +1,49 @@
+"""bench/kernel_resources.py: the loss kernels compiled for sm_90 on this (GPU-less) machine."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+import kernel_resources  # noqa: E402
+
+
+def _nvidia_backend() -> bool:
+    try:
+        from triton.backends.nvidia import compiler  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_warps_per_sm_estimate():
+    # 255 registers -> 8,192 per warp; 4 warps: 2 blocks by registers, 1 by 128 KB of smem
+    assert kernel_resources.warps_per_sm(255, 128 * 1024, 4, 90) == 4
+    # 93 -> 3,072 registers per warp, 24,576 per 8-warp block: 2 blocks
+    assert kernel_resources.warps_per_sm(93, 32 * 1024, 8, 90) == 16
+    assert kernel_resources.warps_per_sm(32, 1024, 4, 90) == 64             # thread cap
+    assert kernel_resources.warps_per_sm(128, 240 * 1024, 4, 90) == 0       # does not fit
+
+
+@pytest.mark.skipif(not _nvidia_backend(), reason="triton without its NVIDIA backend")
+def test_compiles_and_reports(tmp_path):
+    rc = kernel_resources.main(["--dims", "64", "--levels", "1", "--kernels", "lse fwd",
+                                "pos dz", "--fixed-only", "--workers", "1", "--out",
+                                str(tmp_path)])
+    assert rc == 0
+    data = json.loads((tmp_path / "kernel_resources.json").read_text())
+    assert data["toolchain"]["triton"] and "ptxas sm_90" in data["toolchain"]
+    rows = data["rows"]
+    assert [r["kernel"] for r in rows] == ["lse fwd", "pos dz"] and all(r["fixed"] for r in rows)
+    for r in rows:
+        assert "error" not in r, r
+        assert 0 < r["regs"] <= 255 and r["spill"] >= 0 and r["smem"] > 0
+        assert r["warps_per_sm"] == kernel_resources.warps_per_sm(r["regs"], r["smem"],
+                                                                  r["tile"][2], 90)
+    assert rows[1]["tile"][:3] == [64, 32, 8]          # the positives' own GPU tile
+    md = (tmp_path / "kernel_resources.md").read_text()
+    assert "| sm_90 | fp32 | 64 | pos dz | 1 | 64x32 w8 s3 * |" in md
