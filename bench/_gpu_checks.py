@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import statistics
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -96,6 +97,15 @@ def autotuned(label: str | None) -> bool:
 
 
 # ----------------------------------------------------------------------------- timing
+def tuned_tiles() -> dict[str, list[str]]:
+    """The tiles triton.autotune chose so far for the loss kernels ("fwd" / "bwd" of
+    kernels/balanced_contrastive_loss.py): one "key -> config" line per tuned shape and mode
+    (empty before any autotuned call, or where the kernels were never imported)."""
+    mod = sys.modules.get("hiertail_fast.kernels.balanced_contrastive_loss")
+    return {which: [f"{key} -> {cfg}" for key, cfg in getattr(tuner, "cache", {}).items()]
+            for which, tuner in getattr(mod, "_TUNED", {}).items()}
+
+
 def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()

@@ -118,6 +118,7 @@ def tuned_rows(dev, n, d, engines, reps, deadline, add) -> None:
             else:
                 step = make_step(z, y, protos, "exact", levels, torch.float32, label)
                 row.update(gc.guarded(lambda s=step: gc.time_call(s, dev, reps)))
+                row["tiles"] = gc.tuned_tiles()     # which tiles the tuning picked
             add(row)
 
 
@@ -193,6 +194,11 @@ def render(report: dict) -> str:
                      f"{what} | {cells} |")
     lines += ["", "Anchors: " + "; ".join(f"{k[0]}×{k[1]} {k[2]} {v * 1e3:.2f} ms"
                                           for k, v in anchors.items())]
+    for r in report["rows"]:
+        if r.get("tiles"):
+            lines += ["", f"Tiles autotuned by the {r['what']} row ({r['levels']} level(s), "
+                          f"N {r['n']}, d {r['d']}; all tuned so far):"]
+            lines += [f"- {which}: `{line}`" for which, got in r["tiles"].items() for line in got]
     for r in report["rows"]:
         if not r["what"].startswith("profile"):
             continue

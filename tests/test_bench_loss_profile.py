@@ -44,3 +44,27 @@ def test_sizes_are_checked_and_cuda_is_required(capsys):
     if not torch.cuda.is_available():
         assert loss_profile.main([]) == 2
         assert "no CUDA" in capsys.readouterr().out
+
+
+def test_autotuned_tiles_are_recorded_and_shown(monkeypatch):
+    """An autotuned row keeps the tiles triton.autotune picked (its tuners' caches), so a GPU
+    run says which tile won, and the markdown lists them."""
+    import types
+
+    import _gpu_checks as gc
+
+    fake = types.SimpleNamespace(_TUNED={
+        "fwd": types.SimpleNamespace(cache={(20000, 64, 1): "BLOCK_M: 64, num_warps: 8"}),
+        "bwd": types.SimpleNamespace(cache={})})
+    monkeypatch.setitem(sys.modules, "hiertail_fast.kernels.balanced_contrastive_loss", fake)
+    tiles = gc.tuned_tiles()
+    assert tiles == {"fwd": ["(20000, 64, 1) -> BLOCK_M: 64, num_warps: 8"], "bwd": []}
+    monkeypatch.delitem(sys.modules, "hiertail_fast.kernels.balanced_contrastive_loss")
+    assert gc.tuned_tiles() == {}
+    report = dict(device="x", when="now", torch="t", load_average_start=None,
+                  load_average_end=None, rows=[
+                      dict(n=20000, d=64, variant="exact", levels=1, dtype="fp32",
+                           what="triton[tf32x3+autotune]", median_s=0.01, tiles=tiles)])
+    md = loss_profile.render(report)
+    assert "Tiles autotuned by the triton[tf32x3+autotune] row (1 level(s)" in md
+    assert "- fwd: `(20000, 64, 1) -> BLOCK_M: 64, num_warps: 8`" in md
