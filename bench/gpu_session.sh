@@ -14,7 +14,8 @@
 # epochs; "guard" adds bench/attention_guard.py under GUARD_S, default 60 s, with GUARD_ARGS
 # (default: the bounds 256 ... 4096; e.g. "--dtype bfloat16 --bounds 4096 8192"); "profile" adds
 # bench/loss_profile.py under PROFILE_S, default 200 s, its timed rows getting PROFILE_S - 60,
-# with PROFILE_ARGS, e.g. "--sizes 20000:64"), REPORT_S (gpu_report's limit, default 270 s;
+# with PROFILE_ARGS, e.g. "--sizes 20000:64"; "resources" adds bench/kernel_resources.py
+# --fixed-only under RESOURCES_S, default 120 s), REPORT_S (gpu_report's limit, default 270 s;
 # its own --budget is 30 s less),
 # REPORT_ARGS (more gpu_report arguments, e.g. "--sections loss"), TESTS_S (the test suite's
 # limit, default 270 s). summary.txt gets one line per step with its exit status (124: it ran past its
@@ -36,6 +37,7 @@ GUARD_S=${GUARD_S:-60}
 GUARD_ARGS=${GUARD_ARGS:---bounds 256 512 1024 2048 4096}
 PROFILE_S=${PROFILE_S:-200}
 PROFILE_ARGS=${PROFILE_ARGS:-}
+RESOURCES_S=${RESOURCES_S:-120}
 REPORT_ARGS=${REPORT_ARGS:-}
 PY=${PYTHON:-$(command -v python || command -v python3)}
 PYTEST_ARGS=${PYTEST_ARGS:-}
@@ -79,7 +81,12 @@ for s in $STEPS; do
           --methods hiertail --epochs "$SCALE_EPOCHS" --warmup "$SCALE_WARMUP" --loss-dtype "$dt" \
           --time-budget $((SCALE_S / 2 - 10)) --no-plot --out "$OUT/scale_$dt"
       done ;;
-    *) echo "unknown step $s (install, report, tests, guard, profile, scale)" | tee -a "$summary"
+    resources)  # registers / spills / shared memory of the loss kernels' fixed tiles, as
+      # this image's triton compiles them (bench/kernel_resources.py; compile only)
+      step kernel_resources "$RESOURCES_S" "$PY" bench/kernel_resources.py --fixed-only \
+        --dtypes fp32 bf16 --workers 8 --out "$OUT" ;;
+    *) echo "unknown step $s (install, report, tests, guard, profile, scale, resources)" \
+         | tee -a "$summary"
        exit 2 ;;
   esac
 done

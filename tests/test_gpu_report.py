@@ -235,6 +235,14 @@ def test_gpu_session_script_logs_each_step_under_out(tmp_path):
     for dt in ("float32", "bfloat16"):
         log = (tmp_path / f"scale_{dt}.log").read_text()
         assert "--device cuda was asked for but torch sees no CUDA device" in log
+    # the resources step (bench/kernel_resources.py, compile only): wired, logged, limited
+    # (a 1 s limit stops it: its own run is tests/test_bench_kernel_resources.py)
+    res = subprocess.run(["bash", script], capture_output=True, text=True, timeout=120,
+                         env=dict(env, STEPS="resources", RESOURCES_S="1"), cwd=BENCH.parent)
+    assert res.returncode == 0, res.stderr
+    lines = (tmp_path / "summary.txt").read_text().splitlines()
+    assert lines == [ln for ln in lines if ln.startswith("kernel_resources rc 124 in ")] != []
+    assert (tmp_path / "kernel_resources.log").exists()
 
 
 def test_loss_rows_are_checkpointed_one_by_one():

@@ -1,0 +1,26 @@
+#!/bin/bash
+# The next device call, prepared 2026-11-27 (session 16, no GPU lent): what issue 9 still needs
+# measured, most important first, each step under its own limit (bench/gpu_session.sh):
+#   1. the CUDA tests of the new Triton positives kernel and of the Triton loss engine (does it
+#      compile and hold its tolerances on the card), 2. the loss kernels' registers / spills as
+#      the image's triton compiles them (bench/kernel_resources.py found the LSE backward's
+#      fixed tile spilling 1.3 KB per thread with triton 3.9), 3. loss_profile rows at d 64 and
+#      128, N 20k and 100k, on every engine: the official variant on the Triton engine now runs
+#      the positives kernel (was 82-95 ms at 20k, 245 ms at 100k), the Triton kernels at d 128
+#      (never timed: TRITON_MAX_DIM), then the autotuned tiles, whose choice is recorded.
+# About 8 minutes of command time: run with the device tool's timeout_s = 560.
+#   A=$OUT; OUT=$A bash bench/gpu_next.sh
+set -u
+A=${OUT:?set OUT to the folder that comes back}
+R=${TMPDIR:-/tmp}/gpu_next
+rm -rf "$R" && mkdir -p "$R"
+s() { env OUT="$R/$1" "${@:2}" bash bench/gpu_session.sh; }
+s install STEPS=install
+s tests STEPS=tests TESTS_S=90 PYTEST_ARGS="-n 16 \
+  tests/test_balanced_contrastive_loss_positives.py tests/test_balanced_contrastive_loss.py \
+  tests/test_balanced_contrastive_loss_triton.py"
+s resources STEPS=resources RESOURCES_S=60
+s profile STEPS=profile PROFILE_S=300 PROFILE_ARGS="--sizes 20000:64 100000:64 20000:128 \
+  100000:128 --engines auto attention torch triton triton[tf32x3+autotune] --no-profile"
+tar czf "$A/next.tgz" -C "$R" . && cp "$R/profile/loss_profile.md" "$A/" 2>/dev/null
+cat "$R"/*/summary.txt
