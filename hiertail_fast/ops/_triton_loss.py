@@ -1,4 +1,5 @@
-"""The Triton loss kernels as a loss engine: which fp32 dot each call multiplies with.
+"""The Triton loss kernels as a loss engine: which fp32 dot each call multiplies with, and the
+official variant's positive-pair pass on its own kernel (``positive_pairs``, the same dots).
 
 ``kernels/balanced_contrastive_loss.py`` multiplies fp32 tiles either with IEEE fp32 FMAs
 ("ieee": exact products, no tensor cores) or with 3xTF32 tensor-core dots ("tf32x3": each

@@ -9,7 +9,9 @@ Factorisation (DESIGN.md §3), per level l and query row i of the level (s = z.z
 LSE_i = log sum_k w_k exp(s_ik) and M_i = max_k s_ik are the quadratic core, computed by a
 backend (``torch``: ``_lse_torch`` row blocks; ``triton``: ``kernels/balanced_contrastive_loss``).
 S_c are class sums (one index_add, O(N*d)); the official positive terms go through
-``_contrastive_pairs`` (positive pairs only). Hand-written backward, per-row coefficient g_i:
+``_contrastive_pairs`` (positive pairs only), read from the torch engine's own blocks
+(``_positive_blocks``), or, on the Triton engine, its positives kernel
+(``kernels/balanced_contrastive_loss_positives``). Hand-written backward, per-row coefficient g_i:
 
     exact:    dLSE coefficient g_i;  ds_ij (j in P(i)) = -g_i / n_i   (class-sum form)
     official: dLSE coefficient g_i r_i, r_i = exp(LSE_i - M_i - log D_i);
