@@ -45,6 +45,9 @@ TRITON_MODES = {
     "triton[autotune]": {"HIERTAIL_TRITON_AUTOTUNE": "1"},
     "triton[tf32x3+autotune]": {"HIERTAIL_TRITON_FP32_DOT": "tf32x3",
                                 "HIERTAIL_TRITON_AUTOTUNE": "1"},
+    # the LSE kernels on kernels/_utils.LEAN_TILES (the spill-free tile of kernel_resources.py),
+    # dots as the engine picks them (3xTF32 for fp32 where precise, native for 16-bit)
+    "triton[lean]": {"HIERTAIL_TRITON_TILES": "lean"},
 }
 
 

@@ -37,9 +37,9 @@ from hiertail_fast._files import unwritable_dir_reason  # noqa: E402
 POSITIVE_PLANS = {"torch+band": {"HIERTAIL_POSITIVES": "band"},
                   "torch+slices": {"HIERTAIL_POSITIVES": "slices"}}
 ENGINES = ("auto", "attention", "torch", "torch+slices", "triton", "triton[tf32x3]",
-           "triton[tf32x3+autotune]")
+           "triton[lean]", "triton[tf32x3+autotune]")
 DEFAULT_ENGINES = ("auto", "attention", "torch", "torch+slices", "triton")
-BF16_ENGINES = ("auto", "attention", "torch", "triton")     # (16-bit: no fp32-dot modes)
+BF16_ENGINES = ("auto", "attention", "torch", "triton", "triton[lean]")  # (no fp32-dot modes)
 DEFAULT_SIZES = {"cuda": ["20000:64", "100000:64", "20000:128"], "cpu": ["200:16"]}
 SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
                "cudaMemcpy", "cudaMemcpyAsync")

@@ -20,6 +20,17 @@ FP32_DOT_ENV = "HIERTAIL_TRITON_FP32_DOT"
 # first call of each shape); default "0": the fixed tiles of `pair_blocks`.
 AUTOTUNE_ENV = "HIERTAIL_TRITON_AUTOTUNE"
 _ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+# The fixed tiles of the LSE kernels on a GPU: "fixed" (default: `pair_blocks`' table, the tiles
+# behind the H200 figures), "lean" (LEAN_TILES) or an explicit "BLOCK_MxBLOCK_NxWARPS" such as
+# "128x64x8"; for A/B timing of a tile without autotuning's compile-everything first call. Under
+# the interpreter the square tiles stay (DOT_CR needs them).
+TILES_ENV = "HIERTAIL_TRITON_TILES"
+# 64 x 32 with 8 warps: the tile the compiled code favours (bench/kernel_resources.py, sm_90,
+# triton 3.6 and 3.9): no register spill in any fp32 / bf16 LSE kernel at d = 64 (the fixed
+# 128 x 64 x 4 backward spills 1,072 bytes per thread in fp32) and the least of the 8-warps-per-SM
+# tiles at d = 128. Not yet timed: a candidate for the next GPU run (loss_profile's
+# "triton[tf32x3+lean]" rows), not the default.
+LEAN_TILES = (64, 32, 8)
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) tried by the autotuner: FlashAttention-like tiles
 # around `pair_blocks`' choices. Configs that do not fit a GPU's registers / shared memory are
 # skipped by triton's autotuner (it times them as infinitely slow).
@@ -70,17 +81,41 @@ def feature_block(d: int, max_block: int = 256) -> int:
     return min(max(16, triton.next_power_of_2(int(d))), max_block)
 
 
+def tile_override(value: str | None = None) -> tuple[int, int, int] | None:
+    """The tile $HIERTAIL_TRITON_TILES (or `value`) asks for, None for the fixed table."""
+    raw = (os.environ.get(TILES_ENV, "") if value is None else value).strip().lower()
+    if raw in ("", "fixed"):
+        return None
+    if raw == "lean":
+        return LEAN_TILES
+    parts = raw.split("x")
+    try:
+        block_m, block_n, warps = (int(v) for v in parts)
+    except ValueError:
+        block_m = block_n = warps = 0
+    pow2 = lambda v: v > 0 and v & (v - 1) == 0  # noqa: E731
+    if not (16 <= block_m <= 256 and 16 <= block_n <= 256 and pow2(block_m) and pow2(block_n)
+            and warps in (1, 2, 4, 8, 16)):
+        raise ValueError(f"{TILES_ENV}={raw!r} is not 'fixed', 'lean' or BLOCK_MxBLOCK_NxWARPS "
+                         "(powers of two in 16..256, warps in 1, 2, 4, 8, 16; e.g. 128x64x8)")
+    return block_m, block_n, warps
+
+
 def pair_blocks(n: int, d_pad: int, on_gpu: bool) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for kernels that stream tiles of Z·Zᵀ (contrastive LSE).
 
     GPU: FlashAttention-like tiles, smaller when the [BLOCK_M, d_pad] fp32 accumulator of the
-    backward grows (the fixed default; $HIERTAIL_TRITON_AUTOTUNE=1 times TUNE_TILES instead).
+    backward grows (the fixed default; $HIERTAIL_TRITON_TILES picks another, see TILES_ENV;
+    $HIERTAIL_TRITON_AUTOTUNE=1 times TUNE_TILES instead).
     Interpreter (CPU tests): one tile as large as the problem allows up to 64, since every
     program costs Python overhead there (autotuning is never used under the interpreter).
     """
     if not on_gpu:
         block = min(64, max(16, triton.next_power_of_2(int(n))))
         return block, block, 4
+    override = tile_override()
+    if override is not None:
+        return override
     if d_pad <= 64:
         return 128, 64, 4
     if d_pad <= 128:

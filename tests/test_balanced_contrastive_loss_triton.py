@@ -312,6 +312,49 @@ def test_tune_configs_cover_the_fixed_tiles():
         assert m & (m - 1) == 0 and n & (n - 1) == 0 and w in (2, 4, 8) and s >= 1
 
 
+def test_tile_override_knob(monkeypatch):
+    """$HIERTAIL_TRITON_TILES: "fixed" / unset -> the table, "lean" -> LEAN_TILES (one of the
+    autotuner's candidates), "MxNxW" -> that tile, on a GPU only (the interpreter keeps its
+    square tiles); a bad value is a ValueError naming the variable."""
+    from hiertail_fast.kernels import _utils as u
+
+    monkeypatch.delenv(u.TILES_ENV, raising=False)
+    table = u.pair_blocks(10_000, 64, True)
+    for raw, want in (("", table), (" Fixed ", table), ("lean", u.LEAN_TILES),
+                      ("128x64x8", (128, 64, 8))):
+        monkeypatch.setenv(u.TILES_ENV, raw)
+        assert u.pair_blocks(10_000, 64, True) == want
+        assert u.pair_blocks(100, 64, False) == (64, 64, 4)
+    assert (*u.LEAN_TILES, 3) in u.TUNE_TILES
+    for bad in ("big", "128x64", "100x64x4", "128x64x3", "512x64x4", "8x64x4"):
+        monkeypatch.setenv(u.TILES_ENV, bad)
+        with pytest.raises(ValueError, match=u.TILES_ENV):
+            u.pair_blocks(10_000, 64, True)
+
+
+def test_lean_tiles(monkeypatch, triton_device):
+    """The LSE kernels on LEAN_TILES (64 x 32, 8 warps): forward (both variants' outputs) and,
+    on CUDA, the one-pass backward against the dense rule. Under the interpreter only the
+    forward runs them (its backward re-dots transposed tiles, which needs square ones)."""
+    from hiertail_fast.kernels import _utils as u
+
+    k = _kernels()
+    monkeypatch.setenv(u.TILES_ENV, "lean")
+    if triton_device == "cpu":
+        monkeypatch.setattr(k, "pair_blocks", lambda n, d_pad, on_gpu: u.LEAN_TILES)
+    n, d, levels, scale, norm = CASES[5]          # 300 rows: several 64-row blocks
+    z, log_w, grad = make_case(n, d, levels, norm, seed=9)
+    ref = dense(z, log_w, scale, grad, torch.float64)
+    low = dense(z, log_w, scale, grad, torch.float32)
+    zd, lwd, gd = (t.to(triton_device) for t in (z, log_w, grad))
+    lse, rowmax, _ = k.lse_forward(zd, lwd, scale, True)
+    assert_rule(lse, ref[0], low[0], torch.float32, "lse (lean tiles)")
+    assert_rule(rowmax, ref[1], low[1], torch.float32, "rowmax (lean tiles)")
+    if triton_device != "cpu":
+        dz = k.lse_backward(zd, lwd, lse, gd, scale)
+        assert_rule(dz, ref[3], low[3], torch.float32, "dz (lean tiles)")
+
+
 class _OneConfigTuner:
     """Stands in for triton's autotuner where none can run (the interpreter has no GPU to time
     on): 'tunes' to one given config, then launches exactly as the autotuner does (the grid
