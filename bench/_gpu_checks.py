@@ -48,7 +48,10 @@ TRITON_MODES = {
     # the LSE kernels on kernels/_utils.LEAN_TILES (the spill-free tile of kernel_resources.py),
     # dots as the engine picks them (3xTF32 for fp32 where precise, native for 16-bit)
     "triton[lean]": {"HIERTAIL_TRITON_TILES": "lean"},
+    # several levels in the kernels' shared-keys mode (one exp per entry for all levels)
+    "triton[shared]": {"HIERTAIL_TRITON_SHARED_LEVELS": "1"},
 }
+MULTI_LEVEL_MODES = {"triton[shared]"}     # modes that change nothing at one level
 
 
 def backend_of(label: str) -> str:

@@ -8,7 +8,8 @@
 #      128, N 20k and 100k, on every engine: the official variant on the Triton engine now runs
 #      the positives kernel (was 82-95 ms at 20k, 245 ms at 100k), the Triton kernels at d 128
 #      (never timed: TRITON_MAX_DIM), the LSE kernels on the spill-free "lean" tile
-#      (kernels/_utils.LEAN_TILES), then the autotuned tiles, whose choice is recorded.
+#      (kernels/_utils.LEAN_TILES), three levels in the shared-keys mode (one exp per entry for
+#      all levels), then the autotuned tiles, whose choice is recorded.
 # About 8 minutes of command time: run with the device tool's timeout_s = 560.
 #   A=$OUT; OUT=$A bash bench/gpu_next.sh
 set -u
@@ -22,7 +23,7 @@ s tests STEPS=tests TESTS_S=90 PYTEST_ARGS="-n 16 \
   tests/test_balanced_contrastive_loss_triton.py"
 s resources STEPS=resources RESOURCES_S=60
 s profile STEPS=profile PROFILE_S=300 PROFILE_ARGS="--sizes 20000:64 100000:64 20000:128 \
-  100000:128 --engines auto attention torch triton triton[lean] triton[tf32x3+autotune] \
-  --no-profile"
+  100000:128 --engines auto attention torch triton triton[lean] triton[shared] \
+  triton[tf32x3+autotune] --no-profile"
 tar czf "$A/next.tgz" -C "$R" . && cp "$R/profile/loss_profile.md" "$A/" 2>/dev/null
 cat "$R"/*/summary.txt

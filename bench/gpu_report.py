@@ -117,8 +117,8 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
     # time budget skips those first; the autotuned ones only at the first size (tuning compiles
     # every candidate tile: AUTOTUNE_NEED_S of budget)
     runs = [(label, levels) for levels in (1, 3) for label in gc.LOSS_FAST_BACKENDS]
-    runs += [("reference", 1)] + [(m, 1) for m in gc.loss_labels(dev)
-                                  if m not in gc.LOSS_FAST_BACKENDS]
+    runs += [("reference", 1)] + [(m, 3 if m in gc.MULTI_LEVEL_MODES else 1)
+                                  for m in gc.loss_labels(dev) if m not in gc.LOSS_FAST_BACKENDS]
     for n, d in cases:
         z, y, protos = inputs[n, d]
         for variant in ("exact", "official"):

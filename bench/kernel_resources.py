@@ -14,8 +14,9 @@ release may allocate differently), and whether a spill-free tile is faster is fo
 memory per block, and the warps an SM could hold by those (estimate: 64K registers in 256-register
 warp granules, the arch's shared memory per SM less 1 KB per block, 2,048 threads).
 
-Kernels: the LSE forward (exact: no row max; official: NEED_MAX), the one-pass LSE backward, the
-official positives' sums and gradient passes; every tile of ``kernels/_utils.TUNE_TILES`` plus
+Kernels: the LSE forward (exact: no row max; official: NEED_MAX), the one-pass LSE backward (and
+both in the shared-keys mode of several levels), the official positives' sums and gradient
+passes; every tile of ``kernels/_utils.TUNE_TILES`` plus
 the fixed one (marked *: ``pair_blocks`` for the LSE kernels, ``GPU_TILES`` for the
 positives). fp32 inputs with 3xTF32 dots (the engine's fp32 mode on a GPU) and, with
 ``--dtypes bf16``, bf16 inputs. Writes DIR/kernel_resources.{json,md} atomically.
@@ -42,18 +43,21 @@ from hiertail_fast._files import atomic_path, unwritable_dir_reason  # noqa: E40
 # shared memory per SM (bytes) and its per-block reservation, by compute capability
 SMEM_PER_SM = {80: 167936, 86: 102400, 89: 102400, 90: 233472}
 REGS_PER_SM, REG_GRANULE, MAX_THREADS = 65536, 256, 2048
-KERNELS = ("lse fwd", "lse fwd+max", "lse bwd", "pos sums", "pos dz")
+KERNELS = ("lse fwd", "lse fwd+max", "lse bwd", "lse fwd shared", "lse bwd shared", "pos sums",
+           "pos dz")
 _PTR = {"fp32": "*fp32", "bf16": "*bf16"}
 
 
 def _signature(kernel: str, dtype: str) -> dict:
     z = _PTR[dtype]
     if kernel.startswith("lse fwd"):
-        return dict(Z=z, LOG_W="*fp32", LSE="*fp32", ROWMAX="*fp32", ARGMAX="*i64", N="i32",
+        return dict(Z=z, LOG_W="*fp32", SHIFT="*fp32", LSE="*fp32", CMAX="*fp32",
+                    ROWMAX="*fp32", ARGMAX="*i64", N="i32", N_COMMON="i32", D="i32",
+                    stride_z="i32", scale="fp32")
+    if kernel.startswith("lse bwd"):
+        return dict(Z=z, LOG_W="*fp32", SHIFT="*fp32", REF="*fp32", COEF="*fp32", LSE="*fp32",
+                    GRAD="*fp32", PARTIAL="*fp32", DZ="*fp32", N="i32", N_COMMON="i32",
                     D="i32", stride_z="i32", scale="fp32")
-    if kernel == "lse bwd":
-        return dict(Z=z, LOG_W="*fp32", LSE="*fp32", GRAD="*fp32", PARTIAL="*fp32",
-                    DZ="*fp32", N="i32", D="i32", stride_z="i32", scale="fp32")
     return dict(Z=z, ORDER="*i64", LO="*i32", HI="*i32", ROWMAX="*fp32", TIE="*fp32",
                 UID="*i64", UID_MAX="*i64", COEF="*fp32", T="*fp32", Q="*fp32", DZ="*fp32",
                 N="i32", D="i32", stride_z="i32", scale="fp32", eps="fp32")
@@ -68,13 +72,14 @@ def _constexprs(kernel: str, dtype: str, d_pad: int, levels: int, tile) -> dict:
                                 "tf32x3")
     l_pad = max(2, 1 << (levels - 1).bit_length())
     common = dict(D_PAD=d_pad, BLOCK_M=block_m, BLOCK_N=block_n, UPCAST=False)
+    shared = kernel.endswith("shared")
     if kernel.startswith("lse fwd"):
         return dict(common, NUM_LEVELS=levels, L_PAD=l_pad, NEED_MAX=kernel.endswith("max"),
-                    DOT_PRECISION=s_dot)
-    if kernel == "lse bwd":
+                    DOT_PRECISION=s_dot, SHARED=shared)
+    if kernel.startswith("lse bwd"):
         return dict(common, NUM_LEVELS=levels, L_PAD=l_pad, QUERY_SIDE=True, KEY_SIDE=True,
                     ADD_PARTIAL=False, DOT_PRECISION=s_dot, GRAD_DOT_PRECISION=dot,
-                    DOT_RC=True, DOT_CR=False)
+                    DOT_RC=True, DOT_CR=False, SHARED=shared)
     return dict(common, NEED_SUMS=kernel == "pos sums", NEED_DZ=kernel == "pos dz",
                 INCLUDE_SELF=True, DOT_PRECISION=s_dot,
                 GRAD_DOT_PRECISION="tf32x3" if dtype == "fp32" else "ieee")
@@ -85,7 +90,7 @@ def _function(kernel: str):
         from hiertail_fast.kernels import balanced_contrastive_loss_positives as k
         return k._positive_pairs_kernel
     from hiertail_fast.kernels import balanced_contrastive_loss as k
-    return (k._balanced_contrastive_loss_bwd_kernel if kernel == "lse bwd"
+    return (k._balanced_contrastive_loss_bwd_kernel if kernel.startswith("lse bwd")
             else k._balanced_contrastive_loss_fwd_kernel)
 
 
@@ -158,7 +163,8 @@ def jobs(args) -> list[dict]:
                     fixed = (*(pair_blocks(1 << 20, d_pad, True) if lse else GPU_TILES), 3)
                     tiles = [fixed] + [t for t in TUNE_TILES
                                        if t != fixed and not args.fixed_only]
-                    for levels in (args.levels if lse else [1]):
+                    levels_of = [lv for lv in args.levels if lv > 1 or "shared" not in kernel]
+                    for levels in (levels_of if lse else [1]):
                         out += [dict(arch=arch, dtype=dtype, d_pad=d_pad, kernel=kernel,
                                      levels=levels, tile=t, fixed=t == fixed) for t in tiles]
     return out

@@ -20,6 +20,10 @@ FP32_DOT_ENV = "HIERTAIL_TRITON_FP32_DOT"
 # first call of each shape); default "0": the fixed tiles of `pair_blocks`.
 AUTOTUNE_ENV = "HIERTAIL_TRITON_AUTOTUNE"
 _ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+# "1": the LSE kernels' shared-keys mode for several levels (the loss passes n_common, the rows
+# visible in every level: one exp per entry for all levels instead of one per level, see the
+# kernels' docstring); default "0" until a GPU has timed it (loss_profile's "triton[shared]").
+SHARED_LEVELS_ENV = "HIERTAIL_TRITON_SHARED_LEVELS"
 # The fixed tiles of the LSE kernels on a GPU: "fixed" (default: `pair_blocks`' table, the tiles
 # behind the H200 figures), "lean" (LEAN_TILES) or an explicit "BLOCK_MxBLOCK_NxWARPS" such as
 # "128x64x8"; for A/B timing of a tile without autotuning's compile-everything first call. Under
@@ -64,6 +68,18 @@ def autotune_requested(value: bool | None = None) -> bool:
     if raw in _OFF:
         return False
     raise ValueError(f"{AUTOTUNE_ENV}={raw!r} is not one of 1/0 (true/false, yes/no, on/off)")
+
+
+def shared_levels_requested() -> bool:
+    """Whether the loss runs several levels in the shared-keys mode ($HIERTAIL_TRITON_SHARED_LEVELS,
+    "1"/"0", default "0")."""
+    raw = os.environ.get(SHARED_LEVELS_ENV, "").strip().lower()
+    if raw in _ON:
+        return True
+    if raw in _OFF:
+        return False
+    raise ValueError(f"{SHARED_LEVELS_ENV}={raw!r} is not one of 1/0 (true/false, yes/no, "
+                     "on/off)")
 
 
 def interpreting() -> bool:

@@ -15,6 +15,20 @@ once and updates L running (max, sum) pairs held in [BLOCK_M, L_PAD] registers, 
 work does not grow with L; `fuse_levels=False` is the simple version (a grid axis over levels
 that recomputes the tile), kept to cross-check the fused one and for A/B timing on a GPU.
 
+Shared-keys mode (``n_common``, opt-in, untimed on a GPU: $HIERTAIL_TRITON_SHARED_LEVELS=1 in
+the loss): the fused loop above still pays one exp per entry PER LEVEL. When the first
+n_common keys are visible in every level (the multi-level loss's embedding rows; only the
+prototypes are level-specific), their full tiles take ONE exp per entry for all levels:
+Σ_k w_lk e^{s_ik} = e^{m_i + c_l} Σ_k e^{s_ik - m_i} w'_lk (m_i the running max over those keys,
+c_l the level's largest common log-weight, w' = e^{log w - c} <= 1, summed by L multiply-adds);
+the remaining keys run the per-level loop. The forward stores lse as the pair (m, δ = lse - m),
+returned as float64 m + δ, because one fp32 lse rounds to ~0.008 at |s| ~ 1e5 and the backward
+must see the forward's numbers. The backward factors the same way, two exps per entry
+(query side, key side) whatever L: W_rc = e^{s_rc - R_r} Σ_l a_lr w'_lc + e^{s_cr - R_c} Σ_l
+w'_lr a_lc with a = g e^{R + c - lse} computed by the launcher in float64 and R an fp32
+reference per row (min over levels of lse - c); no overflow since s_rc - R_r is at most the log
+of the weights' spread. Exps per entry at L levels: L + 2L -> 1 + 2.
+
 Backward (`lse_backward`) of Σ_{l,i} g[l,i]·lse[l,i], with p_lik = exp(scale·s_ik + log_w[l,k]
 − lse[l,i]) recomputed from the saved lse (FlashAttention-2 style, O(N·d) memory):
     query side  dz_i += scale·Σ_l g_li Σ_k p_lik z_k,
@@ -59,9 +73,12 @@ Measured on an NVIDIA H200 (torch 2.11, triton 3.6, 2026-11-27, bench/loss_profi
 of the whole loss, d = 64, 3xTF32 dots, fixed tiles): exact 1 level 10.2 / 32.4 / 121 ms at N =
 20k / 50k / 100k (0.66 / 0.50 / 0.47x SDPA fp32 fwd+bwd; 1.01x the cuBLAS 3-GEMM floor at 100k),
 3 levels 22.6 / 67.9 / 238 ms; with "ieee" dots 258 ms at 20k. Not measured yet: d = 128,
-the autotuned tiles, ``fuse_levels=False`` / ``two_pass=True`` against the defaults.
+the autotuned tiles, ``fuse_levels=False`` / ``two_pass=True`` against the defaults, the
+shared-keys mode, the "lean" tiles ($HIERTAIL_TRITON_TILES, ``_utils.LEAN_TILES``).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -75,11 +92,12 @@ _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 @triton.jit
 def _balanced_contrastive_loss_fwd_kernel(
-    Z, LOG_W, LSE, ROWMAX, ARGMAX,
-    N, D, stride_z, scale,
+    Z, LOG_W, SHIFT, LSE, CMAX, ROWMAX, ARGMAX,
+    N, N_COMMON, D, stride_z, scale,
     NUM_LEVELS: tl.constexpr, L_PAD: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NEED_MAX: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    SHARED: tl.constexpr,
 ):
     # grid = (cdiv(N, BLOCK_M), L // NUM_LEVELS): this program owns rows offs_m for levels
     # level0 .. level0 + NUM_LEVELS - 1 (NUM_LEVELS = L when fused, 1 when not).
@@ -98,7 +116,38 @@ def _balanced_contrastive_loss_fwd_kernel(
     l_run = tl.zeros([BLOCK_M, L_PAD], tl.float32)
     rmax = tl.full([BLOCK_M, L_PAD], float("-inf"), tl.float32)
     ridx = tl.zeros([BLOCK_M, L_PAD], tl.int32)
-    for start_n in range(0, N, BLOCK_N):
+    tail = 0
+    if SHARED:
+        # Keys [0, N_COMMON) are visible in every level (see `lse_forward`'s n_common): ONE exp
+        # per entry serves all levels, Σ_k w_lk e^{s_ik} = e^{m_i + c_l} Σ_k e^{s_ik - m_i} w'_lk
+        # with m_i the running max over these keys and w' = e^{log w - c_l} <= 1 (c_l = SHIFT:
+        # the level's largest common log-weight). Full tiles only; the rest runs the loop below.
+        tail = (N_COMMON // BLOCK_N) * BLOCK_N
+        c_sh = tl.load(SHIFT + level0 + cols, mask=cols < NUM_LEVELS, other=0.0)
+        m_c = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_c = tl.zeros([BLOCK_M, L_PAD], tl.float32)
+        for start_n in range(0, tail, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            k = tl.load(Z + offs_n.to(tl.int64)[:, None] * stride_z + offs_d[None, :],
+                        mask=d_valid[None, :], other=0.0)
+            if UPCAST:
+                k = k.to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
+            tile_max = tl.max(s, 1)
+            m_new = tl.maximum(m_c, tile_max)
+            e = tl.exp(s - m_new[:, None])
+            l_c = l_c * tl.exp(m_c - m_new)[:, None]
+            for j in tl.static_range(NUM_LEVELS):
+                c_j = tl.sum(tl.where(cols == j, c_sh, 0.0), 0)
+                w_j = tl.exp(tl.load(LOG_W + (level0 + j) * N + offs_n) - c_j)
+                l_c += tl.where((cols == j)[None, :], tl.sum(e * w_j[None, :], 1)[:, None], 0.0)
+            if NEED_MAX:  # the unweighted max over common keys is m itself; first arg-max
+                tile_arg = tl.min(tl.where(s == tile_max[:, None], offs_n[None, :], N), 1)
+                better = (tile_max > m_c)[:, None]
+                rmax = tl.where(better, tile_max[:, None], rmax)
+                ridx = tl.where(better, tile_arg[:, None], ridx)
+            m_c = m_new
+    for start_n in range(tail, N, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < N
         k = tl.load(Z + offs_n.to(tl.int64)[:, None] * stride_z + offs_d[None, :],
@@ -130,6 +179,22 @@ def _balanced_contrastive_loss_fwd_kernel(
                 ridx = tl.where(better, tile_arg[:, None], ridx)
     # l_run = 0 exactly when the row saw no visible key (m_run = −inf)
     lse = tl.where(l_run > 0, m_run + tl.log(tl.where(l_run > 0, l_run, 1.0)), float("-inf"))
+    if SHARED:
+        # lse = m + δ stored as the pair (CMAX = m, LSE = δ): δ has the magnitude of log N, not
+        # of |s|, so the backward recomputes p to fp32 precision at |s| ~ 1e5 (a single fp32
+        # lse there is rounded to ~0.008). Common part δ_c = c + log l_c, the rest relative to
+        # m; log-added. (rmax / ridx: common first, the rest only if strictly greater.)
+        m_ref = tl.where(m_c == float("-inf"), 0.0, m_c)
+        rel_c = tl.where(l_c > 0, c_sh[None, :] + tl.log(tl.where(l_c > 0, l_c, 1.0)),
+                         float("-inf"))
+        rel_t = lse - m_ref[:, None]
+        top = tl.maximum(rel_c, rel_t)
+        top_ref = tl.where(top == float("-inf"), 0.0, top)
+        both = tl.exp(rel_c - top_ref) + tl.exp(rel_t - top_ref)
+        lse = tl.where(top == float("-inf"), float("-inf"),
+                       top_ref + tl.log(tl.where(top == float("-inf"), 1.0, both)))
+        if tl.program_id(1) == 0:
+            tl.store(CMAX + offs_m, m_ref, mask=m_valid)
     out = (level0 + cols)[None, :] * N + offs_m[:, None]
     out_mask = m_valid[:, None] & (cols < NUM_LEVELS)[None, :]
     tl.store(LSE + out, lse, mask=out_mask)
@@ -140,13 +205,13 @@ def _balanced_contrastive_loss_fwd_kernel(
 
 @triton.jit
 def _balanced_contrastive_loss_bwd_kernel(
-    Z, LOG_W, LSE, GRAD, PARTIAL, DZ,
-    N, D, stride_z, scale,
+    Z, LOG_W, SHIFT, REF, COEF, LSE, GRAD, PARTIAL, DZ,
+    N, N_COMMON, D, stride_z, scale,
     NUM_LEVELS: tl.constexpr, L_PAD: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     QUERY_SIDE: tl.constexpr, KEY_SIDE: tl.constexpr, ADD_PARTIAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr, GRAD_DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    DOT_RC: tl.constexpr, DOT_CR: tl.constexpr,
+    DOT_RC: tl.constexpr, DOT_CR: tl.constexpr, SHARED: tl.constexpr,
 ):
     # One program per block of rows r; it loops over all column tiles c and accumulates
     #   dz_r = scale · Σ_c W_rc z_c,
@@ -176,7 +241,53 @@ def _balanced_contrastive_loss_bwd_kernel(
     lse_r = tl.where(lse_r > float("-inf"), lse_r, float("inf"))
     lw_r = tl.load(LOG_W + lvl, mask=lvl_mask, other=float("-inf"))
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-    for start_n in range(0, N, BLOCK_N):
+    tail = 0
+    if SHARED:
+        # A row block of common keys against full tiles of common keys (see the forward):
+        # p_lrc = e^{s_rc - R_r} · w'_lc · e^{R_r + c_l - lse_lr} (R: an fp32 reference per row,
+        # REF, ~min_l (lse_lr - c_l)), so one exp per entry and side serves every level:
+        #   W_rc = e^{s_rc - R_r} Σ_l a_lr w'_lc + e^{s_cr - R_c} Σ_l w'_lr a_lc,
+        # a = g e^{R + c - lse} (COEF, from the launcher in float64 from the forward's exact
+        # m + δ: precise where s - R and R + c - lse are each rounded to |s|'s ulp), w' =
+        # e^{log w - c} <= 1. No overflow: s_rc + log w_lc <= lse_lr at every level gives
+        # s_rc - R_r <= max_l (c_l - log w_lc) + rounding: the log of the weights' spread.
+        common_rows = (tl.program_id(0) + 1) * BLOCK_M <= N_COMMON
+        tail = tl.where(common_rows, (N_COMMON // BLOCK_N) * BLOCK_N, 0)
+        c_sh = tl.load(SHIFT + cols, mask=cols < NUM_LEVELS, other=0.0)
+        ref_r = tl.load(REF + offs_m, mask=m_valid, other=0.0)
+        a_r = tl.load(COEF + lvl, mask=lvl_mask, other=0.0)
+        wk_r = tl.exp(lw_r - c_sh[None, :])                       # rows as keys: w'_lr
+        for start_n in range(0, tail, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            k = tl.load(Z + offs_n.to(tl.int64)[:, None] * stride_z + offs_d[None, :],
+                        mask=d_valid[None, :], other=0.0)
+            if UPCAST:
+                k = k.to(tl.float32)
+            s_rc = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
+            if DOT_CR:
+                s_cr = tl.trans(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)) * scale
+            else:
+                s_cr = s_rc
+            ref_c = tl.load(REF + offs_n)
+            qa = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            kb = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for j in tl.static_range(NUM_LEVELS):
+                sel = (cols == j)[None, :]
+                c_j = tl.sum(tl.where(cols == j, c_sh, 0.0), 0)
+                col = j * N + offs_n
+                if QUERY_SIDE:
+                    wk_c = tl.exp(tl.load(LOG_W + col) - c_j)
+                    qa += tl.sum(tl.where(sel, a_r, 0.0), 1)[:, None] * wk_c[None, :]
+                if KEY_SIDE:
+                    a_c = tl.load(COEF + col)
+                    kb += tl.sum(tl.where(sel, wk_r, 0.0), 1)[:, None] * a_c[None, :]
+            w = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            if QUERY_SIDE:
+                w += tl.exp(s_rc - ref_r[:, None]) * qa
+            if KEY_SIDE:
+                w += tl.exp(s_cr - ref_c[None, :]) * kb
+            acc = tl.dot(w, k.to(tl.float32), acc, input_precision=GRAD_DOT_PRECISION)
+    for start_n in range(tail, N, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < N
         k = tl.load(Z + offs_n.to(tl.int64)[:, None] * stride_z + offs_d[None, :],
@@ -248,8 +359,8 @@ def _precisions(dtype: torch.dtype, on_cuda: bool, fp32_dot: str = "ieee"
 # compile-time mode (the keys); the chosen config is reused by every later call with that key.
 _TUNED: dict[str, object] = {}
 _TUNE_KEYS = {
-    "fwd": ["N", "D", "NUM_LEVELS", "NEED_MAX", "DOT_PRECISION"],
-    "bwd": ["N", "D", "NUM_LEVELS", "QUERY_SIDE", "KEY_SIDE", "DOT_PRECISION"],
+    "fwd": ["N", "D", "NUM_LEVELS", "NEED_MAX", "DOT_PRECISION", "SHARED"],
+    "bwd": ["N", "D", "NUM_LEVELS", "QUERY_SIDE", "KEY_SIDE", "DOT_PRECISION", "SHARED"],
 }
 
 
@@ -281,9 +392,41 @@ def _use_autotune(z: torch.Tensor, autotune: bool | None) -> bool:
     return autotune_requested(autotune) and z.is_cuda and not interpreting()
 
 
+def _shared_shift(log_w: torch.Tensor, n_common: int) -> torch.Tensor | None:
+    """[L] fp32 c_l = max of log_w[l, :n_common] for the shared-keys mode (None when off), after
+    checking its precondition: every one of those keys visible in every level (one host sync;
+    a key hidden everywhere would be unbounded against the backward's reference)."""
+    n = log_w.shape[1]
+    if not isinstance(n_common, int) or isinstance(n_common, bool) or not 0 <= n_common <= n:
+        raise ValueError(f"n_common must be an int in [0, N = {n}], got {n_common!r}")
+    if n_common == 0:
+        return None
+    head = log_w[:, :n_common].to(torch.float32)
+    if not bool(torch.isfinite(head).all()):
+        raise ValueError(f"n_common = {n_common}: the first n_common keys must be visible "
+                         "(finite log_w) in every level")
+    return head.max(dim=1).values.contiguous()
+
+
+def _shared_coefficients(lse: torch.Tensor, grad_lse: torch.Tensor, shift: torch.Tensor):
+    """(R [N] fp32, a [L, N] fp32) of the backward's shared-keys tiles: R_r = min over the
+    row's live levels of lse - c (an fp32 reference, 0 for a dead row), a = g e^{R + c - lse}
+    (0 where lse = -inf), computed in float64 from the forward's m + δ."""
+    lse64 = lse.double()
+    live = torch.isfinite(lse64)
+    rel = torch.where(live, lse64 - shift.double()[:, None], torch.full_like(lse64, math.inf))
+    ref = rel.min(dim=0).values
+    ref = torch.where(torch.isfinite(ref), ref, torch.zeros_like(ref)).float()
+    arg = torch.where(live, ref.double()[None, :] + shift.double()[:, None] - lse64,
+                      torch.zeros_like(lse64))
+    coef = torch.where(live, grad_lse.double() * torch.exp(arg), torch.zeros_like(lse64))
+    return ref.contiguous(), coef.float().contiguous()
+
+
 def lse_forward(
     z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool, *,
     fuse_levels: bool = True, fp32_dot: str | None = None, autotune: bool | None = None,
+    n_common: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Weighted log-sum-exp of scale·Z·Zᵀ for every level, without storing N×N.
 
@@ -298,8 +441,12 @@ def lse_forward(
             $HIERTAIL_TRITON_FP32_DOT, else "ieee"; see the module docstring).
         autotune: time ``_utils.TUNE_TILES`` on CUDA instead of the fixed tiles (default
             $HIERTAIL_TRITON_AUTOTUNE, else off).
+        n_common: the first n_common keys are visible in every level (checked): their tiles
+            take ONE exp per entry for all levels instead of one per level (the shared-keys
+            mode, see the kernel; the multi-level loss's embedding rows come first). 0: off.
     Returns:
-        lse [L, N] fp32 (−inf for a row with no visible key), rowmax [L, N] fp32 =
+        lse [L, N] fp32 (float64 with n_common: m + δ to fp32 precision of δ; pass it as
+        is to `lse_backward`) (−inf for a row with no visible key), rowmax [L, N] fp32 =
         max_{k visible} scale·z_i·z_k (−inf if none) and argmax [L, N] int64 (lowest index
         among ties, 0 if none) when need_max, else None, None.
     """
@@ -315,19 +462,24 @@ def lse_forward(
         return lse, rowmax, argmax
     d_pad = feature_block(d)
     per_program = num_levels if fuse_levels else 1
-    args = (z, log_w, lse, rowmax if need_max else lse, argmax if need_max else lse,
-            n, d, z.stride(0), float(scale))
+    shift = _shared_shift(log_w, n_common)
+    cmax = torch.empty(n, dtype=torch.float32, device=z.device) if shift is not None else lse
+    args = (z, log_w, lse if shift is None else shift, lse, cmax, rowmax if need_max else lse,
+            argmax if need_max else lse, n, n_common, d, z.stride(0), float(scale))
     meta = dict(NUM_LEVELS=per_program, L_PAD=max(2, triton.next_power_of_2(per_program)),
-                D_PAD=d_pad, NEED_MAX=bool(need_max), DOT_PRECISION=s_prec, UPCAST=upcast)
+                D_PAD=d_pad, NEED_MAX=bool(need_max), DOT_PRECISION=s_prec, UPCAST=upcast,
+                SHARED=shift is not None)
     _launch("fwd", n, num_levels // per_program, pair_blocks(n, d_pad, z.is_cuda), tune, args,
             meta)
+    if shift is not None:           # the kernel wrote (m, δ): lse = m + δ, kept in float64
+        lse = cmax.double()[None, :] + lse.double()
     return lse, rowmax, argmax
 
 
 def lse_backward(
     z: torch.Tensor, log_w: torch.Tensor, lse: torch.Tensor, grad_lse: torch.Tensor,
     scale: float, *, two_pass: bool = False, out_dtype: torch.dtype | None = None,
-    fp32_dot: str | None = None, autotune: bool | None = None,
+    fp32_dot: str | None = None, autotune: bool | None = None, n_common: int = 0,
 ) -> torch.Tensor:
     """Gradient of Σ_{l,i} grad_lse[l,i]·lse[l,i] with respect to z (both sides of s = Z·Zᵀ).
 
@@ -339,8 +491,8 @@ def lse_backward(
         out_dtype: dtype of dz (default z's). The loss asks for float32, so the LSE part of a
             16-bit input's gradient is not rounded to 16 bits before the other parts (which it
             can cancel) are added.
-        fp32_dot, autotune: as in `lse_forward` (use the forward's fp32_dot: the one-pass
-            backward relies on recomputing the forward's scores exactly).
+        fp32_dot, autotune, n_common: as in `lse_forward` (use the forward's fp32_dot: the
+            one-pass backward relies on recomputing the forward's scores exactly).
     Returns:
         dz [N, d] in out_dtype (fp32 accumulation), deterministic run to run.
     """
@@ -352,16 +504,19 @@ def lse_backward(
     tune = _use_autotune(z, autotune)
     z = z.contiguous()
     log_w = log_w.to(torch.float32).contiguous()
-    lse = lse.to(torch.float32).contiguous()
-    grad_lse = grad_lse.to(torch.float32).contiguous()
     dz = torch.empty(n, d, dtype=out_dtype or z.dtype, device=z.device)
     if n == 0:
         return dz
+    shift = _shared_shift(log_w, n_common)
+    ref, coef = _shared_coefficients(lse, grad_lse, shift) if shift is not None else (dz, dz)
+    lse = lse.to(torch.float32).contiguous()
+    grad_lse = grad_lse.to(torch.float32).contiguous()
     d_pad = feature_block(d)
     tiles = pair_blocks(n, d_pad, z.is_cuda)
     common = dict(
         NUM_LEVELS=num_levels, L_PAD=max(2, triton.next_power_of_2(num_levels)), D_PAD=d_pad,
         DOT_PRECISION=s_prec, GRAD_DOT_PRECISION=w_prec, UPCAST=upcast,
+        SHARED=shift is not None,
     )
     # see DOT_CR in the kernel: the interpreter's numpy dot is not bitwise symmetric; on a
     # GPU each element of tl.dot accumulates the same products over k in the same order, so
@@ -369,8 +524,8 @@ def lse_backward(
     redot = not z.is_cuda
     if redot and tiles[0] != tiles[1]:
         raise AssertionError("DOT_CR needs square tiles to reproduce the forward's dots")
-    args = (z, log_w, lse, grad_lse)
-    tail = (n, d, z.stride(0), float(scale))
+    args = (z, log_w, lse if shift is None else shift, ref, coef, lse, grad_lse)
+    tail = (n, n_common, d, z.stride(0), float(scale))
     if not two_pass:
         _launch("bwd", n, 1, tiles, tune, (*args, dz, dz, *tail), dict(
             QUERY_SIDE=True, KEY_SIDE=True, ADD_PARTIAL=False, DOT_RC=True, DOT_CR=redot,

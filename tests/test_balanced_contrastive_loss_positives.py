@@ -319,3 +319,4 @@ def test_the_triton_engine_runs_its_own_positives(monkeypatch, triton_device, in
     torch.testing.assert_close(loss.double().cpu(), total.detach(), **t)
     torch.testing.assert_close(zf.grad.double().cpu(), zr.grad, **t)
     torch.testing.assert_close(pf[0].grad.double().cpu(), pr[0].grad, **t)
+

@@ -13,6 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hiertail_fast import hierarchical_contrastive_loss
+from hiertail_fast.reference import balanced_contrastive_loss_ref as contrastive_ref
 from tests.conftest import requires_triton, tol
 
 pytestmark = requires_triton
@@ -312,6 +314,81 @@ def test_tune_configs_cover_the_fixed_tiles():
         assert m & (m - 1) == 0 and n & (n - 1) == 0 and w in (2, 4, 8) and s >= 1
 
 
+SHARED_CASES = [  # n, d, levels, scale, norm, n_common
+    (130, 24, 3, 10.0, 3.0, 100),      # prefix not a multiple of the tile
+    (300, 24, 2, 10.0, 10.0, 290),
+    (70, 16, 3, 100.0, 30.0, 64),      # |s| up to ~9e4
+    (130, 64, 2, 1.0, 30.0, 130),      # every key common
+    (40, 8, 2, 10.0, 3.0, 20),         # no full common tile: the ordinary loop only
+]
+
+
+@pytest.mark.parametrize("n,d,levels,scale,norm,n_common", SHARED_CASES)
+def test_shared_keys_mode(n, d, levels, scale, norm, n_common, triton_device):
+    """n_common: the keys visible in every level take one exp per entry for all levels. Same
+    rule against float64 as the ordinary mode, forward (lse returned in float64 as m + δ, row
+    max, first arg-max) and both backward schedules, with the grid-over-levels forward too."""
+    k = _kernels()
+    z, log_w, grad = make_case(n, d, levels, norm, seed=11)
+    gen = torch.Generator().manual_seed(12)
+    log_w[:, :n_common] = -torch.rand(levels, n_common, generator=gen) * 3
+    z[n_common - 1] = z[1]            # a tie in the common max across tiles: first index wins
+    ref = dense(z, log_w, scale, grad, torch.float64)
+    low = dense(z, log_w, scale, grad, torch.float32)
+    zd, lwd, gd = (t.to(triton_device) for t in (z, log_w, grad))
+    for fuse in (True, False):
+        lse, rowmax, argmax = k.lse_forward(zd, lwd, scale, True, fuse_levels=fuse,
+                                            n_common=n_common)
+        assert lse.dtype == torch.float64
+        assert_rule(lse, ref[0], low[0], torch.float32, f"lse (shared, fuse={fuse})")
+        assert_rule(rowmax, ref[1], low[1], torch.float32, "rowmax (shared)")
+        plain = k.lse_forward(zd, lwd, scale, True, fuse_levels=fuse)
+        assert torch.equal(argmax, plain[2])
+    for two_pass in (False, True):
+        dz = k.lse_backward(zd, lwd, lse, gd, scale, two_pass=two_pass, n_common=n_common)
+        assert_rule(dz, ref[3], low[3], torch.float32, f"dz (shared, two_pass={two_pass})")
+
+
+def test_shared_keys_mode_ties(triton_device):
+    """Exact ties across common key tiles (integer embeddings: every dot exact) resolve to the
+    lowest index in the shared-keys mode too; a level-specific key after the prefix that ties
+    the common max does not take it (the rest of the keys win only if strictly greater)."""
+    k = _kernels()
+    n, d, scale = 150, 16, 0.5
+    z = torch.randint(-2, 3, (n, d), generator=torch.Generator().manual_seed(2)).float()
+    z[:, 0] = 3.0
+    z[[10, 70, 140]] = torch.full((d,), 3.0)   # the key most rows prefer, in 3 different tiles
+    log_w = -torch.rand(2, n, generator=torch.Generator().manual_seed(3))
+    log_w[1, 140:] = -INF                        # keys 140.. only in level 0: after the prefix
+    grad = torch.randn(2, n, generator=torch.Generator().manual_seed(4))
+    ref = dense(z, log_w, scale, grad, torch.float64)
+    low = dense(z, log_w, scale, grad, torch.float32)
+    zd, lwd, gd = (t.to(triton_device) for t in (z, log_w, grad))
+    lse, rowmax, argmax = k.lse_forward(zd, lwd, scale, True, n_common=140)
+    assert torch.equal(argmax.cpu(), ref[2])
+    tied = (ref[4][:, 10] == ref[1][0]) & (ref[4][:, 70] == ref[1][0])
+    assert tied.sum() > 10, "test setup: the duplicated key should tie across tiles"
+    assert_rule(lse, ref[0], low[0], torch.float32, "lse (shared, ties)")
+    dz = k.lse_backward(zd, lwd, lse, gd, scale, n_common=140)
+    assert_rule(dz, ref[3], low[3], torch.float32, "dz (shared, ties)")
+
+
+def test_shared_keys_mode_refuses_a_wrong_prefix(triton_device):
+    k = _kernels()
+    z, log_w, grad = make_case(50, 8, 2, 3.0)
+    log_w[:, :30] = 0.0
+    log_w[1, 10] = -INF                          # a key of the prefix hidden from level 1
+    zd, lwd = z.to(triton_device), log_w.to(triton_device)
+    with pytest.raises(ValueError, match="visible"):
+        k.lse_forward(zd, lwd, 1.0, False, n_common=30)
+    for bad in (-1, 51, True, 2.0):
+        with pytest.raises(ValueError, match="n_common"):
+            k.lse_forward(zd, lwd, 1.0, False, n_common=bad)
+    lse, _, _ = k.lse_forward(zd, lwd, 1.0, False, n_common=10)      # keys 0..9: fine
+    with pytest.raises(ValueError, match="visible"):
+        k.lse_backward(zd, lwd, lse, grad.to(triton_device), 1.0, n_common=11)
+
+
 def test_tile_override_knob(monkeypatch):
     """$HIERTAIL_TRITON_TILES: "fixed" / unset -> the table, "lean" -> LEAN_TILES (one of the
     autotuner's candidates), "MxNxW" -> that tile, on a GPU only (the interpreter keeps its
@@ -472,3 +549,54 @@ def test_the_loss_picks_its_fp32_dot_from_the_logits(monkeypatch, triton_device,
     if torch.cuda.is_available():
         cap = torch.cuda.get_device_capability()
         assert _triton_loss.tf32_cores(torch.device("cuda")) == (cap >= (8, 0))
+
+
+@pytest.mark.parametrize("variant", ["exact", "official"])
+def test_the_shared_keys_mode_through_the_loss(monkeypatch, triton_device, variant):
+    """$HIERTAIL_TRITON_SHARED_LEVELS=1: the hierarchical loss on the Triton engine hands its
+    embedding rows (visible in every level) to the kernels as the shared prefix, forward and
+    backward; values and gradients against the float64 reference. A bad value is a ValueError
+    naming the variable; one level never uses the mode."""
+    from hiertail_fast.kernels import _utils as u
+    from hiertail_fast.kernels import balanced_contrastive_loss as lse_k
+
+    seen = []
+    for name in ("lse_forward", "lse_backward"):
+        real = getattr(lse_k, name)
+
+        def spy(*args, real=real, name=name, **kw):
+            seen.append((name, kw.get("n_common", 0)))
+            return real(*args, **kw)
+
+        monkeypatch.setattr(lse_k, name, spy)
+    monkeypatch.setenv(u.SHARED_LEVELS_ENV, "1")
+    gen = torch.Generator().manual_seed(7)
+    z = torch.randn(150, 16, generator=gen) * 0.8
+    y = torch.randint(0, 6, (150,), generator=gen)
+    labels = [y, y // 2, y // 3]
+    protos = [torch.randn(6, 16, generator=gen), torch.randn(3, 16, generator=gen) * 3, None]
+    zf = z.to(triton_device, copy=True).requires_grad_()
+    pf = [p.to(triton_device, copy=True).requires_grad_() if p is not None else None
+          for p in protos]
+    loss = hierarchical_contrastive_loss(zf, [lab.to(triton_device) for lab in labels], pf,
+                                         temperature=0.2, variant=variant, backend="triton")
+    (loss * 2).backward()
+    assert seen == [("lse_forward", 150), ("lse_backward", 150)]
+    zr = z.double().requires_grad_()
+    pr = [p.double().requires_grad_() if p is not None else None for p in protos]
+    total = sum(contrastive_ref(zr, lab, prototypes=p, temperature=0.2, variant=variant)
+                for lab, p in zip(labels, pr, strict=True))
+    (total * 2).backward()
+    t = tol(torch.float32)
+    torch.testing.assert_close(loss.double().cpu(), total.detach(), **t)
+    torch.testing.assert_close(zf.grad.double().cpu(), zr.grad, **t)
+    for a, b in zip(pf[:2], pr[:2], strict=True):
+        torch.testing.assert_close(a.grad.double().cpu(), b.grad, **t)
+    seen.clear()
+    hierarchical_contrastive_loss(zf, [y.to(triton_device)], [pf[0]], temperature=0.2,
+                                  variant=variant, backend="triton").backward()
+    assert seen == [("lse_forward", 0), ("lse_backward", 0)]
+    monkeypatch.setenv(u.SHARED_LEVELS_ENV, "sometimes")
+    with pytest.raises(ValueError, match=u.SHARED_LEVELS_ENV):
+        hierarchical_contrastive_loss(zf, [lab.to(triton_device) for lab in labels], pf,
+                                      temperature=0.2, variant=variant, backend="triton")

@@ -81,17 +81,24 @@ def positive_pairs(z, gid, n_groups, row_max, arg_max, scale, include_self, coef
                               need_sums=need_sums, fp32_dot=fp32_dot)
 
 
-def lse_forward(z, log_w, scale, need_max, *, fp32_dot: str | None = None):
-    return _kernels().lse_forward(z, log_w, scale, need_max, fp32_dot=fp32_dot)
+def shared_levels() -> bool:
+    """Whether several levels run the kernels' shared-keys mode ($HIERTAIL_TRITON_SHARED_LEVELS,
+    validated by the kernels' own parser; off by default until timed on a GPU)."""
+    return importlib.import_module("hiertail_fast.kernels._utils").shared_levels_requested()
+
+
+def lse_forward(z, log_w, scale, need_max, *, fp32_dot: str | None = None, n_common: int = 0):
+    return _kernels().lse_forward(z, log_w, scale, need_max, fp32_dot=fp32_dot,
+                                  n_common=n_common)
 
 
 def lse_backward(z, log_w, lse, grad_lse, scale, *, fp32_dot: str | None = None,
-                 out_dtype: torch.dtype | None = None):
+                 out_dtype: torch.dtype | None = None, n_common: int = 0):
     """The kernels' backward with the forward's `fp32_dot` (its one-pass kernel recomputes the
-    forward's scores and relies on getting the same ones)."""
+    forward's scores and relies on getting the same ones) and shared-keys prefix."""
     return _kernels().lse_backward(z, log_w, lse, grad_lse, scale, fp32_dot=fp32_dot,
-                                   out_dtype=out_dtype)
+                                   out_dtype=out_dtype, n_common=n_common)
 
 
 __all__ = ["TF32X3_MAX_LOGIT", "fp32_dot", "lse_backward", "lse_forward", "positive_pairs",
-           "tf32_cores", "tf32x3_precise"]
+           "shared_levels", "tf32_cores", "tf32x3_precise"]

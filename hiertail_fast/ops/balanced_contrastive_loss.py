@@ -57,9 +57,11 @@ class _Levels:
     contrib: torch.Tensor      # [L, N] bool, rows with a non-empty positive set
     n_distinct: torch.Tensor   # [L] number of distinct labels = sum_k w_k
     full: list[bool]           # per level: every row is in it (no index lists needed)
+    n_common: int = 0          # rows [0, n_common) are in every level (the embeddings)
 
 
-def _make_levels(n: int, level_rows, include_self: bool, dtype, device) -> _Levels:
+def _make_levels(n: int, level_rows, include_self: bool, dtype, device,
+                 n_common: int = 0) -> _Levels:
     n_levels = len(level_rows)
     log_w = torch.full((n_levels, n), float("-inf"), dtype=dtype, device=device)
     gid = torch.full((n_levels, n), -1, dtype=torch.long, device=device)
@@ -75,7 +77,7 @@ def _make_levels(n: int, level_rows, include_self: bool, dtype, device) -> _Leve
     n_distinct = torch.tensor(n_groups, dtype=dtype, device=device)
     # rows are distinct indices (the ops build them): n of them cover every row
     full = [rows.numel() == n for rows, _ in level_rows]
-    return _Levels(log_w, gid, n_groups, n_pos, n_pos > 0, n_distinct, full)
+    return _Levels(log_w, gid, n_groups, n_pos, n_pos > 0, n_distinct, full, n_common)
 
 
 def _class_sum_term(z, lv: _Levels, scale, include_self, coef=None):
@@ -132,14 +134,14 @@ def _positive_terms(backend, zc, z_in, lv: _Levels, lev: int, rmax, amax, scale,
     return positive_pairs(zc, *args)
 
 
-def _lse_backward(mod, z_in, log_w, lse, grad_lse, scale, fp32_dot=None):
+def _lse_backward(mod, z_in, log_w, lse, grad_lse, scale, fp32_dot=None, n_common=0):
     """The engine's LSE gradient, in fp32 for the Triton kernels (16-bit inputs: not rounded to
     16 bits before the positive-pair part, which it can cancel, is added) with the forward's
-    fp32 dot."""
+    fp32 dot and shared-keys prefix."""
     if mod is _lse_torch or mod is _attention_lse:
         return mod.lse_backward(z_in, log_w, lse, grad_lse, scale)
     return mod.lse_backward(z_in, log_w, lse, grad_lse, scale, out_dtype=torch.float32,
-                            fp32_dot=fp32_dot)
+                            fp32_dot=fp32_dot, n_common=n_common)
 
 
 def loss_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -191,6 +193,12 @@ class BalancedContrastiveFunction(torch.autograd.Function):
         # one-pass kernel must recompute the forward's scores
         if fp32_dot is not None:
             kw["fp32_dot"] = fp32_dot
+        # several levels on the Triton kernels: the embedding rows, visible in every level,
+        # take one exp per entry for all levels when $HIERTAIL_TRITON_SHARED_LEVELS asks
+        n_common = (lv.n_common if backend == "triton" and lv.log_w.shape[0] > 1
+                    and _triton_loss.shared_levels() else 0)
+        if n_common:
+            kw["n_common"] = n_common
         if fused:
             def coef_fn(rows, lse_b, max_b):
                 g = base[:, rows]
@@ -237,7 +245,7 @@ class BalancedContrastiveFunction(torch.autograd.Function):
             out = (loss * base).sum()
         ctx.fused, ctx.reduction, ctx.official = fused, reduction, official
         ctx.scale, ctx.include_self, ctx.backend, ctx.lv = scale, include_self, backend, lv
-        ctx.z_dtype, ctx.fp32_dot = z.dtype, fp32_dot
+        ctx.z_dtype, ctx.fp32_dot, ctx.n_common = z.dtype, fp32_dot, n_common
         if fused:
             ctx.save_for_backward(dz)
         elif want_grad:
@@ -264,7 +272,7 @@ class BalancedContrastiveFunction(torch.autograd.Function):
             a = lse - rmax
             r = torch.exp(a - torch.logaddexp(a, log_eps_w))
             dz = _lse_backward(mod, z_in, log_w, lse, (g * r).to(log_w.dtype), scale,
-                               ctx.fp32_dot)
+                               ctx.fp32_dot, ctx.n_common)
             dz = dz.to(zc.dtype)
             for lev in range(lse.shape[0]):
                 dz += _positive_terms(ctx.backend, zc, z_in, lv, lev, rmax, amax, scale,
@@ -272,7 +280,8 @@ class BalancedContrastiveFunction(torch.autograd.Function):
                                       need_sums=False)[2]
             dz += _argmax_grad(zc, amax, g * (big_q * inv_n - r), scale)
         else:
-            dz = _lse_backward(mod, z_in, log_w, lse, g.to(log_w.dtype), scale, ctx.fp32_dot)
+            dz = _lse_backward(mod, z_in, log_w, lse, g.to(log_w.dtype), scale, ctx.fp32_dot,
+                               ctx.n_common)
             dz = dz.to(zc.dtype) + _class_sum_term(zc, lv, scale, ctx.include_self,
                                                    -(g * inv_n))[1]
         return dz.to(ctx.z_dtype), *nones
@@ -341,7 +350,7 @@ def balanced_contrastive_loss_op(
     n = z_all.shape[0]
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
     rows = torch.arange(n, device=z.device)
-    lv = _make_levels(n, [(rows, labels)], include_self, cdt, z.device)
+    lv = _make_levels(n, [(rows, labels)], include_self, cdt, z.device, n_common=n)
     return _apply(
         z_all, lv, 1.0 / float(temperature), bool(include_self), variant, reduction, choice,
         torch.is_grad_enabled() and z_all.requires_grad,
@@ -395,7 +404,7 @@ def hierarchical_contrastive_loss_op(
         off += m
     z_big = torch.cat(parts, dim=0) if len(parts) > 1 else z
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
-    lv = _make_levels(off, level_rows, include_self, cdt, z.device)
+    lv = _make_levels(off, level_rows, include_self, cdt, z.device, n_common=n)
     return _apply(
         z_big, lv, 1.0 / float(temperature), bool(include_self), variant, "mean", choice,
         torch.is_grad_enabled() and z_big.requires_grad,
