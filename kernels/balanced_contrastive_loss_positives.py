@@ -43,8 +43,7 @@ import triton.language as tl
 
 from ._utils import feature_block, pair_blocks
 from ._utils import fp32_dot as fp32_dot_precision
-from .balanced_contrastive_loss import _check as _check_z
-from .balanced_contrastive_loss import _precisions
+from .balanced_contrastive_loss import _SUPPORTED, _precisions
 
 OFFICIAL_EPS = 1e-7     # the official code's epsilon (ops/_contrastive_pairs.OFFICIAL_EPS)
 # (BLOCK_M, BLOCK_N, num_warps) on a GPU, every d. Chosen from the compiled code, not from
@@ -203,11 +202,17 @@ def positive_pairs(
         T [N] and Q [N] fp32 (None without need_sums; 0 for rows with no positive) and dz
         [N, d] fp32 or None.
     """
-    _check_z(z, gid[None])
+    if z.dim() != 2 or z.dtype not in _SUPPORTED:
+        raise TypeError(f"z must be a 2-D float32/float16/bfloat16 tensor, got {z.dtype} "
+                        f"with shape {tuple(z.shape)}")
     n, d = z.shape
+    if d > 256:
+        raise ValueError(f"the triton kernels support d <= 256, got d = {d}")
     for name, t in (("gid", gid), ("row_max", row_max), ("arg_max", arg_max)):
         if t.shape != (n,):
             raise ValueError(f"{name} must have shape ({n},), got {tuple(t.shape)}")
+        if t.device != z.device:
+            raise ValueError(f"{name} is on {t.device}, z on {z.device}")
     precision = fp32_dot_precision(fp32_dot)
     s_prec, _, upcast = _precisions(z.dtype, z.is_cuda, precision)
     w_prec = precision if z.dtype == torch.float32 else "ieee"

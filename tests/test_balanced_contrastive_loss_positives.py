@@ -266,6 +266,11 @@ def test_bad_input(triton_device):
         pos_k.positive_pairs(z, gid, 1, m[:5], gid, 1.0, True)
     with pytest.raises(ValueError, match="fp32_dot"):
         pos_k.positive_pairs(z, gid, 1, m, gid, 1.0, True, fp32_dot="tf32")
+    with pytest.raises(ValueError, match="d <= 256"):
+        pos_k.positive_pairs(torch.zeros(6, 257, device=triton_device), gid, 1, m, gid, 1.0,
+                             True)
+    with pytest.raises(TypeError, match="2-D"):
+        pos_k.positive_pairs(z[0], gid, 1, m, gid, 1.0, True)
 
 
 def test_row_ids():
