@@ -91,6 +91,17 @@ _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
+def _key_tile(Z, offs_n, n_valid, offs_d, d_valid, stride_z, UPCAST: tl.constexpr):
+    """Rows offs_n of Z as a [BLOCK_N, D_PAD] tile (zeros outside n_valid / d_valid), in fp32
+    under UPCAST (see _precisions)."""
+    k = tl.load(Z + offs_n.to(tl.int64)[:, None] * stride_z + offs_d[None, :],
+                mask=n_valid[:, None] & d_valid[None, :], other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+    return k
+
+
+@triton.jit
 def _balanced_contrastive_loss_fwd_kernel(
     Z, LOG_W, SHIFT, LSE, CMAX, ROWMAX, ARGMAX,
     N, N_COMMON, D, stride_z, scale,
@@ -128,10 +139,7 @@ def _balanced_contrastive_loss_fwd_kernel(
         l_c = tl.zeros([BLOCK_M, L_PAD], tl.float32)
         for start_n in range(0, tail, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
-            k = tl.load(Z + offs_n.to(tl.int64)[:, None] * stride_z + offs_d[None, :],
-                        mask=d_valid[None, :], other=0.0)
-            if UPCAST:
-                k = k.to(tl.float32)
+            k = _key_tile(Z, offs_n, offs_n < N_COMMON, offs_d, d_valid, stride_z, UPCAST)
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
             tile_max = tl.max(s, 1)
             m_new = tl.maximum(m_c, tile_max)
@@ -150,10 +158,7 @@ def _balanced_contrastive_loss_fwd_kernel(
     for start_n in range(tail, N, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < N
-        k = tl.load(Z + offs_n.to(tl.int64)[:, None] * stride_z + offs_d[None, :],
-                    mask=n_valid[:, None] & d_valid[None, :], other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
+        k = _key_tile(Z, offs_n, n_valid, offs_d, d_valid, stride_z, UPCAST)
         # the tile of Z·Zᵀ, computed once for all the levels this program carries
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
         for j in tl.static_range(NUM_LEVELS):
@@ -259,10 +264,7 @@ def _balanced_contrastive_loss_bwd_kernel(
         wk_r = tl.exp(lw_r - c_sh[None, :])                       # rows as keys: w'_lr
         for start_n in range(0, tail, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
-            k = tl.load(Z + offs_n.to(tl.int64)[:, None] * stride_z + offs_d[None, :],
-                        mask=d_valid[None, :], other=0.0)
-            if UPCAST:
-                k = k.to(tl.float32)
+            k = _key_tile(Z, offs_n, offs_n < N_COMMON, offs_d, d_valid, stride_z, UPCAST)
             s_rc = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
             if DOT_CR:
                 s_cr = tl.trans(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)) * scale
@@ -290,10 +292,7 @@ def _balanced_contrastive_loss_bwd_kernel(
     for start_n in range(tail, N, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < N
-        k = tl.load(Z + offs_n.to(tl.int64)[:, None] * stride_z + offs_d[None, :],
-                    mask=n_valid[:, None] & d_valid[None, :], other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
+        k = _key_tile(Z, offs_n, n_valid, offs_d, d_valid, stride_z, UPCAST)
         if DOT_RC:
             s_rc = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
         if DOT_CR:
