@@ -50,8 +50,11 @@ TRITON_MODES = {
     "triton[lean]": {"HIERTAIL_TRITON_TILES": "lean"},
     # several levels in the kernels' shared-keys mode (one exp per entry for all levels)
     "triton[shared]": {"HIERTAIL_TRITON_SHARED_LEVELS": "1"},
+    # ... on the lean tile (its backward spills ~2.7 KB per thread on the fixed one, 84 B here)
+    "triton[shared+lean]": {"HIERTAIL_TRITON_SHARED_LEVELS": "1",
+                            "HIERTAIL_TRITON_TILES": "lean"},
 }
-MULTI_LEVEL_MODES = {"triton[shared]"}     # modes that change nothing at one level
+MULTI_LEVEL_MODES = {"triton[shared]", "triton[shared+lean]"}   # the same as others at 1 level
 
 
 def backend_of(label: str) -> str:

@@ -25,7 +25,7 @@ s tests STEPS=tests TESTS_S=90 PYTEST_ARGS="-n 16 \
   tests/test_balanced_contrastive_loss_triton.py"
 s resources STEPS=resources RESOURCES_S=60
 s profile STEPS=profile PROFILE_S=300 PROFILE_ARGS="--sizes 20000:64 100000:64 20000:128 \
-  100000:128 --engines auto triton triton[lean] triton[shared] triton[tf32x3+autotune] \
-  --no-profile"
+  100000:128 --engines auto triton triton[lean] triton[shared] triton[shared+lean] \
+  triton[tf32x3+autotune] --no-profile"
 tar czf "$A/next.tgz" -C "$R" . && cp "$R/profile/loss_profile.md" "$A/" 2>/dev/null
 cat "$R"/*/summary.txt

@@ -37,10 +37,10 @@ from hiertail_fast._files import unwritable_dir_reason  # noqa: E402
 POSITIVE_PLANS = {"torch+band": {"HIERTAIL_POSITIVES": "band"},
                   "torch+slices": {"HIERTAIL_POSITIVES": "slices"}}
 ENGINES = ("auto", "attention", "torch", "torch+slices", "triton", "triton[tf32x3]",
-           "triton[lean]", "triton[shared]", "triton[tf32x3+autotune]")
+           "triton[lean]", "triton[shared]", "triton[shared+lean]", "triton[tf32x3+autotune]")
 DEFAULT_ENGINES = ("auto", "attention", "torch", "torch+slices", "triton")
 BF16_ENGINES = ("auto", "attention", "torch", "triton", "triton[lean]",  # (no fp32-dot
-                "triton[shared]")                                        # modes)
+                "triton[shared]", "triton[shared+lean]")                 # modes)
 DEFAULT_SIZES = {"cuda": ["20000:64", "100000:64", "20000:128"], "cpu": ["200:16"]}
 SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
                "cudaMemcpy", "cudaMemcpyAsync")
@@ -87,7 +87,7 @@ def time_rows(dev, n, d, engines, reps, deadline, add) -> None:
     for variant, levels, dtype, label in cases:
         if label.startswith("triton") and dev != "cuda":
             continue
-        if label == "triton[shared]" and levels == 1:
+        if label in gc.MULTI_LEVEL_MODES and levels == 1:
             continue        # the mode serves several levels only (one level: plain "triton")
         if gc.autotuned(label):
             continue    # tuning compiles every tile: last, at the first size (tuned_rows)
