@@ -11,7 +11,8 @@
 #      the positives kernel (was 82-95 ms at 20k, 245 ms at 100k), the Triton kernels at d 128
 #      (never timed: TRITON_MAX_DIM), the LSE kernels on the spill-free "lean" tile
 #      (kernels/_utils.LEAN_TILES), three levels in the shared-keys mode (one exp per entry for
-#      all levels), then the autotuned tiles, whose choice is recorded.
+#      all levels), the torch / attention engines with the positives kernel
+#      ($HIERTAIL_POSITIVES=triton), then the autotuned tiles, whose choice is recorded.
 # About 8 minutes of command time: run with the device tool's timeout_s = 560.
 #   A=$OUT; OUT=$A bash bench/gpu_next.sh
 set -u
@@ -26,6 +27,6 @@ s tests STEPS=tests TESTS_S=90 PYTEST_ARGS="-n 16 \
 s resources STEPS=resources RESOURCES_S=60
 s profile STEPS=profile PROFILE_S=300 PROFILE_ARGS="--sizes 20000:64 100000:64 20000:128 \
   100000:128 --engines auto triton triton[lean] triton[shared] triton[shared+lean] \
-  triton[tf32x3+autotune] --no-profile"
+  torch+triton attention+triton triton[tf32x3+autotune] --no-profile"
 tar czf "$A/next.tgz" -C "$R" . && cp "$R/profile/loss_profile.md" "$A/" 2>/dev/null
 cat "$R"/*/summary.txt

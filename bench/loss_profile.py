@@ -34,9 +34,13 @@ import gpu_report  # noqa: E402
 
 from hiertail_fast._files import unwritable_dir_reason  # noqa: E402
 
-POSITIVE_PLANS = {"torch+band": {"HIERTAIL_POSITIVES": "band"},
-                  "torch+slices": {"HIERTAIL_POSITIVES": "slices"}}
-ENGINES = ("auto", "attention", "torch", "torch+slices", "triton", "triton[tf32x3]",
+# engine label -> (backend, environment) of the official positives' plans ($HIERTAIL_POSITIVES)
+POSITIVE_PLANS = {"torch+band": ("torch", {"HIERTAIL_POSITIVES": "band"}),
+                  "torch+slices": ("torch", {"HIERTAIL_POSITIVES": "slices"}),
+                  "torch+triton": ("torch", {"HIERTAIL_POSITIVES": "triton"}),
+                  "attention+triton": ("attention", {"HIERTAIL_POSITIVES": "triton"})}
+ENGINES = ("auto", "attention", "torch", "torch+slices", "torch+triton", "attention+triton",
+           "triton", "triton[tf32x3]",
            "triton[lean]", "triton[shared]", "triton[shared+lean]", "triton[tf32x3+autotune]")
 DEFAULT_ENGINES = ("auto", "attention", "torch", "torch+slices", "triton")
 BF16_ENGINES = ("auto", "attention", "torch", "triton", "triton[lean]",  # (no fp32-dot
@@ -59,12 +63,13 @@ def _size(text: str) -> tuple[int, int]:
 @contextlib.contextmanager
 def engine_mode(label: str):
     """Yields the `backend=` argument of engine `label` with its environment set: "auto" ->
-    None, a positives plan -> "torch" with $HIERTAIL_POSITIVES, else gpu_report's labels."""
+    None, a positives plan -> its engine with $HIERTAIL_POSITIVES, else gpu_report's labels."""
     if label == "auto":
         yield None
     elif label in POSITIVE_PLANS:
-        with gc.environment(POSITIVE_PLANS[label]):
-            yield "torch"
+        backend, env = POSITIVE_PLANS[label]
+        with gc.environment(env):
+            yield backend
     else:
         with gc.backend_mode(label) as bk:
             yield bk

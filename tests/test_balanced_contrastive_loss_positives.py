@@ -325,3 +325,81 @@ def test_the_triton_engine_runs_its_own_positives(monkeypatch, triton_device, in
     torch.testing.assert_close(zf.grad.double().cpu(), zr.grad, **t)
     torch.testing.assert_close(pf[0].grad.double().cpu(), pr[0].grad, **t)
 
+
+
+@pytest.mark.parametrize("backend", ["torch", "attention"])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_other_engines_on_request(monkeypatch, triton_device, backend, reduction):
+    """$HIERTAIL_POSITIVES=triton: the torch and attention engines take their official
+    positives from this kernel too (forward with the gradient for scalar reductions, forward
+    sums + backward dz for "none"), fp32 rows only: float64 keeps the torch pass."""
+    from hiertail_fast import balanced_contrastive_loss
+    from hiertail_fast.ops import _positive_blocks
+
+    calls, torch_calls = [], []
+    real, real_torch = _triton_loss.positive_pairs, ops_mod.positive_pairs
+
+    def spy(*args, **kw):
+        calls.append(kw["need_sums"])
+        return real(*args, **kw)
+
+    def torch_spy(*args, **kw):
+        torch_calls.append(1)
+        return real_torch(*args, **kw)
+
+    monkeypatch.setattr(_triton_loss, "positive_pairs", spy)
+    monkeypatch.setattr(ops_mod, "positive_pairs", torch_spy)
+    gen = torch.Generator().manual_seed(9)
+    z = torch.randn(90, 12, generator=gen)
+    y = torch.randint(0, 5, (90,), generator=gen)
+    p = torch.randn(5, 12, generator=gen)
+    w = torch.linspace(-1.0, 2.0, 95) if reduction == "none" else torch.tensor(2.0)
+
+    def run(dtype, plan):
+        monkeypatch.setenv(_positive_blocks.POSITIVES_ENV, plan)
+        zf = z.to(triton_device, dtype, copy=True).requires_grad_()
+        pf = p.to(triton_device, dtype, copy=True).requires_grad_()
+        loss = balanced_contrastive_loss(zf, y.to(triton_device), prototypes=pf,
+                                         temperature=0.2, variant="official",
+                                         reduction=reduction, backend=backend)
+        (loss * w.to(loss.device, loss.dtype)).sum().backward()
+        return [t.detach().double().cpu() for t in (loss, zf.grad, pf.grad)]
+
+    zr, pr = z.double().requires_grad_(), p.double().requires_grad_()
+    want = ref(zr, y, prototypes=pr, temperature=0.2, variant="official", reduction=reduction)
+    (want * w.double()).sum().backward()
+    for dtype in (torch.float32, torch.float64):
+        calls.clear()
+        torch_calls.clear()
+        got = run(dtype, "triton")
+        if dtype == torch.float32:
+            assert calls == ([True, False] if reduction == "none" else [True])
+            assert not torch_calls
+        else:
+            assert not calls
+        # the engine's own error (the attention kernels' fp32 LSE is the larger part) with
+        # its default positives, doubled, plus tol: the kernel's positives add nothing above it
+        default = run(dtype, "")
+        t = tol(dtype)
+        for a, b, e in zip(got, default, (want.detach(), zr.grad, pr.grad), strict=True):
+            bound = 2 * (b - e).abs().max() + t["atol"] + t["rtol"] * e.abs().max()
+            assert (a - e).abs().max() <= bound
+    monkeypatch.setenv(_positive_blocks.POSITIVES_ENV, "quick")
+    with pytest.raises(ValueError, match="'triton'"):
+        balanced_contrastive_loss(z.to(triton_device), y.to(triton_device), temperature=0.2,
+                                  variant="official", backend=backend)
+
+
+def test_the_request_without_a_triton_device_is_a_clear_error(monkeypatch):
+    """$HIERTAIL_POSITIVES=triton on CPU tensors outside the interpreter: a ValueError naming
+    the variable, not a driver error from inside triton."""
+    from hiertail_fast import balanced_contrastive_loss
+    from hiertail_fast.ops import _positive_blocks
+
+    monkeypatch.setenv(_positive_blocks.POSITIVES_ENV, "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    z, y = torch.randn(20, 4), torch.randint(0, 3, (20,))
+    with pytest.raises(ValueError, match="HIERTAIL_POSITIVES=triton needs CUDA"):
+        balanced_contrastive_loss(z, y, variant="official", backend="torch")
+    # the exact variant has no positive pairs to compute: unaffected
+    balanced_contrastive_loss(z, y, variant="exact", backend="torch")

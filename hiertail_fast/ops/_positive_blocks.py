@@ -66,6 +66,16 @@ PARALLEL_MIN_ENTRIES = 1 << 15
 POSITIVES_ENV = "HIERTAIL_POSITIVES"
 
 
+def positives_plan() -> str:
+    """$HIERTAIL_POSITIVES: "" (default), "band", "slices" (the plans below) or "triton" (every
+    engine's official positives on the Triton kernel, ``_triton_loss.positive_pairs``, opt-in
+    until timed on a GPU; the Triton engine always uses it)."""
+    value = os.environ.get(POSITIVES_ENV, "").strip().lower()
+    if value not in ("", "band", "slices", "triton"):
+        raise ValueError(f"{POSITIVES_ENV}={value!r} is not one of 'band', 'slices', 'triton'")
+    return value
+
+
 def band_path(device: torch.device) -> bool:
     """Whether blocks without the C kernel take the whole-band path (``_band``) rather than the
     slice / segment / pair-list plan: $HIERTAIL_POSITIVES = "band" or "slices"; by default the
@@ -73,10 +83,8 @@ def band_path(device: torch.device) -> bool:
     ~3,400 calls per official loss at N = 20k made it 3.6x the exact loss's time), and the
     slices elsewhere (a CPU without a C compiler, where that plan was tuned; it touches only
     the positive entries, the band a whole band per level: the two are not compared there)."""
-    value = os.environ.get(POSITIVES_ENV, "").strip().lower()
-    if value not in ("", "band", "slices"):
-        raise ValueError(f"{POSITIVES_ENV}={value!r} is not one of 'band', 'slices'")
-    return value == "band" or (value == "" and device.type == "cuda")
+    value = positives_plan()
+    return value == "band" or (value in ("", "triton") and device.type == "cuda")
 
 
 def _factor_cut(fac, dtype: torch.dtype) -> float:

@@ -37,8 +37,9 @@ from hiertail_fast.ops._dispatch import (  # noqa: F401  (LOSS_BACKENDS: re-expo
     own_engine,
     refine_loss_backend,
     requested_backend,
+    triton_available,
 )
-from hiertail_fast.ops._positive_blocks import BlockPositives
+from hiertail_fast.ops._positive_blocks import POSITIVES_ENV, BlockPositives, positives_plan
 from hiertail_fast.reference.balanced_contrastive_loss import balanced_contrastive_loss_ref
 
 
@@ -122,15 +123,33 @@ def _argmax_grad(z, lv_argmax, gamma, scale):
     return dz
 
 
+def _triton_positives(backend: str, zc: torch.Tensor) -> bool:
+    """Whether the official positives run on the Triton kernel: always on the Triton engine; on
+    the others where $HIERTAIL_POSITIVES=triton asks and the rows are fp32 (the kernel takes no
+    float64)."""
+    if backend == "triton":
+        return True
+    if positives_plan() != "triton" or zc.dtype != torch.float32:
+        return False
+    if not triton_available(zc.device):
+        raise ValueError(f"{POSITIVES_ENV}=triton needs CUDA tensors and triton (or "
+                         f"TRITON_INTERPRET=1 set before triton is imported); got a tensor on "
+                         f"{zc.device}")
+    return True
+
+
 def _positive_terms(backend, zc, z_in, lv: _Levels, lev: int, rmax, amax, scale,
                     include_self, coef, fp32_dot, need_sums: bool = True):
     """(T, Q, dz) of the official positive pairs of level `lev` (``positive_pairs``' contract):
-    on the Triton engine its own kernel (``_triton_loss.positive_pairs``: one launch, no host
-    sync, the same dots as the row max it is compared with), elsewhere the torch pass on the
+    on the Triton kernel (``_triton_loss.positive_pairs``: one launch, no host sync) where
+    ``_triton_positives`` says so, with the Triton engine's dots (IEEE fp32 products under the
+    other engines, whose row max comes from IEEE GEMMs), else the torch pass on the
     compute-dtype rows (which always returns the sums)."""
     args = (lv.gid[lev], lv.n_groups[lev], rmax[lev], amax[lev], scale, include_self, coef)
     if backend == "triton":
         return _triton_loss.positive_pairs(z_in, *args, need_sums=need_sums, fp32_dot=fp32_dot)
+    if _triton_positives(backend, zc):
+        return _triton_loss.positive_pairs(zc, *args, need_sums=need_sums, fp32_dot="ieee")
     return positive_pairs(zc, *args)
 
 
@@ -182,7 +201,10 @@ class BalancedContrastiveFunction(torch.autograd.Function):
             mod = _lse_symmetric
         # the official positives read from the torch engine's own blocks (no extra GEMM)
         positives = None
-        if official and symmetric and fused:
+        triton_pos = official and _triton_positives(backend, zc)
+        if triton_pos:
+            pass                          # the Triton kernel, level by level (_positive_terms)
+        elif official and symmetric and fused:
             positives = _lse_symmetric.Positives(lv.gid[0], include_self, -(base * inv_n)[0])
         elif official and backend == "torch" and not symmetric:
             positives = BlockPositives(zc, lv.gid, lv.n_groups, include_self,
