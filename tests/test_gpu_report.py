@@ -287,3 +287,26 @@ def test_auto_engine_labels_what_the_call_runs(gc):
     assert gc.auto_engine(z, protos, "exact", 1, torch.float32) == "attention"
     assert gc.auto_engine(z * 100, protos, "exact", 1, torch.float32) == "torch"   # guard
     assert gc.auto_engine(z, protos, "official", 1, torch.float32) == "torch"
+
+
+def test_the_prepared_device_call_parses_and_names_known_engines():
+    """bench/gpu_next.sh (the next device call, run blind on a borrowed GPU): valid bash, and
+    every engine it asks loss_profile.py for is one loss_profile knows (a typo there would cost
+    a device call)."""
+    import re
+    import shlex
+
+    script = BENCH / "gpu_next.sh"
+    res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    text = script.read_text().replace("\\\n", " ")
+    args = re.search(r'PROFILE_ARGS="([^"]*)"', text).group(1)
+    words = shlex.split(args)
+    engines = words[words.index("--engines") + 1:]
+    engines = engines[:next((i for i, w in enumerate(engines) if w.startswith("--")),
+                            len(engines))]
+    sys.path.insert(0, str(BENCH))
+    import loss_profile
+    assert engines and set(engines) <= set(loss_profile.ENGINES), engines
+    for path in re.findall(r"tests/\S+\.py", text):
+        assert (BENCH.parent / path).exists(), path
