@@ -41,11 +41,12 @@ import torch
 import triton
 import triton.language as tl
 
+from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, _tie_bound
+
 from ._utils import feature_block, pair_blocks
 from ._utils import fp32_dot as fp32_dot_precision
 from .balanced_contrastive_loss import _SUPPORTED, _precisions
 
-OFFICIAL_EPS = 1e-7     # the official code's epsilon (ops/_contrastive_pairs.OFFICIAL_EPS)
 # (BLOCK_M, BLOCK_N, num_warps) on a GPU, every d. Chosen from the compiled code, not from
 # timings (none yet): `python bench/kernel_resources.py` (sm_90, 3 stages; triton 3.6, the GPU
 # image's, and 3.9 agree) gives the gradient pass with the LSE kernels' fixed tile (128 x 64,
@@ -157,16 +158,6 @@ def row_ids(z: torch.Tensor) -> torch.Tensor:
     return (bits * _MULTIPLIERS[key]).sum(1)
 
 
-def tie_bound(z: torch.Tensor, row_max: torch.Tensor, scale: float) -> torch.Tensor:
-    """[N] fp32 bound on |fl(s_ij - M_i) - (s_ij - M_i)| (``_contrastive_pairs._tie_bound``'s
-    rule in fp32, which also covers 3xTF32 products), without a host synchronisation."""
-    eps = torch.finfo(torch.float32).eps
-    norms = z.float().norm(dim=1)
-    zmax = norms.max() if norms.numel() else norms.new_zeros(())
-    d = z.shape[1]
-    return 2.0 * (d + 2) * eps * abs(scale) * norms * zmax + eps * row_max.float().abs()
-
-
 def _ranges(gid: torch.Tensor, n_groups: int):
     """(order, lo, hi): rows sorted by group (rows outside the level, gid -1, first), and each
     sorted row's positive range [lo, hi) of sorted positions (empty outside the level)."""
@@ -226,7 +217,7 @@ def positive_pairs(
     order, lo, hi = _ranges(gid.long(), n_groups)
     ids = row_ids(z)
     rmax = row_max.float()
-    tie = tie_bound(z, rmax, scale)
+    tie = _tie_bound(z.float(), rmax, scale)     # fp32 rounding (fp32 accumulation)
     # every per-row input in sorted order: the kernel reads them as contiguous slices
     sorted_in = [t[order].contiguous() for t in (rmax, tie, ids, ids[arg_max.long()])]
     c_s = (coef.float()[order].contiguous() if coef is not None
@@ -245,4 +236,4 @@ def positive_pairs(
     return big_t, big_q, dz
 
 
-__all__ = ["GPU_TILES", "positive_pairs", "row_ids", "tie_bound"]
+__all__ = ["GPU_TILES", "positive_pairs", "row_ids"]

@@ -21,10 +21,11 @@ BLOCK_ELEMS = 1 << 22          # elements of one big-group GEMM block on CPU (on
 
 def _tie_bound(z: torch.Tensor, row_max: torch.Tensor, scale: float) -> torch.Tensor:
     """[N] bound on |fl(s_ij - M_i) - (s_ij - M_i)|: the rounding of two length-d dot products
-    (gamma_d * scale * |z_i| * max|z| each) and of the subtraction."""
+    (gamma_d * scale * |z_i| * max|z| each) and of the subtraction, in z's precision (fp32 also
+    covers 3xTF32 products: the Triton positives kernel passes fp32 rows). No host sync."""
     eps = torch.finfo(z.dtype).eps
     norms = z.norm(dim=1)
-    zmax = float(norms.max()) if norms.numel() else 0.0
+    zmax = norms.max() if norms.numel() else norms.new_zeros(())
     d = z.shape[1]
     return 2.0 * (d + 2) * eps * abs(scale) * norms * zmax + eps * row_max.abs()
 
