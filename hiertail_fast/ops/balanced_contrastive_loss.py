@@ -138,19 +138,19 @@ def _triton_positives(backend: str, zc: torch.Tensor) -> bool:
     return True
 
 
-def _positive_terms(backend, zc, z_in, lv: _Levels, lev: int, rmax, amax, scale,
-                    include_self, coef, fp32_dot, need_sums: bool = True):
+def _positive_terms(triton_pos: bool, backend, zc, z_in, lv: _Levels, lev: int, rmax, amax,
+                    scale, include_self, coef, fp32_dot, need_sums: bool = True):
     """(T, Q, dz) of the official positive pairs of level `lev` (``positive_pairs``' contract):
-    on the Triton kernel (``_triton_loss.positive_pairs``: one launch, no host sync) where
-    ``_triton_positives`` says so, with the Triton engine's dots (IEEE fp32 products under the
-    other engines, whose row max comes from IEEE GEMMs), else the torch pass on the
-    compute-dtype rows (which always returns the sums)."""
+    on the Triton kernel (``_triton_loss.positive_pairs``: one launch, no host sync) where the
+    call's ``_triton_positives`` said so, with the Triton engine's rows and dots (fp32 rows and
+    IEEE products under the other engines, whose row max comes from IEEE GEMMs), else the torch
+    pass on the compute-dtype rows (which always returns the sums)."""
     args = (lv.gid[lev], lv.n_groups[lev], rmax[lev], amax[lev], scale, include_self, coef)
+    if not triton_pos:
+        return positive_pairs(zc, *args)
     if backend == "triton":
         return _triton_loss.positive_pairs(z_in, *args, need_sums=need_sums, fp32_dot=fp32_dot)
-    if _triton_positives(backend, zc):
-        return _triton_loss.positive_pairs(zc, *args, need_sums=need_sums, fp32_dot="ieee")
-    return positive_pairs(zc, *args)
+    return _triton_loss.positive_pairs(zc, *args, need_sums=need_sums, fp32_dot="ieee")
 
 
 def _lse_backward(mod, z_in, log_w, lse, grad_lse, scale, fp32_dot=None, n_common=0):
@@ -245,8 +245,8 @@ class BalancedContrastiveFunction(torch.autograd.Function):
                     big_t[lev], big_q[lev] = positives.T[lev], positives.Q[lev]
                     continue
                 coef = -(base[lev] * inv_n[lev]) if fused else None
-                t, q, dzp = _positive_terms(backend, zc, z_in, lv, lev, rmax, amax, scale,
-                                            include_self, coef, fp32_dot)
+                t, q, dzp = _positive_terms(triton_pos, backend, zc, z_in, lv, lev, rmax,
+                                            amax, scale, include_self, coef, fp32_dot)
                 big_t[lev], big_q[lev] = t, q
                 if fused:
                     dz += dzp
@@ -268,6 +268,7 @@ class BalancedContrastiveFunction(torch.autograd.Function):
         ctx.fused, ctx.reduction, ctx.official = fused, reduction, official
         ctx.scale, ctx.include_self, ctx.backend, ctx.lv = scale, include_self, backend, lv
         ctx.z_dtype, ctx.fp32_dot, ctx.n_common = z.dtype, fp32_dot, n_common
+        ctx.triton_pos = triton_pos
         if fused:
             ctx.save_for_backward(dz)
         elif want_grad:
@@ -297,9 +298,9 @@ class BalancedContrastiveFunction(torch.autograd.Function):
                                ctx.fp32_dot, ctx.n_common)
             dz = dz.to(zc.dtype)
             for lev in range(lse.shape[0]):
-                dz += _positive_terms(ctx.backend, zc, z_in, lv, lev, rmax, amax, scale,
-                                      ctx.include_self, -(g[lev] * inv_n[lev]), ctx.fp32_dot,
-                                      need_sums=False)[2]
+                dz += _positive_terms(ctx.triton_pos, ctx.backend, zc, z_in, lv, lev, rmax,
+                                      amax, scale, ctx.include_self, -(g[lev] * inv_n[lev]),
+                                      ctx.fp32_dot, need_sums=False)[2]
             dz += _argmax_grad(zc, amax, g * (big_q * inv_n - r), scale)
         else:
             dz = _lse_backward(mod, z_in, log_w, lse, g.to(log_w.dtype), scale, ctx.fp32_dot,
