@@ -33,7 +33,7 @@ TILES_ENV = "HIERTAIL_TRITON_TILES"
 # triton 3.6 and 3.9): no register spill in any fp32 / bf16 LSE kernel at d = 64 (the fixed
 # 128 x 64 x 4 backward spills 1,072 bytes per thread in fp32) and the least of the 8-warps-per-SM
 # tiles at d = 128. Not yet timed: a candidate for the next GPU run (loss_profile's
-# "triton[tf32x3+lean]" rows), not the default.
+# "triton[lean]" rows), not the default.
 LEAN_TILES = (64, 32, 8)
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) tried by the autotuner: FlashAttention-like tiles
 # around `pair_blocks`' choices. Configs that do not fit a GPU's registers / shared memory are
@@ -62,24 +62,23 @@ def autotune_requested(value: bool | None = None) -> bool:
         if not isinstance(value, bool):
             raise TypeError(f"autotune must be True, False or None, got {value!r}")
         return value
-    raw = os.environ.get(AUTOTUNE_ENV, "").strip().lower()
+    return _env_flag(AUTOTUNE_ENV)
+
+
+def _env_flag(name: str) -> bool:
+    """An on/off environment variable ("1"/"0", true/false, yes/no, on/off; unset: off)."""
+    raw = os.environ.get(name, "").strip().lower()
     if raw in _ON:
         return True
     if raw in _OFF:
         return False
-    raise ValueError(f"{AUTOTUNE_ENV}={raw!r} is not one of 1/0 (true/false, yes/no, on/off)")
+    raise ValueError(f"{name}={raw!r} is not one of 1/0 (true/false, yes/no, on/off)")
 
 
 def shared_levels_requested() -> bool:
     """Whether the loss runs several levels in the shared-keys mode ($HIERTAIL_TRITON_SHARED_LEVELS,
     "1"/"0", default "0")."""
-    raw = os.environ.get(SHARED_LEVELS_ENV, "").strip().lower()
-    if raw in _ON:
-        return True
-    if raw in _OFF:
-        return False
-    raise ValueError(f"{SHARED_LEVELS_ENV}={raw!r} is not one of 1/0 (true/false, yes/no, "
-                     "on/off)")
+    return _env_flag(SHARED_LEVELS_ENV)
 
 
 def interpreting() -> bool:
@@ -97,9 +96,9 @@ def feature_block(d: int, max_block: int = 256) -> int:
     return min(max(16, triton.next_power_of_2(int(d))), max_block)
 
 
-def tile_override(value: str | None = None) -> tuple[int, int, int] | None:
-    """The tile $HIERTAIL_TRITON_TILES (or `value`) asks for, None for the fixed table."""
-    raw = (os.environ.get(TILES_ENV, "") if value is None else value).strip().lower()
+def tile_override() -> tuple[int, int, int] | None:
+    """The tile $HIERTAIL_TRITON_TILES asks for, None for the fixed table."""
+    raw = os.environ.get(TILES_ENV, "").strip().lower()
     if raw in ("", "fixed"):
         return None
     if raw == "lean":
