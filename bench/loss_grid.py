@@ -15,6 +15,9 @@ do it (row blocks of ~48 MB into one reused buffer, so no first-touch page fault
 
 Regimes: ``normalised`` (unit rows), ``relu`` (relu(randn) / sqrt(d)), ``randn`` (wide:
 most keys ~100 below the row max at tau <= 0.5), ``randn30`` (|s| to ~1e4 and beyond).
+Providers (``--backends``): ``torch``, ``attention``, ``rowblock`` (below) and ``auto`` (no
+backend=: what a user gets). ``--dtype bfloat16|float16`` feeds the loss 16-bit rows (the
+anchors stay float32: the engines compute in float32).
 Every round calls each provider once in turn, so machine drift hits all alike. Reports the
 median per provider and ``ratio`` = backend median / floor+exp median, and the best-of-rounds
 ratio (best backend time / best floor+exp time: contention on a shared host only adds time,
@@ -29,6 +32,7 @@ re-renders an earlier run in this format.
 
     python bench/loss_grid.py --sizes 6000 --dims 64 128 --rounds 3
     python bench/loss_grid.py --sizes 20000 --taus 0.1 1 --regimes relu randn30 --rounds 2
+    python bench/loss_grid.py --dtype bfloat16 --levels 1 --variants exact --backends auto attention
 """
 from __future__ import annotations
 
@@ -55,8 +59,10 @@ from hiertail_fast.ops._lse_torch import exp_cutoff  # noqa: E402
 
 REGIMES = ("normalised", "relu", "randn", "randn30")
 # "rowblock": the torch backend with the symmetric engine switched off (HIERTAIL_SYMMETRIC=0),
-# i.e. the row-block engine, for A/Bs of the two on one-level cells (on 3 levels they are one)
-BACKENDS = ("torch", "attention", "rowblock")
+# i.e. the row-block engine, for A/Bs of the two on one-level cells (on 3 levels they are one);
+# "auto": no backend= (the library's automatic choice for the call's device, dtype and size)
+BACKENDS = ("torch", "attention", "rowblock", "auto")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_BACKENDS = ("torch", "attention")
 N_CLASSES = 40
 
@@ -104,7 +110,7 @@ def make_case(regime: str, n: int, d: int, levels: int, seed: int = 0):
 
 def loss_step(backend: str, z, ys, ps, tau: float, variant: str):
     switch = {SYMMETRIC_ENV: "0"} if backend == "rowblock" else {}
-    engine = "torch" if backend == "rowblock" else backend
+    engine = {"rowblock": "torch", "auto": None}.get(backend, backend)
 
     def step():
         with environment(switch):
@@ -184,14 +190,16 @@ def gemm_probe(rows: int = 256, n: int = 20000, d: int = 64, reps: int = 50) -> 
     return round(2 * rows * n * d / statistics.median(times) / 1e9, 1)
 
 
-def _case_steps(case, variants, backends):
+def _case_steps(case, variants, backends, dtype=torch.float32):
     """The steps of one case (N, d, L, regime, tau): every variant on every engine, the
     variants of an engine back to back (official right after exact: a per-round ratio of the
     two compares like with like on a VM whose speed drifts within seconds), then the anchors,
-    which every variant's record shares (the same data, so the same floor)."""
+    which every variant's record shares (the same data, so the same floor). `dtype`: the
+    loss's inputs (``--dtype``; the anchors stay float32, the precision the engines compute in)."""
     n, d, levels, regime, tau = case
     z, ys, ps = make_case(regime, n, d, levels)
-    steps = {f"{v}:{b}": loss_step(b, z, ys, ps, tau, v) for b in backends for v in variants}
+    zl, pl = z.to(dtype), [p.to(dtype) for p in ps]
+    steps = {f"{v}:{b}": loss_step(b, zl, ys, pl, tau, v) for b in backends for v in variants}
     steps["floor"] = floor_step(z, ps, with_exp=False)
     steps["floor+exp"] = floor_step(z, ps, with_exp=True)
     return steps
@@ -264,14 +272,15 @@ def run_grid(args) -> list[dict]:
     VMs) spreads over all cells instead of sinking the few that happen to run during it;
     within a case the providers always alternate, so the ratios compare like with like either
     way. Records come in the order N, d, L, variant, regime, tau."""
+    dtype = DTYPES[args.dtype]
     cases = [(n, d, levels, regime, tau)
              for n in args.sizes for d in args.dims for levels in args.levels
              for regime in args.regimes for tau in args.taus]
     if args.order == "cells":                   # one case's data alive at a time
-        all_times = [_timed_rounds([_case_steps(case, args.variants, args.backends)],
+        all_times = [_timed_rounds([_case_steps(case, args.variants, args.backends, dtype)],
                                    args.rounds)[0] for case in cases]
     else:
-        all_times = _timed_rounds([_case_steps(case, args.variants, args.backends)
+        all_times = _timed_rounds([_case_steps(case, args.variants, args.backends, dtype)
                                    for case in cases], args.rounds, progress=True)
     by_cell = {(r["n"], r["d"], r["levels"], r["variant"], r["regime"], r["tau"]): r
                for case, times in zip(cases, all_times, strict=True)
@@ -384,7 +393,8 @@ def write_report(out: Path, meta: dict, records: list[dict], backends) -> str:
              "GFLOP/s ([256, 64] x [64, 20000]), " if "gemm_gflops_before" in meta else "")
     atomic_write_text(out.with_suffix(".md"),
                       f"Loss grid on {meta['device']}, torch {meta['torch']}, {meta['threads']} "
-                      f"threads, {_native_words(meta)}load average "
+                      f"threads, {_native_words(meta)}{meta.get('dtype', 'float32')} inputs, "
+                      f"load average "
                       f"{meta['load_average_before']} -> {meta['load_average_after']}, {probe}"
                       f"medians of {meta['rounds']} rounds "
                       f"({meta.get('order', 'cells')} order; seconds; \"(min)\": best of the "
@@ -403,6 +413,8 @@ def main(argv=None) -> int:
                         default=["exact", "official"])
     parser.add_argument("--backends", nargs="+", choices=BACKENDS,
                         default=list(DEFAULT_BACKENDS))
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="the loss's input dtype (the anchors stay float32)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--order", choices=["interleaved", "cells"], default="interleaved",
                         help="interleaved: every round visits every cell (drift spreads over "
@@ -436,7 +448,8 @@ def main(argv=None) -> int:
     meta = dict(device=device_name(), torch=torch.__version__, threads=torch.get_num_threads(),
                 native_kernels=all(lib is not None for lib in kernels),
                 native_threads=all(lib is not None and lib.threaded for lib in kernels),
-                rounds=args.rounds, order=args.order, load_average_before=before,
+                rounds=args.rounds, order=args.order, dtype=args.dtype,
+                load_average_before=before,
                 load_average_after=after, gemm_gflops_before=probe_before,
                 gemm_gflops_after=probe_after, wall_s=wall,
                 argv=sys.argv[1:] if argv is None else argv)

@@ -55,6 +55,22 @@ def test_grid_records_every_cell_and_provider(tmp_path, order):
     assert md.count("\n| 120 | 1 | exact | 4 |") == 1 and md.count("\n| 120 | 3 | exact | 4 |") == 1
 
 
+def test_grid_takes_16_bit_inputs_and_the_automatic_choice(tmp_path):
+    """--dtype feeds the loss bf16 rows (anchors in float32); "auto" times the library's own
+    choice (no backend=); both recorded."""
+    out = tmp_path / "grid.json"
+    res = subprocess.run(
+        [sys.executable, str(SCRIPT), "--sizes", "90", "--dims", "8", "--taus", "0.5",
+         "--regimes", "relu", "--levels", "1", "--variants", "exact", "--dtype", "bfloat16",
+         "--backends", "auto", "torch", "--rounds", "1", "--threads", "1", "--out", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(out.read_text())
+    assert data["dtype"] == "bfloat16" and len(data["records"]) == 1
+    assert set(data["records"][0]["median_s"]) == {"auto", "torch", "floor", "floor+exp"}
+    assert "bfloat16 inputs" in out.with_suffix(".md").read_text()
+
+
 def test_summary_ranges_and_counts_over_the_best_engine():
     sys.path.insert(0, str(BENCH))
     try:
@@ -86,14 +102,14 @@ def test_interleaved_rounds_visit_every_case_each_round(monkeypatch):
         sys.path.remove(str(BENCH))
     log = []
 
-    def fake_steps(case, variants, backends):
+    def fake_steps(case, variants, backends, dtype):
         names = [f"{v}:{b}" for b in backends for v in variants] + ["floor", "floor+exp"]
         return {nm: (lambda c=case, nm=nm: log.append((c[4], nm))) for nm in names}
 
     monkeypatch.setattr(loss_grid, "_case_steps", fake_steps)
     args = SimpleNamespace(sizes=[10], dims=[4], levels=[1], variants=["exact", "official"],
                            regimes=["relu"], taus=[0.1, 1.0, 10.0], backends=("torch",),
-                           rounds=3, order="interleaved")
+                           rounds=3, order="interleaved", dtype="float32")
     records = loss_grid.run_grid(args)
     assert [(r["variant"], r["tau"]) for r in records] == [
         (v, t) for v in ("exact", "official") for t in (0.1, 1.0, 10.0)]

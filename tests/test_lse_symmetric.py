@@ -94,6 +94,33 @@ def test_options_match_reference_and_row_block_engine(forced, monkeypatch, varia
         torch.testing.assert_close(a, b, rtol=0, atol=1e-4 * b.abs().max().item() + 1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("variant", ["exact", "official"])
+def test_low_precision_inputs_run_the_engine_in_float32(forced, monkeypatch, dtype, variant):
+    """bf16 / fp16 rows, automatic choice: the engine runs on their float32 copy (the loss in
+    float32, the gradients in the input dtype) and agrees with the row-block engine on the same
+    rows to fp32 rounding, hence with the reference as test_low_precision_inputs checks it."""
+    monkeypatch.delenv("HIERTAIL_BACKEND", raising=False)
+    gen = torch.Generator().manual_seed(11)
+    z = torch.randn(97, 16, generator=gen).to(dtype)
+    y = torch.randint(0, 6, (97,), generator=gen)
+    p = torch.randn(6, 16, generator=gen).to(dtype)
+    kw = dict(variant=variant, tau=0.5)
+    zz, pp = z.clone().requires_grad_(), p.clone().requires_grad_()
+    loss = balanced_contrastive_loss(zz, y, prototypes=pp, temperature=0.5, variant=variant)
+    loss.backward()
+    assert forced["fused"] == 1                                 # the automatic choice took it
+    assert loss.dtype == torch.float32 and zz.grad.dtype == pp.grad.dtype == dtype
+    monkeypatch.setenv(sym.ENV_VAR, "0")
+    rows = _loss_and_grads(z.float(), y, p.float(), **kw)
+    assert forced["fused"] == 1
+    torch.testing.assert_close(loss.detach(), rows[0], rtol=1e-6, atol=1e-6)
+    for a, b in zip((zz.grad, pp.grad), rows[1:], strict=True):  # + one rounding to the dtype
+        b = b / 2                                               # (_loss_and_grads: 2 x loss)
+        torch.testing.assert_close(a.float(), b, rtol=torch.finfo(dtype).eps,
+                                   atol=1e-4 * b.abs().max().item() + 1e-6)
+
+
 def test_threads_and_chunks_agree(forced, monkeypatch):
     """Row blocks of 64 rows: the wide tiles span several 256-column chunks, split over two
     threads; one thread gives the same loss and gradient (to fp32 rounding: the threads' row
@@ -185,8 +212,11 @@ def test_automatic_choice_on_cpu(monkeypatch):
     big, small = torch.randn(sym.MIN_ROWS, 4), torch.randn(sym.MIN_ROWS - 1, 4)
     assert _dispatch.choose_loss_backend(big, None, "exact") == "torch"
     assert _dispatch.choose_loss_backend(big, None, "official") == "torch"
+    for half in (torch.bfloat16, torch.float16):          # computed in float32: same engine
+        assert _dispatch.choose_loss_backend(big.to(half), None, "exact") == "torch"
     if _dispatch._attention_available(big.device):
         assert _dispatch.choose_loss_backend(small, None, "exact") == "attention"
+        assert _dispatch.choose_loss_backend(small.bfloat16(), None, "exact") == "attention"
         monkeypatch.setenv(sym.ENV_VAR, "0")
         assert _dispatch.choose_loss_backend(big, None, "exact") == "attention"
 

@@ -248,10 +248,14 @@ def refine_loss_backend(choice: str, z_all: torch.Tensor, scale: float, variant:
 def _symmetric_engine_takes(z: torch.Tensor, n_levels: int) -> bool:
     """Whether a one-level CPU loss on `z` runs our symmetric engine (``_lse_symmetric``: each
     pair once, 2 N^2 d multiply-adds), which measured faster than the CPU attention kernel
-    (4 N^2 d) for the exact loss (README, "The CPU loss engines")."""
+    (4 N^2 d) for the exact loss (README, "The CPU loss engines"). The engine computes in the
+    op's compute dtype: 16-bit inputs run it on their float32 copy (as backend="torch" does);
+    the CPU attention kernel on their bf16 rows, the choice before, took 1.22x / 1.28x its time
+    at 12k / 50k rows, d 128 (README, same section; bench/loss_grid.py --dtype bfloat16)."""
     from hiertail_fast.ops import _lse_symmetric
 
-    return _lse_symmetric.serves(z.device, z.dtype, z.shape[0], n_levels)
+    compute = torch.float64 if z.dtype == torch.float64 else torch.float32
+    return _lse_symmetric.serves(z.device, compute, z.shape[0], n_levels)
 
 
 def choose_loss_backend(z: torch.Tensor, backend: str | None, variant: str,
