@@ -154,11 +154,13 @@ def test_every_call_site_names_its_op(module, op):
 
 
 def test_loss_engine_refinement_on_cpu(monkeypatch):
-    """On CPU the attention engine serves the exact single-level loss only (measured); the
-    official variant and several levels keep our fused engine."""
+    """On CPU the attention engine serves the exact single-level loss only, and only without
+    our C kernels (here: switched off; measured); the official variant and several levels keep
+    our fused engine."""
     from hiertail_fast.ops.balanced_contrastive_loss import choose_loss_backend
 
     monkeypatch.delenv(_dispatch.ENV_VAR, raising=False)
+    monkeypatch.setenv("HIERTAIL_SYMMETRIC", "0")
     z = torch.zeros(4, 2)
     assert choose_loss_backend(z, None, "exact") == "attention"
     assert choose_loss_backend(z, None, "official") == "torch"

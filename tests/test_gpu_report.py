@@ -280,10 +280,16 @@ def test_sections_run_only_what_is_asked(tmp_path):
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
 
 
-def test_auto_engine_labels_what_the_call_runs(gc):
+def test_auto_engine_labels_what_the_call_runs(gc, monkeypatch):
     """_gpu_checks.auto_engine: the library's own choice for the rows, the precision guard
-    included (a small CPU problem: the attention kernels, or our engine for large logits)."""
+    included (a CPU problem with our C kernels switched off: the attention kernels, or our
+    engine for large logits); with them on, our engine."""
     z, y, protos = gc.loss_inputs(100, 8)
+    from hiertail_fast.ops import _lse_symmetric
+
+    if _lse_symmetric.available():
+        assert gc.auto_engine(z, protos, "exact", 1, torch.float32) == "torch"
+    monkeypatch.setenv(_lse_symmetric.ENV_VAR, "0")
     assert gc.auto_engine(z, protos, "exact", 1, torch.float32) == "attention"
     assert gc.auto_engine(z * 100, protos, "exact", 1, torch.float32) == "torch"   # guard
     assert gc.auto_engine(z, protos, "official", 1, torch.float32) == "torch"

@@ -205,20 +205,21 @@ def test_applicable_only_where_it_is_built_for(monkeypatch):
 
 
 def test_automatic_choice_on_cpu(monkeypatch):
-    """The exact single-level loss goes to the symmetric engine (measured faster than the CPU
-    attention kernel) from MIN_ROWS rows, the attention kernel below; switched off, attention."""
+    """The exact single-level loss goes to our torch backend at every size and input dtype:
+    the symmetric engine from MIN_ROWS rows, the row-block engine's single block below (both
+    measured faster than the CPU attention kernel); switched off, the attention kernel."""
     monkeypatch.delenv("HIERTAIL_BACKEND", raising=False)
     monkeypatch.setenv(sym.ENV_VAR, "1")
     big, small = torch.randn(sym.MIN_ROWS, 4), torch.randn(sym.MIN_ROWS - 1, 4)
-    assert _dispatch.choose_loss_backend(big, None, "exact") == "torch"
-    assert _dispatch.choose_loss_backend(big, None, "official") == "torch"
-    for half in (torch.bfloat16, torch.float16):          # computed in float32: same engine
-        assert _dispatch.choose_loss_backend(big.to(half), None, "exact") == "torch"
+    for z in (big, small, torch.randn(3, 4)):
+        assert _dispatch.choose_loss_backend(z, None, "official") == "torch"
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):   # 16-bit: in float32
+            assert _dispatch.choose_loss_backend(z.to(dtype), None, "exact") == "torch"
     if _dispatch._attention_available(big.device):
-        assert _dispatch.choose_loss_backend(small, None, "exact") == "attention"
-        assert _dispatch.choose_loss_backend(small.bfloat16(), None, "exact") == "attention"
         monkeypatch.setenv(sym.ENV_VAR, "0")
-        assert _dispatch.choose_loss_backend(big, None, "exact") == "attention"
+        for z in (big, small, big.bfloat16()):
+            assert _dispatch.choose_loss_backend(z, None, "exact") == "attention"
+        assert _dispatch.choose_loss_backend(big, None, "official") == "torch"
 
 
 def test_several_levels_keep_the_row_block_engine(forced):

@@ -63,9 +63,9 @@ AUTO_BACKEND: dict[str, dict[str, AutoChoice]] = {
                            "8.0 ms vs torch 19.8 ms"),
     },
     "balanced_contrastive_loss": {
-        # CPU: the attention kernels (CPU flash attention) for the exact single-level loss on
-        # problems under _lse_symmetric.MIN_ROWS rows (or without a C compiler); from there our
-        # symmetric engine, and our engines for the official variant and several levels
+        # CPU: the attention kernels (CPU flash attention) for the exact single-level loss only
+        # without our C kernels (no C compiler, or HIERTAIL_SYMMETRIC=0); with them our torch
+        # engines at every size and dtype, and for the official variant and several levels
         # (`_automatic_engine`), which measured faster there.
         "cpu": AutoChoice("attention", "2-core AMD EPYC (torch 2.13, 2 threads, idle), "
                           "bench/loss_grid.py --levels 1: the symmetric torch engine vs attention "
@@ -169,15 +169,15 @@ LOSS_BACKENDS = BACKENDS + OP_BACKENDS["balanced_contrastive_loss"]
 def _automatic_engine(z: torch.Tensor, variant: str, n_levels: int) -> str:
     """Engine for an automatic choice (no backend= and no HIERTAIL_BACKEND): the loss row of
     ``_dispatch.AUTO_BACKEND`` (by measurement), refined where the measurement said so: the
-    attention kernels win only the exact single-level loss (on CPU only on problems too small
-    for our symmetric engine, or where it cannot be built); our torch engine wins the official
+    attention kernels win only the exact single-level loss (on CPU only where our C kernels
+    cannot be built or are switched off); our torch engine wins the official
     variant (its row max and positives ride on its own blocks) and several levels (one exp of
     the shared block for all levels, where attention pays one head per level), on CPU and on
     CUDA (NVIDIA H200, bench/gpu_report.py 2026-11-27, N = 20k, d = 64, fp32 fwd+bwd: official
     1 level torch 48.3 ms vs attention 60.3 ms; exact 3 levels 24.4 vs 29.8 ms)."""
     choice = auto_backend("balanced_contrastive_loss", z.device)
     if choice == "attention" and (variant == "official" or n_levels > 1 or (
-            z.device.type == "cpu" and _symmetric_engine_takes(z, n_levels))):
+            z.device.type == "cpu" and _own_cpu_engine_takes(z, n_levels))):
         return "torch"
     return choice
 
@@ -245,17 +245,21 @@ def refine_loss_backend(choice: str, z_all: torch.Tensor, scale: float, variant:
     return choice
 
 
-def _symmetric_engine_takes(z: torch.Tensor, n_levels: int) -> bool:
-    """Whether a one-level CPU loss on `z` runs our symmetric engine (``_lse_symmetric``: each
-    pair once, 2 N^2 d multiply-adds), which measured faster than the CPU attention kernel
-    (4 N^2 d) for the exact loss (README, "The CPU loss engines"). The engine computes in the
-    op's compute dtype: 16-bit inputs run it on their float32 copy (as backend="torch" does);
-    the CPU attention kernel on their bf16 rows, the choice before, took 1.22x / 1.28x its time
-    at 12k / 50k rows, d 128 (README, same section; bench/loss_grid.py --dtype bfloat16)."""
+def _own_cpu_engine_takes(z: torch.Tensor, n_levels: int) -> bool:
+    """Whether a one-level CPU loss on `z` runs our torch backend with its C kernels: the
+    symmetric engine (``_lse_symmetric``: each pair once, 2 N^2 d multiply-adds) from its
+    MIN_ROWS rows, the row-block engine's single block below. Both measured faster than the CPU
+    attention kernel (4 N^2 d) for the exact loss: the symmetric engine from 6k to 100k rows,
+    the single block 1.02-1.27x at 100-500 rows in 33 of 36 cells, even in the other three
+    (README, "The fused loss": `bench/loss_grid.py`). The engines compute in the op's compute
+    dtype: 16-bit inputs run on their float32 copy (as backend="torch" does); the CPU attention
+    kernel on their bf16 rows, the choice before, took 1.22x / 1.28x the symmetric engine's
+    time at 12k / 50k rows, d 128 (`bench/loss_grid.py --dtype bfloat16`). Switched off
+    (HIERTAIL_SYMMETRIC=0) or without the C kernels: the attention kernel, as before."""
     from hiertail_fast.ops import _lse_symmetric
 
     compute = torch.float64 if z.dtype == torch.float64 else torch.float32
-    return _lse_symmetric.serves(z.device, compute, z.shape[0], n_levels)
+    return _lse_symmetric.serves_kind(z.device, compute, n_levels)
 
 
 def choose_loss_backend(z: torch.Tensor, backend: str | None, variant: str,

@@ -76,12 +76,17 @@ def available() -> bool:
     return _kernels() is not None
 
 
-def serves(device: torch.device, dtype: torch.dtype, n_rows: int, n_levels: int) -> bool:
-    """Whether this engine takes problems of this kind: CPU float32, one level, at least
-    MIN_ROWS rows, not switched off, and the C kernel built here (the one rule, also behind
-    the automatic backend choice, ``_dispatch``)."""
+def serves_kind(device: torch.device, dtype: torch.dtype, n_levels: int) -> bool:
+    """Whether this engine takes problems of this kind at its sizes: CPU float32, one level,
+    not switched off, and the C kernel built here (also behind the automatic backend choice,
+    ``_dispatch``, which then keeps the torch backend at every size)."""
     return (enabled() and device.type == "cpu" and dtype == torch.float32 and n_levels == 1
-            and n_rows >= MIN_ROWS and available())
+            and available())
+
+
+def serves(device: torch.device, dtype: torch.dtype, n_rows: int, n_levels: int) -> bool:
+    """``serves_kind``, and at least MIN_ROWS rows (below, the row-block engine's one block)."""
+    return serves_kind(device, dtype, n_levels) and n_rows >= MIN_ROWS
 
 
 def applicable(z: torch.Tensor, log_w: torch.Tensor) -> bool:
