@@ -195,8 +195,14 @@ class BalancedContrastiveFunction(torch.autograd.Function):
             a = lse - rmax
             return torch.exp(a - torch.logaddexp(a, log_eps))
 
-        # one level, every key visible, CPU float32: the symmetric engine (each pair once)
-        symmetric = backend == "torch" and _lse_symmetric.applicable(zc, lv.log_w)
+        # one level, every key visible, CPU float32: the symmetric engine (each pair once), for
+        # the fused loss or a forward without gradient. Not for reduction "none" with a
+        # gradient: its backward runs the row-block engine, whose GEMMs recompute the logits
+        # with other roundings than the symmetric tiles (a few ulps of |s|: at |s| ~ 1e5 the
+        # probabilities exp(s - LSE) of the forward's LSE moved by ~1e-3, 30x the fp32
+        # reference's error; found by fuzzing), so forward and backward share one engine
+        symmetric = (backend == "torch" and (fused or not want_grad)
+                     and _lse_symmetric.applicable(zc, lv.log_w))
         if symmetric:
             mod = _lse_symmetric
         # the official positives read from the torch engine's own blocks (no extra GEMM)
