@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, _tie_bound
+from hiertail_fast.ops._tied_keys import row_ids
 
 from ._utils import feature_block, pair_blocks
 from ._utils import fp32_dot as fp32_dot_precision
@@ -139,23 +140,6 @@ def _positive_pairs_kernel(
         out_mask = m_valid[:, None] & d_valid[None, :]
         prev = tl.load(DZ + out, mask=out_mask, other=0.0)
         tl.store(DZ + out, prev + acc * scale, mask=out_mask)
-
-
-_MULTIPLIERS: dict[tuple[int, str], torch.Tensor] = {}
-
-
-def row_ids(z: torch.Tensor) -> torch.Tensor:
-    """[N] int64, equal for rows with equal values (-0.0 counts as 0.0): a fixed linear hash
-    of the rows' fp32 bit patterns (multipliers < 2^22 and d <= 256 keep the sum < 2^63).
-    Unequal rows collide only by accident; see the module docstring for what that can cost."""
-    n, d = z.shape
-    key = (d, str(z.device))
-    if key not in _MULTIPLIERS:
-        gen = torch.Generator().manual_seed(0x5EED)
-        mult = torch.randint(1 << 21, 1 << 22, (d,), generator=gen, dtype=torch.int64) | 1
-        _MULTIPLIERS[key] = mult.to(z.device)
-    bits = (z.float() + 0.0).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    return (bits * _MULTIPLIERS[key]).sum(1)
 
 
 def _ranges(gid: torch.Tensor, n_groups: int):

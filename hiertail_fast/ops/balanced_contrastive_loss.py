@@ -40,6 +40,7 @@ from hiertail_fast.ops._dispatch import (  # noqa: F401  (LOSS_BACKENDS: re-expo
     triton_available,
 )
 from hiertail_fast.ops._positive_blocks import POSITIVES_ENV, BlockPositives, positives_plan
+from hiertail_fast.ops._tied_keys import first_tied_key
 from hiertail_fast.reference.balanced_contrastive_loss import balanced_contrastive_loss_ref
 
 
@@ -243,6 +244,9 @@ class BalancedContrastiveFunction(torch.autograd.Function):
         else:
             lse, rmax, amax = mod.lse_forward(z_in, log_w, scale, official, **kw)
             lse = lse.double()       # loss formulas in float64: lse - rowmax to full precision
+        if official:
+            # the max's gradient to the FIRST of equal key rows, as torch.max (_tied_keys)
+            amax = first_tied_key(zc, amax, torch.isfinite(lv.log_w))
             rmax = rmax.to(cdt) if official else None
         if official:
             big_t, big_q = torch.zeros_like(lse), torch.zeros_like(lse)

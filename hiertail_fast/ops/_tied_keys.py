@@ -1,0 +1,72 @@
+"""Duplicate key rows and the official variant's arg-max tie rule.
+
+The official loss subtracts each row's max M_i = max_k s_ik; its gradient goes to the key that
+holds it. Where several keys hold it, torch.max (the dense reference) takes the FIRST index, in
+the key order cat(z, prototypes). Exact ties come from duplicate rows (nodes with identical
+embeddings: common in graphs), and the engines do not see the keys in that order or with the
+same rounding: the row-block engine visits the keys of the official variant sorted by label (a
+duplicate with a smaller label comes first), and the symmetric engine computes s_ia and s_ib of
+two equal rows a, b in different tiles, whose rounding can differ by an ulp of |s|. Either way
+another of the equal rows took the max's gradient: a valid subgradient (the loss is not
+differentiable at a tie, and its value does not change: the positives' tie rule gives every
+duplicate of the arg-max row s - M = 0), but not the reference's, and not the same across
+engines (a fuzzing find: gradients of duplicate rows 1.9 apart where the reference's were 1.4).
+
+``first_tied_key`` moves each arg-max to the smallest key id, visible at its level, whose row
+equals the arg-max row bit for bit: the reference's choice wherever the tie is between
+duplicate rows. Exact ties between rows that differ (s_ia == s_ib with z_a != z_b) keep the
+engine's choice. O(N d) hashing, an O(N log N) sort, no host sync on CUDA.
+"""
+from __future__ import annotations
+
+import torch
+
+_MULTIPLIERS: dict[tuple[int, str], torch.Tensor] = {}
+_HASH_ROWS = 1 << 14            # rows hashed at a time: the int64 temporaries stay ~16 MB at d 128
+
+
+def row_ids(z: torch.Tensor) -> torch.Tensor:
+    """[N] int64, equal for rows with equal values (-0.0 counts as 0.0): a fixed linear hash
+    of the rows' fp32 bit patterns (multipliers < 2^22 and d <= 256 keep the sum < 2^63).
+    Unequal rows collide only by accident (callers that act on a match compare the rows)."""
+    n, d = z.shape
+    key = (d, str(z.device))
+    if key not in _MULTIPLIERS:
+        gen = torch.Generator().manual_seed(0x5EED)
+        mult = torch.randint(1 << 21, 1 << 22, (d,), generator=gen, dtype=torch.int64) | 1
+        _MULTIPLIERS[key] = mult.to(z.device)
+    mult = _MULTIPLIERS[key]
+    out = torch.empty(n, dtype=torch.int64, device=z.device)
+    for r0 in range(0, n, _HASH_ROWS):
+        rows = z[r0:r0 + _HASH_ROWS]
+        bits = (rows.float() + 0.0).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+        torch.sum(bits * mult, dim=1, out=out[r0:r0 + _HASH_ROWS])
+    return out
+
+
+def first_tied_key(z: torch.Tensor, arg_max: torch.Tensor,
+                   visible: torch.Tensor | None = None) -> torch.Tensor:
+    """arg_max [L, N] (key ids of the rows of z [N, d]) moved to the smallest id among the keys
+    visible at that level (``visible`` [L, N] bool; None: every key) whose row equals the
+    arg-max row exactly. A new tensor; arg_max is not modified."""
+    n = z.shape[0]
+    out = arg_max.clone()
+    if n < 2 or arg_max.numel() == 0:
+        return out
+    h_sorted, perm = torch.sort(row_ids(z))
+    starts = torch.ones(n, dtype=torch.bool, device=z.device)
+    starts[1:] = h_sorted[1:] != h_sorted[:-1]
+    if z.device.type == "cpu" and bool(starts.all()):
+        return out                                  # no two rows alike (no sync on CPU)
+    group = torch.empty(n, dtype=torch.long, device=z.device)
+    group[perm] = torch.cumsum(starts, 0) - 1       # hash group of every key id
+    ids = torch.arange(n, device=z.device)
+    for lev in range(arg_max.shape[0]):
+        cand = ids if visible is None else torch.where(visible[lev], ids, n)
+        first = torch.full((n,), n, dtype=torch.long, device=z.device)
+        first.scatter_reduce_(0, group, cand, reduce="amin")
+        a = arg_max[lev]
+        c = first[group[a]].clamp_(max=n - 1)       # n: no visible key (a row outside the level)
+        same = (c < a) & (z[c] == z[a]).all(dim=1)  # a hash match is checked on the rows
+        out[lev] = torch.where(same, c, a)
+    return out
