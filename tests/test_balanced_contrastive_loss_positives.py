@@ -374,7 +374,8 @@ def test_other_engines_on_request(monkeypatch, triton_device, backend, reduction
         torch_calls.clear()
         got = run(dtype, "triton")
         if dtype == torch.float32:
-            assert calls == ([True, False] if reduction == "none" else [True])
+            # "none": the forward's sums, then the backward's fused pass (sums and dz at once)
+            assert calls == ([True, True] if reduction == "none" else [True])
             assert not torch_calls
         else:
             assert not calls

@@ -80,15 +80,15 @@ def test_regimes_match_reference(forced, regime, tau, variant):
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_options_match_reference_and_row_block_engine(forced, monkeypatch, variant,
                                                        include_self, reduction):
-    """include_self, every reduction (``none`` with a gradient: the row-block engine, see
-    test_reduction_none_with_gradient_keeps_one_engine), no prototypes; the row-block engine
-    agrees within fp32 rounding."""
+    """include_self, every reduction (``none``: the engine's forward-only pass, and its fused
+    pass again in the backward, see test_reduction_none_gradient_is_one_consistent_pass), no
+    prototypes; the row-block engine agrees within fp32 rounding."""
     gen = torch.Generator().manual_seed(3)
     z = torch.randn(101, 8, generator=gen)
     y = torch.randint(0, 4, (101,), generator=gen)
     kw = dict(variant=variant, tau=0.5, include_self=include_self, reduction=reduction)
     fast = _loss_and_grads(z, y, None, **kw)
-    calls = 0 if reduction == "none" else 1     # "none" with a gradient: row blocks (below)
+    calls = 2 if reduction == "none" else 1     # "none": forward pass 1, the backward's pass
     assert forced["fused"] == calls
     _assert_like_reference(fast, z, y, None, **kw)
     monkeypatch.setenv(sym.ENV_VAR, "0")
@@ -126,12 +126,16 @@ def test_low_precision_inputs_run_the_engine_in_float32(forced, monkeypatch, dty
 
 
 @pytest.mark.parametrize("variant", ["exact", "official"])
-def test_reduction_none_with_gradient_keeps_one_engine(forced, variant):
-    """reduction "none" with a gradient runs the row-block engine forward and backward: its
-    backward recomputes the logits in its own GEMMs, whose rounding differs from the symmetric
-    tiles' by ulps of |s|, so a symmetric forward's LSE gave probabilities off by ~1e-3 at
-    |s| ~ 1e5 (a fuzzing find: 30x the fp32 reference's error). Without a gradient the
-    symmetric engine still serves the forward."""
+@pytest.mark.parametrize("engine", ["symmetric", "rowblock"])
+def test_reduction_none_gradient_is_one_consistent_pass(forced, monkeypatch, variant, engine):
+    """reduction "none": the gradient of sum_i g_i loss_i (g = grad_out) comes from one fused
+    pass of the backward, every term from the same logits. Before, the backward recomputed the
+    logits in other GEMMs than the forward's LSE and row max came from (the symmetric engine's
+    tiles, or the row-block engine's label-sorted keys), rounded differently by ulps of |s|:
+    gradients 30x the fp32 reference's error at |s| ~ 1e5, and for the official variant, whose
+    arg-max term cancels p_argmax ~ 1, 0.1 % of the terms at |s| ~ 1e4 (fuzzing finds)."""
+    if engine == "rowblock":
+        monkeypatch.setenv(sym.ENV_VAR, "0")
     gen = torch.Generator().manual_seed(134)
     z = torch.randn(300, 5, generator=gen) * 30                  # |s| to ~1e5 at tau 0.1
     y = torch.randint(0, 3, (300,), generator=gen)
@@ -139,12 +143,30 @@ def test_reduction_none_with_gradient_keeps_one_engine(forced, variant):
     kw = dict(variant=variant, tau=0.1, reduction="none")
     fast = _loss_and_grads(z, y, p, **kw)
     _assert_like_reference(fast, z, y, p, **kw)    # was 24.9 > 1.46 (exact), > 0.017 (official)
-    assert forced["fused"] == 0
-    with torch.no_grad():
-        again = balanced_contrastive_loss(z, y, prototypes=p, temperature=0.1, variant=variant,
-                                          reduction="none", backend="torch")
-    assert forced["fused"] == 1
-    torch.testing.assert_close(again, fast[0], rtol=1e-6, atol=1e-6 * fast[0].abs().max())
+    assert forced["fused"] == (2 if engine == "symmetric" else 0)
+
+
+def test_reduction_none_official_big_logits_rowblock(monkeypatch):
+    """The row-block engine alone: fuzz case 151 (|s| ~ 4e4, tau 1, the official variant), the
+    gradient of one row's loss, which the reference gives as exactly 0 (every term saturated):
+    0.086 before, from a backward whose logits (natural key order) were rounded otherwise than
+    the forward's row max (keys sorted by label)."""
+    monkeypatch.setenv(sym.ENV_VAR, "0")
+    gen = torch.Generator().manual_seed(3151)
+    z = torch.randn(513, 16, generator=gen, dtype=torch.float64) * 30
+    y = torch.randint(0, 40, (513,), generator=gen)
+    go = torch.zeros(513, dtype=torch.float64)
+    go[512] = 1.0
+    grads = []
+    for t, fn in ((z.float(), lambda *a, **k: balanced_contrastive_loss(*a, backend="torch",
+                                                                         **k)), (z, ref)):
+        zz = t.clone().requires_grad_()
+        out = fn(zz, y, temperature=1.0, include_self=False, reduction="none",
+                 variant="official")
+        out.backward(go.to(t.dtype))
+        grads.append(zz.grad.double())
+    assert grads[1].abs().max() == 0
+    assert grads[0].abs().max() < 1e-3
 
 
 def test_threads_and_chunks_agree(forced, monkeypatch):

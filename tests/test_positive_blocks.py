@@ -114,8 +114,8 @@ def _assert_close64(got, want):
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_single_level_slices_and_pairs_float64(monkeypatch, include_self, reduction):
     """Zipf labels: big classes (>= SLICE_GROUP keys: 2-D slices) and small ones (pair lists);
-    several row blocks. The forward never calls the separate pair pass; reduction "none"
-    recomputes the gradient in backward, through it (once)."""
+    several row blocks. Neither the forward nor, for reduction "none", the backward's fused
+    pass calls the separate pair pass: the positives come from the blocks."""
     monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(8 * 700 * 64))
     calls = _count_pair_passes(monkeypatch)
     gen = torch.Generator().manual_seed(2)
@@ -128,7 +128,7 @@ def test_single_level_slices_and_pairs_float64(monkeypatch, include_self, reduct
                                                           backend="torch", **kw), z, [p])
     want = _grads(lambda zz, pp: ref(zz, y, prototypes=pp[0], **kw), z, [p])
     _assert_close64(got, want)
-    assert len(calls) == (0 if reduction == "mean" else 1)
+    assert len(calls) == 0
     assert int(torch.bincount(y).max()) >= blocks_mod.SLICE_GROUP
 
 

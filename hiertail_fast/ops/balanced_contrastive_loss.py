@@ -169,6 +169,66 @@ def loss_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
+def _ratio(lse, rmax, log_eps):
+    """r = exp(LSE - M) / D, D = exp(LSE - M) + eps * n_groups: the official loss's d/dLSE."""
+    a = lse - rmax
+    return torch.exp(a - torch.logaddexp(a, log_eps))
+
+
+def _fused_pass(zc, z_in, lv: _Levels, base, inv_n, log_eps_w, log_w, scale: float,
+                include_self: bool, official: bool, backend: str):
+    """The torch / attention engines' one pass over the logits for the loss sum_l,i base_li *
+    loss_li: (lse, rmax, amax, T, Q, dz) with its gradient dz, every term of it from the same
+    logits (the row max and its arg-max, LSE, the positives). The forward of the "mean" and
+    "sum" reductions, and the backward of "none" (base = grad_out on the rows): a backward
+    that recomputed the logits in other GEMMs than the forward's LSE came from would see them
+    rounded differently, by ulps of |s|, and the official gradient's cancellation of the
+    arg-max term against p_argmax ~ 1 leaves those ulps standing (0.1 % of the terms at
+    |s| ~ 1e4, a fuzzing find)."""
+    mod = _backend_module(backend)
+    # one level, every key visible, CPU float32: the symmetric engine (each pair once)
+    symmetric = backend == "torch" and _lse_symmetric.applicable(zc, lv.log_w)
+    if symmetric:
+        mod = _lse_symmetric
+    # the official positives read from the torch engine's own blocks (no extra GEMM)
+    positives = None
+    triton_pos = official and _triton_positives(backend, zc)
+    if official and symmetric and not triton_pos:
+        positives = _lse_symmetric.Positives(lv.gid[0], include_self, -(base * inv_n)[0])
+    elif official and backend == "torch" and not triton_pos:
+        positives = BlockPositives(zc, lv.gid, lv.n_groups, include_self, -(base * inv_n),
+                                   scale, torch.isfinite(lv.log_w).all(dim=0), lv.log_w)
+    kw = {} if positives is None else {"positives": positives}
+
+    def coef_fn(rows, lse_b, max_b):
+        g = base[:, rows]
+        return g * _ratio(lse_b, max_b, log_eps_w) if official else g
+
+    # the attention engine takes the input dtype (bf16 on CUDA: flash attention)
+    z_eng = z_in if backend == "attention" else zc
+    lse, rmax, amax, dz = mod.lse_fused(z_eng, log_w, scale, official, coef_fn, **kw)
+    dz = dz.to(zc.dtype)
+    lse = lse.double()
+    if not official:
+        pos, dzp = _class_sum_term(zc, lv, scale, include_self, -(base * inv_n))
+        return lse, None, None, pos, None, dz + dzp
+    rmax = rmax.to(zc.dtype)
+    # the max's gradient to the FIRST of equal key rows, as torch.max (_tied_keys)
+    amax = first_tied_key(zc, amax, torch.isfinite(lv.log_w))
+    big_t, big_q = torch.zeros_like(lse), torch.zeros_like(lse)
+    for lev in range(lse.shape[0]):
+        if positives is not None and positives.handled[lev]:
+            big_t[lev], big_q[lev] = positives.T[lev], positives.Q[lev]
+            continue
+        t, q, dzp = _positive_terms(triton_pos, backend, zc, z_in, lv, lev, rmax, amax, scale,
+                                    include_self, -(base[lev] * inv_n[lev]), None)
+        big_t[lev], big_q[lev] = t, q
+        dz += dzp
+    gamma = base * (big_q * inv_n - _ratio(lse, rmax, log_eps_w))
+    dz += _argmax_grad(zc, amax, gamma, scale)
+    return lse, rmax, amax, big_t, big_q, dz
+
+
 class BalancedContrastiveFunction(torch.autograd.Function):
     """Sum over levels of the reduced balanced contrastive loss on the rows of ``z``."""
 
@@ -189,87 +249,61 @@ class BalancedContrastiveFunction(torch.autograd.Function):
             base = contrib                                      # "sum"; "none" uses it as a mask
         inv_n = torch.where(lv.contrib, 1.0 / lv.n_pos.clamp(min=1), torch.zeros_like(base))
         log_eps_w = torch.log(OFFICIAL_EPS * lv.n_distinct)[:, None]     # [L, 1]
-        fused = reduction != "none" and backend in ("torch", "attention") and want_grad
+        # the torch / attention engines: the gradient in the forward's pass for "mean" / "sum",
+        # in a pass of the backward for "none" (its weights, grad_out, come with it)
+        fusable = backend in ("torch", "attention")
+        fused = reduction != "none" and fusable and want_grad
         log_w = lv.log_w if backend == "torch" else lv.log_w.float()
-
-        def ratio(lse, rmax, log_eps):  # r = exp(LSE - M) / D
-            a = lse - rmax
-            return torch.exp(a - torch.logaddexp(a, log_eps))
-
-        # one level, every key visible, CPU float32: the symmetric engine (each pair once), for
-        # the fused loss or a forward without gradient. Not for reduction "none" with a
-        # gradient: its backward runs the row-block engine, whose GEMMs recompute the logits
-        # with other roundings than the symmetric tiles (a few ulps of |s|: at |s| ~ 1e5 the
-        # probabilities exp(s - LSE) of the forward's LSE moved by ~1e-3, 30x the fp32
-        # reference's error; found by fuzzing), so forward and backward share one engine
-        symmetric = (backend == "torch" and (fused or not want_grad)
-                     and _lse_symmetric.applicable(zc, lv.log_w))
-        if symmetric:
-            mod = _lse_symmetric
-        # the official positives read from the torch engine's own blocks (no extra GEMM)
-        positives = None
         triton_pos = official and _triton_positives(backend, zc)
-        if triton_pos:
-            pass                          # the Triton kernel, level by level (_positive_terms)
-        elif official and symmetric and fused:
-            positives = _lse_symmetric.Positives(lv.gid[0], include_self, -(base * inv_n)[0])
-        elif official and backend == "torch" and not symmetric:
-            positives = BlockPositives(zc, lv.gid, lv.n_groups, include_self,
-                                       -(base * inv_n) if fused else None, scale,
-                                       torch.isfinite(lv.log_w).all(dim=0), lv.log_w)
-        kw = {} if positives is None else {"positives": positives}
-        # the Triton kernels' fp32 dot (chosen in _apply), saved for the backward, whose
-        # one-pass kernel must recompute the forward's scores
-        if fp32_dot is not None:
-            kw["fp32_dot"] = fp32_dot
-        # several levels on the Triton kernels: the embedding rows, visible in every level,
-        # take one exp per entry for all levels when $HIERTAIL_TRITON_SHARED_LEVELS asks
-        n_common = (lv.n_common if backend == "triton" and lv.log_w.shape[0] > 1
-                    and _triton_loss.shared_levels() else 0)
-        if n_common:
-            kw["n_common"] = n_common
+        n_common = 0
         if fused:
-            def coef_fn(rows, lse_b, max_b):
-                g = base[:, rows]
-                return g * ratio(lse_b, max_b, log_eps_w) if official else g
-
-            # the attention engine takes the input dtype (bf16 on CUDA: flash attention)
-            z_eng = z_in if backend == "attention" else zc
-            lse, rmax, amax, dz = mod.lse_fused(z_eng, log_w, scale, official, coef_fn, **kw)
-            dz = dz.to(zc.dtype)
-            lse = lse.double()
-        elif symmetric:         # forward only: pass 1 (the positives: positive_pairs below)
-            lse, rmax, amax, _ = mod.lse_fused(zc, log_w, scale, official)
-            rmax = rmax.to(cdt) if official else None
+            lse, rmax, amax, big_t, big_q, dz = _fused_pass(
+                zc, z_in, lv, base, inv_n, log_eps_w, log_w, scale, include_self, official,
+                backend)
         else:
-            lse, rmax, amax = mod.lse_forward(z_in, log_w, scale, official, **kw)
+            # forward only. One level, every key visible, CPU float32: the symmetric engine's
+            # pass 1; the official positives after it (positive_pairs), or read from the
+            # row-block engine's blocks
+            symmetric = backend == "torch" and _lse_symmetric.applicable(zc, lv.log_w)
+            positives = None
+            if official and backend == "torch" and not symmetric and not triton_pos:
+                positives = BlockPositives(zc, lv.gid, lv.n_groups, include_self, None, scale,
+                                           torch.isfinite(lv.log_w).all(dim=0), lv.log_w)
+            kw = {} if positives is None else {"positives": positives}
+            # the Triton kernels' fp32 dot (chosen in _apply), saved for the backward, whose
+            # one-pass kernel must recompute the forward's scores
+            if fp32_dot is not None:
+                kw["fp32_dot"] = fp32_dot
+            # several levels on the Triton kernels: the embedding rows, visible in every
+            # level, take one exp per entry for all levels when
+            # $HIERTAIL_TRITON_SHARED_LEVELS asks
+            n_common = (lv.n_common if backend == "triton" and lv.log_w.shape[0] > 1
+                        and _triton_loss.shared_levels() else 0)
+            if n_common:
+                kw["n_common"] = n_common
+            if symmetric:
+                lse, rmax, amax, _ = _lse_symmetric.lse_fused(zc, log_w, scale, official)
+            else:
+                lse, rmax, amax = mod.lse_forward(z_in, log_w, scale, official, **kw)
             lse = lse.double()       # loss formulas in float64: lse - rowmax to full precision
+            big_t = big_q = None
+            if official:
+                rmax = rmax.to(cdt)
+                amax = first_tied_key(zc, amax, torch.isfinite(lv.log_w))
+                big_t, big_q = torch.zeros_like(lse), torch.zeros_like(lse)
+                for lev in range(lse.shape[0]):
+                    if positives is not None and positives.handled[lev]:
+                        big_t[lev], big_q[lev] = positives.T[lev], positives.Q[lev]
+                        continue
+                    big_t[lev], big_q[lev], _ = _positive_terms(
+                        triton_pos, backend, zc, z_in, lv, lev, rmax, amax, scale,
+                        include_self, None, fp32_dot)
+            else:
+                big_t = _class_sum_term(zc, lv, scale, include_self)[0]
         if official:
-            # the max's gradient to the FIRST of equal key rows, as torch.max (_tied_keys)
-            amax = first_tied_key(zc, amax, torch.isfinite(lv.log_w))
-            rmax = rmax.to(cdt) if official else None
-        if official:
-            big_t, big_q = torch.zeros_like(lse), torch.zeros_like(lse)
-            for lev in range(lse.shape[0]):
-                if positives is not None and positives.handled[lev]:
-                    big_t[lev], big_q[lev] = positives.T[lev], positives.Q[lev]
-                    continue
-                coef = -(base[lev] * inv_n[lev]) if fused else None
-                t, q, dzp = _positive_terms(triton_pos, backend, zc, z_in, lv, lev, rmax,
-                                            amax, scale, include_self, coef, fp32_dot)
-                big_t[lev], big_q[lev] = t, q
-                if fused:
-                    dz += dzp
             loss = torch.logaddexp(lse - rmax, log_eps_w) - big_t * inv_n
         else:
-            pos, dzp = _class_sum_term(zc, lv, scale, include_self,
-                                       -(base * inv_n) if fused else None)
-            loss = lse - pos * inv_n
-            if fused:
-                dz += dzp
-        if official and fused:
-            gamma = base * (big_q * inv_n - ratio(lse, rmax, log_eps_w))
-            dz += _argmax_grad(zc, amax, gamma, scale)
+            loss = lse - big_t * inv_n
         loss = torch.where(lv.contrib, loss, torch.zeros_like(loss))
         if reduction == "none":
             out = loss[0]
@@ -281,6 +315,8 @@ class BalancedContrastiveFunction(torch.autograd.Function):
         ctx.triton_pos = triton_pos
         if fused:
             ctx.save_for_backward(dz)
+        elif want_grad and fusable:
+            ctx.save_for_backward(zc, z_in, log_w, base, inv_n, log_eps_w)
         elif want_grad:
             extra = (rmax, amax, big_q) if official else ()
             ctx.save_for_backward(zc, z_in, log_w, lse, base, inv_n, log_eps_w, *extra)
@@ -295,8 +331,14 @@ class BalancedContrastiveFunction(torch.autograd.Function):
         if ctx.fused:
             (dz,) = ctx.saved_tensors
             return (dz * grad_out.to(dz.dtype)).to(ctx.z_dtype), *nones
-        zc, z_in, log_w, lse, base, inv_n, log_eps_w, *extra = ctx.saved_tensors
         lv, scale = ctx.lv, ctx.scale
+        if ctx.backend in ("torch", "attention"):             # "none": one fused pass
+            zc, z_in, log_w, base, inv_n, log_eps_w = ctx.saved_tensors
+            g = base * grad_out.to(zc.dtype)[None]
+            dz = _fused_pass(zc, z_in, lv, g, inv_n, log_eps_w, log_w, scale,
+                             ctx.include_self, ctx.official, ctx.backend)[5]
+            return dz.to(ctx.z_dtype), *nones
+        zc, z_in, log_w, lse, base, inv_n, log_eps_w, *extra = ctx.saved_tensors
         go = grad_out.to(zc.dtype)
         g = base * go[None] if ctx.reduction == "none" else base * go     # [L, N]
         mod = _backend_module(ctx.backend)
