@@ -112,6 +112,18 @@ def test_reductions_and_grad_output(backend, variant, reduction):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("variant", ["exact", "official"])
+def test_reduction_none_at_large_logits(backend, variant):
+    """reduction "none" with signed grad_output at |s| ~ 1e4 (tau 0.01): the backward must use
+    logits rounded as the forward's LSE and row max were (a backward that recomputed them in
+    other products left ulps of |s| in the official gradient's cancellation: 0.1 % of its terms
+    on the CPU engines before; on a GPU, the Triton engine's forward and backward kernels)."""
+    z, y, p = _data(200, 8, norm=10.0, m=3, seed=151)
+    w = torch.linspace(-1.0, 2.0, 203)
+    _check(backend, z, y, p, weights=w, reduction="none", variant=variant, temperature=0.01)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("n", [1, 7, 129, 300])
 def test_ragged_sizes(backend, n):
     d = 33 if n < 300 else 16

@@ -487,6 +487,45 @@ def test_autotuned_launch_path(monkeypatch, triton_device, two_tiles):
         assert fakes["fwd"].launches == 2 and fakes["bwd"].launches == 3
 
 
+def test_official_fp32_logits_over_the_lse_limit_run_the_torch_engine(monkeypatch,
+                                                                       triton_device):
+    """backend="triton", official variant, fp32: over FP32_LSE_MAX_LOGIT the kernels' fp32 LSE
+    is not precise enough for the arg-max cancellation (test_reduction_none_at_large_logits in
+    test_balanced_contrastive_loss.py failed on them), so the call runs the torch engine; at or
+    under it, and for the exact variant or bf16 rows at any bound, the kernels."""
+    from hiertail_fast import balanced_contrastive_loss
+    from hiertail_fast.ops import _triton_loss
+
+    k = _kernels()
+    launched = []
+    real_fwd = k.lse_forward
+
+    def fwd(*args, **kw):
+        launched.append(1)
+        return real_fwd(*args, **kw)
+
+    monkeypatch.setattr(k, "lse_forward", fwd)
+    limit = _triton_loss.FP32_LSE_MAX_LOGIT["official"]
+    gen = torch.Generator().manual_seed(4)
+    y = torch.randint(0, 3, (40,), generator=gen)
+    z = torch.randn(40, 8, generator=gen)
+    z = z / z.norm(dim=1, keepdim=True)
+    cases = [(0.9 * limit, "official", torch.float32, True),
+             (1.5 * limit, "official", torch.float32, False),
+             (1.5 * limit, "exact", torch.float32, True),
+             (1.5 * limit, "official", torch.bfloat16, True)]
+    for bound, variant, dtype, on_triton in cases:
+        zb = (z * (bound * 0.5) ** 0.5).to(dtype)          # temperature 0.5: scale 2
+        assert _triton_loss.lse_precise(zb, 2.0, variant) == on_triton
+        launched.clear()
+        got = zb.to(triton_device).detach().requires_grad_()
+        loss = balanced_contrastive_loss(got, y.to(triton_device), temperature=0.5,
+                                         variant=variant, backend="triton")
+        loss.backward()
+        assert bool(launched) == on_triton, (bound, variant, dtype)
+        assert torch.isfinite(got.grad).all()
+
+
 @pytest.mark.parametrize("variant", ["exact", "official"])
 def test_the_loss_picks_its_fp32_dot_from_the_logits(monkeypatch, triton_device, variant):
     """ops/_triton_loss: the loss on backend="triton" multiplies fp32 with 3xTF32 while the

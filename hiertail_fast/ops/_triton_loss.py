@@ -35,6 +35,16 @@ import torch
 from hiertail_fast.ops._attention_lse import LogitBound
 
 TF32X3_MAX_LOGIT = {"exact": 2048.0, "official": 1024.0}
+# The kernels keep LSE in fp32 whatever the dot: an absolute error of ~ulp(|lse|) / 2 in every
+# p_ik = exp(s_ik + log w_k - lse_i), relative ~B 2^-25. The exact variant's fp32 reference has
+# the same (the tests' rule passed at B ~ 3e4). The official gradient cancels the arg-max term
+# against p_argmax ~ 1, where the reference works on s - M (small) and cancels exactly: with
+# fp32 inputs the Triton engine failed the tests' rule (error 1.5-15x the bound) from B ~ 1.2e4
+# and passed at 6.1e3 (Triton interpreter, N = 203, d = 8, tau 0.01, every reduction;
+# tests/test_balanced_contrastive_loss.py::test_reduction_none_at_large_logits, a fuzzing
+# find). Above this limit an fp32 official call on the Triton engine runs our torch engine
+# (exact at any B), as the attention kernels' guard does; bf16 inputs passed at B ~ 1.2e5.
+FP32_LSE_MAX_LOGIT = {"exact": float("inf"), "official": 4096.0}
 FP32_DOT_ENV = "HIERTAIL_TRITON_FP32_DOT"     # the same name as kernels/_utils.FP32_DOT_ENV
 
 
@@ -48,6 +58,15 @@ def tf32x3_precise(z: torch.Tensor, scale: float, variant: str,
     """Whether 3xTF32 dots keep this call's error inside fp32's tolerances (B <= limit; B from
     the call's shared ``LogitBound`` if given)."""
     return (bound or LogitBound(z, scale)).value <= TF32X3_MAX_LOGIT[variant]
+
+
+def lse_precise(z: torch.Tensor, scale: float, variant: str,
+                bound: LogitBound | None = None) -> bool:
+    """Whether the kernels' fp32 LSE is precise enough for this call: not fp32 official logits
+    over FP32_LSE_MAX_LOGIT (the bound is computed only for fp32 official calls)."""
+    if z.dtype != torch.float32 or variant != "official":
+        return True
+    return (bound or LogitBound(z, scale)).value <= FP32_LSE_MAX_LOGIT[variant]
 
 
 def tf32_cores(device: torch.device) -> bool:
@@ -100,5 +119,5 @@ def lse_backward(z, log_w, lse, grad_lse, scale, *, fp32_dot: str | None = None,
                                    out_dtype=out_dtype, n_common=n_common)
 
 
-__all__ = ["TF32X3_MAX_LOGIT", "fp32_dot", "lse_backward", "lse_forward", "positive_pairs",
-           "shared_levels", "tf32_cores", "tf32x3_precise"]
+__all__ = ["FP32_LSE_MAX_LOGIT", "TF32X3_MAX_LOGIT", "fp32_dot", "lse_backward", "lse_forward",
+           "lse_precise", "positive_pairs", "shared_levels", "tf32_cores", "tf32x3_precise"]

@@ -369,14 +369,17 @@ def settle_engine(z_all: torch.Tensor, scale: float, variant: str, n_levels: int
     prototypes), settled from the logits' bound (one shared ``LogitBound``, computed only if a
     rule asks): an automatic choice refined for CUDA (``refine_loss_backend``); the attention
     engine's precision guard (``_attention_lse.max_logit``, per variant and dtype), our own
-    engine where the logits are too large for its fp32 LSE; the Triton engine's fp32 dot
-    (``_triton_loss.fp32_dot``). bench/_gpu_checks.py labels its "auto" rows with it."""
+    engine where the logits are too large for its fp32 LSE; the same for the Triton engine's
+    fp32 LSE (``_triton_loss.lse_precise``), else its fp32 dot (``_triton_loss.fp32_dot``).
+    bench/_gpu_checks.py labels its "auto" rows with it."""
     bound = bound or _attention_lse.LogitBound(z_all, scale)
     if automatic:
         backend = refine_loss_backend(backend, z_all, scale, variant, n_levels, bound)
     if backend == "attention" and not _attention_lse.within_precision(z_all, scale, variant,
                                                                       bound):
         backend = own_engine(z_all.device)
+    if backend == "triton" and not _triton_loss.lse_precise(z_all, scale, variant, bound):
+        backend = own_engine(z_all.device)              # the same for the Triton kernels' LSE
     fp32_dot = (_triton_loss.fp32_dot(z_all, scale, variant, bound) if backend == "triton"
                 else None)
     return backend, fp32_dot
