@@ -175,6 +175,34 @@ def _ratio(lse, rmax, log_eps):
     return torch.exp(a - torch.logaddexp(a, log_eps))
 
 
+def _block_positives(zc, lv: _Levels, include_self: bool, coef, scale: float):
+    """The official positives read from the row-block engine's own blocks (no extra GEMM);
+    coef: their gradient coefficients (None: forward only)."""
+    return BlockPositives(zc, lv.gid, lv.n_groups, include_self, coef, scale,
+                          torch.isfinite(lv.log_w).all(dim=0), lv.log_w)
+
+
+def _official_sums(positives, triton_pos: bool, backend, zc, z_in, lv: _Levels, lse, rmax,
+                   amax, scale, include_self, coef, fp32_dot):
+    """The official variant's terms after the LSE pass: (amax moved to the first of equal key
+    rows, as torch.max (_tied_keys), T [L, N], Q [L, N], dz of the positives or None). Levels
+    the engine's `positives` collected are taken from it, the others run ``_positive_terms``
+    with coefficients coef [L, N] (None: forward only)."""
+    amax = first_tied_key(zc, amax, torch.isfinite(lv.log_w))
+    big_t, big_q = torch.zeros_like(lse), torch.zeros_like(lse)
+    dz = None
+    for lev in range(lse.shape[0]):
+        if positives is not None and positives.handled[lev]:
+            big_t[lev], big_q[lev] = positives.T[lev], positives.Q[lev]
+            continue
+        big_t[lev], big_q[lev], dzp = _positive_terms(
+            triton_pos, backend, zc, z_in, lv, lev, rmax, amax, scale, include_self,
+            None if coef is None else coef[lev], fp32_dot)
+        if dzp is not None:
+            dz = dzp if dz is None else dz + dzp
+    return amax, big_t, big_q, dz
+
+
 def _fused_pass(zc, z_in, lv: _Levels, base, inv_n, log_eps_w, log_w, scale: float,
                 include_self: bool, official: bool, backend: str):
     """The torch / attention engines' one pass over the logits for the loss sum_l,i base_li *
@@ -196,8 +224,7 @@ def _fused_pass(zc, z_in, lv: _Levels, base, inv_n, log_eps_w, log_w, scale: flo
     if official and symmetric and not triton_pos:
         positives = _lse_symmetric.Positives(lv.gid[0], include_self, -(base * inv_n)[0])
     elif official and backend == "torch" and not triton_pos:
-        positives = BlockPositives(zc, lv.gid, lv.n_groups, include_self, -(base * inv_n),
-                                   scale, torch.isfinite(lv.log_w).all(dim=0), lv.log_w)
+        positives = _block_positives(zc, lv, include_self, -(base * inv_n), scale)
     kw = {} if positives is None else {"positives": positives}
 
     def coef_fn(rows, lse_b, max_b):
@@ -213,16 +240,10 @@ def _fused_pass(zc, z_in, lv: _Levels, base, inv_n, log_eps_w, log_w, scale: flo
         pos, dzp = _class_sum_term(zc, lv, scale, include_self, -(base * inv_n))
         return lse, None, None, pos, None, dz + dzp
     rmax = rmax.to(zc.dtype)
-    # the max's gradient to the FIRST of equal key rows, as torch.max (_tied_keys)
-    amax = first_tied_key(zc, amax, torch.isfinite(lv.log_w))
-    big_t, big_q = torch.zeros_like(lse), torch.zeros_like(lse)
-    for lev in range(lse.shape[0]):
-        if positives is not None and positives.handled[lev]:
-            big_t[lev], big_q[lev] = positives.T[lev], positives.Q[lev]
-            continue
-        t, q, dzp = _positive_terms(triton_pos, backend, zc, z_in, lv, lev, rmax, amax, scale,
-                                    include_self, -(base[lev] * inv_n[lev]), None)
-        big_t[lev], big_q[lev] = t, q
+    amax, big_t, big_q, dzp = _official_sums(positives, triton_pos, backend, zc, z_in, lv, lse,
+                                             rmax, amax, scale, include_self, -(base * inv_n),
+                                             None)
+    if dzp is not None:
         dz += dzp
     gamma = base * (big_q * inv_n - _ratio(lse, rmax, log_eps_w))
     dz += _argmax_grad(zc, amax, gamma, scale)
@@ -267,8 +288,7 @@ class BalancedContrastiveFunction(torch.autograd.Function):
             symmetric = backend == "torch" and _lse_symmetric.applicable(zc, lv.log_w)
             positives = None
             if official and backend == "torch" and not symmetric and not triton_pos:
-                positives = BlockPositives(zc, lv.gid, lv.n_groups, include_self, None, scale,
-                                           torch.isfinite(lv.log_w).all(dim=0), lv.log_w)
+                positives = _block_positives(zc, lv, include_self, None, scale)
             kw = {} if positives is None else {"positives": positives}
             # the Triton kernels' fp32 dot (chosen in _apply), saved for the backward, whose
             # one-pass kernel must recompute the forward's scores
@@ -289,15 +309,9 @@ class BalancedContrastiveFunction(torch.autograd.Function):
             big_t = big_q = None
             if official:
                 rmax = rmax.to(cdt)
-                amax = first_tied_key(zc, amax, torch.isfinite(lv.log_w))
-                big_t, big_q = torch.zeros_like(lse), torch.zeros_like(lse)
-                for lev in range(lse.shape[0]):
-                    if positives is not None and positives.handled[lev]:
-                        big_t[lev], big_q[lev] = positives.T[lev], positives.Q[lev]
-                        continue
-                    big_t[lev], big_q[lev], _ = _positive_terms(
-                        triton_pos, backend, zc, z_in, lv, lev, rmax, amax, scale,
-                        include_self, None, fp32_dot)
+                amax, big_t, big_q, _ = _official_sums(positives, triton_pos, backend, zc, z_in,
+                                                       lv, lse, rmax, amax, scale, include_self,
+                                                       None, fp32_dot)
             else:
                 big_t = _class_sum_term(zc, lv, scale, include_self)[0]
         if official:
