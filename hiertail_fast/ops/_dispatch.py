@@ -256,10 +256,9 @@ def _own_cpu_engine_takes(z: torch.Tensor, n_levels: int) -> bool:
     kernel on their bf16 rows, the choice before, took 1.22x / 1.28x the symmetric engine's
     time at 12k / 50k rows, d 128 (`bench/loss_grid.py --dtype bfloat16`). Switched off
     (HIERTAIL_SYMMETRIC=0) or without the C kernels: the attention kernel, as before."""
-    from hiertail_fast.ops import _lse_symmetric
+    from hiertail_fast.ops import _lse_symmetric, _lse_torch
 
-    compute = torch.float64 if z.dtype == torch.float64 else torch.float32
-    return _lse_symmetric.serves_kind(z.device, compute, n_levels)
+    return _lse_symmetric.serves_kind(z.device, _lse_torch._compute_dtype(z), n_levels)
 
 
 def choose_loss_backend(z: torch.Tensor, backend: str | None, variant: str,

@@ -265,8 +265,8 @@ def _engine(
             if folded:
                 # t_ik = a_max a_i w_k e'_ik with e' = e, plus on the row's positives (keys of
                 # its class, w_k = w_i): c_i q_ik / (a_max a_i w_i), added into e in place
-                # (its forward values are spent); rows with a_i = 0 have c_i = 0; a_i < 0 (the
-                # backward of reduction "none" with a negative grad_out) is divided like any
+                # (its forward values are spent); rows with a_i = 0 have c_i = 0, and a_i < 0
+                # (the backward of reduction "none" with a negative grad_out) divides as any a_i
                 if positives is not None:
                     den = a[0] * (a_max * wrow[rows])
                     inv = torch.where(den != 0, 1.0 / den, torch.zeros_like(den))

@@ -28,6 +28,7 @@ inside fp32's test tolerance (1e-4): exact 2,048 (18x inside), official 1,024 (2
 from __future__ import annotations
 
 import importlib
+import math
 import os
 
 import torch
@@ -62,11 +63,12 @@ def tf32x3_precise(z: torch.Tensor, scale: float, variant: str,
 
 def lse_precise(z: torch.Tensor, scale: float, variant: str,
                 bound: LogitBound | None = None) -> bool:
-    """Whether the kernels' fp32 LSE is precise enough for this call: not fp32 official logits
-    over FP32_LSE_MAX_LOGIT (the bound is computed only for fp32 official calls)."""
-    if z.dtype != torch.float32 or variant != "official":
+    """Whether the kernels' fp32 LSE is precise enough for this call: not fp32 logits over
+    FP32_LSE_MAX_LOGIT[variant] (the bound is computed only where that limit is finite)."""
+    limit = FP32_LSE_MAX_LOGIT[variant]
+    if z.dtype != torch.float32 or math.isinf(limit):
         return True
-    return (bound or LogitBound(z, scale)).value <= FP32_LSE_MAX_LOGIT[variant]
+    return (bound or LogitBound(z, scale)).value <= limit
 
 
 def tf32_cores(device: torch.device) -> bool:
