@@ -98,6 +98,24 @@ def test_backend_ties_and_near_ties(backend, dtype):
     assert torch.equal(_run(zz, q, backend), nearest_prototype_ref(zz, q))
 
 
+@pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
+def test_column_major_inputs_tie_as_row_major(backend):
+    # rows equal to duplicated prototypes (exact ties in exact arithmetic, random values that
+    # round), given column-major (transposed views): the lowest-index rule must not depend on
+    # the layout (a fuzzing find: the reference's broadcast difference kept the column-major
+    # layout, its sums ran across rows and rounded by position, breaking ties by position)
+    dev = backend_device(backend)
+    for seed in range(30):
+        g = torch.Generator().manual_seed(seed)
+        p = torch.randn(4, 5, generator=g)[torch.randint(0, 4, (9,), generator=g)]
+        z = torch.randn(37, 5, generator=g)
+        z[::3] = p[torch.randint(0, 9, (13,), generator=g)]
+        want = nearest_prototype_ref(z, p)
+        zc, pc = (t.to(dev).t().contiguous().t() for t in (z, p))
+        assert not zc.is_contiguous()
+        assert torch.equal(nearest_prototype(zc, pc, backend=backend).cpu(), want)
+
+
 @requires_sklearn
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_backend_equals_sklearn(backend):

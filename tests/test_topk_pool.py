@@ -281,6 +281,31 @@ def test_backend_ties_deterministic(backend):
     assert topk_pool(*on_dev, 5, backend=backend).perm.tolist() == [1, 3, 7, 4, 8]
 
 
+@pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
+def test_column_major_rows_tie_as_row_major(backend):
+    # random (not exactly representable) features with duplicate rows, given column-major (a
+    # transposed view): identical rows must still score bit-identically, so perm and score are
+    # those of the row-major input and follow "lower index first" (a fuzzing find: the row
+    # sums ran across rows there and rounded by position; scores of equal rows an ulp apart)
+    dev = backend_device(backend)
+    for seed in range(12):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(3, 5, generator=g)[torch.randint(0, 3, (37,), generator=g)]
+        ei = torch.randint(0, 37, (2, 50), generator=g)
+        p = torch.randn(5, generator=g)
+        x_dev, ei_dev, p_dev = _on(dev, x, ei, p)
+        col_major = x_dev.t().contiguous().t()
+        assert not col_major.is_contiguous()
+        for ratio in (0.3, 0.6):
+            want = topk_pool_ref(x, ei, p, ratio)
+            r = topk_pool(col_major, ei_dev, p_dev, ratio, backend=backend)
+            assert torch.equal(r.perm.cpu(), want[3])
+            torch.testing.assert_close(r.score.cpu(), want[4], **tol(torch.float32))
+            s, k = r.score.tolist(), r.perm.tolist()  # the backend's own scores: equal rows tie
+            assert all(s[i] > s[i + 1] or (s[i] == s[i + 1] and k[i] < k[i + 1])
+                       for i in range(len(s) - 1))
+
+
 @pytest.mark.parametrize("backend,n", [("torch", 5000), pytest.param("triton", 300,
                                                                       marks=requires_triton)])
 def test_many_ties_follow_the_rule(backend, n):

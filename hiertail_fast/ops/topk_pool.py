@@ -92,12 +92,15 @@ _ROW_DOT_CHUNK = 1 << 18  # elements of one [rows, d] product chunk of `_row_dot
 def _row_dot(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """x·v [n] as row-wise (x * v).sum(1), in row chunks (bounded temporary). Unlike torch.mv
     (whose BLAS blocking rounds the trailing n mod 4 rows differently) each row's sum depends
-    only on the row, so identical rows give bit-identical results, equal to the reference's."""
+    only on the row, so identical rows give bit-identical results, equal to the reference's.
+    Each chunk is made row-major first: on a column-major x (a transposed view) the product
+    keeps x's layout and the sum runs across rows, rounding by the row's position (identical
+    rows were an ulp apart and the lowest-index tie rule failed)."""
     n, d = x.shape
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     step = max(1, _ROW_DOT_CHUNK // max(1, d))
     for s in range(0, n, step):
-        torch.sum(x[s:s + step] * v, dim=1, out=out[s:s + step])
+        torch.sum(x[s:s + step].contiguous() * v, dim=1, out=out[s:s + step])
     return out
 
 

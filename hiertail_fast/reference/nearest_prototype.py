@@ -34,7 +34,10 @@ def nearest_prototype_ref(z: torch.Tensor, prototypes: torch.Tensor) -> torch.Te
     z, prototypes = check_prototype_args(z, prototypes)
     if z.dtype in (torch.float16, torch.bfloat16):  # distances of 16-bit inputs in float32
         z, prototypes = z.float(), prototypes.float()
-    z, prototypes = pow2_rescale(z.detach(), prototypes.detach())
+    # row-major rows: on a column-major input the broadcast difference keeps that layout and
+    # its sum runs across rows, rounding by the row's position (exact ties then broke by
+    # position, not by the lowest-index rule)
+    z, prototypes = pow2_rescale(z.detach().contiguous(), prototypes.detach().contiguous())
     n, d = z.shape
     m = prototypes.shape[0]
     out = torch.empty(n, dtype=torch.long, device=z.device)

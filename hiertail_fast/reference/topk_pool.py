@@ -120,9 +120,10 @@ def topk_pool_ref(
     # x·p/‖p‖ as x·p̂ (p̂ from `score_direction`: no under/overflow of ‖p‖, and no overflow of
     # x·p); a row-wise (x * p̂).sum(1), whose rounding does not depend on the row's position
     # (torch.mv's blocking rounds the trailing n mod 4 rows differently), so identical rows
-    # get bit-identical scores and the lowest-index tie rule holds
+    # get bit-identical scores and the lowest-index tie rule holds; on row-major rows (a
+    # column-major x would make the sum run across rows, rounding by the row's position)
     phat, _, _ = score_direction(p)
-    score = torch.tanh((x * phat).sum(dim=-1))
+    score = torch.tanh((x.contiguous() * phat).sum(dim=-1))
     perm = torch.sort(score, descending=True, stable=True).indices[:k]
     x_pooled = x[perm] * score[perm].unsqueeze(-1)
 
