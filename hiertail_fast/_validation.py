@@ -27,6 +27,14 @@ def check_tensor(t: object, name: str) -> torch.Tensor:
     return t
 
 
+def check_flag(value: object, name: str) -> bool:
+    """A boolean switch as a Python bool: bool or numpy bool; anything else (a string such as
+    "no", an int, None) is a TypeError, never read by its truthiness (``"no"`` is truthy)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
 def all_finite(t: torch.Tensor) -> bool:
     """True iff no entry of the floating tensor t is NaN or ±inf.
 
@@ -132,10 +140,12 @@ def validate_contrastive_inputs(
     temperature: float,
     reduction: str,
     variant: str,
+    *,
+    include_self: bool = True,
 ) -> None:
     """Input checks of the balanced contrastive losses, shared by the reference and the fast
     backends (ValueError/TypeError naming the argument). ``temperature`` must be a finite real
-    >= MIN_TEMPERATURE."""
+    >= MIN_TEMPERATURE; ``include_self`` a bool."""
     check_float_matrix(z, "z")
     if z.shape[0] == 0 or z.shape[1] == 0:
         raise ValueError(f"z is empty (shape {tuple(z.shape)}); need at least one row and column")
@@ -161,6 +171,7 @@ def validate_contrastive_inputs(
         raise ValueError(f"reduction={reduction!r} is not one of {REDUCTIONS}")
     if variant not in VARIANTS:
         raise ValueError(f"variant={variant!r} is not one of {VARIANTS}")
+    check_flag(include_self, "include_self")
 
 
 def check_num_nodes(num_nodes: object, name: str = "num_nodes") -> int:

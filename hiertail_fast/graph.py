@@ -31,6 +31,7 @@ from hiertail_fast._csr import check_csr, coo_to_csr, deg_inv_sqrt
 from hiertail_fast._validation import (
     check_edge_index,
     check_edge_weight,
+    check_flag,
     check_num_nodes,
     check_tensor,
 )
@@ -84,6 +85,9 @@ class CSRGraph:
         ``dedupe`` merges duplicate edges (weights summed; unweighted: kept once).
         ``remove_self_loops`` drops every ``i -> i`` edge. O(E log E) (one sort).
         """
+        symmetrize = check_flag(symmetrize, "symmetrize")
+        dedupe = check_flag(dedupe, "dedupe")
+        remove_self_loops = check_flag(remove_self_loops, "remove_self_loops")
         if num_nodes is not None:
             num_nodes = check_num_nodes(num_nodes)
         ei = check_edge_index(edge_index, num_nodes)
@@ -228,6 +232,7 @@ class CSRGraph:
         one; existing self-loops keep their weight. ``remaining=False`` (PyG ``add_self_loops``):
         every node gets an extra loop entry (kept as a separate entry next to an existing one).
         """
+        remaining = check_flag(remaining, "remaining")
         n = self._num_nodes
         nodes = torch.arange(n, device=self.device)
         if remaining:
@@ -252,6 +257,9 @@ class CSRGraph:
         Cached (detached) per (improved, add_self_loops, dtype) when the weights do not require
         grad; otherwise recomputed so gradients flow to the weights through the degrees.
         """
+        improved = check_flag(improved, "improved")
+        add_self_loops = check_flag(add_self_loops, "add_self_loops")
+
         def compute() -> tuple[torch.Tensor, torch.Tensor]:
             fill = 2.0 if improved else 1.0
             if add_self_loops:
@@ -356,6 +364,7 @@ class CSRGraph:
         (not stable: duplicate entries come in an unspecified, reproducible order). With
         `return_entry_index`, also returns the int64 index of every kept entry into this
         graph's entries (to carry edge data)."""
+        return_entry_index = check_flag(return_entry_index, "return_entry_index")
         nodes = check_tensor(nodes, "nodes")
         if nodes.dim() != 1:
             raise ValueError(f"nodes must be 1-D, got shape {tuple(nodes.shape)}")

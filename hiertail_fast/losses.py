@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from hiertail_fast._validation import check_flag
 from hiertail_fast.ops.balanced_contrastive_loss import (
     balanced_contrastive_loss_op,
     hierarchical_contrastive_loss_op,
@@ -93,7 +94,7 @@ class BalancedContrastiveLoss(nn.Module):
     ) -> None:
         super().__init__()
         self.temperature = temperature
-        self.include_self = include_self
+        self.include_self = check_flag(include_self, "include_self")
         self.reduction = reduction
         self.variant = variant
 

@@ -106,6 +106,8 @@ CASES = [
         [1.0, -4.0, 1.0])), ValueError, "node 2 has GCN degree"),
     ("gcn backend", _gcn(backend="cuda"), ValueError, "backend='cuda' is not one of"),
     ("gcn num_nodes", _gcn(num_nodes=5), ValueError, "num_nodes=5 but the graph has 3"),
+    ("gcn improved str", _gcn(improved="no"), TypeError, "improved must be a bool"),
+    ("gcn self-loops int", _gcn(add_self_loops=0), TypeError, "add_self_loops must be a bool"),
     # ---- topk_pool / topk_unpool
     ("pool x type", _pool(x=np.ones((3, 4))), TypeError, "x must be a torch.Tensor"),
     ("pool x nan", _pool(x=_with(X, NAN)), ValueError, "x contains NaN or Inf"),
@@ -163,6 +165,9 @@ CASES = [
     ("bcl reduction", _bcl(reduction="avg"), ValueError, "reduction='avg' is not one of"),
     ("bcl variant", _bcl(variant="paper"), ValueError, "variant='paper' is not one of"),
     ("bcl backend", _bcl(backend="cpu"), ValueError, "backend='cpu' is not one of"),
+    ("bcl include_self str", _bcl(include_self="no"), TypeError, "include_self must be a bool"),
+    ("hier include_self None", _hier(include_self=None), TypeError,
+     "include_self must be a bool"),
     ("hier levels", _hier(level_prototypes=[]), ValueError, "need one prototype tensor"),
     ("hier type", _hier(level_labels=Y), TypeError, "level_labels and level_prototypes"),
     ("hier labels negative", _hier(level_labels=[_with(Y, -3)]), ValueError,
@@ -176,6 +181,10 @@ CASES = [
     ("csr ei type", _csr(edge_index=EI.tolist()), TypeError, "edge_index must be a torch"),
     ("csr weight inf", _csr(edge_weight=_with(torch.ones(3), INF)), ValueError,
      "edge_weight contains NaN or Inf"),
+    ("csr symmetrize str", _csr(symmetrize="yes"), TypeError, "symmetrize must be a bool"),
+    ("csr dedupe int", _csr(dedupe=1), TypeError, "dedupe must be a bool"),
+    ("csr self-loops None", _csr(remove_self_loops=None), TypeError,
+     "remove_self_loops must be a bool"),
     ("csr indices range", lambda: CSRGraph(torch.tensor([0, 1, 2]), torch.tensor([0, 5])),
      ValueError, "indices must lie in"),
     ("csr indptr order", lambda: CSRGraph(torch.tensor([0, 2, 1, 2]), torch.tensor([0, 1])),
@@ -248,3 +257,32 @@ def test_load_npz_bad_file(tmp_path, content, msg):
 def test_device_mismatch(call, msg):
     with pytest.raises(ValueError, match=msg):
         call()
+
+
+def test_flags_are_bools_everywhere(tmp_path):
+    # a boolean switch given as anything but a bool is a TypeError naming it, never read by
+    # its truthiness ("no" is truthy); numpy bools are bools
+    from hiertail_fast import BalancedContrastiveLoss, GCNConv, load_dataset
+
+    graph = _graph()
+    calls = {
+        "improved": lambda: GCNConv(4, 2, improved="no"),
+        "bias": lambda: GCNConv(4, 2, bias=None),
+        "add_self_loops": lambda: graph.gcn_norm_values(add_self_loops="no"),
+        "include_self": lambda: BalancedContrastiveLoss(include_self="no"),
+        "remaining": lambda: graph.with_self_loops(remaining=0),
+        "return_entry_index": lambda: graph.subgraph(torch.tensor([0, 1]),
+                                                     return_entry_index="no"),
+        "relabel_by_size": lambda: load_npz(tmp_path / "g.npz", relabel_by_size="no"),
+        "download": lambda: load_dataset("email", tmp_path, download="no"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match=f"{name} must be a bool"):
+            call()
+    # numpy bools pass and mean what they say
+    conv = GCNConv(4, 2, improved=np.False_, bias=np.True_)
+    assert conv.improved is False and conv.bias is not None
+    a = gcn_propagate(X, graph, improved=np.True_, add_self_loops=np.bool_(False))
+    torch.testing.assert_close(a, gcn_propagate(X, graph, improved=True, add_self_loops=False))
+    exp = balanced_contrastive_loss(Z, Y, include_self=False)
+    torch.testing.assert_close(balanced_contrastive_loss(Z, Y, include_self=np.False_), exp)

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hiertail_fast._validation import check_feature_norm
+from hiertail_fast._validation import check_feature_norm, check_flag
 from hiertail_fast.data.io import GraphData, load_npz, relabel_by_size
 from hiertail_fast.data.pyg import from_pyg_data, import_pyg
 
@@ -230,6 +230,7 @@ def load_dataset(name: str, root: Any = None, *, source: str = "auto",
     """
     spec = DATASETS[canonical_name(name)]
     check_feature_norm(feature_norm)
+    download, preprocess = check_flag(download, "download"), check_flag(preprocess, "preprocess")
     if source not in _SOURCES:
         raise ValueError(f"source={source!r} is not one of {_SOURCES}")
     root = resolve_root(root)

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from hiertail_fast._validation import check_flag
+
 __all__ = ["GraphData", "load_npz", "save_npz", "relabel_by_size"]
 
 PathLike = str | os.PathLike
@@ -178,6 +180,7 @@ def load_npz(
         for unreadable files, missing arrays, shape/dtype mismatches, negative labels, edge
         indices out of range, NaN/Inf attributes or malformed CSR parts.
     """
+    relabel_by_size = check_flag(relabel_by_size, "relabel_by_size")
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"graph file not found: {p}")

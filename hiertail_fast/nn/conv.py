@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hiertail_fast._validation import check_flag
 from hiertail_fast.graph import CSRGraph
 from hiertail_fast.ops.gcn_propagate import gcn_propagate
 
@@ -40,9 +41,11 @@ class GCNConv(nn.Module):
             raise ValueError(f"in_channels and out_channels must be >= 1, got "
                              f"{in_channels}, {out_channels}")
         self.in_channels, self.out_channels = int(in_channels), int(out_channels)
-        self.improved, self.add_self_loops, self.backend = improved, add_self_loops, backend
+        self.improved = check_flag(improved, "improved")
+        self.add_self_loops = check_flag(add_self_loops, "add_self_loops")
+        self.backend = backend
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels))
-        self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
+        self.bias = nn.Parameter(torch.empty(out_channels)) if check_flag(bias, "bias") else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -425,7 +425,8 @@ def balanced_contrastive_loss_op(
     backend: str | None = None,
 ) -> torch.Tensor:
     """Fast balanced contrastive loss; same arguments and numbers as the reference."""
-    validate_contrastive_inputs(z, labels, prototypes, temperature, reduction, variant)
+    validate_contrastive_inputs(z, labels, prototypes, temperature, reduction, variant,
+                                include_self=include_self)
     choice = choose_loss_backend(z, backend, variant)
     if choice == "reference":
         return balanced_contrastive_loss_ref(
@@ -473,7 +474,8 @@ def hierarchical_contrastive_loss_op(
             f"{len(level_prototypes)} prototype tensors (at least one level)"
         )
     for lab, pro in zip(level_labels, level_prototypes, strict=True):
-        validate_contrastive_inputs(z, lab, pro, temperature, "mean", variant)
+        validate_contrastive_inputs(z, lab, pro, temperature, "mean", variant,
+                                    include_self=include_self)
     choice = choose_loss_backend(z, backend, variant, len(level_labels))
     if choice == "reference":
         total = 0

@@ -41,7 +41,7 @@ import warnings
 
 import torch
 
-from hiertail_fast._validation import check_float_matrix, check_tensor
+from hiertail_fast._validation import check_flag, check_float_matrix, check_tensor
 from hiertail_fast.graph import CSRGraph
 from hiertail_fast.ops._dispatch import choose_backend
 
@@ -286,6 +286,8 @@ def gcn_propagate(
         deg^-1/2 is undefined there (PyG returns NaN rows); the message names the node.
     """
     x = check_float_matrix(x, "x")  # NaN/Inf rejected on every backend, as the reference does
+    improved = check_flag(improved, "improved")
+    add_self_loops = check_flag(add_self_loops, "add_self_loops")
     if num_nodes is None and not isinstance(graph_or_edge_index, CSRGraph):
         num_nodes = x.shape[0]  # an edge_index gets its node count from x
     graph = as_graph(graph_or_edge_index, edge_weight, num_nodes)

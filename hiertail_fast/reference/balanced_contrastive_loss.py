@@ -73,7 +73,8 @@ def balanced_contrastive_loss_ref(
     Returns:
         scalar, or [N + m] for ``reduction="none"``. Same dtype as ``z``.
     """
-    validate_contrastive_inputs(z, labels, prototypes, temperature, reduction, variant)
+    validate_contrastive_inputs(z, labels, prototypes, temperature, reduction, variant,
+                                include_self=include_self)
     labels = labels.long()
     if prototypes is not None:
         m = prototypes.shape[0]

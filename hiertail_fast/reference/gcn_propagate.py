@@ -25,6 +25,7 @@ import torch
 from hiertail_fast._validation import (
     check_edge_index,
     check_edge_weight,
+    check_flag,
     check_float_matrix,
     check_gcn_degrees,
 )
@@ -44,6 +45,8 @@ def gcn_propagate_ref(
     Returns [n, d] in x's dtype. `num_nodes`, when given, must equal ``x.shape[0]``.
     """
     x = check_float_matrix(x, "x")
+    improved = check_flag(improved, "improved")
+    add_self_loops = check_flag(add_self_loops, "add_self_loops")
     n = x.shape[0]
     if num_nodes is not None and int(num_nodes) != n:
         raise ValueError(f"num_nodes={num_nodes} but x has {n} rows")
