@@ -16,6 +16,7 @@ from hiertail_fast import (
     CSRGraph,
     balanced_contrastive_loss,
     gcn_propagate,
+    hierarchical_contrastive_loss,
     load_npz,
     nearest_prototype,
     topk_pool,
@@ -23,7 +24,7 @@ from hiertail_fast import (
 )
 from hiertail_fast.nn.hiertail import HierTail, HierTailConfig, prepare_graph
 from hiertail_fast.ops.gcn_propagate import _merge_diagonal
-from tests.conftest import on_backend_device, requires_triton
+from tests.conftest import backend_device, on_backend_device, requires_triton
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -283,3 +284,98 @@ def test_contrastive_validator_lives_in_validation():
 
     assert ref.validate_contrastive_inputs is _validation.validate_contrastive_inputs
     assert ref.REDUCTIONS == _validation.REDUCTIONS and ref.VARIANTS == _validation.VARIANTS
+
+
+# ---------------------------------------------------------------- second derivatives
+_SECOND_ORDER = [
+    ("loss", "torch", "balanced_contrastive_loss"),
+    ("loss", "attention", "balanced_contrastive_loss"),
+    pytest.param("loss", "triton", "balanced_contrastive_loss", marks=requires_triton),
+    ("hierarchical", "torch", "balanced_contrastive_loss"),
+    ("gcn", "torch", "gcn_propagate"),
+    pytest.param("gcn", "triton", "gcn_propagate", marks=requires_triton),
+    ("weighted gcn", "torch", "gcn_propagate"),
+    ("pool", "torch", "topk_pool"),
+    pytest.param("pool", "triton", "topk_pool", marks=requires_triton),
+]
+
+
+@pytest.mark.parametrize("op, backend, name", _SECOND_ORDER)
+def test_second_derivative_raises_instead_of_vanishing(op, backend, name):
+    # The fast backends' gradients are hand-written (the loss's often computed in its forward)
+    # and carry no graph. A gradient penalty through them, |dL/dz|^2 with create_graph=True,
+    # silently added nothing to z.grad before (the loss; gcn_propagate failed inside its
+    # backward); now differentiating it raises, naming the op, and the first derivative under
+    # create_graph=True is the usual one.
+    dev = backend_device(backend)
+    gen = torch.Generator().manual_seed(0)
+    z0 = torch.randn(30, 5, generator=gen)
+    y = torch.randint(0, 3, (30,), generator=gen).to(dev)
+    ei = torch.randint(0, 30, (2, 60), generator=gen).to(dev)
+    p = torch.randn(5, generator=gen).to(dev)
+    w = torch.rand(60, generator=gen).to(dev).requires_grad_()
+    run = {
+        "loss": lambda z: balanced_contrastive_loss(z, y, backend=backend),
+        "hierarchical": lambda z: hierarchical_contrastive_loss(z, [y, y // 2], [None, None],
+                                                                backend=backend),
+        "gcn": lambda z: gcn_propagate(z, ei, backend=backend).pow(2).sum(),
+        "weighted gcn": lambda z: gcn_propagate(z, ei, w, backend=backend).sum(),
+        "pool": lambda z: topk_pool(z, ei, p, 0.5, backend=backend).x.pow(2).sum(),
+    }[op]
+    z = z0.to(dev).requires_grad_()
+    (g,) = torch.autograd.grad(run(z), z, create_graph=True)
+    (g1,) = torch.autograd.grad(run(z), z)
+    torch.testing.assert_close(g, g1)
+    with pytest.raises(RuntimeError, match=f"^{name}: .* cannot be differentiated again"):
+        (run(z) + g.pow(2).sum()).backward()
+
+
+def test_second_derivative_where_it_is_exact():
+    # no tensor the gradient depends on requires grad: nothing to guard, the gradient is
+    # returned as it is (a linear map of a constant seed: its derivative really is 0)
+    z = torch.randn(12, 3, requires_grad=True)
+    ei = torch.randint(0, 12, (2, 30))
+    (g,) = torch.autograd.grad(gcn_propagate(z, ei, backend="torch").sum(), z,
+                               create_graph=True)
+    assert not g.requires_grad
+    torch.testing.assert_close(g, torch.autograd.grad(
+        gcn_propagate(z, ei, backend="reference").sum(), z)[0])
+
+
+def test_graph_anchor_keeps_no_memory_alive():
+    # the fused loss saves only its gradient and the anchor: the anchor must reach z's sources
+    # through autograd without holding the concatenated z (memory-lean as before the guard)
+    import gc
+    import weakref
+
+    from hiertail_fast.ops._autograd import graph_anchor
+
+    src = torch.randn(50, 4, requires_grad=True)
+    z_all = torch.cat([src, src[:3] * 2])
+    alive = weakref.ref(z_all)
+    anchor = graph_anchor(z_all)
+    del z_all
+    gc.collect()
+    assert alive() is None
+    (g,) = torch.autograd.grad(anchor, src)
+    assert g[0, 0] == 1 and g.sum() == 1
+    assert graph_anchor(torch.randn(5, 4)) is None
+    with torch.no_grad():
+        assert graph_anchor(src) is None
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=requires_triton)])
+def test_unpool_differentiates_twice(backend):
+    # topk_unpool's gradient is a gather: under create_graph=True it is taken with torch's own
+    # (differentiable) gather, so its second derivative equals the reference's
+    dev = backend_device(backend)
+    perm = torch.tensor([4, 0, 2], device=dev)
+
+    def second(b):
+        x = torch.linspace(-1, 1, 6, device=dev).view(3, 2).requires_grad_()
+        out = topk_unpool(x, perm, 5, backend=b)
+        (g,) = torch.autograd.grad(out.pow(3).sum(), x, create_graph=True)
+        (gg,) = torch.autograd.grad(g.sum(), x)
+        return gg
+
+    torch.testing.assert_close(second(backend), second("reference"))

@@ -46,6 +46,7 @@ from hiertail_fast.baselines.sampling import (
     upsample_rounds,
 )
 from hiertail_fast.graph import CSRGraph
+from hiertail_fast.ops._autograd import first_order_backward
 
 _BLOCK_ELEMS = 1 << 22   # rows × n of one block of P (16 MB in fp32)
 _PRETRAIN_CONVERGED = 500   # official: pre-training stops 500 epochs after its lowest L_rec
@@ -80,6 +81,7 @@ class _SumSqSigmoidGram(torch.autograd.Function):
         return total.to(z.dtype)
 
     @staticmethod
+    @first_order_backward("GraphSMOTE's sum of squared sigmoid Gram entries")
     def backward(ctx, grad: torch.Tensor):
         (z,) = ctx.saved_tensors
         gz = torch.zeros_like(z)

@@ -30,6 +30,7 @@ import torch
 
 from hiertail_fast._validation import validate_contrastive_inputs
 from hiertail_fast.ops import _attention_lse, _lse_symmetric, _lse_torch, _triton_loss
+from hiertail_fast.ops._autograd import first_order_backward, graph_anchor
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, positive_pairs
 from hiertail_fast.ops._dispatch import (  # noqa: F401  (LOSS_BACKENDS: re-exported)
     LOSS_BACKENDS,
@@ -255,7 +256,8 @@ class BalancedContrastiveFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, z, lv: _Levels, scale: float, include_self: bool, variant: str,
-                reduction: str, backend: str, want_grad: bool, fp32_dot: str | None):
+                reduction: str, backend: str, want_grad: bool, fp32_dot: str | None,
+                anchor: torch.Tensor | None):
         official = variant == "official"
         cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
         zc = z.detach().to(cdt).contiguous()
@@ -327,32 +329,36 @@ class BalancedContrastiveFunction(torch.autograd.Function):
         ctx.scale, ctx.include_self, ctx.backend, ctx.lv = scale, include_self, backend, lv
         ctx.z_dtype, ctx.fp32_dot, ctx.n_common = z.dtype, fp32_dot, n_common
         ctx.triton_pos = triton_pos
+        # the anchor last (_autograd.graph_anchor: one element, tied to z's graph, holding none
+        # of z's memory): what a second derivative through this loss would reach and fail on
         if fused:
-            ctx.save_for_backward(dz)
+            ctx.save_for_backward(dz, anchor)
         elif want_grad and fusable:
-            ctx.save_for_backward(zc, z_in, log_w, base, inv_n, log_eps_w)
+            ctx.save_for_backward(zc, z_in, log_w, base, inv_n, log_eps_w, anchor)
         elif want_grad:
             extra = (rmax, amax, big_q) if official else ()
-            ctx.save_for_backward(zc, z_in, log_w, lse, base, inv_n, log_eps_w, *extra)
+            ctx.save_for_backward(zc, z_in, log_w, lse, base, inv_n, log_eps_w, *extra, anchor)
         # the loss value of 16-bit inputs stays fp32 (computed in fp32; as autocast keeps losses
         # in fp32): a float16 loss above 65,504 would otherwise come back as inf
         return out.to(loss_dtype(z.dtype))
 
     @staticmethod
+    @first_order_backward("balanced_contrastive_loss")
     def backward(ctx, grad_out):
-        # None for: lv, scale, include_self, variant, reduction, backend, want_grad, fp32_dot
-        nones = (None,) * 8
+        # None for: lv, scale, include_self, variant, reduction, backend, want_grad, fp32_dot,
+        # anchor (its gradient reaches z's sources through z)
+        nones = (None,) * 9
         if ctx.fused:
-            (dz,) = ctx.saved_tensors
+            dz, _ = ctx.saved_tensors
             return (dz * grad_out.to(dz.dtype)).to(ctx.z_dtype), *nones
         lv, scale = ctx.lv, ctx.scale
         if ctx.backend in ("torch", "attention"):             # "none": one fused pass
-            zc, z_in, log_w, base, inv_n, log_eps_w = ctx.saved_tensors
+            zc, z_in, log_w, base, inv_n, log_eps_w, _ = ctx.saved_tensors
             g = base * grad_out.to(zc.dtype)[None]
             dz = _fused_pass(zc, z_in, lv, g, inv_n, log_eps_w, log_w, scale,
                              ctx.include_self, ctx.official, ctx.backend)[5]
             return dz.to(ctx.z_dtype), *nones
-        zc, z_in, log_w, lse, base, inv_n, log_eps_w, *extra = ctx.saved_tensors
+        zc, z_in, log_w, lse, base, inv_n, log_eps_w, *extra, _ = ctx.saved_tensors
         go = grad_out.to(zc.dtype)
         g = base * go[None] if ctx.reduction == "none" else base * go     # [L, N]
         mod = _backend_module(ctx.backend)
@@ -406,7 +412,8 @@ def _apply(z_all, lv: _Levels, scale: float, include_self: bool, variant: str, r
     not support)."""
     backend, fp32_dot = settle_engine(z_all, scale, variant, lv.log_w.shape[0], backend,
                                       automatic)
-    args = [z_all, lv, scale, include_self, variant, reduction, backend, want_grad, fp32_dot]
+    args = [z_all, lv, scale, include_self, variant, reduction, backend, want_grad, fp32_dot,
+            graph_anchor(z_all)]
     try:
         return BalancedContrastiveFunction.apply(*args)
     except _attention_lse.AttentionUnavailable:

@@ -43,6 +43,7 @@ import torch
 
 from hiertail_fast._validation import check_flag, check_float_matrix, check_tensor
 from hiertail_fast.graph import CSRGraph
+from hiertail_fast.ops._autograd import first_order_backward
 from hiertail_fast.ops._dispatch import choose_backend
 
 _SDDMM_CHUNK_ELEMS = 1 << 22  # entries·d per chunk of the edge-gradient dot products (16 MB fp32)
@@ -216,6 +217,7 @@ class GCNPropagateFunction(torch.autograd.Function):
         return _spmm(backend, graph, weight, dinv, loop, x, key, transposed=False)
 
     @staticmethod
+    @first_order_backward("gcn_propagate")
     def backward(ctx, grad_out):
         x, weight, dinv, loop = ctx.saved_tensors
         graph, key = ctx.graph, ctx.key

@@ -29,7 +29,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from hiertail_fast._validation import (
     check_float_matrix,
@@ -37,6 +36,7 @@ from hiertail_fast._validation import (
     check_unpool_args,
 )
 from hiertail_fast.graph import CSRGraph
+from hiertail_fast.ops._autograd import first_order_backward
 from hiertail_fast.ops._dispatch import choose_backend
 from hiertail_fast.reference.topk_pool import (
     pool_size,
@@ -130,7 +130,7 @@ class TopKPoolFunction(torch.autograd.Function):
         return x_pooled, perm, score_sel
 
     @staticmethod
-    @once_differentiable
+    @first_order_backward("topk_pool")
     def backward(ctx, grad_x, grad_perm, grad_score):
         x, p, perm, s, phat, qn, m = ctx.saved_tensors
         if grad_x is None:
@@ -170,11 +170,12 @@ class TopKUnpoolFunction(torch.autograd.Function):
         return kern.unpool_scatter(x_pooled.contiguous(), perm, num_nodes)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_out):
         from hiertail_fast.kernels import topk_pool as kern
 
         (perm,) = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: the same gather, differentiable
+            return grad_out.index_select(0, perm), None, None
         grad, _ = kern.gather_rows(grad_out.contiguous(), perm)
         return grad, None, None  # perm: integer indices; num_nodes: a Python int
 

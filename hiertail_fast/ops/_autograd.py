@@ -1,0 +1,72 @@
+"""One rule for the ops' hand-written backward passes: first derivatives only, never a silent 0.
+
+The autograd Functions of the fast backends compute their gradients by hand (the loss often in
+its forward pass) under ``torch.no_grad``: the gradient they return has no graph of its own. With
+``create_graph=True`` (a gradient penalty, MAML, a Hessian-vector product) autograd would then
+treat that gradient as a constant, and every second derivative through the op would silently be
+0. ``torch.autograd.function.once_differentiable`` does not prevent it: it marks the gradients
+only when the incoming gradient itself requires grad, which a scalar loss's seed (1.0) does not.
+
+``first_order_backward(op)`` decorates such a ``backward``: it runs it under ``no_grad`` and, when
+autograd records the backward (create_graph=True) and the Function's saved tensors or incoming
+gradients require grad, passes each returned gradient through ``_NoSecondDerivative``, whose own
+backward raises a RuntimeError naming the op. So the first derivative is unchanged and
+differentiating it raises. The references (``backend="reference"``) are plain autograd and have
+every derivative. A Function that saves nothing of its input (the fused loss keeps only its
+gradient) saves a ``graph_anchor`` of it instead: one element whose graph leads to the input's
+sources, without keeping the input's memory alive.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+class _NoSecondDerivative(torch.autograd.Function):
+    """Identity on a gradient tensor, tied to the tensors it depends on; its backward raises."""
+
+    @staticmethod
+    def forward(ctx, op: str, grad: torch.Tensor, *depends_on: torch.Tensor):
+        ctx.op = op
+        return grad.clone()  # a new tensor: the Function's output must not alias its input
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise RuntimeError(
+            f"{ctx.op}: its gradient is computed by hand and has no derivative of its own, so "
+            f"it cannot be differentiated again (create_graph=True / double backward); "
+            f"backend='reference' is plain autograd and supports it")
+
+
+def graph_anchor(t: torch.Tensor) -> torch.Tensor | None:
+    """For a Function whose backward keeps none of its input ``t`` [N, d]: one element computed
+    from t (``t[:1, :1].sum()``), whose graph reaches every tensor t depends on while holding
+    none of t's memory (slice and sum save only sizes). Saved with ``save_for_backward`` it
+    lets ``first_order_backward`` tie the gradient to t's sources. None when autograd does not
+    track t."""
+    if not (torch.is_grad_enabled() and t.requires_grad):
+        return None
+    return t[:1, :1].sum()
+
+
+def first_order_backward(op: str):
+    """Decorator of an autograd Function's ``backward`` (see the module docstring)."""
+    def wrap(backward):
+        @functools.wraps(backward)
+        def wrapper(ctx, *grad_outputs):
+            with torch.no_grad():
+                grads = backward(ctx, *grad_outputs)
+            if not torch.is_grad_enabled():          # the usual case: create_graph=False
+                return grads
+            anchors = [t for t in (*ctx.saved_tensors, *grad_outputs)
+                       if isinstance(t, torch.Tensor) and t.requires_grad]
+            if not anchors:      # nothing the gradient depends on is differentiated: exact
+                return grads
+            single = not isinstance(grads, tuple)
+            grads = (grads,) if single else grads
+            out = tuple(_NoSecondDerivative.apply(op, g, *anchors)
+                        if isinstance(g, torch.Tensor) else g for g in grads)
+            return out[0] if single else out
+        return wrapper
+    return wrap
