@@ -22,6 +22,8 @@ import functools
 
 import torch
 
+from hiertail_fast.ops._amp import autocast_off
+
 
 class _NoSecondDerivative(torch.autograd.Function):
     """Identity on a gradient tensor, tied to the tensors it depends on; its backward raises."""
@@ -55,7 +57,9 @@ def first_order_backward(op: str):
     def wrap(backward):
         @functools.wraps(backward)
         def wrapper(ctx, *grad_outputs):
-            with torch.no_grad():
+            # no graph of the hand-written gradient; autocast off as in the op's forward (_amp)
+            first = next(t for t in grad_outputs if isinstance(t, torch.Tensor))
+            with torch.no_grad(), autocast_off(first):
                 grads = backward(ctx, *grad_outputs)
             if not torch.is_grad_enabled():          # the usual case: create_graph=False
                 return grads

@@ -30,6 +30,7 @@ import torch
 
 from hiertail_fast._validation import validate_contrastive_inputs
 from hiertail_fast.ops import _attention_lse, _lse_symmetric, _lse_torch, _triton_loss
+from hiertail_fast.ops._amp import autocast_off, loss_inputs
 from hiertail_fast.ops._autograd import first_order_backward, graph_anchor
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, positive_pairs
 from hiertail_fast.ops._dispatch import (  # noqa: F401  (LOSS_BACKENDS: re-exported)
@@ -431,15 +432,31 @@ def balanced_contrastive_loss_op(
     variant: str = "exact",
     backend: str | None = None,
 ) -> torch.Tensor:
-    """Fast balanced contrastive loss; same arguments and numbers as the reference."""
+    """Fast balanced contrastive loss; same arguments and numbers as the reference. Under
+    torch.autocast: on autocast's dtype, with autocast off inside (``_amp``); the reference
+    backend is plain PyTorch under autocast as it is."""
     validate_contrastive_inputs(z, labels, prototypes, temperature, reduction, variant,
                                 include_self=include_self)
-    choice = choose_loss_backend(z, backend, variant)
-    if choice == "reference":
+    if _reference_requested(backend):
         return balanced_contrastive_loss_ref(
             z, labels, prototypes=prototypes, temperature=temperature,
             include_self=include_self, reduction=reduction, variant=variant,
         )
+    z, prototypes = loss_inputs(z, prototypes)
+    with autocast_off(z):
+        return _balanced_loss(z, labels, prototypes, temperature, include_self, reduction,
+                              variant, backend)
+
+
+def _reference_requested(backend: str | None) -> bool:
+    """Whether this call runs the dense reference (asked for by argument or $HIERTAIL_BACKEND;
+    the automatic choice never takes it). An unknown name is left to choose_loss_backend."""
+    return (backend if backend is not None else requested_backend()) == "reference"
+
+
+def _balanced_loss(z, labels, prototypes, temperature, include_self, reduction, variant,
+                   backend):
+    choice = choose_loss_backend(z, backend, variant)
     labels = labels.long()
     if prototypes is not None and prototypes.shape[0]:
         m = prototypes.shape[0]
@@ -471,6 +488,7 @@ def hierarchical_contrastive_loss_op(
 
     Z_big = cat(z, P_1, ..., P_L); level l sees the rows of z and of P_l (log_w = -inf hides the
     other levels' prototypes), so the z.z^T part of the block and its exp are shared by all levels.
+    Under torch.autocast: on autocast's dtype, with autocast off inside (``_amp``).
     """
     if isinstance(level_labels, torch.Tensor) or isinstance(level_prototypes, torch.Tensor):
         raise TypeError("level_labels and level_prototypes must be sequences of tensors")
@@ -483,8 +501,7 @@ def hierarchical_contrastive_loss_op(
     for lab, pro in zip(level_labels, level_prototypes, strict=True):
         validate_contrastive_inputs(z, lab, pro, temperature, "mean", variant,
                                     include_self=include_self)
-    choice = choose_loss_backend(z, backend, variant, len(level_labels))
-    if choice == "reference":
+    if _reference_requested(backend):
         total = 0
         for lab, pro in zip(level_labels, level_prototypes, strict=True):
             total = total + balanced_contrastive_loss_ref(
@@ -492,6 +509,15 @@ def hierarchical_contrastive_loss_op(
                 variant=variant,
             )
         return total
+    z, *level_prototypes = loss_inputs(z, *level_prototypes)
+    with autocast_off(z):
+        return _hierarchical_loss(z, level_labels, level_prototypes, temperature, include_self,
+                                  variant, backend)
+
+
+def _hierarchical_loss(z, level_labels, level_prototypes, temperature, include_self, variant,
+                       backend):
+    choice = choose_loss_backend(z, backend, variant, len(level_labels))
     n = z.shape[0]
     parts, level_rows, off = [z], [], n
     for lab, pro in zip(level_labels, level_prototypes, strict=True):

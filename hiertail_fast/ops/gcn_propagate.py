@@ -43,6 +43,7 @@ import torch
 
 from hiertail_fast._validation import check_flag, check_float_matrix, check_tensor
 from hiertail_fast.graph import CSRGraph
+from hiertail_fast.ops._amp import without_autocast
 from hiertail_fast.ops._autograd import first_order_backward
 from hiertail_fast.ops._dispatch import choose_backend
 
@@ -261,6 +262,7 @@ def as_graph(graph_or_edge_index, edge_weight=None, num_nodes: int | None = None
     return CSRGraph.from_edge_index(graph_or_edge_index, edge_weight, num_nodes, dedupe=False)
 
 
+@without_autocast
 def gcn_propagate(
     x: torch.Tensor,
     graph_or_edge_index: CSRGraph | torch.Tensor,

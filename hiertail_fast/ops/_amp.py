@@ -1,0 +1,75 @@
+"""The ops under ``torch.autocast``: one defined precision instead of whatever autocast does to
+the torch calls inside them.
+
+Autocast rewrites eligible torch calls (``mm``, ``addmm``, ``matmul``, attention) to run in its
+lower-precision dtype, inside our ops too, where the engines' error analysis assumes the input
+dtype. Measured before this module (CPU autocast, bfloat16): ``nearest_prototype`` returned a
+prototype that is not the nearest for ~0.5 % of the rows (its near-tie re-check assumes fp32
+distances), and the loss's ``torch`` engine mixed bf16 gradient GEMMs with fp32 logits
+(gradient 1e-3 off, its value fp32-exact). The rule now:
+
+* the contrastive losses take autocast's dtype as their input dtype, as PyTorch's own
+  attention does (``scaled_dot_product_attention`` is on autocast's lower-precision list):
+  float32 ``z`` / prototypes are cast to ``torch.get_autocast_dtype(device)`` (bf16 or fp16),
+  which selects the library's 16-bit path (exact products, fp32 accumulation, an fp32 loss
+  value; on CUDA the bf16 kernels) — what ``--loss-dtype bfloat16`` does explicitly.
+  float64 inputs are left alone, as autocast leaves them;
+* every op then runs with autocast switched off (``autocast_off``), forward and backward, so its
+  engines compute exactly as they do for inputs of that dtype outside autocast. The graph ops
+  (``gcn_propagate``, ``topk_pool``, ``nearest_prototype``) keep their input dtype, as
+  PyTorch's sparse products and ``torch.cdist`` do under autocast.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+
+from hiertail_fast._validation import all_finite
+
+
+def autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
+    """The dtype autocast is running ``t``'s device type in, or None when it is off there."""
+    kind = t.device.type
+    try:
+        if not torch.is_autocast_enabled(kind):
+            return None
+        return torch.get_autocast_dtype(kind)
+    except (RuntimeError, ValueError):      # a device type without autocast support
+        return None
+
+
+def autocast_off(t: torch.Tensor | None):
+    """A context with autocast switched off for ``t``'s device type (nothing to do when it is
+    off already, or for None)."""
+    if t is None or autocast_dtype(t) is None:
+        return contextlib.nullcontext()
+    return torch.autocast(t.device.type, enabled=False)
+
+
+def loss_inputs(z: torch.Tensor, *others: torch.Tensor | None):
+    """(z, *others) in autocast's dtype when autocast is on for z's device and z is float32
+    (differentiable casts: the gradients come back in float32); as given otherwise. A value
+    that overflows the 16-bit dtype is a ValueError (float16 holds |x| <= 65,504)."""
+    dtype = autocast_dtype(z)
+    if dtype is None or z.dtype != torch.float32:
+        return (z, *others)
+    out = tuple(None if t is None else t.to(dtype) for t in (z, *others))
+    for name, t in zip(("z", *("prototypes",) * len(others)), out, strict=True):
+        if t is not None and not all_finite(t.detach()):
+            raise ValueError(f"{name} overflows {dtype} under torch.autocast (entries beyond "
+                             f"{torch.finfo(dtype).max:g}): cast it down yourself or run the "
+                             f"loss outside autocast")
+    return out
+
+
+def without_autocast(op):
+    """Decorator of a graph op: its body runs with autocast off for the device of its first
+    tensor argument (input dtypes kept; see the module docstring)."""
+    @functools.wraps(op)
+    def wrapper(*args, **kwargs):
+        first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        with autocast_off(first):
+            return op(*args, **kwargs)
+    return wrapper

@@ -1,0 +1,117 @@
+"""The ops under torch.autocast (hiertail_fast/ops/_amp.py): one defined precision.
+
+Graph ops: the same result as outside autocast (their input dtype). Losses: the same value and
+gradient as on inputs cast to autocast's dtype outside autocast (the library's 16-bit path),
+on every fast backend; the reference backend stays plain PyTorch under autocast. Runs on CPU
+(CPU autocast) and, on a CUDA machine, the Triton rows on CUDA (CUDA autocast)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hiertail_fast import (
+    balanced_contrastive_loss,
+    gcn_propagate,
+    hierarchical_contrastive_loss,
+    nearest_prototype,
+    topk_pool,
+)
+from hiertail_fast.reference import balanced_contrastive_loss_ref
+from tests.conftest import backend_device, requires_triton
+
+GRAPH_BACKENDS = ["reference", "torch", pytest.param("triton", marks=requires_triton)]
+LOSS_BACKENDS = ["torch", "attention", pytest.param("triton", marks=requires_triton)]
+
+
+def _autocast(dev: str, dtype=torch.bfloat16):
+    return torch.autocast(torch.device(dev).type, dtype=dtype)
+
+
+@pytest.mark.parametrize("backend", GRAPH_BACKENDS)
+def test_nearest_prototype_under_autocast_is_the_nearest(backend):
+    # before: autocast ran the distance GEMM in bf16 and ~0.5 % of the rows got a prototype
+    # that is not the nearest (the near-tie re-check assumes the input dtype's distances)
+    dev = backend_device(backend)
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(3000, 16, generator=gen).to(dev)
+    p = torch.randn(64, 16, generator=gen).to(dev)
+    want = nearest_prototype(z, p, backend=backend)
+    with _autocast(dev):
+        got = nearest_prototype(z, p, backend=backend)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("backend", GRAPH_BACKENDS)
+def test_graph_ops_under_autocast_keep_their_dtype(backend):
+    dev = backend_device(backend)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(200, 12, generator=gen).to(dev)
+    ei = torch.randint(0, 200, (2, 900), generator=gen).to(dev)
+    w = torch.rand(900, generator=gen).to(dev)
+    p = torch.randn(12, generator=gen).to(dev)
+
+    def run():
+        xx = x.clone().requires_grad_()
+        h = gcn_propagate(xx, ei, w, backend=backend)
+        pooled = topk_pool(h, ei, p, 0.5, backend=backend)
+        (pooled.x.pow(2).sum() + h.sum()).backward()
+        return h.detach(), pooled.x.detach(), pooled.perm, xx.grad
+
+    want = run()
+    with _autocast(dev):
+        got = run()
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("backend", LOSS_BACKENDS)
+@pytest.mark.parametrize("variant", ["exact", "official"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_losses_under_autocast_run_on_its_dtype(backend, variant, dtype):
+    # under autocast: the loss on autocast's dtype (as scaled_dot_product_attention), value in
+    # float32, gradient back in float32 -- bit for bit what the 16-bit inputs give outside it
+    dev = backend_device(backend)
+    gen = torch.Generator().manual_seed(2)
+    z0 = torch.randn(60, 8, generator=gen).to(dev)
+    y = torch.randint(0, 4, (60,), generator=gen).to(dev)
+    protos = torch.randn(4, 8, generator=gen).to(dev)
+
+    def run(z_in, p_in):
+        z = z_in.detach().clone().requires_grad_()
+        p = p_in.detach().clone().requires_grad_()
+        one = balanced_contrastive_loss(z, y, prototypes=p, variant=variant, backend=backend)
+        two = hierarchical_contrastive_loss(z, [y, y // 2], [p, None], variant=variant,
+                                            backend=backend)
+        # each loss's gradient on its own (a sum would round in the leaf's dtype)
+        return (one.detach(), two.detach(), *torch.autograd.grad(one, (z, p)),
+                *torch.autograd.grad(two, (z, p)))
+
+    want = run(z0.to(dtype), protos.to(dtype))
+    with _autocast(dev, dtype):
+        got = run(z0, protos)
+    for a, b in zip(got[:2], want[:2], strict=True):
+        assert a.dtype == b.dtype == torch.float32
+        assert torch.equal(a, b)
+    for a, b in zip(got[2:], want[2:], strict=True):
+        assert a.dtype == torch.float32 and b.dtype == dtype
+        assert torch.equal(a, b.float())
+
+
+def test_reference_backend_is_plain_pytorch_under_autocast():
+    gen = torch.Generator().manual_seed(3)
+    z, y = torch.randn(30, 5, generator=gen), torch.randint(0, 3, (30,), generator=gen)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = balanced_contrastive_loss(z, y, backend="reference")
+        want = balanced_contrastive_loss_ref(z, y)
+    assert torch.equal(got, want)
+
+
+def test_float16_overflow_under_autocast_is_an_error():
+    z, y = torch.randn(10, 4), torch.randint(0, 2, (10,))
+    z[3, 1] = 1e5                                   # beyond float16's 65,504
+    with torch.autocast("cpu", dtype=torch.float16):
+        with pytest.raises(ValueError, match="z overflows torch.float16 under torch.autocast"):
+            balanced_contrastive_loss(z, y, backend="torch")
+        with pytest.raises(ValueError, match="prototypes overflows torch.float16"):
+            balanced_contrastive_loss(z.clamp(-9, 9), y, prototypes=z[2:4], backend="torch")
