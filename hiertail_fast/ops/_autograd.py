@@ -58,7 +58,7 @@ def first_order_backward(op: str):
         @functools.wraps(backward)
         def wrapper(ctx, *grad_outputs):
             # no graph of the hand-written gradient; autocast off as in the op's forward (_amp)
-            first = next(t for t in grad_outputs if isinstance(t, torch.Tensor))
+            first = next((t for t in grad_outputs if isinstance(t, torch.Tensor)), None)
             with torch.no_grad(), autocast_off(first):
                 grads = backward(ctx, *grad_outputs)
             if not torch.is_grad_enabled():          # the usual case: create_graph=False
