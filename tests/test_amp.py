@@ -17,21 +17,23 @@ from hiertail_fast import (
     topk_pool,
 )
 from hiertail_fast.reference import balanced_contrastive_loss_ref
-from tests.conftest import backend_device, requires_triton
+from tests.conftest import DEVICES, backend_device, requires_triton
 
-GRAPH_BACKENDS = ["reference", "torch", pytest.param("triton", marks=requires_triton)]
-LOSS_BACKENDS = ["torch", "attention", pytest.param("triton", marks=requires_triton)]
+# (backend, device): the torch-side backends on every device here, Triton where it runs
+_TRITON = pytest.param("triton", backend_device("triton"), marks=requires_triton)
+GRAPH_BACKENDS = [(b, d) for b in ("reference", "torch") for d in DEVICES] + [_TRITON]
+LOSS_BACKENDS = [(b, d) for b in ("torch", "attention") for d in DEVICES] + [_TRITON]
 
 
 def _autocast(dev: str, dtype=torch.bfloat16):
     return torch.autocast(torch.device(dev).type, dtype=dtype)
 
 
-@pytest.mark.parametrize("backend", GRAPH_BACKENDS)
-def test_nearest_prototype_under_autocast_is_the_nearest(backend):
+@pytest.mark.parametrize("backend, dev", GRAPH_BACKENDS)
+def test_nearest_prototype_under_autocast_is_the_nearest(backend, dev):
+    dev = backend_device(backend) if backend == "triton" else dev  # the launch guard
     # before: autocast ran the distance GEMM in bf16 and ~0.5 % of the rows got a prototype
     # that is not the nearest (the near-tie re-check assumes the input dtype's distances)
-    dev = backend_device(backend)
     gen = torch.Generator().manual_seed(0)
     z = torch.randn(3000, 16, generator=gen).to(dev)
     p = torch.randn(64, 16, generator=gen).to(dev)
@@ -41,9 +43,9 @@ def test_nearest_prototype_under_autocast_is_the_nearest(backend):
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("backend", GRAPH_BACKENDS)
-def test_graph_ops_under_autocast_keep_their_dtype(backend):
-    dev = backend_device(backend)
+@pytest.mark.parametrize("backend, dev", GRAPH_BACKENDS)
+def test_graph_ops_under_autocast_keep_their_dtype(backend, dev):
+    dev = backend_device(backend) if backend == "triton" else dev  # the launch guard
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(200, 12, generator=gen).to(dev)
     ei = torch.randint(0, 200, (2, 900), generator=gen).to(dev)
@@ -65,13 +67,13 @@ def test_graph_ops_under_autocast_keep_their_dtype(backend):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("backend", LOSS_BACKENDS)
+@pytest.mark.parametrize("backend, dev", LOSS_BACKENDS)
 @pytest.mark.parametrize("variant", ["exact", "official"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_losses_under_autocast_run_on_its_dtype(backend, variant, dtype):
+def test_losses_under_autocast_run_on_its_dtype(backend, dev, variant, dtype):
+    dev = backend_device(backend) if backend == "triton" else dev  # the launch guard
     # under autocast: the loss on autocast's dtype (as scaled_dot_product_attention), value in
     # float32, gradient back in float32 -- bit for bit what the 16-bit inputs give outside it
-    dev = backend_device(backend)
     gen = torch.Generator().manual_seed(2)
     z0 = torch.randn(60, 8, generator=gen).to(dev)
     y = torch.randint(0, 4, (60,), generator=gen).to(dev)
