@@ -20,7 +20,7 @@ from hiertail_fast.reference import balanced_contrastive_loss_ref
 from tests.conftest import DEVICES, backend_device, requires_triton
 
 # (backend, device): the torch-side backends on every device here, Triton where it runs
-_TRITON = pytest.param("triton", backend_device("triton"), marks=requires_triton)
+_TRITON = pytest.param("triton", backend_device("triton"), marks=requires_triton, id="triton")
 GRAPH_BACKENDS = [(b, d) for b in ("reference", "torch") for d in DEVICES] + [_TRITON]
 LOSS_BACKENDS = [(b, d) for b in ("torch", "attention") for d in DEVICES] + [_TRITON]
 
