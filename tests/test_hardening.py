@@ -379,3 +379,42 @@ def test_unpool_differentiates_twice(backend):
         return gg
 
     torch.testing.assert_close(second(backend), second("reference"))
+
+
+# ---------------------------------------------------------------- device guard
+def test_ops_run_with_their_inputs_device_current():
+    # Triton launches on the CURRENT CUDA device: the public ops make their input's device
+    # current (_dispatch.on_input_device / public_op). On CPU tensors the guard is no context.
+    import contextlib
+
+    from hiertail_fast.ops._dispatch import on_input_device, public_op
+
+    assert isinstance(on_input_device(torch.zeros(1)), contextlib.nullcontext)
+    assert isinstance(on_input_device(None), contextlib.nullcontext)
+    seen = []
+    op = public_op(lambda x, *, k=1: seen.append(torch.is_autocast_enabled("cpu")) or x * k)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert op(torch.ones(2), k=3).tolist() == [3.0, 3.0]
+    assert seen == [False]                  # the body ran with autocast off
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_triton_ops_on_a_second_gpu():
+    dev = torch.device("cuda", 1)
+    torch.cuda.set_device(0)
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(300, 16, generator=gen)
+    y = torch.randint(0, 5, (300,), generator=gen)
+    ei = torch.randint(0, 300, (2, 1000), generator=gen)
+    p = torch.randn(16, generator=gen)
+    want = (balanced_contrastive_loss(z, y, backend="torch"),
+            gcn_propagate(z, ei, backend="torch"),
+            topk_pool(z, ei, p, 0.5, backend="torch").x,
+            nearest_prototype(z, z[:7], backend="torch"))
+    got = (balanced_contrastive_loss(z.to(dev), y.to(dev), backend="triton"),
+           gcn_propagate(z.to(dev), ei.to(dev), backend="triton"),
+           topk_pool(z.to(dev), ei.to(dev), p.to(dev), 0.5, backend="triton").x,
+           nearest_prototype(z.to(dev), z[:7].to(dev), backend="triton"))
+    for a, b in zip(got, want, strict=True):
+        assert a.device == dev
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-5)

@@ -14,7 +14,8 @@ distances), and the loss's ``torch`` engine mixed bf16 gradient GEMMs with fp32 
   which selects the library's 16-bit path (exact products, fp32 accumulation, an fp32 loss
   value; on CUDA the bf16 kernels) — what ``--loss-dtype bfloat16`` does explicitly.
   float64 inputs are left alone, as autocast leaves them;
-* every op then runs with autocast switched off (``autocast_off``), forward and backward, so its
+* every op then runs with autocast switched off (``autocast_off``; ``_dispatch.public_op`` and
+  ``_autograd.first_order_backward``), forward and backward, so its
   engines compute exactly as they do for inputs of that dtype outside autocast. The graph ops
   (``gcn_propagate``, ``topk_pool``, ``nearest_prototype``) keep their input dtype, as
   PyTorch's sparse products and ``torch.cdist`` do under autocast.
@@ -22,7 +23,6 @@ distances), and the loss's ``torch`` engine mixed bf16 gradient GEMMs with fp32 
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 
@@ -63,13 +63,3 @@ def loss_inputs(z: torch.Tensor, *others: torch.Tensor | None):
                              f"loss outside autocast")
     return out
 
-
-def without_autocast(op):
-    """Decorator of a graph op: its body runs with autocast off for the device of its first
-    tensor argument (input dtypes kept; see the module docstring)."""
-    @functools.wraps(op)
-    def wrapper(*args, **kwargs):
-        first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
-        with autocast_off(first):
-            return op(*args, **kwargs)
-    return wrapper

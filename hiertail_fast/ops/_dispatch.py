@@ -20,10 +20,14 @@ tested without a GPU); asking for it otherwise is a clear error, not a crash in 
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 from typing import NamedTuple
 
 import torch
+
+from hiertail_fast.ops._amp import autocast_off
 
 BACKENDS = ("reference", "torch", "triton")
 # backends one op has beyond BACKENDS (requested with backend= on that op's calls only)
@@ -283,3 +287,24 @@ def choose_loss_backend(z: torch.Tensor, backend: str | None, variant: str,
     if z.dtype == torch.float64 and choice in ("triton", "attention"):
         return "torch"
     return choice
+
+
+def on_input_device(t: torch.Tensor | None):
+    """A context making ``t``'s CUDA device the current one (nothing for other tensors, or
+    None). Triton launches a kernel on the CURRENT device's stream whatever device its
+    pointers are on: tensors on cuda:1 with cuda:0 current would reach the wrong GPU. (The
+    backward passes need no guard: autograd runs them with their device current.)"""
+    if t is not None and t.is_cuda:
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
+
+
+def public_op(op):
+    """Decorator of a public graph op: its body runs on its first tensor argument's device
+    (``on_input_device``) with autocast off there (``_amp``: the op keeps its input dtype)."""
+    @functools.wraps(op)
+    def wrapper(*args, **kwargs):
+        first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        with autocast_off(first), on_input_device(first):
+            return op(*args, **kwargs)
+    return wrapper

@@ -36,6 +36,7 @@ from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, positive_pairs
 from hiertail_fast.ops._dispatch import (  # noqa: F401  (LOSS_BACKENDS: re-exported)
     LOSS_BACKENDS,
     choose_loss_backend,
+    on_input_device,
     own_engine,
     refine_loss_backend,
     requested_backend,
@@ -443,7 +444,7 @@ def balanced_contrastive_loss_op(
             include_self=include_self, reduction=reduction, variant=variant,
         )
     z, prototypes = loss_inputs(z, prototypes)
-    with autocast_off(z):
+    with autocast_off(z), on_input_device(z):
         return _balanced_loss(z, labels, prototypes, temperature, include_self, reduction,
                               variant, backend)
 
@@ -510,7 +511,7 @@ def hierarchical_contrastive_loss_op(
             )
         return total
     z, *level_prototypes = loss_inputs(z, *level_prototypes)
-    with autocast_off(z):
+    with autocast_off(z), on_input_device(z):
         return _hierarchical_loss(z, level_labels, level_prototypes, temperature, include_self,
                                   variant, backend)
 

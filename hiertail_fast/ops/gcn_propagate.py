@@ -43,9 +43,8 @@ import torch
 
 from hiertail_fast._validation import check_flag, check_float_matrix, check_tensor
 from hiertail_fast.graph import CSRGraph
-from hiertail_fast.ops._amp import without_autocast
 from hiertail_fast.ops._autograd import first_order_backward
-from hiertail_fast.ops._dispatch import choose_backend
+from hiertail_fast.ops._dispatch import choose_backend, public_op
 
 _SDDMM_CHUNK_ELEMS = 1 << 22  # entries·d per chunk of the edge-gradient dot products (16 MB fp32)
 
@@ -262,7 +261,7 @@ def as_graph(graph_or_edge_index, edge_weight=None, num_nodes: int | None = None
     return CSRGraph.from_edge_index(graph_or_edge_index, edge_weight, num_nodes, dedupe=False)
 
 
-@without_autocast
+@public_op
 def gcn_propagate(
     x: torch.Tensor,
     graph_or_edge_index: CSRGraph | torch.Tensor,

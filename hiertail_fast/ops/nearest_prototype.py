@@ -23,8 +23,7 @@ from __future__ import annotations
 import torch
 
 from hiertail_fast._validation import check_prototype_args
-from hiertail_fast.ops._amp import without_autocast
-from hiertail_fast.ops._dispatch import choose_backend
+from hiertail_fast.ops._dispatch import choose_backend, public_op
 from hiertail_fast.reference.nearest_prototype import nearest_prototype_ref, pow2_rescale
 
 __all__ = ["nearest_prototype"]
@@ -33,7 +32,7 @@ _BLOCK_ELEMENTS = 1 << 22  # rows·prototypes of one [rows, M_TILE] distance blo
 _M_TILE = 8192
 
 
-@without_autocast
+@public_op
 def nearest_prototype(
     z: torch.Tensor, prototypes: torch.Tensor, *, backend: str | None = None
 ) -> torch.Tensor:

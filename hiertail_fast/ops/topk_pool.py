@@ -36,9 +36,8 @@ from hiertail_fast._validation import (
     check_unpool_args,
 )
 from hiertail_fast.graph import CSRGraph
-from hiertail_fast.ops._amp import without_autocast
 from hiertail_fast.ops._autograd import first_order_backward
-from hiertail_fast.ops._dispatch import choose_backend
+from hiertail_fast.ops._dispatch import choose_backend, public_op
 from hiertail_fast.reference.topk_pool import (
     pool_size,
     score_direction,
@@ -209,7 +208,7 @@ def _subgraph_triton(graph: CSRGraph, perm: torch.Tensor) -> CSRGraph:
     return graph._induced_from_entries(eid, new_row, new_col, k)[0]
 
 
-@without_autocast
+@public_op
 def topk_pool(
     x: torch.Tensor,
     graph_or_edge_index: CSRGraph | torch.Tensor,
@@ -253,7 +252,7 @@ def topk_pool(
     return TopKPoolResult(x_pooled, pooled, pooled.edge_index(), pooled.weight, perm, score)
 
 
-@without_autocast
+@public_op
 def topk_unpool(
     x_pooled: torch.Tensor, perm: torch.Tensor, num_nodes: int, *, backend: str | None = None
 ) -> torch.Tensor:
