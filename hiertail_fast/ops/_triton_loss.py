@@ -46,6 +46,24 @@ TF32X3_MAX_LOGIT = {"exact": 2048.0, "official": 1024.0}
 # find). Above this limit an fp32 official call on the Triton engine runs our torch engine
 # (exact at any B), as the attention kernels' guard does; bf16 inputs passed at B ~ 1.2e5.
 FP32_LSE_MAX_LOGIT = {"exact": float("inf"), "official": 4096.0}
+# The same fp32 LSE serves 16-bit rows (exact products, fp32 accumulation), and its error in
+# the official variant grows with B as for fp32 rows (abs. gradient error ~ the same at a given
+# B), while the tolerances are 10x (fp16) and 100x (bf16) fp32's. The guard was missing for
+# them (a fuzzing find: fp16 rows at B ~ 1.3e7 gave an official loss 3.6 % off, 0.485 on 13.6;
+# bf16 at 2.6e5 a gradient 4.5 % off). Measured with the guard off (python
+# bench/attention_guard.py --engines triton torch --dtype {float16,bfloat16} --n 300 --d 16
+# --bounds 1024 4096 16384 65536 262144 1048576 4194304; Triton interpreter, 2026-11-27,
+# docs/results/triton_lse_guard_*.json), official variant, Triton / torch engine, max-norm
+# relative gradient error: fp16 relu 3.5e-4 / 3.5e-4 at 16,384, 6.2e-4 / 4.3e-4 at 65,536,
+# 8.1e-3 / 2.2e-3 at 262,144; fp16 randn 3.3e-4 / 3.0e-4 at 4,096, 1.7e-2 / 2.8e-4 at 16,384;
+# bf16 relu 1.1e-3 / 1.1e-3 at 65,536, 4.5e-2 / 2.8e-3 at 262,144; bf16 randn 1.6e-3 / 1.6e-3
+# at 16,384, 1.09 / 3.5e-3 at 65,536 (a gradient of 1.4e-4: every positive clamped). Limit:
+# the largest measured bound with both regimes within 2.5x the dtype's rtol (1e-3, 1e-2), the
+# margin fp32's 4,096 has by the same measure (randn 2.5e-4). The exact variant's 16-bit
+# errors equal the torch engine's at every bound measured (to 4.2e6): no limit.
+LSE_MAX_LOGIT = {torch.float32: FP32_LSE_MAX_LOGIT,
+                 torch.float16: {"exact": float("inf"), "official": 4096.0},
+                 torch.bfloat16: {"exact": float("inf"), "official": 16384.0}}
 FP32_DOT_ENV = "HIERTAIL_TRITON_FP32_DOT"     # the same name as kernels/_utils.FP32_DOT_ENV
 
 
@@ -63,10 +81,10 @@ def tf32x3_precise(z: torch.Tensor, scale: float, variant: str,
 
 def lse_precise(z: torch.Tensor, scale: float, variant: str,
                 bound: LogitBound | None = None) -> bool:
-    """Whether the kernels' fp32 LSE is precise enough for this call: not fp32 logits over
-    FP32_LSE_MAX_LOGIT[variant] (the bound is computed only where that limit is finite)."""
-    limit = FP32_LSE_MAX_LOGIT[variant]
-    if z.dtype != torch.float32 or math.isinf(limit):
+    """Whether the kernels' fp32 LSE is precise enough for this call: logits not over
+    LSE_MAX_LOGIT[z.dtype][variant] (the bound is computed only where that limit is finite)."""
+    limit = LSE_MAX_LOGIT.get(z.dtype, {}).get(variant, float("inf"))
+    if math.isinf(limit):
         return True
     return (bound or LogitBound(z, scale)).value <= limit
 
