@@ -50,16 +50,14 @@ def autocast_off(t: torch.Tensor | None):
 
 def loss_inputs(z: torch.Tensor, *others: torch.Tensor | None):
     """(z, *others) in autocast's dtype when autocast is on for z's device and z is float32
-    (differentiable casts: the gradients come back in float32); as given otherwise. A value
-    that overflows the 16-bit dtype is a ValueError (float16 holds |x| <= 65,504)."""
+    (differentiable casts: the gradients come back in float32); as given otherwise, and also
+    when a value does not fit the 16-bit dtype (float16 holds |x| <= 65,504): then the call
+    stays in float32, exact, rather than computing on infinities (NaN) or failing mid-run."""
     dtype = autocast_dtype(z)
     if dtype is None or z.dtype != torch.float32:
         return (z, *others)
     out = tuple(None if t is None else t.to(dtype) for t in (z, *others))
-    for name, t in zip(("z", *("prototypes",) * len(others)), out, strict=True):
-        if t is not None and not all_finite(t.detach()):
-            raise ValueError(f"{name} overflows {dtype} under torch.autocast (entries beyond "
-                             f"{torch.finfo(dtype).max:g}): cast it down yourself or run the "
-                             f"loss outside autocast")
-    return out
+    if all(t is None or all_finite(t.detach()) for t in out):
+        return out
+    return (z, *others)
 
