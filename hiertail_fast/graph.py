@@ -22,6 +22,7 @@ Input checks, the COO -> CSR build and deg^-1/2 are module-level helpers in `hie
 """
 from __future__ import annotations
 
+import copy
 import warnings
 from typing import Any
 
@@ -214,6 +215,15 @@ class CSRGraph:
         w = None if self._weight is None else self._weight.to(device)
         return self._inherit_symmetry(CSRGraph(self._indptr.to(device), self._indices.to(device),
                                                w, self._num_nodes, validate=False))
+
+    def __deepcopy__(self, memo: dict) -> CSRGraph:
+        """A copy of the arrays with the caches left behind (rebuilt on demand; torch cannot
+        deep-copy the cached sparse CSR operators, which made ``copy.deepcopy`` of a used
+        graph fail); a known symmetry flag is kept, as ``to`` keeps it."""
+        arrays = (copy.deepcopy(t, memo) for t in (self._indptr, self._indices, self._weight))
+        out = self._inherit_symmetry(CSRGraph(*arrays, self._num_nodes, validate=False))
+        memo[id(self)] = out
+        return out
 
     # ------------------------------------------------------------------ self-loops
     def remove_self_loops(self) -> CSRGraph:

@@ -255,3 +255,25 @@ def test_bad_csr_and_subgraph():
         g.subgraph(torch.tensor([2]))
     with pytest.raises(TypeError, match="integer"):
         g.subgraph(torch.tensor([0.0]))
+
+
+def test_deepcopy_of_a_used_graph():
+    # a graph whose caches hold sparse CSR operators (after a propagation) deep-copies: the
+    # arrays are copied (independent weights), the caches rebuilt, a symmetry promise kept
+    import copy
+
+    from hiertail_fast import gcn_propagate
+
+    gen = torch.Generator().manual_seed(0)
+    ei = torch.randint(0, 30, (2, 90), generator=gen)
+    x = torch.randn(30, 4, generator=gen)
+    w = torch.rand(90, generator=gen)
+    g = CSRGraph.from_edge_index(ei, w, 30, symmetrize=True)
+    before = gcn_propagate(x, g, backend="torch")
+    dup = copy.deepcopy({"graph": g, "again": g})
+    assert dup["graph"] is dup["again"] and dup["graph"] is not g
+    assert dup["graph"].known_symmetric
+    assert torch.equal(gcn_propagate(x, dup["graph"], backend="torch"), before)
+    with torch.no_grad():
+        dup["graph"].weight.mul_(2.0)
+    assert torch.equal(gcn_propagate(x, g, backend="torch"), before)
