@@ -14,11 +14,11 @@ distances), and the loss's ``torch`` engine mixed bf16 gradient GEMMs with fp32 
   which selects the library's 16-bit path (exact products, fp32 accumulation, an fp32 loss
   value; on CUDA the bf16 kernels) — what ``--loss-dtype bfloat16`` does explicitly.
   float64 inputs are left alone, as autocast leaves them;
-* every op then runs with autocast switched off (``autocast_off``; ``_dispatch.public_op`` and
-  ``_autograd.first_order_backward``), forward and backward, so its
-  engines compute exactly as they do for inputs of that dtype outside autocast. The graph ops
-  (``gcn_propagate``, ``topk_pool``, ``nearest_prototype``) keep their input dtype, as
-  PyTorch's sparse products and ``torch.cdist`` do under autocast.
+* every op then runs with autocast switched off (``autocast_off``, entered by
+  ``_dispatch.public_op``, the loss ops and ``_autograd.first_order_backward``), forward and
+  backward, so its engines compute exactly as they do for inputs of that dtype outside
+  autocast. The graph ops (``gcn_propagate``, ``topk_pool``, ``nearest_prototype``) keep their
+  input dtype, as PyTorch's sparse products and ``torch.cdist`` do under autocast.
 """
 from __future__ import annotations
 
