@@ -24,7 +24,7 @@ R=${TMPDIR:-/tmp}/gpu_next
 rm -rf "$R" && mkdir -p "$R"
 s() { env OUT="$R/$1" "${@:2}" bash bench/gpu_session.sh; }
 s install STEPS=install
-s tests STEPS=tests TESTS_S=90 PYTEST_ARGS="-n 16 \
+s tests STEPS=tests TESTS_S=90 CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTEST_ARGS="-n 16 \
   tests/test_balanced_contrastive_loss_positives.py tests/test_balanced_contrastive_loss.py \
   tests/test_balanced_contrastive_loss_triton.py tests/test_tied_keys.py tests/test_amp.py \
   tests/test_hardening.py"

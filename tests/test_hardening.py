@@ -418,3 +418,34 @@ def test_triton_ops_on_a_second_gpu():
     for a, b in zip(got, want, strict=True):
         assert a.device == dev
         torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------- deterministic mode
+_DET_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and os.environ.get(
+    "CUBLAS_WORKSPACE_CONFIG") else [])     # cuBLAS itself refuses the mode without it
+
+
+@pytest.mark.parametrize("device", _DET_DEVICES)
+def test_every_op_runs_in_deterministic_mode(device):
+    # torch.use_deterministic_algorithms(True): no op of ours may call one that PyTorch
+    # refuses in that mode (it raises RuntimeError), values and gradients, the model included
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        z = torch.randn(300, 8, generator=gen).to(device).requires_grad_()
+        y = torch.randint(0, 5, (300,), generator=gen).to(device)
+        ei = torch.randint(0, 300, (2, 1200), generator=gen).to(device)
+        for variant in ("exact", "official"):
+            balanced_contrastive_loss(z, y, variant=variant).backward()
+            hierarchical_contrastive_loss(z, [y, y // 2], [None, None], variant=variant).backward()
+        gcn_propagate(z, ei).sum().backward()
+        topk_pool(z, ei, torch.ones(8, device=device), 0.5).x.sum().backward()
+        nearest_prototype(z.detach(), z[:4].detach())
+        for config in ("paper", "official"):
+            model = HierTail(8, 5, HierTailConfig.named(config, hidden=8)).to(device)
+            out = model(z.detach(), prepare_graph(ei.cpu(), 300).to(device))
+            model.loss(out, y, torch.arange(200, device=device)).total.backward()
+        assert torch.isfinite(z.grad).all()
+    finally:
+        torch.use_deterministic_algorithms(before)
