@@ -145,7 +145,8 @@ def validate_contrastive_inputs(
 ) -> None:
     """Input checks of the balanced contrastive losses, shared by the reference and the fast
     backends (ValueError/TypeError naming the argument). ``temperature`` must be a finite real
-    >= MIN_TEMPERATURE; ``include_self`` a bool."""
+    >= MIN_TEMPERATURE, or a 0-d floating tensor of such a value (learnable); ``include_self``
+    a bool."""
     check_float_matrix(z, "z")
     if z.shape[0] == 0 or z.shape[1] == 0:
         raise ValueError(f"z is empty (shape {tuple(z.shape)}); need at least one row and column")
@@ -162,11 +163,17 @@ def validate_contrastive_inputs(
             raise TypeError(f"prototypes are {prototypes.dtype} but z is {z.dtype}")
         if prototypes.device != z.device:
             raise ValueError(f"prototypes are on {prototypes.device} but z is on {z.device}")
-    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
-        raise TypeError(f"temperature must be a float, got {type(temperature).__name__}")
-    if not math.isfinite(float(temperature)) or not float(temperature) >= MIN_TEMPERATURE:
+    if isinstance(temperature, torch.Tensor):   # a learnable temperature: a 0-d float tensor
+        if temperature.dim() != 0 or not temperature.is_floating_point():
+            raise TypeError(f"a tensor temperature must be a 0-d floating-point tensor, got "
+                            f"shape {tuple(temperature.shape)} {temperature.dtype}")
+    elif isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+        raise TypeError(f"temperature must be a float (or a 0-d float tensor), got "
+                        f"{type(temperature).__name__}")
+    tau = float(temperature.detach() if isinstance(temperature, torch.Tensor) else temperature)
+    if not math.isfinite(tau) or not tau >= MIN_TEMPERATURE:
         raise ValueError(f"temperature must be a finite number >= {MIN_TEMPERATURE:g}, got "
-                         f"{temperature}")
+                         f"{tau}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction={reduction!r} is not one of {REDUCTIONS}")
     if variant not in VARIANTS:

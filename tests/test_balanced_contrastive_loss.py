@@ -123,6 +123,58 @@ def test_reduction_none_at_large_logits(backend, variant):
     _check(backend, z, y, p, weights=w, reduction="none", variant=variant, temperature=0.01)
 
 
+@pytest.mark.parametrize("backend", ["reference", *BACKENDS])
+@pytest.mark.parametrize("variant", ["exact", "official"])
+def test_learnable_temperature(backend, variant):
+    """temperature as a 0-d tensor that requires grad: dL/dtau against the float64 reference
+    (balanced with prototypes and "none" + signed weights, hierarchical), z's gradient as
+    usual, and the value bit for bit that of the float temperature (the rows are multiplied by
+    exactly 1). A tensor that does not require grad is just its value."""
+    dev = backend_device(backend)
+    z0, y, p0 = _data(90, 8, m=3, seed=21)
+    w = torch.linspace(-1.0, 2.0, 93)
+
+    def run(dtype, device, call, b):
+        z = z0.to(device, dtype, copy=True).requires_grad_()
+        p = p0.to(device, dtype, copy=True).requires_grad_()
+        tau = torch.tensor(0.3, dtype=dtype, device=device, requires_grad=True)
+        out = call(z, p, tau, b)
+        out.backward()
+        return out.detach().cpu(), tau.grad.cpu(), z.grad.cpu()
+
+    calls = {
+        "balanced": lambda z, p, tau, b: (balanced_contrastive_loss(
+            z, y.to(z.device), prototypes=p, temperature=tau, variant=variant, backend=b,
+            reduction="none") * w.to(z.device, z.dtype)).sum(),
+        "hierarchical": lambda z, p, tau, b: hierarchical_contrastive_loss(
+            z, [y.to(z.device), y.to(z.device) // 2], [p, None], temperature=tau,
+            variant=variant, backend=b),
+    }
+    for name, call in calls.items():
+        got = run(torch.float32, dev, call, backend)
+        exp = run(torch.float64, "cpu", call, "reference")
+        low = run(torch.float32, "cpu", call, "reference")
+        for a, e, lo, what in zip(got, exp, low, ("value", "dtau", "dz"), strict=True):
+            err = (a.double() - e).abs().max().item()
+            bound = 2 * (lo.double() - e).abs().max().item() + 1e-5 + 1e-4 * e.abs().max().item()
+            assert err <= bound, (name, what, err, bound)
+        z = z0.to(dev, copy=True).requires_grad_()
+        plain = call(z, p0.to(dev), 0.3, backend)
+        as_tensor = call(z, p0.to(dev), torch.tensor(0.3, device=dev, requires_grad=True),
+                         backend)
+        fixed = call(z, p0.to(dev), torch.tensor(0.3, device=dev), backend)
+        assert torch.equal(as_tensor, plain) and torch.equal(fixed, plain), name
+
+
+def test_learnable_temperature_in_the_module():
+    tau = torch.nn.Parameter(torch.tensor(0.5))
+    loss_fn = BalancedContrastiveLoss(temperature=tau, variant="official")
+    assert any(p is tau for p in loss_fn.parameters())
+    z, y, _ = _data(40, 6, seed=2)
+    loss_fn(z.requires_grad_(), y).backward()
+    assert tau.grad is not None and torch.isfinite(tau.grad) and tau.grad != 0
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_official_16bit_rows_at_large_logits(backend, dtype):

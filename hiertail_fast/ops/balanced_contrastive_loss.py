@@ -449,6 +449,23 @@ def balanced_contrastive_loss_op(
                               variant, backend)
 
 
+def _temperature_link(z_all: torch.Tensor, temperature) -> tuple[float, torch.Tensor]:
+    """(scale = 1/tau as a float for the engines, the rows the engines see). A tensor tau that
+    autograd tracks (a learnable temperature) is tied in exactly: the loss depends on the rows
+    and tau only through S = z_all z_all^T / tau, so with tau0 = tau's value the rows
+    z_all * sqrt(tau0 / tau) -- equal to z_all, the factor being exactly 1 -- give S the same
+    value and dS/dtau = -S/tau; autograd then carries dL/dtau = -<z_all, dL/dz_all> / (2 tau)
+    through this one [N, d] product, whatever engine computed dL/dz_all."""
+    tensor = isinstance(temperature, torch.Tensor)
+    tau0 = float(temperature.detach() if tensor else temperature)
+    if (tensor and temperature.requires_grad
+            and torch.is_grad_enabled()):
+        acc = torch.float64 if z_all.dtype == torch.float64 else torch.float32
+        factor = torch.sqrt(tau0 / temperature.to(z_all.device, acc))
+        z_all = z_all * factor.to(z_all.dtype)
+    return 1.0 / tau0, z_all
+
+
 def _reference_requested(backend: str | None) -> bool:
     """Whether this call runs the dense reference (asked for by argument or $HIERTAIL_BACKEND;
     the automatic choice never takes it). An unknown name is left to choose_loss_backend."""
@@ -469,8 +486,9 @@ def _balanced_loss(z, labels, prototypes, temperature, include_self, reduction, 
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
     rows = torch.arange(n, device=z.device)
     lv = _make_levels(n, [(rows, labels)], include_self, cdt, z.device, n_common=n)
+    scale, z_all = _temperature_link(z_all, temperature)
     return _apply(
-        z_all, lv, 1.0 / float(temperature), bool(include_self), variant, reduction, choice,
+        z_all, lv, scale, bool(include_self), variant, reduction, choice,
         torch.is_grad_enabled() and z_all.requires_grad,
         automatic=backend is None and requested_backend() is None,
     )
@@ -533,8 +551,9 @@ def _hierarchical_loss(z, level_labels, level_prototypes, temperature, include_s
     z_big = torch.cat(parts, dim=0) if len(parts) > 1 else z
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
     lv = _make_levels(off, level_rows, include_self, cdt, z.device, n_common=n)
+    scale, z_big = _temperature_link(z_big, temperature)
     return _apply(
-        z_big, lv, 1.0 / float(temperature), bool(include_self), variant, "mean", choice,
+        z_big, lv, scale, bool(include_self), variant, "mean", choice,
         torch.is_grad_enabled() and z_big.requires_grad,
         automatic=backend is None and requested_backend() is None,
     )
