@@ -40,7 +40,7 @@ def balanced_contrastive_loss(
     labels: torch.Tensor,
     *,
     prototypes: torch.Tensor | None = None,
-    temperature: float = 0.1,
+    temperature: float | torch.Tensor = 0.1,
     include_self: bool = True,
     reduction: str = "mean",
     variant: str = "exact",
@@ -54,7 +54,9 @@ def balanced_contrastive_loss(
     shift (clamps positive terms near -16.1), ``"exact"`` is the epsilon-free formula.
     ``reduction``: "mean" over rows with a non-empty positive set | "sum" | "none" ([N + m],
     0 for rows with an empty positive set, e.g. singleton classes with include_self=False).
-    Extra memory O(B*N) on CPU (row blocks), O(N*d) on GPU.
+    ``temperature``: a float, or a 0-d float tensor that may require grad (learnable; its
+    gradient is exact on every backend). Extra memory O(B*N) on CPU (row blocks), O(N*d) on
+    GPU.
     """
     return balanced_contrastive_loss_op(
         z, labels, prototypes, temperature, include_self, reduction, variant, backend
@@ -66,7 +68,7 @@ def hierarchical_contrastive_loss(
     level_labels: Sequence[torch.Tensor],
     level_prototypes: Sequence[torch.Tensor | None],
     *,
-    temperature: float = 0.1,
+    temperature: float | torch.Tensor = 0.1,
     include_self: bool = True,
     variant: str = "exact",
     backend: str | None = None,
@@ -87,7 +89,7 @@ class BalancedContrastiveLoss(nn.Module):
 
     def __init__(
         self,
-        temperature: float = 0.1,
+        temperature: float | torch.Tensor = 0.1,
         include_self: bool = True,
         reduction: str = "mean",
         variant: str = "exact",

@@ -53,7 +53,7 @@ def balanced_contrastive_loss_ref(
     labels: torch.Tensor,
     *,
     prototypes: torch.Tensor | None = None,
-    temperature: float = 0.1,
+    temperature: float | torch.Tensor = 0.1,
     include_self: bool = True,
     reduction: str = "mean",
     variant: str = "exact",
@@ -64,7 +64,7 @@ def balanced_contrastive_loss_ref(
         z: [N, d] floating embeddings (not normalised here).
         labels: [N] non-negative integer labels.
         prototypes: optional [m, d] rows appended to ``z``; prototype t gets label t.
-        temperature: tau > 0.
+        temperature: tau > 0 (a float, or a 0-d float tensor: autograd differentiates it).
         include_self: whether i is its own positive (official code) or not (paper Eq. 7).
         reduction: "mean" (over contributing rows) | "sum" | "none" ([N + m], 0 for rows
             with an empty positive set).
