@@ -36,6 +36,7 @@ from hiertail_fast._validation import (
     check_num_nodes,
     check_tensor,
 )
+from hiertail_fast.ops._amp import autocast_off
 
 
 class CSRGraph:
@@ -432,7 +433,7 @@ class CSRGraph:
             return CSRGraph(g.indptr, g.indices, torch.zeros(0), 0, validate=False)
         dtype = g.weight.dtype if g.weight is not None else torch.get_default_dtype()
         vals = g.weight_or_ones(dtype).detach()
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), autocast_off(vals):  # the weights' dtype, not autocast's
             warnings.simplefilter("ignore")  # torch's "sparse CSR is beta" notices
             m = torch.sparse_csr_tensor(g.indptr, g.indices, vals, (n, n))
             sq = m @ m

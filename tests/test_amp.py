@@ -128,3 +128,30 @@ def test_float16_overflow_under_autocast_stays_float32():
                                              prototypes=None if protos is None else
                                              protos.half())
         assert torch.isfinite(got) and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("config", ["paper", "official"])
+def test_the_model_trains_under_autocast(config):
+    # end to end under CPU autocast (bf16): HierTail's forward (GCN layers, pooling, the
+    # official configuration's A^2 augmentation -- whose sparse product autocast sent to bf16,
+    # which MKL does not implement --) and the losses' backward
+    from hiertail_fast import HierTail
+    from hiertail_fast.nn.hiertail import HierTailConfig, prepare_graph
+
+    gen = torch.Generator().manual_seed(6)
+    n = 300
+    x, y = torch.randn(n, 12, generator=gen), torch.randint(0, 5, (n,), generator=gen)
+    graph = prepare_graph(torch.randint(0, n, (2, 1500), generator=gen), n)
+    torch.manual_seed(0)
+    model = HierTail(12, 5, HierTailConfig.named(config, hidden=16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model.loss(model(x, graph), y, torch.arange(200)).total
+    loss.backward()
+    assert torch.isfinite(loss)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    a2 = graph.augment_a2()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fresh = prepare_graph(torch.randint(0, n, (2, 1500), generator=gen), n)
+        b2 = fresh.augment_a2()
+    assert b2.weight.dtype == a2.weight.dtype == torch.float32
