@@ -458,8 +458,7 @@ def _temperature_link(z_all: torch.Tensor, temperature) -> tuple[float, torch.Te
     through this one [N, d] product, whatever engine computed dL/dz_all."""
     tensor = isinstance(temperature, torch.Tensor)
     tau0 = float(temperature.detach() if tensor else temperature)
-    if (tensor and temperature.requires_grad
-            and torch.is_grad_enabled()):
+    if tensor and temperature.requires_grad and torch.is_grad_enabled():
         acc = torch.float64 if z_all.dtype == torch.float64 else torch.float32
         factor = torch.sqrt(tau0 / temperature.to(z_all.device, acc))
         z_all = z_all * factor.to(z_all.dtype)
