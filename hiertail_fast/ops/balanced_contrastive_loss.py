@@ -455,7 +455,9 @@ def _temperature_link(z_all: torch.Tensor, temperature) -> tuple[float, torch.Te
     and tau only through S = z_all z_all^T / tau, so with tau0 = tau's value the rows
     z_all * sqrt(tau0 / tau) -- equal to z_all, the factor being exactly 1 -- give S the same
     value and dS/dtau = -S/tau; autograd then carries dL/dtau = -<z_all, dL/dz_all> / (2 tau)
-    through this one [N, d] product, whatever engine computed dL/dz_all."""
+    through this one [N, d] product, whatever engine computed dL/dz_all. Its error is
+    dL/dz_all's, summed over the rows (README, Guarantees: absolute, not relative, where the
+    official variant's gradient nearly vanishes)."""
     tensor = isinstance(temperature, torch.Tensor)
     tau0 = float(temperature.detach() if tensor else temperature)
     if tensor and temperature.requires_grad and torch.is_grad_enabled():
