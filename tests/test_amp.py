@@ -17,7 +17,7 @@ from hiertail_fast import (
     topk_pool,
 )
 from hiertail_fast.reference import balanced_contrastive_loss_ref
-from tests.conftest import DEVICES, backend_device, requires_triton
+from tests.conftest import DEVICES, backend_device, requires_triton, tol
 
 # (backend, device): the torch-side backends on every device here, Triton where it runs
 _TRITON = pytest.param("triton", backend_device("triton"), marks=requires_triton, id="triton")
@@ -27,6 +27,16 @@ LOSS_BACKENDS = [(b, d) for b in ("torch", "attention") for d in DEVICES] + [_TR
 
 def _autocast(dev: str, dtype=torch.bfloat16):
     return torch.autocast(torch.device(dev).type, dtype=dtype)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor, dev: str, dtype: torch.dtype | None = None) -> None:
+    """Bit for bit on CPU (deterministic); on CUDA within the dtype's tolerance, since the
+    class sums and degrees there use atomics (README, Guarantees: determinism) and two runs of
+    the same path may round differently."""
+    if torch.device(dev).type == "cpu" or not a.is_floating_point():
+        assert torch.equal(a, b)
+    else:
+        torch.testing.assert_close(a, b, **tol(dtype or b.dtype))
 
 
 @pytest.mark.parametrize("backend, dev", GRAPH_BACKENDS)
@@ -64,7 +74,7 @@ def test_graph_ops_under_autocast_keep_their_dtype(backend, dev):
         got = run()
     for a, b in zip(got, want, strict=True):
         assert a.dtype == b.dtype
-        assert torch.equal(a, b)
+        _same(a, b, dev)
 
 
 @pytest.mark.parametrize("backend, dev", LOSS_BACKENDS)
@@ -94,10 +104,10 @@ def test_losses_under_autocast_run_on_its_dtype(backend, dev, variant, dtype):
         got = run(z0, protos)
     for a, b in zip(got[:2], want[:2], strict=True):
         assert a.dtype == b.dtype == torch.float32
-        assert torch.equal(a, b)
+        _same(a, b, dev)
     for a, b in zip(got[2:], want[2:], strict=True):
         assert a.dtype == torch.float32 and b.dtype == dtype
-        assert torch.equal(a, b.float())
+        _same(a, b.float(), dev, dtype)
 
 
 def test_reference_backend_is_plain_pytorch_under_autocast():

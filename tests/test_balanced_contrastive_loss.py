@@ -163,7 +163,11 @@ def test_learnable_temperature(backend, variant):
         as_tensor = call(z, p0.to(dev), torch.tensor(0.3, device=dev, requires_grad=True),
                          backend)
         fixed = call(z, p0.to(dev), torch.tensor(0.3, device=dev), backend)
-        assert torch.equal(as_tensor, plain) and torch.equal(fixed, plain), name
+        if dev == "cpu":                          # CUDA's class sums use atomics: run to run
+            assert torch.equal(as_tensor, plain) and torch.equal(fixed, plain), name
+        else:
+            torch.testing.assert_close(as_tensor, plain, rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(fixed, plain, rtol=1e-6, atol=1e-6)
 
 
 def test_learnable_temperature_in_the_module():
