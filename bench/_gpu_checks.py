@@ -310,15 +310,17 @@ def check_loss(backend: str, device: str, n: int, d: int, variant: str) -> list[
     for name, dev, dt, label in (("ours", device, torch.float32, backend),
                                  ("ref", "cpu", torch.float64, "reference")):
         zl, pl = _leaf(z, dev, dt), _leaf(protos, dev, dt)
+        tau = torch.tensor(0.1, dtype=dt, device=dev, requires_grad=True)   # learnable
         with backend_mode(label) as bk:
-            loss = balanced_contrastive_loss(zl, y.to(dev), prototypes=pl, temperature=0.1,
+            loss = balanced_contrastive_loss(zl, y.to(dev), prototypes=pl, temperature=tau,
                                              variant=variant, backend=bk)
             (loss * 2).backward()  # grad_output != 1
-        out[name] = (loss, zl.grad, pl.grad)
-    (v, gz, gp), (vr, gzr, gpr) = out["ours"], out["ref"]
+        out[name] = (loss, zl.grad, pl.grad, tau.grad)
+    (v, gz, gp, gt), (vr, gzr, gpr, gtr) = out["ours"], out["ref"]
     return _rows(f"balanced_contrastive_loss ({variant})", backend, {
         "value": (rel_error(v, vr), VALUE_TOL), "grad z": (rel_error(gz, gzr), GRAD_TOL),
-        "grad prototypes": (rel_error(gp, gpr), GRAD_TOL)})
+        "grad prototypes": (rel_error(gp, gpr), GRAD_TOL),
+        "grad temperature": (rel_error(gt, gtr), GRAD_TOL)})
 
 
 def backends_for(device: str, loss: bool = False) -> list[str]:
