@@ -29,7 +29,13 @@ from dataclasses import dataclass
 import torch
 
 from hiertail_fast._validation import validate_contrastive_inputs
-from hiertail_fast.ops import _attention_lse, _lse_symmetric, _lse_torch, _triton_loss
+from hiertail_fast.ops import (
+    _attention_lse,
+    _custom_ops,
+    _lse_symmetric,
+    _lse_torch,
+    _triton_loss,
+)
 from hiertail_fast.ops._amp import autocast_off, loss_inputs
 from hiertail_fast.ops._autograd import first_order_backward, graph_anchor
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, positive_pairs
@@ -435,7 +441,11 @@ def balanced_contrastive_loss_op(
 ) -> torch.Tensor:
     """Fast balanced contrastive loss; same arguments and numbers as the reference. Under
     torch.autocast: on autocast's dtype, with autocast off inside (``_amp``); the reference
-    backend is plain PyTorch under autocast as it is."""
+    backend is plain PyTorch under autocast as it is. Under torch.compile: one custom op
+    (``_custom_ops``)."""
+    if torch.compiler.is_compiling() and _custom_ops.READY:
+        return _custom_ops.traced_loss(z, [labels], [prototypes], temperature, include_self,
+                                       reduction, variant, backend, hierarchical=False)
     validate_contrastive_inputs(z, labels, prototypes, temperature, reduction, variant,
                                 include_self=include_self)
     if _reference_requested(backend):
@@ -513,6 +523,9 @@ def hierarchical_contrastive_loss_op(
     if isinstance(level_labels, torch.Tensor) or isinstance(level_prototypes, torch.Tensor):
         raise TypeError("level_labels and level_prototypes must be sequences of tensors")
     level_labels, level_prototypes = list(level_labels), list(level_prototypes)
+    if torch.compiler.is_compiling() and _custom_ops.READY:      # one custom op
+        return _custom_ops.traced_loss(z, level_labels, level_prototypes, temperature,
+                                       include_self, "mean", variant, backend, hierarchical=True)
     if len(level_labels) == 0 or len(level_labels) != len(level_prototypes):
         raise ValueError(
             f"need one prototype tensor per level: got {len(level_labels)} label tensors and "

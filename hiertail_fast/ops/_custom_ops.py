@@ -1,0 +1,256 @@
+"""The contrastive losses as ``torch.library`` custom ops: what ``torch.compile`` sees of them.
+
+Eager calls never come here. Under TorchDynamo (``torch.compiler.is_compiling()``) the public
+losses call ``torch.ops.hiertail_fast.contrastive_loss`` instead of letting the compiler trace
+their Python dispatch, which it could not do well: the engine choice reads the logits' bound
+from the device (host reads, data-dependent branches), so a small model's first compiled call
+spent ~17 s tracing through graph breaks and ``fullgraph=True`` failed (2-core CPU, torch
+2.13). The op is opaque to the compiler: its real implementation IS the eager loss, run when
+the compiled code runs, so the values, the engine choice, the input checks (ValueError /
+TypeError at run time) and the ``HIERTAIL_*`` switches (read at run time) are those of an
+eager call. Its "fake" implementation gives the output shapes and dtypes to the tracer.
+
+Gradients. For the scalar reductions ("mean", "sum", and the hierarchical loss) the op returns
+the loss together with its gradients w.r.t. the inputs that need them (``grads_of``, settled
+when the call is traced from ``requires_grad`` and the grad mode), taken in the same call as
+the eager loss takes them: the torch and attention engines compute the gradient in the
+forward's pass, so the compiled call does the eager call's work. The registered backward scales
+them by the incoming scalar. For ``reduction="none"`` the gradient depends on the incoming
+vector, so the op returns the values only and the backward is a second op,
+``contrastive_loss_backward``, which reruns the loss with autograd and takes the
+vector-Jacobian product (one forward pass more than eager). Second derivatives: torch.compile's
+autograd does not take them (it raises), as the eager loss does not.
+
+Under ``torch.autocast`` the traced call passes autocast's dtype on (``autocast_dtype``) and the
+implementation re-enters autocast with it, so the eager rule (``_amp``: the loss runs on
+autocast's dtype) holds although the compiled graph runs the op outside any autocast context.
+"""
+from __future__ import annotations
+
+import contextlib
+import numbers
+
+import torch
+from torch import Tensor
+
+from hiertail_fast._validation import REDUCTIONS, VARIANTS, check_flag
+from hiertail_fast.ops._amp import autocast_dtype
+
+_OP = "hiertail_fast::contrastive_loss"
+
+# torch.library runs an op's implementation below autograd (torch._C._AutoDispatchBelowAutograd:
+# the autograd dispatch keys, and in compiled code the view tracking's, are excluded in
+# thread-local state), but this op's implementation
+# IS the eager loss, whose cat / casts / temperature link and the reference backend need
+# autograd. _autograd_dispatch() re-includes those keys for the implementation's own, detached
+# leaves (nothing outside the op is recorded). Private torch._C API, present from torch 2.0 to
+# 2.13 at least: without it the public losses are traced as before (``READY`` False).
+_AUTOGRAD_KEYS = ("AutogradFunctionality", "AutogradOther", "AutogradNestedTensor",
+                  "ADInplaceOrView")
+READY = (hasattr(torch._C, "_PreserveDispatchKeyGuard")
+         and hasattr(torch._C, "_dispatch_tls_set_dispatch_key_excluded")
+         and all(hasattr(torch._C.DispatchKey, k) for k in _AUTOGRAD_KEYS))
+
+
+@contextlib.contextmanager
+def _autograd_dispatch():
+    """Autograd's dispatch keys included again (and grad mode on) until the context exits."""
+    with torch._C._PreserveDispatchKeyGuard(), torch.enable_grad():
+        for key in _AUTOGRAD_KEYS:
+            torch._C._dispatch_tls_set_dispatch_key_excluded(getattr(torch._C.DispatchKey, key),
+                                                             False)
+        yield
+
+
+def _loss(z, labels, prototypes, temperature, temperature_tensor, hierarchical, include_self,
+          reduction, variant, backend, autocast_dtype):
+    """The eager loss (the ops module, imported here: it imports this module)."""
+    from hiertail_fast.ops import balanced_contrastive_loss as ops
+
+    tau = temperature if temperature_tensor is None else temperature_tensor
+    prototypes = [None if p.shape[0] == 0 else p for p in prototypes]
+    amp = (torch.autocast(z.device.type, dtype=autocast_dtype) if autocast_dtype is not None
+           else contextlib.nullcontext())
+    with amp:
+        if hierarchical:
+            return ops.hierarchical_contrastive_loss_op(z, labels, prototypes, tau, include_self,
+                                                        variant, backend)
+        return ops.balanced_contrastive_loss_op(z, labels[0], prototypes[0], tau, include_self,
+                                                reduction, variant, backend)
+
+
+def _differentiable(z, prototypes, temperature_tensor):
+    """The op's differentiable inputs in ``grads_of`` order: z, each level's prototype tensor
+    (``[0, d]`` where the level has none: a list of tensors, not of optional tensors, so that
+    torch.library's autograd carries their gradients), the temperature tensor (None for a
+    float temperature)."""
+    return [z, *prototypes, temperature_tensor]
+
+
+def _own_tensors(grads, leaves, others=()) -> list[Tensor]:
+    """The gradients as tensors of their own (a custom op's outputs may not share memory with
+    its inputs or with each other): zeros where the loss does not reach an input; a copy where
+    the memory is shared (cat's backward splits one [N + m, d] gradient into pieces of it; a
+    cast to the same dtype returns its input)."""
+    def storage(t):
+        return t.untyped_storage().data_ptr()
+
+    taken = {storage(t) for t in (*leaves, *others) if isinstance(t, Tensor) and t.numel()}
+    out = []
+    for g, t in zip(grads, leaves, strict=True):
+        if g is None:
+            g = torch.zeros_like(t)
+        elif g.numel() and storage(g) in taken:
+            g = g.clone()
+        if g.numel():
+            taken.add(storage(g))
+        out.append(g)
+    return out
+
+
+def _loss_dtype(z: Tensor) -> torch.dtype:
+    """The loss's dtype: float32 for 16-bit z (also autocast's cast of float32 z), else z's."""
+    return torch.float32 if z.dtype in (torch.float16, torch.bfloat16) else z.dtype
+
+
+def _loss_shape(z, prototypes, hierarchical, reduction):
+    if hierarchical or reduction != "none":
+        return ()
+    return (z.shape[0] + sum(p.shape[0] for p in prototypes),)
+
+
+def _fused_grads(reduction: str, hierarchical: bool) -> bool:
+    """Whether the forward op returns the gradients (a scalar loss) or the backward op
+    computes them (``reduction="none"``)."""
+    return hierarchical or reduction != "none"
+
+
+@torch.library.custom_op(_OP, mutates_args=())
+def contrastive_loss(
+    z: Tensor, labels: list[Tensor], prototypes: list[Tensor], temperature: float,
+    temperature_tensor: Tensor | None, hierarchical: bool, include_self: bool, reduction: str,
+    variant: str, backend: str | None, autocast_dtype: torch.dtype | None, grads_of: list[bool],
+) -> tuple[Tensor, list[Tensor]]:
+    """(loss, gradients of the loss w.r.t. the inputs ``grads_of`` marks) of one eager loss
+    call; no gradients for ``reduction="none"`` (the backward op takes them)."""
+    inputs = _differentiable(z, prototypes, temperature_tensor)
+    fused = _fused_grads(reduction, hierarchical) and any(grads_of)
+    leaves = [None if t is None else t.detach().requires_grad_(fused and w)
+              for t, w in zip(inputs, grads_of, strict=True)]
+    with _autograd_dispatch() if fused else torch.no_grad():
+        loss = _loss(leaves[0], labels, leaves[1:-1], temperature, leaves[-1], hierarchical,
+                     include_self, reduction, variant, backend, autocast_dtype)
+        grads: list[Tensor] = []
+        if fused:
+            wanted = [t for t, w in zip(leaves, grads_of, strict=True) if w]
+            grads = _own_tensors(torch.autograd.grad(loss, wanted, allow_unused=True), wanted)
+    # the fake's dtype (the reference backend under autocast may compute in autocast's dtype)
+    return loss.detach().to(_loss_dtype(z)), grads
+
+
+@contrastive_loss.register_fake
+def _(z, labels, prototypes, temperature, temperature_tensor, hierarchical, include_self,
+      reduction, variant, backend, autocast_dtype, grads_of):
+    loss = z.new_empty(_loss_shape(z, prototypes, hierarchical, reduction),
+                       dtype=_loss_dtype(z))
+    if not (_fused_grads(reduction, hierarchical) and any(grads_of)):
+        return loss, []
+    inputs = _differentiable(z, prototypes, temperature_tensor)
+    return loss, [torch.empty_like(t) for t, w in zip(inputs, grads_of, strict=True) if w]
+
+
+@torch.library.custom_op("hiertail_fast::contrastive_loss_backward", mutates_args=())
+def contrastive_loss_backward(
+    grad: Tensor, z: Tensor, labels: list[Tensor], prototypes: list[Tensor],
+    temperature: float, temperature_tensor: Tensor | None, include_self: bool, variant: str,
+    backend: str | None, autocast_dtype: torch.dtype | None, grads_of: list[bool],
+) -> list[Tensor]:
+    """The vector-Jacobian product of ``reduction="none"``'s loss with ``grad``, for the inputs
+    ``grads_of`` marks: the eager loss rerun with autograd."""
+    inputs = _differentiable(z, prototypes, temperature_tensor)
+    leaves = [None if t is None else t.detach().requires_grad_(w)
+              for t, w in zip(inputs, grads_of, strict=True)]
+    with _autograd_dispatch():
+        loss = _loss(leaves[0], labels, leaves[1:-1], temperature, leaves[-1], False,
+                     include_self, "none", variant, backend, autocast_dtype)
+        wanted = [t for t, w in zip(leaves, grads_of, strict=True) if w]
+        grads = torch.autograd.grad(loss, wanted, grad.to(loss.dtype), allow_unused=True)
+    return _own_tensors(grads, wanted, others=(grad,))
+
+
+@contrastive_loss_backward.register_fake
+def _(grad, z, labels, prototypes, temperature, temperature_tensor, include_self, variant,
+      backend, autocast_dtype, grads_of):
+    inputs = _differentiable(z, prototypes, temperature_tensor)
+    return [torch.empty_like(t) for t, w in zip(inputs, grads_of, strict=True) if w]
+
+
+def _setup_context(ctx, inputs, output):
+    (z, labels, prototypes, temperature, temperature_tensor, hierarchical, include_self,
+     reduction, variant, backend, autocast_dtype, grads_of) = inputs
+    ctx.grads_of, ctx.n_labels = list(grads_of), len(labels)
+    ctx.fused = _fused_grads(reduction, hierarchical)
+    if ctx.fused:
+        ctx.save_for_backward(*output[1])
+    else:   # "none": the backward op reruns the loss on the inputs
+        ctx.labels, ctx.temperature, ctx.include_self = labels, temperature, include_self
+        ctx.variant, ctx.backend, ctx.autocast_dtype = variant, backend, autocast_dtype
+        ctx.save_for_backward(z, temperature_tensor, *prototypes)
+
+
+def _backward(ctx, grad_loss, _grad_of_grads):
+    if ctx.fused:
+        grads = [(g * grad_loss.to(g.dtype)) for g in ctx.saved_tensors]
+    else:
+        z, tau_t, *prototypes = ctx.saved_tensors
+        grads = contrastive_loss_backward(grad_loss, z, ctx.labels, prototypes, ctx.temperature,
+                                          tau_t, ctx.include_self, ctx.variant, ctx.backend,
+                                          ctx.autocast_dtype, ctx.grads_of)
+    it = iter(grads)
+    per_input = [next(it) if w else None for w in ctx.grads_of]
+    # one entry per op input, a list for each list of tensors (torch.library's rule): z,
+    # labels, prototypes, temperature, the temperature tensor, the seven other arguments
+    return (per_input[0], [None] * ctx.n_labels, per_input[1:-1], None, per_input[-1],
+            *(None,) * 7)
+
+
+torch.library.register_autograd(_OP, _backward, setup_context=_setup_context)
+
+
+def _static_checks(z, level_labels, level_prototypes, include_self, reduction, variant,
+                   temperature):
+    """The checks that need no tensor data, made while tracing (the eager loss repeats them
+    with the data checks when the op runs): a bad flag or name fails the trace with the eager
+    call's TypeError / ValueError instead of the op schema's error."""
+    for name, t in [("z", z), *(("labels", t) for t in level_labels)]:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for p in level_prototypes:
+        if p is not None and not isinstance(p, Tensor):
+            raise TypeError(f"prototypes must be a torch.Tensor or None, got {type(p).__name__}")
+    check_flag(include_self, "include_self")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction={reduction!r} is not one of {REDUCTIONS}")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant={variant!r} is not one of {VARIANTS}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (numbers.Real, Tensor)):
+        raise TypeError(f"temperature must be a float (or a 0-d float tensor), got "
+                        f"{type(temperature).__name__}")
+
+
+def traced_loss(z, level_labels, level_prototypes, temperature, include_self, reduction,
+                variant, backend, hierarchical: bool) -> Tensor:
+    """The public losses' call while TorchDynamo traces them: one custom op."""
+    _static_checks(z, level_labels, level_prototypes, include_self, reduction, variant,
+                   temperature)
+    tensor_tau = isinstance(temperature, Tensor)
+    no_rows = z.new_empty(0, z.shape[-1] if z.dim() else 0)    # a level without prototypes
+    level_prototypes = [no_rows if p is None else p for p in level_prototypes]
+    inputs = _differentiable(z, level_prototypes, temperature if tensor_tau else None)
+    grads_of = [isinstance(t, Tensor) and torch.is_grad_enabled() and t.requires_grad
+                for t in inputs]
+    loss, _ = contrastive_loss(
+        z, list(level_labels), list(level_prototypes), 0.0 if tensor_tau else float(temperature),
+        temperature if tensor_tau else None, hierarchical, bool(include_self), reduction,
+        variant, backend, autocast_dtype(z), grads_of)
+    return loss

@@ -1,0 +1,297 @@
+"""The losses under torch.compile (hiertail_fast/ops/_custom_ops.py): one opaque custom op.
+
+Compiled with ``fullgraph=True`` (a graph break fails the test) through AOTAutograd
+(``aot_eager``: the custom op's fake tensors and registered backward, without Inductor's C++
+build; one test runs Inductor). The op's implementation is the eager loss, so the compiled
+call gives the eager call's values and gradients: bit for bit on CPU, within the dtype's
+tolerance on CUDA (atomics there). Also: torch.library's own consistency check of the op
+(``opcheck``), autocast, the input errors, the environment switch read at run time."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss
+from hiertail_fast.ops import _custom_ops
+from hiertail_fast.ops import balanced_contrastive_loss as loss_ops
+from tests.conftest import DEVICES, tol
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Every test traces from scratch (TorchDynamo caches per code object and gives up after
+    a few recompiles: tests sharing a local function would otherwise run eagerly)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _compiled(fn, graphs: list | None = None):
+    """fn compiled whole (fullgraph) through AOTAutograd; each traced graph is appended to
+    ``graphs``."""
+    def backend(gm, example_inputs):
+        if graphs is not None:
+            graphs.append(gm)
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+    return torch.compile(fn, backend=backend, fullgraph=True)
+
+
+def _custom_op_calls(gm) -> int:
+    return sum("hiertail_fast.contrastive_loss" in str(node.target) for node in gm.graph.nodes)
+
+
+def _same(a, b, dev):
+    if torch.device(dev).type == "cpu":
+        assert torch.equal(a, b), (a - b).abs().max()
+    else:
+        torch.testing.assert_close(a, b, **tol(b.dtype))
+
+
+def _data(dev, n=300, d=12, classes=5, m=0, seed=0, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    z = torch.nn.functional.normalize(torch.randn(n, d, generator=gen, dtype=dtype), dim=1)
+    y = torch.randint(0, classes, (n,), generator=gen)
+    p = torch.nn.functional.normalize(torch.randn(m, d, generator=gen, dtype=dtype), dim=1)
+    return (z.to(dev).requires_grad_(), y.to(dev),
+            p.to(dev).requires_grad_() if m else None)
+
+
+def _grads(out, inputs, seed=1):
+    """Gradients of out (a vector: weighted by a random cotangent) w.r.t. the inputs."""
+    gen = torch.Generator().manual_seed(seed)
+    g = torch.rand(out.shape, generator=gen, dtype=out.dtype).to(out.device)
+    return torch.autograd.grad(out, inputs, g if out.dim() else None)
+
+
+CASES = {
+    "mean": dict(reduction="mean"),
+    "sum-official": dict(reduction="sum", variant="official"),
+    "mean-official-no-self": dict(variant="official", include_self=False),
+    "none": dict(reduction="none"),
+    "none-official-prototypes": dict(reduction="none", variant="official", m=5),
+    "mean-prototypes-tau": dict(m=5, temperature=0.05),
+    "float64-none": dict(reduction="none", dtype=torch.float64),
+}
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("case", CASES)
+def test_compiled_loss_is_the_eager_loss(case, dev):
+    kw = dict(CASES[case])
+    m, dtype = kw.pop("m", 0), kw.pop("dtype", torch.float32)
+    z, y, p = _data(dev, m=m, dtype=dtype)
+    inputs = [z] + ([p] if p is not None else [])
+
+    def f(z, y, p):
+        return balanced_contrastive_loss(z, y, prototypes=p, **kw)
+
+    graphs: list = []
+    got = _compiled(f, graphs)(z, y, p)
+    got_grads = _grads(got, inputs)
+    want = f(z, y, p)
+    want_grads = _grads(want, inputs)
+    assert len(graphs) == 1 and _custom_op_calls(graphs[0]) == 1
+    assert got.dtype == want.dtype and got.shape == want.shape
+    _same(got, want, dev)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        _same(a, b, dev)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_compiled_hierarchical_loss_with_a_learnable_temperature(dev):
+    # a level without prototypes (None: a [0, d] tensor inside the op), a learnable tau
+    z, y, p = _data(dev, m=5)
+    y2 = torch.div(y, 2, rounding_mode="floor")
+    tau = torch.tensor(0.1, device=dev, requires_grad=True)
+    inputs = [z, p, tau]
+
+    def f(z, p, tau):
+        return hierarchical_contrastive_loss(z, [y, y2], [p, None], temperature=tau,
+                                             variant="official")
+
+    graphs: list = []
+    got = _compiled(f, graphs)(z, p, tau)
+    got_grads = _grads(got, inputs)
+    want = f(z, p, tau)
+    want_grads = _grads(want, inputs)
+    assert len(graphs) == 1 and _custom_op_calls(graphs[0]) == 1
+    _same(got, want, dev)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        _same(a, b, dev)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_compiled_loss_in_a_model_step(dev):
+    """A linear encoder, the loss and an optimizer step, compiled as one graph: the weights'
+    gradient flows through the op's registered backward (a graph without gradients for the
+    loss's own inputs, which are activations here)."""
+    z, y, _ = _data(dev)
+    lin = torch.nn.Linear(z.shape[1], 8, device=dev)
+    x = z.detach()
+
+    def f(x):
+        return balanced_contrastive_loss(torch.nn.functional.normalize(lin(x), dim=1), y,
+                                         variant="official")
+
+    got = _compiled(f)(x)
+    got_grads = torch.autograd.grad(got, list(lin.parameters()))
+    want = f(x)
+    want_grads = torch.autograd.grad(want, list(lin.parameters()))
+    torch.testing.assert_close(got, want, **tol(torch.float32))
+    for a, b in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(a, b, **tol(torch.float32))
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_compiled_loss_without_gradients(dev):
+    z, y, p = _data(dev, m=3)
+
+    def f(z, y, p):
+        return balanced_contrastive_loss(z, y, prototypes=p, variant="official")
+
+    with torch.no_grad():
+        got = _compiled(f)(z, y, p)
+        want = f(z, y, p)
+    assert not got.requires_grad
+    _same(got, want, dev)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_compiled_loss_under_autocast(dev):
+    # the eager rule (the loss runs on autocast's dtype) although the compiled graph calls the
+    # op outside any autocast context: the op re-enters autocast with the traced dtype
+    z, y, p = _data(dev, m=4)
+    amp = torch.autocast(torch.device(dev).type, dtype=torch.bfloat16)
+
+    def f(z, y, p):
+        return balanced_contrastive_loss(z, y, prototypes=p)
+
+    with amp:
+        got = _compiled(f)(z, y, p)
+        got_grads = _grads(got, [z, p])
+        want = f(z, y, p)
+        want_grads = _grads(want, [z, p])
+    with torch.no_grad():
+        fp32 = f(z, y, p)
+    assert got.dtype == torch.float32 and got_grads[0].dtype == torch.float32
+    assert not torch.equal(want, fp32)           # autocast did change the engine's dtype
+    _same(got, want, dev)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        _same(a, b, dev)
+
+
+def test_compiled_loss_raises_the_eager_errors():
+    z, y, _ = _data("cpu")
+    with pytest.raises(ValueError, match="labels"):
+        _compiled(lambda z, y: balanced_contrastive_loss(z, y))(z, y[:-1])   # at run time
+    torch._dynamo.reset()
+    bad = z.detach().clone()
+    bad[3, 1] = float("nan")
+    with pytest.raises(ValueError, match="z"):
+        _compiled(lambda z, y: balanced_contrastive_loss(z, y))(bad, y)
+    torch._dynamo.reset()
+    # while tracing: the eager TypeError (under fullgraph=True TorchDynamo reports any
+    # exception raised while tracing as its own Unsupported error, quoting it)
+    def bad_flag(z, y):
+        return balanced_contrastive_loss(z, y, include_self="no")
+
+    with pytest.raises(TypeError, match="include_self"):
+        torch.compile(bad_flag, backend="aot_eager")(z, y)
+
+
+def test_compiled_loss_reads_the_backend_switch_when_it_runs(monkeypatch):
+    """$HIERTAIL_BACKEND is read by the op when the compiled code runs, not frozen at
+    tracing: the dense reference runs after the switch is set, without a new trace."""
+    z, y, _ = _data("cpu")
+    calls = []
+    ref = loss_ops.balanced_contrastive_loss_ref
+    monkeypatch.setattr(loss_ops, "balanced_contrastive_loss_ref",
+                        lambda *a, **k: calls.append(1) or ref(*a, **k))
+    graphs: list = []
+    f = _compiled(lambda z, y: balanced_contrastive_loss(z, y), graphs)
+    f(z, y)
+    assert calls == []
+    monkeypatch.setenv("HIERTAIL_BACKEND", "reference")
+    f(z, y)
+    assert calls == [1] and len(graphs) == 1
+
+
+def test_custom_op_registration_passes_opcheck():
+    """torch.library's own check of the op: schema, fake tensors against the real outputs,
+    the autograd registration, AOTAutograd with dynamic shapes."""
+    z, y, p = _data("cpu", n=40, m=3)
+    y2 = torch.div(y, 2, rounding_mode="floor")
+    none = z.new_empty(0, z.shape[1])
+    tau = torch.tensor(0.2, requires_grad=True)
+    op = torch.ops.hiertail_fast.contrastive_loss.default
+    for args in [
+        (z, [y], [p], 0.1, None, False, True, "mean", "exact", None, None, [True, True, False]),
+        (z, [y], [p], 0.0, tau, False, False, "none", "official", None, None,
+         [True, True, True]),
+        (z, [y, y2], [p, none], 0.1, None, True, True, "mean", "official", None, None,
+         [True, True, False, False]),
+    ]:
+        torch.library.opcheck(op, args)
+
+
+def test_eager_calls_do_not_go_through_the_custom_op(monkeypatch):
+    z, y, _ = _data("cpu")
+    monkeypatch.setattr(_custom_ops, "contrastive_loss",
+                        lambda *a: pytest.fail("an eager call reached the custom op"))
+    balanced_contrastive_loss(z, y).backward()
+
+
+def test_compiled_with_inductor():
+    """The default backend (Inductor: generated C++ around the op), a normalisation fused
+    before it: the loss within float32's tolerance of eager (the fused normalisation rounds
+    differently)."""
+    z, y, _ = _data("cpu", n=200)
+    x = z.detach().clone().requires_grad_()
+
+    def f(x, y):
+        return balanced_contrastive_loss(torch.nn.functional.normalize(x * 2.0, dim=1), y)
+
+    got = torch.compile(f, fullgraph=True)(x, y)
+    (g_got,) = torch.autograd.grad(got, x)
+    want = f(x, y)
+    (g_want,) = torch.autograd.grad(want, x)
+    torch.testing.assert_close(got, want, **tol(torch.float32))
+    torch.testing.assert_close(g_got, g_want, **tol(torch.float32))
+
+
+def test_without_the_private_guard_the_losses_are_traced_as_before(monkeypatch):
+    """The fallback when torch._C lacks the dispatch-key API the op's implementation needs
+    (``_custom_ops.READY`` False): TorchDynamo traces the eager loss (graph breaks, no custom
+    op), with the same numbers."""
+    monkeypatch.setattr(_custom_ops, "READY", False)
+    z, y, _ = _data("cpu", n=60)
+    graphs: list = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    def f(z, y):
+        return balanced_contrastive_loss(z, y, variant="official")
+
+    got = torch.compile(f, backend=backend)(z, y)
+    torch.testing.assert_close(got, f(z, y), **tol(torch.float32))
+    assert graphs and not any(_custom_op_calls(gm) for gm in graphs)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_exported_loss_is_one_custom_op(strict):
+    """torch.export (both tracers): the loss is one ``hiertail_fast.contrastive_loss`` node and
+    the exported program gives the eager value."""
+    z, y, p = _data("cpu", m=3)
+    z, p = z.detach(), p.detach()
+
+    class Loss(torch.nn.Module):
+        def forward(self, z, y, p):
+            return balanced_contrastive_loss(z, y, prototypes=p, variant="official")
+
+    program = torch.export.export(Loss(), (z, y, p), strict=strict)
+    calls = [n for n in program.graph.nodes
+             if "hiertail_fast.contrastive_loss" in str(n.target)]
+    assert len(calls) == 1
+    assert torch.equal(program.module()(z, y, p), Loss()(z, y, p))
