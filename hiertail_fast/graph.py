@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -38,6 +39,17 @@ from hiertail_fast._validation import (
 )
 from hiertail_fast.ops._amp import autocast_off
 
+# Live graphs by their arrays (weak references). Under torch.compile the graph ops are custom
+# ops that receive a graph's tensors, not the object (ops/_custom_graph_ops.py); they find the
+# object again here to reuse its caches. A miss (the arrays were copied) builds a new object.
+_LIVE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _arrays_key(indptr: torch.Tensor, indices: torch.Tensor, weight: torch.Tensor | None,
+                num_nodes: int) -> tuple:
+    return tuple((t.data_ptr(), t.shape, t.dtype, t.device) if t is not None else None
+                 for t in (indptr, indices, weight)) + (int(num_nodes),)
+
 
 class CSRGraph:
     """Immutable CSR graph; see the module docstring for the orientation and duplicate rules.
@@ -49,7 +61,7 @@ class CSRGraph:
         num_nodes: n.
     """
 
-    __slots__ = ("_indptr", "_indices", "_weight", "_num_nodes", "_cache")
+    __slots__ = ("_indptr", "_indices", "_weight", "_num_nodes", "_cache", "__weakref__")
 
     def __init__(
         self,
@@ -67,6 +79,14 @@ class CSRGraph:
         self._weight = weight
         self._num_nodes = int(num_nodes if num_nodes is not None else indptr.numel() - 1)
         self._cache: dict[Any, Any] = {}
+        _LIVE[_arrays_key(indptr, indices, weight, self._num_nodes)] = self
+
+    @staticmethod
+    def _live(indptr: torch.Tensor, indices: torch.Tensor, weight: torch.Tensor | None,
+              num_nodes: int) -> CSRGraph | None:
+        """A live graph holding exactly these arrays (same memory, shape, dtype, device),
+        with its caches; None when there is none."""
+        return _LIVE.get(_arrays_key(indptr, indices, weight, num_nodes))
 
     # ------------------------------------------------------------------ construction
     @classmethod

@@ -43,6 +43,7 @@ import torch
 
 from hiertail_fast._validation import check_flag, check_float_matrix, check_tensor
 from hiertail_fast.graph import CSRGraph
+from hiertail_fast.ops import _custom_graph_ops
 from hiertail_fast.ops._autograd import first_order_backward
 from hiertail_fast.ops._dispatch import choose_backend, public_op
 
@@ -261,6 +262,36 @@ def as_graph(graph_or_edge_index, edge_weight=None, num_nodes: int | None = None
     return CSRGraph.from_edge_index(graph_or_edge_index, edge_weight, num_nodes, dedupe=False)
 
 
+def _resolve_backend(x: torch.Tensor, backend: str | None) -> str:
+    if backend == "torch_sparse":
+        if not torch_sparse_available():
+            raise ValueError("backend='torch_sparse' needs the optional torch_sparse package")
+        return backend
+    return choose_backend(x, backend, op="gcn_propagate")
+
+
+def _cdtype(dtype: torch.dtype) -> torch.dtype:
+    """Degrees and weights in fp32 for fp16/bf16 features (accumulation precision), else the
+    features' dtype."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def propagate_transposed(g: torch.Tensor, graph: CSRGraph, improved: bool,
+                         add_self_loops: bool, backend: str | None) -> torch.Tensor:
+    """Âᵀ·g: ``gcn_propagate``'s gradient w.r.t. x, computed as its backward computes it (the
+    forward's cached operator itself for a symmetric graph), for edge weights that need no
+    gradient and a backend other than "reference". The compiled path's backward
+    (``_custom_graph_ops``) calls it."""
+    backend = _resolve_backend(g, backend)
+    cdtype = _cdtype(g.dtype)
+    with torch.no_grad():
+        dinv, loop = graph.gcn_deg_inv_sqrt(improved, add_self_loops, cdtype)
+        weight = None if graph.weight is None else graph.weight.to(cdtype)
+        return _spmm(backend, graph, weight, dinv, loop if add_self_loops else None,
+                     g.contiguous(), (bool(improved), bool(add_self_loops), cdtype),
+                     transposed=not graph.is_symmetric())
+
+
 @public_op
 def gcn_propagate(
     x: torch.Tensor,
@@ -288,6 +319,10 @@ def gcn_propagate(
         ValueError when a node's degree (weighted in-degree + added self-loop) is negative:
         deg^-1/2 is undefined there (PyG returns NaN rows); the message names the node.
     """
+    if torch.compiler.is_compiling() and _custom_graph_ops.READY:     # one custom op
+        return _custom_graph_ops.traced_gcn_propagate(x, graph_or_edge_index, edge_weight,
+                                                      num_nodes, improved, add_self_loops,
+                                                      backend)
     x = check_float_matrix(x, "x")  # NaN/Inf rejected on every backend, as the reference does
     improved = check_flag(improved, "improved")
     add_self_loops = check_flag(add_self_loops, "add_self_loops")
@@ -298,11 +333,7 @@ def gcn_propagate(
         raise ValueError(f"x has {x.shape[0]} rows but the graph has {graph.num_nodes} nodes")
     if graph.device != x.device:
         raise ValueError(f"graph is on {graph.device} but x is on {x.device}")
-    if backend == "torch_sparse":
-        if not torch_sparse_available():
-            raise ValueError("backend='torch_sparse' needs the optional torch_sparse package")
-    else:
-        backend = choose_backend(x, backend, op="gcn_propagate")
+    backend = _resolve_backend(x, backend)
     if backend == "reference":
         from hiertail_fast.reference.gcn_propagate import gcn_propagate_ref
 
@@ -313,8 +344,7 @@ def gcn_propagate(
     weight_grad = weight is not None and weight.requires_grad and torch.is_grad_enabled()
     # dinv/loop come from the graph's cache unless the weights need gradients (then they are
     # recomputed with autograd so the degree path reaches the weights)
-    # degrees and weights in fp32 for fp16/bf16 features (accumulation precision), else x.dtype
-    cdtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    cdtype = _cdtype(x.dtype)
     dinv, loop = graph.gcn_deg_inv_sqrt(improved, add_self_loops, cdtype)
     key = None if weight_grad else (bool(improved), bool(add_self_loops), cdtype)
     if weight is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from hiertail_fast._validation import check_prototype_args
+from hiertail_fast.ops import _custom_graph_ops
 from hiertail_fast.ops._dispatch import choose_backend, public_op
 from hiertail_fast.reference.nearest_prototype import nearest_prototype_ref, pow2_rescale
 
@@ -45,6 +46,8 @@ def nearest_prototype(
     Returns:
         int64 [N] in [0, m), lowest index on ties; no gradient.
     """
+    if torch.compiler.is_compiling() and _custom_graph_ops.READY:     # one custom op
+        return _custom_graph_ops.traced_nearest_prototype(z, prototypes, backend)
     z, prototypes = check_prototype_args(z, prototypes)
     choice = choose_backend(z, backend, op="nearest_prototype")
     if choice == "reference":

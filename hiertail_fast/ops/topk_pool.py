@@ -36,6 +36,7 @@ from hiertail_fast._validation import (
     check_unpool_args,
 )
 from hiertail_fast.graph import CSRGraph
+from hiertail_fast.ops import _custom_graph_ops
 from hiertail_fast.ops._autograd import first_order_backward
 from hiertail_fast.ops._dispatch import choose_backend, public_op
 from hiertail_fast.reference.topk_pool import (
@@ -266,6 +267,8 @@ def topk_unpool(
     Returns:
         [num_nodes, d] in x_pooled's dtype/device.
     """
+    if torch.compiler.is_compiling() and _custom_graph_ops.READY:     # one custom op
+        return _custom_graph_ops.traced_topk_unpool(x_pooled, perm, num_nodes, backend)
     choice = choose_backend(x_pooled if isinstance(x_pooled, torch.Tensor) else torch.empty(0),
                             backend, op="topk_pool")
     if choice == "reference":

@@ -1,0 +1,215 @@
+"""The graph ops as ``torch.library`` custom ops: what ``torch.compile`` sees of them.
+
+As for the losses (``_custom_ops``, whose docstring gives the reasons): eager calls never come
+here; while TorchDynamo traces, ``gcn_propagate``, ``topk_unpool`` and ``nearest_prototype``
+call one opaque op each, whose implementation is the eager op (the input checks raise their
+ValueError / TypeError when the compiled code runs). Without this, ``fullgraph=True`` failed
+on each of them (the data-dependent finiteness checks) and the rest traced through graph
+breaks.
+
+``gcn_propagate`` takes a ``CSRGraph``, a Python object the op schema cannot carry: the traced
+call passes the graph's arrays, and the implementation finds the live graph holding exactly
+those arrays (``CSRGraph._live``: same memory, shape, dtype, device), with its cached
+normalised operator, transpose and symmetry flag; where there is none (the compiled code
+copied the arrays, or an ``edge_index`` was given) it builds the graph as an eager call would.
+Its backward is ``Âᵀ·g`` on the same cached operator, as the eager backward computes it
+(``gcn_propagate.propagate_transposed``); for learnable edge weights (or the reference backend)
+the backward op reruns the eager op with autograd instead (one propagation more than eager).
+
+``topk_pool`` stays traced as before: its outputs (the pooled graph's edges) have a size only
+the data decides, as PyG's ``TopKPooling`` has: TorchDynamo breaks the graph there.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from hiertail_fast._validation import check_flag
+from hiertail_fast.graph import CSRGraph
+from hiertail_fast.ops._custom_ops import READY, _autograd_dispatch, _own_tensors
+
+__all__ = ["READY", "traced_gcn_propagate", "traced_nearest_prototype", "traced_topk_unpool"]
+
+
+# ------------------------------------------------------------------ nearest_prototype
+@torch.library.custom_op("hiertail_fast::nearest_prototype", mutates_args=())
+def nearest_prototype(z: Tensor, prototypes: Tensor, backend: str | None) -> Tensor:
+    from hiertail_fast.ops.nearest_prototype import nearest_prototype as eager
+
+    return eager(z, prototypes, backend=backend)
+
+
+@nearest_prototype.register_fake
+def _(z, prototypes, backend):
+    return z.new_empty(z.shape[:1], dtype=torch.int64)
+
+
+def traced_nearest_prototype(z, prototypes, backend) -> Tensor:
+    _tensors(z=z, prototypes=prototypes)
+    return nearest_prototype(z, prototypes, backend)
+
+
+# ------------------------------------------------------------------ topk_unpool
+@torch.library.custom_op("hiertail_fast::topk_unpool", mutates_args=())
+def topk_unpool(x_pooled: Tensor, perm: Tensor, num_nodes: int, backend: str | None) -> Tensor:
+    from hiertail_fast.ops.topk_pool import topk_unpool as eager
+
+    with torch.no_grad():
+        return eager(x_pooled.detach(), perm, num_nodes, backend=backend)
+
+
+@topk_unpool.register_fake
+def _(x_pooled, perm, num_nodes, backend):
+    return x_pooled.new_empty(num_nodes, x_pooled.shape[-1] if x_pooled.dim() else 0)
+
+
+def _unpool_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[1])
+
+
+def _unpool_backward(ctx, grad):
+    (perm,) = ctx.saved_tensors
+    # out[perm[i]] = x_pooled[i]: the gradient gathers the rows perm (perm was checked distinct
+    # and in range when the forward ran)
+    return grad.index_select(0, perm.long()), None, None, None
+
+
+topk_unpool.register_autograd(_unpool_backward, setup_context=_unpool_setup)
+
+
+def traced_topk_unpool(x_pooled, perm, num_nodes, backend) -> Tensor:
+    _tensors(x_pooled=x_pooled, perm=perm)
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int):
+        raise TypeError(f"num_nodes must be an int when compiled, got {type(num_nodes).__name__}")
+    return topk_unpool(x_pooled, perm, num_nodes, backend)
+
+
+# ------------------------------------------------------------------ gcn_propagate
+def _graph(indptr, index, weight, num_nodes, weight_leaf: bool = False) -> CSRGraph | Tensor:
+    """The live graph holding these arrays (its caches); a new one (with the live graph's
+    symmetry flag) when the weights are an autograd leaf of the backward op, which the live
+    graph does not hold; for an ``edge_index`` (indptr None), the edge_index itself (the eager
+    op converts it). The arrays come from a CSRGraph the eager op accepted: not re-checked."""
+    if indptr is None:
+        return index
+    live = CSRGraph._live(indptr, index, weight, num_nodes)
+    if live is not None and not weight_leaf:
+        return live
+    graph = CSRGraph(indptr, index, weight, num_nodes, validate=False)
+    return live._inherit_symmetry(graph) if live is not None else graph
+
+
+def _eager(x, indptr, index, weight, num_nodes, improved, add_self_loops, backend,
+           weight_leaf: bool = False):
+    from hiertail_fast.ops.gcn_propagate import gcn_propagate as eager
+
+    graph = _graph(indptr, index, weight, num_nodes, weight_leaf)
+    if isinstance(graph, CSRGraph):
+        return eager(x, graph, improved=improved, add_self_loops=add_self_loops,
+                     backend=backend)
+    return eager(x, graph, weight, num_nodes=num_nodes, improved=improved,
+                 add_self_loops=add_self_loops, backend=backend)
+
+
+@torch.library.custom_op("hiertail_fast::gcn_propagate", mutates_args=())
+def gcn_propagate(x: Tensor, indptr: Tensor | None, index: Tensor, weight: Tensor | None,
+                  num_nodes: int, improved: bool, add_self_loops: bool, backend: str | None,
+                  weight_grad: bool) -> Tensor:
+    """The eager op's value. With ``weight_grad`` (learnable edge weights) the eager op's path
+    for weights that require grad (per-call values, the self-loop as its own term), so the
+    value is the eager one bit for bit; its small autograd graph is dropped."""
+    if not weight_grad:
+        with torch.no_grad():
+            return _eager(x.detach(), indptr, index, weight, num_nodes, improved,
+                          add_self_loops, backend)
+    with _autograd_dispatch():
+        out = _eager(x.detach(), indptr, index, weight.detach().requires_grad_(), num_nodes,
+                     improved, add_self_loops, backend, weight_leaf=True)
+    return out.detach()
+
+
+@gcn_propagate.register_fake
+def _(x, indptr, index, weight, num_nodes, improved, add_self_loops, backend, weight_grad):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("hiertail_fast::gcn_propagate_backward", mutates_args=())
+def gcn_propagate_backward(grad: Tensor, x: Tensor, indptr: Tensor | None, index: Tensor,
+                           weight: Tensor | None, num_nodes: int, improved: bool,
+                           add_self_loops: bool, backend: str | None,
+                           grads_of: list[bool]) -> list[Tensor]:
+    """[gradient w.r.t. x if grads_of[0]] + [gradient w.r.t. weight if grads_of[1]]."""
+    from hiertail_fast.ops.gcn_propagate import propagate_transposed
+
+    if not grads_of[1] and backend != "reference":
+        with torch.no_grad():
+            graph = _graph(indptr, index, weight, num_nodes)
+            if not isinstance(graph, CSRGraph):           # as the eager op converts it
+                graph = CSRGraph.from_edge_index(graph, weight, num_nodes, dedupe=False)
+            return [propagate_transposed(grad, graph, improved, add_self_loops, backend)]
+    leaves = [x.detach().requires_grad_(grads_of[0]),
+              None if weight is None else weight.detach().requires_grad_(grads_of[1])]
+    with _autograd_dispatch():
+        out = _eager(leaves[0], indptr, index, leaves[1], num_nodes, improved, add_self_loops,
+                     backend, weight_leaf=grads_of[1])
+        wanted = [t for t, w in zip(leaves, grads_of, strict=True) if w]
+        grads = torch.autograd.grad(out, wanted, grad, allow_unused=True)
+    return _own_tensors(grads, wanted, others=(grad,))
+
+
+@gcn_propagate_backward.register_fake
+def _(grad, x, indptr, index, weight, num_nodes, improved, add_self_loops, backend, grads_of):
+    return [torch.empty_like(t) for t, w in zip((x, weight), grads_of, strict=True) if w]
+
+
+def _gcn_setup(ctx, inputs, output):
+    x, indptr, index, weight, num_nodes, improved, add_self_loops, backend, _ = inputs
+    ctx.options = (num_nodes, improved, add_self_loops, backend)
+    ctx.save_for_backward(x, indptr, index, weight)
+
+
+def _gcn_backward(ctx, grad):
+    x, indptr, index, weight = ctx.saved_tensors
+    grads_of = [ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[3]]
+    grads = iter(gcn_propagate_backward(grad, x, indptr, index, weight, *ctx.options,
+                                        grads_of) if any(grads_of) else [])
+    return (next(grads) if grads_of[0] else None, None, None,
+            next(grads) if grads_of[1] else None, None, None, None, None, None)
+
+
+gcn_propagate.register_autograd(_gcn_backward, setup_context=_gcn_setup)
+
+
+def traced_gcn_propagate(x, graph_or_edge_index, edge_weight, num_nodes, improved,
+                         add_self_loops, backend) -> Tensor:
+    """The public op's call while TorchDynamo traces it: one custom op on the graph's arrays."""
+    improved = check_flag(improved, "improved")
+    add_self_loops = check_flag(add_self_loops, "add_self_loops")
+    _tensors(x=x)
+    if isinstance(graph_or_edge_index, CSRGraph):
+        if edge_weight is not None:
+            raise ValueError("edge_weight must be None when a CSRGraph is given (its weights "
+                             "are stored in the graph)")
+        graph = graph_or_edge_index
+        if num_nodes is not None and num_nodes != graph.num_nodes:
+            raise ValueError(f"num_nodes={num_nodes} but the graph has {graph.num_nodes} nodes")
+        args = (graph.indptr, graph.indices, graph.weight, graph.num_nodes)
+    else:
+        _tensors(graph_or_edge_index=graph_or_edge_index)
+        if num_nodes is not None and (isinstance(num_nodes, bool)
+                                      or not isinstance(num_nodes, int)):
+            raise TypeError(f"num_nodes must be an int or None when compiled, got "
+                            f"{type(num_nodes).__name__}")
+        n = x.shape[0] if num_nodes is None else num_nodes
+        args = (None, graph_or_edge_index, edge_weight, n)
+    weight = args[2]
+    weight_grad = weight is not None and weight.requires_grad and torch.is_grad_enabled()
+    return gcn_propagate(x, *args, improved, add_self_loops, backend, weight_grad)
+
+
+def _tensors(**named) -> None:
+    """TypeError naming an argument that is not a tensor (checked while tracing; the op schema
+    would fail less clearly)."""
+    for name, t in named.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")

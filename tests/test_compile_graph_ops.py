@@ -1,0 +1,189 @@
+"""The graph ops under torch.compile (hiertail_fast/ops/_custom_graph_ops.py): gcn_propagate,
+topk_unpool and nearest_prototype are one opaque custom op each, compiled whole
+(``fullgraph=True``) through AOTAutograd; the eager values and gradients, bit for bit on CPU.
+gcn_propagate finds the live CSRGraph again from its arrays and reuses its caches."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hiertail_fast import gcn_propagate, nearest_prototype, topk_pool, topk_unpool
+from hiertail_fast.graph import CSRGraph
+from tests.conftest import DEVICES
+from tests.test_compile import _compiled, _fresh_dynamo, _same  # noqa: F401  (autouse fixture)
+
+
+def _graph_data(dev, n=120, e=500, weighted=False, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, n, (2, e), generator=gen)
+    w = torch.rand(e, generator=gen) + 0.1 if weighted else None
+    x = torch.randn(n, 6, generator=gen)
+    return x.to(dev).requires_grad_(), ei.to(dev), None if w is None else w.to(dev)
+
+
+def _ops_in(gm) -> list[str]:
+    return [str(n.target) for n in gm.graph.nodes if "hiertail_fast" in str(n.target)]
+
+
+def _check(f, args, grad_of, dev, op):
+    """f compiled whole equals f eager: value, and the gradients w.r.t. grad_of (a random
+    cotangent); the traced graph holds the op once."""
+    graphs: list = []
+    got = _compiled(f, graphs)(*args)
+    want = f(*args)
+    assert len(graphs) == 1 and _ops_in(graphs[0]) == [f"hiertail_fast.{op}.default"]
+    _same(got, want, dev)
+    if grad_of:
+        cot = torch.rand(got.shape, generator=torch.Generator().manual_seed(3)).to(dev)
+        # retain_graph: a graph's learnable weights are one gather of w shared by both calls
+        for a, b in zip(torch.autograd.grad(got, grad_of, cot, retain_graph=True),
+                        torch.autograd.grad(want, grad_of, cot), strict=True):
+            _same(a, b, dev)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("graph_kind", ["symmetric", "directed", "weighted", "edge_index"])
+@pytest.mark.parametrize("backend", [None, "reference"])
+def test_compiled_gcn_propagate(graph_kind, backend, dev):
+    x, ei, w = _graph_data(dev, weighted=graph_kind == "weighted")
+    if graph_kind == "edge_index":
+        def f(x):
+            return gcn_propagate(x, ei, backend=backend)
+    else:
+        g = CSRGraph.from_edge_index(ei, w, num_nodes=x.shape[0],
+                                     symmetrize=graph_kind == "symmetric")
+
+        def f(x):
+            return gcn_propagate(x, g, improved=False, backend=backend)
+    _check(f, (x,), [x], dev, "gcn_propagate")
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("as_graph", [True, False])
+def test_compiled_gcn_propagate_with_learnable_edge_weights(as_graph, dev):
+    # the backward op reruns the eager op with autograd on leaves of x and the weights
+    x, ei, w = _graph_data(dev, weighted=True)
+    w.requires_grad_()
+    if as_graph:
+        g = CSRGraph.from_edge_index(ei, w, num_nodes=x.shape[0], dedupe=False)
+        weight = g.weight                               # differentiable gather of w
+
+        def f(x):
+            return gcn_propagate(x, g)
+    else:
+        weight = w
+
+        def f(x):
+            return gcn_propagate(x, ei, w)
+    _check(f, (x,), [x, w], dev, "gcn_propagate")
+    assert weight.requires_grad
+
+
+def test_compiled_gcn_propagate_reuses_the_graphs_caches(monkeypatch):
+    """No CSRGraph is built per compiled call: the op finds the user's graph again from its
+    arrays (CSRGraph._live) and its cached operator serves forward and backward."""
+    x, ei, _ = _graph_data("cpu")
+    g = CSRGraph.from_edge_index(ei, num_nodes=x.shape[0], symmetrize=True)
+    f = _compiled(lambda x: gcn_propagate(x, g))
+    f(x).sum().backward()                                # builds g's operator once
+    built = []
+    init = CSRGraph.__init__
+    monkeypatch.setattr(CSRGraph, "__init__",
+                        lambda self, *a, **k: built.append(1) or init(self, *a, **k))
+    cached = dict(g._cache)
+    for _ in range(3):
+        f(x).sum().backward()
+    assert built == []
+    assert g._cache.keys() == cached.keys()
+    assert any(isinstance(k, tuple) and k[0] == "gcn_operator" for k in g._cache)
+
+
+def test_live_graph_lookup_needs_the_same_arrays():
+    x, ei, w = _graph_data("cpu", weighted=True)
+    g = CSRGraph.from_edge_index(ei, w, num_nodes=x.shape[0])
+    assert CSRGraph._live(g.indptr, g.indices, g.weight, g.num_nodes) is g
+    assert CSRGraph._live(g.indptr.clone(), g.indices, g.weight, g.num_nodes) is None
+    assert CSRGraph._live(g.indptr, g.indices, None, g.num_nodes) is None
+    assert CSRGraph._live(g.indptr, g.indices, g.weight.double(), g.num_nodes) is None
+    key = (g.indptr, g.indices, g.weight, g.num_nodes)
+    del g
+    import gc
+
+    gc.collect()
+    assert CSRGraph._live(*key) is None                  # weak: a dead graph is not found
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_compiled_topk_unpool(dev):
+    x, _, _ = _graph_data(dev)
+    perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(1))[:40].to(dev)
+
+    def f(x):
+        return topk_unpool(x[:40] * 2.0, perm, x.shape[0])
+    _check(f, (x,), [x], dev, "topk_unpool")
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_compiled_nearest_prototype(dev):
+    x, _, _ = _graph_data(dev)
+    protos = torch.randn(7, x.shape[1], generator=torch.Generator().manual_seed(2)).to(dev)
+    _check(lambda x: nearest_prototype(x, protos), (x,), [], dev, "nearest_prototype")
+
+
+def test_compiled_graph_ops_raise_the_eager_errors():
+    x, ei, _ = _graph_data("cpu")
+    g = CSRGraph.from_edge_index(ei, num_nodes=x.shape[0])
+    with pytest.raises(ValueError, match="rows"):                    # at run time
+        _compiled(lambda x: gcn_propagate(x, g))(x[:-1])
+    torch._dynamo.reset()
+    with pytest.raises(ValueError, match="repeated"):
+        _compiled(lambda x: topk_unpool(x[:2], torch.tensor([3, 3]), 10))(x)
+    torch._dynamo.reset()
+    with pytest.raises(ValueError, match="prototypes"):
+        _compiled(lambda x: nearest_prototype(x, x.new_empty(0, x.shape[1])))(x)
+    torch._dynamo.reset()
+
+    def bad_flag(x):
+        return gcn_propagate(x, g, improved="yes")
+
+    with pytest.raises(TypeError, match="improved"):                  # while tracing
+        torch.compile(bad_flag, backend="aot_eager")(x)
+
+
+def test_a_pooling_step_compiles_around_topk_pool():
+    """topk_pool's outputs have data-dependent sizes (as PyG's TopKPooling): TorchDynamo
+    breaks the graph there (no fullgraph) and the rest compiles; the eager numbers."""
+    x, ei, _ = _graph_data("cpu")
+    g = CSRGraph.from_edge_index(ei, num_nodes=x.shape[0], symmetrize=True)
+    p = torch.randn(x.shape[1], generator=torch.Generator().manual_seed(4))
+
+    def step(x):
+        h = gcn_propagate(x, g).relu()
+        pooled = topk_pool(h, g, p, 0.5)
+        return topk_unpool(gcn_propagate(pooled.x, pooled.graph), pooled.perm, x.shape[0])
+
+    got = torch.compile(step, backend="aot_eager")(x)
+    (g_got,) = torch.autograd.grad(got.sum(), x)
+    want = step(x)
+    (g_want,) = torch.autograd.grad(want.sum(), x)
+    _same(got, want, "cpu")
+    _same(g_got, g_want, "cpu")
+
+
+def test_graph_custom_ops_pass_opcheck():
+    """torch.library's own check of each op: schema, fake tensors against the real outputs,
+    the autograd registration, AOTAutograd with dynamic shapes."""
+    x, ei, w = _graph_data("cpu", weighted=True)
+    g = CSRGraph.from_edge_index(ei, w, num_nodes=x.shape[0])
+    w_leaf = g.weight.detach().requires_grad_()
+    ops = torch.ops.hiertail_fast
+    n = x.shape[0]
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(5))[:30]
+    for op, args in [
+        (ops.gcn_propagate, (x, g.indptr, g.indices, g.weight, n, True, True, None, False)),
+        (ops.gcn_propagate, (x, g.indptr, g.indices, w_leaf, n, False, True, None, True)),
+        (ops.gcn_propagate, (x, None, ei, None, n, True, False, None, False)),
+        (ops.topk_unpool, (x[:30].detach().requires_grad_(), perm, n, None)),
+        (ops.nearest_prototype, (x.detach(), x[:5].detach(), None)),
+    ]:
+        torch.library.opcheck(op.default, args)
