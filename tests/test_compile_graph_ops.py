@@ -148,6 +148,13 @@ def test_compiled_graph_ops_raise_the_eager_errors():
 
     with pytest.raises(TypeError, match="improved"):                  # while tracing
         torch.compile(bad_flag, backend="aot_eager")(x)
+    torch._dynamo.reset()
+
+    def float_count(x):
+        return topk_unpool(x[:2], torch.tensor([3, 4]), 10.0)
+
+    with pytest.raises(TypeError, match="num_nodes"):
+        torch.compile(float_count, backend="aot_eager")(x)
 
 
 def test_a_pooling_step_compiles_around_topk_pool():

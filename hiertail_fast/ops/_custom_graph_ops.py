@@ -21,6 +21,8 @@ the data decides, as PyG's ``TopKPooling`` has: TorchDynamo breaks the graph the
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import Tensor
 
@@ -79,9 +81,7 @@ topk_unpool.register_autograd(_unpool_backward, setup_context=_unpool_setup)
 
 def traced_topk_unpool(x_pooled, perm, num_nodes, backend) -> Tensor:
     _tensors(x_pooled=x_pooled, perm=perm)
-    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int):
-        raise TypeError(f"num_nodes must be an int when compiled, got {type(num_nodes).__name__}")
-    return topk_unpool(x_pooled, perm, num_nodes, backend)
+    return topk_unpool(x_pooled, perm, _count(num_nodes), backend)
 
 
 # ------------------------------------------------------------------ gcn_propagate
@@ -196,15 +196,21 @@ def traced_gcn_propagate(x, graph_or_edge_index, edge_weight, num_nodes, improve
         args = (graph.indptr, graph.indices, graph.weight, graph.num_nodes)
     else:
         _tensors(graph_or_edge_index=graph_or_edge_index)
-        if num_nodes is not None and (isinstance(num_nodes, bool)
-                                      or not isinstance(num_nodes, int)):
-            raise TypeError(f"num_nodes must be an int or None when compiled, got "
-                            f"{type(num_nodes).__name__}")
-        n = x.shape[0] if num_nodes is None else num_nodes
+        n = x.shape[0] if num_nodes is None else _count(num_nodes)
         args = (None, graph_or_edge_index, edge_weight, n)
     weight = args[2]
     weight_grad = weight is not None and weight.requires_grad and torch.is_grad_enabled()
     return gcn_propagate(x, *args, improved, add_self_loops, backend, weight_grad)
+
+
+def _count(num_nodes) -> int:
+    """num_nodes as an int while tracing (a tensor, which the eager op also accepts, would need
+    its value read from the device: TypeError here; TorchDynamo traces numpy integers as
+    tensors, so they break the graph)."""
+    if isinstance(num_nodes, (bool, Tensor)) or not hasattr(num_nodes, "__index__"):
+        raise TypeError(f"num_nodes must be an int when compiled, got "
+                        f"{type(num_nodes).__name__}")
+    return operator.index(num_nodes)
 
 
 def _tensors(**named) -> None:
