@@ -6,7 +6,8 @@
 #      17, tests/test_tied_keys.py; session 18's autocast path, tests/test_amp.py: CUDA autocast
 #      bf16 -> the bf16 kernels, fp16 -> the fp16 path; the second-derivative guard and the
 #      column-major tie rule, tests/test_hardening.py; session 19's custom ops under
-#      torch.compile on CUDA, tests/test_compile*.py), 2. the loss kernels' registers / spills as
+#      torch.compile on CUDA, tests/test_compile.py and tests/test_compile_graph_ops.py),
+#      2. the loss kernels' registers / spills as
 #      the image's triton compiles them (bench/kernel_resources.py found the LSE backward's
 #      fixed tile spilling ~1 KB per thread), 3. loss_profile rows at d 64 and 128, N 20k and
 #      100k, the automatic choice against the Triton modes (the other engines were timed at

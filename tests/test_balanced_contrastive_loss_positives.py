@@ -12,9 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import hiertail_fast.ops.balanced_contrastive_loss as ops_mod
 from hiertail_fast import hierarchical_contrastive_loss
-from hiertail_fast.ops import _triton_loss
+from hiertail_fast.ops import _loss_passes, _triton_loss
 from hiertail_fast.ops._contrastive_pairs import _tie_bound
 from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
 from tests.conftest import requires_triton, tol
@@ -303,7 +302,7 @@ def test_the_triton_engine_runs_its_own_positives(monkeypatch, triton_device, in
         raise AssertionError("the torch positive pass ran on the Triton engine")
 
     monkeypatch.setattr(_triton_loss, "positive_pairs", spy)
-    monkeypatch.setattr(ops_mod, "positive_pairs", torch_pass)
+    monkeypatch.setattr(_loss_passes, "positive_pairs", torch_pass)
     gen = torch.Generator().manual_seed(4)
     z = torch.randn(80, 16, generator=gen) * 0.8
     y = torch.randint(0, 6, (80,), generator=gen)
@@ -338,7 +337,7 @@ def test_other_engines_on_request(monkeypatch, triton_device, backend, reduction
     from hiertail_fast.ops import _positive_blocks
 
     calls, torch_calls = [], []
-    real, real_torch = _triton_loss.positive_pairs, ops_mod.positive_pairs
+    real, real_torch = _triton_loss.positive_pairs, _loss_passes.positive_pairs
 
     def spy(*args, **kw):
         calls.append(kw["need_sums"])
@@ -349,7 +348,7 @@ def test_other_engines_on_request(monkeypatch, triton_device, backend, reduction
         return real_torch(*args, **kw)
 
     monkeypatch.setattr(_triton_loss, "positive_pairs", spy)
-    monkeypatch.setattr(ops_mod, "positive_pairs", torch_spy)
+    monkeypatch.setattr(_loss_passes, "positive_pairs", torch_spy)
     gen = torch.Generator().manual_seed(9)
     z = torch.randn(90, 12, generator=gen)
     y = torch.randint(0, 5, (90,), generator=gen)

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from hiertail_fast._validation import REDUCTIONS, VARIANTS, check_flag
 from hiertail_fast.ops._amp import autocast_dtype
+from hiertail_fast.ops._loss_terms import loss_dtype
 
 _OP = "hiertail_fast::contrastive_loss"
 
@@ -108,11 +109,6 @@ def _own_tensors(grads, leaves, others=()) -> list[Tensor]:
     return out
 
 
-def _loss_dtype(z: Tensor) -> torch.dtype:
-    """The loss's dtype: float32 for 16-bit z (also autocast's cast of float32 z), else z's."""
-    return torch.float32 if z.dtype in (torch.float16, torch.bfloat16) else z.dtype
-
-
 def _loss_shape(z, prototypes, hierarchical, reduction):
     if hierarchical or reduction != "none":
         return ()
@@ -145,14 +141,14 @@ def contrastive_loss(
             wanted = [t for t, w in zip(leaves, grads_of, strict=True) if w]
             grads = _own_tensors(torch.autograd.grad(loss, wanted, allow_unused=True), wanted)
     # the fake's dtype (the reference backend under autocast may compute in autocast's dtype)
-    return loss.detach().to(_loss_dtype(z)), grads
+    return loss.detach().to(loss_dtype(z.dtype)), grads
 
 
 @contrastive_loss.register_fake
 def _(z, labels, prototypes, temperature, temperature_tensor, hierarchical, include_self,
       reduction, variant, backend, autocast_dtype, grads_of):
     loss = z.new_empty(_loss_shape(z, prototypes, hierarchical, reduction),
-                       dtype=_loss_dtype(z))
+                       dtype=loss_dtype(z.dtype))
     if not (_fused_grads(reduction, hierarchical) and any(grads_of)):
         return loss, []
     inputs = _differentiable(z, prototypes, temperature_tensor)

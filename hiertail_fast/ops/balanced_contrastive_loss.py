@@ -24,21 +24,14 @@ so the gradient is computed there (3 GEMMs per block in total) and backward only
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from hiertail_fast._validation import validate_contrastive_inputs
-from hiertail_fast.ops import (
-    _attention_lse,
-    _custom_ops,
-    _lse_symmetric,
-    _lse_torch,
-    _triton_loss,
-)
+from hiertail_fast.ops import _attention_lse, _custom_ops, _lse_symmetric, _triton_loss
 from hiertail_fast.ops._amp import autocast_off, loss_inputs
 from hiertail_fast.ops._autograd import first_order_backward, graph_anchor
-from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, positive_pairs
+from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS
 from hiertail_fast.ops._dispatch import (  # noqa: F401  (LOSS_BACKENDS: re-exported)
     LOSS_BACKENDS,
     choose_loss_backend,
@@ -46,230 +39,37 @@ from hiertail_fast.ops._dispatch import (  # noqa: F401  (LOSS_BACKENDS: re-expo
     own_engine,
     refine_loss_backend,
     requested_backend,
-    triton_available,
 )
-from hiertail_fast.ops._positive_blocks import POSITIVES_ENV, BlockPositives, positives_plan
-from hiertail_fast.ops._tied_keys import first_tied_key
+from hiertail_fast.ops._loss_passes import (
+    backend_module,
+    block_positives,
+    fused_pass,
+    lse_backward,
+    official_sums,
+    positive_terms,
+    triton_positives,
+)
+from hiertail_fast.ops._loss_terms import (
+    Levels,
+    argmax_grad,
+    class_sum_term,
+    loss_dtype,
+    make_levels,
+)
 from hiertail_fast.reference.balanced_contrastive_loss import balanced_contrastive_loss_ref
-
-
-def _backend_module(name: str):
-    return {"torch": _lse_torch, "attention": _attention_lse, "triton": _triton_loss}[name]
-
-
-@dataclass
-class _Levels:
-    """Label structure of L levels over the N rows of one problem (no autograd)."""
-
-    log_w: torch.Tensor        # [L, N] -log(class size), -inf for rows not in the level
-    gid: torch.Tensor          # [L, N] group id within the level, -1 if not in the level
-    n_groups: list[int]
-    n_pos: torch.Tensor        # [L, N] |P(i)| (compute dtype), 0 if not in the level
-    contrib: torch.Tensor      # [L, N] bool, rows with a non-empty positive set
-    n_distinct: torch.Tensor   # [L] number of distinct labels = sum_k w_k
-    full: list[bool]           # per level: every row is in it (no index lists needed)
-    n_common: int = 0          # rows [0, n_common) are in every level (the embeddings)
-
-
-def _make_levels(n: int, level_rows, include_self: bool, dtype, device,
-                 n_common: int = 0) -> _Levels:
-    n_levels = len(level_rows)
-    log_w = torch.full((n_levels, n), float("-inf"), dtype=dtype, device=device)
-    gid = torch.full((n_levels, n), -1, dtype=torch.long, device=device)
-    n_pos = torch.zeros(n_levels, n, dtype=dtype, device=device)
-    n_groups = []
-    for lev, (rows, labels) in enumerate(level_rows):
-        _, inv, counts = torch.unique(labels, return_inverse=True, return_counts=True)
-        cnt = counts[inv].to(dtype)
-        log_w[lev, rows] = -torch.log(cnt)
-        gid[lev, rows] = inv
-        n_pos[lev, rows] = cnt - (0.0 if include_self else 1.0)
-        n_groups.append(int(counts.numel()))
-    n_distinct = torch.tensor(n_groups, dtype=dtype, device=device)
-    # rows are distinct indices (the ops build them): n of them cover every row
-    full = [rows.numel() == n for rows, _ in level_rows]
-    return _Levels(log_w, gid, n_groups, n_pos, n_pos > 0, n_distinct, full, n_common)
-
-
-def _class_sum_term(z, lv: _Levels, scale, include_self, coef=None):
-    """pos[l, i] = z_i.(S_c(i) - d z_i) * scale (d = not include_self); dz for coefficients coef.
-
-    coef [L, N] is the coefficient of pos[l, i]; dz_i gets scale * (coef_i (S_c - d z_i)
-    + A_c - d coef_i z_i) with A_c = sum_{i in c} coef_i z_i.
-    """
-    n, d = z.shape
-    pos = torch.zeros(lv.gid.shape, dtype=z.dtype, device=z.device)
-    dz = torch.zeros_like(z) if coef is not None else None
-    delta = 0.0 if include_self else 1.0
-    sq = (z * z).sum(1)
-    for lev in range(lv.gid.shape[0]):
-        # a level over every row takes them all (nonzero would cost a host sync)
-        rows = slice(None) if lv.full[lev] else (lv.gid[lev] >= 0).nonzero().squeeze(1)
-        g = lv.gid[lev, rows]
-        zr = z[rows]
-        sums = torch.zeros(lv.n_groups[lev], d, dtype=z.dtype, device=z.device)
-        sums.index_add_(0, g, zr)
-        s_rows = sums[g]
-        pos[lev, rows] = ((zr * s_rows).sum(1) - delta * sq[rows]) * scale
-        if coef is not None:
-            c = coef[lev, rows].to(z.dtype)
-            acc = torch.zeros_like(sums).index_add_(0, g, zr * c[:, None])
-            grad = c[:, None] * (s_rows - 2.0 * delta * zr) + acc[g]
-            if lv.full[lev]:
-                dz.add_(grad, alpha=scale)
-            else:
-                dz.index_add_(0, rows, grad, alpha=scale)
-    return pos, dz
-
-
-def _argmax_grad(z, lv_argmax, gamma, scale):
-    """dz for coefficient gamma [L, N] on s_{i, argmax[l, i]} (the row-max path)."""
-    dz = torch.zeros_like(z)
-    for lev in range(gamma.shape[0]):
-        a = lv_argmax[lev]
-        gm = (gamma[lev] * scale).to(z.dtype)[:, None]
-        dz.add_(gm * z[a])
-        dz.index_add_(0, a, gm * z)
-    return dz
-
-
-def _triton_positives(backend: str, zc: torch.Tensor) -> bool:
-    """Whether the official positives run on the Triton kernel: always on the Triton engine; on
-    the others where $HIERTAIL_POSITIVES=triton asks and the rows are fp32 (the kernel takes no
-    float64)."""
-    if backend == "triton":
-        return True
-    if positives_plan() != "triton" or zc.dtype != torch.float32:
-        return False
-    if not triton_available(zc.device):
-        raise ValueError(f"{POSITIVES_ENV}=triton needs CUDA tensors and triton (or "
-                         f"TRITON_INTERPRET=1 set before triton is imported); got a tensor on "
-                         f"{zc.device}")
-    return True
-
-
-def _positive_terms(triton_pos: bool, backend, zc, z_in, lv: _Levels, lev: int, rmax, amax,
-                    scale, include_self, coef, fp32_dot, need_sums: bool = True):
-    """(T, Q, dz) of the official positive pairs of level `lev` (``positive_pairs``' contract):
-    on the Triton kernel (``_triton_loss.positive_pairs``: one launch, no host sync) where the
-    call's ``_triton_positives`` said so, with the Triton engine's rows and dots (fp32 rows and
-    IEEE products under the other engines, whose row max comes from IEEE GEMMs), else the torch
-    pass on the compute-dtype rows (which always returns the sums)."""
-    args = (lv.gid[lev], lv.n_groups[lev], rmax[lev], amax[lev], scale, include_self, coef)
-    if not triton_pos:
-        return positive_pairs(zc, *args)
-    if backend == "triton":
-        return _triton_loss.positive_pairs(z_in, *args, need_sums=need_sums, fp32_dot=fp32_dot)
-    return _triton_loss.positive_pairs(zc, *args, need_sums=need_sums, fp32_dot="ieee")
-
-
-def _lse_backward(mod, z_in, log_w, lse, grad_lse, scale, fp32_dot=None, n_common=0):
-    """The engine's LSE gradient, in fp32 for the Triton kernels (16-bit inputs: not rounded to
-    16 bits before the positive-pair part, which it can cancel, is added) with the forward's
-    fp32 dot and shared-keys prefix."""
-    if mod is _lse_torch or mod is _attention_lse:
-        return mod.lse_backward(z_in, log_w, lse, grad_lse, scale)
-    return mod.lse_backward(z_in, log_w, lse, grad_lse, scale, out_dtype=torch.float32,
-                            fp32_dot=fp32_dot, n_common=n_common)
-
-
-def loss_dtype(dtype: torch.dtype) -> torch.dtype:
-    """dtype of the returned loss: float32 for 16-bit inputs, else the input's dtype."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
-def _ratio(lse, rmax, log_eps):
-    """r = exp(LSE - M) / D, D = exp(LSE - M) + eps * n_groups: the official loss's d/dLSE."""
-    a = lse - rmax
-    return torch.exp(a - torch.logaddexp(a, log_eps))
-
-
-def _block_positives(zc, lv: _Levels, include_self: bool, coef, scale: float):
-    """The official positives read from the row-block engine's own blocks (no extra GEMM);
-    coef: their gradient coefficients (None: forward only)."""
-    return BlockPositives(zc, lv.gid, lv.n_groups, include_self, coef, scale,
-                          torch.isfinite(lv.log_w).all(dim=0), lv.log_w)
-
-
-def _official_sums(positives, triton_pos: bool, backend, zc, z_in, lv: _Levels, lse, rmax,
-                   amax, scale, include_self, coef, fp32_dot):
-    """The official variant's terms after the LSE pass: (amax moved to the first of equal key
-    rows, as torch.max (_tied_keys), T [L, N], Q [L, N], dz of the positives or None). Levels
-    the engine's `positives` collected are taken from it, the others run ``_positive_terms``
-    with coefficients coef [L, N] (None: forward only)."""
-    amax = first_tied_key(zc, amax, torch.isfinite(lv.log_w))
-    big_t, big_q = torch.zeros_like(lse), torch.zeros_like(lse)
-    dz = None
-    for lev in range(lse.shape[0]):
-        if positives is not None and positives.handled[lev]:
-            big_t[lev], big_q[lev] = positives.T[lev], positives.Q[lev]
-            continue
-        big_t[lev], big_q[lev], dzp = _positive_terms(
-            triton_pos, backend, zc, z_in, lv, lev, rmax, amax, scale, include_self,
-            None if coef is None else coef[lev], fp32_dot)
-        if dzp is not None:
-            dz = dzp if dz is None else dz + dzp
-    return amax, big_t, big_q, dz
-
-
-def _fused_pass(zc, z_in, lv: _Levels, base, inv_n, log_eps_w, log_w, scale: float,
-                include_self: bool, official: bool, backend: str):
-    """The torch / attention engines' one pass over the logits for the loss sum_l,i base_li *
-    loss_li: (lse, rmax, amax, T, Q, dz) with its gradient dz, every term of it from the same
-    logits (the row max and its arg-max, LSE, the positives). The forward of the "mean" and
-    "sum" reductions, and the backward of "none" (base = grad_out on the rows): a backward
-    that recomputed the logits in other GEMMs than the forward's LSE came from would see them
-    rounded differently, by ulps of |s|, and the official gradient's cancellation of the
-    arg-max term against p_argmax ~ 1 leaves those ulps standing (0.1 % of the terms at
-    |s| ~ 1e4, a fuzzing find)."""
-    mod = _backend_module(backend)
-    # one level, every key visible, CPU float32: the symmetric engine (each pair once)
-    symmetric = backend == "torch" and _lse_symmetric.applicable(zc, lv.log_w)
-    if symmetric:
-        mod = _lse_symmetric
-    # the official positives read from the torch engine's own blocks (no extra GEMM)
-    positives = None
-    triton_pos = official and _triton_positives(backend, zc)
-    if official and symmetric and not triton_pos:
-        positives = _lse_symmetric.Positives(lv.gid[0], include_self, -(base * inv_n)[0])
-    elif official and backend == "torch" and not triton_pos:
-        positives = _block_positives(zc, lv, include_self, -(base * inv_n), scale)
-    kw = {} if positives is None else {"positives": positives}
-
-    def coef_fn(rows, lse_b, max_b):
-        g = base[:, rows]
-        return g * _ratio(lse_b, max_b, log_eps_w) if official else g
-
-    # the attention engine takes the input dtype (bf16 on CUDA: flash attention)
-    z_eng = z_in if backend == "attention" else zc
-    lse, rmax, amax, dz = mod.lse_fused(z_eng, log_w, scale, official, coef_fn, **kw)
-    dz = dz.to(zc.dtype)
-    lse = lse.double()
-    if not official:
-        pos, dzp = _class_sum_term(zc, lv, scale, include_self, -(base * inv_n))
-        return lse, None, None, pos, None, dz + dzp
-    rmax = rmax.to(zc.dtype)
-    amax, big_t, big_q, dzp = _official_sums(positives, triton_pos, backend, zc, z_in, lv, lse,
-                                             rmax, amax, scale, include_self, -(base * inv_n),
-                                             None)
-    if dzp is not None:
-        dz += dzp
-    gamma = base * (big_q * inv_n - _ratio(lse, rmax, log_eps_w))
-    dz += _argmax_grad(zc, amax, gamma, scale)
-    return lse, rmax, amax, big_t, big_q, dz
 
 
 class BalancedContrastiveFunction(torch.autograd.Function):
     """Sum over levels of the reduced balanced contrastive loss on the rows of ``z``."""
 
     @staticmethod
-    def forward(ctx, z, lv: _Levels, scale: float, include_self: bool, variant: str,
+    def forward(ctx, z, lv: Levels, scale: float, include_self: bool, variant: str,
                 reduction: str, backend: str, want_grad: bool, fp32_dot: str | None,
                 anchor: torch.Tensor | None):
         official = variant == "official"
         cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
         zc = z.detach().to(cdt).contiguous()
-        mod = _backend_module(backend)
+        mod = backend_module(backend)
         z_in = z.detach().contiguous() if backend in ("triton", "attention") else zc
         if backend == "triton" and z_in.dtype == torch.float64:
             z_in = zc.float()
@@ -285,10 +85,10 @@ class BalancedContrastiveFunction(torch.autograd.Function):
         fusable = backend in ("torch", "attention")
         fused = reduction != "none" and fusable and want_grad
         log_w = lv.log_w if backend == "torch" else lv.log_w.float()
-        triton_pos = official and _triton_positives(backend, zc)
+        triton_pos = official and triton_positives(backend, zc)
         n_common = 0
         if fused:
-            lse, rmax, amax, big_t, big_q, dz = _fused_pass(
+            lse, rmax, amax, big_t, big_q, dz = fused_pass(
                 zc, z_in, lv, base, inv_n, log_eps_w, log_w, scale, include_self, official,
                 backend)
         else:
@@ -298,7 +98,7 @@ class BalancedContrastiveFunction(torch.autograd.Function):
             symmetric = backend == "torch" and _lse_symmetric.applicable(zc, lv.log_w)
             positives = None
             if official and backend == "torch" and not symmetric and not triton_pos:
-                positives = _block_positives(zc, lv, include_self, None, scale)
+                positives = block_positives(zc, lv, include_self, None, scale)
             kw = {} if positives is None else {"positives": positives}
             # the Triton kernels' fp32 dot (chosen in _apply), saved for the backward, whose
             # one-pass kernel must recompute the forward's scores
@@ -319,11 +119,11 @@ class BalancedContrastiveFunction(torch.autograd.Function):
             big_t = big_q = None
             if official:
                 rmax = rmax.to(cdt)
-                amax, big_t, big_q, _ = _official_sums(positives, triton_pos, backend, zc, z_in,
+                amax, big_t, big_q, _ = official_sums(positives, triton_pos, backend, zc, z_in,
                                                        lv, lse, rmax, amax, scale, include_self,
                                                        None, fp32_dot)
             else:
-                big_t = _class_sum_term(zc, lv, scale, include_self)[0]
+                big_t = class_sum_term(zc, lv, scale, include_self)[0]
         if official:
             loss = torch.logaddexp(lse - rmax, log_eps_w) - big_t * inv_n
         else:
@@ -363,29 +163,29 @@ class BalancedContrastiveFunction(torch.autograd.Function):
         if ctx.backend in ("torch", "attention"):             # "none": one fused pass
             zc, z_in, log_w, base, inv_n, log_eps_w, _ = ctx.saved_tensors
             g = base * grad_out.to(zc.dtype)[None]
-            dz = _fused_pass(zc, z_in, lv, g, inv_n, log_eps_w, log_w, scale,
+            dz = fused_pass(zc, z_in, lv, g, inv_n, log_eps_w, log_w, scale,
                              ctx.include_self, ctx.official, ctx.backend)[5]
             return dz.to(ctx.z_dtype), *nones
         zc, z_in, log_w, lse, base, inv_n, log_eps_w, *extra, _ = ctx.saved_tensors
         go = grad_out.to(zc.dtype)
         g = base * go[None] if ctx.reduction == "none" else base * go     # [L, N]
-        mod = _backend_module(ctx.backend)
+        mod = backend_module(ctx.backend)
         if ctx.official:
             rmax, amax, big_q = extra
             a = lse - rmax
             r = torch.exp(a - torch.logaddexp(a, log_eps_w))
-            dz = _lse_backward(mod, z_in, log_w, lse, (g * r).to(log_w.dtype), scale,
+            dz = lse_backward(mod, z_in, log_w, lse, (g * r).to(log_w.dtype), scale,
                                ctx.fp32_dot, ctx.n_common)
             dz = dz.to(zc.dtype)
             for lev in range(lse.shape[0]):
-                dz += _positive_terms(ctx.triton_pos, ctx.backend, zc, z_in, lv, lev, rmax,
+                dz += positive_terms(ctx.triton_pos, ctx.backend, zc, z_in, lv, lev, rmax,
                                       amax, scale, ctx.include_self, -(g[lev] * inv_n[lev]),
                                       ctx.fp32_dot, need_sums=False)[2]
-            dz += _argmax_grad(zc, amax, g * (big_q * inv_n - r), scale)
+            dz += argmax_grad(zc, amax, g * (big_q * inv_n - r), scale)
         else:
-            dz = _lse_backward(mod, z_in, log_w, lse, g.to(log_w.dtype), scale, ctx.fp32_dot,
+            dz = lse_backward(mod, z_in, log_w, lse, g.to(log_w.dtype), scale, ctx.fp32_dot,
                                ctx.n_common)
-            dz = dz.to(zc.dtype) + _class_sum_term(zc, lv, scale, ctx.include_self,
+            dz = dz.to(zc.dtype) + class_sum_term(zc, lv, scale, ctx.include_self,
                                                    -(g * inv_n))[1]
         return dz.to(ctx.z_dtype), *nones
 
@@ -413,7 +213,7 @@ def settle_engine(z_all: torch.Tensor, scale: float, variant: str, n_levels: int
     return backend, fp32_dot
 
 
-def _apply(z_all, lv: _Levels, scale: float, include_self: bool, variant: str, reduction: str,
+def _apply(z_all, lv: Levels, scale: float, include_self: bool, variant: str, reduction: str,
            backend: str, want_grad: bool, automatic: bool):
     """BalancedContrastiveFunction.apply with the engine of ``settle_engine``, and the fallback
     to our own engine when the attention kernels refuse the call (a shape, dtype or GPU they do
@@ -496,7 +296,7 @@ def _balanced_loss(z, labels, prototypes, temperature, include_self, reduction, 
     n = z_all.shape[0]
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
     rows = torch.arange(n, device=z.device)
-    lv = _make_levels(n, [(rows, labels)], include_self, cdt, z.device, n_common=n)
+    lv = make_levels(n, [(rows, labels)], include_self, cdt, z.device, n_common=n)
     scale, z_all = _temperature_link(z_all, temperature)
     return _apply(
         z_all, lv, scale, bool(include_self), variant, reduction, choice,
@@ -564,7 +364,7 @@ def _hierarchical_loss(z, level_labels, level_prototypes, temperature, include_s
         off += m
     z_big = torch.cat(parts, dim=0) if len(parts) > 1 else z
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
-    lv = _make_levels(off, level_rows, include_self, cdt, z.device, n_common=n)
+    lv = make_levels(off, level_rows, include_self, cdt, z.device, n_common=n)
     scale, z_big = _temperature_link(z_big, temperature)
     return _apply(
         z_big, lv, scale, bool(include_self), variant, "mean", choice,

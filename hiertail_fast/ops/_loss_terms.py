@@ -1,0 +1,96 @@
+"""The balanced contrastive loss's label structure and its O(N*d) terms (no logits): the
+levels (class weights, groups, positive counts), the class-sum term of the exact variant, the
+row-max (arg-max) gradient of the official one, and the official loss's d/dLSE ratio.
+Notation in ``balanced_contrastive_loss``'s docstring."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Levels:
+    """Label structure of L levels over the N rows of one problem (no autograd)."""
+
+    log_w: torch.Tensor        # [L, N] -log(class size), -inf for rows not in the level
+    gid: torch.Tensor          # [L, N] group id within the level, -1 if not in the level
+    n_groups: list[int]
+    n_pos: torch.Tensor        # [L, N] |P(i)| (compute dtype), 0 if not in the level
+    contrib: torch.Tensor      # [L, N] bool, rows with a non-empty positive set
+    n_distinct: torch.Tensor   # [L] number of distinct labels = sum_k w_k
+    full: list[bool]           # per level: every row is in it (no index lists needed)
+    n_common: int = 0          # rows [0, n_common) are in every level (the embeddings)
+
+
+def make_levels(n: int, level_rows, include_self: bool, dtype, device,
+                 n_common: int = 0) -> Levels:
+    n_levels = len(level_rows)
+    log_w = torch.full((n_levels, n), float("-inf"), dtype=dtype, device=device)
+    gid = torch.full((n_levels, n), -1, dtype=torch.long, device=device)
+    n_pos = torch.zeros(n_levels, n, dtype=dtype, device=device)
+    n_groups = []
+    for lev, (rows, labels) in enumerate(level_rows):
+        _, inv, counts = torch.unique(labels, return_inverse=True, return_counts=True)
+        cnt = counts[inv].to(dtype)
+        log_w[lev, rows] = -torch.log(cnt)
+        gid[lev, rows] = inv
+        n_pos[lev, rows] = cnt - (0.0 if include_self else 1.0)
+        n_groups.append(int(counts.numel()))
+    n_distinct = torch.tensor(n_groups, dtype=dtype, device=device)
+    # rows are distinct indices (the ops build them): n of them cover every row
+    full = [rows.numel() == n for rows, _ in level_rows]
+    return Levels(log_w, gid, n_groups, n_pos, n_pos > 0, n_distinct, full, n_common)
+
+
+def class_sum_term(z, lv: Levels, scale, include_self, coef=None):
+    """pos[l, i] = z_i.(S_c(i) - d z_i) * scale (d = not include_self); dz for coefficients coef.
+
+    coef [L, N] is the coefficient of pos[l, i]; dz_i gets scale * (coef_i (S_c - d z_i)
+    + A_c - d coef_i z_i) with A_c = sum_{i in c} coef_i z_i.
+    """
+    n, d = z.shape
+    pos = torch.zeros(lv.gid.shape, dtype=z.dtype, device=z.device)
+    dz = torch.zeros_like(z) if coef is not None else None
+    delta = 0.0 if include_self else 1.0
+    sq = (z * z).sum(1)
+    for lev in range(lv.gid.shape[0]):
+        # a level over every row takes them all (nonzero would cost a host sync)
+        rows = slice(None) if lv.full[lev] else (lv.gid[lev] >= 0).nonzero().squeeze(1)
+        g = lv.gid[lev, rows]
+        zr = z[rows]
+        sums = torch.zeros(lv.n_groups[lev], d, dtype=z.dtype, device=z.device)
+        sums.index_add_(0, g, zr)
+        s_rows = sums[g]
+        pos[lev, rows] = ((zr * s_rows).sum(1) - delta * sq[rows]) * scale
+        if coef is not None:
+            c = coef[lev, rows].to(z.dtype)
+            acc = torch.zeros_like(sums).index_add_(0, g, zr * c[:, None])
+            grad = c[:, None] * (s_rows - 2.0 * delta * zr) + acc[g]
+            if lv.full[lev]:
+                dz.add_(grad, alpha=scale)
+            else:
+                dz.index_add_(0, rows, grad, alpha=scale)
+    return pos, dz
+
+
+def argmax_grad(z, lv_argmax, gamma, scale):
+    """dz for coefficient gamma [L, N] on s_{i, argmax[l, i]} (the row-max path)."""
+    dz = torch.zeros_like(z)
+    for lev in range(gamma.shape[0]):
+        a = lv_argmax[lev]
+        gm = (gamma[lev] * scale).to(z.dtype)[:, None]
+        dz.add_(gm * z[a])
+        dz.index_add_(0, a, gm * z)
+    return dz
+
+
+def loss_dtype(dtype: torch.dtype) -> torch.dtype:
+    """dtype of the returned loss: float32 for 16-bit inputs, else the input's dtype."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def ratio(lse, rmax, log_eps):
+    """r = exp(LSE - M) / D, D = exp(LSE - M) + eps * n_groups: the official loss's d/dLSE."""
+    a = lse - rmax
+    return torch.exp(a - torch.logaddexp(a, log_eps))
