@@ -295,3 +295,47 @@ def test_exported_loss_is_one_custom_op(strict):
              if "hiertail_fast.contrastive_loss" in str(n.target)]
     assert len(calls) == 1
     assert torch.equal(program.module()(z, y, p), Loss()(z, y, p))
+
+
+def test_every_custom_op_is_kept_out_of_cuda_graphs():
+    """Each op reads values on the host: tagged cudagraph_unsafe, so that
+    torch.compile(mode="reduce-overhead") leaves it out of its CUDA graphs."""
+    import hiertail_fast.ops.gcn_propagate  # noqa: F401  (registers the graph ops)
+
+    if not hasattr(torch.Tag, "cudagraph_unsafe"):
+        pytest.skip("this torch has no cudagraph_unsafe tag (before 2.8)")
+    ns = torch.ops.hiertail_fast
+    names = [n for n in dir(ns) if isinstance(getattr(ns, n), torch._ops.OpOverloadPacket)]
+    assert {"contrastive_loss", "contrastive_loss_backward", "gcn_propagate",
+            "gcn_propagate_backward", "nearest_prototype", "topk_unpool"} <= set(names)
+    for name in names:
+        assert torch.Tag.cudagraph_unsafe in getattr(ns, name).default.tags
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_reduce_overhead_mode_on_cuda():
+    """torch.compile's CUDA-graph mode around the ops (kept out of the graphs by their tag):
+    a GCN layer and the loss, values and gradients within float32's tolerance of eager."""
+    from hiertail_fast import gcn_propagate
+    from hiertail_fast.graph import CSRGraph
+
+    z, y, _ = _data("cuda")
+    gen = torch.Generator().manual_seed(7)
+    ei = torch.randint(0, z.shape[0], (2, 1500), generator=gen).cuda()
+    g = CSRGraph.from_edge_index(ei, num_nodes=z.shape[0], symmetrize=True)
+    lin = torch.nn.Linear(z.shape[1], 16, device="cuda")
+    x = z.detach()
+
+    def step(x):
+        h = torch.nn.functional.normalize(gcn_propagate(lin(x), g).relu(), dim=1)
+        return balanced_contrastive_loss(h, y, variant="official")
+
+    compiled = torch.compile(step, mode="reduce-overhead")
+    for _ in range(3):                       # warm-up, record, replay
+        got = compiled(x)
+        got_grads = torch.autograd.grad(got, list(lin.parameters()))
+    want = step(x)
+    want_grads = torch.autograd.grad(want, list(lin.parameters()))
+    torch.testing.assert_close(got, want, **tol(torch.float32))
+    for a, b in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(a, b, **tol(torch.float32))

@@ -39,6 +39,12 @@ from hiertail_fast.ops._loss_terms import loss_dtype
 
 _OP = "hiertail_fast::contrastive_loss"
 
+# Every op here reads values on the host (the engine choice, the input checks) and allocates
+# per call: not capturable in a CUDA graph. The tag makes Inductor keep the op out of the CUDA
+# graphs of torch.compile(mode="reduce-overhead") (a graph partition around it, or no CUDA
+# graph) instead of capturing a host sync. The tag exists from torch 2.8 on.
+TAGS = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
+
 # torch.library runs an op's implementation below autograd (torch._C._AutoDispatchBelowAutograd:
 # the autograd dispatch keys, and in compiled code the view tracking's, are excluded in
 # thread-local state), but this op's implementation
@@ -121,7 +127,7 @@ def _fused_grads(reduction: str, hierarchical: bool) -> bool:
     return hierarchical or reduction != "none"
 
 
-@torch.library.custom_op(_OP, mutates_args=())
+@torch.library.custom_op(_OP, mutates_args=(), tags=TAGS)
 def contrastive_loss(
     z: Tensor, labels: list[Tensor], prototypes: list[Tensor], temperature: float,
     temperature_tensor: Tensor | None, hierarchical: bool, include_self: bool, reduction: str,
@@ -155,7 +161,7 @@ def _(z, labels, prototypes, temperature, temperature_tensor, hierarchical, incl
     return loss, [torch.empty_like(t) for t, w in zip(inputs, grads_of, strict=True) if w]
 
 
-@torch.library.custom_op("hiertail_fast::contrastive_loss_backward", mutates_args=())
+@torch.library.custom_op("hiertail_fast::contrastive_loss_backward", mutates_args=(), tags=TAGS)
 def contrastive_loss_backward(
     grad: Tensor, z: Tensor, labels: list[Tensor], prototypes: list[Tensor],
     temperature: float, temperature_tensor: Tensor | None, include_self: bool, variant: str,
