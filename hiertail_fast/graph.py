@@ -79,13 +79,16 @@ class CSRGraph:
         self._weight = weight
         self._num_nodes = int(num_nodes if num_nodes is not None else indptr.numel() - 1)
         self._cache: dict[Any, Any] = {}
-        _LIVE[_arrays_key(indptr, indices, weight, self._num_nodes)] = self
+        key = _arrays_key(indptr, indices, weight, self._num_nodes)
+        if key not in _LIVE:      # the first live graph on these arrays keeps the entry (a
+            _LIVE[key] = self     # graph the compiled op builds on them must not displace it)
 
     @staticmethod
     def _live(indptr: torch.Tensor, indices: torch.Tensor, weight: torch.Tensor | None,
               num_nodes: int) -> CSRGraph | None:
         """A live graph holding exactly these arrays (same memory, shape, dtype, device),
-        with its caches; None when there is none."""
+        with its caches: the first one built on them that is still alive; None when there is
+        none."""
         return _LIVE.get(_arrays_key(indptr, indices, weight, num_nodes))
 
     # ------------------------------------------------------------------ construction

@@ -180,6 +180,23 @@ def test_compiled_loss_under_autocast(dev):
         _same(a, b, dev)
 
 
+def test_compiled_reference_backend_returns_the_fast_backends_dtype():
+    """The one documented difference: a 16-bit input's loss on backend="reference" comes back
+    in float32 when compiled (the op's dtype is settled while tracing, the fast backends'
+    rule), eager in the input dtype; the value is the same (an exact widening)."""
+    z, y, _ = _data("cpu")
+    zb = z.detach().bfloat16().requires_grad_()
+
+    def f(z):
+        return balanced_contrastive_loss(z, y, backend="reference")
+
+    got = _compiled(f)(zb)
+    want = f(zb)
+    assert want.dtype == torch.bfloat16 and got.dtype == torch.float32
+    assert torch.equal(got, want.float())
+    assert torch.equal(torch.autograd.grad(got, zb)[0], torch.autograd.grad(want, zb)[0])
+
+
 def test_compiled_loss_raises_the_eager_errors():
     z, y, _ = _data("cpu")
     with pytest.raises(ValueError, match="labels"):

@@ -98,15 +98,32 @@ def test_compiled_gcn_propagate_reuses_the_graphs_caches(monkeypatch):
     assert any(isinstance(k, tuple) and k[0] == "gcn_operator" for k in g._cache)
 
 
+def test_compiled_learnable_weights_keep_a_declared_symmetry():
+    """A symmetrised multigraph with learnable weights: symmetric by declaration, not by the
+    check (duplicate entries with different weights). The backward op's graph for the weight
+    leaf inherits the declaration from the user's graph, so x's gradient takes the eager path
+    (the forward CSR) bit for bit. Before, that graph displaced the user's in the registry and
+    the lookup failed: the transposed CSR ran, 6e-8 off (a fuzzing find)."""
+    x, ei, w = _graph_data("cpu", n=60, e=200, weighted=True, seed=181)
+    w.requires_grad_()
+    g = CSRGraph.from_edge_index(ei, w, num_nodes=x.shape[0], symmetrize=True, dedupe=False)
+    assert g.known_symmetric
+    _check(lambda x: gcn_propagate(x, g, improved=False), (x,), [x, w], "cpu",
+           "gcn_propagate")
+    assert CSRGraph._live(g.indptr, g.indices, g.weight, g.num_nodes) is g
+
+
 def test_live_graph_lookup_needs_the_same_arrays():
     x, ei, w = _graph_data("cpu", weighted=True)
     g = CSRGraph.from_edge_index(ei, w, num_nodes=x.shape[0])
     assert CSRGraph._live(g.indptr, g.indices, g.weight, g.num_nodes) is g
+    twin = CSRGraph(g.indptr, g.indices, g.weight, g.num_nodes)      # the first keeps the entry
+    assert CSRGraph._live(g.indptr, g.indices, g.weight, g.num_nodes) is g and twin is not g
     assert CSRGraph._live(g.indptr.clone(), g.indices, g.weight, g.num_nodes) is None
     assert CSRGraph._live(g.indptr, g.indices, None, g.num_nodes) is None
     assert CSRGraph._live(g.indptr, g.indices, g.weight.double(), g.num_nodes) is None
     key = (g.indptr, g.indices, g.weight, g.num_nodes)
-    del g
+    del g, twin
     import gc
 
     gc.collect()
