@@ -28,13 +28,13 @@ from torch import Tensor
 
 from hiertail_fast._validation import check_flag
 from hiertail_fast.graph import CSRGraph
-from hiertail_fast.ops._custom_ops import READY, TAGS, _autograd_dispatch, _own_tensors
+from hiertail_fast.ops._custom_ops import OP_OPTIONS, READY, _autograd_dispatch, _own_tensors
 
 __all__ = ["READY", "traced_gcn_propagate", "traced_nearest_prototype", "traced_topk_unpool"]
 
 
 # ------------------------------------------------------------------ nearest_prototype
-@torch.library.custom_op("hiertail_fast::nearest_prototype", mutates_args=(), tags=TAGS)
+@torch.library.custom_op("hiertail_fast::nearest_prototype", **OP_OPTIONS)
 def nearest_prototype(z: Tensor, prototypes: Tensor, backend: str | None) -> Tensor:
     from hiertail_fast.ops.nearest_prototype import nearest_prototype as eager
 
@@ -52,7 +52,7 @@ def traced_nearest_prototype(z, prototypes, backend) -> Tensor:
 
 
 # ------------------------------------------------------------------ topk_unpool
-@torch.library.custom_op("hiertail_fast::topk_unpool", mutates_args=(), tags=TAGS)
+@torch.library.custom_op("hiertail_fast::topk_unpool", **OP_OPTIONS)
 def topk_unpool(x_pooled: Tensor, perm: Tensor, num_nodes: int, backend: str | None) -> Tensor:
     from hiertail_fast.ops.topk_pool import topk_unpool as eager
 
@@ -111,7 +111,7 @@ def _eager(x, indptr, index, weight, num_nodes, improved, add_self_loops, backen
                  add_self_loops=add_self_loops, backend=backend)
 
 
-@torch.library.custom_op("hiertail_fast::gcn_propagate", mutates_args=(), tags=TAGS)
+@torch.library.custom_op("hiertail_fast::gcn_propagate", **OP_OPTIONS)
 def gcn_propagate(x: Tensor, indptr: Tensor | None, index: Tensor, weight: Tensor | None,
                   num_nodes: int, improved: bool, add_self_loops: bool, backend: str | None,
                   weight_grad: bool) -> Tensor:
@@ -133,7 +133,7 @@ def _(x, indptr, index, weight, num_nodes, improved, add_self_loops, backend, we
     return torch.empty_like(x)
 
 
-@torch.library.custom_op("hiertail_fast::gcn_propagate_backward", mutates_args=(), tags=TAGS)
+@torch.library.custom_op("hiertail_fast::gcn_propagate_backward", **OP_OPTIONS)
 def gcn_propagate_backward(grad: Tensor, x: Tensor, indptr: Tensor | None, index: Tensor,
                            weight: Tensor | None, num_nodes: int, improved: bool,
                            add_self_loops: bool, backend: str | None,

@@ -28,6 +28,7 @@ autocast's dtype) holds although the compiled graph runs the op outside any auto
 from __future__ import annotations
 
 import contextlib
+import inspect
 import numbers
 
 import torch
@@ -44,6 +45,10 @@ _OP = "hiertail_fast::contrastive_loss"
 # graphs of torch.compile(mode="reduce-overhead") (a graph partition around it, or no CUDA
 # graph) instead of capturing a host sync. The tag exists from torch 2.8 on.
 TAGS = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
+# custom_op's keyword for them, where this torch has both (``OP_OPTIONS``: every op here)
+OP_OPTIONS = {"mutates_args": ()}
+if TAGS and "tags" in inspect.signature(torch.library.custom_op).parameters:
+    OP_OPTIONS["tags"] = TAGS
 
 # torch.library runs an op's implementation below autograd (torch._C._AutoDispatchBelowAutograd:
 # the autograd dispatch keys, and in compiled code the view tracking's, are excluded in
@@ -127,7 +132,7 @@ def _fused_grads(reduction: str, hierarchical: bool) -> bool:
     return hierarchical or reduction != "none"
 
 
-@torch.library.custom_op(_OP, mutates_args=(), tags=TAGS)
+@torch.library.custom_op(_OP, **OP_OPTIONS)
 def contrastive_loss(
     z: Tensor, labels: list[Tensor], prototypes: list[Tensor], temperature: float,
     temperature_tensor: Tensor | None, hierarchical: bool, include_self: bool, reduction: str,
@@ -161,7 +166,7 @@ def _(z, labels, prototypes, temperature, temperature_tensor, hierarchical, incl
     return loss, [torch.empty_like(t) for t, w in zip(inputs, grads_of, strict=True) if w]
 
 
-@torch.library.custom_op("hiertail_fast::contrastive_loss_backward", mutates_args=(), tags=TAGS)
+@torch.library.custom_op("hiertail_fast::contrastive_loss_backward", **OP_OPTIONS)
 def contrastive_loss_backward(
     grad: Tensor, z: Tensor, labels: list[Tensor], prototypes: list[Tensor],
     temperature: float, temperature_tensor: Tensor | None, include_self: bool, variant: str,
