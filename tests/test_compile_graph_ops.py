@@ -98,6 +98,21 @@ def test_compiled_gcn_propagate_reuses_the_graphs_caches(monkeypatch):
     assert any(isinstance(k, tuple) and k[0] == "gcn_operator" for k in g._cache)
 
 
+def test_compiled_gcn_propagate_backward_follows_the_backend_switch(monkeypatch):
+    """$HIERTAIL_BACKEND=reference set after tracing: forward and backward both run the
+    reference (the backward op resolves the switch as the eager op does), bit for bit."""
+    x, ei, _ = _graph_data("cpu")
+    g = CSRGraph.from_edge_index(ei, num_nodes=x.shape[0])       # directed: Âᵀ differs
+    f = _compiled(lambda x: gcn_propagate(x, g))
+    f(x)
+    monkeypatch.setenv("HIERTAIL_BACKEND", "reference")
+    got = f(x)
+    want = gcn_propagate(x, g)
+    cot = torch.rand(got.shape, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(got, want)
+    assert torch.equal(torch.autograd.grad(got, x, cot)[0], torch.autograd.grad(want, x, cot)[0])
+
+
 def test_compiled_learnable_weights_keep_a_declared_symmetry():
     """A symmetrised multigraph with learnable weights: symmetric by declaration, not by the
     check (duplicate entries with different weights). The backward op's graph for the weight

@@ -139,8 +139,9 @@ def gcn_propagate_backward(grad: Tensor, x: Tensor, indptr: Tensor | None, index
                            add_self_loops: bool, backend: str | None,
                            grads_of: list[bool]) -> list[Tensor]:
     """[gradient w.r.t. x if grads_of[0]] + [gradient w.r.t. weight if grads_of[1]]."""
-    from hiertail_fast.ops.gcn_propagate import propagate_transposed
+    from hiertail_fast.ops.gcn_propagate import _resolve_backend, propagate_transposed
 
+    backend = _resolve_backend(grad, backend)     # $HIERTAIL_BACKEND too, as the eager op
     if not grads_of[1] and backend != "reference":
         with torch.no_grad():
             graph = _graph(indptr, index, weight, num_nodes)

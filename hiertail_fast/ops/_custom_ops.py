@@ -3,12 +3,13 @@
 Eager calls never come here. Under TorchDynamo (``torch.compiler.is_compiling()``) the public
 losses call ``torch.ops.hiertail_fast.contrastive_loss`` instead of letting the compiler trace
 their Python dispatch, which it could not do well: the engine choice reads the logits' bound
-from the device (host reads, data-dependent branches), so a small model's first compiled call
-spent ~17 s tracing through graph breaks and ``fullgraph=True`` failed (2-core CPU, torch
-2.13). The op is opaque to the compiler: its real implementation IS the eager loss, run when
-the compiled code runs, so the values, the engine choice, the input checks (ValueError /
-TypeError at run time) and the ``HIERTAIL_*`` switches (read at run time) are those of an
-eager call. Its "fake" implementation gives the output shapes and dtypes to the tracer.
+from the device (host reads, data-dependent branches), so ``fullgraph=True`` failed and one
+loss step traced into 28 graphs, 5-7 s before the first call and 2-3x slower than eager after
+(``bench/compile_time.py``, 2-core CPU, torch 2.13). The op is opaque to the compiler: its
+real implementation IS the eager loss, run when the compiled code runs, so the values, the
+engine choice, the input checks (ValueError / TypeError at run time) and the ``HIERTAIL_*``
+switches (read at run time) are those of an eager call. Its "fake" implementation gives the
+output shapes and dtypes to the tracer.
 
 Gradients. For the scalar reductions ("mean", "sum", and the hierarchical loss) the op returns
 the loss together with its gradients w.r.t. the inputs that need them (``grads_of``, settled
@@ -50,13 +51,13 @@ OP_OPTIONS = {"mutates_args": ()}
 if TAGS and "tags" in inspect.signature(torch.library.custom_op).parameters:
     OP_OPTIONS["tags"] = TAGS
 
-# torch.library runs an op's implementation below autograd (torch._C._AutoDispatchBelowAutograd:
-# the autograd dispatch keys, and in compiled code the view tracking's, are excluded in
-# thread-local state), but this op's implementation
-# IS the eager loss, whose cat / casts / temperature link and the reference backend need
-# autograd. _autograd_dispatch() re-includes those keys for the implementation's own, detached
-# leaves (nothing outside the op is recorded). Private torch._C API, present from torch 2.0 to
-# 2.13 at least: without it the public losses are traced as before (``READY`` False).
+# torch.library runs an op's implementation below autograd (torch._C._AutoDispatchBelowAutograd
+# excludes the autograd dispatch keys in thread-local state; in compiled code the view
+# tracking's too), but this op's implementation IS the eager loss, whose cat / casts /
+# temperature link and the reference backend need autograd. _autograd_dispatch() re-includes
+# those keys for the implementation's own, detached leaves (nothing outside the op is
+# recorded). Private torch._C API, present from torch 2.0 to 2.13 at least: without it the
+# public ops are traced as before (``READY`` False).
 _AUTOGRAD_KEYS = ("AutogradFunctionality", "AutogradOther", "AutogradNestedTensor",
                   "ADInplaceOrView")
 READY = (hasattr(torch._C, "_PreserveDispatchKeyGuard")
@@ -151,7 +152,8 @@ def contrastive_loss(
         if fused:
             wanted = [t for t, w in zip(leaves, grads_of, strict=True) if w]
             grads = _own_tensors(torch.autograd.grad(loss, wanted, allow_unused=True), wanted)
-    # the fake's dtype (the reference backend under autocast may compute in autocast's dtype)
+    # the fake's dtype: the fast backends' (the reference returns a 16-bit input's loss in its
+    # dtype: widened here, the same value; README, Guarantees)
     return loss.detach().to(loss_dtype(z.dtype)), grads
 
 
