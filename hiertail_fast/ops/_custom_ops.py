@@ -16,7 +16,9 @@ the loss together with its gradients w.r.t. the inputs that need them (``grads_o
 when the call is traced from ``requires_grad`` and the grad mode), taken in the same call as
 the eager loss takes them: the torch and attention engines compute the gradient in the
 forward's pass, so the compiled call does the eager call's work. The registered backward scales
-them by the incoming scalar. For ``reduction="none"`` the gradient depends on the incoming
+them by the incoming scalar (the torch and attention engines do the same eagerly: the same
+bits; the reference and Triton engines' eager backward takes the incoming scalar into its
+coefficients instead: the same to rounding). For ``reduction="none"`` the gradient depends on the incoming
 vector, so the op returns the values only and the backward is a second op,
 ``contrastive_loss_backward``, which reruns the loss with autograd and takes the
 vector-Jacobian product (one forward pass more than eager). Second derivatives: torch.compile's
