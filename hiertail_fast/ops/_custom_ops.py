@@ -18,8 +18,8 @@ the eager loss takes them: the torch and attention engines compute the gradient 
 forward's pass, so the compiled call does the eager call's work. The registered backward scales
 them by the incoming scalar (the torch and attention engines do the same eagerly: the same
 bits; the reference and Triton engines' eager backward takes the incoming scalar into its
-coefficients instead: the same to rounding). For ``reduction="none"`` the gradient depends on the incoming
-vector, so the op returns the values only and the backward is a second op,
+coefficients instead: the same to rounding). For ``reduction="none"`` the gradient depends
+on the incoming vector, so the op returns the values only and the backward is a second op,
 ``contrastive_loss_backward``, which reruns the loss with autograd and takes the
 vector-Jacobian product (one forward pass more than eager). Second derivatives: torch.compile's
 autograd does not take them (it raises), as the eager loss does not.
