@@ -51,6 +51,18 @@ def _arrays_key(indptr: torch.Tensor, indices: torch.Tensor, weight: torch.Tenso
                  for t in (indptr, indices, weight)) + (int(num_nodes),)
 
 
+def _is_torch_sparse_tensor(obj: Any) -> bool:
+    """A ``torch_sparse.SparseTensor`` (told by its class, without importing the package)."""
+    cls = type(obj)
+    return cls.__name__ == "SparseTensor" and cls.__module__.startswith("torch_sparse")
+
+
+def is_sparse_adjacency(obj: Any) -> bool:
+    """Whether ``obj`` is a sparse adjacency that ``CSRGraph.from_sparse`` takes."""
+    return _is_torch_sparse_tensor(obj) or (isinstance(obj, torch.Tensor)
+                                            and obj.layout != torch.strided)
+
+
 class CSRGraph:
     """Immutable CSR graph; see the module docstring for the orientation and duplicate rules.
 
@@ -130,6 +142,38 @@ class CSRGraph:
             w = None if w is None else torch.cat([w, w])
         out = cls._from_coo(dst, src, w, num_nodes, dedupe=dedupe)
         return out.assume_symmetric() if symmetrize else out
+
+    @classmethod
+    def from_sparse(cls, adj: Any) -> CSRGraph:
+        """Build from a sparse adjacency in PyG's ``adj_t`` orientation: row = target, column =
+        source (``adj[i, j]`` is the weight of the edge ``j -> i``, this class's own
+        orientation). ``adj``: a torch sparse tensor [n, n] (COO, CSR or CSC; its values are the
+        edge weights, kept with their autograd history; duplicate entries summed, as
+        ``coalesce`` sums them) or a ``torch_sparse.SparseTensor`` (without values: unweighted).
+        O(nnz log nnz) (one sort)."""
+        if _is_torch_sparse_tensor(adj):
+            row, col, w = adj.coo()
+            n, m = adj.sparse_sizes()
+        elif isinstance(adj, torch.Tensor) and adj.layout != torch.strided:
+            if adj.dim() != 2:
+                raise ValueError(f"a sparse adjacency must be 2-D, got shape {tuple(adj.shape)}")
+            n, m = adj.shape
+            if adj.layout == torch.sparse_csr:
+                row = torch.repeat_interleave(
+                    torch.arange(n, device=adj.device), adj.crow_indices().diff())
+                col, w = adj.col_indices(), adj.values()
+            else:
+                # coalesced (duplicates summed) and read with values(): differentiable
+                coo = (adj if adj.layout == torch.sparse_coo else adj.to_sparse_coo()).coalesce()
+                (row, col), w = coo.indices(), coo.values()
+        else:
+            raise TypeError(f"adj must be a torch sparse tensor or a torch_sparse.SparseTensor, "
+                            f"got {type(adj).__name__}"
+                            + ("" if not isinstance(adj, torch.Tensor) else " (dense)"))
+        if n != m:
+            raise ValueError(f"a sparse adjacency must be square, got {n} x {m}")
+        w = check_edge_weight(w, row.numel())
+        return cls._from_coo(row.long(), col.long(), w, check_num_nodes(n), dedupe=True)
 
     @classmethod
     def _from_coo(cls, row: torch.Tensor, col: torch.Tensor, w: torch.Tensor | None, n: int,

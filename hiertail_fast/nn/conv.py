@@ -9,7 +9,7 @@ from torch import nn
 
 from hiertail_fast._validation import check_flag
 from hiertail_fast.graph import CSRGraph
-from hiertail_fast.ops.gcn_propagate import gcn_propagate
+from hiertail_fast.ops.gcn_propagate import as_graph, gcn_propagate
 
 
 class GCNConv(nn.Module):
@@ -29,8 +29,9 @@ class GCNConv(nn.Module):
         add_self_loops: add the self-loops at all.
         backend: forwarded to `gcn_propagate` (None = automatic).
 
-    forward(x [n, in], graph_or_edge_index (CSRGraph or [2, E]), edge_weight [E] or None)
-    -> [n, out]. Pass a `CSRGraph` to reuse its cached degrees/normalisation across epochs.
+    forward(x [n, in], graph_or_edge_index (CSRGraph, [2, E] or a sparse adjacency in PyG's
+    ``adj_t`` orientation), edge_weight [E] or None) -> [n, out]. Pass a `CSRGraph` to reuse
+    its cached degrees/normalisation across epochs.
     """
 
     def __init__(self, in_channels: int, out_channels: int, improved: bool = True,
@@ -60,11 +61,9 @@ class GCNConv(nn.Module):
 
     def forward(self, x: torch.Tensor, graph_or_edge_index: CSRGraph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
-        graph = graph_or_edge_index
-        if not isinstance(graph, CSRGraph):  # convert once even when propagating once
-            graph = CSRGraph.from_edge_index(graph, edge_weight, x.shape[0], dedupe=False)
-        elif edge_weight is not None:
-            raise ValueError("edge_weight must be None when a CSRGraph is given")
+        # convert once even when propagating twice (a sparse adjacency: PyG's adj_t)
+        graph = as_graph(graph_or_edge_index, edge_weight,
+                         None if isinstance(graph_or_edge_index, CSRGraph) else x.shape[0])
         if self.in_channels < self.out_channels:
             out = F.linear(self._propagate(x, graph), self.weight)
         else:

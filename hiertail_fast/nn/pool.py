@@ -44,7 +44,8 @@ class TopKPool(nn.Module):
     def forward(self, x: torch.Tensor, graph_or_edge_index: CSRGraph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None, *,
                 backend: str | None = None) -> TopKPoolResult:
-        """x [n, channels], a CSRGraph or edge_index [2, E] (+ weights) -> TopKPoolResult."""
+        """x [n, channels], a CSRGraph, edge_index [2, E] (+ weights) or a sparse adjacency
+        (PyG's adj_t) -> TopKPoolResult."""
         return topk_pool(x, graph_or_edge_index, self.weight, self.ratio, edge_weight,
                          backend=backend)
 

@@ -42,7 +42,7 @@ import warnings
 import torch
 
 from hiertail_fast._validation import check_flag, check_float_matrix, check_tensor
-from hiertail_fast.graph import CSRGraph
+from hiertail_fast.graph import CSRGraph, is_sparse_adjacency
 from hiertail_fast.ops import _custom_graph_ops
 from hiertail_fast.ops._autograd import first_order_backward
 from hiertail_fast.ops._dispatch import choose_backend, public_op
@@ -248,16 +248,21 @@ class GCNPropagateFunction(torch.autograd.Function):
 
 
 def as_graph(graph_or_edge_index, edge_weight=None, num_nodes: int | None = None) -> CSRGraph:
-    """A `CSRGraph` from either a prepared graph or ``edge_index`` [2, E] (+ edge_weight). An
-    edge_index is converted with ``dedupe=False`` so duplicate edges count as in PyG."""
-    if isinstance(graph_or_edge_index, CSRGraph):
+    """A `CSRGraph` from a prepared graph, a sparse adjacency (``CSRGraph.from_sparse``: PyG's
+    ``adj_t`` orientation, a torch sparse tensor or ``torch_sparse.SparseTensor``) or
+    ``edge_index`` [2, E] (+ edge_weight). An edge_index is converted with ``dedupe=False`` so
+    duplicate edges count as in PyG."""
+    if isinstance(graph_or_edge_index, CSRGraph) or is_sparse_adjacency(graph_or_edge_index):
         if edge_weight is not None:
-            raise ValueError("edge_weight must be None when a CSRGraph is given (its weights "
-                             "are stored in the graph)")
-        if num_nodes is not None and int(num_nodes) != graph_or_edge_index.num_nodes:
+            raise ValueError("edge_weight must be None when a CSRGraph or a sparse adjacency "
+                             "is given (its weights are stored in it)")
+        graph = graph_or_edge_index
+        if not isinstance(graph, CSRGraph):
+            graph = CSRGraph.from_sparse(graph)
+        if num_nodes is not None and int(num_nodes) != graph.num_nodes:
             raise ValueError(f"num_nodes={num_nodes} but the graph has "
-                             f"{graph_or_edge_index.num_nodes} nodes")
-        return graph_or_edge_index
+                             f"{graph.num_nodes} nodes")
+        return graph
     check_tensor(graph_or_edge_index, "graph_or_edge_index")
     return CSRGraph.from_edge_index(graph_or_edge_index, edge_weight, num_nodes, dedupe=False)
 
@@ -308,8 +313,10 @@ def gcn_propagate(
     Args:
         x: [n, d] float features, finite (NaN/Inf: ValueError on every backend).
         graph_or_edge_index: a `CSRGraph` (recommended for repeated calls: its CSR, degrees,
-            normalised values and transpose are built once and cached on it) or edge_index [2, E]
-            (row 0 = source, row 1 = target; converted on every call).
+            normalised values and transpose are built once and cached on it), edge_index
+            [2, E] (row 0 = source, row 1 = target; converted on every call) or a sparse
+            adjacency in PyG's ``adj_t`` orientation (row = target: a torch sparse tensor or
+            ``torch_sparse.SparseTensor``, its values the weights; converted on every call).
         edge_weight: [E] weights for an edge_index (None = unit); gradients flow to them.
         num_nodes: optional check, must equal ``x.shape[0]``.
         backend: None (automatic), "reference", "torch", "triton" or "torch_sparse".
@@ -326,7 +333,8 @@ def gcn_propagate(
     x = check_float_matrix(x, "x")  # NaN/Inf rejected on every backend, as the reference does
     improved = check_flag(improved, "improved")
     add_self_loops = check_flag(add_self_loops, "add_self_loops")
-    if num_nodes is None and not isinstance(graph_or_edge_index, CSRGraph):
+    if num_nodes is None and not isinstance(graph_or_edge_index, CSRGraph) \
+            and not is_sparse_adjacency(graph_or_edge_index):
         num_nodes = x.shape[0]  # an edge_index gets its node count from x
     graph = as_graph(graph_or_edge_index, edge_weight, num_nodes)
     if graph.num_nodes != x.shape[0]:

@@ -35,7 +35,7 @@ from hiertail_fast._validation import (
     check_score_weight,
     check_unpool_args,
 )
-from hiertail_fast.graph import CSRGraph
+from hiertail_fast.graph import CSRGraph, is_sparse_adjacency
 from hiertail_fast.ops import _custom_graph_ops
 from hiertail_fast.ops._autograd import first_order_backward
 from hiertail_fast.ops._dispatch import choose_backend, public_op
@@ -185,11 +185,13 @@ class TopKUnpoolFunction(torch.autograd.Function):
 
 
 def _as_graph(graph_or_edge_index, edge_weight, n: int, device: torch.device) -> CSRGraph:
-    if isinstance(graph_or_edge_index, CSRGraph):
+    if isinstance(graph_or_edge_index, CSRGraph) or is_sparse_adjacency(graph_or_edge_index):
         graph = graph_or_edge_index
         if edge_weight is not None:
-            raise ValueError("edge_weight must be None when a CSRGraph is given (its weights "
-                             "are used)")
+            raise ValueError("edge_weight must be None when a CSRGraph or a sparse adjacency "
+                             "is given (its weights are used)")
+        if not isinstance(graph, CSRGraph):
+            graph = CSRGraph.from_sparse(graph)
         if graph.num_nodes != n:
             raise ValueError(f"the graph has {graph.num_nodes} nodes but x has {n} rows")
     else:
@@ -227,8 +229,9 @@ def topk_pool(
     Args:
         x: [n, d] node features (floating point, finite).
         graph_or_edge_index: a ``CSRGraph`` with n nodes (reused as is: pass one to avoid the
-            O(E log E) CSR build per call) or an ``edge_index`` [2, E] (source, target), which
-            is stored without symmetrisation or deduplication.
+            O(E log E) CSR build per call), an ``edge_index`` [2, E] (source, target), which
+            is stored without symmetrisation or deduplication, or a sparse adjacency in PyG's
+            ``adj_t`` orientation (``CSRGraph.from_sparse``).
         score_weight: projection p, [d] or [1, d], same dtype as x, nonzero.
         ratio: float in (0, 1] (k = ceil(ratio·n), PyG rounding) or int >= 1 (k = min(ratio, n)).
         edge_weight: [E] weights for an ``edge_index`` input (None: unweighted).

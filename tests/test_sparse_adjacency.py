@@ -1,0 +1,137 @@
+"""Sparse adjacency inputs (``CSRGraph.from_sparse``): torch sparse COO / CSR / CSC tensors and
+``torch_sparse.SparseTensor`` in PyG's ``adj_t`` orientation (row = target) go wherever an
+edge_index does — gcn_propagate, GCNConv, topk_pool — with the numbers of the equivalent
+edge_index (duplicates summed); PyG's GCNConv on the same adj_t agrees; gradients reach the
+sparse tensor's values."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hiertail_fast import gcn_propagate, topk_pool
+from hiertail_fast.graph import CSRGraph
+from hiertail_fast.nn import GCNConv
+from tests.conftest import tol
+
+
+def _edges(n=30, e=120, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, n, (2, e), generator=gen)
+    ei[:, :5] = ei[:, 5:10]                        # duplicate edges: summed
+    w = torch.rand(e, generator=gen) + 0.1
+    return ei, w
+
+
+def _coo(ei, w, n):
+    """adj_t: entry (target, source) = weight of the edge source -> target (uncoalesced)."""
+    return torch.sparse_coo_tensor(ei.flip(0), w, (n, n))
+
+
+LAYOUTS = {
+    "coo": lambda a: a,
+    "csr": lambda a: a.coalesce().to_sparse_csr(),
+    "csc": lambda a: a.coalesce().to_sparse_csc(),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_from_sparse_is_the_coalesced_edge_index(layout):
+    n = 30
+    ei, w = _edges(n)
+    g = CSRGraph.from_sparse(LAYOUTS[layout](_coo(ei, w, n)))
+    want = CSRGraph.from_edge_index(ei, w, n, dedupe=True)
+    assert g.num_nodes == n
+    assert torch.equal(g.indptr, want.indptr) and torch.equal(g.indices, want.indices)
+    torch.testing.assert_close(g.weight, want.weight, rtol=1e-6, atol=0)
+
+
+def test_from_torch_sparse_tensor():
+    torch_sparse = pytest.importorskip("torch_sparse")
+    n = 30
+    ei, w = _edges(n)
+    adj_t = torch_sparse.SparseTensor(row=ei[1], col=ei[0], value=w, sparse_sizes=(n, n))
+    g = CSRGraph.from_sparse(adj_t)
+    want = CSRGraph.from_edge_index(ei, w, n, dedupe=True)
+    assert torch.equal(g.indptr, want.indptr) and torch.equal(g.indices, want.indices)
+    torch.testing.assert_close(g.weight, want.weight, rtol=1e-6, atol=0)
+    unweighted = CSRGraph.from_sparse(torch_sparse.SparseTensor(row=ei[1], col=ei[0],
+                                                                sparse_sizes=(n, n)))
+    assert unweighted.weight is None
+    assert torch.equal(unweighted.indices, CSRGraph.from_edge_index(ei, None, n).indices)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gcn_propagate_on_a_sparse_adjacency(layout):
+    n = 30
+    ei, w = _edges(n)
+    x = torch.randn(n, 5, requires_grad=True)
+    got = gcn_propagate(x, LAYOUTS[layout](_coo(ei, w, n)))
+    want = gcn_propagate(x, ei, w)                  # duplicates kept, summed by the product
+    torch.testing.assert_close(got, want, **tol(torch.float32))
+
+
+def test_gradients_reach_the_sparse_values():
+    n = 30
+    ei, w = _edges(n)
+    x = torch.randn(n, 4)
+    w1 = w.clone().requires_grad_()
+    gcn_propagate(x, _coo(ei, w1, n)).square().sum().backward()
+    w2 = w.clone().requires_grad_()
+    gcn_propagate(x, ei, w2).square().sum().backward()
+    torch.testing.assert_close(w1.grad, w2.grad, **tol(torch.float32))
+
+
+def test_gcnconv_on_adj_t_matches_pyg():
+    """Without self-loops in the graph: PyG's sparse paths add a self-loop even where one
+    exists (torch.sparse) or overwrite it (SparseTensor), unlike its own edge_index path; ours
+    follows the edge_index rule (add the remaining ones) for every input."""
+    pyg = pytest.importorskip("torch_geometric.nn")
+    n = 30
+    ei, w = _edges(n)
+    ei, w = ei[:, ei[0] != ei[1]], w[ei[0] != ei[1]]
+    adj_t = _coo(ei, w, n).coalesce()
+    ours = GCNConv(5, 7)
+    theirs = pyg.GCNConv(5, 7, improved=True)
+    with torch.no_grad():
+        ours.weight.copy_(theirs.lin.weight)
+        theirs.bias.copy_(ours.bias)
+    x = torch.randn(n, 5)
+    torch.testing.assert_close(ours(x, adj_t), theirs(x, adj_t), **tol(torch.float32))
+
+
+def test_topk_pool_on_a_sparse_adjacency():
+    n = 30
+    ei, w = _edges(n)
+    x = torch.randn(n, 6)
+    p = torch.randn(6)
+    got = topk_pool(x, _coo(ei, w, n), p, 0.5)
+    want = topk_pool(x, CSRGraph.from_edge_index(ei, w, n, dedupe=True), p, 0.5)
+    assert torch.equal(got.perm, want.perm) and torch.equal(got.x, want.x)
+    assert torch.equal(got.edge_index, want.edge_index)
+    assert torch.equal(got.edge_weight, want.edge_weight)
+
+
+def test_bad_sparse_adjacencies():
+    n = 5
+    ei = torch.tensor([[0, 1], [1, 2]])
+    x = torch.randn(n, 2)
+    with pytest.raises(ValueError, match="square"):
+        CSRGraph.from_sparse(torch.sparse_coo_tensor(ei, torch.ones(2), (5, 4)))
+    with pytest.raises(ValueError, match="2-D"):
+        CSRGraph.from_sparse(torch.sparse_coo_tensor(torch.zeros(3, 1, dtype=torch.long),
+                                                     torch.ones(1), (2, 2, 2)))
+    with pytest.raises(TypeError, match="dense"):
+        CSRGraph.from_sparse(torch.eye(3))
+    with pytest.raises(TypeError, match="sparse"):
+        CSRGraph.from_sparse([[0, 1], [1, 0]])
+    with pytest.raises(TypeError, match="floating"):
+        CSRGraph.from_sparse(torch.sparse_coo_tensor(ei, torch.ones(2, dtype=torch.long),
+                                                     (n, n)))
+    with pytest.raises(ValueError, match="NaN"):
+        CSRGraph.from_sparse(torch.sparse_coo_tensor(ei, torch.tensor([1.0, float("nan")]),
+                                                     (n, n)))
+    adj = torch.sparse_coo_tensor(ei, torch.ones(2), (n, n))
+    with pytest.raises(ValueError, match="edge_weight must be None"):
+        gcn_propagate(x, adj, torch.ones(2))
+    with pytest.raises(ValueError, match="nodes"):
+        gcn_propagate(torch.randn(4, 2), adj)
