@@ -135,3 +135,26 @@ def test_bad_sparse_adjacencies():
         gcn_propagate(x, adj, torch.ones(2))
     with pytest.raises(ValueError, match="nodes"):
         gcn_propagate(torch.randn(4, 2), adj)
+
+
+def test_hiertail_model_on_a_sparse_adjacency():
+    """prepare_graph (and so HierTail(x, adj_t)) takes a sparse adjacency: its values as edge
+    weights; a symmetric 0/1 adjacency gives the edge_index's logits."""
+    from hiertail_fast.nn.hiertail import HierTail, prepare_graph
+
+    n = 40
+    ei, _ = _edges(n, e=150, seed=3)
+    sym = torch.cat([ei, ei.flip(0)], dim=1)
+    adj = torch.sparse_coo_tensor(sym.flip(0), torch.ones(sym.shape[1]), (n, n)).coalesce()
+    adj = torch.sparse_coo_tensor(adj.indices(), torch.ones(adj.values().numel()), (n, n))
+    g_adj, g_ei = prepare_graph(adj), prepare_graph(sym, n)
+    assert torch.equal(g_adj.indptr, g_ei.indptr) and torch.equal(g_adj.indices, g_ei.indices)
+    torch.manual_seed(0)
+    model = HierTail(6, 4)
+    x = torch.randn(n, 6)
+    torch.testing.assert_close(model(x, adj).logits, model(x, sym).logits,
+                               **tol(torch.float32))
+    with pytest.raises(ValueError, match="edge_weight must be None"):
+        prepare_graph(adj, n, torch.ones(3))
+    with pytest.raises(ValueError, match="num_nodes"):
+        prepare_graph(adj, n + 1)

@@ -51,7 +51,7 @@ from torch import nn
 
 from hiertail_fast._validation import check_index_vector
 from hiertail_fast.data.pyg import graph_inputs, is_pyg_data
-from hiertail_fast.graph import CSRGraph
+from hiertail_fast.graph import CSRGraph, is_sparse_adjacency
 from hiertail_fast.losses import balanced_contrastive_loss, hierarchical_contrastive_loss
 from hiertail_fast.nn.conv import GCNConv
 from hiertail_fast.nn.hiertail_config import _LOSS_DTYPES, HierTailConfig
@@ -68,11 +68,21 @@ def prepare_graph(edge_index, num_nodes: int | None = None, edge_weight=None) ->
     duplicates, every old self-loop removed and exactly one unit self-loop per node. Build it
     ONCE per dataset; its GCN normalisation is cached by ``CSRGraph``.
 
-    ``edge_index`` may be a PyG ``Data`` (its edge_index, num_nodes and edge_weight). A weighted
-    graph already symmetric (weights included) is kept as is; otherwise it becomes A + Aᵀ, as
-    the official ``if not is_undirected: to_undirected``."""
+    ``edge_index`` may be a PyG ``Data`` (its edge_index, num_nodes and edge_weight) or a sparse
+    adjacency (``CSRGraph.from_sparse``: PyG's adj_t orientation, its values the weights). A
+    weighted graph already symmetric (weights included) is kept as is; otherwise it becomes
+    A + Aᵀ, as the official ``if not is_undirected: to_undirected``."""
     if is_pyg_data(edge_index):
         edge_index, num_nodes, edge_weight = graph_inputs(edge_index, num_nodes, edge_weight)
+    elif is_sparse_adjacency(edge_index):
+        if edge_weight is not None:
+            raise ValueError("edge_weight must be None when a sparse adjacency is given (its "
+                             "values are the weights)")
+        adj = CSRGraph.from_sparse(edge_index)
+        if num_nodes is not None and int(num_nodes) != adj.num_nodes:
+            raise ValueError(f"num_nodes={num_nodes} but the adjacency has {adj.num_nodes} "
+                             f"nodes")
+        edge_index, num_nodes, edge_weight = adj.edge_index(), adj.num_nodes, adj.weight
     graph = CSRGraph.from_edge_index(edge_index, edge_weight, num_nodes=num_nodes,
                                      symmetrize=edge_weight is None)
     if edge_weight is not None and not graph.is_symmetric():
@@ -191,11 +201,11 @@ class HierTail(nn.Module):
             raise ValueError("x must be a 2-D tensor [n, F]")
         if x.shape[1] != self.in_channels:
             raise ValueError(f"x has {x.shape[1]} features, the model expects {self.in_channels}")
-        if isinstance(graph, torch.Tensor) or is_pyg_data(graph):
-            graph = prepare_graph(graph, x.shape[0])   # edge_index or PyG Data: every call
+        if isinstance(graph, torch.Tensor) or is_pyg_data(graph) or is_sparse_adjacency(graph):
+            graph = prepare_graph(graph, x.shape[0])   # edge_index, Data, adj_t: every call
         if not isinstance(graph, CSRGraph):
-            raise TypeError(f"graph must be a CSRGraph, an edge_index tensor or a PyG Data, got "
-                            f"{type(graph).__name__}")
+            raise TypeError(f"graph must be a CSRGraph, an edge_index tensor, a sparse adjacency "
+                            f"or a PyG Data, got {type(graph).__name__}")
         if graph.num_nodes != x.shape[0]:
             raise ValueError(f"graph has {graph.num_nodes} nodes but x has {x.shape[0]} rows")
         cfg = self.config
