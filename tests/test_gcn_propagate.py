@@ -351,3 +351,37 @@ def test_bad_inputs():
     if not torch_sparse_available():
         with pytest.raises(ValueError, match="torch_sparse"):
             gcn_propagate(x, ei, backend="torch_sparse")
+
+
+def test_gcnconv_cached_converts_once_and_never_serves_a_stale_graph(monkeypatch):
+    """cached=True (PyG's option): an edge_index is converted once while the same, unchanged
+    tensor comes back; a different or modified edge_index is converted again (PyG's cached
+    would keep serving the first graph); weights that require grad are never cached."""
+    n = 30
+    ei, w = make_edges(n, 100, weighted=True, seed=11)
+    x = torch.randn(n, 4)
+    conv = GCNConv(4, 3, cached=True)
+    plain = GCNConv(4, 3)
+    plain.load_state_dict(conv.state_dict())
+    converted = []
+    real = CSRGraph.from_edge_index
+    monkeypatch.setattr(CSRGraph, "from_edge_index",
+                        lambda *a, **k: converted.append(1) or real(*a, **k))
+    first = conv(x, ei, w)
+    assert torch.equal(conv(x, ei, w), first) and len(converted) == 1
+    other = ei.flip(0)                                        # another graph: converted again
+    torch.testing.assert_close(conv(x, other, w), plain(x, other, w))
+    ei2 = ei.clone()
+    conv(x, ei2, w)
+    ei2[0, :10] = ei2[1, :10]                                 # in place: its version moved on
+    torch.testing.assert_close(conv(x, ei2, w), plain(x, ei2, w))
+    n_before = len(converted)
+    conv.reset_parameters()                                   # clears the cache, as PyG's
+    conv(x, ei2, w)
+    assert len(converted) == n_before + 1
+    wg = w.clone().requires_grad_()
+    for _ in range(2):                                        # a cached graph would fail here
+        conv(x, ei, wg).sum().backward()
+    assert wg.grad is not None and "cached=True" in repr(conv)
+    with pytest.raises(TypeError, match="cached"):
+        GCNConv(4, 3, cached="yes")

@@ -158,3 +158,17 @@ def test_hiertail_model_on_a_sparse_adjacency():
         prepare_graph(adj, n, torch.ones(3))
     with pytest.raises(ValueError, match="num_nodes"):
         prepare_graph(adj, n + 1)
+
+
+def test_gcnconv_cached_on_a_sparse_adjacency(monkeypatch):
+    n = 30
+    ei, w = _edges(n)
+    adj = _coo(ei, w, n).coalesce()
+    conv = GCNConv(5, 4, cached=True)
+    built = []
+    real = CSRGraph.from_sparse
+    monkeypatch.setattr(CSRGraph, "from_sparse", lambda a: built.append(1) or real(a))
+    x = torch.randn(n, 5)
+    assert torch.equal(conv(x, adj), conv(x, adj)) and len(built) == 1
+    conv(x, _coo(ei, w * 2, n))                           # another adjacency: converted again
+    assert len(built) == 2

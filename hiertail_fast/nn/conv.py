@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +29,9 @@ class GCNConv(nn.Module):
         bias: learnable additive bias.
         add_self_loops: add the self-loops at all.
         backend: forwarded to `gcn_propagate` (None = automatic).
+        cached: convert an edge_index / sparse adjacency input once and reuse it while the
+            same tensors come back unchanged (PyG's ``cached``, but a different or modified
+            input is converted again instead of silently served the first graph).
 
     forward(x [n, in], graph_or_edge_index (CSRGraph, [2, E] or a sparse adjacency in PyG's
     ``adj_t`` orientation), edge_weight [E] or None) -> [n, out]. Pass a `CSRGraph` to reuse
@@ -36,7 +40,7 @@ class GCNConv(nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int, improved: bool = True,
                  bias: bool = True, add_self_loops: bool = True,
-                 backend: str | None = None) -> None:
+                 backend: str | None = None, *, cached: bool = False) -> None:
         super().__init__()
         if in_channels < 1 or out_channels < 1:
             raise ValueError(f"in_channels and out_channels must be >= 1, got "
@@ -45,6 +49,8 @@ class GCNConv(nn.Module):
         self.improved = check_flag(improved, "improved")
         self.add_self_loops = check_flag(add_self_loops, "add_self_loops")
         self.backend = backend
+        self.cached = check_flag(cached, "cached")
+        self._cached_graph: tuple | None = None      # (the input's identity, its CSRGraph)
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels))
         self.bias = nn.Parameter(torch.empty(out_channels)) if check_flag(bias, "bias") else None
         self.reset_parameters()
@@ -54,6 +60,22 @@ class GCNConv(nn.Module):
         nn.init.uniform_(self.weight, -a, a)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
+        self._cached_graph = None                     # as PyG's reset_parameters
+
+    def _graph(self, graph_or_edge_index, edge_weight, n: int) -> CSRGraph:
+        """The input as a CSRGraph. With ``cached``, an edge_index / sparse adjacency is
+        converted once and reused while the same tensors, unchanged (their version counters),
+        come back; another input is converted again (PyG's ``cached`` would keep serving the
+        first graph). Weights that require grad are converted per call (a cached graph would
+        hold their autograd history from the first call)."""
+        if isinstance(graph_or_edge_index, CSRGraph):
+            return as_graph(graph_or_edge_index, edge_weight)
+        identity = _identity(graph_or_edge_index, edge_weight) if self.cached else None
+        if identity is None:
+            return as_graph(graph_or_edge_index, edge_weight, n)
+        if self._cached_graph is None or not _same_identity(self._cached_graph[0], identity):
+            self._cached_graph = (identity, as_graph(graph_or_edge_index, edge_weight, n))
+        return self._cached_graph[1]
 
     def _propagate(self, h, graph):
         return gcn_propagate(h, graph, improved=self.improved,
@@ -61,9 +83,7 @@ class GCNConv(nn.Module):
 
     def forward(self, x: torch.Tensor, graph_or_edge_index: CSRGraph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
-        # convert once even when propagating twice (a sparse adjacency: PyG's adj_t)
-        graph = as_graph(graph_or_edge_index, edge_weight,
-                         None if isinstance(graph_or_edge_index, CSRGraph) else x.shape[0])
+        graph = self._graph(graph_or_edge_index, edge_weight, x.shape[0])
         if self.in_channels < self.out_channels:
             out = F.linear(self._propagate(x, graph), self.weight)
         else:
@@ -72,4 +92,32 @@ class GCNConv(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, improved={self.improved}, "
-                f"bias={self.bias is not None}, add_self_loops={self.add_self_loops}")
+                f"bias={self.bias is not None}, add_self_loops={self.add_self_loops}"
+                + (", cached=True" if self.cached else ""))
+
+
+def _identity(*inputs) -> tuple | None:
+    """What ``cached`` compares: a weak reference to each input and the version counter of its
+    values (None when the input cannot be cached: values that require grad, or an object
+    without weak references). A ``torch_sparse.SparseTensor``'s values are its storage's."""
+    out = []
+    for t in inputs:
+        if t is None:
+            out.append(None)
+            continue
+        values = t if isinstance(t, torch.Tensor) else t.storage.value()
+        if values is not None and values.requires_grad:
+            return None
+        try:
+            ref = weakref.ref(t)
+        except TypeError:
+            return None
+        out.append((ref, None if values is None else values._version))
+    return tuple(out)
+
+
+def _same_identity(a: tuple, b: tuple) -> bool:
+    return all((x is None and y is None) or (x is not None and y is not None
+                                             and x[0]() is not None and x[0]() is y[0]()
+                                             and x[1] == y[1])
+               for x, y in zip(a, b, strict=True))
