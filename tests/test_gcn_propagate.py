@@ -383,5 +383,15 @@ def test_gcnconv_cached_converts_once_and_never_serves_a_stale_graph(monkeypatch
     for _ in range(2):                                        # a cached graph would fail here
         conv(x, ei, wg).sum().backward()
     assert wg.grad is not None and "cached=True" in repr(conv)
+    conv(x, ei, w)                                            # a graph in the cache again
+    import copy
+    import io
+    buf = io.BytesIO()
+    torch.save(conv, buf)                                     # the whole module: no weakrefs
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert loaded._cached_graph is None and conv._cached_graph is not None
+    torch.testing.assert_close(loaded(x, ei, w), conv(x, ei, w))
+    torch.testing.assert_close(copy.deepcopy(conv)(x, ei, w), conv(x, ei, w))
     with pytest.raises(TypeError, match="cached"):
         GCNConv(4, 3, cached="yes")

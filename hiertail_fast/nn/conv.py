@@ -62,6 +62,13 @@ class GCNConv(nn.Module):
             nn.init.zeros_(self.bias)
         self._cached_graph = None                     # as PyG's reset_parameters
 
+    def __getstate__(self) -> dict:
+        """Pickled (``torch.save(module)``, deepcopy) without the cached graph, whose weak
+        references cannot be pickled; the copy converts again on its first call."""
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else dict(
+            self.__dict__)
+        return {**state, "_cached_graph": None}
+
     def _graph(self, graph_or_edge_index, edge_weight, n: int) -> CSRGraph:
         """The input as a CSRGraph. With ``cached``, an edge_index / sparse adjacency is
         converted once and reused while the same tensors, unchanged (their version counters),
