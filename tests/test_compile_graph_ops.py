@@ -226,3 +226,28 @@ def test_graph_custom_ops_pass_opcheck():
         (ops.nearest_prototype, (x.detach(), x[:5].detach(), None)),
     ]:
         torch.library.opcheck(op.default, args)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_gcnconv_exports_and_compiles_on_an_edge_index(strict):
+    """GCNConv on an edge_index while traced hands the edge_index to gcn_propagate's op (its
+    own conversion depends on the data and failed torch.export): exported and compiled whole,
+    the eager values."""
+    from hiertail_fast.nn import GCNConv
+
+    x, ei, w = _graph_data("cpu", weighted=True)
+    x = x.detach()
+    conv = GCNConv(x.shape[1], 3)
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = conv
+
+        def forward(self, x, ei, w):
+            return self.conv(x, ei, w)
+
+    program = torch.export.export(Layer(), (x, ei, w), strict=strict)
+    assert torch.equal(program.module()(x, ei, w), conv(x, ei, w))
+    torch._dynamo.reset()
+    assert torch.equal(_compiled(conv)(x, ei, w), conv(x, ei, w))

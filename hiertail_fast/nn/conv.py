@@ -84,17 +84,22 @@ class GCNConv(nn.Module):
             self._cached_graph = (identity, as_graph(graph_or_edge_index, edge_weight, n))
         return self._cached_graph[1]
 
-    def _propagate(self, h, graph):
-        return gcn_propagate(h, graph, improved=self.improved,
+    def _propagate(self, h, graph, edge_weight=None):
+        return gcn_propagate(h, graph, edge_weight, improved=self.improved,
                              add_self_loops=self.add_self_loops, backend=self.backend)
 
     def forward(self, x: torch.Tensor, graph_or_edge_index: CSRGraph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
-        graph = self._graph(graph_or_edge_index, edge_weight, x.shape[0])
-        if self.in_channels < self.out_channels:
-            out = F.linear(self._propagate(x, graph), self.weight)
+        if torch.compiler.is_compiling() and not isinstance(graph_or_edge_index, CSRGraph):
+            # traced: the edge_index goes into gcn_propagate's custom op as it is (converted
+            # when the op runs; a conversion here would depend on the data: no graph)
+            graph, weight = graph_or_edge_index, edge_weight
         else:
-            out = self._propagate(F.linear(x, self.weight), graph)
+            graph, weight = self._graph(graph_or_edge_index, edge_weight, x.shape[0]), None
+        if self.in_channels < self.out_channels:
+            out = F.linear(self._propagate(x, graph, weight), self.weight)
+        else:
+            out = self._propagate(F.linear(x, self.weight), graph, weight)
         return out if self.bias is None else out + self.bias
 
     def extra_repr(self) -> str:
