@@ -38,3 +38,18 @@ def test_kernels_are_installed_under_the_package_name():
     import hiertail_fast.kernels.balanced_contrastive_loss as k
 
     assert hasattr(k, "lse_forward") and hasattr(k, "lse_backward")
+
+
+def test_readme_public_api_example_runs():
+    """The README's Public API block, as printed there (the compiled step called once)."""
+    from pathlib import Path
+
+    import torch
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = text[text.index("## Public API"):].split("```python")[1].split("```")[0]
+    ns: dict = {}
+    exec(compile(block, "README.md (Public API)", "exec"), ns)
+    value = ns["step"](ns["z"].detach(), ns["y"])
+    assert torch.isfinite(value) and ns["h"].shape == ns["g"].x.shape
+    assert ns["out"].logits.shape == (ns["g"].num_nodes, ns["g"].num_classes)
