@@ -91,9 +91,10 @@ class CSRGraph:
         self._weight = weight
         self._num_nodes = int(num_nodes if num_nodes is not None else indptr.numel() - 1)
         self._cache: dict[Any, Any] = {}
-        key = _arrays_key(indptr, indices, weight, self._num_nodes)
-        if key not in _LIVE:      # the first live graph on these arrays keeps the entry (a
-            _LIVE[key] = self     # graph the compiled op builds on them must not displace it)
+        if not torch.compiler.is_compiling():     # (a traced graph has no memory to key on)
+            key = _arrays_key(indptr, indices, weight, self._num_nodes)
+            if key not in _LIVE:  # the first live graph on these arrays keeps the entry (a
+                _LIVE[key] = self  # graph the compiled op builds on them must not displace it)
 
     @staticmethod
     def _live(indptr: torch.Tensor, indices: torch.Tensor, weight: torch.Tensor | None,
@@ -238,8 +239,9 @@ class CSRGraph:
 
     def row_index(self) -> torch.Tensor:
         """Target (row) of every CSR entry, int64 [nnz] (cached)."""
-        return self._cached("row", lambda: torch.repeat_interleave(
-            torch.arange(self._num_nodes, device=self.device), self._indptr.diff()))
+        return self._cached("row", lambda: torch.repeat_interleave(   # nnz: no host read
+            torch.arange(self._num_nodes, device=self.device), self._indptr.diff(),
+            output_size=self._indices.numel()))
 
     def edge_index(self) -> torch.Tensor:
         """[2, nnz] edge_index (row 0 = source, row 1 = target), in CSR (target, source) order."""

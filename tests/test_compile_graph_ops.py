@@ -9,7 +9,7 @@ import torch
 
 from hiertail_fast import gcn_propagate, nearest_prototype, topk_pool, topk_unpool
 from hiertail_fast.graph import CSRGraph
-from tests.conftest import DEVICES
+from tests.conftest import DEVICES, tol
 from tests.test_compile import _compiled, _fresh_dynamo, _same  # noqa: F401  (autouse fixture)
 
 
@@ -189,24 +189,57 @@ def test_compiled_graph_ops_raise_the_eager_errors():
         torch.compile(float_count, backend="aot_eager")(x)
 
 
-def test_a_pooling_step_compiles_around_topk_pool():
-    """topk_pool's outputs have data-dependent sizes (as PyG's TopKPooling): TorchDynamo
-    breaks the graph there (no fullgraph) and the rest compiles; the eager numbers."""
-    x, ei, _ = _graph_data("cpu")
-    g = CSRGraph.from_edge_index(ei, num_nodes=x.shape[0], symmetrize=True)
-    p = torch.randn(x.shape[1], generator=torch.Generator().manual_seed(4))
+@pytest.mark.parametrize("backend", [None, "reference"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_a_pooling_step_compiles_whole(weighted, backend):
+    """GCN, top-k pooling, GCN on the pooled graph, unpooling: ONE graph (fullgraph). topk_pool
+    is a custom op whose pooled graph (data-dependent size) is built in the traced code; the
+    values and the gradients w.r.t. x and the score weight are eager's bit for bit; learnable
+    edge weights' gradients within float32 rounding (AOTAutograd sums the gathers'
+    duplicate-index gradients in its own order)."""
+    x, ei, w = _graph_data("cpu", weighted=weighted)
+    if weighted:
+        w.requires_grad_()
+    g = CSRGraph.from_edge_index(ei, w, num_nodes=x.shape[0], symmetrize=True)
+    p = torch.randn(x.shape[1], generator=torch.Generator().manual_seed(4), requires_grad=True)
 
-    def step(x):
+    def step(x, p):
         h = gcn_propagate(x, g).relu()
-        pooled = topk_pool(h, g, p, 0.5)
+        pooled = topk_pool(h, g, p, 0.5, backend=backend)
+        assert pooled.graph.known_symmetric                 # inherited, as in eager
         return topk_unpool(gcn_propagate(pooled.x, pooled.graph), pooled.perm, x.shape[0])
 
-    got = torch.compile(step, backend="aot_eager")(x)
-    (g_got,) = torch.autograd.grad(got.sum(), x)
-    want = step(x)
-    (g_want,) = torch.autograd.grad(want.sum(), x)
+    graphs: list = []
+    got = _compiled(step, graphs)(x, p)
+    want = step(x, p)
+    assert len(graphs) == 1
     _same(got, want, "cpu")
-    _same(g_got, g_want, "cpu")
+    ins = [x, p] + ([w] if weighted else [])
+    cot = torch.rand(got.shape, generator=torch.Generator().manual_seed(5))
+    want_grads = torch.autograd.grad(want, ins, cot, retain_graph=True)
+    got_grads = torch.autograd.grad(got, ins, cot)        # (compiled: no retain_graph)
+    for a, b in zip(got_grads[:2], want_grads[:2], strict=True):
+        _same(a, b, "cpu")
+    if weighted:
+        torch.testing.assert_close(got_grads[2], want_grads[2], **tol(torch.float32))
+
+
+def test_exported_pooling_layer():
+    """torch.export of a pooling layer on a CSRGraph: the pooled graph's size is a symbol of
+    the program (data-dependent); the exported program gives the eager values."""
+    x, ei, _ = _graph_data("cpu")
+    x = x.detach()
+    g = CSRGraph.from_edge_index(ei, num_nodes=x.shape[0], symmetrize=True)
+    p = torch.randn(x.shape[1], generator=torch.Generator().manual_seed(6))
+
+    class Pool(torch.nn.Module):
+        def forward(self, x):
+            pooled = topk_pool(x, g, p, 0.5)
+            return gcn_propagate(pooled.x, pooled.graph), pooled.edge_index
+
+    program = torch.export.export(Pool(), (x,), strict=False)
+    for a, b in zip(program.module()(x), Pool()(x), strict=True):
+        assert torch.equal(a, b)
 
 
 def test_graph_custom_ops_pass_opcheck():
@@ -219,11 +252,15 @@ def test_graph_custom_ops_pass_opcheck():
     n = x.shape[0]
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(5))[:30]
     for op, args in [
-        (ops.gcn_propagate, (x, g.indptr, g.indices, g.weight, n, True, True, None, False)),
-        (ops.gcn_propagate, (x, g.indptr, g.indices, w_leaf, n, False, True, None, True)),
-        (ops.gcn_propagate, (x, None, ei, None, n, True, False, None, False)),
+        (ops.gcn_propagate, (x, g.indptr, g.indices, g.weight, n, True, True, None, False,
+                             False)),
+        (ops.gcn_propagate, (x, g.indptr, g.indices, w_leaf, n, False, True, None, False,
+                             True)),
+        (ops.gcn_propagate, (x, None, ei, None, n, True, False, None, False, False)),
         (ops.topk_unpool, (x[:30].detach().requires_grad_(), perm, n, None)),
         (ops.nearest_prototype, (x.detach(), x[:5].detach(), None)),
+        (ops.topk_pool, (x, g.indptr, g.indices, g.weight,
+                         torch.randn(x.shape[1], requires_grad=True), 40, None)),
     ]:
         torch.library.opcheck(op.default, args)
 
@@ -251,3 +288,16 @@ def test_gcnconv_exports_and_compiles_on_an_edge_index(strict):
     assert torch.equal(program.module()(x, ei, w), conv(x, ei, w))
     torch._dynamo.reset()
     assert torch.equal(_compiled(conv)(x, ei, w), conv(x, ei, w))
+
+
+def test_compiled_topk_pool_on_an_edge_index_is_traced_as_before():
+    """An edge_index input is converted by the eager op (data-dependent): the graph breaks
+    there (no fullgraph), with the eager numbers."""
+    x, ei, _ = _graph_data("cpu")
+    x = x.detach()
+    p = torch.randn(x.shape[1], generator=torch.Generator().manual_seed(7))
+
+    def f(x):
+        return topk_pool(x, ei, p, 0.3).x
+
+    assert torch.equal(torch.compile(f, backend="aot_eager")(x), f(x))

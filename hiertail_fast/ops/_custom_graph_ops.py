@@ -30,7 +30,8 @@ from hiertail_fast._validation import check_flag
 from hiertail_fast.graph import CSRGraph
 from hiertail_fast.ops._custom_ops import OP_OPTIONS, READY, _autograd_dispatch, _own_tensors
 
-__all__ = ["READY", "traced_gcn_propagate", "traced_nearest_prototype", "traced_topk_unpool"]
+__all__ = ["READY", "traced_gcn_propagate", "traced_nearest_prototype", "traced_topk_pool",
+           "traced_topk_unpool"]
 
 
 # ------------------------------------------------------------------ nearest_prototype
@@ -84,26 +85,153 @@ def traced_topk_unpool(x_pooled, perm, num_nodes, backend) -> Tensor:
     return topk_unpool(x_pooled, perm, _count(num_nodes), backend)
 
 
+# ------------------------------------------------------------------ topk_pool
+def _fresh(outputs, inputs) -> list[Tensor]:
+    """Outputs as tensors of their own (a custom op's outputs may not share memory with its
+    inputs or each other)."""
+    taken = {t.untyped_storage().data_ptr() for t in inputs if t is not None and t.numel()}
+    out = []
+    for t in outputs:
+        if t.numel() and t.untyped_storage().data_ptr() in taken:
+            t = t.clone()
+        if t.numel():
+            taken.add(t.untyped_storage().data_ptr())
+        out.append(t)
+    return out
+
+
+@torch.library.custom_op("hiertail_fast::topk_pool", **OP_OPTIONS)
+def topk_pool(x: Tensor, indptr: Tensor, indices: Tensor, weight: Tensor | None,
+              score_weight: Tensor, k: int, backend: str | None
+              ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(x_pooled, perm, score, the pooled graph's indptr and indices, the index of its entries
+    into the input graph's) of the eager op on the live graph. The reference backend's pooled
+    graph is taken from the torch path (the same edges; duplicate entries may come in another
+    order)."""
+    from hiertail_fast.ops.topk_pool import pool_with_entries
+
+    graph = _graph(indptr, indices, weight, indptr.numel() - 1)
+    with torch.no_grad():
+        res, entry = pool_with_entries(x.detach(), graph, score_weight.detach(), k,
+                                       backend=backend)
+        pooled = res.graph
+        if entry is None:
+            pooled, entry = graph.subgraph(res.perm, return_entry_index=True)
+    return tuple(_fresh([res.x, res.perm, res.score, pooled.indptr, pooled.indices, entry],
+                        [x, indptr, indices, weight, score_weight]))
+
+
+@topk_pool.register_fake
+def _(x, indptr, indices, weight, score_weight, k, backend):
+    nnz = torch.library.get_ctx().new_dynamic_size()
+    index = dict(dtype=torch.int64)
+    return (x.new_empty(k, x.shape[1]), x.new_empty(k, **index), x.new_empty(k),
+            x.new_empty(k + 1, **index), x.new_empty(nnz, **index), x.new_empty(nnz, **index))
+
+
+@torch.library.custom_op("hiertail_fast::topk_pool_backward", **OP_OPTIONS)
+def topk_pool_backward(grad_x: Tensor, grad_score: Tensor, x: Tensor, score_weight: Tensor,
+                       k: int, backend: str | None, grads_of: list[bool]) -> list[Tensor]:
+    """Gradients w.r.t. x and the score weight (those ``grads_of`` marks) of the eager
+    selection rerun with autograd (the pooled graph does not enter them)."""
+    from hiertail_fast._validation import check_score_weight
+    from hiertail_fast.ops._dispatch import choose_backend
+    from hiertail_fast.ops.topk_pool import TopKPoolFunction, topk_pool_ref
+
+    leaves = [x.detach().requires_grad_(grads_of[0]),
+              score_weight.detach().requires_grad_(grads_of[1])]
+    with _autograd_dispatch():
+        p = check_score_weight(leaves[1], x.shape[1], x.dtype)
+        choice = choose_backend(x, backend, op="topk_pool")
+        if choice == "reference":
+            no_edges = x.new_empty(2, 0, dtype=torch.int64)
+            out = topk_pool_ref(leaves[0], no_edges, p, k, None)
+            x_pooled, score = out[0], out[4]
+        else:
+            x_pooled, _, score = TopKPoolFunction.apply(leaves[0], p, k, choice)
+        wanted = [t for t, w in zip(leaves, grads_of, strict=True) if w]
+        grads = torch.autograd.grad((x_pooled, score), wanted, (grad_x, grad_score),
+                                    allow_unused=True)
+    return _own_tensors(grads, wanted, others=(grad_x, grad_score))
+
+
+@topk_pool_backward.register_fake
+def _(grad_x, grad_score, x, score_weight, k, backend, grads_of):
+    return [torch.empty_like(t) for t, w in zip((x, score_weight), grads_of, strict=True)
+            if w]
+
+
+def _pool_setup(ctx, inputs, output):
+    x, indptr, indices, weight, score_weight, k, backend = inputs
+    ctx.k, ctx.backend = k, backend
+    ctx.save_for_backward(x, score_weight)
+
+
+def _pool_backward(ctx, grad_x, _perm, grad_score, _indptr, _indices, _entry):
+    x, score_weight = ctx.saved_tensors
+    grads_of = [ctx.needs_input_grad[0], ctx.needs_input_grad[4]]
+    grads = iter([])
+    if any(grads_of):
+        grad_x = torch.zeros(ctx.k, x.shape[1], dtype=x.dtype, device=x.device) \
+            if grad_x is None else grad_x
+        grad_score = torch.zeros(ctx.k, dtype=x.dtype, device=x.device) \
+            if grad_score is None else grad_score
+        grads = iter(topk_pool_backward(grad_x, grad_score, x, score_weight, ctx.k,
+                                        ctx.backend, grads_of))
+    return (next(grads) if grads_of[0] else None, None, None, None,
+            next(grads) if grads_of[1] else None, None, None)
+
+
+topk_pool.register_autograd(_pool_backward, setup_context=_pool_setup)
+
+
+def traced_topk_pool(x, graph, score_weight, ratio, edge_weight, backend):
+    """The public op's call on a CSRGraph while TorchDynamo traces it: one custom op; the
+    pooled graph's weights are a gather of the input's (differentiable, traced), its
+    symmetry inherited as in eager."""
+    from hiertail_fast.ops.topk_pool import TopKPoolResult, pool_size
+
+    _tensors(x=x, score_weight=score_weight)
+    if edge_weight is not None:
+        raise ValueError("edge_weight must be None when a CSRGraph or a sparse adjacency is "
+                         "given (its weights are used)")
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D [n, d], got shape {tuple(x.shape)}")
+    k = pool_size(x.shape[0], ratio, x.dtype)
+    x_pooled, perm, score, indptr, indices, entry = topk_pool(
+        x, graph.indptr, graph.indices, graph.weight, score_weight, k, backend)
+    weight = None if graph.weight is None else graph.weight[entry]
+    pooled = CSRGraph(indptr, indices, weight, k, validate=False)
+    if graph._cache.get("assumed_symmetric"):   # an induced subgraph of a symmetric graph
+        pooled.assume_symmetric()
+    return TopKPoolResult(x_pooled, pooled, pooled.edge_index(), pooled.weight, perm, score)
+
+
 # ------------------------------------------------------------------ gcn_propagate
-def _graph(indptr, index, weight, num_nodes, weight_leaf: bool = False) -> CSRGraph | Tensor:
+def _graph(indptr, index, weight, num_nodes, weight_leaf: bool = False,
+           assumed_symmetric: bool = False) -> CSRGraph | Tensor:
     """The live graph holding these arrays (its caches); a new one (with the live graph's
     symmetry flag) when the weights are an autograd leaf of the backward op, which the live
     graph does not hold; for an ``edge_index`` (indptr None), the edge_index itself (the eager
-    op converts it). The arrays come from a CSRGraph the eager op accepted: not re-checked."""
+    op converts it). The arrays come from a CSRGraph the eager op accepted: not re-checked.
+    Without a live graph (a graph built inside the compiled code, e.g. topk_pool's), the
+    symmetry that graph declared while traced (``assumed_symmetric``) is declared again."""
     if indptr is None:
         return index
     live = CSRGraph._live(indptr, index, weight, num_nodes)
     if live is not None and not weight_leaf:
         return live
     graph = CSRGraph(indptr, index, weight, num_nodes, validate=False)
-    return live._inherit_symmetry(graph) if live is not None else graph
+    if live is not None:
+        return live._inherit_symmetry(graph)
+    return graph.assume_symmetric() if assumed_symmetric else graph
 
 
 def _eager(x, indptr, index, weight, num_nodes, improved, add_self_loops, backend,
-           weight_leaf: bool = False):
+           symmetric: bool, weight_leaf: bool = False):
     from hiertail_fast.ops.gcn_propagate import gcn_propagate as eager
 
-    graph = _graph(indptr, index, weight, num_nodes, weight_leaf)
+    graph = _graph(indptr, index, weight, num_nodes, weight_leaf, symmetric)
     if isinstance(graph, CSRGraph):
         return eager(x, graph, improved=improved, add_self_loops=add_self_loops,
                      backend=backend)
@@ -114,29 +242,30 @@ def _eager(x, indptr, index, weight, num_nodes, improved, add_self_loops, backen
 @torch.library.custom_op("hiertail_fast::gcn_propagate", **OP_OPTIONS)
 def gcn_propagate(x: Tensor, indptr: Tensor | None, index: Tensor, weight: Tensor | None,
                   num_nodes: int, improved: bool, add_self_loops: bool, backend: str | None,
-                  weight_grad: bool) -> Tensor:
+                  symmetric: bool, weight_grad: bool) -> Tensor:
     """The eager op's value. With ``weight_grad`` (learnable edge weights) the eager op's path
     for weights that require grad (per-call values, the self-loop as its own term), so the
     value is the eager one bit for bit; its small autograd graph is dropped."""
     if not weight_grad:
         with torch.no_grad():
             return _eager(x.detach(), indptr, index, weight, num_nodes, improved,
-                          add_self_loops, backend)
+                          add_self_loops, backend, symmetric)
     with _autograd_dispatch():
         out = _eager(x.detach(), indptr, index, weight.detach().requires_grad_(), num_nodes,
-                     improved, add_self_loops, backend, weight_leaf=True)
+                     improved, add_self_loops, backend, symmetric, weight_leaf=True)
     return out.detach()
 
 
 @gcn_propagate.register_fake
-def _(x, indptr, index, weight, num_nodes, improved, add_self_loops, backend, weight_grad):
+def _(x, indptr, index, weight, num_nodes, improved, add_self_loops, backend, symmetric,
+      weight_grad):
     return torch.empty_like(x)
 
 
 @torch.library.custom_op("hiertail_fast::gcn_propagate_backward", **OP_OPTIONS)
 def gcn_propagate_backward(grad: Tensor, x: Tensor, indptr: Tensor | None, index: Tensor,
                            weight: Tensor | None, num_nodes: int, improved: bool,
-                           add_self_loops: bool, backend: str | None,
+                           add_self_loops: bool, backend: str | None, symmetric: bool,
                            grads_of: list[bool]) -> list[Tensor]:
     """[gradient w.r.t. x if grads_of[0]] + [gradient w.r.t. weight if grads_of[1]]."""
     from hiertail_fast.ops.gcn_propagate import _resolve_backend, propagate_transposed
@@ -144,7 +273,7 @@ def gcn_propagate_backward(grad: Tensor, x: Tensor, indptr: Tensor | None, index
     backend = _resolve_backend(grad, backend)     # $HIERTAIL_BACKEND too, as the eager op
     if not grads_of[1] and backend != "reference":
         with torch.no_grad():
-            graph = _graph(indptr, index, weight, num_nodes)
+            graph = _graph(indptr, index, weight, num_nodes, assumed_symmetric=symmetric)
             if not isinstance(graph, CSRGraph):           # as the eager op converts it
                 graph = CSRGraph.from_edge_index(graph, weight, num_nodes, dedupe=False)
             return [propagate_transposed(grad, graph, improved, add_self_loops, backend)]
@@ -152,20 +281,21 @@ def gcn_propagate_backward(grad: Tensor, x: Tensor, indptr: Tensor | None, index
               None if weight is None else weight.detach().requires_grad_(grads_of[1])]
     with _autograd_dispatch():
         out = _eager(leaves[0], indptr, index, leaves[1], num_nodes, improved, add_self_loops,
-                     backend, weight_leaf=grads_of[1])
+                     backend, symmetric, weight_leaf=grads_of[1])
         wanted = [t for t, w in zip(leaves, grads_of, strict=True) if w]
         grads = torch.autograd.grad(out, wanted, grad, allow_unused=True)
     return _own_tensors(grads, wanted, others=(grad,))
 
 
 @gcn_propagate_backward.register_fake
-def _(grad, x, indptr, index, weight, num_nodes, improved, add_self_loops, backend, grads_of):
+def _(grad, x, indptr, index, weight, num_nodes, improved, add_self_loops, backend, symmetric,
+      grads_of):
     return [torch.empty_like(t) for t, w in zip((x, weight), grads_of, strict=True) if w]
 
 
 def _gcn_setup(ctx, inputs, output):
-    x, indptr, index, weight, num_nodes, improved, add_self_loops, backend, _ = inputs
-    ctx.options = (num_nodes, improved, add_self_loops, backend)
+    x, indptr, index, weight, num_nodes, improved, add_self_loops, backend, symmetric, _ = inputs
+    ctx.options = (num_nodes, improved, add_self_loops, backend, symmetric)
     ctx.save_for_backward(x, indptr, index, weight)
 
 
@@ -175,7 +305,7 @@ def _gcn_backward(ctx, grad):
     grads = iter(gcn_propagate_backward(grad, x, indptr, index, weight, *ctx.options,
                                         grads_of) if any(grads_of) else [])
     return (next(grads) if grads_of[0] else None, None, None,
-            next(grads) if grads_of[1] else None, None, None, None, None, None)
+            next(grads) if grads_of[1] else None, None, None, None, None, None, None)
 
 
 gcn_propagate.register_autograd(_gcn_backward, setup_context=_gcn_setup)
@@ -195,13 +325,15 @@ def traced_gcn_propagate(x, graph_or_edge_index, edge_weight, num_nodes, improve
         if num_nodes is not None and num_nodes != graph.num_nodes:
             raise ValueError(f"num_nodes={num_nodes} but the graph has {graph.num_nodes} nodes")
         args = (graph.indptr, graph.indices, graph.weight, graph.num_nodes)
+        symmetric = bool(graph._cache.get("assumed_symmetric", False))
     else:
         _tensors(graph_or_edge_index=graph_or_edge_index)
         n = x.shape[0] if num_nodes is None else _count(num_nodes)
         args = (None, graph_or_edge_index, edge_weight, n)
+        symmetric = False
     weight = args[2]
     weight_grad = weight is not None and weight.requires_grad and torch.is_grad_enabled()
-    return gcn_propagate(x, *args, improved, add_self_loops, backend, weight_grad)
+    return gcn_propagate(x, *args, improved, add_self_loops, backend, symmetric, weight_grad)
 
 
 def _count(num_nodes) -> int:

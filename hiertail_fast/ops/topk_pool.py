@@ -46,8 +46,8 @@ from hiertail_fast.reference.topk_pool import (
     topk_unpool_ref,
 )
 
-__all__ = ["TopKPoolResult", "TopKPoolFunction", "TopKUnpoolFunction", "topk_pool",
-           "topk_unpool"]
+__all__ = ["TopKPoolResult", "TopKPoolFunction", "TopKUnpoolFunction", "pool_with_entries",
+           "topk_pool", "topk_unpool"]
 
 
 class TopKPoolResult(NamedTuple):
@@ -203,15 +203,16 @@ def _as_graph(graph_or_edge_index, edge_weight, n: int, device: torch.device) ->
     return graph
 
 
-def _subgraph_triton(graph: CSRGraph, perm: torch.Tensor) -> CSRGraph:
-    """Induced subgraph on perm (relabelled in perm order) with the Triton filter/compaction."""
+def _subgraph_triton(graph: CSRGraph, perm: torch.Tensor) -> tuple[CSRGraph, torch.Tensor]:
+    """Induced subgraph on perm (relabelled in perm order) with the Triton filter/compaction,
+    and the index of its entries into the graph's."""
     from hiertail_fast.kernels import topk_pool as kern
 
     n, k = graph.num_nodes, perm.numel()
     relabel = torch.full((n,), -1, dtype=torch.long, device=perm.device)
     relabel[perm] = torch.arange(k, device=perm.device)
     new_row, new_col, eid = kern.filter_edges(graph.row_index(), graph.indices, relabel)
-    return graph._induced_from_entries(eid, new_row, new_col, k)[0]
+    return graph._induced_from_entries(eid, new_row, new_col, k)
 
 
 @public_op
@@ -239,6 +240,19 @@ def topk_pool(
     Returns:
         ``TopKPoolResult(x, graph, edge_index, edge_weight, perm, score)``.
     """
+    if (torch.compiler.is_compiling() and _custom_graph_ops.READY
+            and isinstance(graph_or_edge_index, CSRGraph)):                # one custom op
+        return _custom_graph_ops.traced_topk_pool(x, graph_or_edge_index, score_weight, ratio,
+                                                  edge_weight, backend)
+    return pool_with_entries(x, graph_or_edge_index, score_weight, ratio, edge_weight,
+                             backend)[0]
+
+
+def pool_with_entries(x, graph_or_edge_index, score_weight, ratio, edge_weight=None,
+                      backend=None) -> tuple[TopKPoolResult, torch.Tensor | None]:
+    """``topk_pool``'s result and the index of the pooled graph's entries into the input
+    graph's (its weights are a gather of them); None on the reference backend, whose pooled
+    graph is built from the reference's edge list."""
     x = check_float_matrix(x, "x")
     n, d = x.shape
     p = check_score_weight(score_weight, d, x.dtype)
@@ -252,11 +266,13 @@ def topk_pool(
                                                       graph.weight)
         pooled = graph._inherit_symmetry(CSRGraph.from_edge_index(ei, ew, num_nodes=k,
                                                                   dedupe=False))
+        entry = None
     else:
         x_pooled, perm, score = TopKPoolFunction.apply(x, p, k, choice)
-        pooled = _subgraph_triton(graph, perm) if choice == "triton" else \
-            graph.subgraph(perm)
-    return TopKPoolResult(x_pooled, pooled, pooled.edge_index(), pooled.weight, perm, score)
+        pooled, entry = (_subgraph_triton(graph, perm) if choice == "triton" else
+                         graph.subgraph(perm, return_entry_index=True))
+    return (TopKPoolResult(x_pooled, pooled, pooled.edge_index(), pooled.weight, perm, score),
+            entry)
 
 
 @public_op
