@@ -1,11 +1,11 @@
 """The graph ops as ``torch.library`` custom ops: what ``torch.compile`` sees of them.
 
 As for the losses (``_custom_ops``, whose docstring gives the reasons): eager calls never come
-here; while TorchDynamo traces, ``gcn_propagate``, ``topk_unpool`` and ``nearest_prototype``
-call one opaque op each, whose implementation is the eager op (the input checks raise their
-ValueError / TypeError when the compiled code runs). Without this, ``fullgraph=True`` failed
-on each of them (the data-dependent finiteness checks) and the rest traced through graph
-breaks.
+here; while TorchDynamo traces, ``gcn_propagate``, ``topk_pool`` (on a CSRGraph),
+``topk_unpool`` and ``nearest_prototype`` call one opaque op each, whose implementation is the
+eager op (the input checks raise their ValueError / TypeError when the compiled code runs).
+Without this, ``fullgraph=True`` failed on each of them (the data-dependent finiteness checks)
+and the rest traced through graph breaks.
 
 ``gcn_propagate`` takes a ``CSRGraph``, a Python object the op schema cannot carry: the traced
 call passes the graph's arrays, and the implementation finds the live graph holding exactly
@@ -16,8 +16,12 @@ Its backward is ``Âᵀ·g`` on the same cached operator, as the eager backward 
 (``gcn_propagate.propagate_transposed``); for learnable edge weights (or the reference backend)
 the backward op reruns the eager op with autograd instead (one propagation more than eager).
 
-``topk_pool`` stays traced as before: its outputs (the pooled graph's edges) have a size only
-the data decides, as PyG's ``TopKPooling`` has: TorchDynamo breaks the graph there.
+``topk_pool``'s pooled graph has a number of entries only the data decides: its fake
+implementation gives that size as a new symbol, the traced code builds the pooled CSRGraph
+from the op's arrays (its weights a differentiable gather of the input's, its declared
+symmetry inherited), and a ``gcn_propagate`` on it passes that declaration to its op, which
+finds no live graph for those arrays when it runs. On an ``edge_index`` topk_pool is traced
+as before (the conversion depends on the data: a graph break).
 """
 from __future__ import annotations
 
