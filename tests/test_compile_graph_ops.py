@@ -1,5 +1,5 @@
 """The graph ops under torch.compile (hiertail_fast/ops/_custom_graph_ops.py): gcn_propagate,
-topk_unpool and nearest_prototype are one opaque custom op each, compiled whole
+topk_pool, topk_unpool and nearest_prototype are one opaque custom op each, compiled whole
 (``fullgraph=True``) through AOTAutograd; the eager values and gradients, bit for bit on CPU.
 gcn_propagate finds the live CSRGraph again from its arrays and reuses its caches."""
 from __future__ import annotations
