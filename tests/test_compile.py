@@ -63,6 +63,21 @@ def _grads(out, inputs, seed=1):
     return torch.autograd.grad(out, inputs, g if out.dim() else None)
 
 
+def _check_one_op(f, args, inputs, dev):
+    """f compiled whole is one graph with one loss op, and gives f's value (dtype and shape
+    too) and gradients w.r.t. ``inputs``."""
+    graphs: list = []
+    got = _compiled(f, graphs)(*args)
+    got_grads = _grads(got, inputs)
+    want = f(*args)
+    want_grads = _grads(want, inputs)
+    assert len(graphs) == 1 and _custom_op_calls(graphs[0]) == 1
+    assert got.dtype == want.dtype and got.shape == want.shape
+    _same(got, want, dev)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        _same(a, b, dev)
+
+
 CASES = {
     "mean": dict(reduction="mean"),
     "sum-official": dict(reduction="sum", variant="official"),
@@ -85,16 +100,7 @@ def test_compiled_loss_is_the_eager_loss(case, dev):
     def f(z, y, p):
         return balanced_contrastive_loss(z, y, prototypes=p, **kw)
 
-    graphs: list = []
-    got = _compiled(f, graphs)(z, y, p)
-    got_grads = _grads(got, inputs)
-    want = f(z, y, p)
-    want_grads = _grads(want, inputs)
-    assert len(graphs) == 1 and _custom_op_calls(graphs[0]) == 1
-    assert got.dtype == want.dtype and got.shape == want.shape
-    _same(got, want, dev)
-    for a, b in zip(got_grads, want_grads, strict=True):
-        _same(a, b, dev)
+    _check_one_op(f, (z, y, p), inputs, dev)
 
 
 @pytest.mark.parametrize("dev", DEVICES)
@@ -109,15 +115,7 @@ def test_compiled_hierarchical_loss_with_a_learnable_temperature(dev):
         return hierarchical_contrastive_loss(z, [y, y2], [p, None], temperature=tau,
                                              variant="official")
 
-    graphs: list = []
-    got = _compiled(f, graphs)(z, p, tau)
-    got_grads = _grads(got, inputs)
-    want = f(z, p, tau)
-    want_grads = _grads(want, inputs)
-    assert len(graphs) == 1 and _custom_op_calls(graphs[0]) == 1
-    _same(got, want, dev)
-    for a, b in zip(got_grads, want_grads, strict=True):
-        _same(a, b, dev)
+    _check_one_op(f, (z, p, tau), inputs, dev)
 
 
 @pytest.mark.parametrize("dev", DEVICES)
