@@ -91,10 +91,24 @@ class CSRGraph:
         self._weight = weight
         self._num_nodes = int(num_nodes if num_nodes is not None else indptr.numel() - 1)
         self._cache: dict[Any, Any] = {}
-        if not torch.compiler.is_compiling():     # (a traced graph has no memory to key on)
-            key = _arrays_key(indptr, indices, weight, self._num_nodes)
-            if key not in _LIVE:  # the first live graph on these arrays keeps the entry (a
-                _LIVE[key] = self  # graph the compiled op builds on them must not displace it)
+        self._register()
+
+    def _register(self) -> None:
+        """Enter this graph in the registry of live graphs (``_live``), unless a live graph on
+        the same arrays is there already: the first one keeps the entry (a graph the compiled
+        op builds on them must not displace it). Not while traced (no memory to key on)."""
+        if not torch.compiler.is_compiling():
+            key = _arrays_key(self._indptr, self._indices, self._weight, self._num_nodes)
+            if key not in _LIVE:
+                _LIVE[key] = self
+
+    def __setstate__(self, state) -> None:
+        """Unpickled (``torch.load``, ``copy.copy``): the slots restored, then registered as
+        ``__init__`` registers, so compiled ops find the graph and its caches."""
+        _, slots = state
+        for name, value in slots.items():
+            object.__setattr__(self, name, value)
+        self._register()
 
     @staticmethod
     def _live(indptr: torch.Tensor, indices: torch.Tensor, weight: torch.Tensor | None,

@@ -277,3 +277,22 @@ def test_deepcopy_of_a_used_graph():
     with torch.no_grad():
         dup["graph"].weight.mul_(2.0)
     assert torch.equal(gcn_propagate(x, g, backend="torch"), before)
+
+
+def test_an_unpickled_graph_is_found_again_by_its_arrays():
+    """torch.save / torch.load of a used graph: the arrays, the caches and the symmetry flag
+    come back, and the graph registers itself as a constructed one does (the compiled ops
+    find it, and its caches, from its arrays)."""
+    import io
+
+    ei = torch.randint(0, 12, (2, 40), generator=torch.Generator().manual_seed(0))
+    g = CSRGraph.from_edge_index(ei, torch.rand(40), num_nodes=12, symmetrize=True)
+    g.gcn_deg_inv_sqrt()
+    buf = io.BytesIO()
+    torch.save(g, buf)
+    buf.seek(0)
+    h = torch.load(buf, weights_only=False)
+    assert torch.equal(h.indptr, g.indptr) and torch.equal(h.weight, g.weight)
+    assert h.known_symmetric and h._cache.keys() == g._cache.keys()
+    assert CSRGraph._live(h.indptr, h.indices, h.weight, h.num_nodes) is h
+    assert CSRGraph._live(g.indptr, g.indices, g.weight, g.num_nodes) is g
