@@ -117,6 +117,14 @@ def check_edge_weight(edge_weight: object, num_edges: int) -> torch.Tensor | Non
     return w
 
 
+def check_no_edge_weight(edge_weight: object) -> None:
+    """A graph that carries its weights (a CSRGraph, a sparse adjacency) takes no separate
+    ``edge_weight``: ValueError rather than silently ignoring one of the two."""
+    if edge_weight is not None:
+        raise ValueError("edge_weight must be None when a CSRGraph or a sparse adjacency is "
+                         "given (its weights are stored in it)")
+
+
 def check_gcn_degrees(deg: torch.Tensor) -> None:
     """GCN degrees ``deg_i = Σ_{e -> i} w_e + loop_i`` must be >= 0: deg^-1/2 of a negative
     degree is not a real number (PyG silently returns NaN rows; a NaN there also broke the

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hiertail_fast._validation import check_index_vector
+from hiertail_fast._validation import check_index_vector, check_no_edge_weight
 from hiertail_fast.data.pyg import graph_inputs, is_pyg_data
 from hiertail_fast.graph import CSRGraph, is_sparse_adjacency
 from hiertail_fast.losses import balanced_contrastive_loss, hierarchical_contrastive_loss
@@ -75,9 +75,7 @@ def prepare_graph(edge_index, num_nodes: int | None = None, edge_weight=None) ->
     if is_pyg_data(edge_index):
         edge_index, num_nodes, edge_weight = graph_inputs(edge_index, num_nodes, edge_weight)
     elif is_sparse_adjacency(edge_index):
-        if edge_weight is not None:
-            raise ValueError("edge_weight must be None when a sparse adjacency is given (its "
-                             "values are the weights)")
+        check_no_edge_weight(edge_weight)
         adj = CSRGraph.from_sparse(edge_index)
         if num_nodes is not None and int(num_nodes) != adj.num_nodes:
             raise ValueError(f"num_nodes={num_nodes} but the adjacency has {adj.num_nodes} "

@@ -30,7 +30,7 @@ import operator
 import torch
 from torch import Tensor
 
-from hiertail_fast._validation import check_flag
+from hiertail_fast._validation import check_flag, check_no_edge_weight
 from hiertail_fast.graph import CSRGraph
 from hiertail_fast.ops._custom_ops import OP_OPTIONS, READY, _autograd_dispatch, _own_tensors
 
@@ -196,9 +196,7 @@ def traced_topk_pool(x, graph, score_weight, ratio, edge_weight, backend):
     from hiertail_fast.ops.topk_pool import TopKPoolResult, pool_size
 
     _tensors(x=x, score_weight=score_weight)
-    if edge_weight is not None:
-        raise ValueError("edge_weight must be None when a CSRGraph or a sparse adjacency is "
-                         "given (its weights are used)")
+    check_no_edge_weight(edge_weight)
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D [n, d], got shape {tuple(x.shape)}")
     k = pool_size(x.shape[0], ratio, x.dtype)
@@ -322,9 +320,7 @@ def traced_gcn_propagate(x, graph_or_edge_index, edge_weight, num_nodes, improve
     add_self_loops = check_flag(add_self_loops, "add_self_loops")
     _tensors(x=x)
     if isinstance(graph_or_edge_index, CSRGraph):
-        if edge_weight is not None:
-            raise ValueError("edge_weight must be None when a CSRGraph is given (its weights "
-                             "are stored in the graph)")
+        check_no_edge_weight(edge_weight)
         graph = graph_or_edge_index
         if num_nodes is not None and num_nodes != graph.num_nodes:
             raise ValueError(f"num_nodes={num_nodes} but the graph has {graph.num_nodes} nodes")

@@ -41,7 +41,12 @@ import warnings
 
 import torch
 
-from hiertail_fast._validation import check_flag, check_float_matrix, check_tensor
+from hiertail_fast._validation import (
+    check_flag,
+    check_float_matrix,
+    check_no_edge_weight,
+    check_tensor,
+)
 from hiertail_fast.graph import CSRGraph, is_sparse_adjacency
 from hiertail_fast.ops import _custom_graph_ops
 from hiertail_fast.ops._autograd import first_order_backward
@@ -253,9 +258,7 @@ def as_graph(graph_or_edge_index, edge_weight=None, num_nodes: int | None = None
     ``edge_index`` [2, E] (+ edge_weight). An edge_index is converted with ``dedupe=False`` so
     duplicate edges count as in PyG."""
     if isinstance(graph_or_edge_index, CSRGraph) or is_sparse_adjacency(graph_or_edge_index):
-        if edge_weight is not None:
-            raise ValueError("edge_weight must be None when a CSRGraph or a sparse adjacency "
-                             "is given (its weights are stored in it)")
+        check_no_edge_weight(edge_weight)
         graph = graph_or_edge_index
         if not isinstance(graph, CSRGraph):
             graph = CSRGraph.from_sparse(graph)

@@ -32,6 +32,7 @@ import torch
 
 from hiertail_fast._validation import (
     check_float_matrix,
+    check_no_edge_weight,
     check_score_weight,
     check_unpool_args,
 )
@@ -187,9 +188,7 @@ class TopKUnpoolFunction(torch.autograd.Function):
 def _as_graph(graph_or_edge_index, edge_weight, n: int, device: torch.device) -> CSRGraph:
     if isinstance(graph_or_edge_index, CSRGraph) or is_sparse_adjacency(graph_or_edge_index):
         graph = graph_or_edge_index
-        if edge_weight is not None:
-            raise ValueError("edge_weight must be None when a CSRGraph or a sparse adjacency "
-                             "is given (its weights are used)")
+        check_no_edge_weight(edge_weight)
         if not isinstance(graph, CSRGraph):
             graph = CSRGraph.from_sparse(graph)
         if graph.num_nodes != n:
