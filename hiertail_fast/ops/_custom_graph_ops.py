@@ -30,7 +30,7 @@ import operator
 import torch
 from torch import Tensor
 
-from hiertail_fast._validation import check_flag, check_no_edge_weight
+from hiertail_fast._validation import check_flag, check_no_edge_weight, check_tensor
 from hiertail_fast.graph import CSRGraph
 from hiertail_fast.ops._custom_ops import OP_OPTIONS, READY, _autograd_dispatch, _own_tensors
 
@@ -350,5 +350,4 @@ def _tensors(**named) -> None:
     """TypeError naming an argument that is not a tensor (checked while tracing; the op schema
     would fail less clearly)."""
     for name, t in named.items():
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        check_tensor(t, name)

@@ -37,7 +37,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from hiertail_fast._validation import REDUCTIONS, VARIANTS, check_flag
+from hiertail_fast._validation import REDUCTIONS, VARIANTS, check_flag, check_tensor
 from hiertail_fast.ops._amp import autocast_dtype
 from hiertail_fast.ops._loss_terms import loss_dtype
 
@@ -234,8 +234,7 @@ def _static_checks(z, level_labels, level_prototypes, include_self, reduction, v
     with the data checks when the op runs): a bad flag or name fails the trace with the eager
     call's TypeError / ValueError instead of the op schema's error."""
     for name, t in [("z", z), *(("labels", t) for t in level_labels)]:
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        check_tensor(t, name)
     for p in level_prototypes:
         if p is not None and not isinstance(p, Tensor):
             raise TypeError(f"prototypes must be a torch.Tensor or None, got {type(p).__name__}")
