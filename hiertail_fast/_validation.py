@@ -171,6 +171,18 @@ def validate_contrastive_inputs(
             raise TypeError(f"prototypes are {prototypes.dtype} but z is {z.dtype}")
         if prototypes.device != z.device:
             raise ValueError(f"prototypes are on {prototypes.device} but z is on {z.device}")
+    check_loss_options(temperature, reduction, variant, include_self)
+    tau = float(temperature.detach() if isinstance(temperature, torch.Tensor) else temperature)
+    if not math.isfinite(tau) or not tau >= MIN_TEMPERATURE:
+        raise ValueError(f"temperature must be a finite number >= {MIN_TEMPERATURE:g}, got "
+                         f"{tau}")
+
+
+def check_loss_options(temperature: object, reduction: str, variant: str,
+                       include_self: object) -> None:
+    """The loss arguments' checks that read no tensor data (so also made while a compiled
+    call is traced, ``ops/_custom_ops``): temperature's type (a real, or a 0-d floating
+    tensor: learnable), the reduction and variant names, include_self a bool."""
     if isinstance(temperature, torch.Tensor):   # a learnable temperature: a 0-d float tensor
         if temperature.dim() != 0 or not temperature.is_floating_point():
             raise TypeError(f"a tensor temperature must be a 0-d floating-point tensor, got "
@@ -178,10 +190,6 @@ def validate_contrastive_inputs(
     elif isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
         raise TypeError(f"temperature must be a float (or a 0-d float tensor), got "
                         f"{type(temperature).__name__}")
-    tau = float(temperature.detach() if isinstance(temperature, torch.Tensor) else temperature)
-    if not math.isfinite(tau) or not tau >= MIN_TEMPERATURE:
-        raise ValueError(f"temperature must be a finite number >= {MIN_TEMPERATURE:g}, got "
-                         f"{tau}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction={reduction!r} is not one of {REDUCTIONS}")
     if variant not in VARIANTS:

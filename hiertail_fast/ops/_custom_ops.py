@@ -32,12 +32,11 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import numbers
 
 import torch
 from torch import Tensor
 
-from hiertail_fast._validation import REDUCTIONS, VARIANTS, check_flag, check_tensor
+from hiertail_fast._validation import check_loss_options, check_tensor
 from hiertail_fast.ops._amp import autocast_dtype
 from hiertail_fast.ops._loss_terms import loss_dtype
 
@@ -238,14 +237,7 @@ def _static_checks(z, level_labels, level_prototypes, include_self, reduction, v
     for p in level_prototypes:
         if p is not None and not isinstance(p, Tensor):
             raise TypeError(f"prototypes must be a torch.Tensor or None, got {type(p).__name__}")
-    check_flag(include_self, "include_self")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction={reduction!r} is not one of {REDUCTIONS}")
-    if variant not in VARIANTS:
-        raise ValueError(f"variant={variant!r} is not one of {VARIANTS}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (numbers.Real, Tensor)):
-        raise TypeError(f"temperature must be a float (or a 0-d float tensor), got "
-                        f"{type(temperature).__name__}")
+    check_loss_options(temperature, reduction, variant, include_self)
 
 
 def traced_loss(z, level_labels, level_prototypes, temperature, include_self, reduction,
