@@ -301,3 +301,24 @@ def test_compiled_topk_pool_on_an_edge_index_is_traced_as_before():
         return topk_pool(x, ei, p, 0.3).x
 
     assert torch.equal(torch.compile(f, backend="aot_eager")(x), f(x))
+
+
+@pytest.mark.parametrize("ratio", [7, 0.5])
+def test_pooling_under_dynamic_shapes(ratio):
+    """dynamic=True over graphs of two sizes. An int ratio (a node count): k is a symbol,
+    fullgraph holds. A float ratio: k is PyG's float32 rounding of ratio * n, which needs n's
+    value, so topk_pool is traced as before (graph breaks, no fullgraph). Eager values both."""
+    fullgraph = isinstance(ratio, int)
+    p = torch.randn(5, generator=torch.Generator().manual_seed(8))
+
+    def step(x, g):
+        r = topk_pool(x, g, p, ratio)
+        return topk_unpool(gcn_propagate(r.x, r.graph), r.perm, x.shape[0])
+
+    f = torch.compile(step, backend="aot_eager", fullgraph=fullgraph, dynamic=True)
+    for n in (60, 90):
+        gen = torch.Generator().manual_seed(n)
+        ei = torch.randint(0, n, (2, 4 * n), generator=gen)
+        g = CSRGraph.from_edge_index(ei, num_nodes=n, symmetrize=True)
+        x = torch.randn(n, 5, generator=gen)
+        assert torch.equal(f(x, g), step(x, g))

@@ -472,3 +472,24 @@ def test_pooled_graph_keeps_known_symmetry(backend):
     fresh = CSRGraph(r.graph.indptr, r.graph.indices, r.graph.weight, r.graph.num_nodes)
     assert fresh.is_symmetric()  # checked from scratch
     assert r.graph.known_symmetric  # and declared without a check
+
+
+def test_pool_size_is_torchs_float32_product():
+    """pool_size rounds ceil(ratio * n) as PyG does in float32 (and float64), computed in plain
+    Python (a constant while torch.compile traces): the same k as torch's own product on random
+    and boundary cases, subnormal ratios and n beyond 2**24 included."""
+    import random
+
+    from hiertail_fast.reference.topk_pool import pool_size
+
+    rnd = random.Random(0)
+    cases = [(100, 0.3), (1, 1e-45), (2**40 + 1, 0.7)]
+    for _ in range(4000):
+        n = rnd.choice([rnd.randint(1, 100), rnd.randint(1, 10**7), rnd.randint(2**24, 2**40)])
+        k = rnd.randint(1, n)
+        cases += [(n, rnd.random() or 0.5), (n, k / n), (n, 10 ** rnd.uniform(-45, 0))]
+    for n, ratio in cases:
+        for dtype in (torch.float32, torch.float64):
+            want = min(int(torch.ceil(torch.tensor(float(n), dtype=dtype) * ratio)), n)
+            assert pool_size(n, ratio, dtype) == want, (n, ratio, dtype)
+    assert pool_size(100, 0.3) == 31 and pool_size(100, 0.3, torch.float64) == 30

@@ -25,8 +25,6 @@ as before (the conversion depends on the data: a graph break).
 """
 from __future__ import annotations
 
-import operator
-
 import torch
 from torch import Tensor
 
@@ -199,7 +197,7 @@ def traced_topk_pool(x, graph, score_weight, ratio, edge_weight, backend):
     check_no_edge_weight(edge_weight)
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D [n, d], got shape {tuple(x.shape)}")
-    k = pool_size(x.shape[0], ratio, x.dtype)
+    k = pool_size(x.shape[0], ratio, x.dtype)    # a symbol for a dynamic n and an int ratio
     x_pooled, perm, score, indptr, indices, entry = topk_pool(
         x, graph.indptr, graph.indices, graph.weight, score_weight, k, backend)
     weight = None if graph.weight is None else graph.weight[entry]
@@ -337,13 +335,15 @@ def traced_gcn_propagate(x, graph_or_edge_index, edge_weight, num_nodes, improve
 
 
 def _count(num_nodes) -> int:
-    """num_nodes as an int while tracing (a tensor, which the eager op also accepts, would need
-    its value read from the device: TypeError here; TorchDynamo traces numpy integers as
-    tensors, so they break the graph)."""
-    if isinstance(num_nodes, (bool, Tensor)) or not hasattr(num_nodes, "__index__"):
+    """num_nodes while tracing: an int, or a traced size (a symbol under dynamic shapes). A
+    tensor, which the eager op also accepts, would need its value read from the device, and
+    TorchDynamo traces numpy integers as tensors: TypeError for both, and for floats."""
+    if isinstance(num_nodes, torch.SymInt):
+        return num_nodes
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int):
         raise TypeError(f"num_nodes must be an int when compiled, got "
                         f"{type(num_nodes).__name__}")
-    return operator.index(num_nodes)
+    return num_nodes
 
 
 def _tensors(**named) -> None:

@@ -26,6 +26,7 @@ Edge order: the pooled graph is a ``CSRGraph`` (entries sorted by (target, sourc
 """
 from __future__ import annotations
 
+import numbers
 from typing import NamedTuple
 
 import torch
@@ -240,11 +241,19 @@ def topk_pool(
         ``TopKPoolResult(x, graph, edge_index, edge_weight, perm, score)``.
     """
     if (torch.compiler.is_compiling() and _custom_graph_ops.READY
-            and isinstance(graph_or_edge_index, CSRGraph)):                # one custom op
+            and isinstance(graph_or_edge_index, CSRGraph)                  # one custom op,
+            and (isinstance(ratio, numbers.Integral) or not _symbolic(x))):
+        # unless a float ratio meets a dynamic node count: k is PyG's float32 rounding of
+        # ratio * n, which needs n's value (traced as before then: a graph break)
         return _custom_graph_ops.traced_topk_pool(x, graph_or_edge_index, score_weight, ratio,
                                                   edge_weight, backend)
     return pool_with_entries(x, graph_or_edge_index, score_weight, ratio, edge_weight,
                              backend)[0]
+
+
+def _symbolic(x) -> bool:
+    """Whether x's row count is a symbol of the traced graph (dynamic shapes)."""
+    return isinstance(x, torch.Tensor) and x.dim() > 0 and not isinstance(x.shape[0], int)
 
 
 def pool_with_entries(x, graph_or_edge_index, score_weight, ratio, edge_weight=None,

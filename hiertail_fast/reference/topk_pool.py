@@ -68,10 +68,26 @@ def pool_size(num_nodes: int, ratio: float | int, dtype: torch.dtype = torch.flo
         )
     if ratio == 1.0:
         return int(num_nodes)
-    if dtype not in (torch.float32, torch.float64):
-        dtype = torch.float32  # 16-bit types would overflow / round n itself
-    k = torch.ceil(torch.tensor(float(num_nodes), dtype=dtype) * ratio)
-    return min(int(k), int(num_nodes))
+    if dtype == torch.float64:
+        product = float(num_nodes) * ratio
+    else:   # float32 (16-bit types would overflow / round n itself): PyG's float32 product
+        product = _round_to_float32(_round_to_float32(float(num_nodes))
+                                    * _round_to_float32(ratio))
+    return min(math.ceil(product), int(num_nodes))
+
+
+def _round_to_float32(v: float) -> float:
+    """v rounded to the nearest float32 (ties to even), in Python floats: the product of two
+    such values is exact in a double (24 + 24 significant bits), so rounding it again gives
+    float32's own product. Plain Python instead of a torch tensor so that the pool size is a
+    constant while torch.compile traces (a tensor op there broke fullgraph with dynamic
+    shapes); checked against torch's float32 product on 400,000 cases (tests/test_topk_pool)."""
+    if v == 0.0 or not math.isfinite(v):
+        return v
+    mantissa, exponent = math.frexp(v)              # v = mantissa * 2**exponent, |m| in [.5, 1)
+    if exponent - 1 < -126:                         # float32 subnormals: a grid of 2**-149
+        return round(v * 2.0 ** 149) * 2.0 ** -149
+    return math.ldexp(round(math.ldexp(mantissa, 24)), exponent - 24)
 
 
 def pyg_pool_size(num_nodes: int, ratio: float | int,
