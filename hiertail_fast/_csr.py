@@ -1,5 +1,6 @@
 """Module-level helpers of `hiertail_fast.graph.CSRGraph`: input checks, the COO -> CSR build
-(sort / dedupe) and the GCN degree normalisation. Same orientation and duplicate rules as the
+(sort / dedupe), the GCN degree normalisation and the reading of a sparse adjacency (torch
+sparse tensors, ``torch_sparse.SparseTensor``). Same orientation and duplicate rules as the
 `hiertail_fast.graph` docstring; nothing here mutates a caller's tensor."""
 from __future__ import annotations
 
@@ -83,3 +84,45 @@ def deg_inv_sqrt(deg: torch.Tensor) -> torch.Tensor:
     check_gcn_degrees(deg)
     zero = deg == 0
     return torch.where(zero, torch.zeros_like(deg), torch.where(zero, 1.0, deg).pow(-0.5))
+
+
+def _is_torch_sparse_tensor(obj: object) -> bool:
+    """A ``torch_sparse.SparseTensor`` (told by its class, without importing the package)."""
+    cls = type(obj)
+    return cls.__name__ == "SparseTensor" and cls.__module__.startswith("torch_sparse")
+
+
+def is_sparse_adjacency(obj: object) -> bool:
+    """Whether ``obj`` is a sparse adjacency that ``CSRGraph.from_sparse`` takes."""
+    return _is_torch_sparse_tensor(obj) or (isinstance(obj, torch.Tensor)
+                                            and obj.layout != torch.strided)
+
+
+def sparse_to_coo(adj: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
+    """(row, col, weights or None, n) of a sparse adjacency in PyG's ``adj_t`` orientation
+    (row = target): a torch sparse tensor (COO, CSR, CSC; its values are the weights, read
+    differentiably; COO / CSC coalesced, duplicates summed) or a ``torch_sparse.SparseTensor``
+    (without values: None). ValueError / TypeError naming the problem."""
+    if _is_torch_sparse_tensor(adj):
+        row, col, w = adj.coo()
+        n, m = adj.sparse_sizes()
+    elif isinstance(adj, torch.Tensor) and adj.layout != torch.strided:
+        if adj.dim() != 2:
+            raise ValueError(f"a sparse adjacency must be 2-D, got shape {tuple(adj.shape)}")
+        n, m = adj.shape
+        if adj.layout == torch.sparse_csr:
+            row = torch.repeat_interleave(
+                torch.arange(n, device=adj.device), adj.crow_indices().diff())
+            col, w = adj.col_indices(), adj.values()
+        else:
+            # coalesced (duplicates summed) and read with values(): differentiable
+            coo = (adj if adj.layout == torch.sparse_coo else adj.to_sparse_coo()).coalesce()
+            (row, col), w = coo.indices(), coo.values()
+    else:
+        raise TypeError(f"adj must be a torch sparse tensor or a torch_sparse.SparseTensor, "
+                        f"got {type(adj).__name__}"
+                        + ("" if not isinstance(adj, torch.Tensor) else " (dense)"))
+    if n != m:
+        raise ValueError(f"a sparse adjacency must be square, got {n} x {m}")
+    w = check_edge_weight(w, row.numel())
+    return row.long(), col.long(), w, check_num_nodes(n)

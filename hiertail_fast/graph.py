@@ -29,7 +29,13 @@ from typing import Any
 
 import torch
 
-from hiertail_fast._csr import check_csr, coo_to_csr, deg_inv_sqrt
+from hiertail_fast._csr import (  # noqa: F401  (is_sparse_adjacency: re-exported)
+    check_csr,
+    coo_to_csr,
+    deg_inv_sqrt,
+    is_sparse_adjacency,
+    sparse_to_coo,
+)
 from hiertail_fast._validation import (
     check_edge_index,
     check_edge_weight,
@@ -49,18 +55,6 @@ def _arrays_key(indptr: torch.Tensor, indices: torch.Tensor, weight: torch.Tenso
                 num_nodes: int) -> tuple:
     return tuple((t.data_ptr(), t.shape, t.dtype, t.device) if t is not None else None
                  for t in (indptr, indices, weight)) + (int(num_nodes),)
-
-
-def _is_torch_sparse_tensor(obj: Any) -> bool:
-    """A ``torch_sparse.SparseTensor`` (told by its class, without importing the package)."""
-    cls = type(obj)
-    return cls.__name__ == "SparseTensor" and cls.__module__.startswith("torch_sparse")
-
-
-def is_sparse_adjacency(obj: Any) -> bool:
-    """Whether ``obj`` is a sparse adjacency that ``CSRGraph.from_sparse`` takes."""
-    return _is_torch_sparse_tensor(obj) or (isinstance(obj, torch.Tensor)
-                                            and obj.layout != torch.strided)
 
 
 class CSRGraph:
@@ -166,29 +160,8 @@ class CSRGraph:
         edge weights, kept with their autograd history; duplicate entries summed, as
         ``coalesce`` sums them) or a ``torch_sparse.SparseTensor`` (without values: unweighted).
         O(nnz log nnz) (one sort)."""
-        if _is_torch_sparse_tensor(adj):
-            row, col, w = adj.coo()
-            n, m = adj.sparse_sizes()
-        elif isinstance(adj, torch.Tensor) and adj.layout != torch.strided:
-            if adj.dim() != 2:
-                raise ValueError(f"a sparse adjacency must be 2-D, got shape {tuple(adj.shape)}")
-            n, m = adj.shape
-            if adj.layout == torch.sparse_csr:
-                row = torch.repeat_interleave(
-                    torch.arange(n, device=adj.device), adj.crow_indices().diff())
-                col, w = adj.col_indices(), adj.values()
-            else:
-                # coalesced (duplicates summed) and read with values(): differentiable
-                coo = (adj if adj.layout == torch.sparse_coo else adj.to_sparse_coo()).coalesce()
-                (row, col), w = coo.indices(), coo.values()
-        else:
-            raise TypeError(f"adj must be a torch sparse tensor or a torch_sparse.SparseTensor, "
-                            f"got {type(adj).__name__}"
-                            + ("" if not isinstance(adj, torch.Tensor) else " (dense)"))
-        if n != m:
-            raise ValueError(f"a sparse adjacency must be square, got {n} x {m}")
-        w = check_edge_weight(w, row.numel())
-        return cls._from_coo(row.long(), col.long(), w, check_num_nodes(n), dedupe=True)
+        row, col, w, n = sparse_to_coo(adj)
+        return cls._from_coo(row, col, w, n, dedupe=True)
 
     @classmethod
     def _from_coo(cls, row: torch.Tensor, col: torch.Tensor, w: torch.Tensor | None, n: int,
