@@ -30,7 +30,13 @@ from torch import Tensor
 
 from hiertail_fast._validation import check_flag, check_no_edge_weight, check_tensor
 from hiertail_fast.graph import CSRGraph
-from hiertail_fast.ops._custom_ops import OP_OPTIONS, READY, _autograd_dispatch, _own_tensors
+from hiertail_fast.ops._custom_ops import (
+    OP_OPTIONS,
+    READY,
+    _autograd_dispatch,
+    _own_tensors,
+    unshared,
+)
 
 __all__ = ["READY", "traced_gcn_propagate", "traced_nearest_prototype", "traced_topk_pool",
            "traced_topk_unpool"]
@@ -88,20 +94,6 @@ def traced_topk_unpool(x_pooled, perm, num_nodes, backend) -> Tensor:
 
 
 # ------------------------------------------------------------------ topk_pool
-def _fresh(outputs, inputs) -> list[Tensor]:
-    """Outputs as tensors of their own (a custom op's outputs may not share memory with its
-    inputs or each other)."""
-    taken = {t.untyped_storage().data_ptr() for t in inputs if t is not None and t.numel()}
-    out = []
-    for t in outputs:
-        if t.numel() and t.untyped_storage().data_ptr() in taken:
-            t = t.clone()
-        if t.numel():
-            taken.add(t.untyped_storage().data_ptr())
-        out.append(t)
-    return out
-
-
 @torch.library.custom_op("hiertail_fast::topk_pool", **OP_OPTIONS)
 def topk_pool(x: Tensor, indptr: Tensor, indices: Tensor, weight: Tensor | None,
               score_weight: Tensor, k: int, backend: str | None
@@ -119,8 +111,8 @@ def topk_pool(x: Tensor, indptr: Tensor, indices: Tensor, weight: Tensor | None,
         pooled = res.graph
         if entry is None:
             pooled, entry = graph.subgraph(res.perm, return_entry_index=True)
-    return tuple(_fresh([res.x, res.perm, res.score, pooled.indptr, pooled.indices, entry],
-                        [x, indptr, indices, weight, score_weight]))
+    return tuple(unshared([res.x, res.perm, res.score, pooled.indptr, pooled.indices, entry],
+                          [x, indptr, indices, weight, score_weight]))
 
 
 @topk_pool.register_fake

@@ -101,25 +101,29 @@ def _differentiable(z, prototypes, temperature_tensor):
     return [z, *prototypes, temperature_tensor]
 
 
-def _own_tensors(grads, leaves, others=()) -> list[Tensor]:
-    """The gradients as tensors of their own (a custom op's outputs may not share memory with
-    its inputs or with each other): zeros where the loss does not reach an input; a copy where
-    the memory is shared (cat's backward splits one [N + m, d] gradient into pieces of it; a
-    cast to the same dtype returns its input)."""
+def unshared(outputs, inputs=()) -> list[Tensor]:
+    """The outputs as tensors of their own (a custom op's outputs may not share memory with its
+    inputs or with each other): a copy where the memory is shared (cat's backward splits one
+    [N + m, d] gradient into pieces of it; a cast to the same dtype returns its input)."""
     def storage(t):
         return t.untyped_storage().data_ptr()
 
-    taken = {storage(t) for t in (*leaves, *others) if isinstance(t, Tensor) and t.numel()}
+    taken = {storage(t) for t in inputs if isinstance(t, Tensor) and t.numel()}
     out = []
-    for g, t in zip(grads, leaves, strict=True):
-        if g is None:
-            g = torch.zeros_like(t)
-        elif g.numel() and storage(g) in taken:
-            g = g.clone()
-        if g.numel():
-            taken.add(storage(g))
-        out.append(g)
+    for t in outputs:
+        if t.numel() and storage(t) in taken:
+            t = t.clone()
+        if t.numel():
+            taken.add(storage(t))
+        out.append(t)
     return out
+
+
+def _own_tensors(grads, leaves, others=()) -> list[Tensor]:
+    """The gradients w.r.t. the leaves as an op's outputs: zeros where the loss does not reach a
+    leaf, none sharing memory (``unshared``)."""
+    grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves, strict=True)]
+    return unshared(grads, (*leaves, *others))
 
 
 def _loss_shape(z, prototypes, hierarchical, reduction):
