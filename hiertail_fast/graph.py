@@ -44,6 +44,7 @@ from hiertail_fast._validation import (
     check_tensor,
 )
 from hiertail_fast.ops._amp import autocast_off
+from hiertail_fast.ops._functorch import outside_transforms, plain, wrapped
 
 # Live graphs by their arrays (weak references). Under torch.compile the graph ops are custom
 # ops that receive a graph's tensors, not the object (ops/_custom_graph_ops.py); they find the
@@ -80,6 +81,11 @@ class CSRGraph:
     ) -> None:
         if validate:
             indptr, indices, weight, num_nodes = check_csr(indptr, indices, weight, num_nodes)
+        # built inside a torch.func transform (its tensors wrapped, _functorch): the arrays
+        # and constant weights as plain tensors, so the graph and its caches outlive it
+        indptr, indices = plain(indptr, "CSRGraph"), plain(indices, "CSRGraph")
+        if weight is not None and not weight.requires_grad:
+            weight = plain(weight, "CSRGraph")
         self._indptr = indptr
         self._indices = indices
         self._weight = weight
@@ -90,8 +96,9 @@ class CSRGraph:
     def _register(self) -> None:
         """Enter this graph in the registry of live graphs (``_live``), unless a live graph on
         the same arrays is there already: the first one keeps the entry (a graph the compiled
-        op builds on them must not displace it). Not while traced (no memory to key on)."""
-        if not torch.compiler.is_compiling():
+        op builds on them must not displace it). Not while traced (no memory to key on), nor
+        for learnable weights inside a torch.func transform (a wrapper: no memory either)."""
+        if not (torch.compiler.is_compiling() or wrapped(self._weight)):
             key = _arrays_key(self._indptr, self._indices, self._weight, self._num_nodes)
             if key not in _LIVE:
                 _LIVE[key] = self
@@ -195,9 +202,11 @@ class CSRGraph:
         return self._indptr.device
 
     def _cached(self, key: Any, fn):
-        """Cache of a STRUCTURAL quantity (depends on indptr/indices only)."""
+        """Cache of a STRUCTURAL quantity (depends on indptr/indices only). Computed outside
+        any torch.func transform: a plain tensor, as the arrays are (``__init__``)."""
         if key not in self._cache:
-            self._cache[key] = fn()
+            with outside_transforms():
+                self._cache[key] = fn()
         return self._cache[key]
 
     def _weight_version(self) -> int | None:
@@ -220,7 +229,10 @@ class CSRGraph:
         hit = self._cache.get(key)
         if hit is not None and hit[0] == ver and ver != -1:
             return hit[1]
-        value = fn()
+        if wrapped(self._weight):     # learnable weights inside a torch.func transform:
+            return fn()               # differentiable there, and not to be kept past it
+        with outside_transforms():
+            value = fn()
         self._cache[key] = (ver, value)
         return value
 

@@ -72,13 +72,16 @@ class _SumSqSigmoidGram(torch.autograd.Function):
     live memory either way, O(n²·d) time."""
 
     @staticmethod
-    def forward(ctx, z: torch.Tensor, block: int) -> torch.Tensor:
-        ctx.save_for_backward(z)
-        ctx.block = block
+    def forward(z: torch.Tensor, block: int) -> torch.Tensor:
         total = z.new_zeros((), dtype=torch.float64)
         for lo in range(0, z.shape[0], block):
             total += torch.sigmoid(z[lo:lo + block] @ z.T).square().sum(dtype=torch.float64)
         return total.to(z.dtype)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        z, ctx.block = inputs
+        ctx.save_for_backward(z)
 
     @staticmethod
     @first_order_backward("GraphSMOTE's sum of squared sigmoid Gram entries")

@@ -15,30 +15,57 @@ differentiating it raises. The references (``backend="reference"``) are plain au
 every derivative. A Function that saves nothing of its input (the fused loss keeps only its
 gradient) saves a ``graph_anchor`` of it instead: one element whose graph leads to the input's
 sources, without keeping the input's memory alive.
+
+Under ``torch.func`` transforms the backward runs on functorch's wrapper tensors; the decorator
+hands the hand-written pass plain ones (``_functorch``), so ``torch.func.grad`` / ``vjp`` work on
+every backend and a second derivative raises as above. The Functions are written in the
+``setup_context`` style, which those transforms require.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
 
 from hiertail_fast.ops._amp import autocast_off
+from hiertail_fast.ops._functorch import outside_transforms, plain, wrapped
 
 
 class _NoSecondDerivative(torch.autograd.Function):
-    """Identity on a gradient tensor, tied to the tensors it depends on; its backward raises."""
+    """Identity on a gradient tensor, tied to the tensors it depends on; its backward raises.
+    (``setup_context`` style, as every Function of the ops: what torch.func transforms need.)"""
 
     @staticmethod
-    def forward(ctx, op: str, grad: torch.Tensor, *depends_on: torch.Tensor):
-        ctx.op = op
+    def forward(op: str, grad: torch.Tensor, *depends_on: torch.Tensor):
         return grad.clone()  # a new tensor: the Function's output must not alias its input
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.op = inputs[0]
 
     @staticmethod
     def backward(ctx, *_):
         raise RuntimeError(
             f"{ctx.op}: its gradient is computed by hand and has no derivative of its own, so "
-            f"it cannot be differentiated again (create_graph=True / double backward); "
-            f"backend='reference' is plain autograd and supports it")
+            f"it cannot be differentiated again (create_graph=True / double backward, "
+            f"torch.func.hessian or grad of grad); backend='reference' is plain autograd and "
+            f"supports it")
+
+
+class _PlainSaved:
+    """A backward's ``ctx`` whose ``saved_tensors`` are functorch's plain tensors
+    (``_functorch.plain``); every other attribute is the ctx's own."""
+
+    def __init__(self, ctx, op: str):
+        self._ctx, self._op = ctx, op
+
+    @property
+    def saved_tensors(self):
+        return tuple(plain(t, self._op) for t in self._ctx.saved_tensors)
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
 
 
 def graph_anchor(t: torch.Tensor) -> torch.Tensor | None:
@@ -59,8 +86,15 @@ def first_order_backward(op: str):
         def wrapper(ctx, *grad_outputs):
             # no graph of the hand-written gradient; autocast off as in the op's forward (_amp)
             first = next((t for t in grad_outputs if isinstance(t, torch.Tensor)), None)
-            with torch.no_grad(), autocast_off(first):
-                grads = backward(ctx, *grad_outputs)
+            inner, plain_outputs, outside = ctx, grad_outputs, contextlib.nullcontext()
+            if any(wrapped(t) for t in (*grad_outputs, *ctx.saved_tensors)):
+                # under torch.func (_functorch): the hand-written pass on plain tensors,
+                # outside the transforms
+                inner = _PlainSaved(ctx, op)
+                plain_outputs = tuple(plain(t, op) for t in grad_outputs)
+                outside = outside_transforms()
+            with outside, torch.no_grad(), autocast_off(first):
+                grads = backward(inner, *plain_outputs)
             if not torch.is_grad_enabled():          # the usual case: create_graph=False
                 return grads
             anchors = [t for t in (*ctx.saved_tensors, *grad_outputs)

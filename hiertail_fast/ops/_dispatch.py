@@ -28,6 +28,7 @@ from typing import NamedTuple
 import torch
 
 from hiertail_fast.ops._amp import autocast_off
+from hiertail_fast.ops._functorch import check_transforms
 
 BACKENDS = ("reference", "torch", "triton")
 # backends one op has beyond BACKENDS (requested with backend= on that op's calls only)
@@ -301,9 +302,11 @@ def on_input_device(t: torch.Tensor | None):
 
 def public_op(op):
     """Decorator of a public graph op: its body runs on its first tensor argument's device
-    (``on_input_device``) with autocast off there (``_amp``: the op keeps its input dtype)."""
+    (``on_input_device``) with autocast off there (``_amp``: the op keeps its input dtype);
+    under torch.func.vmap it raises, naming the op (``_functorch.check_transforms``)."""
     @functools.wraps(op)
     def wrapper(*args, **kwargs):
+        check_transforms(op.__name__, *args, *kwargs.values())      # torch.func.vmap: raises
         first = args[0] if args and isinstance(args[0], torch.Tensor) else next(
             (a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
         if first is None or (first.is_cpu and not torch.is_autocast_enabled("cpu")):

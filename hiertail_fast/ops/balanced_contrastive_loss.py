@@ -40,6 +40,7 @@ from hiertail_fast.ops._dispatch import (  # noqa: F401  (LOSS_BACKENDS: re-expo
     refine_loss_backend,
     requested_backend,
 )
+from hiertail_fast.ops._functorch import check_transforms
 from hiertail_fast.ops._loss_passes import (
     backend_module,
     block_positives,
@@ -59,11 +60,23 @@ from hiertail_fast.ops._loss_terms import (
 from hiertail_fast.reference.balanced_contrastive_loss import balanced_contrastive_loss_ref
 
 
+class _ForBackward:
+    """What a loss forward leaves its backward: the path it took and the tensors it needs. A
+    plain object, the Function's second output (``setup_context`` saves its tensors; the
+    ``setup_context`` style is what torch.func transforms require)."""
+
+    def __init__(self, fused: bool, official: bool, triton_pos: bool, n_common: int,
+                 tensors: tuple):
+        self.fused, self.official, self.triton_pos = fused, official, triton_pos
+        self.n_common, self.tensors = n_common, tensors
+
+
 class BalancedContrastiveFunction(torch.autograd.Function):
-    """Sum over levels of the reduced balanced contrastive loss on the rows of ``z``."""
+    """Sum over levels of the reduced balanced contrastive loss on the rows of ``z``:
+    ``apply(...)[0]`` (the second output is the forward's ``_ForBackward``)."""
 
     @staticmethod
-    def forward(ctx, z, lv: Levels, scale: float, include_self: bool, variant: str,
+    def forward(z, lv: Levels, scale: float, include_self: bool, variant: str,
                 reduction: str, backend: str, want_grad: bool, fp32_dot: str | None,
                 anchor: torch.Tensor | None):
         official = variant == "official"
@@ -133,26 +146,35 @@ class BalancedContrastiveFunction(torch.autograd.Function):
             out = loss[0]
         else:
             out = (loss * base).sum()
-        ctx.fused, ctx.reduction, ctx.official = fused, reduction, official
-        ctx.scale, ctx.include_self, ctx.backend, ctx.lv = scale, include_self, backend, lv
-        ctx.z_dtype, ctx.fp32_dot, ctx.n_common = z.dtype, fp32_dot, n_common
-        ctx.triton_pos = triton_pos
-        # the anchor last (_autograd.graph_anchor: one element, tied to z's graph, holding none
-        # of z's memory): what a second derivative through this loss would reach and fail on
         if fused:
-            ctx.save_for_backward(dz, anchor)
+            saved = (dz,)
         elif want_grad and fusable:
-            ctx.save_for_backward(zc, z_in, log_w, base, inv_n, log_eps_w, anchor)
+            saved = (zc, z_in, log_w, base, inv_n, log_eps_w)
         elif want_grad:
             extra = (rmax, amax, big_q) if official else ()
-            ctx.save_for_backward(zc, z_in, log_w, lse, base, inv_n, log_eps_w, *extra, anchor)
+            saved = (zc, z_in, log_w, lse, base, inv_n, log_eps_w, *extra)
+        else:
+            saved = ()
         # the loss value of 16-bit inputs stays fp32 (computed in fp32; as autocast keeps losses
         # in fp32): a float16 loss above 65,504 would otherwise come back as inf
-        return out.to(loss_dtype(z.dtype))
+        return (out.to(loss_dtype(z.dtype)),
+                _ForBackward(fused, official, triton_pos, n_common, saved))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        (z, ctx.lv, ctx.scale, ctx.include_self, _, ctx.reduction, ctx.backend, _,
+         ctx.fp32_dot, anchor) = inputs
+        plan = output[1]
+        ctx.fused, ctx.official, ctx.triton_pos = plan.fused, plan.official, plan.triton_pos
+        ctx.n_common, ctx.z_dtype = plan.n_common, z.dtype
+        # the anchor last (_autograd.graph_anchor: one element, tied to z's graph, holding none
+        # of z's memory): what a second derivative through this loss would reach and fail on
+        if plan.tensors:
+            ctx.save_for_backward(*plan.tensors, anchor)
 
     @staticmethod
     @first_order_backward("balanced_contrastive_loss")
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, _):          # _: the plan output has no gradient
         # None for: lv, scale, include_self, variant, reduction, backend, want_grad, fp32_dot,
         # anchor (its gradient reaches z's sources through z)
         nones = (None,) * 9
@@ -223,10 +245,10 @@ def _apply(z_all, lv: Levels, scale: float, include_self: bool, variant: str, re
     args = [z_all, lv, scale, include_self, variant, reduction, backend, want_grad, fp32_dot,
             graph_anchor(z_all)]
     try:
-        return BalancedContrastiveFunction.apply(*args)
+        return BalancedContrastiveFunction.apply(*args)[0]
     except _attention_lse.AttentionUnavailable:
         args[6] = own_engine(z_all.device)
-        return BalancedContrastiveFunction.apply(*args)
+        return BalancedContrastiveFunction.apply(*args)[0]
 
 
 def balanced_contrastive_loss_op(
@@ -246,6 +268,7 @@ def balanced_contrastive_loss_op(
     if torch.compiler.is_compiling() and _custom_ops.READY:
         return _custom_ops.traced_loss(z, [labels], [prototypes], temperature, include_self,
                                        reduction, variant, backend, hierarchical=False)
+    check_transforms("balanced_contrastive_loss", z, labels, prototypes, temperature)
     validate_contrastive_inputs(z, labels, prototypes, temperature, reduction, variant,
                                 include_self=include_self)
     if _reference_requested(backend):
@@ -253,6 +276,7 @@ def balanced_contrastive_loss_op(
             z, labels, prototypes=prototypes, temperature=temperature,
             include_self=include_self, reduction=reduction, variant=variant,
         )
+    check_transforms("balanced_contrastive_loss", grad_only=True)     # no jvp / vmap level
     z, prototypes = loss_inputs(z, prototypes)
     with autocast_off(z), on_input_device(z):
         return _balanced_loss(z, labels, prototypes, temperature, include_self, reduction,
@@ -326,6 +350,8 @@ def hierarchical_contrastive_loss_op(
     if torch.compiler.is_compiling() and _custom_ops.READY:      # one custom op
         return _custom_ops.traced_loss(z, level_labels, level_prototypes, temperature,
                                        include_self, "mean", variant, backend, hierarchical=True)
+    check_transforms("hierarchical_contrastive_loss", z, level_labels, level_prototypes,
+                     temperature)
     if len(level_labels) == 0 or len(level_labels) != len(level_prototypes):
         raise ValueError(
             f"need one prototype tensor per level: got {len(level_labels)} label tensors and "
@@ -342,6 +368,7 @@ def hierarchical_contrastive_loss_op(
                 variant=variant,
             )
         return total
+    check_transforms("hierarchical_contrastive_loss", grad_only=True)   # no jvp / vmap level
     z, *level_prototypes = loss_inputs(z, *level_prototypes)
     with autocast_off(z), on_input_device(z):
         return _hierarchical_loss(z, level_labels, level_prototypes, temperature, include_self,

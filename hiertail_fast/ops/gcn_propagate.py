@@ -215,12 +215,15 @@ class GCNPropagateFunction(torch.autograd.Function):
     dinv (the caller computes dinv from the weights with autograd when they require grad)."""
 
     @staticmethod
-    def forward(ctx, x, weight, dinv, loop, graph, key, backend):
-        ctx.graph, ctx.key, ctx.backend = graph, key, backend
+    def forward(x, weight, dinv, loop, graph, key, backend):
+        return _spmm(backend, graph, weight, dinv, loop, x, key, transposed=False)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, weight, dinv, loop, ctx.graph, ctx.key, ctx.backend = inputs
         need_edge_grads = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
         # x is only needed for the edge-weight gradient: do not keep it alive otherwise
         ctx.save_for_backward(x if need_edge_grads else None, weight, dinv, loop)
-        return _spmm(backend, graph, weight, dinv, loop, x, key, transposed=False)
 
     @staticmethod
     @first_order_backward("gcn_propagate")

@@ -41,6 +41,7 @@ from hiertail_fast.graph import CSRGraph, is_sparse_adjacency
 from hiertail_fast.ops import _custom_graph_ops
 from hiertail_fast.ops._autograd import first_order_backward
 from hiertail_fast.ops._dispatch import choose_backend, public_op
+from hiertail_fast.ops._functorch import outside_transforms, plain
 from hiertail_fast.reference.topk_pool import (
     pool_size,
     score_direction,
@@ -108,10 +109,11 @@ def _row_dot(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 class TopKPoolFunction(torch.autograd.Function):
-    """(x [n, d], p [d], k, backend) -> (x[perm]·s[perm] [k, d], perm [k], s[perm] [k])."""
+    """(x [n, d], p [d], k, backend) -> (x[perm]·s[perm] [k, d], perm [k], s[perm] [k], and
+    for the backward: p̂ [d], qn, m; ``apply(...)[:3]`` is the op's result)."""
 
     @staticmethod
-    def forward(ctx, x, p, k, backend):
+    def forward(x, p, k, backend):
         phat, qn, m = score_direction(p)  # p̂ = p/‖p‖ without under/overflow of ‖p‖
         if backend == "triton":
             from hiertail_fast.kernels import topk_pool as kern
@@ -127,14 +129,18 @@ class TopKPoolFunction(torch.autograd.Function):
             perm = _select(score, k)
             score_sel = score[perm]
             x_pooled = x.index_select(0, perm).mul_(score_sel.unsqueeze(1))
+        return x_pooled, perm, score_sel, phat, qn, m
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, p, _, ctx.backend = inputs
+        _, perm, score_sel, phat, qn, m = output
         ctx.save_for_backward(x, p, perm, score_sel, phat, qn, m)
-        ctx.backend = backend
-        ctx.mark_non_differentiable(perm)
-        return x_pooled, perm, score_sel
+        ctx.mark_non_differentiable(perm, phat, qn, m)
 
     @staticmethod
     @first_order_backward("topk_pool")
-    def backward(ctx, grad_x, grad_perm, grad_score):
+    def backward(ctx, grad_x, grad_perm, grad_score, *_):   # none for p̂, qn, m
         x, p, perm, s, phat, qn, m = ctx.saved_tensors
         if grad_x is None:
             grad_x = x.new_zeros(perm.numel(), x.shape[1])
@@ -142,7 +148,9 @@ class TopKPoolFunction(torch.autograd.Function):
             from hiertail_fast.kernels import topk_pool as kern
 
             gs = None if grad_score is None else grad_score.contiguous()
-            dx, dp = kern.topk_pool_bwd(x, phat, qn, m, perm, s, grad_x.contiguous(), gs)
+            # x as the caller gave it (setup_context saves the input): the kernel reads rows
+            dx, dp = kern.topk_pool_bwd(x.contiguous(), phat, qn, m, perm, s,
+                                        grad_x.contiguous(), gs)
         else:
             # peak extra memory: dx [n, d] (the result) + two [k, d] buffers
             xs = x.index_select(0, perm)  # [k, d]
@@ -169,11 +177,14 @@ class TopKUnpoolFunction(torch.autograd.Function):
     """Triton unpool: out = zeros(n, d), out[perm] = x_pooled; backward = gather of rows."""
 
     @staticmethod
-    def forward(ctx, x_pooled, perm, num_nodes):
+    def forward(x_pooled, perm, num_nodes):
         from hiertail_fast.kernels import topk_pool as kern
 
-        ctx.save_for_backward(perm)
         return kern.unpool_scatter(x_pooled.contiguous(), perm, num_nodes)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[1])
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -209,9 +220,12 @@ def _subgraph_triton(graph: CSRGraph, perm: torch.Tensor) -> tuple[CSRGraph, tor
     from hiertail_fast.kernels import topk_pool as kern
 
     n, k = graph.num_nodes, perm.numel()
-    relabel = torch.full((n,), -1, dtype=torch.long, device=perm.device)
-    relabel[perm] = torch.arange(k, device=perm.device)
-    new_row, new_col, eid = kern.filter_edges(graph.row_index(), graph.indices, relabel)
+    # integer work: inside a torch.func transform, on plain tensors outside it (_functorch)
+    with outside_transforms():
+        perm = plain(perm, "topk_pool")
+        relabel = torch.full((n,), -1, dtype=torch.long, device=perm.device)
+        relabel[perm] = torch.arange(k, device=perm.device)
+        new_row, new_col, eid = kern.filter_edges(graph.row_index(), graph.indices, relabel)
     return graph._induced_from_entries(eid, new_row, new_col, k)
 
 
@@ -276,7 +290,7 @@ def pool_with_entries(x, graph_or_edge_index, score_weight, ratio, edge_weight=N
                                                                   dedupe=False))
         entry = None
     else:
-        x_pooled, perm, score = TopKPoolFunction.apply(x, p, k, choice)
+        x_pooled, perm, score = TopKPoolFunction.apply(x, p, k, choice)[:3]
         pooled, entry = (_subgraph_triton(graph, perm) if choice == "triton" else
                          graph.subgraph(perm, return_entry_index=True))
     return (TopKPoolResult(x_pooled, pooled, pooled.edge_index(), pooled.weight, perm, score),

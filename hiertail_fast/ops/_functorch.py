@@ -1,0 +1,96 @@
+"""``torch.func`` over the ops' hand-written backward passes: the one module that touches
+functorch's private tensor wrappers.
+
+``torch.func.grad`` / ``vjp`` / ``grad_and_value`` run an autograd Function's forward on the
+plain tensors (one transform level down) but its backward at the transform's level, on
+"grad-tracking" wrapper tensors. The wrappers dispatch torch operators, but they have no
+storage of their own: our backward passes hand them to C and Triton kernels (``data_ptr``),
+which cannot read them, and inside the transform every tensor an operator makes is wrapped
+too. ``plain`` strips the wrappers and ``outside_transforms`` steps outside the transforms:
+``_autograd.first_order_backward`` runs the hand-written backward that way on plain tensors,
+and the gradient it returns is lifted back to the
+transform's level by functorch as a constant, which is exact for the first derivative. A
+second derivative (``grad(grad(f))``, ``hessian``) reaches ``_autograd``'s guard and raises,
+as with ``create_graph=True``.
+
+Batching wrappers (``vmap``, and ``jacrev`` / ``jacfwd`` / ``hessian``, which vmap the
+gradient over a basis) cannot be stripped without changing the math: ``plain`` raises a
+RuntimeError naming the op instead. ``backend="reference"`` is plain autograd and supports
+every transform.
+
+Private ``torch._C._functorch`` functions, present from torch 2.0 to 2.13 at least. Without
+them (``READY`` False) nothing is stripped: the backward passes made of torch operators (the
+CPU defaults: the loss's fused gradient, sparse propagation, top-k pooling) still work under
+``torch.func.grad``, the kernel-based ones raise PyTorch's own error.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+_F = getattr(torch._C, "_functorch", None)
+try:
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters as _levels
+    from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack as _clear
+except ImportError:                                           # pragma: no cover - old torch
+    _clear = _levels = None
+READY = _clear is not None and _F is not None and all(
+    hasattr(_F, name) for name in ("is_functorch_wrapped_tensor", "is_gradtrackingtensor",
+                                   "get_unwrapped", "peek_interpreter_stack", "TransformType"))
+
+
+def active() -> bool:
+    """Whether a torch.func transform is running (False without the private API, and while
+    TorchDynamo traces: it handles torch.func itself, and the traced ops are custom ops)."""
+    return READY and not torch.compiler.is_compiling() and _F.peek_interpreter_stack() is not None
+
+
+def outside_transforms():
+    """A context in which torch operators run as outside any torch.func transform: on plain
+    tensors they make plain tensors (inside a ``grad`` level every result is wrapped, kernels
+    included). What functorch itself does around an autograd Function's forward. Nothing to do
+    (a null context) when no transform runs."""
+    return _clear() if active() else contextlib.nullcontext()
+
+
+def wrapped(t) -> bool:
+    """Whether ``t`` is a functorch wrapper tensor (False without the private API, and while
+    TorchDynamo traces, as for ``active``)."""
+    return (READY and isinstance(t, torch.Tensor) and not torch.compiler.is_compiling()
+            and _F.is_functorch_wrapped_tensor(t))
+
+
+def _unsupported(op: str) -> RuntimeError:
+    return RuntimeError(
+        f"{op}: torch.func.vmap, jvp and the transforms built on them (jacrev, jacfwd, hessian) "
+        f"are not supported: the op reads its inputs' values and runs hand-written kernels and "
+        f"gradients. torch.func.grad, grad_and_value and vjp are (first derivatives); the "
+        f"losses' backend='reference' is plain autograd (jacrev and hessian work there)")
+
+
+def plain(t, op: str):
+    """``t`` without its grad-tracking wrappers (any number of nested levels); anything not a
+    wrapped tensor as it is. A batching (``vmap``) or other wrapper: RuntimeError naming op
+    (an op's name, or what holds the tensor)."""
+    while wrapped(t):
+        if not _F.is_gradtrackingtensor(t):
+            raise _unsupported(op)
+        t = _F.get_unwrapped(t)
+    return t
+
+
+def check_transforms(op: str, *values, grad_only: bool = False) -> None:
+    """At an op's entry, under torch.func transforms: RuntimeError naming op where a tensor
+    among ``values`` (tensors, or lists / tuples of them) is batched (vmap), before an input
+    check that reads values meets vmap's own, less telling error; with ``grad_only`` also
+    where any vmap or jvp level runs (hessian's jacfwd batches only the tangents; jacrev's
+    vmap runs later, over the backward: ``plain`` catches it there). One C call when no
+    transform runs."""
+    if not active():
+        return
+    for v in values:
+        for t in (v if isinstance(v, (list, tuple)) else (v,)):
+            plain(t, op)
+    if grad_only and any(level.key() != _F.TransformType.Grad for level in _levels()):
+        raise _unsupported(op)
