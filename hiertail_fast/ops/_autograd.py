@@ -53,16 +53,13 @@ class _NoSecondDerivative(torch.autograd.Function):
             f"supports it")
 
 
-class _PlainSaved:
-    """A backward's ``ctx`` whose ``saved_tensors`` are functorch's plain tensors
-    (``_functorch.plain``); every other attribute is the ctx's own."""
+class _Unpacked:
+    """A backward's ``ctx`` whose ``saved_tensors`` were unpacked once already (non-reentrant
+    activation checkpointing allows one unpack per saved tensor; the wrapper needs them too);
+    every other attribute is the ctx's own."""
 
-    def __init__(self, ctx, op: str):
-        self._ctx, self._op = ctx, op
-
-    @property
-    def saved_tensors(self):
-        return tuple(plain(t, self._op) for t in self._ctx.saved_tensors)
+    def __init__(self, ctx, saved: tuple):
+        self._ctx, self.saved_tensors = ctx, saved
 
     def __getattr__(self, name):
         return getattr(self._ctx, name)
@@ -86,18 +83,20 @@ def first_order_backward(op: str):
         def wrapper(ctx, *grad_outputs):
             # no graph of the hand-written gradient; autocast off as in the op's forward (_amp)
             first = next((t for t in grad_outputs if isinstance(t, torch.Tensor)), None)
-            inner, plain_outputs, outside = ctx, grad_outputs, contextlib.nullcontext()
-            if any(wrapped(t) for t in (*grad_outputs, *ctx.saved_tensors)):
+            saved = ctx.saved_tensors                     # unpacked once: see _Unpacked
+            inner_saved, inner_outputs = saved, grad_outputs
+            outside = contextlib.nullcontext()
+            if any(wrapped(t) for t in (*grad_outputs, *saved)):
                 # under torch.func (_functorch): the hand-written pass on plain tensors,
                 # outside the transforms
-                inner = _PlainSaved(ctx, op)
-                plain_outputs = tuple(plain(t, op) for t in grad_outputs)
+                inner_saved = tuple(plain(t, op) for t in saved)
+                inner_outputs = tuple(plain(t, op) for t in grad_outputs)
                 outside = outside_transforms()
             with outside, torch.no_grad(), autocast_off(first):
-                grads = backward(inner, *plain_outputs)
+                grads = backward(_Unpacked(ctx, inner_saved), *inner_outputs)
             if not torch.is_grad_enabled():          # the usual case: create_graph=False
                 return grads
-            anchors = [t for t in (*ctx.saved_tensors, *grad_outputs)
+            anchors = [t for t in (*saved, *grad_outputs)
                        if isinstance(t, torch.Tensor) and t.requires_grad]
             if not anchors:      # nothing the gradient depends on is differentiated: exact
                 return grads
