@@ -327,3 +327,42 @@ def test_pooling_under_dynamic_shapes(ratio):
         g = CSRGraph.from_edge_index(ei, num_nodes=n, symmetrize=True)
         x = torch.randn(n, 5, generator=gen)
         assert torch.equal(f(x, g), step(x, g))
+
+
+def test_hiertail_forward_compiles_whole_and_a_training_step_compiles():
+    """The paper model's forward (GCN, three pooling levels, unpooling, classifier) compiles
+    into ONE graph with fullgraph=True (TorchDynamo captures topk_pool's data-dependent sizes
+    there; without fullgraph its default breaks the graph at each pooling op unless
+    ``capture_dynamic_output_shape_ops`` is set), with the eager logits bit for bit. A training
+    step (forward, loss, backward) compiles without fullgraph (the loss's label checks read
+    the labels: graph breaks) and gives the eager loss and gradients, bit for bit (CPU)."""
+    from hiertail_fast import make_synthetic_graph
+    from hiertail_fast.nn.hiertail import HierTail, HierTailConfig, prepare_graph
+
+    g = make_synthetic_graph(240, num_classes=6, avg_degree=4, seed=0)
+    graph = prepare_graph(g.edge_index, g.num_nodes)
+    torch.manual_seed(0)
+    model = HierTail(g.num_features, g.num_classes, HierTailConfig.paper()).eval()
+    graphs: list = []
+    logits = _compiled(lambda x: model(x, graph).logits, graphs)(g.x)
+    assert len(graphs) == 1
+    assert torch.equal(logits, model(g.x, graph).logits)
+
+    model.train()
+    train = torch.arange(0, g.num_nodes, 2)
+
+    def step(x):
+        torch.manual_seed(5)                       # the same dropout masks
+        return model.loss(model(x, graph), g.y, train).total
+
+    def grads(f):
+        model.zero_grad()
+        loss = f(g.x)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    (want, want_g), (got, got_g) = grads(step), grads(torch.compile(step, backend="aot_eager"))
+    assert torch.equal(got, want)
+    assert len(got_g) == len(want_g) > 0
+    for a, b in zip(got_g, want_g, strict=True):
+        assert torch.equal(a, b), (a - b).abs().max()
