@@ -47,6 +47,7 @@ from loss_grid import REGIMES, floor_step, loss_step, make_case  # noqa: E402
 import hiertail_fast.ops._block_exp as block_mod  # noqa: E402
 import hiertail_fast.ops._lse_torch as lse_mod  # noqa: E402
 import hiertail_fast.ops._positive_blocks as blocks_mod  # noqa: E402
+import hiertail_fast.ops._positive_keys as keys_mod  # noqa: E402
 
 
 def _mm_level_weights(a, w, out):
@@ -55,14 +56,14 @@ def _mm_level_weights(a, w, out):
 
 def _switches():
     real_weights = lse_mod.level_weights
-    real_const = blocks_mod._constant_per_group
+    real_const = keys_mod._constant_per_group
     real_rest = blocks_mod.BlockPositives._rest_columns
 
     def set_weights(new: bool):
         lse_mod.level_weights = real_weights if new else _mm_level_weights
 
     def set_fold(new: bool):
-        blocks_mod._constant_per_group = real_const if new else (lambda *a: False)
+        keys_mod._constant_per_group = real_const if new else (lambda *a: False)
 
     def set_rest(new: bool):
         blocks_mod.BlockPositives._rest_columns = real_rest if new else (lambda self, r: None)

@@ -345,16 +345,17 @@ def test_dispatch_count_as_cuda_counts_the_band_and_the_slices():
         src, first = inspect.getsourcelines(method)
         return set(range(first, first + len(src)))
 
-    def sites(out):
+    def sites(out, module):
         return {int(line.split(":")[-1]) for line in out.splitlines()
-                if "_positive_blocks.py:" in line}
+                if f"{module}.py:" in line}
 
     (exact_b, official_b), out_b = run("--positives", "band")
     (exact_s, official_s), out_s = run("--positives", "slices")
     assert exact_b == exact_s and official_b < official_s
     band, slices = lines_of(BlockPositives._band), lines_of(BlockPositives._slice)
-    assert sites(out_b) & band and not sites(out_b) & slices
-    assert sites(out_s) & slices and not sites(out_s) & band
+    in_band, in_slices = "_positive_blocks", "_positive_slices"   # the methods' modules
+    assert sites(out_b, in_band) & band and not sites(out_b, in_slices) & slices
+    assert sites(out_s, in_slices) & slices and not sites(out_s, in_band) & band
 
 
 def test_attention_guard_sweep_runs_with_the_guard_off(tmp_path):

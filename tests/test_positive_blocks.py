@@ -16,8 +16,11 @@ import hiertail_fast.ops._contrastive_pairs as pairs_mod
 import hiertail_fast.ops._loss_passes as passes_mod
 import hiertail_fast.ops._native as native_mod
 import hiertail_fast.ops._positive_blocks as blocks_mod
+import hiertail_fast.ops._positive_keys as keys_mod
+import hiertail_fast.ops._positive_slices as slices_mod
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss
-from hiertail_fast.ops._positive_blocks import BlockPositives, key_order
+from hiertail_fast.ops._positive_blocks import BlockPositives
+from hiertail_fast.ops._positive_keys import key_order
 from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -129,7 +132,7 @@ def test_single_level_slices_and_pairs_float64(monkeypatch, include_self, reduct
     want = _grads(lambda zz, pp: ref(zz, y, prototypes=pp[0], **kw), z, [p])
     _assert_close64(got, want)
     assert len(calls) == 0
-    assert int(torch.bincount(y).max()) >= blocks_mod.SLICE_GROUP
+    assert int(torch.bincount(y).max()) >= slices_mod.SLICE_GROUP
 
 
 @pytest.mark.parametrize("rest_path", ["one_each", "mask"])
@@ -227,7 +230,7 @@ def test_single_level_folded_equals_unfolded(monkeypatch, dtype, include_self):
             zz, y, prototypes=pp[0], backend="torch", **kw), z.to(dtype), [p.to(dtype)])
 
     folded = run()
-    monkeypatch.setattr(blocks_mod, "_constant_per_group", lambda *a: False)
+    monkeypatch.setattr(keys_mod, "_constant_per_group", lambda *a: False)
     unfolded = run()
     want = _grads(lambda zz, pp: ref(zz, y, prototypes=pp[0], **kw), z, [p])
     if dtype == torch.float64:
