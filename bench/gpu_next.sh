@@ -6,7 +6,8 @@
 #      17, tests/test_tied_keys.py; session 18's autocast path, tests/test_amp.py: CUDA autocast
 #      bf16 -> the bf16 kernels, fp16 -> the fp16 path; the second-derivative guard and the
 #      column-major tie rule, tests/test_hardening.py; session 19's custom ops under
-#      torch.compile on CUDA, tests/test_compile.py and tests/test_compile_graph_ops.py),
+#      torch.compile on CUDA, tests/test_compile.py and tests/test_compile_graph_ops.py; session
+#      20's torch.func transforms over the CUDA kernels' backward, tests/test_func_transforms.py),
 #      2. the loss kernels' registers / spills as
 #      the image's triton compiles them (bench/kernel_resources.py found the LSE backward's
 #      fixed tile spilling ~1 KB per thread), 3. loss_profile rows at d 64 and 128, N 20k and
@@ -29,7 +30,8 @@ s install STEPS=install
 s tests STEPS=tests TESTS_S=90 CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTEST_ARGS="-n 16 \
   tests/test_balanced_contrastive_loss_positives.py tests/test_balanced_contrastive_loss.py \
   tests/test_balanced_contrastive_loss_triton.py tests/test_tied_keys.py tests/test_amp.py \
-  tests/test_hardening.py tests/test_compile.py tests/test_compile_graph_ops.py"
+  tests/test_hardening.py tests/test_compile.py tests/test_compile_graph_ops.py \
+  tests/test_func_transforms.py"
 s resources STEPS=resources RESOURCES_S=60
 s profile STEPS=profile PROFILE_S=300 PROFILE_ARGS="--sizes 20000:64 100000:64 20000:128 \
   100000:128 --engines auto triton triton[lean] triton[shared] triton[shared+lean] \
