@@ -491,7 +491,13 @@ class CSRGraph:
         ``2 w_uv + Σ_k w_uk w_kv`` (weighted 2-hop walks). Result is weighted and not
         differentiable. Cost O(Σ_v deg_v²): can be nearly dense around hubs. Cached on the graph
         for the current weight version (a training loop that augments the same input graph
-        every epoch pays once)."""
+        every epoch pays once). While TorchDynamo traces: one custom op
+        (``ops/_custom_graph_ops.traced_augment_a2``)."""
+        if torch.compiler.is_compiling():
+            from hiertail_fast.ops import _custom_graph_ops
+
+            if _custom_graph_ops.READY:
+                return _custom_graph_ops.traced_augment_a2(self)
         return self._cached_w("a2", self._augment_a2)
 
     def _augment_a2(self) -> CSRGraph:

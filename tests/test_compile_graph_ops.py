@@ -266,6 +266,8 @@ def test_graph_custom_ops_pass_opcheck():
         (ops.nearest_prototype, (x.detach(), x[:5].detach(), None)),
         (ops.topk_pool, (x, g.indptr, g.indices, g.weight,
                          torch.randn(x.shape[1], requires_grad=True), 40, None)),
+        (ops.augment_a2, (g.indptr, g.indices, g.weight, n)),
+        (ops.augment_a2, (g.indptr, g.indices, None, n)),
     ]:
         torch.library.opcheck(op.default, args)
 
@@ -329,20 +331,23 @@ def test_pooling_under_dynamic_shapes(ratio):
         assert torch.equal(f(x, g), step(x, g))
 
 
-def test_hiertail_forward_compiles_whole_and_a_training_step_compiles():
-    """The paper model's forward (GCN, three pooling levels, unpooling, classifier) compiles
-    into ONE graph with fullgraph=True (TorchDynamo captures topk_pool's data-dependent sizes
-    there; without fullgraph its default breaks the graph at each pooling op unless
-    ``capture_dynamic_output_shape_ops`` is set), with the eager logits bit for bit. A training
-    step (forward, loss, backward) compiles without fullgraph (the loss's label checks read
-    the labels: graph breaks) and gives the eager loss and gradients, bit for bit (CPU)."""
+@pytest.mark.parametrize("config", ["paper", "official"])
+def test_hiertail_forward_compiles_whole_and_a_training_step_compiles(config):
+    """The model's forward (GCN, three pooling levels, unpooling, classifier; the official
+    configuration also the A² augmentation of every pooled graph, a custom op of
+    data-dependent size too) compiles into ONE graph with fullgraph=True (TorchDynamo
+    captures the ops' data-dependent sizes there; without fullgraph its default breaks the
+    graph at each such op unless ``capture_dynamic_output_shape_ops`` is set), with the eager
+    logits bit for bit. A training step (forward, loss, backward) compiles without fullgraph
+    (the loss's label checks read the labels: graph breaks) and gives the eager loss and
+    gradients, bit for bit (CPU)."""
     from hiertail_fast import make_synthetic_graph
     from hiertail_fast.nn.hiertail import HierTail, HierTailConfig, prepare_graph
 
     g = make_synthetic_graph(240, num_classes=6, avg_degree=4, seed=0)
     graph = prepare_graph(g.edge_index, g.num_nodes)
     torch.manual_seed(0)
-    model = HierTail(g.num_features, g.num_classes, HierTailConfig.paper()).eval()
+    model = HierTail(g.num_features, g.num_classes, getattr(HierTailConfig, config)()).eval()
     graphs: list = []
     logits = _compiled(lambda x: model(x, graph).logits, graphs)(g.x)
     assert len(graphs) == 1
@@ -366,3 +371,21 @@ def test_hiertail_forward_compiles_whole_and_a_training_step_compiles():
     assert len(got_g) == len(want_g) > 0
     for a, b in zip(got_g, want_g, strict=True):
         assert torch.equal(a, b), (a - b).abs().max()
+
+
+def test_compiled_augment_a2_is_the_eager_graph():
+    """CSRGraph.augment_a2 in compiled code (one custom op): the eager A² graph's arrays and
+    its inherited symmetry, on the input graph (its cached A²) and on a pooled graph built in
+    the compiled code."""
+    x, ei, w = _graph_data("cpu", weighted=True)
+    g = CSRGraph.from_edge_index(ei, w, num_nodes=x.shape[0], symmetrize=True)
+    p = torch.randn(x.shape[1], generator=torch.Generator().manual_seed(7))
+
+    def arrays(x):
+        a2 = g.augment_a2()
+        pooled_a2 = topk_pool(x, g, p, 0.5).graph.augment_a2()
+        assert a2.known_symmetric and pooled_a2.known_symmetric     # inherited, as eager
+        return a2.indptr, a2.indices, a2.weight, pooled_a2.indices, pooled_a2.weight
+
+    for got, want in zip(_compiled(arrays)(x), arrays(x), strict=True):
+        assert torch.equal(got, want)

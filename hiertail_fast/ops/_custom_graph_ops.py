@@ -21,7 +21,8 @@ implementation gives that size as a new symbol, the traced code builds the poole
 from the op's arrays (its weights a differentiable gather of the input's, its declared
 symmetry inherited), and a ``gcn_propagate`` on it passes that declaration to its op, which
 finds no live graph for those arrays when it runs. On an ``edge_index`` topk_pool is traced
-as before (the conversion depends on the data: a graph break).
+as before (the conversion depends on the data: a graph break). ``CSRGraph.augment_a2`` (the
+official configuration's A² of every pooled graph, also of data-dependent size) is one op too.
 """
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ from hiertail_fast.ops._custom_ops import (
     unshared,
 )
 
-__all__ = ["READY", "traced_gcn_propagate", "traced_nearest_prototype", "traced_topk_pool",
-           "traced_topk_unpool"]
+__all__ = ["READY", "traced_augment_a2", "traced_gcn_propagate", "traced_nearest_prototype",
+           "traced_topk_pool", "traced_topk_unpool"]
 
 
 # ------------------------------------------------------------------ nearest_prototype
@@ -197,6 +198,36 @@ def traced_topk_pool(x, graph, score_weight, ratio, edge_weight, backend):
     if graph._cache.get("assumed_symmetric"):   # an induced subgraph of a symmetric graph
         pooled.assume_symmetric()
     return TopKPoolResult(x_pooled, pooled, pooled.edge_index(), pooled.weight, perm, score)
+
+
+# ------------------------------------------------------------------ augment_a2
+@torch.library.custom_op("hiertail_fast::augment_a2", **OP_OPTIONS)
+def augment_a2(indptr: Tensor, indices: Tensor, weight: Tensor | None,
+               num_nodes: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The arrays (indptr, indices, weight) of ``CSRGraph.augment_a2`` of the live graph on
+    these arrays (cached on it, as eager calls find it) or of a graph built on them (a pooled
+    graph the compiled code made)."""
+    a2 = _graph(indptr, indices, weight, num_nodes).augment_a2()
+    return tuple(unshared([a2.indptr, a2.indices, a2.weight], [indptr, indices, weight]))
+
+
+@augment_a2.register_fake
+def _(indptr, indices, weight, num_nodes):
+    nnz = torch.library.get_ctx().new_dynamic_size()
+    dtype = torch.get_default_dtype() if weight is None else weight.dtype
+    return (indptr.new_empty(num_nodes + 1), indptr.new_empty(nnz),
+            indptr.new_empty(nnz, dtype=dtype))
+
+
+def traced_augment_a2(graph: CSRGraph) -> CSRGraph:
+    """``CSRGraph.augment_a2`` while TorchDynamo traces it (the official configuration runs
+    it on every pooled graph): one custom op, the A² graph built in the traced code with the
+    symmetry it inherits in eager (not differentiable, as eager)."""
+    weight = None if graph.weight is None else graph.weight.detach()
+    indptr, indices, a2_weight = augment_a2(graph.indptr, graph.indices, weight,
+                                            graph.num_nodes)
+    return graph._inherit_symmetry(CSRGraph(indptr, indices, a2_weight, graph.num_nodes,
+                                            validate=False))
 
 
 # ------------------------------------------------------------------ gcn_propagate
