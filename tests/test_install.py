@@ -94,6 +94,7 @@ def test_offline_install_into_fresh_venv(tmp_path, editable):
         assert kernels_file.parent.name == "kernels" and kernels_file.parent.parent.name == \
             "hiertail_fast"
     assert ROOT.resolve() not in pkg_file.parents
+    assert (pkg_file.parent / "py.typed").is_file(), "PEP 561 marker missing: no type hints"
     script = bindir / ("hiertail-train.exe" if os.name == "nt" else "hiertail-train")
     assert script.exists(), "the console script was not installed"
 
