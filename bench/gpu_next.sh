@@ -21,6 +21,7 @@
 #      ($HIERTAIL_POSITIVES=triton), then the autotuned tiles, whose choice is recorded.
 # About 8 minutes of command time: run with the device tool's timeout_s = 560.
 #   A=$OUT; OUT=$A bash bench/gpu_next.sh
+# Then, on any machine: python bench/next_defaults.py <profile/loss_profile.json from next.tgz>
 set -u
 A=${OUT:?set OUT to the folder that comes back}
 R=${TMPDIR:-/tmp}/gpu_next

@@ -1,0 +1,210 @@
+"""What a GPU run's loss tables say the automatic loss choice should be: the thresholds of
+``ops/_dispatch.refine_loss_backend`` and the defaults of the Triton switches, derived from
+``bench/loss_profile.py``'s JSON (one or more files; a later file's row replaces an earlier
+one's for the same cell and engine). It prints a markdown report and changes nothing: the
+constants are edited by hand, with the report beside them.
+
+    python bench/next_defaults.py docs/results/gpu_h200_2026-11-27/loss_profile_s15_call2.json
+    python bench/next_defaults.py A.json B.json --md report.md
+
+Report: per (dtype, variant, levels, d), the fastest engine at each N with its margin over the
+next and how far the automatic choice of that run was from it; then the derived values:
+
+* ``TRITON_MIN_ROWS[variant]`` (fp32): the smallest N from which a Triton engine (``triton`` or
+  one of its modes) is the fastest at every larger N measured, every level count, d <=
+  ``TRITON_MAX_DIM``, among the cells where a Triton engine was timed (a row past the time
+  budget says nothing) — "never" where it is not the fastest at the largest such N (the
+  constant may sit anywhere between the last N it loses and this one: nothing was measured
+  between);
+* ``TRITON_MIN_ROWS_BF16['official']``: the same for bf16 inputs (the attention kernels are
+  barred there: ``IMPRECISE``);
+* ``TRITON_MAX_DIM``: the widest d at which a Triton engine is the fastest exact single-level
+  fp32 engine at the largest N measured for that d;
+* ``ATTENTION_OFFICIAL_MIN_ROWS``: the same rule for the attention kernels against our torch
+  engine, official single level, fp32;
+* each Triton mode (``triton[lean]``, ``[shared]`` (several levels only), ``[shared+lean]``,
+  ``[tf32x3+autotune]``) and the positives kernel (``torch+triton``, ``attention+triton``)
+  against its base engine: in how many cells faster, the geometric mean of the time ratio, and
+  a verdict ("make it the default" only where it is faster in every cell measured).
+
+Exit status 2 (one line) for a file that is not loss_profile JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+TRITON_MODES = ("triton[lean]", "triton[shared]", "triton[shared+lean]",
+                "triton[tf32x3+autotune]")
+POSITIVES = {"torch+triton": "torch", "attention+triton": "attention"}
+NOT_ENGINES = ("auto",)
+FASTER = 0.97      # a mode counts as faster where it takes < 97 % of its base's time
+# engines the library never picks for a (dtype, variant), whatever their time: bf16 inputs'
+# official variant on the attention kernels is 3.6e-2 off (flash's bf16 output against the
+# official gradient's cancellation; README, the H200 session records)
+IMPRECISE = {("bf16", "official"): ("attention",)}
+
+
+def is_triton(engine: str) -> bool:
+    return engine == "triton" or engine.startswith("triton[")
+
+
+def load(paths: list[Path]) -> dict:
+    """{(dtype, variant, levels, d, n): {engine: seconds}} and the auto rows' picks."""
+    cells: dict = defaultdict(dict)
+    picked: dict = {}
+    for path in paths:
+        try:
+            rows = json.loads(path.read_text())["rows"]
+            for r in rows:
+                if r.get("variant") in (None, "–") or r.get("median_s") is None:
+                    continue
+                if str(r["what"]).startswith("profile"):
+                    continue
+                key = (r["dtype"], r["variant"], int(r["levels"]), int(r["d"]), int(r["n"]))
+                cells[key][r["what"]] = float(r["median_s"])
+                if r["what"] == "auto" and "engine" in r:
+                    picked[key] = r["engine"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SystemExit(
+                f"next_defaults.py: {path} is not loss_profile.py JSON ({exc!r})") from None
+    return cells, picked
+
+
+def fastest(times: dict, key: tuple) -> tuple[str, float] | None:
+    """(engine, seconds) of the fastest engine the library may pick in cell ``key``."""
+    barred = NOT_ENGINES + IMPRECISE.get(key[:2], ())
+    engines = {e: t for e, t in times.items() if e not in barred}
+    if not engines:
+        return None
+    best = min(engines, key=engines.get)
+    return best, engines[best]
+
+
+def min_rows(cells: dict, wins, select) -> int | None:
+    """Smallest N from which ``wins(times)`` holds at every larger N of the selected cells
+    (``select(key)``); None when it does not hold at the largest N."""
+    by_n: dict = defaultdict(list)
+    for key, times in cells.items():
+        if select(key):
+            by_n[key[4]].append((key, times))
+    answer = None
+    for n in sorted(by_n, reverse=True):
+        if all(wins(key, t) for key, t in by_n[n]):
+            answer = n
+        else:
+            break
+    return answer
+
+
+def triton_wins(key: tuple, times: dict) -> bool:
+    best = fastest(times, key)
+    return best is not None and is_triton(best[0])
+
+
+def compare(cells: dict, mode: str, base: str, only=lambda key: True) -> tuple[int, int, float]:
+    """(cells where mode is faster, cells with both, geometric mean of mode / base)."""
+    ratios = [t[mode] / t[base] for key, t in cells.items()
+              if only(key) and mode in t and base in t and t[base] > 0]
+    if not ratios:
+        return 0, 0, float("nan")
+    geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    return sum(r < FASTER for r in ratios), len(ratios), geo
+
+
+def report(cells: dict, picked: dict, max_dim_now: int = 64) -> tuple[str, dict]:
+    lines = ["# Loss engine choices from the measured tables", ""]
+    groups: dict = defaultdict(list)
+    for key in cells:
+        groups[key[:4]].append(key)
+    lines += ["| dtype | variant | levels | d | N | fastest | ms | next best | auto |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for group in sorted(groups):
+        for key in sorted(groups[group], key=lambda k: k[4]):
+            times = cells[key]
+            best = fastest(times, key)
+            if best is None:
+                continue
+            barred = NOT_ENGINES + IMPRECISE.get(key[:2], ())
+            others = sorted((t, e) for e, t in times.items() if e not in barred and e != best[0])
+            nxt = f"{others[0][1]} ({others[0][0] / best[1]:.2f}x)" if others else "–"
+            auto = times.get("auto")
+            auto_txt = ("–" if auto is None else
+                        f"{picked.get(key, '?')} ({auto / best[1]:.2f}x)")
+            lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {key[4]:,} | "
+                         f"{best[0]} | {best[1] * 1e3:.1f} | {nxt} | {auto_txt} |")
+    derived: dict = {}
+    dims = sorted({k[3] for k in cells if k[0] == "fp32" and k[1] == "exact" and k[2] == 1})
+    largest = {d: max((k for k in cells if k[:4] == ("fp32", "exact", 1, d)),
+                      key=lambda k: k[4]) for d in dims}
+    wide = [d for d in dims if triton_wins(largest[d], cells[largest[d]])]
+    derived["TRITON_MAX_DIM"] = max(wide) if wide else None
+    max_dim = derived["TRITON_MAX_DIM"] or max_dim_now
+    def timed(key):        # a cell where some Triton engine was timed (not past a budget)
+        return any(is_triton(e) for e in cells[key])
+
+    for variant in ("exact", "official"):
+        derived[f"TRITON_MIN_ROWS[{variant!r}]"] = min_rows(
+            cells, triton_wins,
+            lambda k, v=variant: k[0] == "fp32" and k[1] == v and k[3] <= max_dim and timed(k))
+    derived["TRITON_MIN_ROWS_BF16['official']"] = min_rows(
+        cells, triton_wins,
+        lambda k: k[0] == "bf16" and k[1] == "official" and k[3] <= max_dim and timed(k))
+
+    def attention_beats_torch(key, times):
+        return "attention" in times and "torch" in times and times["attention"] < times["torch"]
+
+    derived["ATTENTION_OFFICIAL_MIN_ROWS"] = min_rows(
+        cells, attention_beats_torch,
+        lambda k: k[:3] == ("fp32", "official", 1))
+    lines += ["", "| constant | from these tables |", "|---|---|"]
+    for name, value in derived.items():
+        lines.append(f"| `{name}` | {'never' if value is None else f'{value:,}'} |")
+    lines += ["", "| switch | against | faster in | geomean time ratio | verdict |",
+              "|---|---|---|---|---|"]
+    verdicts: dict = {}
+    tests = [(m, "triton", (lambda k: k[2] > 1) if "shared" in m else (lambda k: True))
+             for m in TRITON_MODES]
+    tests += [(m, base, lambda k: k[1] == "official") for m, base in POSITIVES.items()]
+    for mode, base, only in tests:
+        won, total, geo = compare(cells, mode, base, only)
+        if total == 0:
+            verdict = "not measured"
+        elif won == total:
+            verdict = "make it the default"
+        elif won == 0:
+            verdict = "keep it off"
+        else:
+            verdict = "mixed: keep it off, or choose by size"
+        verdicts[mode] = verdict
+        lines.append(f"| `{mode}` | `{base}` | {won} of {total} | "
+                     f"{'–' if total == 0 else f'{geo:.2f}'} | {verdict} |")
+    return "\n".join(lines) + "\n", {**derived, **verdicts}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("profiles", nargs="+", type=Path, help="loss_profile.py JSON files")
+    p.add_argument("--md", type=Path, help="also write the report here")
+    args = p.parse_args(argv)
+    try:
+        cells, picked = load(args.profiles)
+    except SystemExit as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if not cells:
+        print("next_defaults.py: no loss rows in these files", file=sys.stderr)
+        return 2
+    text, _ = report(cells, picked)
+    print(text, end="")
+    if args.md:
+        args.md.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

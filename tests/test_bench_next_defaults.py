@@ -1,0 +1,78 @@
+"""bench/next_defaults.py: the automatic loss choice derived from a GPU run's tables."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+import next_defaults  # noqa: E402
+
+from hiertail_fast.ops import _dispatch  # noqa: E402
+
+H200 = (Path(__file__).resolve().parent.parent / "docs" / "results" / "gpu_h200_2026-11-27"
+        / "loss_profile_s15_call2.json")
+
+
+def _derived(*paths):
+    cells, picked = next_defaults.load(list(paths))
+    return next_defaults.report(cells, picked)
+
+
+def test_the_shipped_thresholds_follow_the_h200_tables():
+    # the constants of refine_loss_backend, derived again from the table they cite
+    text, got = _derived(H200)
+    assert got["TRITON_MAX_DIM"] == _dispatch.TRITON_MAX_DIM
+    assert got["TRITON_MIN_ROWS['exact']"] == _dispatch.TRITON_MIN_ROWS["exact"]
+    assert got["ATTENTION_OFFICIAL_MIN_ROWS"] == _dispatch.ATTENTION_OFFICIAL_MIN_ROWS
+    assert got["TRITON_MIN_ROWS_BF16['official']"] == _dispatch.TRITON_MIN_ROWS_BF16["official"]
+    # official fp32: torch at 20k, attention at 50k, Triton from 100k (measured); the shipped
+    # 75k sits between the last N it loses and the first it wins
+    assert got["TRITON_MIN_ROWS['official']"] == 100_000
+    assert 50_000 < _dispatch.TRITON_MIN_ROWS["official"] <= 100_000
+    assert "| fp32 | exact | 1 | 64 | 100,000 | triton | 121.0 |" in text
+    # bf16 official: the attention kernels are barred (imprecise), whatever their time
+    assert "| bf16 | official | 1 | 64 | 100,000 | torch |" in text
+
+
+def _rows(cells):
+    return [{"n": n, "d": d, "variant": v, "levels": lv, "dtype": dt, "what": e,
+             "median_s": t, "reps": 3}
+            for (dt, v, lv, d, n), times in cells.items() for e, t in times.items()]
+
+
+def test_switch_verdicts(tmp_path):
+    cells = {}
+    for n in (20_000, 100_000):
+        for levels in (1, 3):
+            cells["fp32", "exact", levels, 64, n] = {
+                "torch": 2.0, "triton": 1.0, "triton[lean]": 0.8,
+                # shared keys help several levels only; at one level they are not timed
+                **({"triton[shared]": 0.9} if levels > 1 else {})}
+        cells["fp32", "official", 1, 64, n] = {
+            "torch": 1.0, "triton": 0.9 if n > 50_000 else 1.5,
+            "torch+triton": 0.5 if n > 50_000 else 1.2}
+        cells["fp32", "exact", 1, 128, n] = {"attention": 1.0, "triton": 1.3}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"rows": _rows(cells)}))
+    _, got = _derived(path)
+    assert got["triton[lean]"] == "make it the default"
+    assert got["triton[shared]"] == "make it the default"    # 2 of 2 cells, levels 3 only
+    assert got["torch+triton"] == "mixed: keep it off, or choose by size"
+    assert got["attention+triton"] == "not measured"
+    assert got["TRITON_MAX_DIM"] == 64                        # d 128: attention wins
+    assert got["TRITON_MIN_ROWS['exact']"] == 20_000
+    # official: torch+triton (not a Triton engine) wins at 100k
+    assert got["TRITON_MIN_ROWS['official']"] is None
+
+
+def test_cli_writes_markdown_and_rejects_other_json(tmp_path, capsys):
+    out = tmp_path / "r.md"
+    assert next_defaults.main([str(H200), "--md", str(out)]) == 0
+    assert out.read_text() == capsys.readouterr().out
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"not": "rows"}))
+    assert next_defaults.main([str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("next_defaults.py: ") and "\n" not in err
