@@ -170,6 +170,73 @@ def test_learnable_temperature(backend, variant):
             torch.testing.assert_close(fixed, plain, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("include_self", [True, False])
+def test_official_learnable_temperature_where_its_gradient_nearly_vanishes(backend,
+                                                                          include_self):
+    """The official variant at tau 0.05 with |s| ~ 10^3: dL/dtau is often ~1e-4 while the
+    terms of -<Z, dL/dZ>/(2 tau) (the generic link) are the logits' size; it came out up to
+    2e-3 off. Summed at the logits' level with the row max taken out (_temperature_grad) it is
+    within twice the dense fp32 reference's error of float64, for the balanced loss ("mean",
+    "sum", "none" with signed weights, z learnable or not) and the hierarchical one; the value
+    and dL/dz stay those of the float temperature, bit for bit on CPU."""
+    dev = backend_device(backend)
+    gen = torch.Generator().manual_seed(0)
+
+    def call(z, y, t, reduction, loss):
+        out = loss(z, y.to(z.device), temperature=t, variant="official",
+                   include_self=include_self, reduction=reduction)
+        if reduction == "none":                                    # signed row weights
+            out = out * torch.linspace(-1.0, 2.0, out.numel(), dtype=out.dtype,
+                                       device=out.device)
+        return out.sum()
+
+    def fast(*args, **kw):
+        return balanced_contrastive_loss(*args, backend=backend, **kw)
+
+    for case in range(6):
+        z0 = torch.randn(150, 16, generator=gen) * 2
+        y = torch.randint(0, 5, (150,), generator=gen)
+        for reduction in ("mean", "sum", "none"):
+            t64 = torch.tensor(0.05, dtype=torch.float64, requires_grad=True)
+            call(z0.double(), y, t64, reduction, ref).backward()
+            t32 = torch.tensor(0.05, requires_grad=True)
+            call(z0, y, t32, reduction, ref).backward()
+            # the dense fp32 reference's own error, twice, as test_learnable_temperature
+            bound = 2 * abs(t32.grad.item() - t64.grad.item()) + 1e-5 \
+                + 1e-4 * abs(t64.grad.item())
+            for z_learns in (True, False):
+                z = z0.to(dev, copy=True).requires_grad_(z_learns)
+                tau = torch.tensor(0.05, device=dev, requires_grad=True)
+                value = call(z, y, tau, reduction, fast)
+                value.backward()
+                err = abs(tau.grad.item() - t64.grad.item())
+                assert err <= bound, (case, reduction, err, bound)
+                zf = z0.to(dev, copy=True).requires_grad_(z_learns)
+                plain = call(zf, y, tau.item(), reduction, fast)   # the same fp32 tau value
+                if dev == "cpu":
+                    assert torch.equal(value.detach(), plain.detach()), (case, reduction)
+                    if z_learns:
+                        plain.backward()
+                        assert torch.equal(z.grad, zf.grad), (case, reduction)
+    # the hierarchical loss (two levels, prototypes on one)
+    z0 = torch.randn(120, 16, generator=gen) * 2
+    y = torch.randint(0, 6, (120,), generator=gen)
+    p0 = torch.randn(6, 16, generator=gen) * 2
+    t64 = torch.tensor(0.05, dtype=torch.float64, requires_grad=True)
+    total = 0
+    for lab, pro in ((y, p0.double()), (y // 2, None)):
+        total = total + ref(z0.double(), lab, prototypes=pro, temperature=t64,
+                            variant="official", include_self=include_self)
+    total.backward()
+    tau = torch.tensor(0.05, device=dev, requires_grad=True)
+    hierarchical_contrastive_loss(z0.to(dev).requires_grad_(), [y.to(dev), y.to(dev) // 2],
+                                  [p0.to(dev), None], temperature=tau, variant="official",
+                                  include_self=include_self, backend=backend).backward()
+    err = abs(tau.grad.item() - t64.grad.item())
+    assert err <= 2e-5 + 1e-4 * abs(t64.grad.item()), err
+
+
 def test_learnable_temperature_in_the_module():
     tau = torch.nn.Parameter(torch.tensor(0.5))
     loss_fn = BalancedContrastiveLoss(temperature=tau, variant="official")

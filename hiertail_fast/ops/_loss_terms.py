@@ -43,6 +43,16 @@ def make_levels(n: int, level_rows, include_self: bool, dtype, device,
     return Levels(log_w, gid, n_groups, n_pos, n_pos > 0, n_distinct, full, n_common)
 
 
+def reduction_weights(lv: Levels, reduction: str, dtype) -> torch.Tensor:
+    """[L, N] weight of each row's loss in the reduced loss: "mean", 1 / (contributing rows
+    of the level) on those rows; "sum", 1 on them; "none", the same 0/1 mask (the incoming
+    gradient vector multiplies it)."""
+    contrib = lv.contrib.to(dtype)
+    if reduction == "mean":
+        return contrib / contrib.sum(1, keepdim=True).clamp(min=1)
+    return contrib
+
+
 def class_sum_term(z, lv: Levels, scale, include_self, coef=None):
     """pos[l, i] = z_i.(S_c(i) - d z_i) * scale (d = not include_self); dz for coefficients coef.
 

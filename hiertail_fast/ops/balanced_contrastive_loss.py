@@ -56,7 +56,9 @@ from hiertail_fast.ops._loss_terms import (
     class_sum_term,
     loss_dtype,
     make_levels,
+    reduction_weights,
 )
+from hiertail_fast.ops._temperature_grad import OfficialTemperature
 from hiertail_fast.reference.balanced_contrastive_loss import balanced_contrastive_loss_ref
 
 
@@ -86,11 +88,7 @@ class BalancedContrastiveFunction(torch.autograd.Function):
         z_in = z.detach().contiguous() if backend in ("triton", "attention") else zc
         if backend == "triton" and z_in.dtype == torch.float64:
             z_in = zc.float()
-        contrib = lv.contrib.to(cdt)
-        if reduction == "mean":
-            base = contrib / contrib.sum(1, keepdim=True).clamp(min=1)
-        else:
-            base = contrib                                      # "sum"; "none" uses it as a mask
+        base = reduction_weights(lv, reduction, cdt)          # "none": a mask
         inv_n = torch.where(lv.contrib, 1.0 / lv.n_pos.clamp(min=1), torch.zeros_like(base))
         log_eps_w = torch.log(OFFICIAL_EPS * lv.n_distinct)[:, None]     # [L, 1]
         # the torch / attention engines: the gradient in the forward's pass for "mean" / "sum",
@@ -283,22 +281,38 @@ def balanced_contrastive_loss_op(
                               variant, backend)
 
 
-def _temperature_link(z_all: torch.Tensor, temperature) -> tuple[float, torch.Tensor]:
-    """(scale = 1/tau as a float for the engines, the rows the engines see). A tensor tau that
-    autograd tracks (a learnable temperature) is tied in exactly: the loss depends on the rows
-    and tau only through S = z_all z_all^T / tau, so with tau0 = tau's value the rows
-    z_all * sqrt(tau0 / tau) -- equal to z_all, the factor being exactly 1 -- give S the same
-    value and dS/dtau = -S/tau; autograd then carries dL/dtau = -<z_all, dL/dz_all> / (2 tau)
-    through this one [N, d] product, whatever engine computed dL/dz_all. Its error is
-    dL/dz_all's, summed over the rows (README, Guarantees: absolute, not relative, where the
-    official variant's gradient nearly vanishes)."""
+def _temperature_link(z_all: torch.Tensor, temperature, variant: str
+                      ) -> tuple[float, torch.Tensor, torch.Tensor | None]:
+    """(scale = 1/tau as a float for the engines, the rows the engines see, the tau tensor
+    whose gradient ``_official_tau`` adds, or None). A tensor tau that autograd tracks (a
+    learnable temperature) is tied in exactly: the loss depends on the rows and tau only
+    through S = z_all z_all^T / tau, so with tau0 = tau's value the rows z_all * sqrt(tau0 /
+    tau) -- equal to z_all, the factor being exactly 1 -- give S the same value and dS/dtau =
+    -S/tau; autograd then carries dL/dtau = -<z_all, dL/dz_all> / (2 tau) through this one
+    [N, d] product, whatever engine computed dL/dz_all. Its error is dL/dz_all's, summed over
+    the rows: relative ~1e-7 in the exact variant; in the official one the sum cancels terms
+    of the logits' size, so its tau gets ``_temperature_grad.OfficialTemperature`` instead."""
     tensor = isinstance(temperature, torch.Tensor)
     tau0 = float(temperature.detach() if tensor else temperature)
     if tensor and temperature.requires_grad and torch.is_grad_enabled():
+        if variant == "official":
+            return 1.0 / tau0, z_all, temperature
         acc = torch.float64 if z_all.dtype == torch.float64 else torch.float32
         factor = torch.sqrt(tau0 / temperature.to(z_all.device, acc))
         z_all = z_all * factor.to(z_all.dtype)
-    return 1.0 / tau0, z_all
+    return 1.0 / tau0, z_all, None
+
+
+def _official_tau(out: torch.Tensor, tau: torch.Tensor | None, z_all: torch.Tensor, lv: Levels,
+                  scale: float, include_self: bool, reduction: str) -> torch.Tensor:
+    """out plus an exact 0 whose backward gives the official loss's dL/dtau summed at the
+    logits' level (``_temperature_grad``); out itself when tau is None."""
+    if tau is None:
+        return out
+    cdt = torch.float64 if z_all.dtype == torch.float64 else torch.float32
+    return out + OfficialTemperature.apply(tau, z_all.detach().to(cdt), lv, scale,
+                                           include_self, reduction_weights(lv, reduction, cdt),
+                                           out.shape, out.dtype)
 
 
 def _reference_requested(backend: str | None) -> bool:
@@ -321,12 +335,13 @@ def _balanced_loss(z, labels, prototypes, temperature, include_self, reduction, 
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
     rows = torch.arange(n, device=z.device)
     lv = make_levels(n, [(rows, labels)], include_self, cdt, z.device, n_common=n)
-    scale, z_all = _temperature_link(z_all, temperature)
-    return _apply(
+    scale, z_all, tau = _temperature_link(z_all, temperature, variant)
+    out = _apply(
         z_all, lv, scale, bool(include_self), variant, reduction, choice,
         torch.is_grad_enabled() and z_all.requires_grad,
         automatic=backend is None and requested_backend() is None,
     )
+    return _official_tau(out, tau, z_all, lv, scale, bool(include_self), reduction)
 
 
 def hierarchical_contrastive_loss_op(
@@ -392,12 +407,13 @@ def _hierarchical_loss(z, level_labels, level_prototypes, temperature, include_s
     z_big = torch.cat(parts, dim=0) if len(parts) > 1 else z
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
     lv = make_levels(off, level_rows, include_self, cdt, z.device, n_common=n)
-    scale, z_big = _temperature_link(z_big, temperature)
-    return _apply(
+    scale, z_big, tau = _temperature_link(z_big, temperature, variant)
+    out = _apply(
         z_big, lv, scale, bool(include_self), variant, "mean", choice,
         torch.is_grad_enabled() and z_big.requires_grad,
         automatic=backend is None and requested_backend() is None,
     )
+    return _official_tau(out, tau, z_big, lv, scale, bool(include_self), "mean")
 
 
 __all__ = [

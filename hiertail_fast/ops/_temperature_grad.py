@@ -1,0 +1,88 @@
+"""dL/dτ of the official variant for a learnable temperature, summed at the level of the logits.
+
+The loss depends on τ only through S = Z Zᵀ/τ, so dL/dτ = -(1/τ) Σ_ik G_ik s_ik (G = dL/dS).
+The generic link (``balanced_contrastive_loss._temperature_link``) takes that sum as
+⟨Z, dL/dZ⟩ / 2, exact in the exact variant (relative error ~1e-7). In the official variant the
+terms of that inner product include the row max's gradient times s_{i,argmax} (|s| up to
+thousands at small τ) cancelling against the positives' terms: the result, often 1e-4, came out
+up to 2e-3 off (dL/dZ's rounding times |s|), where the dense fp32 reference, summing G ⊙ S, is
+within 1e-5. Per row of a level, with the row max M_i taken out inside the sums (it cancels
+exactly: Σ_k p_ik = 1, and the max's own gradient)::
+
+    Σ_k G_ik s_ik = r_i Σ_k p_ik (s_ik - M_i) - (1/n_i) Σ_{j∈P(i)} q_ij (s_ij - M_i)
+
+p_ik = w_k exp(s_ik - LSE_i) over the level's keys, e_ij = exp(s_ij - M_i), q_ij = e_ij / (e_ij
++ eps), r_i = exp(LSE_i - M_i) / D_i (``_loss_terms.ratio``): no term carries s's magnitude.
+``OfficialTemperature`` adds an exact 0 to the loss whose backward returns that dL/dτ (the loss
+itself is taken with τ as a constant): one more pass over the logits in row blocks (torch
+operators, a few [b, N] temporaries of at most ``BLOCK_BYTES``), in the backward of a call whose
+τ requires grad only.
+"""
+from __future__ import annotations
+
+import torch
+
+from hiertail_fast.ops._autograd import first_order_backward
+from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS
+from hiertail_fast.ops._loss_terms import Levels, ratio
+
+BLOCK_BYTES = 64 << 20          # one row block's [b, N] temporaries (about six of them)
+
+
+def official_g_dot_s(z: torch.Tensor, lv: Levels, scale: float, include_self: bool,
+                     g: torch.Tensor) -> torch.Tensor:
+    """Σ_l Σ_i g[l, i] Σ_k G_lik s_lik of the official loss (the module docstring's per-row
+    formula), z [N, d] in the compute dtype, g [L, N] the rows' incoming coefficients."""
+    n = z.shape[0]
+    total = torch.zeros((), dtype=torch.float64, device=z.device)
+    log_eps = torch.log(OFFICIAL_EPS * lv.n_distinct.to(z.dtype))             # [L]
+    rows_per_block = max(1, BLOCK_BYTES // (6 * n * z.element_size()))
+    for lev in range(lv.log_w.shape[0]):
+        active = (g[lev] != 0).nonzero().squeeze(1)      # rows that reach the loss here
+        keys = lv.gid[lev] >= 0
+        log_w = lv.log_w[lev].to(z.dtype)
+        for start in range(0, active.numel(), rows_per_block):
+            rows = active[start:start + rows_per_block]
+            s = torch.mm(z[rows], z.t()).mul_(scale)                          # [b, N]
+            s.masked_fill_(~keys, float("-inf"))         # keys outside the level
+            m = s.max(dim=1, keepdim=True).values
+            shifted = s - m                              # <= 0 on the level's keys
+            lse_m = torch.logsumexp(shifted + log_w, dim=1)                   # LSE - M
+            p = torch.exp(shifted + log_w - lse_m[:, None])
+            a = torch.where(keys, p * shifted, 0.0).sum(1)
+            pos = (lv.gid[lev][rows, None] == lv.gid[lev][None, :]) & keys
+            if not include_self:
+                pos[torch.arange(rows.numel(), device=z.device), rows] = False
+            e = torch.exp(shifted)
+            b = torch.where(pos, e / (e + OFFICIAL_EPS) * shifted, 0.0).sum(1)
+            per_row = (ratio(lse_m, torch.zeros_like(lse_m), log_eps[lev]) * a
+                       - b / lv.n_pos[lev, rows].to(z.dtype).clamp(min=1))
+            total += (g[lev, rows].to(torch.float64) * per_row.to(torch.float64)).sum()
+    return total
+
+
+class OfficialTemperature(torch.autograd.Function):
+    """(τ, z, lv, scale, include_self, base, shape, dtype) -> zeros(shape): an exact 0 added to
+    the official loss, whose backward gives dL/dτ (the module docstring). ``base`` [L, N]: the
+    reduction's row weights (``mean``: contributing rows / their count; ``sum`` and ``none``:
+    the contributing rows)."""
+
+    @staticmethod
+    def forward(tau, z, lv, scale, include_self, base, shape, dtype):
+        return torch.zeros(shape, dtype=dtype, device=z.device)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        tau, z, ctx.lv, ctx.scale, ctx.include_self, base, _, _ = inputs
+        ctx.save_for_backward(tau, z, base)
+
+    @staticmethod
+    @first_order_backward("balanced_contrastive_loss")
+    def backward(ctx, grad_out):
+        tau, z, base = ctx.saved_tensors
+        go = grad_out.to(base.dtype)
+        g = base * (go[None] if go.dim() else go)                             # [L, N]
+        dot = official_g_dot_s(z, ctx.lv, ctx.scale, ctx.include_self, g)
+        # dL/dτ = -(1/τ) Σ G s, τ = 1 / scale
+        grad_tau = (-ctx.scale * dot).to(device=tau.device, dtype=tau.dtype)
+        return grad_tau, None, None, None, None, None, None, None
