@@ -53,3 +53,4 @@ def test_readme_public_api_example_runs():
     value = ns["step"](ns["z"].detach(), ns["y"])
     assert torch.isfinite(value) and ns["h"].shape == ns["g"].x.shape
     assert ns["out"].logits.shape == (ns["g"].num_nodes, ns["g"].num_classes)
+    assert torch.equal(ns["dz"], ns["z"].grad)        # torch.func.grad: the backward's numbers
