@@ -264,6 +264,19 @@ def test_official_forward_matches_dense_graph_unet():
     torch.testing.assert_close(out.pooled[0], xs[1], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.uint8])
+def test_loss_takes_labels_and_indices_of_any_integer_dtype(tiny, dtype):
+    # int32 / int16 labels crashed in cross_entropy (int64 targets only), int16 indices in
+    # torch's indexing, and uint8 indices were read as a boolean mask; the losses take any
+    # integer dtype, so the model does: the same loss as with int64
+    x, g, y, tr = tiny
+    model = _model("paper")
+    out = model(x, g)
+    want = model.loss(out, y, tr).total
+    assert torch.equal(model.loss(out, y.to(dtype), tr).total, want)
+    assert torch.equal(model.loss(out, y, tr.to(dtype)).total, want)
+
+
 def test_bad_inputs(tiny):
     x, g, y, tr = tiny
     model = _model("paper")

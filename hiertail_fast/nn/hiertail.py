@@ -282,6 +282,9 @@ class HierTail(nn.Module):
             if t.device != output.logits.device:
                 raise ValueError(f"{name} is on {t.device} but the output is on "
                                  f"{output.logits.device}")
+        # any integer dtype, as the losses take: cross_entropy needs int64 targets, and a
+        # uint8 index tensor would be read as a boolean mask
+        y, train_idx = y.long(), train_idx.long()
         kw = dict(temperature=cfg.tau, include_self=cfg.include_self, variant=cfg.loss_variant,
                   backend=cfg.loss_backend)
         # loss_dtype: embeddings and prototypes cast right before the contrastive losses (they
