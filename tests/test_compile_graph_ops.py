@@ -250,6 +250,8 @@ def test_exported_pooling_layer():
 def test_graph_custom_ops_pass_opcheck():
     """torch.library's own check of each op: schema, fake tensors against the real outputs,
     the autograd registration, AOTAutograd with dynamic shapes."""
+    import hiertail_fast.nn._train_labels  # noqa: F401  (registers train_labels)
+
     x, ei, w = _graph_data("cpu", weighted=True)
     g = CSRGraph.from_edge_index(ei, w, num_nodes=x.shape[0])
     w_leaf = g.weight.detach().requires_grad_()
@@ -268,6 +270,9 @@ def test_graph_custom_ops_pass_opcheck():
                          torch.randn(x.shape[1], requires_grad=True), 40, None)),
         (ops.augment_a2, (g.indptr, g.indices, g.weight, n)),
         (ops.augment_a2, (g.indptr, g.indices, None, n)),
+        (ops.train_labels, (torch.randint(0, 4, (n,)), perm, n, 4, x.device)),
+        (ops.train_labels, (torch.randint(0, 4, (n,), dtype=torch.int32), perm.int(), n, 4,
+                            x.device)),
     ]:
         torch.library.opcheck(op.default, args)
 
@@ -332,15 +337,15 @@ def test_pooling_under_dynamic_shapes(ratio):
 
 
 @pytest.mark.parametrize("config", ["paper", "official"])
-def test_hiertail_forward_compiles_whole_and_a_training_step_compiles(config):
+def test_hiertail_training_step_compiles_whole(config):
     """The model's forward (GCN, three pooling levels, unpooling, classifier; the official
     configuration also the A² augmentation of every pooled graph, a custom op of
-    data-dependent size too) compiles into ONE graph with fullgraph=True (TorchDynamo
-    captures the ops' data-dependent sizes there; without fullgraph its default breaks the
-    graph at each such op unless ``capture_dynamic_output_shape_ops`` is set), with the eager
-    logits bit for bit. A training step (forward, loss, backward) compiles without fullgraph
-    (the loss's label checks read the labels: graph breaks) and gives the eager loss and
-    gradients, bit for bit (CPU)."""
+    data-dependent size too) and a whole training step (forward, the label checks, the losses,
+    backward) each compile into ONE graph with fullgraph=True (TorchDynamo captures the ops'
+    data-dependent sizes there; without fullgraph its default breaks the graph at each such
+    op unless ``capture_dynamic_output_shape_ops`` is set), with the eager logits, loss and
+    gradients bit for bit (CPU). The label checks are one custom op: a bad label raises the
+    eager ValueError when the compiled step runs."""
     from hiertail_fast import make_synthetic_graph
     from hiertail_fast.nn.hiertail import HierTail, HierTailConfig, prepare_graph
 
@@ -356,21 +361,26 @@ def test_hiertail_forward_compiles_whole_and_a_training_step_compiles(config):
     model.train()
     train = torch.arange(0, g.num_nodes, 2)
 
-    def step(x):
-        torch.manual_seed(5)                       # the same dropout masks
-        return model.loss(model(x, graph), g.y, train).total
+    def step(x, y):
+        return model.loss(model(x, graph), y, train).total
 
-    def grads(f):
+    def grads(f, y=g.y):
         model.zero_grad()
-        loss = f(g.x)
+        torch.manual_seed(5)                       # the same dropout masks
+        loss = f(g.x, y)
         loss.backward()
         return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
-    (want, want_g), (got, got_g) = grads(step), grads(torch.compile(step, backend="aot_eager"))
+    graphs.clear()
+    compiled = _compiled(step, graphs)
+    (want, want_g), (got, got_g) = grads(step), grads(compiled)
+    assert len(graphs) == 1
     assert torch.equal(got, want)
     assert len(got_g) == len(want_g) > 0
     for a, b in zip(got_g, want_g, strict=True):
         assert torch.equal(a, b), (a - b).abs().max()
+    with pytest.raises(ValueError, match="y has label 6 but the model has 6 classes"):
+        compiled(g.x, torch.full_like(g.y, 6))
 
 
 def test_compiled_augment_a2_is_the_eager_graph():

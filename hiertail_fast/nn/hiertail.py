@@ -49,10 +49,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hiertail_fast._validation import check_index_vector, check_no_edge_weight
+from hiertail_fast._validation import check_no_edge_weight
 from hiertail_fast.data.pyg import graph_inputs, is_pyg_data
 from hiertail_fast.graph import CSRGraph, is_sparse_adjacency
 from hiertail_fast.losses import balanced_contrastive_loss, hierarchical_contrastive_loss
+from hiertail_fast.nn._train_labels import checked_train_labels
 from hiertail_fast.nn.conv import GCNConv
 from hiertail_fast.nn.hiertail_config import _LOSS_DTYPES, HierTailConfig
 from hiertail_fast.nn.pool import TopKPool
@@ -267,31 +268,15 @@ class HierTail(nn.Module):
         n = output.logits.shape[0]
         # checked here, not deep inside torch's indexing / cross_entropy (IndexError, or a
         # device-side assert on CUDA): labels in [0, C), indices in [0, n), same device
-        y = check_index_vector(y, "y", length=n)
-        if y.numel() and int(y.max()) >= self.num_classes:
-            raise ValueError(f"y has label {int(y.max())} but the model has "
-                             f"{self.num_classes} classes (labels must lie in [0, "
-                             f"{self.num_classes}))")
-        train_idx = check_index_vector(train_idx, "train_idx")
-        if not train_idx.numel():
-            raise ValueError("train_idx must be a non-empty 1-D index tensor")
-        if int(train_idx.max()) >= n:
-            raise ValueError(f"train_idx refers to node {int(train_idx.max())} but the output "
-                             f"has {n} nodes")
-        for t, name in ((y, "y"), (train_idx, "train_idx")):
-            if t.device != output.logits.device:
-                raise ValueError(f"{name} is on {t.device} but the output is on "
-                                 f"{output.logits.device}")
-        # any integer dtype, as the losses take: cross_entropy needs int64 targets, and a
-        # uint8 index tensor would be read as a boolean mask
-        y, train_idx = y.long(), train_idx.long()
+        # (``_train_labels``: one custom op in compiled code)
+        y_train, train_idx = checked_train_labels(y, train_idx, n, self.num_classes,
+                                                  output.logits.device)
         kw = dict(temperature=cfg.tau, include_self=cfg.include_self, variant=cfg.loss_variant,
                   backend=cfg.loss_backend)
         # loss_dtype: embeddings and prototypes cast right before the contrastive losses (they
         # accumulate in fp32; the cast is differentiable); None keeps the embeddings' dtype.
         dtype = _LOSS_DTYPES.get(cfg.loss_dtype)
         cast = (lambda t: t) if dtype is None else (lambda t: t.to(dtype))
-        y_train = y[train_idx]
         ce = F.cross_entropy(output.logits[train_idx], y_train)
         if not cfg.contrastive:          # ablation without M2: L = CE
             zero = ce.new_zeros(())
