@@ -26,37 +26,41 @@ from hiertail_fast.ops._autograd import first_order_backward
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS
 from hiertail_fast.ops._loss_terms import Levels, ratio
 
-BLOCK_BYTES = 64 << 20          # one row block's [b, N] temporaries (about six of them)
+BLOCK_BYTES = 64 << 20          # one row block's [b, N] temporaries (about four of them)
 
 
 def official_g_dot_s(z: torch.Tensor, lv: Levels, scale: float, include_self: bool,
                      g: torch.Tensor) -> torch.Tensor:
     """Σ_l Σ_i g[l, i] Σ_k G_lik s_lik of the official loss (the module docstring's per-row
-    formula), z [N, d] in the compute dtype, g [L, N] the rows' incoming coefficients."""
+    formula), z [N, d] in the compute dtype, g [L, N] the rows' incoming coefficients. Per row
+    block: one GEMM, one exp; p = w e / Σ w e with e = exp(s - M)."""
     n = z.shape[0]
     total = torch.zeros((), dtype=torch.float64, device=z.device)
     log_eps = torch.log(OFFICIAL_EPS * lv.n_distinct.to(z.dtype))             # [L]
-    rows_per_block = max(1, BLOCK_BYTES // (6 * n * z.element_size()))
+    rows_per_block = max(1, BLOCK_BYTES // (4 * n * z.element_size()))
     for lev in range(lv.log_w.shape[0]):
         active = (g[lev] != 0).nonzero().squeeze(1)      # rows that reach the loss here
-        keys = lv.gid[lev] >= 0
-        log_w = lv.log_w[lev].to(z.dtype)
+        gid = lv.gid[lev]
+        keys = None if lv.full[lev] else gid >= 0        # None: every row is a key
+        w = torch.exp(lv.log_w[lev].to(z.dtype))         # 0 outside the level
         for start in range(0, active.numel(), rows_per_block):
             rows = active[start:start + rows_per_block]
             s = torch.mm(z[rows], z.t()).mul_(scale)                          # [b, N]
-            s.masked_fill_(~keys, float("-inf"))         # keys outside the level
-            m = s.max(dim=1, keepdim=True).values
-            shifted = s - m                              # <= 0 on the level's keys
-            lse_m = torch.logsumexp(shifted + log_w, dim=1)                   # LSE - M
-            p = torch.exp(shifted + log_w - lse_m[:, None])
-            a = torch.where(keys, p * shifted, 0.0).sum(1)
-            pos = (lv.gid[lev][rows, None] == lv.gid[lev][None, :]) & keys
+            if keys is not None:
+                s.masked_fill_(~keys, float("-inf"))     # keys outside the level
+            s.sub_(s.amax(dim=1, keepdim=True))          # s - M: <= 0 on the level's keys
+            e = torch.exp(s)                             # 0 outside the level
+            if keys is not None:
+                s.masked_fill_(~keys, 0.0)               # no -inf left to multiply by 0
+            we = e * w
+            den = we.sum(1)                              # exp(LSE - M)
+            a = (we.mul_(s)).sum(1) / den                # Σ_k p_ik (s_ik - M_i)
+            pos = gid[rows, None] == gid[None, :]
             if not include_self:
                 pos[torch.arange(rows.numel(), device=z.device), rows] = False
-            e = torch.exp(shifted)
-            b = torch.where(pos, e / (e + OFFICIAL_EPS) * shifted, 0.0).sum(1)
-            per_row = (ratio(lse_m, torch.zeros_like(lse_m), log_eps[lev]) * a
-                       - b / lv.n_pos[lev, rows].to(z.dtype).clamp(min=1))
+            q_s = e.div_(e + OFFICIAL_EPS).mul_(s).mul_(pos)   # q_ij (s_ij - M_i) on P(i)
+            r = ratio(torch.log(den), torch.zeros_like(den), log_eps[lev])
+            per_row = r * a - q_s.sum(1) / lv.n_pos[lev, rows].to(z.dtype).clamp(min=1)
             total += (g[lev, rows].to(torch.float64) * per_row.to(torch.float64)).sum()
     return total
 
