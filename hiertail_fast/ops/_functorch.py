@@ -15,13 +15,14 @@ as with ``create_graph=True``.
 
 Batching wrappers (``vmap``, and ``jacrev`` / ``jacfwd`` / ``hessian``, which vmap the
 gradient over a basis) cannot be stripped without changing the math: ``plain`` raises a
-RuntimeError naming the op instead. ``backend="reference"`` is plain autograd and supports
-every transform.
+RuntimeError naming the op instead. The losses' ``backend="reference"`` is plain autograd:
+jacrev and hessian work there (vmap still meets the input checks, which read values).
 
-Private ``torch._C._functorch`` functions, present from torch 2.0 to 2.13 at least. Without
-them (``READY`` False) nothing is stripped: the backward passes made of torch operators (the
-CPU defaults: the loss's fused gradient, sparse propagation, top-k pooling) still work under
-``torch.func.grad``, the kernel-based ones raise PyTorch's own error.
+Private ``torch._C._functorch`` functions (and ``temporarily_clear_interpreter_stack``), checked
+with ``hasattr`` and tested on torch 2.11 and 2.13. Without them (``READY`` False) nothing is
+stripped: a backward pass of dense torch operators (the loss's fused CPU gradient) still works
+under ``torch.func.grad``; the others raise PyTorch's own error (a wrapper's storage, the
+sparse CSR product), never a wrong number (``tests/test_func_transforms.py``).
 """
 from __future__ import annotations
 
