@@ -97,7 +97,7 @@ def symmetric_lse_grad(z: torch.Tensor, w: torch.Tensor, scale: float, g: torch.
     s_ij), both merged online into running (max, sum) pairs, so every pair counts once per
     direction. Pass 2: W_ij = g_i w_j e^(s_ij - lse_i) on the block, plus g_j w_i e^(s_ij -
     lse_j) off its diagonal part; then dz_B += W Z_[r0:] and dz_[r0:] += W^T z_B. A tested
-    model of the candidate scheme timed by `symmetric_floor` (see README), not the engine."""
+    model of the candidate scheme timed by `symmetric_floor` (docs/LOSS.md), not the engine."""
     n = z.shape[0]
     zs = z * scale
     m = torch.full((n,), float("-inf"), dtype=z.dtype)

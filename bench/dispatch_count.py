@@ -1,6 +1,6 @@
 """Count the torch operator calls (aten dispatches) of one loss forward + backward, and where
 in the library they come from: the per-call overhead of the CPU engine is paid per dispatch,
-so this is the count behind README's "small torch calls per loss". A count, not a timing.
+so this is the count behind docs/LOSS.md's "small torch calls per loss". A count, not a timing.
 
     python bench/dispatch_count.py --levels 3 --variant official --top 15
     python bench/dispatch_count.py --n 20000 --levels 1 --as-cuda      # CUDA's engine paths

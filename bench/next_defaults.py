@@ -45,7 +45,7 @@ NOT_ENGINES = ("auto",)
 FASTER = 0.97      # a mode counts as faster where it takes < 97 % of its base's time
 # engines the library never picks for a (dtype, variant), whatever their time: bf16 inputs'
 # official variant on the attention kernels is 3.6e-2 off (flash's bf16 output against the
-# official gradient's cancellation; README, the H200 session records)
+# official gradient's cancellation; docs/GPU_MEASUREMENTS.md)
 IMPRECISE = {("bf16", "official"): ("attention",)}
 
 

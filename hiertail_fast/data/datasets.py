@@ -35,7 +35,7 @@ Optional, off by default as in the official harness: ``feature_norm="row"`` divi
 feature row by its sum after that preprocessing (:func:`normalize_features`), what the official
 code's ``--is_normalize`` flag (``utils.normalize``) does. Wiki needs it: its raw TF-IDF rows sum
 to ~2,800 (median), and with them neither HierTail nor GCN learns (best validation epoch 1-2,
-training loss stuck at the class prior's entropy; README, Reproduction).
+training loss stuck at the class prior's entropy; docs/REPRODUCTION.md).
 
 BlogCatalog's label rule (first group of the multi-label ``group`` matrix, groups after 16
 shifted down: 38 classes) is a property of its raw ``.mat``; ``blogcatalog.npz`` already
