@@ -262,3 +262,36 @@ def test_without_the_private_api_the_torch_paths_still_work(monkeypatch):
               lambda x: topk_pool(x, graph, p, 0.5, backend="torch").x.pow(2).sum()):
         with pytest.raises((RuntimeError, NotImplementedError), match="storage|strides"):
             grad(f)(x)
+
+
+def test_eager_calls_take_the_ctx_style_twin(monkeypatch):
+    # torch's apply of a setup_context-style Function binds its arguments with
+    # inspect.signature on every call (tens of microseconds: a tiny graph's whole propagation);
+    # eager calls go through the ctx-style twin (_autograd.eager_twin), which does not, and
+    # torch.func transforms through the setup_context style they need
+    import inspect
+
+    bound = []
+    real = inspect.signature
+
+    def spy(fn, *a, **k):
+        if getattr(fn, "__qualname__", "").split(".")[0].endswith("Function"):
+            bound.append(fn.__qualname__)
+        return real(fn, *a, **k)
+
+    monkeypatch.setattr(inspect, "signature", spy)
+    x, ei, _, p = _graph_inputs("cpu", seed=10)
+    y = torch.randint(0, 3, (x.shape[0],))
+    graph = CSRGraph.from_edge_index(ei, num_nodes=x.shape[0])
+
+    def step(x):
+        pooled = topk_pool(gcn_propagate(x, graph), graph, p, 0.5)
+        return balanced_contrastive_loss(pooled.x, y[pooled.perm])
+
+    x_leaf = x.clone().requires_grad_()
+    step(x_leaf).backward()
+    assert bound == []
+    got = grad(step)(x)
+    assert {"GCNPropagateFunction.forward", "TopKPoolFunction.forward",
+            "BalancedContrastiveFunction.forward"} <= set(bound)
+    assert torch.equal(got, x_leaf.grad)

@@ -46,7 +46,7 @@ from hiertail_fast.baselines.sampling import (
     upsample_rounds,
 )
 from hiertail_fast.graph import CSRGraph
-from hiertail_fast.ops._autograd import first_order_backward
+from hiertail_fast.ops._autograd import eager_twin, first_order_backward
 
 _BLOCK_ELEMS = 1 << 22   # rows × n of one block of P (16 MB in fp32)
 _PRETRAIN_CONVERGED = 500   # official: pre-training stops 500 epochs after its lowest L_rec
@@ -66,6 +66,7 @@ class Decoder(nn.Module):
         return h @ self.weight.T
 
 
+@eager_twin
 class _SumSqSigmoidGram(torch.autograd.Function):
     """Σ_ij σ(z_i·z_j)² over all n² pairs, in row blocks of ``block`` rows: the forward keeps
     nothing but z, the backward recomputes each block (dL/ds = 2σ²(1 − σ) · grad); O(block·n)
@@ -108,7 +109,7 @@ def recon_loss(z: torch.Tensor, graph: CSRGraph) -> torch.Tensor:
     key = torch.unique(row * n + col)                      # binarised: duplicates count once
     e = key.numel()
     w0 = e / (n * n - e) if n * n > e else 0.0
-    total = _SumSqSigmoidGram.apply(z, max(1, _BLOCK_ELEMS // max(n, 1)))
+    total = _SumSqSigmoidGram.run(z, max(1, _BLOCK_ELEMS // max(n, 1)))
     r, c = key // n, key % n
     pe = torch.sigmoid((z[r] * z[c]).sum(1))
     return w0 * total + ((pe - 1.0) ** 2 - w0 * pe * pe).sum()

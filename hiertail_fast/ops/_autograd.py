@@ -29,9 +29,36 @@ import functools
 import torch
 
 from hiertail_fast.ops._amp import autocast_off
-from hiertail_fast.ops._functorch import outside_transforms, plain, wrapped
+from hiertail_fast.ops._functorch import may_be_active, outside_transforms, plain, wrapped
 
 
+def eager_twin(cls):
+    """Class decorator of the ops' ``setup_context``-style autograd Functions: adds
+    ``cls.run(*args)``, which is ``cls.apply`` under torch.func transforms (they need that style;
+    also where ``_functorch`` cannot tell) and otherwise the ``apply`` of an equivalent twin in
+    the ``ctx``-in-forward style (the same forward, setup_context and backward functions).
+    torch's ``apply`` binds the arguments with ``inspect.signature`` on every call of a
+    setup_context-style Function: tens of microseconds, as much as a tiny graph's whole
+    ``gcn_propagate`` call (seen while profiling a training step on a small graph, cProfile's
+    ``bind_default_args``); the twin's apply does not. Positional arguments only, all given
+    (no defaults to bind)."""
+    def forward(ctx, *args):
+        out = cls.forward(*args)
+        cls.setup_context(ctx, args, out)
+        return out
+
+    twin = type(cls.__name__, (torch.autograd.Function,), {
+        "forward": staticmethod(forward), "backward": staticmethod(cls.backward),
+        "__doc__": f"{cls.__name__} in the ctx-in-forward style (see ``eager_twin``)."})
+
+    def run(*args):
+        return (cls.apply if may_be_active() else twin.apply)(*args)
+
+    cls.run = staticmethod(run)
+    return cls
+
+
+@eager_twin
 class _NoSecondDerivative(torch.autograd.Function):
     """Identity on a gradient tensor, tied to the tensors it depends on; its backward raises.
     (``setup_context`` style, as every Function of the ops: what torch.func transforms need.)"""
@@ -102,7 +129,7 @@ def first_order_backward(op: str):
                 return grads
             single = not isinstance(grads, tuple)
             grads = (grads,) if single else grads
-            out = tuple(_NoSecondDerivative.apply(op, g, *anchors)
+            out = tuple(_NoSecondDerivative.run(op, g, *anchors)
                         if isinstance(g, torch.Tensor) else g for g in grads)
             return out[0] if single else out
         return wrapper

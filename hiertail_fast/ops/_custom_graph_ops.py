@@ -143,7 +143,7 @@ def topk_pool_backward(grad_x: Tensor, grad_score: Tensor, x: Tensor, score_weig
             out = topk_pool_ref(leaves[0], no_edges, p, k, None)
             x_pooled, score = out[0], out[4]
         else:
-            x_pooled, _, score = TopKPoolFunction.apply(leaves[0], p, k, choice)[:3]
+            x_pooled, _, score = TopKPoolFunction.run(leaves[0], p, k, choice)[:3]
         wanted = [t for t, w in zip(leaves, grads_of, strict=True) if w]
         grads = torch.autograd.grad((x_pooled, score), wanted, (grad_x, grad_score),
                                     allow_unused=True)

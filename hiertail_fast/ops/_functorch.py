@@ -47,6 +47,12 @@ def active() -> bool:
     return READY and not torch.compiler.is_compiling() and _F.peek_interpreter_stack() is not None
 
 
+def may_be_active() -> bool:
+    """``active()``, or True where the private API to tell is missing (callers then take the
+    path that works under a transform too)."""
+    return not READY or active()
+
+
 def outside_transforms():
     """A context in which torch operators run as outside any torch.func transform: on plain
     tensors they make plain tensors (inside a ``grad`` level every result is wrapped, kernels

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from hiertail_fast.ops._autograd import first_order_backward
+from hiertail_fast.ops._autograd import eager_twin, first_order_backward
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS
 from hiertail_fast.ops._loss_terms import Levels, ratio
 
@@ -65,6 +65,7 @@ def official_g_dot_s(z: torch.Tensor, lv: Levels, scale: float, include_self: bo
     return total
 
 
+@eager_twin
 class OfficialTemperature(torch.autograd.Function):
     """(τ, z, lv, scale, include_self, base, shape, dtype) -> zeros(shape): an exact 0 added to
     the official loss, whose backward gives dL/dτ (the module docstring). ``base`` [L, N]: the

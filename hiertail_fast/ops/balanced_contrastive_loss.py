@@ -30,7 +30,7 @@ import torch
 from hiertail_fast._validation import validate_contrastive_inputs
 from hiertail_fast.ops import _attention_lse, _custom_ops, _lse_symmetric, _triton_loss
 from hiertail_fast.ops._amp import autocast_off, loss_inputs
-from hiertail_fast.ops._autograd import first_order_backward, graph_anchor
+from hiertail_fast.ops._autograd import eager_twin, first_order_backward, graph_anchor
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS
 from hiertail_fast.ops._dispatch import (  # noqa: F401  (LOSS_BACKENDS: re-exported)
     LOSS_BACKENDS,
@@ -73,6 +73,7 @@ class _ForBackward:
         self.n_common, self.tensors = n_common, tensors
 
 
+@eager_twin
 class BalancedContrastiveFunction(torch.autograd.Function):
     """Sum over levels of the reduced balanced contrastive loss on the rows of ``z``:
     ``apply(...)[0]`` (the second output is the forward's ``_ForBackward``)."""
@@ -235,7 +236,7 @@ def settle_engine(z_all: torch.Tensor, scale: float, variant: str, n_levels: int
 
 def _apply(z_all, lv: Levels, scale: float, include_self: bool, variant: str, reduction: str,
            backend: str, want_grad: bool, automatic: bool):
-    """BalancedContrastiveFunction.apply with the engine of ``settle_engine``, and the fallback
+    """BalancedContrastiveFunction.run with the engine of ``settle_engine``, and the fallback
     to our own engine when the attention kernels refuse the call (a shape, dtype or GPU they do
     not support)."""
     backend, fp32_dot = settle_engine(z_all, scale, variant, lv.log_w.shape[0], backend,
@@ -243,10 +244,10 @@ def _apply(z_all, lv: Levels, scale: float, include_self: bool, variant: str, re
     args = [z_all, lv, scale, include_self, variant, reduction, backend, want_grad, fp32_dot,
             graph_anchor(z_all)]
     try:
-        return BalancedContrastiveFunction.apply(*args)[0]
+        return BalancedContrastiveFunction.run(*args)[0]
     except _attention_lse.AttentionUnavailable:
         args[6] = own_engine(z_all.device)
-        return BalancedContrastiveFunction.apply(*args)[0]
+        return BalancedContrastiveFunction.run(*args)[0]
 
 
 def balanced_contrastive_loss_op(
@@ -310,7 +311,7 @@ def _official_tau(out: torch.Tensor, tau: torch.Tensor | None, z_all: torch.Tens
     if tau is None:
         return out
     cdt = torch.float64 if z_all.dtype == torch.float64 else torch.float32
-    return out + OfficialTemperature.apply(tau, z_all.detach().to(cdt), lv, scale,
+    return out + OfficialTemperature.run(tau, z_all.detach().to(cdt), lv, scale,
                                            include_self, reduction_weights(lv, reduction, cdt),
                                            out.shape, out.dtype)
 

@@ -49,7 +49,7 @@ from hiertail_fast._validation import (
 )
 from hiertail_fast.graph import CSRGraph, is_sparse_adjacency
 from hiertail_fast.ops import _custom_graph_ops
-from hiertail_fast.ops._autograd import first_order_backward
+from hiertail_fast.ops._autograd import eager_twin, first_order_backward
 from hiertail_fast.ops._dispatch import choose_backend, public_op
 
 _SDDMM_CHUNK_ELEMS = 1 << 22  # entries·d per chunk of the edge-gradient dot products (16 MB fp32)
@@ -210,6 +210,7 @@ def _col_sums(graph: CSRGraph, v: torch.Tensor) -> torch.Tensor:
     return torch.segment_reduce(v[graph.transpose_perm()], "sum", lengths=graph.column_counts())
 
 
+@eager_twin
 class GCNPropagateFunction(torch.autograd.Function):
     """out = Â·x with Â given by (graph, weight, dinv, loop). Differentiable w.r.t. x, weight and
     dinv (the caller computes dinv from the weights with autograd when they require grad)."""
@@ -363,5 +364,5 @@ def gcn_propagate(
     key = None if weight_grad else (bool(improved), bool(add_self_loops), cdtype)
     if weight is not None:
         weight = weight.to(cdtype)
-    return GCNPropagateFunction.apply(x, weight, dinv, loop if add_self_loops else None, graph,
+    return GCNPropagateFunction.run(x, weight, dinv, loop if add_self_loops else None, graph,
                                       key, backend)

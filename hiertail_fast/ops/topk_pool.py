@@ -39,7 +39,7 @@ from hiertail_fast._validation import (
 )
 from hiertail_fast.graph import CSRGraph, is_sparse_adjacency
 from hiertail_fast.ops import _custom_graph_ops
-from hiertail_fast.ops._autograd import first_order_backward
+from hiertail_fast.ops._autograd import eager_twin, first_order_backward
 from hiertail_fast.ops._dispatch import choose_backend, public_op
 from hiertail_fast.ops._functorch import outside_transforms, plain
 from hiertail_fast.reference.topk_pool import (
@@ -108,6 +108,7 @@ def _row_dot(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@eager_twin
 class TopKPoolFunction(torch.autograd.Function):
     """(x [n, d], p [d], k, backend) -> (x[perm]·s[perm] [k, d], perm [k], s[perm] [k], and
     for the backward: p̂ [d], qn, m; ``apply(...)[:3]`` is the op's result)."""
@@ -173,6 +174,7 @@ class TopKPoolFunction(torch.autograd.Function):
                 dp if ctx.needs_input_grad[1] else None, None, None)
 
 
+@eager_twin
 class TopKUnpoolFunction(torch.autograd.Function):
     """Triton unpool: out = zeros(n, d), out[perm] = x_pooled; backward = gather of rows."""
 
@@ -290,7 +292,7 @@ def pool_with_entries(x, graph_or_edge_index, score_weight, ratio, edge_weight=N
                                                                   dedupe=False))
         entry = None
     else:
-        x_pooled, perm, score = TopKPoolFunction.apply(x, p, k, choice)[:3]
+        x_pooled, perm, score = TopKPoolFunction.run(x, p, k, choice)[:3]
         pooled, entry = (_subgraph_triton(graph, perm) if choice == "triton" else
                          graph.subgraph(perm, return_entry_index=True))
     return (TopKPoolResult(x_pooled, pooled, pooled.edge_index(), pooled.weight, perm, score),
@@ -319,5 +321,5 @@ def topk_unpool(
     if perm.device != x_pooled.device:
         raise ValueError(f"perm is on {perm.device} but x_pooled is on {x_pooled.device}")
     if choice == "triton":
-        return TopKUnpoolFunction.apply(x_pooled, perm, int(num_nodes))
+        return TopKUnpoolFunction.run(x_pooled, perm, int(num_nodes))
     return x_pooled.new_zeros(int(num_nodes), x_pooled.shape[1]).index_copy(0, perm, x_pooled)
