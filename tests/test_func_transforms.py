@@ -295,3 +295,37 @@ def test_eager_calls_take_the_ctx_style_twin(monkeypatch):
     assert {"GCNPropagateFunction.forward", "TopKPoolFunction.forward",
             "BalancedContrastiveFunction.forward"} <= set(bound)
     assert torch.equal(got, x_leaf.grad)
+
+
+@pytest.mark.parametrize("backend", ["torch", "attention", _TRITON])
+def test_batched_grads_are_exact_or_raise(backend):
+    # torch.autograd.grad(..., is_grads_batched=True) (and jacobian(vectorize=True)) runs the
+    # backward under PyTorch's legacy batching, which _functorch does not see: where the
+    # hand-written backward is dense torch operators (the fused loss) it is exact, elsewhere
+    # PyTorch raises (a batching rule or a storage it cannot read) -- never a wrong number
+    dev = backend_device(backend)
+    x, ei, _, p = _graph_inputs(dev, seed=11)
+    y = torch.randint(0, 3, (x.shape[0],)).to(dev)
+    graph_backend = "torch" if backend == "attention" else backend
+    cases = [
+        lambda z: balanced_contrastive_loss(z, y, backend=backend),
+        lambda z: balanced_contrastive_loss(z, y, backend=backend, variant="official"),
+        lambda z: balanced_contrastive_loss(z, y, backend=backend, reduction="none"),
+        lambda z: gcn_propagate(z, ei, backend=graph_backend),
+        lambda z: topk_pool(z, ei, p, 0.5, backend=graph_backend).x,
+    ]
+    ran = 0
+    for f in cases:
+        z = x.clone().requires_grad_()
+        out = f(z)
+        cots = torch.randn((3, *out.shape), generator=torch.Generator().manual_seed(12)).to(dev)
+        try:
+            (batched,) = torch.autograd.grad(out, z, cots, is_grads_batched=True)
+        except (RuntimeError, NotImplementedError):
+            continue
+        one_by_one = torch.stack([torch.autograd.grad(f(zz := x.clone().requires_grad_()),
+                                                      zz, c)[0] for c in cots])
+        torch.testing.assert_close(batched, one_by_one, rtol=1e-5, atol=1e-6)
+        ran += 1
+    if backend == "torch":
+        assert ran >= 2             # the fused CPU loss, both variants
