@@ -30,6 +30,15 @@ _SECOND = "cannot be differentiated again"
 _TRITON = pytest.param("triton", marks=requires_triton)
 
 
+def _same(a, b):
+    """Bit for bit on CPU; on CUDA within fp32 rounding (index_add_ there uses atomics: two runs
+    of the same call may round differently, README, Guarantees: determinism)."""
+    if a.device.type == "cpu":
+        assert torch.equal(a, b), (a - b).abs().max()
+    else:
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def _eager_grads(f, *args):
     """The gradients of f(*args) w.r.t. every arg by autograd's ``backward``."""
     leaves = [a.detach().clone().requires_grad_() for a in args]
@@ -64,12 +73,13 @@ def test_func_grad_of_the_loss_is_the_eager_gradient(backend, variant, reduction
 
     (gz, gp), value = grad_and_value(f, argnums=(0, 1))(z, protos)
     ez, ep = _eager_grads(f, z, protos)
-    assert torch.equal(value, f(z, protos))
+    _same(value, f(z, protos))
     if backend == "reference":        # plain autograd: functorch's and autograd's kernels
         torch.testing.assert_close(gz, ez, rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(gp, ep, rtol=1e-6, atol=1e-7)
     else:                             # the hand-written backward, the same call: bit for bit
-        assert torch.equal(gz, ez) and torch.equal(gp, ep)
+        _same(gz, ez)
+        _same(gp, ep)
 
 
 @pytest.mark.parametrize("backend", ["torch", "attention", _TRITON])
@@ -86,7 +96,7 @@ def test_func_grad_of_the_hierarchical_loss(backend):
 
     got = grad(f, argnums=(0, 1, 2))(z, *protos)
     for g, e in zip(got, _eager_grads(f, z, *protos), strict=True):
-        assert torch.equal(g, e)
+        _same(g, e)
 
 
 @pytest.mark.parametrize("backend", ["reference", "torch", _TRITON])
@@ -115,7 +125,7 @@ def test_func_grad_of_the_graph_ops_is_the_eager_gradient(backend, case):
         if backend == "reference":
             torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
         else:
-            assert torch.equal(g, e)
+            _same(g, e)
 
 
 @pytest.mark.parametrize("backend", ["torch", _TRITON])
@@ -130,7 +140,7 @@ def test_func_vjp_takes_the_cotangent(backend):
         (got,) = pullback(cot)
         leaf = x.clone().requires_grad_()
         f(leaf).backward(cot)
-        assert torch.equal(got, leaf.grad)
+        _same(got, leaf.grad)
 
 
 @pytest.mark.parametrize("config", ["paper", "official"])

@@ -399,7 +399,11 @@ def test_ops_under_activation_checkpointing(backend, reentrant):
     def checked(f, *args):
         return checkpoint(f, *args, use_reentrant=reentrant)
 
-    assert torch.equal(grads(checked), grads(lambda f, *args: f(*args)))
+    got, want = grads(checked), grads(lambda f, *args: f(*args))
+    if dev == "cpu":
+        assert torch.equal(got, want)
+    else:                       # CUDA's index_add_ uses atomics: run to run within rounding
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=requires_triton)])
