@@ -76,3 +76,4 @@ def test_cli_writes_markdown_and_rejects_other_json(tmp_path, capsys):
     assert next_defaults.main([str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("next_defaults.py: ") and "\n" not in err
+
