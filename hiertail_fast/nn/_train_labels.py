@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from hiertail_fast._validation import check_index_vector, check_tensor
-from hiertail_fast.ops._custom_ops import OP_OPTIONS, READY
+from hiertail_fast.ops._custom_ops import OP_OPTIONS, READY, unshared
 
 
 def train_labels(y, train_idx, n: int, num_classes: int, device: torch.device
@@ -41,9 +41,10 @@ def train_labels(y, train_idx, n: int, num_classes: int, device: torch.device
 @torch.library.custom_op("hiertail_fast::train_labels", **OP_OPTIONS)
 def _train_labels_op(y: Tensor, train_idx: Tensor, n: int, num_classes: int,
                      device: torch.device) -> tuple[Tensor, Tensor]:
-    y_train, idx = train_labels(y, train_idx, n, num_classes, device)
-    # a custom op's outputs may not alias its inputs (long() of an int64 tensor is itself)
-    return y_train, idx.clone() if idx is train_idx else idx
+    # a custom op's outputs may not alias its inputs (long() of an int64 tensor is itself):
+    # the one helper the other custom ops use for that
+    y_train, idx = unshared(train_labels(y, train_idx, n, num_classes, device), (y, train_idx))
+    return y_train, idx
 
 
 @_train_labels_op.register_fake
