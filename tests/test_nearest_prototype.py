@@ -1,6 +1,8 @@
 """Nearest-prototype assignment: reference vs sklearn, every backend vs the reference."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -153,3 +155,74 @@ def test_torch_tiles_and_row_blocks(monkeypatch, m_tile):
     assert int(out.max()) < 90
     z = torch.randn(150, 6, generator=g)
     assert torch.equal(nearest_prototype(z, p, backend="torch"), nearest_prototype_ref(z, p))
+
+
+# ------------------------------------------------------------------ the CPU best-two kernel
+def _best_two_kernel(dtype):
+    import hiertail_fast.ops._nearest_rows as rows_mod
+
+    fn = rows_mod.kernel(dtype)
+    if fn is None:
+        if os.environ.get("CI"):
+            pytest.fail("the native kernels did not build on the CI machine")
+        pytest.skip("no C compiler here")
+    return rows_mod, fn
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_best_two_kernel_equals_topk(dtype, threads):
+    """The C kernel against the eager topk(2) step: best and second-best values bit for bit,
+    arg the FIRST index of the minimum (torch.argmin's rule), on random rows, rows with exact
+    duplicates of their minimum (second == best), widths 1, 2, 3, 63-65 (the 64-wide search
+    chunks) and a strided block (a column slice of a wider one), on 1 and 2 threads."""
+    rows_mod, fn = _best_two_kernel(dtype)
+    g = torch.Generator().manual_seed(11)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for m in (1, 2, 3, 63, 64, 65, 282, 700):
+            d = torch.randn(300, m, generator=g, dtype=dtype) * 100
+            d[::4] = torch.randint(-2, 3, (75, m), generator=g).to(dtype)   # exact ties
+            d[1::7, -1] = d[1::7].min(dim=1).values                          # min again, last
+            for block in (d, torch.randn(300, m + 9, generator=g, dtype=dtype)[:, 4:4 + m]):
+                best, arg, second = rows_mod.native_step(fn, block)
+                want_best, _, want_second = rows_mod.reference_step(block)
+                assert torch.equal(best, want_best) and torch.equal(second, want_second)
+                assert torch.equal(arg, block.argmin(dim=1))
+                assert torch.equal(block.gather(1, arg[:, None])[:, 0], best)
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_best_two_kernel_rejects_what_it_cannot_read():
+    rows_mod, fn = _best_two_kernel(torch.float32)
+    for bad in (torch.zeros(4, 0), torch.zeros(5, 4).t(), torch.zeros(4, 5, dtype=torch.int32)):
+        with pytest.raises(ValueError, match="best-two kernel"):
+            rows_mod.native_step(fn, bad)
+    assert rows_mod.kernel(torch.float16) is None
+    best, arg, second = rows_mod.native_step(fn, torch.zeros(0, 3))
+    assert best.numel() == arg.numel() == second.numel() == 0
+
+
+@pytest.mark.parametrize("path", ["native", "eager"])
+def test_torch_backend_with_and_without_the_kernel(monkeypatch, path):
+    """The op's torch backend on the C kernel and on its eager fallback (no compiler, or
+    HIERTAIL_NATIVE=0): exact ties across tiles and near-ties give the reference argmin."""
+    import hiertail_fast.ops._nearest_rows as rows_mod
+    import hiertail_fast.ops.nearest_prototype as npmod
+
+    if path == "eager":
+        monkeypatch.setattr(rows_mod, "kernel", lambda dtype: None)
+    else:
+        _best_two_kernel(torch.float32)
+    monkeypatch.setattr(npmod, "_M_TILE", 37)
+    g = torch.Generator().manual_seed(9)
+    for dtype in (torch.float32, torch.float64):
+        p = torch.randint(-3, 4, (90, 6), generator=g).to(dtype)
+        p = torch.cat([p, p[:20]])  # duplicates (>= 90) must never win
+        z = torch.randint(-3, 4, (400, 6), generator=g).to(dtype)
+        out = nearest_prototype(z, p, backend="torch")
+        assert torch.equal(out, nearest_prototype_ref(z, p)) and int(out.max()) < 90
+        z = torch.randn(400, 6, generator=g, dtype=dtype)
+        assert torch.equal(nearest_prototype(z, p, backend="torch"), nearest_prototype_ref(z, p))

@@ -23,8 +23,9 @@ from __future__ import annotations
 import torch
 
 from hiertail_fast._validation import check_prototype_args
-from hiertail_fast.ops import _custom_graph_ops
+from hiertail_fast.ops import _custom_graph_ops, _nearest_rows
 from hiertail_fast.ops._dispatch import choose_backend, public_op
+from hiertail_fast.ops._functorch import outside_transforms, plain
 from hiertail_fast.reference.nearest_prototype import nearest_prototype_ref, pow2_rescale
 
 __all__ = ["nearest_prototype"]
@@ -52,7 +53,10 @@ def nearest_prototype(
     choice = choose_backend(z, backend, op="nearest_prototype")
     if choice == "reference":
         return nearest_prototype_ref(z, prototypes)
-    with torch.no_grad():
+    # not differentiable: inside a torch.func transform, on plain tensors outside it (the C
+    # kernel of the torch backend reads memory, which functorch's wrappers have none of)
+    with torch.no_grad(), outside_transforms():
+        z, prototypes = plain(z, "nearest_prototype"), plain(prototypes, "nearest_prototype")
         # exact power-of-two rescale when ‖z‖² / ‖p‖² could over- or underflow (the expanded
         # form needs them; float32 entries ~1e19 gave inf − inf = NaN and a wrong argmin)
         z, prototypes = pow2_rescale(z.detach(), prototypes.detach())
@@ -74,6 +78,7 @@ def _argmin_torch(z: torch.Tensor, p: torch.Tensor):
     pnorm = p.pow(2).sum(dim=1)
     m_tile = min(m, _M_TILE)
     rows = max(1, _BLOCK_ELEMENTS // m_tile)
+    best_two = _nearest_rows.kernel(z.dtype) if z.device.type == "cpu" else None
     idx = torch.empty(n, dtype=torch.long, device=z.device)
     best = torch.empty(n, dtype=z.dtype, device=z.device)
     second = torch.empty(n, dtype=z.dtype, device=z.device)
@@ -85,16 +90,15 @@ def _argmin_torch(z: torch.Tensor, p: torch.Tensor):
         for m0 in range(0, m, m_tile):
             # d̃ block [rows, tile] = ‖p‖² − 2 z·pᵀ, one GEMM (addmm: no separate temporary)
             dist = torch.addmm(pnorm[m0:m0 + m_tile], zb, p[m0:m0 + m_tile].t(), alpha=-2.0)
-            # best and second-best in one pass (1.6x faster than min, scatter inf, min on
-            # CPU). topk's order among EQUAL values is unspecified, but an exact tie leaves a
-            # zero best/second gap, and every such row is re-decided by _refine_near_ties with
-            # the lowest-index rule, so the final answer does not depend on that order.
-            if dist.shape[1] >= 2:
-                vals, args = dist.topk(2, dim=1, largest=False, sorted=True)
-                t_val, t_arg, t_sec = vals[:, 0], args[:, 0], vals[:, 1]
+            # best and second-best of each row: on the CPU one C pass over the block
+            # (_nearest_rows), else topk(2) (1.6x faster than min, scatter inf, min). Which of
+            # several EQUAL minima is reported does not matter: an exact tie leaves a zero
+            # best/second gap, and every such row is re-decided by _refine_near_ties with the
+            # lowest-index rule, so the final answer does not depend on that order.
+            if best_two is not None:
+                t_val, t_arg, t_sec = _nearest_rows.native_step(best_two, dist)
             else:
-                t_val, t_arg = dist.min(dim=1)
-                t_sec = torch.full_like(t_val, float("inf"))
+                t_val, t_arg, t_sec = _nearest_rows.reference_step(dist)
             better = t_val < b_val  # strict: equal later values keep the lower index
             s_val = torch.where(better, torch.minimum(b_val, t_sec), torch.minimum(s_val, t_val))
             b_idx = torch.where(better, t_arg + m0, b_idx)
