@@ -226,3 +226,37 @@ def test_torch_backend_with_and_without_the_kernel(monkeypatch, path):
         assert torch.equal(out, nearest_prototype_ref(z, p)) and int(out.max()) < 90
         z = torch.randn(400, 6, generator=g, dtype=dtype)
         assert torch.equal(nearest_prototype(z, p, backend="torch"), nearest_prototype_ref(z, p))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("budget", [None, 64])
+def test_degenerate_inputs_every_pair_a_near_tie(monkeypatch, backend, budget):
+    """All-zero rows and prototypes (dead ReLUs), groups of equal prototypes, prototypes far
+    below the rows' scale (every pair within the rounding bound) and equal rows: the near-tie
+    refinement, on distinct rows only and in bounded chunks (``budget``: 64-element blocks, so
+    many row and pair chunks), gives the reference argmin, lowest index first."""
+    import hiertail_fast.ops.nearest_prototype as npmod
+
+    if budget is not None:
+        monkeypatch.setattr(npmod, "_BLOCK_ELEMENTS", budget)
+    dev = backend_device(backend)
+    g = torch.Generator().manual_seed(13)
+    zeros = torch.zeros(500, 16), torch.zeros(40, 16)
+    groups = torch.randn(5, 16, generator=g)[torch.randint(0, 5, (60,), generator=g)]
+    rows = torch.randn(30, 16, generator=g)[torch.randint(0, 30, (400,), generator=g)]
+    tiny = torch.randn(50, 16, generator=g) * 1e-12
+    near = torch.rand(300, 16, generator=g) * 1e-2
+    for z, p in (zeros, (rows, groups), (groups[:45], groups), (near, tiny),
+                 (torch.cat([near, near]), torch.cat([tiny, tiny]))):
+        want = nearest_prototype_ref(z, p)
+        got = nearest_prototype(z.to(dev), p.to(dev), backend=backend).cpu()
+        assert torch.equal(got, want)
+    assert int(nearest_prototype(zeros[0].to(dev), zeros[1].to(dev), backend=backend).max()) == 0
+
+
+def test_first_of_equal_rows():
+    from hiertail_fast.ops.nearest_prototype import _first_of_equal_rows
+
+    p = torch.tensor([[1.0, 2.0], [0.0, -0.0], [1.0, 2.0], [-0.0, 0.0], [3.0, 1.0], [1.0, 2.0]])
+    assert _first_of_equal_rows(p).tolist() == [0, 1, 4]
+    assert _first_of_equal_rows(torch.eye(3)) is None

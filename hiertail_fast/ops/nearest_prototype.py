@@ -113,30 +113,68 @@ def _refine_near_ties(z, p, idx, best, second):
     For such a row every prototype whose expanded value is within the bound of the row's
     minimum is a candidate (any other one is provably farther than the expanded winner); the
     candidates' distances are recomputed directly, ‖z − p‖², and the smallest wins, lowest index
-    on ties. Work: one small GEMM over the suspect rows plus a few exact distances.
+    on ties.
+
+    Memory stays O(block) on degenerate inputs too: equal rows give equal direct distances, so
+    the work runs on distinct rows only — of a group of equal prototypes only the lowest index
+    can win, and equal suspect rows get one answer — and the candidates go in bounded chunks.
+    (All-zero embeddings and prototypes, e.g. dead ReLUs, made every one of N·m pairs a
+    candidate: 10k × 400 zeros took 6 GB and 15 s.) The worst case left — every pair a near-tie
+    among distinct rows — costs O(N·m·d) time, the order of the op's own product.
     """
     n, d = z.shape
     m = p.shape[0]
     if n == 0 or m == 1:
         return idx
-    unit = torch.finfo(z.dtype).eps / 2
-    gamma = (d + 2) * unit  # worst-case relative error of a length-d dot product (+2 ops)
-    tol = 2.0 * gamma * (z.norm(dim=1) + p.norm(dim=1).max()) ** 2  # two values' errors
-    suspect = torch.nonzero((second - best) <= tol).view(-1)
+    pmax = p.norm(dim=1).max()
+    suspect = torch.nonzero((second - best) <= _tie_bound(z, pmax)).view(-1)
     if suspect.numel() == 0:
         return idx
-    zs = z[suspect]
-    expanded = torch.addmm(p.pow(2).sum(dim=1), zs, p.t(), alpha=-2.0)  # [r, m]
-    cand = expanded <= expanded.min(dim=1, keepdim=True).values + tol[suspect, None]
-    rows, cols = torch.nonzero(cand, as_tuple=True)
-    diff = zs[rows] - p[cols]
-    exact = (diff * diff).sum(dim=1)
-    r = suspect.numel()
-    emin = torch.full((r,), float("inf"), dtype=z.dtype, device=z.device)
-    emin = emin.scatter_reduce(0, rows, exact, "amin")
-    cols = torch.where(exact == emin[rows], cols, torch.full_like(cols, m))
-    winner = torch.full((r,), m, dtype=torch.long, device=z.device).scatter_reduce(
-        0, rows, cols, "amin")  # lowest index among the exact minima
+    reps = _first_of_equal_rows(p)                          # ascending prototype indices
+    pr = p if reps is None else p[reps]
+    zu, inverse = torch.unique(z[suspect], dim=0, return_inverse=True)
+    tol = _tie_bound(zu, pmax)
+    pnorm = pr.pow(2).sum(dim=1)
+    k = pr.shape[0]
+    winners = torch.empty(zu.shape[0], dtype=torch.long, device=z.device)
+    pair_chunk = max(1, _BLOCK_ELEMENTS // max(1, d))       # candidate pairs per difference
+    rows_per = max(1, _BLOCK_ELEMENTS // 8 // k)              # ≤ ~20 bytes per pair held
+    for r0 in range(0, zu.shape[0], rows_per):
+        zc = zu[r0:r0 + rows_per]
+        expanded = torch.addmm(pnorm, zc, pr.t(), alpha=-2.0)  # [rows, k]
+        cand = expanded <= expanded.min(dim=1, keepdim=True).values + tol[r0:r0 + rows_per, None]
+        del expanded
+        rows, cols = torch.nonzero(cand, as_tuple=True)
+        exact = torch.empty(rows.numel(), dtype=z.dtype, device=z.device)
+        for c0 in range(0, rows.numel(), pair_chunk):
+            diff = zc[rows[c0:c0 + pair_chunk]] - pr[cols[c0:c0 + pair_chunk]]
+            exact[c0:c0 + pair_chunk] = (diff * diff).sum(dim=1)
+        rc = zc.shape[0]
+        emin = torch.full((rc,), float("inf"), dtype=z.dtype, device=z.device)
+        emin = emin.scatter_reduce(0, rows, exact, "amin")
+        cols = torch.where(exact == emin[rows], cols, torch.full_like(cols, k))
+        winners[r0:r0 + rc] = torch.full((rc,), k, dtype=torch.long, device=z.device) \
+            .scatter_reduce(0, rows, cols, "amin")         # lowest index among exact minima
+    if reps is not None:
+        winners = reps[winners]
     idx = idx.clone()
-    idx[suspect] = winner
+    idx[suspect] = winners[inverse]
     return idx
+
+
+def _tie_bound(z, pmax):
+    """Per row, twice the worst-case error of an expanded value: 2·γ·(‖z_i‖ + max_t ‖p_t‖)²,
+    γ = (d + 2)·u (the standard dot-product bound, +2 operations)."""
+    gamma = (z.shape[1] + 2) * (torch.finfo(z.dtype).eps / 2)
+    return 2.0 * gamma * (z.norm(dim=1) + pmax) ** 2
+
+
+def _first_of_equal_rows(p):
+    """Ascending indices of the first row of each group of equal rows of p, or None when all
+    rows differ. (±0 count as equal: their squared differences are the same.)"""
+    uniq, inverse = torch.unique(p, dim=0, return_inverse=True)
+    if uniq.shape[0] == p.shape[0]:
+        return None
+    first = torch.full((uniq.shape[0],), p.shape[0], dtype=torch.long, device=p.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(p.shape[0], device=p.device), "amin")
+    return first.sort().values
