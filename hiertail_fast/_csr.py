@@ -109,6 +109,10 @@ def sparse_to_coo(adj: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     elif isinstance(adj, torch.Tensor) and adj.layout != torch.strided:
         if adj.dim() != 2:
             raise ValueError(f"a sparse adjacency must be 2-D, got shape {tuple(adj.shape)}")
+        if adj.layout in (torch.sparse_bsr, torch.sparse_bsc):
+            raise TypeError(f"a sparse adjacency in the {adj.layout} layout is not supported: "
+                            f"its blocks store zeros that would count as edges (and as "
+                            f"self-loops on the diagonal); pass COO, CSR or CSC")
         n, m = adj.shape
         if adj.layout == torch.sparse_csr:
             row = torch.repeat_interleave(

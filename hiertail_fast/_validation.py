@@ -35,6 +35,21 @@ def check_flag(value: object, name: str) -> bool:
     return bool(value)
 
 
+def check_finite_number(value: object, name: str) -> float:
+    """A finite real number as a float: int, float, numpy numbers, a one-element real tensor;
+    bool and strings are a TypeError (never converted: ``float("2")`` would pass), NaN / ±inf
+    a ValueError."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not (
+            value.is_complex() or value.dtype == torch.bool):
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return value
+
+
 def all_finite(t: torch.Tensor) -> bool:
     """True iff no entry of the floating tensor t is NaN or ±inf.
 

@@ -37,8 +37,10 @@ from hiertail_fast._csr import (  # noqa: F401  (is_sparse_adjacency: re-exporte
     sparse_to_coo,
 )
 from hiertail_fast._validation import (
+    all_finite,
     check_edge_index,
     check_edge_weight,
+    check_finite_number,
     check_flag,
     check_num_nodes,
     check_tensor,
@@ -50,6 +52,17 @@ from hiertail_fast.ops._functorch import outside_transforms, plain, wrapped
 # ops that receive a graph's tensors, not the object (ops/_custom_graph_ops.py); they find the
 # object again here to reuse its caches. A miss (the arrays were copied) builds a new object.
 _LIVE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+_FINITE_WEIGHTS = "weights checked finite"     # cache key: the weights' version last checked
+
+
+def _versions(*arrays: torch.Tensor) -> tuple | None:
+    """In-place version counters of the arrays (None for inference tensors: they have none);
+    None while TorchDynamo traces (a graph built there is never checked)."""
+    if torch.compiler.is_compiling():
+        return None
+    return tuple(None if t.is_inference() else t._version for t in arrays)
 
 
 def _arrays_key(indptr: torch.Tensor, indices: torch.Tensor, weight: torch.Tensor | None,
@@ -68,7 +81,8 @@ class CSRGraph:
         num_nodes: n.
     """
 
-    __slots__ = ("_indptr", "_indices", "_weight", "_num_nodes", "_cache", "__weakref__")
+    __slots__ = ("_indptr", "_indices", "_weight", "_num_nodes", "_cache", "_arrays_version",
+                 "__weakref__")
 
     def __init__(
         self,
@@ -91,6 +105,7 @@ class CSRGraph:
         self._weight = weight
         self._num_nodes = int(num_nodes if num_nodes is not None else indptr.numel() - 1)
         self._cache: dict[Any, Any] = {}
+        self._arrays_version = _versions(indptr, indices)
         self._register()
 
     def _register(self) -> None:
@@ -109,6 +124,7 @@ class CSRGraph:
         _, slots = state
         for name, value in slots.items():
             object.__setattr__(self, name, value)
+        self._arrays_version = _versions(self._indptr, self._indices)    # new tensors' counters
         self._register()
 
     @staticmethod
@@ -201,9 +217,39 @@ class CSRGraph:
     def device(self) -> torch.device:
         return self._indptr.device
 
+    def _check_arrays(self) -> None:
+        """ValueError when indptr / indices were modified in place since the graph was built:
+        it keeps the arrays it was given (no copy), and every cache and check was made from
+        their old contents (a reused buffer served the old operator, or failed deep inside)."""
+        if self._arrays_version is not None and not torch.compiler.is_compiling() and \
+                self._arrays_version != _versions(self._indptr, self._indices):
+            raise ValueError(
+                "CSRGraph: its indptr / indices were modified in place after it was built (the "
+                "graph keeps the arrays it is given, without a copy, and its caches and checks "
+                "were made from their old contents); build a new CSRGraph from the new arrays")
+
+    def _check_weights(self) -> None:
+        """ValueError when the stored weights hold NaN or Inf. Checked at construction and
+        again, once per version, after any in-place update (a diverged optimizer step on
+        learnable weights), so the fast backends raise what the reference raises instead of
+        returning NaN rows. One read pass per weights' version (none for unweighted graphs)."""
+        if self._weight is None or torch.compiler.is_compiling():
+            return
+        ver = self._weight_version()
+        if ver != -1 and self._cache.get(_FINITE_WEIGHTS) == ver:
+            return
+        with outside_transforms():
+            ok = all_finite(plain(self._weight.detach(), "CSRGraph"))
+        if not ok:
+            raise ValueError("the CSRGraph's edge weights contain NaN or Inf (modified in place "
+                             "after the graph was built?)")
+        if ver != -1:
+            self._cache[_FINITE_WEIGHTS] = ver
+
     def _cached(self, key: Any, fn):
         """Cache of a STRUCTURAL quantity (depends on indptr/indices only). Computed outside
         any torch.func transform: a plain tensor, as the arrays are (``__init__``)."""
+        self._check_arrays()
         if key not in self._cache:
             with outside_transforms():
                 self._cache[key] = fn()
@@ -225,6 +271,8 @@ class CSRGraph:
         identity cannot change), so an in-place update of learnable weights invalidates it
         instead of serving the old operator. In-place changes through ``.data`` bypass the
         version counter and are not seen (as everywhere in autograd)."""
+        self._check_arrays()
+        self._check_weights()
         ver = self._weight_version()
         hit = self._cache.get(key)
         if hit is not None and hit[0] == ver and ver != -1:
@@ -312,6 +360,7 @@ class CSRGraph:
         every node gets an extra loop entry (kept as a separate entry next to an existing one).
         """
         remaining = check_flag(remaining, "remaining")
+        fill = check_finite_number(fill, "fill")
         n = self._num_nodes
         nodes = torch.arange(n, device=self.device)
         if remaining:
@@ -347,6 +396,8 @@ class CSRGraph:
                 loop = torch.zeros(self._num_nodes, dtype=dtype, device=self.device)
             return deg_inv_sqrt(self.degree(dtype) + loop), loop
         if self._weight is not None and self._weight.requires_grad and torch.is_grad_enabled():
+            self._check_arrays()
+            self._check_weights()
             return compute()
         return self._cached_w(("dinv", bool(improved), bool(add_self_loops), dtype), compute)
 
@@ -360,6 +411,8 @@ class CSRGraph:
             values = dinv[self.row_index()] * self.weight_or_ones(dtype) * dinv[self._indices]
             return values, loop * dinv * dinv
         if self._weight is not None and self._weight.requires_grad and torch.is_grad_enabled():
+            self._check_arrays()
+            self._check_weights()
             return compute()
         return self._cached_w(("norm", bool(improved), bool(add_self_loops), dtype), compute)
 
@@ -477,6 +530,7 @@ class CSRGraph:
         their relabelled row/col) in any order: one sort of (row, col) keys gives CSR order
         (not stable: duplicate entries come in an unspecified, reproducible order — a stable
         int64 sort is ~10x slower on CPU). Returns the graph and the entry ids in its order."""
+        self._check_weights()             # NaN / Inf weights stop here, not in the pooled graph
         order = torch.sort(new_row * max(k, 1) + new_col).indices
         entry, new_col = entry[order], new_col[order]
         indptr = torch.zeros(k + 1, dtype=torch.long, device=self.device)

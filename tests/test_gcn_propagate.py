@@ -2,11 +2,13 @@
 (values, x- and edge-weight gradients); GCNConv vs torch_geometric.nn.GCNConv; bad inputs."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from hiertail_fast.graph import CSRGraph
 from hiertail_fast.nn.conv import GCNConv
+from hiertail_fast.nn.hiertail import prepare_graph
 from hiertail_fast.ops.gcn_propagate import (
     GCNPropagateFunction,
     _col_sums,
@@ -395,3 +397,50 @@ def test_gcnconv_cached_converts_once_and_never_serves_a_stale_graph(monkeypatch
     torch.testing.assert_close(copy.deepcopy(conv)(x, ei, w), conv(x, ei, w))
     with pytest.raises(TypeError, match="cached"):
         GCNConv(4, 3, cached="yes")
+
+
+def test_gcnconv_cached_follows_the_node_count():
+    """cached=True keys the cached graph by the node count too: the same edge_index with more
+    rows of x (extra isolated nodes) is converted again (it raised 'x has 5 rows but the graph
+    has 3 nodes')."""
+    ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    conv, plain = GCNConv(4, 2, cached=True), GCNConv(4, 2)
+    plain.load_state_dict(conv.state_dict())
+    for n in (3, 5, 3):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(conv(x, ei), plain(x, ei))
+
+
+def test_gcnconv_checks_its_arguments_and_x():
+    ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    for bad in (True, 0, 2.0, "3"):
+        with pytest.raises(ValueError, match="in_channels must be a positive int"):
+            GCNConv(bad, 3)
+        with pytest.raises(ValueError, match="out_channels must be a positive int"):
+            GCNConv(3, bad)
+    assert GCNConv(np.int64(4), 3).in_channels == 4
+    with pytest.raises(ValueError, match="backend='bogus'"):
+        GCNConv(4, 3, backend="bogus")
+    for conv in (GCNConv(5, 3), GCNConv(2, 8)):              # Â·(XWᵀ) and (ÂX)·Wᵀ orders
+        with pytest.raises(ValueError, match=r"x must be \[num_nodes, in_channels="):
+            conv(torch.randn(3, 4), ei)
+    with pytest.raises(TypeError, match="x is torch.float64 but the layer's parameters"):
+        GCNConv(4, 3)(torch.randn(3, 4, dtype=torch.float64), ei)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        GCNConv(4, 3)([[1.0] * 4] * 3, ei)
+    with torch.autocast("cpu", dtype=torch.bfloat16):        # autocast: mixed dtypes are its job
+        assert GCNConv(4, 3)(torch.randn(3, 4).bfloat16(), ei).shape == (3, 3)
+
+
+@pytest.mark.parametrize("num_nodes", [3.0, 3.7, "3", True])
+def test_num_nodes_checked_on_every_graph_input(num_nodes):
+    """num_nodes is checked the same way for an edge_index, a CSRGraph and a sparse adjacency
+    (a float was truncated by int() on the last two: 3.7 passed as 3)."""
+    ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    x = torch.randn(3, 4)
+    adj = torch.sparse_coo_tensor(ei.flip(0), torch.ones(3), (3, 3))
+    for graph in (ei, CSRGraph.from_edge_index(ei), adj):
+        with pytest.raises(TypeError, match="num_nodes must be an int"):
+            gcn_propagate(x, graph, num_nodes=num_nodes)
+        with pytest.raises(TypeError, match="num_nodes must be an int"):
+            prepare_graph(graph, num_nodes)

@@ -296,3 +296,95 @@ def test_an_unpickled_graph_is_found_again_by_its_arrays():
     assert h.known_symmetric and h._cache.keys() == g._cache.keys()
     assert CSRGraph._live(h.indptr, h.indices, h.weight, h.num_nodes) is h
     assert CSRGraph._live(g.indptr, g.indices, g.weight, g.num_nodes) is g
+
+
+# ------------------------------------------------------------------ arrays and weights kept safe
+def test_arrays_modified_in_place_after_construction_raise():
+    """The graph keeps the indptr / indices it is given (no copy): an in-place change of them
+    afterwards raises, instead of serving the operator cached from their old contents (or an
+    IndexError deep inside for an id now out of range)."""
+    from hiertail_fast import gcn_propagate
+
+    indptr, indices = torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 0])
+    g = CSRGraph(indptr, indices)
+    x = torch.eye(3)
+    gcn_propagate(x, g)
+    indices.copy_(torch.tensor([2, 0, 1]))
+    for call in (lambda: gcn_propagate(x, g), lambda: gcn_propagate(x, g, improved=False),
+                 lambda: g.row_index(), lambda: g.transpose()):
+        with pytest.raises(ValueError, match="modified in place after it was built"):
+            call()
+    fresh = CSRGraph(indptr, indices)                       # a new graph on the new contents
+    torch.testing.assert_close(dense(fresh), dense_from_edges(fresh.edge_index(), None, 3))
+    with torch.inference_mode():                            # no version counters: not checked
+        g_inf = CSRGraph(torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 0]))
+        assert g_inf.row_index().tolist() == [0, 1, 2]
+
+
+def test_copies_of_a_graph_have_their_own_array_versions():
+    import copy
+    import io
+    import pickle
+
+    indptr, indices = torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 0])
+    indices.add_(0)                                         # a version counter that is not 0
+    g = CSRGraph(indptr, indices)
+    buf = io.BytesIO()
+    torch.save(g, buf)
+    buf.seek(0)
+    for copied in (pickle.loads(pickle.dumps(g)), copy.deepcopy(g), copy.copy(g),
+                   torch.load(buf, weights_only=False)):
+        assert copied.row_index().tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_weights_made_non_finite_in_place_raise_on_every_path(bad):
+    """Weights checked at construction and again after an in-place update (a diverged step on
+    learnable weights): the fast backends raise as the reference does (they returned NaN rows,
+    or a misleading negative-degree error), and top-k pooling does not carry them over."""
+    from hiertail_fast import gcn_propagate, topk_pool
+
+    base = CSRGraph.from_edge_index(torch.tensor([[0, 1, 2, 3, 1], [1, 2, 3, 0, 0]]),
+                                    torch.ones(5))
+    w = torch.nn.Parameter(base.weight.clone())
+    g = CSRGraph(base.indptr, base.indices, w)
+    x = torch.randn(4, 3)
+    gcn_propagate(x, g)
+    with torch.no_grad():
+        w[0] = bad
+    for call in (lambda: gcn_propagate(x, g), lambda: gcn_propagate(x.detach(), g),
+                 lambda: topk_pool(x, g, torch.ones(3), 1.0), lambda: g.augment_a2()):
+        with pytest.raises(ValueError, match="edge weights contain NaN or Inf"):
+            call()
+    with torch.no_grad(), pytest.raises(ValueError, match="edge weights contain NaN or Inf"):
+        gcn_propagate(x, g)
+    with torch.no_grad():
+        w[0] = 2.0                                          # repaired: works again
+    torch.testing.assert_close(gcn_propagate(x, g), gcn_propagate(x, g, backend="reference"))
+
+
+def test_with_self_loops_fill_is_checked():
+    g = CSRGraph.from_edge_index(torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]]),
+                                 torch.tensor([1.0, 2, 3, 4]))
+    for bad in (float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="fill must be finite"):
+            g.with_self_loops(bad)
+    for bad in ("2", True, None, torch.ones(2)):
+        with pytest.raises(TypeError, match="fill must be a real number"):
+            g.with_self_loops(bad)
+    assert dense(g.with_self_loops(torch.tensor(3.0))).diagonal().tolist() == [3.0] * 4
+    assert dense(g.with_self_loops(2)).diagonal().tolist() == [2.0] * 4
+
+
+@pytest.mark.parametrize("layout", ["bsr", "bsc"])
+def test_block_sparse_adjacency_is_rejected(layout):
+    """BSR / BSC store the zeros inside every block: read as entries they became edges of
+    weight 0 (and self-loops on the diagonal, which then kept GCN's self-loop out)."""
+    from hiertail_fast import gcn_propagate
+
+    ei = torch.tensor([[1, 2, 0], [0, 1, 3]])
+    adj = torch.sparse_coo_tensor(ei.flip(0), torch.ones(3), (4, 4)).coalesce()
+    block = adj.to_sparse_bsr((2, 2)) if layout == "bsr" else adj.to_sparse_bsc((2, 2))
+    for call in (lambda: CSRGraph.from_sparse(block), lambda: gcn_propagate(torch.eye(4), block)):
+        with pytest.raises(TypeError, match="layout is not supported"):
+            call()

@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import math
+import numbers
 import weakref
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from hiertail_fast._validation import check_flag
 from hiertail_fast.graph import CSRGraph
-from hiertail_fast.ops.gcn_propagate import as_graph, gcn_propagate
+from hiertail_fast.ops.gcn_propagate import PROPAGATION_BACKENDS, as_graph, gcn_propagate
 
 
 class GCNConv(nn.Module):
@@ -42,12 +44,16 @@ class GCNConv(nn.Module):
                  bias: bool = True, add_self_loops: bool = True,
                  backend: str | None = None, *, cached: bool = False) -> None:
         super().__init__()
-        if in_channels < 1 or out_channels < 1:
-            raise ValueError(f"in_channels and out_channels must be >= 1, got "
-                             f"{in_channels}, {out_channels}")
+        for value, name in ((in_channels, "in_channels"), (out_channels, "out_channels")):
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) \
+                    or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.in_channels, self.out_channels = int(in_channels), int(out_channels)
         self.improved = check_flag(improved, "improved")
         self.add_self_loops = check_flag(add_self_loops, "add_self_loops")
+        if backend is not None and backend not in PROPAGATION_BACKENDS:
+            raise ValueError(f"backend={backend!r} is not one of {PROPAGATION_BACKENDS} (or "
+                             f"None: automatic)")
         self.backend = backend
         self.cached = check_flag(cached, "cached")
         self._cached_graph: tuple | None = None      # (the input's identity, its CSRGraph)
@@ -80,9 +86,10 @@ class GCNConv(nn.Module):
         identity = _identity(graph_or_edge_index, edge_weight) if self.cached else None
         if identity is None:
             return as_graph(graph_or_edge_index, edge_weight, n)
-        if self._cached_graph is None or not _same_identity(self._cached_graph[0], identity):
-            self._cached_graph = (identity, as_graph(graph_or_edge_index, edge_weight, n))
-        return self._cached_graph[1]
+        cached = self._cached_graph          # (identity, the node count, the graph)
+        if cached is None or cached[1] != n or not _same_identity(cached[0], identity):
+            self._cached_graph = (identity, n, as_graph(graph_or_edge_index, edge_weight, n))
+        return self._cached_graph[2]
 
     def _propagate(self, h, graph, edge_weight=None):
         return gcn_propagate(h, graph, edge_weight, improved=self.improved,
@@ -90,6 +97,7 @@ class GCNConv(nn.Module):
 
     def forward(self, x: torch.Tensor, graph_or_edge_index: CSRGraph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
+        self._check_input(x)
         if torch.compiler.is_compiling() and not isinstance(graph_or_edge_index, CSRGraph):
             # traced: the edge_index goes into gcn_propagate's custom op as it is (converted
             # when the op runs; a conversion here would depend on the data: no graph)
@@ -101,6 +109,18 @@ class GCNConv(nn.Module):
         else:
             out = self._propagate(F.linear(x, self.weight), graph, weight)
         return out if self.bias is None else out + self.bias
+
+    def _check_input(self, x) -> None:
+        """x [n, in_channels] in the parameters' dtype (any dtype under autocast): a wrong
+        width or dtype is named here, not left to a RuntimeError inside the product."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 2 or x.shape[1] != self.in_channels:
+            raise ValueError(f"x must be [num_nodes, in_channels={self.in_channels}], got shape "
+                             f"{tuple(x.shape)}")
+        if x.dtype != self.weight.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise TypeError(f"x is {x.dtype} but the layer's parameters are "
+                            f"{self.weight.dtype}: convert one of them (e.g. module.to(x.dtype))")
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, improved={self.improved}, "

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hiertail_fast._validation import check_no_edge_weight
+from hiertail_fast._validation import check_no_edge_weight, check_num_nodes
 from hiertail_fast.data.pyg import graph_inputs, is_pyg_data
 from hiertail_fast.graph import CSRGraph, is_sparse_adjacency
 from hiertail_fast.losses import balanced_contrastive_loss, hierarchical_contrastive_loss
@@ -78,7 +78,7 @@ def prepare_graph(edge_index, num_nodes: int | None = None, edge_weight=None) ->
     elif is_sparse_adjacency(edge_index):
         check_no_edge_weight(edge_weight)
         adj = CSRGraph.from_sparse(edge_index)
-        if num_nodes is not None and int(num_nodes) != adj.num_nodes:
+        if num_nodes is not None and check_num_nodes(num_nodes) != adj.num_nodes:
             raise ValueError(f"num_nodes={num_nodes} but the adjacency has {adj.num_nodes} "
                              f"nodes")
         edge_index, num_nodes, edge_weight = adj.edge_index(), adj.num_nodes, adj.weight

@@ -45,12 +45,13 @@ from hiertail_fast._validation import (
     check_flag,
     check_float_matrix,
     check_no_edge_weight,
+    check_num_nodes,
     check_tensor,
 )
 from hiertail_fast.graph import CSRGraph, is_sparse_adjacency
 from hiertail_fast.ops import _custom_graph_ops
 from hiertail_fast.ops._autograd import eager_twin, first_order_backward
-from hiertail_fast.ops._dispatch import choose_backend, public_op
+from hiertail_fast.ops._dispatch import BACKENDS, choose_backend, public_op
 
 _SDDMM_CHUNK_ELEMS = 1 << 22  # entries·d per chunk of the edge-gradient dot products (16 MB fp32)
 
@@ -266,12 +267,15 @@ def as_graph(graph_or_edge_index, edge_weight=None, num_nodes: int | None = None
         graph = graph_or_edge_index
         if not isinstance(graph, CSRGraph):
             graph = CSRGraph.from_sparse(graph)
-        if num_nodes is not None and int(num_nodes) != graph.num_nodes:
+        if num_nodes is not None and check_num_nodes(num_nodes) != graph.num_nodes:
             raise ValueError(f"num_nodes={num_nodes} but the graph has "
                              f"{graph.num_nodes} nodes")
         return graph
     check_tensor(graph_or_edge_index, "graph_or_edge_index")
     return CSRGraph.from_edge_index(graph_or_edge_index, edge_weight, num_nodes, dedupe=False)
+
+
+PROPAGATION_BACKENDS = (*BACKENDS, "torch_sparse")   # gcn_propagate's backend= values
 
 
 def _resolve_backend(x: torch.Tensor, backend: str | None) -> str:
