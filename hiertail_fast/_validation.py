@@ -15,6 +15,7 @@ VARIANTS = ("exact", "official")
 # kernels), and already at τ < 1e-6 a similarity z·z/τ of ordinary embeddings (|z·z| >= 3.4e32·τ)
 # overflows float32. The paper uses τ in [0.01, 1].
 MIN_TEMPERATURE = 1e-6
+_FP32_MAX = float(torch.finfo(torch.float32).max)
 # Node-feature normalisations a dataset can be loaded with: none (the official harness's
 # default, is_normalize=False) or row (x_i / Σ_j x_ij, the official --is_normalize).
 FEATURE_NORMS = ("none", "row")
@@ -24,6 +25,18 @@ MAX_NODES = 3_037_000_499  # n * n + n must fit in int64 for the (row, col) sort
 def check_tensor(t: object, name: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def check_dense_tensor(t: object, name: str) -> torch.Tensor:
+    """``check_tensor`` for arrays whose values are read: a strided (dense) tensor with data
+    (a sparse one failed deep inside with a RuntimeError on memory formats; one on the meta
+    device with 'Tensor.item() cannot be called on meta tensors')."""
+    t = check_tensor(t, name)
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+    if t.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device: it has no values to read")
     return t
 
 
@@ -66,7 +79,7 @@ def all_finite(t: torch.Tensor) -> bool:
 
 
 def check_float_matrix(t: object, name: str, *, finite: bool = True) -> torch.Tensor:
-    t = check_tensor(t, name)
+    t = check_dense_tensor(t, name)
     if t.dim() != 2:
         raise ValueError(f"{name} must be 2-D [n, d], got shape {tuple(t.shape)}")
     if not t.is_floating_point():
@@ -77,7 +90,7 @@ def check_float_matrix(t: object, name: str, *, finite: bool = True) -> torch.Te
 
 
 def check_index_vector(t: object, name: str, *, length: int | None = None) -> torch.Tensor:
-    t = check_tensor(t, name)
+    t = check_dense_tensor(t, name)
     if t.dim() != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
@@ -173,9 +186,9 @@ def validate_contrastive_inputs(
     check_float_matrix(z, "z")
     if z.shape[0] == 0 or z.shape[1] == 0:
         raise ValueError(f"z is empty (shape {tuple(z.shape)}); need at least one row and column")
-    check_index_vector(labels, "labels", length=z.shape[0])
-    if labels.device != z.device:
+    if isinstance(labels, torch.Tensor) and labels.device != z.device:   # before reading them
         raise ValueError(f"labels are on {labels.device} but z is on {z.device}")
+    check_index_vector(labels, "labels", length=z.shape[0])
     if prototypes is not None:
         check_float_matrix(prototypes, "prototypes")
         if prototypes.shape[1] != z.shape[1]:
@@ -187,10 +200,40 @@ def validate_contrastive_inputs(
         if prototypes.device != z.device:
             raise ValueError(f"prototypes are on {prototypes.device} but z is on {z.device}")
     check_loss_options(temperature, reduction, variant, include_self)
+    tau = check_temperature_value(temperature)
+    check_logit_range(z, prototypes, tau)
+
+
+def check_temperature_value(temperature: float | torch.Tensor) -> float:
+    """The temperature's value as a float: finite, >= MIN_TEMPERATURE, and for a tensor within
+    float32's range (its computations run in float32 or float64: 1e300 as a float64 tensor
+    became inf, and the loss NaN)."""
     tau = float(temperature.detach() if isinstance(temperature, torch.Tensor) else temperature)
     if not math.isfinite(tau) or not tau >= MIN_TEMPERATURE:
         raise ValueError(f"temperature must be a finite number >= {MIN_TEMPERATURE:g}, got "
                          f"{tau}")
+    if isinstance(temperature, torch.Tensor) and tau > _FP32_MAX:
+        raise ValueError(f"a tensor temperature must be <= {_FP32_MAX:.4g} (float32's range), "
+                         f"got {tau:g}")
+    return tau
+
+
+def check_logit_range(z: torch.Tensor, prototypes: torch.Tensor | None, tau: float) -> None:
+    """The largest logit |s_ik| = |z_i·z_k|/τ is max_i ‖z_i‖²/τ (Cauchy-Schwarz, attained by
+    s_ii): it must stay finite, with room, in the dtype the logits are computed in (float32
+    for 16-bit inputs). Finite embeddings ~2e19 gave inf logits and a NaN loss, silently, on
+    every backend. One norm pass over the rows."""
+    cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
+    limit = torch.finfo(cdt).max / 16
+    largest = max(float(torch.linalg.vector_norm(t.detach(), dim=1, dtype=cdt).max())
+                  for t in (z, prototypes) if t is not None and t.numel())
+    if not largest ** 2 / tau <= limit:       # (inf and NaN norms fail too)
+        if not math.isfinite(largest):        # the norm itself overflowed: its true size
+            largest = max(float(torch.linalg.vector_norm(t.detach().double(), dim=1).max())
+                          for t in (z, prototypes) if t is not None and t.numel())
+        raise ValueError(
+            f"the logits overflow {cdt}: max ‖z_i‖²/τ = {largest ** 2 / tau:.3g} > {limit:.3g}; "
+            f"scale the embeddings down (e.g. normalise them) or raise the temperature")
 
 
 def check_loss_options(temperature: object, reduction: str, variant: str,
@@ -202,7 +245,9 @@ def check_loss_options(temperature: object, reduction: str, variant: str,
         if temperature.dim() != 0 or not temperature.is_floating_point():
             raise TypeError(f"a tensor temperature must be a 0-d floating-point tensor, got "
                             f"shape {tuple(temperature.shape)} {temperature.dtype}")
-    elif isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+    elif isinstance(temperature, (bool, np.bool_)) or not isinstance(
+            temperature, (int, float, np.integer, np.floating)):
+        # (other numbers.Real, e.g. Fraction, do not mix with tensors: a deep TypeError)
         raise TypeError(f"temperature must be a float (or a 0-d float tensor), got "
                         f"{type(temperature).__name__}")
     if reduction not in REDUCTIONS:

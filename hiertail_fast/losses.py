@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from hiertail_fast._validation import check_flag
+from hiertail_fast._validation import check_flag, check_loss_options, check_temperature_value
 from hiertail_fast.ops.balanced_contrastive_loss import (
     balanced_contrastive_loss_op,
     hierarchical_contrastive_loss_op,
@@ -95,6 +95,9 @@ class BalancedContrastiveLoss(nn.Module):
         variant: str = "exact",
     ) -> None:
         super().__init__()
+        # the checks that read no embeddings, now rather than at the first forward
+        check_loss_options(temperature, reduction, variant, include_self)
+        check_temperature_value(temperature)
         self.temperature = temperature
         self.include_self = check_flag(include_self, "include_self")
         self.reduction = reduction
