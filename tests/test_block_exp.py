@@ -152,7 +152,7 @@ def test_rows_split_over_threads_bit_for_bit(threads):
             sums = torch.empty(3, 256, dtype=torch.float64)
             c = exp_cutoff(torch.float32)
             ran = fn(t, 256, 700, e.data_ptr(), 700, c, math.exp(-c) * 1.0001, 3, w.data_ptr(),
-                     700, m.data_ptr(), a.data_ptr(), sums.data_ptr(), 256)
+                     700, m.data_ptr(), a.data_ptr(), None, sums.data_ptr(), 256)
             assert ran == (t if threaded else 1)
             outs[t] = (e, m, a, sums)
     finally:
@@ -253,3 +253,23 @@ def test_loss_through_both_paths_matches_the_reference(engine_path, variant, reg
     want.backward()
     torch.testing.assert_close(got.double(), want.detach(), rtol=2e-5, atol=1e-5)
     torch.testing.assert_close(zz.grad.double(), z64.grad, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("cols", [1, 5, 64, 65, 1000])
+def test_arg_max_with_key_ids_is_the_smallest_id_among_the_maxima(cols):
+    """Columns not in key order (the official positives sort them by label): with ``ids`` the
+    step returns the smallest key id among a row's maxima (the reference's first index in key
+    order), in the C kernel and the torch path; the column order's first was another key."""
+    fn = _kernel()
+    gen = torch.Generator().manual_seed(cols)
+    s = torch.randint(-3, 2, (37, cols), generator=gen).float()   # many exact ties
+    ids = torch.randperm(cols, generator=gen)
+    w = torch.rand(2, cols, generator=gen) + 0.01
+    e_ref, e_nat = s.clone(), s.clone()
+    m_ref, a_ref, _ = block_mod.reference_step(e_ref, w, True, ids)
+    m_nat, a_nat, _ = block_mod.native_step(fn, e_nat, w, True, ids)
+    want = torch.where(s == s.max(dim=1, keepdim=True).values, ids, cols).min(dim=1).values
+    assert torch.equal(m_nat, m_ref) and torch.equal(a_ref, want) and torch.equal(a_nat, want)
+    assert torch.equal(e_nat == 0, e_ref == 0)
+    with pytest.raises(ValueError, match="ids must be int64"):
+        block_mod.native_step(fn, s.clone(), w, True, ids.int())

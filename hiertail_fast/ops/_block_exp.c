@@ -3,7 +3,9 @@
  * For each row i of a block of logits s (in place in e), with the cut-off C of the engine
  * (terms below e^-C of the row's largest are exactly 0: no denormal ever reaches a GEMM):
  *
- *     m_i      = max_k s_ik                   (arg_i = its FIRST index, if asked: torch.max's rule)
+ *     m_i      = max_k s_ik                   (arg_i = its FIRST index, if asked: torch.max's rule;
+ *                                             with ids: the SMALLEST ids[k] among the maxima,
+ *                                             for columns that are not in key order)
  *     e_ik     = exp(max(s_ik - m_i, -C)), then 0 where <= thr (thr = e^-C * 1.0001)
  *     sums[l][i] = sum_k w[l][k] * e_ik        (float64 accumulation, l < levels)
  *
@@ -32,14 +34,22 @@ void hiertail_exp_f32(int64_t n, const float *a, float *out)     /* for the accu
 /* One row: its max (and first arg-max), the exp in place, the weighted sums. */
 static void row_step(int64_t n, float *x, float cutoff, float thr, int64_t levels,
                      const float *w, int64_t ldw, float *m_out, int64_t *arg_out,
-                     double *sums, int64_t ld_sums)
+                     const int64_t *ids, double *sums, int64_t ld_sums)
 {
     float m = x[0];
 #pragma omp simd reduction(max:m)
     for (int64_t k = 0; k < n; k++)
         m = x[k] > m ? x[k] : m;
     *m_out = m;
-    if (arg_out) {                 /* first k with x[k] == m: find its chunk vectorised */
+    if (arg_out && ids) {          /* the smallest id among the maxima (row in L1 now) */
+        int64_t best = INT64_MAX;
+#pragma omp simd reduction(min:best)
+        for (int64_t k = 0; k < n; k++) {
+            const int64_t c = x[k] == m ? ids[k] : INT64_MAX;
+            best = c < best ? c : best;
+        }
+        *arg_out = best != INT64_MAX ? best : ids[0];   /* (no hit: only for a NaN max) */
+    } else if (arg_out) {          /* first k with x[k] == m: find its chunk vectorised */
         int64_t c0 = 0;
         for (; c0 < n; c0 += ARG_CHUNK) {
             const int64_t c1 = c0 + ARG_CHUNK < n ? c0 + ARG_CHUNK : n;
@@ -88,12 +98,14 @@ static void row_step(int64_t n, float *x, float cutoff, float thr, int64_t level
 }
 
 /* rows x n block e (row stride lde), weights w [levels][ldw]; outputs m_out[rows],
- * arg_out[rows] (NULL: no arg-max), sums[levels][ld_sums]. threads > 1: the rows are split over
+ * arg_out[rows] (NULL: no arg-max), ids[n] (NULL: the arg-max is a column index; else the
+ * smallest ids[k] among a row's maxima), sums[levels][ld_sums]. threads > 1: the rows are split over
  * the OpenMP threads (torch's own, see ``_native.py``); rows are independent, so the result is
  * the same bit for bit on any thread count. */
 int64_t hiertail_block_exp_f32(int64_t threads, int64_t rows, int64_t n, float *e,
                                int64_t lde, float cutoff, float thr, int64_t levels,
                                const float *w, int64_t ldw, float *m_out, int64_t *arg_out,
+                               const int64_t *ids,
                                double *sums, int64_t ld_sums)
 {
     int64_t used = 1;
@@ -106,7 +118,7 @@ int64_t hiertail_block_exp_f32(int64_t threads, int64_t rows, int64_t n, float *
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < rows; i++)
             row_step(n, e + i * lde, cutoff, thr, levels, w, ldw, m_out + i,
-                     arg_out ? arg_out + i : (int64_t *)0, sums + i, ld_sums);
+                     arg_out ? arg_out + i : (int64_t *)0, ids, sums + i, ld_sums);
     }
     return used;        /* the number of threads that ran */
 }

@@ -3,7 +3,8 @@
 For a float32 block of logits e [b, N] (rows of ``_lse_torch._engine``'s common columns) and
 key weights w [L, N]::
 
-    m_i = max_k e_ik  (+ its first arg-max),  e_ik <- exp(e_ik - m_i) (0 below e^-C),
+    m_i = max_k e_ik  (+ its first arg-max; with ``ids``, the smallest ids[k] among the maxima),
+    e_ik <- exp(e_ik - m_i) (0 below e^-C),
     sums[l, i] = sum_k w_lk e_ik  (float64)
 
 which the torch path does in six passes over the block (``reference_step``, kept as the
@@ -28,14 +29,22 @@ def kernel():
     fn = lib.hiertail_block_exp_f32
     if fn.argtypes is None:
         i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-        fn.argtypes = [i64, i64, i64, ptr, i64, f32, f32, i64, ptr, i64, ptr, ptr, ptr, i64]
+        fn.argtypes = [i64, i64, i64, ptr, i64, f32, f32, i64, ptr, i64, ptr, ptr, ptr, ptr, i64]
         fn.restype = i64                  # the number of threads that ran
     return fn
 
 
-def reference_step(e: torch.Tensor, w: torch.Tensor, need_arg: bool):
-    """The torch path: (m [b], first arg-max [b] or None, sums [L, b] in e's dtype); e in place."""
-    if need_arg:
+def reference_step(e: torch.Tensor, w: torch.Tensor, need_arg: bool,
+                   ids: torch.Tensor | None = None):
+    """The torch path: (m [b], first arg-max [b] or None, sums [L, b] in e's dtype); e in place.
+    ``ids`` [N] (the columns' key ids when they are not in key order): the arg-max is the
+    smallest id among a row's maxima (the reference's first index in key order) instead."""
+    if need_arg and ids is not None:
+        m = e.amax(dim=1)
+        big = torch.iinfo(torch.long).max
+        arg = torch.where(e == m[:, None], ids[None, :], big).amin(dim=1)
+        arg = torch.where(arg == big, ids[0], arg)           # (no hit: only for a NaN max)
+    elif need_arg:
         m, arg = _lse_torch.row_max_first_argmax(e)
     else:
         m, arg = e.amax(dim=1), None
@@ -43,7 +52,8 @@ def reference_step(e: torch.Tensor, w: torch.Tensor, need_arg: bool):
     return m, arg, torch.mm(e, w.t()).t()
 
 
-def native_step(fn, e: torch.Tensor, w: torch.Tensor, need_arg: bool):
+def native_step(fn, e: torch.Tensor, w: torch.Tensor, need_arg: bool,
+                ids: torch.Tensor | None = None):
     """The same through the C kernel ``fn`` (from ``kernel()``); sums are float64.
 
     e: float32 [b, N] with unit column stride (rows may be strided), w: float32 [L, N]."""
@@ -57,11 +67,16 @@ def native_step(fn, e: torch.Tensor, w: torch.Tensor, need_arg: bool):
     if e.stride(1) != 1:
         raise ValueError("the block kernel needs unit column stride")
     w = w.contiguous()
+    if ids is not None:
+        if ids.dtype != torch.long or ids.shape != (n,):
+            raise ValueError(f"ids must be int64 [{n}], got {ids.dtype} {tuple(ids.shape)}")
+        ids = ids.contiguous()
     m = torch.empty(b, dtype=torch.float32)
     arg = torch.empty(b, dtype=torch.long) if need_arg else None
     sums = torch.empty(w.shape[0], b, dtype=torch.float64)
     c = _lse_torch.exp_cutoff(torch.float32)
     fn(torch.get_num_threads(), b, n, e.data_ptr(), e.stride(0), c, math.exp(-c) * 1.0001,
        w.shape[0], w.data_ptr(), w.stride(0), m.data_ptr(),
-       None if arg is None else arg.data_ptr(), sums.data_ptr(), b)
+       None if arg is None else arg.data_ptr(),
+       None if ids is None or arg is None else ids.data_ptr(), sums.data_ptr(), b)
     return m, arg, sums

@@ -199,12 +199,14 @@ def _engine(
             # m_c = the row max (+ first arg-max), e <- exp(s - m_c) <= 1, exactly 0 below
             # e^-C (no denormal reaches the GEMMs below), and sum_k w_lk e_ik for every level:
             # one C pass per row where it is built (float64 sums), else six torch passes
+            # The arg-max as the reference takes it: the FIRST key (smallest id) among a row's
+            # maxima; the common columns are not in key order when cidx is given (the official
+            # positives sort them by label), so the step takes the smallest cidx among them
+            # (the column order's first gave another key where distinct rows tie exactly)
             if block_fn is not None:
-                m_c, i_c, sums = _block_exp.native_step(block_fn, e, wc, need_max)
+                m_c, i_c, sums = _block_exp.native_step(block_fn, e, wc, need_max, cidx)
             else:
-                m_c, i_c, sums = _block_exp.reference_step(e, wc, need_max)
-            if need_max and cidx is not None:
-                i_c = cidx[i_c]
+                m_c, i_c, sums = _block_exp.reference_step(e, wc, need_max, cidx)
             shift = m_c[None].expand(n_levels, -1)                        # [L, b]
             rel = torch.log(sums)                                         # lse - shift
         else:

@@ -14,8 +14,11 @@ engines (a fuzzing find: gradients of duplicate rows 1.9 apart where the referen
 
 ``first_tied_key`` moves each arg-max to the smallest key id, visible at its level, whose row
 equals the arg-max row bit for bit: the reference's choice wherever the tie is between
-duplicate rows. Exact ties between rows that differ (s_ia == s_ib with z_a != z_b) keep the
-engine's choice. O(N d) hashing, an O(N log N) sort, no host sync on CUDA.
+duplicate rows. Exact ties between rows that differ (s_ia == s_ib with z_a != z_b, e.g.
+integer-valued embeddings) are the engines' own: each takes the smallest key id among the
+equal maxima it computed (the row-block engine's block step reads the keys' ids for that,
+``_block_exp``), which is the reference's choice wherever those logits round alike.
+O(N d) hashing, an O(N log N) sort, no host sync on CUDA.
 """
 from __future__ import annotations
 
