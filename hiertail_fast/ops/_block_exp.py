@@ -41,9 +41,12 @@ def reference_step(e: torch.Tensor, w: torch.Tensor, need_arg: bool,
     smallest id among a row's maxima (the reference's first index in key order) instead."""
     if need_arg and ids is not None:
         m = e.amax(dim=1)
-        big = torch.iinfo(torch.long).max
-        arg = torch.where(e == m[:, None], ids[None, :], big).amin(dim=1)
-        arg = torch.where(arg == big, ids[0], arg)           # (no hit: only for a NaN max)
+        # int32 ids (they are < the number of keys, far below 2^31 for an all-pairs loss): the
+        # [b, N] temporary the size of the block, not twice it (and no host sync to check)
+        idt = ids.to(torch.int32) if e.shape[1] < torch.iinfo(torch.int32).max // 2 else ids
+        big = torch.iinfo(idt.dtype).max
+        arg = torch.where(e == m[:, None], idt[None, :], big).amin(dim=1)
+        arg = torch.where(arg == big, idt[0], arg).long()    # (no hit: only for a NaN max)
     elif need_arg:
         m, arg = _lse_torch.row_max_first_argmax(e)
     else:
