@@ -171,6 +171,45 @@ def test_learnable_temperature(backend, variant):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, "autocast"])
+@pytest.mark.parametrize("variant", ["exact", "official"])
+def test_learnable_temperature_with_16_bit_rows(backend, dtype, variant):
+    """A float32 learnable temperature with 16-bit embeddings (or float32 ones under bf16
+    autocast): dL/dtau to float32 accuracy against the float64 reference on the same 16-bit
+    values. The exact variant's link ran in the rows' dtype and summed a gradient rounded to
+    16 bits: 2.7e-3 to 7e-2 off in bf16 (a fuzzing find)."""
+    dev = backend_device(backend)
+    gen = torch.Generator().manual_seed(5)
+    n = 300
+    y = torch.randint(0, 4, (n,), generator=gen)
+    z32 = torch.randn(n, 8, generator=gen) * 0.4
+    z16 = z32.bfloat16() if dtype == "autocast" else z32.to(dtype)
+    for call in ("balanced", "hierarchical"):
+        t64 = torch.tensor(0.2, dtype=torch.float64, requires_grad=True)
+        if call == "balanced":
+            want = ref(z16.double(), y, temperature=t64, variant=variant)
+        else:
+            want = (ref(z16.double(), y, temperature=t64, variant=variant)
+                    + ref(z16.double(), y // 2, temperature=t64, variant=variant))
+        want.backward()
+        tau = torch.tensor(0.2, device=dev, requires_grad=True)
+        z = (z32 if dtype == "autocast" else z16).to(dev).requires_grad_()
+        with torch.autocast(dev, dtype=torch.bfloat16, enabled=dtype == "autocast"):
+            if call == "balanced":
+                got = balanced_contrastive_loss(z, y.to(dev), temperature=tau, variant=variant,
+                                                backend=backend)
+            else:
+                got = hierarchical_contrastive_loss(z, [y.to(dev), y.to(dev) // 2], [None, None],
+                                                    temperature=tau, variant=variant,
+                                                    backend=backend)
+        got.backward()
+        assert z.grad.dtype == z.dtype
+        rel = abs(tau.grad.item() / t64.grad.item() - 1)
+        assert rel <= 2e-5, (call, rel)
+        assert abs(got.item() / want.item() - 1) <= 2e-5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("include_self", [True, False])
 def test_official_learnable_temperature_where_its_gradient_nearly_vanishes(backend,
                                                                           include_self):

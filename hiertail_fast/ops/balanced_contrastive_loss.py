@@ -300,7 +300,10 @@ def _temperature_link(z_all: torch.Tensor, temperature, variant: str
             return 1.0 / tau0, z_all, temperature
         acc = torch.float64 if z_all.dtype == torch.float64 else torch.float32
         factor = torch.sqrt(tau0 / temperature.to(z_all.device, acc))
-        z_all = z_all * factor.to(z_all.dtype)
+        # 16-bit rows go on in float32 (the engines compute their logits in float32 anyway):
+        # the product in the rows' dtype formed <z_all, dL/dz_all> from a gradient rounded
+        # to 16 bits, dL/dtau 2.7e-3 to 7e-2 off in bf16; z's own gradient is the same rounding
+        z_all = z_all.to(acc) * factor
     return 1.0 / tau0, z_all, None
 
 
