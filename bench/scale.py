@@ -43,8 +43,9 @@ Writes <out>/scale.csv, <out>/scale.png (log-log time and memory), <out>/scale.j
 each through a temporary file + os.replace once all three are ready. Results already in <out>
 are not lost: they are moved to scale.prev.csv / .json / .png first (one generation; stdout says
 so), so a partial run (--methods gcn) never silently replaces a full sweep. --out is checked
-before any run. The worker is bench/_scale_worker.py, the CSV / table / plot / metadata
-bench/_scale_report.py.
+before any run. Exit code 1 when a run failed (status `error: ...`); when every run failed,
+nothing is written and --out keeps what it had. The worker is bench/_scale_worker.py, the
+CSV / table / plot / metadata bench/_scale_report.py.
 """
 from __future__ import annotations
 
@@ -130,6 +131,17 @@ def _positive(kind: type):
 _positive_int, _positive_float = _positive(int), _positive(float)
 
 
+def _non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0 (a seed: numpy refuses negative ones, inside every run)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -148,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=_positive_int, default=3, help="timed epochs (median)")
     p.add_argument("--warmup", type=int, default=1, help="untimed epochs first (default 1)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_non_negative_int, default=0)
     p.add_argument("--memory-budget", type=_positive_float, metavar="GB",
                    help="skip runs predicted to need more (default: available memory, "
                         "capped at 4 GB on CPU; free GPU memory on CUDA)")
@@ -184,6 +196,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if too_small:
         parser.error(f"sizes {too_small} are smaller than --classes {args.classes} "
                      "(every class needs a node)")
+    if not args.avg_degree < sizes[0] - 1:     # the generator's own rule, before any run
+        parser.error(f"--avg-degree {args.avg_degree:g} must be below the smallest size minus "
+                     f"one ({sizes[0] - 1})")
     args.sizes = sizes
     args.methods = list(dict.fromkeys(args.methods))
     unknown = [m for m in args.methods if m not in METHODS]
@@ -363,12 +378,21 @@ def main(argv: list[str] | None = None) -> int:
         rows = sweep(args, budget, bar)
     info.update(wall_seconds=time.perf_counter() - started,
                 load_average_end=list(os.getloadavg()), rows=rows)
+    failed = [r for r in rows if str(r["status"]).startswith("error")]
+    if failed and not any(str(r["status"]).startswith("ok") for r in rows):
+        # nothing measured: results already in --out stay where they are (a sweep whose
+        # every run failed, e.g. on a bad option, moved a good one to scale.prev.*)
+        print("\n" + table(rows) + f"\n\nevery run failed ({failed[0]['status']}); nothing "
+              f"written, {args.out} left as it was", file=sys.stderr)
+        return 1
     written, kept = write_outputs(rows, info, args.out, with_plot=not args.no_plot)
     print("\n" + table(rows) + f"\n\n{info['wall_seconds']:.0f} s; load average at the end "
           f"{info['load_average_end'][0]:.1f}; wrote {', '.join(map(str, written))}")
     if kept:
         print(f"the previous results are kept as {', '.join(map(str, kept))}")
-    return 0
+    if failed:
+        print(f"{len(failed)} run(s) failed (status 'error: ...' in the table)", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -60,6 +60,8 @@ def test_sizes_sorted_deduplicated_and_scientific_notation():
     (["--epochs", "0"], "must be a positive integer"),
     (["--warmup", "-1"], "--warmup must be >= 0"),
     (["--loss-dtype", "float64"], "invalid choice: 'float64'"),
+    (["--seed", "-1"], "must be >= 0"),
+    (["--sizes", "100", "--avg-degree", "1000"], "--avg-degree 1000 must be below"),
 ])
 def test_bad_arguments_exit_2_with_message(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -424,3 +426,27 @@ def test_worker_runs_baselines_at_tiny_size(method):
     assert (result["once_seconds"] != "") == (method == "lte4g")
     assert scale.format_row({**dict.fromkeys(scale.CSV_COLUMNS, ""), **result, "method": method,
                              "nodes": 120}).startswith(method)
+
+
+def test_a_sweep_whose_every_run_fails_keeps_the_previous_results(tmp_path, monkeypatch, capsys):
+    """Every run failing (a fuzzing find: a bad option caught only inside each worker) exits 1
+    and leaves --out as it was; before, it exited 0, moved the good results to scale.prev.*,
+    and a second such sweep deleted them. A sweep with some failures writes, and exits 1."""
+    out = tmp_path / "res"
+    _old_results(out)
+    monkeypatch.setattr(scale, "run_one", lambda spec, timeout: {"status": "error: boom"})
+    argv = ["--sizes", "100", "--methods", "gcn", "--device", "cpu", "--out", str(out),
+            "--no-plot"]
+    for _ in range(2):
+        assert scale.main(argv) == 1
+        assert "every run failed (error: boom); nothing written" in capsys.readouterr().err
+        assert sorted(p.name for p in out.iterdir()) == ["scale.csv", "scale.json", "scale.png"]
+        assert (out / "scale.csv").read_text() == "old scale.csv"
+    ok = {"status": "ok", "epoch_seconds": 0.01, "peak_memory_bytes": 1e6, "edges": 600,
+          "warmup_epochs": 1, "timed_epochs": 3}
+    monkeypatch.setattr(scale, "run_one",
+                        lambda spec, timeout: ok if spec["method"] == "gcn"
+                        else {"status": "error: boom"})
+    assert scale.main(argv[:3] + ["gcn", "hiertail"] + argv[4:]) == 1
+    assert "1 run(s) failed" in capsys.readouterr().err
+    assert "scale.prev.csv" in {p.name for p in out.iterdir()}
