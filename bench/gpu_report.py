@@ -30,6 +30,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
+import os
 import platform
 import subprocess
 import sys
@@ -43,6 +45,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import _gpu_checks as gc  # noqa: E402
 from _roofline import bandwidth_figures  # noqa: E402
+
+from hiertail_fast._files import unwritable_dir_reason, unwritable_file_reason  # noqa: E402
+
+REPORT_NAMES = ("gpu_report.md", "gpu_report.json")
 
 NO_CUDA_EXIT = 2
 SIZES = {  # loss N, loss d, graph n (propagation / pooling / prototypes), scale sweep, checks
@@ -328,13 +334,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help=argparse.SUPPRESS)  # cpu: the CI test of this script, tiny sizes
     args = parser.parse_args(argv)
-    if args.budget <= 0:
-        parser.error("--budget must be positive")
+    if not (args.budget > 0 and math.isfinite(args.budget)):     # (nan switched it off)
+        parser.error(f"--budget must be a positive number of seconds, got {args.budget}")
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_report: no CUDA device here, nothing to validate (run it on a GPU machine)")
         return NO_CUDA_EXIT
     if args.device == "cpu" and torch.cuda.is_available():
         parser.error("--device cpu is the test mode for machines without CUDA")
+    for target in (args.out, *(args.out / name for name in REPORT_NAMES)):
+        problem = (unwritable_dir_reason(target) if target == args.out
+                   else unwritable_file_reason(target))
+        if problem:        # before any section: device time is spent otherwise
+            parser.error(f"--out {args.out} cannot be written: {problem}")
+    kept = _keep_previous(args.out)
     mode = "cpu" if args.device == "cpu" else "quick" if args.quick else "full"
     sizes, dev = SIZES[mode], args.device
     budget = Budget(args.budget, reps=sizes["reps"])
@@ -380,8 +392,27 @@ def main(argv: list[str] | None = None) -> int:
     report["scale"] = (scale_section(dev, sizes["scale"], args.out / "gpu_report_scale", budget)
                        if "scale" in args.sections else dict(error="not run (--sections)"))
     text = save(final=True)
-    print(text + f"\nwrote {args.out / 'gpu_report.md'} and gpu_report.json")
+    print(text + f"\nwrote {args.out / 'gpu_report.md'} and gpu_report.json"
+          + (f"; the previous report is kept as {', '.join(p.name for p in kept)}" if kept
+             else ""))
     return 0
+
+
+def _keep_previous(out: Path) -> list[Path]:
+    """A report already in ``out`` moves to gpu_report.prev.md / .json (one generation) before
+    this run writes its first section: a later run of some ``--sections`` never silently
+    replaces a full report."""
+    kept = []
+    for name in REPORT_NAMES:
+        old, prev = out / name, out / name.replace("gpu_report.", "gpu_report.prev.")
+        if old.exists():
+            os.replace(old, prev)
+            kept.append(prev)
+        else:
+            prev.unlink(missing_ok=True)   # a set from two runs ago must not look like the last
+    if kept:
+        print(f"gpu_report: the previous report is kept as {', '.join(map(str, kept))}")
+    return kept
 
 
 if __name__ == "__main__":

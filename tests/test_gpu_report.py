@@ -42,8 +42,23 @@ def test_without_cuda_one_line_and_exit_2(tmp_path):
 
 
 def test_bad_arguments():
-    res = _run("--budget", "0")
-    assert res.returncode == 2 and "--budget must be positive" in res.stderr
+    for budget in ("0", "nan", "-inf", "inf"):   # nan switched the time budget off
+        res = _run(f"--budget={budget}")
+        assert res.returncode == 2 and "--budget must be a positive number" in res.stderr
+
+
+@no_cuda_only
+@pytest.mark.parametrize("layout", ["out-is-file", "report-is-dir"])
+def test_unwritable_out_fails_before_any_section(tmp_path, layout):
+    """--out checked before the first section (a fuzzing find: the traceback came after the
+    correctness section, which on a GPU machine is device time spent for nothing)."""
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "file" if layout == "out-is-file" else tmp_path / "res"
+    if layout == "report-is-dir":
+        (out / "gpu_report.json").mkdir(parents=True)
+    res = _run("--device", "cpu", "--out", str(out))
+    assert res.returncode == 2 and "cannot be written" in res.stderr, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr and "correctness" not in res.stdout
 
 
 def test_rel_error_and_verdict(gc):
@@ -270,8 +285,15 @@ def test_loss_rows_are_checkpointed_one_by_one():
 @pytest.mark.slow
 @no_cuda_only
 def test_sections_run_only_what_is_asked(tmp_path):
+    """... and keep the report already there as gpu_report.prev.* (a later run of some
+    sections replaced a full report, a fuzzing find)."""
+    for name in ("gpu_report.md", "gpu_report.json"):
+        (tmp_path / name).write_text(f"old {name}")
     res = _run("--device", "cpu", "--sections", "loss", "--out", str(tmp_path))
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert (tmp_path / "gpu_report.prev.md").read_text() == "old gpu_report.md"
+    assert (tmp_path / "gpu_report.prev.json").read_text() == "old gpu_report.json"
+    assert "previous report is kept as" in res.stdout
     report = json.loads((tmp_path / "gpu_report.json").read_text())
     assert report["sections"] == ["loss"] and report["complete"] is True
     assert report["correctness"] == [] and "graph" not in report
