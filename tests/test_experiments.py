@@ -143,3 +143,180 @@ def test_report_only_trains_nothing_and_names_what_is_missing(tmp_path, monkeypa
     assert calls == []
     assert [r["row"] for r in res["rows"]] == ["origin"]
     assert any("synthetic / reweight: no finished run yet" in n for n in res["notes"])
+
+
+def _summary(out, stem="main-s1-e3-p1000"):
+    return (out / f"{stem}.md").read_text(), json.loads((out / f"{stem}.json").read_text())
+
+
+def test_report_only_over_an_empty_runs_dir_never_replaces_a_filled_summary(tmp_path, capsys):
+    base = ["main", *TINY, "--methods", "origin", "--out", str(tmp_path / "V")]
+    main(base)
+    filled_md, filled = _summary(tmp_path / "V")
+    assert filled["runs"] == 1 and "| Origin |" in filled_md
+    empty = [*base, "--runs-dir", str(tmp_path / "empty"), "--report-only"]
+    with pytest.raises(SystemExit) as exc:
+        main(empty)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "holds 1 finished run(s), this summary 0: not replaced" in err
+    assert _summary(tmp_path / "V") == (filled_md, filled)          # untouched
+    assert not list((tmp_path / "V").glob("*.prev.*"))
+    # asked for: replaced, the filled one kept as the .prev generation
+    main([*empty, "--replace-summary"])
+    md, _ = _summary(tmp_path / "V")
+    assert "| Origin |" not in md
+    assert (tmp_path / "V" / "main-s1-e3-p1000.prev.md").read_text() == filled_md
+    # the same arguments with as many runs replace their summary, the old one kept as .prev
+    main(base)
+    assert "| Origin |" in _summary(tmp_path / "V")[0]
+    assert "| Origin |" not in (tmp_path / "V" / "main-s1-e3-p1000.prev.md").read_text()
+    assert "previous summary is kept as main-s1-e3-p1000.prev.md" in capsys.readouterr().err
+
+
+def _graph_pair(tmp_path):
+    """Two data folders with an 'email' graph of the same shape: dA's features, dB's random."""
+    import torch
+
+    from hiertail_fast.data.io import GraphData
+    from hiertail_fast.data.synthetic import make_synthetic_graph
+
+    g = make_synthetic_graph(120, num_classes=6, avg_degree=6.0, num_features=16, seed=0)
+    (tmp_path / "dA").mkdir()
+    (tmp_path / "dB").mkdir()
+    GraphData(edge_index=g.edge_index, x=g.x, y=g.y, num_classes=g.num_classes).to_npz(
+        tmp_path / "dA" / "email.npz")
+    other = torch.rand(g.x.shape, generator=torch.Generator().manual_seed(1))
+    GraphData(edge_index=g.edge_index, x=other, y=g.y, num_classes=g.num_classes).to_npz(
+        tmp_path / "dB" / "email.npz")
+    return tmp_path / "dA", tmp_path / "dB"
+
+
+def test_a_cached_run_on_other_data_of_the_same_shape_is_retrained(tmp_path, monkeypatch,
+                                                                    capsys):
+    d_a, d_b = _graph_pair(tmp_path)
+    runs = tmp_path / "runs"
+    base = ["main", *TINY[1:], "--datasets", "email", "--methods", "origin", "--runs-dir",
+            str(runs)]
+    calls = _count_trainings(monkeypatch)
+    a = main([*base, "--data-dir", str(d_a), "--out", str(tmp_path / "A")])
+    (path,) = (runs / "email").glob("origin-*.json")
+    record_a = json.loads(path.read_text())
+    capsys.readouterr()
+    b = main([*base, "--data-dir", str(d_b), "--out", str(tmp_path / "B")])
+    assert len(calls) == 2                                   # retrained, not reused
+    assert f"cached run {path} was made from other data of the same shape" in \
+        capsys.readouterr().out
+    assert list((runs / "email").glob("origin-*.json")) == [path]    # same file name
+    fp_a, fp_b = record_a["data_fingerprint"], json.loads(path.read_text())["data_fingerprint"]
+    assert fp_a.startswith("sha256:") and fp_b.startswith("sha256:") and fp_a != fp_b
+    assert a["rows"][0]["metrics"] != b["rows"][0]["metrics"]
+    main([*base, "--data-dir", str(d_b), "--out", str(tmp_path / "B")])
+    assert len(calls) == 2                                   # the same data: cached
+    # a legacy record (no fingerprint) is still reused, on its shape alone
+    record = json.loads(path.read_text())
+    del record["data_fingerprint"]
+    path.write_text(json.dumps(record))
+    main([*base, "--data-dir", str(d_a), "--out", str(tmp_path / "A2")])
+    assert len(calls) == 2
+
+
+def test_migrate_fingerprints_adds_the_runners_fingerprint_to_legacy_records(tmp_path):
+    from hiertail_fast.experiments import migrate_fingerprints
+
+    d_a, _ = _graph_pair(tmp_path)
+    runs = tmp_path / "runs"
+    base = ["main", *TINY[1:], "--datasets", "email", "--methods", "origin", "--runs-dir",
+            str(runs), "--data-dir", str(d_a)]
+    main([*base, "--out", str(tmp_path / "A")])
+    main([*base, "--feature-norm", "row", "--out", str(tmp_path / "R")])
+    main(["main", *TINY, "--methods", "origin", "--runs-dir", str(runs), "--out",
+          str(tmp_path / "S")])
+    paths = sorted(runs.glob("*/*.json"))
+    assert len(paths) == 3
+    written = {p: json.loads(p.read_text()) for p in paths}
+    for p, record in written.items():                        # made legacy
+        p.write_text(json.dumps({k: v for k, v in record.items() if k != "data_fingerprint"},
+                                indent=1) + "\n")
+    odd = runs / "email" / "origin-000000000000-s1.json"      # made from another graph
+    odd_record = json.loads(paths[0].read_text())
+    odd_record["identity"]["data"]["nodes"] = 999
+    odd.write_text(json.dumps(odd_record))
+    assert migrate_fingerprints.main([str(runs), "--data-dir", str(d_a)]) == 1
+    for p, record in written.items():
+        migrated = json.loads(p.read_text())
+        assert migrated["data_fingerprint"] == record["data_fingerprint"]   # the runner's
+        assert {k: v for k, v in migrated.items()
+                if not k.startswith("data_fingerprint")} == {
+            k: v for k, v in record.items() if k != "data_fingerprint"}
+    assert "data_fingerprint" not in json.loads(odd.read_text())
+    odd.unlink()
+    assert migrate_fingerprints.main([str(runs), "--data-dir", str(d_a)]) == 0
+
+
+@pytest.mark.parametrize("target", ["a_file", "proc", "dangling", "runs_file"])
+def test_unwritable_out_or_runs_dir_is_refused_before_any_training(tmp_path, monkeypatch,
+                                                                  capsys, target):
+    calls = _count_trainings(monkeypatch)
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "x")
+    out = {"a_file": tmp_path / "a_file", "proc": "/proc/hiertail-out",
+           "dangling": tmp_path / "dangling", "runs_file": tmp_path / "out"}[target]
+    argv = ["main", *TINY, "--methods", "origin", "--out", str(out)]
+    if target == "runs_file":
+        argv += ["--runs-dir", str(tmp_path / "a_file")]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and calls == []
+    assert ("--runs-dir" if target == "runs_file" else "--out") in err.splitlines()[-1]
+    assert "cannot be" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name, bad, message", [
+    ("main", ["--methods", "origin,origin"], "--methods: origin is given twice"),
+    ("main", ["--datasets", "email,email"], "--datasets: email is given twice"),
+    ("sensitivity", ["--parts", "grid", "--gammas", "0.1,0.1", "--taus", "1"],
+     "--gammas: 0.1 is given twice"),
+    ("sensitivity", ["--parts", "hidden", "--hiddens", "8,08"], "--hiddens: 8 is given twice"),
+    ("tasks", ["--task-counts", "3:3,3:3"], "--task-counts: 3:3 is given twice"),
+    ("semi-synthetic", ["--alpha", "2"], "must lie in (0, 1)"),
+    ("semi-synthetic", ["--alpha", "nan"], "must lie in (0, 1)"),
+    ("semi-synthetic", ["--val-per-class", "-1"], "--val-per-class"),
+    ("semi-synthetic", ["--val-per-class", "1000"], "no dataset can take this split"),
+    ("sensitivity", ["--parts", "hidden", "--hiddens", "16.7"], "'16.7' is not an integer"),
+    ("sensitivity", ["--parts", "hidden", "--hiddens", "inf"], "'inf' is not an integer"),
+    ("sensitivity", ["--parts", ""], "--parts '' gives no value"),
+    ("sensitivity", ["--parts", "grid", "--gammas", "nan", "--taus", "1"], "not a finite"),
+    ("tasks", ["--task-counts", "1000:1"], "need 1 <= B <= A <= 120"),
+    ("tasks", ["--task-counts", "2:5"], "has B > A"),
+    ("main", ["--methods", ","], "names no method"),
+])
+def test_bad_experiment_arguments_are_refused_before_training(tmp_path, monkeypatch, capsys,
+                                                              name, bad, message):
+    calls = _count_trainings(monkeypatch)
+    argv = [name, *TINY, "--out", str(tmp_path / "out"), *bad]
+    if "--datasets" in bad:
+        d_a, _ = _graph_pair(tmp_path)
+        argv = [a for a in argv if a != "--synthetic"] + ["--data-dir", str(d_a)]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and message in err and calls == []
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_a_corrupt_cached_run_is_retrained_and_rewritten(tmp_path, monkeypatch, capsys):
+    argv = ["main", *TINY, "--methods", "origin", "--out", str(tmp_path)]
+    first = main(argv)
+    (path,) = (tmp_path / "runs" / "synthetic").glob("origin-*.json")
+    good = path.read_text()
+    path.write_text(good[: len(good) // 2])                   # truncated
+    calls = _count_trainings(monkeypatch)
+    capsys.readouterr()
+    second = main(argv)
+    assert len(calls) == 1
+    assert f"warning: cached run {path} cannot be read" in capsys.readouterr().out
+    assert json.loads(path.read_text())["result"]["test"] == json.loads(good)["result"]["test"]
+    assert second["rows"][0]["metrics"] == first["rows"][0]["metrics"]
+    assert not list(path.parent.glob(".*tmp"))

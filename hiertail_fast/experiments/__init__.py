@@ -16,7 +16,12 @@ Each writes ``<out>/<name>[-budget].md`` and ``.json`` (+ ``.png`` for figures; 
 default ``results/<name>/``) with the command, git commit, machine, torch, seeds, epochs and
 wall time. The full protocol (10 seeds × ≤ 10,000 epochs, patience 1,000) is the default;
 ``--quick`` and ``--seeds / --epochs / --patience`` reduce it and the table says so. Finished
-runs are cached one file each under ``--runs-dir`` (default ``<out>/runs``) and never recomputed.
+runs are cached one file each under ``--runs-dir`` (default ``<out>/runs``) and never recomputed
+(unless the file is unreadable or the run was made from other data of the same shape: runner).
+A summary is replaced only by one from the same arguments holding at least as many runs, the old
+one kept as ``<name>[-budget].prev.*`` (``--replace-summary`` overrides; report.write_outputs).
+``python -m hiertail_fast.experiments.migrate_fingerprints RUNS`` (maintenance) adds the data
+fingerprint to runs cached before it existed.
 The modules: ``runner`` (budgets, cache, loop), ``report`` (tables, verdicts, provenance),
 ``paper_numbers`` (the paper's values, transcribed once), one module per experiment, ``cli``.
 """

@@ -11,7 +11,7 @@ from typing import Sequence
 
 from hiertail_fast._validation import FEATURE_NORMS
 from hiertail_fast.experiments import EXPERIMENTS
-from hiertail_fast.experiments.common import Context
+from hiertail_fast.experiments.common import Context, check_distinct
 from hiertail_fast.experiments.runner import (
     FULL_EPOCHS,
     FULL_PATIENCE,
@@ -23,8 +23,11 @@ from hiertail_fast.experiments.runner import (
     run_specs,
 )
 
-# options that change where / how fast results are written, not what they are
-_NOT_RESULT_ARGS = ("out", "runs_dir", "no_progress", "threads", "data_dir", "report_only")
+# options that change where / how fast results are written, not what they are. A summary with
+# the same other arguments replaces the one in place, kept as .prev, but never one that holds
+# more runs (--report-only over an empty --runs-dir, ...): report.write_outputs.
+_NOT_RESULT_ARGS = ("out", "runs_dir", "no_progress", "threads", "data_dir", "report_only",
+                    "replace_summary")
 
 
 def _module(name: str):
@@ -38,9 +41,17 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Reproduce one table or figure of the HierTail "
                                 "paper (see hiertail_fast/experiments/__init__.py).")
     p.add_argument("name", choices=list(EXPERIMENTS))
-    p.add_argument("--out", type=Path, help="results folder (default results/NAME)")
+    p.add_argument("--out", type=Path, help="results folder (default results/NAME). A summary "
+                   "from other arguments is never replaced (this one goes to NAME-<hash>.*); "
+                   "one from the same arguments is replaced, kept as NAME.prev.* (one "
+                   "generation), but not by a summary holding fewer finished runs (e.g. "
+                   "--report-only over an empty or other --runs-dir): that is refused (exit 2) "
+                   "unless --replace-summary")
     p.add_argument("--runs-dir", type=Path, help="per-run cache (default OUT/runs); share it "
-                   "between experiments to reuse their runs")
+                   "between experiments to reuse their runs (a cached run made from other "
+                   "data of the same shape, or an unreadable one, is retrained)")
+    p.add_argument("--replace-summary", action="store_true", help="replace the summary in "
+                   "--out even when it holds more runs than this one (it is kept as .prev.*)")
     d = p.add_argument_group("data")
     d.add_argument("--data-dir", type=Path, help="folder of the uniform .npz files (default "
                    "$HIERTAIL_DATA, else ../shared/data)")
@@ -73,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "PROTOCOL §5.2 item 9)")
     t.add_argument("--no-progress", action="store_true")
     t.add_argument("--report-only", action="store_true", help="train nothing: write the tables "
-                   "from the runs already cached (rows say how many seeds they hold)")
+                   "from the runs already cached (rows say how many seeds they hold); it does "
+                   "not replace a summary holding more runs (see --out)")
     seen = set()
     for name in EXPERIMENTS:
         add = getattr(_module(name), "add_arguments", None)
@@ -122,6 +134,8 @@ def _select_datasets(args, source: DataSource, data_dir: Path) -> list[str]:
             raise ValueError(f"no dataset found in {data_dir}")
         return present
     datasets = [x.strip() for x in args.datasets.split(",") if x.strip()]
+    if not datasets:
+        raise ValueError(f"--datasets {args.datasets!r} names no dataset")
     if source.synthetic is not None:
         if datasets != ["synthetic"]:
             raise ValueError("--synthetic runs the one graph named 'synthetic'")
@@ -129,6 +143,7 @@ def _select_datasets(args, source: DataSource, data_dir: Path) -> list[str]:
     from hiertail_fast.data.datasets import canonical_name
 
     datasets = [canonical_name(x) for x in datasets]
+    check_distinct("--datasets", datasets)
     for x in datasets:
         try:
             source.load(x)
@@ -136,6 +151,25 @@ def _select_datasets(args, source: DataSource, data_dir: Path) -> list[str]:
             raise ValueError(f"--datasets {x}: not in {data_dir} (present: "
                              f"{', '.join(present) or 'none'}); {exc}") from None
     return datasets
+
+
+def _check_targets(args, out: Path, stem: str, trains: bool) -> None:
+    """Before any run (training can take hours): --out and its summary files must be writable,
+    and the runs folder too when runs are trained (--report-only only reads it)."""
+    from hiertail_fast._files import unwritable_dir_reason, unwritable_file_reason
+
+    problem = unwritable_dir_reason(out) or next(
+        (r for r in (unwritable_file_reason(out / f"{stem}{s}") for s in (".md", ".json"))
+         if r), None)
+    if problem:
+        raise ValueError(f"--out {out} cannot be written: {problem}")
+    runs = args.runs_dir or out / "runs"
+    if trains and not args.report_only:
+        problem = unwritable_dir_reason(runs)
+    else:
+        problem = f"{runs} is not a directory" if runs.exists() and not runs.is_dir() else None
+    if problem:
+        raise ValueError(f"--runs-dir {runs} cannot be used: {problem}")
 
 
 def _result_args(args) -> dict:
@@ -146,15 +180,24 @@ def _result_args(args) -> dict:
 def main(argv: Sequence[str] | None = None) -> dict:
     import torch
 
-    from hiertail_fast.experiments.report import provenance, provenance_markdown, write_outputs
+    from hiertail_fast.experiments.report import (
+        SummaryKept,
+        provenance,
+        provenance_markdown,
+        write_outputs,
+    )
 
     started = time.time()
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     module = _module(args.name)
+    trains = getattr(module, "TRAINS", True)   # the datasets table trains nothing
     try:
         budget = budget_from_args(args)
+        out = args.out or Path("results") / args.name
+        stem = args.name + (budget.tag() if trains else "")
+        _check_targets(args, out, stem, trains)
         device = _device(args)
         data_dir = args.data_dir or Path(os.environ.get("HIERTAIL_DATA", "../shared/data"))
         synthetic = ({"nodes": args.synthetic_nodes, "classes": args.synthetic_classes,
@@ -163,7 +206,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
             raise ValueError(f"data folder {data_dir} not found (--data-dir or $HIERTAIL_DATA)")
         source = DataSource(data_dir, synthetic, args.feature_norm)
         datasets = _select_datasets(args, source, data_dir)
-        out = args.out or Path("results") / args.name
         ctx = Context(args, budget, source, RunCache(args.runs_dir or out / "runs"), datasets,
                       device)
         if args.feature_norm != "none":
@@ -176,6 +218,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         if threads is not None:
             torch.set_num_threads(threads)
         specs = module.specs(ctx)
+        check_distinct("table rows", [f"{s.dataset} / {s.row}" for s in specs])
     except (ValueError, TypeError, OSError) as exc:
         parser.error(str(exc))
     records = run_specs(specs, budget, source, ctx.cache, device=device,
@@ -188,16 +231,19 @@ def main(argv: Sequence[str] | None = None) -> dict:
     body, payload, figures = module.report(ctx, records)
     prov = provenance(argv, budget, started, device)
     notes = ("\n\nNotes:\n" + "\n".join(ctx.notes)) if ctx.notes else ""
-    trains = getattr(module, "TRAINS", True)   # the datasets table trains nothing
     header = f"{budget.header()}\n\n" if trains else ""
     markdown = (f"# {module.TITLE}\n\n{header}{provenance_markdown(prov, trains)}\n\n"
                 f"{body}{notes}\n")
     full = {"experiment": args.name, "title": module.TITLE, "args": _result_args(args),
             "budget_header": budget.header() if trains else None, "provenance": prov,
-            "notes": ctx.notes, **payload}
+            "notes": ctx.notes, "runs": len(records), **payload}
     log = lambda line: print(line, file=sys.stderr)  # noqa: E731
-    stem = args.name + (budget.tag() if trains else "")
-    paths = write_outputs(out, stem, markdown, full, figures, log=log)
+    try:
+        paths = write_outputs(out, stem, markdown, full, figures, log=log,
+                              replace_fewer=args.replace_summary)
+    except SummaryKept as exc:
+        print(markdown)
+        parser.error(f"{exc}; the table above was not saved")
     print(markdown)
     log("wrote " + ", ".join(str(p) for p in paths))
     return full

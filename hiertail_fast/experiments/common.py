@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from hiertail_fast.experiments.runner import SMALL_HIDDEN, Budget, DataSource, RunCache
 
-__all__ = ["Context", "hiertail_config", "baseline_names", "baseline_config", "HIERTAIL_ROWS"]
+__all__ = ["Context", "hiertail_config", "baseline_names", "baseline_config", "HIERTAIL_ROWS",
+           "check_distinct"]
 
 # row key -> HierTail preset; the row keys of Tables 2 / 3 for our two configurations
 HIERTAIL_ROWS = {"hiertail_paper": "paper", "hiertail_official": "official"}
@@ -24,6 +25,16 @@ class Context:
     datasets: list[str]
     device: str = "cpu"
     notes: list[str] = field(default_factory=list)   # lines for the markdown (skipped rows, ...)
+
+
+def check_distinct(option: str, values: list) -> None:
+    """ValueError naming the first value given twice: a repeated entry would train / count the
+    same runs twice (duplicate rows, a std over copies)."""
+    seen = set()
+    for v in values:
+        if v in seen:
+            raise ValueError(f"{option}: {v} is given twice (each value must appear once)")
+        seen.add(v)
 
 
 def _hidden(args, dataset: str, default: int | None) -> int | None:

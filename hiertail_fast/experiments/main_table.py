@@ -7,6 +7,7 @@ from hiertail_fast.experiments.common import (
     Context,
     baseline_config,
     baseline_names,
+    check_distinct,
     hiertail_config,
 )
 from hiertail_fast.experiments.paper_numbers import PAPER_METHOD_NAMES, TABLE2_MAIN, paper_cell
@@ -42,9 +43,12 @@ def selected_rows(ctx: Context) -> list[str]:
     if not wanted:
         return list(labels)
     rows = [w.strip() for w in wanted.split(",") if w.strip()]
+    if not rows:
+        raise ValueError(f"--methods {wanted!r} names no method")
     unknown = [r for r in rows if r not in labels]
     if unknown:
         raise ValueError(f"--methods: unknown {', '.join(unknown)}; known: {', '.join(labels)}")
+    check_distinct("--methods", rows)
     return rows
 
 

@@ -9,22 +9,24 @@ metric off by more than that lies on the same side, else ``mixed``.
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
 import platform
 import shlex
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from hiertail_fast._files import atomic_path, atomic_write_text
+from hiertail_fast._files import _new_file_mode
 from hiertail_fast.experiments.paper_numbers import METRICS, Cell
 from hiertail_fast.experiments.runner import code_version, fmt, summarize
 
 __all__ = ["compare", "row_verdict", "comparison_rows", "markdown_table", "provenance",
-           "write_outputs"]
+           "write_outputs", "summary_runs", "SummaryKept"]
 
 METRIC_NAMES = {"bacc": "bAcc", "macro_f1": "Macro-F1", "g_means": "G-Means", "acc": "Acc"}
 NO_STD_TOLERANCE = 0.5
@@ -161,36 +163,112 @@ def provenance_markdown(p: dict, trains: bool = True) -> str:
     ])
 
 
+class SummaryKept(Exception):
+    """A summary was not replaced by one that holds fewer runs (``write_outputs``)."""
+
+
+def summary_runs(payload: dict) -> int:
+    """How many finished runs a summary holds: its ``runs`` entry, else (summaries written
+    before it existed) the seeds of its rows."""
+    if isinstance(payload.get("runs"), int):
+        return payload["runs"]
+    n = 0
+    for r in payload.get("rows") or []:
+        if isinstance(r, dict) and isinstance(r.get("n"), int):
+            n += r["n"]
+    for d in payload.get("datasets") or []:          # per-class
+        for m in (d.get("methods") or {}).values() if isinstance(d, dict) else []:
+            if isinstance(m, dict) and isinstance(m.get("seeds"), int):
+                n += m["seeds"]
+    return n
+
+
+def _summary_files(out: Path, stem: str, payload: dict | None) -> dict[str, Path]:
+    """suffix (".md", ".json", "-<figure>.png") -> path of a summary set written before."""
+    files = {".md": out / f"{stem}.md", ".json": out / f"{stem}.json"}
+    for name in (payload or {}).get("figures") or []:
+        if isinstance(name, str) and name.startswith(f"{stem}-") and name.endswith(".png"):
+            files[name[len(stem):]] = out / name
+    return files
+
+
 def write_outputs(out: Path, stem: str, markdown: str, payload: dict,
-                  figures: dict[str, Any] | None = None, log=print) -> list[Path]:
+                  figures: dict[str, Any] | None = None, log=print,
+                  replace_fewer: bool = False) -> list[Path]:
     """Write ``<stem>.md``, ``<stem>.json`` and ``<stem>-<figure>.png`` under ``out``, atomically.
 
     A summary made by a command with other arguments (``payload["args"]``) is never replaced:
     this one then goes to ``<stem>-<hash of the args>.*`` and the log says so. The same
-    arguments replace their own summary (the numbers are the same; more runs may be finished)."""
+    arguments replace their own summary (more runs may be finished), the old set kept as
+    ``<stem>.prev.*`` (one generation, the log says so); but never by a summary that holds
+    fewer runs (``summary_runs``: e.g. --report-only over an empty or other --runs-dir):
+    SummaryKept is raised and nothing is written, unless ``replace_fewer``. Every new file is
+    complete (temporary files) before the old set is moved aside; a failure leaves it in place.
+    """
     out = Path(out)
     args_key = json.dumps(payload.get("args"), sort_keys=True, default=str)
     existing = out / f"{stem}.json"
+    old: dict | None = None
     if existing.is_file():
         try:
-            old_args = json.dumps(json.loads(existing.read_text()).get("args"), sort_keys=True,
-                                  default=str)
-        except (OSError, ValueError):
-            old_args = None
+            old = json.loads(existing.read_text())
+            old_args = json.dumps(old.get("args"), sort_keys=True, default=str)
+        except (OSError, ValueError, AttributeError):
+            old, old_args = None, None
         if old_args != args_key:
             new_stem = f"{stem}-{hashlib.sha256(args_key.encode()).hexdigest()[:8]}"
             log(f"{existing} comes from other arguments; kept. This command writes "
                 f"{new_stem}.*")
             stem = new_stem
-    paths = []
-    for name, fig in (figures or {}).items():
-        p = out / f"{stem}-{name}.png"
-        with atomic_path(p) as tmp:
-            fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-        paths.append(p)
-        payload.setdefault("figures", []).append(p.name)
-    for p, text in ((out / f"{stem}.md", markdown),
-                    (out / f"{stem}.json", json.dumps(payload, indent=1, default=str) + "\n")):
-        atomic_write_text(p, text)
-        paths.append(p)
-    return paths
+            old = None
+            if (out / f"{stem}.json").is_file():
+                try:
+                    old = json.loads((out / f"{stem}.json").read_text())
+                except (OSError, ValueError):
+                    old = {}
+                old = old if isinstance(old, dict) else {}
+    if old is not None and not replace_fewer:
+        had, has = summary_runs(old), summary_runs(payload)
+        if has < had:
+            raise SummaryKept(
+                f"{out / stem}.md holds {had} finished run(s), this summary {has}: not replaced "
+                "(pass --replace-summary to replace it; the old one is then kept as "
+                f"{stem}.prev.*)")
+    payload.setdefault("runs", summary_runs(payload))
+    new = {f"-{name}.png": fig for name, fig in (figures or {}).items()}
+    for suffix in new:
+        payload.setdefault("figures", []).append(f"{stem}{suffix}")
+    new[".md"] = markdown
+    new[".json"] = json.dumps(payload, indent=1, default=str) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    temps: dict[str, Path] = {}
+    try:
+        for suffix, content in new.items():
+            fd, name = tempfile.mkstemp(dir=out, prefix=f".{stem}{suffix}.", suffix=".tmp")
+            os.close(fd)
+            temps[suffix] = Path(name)
+            if isinstance(content, str):
+                temps[suffix].write_text(content)
+            else:
+                content.savefig(temps[suffix], format="png", dpi=110, bbox_inches="tight")
+            os.chmod(temps[suffix], _new_file_mode(out / f"{stem}{suffix}"))
+            with open(temps[suffix], "rb+") as fh:
+                os.fsync(fh.fileno())
+        before = _summary_files(out, stem, old)
+        if any(p.exists() for p in before.values()):
+            older = [*out.glob(f"{glob.escape(stem)}.prev.*"),
+                     *out.glob(f"{glob.escape(stem)}.prev-*.png")]
+            for p in older:                     # the older generation goes whole
+                p.unlink(missing_ok=True)
+            kept = []
+            for suffix, p in before.items():
+                if p.exists():
+                    os.replace(p, out / f"{stem}.prev{suffix}")
+                    kept.append(out / f"{stem}.prev{suffix}")
+            log(f"the previous summary is kept as {', '.join(p.name for p in kept)}")
+        for suffix, tmp in temps.items():
+            os.replace(tmp, out / f"{stem}{suffix}")
+    finally:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+    return [out / f"{stem}{suffix}" for suffix in new]

@@ -6,8 +6,21 @@ on one device type. Its result is written, atomically, to its own file under the
 soon as it finishes (``<runs>/<dataset>/<method>-<hash>-s<seed>.json``). A run whose file
 exists is never recomputed (the same run in two rows or two experiments is trained once), so an
 interrupted command resumes where it stopped, two commands can share a runs folder, and nothing
-a previous command computed is overwritten. Stopping the process (SIGSTOP / SIGCONT, or killing
-it) loses at most the run in progress.
+a previous command computed is overwritten (but for the two misses below). Stopping the process
+(SIGSTOP / SIGCONT, or killing it) loses at most the run in progress.
+
+The identity that names a run's file holds the data's shape (nodes, edges, features, classes and
+a non-default --feature-norm), not its content: two graphs of the same shape share file names.
+Each record therefore also carries ``data_fingerprint`` (function `data_fingerprint`: sha256 of
+x, edge_index and y as the run sees them, after loading and feature normalisation), and a cached
+record whose fingerprint differs from this command's data is a miss: the run is retrained, its
+file rewritten, and stdout says so. A cached file that cannot be read (truncated, corrupt) is a
+miss too, with a warning naming it. Records written before the fingerprint existed have none and
+are still reused on their shape alone: the committed reproduction cache
+(docs/results/experiments/runs, 435 runs) predates it and was made from the one data folder the
+identity's shape describes, and retraining it would cost days of CPU; to check them against the
+data, ``python -m hiertail_fast.experiments.migrate_fingerprints RUNS`` adds the fingerprint of
+the data they were run on (hiertail_fast/experiments/migrate_fingerprints.py).
 """
 from __future__ import annotations
 
@@ -27,7 +40,7 @@ import numpy as np
 from hiertail_fast._files import atomic_write_text
 
 __all__ = ["Budget", "RunSpec", "DataSource", "RunCache", "run_specs", "summarize",
-           "FULL_SEEDS", "FULL_EPOCHS", "FULL_PATIENCE", "QUICK"]
+           "data_fingerprint", "FULL_SEEDS", "FULL_EPOCHS", "FULL_PATIENCE", "QUICK"]
 
 FULL_SEEDS = tuple(range(123, 133))     # the official 123..132
 FULL_EPOCHS, FULL_PATIENCE = 10_000, 1_000
@@ -113,6 +126,21 @@ def code_version() -> dict:
             "git_dirty": None if dirty is None else bool(dirty)}
 
 
+def data_fingerprint(data) -> str:
+    """``"sha256:<hex>"`` of a graph's content as a run sees it: x, edge_index and y (each its
+    name, dtype, shape and bytes, C order). Two graphs of the same shape but other features,
+    edges or labels get different fingerprints."""
+    h = hashlib.sha256()
+    for name in ("x", "edge_index", "y"):
+        value = getattr(data, name)
+        if hasattr(value, "detach"):
+            value = value.detach().cpu().contiguous().numpy()
+        a = np.ascontiguousarray(value)
+        h.update(f"{name}:{a.dtype.str}:{list(a.shape)};".encode())
+        h.update(a.tobytes())
+    return "sha256:" + h.hexdigest()
+
+
 def _safe(text: str) -> str:
     return "".join(c if c.isalnum() or c in "._=-" else "_" for c in text)[:80]
 
@@ -128,12 +156,34 @@ class RunCache:
         return (self.root / _safe(spec.dataset)
                 / f"{_safe(spec.method)}-{digest}-s{identity['seed']}.json")
 
-    def get(self, spec: RunSpec, identity: dict) -> dict | None:
+    def lookup(self, spec: RunSpec, identity: dict, fingerprint: str | None = None
+               ) -> tuple[dict | None, str | None]:
+        """(the cached record or None, why a file that exists is not used, or None).
+
+        Not used: a file that cannot be read or parsed (truncated, corrupt), and a record whose
+        ``data_fingerprint`` differs from ``fingerprint`` (same shape, other data). A record
+        without a fingerprint (made before it existed) is used: see the module docstring."""
         p = self.path(spec, identity)
         if not p.is_file():
-            return None
-        record = json.loads(p.read_text())
-        return record if record.get("identity") == identity else None
+            return None, None
+        try:
+            record = json.loads(p.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            return None, f"warning: cached run {p} cannot be read ({exc}); treated as missing"
+        if not isinstance(record, dict) or not isinstance(record.get("result"), dict):
+            return None, (f"warning: cached run {p} is not a run record "
+                          "(corrupt); treated as missing")
+        if record.get("identity") != identity:
+            return None, None
+        cached = record.get("data_fingerprint")
+        if fingerprint is not None and cached is not None and cached != fingerprint:
+            return None, (f"cached run {p} was made from other data of the same shape "
+                          f"(data fingerprint {str(cached)[:19]}, this data {fingerprint[:19]}); "
+                          "treated as missing")
+        return record, None
+
+    def get(self, spec: RunSpec, identity: dict, fingerprint: str | None = None) -> dict | None:
+        return self.lookup(spec, identity, fingerprint)[0]
 
     def put(self, spec: RunSpec, identity: dict, record: dict) -> Path:
         p = self.path(spec, identity)
@@ -166,6 +216,7 @@ class DataSource:
         self.feature_norm = check_feature_norm(feature_norm)
         self._data: dict[str, Any] = {}
         self._graphs: dict[tuple, Any] = {}
+        self._fingerprints: dict[str, str] = {}
 
     def available(self) -> list[str]:
         if self.synthetic is not None:
@@ -196,6 +247,13 @@ class DataSource:
         if self.feature_norm != "none":
             key["feature_norm"] = self.feature_norm
         return key
+
+    def fingerprint(self, name: str) -> str:
+        """`data_fingerprint` of the graph ``load(name)`` gives (after feature normalisation);
+        a semi-synthetic split is derived from it by the run's split and seed, in the identity."""
+        if name not in self._fingerprints:
+            self._fingerprints[name] = data_fingerprint(self.load(name))
+        return self._fingerprints[name]
 
     def run_inputs(self, spec: RunSpec, seed: int):
         """(graph data, split, prepared graph) of one run."""
@@ -231,13 +289,16 @@ def _train(spec: RunSpec, data, split, graph, seed: int, budget: Budget, device:
 
 def run_specs(specs: list[RunSpec], budget: Budget, source: DataSource, cache: RunCache, *,
               device: str = "cpu", progress: bool = True, log=None,
-              train: bool = True) -> list[dict]:
+              train: bool = True, notice=None) -> list[dict]:
     """Every (spec, seed) of the budget: the cached record, or train, record and cache it
     (``train=False``: only the cached records; the missing ones are counted in the log).
-    Returns the records in spec order, seeds in budget order."""
+    A cached file that is unreadable or holds a run on other data (``RunCache.lookup``) is a
+    miss, said by ``notice`` (default: stdout). Returns the records in spec order, seeds in
+    budget order."""
     import torch
 
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    notice = notice or (lambda line: print(line, flush=True))
     code_version()                   # the commit at the start, not after later edits
     device_type = torch.device(device).type
     todo = [(s, seed) for s in specs for seed in budget.seeds]
@@ -248,7 +309,11 @@ def run_specs(specs: list[RunSpec], budget: Budget, source: DataSource, cache: R
     records, missing = [], []
     for i, (spec, seed) in enumerate(todo):
         identity = spec.identity(seed, budget, device_type, source.data_key(spec.dataset))
-        record = cache.get(spec, identity)
+        fingerprint = source.fingerprint(spec.dataset)
+        record, problem = cache.lookup(spec, identity, fingerprint)
+        if problem:
+            notice(problem + ("; retraining it (the file is rewritten)" if train
+                              else " (--report-only: not reported)"))
         if record is None and not train:
             missing.append(f"{spec.dataset} {spec.row} seed {seed}")
             continue
@@ -256,9 +321,9 @@ def run_specs(specs: list[RunSpec], budget: Budget, source: DataSource, cache: R
             data, split, graph = source.run_inputs(spec, seed)
             t0 = time.perf_counter()
             result = _train(spec, data, split, graph, seed, budget, device)
-            record = {"identity": identity, "row": spec.row, "result": result,
-                      "wall_s": time.perf_counter() - t0, "threads": torch.get_num_threads(),
-                      **code_version(),
+            record = {"identity": identity, "data_fingerprint": fingerprint, "row": spec.row,
+                      "result": result, "wall_s": time.perf_counter() - t0,
+                      "threads": torch.get_num_threads(), **code_version(),
                       "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             cache.put(spec, identity, record)
             t = result["test"]

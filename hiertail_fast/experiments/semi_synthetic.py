@@ -6,6 +6,8 @@ reproduced by ``--alignment-bug`` and fixed by default. The paper's numbers (Tab
 two Amazon graphs; other datasets show ours alone."""
 from __future__ import annotations
 
+import argparse
+
 from hiertail_fast.experiments import main_table
 from hiertail_fast.experiments.common import Context
 from hiertail_fast.experiments.paper_numbers import TABLE3_SEMI_SYNTHETIC
@@ -15,10 +17,26 @@ from hiertail_fast.experiments.runner import RunSpec
 TITLE = "Table 3: semi-synthetic long-tail setting (manual split, α = 0.8)"
 
 
+def _unit_open(text: str) -> float:
+    """argparse type: a number strictly between 0 and 1 (nan refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"must lie in (0, 1), got {text}")
+    return value
+
+
 def add_arguments(parser) -> None:
-    parser.add_argument("--alpha", type=float, default=0.8, help="semi-synthetic: head share")
-    parser.add_argument("--val-per-class", type=int, default=25)
-    parser.add_argument("--test-per-class", type=int, default=55)
+    from hiertail_fast._train_cli import _positive
+
+    parser.add_argument("--alpha", type=_unit_open, default=0.8, help="semi-synthetic: share "
+                        "of the training nodes in the head classes, in (0, 1)")
+    parser.add_argument("--val-per-class", type=_positive(int), default=25,
+                        help="semi-synthetic: validation nodes per class (>= 1)")
+    parser.add_argument("--test-per-class", type=_positive(int), default=55,
+                        help="semi-synthetic: test nodes per class (>= 1)")
     parser.add_argument("--alignment-bug", action="store_true", help="semi-synthetic: "
                         "reproduce the official feature / adjacency misalignment")
 
@@ -44,8 +62,13 @@ def specs(ctx: Context) -> list[RunSpec]:
             setting(ctx, d)
             usable.append(d)
         except ValueError as exc:
-            ctx.notes.append(f"- {d}: not applicable ({exc}); try smaller --val-per-class / "
-                             "--test-per-class")
+            advice = ("try another --alpha" if str(exc).startswith("alpha=")
+                      else "try smaller --val-per-class / --test-per-class")
+            ctx.notes.append(f"- {d}: not applicable ({exc}); {advice}")
+    if not usable:
+        raise ValueError("semi-synthetic: no dataset can take this split: "
+                         + "; ".join(n.removeprefix("- ") for n in ctx.notes
+                                     if "not applicable" in n))
     sub = Context(ctx.args, ctx.budget, ctx.source, ctx.cache, usable, ctx.device, ctx.notes)
     return main_table.method_specs(sub, _split(ctx))
 

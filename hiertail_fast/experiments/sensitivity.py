@@ -5,7 +5,9 @@ are drawn (a heatmap and line plots per dataset); its claim to check: bAcc varie
 over the grid, slightly lower when both γ and τ are large."""
 from __future__ import annotations
 
-from hiertail_fast.experiments.common import Context, hiertail_config
+import math
+
+from hiertail_fast.experiments.common import Context, check_distinct, hiertail_config
 from hiertail_fast.experiments.paper_numbers import SENSITIVITY_GRID
 from hiertail_fast.experiments.runner import RunSpec, fmt, summarize
 
@@ -13,11 +15,41 @@ TITLE = "Hyper-parameter sensitivity (γ × τ; activation, hidden size, dropout
 PARTS = ("grid", "activation", "hidden", "dropout")
 
 
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"expected comma-separated numbers, got {text!r}") from None
+def _items(text: str, option: str) -> list[str]:
+    items = [v.strip() for v in text.split(",") if v.strip()]
+    if not items:
+        raise ValueError(f"{option} {text!r} gives no value")
+    return items
+
+
+def _floats(text: str, option: str = "the sweep") -> list[float]:
+    """Comma-separated finite numbers, each once."""
+    out = []
+    for v in _items(text, option):
+        try:
+            x = float(v)
+        except ValueError:
+            raise ValueError(f"{option}: expected comma-separated numbers, got {v!r}") from None
+        if not math.isfinite(x):
+            raise ValueError(f"{option}: {v!r} is not a finite number")
+        out.append(x)
+    check_distinct(option, [f"{x:g}" for x in out])   # the rows' labels
+    return out
+
+
+def _ints(text: str, option: str) -> list[int]:
+    """Comma-separated integers >= 1, each once (16.7 or inf is refused, not truncated)."""
+    out = []
+    for v in _items(text, option):
+        try:
+            x = int(v)
+        except ValueError:
+            raise ValueError(f"{option}: {v!r} is not an integer") from None
+        if x < 1:
+            raise ValueError(f"{option}: {v!r} must be >= 1")
+        out.append(x)
+    check_distinct(option, out)
+    return out
 
 
 def add_arguments(parser) -> None:
@@ -26,31 +58,37 @@ def add_arguments(parser) -> None:
     parser.add_argument("--gammas", default="0.001,0.01,0.1,1.0", help="sensitivity: γ values")
     parser.add_argument("--taus", default="0.01,0.1,1.0", help="sensitivity: τ values")
     parser.add_argument("--activations", default="relu,leaky_relu,elu,tanh")
-    parser.add_argument("--hiddens", default="16,32,64,128,256")
+    parser.add_argument("--hiddens", default="16,32,64,128,256", help="sensitivity: hidden "
+                        "sizes, integers >= 1 (every list: comma-separated, each value once)")
     parser.add_argument("--dropouts", default="0.0,0.1,0.3,0.5")
 
 
 def sweeps(ctx: Context) -> dict[str, list[tuple[str, dict]]]:
     """part -> [(row key, config overrides)]."""
     a = ctx.args
-    parts = [p.strip() for p in a.parts.split(",") if p.strip()]
+    parts = _items(a.parts, "--parts")
     bad = [p for p in parts if p not in PARTS]
     if bad:
         raise ValueError(f"--parts: unknown {', '.join(bad)}; known: {', '.join(PARTS)}")
+    check_distinct("--parts", parts)
     base = {"gamma": SENSITIVITY_GRID["appendix_figure_gamma"],
             "tau": SENSITIVITY_GRID["appendix_figure_tau"]}
     out: dict[str, list[tuple[str, dict]]] = {}
     if "grid" in parts:
+        gammas, taus = _floats(a.gammas, "--gammas"), _floats(a.taus, "--taus")
         out["grid"] = [(f"gamma={g:g},tau={t:g}", {"gamma": g, "tau": t})
-                       for g in _floats(a.gammas) for t in _floats(a.taus)]
+                       for g in gammas for t in taus]
     if "activation" in parts:
-        out["activation"] = [(f"activation={v}", {**base, "activation": v.strip()})
-                             for v in a.activations.split(",") if v.strip()]
+        activations = _items(a.activations, "--activations")
+        check_distinct("--activations", activations)
+        out["activation"] = [(f"activation={v}", {**base, "activation": v})
+                             for v in activations]
     if "hidden" in parts:
-        out["hidden"] = [(f"hidden={int(v)}", {**base, "hidden": int(v)})
-                         for v in _floats(a.hiddens)]
+        out["hidden"] = [(f"hidden={v}", {**base, "hidden": v})
+                         for v in _ints(a.hiddens, "--hiddens")]
     if "dropout" in parts:
-        out["dropout"] = [(f"dropout={v:g}", {**base, "dropout": v}) for v in _floats(a.dropouts)]
+        out["dropout"] = [(f"dropout={v:g}", {**base, "dropout": v})
+                          for v in _floats(a.dropouts, "--dropouts")]
     return out
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from hiertail_fast.experiments.common import Context, hiertail_config
+from hiertail_fast.experiments.common import Context, check_distinct, hiertail_config
 from hiertail_fast.experiments.paper_numbers import TABLE5_TASKS, paper_cell
 from hiertail_fast.experiments.report import comparison_report
 from hiertail_fast.experiments.runner import RunSpec
@@ -17,23 +17,42 @@ TITLE = "Table 5: number of tasks in the second (and third) layer"
 
 def add_arguments(parser) -> None:
     parser.add_argument("--task-counts", help="tasks: comma-separated A:B task counts of the "
-                        "two levels (default: the paper's sweep scaled to each dataset)")
+                        "two levels, each pair once, 1 <= B <= A <= the graph's nodes "
+                        "(default: the paper's sweep scaled to each dataset)")
 
 
-def task_counts(num_classes: int, spec: str | None) -> list[tuple[int, int]]:
+def task_counts(num_classes: int, spec: str | None, num_nodes: int | None = None,
+                dataset: str = "the graph") -> list[tuple[int, int]]:
+    """The (A, B) pairs of the sweep: ``spec`` (``--task-counts``) or the default. Each pair must
+    satisfy 1 <= B <= A <= num_nodes (when given): a level keeps at most the nodes of the one
+    before it, so a larger count would be clamped while its row kept the requested label."""
     if spec:
         out = []
-        for item in spec.split(","):
+        items = [v.strip() for v in spec.split(",") if v.strip()]
+        if not items:
+            raise ValueError(f"--task-counts {spec!r} gives no A:B pair")
+        for item in items:
             try:
                 a, b = (int(v) for v in item.split(":"))
             except ValueError:
                 raise ValueError(f"--task-counts: {item!r} is not A:B with integers") from None
             if a < 1 or b < 1:
                 raise ValueError(f"--task-counts: {item!r} needs counts >= 1")
+            if b > a:
+                raise ValueError(f"--task-counts: {item!r} has B > A; the second level keeps "
+                                 "at most the first level's tasks (need 1 <= B <= A)")
             out.append((a, b))
-        return out
-    c = num_classes
-    return [(math.ceil(198 * c / 70), c), (c, math.ceil(c / 2)), (2, 1)]
+        check_distinct("--task-counts", [f"{a}:{b}" for a, b in out])
+    else:
+        c = num_classes
+        out = [(math.ceil(198 * c / 70), c), (c, math.ceil(c / 2)), (2, 1)]
+    if num_nodes is not None:
+        big = [f"{a}:{b}" for a, b in out if a > num_nodes]
+        if big:
+            raise ValueError(f"{'--task-counts' if spec else 'default task counts'}: "
+                             f"{', '.join(big)} on {dataset} ({num_nodes:,} "
+                             f"nodes): need 1 <= B <= A <= {num_nodes:,}")
+    return out
 
 
 def _row(counts: tuple[int, int]) -> str:
@@ -43,8 +62,8 @@ def _row(counts: tuple[int, int]) -> str:
 def specs(ctx: Context) -> list[RunSpec]:
     out = []
     for dataset in ctx.datasets:
-        c = ctx.source.data_key(dataset)["classes"]
-        for counts in task_counts(c, ctx.args.task_counts):
+        key = ctx.source.data_key(dataset)
+        for counts in task_counts(key["classes"], ctx.args.task_counts, key["nodes"], dataset):
             cfg = hiertail_config(ctx.args.config, dataset, ctx.args, pool_counts=counts)
             out.append(RunSpec(dataset, _row(counts), "hiertail", cfg))
     return out
