@@ -8,8 +8,9 @@ import json
 import os
 import platform
 import re
-import tempfile
 from pathlib import Path
+
+from hiertail_fast._files import replace_file_set
 
 CSV_COLUMNS = ("method", "nodes", "edges", "epoch_seconds", "peak_memory_bytes", "device",
                "loss_dtype", "status", "once_seconds")
@@ -91,35 +92,15 @@ def write_outputs(rows: list[dict], info: dict, out: Path, *, with_plot: bool = 
     failure (plot error, full disk) leaves the old results untouched. Without the plot, an old
     scale.png is moved aside with the rest, so it never sits beside newer tables.
     Returns (written paths, kept previous paths)."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     writers = {"scale.csv": lambda p: write_csv(rows, p),
                "scale.json": lambda p: p.write_text(json.dumps(info, indent=1, default=str))}
     if with_plot:
         writers["scale.png"] = lambda p: plot(rows, p)
-    temps: dict[str, Path] = {}
-    try:
-        for name, write in writers.items():
-            fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=Path(name).suffix)
-            os.close(fd)
-            temps[name] = Path(tmp)
-            write(temps[name])
-            os.chmod(temps[name], 0o644)
-        kept = []
-        if any((out / name).exists() for name in OUTPUT_NAMES):
-            for name in OUTPUT_NAMES:
-                old, prev = out / name, out / f"{keep}{Path(name).suffix}"
-                if old.exists():
-                    os.replace(old, prev)
-                    kept.append(prev)
-                else:
-                    prev.unlink(missing_ok=True)
-        for name, tmp in temps.items():
-            os.replace(tmp, out / name)
-    finally:
-        for tmp in temps.values():
-            tmp.unlink(missing_ok=True)
-    return [out / name for name in writers], kept
+
+    def prev_of(name: str) -> str:
+        return f"{keep}{Path(name).suffix}"
+    return replace_file_set(out, writers, list(OUTPUT_NAMES), prev_of,
+                            older=[prev_of(name) for name in OUTPUT_NAMES])
 
 
 def machine_info() -> dict:

@@ -79,3 +79,44 @@ def atomic_path(path: Path) -> Iterator[Path]:
 def atomic_write_text(path: Path, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
+
+
+def replace_file_set(out: Path, writers: dict, current: list, prev_of,
+                     older: list = ()) -> tuple[list[Path], list[Path]]:
+    """Write a set of result files into `out` as one set, keeping the set it replaces.
+
+    ``writers``: file name -> function writing that file at the path it is given. Every file is
+    first written to a temporary file in `out` (mode and data on disk); only when all are
+    complete, and if any of ``current`` (the names of the set in place) exists, the files of
+    ``older`` (the generation before, removed whole so generations never mix) are deleted and
+    each existing ``current`` file moves to ``prev_of(name)``; then the new files are renamed
+    into place. A failure before that (a plot error, a full disk) leaves `out` as it was.
+    Returns (written paths, kept previous paths)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    temps: dict[str, Path] = {}
+    try:
+        for name, write in writers.items():
+            # (the name's own suffix last: writers such as matplotlib read the format there)
+            fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.",
+                                       suffix=f".tmp{Path(name).suffix}")
+            os.close(fd)
+            temps[name] = Path(tmp)
+            write(temps[name])
+            os.chmod(temps[name], _new_file_mode(out / name))
+            with open(temps[name], "rb+") as fh:
+                os.fsync(fh.fileno())
+        kept = []
+        if any((out / name).exists() for name in current):
+            for p in older:
+                (out / p).unlink(missing_ok=True)
+            for name in current:
+                if (out / name).exists():
+                    os.replace(out / name, out / prev_of(name))
+                    kept.append(out / prev_of(name))
+        for name, tmp in temps.items():
+            os.replace(tmp, out / name)
+    finally:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+    return [out / name for name in writers], kept

@@ -16,12 +16,11 @@ import os
 import platform
 import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from hiertail_fast._files import _new_file_mode
+from hiertail_fast._files import replace_file_set
 from hiertail_fast.experiments.paper_numbers import METRICS, Cell
 from hiertail_fast.experiments.runner import code_version, fmt, summarize
 
@@ -235,40 +234,17 @@ def write_outputs(out: Path, stem: str, markdown: str, payload: dict,
                 "(pass --replace-summary to replace it; the old one is then kept as "
                 f"{stem}.prev.*)")
     payload.setdefault("runs", summary_runs(payload))
-    new = {f"-{name}.png": fig for name, fig in (figures or {}).items()}
-    for suffix in new:
-        payload.setdefault("figures", []).append(f"{stem}{suffix}")
-    new[".md"] = markdown
-    new[".json"] = json.dumps(payload, indent=1, default=str) + "\n"
-    out.mkdir(parents=True, exist_ok=True)
-    temps: dict[str, Path] = {}
-    try:
-        for suffix, content in new.items():
-            fd, name = tempfile.mkstemp(dir=out, prefix=f".{stem}{suffix}.", suffix=".tmp")
-            os.close(fd)
-            temps[suffix] = Path(name)
-            if isinstance(content, str):
-                temps[suffix].write_text(content)
-            else:
-                content.savefig(temps[suffix], format="png", dpi=110, bbox_inches="tight")
-            os.chmod(temps[suffix], _new_file_mode(out / f"{stem}{suffix}"))
-            with open(temps[suffix], "rb+") as fh:
-                os.fsync(fh.fileno())
-        before = _summary_files(out, stem, old)
-        if any(p.exists() for p in before.values()):
-            older = [*out.glob(f"{glob.escape(stem)}.prev.*"),
-                     *out.glob(f"{glob.escape(stem)}.prev-*.png")]
-            for p in older:                     # the older generation goes whole
-                p.unlink(missing_ok=True)
-            kept = []
-            for suffix, p in before.items():
-                if p.exists():
-                    os.replace(p, out / f"{stem}.prev{suffix}")
-                    kept.append(out / f"{stem}.prev{suffix}")
-            log(f"the previous summary is kept as {', '.join(p.name for p in kept)}")
-        for suffix, tmp in temps.items():
-            os.replace(tmp, out / f"{stem}{suffix}")
-    finally:
-        for tmp in temps.values():
-            tmp.unlink(missing_ok=True)
-    return [out / f"{stem}{suffix}" for suffix in new]
+    writers = {f"{stem}-{name}.png": (lambda p, fig=fig: fig.savefig(
+        p, format="png", dpi=110, bbox_inches="tight")) for name, fig in (figures or {}).items()}
+    payload.setdefault("figures", []).extend(writers)
+    writers[f"{stem}.md"] = lambda p: p.write_text(markdown)
+    writers[f"{stem}.json"] = lambda p: p.write_text(
+        json.dumps(payload, indent=1, default=str) + "\n")
+    before = [p.name for p in _summary_files(out, stem, old).values()]
+    older = [p.name for p in (*out.glob(f"{glob.escape(stem)}.prev.*"),
+                              *out.glob(f"{glob.escape(stem)}.prev-*.png"))]
+    written, kept = replace_file_set(
+        out, writers, before, lambda name: f"{stem}.prev{name[len(stem):]}", older=older)
+    if kept:
+        log(f"the previous summary is kept as {', '.join(p.name for p in kept)}")
+    return written
