@@ -44,7 +44,8 @@ OPS = {
         p != "pyg" or importlib.util.find_spec("torch_geometric") is not None)],
                     modes=["fwd+bwd"]),
     # --dims is the feature width d, --prototypes the number m of prototypes
-    "prototype": dict(providers=["torch"] + (["triton"] if DEVICE == "cuda" else []) + (
+    "prototype": dict(providers=["torch"] + (["triton"] if DEVICE == "cuda" else [
+        "torch_topk"]) + (
         ["sklearn"] if importlib.util.find_spec("sklearn") is not None else []),
                       modes=["fwd"]),
 }

@@ -119,7 +119,8 @@ def test_topk_unpool_fwd_bwd(benchmark, device_label, provider, n):
 
 def make_prototype_step(provider: str, n: int, m: int, d: int = 128):
     """One nearest-prototype assignment of n random rows to m random prototypes (d features)
-    by ``provider`` ("reference", "torch", "triton" or "sklearn" on numpy copies)."""
+    by ``provider`` ("reference", "torch", "torch_topk", "triton" or "sklearn" on numpy
+    copies)."""
     gen = torch.Generator().manual_seed(2)
     z = torch.randn(n, d, generator=gen).to(DEVICE)
     protos = torch.randn(m, d, generator=gen).to(DEVICE)
@@ -130,6 +131,18 @@ def make_prototype_step(provider: str, n: int, m: int, d: int = 128):
         fn = lambda: pairwise_distances_argmin(zn, pn)  # noqa: E731
     elif provider == "reference":
         fn = lambda: nearest_prototype_ref(z, protos)  # noqa: E731
+    elif provider == "torch_topk":
+        # the torch backend with its C best-two kernel switched off (the eager topk(2) step it
+        # replaced, kept as the fallback): the A/B of hiertail_fast/ops/_nearest_rows.py
+        import hiertail_fast.ops._nearest_rows as rows_mod
+
+        def fn():
+            real = rows_mod.kernel
+            rows_mod.kernel = lambda dtype: None
+            try:
+                return nearest_prototype(z, protos, backend="torch")
+            finally:
+                rows_mod.kernel = real
     else:
         fn = lambda: nearest_prototype(z, protos, backend=provider)  # noqa: E731
 
