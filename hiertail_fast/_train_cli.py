@@ -3,7 +3,13 @@ hiertail_fast`` or ``hiertail-train`` (all enter through `hiertail_fast.__main__
 the OpenMP wait policy before torch is imported); see ``--help``. Builds the config from the
 options, loads the graph (``--data`` .npz, ``--dataset`` NAME [``--root``] or ``--synthetic``) and
 an optional user split, runs `run_seeds`, prints the table and writes ``--json``. This module
-drives `hiertail_fast.train`; the loop never imports it back."""
+drives `hiertail_fast.train`; the loop never imports it back.
+
+Exit codes: 0 done; 2 the command line or an input file is refused before training (one line on
+stderr, argparse's ``error``); 1 the run failed after training started: training diverged (a
+non-finite loss, `TrainingDivergedError`: one line naming the seed, the epoch and the lr; the
+seeds finished before it are the ``seed ...`` lines already on stderr, no --json is written)
+or --json could not be written (the results go to stdout)."""
 from __future__ import annotations
 
 import argparse
@@ -18,17 +24,27 @@ import numpy as np
 import torch
 
 from hiertail_fast._files import atomic_write_text, unwritable_file_reason
+from hiertail_fast._validation import MIN_TEMPERATURE
 from hiertail_fast.baselines.cli import add_method_arguments, method_config_from_args
 from hiertail_fast.data.io import load_npz
 from hiertail_fast.data.splits import user_split
 from hiertail_fast.nn.hiertail import HierTailConfig
-from hiertail_fast.train import PAPER_HIDDEN, format_table, load_split, run_seeds
+from hiertail_fast.ops._dispatch import triton_available
+from hiertail_fast.train import (
+    PAPER_HIDDEN,
+    TrainingDivergedError,
+    check_classes,
+    format_table,
+    load_split,
+    run_seeds,
+)
 
 # Graphs below this many nodes train on one thread by default (--threads): an epoch on Email
 # (1,005 nodes) is ~25 ms of work, and a second OpenMP thread waiting for a busy core made it
 # 1,146 ms on a loaded 2-core machine (47 ms with passive waiting, 25 ms on one thread).
 SMALL_GRAPH_NODES = 5_000
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1   # what torch.manual_seed accepts
+# torch.manual_seed takes [-2**63, 2**64); the natural split's numpy generator only >= 0
+SEED_MIN, SEED_MAX = 0, 2**64 - 1
 MAX_SEED_COUNT = 100_000
 
 
@@ -70,6 +86,8 @@ def parse_seeds(values: Sequence[str], base: int = 123) -> list[int]:
     if not nums:
         raise ValueError("--seeds is empty")
     if len(values) == 1 and "," not in values[0]:
+        if not SEED_MIN <= base <= SEED_MAX:
+            raise ValueError(f"--seed-base must lie in [{SEED_MIN}, {SEED_MAX}], got {base}")
         if not 1 <= nums[0] <= MAX_SEED_COUNT:
             raise ValueError(f"--seeds count must lie in [1, {MAX_SEED_COUNT}], got {nums[0]}")
         nums = list(range(base, base + nums[0]))
@@ -103,7 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m hiertail_fast.train",
                                 description="Train HierTail (long-tail node classification).")
     src = p.add_argument_group("input")
-    src.add_argument("--data", type=Path, help="graph in the uniform .npz format")
+    src.add_argument("--data", type=Path, help="graph in the uniform .npz format; its classes "
+                     "are relabelled by size (0 = largest, as the official harness), so "
+                     "per-class results are in that order: --json's data.original_labels "
+                     "gives each class's label in the file")
     src.add_argument("--synthetic", action="store_true", help="generate a long-tail graph")
     src.add_argument("--dataset", help="a paper dataset by name (cora_full, wiki, email, "
                      "blogcatalog, amazon_clothing, amazon_electronics): ROOT/NAME.npz or PyG's "
@@ -115,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--avg-degree", type=_positive(float), default=10.0)
     src.add_argument("--homophily", type=float, default=0.8)
     src.add_argument("--features", type=_positive(int), default=64)
-    src.add_argument("--data-seed", type=int, default=0, help="synthetic generator seed")
+    src.add_argument("--data-seed", type=_non_negative(int), default=0,
+                     help="synthetic generator seed")
     src.add_argument("--feature-norm", choices=("none", "row"), default="none",
                      help="node features: none (as loaded; the official default) or row = "
                      "x_i / sum_j x_ij (the official --is_normalize; Wiki's raw TF-IDF rows "
@@ -127,9 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--hidden", type=_positive(int), help="default: config (paper: 64 on "
                    "email/wiki/blogcatalog)")
     m.add_argument("--gamma", type=_non_negative(float))
-    m.add_argument("--tau", type=_positive(float))
+    m.add_argument("--tau", type=_number(float, MIN_TEMPERATURE, strict=False))
     m.add_argument("--dropout", type=_non_negative(float))
-    m.add_argument("--lr", type=_positive(float))
+    m.add_argument("--lr", type=_positive(float), help="learning rate; a run whose loss turns "
+                   "NaN/Inf stops with an error naming the epoch (exit code 1)")
     m.add_argument("--weight-decay", type=_non_negative(float))
     m.add_argument("--augment-a2", choices=("on", "off"), help="override the config's A²")
     m.add_argument("--fix-cluster-labels", action="store_true",
@@ -141,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--patience", type=_non_negative(int), default=1_000)
     m.add_argument("--seeds", nargs="+", default=["10"],
                    help="a count (from --seed-base) or a list: 3 | 1,2,5 | 1 2 5")
-    m.add_argument("--seed-base", type=int, default=123)
+    m.add_argument("--seed-base", type=_non_negative(int), default=123)
     m.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     m.add_argument("--threads", type=_positive(int),
                    help=f"torch CPU threads (default: 1 below {SMALL_GRAPH_NODES:,} nodes, where "
@@ -185,6 +208,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
         if path is not None and path.is_dir():
             parser.error(f"{option} {path} is a directory, not an .npz file")
     problem = _device_error(args.device)
+    if problem is None and args.loss_backend == "triton" and not triton_available(
+            torch.device(args.device)):
+        problem = (f"--loss-backend triton cannot run on --device {args.device} (it needs a "
+                   "CUDA device and triton); use torch or reference")
+    if problem is None and args.json is not None:
+        problem = _json_clash(args)
     if problem is None and args.json is not None:
         problem = unwritable_file_reason(args.json)
         problem = problem and f"--json {args.json} cannot be written: {problem}"
@@ -193,11 +222,18 @@ def main(argv: Sequence[str] | None = None) -> dict:
     try:
         seeds = parse_seeds(args.seeds, args.seed_base)
         data, data_info = _load_data(args)
+        check_classes(data.y)
         split = None
         if args.split is not None:
             split = user_split(int(data.y.shape[0]), **load_split(args.split))
+            for name, part in zip(("val", "test"), split[1:], strict=True):
+                if not part.numel():
+                    raise ValueError(f"--split {args.split}: the {name!r} set is empty (the "
+                                     "model is selected on val and reported on test)")
         cfg = _config_from_args(args, None if args.synthetic else data_info["name"])
         baseline_cfg = method_config_from_args(args)   # None for --method hiertail
+        if baseline_cfg is not None:
+            _check_method_run(baseline_cfg, int(data.num_classes), args.epochs)
     except (ValueError, TypeError, OSError, ImportError) as exc:
         parser.error(str(exc))
     data_info.update(num_nodes=int(data.y.shape[0]), num_edges=int(data.edge_index.shape[1]),
@@ -211,10 +247,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if baseline_cfg is not None:    # the one dispatch point: a baseline on the same loop
         from hiertail_fast.baselines.harness import run_baseline_seeds as runner
         cfg = baseline_cfg
-    result = runner(data, cfg, seeds, split=split, compound_pool_bug=args.compound_pool_bug,
-                       epochs=args.epochs, patience=args.patience, device=args.device,
-                       progress=not args.no_progress,
-                       log=lambda line: print(line, file=sys.stderr, flush=True))
+    try:
+        result = runner(data, cfg, seeds, split=split,
+                        compound_pool_bug=args.compound_pool_bug, epochs=args.epochs,
+                        patience=args.patience, device=args.device,
+                        progress=not args.no_progress,
+                        log=lambda line: print(line, file=sys.stderr, flush=True))
+    except TrainingDivergedError as exc:   # a run's outcome, not a refused input: exit 1
+        print(f"{parser.prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        raise SystemExit(1) from None
+    if getattr(data, "original_labels", None) is not None:
+        data_info["original_labels"] = [int(v) for v in data.original_labels]
     result["data"] = data_info
     result["method"] = args.method
     result["training"] = {"epochs": args.epochs, "patience": args.patience,
@@ -226,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     result["argv"] = list(sys.argv[1:] if argv is None else argv)
     print(format_table(result))
     if args.json is not None:
-        text, existed = json.dumps(result, indent=2, default=_json_default), args.json.exists()
+        text, existed = json_text(result), args.json.exists()
         try:
             atomic_write_text(args.json, text)
         except OSError as exc:  # e.g. the disk filled up during training: keep the results
@@ -237,6 +280,42 @@ def main(argv: Sequence[str] | None = None) -> dict:
             raise SystemExit(1) from None
         print(f"{'replaced existing' if existed else 'wrote'} {args.json}", file=sys.stderr)
     return result
+
+
+def _json_clash(args) -> str | None:
+    """Why --json must not be written: it is the same file as --data or --split."""
+    for option, path in (("--data", args.data), ("--split", args.split)):
+        if path is not None and _same_file(args.json, path):
+            return (f"--json {args.json} is the same file as {option} {path}: it would be "
+                    "overwritten with the results; choose another --json path")
+    return None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:                 # one of them does not exist (yet)
+        return a.resolve() == b.resolve()
+
+
+def _check_method_run(cfg, num_classes: int, epochs: int) -> None:
+    """A baseline's options against the data and --epochs, before training: ValueError naming
+    the options (the methods raise the same at their start, after the data is loaded)."""
+    from hiertail_fast.baselines.methods import METHODS
+
+    if getattr(METHODS[cfg.method], "uses_tail", False) and not (
+            1 <= cfg.im_class_num <= num_classes):
+        raise ValueError(f"--im-class-num {cfg.im_class_num}: --method {cfg.method} takes the "
+                         f"last N classes as the tail, N in [1, {num_classes}] (the data has "
+                         f"{num_classes} classes)")
+    if cfg.method == "graphmixup":
+        from hiertail_fast.baselines.graphmixup import pretrain_length
+        try:
+            pretrain_length(cfg, epochs)
+        except ValueError:
+            raise ValueError(f"--pretrain-epochs {cfg.pretrain_epochs} must be < --epochs "
+                             f"{epochs}: graphmixup selects its model over the fine-tuning "
+                             "epochs after pre-training") from None
 
 
 def _load_data(args) -> tuple[Any, dict[str, Any]]:
@@ -266,11 +345,33 @@ def _load_source(args) -> tuple[Any, dict[str, Any]]:
                   "features": args.features, "data_seed": args.data_seed, "name": "synthetic"}
 
 
+def json_text(result: dict) -> str:
+    """``result`` as strict JSON: numpy / torch values converted, NaN and ±Inf as null (a bare
+    NaN is not JSON; strict parsers reject it)."""
+    return json.dumps(_finite_or_none(result), indent=2, allow_nan=False)
+
+
+def _finite_or_none(obj: Any):
+    if isinstance(obj, dict):
+        return {k: _finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_none(v) for v in obj]
+    if isinstance(obj, (np.generic, np.ndarray, torch.Tensor)):
+        return _finite_or_none(_json_default(obj))     # -> Python scalars / lists
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
 def _json_default(obj: Any):
     if isinstance(obj, (np.integer,)):
         return int(obj)
     if isinstance(obj, (np.floating,)):
-        return float(obj)
+        return float(obj) if np.isfinite(obj) else None
+    if isinstance(obj, np.bool_):
+        return bool(obj)
     if isinstance(obj, (torch.Tensor, np.ndarray)):
         return np.asarray(obj).tolist()
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")

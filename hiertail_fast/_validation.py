@@ -22,6 +22,21 @@ FEATURE_NORMS = ("none", "row")
 MAX_NODES = 3_037_000_499  # n * n + n must fit in int64 for the (row, col) sort key
 
 
+def non_finite_error(message: str) -> ValueError:
+    """The ValueError for a value that must be finite and is NaN / Inf or would overflow (the
+    logits), marked ``non_finite = True`` (the exact type stays ValueError): the training loop
+    (`hiertail_fast.train.fit_early_stopping`) reports one raised after an optimiser step as
+    divergence."""
+    exc = ValueError(message)
+    exc.non_finite = True
+    return exc
+
+
+def is_non_finite_error(exc: BaseException) -> bool:
+    """Whether ``exc`` came from `non_finite_error`."""
+    return isinstance(exc, ValueError) and getattr(exc, "non_finite", False) is True
+
+
 def check_tensor(t: object, name: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -85,7 +100,7 @@ def check_float_matrix(t: object, name: str, *, finite: bool = True) -> torch.Te
     if not t.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
     if finite and not all_finite(t):
-        raise ValueError(f"{name} contains NaN or Inf")
+        raise non_finite_error(f"{name} contains NaN or Inf")
     return t
 
 
@@ -231,7 +246,7 @@ def check_logit_range(z: torch.Tensor, prototypes: torch.Tensor | None, tau: flo
         if not math.isfinite(largest):        # the norm itself overflowed: its true size
             largest = max(float(torch.linalg.vector_norm(t.detach().double(), dim=1).max())
                           for t in (z, prototypes) if t is not None and t.numel())
-        raise ValueError(
+        raise non_finite_error(
             f"the logits overflow {cdt}: max ‖z_i‖²/τ = {largest ** 2 / tau:.3g} > {limit:.3g}; "
             f"scale the embeddings down (e.g. normalise them) or raise the temperature")
 
@@ -307,7 +322,7 @@ def check_score_weight(score_weight: object, d: int, dtype: torch.dtype) -> torc
     if p.dtype != dtype:
         raise TypeError(f"score_weight has dtype {p.dtype} but x has {dtype}")
     if not all_finite(p):
-        raise ValueError("score_weight contains NaN or Inf")
+        raise non_finite_error("score_weight contains NaN or Inf")
     if not bool((p != 0).any()):
         raise ValueError("score_weight is all zeros: the score x·p/‖p‖ is undefined")
     return p

@@ -39,19 +39,28 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from hiertail_fast.data.io import GraphData
+from hiertail_fast._validation import is_non_finite_error
+from hiertail_fast.data.io import GraphData, open_npz
 from hiertail_fast.data.pyg import as_graph_data
 from hiertail_fast.data.splits import natural_split
 from hiertail_fast.metrics import evaluate, macro_f1, per_class_accuracy
 from hiertail_fast.nn.hiertail import HierTail, HierTailConfig, prepare_graph
 
-__all__ = ["train_hiertail", "run_seeds", "seed_everything", "DEFAULT_SEEDS"]
+__all__ = ["train_hiertail", "run_seeds", "seed_everything", "DEFAULT_SEEDS",
+           "TrainingDivergedError"]
 
 DEFAULT_SEEDS = tuple(range(123, 133))       # the official 123..132
 METRICS = ("bacc", "macro_f1", "g_means", "acc")
 METRIC_NAMES = {"bacc": "bAcc", "macro_f1": "Macro-F1", "g_means": "G-Means", "acc": "Acc"}
 # Paper appendix: hidden 64 on BlogCatalog, Email, Wiki; 128 on the other three datasets.
 PAPER_HIDDEN = {"email": 64, "wiki": 64, "blogcatalog": 64}
+
+
+class TrainingDivergedError(FloatingPointError):
+    """Training diverged: the loss or a value the model computes from its parameters became NaN
+    or Inf (or overflows) after optimiser steps, typically a too-high learning rate. Raised by
+    `fit_early_stopping`, so by HierTail and every baseline alike; the message names the run,
+    the epoch and the lr."""
 
 
 def seed_everything(seed: int) -> None:
@@ -88,13 +97,18 @@ def load_split(path: str | Path) -> dict[str, np.ndarray]:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"split file not found: {p}")
-    with np.load(p, allow_pickle=False) as z:
+    with open_npz(p, "a split .npz file") as z:
         out = {}
         for k in ("train", "val", "test"):
             key = k if k in z.files else f"{k}_idx"
             if key not in z.files:
                 raise ValueError(f"{p}: missing array {k!r} (or {k}_idx); has {sorted(z.files)}")
-            out[k] = np.asarray(z[key])
+            try:
+                out[k] = np.asarray(z[key])
+            except Exception as exc:      # an object array (never unpickled), a corrupt member
+                raise ValueError(f"{p}: cannot decode array {key!r} (a corrupt member, or an "
+                                 "object array, which would need unsafe unpickling and is never "
+                                 f"loaded; {type(exc).__name__})") from None
     return out
 
 
@@ -169,6 +183,16 @@ def train_hiertail(
     }
 
 
+def check_classes(y: Any) -> None:
+    """ValueError unless the labels ``y`` hold at least 2 distinct classes (a one-class graph
+    would train nothing and report a perfect bAcc)."""
+    present = torch.unique(torch.as_tensor(y))
+    if present.numel() < 2:
+        only = f" (label {int(present[0])})" if present.numel() else ""
+        raise ValueError(f"the graph's nodes all have one class{only}: node classification "
+                         "needs at least 2 classes")
+
+
 @dataclass
 class RunInputs:
     """One training run's inputs on its device (`prepare_run`)."""
@@ -189,6 +213,7 @@ def prepare_run(data: Any, split: Any, seed: int | None, device: str | torch.dev
     (given, the ``Data``'s masks, or the natural split drawn with ``seed``; indices checked),
     features / labels / the prepared graph on ``device``."""
     data, split = as_graph_data(data, split)
+    check_classes(data.y)
     if seed is not None:
         seed_everything(seed)
     if split is None:
@@ -231,9 +256,23 @@ def fit_early_stopping(model: torch.nn.Module, opt: torch.optim.Optimizer,
     Macro-F1 ``val_f1()``. Patience counts from the FIRST epoch at the max; the model kept is the
     LAST epoch at the max (the official code's ``>=``). Epochs before ``select_from`` (a
     method's pre-training, whose classifier does not learn) are trained only: not validated,
-    never selected, and the patience counts from ``select_from`` at the earliest."""
+    never selected, and the patience counts from ``select_from`` at the earliest.
+
+    Divergence is an error, never a result: a non-finite loss, an op's refusal of NaN/Inf or
+    overflowing values (`non_finite_error`) raised after an optimiser step, or a kept state
+    with NaN/Inf weights raises `TrainingDivergedError` naming ``desc``, the epoch and the lr."""
     if not 0 <= select_from < epochs:
         raise ValueError(f"select_from={select_from} must be in [0, epochs={epochs})")
+
+    def diverged(epoch: int, what: str) -> TrainingDivergedError:
+        lrs = sorted({g["lr"] for g in opt.param_groups})
+        lr = ", ".join(f"{v:g}" for v in lrs)
+        err = TrainingDivergedError(
+            f"{desc}: training diverged at epoch {epoch}: {what}; lower the learning rate "
+            f"(lr={lr})")
+        err.epoch = epoch
+        return err
+
     best_val, max_val = -1.0, -1.0
     best_state, best_epoch, max_idx, stopped_early = None, 0, 0, False
     train_time = eval_time = 0.0
@@ -244,7 +283,14 @@ def fit_early_stopping(model: torch.nn.Module, opt: torch.optim.Optimizer,
         t0 = time.perf_counter()
         model.train()
         opt.zero_grad(set_to_none=True)
-        loss, scalar = step()
+        try:
+            loss, scalar = step()
+        except ValueError as exc:
+            if epoch == 0 or not is_non_finite_error(exc):   # before any step: the data's
+                raise
+            raise diverged(epoch, f"the forward pass failed ({exc})") from exc
+        if not bool(torch.isfinite(scalar.detach())):
+            raise diverged(epoch, f"the training loss is {float(scalar.detach())}")
         scalar.backward()
         opt.step()
         sync()
@@ -252,7 +298,12 @@ def fit_early_stopping(model: torch.nn.Module, opt: torch.optim.Optimizer,
         if epoch < select_from:
             train_time += t1 - t0
             continue
-        f1 = val_f1()                    # .cpu() inside synchronises
+        try:
+            f1 = val_f1()                # .cpu() inside synchronises
+        except ValueError as exc:        # after this epoch's step
+            if not is_non_finite_error(exc):
+                raise
+            raise diverged(epoch, f"the validation forward pass failed ({exc})") from exc
         t2 = time.perf_counter()
         train_time += t1 - t0
         eval_time += t2 - t1
@@ -267,6 +318,9 @@ def fit_early_stopping(model: torch.nn.Module, opt: torch.optim.Optimizer,
         if epoch - max_idx > patience:
             stopped_early = True
             break
+    if best_state is not None and not all(
+            bool(torch.isfinite(v).all()) for v in best_state.values() if v.is_floating_point()):
+        raise diverged(best_epoch, "the selected model's weights are NaN or Inf")
     return FitResult(best_state, best_epoch, max_idx, epoch + 1, stopped_early, train_time,
                      eval_time, loss)
 

@@ -288,3 +288,53 @@ def test_train_cli_dataset_bad_args(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         train_main(argv)
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------- fuzz finds (s21 cli_fuzz)
+def _masked_pt(path, x=None):
+    n = 6
+    d = Data(x=torch.arange(12.0).view(n, 2) if x is None else x,
+             edge_index=torch.tensor([[0, 1, 2], [1, 2, 3]]), y=torch.tensor([0, 1, 1, 2, 0, 1]))
+    d.train_mask = torch.tensor([1, 1, 0, 0, 0, 0], dtype=torch.bool)
+    d.val_mask = torch.tensor([0, 0, 1, 0, 0, 0], dtype=torch.bool)
+    d.test_mask = torch.tensor([0, 0, 0, 1, 1, 1], dtype=torch.bool)
+    torch.save(d, path)
+    return path
+
+
+def _convert_exit_2(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert exc.value.code == 2 and "Traceback" not in err
+    assert last.startswith("python -m hiertail_fast.data: error: "), err
+    return last
+
+
+def test_convert_bad_sources_and_outputs_are_clear_errors(tmp_path, capsys):
+    """A garbage .pt gave an UnpicklingError traceback; an output that is a directory an
+    IsADirectoryError traceback; a NaN in a .pt was reported against a temporary file; with
+    --split-out equal to the output only the split arrays were left in it, 'success' printed."""
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"\x80\x04 truncated pickle")
+    err = _convert_exit_2(["convert", str(garbage), str(tmp_path / "g.npz")], capsys)
+    assert f"source {garbage}: cannot be read as a torch.save file" in err
+    good = _masked_pt(tmp_path / "good.pt")
+    (tmp_path / "dir.npz").mkdir()
+    err = _convert_exit_2(["convert", str(good), str(tmp_path / "dir.npz"), "--force"], capsys)
+    assert f"output {tmp_path / 'dir.npz'} is a directory" in err
+    x = torch.arange(12.0).view(6, 2)
+    x[3, 1] = float("nan")
+    nan = _masked_pt(tmp_path / "nan.pt", x=x)
+    err = _convert_exit_2(["convert", str(nan), str(tmp_path / "n.npz")], capsys)
+    assert f"source {nan}: 'x' contains NaN or Inf" in err and ".tmp" not in err
+    out = tmp_path / "out.npz"
+    convert(good, out)
+    before = out.read_bytes()
+    err = _convert_exit_2(["convert", str(good), str(out), "--split-out", str(out), "--force"],
+                          capsys)
+    assert "is the output file itself" in err
+    assert out.read_bytes() == before and load_npz(out).num_nodes == 6
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "dir.npz", "garbage.pt", "good.pt", "nan.pt", "out.npz"]   # nothing else written

@@ -225,3 +225,64 @@ def test_natural_split_on_shared_data(data_dir, name):
     sizes = np.bincount(y.numpy())
     np.testing.assert_array_equal(counts, [_official_counts(int(s)) for s in sizes])
     assert (counts[:, 0] >= 1).all()  # every class has a training node under this rule
+
+
+# ----------------------------------------------------------------- fuzz finds (s21 cli_fuzz)
+def test_relabel_memory_does_not_grow_with_the_largest_label(tmp_path):
+    """One label of 2**40 made relabel_by_size bincount 2**40 entries (10**9: 7.45 GiB, an OOM
+    kill): the relabelling is O(n) now, same order as before, and the mapping is kept in
+    ``original_labels`` (no dense old -> new table for such sparse labels)."""
+    huge = 2**40
+    y = np.array([5, huge, 0, 5, huge, 5, 0, 7], dtype=np.int64)   # sizes 5:3, huge:2, 0:2, 7:1
+    ei, _, _ = _tiny()
+    save_npz(tmp_path / "h.npz", ei, np.zeros((8, 2)), y)
+    g = load_npz(tmp_path / "h.npz", relabel_by_size=True)
+    assert g.original_labels.tolist() == [5, 0, huge, 7]          # ties: smaller label first
+    np.testing.assert_array_equal(g.original_labels[g.y.numpy()], y)
+    assert g.num_classes == 4 and g.label_map is None
+    # labels of an ordinary range: the dense table as before, inverse of original_labels
+    y2 = np.array([2, 9, 9, 0, 2, 9], dtype=np.int64)
+    save_npz(tmp_path / "s.npz", ei[:, :0], np.zeros((6, 2)), y2)
+    g2 = load_npz(tmp_path / "s.npz", relabel_by_size=True)
+    new, label_map = relabel_by_size(y2)
+    np.testing.assert_array_equal(g2.y.numpy(), new)
+    np.testing.assert_array_equal(g2.label_map, label_map)
+    assert label_map.tolist() == [2, 3, 1, 4, 5, 6, 7, 8, 9, 0]   # absent labels after, in order
+    np.testing.assert_array_equal(label_map[g2.original_labels], np.arange(3))
+
+
+@pytest.mark.parametrize("kind, message", [("npy", "single .npy array"),
+                                           ("garbage", "not a readable .npz file")])
+def test_unreadable_graph_and_split_files_are_named(tmp_path, kind, message):
+    """A .npy renamed .npz gave "'numpy.ndarray' object does not support the context manager
+    protocol" (no file name); a corrupt split file numpy's allow_pickle hint, unnamed."""
+    from hiertail_fast.train import load_split
+
+    path = tmp_path / "bad.npz"
+    if kind == "npy":
+        with open(path, "wb") as fh:
+            np.save(fh, np.zeros((3, 2)))
+    else:
+        path.write_bytes(b"not a zip file")
+    for load in (load_npz, load_split):
+        with pytest.raises(ValueError, match=message) as exc:
+            load(path)
+        assert str(path) in str(exc.value) and "allow_pickle" not in str(exc.value)
+
+
+def test_features_beyond_float32_and_without_columns_are_refused(tmp_path):
+    ei, x, y = _tiny()
+    big = x.astype(np.float64)
+    big[1, 0] = 1e300                        # finite as float64, inf as float32
+    _write(tmp_path / "big.npz", edge_index=ei, x=big, y=y)
+    with pytest.raises(ValueError, match=r"big\.npz: 'x' has values beyond float32's range"):
+        load_npz(tmp_path / "big.npz")
+    with pytest.raises(ValueError, match="float32's range"):
+        save_npz(tmp_path / "out.npz", ei, big, y)
+    assert not (tmp_path / "out.npz").exists()
+    _write(tmp_path / "nofeat.npz", edge_index=ei, x=np.zeros((5, 0), np.float32), y=y)
+    with pytest.raises(ValueError, match=r"nofeat\.npz: 'x' has no feature columns"):
+        load_npz(tmp_path / "nofeat.npz")
+    # float64 within range still loads (as float32)
+    _write(tmp_path / "ok.npz", edge_index=ei, x=x.astype(np.float64) * 1e30, y=y)
+    assert load_npz(tmp_path / "ok.npz").x.dtype == torch.float32

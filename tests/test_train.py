@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -190,3 +191,83 @@ def test_fit_early_stopping_select_from_skips_validation_and_selection():
             fit_early_stopping(model, opt, step, val_f1, epochs=10, patience=2,
                                progress=False, desc="t", device=torch.device("cpu"),
                                select_from=bad)
+
+
+# ----------------------------------------------------------------- fuzz finds (s21 cli_fuzz)
+def test_divergence_is_a_named_error_for_hiertail_and_the_baselines(small):
+    """lr 1e30 ended HierTail in 'x contains NaN or Inf' deep in gcn_propagate and let the
+    baselines report constant predictions (final_loss NaN). The shared loop now raises
+    TrainingDivergedError naming the run, the epoch and the lr."""
+    from hiertail_fast.baselines.config import BaselineConfig
+    from hiertail_fast.baselines.harness import train_baseline
+    from hiertail_fast.train import TrainingDivergedError
+
+    split = natural_split(small.y, 0)
+    runs = [lambda lr: train_hiertail(small, split, HierTailConfig.paper(hidden=8, lr=lr),
+                                      epochs=4, seed=0, progress=False),
+            lambda lr: train_baseline(small, split, BaselineConfig(method="origin", hidden=8,
+                                                                   lr=lr),
+                                      epochs=4, seed=0, progress=False)]
+    for run in runs:
+        with pytest.raises(TrainingDivergedError) as exc:
+            run(1e30)
+        assert re.search(r"seed=0: training diverged at epoch \d+: ", str(exc.value)), exc
+        assert "lower the learning rate (lr=1e+30)" in str(exc.value)
+    assert issubclass(TrainingDivergedError, FloatingPointError)
+
+
+def test_fit_early_stopping_stops_at_a_non_finite_loss():
+    from hiertail_fast.train import TrainingDivergedError, fit_early_stopping
+
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    losses = iter([1.0, 2.0, float("inf")])
+
+    def step():
+        loss = model.weight.sum() * 0.0 + next(losses)
+        return loss, loss
+
+    with pytest.raises(TrainingDivergedError, match=r"t: training diverged at epoch 2: the "
+                       r"training loss is inf; lower the learning rate \(lr=0.5\)"):
+        fit_early_stopping(model, opt, step, lambda: 0.5, epochs=10, patience=5,
+                           progress=False, desc="t", device=torch.device("cpu"))
+
+    # an op refusing non-finite / overflowing values after a step is divergence too; at epoch
+    # 0 (before any step) it is the input's problem and propagates unchanged
+    from hiertail_fast._validation import is_non_finite_error, non_finite_error
+
+    def failing_step(fail_at):
+        calls = iter(range(10))
+
+        def step():
+            if next(calls) == fail_at:
+                raise non_finite_error("the logits overflow torch.float32")
+            loss = model.weight.sum() * 0.0
+            return loss, loss
+        return step
+
+    with pytest.raises(TrainingDivergedError, match="epoch 1: the forward pass failed .the "
+                       "logits overflow") as exc:
+        fit_early_stopping(model, opt, failing_step(1), lambda: 0.5, epochs=10, patience=5,
+                           progress=False, desc="t", device=torch.device("cpu"))
+    assert is_non_finite_error(exc.value.__cause__)
+    with pytest.raises(ValueError, match="overflow") as exc:
+        fit_early_stopping(model, opt, failing_step(0), lambda: 0.5, epochs=10, patience=5,
+                           progress=False, desc="t", device=torch.device("cpu"))
+    assert type(exc.value) is ValueError and is_non_finite_error(exc.value)
+
+
+def test_one_class_graph_is_refused(small):
+    """A one-class graph trained and reported bAcc 100."""
+    from hiertail_fast.baselines.config import BaselineConfig
+    from hiertail_fast.baselines.harness import train_baseline
+
+    one = dataclasses.replace(small, y=torch.zeros_like(small.y), num_classes=1)
+    split = natural_split(small.y, 0)
+    with pytest.raises(ValueError, match="one class .label 0.: .* at least 2 classes"):
+        train_hiertail(one, split, epochs=1, progress=False)
+    with pytest.raises(ValueError, match="at least 2 classes"):
+        train_baseline(one, split, BaselineConfig(), epochs=1, progress=False)
+    two = make_synthetic_graph(20, num_classes=2, num_features=4, seed=0)   # 2 classes train
+    assert train_hiertail(two, None, HierTailConfig.paper(hidden=4), epochs=1, seed=0,
+                          progress=False)["epochs_run"] == 1

@@ -267,3 +267,172 @@ def test_feature_norm_row_normalises_the_features_and_is_recorded(tmp_path):
     result = main(TINY + ["--feature-norm", "row", "--json", str(tmp_path / "r.json")])
     assert result["data"]["feature_norm"] == "row"
     assert json.loads((tmp_path / "r.json").read_text())["data"]["feature_norm"] == "row"
+
+
+# ----------------------------------------------------------------- fuzz finds (s21 cli_fuzz)
+def _save_graph(path, y=None, x=None):
+    """A 12-node .npz (classes of sizes 2, 6, 4 with labels 0, 5, 9 unless `y` is given)."""
+    import numpy as np
+
+    from hiertail_fast.data.io import save_npz
+    y = np.array([0, 0] + [5] * 6 + [9] * 4) if y is None else np.asarray(y)
+    n = y.shape[0]
+    x = np.random.default_rng(0).random((n, 4)) if x is None else x
+    ring = np.arange(n)
+    save_npz(path, np.stack([ring, (ring + 1) % n]), x, y)
+    return path
+
+
+def _save_split(path, **parts):
+    import numpy as np
+    with open(path, "wb") as fh:
+        np.savez(fh, **parts)
+    return path
+
+
+def _exit_2(argv, capsys, monkeypatch=None) -> str:
+    if monkeypatch is not None:
+        _no_training(monkeypatch)
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2, err
+    last = err.strip().splitlines()[-1]                  # argparse: usage, then one line
+    assert "Traceback" not in err and last.startswith("python -m hiertail_fast.train: error: ")
+    return last
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--tau", "1e-7"], "--tau: must be a finite number >= 1e-06, got 1e-7"),
+    (["--seed-base", "-5"], "--seed-base: must be an integer >= 0, got -5"),
+    (["--seeds=-3,-2"], "--seeds: seed -3 is out of range [0, "),
+    (["--data-seed", "-1"], "--data-seed: must be an integer >= 0, got -1"),
+    (["--method", "smote", "--im-class-num", "100"],
+     "--im-class-num 100: --method smote takes the last N classes as the tail, N in [1, 5]"),
+    (["--method", "graphmixup", "--pretrain-epochs", "2"],
+     "--pretrain-epochs 2 must be < --epochs 2"),
+])
+def test_values_refused_before_training(extra, message, capsys):
+    """These passed the parser and failed at training start with a traceback and exit 1."""
+    assert message in _exit_2(TINY + extra, capsys)
+
+
+def test_graphmixup_pretraining_below_epochs_runs():
+    res = main(TINY + ["--method", "graphmixup", "--pretrain-epochs", "1"])
+    assert res["method"] == "graphmixup"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_triton_loss_backend_without_cuda(capsys, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")     # conftest enables the CPU interpreter
+    err = _exit_2(TINY + ["--loss-backend", "triton"], capsys, monkeypatch)
+    assert "--loss-backend triton cannot run on --device cpu" in err
+
+
+def test_bad_data_and_split_files_refused_before_training(tmp_path, capsys, monkeypatch):
+    import numpy as np
+
+    good = _save_graph(tmp_path / "g.npz")
+    tr, va, te = np.arange(0, 12, 3), np.arange(1, 12, 3), np.arange(2, 12, 3)
+    big = np.zeros((12, 4))
+    big[3, 2] = 1e300
+    bad_x = tmp_path / "big.npz"
+    with open(bad_x, "wb") as fh:     # save_npz refuses it: written by hand
+        np.savez(fh, edge_index=np.array([[0], [1]]), x=big, y=np.arange(12) % 2)
+    npy = tmp_path / "npy.npz"
+    with open(npy, "wb") as fh:
+        np.save(fh, np.zeros((3, 2)))
+    nofeat = tmp_path / "nofeat.npz"
+    with open(nofeat, "wb") as fh:
+        np.savez(fh, edge_index=np.array([[0], [1]]), x=np.zeros((12, 0), np.float32),
+                 y=np.arange(12) % 2)
+    garbage = tmp_path / "garbage.npz"
+    garbage.write_bytes(b"not a zip")
+    cases = [
+        (["--split", _save_split(tmp_path / "v.npz", train=tr, val=va[:0], test=te)],
+         "the 'val' set is empty"),
+        (["--split", _save_split(tmp_path / "t.npz", train=tr, val=va, test=te[:0])],
+         "the 'test' set is empty"),
+        (["--split", npy], f"{npy}: holds a single .npy array"),
+        (["--split", garbage], f"{garbage}: not a readable .npz file"),
+    ]
+    for extra, message in cases:
+        err = _exit_2(["--data", str(good), "--epochs", "2", "--seeds", "1", "--no-progress",
+                       *map(str, extra)], capsys, monkeypatch)
+        assert message in err and "allow_pickle" not in err, err
+    for path, message in [(bad_x, "'x' has values beyond float32's range"),
+                          (nofeat, "'x' has no feature columns"),
+                          (npy, "holds a single .npy array"),
+                          (_save_graph(tmp_path / "one.npz", y=np.zeros(12, np.int64)),
+                           "all have one class (label 0): node classification needs at least "
+                           "2 classes")]:
+        err = _exit_2(["--data", str(path), "--epochs", "2", "--no-progress"], capsys,
+                      monkeypatch)
+        assert f"{path}: " * (path.name != "one.npz") + message in err, err
+
+
+def test_json_never_overwrites_an_input(tmp_path, capsys, monkeypatch):
+    import numpy as np
+
+    data = _save_graph(tmp_path / "g.npz")
+    split = _save_split(tmp_path / "s.npz", train=np.arange(0, 12, 3),
+                        val=np.arange(1, 12, 3), test=np.arange(2, 12, 3))
+    before = {p: p.read_bytes() for p in (data, split)}
+    link = tmp_path / "link.npz"
+    link.symlink_to(data)
+    base = ["--data", str(data), "--split", str(split), "--epochs", "2", "--no-progress"]
+    for target, option in [(data, "--data"), (split, "--split"), (link, "--data"),
+                           (tmp_path / "." / "s.npz", "--split")]:
+        err = _exit_2(base + ["--json", str(target)], capsys, monkeypatch)
+        assert f"--json {target} is the same file as {option}" in err, err
+    assert all(p.read_bytes() == b for p, b in before.items())
+
+
+def test_divergence_exits_1_with_one_line_and_no_json(tmp_path, capsys):
+    """lr 1e30: HierTail ended in a traceback from gcn_propagate; Origin exited 0 with the
+    metrics of constant predictions and "final_loss": NaN in --json."""
+    for method in ("hiertail", "origin"):
+        out = tmp_path / f"{method}.json"
+        with pytest.raises(SystemExit) as exc:
+            main(TINY + ["--lr", "1e30", "--method", method, "--json", str(out)])
+        err = capsys.readouterr().err
+        assert exc.value.code == 1 and "Traceback" not in err
+        last = err.strip().splitlines()[-1]
+        assert "training diverged at epoch" in last and "lower the learning rate" in last
+        assert not out.exists()
+
+
+def test_json_is_strict_non_finite_floats_as_null(tmp_path, monkeypatch):
+    import hiertail_fast._train_cli as cli
+
+    real = cli.run_seeds
+
+    def with_nan(*args, **kwargs):
+        res = real(*args, **kwargs)
+        res["runs"][0]["final_loss"]["total"] = float("nan")
+        res["runs"][0]["extra"] = [float("inf"), torch.tensor(float("-inf"))]
+        return res
+
+    monkeypatch.setattr(cli, "run_seeds", with_nan)
+    out = tmp_path / "r.json"
+    main(TINY + ["--json", str(out)])
+
+    def refuse(name):
+        raise AssertionError(f"non-standard JSON constant {name}")
+    run = json.loads(out.read_text(), parse_constant=refuse)["runs"][0]
+    assert run["final_loss"]["total"] is None and run["extra"] == [None, None]
+
+
+def test_json_maps_relabelled_classes_back_and_help_says_so(tmp_path, capsys):
+    data = _save_graph(tmp_path / "g.npz")         # sizes: label 0: 2, 5: 6, 9: 4
+    out = tmp_path / "r.json"
+    main(["--data", str(data), "--epochs", "2", "--seeds", "1", "--hidden", "4",
+          "--no-progress", "--json", str(out)])
+    res = json.loads(out.read_text())
+    assert res["data"]["original_labels"] == [5, 9, 0]    # class i of test_per_class
+    assert len(res["runs"][0]["test_per_class"]) == 3
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "relabelled by size" in help_text and "original_labels" in help_text

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from hiertail_fast.data.datasets import DATASETS, canonical_name, load_dataset
-from hiertail_fast.data.io import GraphData, load_npz, save_npz
+from hiertail_fast.data.io import GraphData, check_graph_arrays, load_npz, save_npz
 from hiertail_fast.data.pyg import from_pyg_data, is_pyg_data, split_from_masks, to_pyg_data
 
 __all__ = ["write_atomic", "save_graph", "convert", "main"]
@@ -113,7 +113,12 @@ def _read_source(source: Any, root: Any, download: bool) -> tuple[GraphData, Any
             return load_npz(path), None
         if path.suffix != ".pt":
             raise ValueError(f"source {path}: expected a .npz or .pt file")
-        obj = torch.load(path, map_location="cpu", weights_only=False)
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as exc:  # not a torch.save file: truncated, garbage, another format
+            reason = (str(exc).strip().splitlines() or [""])[0]
+            raise ValueError(f"source {path}: cannot be read as a torch.save file of a PyG "
+                             f"Data ({type(exc).__name__}: {reason})") from None
         if not is_pyg_data(obj):
             raise ValueError(f"source {path}: holds a {type(obj).__name__}, not a PyG Data")
         return from_pyg_data(obj, name=path.stem), split_from_masks(obj)
@@ -135,10 +140,17 @@ def convert(source: Any, out: Any, *, root: Any = None, force: bool = False,
     out = Path(out)
     if out.suffix not in _FORMATS:
         raise ValueError(f"output {out}: the suffix must be one of {_FORMATS}")
+    if split_out is not None and _same_file(out, Path(split_out)):
+        raise ValueError(f"split_out={split_out} is the output file itself: the split would "
+                         "replace the graph; write it to another file")
     for p in (out, split_out):
+        if p is not None and Path(p).is_dir():
+            raise IsADirectoryError(f"output {p} is a directory, not a file")
         if p is not None and Path(p).exists() and not force:
             raise FileExistsError(f"{p} exists: pass force=True (--force) to overwrite it")
     graph, split = _read_source(source, root, download)
+    if out.suffix == ".npz":   # save_npz's checks, here naming the source, not a temp file
+        check_graph_arrays(graph.edge_index, graph.x, graph.y, f"source {_describe(source)}")
     if split_out is not None and split is None:
         raise ValueError(f"split_out={split_out}: the source has no train/val/test masks")
     save_graph(graph, out, force=force, split=split if out.suffix == ".pt" else None)
@@ -146,6 +158,19 @@ def convert(source: Any, out: Any, *, root: Any = None, force: bool = False,
         arrays = {k: t.numpy() for k, t in zip(("train", "val", "test"), split, strict=True)}
         write_atomic(split_out, lambda tmp: _savez(tmp, arrays), force=force)
     return graph
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:                 # one of them does not exist (yet)
+        return a.resolve() == b.resolve()
+
+
+def _describe(source: Any) -> str:
+    if isinstance(source, (str, os.PathLike)):
+        return str(source)
+    return f"({type(source).__name__})"
 
 
 def _savez(path: Path, arrays: dict) -> None:
@@ -175,8 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         g = convert(args.source, args.out, root=args.root, force=args.force,
                     download=args.download, split_out=args.split_out)
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError, ImportError) as exc:
-        parser.error(str(exc))
+    except (ValueError, TypeError, OSError, ImportError) as exc:
+        parser.error(str(exc))      # OSError: FileNotFound/FileExists/IsADirectory/Permission
     print(f"wrote {args.out}: {g.num_nodes} nodes, {g.num_edges} edges, {g.num_features} "
           f"features, {g.num_classes} classes", file=sys.stderr)
     return 0

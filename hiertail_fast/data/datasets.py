@@ -163,9 +163,12 @@ def official_preprocess(graph: GraphData, name: str) -> GraphData:
         x = _row_normalize(x)
     y, label_map = relabel_by_size(graph.y.numpy())
     y = np.ascontiguousarray(y)
+    num_classes = int(y.max()) + 1
+    original_labels = np.empty_like(label_map)      # the inverse: new -> original label
+    original_labels[label_map] = np.arange(label_map.shape[0])
     return GraphData(edge_index=undirected_edges(graph.edge_index, n), x=x,
-                     y=torch.from_numpy(y), num_classes=int(y.max()) + 1, name=spec.name,
-                     label_map=label_map)
+                     y=torch.from_numpy(y), num_classes=num_classes, name=spec.name,
+                     label_map=label_map, original_labels=original_labels[:num_classes])
 
 
 def normalize_features(graph: GraphData, feature_norm: str = "none") -> GraphData:

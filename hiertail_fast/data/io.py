@@ -27,9 +27,14 @@ import torch
 
 from hiertail_fast._validation import check_flag
 
-__all__ = ["GraphData", "load_npz", "save_npz", "relabel_by_size"]
+__all__ = ["GraphData", "load_npz", "save_npz", "relabel_by_size", "size_order",
+           "open_npz"]
 
 PathLike = str | os.PathLike
+# `load_npz` keeps a dense old -> new `label_map` only up to max(this, 4 n) label values: one
+# label of 10^9 made the dense table (and the class count behind it) 7.45 GiB.
+DENSE_LABEL_MAP_MIN = 1 << 16
+_FP32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass
@@ -43,8 +48,11 @@ class GraphData:
         num_classes: C = max label + 1 (classes may be empty in user files).
         name: a short name (file stem for loaded files).
         label_map: int64 [C_old] with new = label_map[old] when labels were relabelled by size,
-            else None.
+            else None; also None when the labels are too sparse for a dense table (a label far
+            above the node count, see `DENSE_LABEL_MAP_MIN`): ``original_labels`` has the map.
         edge_weight: float [E] or None (unit weights); never stored in the .npz format.
+        original_labels: int64 [C] with original_labels[new] = the label class ``new`` had
+            before relabelling by size (the inverse of ``label_map``), else None.
     """
 
     edge_index: torch.Tensor
@@ -54,6 +62,7 @@ class GraphData:
     name: str = "graph"
     label_map: np.ndarray | None = None
     edge_weight: torch.Tensor | None = None
+    original_labels: np.ndarray | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -111,10 +120,51 @@ def _check_arrays(edge_index: np.ndarray, x: np.ndarray, y: np.ndarray, where: s
         raise ValueError(f"{where}: 'x' must be 2-D [n, F], got shape {x.shape}")
     if x.shape[0] != n:
         raise ValueError(f"{where}: 'x' has {x.shape[0]} rows but 'y' has {n} labels")
+    if x.shape[1] == 0:
+        raise ValueError(f"{where}: 'x' has no feature columns (shape {x.shape}): the model "
+                         "needs at least one node attribute")
     if not (np.issubdtype(x.dtype, np.floating) or _is_int(x)):
         raise ValueError(f"{where}: 'x' must be numeric, got {x.dtype}")
     if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
         raise ValueError(f"{where}: 'x' contains NaN or Inf")
+
+
+def _float32_features(x: np.ndarray, where: str) -> np.ndarray:
+    """``x`` as contiguous float32, checked AFTER the cast: finite float64 values beyond
+    float32's range (e.g. 1e300) would otherwise become inf."""
+    with np.errstate(over="ignore"):            # reported below, naming the file
+        x32 = np.ascontiguousarray(x, dtype=np.float32)
+    if x.dtype != np.float32 and x32.size and not np.isfinite(x32).all():
+        big = float(np.abs(x[~np.isfinite(x32)]).max())
+        raise ValueError(f"{where}: 'x' has values beyond float32's range (|x| up to {big:.3g} "
+                         f"> {_FP32_MAX:.4g}), which would become inf: rescale the features")
+    return x32
+
+
+def check_graph_arrays(edge_index: Any, x: Any, y: Any, where: str) -> None:
+    """The checks of :func:`load_npz` / :func:`save_npz` on arrays or tensors (ValueError
+    naming ``where`` and the problem), float32's range of ``x`` included."""
+    ei, xx, yy = _np(edge_index), _np(x), _np(y)
+    _check_arrays(ei, xx, yy, where)
+    _float32_features(xx, where)
+
+
+def open_npz(path: PathLike, what: str = "an .npz graph file") -> Any:
+    """``np.load(path)`` of an ``.npz`` archive, never unpickling: ValueError naming the file
+    for anything else (corrupt, not a zip archive, pickled data, a bare ``.npy`` array)."""
+    where = str(path)
+    try:
+        z = np.load(path, allow_pickle=False)  # never unpickle: a data file must not run code
+    except Exception as exc:
+        # numpy's own message may suggest allow_pickle=True: neither repeated nor chained
+        # (loading pickles from an untrusted file runs arbitrary code)
+        raise ValueError(f"{where}: not a readable .npz file (corrupt, not a zip archive of "
+                         f".npy arrays, or pickled data, which is never loaded; "
+                         f"{type(exc).__name__})") from None
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise ValueError(f"{where}: holds a single .npy array, not {what} (an .npz archive of "
+                         "named arrays, as np.savez writes)")
+    return z
 
 
 def _csr_to_dense(z: Any, where: str) -> np.ndarray:
@@ -146,23 +196,47 @@ def _csr_to_dense(z: Any, where: str) -> np.ndarray:
     return dense
 
 
+def size_order(y: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(new_y, original_labels)``: the labels relabelled by descending class size (class 0
+    largest, ties in ascending original label) and ``original_labels[new]`` = the original
+    label of class ``new``. Only the labels present count; memory O(n) whatever the largest
+    label (np.unique, no table indexed by label)."""
+    y = _np(y).astype(np.int64, copy=False)
+    present, inverse, counts = np.unique(y, return_inverse=True, return_counts=True)
+    order = np.argsort(-counts, kind="stable")   # order[new] = index into present (ascending)
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.shape[0])
+    return rank[inverse.reshape(-1)], present[order]
+
+
+def _dense_label_map(original_labels: np.ndarray, num_labels: int) -> np.ndarray:
+    """The dense old -> new table over labels 0..num_labels-1: a present label gets its new
+    index, an absent one the indices after them, in ascending label order (stable bincount
+    order: empty classes are the smallest)."""
+    label_map = np.empty(num_labels, dtype=np.int64)
+    c = original_labels.shape[0]
+    label_map[original_labels] = np.arange(c)
+    absent = np.ones(num_labels, dtype=bool)
+    absent[original_labels] = False
+    label_map[absent] = np.arange(c, num_labels)
+    return label_map
+
+
 def relabel_by_size(y: np.ndarray, num_classes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Relabel classes by descending size: class 0 largest, class C-1 smallest.
 
-    Returns ``(new_y, label_map)`` with ``new_y = label_map[y]``. Ties keep the original label
-    order (stable sort). The official HierTail harness uses a non-stable ``argsort`` reversed,
-    so its tie-break is arbitrary (in practice the larger original label first); results that
-    depend on which of two equal-size classes is "last" can differ from it.
+    Returns ``(new_y, label_map)`` with ``new_y = label_map[y]``: a dense int64 table over the
+    labels 0..max(num_classes, max label + 1)-1 (absent labels after the present ones). Ties
+    keep the original label order (stable sort). The official HierTail harness uses a
+    non-stable ``argsort`` reversed, so its tie-break is arbitrary (in practice the larger
+    original label first); results that depend on which of two equal-size classes is "last"
+    can differ from it. The relabelling itself takes O(n) memory (`size_order`); only the
+    returned table grows with the largest label (8 bytes per label value): `size_order` gives
+    the inverse map without it.
     """
-    y = _np(y).astype(np.int64, copy=False)
-    counts = np.bincount(y, minlength=num_classes or 0)
-    order = np.argsort(-counts, kind="stable")  # order[new] = old
-    label_map = np.empty_like(order)
-    label_map[order] = np.arange(order.shape[0])
-    return label_map[y], label_map
-
-
-_relabel = relabel_by_size  # load_npz's keyword of the same name shadows the function
+    new_y, original_labels = size_order(y)
+    top = int(original_labels.max()) + 1 if original_labels.size else 0
+    return new_y, _dense_label_map(original_labels, max(num_classes or 0, top))
 
 
 def load_npz(
@@ -173,26 +247,22 @@ def load_npz(
     Args:
         path: file path (str or Path).
         relabel_by_size: relabel classes by descending size as the official harness does
-            (stable tie-break, see :func:`relabel_by_size`); ``label_map`` records the mapping.
+            (stable tie-break, see :func:`relabel_by_size`); ``original_labels`` (new -> old)
+            and ``label_map`` (old -> new, None for labels too sparse for a dense table) record
+            the mapping. O(n) memory whatever the largest label.
         name: dataset name (default: the file stem).
     Raises:
         FileNotFoundError if the file does not exist; ValueError naming the file and the problem
         for unreadable files, missing arrays, shape/dtype mismatches, negative labels, edge
-        indices out of range, NaN/Inf attributes or malformed CSR parts.
+        indices out of range, NaN/Inf attributes (or float64 ones beyond float32's range), no
+        feature columns or malformed CSR parts.
     """
     relabel_by_size = check_flag(relabel_by_size, "relabel_by_size")
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"graph file not found: {p}")
     where = str(p)
-    try:
-        z = np.load(p, allow_pickle=False)  # never unpickle: a data file must not run code
-    except Exception as exc:
-        # numpy's own message may suggest allow_pickle=True: neither repeated nor chained
-        # (loading pickles from an untrusted file runs arbitrary code)
-        raise ValueError(f"{where}: not a readable .npz file (corrupt, not a zip archive of "
-                         f".npy arrays, or pickled data, which is never loaded; "
-                         f"{type(exc).__name__})") from None
+    z = open_npz(p)
     with z:
         keys = set(z.files)
         missing = [k for k in ("edge_index", "y") if k not in keys]
@@ -211,17 +281,22 @@ def load_npz(
                              f"array, which would need unsafe unpickling and is never loaded; "
                              f"{type(exc).__name__})") from None
     _check_arrays(edge_index, x, y, where)
+    x = _float32_features(x, where)
     y = y.astype(np.int64, copy=False)
-    label_map = None
+    label_map = original_labels = None
     if relabel_by_size:
-        y, label_map = _relabel(y)
+        y, original_labels = size_order(y)     # O(n) memory whatever the largest label
+        top = int(original_labels.max()) + 1
+        if top <= max(DENSE_LABEL_MAP_MIN, 4 * y.shape[0]):
+            label_map = _dense_label_map(original_labels, top)
     return GraphData(
         edge_index=torch.from_numpy(np.ascontiguousarray(edge_index, dtype=np.int64)),
-        x=torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)),
+        x=torch.from_numpy(x),
         y=torch.from_numpy(np.ascontiguousarray(y)),
         num_classes=int(y.max()) + 1,
         name=name if name is not None else p.stem,
         label_map=label_map,
+        original_labels=original_labels,
     )
 
 
@@ -238,9 +313,10 @@ def save_npz(
         ValueError on the same problems :func:`load_npz` rejects.
     """
     ei, xx, yy = _np(edge_index), _np(x), _np(y)
-    _check_arrays(ei, xx, yy, f"save_npz({os.fspath(path)})")
+    where = f"save_npz({os.fspath(path)})"
+    _check_arrays(ei, xx, yy, where)
     arrays = {"edge_index": ei.astype(np.int64), "y": yy.astype(np.int64)}
-    xx = xx.astype(np.float32, copy=False)
+    xx = _float32_features(xx, where)
     if sparse_x:
         nz_row, nz_col = np.nonzero(xx)  # row-major order = CSR order
         arrays["x_data"] = xx[nz_row, nz_col]

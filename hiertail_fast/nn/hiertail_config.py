@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hiertail_fast._validation import MIN_TEMPERATURE
+
 __all__ = ["HierTailConfig"]
 
 _POOL_MODES = ("classes", "official")
@@ -86,8 +88,9 @@ class HierTailConfig:
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
         if self.gamma < 0 or not math.isfinite(self.gamma):
             raise ValueError(f"gamma must be finite and >= 0, got {self.gamma}")
-        if self.tau <= 0 or not math.isfinite(self.tau):
-            raise ValueError(f"tau must be finite and > 0, got {self.tau}")
+        if not (math.isfinite(self.tau) and self.tau >= MIN_TEMPERATURE):
+            raise ValueError(f"tau must be finite and >= {MIN_TEMPERATURE:g} (the loss's "
+                             f"MIN_TEMPERATURE), got {self.tau}")
         if self.scl_on not in ("hidden", "logits"):
             raise ValueError(f"scl_on={self.scl_on!r} is not 'hidden' or 'logits'")
         if self.scl_on == "hidden" and not self.linear_classifier:
