@@ -181,10 +181,13 @@ class CSRGraph:
         source (``adj[i, j]`` is the weight of the edge ``j -> i``, this class's own
         orientation). ``adj``: a torch sparse tensor [n, n] (COO, CSR or CSC; its values are the
         edge weights, kept with their autograd history; duplicate entries summed, as
-        ``coalesce`` sums them) or a ``torch_sparse.SparseTensor`` (without values: unweighted).
-        O(nnz log nnz) (one sort)."""
+        ``coalesce`` sums them) or a ``torch_sparse.SparseTensor`` (without values: unweighted;
+        a duplicate entry stays a separate unit entry, so it counts twice in every propagation,
+        as torch_sparse's own product and PyG count it). O(nnz log nnz) (one sort)."""
         row, col, w, n = sparse_to_coo(adj)
-        return cls._from_coo(row, col, w, n, dedupe=True)
+        # without values there is no weight to sum duplicates into: unweighted deduplication
+        # would keep one of them (PyG's GCNConv on the same adj_t counts both)
+        return cls._from_coo(row, col, w, n, dedupe=w is not None)
 
     @classmethod
     def _from_coo(cls, row: torch.Tensor, col: torch.Tensor, w: torch.Tensor | None, n: int,

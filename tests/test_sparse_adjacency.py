@@ -57,7 +57,26 @@ def test_from_torch_sparse_tensor():
     unweighted = CSRGraph.from_sparse(torch_sparse.SparseTensor(row=ei[1], col=ei[0],
                                                                 sparse_sizes=(n, n)))
     assert unweighted.weight is None
-    assert torch.equal(unweighted.indices, CSRGraph.from_edge_index(ei, None, n).indices)
+    # without values a duplicate entry stays a unit entry of its own (it counts twice, as in
+    # torch_sparse's product and PyG); unweighted deduplication kept one (a fuzzing find)
+    kept = CSRGraph.from_edge_index(ei, None, n, dedupe=False)
+    assert torch.equal(unweighted.indptr, kept.indptr)
+    assert torch.equal(unweighted.indices, kept.indices)
+
+
+def test_valueless_sparse_tensor_counts_duplicate_edges_as_pyg_does():
+    torch_sparse = pytest.importorskip("torch_sparse")
+    n = 4
+    ei = torch.tensor([[0, 0, 1, 2], [1, 1, 2, 3]])             # 0 -> 1 twice (a multigraph)
+    adj_t = torch_sparse.SparseTensor(row=ei[1], col=ei[0], sparse_sizes=(n, n))
+    x = torch.randn(n, 3)
+    ones = torch.sparse_coo_tensor(ei.flip(0), torch.ones(4), (n, n))
+    for improved in (False, True):
+        want = gcn_propagate(x, ones, improved=improved)       # duplicates summed: weight 2
+        torch.testing.assert_close(gcn_propagate(x, adj_t, improved=improved), want)
+        torch.testing.assert_close(gcn_propagate(x, ei, improved=improved), want)
+    torch.testing.assert_close(CSRGraph.from_sparse(adj_t).degree(), (adj_t @ torch.ones(n, 1))
+                               .view(-1))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
