@@ -87,6 +87,11 @@ def test_from_pyg_data_converts_dtypes_and_sparse_x():
      ValueError, "edge_weight"),
     (dict(x=torch.ones(3, 2), edge_index=torch.tensor([[0], [3]]),
           y=torch.zeros(3, dtype=torch.long)), ValueError, r"outside \[0, 3\)"),
+    # finite float64 features beyond float32's range became inf (then "x contains NaN or Inf"
+    # in training, which the user's data does not: a fuzzing find)
+    (dict(x=torch.tensor([[1e300, 1.0]] * 3, dtype=torch.float64),
+          edge_index=torch.zeros(2, 0, dtype=torch.long), y=torch.zeros(3, dtype=torch.long)),
+     ValueError, "beyond float32's range"),
 ])
 def test_from_pyg_data_bad_inputs(kwargs, exc, message):
     with pytest.raises(exc, match=message):

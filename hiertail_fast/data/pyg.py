@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from hiertail_fast._validation import all_finite
 from hiertail_fast.data.io import GraphData, load_npz
 from hiertail_fast.data.splits import user_split
 
@@ -129,9 +130,14 @@ def from_pyg_data(data: Any, *, name: str | None = None) -> GraphData:
             raise ValueError(f"data.edge_weight must have shape [{ei.shape[1]}] (one per edge), "
                              f"got {tuple(w.shape)}")
         w = _cpu(w if w.is_floating_point() else w.float())
+    x32 = x if x.dtype == torch.float32 else x.float()
+    if x32 is not x and x.is_floating_point() and not all_finite(x32) and all_finite(x):
+        big = float(x.detach().abs().max())
+        raise ValueError(f"data.x has values beyond float32's range (|x| up to {big:.3g}), "
+                         "which would become inf: rescale the features")
     return GraphData(
         edge_index=_cpu(ei if ei.dtype == torch.int64 else ei.long()),
-        x=_cpu(x if x.dtype == torch.float32 else x.float()),
+        x=_cpu(x32),
         y=_cpu(y if y.dtype == torch.int64 else y.long()),
         num_classes=int(y.max()) + 1,
         name=name if name is not None else type(data).__name__.lower(),
