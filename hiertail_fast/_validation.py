@@ -20,6 +20,8 @@ _FP32_MAX = float(torch.finfo(torch.float32).max)
 # default, is_normalize=False) or row (x_i / Σ_j x_ij, the official --is_normalize).
 FEATURE_NORMS = ("none", "row")
 MAX_NODES = 3_037_000_499  # n * n + n must fit in int64 for the (row, col) sort key
+# torch.manual_seed takes [-2**63, 2**64); the natural split's numpy generator only >= 0
+SEED_MAX = 2**64 - 1
 
 
 def non_finite_error(message: str) -> ValueError:
@@ -270,6 +272,49 @@ def check_loss_options(temperature: object, reduction: str, variant: str,
     if variant not in VARIANTS:
         raise ValueError(f"variant={variant!r} is not one of {VARIANTS}")
     check_flag(include_self, "include_self")
+
+
+def check_epochs_patience(epochs: object, patience: object) -> tuple[int, int]:
+    """A training loop's length (`train_hiertail`, `train_baseline`): ``epochs`` >= 1 and
+    ``patience`` >= 0 as ints; numpy integers pass, bool / float / NaN are a TypeError (2.5
+    epochs, or a NaN patience that silently disabled early stopping)."""
+    for name, v in (("epochs", epochs), ("patience", patience)):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if epochs < 1 or patience < 0:
+        raise ValueError(f"need epochs >= 1 and patience >= 0, got {epochs}, {patience}")
+    return int(epochs), int(patience)
+
+
+def check_seed(seed: object, name: str = "seed") -> int:
+    """A run's seed as an int in [0, SEED_MAX]: what ``torch.manual_seed`` takes ([-2**63,
+    2**64)) and the natural split's numpy generator (>= 0) both accept. numpy integers pass;
+    bool, float and str are a TypeError (1.5 and -1 failed inside numpy, naming no seed)."""
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(seed).__name__} {seed!r}")
+    if not 0 <= int(seed) <= SEED_MAX:
+        raise ValueError(f"{name} must lie in [0, 2**64 - 1], got {int(seed)}")
+    return int(seed)
+
+
+def check_device(device: object, name: str = "device") -> torch.device:
+    """``device`` as a torch.device (a str, a torch.device or a CUDA index), ValueError when it
+    is no device or a CUDA device this build / machine does not have (torch raised an
+    AssertionError 'Torch not compiled with CUDA enabled' at the first tensor moved there)."""
+    if not isinstance(device, (str, torch.device, int)) or isinstance(device, bool):
+        raise TypeError(f"{name} must be a str or a torch.device, got {type(device).__name__}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"{name}={device!r} is not a device (use cpu, cuda or cuda:N)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name}={str(device)!r}: CUDA is not available (torch "
+                             f"{torch.__version__}, cuda.is_available() is False)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"{name}={str(device)!r}: only {torch.cuda.device_count()} CUDA "
+                             "device(s)")
+    return dev
 
 
 def check_num_nodes(num_nodes: object, name: str = "num_nodes") -> int:

@@ -6,7 +6,10 @@ in [0, 1]; the paper reports them multiplied by 100.
 
 Cost: O(n + K) time and memory, K = largest label + 1. Only three per-class count vectors are
 built with ``np.bincount`` (true positives TP_c, true counts T_c = TP_c + FN_c, predicted counts
-P_c = TP_c + FP_c); no K x K confusion matrix and no Python loop over samples or classes.
+P_c = TP_c + FP_c); no K x K confusion matrix and no Python loop over samples or classes. Labels
+far above n (K > max(2**16, 4n)) are relabelled over the present classes first (O(n log n)):
+memory never grows with the largest label, except in ``per_class_accuracy``, whose output has
+one entry per label 0..K-1.
 
 Label set: like scikit-learn, the classes taken into account are those that occur in y_true or
 in y_pred ("present" labels); a class occurring in neither is ignored.
@@ -18,6 +21,11 @@ import numbers
 from typing import Any
 
 import numpy as np
+
+# Labels up to max(this, 4 n) count in dense per-label vectors (np.bincount, O(n + K)); beyond
+# it the present labels are relabelled first (O(n log n)), as data/io.py's DENSE_LABEL_MAP_MIN.
+DENSE_LABELS_MIN = 1 << 16
+_INT64_MAX = int(np.iinfo(np.int64).max)
 
 __all__ = [
     "accuracy",
@@ -36,9 +44,19 @@ __all__ = [
 # input handling
 # --------------------------------------------------------------------------------------------
 def _to_numpy(a: Any, name: str) -> np.ndarray:
-    """numpy view of a numpy array / torch tensor / sequence (torch is never imported here)."""
+    """numpy view of a numpy array / torch tensor / sequence (torch is never imported here).
+
+    A floating tensor without a numpy dtype (bfloat16, float8) comes as float32, which holds
+    its values exactly; another tensor numpy cannot take is a TypeError naming ``name``."""
     if hasattr(a, "detach") and hasattr(a, "cpu"):  # torch.Tensor without importing torch
-        a = a.detach().cpu().numpy()
+        t = a.detach().cpu()
+        try:
+            return t.numpy()
+        except (TypeError, RuntimeError) as exc:
+            if t.is_floating_point():
+                return t.float().numpy()
+            raise TypeError(f"{name}: a tensor of dtype {t.dtype} cannot be converted to a "
+                            f"numpy array ({exc})") from None
     try:
         return np.asarray(a)
     except Exception as exc:  # pragma: no cover - exotic inputs
@@ -51,11 +69,26 @@ def _labels(a: Any, name: str) -> np.ndarray:
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
     if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
-        raise ValueError(f"{name} must hold integer class ids, got dtype {arr.dtype}")
+        raise ValueError(f"{name} must hold integer class ids, got dtype "
+                         f"{getattr(a, 'dtype', arr.dtype)}")
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > _INT64_MAX:
+        # (the int64 cast below made 2**63 + 5 a negative id)
+        raise ValueError(f"{name} has class id {int(arr.max())} beyond int64's range "
+                         f"(max {_INT64_MAX})")
     arr = arr.astype(np.int64, copy=False)
     if arr.size and int(arr.min()) < 0:
         raise ValueError(f"{name} has negative class ids (min {int(arr.min())})")
     return arr
+
+
+def _num_classes(value: Any) -> int:
+    """``num_classes`` as an int >= 1: any integer but bool (numpy's too); floats, str and bool
+    are a TypeError. (`hiertail_fast._validation.check_num_nodes` would import torch.)"""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"num_classes must be an int, got {type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"num_classes must be >= 1, got {value}")
+    return int(value)
 
 
 def _pair(y_true: Any, y_pred: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -69,12 +102,22 @@ def _pair(y_true: Any, y_pred: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _counts(t: np.ndarray, p: np.ndarray, num_classes: int | None = None):
-    """Per-class TP, true counts T, predicted counts P over K = max label + 1 classes."""
+    """Per-class TP, true counts T, predicted counts P over K = max label + 1 classes.
+
+    Without ``num_classes`` (the metrics over the present classes) labels far above the number
+    of samples are first relabelled 0..K'-1 in ascending order over the labels present
+    (np.unique, as `hiertail_fast.data.io.size_order`): absent classes count in no metric, so
+    the result is the same and memory no longer grows with the largest label (one label of
+    10**10 asked for 74.5 GiB)."""
     k = int(max(t.max(), p.max())) + 1
     if num_classes is not None:
         if k > num_classes:
             raise ValueError(f"labels go up to {k - 1} but num_classes is {num_classes}")
         k = num_classes
+    elif k > max(DENSE_LABELS_MIN, 4 * t.shape[0]):
+        present, inverse = np.unique(np.concatenate([t, p]), return_inverse=True)
+        inverse = inverse.reshape(-1)
+        t, p, k = inverse[: t.shape[0]], inverse[t.shape[0]:], present.shape[0]
     tp = np.bincount(t[t == p], minlength=k).astype(np.float64)
     true_c = np.bincount(t, minlength=k).astype(np.float64)
     pred_c = np.bincount(p, minlength=k).astype(np.float64)
@@ -156,6 +199,8 @@ def per_class_accuracy(y_true: Any, y_pred: Any, num_classes: int | None = None)
 
     Entries of classes with no sample in y_true are NaN.
     """
+    if num_classes is not None:
+        num_classes = _num_classes(num_classes)
     tp, true_c, _ = _counts(*_pair(y_true, y_pred), num_classes=num_classes)
     out = np.full(tp.shape, np.nan)
     np.divide(tp, true_c, out=out, where=true_c > 0)
@@ -189,8 +234,7 @@ def _class_sizes(y: Any, class_sizes: Any) -> np.ndarray:
         lab = _labels(y, "y")
         if lab.size == 0:
             raise ValueError("y is empty")
-        sizes = np.bincount(lab)
-        return sizes[sizes > 0]  # classes are the labels that occur
+        return np.unique(lab, return_counts=True)[1]  # classes are the labels that occur
     sizes = _to_numpy(class_sizes, "class_sizes")
     if sizes.ndim != 1 or sizes.size == 0:
         raise ValueError(f"class_sizes must be a non-empty 1-D array, got shape {sizes.shape}")
@@ -266,18 +310,26 @@ def loss_range(losses: Any, y: Any = None) -> float:
     arr = _to_numpy(losses, "losses")
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"losses must be a non-empty 1-D array, got shape {arr.shape}")
+    if np.issubdtype(arr.dtype, np.complexfloating):   # (the cast dropped the imaginary part)
+        raise TypeError(f"losses must be real, got dtype {arr.dtype}")
     if not np.issubdtype(arr.dtype, np.number) or arr.dtype == bool:
         raise ValueError(f"losses must be numeric, got dtype {arr.dtype}")
     arr = arr.astype(np.float64)
+    if np.isinf(arr).any():      # ([inf, inf] gave NaN; inf and -inf made a class mean NaN)
+        raise ValueError("losses contain inf: a loss range needs finite losses (NaN marks a "
+                         "class without nodes)")
     if y is not None:
         lab = _labels(y, "y")
         if lab.shape[0] != arr.shape[0]:
             raise ValueError(f"losses has {arr.shape[0]} entries but y has {lab.shape[0]}")
         if np.isnan(arr).any():
             raise ValueError("per-node losses contain NaN")
-        cnt = np.bincount(lab)
-        arr = np.bincount(lab, weights=arr)[cnt > 0] / cnt[cnt > 0]
+        _, lab, cnt = np.unique(lab, return_inverse=True, return_counts=True)  # present only
+        arr = np.bincount(lab.reshape(-1), weights=arr) / cnt
     arr = arr[~np.isnan(arr)]
     if arr.size == 0:
         raise ValueError("losses hold no finite per-class value")
-    return float(arr.max() - arr.min())
+    out = float(arr.max()) - float(arr.min())   # (Python floats: inf on overflow, no warning)
+    if not math.isfinite(out):
+        raise ValueError("the loss range overflows float64 (losses of magnitude ~1e308)")
+    return out

@@ -31,7 +31,7 @@ if __name__ == "__main__":
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -39,7 +39,14 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from hiertail_fast._validation import is_non_finite_error
+from hiertail_fast._validation import (
+    check_device,
+    check_epochs_patience,
+    check_finite_number,
+    check_flag,
+    check_seed,
+    is_non_finite_error,
+)
 from hiertail_fast.data.io import GraphData, open_npz
 from hiertail_fast.data.pyg import as_graph_data
 from hiertail_fast.data.splits import natural_split
@@ -143,9 +150,13 @@ def train_hiertail(
         ``max_idx`` (first such epoch), ``epochs_run``, ``stopped_early``, timings (seconds),
         ``pool_sizes`` and ``final_loss`` parts.
     """
-    cfg = config if config is not None else HierTailConfig.paper()
-    if epochs < 1 or patience < 0:
-        raise ValueError(f"need epochs >= 1 and patience >= 0, got {epochs}, {patience}")
+    cfg = _check_config(config)
+    epochs, patience = check_epochs_patience(epochs, patience)   # as train_baseline
+    check_flag(progress, "progress")
+    if lr is not None and not check_finite_number(lr, "lr") > 0:
+        raise ValueError(f"lr must be finite and > 0, got {lr}")
+    if weight_decay is not None and not check_finite_number(weight_decay, "weight_decay") >= 0:
+        raise ValueError(f"weight_decay must be finite and >= 0, got {weight_decay}")
     lr = cfg.lr if lr is None else lr
     weight_decay = cfg.weight_decay if weight_decay is None else weight_decay
     run = prepare_run(data, split, seed, device, graph)
@@ -183,6 +194,17 @@ def train_hiertail(
     }
 
 
+def _check_config(config: Any) -> HierTailConfig:
+    """``config`` or the paper preset; a TypeError unless it is a HierTailConfig (a dict or a
+    preset's name failed later with an AttributeError)."""
+    cfg = config if config is not None else HierTailConfig.paper()
+    if not isinstance(cfg, HierTailConfig):
+        hint = (f" (use HierTailConfig.named({cfg!r}))" if isinstance(cfg, str)
+                else " (use HierTailConfig(**d))" if isinstance(cfg, dict) else "")
+        raise TypeError(f"config must be a HierTailConfig, got {type(cfg).__name__}{hint}")
+    return cfg
+
+
 def check_classes(y: Any) -> None:
     """ValueError unless the labels ``y`` hold at least 2 distinct classes (a one-class graph
     would train nothing and report a perfect bAcc)."""
@@ -212,13 +234,14 @@ def prepare_run(data: Any, split: Any, seed: int | None, device: str | torch.dev
     """The protocol's set-up, shared by HierTail and the baselines: seed everything, the split
     (given, the ``Data``'s masks, or the natural split drawn with ``seed``; indices checked),
     features / labels / the prepared graph on ``device``."""
+    seed = None if seed is None else check_seed(seed)
+    device = check_device(device)
     data, split = as_graph_data(data, split)
     check_classes(data.y)
     if seed is not None:
         seed_everything(seed)
     if split is None:
         split = natural_split(data.y, 0 if seed is None else seed)
-    device = torch.device(device)
     n = int(data.y.shape[0])
     train_idx, val_idx, test_idx = (t.to(device) for t in _split_parts(split))
     for name, t in (("train", train_idx), ("val", val_idx), ("test", test_idx)):
@@ -357,9 +380,7 @@ def run_each_seed(data: Any, split: Any, seeds: Sequence[int],
     summary (mean ± population std of each metric, mean seconds per epoch)."""
     data, split_given = as_graph_data(data, split)
     split_kind = "natural" if split_given is None else "user" if split is not None else "masks"
-    seeds = [int(s) for s in seeds]
-    if not seeds:
-        raise ValueError("seeds is empty")
+    seeds = check_seeds(seeds)
     n = int(data.y.shape[0])
     graph = prepare_graph(torch.as_tensor(data.edge_index), n,   # once for all seeds
                           getattr(data, "edge_weight", None))
@@ -380,6 +401,22 @@ def run_each_seed(data: Any, split: Any, seeds: Sequence[int],
         summary[m] = {"mean": float(vals.mean()), "std": float(vals.std())}
     summary["time_per_epoch_s"] = float(np.mean([r["time_per_epoch_s"] for r in runs]))
     return {"seeds": seeds, "split": split_kind, "runs": runs, "summary": summary}
+
+
+def check_seeds(seeds: Any) -> list[int]:
+    """The seed list of `run_seeds` / `run_baseline_seeds` as ints: each a `check_seed` int
+    (1.7 became seed 1, "3" seed 3), none twice (the same run would count twice in the mean ±
+    std; the CLI's --seeds refuses it too), at least one."""
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Iterable):
+        raise TypeError(f"seeds must be a sequence of ints, got {type(seeds).__name__}")
+    seeds = [check_seed(s, f"seeds[{i}]") for i, s in enumerate(seeds)]
+    if not seeds:
+        raise ValueError("seeds is empty")
+    if len(set(seeds)) < len(seeds):
+        repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+        raise ValueError(f"seeds lists {', '.join(map(str, repeated))} more than once (each "
+                         "seed is one run of the mean ± std)")
+    return seeds
 
 
 def _eval_val(model: HierTail, x, graph, val_idx, y_val) -> float:
@@ -416,7 +453,8 @@ def run_seeds(
     does. ``log``: called with one line
     per finished seed (e.g. ``print``).
     """
-    cfg = config if config is not None else HierTailConfig.paper()
+    cfg = _check_config(config)
+    check_flag(compound_pool_bug, "compound_pool_bug")
 
     def train_one(s_idx, seed, graph_data, run_split, graph):
         run_cfg = cfg.replace(pool_rescale_power=s_idx + 1) if compound_pool_bug else cfg

@@ -254,6 +254,7 @@ def model_output():
     (None, "negative", ValueError, "train_idx has negative entries"),
     (None, "empty", ValueError, "train_idx must be a non-empty"),
     (None, "dim", ValueError, "train_idx must be 1-D"),
+    (None, "duplicate", ValueError, "train_idx has duplicate node ids"),
 ])
 def test_hiertail_loss_bad_input(model_output, y, idx, exc, msg):
     model, out, n = model_output
@@ -262,7 +263,8 @@ def test_hiertail_loss_bad_input(model_output, y, idx, exc, msg):
               "length": torch.zeros(n - 1, dtype=torch.long)}[y]
     train = {None: torch.arange(4), "range": torch.tensor([1, 10]),
              "negative": torch.tensor([-2]), "empty": torch.zeros(0, dtype=torch.long),
-             "dim": torch.zeros(1, 2, dtype=torch.long)}[idx]
+             "dim": torch.zeros(1, 2, dtype=torch.long),
+             "duplicate": torch.tensor([3, 1, 3])}[idx]
     with pytest.raises(exc) as info:
         model.loss(out, labels, train)
     assert type(info.value) is exc and msg in str(info.value), str(info.value)

@@ -220,3 +220,56 @@ def test_loss_range():
         loss_range([1.0, 2.0], y=[0])
     with pytest.raises(ValueError):
         loss_range([[1.0]])
+
+
+# ------------------------------------------------------------- fuzz finds (s21 model_fuzz)
+def test_sparse_labels_use_memory_of_the_present_classes():
+    """A label of 10**10 asked for 74.5 GiB (MemoryError; sklearn answers), 2**62 gave numpy's
+    'array is too big': the present labels are relabelled first, with the same results."""
+    t = np.array([0, 10**10, 10**10, 7, 2**62])
+    p = np.array([0, 10**10, 0, 2**62, 2**62])
+    dense_t, dense_p = np.unique(np.concatenate([t, p]), return_inverse=True)[1].reshape(2, -1)
+    assert evaluate(t, p) == evaluate(dense_t, dense_p)
+    for fn in (accuracy, balanced_accuracy, macro_f1, g_means):
+        assert fn(t, p) == fn(dense_t, dense_p)
+    assert balanced_accuracy([0, 10**10], [0, 0]) == skm.balanced_accuracy_score(
+        [0, 10**10], [0, 0])
+    assert class_imbalance_ratio([0, 10**12, 10**12]) == 0.5
+    assert loss_range([1.0, 3.0, 5.0], y=[0, 10**12, 10**12]) == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("call, exc, msg", [
+    (lambda: evaluate(np.array([0, 2**63 + 5], np.uint64), np.array([0, 0], np.uint64)),
+     ValueError, "y_true has class id 9223372036854775813 beyond int64's range"),
+    (lambda: evaluate(torch.tensor([0, 1]), torch.tensor([0, 1], dtype=torch.bfloat16)),
+     ValueError, "y_pred must hold integer class ids, got dtype torch.bfloat16"),
+    (lambda: per_class_accuracy([0], [0], num_classes=1.5), TypeError,
+     "num_classes must be an int, got float"),
+    (lambda: per_class_accuracy([0], [0], num_classes=True), TypeError,
+     "num_classes must be an int, got bool"),
+    (lambda: per_class_accuracy([0], [0], num_classes="3"), TypeError,
+     "num_classes must be an int, got str"),
+    (lambda: per_class_accuracy([0], [0], num_classes=0), ValueError, "num_classes must be >= 1"),
+])
+def test_metrics_name_the_bad_argument(call, exc, msg):
+    with pytest.raises(exc) as info:
+        call()
+    assert type(info.value) is exc and msg in str(info.value), str(info.value)
+    assert per_class_accuracy([0, 1], [0, 0], num_classes=np.int64(3)).shape == (3,)
+    # a bf16 tensor of losses is a number array (float32 holds it exactly)
+    assert loss_range(torch.tensor([0.5, 2.0], dtype=torch.bfloat16)) == 1.5
+
+
+def test_loss_range_refuses_non_finite_and_complex_losses():
+    """[inf, inf] gave NaN, per-node [inf, -inf, 2] silently dropped class 0, a complex array
+    lost its imaginary part."""
+    inf = float("inf")
+    for args in (([inf, inf],), ([1.0, -inf],), ([inf, -inf, 2.0], [0, 0, 1]),
+                 ([1.0, inf], [0, 1])):
+        with pytest.raises(ValueError, match="losses contain inf"):
+            loss_range(*args)
+    with pytest.raises(TypeError, match="losses must be real, got dtype complex128"):
+        loss_range(np.array([1 + 1j, 2]))
+    with pytest.raises(ValueError, match="overflows float64"):
+        loss_range([1e308, -1e308])
+    assert loss_range([0.2, np.nan, 0.7]) == pytest.approx(0.5)       # NaN: a class without nodes

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -296,3 +297,144 @@ def test_bad_inputs(tiny):
         HierTailConfig.named("fast")
     with pytest.raises(TypeError):
         HierTail(FEAT, C, config={"hidden": 8})
+
+
+# ------------------------------------------------------------- fuzz finds (s21 model_fuzz)
+FLAGS = ("share_convs", "linear_classifier", "augment_a2", "improved", "fix_cluster_labels",
+         "include_self", "task_grouping", "contrastive")
+
+
+def test_config_switches_are_bools_and_numbers_refuse_bools():
+    """share_convs="no" built shared convs (read by truthiness), gamma=True / lr=True passed as
+    numbers. README Guarantees: a switch is a bool or numpy bool."""
+    for name in FLAGS:
+        for bad in ("no", 1, None):
+            with pytest.raises(TypeError, match=f"{name} must be a bool"):
+                HierTailConfig.paper(**{name: bad})
+    cfg = HierTailConfig.paper(hidden=8, share_convs=np.True_, augment_a2=np.False_)
+    assert cfg.share_convs is True and cfg.augment_a2 is False       # stored as bool
+    model = HierTail(FEAT, C, cfg)
+    assert model.down[0] is model.down[1]              # np.True_ shares, as True does
+    separate = HierTail(FEAT, C, cfg.replace(share_convs=np.False_))
+    assert separate.down[0] is not separate.down[1]
+    for name, bad in (("gamma", True), ("lr", True), ("tau", np.True_), ("dropout", False),
+                      ("weight_decay", "0"), ("pool_ratios", (True,)),
+                      ("pool_rescale_power", True), ("hidden", np.True_)):
+        with pytest.raises(TypeError, match=name):
+            HierTailConfig.paper(**{name: bad})
+
+
+@pytest.mark.parametrize("change, exc, field", [
+    (dict(pool_rescale_power=1.5), TypeError, "pool_rescale_power"),
+    (dict(pool_rescale_power=float("nan")), TypeError, "pool_rescale_power"),
+    (dict(pool_ratios=(1e308,)), ValueError, "pool_ratios"),
+    (dict(pool_ratios=(1.0, float("inf"))), ValueError, "pool_ratios"),
+    (dict(pool_ratios=0.5), TypeError, "pool_ratios"),
+    (dict(gamma=1e308), ValueError, "gamma"),
+    (dict(gamma=float("nan")), ValueError, "gamma"),
+])
+def test_config_refuses_what_failed_later(change, exc, field):
+    """official(pool_rescale_power=1.5) failed in forward (TypeError on range()), pool_ratios
+    (1e308,) with an OverflowError in ceil, gamma=1e308 made the loss inf: refused at
+    construction, naming the field. gamma's bound is float32's range (the loss's dtype)."""
+    for preset in ("paper", "official"):
+        with pytest.raises(exc, match=field) as info:
+            HierTailConfig.named(preset, **change)
+        assert type(info.value) is exc
+    assert HierTailConfig.paper(gamma=3e38).gamma == 3e38           # within float32's range
+
+
+def test_config_numpy_numbers_build_and_run(tiny):
+    """hidden=np.int64(8) passed the config and GCNConv, then TopKPool refused it."""
+    from hiertail_fast.nn.pool import TopKPool
+
+    x, g, y, tr = tiny
+    cfg = HierTailConfig.paper(hidden=np.int64(8), gamma=np.float32(0.5),
+                               pool_ratios=np.array([1.0, 0.5]))
+    assert type(cfg.hidden) is int and type(cfg.gamma) is float
+    assert cfg.pool_ratios == (1.0, 0.5) and all(type(r) is float for r in cfg.pool_ratios)
+    torch.manual_seed(0)
+    out = HierTail(FEAT, C, cfg)(x, g)
+    assert out.logits.shape == (N, C)
+    assert TopKPool(np.int32(4)).weight.shape == (4,)
+    for bad in (True, 0, 2.0, "3"):
+        with pytest.raises(ValueError, match="channels must be a positive int"):
+            TopKPool(bad)
+
+
+def test_config_dict_round_trip_is_exact():
+    """HierTailConfig(**cfg.to_dict()) kept pool_ratios a list: unequal and unhashable."""
+    import json
+
+    for cfg in (HierTailConfig.paper(), HierTailConfig.official(),
+                HierTailConfig.paper(pool_counts=(5, 2), loss_dtype=torch.bfloat16)):
+        d = cfg.to_dict()
+        assert isinstance(d["pool_ratios"], list)                    # JSON-able
+        back = HierTailConfig(**json.loads(json.dumps(d)))
+        assert back == cfg and hash(back) == hash(cfg)
+        assert isinstance(back.pool_ratios, tuple)
+    assert HierTailConfig.paper(pool_ratios=[1.0, 0.5]) == HierTailConfig.paper()
+
+
+@pytest.mark.parametrize("args, exc, name", [
+    ((4, 3.5), TypeError, "num_classes"), ((4, True), TypeError, "num_classes"),
+    (("4", 3), TypeError, "in_channels"), ((4.0, 3), TypeError, "in_channels"),
+    ((0, 3), ValueError, "in_channels"), ((4, -1), ValueError, "num_classes"),
+])
+def test_hiertail_checks_in_channels_and_num_classes(args, exc, name):
+    """3.5 / True / "4" failed deep inside torch (torch.empty) or in a raw comparison."""
+    with pytest.raises(exc, match=name) as info:
+        HierTail(*args, HierTailConfig.paper(hidden=8))
+    assert type(info.value) is exc
+    model = HierTail(np.int64(4), np.int32(3), HierTailConfig.paper(hidden=8))
+    assert type(model.in_channels) is int and type(model.num_classes) is int
+
+
+def test_loss_dtype_float16_overflow_names_loss_dtype_and_is_no_divergence(tiny):
+    """Embeddings beyond float16's range became inf in the cast: 'z contains NaN or Inf',
+    marked non-finite (the loop's divergence). Now a plain ValueError naming loss_dtype;
+    bfloat16 (float32's range) and None still compute the loss."""
+    from hiertail_fast._validation import is_non_finite_error
+
+    x, g, y, tr = tiny
+    totals = {}
+    for dtype in (None, "bfloat16", "float16"):
+        model = _model("paper", loss_dtype=dtype)
+        out = model(x * 1e5, g)
+        assert float(out.hidden.detach().abs().max()) > 65504
+        if dtype != "float16":
+            totals[dtype] = model.loss(out, y, tr).total
+            continue
+        with pytest.raises(ValueError, match=r"loss_dtype='float16' .* beyond float16's "
+                           r"range \(\|v\| <= 65504\)") as info:
+            model.loss(out, y, tr)
+        assert not is_non_finite_error(info.value)
+    assert all(torch.isfinite(t) for t in totals.values())
+
+
+def test_hiertail_loss_refuses_duplicate_train_nodes(tiny):
+    """A node listed twice re-weighted CE and SCL silently (with include_self=False its copy
+    became its own positive); the split helpers refuse duplicates with the same words."""
+    x, g, y, tr = tiny
+    for include_self in (False, True):
+        model = _model("paper", include_self=include_self)
+        out = model(x, g)
+        with pytest.raises(ValueError, match="train_idx has duplicate node ids"):
+            model.loss(out, y, torch.tensor([0, 0, 0, 1, 2, 3]))
+        with pytest.raises(ValueError, match="train_idx has duplicate node ids"):
+            model.loss(out, y, torch.cat([tr, tr[-1:]]).to(torch.int32))
+        assert torch.isfinite(model.loss(out, y, tr).total)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_empty_graph_forward_both_configs(name):
+    """The official config failed on n = 0 about a pool ratio the user never set (the first
+    ratio rescaled by n/C = 0); the paper config returns [0, C] logits: both do now."""
+    e0 = torch.zeros(2, 0, dtype=torch.long)
+    model = _model(name)
+    out = model(torch.zeros(0, FEAT), prepare_graph(e0, 0))
+    assert out.logits.shape == (0, C) and all(p.shape == (0, HID) for p in out.pooled)
+    assert HierTailConfig.official().pool_sizes(0, C) == [1, 0.5, 0.5]   # keeps min(1, 0)
+    # a first ratio rescaled below any 1/n (many seeds of the compounding bug, n < C) is the
+    # count 1 as well, not a float32 product of 0 nodes
+    assert HierTailConfig.official(pool_rescale_power=10**4).pool_sizes(3, C)[0] == 1

@@ -162,6 +162,73 @@ def test_train_api_bad_inputs(small):
         train_hiertail(small, {"train": split[0], "val": split[1]}, epochs=1, progress=False)
 
 
+@pytest.mark.parametrize("kwargs, exc, msg", [
+    (dict(config={"hidden": 8}), TypeError, "config must be a HierTailConfig, got dict"),
+    (dict(config="paper"), TypeError, "config must be a HierTailConfig, got str"),
+    (dict(epochs=2.5), TypeError, "epochs must be an int"),
+    (dict(epochs=True), TypeError, "epochs must be an int"),
+    (dict(patience=float("nan")), TypeError, "patience must be an int"),
+    (dict(patience=-1), ValueError, "patience >= 0"),
+    (dict(seed=1.5), TypeError, "seed must be an int"),
+    (dict(seed=True), TypeError, "seed must be an int"),
+    (dict(seed=-1), ValueError, "seed must lie in"),
+    (dict(seed=2**64), ValueError, "seed must lie in"),
+    (dict(device="nope"), ValueError, "device='nope' is not a device"),
+    (dict(progress="no"), TypeError, "progress must be a bool"),
+    (dict(lr=True), TypeError, "lr must be a real number"),
+    (dict(lr=float("nan")), ValueError, "lr must be finite"),
+    (dict(weight_decay=-1.0), ValueError, "weight_decay must be finite and >= 0"),
+])
+def test_train_hiertail_argument_types(small, kwargs, exc, msg):
+    """A dict / str config ended in AttributeError, epochs=2.5 in a raw TypeError, epochs=True
+    ran one epoch, patience=NaN disabled early stopping, seed 1.5 / -1 failed inside numpy:
+    each a ValueError / TypeError naming the argument, checked before any work."""
+    kw = {"config": HierTailConfig.paper(hidden=4), "epochs": 1, "progress": False, **kwargs}
+    with pytest.raises(exc, match=msg) as info:
+        train_hiertail(small, natural_split(small.y, 0), **kw)
+    assert type(info.value) is exc
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a build / machine without CUDA")
+def test_train_on_missing_cuda_is_a_named_error(small):
+    """device='cuda' on a CPU build raised AssertionError('Torch not compiled with CUDA')."""
+    with pytest.raises(ValueError, match="device='cuda': CUDA is not available"):
+        train_hiertail(small, None, HierTailConfig.paper(hidden=4), epochs=1, device="cuda",
+                       progress=False)
+
+
+def test_run_seeds_checks_the_seeds(small):
+    """run_seeds([1, 1]) ran seed 1 twice (the CLI refuses duplicates), [1.7] ran seed 1 and
+    ["3"] seed 3."""
+    cfg = HierTailConfig.paper(hidden=4)
+    for seeds, exc, msg in (([1, 1], ValueError, "seeds lists 1 more than once"),
+                            ([5, 1.7], TypeError, r"seeds\[1\] must be an int, got float"),
+                            (["3"], TypeError, r"seeds\[0\] must be an int, got str"),
+                            ([-1], ValueError, r"seeds\[0\] must lie in"),
+                            (3, TypeError, "seeds must be a sequence of ints"),
+                            ([], ValueError, "seeds is empty")):
+        with pytest.raises(exc, match=msg):
+            run_seeds(small, cfg, seeds, epochs=1, progress=False)
+    for kwargs, exc, msg in ((dict(config={"hidden": 4}), TypeError, "config must be a "
+                              "HierTailConfig"),
+                             (dict(compound_pool_bug="yes"), TypeError,
+                              "compound_pool_bug must be a bool")):
+        with pytest.raises(exc, match=msg):
+            run_seeds(small, **{"config": cfg, "seeds": [1], "epochs": 1, "progress": False,
+                                **kwargs})
+    r = run_seeds(small, cfg, (np.int64(4), 2), epochs=1, progress=False)
+    assert r["seeds"] == [4, 2] and all(type(s) is int for s in r["seeds"])
+
+
+def test_train_hiertail_refuses_duplicate_train_nodes(small):
+    """Every train node twice in the split trained silently on re-weighted losses."""
+    tr, va, te = natural_split(small.y, 0)
+    with pytest.raises(ValueError, match="train_idx has duplicate node ids") as info:
+        train_hiertail(small, (torch.cat([tr, tr]), va, te), HierTailConfig.paper(hidden=4),
+                       epochs=2, seed=0, progress=False)
+    assert type(info.value) is ValueError
+
+
 def test_fit_early_stopping_select_from_skips_validation_and_selection():
     """Epochs before select_from are trained only (no val_f1 call, never selected); the
     patience counts from select_from at the earliest; a bad select_from is refused."""

@@ -40,3 +40,27 @@ def test_all_finite_empty_and_edge_weight():
     assert check_edge_weight(torch.ones(4), 4) is not None
     with pytest.raises(ValueError, match="edge_weight contains NaN or Inf"):
         check_edge_weight(torch.tensor([1.0, float("nan"), 2.0]), 3)
+
+
+def test_shared_training_argument_checks():
+    """epochs / patience (train_hiertail and train_baseline), seeds and devices."""
+    import numpy as np
+
+    from hiertail_fast._validation import check_device, check_epochs_patience, check_seed
+
+    assert check_epochs_patience(np.int64(3), 0) == (3, 0)
+    for bad in ((2.5, 1), (True, 1), (1, float("nan")), (1, "2")):
+        with pytest.raises(TypeError, match="must be an int"):
+            check_epochs_patience(*bad)
+    with pytest.raises(ValueError, match="need epochs >= 1"):
+        check_epochs_patience(0, 1)
+    assert check_seed(np.uint64(2**64 - 1)) == 2**64 - 1 and check_seed(0) == 0
+    with pytest.raises(TypeError, match="seed must be an int"):
+        check_seed(1.0)
+    with pytest.raises(ValueError, match="seed must lie in"):
+        check_seed(-1)
+    assert check_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="is not a device"):
+        check_device("gpu0")
+    with pytest.raises(TypeError, match="device must be a str"):
+        check_device(None)

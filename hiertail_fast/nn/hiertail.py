@@ -43,6 +43,7 @@ official BCL of both levels shares the all-node block x⁰, so it is ONE
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +64,25 @@ from hiertail_fast.ops.topk_pool import topk_pool, topk_unpool
 __all__ = ["HierTail", "HierTailConfig", "HierTailOutput", "HierTailLoss", "prepare_graph"]
 
 _ACTIVATIONS = {"relu": F.relu, "leaky_relu": F.leaky_relu, "elu": F.elu, "tanh": torch.tanh}
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tensor:
+    """``t.to(dtype)`` for ``loss_dtype``; where dtype's exponent range is narrower than t's
+    (float16 from float32, 16-bit from float64; not bfloat16 from float32) a finite value beyond
+    it is a ValueError naming loss_dtype: the cast made it inf and the loss blamed 'z contains
+    NaN or Inf', a non-finite error the training loop reports as divergence. Not that error
+    (the embeddings are finite): a plain ValueError. Eager only (it reads the values): in
+    compiled code the loss's own finiteness check stays."""
+    if (t.is_floating_point() and t.numel() and not torch.compiler.is_compiling()
+            and math.frexp(torch.finfo(dtype).max)[1] < math.frexp(torch.finfo(t.dtype).max)[1]):
+        lo, hi = torch.aminmax(t.detach())
+        largest, limit = max(-float(lo), float(hi)), float(torch.finfo(dtype).max)
+        if math.isfinite(largest) and largest > limit:   # NaN / inf: the loss's own check
+            raise ValueError(
+                f"loss_dtype={name!r} cannot hold the contrastive inputs: they reach "
+                f"|v| = {largest:.4g}, beyond {name}'s range (|v| <= {limit:g}); use "
+                f"loss_dtype='bfloat16' (float32's range) or None, or scale the embeddings down")
+    return t.to(dtype)
 
 def prepare_graph(edge_index, num_nodes: int | None = None, edge_weight=None) -> CSRGraph:
     """The input graph as the official loader leaves it (``add_sl=True``): symmetrised, without
@@ -144,6 +164,9 @@ class HierTail(nn.Module):
     def __init__(self, in_channels: int, num_classes: int,
                  config: HierTailConfig | None = None) -> None:
         super().__init__()
+        # ints (numpy's too): 3.5 / True / "4" failed deep inside torch or in a comparison
+        in_channels = check_num_nodes(in_channels, "in_channels")
+        num_classes = check_num_nodes(num_classes, "num_classes")
         if in_channels < 1 or num_classes < 1:
             raise ValueError(f"need in_channels >= 1 and num_classes >= 1, got {in_channels}, "
                              f"{num_classes}")
@@ -276,7 +299,7 @@ class HierTail(nn.Module):
         # loss_dtype: embeddings and prototypes cast right before the contrastive losses (they
         # accumulate in fp32; the cast is differentiable); None keeps the embeddings' dtype.
         dtype = _LOSS_DTYPES.get(cfg.loss_dtype)
-        cast = (lambda t: t) if dtype is None else (lambda t: t.to(dtype))
+        cast = (lambda t: t) if dtype is None else (lambda t: _cast(t, dtype, cfg.loss_dtype))
         ce = F.cross_entropy(output.logits[train_idx], y_train)
         if not cfg.contrastive:          # ablation without M2: L = CE
             zero = ce.new_zeros(())

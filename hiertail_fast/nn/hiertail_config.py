@@ -6,11 +6,19 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from hiertail_fast._validation import MIN_TEMPERATURE
+from hiertail_fast._validation import (
+    _FP32_MAX,
+    MAX_NODES,
+    MIN_TEMPERATURE,
+    check_finite_number,
+    check_flag,
+)
 
 __all__ = ["HierTailConfig"]
 
@@ -19,6 +27,16 @@ _VARIANTS = ("exact", "official")
 _BACKENDS = (None, "reference", "torch", "triton", "attention")
 _LOSS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ACTIVATIONS = ("relu", "leaky_relu", "elu", "tanh")   # the appendix figure's activation sweep
+_TINY_RATIO = 2.0 ** -100   # far below 1 / MAX_NODES: ceil(r·n) = 1 for every graph (n >= 1)
+_FLAGS = ("share_convs", "linear_classifier", "augment_a2", "improved", "fix_cluster_labels",
+          "include_self", "task_grouping", "contrastive")
+
+
+def _real(value: object, name: str) -> int | float:
+    """A finite real (bool and str a TypeError, NaN / inf a ValueError): a Python int or float
+    as given, a numpy or one-element tensor scalar as float."""
+    as_float = check_finite_number(value, name)
+    return value if type(value) in (int, float) else as_float
 
 
 @dataclass(frozen=True)
@@ -67,28 +85,35 @@ class HierTailConfig:
     activation: str = "relu"
 
     def __post_init__(self) -> None:
-        if isinstance(self.hidden, bool) or not isinstance(self.hidden, numbers.Integral):
-            raise TypeError(f"hidden must be an integer, got {self.hidden!r}")
-        names = {v: k for k, v in _LOSS_DTYPES.items()}  # a dtype is stored by name (JSON-able)
-        object.__setattr__(self, "loss_dtype", names.get(self.loss_dtype, self.loss_dtype))
-        if self.loss_dtype not in (None, *_LOSS_DTYPES):
-            raise ValueError(f"loss_dtype={self.loss_dtype!r} is not None or one of "
-                             f"{list(_LOSS_DTYPES)}")
+        # switches: a bool or numpy bool (stored as bool), never read by truthiness ("no")
+        for name in _FLAGS:
+            object.__setattr__(self, name, check_flag(getattr(self, name), name))
+        # integers: bool, float (1.5, NaN) and str refused here, not deep inside the build
+        for name in ("hidden", "pool_rescale_power"):
+            value = getattr(self, name)
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"{name} must be an integer, got {type(value).__name__} "
+                                f"{value!r}")
+            object.__setattr__(self, name, int(value))   # numpy ints stored as int (JSON-able)
+        # real numbers: finite, bool refused (gamma=True is no number); numpy / tensor scalars
+        # stored as float, Python ints and floats as given
+        for name in ("dropout", "gamma", "tau", "lr", "weight_decay"):
+            object.__setattr__(self, name, _real(getattr(self, name), name))
+        self._check_loss_dtype()
         if self.hidden < 1:
             raise ValueError(f"hidden must be >= 1, got {self.hidden}")
-        if not self.pool_ratios:
-            raise ValueError("pool_ratios must name at least one pooling level")
-        if any((not math.isfinite(r)) or r <= 0 for r in self.pool_ratios):
-            raise ValueError(f"pool_ratios must be finite and > 0, got {self.pool_ratios}")
+        self._check_pool_ratios()
         if self.pool_mode not in _POOL_MODES:
             raise ValueError(f"pool_mode={self.pool_mode!r} is not one of {_POOL_MODES}")
         if self.pool_rescale_power < 1:
             raise ValueError(f"pool_rescale_power must be >= 1, got {self.pool_rescale_power}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
-        if self.gamma < 0 or not math.isfinite(self.gamma):
-            raise ValueError(f"gamma must be finite and >= 0, got {self.gamma}")
-        if not (math.isfinite(self.tau) and self.tau >= MIN_TEMPERATURE):
+        if not 0 <= self.gamma <= _FP32_MAX:
+            raise ValueError(f"gamma must lie in [0, {_FP32_MAX:.4g}] (float32's range: the loss "
+                             f"is computed in float32, where a larger gamma is inf), got "
+                             f"{self.gamma}")
+        if not self.tau >= MIN_TEMPERATURE:
             raise ValueError(f"tau must be finite and >= {MIN_TEMPERATURE:g} (the loss's "
                              f"MIN_TEMPERATURE), got {self.tau}")
         if self.scl_on not in ("hidden", "logits"):
@@ -103,11 +128,40 @@ class HierTailConfig:
             raise ValueError(f"loss_variant={self.loss_variant!r} is not one of {_VARIANTS}")
         if self.loss_backend not in _BACKENDS:
             raise ValueError(f"loss_backend={self.loss_backend!r} is not one of {_BACKENDS}")
-        if not (math.isfinite(self.lr) and self.lr > 0):
+        if not self.lr > 0:
             raise ValueError(f"lr must be finite and > 0, got {self.lr}")
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+        if not self.weight_decay >= 0:
             raise ValueError(f"weight_decay must be finite and >= 0, got {self.weight_decay}")
         self._check_ablation_fields()
+
+    def _check_loss_dtype(self) -> None:
+        value = self.loss_dtype
+        if isinstance(value, torch.dtype):    # a dtype is stored by name (JSON-able)
+            value = {v: k for k, v in _LOSS_DTYPES.items()}.get(value, value)
+            object.__setattr__(self, "loss_dtype", value)
+        if not (value is None or (isinstance(value, str) and value in _LOSS_DTYPES)):
+            raise ValueError(f"loss_dtype={value!r} is not None or one of {list(_LOSS_DTYPES)}")
+
+    def _check_pool_ratios(self) -> None:
+        """pool_ratios as a tuple (``to_dict`` gives a list: the round trip is exact) of finite
+        reals in (0, MAX_NODES]: a level never keeps more than MAX_NODES nodes (the library's
+        largest graph), and a larger ratio overflowed ceil(r·C) to an OverflowError."""
+        ratios = self.pool_ratios
+        if isinstance(ratios, (str, bytes)) or not isinstance(ratios, Iterable):
+            raise TypeError(f"pool_ratios must be a sequence of numbers, got "
+                            f"{type(ratios).__name__} {ratios!r}")
+        ratios = tuple(ratios)
+        if not ratios:
+            raise ValueError("pool_ratios must name at least one pooling level")
+        for r in ratios:
+            if isinstance(r, (bool, np.bool_)) or not isinstance(r, numbers.Real):
+                raise TypeError(f"pool_ratios must hold real numbers, got "
+                                f"{type(r).__name__} {r!r} in {self.pool_ratios!r}")
+        if any(not (0 < r <= MAX_NODES) for r in ratios):   # (NaN fails too)
+            raise ValueError(f"pool_ratios must be finite and in (0, {MAX_NODES}] (a level keeps "
+                             f"at most MAX_NODES nodes), got {self.pool_ratios}")
+        object.__setattr__(self, "pool_ratios", tuple(
+            r if type(r) in (int, float) else float(r) for r in ratios))
 
     def _check_ablation_fields(self) -> None:
         if self.pool_counts is not None:
@@ -119,9 +173,6 @@ class HierTailConfig:
             object.__setattr__(self, "pool_counts", tuple(int(k) for k in counts))
             if self.bcl_mode == "official" and len(counts) < 2:
                 raise ValueError("bcl_mode='official' needs at least two pooling levels")
-        for name in ("task_grouping", "contrastive"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.contrastive and not self.task_grouping:
             raise ValueError("contrastive=True (M2) needs task_grouping=True (M1): the balanced "
                              "contrastive loss contrasts nodes with the task prototypes")
@@ -183,12 +234,22 @@ class HierTailConfig:
         first = float(self.pool_ratios[0])
         for _ in range(self.pool_rescale_power):
             first = first * num_nodes / num_classes  # embedder.py: ratio * len(labels) / nclass
+            if first == 0.0 or math.isinf(first):    # fixed from here on (0: n = 0)
+                break
         return [_pyg_ratio(first, num_nodes)] + [_pyg_ratio(r, None) for r in self.pool_ratios[1:]]
 
 
 def _pyg_ratio(ratio: float, cap: int | None) -> int | float:
-    """PyG ``topk`` reading of a ratio: >= 1 is a count floor(r), < 1 a fraction (ceil)."""
+    """PyG ``topk`` reading of a ratio: >= 1 is a count floor(r), < 1 a fraction (ceil).
+
+    A ratio below 2**-100 (a rescaled first ratio of an empty graph, n = 0, or one rescaled
+    many times on a graph with fewer nodes than classes) is the count 1: r·n < 1 for every
+    n <= MAX_NODES, so ceil(r·n) is 1 (0 for n = 0), which ``topk_pool`` keeps as min(1, n),
+    as the paper configuration's counts do; as a float, 0 was refused and a product below
+    float32's smallest value kept no node."""
     if ratio >= 1.0:
         k = math.floor(ratio) if math.isfinite(ratio) else cap
         return int(k if cap is None else min(k, cap))
+    if ratio < _TINY_RATIO:
+        return 1
     return float(ratio)

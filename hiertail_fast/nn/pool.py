@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import math
+import numbers
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -29,12 +31,15 @@ class TopKPool(nn.Module):
     def __init__(self, channels: int, ratio: float | int = 0.5, *,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None):
         super().__init__()
-        if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
+        # any integer but bool, numpy's included (as GCNConv: HierTailConfig(hidden=np.int64(8))
+        # built its GCNConvs, then failed here)
+        if isinstance(channels, (bool, np.bool_)) or not isinstance(channels, numbers.Integral) \
+                or channels < 1:
             raise ValueError(f"channels must be a positive int, got {channels!r}")
         pool_size(1, ratio)  # validates ratio (type and range) now, not at the first forward
-        self.channels = channels
+        self.channels = int(channels)
         self.ratio = ratio
-        self.weight = nn.Parameter(torch.empty(channels, device=device, dtype=dtype))
+        self.weight = nn.Parameter(torch.empty(self.channels, device=device, dtype=dtype))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
