@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 
+from hiertail_fast._validation import check_epochs_patience
 from hiertail_fast.baselines.config import BaselineConfig
 from hiertail_fast.baselines.methods import MethodContext, build_method
 from hiertail_fast.metrics import evaluate, macro_f1
@@ -52,17 +52,13 @@ def train_baseline(
     cfg = config if config is not None else BaselineConfig()
     if not isinstance(cfg, BaselineConfig):
         raise TypeError(f"config must be a BaselineConfig, got {type(cfg).__name__}")
-    for name, v in (("epochs", epochs), ("patience", patience)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    if epochs < 1 or patience < 0:
-        raise ValueError(f"need epochs >= 1 and patience >= 0, got {epochs}, {patience}")
+    epochs, patience = check_epochs_patience(epochs, patience)
     run = prepare_run(data, split, seed, device, graph)
     data, x, y, graph = run.data, run.x, run.y, run.graph
     train_idx, val_idx, test_idx, device = run.train_idx, run.val_idx, run.test_idx, run.device
     gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
     ctx = MethodContext(x, y, graph, train_idx, int(data.num_classes), gen, val_idx=val_idx,
-                        epochs=int(epochs), patience=int(patience))
+                        epochs=epochs, patience=patience)
     model = build_method(ctx, cfg).to(device)
     opt = torch.optim.Adam(model.param_groups(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     y_val, y_test = y[val_idx].cpu(), y[test_idx].cpu()
