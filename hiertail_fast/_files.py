@@ -120,3 +120,13 @@ def replace_file_set(out: Path, writers: dict, current: list, prev_of,
         for tmp in temps.values():
             tmp.unlink(missing_ok=True)
     return [out / name for name in writers], kept
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether paths `a` and `b` name the same file (links followed); where one does not exist
+    yet, whether they resolve to the same path. (An output that is an input must be refused
+    before it overwrites it.)"""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:                 # one of them does not exist (yet)
+        return Path(a).resolve() == Path(b).resolve()

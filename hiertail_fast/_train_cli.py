@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from hiertail_fast._files import atomic_write_text, unwritable_file_reason
+from hiertail_fast._files import atomic_write_text, same_file, unwritable_file_reason
 from hiertail_fast._validation import MIN_TEMPERATURE
 from hiertail_fast.baselines.cli import add_method_arguments, method_config_from_args
 from hiertail_fast.data.io import load_npz
@@ -285,17 +285,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
 def _json_clash(args) -> str | None:
     """Why --json must not be written: it is the same file as --data or --split."""
     for option, path in (("--data", args.data), ("--split", args.split)):
-        if path is not None and _same_file(args.json, path):
+        if path is not None and same_file(args.json, path):
             return (f"--json {args.json} is the same file as {option} {path}: it would be "
                     "overwritten with the results; choose another --json path")
     return None
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:                 # one of them does not exist (yet)
-        return a.resolve() == b.resolve()
 
 
 def _check_method_run(cfg, num_classes: int, epochs: int) -> None:

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from hiertail_fast._files import same_file
 from hiertail_fast.data.datasets import DATASETS, canonical_name, load_dataset
 from hiertail_fast.data.io import GraphData, check_graph_arrays, load_npz, save_npz
 from hiertail_fast.data.pyg import from_pyg_data, is_pyg_data, split_from_masks, to_pyg_data
@@ -140,7 +141,7 @@ def convert(source: Any, out: Any, *, root: Any = None, force: bool = False,
     out = Path(out)
     if out.suffix not in _FORMATS:
         raise ValueError(f"output {out}: the suffix must be one of {_FORMATS}")
-    if split_out is not None and _same_file(out, Path(split_out)):
+    if split_out is not None and same_file(out, Path(split_out)):
         raise ValueError(f"split_out={split_out} is the output file itself: the split would "
                          "replace the graph; write it to another file")
     for p in (out, split_out):
@@ -158,13 +159,6 @@ def convert(source: Any, out: Any, *, root: Any = None, force: bool = False,
         arrays = {k: t.numpy() for k, t in zip(("train", "val", "test"), split, strict=True)}
         write_atomic(split_out, lambda tmp: _savez(tmp, arrays), force=force)
     return graph
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:                 # one of them does not exist (yet)
-        return a.resolve() == b.resolve()
 
 
 def _describe(source: Any) -> str:
