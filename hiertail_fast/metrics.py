@@ -238,12 +238,17 @@ def _class_sizes(y: Any, class_sizes: Any) -> np.ndarray:
     sizes = _to_numpy(class_sizes, "class_sizes")
     if sizes.ndim != 1 or sizes.size == 0:
         raise ValueError(f"class_sizes must be a non-empty 1-D array, got shape {sizes.shape}")
-    if sizes.dtype == bool or not np.issubdtype(sizes.dtype, np.number):
-        raise ValueError(f"class_sizes must be numeric, got dtype {sizes.dtype}")
+    if (sizes.dtype == bool or not np.issubdtype(sizes.dtype, np.number)
+            or np.issubdtype(sizes.dtype, np.complexfloating)):  # complex: imag part dropped
+        raise ValueError(f"class_sizes must be numeric (real), got dtype {sizes.dtype}")
     if not np.all(np.isfinite(sizes)) or np.any(sizes <= 0):
         raise ValueError("class_sizes must be finite and > 0 (every class non-empty)")
     if np.issubdtype(sizes.dtype, np.floating) and np.any(sizes != np.round(sizes)):
         raise ValueError("class_sizes must be whole numbers")
+    # the int64 sizes and their sum must not wrap (2**62 twice, uint64 2**63, float 1e20 gave
+    # negative or garbage sizes and a wrong ratio, silently)
+    if float(np.sum(sizes, dtype=np.float64)) >= 2.0**62:
+        raise ValueError("class_sizes sum to 2**62 or more; too large to count in int64")
     return sizes.astype(np.int64)
 
 

@@ -338,3 +338,33 @@ def test_convert_bad_sources_and_outputs_are_clear_errors(tmp_path, capsys):
     assert out.read_bytes() == before and load_npz(out).num_nodes == 6
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "dir.npz", "garbage.pt", "good.pt", "nan.pt", "out.npz"]   # nothing else written
+
+
+def test_source_pyg_for_a_dataset_without_pyg_class(tmp_path):
+    save_npz(tmp_path / "email.npz", np.array([[0, 1], [1, 0]]), np.ones((3, 2), np.float32),
+             np.array([0, 1, 1]))
+    # was "FileNotFoundError: .../email.npz not found" while the file was there
+    with pytest.raises(ValueError, match="no PyTorch Geometric dataset class.*email.npz"):
+        load_dataset("email", root=tmp_path, source="pyg")
+    assert load_dataset("email", root=tmp_path).num_nodes == 3
+
+
+def test_empty_root_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)   # '' was the working directory, silently
+    with pytest.raises(ValueError, match="empty path"):
+        load_dataset("email", root="")
+    with pytest.raises(ValueError, match="empty path"):
+        resolve_root("  ")
+
+
+@pytest.mark.parametrize("content", [b"", b"not a zip", "wrong keys"])
+def test_raw_files_of_another_format_are_named(tmp_path, content):
+    raw = tmp_path / "cora" / "raw"
+    raw.mkdir(parents=True)
+    if content == "wrong keys":
+        np.savez(raw / "cora.npz", a=np.arange(3))
+    else:
+        (raw / "cora.npz").write_bytes(content)
+    # was an EOFError / KeyError / pickle ValueError from inside PyG, naming no file
+    with pytest.raises(ValueError, match=r"could not read the raw files .*cora\.npz"):
+        load_dataset("cora_full", root=tmp_path)

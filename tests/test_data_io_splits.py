@@ -286,3 +286,55 @@ def test_features_beyond_float32_and_without_columns_are_refused(tmp_path):
     # float64 within range still loads (as float32)
     _write(tmp_path / "ok.npz", edge_index=ei, x=x.astype(np.float64) * 1e30, y=y)
     assert load_npz(tmp_path / "ok.npz").x.dtype == torch.float32
+
+
+def test_natural_split_seed_must_be_a_non_negative_int():
+    y = _labels()
+    ref = natural_split(y, seed=3)
+    for seed in (np.int64(3), np.uint32(3)):   # numpy integers are the same seed
+        assert all(torch.equal(u, v) for u, v in zip(ref, natural_split(y, seed), strict=True))
+    big = natural_split(y, seed=2**70)          # any size of non-negative int
+    assert all(torch.equal(u, v) for u, v in zip(big, natural_split(y, 2**70), strict=True))
+    # None drew an unreproducible split; bool / float / str / sequences were taken or failed
+    # inside numpy ("SeedSequence expects int ..."), -1 with "expected non-negative integer"
+    for bad in (None, True, 1.5, "3", [1, 2]):
+        with pytest.raises(TypeError, match="seed must be an int"):
+            natural_split(y, bad)
+    with pytest.raises(ValueError, match="seed must be >= 0"):
+        natural_split(y, -1)
+
+
+def test_num_classes_must_be_an_int():
+    y = np.array([0, 0, 0, 1, 1])
+    assert class_counts(y, num_classes=np.int64(4)).tolist() == [3, 2, 0, 0]
+    for bad in (2.7, "3", True):   # 2.7 was truncated to 2, "3" parsed, True taken as 1
+        with pytest.raises(TypeError, match="num_classes must be an int"):
+            natural_split(y, 0, num_classes=bad)
+        with pytest.raises(TypeError, match="num_classes must be an int"):
+            class_counts(y, num_classes=bad)
+
+
+def test_natural_split_sparse_labels_cost_nothing_per_missing_class():
+    # a label 10**12 tried to allocate a 7 TiB bincount (MemoryError); empty classes get no nodes
+    y = np.array([0, 5, 5, 5, 7] * 3)
+    sparse = y.astype(np.int64) * 10**11
+    for s in (0, 1):
+        for u, v in zip(natural_split(y, s), natural_split(sparse, s), strict=True):
+            assert torch.equal(u, v)
+    with pytest.raises(ValueError, match="beyond int64"):      # wrapped to a negative label
+        natural_split(np.array([0, 2**63 + 5], dtype=np.uint64))
+    with pytest.raises(ValueError, match="meta"):               # NotImplementedError deep down
+        natural_split(torch.empty(3, dtype=torch.long, device="meta"))
+    with pytest.raises(ValueError, match="meta"):
+        user_split(5, torch.empty(2, dtype=torch.long, device="meta"))
+
+
+def test_natural_split_sizes_rejects_impossible_class_sizes():
+    np.testing.assert_array_equal(natural_split_sizes([3.0, 12]), natural_split_sizes([3, 12]))
+    assert natural_split_sizes([]).shape == (0, 6)
+    # a negative size gave an all-zero row, 2.5 was truncated to 2, 2-D hit an IndexError
+    for bad, msg in (([-1, 3], "whole numbers >= 0"), ([2.5, 3], "whole numbers >= 0"),
+                     ([np.nan], "whole numbers >= 0"), ([[3]], "1-D"), (3, "1-D"),
+                     ([True], "numeric")):
+        with pytest.raises(ValueError, match=msg):
+            natural_split_sizes(bad)

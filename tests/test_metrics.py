@@ -273,3 +273,14 @@ def test_loss_range_refuses_non_finite_and_complex_losses():
     with pytest.raises(ValueError, match="overflows float64"):
         loss_range([1e308, -1e308])
     assert loss_range([0.2, np.nan, 0.7]) == pytest.approx(0.5)       # NaN: a class without nodes
+
+
+def test_long_tailedness_ratio_refuses_sizes_that_wrap_int64():
+    # [2**62, 2**62] summed to -2**63 and gave 1/3 instead of 3; uint64 2**63 and float 1e20
+    # wrapped too; complex sizes lost their imaginary part
+    for bad in ([2**62, 2**62], np.array([2**63, 1], dtype=np.uint64), [1e20, 1.0]):
+        with pytest.raises(ValueError, match="too large"):
+            long_tailedness_ratio(class_sizes=bad)
+    with pytest.raises(ValueError, match="numeric"):
+        long_tailedness_ratio(class_sizes=np.array([5 + 0j, 3]))
+    assert long_tailedness_ratio(class_sizes=[2**40, 2**40]) == 3.0

@@ -92,3 +92,30 @@ def test_highest_degree_nodes_are_kept():
         k = sum(1 for i in nodes.tolist() if i in kept)
         threshold = deg[nodes].sort(descending=True).values[k - 1]
         assert all(deg[i] >= threshold for i in nodes.tolist() if i in kept)
+
+
+def test_seeds_flags_and_counts_are_checked():
+    g = _graph(SIZES)
+    kw = dict(val_per_class=2, test_per_class=4)
+    ref = semi_synthetic_long_tail(g, **kw, graph_seed=5, split_seed=3)
+    # numpy integers are the same as ints (np.int64 graph_seed failed inside random.Random;
+    # np.int64 val_per_class was refused as "not an integer >= 1")
+    same = semi_synthetic_long_tail(g, val_per_class=np.int64(2), test_per_class=np.int32(4),
+                                    graph_seed=np.int64(5), split_seed=np.int64(3))
+    assert all(torch.equal(a, b) for a, b in zip(ref.split, same.split, strict=True))
+    assert torch.equal(ref.data.x, same.data.x)
+    # None drew an unreproducible graph / split
+    for name in ("graph_seed", "split_seed"):
+        for bad in (None, 1.5, "abc", True):
+            with pytest.raises(TypeError, match=name):
+                semi_synthetic_long_tail(g, **kw, **{name: bad})
+    with pytest.raises(ValueError, match="split_seed must be >= 0"):
+        semi_synthetic_long_tail(g, **kw, split_seed=-1)
+    # "no" is truthy: it silently selected the buggy alignment
+    with pytest.raises(TypeError, match="alignment_bug must be a bool"):
+        semi_synthetic_long_tail(g, **kw, alignment_bug="no")
+    # float32(0.8) is 0.800000011920929: it was refused as "not in (0, 1)"
+    with pytest.raises(TypeError, match="float32"):
+        semi_synthetic_long_tail(g, **kw, alpha=np.float32(0.8))
+    assert semi_synthetic_long_tail(g, **kw, alpha=np.float64(0.8)).info["train_per_class"] \
+        == ref.info["train_per_class"]

@@ -151,3 +151,44 @@ def test_to_npz_round_trip(tmp_path):
     for t in ("edge_index", "x", "y"):
         assert torch.equal(getattr(g, t), getattr(h, t))
     assert h.num_classes == 8
+
+
+def test_feature_scales_that_overflow_float32_are_refused():
+    # class_sep / feature_noise of inf, 1e300 or 1e39 gave NaN / Inf features, silently
+    for kw in (dict(class_sep=float("inf")), dict(feature_noise=float("inf")),
+               dict(class_sep=1e300), dict(feature_noise=1e39)):
+        with pytest.raises(ValueError, match="float32"):
+            make_synthetic_graph(60, 3, num_features=2, avg_degree=2.0, **kw)
+    g = make_synthetic_graph(60, 3, num_features=2, avg_degree=2.0, class_sep=1e36,
+                             feature_noise=1e36)
+    assert bool(torch.isfinite(g.x).all())
+
+
+@pytest.mark.parametrize("kw,name", [
+    (dict(homophily="0.5"), "homophily"), (dict(homophily=None), "homophily"),
+    (dict(avg_degree="3"), "avg_degree"), (dict(head_mass="0.8"), "head_mass"),
+    (dict(head_fraction=None), "head_fraction"), (dict(degree_exponent="2"), "degree_exponent"),
+    (dict(class_sep=None), "class_sep"), (dict(homophily=True), "homophily"),
+])
+def test_non_numbers_are_a_type_error_naming_the_argument(kw, name):
+    # was "'<=' not supported between instances of 'float' and 'str'" (or True taken as 1.0)
+    with pytest.raises(TypeError, match=f"{name} must be a real number"):
+        make_synthetic_graph(60, 3, **{"num_features": 2, "avg_degree": 2.0, **kw})
+
+
+def test_zipf_class_sizes_and_seed_checks():
+    with pytest.raises(TypeError, match="num_nodes"):   # 50.7 was truncated to 50
+        zipf_class_sizes(50.7, 5)
+    with pytest.raises(TypeError, match="head_mass"):
+        zipf_class_sizes(50, 5, head_mass="0.8")
+    assert zipf_class_sizes(np.int64(50), np.int32(5)).tolist() == zipf_class_sizes(50, 5).tolist()
+    with pytest.raises(ValueError, match="seed must be >= 0"):   # numpy's own message before
+        make_synthetic_graph(60, 3, num_features=2, avg_degree=2.0, seed=-1)
+
+
+def test_degree_exponent_near_one_warns_nothing():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # was "RuntimeWarning: overflow encountered in power"
+        g = make_synthetic_graph(300, 5, num_features=2, avg_degree=4.0, degree_exponent=1.0001)
+    assert g.num_edges > 0 and bool(torch.isfinite(g.x).all())

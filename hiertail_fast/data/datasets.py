@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,9 @@ def resolve_root(root: Any = None) -> Path:
                              f"(--root DIR) or set {ENV_ROOT}=DIR")
     if not isinstance(root, (str, os.PathLike)):
         raise TypeError(f"root must be a path, got {type(root).__name__}")
+    if not os.fspath(root).strip():  # Path("") is ".": the working directory, silently
+        raise ValueError(f"root is an empty path: pass root=DIR (--root DIR) or set "
+                         f"{ENV_ROOT}=DIR")
     path = Path(root).expanduser()
     if not path.is_dir():
         raise FileNotFoundError(f"root {path} is not a directory")
@@ -210,6 +214,14 @@ def _load_pyg(spec: DatasetSpec, root: Path, download: bool) -> GraphData:
                           f"{spec.name!r}: pip install {dep}") from exc
     except OSError as exc:  # the download failed (no network, moved URL)
         raise FileNotFoundError(_missing_message(spec, root, missing) + f" ({exc})") from exc
+    except (ValueError, KeyError, IndexError, TypeError, EOFError, RuntimeError,
+            zipfile.BadZipFile) as exc:  # raw files there but not in the expected format
+        files = ", ".join(str(root / f) for f in spec.raw_files)
+        raise ValueError(f"load_dataset({spec.name!r}): PyG's {cls_name}(root, {arg!r}) could "
+                         f"not read the raw files {files} ({type(exc).__name__}: {exc}); they "
+                         f"must be the original files from {spec.get_raw} (delete "
+                         f"{root / arg / 'processed'} if it was written from other files)"
+                         ) from exc
     return from_pyg_data(dataset[0], name=spec.name)
 
 
@@ -240,6 +252,10 @@ def load_dataset(name: str, root: Any = None, *, source: str = "auto",
     npz = root / f"{spec.name}.npz"
     if source in ("auto", "npz") and npz.is_file():
         graph = load_npz(npz, name=spec.name)
+    elif source == "pyg" and spec.pyg is None:  # was "<npz> not found" even when it was there
+        raise ValueError(f"load_dataset({spec.name!r}, source='pyg'): {spec.name!r} has no "
+                         f"PyTorch Geometric dataset class; it is read only from the uniform "
+                         f"{npz} (source='auto' or 'npz')")
     elif source == "npz" or spec.pyg is None:
         raise FileNotFoundError(_missing_message(spec, root, [npz]) if spec.pyg is None
                                 else f"load_dataset({spec.name!r}, source='npz'): {npz} not "

@@ -25,6 +25,7 @@ train / val / test assignment.
 from __future__ import annotations
 
 import math
+import numbers
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hiertail_fast._validation import check_flag
 from hiertail_fast.data.io import GraphData, relabel_by_size
 from hiertail_fast.metrics import long_tailedness_ratio
 
@@ -73,14 +75,35 @@ def semi_synthetic_long_tail(data: GraphData, *, alpha: float = 0.8, val_per_cla
     """Down-sample ``data`` to the paper's manual long-tail setting (module docstring).
 
     Raises ValueError when α is not in (0, 1), the per-class counts are not positive integers,
-    or fewer than two classes are large enough."""
+    ``split_seed`` is negative, or fewer than two classes are large enough; TypeError when a
+    seed is not an int (None would be unreproducible), ``alignment_bug`` not a bool, or α a
+    float32 (inexact: 0.8 becomes 0.800000011920929)."""
     if not isinstance(data, GraphData):
         raise TypeError(f"data must be a GraphData, got {type(data).__name__}")
-    if not (isinstance(alpha, float | int) and 0.0 < alpha < 1.0):
+    if isinstance(alpha, np.floating) and not isinstance(alpha, float):
+        # float32(0.8) is 0.800000011920929: ⌊(1−α)·C⌋ would silently lose a head class
+        raise TypeError(f"alpha must be a Python float (or float64), got {type(alpha).__name__}"
+                        f" {alpha!r}, whose value is {float(alpha)!r}")
+    if not (isinstance(alpha, float | int) and not isinstance(alpha, bool)
+            and 0.0 < alpha < 1.0):
         raise ValueError(f"alpha must lie in (0, 1), got {alpha!r}")
     for name, v in (("val_per_class", val_per_class), ("test_per_class", test_per_class)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        # numpy integers are integers (np.int64(25) was refused as "not an integer >= 1")
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) or v < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    val_per_class, test_per_class = int(val_per_class), int(test_per_class)
+    # seeds: None drew an unreproducible graph / split; a numpy int failed inside random
+    if isinstance(graph_seed, (bool, np.bool_)) or not isinstance(graph_seed, numbers.Integral):
+        raise TypeError(f"graph_seed must be an int, got {type(graph_seed).__name__} "
+                        f"{graph_seed!r}")
+    if isinstance(split_seed, (bool, np.bool_)) or not isinstance(split_seed, numbers.Integral):
+        raise TypeError(f"split_seed must be an int, got {type(split_seed).__name__} "
+                        f"{split_seed!r}")
+    if split_seed < 0:
+        raise ValueError(f"split_seed must be >= 0, got {split_seed}")
+    graph_seed, split_seed = int(graph_seed), int(split_seed)
+    # a str such as "no" was truthy and silently selected the buggy alignment
+    alignment_bug = check_flag(alignment_bug, "alignment_bug")
     held_out = val_per_class + test_per_class
     y = data.y.numpy().astype(np.int64)
     n = y.shape[0]

@@ -22,23 +22,62 @@ Cost: O(n log n) time (one stable sort), O(n) memory; no Python loop over classe
 """
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import numpy as np
 import torch
 
+from hiertail_fast._validation import check_dense_tensor
+
 __all__ = ["natural_split", "natural_split_sizes", "user_split", "class_counts", "split_counts"]
 
 
+def _to_numpy(a: Any, name: str) -> np.ndarray:
+    """A tensor (dense, with data: a meta or sparse one failed deep in ``.numpy()``) or an
+    array-like as a numpy array."""
+    if isinstance(a, torch.Tensor):
+        return check_dense_tensor(a, name).detach().cpu().numpy()
+    return np.asarray(a)
+
+
 def _labels(y: Any) -> np.ndarray:
-    arr = y.detach().cpu().numpy() if isinstance(y, torch.Tensor) else np.asarray(y)
+    arr = _to_numpy(y, "y")
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"y must be a non-empty 1-D label vector, got shape {arr.shape}")
     if not np.issubdtype(arr.dtype, np.integer) or arr.dtype == bool:
         raise ValueError(f"y must hold integer labels, got dtype {arr.dtype}")
     if arr.min() < 0:
         raise ValueError("y has negative labels")
+    if arr.dtype == np.uint64 and arr.max() > np.iinfo(np.int64).max:   # would wrap negative
+        raise ValueError(f"y has labels beyond int64 (max {int(arr.max())})")
     return arr.astype(np.int64, copy=False)
+
+
+def _num_classes(num_classes: Any, lab: np.ndarray) -> int:
+    """C: ``num_classes`` (an int; a float such as 2.7 or a str was silently truncated or
+    parsed) or, when None, max label + 1; ValueError when a label is >= C."""
+    if num_classes is None:
+        return int(lab.max()) + 1
+    if isinstance(num_classes, (bool, np.bool_)) or not isinstance(num_classes,
+                                                                   numbers.Integral):
+        raise TypeError(f"num_classes must be an int, got {type(num_classes).__name__} "
+                        f"{num_classes!r}")
+    c = int(num_classes)
+    if c <= int(lab.max()):
+        raise ValueError(f"labels go up to {int(lab.max())} but num_classes is {c}")
+    return c
+
+
+def _split_seed(seed: Any) -> int:
+    """The split's seed: a non-negative int (numpy integers too; any size). None drew a fresh,
+    unreproducible split; bool, float, str, sequences and negative ints failed inside numpy
+    without naming the seed, or were silently accepted."""
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
+    if int(seed) < 0:
+        raise ValueError(f"seed must be >= 0, got {int(seed)}")
+    return int(seed)
 
 
 def natural_split_sizes(class_sizes: Any) -> np.ndarray:
@@ -47,7 +86,15 @@ def natural_split_sizes(class_sizes: Any) -> np.ndarray:
     Columns: (train_start, train_len, val_start, val_len, test_start, test_len), positions in
     the shuffled node list of the class; ranges may overlap for n_c <= 2 (see the module table).
     """
-    n = np.asarray(class_sizes, dtype=np.int64)
+    n = _to_numpy(class_sizes, "class_sizes")
+    if n.ndim != 1:
+        raise ValueError(f"class_sizes must be a 1-D vector, got shape {n.shape}")
+    if n.size and (n.dtype == bool or not np.issubdtype(n.dtype, np.number)
+                   or np.issubdtype(n.dtype, np.complexfloating)):
+        raise ValueError(f"class_sizes must be numeric, got dtype {n.dtype}")
+    if n.size and not (np.all(np.isfinite(n)) and np.all(n >= 0) and np.all(n == np.round(n))):
+        raise ValueError("class_sizes must be whole numbers >= 0")
+    n = n.astype(np.int64)
     out = np.zeros((n.shape[0], 6), dtype=np.int64)
     # n_c >= 10: floors, in the official float arithmetic int(0.1 * n), int(0.8 * n)
     a_big = np.floor(n * 0.1).astype(np.int64)
@@ -69,7 +116,8 @@ def natural_split(
 
     Args:
         y: labels [n] (numpy array, torch tensor or sequence of non-negative ints).
-        seed: seed of ``numpy.random.default_rng`` (the protocol redraws the split per run seed).
+        seed: seed of ``numpy.random.default_rng``, an int >= 0 (numpy ints too; the protocol
+            redraws the split per run seed). None, bool, float: TypeError; negative: ValueError.
         num_classes: C (default: max label + 1); empty classes get no nodes.
     Returns:
         (train_idx, val_idx, test_idx): int64 torch tensors of node ids. train is shuffled;
@@ -77,19 +125,20 @@ def natural_split(
     """
     lab = _labels(y)
     n = lab.shape[0]
-    c = int(lab.max()) + 1 if num_classes is None else int(num_classes)
-    if c <= int(lab.max()):
-        raise ValueError(f"labels go up to {int(lab.max())} but num_classes is {c}")
-    rng = np.random.default_rng(seed)
+    _num_classes(num_classes, lab)  # checked only: empty classes get no nodes
+    rng = np.random.default_rng(_split_seed(seed))
     # group nodes by class with a random order inside each class: random permutation, then a
     # stable sort by label keeps the permutation's order within a class.
     perm = rng.permutation(n)
     nodes = perm[np.argsort(lab[perm], kind="stable")]
-    cls = lab[nodes]
-    sizes = np.bincount(lab, minlength=c)
-    starts = np.cumsum(sizes) - sizes
-    rank = np.arange(n) - starts[cls]  # position of each node inside its class's list
-    lay = natural_split_sizes(sizes)[cls]  # [n, 6] layout of the node's class
+    cls = lab[nodes]  # sorted
+    # the non-empty classes only (O(n), not O(max label): a label 10**12 tried to allocate
+    # 7 TiB): start of each class's run in ``nodes`` and its size
+    first = np.flatnonzero(np.concatenate([[True], cls[1:] != cls[:-1]]))
+    run = np.cumsum(np.concatenate([[True], cls[1:] != cls[:-1]])) - 1  # node -> its run
+    sizes = np.diff(np.append(first, n))
+    rank = np.arange(n) - first[run]  # position of each node inside its class's list
+    lay = natural_split_sizes(sizes)[run]  # [n, 6] layout of the node's class
 
     def take(j: int) -> np.ndarray:
         lo, ln = lay[:, 2 * j], lay[:, 2 * j + 1]
@@ -104,7 +153,7 @@ def _index_set(idx: Any, num_nodes: int, name: str) -> np.ndarray:
     """Index array or boolean mask -> int64 node ids, validated."""
     if idx is None:
         return np.zeros(0, dtype=np.int64)
-    arr = idx.detach().cpu().numpy() if isinstance(idx, torch.Tensor) else np.asarray(idx)
+    arr = _to_numpy(idx, name)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D (indices or a boolean mask), got shape {arr.shape}")
     if arr.dtype == bool:
@@ -157,9 +206,7 @@ def class_counts(y: Any, idx: Any = None, num_classes: int | None = None) -> tor
     ``class_num_mat``).
     """
     lab = _labels(y)
-    c = int(lab.max()) + 1 if num_classes is None else int(num_classes)
-    if c <= int(lab.max()):
-        raise ValueError(f"labels go up to {int(lab.max())} but num_classes is {c}")
+    c = _num_classes(num_classes, lab)
     sel = lab if idx is None else lab[_index_set(idx, lab.shape[0], "idx")]
     return torch.from_numpy(np.bincount(sel, minlength=c).astype(np.int64))
 

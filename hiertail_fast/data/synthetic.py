@@ -36,6 +36,7 @@ degrees, edges and features, so e.g. changing ``num_features`` does not change t
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -71,6 +72,23 @@ def _largest_remainder(weights: np.ndarray, total: int) -> np.ndarray:
     return base
 
 
+def _int_arg(name: str, val: object) -> int:
+    """An int argument (numpy integers too); bool, float (silently truncated: 50.7 nodes gave
+    50) and str are a TypeError naming it."""
+    if isinstance(val, (bool, np.bool_)) or not isinstance(val, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(val).__name__}")
+    return int(val)
+
+
+def _real_arg(name: str, val: object) -> float:
+    """A real-number argument (int, float, numpy numbers), returned unchanged (so the
+    generator's arithmetic and ``params`` stay as they were). A str, None or bool was compared
+    with a number deep inside ('<=' not supported ...) or taken as 0 / 1."""
+    if isinstance(val, (bool, np.bool_)) or not isinstance(val, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(val).__name__} {val!r}")
+    return val
+
+
 def _head_share(a: float, h: int, c: int) -> float:
     w = np.arange(1, c + 1, dtype=np.float64) ** -a
     return float(w[:h].sum() / w.sum())
@@ -80,7 +98,9 @@ def zipf_class_sizes(
     num_nodes: int, num_classes: int, head_fraction: float = 0.2, head_mass: float = 0.8
 ) -> np.ndarray:
     """Class sizes int64 [C], non-increasing, sum n, head round(head_fraction·C) ≈ head_mass·n."""
-    n, c = int(num_nodes), int(num_classes)
+    n, c = _int_arg("num_nodes", num_nodes), _int_arg("num_classes", num_classes)
+    head_fraction = _real_arg("head_fraction", head_fraction)
+    head_mass = _real_arg("head_mass", head_mass)
     if c < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes}")
     if n < c:
@@ -155,6 +175,10 @@ def _merge_unique(existing: np.ndarray, new: np.ndarray) -> np.ndarray:
     return out
 
 
+# largest class_sep / sqrt(F) and feature_noise: the features stay far inside float32's range
+_FEATURE_SCALE_MAX = float(np.finfo(np.float32).max) / 64
+
+
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(msg)
@@ -192,14 +216,25 @@ def make_synthetic_graph(
         if isinstance(val, bool) or not isinstance(val, (int, np.integer)):
             raise TypeError(f"{name} must be an int, got {type(val).__name__}")
     n, c, f = int(num_nodes), int(num_classes), int(num_features)
+    avg_degree, homophily = _real_arg("avg_degree", avg_degree), _real_arg("homophily", homophily)
+    class_sep = _real_arg("class_sep", class_sep)
+    feature_noise = _real_arg("feature_noise", feature_noise)
+    if degree_exponent is not None:
+        degree_exponent = _real_arg("degree_exponent", degree_exponent)
     sizes = zipf_class_sizes(n, c, head_fraction, head_mass)  # checks n >= C >= 2 first
     _check(f >= 1, f"num_features must be >= 1, got {f}")
+    _check(int(seed) >= 0, f"seed must be >= 0, got {int(seed)}")
     _check(0.0 <= homophily <= 1.0, f"homophily must be in [0, 1], got {homophily}")
     _check(math.isfinite(avg_degree) and 0.0 <= avg_degree < max(n - 1, 1),
            f"avg_degree must be in [0, num_nodes - 1), got {avg_degree}")
     _check(degree_exponent is None or degree_exponent > 1.0,
            f"degree_exponent must be > 1 or None, got {degree_exponent}")
     _check(class_sep >= 0.0 and feature_noise >= 0.0, "class_sep and feature_noise must be >= 0")
+    # x = μ + noise·ε in float32 (|ε| < ~6.5 at float32's standard normal): inf, or values whose
+    # float32 product overflows (class_sep 1e300, feature_noise 1e39), gave NaN/Inf features
+    _check(class_sep / math.sqrt(f) <= _FEATURE_SCALE_MAX and feature_noise <= _FEATURE_SCALE_MAX,
+           f"class_sep / sqrt(num_features) and feature_noise must be <= "
+           f"{_FEATURE_SCALE_MAX:.3g} (float32 features), got {class_sep} and {feature_noise}")
     _check(n * n < 2**63, "num_nodes too large for int64 edge keys")
 
     rng_ids, rng_deg, rng_edge, rng_feat = (
@@ -215,7 +250,8 @@ def make_synthetic_graph(
     if degree_exponent is None:
         theta = np.ones(n)
     else:  # inverse-CDF Pareto, x_min = 1, capped at the structural cut-off
-        theta = (1.0 - rng_deg.random(n)) ** (-1.0 / (degree_exponent - 1.0))
+        with np.errstate(over="ignore"):  # γ near 1: huge θ, capped just below
+            theta = (1.0 - rng_deg.random(n)) ** (-1.0 / (degree_exponent - 1.0))
         np.minimum(theta, max(math.sqrt(n / max(avg_degree, 1e-12)), 1.0), out=theta)
     cum = np.cumsum(theta)  # cumulative θ over positions (float64)
     theta_c = np.add.reduceat(theta, start)
