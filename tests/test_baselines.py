@@ -246,10 +246,64 @@ def test_embed_smote_synthetic_count_and_linear_head(tiny):
     (dict(adj_norm="sym"), ValueError, "adj_norm"),
     (dict(smote_lambda="sample"), ValueError, "smote_lambda"),
     (dict(method="embed_smote", classifier="gnn"), ValueError, "Linear"),
+    # a non-str method failed with "unhashable type: 'list'", naming no field
+    (dict(method=["origin"]), TypeError, "method must be a str"),
+    # τ below MIN_TEMPERATURE: GraphENS's logits / τ overflowed to inf, the softmax to NaN, and
+    # neighbours and saliency masks were drawn from NaN without an error
+    (dict(method="graphens", pred_temp=1e-300), ValueError, "pred_temp"),
+    (dict(method="graphens", pred_temp=1e-30), ValueError, "pred_temp"),
+    (dict(method="lte4g", kd_temperature=1e-300), ValueError, "kd_temperature"),
+    (dict(method="lte4g", kd_temperature=1e7), ValueError, "kd_temperature"),
+    # beyond float32: torch's "value cannot be converted to type float without overflow" at
+    # the first optimiser step / class-weight tensor
+    (dict(lr=1e300), ValueError, "lr=.*float32"),
+    (dict(weight_decay=1e300), ValueError, "weight_decay=.*float32"),
+    (dict(method="reweight", up_scale=1e300), ValueError, "up_scale=.*float32"),
+    (dict(method="imgagn", gen_ratio=1e300), ValueError, "gen_ratio=.*float32"),
+    (dict(method="graphsmote_t", rec_weight=1e300), ValueError, "rec_weight=.*float32"),
+    (dict(method="graphmixup", dis_weight=1e300), ValueError, "dis_weight=.*float32"),
 ])
 def test_bad_configs(kwargs, exc, match):
     with pytest.raises(exc, match=match):
         BaselineConfig(**kwargs)
+
+
+def test_config_takes_numpy_scalars_as_python_values():
+    """numpy scalars (what an array of a grid holds) pass as the rest of the API lets them
+    (check_seed, check_epochs_patience, check_flag) and are stored as Python values, so the
+    record stays JSON-able; before, np.bool_ was refused as "must be a bool, got bool"."""
+    import json
+    cfg = BaselineConfig(method="graphsmote_o", hidden=np.int64(8), dropout=np.float32(0.25),
+                         up_scale=np.float64(1.5), im_class_num=np.int32(2),
+                         edge_grad=np.bool_(True))
+    assert (type(cfg.hidden), type(cfg.dropout), type(cfg.edge_grad)) == (int, float, bool)
+    assert cfg == BaselineConfig(method="graphsmote_o", hidden=8, dropout=0.25, up_scale=1.5,
+                                 im_class_num=2, edge_grad=True)
+    json.dumps(cfg.to_dict())
+    with pytest.raises(TypeError, match="hidden"):
+        BaselineConfig(hidden=np.bool_(True))          # a bool is still no count
+    with pytest.raises(ValueError, match="dropout"):
+        BaselineConfig(dropout=np.float32("nan"))
+
+
+def test_enormous_up_sampling_is_a_clear_error(tiny):
+    """An up_scale / gen_ratio asking for more synthetic nodes than a graph can hold failed
+    deep inside a list or tensor allocation (OverflowError "cannot fit 'int' into an
+    index-sized integer", TypeError from torch.zeros)."""
+    from hiertail_fast.baselines.graphmixup import mixup_rounds
+    g, graph = tiny
+    y, train = _labels([10, 8, 6, 4, 3])
+    for rule in ("src", "smote"):
+        with pytest.raises(ValueError, match="up_scale=.*synthetic nodes"):
+            upsample_rounds(y, train, 5, 3, 3e38, rule)
+    assert len(upsample_rounds(y, train, 5, 3, 3e38, "recon")) == 3   # one round whatever k
+    with pytest.raises(ValueError, match="up_scale=.*synthetic nodes"):
+        mixup_rounds(y, train, 5, 3, 3e38, 0.0)
+    for method, kw in (("smote", dict(up_scale=3e38)), ("oversampling", dict(up_scale=3e38)),
+                       ("imgagn", dict(gen_ratio=3e38))):
+        cfg = BaselineConfig(method=method, hidden=8, im_class_num=2, **kw)
+        with pytest.raises(ValueError, match="synthetic nodes"):
+            build_method(_ctx(g, graph), cfg)
 
 
 def test_bad_build(tiny):

@@ -78,6 +78,28 @@ def test_loop_options_mean_the_same(syn):
         run_baseline_seeds(syn, cfg, seeds=[1], compound_pool_bug=True)
 
 
+def test_harness_argument_types(syn):
+    """As train_hiertail / run_seeds: a config that is no BaselineConfig is a TypeError in
+    run_baseline_seeds too (it read cfg.method first: AttributeError), and progress /
+    compound_pool_bug are bools, never read by truthiness ("no" showed a progress bar; "no" as
+    compound_pool_bug was refused as if it were True)."""
+    for bad in ({"method": "origin"}, "origin"):
+        with pytest.raises(TypeError, match="config must be a BaselineConfig"):
+            run_baseline_seeds(syn, bad, seeds=[1], epochs=1, progress=False)
+        with pytest.raises(TypeError, match="config must be a BaselineConfig"):
+            train_baseline(syn, None, bad, epochs=1, progress=False)
+    cfg = BaselineConfig(hidden=8)
+    for bad in ("no", None, 1):
+        with pytest.raises(TypeError, match="progress must be a bool"):
+            train_baseline(syn, None, cfg, epochs=1, progress=bad)
+        with pytest.raises(TypeError, match="compound_pool_bug must be a bool"):
+            run_baseline_seeds(syn, cfg, seeds=[1], compound_pool_bug=bad, epochs=1,
+                               progress=False)
+    res = run_baseline_seeds(syn, cfg, seeds=[1], compound_pool_bug=False, epochs=1,
+                             progress=False)
+    assert res["method"] == "origin"
+
+
 def test_cli_method_json(tmp_path, capsys):
     out = tmp_path / "r.json"
     main(["--method", "embed_smote", "--synthetic", "--nodes", "200", "--classes", "6",

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
+
+import numpy as np
+
+from hiertail_fast._validation import MIN_TEMPERATURE
 
 # method name -> the fields that method uses (to_dict records only those).
 _COMMON = ("hidden", "dropout", "lr", "weight_decay", "adj_norm")
@@ -82,6 +86,15 @@ _CHOICES = {"adj_norm": ("none", "row"), "smote_lambda": ("class", "node"),
             "criterion": ("mean", "median", "max"), "edge_mode": ("continuous", "discrete"),
             "mixup_neighbour": ("local", "global")}
 _SEP_CLASS = re.compile(r"pareto_[1-9][1-9]")
+# every real-valued field enters float32 tensors (Adam's lr / weight decay, loss weights, class
+# weights): beyond float32's range torch raised "value cannot be converted to type float without
+# overflow" deep inside the first step
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+# temperatures divide float32 logits (GraphENS's τ) or scale the KD loss by T² (LTE4G's T):
+# below MIN_TEMPERATURE logits / τ overflow to inf and the softmax to NaN (GraphENS then sampled
+# neighbours and saliency masks from NaN silently); T above 1 / MIN_TEMPERATURE leaves KD terms
+# that float32 cannot resolve (T = 1e300: T² = inf, a NaN loss)
+_MAX_KD_TEMPERATURE = 1.0 / MIN_TEMPERATURE
 
 
 @dataclass(frozen=True)
@@ -177,6 +190,12 @@ class BaselineConfig:
     kd_reduction: str = "mean"
 
     def __post_init__(self) -> None:
+        for f in fields(self):                  # numpy scalars as the Python value they hold
+            v = getattr(self, f.name)
+            if isinstance(v, np.generic):
+                object.__setattr__(self, f.name, v.item())
+        if not isinstance(self.method, str):
+            raise TypeError(f"method must be a str, got {type(self.method).__name__}")
         if self.method not in METHOD_FIELDS:
             raise ValueError(f"unknown baseline method {self.method!r}; "
                              f"choose from {sorted(METHOD_FIELDS)}")
@@ -200,6 +219,9 @@ class BaselineConfig:
                 raise TypeError(f"{name} must be a number, got {type(v).__name__}")
             if not math.isfinite(v):
                 raise ValueError(f"{name} must be finite, got {v}")
+            if abs(v) > _FLOAT32_MAX:
+                raise ValueError(f"{name}={v} lies outside float32's range (|v| <= "
+                                 f"{_FLOAT32_MAX:.4g}), which the training tensors use")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
         for name in ("lr", "lr_expert", "kd_temperature"):
@@ -234,6 +256,13 @@ class BaselineConfig:
         for name in ("pred_temp", "gen_ratio"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.pred_temp < MIN_TEMPERATURE:
+            raise ValueError(f"pred_temp must be >= {MIN_TEMPERATURE:g} (below, logits / τ "
+                             f"overflow float32 and the softmax is NaN), got {self.pred_temp}")
+        if not MIN_TEMPERATURE <= self.kd_temperature <= _MAX_KD_TEMPERATURE:
+            raise ValueError(f"kd_temperature must lie in [{MIN_TEMPERATURE:g}, "
+                             f"{_MAX_KD_TEMPERATURE:g}] (outside, logits / T or T² overflow "
+                             f"float32), got {self.kd_temperature}")
         if not isinstance(self.gen_adv_grad, bool):
             raise TypeError(f"gen_adv_grad must be a bool, got {type(self.gen_adv_grad).__name__}")
         if self.gen_adv_grad and self.method != "imgagn":
@@ -300,6 +329,9 @@ def _check_graphmixup(cfg: BaselineConfig) -> None:
             raise TypeError(f"{name} must be a number, got {type(v).__name__}")
         if not math.isfinite(v) or v < 0:
             raise ValueError(f"{name} must be finite and >= 0, got {v}")
+        if name != "delta_k" and v > _FLOAT32_MAX:      # loss weights: float32 tensors
+            raise ValueError(f"{name}={v} lies outside float32's range (|v| <= "
+                             f"{_FLOAT32_MAX:.4g}), which the training tensors use")
     p = cfg.pretrain_epochs
     if p is not None and (isinstance(p, bool) or not isinstance(p, int)):
         raise TypeError(f"pretrain_epochs must be an int or None, got {type(p).__name__}")

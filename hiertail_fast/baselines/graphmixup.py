@@ -50,7 +50,11 @@ from hiertail_fast.baselines.mixup_targets import (
     partition,
     raw_adjacency,
 )
-from hiertail_fast.baselines.sampling import same_class_nearest_neighbour, tail_rounds
+from hiertail_fast.baselines.sampling import (
+    check_synthetic_count,
+    same_class_nearest_neighbour,
+    tail_rounds,
+)
 from hiertail_fast.metrics import macro_f1
 
 OFFICIAL_PRETRAIN_EPOCHS = 2010
@@ -73,6 +77,7 @@ def mixup_rounds(y: torch.Tensor, train_idx: torch.Tensor, num_classes: int,
             full = max(full, 0)
         else:
             full, rest = int(up_scale), up_scale - int(up_scale)
+            check_synthetic_count(full * n_c, y.shape[0], f"up_scale={up_scale}")
         return [n_c] * full + ([int(n_c * rest)] if rest != 0 else [])
 
     return tail_rounds(y, train_idx, num_classes, im_class_num, up_scale, parts)

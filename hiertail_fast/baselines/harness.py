@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import torch
 
-from hiertail_fast._validation import check_epochs_patience
+from hiertail_fast._validation import check_epochs_patience, check_flag
 from hiertail_fast.baselines.config import BaselineConfig
 from hiertail_fast.baselines.methods import MethodContext, build_method
 from hiertail_fast.metrics import evaluate, macro_f1
@@ -49,10 +49,9 @@ def train_baseline(
     ``config`` (default ``BaselineConfig()``, Origin) picks the method; the rest of the
     arguments mean what they mean for `train_hiertail`. ``graph``: a `prepare_graph` of ``data``.
     """
-    cfg = config if config is not None else BaselineConfig()
-    if not isinstance(cfg, BaselineConfig):
-        raise TypeError(f"config must be a BaselineConfig, got {type(cfg).__name__}")
+    cfg = _check_config(config)
     epochs, patience = check_epochs_patience(epochs, patience)
+    check_flag(progress, "progress")         # as train_hiertail: "no" is truthy
     run = prepare_run(data, split, seed, device, graph)
     data, x, y, graph = run.data, run.x, run.y, run.graph
     train_idx, val_idx, test_idx, device = run.train_idx, run.val_idx, run.test_idx, run.device
@@ -108,8 +107,8 @@ def run_baseline_seeds(
     **train_kwargs,
 ) -> dict:
     """`run_seeds` for a baseline: one run per seed, the same split rules, the same summary."""
-    cfg = config if config is not None else BaselineConfig()
-    if compound_pool_bug:
+    cfg = _check_config(config)      # before cfg.method is read (a dict: AttributeError)
+    if check_flag(compound_pool_bug, "compound_pool_bug"):
         raise ValueError("compound_pool_bug only applies to HierTail's official config")
     each = run_each_seed(
         data, split, seeds,
@@ -122,3 +121,14 @@ def run_baseline_seeds(
         "config": cfg.to_dict(),
         **each,                          # seeds, split, runs, summary
     }
+
+
+def _check_config(config: Any) -> BaselineConfig:
+    """``config`` or Origin's default; a TypeError unless it is a BaselineConfig (a dict or a
+    method's name failed later with an AttributeError in `run_baseline_seeds`)."""
+    cfg = config if config is not None else BaselineConfig()
+    if not isinstance(cfg, BaselineConfig):
+        hint = (f" (use BaselineConfig(method={cfg!r}))" if isinstance(cfg, str)
+                else " (use BaselineConfig(**d))" if isinstance(cfg, dict) else "")
+        raise TypeError(f"config must be a BaselineConfig, got {type(cfg).__name__}{hint}")
+    return cfg

@@ -49,7 +49,7 @@ from torch import nn
 from hiertail_fast.baselines.config import BaselineConfig
 from hiertail_fast.baselines.layers import GraphConv, adjacency_operator
 from hiertail_fast.baselines.methods import METHODS, MethodContext, OwnArchitectureMethod
-from hiertail_fast.baselines.sampling import tail_classes
+from hiertail_fast.baselines.sampling import check_synthetic_count, tail_classes
 from hiertail_fast.graph import CSRGraph
 
 NOISE_DIM, GEN_HIDDEN = 100, 200   # official Generator
@@ -147,11 +147,14 @@ class ImGAGN(OwnArchitectureMethod):
         n_max = int(torch.bincount(y_train, minlength=ctx.num_classes).max())
         self.blocks: list[tuple[int, torch.Tensor, int]] = []     # (class, its nodes, s_c)
         gens = []
+        planned = 0
         for c in tail_classes(ctx.num_classes, cfg.im_class_num):
             nodes = train[y_train == c]
             s_c = int(cfg.gen_ratio * n_max) - nodes.numel()
             if nodes.numel() == 0 or s_c <= 0:
                 continue
+            planned += s_c
+            check_synthetic_count(planned, ctx.x.shape[0], f"gen_ratio={cfg.gen_ratio}")
             self.register_buffer(f"gen_weight_{len(gens)}", torch.zeros(s_c, nodes.numel()))
             self.blocks.append((c, nodes, s_c))
             gens.append(Generator(nodes.numel()))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from hiertail_fast._validation import MAX_NODES
 from hiertail_fast.graph import CSRGraph
 
 RULES = ("src", "smote", "recon")
@@ -30,6 +31,16 @@ def tail_classes(num_classes: int, im_class_num: int) -> list[int]:
         raise ValueError(f"im_class_num must lie in [1, num_classes={num_classes}], "
                          f"got {im_class_num}")
     return [num_classes - 1 - i for i in range(im_class_num)]
+
+
+def check_synthetic_count(count: int, num_nodes: int, what: str) -> None:
+    """ValueError naming ``what`` when ``count`` synthetic nodes on a graph of ``num_nodes``
+    nodes exceed `MAX_NODES`, the most a graph can index (an enormous ``up_scale`` /
+    ``gen_ratio`` failed deep inside a list or tensor allocation, e.g. OverflowError "cannot fit
+    'int' into an index-sized integer")."""
+    if num_nodes + count > MAX_NODES:
+        raise ValueError(f"{what} asks for {count} synthetic nodes; with the graph's "
+                         f"{num_nodes} that exceeds the {MAX_NODES} nodes a graph can hold")
 
 
 def upsample_rounds(y: torch.Tensor, train_idx: torch.Tensor, num_classes: int,
@@ -60,6 +71,7 @@ def upsample_rounds(y: torch.Tensor, train_idx: torch.Tensor, num_classes: int,
             if rule == "smote":
                 out.append(int(n_c * (avg / n_c - int(avg / n_c))))
             return out
+        check_synthetic_count(int(up_scale) * n_c, y.shape[0], f"up_scale={up_scale}")
         return [n_c] * int(up_scale) + [int(n_c * (up_scale - int(up_scale)))]
 
     return tail_rounds(y, train_idx, num_classes, im_class_num, up_scale, parts)
