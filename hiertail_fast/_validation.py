@@ -286,14 +286,17 @@ def check_epochs_patience(epochs: object, patience: object) -> tuple[int, int]:
     return int(epochs), int(patience)
 
 
-def check_seed(seed: object, name: str = "seed") -> int:
-    """A run's seed as an int in [0, SEED_MAX]: what ``torch.manual_seed`` takes ([-2**63,
-    2**64)) and the natural split's numpy generator (>= 0) both accept. numpy integers pass;
-    bool, float and str are a TypeError (1.5 and -1 failed inside numpy, naming no seed)."""
+def check_seed(seed: object, name: str = "seed", *, bounded: bool = True) -> int:
+    """A seed as an int >= 0: numpy integers pass; bool, float, str and None are a TypeError
+    (1.5 and -1 failed inside numpy naming no seed; None drew an unreproducible result).
+    ``bounded``: at most SEED_MAX, what a run's ``torch.manual_seed`` takes ([-2**63, 2**64));
+    unbounded for seeds that only reach numpy's generator (any size)."""
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(seed).__name__} {seed!r}")
-    if not 0 <= int(seed) <= SEED_MAX:
+    if bounded and not 0 <= int(seed) <= SEED_MAX:
         raise ValueError(f"{name} must lie in [0, 2**64 - 1], got {int(seed)}")
+    if int(seed) < 0:
+        raise ValueError(f"{name} must be >= 0, got {int(seed)}")
     return int(seed)
 
 

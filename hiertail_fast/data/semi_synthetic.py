@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hiertail_fast._validation import check_flag
+from hiertail_fast._validation import check_flag, check_seed
 from hiertail_fast.data.io import GraphData, relabel_by_size
 from hiertail_fast.metrics import long_tailedness_ratio
 
@@ -96,12 +96,8 @@ def semi_synthetic_long_tail(data: GraphData, *, alpha: float = 0.8, val_per_cla
     if isinstance(graph_seed, (bool, np.bool_)) or not isinstance(graph_seed, numbers.Integral):
         raise TypeError(f"graph_seed must be an int, got {type(graph_seed).__name__} "
                         f"{graph_seed!r}")
-    if isinstance(split_seed, (bool, np.bool_)) or not isinstance(split_seed, numbers.Integral):
-        raise TypeError(f"split_seed must be an int, got {type(split_seed).__name__} "
-                        f"{split_seed!r}")
-    if split_seed < 0:
-        raise ValueError(f"split_seed must be >= 0, got {split_seed}")
-    graph_seed, split_seed = int(graph_seed), int(split_seed)
+    split_seed = check_seed(split_seed, "split_seed", bounded=False)   # numpy's generator
+    graph_seed = int(graph_seed)
     # a str such as "no" was truthy and silently selected the buggy alignment
     alignment_bug = check_flag(alignment_bug, "alignment_bug")
     held_out = val_per_class + test_per_class

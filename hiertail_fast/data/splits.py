@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hiertail_fast._validation import check_dense_tensor
+from hiertail_fast._validation import check_dense_tensor, check_seed
 
 __all__ = ["natural_split", "natural_split_sizes", "user_split", "class_counts", "split_counts"]
 
@@ -67,17 +67,6 @@ def _num_classes(num_classes: Any, lab: np.ndarray) -> int:
     if c <= int(lab.max()):
         raise ValueError(f"labels go up to {int(lab.max())} but num_classes is {c}")
     return c
-
-
-def _split_seed(seed: Any) -> int:
-    """The split's seed: a non-negative int (numpy integers too; any size). None drew a fresh,
-    unreproducible split; bool, float, str, sequences and negative ints failed inside numpy
-    without naming the seed, or were silently accepted."""
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
-    if int(seed) < 0:
-        raise ValueError(f"seed must be >= 0, got {int(seed)}")
-    return int(seed)
 
 
 def natural_split_sizes(class_sizes: Any) -> np.ndarray:
@@ -126,7 +115,7 @@ def natural_split(
     lab = _labels(y)
     n = lab.shape[0]
     _num_classes(num_classes, lab)  # checked only: empty classes get no nodes
-    rng = np.random.default_rng(_split_seed(seed))
+    rng = np.random.default_rng(check_seed(seed, bounded=False))
     # group nodes by class with a random order inside each class: random permutation, then a
     # stable sort by label keeps the permutation's order within a class.
     perm = rng.permutation(n)

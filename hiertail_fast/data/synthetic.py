@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from hiertail_fast._validation import check_seed
 from hiertail_fast.data.io import GraphData
 
 __all__ = ["SyntheticGraph", "make_synthetic_graph", "zipf_class_sizes"]
@@ -223,7 +224,7 @@ def make_synthetic_graph(
         degree_exponent = _real_arg("degree_exponent", degree_exponent)
     sizes = zipf_class_sizes(n, c, head_fraction, head_mass)  # checks n >= C >= 2 first
     _check(f >= 1, f"num_features must be >= 1, got {f}")
-    _check(int(seed) >= 0, f"seed must be >= 0, got {int(seed)}")
+    seed = check_seed(seed, bounded=False)      # numpy's SeedSequence: any int >= 0
     _check(0.0 <= homophily <= 1.0, f"homophily must be in [0, 1], got {homophily}")
     _check(math.isfinite(avg_degree) and 0.0 <= avg_degree < max(n - 1, 1),
            f"avg_degree must be in [0, num_nodes - 1), got {avg_degree}")
