@@ -320,3 +320,34 @@ def test_a_corrupt_cached_run_is_retrained_and_rewritten(tmp_path, monkeypatch, 
     assert json.loads(path.read_text())["result"]["test"] == json.loads(good)["result"]["test"]
     assert second["rows"][0]["metrics"] == first["rows"][0]["metrics"]
     assert not list(path.parent.glob(".*tmp"))
+
+
+def test_a_diverging_run_is_recorded_not_retried_and_noted(tmp_path, monkeypatch):
+    """A run that diverges (TrainingDivergedError from the shared loop) stopped the whole
+    command, and a resumed command trained it again and stopped again, forever. It is now an
+    outcome: cached with its message and no result, left out of its row (one seed fewer), said
+    in the summary's notes, and not trained again."""
+    from hiertail_fast.train import TrainingDivergedError
+
+    real = runner._train
+    calls = []
+
+    def diverging(spec, *args, **kwargs):
+        calls.append(args[3])
+        if args[3] == 124:
+            raise TrainingDivergedError("origin seed=124: training diverged at epoch 3: the "
+                                        "training loss is nan; lower the learning rate")
+        return real(spec, *args, **kwargs)
+    monkeypatch.setattr(runner, "_train", diverging)
+    argv = ["main", *TINY, "--seeds", "2", "--methods", "origin", "--out", str(tmp_path)]
+    first = main(argv)
+    assert calls == [123, 124]
+    (path,) = (tmp_path / "runs" / "synthetic").glob("origin-*-s124.json")
+    saved = json.loads(path.read_text())
+    assert saved["result"] is None and "diverged at epoch 3" in saved["diverged"]
+    assert first["rows"][0]["seeds"] == [123]
+    assert any("seed 124 diverged" in note for note in first["notes"])
+    second = main(argv)                                   # resumed: nothing trained again
+    assert calls == [123, 124]
+    assert second["rows"][0]["seeds"] == [123]
+    assert any("seed 124 diverged" in note for note in second["notes"])

@@ -221,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         check_distinct("table rows", [f"{s.dataset} / {s.row}" for s in specs])
     except (ValueError, TypeError, OSError) as exc:
         parser.error(str(exc))
-    records = run_specs(specs, budget, source, ctx.cache, device=device,
+    records = run_specs(specs, budget, source, ctx.cache, device=device, notes=ctx.notes,
                         progress=not args.no_progress and not args.report_only,
                         train=not args.report_only)
     if args.report_only:

@@ -170,7 +170,8 @@ class RunCache:
             record = json.loads(p.read_text())
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             return None, f"warning: cached run {p} cannot be read ({exc}); treated as missing"
-        if not isinstance(record, dict) or not isinstance(record.get("result"), dict):
+        if not isinstance(record, dict) or not (isinstance(record.get("result"), dict)
+                                                or isinstance(record.get("diverged"), str)):
             return None, (f"warning: cached run {p} is not a run record "
                           "(corrupt); treated as missing")
         if record.get("identity") != identity:
@@ -289,9 +290,14 @@ def _train(spec: RunSpec, data, split, graph, seed: int, budget: Budget, device:
 
 def run_specs(specs: list[RunSpec], budget: Budget, source: DataSource, cache: RunCache, *,
               device: str = "cpu", progress: bool = True, log=None,
-              train: bool = True, notice=None) -> list[dict]:
+              train: bool = True, notice=None, notes: list | None = None) -> list[dict]:
     """Every (spec, seed) of the budget: the cached record, or train, record and cache it
     (``train=False``: only the cached records; the missing ones are counted in the log).
+    A run that diverges (``TrainingDivergedError``: a non-finite loss, typically a too-high lr)
+    is an outcome, cached as a record with ``diverged`` (its message) and no result, so a
+    resumed command does not train it again (it stopped every command at that run, forever);
+    it is left out of the returned records (the row counts one seed fewer) and said in the log
+    and in ``notes`` (the summary's notes).
     A cached file that is unreadable or holds a run on other data (``RunCache.lookup``) is a
     miss, said by ``notice`` (default: stdout). Returns the records in spec order, seeds in
     budget order."""
@@ -318,18 +324,33 @@ def run_specs(specs: list[RunSpec], budget: Budget, source: DataSource, cache: R
             missing.append(f"{spec.dataset} {spec.row} seed {seed}")
             continue
         if record is None:
+            from hiertail_fast.train import TrainingDivergedError
+
             data, split, graph = source.run_inputs(spec, seed)
             t0 = time.perf_counter()
-            result = _train(spec, data, split, graph, seed, budget, device)
+            try:
+                result, diverged = _train(spec, data, split, graph, seed, budget, device), None
+            except TrainingDivergedError as exc:
+                result, diverged = None, str(exc)
             record = {"identity": identity, "data_fingerprint": fingerprint, "row": spec.row,
-                      "result": result, "wall_s": time.perf_counter() - t0,
+                      "result": result, **({"diverged": diverged} if diverged else {}),
+                      "wall_s": time.perf_counter() - t0,
                       "threads": torch.get_num_threads(), **code_version(),
                       "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             cache.put(spec, identity, record)
-            t = result["test"]
-            log(f"[{i + 1}/{len(todo)}] {spec.dataset} {spec.row} seed {seed}: bAcc "
-                f"{100 * t['bacc']:.1f} Macro-F1 {100 * t['macro_f1']:.1f} | "
-                f"{result['epochs_run']} epochs, {record['wall_s']:.0f} s")
+            if result is not None:
+                t = result["test"]
+                log(f"[{i + 1}/{len(todo)}] {spec.dataset} {spec.row} seed {seed}: bAcc "
+                    f"{100 * t['bacc']:.1f} Macro-F1 {100 * t['macro_f1']:.1f} | "
+                    f"{result['epochs_run']} epochs, {record['wall_s']:.0f} s")
+        if record.get("diverged"):
+            line = f"{spec.dataset} / {spec.row} seed {seed} diverged: {record['diverged']}"
+            log(f"[{i + 1}/{len(todo)}] {line}")
+            if notes is not None:
+                notes.append(f"- {line} (left out of the row)")
+            if bar is not None:
+                bar.update(1)
+            continue
         record = dict(record, spec=spec)
         records.append(record)
         if bar is not None:
