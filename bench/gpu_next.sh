@@ -12,7 +12,9 @@
 #      official variant's exact ties between distinct rows, tests/test_tied_keys.py, the
 #      near-tie re-decision of nearest_prototype on degenerate input on the Triton backend,
 #      tests/test_nearest_prototype.py, the logit-overflow and dense-tensor checks on CUDA,
-#      tests/test_bad_inputs.py),
+#      tests/test_bad_inputs.py; session 22's relative mode of the official LSE kernels,
+#      tests/test_balanced_contrastive_loss_triton.py and tests/test_contrastive_numerics.py:
+#      do the backward's recomputed scores equal the forward's row max on the card?),
 #      2. the loss kernels' registers / spills as
 #      the image's triton compiles them (bench/kernel_resources.py found the LSE backward's
 #      fixed tile spilling ~1 KB per thread), 3. loss_profile rows at d 64 and 128, N 20k and
@@ -37,7 +39,8 @@ s tests STEPS=tests TESTS_S=90 CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTEST_ARGS="-n 1
   tests/test_balanced_contrastive_loss_positives.py tests/test_balanced_contrastive_loss.py \
   tests/test_balanced_contrastive_loss_triton.py tests/test_tied_keys.py tests/test_amp.py \
   tests/test_hardening.py tests/test_compile.py tests/test_compile_graph_ops.py \
-  tests/test_func_transforms.py tests/test_nearest_prototype.py tests/test_bad_inputs.py"
+  tests/test_func_transforms.py tests/test_nearest_prototype.py tests/test_bad_inputs.py \
+  tests/test_contrastive_numerics.py"
 s resources STEPS=resources RESOURCES_S=60
 s profile STEPS=profile PROFILE_S=300 PROFILE_ARGS="--sizes 20000:64 100000:64 20000:128 \
   100000:128 --engines auto triton triton[lean] triton[shared] triton[shared+lean] \

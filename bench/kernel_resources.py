@@ -14,12 +14,13 @@ release may allocate differently), and whether a spill-free tile is faster is fo
 memory per block, and the warps an SM could hold by those (estimate: 64K registers in 256-register
 warp granules, the arch's shared memory per SM less 1 KB per block, 2,048 threads).
 
-Kernels: the LSE forward (exact: no row max; official: NEED_MAX), the one-pass LSE backward (and
-both in the shared-keys mode of several levels), the official positives' sums and gradient
-passes; every tile of ``kernels/_utils.TUNE_TILES`` plus
-the fixed one (marked *: ``pair_blocks`` for the LSE kernels, ``GPU_TILES`` for the
-positives). fp32 inputs with 3xTF32 dots (the engine's fp32 mode on a GPU) and, with
-``--dtypes bf16``, bf16 inputs. Writes DIR/kernel_resources.{json,md} atomically.
+Kernels: the LSE forward (exact: no row max; official: NEED_MAX in the relative mode), the
+one-pass LSE backward (exact; "rel": the official variant's relative mode; and both in the
+shared-keys mode of several levels), the official positives' sums and gradient passes; every
+tile of ``kernels/_utils.TUNE_TILES`` plus the fixed one (marked *: ``pair_blocks`` for the
+LSE kernels, ``GPU_TILES`` for the positives). fp32 inputs with 3xTF32 dots (the engine's fp32
+mode on a GPU) and, with ``--dtypes bf16``, bf16 inputs. Writes DIR/kernel_resources.{json,md}
+atomically.
 """
 from __future__ import annotations
 
@@ -43,8 +44,8 @@ from hiertail_fast._files import atomic_path, unwritable_dir_reason  # noqa: E40
 # shared memory per SM (bytes) and its per-block reservation, by compute capability
 SMEM_PER_SM = {80: 167936, 86: 102400, 89: 102400, 90: 233472}
 REGS_PER_SM, REG_GRANULE, MAX_THREADS = 65536, 256, 2048
-KERNELS = ("lse fwd", "lse fwd+max", "lse bwd", "lse fwd shared", "lse bwd shared", "pos sums",
-           "pos dz")
+KERNELS = ("lse fwd", "lse fwd+max", "lse bwd", "lse bwd rel", "lse fwd shared",
+           "lse bwd shared", "pos sums", "pos dz")
 _PTR = {"fp32": "*fp32", "bf16": "*bf16"}
 
 
@@ -56,8 +57,8 @@ def _signature(kernel: str, dtype: str) -> dict:
                     stride_z="i32", scale="fp32")
     if kernel.startswith("lse bwd"):
         return dict(Z=z, LOG_W="*fp32", SHIFT="*fp32", REF="*fp32", COEF="*fp32", LSE="*fp32",
-                    GRAD="*fp32", PARTIAL="*fp32", DZ="*fp32", N="i32", N_COMMON="i32",
-                    D="i32", stride_z="i32", scale="fp32")
+                    ROWMAX="*fp32", GRAD="*fp32", PARTIAL="*fp32", DZ="*fp32", N="i32",
+                    N_COMMON="i32", D="i32", stride_z="i32", scale="fp32")
     return dict(Z=z, ORDER="*i64", LO="*i32", HI="*i32", ROWMAX="*fp32", TIE="*fp32",
                 UID="*i64", UID_MAX="*i64", COEF="*fp32", T="*fp32", Q="*fp32", DZ="*fp32",
                 N="i32", D="i32", stride_z="i32", scale="fp32", eps="fp32")
@@ -74,12 +75,14 @@ def _constexprs(kernel: str, dtype: str, d_pad: int, levels: int, tile) -> dict:
     common = dict(D_PAD=d_pad, BLOCK_M=block_m, BLOCK_N=block_n, UPCAST=False)
     shared = kernel.endswith("shared")
     if kernel.startswith("lse fwd"):
-        return dict(common, NUM_LEVELS=levels, L_PAD=l_pad, NEED_MAX=kernel.endswith("max"),
-                    DOT_PRECISION=s_dot, SHARED=shared)
+        official = kernel.endswith("max")        # the official loss's relative mode
+        return dict(common, NUM_LEVELS=levels, L_PAD=l_pad, NEED_MAX=official,
+                    DOT_PRECISION=s_dot, SHARED=shared, RELATIVE=official)
     if kernel.startswith("lse bwd"):
         return dict(common, NUM_LEVELS=levels, L_PAD=l_pad, QUERY_SIDE=True, KEY_SIDE=True,
                     ADD_PARTIAL=False, DOT_PRECISION=s_dot, GRAD_DOT_PRECISION=dot,
-                    DOT_RC=True, DOT_CR=False, SHARED=shared)
+                    DOT_RC=True, DOT_CR=False, SHARED=shared,
+                    RELATIVE=kernel.endswith("rel"))
     return dict(common, NEED_SUMS=kernel == "pos sums", NEED_DZ=kernel == "pos dz",
                 INCLUDE_SELF=True, DOT_PRECISION=s_dot,
                 GRAD_DOT_PRECISION="tf32x3" if dtype == "fp32" else "ieee")

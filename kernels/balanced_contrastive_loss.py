@@ -15,6 +15,15 @@ once and updates L running (max, sum) pairs held in [BLOCK_M, L_PAD] registers, 
 work does not grow with L; `fuse_levels=False` is the simple version (a grid axis over levels
 that recomputes the tile), kept to cross-check the fused one and for A/B timing on a GPU.
 
+Relative mode (``relative=True`` with need_max; the official loss's, 2026-11-27): the online
+sums are kept against the unweighted running max r instead of the weighted one, and the
+forward stores δ = lse − r (returned as float64 r + δ); the backward, given the rowmax, forms
+p = e^{(s − r) + (log w − δ)}. The arg-max's own term is then exactly w_a e^{−δ}, as in a dense
+computation that subtracts the max first: the official gradient cancels it against 1, and one
+fp32 lse of |s|'s size left ~|s| 2⁻²⁵ of it standing (28x the tests' rule at 31 rows, B =
+1,024; ``bench/official_small_n.py``). The log-weights are shifted by each level's largest
+(SHIFT) so every term is <= 1.
+
 Shared-keys mode (``n_common``, opt-in, untimed on a GPU: $HIERTAIL_TRITON_SHARED_LEVELS=1 in
 the loss): the fused loop above still pays one exp per entry PER LEVEL. When the first
 n_common keys are visible in every level (the multi-level loss's embedding rows; only the
@@ -108,10 +117,17 @@ def _balanced_contrastive_loss_fwd_kernel(
     NUM_LEVELS: tl.constexpr, L_PAD: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NEED_MAX: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    SHARED: tl.constexpr,
+    SHARED: tl.constexpr, RELATIVE: tl.constexpr,
 ):
     # grid = (cdiv(N, BLOCK_M), L // NUM_LEVELS): this program owns rows offs_m for levels
     # level0 .. level0 + NUM_LEVELS - 1 (NUM_LEVELS = L when fused, 1 when not).
+    # RELATIVE (with NEED_MAX, not SHARED): the running sum is kept against the UNWEIGHTED
+    # running max r (the official variant's M_i) and the kernel stores δ = lse - r, not lse:
+    # l = Σ_k e^{(s_ik - r) + (log w_k - c_l)}, δ = c_l + log l (c_l = SHIFT[l], the level's
+    # largest finite log-weight, so every term is <= 1). The arg-max's own term is then exactly
+    # e^{log w_a - c_l} (s - r = 0 on the same fp32 score), and δ has the size of log N, not of
+    # |s|: one fp32 lse rounds to ~|s| 2^-24, which the official gradient's cancellation of
+    # the arg-max term against p_ia ~ 1 exposed at small N (bench/official_small_n.py).
     level0 = tl.program_id(1).to(tl.int64) * NUM_LEVELS
     offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_valid = offs_m < N
@@ -163,27 +179,51 @@ def _balanced_contrastive_loss_fwd_kernel(
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
         for j in tl.static_range(NUM_LEVELS):
             lw = tl.load(LOG_W + (level0 + j) * N + offs_n, mask=n_valid, other=float("-inf"))
-            t = s + lw[None, :]
             sel = (cols == j)[None, :]
-            m_old = tl.max(tl.where(sel, m_run, float("-inf")), 1)
-            l_old = tl.sum(tl.where(sel, l_run, 0.0), 1)
-            m_new = tl.maximum(m_old, tl.max(t, 1))
-            # reference point: 0 while the row has seen no visible key (avoids −inf − −inf)
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-            l_new = l_old * tl.exp(m_old - m_ref) + tl.sum(tl.exp(t - m_ref[:, None]), 1)
-            m_run = tl.where(sel, m_new[:, None], m_run)
-            l_run = tl.where(sel, l_new[:, None], l_run)
-            if NEED_MAX:
-                # unweighted max over visible keys; ties -> lowest index (strict > across tiles)
+            if RELATIVE:
+                c_j = tl.load(SHIFT + level0 + j)
                 sv = tl.where((lw > float("-inf"))[None, :], s, float("-inf"))
                 tile_max = tl.max(sv, 1)
                 tile_arg = tl.min(tl.where(sv == tile_max[:, None], offs_n[None, :], N), 1)
                 r_old = tl.max(tl.where(sel, rmax, float("-inf")), 1)
-                better = sel & (tile_max > r_old)[:, None]
+                l_old = tl.sum(tl.where(sel, l_run, 0.0), 1)
+                r_new = tl.maximum(r_old, tile_max)
+                # reference point: 0 while the row has seen no visible key (l_old = 0 then)
+                r_ref = tl.where(r_new == float("-inf"), 0.0, r_new)
+                e = tl.exp((s - r_ref[:, None]) + (lw - c_j)[None, :])
+                l_new = l_old * tl.exp(r_old - r_ref) + tl.sum(e, 1)
+                l_run = tl.where(sel, l_new[:, None], l_run)
+                better = sel & (tile_max > r_old)[:, None]          # ties -> lowest index
                 rmax = tl.where(better, tile_max[:, None], rmax)
                 ridx = tl.where(better, tile_arg[:, None], ridx)
+            else:
+                t = s + lw[None, :]
+                m_old = tl.max(tl.where(sel, m_run, float("-inf")), 1)
+                l_old = tl.sum(tl.where(sel, l_run, 0.0), 1)
+                m_new = tl.maximum(m_old, tl.max(t, 1))
+                # reference point: 0 while the row has seen no visible key (avoids −inf − −inf)
+                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+                l_new = l_old * tl.exp(m_old - m_ref) + tl.sum(tl.exp(t - m_ref[:, None]), 1)
+                m_run = tl.where(sel, m_new[:, None], m_run)
+                l_run = tl.where(sel, l_new[:, None], l_run)
+                if NEED_MAX:
+                    # unweighted max over visible keys; ties -> lowest index (strict > across
+                    # tiles)
+                    sv = tl.where((lw > float("-inf"))[None, :], s, float("-inf"))
+                    tile_max = tl.max(sv, 1)
+                    tile_arg = tl.min(tl.where(sv == tile_max[:, None], offs_n[None, :], N), 1)
+                    r_old = tl.max(tl.where(sel, rmax, float("-inf")), 1)
+                    better = sel & (tile_max > r_old)[:, None]
+                    rmax = tl.where(better, tile_max[:, None], rmax)
+                    ridx = tl.where(better, tile_arg[:, None], ridx)
     # l_run = 0 exactly when the row saw no visible key (m_run = −inf)
-    lse = tl.where(l_run > 0, m_run + tl.log(tl.where(l_run > 0, l_run, 1.0)), float("-inf"))
+    if RELATIVE:      # δ = lse - rowmax (see the top of the kernel)
+        c_all = tl.load(SHIFT + level0 + cols, mask=cols < NUM_LEVELS, other=0.0)
+        lse = tl.where(l_run > 0, c_all[None, :] + tl.log(tl.where(l_run > 0, l_run, 1.0)),
+                       float("-inf"))
+    else:
+        lse = tl.where(l_run > 0, m_run + tl.log(tl.where(l_run > 0, l_run, 1.0)),
+                       float("-inf"))
     if SHARED:
         # lse = m + δ stored as the pair (CMAX = m, LSE = δ): δ has the magnitude of log N, not
         # of |s|, so the backward recomputes p to fp32 precision at |s| ~ 1e5 (a single fp32
@@ -210,13 +250,13 @@ def _balanced_contrastive_loss_fwd_kernel(
 
 @triton.jit
 def _balanced_contrastive_loss_bwd_kernel(
-    Z, LOG_W, SHIFT, REF, COEF, LSE, GRAD, PARTIAL, DZ,
+    Z, LOG_W, SHIFT, REF, COEF, LSE, ROWMAX, GRAD, PARTIAL, DZ,
     N, N_COMMON, D, stride_z, scale,
     NUM_LEVELS: tl.constexpr, L_PAD: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     QUERY_SIDE: tl.constexpr, KEY_SIDE: tl.constexpr, ADD_PARTIAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr, GRAD_DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    DOT_RC: tl.constexpr, DOT_CR: tl.constexpr, SHARED: tl.constexpr,
+    DOT_RC: tl.constexpr, DOT_CR: tl.constexpr, SHARED: tl.constexpr, RELATIVE: tl.constexpr,
 ):
     # One program per block of rows r; it loops over all column tiles c and accumulates
     #   dz_r = scale · Σ_c W_rc z_c,
@@ -227,6 +267,9 @@ def _balanced_contrastive_loss_bwd_kernel(
     # side recomputes s_cr = (Z_c·Z_rᵀ)ᵀ in the orientation the forward used for rows c, so
     # p_lcr is consistent with lse[l, c] even where a dot is not bitwise symmetric (numpy
     # under the interpreter: measured 6x larger dz error at |s| ~ 1e5 without it).
+    # RELATIVE: LSE holds the forward's δ = lse - r and ROWMAX its r (0 on dead rows), and
+    # p = e^{(s - r) + (log w - δ)}: the arg-max's p is e^{log w_a - δ} to fp32 precision
+    # (the same fp32 score as the forward's r), not rounded through an fp32 lse of |s|'s size.
     offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_valid = offs_m < N
     offs_d = tl.arange(0, D_PAD)
@@ -245,6 +288,8 @@ def _balanced_contrastive_loss_bwd_kernel(
     g_r = tl.where(lse_r > float("-inf"), g_r, 0.0)
     lse_r = tl.where(lse_r > float("-inf"), lse_r, float("inf"))
     lw_r = tl.load(LOG_W + lvl, mask=lvl_mask, other=float("-inf"))
+    if RELATIVE:
+        ref_rows = tl.load(ROWMAX + lvl, mask=lvl_mask, other=0.0)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
     tail = 0
     if SHARED:
@@ -307,14 +352,24 @@ def _balanced_contrastive_loss_bwd_kernel(
                 lw_c = tl.load(LOG_W + col, mask=n_valid, other=float("-inf"))
                 lse_j = tl.max(tl.where(sel, lse_r, float("-inf")), 1)
                 g_j = tl.sum(tl.where(sel, g_r, 0.0), 1)
-                w += g_j[:, None] * tl.exp(s_rc + lw_c[None, :] - lse_j[:, None])
+                if RELATIVE:
+                    r_j = tl.sum(tl.where(sel, ref_rows, 0.0), 1)
+                    w += g_j[:, None] * tl.exp((s_rc - r_j[:, None])
+                                               + (lw_c[None, :] - lse_j[:, None]))
+                else:
+                    w += g_j[:, None] * tl.exp(s_rc + lw_c[None, :] - lse_j[:, None])
             if KEY_SIDE:  # tile columns as queries, rows as keys
                 lse_c = tl.load(LSE + col, mask=n_valid, other=float("-inf"))
                 g_c = tl.load(GRAD + col, mask=n_valid, other=0.0)
                 g_c = tl.where(lse_c > float("-inf"), g_c, 0.0)
                 lse_c = tl.where(lse_c > float("-inf"), lse_c, float("inf"))
                 lw_j = tl.max(tl.where(sel, lw_r, float("-inf")), 1)
-                w += g_c[None, :] * tl.exp(s_cr + lw_j[:, None] - lse_c[None, :])
+                if RELATIVE:
+                    r_c = tl.load(ROWMAX + col, mask=n_valid, other=0.0)
+                    w += g_c[None, :] * tl.exp((s_cr - r_c[None, :])
+                                               + (lw_j[:, None] - lse_c[None, :]))
+                else:
+                    w += g_c[None, :] * tl.exp(s_cr + lw_j[:, None] - lse_c[None, :])
         # W stays fp32 (it can be ~1e-10 when g ~ 1/N: an fp16 cast would flush it to zero)
         acc = tl.dot(w, k.to(tl.float32), acc, input_precision=GRAD_DOT_PRECISION)
     acc = acc * scale
@@ -358,8 +413,9 @@ def _precisions(dtype: torch.dtype, on_cuda: bool, fp32_dot: str = "ieee"
 # compile-time mode (the keys); the chosen config is reused by every later call with that key.
 _TUNED: dict[str, object] = {}
 _TUNE_KEYS = {
-    "fwd": ["N", "D", "NUM_LEVELS", "NEED_MAX", "DOT_PRECISION", "SHARED"],
-    "bwd": ["N", "D", "NUM_LEVELS", "QUERY_SIDE", "KEY_SIDE", "DOT_PRECISION", "SHARED"],
+    "fwd": ["N", "D", "NUM_LEVELS", "NEED_MAX", "DOT_PRECISION", "SHARED", "RELATIVE"],
+    "bwd": ["N", "D", "NUM_LEVELS", "QUERY_SIDE", "KEY_SIDE", "DOT_PRECISION", "SHARED",
+            "RELATIVE"],
 }
 
 
@@ -407,6 +463,24 @@ def _shared_shift(log_w: torch.Tensor, n_common: int) -> torch.Tensor | None:
     return head.max(dim=1).values.contiguous()
 
 
+def _level_shift(log_w: torch.Tensor) -> torch.Tensor:
+    """[L] fp32 c_l = the largest finite log-weight of level l (0 for a level with none), the
+    relative mode's shift: its terms e^{(s - r) + (log w - c)} are then <= 1 (no host sync)."""
+    finite = torch.isfinite(log_w)
+    top = torch.where(finite, log_w, torch.full_like(log_w, -math.inf)).amax(dim=1)
+    return torch.where(torch.isfinite(top), top, torch.zeros_like(top)).contiguous()
+
+
+def _relative_pair(lse: torch.Tensor, rowmax: torch.Tensor):
+    """(δ = lse - rowmax [L, N] fp32, −inf on dead rows; reference r = rowmax, 0 on dead rows)
+    of the backward's relative mode, formed in float64 from the forward's rowmax + δ."""
+    lse64, r64 = lse.double(), rowmax.double()
+    live = torch.isfinite(lse64) & torch.isfinite(r64)
+    delta = torch.where(live, lse64 - r64, torch.full_like(lse64, -math.inf))
+    ref = torch.where(live, r64, torch.zeros_like(r64))
+    return delta.float().contiguous(), ref.float().contiguous()
+
+
 def _shared_coefficients(lse: torch.Tensor, grad_lse: torch.Tensor, shift: torch.Tensor):
     """(R [N] fp32, a [L, N] fp32) of the backward's shared-keys tiles: R_r = min over the
     row's live levels of lse - c (an fp32 reference, 0 for a dead row), a = g e^{R + c - lse}
@@ -425,7 +499,7 @@ def _shared_coefficients(lse: torch.Tensor, grad_lse: torch.Tensor, shift: torch
 def lse_forward(
     z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool, *,
     fuse_levels: bool = True, fp32_dot: str | None = None, autotune: bool | None = None,
-    n_common: int = 0,
+    n_common: int = 0, relative: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Weighted log-sum-exp of scale·Z·Zᵀ for every level, without storing N×N.
 
@@ -443,13 +517,21 @@ def lse_forward(
         n_common: the first n_common keys are visible in every level (checked): their tiles
             take ONE exp per entry for all levels instead of one per level (the shared-keys
             mode, see the kernel; the multi-level loss's embedding rows come first). 0: off.
+        relative: (needs need_max, not n_common) sum against the unweighted row max and
+            return lse as float64 rowmax + δ, δ = lse - rowmax to fp32 precision of δ (the
+            size of log N) instead of an fp32 lse (rounded to ~|s| 2^-24): the official
+            variant's precision (its gradient cancels p at the arg-max against 1). Pass lse
+            and rowmax to `lse_backward`.
     Returns:
-        lse [L, N] fp32 (float64 with n_common: m + δ to fp32 precision of δ; pass it as
+        lse [L, N] fp32 (float64 with n_common: m + δ to fp32 precision of δ; with
+        relative: rowmax + δ; pass it as
         is to `lse_backward`) (−inf for a row with no visible key), rowmax [L, N] fp32 =
         max_{k visible} scale·z_i·z_k (−inf if none) and argmax [L, N] int64 (lowest index
         among ties, 0 if none) when need_max, else None, None.
     """
     num_levels, n, d = _check(z, log_w)
+    if relative and (not need_max or n_common):
+        raise ValueError("relative=True needs need_max=True and n_common=0")
     s_prec, _, upcast = _precisions(z.dtype, z.is_cuda, fp32_dot_precision(fp32_dot))
     tune = _use_autotune(z, autotune)
     z = z.contiguous()
@@ -462,16 +544,20 @@ def lse_forward(
     d_pad = feature_block(d)
     per_program = num_levels if fuse_levels else 1
     shift = _shared_shift(log_w, n_common)
-    cmax = torch.empty(n, dtype=torch.float32, device=z.device) if shift is not None else lse
+    if relative:
+        shift = _level_shift(log_w)
+    cmax = torch.empty(n, dtype=torch.float32, device=z.device) if n_common else lse
     args = (z, log_w, lse if shift is None else shift, lse, cmax, rowmax if need_max else lse,
             argmax if need_max else lse, n, n_common, d, z.stride(0), float(scale))
     meta = dict(NUM_LEVELS=per_program, L_PAD=max(2, triton.next_power_of_2(per_program)),
                 D_PAD=d_pad, NEED_MAX=bool(need_max), DOT_PRECISION=s_prec, UPCAST=upcast,
-                SHARED=shift is not None)
+                SHARED=bool(n_common), RELATIVE=bool(relative))
     _launch("fwd", n, num_levels // per_program, pair_blocks(n, d_pad, z.is_cuda), tune, args,
             meta)
-    if shift is not None:           # the kernel wrote (m, δ): lse = m + δ, kept in float64
+    if n_common:                    # the kernel wrote (m, δ): lse = m + δ, kept in float64
         lse = cmax.double()[None, :] + lse.double()
+    elif relative:                  # the kernel wrote δ = lse - rowmax
+        lse = rowmax.double() + lse.double()
     return lse, rowmax, argmax
 
 
@@ -479,6 +565,7 @@ def lse_backward(
     z: torch.Tensor, log_w: torch.Tensor, lse: torch.Tensor, grad_lse: torch.Tensor,
     scale: float, *, two_pass: bool = False, out_dtype: torch.dtype | None = None,
     fp32_dot: str | None = None, autotune: bool | None = None, n_common: int = 0,
+    rowmax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Gradient of Σ_{l,i} grad_lse[l,i]·lse[l,i] with respect to z (both sides of s = Z·Zᵀ).
 
@@ -492,11 +579,19 @@ def lse_backward(
             can cancel) are added.
         fp32_dot, autotune, n_common: as in `lse_forward` (use the forward's fp32_dot: the
             one-pass backward relies on recomputing the forward's scores exactly).
+        rowmax: the forward's rowmax with ``relative=True`` (and its float64 lse): p is formed
+            as e^{(s - rowmax) + (log w - δ)}, δ = lse - rowmax, to fp32 precision of δ
+            (not with n_common).
     Returns:
         dz [N, d] in out_dtype (fp32 accumulation), deterministic run to run.
     """
     num_levels, n, d = _check(z, log_w)
-    for name, t in (("lse", lse), ("grad_lse", grad_lse)):
+    named = [("lse", lse), ("grad_lse", grad_lse)]
+    if rowmax is not None:
+        if n_common:
+            raise ValueError("rowmax (the relative mode) cannot be combined with n_common")
+        named.append(("rowmax", rowmax))
+    for name, t in named:
         if t.shape != log_w.shape:
             raise ValueError(f"{name} must have shape {tuple(log_w.shape)}, got {tuple(t.shape)}")
     s_prec, w_prec, upcast = _precisions(z.dtype, z.is_cuda, fp32_dot_precision(fp32_dot))
@@ -508,14 +603,17 @@ def lse_backward(
         return dz
     shift = _shared_shift(log_w, n_common)
     ref, coef = _shared_coefficients(lse, grad_lse, shift) if shift is not None else (dz, dz)
-    lse = lse.to(torch.float32).contiguous()
+    if rowmax is not None:
+        lse, rmax_ref = _relative_pair(lse, rowmax)
+    else:
+        lse, rmax_ref = lse.to(torch.float32).contiguous(), dz
     grad_lse = grad_lse.to(torch.float32).contiguous()
     d_pad = feature_block(d)
     tiles = pair_blocks(n, d_pad, z.is_cuda)
     common = dict(
         NUM_LEVELS=num_levels, L_PAD=max(2, triton.next_power_of_2(num_levels)), D_PAD=d_pad,
         DOT_PRECISION=s_prec, GRAD_DOT_PRECISION=w_prec, UPCAST=upcast,
-        SHARED=shift is not None,
+        SHARED=shift is not None, RELATIVE=rowmax is not None,
     )
     # see DOT_CR in the kernel: the interpreter's numpy dot is not bitwise symmetric; on a
     # GPU each element of tl.dot accumulates the same products over k in the same order, so
@@ -523,7 +621,7 @@ def lse_backward(
     redot = not z.is_cuda
     if redot and tiles[0] != tiles[1]:
         raise AssertionError("DOT_CR needs square tiles to reproduce the forward's dots")
-    args = (z, log_w, lse if shift is None else shift, ref, coef, lse, grad_lse)
+    args = (z, log_w, lse if shift is None else shift, ref, coef, lse, rmax_ref, grad_lse)
     tail = (n, n_common, d, z.stride(0), float(scale))
     if not two_pass:
         _launch("bwd", n, 1, tiles, tune, (*args, dz, dz, *tail), dict(

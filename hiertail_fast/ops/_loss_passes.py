@@ -49,14 +49,16 @@ def positive_terms(triton_pos: bool, backend, zc, z_in, lv: Levels, lev: int, rm
     return _triton_loss.positive_pairs(zc, *args, need_sums=need_sums, fp32_dot="ieee")
 
 
-def lse_backward(mod, z_in, log_w, lse, grad_lse, scale, fp32_dot=None, n_common=0):
+def lse_backward(mod, z_in, log_w, lse, grad_lse, scale, fp32_dot=None, n_common=0,
+                 rowmax=None):
     """The engine's LSE gradient, in fp32 for the Triton kernels (16-bit inputs: not rounded to
     16 bits before the positive-pair part, which it can cancel, is added) with the forward's
-    fp32 dot and shared-keys prefix."""
+    fp32 dot, shared-keys prefix and (official variant) row max: the kernels' relative mode,
+    ``_triton_loss.lse_forward``."""
     if mod is _lse_torch or mod is _attention_lse:
         return mod.lse_backward(z_in, log_w, lse, grad_lse, scale)
     return mod.lse_backward(z_in, log_w, lse, grad_lse, scale, out_dtype=torch.float32,
-                            fp32_dot=fp32_dot, n_common=n_common)
+                            fp32_dot=fp32_dot, n_common=n_common, rowmax=rowmax)
 
 
 def block_positives(zc, lv: Levels, include_self: bool, coef, scale: float):

@@ -28,7 +28,6 @@ inside fp32's test tolerance (1e-4): exact 2,048 (18x inside), official 1,024 (2
 from __future__ import annotations
 
 import importlib
-import math
 import os
 
 import torch
@@ -36,34 +35,21 @@ import torch
 from hiertail_fast.ops._attention_lse import LogitBound
 
 TF32X3_MAX_LOGIT = {"exact": 2048.0, "official": 1024.0}
-# The kernels keep LSE in fp32 whatever the dot: an absolute error of ~ulp(|lse|) / 2 in every
-# p_ik = exp(s_ik + log w_k - lse_i), relative ~B 2^-25. The exact variant's fp32 reference has
-# the same (the tests' rule passed at B ~ 3e4). The official gradient cancels the arg-max term
-# against p_argmax ~ 1, where the reference works on s - M (small) and cancels exactly: with
-# fp32 inputs the Triton engine failed the tests' rule (error 1.5-15x the bound) from B ~ 1.2e4
-# and passed at 6.1e3 (Triton interpreter, N = 203, d = 8, tau 0.01, every reduction;
-# tests/test_balanced_contrastive_loss.py::test_reduction_none_at_large_logits, a fuzzing
-# find). Above this limit an fp32 official call on the Triton engine runs our torch engine
-# (exact at any B), as the attention kernels' guard does; bf16 inputs passed at B ~ 1.2e5.
-FP32_LSE_MAX_LOGIT = {"exact": float("inf"), "official": 4096.0}
-# The same fp32 LSE serves 16-bit rows (exact products, fp32 accumulation), and its error in
-# the official variant grows with B as for fp32 rows (abs. gradient error ~ the same at a given
-# B), while the tolerances are 10x (fp16) and 100x (bf16) fp32's. The guard was missing for
-# them (a fuzzing find: fp16 rows at B ~ 1.3e7 gave an official loss 3.6 % off, 0.485 on 13.6;
-# bf16 at 2.6e5 a gradient 4.5 % off). Measured with the guard off (python
-# bench/attention_guard.py --engines triton torch --dtype {float16,bfloat16} --n 300 --d 16
-# --bounds 1024 4096 16384 65536 262144 1048576 4194304; Triton interpreter, 2026-11-27,
-# docs/results/triton_lse_guard_*.json), official variant, Triton / torch engine, max-norm
-# relative gradient error: fp16 relu 3.5e-4 / 3.5e-4 at 16,384, 6.2e-4 / 4.3e-4 at 65,536,
-# 8.1e-3 / 2.2e-3 at 262,144; fp16 randn 3.3e-4 / 3.0e-4 at 4,096, 1.7e-2 / 2.8e-4 at 16,384;
-# bf16 relu 1.1e-3 / 1.1e-3 at 65,536, 4.5e-2 / 2.8e-3 at 262,144; bf16 randn 1.6e-3 / 1.6e-3
-# at 16,384, 1.09 / 3.5e-3 at 65,536 (a gradient of 1.4e-4: every positive clamped). Limit:
-# the largest measured bound with both regimes within 2.5x the dtype's rtol (1e-3, 1e-2), the
-# margin fp32's 4,096 has by the same measure (randn 2.5e-4). The exact variant's 16-bit
-# errors equal the torch engine's at every bound measured (to 4.2e6): no limit.
-LSE_MAX_LOGIT = {torch.float32: FP32_LSE_MAX_LOGIT,
-                 torch.float16: {"exact": float("inf"), "official": 4096.0},
-                 torch.bfloat16: {"exact": float("inf"), "official": 16384.0}}
+# No limit on the logits for the kernels' LSE (2026-11-27, session 22). The kernels used to
+# keep the official variant's LSE as one fp32 number of |s|'s size (rounded to ~B 2^-25), and
+# its gradient cancels the arg-max term against p_argmax ~ 1, where the reference works on
+# s - M (small) and cancels exactly: above 4,096 (fp32, fp16) / 16,384 (bf16) official calls
+# went to our torch engine, and even inside those limits small problems missed the tests'
+# rule (N = 31, B = 1,024: 28x; bench/official_small_n.py). The official calls now run the
+# kernels' relative mode (``lse_forward`` below): sums against the unweighted row max, lse
+# returned as rowmax + δ with δ to fp32 precision of log N. Measured after the change
+# (``python bench/attention_guard.py --engines triton torch --dtype {float32,float16,
+# bfloat16} --n 300 --d 16 --bounds 4096 16384 65536 262144 1048576``, Triton interpreter,
+# official variant): the Triton gradient and value errors equal the torch engine's at every
+# bound and dtype (fp32 relu 2.3e-4 / 2.4e-4 at 65,536, where the old kernels gave 4.3e-3;
+# values 1e-8 where they were 1e-5), and official_small_n's worst error / rule went from
+# 2.9 / 28 to 0.24 / 0.70 at B = 256 / 1,024 (N = 31). The shared-keys mode keeps the old
+# (m, δ) pair, so the loss uses it for the exact variant only.
 FP32_DOT_ENV = "HIERTAIL_TRITON_FP32_DOT"     # the same name as kernels/_utils.FP32_DOT_ENV
 
 
@@ -77,16 +63,6 @@ def tf32x3_precise(z: torch.Tensor, scale: float, variant: str,
     """Whether 3xTF32 dots keep this call's error inside fp32's tolerances (B <= limit; B from
     the call's shared ``LogitBound`` if given)."""
     return (bound or LogitBound(z, scale)).value <= TF32X3_MAX_LOGIT[variant]
-
-
-def lse_precise(z: torch.Tensor, scale: float, variant: str,
-                bound: LogitBound | None = None) -> bool:
-    """Whether the kernels' fp32 LSE is precise enough for this call: logits not over
-    LSE_MAX_LOGIT[z.dtype][variant] (the bound is computed only where that limit is finite)."""
-    limit = LSE_MAX_LOGIT.get(z.dtype, {}).get(variant, float("inf"))
-    if math.isinf(limit):
-        return True
-    return (bound or LogitBound(z, scale)).value <= limit
 
 
 def tf32_cores(device: torch.device) -> bool:
@@ -127,17 +103,26 @@ def shared_levels() -> bool:
 
 
 def lse_forward(z, log_w, scale, need_max, *, fp32_dot: str | None = None, n_common: int = 0):
+    """The kernels' forward; with need_max (the official variant) and no shared-keys prefix in
+    the relative mode: lse comes back as float64 rowmax + δ with δ = lse - rowmax to fp32
+    precision of δ, so the official gradient's cancellation at the arg-max is not swamped by an
+    fp32 lse's rounding (~|s| 2^-24; at small N it was up to 28x the tests' rule,
+    bench/official_small_n.py). The backward then takes the rowmax (``lse_backward``)."""
+    relative = bool(need_max) and not n_common
     return _kernels().lse_forward(z, log_w, scale, need_max, fp32_dot=fp32_dot,
-                                  n_common=n_common)
+                                  n_common=n_common, relative=relative)
 
 
 def lse_backward(z, log_w, lse, grad_lse, scale, *, fp32_dot: str | None = None,
-                 out_dtype: torch.dtype | None = None, n_common: int = 0):
+                 out_dtype: torch.dtype | None = None, n_common: int = 0,
+                 rowmax: torch.Tensor | None = None):
     """The kernels' backward with the forward's `fp32_dot` (its one-pass kernel recomputes the
-    forward's scores and relies on getting the same ones) and shared-keys prefix."""
+    forward's scores and relies on getting the same ones) and shared-keys prefix; `rowmax`:
+    the forward's, when it ran the relative mode (``lse_forward``; None otherwise)."""
     return _kernels().lse_backward(z, log_w, lse, grad_lse, scale, fp32_dot=fp32_dot,
-                                   out_dtype=out_dtype, n_common=n_common)
+                                   out_dtype=out_dtype, n_common=n_common,
+                                   rowmax=None if n_common else rowmax)
 
 
-__all__ = ["FP32_LSE_MAX_LOGIT", "TF32X3_MAX_LOGIT", "fp32_dot", "lse_backward", "lse_forward",
-           "lse_precise", "positive_pairs", "shared_levels", "tf32_cores", "tf32x3_precise"]
+__all__ = ["TF32X3_MAX_LOGIT", "fp32_dot", "lse_backward", "lse_forward", "positive_pairs",
+           "shared_levels", "tf32_cores", "tf32x3_precise"]

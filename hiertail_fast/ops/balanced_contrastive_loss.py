@@ -118,9 +118,10 @@ class BalancedContrastiveFunction(torch.autograd.Function):
                 kw["fp32_dot"] = fp32_dot
             # several levels on the Triton kernels: the embedding rows, visible in every
             # level, take one exp per entry for all levels when
-            # $HIERTAIL_TRITON_SHARED_LEVELS asks
+            # $HIERTAIL_TRITON_SHARED_LEVELS asks (exact variant: the official one runs the
+            # kernels' relative mode, which that mode does not have; _triton_loss)
             n_common = (lv.n_common if backend == "triton" and lv.log_w.shape[0] > 1
-                        and _triton_loss.shared_levels() else 0)
+                        and _triton_loss.shared_levels() and not official else 0)
             if n_common:
                 kw["n_common"] = n_common
             if symmetric:
@@ -196,7 +197,7 @@ class BalancedContrastiveFunction(torch.autograd.Function):
             a = lse - rmax
             r = torch.exp(a - torch.logaddexp(a, log_eps_w))
             dz = lse_backward(mod, z_in, log_w, lse, (g * r).to(log_w.dtype), scale,
-                               ctx.fp32_dot, ctx.n_common)
+                               ctx.fp32_dot, ctx.n_common, rowmax=rmax)
             dz = dz.to(zc.dtype)
             for lev in range(lse.shape[0]):
                 dz += positive_terms(ctx.triton_pos, ctx.backend, zc, z_in, lv, lev, rmax,
@@ -217,9 +218,9 @@ def settle_engine(z_all: torch.Tensor, scale: float, variant: str, n_levels: int
     """(engine, Triton fp32 dot or None) of one loss call on the rows z_all (with any
     prototypes), settled from the logits' bound (one shared ``LogitBound``, computed only if a
     rule asks): an automatic choice refined for CUDA (``refine_loss_backend``); the attention
-    engine's precision guard (``_attention_lse.max_logit``, per variant and dtype), our own
-    engine where the logits are too large for its fp32 LSE; the same for the Triton engine's
-    fp32 LSE (``_triton_loss.lse_precise``), else its fp32 dot (``_triton_loss.fp32_dot``).
+    engine's precision guard (``_attention_lse.within_precision``: per variant and dtype, and
+    the official variant's fewest rows), our own engine where its fp32 LSE is not precise
+    enough; the Triton engine's fp32 dot (``_triton_loss.fp32_dot``).
     bench/_gpu_checks.py labels its "auto" rows with it."""
     bound = bound or _attention_lse.LogitBound(z_all, scale)
     if automatic:
@@ -227,8 +228,6 @@ def settle_engine(z_all: torch.Tensor, scale: float, variant: str, n_levels: int
     if backend == "attention" and not _attention_lse.within_precision(z_all, scale, variant,
                                                                       bound):
         backend = own_engine(z_all.device)
-    if backend == "triton" and not _triton_loss.lse_precise(z_all, scale, variant, bound):
-        backend = own_engine(z_all.device)              # the same for the Triton kernels' LSE
     fp32_dot = (_triton_loss.fp32_dot(z_all, scale, variant, bound) if backend == "triton"
                 else None)
     return backend, fp32_dot
