@@ -20,8 +20,8 @@ the true gradient is ~0 and only the absolute error (also reported) means anythi
 inputs (the bf16 path's own error; on CUDA flash attention with the folded bias).
 ``triton[tf32x3]`` forces the Triton kernels' 3xTF32 dots ($HIERTAIL_TRITON_FP32_DOT), whose
 limit is ``ops/_triton_loss.TF32X3_MAX_LOGIT``. ``triton`` runs the Triton kernels with their
-own dot (on a machine without CUDA through the interpreter: numpy fp32 dots, so keep --n small)
-with the guard of their fp32 LSE switched off too (``ops/_triton_loss.LSE_MAX_LOGIT``):
+own dot (on a machine without CUDA through the interpreter: numpy fp32 dots, so keep --n small;
+their LSE has no guard since its relative mode, ``ops/_triton_loss``):
 
     python bench/attention_guard.py --engines triton torch --dtype float16 --n 300 --d 16 \
         --bounds 1024 16384 131072 1048576
@@ -89,11 +89,10 @@ def main(argv=None) -> int:
         parser.error("triton[tf32x3] needs CUDA (the interpreter's dots are numpy fp32)")
     dtype = DTYPES[args.dtype]
     real_guard, real_bf16 = attn.MAX_LOGIT, attn.MAX_LOGIT_BF16
-    real_lse = _triton_loss.LSE_MAX_LOGIT
     attn.MAX_LOGIT = dict.fromkeys(real_guard, float("inf"))   # every call on the kernels
     attn.MAX_LOGIT_BF16 = dict.fromkeys(real_bf16, float("inf"))
-    _triton_loss.LSE_MAX_LOGIT = {dt: dict.fromkeys(lim, float("inf"))
-                                  for dt, lim in real_lse.items()}
+    real_rows = attn.OFFICIAL_LOGIT_PER_ROW
+    attn.OFFICIAL_LOGIT_PER_ROW = float("inf")
     rows = []
     load_start = gc.load_average()
     try:
@@ -113,12 +112,12 @@ def main(argv=None) -> int:
                               flush=True)
     finally:
         attn.MAX_LOGIT, attn.MAX_LOGIT_BF16 = real_guard, real_bf16
-        _triton_loss.LSE_MAX_LOGIT = real_lse
+        attn.OFFICIAL_LOGIT_PER_ROW = real_rows
     meta = dict(device=device_name(), torch=torch.__version__, n=args.n, d=args.d, tau=TAU,
                 dtype=args.dtype, guard_in_library=real_guard, guard_bf16=real_bf16,
                 load_average_start=load_start, load_average_end=gc.load_average(),
                 tf32x3_limit=_triton_loss.TF32X3_MAX_LOGIT,
-                triton_lse_limit={str(dt): lim for dt, lim in real_lse.items()})
+                official_logit_per_row=real_rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, json.dumps(dict(meta=meta, rows=rows), indent=1))
     print(f"wrote {args.out}")

@@ -219,6 +219,33 @@ def test_guard_depends_on_the_variant(monkeypatch):
             torch.testing.assert_close(a.double(), e, rtol=1e-4, atol=1e-4)
 
 
+def test_official_limit_scales_with_the_rows(monkeypatch):
+    """Official variant: the limit is also OFFICIAL_LOGIT_PER_ROW x the rows (prototypes
+    included), so a small problem inside MAX_LOGIT runs our engine where its bound is over 2N
+    (bench/official_small_n.py: 31 rows at 256 were 2.8x the tests' rule on the kernels) and
+    the kernels where it is under; the exact variant is not limited by the rows."""
+    per_row = attn.OFFICIAL_LOGIT_PER_ROW
+    gen = torch.Generator().manual_seed(6)
+    z = torch.randn(25, 8, generator=gen)
+    z = z / z.norm(dim=1, keepdim=True)
+    p = torch.randn(6, 8, generator=gen)
+    p = p / p.norm(dim=1, keepdim=True) * 0.5
+    y = torch.randint(0, 6, (25,), generator=gen)
+    rows = 31
+    for bound, runs_kernels in ((0.9 * per_row * rows, True), (1.1 * per_row * rows, False)):
+        assert bound < attn.MAX_LOGIT["official"]
+        zb = z * (bound * 0.5) ** 0.5                               # temperature 0.5: scale 2
+        assert attn.within_precision(torch.cat([zb, p]), 2.0, "official") == runs_kernels
+        assert attn.within_precision(torch.cat([zb, p]), 2.0, "exact")
+        calls = _spy(monkeypatch)
+        got = _loss_grads(zb, y, p, temperature=0.5, backend="attention", variant="official")
+        assert bool(calls) == runs_kernels, bound
+        exp = _loss_grads(zb.double(), y, p.double(), temperature=0.5, backend="reference",
+                          variant="official")
+        for a, e in zip(got, exp, strict=True):
+            torch.testing.assert_close(a.double(), e, rtol=1e-4, atol=1e-5)
+
+
 def test_bf16_inputs_have_their_own_limits(monkeypatch):
     """Exact variant, a bound between the fp32 and the bf16 limits: fp32 and float16 inputs go to
     our engine, bf16 inputs stay on the kernels (their gradient comes back rounded to bf16,
