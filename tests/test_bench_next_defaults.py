@@ -50,6 +50,9 @@ def test_switch_verdicts(tmp_path):
                 "torch": 2.0, "triton": 1.0, "triton[lean]": 0.8,
                 # shared keys help several levels only; at one level they are not timed
                 **({"triton[shared]": 0.9} if levels > 1 else {})}
+        # official several levels: the shared-keys mode does not apply (the relative mode
+        # runs), so a [shared] cell there, however timed, gives no verdict
+        cells["fp32", "official", 3, 64, n] = {"triton": 1.0, "triton[shared]": 1.5}
         cells["fp32", "official", 1, 64, n] = {
             "torch": 1.0, "triton": 0.9 if n > 50_000 else 1.5,
             "torch+triton": 0.5 if n > 50_000 else 1.2}
@@ -58,7 +61,7 @@ def test_switch_verdicts(tmp_path):
     path.write_text(json.dumps({"rows": _rows(cells)}))
     _, got = _derived(path)
     assert got["triton[lean]"] == "make it the default"
-    assert got["triton[shared]"] == "make it the default"    # 2 of 2 cells, levels 3 only
+    assert got["triton[shared]"] == "make it the default"    # 2 of 2 exact cells, levels 3
     assert got["torch+triton"] == "mixed: keep it off, or choose by size"
     assert got["attention+triton"] == "not measured"
     assert got["TRITON_MAX_DIM"] == 64                        # d 128: attention wins
