@@ -1,0 +1,121 @@
+"""Differential fuzz of the official loss variant on every engine against float64: where does
+each engine meet the tests' rule?
+
+Random problems (rows 2-257, dims from --dims, tau 0.01-1, logit bound B = scale max|z|^2 log-
+uniform in [1, 10^--max-log-bound], labels singleton / few / many / one class, optional
+prototypes, a duplicated row, include_self, every reduction; "none" with signed weights), each
+run on the torch, attention and triton engines (without CUDA the Triton kernels run under the
+interpreter) and on the dense reference in float64 and in float32. The rule is the suite's
+(tests/test_balanced_contrastive_loss.py ``_check``): error <= 2 x the dense fp32 reference's +
+1e-5 + 1e-4 max|ref|, gradients + 32 ulp of the terms that cancel in them (g max|z| sqrt(d) /
+tau). Prints each case over the rule as it happens, then the worst ratio per engine.
+
+    python bench/official_fuzz.py --seconds 300                      # dims 1 2 3 8 16 40
+    python bench/official_fuzz.py --dims 16 40 64 --seconds 300
+    python bench/official_fuzz.py --dims 1 2 3 8 --max-log-bound 3.6
+
+Measured 2026-11-27 (session 22, Triton interpreter, CPU flash attention): docs/LOSS.md."""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import time
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from hiertail_fast import balanced_contrastive_loss  # noqa: E402
+
+ENGINES = ("torch", "attention", "triton")
+
+
+def _run(z, y, p, kw, backend, weights, device="cpu"):
+    z = z.to(device).clone().requires_grad_()
+    pp = p.to(device).clone().requires_grad_() if p is not None else None
+    out = balanced_contrastive_loss(z, y.to(device), prototypes=pp, backend=backend, **kw)
+    if kw["reduction"] == "none":
+        (out * weights.to(out.device, out.dtype)).sum().backward()
+    else:
+        (out * 2).backward()
+    grads = [z.grad] + ([pp.grad] if pp is not None else [])
+    return [t.detach().double().cpu() for t in [out, *grads]]
+
+
+def _case(rng: random.Random, dims, max_log_bound: float, seed: int):
+    n = rng.choice([2, 3, 5, 8, 13, 31, 64, 100, 150, 257])
+    d = rng.choice(dims)
+    tau = rng.choice([0.01, 0.1, 0.5, 1.0])
+    bound = 10 ** rng.uniform(0, max_log_bound)
+    labels = rng.choice(["singleton", "few", "many", "one"])
+    m = rng.choice([0, 0, 3])
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n + m, d, generator=g, dtype=torch.float64)
+    if rng.random() < 0.3:
+        z = z.relu() + 0.01
+    frac = 0.3 + 0.7 * torch.rand(n + m, 1, generator=g, dtype=torch.float64)
+    z = (z / z.norm(dim=1, keepdim=True).clamp(min=1e-12) * (bound * tau) ** 0.5 * frac).float()
+    if rng.random() < 0.15 and n > 3:
+        z[1] = z[0]
+    p, z = (z[n:] if m else None), z[:n]
+    y = {"singleton": torch.randint(0, n, (n,), generator=g),
+         "few": torch.randint(0, 3, (n,), generator=g),
+         "many": torch.randint(0, max(2, n // 3), (n,), generator=g),
+         "one": torch.zeros(n, dtype=torch.long)}[labels]
+    if m:
+        y = y % m
+    kw = dict(temperature=tau, include_self=rng.random() < 0.5, variant="official",
+              reduction=rng.choice(["mean", "sum", "none"]))
+    desc = dict(n=n, d=d, m=m, labels=labels, B=round(bound, 1), tau=tau,
+                include_self=kw["include_self"], reduction=kw["reduction"])
+    return z, y, p, kw, desc
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=300.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dims", type=int, nargs="+", default=[1, 2, 3, 8, 16, 40])
+    ap.add_argument("--max-log-bound", type=float, default=4.5)
+    ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    args = ap.parse_args(argv)
+    if args.seconds <= 0 or min(args.dims) < 1 or args.max_log_bound < 0:
+        ap.error("--seconds > 0, --dims >= 1, --max-log-bound >= 0")
+    torch.set_num_threads(1)
+    rng = random.Random(args.seed)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    worst: dict[str, tuple[float, dict]] = {}
+    end, cases = time.time() + args.seconds, 0
+    while time.time() < end:
+        cases += 1
+        z, y, p, kw, desc = _case(rng, args.dims, args.max_log_bound, args.seed * 1_000_003 + cases)
+        n, d = z.shape
+        w = torch.linspace(-1, 2, n + (p.shape[0] if p is not None else 0))
+        exp = _run(z.double(), y, p.double() if p is not None else None, kw, "reference",
+                   w.double())
+        low = _run(z, y, p, kw, "reference", w)
+        g_max = 2.0 / n if kw["reduction"] == "mean" else 2.0
+        z_max = max(z.abs().max().item(), p.abs().max().item() if p is not None else 0.0)
+        terms = g_max * z_max * d ** 0.5 / kw["temperature"]
+        for eng in args.engines:
+            got = _run(z, y, p, kw, eng, w, dev if eng != "torch" else "cpu")
+            ratio = 0.0
+            for j, (a, e, lo) in enumerate(zip(got, exp, low, strict=True)):
+                rule = 2 * (lo - e).abs().max().item() + 1e-5 + 1e-4 * e.abs().max().item()
+                if j:
+                    rule += 32 * torch.finfo(torch.float32).eps * terms
+                ratio = max(ratio, (a - e).abs().max().item() / rule)
+            if ratio > worst.get(eng, (0.0, {}))[0]:
+                worst[eng] = (ratio, desc)
+            if ratio > 1:
+                print(f"over the rule: {eng} {ratio:.2f}x {desc}", flush=True)
+    print(f"{cases} cases, dims {args.dims}, B <= 10^{args.max_log_bound:g}")
+    for eng in args.engines:
+        ratio, desc = worst.get(eng, (0.0, {}))
+        print(f"worst {eng}: {ratio:.3f}x the rule {desc}")
+
+
+if __name__ == "__main__":
+    main()
