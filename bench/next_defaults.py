@@ -23,9 +23,10 @@ next and how far the automatic choice of that run was from it; then the derived 
 * ``ATTENTION_OFFICIAL_MIN_ROWS``: the same rule for the attention kernels against our torch
   engine, official single level, fp32;
 * each Triton mode (``triton[lean]``, ``[shared]`` (several levels of the exact variant only),
-  ``[shared+lean]``, ``[tf32x3+autotune]``) and the positives kernel (``torch+triton``, ``attention+triton``)
-  against its base engine: in how many cells faster, the geometric mean of the time ratio, and
-  a verdict ("make it the default" only where it is faster in every cell measured).
+  ``[shared+lean]``, ``[tf32x3+autotune]``) and the positives kernel (``torch+triton``,
+  ``attention+triton``) against its base engine: in how many cells faster, the geometric mean
+  of the time ratio, and a verdict ("make it the default" only where it is faster in every
+  cell measured).
 
 Exit status 2 (one line) for a file that is not loss_profile JSON.
 """
