@@ -111,6 +111,15 @@ def _key_tile(Z, offs_n, n_valid, offs_d, d_valid, stride_z, UPCAST: tl.constexp
 
 
 @triton.jit
+def _visible_max(s, lw, offs_n, N):
+    """Per row of the score tile s: the unweighted max over the visible keys (log-weight
+    > −inf) and its lowest index among ties (N if none is visible)."""
+    sv = tl.where((lw > float("-inf"))[None, :], s, float("-inf"))
+    tile_max = tl.max(sv, 1)
+    return tile_max, tl.min(tl.where(sv == tile_max[:, None], offs_n[None, :], N), 1)
+
+
+@triton.jit
 def _balanced_contrastive_loss_fwd_kernel(
     Z, LOG_W, SHIFT, LSE, CMAX, ROWMAX, ARGMAX,
     N, N_COMMON, D, stride_z, scale,
@@ -182,9 +191,7 @@ def _balanced_contrastive_loss_fwd_kernel(
             sel = (cols == j)[None, :]
             if RELATIVE:
                 c_j = tl.load(SHIFT + level0 + j)
-                sv = tl.where((lw > float("-inf"))[None, :], s, float("-inf"))
-                tile_max = tl.max(sv, 1)
-                tile_arg = tl.min(tl.where(sv == tile_max[:, None], offs_n[None, :], N), 1)
+                tile_max, tile_arg = _visible_max(s, lw, offs_n, N)
                 r_old = tl.max(tl.where(sel, rmax, float("-inf")), 1)
                 l_old = tl.sum(tl.where(sel, l_run, 0.0), 1)
                 r_new = tl.maximum(r_old, tile_max)
@@ -206,12 +213,8 @@ def _balanced_contrastive_loss_fwd_kernel(
                 l_new = l_old * tl.exp(m_old - m_ref) + tl.sum(tl.exp(t - m_ref[:, None]), 1)
                 m_run = tl.where(sel, m_new[:, None], m_run)
                 l_run = tl.where(sel, l_new[:, None], l_run)
-                if NEED_MAX:
-                    # unweighted max over visible keys; ties -> lowest index (strict > across
-                    # tiles)
-                    sv = tl.where((lw > float("-inf"))[None, :], s, float("-inf"))
-                    tile_max = tl.max(sv, 1)
-                    tile_arg = tl.min(tl.where(sv == tile_max[:, None], offs_n[None, :], N), 1)
+                if NEED_MAX:       # ties -> lowest index (strict > across tiles)
+                    tile_max, tile_arg = _visible_max(s, lw, offs_n, N)
                     r_old = tl.max(tl.where(sel, rmax, float("-inf")), 1)
                     better = sel & (tile_max > r_old)[:, None]
                     rmax = tl.where(better, tile_max[:, None], rmax)

@@ -406,7 +406,6 @@ def within_precision(z: torch.Tensor, scale: float, variant: str = "official",
 
 
 __all__ = [
-    "OFFICIAL_LOGIT_PER_ROW",
     "AttentionUnavailable",
     "LogitBound",
     "available",

@@ -120,8 +120,7 @@ def lse_backward(z, log_w, lse, grad_lse, scale, *, fp32_dot: str | None = None,
     forward's scores and relies on getting the same ones) and shared-keys prefix; `rowmax`:
     the forward's, when it ran the relative mode (``lse_forward``; None otherwise)."""
     return _kernels().lse_backward(z, log_w, lse, grad_lse, scale, fp32_dot=fp32_dot,
-                                   out_dtype=out_dtype, n_common=n_common,
-                                   rowmax=None if n_common else rowmax)
+                                   out_dtype=out_dtype, n_common=n_common, rowmax=rowmax)
 
 
 __all__ = ["TF32X3_MAX_LOGIT", "fp32_dot", "lse_backward", "lse_forward", "positive_pairs",
