@@ -15,7 +15,8 @@ memory per block, and the warps an SM could hold by those (estimate: 64K registe
 warp granules, the arch's shared memory per SM less 1 KB per block, 2,048 threads).
 
 Kernels: the LSE forward (exact: no row max; official: NEED_MAX in the relative mode), the
-one-pass LSE backward (exact; "rel": the official variant's relative mode; and both in the
+one-pass LSE backward (exact; "rel": the official variant's relative mode with its arg-max
+fold; and both in the
 shared-keys mode of several levels), the official positives' sums and gradient passes; every
 tile of ``kernels/_utils.TUNE_TILES`` plus the fixed one (marked *: ``pair_blocks`` for the
 LSE kernels, ``GPU_TILES`` for the positives). fp32 inputs with 3xTF32 dots (the engine's fp32
@@ -57,7 +58,8 @@ def _signature(kernel: str, dtype: str) -> dict:
                     stride_z="i32", scale="fp32")
     if kernel.startswith("lse bwd"):
         return dict(Z=z, LOG_W="*fp32", SHIFT="*fp32", REF="*fp32", COEF="*fp32", LSE="*fp32",
-                    ROWMAX="*fp32", GRAD="*fp32", PARTIAL="*fp32", DZ="*fp32", N="i32",
+                    ROWMAX="*fp32", ARGMAX="*i64", GRAD="*fp32", PARTIAL="*fp32", DZ="*fp32",
+                    N="i32",
                     N_COMMON="i32", D="i32", stride_z="i32", scale="fp32")
     return dict(Z=z, ORDER="*i64", LO="*i32", HI="*i32", ROWMAX="*fp32", TIE="*fp32",
                 UID="*i64", UID_MAX="*i64", COEF="*fp32", T="*fp32", Q="*fp32", DZ="*fp32",
@@ -82,7 +84,7 @@ def _constexprs(kernel: str, dtype: str, d_pad: int, levels: int, tile) -> dict:
         return dict(common, NUM_LEVELS=levels, L_PAD=l_pad, QUERY_SIDE=True, KEY_SIDE=True,
                     ADD_PARTIAL=False, DOT_PRECISION=s_dot, GRAD_DOT_PRECISION=dot,
                     DOT_RC=True, DOT_CR=False, SHARED=shared,
-                    RELATIVE=kernel.endswith("rel"))
+                    RELATIVE=kernel.endswith("rel"), FOLD_ARGMAX=kernel.endswith("rel"))
     return dict(common, NEED_SUMS=kernel == "pos sums", NEED_DZ=kernel == "pos dz",
                 INCLUDE_SELF=True, DOT_PRECISION=s_dot,
                 GRAD_DOT_PRECISION="tf32x3" if dtype == "fp32" else "ieee")

@@ -13,6 +13,7 @@ tau). Prints each case over the rule as it happens, then the worst ratio per eng
     python bench/official_fuzz.py --seconds 300                      # dims 1 2 3 8 16 40
     python bench/official_fuzz.py --dims 16 40 64 --seconds 300
     python bench/official_fuzz.py --dims 1 2 3 8 --max-log-bound 3.6
+    python bench/official_fuzz.py --cases 1000 --seconds 3600 --engines triton   # fixed cases
 
 Measured 2026-11-27 (session 22, Triton interpreter, CPU flash attention): docs/LOSS.md."""
 from __future__ import annotations
@@ -76,19 +77,23 @@ def _case(rng: random.Random, dims, max_log_bound: float, seed: int):
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=300.0)
+    ap.add_argument("--cases", type=int, default=None,
+                    help="stop after this many cases (a run comparable across revisions)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dims", type=int, nargs="+", default=[1, 2, 3, 8, 16, 40])
     ap.add_argument("--max-log-bound", type=float, default=4.5)
     ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     args = ap.parse_args(argv)
-    if args.seconds <= 0 or min(args.dims) < 1 or args.max_log_bound < 0:
-        ap.error("--seconds > 0, --dims >= 1, --max-log-bound >= 0")
+    if (args.seconds <= 0 or min(args.dims) < 1 or args.max_log_bound < 0
+            or (args.cases is not None and args.cases < 1)):
+        ap.error("--seconds > 0, --cases >= 1, --dims >= 1, --max-log-bound >= 0")
     torch.set_num_threads(1)
     rng = random.Random(args.seed)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     worst: dict[str, tuple[float, dict]] = {}
+    over = dict.fromkeys(args.engines, 0)
     end, cases = time.time() + args.seconds, 0
-    while time.time() < end:
+    while time.time() < end and (args.cases is None or cases < args.cases):
         cases += 1
         z, y, p, kw, desc = _case(rng, args.dims, args.max_log_bound, args.seed * 1_000_003 + cases)
         n, d = z.shape
@@ -110,11 +115,12 @@ def main(argv=None) -> None:
             if ratio > worst.get(eng, (0.0, {}))[0]:
                 worst[eng] = (ratio, desc)
             if ratio > 1:
+                over[eng] += 1
                 print(f"over the rule: {eng} {ratio:.2f}x {desc}", flush=True)
     print(f"{cases} cases, dims {args.dims}, B <= 10^{args.max_log_bound:g}")
     for eng in args.engines:
         ratio, desc = worst.get(eng, (0.0, {}))
-        print(f"worst {eng}: {ratio:.3f}x the rule {desc}")
+        print(f"worst {eng}: {ratio:.3f}x the rule, {over[eng]} case(s) over it {desc}")
 
 
 if __name__ == "__main__":

@@ -253,13 +253,14 @@ def _balanced_contrastive_loss_fwd_kernel(
 
 @triton.jit
 def _balanced_contrastive_loss_bwd_kernel(
-    Z, LOG_W, SHIFT, REF, COEF, LSE, ROWMAX, GRAD, PARTIAL, DZ,
+    Z, LOG_W, SHIFT, REF, COEF, LSE, ROWMAX, ARGMAX, GRAD, PARTIAL, DZ,
     N, N_COMMON, D, stride_z, scale,
     NUM_LEVELS: tl.constexpr, L_PAD: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     QUERY_SIDE: tl.constexpr, KEY_SIDE: tl.constexpr, ADD_PARTIAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr, GRAD_DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     DOT_RC: tl.constexpr, DOT_CR: tl.constexpr, SHARED: tl.constexpr, RELATIVE: tl.constexpr,
+    FOLD_ARGMAX: tl.constexpr,
 ):
     # One program per block of rows r; it loops over all column tiles c and accumulates
     #   dz_r = scale · Σ_c W_rc z_c,
@@ -273,6 +274,11 @@ def _balanced_contrastive_loss_bwd_kernel(
     # RELATIVE: LSE holds the forward's δ = lse - r and ROWMAX its r (0 on dead rows), and
     # p = e^{(s - r) + (log w - δ)}: the arg-max's p is e^{log w_a - δ} to fp32 precision
     # (the same fp32 score as the forward's r), not rounded through an fp32 lse of |s|'s size.
+    # FOLD_ARGMAX (with RELATIVE, key side): the key side of W takes g_li (p_lia - 1) at
+    # a = ARGMAX[l, i], the row max's share of the official gradient (-g_li on s_ia) on its
+    # key cancelled per entry, as a dense computation does, not after both were summed over
+    # the rows sharing that key (~N ulp of the terms). Its query side, -g_li z_a on row i
+    # alone, is the caller's.
     offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_valid = offs_m < N
     offs_d = tl.arange(0, D_PAD)
@@ -369,8 +375,11 @@ def _balanced_contrastive_loss_bwd_kernel(
                 lw_j = tl.max(tl.where(sel, lw_r, float("-inf")), 1)
                 if RELATIVE:
                     r_c = tl.load(ROWMAX + col, mask=n_valid, other=0.0)
-                    w += g_c[None, :] * tl.exp((s_cr - r_c[None, :])
-                                               + (lw_j[:, None] - lse_c[None, :]))
+                    p = tl.exp((s_cr - r_c[None, :]) + (lw_j[:, None] - lse_c[None, :]))
+                    if FOLD_ARGMAX:   # rows as keys: -1 where the row is query c's arg-max
+                        a_c = tl.load(ARGMAX + col, mask=n_valid, other=-1)
+                        p -= tl.where(offs_m[:, None] == a_c[None, :], 1.0, 0.0)
+                    w += g_c[None, :] * p
                 else:
                     w += g_c[None, :] * tl.exp(s_cr + lw_j[:, None] - lse_c[None, :])
         # W stays fp32 (it can be ~1e-10 when g ~ 1/N: an fp16 cast would flush it to zero)
@@ -418,7 +427,7 @@ _TUNED: dict[str, object] = {}
 _TUNE_KEYS = {
     "fwd": ["N", "D", "NUM_LEVELS", "NEED_MAX", "DOT_PRECISION", "SHARED", "RELATIVE"],
     "bwd": ["N", "D", "NUM_LEVELS", "QUERY_SIDE", "KEY_SIDE", "DOT_PRECISION", "SHARED",
-            "RELATIVE"],
+            "RELATIVE", "FOLD_ARGMAX"],
 }
 
 
@@ -568,7 +577,7 @@ def lse_backward(
     z: torch.Tensor, log_w: torch.Tensor, lse: torch.Tensor, grad_lse: torch.Tensor,
     scale: float, *, two_pass: bool = False, out_dtype: torch.dtype | None = None,
     fp32_dot: str | None = None, autotune: bool | None = None, n_common: int = 0,
-    rowmax: torch.Tensor | None = None,
+    rowmax: torch.Tensor | None = None, argmax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Gradient of Σ_{l,i} grad_lse[l,i]·lse[l,i] with respect to z (both sides of s = Z·Zᵀ).
 
@@ -585,11 +594,19 @@ def lse_backward(
         rowmax: the forward's rowmax with ``relative=True`` (and its float64 lse): p is formed
             as e^{(s - rowmax) + (log w - δ)}, δ = lse - rowmax, to fp32 precision of δ
             (not with n_common).
+        argmax: (with rowmax) the forward's argmax [L, N] int64: the gradient then also has
+            the KEY side of -grad_lse[l, i] on s_{i, argmax[l, i]} (the official row max's
+            share), cancelled against p per entry inside the kernel; its query side,
+            -scale grad_lse[l, i] z_{argmax[l, i]} on row i, is left to the caller.
     Returns:
         dz [N, d] in out_dtype (fp32 accumulation), deterministic run to run.
     """
     num_levels, n, d = _check(z, log_w)
     named = [("lse", lse), ("grad_lse", grad_lse)]
+    if argmax is not None:
+        if rowmax is None or argmax.dtype != torch.int64:
+            raise ValueError("argmax (int64) needs rowmax (the relative mode)")
+        named.append(("argmax", argmax))
     if rowmax is not None:
         if n_common:
             raise ValueError("rowmax (the relative mode) cannot be combined with n_common")
@@ -616,7 +633,7 @@ def lse_backward(
     common = dict(
         NUM_LEVELS=num_levels, L_PAD=max(2, triton.next_power_of_2(num_levels)), D_PAD=d_pad,
         DOT_PRECISION=s_prec, GRAD_DOT_PRECISION=w_prec, UPCAST=upcast,
-        SHARED=shift is not None, RELATIVE=rowmax is not None,
+        SHARED=shift is not None, RELATIVE=rowmax is not None, FOLD_ARGMAX=argmax is not None,
     )
     # see DOT_CR in the kernel: the interpreter's numpy dot is not bitwise symmetric; on a
     # GPU each element of tl.dot accumulates the same products over k in the same order, so
@@ -624,7 +641,8 @@ def lse_backward(
     redot = not z.is_cuda
     if redot and tiles[0] != tiles[1]:
         raise AssertionError("DOT_CR needs square tiles to reproduce the forward's dots")
-    args = (z, log_w, lse if shift is None else shift, ref, coef, lse, rmax_ref, grad_lse)
+    amax = dz if argmax is None else argmax.contiguous()
+    args = (z, log_w, lse if shift is None else shift, ref, coef, lse, rmax_ref, amax, grad_lse)
     tail = (n, n_common, d, z.stride(0), float(scale))
     if not two_pass:
         _launch("bwd", n, 1, tiles, tune, (*args, dz, dz, *tail), dict(

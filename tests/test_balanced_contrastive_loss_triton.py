@@ -503,13 +503,14 @@ def _official_like(z, log_w, scale, grad, dtype):
     return torch.stack(deltas), torch.autograd.grad(total, zz)[0]
 
 
-def _argmax_grad(z, argmax, grad, scale):
-    """d/dz of Σ g_li scale z_i.z_{argmax_li}."""
+def _argmax_grad(z, argmax, grad, scale, key_side=True):
+    """d/dz of Σ g_li scale z_i.z_{argmax_li} (key_side=False: its query side only)."""
     dz = torch.zeros_like(z)
     for a, g in zip(argmax, grad, strict=True):
         gz = (scale * g)[:, None]
         dz += gz * z[a]
-        dz.index_add_(0, a, gz * z)
+        if key_side:
+            dz.index_add_(0, a, gz * z)
     return dz
 
 
@@ -548,6 +549,14 @@ def test_relative_mode_official_cancellation(n, d, levels, scale, bound, seed, t
     torch.testing.assert_close(two, dz, rtol=1e-5, atol=1e-5 * dz.abs().max().item())
     dz = dz.cpu().double() - _argmax_grad(z.double(), argmax.cpu(), grad.double(), scale)
     assert_rule(dz, ref_dz, low_dz, torch.float32, "d/dz (lse - rowmax)")
+    # the key side of the row max's share folded into the kernel's blocks (argmax=):
+    # cancelled per entry; its query side (row i alone) added here
+    folded = k.lse_backward(zd, lwd, lse, gd, scale, rowmax=rowmax, argmax=argmax)
+    folded = folded.cpu().double() - _argmax_grad(z.double(), argmax.cpu(), grad.double(),
+                                                  scale, key_side=False)
+    assert_rule(folded, ref_dz, low_dz, torch.float32, "d/dz (lse - rowmax), folded")
+    err = lambda t: (t.cpu().double() - ref_dz).abs().max().item()     # noqa: E731
+    assert err(folded) <= 1.05 * err(dz) + 1e-12
 
 
 def test_relative_mode_bad_combinations(triton_device):
@@ -563,6 +572,10 @@ def test_relative_mode_bad_combinations(triton_device):
         k.lse_backward(z, lw, lse, lw, 1.0, rowmax=rowmax[:1])
     with pytest.raises(ValueError, match="cannot be combined with n_common"):
         k.lse_backward(z, lw, lse, lw, 1.0, rowmax=rowmax, n_common=10)
+    with pytest.raises(ValueError, match="argmax .int64. needs rowmax"):
+        k.lse_backward(z, lw, lse, lw, 1.0, argmax=torch.zeros_like(lw, dtype=torch.int64))
+    with pytest.raises(ValueError, match="argmax .int64. needs rowmax"):
+        k.lse_backward(z, lw, lse, lw, 1.0, rowmax=rowmax, argmax=lw)
 
 
 def test_relative_mode_hidden_level_and_big_weights(triton_device):

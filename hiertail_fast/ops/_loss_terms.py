@@ -84,14 +84,17 @@ def class_sum_term(z, lv: Levels, scale, include_self, coef=None):
     return pos, dz
 
 
-def argmax_grad(z, lv_argmax, gamma, scale):
-    """dz for coefficient gamma [L, N] on s_{i, argmax[l, i]} (the row-max path)."""
+def argmax_grad(z, lv_argmax, gamma, scale, key_gamma=None):
+    """dz for coefficient gamma [L, N] on s_{i, argmax[l, i]} (the row-max path): row i gets
+    gamma z_a (query side), key a gets gamma z_i (key side; with key_gamma, that coefficient
+    instead: an engine that folded the rest of it into its own blocks)."""
     dz = torch.zeros_like(z)
     for lev in range(gamma.shape[0]):
         a = lv_argmax[lev]
         gm = (gamma[lev] * scale).to(z.dtype)[:, None]
+        gk = gm if key_gamma is None else (key_gamma[lev] * scale).to(z.dtype)[:, None]
         dz.add_(gm * z[a])
-        dz.index_add_(0, a, gm * z)
+        dz.index_add_(0, a, gk * z)
     return dz
 
 
