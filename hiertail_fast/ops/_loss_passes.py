@@ -54,8 +54,9 @@ def lse_backward(mod, z_in, log_w, lse, grad_lse, scale, fp32_dot=None, n_common
     """The engine's LSE gradient, in fp32 for the Triton kernels (16-bit inputs: not rounded to
     16 bits before the positive-pair part, which it can cancel, is added) with the forward's
     fp32 dot, shared-keys prefix and (official variant) row max: the kernels' relative mode,
-    ``_triton_loss.lse_forward``; with `argmax` the kernels also add -grad_lse on each row's
-    arg-max score (the row max's share of the official gradient, cancelled per entry)."""
+    ``_triton_loss.lse_forward``; with `argmax` the kernels also add the key side of -grad_lse
+    on each row's arg-max score (the row max's share of the official gradient, cancelled per
+    entry; its query side is the caller's)."""
     if mod is _lse_torch or mod is _attention_lse:
         return mod.lse_backward(z_in, log_w, lse, grad_lse, scale)
     return mod.lse_backward(z_in, log_w, lse, grad_lse, scale, out_dtype=torch.float32,

@@ -119,8 +119,9 @@ def lse_backward(z, log_w, lse, grad_lse, scale, *, fp32_dot: str | None = None,
     """The kernels' backward with the forward's `fp32_dot` (its one-pass kernel recomputes the
     forward's scores and relies on getting the same ones) and shared-keys prefix; `rowmax`:
     the forward's, when it ran the relative mode (``lse_forward``; None otherwise); `argmax`
-    (with rowmax): fold -grad_lse on each row's arg-max score into the kernel's gradient
-    blocks, where it cancels against p per entry (the official row max's share)."""
+    (with rowmax): fold the key side of -grad_lse on each row's arg-max score into the
+    kernel's gradient blocks, where it cancels against p per entry (the official row max's
+    share; its query side is the caller's)."""
     return _kernels().lse_backward(z, log_w, lse, grad_lse, scale, fp32_dot=fp32_dot,
                                    out_dtype=out_dtype, n_common=n_common, rowmax=rowmax,
                                    argmax=argmax)
