@@ -14,6 +14,7 @@ tau). Prints each case over the rule as it happens, then the worst ratio per eng
     python bench/official_fuzz.py --dims 16 40 64 --seconds 300
     python bench/official_fuzz.py --dims 1 2 3 8 --max-log-bound 3.6
     python bench/official_fuzz.py --cases 1000 --seconds 3600 --engines triton   # fixed cases
+    python bench/official_fuzz.py --levels 3 --engines torch      # the hierarchical loss too
 
 Measured 2026-11-27 (session 22, Triton interpreter, CPU flash attention): docs/LOSS.md."""
 from __future__ import annotations
@@ -28,13 +29,23 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from hiertail_fast import balanced_contrastive_loss  # noqa: E402
+from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss  # noqa: E402
 
 ENGINES = ("torch", "attention", "triton")
 
 
 def _run(z, y, p, kw, backend, weights, device="cpu"):
+    """[loss, dz, dprototypes...] in float64 on the CPU. Several levels (y and p lists): the
+    hierarchical loss (mean reduction per level)."""
     z = z.to(device).clone().requires_grad_()
+    if isinstance(y, list):
+        ps = [q.to(device).clone().requires_grad_() if q is not None else None for q in p]
+        kw = {k: v for k, v in kw.items() if k != "reduction"}
+        out = hierarchical_contrastive_loss(z, [t.to(device) for t in y], ps, backend=backend,
+                                            **kw)
+        (out * 2).backward()
+        grads = [z.grad] + [q.grad for q in ps if q is not None]
+        return [t.detach().double().cpu() for t in [out, *grads]]
     pp = p.to(device).clone().requires_grad_() if p is not None else None
     out = balanced_contrastive_loss(z, y.to(device), prototypes=pp, backend=backend, **kw)
     if kw["reduction"] == "none":
@@ -45,7 +56,27 @@ def _run(z, y, p, kw, backend, weights, device="cpu"):
     return [t.detach().double().cpu() for t in [out, *grads]]
 
 
-def _case(rng: random.Random, dims, max_log_bound: float, seed: int):
+def _levels(rng: random.Random, z, y, p, max_levels: int, seed: int):
+    """With --levels L > 1: 1 to L levels, level l's labels y // 2^l, prototypes (one per label,
+    or none) per level; 1 level: the problem as it is."""
+    n_levels = rng.randint(1, max_levels)
+    if n_levels == 1:
+        return y, p
+    g = torch.Generator().manual_seed(seed + 7)
+    ys, ps = [], []
+    for lev in range(n_levels):
+        yl = y // (2 ** lev)
+        ys.append(yl)
+        if p is not None and lev % 2 == 0:
+            k = int(yl.max()) + 1
+            idx = torch.randint(0, p.shape[0], (k,), generator=g)
+            ps.append(p[idx] * (1 + 0.1 * torch.rand(k, 1, generator=g)))
+        else:
+            ps.append(None)
+    return ys, ps
+
+
+def _case(rng: random.Random, dims, max_log_bound: float, seed: int, max_levels: int = 1):
     n = rng.choice([2, 3, 5, 8, 13, 31, 64, 100, 150, 257])
     d = rng.choice(dims)
     tau = rng.choice([0.01, 0.1, 0.5, 1.0])
@@ -71,6 +102,10 @@ def _case(rng: random.Random, dims, max_log_bound: float, seed: int):
               reduction=rng.choice(["mean", "sum", "none"]))
     desc = dict(n=n, d=d, m=m, labels=labels, B=round(bound, 1), tau=tau,
                 include_self=kw["include_self"], reduction=kw["reduction"])
+    if max_levels > 1:
+        y, p = _levels(rng, z, y, p, max_levels, seed)
+        if isinstance(y, list):
+            desc.update(levels=len(y), reduction="mean")
     return z, y, p, kw, desc
 
 
@@ -83,10 +118,12 @@ def main(argv=None) -> None:
     ap.add_argument("--dims", type=int, nargs="+", default=[1, 2, 3, 8, 16, 40])
     ap.add_argument("--max-log-bound", type=float, default=4.5)
     ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    ap.add_argument("--levels", type=int, default=1,
+                    help="up to this many levels (the hierarchical loss; 1: the cases as before)")
     args = ap.parse_args(argv)
     if (args.seconds <= 0 or min(args.dims) < 1 or args.max_log_bound < 0
-            or (args.cases is not None and args.cases < 1)):
-        ap.error("--seconds > 0, --cases >= 1, --dims >= 1, --max-log-bound >= 0")
+            or (args.cases is not None and args.cases < 1) or args.levels < 1):
+        ap.error("--seconds > 0, --cases >= 1, --dims >= 1, --max-log-bound >= 0, --levels >= 1")
     torch.set_num_threads(1)
     rng = random.Random(args.seed)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -95,14 +132,19 @@ def main(argv=None) -> None:
     end, cases = time.time() + args.seconds, 0
     while time.time() < end and (args.cases is None or cases < args.cases):
         cases += 1
-        z, y, p, kw, desc = _case(rng, args.dims, args.max_log_bound, args.seed * 1_000_003 + cases)
+        z, y, p, kw, desc = _case(rng, args.dims, args.max_log_bound, args.seed * 1_000_003 + cases,
+                                  args.levels)
         n, d = z.shape
-        w = torch.linspace(-1, 2, n + (p.shape[0] if p is not None else 0))
-        exp = _run(z.double(), y, p.double() if p is not None else None, kw, "reference",
-                   w.double())
+        protos = [q for q in (p if isinstance(p, list) else [p]) if q is not None]
+        w = torch.linspace(-1, 2, n + sum(q.shape[0] for q in protos))
+        p64 = ([q.double() if q is not None else None for q in p] if isinstance(p, list)
+               else p.double() if p is not None else None)
+        exp = _run(z.double(), y, p64, kw, "reference", w.double())
         low = _run(z, y, p, kw, "reference", w)
-        g_max = 2.0 / n if kw["reduction"] == "mean" else 2.0
-        z_max = max(z.abs().max().item(), p.abs().max().item() if p is not None else 0.0)
+        # the rule's cancelling terms: every level's gradient coefficients (mean: 2 / n each)
+        n_levels = len(y) if isinstance(y, list) else 1
+        g_max = 2.0 * n_levels / n if kw["reduction"] == "mean" or n_levels > 1 else 2.0
+        z_max = max([z.abs().max().item()] + [q.abs().max().item() for q in protos])
         terms = g_max * z_max * d ** 0.5 / kw["temperature"]
         for eng in args.engines:
             got = _run(z, y, p, kw, eng, w, dev if eng != "torch" else "cpu")
@@ -117,7 +159,8 @@ def main(argv=None) -> None:
             if ratio > 1:
                 over[eng] += 1
                 print(f"over the rule: {eng} {ratio:.2f}x {desc}", flush=True)
-    print(f"{cases} cases, dims {args.dims}, B <= 10^{args.max_log_bound:g}")
+    print(f"{cases} cases, dims {args.dims}, B <= 10^{args.max_log_bound:g}, "
+          f"levels <= {args.levels}")
     for eng in args.engines:
         ratio, desc = worst.get(eng, (0.0, {}))
         print(f"worst {eng}: {ratio:.3f}x the rule, {over[eng]} case(s) over it {desc}")

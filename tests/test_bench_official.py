@@ -3,6 +3,7 @@ bench/official_fuzz.py): they run, report per engine, and switch off the attenti
 row limit only for their own measurement."""
 from __future__ import annotations
 
+import random
 import re
 import subprocess
 import sys
@@ -36,10 +37,25 @@ def test_official_fuzz_runs_and_reports_every_engine(capsys):
     official_fuzz.main(["--seconds", "0.5", "--dims", "3", "--max-log-bound", "2",
                         "--engines", "torch", "attention"])
     out = capsys.readouterr().out
-    assert re.search(r"^\d+ cases, dims \[3\], B <= 10\^2$", out, re.M), out
+    assert re.search(r"^\d+ cases, dims \[3\], B <= 10\^2, levels <= 1$", out, re.M), out
     for eng in ("torch", "attention"):
         match = re.search(rf"^worst {eng}: ([0-9.]+)x the rule", out, re.M)
         assert match and float(match.group(1)) <= 1.0, out       # small logits: within it
+
+
+def test_official_fuzz_levels_run_the_hierarchical_loss(capsys):
+    """--levels 3: some cases have 2-3 levels (the hierarchical loss, prototypes on some)."""
+    import official_fuzz
+
+    official_fuzz.main(["--cases", "12", "--seconds", "60", "--dims", "2", "--max-log-bound",
+                        "1.5", "--engines", "torch", "--levels", "3"])
+    out = capsys.readouterr().out
+    assert re.search(r"^12 cases, dims \[2\], B <= 10\^1.5, levels <= 3$", out, re.M), out
+    match = re.search(r"^worst torch: ([0-9.]+)x the rule", out, re.M)
+    assert match and float(match.group(1)) <= 1.0, out
+    rng = random.Random(0)
+    cases = [official_fuzz._case(rng, [2], 1.5, k, 3) for k in range(1, 13)]
+    assert any(isinstance(y, list) and len(y) > 1 for _, y, *_ in cases)
 
 
 def test_official_fuzz_rejects_bad_arguments():
@@ -47,3 +63,5 @@ def test_official_fuzz_rejects_bad_arguments():
 
     with pytest.raises(SystemExit):
         official_fuzz.main(["--seconds", "0"])
+    with pytest.raises(SystemExit):
+        official_fuzz.main(["--levels", "0"])

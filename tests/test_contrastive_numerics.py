@@ -228,24 +228,29 @@ def test_official_small_problem_on_the_fp32_lse_engines(backend, bound, seed, di
     assert_within_reference_error(run(z, backend, backend_device(backend)), exp, low, 0.0)
 
 
-@_TRITON
+def _on_a_line(n: int, bound: float, tau: float, g: torch.Generator) -> torch.Tensor:
+    """n rows in d = 1 of norms in [0.3, 1] x sqrt(bound tau), either sign (float32)."""
+    frac = 0.3 + 0.7 * torch.rand(n, 1, generator=g, dtype=torch.float64)
+    sign = torch.where(torch.rand(n, 1, generator=g) < 0.5, -1.0, 1.0).double()
+    return (sign * (bound * tau) ** 0.5 * frac).float()
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=_TRITON)])
 @pytest.mark.parametrize("seed,tau,bound,include_self,reduction", [
     (2, 0.01, 7500.0, True, "mean"), (5, 0.01, 7500.0, True, "mean"),
     (4, 1.0, 12000.0, False, "sum")])
-def test_official_shared_argmax_key_on_triton(seed, tau, bound, include_self, reduction):
+def test_official_shared_argmax_key(backend, seed, tau, bound, include_self, reduction):
     """d = 1: the rows lie on a line, so nearly all of them share one or two arg-max keys, and
     the row max's share of the gradient on such a key cancels the LSE part summed over ~N rows.
-    The Triton backward folds its key side into the gradient blocks (per entry, as the dense
-    reference cancels): these cases were 8.6x / 5.1x / 5.0x the suite's rule with it added
-    apart (bench/official_fuzz.py found the regime; the torch engines still add it apart,
-    docs/LOSS.md)."""
+    The engines fold it into their gradient blocks (per entry, as the dense reference cancels:
+    the Triton backward on the key side, the torch row-block engine as the whole entry
+    g (p - 1), ``_max_fold``): these cases were 8.6x / 5.1x / 5.0x the suite's rule on Triton
+    and 13.7x / 3.4x / 10.6x on torch with it added apart (bench/official_fuzz.py found it)."""
     n = 257
     g = torch.Generator().manual_seed(seed)
-    frac = 0.3 + 0.7 * torch.rand(n, 1, generator=g, dtype=torch.float64)
-    sign = torch.where(torch.rand(n, 1, generator=g) < 0.5, -1.0, 1.0).double()
-    z = (sign * (bound * tau) ** 0.5 * frac).float()
+    z = _on_a_line(n, bound, tau, g)
     y = torch.randint(0, 3, (n,), generator=g)
-    dev = backend_device("triton")
+    dev = backend_device(backend)
 
     def run(zz, b, device="cpu"):
         zz = zz.to(device).clone().requires_grad_()
@@ -255,9 +260,37 @@ def test_official_shared_argmax_key_on_triton(seed, tau, bound, include_self, re
         (loss * 2).backward()
         return [loss.detach().double().cpu(), zz.grad.double().cpu()]
 
-    exp, low, got = run(z.double(), "reference"), run(z, "reference"), run(z, "triton", dev)
+    exp, low, got = run(z.double(), "reference"), run(z, "reference"), run(z, backend, dev)
     # the suite's rule (_check in test_balanced_contrastive_loss.py), 32 ulp of the terms
     terms = (2.0 / n if reduction == "mean" else 2.0) * z.abs().max().item() / tau
+    assert_within_reference_error(got, exp, low, terms)
+
+
+@pytest.mark.parametrize("seed,levels", [(7, 1), (1, 2), (3, 3)])
+def test_official_shared_argmax_key_levels_and_prototypes(seed, levels):
+    """The same regime on the torch engine's other block layouts: prototypes longer than every
+    row, so one prototype is the arg-max of half the rows (a level-specific key: the engine's
+    rest columns), and 2-3 levels (the gradient block sum_l a_l w_l e, where levels whose
+    arg-max differ share an entry): 4.3x / 2.7x / 5.1x the rule before the fold."""
+    n, tau, bound = 150, 0.01, 10000.0
+    g = torch.Generator().manual_seed(seed)
+    z = _on_a_line(n, bound, tau, g)
+    y = torch.randint(0, 4, (n,), generator=g)
+    ys = [y // (2 ** lev) for lev in range(levels)]
+    protos = [(_on_a_line(int(yl.max()) + 1, bound, tau, g) * 1.2) if lev % 2 == 0 else None
+              for lev, yl in enumerate(ys)]
+
+    def run(zz, b):
+        zz = zz.clone().requires_grad_()
+        ps = [p.to(zz.dtype).clone().requires_grad_() if p is not None else None
+              for p in protos]
+        loss = hierarchical_contrastive_loss(zz, ys, ps, temperature=tau, variant="official",
+                                             backend=b)
+        (loss * 2).backward()
+        return [loss.detach().double()] + [t.grad.double() for t in [zz, *ps] if t is not None]
+
+    exp, low, got = run(z.double(), "reference"), run(z, "reference"), run(z, "torch")
+    terms = 2.0 * levels / n * 1.2 * z.abs().max().item() / tau
     assert_within_reference_error(got, exp, low, terms)
 
 

@@ -115,6 +115,10 @@ def fused_pass(zc, z_in, lv: Levels, base, inv_n, log_eps_w, log_w, scale: float
     elif official and backend == "torch" and not triton_pos:
         positives = block_positives(zc, lv, include_self, -(base * inv_n), scale)
     kw = {} if positives is None else {"positives": positives}
+    # our engines fold the row max's share -g r into their gradient blocks (``_lse_torch``)
+    max_fold = official and mod is _lse_torch
+    if max_fold:
+        kw["fold_argmax"] = True
 
     def coef_fn(rows, lse_b, max_b):
         g = base[:, rows]
@@ -134,6 +138,10 @@ def fused_pass(zc, z_in, lv: Levels, base, inv_n, log_eps_w, log_w, scale: float
                                              None)
     if dzp is not None:
         dz += dzp
-    gamma = base * (big_q * inv_n - ratio(lse, rmax, log_eps_w))
+    # the row max's share: gamma_i on s_{i, argmax_i}, its -g_i r_i part where the engine has
+    # not folded it
+    gamma = base * big_q * inv_n
+    if not max_fold:
+        gamma = gamma - base * ratio(lse, rmax, log_eps_w)
     dz += argmax_grad(zc, amax, gamma, scale)
     return lse, rmax, amax, big_t, big_q, dz

@@ -1,0 +1,86 @@
+"""``_max_fold.MaxFold.shares``: the official row max's gradient entry g (p - 1), formed so that
+it cancels exactly, against p computed in float64 from the same block."""
+from __future__ import annotations
+
+import torch
+
+from hiertail_fast.ops._max_fold import MaxFold, set_at
+
+
+def _block(seed: int, n_c: int = 7, n_r: int = 3, b: int = 5, levels: int = 2):
+    g = torch.Generator().manual_seed(seed)
+    e = torch.rand(b, n_c, generator=g)
+    e[torch.arange(b), torch.randint(0, n_c, (b,), generator=g)] = 1.0     # each row's max
+    wc = torch.rand(levels, n_c, generator=g) + 0.1
+    v_r = torch.randn(levels, b, n_r, generator=g) - 1.0
+    v_r[0, :, 1] = float("-inf")                                           # hidden at level 0
+    sums = (wc[:, None, :] * e[None]).double().sum(2)                      # as the C step
+    coef = torch.randn(levels, b, generator=g)
+    return e, wc, v_r, sums, coef
+
+
+def _fold(n_c: int, n_r: int, levels: int):
+    """A MaxFold over n_c common keys (ids 0..n_c-1) and n_r rest keys, no duplicate rows."""
+    z = torch.randn(n_c + n_r, 4, generator=torch.Generator().manual_seed(9))
+    visible = torch.ones(levels, n_c + n_r, dtype=torch.bool)
+    return MaxFold(z, visible, None if n_r == 0 else torch.arange(n_c),
+                   torch.arange(n_c, n_c + n_r))
+
+
+def test_shares_match_float64_softmax_on_common_and_rest_keys():
+    e, wc, v_r, sums, coef = _block(0)
+    n_c, n_r, levels, b = e.shape[1], v_r.shape[2], wc.shape[0], e.shape[0]
+    mf = _fold(n_c, n_r, levels)
+    arg = torch.tensor([[0, 3, n_c + 0, 6, n_c + 2], [2, n_c + 1, 1, 4, 5]])
+    col, rcol, share, x = mf.shares(arg, coef, e, sums, wc, v_r)
+    terms = torch.cat([(wc[:, None, :] * e[None]).double(), v_r.double().exp()], dim=2)
+    tot = terms.sum(2)
+    for lev in range(levels):
+        for i in range(b):
+            k = int(arg[lev, i])
+            p = terms[lev, i, k] / tot[lev, i]
+            expect = coef[lev, i].double() * (p - 1)
+            assert abs(share[lev, i].double() - expect) <= 1e-6 * abs(coef[lev, i]) + 1e-12
+            if k < n_c:
+                assert col[lev, i] == k and rcol[lev, i] == -1 and x[lev, i] == e[i, k]
+            else:
+                assert rcol[lev, i] == k - n_c and col[lev, i] == -1 and x[lev, i] == 0
+
+
+def test_share_is_exactly_zero_when_the_max_holds_the_whole_row():
+    """Every other term underflowed (e = 0): p = 1 and the entry must be exactly 0, as the
+    reference's p - 1 is; a subtraction of two rounded values would leave ulps."""
+    b, n_c = 4, 6
+    e = torch.zeros(b, n_c)
+    e[torch.arange(b), torch.tensor([0, 2, 5, 1])] = 1.0
+    wc = torch.full((1, n_c), 1.0 / 3.0)
+    sums = (wc[:, None, :] * e[None]).double().sum(2)
+    coef = torch.tensor([[0.7, -1.3, 2.0, 1e-3]])
+    mf = _fold(n_c, 0, 1)
+    arg = torch.tensor([[0, 2, 5, 1]])
+    _, _, share, _ = mf.shares(arg, coef, e, sums, wc, None)
+    assert (share == 0).all()
+
+
+def test_shares_go_to_the_first_of_duplicate_keys():
+    """Duplicate rows: the reference's arg-max is the first of the equal keys (``_tied_keys``);
+    the share's column follows it, its p is that key's own."""
+    z = torch.randn(5, 3, generator=torch.Generator().manual_seed(1))
+    z[4] = z[1]
+    mf = MaxFold(z, torch.ones(1, 5, dtype=torch.bool), None, torch.empty(0, dtype=torch.long))
+    e = torch.tensor([[0.2, 0.9, 0.1, 0.3, 1.0]])
+    wc = torch.ones(1, 5)
+    sums = e.double().sum(1, keepdim=True).t()
+    col, _, share, x = mf.shares(torch.tensor([[4]]), torch.tensor([[1.0]]), e, sums, wc, None)
+    assert col.item() == 1 and x.item() == e[0, 1].item()
+    p = 0.9 / float(e.double().sum())
+    assert abs(share.item() - (p - 1)) < 1e-6
+
+
+def test_set_at_writes_one_entry_per_row():
+    block = torch.zeros(3, 4)
+    set_at(block, torch.tensor([2, -1, 0]), torch.tensor([True, True, False]),
+           torch.tensor([5.0, 6.0, 7.0]))
+    expect = torch.zeros(3, 4)
+    expect[0, 2] = 5.0       # row 1: no column (-1); row 2: not taken
+    assert torch.equal(block, expect)
