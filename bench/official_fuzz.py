@@ -15,6 +15,7 @@ tau). Prints each case over the rule as it happens, then the worst ratio per eng
     python bench/official_fuzz.py --dims 1 2 3 8 --max-log-bound 3.6
     python bench/official_fuzz.py --cases 1000 --seconds 3600 --engines triton   # fixed cases
     python bench/official_fuzz.py --levels 3 --engines torch      # the hierarchical loss too
+    python bench/official_fuzz.py --rows 512 700 1030 --engines torch   # the symmetric engine
 
 Measured 2026-11-27 (session 22, Triton interpreter, CPU flash attention): docs/LOSS.md."""
 from __future__ import annotations
@@ -76,8 +77,12 @@ def _levels(rng: random.Random, z, y, p, max_levels: int, seed: int):
     return ys, ps
 
 
-def _case(rng: random.Random, dims, max_log_bound: float, seed: int, max_levels: int = 1):
-    n = rng.choice([2, 3, 5, 8, 13, 31, 64, 100, 150, 257])
+ROWS = [2, 3, 5, 8, 13, 31, 64, 100, 150, 257]
+
+
+def _case(rng: random.Random, dims, max_log_bound: float, seed: int, max_levels: int = 1,
+          rows=None):
+    n = rng.choice(rows or ROWS)
     d = rng.choice(dims)
     tau = rng.choice([0.01, 0.1, 0.5, 1.0])
     bound = 10 ** rng.uniform(0, max_log_bound)
@@ -118,12 +123,17 @@ def main(argv=None) -> None:
     ap.add_argument("--dims", type=int, nargs="+", default=[1, 2, 3, 8, 16, 40])
     ap.add_argument("--max-log-bound", type=float, default=4.5)
     ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    ap.add_argument("--rows", type=int, nargs="+", default=None,
+                    help=f"row counts to draw from (default {ROWS}; >= 512: the symmetric "
+                         "engine on one level)")
     ap.add_argument("--levels", type=int, default=1,
                     help="up to this many levels (the hierarchical loss; 1: the cases as before)")
     args = ap.parse_args(argv)
     if (args.seconds <= 0 or min(args.dims) < 1 or args.max_log_bound < 0
-            or (args.cases is not None and args.cases < 1) or args.levels < 1):
-        ap.error("--seconds > 0, --cases >= 1, --dims >= 1, --max-log-bound >= 0, --levels >= 1")
+            or (args.cases is not None and args.cases < 1) or args.levels < 1
+            or min(args.rows or ROWS) < 2):
+        ap.error("--seconds > 0, --cases >= 1, --dims >= 1, --max-log-bound >= 0, --levels >= 1"
+                 ", --rows >= 2")
     torch.set_num_threads(1)
     rng = random.Random(args.seed)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -133,7 +143,7 @@ def main(argv=None) -> None:
     while time.time() < end and (args.cases is None or cases < args.cases):
         cases += 1
         z, y, p, kw, desc = _case(rng, args.dims, args.max_log_bound, args.seed * 1_000_003 + cases,
-                                  args.levels)
+                                  args.levels, args.rows)
         n, d = z.shape
         protos = [q for q in (p if isinstance(p, list) else [p]) if q is not None]
         w = torch.linspace(-1, 2, n + sum(q.shape[0] for q in protos))

@@ -1,10 +1,11 @@
-"""``_max_fold.MaxFold.shares``: the official row max's gradient entry g (p - 1), formed so that
-it cancels exactly, against p computed in float64 from the same block."""
+"""``_max_fold``: the LSE part g (p - 1) of the official arg-max entry (``MaxFold.shares``),
+formed so that it cancels exactly, against p in float64 from the same block; the helpers that
+take the entry out of a gradient block."""
 from __future__ import annotations
 
 import torch
 
-from hiertail_fast.ops._max_fold import MaxFold, set_at
+from hiertail_fast.ops._max_fold import ArgmaxShare, MaxFold, fold_levels, positive_q, set_at
 
 
 def _block(seed: int, n_c: int = 7, n_r: int = 3, b: int = 5, levels: int = 2):
@@ -24,7 +25,7 @@ def _fold(n_c: int, n_r: int, levels: int):
     z = torch.randn(n_c + n_r, 4, generator=torch.Generator().manual_seed(9))
     visible = torch.ones(levels, n_c + n_r, dtype=torch.bool)
     return MaxFold(z, visible, None if n_r == 0 else torch.arange(n_c),
-                   torch.arange(n_c, n_c + n_r))
+                   torch.arange(n_c, n_c + n_r), ArgmaxShare(levels, n_c + n_r, "cpu"))
 
 
 def test_shares_match_float64_softmax_on_common_and_rest_keys():
@@ -32,7 +33,8 @@ def test_shares_match_float64_softmax_on_common_and_rest_keys():
     n_c, n_r, levels, b = e.shape[1], v_r.shape[2], wc.shape[0], e.shape[0]
     mf = _fold(n_c, n_r, levels)
     arg = torch.tensor([[0, 3, n_c + 0, 6, n_c + 2], [2, n_c + 1, 1, 4, 5]])
-    col, rcol, share, x = mf.shares(arg, coef, e, sums, wc, v_r)
+    tgt, col, rcol, share, x = mf.shares(arg, coef, e, sums, wc, v_r)
+    assert torch.equal(tgt, arg) and share.dtype == torch.float64
     terms = torch.cat([(wc[:, None, :] * e[None]).double(), v_r.double().exp()], dim=2)
     tot = terms.sum(2)
     for lev in range(levels):
@@ -58,7 +60,7 @@ def test_share_is_exactly_zero_when_the_max_holds_the_whole_row():
     coef = torch.tensor([[0.7, -1.3, 2.0, 1e-3]])
     mf = _fold(n_c, 0, 1)
     arg = torch.tensor([[0, 2, 5, 1]])
-    _, _, share, _ = mf.shares(arg, coef, e, sums, wc, None)
+    share = mf.shares(arg, coef, e, sums, wc, None)[3]
     assert (share == 0).all()
 
 
@@ -67,12 +69,14 @@ def test_shares_go_to_the_first_of_duplicate_keys():
     the share's column follows it, its p is that key's own."""
     z = torch.randn(5, 3, generator=torch.Generator().manual_seed(1))
     z[4] = z[1]
-    mf = MaxFold(z, torch.ones(1, 5, dtype=torch.bool), None, torch.empty(0, dtype=torch.long))
+    mf = MaxFold(z, torch.ones(1, 5, dtype=torch.bool), None, torch.empty(0, dtype=torch.long),
+                 ArgmaxShare(1, 5, "cpu"))
     e = torch.tensor([[0.2, 0.9, 0.1, 0.3, 1.0]])
     wc = torch.ones(1, 5)
     sums = e.double().sum(1, keepdim=True).t()
-    col, _, share, x = mf.shares(torch.tensor([[4]]), torch.tensor([[1.0]]), e, sums, wc, None)
-    assert col.item() == 1 and x.item() == e[0, 1].item()
+    tgt, col, _, share, x = mf.shares(torch.tensor([[4]]), torch.tensor([[1.0]]), e, sums, wc,
+                                      None)
+    assert tgt.item() == 1 and col.item() == 1 and x.item() == e[0, 1].item()
     p = 0.9 / float(e.double().sum())
     assert abs(share.item() - (p - 1)) < 1e-6
 
@@ -84,3 +88,31 @@ def test_set_at_writes_one_entry_per_row():
     expect = torch.zeros(3, 4)
     expect[0, 2] = 5.0       # row 1: no column (-1); row 2: not taken
     assert torch.equal(block, expect)
+
+
+def test_fold_levels_leaves_out_the_folded_levels_and_pre_subtracts_their_positive():
+    """Two levels over 3 common keys, one row: level 0's arg-max is key 2 (a positive of the row),
+    level 1's is key 0. Entry (0, 2) keeps only level 1's term minus level 0's positive term;
+    entry (0, 0) keeps only level 0's term; the other entry is untouched."""
+    a = torch.tensor([[0.5], [0.25]])                        # a_l (units of a_max)
+    wc = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    e = torch.tensor([[0.75, 0.5, 1.0]])
+    t = (a[0][:, None] * wc[0] + a[1][:, None] * wc[1]) * e
+    untouched = t[0, 1].clone()
+    col = torch.tensor([[2], [0]])
+    x = torch.stack([e[:, 2], e[:, 0]])
+    pos = torch.tensor([[True], [False]])
+    q = torch.where(pos, positive_q(x), 0.0)
+    coef = torch.tensor([[-0.125], [-0.5]])
+    a_max = 2.0
+    fold_levels(t, col, pos, q, coef, a, wc, x, a_max)
+    assert torch.allclose(t[0, 2], a[1, 0] * wc[1, 2] * e[0, 2] - coef[0, 0] * q[0, 0] / a_max)
+    assert torch.allclose(t[0, 0], a[0, 0] * wc[0, 0] * e[0, 0])
+    assert t[0, 1] == untouched
+
+
+def test_positive_q_matches_the_official_pairs():
+    from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS
+
+    x = torch.tensor([1.0, 0.5, 1e-7, 0.0])
+    assert torch.equal(positive_q(x), x / (x + OFFICIAL_EPS))

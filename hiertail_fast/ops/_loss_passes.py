@@ -11,6 +11,7 @@ from hiertail_fast.ops import _attention_lse, _lse_symmetric, _lse_torch, _trito
 from hiertail_fast.ops._contrastive_pairs import positive_pairs
 from hiertail_fast.ops._dispatch import triton_available
 from hiertail_fast.ops._loss_terms import Levels, argmax_grad, class_sum_term, ratio
+from hiertail_fast.ops._max_fold import ArgmaxShare
 from hiertail_fast.ops._positive_blocks import POSITIVES_ENV, BlockPositives, positives_plan
 from hiertail_fast.ops._tied_keys import first_tied_key
 
@@ -115,10 +116,11 @@ def fused_pass(zc, z_in, lv: Levels, base, inv_n, log_eps_w, log_w, scale: float
     elif official and backend == "torch" and not triton_pos:
         positives = block_positives(zc, lv, include_self, -(base * inv_n), scale)
     kw = {} if positives is None else {"positives": positives}
-    # our engines fold the row max's share -g r into their gradient blocks (``_lse_torch``)
-    max_fold = official and mod is _lse_torch
-    if max_fold:
-        kw["fold_argmax"] = True
+    # our engines take the arg-max entries out of their GEMMs and hand back their LSE part
+    # and positive term, added below with the rest of the entry (``_max_fold``)
+    share = None
+    if official and mod in (_lse_torch, _lse_symmetric):
+        share = kw["fold_argmax"] = ArgmaxShare(lv.log_w.shape[0], zc.shape[0], zc.device)
 
     def coef_fn(rows, lse_b, max_b):
         g = base[:, rows]
@@ -138,10 +140,13 @@ def fused_pass(zc, z_in, lv: Levels, base, inv_n, log_eps_w, log_w, scale: float
                                              None)
     if dzp is not None:
         dz += dzp
-    # the row max's share: gamma_i on s_{i, argmax_i}, its -g_i r_i part where the engine has
-    # not folded it
-    gamma = base * big_q * inv_n
-    if not max_fold:
-        gamma = gamma - base * ratio(lse, rmax, log_eps_w)
-    dz += argmax_grad(zc, amax, gamma, scale)
+    if share is not None:
+        # the whole entry (i, a): LSE part u = g (p - 1), the positive term c q_out the engine
+        # left out, the positives' share g_b Q / n of the max, summed per row in float64
+        gamma = share.u + base.double() * inv_n.double() * (big_q - share.q_out)
+        dz += argmax_grad(zc, amax, gamma, scale, precise=True)
+    else:
+        # the row max's share: gamma_i on s_{i, argmax_i}
+        gamma = base * (big_q * inv_n - ratio(lse, rmax, log_eps_w))
+        dz += argmax_grad(zc, amax, gamma, scale)
     return lse, rmax, amax, big_t, big_q, dz

@@ -43,6 +43,8 @@ import torch
 from hiertail_fast.ops import _native
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS
 from hiertail_fast.ops._lse_torch import MAX_BLOCK_ROWS, block_bytes, exp_cutoff
+from hiertail_fast.ops._max_fold import TileFold
+from hiertail_fast.ops._tied_keys import first_tied_key
 
 ENV_VAR = "HIERTAIL_SYMMETRIC"
 # below this many rows the row-block engine's single block is as good (and has fewer calls)
@@ -118,14 +120,18 @@ def _tiles(n: int) -> tuple[list[tuple[int, int, int, int]], int]:
     its diagonal tile (c0 = r0) and the keys after it, cut into pieces of at most
     ``HIERTAIL_CPU_BLOCK_BYTES`` (48 MB, as the row-block engine's buffer) so the buffer stays
     bounded at any N (one piece up to ~49k keys at 256 rows)."""
-    b = MAX_BLOCK_ROWS
-    width = max(b, block_bytes() // (4 * b))
+    b, width = MAX_BLOCK_ROWS, _piece_width()
     tiles = []
     for r0 in range(0, n, b):
         r1 = min(n, r0 + b)
         tiles.append((r0, r1, r0, r1))
         tiles.extend((r0, r1, c0, min(n, c0 + width)) for c0 in range(r1, n, width))
     return tiles, b * min(n, max(b, width))
+
+
+def _piece_width() -> int:
+    """Columns per off-diagonal piece of ``_tiles``."""
+    return max(MAX_BLOCK_ROWS, block_bytes() // (4 * MAX_BLOCK_ROWS))
 
 
 def _gemm(buf: torch.Tensor, a: torch.Tensor, bt: torch.Tensor) -> torch.Tensor:
@@ -135,12 +141,15 @@ def _gemm(buf: torch.Tensor, a: torch.Tensor, bt: torch.Tensor) -> torch.Tensor:
 
 
 def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool,
-              coef_fn=None, positives: Positives | None = None):
+              coef_fn=None, positives: Positives | None = None, fold_argmax=None):
     """-> (lse [1, N] float64, rowmax [1, N] or None, argmax [1, N] or None, dz or None).
 
     ``coef_fn(rows, lse [1, N], rowmax [1, N] or None) -> g [1, N]`` (rows = slice(0, N)); None:
     forward only (pass 1). ``positives``: the official positive pairs (their T, Q are filled
-    and their gradient is added to dz)."""
+    and their gradient is added to dz). ``fold_argmax`` (an ``_max_fold.ArgmaxShare``; with
+    need_max and coef_fn): the entries (i, a_i) are left out of dz (a_i: the first key equal
+    to the returned arg-max's row) and their LSE part and positive term handed back in it
+    (``_max_fold.TileFold``)."""
     stats_fn, grad_fn = _kernels()
     n, _ = z.shape
     threads = torch.get_num_threads()
@@ -209,8 +218,16 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
     big_t = torch.zeros(n, dtype=torch.float64) if with_pos else None
     big_q = torch.zeros(n, dtype=torch.float64) if with_pos else None
     w_pos = w if with_pos else None
+    fold = None
+    if fold_argmax is not None and need_max:
+        target = inv[first_tied_key(z, argmax)[0][order]]                 # sorted positions
+        fold = TileFold(tiles, MAX_BLOCK_ROWS, _piece_width(), target, g32 != 0)
+        fold.rows(dict(m=row_m, rel=rel, g=g32, lw=lw, row_s=row_s, cutoff=cutoff,
+                       c=c32, gid=positives.gid[order] if with_pos else None,
+                       include_self=positives.include_self if with_pos else True))
     dz = torch.zeros_like(zs)
-    for rs, cols, diag, s in tiles_of_the_triangle():
+    for t_id, (rs, cols, diag, s) in enumerate(tiles_of_the_triangle()):
+        logits = fold.read(t_id, s) if fold is not None else None
         used = grad_fn(threads, s.shape[0], s.shape[1], s.data_ptr(), s.stride(0), int(diag),
                        p(row_m, rs), p(rel, rs), p(g32, rs), p(lw, rs),
                        p(row_m, cols), p(rel, cols), p(g32, cols), p(lw, cols),
@@ -221,11 +238,16 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
                        p(big_q, rs), p(big_t, cols), p(big_q, cols))
         if used < 0:
             raise MemoryError("the symmetric loss kernel could not allocate its row sums")
+        if logits is not None:
+            fold.write(t_id, s, logits)
         dz[rs].addmm_(s, zs[cols])
         dz[cols].addmm_(s.t(), zs[rs])
     dz.mul_(scale * g_max)
     out = torch.empty_like(dz)
     out[order] = dz
+    if fold is not None:                        # by original row id, units of g
+        fold_argmax.u[0, order] = fold.u * g_max
+        fold_argmax.q_out[0, order] = fold.q_out
     if with_pos:
         positives.T, positives.Q = big_t[inv][None], big_q[inv][None]
         positives.handled = [True]

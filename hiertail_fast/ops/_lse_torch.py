@@ -36,7 +36,7 @@ from collections.abc import Callable
 import torch
 
 from hiertail_fast.ops import _block_exp  # (it imports this module too)
-from hiertail_fast.ops._max_fold import MaxFold, set_at
+from hiertail_fast.ops._max_fold import ArgmaxShare, MaxFold, fold_levels, positive_q, set_at
 
 CoefFn = Callable[[slice | torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
@@ -142,7 +142,7 @@ def _engine(
     lse_in: torch.Tensor | None = None,
     grad_lse: torch.Tensor | None = None,
     positives=None,
-    fold_argmax: bool = False,
+    fold_argmax: ArgmaxShare | None = None,
 ):
     n, d = z.shape
     n_levels = log_w.shape[0]
@@ -182,10 +182,10 @@ def _engine(
         folded = n_levels == 1 and (positives is None or (n_r == 0 and positives.foldable))
         zwc = zc * wc[0][:, None] if folded else None
         wrow = log_w[0].exp() if folded and positives is not None else None   # w_i by row id
-    # the official row max's share of the gradient, -g_li on s_{i, a_li}, written into the
-    # blocks as the entry g_li (p_l,ia - 1) that cancels exactly (``_max_fold``)
-    max_fold = (MaxFold(z, visible, cidx, ridx)
-                if fold_argmax and need_max and coef_fn is not None else None)
+    # the official variant's arg-max entries (i, a_li) taken out of the GEMMs, their LSE part
+    # and positive term handed back in fold_argmax (``_max_fold``)
+    max_fold = (MaxFold(z, visible, cidx, ridx, fold_argmax, positives)
+                if fold_argmax is not None and need_max and coef_fn is not None else None)
     b = _block_rows(n, n_c, z.device)
     buf = torch.empty(b, n_c, dtype=z.dtype, device=z.device)
     block_fn = (_block_exp.kernel() if z.dtype == torch.float32 and z.device.type == "cpu"
@@ -262,9 +262,13 @@ def _engine(
         g = g.to(z.dtype)
         nz = g != 0
         if max_fold is not None:
-            col, rcol, share, x = max_fold.shares(arg_b, g, e if n_c else None,
-                                                  sums if n_c else None, wc,
-                                                  v_r if n_r else None)
+            tgt, col, rcol, u, x = max_fold.shares(arg_b, g, e if n_c else None,
+                                                   sums if n_c else None, wc,
+                                                   v_r if n_r else None)
+            fold_argmax.u[:, rows] = u
+            pos_c = max_fold.common_positive(rows, tgt, col)   # the block adds its term
+            q_c = torch.where(pos_c, positive_q(x), torch.zeros_like(x))
+            fold_argmax.q_out[:, rows] = q_c.double()
         if n_c:
             a = torch.where(nz, g * torch.exp(-rel), torch.zeros_like(g))
             # a (~ g / N) goes into the GEMM operands divided by its block max and comes back
@@ -283,21 +287,16 @@ def _engine(
                     den = a[0] * (a_max * wrow[rows])
                     inv = torch.where(den != 0, 1.0 / den, torch.zeros_like(den))
                     positives.common_block(blk, rows, e, m_c, max_b, arg_b, e, inv)
-                if max_fold is not None:    # the entry (i, a): g_i (p_ia - 1) in e's units
-                    den = a[0] * (a_max * wc[0].gather(0, col[0].clamp(min=0)))
-                    take = (col[0] >= 0) & (den != 0)
-                    # the positives' part (added into e after x was read) kept as it is
-                    now = e.view(-1)[torch.arange(e.shape[0], device=e.device) * e.shape[1]
-                                     + col[0].clamp(min=0)]
-                    set_at(e, col[0], take,
-                           (now - x[0]) + share[0] / torch.where(take, den, 1.0))
+                if max_fold is not None:    # the entry (i, a) out (LSE part and positive)
+                    set_at(e, col[0], col[0] >= 0, torch.zeros_like(x[0]))
                 dz[rows] += (e @ zwc).mul_(a[0][:, None] * (scale * a_max))
                 key_c.addmm_(e.t(), zb * a[0][:, None], alpha=a_max)
             else:
                 t = level_weights(a, wc, tbuf[: r1 - r0])                 # sum_l a_li w_lk
                 t.mul_(e)                    # t = the gradient block; e keeps the forward values
                 if max_fold is not None:
-                    _fold_levels(t, col, share, a, wc, x, a_max)
+                    fold_levels(t, col, pos_c, q_c, None if positives is None
+                                else positives.coef_s[:, blk], a, wc, x, a_max)
                 if positives is not None:    # their sums, and + c_i q_ij / a_max into t
                     positives.common_block(blk, rows, e, m_c, max_b, arg_b, t, 1.0 / a_max)
                 dz[rows] += torch.mm(t, zc).mul_(scale * a_max)
@@ -305,10 +304,10 @@ def _engine(
         if n_r:
             p_r = exp_shifted_(v_r - rel[:, :, None])                     # v_r - rel <= 0
             p_r = torch.where(nz[:, :, None], g[:, :, None] * p_r, torch.zeros_like(p_r))
-            if max_fold is not None:    # levels whose arg-max is a level-specific key
+            if max_fold is not None:    # the LSE part of levels whose arg-max is a rest key
                 own = torch.zeros(p_r.shape, dtype=torch.bool, device=p_r.device)
                 own.scatter_(2, rcol.clamp(min=0)[:, :, None], (rcol >= 0)[:, :, None])
-                p_r = torch.where(own, share[:, :, None], p_r)
+                p_r = p_r.masked_fill(own, 0.0)
             p_r = p_r.sum(0)
             if pos_r is not None:
                 p_r += pos_r
@@ -316,7 +315,11 @@ def _engine(
             key_r.addmm_(p_r.t(), zb)
     rest_pairs = None
     if positives is not None:
-        rest_pairs = positives.finish(rowmax, argmax, grad)
+        drop = max_fold.targets(argmax) if max_fold is not None else None
+        rest_pairs = positives.finish(rowmax, argmax, grad, drop)
+        if drop is not None and positives.dropped is not None:   # out of the gradient terms
+            lev, r, q = positives.dropped
+            fold_argmax.q_out[lev, r] = q.double()
     if not grad:
         return lse, rowmax, argmax, None
     if rest_pairs is not None:          # the official positives with a level-specific key
@@ -333,20 +336,6 @@ def _engine(
     if n_r:
         dz.index_add_(0, ridx, key_r, alpha=scale)
     return lse, rowmax, argmax, dz
-
-
-def _fold_levels(t, col, share, a, wc, x, a_max: float):
-    """``_max_fold``'s entries into a gradient block of several levels, t_ik = sum_l a_l,i
-    w_lk e_ik (units of a_max), before the positives add theirs: the entry (i, col_l,i) of
-    each level whose arg-max is a common key is rewritten whole, sum over the levels l' of
-    share_l' / a_max where col_l' = col_l, else a_l' w_l',col e (x_l = e at col_l)."""
-    cc = col.clamp(min=0)
-    for lev in range(col.shape[0]):
-        c = cc[lev]
-        same = col == col[lev][None, :]                                   # [L, b]
-        plain = a * wc.gather(1, c[None].expand_as(a)) * x[lev][None, :]
-        val = torch.where(same, share * (1.0 / a_max), plain).sum(0)
-        set_at(t, col[lev], col[lev] >= 0, val)
 
 
 def _compute_dtype(z: torch.Tensor) -> torch.dtype:
@@ -379,14 +368,15 @@ def lse_backward(
 
 
 def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool,
-              coef_fn: CoefFn, positives=None, fold_argmax: bool = False):
+              coef_fn: CoefFn, positives=None, fold_argmax: ArgmaxShare | None = None):
     """Forward and gradient in one pass: coef_fn(rows, lse_b [L,b], rowmax_b) -> g [L,b]
     (rows: the block's rows, a slice or an index tensor).
 
     Returns (lse, rowmax, argmax, dz) with dz = d/dz sum g * lse (+ the positive pairs' part
-    when ``positives``, a ``_positive_blocks.BlockPositives``, is given; + the official row
-    max's share, d/dz of -sum g_li s_{i, a_li}, with ``fold_argmax`` and need_max: a_li the
-    first key, among those whose row equals the returned arg-max's, visible at level l).
+    when ``positives``, a ``_positive_blocks.BlockPositives``, is given). With
+    ``fold_argmax`` (an ``_max_fold.ArgmaxShare``) and need_max, the entries (i, a_li) are
+    left out of dz (a_li: the first key, among those whose row equals the returned arg-max's,
+    visible at level l) and their LSE part and positive term handed back in it.
     """
     zc = z.to(_compute_dtype(z))
     return _engine(zc, log_w, float(scale), need_max, coef_fn=coef_fn, positives=positives,

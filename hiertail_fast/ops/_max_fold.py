@@ -1,23 +1,30 @@
-"""The official row max's share of the gradient, folded into the row-block engine's blocks.
+"""The official row max's gradient entry, taken out of the torch engines' GEMMs.
 
 The official loss subtracts each row's max M_l,i = s_{i,a} (a = a_l,i: the arg-max the dense
-reference takes, ``_tied_keys``), so its gradient puts -g_li on s_ia, where the LSE part puts
-g_li p_l,ia, and p_l,ia ~ 1 wherever one key dominates the row (large logits). The dense
-reference adds both into one gradient entry, g (p - 1), before its GEMM. Added apart (the LSE
-part inside the engine's GEMMs, -g after them), both are summed over every row sharing the key
-a, at the size of the terms, and their difference keeps ~N ulp of them: on low-dimensional
-embeddings most rows share one or two arg-max keys (``bench/official_fuzz.py``: 23x the tests'
-rule at d = 1).
+reference takes, ``_tied_keys``), so three gradient terms meet on the one logit s_ia:
 
-So the engine (``_lse_torch._engine(fold_argmax=True)``) writes the entry g (p - 1) itself,
-formed so that the cancellation is exact: with t = w_a e_ia the arg-max term of the row's sum
-and o = the sum of all its other terms (both relative to the block's shift),
+    g (p_ia - 1)      the LSE part g p_ia and the max's -g (g = g_b r: the LSE coefficient)
+    c q_ia            the positive pair (i, a) where a is one of i's positives (c = -g_b / n_i)
+    g_b Q_i / n_i     the positives' share of the max (Q_i = sum of q over i's positives)
 
-    g (p - 1) = -g o / (t + o) = -g sigmoid(log o - log t),
+and they cancel: at large logits p_ia ~ 1 (one key dominates the row); at moderate ones
+Q_i / n_i ~ r_i ~ 1 (every positive's q ~ 1) while p_ia is small. The dense reference adds them
+into one gradient entry before its GEMM. Summed apart over every row sharing the key a (the
+LSE part inside an engine's GEMMs, the rest after them), their difference keeps ~N ulp of the
+terms: low-dimensional embeddings, where most rows share one or two arg-max keys, met the
+tests' rule 23x over (``bench/official_fuzz.py``).
 
-where o is the float64 sum minus t (the block step's float64 sums of fp32 products: t is one
-of them, the same fp32 product) and the level-specific keys' part a log-sum-exp without a:
-o = 0 (every other term below e^-C) gives exactly 0, as the reference's p - 1 = 1 - 1 does.
+So the engines take the entry (i, a) of each folded level and row out of their GEMMs (its LSE
+part, and the positive's term where their own blocks add it) and hand back, per level and row,
+
+    u     = g (p_ia - 1) = -g o / (t + o) = -g sigmoid(log o - log t)     (float64)
+    q_out = q_ia of the positive term they took out (0 if none)
+
+with t = w_a e_ia the arg-max term of the row's sum and o the sum of its other terms (the block
+step's float64 sums minus t, the same fp32 product; the level-specific keys' part a log-sum-exp
+without a): o = 0 (every other term below e^-C) gives exactly 0, as the reference's 1 - 1. The
+caller adds the entry's total v = u + g_b (Q_i - q_out) / n_i (float64; both sides, one row
+each) after the pass, when Q is known: what cancels, cancels per row.
 """
 from __future__ import annotations
 
@@ -26,11 +33,30 @@ import torch
 from hiertail_fast.ops._tied_keys import first_tied_key
 
 
+class ArgmaxShare:
+    """The engine's hand-back (original row ids, [L, N] float64): ``u`` and ``q_out`` (see the
+    module docstring)."""
+
+    def __init__(self, n_levels: int, n: int, device):
+        self.u = torch.zeros(n_levels, n, dtype=torch.float64, device=device)
+        self.q_out = torch.zeros_like(self.u)
+
+
+def positive_q(x: torch.Tensor) -> torch.Tensor:
+    """q = x / (x + eps) in x's dtype, as the positives' kernels form it."""
+    from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS  # (it imports _lse_torch)
+
+    return x / (x + OFFICIAL_EPS)
+
+
 class MaxFold:
-    """Per call: each key's reference arg-max among equal rows, and its block column."""
+    """The row-block engine's (``_lse_torch._engine``) per-call plan: each key's reference
+    arg-max among equal rows, its block column, and the official positives' labels (``gid``
+    [L, N], ``handled`` [L] bool: levels whose positives the engine's blocks add; None: none
+    do)."""
 
     def __init__(self, z: torch.Tensor, visible: torch.Tensor, cidx: torch.Tensor | None,
-                 ridx: torch.Tensor):
+                 ridx: torch.Tensor, share: ArgmaxShare, positives=None):
         n, n_levels = z.shape[0], visible.shape[0]
         ids = torch.arange(n, device=z.device)
         # each key id moved to the first equal visible key (duplicate rows: the reference's
@@ -41,15 +67,20 @@ class MaxFold:
         self.col_of[common] = torch.arange(common.numel(), device=z.device)
         self.rcol_of = torch.full((n,), -1, dtype=torch.long, device=z.device)
         self.rcol_of[ridx] = torch.arange(ridx.numel(), device=z.device)
+        self.share = share
+        self.gid = self.handled = None
+        if positives is not None:
+            self.gid, self.include_self = positives.gid, positives.include_self
+            self.handled = torch.tensor(positives.handled, device=z.device)
 
     def shares(self, arg_b, g, e, sums, wc, v_r):
-        """The entries g (p - 1) of one block, read from its forward values (before the
-        positives write into them). arg_b [L, b]: the engine's arg-max key ids; g [L, b]: the
-        LSE coefficients; e [b, N_c] = exp(s - shift) on the common keys (None if none), sums
-        [L, b] their weighted sums, wc [L, N_c] their weights; v_r [L, b, N_r] = s + log w -
-        shift on the level-specific keys (-inf hidden; None if none).
-        -> (col, rcol [L, b]: the entry's common / rest column, -1 where it is not one;
-            share [L, b] in g's dtype; x [L, b]: e at col (0 where col < 0))."""
+        """The LSE parts u = g (p - 1) of one block's arg-max entries, from its forward values
+        (before the positives write into them). arg_b [L, b]: the engine's arg-max key ids;
+        g [L, b]: the LSE coefficients; e [b, N_c] = exp(s - shift) on the common keys (None if
+        none), sums [L, b] their weighted sums, wc [L, N_c] their weights; v_r [L, b, N_r] =
+        s + log w - shift on the level-specific keys (-inf hidden; None if none).
+        -> (tgt [L, b] key ids; col, rcol [L, b]: the entry's common / rest column, -1 where
+            it is not one; u [L, b] float64; x [L, b]: e at col, 0 where col < 0)."""
         tgt = self.tied.gather(1, arg_b)
         col, rcol = self.col_of[tgt], self.rcol_of[tgt]
         at_c = col >= 0
@@ -72,8 +103,24 @@ class MaxFold:
             own = torch.zeros(v.shape, dtype=torch.bool, device=v.device)
             v = v.masked_fill(own.scatter_(2, rc, at_r[:, :, None]), float("-inf"))
             log_o = torch.logaddexp(log_o, torch.logsumexp(v, dim=2))
-        share = -g.to(dt) * torch.sigmoid(log_o - log_t)
-        return col, rcol, share.to(g.dtype), x
+        u = -g.to(dt) * torch.sigmoid(log_o - log_t)
+        return tgt, col, rcol, u, x
+
+    def common_positive(self, rows, tgt, col) -> torch.Tensor:
+        """[L, b] bool: the entry (i, a) is a common key among i's positives at a level whose
+        positives the engine's blocks add (their term is in the block, at that entry)."""
+        if self.gid is None:
+            return torch.zeros(tgt.shape, dtype=torch.bool, device=tgt.device)
+        g_row = self.gid[:, rows]
+        pos = (self.gid.gather(1, tgt) == g_row) & (g_row >= 0) & (col >= 0)
+        if not self.include_self:
+            pos &= tgt != (rows if torch.is_tensor(rows) else
+                           torch.arange(rows.start, rows.stop, device=tgt.device))[None, :]
+        return pos & self.handled[:, None]
+
+    def targets(self, argmax: torch.Tensor) -> torch.Tensor:
+        """[L, N] the reference's arg-max of every row from the engine's."""
+        return self.tied.gather(1, argmax)
 
 
 def set_at(block: torch.Tensor, col: torch.Tensor, take: torch.Tensor, val: torch.Tensor):
@@ -83,3 +130,114 @@ def set_at(block: torch.Tensor, col: torch.Tensor, take: torch.Tensor, val: torc
     flat = torch.arange(rows, device=block.device) * width + col.clamp(min=0)
     view = block.view(-1)
     view.index_put_((flat,), torch.where(take & (col >= 0), val, view[flat]))
+
+
+def fold_levels(t, col, pos, q, coef, a, wc, x, a_max: float):
+    """The entries (i, col_l,i) of a gradient block of several levels, t_ik = sum_l a_l,i w_lk
+    e_ik (units of a_max), rewritten BEFORE the positives add theirs: the levels whose arg-max
+    is that key (col_l' = col_l) leave out their LSE part, and pre-subtract the positive term
+    c_l' q_l' the positives will add where ``pos`` (so it cancels there); the other levels keep
+    a_l' w_l',col e. coef [L, b]: the positives' coefficients c (None: no positives)."""
+    cc = col.clamp(min=0)
+    for lev in range(col.shape[0]):
+        same = col == col[lev][None, :]                                   # [L, b]
+        plain = a * wc.gather(1, cc[lev][None].expand_as(a)) * x[lev][None, :]
+        val = torch.where(same, 0.0, plain)
+        if coef is not None:
+            val = val - torch.where(same & pos, coef * q * (1.0 / a_max), 0.0)
+        set_at(t, col[lev], col[lev] >= 0, val.sum(0))
+
+
+class TileFold:
+    """The same in the symmetric engine (``_lse_symmetric``), whose tiles hold each unordered
+    pair once: W_ij = A_ij + A_ji (+ the positives' c q of both directions) off the diagonal
+    block, A_ij (+ c_i q_ij) on it, A_ij = g_i w_j exp(s_ij - lse_i). The entry of a row i and
+    its arg-max a is rewritten in float64 from the tile's logit (read before the gradient pass
+    overwrites it) and the rows' pass-1 statistics: the direction i -> a left out (its u and
+    q_out recorded), the other direction as it was (A_ai + its positive term, or left out in
+    turn where a's arg-max is i).
+
+    Rows are in the engine's sorted order; ``tiles``: the engine's (r0, r1, c0, c1) list,
+    ``block``/``width`` its row block and column piece; target [N]: each row's arg-max (first
+    of duplicate keys), sorted positions; take [N]: rows with a nonzero coefficient."""
+
+    def __init__(self, tiles, block: int, width: int, target: torch.Tensor, take: torch.Tensor):
+        n = target.numel()
+        i = take.nonzero().squeeze(1)
+        k = target[i]
+        diag = (i // block) == (k // block)
+        lo = torch.where(diag, i, torch.minimum(i, k))
+        hi = torch.where(diag, k, torch.maximum(i, k))
+        fwd = diag | (i == lo)                      # the fold's query is the entry's row
+        # off the diagonal block, (i, a) and (a, i) are one entry: merge mutual arg-maxes
+        key = lo * n + hi + torch.where(diag, 0, n * n)
+        key, inv = torch.unique(key, return_inverse=True)
+        first = torch.full((key.numel(),), i.numel(), dtype=torch.long)
+        first.scatter_reduce_(0, inv, torch.arange(i.numel()), "amin")
+        self.q, self.k, self.diag = lo[first], hi[first], diag[first]
+        flag = torch.zeros(key.numel(), dtype=torch.uint8)
+        self.f1 = flag.scatter_reduce(0, inv, fwd.to(torch.uint8), "amax").bool()
+        self.f2 = flag.scatter_reduce(0, inv, (~fwd).to(torch.uint8), "amax").bool()
+        # the entries' tiles and their offsets in a tile's [r1 - r0, c1 - c0] buffer
+        index = {(r0, c0): t for t, (r0, _, c0, _) in enumerate(tiles)}
+        r0 = (self.q // block) * block
+        r1 = torch.clamp(r0 + block, max=n)
+        c0 = torch.where(self.diag, r0, r1 + ((self.k - r1) // width) * width)
+        tile = torch.tensor([index[(a, b)] for a, b in zip(r0.tolist(), c0.tolist(),
+                                                           strict=True)], dtype=torch.long)
+        ld = torch.tensor([tiles[t][3] - tiles[t][2] for t in tile.tolist()], dtype=torch.long)
+        flat = (self.q - r0) * ld + (self.k - c0)
+        order = torch.argsort(tile, stable=True)
+        for name in ("q", "k", "diag", "f1", "f2"):
+            setattr(self, name, getattr(self, name)[order])
+        self.flat, tile = flat[order], tile[order]
+        ends = torch.cumsum(torch.bincount(tile, minlength=len(tiles)), 0).tolist()
+        self.spans = [slice(a, b) if b > a else None
+                      for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+        self.u = torch.zeros(n, dtype=torch.float64)        # sorted order, units of g
+        self.q_out = torch.zeros(n, dtype=torch.float64)
+
+    def rows(self, stats):
+        """Bind the rows' statistics (a dict: m, rel, g, lw, row_s, cutoff; for the positives
+        c, gid, include_self; c None: none)."""
+        self.st = stats
+
+    def read(self, t: int, s: torch.Tensor):
+        """Tile t's logits at its entries (before the gradient pass), or None (no entry)."""
+        sp = self.spans[t]
+        return None if sp is None else s.reshape(-1)[self.flat[sp]].clone()
+
+    def write(self, t: int, s: torch.Tensor, logits: torch.Tensor):
+        """Tile t's entries rewritten (after the gradient pass wrote W into s)."""
+        sp = self.spans[t]
+        q, k, f1, f2 = self.q[sp], self.k[sp], self.f1[sp], self.f2[sp]
+        off = ~self.diag[sp]
+        val = self._direction(logits, q, k, f1)
+        val += torch.where(off, self._direction(logits, k, q, f2 & off), 0.0)
+        s.view(-1)[self.flat[sp]] = val.to(s.dtype)
+
+    def _direction(self, s, q, k, fold):
+        """Query q, key k of the logits s (fp32): A_qk plus the positives' c_q q_qk, or 0
+        where ``fold`` (u and q_out of row q recorded)."""
+        st = self.st
+        cut = st["cutoff"]
+        arg = s - st["m"][q]                                              # fp32, as the kernel
+        x = torch.where(arg < -cut, 0.0, torch.exp(arg))                  # fp32
+        g = st["g"][q].double()
+        a_arg = arg.double() + (st["lw"][k].double() - st["rel"][q].double())
+        val = g * torch.where(a_arg < -cut, 0.0, torch.exp(a_arg))
+        pos = torch.zeros_like(fold)
+        if st["c"] is not None:
+            pos = st["gid"][q] == st["gid"][k]
+            if not st["include_self"]:
+                pos &= q != k
+            qv = positive_q(x).double()
+            val = val + torch.where(pos, st["c"][q].double() * qv, 0.0)
+        if bool(fold.any()):
+            t = (st["lw"][k].exp() * x).double()                          # the pass-1 product
+            o = (st["row_s"][q] - t).clamp_(min=0.0)
+            u = -g * torch.sigmoid(torch.log(o) - torch.log(t))
+            self.u[q[fold]] = u[fold]
+            if st["c"] is not None:
+                self.q_out[q[fold]] = torch.where(pos, positive_q(x).double(), 0.0)[fold]
+        return torch.where(fold, 0.0, val)

@@ -195,11 +195,12 @@ class BlockPositives(SlicePlan, RestKeys):
         """[L, N] sum over row i's positives of x_ij / (x_ij + eps), by original row id."""
         return self._by_row_id(self.Q_s)
 
-    def finish(self, rowmax, argmax, want_grad: bool):
+    def finish(self, rowmax, argmax, want_grad: bool, drop=None):
         """After the engine's pass: fold the chain levels' sums into T and Q, and the rest
         positives collected per block (``_collect_rest``; rowmax, argmax [L, N]: the pass's
         level maxima by original row id). Returns their gradient terms (rows, keys,
-        coefficients), or None."""
+        coefficients), or None; ``drop``: pairs left out of them (``_finish_rest``)."""
+        self.dropped = None
         if self.chain:
             self.T_s[self.chain_idx] += self.Tc_s
             self.Q_s[self.chain_idx] += self.Qc_s
@@ -207,7 +208,7 @@ class BlockPositives(SlicePlan, RestKeys):
             self.Qc_s.zero_()
         if self._rest_pj is None:
             return None
-        out = self._finish_rest(rowmax, argmax, want_grad)
+        out = self._finish_rest(rowmax, argmax, want_grad, drop)
         self._rest_pj = self._rest_s = None
         return out
 

@@ -88,10 +88,12 @@ class RestKeys:
             self._rest_ridx, self._rest_levels = ridx, levels
         self._rest_s[:, p] = s_r.gather(1, self._rest_pj[:, p].clamp(min=0).t()).t()
 
-    def _finish_rest(self, rowmax, argmax, want_grad):
+    def _finish_rest(self, rowmax, argmax, want_grad, drop=None):
         """The rest positives collected by ``_collect_rest``, all rows at once: x = s - M_i
         made consistent with the max (ties), T and Q; with ``want_grad``, the pairs' gradient
-        coefficients c_i q_ij as (rows, keys, coefficients), original ids."""
+        coefficients c_i q_ij as (rows, keys, coefficients), original ids. ``drop`` [L, N]
+        (a key id per level and row, or None): pairs (i, drop[l, i]) are left out of the
+        gradient terms and kept in ``self.dropped`` as (levels, rows, q) (``_max_fold``)."""
         pj, ridx, levels = self._rest_pj, self._rest_ridx, self._rest_levels
         k, pos = (pj >= 0).nonzero(as_tuple=True)
         if not pos.numel():
@@ -110,4 +112,10 @@ class RestKeys:
         self.Q_s.view(-1).index_add_(0, at, q)
         if not want_grad:
             return None
-        return rows, j, q * self.coef_s.view(-1)[at]
+        coef = q * self.coef_s.view(-1)[at]
+        if drop is not None:
+            out = j == drop[lev, rows]
+            self.dropped = (lev[out], rows[out], q[out])
+            keep = ~out
+            rows, j, coef = rows[keep], j[keep], coef[keep]
+        return rows, j, coef
