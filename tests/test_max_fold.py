@@ -3,9 +3,18 @@ formed so that it cancels exactly, against p in float64 from the same block; the
 take the entry out of a gradient block."""
 from __future__ import annotations
 
+import pytest
 import torch
 
-from hiertail_fast.ops._max_fold import ArgmaxShare, MaxFold, fold_levels, positive_q, set_at
+from hiertail_fast.ops._max_fold import (
+    ArgmaxShare,
+    MaxFold,
+    TileFold,
+    fold_levels,
+    positive_q,
+    rest_without_target,
+    set_at,
+)
 
 
 def _block(seed: int, n_c: int = 7, n_r: int = 3, b: int = 5, levels: int = 2):
@@ -33,7 +42,7 @@ def test_shares_match_float64_softmax_on_common_and_rest_keys():
     n_c, n_r, levels, b = e.shape[1], v_r.shape[2], wc.shape[0], e.shape[0]
     mf = _fold(n_c, n_r, levels)
     arg = torch.tensor([[0, 3, n_c + 0, 6, n_c + 2], [2, n_c + 1, 1, 4, 5]])
-    tgt, col, rcol, share, x = mf.shares(arg, coef, e, sums, wc, v_r)
+    tgt, col, rcol, share, x = mf.shares(arg, coef, e, sums, wc, v_r, torch.logsumexp(v_r, 2))
     assert torch.equal(tgt, arg) and share.dtype == torch.float64
     terms = torch.cat([(wc[:, None, :] * e[None]).double(), v_r.double().exp()], dim=2)
     tot = terms.sum(2)
@@ -60,7 +69,7 @@ def test_share_is_exactly_zero_when_the_max_holds_the_whole_row():
     coef = torch.tensor([[0.7, -1.3, 2.0, 1e-3]])
     mf = _fold(n_c, 0, 1)
     arg = torch.tensor([[0, 2, 5, 1]])
-    share = mf.shares(arg, coef, e, sums, wc, None)[3]
+    share = mf.shares(arg, coef, e, sums, wc, None, None)[3]
     assert (share == 0).all()
 
 
@@ -75,7 +84,7 @@ def test_shares_go_to_the_first_of_duplicate_keys():
     wc = torch.ones(1, 5)
     sums = e.double().sum(1, keepdim=True).t()
     tgt, col, _, share, x = mf.shares(torch.tensor([[4]]), torch.tensor([[1.0]]), e, sums, wc,
-                                      None)
+                                      None, None)
     assert tgt.item() == 1 and col.item() == 1 and x.item() == e[0, 1].item()
     p = 0.9 / float(e.double().sum())
     assert abs(share.item() - (p - 1)) < 1e-6
@@ -116,3 +125,68 @@ def test_positive_q_matches_the_official_pairs():
 
     x = torch.tensor([1.0, 0.5, 1e-7, 0.0])
     assert torch.equal(positive_q(x), x / (x + OFFICIAL_EPS))
+
+
+def test_fold_levels_with_a_level_whose_arg_max_is_not_common():
+    """Row 0: level 0's arg-max is common key 0, level 1's a level-specific key (col -1) - the
+    level without a common column must not write over level 0's entry (one index_put for all
+    levels: the later write won with a plain write-back). Row 1: neither has one."""
+    a = torch.tensor([[0.5, 0.5], [0.25, 0.25]])
+    wc = torch.tensor([[1.0, 2.0], [4.0, 5.0]])
+    e = torch.tensor([[1.0, 0.5], [0.3, 0.2]])
+    t = (a[0][:, None] * wc[0] + a[1][:, None] * wc[1]) * e
+    before = t.clone()
+    col = torch.tensor([[0, -1], [-1, -1]])
+    x = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+    none = torch.zeros(2, 2, dtype=torch.bool)
+    fold_levels(t, col, none, torch.zeros(2, 2), None, a, wc, x, 1.0)
+    assert torch.allclose(t[0, 0], a[1, 0] * wc[1, 0] * e[0, 0])     # level 0's part out
+    assert torch.equal(t[0, 1], before[0, 1]) and torch.equal(t[1], before[1])
+
+
+def test_rest_without_target_row_subset_equals_every_row():
+    """The CPU path (only rows whose arg-max is a rest key) and the no-sync path (every row)."""
+    g = torch.Generator().manual_seed(3)
+    v_r = torch.randn(2, 6, 5, generator=g)
+    v_r[1, :, 2] = float("-inf")
+    rcol = torch.tensor([[0, -1, 4, 1, -1, 3], [-1, 0, -1, 4, 3, -1]])
+    lse_r = torch.logsumexp(v_r, 2)
+    a, ta = rest_without_target(v_r, rcol, lse_r, True)
+    b, tb = rest_without_target(v_r, rcol, lse_r, False)
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(ta, tb)
+    for lev in range(2):
+        for i in range(6):
+            j = int(rcol[lev, i])
+            keep = [k for k in range(5) if k != j]
+            torch.testing.assert_close(a[lev, i], torch.logsumexp(v_r[lev, i, keep], 0))
+            assert ta[lev, i] == (v_r[lev, i, j] if j >= 0 else 0.0)
+
+
+@pytest.mark.parametrize("n,budget", [(600, None), (1030, None), (3000, 4 * 256 * 700)])
+def test_tile_fold_addresses_every_entry_inside_its_tile(monkeypatch, n, budget):
+    """The symmetric engine's entries (i, target_i) located arithmetically in the engine's
+    tile list (diagonal tiles, then column pieces: several per block with a small block-byte
+    budget), each at its (row, column) offset in the tile's buffer, mutual pairs merged."""
+    from hiertail_fast.ops import _lse_symmetric as sym
+
+    if budget is not None:
+        monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(budget))
+    tiles, _ = sym._tiles(n)
+    target = torch.randint(0, n, (n,), generator=torch.Generator().manual_seed(n))
+    target[:3] = torch.tensor([n - 1, 0, 2])             # 0 -> n - 1, 1 -> 0, 2 -> itself
+    target[n - 1] = 0                 # 0 <-> n - 1 (other blocks): one entry, both folded
+    tf = TileFold(tiles, sym.MAX_BLOCK_ROWS, sym._piece_width(), target, target.clone(),
+                  torch.ones(n, dtype=torch.bool))
+    seen = 0
+    for t, sp in enumerate(tf.spans):
+        if sp is None:
+            continue
+        r0, r1, c0, c1 = tiles[t]
+        q, k = tf.q[sp], tf.k[sp]
+        assert ((q >= r0) & (q < r1) & (k >= c0) & (k < c1)).all()
+        assert torch.equal(tf.flat[sp], (q - r0) * (c1 - c0) + (k - c0))
+        seen += q.numel()
+    assert seen == tf.q.numel()
+    mutual = (tf.q == 0) & (tf.k == n - 1)
+    assert int(mutual.sum()) == 1 and bool(tf.f1[mutual]) and bool(tf.f2[mutual])

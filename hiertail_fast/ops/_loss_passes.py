@@ -73,12 +73,13 @@ def block_positives(zc, lv: Levels, include_self: bool, coef, scale: float):
 
 
 def official_sums(positives, triton_pos: bool, backend, zc, z_in, lv: Levels, lse, rmax,
-                   amax, scale, include_self, coef, fp32_dot):
+                   amax, scale, include_self, coef, fp32_dot, tied: bool = False):
     """The official variant's terms after the LSE pass: (amax moved to the first of equal key
-    rows, as torch.max (_tied_keys), T [L, N], Q [L, N], dz of the positives or None). Levels
-    the engine's `positives` collected are taken from it, the others run ``positive_terms``
-    with coefficients coef [L, N] (None: forward only)."""
-    amax = first_tied_key(zc, amax, torch.isfinite(lv.log_w))
+    rows, as torch.max (_tied_keys; ``tied``: it already is), T [L, N], Q [L, N], dz of the
+    positives or None). Levels the engine's `positives` collected are taken from it, the
+    others run ``positive_terms`` with coefficients coef [L, N] (None: forward only)."""
+    if not tied:
+        amax = first_tied_key(zc, amax, torch.isfinite(lv.log_w))
     big_t, big_q = torch.zeros_like(lse), torch.zeros_like(lse)
     dz = None
     for lev in range(lse.shape[0]):
@@ -135,9 +136,10 @@ def fused_pass(zc, z_in, lv: Levels, base, inv_n, log_eps_w, log_w, scale: float
         pos, dzp = class_sum_term(zc, lv, scale, include_self, -(base * inv_n))
         return lse, None, None, pos, None, dz + dzp
     rmax = rmax.to(zc.dtype)
+    tied = share is not None and share.amax is not None
     amax, big_t, big_q, dzp = official_sums(positives, triton_pos, backend, zc, z_in, lv, lse,
-                                             rmax, amax, scale, include_self, -(base * inv_n),
-                                             None)
+                                             rmax, share.amax if tied else amax, scale,
+                                             include_self, -(base * inv_n), None, tied=tied)
     if dzp is not None:
         dz += dzp
     if share is not None:

@@ -220,14 +220,15 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
     w_pos = w if with_pos else None
     fold = None
     if fold_argmax is not None and need_max:
-        target = inv[first_tied_key(z, argmax)[0][order]]                 # sorted positions
-        fold = TileFold(tiles, MAX_BLOCK_ROWS, _piece_width(), target, g32 != 0)
+        fold_argmax.amax = first_tied_key(z, argmax)                      # original ids
+        target = inv[fold_argmax.amax[0][order]]                          # sorted positions
+        fold = TileFold(tiles, MAX_BLOCK_ROWS, _piece_width(), target, inv[row_a], g32 != 0)
         fold.rows(dict(m=row_m, rel=rel, g=g32, lw=lw, row_s=row_s, cutoff=cutoff,
                        c=c32, gid=positives.gid[order] if with_pos else None,
                        include_self=positives.include_self if with_pos else True))
     dz = torch.zeros_like(zs)
     for t_id, (rs, cols, diag, s) in enumerate(tiles_of_the_triangle()):
-        logits = fold.read(t_id, s) if fold is not None else None
+        logits = fold.read(t_id, s) if fold is not None else None     # (rarely needed)
         used = grad_fn(threads, s.shape[0], s.shape[1], s.data_ptr(), s.stride(0), int(diag),
                        p(row_m, rs), p(rel, rs), p(g32, rs), p(lw, rs),
                        p(row_m, cols), p(rel, cols), p(g32, cols), p(lw, cols),
@@ -238,7 +239,7 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
                        p(big_q, rs), p(big_t, cols), p(big_q, cols))
         if used < 0:
             raise MemoryError("the symmetric loss kernel could not allocate its row sums")
-        if logits is not None:
+        if fold is not None:
             fold.write(t_id, s, logits)
         dz[rs].addmm_(s, zs[cols])
         dz[cols].addmm_(s.t(), zs[rs])

@@ -227,7 +227,8 @@ def _engine(
                 shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
                 rel = neg_inf.expand(n_levels, r1 - r0)
             v_r = v_r - shift[:, :, None]
-            rel = torch.logaddexp(rel, torch.logsumexp(v_r, dim=2))
+            lse_r = torch.logsumexp(v_r, dim=2)
+            rel = torch.logaddexp(rel, lse_r)
         # lse kept in float64: shift (|s| up to thousands) + rel (small) without losing the
         # digits of rel to the rounding of a large fp32 number (the official variant needs
         # lse - rowmax to full precision)
@@ -264,7 +265,8 @@ def _engine(
         if max_fold is not None:
             tgt, col, rcol, u, x = max_fold.shares(arg_b, g, e if n_c else None,
                                                    sums if n_c else None, wc,
-                                                   v_r if n_r else None)
+                                                   v_r if n_r else None,
+                                                   lse_r if n_r else None)
             fold_argmax.u[:, rows] = u
             pos_c = max_fold.common_positive(rows, tgt, col)   # the block adds its term
             q_c = torch.where(pos_c, positive_q(x), torch.zeros_like(x))
@@ -314,8 +316,10 @@ def _engine(
             dz[rows] += torch.mm(p_r, zr).mul_(scale)
             key_r.addmm_(p_r.t(), zb)
     rest_pairs = None
+    drop = None
+    if max_fold is not None:            # the arg-max keys the entries were taken out at
+        drop = fold_argmax.amax = max_fold.targets(argmax)
     if positives is not None:
-        drop = max_fold.targets(argmax) if max_fold is not None else None
         rest_pairs = positives.finish(rowmax, argmax, grad, drop)
         if drop is not None and positives.dropped is not None:   # out of the gradient terms
             lev, r, q = positives.dropped

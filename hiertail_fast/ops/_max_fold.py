@@ -35,11 +35,12 @@ from hiertail_fast.ops._tied_keys import first_tied_key
 
 class ArgmaxShare:
     """The engine's hand-back (original row ids, [L, N] float64): ``u`` and ``q_out`` (see the
-    module docstring)."""
+    module docstring), and ``amax``, the arg-max keys it used (``_tied_keys``' rule)."""
 
     def __init__(self, n_levels: int, n: int, device):
         self.u = torch.zeros(n_levels, n, dtype=torch.float64, device=device)
         self.q_out = torch.zeros_like(self.u)
+        self.amax = None        # [L, N] the reference's arg-max keys (the engine's, tied)
 
 
 def positive_q(x: torch.Tensor) -> torch.Tensor:
@@ -73,12 +74,13 @@ class MaxFold:
             self.gid, self.include_self = positives.gid, positives.include_self
             self.handled = torch.tensor(positives.handled, device=z.device)
 
-    def shares(self, arg_b, g, e, sums, wc, v_r):
+    def shares(self, arg_b, g, e, sums, wc, v_r, lse_r):
         """The LSE parts u = g (p - 1) of one block's arg-max entries, from its forward values
         (before the positives write into them). arg_b [L, b]: the engine's arg-max key ids;
         g [L, b]: the LSE coefficients; e [b, N_c] = exp(s - shift) on the common keys (None if
         none), sums [L, b] their weighted sums, wc [L, N_c] their weights; v_r [L, b, N_r] =
-        s + log w - shift on the level-specific keys (-inf hidden; None if none).
+        s + log w - shift on the level-specific keys (-inf hidden; None if none), lse_r [L, b]
+        their log-sum-exp.
         -> (tgt [L, b] key ids; col, rcol [L, b]: the entry's common / rest column, -1 where
             it is not one; u [L, b] float64; x [L, b]: e at col, 0 where col < 0)."""
         tgt = self.tied.gather(1, arg_b)
@@ -96,13 +98,12 @@ class MaxFold:
             others = (sums.to(dt) - torch.where(at_c, t_c, 0.0)).clamp_(min=0.0)
         log_o = torch.log(others)
         if v_r is not None:
-            at_r = rcol >= 0
-            rc = rcol.clamp(min=0)[:, :, None]
-            v = v_r.to(dt)
-            log_t = torch.where(at_r, v.gather(2, rc).squeeze(2), log_t)
-            own = torch.zeros(v.shape, dtype=torch.bool, device=v.device)
-            v = v.masked_fill(own.scatter_(2, rc, at_r[:, :, None]), float("-inf"))
-            log_o = torch.logaddexp(log_o, torch.logsumexp(v, dim=2))
+            # the level-specific terms other than the arg-max's: all of them (lse_r), or where
+            # a rest key holds it, a log-sum-exp without it (not log(e^lse_r - e^v_t): the
+            # fp32 lse_r does not resolve o << t, measured 5.6x the tests' rule on a fuzz case)
+            rest, v_t = rest_without_target(v_r, rcol, lse_r, v_r.device.type == "cpu")
+            log_t = torch.where(rcol >= 0, v_t.to(dt), log_t)
+            log_o = torch.logaddexp(log_o, rest.to(dt))
         u = -g.to(dt) * torch.sigmoid(log_o - log_t)
         return tgt, col, rcol, u, x
 
@@ -123,6 +124,26 @@ class MaxFold:
         return self.tied.gather(1, argmax)
 
 
+def rest_without_target(v_r, rcol, lse_r, subset: bool):
+    """(log-sum-exp over the level-specific keys of each row without its arg-max rest key
+    rcol (where rcol >= 0; else lse_r, all of them), [L, b]; v_r at rcol, 0 where none).
+    ``subset``: only the rows with a rest arg-max (a host sync: the CPU); else every row."""
+    at_r = rcol >= 0
+    if subset:
+        rest, v_t = lse_r.clone(), torch.zeros_like(lse_r)
+        lev, row = at_r.nonzero(as_tuple=True)
+        v = v_r[lev, row]                                                 # [K, N_r]
+        j = rcol[lev, row][:, None]
+        v_t[lev, row] = v.gather(1, j).squeeze(1)
+        rest[lev, row] = torch.logsumexp(v.scatter(1, j, float("-inf")), 1)
+        return rest, v_t
+    rc = rcol.clamp(min=0)[:, :, None]
+    own = torch.zeros(v_r.shape, dtype=torch.bool, device=v_r.device)
+    own.scatter_(2, rc, at_r[:, :, None])
+    rest = torch.where(at_r, torch.logsumexp(v_r.masked_fill(own, float("-inf")), 2), lse_r)
+    return rest, torch.where(at_r, v_r.gather(2, rc).squeeze(2), 0.0)
+
+
 def set_at(block: torch.Tensor, col: torch.Tensor, take: torch.Tensor, val: torch.Tensor):
     """block[i, col[i]] = val[i] where take[i] and col[i] >= 0 (block: a contiguous [b, n]
     matrix), no host sync: rows not taken write their own entry back."""
@@ -137,31 +158,50 @@ def fold_levels(t, col, pos, q, coef, a, wc, x, a_max: float):
     e_ik (units of a_max), rewritten BEFORE the positives add theirs: the levels whose arg-max
     is that key (col_l' = col_l) leave out their LSE part, and pre-subtract the positive term
     c_l' q_l' the positives will add where ``pos`` (so it cancels there); the other levels keep
-    a_l' w_l',col e. coef [L, b]: the positives' coefficients c (None: no positives)."""
+    a_l' w_l',col e. coef [L, b]: the positives' coefficients c (None: no positives). All
+    levels at once: [L (entry), L' (term), b]; levels sharing an entry write the same value."""
+    n_levels, b = col.shape
     cc = col.clamp(min=0)
-    for lev in range(col.shape[0]):
-        same = col == col[lev][None, :]                                   # [L, b]
-        plain = a * wc.gather(1, cc[lev][None].expand_as(a)) * x[lev][None, :]
-        val = torch.where(same, 0.0, plain)
-        if coef is not None:
-            val = val - torch.where(same & pos, coef * q * (1.0 / a_max), 0.0)
-        set_at(t, col[lev], col[lev] >= 0, val.sum(0))
+    same = col[:, None, :] == col[None, :, :]                             # [L, L', b]
+    w_at = wc[:, cc.reshape(-1)].view(n_levels, n_levels, b).transpose(0, 1)   # w_l',col_l
+    terms = torch.where(same, 0.0, a[None, :, :] * w_at * x[:, None, :])
+    if coef is not None:
+        terms = terms - torch.where(same & pos[None, :, :], (coef * q * (1.0 / a_max))[None],
+                                    0.0)
+    val = terms.sum(1)                                                    # [L, b]
+    # one index_put for all levels; a level without a common arg-max writes its row's first
+    # level that has one (same place, same value), or that row's entry back to itself
+    take = col >= 0
+    first = take.to(torch.uint8).argmax(dim=0)                            # [b]
+    ar = torch.arange(b, device=t.device)
+    flat = ar[None, :] * t.shape[1] + cc
+    view = t.view(-1)
+    f_first = flat[first, ar]
+    v_first = torch.where(take.any(dim=0), val[first, ar], view[f_first])
+    flat = torch.where(take, flat, f_first[None, :])
+    view.index_put_((flat.reshape(-1),), torch.where(take, val, v_first[None, :]).reshape(-1))
 
 
 class TileFold:
     """The same in the symmetric engine (``_lse_symmetric``), whose tiles hold each unordered
     pair once: W_ij = A_ij + A_ji (+ the positives' c q of both directions) off the diagonal
     block, A_ij (+ c_i q_ij) on it, A_ij = g_i w_j exp(s_ij - lse_i). The entry of a row i and
-    its arg-max a is rewritten in float64 from the tile's logit (read before the gradient pass
-    overwrites it) and the rows' pass-1 statistics: the direction i -> a left out (its u and
-    q_out recorded), the other direction as it was (A_ai + its positive term, or left out in
-    turn where a's arg-max is i).
+    its arg-max a is rewritten in float64 from its logit and the rows' pass-1 statistics: the
+    direction i -> a left out (its u and q_out recorded), the other direction as it was (A_ai
+    + its positive term, or left out in turn where a's arg-max is i).
+
+    The logit of an entry whose key is its row's own arg-max in pass 1 is that row's max m_i
+    (the same product, bit for bit), so those entries are computed at once, before the
+    gradient pass, and a tile only writes them; an entry moved to an earlier duplicate key
+    (``_tied_keys``) reads its logit from the tile before the gradient pass overwrites it.
 
     Rows are in the engine's sorted order; ``tiles``: the engine's (r0, r1, c0, c1) list,
     ``block``/``width`` its row block and column piece; target [N]: each row's arg-max (first
-    of duplicate keys), sorted positions; take [N]: rows with a nonzero coefficient."""
+    of duplicate keys) and own [N]: its pass-1 arg-max, sorted positions; take [N]: rows with
+    a nonzero coefficient."""
 
-    def __init__(self, tiles, block: int, width: int, target: torch.Tensor, take: torch.Tensor):
+    def __init__(self, tiles, block: int, width: int, target: torch.Tensor,
+                 own: torch.Tensor, take: torch.Tensor):
         n = target.numel()
         i = take.nonzero().squeeze(1)
         k = target[i]
@@ -174,49 +214,76 @@ class TileFold:
         key, inv = torch.unique(key, return_inverse=True)
         first = torch.full((key.numel(),), i.numel(), dtype=torch.long)
         first.scatter_reduce_(0, inv, torch.arange(i.numel()), "amin")
-        self.q, self.k, self.diag = lo[first], hi[first], diag[first]
+        q, k, diag = lo[first], hi[first], diag[first]
         flag = torch.zeros(key.numel(), dtype=torch.uint8)
-        self.f1 = flag.scatter_reduce(0, inv, fwd.to(torch.uint8), "amax").bool()
-        self.f2 = flag.scatter_reduce(0, inv, (~fwd).to(torch.uint8), "amax").bool()
-        # the entries' tiles and their offsets in a tile's [r1 - r0, c1 - c0] buffer
-        index = {(r0, c0): t for t, (r0, _, c0, _) in enumerate(tiles)}
-        r0 = (self.q // block) * block
+        f1 = flag.scatter_reduce(0, inv, fwd.to(torch.uint8), "amax").bool()
+        f2 = flag.scatter_reduce(0, inv, (~fwd).to(torch.uint8), "amax").bool()
+        # the logit is a row max where a folding direction's key is its own pass-1 arg-max
+        from_q = f1 & (own[q] == k)
+        known = from_q | (f2 & (own[k] == q))
+        # the entries' tiles (a block's diagonal tile, then its pieces, in ``tiles``' order)
+        # and their offsets in a tile's [r1 - r0, c1 - c0] buffer
+        diag_tile = torch.tensor([t for t, (r0, _, c0, _) in enumerate(tiles) if c0 == r0],
+                                 dtype=torch.long)
+        blk = q // block
+        r0 = blk * block
         r1 = torch.clamp(r0 + block, max=n)
-        c0 = torch.where(self.diag, r0, r1 + ((self.k - r1) // width) * width)
-        tile = torch.tensor([index[(a, b)] for a, b in zip(r0.tolist(), c0.tolist(),
-                                                           strict=True)], dtype=torch.long)
-        ld = torch.tensor([tiles[t][3] - tiles[t][2] for t in tile.tolist()], dtype=torch.long)
-        flat = (self.q - r0) * ld + (self.k - c0)
+        piece = torch.where(diag, 0, (k - r1).clamp(min=0) // width)
+        c0 = torch.where(diag, r0, r1 + piece * width)
+        tile = diag_tile[blk] + torch.where(diag, 0, 1 + piece)
+        ld = torch.where(diag, r1 - r0, torch.clamp(c0 + width, max=n) - c0)
         order = torch.argsort(tile, stable=True)
-        for name in ("q", "k", "diag", "f1", "f2"):
-            setattr(self, name, getattr(self, name)[order])
-        self.flat, tile = flat[order], tile[order]
+        self.q, self.k, self.diag = q[order], k[order], diag[order]
+        self.f1, self.f2, self.known = f1[order], f2[order], known[order]
+        self.from_q = from_q[order]                 # the known logit is m_q (else m_k)
+        self.flat = ((q - r0) * ld + (k - c0))[order]
         ends = torch.cumsum(torch.bincount(tile, minlength=len(tiles)), 0).tolist()
         self.spans = [slice(a, b) if b > a else None
                       for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+        # tiles with entries whose logit must be read (their positions in the tile's span)
+        unknown = (~self.known).nonzero().squeeze(1)
+        tile_of = tile[order][unknown].tolist()
+        self.unknown = {}
+        for t, e in zip(tile_of, unknown.tolist(), strict=True):
+            self.unknown.setdefault(t, []).append(e)
+        self.unknown = {t: torch.tensor(e) for t, e in self.unknown.items()}
         self.u = torch.zeros(n, dtype=torch.float64)        # sorted order, units of g
         self.q_out = torch.zeros(n, dtype=torch.float64)
 
     def rows(self, stats):
         """Bind the rows' statistics (a dict: m, rel, g, lw, row_s, cutoff; for the positives
-        c, gid, include_self; c None: none)."""
+        c, gid, include_self; c None: none) and compute every entry whose logit is known."""
         self.st = stats
+        m = stats["m"]
+        logits = torch.where(self.from_q, m[self.q], m[self.k])
+        self.val = self._values(logits, self.q, self.k, self.f1, self.f2, self.diag,
+                                self.known).to(m.dtype)
 
     def read(self, t: int, s: torch.Tensor):
-        """Tile t's logits at its entries (before the gradient pass), or None (no entry)."""
-        sp = self.spans[t]
-        return None if sp is None else s.reshape(-1)[self.flat[sp]].clone()
+        """Tile t's logits at its entries that need them (before the gradient pass), or None."""
+        idx = self.unknown.get(t)
+        return None if idx is None else s.reshape(-1)[self.flat[idx]].clone()
 
-    def write(self, t: int, s: torch.Tensor, logits: torch.Tensor):
-        """Tile t's entries rewritten (after the gradient pass wrote W into s)."""
+    def write(self, t: int, s: torch.Tensor, logits: torch.Tensor | None):
+        """Tile t's entries rewritten (after the gradient pass wrote W into s); logits: what
+        ``read`` returned."""
         sp = self.spans[t]
-        q, k, f1, f2 = self.q[sp], self.k[sp], self.f1[sp], self.f2[sp]
-        off = ~self.diag[sp]
-        val = self._direction(logits, q, k, f1)
-        val += torch.where(off, self._direction(logits, k, q, f2 & off), 0.0)
-        s.view(-1)[self.flat[sp]] = val.to(s.dtype)
+        if sp is None:
+            return
+        if logits is not None:
+            idx = self.unknown[t]
+            self.val[idx] = self._values(logits, self.q[idx], self.k[idx], self.f1[idx],
+                                         self.f2[idx], self.diag[idx], None).to(s.dtype)
+        s.view(-1)[self.flat[sp]] = self.val[sp]
 
-    def _direction(self, s, q, k, fold):
+    def _values(self, logits, q, k, f1, f2, diag, record):
+        """The entries (float64) of logits s_qk; ``record``: entries whose u / q_out to keep
+        (None: all)."""
+        off = ~diag
+        val = self._direction(logits, q, k, f1, record)
+        return val + torch.where(off, self._direction(logits, k, q, f2 & off, record), 0.0)
+
+    def _direction(self, s, q, k, fold, record):
         """Query q, key k of the logits s (fp32): A_qk plus the positives' c_q q_qk, or 0
         where ``fold`` (u and q_out of row q recorded)."""
         st = self.st
@@ -231,13 +298,13 @@ class TileFold:
             pos = st["gid"][q] == st["gid"][k]
             if not st["include_self"]:
                 pos &= q != k
-            qv = positive_q(x).double()
-            val = val + torch.where(pos, st["c"][q].double() * qv, 0.0)
-        if bool(fold.any()):
+            val = val + torch.where(pos, st["c"][q].double() * positive_q(x).double(), 0.0)
+        keep = fold if record is None else fold & record
+        if bool(keep.any()):
             t = (st["lw"][k].exp() * x).double()                          # the pass-1 product
             o = (st["row_s"][q] - t).clamp_(min=0.0)
             u = -g * torch.sigmoid(torch.log(o) - torch.log(t))
-            self.u[q[fold]] = u[fold]
+            self.u[q[keep]] = u[keep]
             if st["c"] is not None:
-                self.q_out[q[fold]] = torch.where(pos, positive_q(x).double(), 0.0)[fold]
+                self.q_out[q[keep]] = torch.where(pos, positive_q(x).double(), 0.0)[keep]
         return torch.where(fold, 0.0, val)

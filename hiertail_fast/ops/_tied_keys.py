@@ -70,6 +70,11 @@ def first_tied_key(z: torch.Tensor, arg_max: torch.Tensor,
         first.scatter_reduce_(0, group, cand, reduce="amin")
         a = arg_max[lev]
         c = first[group[a]].clamp_(max=n - 1)       # n: no visible key (a row outside the level)
-        same = (c < a) & (z[c] == z[a]).all(dim=1)  # a hash match is checked on the rows
+        same = c < a
+        if z.device.type == "cpu":                  # compare only the candidates' rows
+            idx = same.nonzero().squeeze(1)
+            same[idx] = (z[c[idx]] == z[a[idx]]).all(dim=1)
+        else:                                       # (no host sync on CUDA)
+            same &= (z[c] == z[a]).all(dim=1)       # a hash match is checked on the rows
         out[lev] = torch.where(same, c, a)
     return out
