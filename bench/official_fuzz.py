@@ -17,7 +17,8 @@ tau). Prints each case over the rule as it happens, then the worst ratio per eng
     python bench/official_fuzz.py --levels 3 --engines torch      # the hierarchical loss too
     python bench/official_fuzz.py --rows 512 700 1030 --engines torch   # the symmetric engine
 
-Measured 2026-11-27 (session 22, Triton interpreter, CPU flash attention): docs/LOSS.md."""
+Measured 2026-11-27 (sessions 22-23, Triton interpreter, CPU flash attention; the torch
+engines before and after their arg-max entry fold, ``ops/_max_fold.py``): docs/LOSS.md."""
 from __future__ import annotations
 
 import argparse
