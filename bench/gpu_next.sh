@@ -14,7 +14,9 @@
 #      tests/test_nearest_prototype.py, the logit-overflow and dense-tensor checks on CUDA,
 #      tests/test_bad_inputs.py; session 22's relative mode of the official LSE kernels,
 #      tests/test_balanced_contrastive_loss_triton.py and tests/test_contrastive_numerics.py:
-#      do the backward's recomputed scores equal the forward's row max on the card?),
+#      do the backward's recomputed scores equal the forward's row max on the card?; session
+#      23's official arg-max entry taken out of the torch row-block engine's GEMMs on CUDA,
+#      ops/_max_fold.py, tests/test_contrastive_numerics.py's shared-argmax cases on "cuda"),
 #      2. the loss kernels' registers / spills as
 #      the image's triton compiles them (bench/kernel_resources.py found the LSE backward's
 #      fixed tile spilling ~1 KB per thread), 3. loss_profile rows at d 64 and 128, N 20k and
