@@ -58,9 +58,9 @@ def _signature(kernel: str, dtype: str) -> dict:
                     stride_z="i32", scale="fp32")
     if kernel.startswith("lse bwd"):
         return dict(Z=z, LOG_W="*fp32", SHIFT="*fp32", REF="*fp32", COEF="*fp32", LSE="*fp32",
-                    ROWMAX="*fp32", ARGMAX="*i64", GRAD="*fp32", PARTIAL="*fp32", DZ="*fp32",
-                    N="i32",
-                    N_COMMON="i32", D="i32", stride_z="i32", scale="fp32")
+                    ROWMAX="*fp32", ARGMAX="*i64", ARGMAX_COEF="*fp32", GRAD="*fp32",
+                    PARTIAL="*fp32", DZ="*fp32", N="i32", N_COMMON="i32", D="i32",
+                    stride_z="i32", scale="fp32")
     return dict(Z=z, ORDER="*i64", LO="*i32", HI="*i32", ROWMAX="*fp32", TIE="*fp32",
                 UID="*i64", UID_MAX="*i64", COEF="*fp32", T="*fp32", Q="*fp32", DZ="*fp32",
                 N="i32", D="i32", stride_z="i32", scale="fp32", eps="fp32")

@@ -253,7 +253,7 @@ def _balanced_contrastive_loss_fwd_kernel(
 
 @triton.jit
 def _balanced_contrastive_loss_bwd_kernel(
-    Z, LOG_W, SHIFT, REF, COEF, LSE, ROWMAX, ARGMAX, GRAD, PARTIAL, DZ,
+    Z, LOG_W, SHIFT, REF, COEF, LSE, ROWMAX, ARGMAX, ARGMAX_COEF, GRAD, PARTIAL, DZ,
     N, N_COMMON, D, stride_z, scale,
     NUM_LEVELS: tl.constexpr, L_PAD: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -274,11 +274,11 @@ def _balanced_contrastive_loss_bwd_kernel(
     # RELATIVE: LSE holds the forward's δ = lse - r and ROWMAX its r (0 on dead rows), and
     # p = e^{(s - r) + (log w - δ)}: the arg-max's p is e^{log w_a - δ} to fp32 precision
     # (the same fp32 score as the forward's r), not rounded through an fp32 lse of |s|'s size.
-    # FOLD_ARGMAX (with RELATIVE, key side): the key side of W takes g_li (p_lia - 1) at
-    # a = ARGMAX[l, i], the row max's share of the official gradient (-g_li on s_ia) on its
-    # key cancelled per entry, as a dense computation does, not after both were summed over
-    # the rows sharing that key (~N ulp of the terms). Its query side, -g_li z_a on row i
-    # alone, is the caller's.
+    # FOLD_ARGMAX (with RELATIVE, key side): the key side of W takes g_li (p_lia - 1) + h_li
+    # at a = ARGMAX[l, i] (h = ARGMAX_COEF: the rest of the official gradient on the row max,
+    # its positives' share): the row max's share (-g_li on s_ia) on its key cancelled per
+    # entry, as a dense computation does, not after both were summed over the rows sharing
+    # that key (~N ulp of the terms). Its query side, on row i alone, is the caller's.
     offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_valid = offs_m < N
     offs_d = tl.arange(0, D_PAD)
@@ -376,10 +376,14 @@ def _balanced_contrastive_loss_bwd_kernel(
                 if RELATIVE:
                     r_c = tl.load(ROWMAX + col, mask=n_valid, other=0.0)
                     p = tl.exp((s_cr - r_c[None, :]) + (lw_j[:, None] - lse_c[None, :]))
-                    if FOLD_ARGMAX:   # rows as keys: -1 where the row is query c's arg-max
-                        a_c = tl.load(ARGMAX + col, mask=n_valid, other=-1)
-                        p -= tl.where(offs_m[:, None] == a_c[None, :], 1.0, 0.0)
-                    w += g_c[None, :] * p
+                    if FOLD_ARGMAX:   # rows as keys: g (p - 1) + h where the row is query
+                        a_c = tl.load(ARGMAX + col, mask=n_valid, other=-1)   # c's arg-max
+                        at = offs_m[:, None] == a_c[None, :]
+                        h_c = tl.load(ARGMAX_COEF + col, mask=n_valid, other=0.0)
+                        w += g_c[None, :] * (p - tl.where(at, 1.0, 0.0))
+                        w += tl.where(at, h_c[None, :], 0.0)
+                    else:
+                        w += g_c[None, :] * p
                 else:
                     w += g_c[None, :] * tl.exp(s_cr + lw_j[:, None] - lse_c[None, :])
         # W stays fp32 (it can be ~1e-10 when g ~ 1/N: an fp16 cast would flush it to zero)
@@ -578,6 +582,7 @@ def lse_backward(
     scale: float, *, two_pass: bool = False, out_dtype: torch.dtype | None = None,
     fp32_dot: str | None = None, autotune: bool | None = None, n_common: int = 0,
     rowmax: torch.Tensor | None = None, argmax: torch.Tensor | None = None,
+    argmax_coef: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Gradient of Σ_{l,i} grad_lse[l,i]·lse[l,i] with respect to z (both sides of s = Z·Zᵀ).
 
@@ -595,9 +600,10 @@ def lse_backward(
             as e^{(s - rowmax) + (log w - δ)}, δ = lse - rowmax, to fp32 precision of δ
             (not with n_common).
         argmax: (with rowmax) the forward's argmax [L, N] int64: the gradient then also has
-            the KEY side of -grad_lse[l, i] on s_{i, argmax[l, i]} (the official row max's
-            share), cancelled against p per entry inside the kernel; its query side,
-            -scale grad_lse[l, i] z_{argmax[l, i]} on row i, is left to the caller.
+            the KEY side of (argmax_coef - grad_lse)[l, i] on s_{i, argmax[l, i]} (the official
+            row max's share, and the rest of the gradient on it), cancelled against p per
+            entry inside the kernel; its query side, on row i, is left to the caller.
+        argmax_coef: (with argmax) [L, N], the coefficient added at the arg-max (None: 0).
     Returns:
         dz [N, d] in out_dtype (fp32 accumulation), deterministic run to run.
     """
@@ -607,6 +613,10 @@ def lse_backward(
         if rowmax is None or argmax.dtype != torch.int64:
             raise ValueError("argmax (int64) needs rowmax (the relative mode)")
         named.append(("argmax", argmax))
+        if argmax_coef is not None:
+            named.append(("argmax_coef", argmax_coef))
+    elif argmax_coef is not None:
+        raise ValueError("argmax_coef needs argmax")
     if rowmax is not None:
         if n_common:
             raise ValueError("rowmax (the relative mode) cannot be combined with n_common")
@@ -642,7 +652,14 @@ def lse_backward(
     if redot and tiles[0] != tiles[1]:
         raise AssertionError("DOT_CR needs square tiles to reproduce the forward's dots")
     amax = dz if argmax is None else argmax.contiguous()
-    args = (z, log_w, lse if shift is None else shift, ref, coef, lse, rmax_ref, amax, grad_lse)
+    if argmax is None:
+        h = dz
+    elif argmax_coef is None:
+        h = torch.zeros(num_levels, n, dtype=torch.float32, device=z.device)
+    else:
+        h = argmax_coef.to(torch.float32).contiguous()
+    args = (z, log_w, lse if shift is None else shift, ref, coef, lse, rmax_ref, amax, h,
+            grad_lse)
     tail = (n, n_common, d, z.stride(0), float(scale))
     if not two_pass:
         _launch("bwd", n, 1, tiles, tune, (*args, dz, dz, *tail), dict(

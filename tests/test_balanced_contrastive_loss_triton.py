@@ -557,6 +557,17 @@ def test_relative_mode_official_cancellation(n, d, levels, scale, bound, seed, t
     assert_rule(folded, ref_dz, low_dz, torch.float32, "d/dz (lse - rowmax), folded")
     err = lambda t: (t.cpu().double() - ref_dz).abs().max().item()     # noqa: E731
     assert err(folded) <= 1.05 * err(dz) + 1e-12
+    # argmax_coef h: h_li added at the same entries, key side only: key a gets h_li z_i
+    h = torch.randn(levels, n, generator=gen) / n
+    with_h = k.lse_backward(zd, lwd, lse, gd, scale, rowmax=rowmax, argmax=argmax,
+                            argmax_coef=h.to(triton_device))
+    key_h = torch.zeros(n, d, dtype=torch.float64)
+    for lev in range(levels):
+        key_h.index_add_(0, argmax[lev].cpu(), h[lev].double()[:, None] * z.double())
+    got = with_h.cpu().double() - k.lse_backward(zd, lwd, lse, gd, scale, rowmax=rowmax,
+                                                 argmax=argmax).cpu().double()
+    torch.testing.assert_close(got, scale * key_h, rtol=1e-4,
+                               atol=1e-5 * scale * key_h.abs().max().item())
 
 
 def test_relative_mode_bad_combinations(triton_device):
@@ -576,6 +587,11 @@ def test_relative_mode_bad_combinations(triton_device):
         k.lse_backward(z, lw, lse, lw, 1.0, argmax=torch.zeros_like(lw, dtype=torch.int64))
     with pytest.raises(ValueError, match="argmax .int64. needs rowmax"):
         k.lse_backward(z, lw, lse, lw, 1.0, rowmax=rowmax, argmax=lw)
+    amax = torch.zeros_like(lw, dtype=torch.int64)
+    with pytest.raises(ValueError, match="argmax_coef needs argmax"):
+        k.lse_backward(z, lw, lse, lw, 1.0, rowmax=rowmax, argmax_coef=lw)
+    with pytest.raises(ValueError, match="argmax_coef must have shape"):
+        k.lse_backward(z, lw, lse, lw, 1.0, rowmax=rowmax, argmax=amax, argmax_coef=lw[:1])
 
 
 def test_relative_mode_hidden_level_and_big_weights(triton_device):

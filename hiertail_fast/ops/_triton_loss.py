@@ -115,16 +115,17 @@ def lse_forward(z, log_w, scale, need_max, *, fp32_dot: str | None = None, n_com
 
 def lse_backward(z, log_w, lse, grad_lse, scale, *, fp32_dot: str | None = None,
                  out_dtype: torch.dtype | None = None, n_common: int = 0,
-                 rowmax: torch.Tensor | None = None, argmax: torch.Tensor | None = None):
+                 rowmax: torch.Tensor | None = None, argmax: torch.Tensor | None = None,
+                 argmax_coef: torch.Tensor | None = None):
     """The kernels' backward with the forward's `fp32_dot` (its one-pass kernel recomputes the
     forward's scores and relies on getting the same ones) and shared-keys prefix; `rowmax`:
     the forward's, when it ran the relative mode (``lse_forward``; None otherwise); `argmax`
-    (with rowmax): fold the key side of -grad_lse on each row's arg-max score into the
-    kernel's gradient blocks, where it cancels against p per entry (the official row max's
-    share; its query side is the caller's)."""
+    (with rowmax): fold the key side of argmax_coef - grad_lse on each row's arg-max score
+    into the kernel's gradient blocks, where it cancels against p per entry (the official
+    row max's share and the positives' share of it; its query side is the caller's)."""
     return _kernels().lse_backward(z, log_w, lse, grad_lse, scale, fp32_dot=fp32_dot,
                                    out_dtype=out_dtype, n_common=n_common, rowmax=rowmax,
-                                   argmax=argmax)
+                                   argmax=argmax, argmax_coef=argmax_coef)
 
 
 __all__ = ["TF32X3_MAX_LOGIT", "fp32_dot", "lse_backward", "lse_forward", "positive_pairs",

@@ -196,22 +196,24 @@ class BalancedContrastiveFunction(torch.autograd.Function):
             rmax, amax, big_q = extra
             a = lse - rmax
             r = torch.exp(a - torch.logaddexp(a, log_eps_w))
-            # the key side of the row max's share, -g r on s_{i, argmax}: folded into the
-            # Triton kernels' gradient blocks, where it cancels against g r p_ia per entry
-            # (added here after both were summed over the rows sharing a key, it left ~N ulp
-            # of the terms: bench/official_fuzz.py); its query side and the positives' share
-            # g Q / n stay here
+            # the key side of the row max's share, -g r + g Q / n on s_{i, argmax}: folded
+            # into the Triton kernels' gradient blocks, where it cancels against g r p_ia per
+            # entry (added here after both were summed over the rows sharing a key, it left ~N
+            # ulp of the terms: bench/official_fuzz.py; -g r cancels g r p at large logits, g Q
+            # / n cancels -g r at moderate ones, where every positive's q ~ 1); its query side
+            # stays here
             fold = ctx.backend == "triton"
             dz = lse_backward(mod, z_in, log_w, lse, (g * r).to(log_w.dtype), scale,
                                ctx.fp32_dot, ctx.n_common, rowmax=rmax,
-                               argmax=amax if fold else None)
+                               argmax=amax if fold else None,
+                               argmax_coef=g * big_q * inv_n if fold else None)
             dz = dz.to(zc.dtype)
             for lev in range(lse.shape[0]):
                 dz += positive_terms(ctx.triton_pos, ctx.backend, zc, z_in, lv, lev, rmax,
                                       amax, scale, ctx.include_self, -(g[lev] * inv_n[lev]),
                                       ctx.fp32_dot, need_sums=False)[2]
             dz += argmax_grad(zc, amax, g * (big_q * inv_n - r), scale,
-                              key_gamma=g * big_q * inv_n if fold else None)
+                              key_gamma=torch.zeros_like(g) if fold else None)
         else:
             dz = lse_backward(mod, z_in, log_w, lse, g.to(log_w.dtype), scale, ctx.fp32_dot,
                                ctx.n_common)
