@@ -16,7 +16,9 @@
 #      tests/test_balanced_contrastive_loss_triton.py and tests/test_contrastive_numerics.py:
 #      do the backward's recomputed scores equal the forward's row max on the card?; session
 #      23's official arg-max entry taken out of the torch row-block engine's GEMMs on CUDA,
-#      ops/_max_fold.py, tests/test_contrastive_numerics.py's shared-argmax cases on "cuda"),
+#      ops/_max_fold.py, tests/test_contrastive_numerics.py's shared-argmax cases on "cuda",
+#      and the Triton backward's argmax_coef (the positives' share in its key-side fold),
+#      tests/test_balanced_contrastive_loss_triton.py; bench/kernel_resources.py compiles it),
 #      2. the loss kernels' registers / spills as
 #      the image's triton compiles them (bench/kernel_resources.py found the LSE backward's
 #      fixed tile spilling ~1 KB per thread), 3. loss_profile rows at d 64 and 128, N 20k and
