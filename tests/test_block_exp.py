@@ -76,22 +76,25 @@ def _block(kind: str, rows: int, cols: int, gen) -> torch.Tensor:
                                        (33, 6001)])
 @pytest.mark.parametrize("levels", [1, 3])
 @pytest.mark.parametrize("need_arg", [True, False])
-def test_kernel_matches_the_torch_path(kind, rows, cols, levels, need_arg):
-    """Row max exactly, the FIRST arg-max exactly (torch.max's rule), exp within 2 ulp with the
-    same exact zeros below the cut-off, and the level sums within float32 accumulation of the
-    float64 sums of the torch path's exps."""
+@pytest.mark.parametrize("scale", [1.0, 0.1, 37.5])
+def test_kernel_matches_the_torch_path(kind, rows, cols, levels, need_arg, scale):
+    """Logits scale * e (fp32 products, as torch's), their row max exactly, the FIRST arg-max
+    exactly (torch.max's rule, also where the scale's rounding makes two values tie), exp
+    within 2 ulp with the same exact zeros below the cut-off, and the level sums within float32
+    accumulation of the float64 sums of the torch path's exps."""
     fn = _kernel()
     gen = torch.Generator().manual_seed(rows * 7919 + cols)
     s = _block(kind, rows, cols, gen)
     w = torch.rand(levels, cols, generator=gen) + 0.01
     e_ref, e_nat = s.clone(), s.clone()
-    m_ref, a_ref, _ = block_mod.reference_step(e_ref, w, need_arg)
-    m_nat, a_nat, sums = block_mod.native_step(fn, e_nat, w, need_arg)
+    m_ref, a_ref, _ = block_mod.reference_step(e_ref, w, need_arg, scale=scale)
+    m_nat, a_nat, sums = block_mod.native_step(fn, e_nat, w, need_arg, scale=scale)
+    scaled = s * scale
     assert torch.equal(m_nat, m_ref)
-    assert torch.equal(m_nat, s.max(dim=1).values)
+    assert torch.equal(m_nat, scaled.max(dim=1).values)
     if need_arg:
         assert torch.equal(a_nat, a_ref)
-        assert torch.equal(a_nat, s.max(dim=1).indices)
+        assert torch.equal(a_nat, scaled.max(dim=1).indices)
     else:
         assert a_nat is None
     assert torch.equal(e_nat == 0, e_ref == 0)
@@ -151,7 +154,7 @@ def test_rows_split_over_threads_bit_for_bit(threads):
             a = torch.empty(256, dtype=torch.long)
             sums = torch.empty(3, 256, dtype=torch.float64)
             c = exp_cutoff(torch.float32)
-            ran = fn(t, 256, 700, e.data_ptr(), 700, c, math.exp(-c) * 1.0001, 3, w.data_ptr(),
+            ran = fn(t, 256, 700, e.data_ptr(), 700, 0.5, c, math.exp(-c) * 1.0001, 3, w.data_ptr(),
                      700, m.data_ptr(), a.data_ptr(), None, sums.data_ptr(), 256)
             assert ran == (t if threaded else 1)
             outs[t] = (e, m, a, sums)

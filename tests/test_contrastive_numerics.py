@@ -76,8 +76,8 @@ def _spy_blocks(monkeypatch):
     monkeypatch.setattr(pairs_mod, "exp_shifted_", spy)
     real_native = block_mod.native_step
 
-    def spy_native(fn, e, w, need_arg, ids=None):   # the C kernel's blocks (exp in place in e)
-        out = real_native(fn, e, w, need_arg, ids)
+    def spy_native(fn, e, w, need_arg, ids=None, scale=1.0):   # the C kernel's blocks (exp
+        out = real_native(fn, e, w, need_arg, ids, scale)       # in place in e)
         seen.append(e.detach().clone())
         return out
 

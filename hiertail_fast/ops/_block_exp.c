@@ -1,8 +1,10 @@
 /* The common-column step of the CPU engine's row block, fused (``_lse_torch._engine``).
  *
- * For each row i of a block of logits s (in place in e), with the cut-off C of the engine
+ * For each row i of a block of dot products e (in place), with the cut-off C of the engine
  * (terms below e^-C of the row's largest are exactly 0: no denormal ever reaches a GEMM):
  *
+ *     s_ik     = scale * e_ik                 (the dot first, then the scale: the reference's
+ *                                             rounding of (z_i . z_k) / tau, not (scale z_i) . z_k)
  *     m_i      = max_k s_ik                   (arg_i = its FIRST index, if asked: torch.max's rule;
  *                                             with ids: the SMALLEST ids[k] among the maxima,
  *                                             for columns that are not in key order)
@@ -31,15 +33,20 @@ void hiertail_exp_f32(int64_t n, const float *a, float *out)     /* for the accu
         out[j] = exp_f32(a[j]);
 }
 
-/* One row: its max (and first arg-max), the exp in place, the weighted sums. */
-static void row_step(int64_t n, float *x, float cutoff, float thr, int64_t levels,
+/* One row: the logits scaled in place (x <- scale x: the dot product first, then the scale,
+ * as the dense reference's (z_i . z_k) / tau rounds them), their max (and first arg-max), the
+ * exp in place, the weighted sums. */
+static void row_step(int64_t n, float *x, float scale, float cutoff, float thr, int64_t levels,
                      const float *w, int64_t ldw, float *m_out, int64_t *arg_out,
                      const int64_t *ids, double *sums, int64_t ld_sums)
 {
-    float m = x[0];
+    float m = x[0] * scale;
 #pragma omp simd reduction(max:m)
-    for (int64_t k = 0; k < n; k++)
-        m = x[k] > m ? x[k] : m;
+    for (int64_t k = 0; k < n; k++) {
+        const float v = x[k] * scale;
+        x[k] = v;
+        m = v > m ? v : m;
+    }
     *m_out = m;
     if (arg_out && ids) {          /* the smallest id among the maxima (row in L1 now) */
         int64_t best = INT64_MAX;
@@ -103,7 +110,7 @@ static void row_step(int64_t n, float *x, float cutoff, float thr, int64_t level
  * the OpenMP threads (torch's own, see ``_native.py``); rows are independent, so the result is
  * the same bit for bit on any thread count. */
 int64_t hiertail_block_exp_f32(int64_t threads, int64_t rows, int64_t n, float *e,
-                               int64_t lde, float cutoff, float thr, int64_t levels,
+                               int64_t lde, float scale, float cutoff, float thr, int64_t levels,
                                const float *w, int64_t ldw, float *m_out, int64_t *arg_out,
                                const int64_t *ids,
                                double *sums, int64_t ld_sums)
@@ -117,7 +124,7 @@ int64_t hiertail_block_exp_f32(int64_t threads, int64_t rows, int64_t n, float *
             used = NUM_THREADS();
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < rows; i++)
-            row_step(n, e + i * lde, cutoff, thr, levels, w, ldw, m_out + i,
+            row_step(n, e + i * lde, scale, cutoff, thr, levels, w, ldw, m_out + i,
                      arg_out ? arg_out + i : (int64_t *)0, ids, sums + i, ld_sums);
     }
     return used;        /* the number of threads that ran */

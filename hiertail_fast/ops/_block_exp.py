@@ -1,10 +1,12 @@
 """The CPU engine's per-block softmax step in one C kernel (``_block_exp.c``).
 
-For a float32 block of logits e [b, N] (rows of ``_lse_torch._engine``'s common columns) and
-key weights w [L, N]::
+For a float32 block of dot products e [b, N] (rows of ``_lse_torch._engine``'s common columns),
+the logits' scale and key weights w [L, N]::
 
-    m_i = max_k e_ik  (+ its first arg-max; with ``ids``, the smallest ids[k] among the maxima),
-    e_ik <- exp(e_ik - m_i) (0 below e^-C),
+    s_ik = scale * e_ik  (the dot product first, then the scale: the dense reference's
+                          rounding of (z_i . z_k) / tau)
+    m_i = max_k s_ik  (+ its first arg-max; with ``ids``, the smallest ids[k] among the maxima),
+    e_ik <- exp(s_ik - m_i) (0 below e^-C),
     sums[l, i] = sum_k w_lk e_ik  (float64)
 
 which the torch path does in six passes over the block (``reference_step``, kept as the
@@ -29,16 +31,19 @@ def kernel():
     fn = lib.hiertail_block_exp_f32
     if fn.argtypes is None:
         i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-        fn.argtypes = [i64, i64, i64, ptr, i64, f32, f32, i64, ptr, i64, ptr, ptr, ptr, ptr, i64]
+        fn.argtypes = [i64, i64, i64, ptr, i64, f32, f32, f32, i64, ptr, i64, ptr, ptr, ptr,
+                       ptr, i64]
         fn.restype = i64                  # the number of threads that ran
     return fn
 
 
 def reference_step(e: torch.Tensor, w: torch.Tensor, need_arg: bool,
-                   ids: torch.Tensor | None = None):
+                   ids: torch.Tensor | None = None, scale: float = 1.0):
     """The torch path: (m [b], first arg-max [b] or None, sums [L, b] in e's dtype); e in place.
     ``ids`` [N] (the columns' key ids when they are not in key order): the arg-max is the
     smallest id among a row's maxima (the reference's first index in key order) instead."""
+    if scale != 1.0:
+        e.mul_(scale)
     if need_arg and ids is not None:
         m = e.amax(dim=1)
         # int32 ids (they are < the number of keys, far below 2^31 for an all-pairs loss): the
@@ -56,7 +61,7 @@ def reference_step(e: torch.Tensor, w: torch.Tensor, need_arg: bool,
 
 
 def native_step(fn, e: torch.Tensor, w: torch.Tensor, need_arg: bool,
-                ids: torch.Tensor | None = None):
+                ids: torch.Tensor | None = None, scale: float = 1.0):
     """The same through the C kernel ``fn`` (from ``kernel()``); sums are float64.
 
     e: float32 [b, N] with unit column stride (rows may be strided), w: float32 [L, N]."""
@@ -78,7 +83,8 @@ def native_step(fn, e: torch.Tensor, w: torch.Tensor, need_arg: bool,
     arg = torch.empty(b, dtype=torch.long) if need_arg else None
     sums = torch.empty(w.shape[0], b, dtype=torch.float64)
     c = _lse_torch.exp_cutoff(torch.float32)
-    fn(torch.get_num_threads(), b, n, e.data_ptr(), e.stride(0), c, math.exp(-c) * 1.0001,
+    fn(torch.get_num_threads(), b, n, e.data_ptr(), e.stride(0), float(scale), c,
+       math.exp(-c) * 1.0001,
        w.shape[0], w.data_ptr(), w.stride(0), m.data_ptr(),
        None if arg is None else arg.data_ptr(),
        None if ids is None or arg is None else ids.data_ptr(), sums.data_ptr(), b)

@@ -197,11 +197,10 @@ def _engine(
         blk = slice(r0, r1)                                 # the block, in visiting order
         rows = blk if order is None else order[r0:r1]       # its rows (original ids)
         zb = z[rows]
-        zbs = zb * scale
         e = buf[: r1 - r0]
         # ---- common columns: one GEMM, one max, one exp for all levels
         if n_c:
-            torch.mm(zbs, zc.t(), out=e)                                  # s_ik, [b, N_c]
+            torch.mm(zb, zc.t(), out=e)               # z_i . z_k; the step scales it: s_ik
             # m_c = the row max (+ first arg-max), e <- exp(s - m_c) <= 1, exactly 0 below
             # e^-C (no denormal reaches the GEMMs below), and sum_k w_lk e_ik for every level:
             # one C pass per row where it is built (float64 sums), else six torch passes
@@ -210,9 +209,10 @@ def _engine(
             # positives sort them by label), so the step takes the smallest cidx among them
             # (the column order's first gave another key where distinct rows tie exactly)
             if block_fn is not None:
-                m_c, i_c, sums = _block_exp.native_step(block_fn, e, wc, need_max, cidx)
+                m_c, i_c, sums = _block_exp.native_step(block_fn, e, wc, need_max, cidx,
+                                                        scale)
             else:
-                m_c, i_c, sums = _block_exp.reference_step(e, wc, need_max, cidx)
+                m_c, i_c, sums = _block_exp.reference_step(e, wc, need_max, cidx, scale)
             shift = m_c[None].expand(n_levels, -1)                        # [L, b]
             rel = torch.log(sums)                                         # lse - shift
         else:
@@ -220,7 +220,7 @@ def _engine(
             i_c = torch.zeros(r1 - r0, dtype=torch.long, device=z.device)
         # ---- rest columns (level-specific keys): small dense [L, b, N_r]
         if n_r:
-            s_r = zbs @ zr.t()                                            # [b, N_r]
+            s_r = (zb @ zr.t()).mul_(scale)                # [b, N_r], dot first as above
             v_r = s_r[None] + lwr[:, None, :]                             # -inf where hidden
             if not n_c:
                 shift = v_r.amax(dim=2)
