@@ -115,6 +115,35 @@ def _case(rng: random.Random, dims, max_log_bound: float, seed: int, max_levels:
     return z, y, p, kw, desc
 
 
+def case_ratios(z, y, p, kw, engines, dev="cpu") -> dict[str, float]:
+    """Each engine's worst error on the case (value and every gradient) over the suite's rule:
+    2 x the dense fp32 reference's error + 1e-5 + 1e-4 max|ref|, gradients + 32 ulp of the
+    terms that cancel in them."""
+    n, d = z.shape
+    protos = [q for q in (p if isinstance(p, list) else [p]) if q is not None]
+    w = torch.linspace(-1, 2, n + sum(q.shape[0] for q in protos))
+    p64 = ([q.double() if q is not None else None for q in p] if isinstance(p, list)
+           else p.double() if p is not None else None)
+    exp = _run(z.double(), y, p64, kw, "reference", w.double())
+    low = _run(z, y, p, kw, "reference", w)
+    # the rule's cancelling terms: every level's gradient coefficients (mean: 2 / n each)
+    n_levels = len(y) if isinstance(y, list) else 1
+    g_max = 2.0 * n_levels / n if kw["reduction"] == "mean" or n_levels > 1 else 2.0
+    z_max = max([z.abs().max().item()] + [q.abs().max().item() for q in protos])
+    terms = g_max * z_max * d ** 0.5 / kw["temperature"]
+    out = {}
+    for eng in engines:
+        got = _run(z, y, p, kw, eng, w, dev if eng != "torch" else "cpu")
+        ratio = 0.0
+        for j, (a, e, lo) in enumerate(zip(got, exp, low, strict=True)):
+            rule = 2 * (lo - e).abs().max().item() + 1e-5 + 1e-4 * e.abs().max().item()
+            if j:
+                rule += 32 * torch.finfo(torch.float32).eps * terms
+            ratio = max(ratio, (a - e).abs().max().item() / rule)
+        out[eng] = ratio
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=300.0)
@@ -145,26 +174,9 @@ def main(argv=None) -> None:
         cases += 1
         z, y, p, kw, desc = _case(rng, args.dims, args.max_log_bound, args.seed * 1_000_003 + cases,
                                   args.levels, args.rows)
-        n, d = z.shape
-        protos = [q for q in (p if isinstance(p, list) else [p]) if q is not None]
-        w = torch.linspace(-1, 2, n + sum(q.shape[0] for q in protos))
-        p64 = ([q.double() if q is not None else None for q in p] if isinstance(p, list)
-               else p.double() if p is not None else None)
-        exp = _run(z.double(), y, p64, kw, "reference", w.double())
-        low = _run(z, y, p, kw, "reference", w)
-        # the rule's cancelling terms: every level's gradient coefficients (mean: 2 / n each)
-        n_levels = len(y) if isinstance(y, list) else 1
-        g_max = 2.0 * n_levels / n if kw["reduction"] == "mean" or n_levels > 1 else 2.0
-        z_max = max([z.abs().max().item()] + [q.abs().max().item() for q in protos])
-        terms = g_max * z_max * d ** 0.5 / kw["temperature"]
+        ratios = case_ratios(z, y, p, kw, args.engines, dev)
         for eng in args.engines:
-            got = _run(z, y, p, kw, eng, w, dev if eng != "torch" else "cpu")
-            ratio = 0.0
-            for j, (a, e, lo) in enumerate(zip(got, exp, low, strict=True)):
-                rule = 2 * (lo - e).abs().max().item() + 1e-5 + 1e-4 * e.abs().max().item()
-                if j:
-                    rule += 32 * torch.finfo(torch.float32).eps * terms
-                ratio = max(ratio, (a - e).abs().max().item() / rule)
+            ratio = ratios[eng]
             if ratio > worst.get(eng, (0.0, {}))[0]:
                 worst[eng] = (ratio, desc)
             if ratio > 1:

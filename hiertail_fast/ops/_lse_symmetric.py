@@ -63,10 +63,10 @@ def _kernels():
     stats, grad = lib.hiertail_sym_stats_f32, lib.hiertail_sym_grad_f32
     if stats.argtypes is None:
         i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-        stats.argtypes = [i64, i64, i64, ptr, i64, i64, ptr, ptr, ptr, ptr, f32, f32,
+        stats.argtypes = [i64, i64, i64, ptr, i64, i64, f32, ptr, ptr, ptr, ptr, f32, f32,
                           ptr, ptr, ptr, ptr, ptr, ptr]
         stats.restype = i64
-        grad.argtypes = [i64, i64, i64, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr,
+        grad.argtypes = [i64, i64, i64, ptr, i64, i64, f32, ptr, ptr, ptr, ptr, ptr, ptr, ptr,
                          ptr, f32, f32, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, f32, ptr,
                          ptr, ptr, ptr]
         grad.restype = i64
@@ -167,7 +167,6 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
     else:
         order = torch.arange(n)
     zs = z[order].contiguous()
-    zss = zs * scale
     lw = log_w[0][order].to(torch.float32).contiguous()
     w = lw.exp()
     ids = order.contiguous() if need_max else None  # original ids (arg-max ties)
@@ -181,13 +180,13 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
         """(rows, cols, diag, logits tile) of every upper-triangle tile, in order."""
         for r0, r1, c0, c1 in tiles:
             cols = slice(c0, c1)
-            yield slice(r0, r1), cols, c0 == r0, _gemm(buf, zss[r0:r1], zs[cols])
+            yield slice(r0, r1), cols, c0 == r0, _gemm(buf, zs[r0:r1], zs[cols])
 
     p = _ptr
     # ---- pass 1: running row statistics, each pair once
     for rs, cols, diag, s in tiles_of_the_triangle():
         used = stats_fn(threads, s.shape[0], s.shape[1], s.data_ptr(), s.stride(0), int(diag),
-                        p(w, rs), p(w, cols), p(ids, rs), p(ids, cols), cutoff, thr,
+                        scale, p(w, rs), p(w, cols), p(ids, rs), p(ids, cols), cutoff, thr,
                         p(row_m, rs), p(row_s, rs), p(row_a, rs), p(row_m, cols),
                         p(row_s, cols), p(row_a, cols))
         if used < 0:
@@ -228,9 +227,9 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
                        include_self=positives.include_self if with_pos else True))
     dz = torch.zeros_like(zs)
     for t_id, (rs, cols, diag, s) in enumerate(tiles_of_the_triangle()):
-        logits = fold.read(t_id, s) if fold is not None else None     # (rarely needed)
+        logits = fold.read(t_id, s, scale) if fold is not None else None   # (rarely needed)
         used = grad_fn(threads, s.shape[0], s.shape[1], s.data_ptr(), s.stride(0), int(diag),
-                       p(row_m, rs), p(rel, rs), p(g32, rs), p(lw, rs),
+                       scale, p(row_m, rs), p(rel, rs), p(g32, rs), p(lw, rs),
                        p(row_m, cols), p(rel, cols), p(g32, cols), p(lw, cols),
                        cutoff, thr, p(lo, rs), p(hi, rs), cols.start,
                        int(positives.include_self) if with_pos else 1,

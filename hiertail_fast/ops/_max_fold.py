@@ -259,10 +259,11 @@ class TileFold:
         self.val = self._values(logits, self.q, self.k, self.f1, self.f2, self.diag,
                                 self.known).to(m.dtype)
 
-    def read(self, t: int, s: torch.Tensor):
-        """Tile t's logits at its entries that need them (before the gradient pass), or None."""
+    def read(self, t: int, s: torch.Tensor, scale: float):
+        """Tile t's logits at its entries that need them (before the gradient pass: its dot
+        products, scaled as the kernels scale them), or None."""
         idx = self.unknown.get(t)
-        return None if idx is None else s.reshape(-1)[self.flat[idx]].clone()
+        return None if idx is None else s.reshape(-1)[self.flat[idx]] * scale
 
     def write(self, t: int, s: torch.Tensor, logits: torch.Tensor | None):
         """Tile t's entries rewritten (after the gradient pass wrote W into s); logits: what

@@ -5,6 +5,8 @@
  * of the upper triangle (rows i of a row block, columns j of the keys after it; a "diagonal"
  * tile is the block against itself and is read row-wise only). Every entry serves its row i
  * (key j, weight w_j) and, off the diagonal, its column j (as a row, key i, weight w_i).
+ * The tile holds the dot products z_i . z_j; each pass scales them in place first (s = scale x,
+ * the reference's rounding of (z_i . z_j) / tau, and the same in both passes).
  *
  * Pass 1 (hiertail_sym_stats_f32), running statistics of every row over all keys seen so far:
  *     M_i = max_k s_ik (+ arg-max: the smallest original id among ties, torch.max's rule in
@@ -70,8 +72,9 @@ static int threads_for(int64_t threads, int64_t rows, int64_t cols)
 /* Pass 1 over one tile. Running stats: row_* [rows] (this block's rows), col_* [cols] (the
  * columns' own rows; not touched on the diagonal). ids: original ids (arg-max tie rule). An
  * arg-max of -1 means "nothing seen yet". Returns the number of threads that ran. */
-int64_t hiertail_sym_stats_f32(int64_t threads, int64_t rows, int64_t cols, const float *s,
-                               int64_t lds, int64_t diag, const float *w_row, const float *w_col,
+int64_t hiertail_sym_stats_f32(int64_t threads, int64_t rows, int64_t cols, float *s,
+                               int64_t lds, int64_t diag, float scale, const float *w_row,
+                               const float *w_col,
                                const int64_t *id_row, const int64_t *id_col, float cutoff,
                                float thr, float *row_m, double *row_s, int64_t *row_a,
                                float *col_m, double *col_s, int64_t *col_a)
@@ -108,23 +111,29 @@ int64_t hiertail_sym_stats_f32(int64_t threads, int64_t rows, int64_t cols, cons
             const int64_t k0 = c * CHUNK, n = (k0 + CHUNK < cols ? CHUNK : cols - k0);
             float *cm = col_m + k0;
             int64_t *ca = col_a + k0;
-            /* sweep 1: the chunk's row maxima and column maxima (maxima only: vectorised) */
+            /* sweep 1: the logits scaled in place (the dot first, then the scale: the
+             * reference's rounding of (z_i . z_k) / tau), the chunk's row maxima and column
+             * maxima (maxima only: vectorised) */
             if (!diag)
                 for (int64_t k = 0; k < n; k++) {
                     old_m[k] = ca[k] < 0 ? -INFINITY : cm[k];
                     ccm[k] = -INFINITY;
                 }
             for (int64_t i = 0; i < rows; i++) {
-                const float *x = s + i * lds + k0;
+                float *x = s + i * lds + k0;
                 float m = -INFINITY;
                 if (diag) {
 #pragma omp simd reduction(max:m)
-                    for (int64_t k = 0; k < n; k++)
-                        m = x[k] > m ? x[k] : m;
+                    for (int64_t k = 0; k < n; k++) {
+                        const float v = x[k] * scale;
+                        x[k] = v;
+                        m = v > m ? v : m;
+                    }
                 } else {
 #pragma omp simd reduction(max:m)
                     for (int64_t k = 0; k < n; k++) {
-                        const float v = x[k];
+                        const float v = x[k] * scale;
+                        x[k] = v;
                         ccm[k] = v > ccm[k] ? v : ccm[k];
                         m = v > m ? v : m;
                     }
@@ -283,7 +292,7 @@ static inline void grad_span(float *x, int64_t k0, int64_t k1, int diag, float m
  * into t_* / q_* (float64); include_self = 0 skips the row's own column on the diagonal.
  * Returns the number of threads that ran (-1: out of memory). */
 int64_t hiertail_sym_grad_f32(int64_t threads, int64_t rows, int64_t cols, float *s, int64_t lds,
-                              int64_t diag, const float *r_m, const float *r_rel,
+                              int64_t diag, float scale, const float *r_m, const float *r_rel,
                               const float *r_g, const float *r_lw, const float *c_m,
                               const float *c_rel, const float *c_g, const float *c_lw,
                               float cutoff, float thr, const int64_t *lo, const int64_t *hi,
@@ -315,6 +324,9 @@ int64_t hiertail_sym_grad_f32(int64_t threads, int64_t rows, int64_t cols, float
             const int64_t k0 = c * CHUNK, k1 = (k0 + CHUNK < cols ? k0 + CHUNK : cols);
             for (int64_t i = 0; i < rows; i++) {
                 float *x = s + i * lds;
+#pragma omp simd
+                for (int64_t k = k0; k < k1; k++)      /* the logits, as pass 1 scaled them */
+                    x[k] *= scale;
                 const float m_i = r_m[i], b_i = r_rel[i], g_i = r_g[i], lw_i = r_lw[i];
                 int64_t p0 = k0, p1 = k0;          /* the positives inside this chunk */
                 if (lo) {                          /* the row's range, tile columns */
