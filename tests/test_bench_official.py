@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
@@ -85,3 +86,19 @@ def test_symmetric_engine_cases_the_fuzz_found_are_within_the_rule():
         assert desc["n"] == 1030 and desc["d"] == 1, desc
         ratio = official_fuzz.case_ratios(z, y, p, kw, ["torch"])["torch"]
         assert ratio <= 1.0, (k, ratio, desc)
+
+
+def test_duplicate_key_at_a_gemm_edge_gets_its_twins_logits():
+    """bench/official_fuzz.py --levels 3 --seed 0, case 121 (5 rows, d 40, 2 levels, row 1 a
+    copy of row 0): the row-block engine's keys sorted by label put row 1 in the block GEMM's
+    last column, whose BLAS edge kernel rounded its dot products 1 ulp from row 0's, and the
+    two duplicates' probabilities ~1e-3 apart: 4.28x the suite's rule. Duplicate keys now get
+    their first twin's dot products in every block."""
+    import official_fuzz
+
+    rng = random.Random(0)
+    for k in range(1, 122):
+        z, y, p, kw, desc = official_fuzz._case(rng, [1, 2, 3, 8, 16, 40], 4.5, k, 3)
+    assert desc["n"] == 5 and desc.get("levels") == 2 and torch.equal(z[0], z[1]), desc
+    ratio = official_fuzz.case_ratios(z, y, p, kw, ["torch"])["torch"]
+    assert ratio <= 1.0, (ratio, desc)

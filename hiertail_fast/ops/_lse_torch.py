@@ -201,6 +201,9 @@ def _engine(
         # ---- common columns: one GEMM, one max, one exp for all levels
         if n_c:
             torch.mm(zb, zc.t(), out=e)               # z_i . z_k; the step scales it: s_ik
+            if max_fold is not None and max_fold.duplicates is not None:   # equal keys, equal
+                dup, twin = max_fold.duplicates                            # dot products
+                e[:, dup] = e[:, twin]
             # m_c = the row max (+ first arg-max), e <- exp(s - m_c) <= 1, exactly 0 below
             # e^-C (no denormal reaches the GEMMs below), and sum_k w_lk e_ik for every level:
             # one C pass per row where it is built (float64 sums), else six torch passes

@@ -68,6 +68,14 @@ class MaxFold:
         self.col_of[common] = torch.arange(common.numel(), device=z.device)
         self.rcol_of = torch.full((n,), -1, dtype=torch.long, device=z.device)
         self.rcol_of[ridx] = torch.arange(ridx.numel(), device=z.device)
+        # duplicate common keys: (their columns, their first twin's), so a block can give them
+        # their twin's dot products (a GEMM may round equal columns apart: BLAS edge kernels)
+        twin = self.col_of[self.tied[0, common]]
+        cols = torch.arange(common.numel(), device=z.device)
+        dup = (twin >= 0) & (twin != cols)
+        self.duplicates = None
+        if z.device.type != "cpu" or bool(dup.any()):
+            self.duplicates = (cols[dup], twin[dup])
         self.share = share
         self.gid = self.handled = None
         if positives is not None:
