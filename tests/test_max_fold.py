@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from hiertail_fast.ops._max_fold import (
-    ArgmaxShare,
     MaxFold,
     TileFold,
     fold_levels,
@@ -34,7 +33,7 @@ def _fold(n_c: int, n_r: int, levels: int):
     z = torch.randn(n_c + n_r, 4, generator=torch.Generator().manual_seed(9))
     visible = torch.ones(levels, n_c + n_r, dtype=torch.bool)
     return MaxFold(z, visible, None if n_r == 0 else torch.arange(n_c),
-                   torch.arange(n_c, n_c + n_r), ArgmaxShare(levels, n_c + n_r, "cpu"))
+                   torch.arange(n_c, n_c + n_r))
 
 
 def test_shares_match_float64_softmax_on_common_and_rest_keys():
@@ -78,8 +77,7 @@ def test_shares_go_to_the_first_of_duplicate_keys():
     the share's column follows it, its p is that key's own."""
     z = torch.randn(5, 3, generator=torch.Generator().manual_seed(1))
     z[4] = z[1]
-    mf = MaxFold(z, torch.ones(1, 5, dtype=torch.bool), None, torch.empty(0, dtype=torch.long),
-                 ArgmaxShare(1, 5, "cpu"))
+    mf = MaxFold(z, torch.ones(1, 5, dtype=torch.bool), None, torch.empty(0, dtype=torch.long))
     e = torch.tensor([[0.2, 0.9, 0.1, 0.3, 1.0]])
     wc = torch.ones(1, 5)
     sums = e.double().sum(1, keepdim=True).t()

@@ -84,19 +84,19 @@ def class_sum_term(z, lv: Levels, scale, include_self, coef=None):
     return pos, dz
 
 
-def argmax_grad(z, lv_argmax, gamma, scale, key_gamma=None, precise: bool = False):
+def argmax_grad(z, lv_argmax, gamma, scale, key_side: bool = True, precise: bool = False):
     """dz for coefficient gamma [L, N] on s_{i, argmax[l, i]} (the row-max path): row i gets
-    gamma z_a (query side), key a gets gamma z_i (key side; with key_gamma, that coefficient
-    instead: an engine that folded the rest of it into its own blocks). ``precise``: summed in
-    float64 (a key shared by many rows sums terms that may cancel), returned in z's dtype."""
+    gamma z_a (query side), key a gets gamma z_i (key side; ``key_side=False``: not, for an
+    engine that folded it into its own blocks). ``precise``: summed in float64 (a key shared by
+    many rows sums terms that may cancel), returned in z's dtype."""
     zz = z.double() if precise else z
     dz = torch.zeros_like(zz)
     for lev in range(gamma.shape[0]):
         a = lv_argmax[lev]
         gm = (gamma[lev] * scale).to(zz.dtype)[:, None]
-        gk = gm if key_gamma is None else (key_gamma[lev] * scale).to(zz.dtype)[:, None]
         dz.add_(gm * zz[a])
-        dz.index_add_(0, a, gk * zz)
+        if key_side:
+            dz.index_add_(0, a, gm * zz)
     return dz.to(z.dtype)
 
 

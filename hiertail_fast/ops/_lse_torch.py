@@ -184,7 +184,7 @@ def _engine(
         wrow = log_w[0].exp() if folded and positives is not None else None   # w_i by row id
     # the official variant's arg-max entries (i, a_li) taken out of the GEMMs, their LSE part
     # and positive term handed back in fold_argmax (``_max_fold``)
-    max_fold = (MaxFold(z, visible, cidx, ridx, fold_argmax, positives)
+    max_fold = (MaxFold(z, visible, cidx, ridx, positives)
                 if fold_argmax is not None and need_max and coef_fn is not None else None)
     b = _block_rows(n, n_c, z.device)
     buf = torch.empty(b, n_c, dtype=z.dtype, device=z.device)

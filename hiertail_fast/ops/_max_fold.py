@@ -57,7 +57,7 @@ class MaxFold:
     do)."""
 
     def __init__(self, z: torch.Tensor, visible: torch.Tensor, cidx: torch.Tensor | None,
-                 ridx: torch.Tensor, share: ArgmaxShare, positives=None):
+                 ridx: torch.Tensor, positives=None):
         n, n_levels = z.shape[0], visible.shape[0]
         ids = torch.arange(n, device=z.device)
         # each key id moved to the first equal visible key (duplicate rows: the reference's
@@ -76,7 +76,6 @@ class MaxFold:
         self.duplicates = None
         if z.device.type != "cpu" or bool(dup.any()):
             self.duplicates = (cols[dup], twin[dup])
-        self.share = share
         self.gid = self.handled = None
         if positives is not None:
             self.gid, self.include_self = positives.gid, positives.include_self
@@ -307,7 +306,8 @@ class TileFold:
             pos = st["gid"][q] == st["gid"][k]
             if not st["include_self"]:
                 pos &= q != k
-            val = val + torch.where(pos, st["c"][q].double() * positive_q(x).double(), 0.0)
+            qv = positive_q(x).double()
+            val = val + torch.where(pos, st["c"][q].double() * qv, 0.0)
         keep = fold if record is None else fold & record
         if bool(keep.any()):
             t = (st["lw"][k].exp() * x).double()                          # the pass-1 product
@@ -315,5 +315,5 @@ class TileFold:
             u = -g * torch.sigmoid(torch.log(o) - torch.log(t))
             self.u[q[keep]] = u[keep]
             if st["c"] is not None:
-                self.q_out[q[keep]] = torch.where(pos, positive_q(x).double(), 0.0)[keep]
+                self.q_out[q[keep]] = torch.where(pos, qv, 0.0)[keep]
         return torch.where(fold, 0.0, val)

@@ -213,7 +213,7 @@ class BalancedContrastiveFunction(torch.autograd.Function):
                                       amax, scale, ctx.include_self, -(g[lev] * inv_n[lev]),
                                       ctx.fp32_dot, need_sums=False)[2]
             dz += argmax_grad(zc, amax, g * (big_q * inv_n - r), scale,
-                              key_gamma=torch.zeros_like(g) if fold else None)
+                              key_side=not fold)
         else:
             dz = lse_backward(mod, z_in, log_w, lse, g.to(log_w.dtype), scale, ctx.fp32_dot,
                                ctx.n_common)
