@@ -58,7 +58,7 @@ def _run(z, y, p, kw, backend, weights, device="cpu"):
     return [t.detach().double().cpu() for t in [out, *grads]]
 
 
-def _levels(rng: random.Random, z, y, p, max_levels: int, seed: int):
+def _levels(rng: random.Random, y, p, max_levels: int, seed: int):
     """With --levels L > 1: 1 to L levels, level l's labels y // 2^l, prototypes (one per label,
     or none) per level; 1 level: the problem as it is."""
     n_levels = rng.randint(1, max_levels)
@@ -109,7 +109,7 @@ def _case(rng: random.Random, dims, max_log_bound: float, seed: int, max_levels:
     desc = dict(n=n, d=d, m=m, labels=labels, B=round(bound, 1), tau=tau,
                 include_self=kw["include_self"], reduction=kw["reduction"])
     if max_levels > 1:
-        y, p = _levels(rng, z, y, p, max_levels, seed)
+        y, p = _levels(rng, y, p, max_levels, seed)
         if isinstance(y, list):
             desc.update(levels=len(y), reduction="mean")
     return z, y, p, kw, desc
