@@ -8,7 +8,8 @@ so this is the count behind docs/LOSS.md's "small torch calls per loss". A count
 
 ``--as-cuda`` counts, on this CPU, the calls the torch engine makes for CUDA tensors, where
 every call is a kernel launch: no C kernels, no symmetric engine, CUDA's block budget with no
-row cap, the whole-band positives (``HIERTAIL_POSITIVES``; ``--positives slices`` for the
+row cap, the sync-free forms of the engines' data-dependent shortcuts (``_host_reads``), the
+whole-band positives (``HIERTAIL_POSITIVES``; ``--positives slices`` for the
 per-group plan CUDA ran before). ``--syncs`` counts only the calls that make a CUDA host wait
 for the device (``SYNC_OPS``: a scalar read, nonzero, unique, ...; indexing with a boolean
 mask; ``tolist()`` of a library tensor, which runs no operator on CPU): each one drains the
@@ -95,8 +96,10 @@ def _as_cuda(positives: str) -> None:
     """This process's engine configured as for CUDA tensors (before the first loss call)."""
     import os
 
+    import hiertail_fast.ops._host_reads as host_reads
     import hiertail_fast.ops._lse_torch as lse_torch
 
+    host_reads.FORCE_SYNC_FREE = True            # CUDA's sync-free forms of the shortcuts
     os.environ.update({"HIERTAIL_NATIVE": "0", "HIERTAIL_SYMMETRIC": "0",
                        "HIERTAIL_POSITIVES": positives,
                        "HIERTAIL_CPU_BLOCK_BYTES": str(lse_torch.CUDA_BLOCK_BYTES)})

@@ -186,3 +186,18 @@ def fresh_native(monkeypatch, tmp_path):
     monkeypatch.setenv("HIERTAIL_NATIVE_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("HIERTAIL_NATIVE", raising=False)
     return tmp_path / "cache"
+
+
+@pytest.fixture
+def cuda_forms(monkeypatch):
+    """The torch loss engines configured on CPU tensors as they run for CUDA tensors, so the
+    CUDA-only code paths are checked against the reference on a machine without a GPU: no C
+    kernels (``HIERTAIL_NATIVE=0``: the torch block step, the positives' torch passes), no
+    symmetric engine, the whole-band positives, and the sync-free forms of every
+    data-dependent shortcut (``_host_reads.FORCE_SYNC_FREE``)."""
+    import hiertail_fast.ops._host_reads as host_reads
+
+    monkeypatch.setattr(host_reads, "FORCE_SYNC_FREE", True)
+    monkeypatch.setenv("HIERTAIL_NATIVE", "0")
+    monkeypatch.setenv("HIERTAIL_SYMMETRIC", "0")
+    monkeypatch.setenv("HIERTAIL_POSITIVES", "band")

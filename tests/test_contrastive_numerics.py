@@ -17,6 +17,17 @@ from tests.conftest import DEVICES, backend_device, triton_importable
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BACKENDS = ["torch", "attention"]
+# the devices of the torch engine's tests, and "cuda-forms": CPU tensors through the code paths
+# the engine takes for CUDA tensors (the ``cuda_forms`` fixture), checked without a GPU
+ENGINE_DEVICES = [*DEVICES, "cuda-forms"]
+
+
+def _engine_device(request, device: str) -> str:
+    """The tensors' device for an ENGINE_DEVICES value (applying ``cuda_forms`` for its own)."""
+    if device == "cuda-forms":
+        request.getfixturevalue("cuda_forms")
+        return "cpu"
+    return device
 
 
 def _subnormal(t: torch.Tensor) -> torch.Tensor:
@@ -236,13 +247,13 @@ def _on_a_line(n: int, bound: float, tau: float, g: torch.Generator) -> torch.Te
 
 
 @pytest.mark.parametrize("backend,n,device", [
-    *[("torch", 257, dev) for dev in DEVICES], ("torch", 600, "cpu"),
+    *[("torch", 257, dev) for dev in ENGINE_DEVICES], ("torch", 600, "cpu"),
     pytest.param("triton", 257, None, marks=_TRITON)])
 @pytest.mark.parametrize("seed,tau,bound,include_self,reduction", [
     (2, 0.01, 7500.0, True, "mean"), (5, 0.01, 7500.0, True, "mean"),
     (4, 1.0, 12000.0, False, "sum")])
-def test_official_shared_argmax_key(backend, n, device, seed, tau, bound, include_self,
-                                    reduction):
+def test_official_shared_argmax_key(request, backend, n, device, seed, tau, bound,
+                                    include_self, reduction):
     """d = 1: the rows lie on a line, so nearly all of them share one or two arg-max keys, and
     the row max's share of the gradient on such a key cancels the LSE part summed over ~N rows.
     The engines fold it into their gradient blocks (per entry, as the dense reference cancels:
@@ -255,6 +266,8 @@ def test_official_shared_argmax_key(backend, n, device, seed, tau, bound, includ
     y = torch.randint(0, 3, (n,), generator=g)
     if backend == "triton":
         device = backend_device(backend)            # (the interpreter's launch guard asks)
+    else:
+        device = _engine_device(request, device)
 
     def run(zz, b, device="cpu"):
         zz = zz.to(device).clone().requires_grad_()
@@ -270,9 +283,10 @@ def test_official_shared_argmax_key(backend, n, device, seed, tau, bound, includ
     assert_within_reference_error(got, exp, low, terms)
 
 
-@pytest.mark.parametrize("backend,n", [("torch", 500), ("torch", 1030),
-                                       pytest.param("triton", 500, marks=_TRITON)])
-def test_official_shared_argmax_key_moderate_logits(backend, n):
+@pytest.mark.parametrize("backend,n,forms", [("torch", 500, False), ("torch", 500, True),
+                                             ("torch", 1030, False),
+                                             pytest.param("triton", 500, False, marks=_TRITON)])
+def test_official_shared_argmax_key_moderate_logits(request, backend, n, forms):
     """The other half of the cancellation: at moderate logits (B 5.5) every positive's q ~ 1,
     so a singleton row's positives' share of the max, g_b Q / n ~ g_b, cancels the max's
     -g r ~ -g_b while p_ia is small. An engine that moves -g r into its GEMMs and leaves the
@@ -288,6 +302,8 @@ def test_official_shared_argmax_key_moderate_logits(backend, n):
     z = _on_a_line(n, bound, tau, g)
     y = torch.randint(0, n, (n,), generator=g)
     dev = backend_device(backend)
+    if forms:                                       # the torch engine's CUDA code paths
+        _engine_device(request, "cuda-forms")
 
     def run(zz, b, device="cpu"):
         zz = zz.to(device).clone().requires_grad_()
@@ -304,11 +320,12 @@ def test_official_shared_argmax_key_moderate_logits(backend, n):
     assert err <= 2 * ref_err + 1e-6, f"gradient error {err:.3g}, fp32 reference {ref_err:.3g}"
 
 
-@pytest.mark.parametrize("n", [300, 600])
-def test_official_shared_argmax_key_duplicated(n):
+@pytest.mark.parametrize("n,device", [(300, "cpu"), (600, "cpu"), (300, "cuda-forms")])
+def test_official_shared_argmax_key_duplicated(request, n, device):
     """The shared arg-max key duplicated three times (other ids, one before it): the entries
     taken out of the GEMMs are the reference's, at the first of the equal keys, in the
-    row-block (300 rows) and the symmetric engine (600)."""
+    row-block (300 rows) and the symmetric engine (600), and on the CUDA code paths."""
+    _engine_device(request, device)
     tau, bound = 0.01, 9000.0
     g = torch.Generator().manual_seed(4)
     z = _on_a_line(n, bound, tau, g)
@@ -329,13 +346,14 @@ def test_official_shared_argmax_key_duplicated(n):
     assert_within_reference_error(got, exp, low, 2.0 / n * z.abs().max().item() / tau)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", ENGINE_DEVICES)
 @pytest.mark.parametrize("seed,levels", [(7, 1), (1, 2), (3, 3)])
-def test_official_shared_argmax_key_levels_and_prototypes(seed, levels, device):
+def test_official_shared_argmax_key_levels_and_prototypes(request, seed, levels, device):
     """The same regime on the torch engine's other block layouts: prototypes longer than every
     row, so one prototype is the arg-max of half the rows (a level-specific key: the engine's
     rest columns), and 2-3 levels (the gradient block sum_l a_l w_l e, where levels whose
     arg-max differ share an entry): 4.3x / 2.7x / 5.1x the rule before the fold."""
+    device = _engine_device(request, device)
     n, tau, bound = 150, 0.01, 10000.0
     g = torch.Generator().manual_seed(seed)
     z = _on_a_line(n, bound, tau, g)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import hiertail_fast.ops._contrastive_pairs as pairs_mod
+import hiertail_fast.ops._host_reads as host_reads_mod
 import hiertail_fast.ops._loss_passes as passes_mod
 import hiertail_fast.ops._native as native_mod
 import hiertail_fast.ops._positive_blocks as blocks_mod
@@ -30,8 +31,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def engine_path(request, monkeypatch):
     """"native": the C kernel (must build in CI, which has a compiler); "torch": switched off
     (``HIERTAIL_NATIVE=0``), as on a CPU without one (the slice / segment / pair-list plan);
-    "band": the kernel's torch twin over whole key bands, the path CUDA tensors take."""
+    "band": the kernel's torch twin over whole key bands, the path CUDA tensors take, with the
+    engines' other CUDA forms (``_host_reads.FORCE_SYNC_FREE``: no data-dependent shortcut)."""
     monkeypatch.setattr(native_mod, "_LOADED", {})
+    monkeypatch.setattr(host_reads_mod, "FORCE_SYNC_FREE", request.param == "band")
     monkeypatch.setenv(blocks_mod.POSITIVES_ENV, "band" if request.param == "band" else "slices")
     if request.param in ("torch", "band"):
         monkeypatch.setenv("HIERTAIL_NATIVE", "0")

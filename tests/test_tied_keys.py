@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import hiertail_fast.ops._host_reads as host_reads
 import hiertail_fast.ops._lse_symmetric as sym
 import hiertail_fast.ops._tied_keys as tied
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss
@@ -17,6 +18,14 @@ from tests.test_balanced_contrastive_loss import TRITON
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+@pytest.fixture(params=["host reads", "sync-free"])
+def forms(request, monkeypatch):
+    """Both forms of ``first_tied_key``: the CPU's (candidate rows only, an early exit without
+    duplicates) and the sync-free one CUDA tensors take (every row compared)."""
+    monkeypatch.setattr(host_reads, "FORCE_SYNC_FREE", request.param == "sync-free")
+
+
+@pytest.mark.usefixtures("forms")
 def test_first_tied_key_moves_to_the_first_equal_visible_row():
     z = torch.tensor([[1.0, 2.0], [3.0, 4.0], [1.0, 2.0], [-0.0, 5.0], [0.0, 5.0], [3.0, 4.0]])
     arg = torch.tensor([[2, 5, 4, 2, 0, 1], [2, 5, 4, 2, 0, 1]])
@@ -30,6 +39,7 @@ def test_first_tied_key_moves_to_the_first_equal_visible_row():
     assert tied.first_tied_key(z, arg).tolist() == out[0:1].expand(2, -1).tolist()
 
 
+@pytest.mark.usefixtures("forms")
 def test_first_tied_key_checks_rows_not_just_hashes(monkeypatch):
     """A hash collision between unequal rows moves nothing; no duplicates: unchanged."""
     z = torch.randn(50, 4, generator=torch.Generator().manual_seed(0))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from hiertail_fast.ops._host_reads import host_reads_cheap
 from hiertail_fast.ops._tied_keys import first_tied_key
 
 
@@ -74,7 +75,7 @@ class MaxFold:
         cols = torch.arange(common.numel(), device=z.device)
         dup = (twin >= 0) & (twin != cols)
         self.duplicates = None
-        if z.device.type != "cpu" or bool(dup.any()):
+        if not host_reads_cheap(z.device) or bool(dup.any()):
             self.duplicates = (cols[dup], twin[dup])
         self.gid = self.handled = None
         if positives is not None:
@@ -108,7 +109,7 @@ class MaxFold:
             # the level-specific terms other than the arg-max's: all of them (lse_r), or where
             # a rest key holds it, a log-sum-exp without it (not log(e^lse_r - e^v_t): the
             # fp32 lse_r does not resolve o << t, measured 5.6x the tests' rule on a fuzz case)
-            rest, v_t = rest_without_target(v_r, rcol, lse_r, v_r.device.type == "cpu")
+            rest, v_t = rest_without_target(v_r, rcol, lse_r, host_reads_cheap(v_r.device))
             log_t = torch.where(rcol >= 0, v_t.to(dt), log_t)
             log_o = torch.logaddexp(log_o, rest.to(dt))
         u = -g.to(dt) * torch.sigmoid(log_o - log_t)
@@ -134,7 +135,8 @@ class MaxFold:
 def rest_without_target(v_r, rcol, lse_r, subset: bool):
     """(log-sum-exp over the level-specific keys of each row without its arg-max rest key
     rcol (where rcol >= 0; else lse_r, all of them), [L, b]; v_r at rcol, 0 where none).
-    ``subset``: only the rows with a rest arg-max (a host sync: the CPU); else every row."""
+    ``subset``: only the rows with a rest arg-max (a host sync: ``host_reads_cheap``); else
+    every row."""
     at_r = rcol >= 0
     if subset:
         rest, v_t = lse_r.clone(), torch.zeros_like(lse_r)

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import torch
 
+from hiertail_fast.ops._host_reads import host_reads_cheap
+
 _MULTIPLIERS: dict[tuple[int, str], torch.Tensor] = {}
 _HASH_ROWS = 1 << 14            # rows hashed at a time: the int64 temporaries stay ~16 MB at d 128
 
@@ -59,8 +61,9 @@ def first_tied_key(z: torch.Tensor, arg_max: torch.Tensor,
     h_sorted, perm = torch.sort(row_ids(z))
     starts = torch.ones(n, dtype=torch.bool, device=z.device)
     starts[1:] = h_sorted[1:] != h_sorted[:-1]
-    if z.device.type == "cpu" and bool(starts.all()):
-        return out                                  # no two rows alike (no sync on CPU)
+    cheap = host_reads_cheap(z.device)
+    if cheap and bool(starts.all()):
+        return out                                  # no two rows alike (a sync on CUDA)
     group = torch.empty(n, dtype=torch.long, device=z.device)
     group[perm] = torch.cumsum(starts, 0) - 1       # hash group of every key id
     ids = torch.arange(n, device=z.device)
@@ -71,7 +74,7 @@ def first_tied_key(z: torch.Tensor, arg_max: torch.Tensor,
         a = arg_max[lev]
         c = first[group[a]].clamp_(max=n - 1)       # n: no visible key (a row outside the level)
         same = c < a
-        if z.device.type == "cpu":                  # compare only the candidates' rows
+        if cheap:                                   # compare only the candidates' rows
             idx = same.nonzero().squeeze(1)
             same[idx] = (z[c[idx]] == z[a[idx]]).all(dim=1)
         else:                                       # (no host sync on CUDA)
