@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from hiertail_fast.ops._max_fold import (
+    ArgmaxShare,
     MaxFold,
     TileFold,
     fold_levels,
@@ -89,12 +90,60 @@ def test_shares_go_to_the_first_of_duplicate_keys():
 
 
 def test_set_at_writes_one_entry_per_row():
-    block = torch.zeros(3, 4)
+    block = torch.arange(12.0).view(3, 4)
     set_at(block, torch.tensor([2, -1, 0]), torch.tensor([True, True, False]),
            torch.tensor([5.0, 6.0, 7.0]))
-    expect = torch.zeros(3, 4)
+    expect = torch.arange(12.0).view(3, 4)
     expect[0, 2] = 5.0       # row 1: no column (-1); row 2: not taken
     assert torch.equal(block, expect)
+    set_at(block, torch.tensor([-1, 3, 1]), None, 0.0)     # every row with a column
+    expect[1, 3] = expect[2, 1] = 0.0
+    assert torch.equal(block, expect)
+
+
+class _Positives:
+    """What MaxFold reads of the engine's positives: labels [L, N], the levels they handle."""
+
+    def __init__(self, gid, handled, include_self):
+        self.gid, self.handled, self.include_self = gid, handled, include_self
+
+
+@pytest.mark.parametrize("include_self", [True, False])
+def test_recorded_blocks_hand_back_the_per_block_shares(include_self):
+    """``record`` per block then ``hand_back`` once (the engine's path: the shares formed once
+    per call) equals each block's own ``shares`` bit for bit, rows visited in a permuted order
+    (u and q_out land by row id), rest keys and positives included."""
+    n_c, n_r, levels, b = 7, 3, 2, 5
+    n = n_c + n_r
+    z = torch.randn(n, 4, generator=torch.Generator().manual_seed(9))
+    z[5] = z[2]                                                # a duplicate common key
+    gen = torch.Generator().manual_seed(3)
+    gid = torch.randint(0, 3, (levels, n), generator=gen)
+    pos = _Positives(gid, [True, False], include_self)
+    mf = MaxFold(z, torch.ones(levels, n, dtype=torch.bool), torch.arange(n_c),
+                 torch.arange(n_c, n), pos)
+    order = torch.randperm(n, generator=gen)
+    share = ArgmaxShare(levels, n, "cpu")
+    argmax = torch.zeros(levels, n, dtype=torch.long)
+    expect_u = torch.zeros(levels, n, dtype=torch.float64)
+    expect_q = torch.zeros_like(expect_u)
+    for blk in (slice(0, b), slice(b, n)):
+        e, _, v_r, _, coef = _block(blk.start, n_c, n_r, blk.stop - blk.start, levels)
+        wc = _block(0, n_c, n_r, b, levels)[1]                 # one set of key weights
+        sums = (wc[:, None, :] * e[None]).double().sum(2)
+        rows = order[blk]
+        arg = torch.randint(0, n, (levels, rows.numel()), generator=gen)
+        argmax[:, rows] = arg
+        lse_r = torch.logsumexp(v_r, 2)
+        tgt, col, _, u, x = mf.shares(arg, coef, e, sums, wc, v_r, lse_r)
+        expect_u[:, rows] = u
+        expect_q[:, rows] = torch.where(mf.common_positive(rows, tgt, col), positive_q(x),
+                                        0.0).double()
+        mf.record(blk, coef, mf.entries(arg, e, v_r, lse_r), sums)
+    targets = mf.hand_back(share, wc, argmax, order)
+    assert torch.equal(targets, mf.targets(argmax))
+    assert torch.equal(share.u, expect_u) and torch.equal(share.q_out, expect_q)
+    assert (share.q_out[0] != 0).any() and (share.q_out[1] == 0).all()   # level 1 unhandled
 
 
 def test_fold_levels_leaves_out_the_folded_levels_and_pre_subtracts_their_positive():

@@ -265,15 +265,11 @@ def _engine(
             rel = (lse_in[:, rows].double() - shift.double()).to(z.dtype)
         g = g.to(z.dtype)
         nz = g != 0
-        if max_fold is not None:
-            tgt, col, rcol, u, x = max_fold.shares(arg_b, g, e if n_c else None,
-                                                   sums if n_c else None, wc,
-                                                   v_r if n_r else None,
-                                                   lse_r if n_r else None)
-            fold_argmax.u[:, rows] = u
-            pos_c = max_fold.common_positive(rows, tgt, col)   # the block adds its term
-            q_c = torch.where(pos_c, positive_q(x), torch.zeros_like(x))
-            fold_argmax.q_out[:, rows] = q_c.double()
+        if max_fold is not None:        # the entries (i, a_li); their shares after the loop
+            entries = max_fold.entries(arg_b, e if n_c else None, v_r if n_r else None,
+                                       lse_r if n_r else None)
+            max_fold.record(blk, g, entries, sums if n_c else None)
+            tgt, col, rcol, x = entries[:4]
         if n_c:
             a = torch.where(nz, g * torch.exp(-rel), torch.zeros_like(g))
             # a (~ g / N) goes into the GEMM operands divided by its block max and comes back
@@ -293,13 +289,15 @@ def _engine(
                     inv = torch.where(den != 0, 1.0 / den, torch.zeros_like(den))
                     positives.common_block(blk, rows, e, m_c, max_b, arg_b, e, inv)
                 if max_fold is not None:    # the entry (i, a) out (LSE part and positive)
-                    set_at(e, col[0], col[0] >= 0, torch.zeros_like(x[0]))
+                    set_at(e, col[0], None, 0.0)      # (after the positives wrote into e)
                 dz[rows] += (e @ zwc).mul_(a[0][:, None] * (scale * a_max))
                 key_c.addmm_(e.t(), zb * a[0][:, None], alpha=a_max)
             else:
                 t = level_weights(a, wc, tbuf[: r1 - r0])                 # sum_l a_li w_lk
                 t.mul_(e)                    # t = the gradient block; e keeps the forward values
-                if max_fold is not None:
+                if max_fold is not None:    # (the block adds the positive term there)
+                    pos_c = max_fold.common_positive(rows, tgt, col)
+                    q_c = torch.where(pos_c, positive_q(x), 0.0)
                     fold_levels(t, col, pos_c, q_c, None if positives is None
                                 else positives.coef_s[:, blk], a, wc, x, a_max)
                 if positives is not None:    # their sums, and + c_i q_ij / a_max into t
@@ -321,7 +319,7 @@ def _engine(
     rest_pairs = None
     drop = None
     if max_fold is not None:            # the arg-max keys the entries were taken out at
-        drop = fold_argmax.amax = max_fold.targets(argmax)
+        drop = fold_argmax.amax = max_fold.hand_back(fold_argmax, wc, argmax, order)
     if positives is not None:
         rest_pairs = positives.finish(rowmax, argmax, grad, drop)
         if drop is not None and positives.dropped is not None:   # out of the gradient terms

@@ -24,7 +24,10 @@ with t = w_a e_ia the arg-max term of the row's sum and o the sum of its other t
 step's float64 sums minus t, the same fp32 product; the level-specific keys' part a log-sum-exp
 without a): o = 0 (every other term below e^-C) gives exactly 0, as the reference's 1 - 1. The
 caller adds the entry's total v = u + g_b (Q_i - q_out) / n_i (float64; both sides, one row
-each) after the pass, when Q is known: what cancels, cancels per row.
+each) after the pass, when Q is known: what cancels, cancels per row. The row-block engine
+reads each block's entries (``MaxFold.entries``) and keeps the few per-row numbers u needs
+(``record``); ``hand_back`` forms u and q_out once per call, so a block pays ~10 small torch
+calls for the fold (each a kernel launch on CUDA), not ~50.
 """
 from __future__ import annotations
 
@@ -77,43 +80,83 @@ class MaxFold:
         self.duplicates = None
         if not host_reads_cheap(z.device) or bool(dup.any()):
             self.duplicates = (cols[dup], twin[dup])
+        self._kept = None               # ``record``'s per-row buffers, visiting order
         self.gid = self.handled = None
         if positives is not None:
             self.gid, self.include_self = positives.gid, positives.include_self
             self.handled = torch.tensor(positives.handled, device=z.device)
 
-    def shares(self, arg_b, g, e, sums, wc, v_r, lse_r):
-        """The LSE parts u = g (p - 1) of one block's arg-max entries, from its forward values
-        (before the positives write into them). arg_b [L, b]: the engine's arg-max key ids;
-        g [L, b]: the LSE coefficients; e [b, N_c] = exp(s - shift) on the common keys (None if
-        none), sums [L, b] their weighted sums, wc [L, N_c] their weights; v_r [L, b, N_r] =
-        s + log w - shift on the level-specific keys (-inf hidden; None if none), lse_r [L, b]
-        their log-sum-exp.
-        -> (tgt [L, b] key ids; col, rcol [L, b]: the entry's common / rest column, -1 where
-            it is not one; u [L, b] float64; x [L, b]: e at col, 0 where col < 0)."""
+    def entries(self, arg_b, e, v_r, lse_r):
+        """One block's arg-max entries, read before the positives write into e. arg_b [L, b]:
+        the engine's arg-max key ids; e [b, N_c] = exp(s - shift) on the common keys (None if
+        none); v_r [L, b, N_r] = s + log w - shift on the level-specific keys (-inf hidden;
+        None if none), lse_r [L, b] their log-sum-exp.
+        -> (tgt [L, b] key ids; col [L, b] the entry's common column, -1 where it is not one;
+            rcol likewise among the rest keys (None without them); x [L, b]: e at col, 0 where
+            col < 0 (None without common keys); rest, v_t [L, b]: the rest keys' log-sum-exp
+            without the entry's key and its v (None without rest keys))."""
         tgt = self.tied.gather(1, arg_b)
-        col, rcol = self.col_of[tgt], self.rcol_of[tgt]
-        at_c = col >= 0
-        dt = torch.float64
-        log_t = torch.zeros(g.shape, dtype=dt, device=g.device)
-        others = torch.zeros(g.shape, dtype=dt, device=g.device)
-        x = torch.zeros_like(g)
+        col = self.col_of[tgt]
+        x = rcol = rest = v_t = None
         if e is not None:
-            cc = col.clamp(min=0)
-            x = torch.where(at_c, e.gather(1, cc.t()).t(), x)
-            t_c = (wc.gather(1, cc) * x).to(dt)                   # the same fp32 product
-            log_t = torch.where(at_c, torch.log(t_c), log_t)
-            others = (sums.to(dt) - torch.where(at_c, t_c, 0.0)).clamp_(min=0.0)
-        log_o = torch.log(others)
+            x = torch.where(col >= 0, e.gather(1, col.clamp(min=0).t()).t(), 0.0)
         if v_r is not None:
             # the level-specific terms other than the arg-max's: all of them (lse_r), or where
             # a rest key holds it, a log-sum-exp without it (not log(e^lse_r - e^v_t): the
             # fp32 lse_r does not resolve o << t, measured 5.6x the tests' rule on a fuzz case)
+            rcol = self.rcol_of[tgt]
             rest, v_t = rest_without_target(v_r, rcol, lse_r, host_reads_cheap(v_r.device))
-            log_t = torch.where(rcol >= 0, v_t.to(dt), log_t)
-            log_o = torch.logaddexp(log_o, rest.to(dt))
-        u = -g.to(dt) * torch.sigmoid(log_o - log_t)
-        return tgt, col, rcol, u, x
+        return tgt, col, rcol, x, rest, v_t
+
+    def shares(self, arg_b, g, e, sums, wc, v_r, lse_r):
+        """The LSE parts u = g (p - 1) of one block's arg-max entries (``entries``; g [L, b]:
+        the LSE coefficients, sums [L, b] the common keys' weighted sums, wc [L, N_c] their
+        weights). -> (tgt, col, rcol, u [L, b] float64, x): one block's ``record`` and
+        ``hand_back`` at once."""
+        tgt, col, rcol, x, rest, v_t = self.entries(arg_b, e, v_r, lse_r)
+        return tgt, col, rcol, argmax_share(g, col, x, sums, wc, rcol, rest, v_t), \
+            torch.zeros_like(g) if x is None else x
+
+    def record(self, blk: slice, g, entries, sums):
+        """Keep a block's (rows ``blk`` of the visiting order) coefficients and entries for
+        ``hand_back``: the shares are formed once per call, not per block (each torch call
+        is a kernel launch on CUDA)."""
+        _, _, _, x, rest, v_t = entries
+        if self._kept is None:
+            shape, dev = (self.tied.shape[0], self.tied.shape[1]), g.device
+            self._kept = {"g": torch.zeros(shape, dtype=g.dtype, device=dev)}
+            if x is not None:
+                self._kept["x"] = torch.zeros(shape, dtype=x.dtype, device=dev)
+                self._kept["sums"] = torch.zeros(shape, dtype=sums.dtype, device=dev)
+            if rest is not None:
+                self._kept["rest"] = torch.zeros(shape, dtype=rest.dtype, device=dev)
+                self._kept["v_t"] = torch.zeros(shape, dtype=v_t.dtype, device=dev)
+        for name, val in (("g", g), ("x", x), ("sums", sums), ("rest", rest), ("v_t", v_t)):
+            if name in self._kept:
+                self._kept[name][:, blk] = val
+
+    def hand_back(self, share: ArgmaxShare, wc, argmax, order) -> torch.Tensor:
+        """u and q_out of every recorded row into ``share`` (by row id; argmax [L, N]: the
+        engine's arg-max keys by row id; ``order``: the visiting order, None for the
+        identity). q_out: the positive term of the entries the blocks added it at
+        (``common_positive``), which the engine took out with the entry.
+        -> the reference's arg-max keys [L, N] by row id (``targets``)."""
+        targets = self.targets(argmax)
+        if self._kept is None:
+            return targets
+        k = self._kept
+        tgt = targets if order is None else targets[:, order]             # visiting order
+        col = self.col_of[tgt]
+        rcol = self.rcol_of[tgt] if "rest" in k else None
+        x = k.get("x")
+        u = argmax_share(k["g"], col, x, k.get("sums"), wc, rcol, k.get("rest"), k.get("v_t"))
+        rows = slice(0, tgt.shape[1]) if order is None else order
+        q = torch.zeros_like(k["g"]) if x is None else torch.where(
+            self.common_positive(rows, tgt, col), positive_q(x), 0.0)
+        share.u[:, rows] = u
+        share.q_out[:, rows] = q.double()
+        self._kept = None
+        return targets
 
     def common_positive(self, rows, tgt, col) -> torch.Tensor:
         """[L, b] bool: the entry (i, a) is a common key among i's positives at a level whose
@@ -130,6 +173,25 @@ class MaxFold:
     def targets(self, argmax: torch.Tensor) -> torch.Tensor:
         """[L, N] the reference's arg-max of every row from the engine's."""
         return self.tied.gather(1, argmax)
+
+
+def argmax_share(g, col, x, sums, wc, rcol=None, rest=None, v_t=None) -> torch.Tensor:
+    """u = g (p - 1) = -g sigmoid(log o - log t) [L, b] float64 (module docstring) of entries
+    at common column col (x: e there, 0 where col < 0; sums: the rows' weighted common sums;
+    x, sums None without common keys) or rest column rcol (rest: the rest keys' log-sum-exp
+    without the entry's key, v_t its v; None without rest keys)."""
+    dt = torch.float64
+    log_t = torch.zeros(g.shape, dtype=dt, device=g.device)
+    log_o = torch.full(g.shape, float("-inf"), dtype=dt, device=g.device)
+    if x is not None:
+        at_c = col >= 0
+        t_c = (wc.gather(1, col.clamp(min=0)) * x).to(dt)                # the same fp32 product
+        log_t = torch.where(at_c, torch.log(t_c), log_t)
+        log_o = torch.log((sums.to(dt) - torch.where(at_c, t_c, 0.0)).clamp_(min=0.0))
+    if rest is not None:
+        log_t = torch.where(rcol >= 0, v_t.to(dt), log_t)
+        log_o = torch.logaddexp(log_o, rest.to(dt))
+    return -g.to(dt) * torch.sigmoid(log_o - log_t)
 
 
 def rest_without_target(v_r, rcol, lse_r, subset: bool):
@@ -153,13 +215,13 @@ def rest_without_target(v_r, rcol, lse_r, subset: bool):
     return rest, torch.where(at_r, v_r.gather(2, rc).squeeze(2), 0.0)
 
 
-def set_at(block: torch.Tensor, col: torch.Tensor, take: torch.Tensor, val: torch.Tensor):
-    """block[i, col[i]] = val[i] where take[i] and col[i] >= 0 (block: a contiguous [b, n]
-    matrix), no host sync: rows not taken write their own entry back."""
-    rows, width = block.shape
-    flat = torch.arange(rows, device=block.device) * width + col.clamp(min=0)
-    view = block.view(-1)
-    view.index_put_((flat,), torch.where(take & (col >= 0), val, view[flat]))
+def set_at(block: torch.Tensor, col: torch.Tensor, take: torch.Tensor | None, val):
+    """block[i, col[i]] = val[i] (a tensor or a number) where take[i] (None: every row) and
+    col[i] >= 0 (block [b, n]), no host sync: rows not taken write their own entry back."""
+    cc = col.clamp(min=0)[:, None]
+    keep = block.gather(1, cc).squeeze(1)
+    put = col >= 0 if take is None else take & (col >= 0)
+    block.scatter_(1, cc, torch.where(put, val, keep)[:, None])
 
 
 def fold_levels(t, col, pos, q, coef, a, wc, x, a_max: float):
