@@ -130,16 +130,20 @@ def _regime(name, n, d, gen):
     return z * 30.0                                     # randn x 30: |s| to ~1e4 and beyond
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [*BACKENDS, "torch/cuda-forms"])
 @pytest.mark.parametrize("regime", ["normalised", "relu", "randn", "randn30"])
 @pytest.mark.parametrize("tau", [0.01, 1.0, 10.0])
 @pytest.mark.parametrize("variant", ["exact", "official"])
-def test_regime_grid_matches_reference(backend, regime, tau, variant):
+def test_regime_grid_matches_reference(request, backend, regime, tau, variant):
     """The benchmark grid's regimes at test size: value and gradient within 2x the fp32
     reference's own error plus fp32 tolerance (relative to the tensor's size); gradients also
     get 32 ulp of the terms that cancel in them (tests/test_balanced_contrastive_loss.py's
     rule: where every official positive is clamped the true gradient is ~0 while each of its
-    terms is ~ g * |z|max^2 * sqrt(d) / tau)."""
+    terms is ~ g * |z|max^2 * sqrt(d) / tau). "torch/cuda-forms": the torch engine's CUDA
+    code paths on CPU tensors (the ``cuda_forms`` fixture)."""
+    if backend == "torch/cuda-forms":
+        backend = "torch"
+        _engine_device(request, "cuda-forms")
     gen = torch.Generator().manual_seed(5)
     z = _regime(regime, 70, 16, gen)
     y = torch.randint(0, 5, (70,), generator=gen)
