@@ -16,12 +16,18 @@ tau). Prints each case over the rule as it happens, then the worst ratio per eng
     python bench/official_fuzz.py --cases 1000 --seconds 3600 --engines triton   # fixed cases
     python bench/official_fuzz.py --levels 3 --engines torch      # the hierarchical loss too
     python bench/official_fuzz.py --rows 512 700 1030 --engines torch   # the symmetric engine
+    python bench/official_fuzz.py --levels 3 --engines torch --cuda-forms   # CUDA's code paths
+
+``--cuda-forms`` runs the engines on CPU tensors through the code paths they take for CUDA
+tensors (no C kernels, no symmetric engine, the whole-band positives, the sync-free forms of
+``ops/_host_reads.py``; the tests' ``cuda_forms`` fixture): a fuzz of those paths without a GPU.
 
 Measured 2026-11-27 (sessions 22-23, Triton interpreter, CPU flash attention; the torch
 engines before and after their arg-max entry fold, ``ops/_max_fold.py``): docs/LOSS.md."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import time
@@ -158,6 +164,8 @@ def main(argv=None) -> None:
                          "engine on one level)")
     ap.add_argument("--levels", type=int, default=1,
                     help="up to this many levels (the hierarchical loss; 1: the cases as before)")
+    ap.add_argument("--cuda-forms", action="store_true",
+                    help="CPU tensors through the engines' CUDA code paths (see above)")
     args = ap.parse_args(argv)
     if (args.seconds <= 0 or min(args.dims) < 1 or args.max_log_bound < 0
             or (args.cases is not None and args.cases < 1) or args.levels < 1
@@ -165,6 +173,35 @@ def main(argv=None) -> None:
         ap.error("--seconds > 0, --cases >= 1, --dims >= 1, --max-log-bound >= 0, --levels >= 1"
                  ", --rows >= 2")
     torch.set_num_threads(1)
+    with _code_paths(args.cuda_forms):
+        _fuzz(args)
+
+
+@contextlib.contextmanager
+def _code_paths(cuda_forms: bool):
+    """--cuda-forms: the engines' CUDA code paths on CPU tensors while the fuzz runs, then the
+    process's switches as they were."""
+    if not cuda_forms:
+        yield
+        return
+    import hiertail_fast.ops._host_reads as host_reads
+
+    env = {"HIERTAIL_NATIVE": "0", "HIERTAIL_SYMMETRIC": "0", "HIERTAIL_POSITIVES": "band"}
+    saved = {k: os.environ.get(k) for k in env}
+    host_reads.FORCE_SYNC_FREE = True
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        host_reads.FORCE_SYNC_FREE = False
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _fuzz(args) -> None:
     rng = random.Random(args.seed)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     worst: dict[str, tuple[float, dict]] = {}
@@ -183,7 +220,7 @@ def main(argv=None) -> None:
                 over[eng] += 1
                 print(f"over the rule: {eng} {ratio:.2f}x {desc}", flush=True)
     print(f"{cases} cases, dims {args.dims}, B <= 10^{args.max_log_bound:g}, "
-          f"levels <= {args.levels}")
+          f"levels <= {args.levels}{', CUDA code paths on CPU' if args.cuda_forms else ''}")
     for eng in args.engines:
         ratio, desc = worst.get(eng, (0.0, {}))
         print(f"worst {eng}: {ratio:.3f}x the rule, {over[eng]} case(s) over it {desc}")

@@ -3,6 +3,7 @@ bench/official_fuzz.py): they run, report per engine, and switch off the attenti
 row limit only for their own measurement."""
 from __future__ import annotations
 
+import os
 import random
 import re
 import subprocess
@@ -57,6 +58,36 @@ def test_official_fuzz_levels_run_the_hierarchical_loss(capsys):
     rng = random.Random(0)
     cases = [official_fuzz._case(rng, [2], 1.5, k, 3) for k in range(1, 13)]
     assert any(isinstance(y, list) and len(y) > 1 for _, y, *_ in cases)
+
+
+def test_official_fuzz_cuda_forms_runs_cuda_paths_and_restores_the_switches(monkeypatch,
+                                                                           capsys):
+    """--cuda-forms: the torch engine's CUDA code paths on CPU while the fuzz runs (the
+    sync-free forms seen taking part), the process's switches as they were afterwards."""
+    import official_fuzz
+
+    import hiertail_fast.ops._host_reads as host_reads
+    import hiertail_fast.ops._max_fold as max_fold
+
+    seen = []
+    real = max_fold.rest_without_target
+
+    def spy(v_r, rcol, lse_r, subset):
+        seen.append((subset, host_reads.FORCE_SYNC_FREE, os.environ.get("HIERTAIL_NATIVE")))
+        return real(v_r, rcol, lse_r, subset)
+
+    monkeypatch.setattr(max_fold, "rest_without_target", spy)
+    monkeypatch.setenv("HIERTAIL_POSITIVES", "slices")
+    monkeypatch.delenv("HIERTAIL_NATIVE", raising=False)
+    official_fuzz.main(["--cases", "12", "--seconds", "60", "--dims", "2", "--max-log-bound",
+                        "1.5", "--engines", "torch", "--levels", "3", "--cuda-forms"])
+    out = capsys.readouterr().out
+    assert re.search(r"^12 cases, .* levels <= 3, CUDA code paths on CPU$", out, re.M), out
+    match = re.search(r"^worst torch: ([0-9.]+)x the rule", out, re.M)
+    assert match and float(match.group(1)) <= 1.0, out
+    assert seen and all(s == (False, True, "0") for s in seen)     # the sync-free form ran
+    assert not host_reads.FORCE_SYNC_FREE
+    assert os.environ["HIERTAIL_POSITIVES"] == "slices" and "HIERTAIL_NATIVE" not in os.environ
 
 
 def test_official_fuzz_rejects_bad_arguments():
