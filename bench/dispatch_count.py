@@ -6,11 +6,13 @@ so this is the count behind docs/LOSS.md's "small torch calls per loss". A count
     python bench/dispatch_count.py --n 20000 --levels 1 --as-cuda      # CUDA's engine paths
     python bench/dispatch_count.py --n 20000 --levels 1 --as-cuda --syncs --variant official
 
+Each total also says how many of its calls are not views (``OpOverload.is_view``: a view makes a
+tensor header, host work only; the others launch a kernel on CUDA).
 ``--as-cuda`` counts, on this CPU, the calls the torch engine makes for CUDA tensors, where
-every call is a kernel launch: no C kernels, no symmetric engine, CUDA's block budget with no
-row cap, the sync-free forms of the engines' data-dependent shortcuts (``_host_reads``), the
-whole-band positives (``HIERTAIL_POSITIVES``; ``--positives slices`` for the
-per-group plan CUDA ran before). ``--syncs`` counts only the calls that make a CUDA host wait
+every call that is not a view is a kernel launch: no C kernels, no symmetric engine, CUDA's
+block budget with no row cap, the sync-free forms of the engines' data-dependent shortcuts
+(``_host_reads``), the whole-band positives (``HIERTAIL_POSITIVES``; ``--positives slices``
+for the per-group plan CUDA ran before). ``--syncs`` counts only the calls that make a CUDA host wait
 for the device (``SYNC_OPS``: a scalar read, nonzero, unique, ...; indexing with a boolean
 mask; ``tolist()`` of a library tensor, which runs no operator on CPU): each one drains the
 GPU's queue of launched kernels.
@@ -52,12 +54,15 @@ class _Counter(TorchDispatchMode):
     def __init__(self, syncs: bool = False):
         super().__init__()
         self.calls: collections.Counter = collections.Counter()
+        self.views: set[str] = set()     # the names of view operators (no kernel, no launch)
         self.syncs = syncs
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
         if self.syncs:
             name = _syncs(name, args)
+        elif func.is_view:
+            self.views.add(name)
         if name is not None:
             frames = [f for f in traceback.extract_stack() if "hiertail_fast" in f.filename]
             where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "-"
@@ -89,7 +94,16 @@ def count(n: int, d: int, levels: int, variant: str, regime: str, tau: float, ba
             step()
     finally:
         torch.Tensor.tolist = real_tolist
-    return counter.calls
+    calls = counter.calls
+    calls.views = counter.views
+    return calls
+
+
+def views_of(calls: collections.Counter) -> int:
+    """How many of ``count``'s calls are views (a new tensor header over the same memory: host
+    work, no kernel on CUDA); the rest launch a kernel there, or sync."""
+    names = getattr(calls, "views", set())
+    return sum(k for (name, _), k in calls.items() if name in names)
 
 
 def _as_cuda(positives: str) -> None:
@@ -130,9 +144,12 @@ def main(argv=None) -> int:
     for v in variants:
         calls = count(args.n, args.d, args.levels, v, args.regime, args.tau, args.backend,
                       args.syncs)
-        what = "host-syncing calls" if args.syncs else "operator calls"
+        total = sum(calls.values())
+        what = "host-syncing calls" if args.syncs else (
+            f"operator calls per loss ({total - views_of(calls)} not views)")
         print(f"N={args.n} d={args.d} levels={args.levels} {v} {args.regime} tau={args.tau:g} "
-              f"backend={args.backend}: {sum(calls.values())} {what} per loss")
+              f"backend={args.backend}: {total} {what}"
+              f"{' per loss' if args.syncs else ''}")
         for (name, where), k in calls.most_common(args.top):
             print(f"  {k:6d}  {name:24s} {where}")
     return 0

@@ -19,8 +19,8 @@
 #      ops/_max_fold.py, tests/test_contrastive_numerics.py's shared-argmax cases on "cuda",
 #      and the Triton backward's argmax_coef (the positives' share in its key-side fold),
 #      tests/test_balanced_contrastive_loss_triton.py; bench/kernel_resources.py compiles it;
-#      session 24: that fold's per-block launches cut, 2,673 -> 2,284 torch calls per official
-#      loss at 20k, which the profile's "auto" official rows at 20k time),
+#      session 24: that fold's per-block launches cut, 1,914 -> 1,564 kernel-launching torch
+#      calls per official loss at 20k, which the profile's "auto" official rows at 20k time),
 #      2. the loss kernels' registers / spills as
 #      the image's triton compiles them (bench/kernel_resources.py found the LSE backward's
 #      fixed tile spilling ~1 KB per thread), 3. loss_profile rows at d 64 and 128, N 20k and

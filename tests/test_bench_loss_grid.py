@@ -228,6 +228,13 @@ def test_dispatch_count_counts_the_loss_calls():
     assert not any(where.startswith("_positive_blocks.py:") for _, where in exact)
     mm = sum(k for (name, _), k in exact.items() if name in ("mm", "addmm_", "addmm"))
     assert mm >= 3                       # forward + the two gradient sides, at least one block
+    # views (no kernel on CUDA) told apart: torch's own is_view, never a GEMM
+    views = dispatch_count.views_of(exact)
+    assert 0 < views < sum(exact.values())
+    packet = lambda name: getattr(torch.ops.aten, name)                   # noqa: E731
+    assert "mm" not in exact.views and all(
+        any(getattr(packet(name), o).is_view for o in packet(name).overloads())
+        for name in exact.views)
     # --syncs: only the host-syncing calls (their result's value or size is read), a subset
     syncs = dispatch_count.count(300, 8, 3, "official", "relu", 0.1, "torch", syncs=True)
     assert 0 < sum(syncs.values()) < sum(official.values())
