@@ -12,8 +12,8 @@ tensor header, host work only; the others launch a kernel on CUDA).
 every call that is not a view is a kernel launch: no C kernels, no symmetric engine, CUDA's
 block budget with no row cap, the sync-free forms of the engines' data-dependent shortcuts
 (``_host_reads``), the whole-band positives (``HIERTAIL_POSITIVES``; ``--positives slices``
-for the per-group plan CUDA ran before). ``--syncs`` counts only the calls that make a CUDA host wait
-for the device (``SYNC_OPS``: a scalar read, nonzero, unique, ...; indexing with a boolean
+for the per-group plan CUDA ran before). ``--syncs`` counts only the calls that make a CUDA
+host wait for the device (``SYNC_OPS``: a scalar read, nonzero, unique, ...; indexing with a boolean
 mask; ``tolist()`` of a library tensor, which runs no operator on CPU): each one drains the
 GPU's queue of launched kernels.
 """
