@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import sys
 import traceback
 from pathlib import Path
@@ -106,18 +107,30 @@ def views_of(calls: collections.Counter) -> int:
     return sum(k for (name, _), k in calls.items() if name in names)
 
 
-def _as_cuda(positives: str) -> None:
-    """This process's engine configured as for CUDA tensors (before the first loss call)."""
+@contextlib.contextmanager
+def _as_cuda(positives: str):
+    """While inside: the engine configured as for CUDA tensors (``_host_reads.cuda_code_paths``
+    with the positives' plan `positives`, CUDA's block budget with no row cap)."""
     import os
 
-    import hiertail_fast.ops._host_reads as host_reads
     import hiertail_fast.ops._lse_torch as lse_torch
+    from hiertail_fast.ops._host_reads import cuda_code_paths
 
-    host_reads.FORCE_SYNC_FREE = True            # CUDA's sync-free forms of the shortcuts
-    os.environ.update({"HIERTAIL_NATIVE": "0", "HIERTAIL_SYMMETRIC": "0",
-                       "HIERTAIL_POSITIVES": positives,
-                       "HIERTAIL_CPU_BLOCK_BYTES": str(lse_torch.CUDA_BLOCK_BYTES)})
-    lse_torch.MAX_BLOCK_ROWS = 1 << 62           # CUDA: the byte budget alone bounds a block
+    saved = {k: os.environ.get(k) for k in ("HIERTAIL_POSITIVES", "HIERTAIL_CPU_BLOCK_BYTES")}
+    rows = lse_torch.MAX_BLOCK_ROWS
+    with cuda_code_paths():
+        os.environ.update({"HIERTAIL_POSITIVES": positives,
+                           "HIERTAIL_CPU_BLOCK_BYTES": str(lse_torch.CUDA_BLOCK_BYTES)})
+        lse_torch.MAX_BLOCK_ROWS = 1 << 62           # CUDA: the byte budget alone bounds a block
+        try:
+            yield
+        finally:
+            lse_torch.MAX_BLOCK_ROWS = rows
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 def main(argv=None) -> int:
@@ -138,9 +151,13 @@ def main(argv=None) -> int:
                         help="count only the calls that make a CUDA host wait (SYNC_OPS)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    if args.as_cuda:
-        _as_cuda(args.positives)
     variants = ["exact", "official"] if args.variant == "both" else [args.variant]
+    with _as_cuda(args.positives) if args.as_cuda else contextlib.nullcontext():
+        _report(args, variants)
+    return 0
+
+
+def _report(args, variants) -> None:
     for v in variants:
         calls = count(args.n, args.d, args.levels, v, args.regime, args.tau, args.backend,
                       args.syncs)
@@ -152,7 +169,6 @@ def main(argv=None) -> int:
               f"{' per loss' if args.syncs else ''}")
         for (name, where), k in calls.most_common(args.top):
             print(f"  {k:6d}  {name:24s} {where}")
-    return 0
 
 
 if __name__ == "__main__":

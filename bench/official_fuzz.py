@@ -20,7 +20,8 @@ tau). Prints each case over the rule as it happens, then the worst ratio per eng
 
 ``--cuda-forms`` runs the engines on CPU tensors through the code paths they take for CUDA
 tensors (no C kernels, no symmetric engine, the whole-band positives, the sync-free forms of
-``ops/_host_reads.py``; the tests' ``cuda_forms`` fixture): a fuzz of those paths without a GPU.
+``ops/_host_reads.cuda_code_paths``, as the tests' ``cuda_forms`` fixture): a fuzz of those
+paths without a GPU.
 
 Measured 2026-11-27 (sessions 22-23, Triton interpreter, CPU flash attention; the torch
 engines before and after their arg-max entry fold, ``ops/_max_fold.py``): docs/LOSS.md."""
@@ -173,32 +174,10 @@ def main(argv=None) -> None:
         ap.error("--seconds > 0, --cases >= 1, --dims >= 1, --max-log-bound >= 0, --levels >= 1"
                  ", --rows >= 2")
     torch.set_num_threads(1)
-    with _code_paths(args.cuda_forms):
+    from hiertail_fast.ops._host_reads import cuda_code_paths
+
+    with cuda_code_paths() if args.cuda_forms else contextlib.nullcontext():
         _fuzz(args)
-
-
-@contextlib.contextmanager
-def _code_paths(cuda_forms: bool):
-    """--cuda-forms: the engines' CUDA code paths on CPU tensors while the fuzz runs, then the
-    process's switches as they were."""
-    if not cuda_forms:
-        yield
-        return
-    import hiertail_fast.ops._host_reads as host_reads
-
-    env = {"HIERTAIL_NATIVE": "0", "HIERTAIL_SYMMETRIC": "0", "HIERTAIL_POSITIVES": "band"}
-    saved = {k: os.environ.get(k) for k in env}
-    host_reads.FORCE_SYNC_FREE = True
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        host_reads.FORCE_SYNC_FREE = False
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _fuzz(args) -> None:

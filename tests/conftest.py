@@ -189,15 +189,23 @@ def fresh_native(monkeypatch, tmp_path):
 
 
 @pytest.fixture
-def cuda_forms(monkeypatch):
+def cuda_forms():
     """The torch loss engines configured on CPU tensors as they run for CUDA tensors, so the
     CUDA-only code paths are checked against the reference on a machine without a GPU: no C
-    kernels (``HIERTAIL_NATIVE=0``: the torch block step, the positives' torch passes), no
-    symmetric engine, the whole-band positives, and the sync-free forms of every
-    data-dependent shortcut (``_host_reads.FORCE_SYNC_FREE``)."""
-    import hiertail_fast.ops._host_reads as host_reads
+    kernels (the torch block step, the positives' torch passes), no symmetric engine, the
+    whole-band positives, and the sync-free forms of every data-dependent shortcut
+    (``hiertail_fast.ops._host_reads.cuda_code_paths``)."""
+    from hiertail_fast.ops._host_reads import cuda_code_paths
 
-    monkeypatch.setattr(host_reads, "FORCE_SYNC_FREE", True)
-    monkeypatch.setenv("HIERTAIL_NATIVE", "0")
-    monkeypatch.setenv("HIERTAIL_SYMMETRIC", "0")
-    monkeypatch.setenv("HIERTAIL_POSITIVES", "band")
+    with cuda_code_paths():
+        yield
+
+
+def with_cuda_forms(request, backend: str) -> str:
+    """A test's backend (or device) value, where "torch/cuda-forms" ("cuda-forms" for a
+    device) means CPU tensors through the torch engine's CUDA code paths: applies the
+    ``cuda_forms`` fixture for it and returns "torch" ("cpu"); other values as they are."""
+    if backend in ("torch/cuda-forms", "cuda-forms"):
+        request.getfixturevalue("cuda_forms")
+        return "torch" if backend == "torch/cuda-forms" else "cpu"
+    return backend

@@ -15,7 +15,7 @@ from hiertail_fast import (
     hierarchical_contrastive_loss,
 )
 from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
-from tests.conftest import backend_device, tol, triton_importable
+from tests.conftest import backend_device, tol, triton_importable, with_cuda_forms
 
 _HAS_TRITON_OP = triton_importable() and (
     importlib.util.find_spec("hiertail_fast.kernels.balanced_contrastive_loss") is not None
@@ -89,22 +89,13 @@ def _check(backend, z, y, p=None, weights=None, low_ref=True, **kw):
     return fast
 
 
-def _cuda_forms(request, backend: str) -> str:
-    """"torch/cuda-forms": the torch engine's CUDA code paths on CPU tensors (the
-    ``cuda_forms`` fixture of tests/conftest.py); other backends as they are."""
-    if backend != "torch/cuda-forms":
-        return backend
-    request.getfixturevalue("cuda_forms")
-    return "torch"
-
-
 @pytest.mark.parametrize("backend", [*BACKENDS, "torch/cuda-forms"])
 @pytest.mark.parametrize("variant", ["exact", "official"])
 @pytest.mark.parametrize("include_self", [True, False])
 @pytest.mark.parametrize("tau", [0.01, 0.1, 1.0])
 @pytest.mark.parametrize("m", [0, 5])
 def test_matches_reference(request, backend, variant, include_self, tau, m):
-    backend = _cuda_forms(request, backend)
+    backend = with_cuda_forms(request, backend)
     n = 57 if backend == "triton" else 203
     z, y, p = _data(n, 24, m=m, norm=2.0, seed=int(tau * 100) + m)
     _check(backend, z, y, p, temperature=tau, include_self=include_self, variant=variant)
@@ -389,7 +380,7 @@ def test_torch_many_blocks_and_big_groups(monkeypatch, variant):
 @pytest.mark.parametrize("variant", ["exact", "official"])
 @pytest.mark.parametrize("include_self", [True, False])
 def test_hierarchical_equals_sum_of_levels(request, backend, variant, include_self, monkeypatch):
-    backend = _cuda_forms(request, backend)
+    backend = with_cuda_forms(request, backend)
     if backend == "torch":
         monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(4 * 100 * 16))   # several blocks
     z, y0, _ = _data(70, 12, n_classes=5, seed=1, dtype=torch.float64)

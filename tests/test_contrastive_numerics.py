@@ -13,21 +13,13 @@ import hiertail_fast.ops._contrastive_pairs as pairs_mod
 import hiertail_fast.ops._lse_torch as lse_mod
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss
 from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
-from tests.conftest import DEVICES, backend_device, triton_importable
+from tests.conftest import DEVICES, backend_device, triton_importable, with_cuda_forms
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BACKENDS = ["torch", "attention"]
 # the devices of the torch engine's tests, and "cuda-forms": CPU tensors through the code paths
-# the engine takes for CUDA tensors (the ``cuda_forms`` fixture), checked without a GPU
+# the engine takes for CUDA tensors (tests/conftest.py ``with_cuda_forms``)
 ENGINE_DEVICES = [*DEVICES, "cuda-forms"]
-
-
-def _engine_device(request, device: str) -> str:
-    """The tensors' device for an ENGINE_DEVICES value (applying ``cuda_forms`` for its own)."""
-    if device == "cuda-forms":
-        request.getfixturevalue("cuda_forms")
-        return "cpu"
-    return device
 
 
 def _subnormal(t: torch.Tensor) -> torch.Tensor:
@@ -141,9 +133,7 @@ def test_regime_grid_matches_reference(request, backend, regime, tau, variant):
     rule: where every official positive is clamped the true gradient is ~0 while each of its
     terms is ~ g * |z|max^2 * sqrt(d) / tau). "torch/cuda-forms": the torch engine's CUDA
     code paths on CPU tensors (the ``cuda_forms`` fixture)."""
-    if backend == "torch/cuda-forms":
-        backend = "torch"
-        _engine_device(request, "cuda-forms")
+    backend = with_cuda_forms(request, backend)
     gen = torch.Generator().manual_seed(5)
     z = _regime(regime, 70, 16, gen)
     y = torch.randint(0, 5, (70,), generator=gen)
@@ -271,7 +261,7 @@ def test_official_shared_argmax_key(request, backend, n, device, seed, tau, boun
     if backend == "triton":
         device = backend_device(backend)            # (the interpreter's launch guard asks)
     else:
-        device = _engine_device(request, device)
+        device = with_cuda_forms(request, device)
 
     def run(zz, b, device="cpu"):
         zz = zz.to(device).clone().requires_grad_()
@@ -307,7 +297,7 @@ def test_official_shared_argmax_key_moderate_logits(request, backend, n, forms):
     y = torch.randint(0, n, (n,), generator=g)
     dev = backend_device(backend)
     if forms:                                       # the torch engine's CUDA code paths
-        _engine_device(request, "cuda-forms")
+        with_cuda_forms(request, "cuda-forms")
 
     def run(zz, b, device="cpu"):
         zz = zz.to(device).clone().requires_grad_()
@@ -329,7 +319,7 @@ def test_official_shared_argmax_key_duplicated(request, n, device):
     """The shared arg-max key duplicated three times (other ids, one before it): the entries
     taken out of the GEMMs are the reference's, at the first of the equal keys, in the
     row-block (300 rows) and the symmetric engine (600), and on the CUDA code paths."""
-    _engine_device(request, device)
+    with_cuda_forms(request, device)
     tau, bound = 0.01, 9000.0
     g = torch.Generator().manual_seed(4)
     z = _on_a_line(n, bound, tau, g)
@@ -357,7 +347,7 @@ def test_official_shared_argmax_key_levels_and_prototypes(request, seed, levels,
     row, so one prototype is the arg-max of half the rows (a level-specific key: the engine's
     rest columns), and 2-3 levels (the gradient block sum_l a_l w_l e, where levels whose
     arg-max differ share an entry): 4.3x / 2.7x / 5.1x the rule before the fold."""
-    device = _engine_device(request, device)
+    device = with_cuda_forms(request, device)
     n, tau, bound = 150, 0.01, 10000.0
     g = torch.Generator().manual_seed(seed)
     z = _on_a_line(n, bound, tau, g)

@@ -8,17 +8,46 @@ fixed-shape work over every row (``torch.where`` in place of a subset, a write t
 no-op where nothing applies).
 
 One predicate decides, so that both forms are one switch apart and the CUDA forms run (and are
-tested against the reference) on a machine without a GPU: ``FORCE_SYNC_FREE = True`` (the test
-fixture ``cuda_forms``, ``bench/dispatch_count.py --as-cuda``) makes CPU tensors take them too.
+tested against the reference) on a machine without a GPU: ``FORCE_SYNC_FREE = True`` makes CPU
+tensors take them too, and ``cuda_code_paths()`` adds the other switches that separate the
+torch loss engines' CPU and CUDA paths (the tests' ``cuda_forms`` fixture,
+``bench/dispatch_count.py --as-cuda``, ``bench/official_fuzz.py --cuda-forms``).
 """
 from __future__ import annotations
+
+import contextlib
+import os
 
 import torch
 
 FORCE_SYNC_FREE = False
+
+# what CUDA tensors do without these: no C kernels (``_native``), no symmetric engine (CPU
+# only), the official positives over whole key bands (``_positive_blocks.band_path``)
+CUDA_PATH_ENV = {"HIERTAIL_NATIVE": "0", "HIERTAIL_SYMMETRIC": "0", "HIERTAIL_POSITIVES": "band"}
 
 
 def host_reads_cheap(device: torch.device | str) -> bool:
     """True where a data-dependent host read costs no device sync (CPU tensors), so the
     engines may branch on values; False on CUDA (and everywhere while FORCE_SYNC_FREE)."""
     return torch.device(device).type == "cpu" and not FORCE_SYNC_FREE
+
+
+@contextlib.contextmanager
+def cuda_code_paths():
+    """While inside: CPU tensors through the torch loss engines' CUDA code paths (CUDA_PATH_ENV
+    and the sync-free forms); every switch as it was afterwards."""
+    global FORCE_SYNC_FREE
+    saved_env = {k: os.environ.get(k) for k in CUDA_PATH_ENV}
+    saved_force = FORCE_SYNC_FREE
+    os.environ.update(CUDA_PATH_ENV)
+    FORCE_SYNC_FREE = True
+    try:
+        yield
+    finally:
+        FORCE_SYNC_FREE = saved_force
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
