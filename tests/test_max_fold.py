@@ -1,4 +1,4 @@
-"""``_max_fold``: the LSE part g (p - 1) of the official arg-max entry (``MaxFold.shares``),
+"""``_max_fold``: the LSE part g (p - 1) of the official arg-max entry (``argmax_share``),
 formed so that it cancels exactly, against p in float64 from the same block; the helpers that
 take the entry out of a gradient block."""
 from __future__ import annotations
@@ -10,6 +10,7 @@ from hiertail_fast.ops._max_fold import (
     ArgmaxShare,
     MaxFold,
     TileFold,
+    argmax_share,
     fold_levels,
     positive_q,
     rest_without_target,
@@ -29,6 +30,13 @@ def _block(seed: int, n_c: int = 7, n_r: int = 3, b: int = 5, levels: int = 2):
     return e, wc, v_r, sums, coef
 
 
+def _shares(mf: MaxFold, arg, coef, e, sums, wc, v_r, lse_r):
+    """One block's entries and their shares u, as ``hand_back`` forms them:
+    (tgt, col, rcol, u [L, b] float64, x)."""
+    tgt, col, rcol, x, rest, v_t = mf.entries(arg, e, v_r, lse_r)
+    return tgt, col, rcol, argmax_share(coef, col, x, sums, wc, rcol, rest, v_t), x
+
+
 def _fold(n_c: int, n_r: int, levels: int):
     """A MaxFold over n_c common keys (ids 0..n_c-1) and n_r rest keys, no duplicate rows."""
     z = torch.randn(n_c + n_r, 4, generator=torch.Generator().manual_seed(9))
@@ -42,7 +50,7 @@ def test_shares_match_float64_softmax_on_common_and_rest_keys():
     n_c, n_r, levels, b = e.shape[1], v_r.shape[2], wc.shape[0], e.shape[0]
     mf = _fold(n_c, n_r, levels)
     arg = torch.tensor([[0, 3, n_c + 0, 6, n_c + 2], [2, n_c + 1, 1, 4, 5]])
-    tgt, col, rcol, share, x = mf.shares(arg, coef, e, sums, wc, v_r, torch.logsumexp(v_r, 2))
+    tgt, col, rcol, share, x = _shares(mf, arg, coef, e, sums, wc, v_r, torch.logsumexp(v_r, 2))
     assert torch.equal(tgt, arg) and share.dtype == torch.float64
     terms = torch.cat([(wc[:, None, :] * e[None]).double(), v_r.double().exp()], dim=2)
     tot = terms.sum(2)
@@ -69,7 +77,7 @@ def test_share_is_exactly_zero_when_the_max_holds_the_whole_row():
     coef = torch.tensor([[0.7, -1.3, 2.0, 1e-3]])
     mf = _fold(n_c, 0, 1)
     arg = torch.tensor([[0, 2, 5, 1]])
-    share = mf.shares(arg, coef, e, sums, wc, None, None)[3]
+    share = _shares(mf, arg, coef, e, sums, wc, None, None)[3]
     assert (share == 0).all()
 
 
@@ -82,7 +90,7 @@ def test_shares_go_to_the_first_of_duplicate_keys():
     e = torch.tensor([[0.2, 0.9, 0.1, 0.3, 1.0]])
     wc = torch.ones(1, 5)
     sums = e.double().sum(1, keepdim=True).t()
-    tgt, col, _, share, x = mf.shares(torch.tensor([[4]]), torch.tensor([[1.0]]), e, sums, wc,
+    tgt, col, _, share, x = _shares(mf, torch.tensor([[4]]), torch.tensor([[1.0]]), e, sums, wc,
                                       None, None)
     assert tgt.item() == 1 and col.item() == 1 and x.item() == e[0, 1].item()
     p = 0.9 / float(e.double().sum())
@@ -111,7 +119,7 @@ class _Positives:
 @pytest.mark.parametrize("include_self", [True, False])
 def test_recorded_blocks_hand_back_the_per_block_shares(include_self):
     """``record`` per block then ``hand_back`` once (the engine's path: the shares formed once
-    per call) equals each block's own ``shares`` bit for bit, rows visited in a permuted order
+    per call) equals each block's own shares bit for bit, rows visited in a permuted order
     (u and q_out land by row id), rest keys and positives included."""
     n_c, n_r, levels, b = 7, 3, 2, 5
     n = n_c + n_r
@@ -135,7 +143,7 @@ def test_recorded_blocks_hand_back_the_per_block_shares(include_self):
         arg = torch.randint(0, n, (levels, rows.numel()), generator=gen)
         argmax[:, rows] = arg
         lse_r = torch.logsumexp(v_r, 2)
-        tgt, col, _, u, x = mf.shares(arg, coef, e, sums, wc, v_r, lse_r)
+        tgt, col, _, u, x = _shares(mf, arg, coef, e, sums, wc, v_r, lse_r)
         expect_u[:, rows] = u
         expect_q[:, rows] = torch.where(mf.common_positive(rows, tgt, col), positive_q(x),
                                         0.0).double()

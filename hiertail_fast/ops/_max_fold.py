@@ -108,15 +108,6 @@ class MaxFold:
             rest, v_t = rest_without_target(v_r, rcol, lse_r, host_reads_cheap(v_r.device))
         return tgt, col, rcol, x, rest, v_t
 
-    def shares(self, arg_b, g, e, sums, wc, v_r, lse_r):
-        """The LSE parts u = g (p - 1) of one block's arg-max entries (``entries``; g [L, b]:
-        the LSE coefficients, sums [L, b] the common keys' weighted sums, wc [L, N_c] their
-        weights). -> (tgt, col, rcol, u [L, b] float64, x): one block's ``record`` and
-        ``hand_back`` at once."""
-        tgt, col, rcol, x, rest, v_t = self.entries(arg_b, e, v_r, lse_r)
-        return tgt, col, rcol, argmax_share(g, col, x, sums, wc, rcol, rest, v_t), \
-            torch.zeros_like(g) if x is None else x
-
     def record(self, blk: slice, g, entries, sums):
         """Keep a block's (rows ``blk`` of the visiting order) coefficients and entries for
         ``hand_back``: the shares are formed once per call, not per block (each torch call
