@@ -162,11 +162,12 @@ def _report(args, variants) -> None:
         calls = count(args.n, args.d, args.levels, v, args.regime, args.tau, args.backend,
                       args.syncs)
         total = sum(calls.values())
-        what = "host-syncing calls" if args.syncs else (
-            f"operator calls per loss ({total - views_of(calls)} not views)")
+        if args.syncs:
+            what = "host-syncing calls per loss"
+        else:
+            what = f"operator calls per loss ({total - views_of(calls)} not views)"
         print(f"N={args.n} d={args.d} levels={args.levels} {v} {args.regime} tau={args.tau:g} "
-              f"backend={args.backend}: {total} {what}"
-              f"{' per loss' if args.syncs else ''}")
+              f"backend={args.backend}: {total} {what}")
         for (name, where), k in calls.most_common(args.top):
             print(f"  {k:6d}  {name:24s} {where}")
 
