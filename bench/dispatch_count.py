@@ -111,26 +111,17 @@ def views_of(calls: collections.Counter) -> int:
 def _as_cuda(positives: str):
     """While inside: the engine configured as for CUDA tensors (``_host_reads.cuda_code_paths``
     with the positives' plan `positives`, CUDA's block budget with no row cap)."""
-    import os
-
     import hiertail_fast.ops._lse_torch as lse_torch
     from hiertail_fast.ops._host_reads import cuda_code_paths
 
-    saved = {k: os.environ.get(k) for k in ("HIERTAIL_POSITIVES", "HIERTAIL_CPU_BLOCK_BYTES")}
     rows = lse_torch.MAX_BLOCK_ROWS
-    with cuda_code_paths():
-        os.environ.update({"HIERTAIL_POSITIVES": positives,
-                           "HIERTAIL_CPU_BLOCK_BYTES": str(lse_torch.CUDA_BLOCK_BYTES)})
+    with cuda_code_paths({"HIERTAIL_POSITIVES": positives,
+                          "HIERTAIL_CPU_BLOCK_BYTES": str(lse_torch.CUDA_BLOCK_BYTES)}):
         lse_torch.MAX_BLOCK_ROWS = 1 << 62           # CUDA: the byte budget alone bounds a block
         try:
             yield
         finally:
             lse_torch.MAX_BLOCK_ROWS = rows
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
 
 def main(argv=None) -> int:

@@ -26,6 +26,10 @@ def test_cuda_code_paths_sets_and_restores_every_switch(monkeypatch):
     assert host_reads.host_reads_cheap("cpu") and not host_reads.FORCE_SYNC_FREE
     assert os.environ["HIERTAIL_POSITIVES"] == "slices" and "HIERTAIL_NATIVE" not in os.environ
     assert os.environ["HIERTAIL_SYMMETRIC"] == "1"
+    with host_reads.cuda_code_paths({"HIERTAIL_POSITIVES": "slices", "HIERTAIL_X": "1"}):
+        assert os.environ["HIERTAIL_POSITIVES"] == "slices" and os.environ["HIERTAIL_X"] == "1"
+        assert os.environ["HIERTAIL_NATIVE"] == "0"             # extra switches on top
+    assert "HIERTAIL_X" not in os.environ and os.environ["HIERTAIL_POSITIVES"] == "slices"
     try:                                                        # restored on an error too
         with host_reads.cuda_code_paths():
             raise RuntimeError("inside")

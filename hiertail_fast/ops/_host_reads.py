@@ -34,13 +34,14 @@ def host_reads_cheap(device: torch.device | str) -> bool:
 
 
 @contextlib.contextmanager
-def cuda_code_paths():
+def cuda_code_paths(env: dict[str, str] | None = None):
     """While inside: CPU tensors through the torch loss engines' CUDA code paths (CUDA_PATH_ENV
-    and the sync-free forms); every switch as it was afterwards."""
+    updated by ``env``, and the sync-free forms); every switch as it was afterwards."""
     global FORCE_SYNC_FREE
-    saved_env = {k: os.environ.get(k) for k in CUDA_PATH_ENV}
+    env = {**CUDA_PATH_ENV, **(env or {})}
+    saved_env = {k: os.environ.get(k) for k in env}
     saved_force = FORCE_SYNC_FREE
-    os.environ.update(CUDA_PATH_ENV)
+    os.environ.update(env)
     FORCE_SYNC_FREE = True
     try:
         yield
