@@ -116,6 +116,43 @@ def tile_override() -> tuple[int, int, int] | None:
     return block_m, block_n, warps
 
 
+# Tiles a launch falls back on, larger first, when the GPU cannot hold the tile it asked for:
+# Triton compiles the kernel, compares its shared memory (and threads) with the device's and
+# raises OutOfResources BEFORE the kernel runs (nothing is written, so retrying is safe). The
+# case it is for: the fp32 LSE backward's fixed 128 x 64 tile needs ~130 KB of shared memory
+# (bench/kernel_resources.py, sm_90, triton 3.6), and cards of compute capability 8.6 / 8.9
+# (RTX 30xx / 40xx, A10, A40, L4, L40) give a block at most 99 KB.
+SMALLER_TILES = ((64, 64, 4), (64, 32, 8), (32, 32, 4))
+# (caller's key, asked tile) -> the tile that launched there: one OutOfResources per kernel
+# specialisation and process, not one per call
+_FITTED: dict = {}
+
+
+def launch_fitting(launch, tiles: tuple[int, int, int], key, what: str) -> tuple[int, int, int]:
+    """``launch(tile)`` with `tiles` (BLOCK_M, BLOCK_N, num_warps), or with the first of the
+    smaller SMALLER_TILES the device can hold when Triton raises OutOfResources (remembered
+    under (`key`, tiles): `key` must name the kernel's specialisation and device). Returns the
+    tile that launched. When none fits, a RuntimeError naming `what`, the tiles tried and the
+    device's limit (other errors pass through unchanged)."""
+    from triton.runtime.errors import OutOfResources
+
+    memo = (key, tuple(tiles))
+    start = _FITTED.get(memo, tuple(tiles))
+    area = start[0] * start[1]
+    tried, last = [], None
+    for tile in (start, *(t for t in SMALLER_TILES if t[0] * t[1] < area)):
+        try:
+            launch(tile)
+        except OutOfResources as err:
+            tried.append("x".join(map(str, tile)))
+            last = err
+            continue
+        _FITTED[memo] = tile
+        return tile
+    raise RuntimeError(f"{what}: no tile fits this GPU (tried {', '.join(tried)}: {last}); "
+                       "backend='torch' runs without Triton") from last
+
+
 def pair_blocks(n: int, d_pad: int, on_gpu: bool) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for kernels that stream tiles of Z·Zᵀ (contrastive LSE).
 

@@ -93,7 +93,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ._utils import autotune_requested, feature_block, interpreting, pair_blocks, tune_configs
+from ._utils import (
+    autotune_requested,
+    feature_block,
+    interpreting,
+    launch_fitting,
+    pair_blocks,
+    tune_configs,
+)
 from ._utils import fp32_dot as fp32_dot_precision
 
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
@@ -448,13 +455,20 @@ def _tuned(which: str):
 
 def _launch(which: str, n: int, axis1: int, tiles, tune: bool, args: tuple, meta: dict) -> None:
     """One launch over cdiv(n, BLOCK_M) row blocks (x axis1): fixed `tiles` (BLOCK_M, BLOCK_N,
-    num_warps) or, with `tune`, the autotuned kernel, whose config supplies them."""
+    num_warps), or a smaller tile where the GPU cannot hold them (``_utils.launch_fitting``),
+    or, with `tune`, the autotuned kernel, whose config supplies them (triton's autotuner skips
+    the configs a GPU cannot hold)."""
     if tune:
         _tuned(which)[lambda cfg: (triton.cdiv(n, cfg["BLOCK_M"]), axis1)](*args, **meta)
         return
-    block_m, block_n, warps = tiles
-    _KERNELS[which][(triton.cdiv(n, block_m), axis1)](*args, **meta, BLOCK_M=block_m,
-                                                      BLOCK_N=block_n, num_warps=warps)
+    def run(tile):
+        block_m, block_n, warps = tile
+        _KERNELS[which][(triton.cdiv(n, block_m), axis1)](*args, **meta, BLOCK_M=block_m,
+                                                          BLOCK_N=block_n, num_warps=warps)
+
+    z = args[0]
+    key = (which, z.device, z.dtype, tuple(sorted(meta.items())))
+    launch_fitting(run, tiles, key, f"the loss's Triton {which} kernel")
 
 
 def _use_autotune(z: torch.Tensor, autotune: bool | None) -> bool:

@@ -44,7 +44,7 @@ import triton.language as tl
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, _tie_bound
 from hiertail_fast.ops._tied_keys import row_ids
 
-from ._utils import feature_block, pair_blocks
+from ._utils import feature_block, launch_fitting, pair_blocks
 from ._utils import fp32_dot as fp32_dot_precision
 from .balanced_contrastive_loss import _SUPPORTED, _precisions
 
@@ -207,16 +207,22 @@ def positive_pairs(
     c_s = (coef.float()[order].contiguous() if coef is not None
            else torch.zeros(n, dtype=torch.float32, device=dev))
     d_pad = feature_block(d)
-    block_m, block_n, warps = GPU_TILES if z.is_cuda else pair_blocks(n, d_pad, False)
+    tiles = GPU_TILES if z.is_cuda else pair_blocks(n, d_pad, False)
     out_t = big_t if need_sums else rmax          # placeholders where a flag is off
-    _positive_pairs_kernel[(triton.cdiv(n, block_m),)](
-        z, order, lo, hi, *sorted_in, c_s, out_t, big_q if need_sums else rmax,
-        dz if dz is not None else rmax,
-        n, d, z.stride(0), float(scale), OFFICIAL_EPS,
-        D_PAD=d_pad, BLOCK_M=block_m, BLOCK_N=block_n,
-        NEED_SUMS=bool(need_sums), NEED_DZ=coef is not None, INCLUDE_SELF=bool(include_self),
-        DOT_PRECISION=s_prec, GRAD_DOT_PRECISION=w_prec, UPCAST=upcast, num_warps=warps,
-    )
+    meta = dict(D_PAD=d_pad, NEED_SUMS=bool(need_sums), NEED_DZ=coef is not None,
+                INCLUDE_SELF=bool(include_self), DOT_PRECISION=s_prec, GRAD_DOT_PRECISION=w_prec,
+                UPCAST=upcast)
+
+    def run(tile):
+        block_m, block_n, warps = tile
+        _positive_pairs_kernel[(triton.cdiv(n, block_m),)](
+            z, order, lo, hi, *sorted_in, c_s, out_t, big_q if need_sums else rmax,
+            dz if dz is not None else rmax,
+            n, d, z.stride(0), float(scale), OFFICIAL_EPS,
+            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, **meta)
+
+    launch_fitting(run, tiles, ("positives", z.device, z.dtype, tuple(sorted(meta.items()))),
+                   "the official positives' Triton kernel")
     return big_t, big_q, dz
 
 
