@@ -165,7 +165,9 @@ def jobs(args) -> list[dict]:
             for d_pad in args.dims:
                 for kernel in args.kernels:
                     lse = kernel.startswith("lse")
-                    fixed = (*(pair_blocks(1 << 20, d_pad, True) if lse else GPU_TILES), 3)
+                    table = pair_blocks(1 << 20, d_pad, True, arch=divmod(arch, 10),
+                                        fp32=dtype == "fp32")
+                    fixed = (*(table if lse else GPU_TILES), 3)
                     tiles = [fixed] + [t for t in TUNE_TILES
                                        if t != fixed and not args.fixed_only]
                     levels_of = [lv for lv in args.levels if lv > 1 or "shared" not in kernel]

@@ -154,12 +154,36 @@ def launch_fitting(launch, tiles: tuple[int, int, int], key, what: str) -> tuple
                        "backend='torch' runs without Triton") from last
 
 
-def pair_blocks(n: int, d_pad: int, on_gpu: bool) -> tuple[int, int, int]:
+# fp32 inputs on Ampere / Ada (compute capability 8.x: A100, A10, A40, RTX 30xx / 40xx, L4,
+# L40), d_pad <= 128. Compiled for sm_80 and sm_86 (bench/kernel_resources.py, the GPU image's
+# triton 3.6, docs/results/kernel_resources_2026-11-28/), the table below gives the fp32
+# (3xTF32) backward 19-30 KB of spill per thread on sm_80 (at 32 registers: ptxas apparently
+# put the tile's arrays in local memory), on sm_86 3.6 / 23-25 KB at d 64 (1 / 3 levels) and
+# up to 18 KB at d 128, and the d-128 forward 128 KB of shared memory (over 8.6 / 8.9's 99 KB).
+# 32 x 64 with 4 warps has the least spill of TUNE_TILES in every fp32 LSE kernel there (one
+# level): forward 0-8 bytes, backward 16-72 (d 64) and 768-924 (d 128), 34-96 KB of shared
+# memory. Chosen from the compiled code; no Ampere card has timed it. sm_90 keeps the table
+# (its figures were timed on an H200), bf16 / fp16 inputs too (their fixed tiles spill at most
+# 2.3 KB on sm_80 / sm_86).
+AMPERE_FP32_TILES = (32, 64, 4)
+
+
+def cuda_arch(t) -> tuple[int, int] | None:
+    """The compute capability of a CUDA tensor's device, None for other tensors."""
+    if not getattr(t, "is_cuda", False):
+        return None
+    import torch
+    return tuple(torch.cuda.get_device_capability(t.device))
+
+
+def pair_blocks(n: int, d_pad: int, on_gpu: bool, *, arch: tuple[int, int] | None = None,
+                fp32: bool = False) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for kernels that stream tiles of Z·Zᵀ (contrastive LSE).
 
     GPU: FlashAttention-like tiles, smaller when the [BLOCK_M, d_pad] fp32 accumulator of the
     backward grows (the fixed default; $HIERTAIL_TRITON_TILES picks another, see TILES_ENV;
-    $HIERTAIL_TRITON_AUTOTUNE=1 times TUNE_TILES instead).
+    $HIERTAIL_TRITON_AUTOTUNE=1 times TUNE_TILES instead); for `fp32` inputs on a device of
+    compute capability `arch` 8.x, AMPERE_FP32_TILES (d_pad <= 128).
     Interpreter (CPU tests): one tile as large as the problem allows up to 64, since every
     program costs Python overhead there (autotuning is never used under the interpreter).
     """
@@ -169,6 +193,8 @@ def pair_blocks(n: int, d_pad: int, on_gpu: bool) -> tuple[int, int, int]:
     override = tile_override()
     if override is not None:
         return override
+    if fp32 and arch is not None and arch[0] == 8 and d_pad <= 128:
+        return AMPERE_FP32_TILES
     if d_pad <= 64:
         return 128, 64, 4
     if d_pad <= 128:

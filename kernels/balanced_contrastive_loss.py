@@ -95,6 +95,7 @@ import triton.language as tl
 
 from ._utils import (
     autotune_requested,
+    cuda_arch,
     feature_block,
     interpreting,
     launch_fitting,
@@ -582,8 +583,8 @@ def lse_forward(
     meta = dict(NUM_LEVELS=per_program, L_PAD=max(2, triton.next_power_of_2(per_program)),
                 D_PAD=d_pad, NEED_MAX=bool(need_max), DOT_PRECISION=s_prec, UPCAST=upcast,
                 SHARED=bool(n_common), RELATIVE=bool(relative))
-    _launch("fwd", n, num_levels // per_program, pair_blocks(n, d_pad, z.is_cuda), tune, args,
-            meta)
+    tiles = pair_blocks(n, d_pad, z.is_cuda, arch=cuda_arch(z), fp32=z.dtype == torch.float32)
+    _launch("fwd", n, num_levels // per_program, tiles, tune, args, meta)
     if n_common:                    # the kernel wrote (m, δ): lse = m + δ, kept in float64
         lse = cmax.double()[None, :] + lse.double()
     elif relative:                  # the kernel wrote δ = lse - rowmax
@@ -653,7 +654,7 @@ def lse_backward(
         lse, rmax_ref = lse.to(torch.float32).contiguous(), dz
     grad_lse = grad_lse.to(torch.float32).contiguous()
     d_pad = feature_block(d)
-    tiles = pair_blocks(n, d_pad, z.is_cuda)
+    tiles = pair_blocks(n, d_pad, z.is_cuda, arch=cuda_arch(z), fp32=z.dtype == torch.float32)
     common = dict(
         NUM_LEVELS=num_levels, L_PAD=max(2, triton.next_power_of_2(num_levels)), D_PAD=d_pad,
         DOT_PRECISION=s_prec, GRAD_DOT_PRECISION=w_prec, UPCAST=upcast,

@@ -309,7 +309,9 @@ def test_tune_configs_cover_the_fixed_tiles():
     seen = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps) for c in configs}
     assert len(configs) == len(u.TUNE_TILES) == len(set(u.TUNE_TILES))
     for d_pad in (16, 64, 128, 256):
-        assert u.pair_blocks(10_000, d_pad, True) in seen
+        for arch in (None, (8, 0), (8, 6), (8, 9), (9, 0)):
+            for fp32 in (True, False):
+                assert u.pair_blocks(10_000, d_pad, True, arch=arch, fp32=fp32) in seen
     for m, n, w, s in u.TUNE_TILES:
         assert m & (m - 1) == 0 and n & (n - 1) == 0 and w in (2, 4, 8) and s >= 1
 
@@ -403,10 +405,34 @@ def test_tile_override_knob(monkeypatch):
         assert u.pair_blocks(10_000, 64, True) == want
         assert u.pair_blocks(100, 64, False) == (64, 64, 4)
     assert (*u.LEAN_TILES, 3) in u.TUNE_TILES
+    monkeypatch.setenv(u.TILES_ENV, "lean")          # the knob also overrides the arch table
+    assert u.pair_blocks(10_000, 64, True, arch=(8, 0), fp32=True) == u.LEAN_TILES
     for bad in ("big", "128x64", "100x64x4", "128x64x3", "512x64x4", "8x64x4"):
         monkeypatch.setenv(u.TILES_ENV, bad)
         with pytest.raises(ValueError, match=u.TILES_ENV):
             u.pair_blocks(10_000, 64, True)
+
+
+def test_ampere_fp32_tiles(monkeypatch):
+    """fp32 inputs on compute capability 8.x (A100, RTX 30xx / 40xx, ...) at d_pad <= 128 take
+    AMPERE_FP32_TILES (the table's fp32 backward spills 19-30 KB per thread on sm_80); other
+    dtypes, other architectures, wider rows and the interpreter keep theirs."""
+    from hiertail_fast.kernels import _utils as u
+
+    monkeypatch.delenv(u.TILES_ENV, raising=False)
+    for d_pad in (16, 64, 128):
+        table = u.pair_blocks(10_000, d_pad, True)
+        for arch in ((8, 0), (8, 6), (8, 9)):
+            assert u.pair_blocks(10_000, d_pad, True, arch=arch, fp32=True) == u.AMPERE_FP32_TILES
+            assert u.pair_blocks(10_000, d_pad, True, arch=arch, fp32=False) == table
+        for arch in (None, (7, 5), (9, 0), (10, 0)):
+            assert u.pair_blocks(10_000, d_pad, True, arch=arch, fp32=True) == table
+        assert u.pair_blocks(100, d_pad, False, arch=(8, 0), fp32=True) == (64, 64, 4)
+    assert u.pair_blocks(10_000, 256, True, arch=(8, 0), fp32=True) == u.pair_blocks(
+        10_000, 256, True)
+    assert u.cuda_arch(torch.zeros(1)) is None
+    if torch.cuda.is_available():
+        assert u.cuda_arch(torch.zeros(1, device="cuda")) == torch.cuda.get_device_capability()
 
 
 def test_lean_tiles(monkeypatch, triton_device):
@@ -418,7 +444,7 @@ def test_lean_tiles(monkeypatch, triton_device):
     k = _kernels()
     monkeypatch.setenv(u.TILES_ENV, "lean")
     if triton_device == "cpu":
-        monkeypatch.setattr(k, "pair_blocks", lambda n, d_pad, on_gpu: u.LEAN_TILES)
+        monkeypatch.setattr(k, "pair_blocks", lambda n, d_pad, on_gpu, **kw: u.LEAN_TILES)
     n, d, levels, scale, norm = CASES[5]          # 300 rows: several 64-row blocks
     z, log_w, grad = make_case(n, d, levels, norm, seed=9)
     ref = dense(z, log_w, scale, grad, torch.float64)

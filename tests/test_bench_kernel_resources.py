@@ -47,3 +47,19 @@ def test_compiles_and_reports(tmp_path):
     assert rows[1]["tile"][:3] == [64, 32, 8]          # the positives' own GPU tile
     md = (tmp_path / "kernel_resources.md").read_text()
     assert "| sm_90 | fp32 | 64 | pos dz | 1 | 64x32 w8 s3 * |" in md
+
+
+def test_fixed_tile_is_the_launchers_choice_for_each_arch():
+    """The row marked fixed is the tile the launcher would take on that arch and dtype (fp32 on
+    8.x: the Ampere tile), so an sm_80 table reports what an A100 runs."""
+    from types import SimpleNamespace
+
+    from hiertail_fast.kernels._utils import AMPERE_FP32_TILES, pair_blocks
+
+    args = SimpleNamespace(arch=[80, 86, 90], dtypes=["fp32", "bf16"], dims=[64],
+                           kernels=["lse bwd"], levels=[1], fixed_only=True)
+    tiles = {(j["arch"], j["dtype"]): j["tile"] for j in kernel_resources.jobs(args)}
+    table = (*pair_blocks(1 << 20, 64, True), 3)
+    assert tiles == {(80, "fp32"): (*AMPERE_FP32_TILES, 3), (86, "fp32"): (*AMPERE_FP32_TILES, 3),
+                     (90, "fp32"): table, (80, "bf16"): table, (86, "bf16"): table,
+                     (90, "bf16"): table}
