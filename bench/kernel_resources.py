@@ -19,7 +19,7 @@ one-pass LSE backward (exact; "rel": the official variant's relative mode with i
 fold; and both in the
 shared-keys mode of several levels), the official positives' sums and gradient passes; every
 tile of ``kernels/_utils.TUNE_TILES`` plus the fixed one (marked *: ``pair_blocks`` for the
-LSE kernels, ``GPU_TILES`` for the positives). fp32 inputs with 3xTF32 dots (the engine's fp32
+LSE kernels, ``gpu_tiles`` for the positives). fp32 inputs with 3xTF32 dots (the engine's fp32
 mode on a GPU) and, with ``--dtypes bf16``, bf16 inputs. Writes DIR/kernel_resources.{json,md}
 atomically.
 """
@@ -158,16 +158,16 @@ def warps_per_sm(regs: int, smem: int, warps: int, arch: int) -> int:
 
 def jobs(args) -> list[dict]:
     from hiertail_fast.kernels._utils import TUNE_TILES, pair_blocks
-    from hiertail_fast.kernels.balanced_contrastive_loss_positives import GPU_TILES
+    from hiertail_fast.kernels.balanced_contrastive_loss_positives import gpu_tiles
     out = []
     for arch in args.arch:
         for dtype in args.dtypes:
             for d_pad in args.dims:
                 for kernel in args.kernels:
                     lse = kernel.startswith("lse")
-                    table = pair_blocks(1 << 20, d_pad, True, arch=divmod(arch, 10),
-                                        fp32=dtype == "fp32")
-                    fixed = (*(table if lse else GPU_TILES), 3)
+                    cc, fp32 = divmod(arch, 10), dtype == "fp32"     # the launchers' choice
+                    fixed = (*(pair_blocks(1 << 20, d_pad, True, arch=cc, fp32=fp32) if lse
+                               else gpu_tiles(d_pad, cc, fp32)), 3)
                     tiles = [fixed] + [t for t in TUNE_TILES
                                        if t != fixed and not args.fixed_only]
                     levels_of = [lv for lv in args.levels if lv > 1 or "shared" not in kernel]
@@ -197,7 +197,7 @@ def markdown(rows: list[dict], tools: dict) -> str:
              "Toolchain: " + "; ".join(f"{k} {v}" for k, v in tools.items()) + ".", "",
              "From `python bench/kernel_resources.py`: triton.compile for the target, ptxas -v. "
              "Tile = BLOCK_M x BLOCK_N, warps, stages; * = the fixed tile (`pair_blocks`, the "
-             "positives' `GPU_TILES`). "
+             "positives' `gpu_tiles`). "
              "Facts of the compiled code, not timings.", "",
              "| arch | dtype | d | kernel | levels | tile | regs | spill B | smem KB | "
              "warps/SM |", "|---|---|---|---|---|---|---|---|---|---|"]

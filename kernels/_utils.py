@@ -118,11 +118,12 @@ def tile_override() -> tuple[int, int, int] | None:
 
 # Tiles a launch falls back on, larger first, when the GPU cannot hold the tile it asked for:
 # Triton compiles the kernel, compares its shared memory (and threads) with the device's and
-# raises OutOfResources BEFORE the kernel runs (nothing is written, so retrying is safe). The
-# case it is for: cards of compute capability 8.6 / 8.9 (RTX 30xx / 40xx, A10, A40, L4, L40)
-# give a block at most 99 KB, and with fp32 inputs at d_pad 128 the fixed 64 x 64 tile compiles
-# to 128 KB (forward) and 98-106 KB (backward) for sm_86 (bench/kernel_resources.py, triton
-# 3.6); Turing (7.5: T4) gives 64 KB, under the d-64 fp32 tiles' 82-96 KB too.
+# raises OutOfResources BEFORE the kernel runs (nothing is written, so retrying is safe). Found
+# on cards of compute capability 8.6 / 8.9 (RTX 30xx / 40xx, A10, A40, L4, L40), which give a
+# block at most 99 KB: with fp32 inputs at d_pad 128 the H200's 64 x 64 tile compiles for sm_86
+# to 128 KB (forward) and up to 106 KB (backward) (bench/kernel_resources.py, triton 3.6).
+# Those now take AMPERE_FP32_TILES (<= 96 KB); the fallback stays for what no table here was
+# compiled for: Turing (7.5: T4, 64 KB), tiles asked by $HIERTAIL_TRITON_TILES, future cards.
 SMALLER_TILES = ((64, 64, 4), (64, 32, 8), (32, 32, 4))
 # (caller's key, asked tile) -> the tile that launched there: one OutOfResources per kernel
 # specialisation and process, not one per call

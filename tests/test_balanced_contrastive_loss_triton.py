@@ -431,6 +431,14 @@ def test_ampere_fp32_tiles(monkeypatch):
     assert u.pair_blocks(10_000, 256, True, arch=(8, 0), fp32=True) == u.pair_blocks(
         10_000, 256, True)
     assert u.cuda_arch(torch.zeros(1)) is None
+    from hiertail_fast.kernels import balanced_contrastive_loss_positives as pos
+
+    for d_pad in (16, 64, 128, 256):      # the positives kernel follows the same rule
+        for arch in (None, (7, 5), (8, 0), (8, 6), (9, 0)):
+            for fp32 in (True, False):
+                want = (u.AMPERE_FP32_TILES if fp32 and arch and arch[0] == 8 and d_pad <= 128
+                        else pos.GPU_TILES)
+                assert pos.gpu_tiles(d_pad, arch, fp32) == want
     if torch.cuda.is_available():
         assert u.cuda_arch(torch.zeros(1, device="cuda")) == torch.cuda.get_device_capability()
 

@@ -55,11 +55,13 @@ def test_fixed_tile_is_the_launchers_choice_for_each_arch():
     from types import SimpleNamespace
 
     from hiertail_fast.kernels._utils import AMPERE_FP32_TILES, pair_blocks
+    from hiertail_fast.kernels.balanced_contrastive_loss_positives import GPU_TILES
 
-    args = SimpleNamespace(arch=[80, 86, 90], dtypes=["fp32", "bf16"], dims=[64],
-                           kernels=["lse bwd"], levels=[1], fixed_only=True)
-    tiles = {(j["arch"], j["dtype"]): j["tile"] for j in kernel_resources.jobs(args)}
-    table = (*pair_blocks(1 << 20, 64, True), 3)
-    assert tiles == {(80, "fp32"): (*AMPERE_FP32_TILES, 3), (86, "fp32"): (*AMPERE_FP32_TILES, 3),
-                     (90, "fp32"): table, (80, "bf16"): table, (86, "bf16"): table,
-                     (90, "bf16"): table}
+    for kernel, table in (("lse bwd", (*pair_blocks(1 << 20, 64, True), 3)),
+                          ("pos dz", (*GPU_TILES, 3))):
+        args = SimpleNamespace(arch=[80, 86, 90], dtypes=["fp32", "bf16"], dims=[64],
+                               kernels=[kernel], levels=[1], fixed_only=True)
+        tiles = {(j["arch"], j["dtype"]): j["tile"] for j in kernel_resources.jobs(args)}
+        ampere = (*AMPERE_FP32_TILES, 3)
+        assert tiles == {(80, "fp32"): ampere, (86, "fp32"): ampere, (90, "fp32"): table,
+                         (80, "bf16"): table, (86, "bf16"): table, (90, "bf16"): table}

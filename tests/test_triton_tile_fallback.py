@@ -1,6 +1,6 @@
 """A Triton launch whose tile the GPU cannot hold falls back on a smaller tile (``_utils.
 launch_fitting``), instead of failing: Triton raises OutOfResources before the kernel runs when
-its compiled shared memory exceeds the device's (fp32 at d = 128: 98-128 KB for sm_86; RTX
+its compiled shared memory exceeds the device's (fp32 at d = 128: up to 128 KB for sm_86; RTX
 30xx / 40xx, A10, L4 give a block 99 KB). No GPU here has too little, so the tests
 stand a kernel in that raises the way Triton does for tiles over a limit and otherwise runs the
 real kernel (under the interpreter on CPU, compiled on CUDA), and compare the numbers with the
