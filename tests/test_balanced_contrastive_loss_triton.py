@@ -443,27 +443,46 @@ def test_ampere_fp32_tiles(monkeypatch):
         assert u.cuda_arch(torch.zeros(1, device="cuda")) == torch.cuda.get_device_capability()
 
 
-def test_lean_tiles(monkeypatch, triton_device):
-    """The LSE kernels on LEAN_TILES (64 x 32, 8 warps): forward (both variants' outputs) and,
-    on CUDA, the one-pass backward against the dense rule. Under the interpreter only the
-    forward runs them (its backward re-dots transposed tiles, which needs square ones)."""
+@pytest.mark.parametrize("knob", ["lean", "32x64x4"])
+def test_lean_tiles(knob, monkeypatch, triton_device):
+    """The LSE kernels on LEAN_TILES (64 x 32, 8 warps) and on AMPERE_FP32_TILES (32 x 64, 4
+    warps; an H200 runs it only when asked, so this is its CUDA check there): forward (both
+    variants' outputs) and, on CUDA, the one-pass backward (exact, and official: relative mode
+    with the arg-max fold) against the dense rule. Under the interpreter only the forward runs
+    them (its backward re-dots transposed tiles, which needs square ones)."""
     from hiertail_fast.kernels import _utils as u
 
     k = _kernels()
-    monkeypatch.setenv(u.TILES_ENV, "lean")
+    tile = u.LEAN_TILES if knob == "lean" else u.AMPERE_FP32_TILES
+    monkeypatch.setenv(u.TILES_ENV, knob)
     if triton_device == "cpu":
-        monkeypatch.setattr(k, "pair_blocks", lambda n, d_pad, on_gpu, **kw: u.LEAN_TILES)
+        monkeypatch.setattr(k, "pair_blocks", lambda n, d_pad, on_gpu, **kw: tile)
+    else:
+        assert u.pair_blocks(300, 32, True) == tile
     n, d, levels, scale, norm = CASES[5]          # 300 rows: several 64-row blocks
     z, log_w, grad = make_case(n, d, levels, norm, seed=9)
     ref = dense(z, log_w, scale, grad, torch.float64)
     low = dense(z, log_w, scale, grad, torch.float32)
     zd, lwd, gd = (t.to(triton_device) for t in (z, log_w, grad))
     lse, rowmax, _ = k.lse_forward(zd, lwd, scale, True)
-    assert_rule(lse, ref[0], low[0], torch.float32, "lse (lean tiles)")
-    assert_rule(rowmax, ref[1], low[1], torch.float32, "rowmax (lean tiles)")
+    assert_rule(lse, ref[0], low[0], torch.float32, f"lse ({knob} tiles)")
+    assert_rule(rowmax, ref[1], low[1], torch.float32, f"rowmax ({knob} tiles)")
     if triton_device != "cpu":
         dz = k.lse_backward(zd, lwd, lse, gd, scale)
-        assert_rule(dz, ref[3], low[3], torch.float32, "dz (lean tiles)")
+        assert_rule(dz, ref[3], low[3], torch.float32, f"dz ({knob} tiles)")
+        # official: relative mode, with and without the arg-max fold, against the default tile
+        outs = {}
+        for env in (knob, "fixed"):
+            monkeypatch.setenv(u.TILES_ENV, env)
+            rel, rmax, amax = k.lse_forward(zd, lwd, scale, True, relative=True)
+            outs[env] = (rel, k.lse_backward(zd, lwd, rel, gd, scale, rowmax=rmax),
+                         k.lse_backward(zd, lwd, rel, gd, scale, rowmax=rmax, argmax=amax))
+        assert_rule(outs[knob][0], ref[0], low[0], torch.float32, f"lse (relative, {knob})")
+        assert_rule(outs[knob][1], ref[3], low[3], torch.float32, f"dz (relative, {knob})")
+        # the fold (no dense twin here): within twice a dense fp32 gradient's error of the
+        # default tile's (measured under the interpreter, 32 x 32 vs 64 x 64: 0.5x that bound)
+        fp32_err = (low[3] - ref[3]).abs().max().item()
+        torch.testing.assert_close(outs[knob][2], outs["fixed"][2], rtol=0, atol=2 * fp32_err)
 
 
 class _OneConfigTuner:
