@@ -169,6 +169,12 @@ def launch_fitting(launch, tiles: tuple[int, int, int], key, what: str) -> tuple
 AMPERE_FP32_TILES = (32, 64, 4)
 
 
+def takes_ampere_fp32_tiles(d_pad: int, arch: tuple[int, int] | None, fp32: bool) -> bool:
+    """Whether a launch takes AMPERE_FP32_TILES: fp32 inputs, compute capability 8.x, d_pad <= 128
+    (the LSE kernels' `pair_blocks` and the positives kernel's `gpu_tiles`)."""
+    return bool(fp32) and arch is not None and arch[0] == 8 and d_pad <= 128
+
+
 def cuda_arch(t) -> tuple[int, int] | None:
     """The compute capability of a CUDA tensor's device, None for other tensors."""
     if not getattr(t, "is_cuda", False):
@@ -194,7 +200,7 @@ def pair_blocks(n: int, d_pad: int, on_gpu: bool, *, arch: tuple[int, int] | Non
     override = tile_override()
     if override is not None:
         return override
-    if fp32 and arch is not None and arch[0] == 8 and d_pad <= 128:
+    if takes_ampere_fp32_tiles(d_pad, arch, fp32):
         return AMPERE_FP32_TILES
     if d_pad <= 64:
         return 128, 64, 4

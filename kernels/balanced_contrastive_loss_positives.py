@@ -44,7 +44,14 @@ import triton.language as tl
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, _tie_bound
 from hiertail_fast.ops._tied_keys import row_ids
 
-from ._utils import AMPERE_FP32_TILES, cuda_arch, feature_block, launch_fitting, pair_blocks
+from ._utils import (
+    AMPERE_FP32_TILES,
+    cuda_arch,
+    feature_block,
+    launch_fitting,
+    pair_blocks,
+    takes_ampere_fp32_tiles,
+)
 from ._utils import fp32_dot as fp32_dot_precision
 from .balanced_contrastive_loss import _SUPPORTED, _precisions
 
@@ -64,9 +71,7 @@ def gpu_tiles(d_pad: int, arch: tuple[int, int] | None, fp32: bool) -> tuple[int
     sm_86 (triton 3.6), GPU_TILES' gradient pass spills 9.9 / 1.3 KB per thread at d 128 and
     552 bytes at d 64; 32 x 64 x 4 spills 1.3 / 1.2 KB and 152 / 96 bytes (its sums pass 400
     bytes at d 128 against 100, 0 at d 64). From the compiled code, untimed."""
-    if fp32 and arch is not None and arch[0] == 8 and d_pad <= 128:
-        return AMPERE_FP32_TILES
-    return GPU_TILES
+    return AMPERE_FP32_TILES if takes_ampere_fp32_tiles(d_pad, arch, fp32) else GPU_TILES
 
 
 @triton.jit
