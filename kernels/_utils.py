@@ -165,14 +165,17 @@ def launch_fitting(launch, tiles: tuple[int, int, int], key, what: str) -> tuple
 # level): forward 0-8 bytes, backward 16-72 (d 64) and 768-924 (d 128), 34-96 KB of shared
 # memory. Chosen from the compiled code; no Ampere card has timed it. sm_90 keeps the table
 # (its figures were timed on an H200), bf16 / fp16 inputs too (their fixed tiles spill at most
-# 2.3 KB on sm_80 / sm_86).
+# 2.3 KB on sm_80 / sm_86). Consumer Blackwell (12.x: RTX 50xx, RTX PRO 6000) compiles like
+# sm_86 (sm_120, triton 3.6: the table's fp32 backward 20 KB of spill at d 64, the d-128
+# forward 128 KB of its 99 KB) and takes this tile too; datacenter Blackwell (10.x: B200,
+# 0.4-2 KB, like sm_90) keeps the table.
 AMPERE_FP32_TILES = (32, 64, 4)
 
 
 def takes_ampere_fp32_tiles(d_pad: int, arch: tuple[int, int] | None, fp32: bool) -> bool:
-    """Whether a launch takes AMPERE_FP32_TILES: fp32 inputs, compute capability 8.x, d_pad <= 128
-    (the LSE kernels' `pair_blocks` and the positives kernel's `gpu_tiles`)."""
-    return bool(fp32) and arch is not None and arch[0] == 8 and d_pad <= 128
+    """Whether a launch takes AMPERE_FP32_TILES: fp32 inputs, compute capability 8.x or 12.x,
+    d_pad <= 128 (the LSE kernels' `pair_blocks` and the positives kernel's `gpu_tiles`)."""
+    return bool(fp32) and arch is not None and arch[0] in (8, 12) and d_pad <= 128
 
 
 def cuda_arch(t) -> tuple[int, int] | None:
@@ -190,7 +193,7 @@ def pair_blocks(n: int, d_pad: int, on_gpu: bool, *, arch: tuple[int, int] | Non
     GPU: FlashAttention-like tiles, smaller when the [BLOCK_M, d_pad] fp32 accumulator of the
     backward grows (the fixed default; $HIERTAIL_TRITON_TILES picks another, see TILES_ENV;
     $HIERTAIL_TRITON_AUTOTUNE=1 times TUNE_TILES instead); for `fp32` inputs on a device of
-    compute capability `arch` 8.x, AMPERE_FP32_TILES (d_pad <= 128).
+    compute capability `arch` 8.x or 12.x, AMPERE_FP32_TILES (d_pad <= 128).
     Interpreter (CPU tests): one tile as large as the problem allows up to 64, since every
     program costs Python overhead there (autotuning is never used under the interpreter).
     """

@@ -414,15 +414,15 @@ def test_tile_override_knob(monkeypatch):
 
 
 def test_ampere_fp32_tiles(monkeypatch):
-    """fp32 inputs on compute capability 8.x (A100, RTX 30xx / 40xx, ...) at d_pad <= 128 take
-    AMPERE_FP32_TILES (the table's fp32 backward spills 19-30 KB per thread on sm_80); other
-    dtypes, other architectures, wider rows and the interpreter keep theirs."""
+    """fp32 inputs on compute capability 8.x / 12.x (A100, RTX 30xx / 40xx / 50xx) at d_pad
+    <= 128 take AMPERE_FP32_TILES (the table's fp32 backward spills 19-30 KB per thread on
+    sm_80); other dtypes, other architectures, wider rows and the interpreter keep theirs."""
     from hiertail_fast.kernels import _utils as u
 
     monkeypatch.delenv(u.TILES_ENV, raising=False)
     for d_pad in (16, 64, 128):
         table = u.pair_blocks(10_000, d_pad, True)
-        for arch in ((8, 0), (8, 6), (8, 9)):
+        for arch in ((8, 0), (8, 6), (8, 9), (12, 0)):
             assert u.pair_blocks(10_000, d_pad, True, arch=arch, fp32=True) == u.AMPERE_FP32_TILES
             assert u.pair_blocks(10_000, d_pad, True, arch=arch, fp32=False) == table
         for arch in (None, (7, 5), (9, 0), (10, 0)):
@@ -434,9 +434,10 @@ def test_ampere_fp32_tiles(monkeypatch):
     from hiertail_fast.kernels import balanced_contrastive_loss_positives as pos
 
     for d_pad in (16, 64, 128, 256):      # the positives kernel follows the same rule
-        for arch in (None, (7, 5), (8, 0), (8, 6), (9, 0)):
+        for arch in (None, (7, 5), (8, 0), (8, 6), (9, 0), (10, 0), (12, 0)):
             for fp32 in (True, False):
-                want = (u.AMPERE_FP32_TILES if fp32 and arch and arch[0] == 8 and d_pad <= 128
+                want = (u.AMPERE_FP32_TILES
+                        if fp32 and arch and arch[0] in (8, 12) and d_pad <= 128
                         else pos.GPU_TILES)
                 assert pos.gpu_tiles(d_pad, arch, fp32) == want
     if torch.cuda.is_available():

@@ -59,9 +59,10 @@ def test_fixed_tile_is_the_launchers_choice_for_each_arch():
 
     for kernel, table in (("lse bwd", (*pair_blocks(1 << 20, 64, True), 3)),
                           ("pos dz", (*GPU_TILES, 3))):
-        args = SimpleNamespace(arch=[80, 86, 90], dtypes=["fp32", "bf16"], dims=[64],
+        args = SimpleNamespace(arch=[80, 86, 90, 100, 120], dtypes=["fp32", "bf16"], dims=[64],
                                kernels=[kernel], levels=[1], fixed_only=True)
         tiles = {(j["arch"], j["dtype"]): j["tile"] for j in kernel_resources.jobs(args)}
         ampere = (*AMPERE_FP32_TILES, 3)
-        assert tiles == {(80, "fp32"): ampere, (86, "fp32"): ampere, (90, "fp32"): table,
-                         (80, "bf16"): table, (86, "bf16"): table, (90, "bf16"): table}
+        want = {(a, "bf16"): table for a in args.arch}
+        want.update({(a, "fp32"): ampere if a in (80, 86, 120) else table for a in args.arch})
+        assert tiles == want
