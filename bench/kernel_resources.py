@@ -43,7 +43,7 @@ sys.path.insert(0, str(HERE))
 from hiertail_fast._files import atomic_path, unwritable_dir_reason  # noqa: E402
 
 # shared memory per SM (bytes) and its per-block reservation, by compute capability
-SMEM_PER_SM = {80: 167936, 86: 102400, 89: 102400, 90: 233472, 100: 233472, 120: 102400}
+SMEM_PER_SM = {75: 65536, 80: 167936, 86: 102400, 89: 102400, 90: 233472, 100: 233472, 120: 102400}
 REGS_PER_SM, REG_GRANULE, MAX_THREADS = 65536, 256, 2048
 KERNELS = ("lse fwd", "lse fwd+max", "lse bwd", "lse bwd rel", "lse fwd shared",
            "lse bwd shared", "pos sums", "pos dz")
