@@ -20,7 +20,8 @@ fold; and both in the
 shared-keys mode of several levels), the official positives' sums and gradient passes; every
 tile of ``kernels/_utils.TUNE_TILES`` plus the fixed one (marked *: ``pair_blocks`` for the
 LSE kernels, ``gpu_tiles`` for the positives). fp32 inputs with 3xTF32 dots (the engine's fp32
-mode on a GPU) and, with ``--dtypes bf16``, bf16 inputs. Writes DIR/kernel_resources.{json,md}
+mode on a GPU; ``--fp32-dot ieee``: the FMA dots it takes above its logit limit and on cards
+without TF32) and, with ``--dtypes bf16``, bf16 inputs. Writes DIR/kernel_resources.{json,md}
 atomically.
 """
 from __future__ import annotations
@@ -66,13 +67,15 @@ def _signature(kernel: str, dtype: str) -> dict:
                 N="i32", D="i32", stride_z="i32", scale="fp32", eps="fp32")
 
 
-def _constexprs(kernel: str, dtype: str, d_pad: int, levels: int, tile) -> dict:
+def _constexprs(kernel: str, dtype: str, d_pad: int, levels: int, tile,
+                fp32_dot: str = "tf32x3") -> dict:
     import torch
     from hiertail_fast.kernels.balanced_contrastive_loss import _precisions
     block_m, block_n = tile[:2]
-    # the launchers' dots on a GPU: fp32 inputs in the engine's 3xTF32 mode
+    # the launchers' dots on a GPU: fp32 inputs in `fp32_dot` (the engine's 3xTF32 mode, or
+    # IEEE FMA dots above its logit limit and on cards without TF32)
     s_dot, dot, _ = _precisions(torch.float32 if dtype == "fp32" else torch.bfloat16, True,
-                                "tf32x3")
+                                fp32_dot)
     l_pad = max(2, 1 << (levels - 1).bit_length())
     common = dict(D_PAD=d_pad, BLOCK_M=block_m, BLOCK_N=block_n, UPCAST=False)
     shared = kernel.endswith("shared")
@@ -87,7 +90,7 @@ def _constexprs(kernel: str, dtype: str, d_pad: int, levels: int, tile) -> dict:
                     RELATIVE=kernel.endswith("rel"), FOLD_ARGMAX=kernel.endswith("rel"))
     return dict(common, NEED_SUMS=kernel == "pos sums", NEED_DZ=kernel == "pos dz",
                 INCLUDE_SELF=True, DOT_PRECISION=s_dot,
-                GRAD_DOT_PRECISION="tf32x3" if dtype == "fp32" else "ieee")
+                GRAD_DOT_PRECISION=fp32_dot if dtype == "fp32" else "ieee")
 
 
 def _function(kernel: str):
@@ -115,7 +118,8 @@ def compile_one(job: dict) -> dict:
     from triton.compiler import ASTSource
 
     fn = _function(job["kernel"])
-    const = _constexprs(job["kernel"], job["dtype"], job["d_pad"], job["levels"], job["tile"])
+    const = _constexprs(job["kernel"], job["dtype"], job["d_pad"], job["levels"], job["tile"],
+                        job.get("fp32_dot", "tf32x3"))
     sig = dict(_signature(job["kernel"], job["dtype"]), **{k: "constexpr" for k in const})
     params = list(inspect.signature(fn.fn).parameters)
     src = ASTSource(fn, sig, constexprs={(params.index(k),): v for k, v in const.items()})
@@ -173,7 +177,8 @@ def jobs(args) -> list[dict]:
                     levels_of = [lv for lv in args.levels if lv > 1 or "shared" not in kernel]
                     for levels in (levels_of if lse else [1]):
                         out += [dict(arch=arch, dtype=dtype, d_pad=d_pad, kernel=kernel,
-                                     levels=levels, tile=t, fixed=t == fixed) for t in tiles]
+                                     levels=levels, tile=t, fixed=t == fixed,
+                                     fp32_dot=args.fp32_dot) for t in tiles]
     return out
 
 
@@ -204,7 +209,9 @@ def markdown(rows: list[dict], tools: dict) -> str:
     for r in rows:
         bm, bn, w, s = r["tile"]
         tile = f"{bm}x{bn} w{w} s{s}" + (" *" if r["fixed"] else "")
-        head = (f"| sm_{r['arch']} | {r['dtype']} | {r['d_pad']} | {r['kernel']} | "
+        dtype = r["dtype"] + (" ieee" if r["dtype"] == "fp32" and r.get("fp32_dot") == "ieee"
+                              else "")
+        head = (f"| sm_{r['arch']} | {dtype} | {r['d_pad']} | {r['kernel']} | "
                 f"{r['levels']} | {tile} |")
         if "error" in r:
             lines.append(f"{head} {r['error']} | | | |")
@@ -222,6 +229,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", nargs="+", default=["fp32"], choices=sorted(_PTR))
     ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
     ap.add_argument("--fixed-only", action="store_true", help="only the fixed tiles")
+    ap.add_argument("--fp32-dot", default="tf32x3", choices=("tf32x3", "ieee"),
+                    help="fp32 inputs' dots (ieee: the FMA path, marked 'fp32 ieee')")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args(argv)
