@@ -60,9 +60,34 @@ def test_fixed_tile_is_the_launchers_choice_for_each_arch():
     for kernel, table in (("lse bwd", (*pair_blocks(1 << 20, 64, True), 3)),
                           ("pos dz", (*GPU_TILES, 3))):
         args = SimpleNamespace(arch=[80, 86, 90, 100, 120], dtypes=["fp32", "bf16"], dims=[64],
-                               kernels=[kernel], levels=[1], fixed_only=True)
+                               kernels=[kernel], levels=[1], fixed_only=True,
+                               fp32_dot="tf32x3")
         tiles = {(j["arch"], j["dtype"]): j["tile"] for j in kernel_resources.jobs(args)}
         ampere = (*AMPERE_FP32_TILES, 3)
         want = {(a, "bf16"): table for a in args.arch}
         want.update({(a, "fp32"): ampere if a in (80, 86, 120) else table for a in args.arch})
         assert tiles == want
+
+
+def test_fp32_dot_option_reaches_the_kernels_constants():
+    """--fp32-dot ieee compiles the FMA-dot path: every dot of an fp32 row is "ieee" (3xTF32
+    by default); bf16 rows are unchanged; the markdown marks the ieee rows."""
+    from types import SimpleNamespace
+
+    consts = {}
+    for dot in ("tf32x3", "ieee"):
+        args = SimpleNamespace(arch=[80], dtypes=["fp32", "bf16"], dims=[64],
+                               kernels=["lse bwd", "pos dz"], levels=[1], fixed_only=True,
+                               fp32_dot=dot)
+        for job in kernel_resources.jobs(args):
+            assert job["fp32_dot"] == dot
+            const = kernel_resources._constexprs(job["kernel"], job["dtype"], job["d_pad"],
+                                                 job["levels"], job["tile"], job["fp32_dot"])
+            consts[dot, job["dtype"], job["kernel"]] = const
+            if job["dtype"] == "fp32":
+                assert {const["DOT_PRECISION"], const["GRAD_DOT_PRECISION"]} == {dot}
+    for kernel in ("lse bwd", "pos dz"):
+        assert consts["ieee", "bf16", kernel] == consts["tf32x3", "bf16", kernel]
+    row = dict(arch=80, dtype="fp32", d_pad=64, kernel="lse bwd", levels=1, tile=[32, 64, 4, 3],
+               fixed=True, fp32_dot="ieee", regs=255, spill=0, smem=1024, warps_per_sm=8)
+    assert "| sm_80 | fp32 ieee | 64 | lse bwd |" in kernel_resources.markdown([row], {})
