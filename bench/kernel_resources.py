@@ -169,9 +169,10 @@ def jobs(args) -> list[dict]:
             for d_pad in args.dims:
                 for kernel in args.kernels:
                     lse = kernel.startswith("lse")
-                    cc, fp32 = divmod(arch, 10), dtype == "fp32"     # the launchers' choice
-                    fixed = (*(pair_blocks(1 << 20, d_pad, True, arch=cc, fp32=fp32) if lse
-                               else gpu_tiles(d_pad, cc, fp32)), 3)
+                    cc = divmod(arch, 10)                              # the launchers' choice
+                    dot = args.fp32_dot if dtype == "fp32" else None
+                    fixed = (*(pair_blocks(1 << 20, d_pad, True, arch=cc, fp32_dot=dot) if lse
+                               else gpu_tiles(d_pad, cc, dot)), 3)
                     tiles = [fixed] + [t for t in TUNE_TILES
                                        if t != fixed and not args.fixed_only]
                     levels_of = [lv for lv in args.levels if lv > 1 or "shared" not in kernel]

@@ -155,12 +155,12 @@ def launch_fitting(launch, tiles: tuple[int, int, int], key, what: str) -> tuple
                        "backend='torch' runs without Triton") from last
 
 
-# fp32 inputs on Ampere / Ada (compute capability 8.x: A100, A10, A40, RTX 30xx / 40xx, L4,
-# L40), d_pad <= 128. Compiled for sm_80 and sm_86 (bench/kernel_resources.py, the GPU image's
-# triton 3.6, docs/results/kernel_resources_2026-11-28/), the table below gives the fp32
-# (3xTF32) backward 19-30 KB of spill per thread on sm_80 (at 32 registers: ptxas apparently
-# put the tile's arrays in local memory), on sm_86 3.6 / 23-25 KB at d 64 (1 / 3 levels) and
-# up to 18 KB at d 128, and the d-128 forward 128 KB of shared memory (over 8.6 / 8.9's 99 KB).
+# fp32 inputs with 3xTF32 dots on Ampere / Ada (compute capability 8.x: A100, A10, A40, RTX
+# 30xx / 40xx, L4, L40), d_pad <= 128. Compiled for sm_80 and sm_86 (bench/kernel_resources.py,
+# the GPU image's triton 3.6, docs/results/kernel_resources_2026-11-28/), the table below gives
+# the fp32 backward 19-30 KB of spill per thread on sm_80 (at 32 registers: ptxas apparently
+# put the tile's arrays in local memory), on sm_86 3.6 / 23-25 KB at d 64 (1 / 3 levels) and up
+# to 18 KB at d 128, and the d-128 forward 128 KB of shared memory (over 8.6 / 8.9's 99 KB).
 # 32 x 64 with 4 warps has the least spill of TUNE_TILES in every fp32 LSE kernel there (one
 # level): forward 0-8 bytes, backward 16-72 (d 64) and 768-924 (d 128), 34-96 KB of shared
 # memory. Chosen from the compiled code; no Ampere card has timed it. sm_90 keeps the table
@@ -170,12 +170,27 @@ def launch_fitting(launch, tiles: tuple[int, int, int], key, what: str) -> tuple
 # forward 128 KB of its 99 KB) and takes this tile too; datacenter Blackwell (10.x: B200,
 # 0.4-2 KB, like sm_90) keeps the table.
 AMPERE_FP32_TILES = (32, 64, 4)
+# fp32 inputs with IEEE (FMA) dots, any card, d_pad <= 128: the path above the 3xTF32 logit
+# limit and on cards without TF32. Compiled for sm_90 and sm_80 (triton 3.6), every tile of
+# TUNE_TILES but one spills in the backward, the table's 21-38 KB per thread at 32 registers
+# (sm_90; sm_80's 32 x 64 x 4 up to 16 KB at d 128); LEAN_TILES (64 x 32, 8 warps) spills 0 at
+# d 64 and 0 / 1.1 KB at d 128 (sm_80 / sm_90), and 0 in the forward. Untimed.
 
 
-def takes_ampere_fp32_tiles(d_pad: int, arch: tuple[int, int] | None, fp32: bool) -> bool:
-    """Whether a launch takes AMPERE_FP32_TILES: fp32 inputs, compute capability 8.x or 12.x,
-    d_pad <= 128 (the LSE kernels' `pair_blocks` and the positives kernel's `gpu_tiles`)."""
-    return bool(fp32) and arch is not None and arch[0] in (8, 12) and d_pad <= 128
+def fp32_dot_tiles(d_pad: int, arch: tuple[int, int] | None,
+                   fp32_dot: str | None) -> tuple[int, int, int] | None:
+    """The tile of fp32 inputs whose dots run `fp32_dot` ("ieee" / "tf32x3"; None: 16-bit
+    inputs) on a card of compute capability `arch`, where the compiled code asks for one other
+    than the table's: LEAN_TILES for IEEE dots, AMPERE_FP32_TILES for 3xTF32 on 8.x / 12.x
+    (d_pad <= 128); None where the table stands. Shared by `pair_blocks` (the LSE kernels)
+    and the positives kernel's `gpu_tiles`."""
+    if fp32_dot is None or d_pad > 128:
+        return None
+    if fp32_dot == "ieee":
+        return LEAN_TILES
+    if arch is not None and arch[0] in (8, 12):
+        return AMPERE_FP32_TILES
+    return None
 
 
 def cuda_arch(t) -> tuple[int, int] | None:
@@ -187,13 +202,13 @@ def cuda_arch(t) -> tuple[int, int] | None:
 
 
 def pair_blocks(n: int, d_pad: int, on_gpu: bool, *, arch: tuple[int, int] | None = None,
-                fp32: bool = False) -> tuple[int, int, int]:
+                fp32_dot: str | None = None) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for kernels that stream tiles of Z·Zᵀ (contrastive LSE).
 
     GPU: FlashAttention-like tiles, smaller when the [BLOCK_M, d_pad] fp32 accumulator of the
     backward grows (the fixed default; $HIERTAIL_TRITON_TILES picks another, see TILES_ENV;
-    $HIERTAIL_TRITON_AUTOTUNE=1 times TUNE_TILES instead); for `fp32` inputs on a device of
-    compute capability `arch` 8.x or 12.x, AMPERE_FP32_TILES (d_pad <= 128).
+    $HIERTAIL_TRITON_AUTOTUNE=1 times TUNE_TILES instead); for fp32 inputs (`fp32_dot` their
+    dots, None for 16-bit inputs) on a card of compute capability `arch`, `fp32_dot_tiles`.
     Interpreter (CPU tests): one tile as large as the problem allows up to 64, since every
     program costs Python overhead there (autotuning is never used under the interpreter).
     """
@@ -203,8 +218,9 @@ def pair_blocks(n: int, d_pad: int, on_gpu: bool, *, arch: tuple[int, int] | Non
     override = tile_override()
     if override is not None:
         return override
-    if takes_ampere_fp32_tiles(d_pad, arch, fp32):
-        return AMPERE_FP32_TILES
+    special = fp32_dot_tiles(d_pad, arch, fp32_dot)
+    if special is not None:
+        return special
     if d_pad <= 64:
         return 128, 64, 4
     if d_pad <= 128:

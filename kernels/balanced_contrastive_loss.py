@@ -583,7 +583,8 @@ def lse_forward(
     meta = dict(NUM_LEVELS=per_program, L_PAD=max(2, triton.next_power_of_2(per_program)),
                 D_PAD=d_pad, NEED_MAX=bool(need_max), DOT_PRECISION=s_prec, UPCAST=upcast,
                 SHARED=bool(n_common), RELATIVE=bool(relative))
-    tiles = pair_blocks(n, d_pad, z.is_cuda, arch=cuda_arch(z), fp32=z.dtype == torch.float32)
+    tiles = pair_blocks(n, d_pad, z.is_cuda, arch=cuda_arch(z),
+                        fp32_dot=s_prec if z.dtype == torch.float32 else None)
     _launch("fwd", n, num_levels // per_program, tiles, tune, args, meta)
     if n_common:                    # the kernel wrote (m, δ): lse = m + δ, kept in float64
         lse = cmax.double()[None, :] + lse.double()
@@ -654,7 +655,8 @@ def lse_backward(
         lse, rmax_ref = lse.to(torch.float32).contiguous(), dz
     grad_lse = grad_lse.to(torch.float32).contiguous()
     d_pad = feature_block(d)
-    tiles = pair_blocks(n, d_pad, z.is_cuda, arch=cuda_arch(z), fp32=z.dtype == torch.float32)
+    tiles = pair_blocks(n, d_pad, z.is_cuda, arch=cuda_arch(z),
+                        fp32_dot=s_prec if z.dtype == torch.float32 else None)
     common = dict(
         NUM_LEVELS=num_levels, L_PAD=max(2, triton.next_power_of_2(num_levels)), D_PAD=d_pad,
         DOT_PRECISION=s_prec, GRAD_DOT_PRECISION=w_prec, UPCAST=upcast,

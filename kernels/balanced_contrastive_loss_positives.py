@@ -45,12 +45,11 @@ from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, _tie_bound
 from hiertail_fast.ops._tied_keys import row_ids
 
 from ._utils import (
-    AMPERE_FP32_TILES,
     cuda_arch,
     feature_block,
+    fp32_dot_tiles,
     launch_fitting,
     pair_blocks,
-    takes_ampere_fp32_tiles,
 )
 from ._utils import fp32_dot as fp32_dot_precision
 from .balanced_contrastive_loss import _SUPPORTED, _precisions
@@ -65,13 +64,15 @@ from .balanced_contrastive_loss import _SUPPORTED, _precisions
 GPU_TILES = (64, 32, 8)
 
 
-def gpu_tiles(d_pad: int, arch: tuple[int, int] | None, fp32: bool) -> tuple[int, int, int]:
-    """The kernel's tile on a GPU: GPU_TILES, or for fp32 inputs on compute capability 8.x at
-    d_pad <= 128 the LSE kernels' AMPERE_FP32_TILES (32 x 64, 4 warps). Compiled for sm_80 /
-    sm_86 (triton 3.6), GPU_TILES' gradient pass spills 9.9 / 1.3 KB per thread at d 128 and
-    552 bytes at d 64; 32 x 64 x 4 spills 1.3 / 1.2 KB and 152 / 96 bytes (its sums pass 400
-    bytes at d 128 against 100, 0 at d 64). From the compiled code, untimed."""
-    return AMPERE_FP32_TILES if takes_ampere_fp32_tiles(d_pad, arch, fp32) else GPU_TILES
+def gpu_tiles(d_pad: int, arch: tuple[int, int] | None,
+              fp32_dot: str | None) -> tuple[int, int, int]:
+    """The kernel's tile on a GPU: GPU_TILES, or the fp32 tile `_utils.fp32_dot_tiles` gives
+    (`fp32_dot` the fp32 inputs' dots, None for 16-bit inputs): for 3xTF32 on compute
+    capability 8.x / 12.x at d_pad <= 128, AMPERE_FP32_TILES (32 x 64, 4 warps). Compiled for
+    sm_80 / sm_86 (triton 3.6), GPU_TILES' gradient pass spills 9.9 / 1.3 KB per thread at
+    d 128 and 552 bytes at d 64; 32 x 64 x 4 spills 1.3 / 1.2 KB and 152 / 96 bytes (its sums
+    pass 400 bytes at d 128 against 100, 0 at d 64). From the compiled code, untimed."""
+    return fp32_dot_tiles(d_pad, arch, fp32_dot) or GPU_TILES
 
 
 @triton.jit
@@ -223,8 +224,8 @@ def positive_pairs(
     c_s = (coef.float()[order].contiguous() if coef is not None
            else torch.zeros(n, dtype=torch.float32, device=dev))
     d_pad = feature_block(d)
-    tiles = (gpu_tiles(d_pad, cuda_arch(z), z.dtype == torch.float32) if z.is_cuda
-             else pair_blocks(n, d_pad, False))
+    tiles = (gpu_tiles(d_pad, cuda_arch(z), s_prec if z.dtype == torch.float32 else None)
+             if z.is_cuda else pair_blocks(n, d_pad, False))
     out_t = big_t if need_sums else rmax          # placeholders where a flag is off
     meta = dict(D_PAD=d_pad, NEED_SUMS=bool(need_sums), NEED_DZ=coef is not None,
                 INCLUDE_SELF=bool(include_self), DOT_PRECISION=s_prec, GRAD_DOT_PRECISION=w_prec,

@@ -309,9 +309,9 @@ def test_tune_configs_cover_the_fixed_tiles():
     seen = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps) for c in configs}
     assert len(configs) == len(u.TUNE_TILES) == len(set(u.TUNE_TILES))
     for d_pad in (16, 64, 128, 256):
-        for arch in (None, (8, 0), (8, 6), (8, 9), (9, 0)):
-            for fp32 in (True, False):
-                assert u.pair_blocks(10_000, d_pad, True, arch=arch, fp32=fp32) in seen
+        for arch in (None, (7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)):
+            for dot in (None, "ieee", "tf32x3"):
+                assert u.pair_blocks(10_000, d_pad, True, arch=arch, fp32_dot=dot) in seen
     for m, n, w, s in u.TUNE_TILES:
         assert m & (m - 1) == 0 and n & (n - 1) == 0 and w in (2, 4, 8) and s >= 1
 
@@ -406,40 +406,41 @@ def test_tile_override_knob(monkeypatch):
         assert u.pair_blocks(100, 64, False) == (64, 64, 4)
     assert (*u.LEAN_TILES, 3) in u.TUNE_TILES
     monkeypatch.setenv(u.TILES_ENV, "lean")          # the knob also overrides the arch table
-    assert u.pair_blocks(10_000, 64, True, arch=(8, 0), fp32=True) == u.LEAN_TILES
+    assert u.pair_blocks(10_000, 64, True, arch=(8, 0), fp32_dot="tf32x3") == u.LEAN_TILES
+    monkeypatch.setenv(u.TILES_ENV, "128x64x4")
+    assert u.pair_blocks(10_000, 64, True, fp32_dot="ieee") == (128, 64, 4)
     for bad in ("big", "128x64", "100x64x4", "128x64x3", "512x64x4", "8x64x4"):
         monkeypatch.setenv(u.TILES_ENV, bad)
         with pytest.raises(ValueError, match=u.TILES_ENV):
             u.pair_blocks(10_000, 64, True)
 
 
-def test_ampere_fp32_tiles(monkeypatch):
-    """fp32 inputs on compute capability 8.x / 12.x (A100, RTX 30xx / 40xx / 50xx) at d_pad
-    <= 128 take AMPERE_FP32_TILES (the table's fp32 backward spills 19-30 KB per thread on
-    sm_80); other dtypes, other architectures, wider rows and the interpreter keep theirs."""
+def test_fp32_tiles_by_dot_and_arch(monkeypatch):
+    """fp32 inputs where the compiled code asks for another tile than the table (d_pad <= 128):
+    3xTF32 dots on compute capability 8.x / 12.x (A100, RTX 30xx / 40xx / 50xx) take
+    AMPERE_FP32_TILES (the table's backward spills 19-30 KB per thread on sm_80), IEEE dots on
+    any card LEAN_TILES (the table's backward spills 21-38 KB on sm_90). 16-bit inputs, 3xTF32
+    on other cards, wider rows and the interpreter keep theirs; the positives kernel follows
+    the same rule over its own GPU_TILES."""
     from hiertail_fast.kernels import _utils as u
-
-    monkeypatch.delenv(u.TILES_ENV, raising=False)
-    for d_pad in (16, 64, 128):
-        table = u.pair_blocks(10_000, d_pad, True)
-        for arch in ((8, 0), (8, 6), (8, 9), (12, 0)):
-            assert u.pair_blocks(10_000, d_pad, True, arch=arch, fp32=True) == u.AMPERE_FP32_TILES
-            assert u.pair_blocks(10_000, d_pad, True, arch=arch, fp32=False) == table
-        for arch in (None, (7, 5), (9, 0), (10, 0)):
-            assert u.pair_blocks(10_000, d_pad, True, arch=arch, fp32=True) == table
-        assert u.pair_blocks(100, d_pad, False, arch=(8, 0), fp32=True) == (64, 64, 4)
-    assert u.pair_blocks(10_000, 256, True, arch=(8, 0), fp32=True) == u.pair_blocks(
-        10_000, 256, True)
-    assert u.cuda_arch(torch.zeros(1)) is None
     from hiertail_fast.kernels import balanced_contrastive_loss_positives as pos
 
-    for d_pad in (16, 64, 128, 256):      # the positives kernel follows the same rule
-        for arch in (None, (7, 5), (8, 0), (8, 6), (9, 0), (10, 0), (12, 0)):
-            for fp32 in (True, False):
-                want = (u.AMPERE_FP32_TILES
-                        if fp32 and arch and arch[0] in (8, 12) and d_pad <= 128
-                        else pos.GPU_TILES)
-                assert pos.gpu_tiles(d_pad, arch, fp32) == want
+    monkeypatch.delenv(u.TILES_ENV, raising=False)
+    archs = (None, (7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0))
+    for d_pad in (16, 64, 128, 256):
+        table = u.pair_blocks(10_000, d_pad, True)
+        for arch in archs:
+            ampere = arch is not None and arch[0] in (8, 12)
+            for dot, want in ((None, None), ("ieee", u.LEAN_TILES),
+                              ("tf32x3", u.AMPERE_FP32_TILES if ampere else None)):
+                if d_pad > 128:
+                    want = None
+                assert u.pair_blocks(10_000, d_pad, True, arch=arch, fp32_dot=dot) == (
+                    want or table), (d_pad, arch, dot)
+                assert pos.gpu_tiles(d_pad, arch, dot) == (want or pos.GPU_TILES)
+                assert u.pair_blocks(100, d_pad, False, arch=arch, fp32_dot=dot) == (
+                    u.pair_blocks(100, d_pad, False))
+    assert u.cuda_arch(torch.zeros(1)) is None
     if torch.cuda.is_available():
         assert u.cuda_arch(torch.zeros(1, device="cuda")) == torch.cuda.get_device_capability()
 

@@ -50,23 +50,27 @@ def test_compiles_and_reports(tmp_path):
 
 
 def test_fixed_tile_is_the_launchers_choice_for_each_arch():
-    """The row marked fixed is the tile the launcher would take on that arch and dtype (fp32 on
-    8.x: the Ampere tile), so an sm_80 table reports what an A100 runs."""
+    """The row marked fixed is the tile the launcher would take on that arch, dtype and fp32
+    dot (3xTF32 on 8.x / 12.x: the Ampere tile; IEEE dots: the lean tile), so an sm_80 table
+    reports what an A100 runs."""
     from types import SimpleNamespace
 
-    from hiertail_fast.kernels._utils import AMPERE_FP32_TILES, pair_blocks
+    from hiertail_fast.kernels._utils import AMPERE_FP32_TILES, LEAN_TILES, pair_blocks
     from hiertail_fast.kernels.balanced_contrastive_loss_positives import GPU_TILES
 
+    archs = [75, 80, 86, 90, 100, 120]
     for kernel, table in (("lse bwd", (*pair_blocks(1 << 20, 64, True), 3)),
                           ("pos dz", (*GPU_TILES, 3))):
-        args = SimpleNamespace(arch=[80, 86, 90, 100, 120], dtypes=["fp32", "bf16"], dims=[64],
-                               kernels=[kernel], levels=[1], fixed_only=True,
-                               fp32_dot="tf32x3")
-        tiles = {(j["arch"], j["dtype"]): j["tile"] for j in kernel_resources.jobs(args)}
-        ampere = (*AMPERE_FP32_TILES, 3)
-        want = {(a, "bf16"): table for a in args.arch}
-        want.update({(a, "fp32"): ampere if a in (80, 86, 120) else table for a in args.arch})
-        assert tiles == want
+        for dot in ("tf32x3", "ieee"):
+            args = SimpleNamespace(arch=archs, dtypes=["fp32", "bf16"], dims=[64],
+                                   kernels=[kernel], levels=[1], fixed_only=True, fp32_dot=dot)
+            tiles = {(j["arch"], j["dtype"]): j["tile"] for j in kernel_resources.jobs(args)}
+            want = {(a, "bf16"): table for a in archs}
+            for a in archs:
+                fp32 = ((*LEAN_TILES, 3) if dot == "ieee" else
+                        (*AMPERE_FP32_TILES, 3) if a in (80, 86, 120) else table)
+                want[a, "fp32"] = fp32
+            assert tiles == want, (kernel, dot)
 
 
 def test_fp32_dot_option_reaches_the_kernels_constants():
