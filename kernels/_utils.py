@@ -33,7 +33,7 @@ TILES_ENV = "HIERTAIL_TRITON_TILES"
 # triton 3.6 and 3.9): no register spill in any fp32 / bf16 LSE kernel at d = 64 (the fixed
 # 128 x 64 x 4 backward spills 1,072 bytes per thread in fp32) and the least of the 8-warps-per-SM
 # tiles at d = 128. Not yet timed: a candidate for the next GPU run (loss_profile's
-# "triton[lean]" rows), not the default.
+# "triton[lean]" rows); the default of fp32 inputs with IEEE dots (`fp32_dot_tiles`).
 LEAN_TILES = (64, 32, 8)
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) tried by the autotuner: FlashAttention-like tiles
 # around `pair_blocks`' choices. Configs that do not fit a GPU's registers / shared memory are
