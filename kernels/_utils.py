@@ -125,20 +125,22 @@ def tile_override() -> tuple[int, int, int] | None:
 # Those now take AMPERE_FP32_TILES (<= 96 KB); the fallback stays for what no table here was
 # compiled for: Turing (7.5: T4, 64 KB), tiles asked by $HIERTAIL_TRITON_TILES, future cards.
 SMALLER_TILES = ((64, 64, 4), (64, 32, 8), (32, 32, 4))
-# (caller's key, asked tile) -> the tile that launched there: one OutOfResources per kernel
-# specialisation and process, not one per call
+# (kernel, device, dtype, constants, asked tile) -> the tile that launched there: one
+# OutOfResources per kernel specialisation and process, not one per call
 _FITTED: dict = {}
 
 
-def launch_fitting(launch, tiles: tuple[int, int, int], key, what: str) -> tuple[int, int, int]:
+def launch_fitting(launch, tiles: tuple[int, int, int], what: str, z,
+                   meta: dict) -> tuple[int, int, int]:
     """``launch(tile)`` with `tiles` (BLOCK_M, BLOCK_N, num_warps), or with the first of the
-    smaller SMALLER_TILES the device can hold when Triton raises OutOfResources (remembered
-    under (`key`, tiles): `key` must name the kernel's specialisation and device). Returns the
-    tile that launched. When none fits, a RuntimeError naming `what`, the tiles tried and the
-    device's limit (other errors pass through unchanged)."""
+    smaller SMALLER_TILES the device can hold when Triton raises OutOfResources, remembered per
+    specialisation: the kernel `what` names, the device and dtype of its input `z`, its
+    compile-time constants `meta`. Returns the tile that launched. When none fits, a
+    RuntimeError naming `what`, the tiles tried and the device's limit (other errors pass
+    through unchanged)."""
     from triton.runtime.errors import OutOfResources
 
-    memo = (key, tuple(tiles))
+    memo = (what, z.device, z.dtype, tuple(sorted(meta.items())), tuple(tiles))
     start = _FITTED.get(memo, tuple(tiles))
     area = start[0] * start[1]
     tried, last = [], None

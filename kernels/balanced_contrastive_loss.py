@@ -467,9 +467,7 @@ def _launch(which: str, n: int, axis1: int, tiles, tune: bool, args: tuple, meta
         _KERNELS[which][(triton.cdiv(n, block_m), axis1)](*args, **meta, BLOCK_M=block_m,
                                                           BLOCK_N=block_n, num_warps=warps)
 
-    z = args[0]
-    key = (which, z.device, z.dtype, tuple(sorted(meta.items())))
-    launch_fitting(run, tiles, key, f"the loss's Triton {which} kernel")
+    launch_fitting(run, tiles, f"the loss's Triton {which} kernel", args[0], meta)
 
 
 def _use_autotune(z: torch.Tensor, autotune: bool | None) -> bool:

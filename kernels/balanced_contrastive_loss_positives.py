@@ -239,8 +239,7 @@ def positive_pairs(
             n, d, z.stride(0), float(scale), OFFICIAL_EPS,
             BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, **meta)
 
-    launch_fitting(run, tiles, ("positives", z.device, z.dtype, tuple(sorted(meta.items()))),
-                   "the official positives' Triton kernel")
+    launch_fitting(run, tiles, "the official positives' Triton kernel", z, meta)
     return big_t, big_q, dz
 
 

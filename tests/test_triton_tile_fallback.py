@@ -43,20 +43,23 @@ def test_falls_back_to_the_first_smaller_tile_that_fits(monkeypatch):
     u = _utils()
     monkeypatch.setattr(u, "_FITTED", {})
     launch = _Recorder(limit=2048)
-    got = u.launch_fitting(launch, (128, 64, 4), "k", "a kernel")
+    z, meta = torch.zeros(1), {"D_PAD": 64}
+    got = u.launch_fitting(launch, (128, 64, 4), "a kernel", z, meta)
     assert got == (64, 32, 8)
     assert launch.tried == [(128, 64, 4), (64, 64, 4), (64, 32, 8)]
-    # remembered per (key, asked tile): the next call launches the fitted tile at once
+    # remembered per specialisation and asked tile: the next call launches the fitted tile
     launch.tried.clear()
-    assert u.launch_fitting(launch, (128, 64, 4), "k", "a kernel") == (64, 32, 8)
+    assert u.launch_fitting(launch, (128, 64, 4), "a kernel", z, dict(meta)) == (64, 32, 8)
     assert launch.tried == [(64, 32, 8)]
-    # another specialisation (key) starts from its own asked tile
-    launch.tried.clear()
-    assert u.launch_fitting(launch, (128, 64, 4), "other", "a kernel") == (64, 32, 8)
-    assert launch.tried[0] == (128, 64, 4)
+    # another specialisation (kernel, dtype, constants) starts from its own asked tile
+    for other in (("another kernel", z, meta), ("a kernel", z.double(), meta),
+                  ("a kernel", z, {"D_PAD": 128})):
+        launch.tried.clear()
+        assert u.launch_fitting(launch, (128, 64, 4), *other) == (64, 32, 8)
+        assert launch.tried[0] == (128, 64, 4)
     # a tile that fits is launched as asked, nothing else tried
     launch.tried.clear()
-    assert u.launch_fitting(launch, (32, 64, 4), "k2", "a kernel") == (32, 64, 4)
+    assert u.launch_fitting(launch, (32, 64, 4), "a kernel", z, meta) == (32, 64, 4)
     assert launch.tried == [(32, 64, 4)]
 
 
@@ -66,7 +69,7 @@ def test_only_smaller_tiles_are_tried_and_none_fitting_is_a_clear_error(monkeypa
     launch = _Recorder(limit=512)
     with pytest.raises(RuntimeError, match=r"the loss's kernel: no tile fits this GPU "
                                            r"\(tried 64x32x8, 32x32x4: out of resource"):
-        u.launch_fitting(launch, (64, 32, 8), "k", "the loss's kernel")
+        u.launch_fitting(launch, (64, 32, 8), "the loss's kernel", torch.zeros(1), {})
     assert launch.tried == [(64, 32, 8), (32, 32, 4)]      # never a larger tile
 
 
@@ -80,7 +83,7 @@ def test_other_errors_pass_through(monkeypatch):
         raise ValueError("a bad argument")
 
     with pytest.raises(ValueError, match="a bad argument"):
-        u.launch_fitting(launch, (128, 64, 4), "k", "a kernel")
+        u.launch_fitting(launch, (128, 64, 4), "a kernel", torch.zeros(1), {})
     assert calls == [(128, 64, 4)]
 
 
