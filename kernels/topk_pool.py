@@ -151,9 +151,11 @@ _BLOCK_E = 1024
 
 
 def topk_score(x: torch.Tensor, phat: torch.Tensor) -> torch.Tensor:
-    """t = x·p̂ [n] in x's dtype (the caller applies tanh), x [n, d] and p̂ [d] contiguous."""
+    """t = x·p̂ [n] in the accumulation dtype (float32; float64 for float64 x; the caller
+    applies tanh and rounds), x [n, d] and p̂ [d] contiguous."""
     n, d = x.shape
-    score = torch.empty(n, dtype=x.dtype, device=x.device)
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    score = torch.empty(n, dtype=acc, device=x.device)
     if n:
         bd = feature_block(d, 128)
         _topk_score_kernel[(triton.cdiv(n, _BLOCK_ROWS),)](
@@ -192,9 +194,10 @@ def topk_pool_bwd(x, phat, qn, m, perm, score_sel, grad_out, grad_score):
             HAS_GS=grad_score is not None, BLOCK_K=_BLOCK_ROWS, BLOCK_D=feature_block(d, 128))
     v = v.sum(dim=0)  # fixed-order reduction of the per-program partials: deterministic
     ph = phat.to(acc_dtype)
-    # d(x·p/‖p‖)/dp = (I − p̂p̂ᵀ)x/‖p‖, divided by ‖p‖ = m·qn in two steps (no overflow)
+    # d(x·p/‖p‖)/dp = (I − p̂p̂ᵀ)x/‖p‖, divided by ‖p‖ = m·qn in two steps (no overflow);
+    # in the accumulation dtype (the caller casts to p's)
     dp = (v - (v @ ph) * ph) / qn.to(acc_dtype) / m.to(acc_dtype)
-    return dx, dp.to(phat.dtype)
+    return dx, dp
 
 
 def filter_edges(row: torch.Tensor, col: torch.Tensor, relabel: torch.Tensor):

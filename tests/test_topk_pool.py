@@ -306,6 +306,39 @@ def test_column_major_rows_tie_as_row_major(backend):
                        for i in range(len(s) - 1))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
+def test_16bit_scores_within_an_ulp(backend, dtype):
+    # cancelling dots: Σ|x_j p̂_j| is ~10-30× |x·p̂|. Scores are tanh(x·p̂) with p̂, the dot
+    # and tanh in float32, rounded once: within one ulp of tanh(x·p/‖p‖) evaluated in float64
+    # on the same 16-bit inputs (with a 16-bit p̂, as before, fp16 scores were 6 ulps off:
+    # found by random fuzzing), and the pooled rows x·s within one ulp of x times that score
+    dev = backend_device(backend)
+    g = torch.Generator().manual_seed(3)
+    d = 5
+    p = torch.randn(d, generator=g, dtype=torch.float64)
+    base = torch.randn(40, d, generator=g, dtype=torch.float64) * 2
+    # remove most of each row's component along p: |x·p̂| small against the row's entries
+    base -= 0.95 * (base @ p / p.dot(p))[:, None] * p
+    x, p = base.to(dtype), p.to(dtype)
+    r = topk_pool(*_on(dev, x, torch.zeros(2, 0, dtype=torch.long), p), 1.0, backend=backend)
+    x64, p64 = x.double(), p.double()
+    exact = torch.tanh(x64 @ (p64 / torch.linalg.vector_norm(p64)))[r.perm.cpu()]
+    cancel = (x64.abs() @ (p64.abs() / torch.linalg.vector_norm(p64)))[r.perm.cpu()]
+    assert float((cancel / (x64 @ (p64 / torch.linalg.vector_norm(p64))).abs()[
+        r.perm.cpu()]).median()) > 10          # the case is the cancelling one
+
+    def ulp(v):  # spacing of `dtype` at |v|
+        e = torch.floor(torch.log2(v.abs().clamp_min(torch.finfo(dtype).tiny)))
+        return torch.exp2(e) * torch.finfo(dtype).eps
+
+    score = r.score.cpu().double()
+    assert bool(((score - exact).abs() <= ulp(exact)).all()), (score - exact).abs().max()
+    rows = x64[r.perm.cpu()] * exact[:, None]
+    err = (r.x.cpu().double() - rows).abs()
+    assert bool((err <= ulp(rows) + x64[r.perm.cpu()].abs() * ulp(exact)[:, None]).all())
+
+
 @pytest.mark.parametrize("backend,n", [("torch", 5000), pytest.param("triton", 300,
                                                                       marks=requires_triton)])
 def test_many_ties_follow_the_rule(backend, n):

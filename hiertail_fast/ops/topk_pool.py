@@ -101,7 +101,7 @@ def _row_dot(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     keeps x's layout and the sum runs across rows, rounding by the row's position (identical
     rows were an ulp apart and the lowest-index tie rule failed)."""
     n, d = x.shape
-    out = torch.empty(n, dtype=x.dtype, device=x.device)
+    out = torch.empty(n, dtype=torch.result_type(x, v), device=x.device)
     step = max(1, _ROW_DOT_CHUNK // max(1, d))
     for s in range(0, n, step):
         torch.sum(x[s:s + step].contiguous() * v, dim=1, out=out[s:s + step])
@@ -121,12 +121,13 @@ class TopKPoolFunction(torch.autograd.Function):
 
             x = x.contiguous()
             # kernel: t_i = x_i·p̂ (one fixed-order row reduction); tanh is torch's, the same
-            # function as on the other backends, so saturated ties break the same way
-            score = torch.tanh(kern.topk_score(x, phat.contiguous()))
+            # function as on the other backends, so saturated ties break the same way; t and
+            # tanh in the accumulation dtype, the score rounded once (as the reference)
+            score = torch.tanh(kern.topk_score(x, phat.contiguous())).to(x.dtype)
             perm = _select(score, k)
             x_pooled, score_sel = kern.gather_rows(x, perm, score)
         else:
-            score = torch.tanh(_row_dot(x, phat))
+            score = torch.tanh(_row_dot(x, phat)).to(x.dtype)   # p̂ float32 for 16-bit x
             perm = _select(score, k)
             score_sel = score[perm]
             x_pooled = x.index_select(0, perm).mul_(score_sel.unsqueeze(1))
@@ -152,6 +153,7 @@ class TopKPoolFunction(torch.autograd.Function):
             # x as the caller gave it (setup_context saves the input): the kernel reads rows
             dx, dp = kern.topk_pool_bwd(x.contiguous(), phat, qn, m, perm, s,
                                         grad_x.contiguous(), gs)
+            dp = dp.to(p.dtype)
         else:
             # peak extra memory: dx [n, d] (the result) + two [k, d] buffers
             xs = x.index_select(0, perm)  # [k, d]
@@ -160,15 +162,15 @@ class TopKPoolFunction(torch.autograd.Function):
             if grad_score is not None:
                 ds = ds + grad_score
             dt = ds * (1 - s * s)  # through tanh
-            dxk = (grad_x * s.unsqueeze(1)).addr_(dt, phat)  # g·s + dt p̂, in place
+            dxk = (grad_x * s.unsqueeze(1)).addr_(dt, phat.to(dt.dtype))  # g·s + dt p̂
             dx = torch.zeros_like(x).index_copy_(0, perm, dxk)
             del dxk
             # Σ_r dt_r x_perm_r, accumulated in qn's dtype (float32 for 16-bit rows, as the
             # Triton kernel: the projection below cancels, 3.5 % of an entry in fp16 at d = 2)
             acc = qn.dtype
-            v, ph = torch.mv(xs.t().to(acc), dt.to(acc)), phat.to(acc)
+            v = torch.mv(xs.t().to(acc), dt.to(acc))
             # (I − p̂p̂ᵀ) v / ‖p‖ with ‖p‖ = m·‖q‖ divided in two steps (no overflow of ‖p‖)
-            dp = ((v - torch.dot(v, ph) * ph) / qn / m).to(p.dtype)
+            dp = ((v - torch.dot(v, phat) * phat) / qn / m).to(p.dtype)
         # k and backend are Python values: no gradient
         return (dx if ctx.needs_input_grad[0] else None,
                 dp if ctx.needs_input_grad[1] else None, None, None)

@@ -28,6 +28,8 @@ Ties: ``perm`` comes from a stable descending sort, so equal scores keep ascendi
 every backend (a per-row dot product whose rounding does not depend on the row's position,
 then ``torch.tanh``), so the rule applies to duplicate rows too. ‖p‖ is computed scaled by
 max|p| (``score_direction``): entries of 1e-23 or 1e19 in float32 neither under- nor overflow.
+16-bit X: p̂, the row dots and tanh in float32, the score rounded once to X's dtype (within an
+ulp of the exact score; PyG's all-16-bit arithmetic cancels where Σ|x_j p̂_j| >> |x·p̂|).
 PyG's unstable ``torch.sort`` leaves tie order unspecified; without ties
 the two agree exactly.
 """
@@ -138,8 +140,11 @@ def topk_pool_ref(
     # (torch.mv's blocking rounds the trailing n mod 4 rows differently), so identical rows
     # get bit-identical scores and the lowest-index tie rule holds; on row-major rows (a
     # column-major x would make the sum run across rows, rounding by the row's position)
+    # 16-bit x: p̂, the row dots and tanh in float32, the score rounded once to x's dtype (a
+    # 16-bit p̂ made x·p̂ cancel its rounding: scores 6 ulps off in fp16 where Σ|x_j p̂_j| is
+    # 10× |x·p̂|, found by random fuzzing against float64)
     phat, _, _ = score_direction(p)
-    score = torch.tanh((x.contiguous() * phat).sum(dim=-1))
+    score = torch.tanh((x.contiguous() * phat).sum(dim=-1)).to(x.dtype)
     perm = torch.sort(score, descending=True, stable=True).indices[:k]
     x_pooled = x[perm] * score[perm].unsqueeze(-1)
 
@@ -170,14 +175,15 @@ def topk_unpool_ref(x_pooled: torch.Tensor, perm: torch.Tensor, num_nodes: int) 
 
 
 def score_direction(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(p̂, ‖q‖, m)`` for a nonzero p [d]: p̂ = p/‖p‖ in p's dtype, computed as q/‖q‖ with
-    q = p/m and m = max|p| (detached), so ‖p‖ = m·‖q‖ never under- or overflows (1 <= ‖q‖ <=
-    √d; the plain Σp² underflows to 0 for |p| ~ 1e-23 and overflows for |p| ~ 1e19 in
-    float32). ‖q‖ and m are in the accumulation dtype (float32, float64 for float64), for
-    backward's 1/‖p‖ = 1/(m‖q‖). Differentiable: m is detached, and since ‖·‖ is
-    1-homogeneous the gradient through q/‖q‖ is exactly (I − p̂p̂ᵀ)/‖p‖."""
+    """``(p̂, ‖q‖, m)`` for a nonzero p [d]: p̂ = p/‖p‖, computed as q/‖q‖ with q = p/m and
+    m = max|p| (detached), so ‖p‖ = m·‖q‖ never under- or overflows (1 <= ‖q‖ <= √d; the
+    plain Σp² underflows to 0 for |p| ~ 1e-23 and overflows for |p| ~ 1e19 in float32). All
+    three in the accumulation dtype (float32, float64 for float64: a 16-bit p gets a float32
+    p̂, not one rounded to 16 bits), ‖q‖ and m for backward's 1/‖p‖ = 1/(m‖q‖).
+    Differentiable: m is detached, and since ‖·‖ is 1-homogeneous the gradient through
+    q/‖q‖ is exactly (I − p̂p̂ᵀ)/‖p‖."""
     acc = torch.float64 if p.dtype == torch.float64 else torch.float32
-    m = p.detach().abs().max()
-    q = (p / m).to(acc)
+    m = p.detach().abs().max().to(acc)
+    q = p.to(acc) / m
     qn = torch.linalg.vector_norm(q)
-    return (q / qn).to(p.dtype), qn.detach(), m.to(acc)
+    return q / qn, qn.detach(), m
