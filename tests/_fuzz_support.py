@@ -12,6 +12,8 @@ inputs, elementwise  |got − ref64| <= atol + rtol·|ref64| + extra  with (rtol
 """
 from __future__ import annotations
 
+import os
+
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -28,12 +30,45 @@ LOSS_BACKENDS = BACKENDS + ["attention"]      # the loss's own engine (PyTorch's
 # examples per (test, backend): the Triton interpreter costs ~0.1-0.5 s a call on CPU
 EXAMPLES = {"reference": 40, "torch": 60, "triton": 15, "torch_sparse": 30, "attention": 40}
 
+# Long random campaigns (not CI's fixed run), e.g.
+#   HIERTAIL_FUZZ_EXAMPLES=3000 HIERTAIL_FUZZ_RANDOM=1 python -m pytest tests/test_fuzz.py
+# HIERTAIL_FUZZ_EXAMPLES: examples per (test, backend), a tenth of it (at least 5) on the
+# Triton interpreter; HIERTAIL_FUZZ_RANDOM=1: new examples every run (a failure prints its
+# example and a @reproduce_failure blob); HIERTAIL_FUZZ_ROWS: the losses' largest row count
+# (default 10; with HIERTAIL_CPU_BLOCK_BYTES=128 the CPU engines cut 40 rows into 8-row blocks)
+EXAMPLES_ENV, RANDOM_ENV, ROWS_ENV = ("HIERTAIL_FUZZ_EXAMPLES", "HIERTAIL_FUZZ_RANDOM",
+                                      "HIERTAIL_FUZZ_ROWS")
+
+
+def _env_int(name: str, default: int, least: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = least - 1
+    if value < least:
+        raise ValueError(f"${name} must be an integer >= {least}, got {raw!r}")
+    return value
+
+
+def fuzz_rows() -> int:
+    """The contrastive-loss cases' largest row count: $HIERTAIL_FUZZ_ROWS, default 10."""
+    return _env_int(ROWS_ENV, 10, 1)
+
 
 def fuzz_settings(backend: str) -> settings:
     """Fixed example budget, deterministic (derandomize: the same examples every run, so a
     failure reproduces by rerunning the test), no deadline (the interpreter is slow), no
-    example database; a failure prints the falsifying example and a @reproduce_failure blob."""
-    return settings(max_examples=EXAMPLES[backend], deadline=None, derandomize=True,
+    example database; a failure prints the falsifying example and a @reproduce_failure blob.
+    $HIERTAIL_FUZZ_EXAMPLES / $HIERTAIL_FUZZ_RANDOM turn it into a long random campaign."""
+    examples = EXAMPLES[backend]
+    wanted = _env_int(EXAMPLES_ENV, 0, 1)
+    if wanted:
+        examples = max(5, wanted // 10) if backend == "triton" else wanted
+    randomly = os.environ.get(RANDOM_ENV, "0").strip() == "1"
+    return settings(max_examples=examples, deadline=None, derandomize=not randomly,
                     database=None, print_blob=True,
                     suppress_health_check=list(HealthCheck))
 

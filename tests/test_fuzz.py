@@ -6,6 +6,9 @@ exact ties, singleton classes, |logits| up to 1e4, τ in [0.01, 10], float16/bfl
 Each example is drawn as a handful of small parameters (a seed, sizes, flags) from which the
 tensors are built, so a failure shrinks to a readable case; the budget is fixed and the run
 deterministic (``tests/_fuzz_support.fuzz_settings``). Tolerances: ``assert_close64`` there.
+Long random campaigns: the environment variables described in ``tests/_fuzz_support.py``
+(such a campaign, 400-3,000 random examples a test, found the holes fixed on 2026-11-28 in the
+comparison rule and in 16-bit top-k pooling).
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ from tests._fuzz_support import (
     LOW,
     assert_close64,
     dtypes,
+    fuzz_rows,
     fuzz_settings,
     on_backend_device,
     seeds,
@@ -298,8 +302,10 @@ def test_fuzz_nearest_prototype(backend):
 # ------------------------------------------------------------------------- contrastive losses
 @st.composite
 def loss_cases(draw):
-    return dict(seed=draw(seeds), n=draw(st.integers(1, 10)), d=draw(st.integers(1, 6)),
-                classes=draw(st.integers(1, 4)), singleton=draw(st.booleans()),
+    rows = fuzz_rows()
+    return dict(seed=draw(seeds), n=draw(st.integers(1, rows)), d=draw(st.integers(1, 6)),
+                classes=draw(st.integers(1, max(4, rows // 5))),
+                singleton=draw(st.booleans()),
                 m=draw(st.integers(0, 3)), tau=10 ** draw(st.floats(-2, 1)),
                 logit=draw(st.sampled_from([1.0, 1e2, 1e4])), dtype=draw(dtypes),
                 include_self=draw(st.booleans()),
@@ -432,3 +438,26 @@ def test_triton_16bit_loss_gradient_cancellation():
                                      backend="triton")
     loss.backward(torch.tensor(-1.1, dtype=torch.float16, device=dev))
     assert z.grad.item() == 0.0  # one row: the loss is log(w) = 0 for every z
+
+
+# ------------------------------------------------------------------ the campaign knobs
+def test_campaign_knobs(monkeypatch):
+    """CI's run: the fixed budgets, derandomized, 10 rows; the variables of a long random
+    campaign change exactly that; a bad value is an error naming the variable."""
+    from tests import _fuzz_support as fs
+    for var in (fs.EXAMPLES_ENV, fs.RANDOM_ENV, fs.ROWS_ENV):
+        monkeypatch.delenv(var, raising=False)
+    base = fs.fuzz_settings("torch")
+    assert (base.max_examples, base.derandomize) == (fs.EXAMPLES["torch"], True)
+    assert fs.fuzz_rows() == 10
+    monkeypatch.setenv(fs.EXAMPLES_ENV, "123")
+    monkeypatch.setenv(fs.RANDOM_ENV, "1")
+    monkeypatch.setenv(fs.ROWS_ENV, "40")
+    got = fs.fuzz_settings("torch")
+    assert (got.max_examples, got.derandomize) == (123, False)
+    assert fs.fuzz_settings("triton").max_examples == 12
+    assert fs.fuzz_rows() == 40
+    for bad in ("0", "-3", "many"):
+        monkeypatch.setenv(fs.EXAMPLES_ENV, bad)
+        with pytest.raises(ValueError, match=fs.EXAMPLES_ENV):
+            fs.fuzz_settings("torch")
