@@ -34,8 +34,9 @@ EXAMPLES = {"reference": 40, "torch": 60, "triton": 15, "torch_sparse": 30, "att
 #   HIERTAIL_FUZZ_EXAMPLES=3000 HIERTAIL_FUZZ_RANDOM=1 python -m pytest tests/test_fuzz.py
 # HIERTAIL_FUZZ_EXAMPLES: examples per (test, backend), a tenth of it (at least 5) on the
 # Triton interpreter; HIERTAIL_FUZZ_RANDOM=1: new examples every run (a failure prints its
-# example and a @reproduce_failure blob); HIERTAIL_FUZZ_ROWS: the losses' largest row count
-# (default 10; with HIERTAIL_CPU_BLOCK_BYTES=128 the CPU engines cut 40 rows into 8-row blocks)
+# example and a @reproduce_failure blob); HIERTAIL_FUZZ_ROWS: every op's largest row count
+# (node / embedding rows; defaults 7-10 by op; graphs get twice as many edges; with
+# HIERTAIL_CPU_BLOCK_BYTES=128 the losses' CPU engines cut 40 rows into 8-row blocks)
 EXAMPLES_ENV, RANDOM_ENV, ROWS_ENV = ("HIERTAIL_FUZZ_EXAMPLES", "HIERTAIL_FUZZ_RANDOM",
                                       "HIERTAIL_FUZZ_ROWS")
 
@@ -53,9 +54,9 @@ def _env_int(name: str, default: int, least: int) -> int:
     return value
 
 
-def fuzz_rows() -> int:
-    """The contrastive-loss cases' largest row count: $HIERTAIL_FUZZ_ROWS, default 10."""
-    return _env_int(ROWS_ENV, 10, 1)
+def fuzz_rows(default: int) -> int:
+    """An op's largest row count in its cases: $HIERTAIL_FUZZ_ROWS, else ``default``."""
+    return _env_int(ROWS_ENV, default, 1)
 
 
 def fuzz_settings(backend: str) -> settings:

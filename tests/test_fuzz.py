@@ -126,7 +126,9 @@ def _check_gcn(c, backend):
 
 @st.composite
 def gcn_cases(draw):
-    return dict(seed=draw(seeds), n=draw(st.integers(1, 7)), e=draw(st.integers(0, 14)),
+    rows = fuzz_rows(7)
+    return dict(seed=draw(seeds), n=draw(st.integers(1, rows)),
+                e=draw(st.integers(0, 2 * rows)),
                 d=draw(st.integers(1, 5)), isolated=draw(st.integers(0, 2)),
                 loops=draw(st.booleans()), dups=draw(st.booleans()),
                 weights=draw(st.sampled_from(["none", "positive", "signed", "zero"])),
@@ -249,9 +251,11 @@ def _check_topk(c, backend):
 
 @st.composite
 def topk_cases(draw):
-    return dict(seed=draw(seeds), n=draw(st.integers(1, 9)), d=draw(st.integers(1, 5)),
+    rows = fuzz_rows(9)
+    return dict(seed=draw(seeds), n=draw(st.integers(1, rows)), d=draw(st.integers(1, 5)),
                 distinct=draw(st.integers(1, 4)), ties=draw(st.booleans()), dtype=draw(dtypes),
-                p_scale=draw(st.sampled_from([1.0, 1e-23, 1e20])), e=draw(st.integers(0, 12)),
+                p_scale=draw(st.sampled_from([1.0, 1e-23, 1e20])),
+                e=draw(st.integers(0, 12 * rows // 9)),
                 weighted=draw(st.booleans()), colmajor=draw(st.booleans()),
                 ratio=draw(st.sampled_from([0.5, 0.3, 1.0, 1, 3, "count"])))
 
@@ -271,7 +275,7 @@ def test_fuzz_topk_pool(backend):
 def test_fuzz_nearest_prototype(backend):
     on_backend_device(backend)
     @fuzz_settings(backend)
-    @given(seed=seeds, n=st.integers(1, 8), m=st.integers(1, 5), d=st.integers(1, 5),
+    @given(seed=seeds, n=st.integers(1, fuzz_rows(8)), m=st.integers(1, 5), d=st.integers(1, 5),
            dup=st.booleans(), on_proto=st.booleans(), dt=dtypes,
            scale=st.sampled_from([1.0, 1e-23, 1e20]), colmajor=st.booleans())
     def run(seed, n, m, d, dup, on_proto, dt, scale, colmajor):
@@ -302,7 +306,7 @@ def test_fuzz_nearest_prototype(backend):
 # ------------------------------------------------------------------------- contrastive losses
 @st.composite
 def loss_cases(draw):
-    rows = fuzz_rows()
+    rows = fuzz_rows(10)
     return dict(seed=draw(seeds), n=draw(st.integers(1, rows)), d=draw(st.integers(1, 6)),
                 classes=draw(st.integers(1, max(4, rows // 5))),
                 singleton=draw(st.booleans()),
@@ -449,14 +453,14 @@ def test_campaign_knobs(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     base = fs.fuzz_settings("torch")
     assert (base.max_examples, base.derandomize) == (fs.EXAMPLES["torch"], True)
-    assert fs.fuzz_rows() == 10
+    assert fs.fuzz_rows(10) == 10 and fs.fuzz_rows(7) == 7
     monkeypatch.setenv(fs.EXAMPLES_ENV, "123")
     monkeypatch.setenv(fs.RANDOM_ENV, "1")
     monkeypatch.setenv(fs.ROWS_ENV, "40")
     got = fs.fuzz_settings("torch")
     assert (got.max_examples, got.derandomize) == (123, False)
     assert fs.fuzz_settings("triton").max_examples == 12
-    assert fs.fuzz_rows() == 40
+    assert fs.fuzz_rows(10) == 40 and fs.fuzz_rows(7) == 40
     for bad in ("0", "-3", "many"):
         monkeypatch.setenv(fs.EXAMPLES_ENV, bad)
         with pytest.raises(ValueError, match=fs.EXAMPLES_ENV):
