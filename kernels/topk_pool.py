@@ -46,11 +46,10 @@ def _topk_score_kernel(x_ptr, p_ptr, score_ptr, n, d, stride_x,
 
 
 @triton.jit
-def _topk_gather_scale_kernel(x_ptr, score_ptr, perm_ptr, out_ptr, out_score_ptr, k, d,
-                              stride_x, stride_o,
+def _topk_gather_scale_kernel(x_ptr, score_ptr, perm_ptr, out_ptr, k, d, stride_x, stride_o,
                               HAS_SCALE: tl.constexpr, BLOCK_K: tl.constexpr,
                               BLOCK_D: tl.constexpr):
-    """out[r] = x[perm[r]] (· score[perm[r]] when HAS_SCALE; then out_score[r] = score[perm[r]])."""
+    """out[r] = x[perm[r]] (· score[perm[r]] when HAS_SCALE)."""
     pid = tl.program_id(0).to(tl.int64)
     r = pid * BLOCK_K + tl.arange(0, BLOCK_K).to(tl.int64)
     r_ok = r < k
@@ -58,7 +57,6 @@ def _topk_gather_scale_kernel(x_ptr, score_ptr, perm_ptr, out_ptr, out_score_ptr
     ACC = tl.float64 if x_ptr.dtype.element_ty == tl.float64 else tl.float32
     if HAS_SCALE:
         s = tl.load(score_ptr + src, mask=r_ok, other=0.0)
-        tl.store(out_score_ptr + r, s, mask=r_ok)
     for d0 in range(0, d, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
         m = r_ok[:, None] & (cols[None, :] < d)
@@ -164,17 +162,16 @@ def topk_score(x: torch.Tensor, phat: torch.Tensor) -> torch.Tensor:
 
 
 def gather_rows(x: torch.Tensor, perm: torch.Tensor,
-                score: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x[perm] (· score[perm][:, None] and score[perm] when `score` is given)."""
+                score: torch.Tensor | None = None) -> torch.Tensor:
+    """x[perm] (· score[perm][:, None] when `score` is given: the product in float32 (float64
+    for float64 x), rounded once to x's dtype, whatever the score's dtype)."""
     k, d = perm.numel(), x.shape[1]
     out = torch.empty(k, d, dtype=x.dtype, device=x.device)
-    out_score = None if score is None else torch.empty(k, dtype=x.dtype, device=x.device)
     if k:
         _topk_gather_scale_kernel[(triton.cdiv(k, _BLOCK_ROWS),)](
-            x, score if score is not None else x, perm, out,
-            out_score if out_score is not None else out, k, d, x.stride(0), out.stride(0),
+            x, score if score is not None else x, perm, out, k, d, x.stride(0), out.stride(0),
             HAS_SCALE=score is not None, BLOCK_K=_BLOCK_ROWS, BLOCK_D=feature_block(d, 128))
-    return out, out_score
+    return out
 
 
 def topk_pool_bwd(x, phat, qn, m, perm, score_sel, grad_out, grad_score):

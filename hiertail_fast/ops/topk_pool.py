@@ -108,6 +108,17 @@ def _row_dot(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _scaled_rows(x: torch.Tensor, perm: torch.Tensor, score_acc: torch.Tensor) -> torch.Tensor:
+    """x[perm] · score_acc[perm][:, None] in x's dtype: in place on the gathered rows when the
+    score has x's dtype, else the product in the score's (float32 for 16-bit rows) rounded
+    once, as the reference and the Triton gather do."""
+    rows = x.index_select(0, perm)
+    scale = score_acc[perm].unsqueeze(1)
+    if score_acc.dtype == x.dtype:
+        return rows.mul_(scale)
+    return rows.to(score_acc.dtype).mul_(scale).to(x.dtype)
+
+
 @eager_twin
 class TopKPoolFunction(torch.autograd.Function):
     """(x [n, d], p [d], k, backend) -> (x[perm]·s[perm] [k, d], perm [k], s[perm] [k], and
@@ -120,18 +131,22 @@ class TopKPoolFunction(torch.autograd.Function):
             from hiertail_fast.kernels import topk_pool as kern
 
             x = x.contiguous()
-            # kernel: t_i = x_i·p̂ (one fixed-order row reduction); tanh is torch's, the same
-            # function as on the other backends, so saturated ties break the same way; t and
-            # tanh in the accumulation dtype, the score rounded once (as the reference)
-            score = torch.tanh(kern.topk_score(x, phat.contiguous())).to(x.dtype)
-            perm = _select(score, k)
-            x_pooled, score_sel = kern.gather_rows(x, perm, score)
+            # kernel: t_i = x_i·p̂ (one fixed-order row reduction, in the accumulation dtype);
+            # tanh is torch's, the same function as on the other backends, so saturated ties
+            # break the same way
+            score_acc = torch.tanh(kern.topk_score(x, phat.contiguous()))
         else:
-            score = torch.tanh(_row_dot(x, phat)).to(x.dtype)   # p̂ float32 for 16-bit x
-            perm = _select(score, k)
-            score_sel = score[perm]
-            x_pooled = x.index_select(0, perm).mul_(score_sel.unsqueeze(1))
-        return x_pooled, perm, score_sel, phat, qn, m
+            score_acc = torch.tanh(_row_dot(x, phat))   # p̂ float32 for 16-bit x
+        # the scores rounded by torch on every backend (to nearest; the Triton interpreter's
+        # float32 -> bfloat16 casts truncate, which a random fuzz caught), the rows scaled by
+        # the unrounded score and rounded once
+        score = score_acc.to(x.dtype)
+        perm = _select(score, k)
+        if backend == "triton":
+            x_pooled = kern.gather_rows(x, perm, score_acc)
+        else:
+            x_pooled = _scaled_rows(x, perm, score_acc)
+        return x_pooled, perm, score[perm], phat, qn, m
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -202,7 +217,7 @@ class TopKUnpoolFunction(torch.autograd.Function):
         (perm,) = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: the same gather, differentiable
             return grad_out.index_select(0, perm), None, None
-        grad, _ = kern.gather_rows(grad_out.contiguous(), perm)
+        grad = kern.gather_rows(grad_out.contiguous(), perm)
         return grad, None, None  # perm: integer indices; num_nodes: a Python int
 
 

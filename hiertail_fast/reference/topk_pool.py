@@ -28,8 +28,9 @@ Ties: ``perm`` comes from a stable descending sort, so equal scores keep ascendi
 every backend (a per-row dot product whose rounding does not depend on the row's position,
 then ``torch.tanh``), so the rule applies to duplicate rows too. ‖p‖ is computed scaled by
 max|p| (``score_direction``): entries of 1e-23 or 1e19 in float32 neither under- nor overflow.
-16-bit X: p̂, the row dots and tanh in float32, the score rounded once to X's dtype (within an
-ulp of the exact score; PyG's all-16-bit arithmetic cancels where Σ|x_j p̂_j| >> |x·p̂|).
+16-bit X: p̂, the row dots and tanh in float32, the score and X' each rounded once to X's
+dtype (within an ulp of the exact values; PyG's all-16-bit arithmetic cancels where
+Σ|x_j p̂_j| >> |x·p̂|).
 PyG's unstable ``torch.sort`` leaves tie order unspecified; without ties
 the two agree exactly.
 """
@@ -142,11 +143,13 @@ def topk_pool_ref(
     # column-major x would make the sum run across rows, rounding by the row's position)
     # 16-bit x: p̂, the row dots and tanh in float32, the score rounded once to x's dtype (a
     # 16-bit p̂ made x·p̂ cancel its rounding: scores 6 ulps off in fp16 where Σ|x_j p̂_j| is
-    # 10× |x·p̂|, found by random fuzzing against float64)
+    # 10× |x·p̂|, found by random fuzzing against float64); the pooled rows x·s from the
+    # float32 score, rounded once too
     phat, _, _ = score_direction(p)
-    score = torch.tanh((x.contiguous() * phat).sum(dim=-1)).to(x.dtype)
+    score_acc = torch.tanh((x.contiguous() * phat).sum(dim=-1))
+    score = score_acc.to(x.dtype)
     perm = torch.sort(score, descending=True, stable=True).indices[:k]
-    x_pooled = x[perm] * score[perm].unsqueeze(-1)
+    x_pooled = (x[perm] * score_acc[perm].unsqueeze(-1)).to(x.dtype)
 
     # filter_adj: old id -> position in perm (or -1), keep edges whose both ends survive.
     new_id = torch.full((n,), -1, dtype=torch.long, device=x.device)
