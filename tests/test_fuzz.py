@@ -233,8 +233,9 @@ def _check_topk(c, backend):
     # (nearly) parallel to p (always at d = 1) the two terms cancel, and both the backend and
     # the float64 reference keep a rounding residue of ~u·T, T = Σ_i |a_i| ‖x_i‖ / ‖p‖ (found
     # by random fuzzing: d = 1, ‖p‖ = 1e-23, reference 8.4e6, exact answer and ours 0)
-    a = (gx.double() * x64.detach()[perm]).sum(1).abs() + gs.double().abs()
-    terms = float((a * torch.linalg.vector_norm(x64.detach()[perm], dim=1)).sum()
+    kept = x64.detach()[perm]
+    a = (gx.double() * kept).sum(1).abs() + gs.double().abs()
+    terms = float((a * torch.linalg.vector_norm(kept, dim=1)).sum()
                   / torch.linalg.vector_norm(p64.detach()))
     cancel = 8 * (unit_roundoff(dt) + 2.0**-53) * terms
     assert_close64(x.grad, x64.grad, dt, scale=4 if dt in LOW else 1, what="topk grad x",
