@@ -7,10 +7,11 @@ from __future__ import annotations
 import torch
 
 from hiertail_fast._validation import (
+    check_dense_tensor,
     check_edge_weight,
     check_gcn_degrees,
+    check_index_dtype,
     check_num_nodes,
-    check_tensor,
 )
 
 
@@ -21,13 +22,12 @@ def check_csr(
     """Checked CSR arrays ``(indptr int64 [n + 1], indices int64 [nnz], weight [nnz] or None,
     n)``: 1-D integer index tensors, indptr from 0 to nnz and non-decreasing, indices in
     [0, n) and sorted inside every row. ValueError/TypeError naming the problem."""
-    indptr = check_tensor(indptr, "indptr")
-    indices = check_tensor(indices, "indices")
+    indptr = check_dense_tensor(indptr, "indptr")
+    indices = check_dense_tensor(indices, "indices")
     for t, name in ((indptr, "indptr"), (indices, "indices")):
         if t.dim() != 1:
             raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
-        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-            raise TypeError(f"{name} must be an integer tensor, got {t.dtype}")
+        check_index_dtype(t, name)
     if indptr.numel() < 1:
         raise ValueError("indptr must have num_nodes + 1 >= 1 entries")
     n = indptr.numel() - 1 if num_nodes is None else check_num_nodes(num_nodes)

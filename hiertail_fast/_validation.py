@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import os
 
 import numpy as np
 import torch
@@ -42,6 +43,28 @@ def is_non_finite_error(exc: BaseException) -> bool:
 def check_tensor(t: object, name: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+# The dtypes the ops read. Other floating dtypes (float8) and the wider unsigned integers
+# (uint16/32/64) pass ``is_floating_point()`` / the integer test but have almost no CPU
+# kernels (``t.sum()``, ``t.min()`` raise NotImplementedError naming neither argument nor
+# problem), so they are refused up front by name.
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def check_float_dtype(t: torch.Tensor, name: str) -> torch.Tensor:
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be a floating-point tensor (float32, float64, float16 or "
+                        f"bfloat16), got {t.dtype}")
+    return t
+
+
+def check_index_dtype(t: torch.Tensor, name: str) -> torch.Tensor:
+    if t.dtype not in INDEX_DTYPES:
+        raise TypeError(f"{name} must be an integer tensor (int64, int32, int16, int8 or "
+                        f"uint8), got {t.dtype}")
     return t
 
 
@@ -99,8 +122,7 @@ def check_float_matrix(t: object, name: str, *, finite: bool = True) -> torch.Te
     t = check_dense_tensor(t, name)
     if t.dim() != 2:
         raise ValueError(f"{name} must be 2-D [n, d], got shape {tuple(t.shape)}")
-    if not t.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    check_float_dtype(t, name)
     if finite and not all_finite(t):
         raise non_finite_error(f"{name} contains NaN or Inf")
     return t
@@ -110,8 +132,7 @@ def check_index_vector(t: object, name: str, *, length: int | None = None) -> to
     t = check_dense_tensor(t, name)
     if t.dim() != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
-    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise TypeError(f"{name} must be an integer tensor, got {t.dtype}")
+    check_index_dtype(t, name)
     if length is not None and t.numel() != length:
         raise ValueError(f"{name} has {t.numel()} entries, expected {length}")
     if t.numel() and int(t.min()) < 0:
@@ -130,11 +151,10 @@ def check_feature_norm(value: object, name: str = "feature_norm") -> str:
 
 
 def check_edge_index(edge_index: object, num_nodes: int | None = None) -> torch.Tensor:
-    ei = check_tensor(edge_index, "edge_index")
+    ei = check_dense_tensor(edge_index, "edge_index")
     if ei.dim() != 2 or ei.shape[0] != 2:
         raise ValueError(f"edge_index must have shape [2, E], got {tuple(ei.shape)}")
-    if ei.is_floating_point() or ei.is_complex() or ei.dtype == torch.bool:
-        raise TypeError(f"edge_index must be an integer tensor, got {ei.dtype}")
+    check_index_dtype(ei, "edge_index")
     if ei.numel():
         if int(ei.min()) < 0:
             raise ValueError("edge_index has negative node indices")
@@ -148,11 +168,10 @@ def check_edge_index(edge_index: object, num_nodes: int | None = None) -> torch.
 def check_edge_weight(edge_weight: object, num_edges: int) -> torch.Tensor | None:
     if edge_weight is None:
         return None
-    w = check_tensor(edge_weight, "edge_weight")
+    w = check_dense_tensor(edge_weight, "edge_weight")
     if w.dim() != 1:
         raise ValueError(f"edge_weight must be 1-D [E], got shape {tuple(w.shape)}")
-    if not w.is_floating_point():
-        raise TypeError(f"edge_weight must be floating point, got {w.dtype}")
+    check_float_dtype(w, "edge_weight")
     if w.numel() != num_edges:
         raise ValueError(
             f"edge_weight has {w.numel()} entries but edge_index has {num_edges} edges"
@@ -259,7 +278,7 @@ def check_loss_options(temperature: object, reduction: str, variant: str,
     call is traced, ``ops/_custom_ops``): temperature's type (a real, or a 0-d floating
     tensor: learnable), the reduction and variant names, include_self a bool."""
     if isinstance(temperature, torch.Tensor):   # a learnable temperature: a 0-d float tensor
-        if temperature.dim() != 0 or not temperature.is_floating_point():
+        if temperature.dim() != 0 or temperature.dtype not in FLOAT_DTYPES:
             raise TypeError(f"a tensor temperature must be a 0-d floating-point tensor, got "
                             f"shape {tuple(temperature.shape)} {temperature.dtype}")
     elif isinstance(temperature, (bool, np.bool_)) or not isinstance(
@@ -298,6 +317,25 @@ def check_seed(seed: object, name: str = "seed", *, bounded: bool = True) -> int
     if int(seed) < 0:
         raise ValueError(f"{name} must be >= 0, got {int(seed)}")
     return int(seed)
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_threads(threads: int, name: str = "--threads") -> int:
+    """A torch thread count no larger than the CPUs available: more only slows torch's OpenMP
+    loops down (1,024 threads on 2 CPUs: an epoch 300x slower) and thousands crash it (2,048:
+    a segfault inside torch.unique; 20,000: libgomp cannot create them)."""
+    cpus = available_cpus()
+    if not 1 <= threads <= cpus:
+        raise ValueError(f"{name} must lie in [1, {cpus}] (the CPUs available to this "
+                         f"process), got {threads}")
+    return threads
 
 
 def check_device(device: object, name: str = "device") -> torch.device:
@@ -359,14 +397,13 @@ def check_unpool_args(perm: object, num_nodes: object, k: int) -> torch.Tensor:
 
 def check_score_weight(score_weight: object, d: int, dtype: torch.dtype) -> torch.Tensor:
     """p as a [d] vector of x's dtype; rejects wrong shape, non-float, NaN/Inf and ‖p‖ = 0."""
-    p = check_tensor(score_weight, "score_weight")
+    p = check_dense_tensor(score_weight, "score_weight")
     if p.dim() == 2 and p.shape[0] == 1:
         p = p.view(-1)  # PyG stores the projection as [1, d]
     if p.dim() != 1 or p.shape[0] != d:
         raise ValueError(f"score_weight must have shape [{d}] (or [1, {d}]), got "
                          f"{tuple(score_weight.shape)}")
-    if not p.is_floating_point():
-        raise TypeError(f"score_weight must be floating point, got {p.dtype}")
+    check_float_dtype(p, "score_weight")
     if p.dtype != dtype:
         raise TypeError(f"score_weight has dtype {p.dtype} but x has {dtype}")
     if not all_finite(p):

@@ -38,12 +38,13 @@ from hiertail_fast._csr import (  # noqa: F401  (is_sparse_adjacency: re-exporte
 )
 from hiertail_fast._validation import (
     all_finite,
+    check_dense_tensor,
     check_edge_index,
     check_edge_weight,
     check_finite_number,
     check_flag,
+    check_index_dtype,
     check_num_nodes,
-    check_tensor,
 )
 from hiertail_fast.ops._amp import autocast_off
 from hiertail_fast.ops._functorch import outside_transforms, plain, wrapped
@@ -500,11 +501,10 @@ class CSRGraph:
         `return_entry_index`, also returns the int64 index of every kept entry into this
         graph's entries (to carry edge data)."""
         return_entry_index = check_flag(return_entry_index, "return_entry_index")
-        nodes = check_tensor(nodes, "nodes")
+        nodes = check_dense_tensor(nodes, "nodes")
         if nodes.dim() != 1:
             raise ValueError(f"nodes must be 1-D, got shape {tuple(nodes.shape)}")
-        if nodes.is_floating_point() or nodes.is_complex() or nodes.dtype == torch.bool:
-            raise TypeError(f"nodes must be an integer tensor, got {nodes.dtype}")
+        check_index_dtype(nodes, "nodes")
         n, k = self._num_nodes, nodes.numel()
         dev = self.device
         nodes = nodes.long().to(dev)

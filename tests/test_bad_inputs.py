@@ -102,7 +102,7 @@ CASES = [
     ("gcn weight nan", _gcn(graph_or_edge_index=EI, edge_weight=_with(torch.ones(3), NAN)),
      ValueError, "edge_weight contains NaN or Inf"),
     ("gcn weight dtype", _gcn(graph_or_edge_index=EI, edge_weight=torch.ones(3, dtype=int)),
-     TypeError, "edge_weight must be floating point"),
+     TypeError, "edge_weight must be a floating-point tensor"),
     ("gcn negative degree", _gcn(graph_or_edge_index=EI, edge_weight=torch.tensor(
         [1.0, -4.0, 1.0])), ValueError, "node 2 has GCN degree"),
     ("gcn backend", _gcn(backend="cuda"), ValueError, "backend='cuda' is not one of"),
@@ -224,6 +224,60 @@ CASES = [
      ValueError, "indices must lie in"),
     ("csr indptr order", lambda: CSRGraph(torch.tensor([0, 2, 1, 2]), torch.tensor([0, 1])),
      ValueError, "indptr must be non-decreasing"),
+    # ---- dtypes with (almost) no CPU kernels, and the graph arguments' layouts and devices
+    # (an API audit: NotImplementedError / "Tensor.item() cannot be called on meta tensors"
+    # from deep inside torch before)
+    *[(f"{what} {dt}".replace("torch.", ""), call(dt), TypeError, msg)
+      for dt in (torch.uint16, torch.uint32, torch.uint64)
+      for what, call, msg in (
+          ("bcl labels", lambda dt: _bcl(labels=Y.to(dt)), "labels must be an integer tensor"),
+          ("hier labels", lambda dt: _hier(level_labels=[Y.to(dt)]),
+           "labels must be an integer tensor"),
+          ("gcn ei", lambda dt: _gcn(graph_or_edge_index=EI.to(dt)),
+           "edge_index must be an integer tensor"),
+          ("pool ei", lambda dt: _pool(graph_or_edge_index=EI.to(dt)),
+           "edge_index must be an integer tensor"),
+          ("unpool perm", lambda dt: _unpool(perm=torch.tensor([0, 2]).to(dt)),
+           "perm must be an integer tensor"),
+          ("csr ei", lambda dt: _csr(edge_index=EI.to(dt)), "edge_index must be an integer"),
+          ("csr indices", lambda dt: lambda: CSRGraph(torch.tensor([0, 1, 2]),
+                                                      torch.tensor([1, 0]).to(dt)),
+           "indices must be an integer tensor"),
+          ("subgraph nodes", lambda dt: lambda: _graph().subgraph(torch.tensor([0, 1]).to(dt)),
+           "nodes must be an integer tensor"))],
+    *[(f"{what} {dt}".replace("torch.", ""), call(dt), TypeError, msg)
+      for dt in (torch.float8_e4m3fn, torch.float8_e5m2)
+      for what, call, msg in (
+          ("bcl z", lambda dt: _bcl(z=Z.to(dt), prototypes=None),
+           "z must be a floating-point tensor (float32"),
+          ("bcl tau tensor", lambda dt: _bcl(temperature=torch.tensor(0.5).to(dt)),
+           "a tensor temperature must be a 0-d floating-point tensor"),
+          ("gcn x", lambda dt: _gcn(x=X.to(dt)), "x must be a floating-point tensor (float32"),
+          ("gcn weight", lambda dt: _gcn(graph_or_edge_index=EI,
+                                         edge_weight=torch.ones(3).to(dt)),
+           "edge_weight must be a floating-point tensor"),
+          ("pool x", lambda dt: _pool(x=X.to(dt), score_weight=P.to(dt)),
+           "x must be a floating-point tensor"),
+          ("near z", lambda dt: _near(z=Z.to(dt), prototypes=PROTOS.to(dt)),
+           "z must be a floating-point tensor"))],
+    ("gcn ei meta", _gcn(graph_or_edge_index=EI.to("meta")), ValueError,
+     "edge_index is on the meta device"),
+    ("gcn weight meta", _gcn(graph_or_edge_index=EI, edge_weight=torch.ones(3, device="meta")),
+     ValueError, "edge_weight is on the meta device"),
+    ("gcn weight sparse", _gcn(graph_or_edge_index=EI, edge_weight=torch.ones(3).to_sparse()),
+     TypeError, "edge_weight must be a dense (strided) tensor"),
+    ("pool p meta", _pool(score_weight=P.to("meta")), ValueError,
+     "score_weight is on the meta device"),
+    ("pool p sparse", _pool(score_weight=P.to_sparse()), TypeError,
+     "score_weight must be a dense (strided) tensor"),
+    ("pool weight sparse", _pool(edge_weight=torch.ones(3).to_sparse()), TypeError,
+     "edge_weight must be a dense (strided) tensor"),
+    ("csr indptr meta", lambda: CSRGraph(torch.tensor([0, 1, 2]).to("meta"),
+                                         torch.tensor([1, 0]).to("meta")),
+     ValueError, "indptr is on the meta device"),
+    ("csr indptr sparse", lambda: CSRGraph(torch.tensor([0, 1, 2]).to_sparse(),
+                                           torch.tensor([1, 0])),
+     TypeError, "indptr must be a dense (strided) tensor"),
 ]
 
 

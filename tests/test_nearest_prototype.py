@@ -81,6 +81,15 @@ def test_backend_equals_reference(backend, n, m, d, dtype):
     assert torch.equal(z, z0) and torch.equal(p, p0)
 
 
+@pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
+@pytest.mark.parametrize("n,m", [(6, 2), (0, 3), (4, 1)])
+def test_zero_features_every_row_takes_prototype_0(backend, n, m):
+    # d = 0: every distance is 0, an m-way tie -> index 0 (the fast backends' tie refinement
+    # called torch.unique(dim=0) on [k, 0] rows and raised, found by an API audit)
+    out = _run(torch.zeros(n, 0), torch.zeros(m, 0), backend)
+    assert out.dtype == torch.long and out.tolist() == [0] * n
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_backend_ties_and_near_ties(backend, dtype):

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from hiertail_fast._validation import all_finite
+from hiertail_fast._validation import INDEX_DTYPES, all_finite
 from hiertail_fast.data.io import GraphData, load_npz
 from hiertail_fast.data.splits import user_split
 
@@ -108,8 +108,9 @@ def from_pyg_data(data: Any, *, name: str | None = None) -> GraphData:
     if y.dim() != 1:
         raise ValueError(f"data.y must be 1-D [n] (single-label node classification), got shape "
                          f"{tuple(y.shape)}")
-    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
-        raise TypeError(f"data.y must hold integer labels, got {y.dtype}")
+    if y.dtype not in INDEX_DTYPES:
+        raise TypeError(f"data.y must hold integer labels (int64, int32, int16, int8 or uint8), "
+                        f"got {y.dtype}")
     n = x.shape[0]
     if y.shape[0] != n:
         raise ValueError(f"data.y has {y.shape[0]} labels but data.x has {n} rows")
@@ -119,7 +120,7 @@ def from_pyg_data(data: Any, *, name: str | None = None) -> GraphData:
         raise ValueError(f"data.y has negative labels (min {int(y.min())}); -1 'unlabelled' "
                          "nodes are not supported: drop them or give them a class")
     ei, _, w = graph_inputs(data, n)
-    if ei.dim() != 2 or ei.shape[0] != 2 or ei.is_floating_point() or ei.dtype == torch.bool:
+    if ei.dim() != 2 or ei.shape[0] != 2 or ei.dtype not in INDEX_DTYPES:
         raise ValueError(f"data.edge_index must be an integer tensor [2, E], got {ei.dtype} "
                          f"{tuple(ei.shape)}")
     if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= n):

@@ -53,6 +53,8 @@ def nearest_prototype(
     choice = choose_backend(z, backend, op="nearest_prototype")
     if choice == "reference":
         return nearest_prototype_ref(z, prototypes)
+    if z.shape[1] == 0:     # d = 0: every distance is 0, a tie of all m (the tie refinement's
+        return torch.zeros(z.shape[0], dtype=torch.long, device=z.device)  # unique needs d > 0)
     # not differentiable: inside a torch.func transform, on plain tensors outside it (the C
     # kernel of the torch backend reads memory, which functorch's wrappers have none of)
     with torch.no_grad(), outside_transforms():
