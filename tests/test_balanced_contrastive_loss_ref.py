@@ -137,6 +137,31 @@ def test_inputs_not_mutated():
     assert torch.equal(z, zc) and torch.equal(y, yc) and torch.equal(p, pc)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("variant", ["exact", "official"])
+@pytest.mark.parametrize("scale", [0.5, 1.5])
+def test_16bit_inputs_computed_in_float32(dtype, variant, scale):
+    # 16-bit rows are computed in float32, as every fast backend accumulates them: in fp16 the
+    # official variant's 1e-7 is subnormal and the backward's 1/(e^(s-M) + 1e-7) ~ 8e6
+    # overflowed, inf * 0 = NaN in 32 of 48 gradient entries (an API audit's find)
+    g = torch.Generator().manual_seed(0)
+    z = (torch.randn(12, 4, generator=g) * scale).to(dtype).requires_grad_()
+    y, p = torch.arange(12) % 3, (torch.randn(3, 4, generator=g) * scale).to(dtype)
+    gout = torch.randn(15, generator=g, dtype=torch.float64)
+    out = ref(z, y, prototypes=p, temperature=0.1, variant=variant, reduction="none")
+    out.backward(gout.float())
+    z64 = z.detach().double().requires_grad_()
+    want = ref(z64, y, prototypes=p.double(), temperature=0.1, variant=variant,
+               reduction="none")
+    want.backward(gout)
+    assert out.dtype == torch.float32 and z.grad.dtype == dtype
+    assert torch.isfinite(z.grad).all()
+    torch.testing.assert_close(out.double(), want.detach(), rtol=1e-5, atol=1e-5)
+    # the float64 gradient rounded to the 16-bit dtype, give or take float32's arithmetic
+    ulp = torch.finfo(dtype).eps
+    assert ((z.grad.double() - z64.grad).abs() <= ulp * z64.grad.abs() + 1e-5).all()
+
+
 _Z, _Y = torch.randn(4, 3), torch.tensor([0, 1, 1, 0])
 
 

@@ -157,8 +157,7 @@ def contrastive_loss(
         if fused:
             wanted = [t for t, w in zip(leaves, grads_of, strict=True) if w]
             grads = _own_tensors(torch.autograd.grad(loss, wanted, allow_unused=True), wanted)
-    # the fake's dtype: the fast backends' (the reference returns a 16-bit input's loss in its
-    # dtype: widened here, the same value; README, Guarantees)
+    # the fake's dtype: every backend's (float32 for 16-bit inputs)
     return loss.detach().to(loss_dtype(z.dtype)), grads
 
 

@@ -71,7 +71,9 @@ def balanced_contrastive_loss_ref(
         variant: "exact" (epsilon-free) | "official" (+1e-7 after the row-max shift).
 
     Returns:
-        scalar, or [N + m] for ``reduction="none"``. Same dtype as ``z``.
+        scalar, or [N + m] for ``reduction="none"``: float32 for 16-bit ``z`` (computed in
+        float32, as every backend accumulates them; gradients back in ``z``'s dtype), else
+        ``z``'s dtype.
     """
     validate_contrastive_inputs(z, labels, prototypes, temperature, reduction, variant,
                                 include_self=include_self)
@@ -82,6 +84,9 @@ def balanced_contrastive_loss_ref(
         labels_all = torch.cat([labels, torch.arange(m, device=labels.device)])
     else:
         z_all, labels_all = z, labels
+    # 16-bit rows in float32: computed in 16 bits, the official variant's 1e-7 is subnormal in
+    # fp16 and its log's gradient 1/(e^(s-M) + 1e-7) ~ 8e6 overflows to inf, inf * 0 = NaN
+    z_all = z_all.to(torch.promote_types(z_all.dtype, torch.float32))
     n_all = z_all.shape[0]
 
     s = z_all @ z_all.t() / temperature                                  # [N_all, N_all]
