@@ -44,7 +44,8 @@ each through a temporary file + os.replace once all three are ready. Results alr
 are not lost: they are moved to scale.prev.csv / .json / .png first (one generation; stdout says
 so), so a partial run (--methods gcn) never silently replaces a full sweep. --out is checked
 before any run. Exit code 1 when a run failed (status `error: ...`); when every run failed,
-nothing is written and --out keeps what it had. The worker is bench/_scale_worker.py, the
+or none was measured (all skipped or timed out) while --out holds results, nothing is written
+and --out keeps what it had. The worker is bench/_scale_worker.py, the
 CSV / table / plot / metadata bench/_scale_report.py.
 """
 from __future__ import annotations
@@ -53,6 +54,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -75,6 +77,7 @@ from _scale_worker import _tracked_peak as _tracked_peak
 from _scale_worker import build_model as build_model
 
 from hiertail_fast._files import unwritable_dir_reason, unwritable_file_reason
+from hiertail_fast._train_cli import threads_arg
 
 METHODS = OWN_METHODS   # the default --methods; any harness baseline is accepted too
 RESULT_TAG = "SCALE_RESULT "
@@ -171,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loss-dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                    help="dtype of the contrastive losses' inputs (HierTail methods; default "
                         "float32; the loss accumulates in fp32)")
-    p.add_argument("--threads", type=_positive_int, help="torch threads (default: torch's)")
+    p.add_argument("--threads", type=threads_arg,
+                   help="torch threads, at most the CPUs available (default: torch's)")
     p.add_argument("--cpu-memory", choices=("rss", "tracked"), default="rss",
                    help="CPU memory figure: peak RSS (default) or torch-allocator peak")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
@@ -355,6 +359,10 @@ def sweep(args: argparse.Namespace, budget: float, progress=None) -> list[dict]:
     return rows
 
 
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
@@ -362,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from tqdm import tqdm
 
+    # SIGTERM as an exception: subprocess.run then kills the running worker on its way out
+    # (by default the driver died at once and the worker ran on as an orphan, no time limit)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     budget = args.memory_budget * GB if args.memory_budget else default_memory_budget(args.device)
     measure = ("torch.cuda.max_memory_allocated" if args.device == "cuda" else
                "peak RSS above the primed post-import baseline" if args.cpu_memory == "rss" else
@@ -385,6 +396,15 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + table(rows) + f"\n\nevery run failed ({failed[0]['status']}); nothing "
               f"written, {args.out} left as it was", file=sys.stderr)
         return 1
+    if not any(str(r["status"]).startswith("ok") for r in rows) and any(
+            (args.out / name).exists() for name in OUTPUT_NAMES):
+        # nothing measured (every run skipped or timed out, e.g. on a too small budget): the
+        # results in --out stay in place (written, they went to scale.prev.*, and a second
+        # such run deleted them)
+        print("\n" + table(rows) + "\n\nnothing was measured (every run skipped or timed "
+              f"out); nothing written, the results in {args.out} left as they were",
+              file=sys.stderr)
+        return 1 if failed else 0
     written, kept = write_outputs(rows, info, args.out, with_plot=not args.no_plot)
     print("\n" + table(rows) + f"\n\n{info['wall_seconds']:.0f} s; load average at the end "
           f"{info['load_average_end'][0]:.1f}; wrote {', '.join(map(str, written))}")

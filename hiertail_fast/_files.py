@@ -122,6 +122,29 @@ def replace_file_set(out: Path, writers: dict, current: list, prev_of,
     return [out / name for name in writers], kept
 
 
+def prev_path(path: Path) -> Path:
+    """Where the previous generation of result file `path` is kept: ``res.json`` ->
+    ``res.prev.json`` (the scheme of ``scale.prev.csv``)."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.prev{path.suffix}")
+
+
+def replace_keeping_prev(path: Path, text: str) -> Path | None:
+    """Write `text` to `path` atomically; an existing `path` is first moved to
+    :func:`prev_path` (one generation, replacing an older one). Returns that path, or None
+    when there was nothing to keep. On a failed write `path` is left as it was."""
+    path = Path(path)
+    _, kept = replace_file_set(path.parent, {path.name: lambda tmp: tmp.write_text(text)},
+                               [path.name], lambda name: prev_path(path).name)
+    return kept[0] if kept else None
+
+
+def inside(path: Path, folder: Path) -> bool:
+    """Whether `path` is `folder` or lies under it (links followed)."""
+    path, folder = Path(path).resolve(), Path(folder).resolve()
+    return path == folder or folder in path.parents
+
+
 def same_file(a: Path, b: Path) -> bool:
     """Whether paths `a` and `b` name the same file (links followed); where one does not exist
     yet, whether they resolve to the same path. (An output that is an input must be refused

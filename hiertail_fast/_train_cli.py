@@ -23,8 +23,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from hiertail_fast._files import atomic_write_text, same_file, unwritable_file_reason
-from hiertail_fast._validation import MIN_TEMPERATURE, SEED_MAX
+from hiertail_fast._files import inside, replace_keeping_prev, same_file, unwritable_file_reason
+from hiertail_fast._validation import MIN_TEMPERATURE, SEED_MAX, check_threads
 from hiertail_fast.baselines.cli import add_method_arguments, method_config_from_args
 from hiertail_fast.data.io import load_npz
 from hiertail_fast.data.splits import user_split
@@ -72,6 +72,15 @@ def _positive(kind):
 
 def _non_negative(kind):
     return _number(kind, 0, strict=False)
+
+
+def threads_arg(text: str) -> int:
+    """argparse type of --threads: an integer in [1, the CPUs available] (check_threads)."""
+    value = _positive(int)(text)
+    try:
+        return check_threads(value, "threads")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("threads must", "must", 1)) from None
 
 
 def parse_seeds(values: Sequence[str], base: int = 123) -> list[int]:
@@ -167,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a count (from --seed-base) or a list: 3 | 1,2,5 | 1 2 5")
     m.add_argument("--seed-base", type=_non_negative(int), default=123)
     m.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
-    m.add_argument("--threads", type=_positive(int),
+    m.add_argument("--threads", type=threads_arg,
                    help=f"torch CPU threads (default: 1 below {SMALL_GRAPH_NODES:,} nodes, where "
                    "the work per epoch is too small to share, else torch's default); OpenMP "
                    "threads wait passively unless OMP_WAIT_POLICY is set")
@@ -272,23 +281,35 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if args.json is not None:
         text, existed = json_text(result), args.json.exists()
         try:
-            atomic_write_text(args.json, text)
+            kept = replace_keeping_prev(args.json, text)
         except OSError as exc:  # e.g. the disk filled up during training: keep the results
             print(f"error: could not write --json {args.json} ({exc.strerror or exc}); "
                   f"{'the existing file is unchanged' if existed else 'nothing was written'}"
                   "; the results follow on stdout", file=sys.stderr)
             print(text)
             raise SystemExit(1) from None
-        print(f"{'replaced existing' if existed else 'wrote'} {args.json}", file=sys.stderr)
+        print(f"wrote {args.json}" + (f"; the file it replaced is kept as {kept}" if kept
+                                      else ""), file=sys.stderr)
     return result
 
 
 def _json_clash(args) -> str | None:
-    """Why --json must not be written: it is the same file as --data or --split."""
+    """Why --json must not be written: it is the same file as --data or --split, or one that
+    --dataset NAME --root DIR reads (DIR/NAME.npz, or the PyG dataset's folder)."""
     for option, path in (("--data", args.data), ("--split", args.split)):
         if path is not None and same_file(args.json, path):
             return (f"--json {args.json} is the same file as {option} {path}: it would be "
                     "overwritten with the results; choose another --json path")
+    if args.dataset is not None:
+        from hiertail_fast.data.datasets import dataset_input_paths
+        try:
+            inputs = dataset_input_paths(args.dataset, args.root)
+        except (ValueError, TypeError):
+            return None             # a bad name or root: loading the data says so
+        for path in inputs:
+            if same_file(args.json, path) or (path.suffix != ".npz" and inside(args.json, path)):
+                return (f"--json {args.json} is an input of --dataset {args.dataset} ({path}): "
+                        "it would be overwritten with the results; choose another --json path")
     return None
 
 

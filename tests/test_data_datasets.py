@@ -340,6 +340,26 @@ def test_convert_bad_sources_and_outputs_are_clear_errors(tmp_path, capsys):
         "dir.npz", "garbage.pt", "good.pt", "nan.pt", "out.npz"]   # nothing else written
 
 
+def test_convert_never_writes_over_its_source(tmp_path, capsys):
+    """`convert email ROOT/email.npz --root ROOT --force` rewrote the user's file with the
+    relabelled, preprocessed graph (a CLI audit): an output that is an input is refused,
+    for a path source, a dataset name's .npz and a PyG dataset's folder."""
+    src = tmp_path / "email.npz"
+    save_npz(src, np.array([[0, 1], [1, 0]]), np.ones((3, 2), np.float32), np.array([1, 0, 1]))
+    before = src.read_bytes()
+    for argv in (["convert", "email", str(src), "--root", str(tmp_path), "--force"],
+                 ["convert", str(src), str(tmp_path / "." / "email.npz"), "--force"],
+                 ["convert", str(src), str(tmp_path / "x.npz"), "--split-out", str(src),
+                  "--force"]):
+        err = _convert_exit_2(argv, capsys)
+        assert "is an input of source" in err and "write to another file" in err
+    assert src.read_bytes() == before
+    err = _convert_exit_2(["convert", "wiki", str(tmp_path / "wiki" / "raw" / "w.npz"),
+                           "--root", str(tmp_path)], capsys)
+    assert f"is an input of source wiki ({tmp_path / 'wiki'})" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["email.npz"]
+
+
 def test_source_pyg_for_a_dataset_without_pyg_class(tmp_path):
     save_npz(tmp_path / "email.npz", np.array([[0, 1], [1, 0]]), np.ones((3, 2), np.float32),
              np.array([0, 1, 1]))

@@ -14,6 +14,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = ["--synthetic", "--synthetic-nodes", "120", "--seeds", "1", "--epochs", "3",
         "--hidden", "8", "--no-progress", "--device", "cpu"]
+TINY_DATA = ["--synthetic", "--synthetic-nodes", "120", "--no-progress", "--device", "cpu"]
 EXTRA = {
     "sensitivity": ["--gammas", "0.01", "--taus", "0.1,1.0", "--activations", "relu,elu",
                     "--hiddens", "8", "--dropouts", "0.0"],
@@ -29,7 +30,8 @@ FIGURES = {"sensitivity": ["synthetic-gamma-tau", "synthetic-appendix"],
 @pytest.mark.parametrize("name", list(EXPERIMENTS))
 def test_every_experiment_runs_end_to_end(tmp_path, name, capsys):
     out = tmp_path / name
-    res = main([name, *TINY, *EXTRA.get(name, []), "--out", str(out)])
+    tiny = TINY_DATA if name == "datasets" else TINY      # (it refuses training options)
+    res = main([name, *tiny, *EXTRA.get(name, []), "--out", str(out)])
     stem = name if name == "datasets" else f"{name}-s1-e3-p1000"
     md = (out / f"{stem}.md").read_text()
     saved = json.loads((out / f"{stem}.json").read_text())
@@ -43,6 +45,60 @@ def test_every_experiment_runs_end_to_end(tmp_path, name, capsys):
     if name != "datasets":
         assert "REDUCED BUDGET" in md and saved["provenance"]["full_protocol"] is False
         assert saved.get("rows") or saved.get("datasets")
+
+
+@pytest.mark.parametrize("name, extra, msg", [
+    ("ablation", ["--methods", "origin"], "--methods does not apply to ablation (it applies "
+     "to main, semi-synthetic)"),
+    ("main", ["--config", "official"], "--config does not apply to main"),
+    ("main", ["--task-counts", "4:2"], "--task-counts does not apply to main"),
+    ("per-class", ["--alpha", "0.5"], "--alpha does not apply to per-class"),
+    ("tasks", ["--gammas", "0.1"], "--gammas does not apply to tasks"),
+    ("datasets", ["--lr", "5"], "--lr does not apply to datasets: it trains nothing"),
+    ("datasets", ["--methods", "foo"], "--methods does not apply to datasets"),
+])
+def test_options_of_other_experiments_are_refused(tmp_path, capsys, name, extra, msg):
+    # they were silently ignored (a CLI audit): `ablation --methods origin` trained every
+    # ablation row, `datasets --methods foo --lr 5` exited 0
+    with pytest.raises(SystemExit) as exc:
+        main([name, *(TINY_DATA if name == "datasets" else TINY), *extra,
+              "--out", str(tmp_path)])
+    assert exc.value.code == 2 and msg in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())                  # refused before anything ran
+
+
+@pytest.mark.parametrize("base, msg", [("-1", "--seed-base must lie in [0, "),
+                                       (str(2**64 - 2), "is out of range [0, "
+                                        "18446744073709551615]")])
+def test_seed_base_checked_before_training(tmp_path, capsys, base, msg):
+    # the default seed counts (10, or --quick's 3) from an unchecked --seed-base: a traceback,
+    # or runs trained and cached up to the first seed beyond 2**64 - 1 (a CLI audit)
+    for budget in ([], ["--quick"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["main", "--synthetic", "--no-progress", "--seed-base", base, *budget,
+                  "--out", str(tmp_path)])
+        assert exc.value.code == 2 and msg in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_provenance_names_the_code_of_cached_runs(tmp_path):
+    # cached runs are reused across code changes; the summary credited them to this command's
+    # commit alone (a CLI audit): it now lists the runs' own commits when any differs
+    out = tmp_path / "pc"
+    first = main(["per-class", *TINY, "--out", str(out)])
+    assert first["provenance"]["runs_code"] == [
+        {"git_commit": first["provenance"]["git_commit"],
+         "git_dirty": first["provenance"]["git_dirty"], "runs": 2}]
+    run = sorted((out / "runs").rglob("*.json"))[0]
+    record = json.loads(run.read_text())
+    record["git_commit"], record["git_dirty"] = "0" * 40, False
+    run.write_text(json.dumps(record))
+    again = main(["per-class", *TINY, "--out", str(out)])
+    assert {"git_commit": "0" * 40, "git_dirty": False, "runs": 1} in (
+        again["provenance"]["runs_code"])
+    md = (out / "per-class-s1-e3-p1000.md").read_text()
+    assert "1 of 2 runs were trained at another code version than this command's" in md
+    assert f"`{'0' * 40}` 1" in md
 
 
 def test_main_picks_up_every_registered_baseline(tmp_path, monkeypatch):

@@ -309,35 +309,77 @@ def _old_results(out: Path) -> None:
 
 @pytest.mark.parametrize("argv", [["--sizes", "1000", "--memory-budget", "0.001"],
                                   ["--sizes", "1e30"]], ids=["over-memory", "huge"])
-def test_everything_skipped_still_plots_and_keeps_a_consistent_set(argv, tmp_path, capsys,
+def test_everything_skipped_plots_a_consistent_set_in_an_empty_out(argv, tmp_path,
                                                                     monkeypatch):
     monkeypatch.setattr(scale, "run_one", _no_run)
     out = tmp_path / "res"
-    _old_results(out)
     assert scale.main(argv + ["--device", "cpu", "--out", str(out)]) == 0
     rows = list(csv.DictReader(open(out / "scale.csv")))
     assert rows and all(r["status"].startswith("skipped") for r in rows)
     png = (out / "scale.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n"          # a new figure, not the old file
-    for name in ("csv", "json", "png"):
-        assert (out / f"scale.prev.{name}").read_text() == f"old scale.{name}"
-    assert "previous results are kept as" in capsys.readouterr().out
-    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary left
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"          # the figure saying nothing was measured
+    assert sorted(p.name for p in out.iterdir()) == ["scale.csv", "scale.json", "scale.png"]
 
 
-def test_partial_run_keeps_the_previous_set_and_drops_a_stale_plot(tmp_path, monkeypatch):
+@pytest.mark.parametrize("argv", [["--sizes", "1000", "--memory-budget", "0.001"],
+                                  ["--sizes", "1e30"]], ids=["over-memory", "huge"])
+def test_nothing_measured_leaves_results_in_out_in_place(argv, tmp_path, capsys, monkeypatch):
+    # written, an all-skipped sweep moved the results to scale.prev.*, and a second one deleted
+    # them (a CLI audit): now nothing is written while --out holds results
     monkeypatch.setattr(scale, "run_one", _no_run)
     out = tmp_path / "res"
     _old_results(out)
-    scale.main(["--sizes", "100", "--methods", "gcn", "--memory-budget", "1e-6", "--device",
-                "cpu", "--out", str(out), "--no-plot"])
+    for _ in range(2):
+        assert scale.main(argv + ["--device", "cpu", "--out", str(out)]) == 0
+        assert "nothing was measured" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["scale.csv", "scale.json", "scale.png"]
+    for name in ("csv", "json", "png"):
+        assert (out / f"scale.{name}").read_text() == f"old scale.{name}"
+
+
+def _measured(spec, timeout):
+    return {"edges": 10, "epoch_seconds": 0.1, "peak_memory_bytes": 1e6, "status": "ok"}
+
+
+def test_partial_run_keeps_the_previous_set_and_drops_a_stale_plot(tmp_path, monkeypatch):
+    monkeypatch.setattr(scale, "run_one", _measured)
+    out = tmp_path / "res"
+    _old_results(out)
+    scale.main(["--sizes", "100", "--methods", "gcn", "--warmup", "0", "--epochs", "1",
+                "--device", "cpu", "--out", str(out), "--no-plot"])
     assert sorted(p.name for p in out.iterdir()) == [
         "scale.csv", "scale.json", "scale.prev.csv", "scale.prev.json", "scale.prev.png"]
     # a second run replaces the previous generation whole: no png from two runs ago survives
-    scale.main(["--sizes", "100", "--methods", "gcn", "--memory-budget", "1e-6", "--device",
-                "cpu", "--out", str(out), "--no-plot"])
+    scale.main(["--sizes", "100", "--methods", "gcn", "--warmup", "0", "--epochs", "1",
+                "--device", "cpu", "--out", str(out), "--no-plot"])
     assert sorted(p.name for p in out.iterdir()) == [
         "scale.csv", "scale.json", "scale.prev.csv", "scale.prev.json"]
+
+
+def test_sigterm_to_the_driver_ends_its_worker(tmp_path):
+    # the worker outlived a SIGTERMed driver, reparented to init with no time limit (a CLI
+    # audit); the driver now turns SIGTERM into SystemExit and subprocess.run kills the worker
+    import signal
+
+    import psutil
+    driver = subprocess.Popen([sys.executable, str(SCALE_PY), "--sizes", "30000", "--methods",
+                               "hiertail", "--epochs", "3", "--device", "cpu", "--out",
+                               str(tmp_path / "res")], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        deadline, workers = time.time() + 60, []
+        while not workers and time.time() < deadline and driver.poll() is None:
+            time.sleep(0.2)
+            workers = psutil.Process(driver.pid).children()
+        assert workers, "the driver started no worker"
+        driver.send_signal(signal.SIGTERM)
+        assert driver.wait(timeout=30) == 128 + signal.SIGTERM
+        _, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, "the worker outlived its driver"
+    finally:
+        for p in psutil.Process().children(recursive=True):
+            p.kill()
+    assert not (tmp_path / "res" / "scale.csv").exists()
 
 
 def test_failed_plot_leaves_the_old_results_untouched(tmp_path, monkeypatch):
@@ -346,13 +388,13 @@ def test_failed_plot_leaves_the_old_results_untouched(tmp_path, monkeypatch):
     def broken_plot(rows, path):
         raise RuntimeError("plot failed")
 
-    monkeypatch.setattr(scale, "run_one", _no_run)
+    monkeypatch.setattr(scale, "run_one", _measured)
     monkeypatch.setattr(_scale_report, "plot", broken_plot)
     out = tmp_path / "res"
     _old_results(out)
     with pytest.raises(RuntimeError, match="plot failed"):
-        scale.main(["--sizes", "100", "--memory-budget", "1e-6", "--device", "cpu",
-                    "--out", str(out)])
+        scale.main(["--sizes", "100", "--methods", "gcn", "--warmup", "0", "--epochs", "1",
+                    "--device", "cpu", "--out", str(out)])
     assert sorted(p.name for p in out.iterdir()) == ["scale.csv", "scale.json", "scale.png"]
     assert all((out / n).read_text() == f"old {n}" for n in ("scale.csv", "scale.json"))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -133,13 +134,46 @@ def test_parse_seeds_distinct_and_in_range():
 
 
 # ----------------------------------------------------------------------------- the JSON file
-def test_json_replaced_atomically_with_a_line_saying_so(tmp_path, capsys):
+def test_json_replaced_atomically_the_old_one_kept_as_prev(tmp_path, capsys):
     out = tmp_path / "res.json"
     out.write_text("old")
     main(TINY + ["--json", str(out)])
     assert json.loads(out.read_text())["seeds"] == [123]
-    assert f"replaced existing {out}" in capsys.readouterr().err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["res.json"]  # no temporary left
+    prev = tmp_path / "res.prev.json"
+    assert prev.read_text() == "old"            # one generation kept, as scale.py / experiments
+    assert f"wrote {out}; the file it replaced is kept as {prev}" in capsys.readouterr().err
+    main(TINY + ["--json", str(out)])
+    assert json.loads(prev.read_text())["seeds"] == [123]
+    # no temporary left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["res.json", "res.prev.json"]
+
+
+def test_json_never_overwrites_the_dataset_it_reads(tmp_path, capsys, data_dir):
+    # --dataset NAME --root DIR reads DIR/NAME.npz: --json naming it was written over the data
+    # (a CLI audit's find: only --data and --split were compared)
+    shutil.copy(data_dir / "email.npz", tmp_path / "email.npz")
+    before = (tmp_path / "email.npz").read_bytes()
+    for target in (tmp_path / "email.npz", tmp_path / "." / "email.npz"):
+        with pytest.raises(SystemExit) as exc:
+            main(["--dataset", "email", "--root", str(tmp_path), "--seeds", "1", "--epochs", "1",
+                  "--no-progress", "--json", str(target)])
+        assert exc.value.code == 2
+        assert "is an input of --dataset email" in capsys.readouterr().err
+    # a PyG dataset's folder (raw files, processed cache) is an input too
+    with pytest.raises(SystemExit) as exc:
+        main(["--dataset", "wiki", "--root", str(tmp_path), "--no-progress", "--json",
+              str(tmp_path / "wiki" / "raw" / "res.json")])
+    assert exc.value.code == 2 and "is an input of --dataset wiki" in capsys.readouterr().err
+    assert (tmp_path / "email.npz").read_bytes() == before
+
+
+def test_threads_beyond_the_cpus_refused(capsys):
+    # 2,048 threads segfaulted inside torch.unique on the 2-CPU machine (exit 139, no message)
+    from hiertail_fast._validation import available_cpus
+    with pytest.raises(SystemExit) as exc:
+        main(TINY + ["--threads", str(available_cpus() + 1)])
+    assert exc.value.code == 2
+    assert f"must lie in [1, {available_cpus()}]" in capsys.readouterr().err
 
 
 def test_full_disk_keeps_the_old_json_and_prints_the_results(tmp_path):

@@ -28,8 +28,13 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from hiertail_fast._files import same_file
-from hiertail_fast.data.datasets import DATASETS, canonical_name, load_dataset
+from hiertail_fast._files import inside, same_file
+from hiertail_fast.data.datasets import (
+    DATASETS,
+    canonical_name,
+    dataset_input_paths,
+    load_dataset,
+)
 from hiertail_fast.data.io import GraphData, check_graph_arrays, load_npz, save_npz
 from hiertail_fast.data.pyg import from_pyg_data, is_pyg_data, split_from_masks, to_pyg_data
 
@@ -131,6 +136,21 @@ def _read_source(source: Any, root: Any, download: bool) -> tuple[GraphData, Any
     return load_dataset(name, root, download=download), None
 
 
+def _source_paths(source: Any, root: Any) -> list[Path]:
+    """The files (and PyG dataset folders) ``source`` is read from: its path, or for a dataset
+    name those of :func:`dataset_input_paths` (none when the name or root is bad: reading the
+    source says so)."""
+    if not isinstance(source, (str, os.PathLike)):
+        return []
+    path = Path(source)
+    if path.suffix in _FORMATS or path.exists():
+        return [path]
+    try:
+        return dataset_input_paths(str(source), root)
+    except (ValueError, TypeError):
+        return []
+
+
 def convert(source: Any, out: Any, *, root: Any = None, force: bool = False,
             download: bool = False, split_out: Any = None) -> GraphData:
     """Convert ``source`` (module docstring) to ``out``; returns the graph written.
@@ -147,6 +167,11 @@ def convert(source: Any, out: Any, *, root: Any = None, force: bool = False,
     for p in (out, split_out):
         if p is not None and Path(p).is_dir():
             raise IsADirectoryError(f"output {p} is a directory, not a file")
+        for src in _source_paths(source, root) if p is not None else ():
+            if same_file(p, src) or (src.suffix not in _FORMATS and inside(p, src)):
+                raise ValueError(f"output {p} is an input of source {_describe(source)} ({src})"
+                                 ": it would be overwritten (with --force) by the converted "
+                                 "graph; write to another file")
         if p is not None and Path(p).exists() and not force:
             raise FileExistsError(f"{p} exists: pass force=True (--force) to overwrite it")
     graph, split = _read_source(source, root, download)

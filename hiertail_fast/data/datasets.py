@@ -58,7 +58,8 @@ from hiertail_fast.data.io import GraphData, load_npz, relabel_by_size
 from hiertail_fast.data.pyg import from_pyg_data, import_pyg
 
 __all__ = ["DATASETS", "DatasetSpec", "load_dataset", "official_preprocess", "resolve_root",
-           "canonical_name", "undirected_edges", "normalize_features", "ENV_ROOT"]
+           "canonical_name", "undirected_edges", "normalize_features", "ENV_ROOT",
+           "dataset_input_paths"]
 
 ENV_ROOT = "HIERTAIL_DATA"
 _SOURCES = ("auto", "npz", "pyg")
@@ -223,6 +224,18 @@ def _load_pyg(spec: DatasetSpec, root: Path, download: bool) -> GraphData:
                          f"{root / arg / 'processed'} if it was written from other files)"
                          ) from exc
     return from_pyg_data(dataset[0], name=spec.name)
+
+
+def dataset_input_paths(name: str, root: Any = None) -> list[Path]:
+    """The paths :func:`load_dataset` reads for ``name`` under ``root``: ``ROOT/NAME.npz`` and,
+    for the PyG datasets, the dataset's folder (raw files and PyG's processed cache). For the
+    command lines' check that an output is not an input."""
+    spec = DATASETS[canonical_name(name)]
+    root = resolve_root(root)
+    paths = [root / f"{spec.name}.npz"]
+    if spec.pyg is not None:
+        paths.append(root / spec.pyg[1])
+    return paths
 
 
 def load_dataset(name: str, root: Any = None, *, source: str = "auto",

@@ -10,6 +10,8 @@ from hiertail_fast.experiments.report import comparison_report
 from hiertail_fast.experiments.runner import RunSpec
 
 TITLE = "Table 4: ablation of HierTail's components"
+# the experiment-specific options this table reads (cli refuses the others')
+OPTIONS = ("config",)
 # row key -> (label, config switches)
 ROWS = {
     "m1_m2_ce": ("M1 + M2 + L_CE (HierTail)", {}),

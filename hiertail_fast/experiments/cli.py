@@ -35,7 +35,7 @@ def _module(name: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from hiertail_fast._train_cli import _non_negative, _positive
+    from hiertail_fast._train_cli import _non_negative, _positive, threads_arg
 
     p = argparse.ArgumentParser(prog="python -m hiertail_fast.experiments",
                                 description="Reproduce one table or figure of the HierTail "
@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--patience", type=_non_negative(int))
     t = p.add_argument_group("training")
     t.add_argument("--device", help="cpu or cuda[:N] (default: cuda when present)")
-    t.add_argument("--threads", type=_positive(int), help="torch CPU threads (default: 1 below "
+    t.add_argument("--threads", type=threads_arg, help="torch CPU threads (default: 1 below "
                    "5,000 nodes, else torch's default)")
     t.add_argument("--hidden", type=_positive(int), help="override every method's hidden size")
     t.add_argument("--lr", type=_positive(float), help="override every method's learning rate "
@@ -95,16 +95,44 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# What a table that trains nothing (datasets) ignores
+_TRAINING_OPTIONS = ("quick", "seeds", "seed_base", "epochs", "patience", "hidden", "lr",
+                     "adj_norm", "report_only", "replace_summary", "runs_dir")
+
+
+def inapplicable_option(args, parser: argparse.ArgumentParser) -> str | None:
+    """Why an option given (a value other than its default) does not apply to ``args.name``:
+    another experiment's option (each module's ``OPTIONS``), or a training option for a table
+    that trains nothing. Ignoring it silently would report a variant that did not run."""
+    owners: dict[str, list[str]] = {}
+    for name in EXPERIMENTS:
+        for dest in _module(name).OPTIONS:
+            owners.setdefault(dest, []).append(name)
+    module = _module(args.name)
+    for dest, names in owners.items():
+        if dest not in module.OPTIONS and getattr(args, dest) != parser.get_default(dest):
+            return (f"--{dest.replace('_', '-')} does not apply to {args.name} (it applies to "
+                    f"{', '.join(names)})")
+    if not getattr(module, "TRAINS", True):
+        for dest in _TRAINING_OPTIONS:
+            if getattr(args, dest) != parser.get_default(dest):
+                return (f"--{dest.replace('_', '-')} does not apply to {args.name}: it trains "
+                        "nothing")
+    return None
+
+
 def budget_from_args(args) -> Budget:
     from hiertail_fast._train_cli import parse_seeds
 
     seeds = list(FULL_SEEDS)
     epochs, patience = FULL_EPOCHS, FULL_PATIENCE
+    # (the default counts go through parse_seeds too: it checks --seed-base and the last
+    # seed's range before anything trains; an unchecked base failed on its first bad seed)
     if args.quick:
-        seeds = list(range(args.seed_base, args.seed_base + QUICK["seeds"]))
+        seeds = parse_seeds([str(QUICK["seeds"])], args.seed_base)
         epochs, patience = QUICK["epochs"], QUICK["patience"]
     elif args.seed_base != FULL_SEEDS[0]:
-        seeds = list(range(args.seed_base, args.seed_base + len(FULL_SEEDS)))
+        seeds = parse_seeds([str(len(FULL_SEEDS))], args.seed_base)
     if args.seeds:
         seeds = parse_seeds(args.seeds, args.seed_base)
     epochs = args.epochs if args.epochs is not None else epochs
@@ -193,6 +221,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     module = _module(args.name)
     trains = getattr(module, "TRAINS", True)   # the datasets table trains nothing
+    problem = inapplicable_option(args, parser)
+    if problem is not None:
+        parser.error(problem)
     try:
         budget = budget_from_args(args)
         out = args.out or Path("results") / args.name
@@ -229,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         absent = [f"{s.dataset} / {s.row}" for s in specs if (s.dataset, s.row) not in done]
         ctx.notes += [f"- {a}: no finished run yet (--report-only)" for a in absent]
     body, payload, figures = module.report(ctx, records)
-    prov = provenance(argv, budget, started, device)
+    prov = provenance(argv, budget, started, device, records)
     notes = ("\n\nNotes:\n" + "\n".join(ctx.notes)) if ctx.notes else ""
     header = f"{budget.header()}\n\n" if trains else ""
     markdown = (f"# {module.TITLE}\n\n{header}{provenance_markdown(prov, trains)}\n\n"

@@ -7,6 +7,7 @@ from hiertail_fast.experiments.paper_numbers import TABLE1_DATASETS
 
 TITLE = "Table 1: dataset statistics"
 TRAINS = False
+OPTIONS = ()
 COLUMNS = ("nodes", "edges", "features", "classes", "imbalance", "ratio_lt")
 
 

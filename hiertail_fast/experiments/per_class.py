@@ -11,6 +11,7 @@ from hiertail_fast.experiments.common import Context, baseline_config, hiertail_
 from hiertail_fast.experiments.runner import RunSpec
 
 TITLE = "Per-class bAcc: GCN (Origin) vs HierTail, classes by frequency"
+OPTIONS = ()
 ROWS = {"origin": "GCN (Origin)", "hiertail_paper": "HierTail (paper config)"}
 
 

@@ -124,7 +124,19 @@ def markdown_table(rows: list[dict], expected_seeds: int) -> str:
     return "\n".join(out)
 
 
-def provenance(argv: list[str], budget, started: float, device: str) -> dict:
+def runs_code(records: list[dict]) -> list[dict]:
+    """The code versions the reported runs were trained at (cached runs are reused across code
+    changes): [{"git_commit", "git_dirty", "runs"}], most runs first."""
+    counts: dict[tuple, int] = {}
+    for r in records:
+        key = (r.get("git_commit"), r.get("git_dirty"))
+        counts[key] = counts.get(key, 0) + 1
+    return [{"git_commit": c, "git_dirty": d, "runs": n}
+            for (c, d), n in sorted(counts.items(), key=lambda kv: -kv[1])]
+
+
+def provenance(argv: list[str], budget, started: float, device: str,
+               records: list[dict] = ()) -> dict:
     import torch
 
     gpu = (torch.cuda.get_device_name(torch.device(device))
@@ -132,6 +144,7 @@ def provenance(argv: list[str], budget, started: float, device: str) -> dict:
     return {
         "command": "python -m hiertail_fast.experiments " + shlex.join(argv),
         **code_version(),
+        "runs_code": runs_code(list(records)),
         "machine": {"host": platform.node(), "platform": platform.platform(),
                     "processor": platform.processor() or platform.machine(),
                     "cpu_count": os.cpu_count(), "gpu": gpu},
@@ -152,6 +165,7 @@ def provenance_markdown(p: dict, trains: bool = True) -> str:
         f"- command: `{p['command']}`",
         f"- git commit: `{p['git_commit']}`" + (" (uncommitted changes)" if p["git_dirty"]
                                                  else ""),
+        *_runs_code_lines(p),
         f"- machine: {m['host']}, {m['platform']}, {m['cpu_count']} CPUs"
         + (f", GPU {m['gpu']}" if m["gpu"] else "") + f"; device {p['device']}, "
         f"{p['threads']} torch thread(s)",
@@ -160,6 +174,21 @@ def provenance_markdown(p: dict, trains: bool = True) -> str:
         f"- wall time of this command: {p['wall_time_s']:.0f} s (cached runs are not retrained)",
         f"- date: {p['date']}",
     ])
+
+
+def _runs_code_lines(p: dict) -> list[str]:
+    """The runs' code versions, when any differs from this command's (summaries written
+    before ``runs_code`` existed have none)."""
+    versions = p.get("runs_code") or []
+    here = (p["git_commit"], p["git_dirty"])
+    if all((v["git_commit"], v["git_dirty"]) == here for v in versions):
+        return []
+    other = sum(v["runs"] for v in versions if (v["git_commit"], v["git_dirty"]) != here)
+    parts = [f"`{v['git_commit']}`" + (" (uncommitted changes)" if v["git_dirty"] else "")
+             + f" {v['runs']}" for v in versions]
+    return [f"- **{other} of {sum(v['runs'] for v in versions)} runs were trained at another "
+            "code version than this command's** (cached runs are reused across code changes; "
+            "delete them to retrain): runs by commit: " + ", ".join(parts)]
 
 
 class SummaryKept(Exception):

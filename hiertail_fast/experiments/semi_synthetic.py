@@ -15,6 +15,7 @@ from hiertail_fast.experiments.report import markdown_table
 from hiertail_fast.experiments.runner import RunSpec
 
 TITLE = "Table 3: semi-synthetic long-tail setting (manual split, α = 0.8)"
+OPTIONS = ("methods", "alpha", "val_per_class", "test_per_class", "alignment_bug")
 
 
 def _unit_open(text: str) -> float:

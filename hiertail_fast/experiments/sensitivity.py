@@ -12,6 +12,7 @@ from hiertail_fast.experiments.paper_numbers import SENSITIVITY_GRID
 from hiertail_fast.experiments.runner import RunSpec, fmt, summarize
 
 TITLE = "Hyper-parameter sensitivity (γ × τ; activation, hidden size, dropout)"
+OPTIONS = ("config", "parts", "gammas", "taus", "activations", "hiddens", "dropouts")
 PARTS = ("grid", "activation", "hidden", "dropout")
 
 

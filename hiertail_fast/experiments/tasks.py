@@ -13,6 +13,7 @@ from hiertail_fast.experiments.report import comparison_report
 from hiertail_fast.experiments.runner import RunSpec
 
 TITLE = "Table 5: number of tasks in the second (and third) layer"
+OPTIONS = ("config", "task_counts")
 
 
 def add_arguments(parser) -> None:
