@@ -124,7 +124,15 @@ def test_cli_method_json(tmp_path, capsys):
     (["--method", "gat"], "invalid choice"),
     (["--sep-class", "pareto_73"], "--sep-class: only for a baseline"),
     (["--method", "lte4g", "--sep-class", "pareto_70"], "sep_class"),
-    (["--method", "origin", "--ep-pre", "5"], "ep_pre"),
+    (["--method", "origin", "--ep-pre", "5"], "--ep-pre: not an option of --method origin"),
+    # another baseline's options were silently dropped (a CLI audit)
+    (["--method", "origin", "--k-num", "5", "--sep-class", "pareto_91"],
+     "--sep-class, --k-num: not an option of --method origin (used by graphmixup, lte4g)"),
+    (["--method", "graphmixup", "--focal-gamma", "2"],
+     "--focal-gamma: not an option of --method graphmixup (used by lte4g)"),
+    (["--method", "lte4g", "--k-num", "5"], "--k-num: not an option of --method lte4g"),
+    (["--method", "graphens", "--adj-norm", "row"], "--adj-norm: not an option of --method "
+     "graphens"),
 ])
 def test_cli_bad_options(argv, msg, capsys):
     with pytest.raises(SystemExit):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from hiertail_fast.baselines.config import BaselineConfig
+from hiertail_fast.baselines.config import METHOD_FIELDS, BaselineConfig
 from hiertail_fast.baselines.methods import METHODS
 
 # HierTail-only options (argparse dest -> flag) and their "not given" values.
@@ -130,6 +130,15 @@ def method_config_from_args(args: argparse.Namespace) -> BaselineConfig | None:
            if getattr(args, dest, unset) != unset]
     if bad:
         raise ValueError(f"{', '.join(bad)}: only for --method hiertail")
+    # another baseline's option: refused, not dropped (the run would not be the variant asked
+    # for; `--method origin --k-num 5` ran plain origin, recorded without k_num)
+    bad = [flag for dest, flag in _BASELINE_ONLY.items()
+           if getattr(args, dest) is not None and dest not in METHOD_FIELDS[args.method]]
+    if bad:
+        users = sorted({m for dest, flag in _BASELINE_ONLY.items() if flag in bad
+                        for m, used in METHOD_FIELDS.items() if dest in used})
+        raise ValueError(f"{', '.join(bad)}: not an option of --method {args.method} (used by "
+                         f"{', '.join(users)})")
     over: dict[str, Any] = {k: getattr(args, k)
                             for k in ("hidden", "dropout", "lr", "weight_decay", *_BASELINE_ONLY)
                             if getattr(args, k) is not None}
