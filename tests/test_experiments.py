@@ -298,7 +298,16 @@ def test_migrate_fingerprints_adds_the_runners_fingerprint_to_legacy_records(tmp
     odd_record = json.loads(paths[0].read_text())
     odd_record["identity"]["data"]["nodes"] = 999
     odd.write_text(json.dumps(odd_record))
+    # a malformed identity (a synthetic key without "nodes") crashed the command with a KeyError
+    # after rewriting the records before it (a CLI audit): it is left alone, as unreadable
+    synthetic = next(p for p in paths if p.parent.name == "synthetic")
+    bad_record = json.loads(synthetic.read_text())
+    del bad_record["identity"]["data"]["nodes"]
+    bad = runs / "synthetic" / "a-malformed.json"
+    bad.write_text(json.dumps(bad_record))
     assert migrate_fingerprints.main([str(runs), "--data-dir", str(d_a)]) == 1
+    assert json.loads(bad.read_text()) == bad_record
+    bad.unlink()
     for p, record in written.items():
         migrated = json.loads(p.read_text())
         assert migrated["data_fingerprint"] == record["data_fingerprint"]   # the runner's

@@ -56,16 +56,18 @@ def migrate(runs_dir: Path, data_dir: Path, *, dry_run: bool = False, log=print)
         try:
             record = json.loads(path.read_text())
             identity = record["identity"]
-            dataset = identity["dataset"]
             key = identity["data"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            had = bool(record.get("data_fingerprint"))
+            # (a malformed identity, e.g. a synthetic key without "nodes", raised KeyError here
+            # after earlier records were rewritten: now it is left alone like any unreadable one)
+            source, dataset = (None, None) if had else _source_for(identity, data_dir, sources)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             stats["unreadable"].append(str(path))
-            log(f"unreadable, left alone: {path} ({exc})")
+            log(f"unreadable, left alone: {path} ({exc!r})")
             continue
-        if record.get("data_fingerprint"):
+        if had:
             stats["had"] += 1
             continue
-        source, dataset = _source_for(identity, data_dir, sources)
         try:
             found = source.data_key(dataset)
             fingerprint = source.fingerprint(dataset)
