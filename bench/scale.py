@@ -76,6 +76,7 @@ from _scale_worker import _setup as _setup
 from _scale_worker import _tracked_peak as _tracked_peak
 from _scale_worker import build_model as build_model
 
+from hiertail_fast._argparse import ArgumentParser
 from hiertail_fast._files import unwritable_dir_reason, unwritable_file_reason
 from hiertail_fast._train_cli import threads_arg
 
@@ -146,7 +147,7 @@ def _non_negative_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=_positive_int, default=100_000,
                    help="largest graph; sizes 100, 1k, 10k, ... up to it (default 100000)")

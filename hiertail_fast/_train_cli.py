@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from hiertail_fast._argparse import ArgumentParser
 from hiertail_fast._files import inside, replace_keeping_prev, same_file, unwritable_file_reason
 from hiertail_fast._validation import MIN_TEMPERATURE, SEED_MAX, check_threads
 from hiertail_fast.baselines.cli import add_method_arguments, method_config_from_args
@@ -128,7 +129,7 @@ def _device_error(text: str) -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m hiertail_fast.train",
+    p = ArgumentParser(prog="python -m hiertail_fast.train",
                                 description="Train HierTail (long-tail node classification).")
     src = p.add_argument_group("input")
     src.add_argument("--data", type=Path, help="graph in the uniform .npz format; its classes "
@@ -235,7 +236,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
         check_classes(data.y)
         split = None
         if args.split is not None:
-            split = user_split(int(data.y.shape[0]), **load_split(args.split))
+            try:
+                split = user_split(int(data.y.shape[0]), **load_split(args.split))
+            except (ValueError, TypeError) as exc:
+                message = str(exc)
+                raise ValueError(message if str(args.split) in message
+                                 else f"--split {args.split}: {message}") from None
             for name, part in zip(("val", "test"), split[1:], strict=True):
                 if not part.numel():
                     raise ValueError(f"--split {args.split}: the {name!r} set is empty (the "

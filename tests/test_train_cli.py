@@ -470,3 +470,29 @@ def test_json_maps_relabelled_classes_back_and_help_says_so(tmp_path, capsys):
         main(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "relabelled by size" in help_text and "original_labels" in help_text
+
+
+@pytest.mark.parametrize("argv", [["--threads", "0"], ["--bogus"], ["--data", "a.npz",
+                                                                     "--synthetic"]])
+def test_errors_are_one_line(argv, capsys):
+    # argparse printed the whole usage first: ~60 lines with the message last (a CLI audit)
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("python -m hiertail_fast.train: error: ")
+    assert err[0].endswith("(python -m hiertail_fast.train --help lists the options)")
+
+
+def test_split_errors_name_the_file_and_spot_integer_masks(tmp_path, capsys):
+    # a 0/1 integer mask was reported as "train has duplicate node ids", naming no file
+    import numpy as np
+    mask = np.zeros(120, dtype=np.int64)
+    mask[:30] = 1
+    path = tmp_path / "masks.npz"
+    np.savez(path, train=mask, val=mask, test=mask)
+    with pytest.raises(SystemExit) as exc:
+        main(TINY + ["--split", str(path)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert f"--split {path}: train has duplicate node ids (it looks like a 0/1 mask" in err

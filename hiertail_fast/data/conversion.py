@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from hiertail_fast._argparse import ArgumentParser
 from hiertail_fast._files import inside, same_file
 from hiertail_fast.data.datasets import (
     DATASETS,
@@ -198,7 +199,7 @@ def _savez(path: Path, arrays: dict) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m hiertail_fast.data",
+    p = ArgumentParser(prog="python -m hiertail_fast.data",
                                 description="Dataset tools of hiertail_fast.")
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("convert", help="dataset name | .npz | .pt (PyG Data) -> .npz | .pt")

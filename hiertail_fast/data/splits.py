@@ -159,7 +159,10 @@ def _index_set(idx: Any, num_nodes: int, name: str) -> np.ndarray:
     if arr.min() < 0 or arr.max() >= num_nodes:
         raise ValueError(f"{name} has node ids outside [0, {num_nodes})")
     if np.unique(arr).shape[0] != arr.shape[0]:
-        raise ValueError(f"{name} has duplicate node ids")
+        looks_like_mask = arr.shape[0] == num_nodes and arr.max() <= 1
+        raise ValueError(f"{name} has duplicate node ids" + (
+            " (it looks like a 0/1 mask: pass masks as booleans, e.g. mask.astype(bool))"
+            if looks_like_mask else ""))
     return arr
 
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from hiertail_fast._argparse import ArgumentParser
 from hiertail_fast._validation import FEATURE_NORMS
 from hiertail_fast.experiments import EXPERIMENTS
 from hiertail_fast.experiments.common import Context, check_distinct
@@ -37,7 +38,7 @@ def _module(name: str):
 def build_parser() -> argparse.ArgumentParser:
     from hiertail_fast._train_cli import _non_negative, _positive, threads_arg
 
-    p = argparse.ArgumentParser(prog="python -m hiertail_fast.experiments",
+    p = ArgumentParser(prog="python -m hiertail_fast.experiments",
                                 description="Reproduce one table or figure of the HierTail "
                                 "paper (see hiertail_fast/experiments/__init__.py).")
     p.add_argument("name", choices=list(EXPERIMENTS))

@@ -20,13 +20,13 @@ experiment writes into RUNS_DIR, and first on a copy (``cp -r RUNS_DIR COPY``) t
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
+from hiertail_fast._argparse import ArgumentParser
 from hiertail_fast._files import atomic_write_text
 from hiertail_fast.experiments.runner import DataSource, _json_default
 
@@ -94,7 +94,7 @@ def migrate(runs_dir: Path, data_dir: Path, *, dry_run: bool = False, log=print)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hiertail_fast.experiments.migrate_fingerprints",
+    p = ArgumentParser(prog="python -m hiertail_fast.experiments.migrate_fingerprints",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("runs_dir", type=Path, help="the runs folder (<dataset>/<run>.json)")
     p.add_argument("--data-dir", type=Path, help="the data folder the runs were made from "
