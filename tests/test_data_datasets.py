@@ -388,3 +388,13 @@ def test_raw_files_of_another_format_are_named(tmp_path, content):
     # was an EOFError / KeyError / pickle ValueError from inside PyG, naming no file
     with pytest.raises(ValueError, match=r"could not read the raw files .*cora\.npz"):
         load_dataset("cora_full", root=tmp_path)
+
+
+def test_a_directory_where_a_file_is_read_is_named_as_such(tmp_path, capsys):
+    # reported as "not found" (a CLI audit)
+    (tmp_path / "email.npz").mkdir()
+    with pytest.raises(IsADirectoryError, match="email.npz is a directory, not the dataset"):
+        load_dataset("email", root=tmp_path)
+    err = _convert_exit_2(["convert", str(tmp_path / "email.npz"), str(tmp_path / "o.npz")],
+                          capsys)
+    assert f"source {tmp_path / 'email.npz'} is a directory" in err

@@ -416,3 +416,10 @@ def test_a_diverging_run_is_recorded_not_retried_and_noted(tmp_path, monkeypatch
     assert calls == [123, 124]
     assert second["rows"][0]["seeds"] == [123]
     assert any("seed 124 diverged" in note for note in second["notes"])
+
+
+def test_data_dir_that_is_a_file_is_named_as_such(tmp_path, capsys):
+    (tmp_path / "good.npz").write_text("x")
+    with pytest.raises(SystemExit) as exc:
+        main(["main", "--data-dir", str(tmp_path / "good.npz"), "--out", str(tmp_path / "o")])
+    assert exc.value.code == 2 and "is a file, not a folder" in capsys.readouterr().err

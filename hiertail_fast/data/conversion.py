@@ -114,6 +114,8 @@ def _read_source(source: Any, root: Any, download: bool) -> tuple[GraphData, Any
                         f"{type(source).__name__}")
     path = Path(source)
     if path.suffix in _FORMATS or path.exists():
+        if path.is_dir():
+            raise IsADirectoryError(f"source {path} is a directory, not a .npz or .pt file")
         if not path.is_file():
             raise FileNotFoundError(f"source file not found: {path}")
         if path.suffix == ".npz":

@@ -263,6 +263,9 @@ def load_dataset(name: str, root: Any = None, *, source: str = "auto",
         raise ValueError(f"source={source!r} is not one of {_SOURCES}")
     root = resolve_root(root)
     npz = root / f"{spec.name}.npz"
+    if source in ("auto", "npz") and npz.is_dir():     # was reported as "not found"
+        raise IsADirectoryError(f"load_dataset({spec.name!r}): {npz} is a directory, not the "
+                                "dataset's .npz file")
     if source in ("auto", "npz") and npz.is_file():
         graph = load_npz(npz, name=spec.name)
     elif source == "pyg" and spec.pyg is None:  # was "<npz> not found" even when it was there

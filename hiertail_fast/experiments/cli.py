@@ -235,7 +235,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
         synthetic = ({"nodes": args.synthetic_nodes, "classes": args.synthetic_classes,
                       "features": 16} if args.synthetic else None)
         if synthetic is None and not data_dir.is_dir():
-            raise ValueError(f"data folder {data_dir} not found (--data-dir or $HIERTAIL_DATA)")
+            raise ValueError(f"data folder {data_dir} " + ("is a file, not a folder" if
+                             data_dir.exists() else "not found") + " (--data-dir or "
+                             "$HIERTAIL_DATA)")
         source = DataSource(data_dir, synthetic, args.feature_norm)
         datasets = _select_datasets(args, source, data_dir)
         ctx = Context(args, budget, source, RunCache(args.runs_dir or out / "runs"), datasets,
