@@ -272,6 +272,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     except TrainingDivergedError as exc:   # a run's outcome, not a refused input: exit 1
         print(f"{parser.prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         raise SystemExit(1) from None
+    except KeyboardInterrupt:   # Ctrl-C: a line, not a traceback from inside torch
+        kept = ("" if args.json is None else f"; --json {args.json} not written" + (
+            " (the existing file is unchanged)" if args.json.exists() else ""))
+        print(f"{parser.prog}: interrupted (the seeds finished before are on the lines above)"
+              f"{kept}", file=sys.stderr)
+        raise SystemExit(130) from None
     if getattr(data, "original_labels", None) is not None:
         data_info["original_labels"] = [int(v) for v in data.original_labels]
     result["data"] = data_info

@@ -496,3 +496,21 @@ def test_split_errors_name_the_file_and_spot_integer_masks(tmp_path, capsys):
     err = capsys.readouterr().err
     assert exc.value.code == 2
     assert f"--split {path}: train has duplicate node ids (it looks like a 0/1 mask" in err
+
+
+def test_ctrl_c_is_one_line_and_keeps_the_json(tmp_path, capsys, monkeypatch):
+    # a torch-internal traceback before (a CLI audit)
+    import hiertail_fast._train_cli as cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "run_seeds", interrupted)
+    out = tmp_path / "res.json"
+    out.write_text("old")
+    with pytest.raises(SystemExit) as exc:
+        main(TINY + ["--json", str(out)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 130 and "Traceback" not in err
+    assert f"interrupted (the seeds finished before are on the lines above); --json {out} not " \
+           "written (the existing file is unchanged)" in err
+    assert out.read_text() == "old"
