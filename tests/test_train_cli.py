@@ -514,3 +514,12 @@ def test_ctrl_c_is_one_line_and_keeps_the_json(tmp_path, capsys, monkeypatch):
     assert f"interrupted (the seeds finished before are on the lines above); --json {out} not " \
            "written (the existing file is unchanged)" in err
     assert out.read_text() == "old"
+
+
+def test_table_names_the_size_setting_hyper_parameters(capsys):
+    # the paper preset's hidden size depends on the dataset's name (64 on email / wiki /
+    # blogcatalog, else 128): the table showed none of it, only --json did (a CLI audit)
+    main(TINY)
+    assert "HierTail config=paper seeds=1 hidden=8 lr=" in capsys.readouterr().out
+    main(TINY[:TINY.index("--hidden")] + TINY[TINY.index("--hidden") + 2:])
+    assert " hidden=128 " in capsys.readouterr().out
