@@ -142,11 +142,17 @@ def build_parser() -> argparse.ArgumentParser:
                      "raw files, official preprocessing (hiertail_fast.data.datasets)")
     src.add_argument("--root", type=Path, help="data directory of --dataset (default: "
                      "$HIERTAIL_DATA)")
-    src.add_argument("--nodes", type=_positive(int), default=2000)
-    src.add_argument("--classes", type=_positive(int), default=20)
-    src.add_argument("--avg-degree", type=_positive(float), default=10.0)
-    src.add_argument("--homophily", type=float, default=0.8)
-    src.add_argument("--features", type=_positive(int), default=64)
+    src.add_argument("--nodes", type=_positive(int), default=2000,
+                     help="--synthetic: nodes (default %(default)s)")
+    src.add_argument("--classes", type=_positive(int), default=20,
+                     help="--synthetic: classes, long-tailed sizes (default %(default)s)")
+    src.add_argument("--avg-degree", type=_positive(float), default=10.0,
+                     help="--synthetic: average degree (default %(default)s)")
+    src.add_argument("--homophily", type=float, default=0.8,
+                     help="--synthetic: share of same-class edges, in [0, 1] (default "
+                     "%(default)s)")
+    src.add_argument("--features", type=_positive(int), default=64,
+                     help="--synthetic: feature dimension (default %(default)s)")
     src.add_argument("--data-seed", type=_non_negative(int), default=0,
                      help="synthetic generator seed")
     src.add_argument("--feature-norm", choices=("none", "row"), default="none",
@@ -156,34 +162,46 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--split", type=Path, help="user split .npz (train/val/test arrays); "
                      "default: natural per-class split redone per seed")
     m = p.add_argument_group("model and training")
-    m.add_argument("--config", choices=("paper", "official"), default="paper")
+    m.add_argument("--config", choices=("paper", "official"), default="paper",
+                   help="HierTail preset: the paper's hyper-parameters or the official "
+                   "code's (default %(default)s; HierTailConfig.paper / .official)")
     m.add_argument("--hidden", type=_positive(int), help="default: config (paper: 64 on "
                    "email/wiki/blogcatalog)")
-    m.add_argument("--gamma", type=_non_negative(float))
-    m.add_argument("--tau", type=_number(float, MIN_TEMPERATURE, strict=False))
-    m.add_argument("--dropout", type=_non_negative(float))
+    m.add_argument("--gamma", type=_non_negative(float),
+                   help="weight of the contrastive losses (default: config)")
+    m.add_argument("--tau", type=_number(float, MIN_TEMPERATURE, strict=False),
+                   help=f"contrastive temperature, >= {MIN_TEMPERATURE:g} (default: config)")
+    m.add_argument("--dropout", type=_non_negative(float), help="in [0, 1) (default: config)")
     m.add_argument("--lr", type=_positive(float), help="learning rate; a run whose loss turns "
                    "NaN/Inf stops with an error naming the epoch (exit code 1)")
-    m.add_argument("--weight-decay", type=_non_negative(float))
+    m.add_argument("--weight-decay", type=_non_negative(float),
+                   help="Adam weight decay (default: config)")
     m.add_argument("--augment-a2", choices=("on", "off"), help="override the config's A²")
     m.add_argument("--fix-cluster-labels", action="store_true",
                    help="official BCL: label nodes by their nearest prototype index")
     m.add_argument("--compound-pool-bug", action="store_true",
                    help="official: rescale the first pool ratio once more every seed")
-    m.add_argument("--loss-backend", choices=("reference", "torch", "triton"))
-    m.add_argument("--epochs", type=_positive(int), default=10_000)
-    m.add_argument("--patience", type=_non_negative(int), default=1_000)
+    m.add_argument("--loss-backend", choices=("reference", "torch", "triton"),
+                   help="the contrastive losses' backend (default: chosen per device)")
+    m.add_argument("--epochs", type=_positive(int), default=10_000,
+                   help="most epochs per seed (default %(default)s, the paper's protocol)")
+    m.add_argument("--patience", type=_non_negative(int), default=1_000,
+                   help="stop after this many epochs without a better val Macro-F1 (default "
+                   "%(default)s)")
     m.add_argument("--seeds", nargs="+", default=["10"],
                    help="a count (from --seed-base) or a list: 3 | 1,2,5 | 1 2 5")
-    m.add_argument("--seed-base", type=_non_negative(int), default=123)
+    m.add_argument("--seed-base", type=_non_negative(int), default=123,
+                   help="first seed of a --seeds count (default %(default)s)")
     m.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     m.add_argument("--threads", type=threads_arg,
                    help=f"torch CPU threads (default: 1 below {SMALL_GRAPH_NODES:,} nodes, where "
                    "the work per epoch is too small to share, else torch's default); OpenMP "
                    "threads wait passively unless OMP_WAIT_POLICY is set")
-    m.add_argument("--no-progress", action="store_true")
+    m.add_argument("--no-progress", action="store_true",
+                   help="no progress bars: one line per finished seed instead")
     m.add_argument("--json", type=Path, help="write all results to this JSON file (checked "
-                   "before training; written atomically, replacing an existing file)")
+                   "before training; written atomically; a file it replaces is kept as "
+                   "NAME.prev.json)")
     add_method_arguments(p)
     return p
 

@@ -523,3 +523,12 @@ def test_table_names_the_size_setting_hyper_parameters(capsys):
     assert "HierTail config=paper seeds=1 hidden=8 lr=" in capsys.readouterr().out
     main(TINY[:TINY.index("--hidden")] + TINY[TINY.index("--hidden") + 2:])
     assert " hidden=128 " in capsys.readouterr().out
+
+
+def test_every_option_has_help():
+    # --nodes, --epochs, --config ... had none (a CLI audit)
+    from hiertail_fast._train_cli import build_parser
+    from hiertail_fast.experiments.cli import build_parser as experiments_parser
+    for parser in (build_parser(), experiments_parser()):
+        bare = [a.option_strings for a in parser._actions if a.option_strings and not a.help]
+        assert not bare, (parser.prog, bare)

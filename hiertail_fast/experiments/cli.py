@@ -64,15 +64,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="node features: none (raw, the official harness's default) or row = "
                    "x_i / sum_j x_ij (the official --is_normalize; Wiki's raw TF-IDF rows sum "
                    "to thousands); a non-default value is part of every run's cache key")
-    d.add_argument("--synthetic-nodes", type=_positive(int), default=240)
-    d.add_argument("--synthetic-classes", type=_positive(int), default=6)
+    d.add_argument("--synthetic-nodes", type=_positive(int), default=240,
+                   help="--synthetic: nodes (default %(default)s)")
+    d.add_argument("--synthetic-classes", type=_positive(int), default=6,
+                   help="--synthetic: classes (default %(default)s)")
     b = p.add_argument_group("budget (default: the full protocol)")
     b.add_argument("--quick", action="store_true", help=f"{QUICK['seeds']} seeds, ≤ "
                    f"{QUICK['epochs']} epochs, patience {QUICK['patience']} (labelled REDUCED)")
     b.add_argument("--seeds", nargs="+", help="a count from --seed-base or a list: 3 | 1,2,5")
-    b.add_argument("--seed-base", type=int, default=FULL_SEEDS[0])
-    b.add_argument("--epochs", type=_positive(int))
-    b.add_argument("--patience", type=_non_negative(int))
+    b.add_argument("--seed-base", type=int, default=FULL_SEEDS[0],
+                   help="first seed of a --seeds count and of the default seeds (default "
+                   "%(default)s)")
+    b.add_argument("--epochs", type=_positive(int), help="most epochs per run (default: the "
+                   "budget's)")
+    b.add_argument("--patience", type=_non_negative(int), help="early-stopping patience "
+                   "(default: the budget's)")
     t = p.add_argument_group("training")
     t.add_argument("--device", help="cpu or cuda[:N] (default: cuda when present)")
     t.add_argument("--threads", type=threads_arg, help="torch CPU threads (default: 1 below "
@@ -83,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--adj-norm", choices=("none", "row"), help="baselines' adjacency: none "
                    "(official HierTail copy, default) or row = D^-1(A+I) (LTE4G / HeroLT; "
                    "PROTOCOL §5.2 item 9)")
-    t.add_argument("--no-progress", action="store_true")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--report-only", action="store_true", help="train nothing: write the tables "
                    "from the runs already cached (rows say how many seeds they hold); it does "
                    "not replace a summary holding more runs (see --out)")

@@ -58,10 +58,12 @@ def add_arguments(parser) -> None:
                         f"({','.join(PARTS)})")
     parser.add_argument("--gammas", default="0.001,0.01,0.1,1.0", help="sensitivity: γ values")
     parser.add_argument("--taus", default="0.01,0.1,1.0", help="sensitivity: τ values")
-    parser.add_argument("--activations", default="relu,leaky_relu,elu,tanh")
+    parser.add_argument("--activations", default="relu,leaky_relu,elu,tanh",
+                        help="sensitivity: activations")
     parser.add_argument("--hiddens", default="16,32,64,128,256", help="sensitivity: hidden "
                         "sizes, integers >= 1 (every list: comma-separated, each value once)")
-    parser.add_argument("--dropouts", default="0.0,0.1,0.3,0.5")
+    parser.add_argument("--dropouts", default="0.0,0.1,0.3,0.5",
+                        help="sensitivity: dropout rates in [0, 1)")
 
 
 def sweeps(ctx: Context) -> dict[str, list[tuple[str, dict]]]:
