@@ -423,3 +423,16 @@ def test_data_dir_that_is_a_file_is_named_as_such(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["main", "--data-dir", str(tmp_path / "good.npz"), "--out", str(tmp_path / "o")])
     assert exc.value.code == 2 and "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_report_only_over_the_same_runs_leaves_the_summaries_alone(tmp_path, capsys):
+    # it rewrote the summary and pushed the previous one out of .prev.* for a copy of the
+    # same results (a CLI audit)
+    out = tmp_path / "pc"
+    main(["per-class", *TINY, "--out", str(out)])
+    (out / "per-class-s1-e3-p1000.prev.md").write_text("an older summary")
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    capsys.readouterr()
+    main(["per-class", *TINY, "--out", str(out), "--report-only"])
+    assert "already holds these results; left as it is" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before

@@ -285,5 +285,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
         print(markdown)
         parser.error(f"{exc}; the table above was not saved")
     print(markdown)
-    log("wrote " + ", ".join(str(p) for p in paths))
+    if paths:
+        log("wrote " + ", ".join(str(p) for p in paths))
     return full

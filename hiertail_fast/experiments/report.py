@@ -220,6 +220,14 @@ def _summary_files(out: Path, stem: str, payload: dict | None) -> dict[str, Path
     return files
 
 
+def _results_of(payload: dict) -> str:
+    """A summary's content apart from when and where it was made: everything but the
+    provenance (whose runs' code versions do count) and the figure names."""
+    content = {k: v for k, v in payload.items() if k not in ("provenance", "figures")}
+    content["runs_code"] = (payload.get("provenance") or {}).get("runs_code")
+    return json.dumps(content, sort_keys=True, default=str)
+
+
 def write_outputs(out: Path, stem: str, markdown: str, payload: dict,
                   figures: dict[str, Any] | None = None, log=print,
                   replace_fewer: bool = False) -> list[Path]:
@@ -263,6 +271,11 @@ def write_outputs(out: Path, stem: str, markdown: str, payload: dict,
                 "(pass --replace-summary to replace it; the old one is then kept as "
                 f"{stem}.prev.*)")
     payload.setdefault("runs", summary_runs(payload))
+    if old is not None and _results_of(payload) == _results_of(old):
+        # the same results (e.g. --report-only over the same runs): rewriting would only move
+        # the previous summary out of .prev.* for a copy of this one
+        log(f"{out / stem}.md already holds these results; left as it is")
+        return []
     writers = {f"{stem}-{name}.png": (lambda p, fig=fig: fig.savefig(
         p, format="png", dpi=110, bbox_inches="tight")) for name, fig in (figures or {}).items()}
     payload.setdefault("figures", []).extend(writers)
