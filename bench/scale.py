@@ -300,7 +300,7 @@ def run_one(spec: dict, timeout: float | None) -> dict:
     subprocess is killed after `timeout` seconds of wall clock (its imports and setup count)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
     # Passive OpenMP waiting: spinning threads collapse throughput 10x+ on a shared machine.
-    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}
+    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, _DRIVER_ENV: str(os.getpid())}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:  # subprocess.run has killed the worker
@@ -364,9 +364,30 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
+_DRIVER_ENV = "HIERTAIL_SCALE_DRIVER"     # the driver's pid, for its worker
+
+
+def _die_with_the_driver() -> None:
+    """Worker side: be killed when the driver exits, whatever way (Linux PR_SET_PDEATHSIG).
+    The driver's SIGTERM handler lets subprocess.run kill a running worker, but a signal taken
+    while Popen is still starting the worker (fork done, exec pending) escapes before there is
+    a Popen to kill it; and SIGKILL runs no handler. If the driver is already gone, exit."""
+    driver = os.environ.get(_DRIVER_ENV)
+    if driver is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(driver):        # it died before the call above: no signal comes
+        raise SystemExit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
+        _die_with_the_driver()
         print(RESULT_TAG + json.dumps(run_worker(json.loads(args.worker))), flush=True)
         return 0
     from tqdm import tqdm
