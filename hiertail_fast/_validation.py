@@ -348,6 +348,8 @@ def check_device(device: object, name: str = "device") -> torch.device:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
         raise ValueError(f"{name}={device!r} is not a device (use cpu, cuda or cuda:N)") from None
+    if dev.type not in ("cpu", "cuda"):   # meta / mps / xpu / hpu failed inside torch
+        raise ValueError(f"{name}={str(device)!r}: only cpu and cuda devices can train")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"{name}={str(device)!r}: CUDA is not available (torch "

@@ -199,9 +199,12 @@ def per_class_accuracy(y_true: Any, y_pred: Any, num_classes: int | None = None)
 
     Entries of classes with no sample in y_true are NaN.
     """
-    if num_classes is not None:
-        num_classes = _num_classes(num_classes)
-    tp, true_c, _ = _counts(*_pair(y_true, y_pred), num_classes=num_classes)
+    t, p = _pair(y_true, y_pred)
+    # K given explicitly even when num_classes is not: _counts relabels far-apart labels over
+    # the present classes, which would index the result by position, not by class id
+    num_classes = (_num_classes(num_classes) if num_classes is not None
+                   else int(max(t.max(), p.max())) + 1)
+    tp, true_c, _ = _counts(t, p, num_classes=num_classes)
     out = np.full(tp.shape, np.nan)
     np.divide(tp, true_c, out=out, where=true_c > 0)
     return out

@@ -47,9 +47,9 @@ from hiertail_fast._validation import (
     check_seed,
     is_non_finite_error,
 )
-from hiertail_fast.data.io import GraphData, open_npz
+from hiertail_fast.data.io import GraphData, check_graph_arrays, open_npz
 from hiertail_fast.data.pyg import as_graph_data
-from hiertail_fast.data.splits import natural_split
+from hiertail_fast.data.splits import natural_split, user_split
 from hiertail_fast.metrics import evaluate, macro_f1, per_class_accuracy
 from hiertail_fast.nn.hiertail import HierTail, HierTailConfig, prepare_graph
 
@@ -76,8 +76,10 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _split_parts(split: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(train, val, test) int64 index tensors from a tuple, a dict or an object with fields."""
+def _split_parts(split: Any, num_nodes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(train, val, test) int64 index tensors from a tuple, a dict or an object with fields:
+    index arrays or boolean masks, checked by `user_split` (ids in range, none repeated within
+    a set: a repeated test node counted twice in the metrics), none empty."""
     if isinstance(split, dict):
         parts = [split.get(k, split.get(f"{k}_idx")) for k in ("train", "val", "test")]
     elif isinstance(split, (tuple, list)):
@@ -87,15 +89,14 @@ def _split_parts(split: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
                  for k in ("train", "val", "test")]
     if len(parts) != 3 or any(p is None for p in parts):
         raise ValueError("split must provide train, val and test index arrays")
-    out = []
-    for name, p in zip(("train", "val", "test"), parts, strict=True):
-        t = torch.as_tensor(np.asarray(p) if not isinstance(p, torch.Tensor) else p)
-        if t.dim() != 1 or t.is_floating_point() or t.dtype == torch.bool:
-            raise ValueError(f"split[{name!r}] must be a 1-D integer index array")
-        if not t.numel():
+    try:
+        out = user_split(num_nodes, *parts)
+    except (ValueError, TypeError) as exc:
+        raise type(exc)(f"split: {exc}") from None
+    for name, t in zip(("train", "val", "test"), out, strict=True):
+        if not t.numel():               # an all-False mask
             raise ValueError(f"split[{name!r}] is empty")
-        out.append(t.long())
-    return out[0], out[1], out[2]
+    return out
 
 
 def load_split(path: str | Path) -> dict[str, np.ndarray]:
@@ -205,6 +206,19 @@ def _check_config(config: Any) -> HierTailConfig:
     return cfg
 
 
+def check_num_classes(num_classes: Any, y: Any) -> int:
+    """``num_classes`` an int above every label (a float or a str was converted by int(): 5.7
+    trained a 5-class model)."""
+    if isinstance(num_classes, (bool, np.bool_)) or not isinstance(num_classes,
+                                                                    (int, np.integer)):
+        raise TypeError(f"data.num_classes must be an int, got {type(num_classes).__name__} "
+                        f"{num_classes!r}")
+    top = int(torch.as_tensor(y).max())
+    if num_classes <= top:
+        raise ValueError(f"data.num_classes={num_classes} but the labels go up to {top}")
+    return int(num_classes)
+
+
 def check_classes(y: Any) -> None:
     """ValueError unless the labels ``y`` hold at least 2 distinct classes (a one-class graph
     would train nothing and report a perfect bAcc)."""
@@ -237,16 +251,15 @@ def prepare_run(data: Any, split: Any, seed: int | None, device: str | torch.dev
     seed = None if seed is None else check_seed(seed)
     device = check_device(device)
     data, split = as_graph_data(data, split)
+    check_graph_arrays(data.edge_index, data.x, data.y, "data")   # a hand-built GraphData too
+    check_num_classes(data.num_classes, data.y)
     check_classes(data.y)
     if seed is not None:
         seed_everything(seed)
     if split is None:
         split = natural_split(data.y, 0 if seed is None else seed)
     n = int(data.y.shape[0])
-    train_idx, val_idx, test_idx = (t.to(device) for t in _split_parts(split))
-    for name, t in (("train", train_idx), ("val", val_idx), ("test", test_idx)):
-        if int(t.min()) < 0 or int(t.max()) >= n:
-            raise ValueError(f"split[{name!r}] has indices outside [0, {n})")
+    train_idx, val_idx, test_idx = (t.to(device) for t in _split_parts(split, n))
     x = torch.as_tensor(data.x, dtype=torch.float32).to(device)
     y = torch.as_tensor(data.y).long().to(device)
     if graph is None:

@@ -122,6 +122,14 @@ def test_bad_inputs(t, p, msg):
             fn(np.array(t), np.array(p))
 
 
+def test_per_class_accuracy_indexed_by_class_id_for_far_apart_labels():
+    # labels beyond max(2**16, 4n) were relabelled over the present classes and the result came
+    # back indexed by position: [nan, 1, 0] instead of 70,001 entries (a metrics audit)
+    pca = per_class_accuracy([5, 70000], [5, 3])
+    assert pca.shape == (70001,) and pca[5] == 1.0 and pca[70000] == 0.0
+    assert np.isnan(np.delete(pca, [5, 70000])).all()
+
+
 def test_per_class_accuracy_num_classes_too_small():
     with pytest.raises(ValueError, match="num_classes"):
         per_class_accuracy([0, 5], [0, 1], num_classes=3)

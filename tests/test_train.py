@@ -223,10 +223,52 @@ def test_run_seeds_checks_the_seeds(small):
 def test_train_hiertail_refuses_duplicate_train_nodes(small):
     """Every train node twice in the split trained silently on re-weighted losses."""
     tr, va, te = natural_split(small.y, 0)
-    with pytest.raises(ValueError, match="train_idx has duplicate node ids") as info:
+    with pytest.raises(ValueError, match="split: train has duplicate node ids") as info:
         train_hiertail(small, (torch.cat([tr, tr]), va, te), HierTailConfig.paper(hidden=4),
                        epochs=2, seed=0, progress=False)
     assert type(info.value) is ValueError
+
+
+@pytest.mark.parametrize("part", [1, 2])
+def test_duplicate_val_or_test_nodes_are_refused_and_masks_accepted(small, part):
+    # a repeated test node was counted twice in the metrics (test Acc 0.83 -> 0.97 on a
+    # synthetic graph), a repeated val node in model selection (a metrics / API audit)
+    split = list(natural_split(small.y, 0))
+    split[part] = torch.cat([split[part], split[part][:5]])
+    name = ("val", "test")[part - 1]
+    with pytest.raises(ValueError, match=f"split: {name} has duplicate node ids"):
+        train_hiertail(small, tuple(split), HierTailConfig.paper(hidden=4), epochs=1, seed=0,
+                       progress=False)
+    # boolean masks, as user_split and PyG take them, give the index split's result
+    tr, va, te = natural_split(small.y, 0)
+    masks = []
+    for idx in (tr, va, te):
+        m = torch.zeros(small.num_nodes, dtype=torch.bool)
+        m[idx] = True
+        masks.append(m)
+    cfg = HierTailConfig.paper(hidden=4)
+    by_mask = train_hiertail(small, tuple(masks), cfg, epochs=2, seed=0, progress=False)
+    by_index = train_hiertail(small, (tr.sort().values, va, te), cfg, epochs=2, seed=0,
+                              progress=False)
+    assert by_mask["test"] == by_index["test"]
+
+
+def test_hand_built_graph_data_is_checked(small):
+    # the PyG path checked these, a hand-built GraphData did not (a metrics / API audit)
+    from dataclasses import replace
+    cfg = HierTailConfig.paper(hidden=4)
+    y_frac = small.y.double()
+    y_frac[0] = 0.5
+    for data, exc, msg in (
+            (replace(small, y=y_frac), ValueError, "'y' must be a 1-D integer array"),
+            (replace(small, num_classes=5.7), TypeError, "data.num_classes must be an int"),
+            (replace(small, num_classes="5"), TypeError, "data.num_classes must be an int"),
+            (replace(small, num_classes=2), ValueError, "data.num_classes=2 but the labels go"),
+            (replace(small, x=small.x[:, 0]), ValueError, "'x' must be 2-D"),
+            (replace(small, x=small.x.double() * 1e39), ValueError,
+             "'x' has values beyond float32's range")):
+        with pytest.raises(exc, match=msg):
+            train_hiertail(data, None, cfg, epochs=1, seed=0, progress=False)
 
 
 def test_fit_early_stopping_select_from_skips_validation_and_selection():

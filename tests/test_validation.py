@@ -64,3 +64,6 @@ def test_shared_training_argument_checks():
         check_device("gpu0")
     with pytest.raises(TypeError, match="device must be a str"):
         check_device(None)
+    for other in ("meta", "mps", "xpu", "hpu"):  # failed inside torch (RuntimeError, Assertion-
+        with pytest.raises(ValueError, match="only cpu and cuda devices can train"):  # Error...)
+            check_device(other)
