@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -272,7 +273,7 @@ def long_tailedness_ratio(
 
     Classes are sorted largest first; T = number of non-empty classes; s_(1) >= ... >= s_(T).
     Let k = min{j : s_(1) + ... + s_(j) >= p · n}, the number of classes reaching a share p of
-    the n instances (shares compared with a 1e-9 relative tolerance).
+    the n instances (compared exactly, p taken as the decimal it prints as).
 
     quantile="plain":    Q(p) = k (the integer quantile of the definition).
     quantile="midpoint": Q(p) = k - 0.5, the midpoint between k - 1 (classes holding just under
@@ -295,11 +296,21 @@ def long_tailedness_ratio(
     t = s.shape[0]
     n = int(s.sum())
     cum = np.cumsum(s)
-    target = float(p) * n
-    eps = 1e-9 * n
-    k = int(np.argmax(cum >= target - eps)) + 1  # cum[-1] = n > target, so some j qualifies
+    # exact: p as the decimal it prints as (np.float32(0.8) is 0.8, not 0.800000012, which
+    # moved k past a class holding exactly 80 %), shares compared in integers (a float
+    # tolerance let a head 999 instances short of 80 % of 1e12 count as reaching it)
+    frac = Fraction(str(p)) if isinstance(p, (float, np.floating)) else Fraction(p)
+    num, den = frac.numerator, frac.denominator
+    lo, hi = 0, t - 1                 # first j with cum[j] / n >= p; cum[-1] = n > p·n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if int(cum[mid]) * den >= num * n:
+            hi = mid
+        else:
+            lo = mid + 1
+    k = lo + 1
     q = float(k)
-    if quantile == "midpoint" and abs(cum[k - 1] - target) > eps:
+    if quantile == "midpoint" and int(cum[k - 1]) * den != num * n:
         q = k - 0.5
     return math.inf if q >= t else q / (t - q)
 

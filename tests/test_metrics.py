@@ -292,3 +292,17 @@ def test_long_tailedness_ratio_refuses_sizes_that_wrap_int64():
     with pytest.raises(ValueError, match="numeric"):
         long_tailedness_ratio(class_sizes=np.array([5 + 0j, 3]))
     assert long_tailedness_ratio(class_sizes=[2**40, 2**40]) == 3.0
+
+
+def test_long_tailedness_ratio_compares_shares_exactly():
+    # a 1e-9 relative tolerance: np.float32(0.8) (= 0.800000012) moved k past a class holding
+    # exactly 80 %, and a head 999 instances short of 80 % of 1e12 counted as reaching it
+    sizes = [8, 1, 1]
+    for p in (0.8, np.float32(0.8), np.float64(0.8)):
+        assert long_tailedness_ratio(class_sizes=sizes, p=p) == 0.5
+        assert long_tailedness_ratio(class_sizes=sizes, p=p, quantile="plain") == 0.5
+    n = 10**12
+    head = 8 * n // 10 - 999
+    assert long_tailedness_ratio(class_sizes=[head, n - head], quantile="plain") == math.inf
+    assert long_tailedness_ratio(class_sizes=[head + 999, n - head - 999],
+                                 quantile="plain") == 1.0
