@@ -263,12 +263,18 @@ def test_a_cached_run_on_other_data_of_the_same_shape_is_retrained(tmp_path, mon
     assert len(calls) == 2                                   # retrained, not reused
     assert f"cached run {path} was made from other data of the same shape" in \
         capsys.readouterr().out
-    assert list((runs / "email").glob("origin-*.json")) == [path]    # same file name
     fp_a, fp_b = record_a["data_fingerprint"], json.loads(path.read_text())["data_fingerprint"]
+    # B's run takes the file name; A's is kept beside it (it was overwritten: a CLI audit)
+    kept = path.with_name(f"{path.stem}.data-{fp_a.split(':')[1][:16]}.json")
+    assert sorted((runs / "email").glob("origin-*.json")) == sorted([path, kept])
+    assert json.loads(kept.read_text()) == record_a
     assert fp_a.startswith("sha256:") and fp_b.startswith("sha256:") and fp_a != fp_b
     assert a["rows"][0]["metrics"] != b["rows"][0]["metrics"]
     main([*base, "--data-dir", str(d_b), "--out", str(tmp_path / "B")])
     assert len(calls) == 2                                   # the same data: cached
+    a_again = main([*base, "--data-dir", str(d_a), "--out", str(tmp_path / "A3")])
+    assert len(calls) == 2                                   # A's kept run, not retrained
+    assert a_again["rows"][0]["metrics"] == a["rows"][0]["metrics"]
     # a legacy record (no fingerprint) is still reused, on its shape alone
     record = json.loads(path.read_text())
     del record["data_fingerprint"]

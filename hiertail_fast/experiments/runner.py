@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -178,16 +179,45 @@ class RunCache:
             return None, None
         cached = record.get("data_fingerprint")
         if fingerprint is not None and cached is not None and cached != fingerprint:
+            kept = self._kept(p, fingerprint)       # this data's run, kept by an earlier put
+            if kept is not None:
+                return kept, None
             return None, (f"cached run {p} was made from other data of the same shape "
                           f"(data fingerprint {str(cached)[:19]}, this data {fingerprint[:19]}); "
                           "treated as missing")
         return record, None
 
+    @staticmethod
+    def _version_path(p: Path, fingerprint: str) -> Path:
+        """Where the run of `p`'s identity made from the data of `fingerprint` is kept when
+        the run of other data of the same shape takes `p`."""
+        return p.with_name(f"{p.stem}.data-{str(fingerprint).split(':')[-1][:16]}.json")
+
+    def _kept(self, p: Path, fingerprint: str) -> dict | None:
+        try:
+            record = json.loads(self._version_path(p, fingerprint).read_text())
+        except (OSError, UnicodeDecodeError, ValueError):
+            return None
+        ok = isinstance(record, dict) and record.get("data_fingerprint") == fingerprint and (
+            isinstance(record.get("result"), dict) or isinstance(record.get("diverged"), str))
+        return record if ok else None
+
     def get(self, spec: RunSpec, identity: dict, fingerprint: str | None = None) -> dict | None:
         return self.lookup(spec, identity, fingerprint)[0]
 
     def put(self, spec: RunSpec, identity: dict, record: dict) -> Path:
+        """Write `record` as its identity's run; a run of other data of the same shape in that
+        file is first moved beside it (``<name>.data-<its fingerprint>.json``), where
+        `lookup` finds it again when that data comes back (it was overwritten: switching
+        between two versions of a dataset retrained every run each time)."""
         p = self.path(spec, identity)
+        try:
+            old = json.loads(p.read_text())
+        except (OSError, UnicodeDecodeError, ValueError):
+            old = None
+        cached = old.get("data_fingerprint") if isinstance(old, dict) else None
+        if cached and cached != record.get("data_fingerprint"):
+            os.replace(p, self._version_path(p, cached))
         atomic_write_text(p, json.dumps(record, indent=1, default=_json_default) + "\n")
         return p
 
@@ -318,7 +348,8 @@ def run_specs(specs: list[RunSpec], budget: Budget, source: DataSource, cache: R
         fingerprint = source.fingerprint(spec.dataset)
         record, problem = cache.lookup(spec, identity, fingerprint)
         if problem:
-            notice(problem + ("; retraining it (the file is rewritten)" if train
+            notice(problem + ("; retraining it (that run is kept beside it, as "
+                              "<name>.data-<its fingerprint>.json)" if train
                               else " (--report-only: not reported)"))
         if record is None and not train:
             missing.append(f"{spec.dataset} {spec.row} seed {seed}")
