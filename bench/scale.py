@@ -314,9 +314,11 @@ def run_one(spec: dict, timeout: float | None) -> dict:
     return {"status": f"error: {lines[-1] if lines else f'exit code {proc.returncode}'}"[:300]}
 
 
-def sweep(args: argparse.Namespace, budget: float, progress=None) -> list[dict]:
-    """All (size, method) runs, smallest size first; runs over the budgets are skipped."""
-    rows: list[dict] = []
+def sweep(args: argparse.Namespace, budget: float, progress=None,
+          rows: list[dict] | None = None) -> list[dict]:
+    """All (size, method) runs, smallest size first; runs over the budgets are skipped. The
+    rows are appended to ``rows`` as they finish (the caller keeps them if interrupted)."""
+    rows = [] if rows is None else rows
     mem_hist: dict[str, list] = {m: [] for m in args.methods}  # method -> [(nodes, bytes)]
     time_hist: dict[str, list] = {m: [] for m in args.methods}  # method -> [(nodes, seconds)]
     timed_out: dict[str, int] = {}  # method -> the size at which it ran out of time
@@ -408,7 +410,14 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tqdm(total=len(args.sizes) * len(args.methods), unit="run", desc="scale") as bar:
         bar.write(table([]))
-        rows = sweep(args, budget, bar)
+        rows: list[dict] = []
+        try:
+            sweep(args, budget, bar, rows)
+        except (KeyboardInterrupt, SystemExit) as exc:   # Ctrl-C, or SIGTERM (above)
+            bar.close()
+            print("\n" + table(rows) + f"\n\ninterrupted after {len(rows)} run(s) (the rows "
+                  f"above); nothing written, {args.out} left as it was", file=sys.stderr)
+            return 130 if isinstance(exc, KeyboardInterrupt) else int(exc.code or 1)
     info.update(wall_seconds=time.perf_counter() - started,
                 load_average_end=list(os.getloadavg()), rows=rows)
     failed = [r for r in rows if str(r["status"]).startswith("error")]

@@ -492,3 +492,24 @@ def test_a_sweep_whose_every_run_fails_keeps_the_previous_results(tmp_path, monk
     assert scale.main(argv[:3] + ["gcn", "hiertail"] + argv[4:]) == 1
     assert "1 run(s) failed" in capsys.readouterr().err
     assert "scale.prev.csv" in {p.name for p in out.iterdir()}
+
+
+def test_ctrl_c_shows_the_finished_rows_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    # a traceback before, and the rows measured so far were lost (a CLI audit)
+    calls = []
+
+    def run(spec, timeout):
+        calls.append(spec["nodes"])
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return _measured(spec, timeout)
+
+    monkeypatch.setattr(scale, "run_one", run)
+    out = tmp_path / "res"
+    _old_results(out)
+    code = scale.main(["--sizes", "100", "200", "--methods", "gcn", "--warmup", "0",
+                       "--epochs", "1", "--device", "cpu", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 130 and "interrupted after 1 run(s)" in err and "Traceback" not in err
+    assert "gcn" in err and "100" in err                       # the finished row is shown
+    assert all((out / n).read_text() == f"old {n}" for n in ("scale.csv", "scale.json"))
