@@ -148,7 +148,7 @@ def _non_negative_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=_positive_int, default=100_000,
                    help="largest graph; sizes 100, 1k, 10k, ... up to it (default 100000)")
     p.add_argument("--sizes", type=_positive_int, nargs="+", help="explicit sizes (override)")

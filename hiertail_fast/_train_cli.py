@@ -130,7 +130,7 @@ def _device_error(text: str) -> str | None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m hiertail_fast.train",
-                                description="Train HierTail (long-tail node classification).")
+                       description="Train HierTail (long-tail node classification).")
     src = p.add_argument_group("input")
     src.add_argument("--data", type=Path, help="graph in the uniform .npz format; its classes "
                      "are relabelled by size (0 = largest, as the official harness), so "

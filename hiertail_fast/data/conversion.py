@@ -202,7 +202,7 @@ def _savez(path: Path, arrays: dict) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m hiertail_fast.data",
-                                description="Dataset tools of hiertail_fast.")
+                       description="Dataset tools of hiertail_fast.")
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("convert", help="dataset name | .npz | .pt (PyG Data) -> .npz | .pt")
     c.add_argument("source", help=f"a dataset name ({', '.join(DATASETS)}), a uniform .npz "

@@ -39,8 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     from hiertail_fast._train_cli import _non_negative, _positive, threads_arg
 
     p = ArgumentParser(prog="python -m hiertail_fast.experiments",
-                                description="Reproduce one table or figure of the HierTail "
-                                "paper (see hiertail_fast/experiments/__init__.py).")
+                       description="Reproduce one table or figure of the HierTail "
+                       "paper (see hiertail_fast/experiments/__init__.py).")
     p.add_argument("name", choices=list(EXPERIMENTS))
     p.add_argument("--out", type=Path, help="results folder (default results/NAME). A summary "
                    "from other arguments is never replaced (this one goes to NAME-<hash>.*); "

@@ -95,7 +95,7 @@ def migrate(runs_dir: Path, data_dir: Path, *, dry_run: bool = False, log=print)
 
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m hiertail_fast.experiments.migrate_fingerprints",
-                                description=__doc__.split("\n\n")[0])
+                       description=__doc__.split("\n\n")[0])
     p.add_argument("runs_dir", type=Path, help="the runs folder (<dataset>/<run>.json)")
     p.add_argument("--data-dir", type=Path, help="the data folder the runs were made from "
                    "(default $HIERTAIL_DATA, else ../shared/data)")
