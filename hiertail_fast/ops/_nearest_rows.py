@@ -47,7 +47,9 @@ def native_step(fn, d: torch.Tensor):
     """The same through the C kernel ``fn`` (from ``kernel(d.dtype)``); arg is the first index
     of the minimum. d: CPU, float32 / float64, finite, unit column stride, at least one column."""
     rows, m = d.shape
-    if m == 0 or d.device.type != "cpu" or (rows > 1 and d.stride(1) != 1) or \
+    # (the column stride matters for one row too: the kernel reads a row as contiguous; a
+    # [1, m] expanded row read past its 1-element storage, a step-2 one the wrong entries)
+    if m == 0 or d.device.type != "cpu" or (m > 1 and d.stride(1) != 1) or \
             d.dtype not in _DTYPES:
         raise ValueError(f"the best-two kernel needs a CPU float32/float64 block with unit "
                          f"column stride and columns (got {tuple(d.shape)}, {d.dtype}, "
