@@ -260,11 +260,15 @@ def prepare_run(data: Any, split: Any, seed: int | None, device: str | torch.dev
         split = natural_split(data.y, 0 if seed is None else seed)
     n = int(data.y.shape[0])
     train_idx, val_idx, test_idx = (t.to(device) for t in _split_parts(split, n))
-    x = torch.as_tensor(data.x, dtype=torch.float32).to(device)
+    # detached: training optimises the model only; a data.x or edge_weight that requires grad
+    # got .grad written by every step (x), or failed the second backward through the graph
+    # built once from it (weights; an nn / PyG audit)
+    x = torch.as_tensor(data.x, dtype=torch.float32).detach().to(device)
     y = torch.as_tensor(data.y).long().to(device)
     if graph is None:
+        weight = getattr(data, "edge_weight", None)
         graph = prepare_graph(torch.as_tensor(data.edge_index), n,
-                              getattr(data, "edge_weight", None))
+                              None if weight is None else torch.as_tensor(weight).detach())
     if graph.device != device:
         graph = graph.to(device)   # a copy: caches (A², GCN degrees) are rebuilt once there
     return RunInputs(data, x, y, graph, train_idx, val_idx, test_idx, device)

@@ -122,6 +122,13 @@ def test_round_trip_graphdata_data_graphdata(fake, tmp_path):
     assert torch.equal(d2.y, g.y) and "edge_weight" not in d2
     with pytest.raises(TypeError, match="source"):
         to_pyg_data(fake.x)
+    # a misspelt or missing part gave an empty mask, silently (an nn / PyG audit)
+    tr, va, te = split
+    with pytest.raises(ValueError, match=r"split has keys \['valid'\]"):
+        to_pyg_data(g, split={"train": tr, "valid": va, "test": te})
+    for bad in ((tr, va), {"train": tr, "val": va}):
+        with pytest.raises(ValueError, match="split must give train, val and test"):
+            to_pyg_data(g, split=bad)
 
 
 def test_split_from_masks_rules(fake):
@@ -142,6 +149,9 @@ def test_split_from_masks_rules(fake):
     d.test_mask = torch.stack([te, te], dim=1)
     with pytest.raises(ValueError, match="several stored splits"):
         split_from_masks(d)
+    # masks but no node count: int(None) raised a TypeError before (an nn / PyG audit)
+    with pytest.raises(ValueError, match="no node count"):
+        split_from_masks(Data(train_mask=tr, val_mask=va, test_mask=te))
 
 
 def _recorder(monkeypatch):

@@ -411,6 +411,19 @@ def test_gcnconv_cached_follows_the_node_count():
         torch.testing.assert_close(conv(x, ei), plain(x, ei))
 
 
+def test_gcnconv_cached_on_inference_tensors():
+    # tensors made under torch.inference_mode have no version counter: reading it for the
+    # cache key raised (an nn audit); they are not cached, the result is the uncached one
+    conv, plain = GCNConv(4, 2, cached=True), GCNConv(4, 2)
+    plain.load_state_dict(conv.state_dict())
+    with torch.inference_mode():
+        x, ei = torch.randn(5, 4), torch.tensor([[0, 1, 3], [1, 2, 4]])
+        for _ in range(2):
+            torch.testing.assert_close(conv(x, ei), plain(x, ei))
+    x, ei = x.clone(), ei.clone()                       # normal tensors again: cached
+    torch.testing.assert_close(conv(x, ei), plain(x, ei))
+
+
 def test_gcnconv_checks_its_arguments_and_x():
     ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
     for bad in (True, 0, 2.0, "3"):

@@ -253,6 +253,21 @@ def test_duplicate_val_or_test_nodes_are_refused_and_masks_accepted(small, part)
     assert by_mask["test"] == by_index["test"]
 
 
+def test_inputs_that_require_grad_are_left_alone(small):
+    # x requiring grad got .grad written by training; learnable edge weights failed in epoch 2
+    # ("backward through the graph a second time": the graph is built once; an nn audit)
+    from dataclasses import replace
+    x = small.x.clone().requires_grad_()
+    w = torch.ones(small.num_edges, requires_grad=True)
+    data = replace(small, x=x, edge_weight=w)
+    cfg = HierTailConfig.paper(hidden=4)
+    got = train_hiertail(data, None, cfg, epochs=3, seed=0, progress=False)
+    want = train_hiertail(replace(small, edge_weight=torch.ones(small.num_edges)), None, cfg,
+                          epochs=3, seed=0, progress=False)
+    assert x.grad is None and w.grad is None
+    assert got["test"] == want["test"]
+
+
 def test_hand_built_graph_data_is_checked(small):
     # the PyG path checked these, a hand-built GraphData did not (a metrics / API audit)
     from dataclasses import replace

@@ -158,6 +158,8 @@ def split_from_masks(data: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
         raise ValueError(f"data has {', '.join(present)} but not {', '.join(missing)}: give all "
                          "three masks, or pass split= explicitly")
     n = data.num_nodes
+    if n is None:   # no x, no num_nodes: int(None) raised a TypeError naming neither
+        raise ValueError("data has masks but no node count (no x and no num_nodes)")
     for k, m in masks.items():
         if not isinstance(m, torch.Tensor) or m.dtype != torch.bool:
             raise ValueError(f"data.{k} must be a boolean tensor, got {type(m).__name__}"
@@ -198,7 +200,15 @@ def to_pyg_data(source: Any, *, split: Any = None):
         kwargs["edge_weight"] = source.edge_weight
     if split is not None:
         if isinstance(split, dict):
+            unknown = sorted(set(split) - {f"{k}{s}" for k in ("train", "val", "test")
+                                           for s in ("", "_idx")})
+            if unknown:   # a misspelt key ("valid") gave an empty mask, silently
+                raise ValueError(f"split has keys {unknown}; expected train, val, test (or "
+                                 "train_idx, val_idx, test_idx)")
             split = [split.get(k, split.get(f"{k}_idx")) for k in ("train", "val", "test")]
+        if not isinstance(split, (list, tuple)) or len(split) != 3 or any(
+                p is None for p in split):
+            raise ValueError("split must give train, val and test (index arrays or masks)")
         n = source.num_nodes
         for key, idx in zip(MASK_KEYS, user_split(n, *split), strict=True):
             mask = torch.zeros(n, dtype=torch.bool)

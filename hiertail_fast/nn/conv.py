@@ -24,6 +24,9 @@ class GCNConv(nn.Module):
     ``bias`` [out_channels], zeros), so weights copy over from ``torch_geometric.nn.GCNConv``
     (``lin.weight``, ``bias``). Â is applied on the narrower side: (ÂX)Wᵀ when
     in_channels < out_channels, else Â(XWᵀ) — the same result, fewer sparse flops.
+    Two differences from PyG 2.8 (reference/gcn_propagate.py): ``improved=True`` uses fill 2
+    also without edge weights (PyG's gcn_norm then silently uses 1), and several stored
+    self-loops of a node all count (PyG keeps one).
 
     Args:
         in_channels, out_channels: feature sizes.
@@ -130,7 +133,8 @@ class GCNConv(nn.Module):
 
 def _identity(*inputs) -> tuple | None:
     """What ``cached`` compares: a weak reference to each input and the version counter of its
-    values (None when the input cannot be cached: values that require grad, or an object
+    values (None when the input cannot be cached: values that require grad, inference tensors
+    (made under ``torch.inference_mode``: no version counter, reading it raised), or an object
     without weak references). A ``torch_sparse.SparseTensor``'s values are its storage's."""
     out = []
     for t in inputs:
@@ -138,7 +142,7 @@ def _identity(*inputs) -> tuple | None:
             out.append(None)
             continue
         values = t if isinstance(t, torch.Tensor) else t.storage.value()
-        if values is not None and values.requires_grad:
+        if values is not None and (values.requires_grad or values.is_inference()):
             return None
         try:
             ref = weakref.ref(t)

@@ -20,6 +20,8 @@ class TopKPool(nn.Module):
 
     score = tanh(X·p/‖p‖); keeps k nodes (``ratio`` float in (0, 1]: k = ceil(ratio·n) with
     PyG's rounding; int: k = min(ratio, n)); returns X[perm]·score[perm] and the induced graph.
+    Unlike PyG, a float is always a ratio: ``ratio=1.0`` keeps every node (PyG reads floats
+    >= 1 as counts and keeps one; ``reference.topk_pool.pyg_pool_size`` gives its k).
 
     Args:
         channels: d, the feature size.
