@@ -290,6 +290,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     except TrainingDivergedError as exc:   # a run's outcome, not a refused input: exit 1
         print(f"{parser.prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         raise SystemExit(1) from None
+    except (ValueError, TypeError) as exc:
+        # an option a method checks only when it starts (the synthetic-node counts of
+        # --up-scale / --gen-ratio depend on the seed's split): a refused input, exit 2 as
+        # those checked up front (it printed a traceback and exit 1, a diverged run's code)
+        parser.error(' '.join(str(exc).split()))
     except KeyboardInterrupt:   # Ctrl-C: a line, not a traceback from inside torch
         kept = ("" if args.json is None else f"; --json {args.json} not written" + (
             " (the existing file is unchanged)" if args.json.exists() else ""))

@@ -4,6 +4,7 @@ mean the same for every method, and the CLI's --method / --json / bad options.""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -113,6 +114,21 @@ def test_cli_method_json(tmp_path, capsys):
     assert d["config"]["faithful"]["adj_norm"]["is_official"] is False
     assert d["training"]["epochs"] == 3 and len(d["runs"]) == 2
     assert "num_synthetic" in d["runs"][0]
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--method", m, "--up-scale", "1e9"], "synthetic nodes, more than 100x the graph's")
+    for m in ("oversampling", "smote", "graphmixup")] + [
+    (["--method", "imgagn", "--gen-ratio", "1e9"], "gen_ratio=1000000000.0 asks for")])
+def test_enormous_synthetic_counts_are_refused_quickly(argv, msg, capsys):
+    # up_scale 1e9 hung for minutes, then ran out of memory, before any check; gen_ratio 1e9
+    # was refused with a traceback and exit 1, a diverged run's code (a baselines audit)
+    t0 = time.perf_counter()
+    with pytest.raises(SystemExit) as exc:
+        main(argv + ["--synthetic", "--nodes", "100", "--classes", "4", "--epochs", "2",
+                     "--seeds", "1", "--no-progress", "--im-class-num", "2"])
+    assert exc.value.code == 2 and msg in capsys.readouterr().err
+    assert time.perf_counter() - t0 < 30
 
 
 @pytest.mark.parametrize("argv, msg", [

@@ -33,14 +33,25 @@ def tail_classes(num_classes: int, im_class_num: int) -> list[int]:
     return [num_classes - 1 - i for i in range(im_class_num)]
 
 
+# The most synthetic nodes a method adds, per node of the graph: the up-sampled graph is at
+# most 101x the original (up_scale 1e9 on Email hung for minutes, then ran out of memory in the
+# per-round lists, before any check; the official runs use up_scale <= 1).
+MAX_SYNTHETIC_PER_NODE = 100
+
+
 def check_synthetic_count(count: int, num_nodes: int, what: str) -> None:
     """ValueError naming ``what`` when ``count`` synthetic nodes on a graph of ``num_nodes``
-    nodes exceed `MAX_NODES`, the most a graph can index (an enormous ``up_scale`` /
-    ``gen_ratio`` failed deep inside a list or tensor allocation, e.g. OverflowError "cannot fit
-    'int' into an index-sized integer")."""
+    nodes exceed ``MAX_SYNTHETIC_PER_NODE`` per node, or `MAX_NODES`, the most a graph can
+    index (an enormous ``up_scale`` / ``gen_ratio`` failed deep inside a list or tensor
+    allocation, e.g. OverflowError "cannot fit 'int' into an index-sized integer", or hung
+    building them until memory ran out)."""
     if num_nodes + count > MAX_NODES:
         raise ValueError(f"{what} asks for {count} synthetic nodes; with the graph's "
                          f"{num_nodes} that exceeds the {MAX_NODES} nodes a graph can hold")
+    if count > MAX_SYNTHETIC_PER_NODE * max(num_nodes, 1):
+        raise ValueError(f"{what} asks for {count} synthetic nodes, more than "
+                         f"{MAX_SYNTHETIC_PER_NODE}x the graph's {num_nodes} nodes (the most "
+                         "this harness builds)")
 
 
 def upsample_rounds(y: torch.Tensor, train_idx: torch.Tensor, num_classes: int,
