@@ -173,3 +173,20 @@ def test_user_split_and_split_file_are_used_for_every_seed(syn, tmp_path, capsys
     assert d["split"] == "user" and d["method"] == "origin"
     with pytest.raises(ValueError, match="outside"):
         train_baseline(syn, (tr, va, te + 10_000), BaselineConfig(), epochs=1)
+
+
+def test_unsorted_labels_warn_for_tail_methods(syn):
+    # the tail is the last im_class_num labels; on labels not sorted by size an up-sampling
+    # method silently up-sampled large or empty classes (a baselines audit)
+    from dataclasses import replace
+    flipped = replace(syn, y=syn.num_classes - 1 - syn.y)          # largest class last
+    with pytest.warns(UserWarning, match="not sorted by descending class size"):
+        run_baseline_seeds(flipped, BaselineConfig(method="oversampling", hidden=8), seeds=[1],
+                           epochs=1, progress=False)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run_baseline_seeds(syn, BaselineConfig(method="oversampling", hidden=8), seeds=[1],
+                           epochs=1, progress=False)
+        run_baseline_seeds(flipped, BaselineConfig(method="origin", hidden=8), seeds=[1],
+                           epochs=1, progress=False)       # no tail: nothing to say

@@ -12,13 +12,14 @@ loop's epochs, patience and model selection are the method's main training stage
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
 import torch
 
 from hiertail_fast._validation import check_epochs_patience, check_flag
 from hiertail_fast.baselines.config import BaselineConfig
-from hiertail_fast.baselines.methods import MethodContext, build_method
+from hiertail_fast.baselines.methods import METHODS, MethodContext, build_method
 from hiertail_fast.metrics import evaluate, macro_f1
 from hiertail_fast.train import (
     DEFAULT_SEEDS,
@@ -30,6 +31,22 @@ from hiertail_fast.train import (
 )
 
 __all__ = ["train_baseline", "run_baseline_seeds"]
+
+
+def _warn_unsorted_tail(cfg: BaselineConfig, y: torch.Tensor, num_classes: int) -> None:
+    """The tail is the last ``im_class_num`` labels (the official rule, for labels sorted by
+    descending class size, as load_npz / load_dataset / the CLI give them). A graph whose
+    labels are not: its "tail" may be large or empty classes, and an up-sampling method then
+    silently does little or nothing (a baselines audit): warn, naming the fix."""
+    if not getattr(METHODS[cfg.method], "uses_tail", False):
+        return
+    sizes = torch.bincount(y.cpu(), minlength=num_classes)
+    if bool((sizes[:-1] < sizes[1:]).any()):
+        warnings.warn(f"--method {cfg.method} takes the last {cfg.im_class_num} labels as the "
+                      f"tail classes, but this graph's labels are not sorted by descending class "
+                      f"size (sizes {sizes.tolist()[:12]}{' ...' if num_classes > 12 else ''}): "
+                      "relabel them first (hiertail_fast.data.io.relabel_by_size, or load_npz's "
+                      "default)", stacklevel=3)
 
 
 def train_baseline(
@@ -55,6 +72,7 @@ def train_baseline(
     run = prepare_run(data, split, seed, device, graph)
     data, x, y, graph = run.data, run.x, run.y, run.graph
     train_idx, val_idx, test_idx, device = run.train_idx, run.val_idx, run.test_idx, run.device
+    _warn_unsorted_tail(cfg, y, int(data.num_classes))
     gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
     ctx = MethodContext(x, y, graph, train_idx, int(data.num_classes), gen, val_idx=val_idx,
                         epochs=epochs, patience=patience)
