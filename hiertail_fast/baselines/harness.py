@@ -42,8 +42,9 @@ def _warn_unsorted_tail(cfg: BaselineConfig, y: torch.Tensor, num_classes: int) 
         return
     sizes = torch.bincount(y.cpu(), minlength=num_classes)
     if bool((sizes[:-1] < sizes[1:]).any()):
-        warnings.warn(f"--method {cfg.method} takes the last {cfg.im_class_num} labels as the "
-                      f"tail classes, but this graph's labels are not sorted by descending class "
+        warnings.warn(f"method {cfg.method!r} takes the last im_class_num={cfg.im_class_num} "
+                      f"labels as the tail classes, but this graph's labels are not sorted by "
+                      f"descending class "
                       f"size (sizes {sizes.tolist()[:12]}{' ...' if num_classes > 12 else ''}): "
                       "relabel them first (hiertail_fast.data.io.relabel_by_size, or load_npz's "
                       "default)", stacklevel=3)
