@@ -2,6 +2,7 @@
 contrastive (M2) and activation — validation, pool sizes, the model's layout and loss."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -32,10 +33,19 @@ def test_pool_counts_set_the_task_counts_and_cap_at_the_previous_level(g):
     assert HierTailConfig.paper(pool_counts=(9, 4)).to_dict()["pool_counts"] == [9, 4]
 
 
-@pytest.mark.parametrize("bad", [(), (0, 1), (2.5,), (True, 1)])
+@pytest.mark.parametrize("bad", [(), (0, 1), (-3,)])
 def test_pool_counts_refuse_non_positive_integers(bad):
     with pytest.raises(ValueError, match="pool_counts"):
         HierTailConfig.paper(pool_counts=bad)
+
+
+@pytest.mark.parametrize("bad", [5, "52", {4, 2}, (2.5,), (2.0,), (True, 1), (np.bool_(True),)])
+def test_pool_counts_of_the_wrong_type_are_a_type_error(bad):
+    # an int raised "'int' object is not iterable", naming no field; non-integer elements
+    # were a ValueError where hidden=8.0 is a TypeError (a config audit)
+    with pytest.raises(TypeError, match="pool_counts must"):
+        HierTailConfig.paper(pool_counts=bad)
+    assert HierTailConfig.paper(pool_counts=np.array([9, 4])).pool_counts == (9, 4)
 
 
 def test_official_bcl_needs_two_counted_levels():

@@ -338,3 +338,17 @@ def test_natural_split_sizes_rejects_impossible_class_sizes():
                      ([True], "numeric")):
         with pytest.raises(ValueError, match=msg):
             natural_split_sizes(bad)
+
+
+def test_uint64_labels_beyond_int64_are_refused(tmp_path):
+    # the check ran on the uint64 array, the int64 cast then wrapped 2**63 to a negative label:
+    # load_npz returned it silently, save_npz wrote a file load_npz refused (a config audit)
+    path = tmp_path / "g.npz"
+    y = np.array([0, 2**63, 1, 1], dtype=np.uint64)
+    np.savez(path, edge_index=np.array([[0, 1], [1, 2]]), x=np.ones((4, 2), np.float32), y=y)
+    for relabel in (False, True):
+        with pytest.raises(ValueError, match="labels above int64's range"):
+            load_npz(path, relabel_by_size=relabel)
+    with pytest.raises(ValueError, match="labels above int64's range"):
+        save_npz(tmp_path / "out.npz", np.array([[0, 1], [1, 2]]), np.ones((4, 2)), y)
+    assert not (tmp_path / "out.npz").exists()

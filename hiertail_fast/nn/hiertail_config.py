@@ -165,9 +165,16 @@ class HierTailConfig:
 
     def _check_ablation_fields(self) -> None:
         if self.pool_counts is not None:
+            # (an int, a str or a set was iterated or failed with "'int' object is not
+            # iterable"; an element that is no integer is a TypeError, as hidden's)
+            if not isinstance(self.pool_counts, (tuple, list, np.ndarray)):
+                raise TypeError(f"pool_counts must be a tuple of integers, got "
+                                f"{type(self.pool_counts).__name__} {self.pool_counts!r}")
             counts = tuple(self.pool_counts)
-            if not counts or any(isinstance(k, bool) or not isinstance(k, numbers.Integral)
-                                 or k < 1 for k in counts):
+            if any(isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral)
+                   for k in counts):
+                raise TypeError(f"pool_counts must hold integers, got {self.pool_counts!r}")
+            if not counts or any(k < 1 for k in counts):
                 raise ValueError(f"pool_counts must be a non-empty tuple of integers >= 1, got "
                                  f"{self.pool_counts!r}")
             object.__setattr__(self, "pool_counts", tuple(int(k) for k in counts))
