@@ -352,3 +352,9 @@ def test_uint64_labels_beyond_int64_are_refused(tmp_path):
     with pytest.raises(ValueError, match="labels above int64's range"):
         save_npz(tmp_path / "out.npz", np.array([[0, 1], [1, 2]]), np.ones((4, 2)), y)
     assert not (tmp_path / "out.npz").exists()
+
+
+def test_load_npz_names_a_directory(tmp_path):
+    (tmp_path / "g.npz").mkdir()
+    with pytest.raises(IsADirectoryError, match="is a directory, not an .npz graph file"):
+        load_npz(tmp_path / "g.npz")

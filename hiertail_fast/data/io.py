@@ -263,6 +263,8 @@ def load_npz(
     """
     relabel_by_size = check_flag(relabel_by_size, "relabel_by_size")
     p = Path(path)
+    if p.is_dir():              # was "not found"
+        raise IsADirectoryError(f"{p} is a directory, not an .npz graph file")
     if not p.is_file():
         raise FileNotFoundError(f"graph file not found: {p}")
     where = str(p)
