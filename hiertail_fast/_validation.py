@@ -23,6 +23,7 @@ FEATURE_NORMS = ("none", "row")
 MAX_NODES = 3_037_000_499  # n * n + n must fit in int64 for the (row, col) sort key
 # torch.manual_seed takes [-2**63, 2**64); the natural split's numpy generator only >= 0
 SEED_MAX = 2**64 - 1
+INT64_MAX = 2**63 - 1  # beyond it uint64 ids / labels wrap negative in an int64 cast
 
 
 def non_finite_error(message: str) -> ValueError:

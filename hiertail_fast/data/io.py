@@ -25,9 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hiertail_fast._validation import check_flag
-
-_INT64_MAX = int(np.iinfo(np.int64).max)
+from hiertail_fast._validation import INT64_MAX, check_flag
 
 __all__ = ["GraphData", "load_npz", "save_npz", "relabel_by_size", "size_order",
            "open_npz"]
@@ -107,7 +105,7 @@ def _check_arrays(edge_index: np.ndarray, x: np.ndarray, y: np.ndarray, where: s
         raise ValueError(f"{where}: the graph has no nodes ('y' is empty)")
     if y.min() < 0:
         raise ValueError(f"{where}: 'y' has negative labels (min {int(y.min())})")
-    if int(y.max()) > _INT64_MAX:   # uint64 labels >= 2**63 wrapped negative in the int64 cast
+    if int(y.max()) > INT64_MAX:   # uint64 labels >= 2**63 wrapped negative in the int64 cast
         raise ValueError(f"{where}: 'y' has labels above int64's range (max {int(y.max())})")
     if edge_index.ndim != 2 or edge_index.shape[0] != 2 or not _is_int(edge_index):
         raise ValueError(

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hiertail_fast._validation import check_dense_tensor, check_seed
+from hiertail_fast._validation import INT64_MAX, check_dense_tensor, check_seed
 
 __all__ = ["natural_split", "natural_split_sizes", "user_split", "class_counts", "split_counts"]
 
@@ -49,7 +49,7 @@ def _labels(y: Any) -> np.ndarray:
         raise ValueError(f"y must hold integer labels, got dtype {arr.dtype}")
     if arr.min() < 0:
         raise ValueError("y has negative labels")
-    if arr.dtype == np.uint64 and arr.max() > np.iinfo(np.int64).max:   # would wrap negative
+    if arr.dtype == np.uint64 and int(arr.max()) > INT64_MAX:   # would wrap negative
         raise ValueError(f"y has labels beyond int64 (max {int(arr.max())})")
     return arr.astype(np.int64, copy=False)
 
