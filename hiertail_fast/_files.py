@@ -139,10 +139,14 @@ def replace_keeping_prev(path: Path, text: str) -> Path | None:
     return kept[0] if kept else None
 
 
-def inside(path: Path, folder: Path) -> bool:
-    """Whether `path` is `folder` or lies under it (links followed)."""
-    path, folder = Path(path).resolve(), Path(folder).resolve()
-    return path == folder or folder in path.parents
+def overwritten_input(out: Path, inputs: list[Path]) -> Path | None:
+    """The first of `inputs` (files, or folders read whole, such as a PyG dataset's) that
+    writing `out` would replace or write into, else None (links followed)."""
+    for src in inputs:
+        resolved, folder = Path(out).resolve(), Path(src).resolve()
+        if same_file(out, src) or folder in resolved.parents:
+            return Path(src)
+    return None
 
 
 def same_file(a: Path, b: Path) -> bool:

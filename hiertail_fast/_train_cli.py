@@ -24,7 +24,12 @@ import numpy as np
 import torch
 
 from hiertail_fast._argparse import ArgumentParser
-from hiertail_fast._files import inside, replace_keeping_prev, same_file, unwritable_file_reason
+from hiertail_fast._files import (
+    overwritten_input,
+    replace_keeping_prev,
+    same_file,
+    unwritable_file_reason,
+)
 from hiertail_fast._validation import MIN_TEMPERATURE, SEED_MAX, check_threads
 from hiertail_fast.baselines.cli import add_method_arguments, method_config_from_args
 from hiertail_fast.data.io import load_npz
@@ -341,10 +346,10 @@ def _json_clash(args) -> str | None:
             inputs = dataset_input_paths(args.dataset, args.root)
         except (ValueError, TypeError):
             return None             # a bad name or root: loading the data says so
-        for path in inputs:
-            if same_file(args.json, path) or (path.suffix != ".npz" and inside(args.json, path)):
-                return (f"--json {args.json} is an input of --dataset {args.dataset} ({path}): "
-                        "it would be overwritten with the results; choose another --json path")
+        path = overwritten_input(args.json, inputs)
+        if path is not None:
+            return (f"--json {args.json} is an input of --dataset {args.dataset} ({path}): "
+                    "it would be overwritten with the results; choose another --json path")
     return None
 
 

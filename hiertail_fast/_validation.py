@@ -361,6 +361,19 @@ def check_device(device: object, name: str = "device") -> torch.device:
     return dev
 
 
+def check_num_classes(num_classes: object, y: torch.Tensor) -> int:
+    """A graph's ``num_classes``: an int above every label ``y`` (a float or a str was
+    converted by int(): 5.7 trained a 5-class model)."""
+    if isinstance(num_classes, (bool, np.bool_)) or not isinstance(num_classes,
+                                                                    (int, np.integer)):
+        raise TypeError(f"data.num_classes must be an int, got {type(num_classes).__name__} "
+                        f"{num_classes!r}")
+    top = int(torch.as_tensor(y).max())
+    if num_classes <= top:
+        raise ValueError(f"data.num_classes={num_classes} but the labels go up to {top}")
+    return int(num_classes)
+
+
 def check_num_nodes(num_nodes: object, name: str = "num_nodes") -> int:
     """``num_nodes`` as an int: any integer that ``operator.index`` accepts (int, numpy
     integers, a one-element integer tensor); bool (including numpy's) and floats are rejected

@@ -44,6 +44,7 @@ from hiertail_fast._validation import (
     check_epochs_patience,
     check_finite_number,
     check_flag,
+    check_num_classes,
     check_seed,
     is_non_finite_error,
 )
@@ -204,19 +205,6 @@ def _check_config(config: Any) -> HierTailConfig:
                 else " (use HierTailConfig(**d))" if isinstance(cfg, dict) else "")
         raise TypeError(f"config must be a HierTailConfig, got {type(cfg).__name__}{hint}")
     return cfg
-
-
-def check_num_classes(num_classes: Any, y: Any) -> int:
-    """``num_classes`` an int above every label (a float or a str was converted by int(): 5.7
-    trained a 5-class model)."""
-    if isinstance(num_classes, (bool, np.bool_)) or not isinstance(num_classes,
-                                                                    (int, np.integer)):
-        raise TypeError(f"data.num_classes must be an int, got {type(num_classes).__name__} "
-                        f"{num_classes!r}")
-    top = int(torch.as_tensor(y).max())
-    if num_classes <= top:
-        raise ValueError(f"data.num_classes={num_classes} but the labels go up to {top}")
-    return int(num_classes)
 
 
 def check_classes(y: Any) -> None:

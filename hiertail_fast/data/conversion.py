@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from hiertail_fast._argparse import ArgumentParser
-from hiertail_fast._files import inside, same_file
+from hiertail_fast._files import overwritten_input, same_file
 from hiertail_fast.data.datasets import (
     DATASETS,
     canonical_name,
@@ -170,11 +170,11 @@ def convert(source: Any, out: Any, *, root: Any = None, force: bool = False,
     for p in (out, split_out):
         if p is not None and Path(p).is_dir():
             raise IsADirectoryError(f"output {p} is a directory, not a file")
-        for src in _source_paths(source, root) if p is not None else ():
-            if same_file(p, src) or (src.suffix not in _FORMATS and inside(p, src)):
-                raise ValueError(f"output {p} is an input of source {_describe(source)} ({src})"
-                                 ": it would be overwritten (with --force) by the converted "
-                                 "graph; write to another file")
+        src = None if p is None else overwritten_input(p, _source_paths(source, root))
+        if src is not None:
+            raise ValueError(f"output {p} is an input of source {_describe(source)} ({src}): "
+                             "it would be overwritten (with --force) by the converted graph; "
+                             "write to another file")
         if p is not None and Path(p).exists() and not force:
             raise FileExistsError(f"{p} exists: pass force=True (--force) to overwrite it")
     graph, split = _read_source(source, root, download)
