@@ -30,6 +30,7 @@ import torch
 
 from hiertail_fast.ops._amp import autocast_off
 from hiertail_fast.ops._functorch import may_be_active, outside_transforms, plain, wrapped
+from hiertail_fast.ops._matmul_precision import ieee_matmuls
 
 
 def eager_twin(cls):
@@ -109,7 +110,8 @@ def first_order_backward(op: str):
     def wrap(backward):
         @functools.wraps(backward)
         def wrapper(ctx, *grad_outputs):
-            # no graph of the hand-written gradient; autocast off as in the op's forward (_amp)
+            # no graph of the hand-written gradient; autocast off and IEEE float32 GEMMs as in
+            # the op's forward (_amp, _matmul_precision)
             first = next((t for t in grad_outputs if isinstance(t, torch.Tensor)), None)
             saved = ctx.saved_tensors                     # unpacked once: see _Unpacked
             inner_saved, inner_outputs = saved, grad_outputs
@@ -120,7 +122,7 @@ def first_order_backward(op: str):
                 inner_saved = tuple(plain(t, op) for t in saved)
                 inner_outputs = tuple(plain(t, op) for t in grad_outputs)
                 outside = outside_transforms()
-            with outside, torch.no_grad(), autocast_off(first):
+            with outside, torch.no_grad(), autocast_off(first), ieee_matmuls():
                 grads = backward(_Unpacked(ctx, inner_saved), *inner_outputs)
             if not torch.is_grad_enabled():          # the usual case: create_graph=False
                 return grads

@@ -29,6 +29,7 @@ import torch
 
 from hiertail_fast.ops._amp import autocast_off
 from hiertail_fast.ops._functorch import check_transforms
+from hiertail_fast.ops._matmul_precision import ieee_matmuls
 
 BACKENDS = ("reference", "torch", "triton")
 # backends one op has beyond BACKENDS (requested with backend= on that op's calls only)
@@ -302,7 +303,8 @@ def on_input_device(t: torch.Tensor | None):
 
 def public_op(op):
     """Decorator of a public graph op: its body runs on its first tensor argument's device
-    (``on_input_device``) with autocast off there (``_amp``: the op keeps its input dtype);
+    (``on_input_device``) with autocast off there (``_amp``: the op keeps its input dtype) and
+    float32 GEMMs in IEEE float32 (``_matmul_precision``);
     under torch.func.vmap it raises, naming the op (``_functorch.check_transforms``)."""
     @functools.wraps(op)
     def wrapper(*args, **kwargs):
@@ -310,7 +312,8 @@ def public_op(op):
         first = args[0] if args and isinstance(args[0], torch.Tensor) else next(
             (a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
         if first is None or (first.is_cpu and not torch.is_autocast_enabled("cpu")):
-            return op(*args, **kwargs)      # the common case, without contexts (tiny graphs'
-        with autocast_off(first), on_input_device(first):        # calls are ~40 us on CPU)
+            with ieee_matmuls():            # the common case, without the other contexts
+                return op(*args, **kwargs)  # (tiny graphs' calls are ~40 us on CPU)
+        with autocast_off(first), on_input_device(first), ieee_matmuls():
             return op(*args, **kwargs)
     return wrapper

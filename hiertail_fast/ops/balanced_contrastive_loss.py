@@ -58,6 +58,7 @@ from hiertail_fast.ops._loss_terms import (
     make_levels,
     reduction_weights,
 )
+from hiertail_fast.ops._matmul_precision import ieee_matmuls
 from hiertail_fast.ops._temperature_grad import OfficialTemperature
 from hiertail_fast.reference.balanced_contrastive_loss import balanced_contrastive_loss_ref
 
@@ -286,7 +287,7 @@ def balanced_contrastive_loss_op(
         )
     check_transforms("balanced_contrastive_loss", grad_only=True)     # no jvp / vmap level
     z, prototypes = loss_inputs(z, prototypes)
-    with autocast_off(z), on_input_device(z):
+    with autocast_off(z), on_input_device(z), ieee_matmuls():
         return _balanced_loss(z, labels, prototypes, temperature, include_self, reduction,
                               variant, backend)
 
@@ -406,7 +407,7 @@ def hierarchical_contrastive_loss_op(
         return total
     check_transforms("hierarchical_contrastive_loss", grad_only=True)   # no jvp / vmap level
     z, *level_prototypes = loss_inputs(z, *level_prototypes)
-    with autocast_off(z), on_input_device(z):
+    with autocast_off(z), on_input_device(z), ieee_matmuls():
         return _hierarchical_loss(z, level_labels, level_prototypes, temperature, include_self,
                                   variant, backend)
 

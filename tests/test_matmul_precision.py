@@ -1,0 +1,280 @@
+"""The ops under a reduced float32 matmul precision (hiertail_fast/ops/_matmul_precision.py).
+
+``torch.set_float32_matmul_precision("medium")`` makes float32 GEMMs round their inputs to
+bf16 on CPUs with bf16 units and to TF32 on CUDA. The ops must give what they give at IEEE
+precision (bit for bit on CPU; within float32's tolerance on CUDA, whose atomics may round
+differently between runs), and leave torch's flags as they found them. The flag bookkeeping is
+checked on any machine (the CUDA flags are settable on CPU builds too); the numerical tests
+can only fail where the setting changes a plain matmul (a CPU with bf16 units, or a GPU with
+TF32), and say so by skipping elsewhere."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from hiertail_fast import (
+    balanced_contrastive_loss,
+    hierarchical_contrastive_loss,
+    nearest_prototype,
+)
+from hiertail_fast.ops import _matmul_precision as mp
+from tests.conftest import DEVICES, backend_device, requires_triton, tol
+
+needs_flags = pytest.mark.skipif(not mp.PER_BACKEND_FLAGS,
+                                 reason="torch < 2.9 has no per-backend precision flags")
+
+
+def _reset() -> None:
+    """torch's defaults: legacy "highest", every per-backend flag "none"."""
+    torch.set_float32_matmul_precision("highest")
+    if mp.PER_BACKEND_FLAGS:
+        for backend, op in (("cuda", "matmul"), ("mkldnn", "matmul"), ("cuda", "all"),
+                            ("mkldnn", "all"), ("generic", "all")):
+            mp._SET(backend, op, "none")
+
+
+@pytest.fixture(autouse=True)
+def _defaults_after():
+    _reset()
+    yield
+    _reset()
+
+
+def _state() -> tuple:
+    """Everything a user can read of the flags (a getter that raises reads as its message)."""
+    def read(get):
+        try:
+            return get()
+        except RuntimeError as e:
+            return f"raises: {str(e)[:40]}"
+    out = [read(torch.get_float32_matmul_precision)]
+    if mp.PER_BACKEND_FLAGS:
+        out += [mp._GET(b, o) for b in ("cuda", "mkldnn") for o in ("matmul", "all")]
+        out.append(mp._GET("generic", "all"))
+        out.append(read(lambda: torch.backends.cuda.matmul.allow_tf32))
+    return tuple(out)
+
+
+def _set_generic_tf32():
+    torch.backends.fp32_precision = "tf32"      # what transformers' enable_tf32 sets
+
+
+SETTINGS = {
+    "legacy medium": lambda: torch.set_float32_matmul_precision("medium"),
+    "legacy high": lambda: torch.set_float32_matmul_precision("high"),
+    "oneDNN bf16 only": lambda: setattr(torch.backends.mkldnn.matmul, "fp32_precision", "bf16"),
+    "cuBLAS tf32 only": lambda: setattr(torch.backends.cuda.matmul, "fp32_precision", "tf32"),
+    "generic tf32": _set_generic_tf32,
+    "legacy medium, oneDNN reset": lambda: (
+        torch.set_float32_matmul_precision("medium"),
+        setattr(torch.backends.mkldnn.matmul, "fp32_precision", "ieee")),
+}
+
+
+def _assert_ieee_inside() -> None:
+    assert not mp.reduced()
+    if mp.PER_BACKEND_FLAGS:
+        assert mp._GET("mkldnn", "matmul") == "ieee"
+        assert mp._GET("cuda", "matmul") == "ieee"
+
+
+@needs_flags
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_override_sets_ieee_and_restores_every_flag(setting):
+    SETTINGS[setting]()
+    before = _state()
+    assert mp.reduced()
+    with mp.ieee_matmuls():
+        _assert_ieee_inside()
+        inside = _state()
+    assert _state() == before
+    if not before[0].startswith("raises"):          # the legacy value was readable:
+        assert inside[0] == "highest"               # legacy and cuBLAS flag agree inside
+        assert inside[-1] is False                  # (allow_tf32 reads without raising)
+
+
+@needs_flags
+def test_a_flag_that_followed_its_fallback_follows_it_after():
+    """generic tf32: the matmul flags were "none" (resolving to tf32); after the call a change
+    of the generic flag reaches them again (they were not pinned to an explicit tf32)."""
+    _set_generic_tf32()
+    with mp.ieee_matmuls():
+        pass
+    torch.backends.fp32_precision = "ieee"
+    assert mp._GET("mkldnn", "matmul") == "ieee" and mp._GET("cuda", "matmul") == "ieee"
+
+
+def test_nothing_is_touched_at_ieee(monkeypatch):
+    def refuse(*a):
+        raise AssertionError("a flag was set although the precision is IEEE already")
+    with monkeypatch.context() as m:
+        m.setattr(torch, "set_float32_matmul_precision", refuse)
+        m.setattr(mp, "_SET", refuse)
+        with mp.ieee_matmuls():
+            assert not mp.reduced()
+
+
+def test_legacy_only_torch_path(monkeypatch):
+    """torch < 2.9 (no per-backend flags): "highest" for the call, the old value after."""
+    monkeypatch.setattr(mp, "PER_BACKEND_FLAGS", False)
+    torch.set_float32_matmul_precision("medium")
+    with mp.ieee_matmuls():
+        assert torch.get_float32_matmul_precision() == "highest"
+    assert torch.get_float32_matmul_precision() == "medium"
+
+
+def test_nested_and_concurrent_calls_share_one_override():
+    """The override holds until the last call leaves, whichever thread entered first."""
+    torch.set_float32_matmul_precision("medium")
+    before = _state()
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def first():
+        with mp.ieee_matmuls():
+            first_in.set()
+            second_in.wait(10)
+        first_out.set()
+
+    def second():
+        first_in.wait(10)
+        with mp.ieee_matmuls():
+            with mp.ieee_matmuls():                 # nested inside one thread
+                second_in.set()
+                first_out.wait(10)
+                seen["after first left"] = mp.reduced()
+            seen["after inner left"] = mp.reduced()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert seen == {"after first left": False, "after inner left": False}
+    assert _state() == before
+
+
+def test_an_exception_inside_restores_the_flags():
+    torch.set_float32_matmul_precision("medium")
+    before = _state()
+    with pytest.raises(ValueError, match="inside"), mp.ieee_matmuls():
+        raise ValueError("raised inside")
+    assert _state() == before
+
+
+# ------------------------------------------------------------------ the ops' numbers
+def _setting_rounds_matmuls(dev: str) -> bool:
+    """Whether "medium" changes a plain float32 matmul on this device (bf16 units on CPU,
+    TF32 on CUDA): where it does not, the numerical tests below cannot fail."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(64, 256, generator=g).to(dev)
+    b = torch.randn(256, 64, generator=g).to(dev)
+    exact = a @ b
+    torch.set_float32_matmul_precision("medium")
+    try:
+        return not torch.equal(a @ b, exact)
+    finally:
+        _reset()
+
+
+def _problem(dev: str, n: int = 700):
+    g = torch.Generator().manual_seed(3)
+    z = torch.nn.functional.normalize(torch.randn(n, 32, generator=g), dim=1) * 3
+    y = torch.randint(0, 12, (n,), generator=g)
+    protos = torch.randn(12, 32, generator=g)
+    return z.to(dev), y.to(dev), protos.to(dev)
+
+
+def _ops(backend: str, dev: str) -> dict[str, torch.Tensor]:
+    """Values and gradients of the losses (exact, official with reduction="none", three
+    levels) and the nearest prototypes, |s| up to 180 (fewer rows for the Triton interpreter)."""
+    z, y, protos = _problem(dev, 160 if backend == "triton" and dev == "cpu" else 700)
+    out = {}
+    for name, kw in (("exact", {}), ("official", dict(prototypes=protos, variant="official",
+                                                     reduction="none"))):
+        zz = z.clone().requires_grad_()
+        loss = balanced_contrastive_loss(zz, y, temperature=0.05, backend=backend, **kw)
+        loss.sum().backward()
+        out[f"{name} value"], out[f"{name} grad"] = loss.detach(), zz.grad
+    zz = z.clone().requires_grad_()
+    loss = hierarchical_contrastive_loss(zz, [y, y % 4], [protos, protos[:4]],
+                                         temperature=0.05, backend=backend)
+    loss.backward()
+    out["3 levels value"], out["3 levels grad"] = loss.detach(), zz.grad
+    nearest_backend = backend if backend in ("torch", "triton") else None
+    out["nearest"] = nearest_prototype(z * 0.37, protos, backend=nearest_backend)
+    return out
+
+
+_TRITON = pytest.param("triton", backend_device("triton"), marks=requires_triton, id="triton")
+BACKENDS = [(b, d) for b in ("torch", "attention") for d in DEVICES] + [_TRITON]
+
+
+@pytest.mark.parametrize(("backend", "dev"), BACKENDS)
+def test_ops_give_their_ieee_numbers_under_medium_precision(backend, dev):
+    assert backend_device(backend) == dev       # (the Triton launch guard: device asked for)
+    if not _setting_rounds_matmuls(dev):
+        pytest.skip(f"'medium' does not change float32 matmuls on this {dev} "
+                    "(no bf16 units / TF32): nothing to tell apart here")
+    expected = _ops(backend, dev)
+    torch.set_float32_matmul_precision("medium")
+    before = _state()
+    got = _ops(backend, dev)
+    assert _state() == before
+    for key, value in expected.items():
+        if torch.device(dev).type == "cpu" or not value.is_floating_point():
+            assert torch.equal(got[key], value), key
+        else:
+            torch.testing.assert_close(got[key], value, **tol(value.dtype), msg=key)
+
+
+def test_the_setting_would_change_the_numbers_without_the_override(monkeypatch):
+    """The check above can fail: with the override switched off the exact loss's gradient
+    moves under "medium" on a device whose matmuls it rounds."""
+    dev = DEVICES[-1]
+    if not _setting_rounds_matmuls(dev):
+        pytest.skip(f"'medium' does not change float32 matmuls on this {dev}")
+    z, y, _ = _problem(dev)
+
+    def grad():
+        zz = z.clone().requires_grad_()
+        balanced_contrastive_loss(zz, y, temperature=0.05, backend="torch").backward()
+        return zz.grad
+    expected = grad()
+    torch.set_float32_matmul_precision("medium")
+    monkeypatch.setattr(mp, "reduced", lambda: False)
+    assert not torch.allclose(grad(), expected, **tol(torch.float32))
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_compiled_ops_give_their_ieee_numbers_under_medium_precision(dev):
+    """torch.compile (fullgraph, AOTAutograd): the traced custom ops run the eager bodies,
+    which take the override when the compiled code runs."""
+    if not _setting_rounds_matmuls(dev):
+        pytest.skip(f"'medium' does not change float32 matmuls on this {dev}")
+    z, y, protos = _problem(dev, 300)
+
+    def step(zz):
+        loss = balanced_contrastive_loss(zz, y, prototypes=protos, temperature=0.05,
+                                         variant="official")
+        return loss, nearest_prototype(zz.detach() * 0.37, protos)
+
+    def run(fn):
+        zz = z.clone().requires_grad_()
+        loss, near = fn(zz)
+        loss.backward()
+        return loss.detach(), zz.grad, near
+    expected = run(step)
+    torch._dynamo.reset()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        got = run(torch.compile(step, backend="aot_eager", fullgraph=True))
+    finally:
+        torch._dynamo.reset()
+    for a, b in zip(got, expected, strict=True):
+        if torch.device(dev).type == "cpu" or not b.is_floating_point():
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a, b, **tol(b.dtype))
