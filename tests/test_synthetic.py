@@ -108,10 +108,12 @@ def test_determinism_and_seeds():
 
 
 def test_small_graphs():
-    g = make_synthetic_graph(5, 5, avg_degree=2.0, num_features=2)  # n == C: one node a class
+    with pytest.warns(UserWarning, match="make_synthetic_graph"):   # (the request missed)
+        g = make_synthetic_graph(5, 5, avg_degree=2.0, num_features=2)  # n == C: a class a node
     assert sorted(g.y.tolist()) == [0, 1, 2, 3, 4]
     assert g.num_edges > 0 and _within(g) == 0.0  # no two nodes share a class
-    g = make_synthetic_graph(15, 10, avg_degree=3.0, num_features=2)  # C <= n < 2C
+    with pytest.warns(UserWarning, match="make_synthetic_graph"):
+        g = make_synthetic_graph(15, 10, avg_degree=3.0, num_features=2)  # C <= n < 2C
     sizes = np.bincount(g.y.numpy(), minlength=10)
     assert sizes.min() >= 1 and sizes.sum() == 15 and sizes[0] == sizes.max()
     g = make_synthetic_graph(50, 2, avg_degree=0.0, num_features=2)
@@ -192,3 +194,22 @@ def test_degree_exponent_near_one_warns_nothing():
         warnings.simplefilter("error")   # was "RuntimeWarning: overflow encountered in power"
         g = make_synthetic_graph(300, 5, num_features=2, avg_degree=4.0, degree_exponent=1.0001)
     assert g.num_edges > 0 and bool(torch.isfinite(g.x).all())
+
+
+def test_a_graph_short_of_the_request_says_so():
+    """Small graphs with many classes or a high degree cannot hold the requested edges (the
+    within-class draws are capped at half a class's pairs): a UserWarning names the realised
+    degree and homophily, which .stats holds; a graph that meets the request warns nothing."""
+    import warnings
+    with pytest.warns(UserWarning, match=r"avg_degree 14\.7 and homophily 0\.66, asked for 50 "
+                                         r"and 0\.9") as caught:
+        g = make_synthetic_graph(200, 70, avg_degree=50.0, homophily=0.9, num_features=2)
+    assert g.stats["avg_degree"] == pytest.approx(14.7) and len(caught) == 1
+    assert caught[0].filename == __file__                   # points at the caller
+    with pytest.warns(UserWarning, match="homophily 0, asked for 2 and 0.8"):
+        make_synthetic_graph(5, 5, avg_degree=2.0, num_features=2)   # one node a class
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n, c in ((1_000, 10), (10_000, 70)):
+            g = make_synthetic_graph(n, c, avg_degree=10.0, num_features=2)
+            assert g.stats["avg_degree"] >= 9.5

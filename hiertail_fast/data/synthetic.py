@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -183,6 +184,29 @@ _FEATURE_SCALE_MAX = float(np.finfo(np.float32).max) / 64
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(msg)
+
+
+# how far the realised graph may miss the request before make_synthetic_graph says so
+DEGREE_SHORTFALL = 0.05          # relative, of avg_degree
+HOMOPHILY_MISS = 0.05            # absolute
+
+
+def _warn_if_short(stats: dict, avg_degree: float, homophily: float) -> None:
+    """A UserWarning when the graph misses the requested density or homophily: within-class
+    draws are capped at half of a class's pairs and between-class ones are limited by the
+    pairs there are, so small graphs with many classes or a high degree get fewer edges than
+    asked (200 nodes, 70 classes, avg_degree 50, homophily 0.9 -> 14.7 and 0.66). The
+    realised values are always in ``stats``; here the caller is told they differ."""
+    short = stats["avg_degree"] < (1.0 - DEGREE_SHORTFALL) * avg_degree
+    missed = (stats["num_undirected_edges"] > 0
+              and abs(stats["homophily"] - homophily) > HOMOPHILY_MISS)
+    if short or missed:
+        warnings.warn(
+            f"make_synthetic_graph: the graph has avg_degree {stats['avg_degree']:.3g} and "
+            f"homophily {stats['homophily']:.3g}, asked for {avg_degree:g} and {homophily:g}: "
+            "too few node pairs within or between the classes at this size (fewer classes, "
+            "more nodes or a lower degree get closer); the realised values are in .stats",
+            UserWarning, stacklevel=3)
 
 
 def make_synthetic_graph(
@@ -333,6 +357,7 @@ def make_synthetic_graph(
                   feature_noise=feature_noise, seed=seed)
     stats = dict(homophily=keys_in.shape[0] / num_und if num_und else float("nan"),
                  avg_degree=2.0 * num_und / n, num_undirected_edges=num_und)
+    _warn_if_short(stats, avg_degree, homophily)
     return SyntheticGraph(
         edge_index=torch.from_numpy(edge_index),
         x=torch.from_numpy(x),
