@@ -22,10 +22,11 @@ Input checks, the COO -> CSR build and deg^-1/2 are module-level helpers in `hie
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -56,6 +57,19 @@ _LIVE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 _FINITE_WEIGHTS = "weights checked finite"     # cache key: the weights' version last checked
+_ASSUMED = "assumed_symmetric"   # True: declared (assume_symmetric); _Versioned: inherited
+_STALE = ("arrays modified in place before the graph was copied",)   # never a version tuple
+
+
+class _Versioned(NamedTuple):
+    """A cache entry valid only for one version of the edge weights."""
+    version: int | None
+    value: Any
+
+
+# in a pickled graph's cache: "the weights' version when it was pickled" (a string: it is
+# compared by value after the round trip)
+_CURRENT = "weights' version when pickled"
 
 
 def _versions(*arrays: torch.Tensor) -> tuple | None:
@@ -70,6 +84,18 @@ def _arrays_key(indptr: torch.Tensor, indices: torch.Tensor, weight: torch.Tenso
                 num_nodes: int) -> tuple:
     return tuple((t.data_ptr(), t.shape, t.dtype, t.device) if t is not None else None
                  for t in (indptr, indices, weight)) + (int(num_nodes),)
+
+
+@contextlib.contextmanager
+def _normal_tensors():
+    """Inference mode switched off (and autograd with it) while a cache is filled: tensors
+    made under ``torch.inference_mode()`` cannot be saved for backward, so a cache filled
+    while a model was scored there made every later training step on the graph fail."""
+    if torch.compiler.is_compiling() or not torch.is_inference_mode_enabled():
+        yield           # (TorchDynamo cannot trace the mode query; compiled code has no
+        return          # inference tensors to keep)
+    with torch.inference_mode(False), torch.no_grad():
+        yield
 
 
 class CSRGraph:
@@ -119,13 +145,44 @@ class CSRGraph:
             if key not in _LIVE:
                 _LIVE[key] = self
 
+    def __getstate__(self):
+        """Pickled (``torch.save``, ``copy.copy``, a multiprocessing worker): the arrays and
+        the caches that are valid now. A loaded tensor's version counter starts afresh, so an
+        entry is kept only if it matches the weights' current version (marked "current", and
+        given the loaded weights' version on load); stale entries are dropped, and arrays
+        modified in place since construction stay refused in the copy too."""
+        stale = self._arrays_version is not None and self._arrays_version != _versions(
+            self._indptr, self._indices)
+        ver = self._weight_version()
+        cache = {}
+        if not stale:
+            for key, value in self._cache.items():
+                if key == _FINITE_WEIGHTS or isinstance(value, _Versioned):
+                    version = value if key == _FINITE_WEIGHTS else value.version
+                    if version != ver or ver == -1:
+                        continue                               # stale (or untracked): dropped
+                    value = _CURRENT if key == _FINITE_WEIGHTS else _Versioned(_CURRENT,
+                                                                               value.value)
+                cache[key] = value
+        slots = {name: getattr(self, name) for name in self.__slots__
+                 if name not in ("__weakref__", "_cache", "_arrays_version")}
+        return None, {**slots, "_cache": cache, "_arrays_version": _STALE if stale else None}
+
     def __setstate__(self, state) -> None:
-        """Unpickled (``torch.load``, ``copy.copy``): the slots restored, then registered as
-        ``__init__`` registers, so compiled ops find the graph and its caches."""
+        """Unpickled: the slots and the valid caches restored (``__getstate__``), the entries
+        marked "current" keyed by the loaded weights' version, then registered as ``__init__``
+        registers, so compiled ops find the graph and its caches."""
         _, slots = state
         for name, value in slots.items():
             object.__setattr__(self, name, value)
-        self._arrays_version = _versions(self._indptr, self._indices)    # new tensors' counters
+        ver = self._weight_version()
+        for key, value in list(self._cache.items()):
+            if key == _FINITE_WEIGHTS and value == _CURRENT:
+                self._cache[key] = ver
+            elif isinstance(value, _Versioned) and value.version == _CURRENT:
+                self._cache[key] = _Versioned(ver, value.value)
+        if self._arrays_version != _STALE:
+            self._arrays_version = _versions(self._indptr, self._indices)  # new counters
         self._register()
 
     @staticmethod
@@ -252,10 +309,11 @@ class CSRGraph:
 
     def _cached(self, key: Any, fn):
         """Cache of a STRUCTURAL quantity (depends on indptr/indices only). Computed outside
-        any torch.func transform: a plain tensor, as the arrays are (``__init__``)."""
+        any torch.func transform (a plain tensor, as the arrays are: ``__init__``) and outside
+        inference mode (``_normal_tensors``)."""
         self._check_arrays()
         if key not in self._cache:
-            with outside_transforms():
+            with outside_transforms(), _normal_tensors():
                 self._cache[key] = fn()
         return self._cache[key]
 
@@ -279,13 +337,13 @@ class CSRGraph:
         self._check_weights()
         ver = self._weight_version()
         hit = self._cache.get(key)
-        if hit is not None and hit[0] == ver and ver != -1:
-            return hit[1]
+        if hit is not None and hit.version == ver and ver != -1:
+            return hit.value
         if wrapped(self._weight):     # learnable weights inside a torch.func transform:
             return fn()               # differentiable there, and not to be kept past it
-        with outside_transforms():
+        with outside_transforms(), _normal_tensors():
             value = fn()
-        self._cache[key] = (ver, value)
+        self._cache[key] = _Versioned(ver, value)
         return value
 
     def row_index(self) -> torch.Tensor:
@@ -450,24 +508,43 @@ class CSRGraph:
         """True/False when symmetry is already known (checked for the current weights, or
         declared: inherited from a symmetric parent by subgraph / self-loop methods / A² /
         symmetrize), None when not yet checked."""
-        if self._cache.get("assumed_symmetric"):
+        if self._declared_symmetric():
             return True
         hit = self._cache.get("symmetric")
-        if hit is not None and hit[0] == self._weight_version() and hit[0] != -1:
-            return hit[1]
+        if hit is not None and hit.version == self._weight_version() and hit.version != -1:
+            return hit.value
         return None
+
+    def _declared_symmetric(self) -> bool:
+        """Symmetry declared (``assume_symmetric``), or inherited from a symmetric parent for
+        the weights as they are (None: unweighted; -1: inference tensors, no counter)."""
+        declared = self._cache.get(_ASSUMED)
+        if declared is True or not declared:
+            return bool(declared)
+        if declared.version in (None, -1) or torch.compiler.is_compiling():
+            return True                     # (traced: no counters, as in ``_versions``)
+        return declared.version == self._weight_version()
 
     def assume_symmetric(self) -> CSRGraph:
         """Declare M == Mᵀ without checking (e.g. an induced subgraph of a symmetric graph, built
         elsewhere) so backward passes reuse this CSR; returns self. Wrong use gives wrong
         gradients: only call it when symmetry holds by construction (also after any in-place
         update of the weights: the declaration is not re-checked)."""
-        self._cache["assumed_symmetric"] = True
+        self._cache[_ASSUMED] = True
         self._cache.pop("transpose", None)
         return self
 
     def _inherit_symmetry(self, child: CSRGraph) -> CSRGraph:
-        return child.assume_symmetric() if self.known_symmetric else child
+        """``child`` (a subgraph, A², the graph with self-loops changed, ...) is symmetric when
+        this graph is: recorded for the child's weights as they are now, so an in-place update
+        of them that breaks the symmetry is seen (the backward passes then check again)."""
+        if not self.known_symmetric:
+            return child
+        if torch.compiler.is_compiling():               # traced: no counters to key on
+            return child.assume_symmetric()
+        child._cache[_ASSUMED] = _Versioned(child._weight_version(), True)
+        child._cache.pop("transpose", None)
+        return child
 
     def is_symmetric(self) -> bool:
         """Whether M == Mᵀ, weights included (cached for the current weight version).

@@ -195,7 +195,7 @@ def traced_topk_pool(x, graph, score_weight, ratio, edge_weight, backend):
         x, graph.indptr, graph.indices, graph.weight, score_weight, k, backend)
     weight = None if graph.weight is None else graph.weight[entry]
     pooled = CSRGraph(indptr, indices, weight, k, validate=False)
-    if graph._cache.get("assumed_symmetric"):   # an induced subgraph of a symmetric graph
+    if graph._declared_symmetric():         # an induced subgraph of a symmetric graph
         pooled.assume_symmetric()
     return TopKPoolResult(x_pooled, pooled, pooled.edge_index(), pooled.weight, perm, score)
 
@@ -346,7 +346,7 @@ def traced_gcn_propagate(x, graph_or_edge_index, edge_weight, num_nodes, improve
         if num_nodes is not None and num_nodes != graph.num_nodes:
             raise ValueError(f"num_nodes={num_nodes} but the graph has {graph.num_nodes} nodes")
         args = (graph.indptr, graph.indices, graph.weight, graph.num_nodes)
-        symmetric = bool(graph._cache.get("assumed_symmetric", False))
+        symmetric = graph._declared_symmetric()
     else:
         _tensors(graph_or_edge_index=graph_or_edge_index)
         n = x.shape[0] if num_nodes is None else _count(num_nodes)

@@ -223,6 +223,7 @@ class GCNPropagateFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, weight, dinv, loop, ctx.graph, ctx.key, ctx.backend = inputs
+        ctx.weight_version = ctx.graph._weight_version()
         need_edge_grads = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
         # x is only needed for the edge-weight gradient: do not keep it alive otherwise
         ctx.save_for_backward(x if need_edge_grads else None, weight, dinv, loop)
@@ -235,8 +236,15 @@ class GCNPropagateFunction(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         grad_x = grad_w = grad_dinv = None
         if ctx.needs_input_grad[0]:
-            grad_x = _spmm(ctx.backend, graph, weight, dinv, loop, grad_out, key,
-                           transposed=not graph.is_symmetric())
+            if graph._weight_version() == ctx.weight_version:
+                grad_x = _spmm(ctx.backend, graph, weight, dinv, loop, grad_out, key,
+                               transposed=not graph.is_symmetric())
+            else:   # the graph's weights changed in place since the forward (autograd saw no
+                # change when what it saved is a dtype-cast copy): Âᵀ from the saved weights,
+                # not cached (the cache is keyed by the weights as they are now) and not
+                # assumed symmetric (the symmetry known now is of the new weights)
+                grad_x = _spmm(ctx.backend, graph, weight, dinv, loop, grad_out, None,
+                               transposed=True)
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             row, col = graph.row_index(), graph.indices
             if ctx.backend == "triton":

@@ -1,0 +1,162 @@
+"""CSRGraph's caches across copies, modes and in-place updates (hiertail_fast/graph.py).
+
+Each case gave a silently wrong result or a crash before (an audit of 2026-11-28): a pickled
+graph kept cache entries keyed by version counters that restart on load, an operator built by
+the backward from the saved weights was cached under the weights' new version, a symmetry
+inherited from a parent outlived an in-place update of the child's weights, and caches filled
+under ``torch.inference_mode()`` broke every later training step."""
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+
+from hiertail_fast import CSRGraph, HierTail, gcn_propagate, make_synthetic_graph
+from hiertail_fast.nn.hiertail import HierTailConfig, prepare_graph
+
+
+def _torch_round_trip(obj):
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=False)
+
+
+COPIES = {"pickle": lambda g: pickle.loads(pickle.dumps(g, protocol=5)),
+          "torch.save": _torch_round_trip, "copy.copy": copy.copy}
+
+
+def _graph(n=40, seed=0, symmetrize=False, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    s = CSRGraph.from_edge_index(torch.randint(0, n, (2, 6 * n), generator=gen), num_nodes=n,
+                                 symmetrize=symmetrize)
+    return s, torch.rand(s.num_edges, generator=gen, dtype=dtype) + 0.5
+
+
+def _fresh(g: CSRGraph) -> CSRGraph:
+    return CSRGraph(g.indptr.clone(), g.indices.clone(),
+                    None if g.weight is None else g.weight.detach().clone(), g.num_nodes)
+
+
+@pytest.mark.parametrize("how", list(COPIES))
+def test_a_copy_serves_the_weights_it_holds(how):
+    """Weights updated in place after the caches were filled, then the graph copied: the copy
+    computes with its weights (its counters restart, so an old entry could match again)."""
+    s, w = _graph()
+    g = CSRGraph(s.indptr, s.indices, torch.nn.Parameter(w), s.num_nodes)
+    x = torch.randn(s.num_nodes, 4)
+    with torch.no_grad():
+        g.weight.mul_(1.3)                           # version 1 (a first optimizer step)
+        gcn_propagate(x, g)                          # caches at version 1
+        g.weight.mul_(1.7)                           # version 2: caches stale; a loaded
+    copied = COPIES[how](g)                          # tensor's counter starts at 1
+    with torch.no_grad():
+        assert torch.equal(gcn_propagate(x, copied), gcn_propagate(x, _fresh(g)))
+        copied.weight.mul_(0.5)                      # and an update of the copy is seen
+        assert torch.equal(gcn_propagate(x, copied), gcn_propagate(x, _fresh(copied)))
+
+
+@pytest.mark.parametrize("how", list(COPIES))
+def test_a_copy_of_non_finite_weights_still_raises(how):
+    s, w = _graph()
+    w.mul_(1.0)                                      # version 1: checked finite there
+    g = CSRGraph(s.indptr, s.indices, w, s.num_nodes)
+    gcn_propagate(torch.randn(s.num_nodes, 4), g)
+    w[3] = float("nan")                              # version 2; the copy's counter: 1
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        gcn_propagate(torch.randn(s.num_nodes, 4), COPIES[how](g))
+
+
+@pytest.mark.parametrize("how", list(COPIES))
+def test_a_copy_of_arrays_modified_in_place_still_raises(how):
+    s, _ = _graph()
+    indptr, indices = s.indptr.clone(), s.indices.clone()
+    g = CSRGraph(indptr, indices)
+    x = torch.randn(s.num_nodes, 4)
+    gcn_propagate(x, g)
+    indices.copy_((indices + 1) % s.num_nodes)
+    with pytest.raises(ValueError, match="modified in place"):
+        gcn_propagate(x, COPIES[how](g))
+
+
+@pytest.mark.parametrize("how", list(COPIES))
+def test_a_copy_keeps_the_valid_caches(how):
+    """What is valid when copied comes back (no recomputation after a checkpoint load): the
+    structural entries, the weight-keyed ones of the current weights, a declared symmetry."""
+    s, w = _graph(symmetrize=True)
+    g = CSRGraph(s.indptr, s.indices, w, s.num_nodes).assume_symmetric()
+    x = torch.randn(s.num_nodes, 4)
+    before = gcn_propagate(x, g)
+    copied = COPIES[how](g)
+    assert copied._cache.keys() == g._cache.keys() and copied.known_symmetric
+    assert copied._cache is not g._cache             # copy.copy shared the dict
+    assert torch.equal(gcn_propagate(x, copied), before)
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("symmetrize", [False, True])
+def test_weights_changed_between_forward_and_backward(weight_dtype, symmetrize):
+    """autograd sees no change when it saved a dtype-cast copy of the weights: the backward
+    gives the gradient of the forward's operator, and the operator cached afterwards is the
+    new weights' (it was the old one, under the new version: later steps silently wrong)."""
+    s, w = _graph(symmetrize=symmetrize, dtype=weight_dtype)
+    if symmetrize:
+        w = torch.full_like(w, 1.5)
+    x_dtype = torch.float32 if weight_dtype == torch.float64 else torch.float64
+    g = CSRGraph(s.indptr, s.indices, w, s.num_nodes)
+    old = _fresh(g)
+    gout = torch.randn(s.num_nodes, 4, dtype=x_dtype)
+    x = torch.randn(s.num_nodes, 4, dtype=x_dtype, requires_grad=True)
+    out = gcn_propagate(x, g)
+    w.mul_(torch.rand(w.shape, dtype=w.dtype, generator=torch.Generator().manual_seed(1)) + .5)
+    out.backward(gout)
+    x_old = x.detach().clone().requires_grad_()
+    gcn_propagate(x_old, old).backward(gout)
+    torch.testing.assert_close(x.grad, x_old.grad)
+    new = _fresh(g)
+    x2, x_new = (x.detach().clone().requires_grad_() for _ in range(2))
+    gcn_propagate(x2, g).backward(gout)
+    gcn_propagate(x_new, new).backward(gout)
+    torch.testing.assert_close(x2.grad, x_new.grad)
+    with torch.no_grad():
+        torch.testing.assert_close(gcn_propagate(x, g), gcn_propagate(x, new))
+
+
+def test_an_inherited_symmetry_follows_the_childs_weights():
+    """prepare_graph's output (a symmetric parent's self-loop graph) inherits its symmetry; an
+    in-place update of its weights that breaks it is seen, as for a checked symmetry."""
+    ei = torch.randint(0, 60, (2, 300), generator=torch.Generator().manual_seed(0))
+    g = prepare_graph(ei, 60, torch.ones(300))
+    assert g.known_symmetric
+    g.weight.mul_(torch.rand(g.num_edges, generator=torch.Generator().manual_seed(1)) + 0.5)
+    assert g.known_symmetric is None and not g.is_symmetric()
+    x = torch.randn(60, 4, requires_grad=True)
+    gcn_propagate(x, g).square().sum().backward()
+    x_ref = x.detach().clone().requires_grad_()
+    gcn_propagate(x_ref, g, backend="reference").square().sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    declared = CSRGraph(g.indptr, g.indices, g.weight.clone(), 60).assume_symmetric()
+    declared.weight.mul_(2.0)                 # a declaration is the user's: it stays
+    assert declared.known_symmetric
+
+
+def test_caches_filled_in_inference_mode_serve_training():
+    """Scoring a model under torch.inference_mode() before training it filled the graph's
+    caches with inference tensors; the first training step then failed ('Inference tensors
+    cannot be saved for backward')."""
+    data = make_synthetic_graph(300, num_classes=6, avg_degree=6, seed=0)
+    graph = prepare_graph(data.edge_index, data.num_nodes)
+    x, y, train = data.x.float(), data.y.long(), torch.arange(0, 300, 2)
+    torch.manual_seed(0)
+    model = HierTail(data.num_features, 6, HierTailConfig.paper(hidden=16))
+    model.eval()
+    with torch.inference_mode():
+        scored = model(x, graph).logits
+    model.train()
+    model.loss(model(x, graph), y, train).total.backward()
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(model(x, graph).logits, scored)
