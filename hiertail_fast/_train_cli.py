@@ -13,6 +13,7 @@ or --json could not be written (the results go to stdout)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -87,6 +88,21 @@ def threads_arg(text: str) -> int:
         return check_threads(value, "threads")
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc).replace("threads must", "must", 1)) from None
+
+
+def keeps_thread_count(main):
+    """Decorator of a CLI's ``main``: torch's thread count comes back as it was when main
+    returns or raises. main sets ``--threads`` (or 1 thread on small graphs); called inside a
+    Python process, it left every later computation there on that count (and the loss's last
+    bits depend on it: README, determinism)."""
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs):
+        threads = torch.get_num_threads()
+        try:
+            return main(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+    return wrapper
 
 
 def parse_seeds(values: Sequence[str], base: int = 123) -> list[int]:
@@ -225,6 +241,7 @@ def _config_from_args(args, dataset_name: str | None) -> HierTailConfig:
     return HierTailConfig.named(args.config, **over)
 
 
+@keeps_thread_count
 def main(argv: Sequence[str] | None = None) -> dict:
     """Parse `argv`, train, print the table, write ``--json``; returns the results dict.
     User errors exit with code 2 and one line on stderr (argparse's ``parser.error``)."""

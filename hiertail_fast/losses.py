@@ -98,7 +98,13 @@ class BalancedContrastiveLoss(nn.Module):
         # the checks that read no embeddings, now rather than at the first forward
         check_loss_options(temperature, reduction, variant, include_self)
         check_temperature_value(temperature)
-        self.temperature = temperature
+        if isinstance(temperature, torch.Tensor) and not isinstance(temperature, nn.Parameter):
+            # a buffer: in the state_dict and moved by .to() (it was a plain attribute, so a
+            # checkpoint kept the constructor's value); the same tensor, so a gradient still
+            # reaches it. An nn.Parameter is registered as one by the assignment below.
+            self.register_buffer("temperature", temperature)
+        else:
+            self.temperature = temperature
         self.include_self = check_flag(include_self, "include_self")
         self.reduction = reduction
         self.variant = variant

@@ -438,3 +438,40 @@ def test_empty_graph_forward_both_configs(name):
     # a first ratio rescaled below any 1/n (many seeds of the compounding bug, n < C) is the
     # count 1 as well, not a float32 product of 0 nodes
     assert HierTailConfig.official(pool_rescale_power=10**4).pool_sizes(3, C)[0] == 1
+
+
+def test_a_state_dict_of_unshared_convs_is_refused_by_a_shared_model():
+    """share_convs=True registers one conv under several keys: a state_dict of a model with
+    separate convs loaded "All keys matched" and kept only the last level's weights."""
+    torch.manual_seed(0)
+    separate = HierTail(12, 4, HierTailConfig.paper(hidden=8))
+    shared = HierTail(12, 4, HierTailConfig.paper(hidden=8, share_convs=True))
+    with pytest.raises(RuntimeError, match=r"down\.0\.weight and down\.1\.weight hold different"):
+        shared.load_state_dict(separate.state_dict())
+    twin = HierTail(12, 4, HierTailConfig.paper(hidden=8, share_convs=True))
+    twin.load_state_dict(shared.state_dict())              # its own kind loads, still shared
+    assert twin.down[0] is twin.down[1]
+    assert all(torch.equal(a, b) for a, b in zip(twin.state_dict().values(),
+                                                 shared.state_dict().values(), strict=True))
+
+
+def test_a_tensor_temperature_of_the_loss_module_is_a_buffer():
+    """BalancedContrastiveLoss(temperature=<tensor>) kept a plain attribute: a checkpoint
+    did not carry it and .to() did not move it. Now a buffer, the same tensor (its gradient
+    still reaches it); an nn.Parameter is a parameter."""
+    from hiertail_fast import BalancedContrastiveLoss
+
+    z, y = torch.randn(40, 6), torch.arange(40) % 4
+    tau = torch.tensor(0.3, requires_grad=True)
+    module = BalancedContrastiveLoss(tau)
+    assert module.temperature is tau and list(module.state_dict()) == ["temperature"]
+    module(z, y).backward()
+    assert tau.grad is not None and tau.grad != 0
+    other = BalancedContrastiveLoss(torch.tensor(0.9))
+    other.load_state_dict(module.state_dict())
+    assert torch.equal(other(z, y), module(z, y).detach())
+    with pytest.raises(RuntimeError, match="Unexpected key"):   # a float tau has no buffer
+        BalancedContrastiveLoss(0.9).load_state_dict(module.state_dict())
+    assert module.double().temperature.dtype == torch.float64
+    learnable = BalancedContrastiveLoss(torch.nn.Parameter(torch.tensor(0.5)))
+    assert [n for n, _ in learnable.named_parameters()] == ["temperature"]

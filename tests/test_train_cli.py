@@ -235,10 +235,19 @@ def test_import_has_no_side_effects_and_the_loop_does_not_import_the_cli():
     assert proc.returncode == 0 and "clean" in proc.stdout, proc.stderr[-2000:]
 
 
-def test_threads_default_one_on_small_graphs_unless_given():
+def test_threads_default_one_on_small_graphs_unless_given(monkeypatch):
     torch.set_num_threads(2)
     assert main(TINY)["training"]["threads"] == 1   # 120 nodes < SMALL_GRAPH_NODES
-    assert main(TINY + ["--threads", "2"])["training"]["threads"] == 2
+    assert torch.get_num_threads() == 2             # restored: main() in a Python process
+    assert main(TINY + ["--threads", "1"])["training"]["threads"] == 1
+    assert torch.get_num_threads() == 2
+    def interrupted(*args, **kwargs):
+        assert torch.get_num_threads() == 1
+        raise KeyboardInterrupt
+    monkeypatch.setattr("hiertail_fast._train_cli.run_seeds", interrupted)
+    with pytest.raises(SystemExit):                 # also when it stops halfway (Ctrl-C)
+        main(TINY)
+    assert torch.get_num_threads() == 2
     assert SMALL_GRAPH_NODES > 1005                 # Email trains on one thread by default
 
 

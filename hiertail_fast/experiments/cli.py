@@ -213,6 +213,13 @@ def _result_args(args) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
+    """Run (or report) one experiment; torch's thread count is restored after it."""
+    from hiertail_fast._train_cli import keeps_thread_count
+
+    return keeps_thread_count(_main)(argv)
+
+
+def _main(argv: Sequence[str] | None) -> dict:
     import torch
 
     from hiertail_fast.experiments.report import (

@@ -196,6 +196,28 @@ class HierTail(nn.Module):
         self.classifier = nn.Linear(h, num_classes) if cfg.linear_classifier else None
         self.reset_parameters()
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        """As nn.Module's, plus: with ``share_convs`` one conv sits under several keys
+        (down.0 / down.1 ...), and a state_dict holding different tensors there comes from a
+        model that does not share its convs; loading it kept the last level's weights and
+        dropped the others with "All keys matched"."""
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        aliases: dict[int, list[str]] = {}
+        for name, t in [*self.named_parameters(remove_duplicate=False),
+                        *self.named_buffers(remove_duplicate=False)]:
+            aliases.setdefault(id(t), []).append(prefix + name)
+        for keys in aliases.values():
+            given = [k for k in keys if k in state_dict]
+            differ = [k for k in given[1:]
+                      if not torch.equal(state_dict[k], state_dict[given[0]])]
+            if differ:
+                error_msgs.append(
+                    f"{given[0]} and {differ[0]} hold different tensors, but they are one "
+                    "shared conv here (share_convs=True): the state_dict comes from a model "
+                    "whose convs are not shared (build the model with its config)")
+
     def reset_parameters(self) -> None:
         # The official GraphUNet's order (down convs, pools, up convs; a shared conv is reset
         # once per use), so a given seed draws the same random stream.
