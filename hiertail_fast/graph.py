@@ -48,7 +48,7 @@ from hiertail_fast._validation import (
     check_num_nodes,
 )
 from hiertail_fast.ops._amp import autocast_off
-from hiertail_fast.ops._functorch import outside_transforms, plain, wrapped
+from hiertail_fast.ops._functorch import check_no_tangent, outside_transforms, plain, wrapped
 
 # Live graphs by their arrays (weak references). Under torch.compile the graph ops are custom
 # ops that receive a graph's tensors, not the object (ops/_custom_graph_ops.py); they find the
@@ -122,6 +122,7 @@ class CSRGraph:
     ) -> None:
         if validate:
             indptr, indices, weight, num_nodes = check_csr(indptr, indices, weight, num_nodes)
+        check_no_tangent("CSRGraph (its edge weights)", weight)   # jvp: was a silent 0
         # built inside a torch.func transform (its tensors wrapped, _functorch): the arrays
         # and constant weights as plain tensors, so the graph and its caches outlive it
         indptr, indices = plain(indptr, "CSRGraph"), plain(indices, "CSRGraph")

@@ -2,6 +2,7 @@
 failed before its fix (checked by stashing the fix)."""
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -491,3 +492,72 @@ def test_every_op_runs_in_deterministic_mode(device):
         assert torch.isfinite(z.grad).all()
     finally:
         torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.parametrize("backend", ["torch", "attention"])
+def test_official_learnable_temperature_second_derivatives_raise(backend):
+    """Official variant, learnable tau: its dL/dtau is computed apart from dL/dz (exactly, at
+    the logits' level), and both links were missing from autograd's graph, so the mixed second
+    derivatives came back as None / 0 (the reference: 0.53, 5.2, 1.5). Now they raise."""
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(40, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    protos = torch.randn(4, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 4, (40,), generator=gen)
+    tau = torch.tensor(0.4, dtype=torch.float64, requires_grad=True)
+
+    def grads():
+        loss = balanced_contrastive_loss(z, y, prototypes=protos, temperature=tau,
+                                         variant="official", backend=backend)
+        return torch.autograd.grad(loss, (z, tau), create_graph=True)
+    gz, gtau = grads()
+    ref = balanced_contrastive_loss(z, y, prototypes=protos, temperature=tau,
+                                    variant="official", backend="reference")
+    rz, rtau = torch.autograd.grad(ref, (z, tau))
+    torch.testing.assert_close(gz, rz)
+    torch.testing.assert_close(gtau, rtau)
+    for of, wrt in ((gz.sum(), tau), (gtau, z), (gtau, protos)):
+        with pytest.raises(RuntimeError, match="cannot be differentiated again"):
+            torch.autograd.grad(of, wrt, retain_graph=True, allow_unused=True)
+
+
+def test_forward_mode_tangents_are_refused_not_dropped():
+    """A forward-mode tangent on a temperature (read as a float) or on edge weights (stored in
+    a CSRGraph) was dropped without a word: jvp gave 0 where the finite difference gave 1.4.
+    Now a RuntimeError names the op; a dual z / x already raised (torch's own error); the
+    losses' reference backend is plain autograd and gives the tangent."""
+    import torch.autograd.forward_ad as fwad
+    from torch.func import jvp
+
+    gen = torch.Generator().manual_seed(1)
+    z = torch.randn(24, 4, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, 3, (24,), generator=gen)
+    tau, one = torch.tensor(0.3, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64)
+    x = torch.randn(20, 4, generator=gen, dtype=torch.float64)
+    ei = torch.randint(0, 20, (2, 60), generator=gen)
+    w, dw = (torch.rand(60, generator=gen, dtype=torch.float64) + 0.5 for _ in range(2))
+    p = torch.randn(4, generator=gen, dtype=torch.float64)
+    refused = "forward-mode AD .* not supported"
+    for variant in ("exact", "official"):
+        with fwad.dual_level():
+            dual = fwad.make_dual(tau, one)
+            for backend in ("torch", "attention"):
+                with pytest.raises(RuntimeError, match=f"^balanced_contrastive_loss: .*{refused}"):
+                    balanced_contrastive_loss(z, y, temperature=dual, variant=variant,
+                                              backend=backend)
+            with pytest.raises(RuntimeError, match=f"^hierarchical_contrastive_loss: .*{refused}"):
+                hierarchical_contrastive_loss(z, [y, y % 2], [None, None], temperature=dual,
+                                              variant=variant)
+            tangent = fwad.unpack_dual(balanced_contrastive_loss(
+                z, y, temperature=dual, variant=variant, backend="reference")).tangent
+        eps = 1e-6
+        fd = (balanced_contrastive_loss(z, y, temperature=tau + eps, variant=variant,
+                                        backend="reference")
+              - balanced_contrastive_loss(z, y, temperature=tau - eps, variant=variant,
+                                          backend="reference")) / (2 * eps)
+        torch.testing.assert_close(tangent, fd, rtol=1e-5, atol=1e-7)
+    for backend in ("torch", "reference"):
+        with pytest.raises(RuntimeError, match=f"CSRGraph .*{refused}"):
+            jvp(functools.partial(gcn_propagate, x, ei, backend=backend), (w,), (dw,))
+        pooled_weights = functools.partial(topk_pool, x, ei, p, 0.5, backend=backend)
+        with pytest.raises(RuntimeError, match=f"CSRGraph .*{refused}"):
+            jvp(lambda w, pool=pooled_weights: pool(w).edge_weight, (w,), (dw,))

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import torch.autograd.forward_ad as _fwad
 
 _F = getattr(torch._C, "_functorch", None)
 try:
@@ -71,9 +72,24 @@ def wrapped(t) -> bool:
 def _unsupported(op: str) -> RuntimeError:
     return RuntimeError(
         f"{op}: torch.func.vmap, jvp and the transforms built on them (jacrev, jacfwd, hessian) "
-        f"are not supported: the op reads its inputs' values and runs hand-written kernels and "
-        f"gradients. torch.func.grad, grad_and_value and vjp are (first derivatives); the "
-        f"losses' backend='reference' is plain autograd (jacrev and hessian work there)")
+        f"and forward-mode AD (torch.autograd.forward_ad) are not supported: the op reads its "
+        f"inputs' values and runs hand-written kernels and gradients. torch.func.grad, "
+        f"grad_and_value and vjp are (first derivatives); the losses' backend='reference' is "
+        f"plain autograd (jacrev and hessian work there)")
+
+
+def check_no_tangent(op: str, *values) -> None:
+    """RuntimeError naming op where a tensor among ``values`` (or None) carries a forward-mode
+    tangent: a dual tensor of ``torch.autograd.forward_ad`` or of ``torch.func.jvp`` / jacfwd
+    (jvp is forward AD inside). Such a tangent was dropped without a word where a value
+    leaves autograd (a temperature read as a float, edge weights stored in a CSRGraph): a
+    tangent of 0 where the finite difference said 1.4. Nothing to do (one attribute read)
+    when no forward-mode level is open."""
+    if getattr(_fwad, "_current_level", 0) < 0 or torch.compiler.is_compiling():
+        return
+    for t in values:
+        if isinstance(t, torch.Tensor) and _fwad.unpack_dual(t).tangent is not None:
+            raise _unsupported(op)
 
 
 def plain(t, op: str):

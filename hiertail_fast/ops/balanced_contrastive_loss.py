@@ -40,7 +40,7 @@ from hiertail_fast.ops._dispatch import (  # noqa: F401  (LOSS_BACKENDS: re-expo
     refine_loss_backend,
     requested_backend,
 )
-from hiertail_fast.ops._functorch import check_transforms
+from hiertail_fast.ops._functorch import check_no_tangent, check_transforms
 from hiertail_fast.ops._loss_passes import (
     backend_module,
     block_positives,
@@ -245,14 +245,21 @@ def settle_engine(z_all: torch.Tensor, scale: float, variant: str, n_levels: int
 
 
 def _apply(z_all, lv: Levels, scale: float, include_self: bool, variant: str, reduction: str,
-           backend: str, want_grad: bool, automatic: bool):
+           backend: str, want_grad: bool, automatic: bool, tau: torch.Tensor | None = None):
     """BalancedContrastiveFunction.run with the engine of ``settle_engine``, and the fallback
     to our own engine when the attention kernels refuse the call (a shape, dtype or GPU they do
-    not support)."""
+    not support). ``tau``: the official variant's learnable temperature (``_temperature_link``),
+    which reaches the loss outside z_all: tied into the anchor with a zero factor, so that
+    differentiating dL/dz w.r.t. tau raises as every second derivative does (it was a silent
+    None / 0)."""
     backend, fp32_dot = settle_engine(z_all, scale, variant, lv.log_w.shape[0], backend,
                                       automatic)
+    anchor = graph_anchor(z_all)
+    if tau is not None and torch.is_grad_enabled():
+        tie = (tau * 0).to(z_all.device, torch.float32)
+        anchor = tie if anchor is None else anchor + tie
     args = [z_all, lv, scale, include_self, variant, reduction, backend, want_grad, fp32_dot,
-            graph_anchor(z_all)]
+            anchor]
     try:
         return BalancedContrastiveFunction.run(*args)[0]
     except _attention_lse.AttentionUnavailable:
@@ -286,6 +293,7 @@ def balanced_contrastive_loss_op(
             include_self=include_self, reduction=reduction, variant=variant,
         )
     check_transforms("balanced_contrastive_loss", grad_only=True)     # no jvp / vmap level
+    check_no_tangent("balanced_contrastive_loss", z, prototypes, temperature)   # forward AD
     z, prototypes = loss_inputs(z, prototypes)
     with autocast_off(z), on_input_device(z), ieee_matmuls():
         return _balanced_loss(z, labels, prototypes, temperature, include_self, reduction,
@@ -324,7 +332,9 @@ def _official_tau(out: torch.Tensor, tau: torch.Tensor | None, z_all: torch.Tens
     if tau is None:
         return out
     cdt = torch.float64 if z_all.dtype == torch.float64 else torch.float32
-    return out + OfficialTemperature.run(tau, z_all.detach().to(cdt), lv, scale,
+    # z_all itself, not detached: its backward then ties dL/dtau to z's sources, so a second
+    # derivative of it w.r.t. z or the prototypes raises (it was a silent None / 0)
+    return out + OfficialTemperature.run(tau, z_all.to(cdt), lv, scale,
                                            include_self, reduction_weights(lv, reduction, cdt),
                                            out.shape, out.dtype)
 
@@ -353,7 +363,7 @@ def _balanced_loss(z, labels, prototypes, temperature, include_self, reduction, 
     out = _apply(
         z_all, lv, scale, bool(include_self), variant, reduction, choice,
         torch.is_grad_enabled() and z_all.requires_grad,
-        automatic=backend is None and requested_backend() is None,
+        automatic=backend is None and requested_backend() is None, tau=tau,
     )
     return _official_tau(out, tau, z_all, lv, scale, bool(include_self), reduction)
 
@@ -406,6 +416,7 @@ def hierarchical_contrastive_loss_op(
             )
         return total
     check_transforms("hierarchical_contrastive_loss", grad_only=True)   # no jvp / vmap level
+    check_no_tangent("hierarchical_contrastive_loss", z, *level_prototypes, temperature)
     z, *level_prototypes = loss_inputs(z, *level_prototypes)
     with autocast_off(z), on_input_device(z), ieee_matmuls():
         return _hierarchical_loss(z, level_labels, level_prototypes, temperature, include_self,
@@ -433,7 +444,7 @@ def _hierarchical_loss(z, level_labels, level_prototypes, temperature, include_s
     out = _apply(
         z_big, lv, scale, bool(include_self), variant, "mean", choice,
         torch.is_grad_enabled() and z_big.requires_grad,
-        automatic=backend is None and requested_backend() is None,
+        automatic=backend is None and requested_backend() is None, tau=tau,
     )
     return _official_tau(out, tau, z_big, lv, scale, bool(include_self), "mean")
 
