@@ -642,12 +642,16 @@ class CSRGraph:
             return CSRGraph(g.indptr, g.indices, torch.zeros(0), 0, validate=False)
         dtype = g.weight.dtype if g.weight is not None else torch.get_default_dtype()
         vals = g.weight_or_ones(dtype).detach()
+        # COO x COO, not CSR x CSR: torch's CSR sparse-sparse product leaked its result's
+        # memory on CPU (torch 2.13: +0.75 MB a product at 1,500 nodes / 12k entries, the
+        # official configuration squares every pooled graph each forward) and took 3.6-12x
+        # longer (8.6-29.6 ms vs 2.4 ms there; bench-free probe, this 2-core VM, busy)
         with warnings.catch_warnings(), autocast_off(vals):  # the weights' dtype, not autocast's
-            warnings.simplefilter("ignore")  # torch's "sparse CSR is beta" notices
-            m = torch.sparse_csr_tensor(g.indptr, g.indices, vals, (n, n))
-            sq = m @ m
-        crow, col, val = sq.crow_indices().long(), sq.col_indices().long(), sq.values()
-        row = torch.repeat_interleave(torch.arange(n, device=g.device), crow.diff())
+            warnings.simplefilter("ignore")  # torch's sparse "beta" notices
+            m = torch.sparse_coo_tensor(torch.stack([g.row_index(), g.indices]), vals, (n, n),
+                                        is_coalesced=True)
+            sq = torch.sparse.mm(m, m).coalesce()
+        (row, col), val = sq.indices(), sq.values()
         keep = row != col
         # (M²)ᵀ = (Mᵀ)²: the square of a symmetric graph is symmetric
         return self._inherit_symmetry(CSRGraph._from_coo(row[keep], col[keep], val[keep], n,
