@@ -140,7 +140,7 @@ def _setup(spec: dict, nodes: int):
     else:
         model, once = _baseline(spec["method"], x, y, graph, split, int(data.num_classes), spec)
         forward = lambda: model.train_loss()  # noqa: E731
-    model = model.to(device).train()
+    model = model.to(device=device, dtype=x.dtype).train()   # not the default dtype
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     losses: list[float] = []
 

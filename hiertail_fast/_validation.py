@@ -339,6 +339,64 @@ def check_threads(threads: int, name: str = "--threads") -> int:
     return threads
 
 
+_SWITCH_ON, _SWITCH_OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def env_switch(name: str, default: bool) -> bool:
+    """An on/off environment variable (1/0, true/false, yes/no, on/off, any case; unset or
+    empty: ``default``); anything else a ValueError naming it (HIERTAIL_NATIVE=OFF and
+    HIERTAIL_SYMMETRIC=nope were read as "on" without a word)."""
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in _SWITCH_ON:
+        return True
+    if raw in _SWITCH_OFF:
+        return False
+    raise ValueError(f"{name}={raw!r} is not one of 1/0 (true/false, yes/no, on/off)")
+
+
+def env_bytes(name: str, default: int) -> int:
+    """A positive byte count from the environment (unset or empty: ``default``); anything
+    else a ValueError naming the variable (a bare int() raised "invalid literal for int()"
+    from deep inside the loss, naming nothing, and 0 or -5 were clamped silently)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a whole number of bytes") from None
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1 (bytes), got {value}")
+    return value
+
+
+def check_openmp_team(threads: int | None = None) -> None:
+    """ValueError where OpenMP may start fewer threads than torch plans a loop for
+    (``OMP_THREAD_LIMIT`` below torch's thread count, or ``OMP_DYNAMIC`` on): torch's CPU
+    product of a sparse CSR matrix with a dense one then skips rows without an error (torch
+    2.13, 800 nodes: off by 8.8 where the result is ~9), so the GCN propagation and the
+    baselines' sparse layers would return wrong numbers. Checked where such a product is made
+    (``ops/gcn_propagate._sparse_csr`` / ``_csr_matmul``)."""
+    threads = torch.get_num_threads() if threads is None else threads
+    if threads <= 1:
+        return
+    limit = os.environ.get("OMP_THREAD_LIMIT", "").strip()
+    if limit.isdigit() and int(limit) < threads:
+        raise ValueError(
+            f"OMP_THREAD_LIMIT={limit} is below torch's {threads} threads: OpenMP then runs "
+            "fewer threads than torch plans for, and torch's CPU product of a sparse CSR "
+            "matrix with a dense one skips rows (wrong results, no error); unset it or use "
+            f"torch.set_num_threads({limit}) (the command lines: --threads {limit})")
+    if os.environ.get("OMP_DYNAMIC", "").strip().lower() in ("true", "1", "yes", "on"):
+        raise ValueError(
+            "OMP_DYNAMIC is on: OpenMP may then run fewer threads than torch plans for, and "
+            "torch's CPU product of a sparse CSR matrix with a dense one skips rows (wrong "
+            "results, no error); unset it or use torch.set_num_threads(1) (the command "
+            "lines: --threads 1)")
+
+
 def check_device(device: object, name: str = "device") -> torch.device:
     """``device`` as a torch.device (a str, a torch.device or a CUDA index), ValueError when it
     is no device or a CUDA device this build / machine does not have (torch raised an

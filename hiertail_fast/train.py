@@ -166,7 +166,9 @@ def train_hiertail(
     train_idx, val_idx, test_idx, device = run.train_idx, run.val_idx, run.test_idx, run.device
     n = int(data.y.shape[0])
 
-    model = HierTail(x.shape[1], int(data.num_classes), cfg).to(device)
+    # in the features' dtype, not torch's default one (set_default_dtype(float64): the model
+    # came out float64 against float32 features, a TypeError at the first layer)
+    model = HierTail(x.shape[1], int(data.num_classes), cfg).to(device=device, dtype=x.dtype)
     opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
     y_val, y_test = y[val_idx].cpu(), y[test_idx].cpu()
 

@@ -190,3 +190,34 @@ def test_unsorted_labels_warn_for_tail_methods(syn):
                            epochs=1, progress=False)
         run_baseline_seeds(flipped, BaselineConfig(method="origin", hidden=8), seeds=[1],
                            epochs=1, progress=False)       # no tail: nothing to say
+
+
+@pytest.mark.parametrize("method", ["hiertail-paper", "hiertail-official", "origin", "imgagn",
+                                    "lte4g"])
+def test_training_under_a_float64_default_dtype(method):
+    """torch.set_default_dtype(torch.float64) made the loops build float64 models for the
+    float32 features (a dtype RuntimeError at the first layer: HierTail, every baseline) and
+    two baselines make float64 tensors of their own (ImGAGN's noise, LTE4G's masked logits).
+    The models now take the features' dtype and train (their initial weights are drawn in
+    float64 then, so the numbers differ from a float32-default run; reproducibly so)."""
+    from hiertail_fast.baselines.config import BaselineConfig
+    from hiertail_fast.baselines.harness import train_baseline
+    from hiertail_fast.nn.hiertail import HierTailConfig
+    from hiertail_fast.train import train_hiertail
+
+    data = make_synthetic_graph(240, num_classes=4, avg_degree=6, seed=0, num_features=8)
+
+    def run():
+        if method.startswith("hiertail"):
+            cfg = HierTailConfig.named(method.split("-")[1], hidden=8)
+            return train_hiertail(data, None, cfg, seed=1, epochs=3, progress=False)
+        return train_baseline(data, None, BaselineConfig(method=method), seed=1, epochs=3,
+                              progress=False)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        first, again = run(), run()
+    finally:
+        torch.set_default_dtype(default)
+    assert first["test"] == again["test"]
+    assert all(0.0 <= v <= 1.0 for v in first["test"].values()), first["test"]

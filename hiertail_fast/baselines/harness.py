@@ -77,7 +77,7 @@ def train_baseline(
     gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
     ctx = MethodContext(x, y, graph, train_idx, int(data.num_classes), gen, val_idx=val_idx,
                         epochs=epochs, patience=patience)
-    model = build_method(ctx, cfg).to(device)
+    model = build_method(ctx, cfg).to(device=device, dtype=x.dtype)   # not the default dtype
     opt = torch.optim.Adam(model.param_groups(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     y_val, y_test = y[val_idx].cpu(), y[test_idx].cpu()
 

@@ -188,8 +188,8 @@ class ImGAGN(OwnArchitectureMethod):
     def generate(self) -> None:
         """A new cycle: fresh z per block (the run's generator), a = softmax(G(z)) stored."""
         dev = self.ctx.x.device
-        self._z = [torch.randn(s, NOISE_DIM, generator=self.ctx.generator).to(dev)
-                   for _, _, s in self.blocks]
+        self._z = [torch.randn(s, NOISE_DIM, generator=self.ctx.generator,
+                               dtype=self.ctx.x.dtype).to(dev) for _, _, s in self.blocks]
         with torch.no_grad():
             for buf, g, z in zip(self.gen_weights(), self.generators, self._z, strict=True):
                 buf.copy_(F.softmax(g(z), dim=1))

@@ -103,7 +103,8 @@ class LTE4G(BaselineMethod):
         if not bool(self.routed):
             return self.classifier(embed, self.adj)
         tail = route_to_tail(embed, self.centroids, self.sep_point)
-        out = torch.full((c.x.shape[0], c.num_classes), _MASKED, device=embed.device)
+        out = torch.full((c.x.shape[0], c.num_classes), _MASKED, dtype=embed.dtype,
+                         device=embed.device)
         out[~tail, :self.sep_point] = self.students["H"](embed, self.adj)[~tail]
         out[tail, self.sep_point:] = self.students["T"](embed, self.adj)[tail]
         return out

@@ -244,7 +244,7 @@ def _main(argv: Sequence[str] | None) -> dict:
         stem = args.name + (budget.tag() if trains else "")
         _check_targets(args, out, stem, trains)
         device = _device(args)
-        data_dir = args.data_dir or Path(os.environ.get("HIERTAIL_DATA", "../shared/data"))
+        data_dir = args.data_dir or Path(os.environ.get("HIERTAIL_DATA") or "../shared/data")
         synthetic = ({"nodes": args.synthetic_nodes, "classes": args.synthetic_classes,
                       "features": 16} if args.synthetic else None)
         if synthetic is None and not data_dir.is_dir():

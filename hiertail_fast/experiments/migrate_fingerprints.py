@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                    "(default $HIERTAIL_DATA, else ../shared/data)")
     p.add_argument("--dry-run", action="store_true", help="count, write nothing")
     args = p.parse_args(argv)
-    data_dir = args.data_dir or Path(os.environ.get("HIERTAIL_DATA", "../shared/data"))
+    data_dir = args.data_dir or Path(os.environ.get("HIERTAIL_DATA") or "../shared/data")
     if not args.runs_dir.is_dir():
         p.error(f"{args.runs_dir} is not a directory")
     stats = migrate(args.runs_dir, data_dir, dry_run=args.dry_run)

@@ -36,10 +36,10 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 
 import torch
 
+from hiertail_fast._validation import env_switch
 from hiertail_fast.ops import _native
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS
 from hiertail_fast.ops._lse_torch import MAX_BLOCK_ROWS, block_bytes, exp_cutoff
@@ -53,7 +53,7 @@ MIN_ROWS = 2 * MAX_BLOCK_ROWS
 
 def enabled() -> bool:
     """False when switched off with ``HIERTAIL_SYMMETRIC=0`` (A/B runs, debugging)."""
-    return os.environ.get(ENV_VAR, "1").strip().lower() not in ("0", "false", "no", "off")
+    return env_switch(ENV_VAR, True)
 
 
 def _kernels():

@@ -37,6 +37,7 @@ import warnings
 from pathlib import Path
 
 from hiertail_fast._files import atomic_path, unwritable_dir_reason
+from hiertail_fast._validation import env_switch
 
 _HERE = Path(__file__).resolve().parent
 FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-std=gnu99", "-shared",
@@ -47,7 +48,7 @@ _LOADED: dict[str, ctypes.CDLL | None] = {}
 
 def enabled() -> bool:
     """False when the user switched the native kernels off (``HIERTAIL_NATIVE=0``)."""
-    return os.environ.get("HIERTAIL_NATIVE", "1").strip() not in ("0", "false", "no", "off")
+    return env_switch("HIERTAIL_NATIVE", True)
 
 
 def compiler() -> str | None:

@@ -225,7 +225,10 @@ int64_t hiertail_sym_stats_f32(int64_t threads, int64_t rows, int64_t cols, floa
                     col_s[k0 + k] += (double)cacc[k];
         }
     }
-    for (int t = 0; t < nt; t++)                   /* the threads' row stats, in order */
+    /* the row stats of the threads that ran, in order: OpenMP may start fewer than nt
+     * (OMP_THREAD_LIMIT, OMP_DYNAMIC), whose slots nobody initialised (read, they gave NaN
+     * losses and garbage arg-max indices) */
+    for (int t = 0; t < used; t++)
         for (int64_t i = 0; i < rows; i++)
             merge_stats(pm[t * rows + i], ps[t * rows + i], pa[t * rows + i], row_m + i,
                         row_s + i, row_a + i);

@@ -46,6 +46,7 @@ from hiertail_fast._validation import (
     check_float_matrix,
     check_no_edge_weight,
     check_num_nodes,
+    check_openmp_team,
     check_tensor,
 )
 from hiertail_fast.graph import CSRGraph, is_sparse_adjacency
@@ -65,6 +66,8 @@ def torch_sparse_available() -> bool:
 
 
 def _sparse_csr(indptr, indices, values, n) -> torch.Tensor:
+    if values.device.type == "cpu":
+        check_openmp_team()         # torch's CSR products skip rows otherwise (_validation)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
         return torch.sparse_csr_tensor(indptr, indices, values, (n, n))
@@ -78,6 +81,8 @@ def _csr_matmul(op: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     n×d output (at 100k×64 on the 2-core CPU: ~21 of ~70 ms, measured with torch.profiler).
     ``addmm(out, op, x, beta=0, out=out)`` never reads ``out`` (BLAS beta = 0 semantics: NaN/inf
     in the uninitialised memory are not propagated; tested), so neither pass is needed."""
+    if x.device.type == "cpu":
+        check_openmp_team()         # (a cached operator: the thread count may have changed)
     out = torch.empty(op.shape[0], x.shape[1], dtype=x.dtype, device=x.device)
     return torch.addmm(out, op, x, beta=0, out=out)
 

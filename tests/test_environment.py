@@ -1,0 +1,109 @@
+"""Environment variables and OpenMP settings (an audit of 2026-11-28): each case gave a wrong
+number, a crash deep inside, or a switch silently ignored."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hiertail_fast import balanced_contrastive_loss, gcn_propagate
+from hiertail_fast.ops import _lse_symmetric, _native
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_fewer_openmp_threads_than_torch_plans_for_keep_the_loss_exact():
+    """OMP_THREAD_LIMIT=1 with torch at 2 threads: the symmetric engine merged per-thread
+    slots no thread had filled (NaN losses; the official variant an IndexError with a garbage
+    arg-max). Run in a child process: OpenMP reads the variable when it starts."""
+    code = (
+        "import torch\n"
+        "from hiertail_fast import balanced_contrastive_loss as L\n"
+        "torch.set_num_threads(2)\n"
+        "g = torch.Generator().manual_seed(0)\n"
+        "z = (torch.randn(1200, 32, generator=g) / 32 ** 0.5).requires_grad_()\n"
+        "y = torch.randint(0, 12, (1200,), generator=g)\n"
+        "for variant in ('exact', 'official'):\n"
+        "    z.grad = None\n"
+        "    fast = L(z, y, temperature=0.5, variant=variant)\n"
+        "    fast.backward()\n"
+        "    gf = z.grad.clone(); z.grad = None\n"
+        "    ref = L(z, y, temperature=0.5, variant=variant, backend='reference')\n"
+        "    ref.backward()\n"
+        "    torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-6)\n"
+        "    torch.testing.assert_close(gf, z.grad, rtol=1e-4, atol=1e-7)\n"
+        "print('exact under the limit')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMP_")}
+    env.update(OMP_THREAD_LIMIT="1", HIERTAIL_SYMMETRIC="1")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0 and "exact under the limit" in proc.stdout, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("variable, value", [("OMP_THREAD_LIMIT", "1"), ("OMP_DYNAMIC", "true")])
+def test_openmp_settings_that_break_torchs_sparse_products_are_refused(monkeypatch, variable,
+                                                                       value):
+    """Under them torch's CPU CSR x dense product skips rows without an error (torch 2.13,
+    800 nodes: off by 8.8 on results ~9): the propagation refuses, naming the variable; at
+    one torch thread there is nothing to skip."""
+    ei = torch.randint(0, 30, (2, 90), generator=torch.Generator().manual_seed(0))
+    x = torch.randn(30, 4)
+    threads = torch.get_num_threads()
+    monkeypatch.setenv(variable, value)
+    try:
+        torch.set_num_threads(2)
+        with pytest.raises(ValueError, match=f"{variable}.*skips rows"):
+            gcn_propagate(x, ei)
+        torch.set_num_threads(1)
+        monkeypatch.delenv(variable)
+        expected = gcn_propagate(x, ei)
+        monkeypatch.setenv(variable, value)
+        assert torch.equal(gcn_propagate(x, ei), expected)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("value, on", [("OFF", False), ("False", False), ("no", False),
+                                       ("0", False), ("ON", True), ("1", True), ("", True)])
+def test_switches_read_any_case(monkeypatch, value, on):
+    """HIERTAIL_NATIVE=OFF / False / No were read as "on" (only lower case counted)."""
+    monkeypatch.setenv("HIERTAIL_NATIVE", value)
+    monkeypatch.setenv("HIERTAIL_SYMMETRIC", value)
+    assert _native.enabled() is on and _lse_symmetric.enabled() is on
+
+
+@pytest.mark.parametrize("name", ["HIERTAIL_NATIVE", "HIERTAIL_SYMMETRIC"])
+def test_an_unknown_switch_value_is_an_error_naming_it(monkeypatch, name):
+    monkeypatch.setenv(name, "nope")
+    z, y = torch.randn(600, 8), torch.arange(600) % 3
+    with pytest.raises(ValueError, match=f"{name}='nope' is not one of 1/0"):
+        balanced_contrastive_loss(z, y)
+
+
+@pytest.mark.parametrize("value, message", [("48MB", "not a whole number"),
+                                            ("1e6", "not a whole number"),
+                                            ("0", "must be >= 1"), ("-5", "must be >= 1")])
+def test_block_bytes_must_be_a_positive_integer(monkeypatch, value, message):
+    """A bare int() raised "invalid literal for int()" from inside the loss, naming nothing;
+    0 and negative values were clamped silently."""
+    monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", value)
+    with pytest.raises(ValueError, match=f"HIERTAIL_CPU_BLOCK_BYTES.*{message}"):
+        balanced_contrastive_loss(torch.randn(40, 4), torch.arange(40) % 3)
+    monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", " 4096 ")
+    balanced_contrastive_loss(torch.randn(40, 4), torch.arange(40) % 3)
+
+
+def test_an_empty_data_variable_is_unset_for_the_experiments(monkeypatch, tmp_path, capsys):
+    """HIERTAIL_DATA='' made the experiments read the working directory as the data folder
+    (the training CLI already treated it as unset)."""
+    from hiertail_fast.experiments.cli import main
+
+    monkeypatch.setenv("HIERTAIL_DATA", "")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        main(["main", "--no-progress", "--device", "cpu", "--out", str(tmp_path / "out")])
+    assert "../shared/data" in capsys.readouterr().err
