@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import warnings
 import weakref
 from typing import Any, NamedTuple
 
@@ -33,6 +32,7 @@ import torch
 from hiertail_fast._csr import (  # noqa: F401  (is_sparse_adjacency: re-exported)
     check_csr,
     coo_to_csr,
+    csr_square,
     deg_inv_sqrt,
     is_sparse_adjacency,
     sparse_to_coo,
@@ -639,19 +639,12 @@ class CSRGraph:
         g = self.remove_self_loops().with_self_loops(1.0)
         n = g.num_nodes
         if n == 0:
-            return CSRGraph(g.indptr, g.indices, torch.zeros(0), 0, validate=False)
+            return CSRGraph(g.indptr, g.indices, torch.zeros(0, device=g.device), 0,
+                            validate=False)
         dtype = g.weight.dtype if g.weight is not None else torch.get_default_dtype()
         vals = g.weight_or_ones(dtype).detach()
-        # COO x COO, not CSR x CSR: torch's CSR sparse-sparse product leaked its result's
-        # memory on CPU (torch 2.13: +0.75 MB a product at 1,500 nodes / 12k entries, the
-        # official configuration squares every pooled graph each forward) and took 3.6-12x
-        # longer (8.6-29.6 ms vs 2.4 ms there; bench-free probe, this 2-core VM, busy)
-        with warnings.catch_warnings(), autocast_off(vals):  # the weights' dtype, not autocast's
-            warnings.simplefilter("ignore")  # torch's sparse "beta" notices
-            m = torch.sparse_coo_tensor(torch.stack([g.row_index(), g.indices]), vals, (n, n),
-                                        is_coalesced=True)
-            sq = torch.sparse.mm(m, m).coalesce()
-        (row, col), val = sq.indices(), sq.values()
+        with autocast_off(vals):                    # the weights' dtype, not autocast's
+            row, col, val = csr_square(g.indptr, g.indices, vals, n)
         keep = row != col
         # (M²)ᵀ = (Mᵀ)²: the square of a symmetric graph is symmetric
         return self._inherit_symmetry(CSRGraph._from_coo(row[keep], col[keep], val[keep], n,
