@@ -255,9 +255,8 @@ def _apply(z_all, lv: Levels, scale: float, include_self: bool, variant: str, re
     backend, fp32_dot = settle_engine(z_all, scale, variant, lv.log_w.shape[0], backend,
                                       automatic)
     anchor = graph_anchor(z_all)
-    if tau is not None and torch.is_grad_enabled():
-        tie = (tau * 0).to(z_all.device, torch.float32)
-        anchor = tie if anchor is None else anchor + tie
+    if tau is not None and anchor is not None:      # (no dL/dz, nothing to guard: None)
+        anchor = anchor + (tau * 0).to(anchor.device, anchor.dtype)
     args = [z_all, lv, scale, include_self, variant, reduction, backend, want_grad, fp32_dot,
             anchor]
     try:
