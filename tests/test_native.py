@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -281,3 +282,44 @@ def test_big_blocks_split_over_threads_bit_for_bit(monkeypatch, threads):
     finally:
         torch.set_num_threads(old_threads)
     assert torch.equal(one[0], split[0]) and torch.equal(one[1], split[1])
+
+
+@pytest.mark.parametrize("damage", ["truncated", "another kernel"])
+def test_a_damaged_cached_library_is_built_again(fresh_native, damage):
+    """A cached .so that is not the file its build wrote (a copied or synced cache, a disk
+    fault) was loaded as it was: a truncated one killed the process with SIGBUS on every run,
+    another kernel's library failed at its first symbol. Its recorded sha256 no longer
+    matches: it is built again. Checked in a child process (a SIGBUS would end pytest)."""
+    _lib()
+    (lib,) = fresh_native.glob("_positive_blocks-*.so")
+    data = lib.read_bytes()
+    if damage == "truncated":
+        lib.write_bytes(data[: len(data) // 3])
+    else:
+        _lib_of = native_mod.load("_block_exp")
+        assert _lib_of is not None
+        (other,) = fresh_native.glob("_block_exp-*.so")
+        lib.write_bytes(other.read_bytes())
+    code = ("import hiertail_fast.ops._native as n\n"
+            "lib = n.load('_positive_blocks')\n"
+            "assert lib is not None and hasattr(lib, 'hiertail_positives_f32')\n"
+            "print('loaded')\n")
+    env = {**os.environ, "HIERTAIL_NATIVE_CACHE": str(fresh_native)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and "loaded" in proc.stdout, (proc.returncode, proc.stderr)
+    assert lib.read_bytes() == data                       # rebuilt in place, the same bytes
+
+
+def test_a_temp_fallback_others_may_write_to_is_not_used(fresh_native, monkeypatch, tmp_path):
+    """The fallback's name is predictable, in a world-writable directory: a folder others
+    may write to (a library planted there would be loaded) is refused."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("HIERTAIL_NATIVE_CACHE", str(blocker / "cache"))
+    monkeypatch.setattr(native_mod.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    fallback = tmp_path / "tmp" / f"hiertail_fast-native-{os.getuid()}"
+    fallback.mkdir(parents=True)
+    fallback.chmod(0o777)
+    with pytest.raises(OSError, match="only this user may write to"):
+        native_mod._build(native_mod._HERE / "_positive_blocks.c", native_mod.compiler())

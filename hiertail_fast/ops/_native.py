@@ -92,9 +92,10 @@ def _build(source: Path, cc: str, openmp: bool = False) -> Path:
     reasons = []
     for out_dir in (cache_dir(), fallback):      # an unwritable cache: the temp directory
         lib = out_dir / name
-        if lib.exists():
+        reason = _foreign_dir_reason(out_dir) if out_dir == fallback else None
+        if reason is None and _intact(lib):
             return lib
-        reason = unwritable_dir_reason(out_dir)
+        reason = reason or unwritable_dir_reason(out_dir)
         if reason is None:
             break
         reasons.append(reason)
@@ -110,7 +111,42 @@ def _build(source: Path, cc: str, openmp: bool = False) -> Path:
                 obj.unlink(missing_ok=True)
         else:
             _run(cc, [*FLAGS, str(source), "-o", str(tmp), "-lm"], source)
+    with atomic_path(_digest_path(lib)) as tmp:   # written after the library: see _intact
+        tmp.write_text(_digest(lib))
     return lib
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _digest_path(lib: Path) -> Path:
+    return lib.with_name(lib.name + ".sha256")
+
+
+def _intact(lib: Path) -> bool:
+    """Whether ``lib`` is the file its build wrote (its sha256 as recorded beside it). Only
+    then is it loaded: a truncated .so (a copied or synced cache, a disk fault) was mapped by
+    the loader and killed the process with SIGBUS on every run; another kernel's library
+    under the name failed at the first symbol. Otherwise it is built again (atomically)."""
+    try:
+        return _digest_path(lib).read_text().strip() == _digest(lib)
+    except OSError:
+        return False
+
+
+def _foreign_dir_reason(path: Path) -> str | None:
+    """Why the temp-directory fallback at ``path`` must not be used: another user owns it or
+    others may write to it (its name is predictable, in a world-writable directory: a
+    library planted there would be loaded)."""
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)   # ours alone when we create it
+        st = path.stat()
+    except OSError:
+        return None                              # (unwritable_dir_reason says why)
+    if hasattr(os, "getuid") and (st.st_uid != os.getuid() or st.st_mode & 0o022):
+        return f"{path} is not a directory only this user may write to"
+    return None
 
 
 def _run(cc: str, args: list[str], source: Path) -> None:
