@@ -4,6 +4,7 @@ sparse tensors, ``torch_sparse.SparseTensor``). Same orientation and duplicate r
 `hiertail_fast.graph` docstring; nothing here mutates a caller's tensor."""
 from __future__ import annotations
 
+import threading
 import warnings
 
 import numpy as np
@@ -80,6 +81,30 @@ def coo_to_csr(
     return indptr, col, w
 
 
+_NOTICES = threading.Lock()
+_notices_seen = False
+
+
+def sparse_notices_seen() -> None:
+    """torch warns once per process that its sparse CSR support is beta and that sparse
+    invariant checks are off. Both are drawn here, once, under ``catch_warnings`` and a lock,
+    so no product needs ``catch_warnings`` around it: that context swaps the process-wide
+    filter list and is not thread-safe (around every product, concurrent calls left an
+    "ignore" filter behind that silenced every later warning of the process)."""
+    global _notices_seen
+    if _notices_seen:
+        return
+    with _NOTICES:
+        if not _notices_seen:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                m = torch.sparse_csr_tensor(torch.tensor([0, 1]), torch.tensor([0]),
+                                            torch.ones(1), (1, 1))
+                m @ m
+                m @ torch.ones(1, 1)
+            _notices_seen = True
+
+
 def csr_square(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, n: int,
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """COO ``(row, col, value)`` of M·M for the CSR matrix M (int64 indices; value in
@@ -100,10 +125,9 @@ def csr_square(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor
         return (torch.from_numpy(sq.row.astype(np.int64)),
                 torch.from_numpy(sq.col.astype(np.int64)),
                 torch.from_numpy(sq.data).to(values.dtype))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")          # torch's "sparse CSR is beta" notices
-        m = torch.sparse_csr_tensor(indptr, indices, values, (n, n))
-        sq = m @ m
+    sparse_notices_seen()
+    m = torch.sparse_csr_tensor(indptr, indices, values, (n, n))
+    sq = m @ m
     crow, col = sq.crow_indices().long(), sq.col_indices().long()
     row = torch.repeat_interleave(torch.arange(n, device=indices.device), crow.diff())
     return row, col, sq.values()

@@ -160,3 +160,66 @@ def test_caches_filled_in_inference_mode_serve_training():
     model.eval()
     with torch.no_grad():
         assert torch.equal(model(x, graph).logits, scored)
+
+
+def test_no_product_swaps_the_warning_filters(monkeypatch):
+    """catch_warnings() around every sparse product swapped the process-wide filter list;
+    concurrent calls left an "ignore" filter behind that silenced every later warning. torch's
+    one-time sparse notices are now drawn once (_csr.sparse_notices_seen): no product enters
+    catch_warnings any more."""
+    import warnings
+
+    from hiertail_fast import topk_pool
+    from hiertail_fast.baselines.layers import adjacency_operator
+
+    s, w = _graph(symmetrize=True)
+    x = torch.randn(s.num_nodes, 4)
+    gcn_propagate(x, s)                              # the notices, once
+
+    entered = []
+
+    class Counted(warnings.catch_warnings):
+        def __enter__(self):
+            entered.append(self)
+            return super().__enter__()
+    monkeypatch.setattr(warnings, "catch_warnings", Counted)
+    learnable = CSRGraph(s.indptr, s.indices, torch.nn.Parameter(w), s.num_nodes)
+    gcn_propagate(x, learnable).sum().backward()     # operator built per call
+    topk_pool(x, learnable, torch.randn(4), 0.5).graph.augment_a2()
+    adjacency_operator(s, "row") @ x
+    monkeypatch.undo()
+    assert not entered
+
+
+def test_a_cached_conv_shared_by_threads_serves_each_call_its_graph():
+    """GCNConv(cached=True) stored the converted graph, then read the attribute again: a
+    thread caching another input in between made this call propagate on that graph."""
+    import threading
+
+    from hiertail_fast import GCNConv
+
+    stored, other_done = threading.Event(), threading.Event()
+
+    class Interleaved(GCNConv):                      # thread A pauses right after storing
+        def __setattr__(self, name, value):
+            super().__setattr__(name, value)
+            if name == "_cached_graph" and value is not None and \
+                    threading.current_thread().name == "A":
+                stored.set()
+                other_done.wait(10)
+
+    torch.manual_seed(0)
+    conv = Interleaved(4, 3, cached=True)
+    x = torch.randn(30, 4)
+    ei_a, ei_b = (torch.randint(0, 30, (2, 90), generator=torch.Generator().manual_seed(k))
+                  for k in (1, 2))
+    plain = GCNConv(4, 3)
+    plain.load_state_dict(conv.state_dict())
+    out = {}
+    a = threading.Thread(target=lambda: out.setdefault("a", conv(x, ei_a)), name="A")
+    a.start()
+    stored.wait(10)
+    conv(x, ei_b)                                    # B caches its graph meanwhile
+    other_done.set()
+    a.join(10)
+    torch.testing.assert_close(out["a"], plain(x, ei_a))

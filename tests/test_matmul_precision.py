@@ -278,3 +278,34 @@ def test_compiled_ops_give_their_ieee_numbers_under_medium_precision(dev):
             assert torch.equal(a, b)
         else:
             torch.testing.assert_close(a, b, **tol(b.dtype))
+
+
+@needs_flags
+@pytest.mark.parametrize("change", ["legacy medium again", "oneDNN bf16"])
+def test_a_setting_made_while_an_override_runs_is_taken_in(change):
+    """Only the first call looked at the flags: with another call inside the override, a
+    setting made meanwhile reached every call entering after it (bf16 GEMMs, a gradient 0.13
+    off). Now each call checks on entry; the user's latest setting is what comes back."""
+    torch.set_float32_matmul_precision("medium")
+    inside, leave = threading.Event(), threading.Event()
+
+    def running_call():
+        with mp.ieee_matmuls():
+            inside.set()
+            leave.wait(10)
+    other = threading.Thread(target=running_call)
+    other.start()
+    try:
+        inside.wait(10)
+        if change == "legacy medium again":
+            torch.set_float32_matmul_precision("medium")
+        else:
+            torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+        assert mp.reduced()
+        with mp.ieee_matmuls():
+            _assert_ieee_inside()
+    finally:
+        leave.set()
+        other.join(10)
+    assert (torch.get_float32_matmul_precision(), mp._GET("mkldnn", "matmul"),
+            mp._GET("cuda", "matmul")) == ("medium", "bf16", "tf32")

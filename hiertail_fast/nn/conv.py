@@ -91,8 +91,9 @@ class GCNConv(nn.Module):
             return as_graph(graph_or_edge_index, edge_weight, n)
         cached = self._cached_graph          # (identity, the node count, the graph)
         if cached is None or cached[1] != n or not _same_identity(cached[0], identity):
-            self._cached_graph = (identity, n, as_graph(graph_or_edge_index, edge_weight, n))
-        return self._cached_graph[2]
+            cached = (identity, n, as_graph(graph_or_edge_index, edge_weight, n))
+            self._cached_graph = cached
+        return cached[2]        # this call's (read again, another thread's could come back)
 
     def _propagate(self, h, graph, edge_weight=None):
         return gcn_propagate(h, graph, edge_weight, improved=self.improved,

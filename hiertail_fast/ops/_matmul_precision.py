@@ -32,6 +32,11 @@ How, and why this way. torch has no per-call precision argument and its thread-l
   fallback again): the same precision, told apart only by a later change of the fallback;
 * where torch itself refuses to read the legacy value (the user's flags already disagree),
   the legacy value is left as it is and only the per-backend flags are overridden;
+* a setting another thread makes while calls run inside the override is taken in by the
+  next call that enters (IEEE again; the new setting is what is restored). Calls already
+  running may compute partly at it until then, and a setting made between the steps of the
+  final restore (legacy value, then each flag) can leave torch's flags disagreeing: torch
+  has no atomic way to set them all;
 * torch < 2.9 has the legacy setting only: "highest" for the call, the old value after.
 """
 from __future__ import annotations
@@ -94,10 +99,27 @@ def _restore(saved: dict) -> None:
         _SET(b, "matmul", "none" if value == fallback else value)
 
 
+def _take_in(saved: dict) -> dict:
+    """Flags the user set while calls ran inside the override (another thread): IEEE again
+    for the calls that enter now, and the user's setting is what is restored at the end.
+    Before, only the first call looked at the flags: a call entering while others ran
+    computed at the user's new reduced precision (a gradient 0.13 off)."""
+    legacy = _legacy()
+    if not PER_BACKEND_FLAGS or (legacy is not None and legacy != "highest"):
+        return _override()          # set_float32_matmul_precision again: all of it anew
+    for b in _BACKENDS:
+        value = _flag(b)
+        if value != "ieee":         # a per-backend flag set since
+            saved["flags"][b] = value
+            _SET(b, "matmul", "ieee")
+    return saved
+
+
 class _IEEEMatmuls:
-    """The override for one call (``ieee_matmuls``). Decided under the lock on entry: flags
-    at IEEE and no override running -> nothing to do for this call (a change another call
-    makes later is an override of its own, counted and restored by it)."""
+    """The override for one call (``ieee_matmuls``). Decided under the lock on entry, every
+    time: flags at IEEE and no override running -> nothing to do for this call (a change
+    another call makes later is an override of its own, counted and restored by it); flags
+    reduced while an override runs -> the user's new setting is taken in (``_take_in``)."""
 
     active = False
 
@@ -110,6 +132,8 @@ class _IEEEMatmuls:
                 if not reduced():
                     return self
                 _saved = _override()
+            elif reduced():
+                _saved = _take_in(_saved)
             _depth += 1
             self.active = True
         return self

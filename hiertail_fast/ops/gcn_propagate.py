@@ -37,10 +37,9 @@ Backward (hand-written, no PyTorch sparse backward — it transposes on every ca
 """
 from __future__ import annotations
 
-import warnings
-
 import torch
 
+from hiertail_fast._csr import sparse_notices_seen
 from hiertail_fast._validation import (
     check_flag,
     check_float_matrix,
@@ -68,9 +67,8 @@ def torch_sparse_available() -> bool:
 def _sparse_csr(indptr, indices, values, n) -> torch.Tensor:
     if values.device.type == "cpu":
         check_openmp_team()         # torch's CSR products skip rows otherwise (_validation)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
-        return torch.sparse_csr_tensor(indptr, indices, values, (n, n))
+    sparse_notices_seen()           # ("sparse CSR support is in beta", once: see there)
+    return torch.sparse_csr_tensor(indptr, indices, values, (n, n))
 
 
 def _csr_matmul(op: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
