@@ -178,7 +178,9 @@ def run_worker(spec: dict) -> dict:
     epoch, edges, losses, once = _setup(spec, spec["nodes"])
     gc.collect()
     _malloc_trim()  # drop the generator's freed temporaries from the resident set
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    # the training device's queue (torch.cuda.synchronize() alone waits on the CURRENT
+    # device: with cuda:1 trained and cuda:0 current, steps were timed before they ended)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     hwm_reset = _reset_peak_rss()

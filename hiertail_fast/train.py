@@ -306,7 +306,9 @@ def fit_early_stopping(model: torch.nn.Module, opt: torch.optim.Optimizer,
     best_val, max_val = -1.0, -1.0
     best_state, best_epoch, max_idx, stopped_early = None, 0, 0, False
     train_time = eval_time = 0.0
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    # the training device's queue (torch.cuda.synchronize() alone waits on the CURRENT
+    # device: with cuda:1 trained and cuda:0 current, steps were timed before they ended)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     bar = _progress(range(epochs), progress, desc=desc)
     epoch, loss = -1, None
     for epoch in bar:

@@ -148,9 +148,18 @@ _BLOCK_ROWS = 32
 _BLOCK_E = 1024
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x with unit column stride (the kernels take a row stride only). The launchers below
+    also make their 1-D arguments contiguous: the kernels read them at stride 1, and a
+    strided index view (``perm[::2]``, a CSRGraph's strided indices) gave wrong rows and
+    pooled graphs without an error, or an out-of-bounds read."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 def topk_score(x: torch.Tensor, phat: torch.Tensor) -> torch.Tensor:
     """t = x·p̂ [n] in the accumulation dtype (float32; float64 for float64 x; the caller
     applies tanh and rounds), x [n, d] and p̂ [d] contiguous."""
+    x, phat = _rows(x), phat.contiguous()
     n, d = x.shape
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     score = torch.empty(n, dtype=acc, device=x.device)
@@ -165,6 +174,8 @@ def gather_rows(x: torch.Tensor, perm: torch.Tensor,
                 score: torch.Tensor | None = None) -> torch.Tensor:
     """x[perm] (· score[perm][:, None] when `score` is given: the product in float32 (float64
     for float64 x), rounded once to x's dtype, whatever the score's dtype)."""
+    x, perm = _rows(x), perm.contiguous()
+    score = None if score is None else score.contiguous()
     k, d = perm.numel(), x.shape[1]
     out = torch.empty(k, d, dtype=x.dtype, device=x.device)
     if k:
@@ -177,6 +188,9 @@ def gather_rows(x: torch.Tensor, perm: torch.Tensor,
 def topk_pool_bwd(x, phat, qn, m, perm, score_sel, grad_out, grad_score):
     """(dx [n, d], dp [d]) of (x[perm]·s[perm], s[perm]) with s = tanh(x·p̂), p̂ = p/‖p‖ and
     ‖p‖ = m·qn (m = max|p|, qn = ‖p/m‖: the scaled norm, which neither under- nor overflows)."""
+    x, grad_out, perm, score_sel = _rows(x), _rows(grad_out), perm.contiguous(), \
+        score_sel.contiguous()
+    grad_score = None if grad_score is None else grad_score.contiguous()
     n, d = x.shape
     k = perm.numel()
     phat = phat.contiguous()
@@ -199,6 +213,7 @@ def topk_pool_bwd(x, phat, qn, m, perm, score_sel, grad_out, grad_score):
 
 def filter_edges(row: torch.Tensor, col: torch.Tensor, relabel: torch.Tensor):
     """Kept entries (both ends relabelled >= 0) in input order: (new_row, new_col, entry_id)."""
+    row, col, relabel = row.contiguous(), col.contiguous(), relabel.contiguous()
     nnz = row.numel()
     blocks = triton.cdiv(nnz, _BLOCK_E)
     counts = torch.empty(blocks, dtype=torch.long, device=row.device)
@@ -218,6 +233,7 @@ def filter_edges(row: torch.Tensor, col: torch.Tensor, relabel: torch.Tensor):
 
 def unpool_scatter(x_pooled: torch.Tensor, perm: torch.Tensor, num_nodes: int) -> torch.Tensor:
     """zeros(num_nodes, d) with rows perm <- x_pooled."""
+    x_pooled, perm = _rows(x_pooled), perm.contiguous()
     k, d = x_pooled.shape
     out = torch.zeros(num_nodes, d, dtype=x_pooled.dtype, device=x_pooled.device)
     if k:

@@ -552,3 +552,38 @@ def test_pool_size_is_torchs_float32_product():
             want = min(int(torch.ceil(torch.tensor(float(n), dtype=dtype) * ratio)), n)
             assert pool_size(n, ratio, dtype) == want, (n, ratio, dtype)
     assert pool_size(100, 0.3) == 31 and pool_size(100, 0.3, torch.float64) == 30
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_strided_index_views(backend):
+    """The Triton launchers read their 1-D arguments at stride 1: a strided perm
+    (``perm[::2]``) gave topk_unpool wrong rows, forward and backward, and a CSRGraph on a
+    strided ``indices`` view gave topk_pool a wrong pooled graph (5 edges for 18), both
+    without an error. Every backend now matches the reference on such views."""
+    dev = backend_device(backend)
+    gen = torch.Generator().manual_seed(0)
+    n, k, d = 20, 6, 4
+    xp = torch.randn(k, d, generator=gen).to(dev).requires_grad_()
+    perm = torch.randperm(n, generator=gen)[: 2 * k].to(dev)[::2]
+    assert not perm.is_contiguous()
+    out = topk_unpool(xp, perm, n, backend=backend)
+    assert torch.equal(out, topk_unpool_ref(xp.detach(), perm, n))
+    g = torch.randn(n, d, generator=gen).to(dev)
+    out.backward(g)
+    assert torch.equal(xp.grad, g[perm])
+
+    base = CSRGraph.from_edge_index(torch.randint(0, n, (2, 60), generator=gen), num_nodes=n)
+    store = torch.stack([base.indices, torch.full_like(base.indices, 7)], 1).to(dev)
+    graph = CSRGraph(base.indptr.to(dev), store[:, 0], None, n)        # indices at stride 2
+    assert not graph.indices.is_contiguous()
+    x, p = torch.randn(n, d, generator=gen).to(dev), torch.randn(d, generator=gen).to(dev)
+    got = topk_pool(x, graph, p, 0.5, backend=backend)
+    want = topk_pool(x, _fresh_contiguous(graph), p, 0.5, backend="torch")
+    assert torch.equal(got.perm, want.perm)
+    assert torch.equal(got.graph.indptr, want.graph.indptr)
+    assert torch.equal(got.graph.indices, want.graph.indices)
+
+
+def _fresh_contiguous(graph: CSRGraph) -> CSRGraph:
+    return CSRGraph(graph.indptr.clone(), graph.indices.contiguous().clone(), None,
+                    graph.num_nodes)

@@ -38,6 +38,7 @@ from hiertail_fast.ops._custom_ops import (
     _own_tensors,
     unshared,
 )
+from hiertail_fast.ops._dispatch import on_input_device
 
 __all__ = ["READY", "traced_augment_a2", "traced_gcn_propagate", "traced_nearest_prototype",
            "traced_topk_pool", "traced_topk_unpool"]
@@ -106,7 +107,7 @@ def topk_pool(x: Tensor, indptr: Tensor, indices: Tensor, weight: Tensor | None,
     from hiertail_fast.ops.topk_pool import pool_with_entries
 
     graph = _graph(indptr, indices, weight, indptr.numel() - 1)
-    with torch.no_grad():
+    with torch.no_grad(), on_input_device(x):     # (Triton launches on the current device)
         res, entry = pool_with_entries(x.detach(), graph, score_weight.detach(), k,
                                        backend=backend)
         pooled = res.graph
@@ -135,7 +136,7 @@ def topk_pool_backward(grad_x: Tensor, grad_score: Tensor, x: Tensor, score_weig
 
     leaves = [x.detach().requires_grad_(grads_of[0]),
               score_weight.detach().requires_grad_(grads_of[1])]
-    with _autograd_dispatch():
+    with _autograd_dispatch(), on_input_device(x):
         p = check_score_weight(leaves[1], x.shape[1], x.dtype)
         choice = choose_backend(x, backend, op="topk_pool")
         if choice == "reference":
@@ -295,7 +296,7 @@ def gcn_propagate_backward(grad: Tensor, x: Tensor, indptr: Tensor | None, index
 
     backend = _resolve_backend(grad, backend)     # $HIERTAIL_BACKEND too, as the eager op
     if not grads_of[1] and backend != "reference":
-        with torch.no_grad():
+        with torch.no_grad(), on_input_device(grad):
             graph = _graph(indptr, index, weight, num_nodes, assumed_symmetric=symmetric)
             if not isinstance(graph, CSRGraph):           # as the eager op converts it
                 graph = CSRGraph.from_edge_index(graph, weight, num_nodes, dedupe=False)
