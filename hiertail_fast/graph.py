@@ -67,6 +67,19 @@ class _Versioned(NamedTuple):
     value: Any
 
 
+def _carries_grad(value) -> bool:
+    """Whether a cache entry holds a tensor with autograd history (the transpose of learnable
+    weights gathers them differentiably): a copy would hold a leaf cut off from the copy's
+    weights, and gradients through it would stop there."""
+    if isinstance(value, torch.Tensor):
+        return value.requires_grad
+    if isinstance(value, CSRGraph):
+        return value.weight is not None and value.weight.requires_grad
+    if isinstance(value, (tuple, list)):
+        return any(_carries_grad(v) for v in value)
+    return False
+
+
 # in a pickled graph's cache: "the weights' version when it was pickled" (a string: it is
 # compared by value after the round trip)
 _CURRENT = "weights' version when pickled"
@@ -158,6 +171,8 @@ class CSRGraph:
         cache = {}
         if not stale:
             for key, value in self._cache.items():
+                if _carries_grad(value):
+                    continue        # its autograd link to the weights would not survive
                 if key == _FINITE_WEIGHTS or isinstance(value, _Versioned):
                     version = value if key == _FINITE_WEIGHTS else value.version
                     if version != ver or ver == -1:

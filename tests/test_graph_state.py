@@ -223,3 +223,15 @@ def test_a_cached_conv_shared_by_threads_serves_each_call_its_graph():
     other_done.set()
     a.join(10)
     torch.testing.assert_close(out["a"], plain(x, ei_a))
+
+
+@pytest.mark.parametrize("how", list(COPIES))
+def test_a_copy_drops_cached_entries_tied_to_learnable_weights(how):
+    """A transpose cached for learnable weights holds them gathered with autograd; copied, it
+    was a leaf cut off from the copy's weights, and gradients through it stopped there."""
+    s, w = _graph()
+    g = CSRGraph(s.indptr, s.indices, torch.nn.Parameter(w), s.num_nodes)
+    g.transpose()
+    copied = COPIES[how](g)
+    copied.transpose().weight.sum().backward()
+    assert copied.weight.grad is not None and bool((copied.weight.grad == 1).all())

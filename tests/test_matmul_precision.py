@@ -70,6 +70,13 @@ SETTINGS = {
     "legacy medium, oneDNN reset": lambda: (
         torch.set_float32_matmul_precision("medium"),
         setattr(torch.backends.mkldnn.matmul, "fp32_precision", "ieee")),
+    # legacy value unreadable (torch's own legacy setters leave it so), cuBLAS pair agreeing
+    "legacy medium, cuBLAS switch on": lambda: (
+        torch.set_float32_matmul_precision("medium"),
+        setattr(torch.backends.cuda.matmul, "allow_tf32", True)),
+    "legacy high, oneDNN bf16": lambda: (
+        torch.set_float32_matmul_precision("high"),
+        setattr(torch.backends.mkldnn.matmul, "fp32_precision", "bf16")),
 }
 
 
@@ -92,7 +99,8 @@ def test_override_sets_ieee_and_restores_every_flag(setting):
     assert _state() == before
     if not before[0].startswith("raises"):          # the legacy value was readable:
         assert inside[0] == "highest"               # legacy and cuBLAS flag agree inside
-        assert inside[-1] is False                  # (allow_tf32 reads without raising)
+    if not str(before[-1]).startswith("raises"):    # torch's cuBLAS check read before (every
+        assert inside[-1] is False                  # CUDA GEMM calls it): it reads inside
 
 
 @needs_flags
@@ -104,6 +112,21 @@ def test_a_flag_that_followed_its_fallback_follows_it_after():
         pass
     torch.backends.fp32_precision = "ieee"
     assert mp._GET("mkldnn", "matmul") == "ieee" and mp._GET("cuda", "matmul") == "ieee"
+
+
+@needs_flags
+def test_a_flag_the_legacy_setter_pinned_stays_pinned():
+    """set_float32_matmul_precision sets both per-backend flags explicitly; restored as
+    "none" (following a generic flag that happened to be equal), a later change of the
+    generic flag left torch's legacy value and cuBLAS flag disagreeing: every float32 CUDA
+    GEMM would raise (read through torch's own check)."""
+    torch.set_float32_matmul_precision("high")
+    torch.backends.fp32_precision = "tf32"          # e.g. transformers' enable_tf32
+    with mp.ieee_matmuls():
+        pass
+    torch.backends.fp32_precision = "ieee"
+    assert torch.backends.cuda.matmul.allow_tf32 is True
+    assert mp._GET("cuda", "matmul") == "tf32"
 
 
 def test_nothing_is_touched_at_ieee(monkeypatch):

@@ -475,3 +475,14 @@ def test_a_tensor_temperature_of_the_loss_module_is_a_buffer():
     assert module.double().temperature.dtype == torch.float64
     learnable = BalancedContrastiveLoss(torch.nn.Parameter(torch.tensor(0.5)))
     assert [n for n, _ in learnable.named_parameters()] == ["temperature"]
+
+
+def test_a_shared_model_loads_its_own_checkpoint_with_nan_weights():
+    """A diverged run's checkpoint holds NaN in a shared conv: the alias check compared the
+    one tensor with itself through torch.equal (NaN != NaN) and refused it."""
+    model = HierTail(12, 4, HierTailConfig.paper(hidden=8, share_convs=True))
+    with torch.no_grad():
+        model.down[0].weight.view(-1)[0] = float("nan")
+    twin = HierTail(12, 4, HierTailConfig.paper(hidden=8, share_convs=True))
+    twin.load_state_dict(model.state_dict())
+    assert bool(twin.down[1].weight.isnan().any())

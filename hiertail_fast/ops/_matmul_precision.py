@@ -76,25 +76,55 @@ def reduced() -> bool:
     return torch.get_float32_matmul_precision() != "highest"
 
 
+def _cublas_tf32() -> bool | None:
+    """torch's cuBLAS TF32 switch as its own check reads it (legacy value against the cuBLAS
+    flag), or None where that check raises (the two disagree: every float32 CUDA GEMM calls
+    that check and raises too)."""
+    try:
+        return bool(torch._C._get_cublas_allow_tf32())
+    except (RuntimeError, AttributeError):
+        return None
+
+
 def _override() -> dict:
-    """Set IEEE float32 GEMMs; -> what is needed to restore the flags."""
+    """Set IEEE float32 GEMMs; -> what is needed to restore the flags. The legacy value and
+    the cuBLAS flag must agree (torch's cuBLAS check raises otherwise, inside every float32
+    CUDA GEMM): where the legacy value is readable, "highest" sets both; where it is not but
+    the cuBLAS pair agrees (set_float32_matmul_precision("medium") then allow_tf32 = True:
+    torch's own legacy getter refuses that state), the cuBLAS switch sets both halves of the
+    pair; where even that pair disagrees (legacy "highest" with a cuBLAS flag at TF32: every
+    float32 CUDA GEMM raises for the user), the cuBLAS flag set to IEEE makes it agree for
+    the call, and any other disagreement it leaves as it was."""
     legacy = _legacy()
     if not PER_BACKEND_FLAGS:
         torch.set_float32_matmul_precision("highest")
         return {"legacy": legacy}
     flags = {b: _flag(b) for b in _BACKENDS}
-    reset_legacy = legacy is not None and legacy != "highest"
-    if reset_legacy:
+    saved: dict = {"legacy": None, "cublas": None, "flags": flags}
+    if legacy is not None and legacy != "highest":
         torch.set_float32_matmul_precision("highest")   # legacy HIGHEST, both flags IEEE
-    for b in _BACKENDS:
+        saved["legacy"] = legacy
+    elif legacy is None and _cublas_tf32():
+        torch._C._set_cublas_allow_tf32(False)            # legacy HIGHEST + cuBLAS IEEE
+        saved["cublas"] = True
+    for b in flags:
         _SET(b, "matmul", "ieee")
-    return {"legacy": legacy if reset_legacy else None, "flags": flags}
+    return saved
 
 
 def _restore(saved: dict) -> None:
+    """The flags as ``_override`` found them. After the legacy setter (which sets both
+    per-backend flags explicitly) a flag is set again only where it differs from what was
+    found; otherwise a flag equal to its fallback is restored as "none" (the getters return
+    resolved values: an explicit value equal to its fallback cannot be told from "none")."""
+    legacy_set = saved["legacy"] is not None or saved.get("cublas")
     if saved["legacy"] is not None:
         torch.set_float32_matmul_precision(saved["legacy"])
+    elif saved.get("cublas"):
+        torch._C._set_cublas_allow_tf32(True)             # legacy HIGH + cuBLAS TF32
     for b, value in saved.get("flags", {}).items():
+        if legacy_set and _flag(b) == value:
+            continue                        # as the legacy setter left it: explicit, as found
         fallback = _flag(b, "all")      # what "none" resolves to: the backend's, else generic
         _SET(b, "matmul", "none" if value == fallback else value)
 
@@ -107,7 +137,7 @@ def _take_in(saved: dict) -> dict:
     legacy = _legacy()
     if not PER_BACKEND_FLAGS or (legacy is not None and legacy != "highest"):
         return _override()          # set_float32_matmul_precision again: all of it anew
-    for b in _BACKENDS:
+    for b in saved["flags"]:
         value = _flag(b)
         if value != "ieee":         # a per-backend flag set since
             saved["flags"][b] = value
