@@ -108,13 +108,13 @@ def sparse_notices_seen() -> None:
 def csr_square(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, n: int,
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """COO ``(row, col, value)`` of M·M for the CSR matrix M (int64 indices; value in
-    values' dtype). On CPU through scipy: torch's CPU products could not serve, CSR x CSR
-    leaked its result's memory (torch 2.13: +0.75 MB a product at 1,500 nodes / 12k entries;
-    the official configuration squares every pooled graph each forward) and COO x COO
-    returned an EMPTY product inside a torch.library custom op (what compiled code runs).
-    scipy took 3.4-4.4x torch's CSR time here (1.6 s vs 0.48 s at 100k nodes / 1M entries,
-    single-threaded; this VM, not an idle window), small beside an epoch at the pooled
-    graphs' sizes. Other devices: torch's CSR x CSR (cuSPARSE)."""
+    values' dtype; entries that sum to exactly 0 left out). On CPU through scipy: torch's
+    CPU products could not serve, CSR x CSR leaked its result's memory (torch 2.13: +0.75 MB
+    a product at 1,500 nodes / 12k entries; the official configuration squares every pooled
+    graph each forward) and COO x COO returned an EMPTY product inside a torch.library custom
+    op (what compiled code runs). scipy took 3.4-4.4x torch's CSR time (1.6 s vs 0.48 s at
+    100k nodes / 1M entries, single-threaded; this VM, not an idle window), small beside an
+    epoch at the pooled graphs' sizes. Other devices: torch's CSR x CSR (cuSPARSE)."""
     if indices.device.type == "cpu":
         import scipy.sparse
 
@@ -122,15 +122,21 @@ def csr_square(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor
         m = scipy.sparse.csr_matrix((work.numpy(), indices.numpy(), indptr.numpy()),
                                     shape=(n, n))
         sq = (m @ m).tocoo()
-        return (torch.from_numpy(sq.row.astype(np.int64)),
-                torch.from_numpy(sq.col.astype(np.int64)),
-                torch.from_numpy(sq.data).to(values.dtype))
-    sparse_notices_seen()
-    m = torch.sparse_csr_tensor(indptr, indices, values, (n, n))
-    sq = m @ m
-    crow, col = sq.crow_indices().long(), sq.col_indices().long()
-    row = torch.repeat_interleave(torch.arange(n, device=indices.device), crow.diff())
-    return row, col, sq.values()
+        row, col = torch.from_numpy(sq.row.astype(np.int64)), torch.from_numpy(
+            sq.col.astype(np.int64))
+        value = torch.from_numpy(sq.data).to(values.dtype)
+    else:
+        sparse_notices_seen()
+        m = torch.sparse_csr_tensor(indptr, indices, values, (n, n))
+        sq = m @ m
+        crow, col = sq.crow_indices().long(), sq.col_indices().long()
+        row = torch.repeat_interleave(torch.arange(n, device=indices.device), crow.diff())
+        value = sq.values()
+    # entries that sum to exactly 0 are no entries, on every device (scipy drops them,
+    # torch's CUDA product kept them: the pooled edge_index depended on the device; the
+    # official code's torch_sparse spspmm drops them too)
+    nonzero = value != 0
+    return row[nonzero], col[nonzero], value[nonzero]
 
 
 def deg_inv_sqrt(deg: torch.Tensor) -> torch.Tensor:

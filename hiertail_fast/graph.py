@@ -177,8 +177,9 @@ class CSRGraph:
                     version = value if key == _FINITE_WEIGHTS else value.version
                     if version != ver or ver == -1:
                         continue                               # stale (or untracked): dropped
-                    value = _CURRENT if key == _FINITE_WEIGHTS else _Versioned(_CURRENT,
-                                                                               value.value)
+                    # a plain tuple, not _Versioned: torch.load(weights_only=True) with
+                    # CSRGraph allowed must not need this module's private class
+                    value = _CURRENT if key == _FINITE_WEIGHTS else (_CURRENT, value.value)
                 cache[key] = value
         slots = {name: getattr(self, name) for name in self.__slots__
                  if name not in ("__weakref__", "_cache", "_arrays_version")}
@@ -195,8 +196,9 @@ class CSRGraph:
         for key, value in list(self._cache.items()):
             if key == _FINITE_WEIGHTS and value == _CURRENT:
                 self._cache[key] = ver
-            elif isinstance(value, _Versioned) and value.version == _CURRENT:
-                self._cache[key] = _Versioned(ver, value.value)
+            elif isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str) \
+                    and value[0] == _CURRENT:
+                self._cache[key] = _Versioned(ver, value[1])
         if self._arrays_version != _STALE:
             self._arrays_version = _versions(self._indptr, self._indices)  # new counters
         self._register()
@@ -408,7 +410,7 @@ class CSRGraph:
         if torch.device(device) == self.device:
             return self
         w = None if self._weight is None else self._weight.to(device)
-        return self._inherit_symmetry(CSRGraph(self._indptr.to(device), self._indices.to(device),
+        return self._copy_symmetry(CSRGraph(self._indptr.to(device), self._indices.to(device),
                                                w, self._num_nodes, validate=False))
 
     def __deepcopy__(self, memo: dict) -> CSRGraph:
@@ -416,7 +418,7 @@ class CSRGraph:
         deep-copy the cached sparse CSR operators, which made ``copy.deepcopy`` of a used
         graph fail); a known symmetry flag is kept, as ``to`` keeps it."""
         arrays = (copy.deepcopy(t, memo) for t in (self._indptr, self._indices, self._weight))
-        out = self._inherit_symmetry(CSRGraph(*arrays, self._num_nodes, validate=False))
+        out = self._copy_symmetry(CSRGraph(*arrays, self._num_nodes, validate=False))
         memo[id(self)] = out
         return out
 
@@ -550,6 +552,14 @@ class CSRGraph:
         self._cache.pop("transpose", None)
         return self
 
+    def _copy_symmetry(self, copy_: CSRGraph) -> CSRGraph:
+        """A copy of this graph (``to``, ``deepcopy``) keeps a declared symmetry declared (it
+        became an inherited one, lost at the copy's first in-place update) and inherits any
+        other known symmetry."""
+        if self._cache.get(_ASSUMED) is True:
+            return copy_.assume_symmetric()
+        return self._inherit_symmetry(copy_)
+
     def _inherit_symmetry(self, child: CSRGraph) -> CSRGraph:
         """``child`` (a subgraph, A², the graph with self-loops changed, ...) is symmetric when
         this graph is: recorded for the child's weights as they are now, so an in-place update
@@ -651,6 +661,14 @@ class CSRGraph:
         return self._cached_w("a2", self._augment_a2)
 
     def _augment_a2(self) -> CSRGraph:
+        if wrapped(self._weight):   # learnable weights inside a torch.func transform: A² is
+            # not differentiable, so it is formed from their plain values outside it (scipy
+            # cannot read functorch's wrappers: "no storage")
+            twin = CSRGraph(self._indptr, self._indices,
+                            plain(self._weight, "CSRGraph.augment_a2").detach(),
+                            self._num_nodes, validate=False)
+            with outside_transforms():
+                return self._inherit_symmetry(twin._augment_a2())
         g = self.remove_self_loops().with_self_loops(1.0)
         n = g.num_nodes
         if n == 0:

@@ -235,3 +235,47 @@ def test_a_copy_drops_cached_entries_tied_to_learnable_weights(how):
     copied = COPIES[how](g)
     copied.transpose().weight.sum().backward()
     assert copied.weight.grad is not None and bool((copied.weight.grad == 1).all())
+
+
+def test_a_used_graph_loads_with_weights_only():
+    """torch.load(weights_only=True) with CSRGraph allowed: a used graph's pickled cache held
+    a private class of the module, which torch then asked to be allowed too."""
+    s, w = _graph(symmetrize=True)
+    g = CSRGraph(s.indptr, s.indices, w, s.num_nodes)
+    x = torch.randn(s.num_nodes, 4)
+    before = gcn_propagate(x, g)
+    g.transpose(), g.is_symmetric(), g.augment_a2()
+    buf = io.BytesIO()
+    torch.save(g, buf)
+    buf.seek(0)
+    with torch.serialization.safe_globals([CSRGraph]):
+        h = torch.load(buf, weights_only=True)
+    assert torch.equal(gcn_propagate(x, h), before)
+    assert h.known_symmetric is g.known_symmetric is False      # checked, and kept
+
+
+def test_a_deep_copy_keeps_a_declared_symmetry_declared():
+    """deepcopy (and .to() another device, the same code) turned assume_symmetric()'s
+    declaration into an inherited one, lost at the copy's first in-place weight update."""
+    s, w = _graph(symmetrize=True)
+    g = CSRGraph(s.indptr, s.indices, w.clone(), s.num_nodes).assume_symmetric()
+    copied = copy.deepcopy(g)
+    copied.weight.mul_(1.5)
+    assert copied.known_symmetric
+
+
+def test_a2_of_learnable_weights_under_torch_func():
+    """A² is not differentiable: under torch.func.grad / vjp with learnable weights it failed
+    ("Cannot access data pointer of Tensor that doesn't have storage"); it is now formed
+    from the plain weights, and the rest of the function differentiates as with autograd."""
+    from torch.func import grad
+
+    s, w = _graph(symmetrize=True)
+    x = torch.randn(s.num_nodes, 4)
+
+    def f(weight):
+        g = CSRGraph(s.indptr, s.indices, weight, s.num_nodes)
+        return gcn_propagate(x, g).sum() * g.augment_a2().num_edges
+    w_leaf = w.clone().requires_grad_()
+    f(w_leaf).backward()
+    torch.testing.assert_close(grad(f)(w.clone()), w_leaf.grad)

@@ -77,6 +77,11 @@ SETTINGS = {
     "legacy high, oneDNN bf16": lambda: (
         torch.set_float32_matmul_precision("high"),
         setattr(torch.backends.mkldnn.matmul, "fp32_precision", "bf16")),
+    "legacy medium, oneDNN tf32": lambda: (
+        torch.set_float32_matmul_precision("medium"),
+        setattr(torch.backends.mkldnn.matmul, "fp32_precision", "tf32")),
+    "generic tf32, cuBLAS switch on": lambda: (
+        _set_generic_tf32(), setattr(torch.backends.cuda.matmul, "allow_tf32", True)),
 }
 
 
@@ -101,6 +106,35 @@ def test_override_sets_ieee_and_restores_every_flag(setting):
         assert inside[0] == "highest"               # legacy and cuBLAS flag agree inside
     if not str(before[-1]).startswith("raises"):    # torch's cuBLAS check read before (every
         assert inside[-1] is False                  # CUDA GEMM calls it): it reads inside
+
+
+def _later_changes():
+    """Changes a user may make after a call, each from the state the setting left."""
+    return {
+        "generic ieee": lambda: setattr(torch.backends, "fp32_precision", "ieee"),
+        "cuda all ieee": lambda: mp._SET("cuda", "all", "ieee"),
+        "mkldnn all bf16": lambda: mp._SET("mkldnn", "all", "bf16"),
+        "mkldnn matmul ieee": lambda: setattr(torch.backends.mkldnn.matmul, "fp32_precision",
+                                              "ieee"),
+    }
+
+
+@needs_flags
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("later", list(_later_changes()))
+def test_later_changes_act_as_if_no_call_had_been_made(setting, later):
+    """The getters return resolved values; a flag restored as "none" where it had been set
+    (or the reverse) moved, or left torch's legacy value and cuBLAS flag disagreeing, at a
+    later change of a fallback. The flags are now restored as they were set (a probe)."""
+    def run(call):
+        _reset()
+        SETTINGS[setting]()
+        if call:
+            with mp.ieee_matmuls():
+                pass
+        _later_changes()[later]()
+        return _state()
+    assert run(True) == run(False)
 
 
 @needs_flags

@@ -23,15 +23,18 @@ How, and why this way. torch has no per-call precision argument and its thread-l
   enter saves the flags and sets them, the last to leave restores them (a lock and a count).
   A flag another thread changes while our call runs is overwritten when the last call leaves;
 * torch >= 2.9 keeps a legacy setting (``set_float32_matmul_precision``) beside per-backend
-  flags (``torch.backends.{cuda,mkldnn}.matmul.fp32_precision``, falling back to their
-  backend's and then the generic ``torch.backends.fp32_precision``), and its TF32 check for
-  cuBLAS raises ("mix of the legacy and new APIs") when legacy and cuBLAS flag disagree. The
-  override sets what ``set_float32_matmul_precision("highest")`` sets (the two agree) and
-  restores the legacy value first, then each per-backend flag. The getters return resolved
-  values, so a per-backend flag that equals its fallback is restored as "none" (following the
-  fallback again): the same precision, told apart only by a later change of the fallback;
-* where torch itself refuses to read the legacy value (the user's flags already disagree),
-  the legacy value is left as it is and only the per-backend flags are overridden;
+  flags (``torch.backends.{cuda,mkldnn}.matmul.fp32_precision``, each falling back to its
+  backend's flag and then to the generic ``torch.backends.fp32_precision`` while "none"),
+  and its cuBLAS check raises ("mix of the legacy and new APIs") inside every float32 CUDA
+  GEMM where the legacy value and the cuBLAS flag disagree. The override sets both matmul
+  flags to "ieee" (after which torch can always read the legacy value) and, where the legacy
+  value is not "highest", sets it so (the two then agree); the restore sets the legacy value
+  back, then each matmul flag to the value it was SET to. The getters return resolved values
+  (a flag at "none" reads as its fallback's), so that value is found by a probe under the
+  lock: the fallback is set to another value for an instant and back; a flag that follows it
+  was "none" (an exact restore: an explicit value restored as "none", or the reverse, had
+  left later changes of the fallback moving the flag, or legacy value and cuBLAS flag
+  disagreeing). Other threads may see a probe's value for that instant;
 * a setting another thread makes while calls run inside the override is taken in by the
   next call that enters (IEEE again; the new setting is what is restored). Calls already
   running may compute partly at it until then, and a setting made between the steps of the
@@ -76,57 +79,54 @@ def reduced() -> bool:
     return torch.get_float32_matmul_precision() != "highest"
 
 
-def _cublas_tf32() -> bool | None:
-    """torch's cuBLAS TF32 switch as its own check reads it (legacy value against the cuBLAS
-    flag), or None where that check raises (the two disagree: every float32 CUDA GEMM calls
-    that check and raises too)."""
-    try:
-        return bool(torch._C._get_cublas_allow_tf32())
-    except (RuntimeError, AttributeError):
-        return None
+_OTHER = {"ieee": "tf32"}        # a probe's value: anything but the value read ("ieee" else)
+
+
+def _probe(level: tuple[str, str], level_value: str, read) -> str:
+    """"none" when the flag ``read`` returns follows ``level`` (it moves when level is set to
+    another value for an instant), else the value it reads; ``level`` is set back to
+    ``level_value`` (its own value as set)."""
+    before = read()
+    other = _OTHER.get(before, "ieee")
+    _SET(*level, other)
+    follows = read() == other
+    _SET(*level, level_value)
+    return "none" if follows else before
+
+
+def _matmul_as_set(backend: str) -> str:
+    """The value ``backend``'s matmul flag was set to ("none" where it follows its
+    fallbacks), not the resolved value its getter returns."""
+    generic = _flag("generic", "all")               # nothing above it: as set
+    all_resolved = _flag(backend, "all")
+    all_set = all_resolved if all_resolved != generic else _probe(
+        ("generic", "all"), generic, lambda: _flag(backend, "all"))
+    resolved = _flag(backend)
+    if resolved != all_resolved:
+        return resolved
+    return _probe((backend, "all"), all_set, lambda: _flag(backend))
 
 
 def _override() -> dict:
-    """Set IEEE float32 GEMMs; -> what is needed to restore the flags. The legacy value and
-    the cuBLAS flag must agree (torch's cuBLAS check raises otherwise, inside every float32
-    CUDA GEMM): where the legacy value is readable, "highest" sets both; where it is not but
-    the cuBLAS pair agrees (set_float32_matmul_precision("medium") then allow_tf32 = True:
-    torch's own legacy getter refuses that state), the cuBLAS switch sets both halves of the
-    pair; where even that pair disagrees (legacy "highest" with a cuBLAS flag at TF32: every
-    float32 CUDA GEMM raises for the user), the cuBLAS flag set to IEEE makes it agree for
-    the call, and any other disagreement it leaves as it was."""
-    legacy = _legacy()
+    """Set IEEE float32 GEMMs; -> what is needed to restore the flags exactly."""
     if not PER_BACKEND_FLAGS:
+        legacy = _legacy()
         torch.set_float32_matmul_precision("highest")
         return {"legacy": legacy}
-    flags = {b: _flag(b) for b in _BACKENDS}
-    saved: dict = {"legacy": None, "cublas": None, "flags": flags}
+    flags = {b: _matmul_as_set(b) for b in _BACKENDS}
+    for b in _BACKENDS:
+        _SET(b, "matmul", "ieee")
+    legacy = _legacy()          # readable now: the checks that refuse it need a flag not IEEE
     if legacy is not None and legacy != "highest":
         torch.set_float32_matmul_precision("highest")   # legacy HIGHEST, both flags IEEE
-        saved["legacy"] = legacy
-    elif legacy is None and _cublas_tf32():
-        torch._C._set_cublas_allow_tf32(False)            # legacy HIGHEST + cuBLAS IEEE
-        saved["cublas"] = True
-    for b in flags:
-        _SET(b, "matmul", "ieee")
-    return saved
+    return {"legacy": legacy, "flags": flags}
 
 
 def _restore(saved: dict) -> None:
-    """The flags as ``_override`` found them. After the legacy setter (which sets both
-    per-backend flags explicitly) a flag is set again only where it differs from what was
-    found; otherwise a flag equal to its fallback is restored as "none" (the getters return
-    resolved values: an explicit value equal to its fallback cannot be told from "none")."""
-    legacy_set = saved["legacy"] is not None or saved.get("cublas")
-    if saved["legacy"] is not None:
-        torch.set_float32_matmul_precision(saved["legacy"])
-    elif saved.get("cublas"):
-        torch._C._set_cublas_allow_tf32(True)             # legacy HIGH + cuBLAS TF32
+    if saved["legacy"] not in (None, "highest"):
+        torch.set_float32_matmul_precision(saved["legacy"])   # (sets both flags: below)
     for b, value in saved.get("flags", {}).items():
-        if legacy_set and _flag(b) == value:
-            continue                        # as the legacy setter left it: explicit, as found
-        fallback = _flag(b, "all")      # what "none" resolves to: the backend's, else generic
-        _SET(b, "matmul", "none" if value == fallback else value)
+        _SET(b, "matmul", value)
 
 
 def _take_in(saved: dict) -> dict:
@@ -137,10 +137,9 @@ def _take_in(saved: dict) -> dict:
     legacy = _legacy()
     if not PER_BACKEND_FLAGS or (legacy is not None and legacy != "highest"):
         return _override()          # set_float32_matmul_precision again: all of it anew
-    for b in saved["flags"]:
-        value = _flag(b)
-        if value != "ieee":         # a per-backend flag set since
-            saved["flags"][b] = value
+    for b in _BACKENDS:
+        if _flag(b) in _REDUCED[b]:             # a flag (or its fallback) set since
+            saved["flags"][b] = _matmul_as_set(b)
             _SET(b, "matmul", "ieee")
     return saved
 
