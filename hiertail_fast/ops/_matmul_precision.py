@@ -40,6 +40,11 @@ How, and why this way. torch has no per-call precision argument and its thread-l
   running may compute partly at it until then, and a setting made between the steps of the
   final restore (legacy value, then each flag) can leave torch's flags disagreeing: torch
   has no atomic way to set them all;
+* TorchDynamo guards compiled code on global state that includes the cuBLAS TF32 switch: a
+  compilation running in ANOTHER thread while one of our calls holds the override can fail
+  with "Guard failed on the same frame it was created" (seen once in 30 compilations under
+  "high", by an audit); compiling in the calling thread, or with the flags at "highest", is
+  unaffected;
 * torch < 2.9 has the legacy setting only: "highest" for the call, the old value after.
 """
 from __future__ import annotations
