@@ -356,19 +356,20 @@ def env_switch(name: str, default: bool) -> bool:
     raise ValueError(f"{name}={raw!r} is not one of 1/0 (true/false, yes/no, on/off)")
 
 
-def env_bytes(name: str, default: int) -> int:
-    """A positive byte count from the environment (unset or empty: ``default``); anything
-    else a ValueError naming the variable (a bare int() raised "invalid literal for int()"
-    from deep inside the loss, naming nothing, and 0 or -5 were clamped silently)."""
+def env_int(name: str, default: int, least: int = 1) -> int:
+    """An integer >= ``least`` from the environment (unset or empty: ``default``); anything
+    else a ValueError naming the variable (the block sizes were read with a bare int(): it
+    raised "invalid literal for int()" from deep inside the loss, naming nothing, and 0 or -5
+    were clamped silently)."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a whole number of bytes") from None
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1 (bytes), got {value}")
+        raise ValueError(f"{name}={raw!r} is not a whole number") from None
+    if value < least:
+        raise ValueError(f"{name} must be >= {least}, got {value}")
     return value
 
 

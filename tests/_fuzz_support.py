@@ -18,6 +18,7 @@ import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
+from hiertail_fast._validation import env_int
 from hiertail_fast.ops.gcn_propagate import torch_sparse_available
 from tests.conftest import on_backend_device, tol, triton_importable  # noqa: F401
 
@@ -41,22 +42,9 @@ EXAMPLES_ENV, RANDOM_ENV, ROWS_ENV = ("HIERTAIL_FUZZ_EXAMPLES", "HIERTAIL_FUZZ_R
                                       "HIERTAIL_FUZZ_ROWS")
 
 
-def _env_int(name: str, default: int, least: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = least - 1
-    if value < least:
-        raise ValueError(f"${name} must be an integer >= {least}, got {raw!r}")
-    return value
-
-
 def fuzz_rows(default: int) -> int:
     """An op's largest row count in its cases: $HIERTAIL_FUZZ_ROWS, else ``default``."""
-    return _env_int(ROWS_ENV, default, 1)
+    return env_int(ROWS_ENV, default, 1)
 
 
 def fuzz_settings(backend: str) -> settings:
@@ -65,7 +53,7 @@ def fuzz_settings(backend: str) -> settings:
     example database; a failure prints the falsifying example and a @reproduce_failure blob.
     $HIERTAIL_FUZZ_EXAMPLES / $HIERTAIL_FUZZ_RANDOM turn it into a long random campaign."""
     examples = EXAMPLES[backend]
-    wanted = _env_int(EXAMPLES_ENV, 0, 1)
+    wanted = env_int(EXAMPLES_ENV, 0, 1)
     if wanted:
         examples = max(5, wanted // 10) if backend == "triton" else wanted
     randomly = os.environ.get(RANDOM_ENV, "0").strip() == "1"

@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 import torch
 
-from hiertail_fast._validation import env_bytes
+from hiertail_fast._validation import env_int
 from hiertail_fast.ops import _block_exp  # (it imports this module too)
 from hiertail_fast.ops._max_fold import ArgmaxShare, MaxFold, fold_levels, positive_q, set_at
 
@@ -123,8 +123,8 @@ def block_bytes(device: torch.device | str | None = None) -> int:
     """A block buffer's budget in bytes: $HIERTAIL_CPU_BLOCK_BYTES (default 48 MB) for the CPU
     engines, $HIERTAIL_CUDA_BLOCK_BYTES (default 128 MB) for tensors on CUDA."""
     if device is not None and torch.device(device).type == "cuda":
-        return env_bytes("HIERTAIL_CUDA_BLOCK_BYTES", CUDA_BLOCK_BYTES)
-    return env_bytes("HIERTAIL_CPU_BLOCK_BYTES", 48 << 20)
+        return env_int("HIERTAIL_CUDA_BLOCK_BYTES", CUDA_BLOCK_BYTES)
+    return env_int("HIERTAIL_CPU_BLOCK_BYTES", 48 << 20)
 
 
 def _block_rows(n_rows: int, n_cols: int, device: torch.device | None = None) -> int:
