@@ -279,3 +279,17 @@ def test_a2_of_learnable_weights_under_torch_func():
     w_leaf = w.clone().requires_grad_()
     f(w_leaf).backward()
     torch.testing.assert_close(grad(f)(w.clone()), w_leaf.grad)
+
+
+def test_a2_without_scipy_takes_torchs_product(monkeypatch):
+    """scipy is a dependency, but an image installed with --no-deps may lack it: A² then
+    comes from torch's CSR product, the same graph."""
+    from hiertail_fast import _csr
+
+    s, w = _graph(symmetrize=True)
+    expected = CSRGraph(s.indptr, s.indices, w, s.num_nodes).augment_a2()
+    monkeypatch.setattr(_csr, "_scipy_sparse", lambda: None)
+    got = CSRGraph(s.indptr, s.indices, w, s.num_nodes).augment_a2()
+    assert torch.equal(got.indptr, expected.indptr) and torch.equal(got.indices,
+                                                                      expected.indices)
+    torch.testing.assert_close(got.weight, expected.weight)
