@@ -390,7 +390,7 @@ def check_openmp_team(threads: int | None = None) -> None:
             "fewer threads than torch plans for, and torch's CPU product of a sparse CSR "
             "matrix with a dense one skips rows (wrong results, no error); unset it or use "
             f"torch.set_num_threads({limit}) (the command lines: --threads {limit})")
-    if os.environ.get("OMP_DYNAMIC", "").strip().lower() in ("true", "1", "yes", "on"):
+    if os.environ.get("OMP_DYNAMIC", "").strip().lower() in _SWITCH_ON:
         raise ValueError(
             "OMP_DYNAMIC is on: OpenMP may then run fewer threads than torch plans for, and "
             "torch's CPU product of a sparse CSR matrix with a dense one skips rows (wrong "

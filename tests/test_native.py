@@ -24,10 +24,15 @@ from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
 def _lib():
     lib = native_mod.load("_positive_blocks")
     if lib is None:
-        if os.environ.get("CI"):
-            pytest.fail("the native kernels did not build on the CI machine")
-        pytest.skip("no C compiler here")
+        _no_native_kernels()
     return lib
+
+
+def _no_native_kernels():
+    """Skip without a C compiler, except on CI, where the kernels must build."""
+    if os.environ.get("CI"):
+        pytest.fail("the native kernels did not build on the CI machine")
+    pytest.skip("no C compiler here")
 
 
 def test_build_is_cached_and_reused(fresh_native, monkeypatch):
@@ -292,7 +297,7 @@ def test_a_damaged_cached_library_is_built_again(fresh_native, damage):
     matches: it is built again. Every build and load runs in a child process: a library this
     process had mapped must not be truncated under it (that is the SIGBUS)."""
     if native_mod.compiler() is None:
-        pytest.skip("no C compiler here")
+        _no_native_kernels()
     env = {**os.environ, "HIERTAIL_NATIVE_CACHE": str(fresh_native)}
 
     def child(code: str) -> subprocess.CompletedProcess:
