@@ -178,3 +178,25 @@ def test_cpu_engine_tools_stay_on_the_cpu_where_cuda_is_the_default(monkeypatch,
                              "--tile", "128", "--out", str(tmp_path / "bc.json")]) == 0
     assert loss_grid.DEVICE == "cuda"                    # restored after each tool
     capsys.readouterr()
+
+
+def test_epoch_ab_times_a_whole_epoch_against_another_revision(capsys):
+    """bench/epoch_ab.py: the same HierTail epoch from HEAD's unpacked package and from this
+    checkout, in turn; at HEAD the two losses agree to the bit (the same seeds, graph and
+    model), which the line reports before the times."""
+    import re
+    import subprocess
+
+    import epoch_ab
+
+    root = Path(__file__).resolve().parents[1]
+    if subprocess.run(["git", "-C", str(root), "diff", "--quiet", "HEAD", "--",
+                       "hiertail_fast"], capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout, or the package differs from HEAD")
+    assert epoch_ab.main(["--rev", "HEAD", "--nodes", "120", "--rounds", "2", "--classes", "5",
+                          "--features", "8", "--hidden", "8"]) == 0
+    out = capsys.readouterr().out
+    line = next(t for t in out.splitlines() if "nodes" in t and "new/old" in t)
+    assert float(re.search(r"max loss rel diff (\S+)", line).group(1)) == 0.0
+    with pytest.raises(SystemExit):
+        epoch_ab.main(["--rev", "HEAD", "--nodes", "10", "--classes", "5"])
