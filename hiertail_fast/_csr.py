@@ -34,7 +34,9 @@ def check_csr(
         check_index_dtype(t, name)
     if indptr.numel() < 1:
         raise ValueError("indptr must have num_nodes + 1 >= 1 entries")
-    n = indptr.numel() - 1 if num_nodes is None else check_num_nodes(num_nodes)
+    # (the node count told by indptr is held to the same limit as a given one: the sort key
+    # rows * n + indices below overflows int64 beyond it)
+    n = check_num_nodes(indptr.numel() - 1 if num_nodes is None else num_nodes)
     if indptr.numel() != n + 1:
         raise ValueError(f"indptr has {indptr.numel()} entries, expected {n + 1}")
     indptr, indices = indptr.long(), indices.long()

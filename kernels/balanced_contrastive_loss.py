@@ -298,6 +298,7 @@ def _balanced_contrastive_loss_bwd_kernel(
     cols = tl.arange(0, L_PAD)
     lvl = cols[None, :].to(tl.int64) * N + offs_m[:, None]
     lvl_mask = m_valid[:, None] & (cols < NUM_LEVELS)[None, :]
+    n_keys = tl.cast(N, tl.int64)   # level j's keys start at j·N, in int64 (int32 wrapped)
     # This block's rows, per level. Dead rows (padding, no visible key) get lse = +inf and
     # g = 0, so every p involving them is exp(-inf) = 0: no NaN.
     lse_r = tl.load(LSE + lvl, mask=lvl_mask, other=float("-inf"))
@@ -338,7 +339,7 @@ def _balanced_contrastive_loss_bwd_kernel(
             for j in tl.static_range(NUM_LEVELS):
                 sel = (cols == j)[None, :]
                 c_j = tl.sum(tl.where(cols == j, c_sh, 0.0), 0)
-                col = j * N + offs_n
+                col = j * n_keys + offs_n
                 if QUERY_SIDE:
                     wk_c = tl.exp(tl.load(LOG_W + col) - c_j)
                     qa += tl.sum(tl.where(sel, a_r, 0.0), 1)[:, None] * wk_c[None, :]
@@ -364,7 +365,7 @@ def _balanced_contrastive_loss_bwd_kernel(
         w = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for j in tl.static_range(NUM_LEVELS):
             sel = (cols == j)[None, :]
-            col = j * N + offs_n
+            col = j * n_keys + offs_n
             if QUERY_SIDE:  # rows as queries, tile columns as keys
                 lw_c = tl.load(LOG_W + col, mask=n_valid, other=float("-inf"))
                 lse_j = tl.max(tl.where(sel, lse_r, float("-inf")), 1)

@@ -16,6 +16,7 @@ from hiertail_fast.ops.gcn_propagate import (
     _edge_dots,
     _merge_diagonal,
     _row_sums,
+    fits_int32,
     gcn_propagate,
     torch_sparse_available,
 )
@@ -457,3 +458,49 @@ def test_num_nodes_checked_on_every_graph_input(num_nodes):
             gcn_propagate(x, graph, num_nodes=num_nodes)
         with pytest.raises(TypeError, match="num_nodes must be an int"):
             prepare_graph(graph, num_nodes)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_degree_of_a_hub_beyond_float32s_integers(weighted):
+    """A node with 20,971,520 in-edges (2^24 + 2^22): the float32 degree used to stop growing
+    at 2^24 (a running float32 sum), so its deg^-1/2 came out 12 % high and its GCN row 25 %.
+    Node 1's only input is node 0 with x = 0 there (no summation error in the row), node 0's
+    row is its added self-loop alone: out_0 = 2 / deg_0 x_0, on the fast path and the
+    reference."""
+    n_in = 2**24 + 2**22
+    indptr = torch.tensor([0, n_in, n_in])
+    indices = torch.ones(n_in, dtype=torch.long)            # 1 -> 0, repeated (a multigraph)
+    weight = torch.ones(n_in) if weighted else None
+    graph = CSRGraph(indptr, indices, weight, num_nodes=2)
+    assert graph.degree()[0].item() == n_in
+    assert graph.degree(torch.float64)[0].item() == n_in
+    dinv, loop = graph.gcn_deg_inv_sqrt(improved=True)
+    want = torch.tensor(n_in + 2.0, dtype=torch.float64).pow(-0.5)
+    assert abs(dinv[0].double() - want) <= 2e-7 * want
+    x = torch.tensor([[1.0], [0.0]])
+    want_out = 2.0 / (n_in + 2.0)
+    outs = [gcn_propagate(x, graph, backend="torch")]
+    if not weighted:                                        # (the reference sums ones either way)
+        outs.append(gcn_propagate_ref(x, graph.edge_index()))
+    for out in outs:
+        assert abs(out[0, 0].item() - want_out) <= 1e-6 * want_out
+
+
+def test_operator_index_width_follows_node_count_and_entries():
+    """The cached operator goes to int32 arrays (MKL's LP64 routines) only when its column ids
+    (< num_nodes) and its offsets (<= nnz) both fit: the cast used to look at nnz alone, and
+    a graph of 2^31 + 8 nodes (below MAX_NODES) got column id 2,147,483,653 as -2,147,483,643."""
+    assert fits_int32(1000, 5000)
+    assert not fits_int32(2**31 + 8, 5000)
+    assert not fits_int32(1000, 2**31)
+    assert not fits_int32(2**31 - 1, 10)
+
+
+def test_node_count_told_by_indptr_is_held_to_the_limit():
+    """CSRGraph(indptr, indices) without num_nodes takes n from indptr, under the same limit as
+    a given num_nodes (a stride-0 indptr: no memory), not a pass over 3e9 rows first."""
+    from hiertail_fast._validation import MAX_NODES
+
+    indptr = torch.zeros(1, dtype=torch.long).expand(MAX_NODES + 2)
+    with pytest.raises(ValueError, match="too large"):
+        CSRGraph(indptr, torch.zeros(0, dtype=torch.long))

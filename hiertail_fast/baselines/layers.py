@@ -31,8 +31,7 @@ def adjacency_operator(graph: CSRGraph, norm: str = "none") -> torch.Tensor:
         raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
     w = graph.weight_or_ones(torch.float32)
     if norm == "row":
-        deg = torch.zeros(graph.num_nodes, dtype=w.dtype, device=w.device)
-        deg.index_add_(0, graph.row_index(), w)
+        deg = graph.degree(w.dtype)                     # the row sums (float64-summed)
         inv = torch.where(deg > 0, 1.0 / deg.clamp_min(1e-30), torch.zeros_like(deg))
         w = w * inv[graph.row_index()]
     return _sparse_csr(graph.indptr, graph.indices, w.contiguous(), graph.num_nodes)

@@ -129,6 +129,13 @@ def _merge_diagonal(indptr, indices, values, diag, insert=None):
     return new_indptr, new_indices, new_values
 
 
+def fits_int32(num_nodes: int, nnz: int) -> bool:
+    """Whether a CSR operator's arrays may be int32: its column ids (< num_nodes) and its
+    offsets (<= nnz) below 2^31 - 1. (Casting on nnz alone wrapped the column ids of a graph
+    of 2^31 or more nodes to negative numbers.)"""
+    return num_nodes < 2**31 - 1 and nnz < 2**31 - 1
+
+
 def _cached_operator(backend, graph, weight, dinv, loop, key, transposed):
     """The normalised operator with the self-loop diagonal merged in, built once per (graph,
     options, dtype, orientation) and cached on the graph: a ``torch.sparse_csr_tensor`` with
@@ -146,7 +153,7 @@ def _cached_operator(backend, graph, weight, dinv, loop, key, transposed):
             return torch_sparse.SparseTensor(rowptr=indptr, col=indices, value=values,
                                              sparse_sizes=(n, n), is_sorted=True,
                                              trust_data=True)
-        if indices.numel() < 2**31 - 1:
+        if fits_int32(n, indices.numel()):
             indptr, indices = indptr.int(), indices.int()
         return _sparse_csr(indptr, indices, values, n)
     # keyed by the weights' version too: an in-place update of learnable weights rebuilds it

@@ -61,7 +61,10 @@ def gcn_propagate_ref(
         has_loop[src[src == dst]] = True
         loop = (~has_loop).to(x.dtype) * (2.0 if improved else 1.0)
 
-    deg = torch.zeros(n, dtype=x.dtype, device=x.device).index_add(0, dst, w) + loop
+    # the degree summed in float64 and rounded once (a float32 sum stops at 2^24 in-edges)
+    wide = torch.promote_types(x.dtype, torch.float64)
+    deg = (torch.zeros(n, dtype=wide, device=x.device).index_add(0, dst, w.to(wide))
+           + loop).to(x.dtype)
     check_gcn_degrees(deg)  # a negative degree has no deg^-1/2: ValueError (PyG: NaN rows)
     zero = deg == 0  # isolated without self-loop: dinv = 0 (safe form keeps gradients finite)
     dinv = torch.where(zero, torch.zeros_like(deg), torch.where(zero, 1.0, deg).pow(-0.5))
