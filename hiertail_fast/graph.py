@@ -541,6 +541,8 @@ class CSRGraph:
         symmetrize), None when not yet checked."""
         if self._declared_symmetric():
             return True
+        if torch.compiler.is_compiling():   # (no counters while tracing: see above)
+            return None
         hit = self._cache.get("symmetric")
         if hit is not None and hit.version == self._weight_version() and hit.version != -1:
             return hit.value
@@ -552,8 +554,15 @@ class CSRGraph:
         declared = self._cache.get(_ASSUMED)
         if declared is True or not declared:
             return bool(declared)
-        if declared.version in (None, -1) or torch.compiler.is_compiling():
-            return True                     # (traced: no counters, as in ``_versions``)
+        if declared.version in (None, -1):
+            return True
+        if torch.compiler.is_compiling():
+            # traced: no counters to compare (as in ``_versions``), and an in-place update
+            # between calls of the compiled code would not re-trace it. Not declared, so the
+            # ops check the live weights when they run (taking it as declared here let a
+            # compiled pooling mark its pooled graph symmetric after the parent's weights
+            # lost their symmetry: gcn's backward then applied Â for Âᵀ, grad off by 0.7)
+            return False
         return declared.version == self._weight_version()
 
     def assume_symmetric(self) -> CSRGraph:

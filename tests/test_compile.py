@@ -316,6 +316,38 @@ def test_exported_loss_is_one_custom_op(strict):
     assert torch.equal(program.module()(z, y, p), Loss()(z, y, p))
 
 
+def test_exported_loss_trains_or_says_why():
+    """An exported loss keeps which inputs get a gradient as they were at export: trained on
+    the inputs it was exported with (requiring grad), the gradient is eager's; where it was
+    exported without, backward() raises naming the input (z.grad stayed None, silently); a
+    gradient penalty through it raises like the eager loss (it came back as first-order only,
+    off by 0.03)."""
+    z, y, p = _data("cpu", m=3)
+    z, p = z.detach(), p.detach()
+
+    class Loss(torch.nn.Module):
+        def forward(self, z, p):
+            return hierarchical_contrastive_loss(z, [y, y // 2], [p, None], temperature=0.5)
+
+    eager_z, eager_p = z.clone().requires_grad_(), p.clone().requires_grad_()
+    Loss()(eager_z, eager_p).backward()
+    trained = torch.export.export(Loss(), (z.clone().requires_grad_(), p.clone().requires_grad_()))
+    zz, pp = z.clone().requires_grad_(), p.clone().requires_grad_()
+    trained.module()(zz, pp).backward()
+    torch.testing.assert_close(zz.grad, eager_z.grad, **tol(torch.float32))
+    torch.testing.assert_close(pp.grad, eager_p.grad, **tol(torch.float32))
+
+    frozen = torch.export.export(Loss(), (z, p.clone().requires_grad_()))
+    zz = z.clone().requires_grad_()
+    with pytest.raises(RuntimeError, match="traced .* with z not requiring grad"):
+        frozen.module()(zz, p.clone().requires_grad_()).backward()
+
+    zz = z.clone().requires_grad_()
+    (g,) = torch.autograd.grad(trained.module()(zz, p), zz, create_graph=True)
+    with pytest.raises(RuntimeError, match="cannot be differentiated again"):
+        g.pow(2).sum().backward()
+
+
 def test_every_custom_op_is_kept_out_of_cuda_graphs():
     """Each op reads values on the host: tagged cudagraph_unsafe, so that
     torch.compile(mode="reduce-overhead") leaves it out of its CUDA graphs."""

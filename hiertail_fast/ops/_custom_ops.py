@@ -38,6 +38,7 @@ from torch import Tensor
 
 from hiertail_fast._validation import check_loss_options, check_tensor
 from hiertail_fast.ops._amp import autocast_dtype
+from hiertail_fast.ops._autograd import first_order_backward
 from hiertail_fast.ops._loss_terms import loss_dtype
 
 _OP = "hiertail_fast::contrastive_loss"
@@ -211,7 +212,30 @@ def _setup_context(ctx, inputs, output):
         ctx.save_for_backward(z, temperature_tensor, *prototypes)
 
 
+def _check_traced_gradients(ctx) -> None:
+    """RuntimeError where autograd asks for a gradient the trace left out: ``grads_of`` was
+    fixed from the example inputs' requires_grad when the call was traced, which a
+    ``torch.export``-ed program keeps (Dynamo re-traces instead); a later call on inputs that
+    require grad then got None for them, silently (z.grad None after backward())."""
+    needs = ctx.needs_input_grad   # (z, [labels], [prototypes], tau, tau tensor, ...)
+    asked = [needs[0], *needs[2], needs[4]]
+    names = ["z", *(f"prototypes[{i}]" for i in range(len(needs[2]))), "temperature"]
+    missing = [n for n, a, w in zip(names, asked, ctx.grads_of, strict=True) if a and not w]
+    if missing:
+        raise RuntimeError(
+            f"balanced_contrastive_loss / hierarchical_contrastive_loss: this call was traced "
+            f"(torch.export) with {', '.join(missing)} not requiring grad, so the traced "
+            f"program computes no gradient for {'it' if len(missing) == 1 else 'them'}; trace "
+            f"it with example inputs that require grad (in grad mode)")
+
+
+@first_order_backward("balanced_contrastive_loss / hierarchical_contrastive_loss (traced)")
 def _backward(ctx, grad_loss, _grad_of_grads):
+    # first_order_backward: with create_graph=True the gradients pass through
+    # _NoSecondDerivative (their second derivative raises). Without it a gradient penalty
+    # through an exported loss reached the op's fused-gradient outputs (_grad_of_grads,
+    # ignored here) and came back as a silent 0.
+    _check_traced_gradients(ctx)
     if ctx.fused:
         grads = [(g * grad_loss.to(g.dtype)) for g in ctx.saved_tensors]
     else:
