@@ -339,3 +339,37 @@ def test_batched_grads_are_exact_or_raise(backend):
         ran += 1
     if backend == "torch":
         assert ran >= 2             # the fused CPU loss, both variants
+
+
+def test_jit_trace_of_every_public_op_raises_naming_it():
+    """torch.jit.trace records torch's calls, not the kernels ours make: a traced
+    nearest_prototype replayed its uninitialised output buffer (garbage indices, on new
+    inputs and on the traced one), the other ops failed inside the tracer with messages naming
+    nothing. Each op now refuses the trace by name; HierTail's forward with it."""
+    import warnings
+
+    from hiertail_fast import GCNConv, HierTail
+    from hiertail_fast.nn.hiertail import HierTailConfig
+
+    gen = torch.Generator().manual_seed(0)
+    z, protos = torch.randn(14, 3, generator=gen), torch.randn(4, 3, generator=gen)
+    y, ei = torch.randint(0, 3, (14,), generator=gen), torch.randint(0, 14, (2, 40), generator=gen)
+    g = CSRGraph.from_edge_index(ei, num_nodes=14)
+    conv, p = GCNConv(3, 4), torch.randn(3, generator=gen)
+    model = HierTail(3, 3, HierTailConfig.named("paper", hidden=8))
+    cases = [
+        ("nearest_prototype", lambda a: nearest_prototype(a, protos)),
+        ("gcn_propagate", lambda a: gcn_propagate(a, g)),
+        ("gcn_propagate", lambda a: conv(a, ei)),
+        ("topk_pool", lambda a: topk_pool(a, g, p, 0.5).x),
+        ("topk_unpool", lambda a: topk_unpool(a[:7], torch.arange(7), 14)),
+        ("balanced_contrastive_loss", lambda a: balanced_contrastive_loss(a, y)),
+        ("hierarchical_contrastive_loss",
+         lambda a: hierarchical_contrastive_loss(a, [y, y // 2], [None, None])),
+        ("gcn_propagate", lambda a: model(a, g).logits),
+    ]
+    for name, fn in cases:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")                 # torch's TracerWarnings
+            with pytest.raises(RuntimeError, match=f"{name}: torch.jit.trace cannot record"):
+                torch.jit.trace(fn, (z,))

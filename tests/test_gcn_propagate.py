@@ -425,6 +425,25 @@ def test_gcnconv_cached_on_inference_tensors():
     torch.testing.assert_close(conv(x, ei), plain(x, ei))
 
 
+@pytest.mark.parametrize("weighted", [True, False])
+def test_gcnconv_cached_during_a_scoring_pass_still_trains(weighted):
+    """A first call under torch.inference_mode() (scoring) on normal tensors caches the
+    graph; it is built outside inference mode, so the training calls after it run (they
+    failed with "Inference tensors cannot be saved for backward") and give the uncached
+    layer's gradient."""
+    gen = torch.Generator().manual_seed(0)
+    x, ei = torch.randn(10, 4, generator=gen), torch.randint(0, 10, (2, 30), generator=gen)
+    w = torch.rand(30, generator=gen) + 0.1 if weighted else None
+    conv, plain = GCNConv(4, 3, cached=True), GCNConv(4, 3)
+    plain.load_state_dict(conv.state_dict())
+    with torch.inference_mode():
+        conv(x, ei, w)
+    assert not conv._cached_graph[2].indptr.is_inference()
+    conv(x, ei, w).pow(2).sum().backward()
+    plain(x, ei, w).pow(2).sum().backward()
+    torch.testing.assert_close(conv.weight.grad, plain.weight.grad)
+
+
 def test_gcnconv_checks_its_arguments_and_x():
     ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
     for bad in (True, 0, 2.0, "3"):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hiertail_fast._validation import check_flag
-from hiertail_fast.graph import CSRGraph
+from hiertail_fast.graph import CSRGraph, _normal_tensors
 from hiertail_fast.ops.gcn_propagate import PROPAGATION_BACKENDS, as_graph, gcn_propagate
 
 
@@ -91,7 +91,11 @@ class GCNConv(nn.Module):
             return as_graph(graph_or_edge_index, edge_weight, n)
         cached = self._cached_graph          # (identity, the node count, the graph)
         if cached is None or cached[1] != n or not _same_identity(cached[0], identity):
-            cached = (identity, n, as_graph(graph_or_edge_index, edge_weight, n))
+            # built outside inference mode: a graph cached during a scoring pass under
+            # torch.inference_mode() held inference tensors, and every later training call
+            # failed ("Inference tensors cannot be saved for backward")
+            with _normal_tensors():
+                cached = (identity, n, as_graph(graph_or_edge_index, edge_weight, n))
             self._cached_graph = cached
         return cached[2]        # this call's (read again, another thread's could come back)
 

@@ -108,8 +108,15 @@ def check_transforms(op: str, *values, grad_only: bool = False) -> None:
     among ``values`` (tensors, or lists / tuples of them) is batched (vmap), before an input
     check that reads values meets vmap's own, less telling error; with ``grad_only`` also
     where any vmap or jvp level runs (hessian's jacfwd batches only the tangents; jacrev's
-    vmap runs later, over the backward: ``plain`` catches it there). One C call when no
-    transform runs."""
+    vmap runs later, over the backward: ``plain`` catches it there). Under ``torch.jit.trace``:
+    RuntimeError naming op (the tracer records torch's calls, not our kernels': a traced
+    ``nearest_prototype`` replayed its uninitialised output buffer, the other ops failed
+    inside the tracer). Two C calls when no transform runs."""
+    if torch.jit.is_tracing():
+        raise RuntimeError(
+            f"{op}: torch.jit.trace cannot record it (its kernels run outside the tracer, "
+            f"which would replay their empty output buffers); use torch.compile or "
+            f"torch.export (one custom op each)")
     if not active():
         return
     for v in values:
