@@ -97,7 +97,8 @@ def mixup_embeddings(h: torch.Tensor, rounds: list[tuple[int, torch.Tensor]],
         nn_local = same_class_nearest_neighbour(h[r])
         nb = r[nn_local] if neighbour == "global" else nn_local
         lam = torch.rand(1, generator=generator, dtype=torch.float64).item()
-        new.append(h[r] + (h[nb] - h[r]) * lam)
+        # nb repeats: index_select (reproducible backward; see reference/gcn_propagate.py)
+        new.append(h[r] + (h.index_select(0, nb) - h[r]) * lam)
         labels.append(torch.full((r.numel(),), cls, dtype=torch.long, device=h.device))
         srcs.append(r)
         nbrs.append(nb)
@@ -209,7 +210,8 @@ class GraphMixup(BaselineMethod):
 
     def self_supervised_losses(self, h: torch.Tensor):
         """(L_dis, L_clu) on the original nodes' embeddings h [n, d]."""
-        logp = F.log_softmax(self.pairdis((h[self.pair_u] - h[self.pair_v]).abs()), dim=1)
+        diff = h.index_select(0, self.pair_u) - h.index_select(0, self.pair_v)  # (as above)
+        logp = F.log_softmax(self.pairdis(diff.abs()), dim=1)
         return (F.nll_loss(logp, self.pair_label),
                 F.mse_loss(self.clusterdis(h), self.path_targets))
 
@@ -227,7 +229,8 @@ class GraphMixup(BaselineMethod):
         w = self.decoder.weight if pretrain else self.decoder.weight.detach()
         z = h_all @ w.T
         ck, cj = candidate_edges(self.graph_mx, src, nbr)
-        p = torch.sigmoid((z[n + ck] * z[cj]).sum(1))       # P only at the candidates
+        # P only at the candidates (index_select: reproducible backward, as above)
+        p = torch.sigmoid((z.index_select(0, n + ck) * z.index_select(0, cj)).sum(1))
         if cfg.edge_mode == "discrete":                     # 1[P ≥ 0.5], detached
             keep = p.detach() >= 0.5
             ck, cj, p = ck[keep], cj[keep], torch.ones_like(p[keep]).detach()

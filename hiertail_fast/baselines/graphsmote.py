@@ -111,7 +111,8 @@ def recon_loss(z: torch.Tensor, graph: CSRGraph) -> torch.Tensor:
     w0 = e / (n * n - e) if n * n > e else 0.0
     total = _SumSqSigmoidGram.run(z, max(1, _BLOCK_ELEMS // max(n, 1)))
     r, c = key // n, key % n
-    pe = torch.sigmoid((z[r] * z[c]).sum(1))
+    # index_select (reproducible backward on CPU threads; see reference/gcn_propagate.py)
+    pe = torch.sigmoid((z.index_select(0, r) * z.index_select(0, c)).sum(1))
     return w0 * total + ((pe - 1.0) ** 2 - w0 * pe * pe).sum()
 
 
@@ -148,7 +149,8 @@ def augmented_adjacency(graph: CSRGraph, z: torch.Tensor, cand_k: torch.Tensor,
         raise ValueError("edge_grad needs continuous weights (variant 'o')")
     n = graph.num_nodes
     with torch.set_grad_enabled(edge_grad and torch.is_grad_enabled()):
-        p = torch.sigmoid((z[n + cand_k] * z[cand_j]).sum(1)).float()
+        p = torch.sigmoid((z.index_select(0, n + cand_k) * z.index_select(0, cand_j))
+                          .sum(1)).float()
     if variant == "t":
         keep = p >= 0.5
         cand_k, cand_j, p = cand_k[keep], cand_j[keep], torch.ones_like(p[keep])

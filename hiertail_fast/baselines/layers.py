@@ -64,7 +64,9 @@ class AugmentedAdjacency:
             self.inv_deg = torch.where(deg > 0, 1.0 / deg.clamp_min(1e-30), torch.zeros_like(deg))
 
     def __matmul__(self, xw: torch.Tensor) -> torch.Tensor:
-        out = (self.const @ xw).index_add(0, self.rows, self.w[:, None] * xw[self.cols])
+        # index_select: cols repeat (reproducible backward on CPU threads, unlike xw[cols])
+        out = (self.const @ xw).index_add(0, self.rows,
+                                          self.w[:, None] * xw.index_select(0, self.cols))
         return out if self.inv_deg is None else out * self.inv_deg[:, None]
 
 

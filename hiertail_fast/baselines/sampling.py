@@ -135,7 +135,9 @@ def smote_interpolate(feats: torch.Tensor, neighbour: torch.Tensor, generator: t
     Differentiable in ``feats`` through both endpoints."""
     lam = torch.rand(feats.shape[0] if per_node else 1, 1, generator=generator,
                      dtype=torch.float64).to(device=feats.device, dtype=feats.dtype)
-    return feats + (feats[neighbour] - feats) * lam
+    # index_select: neighbours repeat, and its CPU backward adds them in a fixed order
+    # (advanced indexing's runs in parallel: not reproducible run to run)
+    return feats + (feats.index_select(0, neighbour) - feats) * lam
 
 
 def _gather_rows(graph: CSRGraph, nodes: torch.Tensor):

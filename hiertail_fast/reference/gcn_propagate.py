@@ -68,6 +68,8 @@ def gcn_propagate_ref(
     check_gcn_degrees(deg)  # a negative degree has no deg^-1/2: ValueError (PyG: NaN rows)
     zero = deg == 0  # isolated without self-loop: dinv = 0 (safe form keeps gradients finite)
     dinv = torch.where(zero, torch.zeros_like(deg), torch.where(zero, 1.0, deg).pow(-0.5))
-    norm = dinv[src] * w * dinv[dst]
-    out = torch.zeros_like(x).index_add(0, dst, norm.unsqueeze(1) * x[src])
+    # gathers by index_select: its CPU backward adds repeated indices in a fixed order
+    # (advanced indexing's, index_put_, runs them in parallel: not reproducible run to run)
+    norm = dinv.index_select(0, src) * w * dinv.index_select(0, dst)
+    out = torch.zeros_like(x).index_add(0, dst, norm.unsqueeze(1) * x.index_select(0, src))
     return out + (loop * dinv * dinv).unsqueeze(1) * x
