@@ -442,3 +442,41 @@ def test_report_only_over_the_same_runs_leaves_the_summaries_alone(tmp_path, cap
     main(["per-class", *TINY, "--out", str(out), "--report-only"])
     assert "already holds these results; left as it is" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_thread_count_follows_each_dataset_not_the_command(tmp_path, monkeypatch):
+    """Without --threads a run on a graph below 5,000 nodes trains on 1 thread and a larger
+    one on torch's count, per dataset: the count was once set for the whole command (1 only
+    when every dataset named was small), so Email's runs came out at 1 or 2 threads (other
+    numbers, the same cache file) depending on the datasets named with it. The summary names
+    the runs' thread counts by dataset."""
+    import torch
+
+    from hiertail_fast.data.io import GraphData
+    from hiertail_fast.data.synthetic import make_synthetic_graph
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for name, nodes in (("email", 120), ("wiki", 5000)):
+        g = make_synthetic_graph(nodes, num_classes=6, avg_degree=4.0, num_features=8, seed=0)
+        GraphData(edge_index=g.edge_index, x=g.x, y=g.y, num_classes=g.num_classes).to_npz(
+            data / f"{name}.npz")
+    seen: dict[str, set] = {}
+    real = runner._train
+
+    def spy(spec, *args, **kwargs):
+        seen.setdefault(spec.dataset, set()).add(torch.get_num_threads())
+        return real(spec, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "_train", spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        res = main(["main", *TINY[1:], "--datasets", "email,wiki", "--methods", "origin",
+                    "--data-dir", str(data), "--out", str(tmp_path / "out")])
+    finally:
+        torch.set_num_threads(before)
+    assert seen == {"email": {1}, "wiki": {2}}
+    assert res["provenance"]["runs_threads"] == {"email": [1], "wiki": [2]}
+    md = next((tmp_path / "out").glob("main*.md")).read_text()
+    assert "torch threads of the runs: email 1, wiki 2" in md

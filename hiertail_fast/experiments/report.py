@@ -135,6 +135,15 @@ def runs_code(records: list[dict]) -> list[dict]:
             for (c, d), n in sorted(counts.items(), key=lambda kv: -kv[1])]
 
 
+def runs_threads(records: list[dict]) -> dict[str, list]:
+    """dataset -> the torch thread counts its reported runs trained with, sorted (None: a run
+    recorded before its count was)."""
+    out: dict[str, set] = {}
+    for r in records:
+        out.setdefault(r["spec"].dataset, set()).add(r.get("threads"))
+    return {d: sorted(v, key=lambda t: (t is None, t or 0)) for d, v in sorted(out.items())}
+
+
 def provenance(argv: list[str], budget, started: float, device: str,
                records: list[dict] = ()) -> dict:
     import torch
@@ -145,6 +154,7 @@ def provenance(argv: list[str], budget, started: float, device: str,
         "command": "python -m hiertail_fast.experiments " + shlex.join(argv),
         **code_version(),
         "runs_code": runs_code(list(records)),
+        "runs_threads": runs_threads(list(records)),
         "machine": {"host": platform.node(), "platform": platform.platform(),
                     "processor": platform.processor() or platform.machine(),
                     "cpu_count": os.cpu_count(), "gpu": gpu},
@@ -167,13 +177,28 @@ def provenance_markdown(p: dict, trains: bool = True) -> str:
                                                  else ""),
         *_runs_code_lines(p),
         f"- machine: {m['host']}, {m['platform']}, {m['cpu_count']} CPUs"
-        + (f", GPU {m['gpu']}" if m["gpu"] else "") + f"; device {p['device']}, "
-        f"{p['threads']} torch thread(s)",
+        + (f", GPU {m['gpu']}" if m["gpu"] else "") + f"; device {p['device']}"
+        + _threads_text(p),
         f"- python {p['python']}, torch {p['torch']}",
         *(budget if trains else []),
         f"- wall time of this command: {p['wall_time_s']:.0f} s (cached runs are not retrained)",
         f"- date: {p['date']}",
     ])
+
+
+def _threads_text(p: dict) -> str:
+    """The runs' torch thread counts by dataset (the thread count changes the float sums, so
+    the numbers); a dataset whose runs differ is marked. Summaries written before
+    ``runs_threads`` existed give the command's count."""
+    by_data = p.get("runs_threads")
+    if not by_data:
+        return f", {p['threads']} torch thread(s)"
+    parts = []
+    for dataset, counts in by_data.items():
+        text = " and ".join("?" if t is None else str(t) for t in counts)
+        parts.append(f"{dataset} {text}" + (" (**mixed**: its runs' numbers depend on it)"
+                                            if len(counts) > 1 else ""))
+    return "; torch threads of the runs: " + ", ".join(parts)
 
 
 def _runs_code_lines(p: dict) -> list[str]:

@@ -320,7 +320,8 @@ def _train(spec: RunSpec, data, split, graph, seed: int, budget: Budget, device:
 
 def run_specs(specs: list[RunSpec], budget: Budget, source: DataSource, cache: RunCache, *,
               device: str = "cpu", progress: bool = True, log=None,
-              train: bool = True, notice=None, notes: list | None = None) -> list[dict]:
+              train: bool = True, notice=None, notes: list | None = None,
+              threads=None) -> list[dict]:
     """Every (spec, seed) of the budget: the cached record, or train, record and cache it
     (``train=False``: only the cached records; the missing ones are counted in the log).
     A run that diverges (``TrainingDivergedError``: a non-finite loss, typically a too-high lr)
@@ -329,8 +330,10 @@ def run_specs(specs: list[RunSpec], budget: Budget, source: DataSource, cache: R
     it is left out of the returned records (the row counts one seed fewer) and said in the log
     and in ``notes`` (the summary's notes).
     A cached file that is unreadable or holds a run on other data (``RunCache.lookup``) is a
-    miss, said by ``notice`` (default: stdout). Returns the records in spec order, seeds in
-    budget order."""
+    miss, said by ``notice`` (default: stdout). ``threads(dataset)``: the torch thread count
+    a run on that dataset trains with (None: as it is), so a run's numbers depend on its own
+    dataset alone (the thread count changes the float sums), not on which other datasets the
+    command names. Returns the records in spec order, seeds in budget order."""
     import torch
 
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -358,6 +361,9 @@ def run_specs(specs: list[RunSpec], budget: Budget, source: DataSource, cache: R
             from hiertail_fast.train import TrainingDivergedError
 
             data, split, graph = source.run_inputs(spec, seed)
+            count = threads(spec.dataset) if threads is not None else None
+            if count is not None:
+                torch.set_num_threads(count)
             t0 = time.perf_counter()
             try:
                 result, diverged = _train(spec, data, split, graph, seed, budget, device), None
