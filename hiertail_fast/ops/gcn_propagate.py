@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import torch
 
-from hiertail_fast._csr import sparse_notices_seen
+from hiertail_fast._csr import add_row_pieces, sparse_notices_seen, split_long_rows
 from hiertail_fast._validation import (
     check_flag,
     check_float_matrix,
@@ -64,11 +64,26 @@ def torch_sparse_available() -> bool:
     return True
 
 
-def _sparse_csr(indptr, indices, values, n) -> torch.Tensor:
+def _sparse_csr(indptr, indices, values, n, rows: int | None = None) -> torch.Tensor:
+    """[rows (default n), n] sparse CSR tensor of the arrays."""
     if values.device.type == "cpu":
         check_openmp_team()         # torch's CSR products skip rows otherwise (_validation)
     sparse_notices_seen()           # ("sparse CSR support is in beta", once: see there)
-    return torch.sparse_csr_tensor(indptr, indices, values, (n, n))
+    return torch.sparse_csr_tensor(indptr, indices, values, (n if rows is None else rows, n))
+
+
+def _split_hub_rows(indptr, indices, values):
+    """``(indptr, indices, values, owner)`` for a CPU product: rows longer than
+    ``_csr.HUB_ROW_ENTRIES`` cut into pieces (`split_long_rows`: a long row's float32 sum was
+    off by 3e-3 at 1M entries); owner None where no row is that long, and on other devices
+    (cuSPARSE schedules its own rows; the pieces' index_add_ there would use atomics)."""
+    split = split_long_rows(indptr, indices, values) if values.device.type == "cpu" else None
+    return (indptr, indices, values, None) if split is None else split
+
+
+def _add_pieces(out: torch.Tensor, owner: torch.Tensor | None, n: int) -> torch.Tensor:
+    """The product's rows 0..n-1 with the long rows' other pieces added (`add_row_pieces`)."""
+    return out if owner is None else add_row_pieces(out, owner, n)
 
 
 def _csr_matmul(op: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -147,15 +162,17 @@ def _cached_operator(backend, graph, weight, dinv, loop, key, transposed):
             indptr, indices, values = _merge_diagonal(indptr, indices, values,
                                                       loop * dinv * dinv, loop != 0)
         n = graph.num_nodes
+        indptr, indices, values, owner = _split_hub_rows(indptr, indices, values)
+        rows = indptr.numel() - 1
         if backend == "torch_sparse":
             import torch_sparse
 
             return torch_sparse.SparseTensor(rowptr=indptr, col=indices, value=values,
-                                             sparse_sizes=(n, n), is_sorted=True,
-                                             trust_data=True)
+                                             sparse_sizes=(rows, n), is_sorted=True,
+                                             trust_data=True), owner
         if fits_int32(n, indices.numel()):
             indptr, indices = indptr.int(), indices.int()
-        return _sparse_csr(indptr, indices, values, n)
+        return _sparse_csr(indptr, indices, values, n, rows), owner
     # keyed by the weights' version too: an in-place update of learnable weights rebuilds it
     return graph._cached_w(("gcn_operator", backend, transposed, loop is not None) + key, build)
 
@@ -173,24 +190,28 @@ def _spmm(backend, graph, weight, dinv, loop, x, key, transposed):
         return gcn_spmm(g.indptr, g.indices, w, dinv, loop, x)
     x_in, x = x, x.to(dinv.dtype)  # fp16/bf16 run in fp32 (CPU sparse kernels lack them)
     if key is not None:  # cached operator, self-loops merged in: one sparse product
-        op = _cached_operator(backend, graph, weight, dinv, loop, key, transposed)
+        op, owner = _cached_operator(backend, graph, weight, dinv, loop, key, transposed)
         nnz = op.nnz() if backend == "torch_sparse" else op._nnz()
         if nnz == 0:
             return torch.zeros_like(x_in)
-        return (op.matmul(x) if backend == "torch_sparse" else _csr_matmul(op, x)).to(
-            x_in.dtype)
+        out = op.matmul(x) if backend == "torch_sparse" else _csr_matmul(op, x)
+        return _add_pieces(out, owner, n).to(x_in.dtype)
     # weights require grad: values built per call, the self-loop as a separate diagonal term
     indptr, indices, values = _normalised(graph, weight, dinv, transposed)
     if not indices.numel():
         out = torch.zeros_like(x)
-    elif backend == "torch_sparse":
-        import torch_sparse
-
-        out = torch_sparse.SparseTensor(rowptr=indptr, col=indices, value=values,
-                                        sparse_sizes=(n, n), is_sorted=True,
-                                        trust_data=True).matmul(x)
     else:
-        out = _csr_matmul(_sparse_csr(indptr, indices, values, n), x)
+        indptr, indices, values, owner = _split_hub_rows(indptr, indices, values)
+        rows = indptr.numel() - 1
+        if backend == "torch_sparse":
+            import torch_sparse
+
+            out = torch_sparse.SparseTensor(rowptr=indptr, col=indices, value=values,
+                                            sparse_sizes=(rows, n), is_sorted=True,
+                                            trust_data=True).matmul(x)
+        else:
+            out = _csr_matmul(_sparse_csr(indptr, indices, values, n, rows), x)
+        out = _add_pieces(out, owner, n)
     if loop is not None:
         out.addcmul_((loop * dinv * dinv).unsqueeze(1), x)  # added self-loop: loop_i dinv_i² x_i
     return out.to(x_in.dtype)
