@@ -595,3 +595,32 @@ def test_split_long_rows_is_the_same_product():
         out = torch.sparse_csr_tensor(ip, ix, v, (rows, m)).to_dense() @ x
         torch.testing.assert_close(add_row_pieces(out, owner, n), want)
     assert cut > 100
+
+
+def test_products_past_mkls_index_range_run_in_row_blocks(monkeypatch):
+    """A CPU CSR product with MKL_MAX_ENTRIES or more entries (2^31 - 1: MKL's LP64 routines
+    index with int32) runs in blocks of rows, each under it: with the limit at 10 the
+    propagation is still the reference's, values and gradients; a single row over the limit
+    is a ValueError naming it (rows are cut to HUB_ROW_PIECE entries before: never here)."""
+    import hiertail_fast._csr as csr
+    import hiertail_fast.ops.gcn_propagate as gp
+
+    monkeypatch.setattr(gp, "MKL_MAX_ENTRIES", 10)
+    monkeypatch.setattr(csr, "HUB_ROW_ENTRIES", 4)
+    monkeypatch.setattr(csr, "HUB_ROW_PIECE", 3)
+    calls = []
+    real_addmm = torch.addmm
+
+    def counting(*args, **kwargs):
+        calls.append(args[1]._nnz())
+        return real_addmm(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "addmm", counting)
+    n = 40
+    ei, w = make_edges(n, 6 * n, weighted=True, symmetric=False, seed=7)
+    _check_backend("torch", ei, w, n, 5, dtype=torch.float32)
+    assert len(calls) > 20 and max(calls) < 10
+    op = torch.sparse_csr_tensor(torch.tensor([0, 12]), torch.arange(12), torch.ones(12),
+                                 (1, 12))
+    with pytest.raises(ValueError, match="row 0 of the operator has 12 entries"):
+        _csr_matmul(op, torch.ones(12, 2))

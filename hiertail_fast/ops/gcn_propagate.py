@@ -86,6 +86,9 @@ def _add_pieces(out: torch.Tensor, owner: torch.Tensor | None, n: int) -> torch.
     return out if owner is None else add_row_pieces(out, owner, n)
 
 
+MKL_MAX_ENTRIES = 2**31 - 1     # entries a CPU CSR product takes at once (`_csr_matmul`)
+
+
 def _csr_matmul(op: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """op @ x for a sparse CSR ``op`` into a fresh, uninitialised output.
 
@@ -94,10 +97,30 @@ def _csr_matmul(op: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     n×d output (at 100k×64 on the 2-core CPU: ~21 of ~70 ms, measured with torch.profiler).
     ``addmm(out, op, x, beta=0, out=out)`` never reads ``out`` (BLAS beta = 0 semantics: NaN/inf
     in the uninitialised memory are not propagated; tested), so neither pass is needed."""
-    if x.device.type == "cpu":
-        check_openmp_team()         # (a cached operator: the thread count may have changed)
     out = torch.empty(op.shape[0], x.shape[1], dtype=x.dtype, device=x.device)
-    return torch.addmm(out, op, x, beta=0, out=out)
+    if x.device.type != "cpu":
+        return torch.addmm(out, op, x, beta=0, out=out)
+    check_openmp_team()             # (a cached operator: the thread count may have changed)
+    crow, col, values = op.crow_indices(), op.col_indices(), op.values()
+    if col.numel() < MKL_MAX_ENTRIES:
+        return torch.addmm(out, op, x, beta=0, out=out)
+    # More entries than MKL's LP64 CSR routines can index (int32; torch hands them its
+    # indices converted to int32): the product in blocks of rows, each block's offsets
+    # rebased to 0 and fewer than MKL_MAX_ENTRIES.
+    crow = crow.long()
+    start, rows = 0, op.shape[0]
+    while start < rows:
+        base = int(crow[start])
+        stop = int(torch.searchsorted(crow, base + MKL_MAX_ENTRIES - 1, right=True)) - 1
+        if stop <= start:        # (rows are cut to HUB_ROW_PIECE entries before this)
+            raise ValueError(f"row {start} of the operator has {int(crow[start + 1]) - base} "
+                             f"entries: more than MKL's CSR product indexes ({MKL_MAX_ENTRIES})")
+        end = int(crow[stop])
+        block = torch.sparse_csr_tensor(crow[start:stop + 1] - base, col[base:end],
+                                        values[base:end], (stop - start, op.shape[1]))
+        torch.addmm(out[start:stop], block, x, beta=0, out=out[start:stop])
+        start = stop
+    return out
 
 
 def _normalised(graph: CSRGraph, weight, dinv, transposed: bool):
