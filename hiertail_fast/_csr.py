@@ -217,7 +217,8 @@ def split_long_rows(indptr: torch.Tensor, indices: torch.Tensor, values: torch.T
     ``(indptr', indices', values', owner)``: rows 0..n-1 keep their first piece, the other
     pieces follow as rows n, n+1, ... (``owner[k]``: the row piece n+k belongs to,
     non-decreasing); None when no row is that long. One product with it, then the pieces
-    added to their rows (``add_row_pieces``), is the product with the CSR.
+    added to their rows (``add_row_pieces`` with ``row_pieces_plan(owner)``), is the product
+    with the CSR.
 
     Why: a CPU CSR product (MKL's, torch_sparse's; as torch.sparse.mm and PyG) sums a row's
     entries one after the other in float32, so its rounding grows with the row's length: one
@@ -250,13 +251,21 @@ def split_long_rows(indptr: torch.Tensor, indices: torch.Tensor, values: torch.T
     return torch.cat([first_ptr, ends]), new_indices, new_values, owner
 
 
-def add_row_pieces(out: torch.Tensor, owner: torch.Tensor, n: int) -> torch.Tensor:
+def row_pieces_plan(owner: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rows, slot)`` of `split_long_rows`' ``owner``: the long rows, and for each extra
+    piece its row's position in ``rows`` (what `add_row_pieces` needs; made once per
+    operator)."""
+    rows, counts = torch.unique_consecutive(owner, return_counts=True)
+    return rows, torch.repeat_interleave(torch.arange(rows.numel(), device=owner.device), counts)
+
+
+def add_row_pieces(out: torch.Tensor, plan: tuple[torch.Tensor, torch.Tensor],
+                   n: int) -> torch.Tensor:
     """Rows 0..n-1 of a product with `split_long_rows`' CSR, each long row's pieces (its
-    first piece in row i, the others in rows n + k with owner[k] = i) added in float64 and
+    first piece in row i, the others in rows n + k, `row_pieces_plan`) added in float64 and
     rounded once; a view of ``out``."""
     head = out[:n]
-    rows, counts = torch.unique_consecutive(owner, return_counts=True)
-    slot = torch.repeat_interleave(torch.arange(rows.numel(), device=out.device), counts)
+    rows, slot = plan
     wide = torch.promote_types(out.dtype, torch.float64)
     acc = head.index_select(0, rows).to(wide).index_add_(0, slot, out[n:].to(wide))
     return head.index_copy_(0, rows, acc.to(out.dtype))

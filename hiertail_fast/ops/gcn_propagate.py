@@ -39,7 +39,12 @@ from __future__ import annotations
 
 import torch
 
-from hiertail_fast._csr import add_row_pieces, sparse_notices_seen, split_long_rows
+from hiertail_fast._csr import (
+    add_row_pieces,
+    row_pieces_plan,
+    sparse_notices_seen,
+    split_long_rows,
+)
 from hiertail_fast._validation import (
     check_flag,
     check_float_matrix,
@@ -73,17 +78,21 @@ def _sparse_csr(indptr, indices, values, n, rows: int | None = None) -> torch.Te
 
 
 def _split_hub_rows(indptr, indices, values):
-    """``(indptr, indices, values, owner)`` for a CPU product: rows longer than
+    """``(indptr, indices, values, plan)`` for a CPU product: rows longer than
     ``_csr.HUB_ROW_ENTRIES`` cut into pieces (`split_long_rows`: a long row's float32 sum was
-    off by 3e-3 at 1M entries); owner None where no row is that long, and on other devices
+    off by 3e-3 at 1M entries; plan: `row_pieces_plan`); None where no row is that long, and
+    on other devices
     (cuSPARSE schedules its own rows; the pieces' index_add_ there would use atomics)."""
     split = split_long_rows(indptr, indices, values) if values.device.type == "cpu" else None
-    return (indptr, indices, values, None) if split is None else split
+    if split is None:
+        return indptr, indices, values, None
+    indptr, indices, values, owner = split
+    return indptr, indices, values, row_pieces_plan(owner)
 
 
-def _add_pieces(out: torch.Tensor, owner: torch.Tensor | None, n: int) -> torch.Tensor:
+def _add_pieces(out: torch.Tensor, plan, n: int) -> torch.Tensor:
     """The product's rows 0..n-1 with the long rows' other pieces added (`add_row_pieces`)."""
-    return out if owner is None else add_row_pieces(out, owner, n)
+    return out if plan is None else add_row_pieces(out, plan, n)
 
 
 MKL_MAX_ENTRIES = 2**31 - 1     # entries a CPU CSR product takes at once (`_csr_matmul`)
@@ -185,17 +194,17 @@ def _cached_operator(backend, graph, weight, dinv, loop, key, transposed):
             indptr, indices, values = _merge_diagonal(indptr, indices, values,
                                                       loop * dinv * dinv, loop != 0)
         n = graph.num_nodes
-        indptr, indices, values, owner = _split_hub_rows(indptr, indices, values)
+        indptr, indices, values, plan = _split_hub_rows(indptr, indices, values)
         rows = indptr.numel() - 1
         if backend == "torch_sparse":
             import torch_sparse
 
             return torch_sparse.SparseTensor(rowptr=indptr, col=indices, value=values,
                                              sparse_sizes=(rows, n), is_sorted=True,
-                                             trust_data=True), owner
+                                             trust_data=True), plan
         if fits_int32(n, indices.numel()):
             indptr, indices = indptr.int(), indices.int()
-        return _sparse_csr(indptr, indices, values, n, rows), owner
+        return _sparse_csr(indptr, indices, values, n, rows), plan
     # keyed by the weights' version too: an in-place update of learnable weights rebuilds it
     return graph._cached_w(("gcn_operator", backend, transposed, loop is not None) + key, build)
 
@@ -213,18 +222,18 @@ def _spmm(backend, graph, weight, dinv, loop, x, key, transposed):
         return gcn_spmm(g.indptr, g.indices, w, dinv, loop, x)
     x_in, x = x, x.to(dinv.dtype)  # fp16/bf16 run in fp32 (CPU sparse kernels lack them)
     if key is not None:  # cached operator, self-loops merged in: one sparse product
-        op, owner = _cached_operator(backend, graph, weight, dinv, loop, key, transposed)
+        op, plan = _cached_operator(backend, graph, weight, dinv, loop, key, transposed)
         nnz = op.nnz() if backend == "torch_sparse" else op._nnz()
         if nnz == 0:
             return torch.zeros_like(x_in)
         out = op.matmul(x) if backend == "torch_sparse" else _csr_matmul(op, x)
-        return _add_pieces(out, owner, n).to(x_in.dtype)
+        return _add_pieces(out, plan, n).to(x_in.dtype)
     # weights require grad: values built per call, the self-loop as a separate diagonal term
     indptr, indices, values = _normalised(graph, weight, dinv, transposed)
     if not indices.numel():
         out = torch.zeros_like(x)
     else:
-        indptr, indices, values, owner = _split_hub_rows(indptr, indices, values)
+        indptr, indices, values, plan = _split_hub_rows(indptr, indices, values)
         rows = indptr.numel() - 1
         if backend == "torch_sparse":
             import torch_sparse
@@ -234,7 +243,7 @@ def _spmm(backend, graph, weight, dinv, loop, x, key, transposed):
                                             trust_data=True).matmul(x)
         else:
             out = _csr_matmul(_sparse_csr(indptr, indices, values, n, rows), x)
-        out = _add_pieces(out, owner, n)
+        out = _add_pieces(out, plan, n)
     if loop is not None:
         out.addcmul_((loop * dinv * dinv).unsqueeze(1), x)  # added self-loop: loop_i dinv_i² x_i
     return out.to(x_in.dtype)
