@@ -200,3 +200,25 @@ def test_epoch_ab_times_a_whole_epoch_against_another_revision(capsys):
     assert float(re.search(r"max loss rel diff (\S+)", line).group(1)) == 0.0
     with pytest.raises(SystemExit):
         epoch_ab.main(["--rev", "HEAD", "--nodes", "10", "--classes", "5"])
+
+
+def test_hub_rows_times_the_propagation_against_another_revision(capsys):
+    """bench/hub_rows.py at HEAD against this checkout (the same package): both sides' hub
+    errors are reported and equal, and small (float32 against the float64 truth)."""
+    import re
+    import subprocess
+
+    import hub_rows
+
+    root = Path(__file__).resolve().parents[1]
+    if subprocess.run(["git", "-C", str(root), "diff", "--quiet", "HEAD", "--",
+                       "hiertail_fast"], capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout, or the package differs from HEAD")
+    assert hub_rows.main(["--rev", "HEAD", "--nodes", "3000", "--hubs", "2", "--hub-degree",
+                          "9000", "--d", "4", "--rounds", "2"]) == 0
+    out = capsys.readouterr().out
+    errors = {side: float(re.search(rf"^{side}: .*max rel error (\S+),", out, re.M).group(1))
+              for side in ("old", "new")}
+    assert errors["old"] == errors["new"] < 1e-5 and "new/old" in out
+    with pytest.raises(SystemExit):
+        hub_rows.main(["--rev", "HEAD", "--rounds", "1"])
