@@ -26,7 +26,9 @@
 #      by request, test_lean_tiles[32x64x4] in tests/test_balanced_contrastive_loss_triton.py;
 #      session 26: top-k pooling's 16-bit scores and backward in float32, the Triton score
 #      kernel's output now float32, tests/test_topk_pool.py; session 28: the ops' IEEE GEMMs
-#      under TF32 settings, tests/test_matmul_precision.py),
+#      under TF32 settings, tests/test_matmul_precision.py; session 29: GCN degrees summed in
+#      float64 on the card too, and the Triton loss backward's int64 level offsets,
+#      tests/test_gcn_propagate.py and the Triton loss tests above),
 #      2. the loss kernels' registers / spills as
 #      the image's triton compiles them (bench/kernel_resources.py found the LSE backward's
 #      fixed tile spilling ~1 KB per thread), 3. loss_profile rows at d 64 and 128, N 20k and
@@ -53,7 +55,7 @@ s tests STEPS=tests TESTS_S=90 CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTEST_ARGS="-n 1
   tests/test_hardening.py tests/test_compile.py tests/test_compile_graph_ops.py \
   tests/test_func_transforms.py tests/test_nearest_prototype.py tests/test_bad_inputs.py \
   tests/test_contrastive_numerics.py tests/test_triton_tile_fallback.py tests/test_topk_pool.py \
-  tests/test_matmul_precision.py"
+  tests/test_matmul_precision.py tests/test_gcn_propagate.py"
 s resources STEPS=resources RESOURCES_S=60
 s profile STEPS=profile PROFILE_S=300 PROFILE_ARGS="--sizes 20000:64 100000:64 20000:128 \
   100000:128 --engines auto triton triton[lean] triton[shared] triton[shared+lean] \
