@@ -19,7 +19,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -27,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from version_ab import REV_NAME, unpack_revision  # noqa: E402
+from version_ab import revision_package  # noqa: E402
 
 import hiertail_fast  # noqa: E402
 
@@ -75,17 +74,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.rounds < 2 or min(args.nodes) < 4 * args.classes:
         p.error("--rounds must be at least 2 and every size at least 4 x --classes")
-    with tempfile.TemporaryDirectory(prefix="epoch_ab-") as tmp:
-        unpack_revision(args.rev, Path(tmp))
-        sys.path.insert(0, tmp)
-        try:
-            old_pkg = __import__(REV_NAME)
-        finally:
-            sys.path.remove(tmp)
-        print(f"load average {os.getloadavg()}, {torch.get_num_threads()} threads, old = "
-              f"{args.rev}, new = this checkout, HierTail {args.config}, {args.classes} classes, "
-              f"degree {args.avg_degree:g}, features {args.features}, hidden {args.hidden}, "
-              f"{args.rounds} rounds (first dropped)", flush=True)
+    header = (f"HierTail {args.config}, {args.classes} classes, degree {args.avg_degree:g}, "
+              f"features {args.features}, hidden {args.hidden}, {args.rounds} rounds (first "
+              "dropped)")
+    with revision_package(args.rev, header) as old_pkg:
         for nodes in args.nodes:
             steps = {"old": epoch_step(old_pkg, nodes, args),
                      "new": epoch_step(hiertail_fast, nodes, args)}

@@ -18,14 +18,13 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from version_ab import REV_NAME, unpack_revision  # noqa: E402
+from version_ab import revision_package  # noqa: E402
 
 import hiertail_fast  # noqa: E402
 
@@ -69,17 +68,9 @@ def main(argv=None) -> int:
     out64.backward(cot.double())
     out64 = out64.detach()
     hubs = torch.arange(args.hubs)
-    with tempfile.TemporaryDirectory(prefix="hub_rows-") as tmp:
-        unpack_revision(args.rev, Path(tmp))
-        sys.path.insert(0, tmp)
-        try:
-            old_pkg = __import__(REV_NAME)
-        finally:
-            sys.path.remove(tmp)
-        print(f"load average {os.getloadavg()}, {torch.get_num_threads()} threads, old = "
-              f"{args.rev}, new = this checkout, {args.nodes:,} nodes, {ei.shape[1]:,} entries, "
-              f"hubs of {args.hub_degree:,} / 2^k in-edges (k < {args.hubs}), d {args.d}, "
-              f"{args.rounds} rounds (first dropped)", flush=True)
+    header = (f"{args.nodes:,} nodes, {ei.shape[1]:,} entries, hubs of {args.hub_degree:,} / "
+              f"2^k in-edges (k < {args.hubs}), d {args.d}, {args.rounds} rounds (first dropped)")
+    with revision_package(args.rev, header) as old_pkg:
         steps, errors = {}, {}
         for name, pkg in (("old", old_pkg), ("new", hiertail_fast)):
             graph = pkg.CSRGraph.from_edge_index(ei, num_nodes=args.nodes, dedupe=False)

@@ -18,6 +18,8 @@ Run it on an idle machine (``bench/idle_window.sh``); the load average is printe
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import os
 import re
 import subprocess
@@ -59,6 +61,34 @@ def unpack_revision(rev: str, into: Path, repo: Path = REPO) -> Path:
     return pkg
 
 
+@contextlib.contextmanager
+def revision_package(rev: str, header: str):
+    """``hiertail_fast`` at git revision ``rev``, imported as ``REV_NAME`` for the with block
+    (unpacked into a temporary directory), after printing the load average, torch's thread
+    count and ``header``. A module of that name imported before (another revision's, whose
+    directory is gone) is dropped first, and this one after the block: in one process a second
+    tool resolved the first one's stale package and failed importing its submodules."""
+    with tempfile.TemporaryDirectory(prefix="version_ab-") as tmp:
+        unpack_revision(rev, Path(tmp))
+        _forget_revision()
+        sys.path.insert(0, tmp)
+        try:
+            pkg = importlib.import_module(REV_NAME)
+        finally:
+            sys.path.remove(tmp)
+        print(f"load average {os.getloadavg()}, {torch.get_num_threads()} threads, old = "
+              f"{rev}, new = this checkout, {header}", flush=True)
+        try:
+            yield pkg
+        finally:
+            _forget_revision()
+
+
+def _forget_revision() -> None:
+    for name in [m for m in sys.modules if m == REV_NAME or m.startswith(REV_NAME + ".")]:
+        del sys.modules[name]
+
+
 def loss_step(pkg, z, ys, ps, tau: float, variant: str):
     """Forward + backward of the loss of package ``pkg`` (torch engine); returns the gradient."""
     def step():
@@ -84,17 +114,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.n < 1 or args.d < 1 or args.rounds < 2:
         p.error("--n and --d must be positive and --rounds at least 2")
-    with tempfile.TemporaryDirectory(prefix="version_ab-") as tmp:
-        unpack_revision(args.rev, Path(tmp))
-        sys.path.insert(0, tmp)
-        try:
-            old_pkg = __import__(REV_NAME)
-        finally:
-            sys.path.remove(tmp)
-        print(f"load average {os.getloadavg()}, {torch.get_num_threads()} threads, old = "
-              f"{args.rev}, new = this checkout, N {args.n}, d {args.d}, L {args.levels}, "
-              f"{args.variant}, tau {args.tau:g}, {args.rounds} rounds (first dropped)",
-              flush=True)
+    with revision_package(args.rev, f"N {args.n}, d {args.d}, L {args.levels}, {args.variant}, "
+                          f"tau {args.tau:g}, {args.rounds} rounds (first dropped)") as old_pkg:
         for regime in args.regimes:
             z, ys, ps = make_case(regime, args.n, args.d, args.levels)
             steps = {"old": loss_step(old_pkg, z, ys, ps, args.tau, args.variant),
