@@ -216,9 +216,9 @@ def split_long_rows(indptr: torch.Tensor, indices: torch.Tensor, values: torch.T
     HUB_ROW_ENTRIES) cut into pieces of at most ``piece`` (default HUB_ROW_PIECE), as
     ``(indptr', indices', values', owner)``: rows 0..n-1 keep their first piece, the other
     pieces follow as rows n, n+1, ... (``owner[k]``: the row piece n+k belongs to,
-    non-decreasing); None when no row is that long. One product with it, then the pieces
-    added to their rows (``add_row_pieces`` with ``row_pieces_plan(owner)``), is the product
-    with the CSR.
+    non-decreasing); None when no row is that long. Its rows 0..n-1 times x, plus the other
+    rows' products added to their owners (``add_row_pieces`` with ``row_pieces_plan(owner)``),
+    is the product with the CSR (`ops/_csr_product.CSROperator`).
 
     Why: a CPU CSR product (MKL's, torch_sparse's; as torch.sparse.mm and PyG) sums a row's
     entries one after the other in float32, so its rounding grows with the row's length: one
@@ -259,13 +259,12 @@ def row_pieces_plan(owner: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return rows, torch.repeat_interleave(torch.arange(rows.numel(), device=owner.device), counts)
 
 
-def add_row_pieces(out: torch.Tensor, plan: tuple[torch.Tensor, torch.Tensor],
-                   n: int) -> torch.Tensor:
-    """Rows 0..n-1 of a product with `split_long_rows`' CSR, each long row's pieces (its
-    first piece in row i, the others in rows n + k, `row_pieces_plan`) added in float64 and
-    rounded once; a view of ``out``."""
-    head = out[:n]
+def add_row_pieces(out: torch.Tensor, pieces: torch.Tensor,
+                   plan: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """``out`` [n, d] (the product's rows 0..n-1, each long row's first piece) with the long
+    rows' later pieces ``pieces`` [k, d] added, in float64 and rounded once (`row_pieces_plan`
+    says whose they are); in place, returns ``out``."""
     rows, slot = plan
     wide = torch.promote_types(out.dtype, torch.float64)
-    acc = head.index_select(0, rows).to(wide).index_add_(0, slot, out[n:].to(wide))
-    return head.index_copy_(0, rows, acc.to(out.dtype))
+    acc = out.index_select(0, rows).to(wide).index_add_(0, slot, pieces.to(wide))
+    return out.index_copy_(0, rows, acc.to(out.dtype))

@@ -379,7 +379,7 @@ def check_openmp_team(threads: int | None = None) -> None:
     product of a sparse CSR matrix with a dense one then skips rows without an error (torch
     2.13, 800 nodes: off by 8.8 where the result is ~9), so the GCN propagation and the
     baselines' sparse layers would return wrong numbers. Checked where such a product is made
-    (``ops/gcn_propagate._sparse_csr`` / ``_csr_matmul``)."""
+    (``ops/_csr_product.sparse_csr`` / ``csr_matmul``)."""
     threads = torch.get_num_threads() if threads is None else threads
     if threads <= 1:
         return

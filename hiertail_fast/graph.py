@@ -100,7 +100,7 @@ def _arrays_key(indptr: torch.Tensor, indices: torch.Tensor, weight: torch.Tenso
 
 
 @contextlib.contextmanager
-def _normal_tensors():
+def outside_inference_mode():
     """Inference mode switched off (and autograd with it) while a cache is filled: tensors
     made under ``torch.inference_mode()`` cannot be saved for backward, so a cache filled
     while a model was scored there made every later training step on the graph fail."""
@@ -328,10 +328,10 @@ class CSRGraph:
     def _cached(self, key: Any, fn):
         """Cache of a STRUCTURAL quantity (depends on indptr/indices only). Computed outside
         any torch.func transform (a plain tensor, as the arrays are: ``__init__``) and outside
-        inference mode (``_normal_tensors``)."""
+        inference mode (``outside_inference_mode``)."""
         self._check_arrays()
         if key not in self._cache:
-            with outside_transforms(), _normal_tensors():
+            with outside_transforms(), outside_inference_mode():
                 self._cache[key] = fn()
         return self._cache[key]
 
@@ -359,7 +359,7 @@ class CSRGraph:
             return hit.value
         if wrapped(self._weight):     # learnable weights inside a torch.func transform:
             return fn()               # differentiable there, and not to be kept past it
-        with outside_transforms(), _normal_tensors():
+        with outside_transforms(), outside_inference_mode():
             value = fn()
         self._cache[key] = _Versioned(ver, value)
         return value

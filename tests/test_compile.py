@@ -346,6 +346,13 @@ def test_exported_loss_trains_or_says_why():
     (g,) = torch.autograd.grad(trained.module()(zz, p), zz, create_graph=True)
     with pytest.raises(RuntimeError, match="cannot be differentiated again"):
         g.pow(2).sum().backward()
+    # the prototypes' gradient too (the op returns it in a list: it went unguarded and a
+    # penalty on it was dropped silently)
+    pp = p.clone().requires_grad_()
+    (gp,) = torch.autograd.grad(trained.module()(z.clone().requires_grad_(), pp), pp,
+                                create_graph=True)
+    with pytest.raises(RuntimeError, match="cannot be differentiated again"):
+        gp.pow(2).sum().backward()
 
 
 def test_every_custom_op_is_kept_out_of_cuda_graphs():

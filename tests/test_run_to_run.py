@@ -4,8 +4,9 @@ accumulate) adds repeated indices in parallel once the gathered rows pass ~32k e
 torch has more than one thread, so a gradient through such a gather changed in its last bits
 from call to call (a determinism audit: the reference GCN's x gradient in 20 of 20 runs,
 GraphSMOTE's and GraphMixup's training runs at --threads 2). Those gathers are
-``index_select`` now, whose backward adds in a fixed order. Each test compares 12 calls at 2
-threads (on a 1-CPU machine torch's loop runs serially and they cannot differ)."""
+``index_select`` now, whose backward adds in a fixed order. Each test compares 12 calls at 4
+threads (more threads than rows' owners: at 2, the augmented adjacency's gather splits into
+two disjoint halves and never races; 4 threads race on a 2-CPU machine too)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -23,9 +24,9 @@ N, D, E = 2000, 8, 40_000
 
 
 @pytest.fixture(autouse=True)
-def two_threads():
+def four_threads():
     old = torch.get_num_threads()
-    torch.set_num_threads(2)
+    torch.set_num_threads(4)
     yield
     torch.set_num_threads(old)
 

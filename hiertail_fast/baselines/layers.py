@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hiertail_fast.graph import CSRGraph
-from hiertail_fast.ops.gcn_propagate import _sparse_csr
+from hiertail_fast.ops._csr_product import sparse_csr
 
 NORMS = ("none", "row")
 
@@ -34,7 +34,7 @@ def adjacency_operator(graph: CSRGraph, norm: str = "none") -> torch.Tensor:
         deg = graph.degree(w.dtype)                     # the row sums (float64-summed)
         inv = torch.where(deg > 0, 1.0 / deg.clamp_min(1e-30), torch.zeros_like(deg))
         w = w * inv[graph.row_index()]
-    return _sparse_csr(graph.indptr, graph.indices, w.contiguous(), graph.num_nodes)
+    return sparse_csr(graph.indptr, graph.indices, w.contiguous(), graph.num_nodes)
 
 
 class AugmentedAdjacency:

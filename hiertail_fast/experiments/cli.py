@@ -212,16 +212,15 @@ def _result_args(args) -> dict:
             if k not in _NOT_RESULT_ARGS}
 
 
-SMALL_GRAPH_NODES = 5000     # below it a run trains on one thread (--threads unset)
-
-
 def run_threads(requested: int | None, source):
     """dataset -> the torch thread count its runs train with: ``--threads``, else 1 on a graph
-    below SMALL_GRAPH_NODES nodes (thread start-up outweighs the work) and torch's count as
+    below ``_train_cli.SMALL_GRAPH_NODES`` nodes (as ``train``'s default) and torch's count as
     the command started on larger ones. Per dataset: the default was once set for the whole
     command (1 only when every dataset named was small), so Email's runs came out at 1 or 2
     threads, with other numbers, depending on the datasets named with it."""
     import torch
+
+    from hiertail_fast._train_cli import SMALL_GRAPH_NODES
 
     start = torch.get_num_threads()
 

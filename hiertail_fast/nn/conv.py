@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hiertail_fast._validation import check_flag
-from hiertail_fast.graph import CSRGraph, _normal_tensors
+from hiertail_fast.graph import CSRGraph, outside_inference_mode
 from hiertail_fast.ops.gcn_propagate import PROPAGATION_BACKENDS, as_graph, gcn_propagate
 
 
@@ -94,7 +94,7 @@ class GCNConv(nn.Module):
             # built outside inference mode: a graph cached during a scoring pass under
             # torch.inference_mode() held inference tensors, and every later training call
             # failed ("Inference tensors cannot be saved for backward")
-            with _normal_tensors():
+            with outside_inference_mode():
                 cached = (identity, n, as_graph(graph_or_edge_index, edge_weight, n))
             self._cached_graph = cached
         return cached[2]        # this call's (read again, another thread's could come back)

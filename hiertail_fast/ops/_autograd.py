@@ -132,8 +132,13 @@ def first_order_backward(op: str):
                 return grads
             single = not isinstance(grads, tuple)
             grads = (grads,) if single else grads
-            out = tuple(_NoSecondDerivative.run(op, g, *anchors)
-                        if isinstance(g, torch.Tensor) else g for g in grads)
+
+            def guard(g):        # (a list: a torch.library op's gradients of a tensor list)
+                if isinstance(g, list):
+                    return [guard(t) for t in g]
+                return _NoSecondDerivative.run(op, g, *anchors) if isinstance(
+                    g, torch.Tensor) else g
+            out = tuple(guard(g) for g in grads)
             return out[0] if single else out
         return wrapper
     return wrap

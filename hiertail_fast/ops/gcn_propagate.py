@@ -6,7 +6,7 @@
 Backends (``backend=`` argument, else `choose_backend`'s measured table: torch on CPU and
 CUDA):
 * ``torch``: one MKL CSR product (``addmm`` with beta = 0 into an uninitialised output, see
-  `_csr_matmul`) on the normalised operator Â — values ``dinv_i w_e dinv_j`` with the added
+  `_csr_product`) on the normalised operator Â — values ``dinv_i w_e dinv_j`` with the added
   self-loops ``loop_i dinv_i²`` inserted on the diagonal — built ONCE per (graph, options,
   dtype) and cached on the `CSRGraph`. This CPU path does materialise Â, on purpose: it is the
   cheapest correct thing (one sparse product per call over nnz + n entries; the cache costs
@@ -39,23 +39,17 @@ from __future__ import annotations
 
 import torch
 
-from hiertail_fast._csr import (
-    add_row_pieces,
-    row_pieces_plan,
-    sparse_notices_seen,
-    split_long_rows,
-)
 from hiertail_fast._validation import (
     check_flag,
     check_float_matrix,
     check_no_edge_weight,
     check_num_nodes,
-    check_openmp_team,
     check_tensor,
 )
 from hiertail_fast.graph import CSRGraph, is_sparse_adjacency
 from hiertail_fast.ops import _custom_graph_ops
 from hiertail_fast.ops._autograd import eager_twin, first_order_backward
+from hiertail_fast.ops._csr_product import CSROperator
 from hiertail_fast.ops._dispatch import BACKENDS, choose_backend, public_op
 
 _SDDMM_CHUNK_ELEMS = 1 << 22  # entries·d per chunk of the edge-gradient dot products (16 MB fp32)
@@ -67,69 +61,6 @@ def torch_sparse_available() -> bool:
     except ImportError:
         return False
     return True
-
-
-def _sparse_csr(indptr, indices, values, n, rows: int | None = None) -> torch.Tensor:
-    """[rows (default n), n] sparse CSR tensor of the arrays."""
-    if values.device.type == "cpu":
-        check_openmp_team()         # torch's CSR products skip rows otherwise (_validation)
-    sparse_notices_seen()           # ("sparse CSR support is in beta", once: see there)
-    return torch.sparse_csr_tensor(indptr, indices, values, (n if rows is None else rows, n))
-
-
-def _split_hub_rows(indptr, indices, values):
-    """``(indptr, indices, values, plan)`` for a CPU product: rows longer than
-    ``_csr.HUB_ROW_ENTRIES`` cut into pieces (`split_long_rows`: a long row's float32 sum was
-    off by 3e-3 at 1M entries; plan: `row_pieces_plan`); None where no row is that long, and
-    on other devices
-    (cuSPARSE schedules its own rows; the pieces' index_add_ there would use atomics)."""
-    split = split_long_rows(indptr, indices, values) if values.device.type == "cpu" else None
-    if split is None:
-        return indptr, indices, values, None
-    indptr, indices, values, owner = split
-    return indptr, indices, values, row_pieces_plan(owner)
-
-
-def _add_pieces(out: torch.Tensor, plan, n: int) -> torch.Tensor:
-    """The product's rows 0..n-1 with the long rows' other pieces added (`add_row_pieces`)."""
-    return out if plan is None else add_row_pieces(out, plan, n)
-
-
-MKL_MAX_ENTRIES = 2**31 - 1     # entries a CPU CSR product takes at once (`_csr_matmul`)
-
-
-def _csr_matmul(op: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """op @ x for a sparse CSR ``op`` into a fresh, uninitialised output.
-
-    ``torch.sparse.mm`` (and ``torch.mm``/``@``) on CSR first allocate a ZERO-FILLED result and
-    then ``addmm`` copies it into the output before the MKL product: two extra passes over the
-    n×d output (at 100k×64 on the 2-core CPU: ~21 of ~70 ms, measured with torch.profiler).
-    ``addmm(out, op, x, beta=0, out=out)`` never reads ``out`` (BLAS beta = 0 semantics: NaN/inf
-    in the uninitialised memory are not propagated; tested), so neither pass is needed."""
-    out = torch.empty(op.shape[0], x.shape[1], dtype=x.dtype, device=x.device)
-    if x.device.type != "cpu":
-        return torch.addmm(out, op, x, beta=0, out=out)
-    check_openmp_team()             # (a cached operator: the thread count may have changed)
-    crow, col, values = op.crow_indices(), op.col_indices(), op.values()
-    if col.numel() < MKL_MAX_ENTRIES:
-        return torch.addmm(out, op, x, beta=0, out=out)
-    # More entries than MKL's LP64 CSR routines can index (int32; torch hands them its
-    # indices converted to int32): the product in blocks of rows, each block's offsets
-    # rebased to 0 and fewer than MKL_MAX_ENTRIES.
-    crow = crow.long()
-    start, rows = 0, op.shape[0]
-    while start < rows:
-        base = int(crow[start])
-        stop = int(torch.searchsorted(crow, base + MKL_MAX_ENTRIES - 1, right=True)) - 1
-        if stop <= start:        # (rows are cut to HUB_ROW_PIECE entries before this)
-            raise ValueError(f"row {start} of the operator has {int(crow[start + 1]) - base} "
-                             f"entries: more than MKL's CSR product indexes ({MKL_MAX_ENTRIES})")
-        end = int(crow[stop])
-        block = torch.sparse_csr_tensor(crow[start:stop + 1] - base, col[base:end],
-                                        values[base:end], (stop - start, op.shape[1]))
-        torch.addmm(out[start:stop], block, x, beta=0, out=out[start:stop])
-        start = stop
-    return out
 
 
 def _normalised(graph: CSRGraph, weight, dinv, transposed: bool):
@@ -176,37 +107,20 @@ def _merge_diagonal(indptr, indices, values, diag, insert=None):
     return new_indptr, new_indices, new_values
 
 
-def fits_int32(num_nodes: int, nnz: int) -> bool:
-    """Whether a CSR operator's arrays may be int32: its column ids (< num_nodes) and its
-    offsets (<= nnz) below 2^31 - 1. (Casting on nnz alone wrapped the column ids of a graph
-    of 2^31 or more nodes to negative numbers.)"""
-    return num_nodes < 2**31 - 1 and nnz < 2**31 - 1
-
-
-def _cached_operator(backend, graph, weight, dinv, loop, key, transposed):
+def _cached_operator(backend, graph, weight, dinv, loop, key, transposed) -> CSROperator:
     """The normalised operator with the self-loop diagonal merged in, built once per (graph,
-    options, dtype, orientation) and cached on the graph: a ``torch.sparse_csr_tensor`` with
-    int32 indices (MKL's LP64 CSR routines take int32; torch would otherwise convert the
-    int64 ones on every call) or a ``torch_sparse.SparseTensor``."""
+    options, dtype, orientation) and cached on the graph (`_csr_product.CSROperator`)."""
     def build():
         indptr, indices, values = _normalised(graph, weight, dinv, transposed)
         if loop is not None:
             indptr, indices, values = _merge_diagonal(indptr, indices, values,
                                                       loop * dinv * dinv, loop != 0)
-        n = graph.num_nodes
-        indptr, indices, values, plan = _split_hub_rows(indptr, indices, values)
-        rows = indptr.numel() - 1
-        if backend == "torch_sparse":
-            import torch_sparse
-
-            return torch_sparse.SparseTensor(rowptr=indptr, col=indices, value=values,
-                                             sparse_sizes=(rows, n), is_sorted=True,
-                                             trust_data=True), plan
-        if fits_int32(n, indices.numel()):
-            indptr, indices = indptr.int(), indices.int()
-        return _sparse_csr(indptr, indices, values, n, rows), plan
+        # cached as a plain tuple: a graph's caches travel with it (pickle, torch.save) and
+        # torch.load(weights_only=True) takes no class of ours
+        return tuple(CSROperator.build(indptr, indices, values, graph.num_nodes, backend))
     # keyed by the weights' version too: an in-place update of learnable weights rebuilds it
-    return graph._cached_w(("gcn_operator", backend, transposed, loop is not None) + key, build)
+    return CSROperator(*graph._cached_w(
+        ("gcn_operator", backend, transposed, loop is not None) + key, build))
 
 
 def _spmm(backend, graph, weight, dinv, loop, x, key, transposed):
@@ -222,28 +136,16 @@ def _spmm(backend, graph, weight, dinv, loop, x, key, transposed):
         return gcn_spmm(g.indptr, g.indices, w, dinv, loop, x)
     x_in, x = x, x.to(dinv.dtype)  # fp16/bf16 run in fp32 (CPU sparse kernels lack them)
     if key is not None:  # cached operator, self-loops merged in: one sparse product
-        op, plan = _cached_operator(backend, graph, weight, dinv, loop, key, transposed)
-        nnz = op.nnz() if backend == "torch_sparse" else op._nnz()
-        if nnz == 0:
+        op = _cached_operator(backend, graph, weight, dinv, loop, key, transposed)
+        if op.nnz() == 0:
             return torch.zeros_like(x_in)
-        out = op.matmul(x) if backend == "torch_sparse" else _csr_matmul(op, x)
-        return _add_pieces(out, plan, n).to(x_in.dtype)
+        return op.matmul(x).to(x_in.dtype)
     # weights require grad: values built per call, the self-loop as a separate diagonal term
     indptr, indices, values = _normalised(graph, weight, dinv, transposed)
     if not indices.numel():
         out = torch.zeros_like(x)
     else:
-        indptr, indices, values, plan = _split_hub_rows(indptr, indices, values)
-        rows = indptr.numel() - 1
-        if backend == "torch_sparse":
-            import torch_sparse
-
-            out = torch_sparse.SparseTensor(rowptr=indptr, col=indices, value=values,
-                                            sparse_sizes=(rows, n), is_sorted=True,
-                                            trust_data=True).matmul(x)
-        else:
-            out = _csr_matmul(_sparse_csr(indptr, indices, values, n, rows), x)
-        out = _add_pieces(out, plan, n)
+        out = CSROperator.build(indptr, indices, values, n, backend).matmul(x)
     if loop is not None:
         out.addcmul_((loop * dinv * dinv).unsqueeze(1), x)  # added self-loop: loop_i dinv_i² x_i
     return out.to(x_in.dtype)
@@ -260,18 +162,23 @@ def _edge_dots(g: torch.Tensor, x: torch.Tensor, row: torch.Tensor, col: torch.T
 
 def _row_sums(graph: CSRGraph, v: torch.Tensor) -> torch.Tensor:
     """[n] sums of the per-entry values v over each CSR row (entries are stored row by row):
-    a segment reduction, deterministic on every device (index_add_ uses atomics on CUDA)."""
+    a segment reduction, deterministic on every device (index_add_ uses atomics on CUDA), in
+    float64 and rounded once (a running float32 sum over a hub's 1M entries was 3.1e-3 off)."""
     if graph.num_nodes == 0:
         return v.new_zeros(0)
-    return torch.segment_reduce(v, "sum", lengths=graph.indptr.diff())
+    wide = torch.promote_types(v.dtype, torch.float64)
+    return torch.segment_reduce(v.to(wide), "sum", lengths=graph.indptr.diff()).to(v.dtype)
 
 
 def _col_sums(graph: CSRGraph, v: torch.Tensor) -> torch.Tensor:
     """[n] sums of v over the entries of each column: the entries in transposed order (the
-    graph's cached stable column sort) reduced in segments of the column counts."""
+    graph's cached stable column sort) reduced in segments of the column counts (in float64,
+    as `_row_sums`)."""
     if graph.num_nodes == 0:
         return v.new_zeros(0)
-    return torch.segment_reduce(v[graph.transpose_perm()], "sum", lengths=graph.column_counts())
+    wide = torch.promote_types(v.dtype, torch.float64)
+    return torch.segment_reduce(v[graph.transpose_perm()].to(wide), "sum",
+                                lengths=graph.column_counts()).to(v.dtype)
 
 
 @eager_twin
