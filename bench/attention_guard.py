@@ -41,7 +41,7 @@ if not torch.cuda.is_available():       # the triton engine here: the interprete
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _gpu_checks as gc  # noqa: E402
-from conftest import DEVICE, device_name  # noqa: E402
+from _device import DEVICE, device_name  # noqa: E402
 from loss_accuracy import errors, loss_and_grad  # noqa: E402
 
 import hiertail_fast.ops._attention_lse as attn  # noqa: E402

@@ -15,18 +15,9 @@ import threading
 
 import pytest
 import torch
+from _device import DEVICE, device_name  # noqa: F401  (re-exported for the suites)
 
 FULL = os.environ.get("HIERTAIL_BENCH_FULL", "0") == "1"
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def device_name(device: str = DEVICE) -> str:
-    if device == "cuda":
-        return torch.cuda.get_device_name()
-    import platform
-
-    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, " \
-           f"{torch.get_num_threads()} torch threads)"
 
 
 class PeakMemory:

@@ -32,10 +32,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-import test_pooling as tpool  # noqa: E402  (steps shared with the pytest-benchmark suites)
-import test_propagation as tprop  # noqa: E402
+try:            # (steps shared with the pytest-benchmark suites, which import pytest)
+    import test_pooling as tpool  # noqa: E402
+    import test_propagation as tprop  # noqa: E402
+except ImportError as exc:
+    if getattr(exc, "name", None) != "pytest":
+        raise
+    raise SystemExit("bench/interleaved.py times the pytest-benchmark suites' steps: it needs "
+                     "the test extra (pip install -e \".[test]\")") from None
+from _device import DEVICE, device_name  # noqa: E402
 from _roofline import bandwidth_figures  # noqa: E402
-from conftest import DEVICE, device_name  # noqa: E402
 
 OPS = {
     "propagation": dict(providers=[p for p in tprop.PROVIDERS if p != "reference"],

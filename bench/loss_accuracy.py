@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import DEVICE, device_name  # noqa: E402
+from _device import DEVICE, device_name  # noqa: E402
 from loss_grid import REGIMES, make_case  # noqa: E402
 
 import hiertail_fast.ops._attention_lse as attn  # noqa: E402

@@ -48,8 +48,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _device import DEVICE, device_name  # noqa: E402
 from _gpu_checks import environment, nested_levels  # noqa: E402
-from conftest import DEVICE, device_name  # noqa: E402
 
 import hiertail_fast.ops._native as native_mod  # noqa: E402
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss  # noqa: E402

@@ -1,0 +1,19 @@
+"""The benchmark tools' device and its name, without pytest (bench/conftest.py re-exports them
+for the pytest-benchmark suites; the command-line tools import them from here, so they run
+after the main job's plain ``pip install -e .``)."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def device_name(device: str = DEVICE) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    import platform
+
+    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, " \
+           f"{torch.get_num_threads()} torch threads)"
