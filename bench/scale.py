@@ -161,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden", type=_positive_int, default=128)
     p.add_argument("--config", choices=("paper", "official"), default="paper",
                    help="HierTail configuration (default paper)")
-    p.add_argument("--epochs", type=_positive_int, default=3, help="timed epochs (median)")
+    p.add_argument("--epochs", type=_positive_int, default=3,
+                   help="timed epochs (median; default %(default)s)")
     p.add_argument("--warmup", type=int, default=1, help="untimed epochs first (default 1)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--seed", type=_non_negative_int, default=0)

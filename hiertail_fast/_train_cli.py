@@ -36,7 +36,7 @@ from hiertail_fast.baselines.cli import add_method_arguments, method_config_from
 from hiertail_fast.data.io import load_npz
 from hiertail_fast.data.splits import user_split
 from hiertail_fast.nn.hiertail import HierTailConfig
-from hiertail_fast.ops._dispatch import triton_available
+from hiertail_fast.ops._dispatch import _attention_available, triton_available
 from hiertail_fast.train import (
     PAPER_HIDDEN,
     TrainingDivergedError,
@@ -202,8 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="official BCL: label nodes by their nearest prototype index")
     m.add_argument("--compound-pool-bug", action="store_true",
                    help="official: rescale the first pool ratio once more every seed")
-    m.add_argument("--loss-backend", choices=("reference", "torch", "triton"),
-                   help="the contrastive losses' backend (default: chosen per device)")
+    m.add_argument("--loss-backend", choices=("reference", "torch", "triton", "attention"),
+                   help="the contrastive losses' backend (default: chosen per device; "
+                        "attention: PyTorch's fused attention kernels)")
     m.add_argument("--epochs", type=_positive(int), default=10_000,
                    help="most epochs per seed (default %(default)s, the paper's protocol)")
     m.add_argument("--patience", type=_non_negative(int), default=1_000,
@@ -263,6 +264,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
             torch.device(args.device)):
         problem = (f"--loss-backend triton cannot run on --device {args.device} (it needs a "
                    "CUDA device and triton); use torch or reference")
+    if problem is None and args.loss_backend == "attention" and not _attention_available(
+            torch.device(args.device)):
+        problem = (f"--loss-backend attention cannot run on --device {args.device} (this "
+                   f"torch {torch.__version__} has no fused attention kernels for it); use "
+                   "torch or reference")
     if problem is None and args.json is not None:
         problem = _json_clash(args)
     if problem is None and args.json is not None:

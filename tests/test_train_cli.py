@@ -372,6 +372,18 @@ def test_triton_loss_backend_without_cuda(capsys, monkeypatch):
     assert "--loss-backend triton cannot run on --device cpu" in err
 
 
+def test_attention_loss_backend_is_a_choice(capsys, monkeypatch):
+    """--loss-backend attention (the loss's fourth backend) trains; where torch has no fused
+    attention kernels for the device, a one-line refusal before training."""
+    res = main(TINY + ["--loss-backend", "attention"])
+    assert res["config"]["loss_backend"] == "attention"
+    import hiertail_fast._train_cli as cli
+
+    monkeypatch.setattr(cli, "_attention_available", lambda device: False)
+    err = _exit_2(TINY + ["--loss-backend", "attention"], capsys, monkeypatch)
+    assert "--loss-backend attention cannot run on --device cpu" in err
+
+
 def test_bad_data_and_split_files_refused_before_training(tmp_path, capsys, monkeypatch):
     import numpy as np
 
