@@ -41,7 +41,8 @@ def test_kernels_are_installed_under_the_package_name():
 
 
 def test_readme_public_api_example_runs():
-    """The README's Public API block, as printed there (the compiled step called once)."""
+    """The README's Public API block, as printed there (its compiled step called once there,
+    and its value the eager loss's)."""
     from pathlib import Path
 
     import torch
@@ -50,7 +51,8 @@ def test_readme_public_api_example_runs():
     block = text[text.index("## Public API"):].split("```python")[1].split("```")[0]
     ns: dict = {}
     exec(compile(block, "README.md (Public API)", "exec"), ns)
-    value = ns["step"](ns["z"].detach(), ns["y"])
+    value = ns["loss_compiled"]
     assert torch.isfinite(value) and ns["h"].shape == ns["g"].x.shape
+    torch.testing.assert_close(value, ns["balanced_contrastive_loss"](ns["z"].detach(), ns["y"]))
     assert ns["out"].logits.shape == (ns["g"].num_nodes, ns["g"].num_classes)
     assert torch.equal(ns["dz"], ns["z"].grad)        # torch.func.grad: the backward's numbers
