@@ -191,8 +191,15 @@ def _loss_anchors(dev: str, n: int, d: int, z: torch.Tensor, budget: Budget) -> 
 
 
 def graph_section(dev: str, n: int, dims: list[int], budget: Budget) -> list[dict]:
-    import test_pooling as tpool  # the step factories of the pytest-benchmark suites
-    import test_propagation as tprop
+    try:        # the step factories of the pytest-benchmark suites, which import pytest
+        import test_pooling as tpool
+        import test_propagation as tprop
+    except ImportError as exc:
+        if getattr(exc, "name", None) != "pytest":
+            raise
+        raise SystemExit("bench/gpu_report.py's graph section times the pytest-benchmark "
+                         "suites' steps: it needs the test extra (pip install -e \".[test]\")"
+                         ) from None
 
     have_pyg = "peer_pyg" in tprop.PROVIDERS
     rows = []

@@ -626,8 +626,9 @@ def test_products_past_mkls_index_range_run_in_row_blocks(monkeypatch):
         csr_matmul(op, torch.ones(12, 2))
 
 
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
 @pytest.mark.parametrize("weight_grad", [False, True])
-def test_output_on_a_graph_with_cut_rows_is_its_own_tensor(weight_grad, monkeypatch):
+def test_output_on_a_graph_with_cut_rows_is_its_own_tensor(weight_grad, backend, monkeypatch):
     """On a graph whose rows are summed in pieces the output is a fresh [n, d] tensor, not a
     view of a larger product buffer: in-place use after it works as on any other graph (a
     view raised "Output 0 of GCNPropagateFunction is a view and is being modified inplace")."""
@@ -638,7 +639,7 @@ def test_output_on_a_graph_with_cut_rows_is_its_own_tensor(weight_grad, monkeypa
     ei, w = make_edges(40, 240, weighted=True, seed=3)
     graph = CSRGraph.from_edge_index(ei, w.requires_grad_(weight_grad), 40, dedupe=False)
     x = torch.randn(40, 5, requires_grad=True)
-    out = gcn_propagate(x, graph, backend="torch")
+    out = gcn_propagate(x, graph, backend=backend)
     assert out._base is None and out.shape == (40, 5)
     want = gcn_propagate_ref(x.detach(), ei, w.detach()).relu()
     torch.testing.assert_close(out.relu_().detach(), want, **tol(torch.float32))
@@ -650,14 +651,18 @@ def test_output_on_a_graph_with_cut_rows_is_its_own_tensor(weight_grad, monkeypa
 def test_learnable_weights_of_a_hub_get_float32_precise_gradients(direction):
     """The edge weights' gradient on a star of 2^20 leaves (x = 1, weights 1 requiring grad):
     its degree path sums over the hub's row / column (`_row_sums` / `_col_sums`), in float64
-    now; within 3e-6 of the float64 computation (3.1e-3 off with float32 running sums)."""
+    now; within 3e-6 of the float64 computation (3.1e-3 off with float32 running sums). The
+    out-star gets one edge into the hub (leaf 1 -> hub), whose weight's gradient carries the
+    hub's column sum (1.4e-2 off with a float32 `_col_sums`)."""
     leaves = 2**20
     n = leaves + 1
     hub, leaf = torch.zeros(leaves, dtype=torch.long), torch.arange(1, n)
     ei = torch.stack([leaf, hub] if direction == "in" else [hub, leaf])
+    if direction == "out":
+        ei = torch.cat([ei, torch.tensor([[1], [0]])], 1)
     grads = {}
     for dtype in (torch.float32, torch.float64):
-        w = torch.ones(leaves, dtype=dtype, requires_grad=True)
+        w = torch.ones(ei.shape[1], dtype=dtype, requires_grad=True)
         graph = CSRGraph.from_edge_index(ei, w, num_nodes=n)
         out = gcn_propagate(torch.ones(n, 1, dtype=dtype), graph, backend="torch")
         out.sum().backward()
@@ -665,3 +670,17 @@ def test_learnable_weights_of_a_hub_get_float32_precise_gradients(direction):
     want = grads[torch.float64]
     err = (grads[torch.float32].double() - want).abs().max() / want.abs().max()
     assert err <= 3e-6, float(err)
+    last = abs(grads[torch.float32][-1].double() - want[-1]) / want[-1].abs()
+    assert last <= 3e-6, float(last)
+
+
+def test_zero_feature_columns_on_every_backend():
+    """x with no columns: an empty [n, 0] output and gradient on every fast backend (a
+    torch_sparse product of zero columns killed the process with SIGFPE)."""
+    ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    for backend in ["torch"] + (["torch_sparse"] if torch_sparse_available() else []):
+        x = torch.randn(3, 0, requires_grad=True)
+        out = gcn_propagate(x, ei, backend=backend)
+        assert out.shape == (3, 0)
+        out.sum().backward()
+        assert x.grad.shape == (3, 0)

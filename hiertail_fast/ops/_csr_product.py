@@ -104,6 +104,8 @@ class CSROperator(NamedTuple):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """operator @ x into a fresh [n, d] tensor (never a view of a larger buffer: callers
         may modify it in place)."""
+        if x.shape[1] == 0:      # (torch_sparse's product of zero columns dies of SIGFPE)
+            return x.new_empty(x.shape[0], 0)
         out = _product(self.head, x)
         if self.pieces is None:
             return out
