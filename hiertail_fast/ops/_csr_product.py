@@ -48,13 +48,12 @@ def csr_matmul(op: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     if x.device.type != "cpu":
         return torch.addmm(out, op, x, beta=0, out=out)
     check_openmp_team()             # (a cached operator: the thread count may have changed)
-    crow, col, values = op.crow_indices(), op.col_indices(), op.values()
-    if col.numel() < MKL_MAX_ENTRIES:
+    if op.col_indices().numel() < MKL_MAX_ENTRIES:
         return torch.addmm(out, op, x, beta=0, out=out)
     # More entries than MKL's LP64 CSR routines can index (int32; torch hands them its
     # indices converted to int32): the product in blocks of rows, each block's offsets
     # rebased to 0 and fewer than MKL_MAX_ENTRIES.
-    crow = crow.long()
+    crow, col, values = op.crow_indices().long(), op.col_indices(), op.values()
     start, rows = 0, op.shape[0]
     while start < rows:
         base = int(crow[start])
@@ -97,9 +96,7 @@ class CSROperator(NamedTuple):
         return CSROperator(head, pieces, row_pieces_plan(owner))
 
     def nnz(self) -> int:
-        count = (lambda op: op.nnz()) if not isinstance(self.head, torch.Tensor) else (
-            lambda op: op._nnz())
-        return count(self.head) + (0 if self.pieces is None else count(self.pieces))
+        return _nnz(self.head) + (0 if self.pieces is None else _nnz(self.pieces))
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """operator @ x into a fresh [n, d] tensor (never a view of a larger buffer: callers
@@ -126,3 +123,7 @@ def _operator(indptr, indices, values, rows: int, n: int, backend: str):
 
 def _product(op, x: torch.Tensor) -> torch.Tensor:
     return csr_matmul(op, x) if isinstance(op, torch.Tensor) else op.matmul(x)
+
+
+def _nnz(op) -> int:
+    return op._nnz() if isinstance(op, torch.Tensor) else op.nnz()

@@ -160,25 +160,27 @@ def _edge_dots(g: torch.Tensor, x: torch.Tensor, row: torch.Tensor, col: torch.T
     return out
 
 
-def _row_sums(graph: CSRGraph, v: torch.Tensor) -> torch.Tensor:
-    """[n] sums of the per-entry values v over each CSR row (entries are stored row by row):
-    a segment reduction, deterministic on every device (index_add_ uses atomics on CUDA), in
-    float64 and rounded once (a running float32 sum over a hub's 1M entries was 3.1e-3 off)."""
-    if graph.num_nodes == 0:
+def _segment_sums(v: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Sums of consecutive segments of v: a segment reduction, deterministic on every device
+    (index_add_ uses atomics on CUDA), in float64 and rounded once (a running float32 sum over
+    a hub's 1M entries was 3.1e-3 off)."""
+    if lengths.numel() == 0:
         return v.new_zeros(0)
     wide = torch.promote_types(v.dtype, torch.float64)
-    return torch.segment_reduce(v.to(wide), "sum", lengths=graph.indptr.diff()).to(v.dtype)
+    return torch.segment_reduce(v.to(wide), "sum", lengths=lengths).to(v.dtype)
+
+
+def _row_sums(graph: CSRGraph, v: torch.Tensor) -> torch.Tensor:
+    """[n] sums of the per-entry values v over each CSR row (entries are stored row by row)."""
+    return _segment_sums(v, graph.indptr.diff())
 
 
 def _col_sums(graph: CSRGraph, v: torch.Tensor) -> torch.Tensor:
     """[n] sums of v over the entries of each column: the entries in transposed order (the
-    graph's cached stable column sort) reduced in segments of the column counts (in float64,
-    as `_row_sums`)."""
+    graph's cached stable column sort) reduced in segments of the column counts."""
     if graph.num_nodes == 0:
         return v.new_zeros(0)
-    wide = torch.promote_types(v.dtype, torch.float64)
-    return torch.segment_reduce(v[graph.transpose_perm()].to(wide), "sum",
-                                lengths=graph.column_counts()).to(v.dtype)
+    return _segment_sums(v[graph.transpose_perm()], graph.column_counts())
 
 
 @eager_twin
