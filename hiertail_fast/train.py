@@ -51,6 +51,7 @@ from hiertail_fast._validation import (
 from hiertail_fast.data.io import GraphData, check_graph_arrays, open_npz
 from hiertail_fast.data.pyg import as_graph_data
 from hiertail_fast.data.splits import natural_split, user_split
+from hiertail_fast.graph import CSRGraph
 from hiertail_fast.metrics import evaluate, macro_f1, per_class_accuracy
 from hiertail_fast.nn.hiertail import HierTail, HierTailConfig, prepare_graph
 
@@ -256,12 +257,20 @@ def prepare_run(data: Any, split: Any, seed: int | None, device: str | torch.dev
     x = torch.as_tensor(data.x, dtype=torch.float32).detach().to(device)
     y = torch.as_tensor(data.y).long().to(device)
     if graph is None:
-        weight = getattr(data, "edge_weight", None)
-        graph = prepare_graph(torch.as_tensor(data.edge_index), n,
-                              None if weight is None else torch.as_tensor(weight).detach())
+        graph = _graph_of(data, n)
     if graph.device != device:
         graph = graph.to(device)   # a copy: caches (A², GCN degrees) are rebuilt once there
     return RunInputs(data, x, y, graph, train_idx, val_idx, test_idx, device)
+
+
+def _graph_of(data: Any, n: int) -> CSRGraph:
+    """The graph of ``data`` for training, its edge weights detached: training optimises the
+    model only (weights that require grad got .grad written, and the second step's backward
+    through the graph built once from them failed: `run_seeds` did, found by a mutation
+    audit)."""
+    weight = getattr(data, "edge_weight", None)
+    return prepare_graph(torch.as_tensor(data.edge_index), n,
+                         None if weight is None else torch.as_tensor(weight).detach())
 
 
 @dataclass
@@ -391,8 +400,7 @@ def run_each_seed(data: Any, split: Any, seeds: Sequence[int],
     split_kind = "natural" if split_given is None else "user" if split is not None else "masks"
     seeds = check_seeds(seeds)
     n = int(data.y.shape[0])
-    graph = prepare_graph(torch.as_tensor(data.edge_index), n,   # once for all seeds
-                          getattr(data, "edge_weight", None))
+    graph = _graph_of(data, n)   # once for all seeds
     runs = []
     for s_idx, seed in enumerate(seeds):
         seed_everything(seed)

@@ -266,6 +266,15 @@ def test_inputs_that_require_grad_are_left_alone(small):
                           epochs=3, seed=0, progress=False)
     assert x.grad is None and w.grad is None
     assert got["test"] == want["test"]
+    # the seed loops build their graph once too: run_seeds failed the same way (its graph was
+    # not detached; a mutation audit), and the baselines' loop shares it
+    from hiertail_fast.baselines.harness import run_baseline_seeds
+    res = run_seeds(data, cfg, [0, 1], epochs=2, progress=False)
+    from hiertail_fast.baselines.config import BaselineConfig
+    base = run_baseline_seeds(data, BaselineConfig(method="origin", hidden=4), seeds=[0],
+                              epochs=2, progress=False)
+    assert x.grad is None and w.grad is None
+    assert len(res["runs"]) == 2 and len(base["runs"]) == 1
 
 
 def test_hand_built_graph_data_is_checked(small):
