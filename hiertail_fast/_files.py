@@ -4,11 +4,13 @@ temporary file in the same directory + ``os.replace``, so that a failed write (f
 kill) never leaves a truncated file in place of the old one."""
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 def unwritable_dir_reason(directory: Path) -> str | None:
@@ -74,6 +76,41 @@ def atomic_path(path: Path) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_atomic(path: Any, write: Callable[[Path], None], *, force: bool = False) -> Path:
+    """Call ``write(tmp)`` on a temporary path next to ``path``, then move it to ``path``.
+
+    Raises FileExistsError when ``path`` exists and not ``force``; FileNotFoundError when its
+    directory does not exist. The temporary file is removed on any failure.
+    """
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"output directory {path.parent} does not exist")
+    if path.exists() and not force:
+        raise FileExistsError(f"{path} exists: pass force=True (--force) to overwrite it")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        os.chmod(tmp, _new_file_mode(path))  # mkstemp's 0600 -> the usual file mode
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        if force:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)  # fails if path appeared meanwhile: never overwrite
+            except FileExistsError:
+                raise FileExistsError(f"{path} exists: pass force=True (--force) to "
+                                      "overwrite it") from None
+            except OSError:  # no hard links on this file system
+                os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return path
 
 
 def atomic_write_text(path: Path, text: str) -> None:

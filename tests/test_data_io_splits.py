@@ -43,6 +43,37 @@ def test_round_trip(tmp_path, sparse_x):
     assert torch.equal(g2.x, g.x) and torch.equal(g2.edge_index, g.edge_index)
 
 
+def test_save_never_destroys_a_file(tmp_path, monkeypatch):
+    # save_npz opened the path in place: a user's other file there was replaced without a
+    # word, and a write that failed midway left the old graph unreadable (a mutation audit)
+    ei, x, y = _tiny()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    with pytest.raises(FileExistsError, match="notes.txt exists: pass force=True"):
+        save_npz(notes, ei, x, y)
+    with pytest.raises(FileExistsError, match="exists"):
+        GraphData(edge_index=torch.from_numpy(ei), x=torch.from_numpy(x),
+                  y=torch.from_numpy(y), num_classes=3).to_npz(notes)
+    assert notes.read_text() == "mine"
+    graph = tmp_path / "g.npz"
+    save_npz(graph, ei, x, y)
+    before = graph.read_bytes()
+
+    def fail(fh, **arrays):
+        fh.write(b"PK partial")
+        raise OSError(27, "File too large")
+    monkeypatch.setattr(np, "savez_compressed", fail)
+    with pytest.raises(OSError, match="File too large"):
+        save_npz(graph, ei, x * 2, y, force=True)
+    monkeypatch.undo()
+    assert graph.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [
+        "g.npz", "notes.txt"]                                   # no temporary file left
+    assert save_npz(graph, ei, x * 2, y, force=True) == graph   # force replaces it
+    np.testing.assert_array_equal(load_npz(graph).x.numpy(), x * 2)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        save_npz(tmp_path / "no" / "g.npz", ei, x, y)
+
+
 def test_relabel_by_size(tmp_path):
     y = np.array([2, 0, 2, 1, 2, 1, 3, 3])  # sizes: 0:1, 1:2, 2:3, 3:2 -> ties 1 and 3
     new, label_map = relabel_by_size(y)

@@ -17,11 +17,8 @@ is kept unless ``force``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -29,7 +26,7 @@ import numpy as np
 import torch
 
 from hiertail_fast._argparse import ArgumentParser
-from hiertail_fast._files import overwritten_input, same_file
+from hiertail_fast._files import overwritten_input, same_file, write_atomic
 from hiertail_fast.data.datasets import (
     DATASETS,
     canonical_name,
@@ -42,47 +39,6 @@ from hiertail_fast.data.pyg import from_pyg_data, is_pyg_data, split_from_masks,
 __all__ = ["write_atomic", "save_graph", "convert", "main"]
 
 _FORMATS = (".npz", ".pt")
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def write_atomic(path: Any, write: Callable[[Path], None], *, force: bool = False) -> Path:
-    """Call ``write(tmp)`` on a temporary path next to ``path``, then move it to ``path``.
-
-    Raises FileExistsError when ``path`` exists and not ``force``; FileNotFoundError when its
-    directory does not exist. The temporary file is removed on any failure.
-    """
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise FileNotFoundError(f"output directory {path.parent} does not exist")
-    if path.exists() and not force:
-        raise FileExistsError(f"{path} exists: pass force=True (--force) to overwrite it")
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 -> the usual file mode
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        if force:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)  # fails if path appeared meanwhile: never overwrite
-            except FileExistsError:
-                raise FileExistsError(f"{path} exists: pass force=True (--force) to "
-                                      "overwrite it") from None
-            except OSError:  # no hard links on this file system
-                os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    return path
 
 
 def save_graph(graph: GraphData, path: Any, *, force: bool = False, split: Any = None) -> Path:
@@ -99,8 +55,7 @@ def save_graph(graph: GraphData, path: Any, *, force: bool = False, split: Any =
     if w is not None and not bool((w == 1).all()):
         raise ValueError(f"output {path}: the graph has edge weights, which the .npz format "
                          "cannot store; drop them (edge_weight=None) or write a .pt file")
-    return write_atomic(path, lambda tmp: save_npz(tmp, graph.edge_index, graph.x, graph.y),
-                        force=force)
+    return save_npz(path, graph.edge_index, graph.x, graph.y, force=force)
 
 
 def _read_source(source: Any, root: Any, download: bool) -> tuple[GraphData, Any]:

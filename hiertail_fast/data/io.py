@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hiertail_fast._files import write_atomic
 from hiertail_fast._validation import INT64_MAX, check_flag
 
 __all__ = ["GraphData", "load_npz", "save_npz", "relabel_by_size", "size_order",
@@ -81,9 +82,9 @@ class GraphData:
         """int64 [C] number of nodes per class."""
         return torch.bincount(self.y, minlength=self.num_classes)
 
-    def to_npz(self, path: PathLike, *, sparse_x: bool = False) -> None:
+    def to_npz(self, path: PathLike, *, sparse_x: bool = False, force: bool = False) -> Path:
         """Write the graph to ``path`` in the uniform format (see :func:`save_npz`)."""
-        save_npz(path, self.edge_index, self.x, self.y, sparse_x=sparse_x)
+        return save_npz(path, self.edge_index, self.x, self.y, sparse_x=sparse_x, force=force)
 
 
 def _np(a: Any) -> np.ndarray:
@@ -305,17 +306,25 @@ def load_npz(
 
 
 def save_npz(
-    path: PathLike, edge_index: Any, x: Any, y: Any, *, sparse_x: bool = False
-) -> None:
-    """Write a graph in the uniform ``.npz`` format (compressed) exactly at ``path``.
+    path: PathLike, edge_index: Any, x: Any, y: Any, *, sparse_x: bool = False,
+    force: bool = False,
+) -> Path:
+    """Write a graph in the uniform ``.npz`` format (compressed) exactly at ``path``, atomically
+    (a temporary file beside it, renamed when complete: a failed write leaves no partial file).
+    Returns the path.
 
     Args:
         edge_index: int [2, E]; x: float [n, F]; y: int [n] (numpy arrays or torch tensors).
         sparse_x: store x as CSR parts (x_data float32, x_indices int32, x_indptr int64,
             x_shape int64) instead of a dense ``x``.
+        force: replace an existing file (without it, FileExistsError: the writer opened the
+            path in place and replaced any file there, a user's text file included, and a
+            write that failed midway left the old graph unreadable; a mutation audit).
     Raises:
-        ValueError on the same problems :func:`load_npz` rejects.
+        ValueError on the same problems :func:`load_npz` rejects; FileExistsError (above);
+        FileNotFoundError when the directory does not exist.
     """
+    force = check_flag(force, "force")
     ei, xx, yy = _np(edge_index), _np(x), _np(y)
     where = f"save_npz({os.fspath(path)})"
     _check_arrays(ei, xx, yy, where)
@@ -331,5 +340,8 @@ def save_npz(
         arrays["x_shape"] = np.array(xx.shape, dtype=np.int64)
     else:
         arrays["x"] = xx
-    with open(path, "wb") as fh:  # a file handle: numpy would otherwise append ".npz"
-        np.savez_compressed(fh, **arrays)
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as fh:  # a file handle: numpy would otherwise append ".npz"
+            np.savez_compressed(fh, **arrays)
+    return write_atomic(path, write, force=force)
