@@ -57,6 +57,8 @@ _LIVE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 _FINITE_WEIGHTS = "weights checked finite"     # cache key: the weights' version last checked
+# cache key: (version, copy) of learnable weights when their entries were made (`_weights_current`)
+_SNAPSHOT = "learnable weights when cached"
 _ASSUMED = "assumed_symmetric"   # True: declared (assume_symmetric); _Versioned: inherited
 _STALE = ("arrays modified in place before the graph was copied",)   # never a version tuple
 
@@ -85,6 +87,23 @@ def _carries_grad(value) -> bool:
 _CURRENT = "weights' version when pickled"
 
 
+def _stamp(value) -> tuple | None:
+    """The in-place version counters of every tensor in a cache entry (a tensor, a CSRGraph's
+    arrays, tuples of them): the entries are handed out as they are (``row_index()``,
+    ``transpose()``, ...), and a caller's in-place edit of one (``row = g.row_index(); row +=
+    offset``) corrupted every later call on the graph (found by a mutation audit): an entry
+    whose stamp changed is rebuilt. None while TorchDynamo traces (no counters)."""
+    if torch.compiler.is_compiling():
+        return None
+    if isinstance(value, torch.Tensor):
+        return (None if value.is_inference() else value._version,)
+    if isinstance(value, CSRGraph):
+        return _stamp((value._indptr, value._indices, value._weight))
+    if isinstance(value, (tuple, list)):
+        return tuple(_stamp(v) for v in value)
+    return ()
+
+
 def _versions(*arrays: torch.Tensor) -> tuple | None:
     """In-place version counters of the arrays (None for inference tensors: they have none);
     None while TorchDynamo traces (a graph built there is never checked)."""
@@ -95,8 +114,10 @@ def _versions(*arrays: torch.Tensor) -> tuple | None:
 
 def _arrays_key(indptr: torch.Tensor, indices: torch.Tensor, weight: torch.Tensor | None,
                 num_nodes: int) -> tuple:
-    return tuple((t.data_ptr(), t.shape, t.dtype, t.device) if t is not None else None
-                 for t in (indptr, indices, weight)) + (int(num_nodes),)
+    # strides too: base[:n] and base[::2] start at the same address with the same shape (the
+    # compiled op was served the other graph's operator; a mutation audit)
+    return tuple((t.data_ptr(), t.shape, t.stride(), t.dtype, t.device) if t is not None
+                 else None for t in (indptr, indices, weight)) + (int(num_nodes),)
 
 
 @contextlib.contextmanager
@@ -121,8 +142,8 @@ class CSRGraph:
         num_nodes: n.
     """
 
-    __slots__ = ("_indptr", "_indices", "_weight", "_num_nodes", "_cache", "_arrays_version",
-                 "__weakref__")
+    __slots__ = ("_indptr", "_indices", "_weight", "_num_nodes", "_cache", "_stamps",
+                 "_arrays_version", "__weakref__")
 
     def __init__(
         self,
@@ -141,11 +162,18 @@ class CSRGraph:
         indptr, indices = plain(indptr, "CSRGraph"), plain(indices, "CSRGraph")
         if weight is not None and not weight.requires_grad:
             weight = plain(weight, "CSRGraph")
+        if not torch.compiler.is_compiling() and (indptr.is_inference() or indices.is_inference()):
+            # inference tensors have no version counter, so an in-place edit of them could not
+            # be refused (`_check_arrays`: the graph served the operator of their old contents;
+            # a mutation audit): the graph keeps its own copy of such arrays
+            with torch.inference_mode(False):
+                indptr, indices = indptr.clone(), indices.clone()
         self._indptr = indptr
         self._indices = indices
         self._weight = weight
         self._num_nodes = int(num_nodes if num_nodes is not None else indptr.numel() - 1)
         self._cache: dict[Any, Any] = {}
+        self._stamps: dict[Any, Any] = {}    # key -> `_stamp` of its entry when it was made
         self._arrays_version = _versions(indptr, indices)
         self._register()
 
@@ -156,7 +184,10 @@ class CSRGraph:
         for learnable weights inside a torch.func transform (a wrapper: no memory either)."""
         if not (torch.compiler.is_compiling() or wrapped(self._weight)):
             key = _arrays_key(self._indptr, self._indices, self._weight, self._num_nodes)
-            if key not in _LIVE:
+            first = _LIVE.get(key)
+            if first is None or first._stale_arrays():
+                # (a graph whose arrays were edited since it was built gives way: the compiled
+                # op found it for a new graph built on the edited arrays and raised)
                 _LIVE[key] = self
 
     def __getstate__(self):
@@ -171,8 +202,9 @@ class CSRGraph:
         cache = {}
         if not stale:
             for key, value in self._cache.items():
-                if _carries_grad(value):
-                    continue        # its autograd link to the weights would not survive
+                if _carries_grad(value) or key == _SNAPSHOT:
+                    continue        # its autograd link to the weights would not survive (the
+                    # snapshot: entries of learnable weights are remade after a load)
                 if key == _FINITE_WEIGHTS or isinstance(value, _Versioned):
                     version = value if key == _FINITE_WEIGHTS else value.version
                     if version != ver or ver == -1:
@@ -182,7 +214,7 @@ class CSRGraph:
                     value = _CURRENT if key == _FINITE_WEIGHTS else (_CURRENT, value.value)
                 cache[key] = value
         slots = {name: getattr(self, name) for name in self.__slots__
-                 if name not in ("__weakref__", "_cache", "_arrays_version")}
+                 if name not in ("__weakref__", "_cache", "_stamps", "_arrays_version")}
         return None, {**slots, "_cache": cache, "_arrays_version": _STALE if stale else None}
 
     def __setstate__(self, state) -> None:
@@ -192,6 +224,7 @@ class CSRGraph:
         _, slots = state
         for name, value in slots.items():
             object.__setattr__(self, name, value)
+        self._stamps = {}     # (the loaded entries are stamped at their first use)
         ver = self._weight_version()
         for key, value in list(self._cache.items()):
             if key == _FINITE_WEIGHTS and value == _CURRENT:
@@ -209,7 +242,8 @@ class CSRGraph:
         """A live graph holding exactly these arrays (same memory, shape, dtype, device),
         with its caches: the first one built on them that is still alive; None when there is
         none."""
-        return _LIVE.get(_arrays_key(indptr, indices, weight, num_nodes))
+        live = _LIVE.get(_arrays_key(indptr, indices, weight, num_nodes))
+        return None if live is None or live._stale_arrays() else live
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -300,12 +334,16 @@ class CSRGraph:
         """ValueError when indptr / indices were modified in place since the graph was built:
         it keeps the arrays it was given (no copy), and every cache and check was made from
         their old contents (a reused buffer served the old operator, or failed deep inside)."""
-        if self._arrays_version is not None and not torch.compiler.is_compiling() and \
-                self._arrays_version != _versions(self._indptr, self._indices):
+        if self._stale_arrays():
             raise ValueError(
                 "CSRGraph: its indptr / indices were modified in place after it was built (the "
                 "graph keeps the arrays it is given, without a copy, and its caches and checks "
                 "were made from their old contents); build a new CSRGraph from the new arrays")
+
+    def _stale_arrays(self) -> bool:
+        """Whether indptr / indices were modified in place since the graph was built."""
+        return (self._arrays_version is not None and not torch.compiler.is_compiling()
+                and self._arrays_version != _versions(self._indptr, self._indices))
 
     def _check_weights(self) -> None:
         """ValueError when the stored weights hold NaN or Inf. Checked at construction and
@@ -315,7 +353,7 @@ class CSRGraph:
         if self._weight is None or torch.compiler.is_compiling():
             return
         ver = self._weight_version()
-        if ver != -1 and self._cache.get(_FINITE_WEIGHTS) == ver:
+        if _FINITE_WEIGHTS in self._cache and self._weights_current(self._cache[_FINITE_WEIGHTS]):
             return
         with outside_transforms():
             ok = all_finite(plain(self._weight.detach(), "CSRGraph"))
@@ -323,6 +361,7 @@ class CSRGraph:
             raise ValueError("the CSRGraph's edge weights contain NaN or Inf (modified in place "
                              "after the graph was built?)")
         if ver != -1:
+            self._remember_weights(ver)
             self._cache[_FINITE_WEIGHTS] = ver
 
     def _cached(self, key: Any, fn):
@@ -330,10 +369,18 @@ class CSRGraph:
         any torch.func transform (a plain tensor, as the arrays are: ``__init__``) and outside
         inference mode (``outside_inference_mode``)."""
         self._check_arrays()
-        if key not in self._cache:
+        if key not in self._cache or not self._unedited(key, self._cache[key]):
             with outside_transforms(), outside_inference_mode():
                 self._cache[key] = fn()
+            self._stamps[key] = _stamp(self._cache[key])
         return self._cache[key]
+
+    def _unedited(self, key: Any, value: Any) -> bool:
+        """Whether the entry at ``key`` is as it was made (`_stamp`); an entry loaded with the
+        graph (pickle) is stamped at its first use."""
+        stamp = _stamp(value)
+        made = self._stamps.setdefault(key, stamp)
+        return stamp is None or made is None or made == stamp
 
     def _weight_version(self) -> int | None:
         """Version of the stored weights: None when unweighted, else the tensor's in-place
@@ -355,14 +402,58 @@ class CSRGraph:
         self._check_weights()
         ver = self._weight_version()
         hit = self._cache.get(key)
-        if hit is not None and hit.version == ver and ver != -1:
+        if hit is not None and self._weights_current(hit.version) and \
+                self._unedited(key, hit.value):
             return hit.value
         if wrapped(self._weight):     # learnable weights inside a torch.func transform:
             return fn()               # differentiable there, and not to be kept past it
         with outside_transforms(), outside_inference_mode():
             value = fn()
+        if ver != -1:
+            self._remember_weights(ver)
         self._cache[key] = _Versioned(ver, value)
+        self._stamps[key] = _stamp(value)
         return value
+
+    def _weights_current(self, version: Any) -> bool:
+        """Whether an entry made for the weights' ``version`` is valid now. The version counter
+        misses updates that bypass it — torch's fused optimizers (``Adam(..., fused=True)``)
+        step a parameter without bumping it, and the graph served the old operator and the old
+        symmetry (a backward applied Â for Âᵀ; a mutation audit) — so for leaf weights that
+        require grad (the ones optimizers update) the copy taken when the entries were made
+        (`_remember_weights`) is compared too: O(nnz) per cache hit, and a mismatch drops every
+        entry that depends on the weights. Updates through ``.data`` or a shared numpy array of
+        weights that do not require grad are not seen (as everywhere in autograd)."""
+        ver = self._weight_version()
+        if version != ver or ver == -1:
+            return False
+        if not self._learnable_leaf():
+            return True
+        snap = self._cache.get(_SNAPSHOT)
+        if snap is not None and snap[0] == ver and torch.equal(snap[1], self._weight.detach()):
+            return True
+        for key in [k for k, v in self._cache.items()
+                    if k in (_FINITE_WEIGHTS, _SNAPSHOT) or isinstance(v, _Versioned)]:
+            del self._cache[key]
+        return False
+
+    def _learnable_leaf(self) -> bool:
+        """Weights an optimizer may step (a leaf that requires grad; not while traced, nor
+        functorch's wrappers): the ones `_weights_current` compares with their copy. Weights
+        derived from them (a subgraph's gather) change only through autograd-visible ops."""
+        w = self._weight
+        return (w is not None and w.requires_grad and w.is_leaf
+                and not torch.compiler.is_compiling() and not wrapped(w))
+
+    def _remember_weights(self, ver: int | None) -> None:
+        """Keep a copy of learnable weights as they are when an entry is made for version
+        ``ver`` (one copy per version: `_weights_current`)."""
+        if not self._learnable_leaf():
+            return
+        snap = self._cache.get(_SNAPSHOT)
+        if snap is None or snap[0] != ver:
+            with outside_transforms(), outside_inference_mode():
+                self._cache[_SNAPSHOT] = (ver, self._weight.detach().clone())
 
     def row_index(self) -> torch.Tensor:
         """Target (row) of every CSR entry, int64 [nnz] (cached)."""
@@ -544,7 +635,7 @@ class CSRGraph:
         if torch.compiler.is_compiling():   # (no counters while tracing: see above)
             return None
         hit = self._cache.get("symmetric")
-        if hit is not None and hit.version == self._weight_version() and hit.version != -1:
+        if hit is not None and self._weights_current(hit.version):
             return hit.value
         return None
 
@@ -563,7 +654,7 @@ class CSRGraph:
             # compiled pooling mark its pooled graph symmetric after the parent's weights
             # lost their symmetry: gcn's backward then applied Â for Âᵀ, grad off by 0.7)
             return False
-        return declared.version == self._weight_version()
+        return self._weights_current(declared.version)
 
     def assume_symmetric(self) -> CSRGraph:
         """Declare M == Mᵀ without checking (e.g. an induced subgraph of a symmetric graph, built

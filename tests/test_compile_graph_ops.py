@@ -137,12 +137,41 @@ def test_live_graph_lookup_needs_the_same_arrays():
     assert CSRGraph._live(g.indptr.clone(), g.indices, g.weight, g.num_nodes) is None
     assert CSRGraph._live(g.indptr, g.indices, None, g.num_nodes) is None
     assert CSRGraph._live(g.indptr, g.indices, g.weight.double(), g.num_nodes) is None
+    # weights at the same address with the same shape, other strides (base[:n] / base[::2]):
+    # the compiled op was served the other graph's operator (a mutation audit)
+    base = torch.cat([g.weight, g.weight.flip(0)]).contiguous()
+    head, every_other = base[:g.num_edges], base[::2]
+    assert head.data_ptr() == every_other.data_ptr() and head.shape == every_other.shape
+    gh = CSRGraph(g.indptr, g.indices, head, g.num_nodes)
+    assert CSRGraph._live(g.indptr, g.indices, every_other, g.num_nodes) is None
+    assert CSRGraph._live(g.indptr, g.indices, head, g.num_nodes) is gh
     key = (g.indptr, g.indices, g.weight, g.num_nodes)
     del g, twin
     import gc
 
     gc.collect()
     assert CSRGraph._live(*key) is None                  # weak: a dead graph is not found
+
+
+def test_compiled_ops_find_no_graph_on_arrays_edited_since():
+    """Arrays edited in place, then a new graph built on them while the old one is alive (as
+    the old one's error says): the compiled op found the old graph by address and raised its
+    error for the new one (a mutation audit)."""
+    from hiertail_fast.reference.gcn_propagate import gcn_propagate_ref
+
+    x, ei, _ = _graph_data("cpu")
+    x = x.detach()
+    g0 = CSRGraph.from_edge_index(ei, num_nodes=x.shape[0])
+    indptr, indices = g0.indptr.clone(), g0.indices.clone()
+    old = CSRGraph(indptr, indices, None, g0.num_nodes)
+    step = _compiled(lambda x, g: gcn_propagate(x, g))
+    step(x, old)
+    indices[0] = (indices[0] + 1) % g0.num_nodes           # edited in place...
+    new = CSRGraph(indptr, indices, None, g0.num_nodes)     # ...and a new graph on them
+    assert CSRGraph._live(indptr, indices, None, g0.num_nodes) is new
+    torch.testing.assert_close(step(x, new), gcn_propagate_ref(x, new.edge_index(), None))
+    with pytest.raises(ValueError, match="modified in place"):
+        gcn_propagate(x, old)
 
 
 @pytest.mark.parametrize("dev", DEVICES)

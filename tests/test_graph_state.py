@@ -16,6 +16,7 @@ import torch
 
 from hiertail_fast import CSRGraph, HierTail, gcn_propagate, make_synthetic_graph
 from hiertail_fast.nn.hiertail import HierTailConfig, prepare_graph
+from tests.conftest import backend_device, requires_triton
 
 
 def _torch_round_trip(obj):
@@ -293,3 +294,93 @@ def test_a2_without_scipy_takes_torchs_product(monkeypatch):
     assert torch.equal(got.indptr, expected.indptr) and torch.equal(got.indices,
                                                                       expected.indices)
     torch.testing.assert_close(got.weight, expected.weight)
+
+
+def _propagate_ref(x, g):
+    from hiertail_fast.reference.gcn_propagate import gcn_propagate_ref
+
+    return gcn_propagate_ref(x, g.edge_index(), None if g.weight is None else g.weight.detach())
+
+
+@pytest.mark.parametrize("optimizer", ["SGD", "Adam", "AdamW"])
+def test_a_fused_optimizer_step_is_seen(optimizer):
+    """torch's fused optimizers step a parameter without bumping its version counter: the
+    graph served the old operator under no_grad, and the old symmetry flag in the backward
+    (Â for Âᵀ after a step broke the symmetry; a mutation audit)."""
+    s, _ = _graph(symmetrize=True)
+    w = torch.nn.Parameter(torch.ones(s.num_edges))        # symmetric weights, learnable
+    g = CSRGraph(s.indptr, s.indices, w, s.num_nodes)       # symmetry checked, not declared
+    opt = getattr(torch.optim, optimizer)([w], lr=0.5, fused=True)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(s.num_nodes, 3, generator=gen)
+    for _ in range(2):
+        xx = x.clone().requires_grad_()
+        y = gcn_propagate(xx, g)
+        (y * torch.randn(y.shape, generator=gen)).sum().backward()   # asymmetric grad on w
+        assert g.is_symmetric() is (_ == 0)      # (the first step breaks the symmetry)
+        with torch.no_grad():
+            gcn_propagate(x, g)                              # caches the operator
+        version = w._version
+        opt.step()
+        opt.zero_grad()
+        assert w._version == version                        # what made the caches stale
+        with torch.no_grad():
+            torch.testing.assert_close(gcn_propagate(x, g), _propagate_ref(x, g))
+        assert not g.is_symmetric()
+        xx, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+        cot = torch.randn(x.shape, generator=gen)
+        gcn_propagate(xx, g).backward(cot)
+        _propagate_ref(xr, g).backward(cot)
+        torch.testing.assert_close(xx.grad, xr.grad)
+
+
+def test_arrays_made_in_inference_mode_are_the_graphs_own():
+    """Inference tensors have no version counter, so an in-place edit could not be refused:
+    the graph served the operator of their old contents (a mutation audit). It copies them."""
+    s, _ = _graph()
+    x = torch.randn(s.num_nodes, 3)
+    with torch.inference_mode():
+        indptr, indices = s.indptr.clone(), s.indices.clone()
+        g = CSRGraph(indptr, indices, None, s.num_nodes)
+        want = gcn_propagate(x, g)
+        indices[0] = (indices[0] + 1) % s.num_nodes
+        assert g.indices.data_ptr() != indices.data_ptr()
+        assert torch.equal(g.indices, s.indices) and torch.equal(gcn_propagate(x, g), want)
+    torch.testing.assert_close(gcn_propagate(x, g), _propagate_ref(x, s))
+
+
+EDITS = {
+    "row_index": lambda g: g.row_index().add_(1).remainder_(g.num_nodes),
+    "gcn_deg_inv_sqrt": lambda g: g.gcn_deg_inv_sqrt()[0].mul_(2),
+    "gcn_norm_values": lambda g: g.gcn_norm_values()[0].mul_(3),
+    "has_self_loop": lambda g: g.has_self_loop().fill_(True),
+    "column_counts": lambda g: g.column_counts().zero_(),
+    "transpose_perm": lambda g: g.transpose_perm().copy_(g.transpose_perm().flip(0)),
+    "transpose": lambda g: g.transpose().weight.mul_(5),
+    "augment_a2": lambda g: g.augment_a2().weight.zero_(),
+}
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=requires_triton)])
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_an_edited_cache_entry_is_rebuilt(edit, backend):
+    """What the graph hands out is its cache entry: ``row = g.row_index(); row += offset``
+    corrupted every later call (a mutation audit); an entry whose tensors changed is rebuilt."""
+    dev = backend_device(backend)
+    s, w = _graph(n=24)
+    g = CSRGraph(s.indptr.to(dev), s.indices.to(dev), w.to(dev), s.num_nodes)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(s.num_nodes, 3, generator=gen).to(dev)
+    cot = torch.randn(s.num_nodes, 3, generator=gen).to(dev)
+    a2 = _fresh(g).augment_a2()
+    for _ in range(2):   # edited before the first use (the operator is built from the
+        EDITS[edit](g)   # entries), then again once every cache is filled
+        xx, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+        y = gcn_propagate(xx, g, backend=backend)
+        y.backward(cot)
+        _propagate_ref(xr, g).backward(cot)
+        torch.testing.assert_close(y, _propagate_ref(x, g))
+        torch.testing.assert_close(xx.grad, xr.grad)
+        assert torch.equal(g.augment_a2().weight, a2.weight)
+        assert torch.equal(g.row_index(), _fresh(g).row_index())
+        assert torch.equal(g.gcn_norm_values()[0], _fresh(g).gcn_norm_values()[0])
