@@ -191,3 +191,22 @@ def test_gcnconv_cached_on_a_sparse_adjacency(monkeypatch):
     assert torch.equal(conv(x, adj), conv(x, adj)) and len(built) == 1
     conv(x, _coo(ei, w * 2, n))                           # another adjacency: converted again
     assert len(built) == 2
+
+
+@pytest.mark.parametrize("valued", [True, False])
+def test_gcnconv_cached_sees_an_edit_of_a_sparse_tensors_indices(valued):
+    """cached=True versioned only a SparseTensor's values: an in-place edit of its columns (or
+    of a SparseTensor without values) was served the graph of the old ones (a mutation
+    audit)."""
+    torch_sparse = pytest.importorskip("torch_sparse")
+    n = 30
+    ei, w = _edges(n)
+    adj = torch_sparse.SparseTensor(row=ei[1], col=ei[0], value=w if valued else None,
+                                    sparse_sizes=(n, n))
+    col = adj.storage.col()
+    conv, plain = GCNConv(5, 4, cached=True), GCNConv(5, 4)
+    plain.load_state_dict(conv.state_dict())
+    x = torch.randn(n, 5, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(conv(x, adj), plain(x, adj))
+    col.copy_((col + 1) % n)              # the SparseTensor's own columns, edited in place
+    torch.testing.assert_close(conv(x, adj), plain(x, adj))

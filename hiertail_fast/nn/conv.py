@@ -140,20 +140,27 @@ def _identity(*inputs) -> tuple | None:
     """What ``cached`` compares: a weak reference to each input and the version counter of its
     values (None when the input cannot be cached: values that require grad, inference tensors
     (made under ``torch.inference_mode``: no version counter, reading it raised), or an object
-    without weak references). A ``torch_sparse.SparseTensor``'s values are its storage's."""
+    without weak references). A ``torch_sparse.SparseTensor`` is its storage's arrays: values,
+    rows / row pointers and columns (only the values were versioned: an in-place edit of its
+    columns was served the old graph; a mutation audit)."""
     out = []
     for t in inputs:
         if t is None:
             out.append(None)
             continue
-        values = t if isinstance(t, torch.Tensor) else t.storage.value()
-        if values is not None and (values.requires_grad or values.is_inference()):
+        if isinstance(t, torch.Tensor):
+            arrays = [t]
+        else:
+            st = t.storage
+            arrays = [st._value, st._row, st._rowptr, st._col]
+        arrays = [a for a in arrays if a is not None]
+        if any(a.requires_grad or a.is_inference() for a in arrays):
             return None
         try:
             ref = weakref.ref(t)
         except TypeError:
             return None
-        out.append((ref, None if values is None else values._version))
+        out.append((ref, tuple(a._version for a in arrays)))
     return tuple(out)
 
 
