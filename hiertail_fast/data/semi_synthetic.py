@@ -6,12 +6,17 @@ Steps (α = 0.8, 25 validation and 55 test nodes per class by default):
 1. classes with at least ``val + test + 1`` nodes are kept (the official code assumes every class
    has one; smaller classes are dropped here and listed in ``info["dropped_classes"]``); sorted
    by size, largest first, each class's candidate training count is n_c − val − test;
-2. the first ⌊(1−α)·C⌋ classes (the head) keep their counts; every tail count is multiplied by
-   f = (Σ head / Σ tail)·((1−α)/α) and truncated (capped at the candidates), so the head holds
-   about α of the training nodes (a tail class can end with 0 training nodes, as in the code);
+2. the first ``int((1−α)·C)`` classes (the head; the official expression, in Python floats:
+   1 − 0.8 is 0.19999999999999996, so for C a multiple of 5 it is one class fewer than
+   ⌊0.2·C⌋) keep their counts; every tail count becomes t·Σhead / Σtail·(1−α)/α in float32 (the
+   official torch expression on int64 counts, step by step) truncated (capped at the
+   candidates), so the head holds about α of the training nodes (a tail class can end with 0
+   training nodes, as in the code);
 3. per class the (train + val + test) nodes of highest degree are kept (degree with the
-   self-loop; ties: larger node id first); per class the kept ids are shuffled with Python's
-   ``random`` seeded by ``graph_seed`` (the official fixed base seed), classes in size order;
+   self-loop; ties: larger node id first); the classes in ascending ORIGINAL label (the
+   official code runs before its relabelling by size; ``data.original_labels`` when the
+   loader relabelled), each class's kept ids shuffled by Python's ``random`` seeded with
+   ``graph_seed`` (the official fixed base seed) afresh before each class, as the code does;
 4. the induced subgraph of the kept nodes, labels relabelled by size; per class the first
    (size − val − test) nodes are train, the next ``val`` validation, the next ``test`` test.
 
@@ -24,7 +29,6 @@ train / val / test assignment.
 """
 from __future__ import annotations
 
-import math
 import numbers
 import random
 from dataclasses import dataclass, field
@@ -59,13 +63,21 @@ def _train_counts(sizes: np.ndarray, alpha: float, held_out: int) -> np.ndarray:
     """Step 2 for classes sorted largest first: the per-class training counts."""
     cand = sizes - held_out
     c = sizes.shape[0]
-    n_head = math.floor((1 - alpha) * c + 1e-9)
+    # the official int((1 - alpha) * num_classes) (a floor with 1e-9 slack took one head class
+    # more for C a multiple of 5; a fidelity audit)
+    n_head = int((1 - alpha) * c)
     if n_head < 1 or n_head >= c:
-        raise ValueError(f"alpha={alpha} with {c} eligible classes gives {n_head} head classes; "
-                         "need at least one head and one tail class")
-    head, tail = cand[:n_head], cand[n_head:]
-    f = head.sum() / tail.sum() * ((1 - alpha) / alpha)
-    return np.concatenate([head, np.minimum(tail, (tail * f).astype(np.int64))])
+        raise ValueError(f"alpha={alpha} with {c} eligible classes gives int((1 - alpha) * {c}) "
+                         f"= {n_head} head classes (the official rule; 1 - 0.8 is "
+                         f"{1 - 0.8!r} in floats); need at least one head and one tail class")
+    counts = torch.from_numpy(cand.astype(np.int64))
+    head_sum, tail_sum = counts[:n_head].sum(), counts[n_head:].sum()
+    # the official tensor expression, each step in its dtype (int64 product, float32 quotient
+    # and scalings): a float64 factor truncated counts that are whole in this arithmetic one
+    # lower (29 for 30)
+    scaled = counts[n_head:] * head_sum / tail_sum * (1 - alpha) / alpha
+    tail = np.minimum(cand[n_head:], scaled.to(torch.int64).numpy())
+    return np.concatenate([cand[:n_head], tail])
 
 
 def semi_synthetic_long_tail(data: GraphData, *, alpha: float = 0.8, val_per_class: int = 25,
@@ -114,13 +126,17 @@ def semi_synthetic_long_tail(data: GraphData, *, alpha: float = 0.8, val_per_cla
 
     ei = data.edge_index.numpy()
     degree = np.bincount(ei[0], minlength=n) + 1          # with the self-loop
-    rng = random.Random(graph_seed)
+    kept = dict(zip(eligible.tolist(), (train_counts + held_out).tolist(), strict=True))
+    original = (np.asarray(data.original_labels) if data.original_labels is not None
+                else np.arange(sizes.shape[0]))
     kept_per_class = []
-    for c, k in zip(eligible, train_counts + held_out, strict=True):
+    # the official order (a fidelity audit: size order and one random stream scrambled another
+    # graph under alignment_bug, 502 of 18,628 edges in common with the official one on Wiki)
+    for c in sorted(kept, key=lambda c: int(original[c])):
         nodes = np.flatnonzero(y == c)
-        top = nodes[np.lexsort((-nodes, -degree[nodes]))][:k]   # degree desc, larger id first
+        top = nodes[np.lexsort((-nodes, -degree[nodes]))][:kept[c]]   # degree desc, larger id
         ids = top.tolist()
-        rng.shuffle(ids)
+        random.Random(graph_seed).shuffle(ids)    # = random.seed(seed); random.shuffle(ids)
         kept_per_class.append(ids)
     adj_order = np.array([i for ids in kept_per_class for i in ids], dtype=np.int64)
     new_id = np.full(n, -1, dtype=np.int64)
