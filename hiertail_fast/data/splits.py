@@ -17,6 +17,10 @@ The training list is shuffled at the end; validation and test lists are grouped 
 ``numpy.random.default_rng(seed)``: splits are deterministic per seed, but they do NOT
 reproduce the exact shuffles of the official code, which uses Python's ``random`` module.
 The split sizes per class are those of the official code (same float arithmetic ``int(0.1 n)``).
+One deliberate difference: the official code shuffles only classes of 3 or more nodes (a class
+of 1 or 2 takes its nodes in ascending id: the lower id trains and validates in every run);
+here every class is shuffled, so which node of a 2-node class trains varies with the seed,
+as it does for every other class (a fidelity audit found the difference undocumented).
 
 Cost: O(n log n) time (one stable sort), O(n) memory; no Python loop over classes or nodes.
 """
