@@ -283,6 +283,34 @@ def test_a_cached_run_on_other_data_of_the_same_shape_is_retrained(tmp_path, mon
     assert len(calls) == 2
 
 
+def test_a_cached_semi_synthetic_run_of_another_derived_graph_is_retrained(tmp_path,
+                                                                           monkeypatch, capsys):
+    """The semi-synthetic graph is made from the loaded one by code: when that code came to
+    follow the official arithmetic, the runs of the old graphs were served for the new ones
+    (the fingerprint was the loaded graph's). It is the derived graph's now."""
+    from dataclasses import replace
+
+    from hiertail_fast.data import semi_synthetic as semi_module
+
+    runs = tmp_path / "runs"
+    args = ["semi-synthetic", *TINY, *EXTRA["semi-synthetic"][:8], "--methods", "origin",
+            "--runs-dir", str(runs), "--out", str(tmp_path / "out")]
+    calls = _count_trainings(monkeypatch)
+    main(args)
+    main(args)
+    assert len(calls) == 1                                   # the same graph: cached
+    real = semi_module.semi_synthetic_long_tail
+
+    def other_graph(*a, **kw):          # the same shape, other features (another rule's graph)
+        out = real(*a, **kw)
+        return replace(out, data=replace(out.data, x=out.data.x.flip(0)))
+    monkeypatch.setattr(semi_module, "semi_synthetic_long_tail", other_graph)
+    capsys.readouterr()
+    main(args)
+    assert len(calls) == 2 and "was made from other data of the same shape" in \
+        capsys.readouterr().out
+
+
 def test_migrate_fingerprints_adds_the_runners_fingerprint_to_legacy_records(tmp_path):
     from hiertail_fast.experiments import migrate_fingerprints
 
