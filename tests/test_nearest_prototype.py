@@ -272,3 +272,34 @@ def test_first_of_equal_rows():
     p = torch.tensor([[1.0, 2.0], [0.0, -0.0], [1.0, 2.0], [-0.0, 0.0], [3.0, 1.0], [1.0, 2.0]])
     assert _first_of_equal_rows(p).tolist() == [0, 1, 4]
     assert _first_of_equal_rows(torch.eye(3)) is None
+
+
+@pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
+@pytest.mark.parametrize("dtype,tiny", [(torch.float32, 1e-40), (torch.float64, 1e-310)])
+def test_subnormal_inputs_rescale_within_range(backend, dtype, tiny):
+    """pow2_rescale's scale 2^-e lies beyond the dtype's range for subnormal inputs: float32
+    entries of 1e-40 became inf / NaN (every backend answered [0, 0]); float64 ones of 1e-310
+    overflowed the Python float (an extremes audit). The scale is applied in two halves."""
+    if backend == "triton" and dtype == torch.float64:
+        pytest.skip("float64 runs the torch engine on the triton backend (tested there)")
+    dev = backend_device(backend)
+    z = torch.tensor([[tiny, 0.0], [0.0, tiny], [tiny, tiny / 2]], dtype=dtype, device=dev)
+    p = torch.tensor([[0.0, tiny], [tiny, 0.0]], dtype=dtype, device=dev)
+    scale = 2.0 ** (500 if dtype == torch.float64 else 60)     # (exact, twice: squares of
+    zs, ps = (t.double() * scale * scale for t in (z, p))     # 1e-310 underflow in float64)
+    oracle = ((zs[:, None] - ps[None]) ** 2).sum(-1).argmin(1)
+    assert oracle.tolist() == [1, 0, 1]
+    assert torch.equal(nearest_prototype(z, p, backend=backend), oracle)
+
+
+@pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
+def test_16bit_inputs_are_rescaled_in_float32(backend):
+    """The fast backends rescaled float16 inputs in float16 (its range gave a rescale from
+    max|entry| 16 on) before their float32 distances: 0.0025 became a subnormal and the
+    nearest prototype flipped (the reference casts first; an extremes audit)."""
+    dev = backend_device(backend)
+    z = torch.tensor([[30000.0, 0.0025]], dtype=torch.float16, device=dev)
+    p = torch.tensor([[30000.0, 0.0], [30000.0, 0.0043]], dtype=torch.float16, device=dev)
+    oracle = ((z.double()[:, None] - p.double()[None]) ** 2).sum(-1).argmin(1)
+    assert oracle.tolist() == [1]
+    assert torch.equal(nearest_prototype(z, p, backend=backend), oracle)

@@ -61,8 +61,8 @@ def nearest_prototype(
         z, prototypes = plain(z, "nearest_prototype"), plain(prototypes, "nearest_prototype")
         # exact power-of-two rescale when ‖z‖² / ‖p‖² could over- or underflow (the expanded
         # form needs them; float32 entries ~1e19 gave inf − inf = NaN and a wrong argmin)
-        z, prototypes = pow2_rescale(z.detach(), prototypes.detach())
         acc_dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
+        z, prototypes = pow2_rescale(z.detach(), prototypes.detach(), acc_dtype)
         if choice == "triton":
             from hiertail_fast.kernels.nearest_prototype import nearest_prototype_fwd
 

@@ -50,13 +50,17 @@ def nearest_prototype_ref(z: torch.Tensor, prototypes: torch.Tensor) -> torch.Te
     return out
 
 
-def pow2_rescale(z: torch.Tensor, prototypes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def pow2_rescale(z: torch.Tensor, prototypes: torch.Tensor, dtype: torch.dtype | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(s·z, s·prototypes)`` with s = 2^-e bringing max|entry| into [1/2, 1) when it lies
-    outside [2^-E, 2^E], E = (max exponent of the dtype) / 4 (32 for float32): the argmin is
-    invariant under a common scaling, a power of two scales exactly, and afterwards neither
-    ‖z‖², ‖p‖² (up to 4·d·max²) overflow nor the squared differences of ordinary data underflow
-    (float32 entries ~1e19 made ‖z‖² inf; ~1e-23 made every squared distance 0). Inputs in
-    range are returned as they are (no copy)."""
+    outside [2^-E, 2^E], E = (max exponent of ``dtype``, the distances' dtype: default the
+    inputs') / 4 (32 for float32): the argmin is invariant under a common scaling, a power of
+    two scales exactly, and afterwards neither ‖z‖², ‖p‖² (up to 4·d·max²) overflow nor the
+    squared differences of ordinary data underflow (float32 entries ~1e19 made ‖z‖² inf; ~1e-23
+    made every squared distance 0). Inputs in range are returned as they are (no copy); rescaled
+    ones come back in ``dtype`` (16-bit inputs rescaled in 16 bits lost their small entries to
+    subnormals: another argmin than the reference's; an extremes audit)."""
+    dtype = z.dtype if dtype is None else dtype
     if not z.numel():
         return z, prototypes
     # max|entry| from one aminmax pass each (z.abs().max() allocates an N×d temporary: ~45 ms
@@ -65,7 +69,10 @@ def pow2_rescale(z: torch.Tensor, prototypes: torch.Tensor) -> tuple[torch.Tenso
     if big == 0.0:
         return z, prototypes
     e = math.frexp(big)[1]  # big = f·2^e, f in [1/2, 1)
-    if abs(e) <= math.frexp(torch.finfo(z.dtype).max)[1] // 4:
+    if abs(e) <= math.frexp(torch.finfo(dtype).max)[1] // 4:
         return z, prototypes
-    s = math.ldexp(1.0, -e)
-    return z * s, prototypes * s
+    # s in two exact halves: for subnormal inputs 2^-e itself lies beyond the dtype's range
+    # (float32 entries of 1e-40: s = 2^133 became inf, every distance NaN; float64 ones of
+    # 1e-310: 2^1030 overflowed the Python float)
+    s1, s2 = math.ldexp(1.0, -e // 2), math.ldexp(1.0, -e - (-e // 2))
+    return z.to(dtype) * s1 * s2, prototypes.to(dtype) * s1 * s2
