@@ -182,6 +182,20 @@ def check_edge_weight(edge_weight: object, num_edges: int) -> torch.Tensor | Non
     return w
 
 
+def check_weights_fit(weight: torch.Tensor | None, dtype: torch.dtype) -> None:
+    """ValueError when edge weights stored in a wider dtype than the propagation's (the
+    features') do not fit it: float64 weights of 1e39 with float32 features became inf in the
+    cast, dinv 0, and 0·inf NaN rows on every backend (an extremes audit). Checked once per
+    weights' version and dtype where the degrees are cached."""
+    if weight is None or torch.finfo(weight.dtype).max <= torch.finfo(dtype).max:
+        return
+    if not all_finite(weight.detach().to(dtype)):
+        raise ValueError(f"edge_weight ({weight.dtype}) has values beyond {dtype}'s range, "
+                         f"the dtype the propagation runs in (that of the features, float32 "
+                         f"for 16-bit ones): rescale the weights (GCN normalisation does not "
+                         f"change when all are scaled together) or pass {weight.dtype} features")
+
+
 def check_no_edge_weight(edge_weight: object) -> None:
     """A graph that carries its weights (a CSRGraph, a sparse adjacency) takes no separate
     ``edge_weight``: ValueError rather than silently ignoring one of the two."""

@@ -46,6 +46,7 @@ from hiertail_fast._validation import (
     check_flag,
     check_index_dtype,
     check_num_nodes,
+    check_weights_fit,
 )
 from hiertail_fast.ops._amp import autocast_off
 from hiertail_fast.ops._functorch import check_no_tangent, outside_transforms, plain, wrapped
@@ -571,6 +572,7 @@ class CSRGraph:
         add_self_loops = check_flag(add_self_loops, "add_self_loops")
 
         def compute() -> tuple[torch.Tensor, torch.Tensor]:
+            check_weights_fit(self._weight, dtype)
             fill = 2.0 if improved else 1.0
             if add_self_loops:
                 loop = (~self.has_self_loop()).to(dtype) * fill

@@ -684,3 +684,42 @@ def test_zero_feature_columns_on_every_backend():
         assert out.shape == (3, 0)
         out.sum().backward()
         assert x.grad.shape == (3, 0)
+
+
+@pytest.mark.parametrize("backend", ["reference", *BACKENDS])
+def test_wider_weights_beyond_the_features_dtype_raise(backend):
+    """float64 weights of 1e39 with float32 features: the cast made them inf, dinv 0 and the
+    rows NaN on every backend (an extremes audit). A ValueError names the weights now; in
+    range, float64 weights serve float32 features as before."""
+    dev = backend_device(backend)
+    ei = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]], device=dev)
+    x = torch.randn(4, 3, device=dev)
+    with pytest.raises(ValueError, match="edge_weight .torch.float64. has values beyond "
+                                         "torch.float32's range"):
+        gcn_propagate(x, ei, torch.full((4,), 1e39, dtype=torch.float64, device=dev),
+                      backend=backend)
+    w = torch.full((4,), 1e30, dtype=torch.float64, device=dev)
+    want = gcn_propagate_ref(x.double(), ei, w)
+    torch.testing.assert_close(gcn_propagate(x, ei, w, backend=backend).double(), want,
+                               **tol(torch.float32))
+
+
+@pytest.mark.parametrize("case", ["hub", "weights"])
+def test_reference_propagates_16bit_features_in_float32(case):
+    """The reference rounded degrees and weights to float16 for float16 features: a node of
+    65,520+ in-edges got degree inf and a zero row, weights of 1e5 NaN rows, where the fast
+    backends (float32 inside) were right (an extremes audit)."""
+    if case == "hub":
+        n = 70_001
+        ei = torch.stack([torch.arange(1, n), torch.zeros(n - 1, dtype=torch.long)])
+        w = None
+    else:
+        n = 12
+        ei = torch.stack([torch.arange(n), (torch.arange(n) + 1) % n])
+        w = torch.full((n,), 1e5)
+    x = (torch.rand(n, 2, generator=torch.Generator().manual_seed(0)) * 8).half()
+    want = gcn_propagate_ref(x.double(), ei, None if w is None else w.double())
+    got = gcn_propagate_ref(x, ei, w)
+    assert got.dtype == torch.float16 and bool(torch.isfinite(got).all())
+    torch.testing.assert_close(got.double(), want, **tol(torch.float16))
+    torch.testing.assert_close(got, gcn_propagate(x, ei, w, backend="torch"), **tol(torch.float16))

@@ -10,6 +10,8 @@ source_to_target). Plain torch (index_add), float64-safe, differentiable w.r.t. 
 
 Negative degrees (negative edge weights that outweigh the rest) raise a ValueError naming the
 node: deg^-1/2 is undefined there (PyG returns NaN rows). Every backend applies the same rule.
+16-bit features propagate in float32 (weights, degrees, products), rounded once to their dtype,
+as on the fast backends; weights of a wider dtype that overflow the propagation's raise.
 
 Deliberate differences from PyG 2.8.1, both documented in the tests:
 * ``improved=True`` always uses fill 2. PyG 2.8's ``gcn_norm`` with ``edge_weight=None`` adds its
@@ -28,6 +30,7 @@ from hiertail_fast._validation import (
     check_flag,
     check_float_matrix,
     check_gcn_degrees,
+    check_weights_fit,
 )
 
 
@@ -52,6 +55,10 @@ def gcn_propagate_ref(
         raise ValueError(f"num_nodes={num_nodes} but x has {n} rows")
     edge_index = check_edge_index(edge_index, n)
     w = check_edge_weight(edge_weight, edge_index.shape[1])
+    # 16-bit features propagate in float32, rounded once at the end, as the fast backends do
+    # (in float16 an in-degree of 65,520 became inf and its row 0; an extremes audit)
+    x_in, x = x, x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    check_weights_fit(w, x.dtype)
     src, dst = edge_index[0].long(), edge_index[1].long()
     w = torch.ones(src.numel(), dtype=x.dtype, device=x.device) if w is None else w.to(x.dtype)
 
@@ -72,4 +79,4 @@ def gcn_propagate_ref(
     # (advanced indexing's, index_put_, runs them in parallel: not reproducible run to run)
     norm = dinv.index_select(0, src) * w * dinv.index_select(0, dst)
     out = torch.zeros_like(x).index_add(0, dst, norm.unsqueeze(1) * x.index_select(0, src))
-    return out + (loop * dinv * dinv).unsqueeze(1) * x
+    return (out + (loop * dinv * dinv).unsqueeze(1) * x).to(x_in.dtype)
