@@ -314,6 +314,21 @@ def test_features_beyond_float32_and_without_columns_are_refused(tmp_path):
     _write(tmp_path / "nofeat.npz", edge_index=ei, x=np.zeros((5, 0), np.float32), y=y)
     with pytest.raises(ValueError, match=r"nofeat\.npz: 'x' has no feature columns"):
         load_npz(tmp_path / "nofeat.npz")
+    # stored as CSR parts: the same message (densified first, it read "NaN or Inf"; an
+    # extremes audit), and a NaN still gets the NaN message (not "beyond float32's range")
+    rows, cols = np.nonzero(big)
+    csr = dict(edge_index=ei, y=y, x_data=big[rows, cols], x_indices=cols.astype(np.int32),
+               x_indptr=np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=5))]),
+               x_shape=np.array(big.shape))
+    _write(tmp_path / "big_csr.npz", **csr)
+    with pytest.raises(ValueError, match=r"big_csr\.npz: 'x' has values beyond float32's"):
+        load_npz(tmp_path / "big_csr.npz")
+    nan = big.copy()
+    nan[1, 0] = np.nan
+    _write(tmp_path / "nan.npz", edge_index=ei, x=nan, y=y)
+    with pytest.raises(ValueError, match="NaN or Inf") as exc:
+        load_npz(tmp_path / "nan.npz")
+    assert "range" not in str(exc.value)
     # float64 within range still loads (as float32)
     _write(tmp_path / "ok.npz", edge_index=ei, x=x.astype(np.float64) * 1e30, y=y)
     assert load_npz(tmp_path / "ok.npz").x.dtype == torch.float32

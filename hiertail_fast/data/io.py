@@ -137,8 +137,9 @@ def _float32_features(x: np.ndarray, where: str) -> np.ndarray:
     float32's range (e.g. 1e300) would otherwise become inf."""
     with np.errstate(over="ignore"):            # reported below, naming the file
         x32 = np.ascontiguousarray(x, dtype=np.float32)
-    if x.dtype != np.float32 and x32.size and not np.isfinite(x32).all():
-        big = float(np.abs(x[~np.isfinite(x32)]).max())
+    over = (np.isfinite(x) & ~np.isfinite(x32)) if x.dtype != np.float32 and x32.size else None
+    if over is not None and over.any():     # (NaN / Inf inputs: the finiteness check's error)
+        big = float(np.abs(x[over]).max())
         raise ValueError(f"{where}: 'x' has values beyond float32's range (|x| up to {big:.3g} "
                          f"> {_FP32_MAX:.4g}), which would become inf: rescale the features")
     return x32
@@ -188,6 +189,9 @@ def _csr_to_dense(z: Any, where: str) -> np.ndarray:
         )
     if nnz and (indices.min() < 0 or indices.max() >= cols):
         raise ValueError(f"{where}: 'x_indices' out of range [0, {cols})")
+    # the range check before densifying (1e300 became inf there and was reported as "NaN or
+    # Inf"; an extremes audit)
+    data = _float32_features(data, where)
     row = np.repeat(np.arange(rows, dtype=np.int64), np.diff(indptr))
     dense = np.zeros((rows, cols), dtype=np.float32)
     col = indices.astype(np.int64)
