@@ -344,4 +344,6 @@ def topk_unpool(
         raise ValueError(f"perm is on {perm.device} but x_pooled is on {x_pooled.device}")
     if choice == "triton":
         return TopKUnpoolFunction.run(x_pooled, perm, int(num_nodes))
-    return x_pooled.new_zeros(int(num_nodes), x_pooled.shape[1]).index_copy(0, perm, x_pooled)
+    # in place into the new zeros: index_copy (out of place) allocated a second n × d buffer,
+    # a peak of twice the output (a memory audit)
+    return x_pooled.new_zeros(int(num_nodes), x_pooled.shape[1]).index_copy_(0, perm, x_pooled)

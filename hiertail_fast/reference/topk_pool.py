@@ -174,7 +174,7 @@ def topk_unpool_ref(x_pooled: torch.Tensor, perm: torch.Tensor, num_nodes: int) 
     x_pooled = check_float_matrix(x_pooled, "x_pooled", finite=False)
     perm = check_unpool_args(perm, num_nodes, x_pooled.shape[0])
     out = x_pooled.new_zeros(num_nodes, x_pooled.shape[1])
-    return out.index_copy(0, perm.long(), x_pooled)
+    return out.index_copy_(0, perm.long(), x_pooled)    # in place: no second n × d buffer
 
 
 def score_direction(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
