@@ -89,11 +89,13 @@ LONG_EPOCH_SECONDS = 60.0  # predicted epoch time above which the warm-up epoch 
 
 # Memory model for the budget check, bytes. The dense reference keeps about REF_BYTES_PER_PAIR
 # bytes per (n + k)^2 key pair alive through backward (DESIGN.md §3: ~33 B per N^2 element in the
-# official code; our reference measured ~21 B with --cpu-memory tracked at 4000 nodes, paper
-# config). Linear terms: ~a dozen float32 n x (features + hidden) activations and gradients, the
-# CSR graph (index + value per directed edge), and the blocked loss's 48 MB row block.
-REF_BYTES_PER_PAIR = 33.0
-BYTES_PER_NODE_CHANNEL = 4 * 12
+# official code; our reference measured 20.6 B at 10k nodes, paper config, in this script's
+# worker: 2,089 MB; the 33 B used before predicted 3.5 GB there and ~332 GB at 100k, not ~206;
+# a memory audit, 2026-12-02). Linear terms: ~8 float32 n x (features + hidden) activations and
+# gradients (HierTail measured ~28 B per node channel at 10k-100k, the GCN 12-15), the CSR graph
+# (index + value per directed edge), and the blocked loss's 48 MB row block.
+REF_BYTES_PER_PAIR = 21.0
+BYTES_PER_NODE_CHANNEL = 4 * 8
 BYTES_PER_EDGE = 48
 FIXED_BYTES = 64e6
 # Baselines whose time or memory is not linear + fixed: (time exponent for the one-point
@@ -271,8 +273,31 @@ def predict_memory(method: str, nodes: int, *, classes: int, features: int, hidd
         levels, keys = (1, nodes + classes) if config == "paper" else (2, nodes + nodes // classes)
         predicted += levels * REF_BYTES_PER_PAIR * keys**2
     predicted += BASELINE_SCALING.get(method, (1.0, 0.0))[1]
-    measured = extrapolate(list(history), nodes, 2.0 if method == "hiertail-reference" else 1.0)
+    measured = extrapolate_memory(list(history), nodes,
+                                  quadratic=method == "hiertail-reference")
     return max(predicted, measured or 0.0)
+
+
+def extrapolate_memory(history: list[tuple[int, float]], nodes: int, *,
+                       quadratic: bool) -> float | None:
+    """Measured (n, bytes) pairs extrapolated to `nodes`: c + a·n (c + b·n² for the dense
+    reference) through the last two points, the intercept c holding the fixed costs (a fit
+    through the origin took them for per-node bytes: 332 GB predicted for the reference at
+    100k from 4k / 10k runs, ~206 GB at its measured bytes per pair); with one point, or a
+    flat / falling pair, the last point scaled by (nodes/n) or (nodes/n)². None without
+    measurements."""
+    points = [(n, v) for n, v in history if v > 0]
+    if not points:
+        return None
+    power = 2 if quadratic else 1
+    n1, v1 = points[-1]
+    if len(points) < 2 or points[-2][0] >= n1:
+        return v1 * (nodes / n1) ** power
+    n0, v0 = points[-2]
+    slope = (v1 - v0) / (n1 ** power - n0 ** power)
+    if slope <= 0:
+        return v1 * (nodes / n1) ** power
+    return max(v1, v1 + slope * (nodes ** power - n1 ** power))
 
 
 def planned_epochs(seconds: float | None, warmup: int, epochs: int) -> tuple[int, int]:
