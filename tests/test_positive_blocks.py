@@ -372,3 +372,29 @@ def test_band_extents_match_each_blocks_own_ranges(monkeypatch, n, b):
     one = BlockPositives(z, gid[:1], [5], True, None, 1.0, torch.ones(n, dtype=torch.bool),
                          torch.zeros(1, n))
     assert one._f_always_one
+
+
+def test_positive_pairs_blocks_follow_the_cpu_block_budget(monkeypatch):
+    """The big-group blocks of the official positive pass were a fixed 4M elements on CPU
+    (~80 MB of temporaries at a 4 MB $HIERTAIL_CPU_BLOCK_BYTES; a memory audit): they follow the
+    budget now (about three [b, n_g] temporaries), with the same sums."""
+    gen = torch.Generator().manual_seed(5)
+    n, d = 700, 6
+    z = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    gid = torch.cat([torch.zeros(400, dtype=torch.long), torch.randint(1, 9, (n - 400,),
+                                                                        generator=gen)])
+    s = z @ z.t() * 2.0
+    row_max, arg_max = s.max(dim=1)
+    coef = torch.rand(n, generator=gen, dtype=torch.float64)
+    args = (z, gid, 9, row_max, arg_max, 2.0, True, coef)
+    want = pairs_mod.positive_pairs(*args)
+    shapes = []
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b: shapes.append(a.shape[0] * b.shape[1])
+                        or real_mm(a, b))
+    budget = 3 * 8 * 400 * 25                     # 25 rows of the 400-member group a block
+    monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(budget))
+    got = pairs_mod.positive_pairs(*args)
+    assert shapes and max(shapes) * 3 * z.element_size() <= budget and len(shapes) == 16
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

@@ -15,8 +15,8 @@ from hiertail_fast.ops._lse_torch import block_bytes, exp_shifted_
 OFFICIAL_EPS = 1e-7
 SMALL_GROUP = 48
 PAIR_CHUNK = 1 << 16           # explicit pairs per chunk (3 gathers of PAIR_CHUNK x d floats)
-BLOCK_ELEMS = 1 << 22          # elements of one big-group GEMM block on CPU (on CUDA: the
-                               # engine's block budget, _lse_torch.block_bytes: fewer launches)
+BLOCK_ELEMS = 1 << 22          # elements of one big-group GEMM block on CPU at most (on CUDA:
+                               # the engine's block budget, _lse_torch.block_bytes: fewer launches)
 
 
 def _tie_bound(z: torch.Tensor, row_max: torch.Tensor, scale: float) -> torch.Tensor:
@@ -41,7 +41,10 @@ def _consistent_with_max(x, i, j, z, row_max, arg_max, tie):
     get x = 0 exactly (true s_ij = M_i), and every x is clamped to <= 0 (s_ij <= M_i holds
     for the true values). Other near-ties keep an error <= the rounding bound, as the fp32
     reference's own s does."""
-    near = (x > -tie[i]).nonzero(as_tuple=True)
+    # a block's rows share i along dim 1 (an expanded view): the bound per row, broadcast, not
+    # gathered into a [b, n_g] temporary (a memory audit)
+    bound = tie[i] if i.dim() == 1 else tie[i[:, 0]][:, None]
+    near = (x > -bound).nonzero(as_tuple=True)
     if near[0].numel():
         jn, an = j[near], arg_max[i[near]]
         same = (jn == an) | (z[jn] == z[an]).all(dim=1)
@@ -85,8 +88,11 @@ def positive_pairs(
     if rows.numel() == 0:
         return big_t, big_q, dz
     tie = _tie_bound(z, row_max, scale)
+    # on CPU within $HIERTAIL_CPU_BLOCK_BYTES too (about three [b, n_g] temporaries live per
+    # block; the default 48 MB gives BLOCK_ELEMS exactly): a fixed 16 MB block held ~80 MB
+    # whatever the budget (a memory audit)
     block_elems = (block_bytes(dev) // z.element_size() if dev.type == "cuda"
-                   else BLOCK_ELEMS)
+                   else max(1, min(BLOCK_ELEMS, block_bytes(dev) // (3 * z.element_size()))))
     srt = rows[torch.argsort(gid[rows], stable=True)]                    # rows sorted by group
     g_srt = gid[srt]
     counts = torch.bincount(g_srt, minlength=n_groups)

@@ -25,6 +25,7 @@ import torch
 from hiertail_fast.ops._autograd import eager_twin, first_order_backward
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS
 from hiertail_fast.ops._loss_terms import Levels, ratio
+from hiertail_fast.ops._lse_torch import block_bytes
 
 BLOCK_BYTES = 64 << 20          # one row block's [b, N] temporaries (about four of them)
 
@@ -37,7 +38,10 @@ def official_g_dot_s(z: torch.Tensor, lv: Levels, scale: float, include_self: bo
     n = z.shape[0]
     total = torch.zeros((), dtype=torch.float64, device=z.device)
     log_eps = torch.log(OFFICIAL_EPS * lv.n_distinct.to(z.dtype))             # [L]
-    rows_per_block = max(1, BLOCK_BYTES // (4 * n * z.element_size()))
+    # within the engines' block budget too (the default 48 MB gives BLOCK_BYTES: 64 MB for the
+    # ~four temporaries was fixed whatever $HIERTAIL_CPU_BLOCK_BYTES; a memory audit)
+    budget = min(BLOCK_BYTES, block_bytes(z.device) * 4 // 3)
+    rows_per_block = max(1, budget // (4 * n * z.element_size()))
     for lev in range(lv.log_w.shape[0]):
         active = (g[lev] != 0).nonzero().squeeze(1)      # rows that reach the loss here
         gid = lv.gid[lev]
