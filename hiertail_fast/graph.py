@@ -202,7 +202,14 @@ class CSRGraph:
         ver = self._weight_version()
         cache = {}
         if not stale:
-            for key, value in self._cache.items():
+            # weights stepped without a counter bump (a fused optimizer): their entries are
+            # dropped here, before the copy (`_weights_current`; it purges, so before the loop)
+            if ver is not None and ver != -1:
+                self._weights_current(ver)
+            for key, value in list(self._cache.items()):
+                entry = value.value if isinstance(value, _Versioned) else value
+                if not self._unedited(key, entry):
+                    continue        # a caller edited it: the copy would take it as made
                 if _carries_grad(value) or key == _SNAPSHOT:
                     continue        # its autograd link to the weights would not survive (the
                     # snapshot: entries of learnable weights are remade after a load)
@@ -243,8 +250,9 @@ class CSRGraph:
         """A live graph holding exactly these arrays (same memory, shape, dtype, device),
         with its caches: the first one built on them that is still alive; None when there is
         none."""
-        live = _LIVE.get(_arrays_key(indptr, indices, weight, num_nodes))
-        return None if live is None or live._stale_arrays() else live
+        # (a graph whose arrays were edited since is returned too: its check then raises, as
+        # eagerly; a graph built on the edited arrays replaces it in `_register`)
+        return _LIVE.get(_arrays_key(indptr, indices, weight, num_nodes))
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -373,8 +381,18 @@ class CSRGraph:
         if key not in self._cache or not self._unedited(key, self._cache[key]):
             with outside_transforms(), outside_inference_mode():
                 self._cache[key] = fn()
-            self._stamps[key] = _stamp(self._cache[key])
+            self._stamp_entry(key, self._cache[key])
         return self._cache[key]
+
+    def _stamp_entry(self, key: Any, value: Any) -> None:
+        """Record the stamp of a new entry; an entry made while TorchDynamo traces (no
+        counters) is stamped at its first eager use instead (storing None trusted it forever,
+        edits included; the review of session 30)."""
+        stamp = _stamp(value)
+        if stamp is None:
+            self._stamps.pop(key, None)
+        else:
+            self._stamps[key] = stamp
 
     def _unedited(self, key: Any, value: Any) -> bool:
         """Whether the entry at ``key`` is as it was made (`_stamp`); an entry loaded with the
@@ -413,7 +431,7 @@ class CSRGraph:
         if ver != -1:
             self._remember_weights(ver)
         self._cache[key] = _Versioned(ver, value)
-        self._stamps[key] = _stamp(value)
+        self._stamp_entry(key, value)
         return value
 
     def _weights_current(self, version: Any) -> bool:
@@ -428,9 +446,13 @@ class CSRGraph:
         ver = self._weight_version()
         if version != ver or ver == -1:
             return False
-        if not self._learnable_leaf():
+        if ver is None or torch.compiler.is_compiling() or wrapped(self._weight):
             return True
         snap = self._cache.get(_SNAPSHOT)
+        if snap is None and not self._learnable_leaf():
+            return True
+        # (a copy is compared whenever there is one: weights stepped by a fused optimizer and
+        # then frozen with requires_grad_(False) kept their old entries; the review)
         if snap is not None and snap[0] == ver and torch.equal(snap[1], self._weight.detach()):
             return True
         for key in [k for k, v in self._cache.items()
@@ -439,17 +461,22 @@ class CSRGraph:
         return False
 
     def _learnable_leaf(self) -> bool:
-        """Weights an optimizer may step (a leaf that requires grad; not while traced, nor
-        functorch's wrappers): the ones `_weights_current` compares with their copy. Weights
-        derived from them (a subgraph's gather) change only through autograd-visible ops."""
+        """Weights an optimizer may step (a leaf that requires grad, or a view of one; not while
+        traced, nor functorch's wrappers): the ones `_weights_current` compares with their copy.
+        Weights computed from them (a subgraph's gather) change only through autograd-visible
+        ops."""
         w = self._weight
-        return (w is not None and w.requires_grad and w.is_leaf
-                and not torch.compiler.is_compiling() and not wrapped(w))
+        if w is None or not w.requires_grad or torch.compiler.is_compiling() or wrapped(w):
+            return False
+        # a view of one too (p[:, 0], packed[:nnz]): it shares the leaf's memory and counter,
+        # which a fused step does not bump either (the review of session 30)
+        return w.is_leaf or (w._base is not None and w._base.is_leaf)
 
     def _remember_weights(self, ver: int | None) -> None:
         """Keep a copy of learnable weights as they are when an entry is made for version
         ``ver`` (one copy per version: `_weights_current`)."""
-        if not self._learnable_leaf():
+        if not (self._learnable_leaf() or _SNAPSHOT in self._cache) or ver is None \
+                or torch.compiler.is_compiling() or wrapped(self._weight):
             return
         snap = self._cache.get(_SNAPSHOT)
         if snap is None or snap[0] != ver:

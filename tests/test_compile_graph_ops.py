@@ -166,7 +166,9 @@ def test_compiled_ops_find_no_graph_on_arrays_edited_since():
     old = CSRGraph(indptr, indices, None, g0.num_nodes)
     step = _compiled(lambda x, g: gcn_propagate(x, g))
     step(x, old)
-    indices[0] = (indices[0] + 1) % g0.num_nodes           # edited in place...
+    indices[0] = (indices[0] + 1) % g0.num_nodes           # edited in place: the compiled
+    with pytest.raises(ValueError, match="modified in place"):   # call refuses it as eager
+        step(x, old)                                        # does (the review of session 30)
     new = CSRGraph(indptr, indices, None, g0.num_nodes)     # ...and a new graph on them
     assert CSRGraph._live(indptr, indices, None, g0.num_nodes) is new
     torch.testing.assert_close(step(x, new), gcn_propagate_ref(x, new.edge_index(), None))

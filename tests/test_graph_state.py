@@ -302,15 +302,18 @@ def _propagate_ref(x, g):
     return gcn_propagate_ref(x, g.edge_index(), None if g.weight is None else g.weight.detach())
 
 
+@pytest.mark.parametrize("kind", ["leaf", "view"])
 @pytest.mark.parametrize("optimizer", ["SGD", "Adam", "AdamW"])
-def test_a_fused_optimizer_step_is_seen(optimizer):
+def test_a_fused_optimizer_step_is_seen(optimizer, kind):
     """torch's fused optimizers step a parameter without bumping its version counter: the
     graph served the old operator under no_grad, and the old symmetry flag in the backward
-    (Â for Âᵀ after a step broke the symmetry; a mutation audit)."""
+    (Â for Âᵀ after a step broke the symmetry; a mutation audit). Weights that are a view of
+    the parameter (p[:, 0]) share its counter: the same (the review of session 30)."""
     s, _ = _graph(symmetrize=True)
-    w = torch.nn.Parameter(torch.ones(s.num_edges))        # symmetric weights, learnable
+    p = torch.nn.Parameter(torch.ones(s.num_edges, 2))      # symmetric weights, learnable
+    w = p[:, 0] if kind == "view" else torch.nn.Parameter(torch.ones(s.num_edges))
     g = CSRGraph(s.indptr, s.indices, w, s.num_nodes)       # symmetry checked, not declared
-    opt = getattr(torch.optim, optimizer)([w], lr=0.5, fused=True)
+    opt = getattr(torch.optim, optimizer)([p if kind == "view" else w], lr=0.5, fused=True)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(s.num_nodes, 3, generator=gen)
     for _ in range(2):
@@ -384,3 +387,48 @@ def test_an_edited_cache_entry_is_rebuilt(edit, backend):
         assert torch.equal(g.augment_a2().weight, a2.weight)
         assert torch.equal(g.row_index(), _fresh(g).row_index())
         assert torch.equal(g.gcn_norm_values()[0], _fresh(g).gcn_norm_values()[0])
+
+
+def test_weights_frozen_after_a_fused_step_are_seen():
+    """A last fused step, then requires_grad_(False): the copy was compared only while the
+    weights required grad, so the operator cached before the step was served (the review of
+    session 30)."""
+    s, _ = _graph()
+    x = torch.randn(s.num_nodes, 3, generator=torch.Generator().manual_seed(6))
+    w = torch.nn.Parameter(torch.ones(s.num_edges))
+    g = CSRGraph(s.indptr, s.indices, w, s.num_nodes)
+    opt = torch.optim.Adam([w], lr=0.3, fused=True)
+    gcn_propagate(x, g).pow(2).sum().backward()
+    with torch.no_grad():
+        gcn_propagate(x, g)                      # evaluation between steps: caches the operator
+    opt.step()
+    w.requires_grad_(False)
+    assert not torch.equal(w, torch.ones_like(w))
+    torch.testing.assert_close(gcn_propagate(x, g), _propagate_ref(x, g))
+
+
+@pytest.mark.parametrize("how", list(COPIES))
+def test_a_copy_leaves_an_edited_cache_entry_behind(how):
+    """A copy took the caches as they were, an edited entry included, and trusted it (the
+    original rebuilt it; the review of session 30)."""
+    s, w = _graph()
+    g = CSRGraph(s.indptr, s.indices, w, s.num_nodes)
+    x = torch.randn(s.num_nodes, 3, generator=torch.Generator().manual_seed(7))
+    gcn_propagate(x, g)
+    g.row_index().add_(1).remainder_(s.num_nodes)
+    copied = COPIES[how](g)
+    assert torch.equal(copied.row_index(), s.row_index())
+    torch.testing.assert_close(gcn_propagate(x, copied), _propagate_ref(x, _fresh(copied)))
+
+
+def test_an_entry_made_while_compiling_is_stamped_when_used():
+    """Entries first made while TorchDynamo traced kept a None stamp and were trusted forever:
+    a later eager edit was served (the review of session 30)."""
+    s, _ = _graph()
+    g = CSRGraph(s.indptr.clone(), s.indices.clone(), None, s.num_nodes)
+    torch.compile(lambda g: g.edge_index().float().sum(), backend="eager")(g)
+    assert "row" in g._cache
+    g.row_index().add_(1).remainder_(s.num_nodes)            # the caller's edit
+    assert torch.equal(g.row_index(), s.row_index())
+    x = torch.randn(s.num_nodes, 3, generator=torch.Generator().manual_seed(8))
+    torch.testing.assert_close(gcn_propagate(x, g), _propagate_ref(x, s))
