@@ -309,6 +309,16 @@ def test_a_cached_semi_synthetic_run_of_another_derived_graph_is_retrained(tmp_p
     main(args)
     assert len(calls) == 2 and "was made from other data of the same shape" in \
         capsys.readouterr().out
+    # migrate_fingerprints leaves a legacy semi-synthetic record alone: the loaded graph's
+    # fingerprint (what it stamped) never matched the runner's (the review of session 30)
+    from hiertail_fast.experiments import migrate_fingerprints
+
+    (path,) = [p for p in (runs / "synthetic").glob("origin-*.json") if ".data-" not in p.name]
+    legacy = {k: v for k, v in json.loads(path.read_text()).items() if k != "data_fingerprint"}
+    path.write_text(json.dumps(legacy))
+    stats = migrate_fingerprints.migrate(runs, tmp_path, log=lambda line: None)
+    assert stats["migrated"] == 0 and stats["mismatched"] == [str(path)]
+    assert json.loads(path.read_text()) == legacy
 
 
 def test_migrate_fingerprints_adds_the_runners_fingerprint_to_legacy_records(tmp_path):

@@ -13,7 +13,11 @@ classes and features; then ``runner.data_fingerprint`` of it. A record is migrat
 data's shape key equals the one in its identity (else it was not made from this data folder's
 file: it is listed and left alone). Each record is rewritten atomically, its content unchanged
 but for ``data_fingerprint`` (after ``identity``) and ``data_fingerprint_added`` (how and when).
-Records that have a fingerprint are not touched; unreadable files are listed and left alone.
+Records that have a fingerprint are not touched; unreadable files are listed and left alone, and
+so are semi-synthetic records: their graph is made from the data by code (the runner fingerprints
+that graph, ``DataSource.run_fingerprint``), which may have changed since they ran — the loaded
+graph's fingerprint would not match the runner's, and the derived graph's now could credit them
+with a graph they never saw.
 
 Exit 0 when every record of RUNS_DIR ends with a fingerprint, else 1. Run it only while no
 experiment writes into RUNS_DIR, and first on a copy (``cp -r RUNS_DIR COPY``) to check.
@@ -67,6 +71,11 @@ def migrate(runs_dir: Path, data_dir: Path, *, dry_run: bool = False, log=print)
             continue
         if had:
             stats["had"] += 1
+            continue
+        if isinstance(identity.get("split"), list) and identity["split"][:1] == ["semi_lt"]:
+            stats["mismatched"].append(str(path))
+            log(f"{path}: a semi-synthetic run (its graph is made by code that may have changed "
+                "since it ran: it cannot be attributed); left alone")
             continue
         try:
             found = source.data_key(dataset)
