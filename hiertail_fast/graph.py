@@ -354,24 +354,29 @@ class CSRGraph:
         return (self._arrays_version is not None and not torch.compiler.is_compiling()
                 and self._arrays_version != _versions(self._indptr, self._indices))
 
-    def _check_weights(self) -> None:
+    def _check_weights(self) -> bool:
         """ValueError when the stored weights hold NaN or Inf. Checked at construction and
         again, once per version, after any in-place update (a diverged optimizer step on
         learnable weights), so the fast backends raise what the reference raises instead of
-        returning NaN rows. One read pass per weights' version (none for unweighted graphs)."""
+        returning NaN rows. One read pass per weights' version (none for unweighted graphs).
+        Returns True when the entries of the weights' current version are known valid now
+        (`_weights_current` just said so, or they were dropped): `_cached_w` then needs no
+        second comparison of learnable weights with their copy."""
         if self._weight is None or torch.compiler.is_compiling():
-            return
+            return False
         ver = self._weight_version()
         if _FINITE_WEIGHTS in self._cache and self._weights_current(self._cache[_FINITE_WEIGHTS]):
-            return
+            return True
         with outside_transforms():
             ok = all_finite(plain(self._weight.detach(), "CSRGraph"))
         if not ok:
             raise ValueError("the CSRGraph's edge weights contain NaN or Inf (modified in place "
                              "after the graph was built?)")
-        if ver != -1:
-            self._remember_weights(ver)
-            self._cache[_FINITE_WEIGHTS] = ver
+        if ver == -1:
+            return False
+        self._remember_weights(ver)
+        self._cache[_FINITE_WEIGHTS] = ver
+        return True
 
     def _cached(self, key: Any, fn):
         """Cache of a STRUCTURAL quantity (depends on indptr/indices only). Computed outside
@@ -418,10 +423,11 @@ class CSRGraph:
         instead of serving the old operator. In-place changes through ``.data`` bypass the
         version counter and are not seen (as everywhere in autograd)."""
         self._check_arrays()
-        self._check_weights()
+        current = self._check_weights()
         ver = self._weight_version()
         hit = self._cache.get(key)
-        if hit is not None and self._weights_current(hit.version) and \
+        if hit is not None and (hit.version == ver if current
+                                else self._weights_current(hit.version)) and \
                 self._unedited(key, hit.value):
             return hit.value
         if wrapped(self._weight):     # learnable weights inside a torch.func transform:
