@@ -420,8 +420,8 @@ class CSRGraph:
         """Cache of a quantity that depends on the edge WEIGHTS: an entry is valid only for the
         weights' version it was computed from (the weight tensor itself is fixed per graph, so
         identity cannot change), so an in-place update of learnable weights invalidates it
-        instead of serving the old operator. In-place changes through ``.data`` bypass the
-        version counter and are not seen (as everywhere in autograd)."""
+        instead of serving the old operator; updates that bypass the counter are seen for
+        learnable weights (`_weights_current`)."""
         self._check_arrays()
         current = self._check_weights()
         ver = self._weight_version()
@@ -444,11 +444,12 @@ class CSRGraph:
         """Whether an entry made for the weights' ``version`` is valid now. The version counter
         misses updates that bypass it — torch's fused optimizers (``Adam(..., fused=True)``)
         step a parameter without bumping it, and the graph served the old operator and the old
-        symmetry (a backward applied Â for Âᵀ; a mutation audit) — so for leaf weights that
-        require grad (the ones optimizers update) the copy taken when the entries were made
-        (`_remember_weights`) is compared too: O(nnz) per cache hit, and a mismatch drops every
-        entry that depends on the weights. Updates through ``.data`` or a shared numpy array of
-        weights that do not require grad are not seen (as everywhere in autograd)."""
+        symmetry (a backward applied Â for Âᵀ; a mutation audit) — so for learnable weights
+        (`_learnable_leaf`: the ones optimizers update), and for any weights that have such a
+        copy, the copy taken when the entries were made (`_remember_weights`) is compared too:
+        O(nnz) per cache hit, and a mismatch drops every entry that depends on the weights.
+        Updates through ``.data`` or a shared numpy array of weights that never required grad
+        are not seen (as everywhere in autograd)."""
         ver = self._weight_version()
         if version != ver or ver == -1:
             return False
