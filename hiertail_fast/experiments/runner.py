@@ -296,13 +296,17 @@ class DataSource:
             return self.fingerprint(spec.dataset)
         key = (spec.dataset, spec.split)
         if key not in self._fingerprints:
-            from hiertail_fast.data.semi_synthetic import semi_synthetic_long_tail
-            _, alpha, val, test, bug = spec.split
-            semi = semi_synthetic_long_tail(self.load(spec.dataset), alpha=alpha,
-                                            val_per_class=val, test_per_class=test,
-                                            alignment_bug=bug)
-            self._fingerprints[key] = data_fingerprint(semi.data)
+            self._fingerprints[key] = data_fingerprint(self._semi(spec, 0).data)
         return self._fingerprints[key]
+
+    def _semi(self, spec: RunSpec, split_seed: int):
+        """The semi-synthetic graph of a ``("semi_lt", alpha, val, test, bug)`` split (its
+        graph does not depend on ``split_seed``, only its train / val / test nodes)."""
+        from hiertail_fast.data.semi_synthetic import semi_synthetic_long_tail
+        _, alpha, val, test, bug = spec.split
+        return semi_synthetic_long_tail(self.load(spec.dataset), alpha=alpha,
+                                        val_per_class=val, test_per_class=test,
+                                        split_seed=split_seed, alignment_bug=bug)
 
     def run_inputs(self, spec: RunSpec, seed: int):
         """(graph data, split, prepared graph) of one run."""
@@ -312,11 +316,7 @@ class DataSource:
         if spec.split[0] == "natural":
             split = natural_split(data.y, seed)
         elif spec.split[0] == "semi_lt":
-            from hiertail_fast.data.semi_synthetic import semi_synthetic_long_tail
-            _, alpha, val, test, bug = spec.split
-            semi = semi_synthetic_long_tail(data, alpha=alpha, val_per_class=val,
-                                            test_per_class=test, split_seed=seed,
-                                            alignment_bug=bug)
+            semi = self._semi(spec, seed)
             data, split = semi.data, semi.split
         else:
             raise ValueError(f"unknown split {spec.split!r}")
