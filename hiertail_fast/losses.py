@@ -109,6 +109,36 @@ class BalancedContrastiveLoss(nn.Module):
         self.reduction = reduction
         self.variant = variant
 
+    def _apply(self, fn, recurse: bool = True):
+        """``.half()`` / ``.bfloat16()`` (a module conversion to a 16-bit float dtype) move a
+        tensor temperature but keep its dtype: the losses compute 16-bit rows in float32, and
+        a τ rounded to 16 bits changed the loss even of float32 embeddings (τ 0.1 became
+        0.0999755859375: 1.6e-2 off in fp16, 6.3e-2 in bf16; an nn-module audit). Other
+        conversions (device, float64, float32) apply as to any parameter or buffer; a
+        Parameter stays the same object (an optimizer holding it keeps working)."""
+        tau = self.temperature
+        if not isinstance(tau, torch.Tensor):
+            return super()._apply(fn, recurse)
+        home = self._parameters if "temperature" in self._parameters else self._buffers
+        del home["temperature"]
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            home["temperature"] = tau
+        target = fn(torch.empty((), dtype=tau.dtype, device=tau.device))   # what fn does to τ
+        dtype = target.dtype
+        if dtype in (torch.float16, torch.bfloat16) and tau.dtype.is_floating_point and \
+                torch.finfo(tau.dtype).bits > 16:
+            dtype = tau.dtype
+        with torch.no_grad():
+            if isinstance(tau, nn.Parameter):
+                tau.data = tau.data.to(device=target.device, dtype=dtype)
+                if tau.grad is not None:
+                    tau.grad = tau.grad.to(device=target.device, dtype=dtype)
+            else:
+                home["temperature"] = tau.to(device=target.device, dtype=dtype)
+        return self
+
     def forward(
         self, z: torch.Tensor, labels: torch.Tensor, prototypes: torch.Tensor | None = None
     ) -> torch.Tensor:

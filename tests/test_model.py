@@ -486,3 +486,50 @@ def test_a_shared_model_loads_its_own_checkpoint_with_nan_weights():
     twin = HierTail(12, 4, HierTailConfig.paper(hidden=8, share_convs=True))
     twin.load_state_dict(model.state_dict())
     assert bool(twin.down[1].weight.isnan().any())
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_the_pool_submodules_are_called(tiny, name):
+    """HierTail called topk_pool on its pools' weights: hooks on model.pools[i] never fired
+    and a replaced pool was ignored (an nn-module audit). It calls the modules, each with its
+    level's size."""
+    x, g, _, _ = tiny
+    model = _model(name)
+    want = model(x, g)
+    seen = []
+    for level, pool in enumerate(model.pools):
+        pool.register_forward_hook(lambda m, args, kwargs, out, level=level:
+                                   seen.append((level, kwargs["ratio"], out.perm.numel())),
+                                   with_kwargs=True)
+    got = model(x, g)
+    assert [s[0] for s in seen] == list(range(len(model.pools)))
+    assert [s[2] for s in seen] == [p.numel() for p in want.perms]
+    assert all(torch.equal(a, b) for a, b in zip(got.perms, want.perms, strict=True))
+    assert torch.equal(got.logits, want.logits)
+
+
+@pytest.mark.parametrize("kind", ["buffer", "parameter"])
+def test_16bit_conversion_keeps_a_tensor_temperature(kind):
+    """model.half() rounded a tensor temperature to 16 bits: τ 0.1 became 0.0999755859375 and
+    the loss of float32 embeddings moved by 1.6e-2 (the losses compute 16-bit rows in float32
+    anyway; an nn-module audit). The conversion keeps τ's dtype; others apply as usual."""
+    from hiertail_fast.losses import BalancedContrastiveLoss
+
+    tau = torch.tensor(0.1)
+    if kind == "parameter":
+        tau = torch.nn.Parameter(tau)
+    loss = BalancedContrastiveLoss(temperature=tau)
+    z = torch.randn(40, 8, generator=torch.Generator().manual_seed(0))
+    y = torch.arange(40) % 5
+    want = loss(z, y)
+    for convert in (torch.nn.Module.half, torch.nn.Module.bfloat16):
+        assert convert(loss) is loss and loss.temperature.dtype == torch.float32
+        assert float(loss.temperature.detach()) == float(torch.tensor(0.1)) and loss(z, y) == want
+    assert loss.state_dict()["temperature"].dtype == torch.float32
+    if kind == "parameter":
+        assert loss.temperature is tau                # an optimizer holding it keeps it
+        loss(z, y).backward()
+        torch.optim.SGD([tau], lr=0.01).step()
+        assert tau.dtype == torch.float32 and float(tau.detach()) != float(torch.tensor(0.1))
+    loss.double()
+    assert loss.temperature.dtype == torch.float64   # widening conversions apply

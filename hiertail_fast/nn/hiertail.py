@@ -59,7 +59,7 @@ from hiertail_fast.nn.conv import GCNConv
 from hiertail_fast.nn.hiertail_config import _LOSS_DTYPES, HierTailConfig
 from hiertail_fast.nn.pool import TopKPool
 from hiertail_fast.ops.nearest_prototype import nearest_prototype
-from hiertail_fast.ops.topk_pool import topk_pool, topk_unpool
+from hiertail_fast.ops.topk_pool import topk_unpool
 
 __all__ = ["HierTail", "HierTailConfig", "HierTailOutput", "HierTailLoss", "prepare_graph"]
 
@@ -186,7 +186,7 @@ class HierTail(nn.Module):
         self.config, self.in_channels, self.num_classes = cfg, in_channels, num_classes
         h, levels, imp = cfg.hidden, cfg.num_levels, cfg.improved
         self.embed = GCNConv(in_channels, h, improved=imp)
-        # The projections p only: k depends on n and C, so forward passes it to topk_pool.
+        # k depends on n and C: forward passes each level's size to its pool (ratio=).
         self.pools = nn.ModuleList(TopKPool(h, 0.5) for _ in range(levels))
         if cfg.share_convs:  # the same module object at every level, as layers.GraphUNet does
             down = GCNConv(h, h, improved=imp)
@@ -269,7 +269,9 @@ class HierTail(nn.Module):
         xs, graphs, perms = [h], [graph], []
         for level in range(cfg.num_levels):
             g = graphs[-1].augment_a2() if cfg.augment_a2 else graphs[-1]
-            res = topk_pool(h, g, self.pools[level].weight, sizes[level])
+            # the module itself (its hooks fire, a replaced pool is used; calling topk_pool on
+            # its weight skipped both: an nn-module audit), with this level's size
+            res = self.pools[level](h, g, ratio=sizes[level])
             h = self._act(self.down[level](res.x, res.graph))
             xs.append(h)
             graphs.append(res.graph)

@@ -49,12 +49,13 @@ class TopKPool(nn.Module):
         nn.init.uniform_(self.weight, -bound, bound)
 
     def forward(self, x: torch.Tensor, graph_or_edge_index: CSRGraph | torch.Tensor,
-                edge_weight: torch.Tensor | None = None, *,
-                backend: str | None = None) -> TopKPoolResult:
+                edge_weight: torch.Tensor | None = None, *, backend: str | None = None,
+                ratio: float | int | None = None) -> TopKPoolResult:
         """x [n, channels], a CSRGraph, edge_index [2, E] (+ weights) or a sparse adjacency
-        (PyG's adj_t) -> TopKPoolResult."""
-        return topk_pool(x, graph_or_edge_index, self.weight, self.ratio, edge_weight,
-                         backend=backend)
+        (PyG's adj_t) -> TopKPoolResult. ``ratio`` overrides the module's for this call
+        (HierTail passes each level's size, which depends on n and the class count)."""
+        return topk_pool(x, graph_or_edge_index, self.weight,
+                         self.ratio if ratio is None else ratio, edge_weight, backend=backend)
 
     def extra_repr(self) -> str:
         return f"{self.channels}, ratio={self.ratio}"
