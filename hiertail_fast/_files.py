@@ -4,7 +4,6 @@ temporary file in the same directory + ``os.replace``, so that a failed write (f
 kill) never leaves a truncated file in place of the old one."""
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -59,9 +58,11 @@ def _new_file_mode(path: Path) -> int:
 
 
 @contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
+def atomic_path(path: Path, *, overwrite: bool = True) -> Iterator[Path]:
     """Yield a temporary path beside `path`; on success it replaces `path` atomically, on any
-    error it is removed and `path` is left untouched. Missing parent directories are created."""
+    error it is removed and `path` is left untouched. Missing parent directories are created.
+    ``overwrite=False``: FileExistsError when `path` appeared meanwhile (a hard link, which
+    never replaces; without hard links on the file system, a plain replace)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -69,13 +70,21 @@ def atomic_path(path: Path) -> Iterator[Path]:
     tmp = Path(name)
     try:
         yield tmp
-        os.chmod(tmp, _new_file_mode(path))
+        os.chmod(tmp, _new_file_mode(path))  # mkstemp's 0600 -> the usual file mode
         with open(tmp, "rb+") as fh:  # the data on disk before the rename makes it visible
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise FileExistsError(f"{path} exists: pass force=True (--force) to "
+                                      "overwrite it") from None
+            except OSError:  # no hard links on this file system
+                os.replace(tmp, path)
+    finally:
         tmp.unlink(missing_ok=True)
-        raise
 
 
 def write_atomic(path: Any, write: Callable[[Path], None], *, force: bool = False) -> Path:
@@ -89,27 +98,8 @@ def write_atomic(path: Any, write: Callable[[Path], None], *, force: bool = Fals
         raise FileNotFoundError(f"output directory {path.parent} does not exist")
     if path.exists() and not force:
         raise FileExistsError(f"{path} exists: pass force=True (--force) to overwrite it")
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(name)
-    try:
+    with atomic_path(path, overwrite=force) as tmp:
         write(tmp)
-        os.chmod(tmp, _new_file_mode(path))  # mkstemp's 0600 -> the usual file mode
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        if force:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)  # fails if path appeared meanwhile: never overwrite
-            except FileExistsError:
-                raise FileExistsError(f"{path} exists: pass force=True (--force) to "
-                                      "overwrite it") from None
-            except OSError:  # no hard links on this file system
-                os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
     return path
 
 
