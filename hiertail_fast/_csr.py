@@ -151,13 +151,22 @@ def csr_square(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor
     return row[nonzero], col[nonzero], value[nonzero]
 
 
-def deg_inv_sqrt(deg: torch.Tensor) -> torch.Tensor:
-    """deg^-1/2 with 0 where deg == 0 (PyG's gcn_norm), written with `where` on a safe input so
-    the gradient at isolated nodes is 0 instead of NaN (0 * inf). Negative degrees raise a
-    ValueError naming the node (PyG gives NaN rows; see `check_gcn_degrees`)."""
-    check_gcn_degrees(deg)
+def deg_inv_sqrt(wide: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """deg^-1/2 in `dtype` of a degree `wide` summed in a wider dtype (float64), with 0 where
+    deg == 0 (PyG's gcn_norm), written with `where` on safe inputs so the gradient at isolated
+    nodes is 0 instead of NaN (0 * inf). Negative, NaN or float64-overflowing degrees raise a
+    ValueError naming the node (PyG gives NaN rows; see `check_gcn_degrees`).
+
+    The degree is rounded once to `dtype` and deg^-1/2 taken there, except where that rounding
+    overflows: a weighted degree beyond float32's ~3.4e38 has deg^-1/2 ~1e-19, well inside
+    float32, but the rounded degree +inf gave dinv = 0 and a zero row (an extremes audit);
+    there deg^-1/2 is taken in the wide dtype and rounded."""
+    check_gcn_degrees(wide)
+    deg = wide.to(dtype)
     zero = deg == 0
-    return torch.where(zero, torch.zeros_like(deg), torch.where(zero, 1.0, deg).pow(-0.5))
+    dinv = torch.where(zero, torch.zeros_like(deg), torch.where(zero, 1.0, deg).pow(-0.5))
+    over = torch.isinf(deg)
+    return torch.where(over, torch.where(over, wide, 1.0).pow(-0.5).to(dtype), dinv)
 
 
 def _is_torch_sparse_tensor(obj: object) -> bool:

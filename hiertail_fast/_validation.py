@@ -205,18 +205,22 @@ def check_no_edge_weight(edge_weight: object) -> None:
 
 
 def check_gcn_degrees(deg: torch.Tensor) -> None:
-    """GCN degrees ``deg_i = Σ_{e -> i} w_e + loop_i`` must be >= 0: deg^-1/2 of a negative
-    degree is not a real number (PyG silently returns NaN rows; a NaN there also broke the
-    CPU operator build). ValueError naming the first offending node and its degree. NaN
-    degrees (a sum of finite weights that overflowed to +inf and -inf) are rejected too."""
+    """GCN degrees ``deg_i = Σ_{e -> i} w_e + loop_i`` must be >= 0 and finite: deg^-1/2 of a
+    negative degree is not a real number (PyG silently returns NaN rows; a NaN there also broke
+    the CPU operator build). ValueError naming the first offending node and its degree. NaN
+    degrees (a sum of finite weights that overflowed to +inf and -inf) and +inf ones (weights
+    summing beyond the range of the dtype the degrees are summed in, float64: deg^-1/2 would
+    be 0, a zero row) are rejected too."""
     deg = deg.detach()  # a check only: nothing returned, no autograd
-    bad = ~(deg >= 0)
+    bad = ~((deg >= 0) & (deg < float("inf")))
     if deg.numel() and bool(bad.any()):
         i = int(torch.nonzero(bad)[0])
+        d = float(deg[i])
+        why = (f"the edge weights into it sum beyond {deg.dtype}'s range" if d == float("inf")
+               else "deg^-1/2 needs degrees >= 0, so the edge weights into a node must not sum "
+                    "to a negative value")
         raise ValueError(
-            f"node {i} has GCN degree {float(deg[i]):g} (weighted in-degree plus added "
-            "self-loop): deg^-1/2 needs degrees >= 0, so the edge weights into a node must not "
-            "sum to a negative value"
+            f"node {i} has GCN degree {d:g} (weighted in-degree plus added self-loop): {why}"
         )
 
 

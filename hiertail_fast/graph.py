@@ -614,7 +614,7 @@ class CSRGraph:
                 loop = torch.zeros(self._num_nodes, dtype=dtype, device=self.device)
             # the loop added before the one rounding to dtype (deg + 2 in float32 rounds again
             # past 2^24)
-            return deg_inv_sqrt((self._wide_degree(dtype) + loop).to(dtype)), loop
+            return deg_inv_sqrt(self._wide_degree(dtype) + loop, dtype), loop
         if self._weight is not None and self._weight.requires_grad and torch.is_grad_enabled():
             self._check_arrays()
             self._check_weights()

@@ -1,12 +1,12 @@
 """Triton CSR row-split SpMM with the GCN normalisation fused in.
 
-    out_i = dinv_i · Σ_{e in row i} w_e · dinv_{col_e} · x_{col_e}  +  loop_i · dinv_i² · x_i
+    out_i = Σ_{e in row i} (dinv_i · w_e · dinv_{col_e}) · x_{col_e}  +  loop_i · dinv_i² · x_i
 
 One program owns ROWS consecutive rows and one BLOCK_D-wide slice of the features; for each row
 it walks the row's entries in chunks of BLOCK_E, gathers the [BLOCK_E, BLOCK_D] tile of source
-rows, scales by w·dinv[col] on the fly and reduces into a register accumulator (fp32, fp64 for
-fp64 inputs). Â is never built and there are no atomics: every output element is written by
-exactly one program, in a fixed order, so the result is deterministic.
+rows, scales by dinv[row]·w·dinv[col] on the fly and reduces into a register accumulator
+(fp32, fp64 for fp64 inputs). Â is never built and there are no atomics: every output element
+is written by exactly one program, in a fixed order, so the result is deterministic.
 
 The backward Âᵀ·G runs the SAME kernel on the transposed CSR (Âᵀ_ij = dinv_i w_ji dinv_j has the
 same form), or on the forward CSR itself when the graph is symmetric. For the edge-weight
@@ -43,23 +43,28 @@ def _gcn_propagate_fwd_kernel(
         if row < n_rows:
             start = tl.load(indptr_ptr + row)
             end = tl.load(indptr_ptr + row + 1)
+            di = tl.load(dinv_ptr + row).to(acc_dtype)
             acc = tl.zeros([BLOCK_D], dtype=acc_dtype)
             for e0 in range(start, end, BLOCK_E):
                 offs_e = e0 + tl.arange(0, BLOCK_E)
                 mask_e = offs_e < end
                 col = tl.load(indices_ptr + offs_e, mask=mask_e, other=0)
-                # fused normalisation: the per-entry factor w_e · dinv[col] (dinv[row] after)
-                scale = tl.load(dinv_ptr + col, mask=mask_e, other=0.0).to(acc_dtype)
+                # fused normalisation: the per-entry factor (dinv[row] · w_e) · dinv[col], in
+                # the torch path's order, applied to each term before the sum (a per-entry
+                # scalar, not per channel): scaling the row's sum by dinv[row] after it
+                # overflowed where terms near float32's largest value sum past it before
+                # dinv[row] < 1 brings them back (an extremes audit)
+                scale = di
                 if HAS_WEIGHT:
                     scale = scale * tl.load(weight_ptr + offs_e, mask=mask_e, other=0.0).to(
                         acc_dtype)
+                scale = scale * tl.load(dinv_ptr + col, mask=mask_e, other=0.0).to(acc_dtype)
                 xs = tl.load(
                     x_ptr + col[:, None] * stride_x + offs_d[None, :],
                     mask=mask_e[:, None] & mask_d[None, :], other=0.0,
                 ).to(acc_dtype)
                 acc += tl.sum(scale[:, None] * xs, axis=0)
-            di = tl.load(dinv_ptr + row).to(acc_dtype)
-            res = acc * di
+            res = acc
             if HAS_LOOP:  # the added self-loop as a diagonal term: A + I is never built
                 xi = tl.load(x_ptr + row * stride_x + offs_d, mask=mask_d, other=0.0)
                 lp = tl.load(loop_ptr + row).to(acc_dtype)

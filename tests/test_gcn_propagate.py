@@ -704,6 +704,68 @@ def test_wider_weights_beyond_the_features_dtype_raise(backend):
                                **tol(torch.float32))
 
 
+@pytest.mark.parametrize("backend", ["reference", *BACKENDS])
+def test_a_degree_beyond_float32s_range_keeps_its_row(backend):
+    """float32 weights near float32's largest value: node 0's degree (6e38, summed in
+    float64) rounded to +inf, dinv_0 = 0 and row 0 = 0 on every backend and the reference,
+    while deg^-1/2 ~ 4e-20 is well inside float32 (an extremes audit). The rows now match
+    the float64 oracle, values and gradients."""
+    dev = backend_device(backend)
+    ei = torch.tensor([[1, 2, 0, 0, 1], [0, 0, 1, 2, 2]], device=dev)
+    w = torch.tensor([3e38, 3e38, 3e38, 3e38, 1.0], device=dev, requires_grad=True)
+    x = torch.tensor([[1.0, -2.0], [2.0, 0.5], [3.0, 1.0]], device=dev, requires_grad=True)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    want = gcn_propagate_ref(x64, ei, w64)
+    got = gcn_propagate(x, ei, w, backend=backend)
+    assert bool(want[0].abs().min() > 1)  # the row that was 0
+    torch.testing.assert_close(got.double(), want, **tol(torch.float32))
+    gy = torch.randn_like(x)
+    got.backward(gy)
+    want.backward(gy.double())
+    torch.testing.assert_close(x.grad.double(), x64.grad, **tol(torch.float32))
+    # d out / d w_e ~ x / deg ~ 1e-39 is subnormal in float32 (a few significant bits):
+    # finite and of the float64 gradients' order, not to float32's tolerance
+    assert bool(torch.isfinite(w.grad).all())
+    assert float((w.grad.double() - w64.grad).abs().max()) < float(w64.grad.abs().max())
+
+
+@pytest.mark.parametrize("backend", ["reference", *BACKENDS])
+def test_terms_near_float32s_largest_value_are_scaled_before_the_sum(backend):
+    """Node 0 gathers two rows of 3e38: each normalised term (dinv_0 w dinv_j x_j ~ 1.1e38)
+    and their sum are finite, but the Triton kernel summed w·dinv_j·x_j (2.1e38 each) and
+    scaled by dinv_0 = 1/2 after: +inf, and NaN where such sums cancel (an extremes audit).
+    Every backend now gives the float64 oracle."""
+    dev = backend_device(backend)
+    ei = torch.tensor([[1, 2, 3, 4], [0, 0, 0, 0]], device=dev)
+    x = torch.tensor([[1.0, 0.0], [3e38, 3e38], [3e38, -3e38], [-3e38, 3e38], [-3e38, -3e38]],
+                     device=dev)
+    ei = ei[:, :2]  # node 0: two in-edges (+ its loop), deg 4, dinv_0 = 1/2; nodes 1, 2: 1/√2
+    want = gcn_propagate_ref(x.double(), ei)
+    got = gcn_propagate(x, ei, backend=backend)
+    assert bool(torch.isfinite(want).all()) and float(want[0, 0]) > 2e38
+    assert bool(torch.isfinite(got).all())
+    # channel 1 cancels (3e38 - 3e38): off by the float32 rounding of the terms only
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-6 * 3e38)
+    # 4 in-edges whose terms (~8.7e37) cancel in each channel: was NaN (inf - inf)
+    ei = torch.tensor([[1, 2, 3, 4], [0, 0, 0, 0]], device=dev)
+    got = gcn_propagate(x, ei, backend=backend)
+    assert bool(torch.isfinite(got).all())
+    torch.testing.assert_close(got.double(), gcn_propagate_ref(x.double(), ei),
+                               rtol=1e-4, atol=1e-6 * 3e38)
+
+
+@pytest.mark.parametrize("backend", ["reference", *BACKENDS])
+def test_a_degree_beyond_float64s_range_raises(backend):
+    """float64 weights whose sum into a node overflows float64 had dinv 0 and a zero row;
+    deg^-1/2 is not representable from that sum, so a ValueError names the node."""
+    dev = backend_device(backend)
+    ei = torch.tensor([[1, 2, 0], [0, 0, 1]], device=dev)
+    w = torch.tensor([1.5e308, 1.5e308, 1.0], dtype=torch.float64, device=dev)
+    x = torch.randn(3, 2, dtype=torch.float64, device=dev)
+    with pytest.raises(ValueError, match="node 0 has GCN degree inf .* beyond torch.float64's"):
+        gcn_propagate(x, ei, w, backend=backend)
+
+
 @pytest.mark.parametrize("case", ["hub", "weights"])
 def test_reference_propagates_16bit_features_in_float32(case):
     """The reference rounded degrees and weights to float16 for float16 features: a node of

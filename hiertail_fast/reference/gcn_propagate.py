@@ -70,11 +70,15 @@ def gcn_propagate_ref(
 
     # the degree summed in float64 and rounded once (a float32 sum stops at 2^24 in-edges)
     wide = torch.promote_types(x.dtype, torch.float64)
-    deg = (torch.zeros(n, dtype=wide, device=x.device).index_add(0, dst, w.to(wide))
-           + loop).to(x.dtype)
-    check_gcn_degrees(deg)  # a negative degree has no deg^-1/2: ValueError (PyG: NaN rows)
+    wdeg = torch.zeros(n, dtype=wide, device=x.device).index_add(0, dst, w.to(wide)) + loop
+    check_gcn_degrees(wdeg)  # negative / NaN / beyond float64: ValueError (PyG: NaN rows)
+    deg = wdeg.to(x.dtype)
     zero = deg == 0  # isolated without self-loop: dinv = 0 (safe form keeps gradients finite)
     dinv = torch.where(zero, torch.zeros_like(deg), torch.where(zero, 1.0, deg).pow(-0.5))
+    # a degree beyond x.dtype's range (weights near float32's largest value) rounds to +inf,
+    # but its deg^-1/2 (~1e-19) is representable: taken in the wide dtype there
+    over = torch.isinf(deg)
+    dinv = torch.where(over, torch.where(over, wdeg, 1.0).pow(-0.5).to(x.dtype), dinv)
     # gathers by index_select: its CPU backward adds repeated indices in a fixed order
     # (advanced indexing's, index_put_, runs them in parallel: not reproducible run to run)
     norm = dinv.index_select(0, src) * w * dinv.index_select(0, dst)
