@@ -510,3 +510,20 @@ def test_bad_inputs_public_api():
         hierarchical_contrastive_loss(z, y, [p])
     with pytest.raises(ValueError, match="width"):
         hierarchical_contrastive_loss(z, [y], [torch.randn(2, 5)])
+
+
+@pytest.mark.parametrize("backend", ["reference", *BACKENDS])
+@pytest.mark.parametrize("variant", ["exact", "official"])
+def test_mean_over_no_contributing_row_is_zero(backend, variant):
+    """Every class a singleton and include_self=False: no row has a positive, so no row
+    contributes and the "mean" is 0 with zero gradients (README), not 0/0 = NaN. Only the
+    seeded fuzz suite caught a mean without its clamp (a mutation audit); hierarchical too."""
+    dev = backend_device(backend)
+    z = torch.randn(5, 4, device=dev, requires_grad=True)
+    y = torch.arange(5, device=dev)
+    loss = balanced_contrastive_loss(z, y, include_self=False, variant=variant, backend=backend)
+    total = hierarchical_contrastive_loss(z, [y, y + 7], [None, None], include_self=False,
+                                          variant=variant, backend=backend)
+    (loss + total).backward()
+    assert float(loss) == 0.0 and float(total) == 0.0
+    assert torch.equal(z.grad, torch.zeros_like(z))

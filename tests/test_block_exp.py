@@ -104,6 +104,19 @@ def test_kernel_matches_the_torch_path(kind, rows, cols, levels, need_arg, scale
     torch.testing.assert_close(sums, want, rtol=5e-7, atol=0.0)
 
 
+@pytest.mark.parametrize("levels", [1, 2])
+def test_level_sums_of_a_wide_row_are_summed_in_float64(levels):
+    """The level sums are float64 accumulations: rows of 2^20 keys whose exps are all 1 with
+    weights 1/3 against the float64 sum of the weights. A float accumulator is 3.9e-4 off there
+    but passed every test, whose rows were at most 6,001 keys wide (a mutation audit)."""
+    fn = _kernel()
+    n = 1 << 20
+    w = torch.full((levels, n), 1.0 / 3.0)
+    _, _, sums = block_mod.native_step(fn, torch.zeros(2, n), w, False)
+    want = w.double().sum(1, keepdim=True).expand(levels, 2)
+    torch.testing.assert_close(sums, want, rtol=1e-9, atol=0.0)
+
+
 def test_strided_rows_and_the_rest_of_the_buffer():
     """A block that is the first rows of a bigger buffer with a row stride beyond its width:
     only the block's columns are read and written."""

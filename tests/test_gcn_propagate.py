@@ -647,6 +647,36 @@ def test_output_on_a_graph_with_cut_rows_is_its_own_tensor(weight_grad, backend,
     assert x.grad is not None
 
 
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+@pytest.mark.parametrize("chunk", [None, 1, 2])
+def test_edge_weight_gradient_over_every_chunk(monkeypatch, backend, chunk):
+    """The edge-weight gradient's dot products a_e = <g_row, x_col> run in chunks of
+    _SDDMM_CHUNK_ELEMS / d entries into an uninitialised buffer: a loop that skipped a last
+    chunk of one entry returned garbage for it, and no test had a chunk boundary (a mutation
+    audit). Entries per chunk: the default, 1 and 2 (odd nnz: a last chunk of one), on a
+    one-edge graph and a small random one, against the reference backend."""
+    import hiertail_fast.ops.gcn_propagate as gp
+
+    d = 3
+    if chunk is not None:
+        monkeypatch.setattr(gp, "_SDDMM_CHUNK_ELEMS", chunk * d)
+    gen = torch.Generator().manual_seed(chunk or 0)
+    cases = [(torch.tensor([[0], [1]]), 2)]
+    ei = torch.randint(0, 6, (2, 9), generator=gen)
+    cases.append((ei[:, ei[0] != ei[1]][:, :7], 6))
+    for ei, n in cases:
+        assert ei.shape[1] % 2 == 1
+        x = torch.randn(n, d, generator=gen)
+        gy = torch.randn(n, d, generator=gen)
+        w0 = torch.rand(ei.shape[1], generator=gen) + 0.5
+        grads = []
+        for b in (backend, "reference"):
+            w = w0.clone().requires_grad_()
+            gcn_propagate(x, ei, w, backend=b).backward(gy)
+            grads.append(w.grad)
+        torch.testing.assert_close(grads[0], grads[1], **tol(torch.float32))
+
+
 @pytest.mark.parametrize("direction", ["in", "out"])
 def test_learnable_weights_of_a_hub_get_float32_precise_gradients(direction):
     """The edge weights' gradient on a star of 2^20 leaves (x = 1, weights 1 requiring grad):

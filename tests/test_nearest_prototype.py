@@ -240,6 +240,46 @@ def test_torch_backend_with_and_without_the_kernel(monkeypatch, path):
         assert torch.equal(nearest_prototype(z, p, backend="torch"), nearest_prototype_ref(z, p))
 
 
+def _reflection_case(gen, d, m, first, second):
+    """One row z (|z| ~ 1e3) and m float32 prototypes: ``first`` = z + δ and ``second`` =
+    z − δ (|δ| ~ 1: the same distance to z up to rounding, far below the rounding of the
+    expanded form ‖p‖² − 2z·p), the others far away (1e5 ± 1e4)."""
+    z = torch.randn(1, d, generator=gen) * 1000
+    delta = torch.randn(d, generator=gen)
+    p = torch.randn(m, d, generator=gen) * 1e4 + 1e5
+    p[first], p[second] = z[0] + delta, z[0] - delta
+    return z, p
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reflection_pairs_in_different_prototype_tiles(monkeypatch, backend):
+    """The two near-equal candidates in different prototype tiles (torch: tiles of 8, the
+    pair in the first and the ninth; Triton: its 32/64-wide tiles, the pair at 0 and 64): the
+    merge of a later tile must keep the earlier tile's best as the second-best, else the gap
+    looks wide, the near-tie re-decision is skipped and the expanded form's argmin stands (a
+    mutation audit: no test had a near-tie across tiles)."""
+    import hiertail_fast.ops.nearest_prototype as npmod
+
+    monkeypatch.setattr(npmod, "_M_TILE", 8)
+    gen = torch.Generator().manual_seed(21)
+    for _ in range(40):
+        z, p = _reflection_case(gen, 4, 65, 0, 64)
+        assert _run(z, p, backend).tolist() == nearest_prototype_ref(z, p).tolist()
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_reflection_pairs_at_the_near_tie_bound(d):
+    """Many reflection pairs alone: the gap of their expanded values is rounding only, and
+    about 1 % of them land between an eighth of the rounding bound (``_tie_bound``) and the
+    bound itself, so a bound taken too small keeps a wrong winner (a mutation audit: an 8x
+    smaller bound passed every test). The re-decision is the same code for every backend."""
+    gen = torch.Generator().manual_seed(d)
+    for _ in range(2500):
+        z, p = _reflection_case(gen, d, 2, 0, 1)
+        assert nearest_prototype(z, p, backend="torch").tolist() == \
+            nearest_prototype_ref(z, p).tolist()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("budget", [None, 64])
 def test_degenerate_inputs_every_pair_a_near_tie(monkeypatch, backend, budget):
@@ -288,6 +328,29 @@ def test_subnormal_inputs_rescale_within_range(backend, dtype, tiny):
     oracle = ((zs[:, None] - ps[None]) ** 2).sum(-1).argmin(1)
     assert oracle.tolist() == [1, 0, 1]
     assert torch.equal(nearest_prototype(z, p, backend=backend), oracle)
+
+
+@pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
+@pytest.mark.parametrize("dtype,exponent", [(torch.float32, 64), (torch.float64, 512)])
+def test_large_inputs_at_the_edge_of_the_rescale(backend, dtype, exponent):
+    """Entries with max|entry| in [2^(E-1), 2^E), E half the dtype's largest exponent: their
+    squares fit, but ‖z‖² + ‖p‖² - 2z·p of d = 4 such entries does not, so they must be
+    rescaled (pow2_rescale leaves alone only max|entry| <= 2^(E/2)); a threshold of 2^E passed
+    every test and gave wrong and out-of-range indices (a mutation audit)."""
+    dev = backend_device(backend)
+    g = torch.Generator().manual_seed(exponent)
+    top = 0.95 * 2.0 ** exponent
+    z = ((torch.rand(6, 4, generator=g, dtype=torch.float64) * 2 - 1) * top).to(dtype)
+    p = ((torch.rand(5, 4, generator=g, dtype=torch.float64) * 2 - 1) * top).to(dtype)
+    zs, ps = (t.double() * 2.0 ** -(exponent - 8) for t in (z, p))  # exact, no overflow
+    oracle = ((zs[:, None] - ps[None]) ** 2).sum(-1).argmin(1)
+    got = nearest_prototype(z.to(dev), p.to(dev), backend=backend).cpu()
+    assert torch.equal(got, oracle)
+    # direct differences of 2·top: their squares overflow unless rescaled (the reference's
+    # form); prototype 1 is the nearer one
+    z = torch.tensor([[top, 0.0, 0.0, 0.0]], dtype=dtype, device=dev)
+    p = torch.tensor([[-top, top / 4, 0.0, 0.0], [-top, 0.0, 0.0, 0.0]], dtype=dtype, device=dev)
+    assert nearest_prototype(z, p, backend=backend).tolist() == [1]
 
 
 @pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
