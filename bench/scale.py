@@ -58,6 +58,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 # The worker and the reporting live beside this file (bench/ is not a package). `x as x`:
@@ -265,39 +266,49 @@ def predict_memory(method: str, nodes: int, *, classes: int, features: int, hidd
     E·BYTES_PER_EDGE (+ a baseline's BASELINE_SCALING block bytes).
     hiertail-reference: plus REF_BYTES_PER_PAIR·(n + k)^2 per contrastive level over all nodes
     (paper: one level, k = C prototypes; official: two levels, k <= n/C pooled nodes). The
-    measured smaller runs, extrapolated (quadratically for the reference), can only raise it.
+    measured smaller runs, extrapolated (`extrapolate_memory`: their bytes per pair for the
+    reference), can only raise it.
     """
-    predicted = (FIXED_BYTES + nodes * (features + hidden) * BYTES_PER_NODE_CHANNEL
-                 + nodes * avg_degree * BYTES_PER_EDGE)
+    per_node = (features + hidden) * BYTES_PER_NODE_CHANNEL + avg_degree * BYTES_PER_EDGE
+    predicted = FIXED_BYTES + nodes * per_node
+    pairs = None
     if method == "hiertail-reference":
-        levels, keys = (1, nodes + classes) if config == "paper" else (2, nodes + nodes // classes)
-        predicted += levels * REF_BYTES_PER_PAIR * keys**2
+        def pairs(n: int) -> float:   # the dense reference's n_keys² entries, all levels
+            levels, keys = (1, n + classes) if config == "paper" else (2, n + n // classes)
+            return float(levels * keys**2)
+        predicted += REF_BYTES_PER_PAIR * pairs(nodes)
     predicted += BASELINE_SCALING.get(method, (1.0, 0.0))[1]
-    measured = extrapolate_memory(list(history), nodes,
-                                  quadratic=method == "hiertail-reference")
+    measured = extrapolate_memory(list(history), nodes, pairs=pairs, per_node=per_node)
     return max(predicted, measured or 0.0)
 
 
 def extrapolate_memory(history: list[tuple[int, float]], nodes: int, *,
-                       quadratic: bool) -> float | None:
-    """Measured (n, bytes) pairs extrapolated to `nodes`: c + a·n (c + b·n² for the dense
-    reference) through the last two points, the intercept c holding the fixed costs (a fit
-    through the origin took them for per-node bytes: 332 GB predicted for the reference at
-    100k from 4k / 10k runs, ~206 GB at its measured bytes per pair); with one point, or a
-    flat / falling pair, the last point scaled by (nodes/n) or (nodes/n)². None without
-    measurements."""
+                       pairs: Callable[[int], float] | None = None,
+                       per_node: float = 0.0) -> float | None:
+    """Measured (n, bytes) pairs extrapolated to `nodes`, through the last two points.
+
+    Linear methods (`pairs` None): c + a·n, the intercept c holding the fixed costs (a fit
+    through the origin took them for per-node bytes). The dense reference: c + per_node·n +
+    b·pairs(n), its linear costs charged at the model's `per_node` bytes first and the rest of
+    the growth to its pairs: b through n² alone took the 100 → 1,000-node growth, where the
+    linear costs are a third of it, for 44 bytes a pair (20.6 measured at 10k) and skipped the
+    main job's 10k reference run as 4.4 GB over its 4 GB budget (it takes 2.1 GB; a docs
+    audit). With one point, or a flat / falling pair, the last point scaled by n (or by the
+    pairs). None without measurements."""
     points = [(n, v) for n, v in history if v > 0]
     if not points:
         return None
-    power = 2 if quadratic else 1
+    grow = (lambda n: float(n)) if pairs is None else pairs
     n1, v1 = points[-1]
     if len(points) < 2 or points[-2][0] >= n1:
-        return v1 * (nodes / n1) ** power
+        return v1 * grow(nodes) / grow(n1)
     n0, v0 = points[-2]
-    slope = (v1 - v0) / (n1 ** power - n0 ** power)
+    rest = per_node * (n1 - n0) if pairs is not None else 0.0
+    slope = (v1 - v0 - rest) / (grow(n1) - grow(n0))
     if slope <= 0:
-        return v1 * (nodes / n1) ** power
-    return max(v1, v1 + slope * (nodes ** power - n1 ** power))
+        return v1 * grow(nodes) / grow(n1)
+    linear = per_node * (nodes - n1) if pairs is not None else 0.0
+    return max(v1, v1 + linear + slope * (grow(nodes) - grow(n1)))
 
 
 def planned_epochs(seconds: float | None, warmup: int, epochs: int) -> tuple[int, int]:

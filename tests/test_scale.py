@@ -96,24 +96,41 @@ def test_memory_model_quadratic_for_reference_linear_otherwise():
     # ~21 B per (n + C)^2 pair (measured 20.6 at 10k): ~210 GB for the dense reference at
     # 100k nodes
     assert 190e9 < scale.predict_memory("hiertail-reference", 100_000, **kw) < 230e9
-    # a measured smaller run only raises the prediction, scaled quadratically for the reference
+    # a measured smaller run only raises the prediction, scaled by the pairs for the reference
     raised = scale.predict_memory("hiertail-reference", 2000, history=[(1000, 1e9)], **kw)
-    assert raised == pytest.approx(4e9)
+    assert raised == pytest.approx(1e9 * (2070 / 1070) ** 2)
     assert scale.predict_memory("gcn", 2000, history=[(1000, 1.0)], **kw) > 1e6
 
 
 def test_memory_extrapolation_keeps_fixed_costs_fixed():
-    """Two measured runs: c + a·n (c + b·n² for the reference) through them. A fit through the
-    origin took the fixed costs for per-node bytes: the audit's reference runs at 4k / 10k
-    nodes (378 / 2,089 MB) gave 332 GB at 100k, ~204 GB by this fit (a memory audit)."""
-    ref = scale.extrapolate_memory([(4000, 378e6), (10_000, 2089e6)], 100_000, quadratic=True)
+    """Two measured runs: c + a·n through them (c + per_node·n + b·pairs(n) for the
+    reference). A fit through the origin took the fixed costs for per-node bytes: the audit's
+    reference runs at 4k / 10k nodes (378 / 2,089 MB) gave 332 GB at 100k, ~204 GB by this
+    fit (a memory audit)."""
+    sq = lambda n: float(n) ** 2   # noqa: E731
+    ref = scale.extrapolate_memory([(4000, 378e6), (10_000, 2089e6)], 100_000, pairs=sq)
     assert ref == pytest.approx(2089e6 + (2089e6 - 378e6) / (1e8 - 1.6e7) * (1e10 - 1e8))
     assert 200e9 < ref < 210e9
-    lin = scale.extrapolate_memory([(1000, 100e6), (10_000, 400e6)], 100_000, quadratic=False)
+    lin = scale.extrapolate_memory([(1000, 100e6), (10_000, 400e6)], 100_000)
     assert lin == pytest.approx(400e6 + 300e6 / 9000 * 90_000)          # 3.4 GB, not 4.0
-    assert scale.extrapolate_memory([(1000, 5e8), (10_000, 4e8)], 100_000,
-                                    quadratic=False) == pytest.approx(4e9)   # falling: scaled
-    assert scale.extrapolate_memory([], 10, quadratic=True) is None
+    assert scale.extrapolate_memory([(1000, 5e8), (10_000, 4e8)],
+                                    100_000) == pytest.approx(4e9)   # falling: scaled
+    assert scale.extrapolate_memory([], 10, pairs=sq) is None
+
+
+def test_main_jobs_reference_runs_fit_the_default_budget():
+    """The main job's own 100- and 1,000-node reference runs (docs/results/scale.csv: 3.5 and
+    47 MB) put the 10k reference at 4.4 GB through n² alone (44 B a pair: a third of that
+    growth is linear costs) and skipped it under the 4 GB default budget; it takes 2.1 GB (a
+    docs audit). The model's per-node bytes are charged first now; the 1k / 10k runs still
+    rule out 100k (~200 GB), and pairs twice as costly as the model's are still seen."""
+    kw = dict(classes=70, features=128, hidden=128, avg_degree=10.0)
+    runs = [(100, 3_534_848.0), (1000, 47_472_640.0), (10_000, 2_120_073_216.0)]
+    at_10k = scale.predict_memory("hiertail-reference", 10_000, history=runs[:2], **kw)
+    assert 2.1e9 < at_10k < 0.9 * scale.DEFAULT_CPU_BUDGET
+    assert 190e9 < scale.predict_memory("hiertail-reference", 100_000, history=runs, **kw)
+    doubled = [(n, 2 * v) for n, v in runs[1:]]   # a machine where pairs cost twice as much
+    assert scale.predict_memory("hiertail-reference", 100_000, history=doubled, **kw) > 380e9
 
 
 def test_extrapolate_linear_plus_quadratic_fit():
