@@ -64,6 +64,17 @@ def test_upsample_rounds_counts(rule, k, sizes):
         assert torch.equal(r, t_c[: r.numel()])
 
 
+def test_upsample_average_is_floored():
+    """avg = ⌊|train| / C⌋ (the official int()): 33 training nodes of 5 classes give 6, not
+    round(6.6) = 7; the suite's 31 nodes (6.2) could not tell them apart (a mutation audit).
+    SMOTE's up_scale 0 adds int(n_c·(avg/n_c − ⌊avg/n_c⌋)) nodes to classes 4, 3, 2 (n_c 5,
+    4, 6): 0 (5·0.19999999999999996, the official float arithmetic), 2 and 0; avg 7 would give
+    1, 3 and 1."""
+    y, train = _labels([10, 8, 6, 4, 5])
+    rounds = upsample_rounds(y, train, 5, 3, 0.0, "smote")
+    assert [(c, r.numel()) for c, r in rounds] == [(4, 5), (3, 4), (3, 2), (2, 6)]
+
+
 def test_upsample_rounds_skip_empty_classes_and_bad_rule():
     y, train = _labels([5, 4, 0])
     assert [c for c, _ in upsample_rounds(y, train, 3, 2, 1.0, "src")] == [1]

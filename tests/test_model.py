@@ -77,6 +77,40 @@ def test_pool_sizes_rules():
     assert off.replace(pool_rescale_power=2).pool_sizes(19793, 70)[0] == 19793   # Cora, seed 2
     assert HierTailConfig.paper().pool_sizes(1005, 42) == [42, 21]
     assert HierTailConfig.paper().pool_sizes(100, 7) == [7, 4]
+    # a later ratio of exactly 1.0 is PyG's count 1 (an int), not the fraction 1.0, which
+    # keeps every node (equal as numbers: a mutation audit found the type unchecked)
+    sizes = off.replace(pool_ratios=(1.0, 1.0, 0.5)).pool_sizes(100, 10)
+    assert sizes == [10, 1, 0.5] and [type(k) for k in sizes] == [int, int, float]
+
+
+def test_paper_classifier_reads_the_activated_last_conv(tiny):
+    """Paper config: logits = Linear(act(last up conv)), and ``hidden`` is that input. Without
+    the activation before the classifier every test passed (a mutation audit)."""
+    x, graph, _, _ = tiny
+    model = _model("paper").eval()
+    with torch.no_grad():
+        out = model(x, graph)
+    assert model.config.activation == "relu" and model.classifier is not None
+    assert float(out.hidden.min()) == 0.0 and float(out.hidden.max()) > 0.0   # ReLU'd
+    torch.testing.assert_close(out.logits, model.classifier(out.hidden), rtol=0, atol=0)
+
+
+def test_initialisations_are_the_official_ones():
+    """The official head N(0, 0.05²) with zero bias and TopKPool's p ~ U(±1/√d) (PyG's
+    `uniform`): other constants passed every test (a mutation audit). A wide model so the
+    sample statistics are tight."""
+    from hiertail_fast.nn.pool import TopKPool
+
+    torch.manual_seed(0)
+    model = HierTail(64, 40, HierTailConfig.paper(hidden=512))
+    w = model.classifier.weight
+    assert w.numel() >= 20_000 and float(w.std()) == pytest.approx(0.05, rel=0.03)
+    assert bool((model.classifier.bias == 0).all())
+    pool = TopKPool(4096)
+    bound = 1 / math.sqrt(4096)
+    assert float(pool.weight.abs().max()) <= bound
+    assert float(pool.weight.abs().max()) > 0.99 * bound
+    assert float(pool.weight.std()) == pytest.approx(bound / math.sqrt(3), rel=0.05)
 
 
 @pytest.mark.parametrize("name", CONFIGS)

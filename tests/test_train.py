@@ -404,3 +404,75 @@ def test_one_class_graph_is_refused(small):
     two = make_synthetic_graph(20, num_classes=2, num_features=4, seed=0)   # 2 classes train
     assert train_hiertail(two, None, HierTailConfig.paper(hidden=4), epochs=1, seed=0,
                           progress=False)["epochs_run"] == 1
+
+
+@pytest.mark.parametrize("method", ["hiertail", "origin"])
+def test_reported_metrics_are_the_selected_epochs(method, monkeypatch):
+    """The reported metrics come from the model of the selected epoch (the last at the max
+    validation Macro-F1), not from the last epoch's: without reloading the selected state
+    every test passed, for HierTail and for the baselines (a mutation audit). A run whose
+    last epoch is worse than its best: the reported val Macro-F1 is the loop's maximum."""
+    import hiertail_fast.baselines.harness as harness
+    import hiertail_fast.train as train_mod
+    from hiertail_fast.baselines.config import BaselineConfig
+
+    mod = train_mod if method == "hiertail" else harness
+    seen: list[float] = []
+    real = mod.macro_f1
+    monkeypatch.setattr(mod, "macro_f1", lambda a, b: seen.append(real(a, b)) or seen[-1])
+    g = make_synthetic_graph(300, 6, avg_degree=6.0, num_features=16, seed=0)
+    kw = dict(epochs=60, patience=1000, seed=1, progress=False)
+    if method == "hiertail":
+        res = train_hiertail(g, None, HierTailConfig.paper(hidden=16, lr=0.2), **kw)
+    else:
+        res = harness.train_baseline(g, None, BaselineConfig(method="origin", hidden=16,
+                                                             lr=0.2), **kw)
+    assert len(seen) == res["epochs_run"] == 60
+    assert seen[-1] < max(seen)                 # the last epoch's model is another one
+    assert seen[res["best_epoch"]] == max(seen)
+    assert res["val"]["macro_f1"] == pytest.approx(max(seen), abs=1e-12)
+
+
+def test_a_seed_without_a_split_draws_that_seeds_natural_split(small, monkeypatch):
+    """``seed=s`` without a split trains on ``natural_split(y, s)`` (HierTail and the
+    baselines share the set-up); a set-up that always drew seed 0's split passed every test
+    (a mutation audit). The baselines' random generator is seeded with s too."""
+    import hiertail_fast.baselines.harness as harness
+    import hiertail_fast.train as train_mod
+    from hiertail_fast.baselines.config import BaselineConfig
+
+    drawn, gens = [], []
+    real_split, real_ctx = train_mod.natural_split, harness.MethodContext
+    monkeypatch.setattr(train_mod, "natural_split",
+                        lambda y, s, *a, **k: drawn.append(s) or real_split(y, s, *a, **k))
+
+    def context(*args, **kwargs):
+        gens.append(args[5].initial_seed())
+        return real_ctx(*args, **kwargs)
+
+    monkeypatch.setattr(harness, "MethodContext", context)
+    train_hiertail(small, None, HierTailConfig.paper(hidden=8), epochs=1, seed=5,
+                   progress=False)
+    harness.train_baseline(small, None, BaselineConfig(hidden=8), epochs=1, seed=7,
+                           progress=False)
+    assert drawn == [5, 7] and gens == [7]
+
+
+def test_weight_decay_reaches_the_optimizer(small):
+    """``weight_decay`` changes training (Adam's L2 term) and is reported: dropped from the
+    optimizer it passed every test (a mutation audit)."""
+    runs = [train_hiertail(small, None, HierTailConfig.paper(hidden=8), epochs=3, seed=0,
+                           weight_decay=wd, progress=False) for wd in (0.0, 1.0)]
+    assert [r["weight_decay"] for r in runs] == [0.0, 1.0]
+    assert runs[0]["final_loss"] != runs[1]["final_loss"]
+
+
+def test_fit_record_times_include_the_evaluation():
+    """Seconds per epoch = (train steps + evaluations) / epochs; without the evaluations it
+    passed every test (a mutation audit)."""
+    from hiertail_fast.train import FitResult, fit_record
+
+    rec = fit_record(FitResult({}, 1, 0, 4, False, train_time=3.0, eval_time=1.0,
+                               last_loss=None))
+    assert (rec["time_per_epoch_s"], rec["train_step_s"], rec["eval_s"]) == (1.0, 0.75, 0.25)
+    assert (rec["best_epoch"], rec["max_idx"], rec["epochs_run"]) == (1, 0, 4)
