@@ -183,9 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--split", type=Path, help="user split .npz (train/val/test arrays); "
                      "default: natural per-class split redone per seed")
     m = p.add_argument_group("model and training")
-    m.add_argument("--config", choices=("paper", "official"), default="paper",
+    # default None ("paper" when unset): an explicit `--config paper` with a baseline
+    # --method is refused, as any HierTail option (it was silently ignored)
+    m.add_argument("--config", choices=("paper", "official"),
                    help="HierTail preset: the paper's hyper-parameters or the official "
-                   "code's (default %(default)s; HierTailConfig.paper / .official)")
+                   "code's (default paper; HierTailConfig.paper / .official)")
     m.add_argument("--hidden", type=_positive(int), help="default: config (paper: 64 on "
                    "email/wiki/blogcatalog)")
     m.add_argument("--gamma", type=_non_negative(float),
@@ -233,13 +235,14 @@ def _config_from_args(args, dataset_name: str | None) -> HierTailConfig:
     for key in ("hidden", "gamma", "tau", "dropout", "lr", "weight_decay", "loss_backend"):
         if getattr(args, key) is not None:
             over[key] = getattr(args, key)
-    if args.config == "paper" and args.hidden is None and dataset_name in PAPER_HIDDEN:
+    preset = args.config or "paper"
+    if preset == "paper" and args.hidden is None and dataset_name in PAPER_HIDDEN:
         over["hidden"] = PAPER_HIDDEN[dataset_name]
     if args.augment_a2 is not None:
         over["augment_a2"] = args.augment_a2 == "on"
     if args.fix_cluster_labels:
         over["fix_cluster_labels"] = True
-    return HierTailConfig.named(args.config, **over)
+    return HierTailConfig.named(preset, **over)
 
 
 @keeps_thread_count

@@ -134,6 +134,8 @@ def test_enormous_synthetic_counts_are_refused_quickly(argv, msg, capsys):
 @pytest.mark.parametrize("argv, msg", [
     (["--method", "origin", "--tau", "0.5"], "--tau: only for --method hiertail"),
     (["--method", "origin", "--config", "official"], "--config"),
+    # the default value given explicitly was ignored, not refused (a docs audit)
+    (["--method", "origin", "--config", "paper"], "--config: only for --method hiertail"),
     (["--up-scale", "2"], "--up-scale: only for a baseline"),
     (["--method", "embed_smote", "--classifier", "gnn"], "Linear"),
     (["--method", "smote", "--im-class-num", "0"], "im_class_num"),

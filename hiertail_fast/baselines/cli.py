@@ -17,7 +17,7 @@ _HIERTAIL_ONLY = {"gamma": ("--gamma", None), "tau": ("--tau", None),
                   "augment_a2": ("--augment-a2", None),
                   "fix_cluster_labels": ("--fix-cluster-labels", False),
                   "compound_pool_bug": ("--compound-pool-bug", False),
-                  "loss_backend": ("--loss-backend", None), "config": ("--config", "paper")}
+                  "loss_backend": ("--loss-backend", None), "config": ("--config", None)}
 _BASELINE_ONLY = {"im_class_num": "--im-class-num", "up_scale": "--up-scale",
                   "adj_norm": "--adj-norm", "smote_lambda": "--smote-lambda",
                   "classifier": "--classifier", "rec_weight": "--rec-weight",

@@ -22,7 +22,9 @@ ORIGIN_ROW = "origin"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--config", choices=("paper", "official"), default="paper",
+    # default None, "paper" once the CLI has checked that it applies (cli.given_defaults):
+    # an explicit `--config paper` is refused where it does not apply, as any other value
+    parser.add_argument("--config", choices=("paper", "official"),
                         help="ablation / tasks / sensitivity: the HierTail preset (paper)")
 
 

@@ -72,9 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help=f"{QUICK['seeds']} seeds, ≤ "
                    f"{QUICK['epochs']} epochs, patience {QUICK['patience']} (labelled REDUCED)")
     b.add_argument("--seeds", nargs="+", help="a count from --seed-base or a list: 3 | 1,2,5")
-    b.add_argument("--seed-base", type=int, default=FULL_SEEDS[0],
+    b.add_argument("--seed-base", type=int,
                    help="first seed of a --seeds count and of the default seeds (default "
-                   "%(default)s)")
+                   f"{FULL_SEEDS[0]})")
     b.add_argument("--epochs", type=_positive(int), help="most epochs per run (default: the "
                    "budget's)")
     b.add_argument("--patience", type=_non_negative(int), help="early-stopping patience "
@@ -128,8 +128,23 @@ def inapplicable_option(args, parser: argparse.ArgumentParser) -> str | None:
     return None
 
 
+# Options whose parser default is None ("not given") and their values once given_defaults
+# ran: an explicit default value (`main --config paper`, `datasets --seed-base 123`) is then
+# refused where the option does not apply, as any other value (it was silently ignored)
+_GIVEN_DEFAULTS = {"config": "paper", "seed_base": FULL_SEEDS[0]}
+
+
+def given_defaults(args) -> None:
+    """Fill the options of _GIVEN_DEFAULTS that were not given (after `inapplicable_option`)."""
+    for dest, value in _GIVEN_DEFAULTS.items():
+        if getattr(args, dest, value) is None:
+            setattr(args, dest, value)
+
+
 def budget_from_args(args) -> Budget:
     from hiertail_fast._train_cli import parse_seeds
+
+    given_defaults(args)
 
     seeds = list(FULL_SEEDS)
     epochs, patience = FULL_EPOCHS, FULL_PATIENCE
@@ -255,6 +270,7 @@ def _main(argv: Sequence[str] | None) -> dict:
     problem = inapplicable_option(args, parser)
     if problem is not None:
         parser.error(problem)
+    given_defaults(args)
     try:
         budget = budget_from_args(args)
         out = args.out or Path("results") / args.name
