@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from hiertail_fast.data.io import GraphData, load_npz, relabel_by_size, save_npz
+from hiertail_fast.data.io import GraphData, load_npz, relabel_by_size, save_npz, size_order
 from hiertail_fast.data.splits import (
     class_counts,
     natural_split,
@@ -404,3 +404,64 @@ def test_load_npz_names_a_directory(tmp_path):
     (tmp_path / "g.npz").mkdir()
     with pytest.raises(IsADirectoryError, match="is a directory, not an .npz graph file"):
         load_npz(tmp_path / "g.npz")
+
+
+# ------------------------------------------------------ golden checks (a mutation audit)
+def _documented_natural_split(y: np.ndarray, seed: int):
+    """The module doc's construction, written from scratch: ``default_rng(seed).permutation(n)``
+    orders the nodes; each class's nodes in that order (a stable grouping by class); per class
+    train / val / test take consecutive positions of that list by the rule of the table
+    (``_official_counts``; a class of 1 puts node 0 in all three sets, a class of 2 trains and
+    validates on node 0 and tests on node 1). val and test are concatenated class 0 first;
+    train is returned as a sorted set (the doc only says it is shuffled at the end)."""
+    perm = np.random.default_rng(seed).permutation(len(y)).tolist()
+    train, val, test = [], [], []
+    for c in sorted(set(y.tolist())):
+        mine = [v for v in perm if y[v] == c]         # the permutation's order within c
+        if len(mine) == 1:
+            tr, va, te = mine, mine, mine
+        elif len(mine) == 2:
+            tr, va, te = mine[:1], mine[:1], mine[1:]
+        else:
+            a, _, t = _official_counts(len(mine))
+            tr, va, te = mine[:a], mine[a:2 * a], mine[2 * a:2 * a + t]
+        train += tr
+        val += va
+        test += te
+    return sorted(train), val, test
+
+
+def test_natural_split_matches_the_documented_construction_at_1000_nodes():
+    """A golden check of natural_split against an independent implementation of its documented
+    construction (permutation, then a STABLE grouping by class, so the order inside a class
+    is the permutation's). A mutation audit found that an unstable sort (numpy's default
+    quicksort, which reorders equal labels for more than 16 nodes) went unnoticed: every split
+    size stays right, only WHICH nodes a seed puts in each set changes. 1,000 nodes in 11
+    classes of 400 down to 1 (every branch of the rule), three seeds."""
+    sizes = [400, 250, 150, 90, 50, 30, 15, 9, 3, 2, 1]
+    y = np.random.default_rng(5).permutation(np.repeat(np.arange(len(sizes)), sizes))
+    for seed in (0, 3, 123):
+        tr, va, te = natural_split(y, seed=seed)
+        exp_tr, exp_va, exp_te = _documented_natural_split(y, seed)
+        assert te.tolist() == exp_te
+        assert va.tolist() == exp_va
+        assert sorted(tr.tolist()) == exp_tr
+
+
+def test_size_order_ties_keep_ascending_original_label_beyond_16_classes():
+    """size_order / relabel_by_size: classes by descending size, equal sizes in ascending
+    ORIGINAL label (documented stable tie-break). The existing check has 4 classes, where
+    numpy's default sort is an insertion sort and stable anyway; a mutation audit found an
+    unstable argsort surviving. 40 classes of sizes 1..3 (many ties), labels 3k + 1 (not the
+    class indices), against a plain ``sorted`` by (-size, label)."""
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(1, 4, 40)
+    labels = 3 * np.arange(40) + 1
+    y = rng.permutation(np.repeat(labels, sizes))
+    size_of = {int(lab): int(s) for lab, s in zip(labels, sizes, strict=True)}
+    expected = sorted(size_of, key=lambda lab: (-size_of[lab], lab))
+    new_y, original = size_order(y)
+    assert original.tolist() == expected
+    assert new_y.tolist() == [expected.index(int(v)) for v in y]
+    _, label_map = relabel_by_size(y)
+    assert label_map[expected].tolist() == list(range(40))

@@ -518,3 +518,74 @@ def test_thread_count_follows_each_dataset_not_the_command(tmp_path, monkeypatch
     assert res["provenance"]["runs_threads"] == {"email": [1], "wiki": [2]}
     md = next((tmp_path / "out").glob("main*.md")).read_text()
     assert "torch threads of the runs: email 1, wiki 2" in md
+
+
+# ------------------------------------------------------ run identity (a mutation audit)
+def test_runs_of_two_patiences_get_their_own_cache_files(tmp_path):
+    """A run's identity holds its budget's patience (module doc: a run is one ... under one
+    budget (epochs, patience)): runs that differ only in patience must not share a cache file,
+    or a patience-100 run is served for a patience-200 request. A mutation audit found the
+    patience could be dropped from the identity unnoticed."""
+    from hiertail_fast.nn.hiertail import HierTailConfig
+
+    spec = runner.RunSpec("email", "hiertail_paper", "hiertail", HierTailConfig.paper())
+    cache = runner.RunCache(tmp_path)
+    ids = [spec.identity(123, Budget(epochs=300, patience=p), "cpu", {"nodes": 1})
+           for p in (100, 200)]
+    assert cache.path(spec, ids[0]) != cache.path(spec, ids[1])
+
+
+def test_a_reduced_patience_is_not_the_full_protocol():
+    """Budget.is_full needs the full seeds, epochs AND patience: the full seeds and epochs with
+    patience 100 are a reduced budget (header says so, files get a tag). A mutation audit found
+    is_full could ignore the patience unnoticed (the existing checks vary seeds and epochs)."""
+    b = Budget(runner.FULL_SEEDS, runner.FULL_EPOCHS, 100)
+    assert (b.is_full, b.tag()) == (False, "-s10-e10000-p100")
+
+
+def test_data_fingerprint_covers_the_labels():
+    """data_fingerprint hashes x, edge_index AND y: a relabelled graph (same x and edges) must
+    not reuse the cached runs of the original. A mutation audit found y could be left out of
+    the hash unnoticed (the cache tests change only the features)."""
+    import torch
+
+    from hiertail_fast.data.io import GraphData
+
+    g = GraphData(torch.tensor([[0, 1], [1, 0]]), torch.ones(2, 1), torch.tensor([0, 1]), 2)
+    swapped = GraphData(g.edge_index, g.x, torch.tensor([1, 0]), 2)
+    assert runner.data_fingerprint(g) != runner.data_fingerprint(swapped)
+
+
+def test_each_seed_runs_on_its_own_natural_split():
+    """A natural-split run of seed s trains and evaluates on ``natural_split(y, s)``: a runner
+    that drew seed 0's split for every seed passed every test (a mutation audit)."""
+    import torch
+
+    from hiertail_fast.data.splits import natural_split
+    from hiertail_fast.nn.hiertail import HierTailConfig
+
+    src = runner.DataSource(None, synthetic={"nodes": 300, "classes": 6, "features": 16})
+    spec = runner.RunSpec("synthetic", "hiertail_paper", "hiertail", HierTailConfig.paper())
+    y = src.load("synthetic").y
+    for seed in (1, 2):
+        _, split, _ = src.run_inputs(spec, seed)
+        for got, want in zip(split, natural_split(y, seed), strict=True):
+            assert torch.equal(torch.as_tensor(got), torch.as_tensor(want))
+    assert not torch.equal(torch.as_tensor(src.run_inputs(spec, 1)[1][2]),
+                           torch.as_tensor(src.run_inputs(spec, 2)[1][2]))
+
+
+def test_an_explicit_default_of_another_experiments_option_is_refused(tmp_path, capsys):
+    """`main --config paper` and `datasets --seed-base 123` (their defaults) ran, ignoring the
+    option, while any other value was refused (a docs audit); unset, they still default."""
+    from hiertail_fast.experiments.cli import build_parser, given_defaults
+
+    for argv, msg in ((["main", "--config", "paper"], "--config does not apply to main"),
+                      (["datasets", "--seed-base", "123"],
+                       "--seed-base does not apply to datasets: it trains nothing")):
+        with pytest.raises(SystemExit) as exc:
+            main(argv + ["--out", str(tmp_path)])
+        assert exc.value.code == 2 and msg in capsys.readouterr().err
+    args = build_parser().parse_args(["ablation"])
+    given_defaults(args)
+    assert (args.config, args.seed_base) == ("paper", runner.FULL_SEEDS[0])

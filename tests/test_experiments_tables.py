@@ -165,3 +165,77 @@ def test_row_verdicts():
     r, b, a = ({"verdict": v} for v in ("reproduced", "below", "above"))
     assert row_verdict([r, r]) == "reproduced" and row_verdict([r, b]) == "below"
     assert row_verdict([a, b]) == "mixed" and row_verdict([None]) == "no paper value"
+
+
+# ------------------------------------------------------ boundaries (a mutation audit)
+@pytest.mark.parametrize("ours, paper, verdict", [
+    (53.5, Cell(50.5, 3.0), "reproduced"), (47.5, Cell(50.5, 3.0), "reproduced"),
+    (10.5, Cell(10.0, 0.5), "reproduced"), (53.75, Cell(50.5, 3.0), "above"),
+])
+def test_verdict_at_exactly_one_paper_std_is_reproduced(ours, paper, verdict):
+    """|ours − paper| ≤ one paper std is 'reproduced' (report module doc), so exactly one std
+    off still counts (values exact in binary floats, so z is exactly ±1.0). A mutation audit
+    found '≤' could become '<' unnoticed (the verdict cases were all clear of the boundary)."""
+    c = compare(ours, paper)
+    assert c["verdict"] == verdict
+    if verdict == "reproduced":
+        assert abs(c["diff_in_std"]) == 1.0
+
+
+def test_markdown_table_flags_rows_with_missing_seeds():
+    """A row with fewer finished seeds than the budget's shows 'n of N' in the seeds column
+    (a full row just 'N'), so a partial mean is never read as the protocol's. A mutation audit
+    found the flag could be dropped unnoticed."""
+    from hiertail_fast.experiments.report import markdown_table
+
+    def row(label, n):
+        return {"dataset": "email", "label": label, "n": n, "verdict": "x",
+                "metrics": {m: {"ours": {"mean": 1.0, "std": 0.0}, "paper": None,
+                                "comparison": None} for m in METRIC_ORDER}}
+    md = markdown_table([row("Origin", 2), row("Re-weight", 3)], 3)
+    assert _cells(md, "Origin")[1] == "2 of 3"
+    assert _cells(md, "Re-weight")[1] == "3"
+
+
+def test_per_class_head_holds_the_class_that_crosses_80_percent():
+    """per-class: head = the classes holding the first 80 % of the nodes, largest first (module
+    text), so the class during which the cumulative share passes 80 % is head; a class is head
+    when the nodes of the larger classes before it are < 80 %. Classes 0/1/2 of sizes 10/50/40
+    (by size: 1, 2, 0; before class 2: 50 % -> head, before class 0: 90 % -> tail), test
+    recall 0 / 100 / 50 % -> head mean 75.0, tail 0.0, all 50.0. A mutation audit found the
+    crossing class could be counted as tail unnoticed."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import torch
+
+    from hiertail_fast.experiments import per_class
+
+    sizes = {0: 10, 1: 50, 2: 40}
+    recall = {0: 0.0, 1: 1.0, 2: 0.5}
+    y = torch.from_numpy(np.random.default_rng(0).permutation(
+        np.repeat(list(sizes), list(sizes.values()))))
+
+    class Source:
+        def load(self, name):
+            return type("G", (), {"y": y})()
+
+    # the oracle: walk the classes largest first, head while the nodes before are < 80 %
+    head, before = [], 0
+    for c in sorted(sizes, key=lambda c: -sizes[c]):
+        if before < 0.8 * sum(sizes.values()):
+            head.append(c)
+        before += sizes[c]
+    assert head == [1, 2]
+    tail = [c for c in sizes if c not in head]
+    ctx = Context(argparse.Namespace(), Budget((1,)), Source(), None, ["toy"])
+    records = [{"spec": RunSpec("toy", row, "x", None), "identity": {"seed": 1},
+                "result": {"test_per_class": [recall[c] for c in range(3)]}}
+               for row in per_class.ROWS]
+    md, _, figs = per_class.report(ctx, records)
+    for fig in figs.values():
+        plt.close(fig)
+    for label in per_class.ROWS.values():
+        cells = _cells(md, label)
+        head_mean = 100 * sum(recall[c] for c in head) / len(head)
+        tail_mean = 100 * sum(recall[c] for c in tail) / len(tail)
+        assert cells[2:5] == [f"{head_mean:.1f}", f"{tail_mean:.1f}", "50.0"]

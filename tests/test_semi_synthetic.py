@@ -168,3 +168,24 @@ def test_alignment_bug_scrambles_as_the_official_code():
     got = set(zip(*s.data.edge_index.numpy().tolist(), strict=True))
     assert got == set(zip(src[inside].tolist(), dst[inside].tolist(), strict=True))
     assert torch.equal(s.data.x[:, 0].long(), torch.tensor(sorted(order)))
+
+
+def test_alignment_bug_split_is_train_then_val_then_test_in_id_order():
+    """Under alignment_bug each class's nodes are taken in ascending id (module doc step 4, as
+    the official code): the first size − val − test train, the NEXT ``val`` validation, the
+    next ``test`` test. A mutation audit found the val and test blocks could be swapped
+    unnoticed (the sizes per class stay right, other nodes). Oracle: that rule applied to the
+    returned graph's labels; val (2) and test (4) of different sizes."""
+    g = _graph(SIZES, seed=1)
+    s = semi_synthetic_long_tail(g, val_per_class=2, test_per_class=4, alignment_bug=True)
+    y = s.data.y.tolist()
+    train, val, test = [], [], []
+    for c in range(s.data.num_classes):
+        nodes = [i for i, lab in enumerate(y) if lab == c]          # ascending ids
+        n_train = len(nodes) - 6
+        train += nodes[:n_train]
+        val += nodes[n_train:n_train + 2]
+        test += nodes[n_train + 2:n_train + 6]
+    assert s.val.tolist() == val
+    assert s.test.tolist() == test
+    assert s.train.tolist() == train

@@ -213,3 +213,17 @@ def test_a_graph_short_of_the_request_says_so():
         for n, c in ((1_000, 10), (10_000, 70)):
             g = make_synthetic_graph(n, c, avg_degree=10.0, num_features=2)
             assert g.stats["avg_degree"] >= 9.5
+
+
+@pytest.mark.parametrize("c", [2, 10, 70])
+def test_zipf_class_sizes_give_two_nodes_a_class_from_n_equal_2c(c):
+    """Every class first gets 2 nodes, 1 only when n < 2C (module doc step 1): at exactly
+    n = 2C all classes have 2 nodes. A mutation audit found the boundary untested (a minimum
+    of 1 at n = 2C, i.e. one-node classes the natural split puts in all three sets, survived;
+    the law test uses n far above 2C). Just above the boundary the minimum stays 2, just
+    below it a class of one node is unavoidable."""
+    assert zipf_class_sizes(2 * c, c).tolist() == [2] * c
+    above = zipf_class_sizes(2 * c + 1, c)
+    assert above.min() == 2 and above.sum() == 2 * c + 1
+    below = zipf_class_sizes(2 * c - 1, c)
+    assert below.min() == 1 and below.sum() == 2 * c - 1
