@@ -291,12 +291,16 @@ def test_triton_hub_node_and_deterministic(triton_device):
 
 @pytest.mark.parametrize("in_ch, out_ch", [(5, 8), (8, 3)])
 @pytest.mark.parametrize("weighted", [True, False])
-def test_gcnconv_matches_pyg(in_ch, out_ch, weighted):
+@pytest.mark.parametrize("improved, loops", [(True, True), (False, True), (True, False)])
+def test_gcnconv_matches_pyg(in_ch, out_ch, weighted, improved, loops):
+    """Against PyG's GCNConv with the same flags (a mutation audit: the module's improved /
+    add_self_loops could be dropped for the defaults unnoticed; explicit unit weights, since
+    PyG's improved=True silently fills 1 without them)."""
     pyg = pytest.importorskip("torch_geometric.nn")
     n = 40
     ei, w = make_edges(n, 120, weighted=weighted, seed=7)
-    ours = GCNConv(in_ch, out_ch)
-    theirs = pyg.GCNConv(in_ch, out_ch, improved=True)
+    ours = GCNConv(in_ch, out_ch, improved=improved, add_self_loops=loops)
+    theirs = pyg.GCNConv(in_ch, out_ch, improved=improved, add_self_loops=loops)
     with torch.no_grad():
         ours.weight.copy_(theirs.lin.weight)
         ours.bias.copy_(torch.randn(out_ch))
@@ -315,6 +319,21 @@ def test_gcnconv_matches_pyg(in_ch, out_ch, weighted):
     torch.testing.assert_close(ours.bias.grad, theirs.bias.grad, **t)
     graph_out = ours(x1, CSRGraph.from_edge_index(ei, w, n, dedupe=False))
     torch.testing.assert_close(graph_out, o1)
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+def test_gcnconv_runs_on_its_backend(monkeypatch, backend):
+    """``GCNConv(backend=b)`` propagates with b (a mutation audit: the automatic choice could
+    replace it unnoticed, both give the same numbers on CPU)."""
+    import hiertail_fast.nn.conv as conv_mod
+
+    used = []
+    real = conv_mod.gcn_propagate
+    monkeypatch.setattr(conv_mod, "gcn_propagate",
+                        lambda *a, **k: used.append(k.get("backend")) or real(*a, **k))
+    ei, w = make_edges(20, 50, weighted=True, seed=3)
+    GCNConv(4, 3, backend=backend)(torch.randn(20, 4), ei, w)
+    assert used == [backend]
 
 
 def test_gcnconv_module_api():
