@@ -398,3 +398,42 @@ def test_a_directory_where_a_file_is_read_is_named_as_such(tmp_path, capsys):
     err = _convert_exit_2(["convert", str(tmp_path / "email.npz"), str(tmp_path / "o.npz")],
                           capsys)
     assert f"source {tmp_path / 'email.npz'} is a directory" in err
+
+
+def test_convert_checks_every_output_before_writing(tmp_path):
+    """An existing --split-out without force: refused before anything is written (the graph
+    was written, then the split failed); a --split-out equal to an output that does not
+    exist yet: refused, not a split left in the graph's file (a mutation audit)."""
+    good = _masked_pt(tmp_path / "good.pt")
+    (tmp_path / "split.npz").write_bytes(b"the user's earlier split")
+    with pytest.raises(FileExistsError, match="split.npz"):
+        convert(good, tmp_path / "out.npz", split_out=tmp_path / "split.npz")
+    assert not (tmp_path / "out.npz").exists()
+    assert (tmp_path / "split.npz").read_bytes() == b"the user's earlier split"
+    with pytest.raises(ValueError, match="is the output file itself"):
+        convert(good, tmp_path / "new.npz", split_out=tmp_path / "new.npz", force=True)
+    assert not (tmp_path / "new.npz").exists()
+
+
+def test_write_atomic_never_replaces_a_file_that_appeared_meanwhile(tmp_path):
+    """A file created at the target by another writer while ours is written is kept: the
+    final step links, it does not replace (conversion.py's promise; a mutation audit found it
+    untested)."""
+    target = tmp_path / "g.npz"
+
+    def write(tmp):
+        tmp.write_bytes(b"ours")
+        target.write_bytes(b"the other writer's file")   # after the exists() check
+
+    with pytest.raises(FileExistsError):
+        write_atomic(target, write)
+    assert target.read_bytes() == b"the other writer's file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.npz"]   # no temp file left
+
+
+def test_cora_binarisation_is_x_greater_than_zero():
+    """cora_full's features become (x > 0): a negative entry (a user's file) is 0, not 1 (the
+    suite's features were all >= 0; a mutation audit)."""
+    g = GraphData(edge_index=torch.tensor([[0], [1]]), x=torch.tensor([[2.0, -1.0], [0.0, 3.0]]),
+                  y=torch.tensor([0, 1]), num_classes=2)
+    assert official_preprocess(g, "cora_full").x.tolist() == [[1.0, 0.0], [0.0, 1.0]]

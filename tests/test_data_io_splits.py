@@ -1,6 +1,8 @@
 """The .npz loader/saver and the natural / user splits."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -465,3 +467,53 @@ def test_size_order_ties_keep_ascending_original_label_beyond_16_classes():
     assert new_y.tolist() == [expected.index(int(v)) for v in y]
     _, label_map = relabel_by_size(y)
     assert label_map[expected].tolist() == list(range(40))
+
+
+# ------------------------------------------------------ file contents (a mutation audit)
+def test_csr_features_sum_duplicate_entries(tmp_path):
+    """CSR-stored features with a repeated (row, col) entry add up, as scipy's csr_matrix
+    (they overwrote each other: no test had a duplicate)."""
+    import scipy.sparse as sp
+
+    data = np.array([1.0, 2.0, 5.0], np.float32)
+    idx, ptr = np.array([0, 0, 1], np.int32), np.array([0, 2, 3])
+    np.savez(tmp_path / "dup.npz", edge_index=np.array([[0, 1], [1, 0]]), y=np.array([0, 1]),
+             x_data=data, x_indices=idx, x_indptr=ptr, x_shape=np.array([2, 2]))
+    want = sp.csr_matrix((data, idx, ptr), shape=(2, 2)).toarray()
+    assert want.tolist() == [[3.0, 0.0], [0.0, 5.0]]
+    assert load_npz(tmp_path / "dup.npz").x.numpy().tolist() == want.tolist()
+
+
+def test_sparse_features_round_trip_with_trailing_empty_rows(tmp_path):
+    """save_npz(sparse_x=True) of features whose last rows are all zero: the row pointers
+    cover every row, so the file loads back (the round-trip test had no empty last row)."""
+    x = np.array([[1.0, 0.0], [0.0, 2.0], [0.0, 0.0], [0.0, 0.0]], np.float32)
+    save_npz(tmp_path / "g.npz", np.array([[0, 1], [1, 2]]), x, np.array([0, 1, 1, 0]),
+             sparse_x=True)
+    assert np.array_equal(load_npz(tmp_path / "g.npz").x.numpy(), x)
+
+
+def test_a_label_gap_keeps_the_empty_class(tmp_path):
+    """Labels {0, 2}: num_classes is max + 1 = 3 (class 1 empty, as GraphData allows), not the
+    number of distinct labels (a mutation audit)."""
+    save_npz(tmp_path / "g.npz", np.array([[0, 1], [1, 2]]), np.ones((3, 2)), np.array([0, 2, 2]))
+    g = load_npz(tmp_path / "g.npz")
+    assert g.num_classes == 3 and g.y.tolist() == [0, 2, 2]
+
+
+def test_written_files_get_the_usual_permissions(tmp_path):
+    """Files written atomically (a temp file, then a link) get the mode open() would give
+    (0o666 & ~umask) and an overwritten file keeps its own: the temp file's 0o600 leaked
+    through unnoticed (a mutation audit)."""
+    import stat
+
+    args = (np.array([[0], [1]]), np.ones((2, 2)), np.array([0, 1]))
+    old = os.umask(0o022)
+    try:
+        save_npz(tmp_path / "g.npz", *args)
+        assert stat.S_IMODE(os.stat(tmp_path / "g.npz").st_mode) == 0o644
+        os.chmod(tmp_path / "g.npz", 0o664)
+        save_npz(tmp_path / "g.npz", *args, force=True)
+        assert stat.S_IMODE(os.stat(tmp_path / "g.npz").st_mode) == 0o664
+    finally:
+        os.umask(old)

@@ -567,3 +567,5 @@ def test_16bit_conversion_keeps_a_tensor_temperature(kind):
         assert tau.dtype == torch.float32 and float(tau.detach()) != float(torch.tensor(0.1))
     loss.double()
     assert loss.temperature.dtype == torch.float64   # widening conversions apply
+    if kind == "parameter":   # its .grad too, as nn.Module's own conversion (a mutation audit)
+        assert loss.temperature.grad.dtype == torch.float64

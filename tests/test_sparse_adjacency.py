@@ -89,14 +89,23 @@ def test_gcn_propagate_on_a_sparse_adjacency(layout):
     torch.testing.assert_close(got, want, **tol(torch.float32))
 
 
-def test_gradients_reach_the_sparse_values():
+@pytest.mark.parametrize("layout", ["coo", "csr", "csc"])
+def test_gradients_reach_the_sparse_values(layout):
+    """The values of a sparse adjacency that require grad get the gradient of the edge_index
+    path's weights (CSR / CSC were untested: detaching their values went unnoticed, a
+    mutation audit)."""
     n = 30
     ei, w = _edges(n)
     x = torch.randn(n, 4)
-    w1 = w.clone().requires_grad_()
-    gcn_propagate(x, _coo(ei, w1, n)).square().sum().backward()
-    w2 = w.clone().requires_grad_()
-    gcn_propagate(x, ei, w2).square().sum().backward()
+    coo = _coo(ei, w, n).coalesce()
+    w1 = coo.values().detach().clone().requires_grad_()
+    adj = torch.sparse_coo_tensor(coo.indices(), w1, (n, n))
+    if layout != "coo":
+        adj = adj.to_sparse_csr() if layout == "csr" else adj.to_sparse_csc()
+    gcn_propagate(x, adj).square().sum().backward()
+    w2 = coo.values().detach().clone().requires_grad_()
+    gcn_propagate(x, coo.indices().flip(0), w2).square().sum().backward()
+    assert w1.grad is not None
     torch.testing.assert_close(w1.grad, w2.grad, **tol(torch.float32))
 
 

@@ -465,6 +465,9 @@ def test_module_matches_functional_and_init():
     r1 = pool(x, ei, w)
     r2 = topk_pool(x, ei, pool.weight, 0.25, w)
     assert torch.equal(r1.perm, r2.perm) and torch.equal(r1.x, r2.x)
+    # the pooled graph too (the module dropped the weights unnoticed: a mutation audit)
+    assert torch.equal(r1.edge_index, r2.edge_index) and r2.edge_weight is not None
+    assert torch.equal(r1.edge_weight, r2.edge_weight)
     r1.x.sum().backward()
     assert pool.weight.grad is not None and bool(pool.weight.grad.abs().sum() > 0)
     old = pool.weight.detach().clone()

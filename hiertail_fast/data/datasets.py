@@ -24,8 +24,9 @@ by :func:`official_preprocess`:
   official loaders keep only the edge index);
 - labels relabelled by descending class size (class 0 largest; stable tie-break, see
   ``relabel_by_size``); ``label_map`` records the mapping;
-- features raw, except ``cora_full``: binarised (x > 0 -> 1, what PyG's ``read_npz`` does, so a
-  ``cora_full.npz`` made from the raw graph2gauss counts loads the same) and ``blogcatalog``:
+- features raw, except ``cora_full``: binarised (x > 0 -> 1, else 0; PyG's ``read_npz`` sets
+  x[x > 0] = 1, the same on the dataset's non-negative counts, so a ``cora_full.npz`` made from
+  the raw graph2gauss counts loads the same) and ``blogcatalog``:
   row-normalised as the official BlogCatalog loader does (x_i / Σ_j x_ij, a zero sum gives a
   zero row; DeepWalk rows have signed entries, so this is a signed-sum division as in the code:
   on shared/data's recomputed embeddings a few rows with a sum near 0 reach |x| ~ 3,300, median
