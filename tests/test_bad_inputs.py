@@ -178,6 +178,27 @@ CASES = [
     ("hier include_self None", _hier(include_self=None), TypeError,
      "include_self must be a bool"),
     ("hier levels", _hier(level_prototypes=[]), ValueError, "need one prototype tensor"),
+    # (the cases from here to the next comment: checks whose deletion passed every test in a
+    # mutation audit; the inputs then crashed inside torch or gave a value)
+    ("hier no level", _hier(level_labels=[], level_prototypes=[]), ValueError,
+     "at least one level"),
+    ("bcl protos dtype", _bcl(prototypes=PROTOS.double()), TypeError,
+     "prototypes are torch.float64 but z is torch.float32"),
+    ("hier protos dtype", _hier(z=Z.half(), level_prototypes=[PROTOS]), TypeError,
+     "prototypes are torch.float32 but z is torch.float16"),
+    ("bcl tau bool", _bcl(temperature=True), TypeError, "temperature must be a float"),
+    ("bcl logits in headroom", _bcl(
+        z=torch.nn.functional.normalize(Z, dim=1) * (torch.finfo(torch.float32).max * 0.05)
+        ** 0.5, prototypes=None), ValueError, "the logits overflow"),
+    ("gcn weight dim", _gcn(graph_or_edge_index=EI, edge_weight=torch.ones(3, 1)), ValueError,
+     "edge_weight must be 1-D"),
+    ("csr weight dim", _csr(edge_weight=torch.ones(1, 3)), ValueError, "edge_weight must be 1-D"),
+    ("pool weight dim", _pool(edge_weight=torch.ones(3, 1)), ValueError,
+     "edge_weight must be 1-D"),
+    ("pool score_weight 2-D", _pool(score_weight=torch.randn(2, 2)), ValueError,
+     "score_weight must have shape"),
+    ("unpool num_nodes float tensor", _unpool(num_nodes=torch.tensor(5.9)), TypeError,
+     "num_nodes must be an int"),
     ("hier type", _hier(level_labels=Y), TypeError, "level_labels and level_prototypes"),
     ("hier labels negative", _hier(level_labels=[_with(Y, -3)]), ValueError,
      "labels has negative entries"),

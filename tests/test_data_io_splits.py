@@ -129,6 +129,11 @@ def test_load_bad_csr_and_files(tmp_path):
     assert g.x.shape == (5, 3) and float(g.x.sum()) == 2.0 and g.x[2, 2] == 1.0
     for key, val, msg in [("x_indices", np.array([0, 3], np.int32), "out of range"),
                           ("x_indptr", np.array([0, 1, 1, 2, 2]), "x_indptr"),
+                          # (a mutation audit: a negative column went to the last one, a
+                          # negative start wrote one value into two rows)
+                          ("x_indices", np.array([-1, 0], np.int32), "out of range"),
+                          ("x_indptr", np.array([-1, 0, 1, 1, 1, 2]), "x_indptr"),
+                          ("x_indptr", np.array([0, 2, 1, 2, 2, 2]), "non-decreasing"),
                           ("x_data", np.ones(3, np.float32), "x_data")]:
         with pytest.raises(ValueError, match=msg):
             load_npz(_write(tmp_path / "c2.npz", edge_index=ei, y=y, **{**good, key: val}))

@@ -248,7 +248,21 @@ def test_bad_csr_and_subgraph():
         CSRGraph(torch.tensor([0, 1, 2]), torch.tensor([0, 1, 1]))
     with pytest.raises(TypeError, match="integer"):
         CSRGraph(ip.float(), ix)
+    # each check on its own (a mutation audit: deleting any of these passed every test; the
+    # inputs then gave numbers from outside the graph or crashed inside torch)
+    with pytest.raises(ValueError, match=r"indices must lie in \[0, 2\)"):
+        CSRGraph(torch.tensor([0, 1, 2]), torch.tensor([-1, 0]))
+    with pytest.raises(ValueError, match="start at 0"):
+        CSRGraph(torch.tensor([1, 1, 2]), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="indptr has 3 entries, expected 5"):
+        CSRGraph(torch.tensor([0, 0, 0]), torch.tensor([], dtype=torch.long), num_nodes=4)
+    with pytest.raises(ValueError, match="is too large"):
+        CSRGraph.from_edge_index(torch.tensor([[0, 2**62], [2**62, 0]]))
     g = CSRGraph(torch.tensor([0, 2, 3]), torch.tensor([0, 1, 0]))
+    with pytest.raises(ValueError, match="lie in"):
+        g.subgraph(torch.tensor([-1, 0]))
+    with pytest.raises(ValueError, match="nodes must be 1-D"):
+        g.subgraph(torch.tensor([[0, 1]]))
     with pytest.raises(ValueError, match="duplicate"):
         g.subgraph(torch.tensor([1, 1]))
     with pytest.raises(ValueError, match="lie in"):

@@ -366,6 +366,12 @@ def test_config_switches_are_bools_and_numbers_refuse_bools():
     (dict(pool_ratios=0.5), TypeError, "pool_ratios"),
     (dict(gamma=1e308), ValueError, "gamma"),
     (dict(gamma=float("nan")), ValueError, "gamma"),
+    # accepted silently when their check was deleted (a mutation audit): an all-zero hidden
+    # layer, nothing learned, a first level of 1 node, the official rescale skipped
+    (dict(dropout=1.0), ValueError, "dropout"),
+    (dict(lr=0.0), ValueError, "lr"),
+    (dict(pool_ratios=(0.0, 0.5)), ValueError, "pool_ratios"),
+    (dict(pool_rescale_power=0), ValueError, "pool_rescale_power"),
 ])
 def test_config_refuses_what_failed_later(change, exc, field):
     """official(pool_rescale_power=1.5) failed in forward (TypeError on range()), pool_ratios
