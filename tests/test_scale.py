@@ -545,3 +545,22 @@ def test_ctrl_c_shows_the_finished_rows_and_writes_nothing(tmp_path, capsys, mon
     assert code == 130 and "interrupted after 1 run(s)" in err and "Traceback" not in err
     assert "gcn" in err and "100" in err                       # the finished row is shown
     assert all((out / n).read_text() == f"old {n}" for n in ("scale.csv", "scale.json"))
+
+
+def test_budget_options_and_method_list(monkeypatch, tmp_path):
+    """--memory-budget is in GB, the default CPU budget never exceeds 4 GB, a method given
+    twice runs once, and the table prints MB (10^6 bytes): each could change unnoticed (a
+    mutation audit)."""
+    from bench._scale_report import format_row
+
+    seen = []
+    monkeypatch.setattr(scale, "sweep", lambda args, budget, bar, rows: seen.append(budget))
+    scale.main(["--sizes", "100", "--methods", "gcn", "--memory-budget", "2", "--device", "cpu",
+                "--out", str(tmp_path), "--no-plot"])
+    assert seen == [2e9]
+    assert 0 < scale.default_memory_budget("cpu") <= scale.DEFAULT_CPU_BUDGET
+    args = scale.parse_args(["--methods", "gcn", "hiertail", "gcn", "--device", "cpu"])
+    assert args.methods == ["gcn", "hiertail"]
+    row = dict(method="gcn", nodes=100, edges=600, epoch_seconds=0.5,
+               peak_memory_bytes=2_000_000, device="cpu", status="ok")
+    assert format_row(row).split()[4] == "2.0"
