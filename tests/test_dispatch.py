@@ -257,6 +257,12 @@ def test_automatic_cuda_choices_by_size_dtype_and_logits(monkeypatch):
         assert refine(choice, wide, 10.0, "exact") == choice
         assert refine(choice, wide, 10.0, "official") == "attention"
         assert refine(choice, wide.bfloat16(), 10.0, "official") == choice
+        # exactly the measured head dim is served (a mutation audit: `<` passed every test)
+        at = torch.zeros(tri["exact"], _dispatch.TRITON_MAX_DIM)
+        at[:, 0] = (small / 10.0) ** 0.5
+        assert refine(choice, at.as_subclass(_FakeCuda), 10.0, "exact") == "triton"
+        # fp16 rows do not take the fp32 rules (the official single level's attention row)
+        assert refine(choice, rows(att, small).half(), 10.0, "official") == choice
     assert refine("reference", rows(tri["exact"], small), 10.0, "exact") == "reference"
     monkeypatch.setenv(_triton_loss.FP32_DOT_ENV, "ieee")
     assert refine("torch", rows(tri["official"], small), 10.0, "official") == "attention"
@@ -272,3 +278,14 @@ def test_automatic_cuda_choices_by_size_dtype_and_logits(monkeypatch):
     monkeypatch.setattr(_dispatch, "triton_available", lambda device: False)
     assert refine("torch", rows(tri["official"], small), 10.0, "official") == "attention"
     assert refine("torch", rows(tri["exact"], small), 10.0, "exact") == "torch"
+
+
+def test_the_backend_switch_reaches_the_loss(monkeypatch):
+    """$HIERTAIL_BACKEND names the loss engine when the call names none (bench/test_epoch.py's
+    'torch' rows rely on it); a dispatch that took the automatic choice instead passed every
+    test, as only =reference was checked and the op handles that one itself (a mutation
+    audit). Without the C kernels the automatic CPU choice would be the attention kernel."""
+    monkeypatch.setenv("HIERTAIL_SYMMETRIC", "0")
+    assert _dispatch.choose_loss_backend(torch.randn(64, 8), None, "exact") == "attention"
+    monkeypatch.setenv("HIERTAIL_BACKEND", "torch")
+    assert _dispatch.choose_loss_backend(torch.randn(64, 8), None, "exact") == "torch"

@@ -95,6 +95,17 @@ def test_paper_classifier_reads_the_activated_last_conv(tiny):
     torch.testing.assert_close(out.logits, model.classifier(out.hidden), rtol=0, atol=0)
 
 
+def test_paper_without_task_grouping_activates_before_the_classifier(tiny):
+    """The ablation without task grouping (M1 off) keeps the paper head: logits =
+    Linear(act(conv)), ``hidden`` its input (a mutation audit: the activation could go)."""
+    x, graph, _, _ = tiny
+    model = _model("paper", task_grouping=False, contrastive=False).eval()
+    with torch.no_grad():
+        out = model(x, graph)
+    assert float(out.hidden.min()) == 0.0 and float(out.hidden.max()) > 0.0
+    torch.testing.assert_close(out.logits, model.classifier(out.hidden), rtol=0, atol=0)
+
+
 def test_initialisations_are_the_official_ones():
     """The official head N(0, 0.05²) with zero bias and TopKPool's p ~ U(±1/√d) (PyG's
     `uniform`): other constants passed every test (a mutation audit). A wide model so the

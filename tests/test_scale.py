@@ -564,3 +564,38 @@ def test_budget_options_and_method_list(monkeypatch, tmp_path):
     row = dict(method="gcn", nodes=100, edges=600, epoch_seconds=0.5,
                peak_memory_bytes=2_000_000, device="cpu", status="ok")
     assert format_row(row).split()[4] == "2.0"
+
+
+def test_epoch_plan_and_time_budget_count_every_epoch(monkeypatch):
+    """planned_epochs rounds the timed epochs up (50 s epochs: 3 of them, not 2) and the time
+    check counts the warm-up epoch too: a 40 s epoch with 1 warm-up + 3 timed needs 160 s,
+    over a 150 s budget (without the warm-up it looked like 120 s and the run overran). Both
+    passed every test when changed (a mutation audit)."""
+    assert scale.planned_epochs(50.0, 1, 3) == (1, 3)
+    assert scale.planned_epochs(None, 1, 3) == (1, 3)
+
+    def fake_run(spec, timeout):
+        return {"edges": 10, "epoch_seconds": 10.0 * spec["nodes"] / 100,
+                "peak_memory_bytes": 1e6, "device": "cpu", "status": "ok"}
+
+    monkeypatch.setattr(scale, "run_one", fake_run)
+    monkeypatch.setattr(scale, "time_exponent", lambda method: 1.0)
+    args = scale.parse_args(["--sizes", "100", "400", "--methods", "gcn", "--warmup", "1",
+                             "--epochs", "3", "--time-budget", "150", "--device", "cpu"])
+    monkeypatch.setattr(scale, "RUN_SECONDS", 1e9)       # keep all 3 timed epochs
+    rows = scale.sweep(args, budget=1e12)
+    assert rows[1]["status"].startswith("skipped: would take ~160 s")
+
+
+def test_memory_model_of_the_official_reference_and_of_dense_graphs():
+    """The official configuration's dense reference holds two levels of (n + n/C)² pairs, and
+    edges cost BYTES_PER_EDGE each: both terms could be dropped unnoticed (a mutation audit).
+    """
+    kw = dict(classes=70, features=128, hidden=128, avg_degree=10.0)
+    paper = scale.predict_memory("hiertail-reference", 10_000, **kw)
+    official = scale.predict_memory("hiertail-reference", 10_000, config="official", **kw)
+    pairs = scale.REF_BYTES_PER_PAIR
+    assert official - paper == pytest.approx(pairs * (2 * 10_142 ** 2 - 10_070 ** 2))
+    dense = scale.predict_memory("gcn", 50_000, **{**kw, "avg_degree": 2000.0})
+    sparse = scale.predict_memory("gcn", 50_000, **kw)
+    assert dense - sparse == pytest.approx(50_000 * 1990 * scale.BYTES_PER_EDGE)

@@ -476,3 +476,20 @@ def test_fit_record_times_include_the_evaluation():
                                last_loss=None))
     assert (rec["time_per_epoch_s"], rec["train_step_s"], rec["eval_s"]) == (1.0, 0.75, 0.25)
     assert (rec["best_epoch"], rec["max_idx"], rec["epochs_run"]) == (1, 0, 4)
+
+
+def test_seed_summary_is_the_mean_over_three_seeds(small):
+    """The summary's seconds per epoch is the mean over the seeds (mean and median coincide
+    for the suite's 1-2 seeds, so a median passed every test: a mutation audit); the metrics'
+    std is the population std."""
+    from hiertail_fast.train import METRICS, run_each_seed
+
+    times = {1: 0.01, 2: 0.02, 3: 0.06}
+
+    def train_one(s_idx, seed, data, split, graph):
+        return {"test": {m: seed / 10 for m in METRICS}, "time_per_epoch_s": times[seed],
+                "best_epoch": 0, "epochs_run": 1}
+
+    res = run_each_seed(small, None, [1, 2, 3], train_one)
+    assert res["summary"]["time_per_epoch_s"] == pytest.approx(0.03)
+    assert res["summary"][METRICS[0]]["std"] == pytest.approx(np.std([0.1, 0.2, 0.3]))
