@@ -599,3 +599,42 @@ def test_memory_model_of_the_official_reference_and_of_dense_graphs():
     dense = scale.predict_memory("gcn", 50_000, **{**kw, "avg_degree": 2000.0})
     sparse = scale.predict_memory("gcn", 50_000, **kw)
     assert dense - sparse == pytest.approx(50_000 * 1990 * scale.BYTES_PER_EDGE)
+
+
+def test_worker_reports_the_median_epoch_and_a_non_finite_loss(monkeypatch):
+    """The worker's epoch time is the median of the timed epochs (0.02 / 0.4 / 0.2 s: 0.2),
+    a warm-up epoch longer than the cut-off is the first timed one (not run again),
+    a NaN training loss reads 'ok (non-finite loss)', and the GCN baseline / fast HierTail
+    are built as documented (improved GCN; the automatic loss engine). Each could change
+    unnoticed: the tests only asked for values > 0 (a mutation audit)."""
+    worker = sys.modules["_scale_worker"]
+    calls: list[int] = []
+
+    def fake_setup(durations, nan=False):
+        def setup(spec, nodes):
+            it, losses = iter(durations + [0.0] * 10), []
+
+            def epoch():
+                calls.append(nodes)
+                time.sleep(next(it))
+                losses.append(float("nan") if nan else 1.0)
+            return epoch, 10, losses, None
+        return setup
+
+    spec = dict(method="gcn", nodes=100, classes=4, avg_degree=4.0, features=8, hidden=8,
+                config="paper", epochs=3, warmup=1, device="cpu", seed=0,
+                cpu_memory="tracked", threads=None, loss_dtype=None)
+    monkeypatch.setattr(worker, "_setup", fake_setup([0.0, 0.02, 0.4, 0.2]))
+    res = worker.run_worker(dict(spec))
+    assert (res["warmup_epochs"], res["timed_epochs"], res["status"]) == (1, 3, "ok")
+    assert 0.19 <= res["epoch_seconds"] < 0.39     # the median (sleeps only overshoot)
+    calls.clear()
+    monkeypatch.setattr(worker, "_setup", fake_setup([0.05], nan=True))
+    res = worker.run_worker(dict(spec, epochs=1, long_epoch_seconds=0.01))
+    assert (res["warmup_epochs"], res["timed_epochs"]) == (0, 1)
+    assert len(calls) == 2          # the long warm-up, timed, + the tracked-memory pass
+    assert res["status"] == "ok (non-finite loss)"
+    gcn, _ = worker.build_model("gcn", 8, 4, spec)
+    assert gcn.conv1.improved and gcn.conv2.improved
+    fast, _ = worker.build_model("hiertail", 8, 4, spec)
+    assert fast.config.loss_backend is None
