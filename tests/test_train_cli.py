@@ -584,3 +584,23 @@ def test_cli_options_reach_the_config_and_the_graph():
                                 num_features=8, seed=7)
     assert torch.equal(data.edge_index, want.edge_index) and torch.equal(data.x, want.x)
     assert (info["homophily"], info["data_seed"]) == (0.3, 7)
+
+
+def test_result_records_the_run_as_it_ran(monkeypatch):
+    """The result's provenance: the threads torch used, the config's weight decay (its
+    default when none was given), the argv given to main(), the edge count of the graph (each
+    could change unnoticed: a mutation audit). The training itself is faked."""
+    import hiertail_fast._train_cli as cli
+
+    monkeypatch.setattr(cli, "run_seeds", lambda data, cfg, seeds, **kw: {
+        "seeds": seeds, "split": "natural", "runs": [], "summary": {}})
+    monkeypatch.setattr(cli, "format_table", lambda result: "")
+    # (a large graph without --threads: torch's own thread count is recorded, not None)
+    argv = ["--synthetic", "--nodes", "5000", "--classes", "4", "--features", "4",
+            "--no-progress"]
+    res = cli.main(argv)
+    g = make_synthetic_graph(5000, num_classes=4, avg_degree=10.0, homophily=0.8,
+                             num_features=4, seed=0)
+    assert res["argv"] == argv and res["training"]["threads"] == torch.get_num_threads()
+    assert res["training"]["weight_decay"] == HierTailConfig.paper().weight_decay
+    assert res["data"]["num_edges"] == g.edge_index.shape[1]
