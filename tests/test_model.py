@@ -460,6 +460,12 @@ def test_loss_dtype_float16_overflow_names_loss_dtype_and_is_no_divergence(tiny)
                            r"range \(\|v\| <= 65504\)") as info:
             model.loss(out, y, tr)
         assert not is_non_finite_error(info.value)
+        # below float16's most negative value too (the check read only the largest value:
+        # a mutation audit); the embedding shifted down, still finite in float32
+        out = model(x, g)
+        out.embedding = out.embedding.detach() - 1e5
+        with pytest.raises(ValueError, match=r"loss_dtype='float16'"):
+            model.loss(out, y, tr)
     assert all(torch.isfinite(t) for t in totals.values())
 
 

@@ -638,3 +638,21 @@ def test_worker_reports_the_median_epoch_and_a_non_finite_loss(monkeypatch):
     assert gcn.conv1.improved and gcn.conv2.improved
     fast, _ = worker.build_model("hiertail", 8, 4, spec)
     assert fast.config.loss_backend is None
+
+
+def test_a_long_epoch_run_feeds_the_memory_history(monkeypatch):
+    """A run the worker timed as a long epoch (one timed epoch, no warm-up; its status reads
+    'ok (...)') still counts as measured: 3 GB at 1,000 nodes rules out 10k under a 4 GB
+    budget (only an exact 'ok' counted unnoticed: a mutation audit)."""
+    def fake_run(spec, timeout):
+        long = spec["nodes"] == 1000
+        return {"edges": 10, "epoch_seconds": 100.0 if long else 0.1,
+                "peak_memory_bytes": 3e9 if long else 1e6, "status": "ok",
+                "warmup_epochs": 0 if long else 1, "timed_epochs": 1 if long else 3}
+
+    monkeypatch.setattr(scale, "run_one", fake_run)
+    args = scale.parse_args(["--sizes", "100", "1000", "10000", "--methods", "gcn",
+                             "--device", "cpu"])
+    rows = scale.sweep(args, budget=4e9)
+    assert rows[1]["status"].startswith("ok") and rows[1]["status"] != "ok"
+    assert rows[2]["status"].startswith("skipped: would need")
