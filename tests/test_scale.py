@@ -695,3 +695,33 @@ def test_worker_rss_peak_holds_the_runs_data_and_its_epochs_temporaries():
     assert proc.returncode == 0, proc.stderr[-2000:]
     peak = json.loads(proc.stdout.strip().splitlines()[-1])["peak_memory_bytes"]
     assert peak >= 0.9 * (200e6 + 300e6), peak
+
+
+def test_worker_graph_edges_training_nodes_and_degree_rule(monkeypatch):
+    """The worker's edge count excludes the unit self-loops prepare_graph adds, its loss is
+    taken on the natural split's training nodes, and --avg-degree is checked against the
+    SMALLEST size (a too-dense small size failed inside its run): each could change
+    unnoticed (a mutation audit)."""
+    from hiertail_fast.data.splits import natural_split
+    from hiertail_fast.data.synthetic import make_synthetic_graph
+    from hiertail_fast.nn.hiertail import prepare_graph
+
+    worker = sys.modules["_scale_worker"]
+    spec = dict(method="gcn", nodes=300, classes=6, avg_degree=6.0, features=8, hidden=8,
+                config="paper", device="cpu", seed=0, loss_dtype=None)
+    seen = []
+    real_build = worker.build_model
+
+    def build(method, in_channels, num_classes, spec):
+        model, loss_fn = real_build(method, in_channels, num_classes, spec)
+        return model, lambda out, y, idx: seen.append(idx) or loss_fn(out, y, idx)
+
+    monkeypatch.setattr(worker, "build_model", build)
+    epoch, edges, _, _ = worker._setup(dict(spec), 300)
+    epoch()
+    data = make_synthetic_graph(300, 6, avg_degree=6.0, num_features=8, seed=0)
+    g = prepare_graph(data.edge_index, 300)
+    assert edges == int((g.row_index() != g.indices).sum())
+    assert torch.equal(seen[0], natural_split(data.y, 0)[0])
+    with pytest.raises(SystemExit):
+        scale.parse_args(["--sizes", "100", "10000", "--avg-degree", "500", "--device", "cpu"])

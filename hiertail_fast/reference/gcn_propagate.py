@@ -9,7 +9,9 @@ source_to_target). Plain torch (index_add), float64-safe, differentiable w.r.t. 
     out_i = Σ_{e = (j -> i)} dinv_j w_e dinv_i x_j + loop_i dinv_i² x_i,   dinv = deg^-1/2 (0 if 0)
 
 Negative degrees (negative edge weights that outweigh the rest) raise a ValueError naming the
-node: deg^-1/2 is undefined there (PyG returns NaN rows). Every backend applies the same rule.
+node: deg^-1/2 is undefined there (PyG returns NaN rows); so do degrees whose float64 sum
+overflows. A degree beyond the features' dtype (float32 weights near its largest value) takes
+its deg^-1/2 from the float64 sum. Every backend applies the same rules.
 16-bit features propagate in float32 (weights, degrees, products), rounded once to their dtype,
 as on the fast backends; weights of a wider dtype that overflow the propagation's raise.
 
