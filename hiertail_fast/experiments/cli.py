@@ -144,19 +144,19 @@ def given_defaults(args) -> None:
 def budget_from_args(args) -> Budget:
     from hiertail_fast._train_cli import parse_seeds
 
-    given_defaults(args)
-
+    # (args as parsed, before `given_defaults`, too: an unset --seed-base is the default's)
+    base = _GIVEN_DEFAULTS["seed_base"] if args.seed_base is None else args.seed_base
     seeds = list(FULL_SEEDS)
     epochs, patience = FULL_EPOCHS, FULL_PATIENCE
     # (the default counts go through parse_seeds too: it checks --seed-base and the last
     # seed's range before anything trains; an unchecked base failed on its first bad seed)
     if args.quick:
-        seeds = parse_seeds([str(QUICK["seeds"])], args.seed_base)
+        seeds = parse_seeds([str(QUICK["seeds"])], base)
         epochs, patience = QUICK["epochs"], QUICK["patience"]
-    elif args.seed_base != FULL_SEEDS[0]:
-        seeds = parse_seeds([str(len(FULL_SEEDS))], args.seed_base)
+    elif base != FULL_SEEDS[0]:
+        seeds = parse_seeds([str(len(FULL_SEEDS))], base)
     if args.seeds:
-        seeds = parse_seeds(args.seeds, args.seed_base)
+        seeds = parse_seeds(args.seeds, base)
     epochs = args.epochs if args.epochs is not None else epochs
     patience = args.patience if args.patience is not None else patience
     return Budget(tuple(seeds), epochs, patience)
