@@ -278,7 +278,8 @@ def predict_memory(method: str, nodes: int, *, classes: int, features: int, hidd
             return float(levels * keys**2)
         predicted += REF_BYTES_PER_PAIR * pairs(nodes)
     predicted += BASELINE_SCALING.get(method, (1.0, 0.0))[1]
-    measured = extrapolate_memory(list(history), nodes, pairs=pairs, per_node=per_node)
+    measured = extrapolate_memory(list(history), nodes, pairs=pairs,
+                                  per_node=0.0 if pairs is None else per_node)
     return max(predicted, measured or 0.0)
 
 
@@ -287,13 +288,13 @@ def extrapolate_memory(history: list[tuple[int, float]], nodes: int, *,
                        per_node: float = 0.0) -> float | None:
     """Measured (n, bytes) pairs extrapolated to `nodes`, through the last two points.
 
-    Linear methods (`pairs` None): c + a·n, the intercept c holding the fixed costs (a fit
-    through the origin took them for per-node bytes). The dense reference: c + per_node·n +
-    b·pairs(n), its linear costs charged at the model's `per_node` bytes first and the rest of
-    the growth to its pairs: b through n² alone took the 100 → 1,000-node growth, where the
-    linear costs are a third of it, for 44 bytes a pair (20.6 measured at 10k) and skipped the
-    main job's 10k reference run as 4.4 GB over its 4 GB budget (it takes 2.1 GB; a docs
-    audit). With one point, or a flat / falling pair, the last point scaled by n (or by the
+    Linear methods (`pairs` None, `per_node` 0): c + a·n, the intercept c holding the fixed
+    costs (a fit through the origin took them for per-node bytes). The dense reference: c +
+    per_node·n + b·pairs(n), its linear costs charged at the model's `per_node` bytes first and
+    the rest of the growth to its pairs: b through n² alone took the 100 → 1,000-node growth,
+    where the linear costs are a third of it, for 44 bytes a pair (20.6 measured at 10k) and
+    skipped the main job's 10k reference run as 4.4 GB over its 4 GB budget (it takes 2.1 GB; a
+    docs audit). With one point, or a flat / falling pair, the last point scaled by n (or by the
     pairs). None without measurements."""
     points = [(n, v) for n, v in history if v > 0]
     if not points:
@@ -303,12 +304,10 @@ def extrapolate_memory(history: list[tuple[int, float]], nodes: int, *,
     if len(points) < 2 or points[-2][0] >= n1:
         return v1 * grow(nodes) / grow(n1)
     n0, v0 = points[-2]
-    rest = per_node * (n1 - n0) if pairs is not None else 0.0
-    slope = (v1 - v0 - rest) / (grow(n1) - grow(n0))
+    slope = (v1 - v0 - per_node * (n1 - n0)) / (grow(n1) - grow(n0))
     if slope <= 0:
         return v1 * grow(nodes) / grow(n1)
-    linear = per_node * (nodes - n1) if pairs is not None else 0.0
-    return max(v1, v1 + linear + slope * (grow(nodes) - grow(n1)))
+    return max(v1, v1 + per_node * (nodes - n1) + slope * (grow(nodes) - grow(n1)))
 
 
 def planned_epochs(seconds: float | None, warmup: int, epochs: int) -> tuple[int, int]:
