@@ -306,6 +306,47 @@ def test_column_major_rows_tie_as_row_major(backend):
                        for i in range(len(s) - 1))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
+def test_scores_of_rows_near_the_largest_value(backend, dtype):
+    # entries ±M with M the dtype's largest value and p̂ = 1/√8 each: x·p̂ is M/√8 · (number
+    # of +M − number of −M), far beyond the range unless the count is 0, so the score is its
+    # sign exactly; a float sum runs past ±max on the way and stayed at +inf where the true
+    # value is −M/√8 (score 1 for −1: README's "not checked" list until 2026-12-02; every
+    # backend and the reference: rows 0-1 in float32 / bfloat16, 2-3 in float64). Rows whose
+    # count is 0 cancel: their float sum's rounding error (~eps·6M) is itself far beyond
+    # tanh's range, so only "a score in [-1, 1], no NaN" is asked of them.
+    dev = backend_device(backend)
+    big = torch.finfo(dtype).max
+    signs = torch.tensor([[1, 1, 1, -1, -1, -1, -1, 0], [-1, -1, -1, 1, 1, 1, 1, 0],
+                          [1, 1, -1, -1, 0, 1, -1, -1], [1, 1, -1, -1, 1, 0, -1, -1],
+                          [1, 1, 1, 0, -1, -1, -1, -1], [1, 1, 1, 1, -1, 0, 0, 0],
+                          [1, 1, 1, -1, -1, -1, 0, 0], [1, -1, 1, -1, 1, -1, 1, -1]],
+                         dtype=torch.float64)
+    normal = torch.tensor([[1.0, 2.0, 0, 0, 0, 0, 0, 0]], dtype=dtype)
+    x = torch.cat([(signs * big).to(dtype), normal])
+    p = torch.ones(8, dtype=dtype)
+    want = torch.cat([torch.sign(signs.sum(1)),
+                      torch.tanh(torch.tensor([3.0], dtype=torch.float64) / math.sqrt(8))])
+    exact = torch.cat([signs.sum(1) != 0, torch.tensor([True])])
+    if backend == "reference":
+        xp, _, _, perm, score = topk_pool_ref(x, torch.zeros(2, 0, dtype=torch.long), p, 1.0)
+    else:
+        r = topk_pool(*_on(dev, x, torch.zeros(2, 0, dtype=torch.long), p), 1.0,
+                      backend=backend)
+        xp, perm, score = r.x.cpu(), r.perm.cpu(), r.score.cpu()
+    got = torch.empty(x.shape[0], dtype=torch.float64)
+    got[perm] = score.double()
+    torch.testing.assert_close(got[exact], want[exact], atol=torch.finfo(dtype).eps, rtol=0)
+    assert bool((got[~exact].abs() <= 1).all())     # no NaN either
+    # the order: descending score, equal scores by ascending index
+    s, k = score.tolist(), perm.tolist()
+    assert all(s[i] > s[i + 1] or (s[i] == s[i + 1] and k[i] < k[i + 1])
+               for i in range(len(s) - 1))
+    torch.testing.assert_close(xp.double(), x[perm].double() * got[perm].unsqueeze(1),
+                               atol=0, rtol=torch.finfo(dtype).eps)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
 def test_16bit_scores_within_an_ulp(backend, dtype):

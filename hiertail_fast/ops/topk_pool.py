@@ -44,6 +44,7 @@ from hiertail_fast.ops._dispatch import choose_backend, public_op
 from hiertail_fast.ops._functorch import outside_transforms, plain
 from hiertail_fast.reference.topk_pool import (
     pool_size,
+    rescale_overflowed_dots,
     score_direction,
     topk_pool_ref,
     topk_unpool_ref,
@@ -134,9 +135,12 @@ class TopKPoolFunction(torch.autograd.Function):
             # kernel: t_i = x_i·p̂ (one fixed-order row reduction, in the accumulation dtype);
             # tanh is torch's, the same function as on the other backends, so saturated ties
             # break the same way
-            score_acc = torch.tanh(kern.topk_score(x, phat.contiguous()))
+            t = kern.topk_score(x, phat.contiguous())
         else:
-            score_acc = torch.tanh(_row_dot(x, phat))   # p̂ float32 for 16-bit x
+            t = _row_dot(x, phat)   # p̂ float32 for 16-bit x
+        # rows whose sum overflowed on the way (entries near the dtype's largest value, mixed
+        # signs) summed again with a power-of-two row scaling, as the reference does
+        score_acc = torch.tanh(rescale_overflowed_dots(x, phat, t))
         # the scores rounded by torch on every backend (to nearest; the Triton interpreter's
         # float32 -> bfloat16 casts truncate, which a random fuzz caught), the rows scaled by
         # the unrounded score and rounded once

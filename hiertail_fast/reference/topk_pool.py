@@ -28,6 +28,8 @@ Ties: ``perm`` comes from a stable descending sort, so equal scores keep ascendi
 every backend (a per-row dot product whose rounding does not depend on the row's position,
 then ``torch.tanh``), so the rule applies to duplicate rows too. ‖p‖ is computed scaled by
 max|p| (``score_direction``): entries of 1e-23 or 1e19 in float32 neither under- nor overflow.
+A row dot that overflows on the way (entries near the dtype's largest value, mixed signs) is
+summed again scaled by a power of two (``rescale_overflowed_dots``).
 16-bit X: p̂, the row dots and tanh in float32, the score and X' each rounded once to X's
 dtype (within an ulp of the exact values; PyG's all-16-bit arithmetic cancels where
 Σ|x_j p̂_j| >> |x·p̂|).
@@ -49,7 +51,8 @@ from hiertail_fast._validation import (
     check_unpool_args,
 )
 
-__all__ = ["pool_size", "pyg_pool_size", "score_direction", "topk_pool_ref", "topk_unpool_ref"]
+__all__ = ["pool_size", "pyg_pool_size", "rescale_overflowed_dots", "score_direction",
+           "topk_pool_ref", "topk_unpool_ref"]
 
 
 def pool_size(num_nodes: int, ratio: float | int, dtype: torch.dtype = torch.float32) -> int:
@@ -144,9 +147,12 @@ def topk_pool_ref(
     # 16-bit x: p̂, the row dots and tanh in float32, the score rounded once to x's dtype (a
     # 16-bit p̂ made x·p̂ cancel its rounding: scores 6 ulps off in fp16 where Σ|x_j p̂_j| is
     # 10× |x·p̂|, found by random fuzzing against float64); the pooled rows x·s from the
-    # float32 score, rounded once too
+    # float32 score, rounded once too. Rows whose sum overflowed on the way (entries near the
+    # dtype's largest value, mixed signs: +inf, -inf or NaN where the true x·p̂ is finite or of
+    # the other sign) are summed again in an extended exponent range (`rescale_overflowed_dots`)
     phat, _, _ = score_direction(p)
-    score_acc = torch.tanh((x.contiguous() * phat).sum(dim=-1))
+    t = (x.contiguous() * phat).sum(dim=-1)
+    score_acc = torch.tanh(rescale_overflowed_dots(x, phat, t))
     score = score_acc.to(x.dtype)
     perm = torch.sort(score, descending=True, stable=True).indices[:k]
     x_pooled = (x[perm] * score_acc[perm].unsqueeze(-1)).to(x.dtype)
@@ -175,6 +181,34 @@ def topk_unpool_ref(x_pooled: torch.Tensor, perm: torch.Tensor, num_nodes: int) 
     perm = check_unpool_args(perm, num_nodes, x_pooled.shape[0])
     out = x_pooled.new_zeros(num_nodes, x_pooled.shape[1])
     return out.index_copy_(0, perm.long(), x_pooled)    # in place: no second n × d buffer
+
+
+# a rescued row's largest entry is scaled to [2**63, 2**64): a sum of d terms stays finite for
+# any d below 2**60, and terms down to 2**-60 of the largest keep their precision
+_RESCUE_EXPONENT = 64
+
+
+def rescale_overflowed_dots(x: torch.Tensor, phat: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``t`` (the row dots x_i·p̂ of a finite x [n, d], in the accumulation dtype) with every
+    entry that is not finite summed again: the float sum of finite terms overflowed on the way
+    (|x_ij| near the dtype's largest value with mixed signs give +inf, -inf or NaN where the
+    true x_i·p̂ is finite, or of the other sign). Such a row is summed as
+    2^(e_i − 64) · Σ_j (x_ij·2^(64 − e_i)) p̂_j with 2^(e_i − 1) <= max_j |x_ij| < 2^e_i: a scaling
+    by a power of two, exact (terms below 2^-60 of the largest aside, far under the sum's
+    rounding), so the row rounds as the plain sum would with an unbounded exponent; a true
+    |x_i·p̂| beyond the dtype's range is ±inf, whose tanh is ±1 (the right sign). Returns ``t``
+    itself when every entry is finite (one O(n) check; a host sync on CUDA), else a copy."""
+    if bool(torch.isfinite(t).all()):
+        return t
+    bad = torch.nonzero(~torch.isfinite(t)).view(-1)
+    rows = x.index_select(0, bad).to(t.dtype)
+    _, e = torch.frexp(rows.abs().amax(dim=1))      # max |x_ij| = f·2^e, f in [0.5, 1)
+    two = torch.tensor(2.0, dtype=t.dtype, device=t.device)
+    up = torch.pow(two, (_RESCUE_EXPONENT - e).to(t.dtype)).unsqueeze(1)
+    down = torch.pow(two, (e - _RESCUE_EXPONENT).to(t.dtype))
+    out = t.clone()
+    out[bad] = ((rows * up).contiguous() * phat).sum(dim=-1) * down
+    return out
 
 
 def score_direction(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
