@@ -331,12 +331,24 @@ def _gb(nbytes: float) -> str:
     return f"{nbytes / GB:.1f} GB" if nbytes >= 0.1 * GB else f"{nbytes / 1e6:.0f} MB"
 
 
+def worker_wait_policy() -> str:
+    """The workers' OMP_WAIT_POLICY: the caller's (an empty one: the OpenMP runtime's own
+    default), else PASSIVE. Sleeping OpenMP threads keep a
+    shared machine's throughput (both cores busy: a 10k-node HierTail epoch 1.2 s vs 2.4 s under
+    libgomp's default spin-then-sleep, GCN 0.07 vs 0.22 s), but on an idle machine every parallel
+    region must wake them: HierTail epochs 2.2-2.6x slower at 100 / 1,000 nodes and 1.35x at 10k,
+    GCN 2.0-3.0x and 1.2-1.3x (2-core Xeon VM, 2026-12-02;
+    docs/results/omp_wait_policy_2026-12-02.txt). On a machine of your own, run with
+    OMP_WAIT_POLICY=ACTIVE."""
+    policy = os.environ.get("OMP_WAIT_POLICY")
+    return "PASSIVE" if policy is None else policy
+
+
 def run_one(spec: dict, timeout: float | None) -> dict:
     """Run one (method, size) in a fresh interpreter; never raises for a failed run. The
     subprocess is killed after `timeout` seconds of wall clock (its imports and setup count)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
-    # Passive OpenMP waiting: spinning threads collapse throughput 10x+ on a shared machine.
-    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, _DRIVER_ENV: str(os.getpid())}
+    env = {**os.environ, "OMP_WAIT_POLICY": worker_wait_policy(), _DRIVER_ENV: str(os.getpid())}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:  # subprocess.run has killed the worker
@@ -438,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
                "peak RSS above the primed post-import baseline" if args.cpu_memory == "rss" else
                "torch CPU allocator peak of one step above its start")
     info = {"argv": sys.argv[1:] if argv is None else argv, "args": vars(args),
-            "memory_budget_bytes": budget, "memory_measure": measure, **machine_info()}
+            "memory_budget_bytes": budget, "memory_measure": measure,
+            "omp_wait_policy": worker_wait_policy(), **machine_info()}
     print(f"sizes {args.sizes}, methods {args.methods}, device {args.device}, loss dtype "
           f"{args.loss_dtype}, memory budget {_gb(budget)}, time budget "
           f"{args.time_budget:g} s/run, memory = {measure}, load average "

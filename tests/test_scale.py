@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -201,7 +202,8 @@ def test_cli_writes_csv_plot_and_metadata(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(SCALE_PY), "--sizes", "100", "200", "--methods", "gcn",
          "--epochs", "2", "--device", "cpu", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=600)
+        capture_output=True, text=True, timeout=600,
+        env={k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     with open(tmp_path / "scale.csv", newline="") as fh:
         reader = csv.DictReader(fh)
@@ -218,6 +220,7 @@ def test_cli_writes_csv_plot_and_metadata(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     info = json.loads((tmp_path / "scale.json").read_text())
     assert "RSS" in info["memory_measure"] and info["cores"] >= 1
+    assert info["omp_wait_policy"] == "PASSIVE"     # the workers' (the caller set none)
     assert "gcn" in proc.stdout and "peak MB" in proc.stdout
 
 
@@ -775,7 +778,8 @@ def test_tracked_peak_includes_the_after_loop_stage(monkeypatch):
 
 def test_workers_wait_passively_unless_the_user_chose(monkeypatch):
     """Workers run with OMP_WAIT_POLICY=PASSIVE (spinning OpenMP threads collapse throughput
-    on a shared machine) unless the caller's environment sets a policy."""
+    on a shared machine) unless the caller's environment sets a policy (an empty one: the
+    OpenMP runtime's default, which bench/omp_wait_ab.sh compares); scale.json records it."""
     envs: list[dict] = []
 
     def fake_run(cmd, **kwargs):
@@ -787,7 +791,9 @@ def test_workers_wait_passively_unless_the_user_chose(monkeypatch):
     assert scale.run_one({"nodes": 1}, None)["status"] == "error: boom"
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     scale.run_one({"nodes": 1}, None)
-    assert [e["OMP_WAIT_POLICY"] for e in envs] == ["PASSIVE", "ACTIVE"]
+    monkeypatch.setenv("OMP_WAIT_POLICY", "")
+    scale.run_one({"nodes": 1}, None)
+    assert [e["OMP_WAIT_POLICY"] for e in envs] == ["PASSIVE", "ACTIVE", ""]
 
 
 def test_worker_graph_edges_training_nodes_and_degree_rule(monkeypatch):
