@@ -22,8 +22,9 @@ bench/results/gpu_report.md and .json (or --out DIR), atomically, and prints the
 Sections that would overrun the time budget are reported as skipped.
 
 Without CUDA it prints one line and exits with status 2 (nothing was validated; the exit status
-says so to scripts). ``--device cpu`` (hidden) runs the same code at tiny sizes on CPU: the CI
-test of this script.
+says so to scripts); a correctness check that is not PASS makes the status 1 (after the report
+is written), so scripts notice a card that fails its checks. ``--device cpu`` (hidden) runs the
+same code at tiny sizes on CPU: the CI test of this script.
 """
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ from hiertail_fast._files import unwritable_dir_reason, unwritable_file_reason  
 REPORT_NAMES = ("gpu_report.md", "gpu_report.json")
 
 NO_CUDA_EXIT = 2
+FAILED_CHECKS_EXIT = 1     # a correctness row that is not PASS (the reports are written)
 SIZES = {  # loss N, loss d, graph n (propagation / pooling / prototypes), scale sweep, checks
     "full": dict(loss_n=[20_000, 100_000], loss_d=[64, 128], graph_n=1_000_000,
                  graph_d=[64, 128], scale=["10000", "100000"], check_graph=20_000,
@@ -402,7 +404,10 @@ def main(argv: list[str] | None = None) -> int:
     print(text + f"\nwrote {args.out / 'gpu_report.md'} and gpu_report.json"
           + (f"; the previous report is kept as {', '.join(p.name for p in kept)}" if kept
              else ""))
-    return 0
+    failed = sum(r["result"] != "PASS" for r in report["correctness"])
+    if failed:
+        print(f"gpu_report: {failed} correctness check(s) FAILED", file=sys.stderr)
+    return FAILED_CHECKS_EXIT if failed else 0
 
 
 def _keep_previous(out: Path) -> list[Path]:

@@ -1,0 +1,237 @@
+"""bench/_gpu_checks.py's PASS/FAIL checks fed a deliberately wrong backend (a mutation audit):
+each check must FAIL exactly the row of the tensor that is wrong and PASS the others, and the
+report must count and show every FAIL. On CPU with the torch backend; tests/test_gpu_report.py
+only runs correct backends, so a check that compared the wrong tensor, the reference against
+itself or never looked at a gradient went unnoticed there."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def _load(name: str, file: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / file)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def gc():
+    return _load("bench_gpu_checks_faults", "_gpu_checks.py")
+
+
+class _IgnoreGradOutput(torch.autograd.Function):
+    """Identity whose backward returns ones: a backend that drops grad_output."""
+
+    @staticmethod
+    def forward(ctx, t):
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.ones_like(grad)
+
+
+def _scale_grad(t: torch.Tensor, factor: float = 1.01) -> None:
+    t.register_hook(lambda g: g * factor)
+
+
+def _faulty(monkeypatch, gc, name: str, fault) -> None:
+    """gc.<name> runs `fault(real, *args, **kwargs)` for the torch backend (the reference, and
+    so the float64 oracle, stays correct)."""
+    real = getattr(gc, name)
+
+    def call(*args, backend=None, **kwargs):
+        if backend == "torch":
+            return fault(real, *args, backend=backend, **kwargs)
+        return real(*args, backend=backend, **kwargs)
+
+    monkeypatch.setattr(gc, name, call)
+
+
+def _results(rows: list[dict]) -> dict[str, str]:
+    return {r["check"]: r["result"] for r in rows}
+
+
+PROPAGATION_FAULTS = {  # fault -> the rows it must FAIL
+    "value": ({"value"}, lambda real, x, g, **kw: (lambda y: y + 5e-4 * y.detach())(
+        real(x, g, **kw))),
+    "grad x": ({"grad x"}, lambda real, x, g, **kw: (_scale_grad(x), real(x, g, **kw))[1]),
+    "grad edge weight": ({"grad edge weight"}, lambda real, x, g, **kw: (
+        _scale_grad(g.weight), real(x, g, **kw))[1]),
+    "grad_output dropped": ({"grad x", "grad edge weight"}, lambda real, x, g, **kw:
+                            _IgnoreGradOutput.apply(real(x, g, **kw))),
+}
+
+
+@pytest.mark.parametrize("fault", list(PROPAGATION_FAULTS))
+def test_propagation_check_fails_the_wrong_tensor_only(gc, monkeypatch, fault):
+    """check_propagation against a torch backend with one wrong output (a mutation audit): a
+    value 5e-4 off (over VALUE_TOL, under GRAD_TOL), a gradient of x or of the edge weights
+    1 % off, or a backward that ignores grad_output (the check's upstream gradient is not all
+    ones). That row, and only that row, is a FAIL."""
+    bad, fn = PROPAGATION_FAULTS[fault]
+    assert _results(gc.check_propagation("torch", "cpu", 60, 8)) == dict.fromkeys(
+        ["value", "grad x", "grad edge weight"], "PASS")          # correct: all pass
+    _faulty(monkeypatch, gc, "gcn_propagate", fn)
+    got = _results(gc.check_propagation("torch", "cpu", 60, 8))
+    assert got == {c: "FAIL" if c in bad else "PASS" for c in got}, got
+
+
+def _swap_first_two(r):
+    perm = r.perm.clone()
+    perm[[0, 1]] = perm[[1, 0]]
+    return r._replace(perm=perm)
+
+
+POOLING_FAULTS = {
+    "perm order": ({"kept nodes (0 = same)", "value x"}, lambda real, *a, **kw:
+                   _swap_first_two(real(*a, **kw))),
+    "edges": ({"pooled edges (0 = same count)"}, lambda real, *a, **kw: (
+        lambda r: r._replace(edge_index=r.edge_index[:, 1:]))(real(*a, **kw))),
+    "value x": ({"value x"}, lambda real, *a, **kw: (
+        lambda r: r._replace(x=r.x + 5e-4 * r.x.detach()))(real(*a, **kw))),
+    "grad x": ({"grad x"}, lambda real, x, *a, **kw: (_scale_grad(x), real(x, *a, **kw))[1]),
+    "grad p": ({"grad p"}, lambda real, x, ei, p, *a, **kw: (
+        _scale_grad(p), real(x, ei, p, *a, **kw))[1]),
+    "grad_output dropped": ({"grad x", "grad p"}, lambda real, *a, **kw: (
+        lambda r: r._replace(x=_IgnoreGradOutput.apply(r.x)))(real(*a, **kw))),
+}
+
+
+@pytest.mark.parametrize("fault", list(POOLING_FAULTS))
+def test_pooling_check_fails_the_wrong_tensor_only(gc, monkeypatch, fault):
+    """check_pooling against a torch backend with one wrong output (a mutation audit): two kept
+    nodes in swapped order (same set: the order must be compared too), one pooled edge
+    missing, pooled features 5e-4 off, the gradient of x or of p 1 % off, or a backward
+    that ignores the pooled features' grad_output."""
+    bad, fn = POOLING_FAULTS[fault]
+    rows = _results(gc.check_pooling("torch", "cpu", 60, 8))
+    assert set(rows.values()) == {"PASS"}, rows
+    _faulty(monkeypatch, gc, "topk_pool", fn)
+    got = _results(gc.check_pooling("torch", "cpu", 60, 8))
+    assert got.keys() == rows.keys()
+    assert got == {c: "FAIL" if c in bad else "PASS" for c in got}, got
+
+
+def test_prototype_check_fails_one_near_miss_among_many_rows(gc, monkeypatch):
+    """check_prototype (a mutation audit): a backend that picks the second-nearest prototype
+    for one row out of 400, the row where the two are closest, is a FAIL whose error is that
+    row's relative distance excess (computed here in float64): the worst row counts, not an
+    average over rows, and the distance is measured to the nearest prototype."""
+    n, m, d = 400, 70, 64
+    gen = torch.Generator().manual_seed(2)                 # the check's own inputs
+    z, protos = torch.randn(n, d, generator=gen), torch.randn(m, d, generator=gen)
+    dist = torch.cdist(z.double(), protos.double())
+    two = dist.topk(2, dim=1, largest=False)
+    gap = (two.values[:, 1] - two.values[:, 0]) / two.values[:, 0]
+    row = int(gap.argmin())
+    excess = gap[row].item()
+    assert gc.DIST_TOL < excess < n * gc.DIST_TOL    # an average over rows would hide it
+
+    def second_nearest_once(real, *args, **kwargs):
+        pick = real(*args, **kwargs).clone()
+        pick[row] = two.indices[row, 1]
+        return pick
+
+    ok = gc.check_prototype("torch", "cpu", n, m, d)
+    assert [r["result"] for r in ok] == ["PASS"] and ok[0]["error"] == 0.0
+    _faulty(monkeypatch, gc, "nearest_prototype", second_nearest_once)
+    (bad,) = gc.check_prototype("torch", "cpu", n, m, d)
+    assert bad["result"] == "FAIL" and bad["error"] == pytest.approx(excess, rel=1e-9)
+
+
+def _loss_fault(real, z, y, *, prototypes, temperature, which: str, **kw):
+    if which in {"grad z", "grad prototypes", "grad temperature"}:
+        _scale_grad({"grad z": z, "grad prototypes": prototypes,
+                     "grad temperature": temperature}[which])
+    loss = real(z, y, prototypes=prototypes, temperature=temperature, **kw)
+    if which == "value":
+        return loss + 5e-4 * loss.detach()
+    return _IgnoreGradOutput.apply(loss) if which == "grad_output dropped" else loss
+
+
+LOSS_FAULTS = {"value": {"value"}, "grad z": {"grad z"}, "grad prototypes": {"grad prototypes"},
+               "grad temperature": {"grad temperature"},
+               "grad_output dropped": {"grad z", "grad prototypes", "grad temperature"}}
+
+
+@pytest.mark.parametrize("fault", list(LOSS_FAULTS))
+def test_loss_check_fails_the_wrong_tensor_only(gc, monkeypatch, fault):
+    """check_loss against a torch backend with one wrong output (a mutation audit): the loss
+    5e-4 off (over VALUE_TOL, under GRAD_TOL), the gradient of z, of the prototypes or of the
+    learnable temperature 1 % off, or a backward that ignores grad_output (the check
+    backpropagates loss * 2). That row, and only that row, is a FAIL."""
+    ok = _results(gc.check_loss("torch", "cpu", 50, 8, "exact"))
+    assert set(ok.values()) == {"PASS"} and len(ok) == 4, ok
+    _faulty(monkeypatch, gc, "balanced_contrastive_loss",
+            lambda real, *a, **kw: _loss_fault(real, *a, which=fault, **kw))
+    got = _results(gc.check_loss("torch", "cpu", 50, 8, "exact"))
+    assert got == {c: "FAIL" if c in LOSS_FAULTS[fault] else "PASS" for c in got}, got
+
+
+def test_rel_error_is_relative_to_the_reference(gc):
+    """rel_error divides by the reference's magnitude, never by ours (a mutation audit): a
+    backend returning zeros for a tiny gradient is 100 % off, and a result ten times too large
+    is 900 % off."""
+    assert gc.rel_error(torch.zeros(3), torch.full((3,), 1e-5)) == pytest.approx(1.0)
+    assert gc.rel_error(torch.tensor([10.0, 0.0]), torch.tensor([1.0, 0.0])) == pytest.approx(9)
+    rows = gc._rows("op", "b", {"a": (2e-4, 1e-4), "b": (1e-4, 1e-4), "c": (0.0, 1e-4)})
+    assert [r["result"] for r in rows] == ["FAIL", "PASS", "PASS"]
+
+
+def test_time_call_reports_the_median_of_its_reps(gc, monkeypatch):
+    """time_call (a mutation audit), on a scripted clock: the median of the timed calls (not
+    the minimum or the warm-up), and one rep when the warm-up is slower than slow_seconds."""
+    now, steps = [0.0], []
+
+    def call():
+        now[0] += steps.pop(0)
+
+    monkeypatch.setattr(gc.time, "perf_counter", lambda: now[0])
+    steps[:] = [100.0, 1.0, 6.0, 2.0]                  # warm-up, then three reps
+    res = gc.time_call(call, "cpu", reps=3, warmup=1, slow_seconds=1e3)
+    assert res == dict(median_s=2.0, reps=3, peak_extra_bytes=None) and not steps
+    steps[:] = [10.0, 3.0]                             # a slow warm-up: one rep
+    assert gc.time_call(call, "cpu", reps=3, warmup=1, slow_seconds=5.0)["reps"] == 1
+    assert not steps
+
+
+def test_report_counts_and_shows_every_fail():
+    """gpu_report.render (a mutation audit): the summary line counts the FAIL rows (a raising
+    backend's row included) and the table lists every row, FAILs with their note."""
+    report = _load("bench_gpu_report_faults", "gpu_report.py")
+    checks = [dict(op="gcn_propagate", backend="torch", check="value", error=0.0, tol=1e-4,
+                   result="PASS"),
+              dict(op="gcn_propagate", backend="torch", check="grad x", error=0.5, tol=1e-3,
+                   result="FAIL"),
+              dict(op="topk_pool", backend="new", check="runs", error=float("nan"), tol=0.0,
+                   result="FAIL", note="ValueError: unknown backend")]
+    md = report.render(dict(device="dev", when="now", torch="t", triton="tr", mode="cpu",
+                            wall_s=1.0, correctness=checks))
+    assert "Correctness: 1 PASS, 2 FAIL." in md
+    table = [ln for ln in md.splitlines() if ln.startswith("| gcn_propagate")
+             or ln.startswith("| topk_pool")]
+    assert len(table) == 3 and table[1].endswith("| FAIL |")
+    assert table[2].endswith("| FAIL (ValueError: unknown backend) |")
+
+
+def test_a_failed_check_makes_the_exit_status_1(tmp_path, monkeypatch):
+    """A report with a FAIL row is written and exits with status 1 (it returned 0, so the GPU
+    session's log read "gpu_report rc 0" for a card that failed its checks: a mutation audit);
+    all PASS: 0."""
+    report = _load("bench_gpu_report_exit", "gpu_report.py")
+    row = dict(op="gcn_propagate", backend="torch", check="value", error=0.0, tol=1e-4,
+               result="PASS")
+    for rows, status in (([row], 0), ([row, dict(row, check="grad x", result="FAIL")], 1)):
+        monkeypatch.setattr(report.gc, "correctness", lambda *a, rows=rows: rows)
+        out = tmp_path / str(status)
+        assert report.main(["--device", "cpu", "--sections", "correctness",
+                            "--out", str(out)]) == status
+        assert "Correctness: " in (out / "gpu_report.md").read_text()
