@@ -15,32 +15,11 @@ from hiertail_fast.nn.hiertail import HierTail, HierTailConfig, prepare_graph
 from hiertail_fast.reference.balanced_contrastive_loss import balanced_contrastive_loss_ref
 from hiertail_fast.reference.nearest_prototype import nearest_prototype_ref
 from hiertail_fast.reference.topk_pool import topk_pool_ref
-
-N, C, FEAT, HID = 61, 7, 12, 16   # paper sizes: C = 7 and ceil(7/2) = 4 tasks
-CONFIGS = ("paper", "official")
+from tests import test_model
+from tests.test_model import CONFIGS, C, N, _gcn_dense, _model, _tiny_graph
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _tiny_graph(seed: int = 0):
-    """Random graph with some class structure, every class non-empty, a few isolated nodes."""
-    g = torch.Generator().manual_seed(seed)
-    y = torch.cat([torch.arange(C), torch.randint(0, C, (N - C,), generator=g)])
-    src = torch.randint(0, N - 3, (4 * N,), generator=g)
-    dst = torch.randint(0, N - 3, (4 * N,), generator=g)
-    x = torch.randn(N, FEAT, generator=g) + F.one_hot(y, FEAT).float() * 2
-    return x, torch.stack([src, dst]), y
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    x, ei, y = _tiny_graph()
-    return x, prepare_graph(ei, N), y, torch.arange(0, N, 3)
-
-
-def _model(name: str, seed: int = 0, **over) -> HierTail:
-    torch.manual_seed(seed)
-    return HierTail(FEAT, C, HierTailConfig.named(name, hidden=HID, **over))
+tiny = test_model.tiny            # the fixture: (x, graph, y, train_idx) of _tiny_graph
 
 
 # ------------------------------------------------------------------ dropout and eval mode
@@ -76,16 +55,6 @@ def test_dropout_follows_the_activation(tiny):
 
 
 # ------------------------------------------------------------------ the paper forward
-def _gcn_dense(x, adj, weight, bias):
-    """PyG GCNConv(improved=True) on a dense weighted adjacency: 2-loops where none."""
-    a = adj.clone()
-    missing = a.diagonal() == 0
-    a[missing, missing] = 2.0
-    dinv = a.sum(1).pow(-0.5)
-    dinv[torch.isinf(dinv)] = 0
-    return (dinv[:, None] * a * dinv[None, :]) @ (x @ weight.t()) + bias
-
-
 def _paper_dense_forward(model: HierTail, x, ei, n):
     """Independent dense rewrite of the paper model (module docstring, DESIGN.md §6): separate
     convs per level, no A² augmentation, T = (C, ceil(C/2)) tasks, sum-skip unpooling with

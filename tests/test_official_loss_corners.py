@@ -17,32 +17,17 @@ from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_lo
 from hiertail_fast.ops._positive_blocks import BlockPositives
 from hiertail_fast.ops._positive_keys import key_order
 from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
+from tests import test_lse_symmetric
 from tests.conftest import tol
 from tests.test_contrastive_numerics import assert_within_reference_error
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+# the symmetric engine on every fp32 CPU single-level call, in row blocks of 16 (a 600-row
+# tile spans three of the C kernel's 256-column chunks); its value counts the engine's calls
+forced = test_lse_symmetric.forced
 
 EPS = pairs_mod.OFFICIAL_EPS
 _NEEDS_SYM = pytest.mark.skipif(not sym.available(), reason="no C compiler: the engine is off")
-
-
-@pytest.fixture
-def sym_forced(monkeypatch):
-    """The symmetric engine on every fp32 CPU single-level call, in row blocks of 16 (so a
-    wide tile of 600 rows spans three of the C kernel's 256-column chunks); returns the count
-    of its calls (as tests/test_lse_symmetric.py's ``forced``)."""
-    monkeypatch.setenv(sym.ENV_VAR, "1")
-    monkeypatch.setattr(sym, "MIN_ROWS", 1)
-    monkeypatch.setattr(sym, "MAX_BLOCK_ROWS", 16)
-    calls = {"fused": 0}
-    real = sym.lse_fused
-
-    def spy(*args, **kwargs):
-        calls["fused"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(sym, "lse_fused", spy)
-    return calls
 
 
 def _integer_rows(n: int, seed: int):
@@ -55,7 +40,7 @@ def _integer_rows(n: int, seed: int):
 
 @_NEEDS_SYM
 @pytest.mark.parametrize("seed", [0, 1])
-def test_symmetric_argmax_first_index_across_column_chunks(sym_forced, seed):
+def test_symmetric_argmax_first_index_across_column_chunks(forced, seed):
     """The symmetric engine's row arg-max is the FIRST id holding the max (torch.max's rule)
     when the max is tied in several 256-column chunks of one tile and a later chunk holds a
     smaller id (keys sorted by label). A mutation audit found that a chunk whose max only
@@ -67,7 +52,7 @@ def test_symmetric_argmax_first_index_across_column_chunks(sym_forced, seed):
     pos = sym.Positives(y, True, torch.full((n,), -0.01))
     coef = lambda rows, lse, rmax: torch.full_like(lse, 0.01)
     lse, rmax, amax, _ = sym.lse_fused(z, log_w, 0.5, True, coef, positives=pos)
-    assert sym_forced["fused"] == 1
+    assert forced["fused"] == 1
     s = (z.double() @ z.double().t()) * 0.5                 # exact: ties stay ties
     is_max = s == s.max(dim=1, keepdim=True).values
     # the case has ties between distinct keys (not only duplicate rows)
@@ -81,7 +66,7 @@ def test_symmetric_argmax_first_index_across_column_chunks(sym_forced, seed):
 
 @_NEEDS_SYM
 @pytest.mark.parametrize("include_self", [True, False])
-def test_symmetric_official_gradient_on_tied_distinct_keys(sym_forced, include_self):
+def test_symmetric_official_gradient_on_tied_distinct_keys(forced, include_self):
     """The official loss through the symmetric engine on integer rows (ties between distinct
     keys in several column chunks): the row max's gradient goes to the first arg-max key, as in
     the dense reference. A mutation audit's tie-rule bug moved it to a later key: the gradient
@@ -97,7 +82,7 @@ def test_symmetric_official_gradient_on_tied_distinct_keys(sym_forced, include_s
         return [loss.detach().double(), zz.grad.double()]
 
     got = run(z, "torch")
-    assert sym_forced["fused"] >= 1
+    assert forced["fused"] >= 1
     exp, low = run(z.double(), "reference"), run(z, "reference")
     terms = 2.0 * z.abs().max().item() * z.shape[1] ** 0.5 / tau / n
     assert_within_reference_error(got, exp, low, terms)
