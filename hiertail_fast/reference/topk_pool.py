@@ -44,6 +44,7 @@ import numbers
 import torch
 
 from hiertail_fast._validation import (
+    all_finite,
     check_edge_index,
     check_edge_weight,
     check_float_matrix,
@@ -197,8 +198,9 @@ def rescale_overflowed_dots(x: torch.Tensor, phat: torch.Tensor, t: torch.Tensor
     by a power of two, exact (terms below 2^-60 of the largest aside, far under the sum's
     rounding), so the row rounds as the plain sum would with an unbounded exponent; a true
     |x_i·p̂| beyond the dtype's range is ±inf, whose tanh is ±1 (the right sign). Returns ``t``
-    itself when every entry is finite (one O(n) check; a host sync on CUDA), else a copy."""
-    if bool(torch.isfinite(t).all()):
+    itself when every entry is finite (`all_finite`: one O(n) sum; a host sync on CUDA), else a
+    copy."""
+    if all_finite(t):
         return t
     bad = torch.nonzero(~torch.isfinite(t)).view(-1)
     rows = x.index_select(0, bad).to(t.dtype)
