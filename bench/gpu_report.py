@@ -284,12 +284,17 @@ def _sections_note(report: dict) -> str:
     return "" if len(run) == len(SECTIONS) else ", sections: " + " ".join(run)
 
 
+def failed_checks(checks: list[dict]) -> int:
+    """Correctness rows that are not PASS (a FAIL, or a backend that raised)."""
+    return sum(r["result"] != "PASS" for r in checks)
+
+
 def render(report: dict) -> str:
     f = gc.fmt
     report = {"loss": [], "graph": [], "scale": {"error": "not run yet"}, **report}
     ratios = anchor_ratios(report["loss"])
     checks = report["correctness"]
-    n_fail = sum(r["result"] != "PASS" for r in checks)
+    n_fail = failed_checks(checks)
     parts = [f"# hiertail_fast GPU report: {report['device']}", "",
              f"{report['when']}, torch {report['torch']}, triton {report['triton']}, mode "
              f"{report['mode']}, {report['wall_s']:.0f} s, {gc.load_note(report)}"
@@ -404,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text + f"\nwrote {args.out / 'gpu_report.md'} and gpu_report.json"
           + (f"; the previous report is kept as {', '.join(p.name for p in kept)}" if kept
              else ""))
-    failed = sum(r["result"] != "PASS" for r in report["correctness"])
+    failed = failed_checks(report["correctness"])
     if failed:
         print(f"gpu_report: {failed} correctness check(s) FAILED", file=sys.stderr)
     return FAILED_CHECKS_EXIT if failed else 0

@@ -334,9 +334,9 @@ def _gb(nbytes: float) -> str:
 def worker_wait_policy() -> str:
     """The workers' OMP_WAIT_POLICY: the caller's (an empty one: the OpenMP runtime's own
     default), else PASSIVE. Sleeping OpenMP threads keep a shared machine's throughput (both
-    cores busy: a 10k-node HierTail epoch 1.2 s vs 2.4 s under
-    libgomp's default spin-then-sleep, GCN 0.07 vs 0.22 s), but on an idle machine every parallel
-    region must wake them: HierTail epochs 2.2-2.6x slower at 100 / 1,000 nodes and 1.35x at 10k,
+    cores busy: a 10k-node HierTail epoch 1.2 s vs 2.4 s under libgomp's default
+    spin-then-sleep, GCN 0.07 vs 0.22 s), but on an idle machine every parallel region must
+    wake them: HierTail epochs 2.2-2.6x slower at 100 / 1,000 nodes and 1.35x at 10k,
     GCN 2.0-3.0x and 1.2-1.3x (2-core Xeon VM, 2026-12-02;
     docs/results/omp_wait_policy_2026-12-02.txt). On a machine of your own, run with
     OMP_WAIT_POLICY=ACTIVE."""
