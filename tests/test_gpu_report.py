@@ -20,12 +20,17 @@ SCRIPT = BENCH / "gpu_report.py"
 no_cuda_only = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 
 
-@pytest.fixture(scope="module")
-def gc():
-    spec = importlib.util.spec_from_file_location("bench_gpu_checks", BENCH / "_gpu_checks.py")
+def _load(name: str, file: str):
+    """A fresh module `name` from bench/`file` (the bench scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, BENCH / file)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+@pytest.fixture(scope="module")
+def gc():
+    return _load("bench_gpu_checks", "_gpu_checks.py")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -110,9 +115,7 @@ def test_time_call_and_guarded(gc):
 def test_new_backend_names_are_picked_up_and_a_raising_backend_is_a_fail(gc, monkeypatch):
     with monkeypatch.context() as m:  # a backend registered later in _dispatch.BACKENDS
         m.setattr(dispatch, "BACKENDS", dispatch.BACKENDS + ("newengine",))
-        fresh = importlib.util.module_from_spec(importlib.util.spec_from_file_location(
-            "bench_gpu_checks_fresh", BENCH / "_gpu_checks.py"))
-        fresh.__spec__.loader.exec_module(fresh)
+        fresh = _load("bench_gpu_checks_fresh", "_gpu_checks.py")
     assert "newengine" in fresh.FAST_BACKENDS and "reference" not in fresh.FAST_BACKENDS
     # the loss's own engines (the attention kernels) are validated for the loss only
     assert "attention" in fresh.LOSS_FAST_BACKENDS and "attention" not in fresh.FAST_BACKENDS
@@ -171,9 +174,7 @@ def test_triton_modes_set_and_restore_their_environment(gc, monkeypatch):
 
 
 def test_anchor_ratios_use_the_rows_input_dtype():
-    spec = importlib.util.spec_from_file_location("bench_gpu_report", SCRIPT)
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+    report = _load("bench_gpu_report", "gpu_report.py")
     rows = [dict(n=10, d=4, variant="–", what="SDPA fp32 fwd+bwd", median_s=2.0),
             dict(n=10, d=4, variant="–", what="SDPA bf16 fwd+bwd", median_s=0.5),
             dict(n=10, d=4, variant="–", what=report.FLOOR, median_s=4.0),
@@ -271,9 +272,7 @@ def test_gpu_session_script_logs_each_step_under_out(tmp_path):
 def test_loss_rows_are_checkpointed_one_by_one():
     """loss_section fills the caller's list and calls the checkpoint after every row (the report
     is saved then: a run stopped by a device call's time limit keeps what it measured)."""
-    spec = importlib.util.spec_from_file_location("bench_gpu_report_ckpt", SCRIPT)
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+    report = _load("bench_gpu_report_ckpt", "gpu_report.py")
     rows, seen = [], []
     sizes = dict(report.SIZES["cpu"], loss_n=[150], loss_d=[8])
     out = report.loss_section("cpu", sizes, report.Budget(120, reps=1), rows=rows,

@@ -5,20 +5,10 @@ only runs correct backends, so a check that compared the wrong tensor, the refer
 itself or never looked at a gradient went unnoticed there."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
-
-def _load(name: str, file: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / file)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.test_gpu_report import _load
 
 
 @pytest.fixture(scope="module")

@@ -661,12 +661,26 @@ def test_a_long_epoch_run_feeds_the_memory_history(monkeypatch):
     assert rows[2]["status"].startswith("skipped: would need")
 
 
-_RSS_CHILD = r"""
-import json, sys
-sys.path.insert(0, sys.argv[1])
-import torch
-import _scale_worker as worker
+def _worker_in_a_child(body: str) -> str:
+    """The last stdout line of a fresh interpreter that runs `body` (which defines ``setup``;
+    may print and exit first) and then the worker on a 1,000-node GCN spec with ``setup`` as
+    its graph and model, in 'rss' memory mode: the sweep's own way of running a worker."""
+    script = ("import json, re, sys\nsys.path.insert(0, sys.argv[1])\nimport torch\n"
+              "import _scale_worker as worker\n" + body + """
+worker._setup = setup
+spec = dict(method="gcn", nodes=1000, classes=4, avg_degree=4.0, features=8, hidden=8,
+            config="paper", epochs=1, warmup=0, device="cpu", seed=0, cpu_memory="rss",
+            threads=1)
+print(json.dumps(worker.run_worker(spec)))
+""")
+    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    proc = subprocess.run([sys.executable, "-c", script, bench], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip().splitlines()[-1]
 
+
+_RSS_CHILD = r"""
 kept = []
 
 def setup(spec, nodes):
@@ -677,12 +691,6 @@ def setup(spec, nodes):
         t.add_(1)
         del t
     return epoch, 10, [1.0], None
-
-worker._setup = setup
-spec = dict(method="gcn", nodes=1000, classes=4, avg_degree=4.0, features=8, hidden=8,
-            config="paper", epochs=1, warmup=0, device="cpu", seed=0, cpu_memory="rss",
-            threads=1)
-print(json.dumps(worker.run_worker(spec)))
 """
 
 
@@ -692,20 +700,11 @@ def test_worker_rss_peak_holds_the_runs_data_and_its_epochs_temporaries():
     here) and an epoch's freed temporaries (300 MB). Reading the resident size at the end
     instead of the peak, or taking the baseline after the set-up, passed every test (a
     mutation audit: the tests asked only for a value > 0)."""
-    bench = str(Path(__file__).resolve().parents[1] / "bench")
-    proc = subprocess.run([sys.executable, "-c", _RSS_CHILD, bench], capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    peak = json.loads(proc.stdout.strip().splitlines()[-1])["peak_memory_bytes"]
+    peak = json.loads(_worker_in_a_child(_RSS_CHILD))["peak_memory_bytes"]
     assert peak >= 0.9 * (200e6 + 300e6), peak
 
 
 _PRIMED_CHILD = r"""
-import json, re, sys
-sys.path.insert(0, sys.argv[1])
-import torch
-import _scale_worker as worker
-
 def hwm():
     with open("/proc/self/status") as fh:
         return int(re.search(r"VmHWM:\s+(\d+) kB", fh.read()).group(1)) * 1024
@@ -728,12 +727,6 @@ def setup(spec, nodes):
             cache.append(torch.ones(50_000_000))
         x = torch.ones(2_500_000); x.add_(1); del x     # an epoch's temporaries: 10 MB
     return epoch, 10, [1.0], None
-
-worker._setup = setup
-spec = dict(method="gcn", nodes=1000, classes=4, avg_degree=4.0, features=8, hidden=8,
-            config="paper", epochs=1, warmup=0, device="cpu", seed=0, cpu_memory="rss",
-            threads=1)
-print(json.dumps(worker.run_worker(spec)))
 """
 
 
@@ -743,11 +736,7 @@ def test_worker_rss_peak_leaves_out_first_use_costs_and_earlier_peaks():
     caches filled on first use: 200 MB here, ~170 MB for real) and resets the kernel's
     high-water mark before the epochs (a 400 MB peak of earlier work). Without either, the
     peak read 200 / 400 MB more; no test noticed (a mutation audit)."""
-    bench = str(Path(__file__).resolve().parents[1] / "bench")
-    proc = subprocess.run([sys.executable, "-c", _PRIMED_CHILD, bench], capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    last = proc.stdout.strip().splitlines()[-1]
+    last = _worker_in_a_child(_PRIMED_CHILD)
     if last == "NO_RESET":
         pytest.skip("this kernel cannot reset VmHWM (/proc/self/clear_refs)")
     peak = json.loads(last)["peak_memory_bytes"]
