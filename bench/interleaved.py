@@ -43,6 +43,8 @@ except ImportError as exc:
 from _device import DEVICE, device_name  # noqa: E402
 from _roofline import bandwidth_figures  # noqa: E402
 
+from hiertail_fast._files import atomic_write_text, unwritable_file_reason  # noqa: E402
+
 OPS = {
     "propagation": dict(providers=[p for p in tprop.PROVIDERS if p != "reference"],
                         modes=["fwd", "fwd+bwd"]),
@@ -112,6 +114,9 @@ def main(argv=None) -> int:
     make = {"propagation": propagation_step, "pooling": pooling_step,
             "prototype": functools.partial(prototype_step, m=args.prototypes)}[args.op]
     out = args.out or Path(__file__).parent / "results" / f"interleaved_{args.op}.json"
+    problem = unwritable_file_reason(out)   # before minutes of timing, not after
+    if problem:
+        parser.error(f"--out: {problem}")
 
     records = []
     print(f"{args.op} on {device_name()}, rounds {args.rounds}")
@@ -138,7 +143,7 @@ def main(argv=None) -> int:
                                         else None,
                                         median_s=med, min_s=min(ts), times_s=ts, **bw))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(op=args.op, device=device_name(), rounds=args.rounds,
+    atomic_write_text(out, json.dumps(dict(op=args.op, device=device_name(), rounds=args.rounds,
                                    torch=torch.__version__, records=records), indent=1))
     print(f"\nwrote {out}")
     return 0

@@ -28,7 +28,8 @@ next and how far the automatic choice of that run was from it; then the derived 
   of the time ratio, and a verdict ("make it the default" only where it is faster in every
   cell measured).
 
-Exit status 2 (one line) for a file that is not loss_profile JSON.
+Exit status 2 (one line) for a file that is not loss_profile JSON, and for a ``--md`` that
+is one of the input files or cannot be written (checked before reading; written atomically).
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ import math
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+from hiertail_fast._files import atomic_write_text, overwritten_input, unwritable_file_reason
 
 TRITON_MODES = ("triton[lean]", "triton[shared]", "triton[shared+lean]",
                 "triton[tf32x3+autotune]")
@@ -194,6 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("profiles", nargs="+", type=Path, help="loss_profile.py JSON files")
     p.add_argument("--md", type=Path, help="also write the report here")
     args = p.parse_args(argv)
+    if args.md is not None:
+        clash = overwritten_input(args.md, args.profiles)
+        problem = (f"{args.md} is the input {clash}" if clash is not None
+                   else unwritable_file_reason(args.md))
+        if problem:
+            p.error(f"--md: {problem}")
     try:
         cells, picked = load(args.profiles)
     except SystemExit as exc:
@@ -205,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     text, _ = report(cells, picked)
     print(text, end="")
     if args.md:
-        args.md.write_text(text)
+        atomic_write_text(args.md, text)
     return 0
 
 

@@ -37,6 +37,15 @@ def test_round_robin_records_every_provider(tmp_path, op, modes):
     assert "x torch" in res.stdout
 
 
+def test_an_unwritable_out_is_refused_before_any_timing(tmp_path):
+    """--out is checked before the rounds (minutes of timing must not end in a lost write)."""
+    folder = tmp_path / "a_folder"
+    folder.mkdir()
+    res = _run("prototype", "--nodes", "1000000", "--rounds", "50", "--out", str(folder))
+    assert res.returncode == 2 and "is a directory" in res.stderr
+    assert "median" not in res.stdout          # refused before the first round
+
+
 def test_unknown_provider_is_an_error():
     res = _run("pooling", "--providers", "torch", "nonexistent", "--rounds", "1")
     assert res.returncode == 2

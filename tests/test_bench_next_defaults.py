@@ -5,6 +5,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
 import next_defaults  # noqa: E402
@@ -80,3 +82,18 @@ def test_cli_writes_markdown_and_rejects_other_json(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("next_defaults.py: ") and "\n" not in err
 
+
+
+def test_md_never_replaces_an_input_and_is_checked_before_reading(tmp_path, capsys):
+    """``--md`` naming one of the profiles would have replaced the measured JSON by its report;
+    it exits 2 and leaves the file as it was. A folder as --md is refused the same way."""
+    profile = tmp_path / "p.json"
+    profile.write_bytes(H200.read_bytes())
+    with pytest.raises(SystemExit) as exc:
+        next_defaults.main([str(profile), "--md", str(profile)])
+    assert exc.value.code == 2
+    assert "is the input" in capsys.readouterr().err
+    assert profile.read_bytes() == H200.read_bytes()
+    with pytest.raises(SystemExit) as exc:
+        next_defaults.main([str(profile), "--md", str(tmp_path)])
+    assert exc.value.code == 2 and "is a directory" in capsys.readouterr().err
