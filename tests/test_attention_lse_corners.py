@@ -1,0 +1,163 @@
+"""Corners of the attention adapter (hiertail_fast/ops/_attention_lse.py) that a mutation audit
+found unguarded: the version check's boundary, the official variant's row max and tied arg-max
+under levels that hide keys (hierarchical loss with prototypes), the bias folding at a tiny
+scale, and the official guard's rows rule. Each against float64 or the documented rule."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hiertail_fast.ops._attention_lse as attn
+from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss
+from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
+
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),
+    pytest.mark.skipif(not attn.available("cpu"), reason="no CPU flash-attention op in torch"),
+]
+
+
+def _rel_err(a: torch.Tensor, e: torch.Tensor) -> float:
+    """Max error relative to the largest entry of the expected tensor."""
+    return float((a.double() - e.double()).abs().max() / e.double().abs().max())
+
+
+def _spy(monkeypatch) -> list:
+    calls = []
+    real = attn._call
+
+    def spy(*a, **k):
+        calls.append(a[0].shape)
+        return real(*a, **k)
+
+    monkeypatch.setattr(attn, "_call", spy)
+    return calls
+
+
+def _hierarchical_grads(z, ys, ps, **kw):
+    """(loss, dz, [dP_l]) of hierarchical_contrastive_loss on the attention backend."""
+    zz = z.clone().requires_grad_()
+    pp = [None if p is None else p.clone().requires_grad_() for p in ps]
+    loss = hierarchical_contrastive_loss(zz, ys, pp, backend="attention", **kw)
+    (loss * 3).backward()
+    return loss.detach(), zz.grad, [None if p is None else p.grad for p in pp]
+
+
+def _sum_of_levels(z, ys, ps, **kw):
+    """The same in float64: the sum over levels of the reference loss on cat(z, P_l)."""
+    zz = z.double().requires_grad_()
+    pp = [None if p is None else p.double().requires_grad_() for p in ps]
+    loss = sum(ref(zz, y, prototypes=p, **kw) for y, p in zip(ys, pp, strict=True))
+    (loss * 3).backward()
+    return loss.detach(), zz.grad, [None if p is None else p.grad for p in pp]
+
+
+def test_min_torch_release_itself_is_supported():
+    """docs/LOSS.md: the adapter's version check is ">= 2.4" (MIN_TORCH), so the oldest
+    supported release itself and its patch releases pass, the one before does not (a mutation
+    audit: ">" in place of ">=" refused torch 2.4 unnoticed)."""
+    assert attn.MIN_TORCH == (2, 4)
+    assert attn.supported(attn.MIN_TORCH)
+    assert attn.supported((2, 4)) and attn.supported((2, 5))
+    assert not attn.supported((2, 3)) and not attn.supported((1, 13))
+
+
+def test_official_row_max_ignores_keys_hidden_at_the_level(monkeypatch):
+    """Official hierarchical loss on the attention kernels: level 2 hides level 1's prototypes,
+    which are every row's largest logit (~40 against ~20 for the visible keys, a gap past the
+    official eps of 1e-7). The row max M_i of level 2 must come from its visible keys only: the
+    loss and every gradient as the float64 sum of per-level reference losses, and the loss of
+    the forward-only pass (no gradient asked: lse_forward) too (a mutation audit: a row max over
+    all keys, log_w's -inf ignored, passed every other test in either pass)."""
+    gen = torch.Generator().manual_seed(0)
+    u = torch.randn(8, generator=gen)
+    u = u / u.norm()
+    z = 3.2 * u + 0.3 * torch.randn(40, 8, generator=gen)
+    p1 = 6.3 * u + 0.05 * torch.randn(3, 8, generator=gen)
+    ys = [torch.randint(0, 3, (40,), generator=gen), torch.randint(0, 2, (40,), generator=gen)]
+    kw = dict(temperature=0.5, variant="official")
+    assert attn.within_precision(torch.cat([z, p1]), 2.0, "official")     # runs the kernels
+    calls = _spy(monkeypatch)
+    loss, dz, (dp1, _) = _hierarchical_grads(z, ys, [p1, None], **kw)
+    assert calls, "the attention kernels were not used"
+    e_loss, e_dz, (e_dp1, _) = _sum_of_levels(z, ys, [p1, None], **kw)
+    assert abs(loss.item() - e_loss.item()) <= 1e-5 * abs(e_loss.item())
+    assert _rel_err(dz, e_dz) <= 1e-4
+    assert _rel_err(dp1, e_dp1) <= 1e-4
+    calls.clear()
+    with torch.no_grad():
+        fwd = hierarchical_contrastive_loss(z, ys, [p1, None], backend="attention", **kw)
+    assert calls, "the attention kernels were not used"
+    assert abs(fwd.item() - e_loss.item()) <= 1e-5 * abs(e_loss.item())
+
+
+def test_official_tied_arg_max_stays_on_a_visible_key(monkeypatch):
+    """Official hierarchical loss on the attention kernels with a level-2 prototype equal bit for
+    bit to a level-1 prototype (the smaller row id, hidden at level 2), which is every row's
+    largest logit at both levels. Level 2's arg-max moves to the first EQUAL row visible at
+    that level: its row-max gradient reaches P2, not P1 (a mutation audit: first_tied_key
+    without the visibility mask sent it to P1, ~10x the gradient's size off)."""
+    gen = torch.Generator().manual_seed(0)
+    u = torch.randn(8, generator=gen)
+    u = u / u.norm()
+    z = 3.2 * u + 0.3 * torch.randn(40, 8, generator=gen)
+    p1 = torch.randn(2, 8, generator=gen)
+    p1[0] = 6.3 * u
+    p2 = torch.randn(2, 8, generator=gen) * 0.3
+    p2[0] = p1[0]
+    ys = [torch.randint(0, 2, (40,), generator=gen), torch.randint(0, 2, (40,), generator=gen)]
+    kw = dict(temperature=0.5, variant="official")
+    assert attn.within_precision(torch.cat([z, p1, p2]), 2.0, "official")
+    calls = _spy(monkeypatch)
+    loss, dz, dps = _hierarchical_grads(z, ys, [p1, p2], **kw)
+    assert calls, "the attention kernels were not used"
+    e_loss, e_dz, e_dps = _sum_of_levels(z, ys, [p1, p2], **kw)
+    assert abs(loss.item() - e_loss.item()) <= 1e-5 * abs(e_loss.item())
+    assert _rel_err(dz, e_dz) <= 1e-4
+    for got, exp in zip(dps, e_dps, strict=True):
+        assert _rel_err(got, exp) <= 1e-4
+
+
+def test_bias_folding_at_a_tiny_scale_stays_finite():
+    """fold_bias splits b / scale into three bf16 parts: at temperature 1e9 (scale 1e-9, a
+    value validation accepts) a hidden key's -1e30 / scale overflows fp32, and without the
+    clamp the parts were -inf, NaN, NaN (a mutation audit). Folded scores: finite, the hidden
+    key still hidden, the visible keys scale * z.z + b to fp32 precision of b."""
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(9, 6, generator=gen).to(torch.bfloat16)
+    scale = 1e-9
+    bias = -torch.rand(2, 9, generator=gen).double() * 3
+    bias[0, 4] = attn.HIDDEN
+    qf, kf, vf = attn.fold_bias(q, bias, scale)
+    assert torch.isfinite(qf.float()).all() and torch.isfinite(kf.float()).all()
+    folded = scale * torch.einsum("nd,hkd->hnk", qf.double(), kf.double())
+    want = scale * (q.double() @ q.double().T)[None] + bias[:, None, :]
+    vis = bias[:, None, :].expand_as(want) > -1e20
+    assert (folded[0, :, 4] < -1e20).all()
+    assert (folded - want)[vis].abs().max().item() <= 1e-5 * want[vis].abs().max().item()
+
+
+def test_official_small_problem_at_four_logits_per_row_stays_within_the_rule():
+    """The official guard's rows rule (OFFICIAL_LOGIT_PER_ROW = 2, docs in _attention_lse):
+    40 near-singleton rows at a logit bound of ~156 (~4 per row, inside MAX_LOGIT) must meet
+    the tests' rule of bench/official_small_n.py, error <= 2 x the dense fp32 reference's +
+    1e-4 max|ref| + 1e-5 against float64 (a mutation audit: 4 per row put this case on the
+    fp32-LSE kernels, 1.25 x the rule)."""
+    n, tau = 40, 0.1
+    gen = torch.Generator().manual_seed(12)
+    z = torch.randn(n, 8, generator=gen, dtype=torch.float64)
+    sc = 0.5 + 0.5 * torch.rand(n, 1, generator=gen, dtype=torch.float64)
+    z = (z / z.norm(dim=1, keepdim=True) * (160.0 * tau) ** 0.5 * sc).float()
+    y = torch.randint(0, n, (n,), generator=gen)
+    assert 3 * n < attn.logit_bound(z, 1 / tau) <= attn.MAX_LOGIT["official"]
+
+    def grad(x, backend):
+        x = x.clone().requires_grad_()
+        balanced_contrastive_loss(x, y, temperature=tau, include_self=False,
+                                  variant="official", backend=backend).backward()
+        return x.grad.double()
+
+    exp = grad(z.double(), "reference")
+    rule = (2 * (grad(z, "reference") - exp).abs().max().item()
+            + 1e-4 * exp.abs().max().item() + 1e-5)
+    assert (grad(z, "attention") - exp).abs().max().item() <= rule
