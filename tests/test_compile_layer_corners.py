@@ -103,3 +103,23 @@ def test_compiled_graph_ops_check_num_nodes_as_eager():
         topk_unpool(x[:1], perm, True)                                    # eager
     with pytest.raises(TypeError, match="num_nodes"):
         torch.compile(lambda x: topk_unpool(x[:1], perm, True), backend="aot_eager")(x)
+
+
+def test_compiled_loss_gradient_scales_with_the_incoming_gradient():
+    """The compiled loss's fused backward multiplies its saved gradients by the incoming
+    scalar: (2.5 · loss).backward() gives 2.5× eager's gradient of the loss, for z and the
+    prototypes (a mutation audit: dropping grad_loss passed every test seeding 1.0 and was
+    caught only by a whole compiled training step)."""
+    z0, y = _unit_rows(30, 6, seed=3)
+    p0 = torch.nn.functional.normalize(torch.randn(3, 6, generator=torch.Generator()
+                                                   .manual_seed(4)), dim=1)
+
+    def f(z, p):
+        return balanced_contrastive_loss(z, y, prototypes=p, temperature=0.5)
+
+    z, p = z0.clone().requires_grad_(), p0.clone().requires_grad_()
+    got = torch.autograd.grad(2.5 * _compiled(f)(z, p), (z, p))
+    z, p = z0.clone().requires_grad_(), p0.clone().requires_grad_()
+    want = torch.autograd.grad(f(z, p), (z, p))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, 2.5 * w, rtol=1e-5, atol=1e-7)
