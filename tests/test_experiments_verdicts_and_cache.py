@@ -1,0 +1,320 @@
+"""The reproduction harness's bookkeeping: which rows a table shows under which dataset, what a
+row's mean and seeds are made of, which runs share a cache file, which arguments name a
+summary, and the provenance lines that say where the numbers come from. Each test was written
+for a mutant that survived the other tests (a mutation audit); records are made up, every
+expected value is computed here from the module's documented rule."""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import pytest
+
+from hiertail_fast.experiments import report, runner
+from hiertail_fast.experiments.common import Context
+from hiertail_fast.experiments.runner import Budget, RunSpec
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+METRICS = ("bacc", "macro_f1", "g_means", "acc")
+
+
+def _record(dataset, row, seed, values, **extra):
+    """A finished run: test metrics ``values`` (metric -> fraction, or one fraction for all)."""
+    test = values if isinstance(values, dict) else dict.fromkeys(METRICS, values)
+    return {"spec": RunSpec(dataset, row, "x", None), "identity": {"seed": seed}, "wall_s": 1.0,
+            "result": {"test": test, "epochs_run": 1}, **extra}
+
+
+def _table_row(dataset, label):
+    return {"dataset": dataset, "label": label, "n": 1, "verdict": "x",
+            "metrics": {m: {"ours": {"mean": 1.0, "std": 0.0}, "paper": None,
+                            "comparison": None} for m in METRICS}}
+
+
+# ------------------------------------------------------------------ tables and provenance
+def test_markdown_table_lists_under_each_dataset_only_its_rows():
+    """markdown_table writes one table per dataset (its docstring): a row of Wiki must not
+    appear under Email's heading, where it would read as an Email result. A mutation audit
+    found every row printed under every heading unnoticed (the table tests look rows up by
+    label, the first match)."""
+    md = report.markdown_table([_table_row("email", "Origin"), _table_row("wiki", "Re-weight"),
+                                _table_row("email", "SMOTE")], 1)
+    email, wiki = md.split("### wiki")
+    assert email.startswith("### email")
+    labels = {name: [line.split("|")[1].strip() for line in part.splitlines()
+                     if line.startswith("| ") and not line.startswith("| Method")]
+              for name, part in (("email", email), ("wiki", wiki))}
+    assert labels == {"email": ["Origin", "SMOTE"], "wiki": ["Re-weight"]}
+
+
+def test_runs_code_lists_most_runs_first_and_the_warning_counts_the_other_runs():
+    """runs_code: the code versions of the reported runs, most runs first (its docstring); the
+    provenance warning says how many runs were trained at ANOTHER version than the command's.
+    With 3 runs at the command's commit and 1 elsewhere: [b 3, a 1] and '1 of 4'. A mutation
+    audit found the order reversed, and the warning counting the runs at this commit (3 of 4),
+    unnoticed (the existing test has 1 run each way, so both counts are 1)."""
+    records = [{"git_commit": "a", "git_dirty": False}] + [
+        {"git_commit": "b", "git_dirty": False}] * 3
+    versions = report.runs_code(records)
+    assert [(v["git_commit"], v["runs"]) for v in versions] == [("b", 3), ("a", 1)]
+    (line,) = report._runs_code_lines({"git_commit": "b", "git_dirty": False,
+                                       "runs_code": versions})
+    assert line.startswith("- **1 of 4 runs were trained at another code version")
+
+
+def test_threads_text_marks_a_dataset_whose_runs_used_two_thread_counts():
+    """A dataset whose runs trained at different torch thread counts is marked mixed (the
+    count changes the float sums, so the numbers): email 1 and 2 -> '(**mixed**', wiki 2 alone
+    -> no mark. A mutation audit found the mark could be lost for two counts unnoticed."""
+    text = report._threads_text({"runs_threads": {"email": [1, 2], "wiki": [2]}, "threads": 1})
+    email, wiki = text.split("; torch threads of the runs: ")[1].split(", ")
+    assert email.startswith("email 1 and 2 (**mixed**") and wiki == "wiki 2"
+
+
+def test_summary_runs_of_a_legacy_summary_counts_the_seeds_of_its_rows():
+    """A summary written before its ``runs`` entry existed holds the seeds of its rows
+    (summary_runs docstring): rows of 3 and 2 seeds are 5 runs, per-class methods likewise, so
+    --report-only over fewer runs cannot replace it. A mutation audit found each row counted
+    as one run unnoticed."""
+    assert report.summary_runs({"rows": [{"n": 3}, {"n": 2}]}) == 3 + 2
+    assert report.summary_runs({"datasets": [{"methods": {"a": {"seeds": 4},
+                                                          "b": {"seeds": 2}}}]}) == 4 + 2
+    assert report.summary_runs({"runs": 7, "rows": [{"n": 3}]}) == 7
+
+
+def test_new_numbers_with_the_same_run_count_replace_the_summary(tmp_path):
+    """write_outputs leaves a summary alone only when it holds the same results; the same
+    arguments and as many runs but other numbers (e.g. runs retrained on other data) must
+    replace it, the old one kept as .prev. A mutation audit found the rows left out of the
+    comparison unnoticed: the stale table was kept and the log said 'already holds these
+    results'."""
+    base = {"args": {"name": "main"}, "runs": 2, "provenance": {"runs_code": []}}
+    log = []
+    report.write_outputs(tmp_path, "main", "bAcc 50.0\n", {**base, "rows": [{"bacc": 50.0}]},
+                         log=log.append)
+    report.write_outputs(tmp_path, "main", "bAcc 60.0\n", {**base, "rows": [{"bacc": 60.0}]},
+                         log=log.append)
+    assert (tmp_path / "main.md").read_text() == "bAcc 60.0\n"
+    assert json.loads((tmp_path / "main.json").read_text())["rows"] == [{"bacc": 60.0}]
+    assert (tmp_path / "main.prev.md").read_text() == "bAcc 50.0\n"
+    assert not any("already holds" in line for line in log)
+
+
+# ------------------------------------------------------------------ aggregation over seeds
+def test_summarize_keeps_datasets_apart_and_names_each_rows_own_seeds():
+    """summarize groups by (dataset, row): a row's mean pools only its dataset's seeds, and
+    ``seeds`` lists the seeds those runs were trained with. Email seeds 5, 9 (bAcc 50, 60)
+    and Wiki seed 5 (bAcc 10) -> Email n 2, mean 55, seeds [5, 9]. A mutation audit found a
+    row pooling every dataset's runs (n 3, mean 40), and seeds counted up from the first
+    ([5, 6]), unnoticed: the tests use one dataset and consecutive seeds."""
+    out = runner.summarize([_record("email", "origin", 5, 0.5), _record("email", "origin", 9, 0.6),
+                            _record("wiki", "origin", 5, 0.1)])
+    email = out[("email", "origin")]
+    assert (email["n"], email["seeds"]) == (2, [5, 9])
+    assert email["bacc"]["mean"] == pytest.approx(statistics.fmean([50.0, 60.0]))
+    assert out[("wiki", "origin")]["bacc"]["mean"] == pytest.approx(10.0)
+
+
+def test_per_class_seeds_column_counts_the_seeds_not_the_classes():
+    """The per-class table's seeds column (and the JSON's ``seeds``) is the number of runs
+    averaged: 2 seeds on a 3-class graph -> 2. A mutation audit found the class count
+    printed there unnoticed."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import torch
+
+    from hiertail_fast.experiments import per_class
+
+    y = torch.from_numpy(np.repeat([0, 1, 2], [10, 50, 40]))
+
+    class Source:
+        def load(self, name):
+            return type("G", (), {"y": y})()
+
+    records = [{"spec": RunSpec("toy", row, "x", None), "identity": {"seed": s},
+                "result": {"test_per_class": [0.1, 0.2, 0.3]}}
+               for row in per_class.ROWS for s in (1, 2)]
+    ctx = Context(argparse.Namespace(), Budget((1, 2)), Source(), None, ["toy"])
+    md, payload, figs = per_class.report(ctx, records)
+    for fig in figs.values():
+        plt.close(fig)
+    for label in per_class.ROWS.values():
+        line = next(x for x in md.splitlines() if x.startswith(f"| {label} |"))
+        assert line.split("|")[2].strip() == "2"
+    assert [m["seeds"] for m in payload["datasets"][0]["methods"].values()] == [2, 2]
+
+
+def _sensitivity(values):
+    """sensitivity.report over a γ × τ grid with bAcc ``values[(g, t)]`` and Macro-F1 half
+    of it."""
+    import matplotlib.pyplot as plt
+
+    from hiertail_fast.experiments import sensitivity
+
+    gammas = sorted({g for g, _ in values})
+    taus = sorted({t for _, t in values})
+    ns = argparse.Namespace(config="paper", parts="grid", gammas=",".join(map(str, gammas)),
+                            taus=",".join(map(str, taus)), activations="relu", hiddens="8",
+                            dropouts="0.0")
+    records = [_record("toy", f"gamma={g:g},tau={t:g}", 1,
+                       {"bacc": v / 100, "macro_f1": v / 200, "g_means": 0.0, "acc": 0.0})
+               for (g, t), v in values.items()]
+    md, _, figs = sensitivity.report(Context(ns, Budget((1,)), None, None, ["toy"]), records)
+    z = figs["toy-gamma-tau"].axes[0].images[0].get_array()
+    for fig in figs.values():
+        plt.close(fig)
+    return md, z, gammas, taus
+
+
+def test_sensitivity_table_range_and_heatmap_follow_the_grid():
+    """The paper's claim checked by the sensitivity table: bAcc varies by < 5 points over the
+    γ × τ grid; the table prints 'bAcc range' = max − min of the grid's bAcc means, each row's
+    bAcc then Macro-F1, and the heatmap has a row per γ and a column per τ. Here the range is
+    54 − 45 = 9 (not within the claim). A mutation audit found the range taken from the first
+    cell (4.0) or over Macro-F1 (4.5) — both would report the claim met — the two columns
+    swapped, and the heatmap transposed, all unnoticed (the end-to-end test reads no
+    number)."""
+    values = {(0.01, 0.01): 50.0, (0.01, 0.1): 52.0, (0.01, 1.0): 54.0,
+              (0.1, 0.01): 51.0, (0.1, 0.1): 45.0, (0.1, 1.0): 53.0}
+    md, z, gammas, taus = _sensitivity(values)
+    spread = max(values.values()) - min(values.values())
+    assert f"γ × τ grid: bAcc range {spread:.1f} points (paper: < 5)." in md
+    line = next(x for x in md.splitlines() if "| gamma=0.01,tau=0.01 |" in x)
+    assert [c.strip() for c in line.split("|")[4:6]] == ["50.0 ± 0.0", "25.0 ± 0.0"]
+    assert z.tolist() == [[values[(g, t)] for t in taus] for g in gammas]
+
+
+# ------------------------------------------------------------------ the per-run cache
+@pytest.mark.parametrize("change", ["epochs", "config", "device"])
+def test_runs_that_differ_in_epochs_config_or_device_get_their_own_cache_files(tmp_path,
+                                                                              change):
+    """A run is one (dataset, split, method, configuration, seed) under one budget (epochs,
+    patience) on one device type (runner module doc), and a cached file is reused without
+    retraining: runs differing in the epoch limit, in the configuration (here the lr) or in
+    the device type must not share a file, or the other run's numbers are served. A mutation
+    audit found each of the three could be dropped from the identity unnoticed (only the
+    patience had a test; the CLI tests vary the method, which names the file)."""
+    from hiertail_fast.nn.hiertail import HierTailConfig
+
+    cache = runner.RunCache(tmp_path)
+    key = {"nodes": 10, "edges": 20, "features": 3, "classes": 2}
+    spec = RunSpec("email", "hiertail_paper", "hiertail", HierTailConfig.paper())
+    other = {"config": RunSpec("email", "hiertail_paper", "hiertail",
+                               HierTailConfig.paper(lr=0.5))}.get(change, spec)
+    budget = Budget(epochs=300, patience=100)
+    a = spec.identity(123, budget, "cpu", key)
+    b = other.identity(123, Budget(epochs=500, patience=100) if change == "epochs" else budget,
+                       "cuda" if change == "device" else "cpu", key)
+    assert cache.path(spec, a) != cache.path(other, b)
+
+
+def test_only_the_official_seeds_are_the_full_protocol():
+    """The full protocol is the official seeds 123..132 (runner.FULL_SEEDS) with 10,000 epochs
+    and patience 1,000: ten other seeds (a --seed-base run) are a reduced budget, labelled so
+    and given a file tag. A mutation audit found any ten seeds accepted as the protocol's
+    unnoticed (the header then said 'the full protocol')."""
+    b = Budget(tuple(range(10)))
+    assert not b.is_full and b.tag() == "-s10-e10000-p1000"
+    assert b.header().startswith("**REDUCED BUDGET: 10 seeds (0..9)")
+    assert Budget(runner.FULL_SEEDS).is_full
+
+
+def test_a_data_source_keeps_each_splits_graph_and_fingerprint():
+    """DataSource.run_inputs gives each run the prepared graph of the data it trains on, and
+    run_fingerprint the fingerprint of that data (runner docs): a natural and a semi-synthetic
+    run of one dataset, or two semi-synthetic α, must not share them. A mutation audit found
+    both cached per dataset unnoticed (the semi-synthetic graph then trained on the natural
+    graph's adjacency; α = 0.5's runs stamped with α = 0.8's fingerprint)."""
+    from hiertail_fast.nn.hiertail import HierTailConfig
+
+    src = runner.DataSource(None, synthetic={"nodes": 300, "classes": 8, "features": 4})
+    cfg = HierTailConfig.paper()
+    natural = RunSpec("synthetic", "r", "hiertail", cfg)
+    semi = {a: RunSpec("synthetic", "r", "hiertail", cfg, ("semi_lt", a, 1, 2, False))
+            for a in (0.8, 0.5)}
+    _, _, g_natural = src.run_inputs(natural, 1)
+    data, _, g_semi = src.run_inputs(semi[0.8], 1)
+    assert g_natural.num_nodes == 300 and g_semi.num_nodes == int(data.y.shape[0]) < 300
+    for a, spec in semi.items():
+        assert src.run_fingerprint(spec) == runner.data_fingerprint(src._semi(spec, 0).data), a
+    assert src.run_fingerprint(semi[0.8]) != src.run_fingerprint(semi[0.5])
+
+
+def test_data_fingerprint_covers_the_edges():
+    """data_fingerprint hashes x, edge_index AND y (its docstring): a rewired graph of the
+    same shape (same x, labels and edge count) must not reuse the cached runs of the original.
+    A mutation audit found edge_index could be left out of the hash unnoticed (the cache
+    tests change the features, one test the labels)."""
+    import torch
+
+    from hiertail_fast.data.io import GraphData
+
+    x, y = torch.ones(3, 1), torch.tensor([0, 1, 1])
+    g = GraphData(torch.tensor([[0, 1], [1, 0]]), x, y, 2)
+    rewired = GraphData(torch.tensor([[1, 2], [2, 1]]), x, y, 2)
+    assert runner.data_fingerprint(g) != runner.data_fingerprint(rewired)
+    assert runner.data_fingerprint(g) == runner.data_fingerprint(
+        GraphData(g.edge_index.clone(), x.clone(), y.clone(), 2))
+
+# ------------------------------------------------------------------ command line
+def test_budget_options_reach_the_budget():
+    """--epochs and --patience override the budget's (cli help): `main --patience 7` trains
+    with patience 7 (and names its files -p7). A mutation audit found --patience ignored
+    unnoticed (the tests only pass --epochs)."""
+    from hiertail_fast.experiments.cli import budget_from_args, build_parser
+
+    parse = build_parser().parse_args
+    b = budget_from_args(parse(["main", "--patience", "7", "--epochs", "40"]))
+    assert (b.seeds, b.epochs, b.patience) == (runner.FULL_SEEDS, 40, 7)
+    assert budget_from_args(parse(["main", "--quick", "--patience", "0"])).patience == 0
+
+
+@pytest.mark.parametrize("option", [["--lr", "0.5"], ["--hidden", "16"],
+                                    ["--adj-norm", "row"], ["--feature-norm", "row"]])
+def test_options_that_change_the_numbers_name_their_own_summary(option):
+    """A summary made with other arguments is never replaced (cli --out help); only options
+    that change where / how fast results are written are left out of the comparison
+    (_NOT_RESULT_ARGS). A mutation audit found --lr could be listed there unnoticed: `main
+    --lr 0.5` then replaced the default-lr summary as if it were the same table."""
+    from hiertail_fast.experiments.cli import _result_args, build_parser
+
+    parse = build_parser().parse_args
+    assert _result_args(parse(["main"])) != _result_args(parse(["main", *option]))
+
+
+def test_report_only_notes_a_row_missing_on_one_of_two_datasets(tmp_path):
+    """--report-only notes every (dataset, row) with no finished run. Origin cached on Email
+    only: the Wiki row is absent from the table and named in the notes. A mutation audit
+    found the check matching rows by name alone unnoticed (Email's run hid Wiki's gap)."""
+    from hiertail_fast.data.io import GraphData
+    from hiertail_fast.data.synthetic import make_synthetic_graph
+    from hiertail_fast.experiments.cli import main
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for name, seed in (("email", 0), ("wiki", 1)):
+        g = make_synthetic_graph(120, num_classes=6, avg_degree=6.0, num_features=8, seed=seed)
+        GraphData(edge_index=g.edge_index, x=g.x, y=g.y, num_classes=g.num_classes).to_npz(
+            data / f"{name}.npz")
+    base = ["main", "--seeds", "1", "--epochs", "2", "--hidden", "8", "--no-progress",
+            "--device", "cpu", "--methods", "origin", "--data-dir", str(data), "--runs-dir",
+            str(tmp_path / "runs")]
+    main([*base, "--datasets", "email", "--out", str(tmp_path / "a")])
+    res = main([*base, "--datasets", "email,wiki", "--report-only", "--out", str(tmp_path / "b")])
+    assert [(r["dataset"], r["row"]) for r in res["rows"]] == [("email", "origin")]
+    assert "- wiki / origin: no finished run yet (--report-only)" in res["notes"]
+    assert not any(n.startswith("- email / origin") for n in res["notes"])
+
+
+def test_a_row_the_paper_does_not_have_gets_no_paper_cell():
+    """paper_cell gives None where the paper has no such dataset / row (its docstring), so a
+    baseline added to the registry later shows '–' and 'no paper value', never another row's
+    numbers. A mutation audit found a fallback to the dataset's HierTail row unnoticed."""
+    from hiertail_fast.experiments.paper_numbers import TABLE2_MAIN, TABLE5_TASKS, paper_cell
+
+    assert paper_cell(TABLE2_MAIN, "email", "brand_new", "bacc") is None
+    assert paper_cell(TABLE2_MAIN, "synthetic", "origin", "bacc") is None
+    assert paper_cell(TABLE5_TASKS, "cora_full", (3, 1), "acc") is None
+    assert paper_cell(TABLE2_MAIN, "email", "origin", "acc") == (66.7, 2.1)
