@@ -28,7 +28,9 @@
 #      kernel's output now float32, tests/test_topk_pool.py; session 28: the ops' IEEE GEMMs
 #      under TF32 settings, tests/test_matmul_precision.py; session 29: GCN degrees summed in
 #      float64 on the card too, and the Triton loss backward's int64 level offsets,
-#      tests/test_gcn_propagate.py and the Triton loss tests above),
+#      tests/test_gcn_propagate.py and the Triton loss tests above; session 33: the mutation
+#      audit's corner tests of the Triton loss kernels, the attention adapter, the graph
+#      kernels and the compile layer, the four "corners" test files below),
 #      2. the loss kernels' registers / spills as
 #      the image's triton compiles them (bench/kernel_resources.py found the LSE backward's
 #      fixed tile spilling ~1 KB per thread), 3. loss_profile rows at d 64 and 128, N 20k and
@@ -55,7 +57,9 @@ s tests STEPS=tests TESTS_S=90 CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTEST_ARGS="-n 1
   tests/test_hardening.py tests/test_compile.py tests/test_compile_graph_ops.py \
   tests/test_func_transforms.py tests/test_nearest_prototype.py tests/test_bad_inputs.py \
   tests/test_contrastive_numerics.py tests/test_triton_tile_fallback.py tests/test_topk_pool.py \
-  tests/test_matmul_precision.py tests/test_gcn_propagate.py"
+  tests/test_matmul_precision.py tests/test_gcn_propagate.py tests/test_triton_loss_corners.py \
+  tests/test_attention_lse_corners.py tests/test_graph_kernel_corners.py \
+  tests/test_compile_layer_corners.py"
 s resources STEPS=resources RESOURCES_S=60
 s profile STEPS=profile PROFILE_S=300 PROFILE_ARGS="--sizes 20000:64 100000:64 20000:128 \
   100000:128 --engines auto triton triton[lean] triton[shared] triton[shared+lean] \
