@@ -1,0 +1,418 @@
+"""The measuring harnesses' arithmetic and bookkeeping, checked against hand-computed figures (a
+mutation audit found these corners untested): which cells and engines bench/loss_profile.py
+times, its profile summary and table; bench/next_defaults.py's rules; bench/_roofline.py's card
+peaks and units; the medians, warm-ups, ratios and A/B labels of bench/interleaved.py,
+bench/loss_grid.py, bench/engine_ab.py, bench/version_ab.py and bench/epoch_ab.py. Every timer is
+replaced by a fake clock: nothing here depends on the machine's speed."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+import _roofline  # noqa: E402
+import engine_ab  # noqa: E402
+import epoch_ab  # noqa: E402
+import loss_grid  # noqa: E402
+import loss_profile  # noqa: E402
+import next_defaults  # noqa: E402
+import version_ab  # noqa: E402
+
+import hiertail_fast  # noqa: E402
+
+
+class FakeClock:
+    """A perf_counter that moves only when a step says how long it took."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def spend(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _costed_steps(clock: FakeClock, costs: dict) -> tuple[dict, list]:
+    """Steps that each take costs[name][k] seconds on their k-th call (and log the call)."""
+    calls: list = []
+
+    def make(name):
+        def step():
+            clock.spend(costs[name][sum(c == name for c in calls)])
+            calls.append(name)
+        return step
+    return {name: make(name) for name in costs}, calls
+
+
+# ------------------------------------------------------------------------- next_defaults.py
+def _derive(tmp_path, *tables):
+    """next_defaults' (text, derived) for loss_profile JSON files holding `tables`
+    ({(dtype, variant, levels, d, n): {engine: seconds}} each, one file per table)."""
+    paths = []
+    for i, cells in enumerate(tables):
+        rows = [dict(n=n, d=d, variant=v, levels=lv, dtype=dt, what=e, median_s=t,
+                     **({"engine": "torch"} if e == "auto" else {}))
+                for (dt, v, lv, d, n), times in cells.items() for e, t in times.items()]
+        path = tmp_path / f"p{i}.json"
+        path.write_text(json.dumps({"rows": rows}))
+        paths.append(path)
+    cells, picked = next_defaults.load(paths)
+    return next_defaults.report(cells, picked)
+
+
+def test_next_defaults_a_later_file_replaces_an_earlier_row(tmp_path):
+    """The module's docstring: a later file's row replaces an earlier one's for the same cell
+    and engine (a re-measured cell must win, a mutation audit found this unchecked)."""
+    key = ("fp32", "exact", 1, 64, 20_000)
+    _, got = _derive(tmp_path, {key: {"torch": 2.0, "triton": 1.0}}, {key: {"triton": 3.0}})
+    assert got["TRITON_MIN_ROWS['exact']"] is None          # torch 2.0 beats triton's 3.0
+
+
+def test_next_defaults_min_rows_needs_every_larger_n(tmp_path):
+    """TRITON_MIN_ROWS is the smallest N from which Triton wins at EVERY larger N: a loss at 50k
+    between wins at 20k and 100k puts it at 100k (a mutation audit)."""
+    cells = {("fp32", "exact", 1, 64, n): {"torch": 1.0, "triton": t}
+             for n, t in ((20_000, 0.5), (50_000, 1.5), (100_000, 0.5))}
+    # a cell past the time budget (no Triton row) says nothing, it does not count as a loss
+    cells["fp32", "exact", 1, 64, 200_000] = {"torch": 1.0}
+    _, got = _derive(tmp_path, cells)
+    assert got["TRITON_MIN_ROWS['exact']"] == 100_000
+
+
+def test_next_defaults_max_dim_is_the_widest_win_at_the_largest_n(tmp_path):
+    """TRITON_MAX_DIM: the widest d at which Triton is the fastest exact one-level fp32 engine
+    at the LARGEST N measured for that d (a mutation audit): d 32 wins everywhere, d 64 only at
+    100k, d 128 only at 20k -> 64."""
+    cells = {}
+    for d, (small, large) in {32: (0.5, 0.5), 64: (1.5, 0.5), 128: (0.5, 1.5)}.items():
+        cells["fp32", "exact", 1, d, 20_000] = {"attention": 1.0, "triton": small}
+        cells["fp32", "exact", 1, d, 100_000] = {"attention": 1.0, "triton": large}
+    _, got = _derive(tmp_path, cells)
+    assert got["TRITON_MAX_DIM"] == 64
+
+
+def test_next_defaults_faster_means_under_97_percent_and_geomean(tmp_path):
+    """A mode counts as faster only under 97 % of its base's time (FASTER), the table's ratio is
+    the GEOMETRIC mean, and one win in three cells is 'mixed' (a mutation audit): ratios 0.98
+    (not faster), 0.5 and 2.0 -> 1 of 3, geomean (0.98 * 0.5 * 2) ** (1/3) = 0.99."""
+    cells = {("fp32", "exact", 1, 64, n): {"triton": 1.0, "triton[lean]": r}
+             for n, r in ((1_000, 0.98), (2_000, 0.5), (3_000, 2.0))}
+    text, got = _derive(tmp_path, cells)
+    assert "| `triton[lean]` | `triton` | 1 of 3 | 0.99 | mixed" in text
+    assert got["triton[lean]"] == "mixed: keep it off, or choose by size"
+    _, got = _derive(tmp_path, {("fp32", "exact", 1, 64, 1_000):
+                                {"triton": 1.0, "triton[lean]": 0.98}})
+    assert got["triton[lean]"] == "keep it off"
+
+
+def test_next_defaults_margins_are_over_the_fastest(tmp_path):
+    """The table's 'next best' and 'auto' columns are times over the fastest engine's (>= 1),
+    with the auto row's engine named (a mutation audit)."""
+    key = ("fp32", "exact", 1, 64, 20_000)
+    text, _ = _derive(tmp_path, {key: {"triton": 0.001, "torch": 0.002, "auto": 0.0015}})
+    assert "| fp32 | exact | 1 | 64 | 20,000 | triton | 1.0 | torch (2.00x) | torch (1.50x) |" \
+        in text
+
+
+def test_next_defaults_attention_rule_needs_a_strict_win(tmp_path):
+    """ATTENTION_OFFICIAL_MIN_ROWS: from the official ONE-level fp32 cells only (a 3-level cell
+    where attention loses does not count), and attention must be faster than torch: a tie is
+    no win (a mutation audit)."""
+    cells = {("fp32", "official", 1, 64, 50_000): {"torch": 1.0, "attention": 0.5},
+             ("fp32", "official", 3, 64, 50_000): {"torch": 1.0, "attention": 2.0}}
+    _, got = _derive(tmp_path, cells)
+    assert got["ATTENTION_OFFICIAL_MIN_ROWS"] == 50_000
+    cells = {("fp32", "official", 1, 64, 50_000): {"torch": 1.0, "attention": 1.0}}
+    _, got = _derive(tmp_path, cells)
+    assert got["ATTENTION_OFFICIAL_MIN_ROWS"] is None
+
+
+# ------------------------------------------------------------------------- loss_profile.py
+def _stub_gpu(monkeypatch, timed: list):
+    """loss_profile's GPU rows without a GPU: inputs, anchors and timing stubbed; every timed
+    (variant, levels, dtype, engine) goes to `timed`."""
+    gc = loss_profile.gc
+    fake = SimpleNamespace(to=lambda dev: fake)
+    monkeypatch.setattr(gc, "loss_inputs", lambda n, d: (fake, fake, fake))
+    monkeypatch.setattr(loss_profile.gpu_report, "_loss_anchors", lambda *a: [])
+    monkeypatch.setattr(gc, "auto_engine", lambda *a: "torch")
+    monkeypatch.setattr(gc, "tuned_tiles", lambda: {"fwd": ["tile"]})
+    monkeypatch.setattr(loss_profile, "make_step",
+                        lambda z, y, p, v, lv, dt, label: (v, lv, dt, label))
+    monkeypatch.setattr(gc, "time_call",
+                        lambda step, dev, reps: timed.append(step) or {"median_s": 1e-3})
+
+
+ENGINES = ["auto", "torch", "torch+slices", "triton", "triton[shared]", "triton[tf32x3]",
+           "triton[tf32x3+autotune]"]
+
+
+def test_loss_profile_times_each_engine_in_its_cells(monkeypatch):
+    """On CUDA (stubbed), the rows follow the module's rules (a mutation audit): positives plans
+    on the official variant only, shared-keys modes at 3 levels only, bf16 without the fp32-dot
+    (tf32x3) modes and plans, the autotuned mode not among them but in tuned_rows at 1 and 3
+    levels."""
+    timed: list = []
+    _stub_gpu(monkeypatch, timed)
+    rows: list = []
+    far = loss_profile.time.perf_counter() + 1e6
+    loss_profile.time_rows("cuda", 100, 8, ENGINES, 1, far, rows.append)
+    got = {(r["dtype"], r["variant"], r["levels"], r["what"]) for r in rows}
+    want = set()
+    for v in ("exact", "official"):
+        for lv in (1, 3):
+            fp32 = ["auto", "torch", "triton", "triton[tf32x3]"]
+            bf16 = ["auto", "torch", "triton"]
+            if v == "official":
+                fp32.append("torch+slices")
+            if lv == 3:
+                fp32.append("triton[shared]")
+                bf16.append("triton[shared]")
+            want |= {("fp32", v, lv, e) for e in fp32} | {("bf16", v, lv, e) for e in bf16}
+    assert got == want and len(rows) == len(want) == len(timed)
+    assert all(r["median_s"] == 1e-3 for r in rows)
+    assert {(r["levels"], r["what"]) for r in rows if "engine" in r} == {
+        (lv, "auto") for lv in (1, 3)}
+    rows.clear()
+    loss_profile.tuned_rows("cuda", 100, 8, ENGINES, 1, far, rows.append)
+    assert [(r["levels"], r["what"], r["tiles"]) for r in rows] == [
+        (1, "triton[tf32x3+autotune]", {"fwd": ["tile"]}),
+        (3, "triton[tf32x3+autotune]", {"fwd": ["tile"]})]
+
+
+def test_loss_profile_budget_skips_rows_instead_of_timing_them(monkeypatch):
+    """Under 5 s left, a row is 'skipped: time budget' and not timed; an autotuned row needs
+    AUTOTUNE_NEED_S / 2 (a mutation audit)."""
+    timed: list = []
+    _stub_gpu(monkeypatch, timed)
+    rows: list = []
+    now = loss_profile.time.perf_counter()
+    loss_profile.time_rows("cuda", 100, 8, ["torch"], 1, now + 3, rows.append)
+    need = loss_profile.gpu_report.AUTOTUNE_NEED_S
+    loss_profile.tuned_rows("cuda", 100, 8, ENGINES, 1, now + need / 2 - 10, rows.append)
+    assert len(rows) == 2 * 2 * 2 + 2 and not timed        # torch: 2 variants x 2 levels x 2 dtypes
+    assert all(r["error"] == "skipped: time budget" for r in rows)
+
+
+def test_loss_profile_positive_plans_set_their_own_plan():
+    """Each positives engine label runs the plan its name says ($HIERTAIL_POSITIVES = the part
+    after '+'), and the variable is put back afterwards (a mutation audit)."""
+    before = os.environ.get("HIERTAIL_POSITIVES")
+    for label in loss_profile.POSITIVE_PLANS:
+        with loss_profile.engine_mode(label) as backend:
+            assert backend == label.split("+")[0]
+            assert os.environ["HIERTAIL_POSITIVES"] == label.split("+")[1]
+        assert os.environ.get("HIERTAIL_POSITIVES") == before
+
+
+def test_loss_profile_summary_of_a_profiled_step():
+    """_summarise (fake profiler): device busy = the kernels' device time (aten entries repeat
+    their kernels' time) in seconds, kernels by device time, host ops by self time, both
+    descending, in ms (a mutation audit)."""
+    ev = lambda key, count, dev_us, cpu_us: SimpleNamespace(  # noqa: E731
+        key=key, count=count, self_device_time_total=dev_us, self_cpu_time_total=cpu_us)
+    events = [ev("aten::mm", 2, 300.0, 50.0), ev("gemm_kernel", 2, 300.0, 0.0),
+              ev("exp_kernel", 1, 100.0, 0.0), ev("aten::exp", 1, 100.0, 400.0),
+              ev("cudaStreamSynchronize", 3, 0.0, 10.0)]
+    got = loss_profile._summarise(SimpleNamespace(key_averages=lambda: events), 0.002, "cuda")
+    assert got["device_busy_s"] == pytest.approx(400e-6)
+    assert got["top_kernels"] == [("gemm_kernel", 2, 0.3), ("exp_kernel", 1, 0.1)]
+    assert [k for k, _, _ in got["top_host"]][:3] == ["aten::exp", "aten::mm",
+                                                      "cudaStreamSynchronize"]
+    assert got["top_host"][0][2] == pytest.approx(0.4)
+    assert got["syncs"] == {"cudaStreamSynchronize": 3} and got["ops"] == 3
+
+
+def test_loss_profile_table_in_ms_over_same_dtype_anchors():
+    """render: ms, then the time over the SDPA anchor of the ROW's dtype and over the floor
+    (a mutation audit): bf16 8 ms / SDPA bf16 4 ms = 2.00, / floor 5 ms = 1.60."""
+    anchor = lambda what, s: dict(n=10, d=4, variant="–", levels="–",  # noqa: E731
+                                  dtype="–", what=what, median_s=s)
+    report = dict(device="x", when="now", torch="t", load_average_start=None,
+                  load_average_end=None, rows=[
+                      anchor("SDPA fp32 fwd+bwd", 0.010), anchor("SDPA bf16 fwd+bwd", 0.004),
+                      anchor(loss_profile.gpu_report.FLOOR, 0.005),
+                      dict(n=10, d=4, variant="exact", levels=1, dtype="bf16", what="torch",
+                           median_s=0.008)])
+    md = loss_profile.render(report)
+    assert "| 10 | 4 | exact | 1 | bf16 | torch | 8.00 | 2.00 | 1.60 |" in md
+
+
+# ------------------------------------------------------------------------- _roofline.py
+def test_roofline_card_peaks_units_and_modes():
+    """Every listed card resolves to its own peak (a shorter name listed first would shadow it),
+    the peak is reported in GB/s, fwd+bwd figures count twice the bytes, negative sizes are
+    refused (a mutation audit)."""
+    for name, peak in (("NVIDIA H100 NVL", 3.9e12), ("NVIDIA A100-SXM4-80GB", 2.039e12),
+                       ("NVIDIA A100 80GB PCIe", 1.935e12), ("NVIDIA A100-SXM4-40GB", 1.555e12),
+                       ("NVIDIA L40S", 0.864e12)):
+        assert _roofline.peak_bandwidth(name) == peak, name
+    fig = _roofline.bandwidth_figures(2, 3, 4, 1e-6, "fwd+bwd", "NVIDIA H200")
+    assert fig["bytes_model"] == 200 and fig["achieved_GBps"] == pytest.approx(0.2)
+    assert fig["peak_GBps"] == pytest.approx(4800.0)
+    with pytest.raises(ValueError, match="non-negative"):
+        _roofline.spmm_bytes(-1, 3, 4)
+
+
+# ------------------------------------------------------------------------- interleaved.py
+def test_interleaved_round_robin_drops_the_warm_up(monkeypatch):
+    """time_round_robin: one untimed warm-up call per step, then `rounds` timed calls each in
+    turn (a mutation audit): the warm-ups' 100 s never show."""
+    import interleaved
+
+    clock = FakeClock()
+    monkeypatch.setattr(interleaved, "time", clock)
+    steps, calls = _costed_steps(clock, {"a": [100, 1, 2, 3], "b": [100, 4, 5, 6]})
+    assert interleaved.time_round_robin(steps, 3) == {"a": [1, 2, 3], "b": [4, 5, 6]}
+    assert calls == ["a", "b"] * 4
+
+
+def test_interleaved_records_medians_ratios_and_bytes(monkeypatch, tmp_path, capsys):
+    """main (timings stubbed): median and min per provider, the ratio = provider median / torch
+    median, and the fwd+bwd byte model = twice the forward's (a mutation audit)."""
+    import interleaved
+
+    other = next(p for p in interleaved.OPS["propagation"]["providers"] if p != "torch")
+    monkeypatch.setattr(interleaved, "propagation_step", lambda p, n, d, mode: (None, 30))
+    fake = {"torch": [0.003, 0.001, 0.002, 0.010], other: [0.006, 0.002, 0.004, 0.020]}
+    monkeypatch.setattr(interleaved, "time_round_robin", lambda steps, rounds: fake)
+    out = tmp_path / "r.json"
+    assert interleaved.main(["propagation", "--nodes", "20", "--dims", "4", "--modes",
+                             "fwd+bwd", "--providers", "torch", other, "--rounds", "4",
+                             "--out", str(out)]) == 0
+    rec = {r["provider"]: r for r in json.loads(out.read_text())["records"]}
+    assert rec["torch"]["median_s"] == pytest.approx(0.0025)
+    assert rec[other]["median_s"] == pytest.approx(0.005) and rec[other]["min_s"] == 0.002
+    assert re.search(rf"{re.escape(other)} .* 2\.00x torch", capsys.readouterr().out)
+    # 2 x (30 entries x (4 + 4 x 4) + 20 rows x (4 + 4 x 4)) bytes
+    assert rec["torch"]["bytes_model"] == 2 * (30 * 20 + 20 * 20)
+
+
+# ------------------------------------------------------------------------- loss_grid.py
+def test_loss_grid_record_medians_and_best_rounds():
+    """_record: the median (not the mean) of the rounds, the best round (not the first), the
+    ratios over floor+exp of each; _case_records keeps the two anchors apart; the markdown's
+    columns: median ratios, then best-of-rounds ratios (a mutation audit)."""
+    times = {"torch": [2.0, 1.0, 12.0], "floor": [1.0, 1.0, 1.0],
+             "floor+exp": [0.5, 0.25, 0.75]}
+    case = (10, 4, 1, "relu", 0.1)
+    (rec,) = loss_grid._case_records(case, {"exact:torch": times["torch"], **times},
+                                     ["exact"], ["torch"])
+    assert rec["median_s"] == {"torch": 2.0, "floor": 1.0, "floor+exp": 0.5}
+    assert rec["min_s"] == {"torch": 1.0, "floor": 1.0, "floor+exp": 0.25}
+    assert rec["ratio_to_floor_exp"] == {"torch": 4.0}
+    assert rec["min_ratio_to_floor_exp"] == {"torch": 4.0}
+    rec["min_ratio_to_floor_exp"] = {"torch": 3.0}
+    assert loss_grid.markdown([rec], ["torch"]).splitlines()[2].endswith(
+        "| 2.000 | 1.000 | 0.500 | 4.00 | 3.00 |")
+
+
+def test_loss_grid_floor_exp_anchor_exps_one_pass_only(monkeypatch):
+    """floor+exp = the three GEMM passes plus ONE exp pass (its docstring; a mutation audit):
+    one row block here, so one in-place exp."""
+    z, _, ps = loss_grid.make_case("relu", 30, 4, 1)
+    exps = []
+    real = torch.Tensor.exp_
+    monkeypatch.setattr(torch.Tensor, "exp_", lambda self: exps.append(1) or real(self))
+    loss_grid.floor_step(z, ps, with_exp=True)()
+    assert len(exps) == 1
+
+
+def test_loss_grid_gemm_probe_counts_two_flops_per_multiply_add(monkeypatch):
+    """gemm_probe: 2 rows n d flops over the MEDIAN call time, in GFLOP/s (a mutation audit):
+    calls of 1, 2 and 4 ns on [8, 4] x [4, 16] -> 1024 / 2 ns = 512 GFLOP/s."""
+    clock = FakeClock()
+    monkeypatch.setattr(loss_grid, "time", clock)
+    costs = iter([0.0] * 3 + [1e-9, 2e-9, 4e-9])
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda *a, **k: clock.spend(next(costs)) or real_mm(*a, **k))
+    assert loss_grid.gemm_probe(rows=8, n=16, d=4, reps=3) == 512.0
+
+
+def test_loss_grid_spread_counts_cells_strictly_above_the_limit():
+    """'cells > 1.5' counts values above the limit, not at it (a mutation audit)."""
+    assert loss_grid._spread_cols([1.5, 1.6], 1.5).endswith("| 1")
+
+
+# --------------------------------------------------------- engine_ab / version_ab / epoch_ab
+def test_round_robin_medians_drop_the_first_round(monkeypatch):
+    """engine_ab.round_robin_medians (version_ab's too): the first round warms up and is
+    dropped, the rest give the MEDIAN; `before(name)` runs before each step (a mutation
+    audit)."""
+    clock = FakeClock()
+    monkeypatch.setattr(engine_ab, "time", clock)
+    steps, calls = _costed_steps(clock, {"old": [100, 1, 2, 12], "new": [100, 3, 6, 30]})
+    seen = []
+    med = engine_ab.round_robin_medians(steps, 4, before=seen.append)
+    assert med == {"old": 2, "new": 6}
+    assert seen == calls == ["old", "new"] * 4
+
+
+def test_engine_ab_ratios_put_new_over_old(monkeypatch, capsys):
+    """engine_ab's line (medians stubbed): new/old, old/exact and new/exact as named (a
+    mutation audit)."""
+    monkeypatch.setattr(engine_ab, "round_robin_medians", lambda steps, rounds, before: {
+        "old": 2.0, "new": 1.0, "floor+exp": 0.5, "exact": 4.0})
+    assert engine_ab.main(["--switch", "fold", "--levels", "1", "--n", "40", "--d", "4",
+                           "--rounds", "2", "--regimes", "relu", "--exact"]) == 0
+    out = capsys.readouterr().out
+    assert "new/old 0.500" in out and "old/exact 0.500" in out and "new/exact 0.250" in out
+
+
+def test_version_ab_old_is_the_revision_and_exact_is_exact(monkeypatch, capsys):
+    """version_ab (revision stubbed): "old" runs the other revision's package, "new" and
+    "exact" this checkout's, "exact" on the exact variant; new/old is new over old (a
+    mutation audit)."""
+    rev = SimpleNamespace(__name__="rev")
+
+    @contextlib.contextmanager
+    def fake_revision(r, header):
+        yield rev
+
+    made = []
+    real_step = version_ab.loss_step
+    monkeypatch.setattr(version_ab, "revision_package", fake_revision)
+    monkeypatch.setattr(version_ab, "loss_step", lambda pkg, z, ys, ps, tau, v: made.append(
+        (pkg, v)) or real_step(hiertail_fast, z, ys, ps, tau, v))
+    monkeypatch.setattr(version_ab, "round_robin_medians", lambda steps, rounds: {
+        "old": 2.0, "new": 1.0, "floor+exp": 0.5, "exact": 4.0})
+    assert version_ab.main(["--rev", "X", "--levels", "1", "--variant", "official", "--n", "40",
+                            "--d", "4", "--rounds", "2", "--regimes", "relu", "--exact"]) == 0
+    assert made == [(rev, "official"), (hiertail_fast, "official"), (hiertail_fast, "exact")]
+    out = capsys.readouterr().out
+    assert "new/old 0.500" in out and "new/exact 0.250" in out
+
+
+def test_epoch_ab_medians_labels_and_ratio(monkeypatch, capsys):
+    """epoch_ab (revision, epochs and clock stubbed): the first round dropped, the MEDIAN of
+    the rest, "old" = the revision's epoch, new/old = new over old (a mutation audit): old
+    rounds 100, 4, 1, 2 -> 2; new 50, 1, 0.5, 3 -> 1."""
+    clock = FakeClock()
+    monkeypatch.setattr(epoch_ab, "time", clock)
+
+    @contextlib.contextmanager
+    def fake_revision(r, header):
+        yield "rev"
+
+    costs = {"rev": iter([100, 4, 1, 2]), hiertail_fast: iter([50, 1, 0.5, 3])}
+
+    def fake_epoch(pkg, nodes, args):
+        return lambda: clock.spend(next(costs[pkg])) or 1.0
+
+    monkeypatch.setattr(epoch_ab, "revision_package", fake_revision)
+    monkeypatch.setattr(epoch_ab, "epoch_step", fake_epoch)
+    assert epoch_ab.main(["--rev", "X", "--nodes", "100", "--classes", "5", "--rounds",
+                          "4"]) == 0
+    out = capsys.readouterr().out
+    assert "old 2.0000 s  new 1.0000 s  new/old 0.500  (best 1.0000 / 0.5000 s)" in out
