@@ -1,0 +1,194 @@
+"""Corners of the training loop that a mutation audit found untested: which epoch's weights the
+loop keeps on a tie, the lr given to `train_hiertail`, and further protocol details (each
+test says the mutant it kills). Tiny graphs, a few epochs: the file runs in seconds."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hiertail_fast.data.splits import natural_split
+from hiertail_fast.data.synthetic import make_synthetic_graph
+from hiertail_fast.nn.hiertail import HierTailConfig
+from hiertail_fast.train import fit_early_stopping, train_hiertail
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def small():
+    return make_synthetic_graph(120, num_classes=5, avg_degree=6, num_features=8, seed=1)
+
+
+def _counting_fit(curve, patience=10):
+    """`fit_early_stopping` on a one-weight model whose weight is e + 1 after epoch e (each SGD
+    step adds 1), with the validation Macro-F1 of epoch e = curve[e]."""
+    model = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(0.0)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    scores = iter(curve)
+
+    def step():
+        loss = -model.weight.sum()
+        return loss, loss
+
+    return fit_early_stopping(model, opt, step, lambda: next(scores), epochs=len(curve),
+                              patience=patience, progress=False, desc="t",
+                              device=torch.device("cpu"))
+
+
+def test_the_kept_weights_are_the_last_epoch_at_the_max():
+    """On a tie at the maximum validation Macro-F1 (epochs 1 and 3) the loop keeps the weights
+    of the LAST such epoch (the official ``>=``), the patience anchor being the first: a loop
+    that saved the weights with the first maximum but reported ``best_epoch`` = the last passed
+    every test (a mutation audit). Expected weights by the rule: epoch 3 ends with 4."""
+    fit = _counting_fit([0.1, 0.5, 0.3, 0.5, 0.2])
+    assert (fit.max_idx, fit.best_epoch, fit.epochs_run) == (1, 3, 5)
+    assert float(fit.best_state["weight"]) == 4.0
+
+
+def test_the_lr_argument_reaches_the_optimizer(small, monkeypatch):
+    """``train_hiertail(lr=...)`` overrides the config's lr in Adam and in the result; a loop that
+    kept the config's lr (reporting it too) passed every test (a mutation audit)."""
+    got = []
+    real = torch.optim.Adam
+
+    def adam(params, lr, **kw):
+        got.append(lr)
+        return real(params, lr=lr, **kw)
+
+    monkeypatch.setattr(torch.optim, "Adam", adam)
+    cfg = HierTailConfig.paper(hidden=8)
+    res = train_hiertail(small, natural_split(small.y, 0), cfg, epochs=1, seed=0, lr=0.37,
+                         progress=False)
+    assert cfg.lr != 0.37 and got == [0.37] and res["lr"] == 0.37
+
+
+def test_test_per_class_is_the_recall_on_the_test_nodes(small):
+    """``test_per_class`` holds the per-class recall on the TEST nodes: its mean over the classes
+    with test nodes is the reported test bAcc, and weighted by the classes' test counts it is
+    the test accuracy. Computed on the validation nodes it passed every test (a mutation
+    audit)."""
+    split = natural_split(small.y, 0)
+    res = train_hiertail(small, split, HierTailConfig.paper(hidden=8, lr=0.05), epochs=15,
+                         seed=0, progress=False)
+    per_class = res["test_per_class"]
+    t_c = np.bincount(small.y[split[2]].numpy(), minlength=small.num_classes)
+    assert len(per_class) == small.num_classes
+    assert [v is None for v in per_class] == list(t_c == 0)
+    recalls = np.array([0.0 if v is None else v for v in per_class])
+    assert recalls[t_c > 0].mean() == pytest.approx(res["test"]["bacc"], abs=1e-12)
+    assert recalls @ t_c / t_c.sum() == pytest.approx(res["test"]["acc"], abs=1e-12)
+
+
+def test_per_class_recall_has_one_entry_per_class():
+    """`per_class_recall` returns ``num_classes`` entries, None for the classes without test
+    nodes, also the last ones never predicted: without num_classes the list stopped at the
+    largest label seen and passed every test (a mutation audit)."""
+    from hiertail_fast.train import per_class_recall
+
+    got = per_class_recall(torch.tensor([0, 1, 0, 1]), torch.tensor([0, 0, 0, 1]), 4)
+    assert got == [1.0, 0.5, None, None]
+
+
+def test_seed_summary_is_float64_exact():
+    """The mean and population std over the seeds are float64 (numpy's on the reported values,
+    to the last bit): accumulated in float32 they were off by ~1e-8 and passed every test
+    (a mutation audit)."""
+    from hiertail_fast.train import METRICS, run_each_seed
+
+    g = make_synthetic_graph(60, num_classes=3, avg_degree=4, num_features=4, seed=0)
+    vals = {1: 0.123456789012, 2: 0.3456789012345, 3: 0.7890123456789}
+
+    def train_one(s_idx, seed, data, split, graph):
+        return {"test": dict.fromkeys(METRICS, vals[seed]), "time_per_epoch_s": 0.0,
+                "best_epoch": 0, "epochs_run": 1}
+
+    res = run_each_seed(g, None, [1, 2, 3], train_one)
+    v = np.array(list(vals.values()), dtype=np.float64)
+    for m in METRICS:
+        assert res["summary"][m] == {"mean": float(v.mean()), "std": float(v.std(ddof=0))}
+
+
+def test_train_and_eval_seconds_are_counted_apart(monkeypatch):
+    """Under a fake clock (every perf_counter call advances 1 s: a 1 s step and a 1 s
+    evaluation per epoch) the loop counts 1 s of training and 1 s of evaluation per epoch, so
+    2 s per epoch; a train time that also held the evaluation (3 s per epoch) passed every test
+    (a mutation audit)."""
+    import itertools
+    import types
+
+    import hiertail_fast.train as train_mod
+
+    clock = itertools.count()
+    monkeypatch.setattr(train_mod, "time",
+                        types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step():
+        loss = model.weight.sum() * 0.0
+        return loss, loss
+
+    fit = fit_early_stopping(model, opt, step, lambda: 0.5, epochs=4, patience=10,
+                             progress=False, desc="t", device=torch.device("cpu"))
+    assert (fit.train_time, fit.eval_time) == (4.0, 4.0)
+    assert train_mod.fit_record(fit)["time_per_epoch_s"] == 2.0
+
+
+def test_table_shows_mean_and_std_times_100():
+    """`format_table` prints mean ± std both ×100 with two decimals (the paper's tables); the
+    std printed as a fraction passed every test (a mutation audit)."""
+    from hiertail_fast.train import METRIC_NAMES, METRICS, format_table
+
+    summary = {m: {"mean": 0.5 + i / 100, "std": 0.0123 + i / 1000}
+               for i, m in enumerate(METRICS)}
+    summary["time_per_epoch_s"] = 0.002
+    table = format_table({"config_name": "paper", "seeds": [1, 2], "summary": summary})
+    for i, m in enumerate(METRICS):
+        want = f"{50 + i:.2f} ± {1.23 + i / 10:.2f}"
+        line = next(ln for ln in table.splitlines() if ln.startswith(METRIC_NAMES[m]))
+        assert " ".join(line.split()[1:]) == want, (line, want)
+
+
+@pytest.mark.parametrize("part", ["val", "test"])
+def test_an_empty_val_or_test_set_is_refused_before_training(small, part):
+    """`train_hiertail` refuses an empty validation or test set up front, naming it (the model is
+    selected on val and reported on test); without that check an empty test set trained every
+    epoch and then failed with 'y_true and y_pred are empty', and no test noticed (a mutation
+    audit)."""
+    tr, va, te = natural_split(small.y, 0)
+    split = {"train": tr, "val": va, "test": te, part: torch.zeros(0, dtype=torch.long)}
+    with pytest.raises(ValueError, match=rf"split\['{part}'\] is empty"):
+        train_hiertail(small, split, HierTailConfig.paper(hidden=8), epochs=2, seed=0,
+                       progress=False)
+
+
+def test_a_one_seed_list_is_a_list_not_a_count():
+    """``--seeds 42,`` (a comma: a list) runs seed 42 alone, ``--seeds 3`` three seeds from
+    --seed-base; reading "42," as the count 42 passed every test (a mutation audit)."""
+    from hiertail_fast._train_cli import parse_seeds
+
+    assert parse_seeds(["42,"]) == [42]
+    assert parse_seeds(["3"], base=7) == [7, 8, 9]
+    assert parse_seeds(["3,"], base=7) == [3]
+
+
+def test_cli_seed_base_and_recorded_fields(monkeypatch, capsys):
+    """``--seeds 2 --seed-base 7`` trains seeds 7 and 8, and the JSON records the run's epochs,
+    patience and the graph's sizes as given; an ignored --seed-base, a patience recorded as
+    the epochs or the node count recorded as the feature count passed every test (a mutation
+    audit). The training itself is faked."""
+    import hiertail_fast._train_cli as cli
+
+    got = {}
+    monkeypatch.setattr(cli, "run_seeds", lambda data, cfg, seeds, **kw: got.update(
+        seeds=seeds, **kw) or {"seeds": seeds, "split": "natural", "runs": [], "summary": {}})
+    monkeypatch.setattr(cli, "format_table", lambda result: "")
+    res = cli.main(["--synthetic", "--nodes", "60", "--classes", "3", "--features", "4",
+                    "--seeds", "2", "--seed-base", "7", "--patience", "5", "--epochs", "9",
+                    "--no-progress"])
+    assert got["seeds"] == [7, 8] and (got["epochs"], got["patience"]) == (9, 5)
+    assert (res["training"]["epochs"], res["training"]["patience"]) == (9, 5)
+    assert [res["data"][k] for k in ("num_nodes", "num_features", "num_classes")] == [60, 4, 3]
