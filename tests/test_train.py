@@ -124,6 +124,9 @@ def test_cli_user_split(tmp_path, small):
     assert result["config"]["tau"] == 1.0 and result["config"]["augment_a2"]
 
 
+ONE_SHORT_RUN = ("--epochs", "1", "--seeds", "1", "--no-progress")
+
+
 @pytest.mark.parametrize("argv, message", [
     ([], "exactly one of"),
     (["--synthetic", "--data", "x.npz"], "exactly one of"),
@@ -131,8 +134,10 @@ def test_cli_user_split(tmp_path, small):
     (["--data", "/nonexistent/graph.npz"], "not found"),
     (["--synthetic", "--seeds", "x"], "integers"),
     (["--synthetic", "--config", "fast"], "invalid choice"),
-    (["--synthetic", "--compound-pool-bug"], "only applies"),
-    (["--synthetic", "--dropout", "1.5"], "dropout"),
+    # (one short seed each: a check that stopped refusing fails here in seconds, not after a
+    # 10-seed, 10,000-epoch run, as a mutation audit's mutant did)
+    (["--synthetic", "--compound-pool-bug", *ONE_SHORT_RUN], "only applies"),
+    (["--synthetic", "--dropout", "1.5", *ONE_SHORT_RUN], "dropout"),
     (["--synthetic", "--split", "/nonexistent/split.npz"], "not found"),
 ])
 def test_cli_bad_args(argv, message, capsys):
