@@ -10,6 +10,7 @@ import torch
 import hiertail_fast.ops._attention_lse as attn
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss
 from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
+from tests.test_attention_lse import _spy
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -20,18 +21,6 @@ pytestmark = [
 def _rel_err(a: torch.Tensor, e: torch.Tensor) -> float:
     """Max error relative to the largest entry of the expected tensor."""
     return float((a.double() - e.double()).abs().max() / e.double().abs().max())
-
-
-def _spy(monkeypatch) -> list:
-    calls = []
-    real = attn._call
-
-    def spy(*a, **k):
-        calls.append(a[0].shape)
-        return real(*a, **k)
-
-    monkeypatch.setattr(attn, "_call", spy)
-    return calls
 
 
 def _hierarchical_grads(z, ys, ps, **kw):

@@ -11,8 +11,10 @@ import torch
 import hiertail_fast.ops._lse_symmetric as sym
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss
 from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
+from tests import test_lse_symmetric
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+forced = test_lse_symmetric.forced     # the symmetric engine forced on, 16-row blocks, a spy
 
 _PIECE_BYTES = str(4 * 16 * 40)          # HIERTAIL_CPU_BLOCK_BYTES: 40-column pieces at 16 rows
 
@@ -71,32 +73,21 @@ def test_symmetric_tiles_cover_every_pair_at_every_size(monkeypatch, n):
 
 
 @pytest.mark.parametrize("variant", ["exact", "official"])
-def test_symmetric_engine_with_a_one_column_last_piece(monkeypatch, variant):
+def test_symmetric_engine_with_a_one_column_last_piece(monkeypatch, forced, variant):
     """A mutation audit: the symmetric engine (forced on, 16-row blocks, 40-column pieces) at
     n = 57, whose first block's last piece is the single column 56: loss and gradient within
     fp32 noise of the float64 reference (a dropped one-column piece put the loss 2.8e-3 and
     the gradient 8e-3 off in the exact variant)."""
     if not sym.available():
         pytest.skip("no C compiler: the symmetric engine is off")
-    monkeypatch.setenv(sym.ENV_VAR, "1")
-    monkeypatch.setattr(sym, "MIN_ROWS", 1)
-    monkeypatch.setattr(sym, "MAX_BLOCK_ROWS", 16)
     monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", _PIECE_BYTES)
-    calls = {"n": 0}
-    real = sym.lse_fused
-
-    def spy(*args, **kwargs):
-        calls["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(sym, "lse_fused", spy)
     g = torch.Generator().manual_seed(0)
     z = torch.randn(57, 8, generator=g)
     y = torch.randint(0, 4, (57,), generator=g)
     zz = z.clone().requires_grad_()
     loss = balanced_contrastive_loss(zz, y, temperature=0.5, variant=variant, backend="torch")
     loss.backward()
-    assert calls["n"] == 1                                  # the symmetric engine ran
+    assert forced["fused"] == 1                             # the symmetric engine ran
     z64 = z.double().requires_grad_()
     exp = ref(z64, y, temperature=0.5, variant=variant)
     exp.backward()
@@ -105,7 +96,7 @@ def test_symmetric_engine_with_a_one_column_last_piece(monkeypatch, variant):
 
 
 @pytest.mark.parametrize("grad", [False, True])
-def test_official_forward_rows_across_pair_chunks(monkeypatch, grad):
+def test_official_forward_rows_across_pair_chunks(monkeypatch, forced, grad):
     """A mutation audit: the official variant's forward without a fused gradient
     (reduction="none"; a scalar loss under no_grad) on the symmetric engine takes its positive
     terms from ``_contrastive_pairs.positive_pairs``, whose small groups go in chunks of
@@ -116,9 +107,6 @@ def test_official_forward_rows_across_pair_chunks(monkeypatch, grad):
         pytest.skip("no C compiler: the symmetric engine is off")
     import hiertail_fast.ops._contrastive_pairs as pairs_mod
 
-    monkeypatch.setenv(sym.ENV_VAR, "1")
-    monkeypatch.setattr(sym, "MIN_ROWS", 1)
-    monkeypatch.setattr(sym, "MAX_BLOCK_ROWS", 16)
     monkeypatch.setattr(pairs_mod, "PAIR_CHUNK", 5 * pairs_mod.SMALL_GROUP)
     g = torch.Generator().manual_seed(1)
     z = torch.randn(120, 8, generator=g)
