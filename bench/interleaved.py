@@ -144,7 +144,7 @@ def main(argv=None) -> int:
                                         median_s=med, min_s=min(ts), times_s=ts, **bw))
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps(dict(op=args.op, device=device_name(), rounds=args.rounds,
-                                   torch=torch.__version__, records=records), indent=1))
+                                           torch=torch.__version__, records=records), indent=1))
     print(f"\nwrote {out}")
     return 0
 
