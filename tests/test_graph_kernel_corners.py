@@ -1,32 +1,17 @@
 """Corners of the graph ops' fast paths that no test reached (a mutation audit, session 33):
 each test here failed on one plausible bug that every other test passed. The expected values
-are independent computations: a dense float64 GCN operator, a float64 argmin of direct
-distances."""
+are independent computations: the float64 reference GCN operator (gcn_propagate_ref; applied
+to the identity where the dense Â is needed), a float64 argmin of direct distances."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from hiertail_fast import CSRGraph, gcn_propagate, nearest_prototype
+from hiertail_fast.reference.gcn_propagate import gcn_propagate_ref
 from tests.conftest import backend_device, requires_triton
 
 BACKENDS = ["torch", pytest.param("triton", marks=requires_triton)]
-
-
-def _dense_gcn(graph: CSRGraph, weight: torch.Tensor | None) -> torch.Tensor:
-    """Â = D^-1/2 (A + 2·I on nodes without a stored loop) D^-1/2 in float64, dense, from the
-    graph's CSR entries (entry e = (target row_e, source col_e)) and ``weight`` (the improved
-    GCN of `gcn_propagate`'s defaults)."""
-    n = graph.num_nodes
-    row, col = graph.row_index().cpu(), graph.indices.cpu()
-    w = torch.ones(row.numel(), dtype=torch.float64) if weight is None else \
-        weight.detach().cpu().double()
-    a = torch.zeros(n, n, dtype=torch.float64).index_put_((row, col), w, accumulate=True)
-    has_loop = torch.zeros(n, dtype=torch.bool)
-    has_loop[row[row == col]] = True
-    a += torch.diag((~has_loop).double() * 2.0)
-    dinv = a.sum(1).pow(-0.5)
-    return dinv[:, None] * a * dinv[None, :]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -36,8 +21,8 @@ def test_backward_after_an_update_that_makes_the_weights_symmetric(backend):
     a symmetric one: grad_x is still Âᵀ·g of the forward's weights. The existing test updates
     a symmetric graph to an asymmetric one only, so a backward that asked the NEW weights
     whether Â is symmetric (and applied Â for Âᵀ), or a Triton Âᵀ gathered from the graph's
-    new weights instead of the saved ones, passed (a mutation audit). Against a dense float64
-    Âᵀ·g of the old weights."""
+    new weights instead of the saved ones, passed (a mutation audit). Against Âᵀ·g of the old
+    weights, Â from the float64 reference."""
     dev = backend_device(backend)
     gen = torch.Generator().manual_seed(3)
     n = 7
@@ -48,7 +33,8 @@ def test_backward_after_an_update_that_makes_the_weights_symmetric(backend):
                                      dedupe=False)
     assert not graph.is_symmetric()
     old = graph.weight.detach().clone()
-    want = _dense_gcn(graph, old)
+    a_hat = gcn_propagate_ref(torch.eye(n, dtype=torch.float64), graph.edge_index().cpu(),
+                              old.cpu())                  # Â of the old weights, as Â·I
     x = torch.randn(n, 3, generator=gen).to(dev).requires_grad_()
     gout = torch.randn(n, 3, generator=gen)
     out = gcn_propagate(x, graph, backend=backend)
@@ -56,7 +42,7 @@ def test_backward_after_an_update_that_makes_the_weights_symmetric(backend):
         graph.weight.fill_(1.25)                   # every pair now has equal weights
     assert graph.is_symmetric()
     out.backward(gout.to(dev))
-    torch.testing.assert_close(x.grad.cpu().double(), want.t() @ gout.double(),
+    torch.testing.assert_close(x.grad.cpu().double(), a_hat.t() @ gout.double(),
                                rtol=1e-5, atol=1e-6)
 
 
@@ -104,14 +90,14 @@ def test_one_graph_propagated_in_float32_then_float64():
     """One CSRGraph used in float32 and then in float64 (torch backend): the float64 call gets
     float64 degrees and its own float64 operator, not the ones cached by the float32 call
     (caches keyed without the dtype passed every test, which use one dtype per graph: a
-    mutation audit). Against a dense float64 Â·x, at float64 precision."""
+    mutation audit). Against the float64 reference's Â·x, at float64 precision."""
     gen = torch.Generator().manual_seed(4)
     n = 9
     ei = torch.randint(0, n, (2, 30), generator=gen)
     w = torch.rand(30, dtype=torch.float64, generator=gen) + 0.25
     graph = CSRGraph.from_edge_index(ei, w, n, dedupe=False)
     x = torch.randn(n, 3, dtype=torch.float64, generator=gen)
-    want = _dense_gcn(graph, graph.weight) @ x
+    want = gcn_propagate_ref(x, ei, w)
     gcn_propagate(x.float(), graph, backend="torch")      # fills the float32 caches
     got = gcn_propagate(x, graph, backend="torch")
     assert got.dtype == torch.float64
