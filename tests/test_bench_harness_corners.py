@@ -24,10 +24,10 @@ import engine_ab  # noqa: E402
 import epoch_ab  # noqa: E402
 import loss_grid  # noqa: E402
 import loss_profile  # noqa: E402
-import next_defaults  # noqa: E402
 import version_ab  # noqa: E402
 
 import hiertail_fast  # noqa: E402
+from tests.test_bench_next_defaults import _derived, _rows  # noqa: E402
 
 
 class FakeClock:
@@ -59,16 +59,10 @@ def _costed_steps(clock: FakeClock, costs: dict) -> tuple[dict, list]:
 def _derive(tmp_path, *tables):
     """next_defaults' (text, derived) for loss_profile JSON files holding `tables`
     ({(dtype, variant, levels, d, n): {engine: seconds}} each, one file per table)."""
-    paths = []
-    for i, cells in enumerate(tables):
-        rows = [dict(n=n, d=d, variant=v, levels=lv, dtype=dt, what=e, median_s=t,
-                     **({"engine": "torch"} if e == "auto" else {}))
-                for (dt, v, lv, d, n), times in cells.items() for e, t in times.items()]
-        path = tmp_path / f"p{i}.json"
-        path.write_text(json.dumps({"rows": rows}))
-        paths.append(path)
-    cells, picked = next_defaults.load(paths)
-    return next_defaults.report(cells, picked)
+    paths = [tmp_path / f"p{i}.json" for i in range(len(tables))]
+    for path, cells in zip(paths, tables, strict=True):
+        path.write_text(json.dumps({"rows": _rows(cells)}))
+    return _derived(*paths)
 
 
 def test_next_defaults_a_later_file_replaces_an_earlier_row(tmp_path):

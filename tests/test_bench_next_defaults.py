@@ -39,8 +39,10 @@ def test_the_shipped_thresholds_follow_the_h200_tables():
 
 
 def _rows(cells):
+    """loss_profile JSON rows of {(dtype, variant, levels, d, n): {engine: seconds}}; an
+    "auto" row names the engine it picked ("torch")."""
     return [{"n": n, "d": d, "variant": v, "levels": lv, "dtype": dt, "what": e,
-             "median_s": t, "reps": 3}
+             "median_s": t, "reps": 3, **({"engine": "torch"} if e == "auto" else {})}
             for (dt, v, lv, d, n), times in cells.items() for e, t in times.items()]
 
 
