@@ -205,10 +205,24 @@ def test_near_duplicates_keep_their_own_scores(triton_device):
     assert (x[:3, :3] == 0).all() and (-21 < x[:4, 3]).all() and (x[:4, 3] < -19).all()
     e = torch.where(same, torch.exp(x), 0.0)
     q = e / (e + EPS)
-    torch.testing.assert_close(big_q.cpu().double(), q.sum(1), rtol=0, atol=5e-3)
-    torch.testing.assert_close(big_t.cpu().double(),
-                               torch.where(same, torch.log(e + EPS), 0.0).sum(1),
-                               rtol=1e-4, atol=1e-3)
+    # Bitwise copies give bitwise-equal dots (x exactly 0); a near duplicate's x carries the
+    # float32 dot's rounding: ~sqrt(d) ulps of |s| = 1e6 (ulp 1/16), so allow |dx| <= 1 (16
+    # ulps; the interpreter of triton 3.9 was within 1 ulp, 3.6's 4 ulps off). T and Q grow
+    # with x, so each row lies between its sums at x - 1 and x + 1 (a near duplicate given
+    # x = 0 moves T by ~16 and Q by ~1 per entry: far outside).
+    near = same & (x < 0)
+
+    def sums(dx):
+        ex = torch.where(same, torch.exp((x + torch.where(near, dx, 0.0)).clamp(max=0.0)), 0.0)
+        return (torch.where(same, torch.log(ex + EPS), 0.0).sum(1),
+                (ex / (ex + EPS)).sum(1))
+    (t_lo, q_lo), (t_hi, q_hi) = sums(-1.0), sums(1.0)
+    got_t, got_q = big_t.cpu().double(), big_q.cpu().double()
+    # plus the float32 summation's own rounding: 12 terms, n·u·Σ|term| (Σ|T terms| <= 7·16.2)
+    slack_t, slack_q = 12 * 2.0**-24 * t_lo.abs(), 12 * 2.0**-24 * 12
+    assert ((t_lo - slack_t <= got_t) & (got_t <= t_hi + slack_t)).all(), (got_t, t_lo, t_hi)
+    assert ((q_lo - slack_q <= got_q) & (got_q <= q_hi + slack_q)).all(), (got_q, q_lo, q_hi)
+    assert (t_hi - t_lo).max() < 0.2 and (q_hi - q_lo).max() < 0.2   # the band stays narrow
     w = coef.double()[:, None] * q
     exp_dz = scale * (w + w.T) @ z.double()
     err = (dz.cpu().double() - exp_dz).abs().max() / exp_dz.abs().max()
