@@ -93,6 +93,55 @@ def triton_importable() -> bool:
 requires_triton = pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
 
 
+def _run_interpreter_probe() -> int:
+    """A three-line kernel with a loop over a runtime bound, under the interpreter: 2."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def probe(out, n, BLOCK: tl.constexpr):
+        acc = 0
+        for _ in range(0, n, BLOCK):
+            acc += 1
+        tl.store(out, acc)
+    out = torch.zeros(1, dtype=torch.int32)
+    probe[(1,)](out, 4, BLOCK=2)
+    return int(out.item())
+
+
+def interpreter_problem(run_probe=_run_interpreter_probe) -> str | None:
+    """Why triton's CPU interpreter cannot run our kernels in this environment, or None (also
+    None where it is not in use: a GPU, no triton, TRITON_INTERPRET=0). Seen: the interpreter
+    of triton 3.6 (the GPU image's release) turns a kernel's runtime scalar into an index with
+    int() of a one-element NumPy array, an error since NumPy 2.4 ("only 0-dimensional arrays
+    can be converted to Python scalars"), so every kernel looping over a runtime bound fails
+    (255 tests with triton 3.6 and NumPy 2.4.6; triton 3.8 and 3.9 run with it)."""
+    if CUDA_PRESENT or os.environ.get("TRITON_INTERPRET", "0") != "1" or not triton_importable():
+        return None
+    import triton
+    try:
+        got = run_probe()
+    except Exception as exc:                        # noqa: BLE001 - reported, not swallowed
+        cause = f"{exc!r}"
+        if "only 0-dimensional arrays" in cause or "only length-1 arrays" in cause:
+            return (f"triton {triton.__version__}'s CPU interpreter cannot run kernels with "
+                    f"NumPy {np.__version__} ({cause}); install 'numpy<2.4' or triton >= 3.8 "
+                    "to run the Triton tests on CPU (a GPU runs them compiled)")
+        return f"triton {triton.__version__}'s CPU interpreter failed a three-line kernel: {cause}"
+    if got != 2:
+        return (f"triton {triton.__version__}'s CPU interpreter computed {got} for a loop of 2 "
+                "steps")
+    return None
+
+
+def pytest_configure(config):
+    """Stop at once, with the reason and the fix, where the Triton interpreter cannot run
+    here: otherwise every Triton test fails on its own with the interpreter's error."""
+    problem = interpreter_problem()
+    if problem is not None:
+        raise pytest.UsageError(problem)
+
+
 @pytest.fixture(autouse=True)
 def _seed_everything():
     random.seed(0)

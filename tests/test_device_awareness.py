@@ -105,3 +105,45 @@ def test_guard_fails_a_triton_launch_without_the_triton_device():
 def test_backend_device():
     assert backend_device("torch") == "cpu" and backend_device("reference") == "cpu"
     assert backend_device("triton") == ("cuda" if CUDA_PRESENT else "cpu")
+
+
+# ------------------------------------------------- an interpreter that cannot run here
+def _in_use(monkeypatch):
+    """The interpreter as conftest sees it on a machine without a GPU."""
+    monkeypatch.setattr(conftest, "CUDA_PRESENT", False)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _raise(exc):
+    def probe():
+        raise exc
+    return probe
+
+
+@requires_triton
+def test_interpreter_problem_names_the_numpy_clash_and_its_fix(monkeypatch):
+    """triton 3.6's interpreter with NumPy 2.4 (seen in a venv of the GPU image's releases):
+    one error naming both versions and the fix, instead of every Triton test failing."""
+    import numpy as np
+    import triton
+    from triton.runtime.errors import InterpreterError
+
+    _in_use(monkeypatch)
+    clash = InterpreterError(repr(TypeError(
+        "only 0-dimensional arrays can be converted to Python scalars")))
+    msg = conftest.interpreter_problem(_raise(clash))
+    assert f"triton {triton.__version__}" in msg and f"NumPy {np.__version__}" in msg
+    assert "numpy<2.4" in msg and "only 0-dimensional arrays" in msg
+    other = conftest.interpreter_problem(_raise(RuntimeError("something else")))
+    assert "failed a three-line kernel" in other and "something else" in other
+    assert "computed 3" in conftest.interpreter_problem(lambda: 3)
+    assert conftest.interpreter_problem(lambda: 2) is None
+    monkeypatch.setenv("TRITON_INTERPRET", "0")       # compiled kernels: not its business
+    assert conftest.interpreter_problem(_raise(clash)) is None
+
+
+@interpreter_only
+@requires_triton
+def test_interpreter_probe_counts_its_loop():
+    backend_device("triton")                           # the launch guard: device asked for
+    assert conftest._run_interpreter_probe() == 2
