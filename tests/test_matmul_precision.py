@@ -224,26 +224,28 @@ def test_an_exception_inside_restores_the_flags():
 
 
 # ------------------------------------------------------------------ the ops' numbers
-def _differ(got, expected, dev: str) -> bool:
-    """Whether two runs' tensors differ: bitwise on CPU, beyond float32's tolerance on CUDA
-    (whose atomics may round differently between runs)."""
-    for a, b in zip(got, expected, strict=True):
+def _first_difference(got: dict, expected: dict, dev: str) -> str | None:
+    """The name of the first tensor two runs disagree on, or None: bitwise on CPU, beyond
+    float32's tolerance on CUDA (whose atomics may round differently between runs)."""
+    assert got.keys() == expected.keys()
+    for key, b in expected.items():
+        a = got[key]
         if torch.device(dev).type == "cpu" or not b.is_floating_point():
             if not torch.equal(a, b):
-                return True
+                return key
         elif not torch.allclose(a, b, **tol(b.dtype)):
-            return True
-    return False
+            return key
+    return None
 
 
 def _medium_moves(run, dev: str) -> bool:
-    """Whether "medium" changes what ``run()`` returns (a list of tensors) once our override is
+    """Whether "medium" changes what ``run()`` returns (name -> tensor) once our override is
     switched off. A plain matmul cannot tell: torch and oneDNN pick bf16 for a float32 GEMM by
     hardware AND shape — on an AVX512-BF16 CPU without AMX (Zen 5, torch 2.11 and 2.13) a
-    product with k = 256 or 700 came back rounded, ones with k = 32 or 64 did not, and none of
-    the loss's at 700 or 3,000 rows and d 32 to 256, where an AMX Xeon moved the exact loss's
-    gradient by 2.4e-3. Where nothing moves, the tests below cannot fail and skip; where
-    something does, this run is the proof that they can."""
+    product with k = 256 or 700 came back rounded, ones with k = 32 or 64 did not, and the
+    exact loss's gradient did not move at 700 or 3,000 rows and d 32 to 256 (an AMX Xeon moved
+    it by 2.4e-3). Where nothing moves, the tests below cannot fail and skip; where something
+    does, this run is the proof that they can."""
     expected = run()
     torch.set_float32_matmul_precision("medium")
     try:
@@ -251,7 +253,7 @@ def _medium_moves(run, dev: str) -> bool:
             moved = run()
     finally:
         _reset()
-    return _differ(moved, expected, dev)
+    return _first_difference(moved, expected, dev) is not None
 
 
 def _problem(dev: str, n: int = 700):
@@ -292,7 +294,7 @@ def test_ops_give_their_ieee_numbers_under_medium_precision(backend, dev):
     assert backend_device(backend) == dev       # (the Triton launch guard: device asked for)
 
     def run():
-        return list(_ops(backend, dev).values())
+        return _ops(backend, dev)
     if not _medium_moves(run, dev):
         pytest.skip(f"'medium' does not change these ops' float32 GEMMs on this {dev} even "
                     "without the override: nothing to tell apart here")
@@ -301,7 +303,7 @@ def test_ops_give_their_ieee_numbers_under_medium_precision(backend, dev):
     before = _state()
     got = run()
     assert _state() == before
-    assert not _differ(got, expected, dev)
+    assert _first_difference(got, expected, dev) is None
 
 
 @pytest.mark.parametrize("dev", DEVICES)
@@ -319,7 +321,7 @@ def test_compiled_ops_give_their_ieee_numbers_under_medium_precision(dev):
         zz = z.clone().requires_grad_()
         loss, near = fn(zz)
         loss.backward()
-        return loss.detach(), zz.grad, near
+        return {"loss": loss.detach(), "grad": zz.grad, "nearest": near}
     if not _medium_moves(lambda: run(step), dev):
         pytest.skip(f"'medium' does not change these ops' float32 GEMMs on this {dev} even "
                     "without the override: nothing to tell apart here")
@@ -330,7 +332,7 @@ def test_compiled_ops_give_their_ieee_numbers_under_medium_precision(dev):
         got = run(torch.compile(step, backend="aot_eager", fullgraph=True))
     finally:
         torch._dynamo.reset()
-    assert not _differ(got, expected, dev)
+    assert _first_difference(got, expected, dev) is None
 
 
 @needs_flags
