@@ -78,8 +78,6 @@ def test_symmetric_engine_with_a_one_column_last_piece(monkeypatch, forced, vari
     n = 57, whose first block's last piece is the single column 56: loss and gradient within
     fp32 noise of the float64 reference (a dropped one-column piece put the loss 2.8e-3 and
     the gradient 8e-3 off in the exact variant)."""
-    if not sym.available():
-        pytest.skip("no C compiler: the symmetric engine is off")
     monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", _PIECE_BYTES)
     g = torch.Generator().manual_seed(0)
     z = torch.randn(57, 8, generator=g)
@@ -103,8 +101,6 @@ def test_official_forward_rows_across_pair_chunks(monkeypatch, forced, grad):
     PAIR_CHUNK // SMALL_GROUP rows (here 5, so 120 rows make 24 chunks). Every row's loss must
     match the float64 reference: a chunk slice one row short dropped each chunk's last row's
     positives (at the default sizes, N = 1,500: a row 14.5 off, the mean 1e-2 off)."""
-    if not sym.available():
-        pytest.skip("no C compiler: the symmetric engine is off")
     import hiertail_fast.ops._contrastive_pairs as pairs_mod
 
     monkeypatch.setattr(pairs_mod, "PAIR_CHUNK", 5 * pairs_mod.SMALL_GROUP)

@@ -27,9 +27,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 forced = test_lse_symmetric.forced
 
 EPS = pairs_mod.OFFICIAL_EPS
-_NEEDS_SYM = pytest.mark.skipif(not sym.available(), reason="no C compiler: the engine is off")
-
-
 def _integer_rows(n: int, seed: int):
     """Integer rows in {-2..2}^3 (exact logits: a row's max is often held by several DIFFERENT
     keys) and unsorted labels (the engine visits keys sorted by label, not by id)."""
@@ -38,7 +35,6 @@ def _integer_rows(n: int, seed: int):
             torch.randint(0, 5, (n,), generator=g))
 
 
-@_NEEDS_SYM
 @pytest.mark.parametrize("seed", [0, 1])
 def test_symmetric_argmax_first_index_across_column_chunks(forced, seed):
     """The symmetric engine's row arg-max is the FIRST id holding the max (torch.max's rule)
@@ -64,7 +60,6 @@ def test_symmetric_argmax_first_index_across_column_chunks(forced, seed):
     torch.testing.assert_close(lse[0], torch.logsumexp(s + log_w[0].double(), dim=1))
 
 
-@_NEEDS_SYM
 @pytest.mark.parametrize("include_self", [True, False])
 def test_symmetric_official_gradient_on_tied_distinct_keys(forced, include_self):
     """The official loss through the symmetric engine on integer rows (ties between distinct
