@@ -240,6 +240,71 @@ def test_func_batching_transforms_raise_naming_the_op():
             call()
 
 
+@pytest.mark.parametrize("backend", ["torch", _TRITON])
+def test_func_forward_mode_over_the_graph_ops_raises_naming_the_op(backend):
+    """jvp, jacfwd, hessian and forward-AD dual features raised torch's own errors naming the
+    autograd Function (NotImplementedError "You must implement the jvp function", "You tried
+    to vmap over GCNPropagateFunction"), where README promises a RuntimeError naming the op."""
+    import torch.autograd.forward_ad as fwad
+    from torch.func import jacfwd
+
+    dev = backend_device(backend)
+    x, ei, _, p = _graph_inputs(dev, seed=9)
+    perm = torch.arange(10, device=dev) * 3
+
+    def gcn(x):
+        return gcn_propagate(x, ei, backend=backend)
+
+    def pool(x):
+        return topk_pool(x, ei, p, 0.5, backend=backend).x
+
+    def unpool(a):
+        return topk_unpool(a, perm, 40, backend=backend)
+
+    def dual(f, t):
+        with fwad.dual_level():
+            return f(fwad.make_dual(t, torch.ones_like(t)))
+
+    cases = [
+        ("gcn_propagate", lambda: jvp(gcn, (x,), (x,))),
+        ("topk_pool", lambda: jvp(pool, (x,), (x,))),
+        ("gcn_propagate", lambda: jacfwd(gcn)(x)),
+        ("topk_pool", lambda: hessian(lambda x: pool(x).sum())(x)),
+        ("gcn_propagate", lambda: dual(gcn, x)),
+        ("topk_pool", lambda: dual(pool, x)),
+    ]
+    if backend == "triton":             # the torch backend's unpool is plain autograd
+        cases += [("topk_unpool", lambda: jvp(unpool, (x[:10],), (x[:10],))),
+                  ("topk_unpool", lambda: dual(unpool, x[:10]))]
+    for name, call in cases:
+        with pytest.raises(RuntimeError, match=f"^{name}: {_UNSUPPORTED}"):
+            call()
+
+
+@pytest.mark.parametrize("backend", ["torch", "attention", _TRITON])
+def test_ops_on_constants_inside_a_jvp_work(backend):
+    """Inside torch.func.jvp an op whose inputs carry no tangent is a constant (tangent 0): it
+    runs, with eager's value. (The losses refused every jvp level before; the graph ops' own
+    check must not refuse it either.)"""
+    dev = backend_device(backend)
+    x, ei, _, p = _graph_inputs(dev, seed=10)
+    y = torch.randint(0, 3, (x.shape[0],), device=dev)
+    graph_backend = "torch" if backend == "attention" else backend
+    ops = {
+        "gcn": lambda: gcn_propagate(x, ei, backend=graph_backend).sum(),
+        "pool": lambda: topk_pool(x, ei, p, 0.5, backend=graph_backend).x.sum(),
+        "loss": lambda: balanced_contrastive_loss(x, y, backend=backend),
+        "hierarchical": lambda: hierarchical_contrastive_loss(x, [y, y % 2], [None, None],
+                                                              backend=backend),
+    }
+    b, db = torch.tensor(2.0, device=dev), torch.tensor(1.0, device=dev)
+    for name, op in ops.items():
+        value, tangent = jvp(lambda b, op=op: op() * b, (b,), (db,))
+        eager = op()
+        _same(value, eager * 2)
+        _same(tangent, eager)
+
+
 def test_reference_loss_supports_every_transform():
     # the message's promise: backend="reference" is plain autograd (hessian = jacfwd(jacrev))
     gen = torch.Generator().manual_seed(8)

@@ -523,8 +523,8 @@ def test_official_learnable_temperature_second_derivatives_raise(backend):
 def test_forward_mode_tangents_are_refused_not_dropped():
     """A forward-mode tangent on a temperature (read as a float) or on edge weights (stored in
     a CSRGraph) was dropped without a word: jvp gave 0 where the finite difference gave 1.4.
-    Now a RuntimeError names the op; a dual z / x already raised (torch's own error); the
-    losses' reference backend is plain autograd and gives the tangent."""
+    Now a RuntimeError names the op (a dual z / x too: test_func_transforms); the losses'
+    reference backend is plain autograd and gives the tangent."""
     import torch.autograd.forward_ad as fwad
     from torch.func import jvp
 

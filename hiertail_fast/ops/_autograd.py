@@ -29,7 +29,14 @@ import functools
 import torch
 
 from hiertail_fast.ops._amp import autocast_off
-from hiertail_fast.ops._functorch import may_be_active, outside_transforms, plain, wrapped
+from hiertail_fast.ops._functorch import (
+    check_no_tangent,
+    check_transforms,
+    may_be_active,
+    outside_transforms,
+    plain,
+    wrapped,
+)
 from hiertail_fast.ops._matmul_precision import ieee_matmuls
 
 
@@ -43,7 +50,14 @@ def eager_twin(cls):
     ``GCNPropagateFunction`` on a 50-node graph, where the whole public ``gcn_propagate`` takes
     55.6 us (``python bench/apply_overhead.py --rounds 9 --number 5000``, 2-core AMD EPYC VM,
     torch 2.13, 1 thread, idle window, load 0.42 -> 0.46). Positional arguments only, all given
-    (no defaults to bind)."""
+    (no defaults to bind).
+
+    A Function with an ``op`` attribute (its public op's name) has no forward-mode derivative
+    and no vmap rule: ``run`` raises a RuntimeError naming that op under a vmap level (vmap,
+    jacfwd, hessian) and for an argument carrying a tangent (torch.func.jvp, forward-AD dual
+    tensors), where torch's own error would name the Function instead (NotImplementedError /
+    "no vmap support"); constants inside a jvp keep working (their tangent is 0). The losses
+    check at their public entry, before any work."""
     def forward(ctx, *args):
         out = cls.forward(*args)
         cls.setup_context(ctx, args, out)
@@ -53,8 +67,15 @@ def eager_twin(cls):
         "forward": staticmethod(forward), "backward": staticmethod(cls.backward),
         "__doc__": f"{cls.__name__} in the ctx-in-forward style (see ``eager_twin``)."})
 
+    op = getattr(cls, "op", None)
+
     def run(*args):
-        return (cls.apply if may_be_active() else twin.apply)(*args)
+        active = may_be_active()
+        if op is not None:
+            if active:
+                check_transforms(op, grad_only=True, jvp_ok=True)     # vmap: raises
+            check_no_tangent(op, *args)                 # forward AD (one attribute read)
+        return (cls.apply if active else twin.apply)(*args)
 
     cls.run = staticmethod(run)
     return cls

@@ -103,12 +103,15 @@ def plain(t, op: str):
     return t
 
 
-def check_transforms(op: str, *values, grad_only: bool = False) -> None:
+def check_transforms(op: str, *values, grad_only: bool = False,
+                     jvp_ok: bool = False) -> None:
     """At an op's entry, under torch.func transforms: RuntimeError naming op where a tensor
     among ``values`` (tensors, or lists / tuples of them) is batched (vmap), before an input
     check that reads values meets vmap's own, less telling error; with ``grad_only`` also
     where any vmap or jvp level runs (hessian's jacfwd batches only the tangents; jacrev's
-    vmap runs later, over the backward: ``plain`` catches it there). Under ``torch.jit.trace``:
+    vmap runs later, over the backward: ``plain`` catches it there); with ``jvp_ok`` a jvp
+    level passes too (the caller then refuses only inputs that carry a tangent: an op applied
+    to constants inside a jvp has the tangent 0). Under ``torch.jit.trace``:
     RuntimeError naming op (the tracer records torch's calls, not our kernels': a traced
     ``nearest_prototype`` replayed its uninitialised output buffer, the other ops failed
     inside the tracer). Two C calls when no transform runs."""
@@ -122,5 +125,7 @@ def check_transforms(op: str, *values, grad_only: bool = False) -> None:
     for v in values:
         for t in (v if isinstance(v, (list, tuple)) else (v,)):
             plain(t, op)
-    if grad_only and any(level.key() != _F.TransformType.Grad for level in _levels()):
+    passing = (_F.TransformType.Grad, _F.TransformType.Jvp) if jvp_ok else (
+        _F.TransformType.Grad,)
+    if grad_only and any(level.key() not in passing for level in _levels()):
         raise _unsupported(op)

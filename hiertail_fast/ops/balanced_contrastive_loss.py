@@ -291,7 +291,7 @@ def balanced_contrastive_loss_op(
             z, labels, prototypes=prototypes, temperature=temperature,
             include_self=include_self, reduction=reduction, variant=variant,
         )
-    check_transforms("balanced_contrastive_loss", grad_only=True)     # no jvp / vmap level
+    check_transforms("balanced_contrastive_loss", grad_only=True, jvp_ok=True)    # no vmap
     check_no_tangent("balanced_contrastive_loss", z, prototypes, temperature)   # forward AD
     z, prototypes = loss_inputs(z, prototypes)
     with autocast_off(z), on_input_device(z), ieee_matmuls():
@@ -414,7 +414,7 @@ def hierarchical_contrastive_loss_op(
                 include_self=include_self, variant=variant,
             )
         return total
-    check_transforms("hierarchical_contrastive_loss", grad_only=True)   # no jvp / vmap level
+    check_transforms("hierarchical_contrastive_loss", grad_only=True, jvp_ok=True)  # no vmap
     check_no_tangent("hierarchical_contrastive_loss", z, *level_prototypes, temperature)
     z, *level_prototypes = loss_inputs(z, *level_prototypes)
     with autocast_off(z), on_input_device(z), ieee_matmuls():

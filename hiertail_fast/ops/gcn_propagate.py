@@ -188,6 +188,8 @@ class GCNPropagateFunction(torch.autograd.Function):
     """out = Â·x with Â given by (graph, weight, dinv, loop). Differentiable w.r.t. x, weight and
     dinv (the caller computes dinv from the weights with autograd when they require grad)."""
 
+    op = "gcn_propagate"       # run(): no forward-mode derivative, refused naming the op
+
     @staticmethod
     def forward(x, weight, dinv, loop, graph, key, backend):
         return _spmm(backend, graph, weight, dinv, loop, x, key, transposed=False)

@@ -125,6 +125,8 @@ class TopKPoolFunction(torch.autograd.Function):
     """(x [n, d], p [d], k, backend) -> (x[perm]·s[perm] [k, d], perm [k], s[perm] [k], and
     for the backward: p̂ [d], qn, m; ``apply(...)[:3]`` is the op's result)."""
 
+    op = "topk_pool"           # run(): no forward-mode derivative, refused naming the op
+
     @staticmethod
     def forward(x, p, k, backend):
         phat, qn, m = score_direction(p)  # p̂ = p/‖p‖ without under/overflow of ‖p‖
@@ -203,6 +205,8 @@ class TopKPoolFunction(torch.autograd.Function):
 @eager_twin
 class TopKUnpoolFunction(torch.autograd.Function):
     """Triton unpool: out = zeros(n, d), out[perm] = x_pooled; backward = gather of rows."""
+
+    op = "topk_unpool"         # run(): no forward-mode derivative, refused naming the op
 
     @staticmethod
     def forward(x_pooled, perm, num_nodes):
