@@ -298,7 +298,7 @@ def test_ops_on_constants_inside_a_jvp_work(backend):
                                                               backend=backend),
     }
     b, db = torch.tensor(2.0, device=dev), torch.tensor(1.0, device=dev)
-    for name, op in ops.items():
+    for op in ops.values():
         value, tangent = jvp(lambda b, op=op: op() * b, (b,), (db,))
         eager = op()
         _same(value, eager * 2)
