@@ -18,6 +18,7 @@ from hiertail_fast import (
     topk_unpool,
 )
 from hiertail_fast.nn.hiertail import HierTail, HierTailConfig, prepare_graph
+from hiertail_fast.reference.gcn_propagate import gcn_propagate_ref
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -199,6 +200,15 @@ CASES = [
      "score_weight must have shape"),
     ("unpool num_nodes float tensor", _unpool(num_nodes=torch.tensor(5.9)), TypeError,
      "num_nodes must be an int"),
+    # the public reference checks num_nodes as the op does (it accepted 3.7, "3" and True)
+    ("gcn ref num_nodes float", lambda: gcn_propagate_ref(X, EI, num_nodes=3.7), TypeError,
+     "num_nodes must be an int"),
+    ("gcn ref num_nodes str", lambda: gcn_propagate_ref(X, EI, num_nodes="3"), TypeError,
+     "num_nodes must be an int"),
+    ("gcn ref num_nodes bool", lambda: gcn_propagate_ref(X, EI, num_nodes=True), TypeError,
+     "num_nodes must be an int"),
+    ("gcn ref num_nodes wrong", lambda: gcn_propagate_ref(X, EI, num_nodes=4), ValueError,
+     "num_nodes=4 but x has 3 rows"),
     ("hier type", _hier(level_labels=Y), TypeError, "level_labels and level_prototypes"),
     ("hier labels negative", _hier(level_labels=[_with(Y, -3)]), ValueError,
      "labels has negative entries"),

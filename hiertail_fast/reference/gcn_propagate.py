@@ -32,6 +32,7 @@ from hiertail_fast._validation import (
     check_flag,
     check_float_matrix,
     check_gcn_degrees,
+    check_num_nodes,
     check_weights_fit,
 )
 
@@ -53,7 +54,7 @@ def gcn_propagate_ref(
     improved = check_flag(improved, "improved")
     add_self_loops = check_flag(add_self_loops, "add_self_loops")
     n = x.shape[0]
-    if num_nodes is not None and int(num_nodes) != n:
+    if num_nodes is not None and check_num_nodes(num_nodes) != n:
         raise ValueError(f"num_nodes={num_nodes} but x has {n} rows")
     edge_index = check_edge_index(edge_index, n)
     w = check_edge_weight(edge_weight, edge_index.shape[1])
