@@ -11,11 +11,13 @@ import numpy as np
 import torch
 
 from hiertail_fast._validation import (
+    all_finite,
     check_dense_tensor,
     check_edge_weight,
     check_gcn_degrees,
     check_index_dtype,
     check_num_nodes,
+    duplicate_sum_overflow,
 )
 
 
@@ -203,8 +205,12 @@ def sparse_to_coo(adj: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
             col, w = adj.col_indices(), adj.values()
         else:
             # coalesced (duplicates summed) and read with values(): differentiable
-            coo = (adj if adj.layout == torch.sparse_coo else adj.to_sparse_coo()).coalesce()
+            raw = adj if adj.layout == torch.sparse_coo else adj.to_sparse_coo()
+            coo = raw.coalesce()
             (row, col), w = coo.indices(), coo.values()
+            if (w.is_floating_point() and not raw.is_coalesced() and not all_finite(w.detach())
+                    and all_finite(raw._values().detach())):
+                raise duplicate_sum_overflow(w.dtype)     # finite entries, overflowing sums
     else:
         raise TypeError(f"adj must be a torch sparse tensor or a torch_sparse.SparseTensor, "
                         f"got {type(adj).__name__}"

@@ -182,6 +182,18 @@ def check_edge_weight(edge_weight: object, num_edges: int) -> torch.Tensor | Non
     return w
 
 
+def duplicate_sum_overflow(dtype: torch.dtype) -> ValueError:
+    """The ValueError for duplicate edges whose weights, each finite, summed past ``dtype``'s
+    range when they were merged into one entry (a CSRGraph's dedupe / symmetrize, a sparse
+    adjacency's coalesce). Before, the merged graph held inf weights and the op using it later
+    blamed an in-place edit that never happened."""
+    return ValueError(
+        f"the weights of duplicate edges sum past {dtype}'s range (largest finite "
+        f"{torch.finfo(dtype).max:.6g}) where they merge into one entry; scale the weights "
+        f"down, pass them in a wider dtype, or keep duplicates apart "
+        f"(CSRGraph.from_edge_index(..., dedupe=False))")
+
+
 def check_weights_fit(weight: torch.Tensor | None, dtype: torch.dtype) -> None:
     """ValueError when edge weights stored in a wider dtype than the propagation's (the
     features') do not fit it: float64 weights of 1e39 with float32 features became inf in the

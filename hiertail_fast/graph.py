@@ -47,6 +47,7 @@ from hiertail_fast._validation import (
     check_index_dtype,
     check_num_nodes,
     check_weights_fit,
+    duplicate_sum_overflow,
 )
 from hiertail_fast.ops._amp import autocast_off
 from hiertail_fast.ops._functorch import check_no_tangent, outside_transforms, plain, wrapped
@@ -311,8 +312,16 @@ class CSRGraph:
     @classmethod
     def _from_coo(cls, row: torch.Tensor, col: torch.Tensor, w: torch.Tensor | None, n: int,
                   *, dedupe: bool) -> CSRGraph:
-        """CSR from unsorted (row = target, col = source) entries; inputs are not modified."""
-        return cls(*coo_to_csr(row, col, w, n, dedupe=dedupe), n, validate=False)
+        """CSR from unsorted (row = target, col = source) entries; inputs are not modified.
+        Finite weights of duplicate entries summing past their dtype's range (3e38 twice in
+        float32, 4e4 twice in float16): ValueError (``duplicate_sum_overflow``)."""
+        indptr, indices, weight = coo_to_csr(row, col, w, n, dedupe=dedupe)
+        if (weight is not None and weight.numel() < w.numel()       # duplicates were summed
+                and not torch.compiler.is_compiling()):
+            with outside_transforms():
+                if not all_finite(plain(weight.detach(), "CSRGraph")):
+                    raise duplicate_sum_overflow(weight.dtype)
+        return cls(indptr, indices, weight, n, validate=False)
 
     # ------------------------------------------------------------------ basic views
     @property

@@ -402,3 +402,38 @@ def test_block_sparse_adjacency_is_rejected(layout):
     for call in (lambda: CSRGraph.from_sparse(block), lambda: gcn_propagate(torch.eye(4), block)):
         with pytest.raises(TypeError, match="layout is not supported"):
             call()
+
+
+@pytest.mark.parametrize("dtype, big", [(torch.float32, 3e38), (torch.float16, 4e4)])
+def test_duplicate_weights_summing_past_their_dtype_are_refused_where_they_merge(dtype, big):
+    """Finite weights of duplicate edges merged into one entry (dedupe, symmetrize, a sparse
+    adjacency's coalesce, prepare_graph's symmetrisation) whose sum overflows their dtype: the
+    graph held inf, and the op using it later blamed an in-place edit that never happened."""
+    from hiertail_fast.nn.hiertail import prepare_graph
+
+    twice = torch.tensor([[0, 0], [1, 1]])            # the edge 0 -> 1 twice
+    pair = torch.tensor([[0, 1], [1, 0]])             # 0 -> 1 and 1 -> 0
+    w = torch.tensor([big, big], dtype=dtype)
+    overflow = f"duplicate edges sum past {dtype}'s range"
+    calls = {
+        "dedupe": lambda: CSRGraph.from_edge_index(twice, w, num_nodes=2),
+        "symmetrize": lambda: CSRGraph.from_edge_index(pair, w, num_nodes=2, symmetrize=True),
+        "coalesce": lambda: CSRGraph.from_sparse(torch.sparse_coo_tensor(twice.flip(0), w,
+                                                                          (2, 2))),
+        "prepare_graph": lambda: prepare_graph(pair, 2, torch.tensor([big, big * 0.9],
+                                                                     dtype=dtype)),
+    }
+    for call in calls.values():
+        with pytest.raises(ValueError, match=overflow):
+            call()
+    # kept apart, the same weights are a valid graph; a sum just inside the range stays
+    apart = CSRGraph.from_edge_index(twice, w, num_nodes=2, dedupe=False)
+    assert torch.equal(apart.weight, w)
+    half = torch.finfo(dtype).max / 2
+    merged = CSRGraph.from_edge_index(twice, torch.tensor([half, half], dtype=dtype),
+                                      num_nodes=2)
+    assert merged.weight.tolist() == [torch.finfo(dtype).max]
+    # a weight that is itself non-finite keeps its own message
+    bad = torch.sparse_coo_tensor(twice.flip(0), torch.tensor([1.0, float("inf")]), (2, 2))
+    with pytest.raises(ValueError, match="edge_weight contains NaN or Inf"):
+        CSRGraph.from_sparse(bad)
