@@ -113,9 +113,11 @@ class BalancedContrastiveLoss(nn.Module):
         """``.half()`` / ``.bfloat16()`` (a module conversion to a 16-bit float dtype) move a
         tensor temperature but keep its dtype: the losses compute 16-bit rows in float32, and
         a τ rounded to 16 bits changed the loss even of float32 embeddings (τ 0.1 became
-        0.0999755859375: 1.6e-2 off in fp16, 6.3e-2 in bf16; an nn-module audit). Other
-        conversions (device, float64, float32) apply as to any parameter or buffer; a
-        Parameter stays the same object (an optimizer holding it keeps working)."""
+        0.0999755859375: 1.6e-2 off in fp16, 6.3e-2 in bf16; an nn-module audit). Every other
+        effect of ``fn`` applies as to any parameter or buffer (device, float64, float32,
+        ``share_memory()``: fn runs on τ itself — it ran on an empty stand-in before, so τ
+        was never shared between processes); a Parameter stays the same object (an
+        optimizer holding it keeps working)."""
         tau = self.temperature
         if not isinstance(tau, torch.Tensor):
             return super()._apply(fn, recurse)
@@ -125,18 +127,23 @@ class BalancedContrastiveLoss(nn.Module):
             super()._apply(fn, recurse)
         finally:
             home["temperature"] = tau
-        target = fn(torch.empty((), dtype=tau.dtype, device=tau.device))   # what fn does to τ
-        dtype = target.dtype
-        if dtype in (torch.float16, torch.bfloat16) and tau.dtype.is_floating_point and \
-                torch.finfo(tau.dtype).bits > 16:
-            dtype = tau.dtype
+
+        def applied(t: torch.Tensor) -> torch.Tensor:
+            out = fn(t)
+            if out.dtype in (torch.float16, torch.bfloat16) and t.dtype.is_floating_point \
+                    and torch.finfo(t.dtype).bits > 16:
+                out = t.to(device=out.device)           # moved, not rounded to 16 bits
+            return out
+
         with torch.no_grad():
+            new = applied(tau)
             if isinstance(tau, nn.Parameter):
-                tau.data = tau.data.to(device=target.device, dtype=dtype)
+                if new is not tau:
+                    tau.data = new
                 if tau.grad is not None:
-                    tau.grad = tau.grad.to(device=target.device, dtype=dtype)
+                    tau.grad = applied(tau.grad)
             else:
-                home["temperature"] = tau.to(device=target.device, dtype=dtype)
+                home["temperature"] = new
         return self
 
     def forward(

@@ -592,3 +592,19 @@ def test_16bit_conversion_keeps_a_tensor_temperature(kind):
     assert loss.temperature.dtype == torch.float64   # widening conversions apply
     if kind == "parameter":   # its .grad too, as nn.Module's own conversion (a mutation audit)
         assert loss.temperature.grad.dtype == torch.float64
+
+
+@pytest.mark.parametrize("kind", ["buffer", "parameter"])
+def test_share_memory_shares_a_tensor_temperature(kind):
+    """BalancedContrastiveLoss.share_memory() left a tensor temperature out of shared memory
+    (its conversion ran fn on an empty stand-in and kept only the dtype and device): with
+    Hogwild-style training, one process's temperature updates were lost to the others."""
+    from hiertail_fast.losses import BalancedContrastiveLoss
+
+    tau = torch.tensor(0.1)
+    if kind == "parameter":
+        tau = torch.nn.Parameter(tau)
+    loss = BalancedContrastiveLoss(temperature=tau).share_memory()
+    assert loss.temperature.is_shared()
+    if kind == "parameter":
+        assert loss.temperature is tau
