@@ -5,6 +5,7 @@ import math
 import numbers
 import operator
 import os
+from collections.abc import Iterable
 
 import numpy as np
 import torch
@@ -258,24 +259,50 @@ def validate_contrastive_inputs(
     check_index_vector(labels, "labels", length=z.shape[0])
     if prototypes is not None:
         check_float_matrix(prototypes, "prototypes")
-        if prototypes.shape[1] != z.shape[1]:
-            raise ValueError(
-                f"prototypes have width {prototypes.shape[1]} but z has width {z.shape[1]}"
-            )
-        if prototypes.dtype != z.dtype:
-            raise TypeError(f"prototypes are {prototypes.dtype} but z is {z.dtype}")
-        if prototypes.device != z.device:
-            raise ValueError(f"prototypes are on {prototypes.device} but z is on {z.device}")
+        check_prototypes_match(prototypes, z)
     check_loss_options(temperature, reduction, variant, include_self)
     tau = check_temperature_value(temperature)
     check_logit_range(z, prototypes, tau)
+
+
+def check_level_sequences(level_labels: object, level_prototypes: object) -> tuple[list, list]:
+    """The hierarchical loss's per-level arguments as lists: each a sequence (list, tuple, any
+    iterable but a tensor or a string). A tensor (iterable by rows: each row taken for a
+    level) or None / a number (Python's "'NoneType' object is not iterable") is a TypeError
+    naming the argument. Their entries are checked level by level later."""
+    out = []
+    for name, value in (("level_labels", level_labels), ("level_prototypes", level_prototypes)):
+        if isinstance(value, (torch.Tensor, str, bytes)) or not isinstance(value, Iterable):
+            raise TypeError(f"level_labels and level_prototypes must be sequences of tensors "
+                            f"(one per level); {name} is {type(value).__name__}")
+        out.append(list(value))
+    return out[0], out[1]
+
+
+def check_prototypes_match(prototypes: torch.Tensor, z: torch.Tensor) -> None:
+    """Prototypes [m, d] against z [N, d] (both 2-D float tensors): the same width, dtype and
+    device. Reads no values (also checked while a compiled call is traced, ``_custom_ops``:
+    an empty prototypes tensor there skipped the eager checks)."""
+    if prototypes.shape[1] != z.shape[1]:
+        raise ValueError(
+            f"prototypes have width {prototypes.shape[1]} but z has width {z.shape[1]}"
+        )
+    if prototypes.dtype != z.dtype:
+        raise TypeError(f"prototypes are {prototypes.dtype} but z is {z.dtype}")
+    if prototypes.device != z.device:
+        raise ValueError(f"prototypes are on {prototypes.device} but z is on {z.device}")
 
 
 def check_temperature_value(temperature: float | torch.Tensor) -> float:
     """The temperature's value as a float: finite, >= MIN_TEMPERATURE, and for a tensor within
     float32's range (its computations run in float32 or float64: 1e300 as a float64 tensor
     became inf, and the loss NaN)."""
-    tau = float(temperature.detach() if isinstance(temperature, torch.Tensor) else temperature)
+    try:
+        tau = float(temperature.detach() if isinstance(temperature, torch.Tensor)
+                    else temperature)
+    except OverflowError:                           # an int beyond float's range (10**400)
+        raise ValueError(f"temperature must be a finite number >= {MIN_TEMPERATURE:g}, got "
+                         f"an int beyond float's range") from None
     if not math.isfinite(tau) or not tau >= MIN_TEMPERATURE:
         raise ValueError(f"temperature must be a finite number >= {MIN_TEMPERATURE:g}, got "
                          f"{tau}")
@@ -309,6 +336,7 @@ def check_loss_options(temperature: object, reduction: str, variant: str,
     call is traced, ``ops/_custom_ops``): temperature's type (a real, or a 0-d floating
     tensor: learnable), the reduction and variant names, include_self a bool."""
     if isinstance(temperature, torch.Tensor):   # a learnable temperature: a 0-d float tensor
+        check_dense_tensor(temperature, "temperature")      # sparse / meta: nothing to read
         if temperature.dim() != 0 or temperature.dtype not in FLOAT_DTYPES:
             raise TypeError(f"a tensor temperature must be a 0-d floating-point tensor, got "
                             f"shape {tuple(temperature.shape)} {temperature.dtype}")

@@ -213,6 +213,21 @@ CASES = [
     ("hier labels negative", _hier(level_labels=[_with(Y, -3)]), ValueError,
      "labels has negative entries"),
     ("hier tau", _hier(temperature=-1.0), ValueError, "temperature must be a finite"),
+    # an int beyond float's range (OverflowError before), a temperature with no values (meta:
+    # Tensor.item()'s error from inside torch before), None / an int for a level list
+    ("bcl tau int beyond float", _bcl(temperature=10 ** 400), ValueError,
+     "got an int beyond float's range"),
+    ("bcl tau meta", _bcl(temperature=torch.tensor(0.1, device="meta")), ValueError,
+     "temperature is on the meta device"),
+    ("hier tau meta", _hier(temperature=torch.tensor(0.1, device="meta")), ValueError,
+     "temperature is on the meta device"),
+    ("module tau meta", lambda: BalancedContrastiveLoss(torch.tensor(0.1, device="meta")),
+     ValueError, "temperature is on the meta device"),
+    ("module tau int beyond float", lambda: BalancedContrastiveLoss(10 ** 400), ValueError,
+     "got an int beyond float's range"),
+    ("hier prototypes None", _hier(level_prototypes=None), TypeError,
+     "level_prototypes is NoneType"),
+    ("hier labels int", _hier(level_labels=3), TypeError, "level_labels is int"),
     # ---- the loss: layouts, devices, number types and ranges a fuzzer found loose
     ("bcl z sparse", _bcl(z=Z.to_sparse()), TypeError, "z must be a dense (strided) tensor"),
     ("bcl z csr", _bcl(z=Z.to_sparse_csr()), TypeError, "z must be a dense (strided) tensor"),

@@ -216,6 +216,18 @@ def test_compiled_loss_raises_the_eager_errors():
 
     with pytest.raises(TypeError, match="include_self"):
         torch.compile(bad_flag, backend="aot_eager")(z, y)
+    # empty prototypes of another width or dtype: the eager errors (the traced op took any
+    # 0-row tensor for "no prototypes" and returned a loss)
+    for protos, exc, msg in [(z.new_zeros(0, z.shape[1] + 1), ValueError, "width"),
+                             (z.new_zeros(0, z.shape[1], dtype=torch.float64), TypeError,
+                              "prototypes are torch.float64")]:
+        for f in (lambda z, y, p: balanced_contrastive_loss(z, y, prototypes=p),
+                  lambda z, y, p: hierarchical_contrastive_loss(z, [y], [p])):
+            torch._dynamo.reset()
+            with pytest.raises(exc, match=msg):
+                f(z, y, protos)
+            with pytest.raises(exc, match=msg):
+                torch.compile(f, backend="aot_eager")(z, y, protos)
 
 
 def test_compiled_loss_reads_the_backend_switch_when_it_runs(monkeypatch):

@@ -36,7 +36,12 @@ import inspect
 import torch
 from torch import Tensor
 
-from hiertail_fast._validation import check_loss_options, check_tensor
+from hiertail_fast._validation import (
+    check_float_matrix,
+    check_loss_options,
+    check_prototypes_match,
+    check_tensor,
+)
 from hiertail_fast.ops._amp import autocast_dtype
 from hiertail_fast.ops._autograd import first_order_backward
 from hiertail_fast.ops._loss_terms import loss_dtype
@@ -264,6 +269,8 @@ def _static_checks(z, level_labels, level_prototypes, include_self, reduction, v
     for p in level_prototypes:
         if p is not None and not isinstance(p, Tensor):
             raise TypeError(f"prototypes must be a torch.Tensor or None, got {type(p).__name__}")
+        if p is not None and z.dim() == 2:      # (the op below sees an empty p as "none")
+            check_prototypes_match(check_float_matrix(p, "prototypes", finite=False), z)
     check_loss_options(temperature, reduction, variant, include_self)
 
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hiertail_fast._validation import validate_contrastive_inputs
+from hiertail_fast._validation import check_level_sequences, validate_contrastive_inputs
 from hiertail_fast.ops import _attention_lse, _custom_ops, _lse_symmetric, _triton_loss
 from hiertail_fast.ops._amp import autocast_off, loss_inputs
 from hiertail_fast.ops._autograd import eager_twin, first_order_backward, graph_anchor
@@ -382,9 +382,7 @@ def hierarchical_contrastive_loss_op(
     other levels' prototypes), so the z.z^T part of the block and its exp are shared by all levels.
     Under torch.autocast: on autocast's dtype, with autocast off inside (``_amp``).
     """
-    if isinstance(level_labels, torch.Tensor) or isinstance(level_prototypes, torch.Tensor):
-        raise TypeError("level_labels and level_prototypes must be sequences of tensors")
-    level_labels, level_prototypes = list(level_labels), list(level_prototypes)
+    level_labels, level_prototypes = check_level_sequences(level_labels, level_prototypes)
     if torch.compiler.is_compiling() and _custom_ops.READY:      # one custom op
         return _custom_ops.traced_loss(z, level_labels, level_prototypes, temperature,
                                        include_self, "mean", variant, backend, hierarchical=True)
