@@ -1,10 +1,13 @@
 """Drop-in class-balanced contrastive losses (HierTail SCL Eq. 7 / BCL Eq. 8), O(N*d) memory.
 
 Same numbers as ``hiertail_fast.reference.balanced_contrastive_loss_ref`` (its docstring holds
-the definitions); the backend is picked by ``hiertail_fast.ops._dispatch.choose_backend``
-from its measured table (CUDA tensors -> Triton kernels, otherwise the blocked torch path);
-``backend=`` or the ``HIERTAIL_BACKEND`` environment variable ("reference" | "torch" |
-"triton") forces one.
+the definitions). The engine is picked by ``hiertail_fast.ops._dispatch.choose_loss_backend``
+(README, "Public API"): on CPU our torch engine (the symmetric C engine for one level from 512
+rows; the attention kernel for the exact single level only where the C kernels are missing or
+switched off), on CUDA by size, dtype, variant and logits between PyTorch's attention kernels,
+our Triton kernels and the torch engine; float64 always on the torch engine. ``backend=``
+("reference" | "torch" | "attention" | "triton") or the ``HIERTAIL_BACKEND`` environment
+variable ("reference" | "torch" | "triton") forces one.
 
 Example::
 
@@ -55,8 +58,9 @@ def balanced_contrastive_loss(
     ``reduction``: "mean" over rows with a non-empty positive set | "sum" | "none" ([N + m],
     0 for rows with an empty positive set, e.g. singleton classes with include_self=False).
     ``temperature``: a float, or a 0-d float tensor that may require grad (learnable; its
-    gradient is exact on every backend). Extra memory O(B*N) on CPU (row blocks), O(N*d) on
-    GPU.
+    gradient is exact on every backend). ``backend``: None (automatic, see the module
+    docstring) | "reference" (dense N x N, the definition) | "torch" | "attention" | "triton".
+    Extra memory O(B*N) on CPU (row blocks), O(N*d) on GPU.
     """
     return balanced_contrastive_loss_op(
         z, labels, prototypes, temperature, include_self, reduction, variant, backend
@@ -77,7 +81,8 @@ def hierarchical_contrastive_loss(
 
     Computed in one pass over the shared z.z^T block (multi-level fusion, DESIGN.md §3): the
     exp of every node-node similarity is taken once for all levels. Each level uses the mean
-    reduction; ``level_prototypes[l]`` may be None (no prototypes in that level).
+    reduction; ``level_prototypes[l]`` may be None (no prototypes in that level). ``backend``
+    as for :func:`balanced_contrastive_loss`.
     """
     return hierarchical_contrastive_loss_op(
         z, level_labels, level_prototypes, temperature, include_self, variant, backend
