@@ -47,6 +47,7 @@ sys.path.insert(0, str(HERE))
 import _gpu_checks as gc  # noqa: E402
 from _roofline import bandwidth_figures  # noqa: E402
 
+from hiertail_fast._argparse import path_arg  # noqa: E402
 from hiertail_fast._files import unwritable_dir_reason, unwritable_file_reason  # noqa: E402
 
 REPORT_NAMES = ("gpu_report.md", "gpu_report.json")
@@ -341,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (~1-2 minutes)")
     parser.add_argument("--budget", type=float, default=270.0, help="seconds (default 270)")
-    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--out", type=path_arg, default=HERE / "results")
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS),
                         help="run only these sections (default: all), e.g. a re-check of the "
                              "loss after a change: --sections loss")
@@ -357,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--device cpu is the test mode for machines without CUDA")
     for target in (args.out, *(args.out / name for name in REPORT_NAMES)):
         problem = (unwritable_dir_reason(target) if target == args.out
-                   else unwritable_file_reason(target))
+                   else unwritable_file_reason(target, keeps_prev=True))
         if problem:        # before any section: device time is spent otherwise
             parser.error(f"--out {args.out} cannot be written: {problem}")
     kept = _keep_previous(args.out)

@@ -77,7 +77,7 @@ from _scale_worker import _setup as _setup
 from _scale_worker import _tracked_peak as _tracked_peak
 from _scale_worker import build_model as build_model
 
-from hiertail_fast._argparse import ArgumentParser
+from hiertail_fast._argparse import ArgumentParser, path_arg
 from hiertail_fast._files import unwritable_dir_reason, unwritable_file_reason
 from hiertail_fast._train_cli import threads_arg
 
@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch threads, at most the CPUs available (default: torch's)")
     p.add_argument("--cpu-memory", choices=("rss", "tracked"), default="rss",
                    help="CPU memory figure: peak RSS (default) or torch-allocator peak")
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
+    p.add_argument("--out", type=path_arg, default=Path(__file__).resolve().parent / "results",
                    help="directory for scale.csv/.json/.png (default bench/results); results "
                         "already there are kept as scale.prev.* (one generation)")
     p.add_argument("--no-plot", action="store_true", help="skip scale.png")
@@ -219,7 +219,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          f"{', '.join(allowed)})")
     for target in [args.out, *(args.out / name for name in OUTPUT_NAMES)]:
         problem = (unwritable_dir_reason(target) if target == args.out
-                   else unwritable_file_reason(target))
+                   else unwritable_file_reason(target, keeps_prev=True))
         if problem:  # before any run: a sweep can take an hour
             parser.error(f"--out {args.out} cannot be written: {problem}")
     if args.device != "cpu":

@@ -11,3 +11,14 @@ import argparse
 class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the options)\n")
+
+
+def path_arg(value: str):
+    """``type=`` of a path option: a ``Path``, refusing the empty string, which ``Path("")``
+    silently turns into the current folder (``--root ""`` read the working directory's
+    files, where the library's ``resolve_root("")`` refuses it)."""
+    from pathlib import Path
+
+    if not value:
+        raise argparse.ArgumentTypeError("an empty path (use '.' for the current folder)")
+    return Path(value)

@@ -37,14 +37,32 @@ def unwritable_dir_reason(directory: Path) -> str | None:
     return None
 
 
-def unwritable_file_reason(path: Path) -> str | None:
-    """Why `path` cannot be (re)written as a file, or None."""
+def not_regular_reason(path: Path) -> str | None:
+    """Why a result file must not be written at `path`, which exists and is no regular file
+    (links followed), or None. Results are written to a temporary file and renamed over
+    `path`: a device, FIFO or socket there would be replaced (``--json /dev/null`` run as root
+    replaced the machine's /dev/null with a JSON file)."""
     path = Path(path)
     if path.is_dir():
         return f"{path} is a directory"
-    if path.exists() and not os.access(path, os.W_OK):
-        return f"{path} is read-only"
-    return unwritable_dir_reason(path.parent)
+    if path.exists() and not path.is_file():
+        return (f"{path} is not a regular file (a device, FIFO or socket), which writing the "
+                f"results would replace")
+    return None
+
+
+def unwritable_file_reason(path: Path, *, keeps_prev: bool = False) -> str | None:
+    """Why `path` cannot be (re)written as a file, or None. ``keeps_prev``: the writer keeps
+    an existing `path` as :func:`prev_path` (``replace_keeping_prev``), which must be
+    replaceable too — checked before the work, not found after it."""
+    path = Path(path)
+    problem = not_regular_reason(path)
+    if problem is None and path.exists() and not os.access(path, os.W_OK):
+        problem = f"{path} is read-only"
+    if problem is None and keeps_prev and path.exists():
+        prev = not_regular_reason(prev_path(path))
+        problem = prev and f"the file it replaces is kept as {prev_path(path)}, but {prev}"
+    return problem or unwritable_dir_reason(path.parent)
 
 
 def _new_file_mode(path: Path) -> int:
@@ -64,6 +82,9 @@ def atomic_path(path: Path, *, overwrite: bool = True) -> Iterator[Path]:
     ``overwrite=False``: FileExistsError when `path` appeared meanwhile (a hard link, which
     never replaces; without hard links on the file system, a plain replace)."""
     path = Path(path)
+    problem = not_regular_reason(path)
+    if problem:                     # never renamed over a directory, device or FIFO
+        raise FileExistsError(problem)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
@@ -120,6 +141,10 @@ def replace_file_set(out: Path, writers: dict, current: list, prev_of,
     into place. A failure before that (a plot error, a full disk) leaves `out` as it was.
     Returns (written paths, kept previous paths)."""
     out = Path(out)
+    problem = next((r for r in (not_regular_reason(out / n) for n in (
+        *writers, *(prev_of(c) for c in current if (out / c).exists()))) if r), None)
+    if problem:                     # never renamed over a directory, device or FIFO
+        raise FileExistsError(problem)
     out.mkdir(parents=True, exist_ok=True)
     temps: dict[str, Path] = {}
     try:

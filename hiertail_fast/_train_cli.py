@@ -18,15 +18,15 @@ import json
 import math
 import os
 import sys
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-from hiertail_fast._argparse import ArgumentParser
+from hiertail_fast._argparse import ArgumentParser, path_arg
 from hiertail_fast._files import (
     overwritten_input,
+    prev_path,
     replace_keeping_prev,
     same_file,
     unwritable_file_reason,
@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m hiertail_fast.train",
                        description="Train HierTail (long-tail node classification).")
     src = p.add_argument_group("input")
-    src.add_argument("--data", type=Path, help="graph in the uniform .npz format; its classes "
+    src.add_argument("--data", type=path_arg, help="graph in the uniform .npz format; its classes "
                      "are relabelled by size (0 = largest, as the official harness), so "
                      "per-class results are in that order: --json's data.original_labels "
                      "gives each class's label in the file")
@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--dataset", help="a paper dataset by name (cora_full, wiki, email, "
                      "blogcatalog, amazon_clothing, amazon_electronics): ROOT/NAME.npz or PyG's "
                      "raw files, official preprocessing (hiertail_fast.data.datasets)")
-    src.add_argument("--root", type=Path, help="data directory of --dataset (default: "
+    src.add_argument("--root", type=path_arg, help="data directory of --dataset (default: "
                      "$HIERTAIL_DATA)")
     src.add_argument("--nodes", type=_positive(int), default=2000,
                      help="--synthetic: nodes (default %(default)s)")
@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="node features: none (as loaded; the official default) or row = "
                      "x_i / sum_j x_ij (the official --is_normalize; Wiki's raw TF-IDF rows "
                      "sum to thousands and collapse training without it)")
-    src.add_argument("--split", type=Path, help="user split .npz (train/val/test arrays); "
+    src.add_argument("--split", type=path_arg, help="user split .npz (train/val/test arrays); "
                      "default: natural per-class split redone per seed")
     m = p.add_argument_group("model and training")
     # default None ("paper" when unset): an explicit `--config paper` with a baseline
@@ -223,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "threads wait passively unless OMP_WAIT_POLICY is set")
     m.add_argument("--no-progress", action="store_true",
                    help="no progress bars: one line per finished seed instead")
-    m.add_argument("--json", type=Path, help="write all results to this JSON file (checked "
+    m.add_argument("--json", type=path_arg, help="write all results to this JSON file (checked "
                    "before training; written atomically; a file it replaces is kept as "
                    "NAME.prev.json)")
     add_method_arguments(p)
@@ -275,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if problem is None and args.json is not None:
         problem = _json_clash(args)
     if problem is None and args.json is not None:
-        problem = unwritable_file_reason(args.json)
+        problem = unwritable_file_reason(args.json, keeps_prev=True)
         problem = problem and f"--json {args.json} cannot be written: {problem}"
     if problem is not None:
         parser.error(problem)
@@ -360,22 +360,29 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 def _json_clash(args) -> str | None:
-    """Why --json must not be written: it is the same file as --data or --split, or one that
-    --dataset NAME --root DIR reads (DIR/NAME.npz, or the PyG dataset's folder)."""
-    for option, path in (("--data", args.data), ("--split", args.split)):
-        if path is not None and same_file(args.json, path):
-            return (f"--json {args.json} is the same file as {option} {path}: it would be "
-                    "overwritten with the results; choose another --json path")
+    """Why --json must not be written: it, or where an existing --json is kept
+    (``prev_path``: ``g.npz`` -> ``g.prev.npz``), is the same file as --data or --split, or
+    one that --dataset NAME --root DIR reads (DIR/NAME.npz, or the PyG dataset's folder)."""
+    targets = [(args.json, f"--json {args.json}", "with the results")]
+    if args.json.exists():
+        targets.append((prev_path(args.json), f"{prev_path(args.json)} (where the existing "
+                        f"--json file is kept)", f"with the old {args.json.name}"))
+    inputs = None
     if args.dataset is not None:
         from hiertail_fast.data.datasets import dataset_input_paths
         try:
             inputs = dataset_input_paths(args.dataset, args.root)
         except (ValueError, TypeError):
-            return None             # a bad name or root: loading the data says so
-        path = overwritten_input(args.json, inputs)
+            inputs = None           # a bad name or root: loading the data says so
+    for target, said, by in targets:
+        for option, path in (("--data", args.data), ("--split", args.split)):
+            if path is not None and same_file(target, path):
+                return (f"{said} is the same file as {option} {path}: it would be "
+                        f"overwritten {by}; choose another --json path")
+        path = None if inputs is None else overwritten_input(target, inputs)
         if path is not None:
-            return (f"--json {args.json} is an input of --dataset {args.dataset} ({path}): "
-                    "it would be overwritten with the results; choose another --json path")
+            return (f"{said} is an input of --dataset {args.dataset} ({path}): it would be "
+                    f"overwritten {by}; choose another --json path")
     return None
 
 

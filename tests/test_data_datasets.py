@@ -261,6 +261,9 @@ def test_convert_cli(cora_root, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["convert", "cora_full", str(out), "--root", str(cora_root)])
     assert exc.value.code == 2 and "--force" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:       # Path("") would be the working directory
+        main(["convert", "cora_full", str(out), "--root", ""])
+    assert exc.value.code == 2 and "argument --root: an empty path" in capsys.readouterr().err
     proc = subprocess.run([sys.executable, "-m", "hiertail_fast.data", "convert", "email",
                            str(tmp_path / "e.npz"), "--root", str(tmp_path)],
                           capture_output=True, text=True,
@@ -329,6 +332,13 @@ def test_convert_bad_sources_and_outputs_are_clear_errors(tmp_path, capsys):
     nan = _masked_pt(tmp_path / "nan.pt", x=x)
     err = _convert_exit_2(["convert", str(nan), str(tmp_path / "n.npz")], capsys)
     assert f"source {nan}: 'x' contains NaN or Inf" in err and ".tmp" not in err
+    # a .pt output too (it took the NaN features, which our loaders then refuse: a CLI audit)
+    err = _convert_exit_2(["convert", str(nan), str(tmp_path / "n.pt")], capsys)
+    assert f"source {nan}: 'x' contains NaN or Inf" in err
+    # --root / --download belong to a dataset name; with a file they were silently ignored
+    for extra in (["--root", str(tmp_path)], ["--download"]):
+        err = _convert_exit_2(["convert", str(good), str(tmp_path / "r.npz"), *extra], capsys)
+        assert f"--root and --download apply to a dataset name, not to the file {good}" in err
     out = tmp_path / "out.npz"
     convert(good, out)
     before = out.read_bytes()

@@ -137,6 +137,22 @@ def test_load_bad_csr_and_files(tmp_path):
                           ("x_data", np.ones(3, np.float32), "x_data")]:
         with pytest.raises(ValueError, match=msg):
             load_npz(_write(tmp_path / "c2.npz", edge_index=ei, y=y, **{**good, key: val}))
+    # x_shape too large to densify: the MemoryError was reported as a corrupt member (a CLI
+    # audit; simulated: whether the allocation fails depends on the machine's overcommit)
+    import hiertail_fast.data.io as io
+
+    real_zeros = np.zeros
+
+    def zeros(shape, *args, **kwargs):
+        if isinstance(shape, tuple) and shape == (5, 10 ** 9):
+            raise MemoryError
+        return real_zeros(shape, *args, **kwargs)
+    huge = _write(tmp_path / "huge.npz", edge_index=ei, y=y,
+                  **{**good, "x_shape": np.array([5, 10 ** 9])})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(io.np, "zeros", zeros)
+        with pytest.raises(ValueError, match="'x_shape' 5 x 1000000000 densify to 20 GB"):
+            load_npz(huge)
     (tmp_path / "junk.npz").write_bytes(b"not a zip file")
     with pytest.raises(ValueError, match="junk.npz"):
         load_npz(tmp_path / "junk.npz")

@@ -36,6 +36,12 @@ def test_normalize_features_row_none_and_bad_values():
         normalize_features(g, "l2")
     with pytest.raises(TypeError, match="feature_norm must be a str"):
         normalize_features(g, None)
+    # entries that cancel: x / sum leaves float32; the loader's NaN / Inf check then blamed
+    # the file for what the normalisation made (a CLI audit)
+    cancels = GraphData(edge_index=g.edge_index, y=g.y, num_classes=2, name="email",
+                        x=torch.tensor([[1.0, 1.0, 1.0], [1e30, -1e30, 1e-30], [1.0, 2.0, 3.0]]))
+    with pytest.raises(ValueError, match="row normalisation .* of node 1 leaves float32's range"):
+        normalize_features(cancels, "row")
 
 
 def test_load_dataset_feature_norm(tmp_path):

@@ -50,6 +50,10 @@ def _python(args: list[str], env_drop=("OMP_WAIT_POLICY",), timeout=300, **env):
     (["--seeds", "10000000000"], "--seeds count must lie in [1, 100000]"),
     (["--device", "foo"], "--device 'foo' is not a device"),
     (["--device", "meta"], "--device meta: only cpu and cuda devices can train"),
+    # Path("") is the current folder: --root "" read the working directory's files
+    (["--json", ""], "argument --json: an empty path (use '.' for the current folder)"),
+    (["--split", ""], "argument --split: an empty path"),
+    (["--root", ""], "argument --root: an empty path"),
 ])
 def test_bad_values_exit_2_with_one_line(extra, message, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -446,6 +450,57 @@ def test_json_never_overwrites_an_input(tmp_path, capsys, monkeypatch):
         err = _exit_2(base + ["--json", str(target)], capsys, monkeypatch)
         assert f"--json {target} is the same file as {option}" in err, err
     assert all(p.read_bytes() == b for p, b in before.items())
+
+
+def test_json_never_replaces_a_fifo_or_moves_onto_an_input(tmp_path, capsys, monkeypatch):
+    """Three ways --json destroyed what it should not (a CLI audit): a FIFO (or device: run as
+    root, --json /dev/null replaced /dev/null) became a JSON file with the FIFO kept as .prev;
+    an existing --json moved onto its .prev path when that was the --data file; a .prev path
+    that is a directory was found only after training. All refused before training now."""
+    import numpy as np
+
+    data = _save_graph(tmp_path / "g.prev.npz")
+    before = data.read_bytes()
+    base = ["--data", str(data), "--epochs", "2", "--no-progress"]
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    err = _exit_2(base + ["--json", str(fifo)], capsys, monkeypatch)
+    assert f"--json {fifo} cannot be written: {fifo} is not a regular file" in err, err
+    assert fifo.is_fifo() and not (tmp_path / "fifo.prev.json").exists()
+    old = tmp_path / "g.npz"                    # its .prev path is the --data file
+    old.write_text("old results")
+    err = _exit_2(base + ["--json", str(old)], capsys, monkeypatch)
+    assert f"{data} (where the existing --json file is kept) is the same file as --data" in err
+    assert data.read_bytes() == before and old.read_text() == "old results"
+    res = tmp_path / "r.json"
+    res.write_text("old results")
+    (tmp_path / "r.prev.json").mkdir()
+    err = _exit_2(TINY + ["--json", str(res)], capsys, monkeypatch)
+    assert (f"--json {res} cannot be written: the file it replaces is kept as "
+            f"{tmp_path / 'r.prev.json'}, but {tmp_path / 'r.prev.json'} is a directory") in err
+    assert res.read_text() == "old results"
+    assert np.load(data)["y"].size                 # the input still loads
+
+
+def test_result_writers_never_rename_over_a_fifo(tmp_path):
+    """The mechanism under every result file (``_files``): a FIFO (or device, directory) at the
+    target or at the .prev path an existing target moves to is refused before anything is
+    written or moved, for callers that did not check first."""
+    from hiertail_fast._files import atomic_write_text, replace_keeping_prev
+
+    fifo = tmp_path / "x.json"
+    os.mkfifo(fifo)
+    for write in (atomic_write_text, replace_keeping_prev):
+        with pytest.raises(FileExistsError, match=f"{fifo} is not a regular file"):
+            write(fifo, "new")
+        assert fifo.is_fifo()
+    res = tmp_path / "r.json"
+    res.write_text("old")
+    os.mkfifo(tmp_path / "r.prev.json")
+    with pytest.raises(FileExistsError, match="r.prev.json is not a regular file"):
+        replace_keeping_prev(res, "new")
+    assert res.read_text() == "old" and (tmp_path / "r.prev.json").is_fifo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.prev.json", "x.json"]
 
 
 def test_divergence_exits_1_with_one_line_and_no_json(tmp_path, capsys):

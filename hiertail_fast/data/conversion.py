@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from hiertail_fast._argparse import ArgumentParser
+from hiertail_fast._argparse import ArgumentParser, path_arg
 from hiertail_fast._files import overwritten_input, same_file, write_atomic
 from hiertail_fast.data.datasets import (
     DATASETS,
@@ -68,7 +68,7 @@ def _read_source(source: Any, root: Any, download: bool) -> tuple[GraphData, Any
         raise TypeError(f"source must be a dataset name, a path, a Data or a GraphData, got "
                         f"{type(source).__name__}")
     path = Path(source)
-    if path.suffix in _FORMATS or path.exists():
+    if _is_file_source(path):
         if path.is_dir():
             raise IsADirectoryError(f"source {path} is a directory, not a .npz or .pt file")
         if not path.is_file():
@@ -94,15 +94,21 @@ def _read_source(source: Any, root: Any, download: bool) -> tuple[GraphData, Any
     return load_dataset(name, root, download=download), None
 
 
+def _is_file_source(source: Any) -> bool:
+    """Whether ``source`` names a file (a .npz / .pt path, or any existing path), not a
+    dataset name."""
+    path = Path(source)
+    return path.suffix in _FORMATS or path.exists()
+
+
 def _source_paths(source: Any, root: Any) -> list[Path]:
     """The files (and PyG dataset folders) ``source`` is read from: its path, or for a dataset
     name those of :func:`dataset_input_paths` (none when the name or root is bad: reading the
     source says so)."""
     if not isinstance(source, (str, os.PathLike)):
         return []
-    path = Path(source)
-    if path.suffix in _FORMATS or path.exists():
-        return [path]
+    if _is_file_source(source):
+        return [Path(source)]
     try:
         return dataset_input_paths(str(source), root)
     except (ValueError, TypeError):
@@ -133,8 +139,9 @@ def convert(source: Any, out: Any, *, root: Any = None, force: bool = False,
         if p is not None and Path(p).exists() and not force:
             raise FileExistsError(f"{p} exists: pass force=True (--force) to overwrite it")
     graph, split = _read_source(source, root, download)
-    if out.suffix == ".npz":   # save_npz's checks, here naming the source, not a temp file
-        check_graph_arrays(graph.edge_index, graph.x, graph.y, f"source {_describe(source)}")
+    # save_npz's checks, here naming the source, not a temp file; a .pt output too (NaN
+    # features went into it, which every loader of ours then refuses)
+    check_graph_arrays(graph.edge_index, graph.x, graph.y, f"source {_describe(source)}")
     if split_out is not None and split is None:
         raise ValueError(f"split_out={split_out}: the source has no train/val/test masks")
     save_graph(graph, out, force=force, split=split if out.suffix == ".pt" else None)
@@ -162,18 +169,22 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("convert", help="dataset name | .npz | .pt (PyG Data) -> .npz | .pt")
     c.add_argument("source", help=f"a dataset name ({', '.join(DATASETS)}), a uniform .npz "
                    "or a .pt file with a PyG Data")
-    c.add_argument("out", type=Path, help="output file: .npz (uniform format) or .pt (PyG Data)")
-    c.add_argument("--root", type=Path, help="data directory of a dataset name (default: "
+    c.add_argument("out", type=path_arg,
+                   help="output file: .npz (uniform format) or .pt (PyG Data)")
+    c.add_argument("--root", type=path_arg, help="data directory of a dataset name (default: "
                    "$HIERTAIL_DATA)")
     c.add_argument("--force", action="store_true", help="overwrite an existing output")
     c.add_argument("--download", action="store_true", help="let PyG download raw files")
-    c.add_argument("--split-out", type=Path, help="write a Data's masks here (.npz)")
+    c.add_argument("--split-out", type=path_arg, help="write a Data's masks here (.npz)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if _is_file_source(args.source) and (args.root is not None or args.download):
+        parser.error(f"--root and --download apply to a dataset name, not to the file "
+                     f"{args.source} (they were ignored)")
     try:
         g = convert(args.source, args.out, root=args.root, force=args.force,
                     download=args.download, split_out=args.split_out)

@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hiertail_fast._validation import check_feature_norm, check_flag
+from hiertail_fast._validation import all_finite, check_feature_norm, check_flag
 from hiertail_fast.data.io import GraphData, load_npz, relabel_by_size
 from hiertail_fast.data.pyg import from_pyg_data, import_pyg
 
@@ -150,11 +150,20 @@ def undirected_edges(edge_index: torch.Tensor, num_nodes: int) -> torch.Tensor:
 
 
 def _row_normalize(x: torch.Tensor) -> torch.Tensor:
-    """x_i / Σ_j x_ij in float64 (the official numpy ``normalize``); zero sums give zero rows."""
+    """x_i / Σ_j x_ij in float64 (the official numpy ``normalize``); zero sums give zero rows.
+    A row whose entries nearly cancel (1e30, -1e30, 1e-30) divides past float32's range:
+    ValueError naming the node and its sum (the loader's later NaN / Inf check blamed the
+    file for values the normalisation made)."""
     x64 = x.double()
     s = x64.sum(dim=1, keepdim=True)
     inv = torch.where(s == 0, torch.zeros_like(s), 1.0 / s)
-    return (x64 * inv).float()
+    out = (x64 * inv).float()
+    if not all_finite(out):
+        node = int((~torch.isfinite(out)).any(dim=1).nonzero()[0])
+        raise ValueError(f"row normalisation (x_i / sum_j x_ij) of node {node} leaves float32's "
+                         f"range: its features sum to {float(s[node]):.3g} (entries that "
+                         f"cancel); use the raw features (--feature-norm none) or fix that row")
+    return out
 
 
 def official_preprocess(graph: GraphData, name: str) -> GraphData:

@@ -193,7 +193,12 @@ def _csr_to_dense(z: Any, where: str) -> np.ndarray:
     # Inf"; an extremes audit)
     data = _float32_features(data, where)
     row = np.repeat(np.arange(rows, dtype=np.int64), np.diff(indptr))
-    dense = np.zeros((rows, cols), dtype=np.float32)
+    try:
+        dense = np.zeros((rows, cols), dtype=np.float32)
+    except MemoryError:     # was "cannot decode arrays (a corrupt member ...)"
+        raise ValueError(f"{where}: the sparse features 'x_shape' {rows} x {cols} densify to "
+                         f"{rows * cols * 4 / 1e9:.3g} GB of float32, more than this machine "
+                         f"can allocate") from None
     col = indices.astype(np.int64)
     flat = row * cols + col
     if np.unique(flat).shape[0] == nnz:
