@@ -398,6 +398,11 @@ def test_unwritable_out_or_runs_dir_is_refused_before_any_training(tmp_path, mon
     ("sensitivity", ["--parts", ""], "--parts '' gives no value"),
     ("sensitivity", ["--parts", "grid", "--gammas", "nan", "--taus", "1"], "not a finite"),
     ("tasks", ["--task-counts", "1000:1"], "need 1 <= B <= A <= 120"),
+    # the synthetic graph's own limits, named by the options (a traceback from inside the
+    # runs before, after other runs had trained: a CLI audit)
+    ("main", ["--synthetic-classes", "1"], "--synthetic-classes >= 2, got 120 and 1"),
+    ("main", ["--synthetic-nodes", "5"], "--synthetic-nodes >= 8 (its average degree is 6)"),
+    ("main", ["--runs-dir", ""], "argument --runs-dir: an empty path"),
     ("tasks", ["--task-counts", "2:5"], "has B > A"),
     ("main", ["--methods", ","], "names no method"),
 ])
@@ -460,6 +465,57 @@ def test_a_diverging_run_is_recorded_not_retried_and_noted(tmp_path, monkeypatch
     assert calls == [123, 124]
     assert second["rows"][0]["seeds"] == [123]
     assert any("seed 124 diverged" in note for note in second["notes"])
+
+
+def test_a_bad_dataset_of_the_data_folder_is_refused_before_any_run(tmp_path, monkeypatch,
+                                                                    capsys):
+    """Without --datasets every .npz of the data folder runs: a bad one (NaN features, one
+    class) raised a traceback from inside the runs, exit 1, after others had trained (a CLI
+    audit). Every dataset is loaded and checked first now, exit 2 naming it."""
+    import numpy as np
+
+    d_a, _ = _graph_pair(tmp_path)
+    good = np.load(d_a / "email.npz")
+    arrays = {k: good[k] for k in good.files}
+    for name, bad, message in [("wiki", {"x": np.full_like(arrays["x"], np.nan)},
+                                "dataset wiki: "),
+                               ("blogcatalog", {"y": np.zeros_like(arrays["y"])},
+                                "dataset blogcatalog: the graph's nodes all have one class")]:
+        np.savez(d_a / f"{name}.npz", **{**arrays, **bad})
+        calls = _count_trainings(monkeypatch)
+        with pytest.raises(SystemExit) as exc:
+            main(["main", *(a for a in TINY if a != "--synthetic"), "--methods", "origin",
+                  "--data-dir", str(d_a), "--out", str(tmp_path / "out")])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and message in err and calls == [], err
+        assert "Traceback" not in err and not (tmp_path / "out").exists()
+        (d_a / f"{name}.npz").unlink()
+
+
+def test_ctrl_c_is_one_line_and_the_next_run_resumes(tmp_path, monkeypatch, capsys):
+    """Ctrl-C printed a 24-frame traceback ending in KeyboardInterrupt (a CLI audit); the
+    training command's one line and exit 130 now, the summary not written."""
+    argv = ["main", *TINY, "--seeds", "2", "--methods", "origin", "--out", str(tmp_path)]
+    real = runner._train
+    trained = []
+
+    def interrupted_at_the_second(spec, *args, **kwargs):
+        if trained:
+            raise KeyboardInterrupt
+        trained.append(args[3])
+        return real(spec, *args, **kwargs)
+    monkeypatch.setattr(runner, "_train", interrupted_at_the_second)
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 130 and "Traceback" not in err
+    assert (f"interrupted; the runs finished before are kept in {tmp_path / 'runs'} and the "
+            f"same command resumes from them") in err, err
+    assert not list(tmp_path.glob("main*.md"))
+    monkeypatch.setattr(runner, "_train", real)
+    calls = _count_trainings(monkeypatch)
+    main(argv)
+    assert [seed for _, seed in calls] == [124]        # seed 123 came from the cache
 
 
 def test_data_dir_that_is_a_file_is_named_as_such(tmp_path, capsys):

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from hiertail_fast._argparse import ArgumentParser
+from hiertail_fast._argparse import ArgumentParser, path_arg
 from hiertail_fast._validation import FEATURE_NORMS
 from hiertail_fast.experiments import EXPERIMENTS
 from hiertail_fast.experiments.common import Context, check_distinct
@@ -18,6 +18,7 @@ from hiertail_fast.experiments.runner import (
     FULL_PATIENCE,
     FULL_SEEDS,
     QUICK,
+    SYNTHETIC_DEGREE,
     Budget,
     DataSource,
     RunCache,
@@ -42,19 +43,19 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Reproduce one table or figure of the HierTail "
                        "paper (see hiertail_fast/experiments/__init__.py).")
     p.add_argument("name", choices=list(EXPERIMENTS))
-    p.add_argument("--out", type=Path, help="results folder (default results/NAME). A summary "
+    p.add_argument("--out", type=path_arg, help="results folder (default results/NAME). A summary "
                    "from other arguments is never replaced (this one goes to NAME-<hash>.*); "
                    "one from the same arguments is replaced, kept as NAME.prev.* (one "
                    "generation), but not by a summary holding fewer finished runs (e.g. "
                    "--report-only over an empty or other --runs-dir): that is refused (exit 2) "
                    "unless --replace-summary")
-    p.add_argument("--runs-dir", type=Path, help="per-run cache (default OUT/runs); share it "
+    p.add_argument("--runs-dir", type=path_arg, help="per-run cache (default OUT/runs); share it "
                    "between experiments to reuse their runs (a cached run made from other "
                    "data of the same shape, or an unreadable one, is retrained)")
     p.add_argument("--replace-summary", action="store_true", help="replace the summary in "
                    "--out even when it holds more runs than this one (it is kept as .prev.*)")
     d = p.add_argument_group("data")
-    d.add_argument("--data-dir", type=Path, help="folder of the uniform .npz files (default "
+    d.add_argument("--data-dir", type=path_arg, help="folder of the uniform .npz files (default "
                    "$HIERTAIL_DATA, else ../shared/data)")
     d.add_argument("--datasets", help="comma-separated names (default: every paper dataset "
                    "present in the data folder)")
@@ -203,13 +204,32 @@ def _select_datasets(args, source: DataSource, data_dir: Path) -> list[str]:
     return datasets
 
 
+_SYNTHETIC_MIN_NODES = int(SYNTHETIC_DEGREE) + 2    # make_synthetic_graph: avg_degree < n - 1
+
+
+def _check_datasets(source: DataSource, datasets: list[str], trains: bool) -> None:
+    """Every dataset of the command loaded before any run (a bad .npz found in the data folder,
+    or a synthetic graph's bad size, raised from inside the runs, a traceback after other
+    datasets had trained), and, when it trains, with at least two classes."""
+    from hiertail_fast.train import check_classes
+
+    for name in datasets:
+        try:
+            data = source.load(name)
+            if trains:
+                check_classes(data.y)
+        except (ValueError, TypeError) as exc:
+            raise type(exc)(f"dataset {name}: {exc}") from None
+
+
 def _check_targets(args, out: Path, stem: str, trains: bool) -> None:
     """Before any run (training can take hours): --out and its summary files must be writable,
     and the runs folder too when runs are trained (--report-only only reads it)."""
     from hiertail_fast._files import unwritable_dir_reason, unwritable_file_reason
 
     problem = unwritable_dir_reason(out) or next(
-        (r for r in (unwritable_file_reason(out / f"{stem}{s}") for s in (".md", ".json"))
+        (r for r in (unwritable_file_reason(out / f"{stem}{s}", keeps_prev=True)
+                     for s in (".md", ".json"))
          if r), None)
     if problem:
         raise ValueError(f"--out {out} cannot be written: {problem}")
@@ -280,12 +300,19 @@ def _main(argv: Sequence[str] | None) -> dict:
         data_dir = args.data_dir or Path(os.environ.get("HIERTAIL_DATA") or "../shared/data")
         synthetic = ({"nodes": args.synthetic_nodes, "classes": args.synthetic_classes,
                       "features": 16} if args.synthetic else None)
+        if synthetic is not None and (synthetic["nodes"] < _SYNTHETIC_MIN_NODES
+                                      or synthetic["classes"] < 2):
+            raise ValueError(f"--synthetic needs --synthetic-nodes >= {_SYNTHETIC_MIN_NODES} "
+                             f"(its average degree is {SYNTHETIC_DEGREE:g}) and "
+                             f"--synthetic-classes >= 2, got {synthetic['nodes']} and "
+                             f"{synthetic['classes']}")
         if synthetic is None and not data_dir.is_dir():
             raise ValueError(f"data folder {data_dir} " + ("is a file, not a folder" if
                              data_dir.exists() else "not found") + " (--data-dir or "
                              "$HIERTAIL_DATA)")
         source = DataSource(data_dir, synthetic, args.feature_norm)
         datasets = _select_datasets(args, source, data_dir)
+        _check_datasets(source, datasets, trains)
         ctx = Context(args, budget, source, RunCache(args.runs_dir or out / "runs"), datasets,
                       device)
         if args.feature_norm != "none":
@@ -297,9 +324,15 @@ def _main(argv: Sequence[str] | None) -> dict:
         check_distinct("table rows", [f"{s.dataset} / {s.row}" for s in specs])
     except (ValueError, TypeError, OSError) as exc:
         parser.error(str(exc))
-    records = run_specs(specs, budget, source, ctx.cache, device=device, notes=ctx.notes,
-                        progress=not args.no_progress and not args.report_only,
-                        train=not args.report_only, threads=threads)
+    try:
+        records = run_specs(specs, budget, source, ctx.cache, device=device, notes=ctx.notes,
+                            progress=not args.no_progress and not args.report_only,
+                            train=not args.report_only, threads=threads)
+    except KeyboardInterrupt:   # Ctrl-C: a line, not a traceback from inside torch
+        print(f"{parser.prog}: interrupted; the runs finished before are kept in "
+              f"{args.runs_dir or out / 'runs'} and the same command resumes from them; "
+              f"the summary ({out / stem}.md / .json) was not written", file=sys.stderr)
+        raise SystemExit(130) from None
     if args.report_only:
         done = {(r["spec"].dataset, r["spec"].row) for r in records}
         absent = [f"{s.dataset} / {s.row}" for s in specs if (s.dataset, s.row) not in done]

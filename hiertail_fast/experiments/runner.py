@@ -233,6 +233,9 @@ def _json_default(obj: Any):
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
+SYNTHETIC_DEGREE = 6.0      # the --synthetic graph's average degree (DataSource.load)
+
+
 class DataSource:
     """The graphs of a command: paper datasets from ``data_dir`` (``load_dataset``, official
     preprocessing) or one small synthetic long-tail graph named ``synthetic`` (CI), their
@@ -261,7 +264,8 @@ class DataSource:
             if name == "synthetic" and self.synthetic is not None:
                 from hiertail_fast.data.synthetic import make_synthetic_graph
                 s = self.synthetic
-                g = make_synthetic_graph(s["nodes"], num_classes=s["classes"], avg_degree=6.0,
+                g = make_synthetic_graph(s["nodes"], num_classes=s["classes"],
+                                         avg_degree=SYNTHETIC_DEGREE,
                                          num_features=s["features"], seed=s.get("seed", 0))
                 g.name = "synthetic"
                 from hiertail_fast.data.datasets import normalize_features
