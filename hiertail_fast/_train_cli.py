@@ -31,7 +31,7 @@ from hiertail_fast._files import (
     same_file,
     unwritable_file_reason,
 )
-from hiertail_fast._validation import MIN_TEMPERATURE, SEED_MAX, check_threads
+from hiertail_fast._validation import MIN_TEMPERATURE, SEED_MAX, check_classes, check_threads
 from hiertail_fast.baselines.cli import add_method_arguments, method_config_from_args
 from hiertail_fast.data.io import load_npz
 from hiertail_fast.data.splits import user_split
@@ -40,7 +40,6 @@ from hiertail_fast.ops._dispatch import _attention_available, triton_available
 from hiertail_fast.train import (
     PAPER_HIDDEN,
     TrainingDivergedError,
-    check_classes,
     format_table,
     load_split,
     run_seeds,

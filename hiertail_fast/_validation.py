@@ -352,6 +352,16 @@ def check_loss_options(temperature: object, reduction: str, variant: str,
     check_flag(include_self, "include_self")
 
 
+def check_classes(y: object) -> None:
+    """ValueError unless the labels ``y`` hold at least 2 distinct classes (a one-class graph
+    would train nothing and report a perfect bAcc)."""
+    present = torch.unique(torch.as_tensor(y))
+    if present.numel() < 2:
+        only = f" (label {int(present[0])})" if present.numel() else ""
+        raise ValueError(f"the graph's nodes all have one class{only}: node classification "
+                         "needs at least 2 classes")
+
+
 def check_epochs_patience(epochs: object, patience: object) -> tuple[int, int]:
     """A training loop's length (`train_hiertail`, `train_baseline`): ``epochs`` >= 1 and
     ``patience`` >= 0 as ints; numpy integers pass, bool / float / NaN are a TypeError (2.5

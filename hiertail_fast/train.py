@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from hiertail_fast._validation import (
+    check_classes,
     check_device,
     check_epochs_patience,
     check_finite_number,
@@ -208,16 +209,6 @@ def _check_config(config: Any) -> HierTailConfig:
                 else " (use HierTailConfig(**d))" if isinstance(cfg, dict) else "")
         raise TypeError(f"config must be a HierTailConfig, got {type(cfg).__name__}{hint}")
     return cfg
-
-
-def check_classes(y: Any) -> None:
-    """ValueError unless the labels ``y`` hold at least 2 distinct classes (a one-class graph
-    would train nothing and report a perfect bAcc)."""
-    present = torch.unique(torch.as_tensor(y))
-    if present.numel() < 2:
-        only = f" (label {int(present[0])})" if present.numel() else ""
-        raise ValueError(f"the graph's nodes all have one class{only}: node classification "
-                         "needs at least 2 classes")
 
 
 @dataclass

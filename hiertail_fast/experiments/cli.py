@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 from hiertail_fast._argparse import ArgumentParser, path_arg
-from hiertail_fast._validation import FEATURE_NORMS
+from hiertail_fast._validation import FEATURE_NORMS, check_classes
 from hiertail_fast.experiments import EXPERIMENTS
 from hiertail_fast.experiments.common import Context, check_distinct
 from hiertail_fast.experiments.runner import (
@@ -211,8 +211,6 @@ def _check_datasets(source: DataSource, datasets: list[str], trains: bool) -> No
     """Every dataset of the command loaded before any run (a bad .npz found in the data folder,
     or a synthetic graph's bad size, raised from inside the runs, a traceback after other
     datasets had trained), and, when it trains, with at least two classes."""
-    from hiertail_fast.train import check_classes
-
     for name in datasets:
         try:
             data = source.load(name)
