@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from hiertail_fast._validation import (
+    all_finite,
     check_classes,
     check_device,
     check_epochs_patience,
@@ -48,6 +49,7 @@ from hiertail_fast._validation import (
     check_num_classes,
     check_seed,
     is_non_finite_error,
+    non_finite_error,
 )
 from hiertail_fast.data.io import GraphData, check_graph_arrays, open_npz
 from hiertail_fast.data.pyg import as_graph_data
@@ -157,12 +159,14 @@ def train_hiertail(
     cfg = _check_config(config)
     epochs, patience = check_epochs_patience(epochs, patience)   # as train_baseline
     check_flag(progress, "progress")
-    if lr is not None and not check_finite_number(lr, "lr") > 0:
+    # as floats (a NumPy scalar or 0-d tensor went into the result as given: not JSON)
+    lr = cfg.lr if lr is None else check_finite_number(lr, "lr")
+    weight_decay = (cfg.weight_decay if weight_decay is None
+                    else check_finite_number(weight_decay, "weight_decay"))
+    if not lr > 0:
         raise ValueError(f"lr must be finite and > 0, got {lr}")
-    if weight_decay is not None and not check_finite_number(weight_decay, "weight_decay") >= 0:
+    if not weight_decay >= 0:
         raise ValueError(f"weight_decay must be finite and >= 0, got {weight_decay}")
-    lr = cfg.lr if lr is None else lr
-    weight_decay = cfg.weight_decay if weight_decay is None else weight_decay
     run = prepare_run(data, split, seed, device, graph)
     data, x, y, graph = run.data, run.x, run.y, run.graph
     train_idx, val_idx, test_idx, device = run.train_idx, run.val_idx, run.test_idx, run.device
@@ -183,8 +187,8 @@ def train_hiertail(
                              desc=f"{cfg.name} seed={seed}", device=device)
     model.load_state_dict(fit.best_state)
     model.eval()
-    with torch.no_grad():
-        pred = model(x, graph).logits.argmax(dim=1).cpu()
+    with torch.no_grad():       # (the state the validation pass found finite)
+        pred = predicted_classes(model(x, graph).logits).cpu()
     test_idx_c, val_idx_c = test_idx.cpu(), val_idx.cpu()
     return {
         "seed": seed,
@@ -427,11 +431,22 @@ def check_seeds(seeds: Any) -> list[int]:
     return seeds
 
 
+def predicted_classes(logits: torch.Tensor) -> torch.Tensor:
+    """The class of each row, argmax over ``logits``; a NaN or Inf logit raises the
+    non-finite ValueError (``non_finite_error``) that ``fit_early_stopping`` reports as
+    divergence. An optimiser step can leave finite weights whose logits overflow (lr 1e8:
+    the last layer's products): argmax of those gave the metrics of a broken model when that
+    step was the run's last."""
+    if not all_finite(logits.detach()):
+        raise non_finite_error("the model's logits contain NaN or Inf")
+    return logits.argmax(dim=1)
+
+
 def _eval_val(model: HierTail, x, graph, val_idx, y_val) -> float:
     """Eval-mode forward without autograd; validation Macro-F1."""
     model.eval()
     with torch.no_grad():
-        pred = model(x, graph).logits.argmax(dim=1)
+        pred = predicted_classes(model(x, graph).logits)
     return macro_f1(y_val, pred[val_idx].cpu())
 
 

@@ -192,3 +192,57 @@ def test_cli_seed_base_and_recorded_fields(monkeypatch, capsys):
     assert got["seeds"] == [7, 8] and (got["epochs"], got["patience"]) == (9, 5)
     assert (res["training"]["epochs"], res["training"]["patience"]) == (9, 5)
     assert [res["data"][k] for k in ("num_nodes", "num_features", "num_classes")] == [60, 4, 3]
+
+
+@pytest.mark.parametrize("method", ["hiertail", "origin"])
+def test_logits_broken_by_the_last_step_are_divergence_not_metrics(small, monkeypatch, method):
+    """A step can leave finite weights whose logits overflow (lr 1e8): when that step was the
+    run's last, argmax of the NaN / Inf logits was reported as the run's metrics (a training
+    loop audit). The validation pass now raises TrainingDivergedError naming the epoch, for
+    HierTail and the baselines' shared harness alike."""
+    from hiertail_fast.baselines import BaselineConfig, train_baseline
+    from hiertail_fast.baselines.methods import Origin
+    from hiertail_fast.nn.hiertail import HierTail
+    from hiertail_fast.train import TrainingDivergedError
+
+    def broken_in_eval(forward):
+        def wrapped(self, *args, **kwargs):
+            out = forward(self, *args, **kwargs)
+            logits = out if isinstance(out, torch.Tensor) else out.logits
+            if not self.training:
+                logits.view(-1)[::7] = float("inf")     # finite weights, overflowing logits
+            return out
+        return wrapped
+    split = natural_split(small.y, 0)
+    if method == "hiertail":
+        monkeypatch.setattr(HierTail, "forward", broken_in_eval(HierTail.forward))
+        run = lambda: train_hiertail(small, split, HierTailConfig.paper(hidden=8),  # noqa: E731
+                                     epochs=1, seed=0, progress=False)
+    else:
+        monkeypatch.setattr(Origin, "forward", broken_in_eval(Origin.forward))
+        run = lambda: train_baseline(small, split, BaselineConfig(method="origin"),  # noqa: E731
+                                     epochs=1, seed=0, progress=False)
+    with pytest.raises(TrainingDivergedError, match="diverged at epoch 0: the validation "
+                                                    "forward pass failed .*logits contain NaN"):
+        run()
+
+
+def test_numpy_or_tensor_hyper_parameters_are_recorded_as_floats(small):
+    """lr / weight_decay given as a NumPy scalar or 0-d tensor passed the checks but went into
+    the result (and Adam) as given: json.dumps of the result failed (a training loop audit)."""
+    import json
+
+    split = natural_split(small.y, 0)
+    res = train_hiertail(small, split, HierTailConfig.paper(hidden=8), epochs=1, seed=0,
+                         progress=False, lr=np.float32(0.01), weight_decay=torch.tensor(5e-4))
+    assert type(res["lr"]) is float and type(res["weight_decay"]) is float
+    assert res["lr"] == float(np.float32(0.01))
+    json.dumps({k: res[k] for k in ("lr", "weight_decay", "test")})
+
+
+def test_a_meta_tensor_in_the_data_is_named(small):
+    import dataclasses
+
+    with pytest.raises(ValueError, match="'y' is on the meta device"):
+        train_hiertail(dataclasses.replace(small, y=small.y.to("meta")), None,
+                       HierTailConfig.paper(hidden=8), epochs=1, seed=0, progress=False)

@@ -26,6 +26,7 @@ from hiertail_fast.train import (
     fit_early_stopping,
     fit_record,
     per_class_recall,
+    predicted_classes,
     prepare_run,
     run_each_seed,
 )
@@ -88,7 +89,7 @@ def train_baseline(
     def val_f1() -> float:
         model.eval()
         with torch.no_grad():
-            return macro_f1(y_val, model.predict().argmax(dim=1)[val_idx].cpu())
+            return macro_f1(y_val, predicted_classes(model.predict())[val_idx].cpu())
 
     pretrain_epochs = model.pretrain(opt)
     fit = fit_early_stopping(model, opt, step, val_f1, epochs=epochs, patience=patience,
@@ -98,7 +99,7 @@ def train_baseline(
     model.after_fit(val_idx, epochs=epochs, progress=progress)
     model.eval()
     with torch.no_grad():
-        pred = model.predict().argmax(dim=1).cpu()
+        pred = predicted_classes(model.predict()).cpu()
     return {
         "seed": seed,
         "method": cfg.method,

@@ -59,7 +59,10 @@ from hiertail_fast.baselines.lte4g_steps import (
 )
 from hiertail_fast.baselines.methods import METHODS, BaselineMethod, MethodContext
 from hiertail_fast.metrics import macro_f1
-from hiertail_fast.train import fit_early_stopping  # the loop's own selection rule
+from hiertail_fast.train import (  # the loop's own selection rule and prediction
+    fit_early_stopping,
+    predicted_classes,
+)
 
 _MASKED = -999999.0   # official logit outside the routed group's class block
 
@@ -147,7 +150,7 @@ class LTE4G(BaselineMethod):
                 return 0.0
             module.eval()
             with torch.no_grad():
-                pred = module(embed, self.adj)[val_nodes].argmax(dim=1).cpu()
+                pred = predicted_classes(module(embed, self.adj)[val_nodes]).cpu()
             return macro_f1(y_val, pred)
         return val_f1
 

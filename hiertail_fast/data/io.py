@@ -148,6 +148,9 @@ def _float32_features(x: np.ndarray, where: str) -> np.ndarray:
 def check_graph_arrays(edge_index: Any, x: Any, y: Any, where: str) -> None:
     """The checks of :func:`load_npz` / :func:`save_npz` on arrays or tensors (ValueError
     naming ``where`` and the problem), float32's range of ``x`` included."""
+    for name, t in (("edge_index", edge_index), ("x", x), ("y", y)):
+        if isinstance(t, torch.Tensor) and t.device.type == "meta":   # torch's "no data!"
+            raise ValueError(f"{where}: '{name}' is on the meta device: it has no values")
     ei, xx, yy = _np(edge_index), _np(x), _np(y)
     _check_arrays(ei, xx, yy, where)
     _float32_features(xx, where)
