@@ -261,6 +261,11 @@ def test_hidden_sizes_of_presets_baselines_and_sweeps():
     assert hiertail_config("paper", "email", a, hidden=16).hidden == 16
     assert baseline_config("origin", "email", a).hidden == 64
     assert baseline_config("origin", "cora_full", a).hidden == 128
+    # LTE4G's Cora-Full script: classifier_og a Linear layer (PROTOCOL §2.11; a baselines
+    # audit found the GCN classifier there); other datasets and methods keep their default
+    assert baseline_config("lte4g", "cora_full", a).resolved_classifier == "mlp"
+    assert baseline_config("lte4g", "email", a).resolved_classifier == "gnn"
+    assert baseline_config("origin", "cora_full", a).resolved_classifier == "gnn"
 
 
 def test_main_table_hiertail_rows_run_their_presets():

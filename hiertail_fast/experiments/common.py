@@ -64,12 +64,20 @@ def baseline_names() -> list[str]:
     return list(METHODS)
 
 
+# A method's official per-dataset settings beyond the hidden size: LTE4G's Cora-Full script
+# runs classifier_og as a Linear layer (PROTOCOL_AND_BASELINES.md §2.11, "Defaults (Cora-Full
+# script): cls_og MLP"); every other (method, dataset) keeps the method's defaults.
+DATASET_SETTINGS = {("lte4g", "cora_full"): {"classifier": "mlp"}}
+
+
 def baseline_config(method: str, dataset: str, args):
     """The baseline's default config with the paper's hidden size (64 on Email / Wiki /
-    BlogCatalog, 128 elsewhere) and the command's --hidden / --lr / --adj-norm overrides."""
+    BlogCatalog, 128 elsewhere), its official per-dataset settings (``DATASET_SETTINGS``) and
+    the command's --hidden / --lr / --adj-norm overrides."""
     from hiertail_fast.baselines import BaselineConfig
 
-    over = {"hidden": _hidden(args, dataset, SMALL_HIDDEN.get(dataset, 128))}
+    over = {"hidden": _hidden(args, dataset, SMALL_HIDDEN.get(dataset, 128)),
+            **DATASET_SETTINGS.get((method, dataset), {})}
     if getattr(args, "lr", None) is not None:
         over["lr"] = args.lr
     if getattr(args, "adj_norm", None) is not None:
