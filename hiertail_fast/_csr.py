@@ -153,6 +153,35 @@ def csr_square(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor
     return row[nonzero], col[nonzero], value[nonzero]
 
 
+def square_values(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, n: int,
+                  row: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
+    """(M·M)[row, col] = Σ_k M[row, k] M[k, col] for the CSR matrix M, differentiable in
+    ``values`` (``csr_square`` gives the entries, through scipy: no gradient). Every product
+    path u -> k -> v is enumerated — one entry (u, k) of M times each entry of row k —, its
+    term added to its (u, v) entry: O(Σ_k in-entries_k · entries of row k) time and memory,
+    what the product itself costs; paths to an entry not in (row, col) are left out. Sums in
+    float32 for 16-bit values, as ``csr_square``."""
+    lengths = indptr.diff()
+    outer_row = torch.repeat_interleave(torch.arange(n, device=indices.device), lengths)
+    per_entry = lengths[indices]                       # entries of row k, for each (u, k)
+    total = int(per_entry.sum())
+    first = torch.repeat_interleave(torch.arange(indices.numel(), device=indices.device),
+                                    per_entry, output_size=total)
+    starts = torch.cumsum(per_entry, 0) - per_entry
+    second = (indptr[indices][first] + torch.arange(total, device=indices.device)
+              - torch.repeat_interleave(starts, per_entry, output_size=total))
+    work = values if values.dtype in (torch.float32, torch.float64) else values.float()
+    terms = work[first] * work[second]
+    wanted = row * n + col
+    order = torch.argsort(wanted)
+    keys = wanted[order]
+    path = outer_row[first] * n + indices[second]
+    pos = torch.searchsorted(keys, path).clamp_max(max(keys.numel() - 1, 0))
+    hit = keys[pos] == path if keys.numel() else torch.zeros_like(path, dtype=torch.bool)
+    out = torch.zeros(row.numel(), dtype=work.dtype, device=values.device)
+    return out.index_add(0, order[pos[hit]], terms[hit]).to(values.dtype)
+
+
 def deg_inv_sqrt(wide: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """deg^-1/2 in `dtype` of a degree `wide` summed in a wider dtype (float64), with 0 where
     deg == 0 (PyG's gcn_norm), written with `where` on safe inputs so the gradient at isolated

@@ -36,6 +36,7 @@ from hiertail_fast._csr import (  # noqa: F401  (is_sparse_adjacency: re-exporte
     deg_inv_sqrt,
     is_sparse_adjacency,
     sparse_to_coo,
+    square_values,
 )
 from hiertail_fast._validation import (
     all_finite,
@@ -806,37 +807,53 @@ class CSRGraph:
     def augment_a2(self) -> CSRGraph:
         """The official HierTail ``augment_adj``: drop self-loops, add unit self-loops, square
         (weighted sparse·sparse product), drop self-loops again. Off-diagonal weights become
-        ``2 w_uv + Σ_k w_uk w_kv`` (weighted 2-hop walks). Result is weighted and not
-        differentiable. Cost O(Σ_v deg_v²): can be nearly dense around hubs. Cached on the graph
-        for the current weight version (a training loop that augments the same input graph
-        every epoch pays once). While TorchDynamo traces: one custom op
-        (``ops/_custom_graph_ops.traced_augment_a2``)."""
+        ``2 w_uv + Σ_k w_uk w_kv`` (weighted 2-hop walks). Weights that need gradients (a
+        learnable graph, under autograd or torch.func) get them through the result's weights
+        (``_csr.square_values``; before, A² was formed from detached weights and their gradient
+        silently lacked every path through it); such a result is made anew per call (its
+        autograd graph is one step's). Cost O(Σ_v deg_v²): can be nearly dense around hubs.
+        Otherwise cached on the graph for the current weight version (a training loop that
+        augments the same input graph every epoch pays once). While TorchDynamo traces: one
+        custom op (``ops/_custom_graph_ops.traced_augment_a2``), or, for weights that need
+        gradients, the eager method (a graph break)."""
+        learnable = self._weight is not None and torch.is_grad_enabled() and (
+            self._weight.requires_grad or wrapped(self._weight))
         if torch.compiler.is_compiling():
+            if learnable:
+                return _eager_augment_a2(self)
             from hiertail_fast.ops import _custom_graph_ops
 
             if _custom_graph_ops.READY:
                 return _custom_graph_ops.traced_augment_a2(self)
+        if learnable:
+            self._check_arrays()
+            self._check_weights()
+            return self._augment_a2()
         return self._cached_w("a2", self._augment_a2)
 
     def _augment_a2(self) -> CSRGraph:
-        if wrapped(self._weight):   # learnable weights inside a torch.func transform: A² is
-            # not differentiable, so it is formed from their plain values outside it (scipy
-            # cannot read functorch's wrappers: "no storage")
-            twin = CSRGraph(self._indptr, self._indices,
-                            plain(self._weight, "CSRGraph.augment_a2").detach(),
-                            self._num_nodes, validate=False)
-            with outside_transforms():
-                return self._inherit_symmetry(twin._augment_a2())
         g = self.remove_self_loops().with_self_loops(1.0)
         n = g.num_nodes
         if n == 0:
             return CSRGraph(g.indptr, g.indices, torch.zeros(0, device=g.device), 0,
                             validate=False)
         dtype = g.weight.dtype if g.weight is not None else torch.get_default_dtype()
-        vals = g.weight_or_ones(dtype).detach()
-        with autocast_off(vals):                    # the weights' dtype, not autocast's
-            row, col, val = csr_square(g.indptr, g.indices, vals, n)
+        vals = g.weight_or_ones(dtype)
+        # the product's entries from plain values (scipy cannot read functorch's wrappers:
+        # "no storage"), outside any transform
+        known = plain(vals.detach(), "CSRGraph.augment_a2")
+        with outside_transforms(), autocast_off(known):   # the weights' dtype, not autocast's
+            row, col, val = csr_square(g.indptr, g.indices, known, n)
         keep = row != col
+        row, col, val = row[keep], col[keep], val[keep]
+        if vals.requires_grad or wrapped(vals):          # their values again, differentiably
+            val = square_values(g.indptr, g.indices, vals, n, row, col)
         # (M²)ᵀ = (Mᵀ)²: the square of a symmetric graph is symmetric
-        return self._inherit_symmetry(CSRGraph._from_coo(row[keep], col[keep], val[keep], n,
-                                                         dedupe=True))
+        return self._inherit_symmetry(CSRGraph._from_coo(row, col, val, n, dedupe=True))
+
+
+@torch.compiler.disable
+def _eager_augment_a2(graph: CSRGraph) -> CSRGraph:
+    """``CSRGraph.augment_a2`` of weights that need gradients while TorchDynamo traces: run
+    eagerly (a graph break; the traced custom op has no gradient for the weights)."""
+    return graph.augment_a2()

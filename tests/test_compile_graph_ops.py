@@ -432,6 +432,26 @@ def test_compiled_augment_a2_is_the_eager_graph():
         assert torch.equal(got, want)
 
 
+def test_compiled_augment_a2_of_learnable_weights_has_their_gradient():
+    """The traced A² op has no gradient for the weights: compiled, a learnable graph's A² gave
+    weights without one (as eager did before, from detached weights). Weights that need
+    gradients now run the eager, differentiable method (a graph break): eager's gradient."""
+    x, ei, w = _graph_data("cpu", n=30, e=90, weighted=True)
+    fixed = CSRGraph.from_edge_index(ei, w, num_nodes=30)
+
+    def f(x, g):
+        a2 = g.augment_a2()
+        return gcn_propagate(x, a2).pow(2).sum() + a2.weight.pow(2).sum()
+
+    grads = []
+    for run in (f, torch.compile(f, backend="aot_eager")):
+        weight = torch.nn.Parameter(fixed.weight.clone())
+        run(x.detach(), CSRGraph(fixed.indptr, fixed.indices, weight, 30)).backward()
+        grads.append(weight.grad)
+    assert grads[0] is not None and grads[0].abs().sum() > 0
+    torch.testing.assert_close(grads[1], grads[0])
+
+
 @pytest.mark.parametrize("updated_before_tracing", [False, True])
 def test_compiled_pooling_sees_an_update_that_breaks_an_inherited_symmetry(
         updated_before_tracing):

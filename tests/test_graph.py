@@ -149,6 +149,38 @@ def test_augment_a2_random_nonsymmetric_matches_dense():
     torch.testing.assert_close(dense(g.augment_a2()), sq)
 
 
+def test_augment_a2_differentiates_through_learnable_weights():
+    """A² was formed from detached weights: a learnable graph's gradient silently lacked every
+    path through it (the official preset squares each pooled graph; an nn-module audit found
+    its edge-weight gradient off by 2e-4 of 1.2e-2). Now the A² weights carry the gradient:
+    gradcheck of the dense A² against the weights; the same values as the cached, detached
+    path; made anew per call, so a second step's backward works."""
+    ei, w = random_graph(14, 40, weighted=True, seed=3)
+    ei = torch.cat([ei, torch.tensor([[2, 5, 5], [2, 5, 6]])], 1)       # self-loops, a repeat
+    w = torch.cat([w, torch.tensor([0.7, 1.3, 0.4], dtype=torch.float64)])
+
+    def a2_dense(w):
+        return dense_with_grad(CSRGraph.from_edge_index(ei, w, num_nodes=16).augment_a2())
+
+    def dense_with_grad(g):
+        m = torch.zeros(g.num_nodes, g.num_nodes, dtype=torch.float64)
+        return m.index_put((g.row_index(), g.indices), g.weight, accumulate=True)
+
+    leaf = w.clone().requires_grad_()
+    assert torch.autograd.gradcheck(a2_dense, (leaf,))
+    fixed = CSRGraph.from_edge_index(ei, w, num_nodes=16)
+    learnable = CSRGraph(fixed.indptr, fixed.indices, torch.nn.Parameter(fixed.weight.clone()),
+                         16)                            # its weights a leaf, as a parameter
+    a = learnable.augment_a2()
+    b = fixed.augment_a2()
+    assert a.weight.requires_grad and torch.equal(a.indices, b.indices)
+    torch.testing.assert_close(a.weight, b.weight, rtol=1e-15, atol=0)
+    a.weight.sum().backward()
+    learnable.augment_a2().weight.sum().backward()     # a fresh graph: no freed history
+    with torch.no_grad():                               # no gradient asked: the cached path
+        assert not learnable.augment_a2().weight.requires_grad
+
+
 def test_transpose_and_symmetry():
     ei, w = random_graph(20, 70, weighted=True, seed=1)
     g = CSRGraph.from_edge_index(ei, w)
