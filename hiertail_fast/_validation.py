@@ -501,6 +501,15 @@ def check_num_classes(num_classes: object, y: torch.Tensor) -> int:
     return int(num_classes)
 
 
+def check_positive_int(value: object, name: str) -> int:
+    """A size such as a layer's channel count: an int as ``check_num_nodes`` takes one
+    (TypeError for bool, floats, strings), >= 1 (ValueError)."""
+    value = check_num_nodes(value, name)
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value}")
+    return value
+
+
 def check_num_nodes(num_nodes: object, name: str = "num_nodes") -> int:
     """``num_nodes`` as an int: any integer that ``operator.index`` accepts (int, numpy
     integers, a one-element integer tensor); bool (including numpy's) and floats are rejected

@@ -464,10 +464,14 @@ def test_gcnconv_cached_during_a_scoring_pass_still_trains(weighted):
 
 def test_gcnconv_checks_its_arguments_and_x():
     ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
-    for bad in (True, 0, 2.0, "3"):
-        with pytest.raises(ValueError, match="in_channels must be a positive int"):
+    # a wrong type is a TypeError (README, Guarantees; it was a ValueError), 0 a ValueError
+    for bad, exc, msg in ((True, TypeError, "must be an int, got bool"),
+                          (2.0, TypeError, "must be an int, got float"),
+                          ("3", TypeError, "must be an int, got str"),
+                          (0, ValueError, "must be a positive int, got 0")):
+        with pytest.raises(exc, match=f"in_channels {msg}"):
             GCNConv(bad, 3)
-        with pytest.raises(ValueError, match="out_channels must be a positive int"):
+        with pytest.raises(exc, match=f"out_channels {msg}"):
             GCNConv(3, bad)
     assert GCNConv(np.int64(4), 3).in_channels == 4
     with pytest.raises(ValueError, match="backend='bogus'"):

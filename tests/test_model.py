@@ -375,6 +375,9 @@ def test_config_switches_are_bools_and_numbers_refuse_bools():
     (dict(pool_ratios=(1e308,)), ValueError, "pool_ratios"),
     (dict(pool_ratios=(1.0, float("inf"))), ValueError, "pool_ratios"),
     (dict(pool_ratios=0.5), TypeError, "pool_ratios"),
+    # unordered: a set's own order reordered the levels, a dict gave its keys (an nn audit)
+    (dict(pool_ratios={1.0, 0.5}), TypeError, "pool_ratios"),
+    (dict(pool_ratios={1.0: 0, 0.5: 1}), TypeError, "pool_ratios"),
     (dict(gamma=1e308), ValueError, "gamma"),
     (dict(gamma=float("nan")), ValueError, "gamma"),
     # accepted silently when their check was deleted (a mutation audit): an all-zero hidden
@@ -395,6 +398,17 @@ def test_config_refuses_what_failed_later(change, exc, field):
     assert HierTailConfig.paper(gamma=3e38).gamma == 3e38           # within float32's range
 
 
+def test_official_bcl_counts_the_levels_pool_counts_sets():
+    """bcl_mode='official' needs two levels; with pool_counts (which sets the levels) the
+    check counted pool_ratios and refused a valid two-level config (an nn-module audit)."""
+    cfg = HierTailConfig(bcl_mode="official", pool_ratios=(1.0,), pool_counts=(5, 3))
+    assert cfg.num_levels == 2
+    with pytest.raises(ValueError, match="needs at least two pooling levels"):
+        HierTailConfig(bcl_mode="official", pool_ratios=(1.0, 0.5), pool_counts=(5,))
+    with pytest.raises(ValueError, match="needs at least two pooling levels"):
+        HierTailConfig(bcl_mode="official", pool_ratios=(1.0,))
+
+
 def test_config_numpy_numbers_build_and_run(tiny):
     """hidden=np.int64(8) passed the config and GCNConv, then TopKPool refused it."""
     from hiertail_fast.nn.pool import TopKPool
@@ -408,9 +422,14 @@ def test_config_numpy_numbers_build_and_run(tiny):
     out = HierTail(FEAT, C, cfg)(x, g)
     assert out.logits.shape == (N, C)
     assert TopKPool(np.int32(4)).weight.shape == (4,)
-    for bad in (True, 0, 2.0, "3"):
-        with pytest.raises(ValueError, match="channels must be a positive int"):
+    for bad, exc, msg in ((True, TypeError, "must be an int, got bool"),
+                          (2.0, TypeError, "must be an int, got float"),
+                          ("3", TypeError, "must be an int, got str"),
+                          (0, ValueError, "must be a positive int, got 0")):
+        with pytest.raises(exc, match=f"channels {msg}"):
             TopKPool(bad)
+    with pytest.raises(ValueError, match=r"x has 5 features, TopKPool\(4\) expects 4"):
+        TopKPool(4)(torch.randn(6, 5), torch.tensor([[0, 1], [1, 0]]))
 
 
 def test_config_dict_round_trip_is_exact():

@@ -2,15 +2,13 @@
 from __future__ import annotations
 
 import math
-import numbers
 import weakref
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hiertail_fast._validation import check_flag
+from hiertail_fast._validation import check_flag, check_positive_int
 from hiertail_fast.graph import CSRGraph, outside_inference_mode
 from hiertail_fast.ops.gcn_propagate import PROPAGATION_BACKENDS, as_graph, gcn_propagate
 
@@ -47,11 +45,10 @@ class GCNConv(nn.Module):
                  bias: bool = True, add_self_loops: bool = True,
                  backend: str | None = None, *, cached: bool = False) -> None:
         super().__init__()
-        for value, name in ((in_channels, "in_channels"), (out_channels, "out_channels")):
-            if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) \
-                    or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+        # a wrong type is a TypeError (README, Guarantees), a size below 1 a ValueError
+        self.in_channels = check_positive_int(in_channels, "in_channels")
+        self.out_channels = check_positive_int(out_channels, "out_channels")
+        in_channels, out_channels = self.in_channels, self.out_channels
         self.improved = check_flag(improved, "improved")
         self.add_self_loops = check_flag(add_self_loops, "add_self_loops")
         if backend is not None and backend not in PROPAGATION_BACKENDS:

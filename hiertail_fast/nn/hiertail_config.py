@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,7 +121,8 @@ class HierTailConfig:
             raise ValueError("scl_on='hidden' needs linear_classifier=True (a hidden embedding)")
         if self.bcl_mode not in ("paper", "official"):
             raise ValueError(f"bcl_mode={self.bcl_mode!r} is not 'paper' or 'official'")
-        if self.bcl_mode == "official" and len(self.pool_ratios) < 2:
+        if self.bcl_mode == "official" and self.pool_counts is None \
+                and len(self.pool_ratios) < 2:           # (pool_counts: checked with them)
             raise ValueError("bcl_mode='official' needs at least two pooling levels")
         if self.loss_variant not in _VARIANTS:
             raise ValueError(f"loss_variant={self.loss_variant!r} is not one of {_VARIANTS}")
@@ -147,7 +147,9 @@ class HierTailConfig:
         reals in (0, MAX_NODES]: a level never keeps more than MAX_NODES nodes (the library's
         largest graph), and a larger ratio overflowed ceil(r·C) to an OverflowError."""
         ratios = self.pool_ratios
-        if isinstance(ratios, (str, bytes)) or not isinstance(ratios, Iterable):
+        # an ordered sequence: a set or dict was taken in its own order (keys), the levels
+        # reordered ({1.0, 0.5} became (0.5, 1.0)), as pool_counts refuses them
+        if not isinstance(ratios, (tuple, list, np.ndarray)):
             raise TypeError(f"pool_ratios must be a sequence of numbers, got "
                             f"{type(ratios).__name__} {ratios!r}")
         ratios = tuple(ratios)

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import math
-import numbers
 
-import numpy as np
 import torch
 from torch import nn
 
+from hiertail_fast._validation import check_positive_int
 from hiertail_fast.graph import CSRGraph
 from hiertail_fast.ops.topk_pool import TopKPoolResult, topk_pool
 from hiertail_fast.reference.topk_pool import pool_size
@@ -35,11 +34,9 @@ class TopKPool(nn.Module):
         super().__init__()
         # any integer but bool, numpy's included (as GCNConv: HierTailConfig(hidden=np.int64(8))
         # built its GCNConvs, then failed here)
-        if isinstance(channels, (bool, np.bool_)) or not isinstance(channels, numbers.Integral) \
-                or channels < 1:
-            raise ValueError(f"channels must be a positive int, got {channels!r}")
+        # (a wrong type is a TypeError, README's Guarantees; a size below 1 a ValueError)
+        self.channels = check_positive_int(channels, "channels")
         pool_size(1, ratio)  # validates ratio (type and range) now, not at the first forward
-        self.channels = int(channels)
         self.ratio = ratio
         self.weight = nn.Parameter(torch.empty(self.channels, device=device, dtype=dtype))
         self.reset_parameters()
@@ -54,6 +51,10 @@ class TopKPool(nn.Module):
         """x [n, channels], a CSRGraph, edge_index [2, E] (+ weights) or a sparse adjacency
         (PyG's adj_t) -> TopKPoolResult. ``ratio`` overrides the module's for this call
         (HierTail passes each level's size, which depends on n and the class count)."""
+        if isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] != self.channels:
+            # (topk_pool would blame its score_weight, the module's own parameter)
+            raise ValueError(f"x has {x.shape[1]} features, TopKPool({self.channels}) expects "
+                             f"{self.channels}")
         return topk_pool(x, graph_or_edge_index, self.weight,
                          self.ratio if ratio is None else ratio, edge_weight, backend=backend)
 
