@@ -651,3 +651,29 @@ def test_official_model_edge_weight_gradient_includes_the_a2_graphs():
     assert torch.autograd.gradcheck(loss, (w,), eps=1e-6, atol=1e-6, rtol=1e-4)
     loss(w).backward()
     torch.testing.assert_close(grad(loss)(w.detach()), w.grad, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", ["embed.weight", "up.0.bias"])
+def test_nan_parameters_are_named_not_blamed_on_x(tiny, name):
+    """A NaN parameter made an inner op's check of its own input say 'x contains NaN or Inf'
+    of the user's finite x (an nn-module audit); the model's message names the parameter
+    (still the non-finite ValueError the training loop reports as divergence)."""
+    from hiertail_fast._validation import is_non_finite_error
+
+    x, g, _, _ = tiny
+    model = _model("paper")
+    with torch.no_grad():
+        dict(model.named_parameters())[name].view(-1)[0] = float("nan")
+    with pytest.raises(ValueError, match=f"although x is finite \\(parameters holding NaN / "
+                                         f"Inf: {name}\\)") as info:
+        model(x, g)
+    assert is_non_finite_error(info.value)
+    with pytest.raises(ValueError, match="x contains NaN or Inf"):     # the user's x: as before
+        _model("paper")(torch.full_like(x, float("nan")), g)
+
+
+def test_loss_refuses_another_models_output(tiny):
+    x, g, y, idx = tiny
+    other = HierTail(x.shape[1], C + 2, HierTailConfig.paper(hidden=8))
+    with pytest.raises(ValueError, match=f"this model has {C} classes"):
+        _model("paper").loss(other(x, g), y, idx)

@@ -50,7 +50,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hiertail_fast._validation import check_no_edge_weight, check_num_nodes
+from hiertail_fast._validation import (
+    all_finite,
+    check_no_edge_weight,
+    check_num_nodes,
+    is_non_finite_error,
+    non_finite_error,
+)
 from hiertail_fast.data.pyg import graph_inputs, is_pyg_data
 from hiertail_fast.graph import CSRGraph, is_sparse_adjacency
 from hiertail_fast.losses import balanced_contrastive_loss, hierarchical_contrastive_loss
@@ -262,6 +268,20 @@ class HierTail(nn.Module):
                             f"or a PyG Data, got {type(graph).__name__}")
         if graph.num_nodes != x.shape[0]:
             raise ValueError(f"graph has {graph.num_nodes} nodes but x has {x.shape[0]} rows")
+        try:
+            return self._forward_on(x, graph)
+        except ValueError as exc:
+            if not is_non_finite_error(exc) or not all_finite(x.detach()):
+                raise
+            # an inner op's check of ITS input ("x contains NaN or Inf") blamed the user's
+            # finite x for the model's own values (an nn-module audit)
+            bad = [name for name, p in self.named_parameters() if not all_finite(p.detach())]
+            raise non_finite_error(
+                "HierTail: a hidden representation became NaN or Inf although x is finite ("
+                + (f"parameters holding NaN / Inf: {', '.join(bad)}" if bad else
+                   "an overflow inside the model") + f"); the inner check said: {exc}") from exc
+
+    def _forward_on(self, x: torch.Tensor, graph: CSRGraph) -> HierTailOutput:
         cfg = self.config
         sizes = cfg.pool_sizes(x.shape[0], self.num_classes)
 
@@ -323,6 +343,9 @@ class HierTail(nn.Module):
         """L = CE(logits[train], y[train]) + γ·(SCL + Σ_l BCL_l); see the module docstring."""
         cfg = self.config
         n = output.logits.shape[0]
+        if output.logits.dim() != 2 or output.logits.shape[1] != self.num_classes:
+            raise ValueError(f"output has logits of shape {tuple(output.logits.shape)}, this "
+                             f"model has {self.num_classes} classes (another model's output?)")
         # checked here, not deep inside torch's indexing / cross_entropy (IndexError, or a
         # device-side assert on CUDA): labels in [0, C), indices in [0, n), same device
         # (``_train_labels``: one custom op in compiled code)
