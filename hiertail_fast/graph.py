@@ -852,8 +852,9 @@ class CSRGraph:
         return self._inherit_symmetry(CSRGraph._from_coo(row, col, val, n, dedupe=True))
 
 
-@torch.compiler.disable
 def _eager_augment_a2(graph: CSRGraph) -> CSRGraph:
     """``CSRGraph.augment_a2`` of weights that need gradients while TorchDynamo traces: run
-    eagerly (a graph break; the traced custom op has no gradient for the weights)."""
-    return graph.augment_a2()
+    eagerly (a graph break; the traced custom op has no gradient for the weights). Wrapped
+    here, not by a decorator: ``torch.compiler.disable`` imports TorchDynamo (and with it
+    triton), which ``import hiertail_fast`` must not (tests/test_package.py)."""
+    return torch.compiler.disable(CSRGraph.augment_a2)(graph)
