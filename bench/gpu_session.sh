@@ -42,6 +42,13 @@ REPORT_ARGS=${REPORT_ARGS:-}
 PY=${PYTHON:-$(command -v python || command -v python3)}
 PYTEST_ARGS=${PYTEST_ARGS:-}
 ARCHIVE=${ARCHIVE:-}
+for s in $STEPS; do          # every name before the first step: a typo found at step 3
+  case $s in                 # spent the device time of steps 1-2 and brought nothing back
+    install|report|tests|guard|profile|scale|resources) ;;
+    *) echo "unknown step $s (install, report, tests, guard, profile, scale, resources)" >&2
+       exit 2 ;;
+  esac
+done
 mkdir -p "$OUT"
 summary="$OUT/summary.txt"
 : > "$summary"
@@ -85,9 +92,6 @@ for s in $STEPS; do
       # this image's triton compiles them (bench/kernel_resources.py; compile only)
       step kernel_resources "$RESOURCES_S" "$PY" bench/kernel_resources.py --fixed-only \
         --dtypes fp32 bf16 --workers 8 --out "$OUT" ;;
-    *) echo "unknown step $s (install, report, tests, guard, profile, scale, resources)" \
-         | tee -a "$summary"
-       exit 2 ;;
   esac
 done
 if [ -n "$ARCHIVE" ]; then     # written beside, then moved: ARCHIVE may lie inside $OUT

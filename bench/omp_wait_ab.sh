@@ -7,7 +7,11 @@
 # the window does not pause the busy loops). An empty OMP_WAIT_POLICY makes libgomp warn
 # "Invalid value" on the worker's stderr and use its default. Results of 2026-12-02:
 # docs/results/omp_wait_policy_2026-12-02.txt.
-OUT=$1; BUSY=$2
+OUT=${1:-}; BUSY=${2:-}
+if [ -z "$OUT" ]; then       # (scale.py --out "/PASSIVE1": folders at the file system's root)
+  echo "usage: bench/omp_wait_ab.sh OUTDIR [busy]" >&2; exit 2
+fi
+OUT=$(realpath -m "$OUT")    # the caller's folder, not the repository root cd'ed into below
 cd "$(dirname "$0")/.."
 if [ "$BUSY" = busy ]; then
   python -c "while True: pass" & B1=$!

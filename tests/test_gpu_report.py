@@ -245,9 +245,14 @@ def test_gpu_session_script_logs_each_step_under_out(tmp_path):
     assert len(summary) == 1 and summary[0].startswith("gpu_report rc 2 in ")
     assert "no CUDA" in (tmp_path / "gpu_report.log").read_text()
     assert (tmp_path / "machine.txt").exists()
+    # every step name checked before the first step runs ("report bogus" ran the report, then
+    # stopped before the archive: a docs audit), and nothing written
+    bad_out = tmp_path / "bad"
     bad = subprocess.run(["bash", script], capture_output=True, text=True, timeout=60,
-                         env=dict(env, STEPS="bogus"), cwd=BENCH.parent)
-    assert bad.returncode == 2 and "unknown step bogus" in bad.stdout
+                         env=dict(env, STEPS="report bogus", OUT=str(bad_out)),
+                         cwd=BENCH.parent)
+    assert bad.returncode == 2 and "unknown step bogus" in bad.stderr
+    assert not bad_out.exists()
     # the optional scale step: one run per loss dtype, each logged with its exit status (here
     # scale.py refuses --device cuda: no CUDA on this machine)
     scale = subprocess.run(["bash", script], capture_output=True, text=True, timeout=300,

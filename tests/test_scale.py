@@ -813,3 +813,12 @@ def test_worker_graph_edges_training_nodes_and_degree_rule(monkeypatch):
     assert torch.equal(seen[0], natural_split(data.y, 0)[0])
     with pytest.raises(SystemExit):
         scale.parse_args(["--sizes", "100", "10000", "--avg-degree", "500", "--device", "cpu"])
+
+
+def test_omp_wait_ab_needs_its_out_folder():
+    """bench/omp_wait_ab.sh without OUTDIR ran scale.py with --out /PASSIVE1 ... (folders at
+    the file system's root, as root; a docs audit): a usage line and exit 2 now, before any
+    run."""
+    script = Path(__file__).resolve().parents[1] / "bench" / "omp_wait_ab.sh"
+    res = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "usage: bench/omp_wait_ab.sh OUTDIR" in res.stderr
