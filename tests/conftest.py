@@ -232,6 +232,7 @@ def fresh_native(monkeypatch, tmp_path):
     import hiertail_fast.ops._native as native_mod
 
     monkeypatch.setattr(native_mod, "_LOADED", {})
+    monkeypatch.setattr(native_mod, "_WARNED", [])
     monkeypatch.setenv("HIERTAIL_NATIVE_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("HIERTAIL_NATIVE", raising=False)
     return tmp_path / "cache"

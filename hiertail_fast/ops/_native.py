@@ -44,6 +44,7 @@ FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-std=gnu99
          "-fPIC"]
 _LOCK = threading.Lock()
 _LOADED: dict[str, ctypes.CDLL | None] = {}
+_WARNED: list[str] = []       # the kernel whose failed build was reported (one per process)
 
 
 def enabled() -> bool:
@@ -203,7 +204,11 @@ def load(name: str, openmp: bool = False) -> ctypes.CDLL | None:
                 lib = ctypes.CDLL(str(_build(_HERE / f"{name}.c", cc)))
                 lib.threaded = False
             except Exception as err:      # an optional accelerator: any failure -> torch path
-                warnings.warn(f"hiertail_fast: native CPU kernel {name!r} unavailable, using the "
-                              f"torch path ({err})", RuntimeWarning, stacklevel=2)
+                if not _WARNED:           # one warning per process, not one per kernel
+                    _WARNED.append(name)
+                    warnings.warn(f"hiertail_fast: native CPU kernel {name!r} unavailable, "
+                                  f"using the torch path ({err}); other kernels that fail to "
+                                  f"build are not reported again", RuntimeWarning,
+                                  stacklevel=2)
         _LOADED[key] = lib
         return lib
