@@ -42,10 +42,10 @@ if not torch.cuda.is_available():       # the triton engine here: the interprete
 sys.path.insert(0, str(Path(__file__).parent))
 import _gpu_checks as gc  # noqa: E402
 from _device import DEVICE, device_name  # noqa: E402
+from _results import check_targets, write_result  # noqa: E402
 from loss_accuracy import errors, loss_and_grad  # noqa: E402
 
 import hiertail_fast.ops._attention_lse as attn  # noqa: E402
-from hiertail_fast._files import atomic_write_text  # noqa: E402
 from hiertail_fast.ops import _triton_loss  # noqa: E402
 
 TAU = 0.1
@@ -83,6 +83,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).parent / "results" / "attention_guard.json")
     args = parser.parse_args(argv)
+    check_targets(parser, "--out", args.out)    # before the run, not after it
     if args.n < 2 or args.d < 1 or min(args.bounds) <= 0:
         parser.error("--n >= 2, --d >= 1 and positive --bounds")
     if "triton[tf32x3]" in args.engines and DEVICE != "cuda":
@@ -118,8 +119,7 @@ def main(argv=None) -> int:
                 load_average_start=load_start, load_average_end=gc.load_average(),
                 tf32x3_limit=_triton_loss.TF32X3_MAX_LOGIT,
                 official_logit_per_row=real_rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out, json.dumps(dict(meta=meta, rows=rows), indent=1))
+    write_result(args.out, json.dumps(dict(meta=meta, rows=rows), indent=1))
     print(f"wrote {args.out}")
     return 0
 

@@ -41,9 +41,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import loss_grid  # noqa: E402
+from _results import check_targets, write_result  # noqa: E402
 from loss_grid import device_name, load_average, loss_step, make_case  # noqa: E402
 
-from hiertail_fast._files import atomic_write_text  # noqa: E402
 from hiertail_fast.ops import _block_exp  # noqa: E402
 
 BLOCK = 256
@@ -213,6 +213,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results"
                    / "block_costs.json")
     args = p.parse_args(argv)
+    check_targets(p, "--out", args.out, args.out.with_suffix(".md"))    # before the run
     if min(args.sizes) < BLOCK or min(args.dims) < 1 or args.rounds < 1 or args.reps < 1 \
             or args.tile < 1:
         p.error(f"--sizes must be >= {BLOCK}; --dims, --rounds, --reps, --tile positive")
@@ -226,9 +227,8 @@ def main(argv=None) -> int:
                 rounds=args.rounds, reps=args.reps, tile=args.tile, load_before=before,
                 load_after=load_average(), argv=sys.argv[1:] if argv is None else argv)
     md = render(meta, rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out, json.dumps(dict(meta=meta, rows=rows), indent=1))
-    atomic_write_text(args.out.with_suffix(".md"), md)
+    write_result(args.out, json.dumps(dict(meta=meta, rows=rows), indent=1))
+    write_result(args.out.with_suffix(".md"), md)
     print(md)
     return 0
 

@@ -41,9 +41,8 @@ except ImportError as exc:
     raise SystemExit("bench/interleaved.py times the pytest-benchmark suites' steps: it needs "
                      "the test extra (pip install -e \".[test]\")") from None
 from _device import DEVICE, device_name  # noqa: E402
+from _results import check_targets, write_result  # noqa: E402
 from _roofline import bandwidth_figures  # noqa: E402
-
-from hiertail_fast._files import atomic_write_text, unwritable_file_reason  # noqa: E402
 
 OPS = {
     "propagation": dict(providers=[p for p in tprop.PROVIDERS if p != "reference"],
@@ -114,9 +113,7 @@ def main(argv=None) -> int:
     make = {"propagation": propagation_step, "pooling": pooling_step,
             "prototype": functools.partial(prototype_step, m=args.prototypes)}[args.op]
     out = args.out or Path(__file__).parent / "results" / f"interleaved_{args.op}.json"
-    problem = unwritable_file_reason(out)   # before minutes of timing, not after
-    if problem:
-        parser.error(f"--out: {problem}")
+    check_targets(parser, "--out", out)      # before minutes of timing, not after
 
     records = []
     print(f"{args.op} on {device_name()}, rounds {args.rounds}")
@@ -143,7 +140,7 @@ def main(argv=None) -> int:
                                         else None,
                                         median_s=med, min_s=min(ts), times_s=ts, **bw))
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, json.dumps(dict(op=args.op, device=device_name(), rounds=args.rounds,
+    write_result(out, json.dumps(dict(op=args.op, device=device_name(), rounds=args.rounds,
                                            torch=torch.__version__, records=records), indent=1))
     print(f"\nwrote {out}")
     return 0

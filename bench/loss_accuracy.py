@@ -24,11 +24,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _device import DEVICE, device_name  # noqa: E402
+from _results import check_targets, write_result  # noqa: E402
 from loss_grid import REGIMES, make_case  # noqa: E402
 
 import hiertail_fast.ops._attention_lse as attn  # noqa: E402
 from hiertail_fast import balanced_contrastive_loss  # noqa: E402
-from hiertail_fast._files import atomic_write_text  # noqa: E402
 
 
 def _engine_used(fn) -> str:
@@ -86,6 +86,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).parent / "results" / "loss_accuracy.json")
     args = parser.parse_args(argv)
+    check_targets(parser, "--out", args.out)    # before the run, not after it
     backends = ["torch", "attention"] + (["triton"] if DEVICE == "cuda" else [])
     dtypes = [torch.float32, torch.bfloat16]
     rows = []
@@ -100,7 +101,7 @@ def main(argv=None) -> int:
                               f"{r['engine']:17s} value {r['value_rel_err']:.2e} "
                               f"grad {r['grad_rel_err']:.2e} (abs {r['grad_abs_err']:.1e} of "
                               f"max {r['grad_max']:.1e})", flush=True)
-    atomic_write_text(args.out, json.dumps(dict(device=device_name(), torch=torch.__version__,
+    write_result(args.out, json.dumps(dict(device=device_name(), torch=torch.__version__,
                                            n=args.n, d=args.d, rows=rows), indent=1))
     print(f"wrote {args.out}")
     return 0

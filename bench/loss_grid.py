@@ -50,10 +50,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _device import DEVICE, device_name  # noqa: E402
 from _gpu_checks import environment, nested_levels  # noqa: E402
+from _results import check_targets, write_result  # noqa: E402
 
 import hiertail_fast.ops._native as native_mod  # noqa: E402
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss  # noqa: E402
-from hiertail_fast._files import atomic_write_text  # noqa: E402
 from hiertail_fast.ops._lse_symmetric import ENV_VAR as SYMMETRIC_ENV  # noqa: E402
 from hiertail_fast.ops._lse_torch import exp_cutoff  # noqa: E402
 
@@ -388,10 +388,10 @@ def _native_words(meta: dict) -> str:
 def write_report(out: Path, meta: dict, records: list[dict], backends) -> str:
     """JSON + markdown (summary, then every cell) next to it; returns the markdown."""
     md = summary(records, backends) + "\n\n" + markdown(records, backends)
-    atomic_write_text(out, json.dumps(dict(meta, records=records), indent=1))
+    write_result(out, json.dumps(dict(meta, records=records), indent=1))
     probe = (f"GEMM probe {meta['gemm_gflops_before']} -> {meta['gemm_gflops_after']} "
              "GFLOP/s ([256, 64] x [64, 20000]), " if "gemm_gflops_before" in meta else "")
-    atomic_write_text(out.with_suffix(".md"),
+    write_result(out.with_suffix(".md"),
                       f"Loss grid on {meta['device']}, torch {meta['torch']}, {meta['threads']} "
                       f"threads, {_native_words(meta)}{meta.get('dtype', 'float32')} inputs, "
                       f"load average "
@@ -433,6 +433,9 @@ def main(argv=None) -> int:
             parser.error(f"--report {args.report}: not a loss_grid JSON ({err!r})")
     if min(args.sizes) < 1 or min(args.dims) < 1 or args.rounds < 1:
         parser.error("--sizes, --dims and --rounds must be positive")
+    if not all(t > 0 for t in args.taus):          # (a traceback from inside the loss before)
+        parser.error(f"--taus must be positive, got {args.taus}")
+    check_targets(parser, "--out", args.out, args.out.with_suffix(".md"))
     if args.threads:
         torch.set_num_threads(args.threads)
     before = load_average()

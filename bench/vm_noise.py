@@ -23,9 +23,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _results import check_targets, write_result  # noqa: E402
 from loss_grid import floor_step, load_average, loss_step, make_case  # noqa: E402
-
-from hiertail_fast._files import atomic_write_text  # noqa: E402
 
 
 def copy_gbs(src: torch.Tensor, dst: torch.Tensor) -> float:
@@ -77,6 +76,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results"
                         / "vm_noise.json")
     args = parser.parse_args(argv)
+    check_targets(parser, "--out", args.out)    # before the run, not after it
     if min(args.n, args.d, args.samples, args.copy_mb) < 1 or args.pause < 0:
         parser.error("--n, --d, --samples, --copy-mb must be positive and --pause >= 0")
     if args.threads:
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
                   load_average_before=before, load_average_after=after, samples=rows,
                   spread={k: spread(rows, k) for k in ("copy_gbs", "exact", "official",
                                                        "floor+exp")})
-    atomic_write_text(args.out, json.dumps(report, indent=1))
+    write_result(args.out, json.dumps(report, indent=1))
     for k, s in report["spread"].items():
         print(f"{k:10s} min {s['min']:.4g}  median {s['median']:.4g}  max {s['max']:.4g}")
     print(f"load average {before} -> {after}; wrote {args.out}")

@@ -416,3 +416,29 @@ def test_attention_guard_sweep_in_bf16_and_its_engine_choices(tmp_path):
         res = subprocess.run(cmd[:-5] + ["--engines", "triton[tf32x3]", "--out", str(out)],
                              capture_output=True, text=True, timeout=300)
         assert res.returncode == 2 and "needs CUDA" in res.stderr
+
+
+def test_bench_results_are_checked_first_and_the_previous_is_kept(tmp_path):
+    """bench/_results (loss_grid, attention_guard, loss_accuracy, block_costs, vm_noise,
+    interleaved): an unwritable --out was found after the whole run (a traceback, the results
+    lost) and a second run replaced the first silently (a docs audit). Now: exit 2 and one
+    line before any timing; the earlier result kept as NAME.prev.EXT."""
+    grid = [sys.executable, str(SCRIPT), "--sizes", "60", "--dims", "4", "--taus", "1",
+            "--regimes", "relu", "--levels", "1", "--variants", "exact", "--rounds", "1",
+            "--threads", "1"]
+    (tmp_path / "dir.json").mkdir()
+    res = subprocess.run(grid + ["--out", str(tmp_path / "dir.json")], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2 and "loss grid on" not in res.stdout          # nothing timed
+    assert f"--out {tmp_path / 'dir.json'} cannot be written: " in res.stderr
+    res = subprocess.run(grid + ["--taus", "-1", "--out", str(tmp_path / "g.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "--taus must be positive" in res.stderr
+    out = tmp_path / "g.json"
+    for _ in range(2):
+        res = subprocess.run(grid + ["--out", str(out)], capture_output=True, text=True,
+                             timeout=300)
+        assert res.returncode == 0, res.stderr
+    assert "the previous g.json is kept as" in res.stdout
+    assert json.loads((tmp_path / "g.prev.json").read_text())["records"]
+    assert (tmp_path / "g.prev.md").exists()
