@@ -23,6 +23,7 @@ import psutil
 import torch
 
 from hiertail_fast import CSRGraph, make_synthetic_graph
+from hiertail_fast._argparse import positive
 from hiertail_fast._csr import _scipy_sparse, csr_square
 
 
@@ -35,8 +36,8 @@ def _torch_square(g: CSRGraph, vals: torch.Tensor):
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1500, 100_000])
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--sizes", type=positive(int), nargs="+", default=[1500, 100_000])
+    ap.add_argument("--rounds", type=positive(int), default=5)
     ap.add_argument("--reps", type=int, default=0, help="calls per round (0: by size)")
     args = ap.parse_args(argv)
     if _scipy_sparse() is None:

@@ -17,13 +17,14 @@ import timeit
 import torch
 
 from hiertail_fast import CSRGraph, gcn_propagate
+from hiertail_fast._argparse import positive
 from hiertail_fast.ops.gcn_propagate import GCNPropagateFunction
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--number", type=int, default=2000, help="calls per timing")
+    p.add_argument("--rounds", type=positive(int), default=7)
+    p.add_argument("--number", type=positive(int), default=2000, help="calls per timing")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)

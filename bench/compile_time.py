@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from hiertail_fast._argparse import positive
+
 MODES = [("eager", None), ("custom-op", "aot_eager"), ("traced", "aot_eager"),
          ("custom-op", "inductor"), ("traced", "inductor")]
 
@@ -75,11 +77,11 @@ def worker(mode: str, compiler: str | None, n: int, d: int, variant: str, steps:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--n", type=int, default=2000)
-    ap.add_argument("--d", type=int, default=64)
+    ap.add_argument("--n", type=positive(int), default=2000)
+    ap.add_argument("--d", type=positive(int), default=64)
     ap.add_argument("--variant", default="official", choices=["exact", "official"])
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=positive(int), default=5)
+    ap.add_argument("--repeats", type=positive(int), default=3)
     ap.add_argument("--modes", default=None,
                     help="comma-separated mode:compiler pairs (default: all five)")
     ap.add_argument("--json", default=None, help="write the results here (atomically)")
@@ -91,6 +93,16 @@ def main(argv=None) -> int:
                                 args.variant, args.steps)))
         return 0
     pairs = [] if args.modes is None else [p.split(":") for p in args.modes.split(",")]
+    known = {f"{m}:{c or '-'}" for m, c in MODES}
+    bad = [":".join(p) for p in pairs if len(p) != 2 or f"{p[0]}:{p[1] or '-'}" not in known]
+    if bad:         # (an unknown mode ran the traced path under its name; no colon: traceback)
+        ap.error(f"--modes: {', '.join(bad)} not among {', '.join(sorted(known))}")
+    if args.json:   # before the fresh processes' minutes, not after them
+        from hiertail_fast._files import unwritable_file_reason
+
+        problem = unwritable_file_reason(Path(args.json))
+        if problem:
+            ap.error(f"--json {args.json} cannot be written: {problem}")
     modes = [(m, None if c in ("", "-") else c) for m, c in pairs] or MODES
     runs: dict[tuple, list[dict]] = {m: [] for m in modes}
     for r in range(args.repeats):

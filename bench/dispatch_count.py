@@ -32,6 +32,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, str(Path(__file__).parent))
 from loss_grid import REGIMES, loss_step, make_case  # noqa: E402
 
+from hiertail_fast._argparse import positive
+
 # operators that make a CUDA host wait for the device (their result's size or value is read)
 SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "_unique2", "unique_dim",
                       "unique_consecutive", "masked_select", "repeat_interleave"})
@@ -126,12 +128,12 @@ def _as_cuda(positives: str):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--n", type=int, default=6000)
+    parser.add_argument("--n", type=positive(int), default=6000)
     parser.add_argument("--d", type=int, default=64)
     parser.add_argument("--levels", type=int, choices=[1, 3], default=3)
     parser.add_argument("--variant", choices=["exact", "official", "both"], default="both")
     parser.add_argument("--regime", choices=REGIMES, default="relu")
-    parser.add_argument("--tau", type=float, default=0.1)
+    parser.add_argument("--tau", type=positive(float), default=0.1)
     parser.add_argument("--backend", default="torch")
     parser.add_argument("--top", type=int, default=0, help="also list the N busiest call sites")
     parser.add_argument("--as-cuda", action="store_true",

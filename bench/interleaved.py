@@ -44,6 +44,8 @@ from _device import DEVICE, device_name  # noqa: E402
 from _results import check_targets, write_result  # noqa: E402
 from _roofline import bandwidth_figures  # noqa: E402
 
+from hiertail_fast._argparse import positive
+
 OPS = {
     "propagation": dict(providers=[p for p in tprop.PROVIDERS if p != "reference"],
                         modes=["fwd", "fwd+bwd"]),
@@ -93,12 +95,12 @@ def _bandwidth_text(bw: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("op", choices=sorted(OPS))
-    parser.add_argument("--nodes", type=int, nargs="+", default=[100_000])
-    parser.add_argument("--dims", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--nodes", type=positive(int), nargs="+", default=[100_000])
+    parser.add_argument("--dims", type=positive(int), nargs="+", default=[64, 128])
     parser.add_argument("--modes", nargs="+", choices=["fwd", "fwd+bwd"])
     parser.add_argument("--providers", nargs="+")
     parser.add_argument("--prototypes", type=int, default=282, help="m (prototype op)")
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=positive(int), default=15)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     spec = OPS[args.op]
@@ -113,6 +115,9 @@ def main(argv=None) -> int:
     make = {"propagation": propagation_step, "pooling": pooling_step,
             "prototype": functools.partial(prototype_step, m=args.prototypes)}[args.op]
     out = args.out or Path(__file__).parent / "results" / f"interleaved_{args.op}.json"
+    if min(args.nodes) < 70:                 # (a traceback from the graph generator before)
+        parser.error(f"--nodes must be >= 70 (the benchmark graphs have 70 classes), got "
+                     f"{min(args.nodes)}")
     check_targets(parser, "--out", out)      # before minutes of timing, not after
 
     records = []

@@ -41,6 +41,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from hiertail_fast._argparse import positive  # noqa: E402
 from hiertail_fast._files import atomic_path, unwritable_dir_reason  # noqa: E402
 
 # shared memory per SM (bytes) and its per-block reservation, by compute capability
@@ -225,7 +226,8 @@ def markdown(rows: list[dict], tools: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", type=int, nargs="+", default=[90])
-    ap.add_argument("--dims", type=int, nargs="+", default=[64, 128], help="padded head dims")
+    ap.add_argument("--dims", type=positive(int), nargs="+", default=[64, 128],
+                    help="padded head dims")
     ap.add_argument("--levels", type=int, nargs="+", default=[1, 3])
     ap.add_argument("--dtypes", nargs="+", default=["fp32"], choices=sorted(_PTR))
     ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)

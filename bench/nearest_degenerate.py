@@ -15,11 +15,12 @@ import time
 import torch
 
 from hiertail_fast import nearest_prototype
+from hiertail_fast._argparse import positive
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--rows", type=int, default=10_000)
+    p.add_argument("--rows", type=positive(int), default=10_000)
     p.add_argument("--prototypes", type=int, default=400)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--threads", type=int, default=1)

@@ -77,7 +77,7 @@ from _scale_worker import _setup as _setup
 from _scale_worker import _tracked_peak as _tracked_peak
 from _scale_worker import build_model as build_model
 
-from hiertail_fast._argparse import ArgumentParser, path_arg
+from hiertail_fast._argparse import ArgumentParser, path_arg, positive
 from hiertail_fast._files import unwritable_dir_reason, unwritable_file_reason
 from hiertail_fast._train_cli import threads_arg
 
@@ -118,24 +118,7 @@ def time_exponent(method: str) -> float:
 
 
 # ----------------------------------------------------------------------------- arguments
-def _positive(kind: type):
-    """argparse type: a positive int ("100000" or "1e5") or a positive finite float."""
-    def convert(text: str):
-        try:
-            number = float(text)
-        except ValueError:
-            what = "an integer" if kind is int else "a number"
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
-        if kind is int and (not math.isfinite(number) or number != int(number)):
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
-        if not (number > 0 and math.isfinite(number)):
-            raise argparse.ArgumentTypeError(f"{text!r} must be a positive "
-                                             + ("integer" if kind is int else "number"))
-        return kind(number)
-    return convert
-
-
-_positive_int, _positive_float = _positive(int), _positive(float)
+_positive_int, _positive_float = positive(int), positive(float)
 
 
 def _non_negative_int(text: str) -> int:

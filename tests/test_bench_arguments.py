@@ -1,0 +1,40 @@
+"""The benchmark tools refuse bad values with argparse's one-line error and exit 2 before any
+work (a docs / bench audit found each of these a traceback, exit 1, or — kernel_resources,
+compile_time — a run that exited 0 with rows of errors or a mislabelled mode)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.mark.parametrize("script, args, message", [
+    ("interleaved.py", ["propagation", "--nodes", "50"], "--nodes must be >= 70"),
+    ("interleaved.py", ["propagation", "--rounds", "0"], "--rounds: '0' must be a positive"),
+    ("a2_product.py", ["--sizes", "0"], "--sizes: '0' must be a positive integer"),
+    ("a2_product.py", ["--rounds", "0"], "--rounds: '0' must be a positive integer"),
+    ("nearest_degenerate.py", ["--rows", "0"], "--rows: '0' must be a positive integer"),
+    ("apply_overhead.py", ["--rounds", "0"], "--rounds: '0' must be a positive integer"),
+    ("dispatch_count.py", ["--n", "0"], "--n: '0' must be a positive integer"),
+    ("engine_ab.py", ["--tau", "-1"], "--tau: '-1' must be a positive number"),
+    ("kernel_resources.py", ["--dims", "0"], "--dims: '0' must be a positive integer"),
+    ("compile_time.py", ["--n", "0"], "--n: '0' must be a positive integer"),
+    ("compile_time.py", ["--modes", "bogus:aot_eager"], "--modes: bogus:aot_eager not among"),
+    ("compile_time.py", ["--modes", "eager"], "--modes: eager not among"),
+])
+def test_bad_values_are_one_line_and_exit_2(script, args, message, tmp_path):
+    res = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert message in res.stderr and "Traceback" not in res.stderr
+
+
+def test_compile_time_checks_its_json_before_the_runs(tmp_path):
+    res = subprocess.run([sys.executable, str(BENCH / "compile_time.py"), "--modes", "eager:-",
+                          "--json", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and f"--json {tmp_path} cannot be written" in res.stderr
+    assert "repeat 1/" not in res.stderr                       # no fresh process was started
