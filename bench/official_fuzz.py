@@ -186,7 +186,13 @@ def _fuzz(args) -> None:
     worst: dict[str, tuple[float, dict]] = {}
     over = dict.fromkeys(args.engines, 0)
     end, cases = time.time() + args.seconds, 0
+    shown = time.time()
     while time.time() < end and (args.cases is None or cases < args.cases):
+        if time.time() - shown >= 30:    # progress: a run without failures printed nothing
+            shown = time.time()
+            print(f"{cases} cases, {max(0, end - shown):.0f} s left; worst so far: "
+                  + ", ".join(f"{e} {worst.get(e, (0.0,))[0]:.3f}x" for e in args.engines),
+                  flush=True)
         cases += 1
         z, y, p, kw, desc = _case(rng, args.dims, args.max_log_bound, args.seed * 1_000_003 + cases,
                                   args.levels, args.rows)
