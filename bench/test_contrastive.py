@@ -58,8 +58,8 @@ def _run(benchmark, peak_memory, device_label, step, n, info):
     with peak_memory() as pm:
         benchmark.pedantic(step, rounds=rounds, iterations=1, warmup_rounds=0 if n >= 20_000
                            else 1)
-    benchmark.extra_info.update(info, device=device_label, peak_mem_mb=pm.peak_bytes / 2**20,
-                                peak_mem_method=pm.method)
+    benchmark.extra_info.update(info, device=device_label, peak_bytes=pm.peak_bytes,
+                                peak_memory_method=pm.method)
 
 
 @pytest.mark.benchmark(group="contrastive-fwd-bwd")

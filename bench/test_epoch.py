@@ -79,4 +79,4 @@ def test_hiertail_epoch(benchmark, backend, nodes, monkeypatch, peak_memory, dev
         backend=backend, nodes=nodes, edges=edges, config="paper", hidden=128, classes=70,
         device=device_label,
         torch=torch.__version__, torch_threads=torch.get_num_threads(),
-        peak_memory_bytes=int(pm.peak_bytes), peak_memory_method=pm.method)
+        peak_bytes=int(pm.peak_bytes), peak_memory_method=pm.method)

@@ -99,7 +99,7 @@ def test_topk_pool_fwd_bwd(benchmark, peak_memory, device_label, provider, n, d)
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("provider", ["torch"] + (["triton"] if DEVICE == "cuda" else []))
-def test_topk_unpool_fwd_bwd(benchmark, device_label, provider, n):
+def test_topk_unpool_fwd_bwd(benchmark, peak_memory, device_label, provider, n):
     d = 128
     benchmark.group = f"topk_unpool n={n} d={d}"
     k = n // 2
@@ -113,8 +113,10 @@ def test_topk_unpool_fwd_bwd(benchmark, device_label, provider, n):
             torch.cuda.synchronize()
 
     step()
-    benchmark.pedantic(step, rounds=5, iterations=1)
-    benchmark.extra_info.update(n=n, k=k, d=d, device=device_label, provider=provider)
+    with peak_memory() as pm:
+        benchmark.pedantic(step, rounds=5, iterations=1)
+    benchmark.extra_info.update(n=n, k=k, d=d, device=device_label, provider=provider,
+                                peak_bytes=pm.peak_bytes, peak_memory_method=pm.method)
 
 
 def make_prototype_step(provider: str, n: int, m: int, d: int = 128):
