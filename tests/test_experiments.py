@@ -430,10 +430,22 @@ def test_a_corrupt_cached_run_is_retrained_and_rewritten(tmp_path, monkeypatch, 
     capsys.readouterr()
     second = main(argv)
     assert len(calls) == 1
-    assert f"warning: cached run {path} cannot be read" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"warning: cached run {path} cannot be read" in out
+    assert "kept beside it" not in out      # (said so before; only another data's run is kept)
     assert json.loads(path.read_text())["result"]["test"] == json.loads(good)["result"]["test"]
     assert second["rows"][0]["metrics"] == first["rows"][0]["metrics"]
     assert not list(path.parent.glob(".*tmp"))
+    # valid JSON, an incomplete result: used, it crashed the summary with a KeyError after all
+    # training (an experiments audit); now a miss like a corrupt file
+    for broken in ({"result": {}}, {"result": {"test": {"bacc": 0.5}}}, {"wall_s": None}):
+        path.write_text(json.dumps({**json.loads(good), **broken}))
+        calls.clear()
+        third = main(argv)
+        assert len(calls) == 1, broken
+        assert f"warning: cached run {path} is not a complete run record" in \
+            capsys.readouterr().out
+        assert third["rows"][0]["metrics"] == first["rows"][0]["metrics"]
 
 
 def test_a_diverging_run_is_recorded_not_retried_and_noted(tmp_path, monkeypatch):

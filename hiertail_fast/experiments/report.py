@@ -29,6 +29,7 @@ __all__ = ["compare", "row_verdict", "comparison_rows", "markdown_table", "prove
 
 METRIC_NAMES = {"bacc": "bAcc", "macro_f1": "Macro-F1", "g_means": "G-Means", "acc": "Acc"}
 NO_STD_TOLERANCE = 0.5
+_BOUNDARY_SLACK = 1e-9      # far below the tables' 0.1-point resolution
 
 
 def compare(ours: float, paper: Cell | None) -> dict | None:
@@ -37,11 +38,13 @@ def compare(ours: float, paper: Cell | None) -> dict | None:
     if paper is None:
         return None
     diff = ours - paper.mean
+    # the boundary with a binary float's slack: 53.4 against 52.8 ± 0.6 is one std exactly,
+    # but 53.4 - 52.8 is 0.6000000000000014 in floats ("above" before; an experiments audit)
     if paper.std:
         z = diff / paper.std
-        ok = abs(z) <= 1.0
+        ok = abs(z) <= 1.0 + _BOUNDARY_SLACK
     else:
-        z, ok = None, abs(diff) <= NO_STD_TOLERANCE
+        z, ok = None, abs(diff) <= NO_STD_TOLERANCE + _BOUNDARY_SLACK
     verdict = "reproduced" if ok else ("below" if diff < 0 else "above")
     return {"diff": diff, "diff_in_std": z, "verdict": verdict}
 

@@ -172,9 +172,8 @@ class RunCache:
             record = json.loads(p.read_text())
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             return None, f"warning: cached run {p} cannot be read ({exc}); treated as missing"
-        if not isinstance(record, dict) or not (isinstance(record.get("result"), dict)
-                                                or isinstance(record.get("diverged"), str)):
-            return None, (f"warning: cached run {p} is not a run record "
+        if not _is_run_record(record):
+            return None, (f"warning: cached run {p} is not a complete run record "
                           "(corrupt); treated as missing")
         if record.get("identity") != identity:
             return None, None
@@ -199,8 +198,7 @@ class RunCache:
             record = json.loads(self._version_path(p, fingerprint).read_text())
         except (OSError, UnicodeDecodeError, ValueError):
             return None
-        ok = isinstance(record, dict) and record.get("data_fingerprint") == fingerprint and (
-            isinstance(record.get("result"), dict) or isinstance(record.get("diverged"), str))
+        ok = _is_run_record(record) and record.get("data_fingerprint") == fingerprint
         return record if ok else None
 
     def get(self, spec: RunSpec, identity: dict, fingerprint: str | None = None) -> dict | None:
@@ -373,8 +371,11 @@ def run_specs(specs: list[RunSpec], budget: Budget, source: DataSource, cache: R
         fingerprint = source.run_fingerprint(spec)
         record, problem = cache.lookup(spec, identity, fingerprint)
         if problem:
-            notice(problem + ("; retraining it (that run is kept beside it, as "
-                              "<name>.data-<its fingerprint>.json)" if train
+            # (the other data's run is kept beside it only for a fingerprint mismatch; an
+            # unreadable or incomplete file is simply replaced)
+            kept = (" (that run is kept beside it, as <name>.data-<its fingerprint>.json)"
+                    if "from other data" in problem else "")
+            notice(problem + (f"; retraining it{kept}" if train
                               else " (--report-only: not reported)"))
         if record is None and not train:
             missing.append(f"{spec.dataset} {spec.row} seed {seed}")
@@ -420,6 +421,20 @@ def run_specs(specs: list[RunSpec], budget: Budget, source: DataSource, cache: R
         log(f"{len(missing)} of {len(todo)} runs are not cached and were not trained "
             f"(--report-only): {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}")
     return records
+
+
+def _is_run_record(record: Any) -> bool:
+    """Whether a cached file holds a whole run: a diverged run's message, or a result with the
+    test metrics and epochs the summaries read, and its wall time. (A record with an empty or
+    partial result was used and crashed the summary with a KeyError after all training.)"""
+    if not isinstance(record, dict) or not isinstance(record.get("wall_s"), (int, float)):
+        return False
+    if isinstance(record.get("diverged"), str):
+        return True
+    result = record.get("result")
+    test = result.get("test") if isinstance(result, dict) else None
+    return (isinstance(test, dict) and "epochs_run" in result
+            and all(isinstance(test.get(m), (int, float)) for m in METRICS))
 
 
 def summarize(records: list[dict]) -> dict[tuple[str, str], dict]:
