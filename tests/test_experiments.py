@@ -403,6 +403,11 @@ def test_unwritable_out_or_runs_dir_is_refused_before_any_training(tmp_path, mon
     ("main", ["--synthetic-classes", "1"], "--synthetic-classes >= 2, got 120 and 1"),
     ("main", ["--synthetic-nodes", "5"], "--synthetic-nodes >= 8 (its average degree is 6)"),
     ("main", ["--runs-dir", ""], "argument --runs-dir: an empty path"),
+    # the baselines' adjacency where no baseline runs: it named a second summary as a variant
+    # of identical rows (an experiments audit)
+    ("tasks", ["--adj-norm", "row"], "--adj-norm does not apply to tasks: it runs no baseline"),
+    ("sensitivity", ["--parts", "hidden", "--hiddens", "8", "--adj-norm", "row"],
+     "--adj-norm does not apply to sensitivity"),
     ("tasks", ["--task-counts", "2:5"], "has B > A"),
     ("main", ["--methods", ","], "names no method"),
 ])

@@ -121,6 +121,9 @@ def inapplicable_option(args, parser: argparse.ArgumentParser) -> str | None:
         if dest not in module.OPTIONS and getattr(args, dest) != parser.get_default(dest):
             return (f"--{dest.replace('_', '-')} does not apply to {args.name} (it applies to "
                     f"{', '.join(names)})")
+    if (getattr(module, "TRAINS", True) and not getattr(module, "RUNS_BASELINES", True)
+            and args.adj_norm is not None):     # (it went into the summary as a variant)
+        return f"--adj-norm does not apply to {args.name}: it runs no baseline"
     if not getattr(module, "TRAINS", True):
         for dest in _TRAINING_OPTIONS:
             if getattr(args, dest) != parser.get_default(dest):

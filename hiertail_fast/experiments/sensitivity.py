@@ -13,6 +13,7 @@ from hiertail_fast.experiments.runner import RunSpec, fmt, summarize
 
 TITLE = "Hyper-parameter sensitivity (γ × τ; activation, hidden size, dropout)"
 OPTIONS = ("config", "parts", "gammas", "taus", "activations", "hiddens", "dropouts")
+RUNS_BASELINES = False      # HierTail only: --adj-norm (baselines') is refused
 PARTS = ("grid", "activation", "hidden", "dropout")
 
 

@@ -14,6 +14,7 @@ from hiertail_fast.experiments.runner import RunSpec
 
 TITLE = "Table 5: number of tasks in the second (and third) layer"
 OPTIONS = ("config", "task_counts")
+RUNS_BASELINES = False      # HierTail only: --adj-norm (baselines') is refused
 
 
 def add_arguments(parser) -> None:
