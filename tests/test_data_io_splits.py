@@ -303,6 +303,19 @@ def test_relabel_memory_does_not_grow_with_the_largest_label(tmp_path):
     np.testing.assert_array_equal(g2.label_map, label_map)
     assert label_map.tolist() == [2, 3, 1, 4, 5, 6, 7, 8, 9, 0]   # absent labels after, in order
     np.testing.assert_array_equal(label_map[g2.original_labels], np.arange(3))
+    # load_dataset's official preprocessing relabels the same way (it built the dense table:
+    # a MemoryError at 2^40, 460 MB at 2e7; a data audit), and keeps the dense one for y2
+    from hiertail_fast.data.datasets import load_dataset
+
+    save_npz(tmp_path / "email.npz", ei, np.zeros((8, 2)), y)
+    d = load_dataset("email", tmp_path)
+    assert d.original_labels.tolist() == [5, 0, huge, 7] and d.label_map is None
+    np.testing.assert_array_equal(d.original_labels[d.y.numpy()], y)
+    assert d.num_classes == 4
+    save_npz(tmp_path / "wiki.npz", ei[:, :0], np.zeros((6, 2)), y2)
+    d2 = load_dataset("wiki", tmp_path)
+    np.testing.assert_array_equal(d2.label_map, label_map)
+    assert d2.original_labels.tolist() == [9, 2, 0] and d2.num_classes == 3
 
 
 @pytest.mark.parametrize("kind, message", [("npy", "single .npy array"),

@@ -99,6 +99,23 @@ def test_highest_degree_nodes_are_kept():
         assert all(deg[i] >= threshold for i in nodes.tolist() if i in kept)
 
 
+def test_kept_nodes_do_not_depend_on_how_the_graph_is_stored():
+    """The degrees that choose the kept nodes were counted on the edge list as given: the same
+    undirected graph stored with one direction per edge, or with stored self-loops, kept other
+    nodes (a data audit). They are counted on the official graph (undirected, one loop)."""
+    import dataclasses
+
+    g = _graph(SIZES)
+    ei, n = g.edge_index, g.num_nodes
+    kw = dict(val_per_class=2, test_per_class=4)
+
+    def kept(graph):
+        return semi_synthetic_long_tail(graph, **kw).data.x[:, 0].long().tolist()
+    loops = torch.arange(0, n, 2).repeat(2, 1)
+    for stored in (ei[:, ei[0] < ei[1]], torch.cat([ei, loops], 1), ei.flip(0)):
+        assert kept(dataclasses.replace(g, edge_index=stored)) == kept(g)
+
+
 def test_seeds_flags_and_counts_are_checked():
     g = _graph(SIZES)
     kw = dict(val_per_class=2, test_per_class=4)

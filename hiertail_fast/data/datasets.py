@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 from hiertail_fast._validation import all_finite, check_feature_norm, check_flag
-from hiertail_fast.data.io import GraphData, load_npz, relabel_by_size
+from hiertail_fast.data.io import GraphData, load_npz, relabel_classes
 from hiertail_fast.data.pyg import from_pyg_data, import_pyg
 
 __all__ = ["DATASETS", "DatasetSpec", "load_dataset", "official_preprocess", "resolve_root",
@@ -176,14 +176,13 @@ def official_preprocess(graph: GraphData, name: str) -> GraphData:
         x = (x > 0).to(torch.float32)
     elif spec.features == "row_normalized":
         x = _row_normalize(x)
-    y, label_map = relabel_by_size(graph.y.numpy())
+    # O(n) memory whatever the largest label, as load_npz (a dense table over the labels took
+    # 460 MB at a label of 2e7 and a MemoryError at 2^40; a data audit)
+    y, original_labels, label_map = relabel_classes(graph.y.numpy())
     y = np.ascontiguousarray(y)
-    num_classes = int(y.max()) + 1
-    original_labels = np.empty_like(label_map)      # the inverse: new -> original label
-    original_labels[label_map] = np.arange(label_map.shape[0])
     return GraphData(edge_index=undirected_edges(graph.edge_index, n), x=x,
-                     y=torch.from_numpy(y), num_classes=num_classes, name=spec.name,
-                     label_map=label_map, original_labels=original_labels[:num_classes])
+                     y=torch.from_numpy(y), num_classes=int(original_labels.shape[0]),
+                     name=spec.name, label_map=label_map, original_labels=original_labels)
 
 
 def normalize_features(graph: GraphData, feature_norm: str = "none") -> GraphData:

@@ -237,6 +237,17 @@ def _dense_label_map(original_labels: np.ndarray, num_labels: int) -> np.ndarray
     return label_map
 
 
+def relabel_classes(y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``(new_y, original_labels, label_map)``: classes relabelled by descending size
+    (`size_order`, O(n) memory whatever the largest label), the original label of each new
+    class, and the dense old -> new table only where the largest label is small enough for
+    one (else None: one label of 10^9 made it 7.45 GiB; ``original_labels`` has the map)."""
+    new_y, original_labels = size_order(y)
+    top = int(original_labels.max()) + 1 if original_labels.size else 0
+    dense = top <= max(DENSE_LABEL_MAP_MIN, 4 * y.shape[0])
+    return new_y, original_labels, _dense_label_map(original_labels, top) if dense else None
+
+
 def relabel_by_size(y: np.ndarray, num_classes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Relabel classes by descending size: class 0 largest, class C-1 smallest.
 
@@ -302,10 +313,7 @@ def load_npz(
     y = y.astype(np.int64, copy=False)
     label_map = original_labels = None
     if relabel_by_size:
-        y, original_labels = size_order(y)     # O(n) memory whatever the largest label
-        top = int(original_labels.max()) + 1
-        if top <= max(DENSE_LABEL_MAP_MIN, 4 * y.shape[0]):
-            label_map = _dense_label_map(original_labels, top)
+        y, original_labels, label_map = relabel_classes(y)
     return GraphData(
         edge_index=torch.from_numpy(np.ascontiguousarray(edge_index, dtype=np.int64)),
         x=torch.from_numpy(x),

@@ -38,7 +38,8 @@ import numpy as np
 import torch
 
 from hiertail_fast._validation import check_flag, check_seed
-from hiertail_fast.data.io import GraphData, relabel_by_size
+from hiertail_fast.data.datasets import undirected_edges
+from hiertail_fast.data.io import GraphData, size_order
 from hiertail_fast.metrics import long_tailedness_ratio
 
 __all__ = ["SemiSyntheticGraph", "semi_synthetic_long_tail"]
@@ -125,7 +126,11 @@ def semi_synthetic_long_tail(data: GraphData, *, alpha: float = 0.8, val_per_cla
     train_counts = _train_counts(sizes[eligible], float(alpha), held_out)
 
     ei = data.edge_index.numpy()
-    degree = np.bincount(ei[0], minlength=n) + 1          # with the self-loop
+    # with the self-loop, on the official graph (undirected, one loop per node): counted on the
+    # edge list as given, one stored direction per edge or a stored loop kept other nodes (a
+    # data audit); the same degrees on load_dataset's graphs, which are that graph already
+    official = undirected_edges(data.edge_index, n).numpy()
+    degree = np.bincount(official[0], minlength=n) + 1
     kept = dict(zip(eligible.tolist(), (train_counts + held_out).tolist(), strict=True))
     original = (np.asarray(data.original_labels) if data.original_labels is not None
                 else np.arange(sizes.shape[0]))
@@ -147,7 +152,7 @@ def semi_synthetic_long_tail(data: GraphData, *, alpha: float = 0.8, val_per_cla
     edge_index = edge_index[:, np.lexsort((edge_index[1], edge_index[0]))]
     # X and y: the adjacency's order (fixed) or ascending original ids (the official bug)
     feat_order = np.sort(adj_order) if alignment_bug else adj_order
-    y_new, _ = relabel_by_size(y[feat_order])
+    y_new, _ = size_order(y[feat_order])
     x_new = data.x[torch.from_numpy(feat_order)]
 
     split_rng = np.random.default_rng(split_seed)
