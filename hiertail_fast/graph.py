@@ -839,17 +839,26 @@ class CSRGraph:
                             validate=False)
         dtype = g.weight.dtype if g.weight is not None else torch.get_default_dtype()
         vals = g.weight_or_ones(dtype)
-        # the product's entries from plain values (scipy cannot read functorch's wrappers:
-        # "no storage"), outside any transform
-        known = plain(vals.detach(), "CSRGraph.augment_a2")
-        with outside_transforms(), autocast_off(known):   # the weights' dtype, not autocast's
-            row, col, val = csr_square(g.indptr, g.indices, known, n)
-        keep = row != col
-        row, col, val = row[keep], col[keep], val[keep]
-        if vals.requires_grad or wrapped(vals):          # their values again, differentiably
+        if vals.requires_grad or wrapped(vals):
+            # weights that need gradients: the product's entries from the structure alone (an
+            # entry whose weights sum to exactly 0 stays, for its gradient: a weight at 0 got
+            # none), one product per graph structure (cached), the values differentiably
+            row, col = self._cached("a2 pattern", lambda: _off_diagonal(*csr_square(
+                g.indptr, g.indices, torch.ones(g.num_edges, device=g.device), n))[:2])
             val = square_values(g.indptr, g.indices, vals, n, row, col)
+        else:
+            # from plain values (scipy cannot read functorch's wrappers: "no storage")
+            known = plain(vals.detach(), "CSRGraph.augment_a2")
+            with outside_transforms(), autocast_off(known):   # the weights' dtype
+                row, col, val = _off_diagonal(*csr_square(g.indptr, g.indices, known, n))
         # (M²)ᵀ = (Mᵀ)²: the square of a symmetric graph is symmetric
         return self._inherit_symmetry(CSRGraph._from_coo(row, col, val, n, dedupe=True))
+
+
+def _off_diagonal(row: torch.Tensor, col: torch.Tensor, val: torch.Tensor):
+    """The entries of a COO matrix off its diagonal (A²'s loops are dropped)."""
+    keep = row != col
+    return row[keep], col[keep], val[keep]
 
 
 def _eager_augment_a2(graph: CSRGraph) -> CSRGraph:

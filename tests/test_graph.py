@@ -179,6 +179,17 @@ def test_augment_a2_differentiates_through_learnable_weights():
     learnable.augment_a2().weight.sum().backward()     # a fresh graph: no freed history
     with torch.no_grad():                               # no gradient asked: the cached path
         assert not learnable.augment_a2().weight.requires_grad
+    # a weight at exactly 0 (a zero initialisation): its A² entries were dropped as zeros,
+    # and their gradient with them (a review of the change); the dense (A + I)² has it
+    cycle = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    w0 = torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    CSRGraph.from_edge_index(cycle, w0, num_nodes=3).augment_a2().weight.sum().backward()
+    leaf = w0.detach().clone().requires_grad_()
+    m = torch.zeros(3, 3, dtype=torch.float64).index_put((cycle[1], cycle[0]), leaf) \
+        + torch.eye(3, dtype=torch.float64)
+    sq = m @ m
+    (sq.sum() - sq.diagonal().sum()).backward()
+    torch.testing.assert_close(w0.grad, leaf.grad)
 
 
 def test_transpose_and_symmetry():
