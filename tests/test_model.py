@@ -398,6 +398,17 @@ def test_config_refuses_what_failed_later(change, exc, field):
     assert HierTailConfig.paper(gamma=3e38).gamma == 3e38           # within float32's range
 
 
+def test_pool_ratios_take_ordered_iterables():
+    """Only the unordered are refused (a set or a dict's keys: the levels reordered); a range
+    or a generator gives its levels in order, as before (a review of the change)."""
+    assert HierTailConfig.paper(pool_ratios=range(1, 2)).pool_ratios == (1,)
+    assert HierTailConfig.paper(pool_ratios=(r for r in (1.0, 0.5))).pool_ratios == (1.0, 0.5)
+    assert HierTailConfig.paper(pool_ratios={"a": 1.0, "b": 0.5}.values()).pool_ratios == \
+        (1.0, 0.5)
+    with pytest.raises(TypeError, match="pool_ratios"):
+        HierTailConfig.paper(pool_ratios={1.0: 0, 0.5: 1}.keys())
+
+
 def test_official_bcl_counts_the_levels_pool_counts_sets():
     """bcl_mode='official' needs two levels; with pool_counts (which sets the levels) the
     check counted pool_ratios and refused a valid two-level config (an nn-module audit)."""

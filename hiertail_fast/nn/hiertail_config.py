@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Iterable, KeysView, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -147,9 +148,10 @@ class HierTailConfig:
         reals in (0, MAX_NODES]: a level never keeps more than MAX_NODES nodes (the library's
         largest graph), and a larger ratio overflowed ceil(r·C) to an OverflowError."""
         ratios = self.pool_ratios
-        # an ordered sequence: a set or dict was taken in its own order (keys), the levels
-        # reordered ({1.0, 0.5} became (0.5, 1.0)), as pool_counts refuses them
-        if not isinstance(ratios, (tuple, list, np.ndarray)):
+        # ordered: a set (or a dict's keys) was taken in its own order, the levels reordered
+        # ({1.0, 0.5} became (0.5, 1.0)); any other iterable (a range, a generator) as before
+        if isinstance(ratios, (str, bytes, set, frozenset, Mapping, KeysView)) \
+                or not isinstance(ratios, Iterable):
             raise TypeError(f"pool_ratios must be a sequence of numbers, got "
                             f"{type(ratios).__name__} {ratios!r}")
         ratios = tuple(ratios)
