@@ -48,7 +48,11 @@ import _gpu_checks as gc  # noqa: E402
 from _roofline import bandwidth_figures  # noqa: E402
 
 from hiertail_fast._argparse import path_arg  # noqa: E402
-from hiertail_fast._files import unwritable_dir_reason, unwritable_file_reason  # noqa: E402
+from hiertail_fast._files import (  # noqa: E402
+    prev_path,
+    unwritable_dir_reason,
+    unwritable_file_reason,
+)
 
 REPORT_NAMES = ("gpu_report.md", "gpu_report.json")
 
@@ -422,7 +426,8 @@ def _keep_previous(out: Path) -> list[Path]:
     replaces a full report."""
     kept = []
     for name in REPORT_NAMES:
-        old, prev = out / name, out / name.replace("gpu_report.", "gpu_report.prev.")
+        old = out / name
+        prev = prev_path(old)          # the name the up-front check (keeps_prev) looked at
         if old.exists():
             os.replace(old, prev)
             kept.append(prev)

@@ -372,7 +372,7 @@ def _json_clash(args) -> str | None:
         try:
             inputs = dataset_input_paths(args.dataset, args.root)
         except (ValueError, TypeError):
-            inputs = None           # a bad name or root: loading the data says so
+            pass                    # a bad name or root: loading the data says so
     for target, said, by in targets:
         for option, path in (("--data", args.data), ("--split", args.split)):
             if path is not None and same_file(target, path):
