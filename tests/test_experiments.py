@@ -88,13 +88,13 @@ def test_provenance_names_the_code_of_cached_runs(tmp_path):
     first = main(["per-class", *TINY, "--out", str(out)])
     assert first["provenance"]["runs_code"] == [
         {"git_commit": first["provenance"]["git_commit"],
-         "git_dirty": first["provenance"]["git_dirty"], "runs": 2}]
+         "git_dirty": first["provenance"]["git_dirty"], "package_version": None, "runs": 2}]
     run = sorted((out / "runs").rglob("*.json"))[0]
     record = json.loads(run.read_text())
     record["git_commit"], record["git_dirty"] = "0" * 40, False
     run.write_text(json.dumps(record))
     again = main(["per-class", *TINY, "--out", str(out)])
-    assert {"git_commit": "0" * 40, "git_dirty": False, "runs": 1} in (
+    assert {"git_commit": "0" * 40, "git_dirty": False, "package_version": None, "runs": 1} in (
         again["provenance"]["runs_code"])
     md = (out / "per-class-s1-e3-p1000.md").read_text()
     assert "1 of 2 runs were trained at another code version than this command's" in md

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -62,6 +67,52 @@ def test_runs_code_lists_most_runs_first_and_the_warning_counts_the_other_runs()
     (line,) = report._runs_code_lines({"git_commit": "b", "git_dirty": False,
                                        "runs_code": versions})
     assert line.startswith("- **1 of 4 runs were trained at another code version")
+
+
+def test_runs_of_installed_copies_are_told_apart_by_package_version():
+    """An installed copy has no commit of its own (None): its runs are keyed by the package
+    version, so an upgrade between cached runs is reported (a packaging audit: with only the
+    commit, every installed run read None == None and the warning could not fire)."""
+    records = [{"git_commit": None, "git_dirty": None, "package_version": "0.1.0"}] + [
+        {"git_commit": None, "git_dirty": None, "package_version": "0.2.0"}] * 2
+    versions = report.runs_code(records)
+    assert [(v["package_version"], v["runs"]) for v in versions] == [("0.2.0", 2), ("0.1.0", 1)]
+    here = {"git_commit": None, "git_dirty": None, "package_version": "0.2.0",
+            "runs_code": versions}
+    (line,) = report._runs_code_lines(here)
+    assert "1 of 3 runs were trained at another code version" in line
+    assert "version `0.1.0` (no git checkout) 1" in line
+    # a record of a checkout keeps its commit as its identity, whatever its version field says
+    assert runner.code_key({"git_commit": "c", "git_dirty": False, "package_version": "9"}) == (
+        runner.code_key({"git_commit": "c", "git_dirty": False}))
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs the git command")
+def test_code_version_of_a_copy_inside_another_repository_has_no_commit(tmp_path):
+    """A wheel installed in a venv inside the user's own git project: code_version named the
+    user's HEAD as this code's commit (a packaging audit). Only a checkout that tracks this
+    package gives a commit; the copy gives None and the package version."""
+    import hiertail_fast
+
+    user = tmp_path / "project"
+    site = user / ".venv" / "site"
+    shutil.copytree(Path(hiertail_fast.__file__).parent, site / "hiertail_fast",
+                    ignore=shutil.ignore_patterns("__pycache__", "kernels"))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(user)]
+    subprocess.run(["git", "init", "-q", str(user)], check=True)
+    (user / "main.py").write_text("print(1)\n")
+    subprocess.run([*git, "add", "main.py"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "user's own"], check=True)
+    code = ("import json; from hiertail_fast.experiments.runner import code_version; "
+            "print(json.dumps(code_version()))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(site)}, check=True)
+    got = json.loads(out.stdout)
+    assert got == {"git_commit": None, "git_dirty": None,
+                   "package_version": hiertail_fast.__version__}
+    # and this checkout, which tracks the package, still names its commit
+    if runner.git("ls-files", "--error-unmatch", "--", "__init__.py") is not None:
+        assert runner.code_version()["git_commit"] == runner.git("rev-parse", "HEAD")
 
 
 def test_threads_text_marks_a_dataset_whose_runs_used_two_thread_counts():

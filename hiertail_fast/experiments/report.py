@@ -22,7 +22,7 @@ from typing import Any
 
 from hiertail_fast._files import replace_file_set
 from hiertail_fast.experiments.paper_numbers import METRICS, Cell
-from hiertail_fast.experiments.runner import code_version, fmt, summarize
+from hiertail_fast.experiments.runner import code_key, code_text, code_version, fmt, summarize
 
 __all__ = ["compare", "row_verdict", "comparison_rows", "markdown_table", "provenance",
            "write_outputs", "summary_runs", "SummaryKept"]
@@ -129,13 +129,14 @@ def markdown_table(rows: list[dict], expected_seeds: int) -> str:
 
 def runs_code(records: list[dict]) -> list[dict]:
     """The code versions the reported runs were trained at (cached runs are reused across code
-    changes): [{"git_commit", "git_dirty", "runs"}], most runs first."""
+    changes): [{"git_commit", "git_dirty", "package_version", "runs"}], most runs first (the
+    package version only where a run has no commit: an installed copy)."""
     counts: dict[tuple, int] = {}
     for r in records:
-        key = (r.get("git_commit"), r.get("git_dirty"))
+        key = code_key(r)
         counts[key] = counts.get(key, 0) + 1
-    return [{"git_commit": c, "git_dirty": d, "runs": n}
-            for (c, d), n in sorted(counts.items(), key=lambda kv: -kv[1])]
+    return [{"git_commit": c, "git_dirty": d, "package_version": v, "runs": n}
+            for (c, d, v), n in sorted(counts.items(), key=lambda kv: -kv[1])]
 
 
 def runs_threads(records: list[dict]) -> dict[str, list]:
@@ -176,8 +177,7 @@ def provenance_markdown(p: dict, trains: bool = True) -> str:
     return "\n".join([
         "Provenance:",
         f"- command: `{p['command']}`",
-        f"- git commit: `{p['git_commit']}`" + (" (uncommitted changes)" if p["git_dirty"]
-                                                 else ""),
+        f"- git commit: {code_text(code_key(p))}",
         *_runs_code_lines(p),
         f"- machine: {m['host']}, {m['platform']}, {m['cpu_count']} CPUs"
         + (f", GPU {m['gpu']}" if m["gpu"] else "") + f"; device {p['device']}"
@@ -208,12 +208,11 @@ def _runs_code_lines(p: dict) -> list[str]:
     """The runs' code versions, when any differs from this command's (summaries written
     before ``runs_code`` existed have none)."""
     versions = p.get("runs_code") or []
-    here = (p["git_commit"], p["git_dirty"])
-    if all((v["git_commit"], v["git_dirty"]) == here for v in versions):
+    here = code_key(p)
+    if all(code_key(v) == here for v in versions):
         return []
-    other = sum(v["runs"] for v in versions if (v["git_commit"], v["git_dirty"]) != here)
-    parts = [f"`{v['git_commit']}`" + (" (uncommitted changes)" if v["git_dirty"] else "")
-             + f" {v['runs']}" for v in versions]
+    other = sum(v["runs"] for v in versions if code_key(v) != here)
+    parts = [f"{code_text(code_key(v))} {v['runs']}" for v in versions]
     return [f"- **{other} of {sum(v['runs'] for v in versions)} runs were trained at another "
             "code version than this command's** (cached runs are reused across code changes; "
             "delete them to retrain): runs by commit: " + ", ".join(parts)]

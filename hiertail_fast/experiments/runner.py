@@ -122,10 +122,33 @@ def git(*args: str) -> str | None:
 
 @lru_cache(maxsize=1)
 def code_version() -> dict:
-    """The commit the runs of this process train with (and whether tracked files differ)."""
-    dirty = git("status", "--porcelain", "--untracked-files=no")
-    return {"git_commit": git("rev-parse", "HEAD"),
-            "git_dirty": None if dirty is None else bool(dirty)}
+    """The code the runs of this process train with: the commit (and whether tracked files
+    differ) when this package runs from a git checkout of itself, and the package's version.
+    An installed copy (site-packages, perhaps inside a user's own repository, whose commit is
+    not this code's) has no commit: its ``git_commit`` / ``git_dirty`` are None."""
+    from hiertail_fast import __version__
+
+    tracked = git("ls-files", "--error-unmatch", "--", "__init__.py") is not None
+    dirty = git("status", "--porcelain", "--untracked-files=no") if tracked else None
+    return {"git_commit": git("rev-parse", "HEAD") if tracked else None,
+            "git_dirty": None if dirty is None else bool(dirty),
+            "package_version": __version__}
+
+
+def code_key(record: dict) -> tuple:
+    """What identifies the code of a run record or provenance: its commit when it has one,
+    else its package version (records written before versions were recorded have None)."""
+    if record.get("git_commit") is not None:
+        return (record["git_commit"], record.get("git_dirty"), None)
+    return (None, None, record.get("package_version"))
+
+
+def code_text(key: tuple) -> str:
+    """A `code_key` for a summary: the commit, or the package version of an installed copy."""
+    commit, dirty, version = key
+    if commit is not None:
+        return f"`{commit}`" + (" (uncommitted changes)" if dirty else "")
+    return f"version `{version}` (no git checkout)" if version else "`None`"
 
 
 def data_fingerprint(data) -> str:
