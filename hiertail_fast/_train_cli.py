@@ -36,7 +36,11 @@ from hiertail_fast.baselines.cli import add_method_arguments, method_config_from
 from hiertail_fast.data.io import load_npz
 from hiertail_fast.data.splits import user_split
 from hiertail_fast.nn.hiertail import HierTailConfig
-from hiertail_fast.ops._dispatch import _attention_available, triton_available
+from hiertail_fast.ops._dispatch import (
+    _attention_available,
+    triton_available,
+    triton_refusal,
+)
 from hiertail_fast.train import (
     PAPER_HIDDEN,
     TrainingDivergedError,
@@ -264,8 +268,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     problem = _device_error(args.device)
     if problem is None and args.loss_backend == "triton" and not triton_available(
             torch.device(args.device)):
-        problem = (f"--loss-backend triton cannot run on --device {args.device} (it needs a "
-                   "CUDA device and triton); use torch or reference")
+        problem = (f"--loss-backend triton cannot run on --device {args.device} ("
+                   f"{triton_refusal(torch.device(args.device))}); use torch or "
+                   "reference")
     if problem is None and args.loss_backend == "attention" and not _attention_available(
             torch.device(args.device)):
         problem = (f"--loss-backend attention cannot run on --device {args.device} (this "

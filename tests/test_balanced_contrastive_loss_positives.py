@@ -414,7 +414,8 @@ def test_the_request_without_a_triton_device_is_a_clear_error(monkeypatch):
     monkeypatch.setenv(_positive_blocks.POSITIVES_ENV, "triton")
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     z, y = torch.randn(20, 4), torch.randint(0, 3, (20,))
-    with pytest.raises(ValueError, match="HIERTAIL_POSITIVES=triton needs CUDA"):
+    with pytest.raises(ValueError, match="HIERTAIL_POSITIVES=triton cannot run here: the triton "
+                                         "backend needs CUDA"):
         balanced_contrastive_loss(z, y, variant="official", backend="torch")
     # the exact variant has no positive pairs to compute: unaffected
     balanced_contrastive_loss(z, y, variant="exact", backend="torch")

@@ -289,3 +289,34 @@ def test_the_backend_switch_reaches_the_loss(monkeypatch):
     assert _dispatch.choose_loss_backend(torch.randn(64, 8), None, "exact") == "attention"
     monkeypatch.setenv("HIERTAIL_BACKEND", "torch")
     assert _dispatch.choose_loss_backend(torch.randn(64, 8), None, "exact") == "torch"
+
+
+def test_a_triton_request_names_what_is_missing(monkeypatch):
+    """backend="triton" where the kernels cannot run names the missing piece (a packaging
+    audit: TRITON_INTERPRET=1 without triton installed, or a source checkout imported without
+    installing it, let the request through to a bare ModuleNotFoundError inside the op)."""
+    x = torch.zeros(3)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        choose_backend(x, "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    real_import = builtins.__import__
+
+    def no_triton(name, *args, **kwargs):
+        if name == "triton" or name.startswith("triton."):
+            raise ImportError("triton is not installed (test)")
+        return real_import(name, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(builtins, "__import__", no_triton)
+        assert not _dispatch.triton_available(x.device)
+        with pytest.raises(ValueError,
+                           match=r"not installed \(pip install 'hiertail_fast\[triton\]'\)"):
+            choose_backend(x, "triton")
+    pytest.importorskip("triton")
+    monkeypatch.setattr(_dispatch, "_kernels_importable", lambda: False)
+    assert not _dispatch.triton_available(torch.device("cuda"))
+    with pytest.raises(ValueError, match="source checkout imported without being installed"):
+        choose_backend(x, "triton")
+    monkeypatch.undo()
+    assert _dispatch._kernels_importable()  # this test's install maps the kernels

@@ -100,15 +100,42 @@ def requested_backend() -> str | None:
     return value
 
 
+def triton_unavailable_reason(device: torch.device) -> str | None:
+    """Why Triton kernels cannot run on tensors of `device` (None: they can)."""
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return _needs_cuda(device)
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return ("the triton backend needs the triton package, which is not installed "
+                "(pip install 'hiertail_fast[triton]')")
+    if not _kernels_importable():
+        return ("the triton backend's kernels (hiertail_fast.kernels) are not importable: this "
+                "hiertail_fast is a source checkout imported without being installed; install "
+                "it (pip install -e .), whose build maps kernels/ to hiertail_fast.kernels")
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _kernels_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("hiertail_fast.kernels") is not None
+
+
+def _needs_cuda(device: torch.device) -> str:
+    return ("the triton backend needs CUDA tensors (or TRITON_INTERPRET=1 set before triton is "
+            f"imported, for testing on CPU); got a tensor on {device}")
+
+
 def triton_available(device: torch.device) -> bool:
     """Whether Triton kernels can run on tensors of `device`."""
-    if device.type == "cuda":
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            return False
-        return True
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return triton_unavailable_reason(device) is None
+
+
+def triton_refusal(device: torch.device) -> str:
+    """The message of a Triton request `triton_available` refused."""
+    return triton_unavailable_reason(device) or _needs_cuda(device)
 
 
 def auto_backend(op: str, device: torch.device | str) -> str:
@@ -160,10 +187,7 @@ def choose_backend(x: torch.Tensor, backend: str | None = None, *, op: str | Non
             return auto_backend(op, x.device)
         choice = "triton" if x.is_cuda and triton_available(x.device) else "torch"
     if choice == "triton" and not triton_available(x.device):
-        raise ValueError(
-            "the triton backend needs CUDA tensors (or TRITON_INTERPRET=1 set before triton is "
-            f"imported, for testing on CPU); got a tensor on {x.device}"
-        )
+        raise ValueError(triton_refusal(x.device))
     return choice
 
 

@@ -9,7 +9,7 @@ import torch
 
 from hiertail_fast.ops import _attention_lse, _lse_symmetric, _lse_torch, _triton_loss
 from hiertail_fast.ops._contrastive_pairs import positive_pairs
-from hiertail_fast.ops._dispatch import triton_available
+from hiertail_fast.ops._dispatch import triton_available, triton_refusal
 from hiertail_fast.ops._loss_terms import Levels, argmax_grad, class_sum_term, ratio
 from hiertail_fast.ops._max_fold import ArgmaxShare
 from hiertail_fast.ops._positive_blocks import POSITIVES_ENV, BlockPositives, positives_plan
@@ -29,9 +29,8 @@ def triton_positives(backend: str, zc: torch.Tensor) -> bool:
     if positives_plan() != "triton" or zc.dtype != torch.float32:
         return False
     if not triton_available(zc.device):
-        raise ValueError(f"{POSITIVES_ENV}=triton needs CUDA tensors and triton (or "
-                         f"TRITON_INTERPRET=1 set before triton is imported); got a tensor on "
-                         f"{zc.device}")
+        raise ValueError(f"{POSITIVES_ENV}=triton cannot run here: "
+                         f"{triton_refusal(zc.device)}")
     return True
 
 
