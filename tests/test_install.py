@@ -10,13 +10,15 @@ import re
 import shutil
 import site
 import subprocess
+import sys
+import tarfile
 import venv
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "setup.py", "README.md", "hiertail_fast", "kernels")
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "MANIFEST.in", "hiertail_fast", "kernels")
 
 # printed by the venv's interpreter from a directory outside the source tree
 _IMPORT = """
@@ -29,7 +31,8 @@ print(hiertail_fast.kernels.__file__)
 
 def _source_copy(dst: Path) -> Path:
     """The files a build reads, copied so that build/ and *.egg-info never land in the repo
-    (hiertail_fast/kernels, a development symlink to ../kernels, is left out)."""
+    (hiertail_fast/kernels, the development symlink to ../kernels that GPU notes once used
+    where the package was not installed, is left out if one exists)."""
     dev_link = ROOT / "hiertail_fast" / "kernels"
     skip = lambda d, names: [n for n in names if n == "__pycache__" or Path(d) / n == dev_link]
     dst.mkdir()
@@ -117,6 +120,32 @@ def test_offline_install_into_fresh_venv(tmp_path, editable):
     assert (pkg_file.parent / "py.typed").is_file(), "PEP 561 marker missing: no type hints"
     script = bindir / ("hiertail-train.exe" if os.name == "nt" else "hiertail-train")
     assert script.exists(), "the console script was not installed"
+
+
+def test_sdist_holds_the_build_sources_and_no_uncollectable_tests(tmp_path):
+    """The sdist builds the package (pyproject, setup.py, kernels/, the C sources) and leaves
+    tests/ out: setuptools added tests/test_*.py by default without tests/conftest.py or
+    pytest.ini, so the shipped tests could not be collected (a packaging audit)."""
+    if importlib.util.find_spec("setuptools") is None:
+        pytest.skip("setuptools is not installed: cannot build an sdist")
+    have = importlib.metadata.version("setuptools")
+    if _release(have) < _setuptools_floor():
+        pytest.skip(f"setuptools {have} is older than pyproject.toml's build requirement")
+    src = _source_copy(tmp_path / "src")
+    shutil.copytree(ROOT / "tests", src / "tests",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    res = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path / "d")],
+                         cwd=src, env=_offline_env(), capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (archive,) = (tmp_path / "d").glob("*.tar.gz")
+    with tarfile.open(archive) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    assert not {n for n in names if n.startswith("tests/")}
+    kernels = {p.relative_to(ROOT).as_posix() for p in (ROOT / "kernels").glob("*.py")}
+    native = {p.relative_to(ROOT).as_posix() for p in (ROOT / "hiertail_fast").rglob("*.[ch]")}
+    assert native and kernels
+    assert {"pyproject.toml", "setup.py", "README.md", *kernels, *native} <= names
 
 
 def test_pyproject_keeps_extras_script_and_kernel_mapping():
