@@ -406,6 +406,48 @@ def test_16bit_scores_within_an_ulp(backend, dtype):
     assert rel <= 2 * torch.finfo(dtype).eps, rel
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
+def test_16bit_gradients_through_saturated_scores(backend, dtype):
+    """Scores near ±1 (|x·p̂| from 2 to 6): tanh'(t) = 1 − s² from the unrounded float32
+    score. The fast backends took it from the score rounded to 16 bits, where tanh(3.6)
+    rounds to 1 in bf16: dL/dp was exactly 0 for a true 32 (a differential fuzz: [[3.6, 100],
+    [5, -80]], p = [1, 0]). Gradients within the bounds of test_16bit_scores_within_an_ulp."""
+    dev = backend_device(backend)
+    g = torch.Generator().manual_seed(5)
+    n, d = 48, 6
+    p64 = torch.randn(d, generator=g, dtype=torch.float64)
+    phat = p64 / torch.linalg.vector_norm(p64)
+    base = torch.randn(n, d, generator=g, dtype=torch.float64) * 3
+    target = (torch.rand(n, generator=g, dtype=torch.float64) * 4 + 2) * \
+        torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).double()
+    base += (target - base @ phat)[:, None] * phat        # x·p̂ = ±[2, 6]
+    x, p = base.to(dtype), p64.to(dtype)
+    x64, p64 = x.double(), p.double()
+    xg, pg = x.to(dev).requires_grad_(), p.to(dev).requires_grad_()
+    no_edges = torch.zeros(2, 0, dtype=torch.long, device=dev)
+    r = topk_pool(xg, no_edges, pg, 0.75, backend=backend)
+    gx = torch.randn(r.x.shape, generator=g, dtype=torch.float64).to(dtype)
+    gs = torch.randn(r.score.shape, generator=g, dtype=torch.float64).to(dtype)
+    ((r.x * gx.to(dev)).sum() + (r.score * gs.to(dev)).sum()).backward()
+    perm = r.perm.cpu()
+    x64g, p64g = x64.clone().requires_grad_(), p64.clone().requires_grad_()
+    s64 = torch.tanh(x64g @ (p64g / torch.linalg.vector_norm(p64g)))[perm]
+    assert float(s64.detach().abs().min()) > 0.96     # the saturated regime
+    ((x64g[perm] * s64[:, None] * gx.double()).sum() + (s64 * gs.double()).sum()).backward()
+    rel = float((pg.grad.cpu().double() - p64g.grad).norm() / p64g.grad.norm())
+    assert rel <= 2 * torch.finfo(dtype).eps, rel
+    if backend == "reference":      # plain 16-bit autograd: the row bound below is ours
+        return
+    sd, xs = s64.detach(), x64[perm]
+    dt = ((gx.double() * xs).sum(1) + gs.double()) * (1 - sd ** 2)
+    size = (gx.double() * sd[:, None]).abs() + (dt[:, None] * phat.to(dtype).double()).abs()
+    e = torch.floor(torch.log2(size.clamp_min(torch.finfo(dtype).tiny)))
+    ulp = torch.exp2(e) * torch.finfo(dtype).eps
+    got = xg.grad.cpu().double()[perm]
+    assert bool(((got - x64g.grad[perm]).abs() <= 2 * ulp).all())
+
+
 @pytest.mark.parametrize("backend,n", [("torch", 5000), pytest.param("triton", 300,
                                                                       marks=requires_triton)])
 def test_many_ties_follow_the_rule(backend, n):

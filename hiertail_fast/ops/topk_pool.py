@@ -123,7 +123,8 @@ def _scaled_rows(x: torch.Tensor, perm: torch.Tensor, score_acc: torch.Tensor) -
 @eager_twin
 class TopKPoolFunction(torch.autograd.Function):
     """(x [n, d], p [d], k, backend) -> (x[perm]·s[perm] [k, d], perm [k], s[perm] [k], and
-    for the backward: p̂ [d], qn, m; ``apply(...)[:3]`` is the op's result)."""
+    for the backward: p̂ [d], qn, m, s[perm] unrounded [k]; ``apply(...)[:3]`` is the op's
+    result)."""
 
     op = "topk_pool"           # run(): no forward-mode derivative, refused naming the op
 
@@ -152,18 +153,21 @@ class TopKPoolFunction(torch.autograd.Function):
             x_pooled = kern.gather_rows(x, perm, score_acc)
         else:
             x_pooled = _scaled_rows(x, perm, score_acc)
-        return x_pooled, perm, score[perm], phat, qn, m
+        # the backward's tanh'(t) = 1 − s² takes the unrounded score: from a 16-bit one a
+        # saturated score (|x·p̂| ≳ 3.5 in bf16, 4.5 in fp16) rounds to ±1 and its gradient
+        # through p was exactly 0 (a differential fuzz found it)
+        return x_pooled, perm, score[perm], phat, qn, m, score_acc[perm]
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, p, _, ctx.backend = inputs
-        _, perm, score_sel, phat, qn, m = output
-        ctx.save_for_backward(x, p, perm, score_sel, phat, qn, m)
-        ctx.mark_non_differentiable(perm, phat, qn, m)
+        _, perm, _, phat, qn, m, score_acc_sel = output
+        ctx.save_for_backward(x, p, perm, score_acc_sel, phat, qn, m)
+        ctx.mark_non_differentiable(perm, phat, qn, m, score_acc_sel)
 
     @staticmethod
     @first_order_backward("topk_pool")
-    def backward(ctx, grad_x, grad_perm, grad_score, *_):   # none for p̂, qn, m
+    def backward(ctx, grad_x, grad_perm, grad_score, *_):   # none for p̂, qn, m, s
         x, p, perm, s, phat, qn, m = ctx.saved_tensors
         if grad_x is None:
             grad_x = x.new_zeros(perm.numel(), x.shape[1])
