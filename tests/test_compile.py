@@ -367,6 +367,45 @@ def test_exported_loss_trains_or_says_why():
         gp.pow(2).sum().backward()
 
 
+@pytest.mark.parametrize("case", ["mean", "official_prototypes_sum", "hierarchical",
+                                  "prototypes_only", "temperature_only"])
+def test_a_second_derivative_through_a_compiled_loss_raises(case):
+    """A gradient penalty d/dx [L + |dL/dx|²] through a compiled loss raises torch.compile's
+    double-backward error (README). It came back as dL/dx alone, silently: AOTAutograd saves
+    tensors detached and the fused backward saved only the gradients, so the gradient's graph
+    reached no input (an autograd audit; first_order_gradients ties them)."""
+    z, y, p = _data("cpu", n=40, d=5, m=3, dtype=torch.float64)
+    z, p = z.detach(), p.detach()
+    tau = torch.tensor(0.3, dtype=torch.float64)
+    wrt = {"prototypes_only": "p", "temperature_only": "tau"}.get(case, "z")
+    leaf = {"z": z, "p": p, "tau": tau}[wrt].clone().requires_grad_()
+    args = {"z": z, "p": p, "tau": tau, wrt: leaf}
+
+    def f(z, p, tau):
+        if case == "hierarchical":
+            return hierarchical_contrastive_loss(z, [y, y // 2], [None, None])
+        if case == "mean":
+            return balanced_contrastive_loss(z, y)
+        return balanced_contrastive_loss(z, y, prototypes=p, temperature=tau,
+                                         variant="official", reduction="sum")
+
+    loss = _compiled(f)(args["z"], args["p"], args["tau"])
+    (g,) = torch.autograd.grad(loss, leaf, create_graph=True)
+    with pytest.raises(RuntimeError, match="does not currently support double backward"):
+        torch.autograd.grad(loss + g.pow(2).sum(), leaf)
+
+
+def test_first_order_gradients_op_passes_opcheck_and_refuses_a_derivative():
+    op = torch.ops.hiertail_fast.first_order_gradients.default
+    g = [torch.randn(4, 3), torch.randn(3)]
+    torch.library.opcheck(op, (g, [torch.randn(4, 3)]))
+    x = torch.randn(4, 3, requires_grad=True)
+    (out,) = op([x * 2], [x])
+    torch.testing.assert_close(out, x.detach() * 2)
+    with pytest.raises(RuntimeError, match="cannot be differentiated again"):
+        out.sum().backward()
+
+
 def test_every_custom_op_is_kept_out_of_cuda_graphs():
     """Each op reads values on the host: tagged cudagraph_unsafe, so that
     torch.compile(mode="reduce-overhead") leaves it out of its CUDA graphs."""

@@ -186,6 +186,24 @@ def test_compiled_topk_unpool(dev):
     _check(f, (x,), [x], dev, "topk_unpool")
 
 
+def test_a_second_derivative_through_a_compiled_topk_unpool_raises():
+    """Eagerly the unpool's second derivative is exact; compiled, a gradient penalty through
+    it came back without its second-order term (the gather's backward saved no input, so the
+    compiled gradient's graph reached none). It raises torch.compile's error now."""
+    perm = torch.randperm(30, generator=torch.Generator().manual_seed(2))[:12]
+    x = torch.randn(12, 4, dtype=torch.float64, requires_grad=True)
+    f = torch.compile(lambda x: topk_unpool(x, perm, 30).pow(3).sum(), backend="aot_eager",
+                      fullgraph=True)
+    loss = f(x)
+    (g,) = torch.autograd.grad(loss, x, create_graph=True)
+    with pytest.raises(RuntimeError, match="does not currently support double backward"):
+        torch.autograd.grad(loss + g.pow(2).sum(), x)
+    # eager: the exact second derivative (d/dx [Σx³ + Σ(3x²)²] = 3x² + 36x³)
+    (g,) = torch.autograd.grad(topk_unpool(x, perm, 30).pow(3).sum(), x, create_graph=True)
+    (h,) = torch.autograd.grad(g.pow(2).sum() + x.pow(3).sum(), x)
+    torch.testing.assert_close(h, 3 * x.detach() ** 2 + 36 * x.detach() ** 3)
+
+
 @pytest.mark.parametrize("dev", DEVICES)
 def test_compiled_nearest_prototype(dev):
     x, _, _ = _graph_data(dev)

@@ -36,6 +36,7 @@ from hiertail_fast.ops._custom_ops import (
     READY,
     _autograd_dispatch,
     _own_tensors,
+    first_order_gradients,
     unshared,
 )
 from hiertail_fast.ops._dispatch import on_input_device
@@ -77,14 +78,16 @@ def _(x_pooled, perm, num_nodes, backend):
 
 
 def _unpool_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[1])
+    ctx.save_for_backward(inputs[1], inputs[0])
 
 
 def _unpool_backward(ctx, grad):
-    (perm,) = ctx.saved_tensors
+    perm, x_pooled = ctx.saved_tensors
     # out[perm[i]] = x_pooled[i]: the gradient gathers the rows perm (perm was checked distinct
-    # and in range when the forward ran)
-    return grad.index_select(0, perm.long()), None, None, None
+    # and in range when the forward ran). Tied to x_pooled (first_order_gradients): compiled,
+    # a second derivative through it raises; it was silently dropped (eager, it is exact)
+    (dx,) = first_order_gradients([grad.index_select(0, perm.long())], [x_pooled])
+    return dx, None, None, None
 
 
 topk_unpool.register_autograd(_unpool_backward, setup_context=_unpool_setup)

@@ -22,7 +22,8 @@ coefficients instead: the same to rounding). For ``reduction="none"`` the gradie
 on the incoming vector, so the op returns the values only and the backward is a second op,
 ``contrastive_loss_backward``, which reruns the loss with autograd and takes the
 vector-Jacobian product (one forward pass more than eager). Second derivatives: torch.compile's
-autograd does not take them (it raises), as the eager loss does not.
+autograd does not take them (it raises, once the backward holds an input:
+``first_order_gradients``), as the eager loss does not.
 
 Under ``torch.autocast`` the traced call passes autocast's dtype on (``autocast_dtype``) and the
 implementation re-enters autocast with it, so the eager rule (``_amp``: the loss runs on
@@ -132,6 +133,32 @@ def _own_tensors(grads, leaves, others=()) -> list[Tensor]:
     return unshared(grads, (*leaves, *others))
 
 
+@torch.library.custom_op("hiertail_fast::first_order_gradients", **OP_OPTIONS)
+def first_order_gradients(grads: list[Tensor], inputs: list[Tensor]) -> list[Tensor]:
+    """The gradients as they are (copies: a custom op's outputs may not alias its inputs),
+    tied to the op's differentiable inputs. Called in the backward of an op whose backward
+    saves no input (the losses' fused gradients; topk_unpool's gather): AOTAutograd saves
+    tensors detached, so a compiled call's gradient graph reached none of the inputs and a
+    gradient penalty through it silently dropped its second-order term (torch.compile's
+    double-backward error fires only where the backward holds an input; an autograd audit).
+    Taking the inputs here keeps them among the backward's arguments: differentiating the
+    gradient again then raises torch.compile's "does not currently support double backward"."""
+    return [g.clone() for g in grads]
+
+
+@first_order_gradients.register_fake
+def _(grads, inputs):
+    return [torch.empty_like(g) for g in grads]
+
+
+def _no_second_derivative(ctx, grads):
+    raise RuntimeError("hiertail_fast: a traced (torch.compile / torch.export) call cannot be "
+                       "differentiated again; take second derivatives of the eager call")
+
+
+first_order_gradients.register_autograd(_no_second_derivative)
+
+
 def _loss_shape(z, prototypes, hierarchical, reduction):
     if hierarchical or reduction != "none":
         return ()
@@ -209,8 +236,11 @@ def _setup_context(ctx, inputs, output):
      reduction, variant, backend, autocast_dtype, grads_of) = inputs
     ctx.grads_of, ctx.n_labels = list(grads_of), len(labels)
     ctx.fused = _fused_grads(reduction, hierarchical)
-    if ctx.fused:
-        ctx.save_for_backward(*output[1])
+    if ctx.fused:   # the gradients, and the inputs that get one (first_order_gradients)
+        inputs = _differentiable(z, prototypes, temperature_tensor)
+        ctx.n_grads = len(output[1])
+        ctx.save_for_backward(*output[1], *(t for t, w in zip(inputs, grads_of, strict=True)
+                                            if w))
     else:   # "none": the backward op reruns the loss on the inputs
         ctx.labels, ctx.temperature, ctx.include_self = labels, temperature, include_self
         ctx.variant, ctx.backend, ctx.autocast_dtype = variant, backend, autocast_dtype
@@ -242,7 +272,9 @@ def _backward(ctx, grad_loss, _grad_of_grads):
     # ignored here) and came back as a silent 0.
     _check_traced_gradients(ctx)
     if ctx.fused:
-        grads = [(g * grad_loss.to(g.dtype)) for g in ctx.saved_tensors]
+        saved = ctx.saved_tensors
+        grads = [(g * grad_loss.to(g.dtype)) for g in saved[:ctx.n_grads]]
+        grads = first_order_gradients(grads, list(saved[ctx.n_grads:]))
     else:
         z, tau_t, *prototypes = ctx.saved_tensors
         grads = contrastive_loss_backward(grad_loss, z, ctx.labels, prototypes, ctx.temperature,
