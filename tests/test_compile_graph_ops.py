@@ -204,6 +204,20 @@ def test_a_second_derivative_through_a_compiled_topk_unpool_raises():
     torch.testing.assert_close(h, 3 * x.detach() ** 2 + 36 * x.detach() ** 3)
 
 
+def test_a_second_derivative_through_a_compiled_topk_pool_names_the_limit():
+    """It raised torch.library's 'no autograd formula was registered' for the op's backward
+    op, which reads as an internal bug; the backward ops now say what is unsupported."""
+    x = torch.randn(20, 4, dtype=torch.float64, requires_grad=True)
+    ei = torch.randint(0, 20, (2, 60), generator=torch.Generator().manual_seed(3))
+    p = torch.randn(4, dtype=torch.float64)
+    f = torch.compile(lambda x: topk_pool(x, ei, p, 0.5).x.pow(3).sum(), backend="aot_eager")
+    loss = f(x)
+    (g,) = torch.autograd.grad(loss, x, create_graph=True)
+    with pytest.raises(RuntimeError, match="cannot be differentiated again|does not currently "
+                                           "support double backward"):
+        torch.autograd.grad(loss + g.pow(2).sum(), x)
+
+
 @pytest.mark.parametrize("dev", DEVICES)
 def test_compiled_nearest_prototype(dev):
     x, _, _ = _graph_data(dev)

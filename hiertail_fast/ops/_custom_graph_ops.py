@@ -37,6 +37,7 @@ from hiertail_fast.ops._custom_ops import (
     _autograd_dispatch,
     _own_tensors,
     first_order_gradients,
+    no_second_derivative,
     unshared,
 )
 from hiertail_fast.ops._dispatch import on_input_device
@@ -182,6 +183,7 @@ def _pool_backward(ctx, grad_x, _perm, grad_score, _indptr, _indices, _entry):
 
 
 topk_pool.register_autograd(_pool_backward, setup_context=_pool_setup)
+topk_pool_backward.register_autograd(no_second_derivative)
 
 
 def traced_topk_pool(x, graph, score_weight, ratio, edge_weight, backend):
@@ -336,6 +338,7 @@ def _gcn_backward(ctx, grad):
 
 
 gcn_propagate.register_autograd(_gcn_backward, setup_context=_gcn_setup)
+gcn_propagate_backward.register_autograd(no_second_derivative)
 
 
 def traced_gcn_propagate(x, graph_or_edge_index, edge_weight, num_nodes, improved,

@@ -151,12 +151,13 @@ def _(grads, inputs):
     return [torch.empty_like(g) for g in grads]
 
 
-def _no_second_derivative(ctx, grads):
+def no_second_derivative(ctx, *grads):
+    """The registered derivative of the ops that compute gradients: it raises."""
     raise RuntimeError("hiertail_fast: a traced (torch.compile / torch.export) call cannot be "
                        "differentiated again; take second derivatives of the eager call")
 
 
-first_order_gradients.register_autograd(_no_second_derivative)
+first_order_gradients.register_autograd(no_second_derivative)
 
 
 def _loss_shape(z, prototypes, hierarchical, reduction):
@@ -289,6 +290,7 @@ def _backward(ctx, grad_loss, _grad_of_grads):
 
 
 torch.library.register_autograd(_OP, _backward, setup_context=_setup_context)
+contrastive_loss_backward.register_autograd(no_second_derivative)
 
 
 def _static_checks(z, level_labels, level_prototypes, include_self, reduction, variant,
