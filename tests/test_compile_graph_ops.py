@@ -209,12 +209,13 @@ def test_a_second_derivative_through_a_compiled_topk_pool_names_the_limit():
     op, which reads as an internal bug; the backward ops now say what is unsupported."""
     x = torch.randn(20, 4, dtype=torch.float64, requires_grad=True)
     ei = torch.randint(0, 20, (2, 60), generator=torch.Generator().manual_seed(3))
+    graph = CSRGraph.from_edge_index(ei, num_nodes=20)
     p = torch.randn(4, dtype=torch.float64)
-    f = torch.compile(lambda x: topk_pool(x, ei, p, 0.5).x.pow(3).sum(), backend="aot_eager")
+    f = torch.compile(lambda x: topk_pool(x, graph, p, 0.5, backend="torch").x.pow(2).sum(),
+                      backend="aot_eager")
     loss = f(x)
     (g,) = torch.autograd.grad(loss, x, create_graph=True)
-    with pytest.raises(RuntimeError, match="cannot be differentiated again|does not currently "
-                                           "support double backward"):
+    with pytest.raises(RuntimeError, match="cannot be differentiated again"):
         torch.autograd.grad(loss + g.pow(2).sum(), x)
 
 
