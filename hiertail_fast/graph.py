@@ -294,7 +294,14 @@ class CSRGraph:
             src, dst = torch.cat([src, dst]), torch.cat([dst, src])
             w = None if w is None else torch.cat([w, w])
         out = cls._from_coo(dst, src, w, num_nodes, dedupe=dedupe)
-        return out.assume_symmetric() if symmetrize else out
+        if symmetrize and not torch.compiler.is_compiling():
+            # symmetric by construction for the weights as they are: recorded for their
+            # version, as an inherited symmetry (an in-place update that breaks it is seen;
+            # declared, it held forever and the backward applied Â for Âᵀ; a cache audit)
+            out._cache[_ASSUMED] = _Versioned(out._weight_version(), True)
+        elif symmetrize:
+            out.assume_symmetric()               # traced: no counters to key on
+        return out
 
     @classmethod
     def from_sparse(cls, adj: Any) -> CSRGraph:
@@ -557,17 +564,27 @@ class CSRGraph:
         if torch.device(device) == self.device:
             return self
         w = None if self._weight is None else self._weight.to(device)
-        return self._copy_symmetry(CSRGraph(self._indptr.to(device), self._indices.to(device),
-                                               w, self._num_nodes, validate=False))
+        return self._copy_of(CSRGraph(self._indptr.to(device), self._indices.to(device), w,
+                                      self._num_nodes, validate=False))
 
     def __deepcopy__(self, memo: dict) -> CSRGraph:
         """A copy of the arrays with the caches left behind (rebuilt on demand; torch cannot
         deep-copy the cached sparse CSR operators, which made ``copy.deepcopy`` of a used
         graph fail); a known symmetry flag is kept, as ``to`` keeps it."""
         arrays = (copy.deepcopy(t, memo) for t in (self._indptr, self._indices, self._weight))
-        out = self._copy_symmetry(CSRGraph(*arrays, self._num_nodes, validate=False))
+        out = self._copy_of(CSRGraph(*arrays, self._num_nodes, validate=False))
         memo[id(self)] = out
         return out
+
+    def _copy_of(self, copy_: CSRGraph) -> CSRGraph:
+        """``copy_`` (``to``, ``deepcopy``) as a copy of this graph: its symmetry, or, when
+        this graph's arrays were edited in place since it was built, refused at every use as
+        this graph is (as a pickled copy is: it carried the old symmetry flag and served the
+        edited arrays with it, a backward applying Â for Âᵀ; a cache audit)."""
+        if self._stale_arrays():
+            copy_._arrays_version = _STALE
+            return copy_
+        return self._copy_symmetry(copy_)
 
     # ------------------------------------------------------------------ self-loops
     def remove_self_loops(self) -> CSRGraph:
@@ -675,7 +692,10 @@ class CSRGraph:
     def known_symmetric(self) -> bool | None:
         """True/False when symmetry is already known (checked for the current weights, or
         declared: inherited from a symmetric parent by subgraph / self-loop methods / A² /
-        symmetrize), None when not yet checked."""
+        symmetrize), None when not yet checked. ValueError on arrays edited in place since the
+        graph was built (it answered for their old contents, and ``transpose`` returned the
+        graph itself)."""
+        self._check_arrays()
         if self._declared_symmetric():
             return True
         if torch.compiler.is_compiling():   # (no counters while tracing: see above)
@@ -691,8 +711,13 @@ class CSRGraph:
         declared = self._cache.get(_ASSUMED)
         if declared is True or not declared:
             return bool(declared)
-        if declared.version in (None, -1):
+        if declared.version is None:        # unweighted: the structure's, checked by _check_arrays
             return True
+        if declared.version == -1:
+            # inference-mode weights have no counter: an in-place edit of them (in inference
+            # mode) could not be seen, so the inheritance is not trusted (the ops check the
+            # live weights; it held forever, and transpose() returned the graph itself)
+            return False
         if torch.compiler.is_compiling():
             # traced: no counters to compare (as in ``_versions``), and an in-place update
             # between calls of the compiled code would not re-trace it. Not declared, so the
@@ -763,6 +788,7 @@ class CSRGraph:
         `return_entry_index`, also returns the int64 index of every kept entry into this
         graph's entries (to carry edge data)."""
         return_entry_index = check_flag(return_entry_index, "return_entry_index")
+        self._check_arrays()      # (it reads indptr / indices directly)
         nodes = check_dense_tensor(nodes, "nodes")
         if nodes.dim() != 1:
             raise ValueError(f"nodes must be 1-D, got shape {tuple(nodes.shape)}")
@@ -795,6 +821,7 @@ class CSRGraph:
         their relabelled row/col) in any order: one sort of (row, col) keys gives CSR order
         (not stable: duplicate entries come in an unspecified, reproducible order — a stable
         int64 sort is ~10x slower on CPU). Returns the graph and the entry ids in its order."""
+        self._check_arrays()      # edited arrays: refused, not pooled with the old symmetry
         self._check_weights()             # NaN / Inf weights stop here, not in the pooled graph
         order = torch.sort(new_row * max(k, 1) + new_col).indices
         entry, new_col = entry[order], new_col[order]

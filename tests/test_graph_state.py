@@ -432,3 +432,110 @@ def test_an_entry_made_while_compiling_is_stamped_when_used():
     assert torch.equal(g.row_index(), s.row_index())
     x = torch.randn(s.num_nodes, 3, generator=torch.Generator().manual_seed(8))
     torch.testing.assert_close(gcn_propagate(x, g), _propagate_ref(x, s))
+
+
+def _stale_symmetric_path():
+    """A symmetric path graph 0-1-2-3 whose indices were then edited in place to a valid,
+    non-symmetric CSR (entry 0: 0->1 becomes 0->2), after its symmetry was checked."""
+    indptr = torch.tensor([0, 1, 3, 5, 6])
+    indices = torch.tensor([1, 0, 2, 1, 3, 2])
+    g = CSRGraph(indptr, indices, num_nodes=4)
+    assert g.is_symmetric()
+    indices[0] = 2
+    return g
+
+
+@pytest.mark.parametrize("use", ["deepcopy", "subgraph", "topk_pool", "known_symmetric",
+                                 "transpose"])
+def test_arrays_edited_in_place_are_refused_by_every_path(use):
+    """README: editing indptr / indices in place makes every later call raise. deepcopy,
+    subgraph and topk_pool read the edited arrays and passed the old symmetry on (the
+    backward then applied Â for Âᵀ: grad off by 0.3-1.2), and known_symmetric / transpose()
+    answered for the old contents (a cache audit)."""
+    from hiertail_fast import topk_pool
+
+    g = _stale_symmetric_path()
+    x = torch.randn(4, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match="modified in place"):
+        if use == "deepcopy":
+            gcn_propagate(x, copy.deepcopy(g))
+        elif use == "subgraph":
+            g.subgraph(torch.tensor([0, 1, 2]))
+        elif use == "topk_pool":
+            topk_pool(x, g, torch.randn(3, dtype=torch.float64), 3, backend="torch")
+        elif use == "known_symmetric":
+            _ = g.known_symmetric
+        else:
+            g.transpose()
+
+
+def test_a_symmetrized_graphs_symmetry_follows_its_weights():
+    """from_edge_index(symmetrize=True) declared the symmetry for good: after an in-place
+    update that broke it (SGD on the graph's weights) gcn's backward kept applying Â for Âᵀ
+    and grad x was off by 0.5-0.7 from the second step on (a cache audit). It is recorded for
+    the weights as they are, as an inherited symmetry is."""
+    gen = torch.Generator().manual_seed(4)
+    ei = torch.randint(0, 30, (2, 90), generator=gen)
+    g = CSRGraph.from_edge_index(ei, torch.rand(90, generator=gen, dtype=torch.float64) + 0.5,
+                                 num_nodes=30, symmetrize=True)
+    assert g.known_symmetric
+    g.weight.requires_grad_()
+    x = torch.randn(30, 4, dtype=torch.float64, generator=gen)
+    opt = torch.optim.SGD([g.weight], lr=0.3)
+    for _ in range(3):
+        xs = x.clone().requires_grad_()
+        opt.zero_grad()
+        gcn_propagate(xs, g).pow(2).sum().backward()
+        want = x.clone().requires_grad_()
+        dense = CSRGraph(g.indptr, g.indices, g.weight.detach().clone(), 30)
+        gcn_propagate(want, dense, backend="reference").pow(2).sum().backward()
+        torch.testing.assert_close(xs.grad, want.grad)
+        opt.step()
+    assert not g.is_symmetric()
+    # unweighted: symmetric by construction for good
+    assert CSRGraph.from_edge_index(ei, num_nodes=30, symmetrize=True).known_symmetric
+
+
+def test_weights_made_in_inference_mode_serve_training():
+    """A weighted graph (or a pool's score weight) built under torch.inference_mode() and
+    used for training after it: the fast backends saved the inference tensor for backward
+    and failed ('Inference tensors cannot be saved for backward'); the reference ran (an
+    autograd and a cache audit)."""
+    from hiertail_fast import topk_pool
+
+    gen = torch.Generator().manual_seed(6)
+    ei = torch.randint(0, 25, (2, 80), generator=gen)
+    with torch.inference_mode():
+        g = CSRGraph.from_edge_index(ei, torch.rand(80, generator=gen) + 0.5, num_nodes=25)
+        score_weight = torch.randn(4, generator=gen)
+    assert g.weight.is_inference()
+    for backend in ("torch", "reference"):
+        x = torch.randn(25, 4, generator=torch.Generator().manual_seed(7), requires_grad=True)
+        gcn_propagate(x, g, backend=backend).pow(2).sum().backward()
+        if backend == "torch":
+            got = x.grad
+    torch.testing.assert_close(got, x.grad)
+    x = torch.randn(25, 4, generator=gen, requires_grad=True)
+    topk_pool(x, g, score_weight, 0.5, backend="torch").x.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_an_inherited_symmetry_of_inference_weights_is_not_trusted():
+    """Weights made in inference mode have no version counter: a child's inherited symmetry
+    held forever, so after an in-place edit of its weights (in inference mode) transpose()
+    returned the graph itself (a cache audit). It is checked on the live weights instead."""
+    gen = torch.Generator().manual_seed(8)
+    ei = torch.randint(0, 20, (2, 60), generator=gen)
+    with torch.inference_mode():
+        parent = CSRGraph.from_edge_index(ei, torch.ones(60), num_nodes=20, symmetrize=True)
+        assert parent.is_symmetric()
+        child = parent.subgraph(torch.arange(12))
+        child.weight.mul_(torch.rand(child.num_edges, generator=gen) + 0.5)
+        assert not child.is_symmetric()
+        t = child.transpose()
+        assert t is not child
+        dense = torch.zeros(12, 12)
+        dense[child.row_index(), child.indices] = child.weight
+        dense_t = torch.zeros(12, 12)
+        dense_t[t.row_index(), t.indices] = t.weight
+        assert torch.equal(dense_t, dense.t())

@@ -163,3 +163,14 @@ def first_order_backward(op: str):
             return out[0] if single else out
         return wrapper
     return wrap
+
+
+def saveable(t: torch.Tensor | None) -> torch.Tensor | None:
+    """``t`` as a Function's ``setup_context`` may save it: a copy of an inference tensor (a
+    graph's edge weights or a pool's score weight made under ``torch.inference_mode()``, used
+    for training after it), which autograd refuses to save ("Inference tensors cannot be saved
+    for backward"; the reference, plain autograd on derived tensors, ran). O(size) for such
+    tensors only."""
+    if t is not None and t.is_inference() and not torch.is_inference_mode_enabled():
+        return t.clone()
+    return t

@@ -48,7 +48,7 @@ from hiertail_fast._validation import (
 )
 from hiertail_fast.graph import CSRGraph, is_sparse_adjacency
 from hiertail_fast.ops import _custom_graph_ops
-from hiertail_fast.ops._autograd import eager_twin, first_order_backward
+from hiertail_fast.ops._autograd import eager_twin, first_order_backward, saveable
 from hiertail_fast.ops._csr_product import CSROperator
 from hiertail_fast.ops._dispatch import BACKENDS, choose_backend, public_op
 
@@ -200,7 +200,8 @@ class GCNPropagateFunction(torch.autograd.Function):
         ctx.weight_version = ctx.graph._weight_version()
         need_edge_grads = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
         # x is only needed for the edge-weight gradient: do not keep it alive otherwise
-        ctx.save_for_backward(x if need_edge_grads else None, weight, dinv, loop)
+        ctx.save_for_backward(*map(saveable, (x if need_edge_grads else None, weight, dinv,
+                                              loop)))
 
     @staticmethod
     @first_order_backward("gcn_propagate")

@@ -39,7 +39,7 @@ from hiertail_fast._validation import (
 )
 from hiertail_fast.graph import CSRGraph, is_sparse_adjacency
 from hiertail_fast.ops import _custom_graph_ops
-from hiertail_fast.ops._autograd import eager_twin, first_order_backward
+from hiertail_fast.ops._autograd import eager_twin, first_order_backward, saveable
 from hiertail_fast.ops._dispatch import choose_backend, public_op
 from hiertail_fast.ops._functorch import outside_transforms, plain
 from hiertail_fast.reference.topk_pool import (
@@ -162,7 +162,7 @@ class TopKPoolFunction(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         x, p, _, ctx.backend = inputs
         _, perm, _, phat, qn, m, score_acc_sel = output
-        ctx.save_for_backward(x, p, perm, score_acc_sel, phat, qn, m)
+        ctx.save_for_backward(*map(saveable, (x, p, perm, score_acc_sel, phat, qn, m)))
         ctx.mark_non_differentiable(perm, phat, qn, m, score_acc_sel)
 
     @staticmethod
