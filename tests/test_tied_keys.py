@@ -156,3 +156,26 @@ def test_official_exact_ties_between_distinct_rows_follow_the_reference(backend,
             for a, e in zip(got, exp, strict=True):
                 torch.testing.assert_close(a.double(), e, rtol=1e-5,
                                            atol=1e-5 * e.abs().max().item() + 1e-6)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_the_reference_picks_the_first_equal_row_whatever_the_rounding(seed):
+    """Duplicate rows at d >= 8: their logits differ by an ulp depending on the product's
+    rounding, so the reference's plain arg-max routed the max's gradient by rounding (O(1)
+    from the torch engine, 60 / 400 random float64 cases) and moved with z's layout (by up to
+    10 between row- and column-major copies; a differential fuzz). It follows the first
+    equal row now, as the engines do: the same gradient for either layout and backend."""
+    g = torch.Generator().manual_seed(seed)
+    n, d = 11, 13
+    z = torch.randn(n, d, generator=g, dtype=torch.float64)
+    z = z[torch.randint(0, (n + 1) // 2, (n,), generator=g)]          # duplicate rows
+    z = z * (50 / float((z @ z.t()).abs().max())) ** 0.5                # max |s| = 100
+    y = torch.randint(0, 3, (n,), generator=g)
+    grads = []
+    for layout, backend in [("row", "reference"), ("col", "reference"), ("row", "torch")]:
+        zz = (z.clone() if layout == "row" else z.t().contiguous().t()).requires_grad_()
+        loss = balanced_contrastive_loss(zz, y, temperature=0.5, variant="official",
+                                         reduction="sum", backend=backend)
+        grads.append(torch.autograd.grad(loss, zz)[0])
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(grads[2], grads[0], rtol=1e-9, atol=1e-9)

@@ -17,7 +17,11 @@ Definitions (N_all = N + m rows, DESIGN.md §3)::
 The denominator always runs over ALL keys k (i included). ``official`` reproduces the official
 code's formula, including the +1e-7 after the row-max shift, which clamps every positive term
 at about log(1e-7) = -16.1: on unnormalised embeddings the two variants differ enormously. The
-gradient through M_i goes to the arg-max entry (first index on ties), as ``torch.max`` routes it.
+gradient through M_i goes to one arg-max entry: the first index among the maximal logits, then
+the first key whose ROW equals that key's row exactly (duplicate rows' logits differ by an ulp
+depending on the product's rounding, so the plain arg-max moved with the layout of z: the
+reference's gradient changed by up to 10 between a row- and a column-major copy of the same
+values; a differential fuzz). The fast engines follow the same rule (``ops/_tied_keys.py``).
 
 A row with an empty positive set (a class of one member with ``include_self=False``)
 contributes nothing: its entry is 0 under ``reduction="none"`` and it is left out of the mean
@@ -104,9 +108,22 @@ def balanced_contrastive_loss_ref(
         lse = torch.logsumexp(s + torch.log(w)[None, :], dim=1)
         loss = lse - torch.where(pos, s, zero).sum(dim=1) / denom
     else:
-        row_max = s.max(dim=1, keepdim=True).values      # not detached: grad to the arg-max
+        # not detached: the gradient goes to the arg-max entry, moved to the first key of
+        # the same row (see the module docstring)
+        row_max = s.gather(1, _first_equal_row(z_all, s.argmax(dim=1))[:, None])
         s_hat = torch.exp(s - row_max) + OFFICIAL_EPS
         d = (s_hat * w[None, :]).sum(dim=1, keepdim=True)
         log_prob = torch.log(s_hat / d)
         loss = -torch.where(pos, log_prob, zero).sum(dim=1) / denom
     return _reduce(loss, contributes, reduction)
+
+
+def _first_equal_row(z_all: torch.Tensor, arg: torch.Tensor) -> torch.Tensor:
+    """Each key id of ``arg`` moved to the smallest id whose row of ``z_all`` equals its row
+    exactly (plain torch: rows grouped by ``torch.unique``, the first id of each group)."""
+    _, group = torch.unique(z_all.detach(), dim=0, return_inverse=True)
+    ids = torch.arange(z_all.shape[0], device=z_all.device)
+    first = torch.full((int(group.max()) + 1 if group.numel() else 0,), z_all.shape[0],
+                       dtype=torch.long, device=z_all.device)
+    first.scatter_reduce_(0, group, ids, reduce="amin")
+    return first[group[arg]]
