@@ -227,6 +227,10 @@ def sparse_to_coo(adj: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
             raise TypeError(f"a sparse adjacency in the {adj.layout} layout is not supported: "
                             f"its blocks store zeros that would count as edges (and as "
                             f"self-loops on the diagonal); pass COO, CSR or CSC")
+        if adj.dense_dim() != 0:   # (a hybrid tensor: an unpacking error deep in here)
+            raise ValueError(f"a sparse adjacency must have scalar entries, got a hybrid sparse "
+                             f"tensor with {adj.dense_dim()} dense dimension(s) (shape "
+                             f"{tuple(adj.shape)}, sparse_dim {adj.sparse_dim()})")
         n, m = adj.shape
         if adj.layout == torch.sparse_csr:
             row = torch.repeat_interleave(

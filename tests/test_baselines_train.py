@@ -182,7 +182,8 @@ def test_unsorted_labels_warn_for_tail_methods(syn):
     # method silently up-sampled large or empty classes (a baselines audit)
     from dataclasses import replace
     flipped = replace(syn, y=syn.num_classes - 1 - syn.y)          # largest class last
-    with pytest.warns(UserWarning, match="not sorted by descending class size"):
+    with pytest.warns(UserWarning, match=r"not sorted by descending class size.*"
+                      r"load_npz\(\.\.\., relabel_by_size=True\)"):
         run_baseline_seeds(flipped, BaselineConfig(method="oversampling", hidden=8), seeds=[1],
                            epochs=1, progress=False)
     import warnings

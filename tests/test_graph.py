@@ -447,6 +447,18 @@ def test_block_sparse_adjacency_is_rejected(layout):
             call()
 
 
+def test_hybrid_sparse_adjacency_is_rejected():
+    """A COO tensor with a dense dimension (sparse_dim 1, dense_dim 1) is 2-D too: it failed
+    with 'not enough values to unpack' inside the conversion (an interop audit)."""
+    from hiertail_fast import gcn_propagate
+
+    hybrid = torch.sparse_coo_tensor(torch.arange(4)[None], torch.ones(4, 4), (4, 4))
+    for call in (lambda: CSRGraph.from_sparse(hybrid),
+                 lambda: gcn_propagate(torch.eye(4), hybrid)):
+        with pytest.raises(ValueError, match="hybrid sparse tensor with 1 dense dimension"):
+            call()
+
+
 @pytest.mark.parametrize("dtype, big", [(torch.float32, 3e38), (torch.float16, 4e4)])
 def test_duplicate_weights_summing_past_their_dtype_are_refused_where_they_merge(dtype, big):
     """Finite weights of duplicate edges merged into one entry (dedupe, symmetrize, a sparse

@@ -498,3 +498,28 @@ def test_seed_summary_is_the_mean_over_three_seeds(small):
     res = run_each_seed(small, None, [1, 2, 3], train_one)
     assert res["summary"]["time_per_epoch_s"] == pytest.approx(0.03)
     assert res["summary"][METRICS[0]]["std"] == pytest.approx(np.std([0.1, 0.2, 0.3]))
+
+
+@pytest.mark.parametrize("entry", ["run_seeds", "run_baseline_seeds", "train_hiertail"])
+@pytest.mark.parametrize("kind", ["dict", "tuple", "HeteroData"])
+def test_a_wrong_data_container_is_a_type_error(entry, kind):
+    """README: a TypeError naming the argument. A dict, a tuple or a PyG HeteroData gave an
+    AttributeError from inside the loop ('dict' object has no attribute 'y'; an interop
+    audit)."""
+    from hiertail_fast.baselines import run_baseline_seeds
+    from hiertail_fast.train import run_seeds, train_hiertail
+
+    x, ei, y = torch.randn(6, 2), torch.tensor([[0, 1], [1, 0]]), torch.tensor([0, 0, 0, 1, 1, 1])
+    if kind == "HeteroData":
+        hetero = pytest.importorskip("torch_geometric.data").HeteroData()
+        hetero["n"].x, hetero["n"].y = x, y
+        hetero["n", "e", "n"].edge_index = ei
+        data = hetero
+    else:
+        data = {"x": x, "edge_index": ei, "y": y} if kind == "dict" else (ei, x, y)
+    call = {"run_seeds": lambda: run_seeds(data, seeds=[0], epochs=1, progress=False),
+            "run_baseline_seeds": lambda: run_baseline_seeds(data, seeds=[0], epochs=1,
+                                                             progress=False),
+            "train_hiertail": lambda: train_hiertail(data, epochs=1, progress=False)}[entry]
+    with pytest.raises(TypeError, match=f"data must be a GraphData .* got {kind}"):
+        call()

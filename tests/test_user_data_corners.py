@@ -167,3 +167,25 @@ def test_a_mask_longer_than_the_graph_is_refused(mask):
     included (a mutation audit: a longer mask was accepted, its ids beyond the graph kept)."""
     with pytest.raises(ValueError, match="mask has 4 entries but there are 3 nodes"):
         user_split(3, np.array(mask))
+
+
+def test_arrays_outside_the_format_are_named_not_dropped_silently(tmp_path):
+    """A user's .npz with edge_weight (or masks) beside edge_index / x / y loaded unweighted
+    without a word (an interop audit): the ignored arrays are named in a warning; the three
+    shipped layouts (x dense or as CSR parts) load without one."""
+    import warnings
+
+    ei = np.array([[0, 1, 2], [1, 2, 0]])
+    x, y = np.eye(3, dtype=np.float32), np.array([0, 1, 1])
+    path = tmp_path / "weighted.npz"
+    np.savez(path, edge_index=ei, x=x, y=y, edge_weight=np.array([0.5, 2.0, 1.0]),
+             train_mask=np.ones(3, dtype=bool))
+    with pytest.warns(UserWarning, match=r"edge_weight, train_mask are not part of the "
+                                         r"uniform format .* read unweighted"):
+        g = load_npz(path)
+    assert g.edge_weight is None
+    for sparse in (False, True):
+        plain = save_npz(tmp_path / f"plain{sparse}.npz", ei, x, y, sparse_x=sparse)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            load_npz(plain)

@@ -36,7 +36,8 @@ __all__ = ["train_baseline", "run_baseline_seeds"]
 
 def _warn_unsorted_tail(cfg: BaselineConfig, y: torch.Tensor, num_classes: int) -> None:
     """The tail is the last ``im_class_num`` labels (the official rule, for labels sorted by
-    descending class size, as load_npz / load_dataset / the CLI give them). A graph whose
+    descending class size, as ``load_npz(..., relabel_by_size=True)``, load_dataset and the
+    CLI give them). A graph whose
     labels are not: its "tail" may be large or empty classes, and an up-sampling method then
     silently does little or nothing (a baselines audit): warn, naming the fix."""
     if not getattr(METHODS[cfg.method], "uses_tail", False):
@@ -47,8 +48,8 @@ def _warn_unsorted_tail(cfg: BaselineConfig, y: torch.Tensor, num_classes: int) 
                       f"labels as the tail classes, but this graph's labels are not sorted by "
                       f"descending class "
                       f"size (sizes {sizes.tolist()[:12]}{' ...' if num_classes > 12 else ''}): "
-                      "relabel them first (hiertail_fast.data.io.relabel_by_size, or load_npz's "
-                      "default)", stacklevel=3)
+                      "relabel them first (hiertail_fast.data.io.relabel_by_size, or "
+                      "load_npz(..., relabel_by_size=True))", stacklevel=3)
 
 
 def train_baseline(

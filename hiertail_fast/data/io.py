@@ -18,6 +18,7 @@ dense. Loading returns CPU torch tensors sharing memory with the decoded numpy a
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -299,6 +300,12 @@ def load_npz(
             missing.append("x (or x_data/x_indices/x_indptr/x_shape)")
         if missing:
             raise ValueError(f"{where}: missing array(s) {', '.join(missing)}; has {sorted(keys)}")
+        extra = sorted(keys - {"edge_index", "y", "x", *csr})
+        if extra:   # (edge weights there were dropped without a word; an interop audit)
+            warnings.warn(f"{where}: array(s) {', '.join(extra)} are not part of the uniform "
+                          f"format (edge_index, x or its CSR parts, y) and are ignored: the "
+                          f"graph is read unweighted, and a split is given separately "
+                          f"(--split, user_split)", stacklevel=2)
         try:
             edge_index, y = z["edge_index"], z["y"]
             x = z["x"] if "x" in keys else _csr_to_dense(z, where)

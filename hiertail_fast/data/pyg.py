@@ -177,6 +177,11 @@ def as_graph_data(data: Any, split: Any = None) -> tuple[Any, Any]:
     None, its masks give the split (None when it has none). Anything else is returned as is.
     """
     if not is_pyg_data(data):
+        missing = [a for a in ("x", "edge_index", "y", "num_classes") if _get(data, a) is None]
+        if missing:   # (a dict, a tuple, a HeteroData: an AttributeError deep in the loop)
+            raise TypeError(f"data must be a GraphData (load_npz, load_dataset, "
+                            f"make_synthetic_graph) or a PyG Data, got {type(data).__name__} "
+                            f"(no {', '.join(missing)})")
         return data, split
     graph = from_pyg_data(data)
     return graph, split if split is not None else split_from_masks(data)
