@@ -166,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "raw files, official preprocessing (hiertail_fast.data.datasets)")
     src.add_argument("--root", type=path_arg, help="data directory of --dataset (default: "
                      "$HIERTAIL_DATA)")
+    src.add_argument("--download", action="store_true", help="--dataset: let PyG download "
+                     "missing raw files into --root (needs a network)")
     src.add_argument("--nodes", type=_positive(int), default=2000,
                      help="--synthetic: nodes (default %(default)s)")
     src.add_argument("--classes", type=_positive(int), default=20,
@@ -260,6 +262,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         parser.error("--root only applies to --dataset")
     if args.dropout is not None and args.dropout >= 1:
         parser.error(f"--dropout must lie in [0, 1), got {args.dropout}")
+    if args.download and args.dataset is None:
+        parser.error("--download only applies to --dataset")
     if args.compound_pool_bug and args.config != "official":
         parser.error("--compound-pool-bug only applies to --config official")
     for option, path in (("--data", args.data), ("--split", args.split)):
@@ -426,7 +430,7 @@ def _load_source(args) -> tuple[Any, dict[str, Any]]:
     if args.dataset is not None:
         from hiertail_fast.data.datasets import load_dataset, resolve_root
         root = resolve_root(args.root)
-        data = load_dataset(args.dataset, root)
+        data = load_dataset(args.dataset, root, download=args.download)
         return data, {"dataset": data.name, "root": str(root), "name": data.name}
     from hiertail_fast.data.synthetic import make_synthetic_graph
     data = make_synthetic_graph(args.nodes, num_classes=args.classes, avg_degree=args.avg_degree,

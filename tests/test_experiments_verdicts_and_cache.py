@@ -153,6 +153,38 @@ def test_new_numbers_with_the_same_run_count_replace_the_summary(tmp_path):
     assert not any("already holds" in line for line in log)
 
 
+def test_a_summary_of_other_data_is_kept_not_replaced(tmp_path):
+    """The same arguments on other data (another --data-dir, an edited file: other
+    fingerprints) replaced the summary in place, and a third run lost it (a README audit:
+    REPRODUCTION says a summary made by other arguments is never overwritten). Each data set
+    gets its own file; the same data replaces its own; a summary written before fingerprints
+    were recorded counts as the same data."""
+    base = {"args": {"name": "main"}, "runs": 1, "provenance": {"runs_code": []}}
+    log = []
+
+    def write(text, fps):
+        payload = {**base, "rows": [{"bacc": text}], "data_fingerprints": fps}
+        report.write_outputs(tmp_path, "main", f"{text}\n", payload, log=log.append)
+
+    write("A1", {"email": "sha256:a"})
+    write("B1", {"email": "sha256:b"})
+    assert (tmp_path / "main.md").read_text() == "A1\n"
+    assert "comes from other data; kept" in log[-1]
+    (other,) = [p for p in tmp_path.glob("main-*.md")]
+    assert other.read_text() == "B1\n"
+    write("A2", {"email": "sha256:a"})
+    write("B2", {"email": "sha256:b"})
+    assert (tmp_path / "main.md").read_text() == "A2\n" and other.read_text() == "B2\n"
+    assert (tmp_path / "main.prev.md").read_text() == "A1\n"
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    report.write_outputs(legacy, "main", "old\n", {**base, "rows": [1]}, log=log.append)
+    report.write_outputs(legacy, "main", "new\n", {**base, "rows": [2],
+                                                    "data_fingerprints": {"email": "x"}},
+                         log=log.append)
+    assert (legacy / "main.md").read_text() == "new\n"
+
+
 # ------------------------------------------------------------------ aggregation over seeds
 def test_summarize_keeps_datasets_apart_and_names_each_rows_own_seeds():
     """summarize groups by (dataset, row): a row's mean pools only its dataset's seeds, and

@@ -838,3 +838,12 @@ def test_reference_propagates_16bit_features_in_float32(case):
     assert got.dtype == torch.float16 and bool(torch.isfinite(got).all())
     torch.testing.assert_close(got.double(), want, **tol(torch.float16))
     torch.testing.assert_close(got, gcn_propagate(x, ei, w, backend="torch"), **tol(torch.float16))
+
+
+def test_an_unknown_backend_lists_every_propagation_backend():
+    """gcn_propagate accepts backend="torch_sparse", but a typo listed only the generic three
+    (a README audit)."""
+    x, ei = torch.eye(3), torch.tensor([[0, 1], [1, 0]])
+    with pytest.raises(ValueError, match=r"'torchsparse' is not one of \('reference', 'torch', "
+                                         r"'triton', 'torch_sparse'\)"):
+        gcn_propagate(x, ei, backend="torchsparse")

@@ -659,3 +659,31 @@ def test_result_records_the_run_as_it_ran(monkeypatch):
     assert res["argv"] == argv and res["training"]["threads"] == torch.get_num_threads()
     assert res["training"]["weight_decay"] == HierTailConfig.paper().weight_decay
     assert res["data"]["num_edges"] == g.edge_index.shape[1]
+
+
+def test_download_reaches_load_dataset_and_needs_a_dataset(tmp_path, monkeypatch, capsys):
+    """The missing-dataset error advised '--download', which the trainer did not have (a
+    README audit: 'unrecognized arguments'). It passes download=True to load_dataset, and is
+    refused without --dataset."""
+    import hiertail_fast.data.datasets as datasets
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--synthetic", "--download", "--epochs", "1"])
+    assert exc.value.code == 2 and "--download only applies to --dataset" in (
+        capsys.readouterr().err)
+    seen = {}
+
+    def fake_load(name, root, download=False, **kwargs):
+        seen.update(name=name, download=download)
+        raise FileNotFoundError("stop here (test)")
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    for flag in ([], ["--download"]):
+        with pytest.raises((SystemExit, FileNotFoundError)):
+            main(["--dataset", "email", "--root", str(tmp_path), *flag, "--epochs", "1"])
+        assert seen == {"name": "email", "download": bool(flag)}
+    # and the error of a missing dataset names where the option is
+    monkeypatch.undo()
+    with pytest.raises(FileNotFoundError, match="--download option of python -m "
+                                                "hiertail_fast.train"):
+        datasets.load_dataset("cora_full", tmp_path)

@@ -204,8 +204,9 @@ def _missing_message(spec: DatasetSpec, root: Path, missing: list[Path]) -> str:
     files = "; ".join(str(p) for p in missing)
     return (f"load_dataset({spec.name!r}): neither {npz} nor the raw files of PyG's "
             f"{cls}(root, {arg!r}) are there. Place {files} (from {spec.get_raw}), or the "
-            f"uniform .npz at {npz}; with a network, download=True (--download) lets PyG "
-            f"fetch the raw files.")
+            f"uniform .npz at {npz}; with a network, download=True (the --download option of "
+            f"python -m hiertail_fast.train and of python -m hiertail_fast.data convert) lets "
+            f"PyG fetch the raw files.")
 
 
 def _load_pyg(spec: DatasetSpec, root: Path, download: bool) -> GraphData:

@@ -344,7 +344,9 @@ def _main(argv: Sequence[str] | None) -> dict:
     header = f"{budget.header()}\n\n" if trains else ""
     markdown = (f"# {module.TITLE}\n\n{header}{provenance_markdown(prov, trains)}\n\n"
                 f"{body}{notes}\n")
+    fingerprints = {d: source.fingerprint(d) for d in sorted({s.dataset for s in specs})}
     full = {"experiment": args.name, "title": module.TITLE, "args": _result_args(args),
+            "data_fingerprints": fingerprints,
             "budget_header": budget.header() if trains else None, "provenance": prov,
             "notes": ctx.notes, "runs": len(records), **payload}
     log = lambda line: print(line, file=sys.stderr)  # noqa: E731

@@ -261,8 +261,10 @@ def write_outputs(out: Path, stem: str, markdown: str, payload: dict,
     """Write ``<stem>.md``, ``<stem>.json`` and ``<stem>-<figure>.png`` under ``out``, atomically.
 
     A summary made by a command with other arguments (``payload["args"]``) is never replaced:
-    this one then goes to ``<stem>-<hash of the args>.*`` and the log says so. The same
-    arguments replace their own summary (more runs may be finished), the old set kept as
+    this one then goes to ``<stem>-<hash of the args>.*`` and the log says so; nor one of the
+    same arguments on other data (``payload["data_fingerprints"]``: another --data-dir, an
+    edited file), then ``<stem>-<hash of the args and the data>.*``. The same arguments (and
+    data) replace their own summary (more runs may be finished), the old set kept as
     ``<stem>.prev.*`` (one generation, the log says so); but never by a summary that holds
     fewer runs (``summary_runs``: e.g. --report-only over an empty or other --runs-dir):
     SummaryKept is raised and nothing is written, unless ``replace_fewer``. Every new file is
@@ -270,26 +272,35 @@ def write_outputs(out: Path, stem: str, markdown: str, payload: dict,
     """
     out = Path(out)
     args_key = json.dumps(payload.get("args"), sort_keys=True, default=str)
-    existing = out / f"{stem}.json"
+    data = payload.get("data_fingerprints")
+    data_key = json.dumps(data, sort_keys=True)
+    # candidates in turn: the plain stem, the stem hashed by the arguments (a summary of other
+    # arguments is there), by the arguments and the data (a summary of the same arguments on
+    # other data — another --data-dir, a replaced file — is there: it was replaced; a README
+    # audit); the first that is free or holds this command's arguments and data is taken
+    candidates = [stem, f"{stem}-{hashlib.sha256(args_key.encode()).hexdigest()[:8]}",
+                  f"{stem}-{hashlib.sha256((args_key + data_key).encode()).hexdigest()[:8]}"]
     old: dict | None = None
-    if existing.is_file():
-        try:
-            old = json.loads(existing.read_text())
-            old_args = json.dumps(old.get("args"), sort_keys=True, default=str)
-        except (OSError, ValueError, AttributeError):
-            old, old_args = None, None
-        if old_args != args_key:
-            new_stem = f"{stem}-{hashlib.sha256(args_key.encode()).hexdigest()[:8]}"
-            log(f"{existing} comes from other arguments; kept. This command writes "
-                f"{new_stem}.*")
-            stem = new_stem
+    for i, cand in enumerate(candidates):
+        existing = out / f"{cand}.json"
+        if not existing.is_file():
             old = None
-            if (out / f"{stem}.json").is_file():
-                try:
-                    old = json.loads((out / f"{stem}.json").read_text())
-                except (OSError, ValueError):
-                    old = {}
+        else:
+            try:
+                old = json.loads(existing.read_text())
                 old = old if isinstance(old, dict) else {}
+            except (OSError, ValueError):
+                old = {}
+            old_args = json.dumps(old.get("args"), sort_keys=True, default=str)
+            old_data = old.get("data_fingerprints")
+            same_data = old_data is None or data is None or old_data == data
+            if (old_args != args_key or not same_data) and i + 1 < len(candidates):
+                what = "other arguments" if old_args != args_key else "other data"
+                log(f"{existing} comes from {what}; kept. This command writes "
+                    f"{candidates[i + 1]}.*")
+                continue
+        stem = cand
+        break
     if old is not None and not replace_fewer:
         had, has = summary_runs(old), summary_runs(payload)
         if has < had:

@@ -266,6 +266,8 @@ def _resolve_backend(x: torch.Tensor, backend: str | None) -> str:
         if not torch_sparse_available():
             raise ValueError("backend='torch_sparse' needs the optional torch_sparse package")
         return backend
+    if backend is not None and backend not in PROPAGATION_BACKENDS:   # (the list named all)
+        raise ValueError(f"backend={backend!r} is not one of {PROPAGATION_BACKENDS}")
     return choose_backend(x, backend, op="gcn_propagate")
 
 
