@@ -272,9 +272,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     problem = _device_error(args.device)
     if problem is None and args.loss_backend == "triton" and not triton_available(
             torch.device(args.device)):
-        problem = (f"--loss-backend triton cannot run on --device {args.device} ("
-                   f"{triton_refusal(torch.device(args.device))}); use torch or "
-                   "reference")
+        problem = (f"--loss-backend triton cannot run on --device {args.device}: "
+                   f"{triton_refusal(torch.device(args.device))}; use torch or reference")
     if problem is None and args.loss_backend == "attention" and not _attention_available(
             torch.device(args.device)):
         problem = (f"--loss-backend attention cannot run on --device {args.device} (this "

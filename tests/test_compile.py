@@ -373,7 +373,7 @@ def test_a_second_derivative_through_a_compiled_loss_raises(case):
     """A gradient penalty d/dx [L + |dL/dx|²] through a compiled loss raises torch.compile's
     double-backward error (README). It came back as dL/dx alone, silently: AOTAutograd saves
     tensors detached and the fused backward saved only the gradients, so the gradient's graph
-    reached no input (an autograd audit; first_order_gradients ties them)."""
+    reached no input (an autograd audit; tied_gradients ties them)."""
     z, y, p = _data("cpu", n=40, d=5, m=3, dtype=torch.float64)
     z, p = z.detach(), p.detach()
     tau = torch.tensor(0.3, dtype=torch.float64)
@@ -395,15 +395,42 @@ def test_a_second_derivative_through_a_compiled_loss_raises(case):
         torch.autograd.grad(loss + g.pow(2).sum(), leaf)
 
 
-def test_first_order_gradients_op_passes_opcheck_and_refuses_a_derivative():
-    op = torch.ops.hiertail_fast.first_order_gradients.default
+def test_a_compiled_loss_refuses_inputs_changed_before_its_backward():
+    """The price of the tie (tied_gradients): the compiled loss saves its inputs, so an
+    in-place change of the prototypes between the loss and backward() raises autograd's
+    in-place error, as torch's own ops that save an input do (README); the eager loss saves
+    none and takes the gradient of the values it saw."""
+    z, y, p = _data("cpu", n=40, d=6, m=4)
+    protos = torch.nn.Parameter(p.detach().clone())
+    loss = _compiled(lambda z, p: balanced_contrastive_loss(z, y, prototypes=p))(z, protos)
+    with torch.no_grad():
+        protos.mul_(0.9)                          # an EMA-style update before backward
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    protos = torch.nn.Parameter(p.detach().clone())
+    loss = balanced_contrastive_loss(z, y, prototypes=protos)
+    with torch.no_grad():
+        protos.mul_(0.9)
+    loss.backward()                               # eager: no saved input
+    assert protos.grad is not None
+
+
+def test_tied_gradients_op_passes_opcheck_and_differentiates_as_declared():
+    """The tie's own derivative, where a traced backward runs eagerly (torch.export): the
+    identity for a linear op (topk_unpool's gather: its exported second derivative stayed
+    exact), an error naming the limit otherwise (the losses)."""
+    op = torch.ops.hiertail_fast.tied_gradients.default
     g = [torch.randn(4, 3), torch.randn(3)]
-    torch.library.opcheck(op, (g, [torch.randn(4, 3)]))
+    for linear in (False, True):
+        torch.library.opcheck(op, (g, [torch.randn(4, 3)], linear))
     x = torch.randn(4, 3, requires_grad=True)
-    (out,) = op([x * 2], [x])
+    (out,) = op([x * 2], [x], False)
     torch.testing.assert_close(out, x.detach() * 2)
     with pytest.raises(RuntimeError, match="cannot be differentiated again"):
         out.sum().backward()
+    (out,) = op([x * 2], [x], True)
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((4, 3), 2.0))
 
 
 def test_every_custom_op_is_kept_out_of_cuda_graphs():

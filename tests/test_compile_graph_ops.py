@@ -204,6 +204,24 @@ def test_a_second_derivative_through_a_compiled_topk_unpool_raises():
     torch.testing.assert_close(h, 3 * x.detach() ** 2 + 36 * x.detach() ** 3)
 
 
+def test_an_exported_topk_unpool_keeps_its_exact_second_derivative():
+    """The tie of the unpool's gradient to its input (compiled: a second derivative raises)
+    made an exported unpool's exact second derivative raise too (the review of session 36):
+    the tie's derivative is the identity for this linear op."""
+    perm = torch.randperm(30, generator=torch.Generator().manual_seed(2))[:12]
+
+    class Unpool(torch.nn.Module):
+        def forward(self, x):
+            return topk_unpool(x, perm, 30)
+
+    x0 = torch.randn(12, 4, dtype=torch.float64)
+    module = torch.export.export(Unpool(), (x0.clone().requires_grad_(),)).module()
+    x = x0.clone().requires_grad_()
+    (g,) = torch.autograd.grad(module(x).pow(3).sum(), x, create_graph=True)
+    (h,) = torch.autograd.grad(g.pow(2).sum() + x.pow(3).sum(), x)
+    torch.testing.assert_close(h, 3 * x0 ** 2 + 36 * x0 ** 3)
+
+
 def test_a_second_derivative_through_a_compiled_topk_pool_names_the_limit():
     """It raised torch.library's 'no autograd formula was registered' for the op's backward
     op, which reads as an internal bug; the backward ops now say what is unsupported."""

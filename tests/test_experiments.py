@@ -662,3 +662,30 @@ def test_an_explicit_default_of_another_experiments_option_is_refused(tmp_path, 
     args = build_parser().parse_args(["ablation"])
     given_defaults(args)
     assert (args.config, args.seed_base) == ("paper", runner.FULL_SEEDS[0])
+
+
+def test_the_datasets_table_of_other_data_is_kept(tmp_path, capsys):
+    """The datasets table trains nothing (no specs), so its summary recorded no fingerprint
+    and the same command on another --data-dir replaced it in place (the review of session 36);
+    it records the fingerprints of the datasets it covers."""
+    import numpy as np
+
+    from hiertail_fast.data.io import load_npz, save_npz
+    from hiertail_fast.data.synthetic import make_synthetic_graph
+
+    g = make_synthetic_graph(300, num_classes=5, avg_degree=6, seed=0)
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    save_npz(a / "email.npz", g.edge_index, g.x, g.y)
+    x = g.x.numpy().copy()
+    x[:, 0] += 1.0                                                # other data, same shape
+    save_npz(b / "email.npz", g.edge_index, x, g.y)
+    assert not np.array_equal(load_npz(a / "email.npz").x, load_npz(b / "email.npz").x)
+    out = tmp_path / "out"
+    for data_dir in (a, b):
+        main(["datasets", "--datasets", "email", "--data-dir", str(data_dir), "--out", str(out),
+              "--no-progress", "--device", "cpu"])
+    first = json.loads((out / "datasets.json").read_text())
+    assert str(a) in first["provenance"]["command"]
+    assert len(list(out.glob("datasets-*.json"))) == 1
+    assert "comes from other data; kept" in capsys.readouterr().err

@@ -344,7 +344,9 @@ def _main(argv: Sequence[str] | None) -> dict:
     header = f"{budget.header()}\n\n" if trains else ""
     markdown = (f"# {module.TITLE}\n\n{header}{provenance_markdown(prov, trains)}\n\n"
                 f"{body}{notes}\n")
-    fingerprints = {d: source.fingerprint(d) for d in sorted({s.dataset for s in specs})}
+    # the datasets the table covers (the datasets table trains nothing: no specs)
+    fingerprints = {d: source.fingerprint(d)
+                    for d in sorted({s.dataset for s in specs} | set(ctx.datasets))}
     full = {"experiment": args.name, "title": module.TITLE, "args": _result_args(args),
             "data_fingerprints": fingerprints,
             "budget_header": budget.header() if trains else None, "provenance": prov,

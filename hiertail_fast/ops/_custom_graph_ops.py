@@ -36,8 +36,8 @@ from hiertail_fast.ops._custom_ops import (
     READY,
     _autograd_dispatch,
     _own_tensors,
-    first_order_gradients,
     no_second_derivative,
+    tied_gradients,
     unshared,
 )
 from hiertail_fast.ops._dispatch import on_input_device
@@ -85,9 +85,10 @@ def _unpool_setup(ctx, inputs, output):
 def _unpool_backward(ctx, grad):
     perm, x_pooled = ctx.saved_tensors
     # out[perm[i]] = x_pooled[i]: the gradient gathers the rows perm (perm was checked distinct
-    # and in range when the forward ran). Tied to x_pooled (first_order_gradients): compiled,
-    # a second derivative through it raises; it was silently dropped (eager, it is exact)
-    (dx,) = first_order_gradients([grad.index_select(0, perm.long())], [x_pooled])
+    # and in range when the forward ran). Tied to x_pooled (tied_gradients): compiled, a
+    # second derivative through it raises, where it was silently dropped; exported, it is
+    # exact (linear), as eager
+    (dx,) = tied_gradients([grad.index_select(0, perm.long())], [x_pooled], True)
     return dx, None, None, None
 
 

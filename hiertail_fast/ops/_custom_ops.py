@@ -23,7 +23,7 @@ on the incoming vector, so the op returns the values only and the backward is a 
 ``contrastive_loss_backward``, which reruns the loss with autograd and takes the
 vector-Jacobian product (one forward pass more than eager). Second derivatives: torch.compile's
 autograd does not take them (it raises, once the backward holds an input:
-``first_order_gradients``), as the eager loss does not.
+``tied_gradients``), as the eager loss does not.
 
 Under ``torch.autocast`` the traced call passes autocast's dtype on (``autocast_dtype``) and the
 implementation re-enters autocast with it, so the eager rule (``_amp``: the loss runs on
@@ -133,21 +133,26 @@ def _own_tensors(grads, leaves, others=()) -> list[Tensor]:
     return unshared(grads, (*leaves, *others))
 
 
-@torch.library.custom_op("hiertail_fast::first_order_gradients", **OP_OPTIONS)
-def first_order_gradients(grads: list[Tensor], inputs: list[Tensor]) -> list[Tensor]:
+@torch.library.custom_op("hiertail_fast::tied_gradients", **OP_OPTIONS)
+def tied_gradients(grads: list[Tensor], inputs: list[Tensor], linear: bool) -> list[Tensor]:
     """The gradients as they are (copies: a custom op's outputs may not alias its inputs),
-    tied to the op's differentiable inputs. Called in the backward of an op whose backward
-    saves no input (the losses' fused gradients; topk_unpool's gather): AOTAutograd saves
-    tensors detached, so a compiled call's gradient graph reached none of the inputs and a
-    gradient penalty through it silently dropped its second-order term (torch.compile's
-    double-backward error fires only where the backward holds an input; an autograd audit).
-    Taking the inputs here keeps them among the backward's arguments: differentiating the
-    gradient again then raises torch.compile's "does not currently support double backward"."""
+    tied to the op's differentiable inputs. Called in the traced backward of an op whose
+    backward saved no input (the losses' fused gradients; topk_unpool's gather): AOTAutograd
+    saves tensors detached, so a compiled call's gradient graph reached none of the inputs and
+    a gradient penalty through it silently dropped its second-order term (torch.compile's
+    double-backward error fires only where the backward holds an input that requires grad; an
+    autograd audit). Taking the inputs here keeps them among the backward's arguments:
+    differentiating the gradient of a compiled call then raises torch.compile's "does not
+    currently support double backward". The price: the traced op saves its inputs, so an
+    in-place change of one between the call and its backward raises autograd's in-place error
+    there (as for ``z.pow(2)``; the eager ops save none). Where the backward then runs eagerly
+    (``torch.export``), the derivative of these gradients is the identity for a ``linear`` op
+    (the unpool's gather: exact) and raises otherwise (the losses)."""
     return [g.clone() for g in grads]
 
 
-@first_order_gradients.register_fake
-def _(grads, inputs):
+@tied_gradients.register_fake
+def _(grads, inputs, linear):
     return [torch.empty_like(g) for g in grads]
 
 
@@ -157,7 +162,17 @@ def no_second_derivative(ctx, *grads):
                        "differentiated again; take second derivatives of the eager call")
 
 
-first_order_gradients.register_autograd(no_second_derivative)
+def _tied_setup(ctx, inputs, output):
+    ctx.linear, ctx.n_inputs = inputs[2], len(inputs[1])
+
+
+def _tied_backward(ctx, grad_outputs):
+    if not ctx.linear:
+        no_second_derivative(ctx)
+    return list(grad_outputs), [None] * ctx.n_inputs, None
+
+
+tied_gradients.register_autograd(_tied_backward, setup_context=_tied_setup)
 
 
 def _loss_shape(z, prototypes, hierarchical, reduction):
@@ -237,7 +252,7 @@ def _setup_context(ctx, inputs, output):
      reduction, variant, backend, autocast_dtype, grads_of) = inputs
     ctx.grads_of, ctx.n_labels = list(grads_of), len(labels)
     ctx.fused = _fused_grads(reduction, hierarchical)
-    if ctx.fused:   # the gradients, and the inputs that get one (first_order_gradients)
+    if ctx.fused:   # the gradients, and the inputs that get one (tied_gradients)
         inputs = _differentiable(z, prototypes, temperature_tensor)
         ctx.n_grads = len(output[1])
         ctx.save_for_backward(*output[1], *(t for t, w in zip(inputs, grads_of, strict=True)
@@ -275,7 +290,7 @@ def _backward(ctx, grad_loss, _grad_of_grads):
     if ctx.fused:
         saved = ctx.saved_tensors
         grads = [(g * grad_loss.to(g.dtype)) for g in saved[:ctx.n_grads]]
-        grads = first_order_gradients(grads, list(saved[ctx.n_grads:]))
+        grads = tied_gradients(grads, list(saved[ctx.n_grads:]), False)
     else:
         z, tau_t, *prototypes = ctx.saved_tensors
         grads = contrastive_loss_backward(grad_loss, z, ctx.labels, prototypes, ctx.temperature,
