@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -129,6 +130,48 @@ def atomic_write_text(path: Path, text: str) -> None:
         tmp.write_text(text)
 
 
+try:
+    import fcntl
+except ImportError:         # (not on Windows: no lock there)
+    fcntl = None
+
+_HELD: dict[str, int] = {}      # folder -> how many times this process holds its lock
+_HELD_GUARD = threading.Lock()
+
+
+@contextmanager
+def folder_lock(folder: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on `folder` (``flock`` of the directory itself: no lock
+    file is left in a user's folder) while result files there are chosen and rotated. Two
+    processes writing results into one folder (parallel experiment commands sharing --out,
+    two --json of one file) each checked what was there and then rotated what was there by
+    the time they wrote: one's summary was demoted to .prev or deleted, or the rotation
+    crashed on a file the other had just moved (a concurrency audit). Re-entrant within a
+    process; best effort where the folder cannot be opened or locked (no error)."""
+    key = os.path.realpath(folder)
+    with _HELD_GUARD:
+        depth = _HELD.get(key, 0)
+        _HELD[key] = depth + 1
+    fd = None
+    try:
+        if depth == 0 and fcntl is not None:
+            try:
+                fd = os.open(key, os.O_RDONLY)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:
+                if fd is not None:
+                    os.close(fd)
+                fd = None
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)            # (closing releases the lock)
+        with _HELD_GUARD:
+            _HELD[key] -= 1
+            if not _HELD[key]:
+                del _HELD[key]
+
+
 def replace_file_set(out: Path, writers: dict, current: list, prev_of,
                      older: list = ()) -> tuple[list[Path], list[Path]]:
     """Write a set of result files into `out` as one set, keeping the set it replaces.
@@ -159,15 +202,18 @@ def replace_file_set(out: Path, writers: dict, current: list, prev_of,
             with open(temps[name], "rb+") as fh:
                 os.fsync(fh.fileno())
         kept = []
-        if any((out / name).exists() for name in current):
-            for p in older:
-                (out / p).unlink(missing_ok=True)
-            for name in current:
-                if (out / name).exists():
-                    os.replace(out / name, out / prev_of(name))
+        with folder_lock(out):      # the rotation as one step among processes
+            if any((out / name).exists() for name in current):
+                for p in older:
+                    (out / p).unlink(missing_ok=True)
+                for name in current:
+                    try:
+                        os.replace(out / name, out / prev_of(name))
+                    except FileNotFoundError:   # not there (moved by a process that does
+                        continue                # not take the lock): nothing to keep
                     kept.append(out / prev_of(name))
-        for name, tmp in temps.items():
-            os.replace(tmp, out / name)
+            for name, tmp in temps.items():
+                os.replace(tmp, out / name)
     finally:
         for tmp in temps.values():
             tmp.unlink(missing_ok=True)

@@ -401,3 +401,44 @@ def test_a_row_the_paper_does_not_have_gets_no_paper_cell():
     assert paper_cell(TABLE2_MAIN, "synthetic", "origin", "bacc") is None
     assert paper_cell(TABLE5_TASKS, "cora_full", (3, 1), "acc") is None
     assert paper_cell(TABLE2_MAIN, "email", "origin", "acc") == (66.7, 2.1)
+
+
+class _SlowFigure:
+    """A figure whose saving takes a while: the window between a command choosing its
+    summary's name and replacing the files there."""
+
+    def savefig(self, path, **kwargs):
+        import time
+
+        time.sleep(0.4)
+        Path(path).write_bytes(b"png")
+
+
+def _write_summary(out: str, lr: float) -> None:
+    payload = {"args": {"name": "per-class", "lr": lr}, "runs": 1,
+               "provenance": {"runs_code": []}, "rows": [{"lr": lr}]}
+    report.write_outputs(Path(out), "per-class", f"lr {lr}\n", payload,
+                         {"synthetic": _SlowFigure()}, log=lambda line: None)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the folder lock is fcntl's")
+def test_commands_writing_one_folder_at_once_keep_every_summary(tmp_path):
+    """Three commands of other arguments writing their summaries into one --out at once:
+    each chose the plain name (none there yet) and rotated what the others had written by
+    then, so one summary was demoted to .prev and another lost (6 of 12 tries; a concurrency
+    audit). The choice and the replacement hold the folder's lock now: three summaries, one
+    under the plain name and two under hashed ones, as run one after the other."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_write_summary, args=(str(tmp_path), lr))
+             for lr in (0.01, 0.02, 0.03)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    kept = sorted(json.loads(f.read_text())["args"]["lr"]
+                  for f in tmp_path.glob("per-class*.json") if ".prev" not in f.name)
+    assert kept == [0.01, 0.02, 0.03]
+    assert not list(tmp_path.glob("*.prev.*")) and not list(tmp_path.glob(".*tmp*"))

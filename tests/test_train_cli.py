@@ -687,3 +687,24 @@ def test_download_reaches_load_dataset_and_needs_a_dataset(tmp_path, monkeypatch
     with pytest.raises(FileNotFoundError, match="--download option of python -m "
                                                 "hiertail_fast.train"):
         datasets.load_dataset("cora_full", tmp_path)
+
+
+def test_a_result_file_moved_away_during_the_rotation_is_not_a_crash(tmp_path, monkeypatch):
+    """Another process moving the current result file between the rotation's check and its
+    rename crashed the writer with FileNotFoundError after all the work (a concurrency audit:
+    scale.py lost its sweep, experiments their summary): the file is taken as gone, the new
+    one written, nothing kept."""
+    from hiertail_fast import _files
+
+    target = tmp_path / "r.json"
+    target.write_text("old")
+    real_replace = os.replace
+
+    def racing_replace(src, dst):
+        if Path(src) == target:              # the rotation: another process got there first
+            target.unlink()
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(_files.os, "replace", racing_replace)
+    assert _files.replace_keeping_prev(target, "new") is None
+    assert target.read_text() == "new" and not (tmp_path / "r.prev.json").exists()

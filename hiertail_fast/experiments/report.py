@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hiertail_fast._files import replace_file_set
+from hiertail_fast._files import folder_lock, replace_file_set
 from hiertail_fast.experiments.paper_numbers import METRICS, Cell
 from hiertail_fast.experiments.runner import code_key, code_text, code_version, fmt, summarize
 
@@ -271,6 +271,14 @@ def write_outputs(out: Path, stem: str, markdown: str, payload: dict,
     complete (temporary files) before the old set is moved aside; a failure leaves it in place.
     """
     out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    # the name chosen and the set replaced as one step among processes (_files.folder_lock)
+    with folder_lock(out):
+        return _write_outputs(out, stem, markdown, payload, figures, log, replace_fewer)
+
+
+def _write_outputs(out: Path, stem: str, markdown: str, payload: dict, figures, log,
+                   replace_fewer: bool) -> list[Path]:
     args_key = json.dumps(payload.get("args"), sort_keys=True, default=str)
     data = payload.get("data_fingerprints")
     data_key = json.dumps(data, sort_keys=True)
