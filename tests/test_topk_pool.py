@@ -347,6 +347,45 @@ def test_scores_of_rows_near_the_largest_value(backend, dtype):
                                atol=0, rtol=torch.finfo(dtype).eps)
 
 
+def _ulp(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Spacing of `dtype` at |v|."""
+    e = torch.floor(torch.log2(v.abs().clamp_min(torch.finfo(dtype).tiny)))
+    return torch.exp2(e) * torch.finfo(dtype).eps
+
+
+def _check_16bit_gradients(x, p, dev, backend, ratio, g, saturated=False):
+    """topk_pool's gradients on 16-bit x, p against float64 autograd on the same values, with
+    random upstream gradients of the rows and the scores: dp within 2 eps, relative (measured:
+    2.3e-4 in fp16, 1.3e-3 in bf16); on the fast backends dx_r = g_r s_r + dt_r p̂ (dt_r =
+    (g_r·x_r + gs_r)(1 - s_r²)) in float32 and rounded once, within 2 ulps of its terms' size
+    (measured: 1.0 fp16, <= 1.3 bf16; the torch path in 16 bits was 3.6 / 2.5). The
+    reference is plain 16-bit autograd: its rows are not held to that bound."""
+    dtype = x.dtype
+    x64, p64 = x.double(), p.double()
+    xg, pg = x.to(dev).requires_grad_(), p.to(dev).requires_grad_()
+    r = topk_pool(xg, torch.zeros(2, 0, dtype=torch.long, device=dev), pg, ratio,
+                  backend=backend)
+    gx = torch.randn(r.x.shape, generator=g, dtype=torch.float64).to(dtype)
+    gs = torch.randn(r.score.shape, generator=g, dtype=torch.float64).to(dtype)
+    ((r.x * gx.to(dev)).sum() + (r.score * gs.to(dev)).sum()).backward()
+    perm = r.perm.cpu()
+    x64g, p64g = x64.clone().requires_grad_(), p64.clone().requires_grad_()
+    s64 = torch.tanh(x64g @ (p64g / torch.linalg.vector_norm(p64g)))[perm]
+    if saturated:
+        assert float(s64.detach().abs().min()) > 0.96     # the saturated regime
+    ((x64g[perm] * s64[:, None] * gx.double()).sum() + (s64 * gs.double()).sum()).backward()
+    rel = float((pg.grad.cpu().double() - p64g.grad).norm() / p64g.grad.norm())
+    assert rel <= 2 * torch.finfo(dtype).eps, rel
+    if backend == "reference":
+        return
+    phat = p64 / torch.linalg.vector_norm(p64)
+    sd, xs = s64.detach(), x64[perm]
+    dt = ((gx.double() * xs).sum(1) + gs.double()) * (1 - sd ** 2)
+    size = (gx.double() * sd[:, None]).abs() + (dt[:, None] * phat).abs()
+    got = xg.grad.cpu().double()[perm]
+    assert bool(((got - x64g.grad[perm]).abs() <= 2 * _ulp(size, dtype)).all())
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
 def test_16bit_scores_within_an_ulp(backend, dtype):
@@ -371,39 +410,14 @@ def test_16bit_scores_within_an_ulp(backend, dtype):
     exact = torch.tanh(dots)
     cancel = (x64.abs() @ phat.abs())[kept]
     assert float((cancel / dots.abs()).median()) > 10          # the case is the cancelling one
-
-    def ulp(v):  # spacing of `dtype` at |v|
-        e = torch.floor(torch.log2(v.abs().clamp_min(torch.finfo(dtype).tiny)))
-        return torch.exp2(e) * torch.finfo(dtype).eps
-
     score = r.score.cpu().double()
-    assert bool(((score - exact).abs() <= ulp(exact)).all()), (score - exact).abs().max()
+    assert bool(((score - exact).abs() <= _ulp(exact, dtype)).all()), (score - exact).abs().max()
     rows = x64[kept] * exact[:, None]
     err = (r.x.cpu().double() - rows).abs()
-    assert bool((err <= ulp(rows)).all()), err.max()     # x·s from the fp32 score, one rounding
-    if backend == "reference":      # plain 16-bit autograd: the gradients below are ours
+    assert bool((err <= _ulp(rows, dtype)).all()), err.max()  # x·s from the fp32 score, once
+    if backend == "reference":      # plain 16-bit autograd: the gradients' bounds are ours
         return
-    # gradients: dx_r = g_r s_r + dt_r p̂ (dt_r = (g_r·x_r + gs_r)(1 - s_r²)) in float32 and
-    # rounded once, within 2 ulps of its terms' size (measured: 1.0 fp16, <= 1.3 bf16; the
-    # torch path in 16 bits was 3.6 / 2.5); dp within 2 eps, relative (measured: 2.3e-4 in
-    # fp16, 1.3e-3 in bf16)
-    xg = x.to(dev).requires_grad_()
-    pg = p.to(dev).requires_grad_()
-    r = topk_pool(xg, torch.zeros(2, 0, dtype=torch.long, device=dev), pg, 0.5, backend=backend)
-    gx = torch.randn(r.x.shape, generator=g, dtype=torch.float64).to(dtype)
-    gs = torch.randn(r.score.shape, generator=g, dtype=torch.float64).to(dtype)
-    ((r.x * gx.to(dev)).sum() + (r.score * gs.to(dev)).sum()).backward()
-    perm = r.perm.cpu()
-    x64g, p64g = x64.clone().requires_grad_(), p64.clone().requires_grad_()
-    s64 = torch.tanh(x64g @ (p64g / torch.linalg.vector_norm(p64g)))[perm]
-    ((x64g[perm] * s64[:, None] * gx.double()).sum() + (s64 * gs.double()).sum()).backward()
-    sd, xs = s64.detach(), x64[perm]
-    dt = ((gx.double() * xs).sum(1) + gs.double()) * (1 - sd ** 2)
-    size = (gx.double() * sd[:, None]).abs() + (dt[:, None] * phat).abs()
-    got = xg.grad.cpu().double()[perm]
-    assert bool(((got - x64g.grad[perm]).abs() <= 2 * ulp(size)).all())
-    rel = float((pg.grad.cpu().double() - p64g.grad).norm() / p64g.grad.norm())
-    assert rel <= 2 * torch.finfo(dtype).eps, rel
+    _check_16bit_gradients(x, p, dev, backend, 0.5, g)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -413,7 +427,6 @@ def test_16bit_gradients_through_saturated_scores(backend, dtype):
     score. The fast backends took it from the score rounded to 16 bits, where tanh(3.6)
     rounds to 1 in bf16: dL/dp was exactly 0 for a true 32 (a differential fuzz: [[3.6, 100],
     [5, -80]], p = [1, 0]). Gradients within the bounds of test_16bit_scores_within_an_ulp."""
-    dev = backend_device(backend)
     g = torch.Generator().manual_seed(5)
     n, d = 48, 6
     p64 = torch.randn(d, generator=g, dtype=torch.float64)
@@ -422,30 +435,8 @@ def test_16bit_gradients_through_saturated_scores(backend, dtype):
     target = (torch.rand(n, generator=g, dtype=torch.float64) * 4 + 2) * \
         torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).double()
     base += (target - base @ phat)[:, None] * phat        # x·p̂ = ±[2, 6]
-    x, p = base.to(dtype), p64.to(dtype)
-    x64, p64 = x.double(), p.double()
-    xg, pg = x.to(dev).requires_grad_(), p.to(dev).requires_grad_()
-    no_edges = torch.zeros(2, 0, dtype=torch.long, device=dev)
-    r = topk_pool(xg, no_edges, pg, 0.75, backend=backend)
-    gx = torch.randn(r.x.shape, generator=g, dtype=torch.float64).to(dtype)
-    gs = torch.randn(r.score.shape, generator=g, dtype=torch.float64).to(dtype)
-    ((r.x * gx.to(dev)).sum() + (r.score * gs.to(dev)).sum()).backward()
-    perm = r.perm.cpu()
-    x64g, p64g = x64.clone().requires_grad_(), p64.clone().requires_grad_()
-    s64 = torch.tanh(x64g @ (p64g / torch.linalg.vector_norm(p64g)))[perm]
-    assert float(s64.detach().abs().min()) > 0.96     # the saturated regime
-    ((x64g[perm] * s64[:, None] * gx.double()).sum() + (s64 * gs.double()).sum()).backward()
-    rel = float((pg.grad.cpu().double() - p64g.grad).norm() / p64g.grad.norm())
-    assert rel <= 2 * torch.finfo(dtype).eps, rel
-    if backend == "reference":      # plain 16-bit autograd: the row bound below is ours
-        return
-    sd, xs = s64.detach(), x64[perm]
-    dt = ((gx.double() * xs).sum(1) + gs.double()) * (1 - sd ** 2)
-    size = (gx.double() * sd[:, None]).abs() + (dt[:, None] * phat.to(dtype).double()).abs()
-    e = torch.floor(torch.log2(size.clamp_min(torch.finfo(dtype).tiny)))
-    ulp = torch.exp2(e) * torch.finfo(dtype).eps
-    got = xg.grad.cpu().double()[perm]
-    assert bool(((got - x64g.grad[perm]).abs() <= 2 * ulp).all())
+    _check_16bit_gradients(base.to(dtype), p64.to(dtype), backend_device(backend), backend,
+                           0.75, g, saturated=True)
 
 
 @pytest.mark.parametrize("backend,n", [("torch", 5000), pytest.param("triton", 300,
