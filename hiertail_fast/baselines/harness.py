@@ -37,9 +37,9 @@ __all__ = ["train_baseline", "run_baseline_seeds"]
 def _warn_unsorted_tail(cfg: BaselineConfig, y: torch.Tensor, num_classes: int) -> None:
     """The tail is the last ``im_class_num`` labels (the official rule, for labels sorted by
     descending class size, as ``load_npz(..., relabel_by_size=True)``, load_dataset and the
-    CLI give them). A graph whose
-    labels are not: its "tail" may be large or empty classes, and an up-sampling method then
-    silently does little or nothing (a baselines audit): warn, naming the fix."""
+    CLI give them). A graph whose labels are not: its "tail" may be large or empty classes,
+    and an up-sampling method then silently does little or nothing (a baselines audit): warn,
+    naming the fix."""
     if not getattr(METHODS[cfg.method], "uses_tail", False):
         return
     sizes = torch.bincount(y.cpu(), minlength=num_classes)

@@ -170,6 +170,11 @@ def _safe(text: str) -> str:
     return "".join(c if c.isalnum() or c in "._=-" else "_" for c in text)[:80]
 
 
+# what `RunCache.lookup` says of a run of other data of the same shape, which `RunCache.put`
+# keeps beside the new one (run_specs' notice says so only then)
+OTHER_DATA = "was made from other data of the same shape"
+
+
 class RunCache:
     """One JSON file per finished run; the file name carries a hash of the run's identity."""
 
@@ -205,7 +210,7 @@ class RunCache:
             kept = self._kept(p, fingerprint)       # this data's run, kept by an earlier put
             if kept is not None:
                 return kept, None
-            return None, (f"cached run {p} was made from other data of the same shape "
+            return None, (f"cached run {p} {OTHER_DATA} "
                           f"(data fingerprint {str(cached)[:19]}, this data {fingerprint[:19]}); "
                           "treated as missing")
         return record, None
@@ -397,7 +402,7 @@ def run_specs(specs: list[RunSpec], budget: Budget, source: DataSource, cache: R
             # (the other data's run is kept beside it only for a fingerprint mismatch; an
             # unreadable or incomplete file is simply replaced)
             kept = (" (that run is kept beside it, as <name>.data-<its fingerprint>.json)"
-                    if "from other data" in problem else "")
+                    if OTHER_DATA in problem else "")
             notice(problem + (f"; retraining it{kept}" if train
                               else " (--report-only: not reported)"))
         if record is None and not train:
