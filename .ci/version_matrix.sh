@@ -4,6 +4,7 @@
 # build of torch from PyPI (~4.6 GB). Run by hand before a GPU session, or after a dependency
 # moves:
 #   bash .ci/version_matrix.sh [LOG_DIR]            (default /tmp/version_matrix)
+#   ONLY=gpu-image bash .ci/version_matrix.sh       (one row, by name)
 # Rows: name | python | pip requirements. "gpu-image" is the GPU machine's torch 2.11 + triton
 # 3.6 (README "On a GPU machine"); its NumPy is held below 2.4, whose change breaks triton 3.6's
 # interpreter (tests/conftest.py stops at once with that message otherwise). "newest" is the
@@ -29,6 +30,7 @@ ROWS=(
 status=0
 for row in "${ROWS[@]}"; do
   IFS='|' read -r name py reqs <<< "$row"
+  [ -z "${ONLY:-}" ] || [ "$name" = "$ONLY" ] || continue
   log="$LOGS/$name.log"
   if [ -z "$py" ] || [ ! -x "$py" ]; then
     echo "$name: no interpreter found, skipped" | tee -a "$LOGS/summary.txt"; continue
