@@ -21,14 +21,27 @@ def prefer_passive_wait() -> bool:
     return True
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def program_name(prog: str | None = None) -> str:
+    """The name usage and error lines give the command: ``prog`` when the entry knows it (the
+    two ``python -m`` forms pass theirs), else the console script's own name (``hiertail-train``,
+    from argv[0]), else ``python -m hiertail_fast.train`` (argv[0] ``-c`` or a ``.py`` file: an
+    embedding program)."""
+    if prog is not None:
+        return prog
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if not name or name.startswith("-") or name.endswith(".py"):
+        return "python -m hiertail_fast.train"
+    return name
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Run the training CLI; exit status 0 (errors exit through SystemExit: 2 for usage)."""
     prefer_passive_wait()
     from hiertail_fast._train_cli import main as cli_main
 
-    cli_main(argv)
+    cli_main(argv, prog=program_name(prog))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m hiertail_fast"))

@@ -152,8 +152,8 @@ def _device_error(text: str) -> str | None:
     return None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog="python -m hiertail_fast.train",
+def build_parser(prog: str = "python -m hiertail_fast.train") -> argparse.ArgumentParser:
+    p = ArgumentParser(prog=prog,
                        description="Train HierTail (long-tail node classification).")
     src = p.add_argument_group("input")
     src.add_argument("--data", type=path_arg, help="graph in the uniform .npz format; its classes "
@@ -251,10 +251,11 @@ def _config_from_args(args, dataset_name: str | None) -> HierTailConfig:
 
 
 @keeps_thread_count
-def main(argv: Sequence[str] | None = None) -> dict:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m hiertail_fast.train") -> dict:
     """Parse `argv`, train, print the table, write ``--json``; returns the results dict.
-    User errors exit with code 2 and one line on stderr (argparse's ``parser.error``)."""
-    parser = build_parser()
+    User errors exit with code 2 and one line on stderr (argparse's ``parser.error``); ``prog``
+    names the command in them (the entry point's own name)."""
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     if (args.data is not None) + args.synthetic + (args.dataset is not None) != 1:
         parser.error("give exactly one of --data PATH.npz, --dataset NAME or --synthetic")

@@ -27,7 +27,7 @@ if __name__ == "__main__":
 
     from hiertail_fast.__main__ import main as _entry
 
-    sys.exit(_entry())
+    sys.exit(_entry(prog="python -m hiertail_fast.train"))
 
 import random
 import time

@@ -708,3 +708,23 @@ def test_a_result_file_moved_away_during_the_rotation_is_not_a_crash(tmp_path, m
     monkeypatch.setattr(_files.os, "replace", racing_replace)
     assert _files.replace_keeping_prev(target, "new") is None
     assert target.read_text() == "new" and not (tmp_path / "r.prev.json").exists()
+
+
+@pytest.mark.parametrize("how, prog", [("m-train", "python -m hiertail_fast.train"),
+                                       ("m-package", "python -m hiertail_fast"),
+                                       ("console-script", "hiertail-train")])
+def test_usage_and_errors_name_the_command_the_user_ran(how, prog, tmp_path):
+    """`hiertail-train --help` printed `usage: python -m hiertail_fast.train` (one fixed name
+    for three entry points); each now names itself, its error lines too. The console script is
+    stood in for by a file named like it (argv[0] is the script's path, as pip's wrapper)."""
+    script = tmp_path / "hiertail-train"
+    script.write_text("import sys\nfrom hiertail_fast.__main__ import main\nsys.exit(main())\n")
+    entry = {"m-train": ["-m", "hiertail_fast.train"], "m-package": ["-m", "hiertail_fast"],
+             "console-script": [str(script)]}[how]
+    proc = _python(entry + ["--help"])
+    assert proc.returncode == 0 and proc.stdout.startswith(f"usage: {prog} "), proc.stdout[:200]
+    proc = _python(entry + ["--synthetic", "--lr", "-1"])
+    assert proc.returncode == 2
+    err = proc.stderr.strip().splitlines()
+    assert err[-1].startswith(f"{prog}: error: ") and err[-1].endswith(
+        f"({prog} --help lists the options)"), err[-1]
