@@ -29,6 +29,9 @@ from pathlib import Path
 
 from hiertail_fast._argparse import positive
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _results import check_targets, write_result  # noqa: E402
+
 MODES = [("eager", None), ("custom-op", "aot_eager"), ("traced", "aot_eager"),
          ("custom-op", "inductor"), ("traced", "inductor")]
 
@@ -98,11 +101,7 @@ def main(argv=None) -> int:
     if bad:         # (an unknown mode ran the traced path under its name; no colon: traceback)
         ap.error(f"--modes: {', '.join(bad)} not among {', '.join(sorted(known))}")
     if args.json:   # before the fresh processes' minutes, not after them
-        from hiertail_fast._files import unwritable_file_reason
-
-        problem = unwritable_file_reason(Path(args.json))
-        if problem:
-            ap.error(f"--json {args.json} cannot be written: {problem}")
+        check_targets(ap, "--json", Path(args.json))
     modes = [(m, None if c in ("", "-") else c) for m, c in pairs] or MODES
     runs: dict[tuple, list[dict]] = {m: [] for m in modes}
     for r in range(args.repeats):
@@ -132,9 +131,7 @@ def main(argv=None) -> int:
     if args.json:
         import torch
 
-        from hiertail_fast._files import atomic_write_text
-
-        atomic_write_text(Path(args.json), json.dumps({
+        write_result(Path(args.json), json.dumps({
             "n": args.n, "d": args.d, "variant": args.variant, "steps": args.steps,
             "repeats": args.repeats, "torch": torch.__version__, "rows": rows}, indent=1))
     return 0
