@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
+import threading
 import weakref
 from typing import Any, NamedTuple
 
@@ -64,6 +66,33 @@ _FINITE_WEIGHTS = "weights checked finite"     # cache key: the weights' version
 _SNAPSHOT = "learnable weights when cached"
 _ASSUMED = "assumed_symmetric"   # True: declared (assume_symmetric); _Versioned: inherited
 _STALE = ("arrays modified in place before the graph was copied",)   # never a version tuple
+
+
+def _synchronized(method):
+    """Run ``method`` under the graph's own lock. The caches are read, checked and dropped
+    in several steps (`_weights_current` drops every weight entry when a fused optimizer
+    stepped the weights without bumping their counter); two threads using one graph (a
+    training thread and an evaluation thread, a DataLoader's workers in threads) interleaved
+    those steps: one dropped the "weights checked finite" marker while the other set it
+    again, which then served the operator of the OLD weights (a thread audit), or a dict
+    changed size under a comprehension. Re-entrant (a computation caches its parts); not
+    while TorchDynamo traces (a single thread, and no lock in the graph)."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            return method(self, *args, **kwargs)
+        lock = self._lock
+        if lock is None:      # made at first eager use: a graph built while TorchDynamo traces
+            with _NEW_LOCK:   # cannot make one (it does not trace threading.RLock())
+                if self._lock is None:
+                    self._lock = threading.RLock()
+                lock = self._lock
+        with lock:
+            return method(self, *args, **kwargs)
+    return run
+
+
+_NEW_LOCK = threading.Lock()
 
 
 class _Versioned(NamedTuple):
@@ -146,7 +175,7 @@ class CSRGraph:
     """
 
     __slots__ = ("_indptr", "_indices", "_weight", "_num_nodes", "_cache", "_stamps",
-                 "_arrays_version", "__weakref__")
+                 "_arrays_version", "_lock", "__weakref__")
 
     def __init__(
         self,
@@ -177,6 +206,7 @@ class CSRGraph:
         self._num_nodes = int(num_nodes if num_nodes is not None else indptr.numel() - 1)
         self._cache: dict[Any, Any] = {}
         self._stamps: dict[Any, Any] = {}    # key -> `_stamp` of its entry when it was made
+        self._lock: Any = None      # guards _cache / _stamps; made at first use (`_synchronized`)
         self._arrays_version = _versions(indptr, indices)
         self._register()
 
@@ -193,6 +223,7 @@ class CSRGraph:
                 # op found it for a new graph built on the edited arrays and raised)
                 _LIVE[key] = self
 
+    @_synchronized
     def __getstate__(self):
         """Pickled (``torch.save``, ``copy.copy``, a multiprocessing worker): the arrays and
         the caches that are valid now. A loaded tensor's version counter starts afresh, so an
@@ -224,7 +255,7 @@ class CSRGraph:
                     value = _CURRENT if key == _FINITE_WEIGHTS else (_CURRENT, value.value)
                 cache[key] = value
         slots = {name: getattr(self, name) for name in self.__slots__
-                 if name not in ("__weakref__", "_cache", "_stamps", "_arrays_version")}
+                 if name not in ("__weakref__", "_cache", "_stamps", "_arrays_version", "_lock")}
         return None, {**slots, "_cache": cache, "_arrays_version": _STALE if stale else None}
 
     def __setstate__(self, state) -> None:
@@ -235,6 +266,7 @@ class CSRGraph:
         for name, value in slots.items():
             object.__setattr__(self, name, value)
         self._stamps = {}     # (the loaded entries are stamped at their first use)
+        self._lock = None     # (its own, made at first use)
         ver = self._weight_version()
         for key, value in list(self._cache.items()):
             if key == _FINITE_WEIGHTS and value == _CURRENT:
@@ -371,6 +403,7 @@ class CSRGraph:
         return (self._arrays_version is not None and not torch.compiler.is_compiling()
                 and self._arrays_version != _versions(self._indptr, self._indices))
 
+    @_synchronized
     def _check_weights(self) -> bool:
         """ValueError when the stored weights hold NaN or Inf. Checked at construction and
         again, once per version, after any in-place update (a diverged optimizer step on
@@ -395,6 +428,7 @@ class CSRGraph:
         self._cache[_FINITE_WEIGHTS] = ver
         return True
 
+    @_synchronized
     def _cached(self, key: Any, fn):
         """Cache of a STRUCTURAL quantity (depends on indptr/indices only). Computed outside
         any torch.func transform (a plain tensor, as the arrays are: ``__init__``) and outside
@@ -433,6 +467,7 @@ class CSRGraph:
             return -1
         return self._weight._version
 
+    @_synchronized
     def _cached_w(self, key: Any, fn):
         """Cache of a quantity that depends on the edge WEIGHTS: an entry is valid only for the
         weights' version it was computed from (the weight tensor itself is fixed per graph, so
@@ -457,6 +492,7 @@ class CSRGraph:
         self._stamp_entry(key, value)
         return value
 
+    @_synchronized
     def _weights_current(self, version: Any) -> bool:
         """Whether an entry made for the weights' ``version`` is valid now. The version counter
         misses updates that bypass it — torch's fused optimizers (``Adam(..., fused=True)``)
@@ -481,7 +517,7 @@ class CSRGraph:
             return True
         for key in [k for k, v in self._cache.items()
                     if k in (_FINITE_WEIGHTS, _SNAPSHOT) or isinstance(v, _Versioned)]:
-            del self._cache[key]
+            self._cache.pop(key, None)
         return False
 
     def _learnable_leaf(self) -> bool:
@@ -496,6 +532,7 @@ class CSRGraph:
         # which a fused step does not bump either (the review of session 30)
         return w.is_leaf or (w._base is not None and w._base.is_leaf)
 
+    @_synchronized
     def _remember_weights(self, ver: int | None) -> None:
         """Keep a copy of learnable weights as they are when an entry is made for version
         ``ver`` (one copy per version: `_weights_current`)."""
@@ -689,6 +726,7 @@ class CSRGraph:
         return self._cached_w("transpose", compute)
 
     @property
+    @_synchronized
     def known_symmetric(self) -> bool | None:
         """True/False when symmetry is already known (checked for the current weights, or
         declared: inherited from a symmetric parent by subgraph / self-loop methods / A² /
@@ -705,6 +743,7 @@ class CSRGraph:
             return hit.value
         return None
 
+    @_synchronized
     def _declared_symmetric(self) -> bool:
         """Symmetry declared (``assume_symmetric``), or inherited from a symmetric parent for
         the weights as they are (None: unweighted; -1: inference tensors, no counter)."""
@@ -727,6 +766,7 @@ class CSRGraph:
             return False
         return self._weights_current(declared.version)
 
+    @_synchronized
     def assume_symmetric(self) -> CSRGraph:
         """Declare M == Mᵀ without checking (e.g. an induced subgraph of a symmetric graph, built
         elsewhere) so backward passes reuse this CSR; returns self. Wrong use gives wrong
@@ -756,6 +796,7 @@ class CSRGraph:
         child._cache.pop("transpose", None)
         return child
 
+    @_synchronized
     def is_symmetric(self) -> bool:
         """Whether M == Mᵀ, weights included (cached for the current weight version).
         Duplicate entries with different weights can make the check False for a symmetric

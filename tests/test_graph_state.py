@@ -407,6 +407,111 @@ def test_weights_frozen_after_a_fused_step_are_seen():
     torch.testing.assert_close(gcn_propagate(x, g), _propagate_ref(x, g))
 
 
+def test_a_thread_using_the_graph_while_another_drops_its_stale_entries():
+    """Two threads on one graph after a fused optimizer step: thread A, dropping the entries
+    of the old weights (`_weights_current`), had removed the "weights checked finite" marker
+    when thread B checked the weights, set the marker again and was served the operator of
+    the OLD weights (a thread audit). The interleaving is forced: A pauses (at most 1 s) right
+    after the marker is gone; every dict operation is the plain dict's."""
+    import threading
+
+    from hiertail_fast import graph as graph_mod
+
+    s, w0 = _graph()
+    w = torch.nn.Parameter(w0)
+    g = CSRGraph(s.indptr, s.indices, w, s.num_nodes)
+    x = torch.randn(s.num_nodes, 3, generator=torch.Generator().manual_seed(8))
+    opt = torch.optim.Adam([w], lr=0.3, fused=True)
+    with torch.no_grad():
+        before = gcn_propagate(x, g)                 # caches the operator
+    w.grad = torch.randn(w.shape, generator=torch.Generator().manual_seed(9))
+    opt.step()                                       # new weights, same version counter
+    expected = _propagate_ref(x, g)
+    assert not torch.allclose(expected, before)
+    a_paused, b_done = threading.Event(), threading.Event()
+
+    class PausingDict(dict):
+        def _pause(self, key):
+            if key == graph_mod._FINITE_WEIGHTS and threading.current_thread().name == "A":
+                a_paused.set()
+                b_done.wait(1.0)
+
+        def __delitem__(self, key):
+            super().__delitem__(key)
+            self._pause(key)
+
+        def pop(self, key, *default):
+            out = super().pop(key, *default)
+            self._pause(key)
+            return out
+
+    g._cache = PausingDict(g._cache)
+    results = {}
+
+    def run(name):
+        with torch.no_grad():
+            results[name] = gcn_propagate(x, g)
+        b_done.set()
+
+    a = threading.Thread(target=run, args=("A",), name="A")
+    a.start()
+    assert a_paused.wait(10)
+    b = threading.Thread(target=run, args=("B",), name="B")
+    b.start()
+    b.join(10)
+    a.join(10)
+    torch.testing.assert_close(results["A"], expected)
+    torch.testing.assert_close(results["B"], expected)
+
+
+def test_threads_stepping_and_reading_one_graph_never_crash():
+    """A fused step in one thread while others read the caches: the purge iterated the cache
+    dict while another thread filled it ("dictionary changed size during iteration") or
+    deleted a key another thread had deleted (KeyError)."""
+    import threading
+
+    s, _ = _graph(symmetrize=True)
+    w = torch.nn.Parameter(torch.ones(s.num_edges))
+    g = CSRGraph(s.indptr, s.indices, w, s.num_nodes)
+    x = torch.randn(s.num_nodes, 3, generator=torch.Generator().manual_seed(10))
+    opt = torch.optim.SGD([w], lr=1e-3, fused=True)
+    errors, stop = [], threading.Event()
+
+    def read():
+        try:
+            while not stop.is_set():
+                with torch.no_grad():
+                    gcn_propagate(x, g)
+                g.is_symmetric()
+                g.transpose()
+        except Exception as exc:     # noqa: BLE001  (the failure under test, reported below)
+            errors.append(exc)
+
+    readers = [threading.Thread(target=read) for _ in range(3)]
+    for t in readers:
+        t.start()
+    w.grad = torch.full_like(w, -1.0)
+    for _ in range(200):   # weights that only grow: a read torn by a step (the step is not
+        opt.step()         # ours to lock) is never matched again by a later copy (ABA)
+    stop.set()
+    for t in readers:
+        t.join(30)
+    assert not errors, errors
+    with torch.no_grad():
+        torch.testing.assert_close(gcn_propagate(x, g), _propagate_ref(x, g))
+
+
+@pytest.mark.parametrize("how", [*COPIES, "deepcopy"])
+def test_a_copy_has_a_lock_of_its_own(how):
+    """The cache lock is not pickled (it cannot be) and not shared with the copy."""
+    s, w = _graph()
+    g = CSRGraph(s.indptr, s.indices, w, s.num_nodes)
+    g.gcn_norm_values()
+    copied = copy.deepcopy(g) if how == "deepcopy" else COPIES[how](g)
+    torch.testing.assert_close(copied.gcn_norm_values()[0], g.gcn_norm_values()[0])
+    assert copied._lock is not None and copied._lock is not g._lock
+
+
 @pytest.mark.parametrize("how", list(COPIES))
 def test_a_copy_leaves_an_edited_cache_entry_behind(how):
     """A copy took the caches as they were, an edited entry included, and trusted it (the

@@ -107,10 +107,18 @@ def _merge_diagonal(indptr, indices, values, diag, insert=None):
     return new_indptr, new_indices, new_values
 
 
-def _cached_operator(backend, graph, weight, dinv, loop, key, transposed) -> CSROperator:
+def _cached_operator(backend, graph, key, transposed) -> CSROperator:
     """The normalised operator with the self-loop diagonal merged in, built once per (graph,
     options, dtype, orientation) and cached on the graph (`_csr_product.CSROperator`)."""
     def build():
+        # dinv, loop and the weights read again from the graph, inside its lock (`_cached_w`
+        # holds it): the caller's could be one fused optimizer step older when another thread
+        # stepped the weights in between, and that operator was cached for the new weights
+        # (a thread audit). The same values in one thread: dinv is the graph's cache entry.
+        improved, add_self_loops, cdtype = key
+        dinv, loop = graph.gcn_deg_inv_sqrt(improved, add_self_loops, cdtype)
+        loop = loop if add_self_loops else None
+        weight = None if graph.weight is None else graph.weight.detach().to(cdtype)
         indptr, indices, values = _normalised(graph, weight, dinv, transposed)
         if loop is not None:
             indptr, indices, values = _merge_diagonal(indptr, indices, values,
@@ -120,7 +128,7 @@ def _cached_operator(backend, graph, weight, dinv, loop, key, transposed) -> CSR
         return tuple(CSROperator.build(indptr, indices, values, graph.num_nodes, backend))
     # keyed by the weights' version too: an in-place update of learnable weights rebuilds it
     return CSROperator(*graph._cached_w(
-        ("gcn_operator", backend, transposed, loop is not None) + key, build))
+        ("gcn_operator", backend, transposed) + key, build))
 
 
 def _spmm(backend, graph, weight, dinv, loop, x, key, transposed):
@@ -136,7 +144,7 @@ def _spmm(backend, graph, weight, dinv, loop, x, key, transposed):
         return gcn_spmm(g.indptr, g.indices, w, dinv, loop, x)
     x_in, x = x, x.to(dinv.dtype)  # fp16/bf16 run in fp32 (CPU sparse kernels lack them)
     if key is not None:  # cached operator, self-loops merged in: one sparse product
-        op = _cached_operator(backend, graph, weight, dinv, loop, key, transposed)
+        op = _cached_operator(backend, graph, key, transposed)
         if op.nnz() == 0:
             return torch.zeros_like(x_in)
         return op.matmul(x).to(x_in.dtype)
