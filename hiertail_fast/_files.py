@@ -135,8 +135,7 @@ try:
 except ImportError:         # (not on Windows: no lock there)
     fcntl = None
 
-_HELD: dict[str, int] = {}      # folder -> how many times this process holds its lock
-_HELD_GUARD = threading.Lock()
+_HELD = threading.local()      # .depth: folder -> how many times this THREAD holds its lock
 
 
 @contextmanager
@@ -147,11 +146,15 @@ def folder_lock(folder: Path) -> Iterator[None]:
     two --json of one file) each checked what was there and then rotated what was there by
     the time they wrote: one's summary was demoted to .prev or deleted, or the rotation
     crashed on a file the other had just moved (a concurrency audit). Re-entrant within a
-    process; best effort where the folder cannot be opened or locked (no error)."""
+    thread; two threads of one process exclude each other too (each takes the flock on a
+    descriptor of its own, and flock locks of two descriptors conflict: the count of holds
+    was per process, so a second thread walked in unlocked and a write lost the .prev it
+    should have kept; a thread audit). Best effort where the folder cannot be opened or
+    locked (no error)."""
     key = os.path.realpath(folder)
-    with _HELD_GUARD:
-        depth = _HELD.get(key, 0)
-        _HELD[key] = depth + 1
+    held = _HELD.__dict__.setdefault("depth", {})
+    depth = held.get(key, 0)
+    held[key] = depth + 1
     fd = None
     try:
         if depth == 0 and fcntl is not None:
@@ -166,10 +169,9 @@ def folder_lock(folder: Path) -> Iterator[None]:
     finally:
         if fd is not None:
             os.close(fd)            # (closing releases the lock)
-        with _HELD_GUARD:
-            _HELD[key] -= 1
-            if not _HELD[key]:
-                del _HELD[key]
+        held[key] -= 1
+        if not held[key]:
+            del held[key]
 
 
 def replace_file_set(out: Path, writers: dict, current: list, prev_of,

@@ -442,3 +442,53 @@ def test_commands_writing_one_folder_at_once_keep_every_summary(tmp_path):
                   for f in tmp_path.glob("per-class*.json") if ".prev" not in f.name)
     assert kept == [0.01, 0.02, 0.03]
     assert not list(tmp_path.glob("*.prev.*")) and not list(tmp_path.glob(".*tmp*"))
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the folder lock is fcntl's")
+def test_threads_writing_one_folder_at_once_keep_every_summary(tmp_path):
+    """The same from three threads of one process (a notebook's or a sweep's threads): the
+    lock's count of holds was per process, so the second thread took it as re-entry and
+    walked in unlocked: a summary demoted or lost (a thread audit). Each thread holds the
+    lock on a descriptor of its own now."""
+    import threading
+
+    errors = []
+
+    def write(lr):
+        try:
+            _write_summary(str(tmp_path), lr)
+        except Exception as exc:     # noqa: BLE001  (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(lr,)) for lr in (0.01, 0.02, 0.03)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    kept = sorted(json.loads(f.read_text())["args"]["lr"]
+                  for f in tmp_path.glob("per-class*.json") if ".prev" not in f.name)
+    assert kept == [0.01, 0.02, 0.03]
+    assert not list(tmp_path.glob("*.prev.*")) and not list(tmp_path.glob(".*tmp*"))
+
+
+def test_the_folder_lock_is_reentrant_in_a_thread_and_exclusive_across_threads(tmp_path):
+    """Re-entry in one thread does not deadlock; a second thread waits for the first."""
+    import threading
+    import time
+
+    from hiertail_fast._files import folder_lock
+
+    order = []
+
+    def second():
+        with folder_lock(tmp_path):
+            order.append("second")
+
+    with folder_lock(tmp_path), folder_lock(tmp_path):      # re-entrant
+        t = threading.Thread(target=second)
+        t.start()
+        time.sleep(0.3)
+        order.append("first")
+    t.join(10)
+    assert order == ["first", "second"]
