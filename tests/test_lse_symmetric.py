@@ -240,6 +240,25 @@ def test_wide_logits_stay_finite_and_exact(forced):
         _assert_like_reference(fast, z, y, None, variant=variant, tau=0.01)
 
 
+def test_huge_logits_keep_the_gradient_exact(forced):
+    """max|z|^2/tau = 1e14 (inside the validated bound): the gradient's lse - M was formed as
+    (M + log s) - M in float64, which loses 2^-53 |M| ~ 0.01 of an O(1) quantity: the exact
+    loss's gradient was 0.7 % off (~100 % at 1e16) while the value and the row-block engine
+    were right (an extremes audit). It is log s itself now. (The official variant's value
+    carries the documented 2^-53 |M| of its denominator, docs/LOSS.md, on both engines; its
+    float64 reference gradient is NaN at this size.)"""
+    gen = torch.Generator().manual_seed(11)
+    z0 = torch.randn(120, 8, generator=gen, dtype=torch.float64)
+    z = (z0 / z0.norm(dim=1, keepdim=True) * (1e14 * 0.1) ** 0.5).float()
+    y = torch.randint(0, 5, (120,), generator=gen)
+    fast = _loss_and_grads(z, y, None, variant="exact")
+    exp = _loss_and_grads(z.double(), y, None, variant="exact", backend=None)
+    assert forced["fused"] > 0
+    torch.testing.assert_close(fast[0].double(), exp[0], rtol=1e-6, atol=0)
+    err = (fast[1].double() - exp[1]).abs().max() / exp[1].abs().max()
+    assert err < 1e-6, err        # (the float32 reference: 2.3e-7)
+
+
 def test_applicable_only_where_it_is_built_for(monkeypatch):
     monkeypatch.setenv(sym.ENV_VAR, "1")
     z = torch.randn(sym.MIN_ROWS, 4)
