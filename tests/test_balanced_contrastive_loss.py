@@ -150,6 +150,13 @@ def test_learnable_temperature(backend, variant):
         "hierarchical": lambda z, p, tau, b: hierarchical_contrastive_loss(
             z, [y.to(z.device), y.to(z.device) // 2], [p, None], temperature=tau,
             variant=variant, backend=b),
+        # prototypes of each level (seen by that level only) holding rows' maxima: the
+        # official dL/dtau's per-level row max must leave the other level's keys out (a
+        # mutation audit: dropping that mask left every test green, dtau 3 % off)
+        "hierarchical, prototypes hold the maxima": lambda z, p, tau, b:
+            hierarchical_contrastive_loss(
+                z, [y.to(z.device), y.to(z.device) // 2], [p * 3, p[:2] * 3],
+                temperature=tau, variant=variant, backend=b),
     }
     for name, call in calls.items():
         got = run(torch.float32, dev, call, backend)
