@@ -783,6 +783,30 @@ def test_a_degree_beyond_float32s_range_keeps_its_row(backend):
 
 
 @pytest.mark.parametrize("backend", ["reference", *BACKENDS])
+@pytest.mark.parametrize("scale", [1e30, 1e-30])
+@pytest.mark.parametrize("loops", [True, False])
+def test_learnable_weights_far_from_one_get_their_true_gradient(backend, scale, loops):
+    """Learnable float32 weights of 1e30 or 1e-30: finite rows and O(1) (or 1e±30, inside
+    float32) weight gradients, but deg^-3/2 and dL/d dinv (~w·dinv·<g, x>, 1e45) under- or
+    overflowed float32: NaN, -inf or a wrong sign on every backend and the reference (an
+    extremes audit). The degree path runs in float64 now; within float32's tolerance of the
+    float64 oracle."""
+    dev = backend_device(backend)
+    ei = torch.tensor([[1, 2, 0, 1], [0, 0, 1, 0]] if loops else [[0, 1], [1, 0]], device=dev)
+    x = torch.tensor([[1.0, 0.5], [2.0, -1.0], [-1.0, 3.0]], device=dev)[:3 if loops else 2]
+    w0 = torch.tensor([1.0, 3.0, 2.0, 0.5], device=dev)[:ei.shape[1]] * scale
+    w = w0.clone().requires_grad_()
+    w64 = w0.double().requires_grad_()
+    gy = torch.tensor([[1.0, -2.0], [0.5, 1.0], [2.0, 1.0]], device=dev)[:x.shape[0]]
+    got = gcn_propagate(x, ei, w, add_self_loops=loops, backend=backend)
+    want = gcn_propagate_ref(x.double(), ei, w64, add_self_loops=loops)
+    got.backward(gy)
+    want.backward(gy.double())
+    torch.testing.assert_close(got.double(), want, **tol(torch.float32))
+    torch.testing.assert_close(w.grad.double(), w64.grad, rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("backend", ["reference", *BACKENDS])
 def test_terms_near_float32s_largest_value_are_scaled_before_the_sum(backend):
     """Node 0 gathers two rows of 3e38: each normalised term (dinv_0 w dinv_j x_j ~ 1.1e38)
     and their sum are finite, but the Triton kernel summed w·dinv_j·x_j (2.1e38 each) and

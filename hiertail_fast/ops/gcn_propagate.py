@@ -41,6 +41,7 @@ import torch
 
 from hiertail_fast._validation import (
     check_flag,
+    check_weights_fit,
     check_float_matrix,
     check_no_edge_weight,
     check_num_nodes,
@@ -132,8 +133,12 @@ def _cached_operator(backend, graph, key, transposed) -> CSROperator:
 
 
 def _spmm(backend, graph, weight, dinv, loop, x, key, transposed):
-    """(Â or Âᵀ)·x (no autograd), for the torch / torch_sparse / triton backends."""
+    """(Â or Âᵀ)·x (no autograd), for the torch / torch_sparse / triton backends; dinv and
+    loop (float64 for learnable weights: `gcn_propagate`) in the compute dtype."""
     n = graph.num_nodes
+    cdtype = _cdtype(x.dtype)
+    dinv = dinv.to(cdtype)
+    loop = None if loop is None else loop.to(cdtype)
     if backend == "triton":
         from hiertail_fast.kernels.gcn_propagate import gcn_spmm  # lazy: never at import time
 
@@ -357,7 +362,14 @@ def gcn_propagate(
     # dinv/loop come from the graph's cache unless the weights need gradients (then they are
     # recomputed with autograd so the degree path reaches the weights)
     cdtype = _cdtype(x.dtype)
-    dinv, loop = graph.gcn_deg_inv_sqrt(improved, add_self_loops, cdtype)
+    if weight_grad:
+        # dinv in float64, rounded inside the op: its gradient (~w·dinv·<g, x>: 1e45 for
+        # weights of 1e30, an O(1) weight gradient after the degree path) overflowed float32
+        # into inf - inf = NaN (an extremes audit)
+        check_weights_fit(graph.weight, cdtype)
+        dinv, loop = graph.gcn_deg_inv_sqrt(improved, add_self_loops, torch.float64)
+    else:
+        dinv, loop = graph.gcn_deg_inv_sqrt(improved, add_self_loops, cdtype)
     key = None if weight_grad else (bool(improved), bool(add_self_loops), cdtype)
     if weight is not None:
         weight = weight.to(cdtype)

@@ -75,15 +75,15 @@ def gcn_propagate_ref(
     wide = torch.promote_types(x.dtype, torch.float64)
     wdeg = torch.zeros(n, dtype=wide, device=x.device).index_add(0, dst, w.to(wide)) + loop
     check_gcn_degrees(wdeg)  # negative / NaN / beyond float64: ValueError (PyG: NaN rows)
-    deg = wdeg.to(x.dtype)
-    zero = deg == 0  # isolated without self-loop: dinv = 0 (safe form keeps gradients finite)
-    dinv = torch.where(zero, torch.zeros_like(deg), torch.where(zero, 1.0, deg).pow(-0.5))
-    # a degree beyond x.dtype's range (weights near float32's largest value) rounds to +inf,
-    # but its deg^-1/2 (~1e-19) is representable: taken in the wide dtype there
-    over = torch.isinf(deg)
-    dinv = torch.where(over, torch.where(over, wdeg, 1.0).pow(-0.5).to(x.dtype), dinv)
+    # deg^-1/2 (and its derivative) in the wide dtype, rounded once: a degree beyond x.dtype's
+    # range (weights near float32's largest value) has a representable deg^-1/2 (~1e-19),
+    # and learnable weights of 1e30 had -deg^-3/2 / 2 under/overflow float32 (NaN gradients)
+    zero = wdeg == 0  # isolated without self-loop: dinv = 0 (safe form keeps gradients finite)
+    dinv = torch.where(zero, torch.zeros_like(wdeg), torch.where(zero, 1.0, wdeg).pow(-0.5))
+    # the normalised values too, rounded once: their derivative in dinv, ~w·dinv·<g, x>, is
+    # ~1e45 for weights of 1e30 (overflow, then inf - inf in its sum), the weights' gradient O(1)
     # gathers by index_select: its CPU backward adds repeated indices in a fixed order
     # (advanced indexing's, index_put_, runs them in parallel: not reproducible run to run)
-    norm = dinv.index_select(0, src) * w * dinv.index_select(0, dst)
+    norm = (dinv.index_select(0, src) * w.to(wide) * dinv.index_select(0, dst)).to(x.dtype)
     out = torch.zeros_like(x).index_add(0, dst, norm.unsqueeze(1) * x.index_select(0, src))
-    return (out + (loop * dinv * dinv).unsqueeze(1) * x).to(x_in.dtype)
+    return (out + (loop * dinv * dinv).to(x.dtype).unsqueeze(1) * x).to(x_in.dtype)
