@@ -198,15 +198,27 @@ def duplicate_sum_overflow(dtype: torch.dtype) -> ValueError:
 def check_weights_fit(weight: torch.Tensor | None, dtype: torch.dtype) -> None:
     """ValueError when edge weights stored in a wider dtype than the propagation's (the
     features') do not fit it: float64 weights of 1e39 with float32 features became inf in the
-    cast, dinv 0, and 0·inf NaN rows on every backend (an extremes audit). Checked once per
-    weights' version and dtype where the degrees are cached."""
+    cast, dinv 0, and 0·inf NaN rows on every backend; nonzero ones below its normal range
+    (1e-40, 1e-50) were flushed to a few bits or to 0, silently: 1.4 % off, or every row 0
+    (two extremes audits). Checked once per weights' version and dtype where the degrees are
+    cached."""
     if weight is None or torch.finfo(weight.dtype).max <= torch.finfo(dtype).max:
         return
-    if not all_finite(weight.detach().to(dtype)):
+    w = weight.detach()
+    cast = w.to(dtype)
+    if not all_finite(cast):
         raise ValueError(f"edge_weight ({weight.dtype}) has values beyond {dtype}'s range, "
                          f"the dtype the propagation runs in (that of the features, float32 "
                          f"for 16-bit ones): rescale the weights (GCN normalisation does not "
                          f"change when all are scaled together) or pass {weight.dtype} features")
+    tiny = torch.finfo(dtype).tiny
+    if bool(((cast.abs() < tiny) & (w != 0)).any()):
+        raise ValueError(f"edge_weight ({weight.dtype}) has nonzero values below {dtype}'s "
+                         f"normal range (smallest normal {tiny:.6g}), the dtype the propagation "
+                         f"runs in (that of the features, float32 for 16-bit ones): they would "
+                         f"round to 0 or lose their precision; rescale the weights (GCN "
+                         f"normalisation does not change when all are scaled together), set "
+                         f"negligible ones to 0, or pass {weight.dtype} features")
 
 
 def check_no_edge_weight(edge_weight: object) -> None:

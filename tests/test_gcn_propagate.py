@@ -751,6 +751,15 @@ def test_wider_weights_beyond_the_features_dtype_raise(backend):
                                          "torch.float32's range"):
         gcn_propagate(x, ei, torch.full((4,), 1e39, dtype=torch.float64, device=dev),
                       backend=backend)
+    # below its normal range: flushed to a few bits (1e-44: 1.4 % off) or to 0 (1e-50: every
+    # row 0), silently (an extremes audit)
+    for small in (1e-40, 1e-50):
+        w = torch.tensor([1.0, 2.0, 3.0, 1.5], dtype=torch.float64, device=dev) * small
+        with pytest.raises(ValueError, match="nonzero values below torch.float32's normal"):
+            gcn_propagate(x, ei, w, add_self_loops=False, backend=backend)
+    w = torch.tensor([1.0, 0.0, 3.0, 1.5], dtype=torch.float64, device=dev)   # 0 is exact
+    torch.testing.assert_close(gcn_propagate(x, ei, w, backend=backend).double(),
+                               gcn_propagate_ref(x.double(), ei, w), **tol(torch.float32))
     w = torch.full((4,), 1e30, dtype=torch.float64, device=dev)
     want = gcn_propagate_ref(x.double(), ei, w)
     torch.testing.assert_close(gcn_propagate(x, ei, w, backend=backend).double(), want,
