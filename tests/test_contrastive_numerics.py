@@ -166,6 +166,28 @@ def assert_within_reference_error(fast, exp, low, terms: float):
         assert err <= bound, f"tensor {i}: error {err:.3g} > {bound:.3g}"
 
 
+@pytest.mark.parametrize("backend", ["reference", *BACKENDS])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_a_big_class_at_the_logit_bound_stays_finite(backend, reduction):
+    """17 equal rows of one class at 0.99 of the validated bound (max|s| <= float32 max / 16):
+    the positives' sum of 17 logits overflowed float32 before its division by |P| and the
+    exact loss was -inf on every backend, and the reference's mean of such rows inf (an
+    extremes audit). Finite now, off the float64 loss by the rounding of the logits
+    themselves (|s| 2^-24, the loss cancels |s| against |s|), and gradients finite."""
+    lim = torch.finfo(torch.float32).max / 16
+    u = torch.tensor([0.6, -0.8, 0.0])
+    z = (u.repeat(17, 1) * (0.99 * lim) ** 0.5).requires_grad_()
+    y = torch.zeros(17, dtype=torch.long)
+    call = ref if backend == "reference" else (
+        lambda *a, **k: balanced_contrastive_loss(*a, backend=backend, **k))
+    got = call(z, y, temperature=1.0, reduction=reduction)
+    want = ref(z.detach().double(), y, temperature=1.0, reduction=reduction)
+    assert torch.isfinite(got).all()
+    assert float((got.detach().double() - want).abs().max()) <= 2 ** -20 * lim
+    got.sum().backward()
+    assert torch.isfinite(z.grad).all()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_official_duplicate_rows_at_huge_logits(backend):
     """Issue reproducer: duplicate rows tie the row max; a recomputed positive score rounded

@@ -54,16 +54,23 @@ def reduction_weights(lv: Levels, reduction: str, dtype) -> torch.Tensor:
 
 
 def class_sum_term(z, lv: Levels, scale, include_self, coef=None):
-    """pos[l, i] = z_i.(S_c(i) - d z_i) * scale (d = not include_self); dz for coefficients coef.
+    """pos[l, i] = z_i.(S_c(i) - d z_i) * scale (d = not include_self), float64; dz for
+    coefficients coef.
 
     coef [L, N] is the coefficient of pos[l, i]; dz_i gets scale * (coef_i (S_c - d z_i)
     + A_c - d coef_i z_i) with A_c = sum_{i in c} coef_i z_i.
+
+    z_i.S_c is taken as |c| (z_i.S_c / |c|) and summed in float64: |c| logits inside the
+    validated bound sum past float32's range (a class of 17 rows at the bound), and the exact
+    loss was -inf (an extremes audit).
     """
     n, d = z.shape
-    pos = torch.zeros(lv.gid.shape, dtype=z.dtype, device=z.device)
+    pos = torch.zeros(lv.gid.shape, dtype=torch.float64, device=z.device)
     dz = torch.zeros_like(z) if coef is not None else None
     delta = 0.0 if include_self else 1.0
     sq = (z * z).sum(1)
+    # the scale as z's dtype holds it (a float temperature and a tensor one give one value)
+    scale_z = torch.as_tensor(scale, dtype=z.dtype, device=z.device).to(torch.float64)
     for lev in range(lv.gid.shape[0]):
         # a level over every row takes them all (nonzero would cost a host sync)
         rows = slice(None) if lv.full[lev] else (lv.gid[lev] >= 0).nonzero().squeeze(1)
@@ -72,7 +79,9 @@ def class_sum_term(z, lv: Levels, scale, include_self, coef=None):
         sums = torch.zeros(lv.n_groups[lev], d, dtype=z.dtype, device=z.device)
         sums.index_add_(0, g, zr)
         s_rows = sums[g]
-        pos[lev, rows] = ((zr * s_rows).sum(1) - delta * sq[rows]) * scale
+        size = torch.bincount(g, minlength=int(lv.n_groups[lev])).to(torch.float64)[g]
+        mean_dot = (zr * (s_rows / size.to(z.dtype)[:, None])).sum(1, dtype=torch.float64)
+        pos[lev, rows] = (mean_dot * size - delta * sq[rows].double()) * scale_z
         if coef is not None:
             c = coef[lev, rows].to(z.dtype)
             acc = torch.zeros_like(sums).index_add_(0, g, zr * c[:, None])

@@ -49,7 +49,9 @@ def _reduce(loss: torch.Tensor, contributes: torch.Tensor, reduction: str) -> to
         return loss
     if reduction == "sum":
         return loss.sum()
-    return loss.sum() / max(int(contributes.sum()), 1)
+    # divided before the sum, as the positives' sum below: rows of loss ~1e37 (logits inside
+    # the validated bound) summed past float32's range (an extremes audit)
+    return (loss / max(int(contributes.sum()), 1)).sum()
 
 
 def balanced_contrastive_loss_ref(
@@ -106,7 +108,9 @@ def balanced_contrastive_loss_ref(
 
     if variant == "exact":
         lse = torch.logsumexp(s + torch.log(w)[None, :], dim=1)
-        loss = lse - torch.where(pos, s, zero).sum(dim=1) / denom
+        # each logit divided by |P(i)| before the sum: a big class's Σ s_ij overflowed float32
+        # with every s_ij inside the validated bound (-inf; an extremes audit)
+        loss = lse - (torch.where(pos, s, zero) / denom[:, None]).sum(dim=1)
     else:
         # not detached: the gradient goes to the arg-max entry, moved to the first key of
         # the same row (see the module docstring)
@@ -114,7 +118,7 @@ def balanced_contrastive_loss_ref(
         s_hat = torch.exp(s - row_max) + OFFICIAL_EPS
         d = (s_hat * w[None, :]).sum(dim=1, keepdim=True)
         log_prob = torch.log(s_hat / d)
-        loss = -torch.where(pos, log_prob, zero).sum(dim=1) / denom
+        loss = -(torch.where(pos, log_prob, zero) / denom[:, None]).sum(dim=1)
     return _reduce(loss, contributes, reduction)
 
 
