@@ -317,3 +317,28 @@ def test_official_temperature_gradient_over_many_row_blocks(monkeypatch, hierarc
         call = lambda zz, tau, b: balanced_contrastive_loss(zz, y, temperature=tau,
                                                             variant="official", backend=b)
     _assert_tau_like_reference(call, z, 0.2)
+
+
+def test_argmax_grad_in_row_blocks_is_the_whole_matrix_sum(monkeypatch):
+    """The official loss's arg-max gradient sums in float64 a block of rows at a time (its
+    whole-matrix float64 copies were +50 % on the loss's peak; a memory audit): the same bits
+    as one block, every query-side term before the key sides, and the float64 formula."""
+    from hiertail_fast.ops import _loss_terms
+
+    gen = torch.Generator().manual_seed(3)
+    z = torch.randn(50, 6, generator=gen)
+    amax = torch.randint(0, 9, (2, 50), generator=gen)
+    gamma = torch.randn(2, 50, generator=gen, dtype=torch.float64)
+    whole = _loss_terms.argmax_grad(z, amax, gamma, 2.5, precise=True)
+    monkeypatch.setattr(_loss_terms, "ARGMAX_GRAD_ROWS", 7)
+    blocks = _loss_terms.argmax_grad(z, amax, gamma, 2.5, precise=True)
+    assert torch.equal(blocks, whole)
+    want = torch.zeros(50, 6, dtype=torch.float64)
+    for lev in range(2):
+        gm = (gamma[lev] * 2.5)[:, None]
+        want += gm * z.double()[amax[lev]]
+        want.index_add_(0, amax[lev], gm * z.double())
+    torch.testing.assert_close(blocks, want.float(), rtol=0, atol=0)
+    no_keys = _loss_terms.argmax_grad(z, amax, gamma, 2.5, key_side=False, precise=True)
+    torch.testing.assert_close(no_keys, sum((gamma[lev] * 2.5)[:, None] * z.double()[amax[lev]]
+                                            for lev in range(2)).float(), rtol=0, atol=0)
