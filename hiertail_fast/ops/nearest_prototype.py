@@ -70,23 +70,27 @@ def nearest_prototype(
             pnorm = pc.to(acc_dtype).pow(2).sum(dim=1)
             idx, best, second = nearest_prototype_fwd(zc, pc, pnorm)
         else:
-            idx, best, second = _argmin_torch(z.to(acc_dtype), prototypes.to(acc_dtype))
-        return _refine_near_ties(z.to(acc_dtype), prototypes.to(acc_dtype), idx, best, second)
+            idx, best, second = _argmin_torch(z, prototypes.to(acc_dtype))
+        # 16-bit rows are widened a block (or the suspect rows) at a time, never whole: two
+        # float32 copies of z were the op's peak (a memory audit)
+        return _refine_near_ties(z, prototypes.to(acc_dtype), idx, best, second)
 
 
 def _argmin_torch(z: torch.Tensor, p: torch.Tensor):
-    """Blocked best / second-best of d̃ = ‖p‖² − 2 z·p; peak extra memory ~ _BLOCK_ELEMENTS."""
+    """Blocked best / second-best of d̃ = ‖p‖² − 2 z·p; peak extra memory ~ _BLOCK_ELEMENTS.
+    p in the accumulation dtype; z's blocks are brought to it one at a time."""
     n, m = z.shape[0], p.shape[0]
     pnorm = p.pow(2).sum(dim=1)
     m_tile = min(m, _M_TILE)
     rows = max(1, _BLOCK_ELEMENTS // m_tile)
-    best_two = _nearest_rows.kernel(z.dtype) if z.device.type == "cpu" else None
+    acc = p.dtype
+    best_two = _nearest_rows.kernel(acc) if z.device.type == "cpu" else None
     idx = torch.empty(n, dtype=torch.long, device=z.device)
-    best = torch.empty(n, dtype=z.dtype, device=z.device)
-    second = torch.empty(n, dtype=z.dtype, device=z.device)
+    best = torch.empty(n, dtype=acc, device=z.device)
+    second = torch.empty(n, dtype=acc, device=z.device)
     for r0 in range(0, n, rows):
-        zb = z[r0:r0 + rows]
-        b_val = torch.full((zb.shape[0],), float("inf"), dtype=z.dtype, device=z.device)
+        zb = z[r0:r0 + rows].to(acc)
+        b_val = torch.full((zb.shape[0],), float("inf"), dtype=acc, device=z.device)
         s_val = b_val.clone()
         b_idx = torch.zeros(zb.shape[0], dtype=torch.long, device=z.device)
         for m0 in range(0, m, m_tile):
@@ -129,13 +133,18 @@ def _refine_near_ties(z, p, idx, best, second):
     if n == 0 or m == 1:
         return idx
     pmax = p.norm(dim=1).max()
-    suspect = torch.nonzero((second - best) <= _tie_bound(z, pmax)).view(-1)
+    # (z in its own dtype: its row norms and the suspect rows taken in p's, the accumulation
+    # dtype, a block at a time)
+    rows_at_once = max(1, _BLOCK_ELEMENTS // max(1, d))
+    znorm = torch.cat([z[r0:r0 + rows_at_once].to(p.dtype).norm(dim=1)
+                       for r0 in range(0, n, rows_at_once)])
+    suspect = torch.nonzero((second - best) <= _tie_bound(znorm, d, pmax)).view(-1)
     if suspect.numel() == 0:
         return idx
-    zu, inverse = torch.unique(z[suspect], dim=0, return_inverse=True)
-    tol = _tie_bound(zu, pmax)
+    zu, inverse = torch.unique(z[suspect].to(p.dtype), dim=0, return_inverse=True)
+    tol = _tie_bound(zu.norm(dim=1), d, pmax)
     pnorm = p.pow(2).sum(dim=1)
-    winners = torch.empty(zu.shape[0], dtype=torch.long, device=z.device)
+    winners = torch.empty(zu.shape[0], dtype=torch.long, device=p.device)
     pair_chunk = max(1, _BLOCK_ELEMENTS // max(1, d))       # candidate pairs per difference
     rows_per = max(1, _BLOCK_ELEMENTS // 8 // m)              # ≤ ~20 bytes per pair held
     for r0 in range(0, zu.shape[0], rows_per):
@@ -145,15 +154,15 @@ def _refine_near_ties(z, p, idx, best, second):
         del expanded
         rows, cols = torch.nonzero(cand, as_tuple=True)
         rows, cols = _drop_equal_later_prototypes(p, rows, cols)
-        exact = torch.empty(rows.numel(), dtype=z.dtype, device=z.device)
+        exact = torch.empty(rows.numel(), dtype=p.dtype, device=p.device)
         for c0 in range(0, rows.numel(), pair_chunk):
             diff = zc[rows[c0:c0 + pair_chunk]] - p[cols[c0:c0 + pair_chunk]]
             exact[c0:c0 + pair_chunk] = (diff * diff).sum(dim=1)
         rc = zc.shape[0]
-        emin = torch.full((rc,), float("inf"), dtype=z.dtype, device=z.device)
+        emin = torch.full((rc,), float("inf"), dtype=p.dtype, device=p.device)
         emin = emin.scatter_reduce(0, rows, exact, "amin")
         cols = torch.where(exact == emin[rows], cols, torch.full_like(cols, m))
-        winners[r0:r0 + rc] = torch.full((rc,), m, dtype=torch.long, device=z.device) \
+        winners[r0:r0 + rc] = torch.full((rc,), m, dtype=torch.long, device=p.device) \
             .scatter_reduce(0, rows, cols, "amin")         # lowest index among exact minima
     idx = idx.clone()
     idx[suspect] = winners[inverse]
@@ -176,11 +185,12 @@ def _drop_equal_later_prototypes(p, rows, cols):
     return rows[keep], cols[keep]
 
 
-def _tie_bound(z, pmax):
+def _tie_bound(znorm, d, pmax):
     """Per row, twice the worst-case error of an expanded value: 2·γ·(‖z_i‖ + max_t ‖p_t‖)²,
-    γ = (d + 2)·u (the standard dot-product bound, +2 operations)."""
-    gamma = (z.shape[1] + 2) * (torch.finfo(z.dtype).eps / 2)
-    return 2.0 * gamma * (z.norm(dim=1) + pmax) ** 2
+    γ = (d + 2)·u (the standard dot-product bound, +2 operations), u of the accumulation
+    dtype (the row norms' ``znorm``)."""
+    gamma = (d + 2) * (torch.finfo(znorm.dtype).eps / 2)
+    return 2.0 * gamma * (znorm + pmax) ** 2
 
 
 def _first_of_equal_rows(p):
