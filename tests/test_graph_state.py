@@ -647,3 +647,29 @@ def test_an_inherited_symmetry_of_inference_weights_is_not_trusted():
         dense_t = torch.zeros(12, 12)
         dense_t[t.row_index(), t.indices] = t.weight
         assert torch.equal(dense_t, dense.t())
+
+
+def test_clear_cache_frees_the_caches_and_keeps_a_declared_symmetry():
+    """``clear_cache`` (the caches of a used graph, A² among them, can be ~100x the graph and
+    there was no public way to free them; a memory audit): every entry dropped and rebuilt
+    on demand to the same values, a declared symmetry kept (it cannot be rebuilt)."""
+    import gc
+    import weakref
+
+    s, w = _graph(symmetrize=True)
+    g = CSRGraph(s.indptr, s.indices, w, s.num_nodes).assume_symmetric()
+    x = torch.randn(s.num_nodes, 3, generator=torch.Generator().manual_seed(12))
+    y = gcn_propagate(x, g)
+    a2 = weakref.ref(g.augment_a2())
+    gc.collect()
+    assert a2() is not None and len(g._cache) > 3
+    assert g.clear_cache() is g
+    gc.collect()
+    assert a2() is None
+    assert set(g._cache) == {"assumed_symmetric"} and g.known_symmetric
+    torch.testing.assert_close(gcn_propagate(x, g), y, rtol=0, atol=0)
+    torch.testing.assert_close(g.augment_a2().weight, _fresh(g).augment_a2().weight)
+    plain = CSRGraph(s.indptr, s.indices, w, s.num_nodes)
+    plain.is_symmetric()
+    plain.clear_cache()
+    assert not plain._cache and plain.known_symmetric is None
