@@ -28,6 +28,31 @@ def test_every_public_name_resolves(name):
     assert getattr(hiertail_fast, name) is not None
 
 
+@pytest.mark.parametrize("package", ["hiertail_fast", "hiertail_fast.nn", "hiertail_fast.data",
+                                     "hiertail_fast.reference"])
+def test_type_checkers_see_every_lazy_export(package):
+    """The public names resolve through a lazy ``__getattr__``, so mypy / pyright typed every
+    one of them ``Any`` despite py.typed (a typing audit). Each package's ``if
+    TYPE_CHECKING:`` block imports exactly its exports, from the module ``__getattr__`` uses,
+    as explicit re-exports (``X as X``)."""
+    import ast
+    import importlib
+    from pathlib import Path
+
+    module = importlib.import_module(package)
+    tree = ast.parse(Path(module.__file__).read_text())
+    blocks = [node for node in tree.body if isinstance(node, ast.If)
+              and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"]
+    assert len(blocks) == 1
+    seen = {}
+    for node in blocks[0].body:
+        assert isinstance(node, ast.ImportFrom)
+        for alias in node.names:
+            assert alias.asname == alias.name, alias.name
+            seen[alias.name] = node.module
+    assert seen == module._EXPORTS
+
+
 def test_unknown_attribute_is_an_attribute_error():
     with pytest.raises(AttributeError, match="no_such_thing"):
         hiertail_fast.no_such_thing  # noqa: B018

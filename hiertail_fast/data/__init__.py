@@ -5,6 +5,8 @@ Public names resolve lazily (``torch_geometric`` is imported only by the functio
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from hiertail_fast._lazy import lazy_getattr
 
 _EXPORTS = {
@@ -19,5 +21,17 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    # what type checkers and IDEs see (``X as X``: an explicit re-export; __all__ is
+    # computed, which they do not read): the names __getattr__ resolves lazily
+    from hiertail_fast.data.conversion import convert as convert
+    from hiertail_fast.data.datasets import DATASETS as DATASETS
+    from hiertail_fast.data.datasets import load_dataset as load_dataset
+    from hiertail_fast.data.io import GraphData as GraphData
+    from hiertail_fast.data.io import load_npz as load_npz
+    from hiertail_fast.data.io import save_npz as save_npz
+    from hiertail_fast.data.pyg import from_pyg_data as from_pyg_data
+    from hiertail_fast.data.pyg import to_pyg_data as to_pyg_data
 
 __getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -41,11 +41,11 @@ import torch
 
 from hiertail_fast._validation import (
     check_flag,
-    check_weights_fit,
     check_float_matrix,
     check_no_edge_weight,
     check_num_nodes,
     check_tensor,
+    check_weights_fit,
 )
 from hiertail_fast.graph import CSRGraph, is_sparse_adjacency
 from hiertail_fast.ops import _custom_graph_ops
