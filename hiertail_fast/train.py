@@ -76,6 +76,8 @@ class TrainingDivergedError(FloatingPointError):
 
 
 def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's (``seed mod 2^32``) and torch's global generators (all
+    devices) with ``seed``."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)

@@ -255,6 +255,8 @@ METHODS: dict[str, type[BaselineMethod]] = {
 
 
 def build_method(ctx: MethodContext, cfg: BaselineConfig) -> BaselineMethod:
+    """The baseline ``cfg.method`` (a key of `METHODS`) built for the prepared graph and
+    split in ``ctx``; TypeError when ``cfg`` is not a `BaselineConfig`."""
     if not isinstance(cfg, BaselineConfig):
         raise TypeError(f"cfg must be a BaselineConfig, got {type(cfg).__name__}")
     return METHODS[cfg.method](ctx, cfg)

@@ -50,6 +50,9 @@ def compare(ours: float, paper: Cell | None) -> dict | None:
 
 
 def row_verdict(comparisons: list[dict | None]) -> str:
+    """One verdict for a table row from its metrics' comparisons with the paper (None: no
+    paper value): "reproduced" when every one is, the one other verdict they share, else
+    "mixed"; "no paper value" when none has one."""
     cs = [c for c in comparisons if c is not None]
     if not cs:
         return "no paper value"
@@ -150,6 +153,9 @@ def runs_threads(records: list[dict]) -> dict[str, list]:
 
 def provenance(argv: list[str], budget, started: float, device: str,
                records: list[dict] = ()) -> dict:
+    """What a summary records of how it was made: the command, the code version (and that
+    of the cached runs behind it), machine, Python / torch versions, threads, device, the
+    budget (seeds, epochs, patience, whether it is the full protocol), wall time and date."""
     import torch
 
     gpu = (torch.cuda.get_device_name(torch.device(device))
