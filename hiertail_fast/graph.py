@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import os
 import threading
 import weakref
 from typing import Any, NamedTuple
@@ -86,6 +87,7 @@ def _synchronized(method):
             with _NEW_LOCK:   # cannot make one (it does not trace threading.RLock())
                 if self._lock is None:
                     self._lock = threading.RLock()
+                    _WITH_LOCK.add(self)
                 lock = self._lock
         with lock:
             return method(self, *args, **kwargs)
@@ -93,6 +95,22 @@ def _synchronized(method):
 
 
 _NEW_LOCK = threading.Lock()
+_WITH_LOCK: weakref.WeakSet = weakref.WeakSet()      # the graphs that made their lock
+
+
+def _fresh_locks_after_fork() -> None:
+    """In a forked child (a DataLoader worker, multiprocessing's "fork"): the graphs' locks as
+    new. A lock another thread of the parent held at the fork stays held in the child, where
+    that thread does not exist: the child's first use of the graph hung."""
+    global _NEW_LOCK
+    _NEW_LOCK = threading.Lock()
+    for graph in list(_WITH_LOCK):
+        graph._lock = None
+    _WITH_LOCK.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_locks_after_fork)
 
 
 class _Versioned(NamedTuple):
