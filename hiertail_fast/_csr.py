@@ -188,15 +188,17 @@ def deg_inv_sqrt(wide: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     nodes is 0 instead of NaN (0 * inf). Negative, NaN or float64-overflowing degrees raise a
     ValueError naming the node (PyG gives NaN rows; see `check_gcn_degrees`).
 
-    deg^-1/2 is taken in the wide dtype, then rounded once to `dtype`, and so is its derivative
-    (autograd's -deg^-3/2 / 2): a weighted degree beyond float32's ~3.4e38 rounded to +inf gave
-    dinv = 0 and a zero row, and learnable float32 weights of 1e30 (or 1e-30 without added
-    self-loops) gave NaN or -inf weight gradients from deg^-3/2 under/overflowing float32,
-    although value and true gradient are well inside it (two extremes audits)."""
+    The degree is rounded once to `dtype` and deg^-1/2 taken there (as PyG's gcn_norm, bit for
+    bit), except where that rounding overflows: a weighted degree beyond float32's ~3.4e38 has
+    deg^-1/2 ~1e-19, well inside float32, but the rounded degree +inf gave dinv = 0 and a zero
+    row (an extremes audit); there deg^-1/2 is taken in the wide dtype and rounded. (Learnable
+    weights ask for float64 dinv: ``gcn_propagate``.)"""
     check_gcn_degrees(wide)
-    zero = wide == 0
-    return torch.where(zero, torch.zeros_like(wide),
-                       torch.where(zero, 1.0, wide).pow(-0.5)).to(dtype)
+    deg = wide.to(dtype)
+    zero = deg == 0
+    dinv = torch.where(zero, torch.zeros_like(deg), torch.where(zero, 1.0, deg).pow(-0.5))
+    over = torch.isinf(deg)
+    return torch.where(over, torch.where(over, wide, 1.0).pow(-0.5).to(dtype), dinv)
 
 
 def _is_torch_sparse_tensor(obj: object) -> bool:

@@ -767,6 +767,36 @@ def test_wider_weights_beyond_the_features_dtype_raise(backend):
 
 
 @pytest.mark.parametrize("backend", ["reference", *BACKENDS])
+def test_nan_in_wider_learnable_weights_is_named_as_nan(backend):
+    """float64 learnable weights turned NaN in place, float32 features: the error said the
+    weights were beyond float32's range (the range check ran first; a review)."""
+    dev = backend_device(backend)
+    s = CSRGraph.from_edge_index(torch.tensor([[0, 1, 2], [1, 2, 0]]), None, 3)
+    w = torch.nn.Parameter(torch.ones(3, dtype=torch.float64, device=dev))
+    g = CSRGraph(s.indptr.to(dev), s.indices.to(dev), w, 3)
+    with torch.no_grad():
+        w[1] = float("nan")
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        gcn_propagate(torch.randn(3, 2, device=dev), g, backend=backend)
+
+
+def test_constant_weights_keep_pygs_rounding_of_the_degrees():
+    """Weights that need no gradient: deg^-1/2 is taken on the degree rounded to the features'
+    dtype, as PyG's gcn_norm (bit for bit); the float64 degree path is for learnable weights
+    only (a review found it taken for every call: 1-ulp changes in a third of the rows)."""
+    gen = torch.Generator().manual_seed(16)
+    ei = torch.randint(0, 300, (2, 3000), generator=gen)
+    for w in (None, torch.rand(3000, generator=gen) * 3):
+        g = CSRGraph.from_edge_index(ei, w, 300)
+        deg = g.degree(torch.float64) + (~g.has_self_loop()).double() * 2
+        want = deg.float().pow(-0.5)
+        assert torch.equal(g.gcn_deg_inv_sqrt()[0], want)
+        x = torch.randn(300, 4, generator=gen)
+        assert torch.equal(gcn_propagate(x, g, backend="reference"),
+                           gcn_propagate_ref(x, g.edge_index(), g.weight))
+
+
+@pytest.mark.parametrize("backend", ["reference", *BACKENDS])
 def test_a_degree_beyond_float32s_range_keeps_its_row(backend):
     """float32 weights near float32's largest value: node 0's degree (6e38, summed in
     float64) rounded to +inf, dinv_0 = 0 and row 0 = 0 on every backend and the reference,

@@ -366,8 +366,8 @@ def gcn_propagate(
         # dinv in float64, rounded inside the op: its gradient (~w·dinv·<g, x>: 1e45 for
         # weights of 1e30, an O(1) weight gradient after the degree path) overflowed float32
         # into inf - inf = NaN (an extremes audit)
-        check_weights_fit(graph.weight, cdtype)
         dinv, loop = graph.gcn_deg_inv_sqrt(improved, add_self_loops, torch.float64)
+        check_weights_fit(graph.weight, cdtype)    # (after the NaN/Inf check of the weights)
     else:
         dinv, loop = graph.gcn_deg_inv_sqrt(improved, add_self_loops, cdtype)
     key = None if weight_grad else (bool(improved), bool(add_self_loops), cdtype)

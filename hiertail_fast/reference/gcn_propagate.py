@@ -75,15 +75,25 @@ def gcn_propagate_ref(
     wide = torch.promote_types(x.dtype, torch.float64)
     wdeg = torch.zeros(n, dtype=wide, device=x.device).index_add(0, dst, w.to(wide)) + loop
     check_gcn_degrees(wdeg)  # negative / NaN / beyond float64: ValueError (PyG: NaN rows)
-    # deg^-1/2 (and its derivative) in the wide dtype, rounded once: a degree beyond x.dtype's
-    # range (weights near float32's largest value) has a representable deg^-1/2 (~1e-19),
-    # and learnable weights of 1e30 had -deg^-3/2 / 2 under/overflow float32 (NaN gradients)
     zero = wdeg == 0  # isolated without self-loop: dinv = 0 (safe form keeps gradients finite)
-    dinv = torch.where(zero, torch.zeros_like(wdeg), torch.where(zero, 1.0, wdeg).pow(-0.5))
-    # the normalised values too, rounded once: their derivative in dinv, ~w·dinv·<g, x>, is
-    # ~1e45 for weights of 1e30 (overflow, then inf - inf in its sum), the weights' gradient O(1)
+    if w.requires_grad:
+        # learnable weights: deg^-1/2, its derivative and the normalised values in the wide
+        # dtype, rounded once (in float32, -deg^-3/2 / 2 and dL/d dinv ~ w·dinv·<g, x> under-
+        # or overflowed for weights of 1e30 or 1e-30: NaN, -inf or wrong-sign gradients)
+        dinv = torch.where(zero, torch.zeros_like(wdeg), torch.where(zero, 1.0, wdeg).pow(-0.5))
+        norm = (dinv.index_select(0, src) * w.to(wide) * dinv.index_select(0, dst)).to(x.dtype)
+        diag = (loop * dinv * dinv).to(x.dtype)
+    else:
+        # PyG's rounding: the degree rounded to x.dtype and deg^-1/2 taken there; a degree
+        # beyond its range (weights near float32's largest value) rounds to +inf, but its
+        # deg^-1/2 (~1e-19) is representable: taken in the wide dtype there
+        deg = wdeg.to(x.dtype)
+        dinv = torch.where(zero, torch.zeros_like(deg), torch.where(zero, 1.0, deg).pow(-0.5))
+        over = torch.isinf(deg)
+        dinv = torch.where(over, torch.where(over, wdeg, 1.0).pow(-0.5).to(x.dtype), dinv)
+        norm = dinv.index_select(0, src) * w * dinv.index_select(0, dst)
+        diag = loop * dinv * dinv
     # gathers by index_select: its CPU backward adds repeated indices in a fixed order
     # (advanced indexing's, index_put_, runs them in parallel: not reproducible run to run)
-    norm = (dinv.index_select(0, src) * w.to(wide) * dinv.index_select(0, dst)).to(x.dtype)
     out = torch.zeros_like(x).index_add(0, dst, norm.unsqueeze(1) * x.index_select(0, src))
-    return (out + (loop * dinv * dinv).to(x.dtype).unsqueeze(1) * x).to(x_in.dtype)
+    return (out + diag.unsqueeze(1) * x).to(x_in.dtype)
