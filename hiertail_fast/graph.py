@@ -565,16 +565,22 @@ class CSRGraph:
     @_synchronized
     def clear_cache(self) -> CSRGraph:
         """Drop every cached quantity (row index, degrees, normalised values, operators, the
-        transpose, A², the symmetry check, the weights' copy); each is rebuilt on demand. The
-        caches of a used graph can be many times its own size (A² alone ~100x on a real
-        graph): free them when a graph is kept but no longer propagated over. A symmetry
-        declared (``assume_symmetric``) or inherited is kept: it cannot be rebuilt. Returns
-        self."""
+        transpose, A², the symmetry check); each is rebuilt on demand. The caches of a used
+        graph can be many times its own size (A² alone ~100x on a real graph): free them when
+        a graph is kept but no longer propagated over. A declared symmetry
+        (``assume_symmetric``) is kept, and an inherited one when it still holds, with the
+        copy of learnable weights that guards it (a symmetry kept without that copy was
+        trusted after a fused optimizer step had broken it: Â applied for Âᵀ; a review).
+        Returns self."""
         declared = self._cache.get(_ASSUMED)
+        keep = {}
+        if declared is True:
+            keep[_ASSUMED] = True
+        elif declared is not None and self._declared_symmetric():
+            keep = {key: self._cache[key] for key in (_ASSUMED, _SNAPSHOT) if key in self._cache}
         self._cache.clear()
         self._stamps.clear()
-        if declared is not None:
-            self._cache[_ASSUMED] = declared
+        self._cache.update(keep)
         return self
 
     def row_index(self) -> torch.Tensor:

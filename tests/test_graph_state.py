@@ -717,3 +717,32 @@ def test_a_fork_while_another_thread_holds_the_graphs_lock_does_not_hang_the_chi
     finally:
         leave.set()
         t.join(10)
+
+
+def test_clear_cache_keeps_no_inherited_symmetry_a_fused_step_has_broken():
+    """clear_cache kept an inherited symmetry but dropped the copy of the learnable weights
+    that guards it: after a fused (counter-free) step broke the symmetry, the next call took
+    a copy of the NEW weights and trusted the old symmetry, the backward applying Â for Âᵀ
+    (0.13 off; a review). Only a symmetry that still holds is kept, with its copy."""
+    from hiertail_fast.reference.gcn_propagate import gcn_propagate_ref
+
+    s, _ = _graph(n=12, symmetrize=True)
+    g0 = CSRGraph(s.indptr, s.indices, torch.nn.Parameter(torch.ones(s.num_edges)),
+                  s.num_nodes)
+    assert g0.is_symmetric()
+    x = torch.randn(s.num_nodes, 3, generator=torch.Generator().manual_seed(14))
+    gy = torch.randn(s.num_nodes, 3, generator=torch.Generator().manual_seed(15))
+    for step in (False, True):
+        g = copy.deepcopy(g0)                # a copy: its symmetry is inherited
+        w = g.weight
+        gcn_propagate(x, g)
+        if step:                             # asymmetric, no version bump
+            w.grad = -torch.arange(s.num_edges, dtype=torch.float32)
+            torch.optim.SGD([w], lr=0.1, fused=True).step()
+        g.clear_cache()
+        assert g.known_symmetric is (None if step else True)
+        xx = x.clone().requires_grad_()
+        gcn_propagate(xx, g).backward(gy)
+        xr = x.double().requires_grad_()
+        gcn_propagate_ref(xr, g.edge_index(), w.detach().double()).backward(gy.double())
+        torch.testing.assert_close(xx.grad.double(), xr.grad, rtol=1e-5, atol=1e-6)
