@@ -593,6 +593,41 @@ def test_thread_count_follows_each_dataset_not_the_command(tmp_path, monkeypatch
     assert "torch threads of the runs: email 1, wiki 2" in md
 
 
+def test_cached_runs_of_another_thread_count_are_reused_with_a_notice(tmp_path, capsys):
+    """The thread count is not part of a run's identity, so a --threads 2 command over runs
+    trained on 1 thread reused them without a word, while a fresh run differs in the last
+    bits (a determinism audit). It says so now, once per dataset."""
+    out = tmp_path / "pc"
+    main(["per-class", *TINY, "--out", str(out), "--threads", "1"])
+    capsys.readouterr()
+    main(["per-class", *TINY, "--out", str(out), "--threads", "2"])
+    said = capsys.readouterr().out
+    assert said.count("reusing cached runs trained on 1 torch threads (this command would "
+                      "train on 2") == 1
+    main(["per-class", *TINY, "--out", str(out), "--threads", "1"])
+    assert "reusing cached runs" not in capsys.readouterr().out
+
+
+def test_run_specs_gives_torchs_thread_count_back(monkeypatch):
+    """run_specs sets each dataset's thread count to train; called from Python (not the
+    command line, whose main restores it) it left torch on the last run's count (an audit)."""
+    import torch
+
+    def trains_on_one_thread(*args, **kwargs):
+        torch.set_num_threads(1)
+        raise RuntimeError("stopped")
+
+    monkeypatch.setattr(runner, "_run_specs", trains_on_one_thread)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(RuntimeError, match="stopped"):
+            runner.run_specs([], Budget(epochs=1, patience=1), None, None, threads=lambda d: 1)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 # ------------------------------------------------------ run identity (a mutation audit)
 def test_runs_of_two_patiences_get_their_own_cache_files(tmp_path):
     """A run's identity holds its budget's patience (module doc: a run is one ... under one

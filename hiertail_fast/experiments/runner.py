@@ -381,7 +381,22 @@ def run_specs(specs: list[RunSpec], budget: Budget, source: DataSource, cache: R
     miss, said by ``notice`` (default: stdout). ``threads(dataset)``: the torch thread count
     a run on that dataset trains with (None: as it is), so a run's numbers depend on its own
     dataset alone (the thread count changes the float sums), not on which other datasets the
-    command names. Returns the records in spec order, seeds in budget order."""
+    command names; torch's own count is as it was when this returns. A cached run trained at
+    another count than ``threads`` gives is reused, said once per dataset by ``notice`` (the
+    count is not part of a run's identity: its numbers differ in the last bits). Returns the
+    records in spec order, seeds in budget order."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        return _run_specs(specs, budget, source, cache, device=device, progress=progress,
+                          log=log, train=train, notice=notice, notes=notes, threads=threads)
+    finally:
+        torch.set_num_threads(before)   # (it stayed at the last run's count; an audit)
+
+
+def _run_specs(specs, budget, source, cache, *, device, progress, log, train, notice, notes,
+               threads) -> list[dict]:
     import torch
 
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -394,6 +409,7 @@ def run_specs(specs: list[RunSpec], budget: Budget, source: DataSource, cache: R
         from tqdm.auto import tqdm
         bar = tqdm(total=len(todo), desc="runs", dynamic_ncols=True)
     records, missing = [], []
+    told_threads: set[str] = set()
     for i, (spec, seed) in enumerate(todo):
         identity = spec.identity(seed, budget, device_type, source.data_key(spec.dataset))
         fingerprint = source.run_fingerprint(spec)
@@ -408,6 +424,14 @@ def run_specs(specs: list[RunSpec], budget: Budget, source: DataSource, cache: R
         if record is None and not train:
             missing.append(f"{spec.dataset} {spec.row} seed {seed}")
             continue
+        if record is not None and threads is not None and spec.dataset not in told_threads:
+            asked, ran = threads(spec.dataset), record.get("threads")
+            if isinstance(ran, int) and ran != asked:
+                told_threads.add(spec.dataset)
+                notice(f"{spec.dataset}: reusing cached runs trained on {ran} torch threads "
+                       f"(this command would train on {asked}; the thread count changes the "
+                       f"last bits of the float sums, and is not part of a run's identity: "
+                       f"move or delete the runs to retrain them)")
         if record is None:
             from hiertail_fast.train import TrainingDivergedError
 
