@@ -79,7 +79,7 @@ def class_sum_term(z, lv: Levels, scale, include_self, coef=None):
         sums = torch.zeros(lv.n_groups[lev], d, dtype=z.dtype, device=z.device)
         sums.index_add_(0, g, zr)
         s_rows = sums[g]
-        size = torch.bincount(g, minlength=int(lv.n_groups[lev])).to(torch.float64)[g]
+        size = lv.n_pos[lev, rows].double() + delta                      # |c(i)|
         mean_dot = (zr * (s_rows / size.to(z.dtype)[:, None])).sum(1, dtype=torch.float64)
         pos[lev, rows] = (mean_dot * size - delta * sq[rows].double()) * scale_z
         if coef is not None:
