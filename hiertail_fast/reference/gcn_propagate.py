@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import torch
 
+from hiertail_fast._csr import deg_inv_sqrt
 from hiertail_fast._validation import (
     check_edge_index,
     check_edge_weight,
     check_flag,
     check_float_matrix,
-    check_gcn_degrees,
     check_num_nodes,
     check_weights_fit,
 )
@@ -74,25 +74,15 @@ def gcn_propagate_ref(
     # the degree summed in float64 and rounded once (a float32 sum stops at 2^24 in-edges)
     wide = torch.promote_types(x.dtype, torch.float64)
     wdeg = torch.zeros(n, dtype=wide, device=x.device).index_add(0, dst, w.to(wide)) + loop
-    check_gcn_degrees(wdeg)  # negative / NaN / beyond float64: ValueError (PyG: NaN rows)
-    zero = wdeg == 0  # isolated without self-loop: dinv = 0 (safe form keeps gradients finite)
-    if w.requires_grad:
-        # learnable weights: deg^-1/2, its derivative and the normalised values in the wide
-        # dtype, rounded once (in float32, -deg^-3/2 / 2 and dL/d dinv ~ w·dinv·<g, x> under-
-        # or overflowed for weights of 1e30 or 1e-30: NaN, -inf or wrong-sign gradients)
-        dinv = torch.where(zero, torch.zeros_like(wdeg), torch.where(zero, 1.0, wdeg).pow(-0.5))
-        norm = (dinv.index_select(0, src) * w.to(wide) * dinv.index_select(0, dst)).to(x.dtype)
-        diag = (loop * dinv * dinv).to(x.dtype)
-    else:
-        # PyG's rounding: the degree rounded to x.dtype and deg^-1/2 taken there; a degree
-        # beyond its range (weights near float32's largest value) rounds to +inf, but its
-        # deg^-1/2 (~1e-19) is representable: taken in the wide dtype there
-        deg = wdeg.to(x.dtype)
-        dinv = torch.where(zero, torch.zeros_like(deg), torch.where(zero, 1.0, deg).pow(-0.5))
-        over = torch.isinf(deg)
-        dinv = torch.where(over, torch.where(over, wdeg, 1.0).pow(-0.5).to(x.dtype), dinv)
-        norm = dinv.index_select(0, src) * w * dinv.index_select(0, dst)
-        diag = loop * dinv * dinv
+    # deg^-1/2 (negative / NaN / beyond float64: ValueError; PyG: NaN rows) in PyG's
+    # rounding, the degree rounded to x.dtype and deg^-1/2 taken there (a degree beyond its
+    # range, weights near float32's largest value, from the wide sum: `deg_inv_sqrt`); for
+    # learnable weights deg^-1/2, its derivative and the normalised values in the wide dtype,
+    # rounded once (in float32, -deg^-3/2 / 2 and dL/d dinv ~ w·dinv·<g, x> under- or
+    # overflowed for weights of 1e30 or 1e-30: NaN, -inf or wrong-sign gradients)
+    dinv = deg_inv_sqrt(wdeg, wide if w.requires_grad else x.dtype)
+    norm = (dinv.index_select(0, src) * w.to(dinv.dtype) * dinv.index_select(0, dst)).to(x.dtype)
+    diag = (loop * dinv * dinv).to(x.dtype)
     # gathers by index_select: its CPU backward adds repeated indices in a fixed order
     # (advanced indexing's, index_put_, runs them in parallel: not reproducible run to run)
     out = torch.zeros_like(x).index_add(0, dst, norm.unsqueeze(1) * x.index_select(0, src))
