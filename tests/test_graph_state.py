@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import io
+import os
 import pickle
 
 import pytest
@@ -682,7 +683,7 @@ def _propagate_in_a_worker(x, g):
     gcn_propagate(x, g)
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork (not on Windows)")
 def test_a_fork_while_another_thread_holds_the_graphs_lock_does_not_hang_the_child():
     """A DataLoader worker forked while another thread was inside a graph method: the child
     inherited the lock held, by a thread it does not have, and hung at its first use of the
