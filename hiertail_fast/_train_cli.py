@@ -13,7 +13,6 @@ or --json could not be written (the results go to stdout)."""
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import os
@@ -31,6 +30,7 @@ from hiertail_fast._files import (
     same_file,
     unwritable_file_reason,
 )
+from hiertail_fast._threads import SMALL_GRAPH_NODES, default_threads, keeps_thread_count
 from hiertail_fast._validation import MIN_TEMPERATURE, SEED_MAX, check_classes, check_threads
 from hiertail_fast.baselines.cli import add_method_arguments, method_config_from_args
 from hiertail_fast.data.io import load_npz
@@ -49,10 +49,6 @@ from hiertail_fast.train import (
     run_seeds,
 )
 
-# Graphs below this many nodes train on one thread by default (--threads): an epoch on Email
-# (1,005 nodes) is ~25 ms of work, and a second OpenMP thread waiting for a busy core made it
-# 1,146 ms on a loaded 2-core machine (47 ms with passive waiting, 25 ms on one thread).
-SMALL_GRAPH_NODES = 5_000
 # a run's seed: _validation.check_seed's range ([0, SEED_MAX]: torch.manual_seed takes
 # [-2**63, 2**64), the natural split's numpy generator only >= 0)
 SEED_MIN = 0
@@ -91,21 +87,6 @@ def threads_arg(text: str) -> int:
         return check_threads(value, "threads")
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc).replace("threads must", "must", 1)) from None
-
-
-def keeps_thread_count(main):
-    """Decorator of a CLI's ``main``: torch's thread count comes back as it was when main
-    returns or raises. main sets ``--threads`` (or 1 thread on small graphs); called inside a
-    Python process, it left every later computation there on that count (and the loss's last
-    bits depend on it: README, determinism)."""
-    @functools.wraps(main)
-    def wrapper(*args, **kwargs):
-        threads = torch.get_num_threads()
-        try:
-            return main(*args, **kwargs)
-        finally:
-            torch.set_num_threads(threads)
-    return wrapper
 
 
 def parse_seeds(values: Sequence[str], base: int = 123) -> list[int]:
@@ -311,11 +292,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m hiertail_fast
         parser.error(str(exc))
     data_info.update(num_nodes=int(data.y.shape[0]), num_edges=int(data.edge_index.shape[1]),
                      num_features=int(data.x.shape[1]), num_classes=int(data.num_classes))
-    threads = args.threads
-    if threads is None and data_info["num_nodes"] < SMALL_GRAPH_NODES:
-        threads = 1
-    if threads is not None:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(default_threads(data_info["num_nodes"], args.threads,
+                                          torch.get_num_threads()))
     runner = run_seeds
     if baseline_cfg is not None:    # the one dispatch point: a baseline on the same loop
         from hiertail_fast.baselines.harness import run_baseline_seeds as runner

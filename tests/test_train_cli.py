@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import hiertail_fast.nn.hiertail as hiertail_module
-from hiertail_fast._train_cli import SMALL_GRAPH_NODES, main, parse_seeds
+from hiertail_fast._threads import SMALL_GRAPH_NODES
+from hiertail_fast._train_cli import main, parse_seeds
 from hiertail_fast.data.synthetic import make_synthetic_graph
 from hiertail_fast.nn.hiertail import HierTail, HierTailConfig, prepare_graph
 

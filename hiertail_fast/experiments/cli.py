@@ -250,26 +250,26 @@ def _result_args(args) -> dict:
 
 def run_threads(requested: int | None, source):
     """dataset -> the torch thread count its runs train with: ``--threads``, else 1 on a graph
-    below ``_train_cli.SMALL_GRAPH_NODES`` nodes (as ``train``'s default) and torch's count as
+    below ``_threads.SMALL_GRAPH_NODES`` nodes (as ``train``'s default) and torch's count as
     the command started on larger ones. Per dataset: the default was once set for the whole
     command (1 only when every dataset named was small), so Email's runs came out at 1 or 2
     threads, with other numbers, depending on the datasets named with it."""
     import torch
 
-    from hiertail_fast._train_cli import SMALL_GRAPH_NODES
+    from hiertail_fast._threads import default_threads
 
     start = torch.get_num_threads()
 
     def threads(dataset: str) -> int:
-        if requested is not None:
+        if requested is not None:       # (no need to read the dataset's size)
             return requested
-        return 1 if source.data_key(dataset)["nodes"] < SMALL_GRAPH_NODES else start
+        return default_threads(source.data_key(dataset)["nodes"], None, start)
     return threads
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
     """Run (or report) one experiment; torch's thread count is restored after it."""
-    from hiertail_fast._train_cli import keeps_thread_count
+    from hiertail_fast._threads import keeps_thread_count
 
     return keeps_thread_count(_main)(argv)
 

@@ -385,14 +385,11 @@ def run_specs(specs: list[RunSpec], budget: Budget, source: DataSource, cache: R
     another count than ``threads`` gives is reused, said once per dataset by ``notice`` (the
     count is not part of a run's identity: its numbers differ in the last bits). Returns the
     records in spec order, seeds in budget order."""
-    import torch
+    from hiertail_fast._threads import thread_count_kept
 
-    before = torch.get_num_threads()
-    try:
+    with thread_count_kept():       # (it stayed at the last run's count; an audit)
         return _run_specs(specs, budget, source, cache, device=device, progress=progress,
                           log=log, train=train, notice=notice, notes=notes, threads=threads)
-    finally:
-        torch.set_num_threads(before)   # (it stayed at the last run's count; an audit)
 
 
 def _run_specs(specs, budget, source, cache, *, device, progress, log, train, notice, notes,
