@@ -1,7 +1,8 @@
 """What a GPU run's loss tables say the automatic loss choice should be: the thresholds of
 ``ops/_dispatch.refine_loss_backend`` and the defaults of the Triton switches, derived from
 ``bench/loss_profile.py``'s JSON (one or more files; a later file's row replaces an earlier
-one's for the same cell and engine). It prints a markdown report and changes nothing: the
+one's for the same cell and engine; an ``auto`` row's time counts for the engine it picked
+where its file has no row of that engine). It prints a markdown report and changes nothing: the
 constants are edited by hand, with the report beside them.
 
     python bench/next_defaults.py docs/results/gpu_h200_2026-11-27/loss_profile_s15_call2.json
@@ -62,6 +63,7 @@ def load(paths: list[Path]) -> dict:
     cells: dict = defaultdict(dict)
     picked: dict = {}
     for path in paths:
+        here: dict = defaultdict(dict)      # this file's cells
         try:
             rows = json.loads(path.read_text())["rows"]
             for r in rows:
@@ -70,12 +72,21 @@ def load(paths: list[Path]) -> dict:
                 if str(r["what"]).startswith("profile"):
                     continue
                 key = (r["dtype"], r["variant"], int(r["levels"]), int(r["d"]), int(r["n"]))
-                cells[key][r["what"]] = float(r["median_s"])
+                here[key][r["what"]] = float(r["median_s"])
                 if r["what"] == "auto" and "engine" in r:
                     picked[key] = r["engine"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise SystemExit(
                 f"next_defaults.py: {path} is not loss_profile.py JSON ({exc!r})") from None
+        for key, times in here.items():
+            # the "auto" row timed the engine it picked: that engine's time in this file
+            # where it has no row of its own (a run timing only auto and the Triton modes
+            # would otherwise leave a Triton engine alone in the cell, "fastest" whatever its
+            # time; an audit of the prepared GPU run)
+            engine = picked.get(key) if "auto" in times else None
+            if engine is not None and engine not in NOT_ENGINES and engine not in times:
+                times[engine] = times["auto"]
+            cells[key].update(times)
     return cells, picked
 
 

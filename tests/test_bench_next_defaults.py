@@ -74,6 +74,29 @@ def test_switch_verdicts(tmp_path):
     assert got["TRITON_MIN_ROWS['official']"] is None
 
 
+def test_an_auto_row_times_the_engine_it_picked(tmp_path):
+    # the prepared GPU run times only "auto" and the Triton modes: at d 128 the automatic
+    # choice runs torch; its time must count as torch's, or Triton, alone in the cell, "wins"
+    # at 4x the time (an audit of bench/gpu_next.sh)
+    cells = {("fp32", "exact", 1, 128, n): {"auto": 1.0, "triton": 4.0, "triton[lean]": 4.2}
+             for n in (20_000, 100_000)}
+    cells["fp32", "exact", 1, 64, 100_000] = {"auto": 1.0, "triton": 0.5}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"rows": _rows(cells)}))
+    text, got = _derived(path)
+    assert got["TRITON_MAX_DIM"] == 64                 # d 128: torch (through auto) wins
+    assert "| fp32 | exact | 1 | 128 | 100,000 | torch | 1000.0 |" in text
+    # a file's own torch row is kept over its auto row, and a later file's auto row replaces
+    # an earlier file's torch row for that cell (the newer code's time)
+    cells2 = {("fp32", "exact", 1, 128, 100_000): {"auto": 3.0, "torch": 2.0, "triton": 4.0}}
+    path2 = tmp_path / "p2.json"
+    path2.write_text(json.dumps({"rows": _rows(cells2)}))
+    loaded, _ = next_defaults.load([path2])
+    assert loaded["fp32", "exact", 1, 128, 100_000]["torch"] == 2.0
+    loaded, _ = next_defaults.load([path2, path])
+    assert loaded["fp32", "exact", 1, 128, 100_000]["torch"] == 1.0
+
+
 def test_cli_writes_markdown_and_rejects_other_json(tmp_path, capsys):
     out = tmp_path / "r.md"
     assert next_defaults.main([str(H200), "--md", str(out)]) == 0
