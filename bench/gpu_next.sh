@@ -42,16 +42,24 @@
 #      (kernels/_utils.LEAN_TILES), three levels in the shared-keys mode (one exp per entry for
 #      all levels), the torch / attention engines with the positives kernel
 #      ($HIERTAIL_POSITIVES=triton), then the autotuned tiles, whose choice is recorded.
-# About 8 minutes of command time: run with the device tool's timeout_s = 560.
+# About 8 minutes of command time (limits: install 60 s, tests 150 s, resources 60 s, profile
+# 270 s): run with the device tool's timeout_s = 560.
 #   A=$OUT; OUT=$A bash bench/gpu_next.sh
-# Then, on any machine: python bench/next_defaults.py <profile/loss_profile.json from next.tgz>
+# Then, on any machine: python bench/next_defaults.py <profile/loss_profile.json>
+# What comes back, if the call is stopped at its limit too: next.tgz is rewritten after every
+# step before the profile (install, tests, resources: their logs), and the profile writes
+# straight under $A/profile (loss_profile.py rewrites its JSON and markdown after every row):
+# 6 files in all, under the device tool's 8.
 set -u
 A=${OUT:?set OUT to the folder that comes back}
 R=${TMPDIR:-/tmp}/gpu_next
 rm -rf "$R" && mkdir -p "$R"
-s() { env OUT="$R/$1" "${@:2}" bash bench/gpu_session.sh; }
-s install STEPS=install
-s tests STEPS=tests TESTS_S=90 CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTEST_ARGS="-n 16 \
+s() { env OUT="$R/$1" "${@:2}" bash bench/gpu_session.sh
+      tar czf "$R.tgz" -C "$R" . && mv "$R.tgz" "$A/next.tgz"; }   # (whole, or the last one)
+s install STEPS=install INSTALL_S=60
+# OMP_NUM_THREADS=1: 16 xdist workers on 16 cores, not 16 x 16 OpenMP threads
+s tests STEPS=tests TESTS_S=150 OMP_NUM_THREADS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 \
+  PYTEST_ARGS="-n 16 \
   tests/test_balanced_contrastive_loss_positives.py tests/test_balanced_contrastive_loss.py \
   tests/test_balanced_contrastive_loss_triton.py tests/test_tied_keys.py tests/test_amp.py \
   tests/test_hardening.py tests/test_compile.py tests/test_compile_graph_ops.py \
@@ -61,8 +69,7 @@ s tests STEPS=tests TESTS_S=90 CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTEST_ARGS="-n 1
   tests/test_attention_lse_corners.py tests/test_graph_kernel_corners.py \
   tests/test_compile_layer_corners.py"
 s resources STEPS=resources RESOURCES_S=60
-s profile STEPS=profile PROFILE_S=300 PROFILE_ARGS="--sizes 20000:64 100000:64 20000:128 \
-  100000:128 --engines auto triton triton[lean] triton[shared] triton[shared+lean] \
-  torch+triton attention+triton triton[tf32x3+autotune] --no-profile"
-tar czf "$A/next.tgz" -C "$R" . && cp "$R/profile/loss_profile.md" "$A/" 2>/dev/null
-cat "$R"/*/summary.txt
+env OUT="$A/profile" STEPS=profile PROFILE_S=270 PROFILE_ARGS="--sizes 20000:64 100000:64 \
+  20000:128 100000:128 --engines auto triton triton[lean] triton[shared] triton[shared+lean] \
+  torch+triton attention+triton triton[tf32x3+autotune] --no-profile" bash bench/gpu_session.sh
+cat "$R"/*/summary.txt "$A/profile/summary.txt"

@@ -8,7 +8,7 @@
 #   OUT=/some/dir bash bench/gpu_session.sh            # all steps
 #   STEPS="report tests" REPORT_S=200 TESTS_S=300 bash bench/gpu_session.sh
 #
-# STEPS (default "install report tests"; "scale" adds the scale study at SCALE_SIZES (default
+# STEPS (default "install report tests"; "install" runs under INSTALL_S, default 300 s; "scale" adds the scale study at SCALE_SIZES (default
 # "100000 1000000") with the loss in each of SCALE_DTYPES (default "float32 bfloat16"), each
 # under SCALE_S, default 240 s, with SCALE_WARMUP (default 1) + SCALE_EPOCHS (default 2)
 # epochs; "guard" adds bench/attention_guard.py under GUARD_S, default 60 s, with GUARD_ARGS
@@ -26,6 +26,7 @@
 set -u
 OUT=${OUT:-bench/results/gpu_session}
 STEPS=${STEPS:-install report tests}
+INSTALL_S=${INSTALL_S:-300}
 REPORT_S=${REPORT_S:-270}
 TESTS_S=${TESTS_S:-270}
 SCALE_S=${SCALE_S:-240}
@@ -59,10 +60,10 @@ step() {        # step NAME LIMIT_S CMD...: run CMD under a limit, log to $OUT/N
   local rc=$?
   echo "$name rc $rc in $((SECONDS - t0)) s (limit $limit s)" | tee -a "$summary"
 }
-{ date -u; nvidia-smi 2>&1 || echo "no nvidia-smi"; } > "$OUT/machine.txt"
+{ date -u; timeout 30 nvidia-smi 2>&1 || echo "no nvidia-smi (or it hung)"; } > "$OUT/machine.txt"
 for s in $STEPS; do
   case $s in
-    install) step install 300 "$PY" -m pip install --no-deps --no-build-isolation -e . ;;
+    install) step install "$INSTALL_S" "$PY" -m pip install --no-deps --no-build-isolation -e . ;;
     report)
       # shellcheck disable=SC2086  # REPORT_ARGS: several words on purpose
       step gpu_report "$REPORT_S" "$PY" bench/gpu_report.py --budget $((REPORT_S - 30)) \

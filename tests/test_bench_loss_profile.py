@@ -68,3 +68,28 @@ def test_autotuned_tiles_are_recorded_and_shown(monkeypatch):
     md = loss_profile.render(report)
     assert "Tiles autotuned by the triton[tf32x3+autotune] row (1 level(s)" in md
     assert "- fwd: `(20000, 64, 1) -> BLOCK_M: 64, num_warps: 8`" in md
+
+
+def test_the_prepared_gpu_run_times_no_row_twice():
+    """The shared-keys modes serve several levels of the exact variant only: on one level or
+    the official variant they run plain "triton" / "triton[lean]", so timing them there re-timed
+    those rows (16 of the prepared run's 144, its costliest: official, 3 levels)."""
+    engines = ["auto", "triton", "triton[lean]", "triton[shared]", "triton[shared+lean]",
+               "torch+triton", "attention+triton", "triton[tf32x3+autotune]"]
+    cases = loss_profile.timed_cases(engines, "cuda")
+    shared = [c for c in cases if c[3] in ("triton[shared]", "triton[shared+lean]")]
+    assert shared and all(v == "exact" and lv == 3 for v, lv, _, _ in shared)
+    assert len(shared) == 2 * 2                               # 2 modes x (fp32, bf16)
+    assert len(set(cases)) == len(cases)
+    assert not [c for c in cases if c[3] == "triton[tf32x3+autotune]"]   # tuned_rows' own
+    assert not [c for c in cases if c[3].endswith("+triton") and c[0] == "exact"]
+    # no Triton engine without CUDA (the CPU test mode)
+    assert not [c for c in loss_profile.timed_cases(engines, "cpu") if c[3].startswith("triton")]
+
+
+def test_time_is_kept_back_for_the_autotuned_rows():
+    import gpu_report
+    assert loss_profile.tuned_reserve(["auto", "triton[tf32x3+autotune]"], "cuda") == \
+        gpu_report.AUTOTUNE_NEED_S / 2
+    assert loss_profile.tuned_reserve(["auto", "triton"], "cuda") == 0
+    assert loss_profile.tuned_reserve(["triton[tf32x3+autotune]"], "cpu") == 0

@@ -344,3 +344,45 @@ def test_the_prepared_device_call_parses_and_names_known_engines():
     assert engines and set(engines) <= set(loss_profile.ENGINES), engines
     for path in re.findall(r"tests/\S+\.py", text):
         assert (BENCH.parent / path).exists(), path
+
+
+FAKE_PYTHON = """#!/bin/bash
+echo "ARGS: $*"
+echo "OMP_NUM_THREADS=${OMP_NUM_THREADS:-unset}"
+prev=""; for a in "$@"; do [ "$prev" = "--out" ] && o=$a; prev=$a; done
+case "$*" in *loss_profile.py*) mkdir -p "$o"; echo '{"rows": []}' > "$o/loss_profile.json"
+  echo "# md" > "$o/loss_profile.md";; esac
+"""
+
+
+def test_the_prepared_device_call_brings_its_files_back(tmp_path):
+    """bench/gpu_next.sh run blind with a stand-in interpreter: every step runs under its
+    limit, the limits fit the device call's 560 s, and what it leaves under $OUT fits what a
+    device call brings back (at most 8 files, at most 2 folders down): the earlier steps' logs
+    in next.tgz (rewritten after each step), the profile's files straight under $OUT/profile."""
+    import re
+    import tarfile
+
+    fake = tmp_path / "fakepy"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    out.mkdir()
+    tmp.mkdir()
+    env = dict(os.environ, PYTHON=str(fake), TMPDIR=str(tmp), OUT=str(out))
+    res = subprocess.run(["bash", "bench/gpu_next.sh"], cwd=BENCH.parent, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert len(files) <= 8 and all(f.count("/") <= 2 for f in files), files
+    assert {"next.tgz", "profile/loss_profile.json", "profile/loss_profile.md",
+            "profile/summary.txt"} <= set(files), files
+    with tarfile.open(out / "next.tgz") as tar:
+        names = set(tar.getnames())
+    assert {"./install/install.log", "./tests/pytest.log",
+            "./resources/kernel_resources.log"} <= names, names
+    tests_log = (tmp / "gpu_next" / "tests" / "pytest.log").read_text()
+    assert "OMP_NUM_THREADS=1" in tests_log and "-n 16" in tests_log
+    limits = dict(re.findall(r"^(\w+) rc \d+ in \d+ s \(limit (\d+) s\)", res.stdout, re.M))
+    assert set(limits) == {"install", "pytest", "kernel_resources", "loss_profile"}, res.stdout
+    assert sum(int(v) for v in limits.values()) <= 560 - 20, limits
