@@ -77,6 +77,10 @@ def test_pool_sizes_rules():
     assert off.replace(pool_rescale_power=2).pool_sizes(19793, 70)[0] == 19793   # Cora, seed 2
     assert HierTailConfig.paper().pool_sizes(1005, 42) == [42, 21]
     assert HierTailConfig.paper().pool_sizes(100, 7) == [7, 4]
+    # the second level keeps ceil(C/2): C = 42 and 7 cannot tell it from round() (3.5 -> 4 under
+    # banker's rounding); odd counts such as Wiki's 17 can (a mutation audit)
+    for c in (1, 2, 3, 5, 9, 13, 17, 21, 38, 70):
+        assert HierTailConfig.paper().pool_sizes(1000, c) == [c, math.ceil(c / 2)], c
     # a later ratio of exactly 1.0 is PyG's count 1 (an int), not the fraction 1.0, which
     # keeps every node (equal as numbers: a mutation audit found the type unchecked)
     sizes = off.replace(pool_ratios=(1.0, 1.0, 0.5)).pool_sizes(100, 10)

@@ -550,6 +550,10 @@ def test_module_matches_functional_and_init():
     for bad in (0.0, 1.5, 0, True):
         with pytest.raises((ValueError, TypeError)):
             TopKPool(12, ratio=bad)
+        # a per-call override is checked as the constructor's ratio is, not replaced by the
+        # module's own (a falsy 0 slipping through ``ratio or self.ratio``: a mutation audit)
+        with pytest.raises((ValueError, TypeError)):
+            pool(x, ei, w, ratio=bad)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
