@@ -327,6 +327,20 @@ def test_loss_takes_labels_and_indices_of_any_integer_dtype(tiny, dtype):
     assert torch.equal(model.loss(out, y, tr.to(dtype)).total, want)
 
 
+@pytest.mark.parametrize("name", CONFIGS)
+def test_loss_is_the_same_for_train_nodes_in_any_order(tiny, name):
+    """The train nodes in shuffled order give the loss of the sorted list (each label stays with
+    its node's row); gathering the labels in sorted order while the rows follow the given order
+    was caught only by an end-to-end accuracy bound (a mutation audit)."""
+    x, g, y, tr = tiny
+    model = _model(name).double()
+    out = model(x.double(), g)
+    shuffled = tr[torch.randperm(tr.numel(), generator=torch.Generator().manual_seed(1))]
+    assert not torch.equal(shuffled, tr)
+    torch.testing.assert_close(model.loss(out, y, shuffled).total, model.loss(out, y, tr).total,
+                               rtol=1e-12, atol=1e-12)
+
+
 def test_bad_inputs(tiny):
     x, g, y, tr = tiny
     model = _model("paper")

@@ -3,13 +3,15 @@ loop keeps on a tie, the lr given to `train_hiertail`, and further protocol deta
 test says the mutant it kills). Tiny graphs, a few epochs: the file runs in seconds."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from hiertail_fast.data.splits import natural_split
 from hiertail_fast.data.synthetic import make_synthetic_graph
-from hiertail_fast.nn.hiertail import HierTailConfig
+from hiertail_fast.nn.hiertail import HierTail, HierTailConfig
 from hiertail_fast.train import fit_early_stopping, train_hiertail
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -246,3 +248,50 @@ def test_a_meta_tensor_in_the_data_is_named(small):
     with pytest.raises(ValueError, match="'y' is on the meta device"):
         train_hiertail(dataclasses.replace(small, y=small.y.to("meta")), None,
                        HierTailConfig.paper(hidden=8), epochs=1, seed=0, progress=False)
+
+
+def test_the_patience_counts_from_select_from_when_the_val_f1_is_zero():
+    """A run whose validation Macro-F1 is exactly 0.0 (nothing right yet: the first fine-tuning
+    epochs after a method's pre-training) still anchors the patience at ``select_from``: the
+    first validated epoch is a max. Starting the best/max at 0.0 instead of below any score
+    anchored it at epoch 0 and stopped at ``select_from`` itself (a mutation audit)."""
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+
+    def step():
+        loss = model(torch.ones(1, 2)).sum()
+        return loss, loss
+
+    fit = fit_early_stopping(model, opt, step, lambda: 0.0, epochs=10, patience=2,
+                             progress=False, desc="t", device=torch.device("cpu"),
+                             select_from=3)
+    assert (fit.max_idx, fit.best_epoch, fit.epochs_run, fit.stopped_early) == (3, 6, 7, True)
+
+
+def test_the_training_loss_sees_the_train_labels_only(small, monkeypatch):
+    """Train on train, select on val, report test: every optimiser step's loss gets exactly the
+    train nodes, and relabelling every other node leaves the training trajectory unchanged. A
+    loss fed the test (or train + val) nodes, a leak that inflates every reported number, passed
+    the end-to-end tests, which ask for accuracy above a bound (a mutation audit)."""
+    split = natural_split(small.y, 0)
+    cfg = HierTailConfig.paper(hidden=8)
+    seen = []
+    real = HierTail.loss
+
+    def spy(self, out, y, idx):
+        seen.append(torch.as_tensor(idx).cpu().sort().values)
+        return real(self, out, y, idx)
+
+    with monkeypatch.context() as m:
+        m.setattr(HierTail, "loss", spy)
+        first = train_hiertail(small, split, cfg, epochs=3, seed=0, progress=False)
+    train = torch.as_tensor(split[0]).sort().values
+    assert len(seen) == 3 and all(torch.equal(s, train) for s in seen)
+    others = torch.ones(small.y.numel(), dtype=torch.bool)
+    others[train] = False
+    relabelled = small.y.clone()
+    relabelled[others] = (relabelled[others] + 1) % int(small.num_classes)
+    assert not torch.equal(relabelled, small.y)
+    again = train_hiertail(dataclasses.replace(small, y=relabelled), split, cfg, epochs=3,
+                           seed=0, progress=False)
+    assert again["final_loss"] == first["final_loss"]
