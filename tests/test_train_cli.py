@@ -662,6 +662,66 @@ def test_result_records_the_run_as_it_ran(monkeypatch):
     assert res["data"]["num_edges"] == g.edge_index.shape[1]
 
 
+MODEL_OPTIONS = [("--hidden", "24", "hidden", 24), ("--gamma", "0.3", "gamma", 0.3),
+                 ("--tau", "0.7", "tau", 0.7), ("--dropout", "0.25", "dropout", 0.25),
+                 ("--lr", "0.05", "lr", 0.05), ("--weight-decay", "0.125", "weight_decay", 0.125),
+                 ("--loss-backend", "reference", "loss_backend", "reference")]
+
+
+@pytest.mark.parametrize("preset", ["paper", "official"])
+@pytest.mark.parametrize("flag, text, field, value", MODEL_OPTIONS)
+def test_each_model_option_reaches_the_config(preset, flag, text, field, value):
+    """Every numeric model option of the trainer reaches HierTailConfig on both presets:
+    dropping --weight-decay, --dropout or --tau from the forwarded keys trained with the
+    preset's value and passed the suite (a mutation audit)."""
+    from hiertail_fast._train_cli import _config_from_args, build_parser
+
+    args = build_parser().parse_args(["--synthetic", "--config", preset, flag, text])
+    assert getattr(HierTailConfig.named(preset), field) != value     # (the test can tell)
+    assert getattr(_config_from_args(args, None), field) == value
+
+
+def _main_with_training_faked(monkeypatch, argv) -> dict:
+    """main(argv) with run_seeds replaced by a recorder: its keyword arguments, cfg and seeds."""
+    import hiertail_fast._train_cli as cli
+
+    seen: dict = {}
+
+    def fake(data, cfg, seeds, **kw):
+        seen.update(kw, cfg=cfg, seeds=seeds)
+        return {"seeds": seeds, "split": "natural", "runs": [], "summary": {}}
+
+    monkeypatch.setattr(cli, "run_seeds", fake)
+    monkeypatch.setattr(cli, "format_table", lambda result: "")
+    cli.main(argv)
+    return seen
+
+
+def test_compound_pool_bug_and_the_run_options_reach_run_seeds(monkeypatch):
+    """--compound-pool-bug (the official code's seed-dependent first pool ratio), --epochs,
+    --patience and --seeds reach run_seeds; main() passing compound_pool_bug=False passed the
+    suite, whose tests call run_seeds directly (a mutation audit)."""
+    tiny = ["--synthetic", "--nodes", "60", "--classes", "3", "--features", "4", "--no-progress",
+            "--config", "official"]
+    seen = _main_with_training_faked(monkeypatch, [*tiny, "--compound-pool-bug", "--epochs", "7",
+                                                   "--patience", "3", "--seeds", "2"])
+    assert seen["compound_pool_bug"] is True and seen["cfg"].name == "official"
+    assert (seen["epochs"], seen["patience"], seen["seeds"]) == (7, 3, [123, 124])
+    assert _main_with_training_faked(monkeypatch, tiny)["compound_pool_bug"] is False
+
+
+@pytest.mark.parametrize("preset, hidden", [("paper", 64), ("official", 128)])
+def test_main_applies_the_paper_hidden_width_of_the_dataset(monkeypatch, data_dir, preset,
+                                                           hidden):
+    """main() hands the loaded dataset's name to the config: the paper preset trains Email with
+    hidden 64 (--help: 'paper: 64 on email/wiki/blogcatalog'). Passing None silently trained it
+    with 128 (a mutation audit; the existing test calls _config_from_args with the name)."""
+    seen = _main_with_training_faked(monkeypatch, [
+        "--data", str(data_dir / "email.npz"), "--config", preset, "--seeds", "1",
+        "--epochs", "1", "--no-progress"])
+    assert seen["cfg"].hidden == hidden
+
+
 def test_download_reaches_load_dataset_and_needs_a_dataset(tmp_path, monkeypatch, capsys):
     """The missing-dataset error advised '--download', which the trainer did not have (a
     README audit: 'unrecognized arguments'). It passes download=True to load_dataset, and is
