@@ -224,3 +224,83 @@ def test_training_under_a_float64_default_dtype(method):
         torch.set_default_dtype(default)
     assert first["test"] == again["test"]
     assert all(0.0 <= v <= 1.0 for v in first["test"].values()), first["test"]
+
+
+def _harness_graph():
+    return make_synthetic_graph(240, num_classes=4, avg_degree=5.0, num_features=8, seed=3)
+
+
+def test_reported_test_metrics_are_those_of_the_test_nodes(monkeypatch):
+    """``test`` and ``test_per_class`` are computed on the TEST nodes from the kept model's
+    prediction, ``val`` on the validation nodes: a harness that reported the validation nodes'
+    metrics as test passed every baselines test (a mutation audit)."""
+    import hiertail_fast.baselines.harness as harness
+    from hiertail_fast.metrics import evaluate
+    from hiertail_fast.train import per_class_recall
+
+    g = _harness_graph()
+    split = natural_split(g.y, 7)
+    preds = []
+    real = harness.predicted_classes
+
+    def spy(logits):
+        p = real(logits)
+        preds.append(p.detach().cpu().clone())
+        return p
+
+    monkeypatch.setattr(harness, "predicted_classes", spy)
+    r = train_baseline(g, split, BaselineConfig(method="origin", hidden=8), epochs=5, patience=5,
+                       seed=7, progress=False)
+    final, (_, val, test), c = preds[-1], split, int(g.num_classes)
+    want_test, want_val = evaluate(g.y[test], final[test]), evaluate(g.y[val], final[val])
+    assert want_test != want_val                                 # (the test can tell)
+    assert r["test"] == want_test and r["val"] == want_val
+    want_pc = per_class_recall(g.y[test], final[test], c)
+    assert want_pc != per_class_recall(g.y[val], final[val], c)
+    assert r["test_per_class"] == want_pc
+
+
+def test_the_method_generator_is_seeded_with_the_run_seed(monkeypatch):
+    """The method's generator (SMOTE's interpolation, GraphENS / ImGAGN draws) starts from the
+    run seed: seeding it with 0 for every seed, so that the repeats share every synthetic draw,
+    passed the suite (a mutation audit)."""
+    import hiertail_fast.baselines.harness as harness
+
+    seen = []
+    real = harness.build_method
+
+    def spy(ctx, cfg):
+        seen.append(ctx.generator.initial_seed())
+        return real(ctx, cfg)
+
+    monkeypatch.setattr(harness, "build_method", spy)
+    for seed in (11, 12):
+        train_baseline(_harness_graph(), None, BaselineConfig(method="smote", hidden=8,
+                                                              im_class_num=2),
+                       epochs=2, patience=2, seed=seed, progress=False)
+    assert seen == [11, 12]
+
+
+@pytest.mark.parametrize("method", ["origin", "graphsmote_t"])
+def test_the_reported_model_is_the_best_validation_epoch(monkeypatch, method):
+    """On a run whose last epoch is not the best, the reported model is the selected one (the
+    LAST epoch at the maximum validation Macro-F1): dropping the load of the best state, which
+    reports the last epoch's model, passed every baselines test (a mutation audit)."""
+    import hiertail_fast.baselines.harness as harness
+
+    g = make_synthetic_graph(300, num_classes=5, avg_degree=5.0, num_features=16, seed=1)
+    f1s = []
+    real = harness.macro_f1
+
+    def spy(y, p):
+        f1s.append(real(y, p))
+        return f1s[-1]
+
+    monkeypatch.setattr(harness, "macro_f1", spy)
+    cfg = BaselineConfig(method=method, hidden=16, lr=0.05, dropout=0.5,
+                         **({"ep_pre": 0} if method == "graphsmote_t" else {}))
+    r = train_baseline(g, None, cfg, epochs=40, patience=40, seed=4, progress=False)
+    best = max(f1s)
+    assert f1s[-1] < best - 1e-9, "precondition: the last epoch is not the best one"
+    assert r["best_epoch"] == max(i for i, v in enumerate(f1s) if v == best)
+    assert r["val"]["macro_f1"] == pytest.approx(best, abs=1e-12)

@@ -492,3 +492,49 @@ def test_the_folder_lock_is_reentrant_in_a_thread_and_exclusive_across_threads(t
         order.append("first")
     t.join(10)
     assert order == ["first", "second"]
+
+
+def test_run_specs_trains_each_run_with_its_own_seed(tmp_path, monkeypatch):
+    """Run (spec, seed) trains WITH that seed (model init, dropout, a baseline's synthesis), not
+    only on that seed's split: a runner passing the budget's first seed to every trainer kept
+    each record's own identity seed and split, and passed the suite (a mutation audit)."""
+    import hiertail_fast.baselines.harness as harness
+    import hiertail_fast.train as train
+    from hiertail_fast.baselines import BaselineConfig
+    from hiertail_fast.nn.hiertail_config import HierTailConfig
+
+    seen = []
+
+    def fake(data, split, cfg, *, seed, **kw):
+        seen.append(seed)
+        m = {k: 0.5 for k in runner.METRICS}
+        return {"test": m, "val": m, "epochs_run": 1, "test_per_class": []}
+
+    monkeypatch.setattr(train, "train_hiertail", fake)
+    monkeypatch.setattr(harness, "train_baseline", fake)
+    src = runner.DataSource(None, synthetic={"nodes": 200, "classes": 4, "features": 8})
+    specs = [RunSpec("synthetic", "hiertail_paper", "hiertail", HierTailConfig.paper()),
+             RunSpec("synthetic", "origin", "origin", BaselineConfig(method="origin"))]
+    recs = runner.run_specs(specs, Budget(seeds=(5, 6, 7), epochs=2, patience=1), src,
+                            runner.RunCache(tmp_path / "runs"), progress=False,
+                            log=lambda _line: None, notice=lambda _line: None)
+    assert seen == [5, 6, 7, 5, 6, 7]
+    assert [r["identity"]["seed"] for r in recs] == [5, 6, 7, 5, 6, 7]
+
+
+def test_a_cached_record_missing_one_test_metric_is_a_miss(tmp_path):
+    """A cached run whose test metrics lack one of the four is no run record (the summaries read
+    all four: such a record crashed them with a KeyError after all the training); accepting a
+    record with ANY metric passed the suite (a mutation audit)."""
+    from hiertail_fast.baselines import BaselineConfig
+
+    cache = runner.RunCache(tmp_path)
+    spec = RunSpec("synthetic", "origin", "origin", BaselineConfig(method="origin"))
+    identity = spec.identity(1, Budget(seeds=(1,)), "cpu", {"nodes": 3})
+    test = {m: 0.5 for m in runner.METRICS if m != "g_means"}
+    path = cache.path(spec, identity)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"identity": identity, "result": {"test": test, "epochs_run": 3},
+                                "wall_s": 1.0}))
+    got, why = cache.lookup(spec, identity)
+    assert got is None and "not a complete run record" in why
