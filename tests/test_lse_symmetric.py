@@ -374,3 +374,70 @@ def test_same_result_bit_for_bit_run_to_run(forced, monkeypatch):
     assert forced["fused"] == 2
     for a, b in zip(first, second, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("variant", ["exact", "official"])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_zero_upstream_gradient_gives_zero_not_nan(forced, variant, reduction):
+    """The engine divides the upstream coefficients by their largest magnitude; an all-zero
+    upstream gradient (a loss term weighted 0, a masked batch) gives exactly zero, not 0/0 =
+    NaN in every parameter it reaches. No test had one (a mutation audit)."""
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(40, 8, generator=gen).requires_grad_()
+    y = torch.randint(0, 4, (40,), generator=gen)
+    loss = balanced_contrastive_loss(z, y, temperature=0.1, variant=variant,
+                                     reduction=reduction, backend="torch")
+    (loss.sum() * 0.0).backward()
+    assert forced["fused"] > 0, "the symmetric engine did not run"
+    assert torch.isfinite(z.grad).all() and bool((z.grad == 0).all())
+
+
+_FEWER_THREADS_SCRIPT = r"""
+import json, sys, torch
+import hiertail_fast.ops._lse_symmetric as sym
+from hiertail_fast import balanced_contrastive_loss
+sym.MIN_ROWS = 1
+torch.set_num_threads(int(sys.argv[1]))
+calls = [0]
+real = sym.lse_fused
+def spy(*a, **k):
+    calls[0] += 1
+    return real(*a, **k)
+sym.lse_fused = spy
+out = []
+for seed in range(3):
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(1500, 8, generator=g).requires_grad_()
+    y = torch.randint(0, 5, (1500,), generator=g)
+    loss = balanced_contrastive_loss(z, y, temperature=0.1, variant="official", backend="torch")
+    loss.backward()
+    out.append([float(loss), float(z.grad.abs().sum())])
+print(json.dumps({"calls": calls[0], "out": out}))
+"""
+
+
+def test_fewer_openmp_threads_than_asked_give_the_same_loss():
+    """OpenMP may start fewer threads than torch asks for (OMP_THREAD_LIMIT, OMP_DYNAMIC): the
+    engine merges the row statistics of the threads that RAN. Merging all the slots it asked
+    for read uninitialised ones (NaN losses, garbage arg-max indices) and no test ran with fewer
+    threads (a mutation audit). A fresh process (the limit is read when OpenMP starts): four
+    torch threads under OMP_THREAD_LIMIT=1 against one thread."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    def run(threads, limit=None):
+        env = {**os.environ, sym.ENV_VAR: "1"}
+        if limit is not None:
+            env["OMP_THREAD_LIMIT"] = str(limit)
+        proc = subprocess.run([sys.executable, "-c", _FEWER_THREADS_SCRIPT, str(threads)],
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    one, limited = run(1), run(4, limit=1)
+    assert one["calls"] > 0 and limited["calls"] > 0, "the symmetric engine did not run"
+    for (loss1, grad1), (loss4, grad4) in zip(one["out"], limited["out"], strict=True):
+        assert loss4 == pytest.approx(loss1, rel=1e-5)
+        assert grad4 == pytest.approx(grad1, rel=1e-4)
