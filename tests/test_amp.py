@@ -119,6 +119,20 @@ def test_reference_backend_is_plain_pytorch_under_autocast():
     assert torch.equal(got, want)
 
 
+def test_float64_loss_is_untouched_by_autocast():
+    """float64 inputs are left alone, as autocast leaves them (ops/_amp.py): only float32 is
+    cast to autocast's 16-bit dtype. No test fed float64 under autocast, so casting it too
+    passed the suite (a mutation audit)."""
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(24, 6, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, 3, (24,), generator=gen)
+    plain = balanced_contrastive_loss(z, y, temperature=0.5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        auto = balanced_contrastive_loss(z, y, temperature=0.5)
+    assert auto.dtype == torch.float64
+    torch.testing.assert_close(auto, plain, rtol=1e-12, atol=1e-12)
+
+
 def test_float16_overflow_under_autocast_stays_float32():
     # rows beyond float16's 65,504 (in z or in the prototypes) keep the call in float32: the
     # float32 result, never one computed on infinities

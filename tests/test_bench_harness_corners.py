@@ -154,9 +154,9 @@ ENGINES = ["auto", "torch", "torch+slices", "triton", "triton[shared]", "triton[
 
 def test_loss_profile_times_each_engine_in_its_cells(monkeypatch):
     """On CUDA (stubbed), the rows follow the module's rules (a mutation audit): positives plans
-    on the official variant only, shared-keys modes at 3 levels of the exact variant only, bf16 without the fp32-dot
-    (tf32x3) modes and plans, the autotuned mode not among them but in tuned_rows at 1 and 3
-    levels."""
+    on the official variant only, shared-keys modes at 3 levels of the exact variant only, bf16
+    without the fp32-dot (tf32x3) modes and plans, the autotuned mode not among them but in
+    tuned_rows at 1 and 3 levels."""
     timed: list = []
     _stub_gpu(monkeypatch, timed)
     rows: list = []

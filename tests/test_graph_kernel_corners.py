@@ -86,6 +86,24 @@ def test_edge_weight_gradient_with_zero_feature_columns_on_triton():
         assert torch.equal(w.grad.cpu(), torch.zeros(5))
 
 
+@requires_triton
+def test_triton_gcn_on_a_graph_of_strided_index_views():
+    """A CSRGraph built from strided views of indptr / indices (step 2) propagates on the Triton
+    backend as the contiguous graph does on the torch backend: the kernel reads the indices at
+    stride 1, so the launcher must make them contiguous, and no Triton test had a strided
+    graph (a mutation audit; topk_pool's rows had the same slip)."""
+    dev = backend_device("triton")
+    indptr = torch.tensor([0, 2, 3, 5, 5, 7, 8, 10, 11, 12], device=dev)
+    indices = torch.tensor([1, 4, 0, 3, 8, 2, 6, 5, 0, 7, 8, 1], device=dev)
+    wide_p = torch.stack([indptr, torch.zeros_like(indptr)], 1).reshape(-1)[::2]
+    wide_i = torch.stack([indices, torch.zeros_like(indices)], 1).reshape(-1)[::2]
+    assert wide_p.stride(0) == 2 and torch.equal(wide_p, indptr)
+    x = torch.randn(9, 5, generator=torch.Generator().manual_seed(0)).to(dev)
+    want = gcn_propagate(x, CSRGraph(indptr, indices, num_nodes=9), backend="torch")
+    got = gcn_propagate(x, CSRGraph(wide_p, wide_i, num_nodes=9), backend="triton")
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_one_graph_propagated_in_float32_then_float64():
     """One CSRGraph used in float32 and then in float64 (torch backend): the float64 call gets
     float64 degrees and its own float64 operator, not the ones cached by the float32 call

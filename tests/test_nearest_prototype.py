@@ -306,6 +306,25 @@ def test_degenerate_inputs_every_pair_a_near_tie(monkeypatch, backend, budget):
     assert int(nearest_prototype(zeros[0].to(dev), zeros[1].to(dev), backend=backend).max()) == 0
 
 
+@requires_triton
+@pytest.mark.parametrize("dtype, block_m", [(torch.float32, 64), (torch.float64, 32)])
+def test_triton_kernel_keeps_the_lower_index_on_a_tie_across_tiles(dtype, block_m):
+    """The kernel itself (not the public op, whose near-tie refinement re-decides exact ties and
+    hid it: a mutation audit) keeps the LOWEST index when an equal prototype sits in a later
+    tile of ``block_m`` prototypes (the launcher's tile for the dtype), and shows the tie as
+    best == second."""
+    from hiertail_fast.kernels.nearest_prototype import nearest_prototype_fwd
+
+    dev, gen = backend_device("triton"), torch.Generator().manual_seed(0)
+    p = torch.randn(2 * block_m + 5, 8, generator=gen, dtype=dtype) * 5 + 20   # all far from z
+    z = torch.randn(3, 8, generator=gen, dtype=dtype)
+    p[3] = z[0] * 0.5
+    p[block_m + 3] = p[3]                                  # the same point, in the next tile
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    idx, best, second = nearest_prototype_fwd(z.to(dev), p.to(dev), (p.to(acc) ** 2).sum(1).to(dev))
+    assert int(idx[0]) == 3 and float(best[0]) == float(second[0])
+
+
 def test_first_of_equal_rows():
     from hiertail_fast.ops.nearest_prototype import _first_of_equal_rows
 
