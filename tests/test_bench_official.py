@@ -148,3 +148,53 @@ def test_official_fuzz_shows_progress(capsys, monkeypatch):
                         "--max-log-bound", "1", "--engines", "torch"])
     out = capsys.readouterr().out
     assert re.search(r"^\d+ cases, \d+ s left; worst so far: torch [0-9.]+x$", out, re.M), out
+
+
+def test_official_fuzz_replays_a_case_by_its_number(capsys):
+    """--case K reruns case K of the seed's sequence alone: the same problem (its description)
+    and the same ratio as in the full run, printed with the rescaled-reference diagnostic."""
+    import official_fuzz
+
+    argv = ["--cases", "6", "--seconds", "120", "--dims", "2", "--max-log-bound", "3",
+            "--engines", "torch", "--levels", "3", "--seed", "5"]
+    official_fuzz.main(argv)
+    full = re.search(r"^worst torch: ([0-9.]+)x the rule, \d+ case\(s\) over it (\{.*\})$",
+                     capsys.readouterr().out, re.M)
+    assert full, "no worst case reported"
+    number = int(re.search(r"'case': (\d+)", full.group(2)).group(1))
+    official_fuzz.main([*argv, "--case", str(number)])
+    out = capsys.readouterr().out
+    line = re.search(r"^(?:over|within) the rule: torch ([0-9.]+)x (\{.*\}) \(with the rescaled "
+                     r"reference's rounding: ([0-9.]+)x\)$", out, re.M)
+    assert line, out
+    assert line.group(2) == full.group(2)
+    assert float(line.group(1)) == pytest.approx(float(full.group(1)), abs=0.006)
+    # any case K: the problem of the K-th draw of the seed's sequence
+    rng = random.Random(5)
+    drawn = [official_fuzz._case(rng, [2], 3.0, 5 * 1_000_003 + k, 3)[4] for k in range(1, 7)]
+    for k in (4, 6):
+        official_fuzz.main([*argv, "--case", str(k)])
+        printed = re.search(r"the rule: torch [0-9.]+x (\{.*\}) \(", capsys.readouterr().out)
+        assert printed and printed.group(1) == str({"case": k, **drawn[k - 1]})
+    with pytest.raises(SystemExit):
+        official_fuzz.main([*argv, "--case", "7"])              # beyond --cases 6
+
+
+@pytest.mark.parametrize("levels", [1, 3])
+def test_the_rescaled_reference_is_the_same_loss(levels):
+    """The fuzz's diagnostic reference (z and prototypes scaled by 1/sqrt(tau), temperature 1,
+    gradients scaled back) computes the loss and gradients of the problem, to fp32 rounding."""
+    import official_fuzz
+
+    rng = random.Random(3)
+    for k in range(1, 9):
+        z, y, p, kw, desc = official_fuzz._case(rng, [3], 2.0, k, levels)
+        protos = [q for q in (p if isinstance(p, list) else [p]) if q is not None]
+        w = torch.linspace(-1, 2, z.shape[0] + sum(q.shape[0] for q in protos))
+        p64 = ([None if q is None else q.double() for q in p] if isinstance(p, list)
+               else None if p is None else p.double())
+        want = official_fuzz._run(z.double(), y, p64, kw, "reference", w.double())
+        got = official_fuzz._rescaled_reference(z, y, p, kw, w)
+        assert len(got) == len(want), desc
+        for a, e in zip(got, want, strict=True):
+            torch.testing.assert_close(a, e, rtol=1e-3, atol=1e-4 * (1 + e.abs().max().item()))
