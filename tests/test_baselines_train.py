@@ -299,8 +299,12 @@ def test_the_reported_model_is_the_best_validation_epoch(monkeypatch, method):
     monkeypatch.setattr(harness, "macro_f1", spy)
     cfg = BaselineConfig(method=method, hidden=16, lr=0.05, dropout=0.5,
                          **({"ep_pre": 0} if method == "graphsmote_t" else {}))
-    r = train_baseline(g, None, cfg, epochs=40, patience=40, seed=4, progress=False)
-    best = max(f1s)
-    assert f1s[-1] < best - 1e-9, "precondition: the last epoch is not the best one"
+    for seed in range(4, 10):     # a run whose last epoch is not the best (seed 4 here, torch 2.13)
+        f1s.clear()
+        r = train_baseline(g, None, cfg, epochs=40, patience=40, seed=seed, progress=False)
+        best = max(f1s)
+        if f1s[-1] < best - 1e-9:
+            break
+    assert f1s[-1] < best - 1e-9, "precondition: no seed whose last epoch is not the best one"
     assert r["best_epoch"] == max(i for i, v in enumerate(f1s) if v == best)
     assert r["val"]["macro_f1"] == pytest.approx(best, abs=1e-12)
