@@ -130,6 +130,8 @@ def _case(rng: random.Random, dims, max_log_bound: float, seed: int, max_levels:
 
 
 ROUNDING_SCALES = (3 ** 0.5, 1.1, 0.77, 1.3, 0.9, 1.7, 2.3, 0.6, 1.05, 1.21)
+# the fp32 reference as given + 1/sqrt(tau) and each scale, features in order and reversed
+N_ROUNDINGS = 1 + 2 * (1 + len(ROUNDING_SCALES))
 
 
 def _reference_roundings(z, y, p, kw, w):
@@ -151,6 +153,16 @@ def _reference_roundings(z, y, p, kw, w):
             yield [out[0]] + [g[:, order] * c for g in out[1:]]
 
 
+def weights_and_float64_reference(z, y, p, kw):
+    """(w, the float64 dense reference's [loss, gradients...]) of a case: w the upstream weights
+    of its rows and prototypes (``_run``'s ``weights``), shared by every run of the case."""
+    protos = [q for q in (p if isinstance(p, list) else [p]) if q is not None]
+    w = torch.linspace(-1, 2, z.shape[0] + sum(q.shape[0] for q in protos))
+    p64 = ([q.double() if q is not None else None for q in p] if isinstance(p, list)
+           else p.double() if p is not None else None)
+    return w, _run(z.double(), y, p64, kw, "reference", w.double())
+
+
 def case_ratios(z, y, p, kw, engines, dev="cpu", roundings=False) -> dict[str, float]:
     """Each engine's worst error on the case (value and every gradient) over the suite's rule:
     2 x the dense fp32 reference's error + 1e-5 + 1e-4 max|ref|, gradients + 32 ulp of the
@@ -159,10 +171,7 @@ def case_ratios(z, y, p, kw, engines, dev="cpu", roundings=False) -> dict[str, f
     for cases over the suite's rule, never the rule itself."""
     n, d = z.shape
     protos = [q for q in (p if isinstance(p, list) else [p]) if q is not None]
-    w = torch.linspace(-1, 2, n + sum(q.shape[0] for q in protos))
-    p64 = ([q.double() if q is not None else None for q in p] if isinstance(p, list)
-           else p.double() if p is not None else None)
-    exp = _run(z.double(), y, p64, kw, "reference", w.double())
+    w, exp = weights_and_float64_reference(z, y, p, kw)
     lows = [_run(z, y, p, kw, "reference", w)]
     if roundings:
         lows += list(_reference_roundings(z, y, p, kw, w))
@@ -247,7 +256,7 @@ def _fuzz(args) -> None:
                 other = case_ratios(z, y, p, kw, [eng], dev, roundings=True)[eng]
                 print(f"{'over the rule' if ratio > 1 else 'within the rule'}: {eng} "
                       f"{ratio:.2f}x {desc} (with the reference's worst of "
-                      f"{3 + 2 * len(ROUNDING_SCALES)} roundings: {other:.2f}x)", flush=True)
+                      f"{N_ROUNDINGS} roundings: {other:.2f}x)", flush=True)
         if args.case is not None:
             break
     print(f"{cases} cases, dims {args.dims}, B <= 10^{args.max_log_bound:g}, "

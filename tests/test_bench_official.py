@@ -190,13 +190,9 @@ def test_the_reference_roundings_are_the_same_loss(levels):
     rng = random.Random(3)
     for k in range(1, 9):
         z, y, p, kw, desc = official_fuzz._case(rng, [3], 2.0, k, levels)
-        protos = [q for q in (p if isinstance(p, list) else [p]) if q is not None]
-        w = torch.linspace(-1, 2, z.shape[0] + sum(q.shape[0] for q in protos))
-        p64 = ([None if q is None else q.double() for q in p] if isinstance(p, list)
-               else None if p is None else p.double())
-        want = official_fuzz._run(z.double(), y, p64, kw, "reference", w.double())
+        w, want = official_fuzz.weights_and_float64_reference(z, y, p, kw)
         variants = list(official_fuzz._reference_roundings(z, y, p, kw, w))
-        assert len(variants) == 22, desc
+        assert len(variants) == official_fuzz.N_ROUNDINGS - 1 == 22, desc
         for got in variants:
             assert len(got) == len(want), desc
             for a, e in zip(got, want, strict=True):

@@ -243,8 +243,6 @@ def test_numpy_or_tensor_hyper_parameters_are_recorded_as_floats(small):
 
 
 def test_a_meta_tensor_in_the_data_is_named(small):
-    import dataclasses
-
     with pytest.raises(ValueError, match="'y' is on the meta device"):
         train_hiertail(dataclasses.replace(small, y=small.y.to("meta")), None,
                        HierTailConfig.paper(hidden=8), epochs=1, seed=0, progress=False)
