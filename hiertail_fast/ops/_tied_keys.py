@@ -49,6 +49,43 @@ def row_ids(z: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _hash_groups(z: torch.Tensor):
+    """(group [N]: the hash group of every row id; every row distinct by hash, a bool)."""
+    n = z.shape[0]
+    h_sorted, perm = torch.sort(row_ids(z))
+    starts = torch.ones(n, dtype=torch.bool, device=z.device)
+    starts[1:] = h_sorted[1:] != h_sorted[:-1]
+    distinct = host_reads_cheap(z.device) and bool(starts.all())    # (no sync on CUDA)
+    group = torch.empty(n, dtype=torch.long, device=z.device)
+    group[perm] = torch.cumsum(starts, 0) - 1
+    return group, distinct
+
+
+def common_twins(z: torch.Tensor, common: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """[len(ids)]: for each key id in ``ids``, the smallest id k with ``common[k]`` whose row
+    z[k] equals z[id] bit for bit (id itself if it is such a key), -1 where there is none.
+
+    The row-block engine takes a level-specific key's logits from another GEMM than the common
+    keys'; a prototype that copies a node row rounds there 1-4 ulp apart from the node's
+    column, so the official max, its arg-max and the positives' tie rule left the reference,
+    whose one GEMM rounds equal rows alike (``_lse_torch._engine`` copies the twin's dots)."""
+    n = z.shape[0]
+    none = torch.full(ids.shape, -1, dtype=torch.long, device=z.device)
+    if ids.numel() == 0:
+        return none
+    group, distinct = _hash_groups(z)
+    if distinct:
+        return torch.where(common[ids], ids, none)
+    key_ids = torch.arange(n, device=z.device)
+    first = torch.full((n,), n, dtype=torch.long, device=z.device)
+    first.scatter_reduce_(0, group, torch.where(common, key_ids, n), reduce="amin")
+    c = first[group[ids]]
+    found = c < n
+    c = c.clamp_(max=n - 1)
+    found &= (z[c] == z[ids]).all(dim=1)            # a hash match is checked on the rows
+    return torch.where(found, c, torch.where(common[ids], ids, none))
+
+
 def first_tied_key(z: torch.Tensor, arg_max: torch.Tensor,
                    visible: torch.Tensor | None = None) -> torch.Tensor:
     """arg_max [L, N] (key ids of the rows of z [N, d]) moved to the smallest id among the keys
@@ -58,14 +95,10 @@ def first_tied_key(z: torch.Tensor, arg_max: torch.Tensor,
     out = arg_max.clone()
     if n < 2 or arg_max.numel() == 0:
         return out
-    h_sorted, perm = torch.sort(row_ids(z))
-    starts = torch.ones(n, dtype=torch.bool, device=z.device)
-    starts[1:] = h_sorted[1:] != h_sorted[:-1]
+    group, distinct = _hash_groups(z)
+    if distinct:
+        return out                                  # no two rows alike
     cheap = host_reads_cheap(z.device)
-    if cheap and bool(starts.all()):
-        return out                                  # no two rows alike (a sync on CUDA)
-    group = torch.empty(n, dtype=torch.long, device=z.device)
-    group[perm] = torch.cumsum(starts, 0) - 1       # hash group of every key id
     ids = torch.arange(n, device=z.device)
     for lev in range(arg_max.shape[0]):
         cand = ids if visible is None else torch.where(visible[lev], ids, n)
