@@ -36,9 +36,9 @@ import torch
 
 from hiertail_fast._validation import env_int
 from hiertail_fast.ops import _block_exp  # (it imports this module too)
+from hiertail_fast.ops._host_reads import host_reads_cheap
 from hiertail_fast.ops._max_fold import ArgmaxShare, MaxFold, fold_levels, positive_q, set_at
 from hiertail_fast.ops._tied_keys import common_twins
-from hiertail_fast.ops._host_reads import host_reads_cheap
 
 CoefFn = Callable[[slice | torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
