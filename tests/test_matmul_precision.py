@@ -364,3 +364,19 @@ def test_a_setting_made_while_an_override_runs_is_taken_in(change):
         other.join(10)
     assert (torch.get_float32_matmul_precision(), mp._GET("mkldnn", "matmul"),
             mp._GET("cuda", "matmul")) == ("medium", "bf16", "tf32")
+
+
+@needs_flags
+def test_onednn_tf32_alone_is_overridden_and_restored():
+    """oneDNN's TF32 fp-math mode set on its own (``torch.backends.mkldnn.matmul.fp32_precision
+    = "tf32"``) is a reduced precision like oneDNN bf16: overridden inside ``ieee_matmuls()``
+    and restored after. The other tests set it together with the legacy "medium" (which trips
+    the cuBLAS flag too), so a check of the oneDNN flag that forgot "tf32" went unnoticed (a
+    mutation audit, 2026-12-03)."""
+    torch.backends.mkldnn.matmul.fp32_precision = "tf32"
+    assert mp._GET("cuda", "matmul") != "tf32"          # the cuBLAS flag is not what trips it
+    assert mp.reduced()
+    with mp.ieee_matmuls():
+        assert not mp.reduced()
+        assert mp._GET("mkldnn", "matmul") == "ieee"
+    assert torch.backends.mkldnn.matmul.fp32_precision == "tf32"

@@ -1,0 +1,101 @@
+"""Result files never lost or silently replaced, and written as a plain open() would
+(``_files``, ``data.conversion.save_graph``): corners the mutation audit of 2026-12-03 found
+unchecked (each test failed on the mutant it describes, passes on main).
+
+- ``save_graph(g, existing.pt)`` without force must raise FileExistsError and keep the user's
+  file (only the .npz branch and ``convert`` were tested).
+- ``replace_file_set`` deletes the older generation only "if any of ``current`` exists": with no
+  current set to demote, a kept previous generation stays.
+- files written through ``replace_file_set`` / ``replace_keeping_prev`` get the existing file's
+  mode, else what open(path, "w") gives, not mkstemp's private 0600.
+- ``unwritable_file_reason`` reports a read-only target before the work that produces it (the
+  suite runs as root, where a chmod'ed file stays writable: os.access is faked, as the other
+  tests fake mkstemp for an unwritable folder).
+"""
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+import torch
+
+from hiertail_fast import _files
+from hiertail_fast._files import replace_file_set, replace_keeping_prev
+
+
+def _prev(name: str) -> str:
+    stem, dot, ext = name.partition(".")
+    return f"{stem}.prev{dot}{ext}"
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".npz"])
+def test_save_graph_keeps_an_existing_file_without_force(tmp_path, suffix):
+    pytest.importorskip("torch_geometric")
+    from hiertail_fast.data.conversion import save_graph
+    from hiertail_fast.data.io import GraphData
+
+    graph = GraphData(edge_index=torch.tensor([[0, 1], [1, 0]]), x=torch.ones(3, 2),
+                      y=torch.tensor([0, 1, 1]), num_classes=2, name="g")
+    out = tmp_path / f"g{suffix}"
+    out.write_bytes(b"the user's file")
+    with pytest.raises(FileExistsError):
+        save_graph(graph, out)
+    assert out.read_bytes() == b"the user's file"
+    save_graph(graph, out, force=True)
+    assert out.read_bytes() != b"the user's file"
+
+
+def test_older_generation_survives_when_no_current_set_exists(tmp_path):
+    (tmp_path / "r.prev.csv").write_text("the previous results")
+    written, kept = replace_file_set(
+        tmp_path, {"r.csv": lambda p: p.write_text("new")}, ["r.csv"], _prev,
+        older=["r.prev.csv"])
+    assert kept == [] and written == [tmp_path / "r.csv"]
+    assert (tmp_path / "r.csv").read_text() == "new"
+    assert (tmp_path / "r.prev.csv").read_text() == "the previous results"
+
+
+def test_with_a_current_set_the_older_generation_is_replaced(tmp_path):
+    (tmp_path / "r.csv").write_text("current")
+    (tmp_path / "r.prev.csv").write_text("older")
+    replace_file_set(tmp_path, {"r.csv": lambda p: p.write_text("new")}, ["r.csv"], _prev,
+                     older=["r.prev.csv"])
+    assert (tmp_path / "r.prev.csv").read_text() == "current"
+    assert (tmp_path / "r.csv").read_text() == "new"
+
+
+def test_new_result_files_get_the_usual_mode(tmp_path):
+    replace_keeping_prev(tmp_path / "res.json", "{}")
+    replace_file_set(tmp_path, {"a.csv": lambda p: p.write_text("x")}, ["a.csv"],
+                     lambda n: "a.prev.csv")
+    want = 0o666 & ~_umask()
+    for name in ("res.json", "a.csv"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == want, name
+
+
+def test_a_replaced_result_file_keeps_its_mode(tmp_path):
+    path = tmp_path / "res.json"
+    path.write_text("old")
+    path.chmod(0o640)
+    replace_keeping_prev(path, "new")
+    assert path.read_text() == "new"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+
+
+def test_read_only_result_file_is_reported(tmp_path, monkeypatch):
+    target = tmp_path / "res.json"
+    target.write_text("old")
+    real_access = os.access
+    monkeypatch.setattr(_files.os, "access",
+                        lambda p, mode, **kw: False if (str(p) == str(target) and mode == os.W_OK)
+                        else real_access(p, mode, **kw))
+    reason = _files.unwritable_file_reason(target)
+    assert reason is not None and "read-only" in reason
+    assert _files.unwritable_file_reason(tmp_path / "other.json") is None
