@@ -214,6 +214,7 @@ def _prototype_copying_a_node(norm: float, seed: int):
     return z, [y0, y0 // 2], p0
 
 
+@pytest.mark.usefixtures("forms")
 @pytest.mark.parametrize("backend", ["torch", "attention", TRITON])
 @pytest.mark.parametrize("norm,tau", [(1000.0, 1.0), (1000.0, 0.1), (30.0, 0.01)])
 def test_official_prototype_copying_a_node_row_matches_reference(backend, norm, tau):
