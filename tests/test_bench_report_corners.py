@@ -8,6 +8,8 @@ mutant it describes, passes on main).
 - the correctness checks' oracle runs in float64.
 - a worker killed by SIGKILL (-9 from subprocess, 137 through a shell) reads "out of memory?".
 - scale.png plots rows measured with fewer epochs ("ok (... long epochs)").
+And bench/official_prototype_copy.py (the official prototype-copies-a-node case) prints the
+torch engine within the suite's rule.
 """
 from __future__ import annotations
 
@@ -129,3 +131,11 @@ def test_long_epoch_rows_are_plotted(tmp_path, monkeypatch):
     for xs, _ in lines:
         assert xs == [100, 1000, 10000]
     assert lines[0][1] == [0.01, 0.1, 90.0]
+
+
+def test_official_prototype_copy_prints_the_torch_engine_within_the_rule(capsys):
+    bench = _load("bench_official_prototype_copy", "official_prototype_copy.py")
+    assert bench.main(["--norm", "10", "--taus", "1", "0.01", "--seeds", "1"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [float(r[0]) for r in rows] == [1.0, 0.01]
+    assert all(0.0 <= float(x) <= 1.0 for r in rows for x in r[2:]), rows
