@@ -37,7 +37,14 @@ import torch
 from hiertail_fast._validation import env_int
 from hiertail_fast.ops import _block_exp  # (it imports this module too)
 from hiertail_fast.ops._host_reads import host_reads_cheap
-from hiertail_fast.ops._max_fold import ArgmaxShare, MaxFold, fold_levels, positive_q, set_at
+from hiertail_fast.ops._max_fold import (
+    ArgmaxShare,
+    MaxFold,
+    column_of,
+    fold_levels,
+    positive_q,
+    set_at,
+)
 from hiertail_fast.ops._tied_keys import common_twins
 
 CoefFn = Callable[[slice | torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
@@ -190,15 +197,14 @@ def _engine(
                 if fold_argmax is not None and need_max and coef_fn is not None else None)
     # official max: a level-specific key that equals a common key bit for bit (a prototype
     # copying a node row) takes its dots from the common GEMM, as the reference's one GEMM
-    # rounds equal rows alike (``_tied_keys.common_twins``); -1: no twin
-    twin_of_rest = None
+    # rounds equal rows alike (``_tied_keys.common_twins``): (has_twin [N_r], the twin's
+    # common column [N_r], 0 where none), or None where no rest key has one
+    rest_twins = None
     if need_max and n_c and n_r:
         twin = common_twins(z, common, ridx)
-        col_of = torch.full((n,), -1, dtype=torch.long, device=z.device)
-        col_of[cidx] = torch.arange(n_c, device=z.device)
-        twin_col = torch.where(twin >= 0, col_of[twin.clamp(min=0)], -1)
-        if not host_reads_cheap(z.device) or bool((twin_col >= 0).any()):
-            twin_of_rest = twin_col
+        has_twin = twin >= 0
+        if not host_reads_cheap(z.device) or bool(has_twin.any()):
+            rest_twins = (has_twin, column_of(cidx, n)[twin.clamp(min=0)].clamp_(min=0))
     b = _block_rows(n, n_c, z.device)
     buf = torch.empty(b, n_c, dtype=z.dtype, device=z.device)
     block_fn = (_block_exp.kernel() if z.dtype == torch.float32 and z.device.type == "cpu"
@@ -217,8 +223,8 @@ def _engine(
             if max_fold is not None and max_fold.duplicates is not None:   # equal keys, equal
                 dup, twin = max_fold.duplicates                            # dot products
                 e[:, dup] = e[:, twin]
-            if twin_of_rest is not None:                # (before the step scales e in place)
-                twin_dots = e[:, twin_of_rest.clamp(min=0)]
+            if rest_twins is not None:                  # (before the step scales e in place)
+                twin_dots = e[:, rest_twins[1]]
             # m_c = the row max (+ first arg-max), e <- exp(s - m_c) <= 1, exactly 0 below
             # e^-C (no denormal reaches the GEMMs below), and sum_k w_lk e_ik for every level:
             # one C pass per row where it is built (float64 sums), else six torch passes
@@ -239,8 +245,8 @@ def _engine(
         # ---- rest columns (level-specific keys): small dense [L, b, N_r]
         if n_r:
             s_r = zb @ zr.t()                               # [b, N_r], dot first as above
-            if twin_of_rest is not None:
-                s_r = torch.where(twin_of_rest >= 0, twin_dots, s_r)
+            if rest_twins is not None:
+                s_r = torch.where(rest_twins[0], twin_dots, s_r)
             s_r.mul_(scale)
             if not n_c:                 # the shift: each level's unweighted row max
                 shift = s_r[None].masked_fill(~vis_r[:, None, :], float("-inf")).amax(dim=2)

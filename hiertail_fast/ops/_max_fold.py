@@ -47,6 +47,14 @@ class ArgmaxShare:
         self.amax = None        # [L, N] the reference's arg-max keys (the engine's, tied)
 
 
+def column_of(ids: torch.Tensor, n: int) -> torch.Tensor:
+    """[n]: each key id's column in a block whose columns are the keys ``ids``, -1 for a key
+    not among them."""
+    out = torch.full((n,), -1, dtype=torch.long, device=ids.device)
+    out[ids] = torch.arange(ids.numel(), device=ids.device)
+    return out
+
+
 def positive_q(x: torch.Tensor) -> torch.Tensor:
     """q = x / (x + eps) in x's dtype, as the positives' kernels form it."""
     from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS  # (it imports _lse_torch)
@@ -68,10 +76,8 @@ class MaxFold:
         # arg-max), per level
         self.tied = first_tied_key(z, ids.expand(n_levels, n), visible)
         common = ids if cidx is None else cidx
-        self.col_of = torch.full((n,), -1, dtype=torch.long, device=z.device)
-        self.col_of[common] = torch.arange(common.numel(), device=z.device)
-        self.rcol_of = torch.full((n,), -1, dtype=torch.long, device=z.device)
-        self.rcol_of[ridx] = torch.arange(ridx.numel(), device=z.device)
+        self.col_of = column_of(common, n)
+        self.rcol_of = column_of(ridx, n)
         # duplicate common keys: (their columns, their first twin's), so a block can give them
         # their twin's dot products (a GEMM may round equal columns apart: BLAS edge kernels)
         twin = self.col_of[self.tied[0, common]]
