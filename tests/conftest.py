@@ -82,6 +82,20 @@ def tol(dtype: torch.dtype) -> dict:
     return TOLERANCES[dtype]
 
 
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def load_bench(name: str, file: str):
+    """A fresh module `name` from bench/`file` (the bench scripts are not a package; those that
+    import their siblings put bench/ on sys.path themselves)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, BENCH / file)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def triton_importable() -> bool:
     try:
         import triton  # noqa: F401

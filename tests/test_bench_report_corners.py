@@ -13,32 +13,17 @@ torch engine within the suite's rule.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
-
-def _load(name: str, file: str):
-    """A fresh module `name` from bench/`file` (bench/ on sys.path while it imports)."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location(name, BENCH / file)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(BENCH))
-    return mod
+from tests.conftest import load_bench
 
 
 def test_keep_previous_moves_the_current_report_and_drops_an_older_one(tmp_path):
-    report = _load("bench_gpu_report_keep_previous", "gpu_report.py")
+    report = load_bench("bench_gpu_report_keep_previous", "gpu_report.py")
     # run 1 wrote md + json; run 2 moved them to .prev and wrote only the json (stopped early)
     (tmp_path / "gpu_report.prev.md").write_text("two runs ago")
     (tmp_path / "gpu_report.prev.json").write_text("{}")
@@ -52,7 +37,7 @@ def test_keep_previous_moves_the_current_report_and_drops_an_older_one(tmp_path)
 
 
 def test_share_is_a_fraction_of_what_the_reserve_leaves():
-    report = _load("bench_gpu_report_budget", "gpu_report.py")
+    report = load_bench("bench_gpu_report_budget", "gpu_report.py")
     budget = report.Budget(100.0)
     assert budget.share(1.0, reserve=40.0).left() == pytest.approx(60.0, abs=1.0)
     assert budget.share(0.5, reserve=40.0).left() == pytest.approx(30.0, abs=1.0)
@@ -62,7 +47,7 @@ def test_share_is_a_fraction_of_what_the_reserve_leaves():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="--device cpu is the no-CUDA test mode")
 def test_reports_saved_part_way_are_marked_partial(tmp_path, monkeypatch):
-    report = _load("bench_gpu_report_partial", "gpu_report.py")
+    report = load_bench("bench_gpu_report_partial", "gpu_report.py")
     written = []
     real = report.gc.write_json
 
@@ -81,7 +66,7 @@ def test_reports_saved_part_way_are_marked_partial(tmp_path, monkeypatch):
 @pytest.mark.parametrize("check,op", [("check_propagation", "gcn_propagate"),
                                       ("check_pooling", "topk_pool")])
 def test_the_checks_reference_side_runs_in_float64(monkeypatch, check, op):
-    gc = _load("bench_gpu_checks_oracle", "_gpu_checks.py")
+    gc = load_bench("bench_gpu_checks_oracle", "_gpu_checks.py")
     seen = {}
     real = getattr(gc, op)
 
@@ -97,7 +82,7 @@ def test_the_checks_reference_side_runs_in_float64(monkeypatch, check, op):
 
 @pytest.mark.parametrize("code", [-9, 137])
 def test_a_killed_scale_worker_reads_out_of_memory(monkeypatch, code):
-    scale = _load("bench_scale_killed_worker", "scale.py")
+    scale = load_bench("bench_scale_killed_worker", "scale.py")
     monkeypatch.setattr(scale.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
         cmd, code, stdout="", stderr=""))
     assert scale.run_one({"method": "gcn", "nodes": 100}, timeout=10) == {
@@ -110,7 +95,7 @@ def test_long_epoch_rows_are_plotted(tmp_path, monkeypatch):
     matplotlib.use("Agg")
     import matplotlib.axes
 
-    report = _load("bench_scale_report_plot", "_scale_report.py")
+    report = load_bench("bench_scale_report_plot", "_scale_report.py")
     drawn = []
     real = matplotlib.axes.Axes.plot
 
@@ -134,7 +119,7 @@ def test_long_epoch_rows_are_plotted(tmp_path, monkeypatch):
 
 
 def test_official_prototype_copy_prints_the_torch_engine_within_the_rule(capsys):
-    bench = _load("bench_official_prototype_copy", "official_prototype_copy.py")
+    bench = load_bench("bench_official_prototype_copy", "official_prototype_copy.py")
     assert bench.main(["--norm", "10", "--taus", "1", "0.01", "--seeds", "1"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
     assert [float(r[0]) for r in rows] == [1.0, 0.01]

@@ -2,35 +2,25 @@
 tables, atomic JSON writing, backend discovery) and a tiny end-to-end run with --device cpu."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import hiertail_fast.ops._dispatch as dispatch
+from tests.conftest import BENCH, load_bench
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
 SCRIPT = BENCH / "gpu_report.py"
 no_cuda_only = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 
 
-def _load(name: str, file: str):
-    """A fresh module `name` from bench/`file` (the bench scripts are not a package)."""
-    spec = importlib.util.spec_from_file_location(name, BENCH / file)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def gc():
-    return _load("bench_gpu_checks", "_gpu_checks.py")
+    return load_bench("bench_gpu_checks", "_gpu_checks.py")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -115,7 +105,7 @@ def test_time_call_and_guarded(gc):
 def test_new_backend_names_are_picked_up_and_a_raising_backend_is_a_fail(gc, monkeypatch):
     with monkeypatch.context() as m:  # a backend registered later in _dispatch.BACKENDS
         m.setattr(dispatch, "BACKENDS", dispatch.BACKENDS + ("newengine",))
-        fresh = _load("bench_gpu_checks_fresh", "_gpu_checks.py")
+        fresh = load_bench("bench_gpu_checks_fresh", "_gpu_checks.py")
     assert "newengine" in fresh.FAST_BACKENDS and "reference" not in fresh.FAST_BACKENDS
     # the loss's own engines (the attention kernels) are validated for the loss only
     assert "attention" in fresh.LOSS_FAST_BACKENDS and "attention" not in fresh.FAST_BACKENDS
@@ -174,7 +164,7 @@ def test_triton_modes_set_and_restore_their_environment(gc, monkeypatch):
 
 
 def test_anchor_ratios_use_the_rows_input_dtype():
-    report = _load("bench_gpu_report", "gpu_report.py")
+    report = load_bench("bench_gpu_report", "gpu_report.py")
     rows = [dict(n=10, d=4, variant="–", what="SDPA fp32 fwd+bwd", median_s=2.0),
             dict(n=10, d=4, variant="–", what="SDPA bf16 fwd+bwd", median_s=0.5),
             dict(n=10, d=4, variant="–", what=report.FLOOR, median_s=4.0),
@@ -277,7 +267,7 @@ def test_gpu_session_script_logs_each_step_under_out(tmp_path):
 def test_loss_rows_are_checkpointed_one_by_one():
     """loss_section fills the caller's list and calls the checkpoint after every row (the report
     is saved then: a run stopped by a device call's time limit keeps what it measured)."""
-    report = _load("bench_gpu_report_ckpt", "gpu_report.py")
+    report = load_bench("bench_gpu_report_ckpt", "gpu_report.py")
     rows, seen = [], []
     sizes = dict(report.SIZES["cpu"], loss_n=[150], loss_d=[8])
     out = report.loss_section("cpu", sizes, report.Budget(120, reps=1), rows=rows,

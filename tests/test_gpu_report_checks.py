@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_gpu_report import _load
+from tests.conftest import load_bench
 
 
 @pytest.fixture(scope="module")
 def gc():
-    return _load("bench_gpu_checks_faults", "_gpu_checks.py")
+    return load_bench("bench_gpu_checks_faults", "_gpu_checks.py")
 
 
 class _IgnoreGradOutput(torch.autograd.Function):
@@ -196,7 +196,7 @@ def test_time_call_reports_the_median_of_its_reps(gc, monkeypatch):
 def test_report_counts_and_shows_every_fail():
     """gpu_report.render (a mutation audit): the summary line counts the FAIL rows (a raising
     backend's row included) and the table lists every row, FAILs with their note."""
-    report = _load("bench_gpu_report_faults", "gpu_report.py")
+    report = load_bench("bench_gpu_report_faults", "gpu_report.py")
     checks = [dict(op="gcn_propagate", backend="torch", check="value", error=0.0, tol=1e-4,
                    result="PASS"),
               dict(op="gcn_propagate", backend="torch", check="grad x", error=0.5, tol=1e-3,
@@ -216,7 +216,7 @@ def test_a_failed_check_makes_the_exit_status_1(tmp_path, monkeypatch):
     """A report with a FAIL row is written and exits with status 1 (it returned 0, so the GPU
     session's log read "gpu_report rc 0" for a card that failed its checks: a mutation audit);
     all PASS: 0."""
-    report = _load("bench_gpu_report_exit", "gpu_report.py")
+    report = load_bench("bench_gpu_report_exit", "gpu_report.py")
     row = dict(op="gcn_propagate", backend="torch", check="value", error=0.0, tol=1e-4,
                result="PASS")
     for rows, status in (([row], 0), ([row, dict(row, check="grad x", result="FAIL")], 1)):

@@ -21,24 +21,13 @@ The same holds for a copy".
 from __future__ import annotations
 
 import copy
-import io
 import pickle
 
 import pytest
 import torch
 
 from hiertail_fast import CSRGraph, gcn_propagate
-
-
-def _round_trip(obj):
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    buf.seek(0)
-    return torch.load(buf, weights_only=False)
-
-
-COPIES = {"pickle": lambda g: pickle.loads(pickle.dumps(g, protocol=5)),
-          "torch.save": _round_trip}
+from tests.test_graph_state import COPIES, _fresh
 
 
 @pytest.mark.parametrize("how", ["pickle", "torch.save"])
@@ -100,7 +89,7 @@ def test_inference_weights_edited_in_place_are_not_served_stale():
         gcn_propagate(x, g, backend="torch")
         g.augment_a2()
         g.weight.mul_(torch.rand(g.num_edges, generator=gen) + 2.0)
-        plain = CSRGraph(g.indptr.clone(), g.indices.clone(), g.weight.clone(), 20)
+        plain = _fresh(g)
         torch.testing.assert_close(gcn_propagate(x, g, backend="torch"),
                                    gcn_propagate(x, plain, backend="torch"))
         torch.testing.assert_close(g.gcn_deg_inv_sqrt()[0], plain.gcn_deg_inv_sqrt()[0])
@@ -121,27 +110,23 @@ def _stepped():
     version = w._version
     opt.step()
     assert w._version == version                           # the counter was not bumped
-    return s, g, x
-
-
-def _plain(s, g):
-    return CSRGraph(s.indptr, s.indices, g.weight.detach().clone(), s.num_nodes)
+    return g, x
 
 
 def test_symmetry_seen_broken_right_after_a_fused_step():
-    s, g, _ = _stepped()
+    g, _ = _stepped()
     assert g.is_symmetric() is False
     t = g.transpose()
     assert t is not g
-    assert torch.equal(t.weight, _plain(s, g).transpose().weight)
+    assert torch.equal(t.weight, _fresh(g).transpose().weight)
 
 
 def test_a_copy_after_a_fused_step_and_freeze_serves_the_new_weights():
-    s, g, x = _stepped()
+    g, x = _stepped()
     g.weight.requires_grad_(False)
     c = pickle.loads(pickle.dumps(g))
     with torch.no_grad():
-        torch.testing.assert_close(gcn_propagate(x, c), gcn_propagate(x, _plain(s, g)))
+        torch.testing.assert_close(gcn_propagate(x, c), gcn_propagate(x, _fresh(g)))
     assert c.is_symmetric() is False
 
 

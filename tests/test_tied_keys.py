@@ -12,7 +12,7 @@ import hiertail_fast.ops._lse_symmetric as sym
 import hiertail_fast.ops._tied_keys as tied
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss
 from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
-from tests.conftest import backend_device
+from tests.conftest import backend_device, load_bench
 from tests.test_balanced_contrastive_loss import TRITON
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -200,20 +200,6 @@ def test_the_reference_picks_the_first_equal_row_whatever_the_rounding(seed):
     torch.testing.assert_close(grads[2], grads[0], rtol=1e-9, atol=1e-9)
 
 
-def _prototype_copying_a_node(norm: float, seed: int):
-    """30 unit rows, node 1 scaled to ``norm`` and level 0's prototype of class 0 a bit-for-bit
-    copy of it (class means of a singleton class are such copies); node 1 is in class 0."""
-    gen = torch.Generator().manual_seed(seed)
-    z = torch.randn(30, 64, generator=gen)
-    z = z / z.norm(dim=1, keepdim=True)
-    z[1] *= norm
-    y0 = torch.randint(0, 4, (30,), generator=gen)
-    y0[1] = 0
-    p0 = torch.randn(4, 64, generator=gen)
-    p0[0] = z[1]
-    return z, [y0, y0 // 2], p0
-
-
 @pytest.mark.usefixtures("forms")
 @pytest.mark.parametrize("backend", ["torch", "attention", TRITON])
 @pytest.mark.parametrize("norm,tau", [(1000.0, 1.0), (1000.0, 0.1), (30.0, 0.01)])
@@ -229,20 +215,13 @@ def test_official_prototype_copying_a_node_row_matches_reference(backend, norm, 
         pytest.skip("the interpreter's tl.dot is a numpy GEMM, which rounds equal rows apart by "
                     "their place in the tile (BLAS edge kernels: 900.0 vs 899.9998 here); the "
                     "compiled kernels run it on CUDA")
-    z, labels, p0 = _prototype_copying_a_node(norm, seed=0)
-    kw = dict(temperature=tau, variant="official")
-
-    def run(zz, pp, engine, device="cpu"):
-        zz = zz.to(device).clone().requires_grad_()
-        pp = pp.to(device).clone().requires_grad_()
-        loss = hierarchical_contrastive_loss(zz, [y.to(device) for y in labels], [pp, None],
-                                             backend=engine, **kw)
-        loss.backward()
-        return [t.double().cpu() for t in (loss.detach(), zz.grad, pp.grad)]
-
-    exp = run(z.double(), p0.double(), "reference")
-    low = run(z, p0, "reference")
-    got = run(z, p0, backend, dev)
+    # the case of bench/official_prototype_copy.py (node 1 of norm ``norm``, level 0's prototype
+    # of its class a copy of it), run as there
+    bench = load_bench("bench_official_prototype_copy", "official_prototype_copy.py")
+    z, labels, p0 = bench.case(0, norm, copy=True)
+    exp = bench.run(z.double(), labels, p0.double(), "reference", tau, "cpu")
+    low = bench.run(z, labels, p0, "reference", tau, "cpu")
+    got = bench.run(z, labels, p0, backend, tau, dev)
     for name, a, lo, e in zip(("loss", "dz", "dprototypes"), got, low, exp, strict=True):
         bound = 2 * (lo - e).abs().max().item() + 1e-5 + 1e-4 * e.abs().max().item()
         err = (a - e).abs().max().item()
