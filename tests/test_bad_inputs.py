@@ -396,6 +396,24 @@ def test_device_mismatch(call, msg):
         call()
 
 
+def test_device_mismatch_on_any_machine():
+    """The same checks with the meta device standing in for a second one (the test above needs
+    CUDA): a graph built there (validate=False: its arrays hold no values) or prototypes."""
+    from hiertail_fast._validation import check_prototypes_match
+
+    meta_graph = CSRGraph(torch.tensor([0, 1, 2, 2]).to("meta"), torch.tensor([1, 0]).to("meta"),
+                          None, 3, validate=False)
+    with pytest.raises(ValueError, match="graph is on meta but x is on cpu"):
+        gcn_propagate(torch.randn(3, 2), meta_graph)
+    with pytest.raises(ValueError, match="graph is on meta but x is on cpu"):
+        topk_pool(torch.randn(3, 2), meta_graph, torch.randn(2), 0.5)
+    # public calls refuse meta prototypes earlier (not a device that computes): the helper
+    z = torch.randn(4, 3)
+    with pytest.raises(ValueError, match="prototypes are on meta but z is on cpu"):
+        check_prototypes_match(torch.randn(2, 3).to("meta"), z)
+    check_prototypes_match(torch.randn(2, 3), z)
+
+
 def test_flags_are_bools_everywhere(tmp_path):
     # a boolean switch given as anything but a bool is a TypeError naming it, never read by
     # its truthiness ("no" is truthy); numpy bools are bools

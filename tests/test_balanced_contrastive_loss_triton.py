@@ -668,6 +668,40 @@ def test_relative_mode_hidden_level_and_big_weights(triton_device):
     assert_rule(dz, ref[3], low[3], torch.float32, "dz")
 
 
+def test_relative_mode_unfused_levels_keep_their_own_shift(triton_device):
+    """The grid-over-levels forward (fuse_levels=False) in relative mode: each level's lse is
+    rowmax + δ with that level's own log-weight shift c_l (reading level 0's c_0 in every
+    program left levels 1 and 2 off by c_l - c_0: s42 audit)."""
+    k = _kernels()
+    n, d, scale = 20, 8, 2.0
+    z, log_w, grad = make_case(n, d, 3, 2.0, seed=7, hide=0.0)
+    log_w[1] -= 2.0                          # each level its own largest log-weight
+    log_w[2] += 1.5
+    log_w[2, 1::4] = -INF
+    ref = dense(z, log_w, scale, grad, torch.float64)
+    low = dense(z, log_w, scale, grad, torch.float32)
+    zd, lwd = (t.to(triton_device) for t in (z, log_w))
+    for fuse in (True, False):
+        lse, rowmax, argmax = k.lse_forward(zd, lwd, scale, True, relative=True,
+                                            fuse_levels=fuse)
+        assert_rule(lse, ref[0], low[0], torch.float32, f"lse (fuse_levels={fuse})")
+        assert torch.equal(argmax.cpu(), ref[2]), f"argmax (fuse_levels={fuse})"
+
+
+def test_the_documented_largest_d(triton_device):
+    """d = 256, the launchers' documented maximum (no padding lanes), runs forward and
+    backward within the rule; only d > 256 is refused (test_bad_input)."""
+    k = _kernels()
+    n, d, levels, scale = 6, 256, 2, 0.5
+    z, log_w, grad = make_case(n, d, levels, 2.0, seed=11)
+    ref = dense(z, log_w, scale, grad, torch.float64)
+    low = dense(z, log_w, scale, grad, torch.float32)
+    zd, lwd, gd = (t.to(triton_device) for t in (z, log_w, grad))
+    lse, _, _ = k.lse_forward(zd, lwd, scale, True)
+    assert_rule(lse, ref[0], low[0], torch.float32, "lse")
+    assert_rule(k.lse_backward(zd, lwd, lse, gd, scale), ref[3], low[3], torch.float32, "dz")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_official_large_logits_stay_on_the_kernels(monkeypatch, triton_device, dtype):
     """backend="triton", official variant, logits far past the limits the fp32 LSE needed
@@ -771,6 +805,18 @@ def test_the_loss_picks_its_fp32_dot_from_the_logits(monkeypatch, triton_device,
     if torch.cuda.is_available():
         cap = torch.cuda.get_device_capability()
         assert _triton_loss.tf32_cores(torch.device("cuda")) == (cap >= (8, 0))
+
+
+@pytest.mark.parametrize("cap, want", [((7, 5), False), ((8, 0), True), ((8, 6), True),
+                                       ((9, 0), True), ((12, 0), True)])
+def test_tf32_cores_from_ampere_on(monkeypatch, cap, want):
+    """TF32 tensor cores from compute capability 8.0 (A100) on, whatever card the suite runs
+    on (a strict > sent every A100 call to the IEEE dots, ~20x slower: s42 audit)."""
+    from hiertail_fast.ops import _triton_loss
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap)
+    assert _triton_loss.tf32_cores(torch.device("cuda")) is want
+    assert _triton_loss.tf32_cores(torch.device("cpu")) is True       # the interpreter
 
 
 @pytest.mark.parametrize("variant", ["exact", "official"])

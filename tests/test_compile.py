@@ -94,6 +94,9 @@ CASES = {
     "mean-official-no-self": dict(variant="official", include_self=False),
     "none": dict(reduction="none"),
     "none-official-prototypes": dict(reduction="none", variant="official", m=5),
+    "none-no-self": dict(reduction="none", include_self=False),
+    "none-official-prototypes-no-self": dict(reduction="none", variant="official",
+                                             include_self=False, m=5),
     "mean-prototypes-tau": dict(m=5, temperature=0.05),
     "float64-none": dict(reduction="none", dtype=torch.float64),
 }
@@ -263,6 +266,14 @@ def test_custom_op_registration_passes_opcheck():
          [True, True, False, False]),
     ]:
         torch.library.opcheck(op, args)
+    # 16-bit z: the fake's loss is float32 as every backend's (Inductor plans its buffers from
+    # the fake; aot_eager never compares the two dtypes)
+    for dtype in (torch.bfloat16, torch.float16):
+        z16 = z.detach().to(dtype).requires_grad_()
+        for reduction in ("mean", "none"):
+            torch.library.opcheck(op, (z16, [y], [none.to(dtype)], 0.1, None, False, True,
+                                       reduction, "exact", None, None, [True, False, False]),
+                                  test_utils=("test_schema", "test_faketensor"))
 
 
 def test_eager_calls_do_not_go_through_the_custom_op(monkeypatch):

@@ -359,6 +359,12 @@ def test_graph_custom_ops_pass_opcheck():
                             x.device)),
     ]:
         torch.library.opcheck(op.default, args)
+    # A²'s weights keep the input weights' dtype, not the default one (float32 above)
+    for dtype in (torch.float64, torch.bfloat16):
+        g_d = CSRGraph.from_edge_index(ei, w.to(dtype), num_nodes=n, symmetrize=True)
+        assert g_d.augment_a2().weight.dtype == dtype
+        torch.library.opcheck(ops.augment_a2.default, (g_d.indptr, g_d.indices, g_d.weight, n),
+                              test_utils=("test_schema", "test_faketensor"))
 
 
 @pytest.mark.parametrize("strict", [False, True])

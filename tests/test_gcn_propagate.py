@@ -132,6 +132,7 @@ def test_backend_matches_reference(backend, weighted, symmetric, d):
 @requires_triton
 @pytest.mark.parametrize("d, weighted, symmetric", [
     (1, True, False), (7, False, True), (7, True, False), (64, True, True), (100, False, False),
+    (130, True, False),                 # two feature blocks (128 + a ragged 2) on grid axis 1
 ])
 def test_triton_matches_reference(d, weighted, symmetric):
     """Under TRITON_INTERPRET=1 on CPU (slow: a few cases covering every kernel flag)."""
@@ -374,6 +375,16 @@ def test_bad_inputs():
             gcn_propagate(x, ei, backend="torch_sparse")
 
 
+def test_torch_sparse_backend_without_the_package_is_a_value_error(monkeypatch):
+    """Where torch_sparse is installed too: a failing `import torch_sparse` is reported as a
+    ValueError naming it, never a ModuleNotFoundError from inside the product."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch_sparse", None)
+    with pytest.raises(ValueError, match="torch_sparse"):
+        gcn_propagate(torch.randn(3, 2), torch.tensor([[0, 1], [1, 2]]), backend="torch_sparse")
+
+
 def test_gcnconv_cached_converts_once_and_never_serves_a_stale_graph(monkeypatch):
     """cached=True (PyG's option): an edge_index is converted once while the same, unchanged
     tensor comes back; a different or modified edge_index is converted again (PyG's cached
@@ -564,8 +575,9 @@ def test_rows_summed_in_pieces_match_the_reference(backend, weighted, weight_gra
     _check_backend(backend, ei, w, n, 7, dtype=torch.float32, weight_grad=weight_grad)
 
 
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
 @pytest.mark.parametrize("direction", ["in", "out"])
-def test_a_hub_row_is_summed_to_float32_precision(direction):
+def test_a_hub_row_is_summed_to_float32_precision(direction, backend):
     """A star of 2^20 leaves, x = 1 (equal, positive terms: the worst case of a running float32
     sum): the hub's output (edges into it, the forward's long row) or its x gradient (edges out
     of it, the backward's long row) within 3e-6 of the float64 value (1.5e-6 measured; one
@@ -576,7 +588,7 @@ def test_a_hub_row_is_summed_to_float32_precision(direction):
     ei = torch.stack([leaf, hub] if direction == "in" else [hub, leaf])
     graph = CSRGraph.from_edge_index(ei, num_nodes=n)
     x = torch.ones(n, 1, requires_grad=True)
-    out = gcn_propagate(x, graph, backend="torch")
+    out = gcn_propagate(x, graph, backend=backend)    # (README "Sizes": MKL and torch_sparse)
     out.backward(torch.ones_like(out))
     got = (out if direction == "in" else x.grad)[0, 0].item()
     # float64: the hub's degree is leaves + 2 (in) or 2 (out); a leaf's 2 (in) or 3 (out)

@@ -145,6 +145,16 @@ def test_bad_sparse_adjacencies():
     x = torch.randn(n, 2)
     with pytest.raises(ValueError, match="square"):
         CSRGraph.from_sparse(torch.sparse_coo_tensor(ei, torch.ones(2), (5, 4)))
+    try:
+        import torch_sparse
+    except ImportError:                 # (the optional pyg extra)
+        torch_sparse = None
+    if torch_sparse is not None:        # a 3 x 4 SparseTensor, its columns in range or not
+        for last in (0, 3):
+            adj = torch_sparse.SparseTensor(row=torch.tensor([0, 1, 2]),
+                                            col=torch.tensor([1, 2, last]), sparse_sizes=(3, 4))
+            with pytest.raises(ValueError, match="square"):
+                CSRGraph.from_sparse(adj)
     with pytest.raises(ValueError, match="2-D"):
         CSRGraph.from_sparse(torch.sparse_coo_tensor(torch.zeros(3, 1, dtype=torch.long),
                                                      torch.ones(1), (2, 2, 2)))

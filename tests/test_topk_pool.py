@@ -204,6 +204,7 @@ CASES = [  # n, E, d, ratio, weighted, dtype
     (131, 500, 64, 0.37, False, torch.float32),
     (300, 1400, 17, 40, True, torch.float64),
     (60, 0, 8, 1.0, True, torch.float32),
+    (20, 60, 130, 0.5, True, torch.float32),    # two feature blocks of the kernels (128 + 2)
 ]
 
 
@@ -262,6 +263,23 @@ def test_backend_equals_reference(backend, n, e, d, ratio, weighted, dtype):
             torch.testing.assert_close(a, b, **t)
     for before, after in zip(copies, (x, p, ei, w), strict=True):
         assert before is None or torch.equal(before, after)  # inputs not mutated
+
+
+@pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
+def test_a_graph_without_nodes_gives_a_zero_score_gradient(backend):
+    """n = 0: nothing is kept and no row reaches the output, so the score vector's gradient is
+    0 on every backend (the Triton backward reduces a per-program buffer even when it launches
+    no program: uninitialised, it handed back whatever the allocator held; s42 audit)."""
+    dev = "cpu" if backend == "reference" else backend_device(backend)
+    for trial in range(3):                      # fresh buffers each time
+        x = torch.zeros(0, 64, device=dev, requires_grad=True)
+        p = torch.randn(64, device=dev, requires_grad=True)
+        ei = torch.zeros(2, 0, dtype=torch.long, device=dev)
+        r = topk_pool(x, ei, p, 0.5, backend=backend)
+        assert r.x.shape == (0, 64) and r.perm.numel() == 0 and r.score.numel() == 0
+        (r.x.sum() + r.score.sum()).backward()
+        assert torch.equal(p.grad, torch.zeros_like(p)), f"trial {trial}: {p.grad[:4]}"
+        assert x.grad is None or x.grad.shape == (0, 64)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

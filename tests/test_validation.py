@@ -67,3 +67,17 @@ def test_shared_training_argument_checks():
     for other in ("meta", "mps", "xpu", "hpu"):  # failed inside torch (RuntimeError, Assertion-
         with pytest.raises(ValueError, match="only cpu and cuda devices can train"):  # Error...)
             check_device(other)
+
+
+def test_a_cuda_index_past_the_device_count_is_refused(monkeypatch):
+    """check_device refuses a CUDA device this machine does not have: with one GPU, cuda:0 and
+    cuda pass, cuda:1 is refused (emulated: no tensor is made)."""
+    from hiertail_fast._validation import check_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert check_device("cuda:0") == torch.device("cuda:0")
+    assert check_device("cuda") == torch.device("cuda")
+    for bad in ("cuda:1", "cuda:2", torch.device("cuda", 1)):
+        with pytest.raises(ValueError, match="only 1 CUDA device"):
+            check_device(bad)
