@@ -4,6 +4,7 @@ sparse tensors, ``torch_sparse.SparseTensor``). Same orientation and duplicate r
 `hiertail_fast.graph` docstring; nothing here mutates a caller's tensor."""
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 
@@ -87,6 +88,17 @@ def coo_to_csr(
 
 _NOTICES = threading.Lock()
 _notices_seen = False
+
+
+def _fresh_notices_lock_after_fork() -> None:
+    """In a forked child: the lock as new (held by a parent thread at the fork, it would stay
+    held in the child, where that thread does not exist)."""
+    global _NOTICES
+    _NOTICES = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_notices_lock_after_fork)
 
 
 def sparse_notices_seen() -> None:

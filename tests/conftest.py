@@ -273,3 +273,35 @@ def with_cuda_forms(request, backend: str) -> str:
         request.getfixturevalue("cuda_forms")
         return "torch" if backend == "torch/cuda-forms" else "cpu"
     return backend
+
+
+def fork_while_held(hold, target, args=(), wait_s: float = 30.0) -> tuple[bool, int | None]:
+    """Fork a child running ``target(*args)`` while another thread of this process is inside
+    ``hold()`` (a context manager: a lock, an override), as a DataLoader worker may be forked
+    while another thread is inside our code. -> (the child hung, its exit code). The child
+    inherits whatever the holding thread held, without that thread."""
+    import multiprocessing
+    import threading
+
+    inside, leave = threading.Event(), threading.Event()
+
+    def run():
+        with hold():
+            inside.set()
+            leave.wait(60)
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        assert inside.wait(10)
+        child = multiprocessing.get_context("fork").Process(target=target, args=args)
+        child.start()
+        child.join(wait_s)
+        hung = child.is_alive()
+        if hung:
+            child.kill()
+            child.join()
+        return hung, child.exitcode
+    finally:
+        leave.set()
+        t.join(10)

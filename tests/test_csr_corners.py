@@ -14,6 +14,7 @@ failed on the mutant it describes, passes on main).
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -82,3 +83,17 @@ def test_hub_row_and_column_sums_are_float32_roundings_of_the_exact_sum():
     out_of_hub = CSRGraph.from_edge_index(torch.stack([hub, leaves]), num_nodes=n_leaves + 1,
                                           dedupe=False)    # one column of 1M entries
     assert _col_sums(out_of_hub, v)[0].item() == exact.float().item()
+
+
+def _notices_in_a_worker():
+    torch.set_num_threads(1)            # (torch's OpenMP team does not survive a fork)
+    _csr._notices_seen = False
+    _csr.sparse_notices_seen()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork (not on Windows)")
+def test_a_fork_while_another_thread_draws_the_sparse_notices_does_not_hang_the_child():
+    from tests.conftest import fork_while_held
+
+    hung, code = fork_while_held(lambda: _csr._NOTICES, _notices_in_a_worker)
+    assert not hung and code == 0

@@ -10,6 +10,7 @@ can only fail where the setting, with our override switched off, changes the ops
 skipping elsewhere."""
 from __future__ import annotations
 
+import os
 import threading
 import unittest.mock
 
@@ -380,3 +381,35 @@ def test_onednn_tf32_alone_is_overridden_and_restored():
         assert not mp.reduced()
         assert mp._GET("mkldnn", "matmul") == "ieee"
     assert torch.backends.mkldnn.matmul.fp32_precision == "tf32"
+
+
+def _state_in_a_worker(expected):
+    """A forked worker: the user's flags as they were before the parent's call entered the
+    override, and an op's override that enters and leaves (a held lock hung here)."""
+    import sys
+
+    if _state() != expected:
+        sys.exit(3)
+    with mp.ieee_matmuls():
+        if mp.reduced():
+            sys.exit(4)
+    sys.exit(0 if _state() == expected and mp._depth == 0 else 5)
+
+
+@needs_flags
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork (not on Windows)")
+def test_a_worker_forked_during_a_call_gets_the_users_flags_and_a_free_lock():
+    """A DataLoader worker forked while another thread's op is inside the override: that call
+    never leaves in the child, which kept the override (IEEE for good, the user's setting
+    lost) or, forked while the lock was held, hung at its first op."""
+    from tests.conftest import fork_while_held
+
+    torch.set_float32_matmul_precision("medium")
+    torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+    expected = _state()
+    assert mp.reduced()
+    hung, code = fork_while_held(mp.ieee_matmuls, _state_in_a_worker, (expected,))
+    assert not hung and code == 0
+    assert _state() == expected                     # and the parent's call restored them
+    hung, code = fork_while_held(lambda: mp._lock, _state_in_a_worker, (expected,))
+    assert not hung and code == 0

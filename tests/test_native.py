@@ -338,3 +338,19 @@ def test_a_temp_fallback_others_may_write_to_is_not_used(fresh_native, monkeypat
     fallback.chmod(0o777)
     with pytest.raises(OSError, match="only this user may write to"):
         native_mod._build(native_mod._HERE / "_positive_blocks.c", native_mod.compiler())
+
+
+def _load_in_a_worker():
+    torch.set_num_threads(1)
+    native_mod.load("_block_exp")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork (not on Windows)")
+def test_a_fork_while_another_thread_builds_a_kernel_does_not_hang_the_child():
+    """load() holds its lock for a kernel's whole first compile; a DataLoader worker forked
+    meanwhile inherited it held by a thread it does not have and hung at its first native
+    call (a mutation audit's find). Forked children get the lock new."""
+    from tests.conftest import fork_while_held
+
+    hung, code = fork_while_held(lambda: native_mod._LOCK, _load_in_a_worker)
+    assert not hung and code == 0

@@ -49,6 +49,7 @@ How, and why this way. torch has no per-call precision argument and its thread-l
 """
 from __future__ import annotations
 
+import os
 import threading
 
 import torch
@@ -63,6 +64,20 @@ _REDUCED = {"mkldnn": ("bf16", "tf32"), "cuda": ("tf32",)}
 _lock = threading.Lock()
 _depth = 0                     # calls inside the override now
 _saved: dict | None = None     # what the first of them found, to restore
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child (a DataLoader worker): a new lock, and no override. The calls of the
+    parent's threads inside it at the fork do not run in the child, so none would ever leave:
+    the child kept the lock held (its first op hung) or the user's reduced-precision setting
+    overridden for good. That setting comes back; a fork during another thread's first
+    override or last restore (between its flag writes) may leave a flag at IEEE."""
+    global _lock, _depth, _saved
+    _lock = threading.Lock()
+    saved, _saved = _saved, None
+    if _depth and saved is not None:
+        _restore(saved)
+    _depth = 0
 
 
 def _flag(backend: str, op: str = "matmul") -> str:
@@ -188,3 +203,7 @@ def ieee_matmuls() -> _IEEEMatmuls:
     nothing is touched when torch's settings are IEEE already, or while torch.compile traces
     (the compiled op's call runs its eager body, which enters it)."""
     return _IEEEMatmuls()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

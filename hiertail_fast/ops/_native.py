@@ -42,9 +42,21 @@ from hiertail_fast._validation import env_switch
 _HERE = Path(__file__).resolve().parent
 FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-std=gnu99", "-shared",
          "-fPIC"]
-_LOCK = threading.Lock()
+_LOCK = threading.Lock()      # held by load(): for the whole C compile at a kernel's first use
 _LOADED: dict[str, ctypes.CDLL | None] = {}
 _WARNED: list[str] = []       # the kernel whose failed build was reported (one per process)
+
+
+def _fresh_lock_after_fork() -> None:
+    """In a forked child (a DataLoader worker): the lock as new. A parent thread compiling a
+    kernel at the fork held it, and the child, where that thread does not exist, hung at its
+    first native call (a mutation audit; graph.py resets its graphs' locks alike)."""
+    global _LOCK
+    _LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_lock_after_fork)
 
 
 def enabled() -> bool:
