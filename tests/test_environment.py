@@ -107,3 +107,37 @@ def test_an_empty_data_variable_is_unset_for_the_experiments(monkeypatch, tmp_pa
     with pytest.raises(SystemExit):
         main(["main", "--no-progress", "--device", "cpu", "--out", str(tmp_path / "out")])
     assert "../shared/data" in capsys.readouterr().err
+
+
+# check_openmp_team (a mutation audit, s42): OMP_THREAD_LIMIT is refused only BELOW torch's
+# thread count (its docstring: a limit equal to it starts every thread torch plans for), and
+# OMP_DYNAMIC is read as OpenMP reads it (case-insensitive: TRUE is on)
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def _case():
+    ei = torch.randint(0, 30, (2, 90), generator=torch.Generator().manual_seed(0))
+    return torch.randn(30, 4), ei
+
+
+def test_a_thread_limit_equal_to_torchs_threads_is_accepted(monkeypatch, two_threads):
+    x, ei = _case()
+    expected = gcn_propagate(x, ei)
+    monkeypatch.setenv("OMP_THREAD_LIMIT", "2")
+    torch.testing.assert_close(gcn_propagate(x, ei), expected)
+    monkeypatch.setenv("OMP_THREAD_LIMIT", "1")
+    with pytest.raises(ValueError, match="OMP_THREAD_LIMIT"):
+        gcn_propagate(x, ei)
+
+
+@pytest.mark.parametrize("value", ["TRUE", "True", " on "])
+def test_omp_dynamic_in_any_case_is_refused(monkeypatch, two_threads, value):
+    x, ei = _case()
+    monkeypatch.setenv("OMP_DYNAMIC", value)
+    with pytest.raises(ValueError, match="OMP_DYNAMIC"):
+        gcn_propagate(x, ei)

@@ -1,0 +1,171 @@
+"""bench/gpu_report.py's section bodies on CPU (a mutation audit, s42: each of these rules could
+be broken without a test noticing): what each section measures, skips and writes, with the
+timing itself stubbed where it would need CUDA or minutes."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import torch
+
+from tests.conftest import load_bench
+
+
+@pytest.fixture
+def report():
+    return load_bench("bench_gpu_report_sections", "gpu_report.py")
+
+
+def _no_timing(*args, **kwargs):
+    return dict(median_s=1.0, reps=1, peak_extra_bytes=None)
+
+
+def test_autotuned_modes_are_timed_at_the_first_size_only(report, monkeypatch):
+    """loss_section's docstring: "the autotuned ones only at the first size" (their first call
+    compiles every candidate tile, AUTOTUNE_NEED_S of budget)."""
+    gc = report.gc
+    monkeypatch.setattr(gc, "loss_labels", lambda dev: ["torch", "triton[autotune]"])
+    monkeypatch.setattr(gc, "auto_engine", lambda *a, **k: "torch")
+    monkeypatch.setattr(report, "_loss_anchors", lambda *a, **k: [])
+    monkeypatch.setattr(report, "_time_loss", lambda *a, **k: dict(median_s=1.0))
+    sizes = dict(report.SIZES["cpu"], loss_n=[30, 40], loss_d=[4])
+    rows = report.loss_section("cpu", sizes, report.Budget(60, reps=1))
+    tuned = {(r["n"], r["variant"]) for r in rows if r["what"] == "ours (triton[autotune])"}
+    assert tuned == {(30, "exact"), (30, "official")}
+
+
+def test_a_dense_reference_that_does_not_fit_is_not_run(report, monkeypatch):
+    """The module docstring: the dense backend="reference" is timed "when it fits in memory"
+    (36 bytes a pair; 4 GB assumed free on CPU): 15,040 rows need ~8 GB."""
+    monkeypatch.setattr(report.gc, "time_call", lambda *a, **k: pytest.fail("it was run"))
+    z, protos = torch.zeros(15_000, 2), torch.zeros(40, 2)
+    y = torch.zeros(15_000, dtype=torch.long)
+    res = report._time_loss("cpu", "reference", "exact", z, y, protos, report.Budget(100))
+    assert res["error"].startswith("does not fit (~8 GB)"), res
+
+
+def test_an_autotuned_row_needs_its_budget(report, monkeypatch):
+    """An autotuned engine's row needs AUTOTUNE_NEED_S seconds of budget (its first call
+    compiles every tile): with 60 s left it is skipped, not started."""
+    timed = []
+    monkeypatch.setattr(report.gc, "time_call", lambda *a, **k: timed.append(1) or _no_timing())
+    z, y, protos = report.gc.loss_inputs(30, 4)
+    res = report._time_loss("cuda", "triton[autotune]", "exact", z, y, protos,
+                            report.Budget(60))
+    assert res == dict(error="skipped: time budget") and not timed
+    ok = report._time_loss("cuda", "triton[autotune]", "exact", z, y, protos,
+                           report.Budget(report.AUTOTUNE_NEED_S + 30))
+    assert ok["median_s"] == 1.0 and timed == [1]
+
+
+def test_the_anchors_time_sdpa_in_their_dtype_and_the_floor_without_tf32(report, monkeypatch):
+    """_loss_anchors: the bf16 SDPA row runs bf16 inputs, the cuBLAS floor runs with TF32 off
+    ("the cuBLAS fp32 3-GEMM floor (3 x z@z.T, row blocks, TF32 off)"), and the caller's TF32
+    setting comes back afterwards."""
+    seen = []
+
+    def sdpa(q, k, v):
+        seen.append(q.dtype)
+        return q * 1.0
+
+    def time_call(fn, dev, reps):
+        seen.append(("tf32", torch.backends.cuda.matmul.allow_tf32))
+        fn()
+        return dict(median_s=1.0, reps=1, peak_extra_bytes=None)
+
+    monkeypatch.setattr(report.F, "scaled_dot_product_attention", sdpa)
+    monkeypatch.setattr(report.gc, "time_call", time_call)
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        rows = report._loss_anchors("cpu", 20, 4, torch.randn(20, 4), report.Budget(60))
+        after = torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+    assert [r["what"] for r in rows] == ["SDPA fp32 fwd+bwd", "SDPA bf16 fwd+bwd", report.FLOOR]
+    assert seen == [("tf32", True), torch.float32, ("tf32", True), torch.bfloat16,
+                    ("tf32", False)]
+    assert after is True
+
+
+def test_graph_section_rows(report):
+    """graph_section on CPU: propagation fwd and fwd+bwd for each provider (no triton: it is
+    CUDA's), each timed propagation row's GB/s from the byte model of ITS mode
+    (bench/_roofline.bandwidth_figures), pooling and prototype rows."""
+    from _roofline import bandwidth_figures
+
+    n, d = 400, 8
+    rows = report.graph_section("cpu", n, [d], report.Budget(120, reps=1))
+    prop = [r for r in rows if r["op"] == "gcn_propagate"]
+    assert all("error" not in r for r in rows), [r for r in rows if "error" in r]
+    providers = {r["provider"] for r in prop}
+    assert "triton" not in providers and {"torch", "peer_sparse_mm"} <= providers
+    assert {(r["provider"], r["mode"]) for r in prop} == {
+        (p, m) for p in providers for m in ("fwd", "fwd+bwd")}
+    for r in prop:
+        want = bandwidth_figures(n, r["edges"], d, r["median_s"], r["mode"], None)
+        assert r["achieved_GBps"] == pytest.approx(want["achieved_GBps"]), r
+    assert {r["op"] for r in rows} == {"gcn_propagate", "topk_pool", "nearest_prototype m=282"}
+    assert "triton" not in {r["provider"] for r in rows}
+
+
+class _Runs:
+    def __init__(self, outcome):
+        self.outcome, self.calls = outcome, []
+
+    def __call__(self, cmd, **kwargs):
+        self.calls.append(cmd)
+        if isinstance(self.outcome, Exception):
+            raise self.outcome
+        return subprocess.CompletedProcess(cmd, self.outcome, stdout="", stderr="Killed")
+
+
+@pytest.mark.parametrize("outcome, error", [
+    (-9, "Killed"),                                                 # the sweep killed (OOM)
+    (1, "Killed"),
+    (subprocess.TimeoutExpired("scale.py", 30), "timed out (time budget)")])
+def test_a_failed_scale_sweep_is_an_error_row_not_a_crash(report, monkeypatch, tmp_path,
+                                                          outcome, error):
+    """The report's failure paths: a sweep that fails, is killed by a signal (negative return
+    code) or runs out of time is reported in the scale section; the report is still written."""
+    runs = _Runs(outcome)
+    monkeypatch.setattr(report.subprocess, "run", runs)
+    res = report.scale_section("cpu", ["100"], tmp_path, report.Budget(100))
+    assert res["error"] == error and "bench/scale.py --device cpu" in res["command"], res
+    assert len(runs.calls) == 1
+
+
+def test_no_scale_sweep_without_30_s_left(report, monkeypatch, tmp_path):
+    runs = _Runs(0)
+    monkeypatch.setattr(report.subprocess, "run", runs)
+    assert report.scale_section("cpu", ["100"], tmp_path, report.Budget(20)) == dict(
+        error="skipped: time budget")
+    assert not runs.calls
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="--device cpu is the no-CUDA test mode")
+def test_the_report_is_saved_after_the_graph_section_and_gets_the_whole_budget(
+        report, monkeypatch, tmp_path):
+    """main(): "written after every section" (a run stopped during the loss keeps the graph
+    rows), and without the scale section nothing is reserved for it (the graph section alone
+    gets the whole --budget)."""
+    written, budgets = [], []
+    real = report.gc.write_json
+
+    def spy(path, data):
+        written.append(json.loads(json.dumps(data, default=str)))
+        return real(path, data)
+
+    def graph_section(dev, n, dims, budget):
+        budgets.append(budget.left())
+        return [dict(op="gcn_propagate", n=n, d=dims[0], mode="fwd", provider="torch",
+                     median_s=1.0)]
+
+    monkeypatch.setattr(report.gc, "write_json", spy)
+    monkeypatch.setattr(report, "graph_section", graph_section)
+    assert report.main(["--device", "cpu", "--sections", "graph", "--budget", "100",
+                        "--out", str(tmp_path)]) == 0
+    assert [w["complete"] for w in written] == [False, False, True]
+    assert written[1]["graph"] and written[1]["graph"][0]["provider"] == "torch"
+    assert budgets[0] == pytest.approx(100.0, abs=3.0)
