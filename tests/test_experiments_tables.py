@@ -244,3 +244,20 @@ def test_per_class_head_holds_the_class_that_crosses_80_percent():
         head_mean = 100 * sum(recall[c] for c in head) / len(head)
         tail_mean = 100 * sum(recall[c] for c in tail) / len(tail)
         assert cells[2:5] == [f"{head_mean:.1f}", f"{tail_mean:.1f}", "50.0"]
+
+
+def test_per_class_counts_follow_the_class_order():
+    """class_counts: "(class order largest first, train count, unlabelled count)": the counts
+    in that order, as the figure draws their bars under the recall curve (left in label
+    order, one class's bars stood under another's: a mutation audit, s42)."""
+    import numpy as np
+
+    from hiertail_fast.data.splits import natural_split_sizes
+    from hiertail_fast.experiments.per_class import class_counts
+
+    sizes = np.array([3, 40, 12, 25])                 # labels not in size order
+    order, train, unlabelled = class_counts(np.repeat(np.arange(4), sizes))
+    assert order.tolist() == [1, 3, 2, 0]
+    assert train.tolist() == natural_split_sizes(sizes)[:, 1][order].tolist()
+    assert (train + unlabelled).tolist() == sizes[order].tolist()
+

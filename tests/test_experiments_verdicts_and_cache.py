@@ -538,3 +538,65 @@ def test_a_cached_record_missing_one_test_metric_is_a_miss(tmp_path):
                                 "wall_s": 1.0}))
     got, why = cache.lookup(spec, identity)
     assert got is None and "not a complete run record" in why
+
+
+# ---- RunCache's identity and fingerprint rules, migrate's dry run (a mutation audit, s42)
+def _run_identity(seed):
+    return {"dataset": "email", "data": {"nodes": 10}, "split": ["natural"], "method": "origin",
+            "config": {"hidden": 8}, "seed": seed, "epochs": 3, "patience": 1, "device": "cpu"}
+
+
+def _run_record(identity, bacc):
+    return {"identity": identity, "row": "origin", "wall_s": 1.0,
+            "result": {"test": dict.fromkeys(("bacc", "macro_f1", "g_means", "acc"), bacc),
+                       "epochs_run": 3}}
+
+
+def test_a_file_holding_another_runs_identity_is_not_served(tmp_path):
+    """A run's file name carries a hash of its identity and lookup compares the stored one: a
+    file at the path that holds another run (copied into place, a 12-hex digest collision)
+    would put another seed's result into a table."""
+    cache = runner.RunCache(tmp_path)
+    spec = RunSpec("email", "origin", "origin", None)
+    mine, other = _run_identity(123), _run_identity(124)
+    p = cache.path(spec, mine)
+    p.parent.mkdir(parents=True)
+    p.write_text(json.dumps(_run_record(other, 0.9)))
+    record, _ = cache.lookup(spec, mine, None)
+    assert record is None
+    p.write_text(json.dumps(_run_record(mine, 0.5)))        # its own record is served
+    assert cache.get(spec, mine)["result"]["test"]["bacc"] == 0.5
+
+
+def test_a_record_without_a_fingerprint_is_reused(tmp_path):
+    """runner's docstring: records written before the fingerprint existed "are still reused on
+    their shape alone" (counted as other data, the committed cache would be retrained)."""
+    cache = runner.RunCache(tmp_path)
+    spec = RunSpec("email", "origin", "origin", None)
+    identity = _run_identity(123)
+    legacy = _run_record(identity, 0.5)
+    p = cache.path(spec, identity)
+    p.parent.mkdir(parents=True)
+    p.write_text(json.dumps(legacy))
+    record, problem = cache.lookup(spec, identity, "sha256:" + "ab" * 32)
+    assert problem is None and record == legacy
+
+
+def test_migrate_fingerprints_dry_run_counts_and_writes_nothing(tmp_path):
+    """--dry-run: "count, write nothing"; the real run then adds the runner's fingerprint."""
+    from hiertail_fast.experiments.migrate_fingerprints import migrate
+    from hiertail_fast.experiments.runner import DataSource
+
+    source = DataSource(None, {"nodes": 120, "classes": 6, "features": 16})
+    identity = {"dataset": "synthetic", "data": source.data_key("synthetic"),
+                "split": ["natural"], "method": "origin", "seed": 1}
+    p = tmp_path / "runs" / "synthetic" / "origin-abc-s1.json"
+    p.parent.mkdir(parents=True)
+    p.write_text(json.dumps(_run_record(identity, 0.5), indent=1) + "\n")
+    before = p.read_bytes()
+    stats = migrate(tmp_path / "runs", tmp_path, dry_run=True, log=lambda line: None)
+    assert stats["migrated"] == 1 and p.read_bytes() == before
+    stats = migrate(tmp_path / "runs", tmp_path, log=lambda line: None)
+    assert stats["migrated"] == 1
+    assert json.loads(p.read_text())["data_fingerprint"] == source.fingerprint("synthetic")
+
