@@ -261,3 +261,24 @@ def test_per_class_counts_follow_the_class_order():
     assert train.tolist() == natural_split_sizes(sizes)[:, 1][order].tolist()
     assert (train + unlabelled).tolist() == sizes[order].tolist()
 
+
+def test_per_class_equal_size_classes_keep_label_order():
+    """Ties in label order (the library's rule: lowest index first): numpy's SIMD quicksort
+    orders ties by the CPU's instruction set, so the figure's x axis, classes_by_size and which
+    of two equal classes at the 80 % boundary is head would differ between machines (s42
+    audit, mutant E43)."""
+    import numpy as np
+
+    from hiertail_fast.experiments.per_class import class_counts
+
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(20, 24, 40)          # 40 classes, 4 distinct sizes: many ties
+    y = np.repeat(np.arange(40), sizes)
+    order, train, unlabelled = class_counts(y)
+    assert sorted(order.tolist()) == list(range(40))
+    s = sizes[order]
+    assert (np.diff(s) <= 0).all()                          # largest first
+    for a, b in zip(order[:-1], order[1:], strict=True):
+        if sizes[a] == sizes[b]:
+            assert a < b, (a, b)                            # ties: label order
+    assert ((train + unlabelled) == s).all()

@@ -706,3 +706,15 @@ def test_loss_refuses_another_models_output(tiny):
     other = HierTail(x.shape[1], C + 2, HierTailConfig.paper(hidden=8))
     with pytest.raises(ValueError, match=f"this model has {C} classes"):
         _model("paper").loss(other(x, g), y, idx)
+
+
+@pytest.mark.parametrize("tau", [1e-7, 5e-7, 1e-300])
+def test_config_refuses_a_tau_below_min_temperature(tau):
+    """At construction, naming tau (README: temperatures >= MIN_TEMPERATURE = 1e-6), not at
+    the first loss call of training (s42 audit, mutant N07)."""
+    from hiertail_fast.nn.hiertail_config import HierTailConfig
+
+    for preset in ("paper", "official"):
+        with pytest.raises(ValueError, match="tau"):
+            HierTailConfig.named(preset, tau=tau)
+    assert HierTailConfig.paper(tau=1e-6).tau == 1e-6        # the bound itself is allowed
