@@ -556,3 +556,107 @@ def test_compiled_pooling_sees_an_update_that_breaks_an_inherited_symmetry(
     want = grad(reference)
     torch.testing.assert_close(got, grad(step), **tol(torch.float32))
     torch.testing.assert_close(got, want, **tol(torch.float32))
+
+
+# ---- from the s42 audit of the custom-op layer (each test names its mutant)
+def test_nonstrict_export_with_a_dynamic_node_count():
+    """_count accepts a traced node count: TorchDynamo shows x.shape[0] as an int, so only a
+    non-strict torch.export with a dynamic dimension reaches its SymInt branch (mutant N02)."""
+    from torch.export import Dim
+
+    class M(torch.nn.Module):
+        def forward(self, x, perm, ei):
+            return (topk_unpool(x[:5], perm, x.shape[0]),
+                    gcn_propagate(x, ei, num_nodes=x.shape[0]))
+
+    gen = torch.Generator().manual_seed(0)
+    x, perm = torch.randn(30, 3, generator=gen), torch.randperm(30, generator=gen)[:5]
+    ei = torch.randint(0, 30, (2, 60), generator=gen)
+    prog = torch.export.export(M(), (x, perm, ei), strict=False,
+                               dynamic_shapes=({0: Dim("n", min=6)}, None, None))
+    x2 = torch.randn(45, 3, generator=gen)
+    for a, b in zip(prog.module()(x2, perm, ei), M()(x2, perm, ei), strict=True):
+        assert torch.equal(a, b)
+
+
+def _x12():
+    return torch.randn(12, 3, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda x: nearest_prototype(x, x[:2].tolist()), "prototypes"),
+    (lambda x: topk_unpool(x[:2].tolist(), torch.tensor([0, 1]), 12), "x_pooled"),
+    (lambda x: gcn_propagate(x, [[0, 1], [1, 2]]), "edge_index|graph_or_edge_index"),
+], ids=["prototypes", "x_pooled", "edge_index"])
+def test_compiled_graph_ops_name_a_non_tensor_argument(call, name):
+    """As eager: a TypeError naming the argument, not a TorchRuntimeError from inside the
+    trace (mutants N04, N05)."""
+    with pytest.raises(TypeError, match=name):
+        call(_x12())
+    torch._dynamo.reset()
+    with pytest.raises(TypeError, match=name):
+        torch.compile(call, backend="aot_eager")(_x12())
+
+
+@pytest.mark.parametrize("num_nodes", [12.0, True], ids=["float", "bool"])
+def test_compiled_gcn_propagate_on_an_edge_index_checks_num_nodes(num_nodes):
+    """(mutant N06: the edge_index path skipped _count)"""
+    ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    with pytest.raises(TypeError, match="num_nodes"):
+        torch.compile(lambda x: gcn_propagate(x, ei, num_nodes=num_nodes),
+                      backend="aot_eager")(_x12())
+
+
+def test_label_checks_without_the_private_guard_are_traced_as_before(monkeypatch):
+    """README: without torch._C's private dispatch-key guard, "the old tracing path, tested".
+    The graph ops and train_labels import READY by name, so patching _custom_ops alone never
+    ran their fallback: with READY False everywhere, no hiertail_fast op in the traced graphs,
+    the eager values and errors (mutant R02)."""
+    from hiertail_fast.nn import _train_labels
+    from hiertail_fast.nn._train_labels import checked_train_labels
+    from hiertail_fast.ops import _custom_graph_ops, _custom_ops
+
+    for mod in (_custom_ops, _custom_graph_ops, _train_labels):
+        monkeypatch.setattr(mod, "READY", False)
+    graphs: list = []
+
+    def f(y, idx):
+        y_train, idx = checked_train_labels(y, idx, 10, 3, torch.device("cpu"))
+        return y_train * 2, idx
+
+    def backend(gm, example_inputs):           # (not fullgraph: the old path breaks the graph
+        graphs.append(gm)                      # at its data-dependent checks)
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    y, idx = torch.arange(10) % 3, torch.tensor([1, 4, 7])
+    compiled = torch.compile(f, backend=backend)
+    for a, b in zip(compiled(y, idx), f(y, idx), strict=True):
+        assert torch.equal(a, b)
+    assert graphs and not [op for gm in graphs for op in _ops_in(gm)]
+    with pytest.raises(ValueError, match="y has label 3 but the model has 3 classes"):
+        compiled(torch.full((10,), 3), idx)
+
+
+def test_compiled_a2_of_a_directed_pooled_graph_has_the_eager_gradient():
+    """traced_augment_a2: A² inherits the input's symmetry, nothing more (declared symmetric
+    for a directed input, the backward applied Â for Âᵀ: mutant Y05). The A² of a pooled
+    graph built in the compiled code: no live graph holds its arrays, so the traced
+    declaration is what the op uses."""
+    gen = torch.Generator().manual_seed(0)
+    n = 30
+    g = CSRGraph.from_edge_index(torch.randint(0, n, (2, 120), generator=gen), num_nodes=n)
+    assert not g.is_symmetric()
+    p = torch.randn(3, generator=gen)
+    x0 = torch.randn(n, 3, generator=gen)
+    cot = torch.randn(15, 3, generator=gen)
+
+    def f(x):
+        pooled = topk_pool(x, g, p, 15)
+        return gcn_propagate(pooled.x, pooled.graph.augment_a2())
+
+    def grad(fn):
+        x = x0.clone().requires_grad_()
+        return torch.autograd.grad(fn(x), x, cot)[0]
+
+    torch.testing.assert_close(grad(_compiled(f)), grad(f))
+

@@ -173,3 +173,21 @@ def test_norm_values_of_learnable_weights_differentiate_every_step():
         grads.append(p.grad.clone())
         p.grad = None
     torch.testing.assert_close(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("how", ["pickle", "torch.save"])
+def test_a_copy_of_inference_weights_edited_in_place_serves_its_weights(how):
+    """Entries made for inference-mode weights (no version counter: "checked each time") do not
+    travel in a copy as current: the loaded weights get a real counter, and the operator of the
+    weights' old contents was served (s42 audit, mutant P02)."""
+    gen = torch.Generator().manual_seed(0)
+    ei = torch.randint(0, 30, (2, 120), generator=gen)
+    x = torch.randn(30, 4, generator=gen)
+    with torch.inference_mode():
+        g = CSRGraph.from_edge_index(ei, torch.rand(120, generator=gen) + 0.5, num_nodes=30)
+        gcn_propagate(x, g)                               # caches filled (no version counter)
+        g.weight.mul_(torch.rand(g.num_edges, generator=gen) * 3 + 0.1)   # edited in place
+    copied = COPIES[how](g)
+    fresh = CSRGraph(g.indptr.clone(), g.indices.clone(), g.weight.clone(), 30)
+    torch.testing.assert_close(gcn_propagate(x, copied), gcn_propagate(x, fresh))
+
