@@ -4,13 +4,13 @@ sparse tensors, ``torch_sparse.SparseTensor``). Same orientation and duplicate r
 `hiertail_fast.graph` docstring; nothing here mutates a caller's tensor."""
 from __future__ import annotations
 
-import os
 import threading
 import warnings
 
 import numpy as np
 import torch
 
+from hiertail_fast._threads import in_forked_child
 from hiertail_fast._validation import (
     all_finite,
     check_dense_tensor,
@@ -90,15 +90,13 @@ _NOTICES = threading.Lock()
 _notices_seen = False
 
 
+@in_forked_child
 def _fresh_notices_lock_after_fork() -> None:
     """In a forked child: the lock as new (held by a parent thread at the fork, it would stay
     held in the child, where that thread does not exist)."""
     global _NOTICES
     _NOTICES = threading.Lock()
 
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_notices_lock_after_fork)
 
 
 def sparse_notices_seen() -> None:

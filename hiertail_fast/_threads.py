@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -46,3 +47,13 @@ def keeps_thread_count(main):
         with thread_count_kept():
             return main(*args, **kwargs)
     return wrapper
+
+
+def in_forked_child(reset: Callable[[], None]) -> Callable[[], None]:
+    """Registers ``reset`` to run in every forked child (a DataLoader worker, multiprocessing's
+    "fork"), where a lock another thread of the parent held at the fork stays held by a thread
+    the child does not have: each module that keeps a lock makes it new there. Returns it (a
+    decorator); nothing is registered where ``os.fork`` does not exist."""
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=reset)
+    return reset

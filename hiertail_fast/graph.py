@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import os
 import threading
 import weakref
 from typing import Any, NamedTuple
@@ -41,6 +40,7 @@ from hiertail_fast._csr import (  # noqa: F401  (is_sparse_adjacency: re-exporte
     sparse_to_coo,
     square_values,
 )
+from hiertail_fast._threads import in_forked_child
 from hiertail_fast._validation import (
     all_finite,
     check_dense_tensor,
@@ -98,6 +98,7 @@ _NEW_LOCK = threading.Lock()
 _WITH_LOCK: weakref.WeakSet = weakref.WeakSet()      # the graphs that made their lock
 
 
+@in_forked_child
 def _fresh_locks_after_fork() -> None:
     """In a forked child (a DataLoader worker, multiprocessing's "fork"): the graphs' locks as
     new. A lock another thread of the parent held at the fork stays held in the child, where
@@ -108,9 +109,6 @@ def _fresh_locks_after_fork() -> None:
         graph._lock = None
     _WITH_LOCK.clear()
 
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_locks_after_fork)
 
 
 class _Versioned(NamedTuple):

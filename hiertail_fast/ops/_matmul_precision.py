@@ -49,10 +49,11 @@ How, and why this way. torch has no per-call precision argument and its thread-l
 """
 from __future__ import annotations
 
-import os
 import threading
 
 import torch
+
+from hiertail_fast._threads import in_forked_child
 
 # per-backend flags (torch >= 2.9), through the functions torch.backends' properties call
 _GET = getattr(torch._C, "_get_fp32_precision_getter", None)
@@ -66,6 +67,7 @@ _depth = 0                     # calls inside the override now
 _saved: dict | None = None     # what the first of them found, to restore
 
 
+@in_forked_child
 def _after_fork_in_child() -> None:
     """In a forked child (a DataLoader worker): a new lock, and no override. The calls of the
     parent's threads inside it at the fork do not run in the child, so none would ever leave:
@@ -203,7 +205,3 @@ def ieee_matmuls() -> _IEEEMatmuls:
     nothing is touched when torch's settings are IEEE already, or while torch.compile traces
     (the compiled op's call runs its eager body, which enters it)."""
     return _IEEEMatmuls()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

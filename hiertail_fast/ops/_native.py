@@ -37,6 +37,7 @@ import warnings
 from pathlib import Path
 
 from hiertail_fast._files import atomic_path, unwritable_dir_reason
+from hiertail_fast._threads import in_forked_child
 from hiertail_fast._validation import env_switch
 
 _HERE = Path(__file__).resolve().parent
@@ -47,6 +48,7 @@ _LOADED: dict[str, ctypes.CDLL | None] = {}
 _WARNED: list[str] = []       # the kernel whose failed build was reported (one per process)
 
 
+@in_forked_child
 def _fresh_lock_after_fork() -> None:
     """In a forked child (a DataLoader worker): the lock as new. A parent thread compiling a
     kernel at the fork held it, and the child, where that thread does not exist, hung at its
@@ -54,9 +56,6 @@ def _fresh_lock_after_fork() -> None:
     global _LOCK
     _LOCK = threading.Lock()
 
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_lock_after_fork)
 
 
 def enabled() -> bool:
