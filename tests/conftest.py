@@ -240,6 +240,15 @@ def data_dir() -> Path:
 
 
 @pytest.fixture
+def two_threads():
+    """torch on 2 threads for the test (the OpenMP team checks need more than one)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
 def fresh_native(monkeypatch, tmp_path):
     """The C kernels' builder with a private build cache and no library loaded yet in this
     process (``hiertail_fast.ops._native``)."""

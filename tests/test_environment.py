@@ -112,14 +112,6 @@ def test_an_empty_data_variable_is_unset_for_the_experiments(monkeypatch, tmp_pa
 # check_openmp_team (a mutation audit, s42): OMP_THREAD_LIMIT is refused only BELOW torch's
 # thread count (its docstring: a limit equal to it starts every thread torch plans for), and
 # OMP_DYNAMIC is read as OpenMP reads it (case-insensitive: TRUE is on)
-@pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
 def _case():
     ei = torch.randint(0, 30, (2, 90), generator=torch.Generator().manual_seed(0))
     return torch.randn(30, 4), ei

@@ -541,23 +541,26 @@ def test_a_cached_record_missing_one_test_metric_is_a_miss(tmp_path):
 
 
 # ---- RunCache's identity and fingerprint rules, migrate's dry run (a mutation audit, s42)
+def _origin_spec():
+    from hiertail_fast.baselines import BaselineConfig
+
+    return RunSpec("email", "origin", "origin", BaselineConfig(method="origin"))
+
+
 def _run_identity(seed):
-    return {"dataset": "email", "data": {"nodes": 10}, "split": ["natural"], "method": "origin",
-            "config": {"hidden": 8}, "seed": seed, "epochs": 3, "patience": 1, "device": "cpu"}
+    return _origin_spec().identity(seed, Budget(seeds=(seed,)), "cpu", {"nodes": 10})
 
 
 def _run_record(identity, bacc):
     return {"identity": identity, "row": "origin", "wall_s": 1.0,
-            "result": {"test": dict.fromkeys(("bacc", "macro_f1", "g_means", "acc"), bacc),
-                       "epochs_run": 3}}
+            "result": {"test": dict.fromkeys(runner.METRICS, bacc), "epochs_run": 3}}
 
 
 def test_a_file_holding_another_runs_identity_is_not_served(tmp_path):
     """A run's file name carries a hash of its identity and lookup compares the stored one: a
     file at the path that holds another run (copied into place, a 12-hex digest collision)
     would put another seed's result into a table."""
-    cache = runner.RunCache(tmp_path)
-    spec = RunSpec("email", "origin", "origin", None)
+    cache, spec = runner.RunCache(tmp_path), _origin_spec()
     mine, other = _run_identity(123), _run_identity(124)
     p = cache.path(spec, mine)
     p.parent.mkdir(parents=True)
@@ -571,8 +574,7 @@ def test_a_file_holding_another_runs_identity_is_not_served(tmp_path):
 def test_a_record_without_a_fingerprint_is_reused(tmp_path):
     """runner's docstring: records written before the fingerprint existed "are still reused on
     their shape alone" (counted as other data, the committed cache would be retrained)."""
-    cache = runner.RunCache(tmp_path)
-    spec = RunSpec("email", "origin", "origin", None)
+    cache, spec = runner.RunCache(tmp_path), _origin_spec()
     identity = _run_identity(123)
     legacy = _run_record(identity, 0.5)
     p = cache.path(spec, identity)

@@ -688,36 +688,14 @@ def test_a_fork_while_another_thread_holds_the_graphs_lock_does_not_hang_the_chi
     """A DataLoader worker forked while another thread was inside a graph method: the child
     inherited the lock held, by a thread it does not have, and hung at its first use of the
     graph. Forked children get the graphs' locks new."""
-    import multiprocessing
-    import threading
+    from tests.conftest import fork_while_held
 
     s, w = _graph()
     g = CSRGraph(s.indptr, s.indices, w, s.num_nodes)
     x = torch.randn(s.num_nodes, 3, generator=torch.Generator().manual_seed(13))
     gcn_propagate(x, g)                               # the lock exists
-    inside, leave = threading.Event(), threading.Event()
-
-    def hold():
-        with g._lock:
-            inside.set()
-            leave.wait(60)
-
-    t = threading.Thread(target=hold)
-    t.start()
-    try:
-        assert inside.wait(10)
-        child = multiprocessing.get_context("fork").Process(
-            target=_propagate_in_a_worker, args=(x, g))
-        child.start()
-        child.join(30)
-        hung = child.is_alive()
-        if hung:
-            child.kill()
-            child.join()
-        assert not hung and child.exitcode == 0
-    finally:
-        leave.set()
-        t.join(10)
+    hung, code = fork_while_held(lambda: g._lock, _propagate_in_a_worker, (x, g))
+    assert not hung and code == 0
 
 
 def test_clear_cache_keeps_no_inherited_symmetry_a_fused_step_has_broken():

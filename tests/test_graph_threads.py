@@ -16,6 +16,7 @@ import torch
 from hiertail_fast import CSRGraph, gcn_propagate
 from hiertail_fast import graph as graph_mod
 from tests.conftest import fork_while_held
+from tests.test_graph_state import _propagate_in_a_worker
 
 needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork (not on Windows)")
 
@@ -129,13 +130,6 @@ def test_clear_cache_while_another_thread_checks_learnable_weights():
     values = _race(g, lambda what, key: what == "contains" and key == graph_mod._FINITE_WEIGHTS,
                    lambda g: g.gcn_norm_values()[0])
     torch.testing.assert_close(values, _graph().gcn_norm_values()[0])
-
-
-def _propagate_in_a_worker(x, g):
-    """A forked worker's call, on one thread as a DataLoader worker runs (torch's OpenMP team
-    does not survive a fork)."""
-    torch.set_num_threads(1)
-    gcn_propagate(x, g)
 
 
 @needs_fork

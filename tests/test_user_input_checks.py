@@ -82,14 +82,6 @@ def test_float64_weights_beyond_float32_raise_for_float32_features(requires_grad
         gcn_propagate(torch.randn(3, 2), graph, backend="torch")
 
 
-@pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.usefixtures("two_threads")
 @pytest.mark.parametrize("env", [("OMP_DYNAMIC", "true"), ("OMP_THREAD_LIMIT", "1")])
 def test_second_call_on_a_cached_operator_checks_the_openmp_team(monkeypatch, env):
