@@ -283,6 +283,23 @@ def test_eager_calls_do_not_go_through_the_custom_op(monkeypatch):
     balanced_contrastive_loss(z, y).backward()
 
 
+@pytest.mark.skipif(not hasattr(torch._C, "_AutoDispatchBelowADInplaceOrView"),
+                    reason="this torch lacks the guard compiled code runs ops under")
+def test_autograd_dispatch_restores_view_tracking_below_it():
+    """Compiled code runs an op's implementation below autograd AND below the view tracking
+    (ADInplaceOrView). ``_autograd_dispatch`` must re-include both: with autograd alone, an
+    in-place edit of a view records no CopySlices on its base, and the base's gradient silently
+    misses the edit (here 6 and 24 instead of 18 and 72)."""
+    leaf = torch.arange(1.0, 7.0).reshape(2, 3).requires_grad_()
+    with torch._C._AutoDispatchBelowADInplaceOrView(), _custom_ops._autograd_dispatch():
+        base = leaf * 1
+        base[:, 0].mul_(3)          # an in-place edit of a view of base
+        (grad,) = torch.autograd.grad((base * base).sum(), leaf)
+    # d/dx of (3x)^2 = 18x in column 0, of x^2 = 2x elsewhere
+    want = torch.tensor([[18.0, 4.0, 6.0], [72.0, 10.0, 12.0]])
+    torch.testing.assert_close(grad, want, rtol=0, atol=0)
+
+
 def test_compiled_with_inductor():
     """The default backend (Inductor: generated C++ around the op), a normalisation fused
     before it: the loss within float32's tolerance of eager (the fused normalisation rounds
