@@ -210,3 +210,114 @@ def test_imgagn_runs_on_every_device(tiny, device):
     for _ in range(3):                                   # D, G, new cycle + D
         m.train_loss().backward()
     assert m.predict().shape == (g.num_nodes, 5) and m.gen_weights()[0].device.type == device
+
+
+# ---- generator, discriminator and cycle details (a mutation audit, s43)
+def _model_counts(g, graph, counts, train_order=None, **kw):
+    """`_model` with ``counts`` training nodes per class (optionally permuted ids)."""
+    train = torch.cat([torch.nonzero(g.y == c).flatten()[:k] for c, k in enumerate(counts)])
+    if train_order is not None:
+        train = train[train_order(train.numel())]
+    kw = {"hidden": 8, "dropout": 0.0, "im_class_num": 3, **kw}
+    ctx = MethodContext(g.x, g.y, graph, train, 5, torch.Generator().manual_seed(3))
+    return build_method(ctx, BaselineConfig(method="imgagn", **kw)).train()
+
+
+def test_generator_is_the_official_mlp_on_100_dim_noise(tiny):
+    """G(z) = (tanh(W3 relu(W2 relu(W1 z))) + 1) / 2 with z ∈ ℝ¹⁰⁰ (the official Generator):
+    a ReLU dropped, or another noise width, changed every generated node and passed the
+    suite (its checks went through G itself)."""
+    g, graph = tiny
+    gen = ig.Generator(7)
+    z = torch.randn(11, 100)
+    h = F.relu(F.linear(F.relu(F.linear(z, gen.fc1.weight, gen.fc1.bias)), gen.fc2.weight,
+                        gen.fc2.bias))
+    want = (torch.tanh(F.linear(h, gen.fc3.weight, gen.fc3.bias)) + 1) / 2
+    torch.testing.assert_close(gen(z), want)
+    assert gen.fc1.in_features == 100
+    m = _model(g, graph)
+    m.generate()
+    assert [tuple(z.shape) for z in m._z] == [(7, 100), (5, 100)]
+
+
+def test_discriminator_dropout_one_mask_in_training_none_in_eval(tiny):
+    """D: h = dropout(relu(gc1(x))) once, both heads read the same h (official); in eval mode no
+    dropout, so the harness's validation and test predictions are deterministic (with
+    dropout left on, the default 0.5 made every evaluation a random draw)."""
+    g, graph = tiny
+    d = ig.Discriminator(6, 8, 5, 0.5).train()
+    x = torch.randn(10, 6)
+    adj = torch.rand(10, 10)
+    adj = adj / adj.sum(1, keepdim=True)
+    torch.manual_seed(0)
+    cls, rf = d(x, adj)
+    torch.manual_seed(0)
+    h = F.dropout(F.relu(d.gc1(x, adj)), 0.5, True)
+    torch.testing.assert_close(cls, d.gc2(h, adj))
+    torch.testing.assert_close(rf, d.gc3(h, adj))
+    m = _model(g, graph, dropout=0.5)
+    m.train_loss()                                           # a cycle's nodes generated
+    m.eval()
+    first = m.predict()
+    assert torch.equal(first, m.predict())
+    x_aug, a_aug, _ = m.augmented()
+    h = F.relu(m.disc.gc1(x_aug, a_aug))
+    torch.testing.assert_close(first, m.disc.gc2(h, a_aug)[:g.num_nodes])
+
+
+def test_a_tail_class_already_at_its_target_gets_no_generator(tiny):
+    """s_c = ⌊gen_ratio·max n⌋ − n_c = 0: class c gets no block (a block of 0 nodes made the
+    generator loss a mean over nothing, NaN: the run diverged at its first G step). Counts
+    8, 5, 3, 1, 0 with ratio 3/8: class 2 (3 nodes) needs none, class 3 two."""
+    g, graph = tiny
+    m = _model(g, graph, gen_ratio=0.375, disc_steps=1)
+    assert [(c, s) for c, _, s in m.blocks] == [(3, 2)]
+    assert m.info()["generated_per_class"] == {"3": 2}
+    m.train_loss()                                           # generate + D step
+    assert torch.isfinite(m.train_loss())                    # the G step
+
+
+def test_generated_counts_follow_the_largest_training_class_wherever_it_is(tiny):
+    """s_c counts up to the largest training class, not class 0's: with training counts
+    3, 8, 4, 1, 0 the tail classes 3 and 2 get 8 − 1 and 8 − 4 nodes (class 0's 3 gave 2
+    and none)."""
+    g, graph = tiny
+    m = _model_counts(g, graph, (3, 8, 4, 1, 0))
+    assert [(c, s) for c, _, s in m.blocks] == [(3, 7), (2, 4)]
+
+
+def test_blocks_do_not_depend_on_the_order_of_the_training_ids(tiny):
+    """A class's generator weights its training nodes in id order: the same split listed in
+    another order (a user's split file) gives the same blocks and the same generated nodes."""
+    g, graph = tiny
+    counts = (8, 5, 3, 1, 0)
+    a = _model_counts(g, graph, counts)
+    b = _model_counts(g, graph, counts,
+                      train_order=lambda n: torch.randperm(n, generator=torch.Generator()
+                                                           .manual_seed(5)))
+    assert not torch.equal(a.ctx.train_idx, b.ctx.train_idx)
+    assert [(c, nodes.tolist(), s) for c, nodes, s in a.blocks] == \
+        [(c, sorted(nodes.tolist()), s) for c, nodes, s in b.blocks] == \
+        [(c, nodes.tolist(), s) for c, nodes, s in b.blocks]
+
+
+def test_each_cycle_trains_the_discriminator_on_its_own_generated_nodes(tiny):
+    """A new cycle's D steps see the nodes generated at its start (features a·X_c and their
+    edges), not the previous cycle's: the cached augmented graph must be dropped when the
+    nodes change. Epoch 2 of disc_steps = 1 (generate + D) against the dense computation."""
+    g, graph = tiny
+    m = _model(g, graph, disc_steps=1)
+    m.train_loss()                                           # cycle 1: generate + D
+    first = [w.clone() for w in m.gen_weights()]
+    m.train_loss()                                           # G
+    loss = m.train_loss()                                    # cycle 2: generate + D
+    owners, ws = [nodes for _, nodes, _ in m.blocks], m.gen_weights()
+    assert not torch.equal(first[1], ws[1])             # (class 3 has one node: weights 1)
+    adj = ig.generated_graph_dense(_dense_adj(graph, g.num_nodes), owners, ws)
+    x = torch.cat([g.x] + [a @ g.x[o] for o, a in zip(owners, ws, strict=True)])
+    cls, rf = m.disc(x, adj)
+    n, t = g.num_nodes, m.ctx.train_idx
+    idx = torch.cat([t, n + torch.arange(12)])
+    y = torch.cat([g.y[t], torch.tensor([3] * 7 + [2] * 5)])
+    fake = torch.cat([torch.zeros(t.numel()), torch.ones(12)]).long()
+    torch.testing.assert_close(loss, F.cross_entropy(cls[idx], y) + F.cross_entropy(rf[idx], fake))

@@ -355,6 +355,82 @@ def test_graphsmote_pretraining_stops_500_epochs_after_its_best(small, monkeypat
     assert m.pretrain(opt) == expect == len(epochs)
 
 
+@pytest.mark.parametrize("loss, expect", [(lambda e: 1.0, 502),           # flat: best epoch 0
+                                          (lambda e: float(e), 502),      # rising from the start
+                                          (lambda e: max(10 - e, 0), 512)],   # falls, then flat
+                         ids=["flat", "rising", "falls-then-flat"])
+def test_graphsmote_pretraining_counts_from_the_first_lowest_loss(small, monkeypatch, loss,
+                                                                  expect):
+    """The official rule is ``epoch - losses.index(min(losses)) > 500``: the FIRST epoch that
+    reached the lowest L_rec. A loss that stops falling (a plateau at its minimum, common once
+    the decoder saturates) stops 501 epochs after it first got there; counting from the last
+    equal loss never stopped (all ``ep_pre`` epochs), and skipping epoch 0 ran one more. A
+    mutation audit (s43): both passed the suite, whose stubbed loss has one strict minimum."""
+    g, graph = small
+    m = build_method(_ctx_counts(g, graph, (6, 5, 3, 2)),
+                     BaselineConfig(method="graphsmote_t", hidden=8, im_class_num=2,
+                                    ep_pre=2000))
+    epochs = []
+
+    def fake_forward(pretrain):
+        epochs.append(len(epochs))
+        return m.decoder.weight.sum() * 0 + loss(epochs[-1])
+
+    monkeypatch.setattr(m, "_forward", fake_forward)
+    assert m.pretrain(torch.optim.Adam(m.parameters(), lr=0.01)) == expect == len(epochs)
+
+
+def test_graphsmote_pretraining_steps_as_the_official_loop(small):
+    """Each pre-training epoch is the official one: train mode (dropout on, whatever mode the
+    model was left in), gradients zeroed, L_rec backward, one step. Three epochs against that
+    loop written out, bit for bit (dropout 0.5: the same global draws). A mutation audit (s43):
+    gradients accumulated across epochs, or the epochs run in eval mode, passed the suite."""
+    g, graph = small
+
+    def built():
+        torch.manual_seed(0)
+        m = build_method(_ctx_counts(g, graph, (6, 5, 3, 2)),
+                         BaselineConfig(method="graphsmote_o", hidden=8, dropout=0.5,
+                                        im_class_num=2, ep_pre=3))
+        return m, torch.optim.Adam(m.parameters(), lr=0.01, weight_decay=5e-4)
+
+    m, opt = built()
+    m.eval()
+    assert m.pretrain(opt) == 3
+    ref, ref_opt = built()
+    for _ in range(3):
+        ref.train()
+        ref_opt.zero_grad(set_to_none=True)
+        ref._forward(pretrain=True).backward()
+        ref_opt.step()
+    for (k, v), w in zip(m.state_dict().items(), ref.state_dict().values(), strict=True):
+        assert torch.equal(v, w), k
+
+
+def test_graphsmote_training_continues_the_pretraining_adam_state(small, monkeypatch):
+    """The loop's Adam carries on from pre-training (the official optimisers are the same
+    objects): when the loop starts, the encoder's and decoder's moments hold ``ep_pre`` steps
+    and the classifier has none. A fresh or reset optimiser for the loop passed the suite (a
+    mutation audit, s43)."""
+    from hiertail_fast.baselines import harness
+
+    g, _ = small
+    real, seen = harness.fit_early_stopping, {}
+
+    def spy(model, opt, *args, **kwargs):
+        seen["steps"] = {name: int(opt.state[p]["step"]) if p in opt.state else 0
+                         for name, p in model.named_parameters()}
+        return real(model, opt, *args, **kwargs)
+    monkeypatch.setattr(harness, "fit_early_stopping", spy)
+    res = harness.train_baseline(g, None, BaselineConfig(method="graphsmote_t", hidden=8,
+                                                         im_class_num=2, ep_pre=3),
+                                 epochs=1, seed=0, progress=False)
+    assert res["pretrain_epochs"] == 3
+    trained = {k: v for k, v in seen["steps"].items() if not k.startswith("classifier.")}
+    assert len(trained) == 3 and set(trained.values()) == {3}, seen   # encoder W, b; decoder W
+    assert all(v == 0 for k, v in seen["steps"].items() if k.startswith("classifier."))
+
+
 # ---------------------------------------------------------------- GraphMixup
 
 def _official_mixup_sizes(n_c: int, avg: int, k: float) -> list[int]:

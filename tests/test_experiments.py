@@ -727,3 +727,87 @@ def test_the_datasets_table_of_other_data_is_kept(tmp_path, capsys):
     assert str(a) in first["provenance"]["command"]
     assert len(list(out.glob("datasets-*.json"))) == 1
     assert "comes from other data; kept" in capsys.readouterr().err
+
+
+# ---- dataset selection and Ctrl-C (a mutation audit, s43)
+def _datasets_table(argv, data_dir, out):
+    return main(["datasets", *argv, "--data-dir", str(data_dir), "--out", str(out),
+                 "--no-progress", "--device", "cpu"])
+
+
+def test_datasets_are_named_by_their_registry_names(tmp_path, capsys):
+    """--datasets takes any case and spacing (" EMAIL "): the rows, the cache folders and the
+    paper's numbers are keyed by the registry name; without the mapping the table said
+    'EMAIL' (no paper column) and `email,Email` ran one graph twice."""
+    d_a, _ = _graph_pair(tmp_path)
+    res = _datasets_table(["--datasets", " EMAIL "], d_a, tmp_path / "out")
+    assert [r["dataset"] for r in res["rows"]] == ["email"]
+    assert list(res["data_fingerprints"]) == ["email"] and res["rows"][0]["paper"] is not None
+    with pytest.raises(SystemExit) as exc:
+        _datasets_table(["--datasets", "email,Email"], d_a, tmp_path / "out2")
+    assert exc.value.code == 2
+    assert "--datasets: email is given twice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, folder, message", [
+    (["--datasets", "email,wiki"], "dA", "--datasets wiki: not in {d} (present: email)"),
+    (["--datasets", "email"], "empty", "--datasets email: not in {d} (present: none)"),
+    (["--datasets", " , "], "dA", "--datasets ' , ' names no dataset"),
+    ([], "empty", "no dataset found in {d}"),
+], ids=["second-missing", "none-present", "empty-list", "empty-folder"])
+def test_every_dataset_asked_for_must_be_in_the_data_folder(tmp_path, capsys, argv, folder,
+                                                           message):
+    """Each name of --datasets is checked against the data folder (not only the first: the
+    second's FileNotFoundError came out as a bare path, without what is present); a list of
+    nothing, or a data folder holding no paper dataset, is refused instead of writing an
+    empty table."""
+    _graph_pair(tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as exc:
+        _datasets_table(argv, tmp_path / folder, tmp_path / "out")
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and message.format(d=tmp_path / folder) in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_synthetic_runs_only_the_graph_named_synthetic(tmp_path, monkeypatch, capsys):
+    """--synthetic with a paper dataset named: refused; without the check it trained Email
+    from the data folder under --synthetic's summary."""
+    d_a, _ = _graph_pair(tmp_path)
+    calls = _count_trainings(monkeypatch)
+    with pytest.raises(SystemExit) as exc:
+        main(["main", *TINY, "--methods", "origin", "--datasets", "email", "--data-dir",
+              str(d_a), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--synthetic runs the one graph named 'synthetic'" in err
+    assert calls == [] and not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_names_the_runs_dir_given_and_the_summary_not_written(tmp_path, monkeypatch,
+                                                                     capsys):
+    """The Ctrl-C line tells where the finished runs are (--runs-dir when given, not OUT/runs,
+    where a user would look for them in vain) and which summary was not written."""
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(runner, "_train", interrupted)
+    runs, out = tmp_path / "shared-runs", tmp_path / "out"
+    with pytest.raises(SystemExit) as exc:
+        main(["main", *TINY, "--methods", "origin", "--runs-dir", str(runs), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 130 and "Traceback" not in err
+    assert f"kept in {runs} and the same command resumes" in err, err
+    assert f"the summary ({out / 'main-s1-e3-p1000'}.md / .json) was not written" in err, err
+    assert not list(out.glob("main*"))
+
+
+def test_a_run_shared_by_two_experiments_is_trained_once(tmp_path, monkeypatch):
+    """--runs-dir shared between experiments: a run is the same run whatever row names it
+    (main's hiertail_paper and origin are ablation's m1_m2_ce and origin), so ablation
+    trains only its two other rows (a run file named by the row retrained both)."""
+    runs = tmp_path / "runs"
+    main(["main", *TINY, "--methods", "hiertail_paper,origin", "--runs-dir", str(runs),
+          "--out", str(tmp_path / "main")])
+    calls = _count_trainings(monkeypatch)
+    res = main(["ablation", *TINY, "--runs-dir", str(runs), "--out", str(tmp_path / "abl")])
+    assert sorted(row for row, _ in calls) == ["ce", "m1_ce"]
+    assert len(res["rows"]) == 4

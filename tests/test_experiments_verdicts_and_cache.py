@@ -602,3 +602,29 @@ def test_migrate_fingerprints_dry_run_counts_and_writes_nothing(tmp_path):
     assert stats["migrated"] == 1
     assert json.loads(p.read_text())["data_fingerprint"] == source.fingerprint("synthetic")
 
+
+
+# ---- the run of other data kept beside a run's file (a mutation audit, s43)
+def test_a_kept_run_is_served_only_whole_and_only_for_its_own_data(tmp_path):
+    """`put` moves the run of other data of the same shape to ``<name>.data-<16 hex>.json``
+    and `lookup` serves it when that data comes back, but only a whole run record whose full
+    fingerprint is that data's: the file name holds 16 hex digits of it (another graph's run
+    sharing them, or a half record moved there, would have been served into a table, or crash
+    the summary with a KeyError after all training)."""
+    cache, spec = runner.RunCache(tmp_path), _origin_spec()
+    identity = _run_identity(123)
+    fp_a, fp_b = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    run_a = {**_run_record(identity, 0.25), "data_fingerprint": fp_a}
+    run_b = {**_run_record(identity, 0.75), "data_fingerprint": fp_b}
+    cache.put(spec, identity, run_a)
+    cache.put(spec, identity, run_b)                 # A's run moves beside B's
+    kept = cache.path(spec, identity).with_name(
+        cache.path(spec, identity).stem + ".data-" + "a" * 16 + ".json")
+    assert json.loads(kept.read_text()) == run_a
+    assert cache.lookup(spec, identity, fp_a) == (run_a, None)
+    assert cache.lookup(spec, identity, fp_b) == (run_b, None)
+    for planted in ({**run_a, "data_fingerprint": "sha256:" + "a" * 16 + "c" * 48},
+                    {**run_a, "result": {}}):
+        kept.write_text(json.dumps(planted))
+        record, problem = cache.lookup(spec, identity, fp_a)
+        assert record is None and runner.OTHER_DATA in problem, planted

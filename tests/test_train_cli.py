@@ -598,6 +598,25 @@ def test_ctrl_c_is_one_line_and_keeps_the_json(tmp_path, capsys, monkeypatch):
     assert out.read_text() == "old"
 
 
+@pytest.mark.parametrize("json_arg", [False, True])
+def test_ctrl_c_claims_no_json_that_is_not_there(tmp_path, capsys, monkeypatch, json_arg):
+    """The Ctrl-C line speaks of an existing --json file "unchanged" only when there is one,
+    and of --json only when it was given (a mutation audit, s43: "--json None not written",
+    or an "existing file" that never existed, passed the suite)."""
+    import hiertail_fast._train_cli as cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "run_seeds", interrupted)
+    out = tmp_path / "new.json"
+    with pytest.raises(SystemExit) as exc:
+        main(TINY + (["--json", str(out)] if json_arg else []))
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    head = "interrupted (the seeds finished before are on the lines above)"
+    assert exc.value.code == 130 and not out.exists()
+    assert last.endswith(head + (f"; --json {out} not written" if json_arg else "")), last
+
+
 def test_table_names_the_size_setting_hyper_parameters(capsys):
     # the paper preset's hidden size depends on the dataset's name (64 on email / wiki /
     # blogcatalog, else 128): the table showed none of it, only --json did (a CLI audit)
