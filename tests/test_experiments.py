@@ -413,6 +413,9 @@ def test_unwritable_out_or_runs_dir_is_refused_before_any_training(tmp_path, mon
      "--adj-norm does not apply to sensitivity"),
     ("tasks", ["--task-counts", "2:5"], "has B > A"),
     ("main", ["--methods", ","], "names no method"),
+    # an empty value (an unset shell variable) is refused, not read as "every row"
+    ("main", ["--methods", ""], "--methods '' names no method"),
+    ("tasks", ["--task-counts", ""], "--task-counts '' gives no A:B pair"),
 ])
 def test_bad_experiment_arguments_are_refused_before_training(tmp_path, monkeypatch, capsys,
                                                               name, bad, message):
@@ -753,14 +756,16 @@ def test_datasets_are_named_by_their_registry_names(tmp_path, capsys):
     (["--datasets", "email,wiki"], "dA", "--datasets wiki: not in {d} (present: email)"),
     (["--datasets", "email"], "empty", "--datasets email: not in {d} (present: none)"),
     (["--datasets", " , "], "dA", "--datasets ' , ' names no dataset"),
+    (["--datasets", ""], "dA", "--datasets '' names no dataset"),
     ([], "empty", "no dataset found in {d}"),
-], ids=["second-missing", "none-present", "empty-list", "empty-folder"])
+], ids=["second-missing", "none-present", "empty-list", "empty-value", "empty-folder"])
 def test_every_dataset_asked_for_must_be_in_the_data_folder(tmp_path, capsys, argv, folder,
                                                            message):
     """Each name of --datasets is checked against the data folder (not only the first: the
     second's FileNotFoundError came out as a bare path, without what is present); a list of
     nothing, or a data folder holding no paper dataset, is refused instead of writing an
-    empty table."""
+    empty table; an empty value (an unset shell variable) is refused too, where it once ran
+    every dataset of the folder."""
     _graph_pair(tmp_path)
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit) as exc:

@@ -183,7 +183,7 @@ def _select_datasets(args, source: DataSource, data_dir: Path) -> list[str]:
     """--datasets (each loadable: a user's .npz or, for cora_full / wiki, PyG's raw files), else
     every paper dataset with an .npz in the data folder (or the synthetic graph)."""
     present = source.available()
-    if not args.datasets:
+    if args.datasets is None:       # not given ("" is given: refused below, not "every one")
         if not present:
             raise ValueError(f"no dataset found in {data_dir}")
         return present

@@ -41,7 +41,7 @@ def paper_row_key(row: str) -> str:
 def selected_rows(ctx: Context) -> list[str]:
     labels = row_labels()
     wanted = getattr(ctx.args, "methods", None)
-    if not wanted:
+    if wanted is None:              # not given ("" is given: refused below, not "every row")
         return list(labels)
     rows = [w.strip() for w in wanted.split(",") if w.strip()]
     if not rows:

@@ -28,7 +28,7 @@ def task_counts(num_classes: int, spec: str | None, num_nodes: int | None = None
     """The (A, B) pairs of the sweep: ``spec`` (``--task-counts``) or the default. Each pair must
     satisfy 1 <= B <= A <= num_nodes (when given): a level keeps at most the nodes of the one
     before it, so a larger count would be clamped while its row kept the requested label."""
-    if spec:
+    if spec is not None:            # given ("" too: refused below, not the default sweep)
         out = []
         items = [v.strip() for v in spec.split(",") if v.strip()]
         if not items:
