@@ -610,7 +610,7 @@ def test_a_kept_run_is_served_only_whole_and_only_for_its_own_data(tmp_path):
     and `lookup` serves it when that data comes back, but only a whole run record whose full
     fingerprint is that data's: the file name holds 16 hex digits of it (another graph's run
     sharing them, or a half record moved there, would have been served into a table, or crash
-    the summary with a KeyError after all training)."""
+    the summary with a KeyError after all training), and only of this run's identity."""
     cache, spec = runner.RunCache(tmp_path), _origin_spec()
     identity = _run_identity(123)
     fp_a, fp_b = "sha256:" + "a" * 64, "sha256:" + "b" * 64
@@ -623,8 +623,10 @@ def test_a_kept_run_is_served_only_whole_and_only_for_its_own_data(tmp_path):
     assert json.loads(kept.read_text()) == run_a
     assert cache.lookup(spec, identity, fp_a) == (run_a, None)
     assert cache.lookup(spec, identity, fp_b) == (run_b, None)
+    other_run = {**run_a, "identity": _run_identity(124)}     # a file copied into place
+    assert runner._is_run_record(other_run)
     for planted in ({**run_a, "data_fingerprint": "sha256:" + "a" * 16 + "c" * 48},
-                    {**run_a, "result": {}}):
+                    {**run_a, "result": {}}, other_run):
         kept.write_text(json.dumps(planted))
         record, problem = cache.lookup(spec, identity, fp_a)
         assert record is None and runner.OTHER_DATA in problem, planted

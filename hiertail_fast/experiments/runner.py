@@ -207,7 +207,7 @@ class RunCache:
             return None, None
         cached = record.get("data_fingerprint")
         if fingerprint is not None and cached is not None and cached != fingerprint:
-            kept = self._kept(p, fingerprint)       # this data's run, kept by an earlier put
+            kept = self._kept(p, fingerprint, identity)  # this data's run, kept by a put
             if kept is not None:
                 return kept, None
             return None, (f"cached run {p} {OTHER_DATA} "
@@ -221,12 +221,16 @@ class RunCache:
         the run of other data of the same shape takes `p`."""
         return p.with_name(f"{p.stem}.data-{str(fingerprint).split(':')[-1][:16]}.json")
 
-    def _kept(self, p: Path, fingerprint: str) -> dict | None:
+    def _kept(self, p: Path, fingerprint: str, identity: dict) -> dict | None:
+        """The run `put` kept beside `p` for the data of `fingerprint`: served only whole,
+        of that data (its full fingerprint) and of this run (its identity, as `lookup`
+        checks `p`'s: a file copied into place, or a 48-bit digest shared, is not this run)."""
         try:
             record = json.loads(self._version_path(p, fingerprint).read_text())
         except (OSError, UnicodeDecodeError, ValueError):
             return None
-        ok = _is_run_record(record) and record.get("data_fingerprint") == fingerprint
+        ok = (_is_run_record(record) and record.get("data_fingerprint") == fingerprint
+              and record.get("identity") == identity)
         return record if ok else None
 
     def get(self, spec: RunSpec, identity: dict, fingerprint: str | None = None) -> dict | None:
