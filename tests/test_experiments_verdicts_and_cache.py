@@ -494,6 +494,33 @@ def test_the_folder_lock_is_reentrant_in_a_thread_and_exclusive_across_threads(t
     assert order == ["first", "second"]
 
 
+def test_a_cache_put_waits_for_the_runs_folders_lock(tmp_path):
+    """`put` reads, moves aside and writes a run file as one step under the folder lock: two
+    commands sharing --runs-dir that retrained one run on other data at once each moved the
+    file the other had just moved (a crash after all training). Here a put started while
+    another holder has the lock writes nothing until it is released, then both runs are
+    there (B's in place, A's kept beside it)."""
+    import threading
+
+    from hiertail_fast._files import folder_lock
+
+    cache, spec, identity = runner.RunCache(tmp_path), _origin_spec(), _run_identity(123)
+    run_a = {**_run_record(identity, 0.25), "data_fingerprint": "sha256:" + "a" * 64}
+    run_b = {**_run_record(identity, 0.75), "data_fingerprint": "sha256:" + "b" * 64}
+    cache.put(spec, identity, run_a)
+    p = cache.path(spec, identity)
+    with folder_lock(p.parent):
+        t = threading.Thread(target=cache.put, args=(spec, identity, run_b))
+        t.start()
+        t.join(0.5)
+        assert t.is_alive(), "put did not wait for the folder lock"
+        assert json.loads(p.read_text()) == run_a and len(list(p.parent.iterdir())) == 1
+    t.join(10)
+    assert not t.is_alive()
+    assert cache.lookup(spec, identity, run_b["data_fingerprint"]) == (run_b, None)
+    assert cache.lookup(spec, identity, run_a["data_fingerprint"]) == (run_a, None)
+
+
 def test_run_specs_trains_each_run_with_its_own_seed(tmp_path, monkeypatch):
     """Run (spec, seed) trains WITH that seed (model init, dropout, a baseline's synthesis), not
     only on that seed's split: a runner passing the budget's first seed to every trainer kept

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from hiertail_fast._files import atomic_write_text
+from hiertail_fast._files import atomic_write_text, folder_lock
 
 __all__ = ["Budget", "RunSpec", "DataSource", "RunCache", "run_specs", "summarize",
            "data_fingerprint", "FULL_SEEDS", "FULL_EPOCHS", "FULL_PATIENCE", "QUICK"]
@@ -242,14 +242,19 @@ class RunCache:
         `lookup` finds it again when that data comes back (it was overwritten: switching
         between two versions of a dataset retrained every run each time)."""
         p = self.path(spec, identity)
-        try:
-            old = json.loads(p.read_text())
-        except (OSError, UnicodeDecodeError, ValueError):
-            old = None
-        cached = old.get("data_fingerprint") if isinstance(old, dict) else None
-        if cached and cached != record.get("data_fingerprint"):
-            os.replace(p, self._version_path(p, cached))
-        atomic_write_text(p, json.dumps(record, indent=1, default=_json_default) + "\n")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        # the read, move and write as one step among commands sharing --runs-dir: two that
+        # retrained this run on other data at once each moved the file the other had just
+        # moved (a crash after training) or kept the wrong run beside it
+        with folder_lock(p.parent):
+            try:
+                old = json.loads(p.read_text())
+            except (OSError, UnicodeDecodeError, ValueError):
+                old = None
+            cached = old.get("data_fingerprint") if isinstance(old, dict) else None
+            if cached and cached != record.get("data_fingerprint"):
+                os.replace(p, self._version_path(p, cached))
+            atomic_write_text(p, json.dumps(record, indent=1, default=_json_default) + "\n")
         return p
 
 
