@@ -541,6 +541,44 @@ def test_ctrl_c_is_one_line_and_the_next_run_resumes(tmp_path, monkeypatch, caps
     assert [seed for _, seed in calls] == [124]        # seed 123 came from the cache
 
 
+def test_ctrl_c_before_and_after_the_runs_is_one_line_too(tmp_path, monkeypatch, capsys):
+    """Ctrl-C while the datasets load, or while the summary is made (tables, plots, the
+    files): one line and exit 130, as during training, not a traceback; after the runs it says
+    they are all kept and the same command makes the summary from them without training."""
+    import hiertail_fast.experiments.cli as cli_mod
+    import hiertail_fast.experiments.report as report_mod
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    def interrupted_main(argv):
+        try:
+            main(argv)
+        except KeyboardInterrupt:   # (escaping, it would stop the whole pytest run)
+            pytest.fail("Ctrl-C escaped as a KeyboardInterrupt")
+    argv = ["main", *TINY, "--methods", "origin", "--out", str(tmp_path)]
+    with monkeypatch.context() as m:
+        m.setattr(cli_mod, "_select_datasets", interrupt)
+        with pytest.raises(SystemExit) as exc:
+            interrupted_main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 130 and "Traceback" not in err
+    assert "interrupted before any run; nothing was written" in err, err
+    assert not list(tmp_path.iterdir())
+    with monkeypatch.context() as m:
+        m.setattr(report_mod, "write_outputs", interrupt)
+        with pytest.raises(SystemExit) as exc:
+            interrupted_main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 130 and "Traceback" not in err
+    assert (f"every run is kept in {tmp_path / 'runs'} and the same command makes the summary "
+            f"({tmp_path / 'main-s1-e3-p1000'}.md / .json) from them without training") in err
+    assert not list(tmp_path.glob("main*"))
+    calls = _count_trainings(monkeypatch)
+    main(argv)
+    assert calls == [] and list(tmp_path.glob("main*.md"))
+
+
 def test_data_dir_that_is_a_file_is_named_as_such(tmp_path, capsys):
     (tmp_path / "good.npz").write_text("x")
     with pytest.raises(SystemExit) as exc:

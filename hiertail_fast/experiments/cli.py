@@ -325,6 +325,10 @@ def _main(argv: Sequence[str] | None) -> dict:
         check_distinct("table rows", [f"{s.dataset} / {s.row}" for s in specs])
     except (ValueError, TypeError, OSError) as exc:
         parser.error(str(exc))
+    except KeyboardInterrupt:   # Ctrl-C while the datasets load: nothing is written yet
+        print(f"{parser.prog}: interrupted before any run; nothing was written",
+              file=sys.stderr)
+        raise SystemExit(130) from None
     try:
         records = run_specs(specs, budget, source, ctx.cache, device=device, notes=ctx.notes,
                             progress=not args.no_progress and not args.report_only,
@@ -334,31 +338,37 @@ def _main(argv: Sequence[str] | None) -> dict:
               f"{args.runs_dir or out / 'runs'} and the same command resumes from them; "
               f"the summary ({out / stem}.md / .json) was not written", file=sys.stderr)
         raise SystemExit(130) from None
-    if args.report_only:
-        done = {(r["spec"].dataset, r["spec"].row) for r in records}
-        absent = [f"{s.dataset} / {s.row}" for s in specs if (s.dataset, s.row) not in done]
-        ctx.notes += [f"- {a}: no finished run yet (--report-only)" for a in absent]
-    body, payload, figures = module.report(ctx, records)
-    prov = provenance(argv, budget, started, device, records)
-    notes = ("\n\nNotes:\n" + "\n".join(ctx.notes)) if ctx.notes else ""
-    header = f"{budget.header()}\n\n" if trains else ""
-    markdown = (f"# {module.TITLE}\n\n{header}{provenance_markdown(prov, trains)}\n\n"
-                f"{body}{notes}\n")
-    # the datasets the table covers (the datasets table trains nothing: no specs)
-    fingerprints = {d: source.fingerprint(d)
-                    for d in sorted({s.dataset for s in specs} | set(ctx.datasets))}
-    full = {"experiment": args.name, "title": module.TITLE, "args": _result_args(args),
-            "data_fingerprints": fingerprints,
-            "budget_header": budget.header() if trains else None, "provenance": prov,
-            "notes": ctx.notes, "runs": len(records), **payload}
-    log = lambda line: print(line, file=sys.stderr)  # noqa: E731
-    try:
-        paths = write_outputs(out, stem, markdown, full, figures, log=log,
-                              replace_fewer=args.replace_summary)
-    except SummaryKept as exc:
+    try:                        # the summary of finished runs, written as one set
+        if args.report_only:
+            done = {(r["spec"].dataset, r["spec"].row) for r in records}
+            absent = [f"{s.dataset} / {s.row}" for s in specs if (s.dataset, s.row) not in done]
+            ctx.notes += [f"- {a}: no finished run yet (--report-only)" for a in absent]
+        body, payload, figures = module.report(ctx, records)
+        prov = provenance(argv, budget, started, device, records)
+        notes = ("\n\nNotes:\n" + "\n".join(ctx.notes)) if ctx.notes else ""
+        header = f"{budget.header()}\n\n" if trains else ""
+        markdown = (f"# {module.TITLE}\n\n{header}{provenance_markdown(prov, trains)}\n\n"
+                    f"{body}{notes}\n")
+        # the datasets the table covers (the datasets table trains nothing: no specs)
+        fingerprints = {d: source.fingerprint(d)
+                        for d in sorted({s.dataset for s in specs} | set(ctx.datasets))}
+        full = {"experiment": args.name, "title": module.TITLE, "args": _result_args(args),
+                "data_fingerprints": fingerprints,
+                "budget_header": budget.header() if trains else None, "provenance": prov,
+                "notes": ctx.notes, "runs": len(records), **payload}
+        log = lambda line: print(line, file=sys.stderr)  # noqa: E731
+        try:
+            paths = write_outputs(out, stem, markdown, full, figures, log=log,
+                                  replace_fewer=args.replace_summary)
+        except SummaryKept as exc:
+            print(markdown)
+            parser.error(f"{exc}; the table above was not saved")
         print(markdown)
-        parser.error(f"{exc}; the table above was not saved")
-    print(markdown)
-    if paths:
-        log("wrote " + ", ".join(str(p) for p in paths))
-    return full
+        if paths:
+            log("wrote " + ", ".join(str(p) for p in paths))
+        return full
+    except KeyboardInterrupt:   # Ctrl-C while the summary is made: every run is kept
+        print(f"{parser.prog}: interrupted while the summary was made; every run is kept in "
+              f"{args.runs_dir or out / 'runs'} and the same command makes the summary "
+              f"({out / stem}.md / .json) from them without training", file=sys.stderr)
+        raise SystemExit(130) from None
