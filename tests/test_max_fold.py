@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hiertail_fast import hierarchical_contrastive_loss
 from hiertail_fast.ops._max_fold import (
     ArgmaxShare,
     MaxFold,
@@ -16,6 +17,7 @@ from hiertail_fast.ops._max_fold import (
     rest_without_target,
     set_at,
 )
+from tests.conftest import DEVICES
 
 
 def _block(seed: int, n_c: int = 7, n_r: int = 3, b: int = 5, levels: int = 2):
@@ -245,3 +247,40 @@ def test_tile_fold_addresses_every_entry_inside_its_tile(monkeypatch, n, budget)
     assert seen == tf.q.numel()
     mutual = (tf.q == 0) & (tf.k == n - 1)
     assert int(mutual.sum()) == 1 and bool(tf.f1[mutual]) and bool(tf.f2[mutual])
+
+
+# ---- MaxFold.record's per-row buffers (_kept): dtypes (a mutation audit, s43)
+def _engine_grads(z, labels, protos, backend, dev):
+    zz = z.clone().to(dev).requires_grad_()
+    pp = [p.clone().to(dev).requires_grad_() for p in protos]
+    loss = hierarchical_contrastive_loss(zz, [y.to(dev) for y in labels], pp, temperature=0.5,
+                                         variant="official", backend=backend)
+    loss.backward()
+    return [t.detach().cpu() for t in (loss, zz.grad, *(p.grad for p in pp))]
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_float64_rest_key_maxima_keep_float64_shares(dev):
+    """``MaxFold.record``'s per-row buffers (``_kept``) for the level-specific keys: in
+    float64, rows whose official max is a level's own prototype (a rest key) keep that key's
+    log-sum-exp terms (``rest``, ``v_t``) in the input's dtype; kept in float32 the arg-max
+    entry's share lost ~1e-8 of its size and every float64 test passed (their rest-key maxima
+    were rare or float32). The engine against the float64 reference at float64 precision, on
+    each device."""
+    gen = torch.Generator().manual_seed(5)
+    n, d = 48, 6
+    z = torch.randn(n, d, generator=gen, dtype=torch.float64) * 0.5
+    y0 = torch.randint(0, 5, (n,), generator=gen)
+    labels = [y0, y0 // 2]
+    protos = [torch.randn(5, d, generator=gen, dtype=torch.float64) * 2.0,
+              torch.randn(3, d, generator=gen, dtype=torch.float64) * 2.0]
+    # the precondition: most rows' max at some level is a prototype (a level-specific key)
+    rest_max = torch.zeros(n, dtype=torch.bool)
+    for p in protos:
+        s = z @ torch.cat([z, p]).t()
+        rest_max |= s.argmax(dim=1) >= n
+    assert int(rest_max.sum()) > n // 2
+    want = _engine_grads(z, labels, protos, "reference", dev)
+    got = _engine_grads(z, labels, protos, "torch", dev)
+    for a, w in zip(got, want, strict=True):
+        torch.testing.assert_close(a, w, rtol=1e-10, atol=1e-12)
