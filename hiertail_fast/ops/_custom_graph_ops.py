@@ -113,7 +113,8 @@ def topk_pool(x: Tensor, indptr: Tensor, indices: Tensor, weight: Tensor | None,
 
     graph = _graph(indptr, indices, weight, indptr.numel() - 1)
     with torch.no_grad(), on_input_device(x):     # (Triton launches on the current device)
-        res, entry = pool_with_entries(x.detach(), graph, score_weight.detach(), k,
+        # k as an integer ratio (a node count, >= 1): min(k, n) = k; k = 0 only where n = 0
+        res, entry = pool_with_entries(x.detach(), graph, score_weight.detach(), max(k, 1),
                                        backend=backend)
         pooled = res.graph
         if entry is None:
@@ -146,7 +147,7 @@ def topk_pool_backward(grad_x: Tensor, grad_score: Tensor, x: Tensor, score_weig
         choice = choose_backend(x, backend, op="topk_pool")
         if choice == "reference":
             no_edges = x.new_empty(2, 0, dtype=torch.int64)
-            out = topk_pool_ref(leaves[0], no_edges, p, k, None)
+            out = topk_pool_ref(leaves[0], no_edges, p, max(k, 1), None)   # (k = 0: n = 0)
             x_pooled, score = out[0], out[4]
         else:
             x_pooled, _, score = TopKPoolFunction.run(leaves[0], p, k, choice)[:3]
