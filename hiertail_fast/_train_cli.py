@@ -290,6 +290,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m hiertail_fast
             _check_method_run(baseline_cfg, int(data.num_classes), args.epochs)
     except (ValueError, TypeError, OSError, ImportError) as exc:
         parser.error(str(exc))
+    except KeyboardInterrupt:   # Ctrl-C while the data loads (a large .npz, PyG's download)
+        print(f"{parser.prog}: interrupted before training; nothing was written",
+              file=sys.stderr)
+        raise SystemExit(130) from None
     data_info.update(num_nodes=int(data.y.shape[0]), num_edges=int(data.edge_index.shape[1]),
                      num_features=int(data.x.shape[1]), num_classes=int(data.num_classes))
     torch.set_num_threads(default_threads(data_info["num_nodes"], args.threads,

@@ -617,6 +617,25 @@ def test_ctrl_c_claims_no_json_that_is_not_there(tmp_path, capsys, monkeypatch, 
     assert last.endswith(head + (f"; --json {out} not written" if json_arg else "")), last
 
 
+def test_ctrl_c_while_the_data_loads_is_one_line(tmp_path, capsys, monkeypatch):
+    """Ctrl-C before training (a large .npz loading, PyG downloading): one line and exit 130
+    as during training, not a traceback, and no --json written."""
+    import hiertail_fast._train_cli as cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "_load_data", interrupted)
+    out = tmp_path / "res.json"
+    with pytest.raises(SystemExit) as exc:
+        try:
+            main(TINY + ["--json", str(out)])
+        except KeyboardInterrupt:   # (escaping, it would stop the whole pytest run)
+            pytest.fail("Ctrl-C escaped as a KeyboardInterrupt")
+    err = capsys.readouterr().err
+    assert exc.value.code == 130 and "Traceback" not in err
+    assert "interrupted before training; nothing was written" in err and not out.exists()
+
+
 def test_table_names_the_size_setting_hyper_parameters(capsys):
     # the paper preset's hidden size depends on the dataset's name (64 on email / wiki /
     # blogcatalog, else 128): the table showed none of it, only --json did (a CLI audit)
