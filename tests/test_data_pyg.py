@@ -257,3 +257,14 @@ def test_missing_torch_geometric_names_pip_install(fake, no_pyg):  # fake built 
     assert from_pyg_data(fake).num_nodes == fake.num_nodes
     assert np.array_equal(prepare_graph(fake).indptr.numpy(), prepare_graph(
         fake.edge_index, fake.num_nodes).indptr.numpy())
+
+
+def test_integer_edge_weights_become_float():
+    """(mutation audit, P07) A Data with integer edge weights (counts of co-occurrences, say)
+    gives a GraphData with floating weights of the same values: kept integer, they fail in the
+    float message passing (an int x float sparse product) or are truncated on the way."""
+    d = Data(x=torch.ones(3, 2), edge_index=torch.tensor([[0, 1], [1, 0]]),
+             y=torch.tensor([0, 1, 0]), edge_weight=torch.tensor([2, 3]))
+    g = from_pyg_data(d)
+    assert g.edge_weight.is_floating_point() and g.edge_weight.tolist() == [2.0, 3.0]
+    assert d.edge_weight.dtype == torch.int64          # the Data itself is left as it was
