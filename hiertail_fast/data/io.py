@@ -193,6 +193,9 @@ def _csr_to_dense(z: Any, where: str) -> np.ndarray:
         )
     if nnz and (indices.min() < 0 or indices.max() >= cols):
         raise ValueError(f"{where}: 'x_indices' out of range [0, {cols})")
+    if not (np.issubdtype(data.dtype, np.floating) or _is_int(data)):   # as a dense 'x'
+        raise ValueError(f"{where}: 'x_data' must be numeric (integer or float), got "
+                         f"{data.dtype}")
     # the range check before densifying (1e300 became inf there and was reported as "NaN or
     # Inf"; an extremes audit)
     data = _float32_features(data, where)

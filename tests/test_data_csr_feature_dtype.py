@@ -1,0 +1,34 @@
+"""Sparse (CSR) features pass the same dtype check as a dense ``x`` (a mutation audit of the
+data layer, s43, found complex ``x_data`` loaded silently)."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from hiertail_fast.data.io import load_npz
+
+
+def _write_csr(path, x_data):
+    with open(path, "wb") as fh:
+        np.savez(fh, edge_index=np.zeros((2, 0), np.int64), y=np.array([0, 1, 0]),
+                 x_data=x_data, x_indices=np.array([0, 1], np.int32),
+                 x_indptr=np.array([0, 1, 2, 2]), x_shape=np.array([3, 2]))
+    return path
+
+
+def test_complex_sparse_features_are_refused_like_dense_ones(tmp_path):
+    """A dense complex ``x`` is refused ("'x' must be numeric"); the same values stored as CSR
+    parts were loaded with their imaginary parts silently dropped (numpy's ComplexWarning at
+    most, naming no file), so the user trained on features that are not theirs."""
+    with open(tmp_path / "dense.npz", "wb") as fh:
+        np.savez(fh, edge_index=np.zeros((2, 0), np.int64), y=np.array([0, 1, 0]),
+                 x=np.array([[1 + 2j, 0], [0, 3], [0, 0]]))
+    with pytest.raises(ValueError, match="numeric"):
+        load_npz(tmp_path / "dense.npz")
+    path = _write_csr(tmp_path / "csr.npz", np.array([1 + 2j, 3 + 0j]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")       # a ComplexWarning instead of the error: a failure
+        with pytest.raises(ValueError, match=r"csr\.npz.*x_data.*complex"):
+            load_npz(path)
