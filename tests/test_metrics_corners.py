@@ -1,0 +1,42 @@
+"""hiertail_fast.metrics: corners the s43 mutation audit found unpinned (each test failed on
+one of its mutants). Expected values are computed by hand, not by the package.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from hiertail_fast.metrics import loss_range, per_class_accuracy
+
+
+def test_per_class_accuracy_of_absent_classes_is_nan_without_a_warning():
+    """Classes with no true sample are NaN by contract, computed without dividing 0 by 0: a
+    user evaluating every epoch (or running with warnings as errors) would otherwise get a
+    RuntimeWarning, or a crash, for every class missing from a split."""
+    t, p = np.array([0, 0, 2, 2, 2]), np.array([0, 1, 2, 0, 2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = per_class_accuracy(t, p, num_classes=5)
+    np.testing.assert_array_equal(np.isnan(got), [False, True, False, True, True])
+    np.testing.assert_allclose(got[[0, 2]], [1 / 2, 2 / 3])
+
+
+def test_per_class_accuracy_refuses_a_label_equal_to_num_classes():
+    """num_classes=K means labels 0..K-1: a label K must be refused, not silently give a
+    K+1-entry array that no longer lines up with the user's K classes."""
+    with pytest.raises(ValueError, match="labels go up to 3 but num_classes is 3"):
+        per_class_accuracy([0, 3], [0, 1], num_classes=3)
+    with pytest.raises(ValueError, match="num_classes is 3"):
+        per_class_accuracy([0, 1], [0, 3], num_classes=3)     # a predicted label counts too
+    assert per_class_accuracy([0, 2], [0, 1], num_classes=3).shape == (3,)
+
+
+def test_loss_range_refuses_nan_per_node_losses():
+    """Per-node losses with a NaN (a diverged node) must be refused: the NaN made its class
+    mean NaN, which the per-class path then drops as 'a class without nodes', so the range was
+    silently computed over the other classes (here 0.0 instead of an error)."""
+    with pytest.raises(ValueError, match="per-node losses contain NaN"):
+        loss_range([1.0, float("nan"), 3.0, 1.0], y=[0, 1, 1, 2])
+    assert loss_range([1.0, 2.0, 4.0, 1.0], y=[0, 1, 1, 2]) == 2.0     # class 1 mean 3.0
