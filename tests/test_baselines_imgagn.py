@@ -111,10 +111,10 @@ def test_alternation_updates_one_side_per_epoch(tiny):
     assert info["generator_steps"] == 2 and "3 harness epochs" in info["schedule"]
 
 
-def test_discriminator_loss_is_the_dense_computation(tiny):
-    g, graph = tiny
-    m = _model(g, graph)
-    loss = m.train_loss()                                   # epoch 0: generate + D step
+def _dense_disc_loss(m, g, graph):
+    """The D step's loss computed densely from the model's current generated nodes: class and
+    real/fake cross-entropy over the training nodes and the 12 generated ones (7 of class 3,
+    5 of class 2 on the ``tiny`` graph)."""
     owners, ws = [nodes for _, nodes, _ in m.blocks], m.gen_weights()
     adj = ig.generated_graph_dense(_dense_adj(graph, g.num_nodes), owners, ws)
     x = torch.cat([g.x] + [a @ g.x[o] for o, a in zip(owners, ws, strict=True)])
@@ -123,7 +123,14 @@ def test_discriminator_loss_is_the_dense_computation(tiny):
     idx = torch.cat([t, n + torch.arange(12)])
     y = torch.cat([g.y[t], torch.tensor([3] * 7 + [2] * 5)])
     fake = torch.cat([torch.zeros(t.numel()), torch.ones(12)]).long()
-    torch.testing.assert_close(loss, F.cross_entropy(cls[idx], y) + F.cross_entropy(rf[idx], fake))
+    return F.cross_entropy(cls[idx], y) + F.cross_entropy(rf[idx], fake)
+
+
+def test_discriminator_loss_is_the_dense_computation(tiny):
+    g, graph = tiny
+    m = _model(g, graph)
+    loss = m.train_loss()                                   # epoch 0: generate + D step
+    torch.testing.assert_close(loss, _dense_disc_loss(m, g, graph))
 
 
 @pytest.mark.parametrize("adv", [False, True])
@@ -311,13 +318,5 @@ def test_each_cycle_trains_the_discriminator_on_its_own_generated_nodes(tiny):
     first = [w.clone() for w in m.gen_weights()]
     m.train_loss()                                           # G
     loss = m.train_loss()                                    # cycle 2: generate + D
-    owners, ws = [nodes for _, nodes, _ in m.blocks], m.gen_weights()
-    assert not torch.equal(first[1], ws[1])             # (class 3 has one node: weights 1)
-    adj = ig.generated_graph_dense(_dense_adj(graph, g.num_nodes), owners, ws)
-    x = torch.cat([g.x] + [a @ g.x[o] for o, a in zip(owners, ws, strict=True)])
-    cls, rf = m.disc(x, adj)
-    n, t = g.num_nodes, m.ctx.train_idx
-    idx = torch.cat([t, n + torch.arange(12)])
-    y = torch.cat([g.y[t], torch.tensor([3] * 7 + [2] * 5)])
-    fake = torch.cat([torch.zeros(t.numel()), torch.ones(12)]).long()
-    torch.testing.assert_close(loss, F.cross_entropy(cls[idx], y) + F.cross_entropy(rf[idx], fake))
+    assert not torch.equal(first[1], m.gen_weights()[1])  # (class 3 has one node: weights 1)
+    torch.testing.assert_close(loss, _dense_disc_loss(m, g, graph))
