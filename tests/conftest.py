@@ -314,3 +314,21 @@ def fork_while_held(hold, target, args=(), wait_s: float = 30.0) -> tuple[bool, 
     finally:
         leave.set()
         t.join(10)
+
+
+def ctrl_c_line(monkeypatch, capsys, target, name: str, run) -> str:
+    """Ctrl-C inside ``target.name`` (patched to raise KeyboardInterrupt) while ``run()`` runs
+    a command: it must exit 130 without a traceback. Returns what it wrote to stderr. An
+    escaping KeyboardInterrupt fails the test (escaping, it would stop the whole pytest run)."""
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+    with monkeypatch.context() as m:
+        m.setattr(target, name, interrupt)
+        try:
+            with pytest.raises(SystemExit) as exc:
+                run()
+        except KeyboardInterrupt:
+            pytest.fail("Ctrl-C escaped as a KeyboardInterrupt")
+    err = capsys.readouterr().err
+    assert exc.value.code == 130 and "Traceback" not in err, err
+    return err

@@ -9,6 +9,7 @@ import pytest
 from hiertail_fast.experiments import EXPERIMENTS, runner
 from hiertail_fast.experiments.cli import main
 from hiertail_fast.experiments.runner import Budget
+from tests.conftest import ctrl_c_line
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -548,29 +549,11 @@ def test_ctrl_c_before_and_after_the_runs_is_one_line_too(tmp_path, monkeypatch,
     import hiertail_fast.experiments.cli as cli_mod
     import hiertail_fast.experiments.report as report_mod
 
-    def interrupt(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    def interrupted_main(argv):
-        try:
-            main(argv)
-        except KeyboardInterrupt:   # (escaping, it would stop the whole pytest run)
-            pytest.fail("Ctrl-C escaped as a KeyboardInterrupt")
     argv = ["main", *TINY, "--methods", "origin", "--out", str(tmp_path)]
-    with monkeypatch.context() as m:
-        m.setattr(cli_mod, "_select_datasets", interrupt)
-        with pytest.raises(SystemExit) as exc:
-            interrupted_main(argv)
-    err = capsys.readouterr().err
-    assert exc.value.code == 130 and "Traceback" not in err
+    err = ctrl_c_line(monkeypatch, capsys, cli_mod, "_select_datasets", lambda: main(argv))
     assert "interrupted before any run; nothing was written" in err, err
     assert not list(tmp_path.iterdir())
-    with monkeypatch.context() as m:
-        m.setattr(report_mod, "write_outputs", interrupt)
-        with pytest.raises(SystemExit) as exc:
-            interrupted_main(argv)
-    err = capsys.readouterr().err
-    assert exc.value.code == 130 and "Traceback" not in err
+    err = ctrl_c_line(monkeypatch, capsys, report_mod, "write_outputs", lambda: main(argv))
     assert (f"every run is kept in {tmp_path / 'runs'} and the same command makes the summary "
             f"({tmp_path / 'main-s1-e3-p1000'}.md / .json) from them without training") in err
     assert not list(tmp_path.glob("main*"))
@@ -830,14 +813,9 @@ def test_ctrl_c_names_the_runs_dir_given_and_the_summary_not_written(tmp_path, m
                                                                      capsys):
     """The Ctrl-C line tells where the finished runs are (--runs-dir when given, not OUT/runs,
     where a user would look for them in vain) and which summary was not written."""
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
-    monkeypatch.setattr(runner, "_train", interrupted)
     runs, out = tmp_path / "shared-runs", tmp_path / "out"
-    with pytest.raises(SystemExit) as exc:
-        main(["main", *TINY, "--methods", "origin", "--runs-dir", str(runs), "--out", str(out)])
-    err = capsys.readouterr().err
-    assert exc.value.code == 130 and "Traceback" not in err
+    argv = ["main", *TINY, "--methods", "origin", "--runs-dir", str(runs), "--out", str(out)]
+    err = ctrl_c_line(monkeypatch, capsys, runner, "_train", lambda: main(argv))
     assert f"kept in {runs} and the same command resumes" in err, err
     assert f"the summary ({out / 'main-s1-e3-p1000'}.md / .json) was not written" in err, err
     assert not list(out.glob("main*"))

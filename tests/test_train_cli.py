@@ -19,6 +19,7 @@ from hiertail_fast._threads import SMALL_GRAPH_NODES
 from hiertail_fast._train_cli import main, parse_seeds
 from hiertail_fast.data.synthetic import make_synthetic_graph
 from hiertail_fast.nn.hiertail import HierTail, HierTailConfig, prepare_graph
+from tests.conftest import ctrl_c_line
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -584,15 +585,10 @@ def test_ctrl_c_is_one_line_and_keeps_the_json(tmp_path, capsys, monkeypatch):
     # a torch-internal traceback before (a CLI audit)
     import hiertail_fast._train_cli as cli
 
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
-    monkeypatch.setattr(cli, "run_seeds", interrupted)
     out = tmp_path / "res.json"
     out.write_text("old")
-    with pytest.raises(SystemExit) as exc:
-        main(TINY + ["--json", str(out)])
-    err = capsys.readouterr().err
-    assert exc.value.code == 130 and "Traceback" not in err
+    err = ctrl_c_line(monkeypatch, capsys, cli, "run_seeds",
+                      lambda: main(TINY + ["--json", str(out)]))
     assert f"interrupted (the seeds finished before are on the lines above); --json {out} not " \
            "written (the existing file is unchanged)" in err
     assert out.read_text() == "old"
@@ -605,15 +601,12 @@ def test_ctrl_c_claims_no_json_that_is_not_there(tmp_path, capsys, monkeypatch, 
     or an "existing file" that never existed, passed the suite)."""
     import hiertail_fast._train_cli as cli
 
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
-    monkeypatch.setattr(cli, "run_seeds", interrupted)
     out = tmp_path / "new.json"
-    with pytest.raises(SystemExit) as exc:
-        main(TINY + (["--json", str(out)] if json_arg else []))
-    last = capsys.readouterr().err.strip().splitlines()[-1]
+    err = ctrl_c_line(monkeypatch, capsys, cli, "run_seeds",
+                      lambda: main(TINY + (["--json", str(out)] if json_arg else [])))
+    last = err.strip().splitlines()[-1]
     head = "interrupted (the seeds finished before are on the lines above)"
-    assert exc.value.code == 130 and not out.exists()
+    assert not out.exists()
     assert last.endswith(head + (f"; --json {out} not written" if json_arg else "")), last
 
 
@@ -622,17 +615,9 @@ def test_ctrl_c_while_the_data_loads_is_one_line(tmp_path, capsys, monkeypatch):
     as during training, not a traceback, and no --json written."""
     import hiertail_fast._train_cli as cli
 
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
-    monkeypatch.setattr(cli, "_load_data", interrupted)
     out = tmp_path / "res.json"
-    with pytest.raises(SystemExit) as exc:
-        try:
-            main(TINY + ["--json", str(out)])
-        except KeyboardInterrupt:   # (escaping, it would stop the whole pytest run)
-            pytest.fail("Ctrl-C escaped as a KeyboardInterrupt")
-    err = capsys.readouterr().err
-    assert exc.value.code == 130 and "Traceback" not in err
+    err = ctrl_c_line(monkeypatch, capsys, cli, "_load_data",
+                      lambda: main(TINY + ["--json", str(out)]))
     assert "interrupted before training; nothing was written" in err and not out.exists()
 
 
