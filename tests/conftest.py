@@ -332,3 +332,22 @@ def ctrl_c_line(monkeypatch, capsys, target, name: str, run) -> str:
     err = capsys.readouterr().err
     assert exc.value.code == 130 and "Traceback" not in err, err
     return err
+
+
+def recorded_plot_lines(monkeypatch) -> list:
+    """Every ``Axes.plot`` call drawn from here on (matplotlib on the Agg backend), recorded as
+    (xs, ys, label) and drawn as usual: what a figure shows, without reading its image."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.axes
+
+    drawn = []
+    real = matplotlib.axes.Axes.plot
+
+    def record(self, xs, ys, *args, **kwargs):
+        drawn.append((list(xs), list(ys), kwargs.get("label")))
+        return real(self, xs, ys, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", record)
+    return drawn

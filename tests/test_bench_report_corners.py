@@ -19,7 +19,7 @@ import subprocess
 import pytest
 import torch
 
-from tests.conftest import load_bench
+from tests.conftest import load_bench, recorded_plot_lines
 
 
 def test_keep_previous_moves_the_current_report_and_drops_an_older_one(tmp_path):
@@ -90,20 +90,8 @@ def test_a_killed_scale_worker_reads_out_of_memory(monkeypatch, code):
 
 
 def test_long_epoch_rows_are_plotted(tmp_path, monkeypatch):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.axes
-
     report = load_bench("bench_scale_report_plot", "_scale_report.py")
-    drawn = []
-    real = matplotlib.axes.Axes.plot
-
-    def record(self, xs, ys, *args, **kwargs):
-        drawn.append((list(xs), list(ys), kwargs.get("label")))
-        return real(self, xs, ys, *args, **kwargs)
-
-    monkeypatch.setattr(matplotlib.axes.Axes, "plot", record)
+    drawn = recorded_plot_lines(monkeypatch)
     rows = [dict(method="hiertail", nodes=n, edges=10 * n, epoch_seconds=s, peak_memory_bytes=m,
                  device="cpu", status=st, predicted_memory_bytes="", once_seconds="")
             for n, s, m, st in [(100, 0.01, 1e6, "ok"), (1000, 0.1, 1e7, "ok"),

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from tests.conftest import recorded_plot_lines
 from tests.test_scale import scale
 
 worker = sys.modules["_scale_worker"]
@@ -125,20 +126,8 @@ def test_plot_legend_leaves_out_methods_with_nothing_measured(tmp_path, monkeypa
     """A method every run of which was skipped draws no points: its legend entry (a colour
     with no line) would suggest data that does not exist; its predicted-memory line is
     labelled as such."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.axes
-
     report = sys.modules["_scale_report"]
-    drawn = []
-    real = matplotlib.axes.Axes.plot
-
-    def record(self, xs, ys, *args, **kwargs):
-        drawn.append((list(xs), list(ys), kwargs.get("label")))
-        return real(self, xs, ys, *args, **kwargs)
-
-    monkeypatch.setattr(matplotlib.axes.Axes, "plot", record)
+    drawn = recorded_plot_lines(monkeypatch)
     base = dict(edges=10, device="cpu", once_seconds="")
     rows = [dict(base, method="gcn", nodes=100, epoch_seconds=0.1, peak_memory_bytes=2e6,
                  status="ok", predicted_memory_bytes=1e6),
@@ -156,11 +145,11 @@ def test_plot_legend_leaves_out_methods_with_nothing_measured(tmp_path, monkeypa
 
 
 def test_a_dense_graph_the_cli_accepts_runs_in_the_default_rss_mode():
-    """REAL BUG (s43 audit): --avg-degree is checked against the smallest size only, but in the
-    default --cpu-memory rss mode the worker first primes on a max(2·classes, 200)-node graph
-    with the SAME avg_degree: any --avg-degree >= 199 (dense graphs, which the memory model
-    covers) made every run fail ('avg_degree must be in [0, num_nodes - 1)'), the sweep wrote
-    nothing and exited 1. A degree parse_args accepts must run."""
+    """A degree parse_args accepts runs: --avg-degree is checked against the smallest size,
+    but in the default --cpu-memory rss mode the worker first primes on a
+    max(2·classes, 200)-node graph, which had the SAME avg_degree: any --avg-degree >= 199
+    (dense graphs, which the memory model covers) made every run fail ('avg_degree must be in
+    [0, num_nodes - 1)'), and the sweep wrote nothing and exited 1 (an s43 audit)."""
     args = scale.parse_args(["--sizes", "300", "--classes", "4", "--avg-degree", "250",
                              "--device", "cpu"])
     spec = dict(method="gcn", nodes=300, classes=4, avg_degree=args.avg_degree, features=8,
