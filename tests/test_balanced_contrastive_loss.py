@@ -15,7 +15,13 @@ from hiertail_fast import (
     hierarchical_contrastive_loss,
 )
 from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
-from tests.conftest import backend_device, tol, triton_importable, with_cuda_forms
+from tests.conftest import (
+    CUDA_PRESENT,
+    backend_device,
+    tol,
+    triton_importable,
+    with_cuda_forms,
+)
 
 _HAS_TRITON_OP = triton_importable() and (
     importlib.util.find_spec("hiertail_fast.kernels.balanced_contrastive_loss") is not None
@@ -241,7 +247,10 @@ def test_official_learnable_temperature_where_its_gradient_nearly_vanishes(backe
     def fast(*args, **kw):
         return balanced_contrastive_loss(*args, backend=backend, **kw)
 
-    for case in range(6):
+    # six random cases; three under the Triton interpreter (~2 s a case on CPU), all six where
+    # the kernels are compiled
+    cases = 3 if backend == "triton" and not CUDA_PRESENT else 6
+    for case in range(cases):
         z0 = torch.randn(150, 16, generator=gen) * 2
         y = torch.randint(0, 5, (150,), generator=gen)
         for reduction in ("mean", "sum", "none"):
