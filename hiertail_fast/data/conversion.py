@@ -96,9 +96,19 @@ def _read_source(source: Any, root: Any, download: bool) -> tuple[GraphData, Any
 
 def _is_file_source(source: Any) -> bool:
     """Whether ``source`` names a file (a .npz / .pt path, or any existing path), not a
-    dataset name."""
+    dataset name. An existing folder named like a dataset is the dataset name: a folder is
+    never a source file, and PyG's own folders (``ROOT/cora``, ``ROOT/wiki``) made every
+    ``convert cora ...`` run inside the data root fail ("--root ... not to the file cora")."""
     path = Path(source)
-    return path.suffix in _FORMATS or path.exists()
+    if path.suffix in _FORMATS:
+        return True
+    if path.is_dir():
+        try:
+            canonical_name(str(source))
+        except ValueError:
+            return True             # (reading it says it is a directory)
+        return False
+    return path.exists()
 
 
 def _source_paths(source: Any, root: Any) -> list[Path]:
@@ -138,6 +148,9 @@ def convert(source: Any, out: Any, *, root: Any = None, force: bool = False,
                              "write to another file")
         if p is not None and Path(p).exists() and not force:
             raise FileExistsError(f"{p} exists: pass force=True (--force) to overwrite it")
+        if p is not None and not Path(p).parent.is_dir():   # (the graph was written, then
+            # a --split-out in a missing folder failed: a half-done conversion left behind)
+            raise FileNotFoundError(f"output directory {Path(p).parent} does not exist")
     graph, split = _read_source(source, root, download)
     # save_npz's checks, here naming the source, not a temp file; a .pt output too (NaN
     # features went into it, which every loader of ours then refuses)
