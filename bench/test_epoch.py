@@ -11,8 +11,9 @@ on CUDA when a GPU is present, else on CPU.
 The backend is forced with ``HIERTAIL_BACKEND`` (``ops/_dispatch.py``). Sizes: 500 nodes by
 default (the CI smoke run, ``pytest bench/ --benchmark-disable``); 10,000 and 100,000 nodes with
 ``HIERTAIL_BENCH_FULL=1``. Recorded per run in ``extra_info``: backend, nodes, edges, device
-name, torch version and threads, peak memory of the timed epochs (bench/conftest.py
-``PeakMemory``: CUDA max_memory_allocated growth / polled RSS growth on CPU) and its method.
+name, torch version and threads, peak memory of the benchmarked epochs, the warm-up round
+included (bench/conftest.py ``PeakMemory``: CUDA max_memory_allocated growth / polled RSS
+growth on CPU) and its method.
 
     HIERTAIL_BENCH_FULL=1 pytest bench/test_epoch.py --benchmark-autosave
     HIERTAIL_BENCH_FULL=1 pytest bench/test_epoch.py --benchmark-compare \\
