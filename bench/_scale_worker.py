@@ -36,7 +36,9 @@ def _reset_peak_rss() -> bool:
 
 
 def _tracked_peak(step) -> int:
-    """Peak live bytes of torch's CPU allocator during `step()` above those live at its start."""
+    """Peak live bytes of torch's CPU allocator during `step()` above those live at its start.
+    The profiler records no free of a block allocated before it started (torch warns so): such
+    a block freed in `step` (the gradients zero_grad(set_to_none=True) drops) stays counted."""
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 

@@ -27,7 +27,9 @@ into or hides another's. peak_memory_bytes is:
       the worker's resident size after imports and one priming epoch on a tiny graph (code pages,
       thread pools): data + model + optimiser + the step's working memory, not the interpreter.
   cpu, --cpu-memory tracked: peak bytes live in torch's CPU allocator during one extra profiled
-      epoch above those live at its start: the step's working memory only (deterministic).
+      epoch above those live at its start: the step's working memory only (deterministic; the
+      profiler reports no free of a block allocated before it started, so the old gradients
+      that the epoch's zero_grad drops count as still live: at most the parameters' size over).
   cuda: torch.cuda.max_memory_allocated() over the training epochs (everything on the card).
 Runs whose predicted memory (time) exceeds --memory-budget (--time-budget) are reported as
 `skipped: would need ~X GB` (`skipped: would take ~X s`) instead of being started. The time budget
