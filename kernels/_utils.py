@@ -214,10 +214,10 @@ def pair_blocks(n: int, d_pad: int, on_gpu: bool, *, arch: tuple[int, int] | Non
     Interpreter (CPU tests): one tile as large as the problem allows up to 64, since every
     program costs Python overhead there (autotuning is never used under the interpreter).
     """
+    override = tile_override()   # read on CPU too: a bad value fails there, not first on a GPU
     if not on_gpu:
         block = min(64, max(16, triton.next_power_of_2(int(n))))
         return block, block, 4
-    override = tile_override()
     if override is not None:
         return override
     special = fp32_dot_tiles(d_pad, arch, fp32_dot)

@@ -394,7 +394,8 @@ def test_shared_keys_mode_refuses_a_wrong_prefix(triton_device):
 def test_tile_override_knob(monkeypatch):
     """$HIERTAIL_TRITON_TILES: "fixed" / unset -> the table, "lean" -> LEAN_TILES (one of the
     autotuner's candidates), "MxNxW" -> that tile, on a GPU only (the interpreter keeps its
-    square tiles); a bad value is a ValueError naming the variable."""
+    square tiles); a bad value is a ValueError naming the variable, under the interpreter too
+    (it was ignored there, so a typo passed every CPU run and failed first on a GPU)."""
     from hiertail_fast.kernels import _utils as u
 
     monkeypatch.delenv(u.TILES_ENV, raising=False)
@@ -411,8 +412,9 @@ def test_tile_override_knob(monkeypatch):
     assert u.pair_blocks(10_000, 64, True, fp32_dot="ieee") == (128, 64, 4)
     for bad in ("big", "128x64", "100x64x4", "128x64x3", "512x64x4", "8x64x4"):
         monkeypatch.setenv(u.TILES_ENV, bad)
-        with pytest.raises(ValueError, match=u.TILES_ENV):
-            u.pair_blocks(10_000, 64, True)
+        for on_gpu in (True, False):
+            with pytest.raises(ValueError, match=u.TILES_ENV):
+                u.pair_blocks(10_000, 64, on_gpu)
 
 
 def test_fp32_tiles_by_dot_and_arch(monkeypatch):
