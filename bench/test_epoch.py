@@ -10,10 +10,10 @@ hidden 128, ``paper`` configuration), per backend available on this machine:
 on CUDA when a GPU is present, else on CPU.
 The backend is forced with ``HIERTAIL_BACKEND`` (``ops/_dispatch.py``). Sizes: 500 nodes by
 default (the CI smoke run, ``pytest bench/ --benchmark-disable``); 10,000 and 100,000 nodes with
-``HIERTAIL_BENCH_FULL=1``. Recorded per run in ``extra_info``: backend, nodes, edges, device
-name, torch version and threads, peak memory of the benchmarked epochs, the warm-up round
-included (bench/conftest.py ``PeakMemory``: CUDA max_memory_allocated growth / polled RSS
-growth on CPU) and its method.
+``HIERTAIL_BENCH_FULL=1``. Recorded per run in ``extra_info``: backend (also as ``provider``),
+dtype, nodes, edges, device name, torch version and threads, peak memory of the benchmarked
+epochs, the warm-up round included (bench/conftest.py ``PeakMemory``: CUDA
+max_memory_allocated growth / polled RSS growth on CPU) and its method.
 
     HIERTAIL_BENCH_FULL=1 pytest bench/test_epoch.py --benchmark-autosave
     HIERTAIL_BENCH_FULL=1 pytest bench/test_epoch.py --benchmark-compare \\
@@ -77,7 +77,8 @@ def test_hiertail_epoch(benchmark, backend, nodes, monkeypatch, peak_memory, dev
                            warmup_rounds=0 if nodes >= 100_000 else 1)
     assert losses and all(torch.isfinite(torch.tensor(losses)))
     benchmark.extra_info.update(
-        backend=backend, nodes=nodes, edges=edges, config="paper", hidden=128, classes=70,
+        backend=backend, provider=backend, dtype="float32",   # provider, dtype: as every suite
+        nodes=nodes, edges=edges, config="paper", hidden=128, classes=70,
         device=device_label,
         torch=torch.__version__, torch_threads=torch.get_num_threads(),
         peak_bytes=int(pm.peak_bytes), peak_memory_method=pm.method)

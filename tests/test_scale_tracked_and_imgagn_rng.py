@@ -248,6 +248,7 @@ def test_epoch_benchmark_times_its_backends_model_and_records_what_it_ran(
     assert _Peak.devices == ["cuda"]
     info = bench.extra_info
     assert (info["backend"], info["nodes"], info["edges"]) == (backend, 500, 4321)
+    assert (info["provider"], info["dtype"]) == (backend, "float32")   # README: every suite's
     assert info["device"] == "the device"
     assert (info["peak_bytes"], info["peak_memory_method"]) == (12_345, "stand-in")
     assert bench.calls == [dict(rounds=mod.ROUNDS[500], iterations=1, warmup_rounds=1)]
