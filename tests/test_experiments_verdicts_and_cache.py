@@ -473,7 +473,9 @@ def test_threads_writing_one_folder_at_once_keep_every_summary(tmp_path):
 
 
 def test_the_folder_lock_is_reentrant_in_a_thread_and_exclusive_across_threads(tmp_path):
-    """Re-entry in one thread does not deadlock; a second thread waits for the first."""
+    """Re-entry in one thread does not deadlock; a second thread waits for the first. Both
+    run in daemon threads joined with a timeout: a lock that stops being re-entrant fails the
+    test instead of hanging the suite (an audit's mutant hung it for minutes)."""
     import threading
     import time
 
@@ -485,12 +487,18 @@ def test_the_folder_lock_is_reentrant_in_a_thread_and_exclusive_across_threads(t
         with folder_lock(tmp_path):
             order.append("second")
 
-    with folder_lock(tmp_path), folder_lock(tmp_path):      # re-entrant
-        t = threading.Thread(target=second)
-        t.start()
-        time.sleep(0.3)
-        order.append("first")
-    t.join(10)
+    def first():
+        with folder_lock(tmp_path), folder_lock(tmp_path):      # re-entrant
+            t = threading.Thread(target=second, daemon=True)
+            t.start()
+            time.sleep(0.3)
+            order.append("first")
+        t.join(10)
+
+    runner = threading.Thread(target=first, daemon=True)
+    runner.start()
+    runner.join(30)
+    assert not runner.is_alive(), "folder_lock deadlocked on re-entry in one thread"
     assert order == ["first", "second"]
 
 
