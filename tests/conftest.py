@@ -351,3 +351,18 @@ def recorded_plot_lines(monkeypatch) -> list:
 
     monkeypatch.setattr(matplotlib.axes.Axes, "plot", record)
     return drawn
+
+
+def recorded_method_seeds(monkeypatch, module) -> list:
+    """The initial seed of every MethodContext generator that ``module.build_method`` (as
+    ``module`` imported it) is handed from here on, each method built as usual: where a
+    baseline's random draws (SMOTE, GraphENS, ImGAGN) start."""
+    seeds = []
+    real = module.build_method
+
+    def build(ctx, cfg):
+        seeds.append(ctx.generator.initial_seed())
+        return real(ctx, cfg)
+
+    monkeypatch.setattr(module, "build_method", build)
+    return seeds

@@ -15,6 +15,7 @@ from hiertail_fast.data.io import load_npz
 from hiertail_fast.data.splits import natural_split
 from hiertail_fast.data.synthetic import make_synthetic_graph
 from hiertail_fast.metrics import balanced_accuracy
+from tests.conftest import recorded_method_seeds
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -266,14 +267,7 @@ def test_the_method_generator_is_seeded_with_the_run_seed(monkeypatch):
     passed the suite (a mutation audit)."""
     import hiertail_fast.baselines.harness as harness
 
-    seen = []
-    real = harness.build_method
-
-    def spy(ctx, cfg):
-        seen.append(ctx.generator.initial_seed())
-        return real(ctx, cfg)
-
-    monkeypatch.setattr(harness, "build_method", spy)
+    seen = recorded_method_seeds(monkeypatch, harness)
     for seed in (11, 12):
         train_baseline(_harness_graph(), None, BaselineConfig(method="smote", hidden=8,
                                                               im_class_num=2),

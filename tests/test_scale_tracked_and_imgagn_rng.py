@@ -18,7 +18,7 @@ import torch
 from hiertail_fast.baselines import BaselineConfig, MethodContext, build_method
 from hiertail_fast.data.synthetic import make_synthetic_graph
 from hiertail_fast.nn.hiertail import prepare_graph
-from tests.conftest import load_bench
+from tests.conftest import load_bench, recorded_method_seeds
 from tests.test_scale import scale
 
 worker = sys.modules["_scale_worker"]
@@ -162,14 +162,7 @@ def test_scale_workers_seed_the_baselines_generator_from_the_run_seed(monkeypatc
     does: seeded with a constant, every --seed timed the same draws."""
     import hiertail_fast.baselines as baselines
 
-    seen = []
-    real = baselines.build_method
-
-    def build(ctx, cfg):
-        seen.append(ctx.generator.initial_seed())
-        return real(ctx, cfg)
-
-    monkeypatch.setattr(baselines, "build_method", build)
+    seen = recorded_method_seeds(monkeypatch, baselines)
     spec = dict(method="imgagn", classes=4, avg_degree=4.0, features=8, hidden=8,
                 config="paper", device="cpu", seed=7, loss_dtype=None)
     worker._setup(spec, 120)
@@ -374,27 +367,3 @@ def test_imgagn_is_reproducible_from_its_seed_and_leaves_the_global_rng_alone(ti
         zs.append([z.clone() for z in m._z])
     assert all(torch.equal(a, b) for a, b in zip(zs[0], zs[1], strict=True))
     assert not torch.equal(zs[0][0], zs[2][0])
-
-
-def test_baseline_runs_seed_the_methods_generator_from_their_seed(tiny, monkeypatch):
-    """train_baseline seeds the MethodContext generator, the source of every random draw of
-    a method (ImGAGN's noise, ...), from the run's seed: with a constant, runs over several
-    seeds repeated the same draws and their spread understated the method's variance."""
-    from hiertail_fast.baselines import harness
-
-    class Built(Exception):
-        pass
-
-    seeds = []
-
-    def build(ctx, cfg):
-        seeds.append(ctx.generator.initial_seed())
-        raise Built
-
-    monkeypatch.setattr(harness, "build_method", build)
-    g, _ = tiny
-    for seed in (5, 6):
-        with torch.random.fork_rng(), pytest.raises(Built):
-            harness.train_baseline(g, config=BaselineConfig(method="imgagn", hidden=8),
-                                   seed=seed, epochs=1, patience=1, progress=False)
-    assert seeds == [5, 6]
