@@ -109,6 +109,17 @@ def atomic_path(path: Path, *, overwrite: bool = True) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
+def check_new_output(path: Path, *, force: bool) -> None:
+    """:func:`write_atomic`'s refusals, for callers that check every output before any work:
+    FileNotFoundError when the directory of ``path`` does not exist, FileExistsError when
+    ``path`` exists and not ``force``."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"output directory {path.parent} does not exist")
+    if path.exists() and not force:
+        raise FileExistsError(f"{path} exists: pass force=True (--force) to overwrite it")
+
+
 def write_atomic(path: Any, write: Callable[[Path], None], *, force: bool = False) -> Path:
     """Call ``write(tmp)`` on a temporary path next to ``path``, then move it to ``path``.
 
@@ -116,10 +127,7 @@ def write_atomic(path: Any, write: Callable[[Path], None], *, force: bool = Fals
     directory does not exist. The temporary file is removed on any failure.
     """
     path = Path(path)
-    if not path.parent.is_dir():
-        raise FileNotFoundError(f"output directory {path.parent} does not exist")
-    if path.exists() and not force:
-        raise FileExistsError(f"{path} exists: pass force=True (--force) to overwrite it")
+    check_new_output(path, force=force)
     with atomic_path(path, overwrite=force) as tmp:
         write(tmp)
     return path

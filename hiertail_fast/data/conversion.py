@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from hiertail_fast._argparse import ArgumentParser, path_arg
-from hiertail_fast._files import overwritten_input, same_file, write_atomic
+from hiertail_fast._files import check_new_output, overwritten_input, same_file, write_atomic
 from hiertail_fast.data.datasets import (
     DATASETS,
     canonical_name,
@@ -139,18 +139,18 @@ def convert(source: Any, out: Any, *, root: Any = None, force: bool = False,
         raise ValueError(f"split_out={split_out} is the output file itself: the split would "
                          "replace the graph; write it to another file")
     for p in (out, split_out):
-        if p is not None and Path(p).is_dir():
+        if p is None:
+            continue
+        if Path(p).is_dir():
             raise IsADirectoryError(f"output {p} is a directory, not a file")
-        src = None if p is None else overwritten_input(p, _source_paths(source, root))
+        src = overwritten_input(p, _source_paths(source, root))
         if src is not None:
             raise ValueError(f"output {p} is an input of source {_describe(source)} ({src}): "
                              "it would be overwritten (with --force) by the converted graph; "
                              "write to another file")
-        if p is not None and Path(p).exists() and not force:
-            raise FileExistsError(f"{p} exists: pass force=True (--force) to overwrite it")
-        if p is not None and not Path(p).parent.is_dir():   # (the graph was written, then
-            # a --split-out in a missing folder failed: a half-done conversion left behind)
-            raise FileNotFoundError(f"output directory {Path(p).parent} does not exist")
+        # write_atomic's own refusals, for both files before any is written (a --split-out
+        # in a missing folder failed after the graph was written: a half-done conversion)
+        check_new_output(Path(p), force=force)
     graph, split = _read_source(source, root, download)
     # save_npz's checks, here naming the source, not a temp file; a .pt output too (NaN
     # features went into it, which every loader of ours then refuses)
