@@ -22,6 +22,7 @@ import json
 import os
 import stat
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +30,7 @@ from hiertail_fast._argparse import ArgumentParser, positive
 from hiertail_fast._files import (
     atomic_write_text,
     folder_lock,
+    prev_path,
     replace_file_set,
     replace_keeping_prev,
     unwritable_file_reason,
@@ -147,11 +149,6 @@ def test_the_folder_lock_of_a_missing_folder_is_no_error(tmp_path):
 
 
 # ---------------------------------------------------------------------- replace_file_set
-def _prev(name: str) -> str:
-    stem, dot, ext = name.partition(".")
-    return f"{stem}.prev{dot}{ext}"
-
-
 def test_the_rotation_waits_for_the_folder_lock(tmp_path):
     """Another holder of the folder's lock (a second command writing the same --json or
     --out) is waited for before the rotation: nothing moves while it holds the lock (mutant:
@@ -179,7 +176,8 @@ def test_writers_get_a_temporary_path_with_the_names_suffix(tmp_path):
             seen[name] = path.suffix
             path.write_text(name)
         return write
-    replace_file_set(tmp_path, {n: writer(n) for n in ("s.pdf", "s.csv")}, [], _prev)
+    replace_file_set(tmp_path, {n: writer(n) for n in ("s.pdf", "s.csv")}, [],
+                     lambda name: prev_path(Path(name)).name)
     assert seen == {"s.pdf": ".pdf", "s.csv": ".csv"}
 
 
