@@ -19,6 +19,7 @@ from hiertail_fast.data import conversion  # noqa: E402
 from hiertail_fast.data.conversion import convert, main, save_graph, write_atomic  # noqa: E402
 from hiertail_fast.data.io import GraphData, load_npz, save_npz  # noqa: E402
 from hiertail_fast.train import load_split  # noqa: E402
+from tests.test_data_datasets import _convert_exit_2  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -38,17 +39,6 @@ def _masked_data() -> Data:
         mask[ids] = True
         d[key] = mask
     return d
-
-
-def _exit_2(argv, capsys) -> str:
-    """The one line ``main`` prints before exiting with status 2 (no traceback)."""
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    err = capsys.readouterr().err
-    assert exc.value.code == 2 and "Traceback" not in err, err
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("python -m hiertail_fast.data: error: "), err
-    return last
 
 
 def _no_dataset_load(monkeypatch):
@@ -105,7 +95,7 @@ def test_a_missing_source_file_is_reported_as_not_found(tmp_path, capsys, suffix
     missing = tmp_path / f"grpah{suffix}"
     with pytest.raises(FileNotFoundError, match="source file not found"):
         convert(missing, tmp_path / "out.npz")
-    err = _exit_2(["convert", str(missing), str(tmp_path / "out.npz")], capsys)
+    err = _convert_exit_2(["convert", str(missing), str(tmp_path / "out.npz")], capsys)
     assert f"source file not found: {missing}" in err
     assert list(tmp_path.iterdir()) == []
 
@@ -115,7 +105,7 @@ def test_a_pt_file_without_a_data_object_is_named(tmp_path, capsys):
     holds, not an AttributeError traceback from deep in the conversion (mutant: the Data check
     dropped)."""
     torch.save(torch.ones(3, 2), tmp_path / "t.pt")
-    err = _exit_2(["convert", str(tmp_path / "t.pt"), str(tmp_path / "o.npz")], capsys)
+    err = _convert_exit_2(["convert", str(tmp_path / "t.pt"), str(tmp_path / "o.npz")], capsys)
     assert f"source {tmp_path / 't.pt'}: holds a Tensor, not a PyG Data" in err
 
 
@@ -129,7 +119,7 @@ def test_an_unreadable_pt_is_reported_in_one_line(tmp_path, capsys, monkeypatch)
     def load(*args, **kwargs):
         raise RuntimeError("failed reading zip archive\n  at inline_container.cc:123\nhint")
     monkeypatch.setattr(torch, "load", load)
-    err = _exit_2(["convert", str(src), str(tmp_path / "o.npz")], capsys)
+    err = _convert_exit_2(["convert", str(src), str(tmp_path / "o.npz")], capsys)
     assert "(RuntimeError: failed reading zip archive)" in err
 
 
@@ -238,7 +228,7 @@ def test_cli_force_overwrites_and_reports_the_graph(tmp_path, capsys):
 def test_cli_without_a_command_is_a_usage_error(capsys):
     """``python -m hiertail_fast.data`` alone exits 2 naming the missing command, not with an
     AttributeError traceback (mutant: the subcommand made optional)."""
-    err = _exit_2([], capsys)
+    err = _convert_exit_2([], capsys)
     assert "required: command" in err
 
 
@@ -248,8 +238,8 @@ def test_cli_a_missing_optional_dependency_is_one_line(tmp_path, monkeypatch, ca
     def load(*args, **kwargs):
         raise ImportError("cora_full needs torch_geometric: pip install torch_geometric")
     monkeypatch.setattr(conversion, "load_dataset", load)
-    err = _exit_2(["convert", "cora_full", str(tmp_path / "o.npz"), "--root", str(tmp_path)],
-                  capsys)
+    err = _convert_exit_2(["convert", "cora_full", str(tmp_path / "o.npz"),
+                           "--root", str(tmp_path)], capsys)
     assert "error: cora_full needs torch_geometric: pip install torch_geometric" in err
 
 
@@ -322,9 +312,9 @@ def test_convert_inside_the_data_root_next_to_pyg_folders(tmp_path, monkeypatch,
     assert convert(name, "out.pt", root=tmp_path).num_nodes == 6
     assert [n for n, _ in seen] == [conversion.canonical_name(name)] * 2
     # the PyG folder is still an input: writing into it is refused
-    err = _exit_2(["convert", name, f"{folder}/raw/x.npz", "--root", "."], capsys)
+    err = _convert_exit_2(["convert", name, f"{folder}/raw/x.npz", "--root", "."], capsys)
     assert "is an input of source" in err
     # a folder that is no dataset name stays a source error naming it
     (tmp_path / "mydir").mkdir()
-    err = _exit_2(["convert", "mydir", "o.npz"], capsys)
+    err = _convert_exit_2(["convert", "mydir", "o.npz"], capsys)
     assert "source mydir is a directory" in err

@@ -36,32 +36,12 @@ from hiertail_fast._files import (
     unwritable_file_reason,
 )
 from hiertail_fast._train_cli import main
+from tests.test_train_cli import _exit_2  # one line, exit 2, before any training
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = ["--synthetic", "--nodes", "120", "--classes", "5", "--features", "8", "--hidden", "8",
         "--epochs", "2", "--seeds", "1", "--no-progress"]
-PROG = "python -m hiertail_fast.train"
-
-
-def _no_training(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("training started although the command line must be refused")
-    monkeypatch.setattr("hiertail_fast._train_cli.run_seeds", fail)
-
-
-def _refused(argv, capsys, monkeypatch) -> str:
-    """`argv` exits 2 before training with one error line; returns that line."""
-    _no_training(monkeypatch)
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    err = capsys.readouterr().err
-    assert exc.value.code == 2 and "Traceback" not in err, err
-    last = err.strip().splitlines()[-1]
-    assert last.startswith(f"{PROG}: error: "), last
-    return last
-
-
 def _save_graph(path):
     import numpy as np
 
@@ -217,8 +197,8 @@ def test_json_hard_linked_to_the_data_is_refused(tmp_path, capsys, monkeypatch):
     data = _save_graph(tmp_path / "g.npz")
     link = tmp_path / "res.json"
     os.link(data, link)
-    err = _refused(["--data", str(data), "--epochs", "2", "--no-progress", "--json", str(link)],
-                   capsys, monkeypatch)
+    err = _exit_2(["--data", str(data), "--epochs", "2", "--no-progress", "--json", str(link)],
+                  capsys, monkeypatch)
     assert f"--json {link} is the same file as --data {data}" in err, err
 
 
@@ -227,8 +207,8 @@ def test_json_checked_against_the_default_data_root(tmp_path, capsys, monkeypatc
     refused as with --root (mutant: only an explicit --root compared)."""
     monkeypatch.setenv("HIERTAIL_DATA", str(tmp_path))
     target = tmp_path / "wiki.npz"
-    err = _refused(["--dataset", "wiki", "--no-progress", "--json", str(target)], capsys,
-                   monkeypatch)
+    err = _exit_2(["--dataset", "wiki", "--no-progress", "--json", str(target)], capsys,
+                  monkeypatch)
     assert "is an input of --dataset wiki" in err, err
 
 
@@ -240,7 +220,7 @@ def test_a_zero_where_a_positive_value_is_needed_is_refused(extra, message, caps
                                                             monkeypatch):
     """lr 0 trains nothing for hours and hidden 0 fails inside torch: both refused by the
     parser (mutant: the strict bound accepting the bound itself)."""
-    assert message in _refused(TINY + extra, capsys, monkeypatch)
+    assert message in _exit_2(TINY + extra, capsys, monkeypatch)
 
 
 # --------------------------------------------------------------------- _argparse.positive
