@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import threading
 import time
 from types import SimpleNamespace
 
@@ -269,32 +270,74 @@ def test_epoch_benchmark_skips_the_dense_reference_where_it_cannot_fit(bench_epo
     assert seen["nodes"] == 10_000 and bench.calls
 
 
-def test_peak_memory_cpu_is_the_peak_above_entry_even_when_freed_before_exit(bench_epoch):
+class _FakeRss:
+    """psutil.Process stand-in for PeakMemory: the RSS is ``now``; every value PeakMemory's
+    poller (a thread other than the test's) reads is kept in ``polled``, and every timeout an
+    Event is waited on with (the poller's interval) in ``waits``. Real RSS cannot serve here:
+    in a long pytest process a fresh 100 MB buffer may reuse pages already resident (CI once
+    saw 4 KB of growth)."""
+
+    def __init__(self, monkeypatch, conftest, rss: int):
+        import psutil
+
+        self.now, self.polled, self.waits = rss, [], []
+        monkeypatch.setattr(psutil, "Process", lambda: self)
+        fake = self
+
+        class Event(threading.Event):
+            def wait(self, timeout=None):
+                if timeout is not None:       # (Thread.start waits on an Event with none)
+                    fake.waits.append(timeout)
+                return super().wait(timeout)
+        monkeypatch.setattr(conftest.threading, "Event", Event)
+
+    def memory_info(self):
+        if threading.current_thread() is not threading.main_thread():
+            self.polled.append(self.now)
+        return SimpleNamespace(rss=self.now)
+
+    def until_polled(self, rss: int, *, since: int | None = None) -> None:
+        """Wait (up to 30 s) for the poller to read ``rss`` as its read number ``since`` or a
+        later one (default: a read after this call)."""
+        seen = len(self.polled) if since is None else since
+        deadline = time.monotonic() + 30
+        while rss not in self.polled[seen:]:
+            assert time.monotonic() < deadline, "PeakMemory's poller stopped reading the RSS"
+            time.sleep(0.001)
+
+
+def test_peak_memory_cpu_is_the_peak_above_entry_even_when_freed_before_exit(bench_epoch,
+                                                                             monkeypatch):
     """bench/conftest.py's CPU PeakMemory: the highest RSS polled during the block minus the
-    RSS at entry. A 100 MB buffer held for 0.2 s and freed before the block ends must show
-    (the epoch's temporaries are gone by its end); an empty block shows ~0 (not the process's
-    whole RSS). Keeping the last sample, the RSS at exit, or polling once a second read ~0."""
+    RSS at entry, polled every `interval`. 100 MB held while the poller reads it and freed
+    before the block ends must show as 100 MB (the epoch's temporaries are gone by its end);
+    an empty block shows ~0 (not the process's whole RSS). Keeping the last sample, the RSS
+    at exit, the whole RSS, or polling once a second (not every 2 ms) each fail here."""
     _, conftest = bench_epoch
-    with conftest.PeakMemory("cpu") as idle:
+    with conftest.PeakMemory("cpu") as idle:                     # the real RSS
         pass
-    with conftest.PeakMemory("cpu") as pm:
-        buf = torch.ones(25_000_000)          # 100 MB, touched
-        time.sleep(0.2)                       # ~100 polls; slack for a busy machine
-        del buf
-        time.sleep(0.05)
     assert idle.peak_bytes < 20 * MB, idle.peak_bytes
-    assert 90 * MB <= pm.peak_bytes < 150 * MB, pm.peak_bytes
+    rss = _FakeRss(monkeypatch, conftest, 300 * MB)
+    with conftest.PeakMemory("cpu") as pm:
+        rss.now = 400 * MB                    # a 100 MB temporary ...
+        rss.until_polled(400 * MB)
+        rss.now = 300 * MB                    # ... freed before the block ends
+        rss.until_polled(300 * MB)
+    assert pm.peak_bytes == 100 * MB
+    assert rss.waits and set(rss.waits) == {0.002}
 
 
-def test_peak_memory_cpu_samples_once_more_at_exit(bench_epoch):
+def test_peak_memory_cpu_samples_once_more_at_exit(bench_epoch, monkeypatch):
     """Memory still held when the block ends counts even if no poll saw it (interval longer
     than the block): the exit sample. Without it a benchmark shorter than the poll interval
     reported ~0."""
     _, conftest = bench_epoch
+    rss = _FakeRss(monkeypatch, conftest, 300 * MB)
     with conftest.PeakMemory("cpu", interval=60.0) as pm:
-        buf = torch.ones(25_000_000)          # 100 MB, held through the exit
-    assert pm.peak_bytes >= 90 * MB, pm.peak_bytes
-    del buf
+        rss.until_polled(300 * MB, since=0)   # the poller's first read, at entry
+        rss.now = 400 * MB                    # 100 MB, held through the exit, never polled
+    assert rss.polled == [300 * MB]
+    assert pm.peak_bytes == 100 * MB
 
 
 def test_peak_memory_cuda_is_the_growth_over_entry_since_a_reset(bench_epoch, monkeypatch):
