@@ -8,8 +8,9 @@
 # Rows: name | python | pip requirements. "gpu-image" is the GPU machine's torch 2.11 + triton
 # 3.6 (README "On a GPU machine"); its NumPy is held below 2.4, whose change breaks triton 3.6's
 # interpreter (tests/conftest.py stops at once with that message otherwise). "newest" is the
-# newest torch pip here allows (/etc/xdg/pip caps it at 2.14.1), "oldest-python" the floor of
-# requires-python. Writes LOG_DIR/<name>.log and one summary line per row to LOG_DIR/summary.txt;
+# newest torch release on PyPI (2.15.0 on 2026-12-03; this machine's pip config caps torch at
+# 2.14.1, the release on its disk, so the rows' installs set PIP_CONSTRAINT=/dev/null and pin
+# exact releases instead), "oldest-python" the floor of requires-python. Writes LOG_DIR/<name>.log and one summary line per row to LOG_DIR/summary.txt;
 # the exit status is 1 when a row's suite failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,9 +25,10 @@ python_of() {   # pyenv's build of Python $1 where there is one, else python$1 o
 }
 ROWS=(
   "gpu-image|$(python_of 3.11)|torch==2.11.0 triton==3.6.0 numpy<2.4"
-  "newest|$(python_of 3.11)|torch==2.14.1"
+  "newest|$(python_of 3.11)|torch==2.15.0"
   "oldest-python|$(python_of 3.10)|torch==2.13.0"
 )
+export PIP_CONSTRAINT=/dev/null   # every row pins its releases itself
 status=0
 for row in "${ROWS[@]}"; do
   IFS='|' read -r name py reqs <<< "$row"
