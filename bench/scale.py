@@ -82,6 +82,7 @@ from _scale_worker import build_model as build_model
 from hiertail_fast._argparse import ArgumentParser, path_arg, positive
 from hiertail_fast._files import unwritable_dir_reason, unwritable_file_reason
 from hiertail_fast._train_cli import threads_arg
+from hiertail_fast._validation import SEED_MAX
 
 METHODS = OWN_METHODS   # the default --methods; any harness baseline is accepted too
 RESULT_TAG = "SCALE_RESULT "
@@ -123,14 +124,18 @@ def time_exponent(method: str) -> float:
 _positive_int, _positive_float = positive(int), positive(float)
 
 
-def _non_negative_int(text: str) -> int:
-    """argparse type: an integer >= 0 (a seed: numpy refuses negative ones, inside every run)."""
+def _seed(text: str) -> int:
+    """argparse type: a seed in [0, 2**64 - 1], what each run's ``torch.manual_seed`` takes
+    (numpy refuses negative seeds inside every run, and above 2**64 - 1 every run failed with
+    torch's "Overflow when unpacking long long")."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    if value > SEED_MAX:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at most 2**64 - 1")
     return value
 
 
@@ -153,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed epochs (median; default %(default)s)")
     p.add_argument("--warmup", type=int, default=1, help="untimed epochs first (default 1)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--seed", type=_non_negative_int, default=0)
+    p.add_argument("--seed", type=_seed, default=0,
+                   help="graph, split and model seed, in [0, 2**64 - 1] (default 0)")
     p.add_argument("--memory-budget", type=_positive_float, metavar="GB",
                    help="skip runs predicted to need more (default: available memory, "
                         "capped at 4 GB on CPU; free GPU memory on CUDA)")

@@ -25,19 +25,41 @@ def path_arg(value: str):
     return Path(value)
 
 
+# The largest count an int option takes: torch's sizes and seeds are int64.
+MAX_COUNT = 2**63 - 1
+
+
 def positive(kind: type):
     """``type=`` of a count or size: a positive int ("100000" or "1e5") or a positive finite
-    float; anything else an argparse error (exit 2, one line), not a traceback from the run."""
+    float; anything else an argparse error (exit 2, one line), not a traceback from the run.
+    Counts are read exactly (``decimal``, not through a float: "9007199254740993" stays that
+    number, where a float made it ...992) and refused above int64 (``MAX_COUNT``; "1e999999"
+    would otherwise build a million-digit int)."""
     def convert(text: str):
+        if kind is int:
+            return _count(text)
         try:
             number = float(text)
         except ValueError:
-            what = "an integer" if kind is int else "a number"
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
-        if kind is int and (not math.isfinite(number) or number != int(number)):
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
         if not (number > 0 and math.isfinite(number)):
-            raise argparse.ArgumentTypeError(f"{text!r} must be a positive "
-                                             + ("integer" if kind is int else "number"))
-        return kind(number)
+            raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
+        return number
     return convert
+
+
+def _count(text: str) -> int:
+    from decimal import Decimal, InvalidOperation
+
+    try:
+        number = Decimal(text)
+    except InvalidOperation:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not number.is_finite() or number != number.to_integral_value():
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
+    # adjusted() is the exponent of the leading digit: bound it before int() expands the digits
+    if number.adjusted() > 18 or int(number) > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{text!r} is too large (at most {MAX_COUNT})")
+    return int(number)

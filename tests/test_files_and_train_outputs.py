@@ -12,7 +12,8 @@ failed on the mutant named in its docstring and passes on main.
 - the trainer's --json: results on stdout and exit 1 when the file cannot be written after
   training; a hard link to --data and the dataset files under the default ``$HIERTAIL_DATA``
   root are inputs too;
-- ``_argparse.positive`` refuses fractional / infinite counts with a one-line error.
+- ``_argparse.positive`` refuses fractional / infinite counts with a one-line error, and reads
+  counts exactly up to int64 (session 45).
 """
 from __future__ import annotations
 
@@ -252,3 +253,18 @@ def test_positive_reads_counts_in_scientific_notation_as_integers():
     assert positive(float)("2.5") == 2.5
     with pytest.raises(argparse.ArgumentTypeError, match="is not an integer"):
         positive(int)("abc")
+
+
+def test_positive_reads_counts_exactly_and_refuses_them_above_int64():
+    """A count was read through a float: above 2**53 it became a nearby integer without a word
+    ("9007199254740993" gave ...992), and "1e999999" was 'not an integer' only by overflowing
+    to inf. Counts are now exact up to int64's maximum and refused above it, with the bound in
+    the message (mutants: the float path back; the bound off by one). The bound is checked on
+    the exponent before int(): int(Decimal("1e999999")) takes ~26 s here."""
+    assert positive(int)("9007199254740993") == 2**53 + 1
+    assert positive(int)(str(2**63 - 1)) == 2**63 - 1
+    assert positive(int)("2.50e1") == 25
+    for text in (str(2**63), "1e19", "1e999999"):
+        with pytest.raises(argparse.ArgumentTypeError,
+                           match=rf"'{text}' is too large \(at most {2**63 - 1}\)"):
+            positive(int)(text)

@@ -47,6 +47,11 @@ def test_sizes_sorted_deduplicated_and_scientific_notation():
     assert scale.parse_args(["--nodes", "1e4", "--device", "cpu"]).sizes == [100, 1000, 10000]
 
 
+def test_seed_takes_what_torch_manual_seed_takes():
+    """2**64 - 1 is torch.manual_seed's largest seed: accepted, where 2**64 is refused above."""
+    assert scale.parse_args(["--seed", str(2**64 - 1), "--device", "cpu"]).seed == 2**64 - 1
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--sizes", "0"], "must be a positive integer"),
     (["--sizes", "abc"], "is not an integer"),
@@ -62,6 +67,7 @@ def test_sizes_sorted_deduplicated_and_scientific_notation():
     (["--warmup", "-1"], "--warmup must be >= 0"),
     (["--loss-dtype", "float64"], "invalid choice: 'float64'"),
     (["--seed", "-1"], "must be >= 0"),
+    (["--seed", str(2**64)], "must be at most 2**64 - 1"),   # every run failed with an overflow
     (["--sizes", "100", "--avg-degree", "1000"], "--avg-degree 1000 must be below"),
 ])
 def test_bad_arguments_exit_2_with_message(argv, message, capsys):
