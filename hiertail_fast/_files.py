@@ -194,9 +194,13 @@ def replace_file_set(out: Path, writers: dict, current: list, prev_of,
     into place. A failure before that (a plot error, a full disk) leaves `out` as it was.
     Returns (written paths, kept previous paths)."""
     out = Path(out)
+    rotating = any((out / c).exists() for c in current)
     problem = next((r for r in (not_regular_reason(out / n) for n in (
-        *writers, *(prev_of(c) for c in current if (out / c).exists()))) if r), None)
-    if problem:                     # never renamed over a directory, device or FIFO
+        *writers, *(prev_of(c) for c in current if (out / c).exists()),
+        *(older if rotating else ()))) if r), None)
+    # never renamed over a directory, device or FIFO; an older-generation file that is one
+    # would fail its unlink below, after the work, with part of that generation deleted
+    if problem:
         raise FileExistsError(problem)
     out.mkdir(parents=True, exist_ok=True)
     temps: dict[str, Path] = {}

@@ -71,6 +71,32 @@ def test_with_a_current_set_the_older_generation_is_replaced(tmp_path):
     assert (tmp_path / "r.csv").read_text() == "new"
 
 
+def test_an_older_generation_file_that_is_a_folder_is_refused_before_any_work(tmp_path):
+    """The older generation is deleted file by file: a folder among them failed its unlink
+    after every result was written, with the generation's earlier files already gone. It is
+    refused up front now, the writers never called and every file left as it was (mutant:
+    the older names left out of the first check). With no current set nothing is deleted,
+    and the folder is no obstacle."""
+    (tmp_path / "r.csv").write_text("current")
+    (tmp_path / "r.prev.csv").write_text("older csv")
+    (tmp_path / "r.prev.png").mkdir()
+    called = []
+    writers = {n: (lambda p, n=n: called.append(n) or p.write_text("new"))
+               for n in ("r.csv", "r.png")}
+    with pytest.raises(FileExistsError, match=r"r\.prev\.png is a directory"):
+        replace_file_set(tmp_path, writers, ["r.csv", "r.png"], _prev,
+                         older=["r.prev.csv", "r.prev.png"])
+    assert called == []
+    assert (tmp_path / "r.csv").read_text() == "current"
+    assert (tmp_path / "r.prev.csv").read_text() == "older csv"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.csv", "r.prev.csv", "r.prev.png"]
+    (tmp_path / "r.csv").unlink()
+    (tmp_path / "r.prev.csv").unlink()
+    replace_file_set(tmp_path, writers, ["r.csv", "r.png"], _prev,
+                     older=["r.prev.csv", "r.prev.png"])
+    assert (tmp_path / "r.png").read_text() == "new" and (tmp_path / "r.prev.png").is_dir()
+
+
 def test_new_result_files_get_the_usual_mode(tmp_path):
     replace_keeping_prev(tmp_path / "res.json", "{}")
     replace_file_set(tmp_path, {"a.csv": lambda p: p.write_text("x")}, ["a.csv"],
