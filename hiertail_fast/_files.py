@@ -5,6 +5,7 @@ kill) never leaves a truncated file in place of the old one."""
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -216,7 +217,9 @@ def replace_file_set(out: Path, writers: dict, current: list, prev_of,
             with open(temps[name], "rb+") as fh:
                 os.fsync(fh.fileno())
         kept = []
-        with folder_lock(out):      # the rotation as one step among processes
+        # the rotation as one step among processes, and for Ctrl-C: between the moves of the
+        # current set to .prev and of the new one into place, only .prev files exist
+        with folder_lock(out), interrupts_deferred():
             if any((out / name).exists() for name in current):
                 for p in older:
                     (out / p).unlink(missing_ok=True)
@@ -232,6 +235,27 @@ def replace_file_set(out: Path, writers: dict, current: list, prev_of,
         for tmp in temps.values():
             tmp.unlink(missing_ok=True)
     return [out / name for name in writers], kept
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) until the block is done, then raise its KeyboardInterrupt.
+    For the few file moves that must not stop half-way (a Ctrl-C in ``replace_file_set``'s
+    rotation left the results only as ``NAME.prev.json``, and a traceback). Only where
+    Python's own handler is installed, in the main thread (where signal handlers run): a
+    handler of the user's is left alone."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    caught = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def prev_path(path: Path) -> Path:

@@ -344,6 +344,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m hiertail_fast
                   "; the results follow on stdout", file=sys.stderr)
             print(text)
             raise SystemExit(1) from None
+        except KeyboardInterrupt:   # Ctrl-C while writing: the rotation itself completes first
+            written = args.json.is_file() and args.json.read_text() == text
+            print(f"{parser.prog}: interrupted " + (
+                f"after --json {args.json} was written" if written else
+                f"while writing --json {args.json}; " + (
+                    "the existing file is unchanged" if existed else "nothing was written")),
+                file=sys.stderr)
+            raise SystemExit(130) from None
         print(f"wrote {args.json}" + (f"; the file it replaced is kept as {kept}" if kept
                                       else ""), file=sys.stderr)
     return result

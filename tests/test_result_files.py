@@ -11,11 +11,15 @@ unchecked (each test failed on the mutant it describes, passes on main).
 - ``unwritable_file_reason`` reports a read-only target before the work that produces it (the
   suite runs as root, where a chmod'ed file stays writable: os.access is faked, as the other
   tests fake mkstemp for an unwritable folder).
+
+Session 45: an older-generation file that is a folder is refused before any work, and a Ctrl-C
+during the rotation is held until its moves are done.
 """
 from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
 
 import pytest
 import torch
@@ -95,6 +99,39 @@ def test_an_older_generation_file_that_is_a_folder_is_refused_before_any_work(tm
     replace_file_set(tmp_path, writers, ["r.csv", "r.png"], _prev,
                      older=["r.prev.csv", "r.prev.png"])
     assert (tmp_path / "r.png").read_text() == "new" and (tmp_path / "r.prev.png").is_dir()
+
+
+def test_ctrl_c_in_the_rotation_waits_for_it_to_finish(tmp_path, monkeypatch):
+    """A real SIGINT between the rotation's moves (current -> .prev, new -> current): the
+    moves finish, then the KeyboardInterrupt is raised, so the folder holds the new set and
+    the one it replaced, never only the .prev files (mutant: no deferral; this test then
+    finds r.csv missing). Python's own SIGINT handler is back afterwards."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    (tmp_path / "r.csv").write_text("current")
+    real_replace = _files.os.replace
+    sent = []
+
+    def replace_then_ctrl_c(src, dst):
+        real_replace(src, dst)
+        if not sent and Path(dst).name == "r.prev.csv":     # the first move of the rotation
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):   # let the handler run here, where it did before the fix
+                pass
+
+    monkeypatch.setattr(_files.os, "replace", replace_then_ctrl_c)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            replace_file_set(tmp_path, {"r.csv": lambda p: p.write_text("new")}, ["r.csv"],
+                             _prev)
+        assert sent
+        assert (tmp_path / "r.csv").read_text() == "new"
+        assert (tmp_path / "r.prev.csv").read_text() == "current"
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_new_result_files_get_the_usual_mode(tmp_path):

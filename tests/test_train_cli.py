@@ -610,6 +610,38 @@ def test_ctrl_c_claims_no_json_that_is_not_there(tmp_path, capsys, monkeypatch, 
     assert last.endswith(head + (f"; --json {out} not written" if json_arg else "")), last
 
 
+@pytest.mark.parametrize("written", [False, True])
+def test_ctrl_c_while_the_json_is_written_is_one_line(tmp_path, capsys, monkeypatch, written):
+    """Ctrl-C in the final --json write printed a traceback. It is one line and exit 130 now,
+    saying whether the file holds the results: the rotation holds a Ctrl-C until its moves
+    are done, so it arrives either before it (the file as it was) or after (written: the
+    stand-in writes the file, then raises)."""
+    import hiertail_fast._train_cli as cli
+
+    out = tmp_path / "res.json"
+    out.write_text("old")
+    real = cli.replace_keeping_prev
+
+    def write_then_ctrl_c(path, text):
+        real(path, text)
+        raise KeyboardInterrupt
+
+    if written:
+        monkeypatch.setattr(cli, "replace_keeping_prev", write_then_ctrl_c)
+        with pytest.raises(SystemExit) as exc:
+            main(TINY + ["--json", str(out)])
+        err = capsys.readouterr().err
+        assert exc.value.code == 130 and "Traceback" not in err, err
+        assert err.strip().splitlines()[-1].endswith(f"interrupted after --json {out} was written")
+        assert json.loads(out.read_text())["method"] == "hiertail"
+    else:
+        err = ctrl_c_line(monkeypatch, capsys, cli, "replace_keeping_prev",
+                          lambda: main(TINY + ["--json", str(out)]))
+        assert err.strip().splitlines()[-1].endswith(
+            f"interrupted while writing --json {out}; the existing file is unchanged")
+        assert out.read_text() == "old"
+
+
 def test_ctrl_c_while_the_data_loads_is_one_line(tmp_path, capsys, monkeypatch):
     """Ctrl-C before training (a large .npz loading, PyG downloading): one line and exit 130
     as during training, not a traceback, and no --json written."""
