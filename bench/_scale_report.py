@@ -13,7 +13,10 @@ from pathlib import Path
 from hiertail_fast._files import replace_file_set
 
 CSV_COLUMNS = ("method", "nodes", "edges", "epoch_seconds", "peak_memory_bytes", "device",
-               "loss_dtype", "status", "once_seconds")
+               "loss_dtype", "status", "once_seconds", "memory_measure")
+# memory_measure, what peak_memory_bytes is (scale.json says it in words): "cuda-allocator"
+# (torch.cuda.max_memory_allocated), "rss" (peak RSS above the primed post-import baseline),
+# "tracked" (torch's CPU allocator peak of one step above its start; --cpu-memory tracked)
 OUTPUT_NAMES = ("scale.csv", "scale.json", "scale.png")
 
 

@@ -368,7 +368,8 @@ def sweep(args: argparse.Namespace, budget: float, progress=None,
                                   config=args.config, history=mem_hist[method])
             row = {**dict.fromkeys(CSV_COLUMNS, ""), "method": method, "nodes": nodes,
                    "device": args.device, "predicted_memory_bytes": need,
-                   "loss_dtype": args.loss_dtype if method.startswith("hiertail") else "n/a"}
+                   "loss_dtype": args.loss_dtype if method.startswith("hiertail") else "n/a",
+                   "memory_measure": memory_tag(args)}
             secs = extrapolate(time_hist[method], nodes, time_exponent(method))
             warmup, epochs = planned_epochs(secs, args.warmup, args.epochs)
             if method in timed_out:
@@ -399,6 +400,11 @@ def sweep(args: argparse.Namespace, budget: float, progress=None,
                 progress.update(1)
                 progress.write(format_row(row))
     return rows
+
+
+def memory_tag(args) -> str:
+    """The CSV's short name of what peak_memory_bytes measures (CSV_COLUMNS' comment)."""
+    return "cuda-allocator" if args.device == "cuda" else args.cpu_memory
 
 
 def _exit_on_sigterm(signum, frame):

@@ -221,6 +221,7 @@ def test_cli_writes_csv_plot_and_metadata(tmp_path):
         assert row["device"] == "cpu"
         assert int(row["edges"]) > 0 and float(row["epoch_seconds"]) > 0
         assert int(row["peak_memory_bytes"]) > 0
+        assert row["memory_measure"] == "rss"      # the default --cpu-memory
     assert int(rows[1]["edges"]) > int(rows[0]["edges"])
     png = (tmp_path / "scale.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
@@ -228,6 +229,18 @@ def test_cli_writes_csv_plot_and_metadata(tmp_path):
     assert "RSS" in info["memory_measure"] and info["cores"] >= 1
     assert info["omp_wait_policy"] == "PASSIVE"     # the workers' (the caller set none)
     assert "gcn" in proc.stdout and "peak MB" in proc.stdout
+
+
+def test_csv_names_the_memory_measure_of_each_row():
+    """scale.csv's peak_memory_bytes means three different things by device and --cpu-memory;
+    only scale.json said which, so a CSV read alone mixed them (memory_measure column)."""
+    from types import SimpleNamespace
+
+    assert scale.memory_tag(scale.parse_args(["--device", "cpu"])) == "rss"
+    assert scale.memory_tag(scale.parse_args(["--device", "cpu", "--cpu-memory", "tracked"])) \
+        == "tracked"
+    assert scale.memory_tag(SimpleNamespace(device="cuda", cpu_memory="rss")) == "cuda-allocator"
+    assert scale.CSV_COLUMNS[-1] == "memory_measure"
 
 
 def _tracked(method: str, nodes: int) -> int:
@@ -349,7 +362,7 @@ def _old_results(out: Path) -> None:
 
 
 @pytest.mark.parametrize("argv", [["--sizes", "1000", "--memory-budget", "0.001"],
-                                  ["--sizes", "1e30"]], ids=["over-memory", "huge"])
+                                  ["--sizes", "1e15"]], ids=["over-memory", "huge"])
 def test_everything_skipped_plots_a_consistent_set_in_an_empty_out(argv, tmp_path,
                                                                     monkeypatch):
     monkeypatch.setattr(scale, "run_one", _no_run)
@@ -363,7 +376,7 @@ def test_everything_skipped_plots_a_consistent_set_in_an_empty_out(argv, tmp_pat
 
 
 @pytest.mark.parametrize("argv", [["--sizes", "1000", "--memory-budget", "0.001"],
-                                  ["--sizes", "1e30"]], ids=["over-memory", "huge"])
+                                  ["--sizes", "1e15"]], ids=["over-memory", "huge"])
 def test_nothing_measured_leaves_results_in_out_in_place(argv, tmp_path, capsys, monkeypatch):
     # written, an all-skipped sweep moved the results to scale.prev.*, and a second one deleted
     # them (a CLI audit): now nothing is written while --out holds results
