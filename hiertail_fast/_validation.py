@@ -536,10 +536,11 @@ def check_num_nodes(num_nodes: object, name: str = "num_nodes") -> int:
         num_nodes = int(num_nodes)
     if isinstance(num_nodes, (bool, np.bool_)):
         raise TypeError(f"{name} must be an int, got bool")
-    try:
-        num_nodes = operator.index(num_nodes)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(num_nodes).__name__}") from None
+    # asked, not tried: torch 2.11's Dynamo turns the TypeError of operator.index(12.0) inside a
+    # compiled graph into an InternalTorchDynamoError that no except clause here catches
+    if not hasattr(num_nodes, "__index__"):
+        raise TypeError(f"{name} must be an int, got {type(num_nodes).__name__}")
+    num_nodes = operator.index(num_nodes)
     if num_nodes < 0:
         raise ValueError(f"{name} must be >= 0, got {num_nodes}")
     if num_nodes > MAX_NODES:
