@@ -10,8 +10,9 @@
 # interpreter (tests/conftest.py stops at once with that message otherwise). "newest" is the
 # newest torch release on PyPI (2.15.0 on 2026-12-03; this machine's pip config caps torch at
 # 2.14.1, the release on its disk, so the rows' installs set PIP_CONSTRAINT=/dev/null and pin
-# exact releases instead), "oldest-python" the floor of requires-python. Writes LOG_DIR/<name>.log and one summary line per row to LOG_DIR/summary.txt;
-# the exit status is 1 when a row's suite failed.
+# exact releases instead), "oldest-python" the floor of requires-python, "newest-python" the
+# newest Python here (3.13) on the newest torch. Writes LOG_DIR/<name>.log and one summary line
+# per row to LOG_DIR/summary.txt; the exit status is 1 when a row's suite failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGS=${1:-/tmp/version_matrix}
@@ -27,6 +28,7 @@ ROWS=(
   "gpu-image|$(python_of 3.11)|torch==2.11.0 triton==3.6.0 numpy<2.4"
   "newest|$(python_of 3.11)|torch==2.15.0"
   "oldest-python|$(python_of 3.10)|torch==2.13.0"
+  "newest-python|$(python_of 3.13)|torch==2.15.0"
 )
 export PIP_CONSTRAINT=/dev/null   # every row pins its releases itself
 status=0
