@@ -80,7 +80,7 @@ from _scale_worker import _tracked_peak as _tracked_peak
 from _scale_worker import build_model as build_model
 
 from hiertail_fast._argparse import ArgumentParser, path_arg, positive
-from hiertail_fast._files import unwritable_dir_reason, unwritable_file_reason
+from hiertail_fast._files import DeferredInterrupt, unwritable_dir_reason, unwritable_file_reason
 from hiertail_fast._train_cli import threads_arg
 from hiertail_fast._validation import SEED_MAX
 
@@ -482,7 +482,15 @@ def main(argv: list[str] | None = None) -> int:
               f"out); nothing written, the results in {args.out} left as they were",
               file=sys.stderr)
         return 1 if failed else 0
-    written, kept = write_outputs(rows, info, args.out, with_plot=not args.no_plot)
+    try:
+        written, kept = write_outputs(rows, info, args.out, with_plot=not args.no_plot)
+    except KeyboardInterrupt as exc:   # Ctrl-C while the files are made (the plot: ~1 s)
+        print("\n" + table(rows) + "\n\ninterrupted " + (
+            f"after the results were written to {args.out}" if isinstance(
+                exc, DeferredInterrupt) else
+            f"while the results were written; nothing written, {args.out} left as it was"),
+            file=sys.stderr)
+        return 130
     print("\n" + table(rows) + f"\n\n{info['wall_seconds']:.0f} s; load average at the end "
           f"{info['load_average_end'][0]:.1f}; wrote {', '.join(map(str, written))}")
     if kept:

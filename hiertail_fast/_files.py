@@ -237,9 +237,15 @@ def replace_file_set(out: Path, writers: dict, current: list, prev_of,
     return [out / name for name in writers], kept
 
 
+class DeferredInterrupt(KeyboardInterrupt):
+    """A Ctrl-C that :func:`interrupts_deferred` held, raised once its block was done: the
+    files it moved are all in place (a plain KeyboardInterrupt from ``replace_file_set``
+    came before its rotation: the folder is as it was)."""
+
+
 @contextmanager
 def interrupts_deferred() -> Iterator[None]:
-    """Hold a Ctrl-C (SIGINT) until the block is done, then raise its KeyboardInterrupt.
+    """Hold a Ctrl-C (SIGINT) until the block is done, then raise it (``DeferredInterrupt``).
     For the few file moves that must not stop half-way (a Ctrl-C in ``replace_file_set``'s
     rotation left the results only as ``NAME.prev.json``, and a traceback). Only where
     Python's own handler is installed, in the main thread (where signal handlers run): a
@@ -255,7 +261,7 @@ def interrupts_deferred() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if caught:
-        raise KeyboardInterrupt
+        raise DeferredInterrupt
 
 
 def prev_path(path: Path) -> Path:

@@ -24,6 +24,7 @@ import torch
 
 from hiertail_fast._argparse import ArgumentParser, path_arg
 from hiertail_fast._files import (
+    DeferredInterrupt,
     overwritten_input,
     prev_path,
     replace_keeping_prev,
@@ -344,10 +345,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m hiertail_fast
                   "; the results follow on stdout", file=sys.stderr)
             print(text)
             raise SystemExit(1) from None
-        except KeyboardInterrupt:   # Ctrl-C while writing: the rotation itself completes first
-            written = args.json.is_file() and args.json.read_text() == text
+        except KeyboardInterrupt as exc:   # Ctrl-C while writing: a rotation completes first
             print(f"{parser.prog}: interrupted " + (
-                f"after --json {args.json} was written" if written else
+                f"after --json {args.json} was written" if isinstance(exc, DeferredInterrupt) else
                 f"while writing --json {args.json}; " + (
                     "the existing file is unchanged" if existed else "nothing was written")),
                 file=sys.stderr)

@@ -395,6 +395,37 @@ def _measured(spec, timeout):
     return {"edges": 10, "epoch_seconds": 0.1, "peak_memory_bytes": 1e6, "status": "ok"}
 
 
+@pytest.mark.parametrize("after_rotation", [False, True])
+def test_ctrl_c_while_the_results_are_written_is_one_line(after_rotation, tmp_path, monkeypatch,
+                                                         capsys):
+    """Ctrl-C while scale.csv / .json / .png were made (the plot takes about a second) ended
+    the sweep in a traceback. Now: the table, one line saying whether the files were written
+    (a Ctrl-C held by the rotation comes as a DeferredInterrupt, after it) and exit 130."""
+    from hiertail_fast._files import DeferredInterrupt
+
+    monkeypatch.setattr(scale, "run_one", _measured)
+    real = scale.write_outputs
+
+    def interrupted(rows, info, out, **kwargs):
+        if after_rotation:
+            real(rows, info, out, **kwargs)
+            raise DeferredInterrupt
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(scale, "write_outputs", interrupted)
+    out = tmp_path / "res"
+    assert scale.main(["--sizes", "100", "--methods", "gcn", "--device", "cpu",
+                       "--out", str(out)]) == 130
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    if after_rotation:
+        assert last == f"interrupted after the results were written to {out}"
+        assert (out / "scale.csv").exists()
+    else:
+        assert last == (f"interrupted while the results were written; nothing written, {out} "
+                        "left as it was")
+        assert not out.exists()
+
+
 def test_partial_run_keeps_the_previous_set_and_drops_a_stale_plot(tmp_path, monkeypatch):
     monkeypatch.setattr(scale, "run_one", _measured)
     out = tmp_path / "res"

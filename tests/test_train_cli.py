@@ -614,9 +614,10 @@ def test_ctrl_c_claims_no_json_that_is_not_there(tmp_path, capsys, monkeypatch, 
 def test_ctrl_c_while_the_json_is_written_is_one_line(tmp_path, capsys, monkeypatch, written):
     """Ctrl-C in the final --json write printed a traceback. It is one line and exit 130 now,
     saying whether the file holds the results: the rotation holds a Ctrl-C until its moves
-    are done, so it arrives either before it (the file as it was) or after (written: the
-    stand-in writes the file, then raises)."""
+    are done, so it arrives either before it (the file as it was) or after, as a
+    DeferredInterrupt (written: the stand-in writes the file, then raises that)."""
     import hiertail_fast._train_cli as cli
+    from hiertail_fast._files import DeferredInterrupt
 
     out = tmp_path / "res.json"
     out.write_text("old")
@@ -624,7 +625,7 @@ def test_ctrl_c_while_the_json_is_written_is_one_line(tmp_path, capsys, monkeypa
 
     def write_then_ctrl_c(path, text):
         real(path, text)
-        raise KeyboardInterrupt
+        raise DeferredInterrupt     # what the rotation raises for a Ctrl-C it held
 
     if written:
         monkeypatch.setattr(cli, "replace_keeping_prev", write_then_ctrl_c)
