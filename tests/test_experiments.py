@@ -562,6 +562,29 @@ def test_ctrl_c_before_and_after_the_runs_is_one_line_too(tmp_path, monkeypatch,
     assert calls == [] and list(tmp_path.glob("main*.md"))
 
 
+def test_ctrl_c_held_by_the_summary_renames_says_it_was_written(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C during the summary's renames waits until they are done and comes as a
+    DeferredInterrupt: the line then says the summary was written, not that it is still to
+    be made (the stand-in writes it, then raises what the rotation raises)."""
+    import hiertail_fast.experiments.report as report_mod
+    from hiertail_fast._files import DeferredInterrupt
+
+    real = report_mod.write_outputs
+
+    def write_then_ctrl_c(*args, **kwargs):
+        real(*args, **kwargs)
+        raise DeferredInterrupt
+
+    monkeypatch.setattr(report_mod, "write_outputs", write_then_ctrl_c)
+    with pytest.raises(SystemExit) as exc:
+        main(["main", *TINY, "--methods", "origin", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].endswith(
+        f"interrupted after the summary ({tmp_path / 'main-s1-e3-p1000'}.md / .json) was written")
+    assert list(tmp_path.glob("main*.md"))
+
+
 def test_data_dir_that_is_a_file_is_named_as_such(tmp_path, capsys):
     (tmp_path / "good.npz").write_text("x")
     with pytest.raises(SystemExit) as exc:

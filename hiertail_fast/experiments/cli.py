@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 from hiertail_fast._argparse import ArgumentParser, path_arg
+from hiertail_fast._files import DeferredInterrupt
 from hiertail_fast._validation import FEATURE_NORMS, check_classes
 from hiertail_fast.experiments import EXPERIMENTS
 from hiertail_fast.experiments.common import Context, check_distinct
@@ -367,6 +368,10 @@ def _main(argv: Sequence[str] | None) -> dict:
         if paths:
             log("wrote " + ", ".join(str(p) for p in paths))
         return full
+    except DeferredInterrupt:   # a Ctrl-C the summary's renames held: it is in place
+        print(f"{parser.prog}: interrupted after the summary ({out / stem}.md / .json) was "
+              "written", file=sys.stderr)
+        raise SystemExit(130) from None
     except KeyboardInterrupt:   # Ctrl-C while the summary is made: every run is kept
         print(f"{parser.prog}: interrupted while the summary was made; every run is kept in "
               f"{args.runs_dir or out / 'runs'} and the same command makes the summary "
