@@ -575,11 +575,9 @@ def test_ctrl_c_held_by_the_summary_renames_says_it_was_written(tmp_path, monkey
         real(*args, **kwargs)
         raise DeferredInterrupt
 
-    monkeypatch.setattr(report_mod, "write_outputs", write_then_ctrl_c)
-    with pytest.raises(SystemExit) as exc:
-        main(["main", *TINY, "--methods", "origin", "--out", str(tmp_path)])
-    err = capsys.readouterr().err
-    assert exc.value.code == 130 and "Traceback" not in err, err
+    err = ctrl_c_line(monkeypatch, capsys, report_mod, "write_outputs", lambda: main(
+        ["main", *TINY, "--methods", "origin", "--out", str(tmp_path)]),
+        stand_in=write_then_ctrl_c)
     assert err.strip().splitlines()[-1].endswith(
         f"interrupted after the summary ({tmp_path / 'main-s1-e3-p1000'}.md / .json) was written")
     assert list(tmp_path.glob("main*.md"))

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import ctrl_c_line
+
 SCALE_PY = Path(__file__).resolve().parents[1] / "bench" / "scale.py"
 
 
@@ -412,11 +414,11 @@ def test_ctrl_c_while_the_results_are_written_is_one_line(after_rotation, tmp_pa
             raise DeferredInterrupt
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(scale, "write_outputs", interrupted)
     out = tmp_path / "res"
-    assert scale.main(["--sizes", "100", "--methods", "gcn", "--device", "cpu",
-                       "--out", str(out)]) == 130
-    last = capsys.readouterr().err.strip().splitlines()[-1]
+    err = ctrl_c_line(monkeypatch, capsys, scale, "write_outputs", lambda: sys.exit(scale.main(
+        ["--sizes", "100", "--methods", "gcn", "--device", "cpu", "--out", str(out)])),
+        stand_in=interrupted)
+    last = err.strip().splitlines()[-1]
     if after_rotation:
         assert last == f"interrupted after the results were written to {out}"
         assert (out / "scale.csv").exists()
