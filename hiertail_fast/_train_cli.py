@@ -291,6 +291,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m hiertail_fast
             _check_method_run(baseline_cfg, int(data.num_classes), args.epochs)
     except (ValueError, TypeError, OSError, ImportError) as exc:
         parser.error(str(exc))
+    except (MemoryError, RuntimeError) as exc:
+        if not _out_of_memory(exc):
+            raise
+        _exit_out_of_memory(parser.prog, "while the data was built or loaded", exc,
+                            "nothing was written")
     except KeyboardInterrupt:   # Ctrl-C while the data loads (a large .npz, PyG's download)
         print(f"{parser.prog}: interrupted before training; nothing was written",
               file=sys.stderr)
@@ -317,11 +322,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m hiertail_fast
         # --up-scale / --gen-ratio depend on the seed's split): a refused input, exit 2 as
         # those checked up front (it printed a traceback and exit 1, a diverged run's code)
         parser.error(' '.join(str(exc).split()))
+    except (MemoryError, RuntimeError) as exc:
+        if not _out_of_memory(exc):
+            raise
+        _exit_out_of_memory(parser.prog, "while training", exc, "the seeds finished before "
+                            "are on the lines above" + _json_not_written(args))
     except KeyboardInterrupt:   # Ctrl-C: a line, not a traceback from inside torch
-        kept = ("" if args.json is None else f"; --json {args.json} not written" + (
-            " (the existing file is unchanged)" if args.json.exists() else ""))
         print(f"{parser.prog}: interrupted (the seeds finished before are on the lines above)"
-              f"{kept}", file=sys.stderr)
+              f"{_json_not_written(args)}", file=sys.stderr)
         raise SystemExit(130) from None
     if getattr(data, "original_labels", None) is not None:
         data_info["original_labels"] = [int(v) for v in data.original_labels]
@@ -355,6 +363,29 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m hiertail_fast
         print(f"wrote {args.json}" + (f"; the file it replaced is kept as {kept}" if kept
                                       else ""), file=sys.stderr)
     return result
+
+
+def _json_not_written(args) -> str:
+    """"; --json PATH not written ..." for a run that stopped, or "" without --json."""
+    return "" if args.json is None else f"; --json {args.json} not written" + (
+        " (the existing file is unchanged)" if args.json.exists() else "")
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """numpy's MemoryError ("Unable to allocate 146. TiB" for --features 10**12), torch's
+    OutOfMemoryError (CUDA) or its CPU allocator's RuntimeError ("can't allocate memory")."""
+    return (isinstance(exc, MemoryError)
+            or isinstance(exc, getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError))
+            or (isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)))
+
+
+def _exit_out_of_memory(prog: str, stage: str, exc: BaseException, outcome: str):
+    """One line and exit 1 (a run's outcome, as a diverged run), not a traceback from numpy or
+    torch: sizes the options allow (--nodes, --features, --hidden) can still exceed memory."""
+    what = " ".join(str(exc).split()) or type(exc).__name__
+    print(f"{prog}: error: out of memory {stage} ({what}); {outcome}. Fewer nodes or features, "
+          "a smaller --hidden or a device with more memory may fit", file=sys.stderr)
+    raise SystemExit(1) from None
 
 
 def _json_clash(args) -> str | None:

@@ -640,6 +640,58 @@ def test_ctrl_c_while_the_json_is_written_is_one_line(tmp_path, capsys, monkeypa
         assert out.read_text() == "old"
 
 
+@pytest.mark.parametrize("stage, target, error, words", [
+    ("data", "_load_data", MemoryError("Unable to allocate 146. TiB for an array with shape "
+                                       "(20, 1000000000000) and data type float64"),
+     "out of memory while the data was built or loaded (Unable to allocate 146. TiB"),
+    ("training", "run_seeds", RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. "
+                                           "DefaultCPUAllocator: can't allocate memory: you "
+                                           "tried to allocate 7680000000 bytes."),
+     "out of memory while training ([enforce fail at alloc_cpu.cpp:127]"),
+    ("training", "run_seeds", torch.OutOfMemoryError("CUDA out of memory. Tried to allocate "
+                                                     "20.00 GiB"),
+     "out of memory while training (CUDA out of memory. Tried to allocate 20.00 GiB)"),
+])
+def test_out_of_memory_is_one_line_and_exit_1(stage, target, error, words, tmp_path, capsys,
+                                              monkeypatch):
+    """--features 10**12 (numpy's MemoryError while the synthetic graph is drawn) or --hidden
+    30000000 (torch's CPU allocator, building the model) ended in a traceback: sizes the
+    options accept can still exceed memory. Now one line naming the stage and what failed,
+    exit 1 as a diverged run (a run's outcome, not a refused option), and no --json; the
+    stand-ins raise the messages seen here with those options under an 8 GB ulimit."""
+    import hiertail_fast._train_cli as cli
+
+    out = tmp_path / "res.json"
+
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(cli, target, fail)
+    with pytest.raises(SystemExit) as exc:
+        main(TINY + ["--json", str(out)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 1 and "Traceback" not in err, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"python -m hiertail_fast.train: error: {words}"), line
+    assert line.endswith("Fewer nodes or features, a smaller --hidden or a device with more "
+                         "memory may fit")
+    assert ("nothing was written" if stage == "data" else f"--json {out} not written") in line
+    assert not out.exists()
+
+
+def test_other_runtime_errors_are_not_called_out_of_memory(monkeypatch):
+    """Only allocation failures get the out-of-memory line: any other RuntimeError from a run
+    is a bug to see whole, with its traceback (mutant: every RuntimeError caught)."""
+    import hiertail_fast._train_cli as cli
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("shape mismatch in some op")
+
+    monkeypatch.setattr(cli, "run_seeds", fail)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        main(TINY)
+
+
 def test_ctrl_c_while_the_data_loads_is_one_line(tmp_path, capsys, monkeypatch):
     """Ctrl-C before training (a large .npz loading, PyG downloading): one line and exit 130
     as during training, not a traceback, and no --json written."""
