@@ -46,6 +46,7 @@ from hiertail_fast.train import (
     PAPER_HIDDEN,
     TrainingDivergedError,
     format_table,
+    is_out_of_memory,
     load_split,
     run_seeds,
 )
@@ -292,7 +293,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m hiertail_fast
     except (ValueError, TypeError, OSError, ImportError) as exc:
         parser.error(str(exc))
     except (MemoryError, RuntimeError) as exc:
-        if not _out_of_memory(exc):
+        if not is_out_of_memory(exc):
             raise
         _exit_out_of_memory(parser.prog, "while the data was built or loaded", exc,
                             "nothing was written")
@@ -323,7 +324,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m hiertail_fast
         # those checked up front (it printed a traceback and exit 1, a diverged run's code)
         parser.error(' '.join(str(exc).split()))
     except (MemoryError, RuntimeError) as exc:
-        if not _out_of_memory(exc):
+        if not is_out_of_memory(exc):
             raise
         _exit_out_of_memory(parser.prog, "while training", exc, "the seeds finished before "
                             "are on the lines above" + _json_not_written(args))
@@ -369,14 +370,6 @@ def _json_not_written(args) -> str:
     """"; --json PATH not written ..." for a run that stopped, or "" without --json."""
     return "" if args.json is None else f"; --json {args.json} not written" + (
         " (the existing file is unchanged)" if args.json.exists() else "")
-
-
-def _out_of_memory(exc: BaseException) -> bool:
-    """numpy's MemoryError ("Unable to allocate 146. TiB" for --features 10**12), torch's
-    OutOfMemoryError (CUDA) or its CPU allocator's RuntimeError ("can't allocate memory")."""
-    return (isinstance(exc, MemoryError)
-            or isinstance(exc, getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError))
-            or (isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)))
 
 
 def _exit_out_of_memory(prog: str, stage: str, exc: BaseException, outcome: str):

@@ -75,6 +75,16 @@ class TrainingDivergedError(FloatingPointError):
     the epoch and the lr."""
 
 
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` is an allocation failure, which the command lines report in one line (a
+    run's outcome, not a bug): numpy's MemoryError ("Unable to allocate 146. TiB" for
+    --features 10**12), torch's OutOfMemoryError (CUDA) or its CPU allocator's RuntimeError
+    ("can't allocate memory"). Any other RuntimeError is not."""
+    return (isinstance(exc, MemoryError)
+            or isinstance(exc, getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError))
+            or (isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)))
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python's, NumPy's (``seed mod 2^32``) and torch's global generators (all
     devices) with ``seed``."""

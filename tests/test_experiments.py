@@ -830,6 +830,39 @@ def test_synthetic_runs_only_the_graph_named_synthetic(tmp_path, monkeypatch, ca
     assert calls == [] and not (tmp_path / "out").exists()
 
 
+def test_out_of_memory_in_a_run_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
+    """sensitivity --hiddens 30000000 passes the option checks and the model then asks torch
+    for 3.6 PB: a traceback before. Now one line with the allocator's message, where the
+    finished runs are and that no summary was written; exit 1 (a run's outcome). Any other
+    RuntimeError keeps its traceback (mutant: every RuntimeError caught)."""
+    out = tmp_path / "out"
+    argv = ["main", *TINY, "--methods", "origin", "--out", str(out)]
+
+    def oom(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: "
+                           "can't allocate memory: you tried to allocate 3600000000000000 bytes.")
+
+    monkeypatch.setattr(runner, "_train", oom)
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 1 and "Traceback" not in err, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("python -m hiertail_fast.experiments: error: out of memory in a run "
+                           "([enforce fail at alloc_cpu.cpp:127]"), line
+    assert line.endswith(f"the runs finished before are kept in {out / 'runs'} and the same "
+                         f"command resumes from them; the summary "
+                         f"({out / 'main-s1-e3-p1000'}.md / .json) was not written"), line
+    assert not list(out.glob("main*"))
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("shape mismatch in some op")
+
+    monkeypatch.setattr(runner, "_train", bug)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        main(argv)
+
+
 def test_ctrl_c_names_the_runs_dir_given_and_the_summary_not_written(tmp_path, monkeypatch,
                                                                      capsys):
     """The Ctrl-C line tells where the finished runs are (--runs-dir when given, not OUT/runs,

@@ -334,6 +334,17 @@ def _main(argv: Sequence[str] | None) -> dict:
         records = run_specs(specs, budget, source, ctx.cache, device=device, notes=ctx.notes,
                             progress=not args.no_progress and not args.report_only,
                             train=not args.report_only, threads=threads)
+    except (MemoryError, RuntimeError) as exc:
+        from hiertail_fast.train import is_out_of_memory
+
+        if not is_out_of_memory(exc):
+            raise
+        # (--hiddens 30000000 passes the option checks: the model wanted 3.6 PB)
+        print(f"{parser.prog}: error: out of memory in a run ({' '.join(str(exc).split())}); "
+              f"the runs finished before are kept in {args.runs_dir or out / 'runs'} and the "
+              f"same command resumes from them; the summary ({out / stem}.md / .json) was not "
+              "written", file=sys.stderr)
+        raise SystemExit(1) from None
     except KeyboardInterrupt:   # Ctrl-C: a line, not a traceback from inside torch
         print(f"{parser.prog}: interrupted; the runs finished before are kept in "
               f"{args.runs_dir or out / 'runs'} and the same command resumes from them; "
