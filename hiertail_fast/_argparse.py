@@ -49,6 +49,17 @@ def positive(kind: type):
 
 
 def _count(text: str) -> int:
+    number = exact_int(text)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
+    return number
+
+
+def exact_int(text: str, largest: int = MAX_COUNT) -> int:
+    """An integer option's value, read exactly: "100000", "1e5" or "2.0" (an integer however
+    written; int() refused "1e5" as "not an integer"), never through a float (above 2**53 a
+    float rounds); at most ``largest`` in size (int64's maximum by default; a seed's is
+    2**64 - 1), checked on the exponent before int() expands the digits."""
     from decimal import Decimal, InvalidOperation
 
     try:
@@ -57,9 +68,8 @@ def _count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if not number.is_finite() or number != number.to_integral_value():
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
-    # adjusted() is the exponent of the leading digit: bound it before int() expands the digits
-    if number.adjusted() > 18 or int(number) > MAX_COUNT:
-        raise argparse.ArgumentTypeError(f"{text!r} is too large (at most {MAX_COUNT})")
+    if number.adjusted() > len(str(largest)) or abs(int(number)) > largest:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is too large (at most {largest})" if number > 0 else
+            f"{text!r} is too small (at least -{largest})")
     return int(number)

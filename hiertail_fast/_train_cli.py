@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from hiertail_fast._argparse import ArgumentParser, path_arg
+from hiertail_fast._argparse import ArgumentParser, exact_int, path_arg
 from hiertail_fast._files import (
     DeferredInterrupt,
     overwritten_input,
@@ -63,11 +63,13 @@ def _number(kind, low: float, strict: bool):
         f"> {low:g}" if strict else f">= {low:g}")
 
     def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            what = "an integer" if kind is int else "a number"
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if kind is int:
+            value = exact_int(text)     # ("1e5" too, exactly)
+        else:
+            try:
+                value = kind(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
         if not math.isfinite(value) or (value <= low if strict else value < low):
             raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
         return value
@@ -80,6 +82,14 @@ def _positive(kind):
 
 def _non_negative(kind):
     return _number(kind, 0, strict=False)
+
+
+def seed_arg(text: str) -> int:
+    """argparse type of --seed-base / --data-seed: an integer in [0, SEED_MAX], "1e3" too."""
+    value = exact_int(text, SEED_MAX)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    return value
 
 
 def threads_arg(text: str) -> int:
@@ -162,7 +172,7 @@ def build_parser(prog: str = "python -m hiertail_fast.train") -> argparse.Argume
                      "%(default)s)")
     src.add_argument("--features", type=_positive(int), default=64,
                      help="--synthetic: feature dimension (default %(default)s)")
-    src.add_argument("--data-seed", type=_non_negative(int), default=0,
+    src.add_argument("--data-seed", type=seed_arg, default=0,
                      help="synthetic generator seed")
     src.add_argument("--feature-norm", choices=("none", "row"), default="none",
                      help="node features: none (as loaded; the official default) or row = "
@@ -202,7 +212,7 @@ def build_parser(prog: str = "python -m hiertail_fast.train") -> argparse.Argume
                    "%(default)s)")
     m.add_argument("--seeds", nargs="+", default=["10"],
                    help="a count (from --seed-base) or a list: 3 | 1,2,5 | 1 2 5")
-    m.add_argument("--seed-base", type=_non_negative(int), default=123,
+    m.add_argument("--seed-base", type=seed_arg, default=123,
                    help="first seed of a --seeds count (default %(default)s)")
     m.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     m.add_argument("--threads", type=threads_arg,
