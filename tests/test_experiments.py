@@ -70,7 +70,10 @@ def test_options_of_other_experiments_are_refused(tmp_path, capsys, name, extra,
 
 @pytest.mark.parametrize("base, msg", [("-1", "--seed-base must lie in [0, "),
                                        (str(2**64 - 2), "is out of range [0, "
-                                        "18446744073709551615]")])
+                                        "18446744073709551615]"),
+                                       ("1.5", "--seed-base: '1.5' is not an integer"),
+                                       (str(2**64), f"'{2**64}' is too large (at most "
+                                        f"{2**64 - 1})")])
 def test_seed_base_checked_before_training(tmp_path, monkeypatch, capsys, base, msg):
     # the default seed counts (10, or --quick's 3) from an unchecked --seed-base: a traceback,
     # or runs trained and cached up to the first seed beyond 2**64 - 1 (a CLI audit). A run

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from hiertail_fast._argparse import ArgumentParser, path_arg
+from hiertail_fast._argparse import ArgumentParser, exact_int, path_arg
 from hiertail_fast._files import DeferredInterrupt
 from hiertail_fast._validation import FEATURE_NORMS, check_classes
 from hiertail_fast.experiments import EXPERIMENTS
@@ -35,6 +35,14 @@ _NOT_RESULT_ARGS = ("out", "runs_dir", "no_progress", "threads", "data_dir", "re
 
 def _module(name: str):
     return importlib.import_module(EXPERIMENTS[name])
+
+
+def _seed_base(text: str) -> int:
+    """--seed-base: an integer however written ("1e3"), exactly; its range is checked with the
+    seeds it starts (``parse_seeds``: [0, 2**64 - 1])."""
+    from hiertail_fast._validation import SEED_MAX
+
+    return exact_int(text, SEED_MAX)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help=f"{QUICK['seeds']} seeds, ≤ "
                    f"{QUICK['epochs']} epochs, patience {QUICK['patience']} (labelled REDUCED)")
     b.add_argument("--seeds", nargs="+", help="a count from --seed-base or a list: 3 | 1,2,5")
-    b.add_argument("--seed-base", type=int,
+    b.add_argument("--seed-base", type=_seed_base,
                    help="first seed of a --seeds count and of the default seeds (default "
                    f"{FULL_SEEDS[0]})")
     b.add_argument("--epochs", type=_positive(int), help="most epochs per run (default: the "
