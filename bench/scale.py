@@ -79,7 +79,7 @@ from _scale_worker import _setup as _setup
 from _scale_worker import _tracked_peak as _tracked_peak
 from _scale_worker import build_model as build_model
 
-from hiertail_fast._argparse import ArgumentParser, path_arg, positive
+from hiertail_fast._argparse import ArgumentParser, exact_int, path_arg, positive
 from hiertail_fast._files import DeferredInterrupt, unwritable_dir_reason, unwritable_file_reason
 from hiertail_fast._train_cli import threads_arg
 from hiertail_fast._validation import SEED_MAX
@@ -128,14 +128,9 @@ def _seed(text: str) -> int:
     """argparse type: a seed in [0, 2**64 - 1], what each run's ``torch.manual_seed`` takes
     (numpy refuses negative seeds inside every run, and above 2**64 - 1 every run failed with
     torch's "Overflow when unpacking long long")."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    value = exact_int(text, SEED_MAX)       # (its message names the bound above it)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    if value > SEED_MAX:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at most 2**64 - 1")
     return value
 
 
@@ -156,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="HierTail configuration (default paper)")
     p.add_argument("--epochs", type=_positive_int, default=3,
                    help="timed epochs (median; default %(default)s)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed epochs first (default 1)")
+    p.add_argument("--warmup", type=exact_int, default=1, help="untimed epochs first (default 1)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--seed", type=_seed, default=0,
                    help="graph, split and model seed, in [0, 2**64 - 1] (default 0)")

@@ -69,7 +69,8 @@ def test_seed_takes_what_torch_manual_seed_takes():
     (["--warmup", "-1"], "--warmup must be >= 0"),
     (["--loss-dtype", "float64"], "invalid choice: 'float64'"),
     (["--seed", "-1"], "must be >= 0"),
-    (["--seed", str(2**64)], "must be at most 2**64 - 1"),   # every run failed with an overflow
+    (["--seed", str(2**64)], f"is too large (at most {2**64 - 1})"),   # every run overflowed
+    (["--warmup", "0.5"], "'0.5' is not an integer"),
     (["--sizes", "100", "--avg-degree", "1000"], "--avg-degree 1000 must be below"),
 ])
 def test_bad_arguments_exit_2_with_message(argv, message, capsys):

@@ -376,14 +376,18 @@ def test_values_refused_before_training(extra, message, capsys):
 
 def test_counts_and_seeds_in_scientific_notation_are_read_exactly():
     """bench/scale.py took "--sizes 1e3" while the trainer refused "--nodes 1e3" as "not an
-    integer": every integer option now reads an integer however written, exactly (not through
-    a float), and seeds up to torch.manual_seed's 2**64 - 1 (mutant: int() back)."""
+    integer": every single-integer option, the baselines' too, now reads an integer however
+    written, exactly (not through a float), and seeds up to torch.manual_seed's 2**64 - 1
+    (mutant: int() back)."""
     from hiertail_fast._train_cli import build_parser
 
     args = build_parser("t").parse_args(["--synthetic", "--nodes", "1.2e3", "--epochs", "2e1",
                                          "--seed-base", str(2**64 - 1), "--data-seed", "7e0"])
     assert (args.nodes, args.epochs, args.seed_base, args.data_seed) == (1200, 20, 2**64 - 1, 7)
     assert all(type(v) is int for v in (args.nodes, args.epochs, args.seed_base, args.data_seed))
+    baseline = build_parser("t").parse_args(["--synthetic", "--method", "imgagn",
+                                             "--disc-steps", "1e2"])
+    assert baseline.disc_steps == 100 and type(baseline.disc_steps) is int
 
 
 def test_graphmixup_pretraining_below_epochs_runs():

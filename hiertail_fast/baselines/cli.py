@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from hiertail_fast._argparse import exact_int
 from hiertail_fast.baselines.config import METHOD_FIELDS, BaselineConfig
 from hiertail_fast.baselines.methods import METHODS
 
@@ -47,7 +48,7 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("method (baselines: PROTOCOL_AND_BASELINES.md §2)")
     g.add_argument("--method", choices=("hiertail", *METHODS), default="hiertail",
                    help="hiertail (default) or a baseline on the same loop")
-    g.add_argument("--im-class-num", type=int, help="baselines: tail = the last N labels (3)")
+    g.add_argument("--im-class-num", type=exact_int, help="baselines: tail = the last N labels (3)")
     g.add_argument("--up-scale", type=float, help="baselines: synthetic-node rule / re-weight "
                    "(1; 0 = up to the average class size; embed_smote / graphsmote_t / _o make "
                    "one round at most, so values above 1 act as 1, as in the official code)")
@@ -64,19 +65,19 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--keep-prob", type=float, help="graphens: share of the features the "
                    "saliency mask takes from the source (0.01)")
     g.add_argument("--pred-temp", type=float, help="graphens: prediction temperature (2)")
-    g.add_argument("--warmup-epochs", type=int, help="graphens: epochs of plain mixup with the "
-                   "source's neighbours before neighbour sampling (1)")
-    g.add_argument("--disc-steps", type=int, help="imgagn: discriminator epochs per generator "
-                   "epoch (100)")
+    g.add_argument("--warmup-epochs", type=exact_int, help="graphens: epochs of plain mixup "
+                   "with the source's neighbours before neighbour sampling (1)")
+    g.add_argument("--disc-steps", type=exact_int, help="imgagn: discriminator epochs per "
+                   "generator epoch (100)")
     g.add_argument("--gen-ratio", type=float, help="imgagn: generated nodes per tail class = "
                    "floor(ratio * largest training class) - n_c (1)")
     g.add_argument("--gen-adv-grad", action="store_const", const=True, help="imgagn: the "
                    "adversarial terms reach the generator (fix; the official code detaches)")
-    g.add_argument("--ep-pre", type=int, help="graphsmote_t / _o: edge-generator pre-training "
-                   "epochs before the loop (0: HierTail copy; LTE4G's copy: 50)")
+    g.add_argument("--ep-pre", type=exact_int, help="graphsmote_t / _o: edge-generator "
+                   "pre-training epochs before the loop (0: HierTail copy; LTE4G's copy: 50)")
     t = parser.add_argument_group("lte4g (PROTOCOL_AND_BASELINES.md §2.11; LTE4G's defaults)")
     t.add_argument("--sep-class", help="head/tail classes: pareto_XY (pareto_73)")
-    t.add_argument("--sep-degree", type=int, help="degree >= this + 1 is high (5)")
+    t.add_argument("--sep-degree", type=exact_int, help="degree >= this + 1 is high (5)")
     t.add_argument("--class-weight", choices=("on", "off"), help="1/n_c class weights in the "
                    "encoder's CE (on)")
     t.add_argument("--focal-gamma", type=float, help="focal γ (1)")
@@ -88,9 +89,9 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--prototype-fill", choices=("official", "gap"), help="similar-node fill: "
                    "official quirk (default) or the gap the neighbours left")
     t.add_argument("--lr-expert", type=float, help="experts' and students' lr (0.01)")
-    t.add_argument("--expert-ep", type=int, help="expert epochs (1000; capped at --epochs)")
-    t.add_argument("--expert-patience", type=int, help="expert early stop (300)")
-    t.add_argument("--curriculum-ep", type=int, help="student epochs (500)")
+    t.add_argument("--expert-ep", type=exact_int, help="expert epochs (1000; capped at --epochs)")
+    t.add_argument("--expert-patience", type=exact_int, help="expert early stop (300)")
+    t.add_argument("--curriculum-ep", type=exact_int, help="student epochs (500)")
     t.add_argument("--kd-temperature", type=float, help="distillation temperature T (1)")
     t.add_argument("--kd-reduction", choices=("mean", "batchmean"), help="KL over elements "
                    "(official, default) or over nodes")
@@ -100,19 +101,19 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_graphmixup_arguments(g) -> None:
     """GraphMixup's options (§2.8; defaults in `BaselineConfig`)."""
-    g.add_argument("--dis-nclass", type=int, help="graphmixup: local-path classes (6: hops "
+    g.add_argument("--dis-nclass", type=exact_int, help="graphmixup: local-path classes (6: hops "
                    "1..5 and far)")
-    g.add_argument("--clu-nclass", type=int, help="graphmixup: global-path parts (15)")
-    g.add_argument("--k-num", type=int, help="graphmixup: pairs per hop class (5000)")
+    g.add_argument("--clu-nclass", type=exact_int, help="graphmixup: global-path parts (15)")
+    g.add_argument("--k-num", type=exact_int, help="graphmixup: pairs per hop class (5000)")
     g.add_argument("--dis-weight", type=float, help="graphmixup: local-path loss weight (1)")
     g.add_argument("--clu-weight", type=float, help="graphmixup: global-path loss weight (1)")
     g.add_argument("--delta-k", type=float, help="graphmixup: Q-agent stops when the last 20 "
                    "k span <= this (0.05)")
     g.add_argument("--edge-mode", choices=("continuous", "discrete"), help="graphmixup: "
                    "synthetic edge weights P (official) or 1[P >= 0.5]")
-    g.add_argument("--pretrain-epochs", type=int, help="graphmixup: pre-training epochs "
+    g.add_argument("--pretrain-epochs", type=exact_int, help="graphmixup: pre-training epochs "
                    "(default min(2010, epochs // 2); selection over the fine-tune epochs)")
-    g.add_argument("--q-start-epoch", type=int, help="graphmixup: fine-tune epoch where the "
+    g.add_argument("--q-start-epoch", type=exact_int, help="graphmixup: fine-tune epoch where the "
                    "Q-agent starts (50)")
     g.add_argument("--mixup-neighbour", choices=("local", "global"), help="graphmixup: the "
                    "official local-index bug (default) or the real neighbour")
