@@ -81,7 +81,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
     --features 10**12), torch's OutOfMemoryError (CUDA) or its CPU allocator's RuntimeError
     ("can't allocate memory"). Any other RuntimeError is not."""
     return (isinstance(exc, MemoryError)
-            or isinstance(exc, getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError))
+            or isinstance(exc, torch.cuda.OutOfMemoryError)     # (torch.OutOfMemoryError)
             or (isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)))
 
 

@@ -11,7 +11,7 @@ from typing import Sequence
 
 from hiertail_fast._argparse import ArgumentParser, exact_int, path_arg
 from hiertail_fast._files import DeferredInterrupt
-from hiertail_fast._validation import FEATURE_NORMS, check_classes
+from hiertail_fast._validation import FEATURE_NORMS, SEED_MAX, check_classes
 from hiertail_fast.experiments import EXPERIMENTS
 from hiertail_fast.experiments.common import Context, check_distinct
 from hiertail_fast.experiments.runner import (
@@ -40,8 +40,6 @@ def _module(name: str):
 def _seed_base(text: str) -> int:
     """--seed-base: an integer however written ("1e3"), exactly; its range is checked with the
     seeds it starts (``parse_seeds``: [0, 2**64 - 1])."""
-    from hiertail_fast._validation import SEED_MAX
-
     return exact_int(text, SEED_MAX)
 
 
