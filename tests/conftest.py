@@ -316,15 +316,23 @@ def fork_while_held(hold, target, args=(), wait_s: float = 30.0) -> tuple[bool, 
         t.join(10)
 
 
-def ctrl_c_line(monkeypatch, capsys, target, name: str, run, stand_in=None) -> str:
-    """Ctrl-C inside ``target.name`` (patched to raise KeyboardInterrupt, or to ``stand_in``,
-    which raises one of its own) while ``run()`` runs a command: it must exit 130 without a
-    traceback. Returns what it wrote to stderr. An escaping KeyboardInterrupt fails the test
-    (escaping, it would stop the whole pytest run)."""
+def ctrl_c_line(monkeypatch, capsys, target, name: str, run, *, held: bool = False) -> str:
+    """Ctrl-C inside ``target.name`` (patched to raise KeyboardInterrupt) while ``run()`` runs
+    a command: it must exit 130 without a traceback. ``held``: the Ctrl-C a result writer's
+    rotation held comes once the real ``target.name`` has written its files, as the
+    ``DeferredInterrupt`` the rotation raises. Returns what the command wrote to stderr. An
+    escaping KeyboardInterrupt fails the test (escaping, it would stop the whole pytest run)."""
+    from hiertail_fast._files import DeferredInterrupt
+
+    real = getattr(target, name)
+
     def interrupt(*args, **kwargs):
+        if held:
+            real(*args, **kwargs)
+            raise DeferredInterrupt
         raise KeyboardInterrupt
     with monkeypatch.context() as m:
-        m.setattr(target, name, stand_in or interrupt)
+        m.setattr(target, name, interrupt)
         try:
             with pytest.raises(SystemExit) as exc:
                 run()

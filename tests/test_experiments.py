@@ -570,17 +570,9 @@ def test_ctrl_c_held_by_the_summary_renames_says_it_was_written(tmp_path, monkey
     DeferredInterrupt: the line then says the summary was written, not that it is still to
     be made (the stand-in writes it, then raises what the rotation raises)."""
     import hiertail_fast.experiments.report as report_mod
-    from hiertail_fast._files import DeferredInterrupt
-
-    real = report_mod.write_outputs
-
-    def write_then_ctrl_c(*args, **kwargs):
-        real(*args, **kwargs)
-        raise DeferredInterrupt
 
     err = ctrl_c_line(monkeypatch, capsys, report_mod, "write_outputs", lambda: main(
-        ["main", *TINY, "--methods", "origin", "--out", str(tmp_path)]),
-        stand_in=write_then_ctrl_c)
+        ["main", *TINY, "--methods", "origin", "--out", str(tmp_path)]), held=True)
     assert err.strip().splitlines()[-1].endswith(
         f"interrupted after the summary ({tmp_path / 'main-s1-e3-p1000'}.md / .json) was written")
     assert list(tmp_path.glob("main*.md"))

@@ -104,9 +104,9 @@ def test_an_older_generation_file_that_is_a_folder_is_refused_before_any_work(tm
 def test_ctrl_c_in_the_rotation_waits_for_it_to_finish(tmp_path, monkeypatch):
     """A real SIGINT between the rotation's moves (current -> .prev, new -> current): the
     moves finish, then the KeyboardInterrupt is raised (a DeferredInterrupt, which tells the
-    caller the files are in place), so the folder holds the new set and
-    the one it replaced, never only the .prev files (mutant: no deferral; this test then
-    finds r.csv missing). Python's own SIGINT handler is back afterwards."""
+    caller the files are in place), so the folder holds the new set and the one it replaced,
+    never only the .prev files (mutant: no deferral; this test then finds r.csv missing).
+    Python's own SIGINT handler is back afterwards."""
     import signal
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)

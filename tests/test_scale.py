@@ -404,21 +404,11 @@ def test_ctrl_c_while_the_results_are_written_is_one_line(after_rotation, tmp_pa
     """Ctrl-C while scale.csv / .json / .png were made (the plot takes about a second) ended
     the sweep in a traceback. Now: the table, one line saying whether the files were written
     (a Ctrl-C held by the rotation comes as a DeferredInterrupt, after it) and exit 130."""
-    from hiertail_fast._files import DeferredInterrupt
-
     monkeypatch.setattr(scale, "run_one", _measured)
-    real = scale.write_outputs
-
-    def interrupted(rows, info, out, **kwargs):
-        if after_rotation:
-            real(rows, info, out, **kwargs)
-            raise DeferredInterrupt
-        raise KeyboardInterrupt
-
     out = tmp_path / "res"
     err = ctrl_c_line(monkeypatch, capsys, scale, "write_outputs", lambda: sys.exit(scale.main(
         ["--sizes", "100", "--methods", "gcn", "--device", "cpu", "--out", str(out)])),
-        stand_in=interrupted)
+        held=after_rotation)
     last = err.strip().splitlines()[-1]
     if after_rotation:
         assert last == f"interrupted after the results were written to {out}"

@@ -636,19 +636,11 @@ def test_ctrl_c_while_the_json_is_written_is_one_line(tmp_path, capsys, monkeypa
     are done, so it arrives either before it (the file as it was) or after, as a
     DeferredInterrupt (written: the stand-in writes the file, then raises that)."""
     import hiertail_fast._train_cli as cli
-    from hiertail_fast._files import DeferredInterrupt
 
     out = tmp_path / "res.json"
     out.write_text("old")
-    real = cli.replace_keeping_prev
-
-    def write_then_ctrl_c(path, text):
-        real(path, text)
-        raise DeferredInterrupt     # what the rotation raises for a Ctrl-C it held
-
     err = ctrl_c_line(monkeypatch, capsys, cli, "replace_keeping_prev",
-                      lambda: main(TINY + ["--json", str(out)]),
-                      stand_in=write_then_ctrl_c if written else None)
+                      lambda: main(TINY + ["--json", str(out)]), held=written)
     last = err.strip().splitlines()[-1]
     if written:
         assert last.endswith(f"interrupted after --json {out} was written")
