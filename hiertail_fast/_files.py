@@ -243,24 +243,46 @@ class DeferredInterrupt(KeyboardInterrupt):
     came before its rotation: the folder is as it was)."""
 
 
+# the signals that end a command from outside: Ctrl-C, a scheduler's or `kill`'s SIGTERM, a
+# closed terminal's SIGHUP (where the platform has it)
+_HELD_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
+                      if hasattr(signal, name))
+
+
 @contextmanager
 def interrupts_deferred() -> Iterator[None]:
-    """Hold a Ctrl-C (SIGINT) until the block is done, then raise it (``DeferredInterrupt``).
-    For the few file moves that must not stop half-way (a Ctrl-C in ``replace_file_set``'s
-    rotation left the results only as ``NAME.prev.json``, and a traceback). Only where
-    Python's own handler is installed, in the main thread (where signal handlers run): a
-    handler of the user's is left alone."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+    """Hold SIGINT (Ctrl-C), SIGTERM and SIGHUP until the block is done, then deliver them.
+    For the few file moves that must not stop half-way (a Ctrl-C, or a job scheduler's
+    SIGTERM, in ``replace_file_set``'s rotation left the results only as ``NAME.prev.json``).
+    A Ctrl-C under Python's own handler comes out as ``DeferredInterrupt`` (a
+    KeyboardInterrupt saying the block finished); any other held signal is raised again
+    under the handler it had, so a default SIGTERM still ends the process, only a few
+    milliseconds later, and a handler of the caller's runs as it would have. Main thread
+    only (where signal handlers run); an ignored signal, or one whose handler was not set
+    from Python, is left alone. If the block raises, the other held signals are delivered
+    all the same (a SIGTERM must not be lost to a failed rename); a held Ctrl-C gives way to
+    the block's error."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    caught = []
-    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    handlers = {sig: signal.getsignal(sig) for sig in _HELD_SIGNALS}
+    handlers = {sig: h for sig, h in handlers.items() if h not in (signal.SIG_IGN, None)}
+    caught: list[int] = []
+    done = False
     try:
+        for sig in handlers:
+            signal.signal(sig, lambda signum, frame: caught.append(signum))
         yield
+        done = True
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if caught:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(caught):
+            if sig != signal.SIGINT or handlers[sig] is not signal.default_int_handler:
+                signal.raise_signal(sig)
+    # a Ctrl-C held while the block raised gives way to that error (the files are not all in
+    # place, which DeferredInterrupt would say they are)
+    if done and signal.SIGINT in caught and handlers[signal.SIGINT] is signal.default_int_handler:
         raise DeferredInterrupt
 
 

@@ -13,7 +13,8 @@ unchecked (each test failed on the mutant it describes, passes on main).
   tests fake mkstemp for an unwritable folder).
 
 Session 45: an older-generation file that is a folder is refused before any work, and a Ctrl-C
-during the rotation is held until its moves are done.
+during the rotation is held until its moves are done. Session 46: so are SIGTERM and SIGHUP (a
+job scheduler's stop, a closed terminal), then delivered under their own handlers.
 """
 from __future__ import annotations
 
@@ -136,6 +137,109 @@ def test_ctrl_c_in_the_rotation_waits_for_it_to_finish(tmp_path, monkeypatch):
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+# a process that rotates r.csv ("current" -> r.prev.csv, "new" -> r.csv) and sends itself
+# `sig` between the two moves; {handler}: what the signal's handler is before the rotation
+_ROTATE_AND_SIGNAL = """
+import os, signal, sys
+from pathlib import Path
+from hiertail_fast import _files
+sig = getattr(signal, sys.argv[2])
+{handler}
+real_replace, sent = os.replace, []
+def replace_then_signal(src, dst):
+    real_replace(src, dst)
+    if not sent and Path(dst).name == "r.prev.csv":
+        sent.append(True)
+        os.kill(os.getpid(), sig)
+        for _ in range(1000):
+            pass
+_files.os.replace = replace_then_signal
+_files.replace_file_set(Path(sys.argv[1]), {{"r.csv": lambda p: p.write_text("new")}},
+                        ["r.csv"], lambda n: "r.prev.csv")
+print("survived", signal.getsignal(sig) == {restored}, flush=True)
+"""
+
+
+def _rotate_and_signal(tmp_path, signame, handler="", restored="signal.SIG_DFL"):
+    import subprocess
+    import sys
+
+    (tmp_path / "r.csv").write_text("current")
+    script = _ROTATE_AND_SIGNAL.format(handler=handler, restored=restored)
+    return subprocess.run([sys.executable, "-c", script, str(tmp_path), signame],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_sigterm_in_the_rotation_waits_for_it_to_finish(tmp_path, signame):
+    """A job scheduler's SIGTERM (or a closed terminal's SIGHUP) between the rotation's moves,
+    under the default handler: the process still dies by that signal, but after the moves, so
+    the folder holds the new set and the one it replaced (mutant: only SIGINT held; r.csv is
+    then missing, the results only in r.prev.csv)."""
+    import signal
+
+    done = _rotate_and_signal(tmp_path, signame)
+    assert done.returncode == -getattr(signal, signame), (done.returncode, done.stderr)
+    assert "survived" not in done.stdout
+    assert (tmp_path / "r.csv").read_text() == "new"
+    assert (tmp_path / "r.prev.csv").read_text() == "current"
+
+
+def test_a_callers_sigterm_handler_runs_after_the_rotation(tmp_path):
+    """bench/scale.py's own SIGTERM handler (SystemExit(143)) is held too, then runs once the
+    moves are done, and is the handler again afterwards."""
+    handler = ("def on_term(signum, frame):\n"
+               "    print('handler ran', Path(sys.argv[1], 'r.csv').read_text(), flush=True)\n"
+               "    raise SystemExit(143)\n"
+               "signal.signal(sig, on_term)")
+    done = _rotate_and_signal(tmp_path, "SIGTERM", handler)
+    assert done.returncode == 143, done.stderr
+    assert done.stdout.split() == ["handler", "ran", "new"], done.stdout   # after the moves
+    assert (tmp_path / "r.prev.csv").read_text() == "current"
+    script = "signal.signal(sig, lambda *a: print('held', flush=True))"
+    done = _rotate_and_signal(tmp_path, "SIGTERM", script, restored="True")
+    assert done.returncode == 0 and done.stdout.split() == ["held", "survived", "False"], (
+        done.stdout, done.stderr)   # the lambda (not SIG_DFL) is back: 'restored' is False
+
+
+def test_an_ignored_sigterm_stays_ignored(tmp_path):
+    done = _rotate_and_signal(tmp_path, "SIGTERM", "signal.signal(sig, signal.SIG_IGN)",
+                              restored="signal.SIG_IGN")
+    assert done.returncode == 0 and done.stdout.split() == ["survived", "True"], done.stderr
+    assert (tmp_path / "r.csv").read_text() == "new"
+
+
+def test_a_held_sigterm_is_delivered_when_the_rotation_fails(tmp_path, monkeypatch):
+    """A SIGTERM held while a move fails is not lost to the error: its handler runs (here one
+    raising SystemExit, as scale.py's does), the failed move's error as its context."""
+    import signal
+
+    (tmp_path / "r.csv").write_text("current")
+    real_replace = _files.os.replace
+
+    def replace_signal_then_fail(src, dst):
+        if Path(dst).name == "r.prev.csv":
+            real_replace(src, dst)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise OSError("disk gone")
+
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    monkeypatch.setattr(_files.os, "replace", replace_signal_then_fail)
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            replace_file_set(tmp_path, {"r.csv": lambda p: p.write_text("new")}, ["r.csv"],
+                             _prev)
+        assert exit_info.value.code == 143
+        assert isinstance(exit_info.value.__context__, OSError)
+        assert signal.getsignal(signal.SIGTERM) is on_term
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_new_result_files_get_the_usual_mode(tmp_path):
