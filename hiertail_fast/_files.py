@@ -77,6 +77,23 @@ def _new_file_mode(path: Path) -> int:
         return 0o666 & ~umask
 
 
+def fsync_folder(folder: Path) -> None:
+    """Flush `folder`'s entries to disk: a rename is durable only once its directory is (after a
+    power cut the file's data was on disk, but the name could still point at the old file, or
+    at nothing). Best effort: where a folder cannot be opened or synced (Windows, some
+    network file systems), nothing happens."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def atomic_path(path: Path, *, overwrite: bool = True) -> Iterator[Path]:
     """Yield a temporary path beside `path`; on success it replaces `path` atomically, on any
@@ -106,6 +123,7 @@ def atomic_path(path: Path, *, overwrite: bool = True) -> Iterator[Path]:
                                       "overwrite it") from None
             except OSError:  # no hard links on this file system
                 os.replace(tmp, path)
+        fsync_folder(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -231,6 +249,7 @@ def replace_file_set(out: Path, writers: dict, current: list, prev_of,
                     kept.append(out / prev_of(name))
             for name, tmp in temps.items():
                 os.replace(tmp, out / name)
+            fsync_folder(out)
     finally:
         for tmp in temps.values():
             tmp.unlink(missing_ok=True)

@@ -14,7 +14,8 @@ unchecked (each test failed on the mutant it describes, passes on main).
 
 Session 45: an older-generation file that is a folder is refused before any work, and a Ctrl-C
 during the rotation is held until its moves are done. Session 46: so are SIGTERM and SIGHUP (a
-job scheduler's stop, a closed terminal), then delivered under their own handlers.
+job scheduler's stop, a closed terminal), then delivered under their own handlers; and the
+folder is fsynced after the renames (durable, not only atomic).
 """
 from __future__ import annotations
 
@@ -240,6 +241,48 @@ def test_a_held_sigterm_is_delivered_when_the_rotation_fails(tmp_path, monkeypat
         assert signal.getsignal(signal.SIGTERM) is on_term
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.parametrize("writer", ["replace_file_set", "atomic_path"])
+def test_the_folder_is_synced_after_the_renames(tmp_path, monkeypatch, writer):
+    """A rename is durable only once its directory is flushed: after the last os.replace the
+    folder itself is fsynced (mutant: no folder fsync, a power cut could undo the renames;
+    the files' own fsyncs come before their renames)."""
+    events = []
+    real_replace, real_fsync = _files.os.replace, _files.os.fsync
+
+    def replace(src, dst):
+        events.append(("replace", Path(dst).name))
+        real_replace(src, dst)
+
+    def fsync(fd):
+        mode = os.fstat(fd).st_mode
+        events.append(("fsync", "folder" if stat.S_ISDIR(mode) else "file"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(_files.os, "replace", replace)
+    monkeypatch.setattr(_files.os, "fsync", fsync)
+    (tmp_path / "r.csv").write_text("current")
+    if writer == "replace_file_set":
+        replace_file_set(tmp_path, {"r.csv": lambda p: p.write_text("new")}, ["r.csv"], _prev)
+    else:
+        with _files.atomic_path(tmp_path / "r.csv") as tmp:
+            tmp.write_text("new")
+    assert (tmp_path / "r.csv").read_text() == "new"
+    last_replace = max(i for i, e in enumerate(events) if e[0] == "replace")
+    assert ("fsync", "folder") in events[last_replace:], events
+    assert events.index(("fsync", "file")) < last_replace, events
+
+
+def test_a_folder_that_cannot_be_synced_is_no_error(tmp_path, monkeypatch):
+    def refuse(fd):
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(_files.os, "fsync", lambda fd: refuse(fd) if stat.S_ISDIR(
+        os.fstat(fd).st_mode) else None)
+    replace_keeping_prev(tmp_path / "res.json", "{}")
+    assert (tmp_path / "res.json").read_text() == "{}"
+    _files.fsync_folder(tmp_path / "missing")      # cannot be opened: nothing happens
 
 
 def test_new_result_files_get_the_usual_mode(tmp_path):
