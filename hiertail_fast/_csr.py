@@ -219,7 +219,7 @@ def _is_torch_sparse_tensor(obj: object) -> bool:
 
 def is_sparse_adjacency(obj: object) -> bool:
     """Whether ``obj`` is a sparse adjacency that ``CSRGraph.from_sparse`` takes."""
-    return _is_torch_sparse_tensor(obj) or (isinstance(obj, torch.Tensor)
+    return _is_torch_sparse_tensor(obj) or (isinstance(obj, torch.Tensor) and not obj.is_nested
                                             and obj.layout != torch.strided)
 
 

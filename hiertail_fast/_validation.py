@@ -45,6 +45,10 @@ def is_non_finite_error(exc: BaseException) -> bool:
 def check_tensor(t: object, name: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.is_nested:     # (torch.nested.nested_tensor's default layout is torch.strided: every
+        # later check and op failed with "NestedTensorImpl doesn't support sizes")
+        raise TypeError(f"{name} must be a plain tensor, got a nested tensor ({t.layout}): "
+                        "pass each graph or batch on its own, or torch.cat them")
     return t
 
 

@@ -50,6 +50,9 @@ def _to_numpy(a: Any, name: str) -> np.ndarray:
     A floating tensor without a numpy dtype (bfloat16, float8) comes as float32, which holds
     its values exactly; another tensor numpy cannot take is a TypeError naming ``name``."""
     if hasattr(a, "detach") and hasattr(a, "cpu"):  # torch.Tensor without importing torch
+        if getattr(a, "is_nested", False):
+            raise TypeError(f"{name} must be a plain tensor, got a nested tensor: evaluate "
+                            "each graph on its own, or torch.cat them")
         t = a.detach().cpu()
         try:
             return t.numpy()

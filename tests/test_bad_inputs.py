@@ -9,10 +9,13 @@ import torch
 from hiertail_fast import (
     BalancedContrastiveLoss,
     CSRGraph,
+    GCNConv,
+    balanced_accuracy,
     balanced_contrastive_loss,
     gcn_propagate,
     hierarchical_contrastive_loss,
     load_npz,
+    macro_f1,
     nearest_prototype,
     topk_pool,
     topk_unpool,
@@ -39,6 +42,16 @@ def _with(t: torch.Tensor, value: float) -> torch.Tensor:
 
 def _graph():
     return CSRGraph.from_edge_index(EI, num_nodes=3)
+
+
+def _nested(t: torch.Tensor, layout=torch.strided) -> torch.Tensor:
+    """`t` as a one-element nested tensor (the old API's default layout is torch.strided, so
+    only ``is_nested`` tells it from a plain tensor); torch warns the API is a prototype."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.nested.nested_tensor([t], layout=layout)
 
 
 def _gcn(**kw):
@@ -228,6 +241,33 @@ CASES = [
     ("hier prototypes None", _hier(level_prototypes=None), TypeError,
      "level_prototypes is NoneType"),
     ("hier labels int", _hier(level_labels=3), TypeError, "level_labels is int"),
+    # ---- nested tensors (torch.nested): every check and op failed with torch's "Internal
+    # error: NestedTensorImpl doesn't support sizes"; a jagged edge_index read as a sparse
+    # adjacency
+    *[(f"{name} nested {str(layout)[6:]}", call(layout), TypeError,
+       f"{arg} must be a plain tensor, got a nested tensor") for layout in (
+        torch.strided, torch.jagged) for name, arg, call in (
+        ("bcl z", "z", lambda lay: _bcl(z=_nested(Z, lay))),
+        ("bcl prototypes", "prototypes", lambda lay: _bcl(prototypes=_nested(PROTOS, lay))),
+        ("hier z", "z", lambda lay: _hier(z=_nested(Z, lay))),
+        ("gcn x", "x", lambda lay: _gcn(x=_nested(X, lay))),
+        ("gcn edge_index", "graph_or_edge_index",
+         lambda lay: _gcn(graph_or_edge_index=_nested(EI.float(), lay).long())),
+        ("pool x", "x", lambda lay: _pool(x=_nested(X, lay))),
+        ("pool edge_index", "edge_index",
+         lambda lay: _pool(graph_or_edge_index=_nested(EI.float(), lay).long())),
+        ("near z", "z", lambda lay: _near(z=_nested(Z, lay))),
+        ("near prototypes", "prototypes", lambda lay: _near(prototypes=_nested(PROTOS, lay))))],
+    ("bcl labels nested", _bcl(labels=_nested(Y)), TypeError,
+     "labels must be a plain tensor, got a nested tensor"),
+    ("bcl temperature nested", _bcl(temperature=_nested(torch.tensor(0.1))), TypeError,
+     "temperature must be a plain tensor, got a nested tensor"),
+    ("gcn weight nested", _gcn(graph_or_edge_index=EI, edge_weight=_nested(torch.ones(3))),
+     TypeError, "edge_weight must be a plain tensor, got a nested tensor"),
+    ("pool score_weight nested", _pool(score_weight=_nested(P)), TypeError,
+     "score_weight must be a plain tensor, got a nested tensor"),
+    ("csr edge_index nested", lambda: CSRGraph.from_edge_index(_nested(EI), num_nodes=3),
+     TypeError, "edge_index must be a plain tensor, got a nested tensor"),
     # ---- the loss: layouts, devices, number types and ranges a fuzzer found loose
     ("bcl z sparse", _bcl(z=Z.to_sparse()), TypeError, "z must be a dense (strided) tensor"),
     ("bcl z csr", _bcl(z=Z.to_sparse_csr()), TypeError, "z must be a dense (strided) tensor"),
@@ -335,6 +375,22 @@ def test_bad_input(call, exc, msg, backend, monkeypatch):
         call()
     assert type(info.value) is exc  # the exact type, not a subclass from deep inside torch
     assert msg in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("call, arg", [
+    (lambda: HierTail(4, 3)(_nested(X), EI), "x"),
+    (lambda: GCNConv(4, 2)(_nested(X), EI), "x"),
+    (lambda: prepare_graph(_nested(EI), 3), "edge_index"),
+    (lambda: BalancedContrastiveLoss()(_nested(Z), Y), "z"),
+    (lambda: balanced_accuracy(_nested(Y), Y), "y_true"),
+    (lambda: macro_f1(Y, _nested(Y)), "y_pred"),
+], ids=["HierTail", "GCNConv", "prepare_graph", "loss module", "metric y_true",
+        "metric y_pred"])
+def test_nested_tensors_are_refused_by_modules_and_metrics(call, arg):
+    """The modules and metrics name a nested tensor too (GCNConv, the metrics: torch's
+    'NestedTensorImpl doesn't support sizes', or a conversion error)."""
+    with pytest.raises(TypeError, match=f"^{arg} must be a plain tensor, got a nested tensor"):
+        call()
 
 
 @pytest.fixture(scope="module")

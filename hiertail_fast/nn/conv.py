@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hiertail_fast._validation import check_flag, check_positive_int
+from hiertail_fast._validation import check_flag, check_positive_int, check_tensor
 from hiertail_fast.graph import CSRGraph, outside_inference_mode
 from hiertail_fast.ops.gcn_propagate import PROPAGATION_BACKENDS, as_graph, gcn_propagate
 
@@ -118,8 +118,7 @@ class GCNConv(nn.Module):
     def _check_input(self, x) -> None:
         """x [n, in_channels] in the parameters' dtype (any dtype under autocast): a wrong
         width or dtype is named here, not left to a RuntimeError inside the product."""
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        check_tensor(x, "x")
         if x.dim() != 2 or x.shape[1] != self.in_channels:
             raise ValueError(f"x must be [num_nodes, in_channels={self.in_channels}], got shape "
                              f"{tuple(x.shape)}")

@@ -54,6 +54,7 @@ from hiertail_fast._validation import (
     all_finite,
     check_no_edge_weight,
     check_num_nodes,
+    check_tensor,
     is_non_finite_error,
     non_finite_error,
 )
@@ -257,8 +258,9 @@ class HierTail(nn.Module):
             if not is_pyg_data(x):
                 raise TypeError("graph is required unless x is a PyG Data")
             x, graph = x.x, x
-        if not isinstance(x, torch.Tensor) or x.dim() != 2:
-            raise ValueError("x must be a 2-D tensor [n, F]")
+        check_tensor(x, "x")
+        if x.dim() != 2:
+            raise ValueError(f"x must be a 2-D tensor [n, F], got shape {tuple(x.shape)}")
         if x.shape[1] != self.in_channels:
             raise ValueError(f"x has {x.shape[1]} features, the model expects {self.in_channels}")
         if isinstance(graph, torch.Tensor) or is_pyg_data(graph) or is_sparse_adjacency(graph):
