@@ -49,6 +49,10 @@ def check_tensor(t: object, name: str) -> torch.Tensor:
         # later check and op failed with "NestedTensorImpl doesn't support sizes")
         raise TypeError(f"{name} must be a plain tensor, got a nested tensor ({t.layout}): "
                         "pass each graph or batch on its own, or torch.cat them")
+    if isinstance(t, torch.masked.MaskedTensor):   # (its dispatch refused the ops' first
+        # reduction with a TypeError naming an aten op, not the argument)
+        raise TypeError(f"{name} must be a plain tensor, got a MaskedTensor: pass the "
+                        "entries that are present as a plain tensor")
     return t
 
 

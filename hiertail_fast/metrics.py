@@ -53,6 +53,9 @@ def _to_numpy(a: Any, name: str) -> np.ndarray:
         if getattr(a, "is_nested", False):
             raise TypeError(f"{name} must be a plain tensor, got a nested tensor: evaluate "
                             "each graph on its own, or torch.cat them")
+        if type(a).__name__ == "MaskedTensor":      # (torch.masked's; torch not imported)
+            raise TypeError(f"{name} must be a plain tensor, got a MaskedTensor: pass the "
+                            "entries that are present as a plain tensor")
         t = a.detach().cpu()
         try:
             return t.numpy()

@@ -377,20 +377,37 @@ def test_bad_input(call, exc, msg, backend, monkeypatch):
     assert msg in str(info.value), str(info.value)
 
 
+def _masked(t: torch.Tensor) -> torch.Tensor:
+    """`t` as a torch.masked.MaskedTensor, every entry present (a prototype API: it warns)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.masked.masked_tensor(t, torch.ones_like(t, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("wrap, kind", [(_nested, "a nested tensor"), (_masked, "a MaskedTensor")],
+                         ids=["nested", "masked"])
 @pytest.mark.parametrize("call, arg", [
-    (lambda: HierTail(4, 3)(_nested(X), EI), "x"),
-    (lambda: GCNConv(4, 2)(_nested(X), EI), "x"),
-    (lambda: prepare_graph(_nested(EI), 3), "edge_index"),
-    (lambda: BalancedContrastiveLoss()(_nested(Z), Y), "z"),
-    (lambda: balanced_accuracy(_nested(Y), Y), "y_true"),
-    (lambda: macro_f1(Y, _nested(Y)), "y_pred"),
-], ids=["HierTail", "GCNConv", "prepare_graph", "loss module", "metric y_true",
-        "metric y_pred"])
-def test_nested_tensors_are_refused_by_modules_and_metrics(call, arg):
-    """The modules and metrics name a nested tensor too (GCNConv, the metrics: torch's
-    'NestedTensorImpl doesn't support sizes', or a conversion error)."""
-    with pytest.raises(TypeError, match=f"^{arg} must be a plain tensor, got a nested tensor"):
-        call()
+    (lambda w: HierTail(4, 3)(w(X), EI), "x"),
+    (lambda w: GCNConv(4, 2)(w(X), EI), "x"),
+    (lambda w: prepare_graph(w(EI), 3), "edge_index"),
+    (lambda w: BalancedContrastiveLoss()(w(Z), Y), "z"),
+    (lambda w: balanced_contrastive_loss(Z, w(Y)), "labels"),
+    (lambda w: gcn_propagate(w(X), EI), "x"),
+    (lambda w: topk_pool(w(X), EI, P, ratio=0.5), "x"),
+    (lambda w: nearest_prototype(w(Z), PROTOS), "z"),
+    (lambda w: balanced_accuracy(w(Y), Y), "y_true"),
+    (lambda w: macro_f1(Y, w(Y)), "y_pred"),
+], ids=["HierTail", "GCNConv", "prepare_graph", "loss module", "loss labels", "gcn_propagate",
+        "topk_pool", "nearest_prototype", "metric y_true", "metric y_pred"])
+def test_tensor_containers_are_refused_by_name(call, arg, wrap, kind):
+    """Nested tensors and MaskedTensors are refused naming the argument, by the modules and
+    the metrics too (before: torch's 'NestedTensorImpl doesn't support sizes', a
+    MaskedTensor's 'Multiple dispatch failed for aten.linalg_vector_norm', a conversion
+    error)."""
+    with pytest.raises(TypeError, match=f"^{arg} must be a plain tensor, got {kind}"):
+        call(wrap)
 
 
 @pytest.fixture(scope="module")
