@@ -6,6 +6,7 @@ import numbers
 import operator
 import os
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -88,6 +89,17 @@ def check_dense_tensor(t: object, name: str) -> torch.Tensor:
     if t.device.type == "meta":
         raise ValueError(f"{name} is on the meta device: it has no values to read")
     return t
+
+
+def check_path(value: object, name: str) -> Path:
+    """A file-system path given as a str or an os.PathLike (pathlib.Path), as a Path; anything
+    else (None, an int, an open file, bytes) is a TypeError naming ``name`` (pathlib's own
+    said "expected str, bytes or os.PathLike object, not int", naming no argument)."""
+    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be a path (str or os.PathLike), got "
+                        f"{type(value).__name__}")
+    return Path(text)
 
 
 def check_flag(value: object, name: str) -> bool:

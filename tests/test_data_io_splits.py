@@ -442,6 +442,32 @@ def test_load_npz_names_a_directory(tmp_path):
         load_npz(tmp_path / "g.npz")
 
 
+@pytest.mark.parametrize("bad", [None, 3, b"g.npz", "file object"],
+                         ids=["None", "int", "bytes", "file object"])
+def test_paths_that_are_not_paths_are_named(tmp_path, bad):
+    """load_npz / save_npz / save_graph / convert name their path argument when it is not a
+    str or os.PathLike (pathlib said "expected str, bytes or os.PathLike object, not int");
+    a str and a Path still work."""
+    from hiertail_fast.data.conversion import convert, save_graph
+
+    ei, x, y = np.array([[0, 1], [1, 0]]), np.ones((2, 3), np.float32), np.array([0, 1])
+    good = save_npz(tmp_path / "g.npz", ei, x, y)
+    assert load_npz(str(good)).num_nodes == load_npz(good).num_nodes == 2
+    with open(good, "rb") as fh:
+        value = fh if bad == "file object" else bad
+        for call, arg in ((lambda: load_npz(value), "path"),
+                          (lambda: save_npz(value, ei, x, y), "path"),
+                          (lambda: save_graph(load_npz(good), value), "path"),
+                          (lambda: convert(good, value), "out"),
+                          (lambda: convert(good, tmp_path / "h.npz", split_out=value),
+                           "split_out")):
+            if value is None and arg == "split_out":
+                continue            # (split_out=None: no split file, the default)
+            with pytest.raises(TypeError, match=f"^{arg} must be a path"):
+                call()
+    assert not (tmp_path / "h.npz").exists()
+
+
 # ------------------------------------------------------ golden checks (a mutation audit)
 def _documented_natural_split(y: np.ndarray, seed: int):
     """The module doc's construction, written from scratch: ``default_rng(seed).permutation(n)``

@@ -27,6 +27,7 @@ import torch
 
 from hiertail_fast._argparse import ArgumentParser, path_arg
 from hiertail_fast._files import check_new_output, overwritten_input, same_file, write_atomic
+from hiertail_fast._validation import check_path
 from hiertail_fast.data.datasets import (
     DATASETS,
     canonical_name,
@@ -45,7 +46,7 @@ def save_graph(graph: GraphData, path: Any, *, force: bool = False, split: Any =
     """Write ``graph`` atomically: ``.npz`` uniform format or ``.pt`` PyG ``Data`` (with the
     masks of ``split``). The .npz format has no edge weights: a weighted graph is refused
     unless every weight is 1."""
-    path = Path(path)
+    path = check_path(path, "path")
     if path.suffix not in _FORMATS:
         raise ValueError(f"output {path}: the suffix must be one of {_FORMATS}")
     if path.suffix == ".pt":
@@ -132,7 +133,8 @@ def convert(source: Any, out: Any, *, root: Any = None, force: bool = False,
     A split read from a ``Data``'s masks goes into a ``.pt`` output, and into ``split_out``
     (``.npz`` with ``train`` / ``val`` / ``test`` node ids) when given.
     """
-    out = Path(out)
+    out = check_path(out, "out")
+    split_out = None if split_out is None else check_path(split_out, "split_out")
     if out.suffix not in _FORMATS:
         raise ValueError(f"output {out}: the suffix must be one of {_FORMATS}")
     if split_out is not None and same_file(out, Path(split_out)):

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from hiertail_fast._files import write_atomic
-from hiertail_fast._validation import INT64_MAX, check_flag
+from hiertail_fast._validation import INT64_MAX, check_flag, check_path
 
 __all__ = ["GraphData", "load_npz", "save_npz", "relabel_by_size", "size_order",
            "open_npz"]
@@ -288,7 +288,7 @@ def load_npz(
         feature columns or malformed CSR parts.
     """
     relabel_by_size = check_flag(relabel_by_size, "relabel_by_size")
-    p = Path(path)
+    p = check_path(path, "path")
     if p.is_dir():              # was "not found"
         raise IsADirectoryError(f"{p} is a directory, not an .npz graph file")
     if not p.is_file():
@@ -355,8 +355,9 @@ def save_npz(
         FileNotFoundError when the directory does not exist.
     """
     force = check_flag(force, "force")
+    path = check_path(path, "path")
     ei, xx, yy = _np(edge_index), _np(x), _np(y)
-    where = f"save_npz({os.fspath(path)})"
+    where = f"save_npz({path})"
     _check_arrays(ei, xx, yy, where)
     arrays = {"edge_index": ei.astype(np.int64), "y": yy.astype(np.int64)}
     xx = _float32_features(xx, where)
