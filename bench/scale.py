@@ -406,6 +406,16 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
+def _written_by(out: Path, info: dict) -> bool:
+    """Whether ``out``'s scale.json is this sweep's (its wall time, a float that survives the
+    JSON round trip exactly): a run stopped while writing tells the user which files they have."""
+    try:
+        return json.loads((out / "scale.json").read_text()).get("wall_seconds") == info[
+            "wall_seconds"]
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 _DRIVER_ENV = "HIERTAIL_SCALE_DRIVER"     # the driver's pid, for its worker
 
 
@@ -486,6 +496,13 @@ def main(argv: list[str] | None = None) -> int:
             f"while the results were written; nothing written, {args.out} left as it was"),
             file=sys.stderr)
         return 130
+    except SystemExit as exc:   # SIGTERM (the handler above) while the files are made; one
+        # during their renames is held until all three are in place, then comes here
+        print("\n" + table(rows) + "\n\nterminated " + (
+            f"after the results were written to {args.out}" if _written_by(args.out, info)
+            else f"while the results were written; nothing written, {args.out} left as it "
+                 "was"), file=sys.stderr)
+        return int(exc.code or 1)
     print("\n" + table(rows) + f"\n\n{info['wall_seconds']:.0f} s; load average at the end "
           f"{info['load_average_end'][0]:.1f}; wrote {', '.join(map(str, written))}")
     if kept:

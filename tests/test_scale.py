@@ -10,6 +10,7 @@ import csv
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -415,6 +416,39 @@ def test_ctrl_c_while_the_results_are_written_is_one_line(after_rotation, tmp_pa
         assert (out / "scale.csv").exists()
     else:
         assert last == (f"interrupted while the results were written; nothing written, {out} "
+                        "left as it was")
+        assert not out.exists()
+
+
+@pytest.mark.parametrize("after_rotation", [False, True])
+def test_sigterm_while_the_results_are_written_is_one_line(after_rotation, tmp_path,
+                                                           monkeypatch, capsys):
+    """A SIGTERM while the three files are made (scale's handler raises SystemExit(143); one
+    during the renames is held until they are done, then raised): the table, one line saying
+    whether the files were written, exit 143 (it exited silently, whichever it was)."""
+    monkeypatch.setattr(scale, "run_one", _measured)
+    real = scale.write_outputs
+
+    def terminated(*args, **kwargs):
+        if after_rotation:
+            real(*args, **kwargs)
+        scale._exit_on_sigterm(signal.SIGTERM, None)
+
+    monkeypatch.setattr(scale, "write_outputs", terminated)
+    out = tmp_path / "res"
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        code = scale.main(["--sizes", "100", "--methods", "gcn", "--device", "cpu", "--out",
+                           str(out)])
+    finally:
+        signal.signal(signal.SIGTERM, previous)     # (main installs its handler)
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 143
+    if after_rotation:
+        assert last == f"terminated after the results were written to {out}"
+        assert (out / "scale.csv").exists()
+    else:
+        assert last == (f"terminated while the results were written; nothing written, {out} "
                         "left as it was")
         assert not out.exists()
 
