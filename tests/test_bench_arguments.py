@@ -22,6 +22,8 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
     ("dispatch_count.py", ["--n", "0"], "--n: '0' must be a positive integer"),
     ("engine_ab.py", ["--tau", "-1"], "--tau: '-1' must be a positive number"),
     ("kernel_resources.py", ["--dims", "0"], "--dims: '0' must be a positive integer"),
+    ("kernel_compile.py", ["--jobs", "0"], "--jobs: '0' must be a positive integer"),
+    ("kernel_compile.py", ["--arch", "0"], "--arch: invalid choice: 0"),
     ("compile_time.py", ["--n", "0"], "--n: '0' must be a positive integer"),
     ("compile_time.py", ["--modes", "bogus:aot_eager"], "--modes: bogus:aot_eager not among"),
     ("compile_time.py", ["--modes", "eager"], "--modes: eager not among"),

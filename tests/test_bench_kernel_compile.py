@@ -1,0 +1,127 @@
+"""bench/kernel_compile.py: the Triton kernels' launches captured under the interpreter and
+compiled for a GPU target on this GPU-less machine (a pre-flight for a GPU run)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+import kernel_compile  # noqa: E402
+
+from tests.conftest import requires_triton  # noqa: E402
+
+pytestmark = [requires_triton, pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET", "0") != "1",
+    reason="the capture runs the kernels under the interpreter (CPU runs)")]
+
+
+def _nvidia_backend() -> bool:
+    try:
+        from triton.backends.nvidia import compiler  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _kernel(a_ptr, idx_ptr, n, big, scale, flag, BLOCK: tl.constexpr,  # noqa: F821
+            MODE: tl.constexpr = "fast"):  # noqa: F821
+    """(a stand-in with a kernel's parameter list; never run)"""
+
+
+def test_a_launch_is_recorded_with_triton_types_and_constexprs():
+    record = kernel_compile.launch_record(
+        _kernel, (torch.ones(2), torch.ones(2, dtype=torch.int64), 7, 2 ** 40, 0.5, True),
+        {"BLOCK": 16, "num_warps": 8})
+    assert record == {
+        "module": __name__, "kernel": "_kernel",
+        "types": {"a_ptr": "*fp32", "idx_ptr": "*i64", "n": "i32", "big": "i64",
+                  "scale": "fp32", "flag": "i1"},
+        "constexprs": {"BLOCK": 16, "MODE": "fast"}, "options": {"num_warps": 8}}
+    with pytest.raises(ValueError, match="_kernel: missing a required argument"):
+        kernel_compile.launch_record(_kernel, (torch.ones(2),), {"BLOCK": 16})
+
+
+def _unpool(device="cpu"):
+    import hiertail_fast as hf
+    hf.topk_unpool(torch.randn(3, 4, device=device), torch.tensor([0, 2, 4], device=device), 6,
+                   backend="triton")
+
+
+def test_capture_records_each_distinct_launch_once_and_lists_refused_calls(triton_device):
+    assert triton_device == "cpu"       # (the module runs under the interpreter only)
+    def refused():
+        raise ValueError("not for this dtype\nsecond line")
+
+    def crashed():
+        raise RuntimeError("the interpreter fell over")
+
+    def workload():
+        yield "unpool", _unpool
+        yield "unpool again", _unpool                   # the same launch: recorded once
+        yield "refused", refused
+        yield "crashed", crashed
+
+    launches, refusals, failures = kernel_compile.capture(workload)
+    assert [r["kernel"] for r in launches] == ["_topk_unpool_scatter_kernel"]
+    assert launches[0]["module"] == "hiertail_fast.kernels.topk_pool"
+    assert launches[0]["types"]["xp_ptr"] == "*fp32"
+    assert refusals == ["refused: ValueError: not for this dtype"]
+    assert failures == ["crashed: RuntimeError: the interpreter fell over"]
+
+
+@pytest.mark.skipif(not _nvidia_backend(), reason="triton without its NVIDIA backend")
+def test_compiles_for_sm_90_and_reports_a_launch_that_does_not(tmp_path, monkeypatch,
+                                                               triton_device):
+    """main: the captured launch compiles for sm_90 (ok, its shared memory), and the same
+    launch with a block size tl.arange refuses (not a power of two) is a failed row, named in
+    the markdown, and exit code 1: the check can fail."""
+    real_capture = kernel_compile.capture
+
+    def capture(workload):
+        launches, refused, failed = real_capture(lambda: iter([("unpool", _unpool)]))
+        broken = json.loads(json.dumps(launches[0]))
+        block = next(k for k in broken["constexprs"] if k.startswith("BLOCK"))
+        broken["constexprs"][block] = 3
+        return [launches[0], broken], refused, failed
+
+    monkeypatch.setattr(kernel_compile, "capture", capture)
+    rc = kernel_compile.main(["--arch", "90", "--jobs", "1", "--out", str(tmp_path)])
+    assert rc == 1
+    report = json.loads((tmp_path / "kernel_compile.json").read_text())
+    good, bad = report["rows"]
+    assert good["ok"] and good["arch"] == 90 and good["cubin_bytes"] > 0, good
+    assert not bad["ok"] and bad["error"], bad
+    block = next(k for k, v in bad["constexprs"].items() if v == 3)
+    md = (tmp_path / "kernel_compile.md").read_text()
+    assert "**1 compiled, 1 failed**" in md
+    assert "| `_topk_unpool_scatter_kernel` | 1 | 1 |" in md
+    assert f"- sm_90 `_topk_unpool_scatter_kernel` ({block}=3" in md
+
+
+def test_an_unwritable_out_is_refused_before_any_work(tmp_path):
+    target = tmp_path / "file"
+    target.write_text("x")
+    assert kernel_compile.main(["--out", str(target)]) == 2
+
+
+def test_markdown_names_launches_over_the_cards_shared_memory():
+    """A compiled launch whose shared memory exceeds the arch's per-block limit (it would fail
+    at launch on the card) is listed; one within it is not."""
+    def row(arch, shared):
+        return {"kernel": "_k", "arch": arch, "ok": True, "shared_bytes": shared,
+                "constexprs": {"BLOCK": 64}, "types": {"x": "*fp32"}, "options": {}}
+
+    report = {"triton": "3.x", "machine": "m", "arch": [80, 90], "launches": 1,
+              "seconds": 1.0, "refused": [], "interpreter_failures": [],
+              "rows": [row(80, 200_000), row(90, 200_000)]}
+    md = kernel_compile.markdown(report)
+    assert "- sm_80 `_k` 200,000 > 166,912 bytes (BLOCK=64 | *fp32)" in md
+    assert "sm_90 `_k`" not in md
+    report["rows"] = [row(90, 200_000)]
+    assert "Over the card's shared memory" not in kernel_compile.markdown(report)
