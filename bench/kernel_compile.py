@@ -133,9 +133,10 @@ def capture(workload) -> tuple[list[dict], list[str], list[str]]:
     return list(seen.values()), refused, failed
 
 
-def workload():
+def workload(quick: bool = False):
     """(label, thunk) pairs: every op on small CPU tensors, forward and backward, over the
-    switches and dtypes of its Triton kernels."""
+    switches and dtypes of its Triton kernels (``quick``: fp32 inputs, d 16, one graph: every
+    kernel once or twice, for the test suite)."""
     import torch
 
     import hiertail_fast as hf
@@ -145,11 +146,13 @@ def workload():
     n, d = 40, 24
     edges = torch.randint(0, n, (2, 160), generator=gen)
     sym = torch.cat([edges, edges.flip(0)], 1)
-    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+    dtypes = (torch.float32,) if quick else (torch.float32, torch.float64, torch.bfloat16,
+                                             torch.float16)
+    for dtype in dtypes:
         name = str(dtype).removeprefix("torch.")
         x = torch.randn(n, d, generator=gen).to(dtype)
         for weighted in (False, True):
-            for graph_edges, shape in ((edges, "directed"), (sym, "symmetric")):
+            for graph_edges, shape in ((edges, "directed"), (sym, "symmetric"))[quick:]:
                 def gcn(dtype=dtype, x=x, weighted=weighted, graph_edges=graph_edges):
                     xx = x.clone().requires_grad_()
                     w = (torch.rand(graph_edges.shape[1], generator=gen).to(dtype)
@@ -175,18 +178,18 @@ def workload():
             hf.nearest_prototype(x, torch.randn(5, d, generator=gen).to(dtype),
                                  backend="triton")
         yield f"nearest_prototype {name}", nearest
-    yield from _loss_workload(gen)
+    yield from _loss_workload(gen, dtypes, (16,) if quick else (16, 64, 128))
 
 
-def _loss_workload(gen):
+def _loss_workload(gen, dtypes, dims):
     import torch
 
     import hiertail_fast as hf
 
     n = 48
-    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+    for dtype in dtypes:
         name = str(dtype).removeprefix("torch.")
-        for d in (16, 64, 128):
+        for d in dims:
             z = torch.nn.functional.normalize(torch.randn(n, d, generator=gen), dim=1).to(dtype)
             labels = torch.randint(0, 4, (n,), generator=gen)
             coarse = labels // 2
@@ -207,11 +210,15 @@ def _loss_workload(gen):
                 yield f"hierarchical_contrastive_loss {name} d={d} {variant} 3 levels", levels
 
                 def shared(levels=levels):
+                    before = os.environ.get("HIERTAIL_TRITON_SHARED_LEVELS")
                     os.environ["HIERTAIL_TRITON_SHARED_LEVELS"] = "1"
                     try:
                         levels()
-                    finally:
-                        os.environ.pop("HIERTAIL_TRITON_SHARED_LEVELS")
+                    finally:                    # (the caller's setting back as it was)
+                        if before is None:
+                            os.environ.pop("HIERTAIL_TRITON_SHARED_LEVELS")
+                        else:
+                            os.environ["HIERTAIL_TRITON_SHARED_LEVELS"] = before
                 yield (f"hierarchical_contrastive_loss {name} d={d} {variant} 3 levels, "
                        "shared keys"), shared
 
@@ -300,6 +307,8 @@ def parse_args(argv=None):
                          f"{', '.join(map(str, sorted(SMEM_PER_BLOCK)))})")
     ap.add_argument("--jobs", type=positive(int), default=os.cpu_count() or 1,
                     help="compiler processes (default: one per core)")
+    ap.add_argument("--quick", action="store_true",
+                    help="fp32 inputs, d 16, one graph: every kernel, fewer switches (a minute)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     return ap.parse_args(argv)
 
@@ -314,7 +323,7 @@ def main(argv=None) -> int:
 
     import triton
     started = time.perf_counter()
-    launches, refused, failed = capture(workload)
+    launches, refused, failed = capture(lambda: workload(args.quick))
     for line in failed:
         print(f"FAILED under the interpreter: {line}", flush=True)
     print(f"captured {len(launches)} distinct launches of "
