@@ -80,7 +80,7 @@ from _scale_worker import _tracked_peak as _tracked_peak
 from _scale_worker import build_model as build_model
 
 from hiertail_fast._argparse import ArgumentParser, exact_int, path_arg, positive
-from hiertail_fast._files import DeferredInterrupt, unwritable_dir_reason, unwritable_file_reason
+from hiertail_fast._files import unwritable_dir_reason, unwritable_file_reason
 from hiertail_fast._train_cli import threads_arg
 from hiertail_fast._validation import SEED_MAX
 
@@ -489,20 +489,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if failed else 0
     try:
         written, kept = write_outputs(rows, info, args.out, with_plot=not args.no_plot)
-    except KeyboardInterrupt as exc:   # Ctrl-C while the files are made (the plot: ~1 s)
-        print("\n" + table(rows) + "\n\ninterrupted " + (
-            f"after the results were written to {args.out}" if isinstance(
-                exc, DeferredInterrupt) else
+    except (KeyboardInterrupt, SystemExit) as exc:
+        # Ctrl-C, or SIGTERM (the handler above), while the files are made (the plot: ~1 s);
+        # one during their renames is held until all three are in place, then comes here
+        verb = "interrupted" if isinstance(exc, KeyboardInterrupt) else "terminated"
+        print("\n" + table(rows) + f"\n\n{verb} " + (
+            f"after the results were written to {args.out}" if _written_by(args.out, info) else
             f"while the results were written; nothing written, {args.out} left as it was"),
             file=sys.stderr)
-        return 130
-    except SystemExit as exc:   # SIGTERM (the handler above) while the files are made; one
-        # during their renames is held until all three are in place, then comes here
-        print("\n" + table(rows) + "\n\nterminated " + (
-            f"after the results were written to {args.out}" if _written_by(args.out, info)
-            else f"while the results were written; nothing written, {args.out} left as it "
-                 "was"), file=sys.stderr)
-        return int(exc.code or 1)
+        return 130 if isinstance(exc, KeyboardInterrupt) else int(exc.code or 1)
     print("\n" + table(rows) + f"\n\n{info['wall_seconds']:.0f} s; load average at the end "
           f"{info['load_average_end'][0]:.1f}; wrote {', '.join(map(str, written))}")
     if kept:

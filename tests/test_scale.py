@@ -399,6 +399,19 @@ def _measured(spec, timeout):
     return {"edges": 10, "epoch_seconds": 0.1, "peak_memory_bytes": 1e6, "status": "ok"}
 
 
+def _says_whether_written(err: str, verb: str, out: Path, written: bool) -> None:
+    """A sweep stopped while its three files were made: its last line says whether they were
+    written, and the folder agrees."""
+    last = err.strip().splitlines()[-1]
+    if written:
+        assert last == f"{verb} after the results were written to {out}"
+        assert (out / "scale.csv").exists()
+    else:
+        assert last == (f"{verb} while the results were written; nothing written, {out} "
+                        "left as it was")
+        assert not out.exists()
+
+
 @pytest.mark.parametrize("after_rotation", [False, True])
 def test_ctrl_c_while_the_results_are_written_is_one_line(after_rotation, tmp_path, monkeypatch,
                                                          capsys):
@@ -410,14 +423,7 @@ def test_ctrl_c_while_the_results_are_written_is_one_line(after_rotation, tmp_pa
     err = ctrl_c_line(monkeypatch, capsys, scale, "write_outputs", lambda: sys.exit(scale.main(
         ["--sizes", "100", "--methods", "gcn", "--device", "cpu", "--out", str(out)])),
         held=after_rotation)
-    last = err.strip().splitlines()[-1]
-    if after_rotation:
-        assert last == f"interrupted after the results were written to {out}"
-        assert (out / "scale.csv").exists()
-    else:
-        assert last == (f"interrupted while the results were written; nothing written, {out} "
-                        "left as it was")
-        assert not out.exists()
+    _says_whether_written(err, "interrupted", out, after_rotation)
 
 
 @pytest.mark.parametrize("after_rotation", [False, True])
@@ -442,15 +448,8 @@ def test_sigterm_while_the_results_are_written_is_one_line(after_rotation, tmp_p
                            str(out)])
     finally:
         signal.signal(signal.SIGTERM, previous)     # (main installs its handler)
-    last = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 143
-    if after_rotation:
-        assert last == f"terminated after the results were written to {out}"
-        assert (out / "scale.csv").exists()
-    else:
-        assert last == (f"terminated while the results were written; nothing written, {out} "
-                        "left as it was")
-        assert not out.exists()
+    _says_whether_written(capsys.readouterr().err, "terminated", out, after_rotation)
 
 
 def test_partial_run_keeps_the_previous_set_and_drops_a_stale_plot(tmp_path, monkeypatch):
