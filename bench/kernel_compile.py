@@ -45,6 +45,8 @@ from pathlib import Path  # noqa: E402
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from kernel_resources import _compile_mode, ast_source  # noqa: E402
+
 from hiertail_fast._argparse import positive  # noqa: E402
 from hiertail_fast._files import atomic_path, unwritable_dir_reason  # noqa: E402
 
@@ -223,25 +225,17 @@ def _loss_workload(gen, dtypes, dims):
                        "shared keys"), shared
 
 
-def _compile_mode() -> None:
-    os.environ["TRITON_INTERPRET"] = "0"
-
-
 def compile_one(job: dict) -> dict:
     """Compile one captured launch for sm_<arch>: the row, with ``error`` if it failed."""
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     fn = getattr(importlib.import_module(job["module"]), job["kernel"])
-    params = list(inspect.signature(fn.fn).parameters)
-    signature = {name: job["types"].get(name, "constexpr") for name in params}
-    constexprs = {(params.index(k),): v for k, v in job["constexprs"].items()}
     row = dict(job)
     started = time.perf_counter()
     try:
-        out = triton.compile(ASTSource(fn, signature, constexprs=constexprs),
-                             target=GPUTarget("cuda", job["arch"], 32),
+        source = ast_source(fn, job["types"], job["constexprs"])
+        out = triton.compile(source, target=GPUTarget("cuda", job["arch"], 32),
                              options=dict(job["options"]))
         row.update(ok=True, shared_bytes=int(out.metadata.shared),
                    cubin_bytes=len(out.asm.get("cubin", b"")))
@@ -278,8 +272,7 @@ def markdown(report: dict) -> str:
         lines += ["", "## Failed", ""]
         lines += [f"- sm_{r['arch']} `{r['kernel']}` ({_label(r)}): {r['error']}"
                   for r in failed]
-    over = [r for r in rows if r["ok"] and r["shared_bytes"] > SMEM_PER_BLOCK.get(r["arch"],
-                                                                                    101376)]
+    over = [r for r in rows if r["ok"] and r["shared_bytes"] > SMEM_PER_BLOCK[r["arch"]]]
     if over:
         lines += ["", "## Over the card's shared memory per block", "",
                   "Compiled, but a launch would fail on the card (Triton's OutOfResources). "
@@ -288,7 +281,7 @@ def markdown(report: dict) -> str:
                   "tiles are interpreter-only; on a card the loss launchers fall back to a "
                   "smaller tile):", ""]
         lines += [f"- sm_{r['arch']} `{r['kernel']}` {r['shared_bytes']:,} > "
-                  f"{SMEM_PER_BLOCK.get(r['arch'], 101376):,} bytes ({_label(r)})" for r in over]
+                  f"{SMEM_PER_BLOCK[r['arch']]:,} bytes ({_label(r)})" for r in over]
     if report.get("interpreter_failures"):
         lines += ["", "## Workload calls that failed under the interpreter", ""]
         lines += [f"- {line}" for line in report.get("interpreter_failures", [])]

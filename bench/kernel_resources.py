@@ -112,18 +112,27 @@ def _ptxas(arch: int) -> str:
     return path
 
 
+def ast_source(fn, types: dict, constexprs: dict):
+    """What ``triton.compile`` takes for a @triton.jit kernel `fn` with these argument types
+    (name -> "*fp32", "i32", ...) and constexpr values (name -> value); every parameter must be
+    in one of them (bench/kernel_compile.py builds its launches' sources here too)."""
+    from triton.compiler import ASTSource
+
+    params = list(inspect.signature(fn.fn).parameters)
+    signature = {name: types.get(name, "constexpr") for name in params}
+    return ASTSource(fn, signature,
+                     constexprs={(params.index(k),): v for k, v in constexprs.items()})
+
+
 def compile_one(job: dict) -> dict:
     """Compile one (kernel, dtype, d_pad, levels, tile) for sm_<arch>; its resource row."""
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     fn = _function(job["kernel"])
     const = _constexprs(job["kernel"], job["dtype"], job["d_pad"], job["levels"], job["tile"],
                         job.get("fp32_dot", "tf32x3"))
-    sig = dict(_signature(job["kernel"], job["dtype"]), **{k: "constexpr" for k in const})
-    params = list(inspect.signature(fn.fn).parameters)
-    src = ASTSource(fn, sig, constexprs={(params.index(k),): v for k, v in const.items()})
+    src = ast_source(fn, _signature(job["kernel"], job["dtype"]), const)
     warps, stages = job["tile"][2], job["tile"][3]
     row = dict(job, tile=list(job["tile"]))
     try:

@@ -137,13 +137,13 @@ def convert(source: Any, out: Any, *, root: Any = None, force: bool = False,
     split_out = None if split_out is None else check_path(split_out, "split_out")
     if out.suffix not in _FORMATS:
         raise ValueError(f"output {out}: the suffix must be one of {_FORMATS}")
-    if split_out is not None and same_file(out, Path(split_out)):
+    if split_out is not None and same_file(out, split_out):
         raise ValueError(f"split_out={split_out} is the output file itself: the split would "
                          "replace the graph; write it to another file")
     for p in (out, split_out):
         if p is None:
             continue
-        if Path(p).is_dir():
+        if p.is_dir():
             raise IsADirectoryError(f"output {p} is a directory, not a file")
         src = overwritten_input(p, _source_paths(source, root))
         if src is not None:
@@ -152,7 +152,7 @@ def convert(source: Any, out: Any, *, root: Any = None, force: bool = False,
                              "write to another file")
         # write_atomic's own refusals, for both files before any is written (a --split-out
         # in a missing folder failed after the graph was written: a half-done conversion)
-        check_new_output(Path(p), force=force)
+        check_new_output(p, force=force)
     graph, split = _read_source(source, root, download)
     # save_npz's checks, here naming the source, not a temp file; a .pt output too (NaN
     # features went into it, which every loader of ours then refuses)
