@@ -383,3 +383,51 @@ def test_16bit_inputs_are_rescaled_in_float32(backend):
     oracle = ((z.double()[:, None] - p.double()[None]) ** 2).sum(-1).argmin(1)
     assert oracle.tolist() == [1]
     assert torch.equal(nearest_prototype(z, p, backend=backend), oracle)
+
+
+def _exact_argmin(z, p):
+    """The argmin of exact squared distances (rational arithmetic on the inputs' values),
+    lowest index on ties: an oracle independent of any floating-point summation."""
+    from fractions import Fraction
+
+    zf = [[Fraction(float(v)) for v in row] for row in z.double().tolist()]
+    pf = [[Fraction(float(v)) for v in row] for row in p.double().tolist()]
+    out = []
+    for row in zf:
+        dist = [sum((a - b) ** 2 for a, b in zip(row, proto, strict=True)) for proto in pf]
+        out.append(dist.index(min(dist)))
+    return out
+
+
+@pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
+@pytest.mark.parametrize("dtype,row_scale,spread", [(torch.float32, 30.0, 1e-6),
+                                                    (torch.bfloat16, 30.0, 1e-6),
+                                                    (torch.float16, 3000.0, 1e-4)])
+def test_rows_far_from_a_tight_cluster_get_the_exact_nearest(backend, dtype, row_scale, spread):
+    """Rows far from a tight cluster of prototypes: their distances differ below float32's
+    resolution, and float32 direct distances (the reference and the re-decision before
+    2026-12-03) "tied" them all and answered the cluster's lowest index whatever the row's
+    direction. Float64 direct distances give the exact argmin (checked in rational
+    arithmetic)."""
+    dev = backend_device(backend)
+    g = torch.Generator().manual_seed(7)
+    z = (torch.randn(40, 6, generator=g) * row_scale).to(dtype)
+    p = (torch.randn(12, 6, generator=g) * spread).to(dtype)
+    exact = _exact_argmin(z, p)
+    # the case is a hard one: float32 direct distances get rows wrong
+    zf, pf = z.float(), p.float()
+    in_float32 = ((zf[:, None] - pf[None]) ** 2).sum(-1).argmin(1).tolist()
+    assert sum(a != b for a, b in zip(in_float32, exact, strict=True)) >= 10
+    assert nearest_prototype(z.to(dev), p.to(dev), backend=backend).cpu().tolist() == exact
+
+
+@pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
+def test_an_entry_the_rescale_flushes_still_decides(backend):
+    """float32 entries of 1e30 make the fast path rescale by 2^-100 for its expanded form, which
+    flushes an entry of 1e-30 to zero; the re-decision reads the inputs as given, so that entry
+    still separates the two prototypes (exact squared distances 1e-60 and 0)."""
+    dev = backend_device(backend)
+    z = torch.tensor([[1e30, 1e-30], [1e30, 0.0]], device=dev)
+    p = torch.tensor([[1e30, 0.0], [1e30, 1e-30]], device=dev)
+    assert _exact_argmin(z.cpu(), p.cpu()) == [1, 0]
+    assert nearest_prototype(z, p, backend=backend).cpu().tolist() == [1, 0]

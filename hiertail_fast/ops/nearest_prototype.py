@@ -11,10 +11,13 @@ Near-ties are therefore re-checked: with u the unit roundoff of the accumulation
 within γ·(‖z_i‖ + max_t ‖p_t‖)², γ = (d + 2)·u, of its exact value (the standard worst-case
 dot-product bound), so whenever the gap between the best and second-best expanded values is at
 most twice that, the row's candidates (prototypes within that bound of its minimum) are
-recomputed with direct differences and the lowest index among exact minima wins. Outside
-such rows the expanded argmin is the exact one. The result is therefore deterministic and
-equal to the reference argmin of directly computed distances up to the rounding of that
-direct sum itself (which the reference shares).
+recomputed with direct differences in float64 from the input values (as the reference does:
+for 16/32-bit inputs that is the exact distance up to a relative ~d·2⁻⁵³) and the lowest index
+among exact minima wins. Outside such rows the expanded argmin is the exact one. The result is
+therefore deterministic and equal to the reference argmin of directly computed float64
+distances. (Direct distances in float32 were not enough: a row far from a tight cluster of
+prototypes has distances that differ below float32's resolution, and it "tied" with the
+cluster's lowest index whatever its direction.)
 
 Not differentiable: an assignment (the official code detaches it too).
 """
@@ -26,7 +29,11 @@ from hiertail_fast._validation import check_prototype_args
 from hiertail_fast.ops import _custom_graph_ops, _nearest_rows
 from hiertail_fast.ops._dispatch import choose_backend, public_op
 from hiertail_fast.ops._functorch import outside_transforms, plain
-from hiertail_fast.reference.nearest_prototype import nearest_prototype_ref, pow2_rescale
+from hiertail_fast.reference.nearest_prototype import (
+    EXACT_DTYPE,
+    nearest_prototype_ref,
+    pow2_rescale,
+)
 
 __all__ = ["nearest_prototype"]
 
@@ -62,7 +69,13 @@ def nearest_prototype(
         # exact power-of-two rescale when ‖z‖² / ‖p‖² could over- or underflow (the expanded
         # form needs them; float32 entries ~1e19 gave inf − inf = NaN and a wrong argmin)
         acc_dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
+        # the re-decision's direct float64 distances read the inputs as given (as the
+        # reference does): the rescale may flush an entry the float64 distance still sees;
+        # float64 inputs, rescaled as in the reference, excepted
+        exact_z, exact_p = z.detach(), prototypes.detach()
         z, prototypes = pow2_rescale(z.detach(), prototypes.detach(), acc_dtype)
+        if acc_dtype == EXACT_DTYPE:
+            exact_z, exact_p = z, prototypes
         if choice == "triton":
             from hiertail_fast.kernels.nearest_prototype import nearest_prototype_fwd
 
@@ -73,7 +86,8 @@ def nearest_prototype(
             idx, best, second = _argmin_torch(z, prototypes.to(acc_dtype))
         # 16-bit rows are widened a block (or the suspect rows) at a time, never whole: two
         # float32 copies of z were the op's peak (a memory audit)
-        return _refine_near_ties(z, prototypes.to(acc_dtype), idx, best, second)
+        return _refine_near_ties(z, prototypes.to(acc_dtype), idx, best, second,
+                                 exact_z, exact_p)
 
 
 def _argmin_torch(z: torch.Tensor, p: torch.Tensor):
@@ -113,13 +127,14 @@ def _argmin_torch(z: torch.Tensor, p: torch.Tensor):
     return idx, best, second
 
 
-def _refine_near_ties(z, p, idx, best, second):
+def _refine_near_ties(z, p, idx, best, second, exact_z, exact_p):
     """Re-decide rows whose best/second gap is within the rounding bound, with exact distances.
 
-    For such a row every prototype whose expanded value is within the bound of the row's
-    minimum is a candidate (any other one is provably farther than the expanded winner); the
-    candidates' distances are recomputed directly, ‖z − p‖², and the smallest wins, lowest index
-    on ties.
+    For such a row every prototype whose expanded value (from ``z`` and ``p``, rescaled, p in
+    the accumulation dtype) is within the bound of the row's minimum is a candidate (any other
+    one is provably farther than the expanded winner); the candidates' distances are recomputed
+    directly in float64 from ``exact_z`` / ``exact_p`` (the inputs as the reference reads
+    them), ‖z − p‖², and the smallest wins, lowest index on ties.
 
     Memory stays O(block) on degenerate inputs too: equal rows give equal direct distances, so
     the work runs on distinct rows only — of a group of equal prototypes only the lowest index
@@ -141,25 +156,37 @@ def _refine_near_ties(z, p, idx, best, second):
     suspect = torch.nonzero((second - best) <= _tie_bound(znorm, d, pmax)).view(-1)
     if suspect.numel() == 0:
         return idx
-    zu, inverse = torch.unique(z[suspect].to(p.dtype), dim=0, return_inverse=True)
-    tol = _tie_bound(zu.norm(dim=1), d, pmax)
+    # distinct suspect rows as the exact distances see them (16-bit widened to float32:
+    # exact, and one of torch.unique's dtypes), and for the expanded form the rescaled rows
+    # (the same ones when nothing was rescaled: the first occurrence's otherwise)
+    zu, inverse = torch.unique(exact_z[suspect].to(p.dtype), dim=0, return_inverse=True)
+    if exact_z is z:
+        za = zu
+    else:
+        first = torch.full((zu.shape[0],), suspect.numel(), dtype=torch.long, device=p.device) \
+            .scatter_reduce(0, inverse, torch.arange(suspect.numel(), device=p.device), "amin")
+        za = z[suspect[first]].to(p.dtype)
+        del first
+    tol = _tie_bound(za.norm(dim=1), d, pmax)
     pnorm = p.pow(2).sum(dim=1)
+    p_exact = exact_p.to(EXACT_DTYPE)     # m × d: widened once (z's rows a chunk at a time)
     winners = torch.empty(zu.shape[0], dtype=torch.long, device=p.device)
-    pair_chunk = max(1, _BLOCK_ELEMENTS // max(1, d))       # candidate pairs per difference
+    pair_chunk = max(1, _BLOCK_ELEMENTS // 2 // max(1, d))  # candidate pairs per difference
     rows_per = max(1, _BLOCK_ELEMENTS // 8 // m)              # ≤ ~20 bytes per pair held
     for r0 in range(0, zu.shape[0], rows_per):
-        zc = zu[r0:r0 + rows_per]
+        zc = za[r0:r0 + rows_per]
         expanded = torch.addmm(pnorm, zc, p.t(), alpha=-2.0)   # [rows, m]
         cand = expanded <= expanded.min(dim=1, keepdim=True).values + tol[r0:r0 + rows_per, None]
         del expanded
         rows, cols = torch.nonzero(cand, as_tuple=True)
-        rows, cols = _drop_equal_later_prototypes(p, rows, cols)
-        exact = torch.empty(rows.numel(), dtype=p.dtype, device=p.device)
+        rows, cols = _drop_equal_later_prototypes(p_exact, rows, cols)
+        exact = torch.empty(rows.numel(), dtype=EXACT_DTYPE, device=p.device)
         for c0 in range(0, rows.numel(), pair_chunk):
-            diff = zc[rows[c0:c0 + pair_chunk]] - p[cols[c0:c0 + pair_chunk]]
-            exact[c0:c0 + pair_chunk] = (diff * diff).sum(dim=1)
+            diff = zu.index_select(0, r0 + rows[c0:c0 + pair_chunk]).to(EXACT_DTYPE)
+            diff -= p_exact.index_select(0, cols[c0:c0 + pair_chunk])
+            exact[c0:c0 + pair_chunk] = diff.square_().sum(dim=1)   # (as the reference sums)
         rc = zc.shape[0]
-        emin = torch.full((rc,), float("inf"), dtype=p.dtype, device=p.device)
+        emin = torch.full((rc,), float("inf"), dtype=EXACT_DTYPE, device=p.device)
         emin = emin.scatter_reduce(0, rows, exact, "amin")
         cols = torch.where(exact == emin[rows], cols, torch.full_like(cols, m))
         winners[r0:r0 + rc] = torch.full((rc,), m, dtype=torch.long, device=p.device) \
