@@ -18,6 +18,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
     ("a2_product.py", ["--sizes", "0"], "--sizes: '0' must be a positive integer"),
     ("a2_product.py", ["--rounds", "0"], "--rounds: '0' must be a positive integer"),
     ("nearest_degenerate.py", ["--rows", "0"], "--rows: '0' must be a positive integer"),
+    ("nearest_degenerate.py", ["--prototypes", "0"], "--prototypes: '0' must be a positive"),
     ("apply_overhead.py", ["--rounds", "0"], "--rounds: '0' must be a positive integer"),
     ("dispatch_count.py", ["--n", "0"], "--n: '0' must be a positive integer"),
     ("engine_ab.py", ["--tau", "-1"], "--tau: '-1' must be a positive number"),
