@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from hiertail_fast._argparse import positive
+
 MODES = {
     "default": ({}, []),
     "passive-2": ({"OMP_WAIT_POLICY": "PASSIVE"}, ["--threads", "2"]),
@@ -43,8 +45,8 @@ def run_cli(data: Path, epochs: int, env_extra: dict, extra: list[str]) -> float
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, required=True)
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--busy", type=int, default=os.cpu_count() or 1,
+    parser.add_argument("--epochs", type=positive(int), default=30)
+    parser.add_argument("--busy", type=positive(int), default=os.cpu_count() or 1,
                         help="busy-loop processes to start (0: measure on the idle machine)")
     args = parser.parse_args(argv)
     if not args.data.is_file():

@@ -129,7 +129,7 @@ def _as_cuda(positives: str):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=positive(int), default=6000)
-    parser.add_argument("--d", type=int, default=64)
+    parser.add_argument("--d", type=positive(int), default=64)
     parser.add_argument("--levels", type=int, choices=[1, 3], default=3)
     parser.add_argument("--variant", choices=["exact", "official", "both"], default="both")
     parser.add_argument("--regime", choices=REGIMES, default="relu")

@@ -95,7 +95,7 @@ def _switches():
 def add_case_arguments(p: argparse.ArgumentParser, levels: int, rounds: int) -> None:
     """The loss case and the rounds (shared with ``version_ab.py``)."""
     p.add_argument("--n", type=positive(int), default=6000)
-    p.add_argument("--d", type=int, default=64)
+    p.add_argument("--d", type=positive(int), default=64)
     p.add_argument("--levels", type=int, choices=(1, 3), default=levels)
     p.add_argument("--variant", choices=("exact", "official"), default="official")
     p.add_argument("--tau", type=positive(float), default=0.1)
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
     p.add_argument("--switch", choices=("fold", "weights", "rest", "all", "native", "blockexp",
                                         "posthreads"), required=True)
     add_case_arguments(p, levels=3, rounds=15)
-    p.add_argument("--threads", type=int)
+    p.add_argument("--threads", type=positive(int))
     p.add_argument("--exact", action="store_true",
                    help="also time the exact variant (official / exact ratios; --variant "
                         "official)")

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from version_ab import revision_package  # noqa: E402
 
 import hiertail_fast  # noqa: E402
+from hiertail_fast._argparse import positive  # noqa: E402
 
 
 def epoch_step(pkg, nodes: int, args):
@@ -63,13 +64,14 @@ def epoch_step(pkg, nodes: int, args):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rev", required=True, help="the git revision to compare with (old)")
-    p.add_argument("--nodes", type=int, nargs="+", default=[1000, 100_000])
-    p.add_argument("--rounds", type=int, default=7, help="rounds per size (the first dropped)")
+    p.add_argument("--nodes", type=positive(int), nargs="+", default=[1000, 100_000])
+    p.add_argument("--rounds", type=positive(int), default=7,
+                   help="rounds per size (the first dropped)")
     p.add_argument("--config", choices=("paper", "official"), default="paper")
-    p.add_argument("--classes", type=int, default=70)
-    p.add_argument("--avg-degree", type=float, default=10.0)
-    p.add_argument("--features", type=int, default=128)
-    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--classes", type=positive(int), default=70)
+    p.add_argument("--avg-degree", type=positive(float), default=10.0)
+    p.add_argument("--features", type=positive(int), default=128)
+    p.add_argument("--hidden", type=positive(int), default=128)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.rounds < 2 or min(args.nodes) < 4 * args.classes:

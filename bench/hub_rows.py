@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from version_ab import revision_package  # noqa: E402
 
 import hiertail_fast  # noqa: E402
+from hiertail_fast._argparse import positive  # noqa: E402
 
 
 def hub_graph(nodes: int, hubs: int, hub_degree: int, per_node: int, seed: int):
@@ -46,12 +47,12 @@ def hub_graph(nodes: int, hubs: int, hub_degree: int, per_node: int, seed: int):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rev", required=True, help="the git revision to compare with (old)")
-    p.add_argument("--nodes", type=int, default=200_000)
-    p.add_argument("--hubs", type=int, default=4)
-    p.add_argument("--hub-degree", type=int, default=1_000_000)
-    p.add_argument("--per-node", type=int, default=5)
-    p.add_argument("--d", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=7, help="rounds (the first dropped)")
+    p.add_argument("--nodes", type=positive(int), default=200_000)
+    p.add_argument("--hubs", type=positive(int), default=4)
+    p.add_argument("--hub-degree", type=positive(int), default=1_000_000)
+    p.add_argument("--per-node", type=positive(int), default=5)
+    p.add_argument("--d", type=positive(int), default=64)
+    p.add_argument("--rounds", type=positive(int), default=7, help="rounds (the first dropped)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.rounds < 2 or args.nodes < args.hubs or min(args.d, args.hub_degree) < 1:

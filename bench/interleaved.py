@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dims", type=positive(int), nargs="+", default=[64, 128])
     parser.add_argument("--modes", nargs="+", choices=["fwd", "fwd+bwd"])
     parser.add_argument("--providers", nargs="+")
-    parser.add_argument("--prototypes", type=int, default=282, help="m (prototype op)")
+    parser.add_argument("--prototypes", type=positive(int), default=282, help="m (prototype op)")
     parser.add_argument("--rounds", type=positive(int), default=15)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)

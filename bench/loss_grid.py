@@ -54,6 +54,7 @@ from _results import check_targets, write_result  # noqa: E402
 
 import hiertail_fast.ops._native as native_mod  # noqa: E402
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss  # noqa: E402
+from hiertail_fast._argparse import positive
 from hiertail_fast.ops._lse_symmetric import ENV_VAR as SYMMETRIC_ENV  # noqa: E402
 from hiertail_fast.ops._lse_torch import exp_cutoff  # noqa: E402
 
@@ -419,7 +420,7 @@ def main(argv=None) -> int:
     parser.add_argument("--order", choices=["interleaved", "cells"], default="interleaved",
                         help="interleaved: every round visits every cell (drift spreads over "
                         "all cells); cells: one cell's rounds after another")
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    parser.add_argument("--threads", type=positive(int), help="torch threads (default: torch's)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results"
                         / "loss_grid.json")
     parser.add_argument("--report", type=Path, metavar="JSON",

@@ -24,6 +24,7 @@ if not torch.cuda.is_available():
 
 import hiertail_fast.ops._attention_lse as attn  # noqa: E402
 from hiertail_fast import balanced_contrastive_loss  # noqa: E402
+from hiertail_fast._argparse import positive
 
 
 def _grad(z, labels, tau, backend):
@@ -36,11 +37,11 @@ def _grad(z, labels, tau, backend):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--engine", choices=("triton", "attention", "torch"), default="triton")
-    p.add_argument("--n", type=int, default=31)
-    p.add_argument("--tau", type=float, default=0.1)
-    p.add_argument("--dims", type=int, nargs="+", default=[1, 3, 8])
-    p.add_argument("--seeds", type=int, default=12)
-    p.add_argument("--bounds", type=float, nargs="+", default=[64, 128, 256, 1024])
+    p.add_argument("--n", type=positive(int), default=31)
+    p.add_argument("--tau", type=positive(float), default=0.1)
+    p.add_argument("--dims", type=positive(int), nargs="+", default=[1, 3, 8])
+    p.add_argument("--seeds", type=positive(int), default=12)
+    p.add_argument("--bounds", type=positive(float), nargs="+", default=[64, 128, 256, 1024])
     args = p.parse_args()
     # the engine itself: the attention engine's guard sends official calls with B over
     # OFFICIAL_LOGIT_PER_ROW x N (chosen from this script's figures) to the torch engine

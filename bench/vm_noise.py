@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from hiertail_fast._argparse import positive
+
 sys.path.insert(0, str(Path(__file__).parent))
 from _results import check_targets, write_result  # noqa: E402
 from loss_grid import floor_step, load_average, loss_step, make_case  # noqa: E402
@@ -72,7 +74,7 @@ def main(argv=None) -> int:
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--pause", type=float, default=4.0, help="seconds between samples")
     parser.add_argument("--copy-mb", type=int, default=64)
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    parser.add_argument("--threads", type=positive(int), help="torch threads (default: torch's)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results"
                         / "vm_noise.json")
     args = parser.parse_args(argv)

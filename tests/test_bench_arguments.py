@@ -28,6 +28,12 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
     ("compile_time.py", ["--n", "0"], "--n: '0' must be a positive integer"),
     ("compile_time.py", ["--modes", "bogus:aot_eager"], "--modes: bogus:aot_eager not among"),
     ("compile_time.py", ["--modes", "eager"], "--modes: eager not among"),
+    # (each of these was a traceback, or for --seeds 0 a report of "worst error 0" from no run)
+    ("interleaved.py", ["prototype", "--prototypes", "0"], "--prototypes: '0' must be a positive"),
+    ("loss_accuracy.py", ["--taus", "0"], "--taus: '0' must be a positive number"),
+    ("official_prototype_copy.py", ["--seeds", "0"], "--seeds: '0' must be a positive integer"),
+    ("official_small_n.py", ["--n", "0"], "--n: '0' must be a positive integer"),
+    ("dispatch_count.py", ["--d", "0"], "--d: '0' must be a positive integer"),
 ])
 def test_bad_values_are_one_line_and_exit_2(script, args, message, tmp_path):
     res = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True,
