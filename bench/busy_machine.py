@@ -46,13 +46,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--epochs", type=positive(int), default=30)
-    parser.add_argument("--busy", type=positive(int), default=os.cpu_count() or 1,
+    parser.add_argument("--busy", type=int, default=os.cpu_count() or 1,
                         help="busy-loop processes to start (0: measure on the idle machine)")
     args = parser.parse_args(argv)
     if not args.data.is_file():
         parser.error(f"--data {args.data} is not a file")
+    if args.busy < 0:
+        parser.error(f"--busy must be >= 0, got {args.busy}")
     loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-             for _ in range(max(0, args.busy))]
+             for _ in range(args.busy)]
     try:
         time.sleep(2 if loops else 0)
         print(f"{args.busy} busy-loop processes, load average {os.getloadavg()}")
