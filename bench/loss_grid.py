@@ -54,7 +54,7 @@ from _results import check_targets, write_result  # noqa: E402
 
 import hiertail_fast.ops._native as native_mod  # noqa: E402
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss  # noqa: E402
-from hiertail_fast._argparse import positive
+from hiertail_fast._argparse import positive  # noqa: E402
 from hiertail_fast.ops._lse_symmetric import ENV_VAR as SYMMETRIC_ENV  # noqa: E402
 from hiertail_fast.ops._lse_torch import exp_cutoff  # noqa: E402
 

@@ -24,7 +24,7 @@ if not torch.cuda.is_available():
 
 import hiertail_fast.ops._attention_lse as attn  # noqa: E402
 from hiertail_fast import balanced_contrastive_loss  # noqa: E402
-from hiertail_fast._argparse import positive
+from hiertail_fast._argparse import positive  # noqa: E402
 
 
 def _grad(z, labels, tau, backend):
