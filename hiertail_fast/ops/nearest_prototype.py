@@ -72,8 +72,10 @@ def nearest_prototype(
         # the re-decision's direct float64 distances read the inputs as given (as the
         # reference does): the rescale may flush an entry the float64 distance still sees;
         # float64 inputs, rescaled as in the reference, excepted
+        # (one detach: pow2_rescale returns inputs in range as they are, and the re-decision
+        # tells "nothing rescaled" by identity)
         exact_z, exact_p = z.detach(), prototypes.detach()
-        z, prototypes = pow2_rescale(z.detach(), prototypes.detach(), acc_dtype)
+        z, prototypes = pow2_rescale(exact_z, exact_p, acc_dtype)
         if acc_dtype == EXACT_DTYPE:
             exact_z, exact_p = z, prototypes
         if choice == "triton":
