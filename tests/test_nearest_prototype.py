@@ -385,18 +385,19 @@ def test_16bit_inputs_are_rescaled_in_float32(backend):
     assert torch.equal(nearest_prototype(z, p, backend=backend), oracle)
 
 
-def _exact_argmin(z, p):
-    """The argmin of exact squared distances (rational arithmetic on the inputs' values),
-    lowest index on ties: an oracle independent of any floating-point summation."""
+def _exact_distances(z, p):
+    """[N][m] exact squared distances (rational arithmetic on the inputs' values): an oracle
+    independent of any floating-point summation."""
     from fractions import Fraction
 
-    zf = [[Fraction(float(v)) for v in row] for row in z.double().tolist()]
-    pf = [[Fraction(float(v)) for v in row] for row in p.double().tolist()]
-    out = []
-    for row in zf:
-        dist = [sum((a - b) ** 2 for a, b in zip(row, proto, strict=True)) for proto in pf]
-        out.append(dist.index(min(dist)))
-    return out
+    zf, pf = ([[Fraction(v) for v in row] for row in t.double().tolist()] for t in (z, p))
+    return [[sum((a - b) ** 2 for a, b in zip(row, proto, strict=True)) for proto in pf]
+            for row in zf]
+
+
+def _exact_argmin(z, p):
+    """The argmin of the exact squared distances, lowest index on ties."""
+    return [dist.index(min(dist)) for dist in _exact_distances(z, p)]
 
 
 @pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
@@ -478,9 +479,7 @@ def test_hard_cases_against_rational_arithmetic(dtype):
         want = nearest_prototype_ref(z, p)
         for backend in backends:
             assert torch.equal(_run(z, p, backend), want), (case, backend)
-        zf, pf = ([[Fraction(v) for v in r] for r in t.double().tolist()] for t in (z, p))
-        for i, row in enumerate(zf):
-            dist = [sum((a - b) ** 2 for a, b in zip(row, q, strict=True)) for q in pf]
+        for i, dist in enumerate(_exact_distances(z, p)):
             best, got = min(dist), dist[int(want[i])]
             if got == best:
                 assert int(want[i]) == dist.index(best)      # the lowest index among ties
