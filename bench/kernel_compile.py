@@ -282,9 +282,9 @@ def markdown(report: dict) -> str:
                   "smaller tile):", ""]
         lines += [f"- sm_{r['arch']} `{r['kernel']}` {r['shared_bytes']:,} > "
                   f"{SMEM_PER_BLOCK[r['arch']]:,} bytes ({_label(r)})" for r in over]
-    if report.get("interpreter_failures"):
+    if report["interpreter_failures"]:
         lines += ["", "## Workload calls that failed under the interpreter", ""]
-        lines += [f"- {line}" for line in report.get("interpreter_failures", [])]
+        lines += [f"- {line}" for line in report["interpreter_failures"]]
     if report["refused"]:
         lines += ["", "## Workload calls the launchers refused (not compile failures)", ""]
         lines += [f"- {line}" for line in report["refused"]]
@@ -323,7 +323,7 @@ def main(argv=None) -> int:
           f"{len({r['kernel'] for r in launches})} kernels; compiling for "
           f"{', '.join(f'sm_{a}' for a in args.arch)} on {args.jobs} processes", flush=True)
     jobs = [dict(launch, arch=arch) for arch in args.arch for launch in launches]
-    with ProcessPoolExecutor(max(1, args.jobs), initializer=_compile_mode,
+    with ProcessPoolExecutor(args.jobs, initializer=_compile_mode,
                              mp_context=multiprocessing.get_context("spawn")) as pool:
         rows = []
         for row in pool.map(compile_one, jobs):
