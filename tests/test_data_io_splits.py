@@ -153,6 +153,12 @@ def test_load_bad_csr_and_files(tmp_path):
         mp.setattr(io.np, "zeros", zeros)
         with pytest.raises(ValueError, match="'x_shape' 5 x 1000000000 densify to 20 GB"):
             load_npz(huge)
+    # x beside CSR parts (all or some): which attributes are meant is unknown (x was read and
+    # the CSR parts dropped without a word)
+    x = np.zeros((5, 3), np.float32)
+    for parts in (good, {"x_data": good["x_data"]}):
+        with pytest.raises(ValueError, match="both 'x' and the CSR attribute part.*x_data"):
+            load_npz(_write(tmp_path / "both.npz", edge_index=ei, y=y, x=x, **parts))
     (tmp_path / "junk.npz").write_bytes(b"not a zip file")
     with pytest.raises(ValueError, match="junk.npz"):
         load_npz(tmp_path / "junk.npz")

@@ -303,6 +303,10 @@ def load_npz(
             missing.append("x (or x_data/x_indices/x_indptr/x_shape)")
         if missing:
             raise ValueError(f"{where}: missing array(s) {', '.join(missing)}; has {sorted(keys)}")
+        both = sorted(keys & set(csr)) if "x" in keys else []
+        if both:    # which one is meant? x was read and the CSR parts ignored, unsaid
+            raise ValueError(f"{where}: holds both 'x' and the CSR attribute part(s) "
+                             f"{', '.join(both)}; keep one form of the attributes")
         extra = sorted(keys - {"edge_index", "y", "x", *csr})
         if extra:   # (edge weights there were dropped without a word; an interop audit)
             warnings.warn(f"{where}: array(s) {', '.join(extra)} are not part of the uniform "
