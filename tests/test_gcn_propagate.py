@@ -82,6 +82,44 @@ def test_reference_matches_pyg(improved, weighted, symmetric):
     torch.testing.assert_close(gcn_propagate(x, ei, w, improved=improved), expected)
 
 
+@pytest.mark.parametrize("weighted", [True, False])
+@pytest.mark.parametrize("improved", [True, False])
+def test_duplicate_self_loops_count_like_every_duplicate_edge(weighted, improved):
+    """A self-loop stored twice counts twice, as any duplicate edge of an edge_index does (its
+    weights summed; unweighted: 2), and only nodes without a stored loop get the fill. PyG's
+    GCNConv keeps ONE of the duplicated loops (``add_remaining_self_loops`` writes their
+    weights into one slot: the last one wins on CPU, and which one on CUDA is unspecified), so
+    ours equals PyG's on the graph with the duplicates merged, not on the raw one (a
+    differential probe against PyG 2.8, 2026-12-04)."""
+    ei = torch.tensor([[0, 0, 0, 1, 2, 3], [0, 0, 1, 2, 0, 3]])   # node 0: two loops; 3: one
+    w = torch.tensor([0.25, 1.5, 0.5, 2.0, 0.75, 3.0], dtype=torch.float64) if weighted else None
+    ones = torch.ones(ei.shape[1], dtype=torch.float64)
+    weights = ones if w is None else w
+    n, fill = 5, 2.0 if improved else 1.0
+    a = torch.zeros(n, n, dtype=torch.float64)
+    a.index_put_((ei[1], ei[0]), weights, accumulate=True)         # row = target
+    a += torch.diag(torch.tensor([0.0, fill, fill, 0.0, fill], dtype=torch.float64))
+    dinv = a.sum(1).pow(-0.5)
+    expected_op = dinv[:, None] * a * dinv[None, :]
+    # the two loops summed into node 0's degree (its in-edges: both loops and 2 -> 0)
+    deg0 = weights[0] + weights[1] + weights[4]
+    torch.testing.assert_close(expected_op[1, 0], weights[2] * ((fill + weights[2]) * deg0) ** -0.5)
+    x = torch.randn(n, 3, dtype=torch.float64)
+    expected = expected_op @ x
+    torch.testing.assert_close(gcn_propagate_ref(x, ei, w, improved=improved), expected)
+    for backend in ("torch", "triton"):
+        dev = backend_device(backend)
+        got = gcn_propagate(x.to(dev), ei.to(dev), None if w is None else w.to(dev),
+                            improved=improved, backend=backend)
+        torch.testing.assert_close(got.cpu(), expected)
+    pyg = pytest.importorskip("torch_geometric.nn")
+    conv = pyg.GCNConv(3, 3, improved=improved, bias=False).double()
+    conv.lin.weight.data = torch.eye(3, dtype=torch.float64)
+    merged = ei[:, 1:]                                            # one loop at node 0 ...
+    merged_w = torch.cat([(weights[0] + weights[1]).view(1), weights[2:]])   # ... their sum
+    torch.testing.assert_close(conv(x, merged, merged_w).detach(), expected)
+
+
 @pytest.mark.parametrize("add_self_loops", [True, False])
 def test_reference_gradcheck(add_self_loops):
     ei, w = make_edges(12, 30, weighted=True, seed=2, dtype=torch.float64)
