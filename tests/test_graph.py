@@ -149,6 +149,22 @@ def test_augment_a2_random_nonsymmetric_matches_dense():
     torch.testing.assert_close(dense(g.augment_a2()), sq)
 
 
+@pytest.mark.parametrize("dedupe", [True, False])
+def test_augment_a2_matches_pygs_graph_unet_augment_adj(dedupe):
+    """Against the peer the official code calls, PyG's ``GraphUNet.augment_adj``, on directed
+    weighted graphs with duplicate edges and (duplicate) self-loops."""
+    pyg = pytest.importorskip("torch_geometric.nn")
+    unet = pyg.GraphUNet(2, 2, 2, depth=1)
+    for seed in range(6):
+        ei, w = random_graph(20, 70, weighted=True, seed=seed)
+        ei = torch.cat([ei, ei[:, :4], torch.tensor([[3, 3, 5], [3, 3, 5]])], 1)   # + dup loops
+        w = torch.cat([w, w[:4], torch.tensor([0.5, 2.0, 1.5])]).double()
+        n = 22
+        theirs_ei, theirs_w = unet.augment_adj(ei, w, n)      # (source, target) entries
+        ours = CSRGraph.from_edge_index(ei, w, num_nodes=n, dedupe=dedupe).augment_a2()
+        torch.testing.assert_close(dense(ours), dense_from_edges(theirs_ei, theirs_w, n))
+
+
 def test_augment_a2_differentiates_through_learnable_weights():
     """A² was formed from detached weights: a learnable graph's gradient silently lacked every
     path through it (the official preset squares each pooled graph; an nn-module audit found
