@@ -598,6 +598,7 @@ class CSRGraph:
         return self._weight.to(dtype)
 
     def weight_or_ones(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The entries' weights in ``dtype`` (CSR order), ones for an unweighted graph."""
         if self._weight is not None:
             return self._weight.to(dtype)
         return torch.ones(self.num_edges, dtype=dtype, device=self.device)
@@ -662,6 +663,8 @@ class CSRGraph:
 
     # ------------------------------------------------------------------ self-loops
     def remove_self_loops(self) -> CSRGraph:
+        """A new graph without the self-loop entries (every stored copy); weights and an
+        inherited symmetry kept."""
         keep = self._indices != self.row_index()
         row = self.row_index()[keep]
         indptr = torch.zeros(self._num_nodes + 1, dtype=torch.long, device=self.device)

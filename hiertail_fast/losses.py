@@ -154,6 +154,8 @@ class BalancedContrastiveLoss(nn.Module):
     def forward(
         self, z: torch.Tensor, labels: torch.Tensor, prototypes: torch.Tensor | None = None
     ) -> torch.Tensor:
+        """`balanced_contrastive_loss` of z [N, d] with labels [N] (and prototypes [m, d],
+        prototype t joining class t) under this module's settings."""
         return balanced_contrastive_loss(
             z, labels, prototypes=prototypes, temperature=self.temperature,
             include_self=self.include_self, reduction=self.reduction, variant=self.variant,

@@ -87,13 +87,17 @@ class BaselineMethod(nn.Module):
         self.cfg, self.ctx = cfg, ctx
 
     def forward(self, x: torch.Tensor, adj: torch.Tensor) -> torch.Tensor:
+        """Logits [n, C] of features x over the adjacency ``adj`` (encoder, then classifier)."""
         return self.classifier(self.encoder(x, adj), adj)
 
     def train_loss(self) -> torch.Tensor:
+        """The method's training objective for one step of the shared loop (here Origin's
+        cross-entropy on the training nodes; each method overrides it with its own)."""
         c = self.ctx
         return F.cross_entropy(self(c.x, self.adj)[c.train_idx], c.y[c.train_idx])
 
     def predict(self) -> torch.Tensor:
+        """Logits [n, C] of every node, for model selection and the test metrics."""
         return self(self.ctx.x, self.adj)
 
     def pretrain(self, opt: torch.optim.Optimizer) -> int:

@@ -102,6 +102,8 @@ class GCNConv(nn.Module):
 
     def forward(self, x: torch.Tensor, graph_or_edge_index: CSRGraph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
+        """x [n, in_channels] over a `CSRGraph`, an edge_index [2, E] (with edge_weight [E]
+        or None) or a sparse adjacency in PyG's adj_t orientation -> [n, out_channels]."""
         self._check_input(x)
         if torch.compiler.is_compiling() and not isinstance(graph_or_edge_index, CSRGraph):
             # traced: the edge_index goes into gcn_propagate's custom op as it is (converted

@@ -254,6 +254,10 @@ class HierTail(nn.Module):
 
     def forward(self, x: torch.Tensor, graph: CSRGraph | torch.Tensor | None = None
                 ) -> HierTailOutput:
+        """x [n, in_channels] over a graph (a `CSRGraph` from `prepare_graph`, built once and
+        reused; an edge_index, sparse adjacency or PyG Data is prepared on every call), or
+        ``model(data)`` with a PyG Data -> `HierTailOutput` (logits, embedding, pooled levels,
+        perms, hidden); `loss` turns it into the training objective."""
         if graph is None:  # model(data): a PyG Data carries x and the graph
             if not is_pyg_data(x):
                 raise TypeError("graph is required unless x is a PyG Data")

@@ -221,9 +221,11 @@ class HierTailConfig:
         return getattr(cls, name)(**overrides)
 
     def replace(self, **changes) -> HierTailConfig:
+        """A copy with ``changes`` applied (fields by name), checked as a new config is."""
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
+        """Every field as plain Python values (lists for the tuples): JSON-ready."""
         out = dataclasses.asdict(self)
         out["pool_ratios"] = list(self.pool_ratios)
         if self.pool_counts is not None:
