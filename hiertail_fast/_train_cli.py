@@ -178,7 +178,9 @@ def build_parser(prog: str = "python -m hiertail_fast.train") -> argparse.Argume
                      help="node features: none (as loaded; the official default) or row = "
                      "x_i / sum_j x_ij (the official --is_normalize; Wiki's raw TF-IDF rows "
                      "sum to thousands and collapse training without it)")
-    src.add_argument("--split", type=path_arg, help="user split .npz (train/val/test arrays); "
+    src.add_argument("--split", type=path_arg,
+                     help="user split .npz (train/val/test arrays of node ids, or "
+                     "train_mask/val_mask/test_mask booleans); "
                      "default: natural per-class split redone per seed")
     m = p.add_argument_group("model and training")
     # default None ("paper" when unset): an explicit `--config paper` with a baseline
@@ -296,6 +298,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m hiertail_fast
                 if not part.numel():
                     raise ValueError(f"--split {args.split}: the {name!r} set is empty (the "
                                      "model is selected on val and reported on test)")
+            _note_split_overlaps(args.split, split)
         cfg = _config_from_args(args, None if args.synthetic else data_info["name"])
         baseline_cfg = method_config_from_args(args)   # None for --method hiertail
         if baseline_cfg is not None:
@@ -389,6 +392,23 @@ def _exit_out_of_memory(prog: str, stage: str, exc: BaseException, outcome: str)
     print(f"{prog}: error: out of memory {stage} ({what}); {outcome}. Fewer nodes or features, "
           "a smaller --hidden or a device with more memory may fit", file=sys.stderr)
     raise SystemExit(1) from None
+
+
+def _note_split_overlaps(path, split) -> None:
+    """Say on stderr which parts of a user split share nodes: allowed (the protocol's natural
+    split does so for classes of one or two nodes), but a validation or test node that is
+    also trained on flatters model selection or the reported metrics, so never unsaid."""
+    names = ("train", "val", "test")
+    shared = []
+    for i in range(3):
+        for j in range(i + 1, 3):
+            common = np.intersect1d(split[i].numpy(), split[j].numpy()).size
+            if common:
+                shared.append(f"{names[i]} and {names[j]} share {common} node(s)")
+    if shared:
+        print(f"note: --split {path}: {'; '.join(shared)} (allowed: the natural split does so "
+              "for classes of one or two nodes; a node in val or test that is also trained "
+              "on favours that split's numbers)", file=sys.stderr)
 
 
 def _json_clash(args) -> str | None:

@@ -117,17 +117,24 @@ def _split_parts(split: Any, num_nodes: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 def load_split(path: str | Path) -> dict[str, np.ndarray]:
-    """A user split file: ``.npz`` with integer arrays ``train``, ``val``, ``test`` (or
-    ``train_idx``, ``val_idx``, ``test_idx``)."""
+    """A user split file: ``.npz`` with arrays ``train``, ``val``, ``test`` (or
+    ``train_idx``, ... or PyG's ``train_mask``, ...): node ids, or boolean masks over the
+    nodes (`user_split` checks them). One name per part: a file holding two (``train`` and
+    ``train_mask``) is refused, as which one is meant is unknown."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"split file not found: {p}")
     with open_npz(p, "a split .npz file") as z:
         out = {}
         for k in ("train", "val", "test"):
-            key = k if k in z.files else f"{k}_idx"
-            if key not in z.files:
-                raise ValueError(f"{p}: missing array {k!r} (or {k}_idx); has {sorted(z.files)}")
+            names = [name for name in (k, f"{k}_idx", f"{k}_mask") if name in z.files]
+            if not names:
+                raise ValueError(f"{p}: missing array {k!r} (or {k}_idx, {k}_mask); has "
+                                 f"{sorted(z.files)}")
+            if len(names) > 1:
+                raise ValueError(f"{p}: holds {' and '.join(map(repr, names))}: one array per "
+                                 "part, please (which one is meant is unknown)")
+            key = names[0]
             try:
                 out[k] = np.asarray(z[key])
             except Exception as exc:      # an object array (never unpickled), a corrupt member

@@ -456,6 +456,41 @@ def test_bad_data_and_split_files_refused_before_training(tmp_path, capsys, monk
         assert f"{path}: " * (path.name != "one.npz") + message in err, err
 
 
+def test_split_file_takes_masks_refuses_two_names_and_notes_overlaps(tmp_path, capsys,
+                                                                        monkeypatch):
+    """A split file may hold PyG's ``train_mask`` / ``val_mask`` / ``test_mask`` (booleans):
+    the same runs as the node ids. Two arrays for one part (``train`` and ``train_mask``)
+    are refused, not one of them picked unsaid. Parts that share nodes are allowed (the
+    natural split does it for tiny classes) but said on stderr (they ran unsaid)."""
+    import numpy as np
+
+    data = _save_graph(tmp_path / "g.npz")
+    tr, va, te = np.arange(0, 12, 3), np.arange(1, 12, 3), np.arange(2, 12, 3)
+    mask = lambda idx: np.isin(np.arange(12), idx)
+    results = []
+    for name, parts in [("ids", dict(train=tr, val_idx=va, test=te)),
+                        ("masks", dict(train_mask=mask(tr), val_mask=mask(va),
+                                       test_mask=mask(te)))]:
+        out = tmp_path / f"{name}.json"
+        main(["--data", str(data), "--split", str(_save_split(tmp_path / f"{name}.npz", **parts)),
+              "--epochs", "2", "--seeds", "1", "--hidden", "4", "--no-progress", "--json",
+              str(out)])
+        assert "share" not in capsys.readouterr().err
+        results.append(json.loads(out.read_text())["runs"][0]["test"])
+    assert results[0] == results[1]
+    overlap = _save_split(tmp_path / "overlap.npz", train=tr, val=np.r_[va, tr[:2]],
+                          test=np.r_[te, tr[:1], va[:1]])
+    main(["--data", str(data), "--split", str(overlap), "--epochs", "2", "--seeds", "1",
+          "--hidden", "4", "--no-progress"])
+    err = capsys.readouterr().err
+    assert (f"note: --split {overlap}: train and val share 2 node(s); train and test share 1 "
+            "node(s); val and test share 2 node(s)") in err, err   # tr[0], va[0]
+    both = _save_split(tmp_path / "both.npz", train=tr, train_mask=mask(tr), val=va, test=te)
+    err = _exit_2(["--data", str(data), "--split", str(both), "--epochs", "2", "--no-progress"],
+                  capsys, monkeypatch)   # (stops training: last)
+    assert "holds 'train' and 'train_mask': one array per part" in err, err
+
+
 def test_json_never_overwrites_an_input(tmp_path, capsys, monkeypatch):
     import numpy as np
 
