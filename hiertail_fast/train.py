@@ -94,16 +94,23 @@ def seed_everything(seed: int) -> None:
 
 
 def _split_parts(split: Any, num_nodes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(train, val, test) int64 index tensors from a tuple, a dict or an object with fields:
-    index arrays or boolean masks, checked by `user_split` (ids in range, none repeated within
-    a set: a repeated test node counted twice in the metrics), none empty."""
-    if isinstance(split, dict):
-        parts = [split.get(k, split.get(f"{k}_idx")) for k in ("train", "val", "test")]
-    elif isinstance(split, (tuple, list)):
+    """(train, val, test) int64 index tensors from a tuple, a dict or an object with fields
+    (``train`` / ``train_idx`` / ``train_mask``, ...): index arrays or boolean masks, checked
+    by `user_split` (ids in range, none repeated within a set: a repeated test node counted
+    twice in the metrics), none empty."""
+    if isinstance(split, (tuple, list)):
         parts = list(split)
     else:
-        parts = [getattr(split, k, getattr(split, f"{k}_idx", None))
-                 for k in ("train", "val", "test")]
+        # a dict or an object with fields: each part as "train", "train_idx" or "train_mask"
+        # (the split file's names), one name per part (two: which one is meant is unknown)
+        get = split.get if isinstance(split, dict) else lambda key: getattr(split, key, None)
+        parts = []
+        for k in ("train", "val", "test"):
+            found = [name for name in (k, f"{k}_idx", f"{k}_mask") if get(name) is not None]
+            if len(found) > 1:
+                raise ValueError(f"split holds {' and '.join(map(repr, found))}: one per part, "
+                                 "please (which one is meant is unknown)")
+            parts.append(get(found[0]) if found else None)
     if len(parts) != 3 or any(p is None for p in parts):
         raise ValueError("split must provide train, val and test index arrays")
     try:

@@ -258,6 +258,23 @@ def test_duplicate_val_or_test_nodes_are_refused_and_masks_accepted(small, part)
     assert by_mask["test"] == by_index["test"]
 
 
+def test_a_dict_split_takes_the_split_files_names_once_each(small):
+    """A dict split reads each part as ``train``, ``train_idx`` or ``train_mask`` (the names a
+    split file may use); two names for one part are refused (``train`` was taken unsaid)."""
+    tr, va, te = natural_split(small.y, 0)
+    masks = {}
+    for name, idx in zip(("train", "val", "test"), (tr, va, te), strict=True):
+        masks[f"{name}_mask"] = torch.zeros(small.num_nodes, dtype=torch.bool)
+        masks[f"{name}_mask"][idx] = True
+    cfg = HierTailConfig.paper(hidden=4)
+    by_mask = train_hiertail(small, masks, cfg, epochs=2, seed=0, progress=False)
+    by_index = train_hiertail(small, {"train_idx": tr.sort().values, "val": va, "test": te},
+                              cfg, epochs=2, seed=0, progress=False)
+    assert by_mask["test"] == by_index["test"]
+    with pytest.raises(ValueError, match="split holds 'val' and 'val_mask': one per part"):
+        train_hiertail(small, {**masks, "val": va}, cfg, epochs=1, seed=0, progress=False)
+
+
 def test_inputs_that_require_grad_are_left_alone(small):
     # x requiring grad got .grad written by training; learnable edge weights failed in epoch 2
     # ("backward through the graph a second time": the graph is built once; an nn audit)
