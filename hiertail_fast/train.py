@@ -53,7 +53,12 @@ from hiertail_fast._validation import (
 )
 from hiertail_fast.data.io import GraphData, check_graph_arrays, open_npz
 from hiertail_fast.data.pyg import as_graph_data
-from hiertail_fast.data.splits import natural_split, user_split
+from hiertail_fast.data.splits import (
+    SPLIT_PARTS,
+    natural_split,
+    split_part_names,
+    user_split,
+)
 from hiertail_fast.graph import CSRGraph
 from hiertail_fast.metrics import evaluate, macro_f1, per_class_accuracy
 from hiertail_fast.nn.hiertail import HierTail, HierTailConfig, prepare_graph
@@ -101,16 +106,10 @@ def _split_parts(split: Any, num_nodes: int) -> tuple[torch.Tensor, torch.Tensor
     if isinstance(split, (tuple, list)):
         parts = list(split)
     else:
-        # a dict or an object with fields: each part as "train", "train_idx" or "train_mask"
-        # (the split file's names), one name per part (two: which one is meant is unknown)
+        # a dict or an object with fields, named as in a split file (split_part_names)
         get = split.get if isinstance(split, dict) else lambda key: getattr(split, key, None)
-        parts = []
-        for k in ("train", "val", "test"):
-            found = [name for name in (k, f"{k}_idx", f"{k}_mask") if get(name) is not None]
-            if len(found) > 1:
-                raise ValueError(f"split holds {' and '.join(map(repr, found))}: one per part, "
-                                 "please (which one is meant is unknown)")
-            parts.append(get(found[0]) if found else None)
+        parts = [None if name is None else get(name)
+                 for name in split_part_names(lambda key: get(key) is not None)]
     if len(parts) != 3 or any(p is None for p in parts):
         raise ValueError("split must provide train, val and test index arrays")
     try:
@@ -133,15 +132,11 @@ def load_split(path: str | Path) -> dict[str, np.ndarray]:
         raise FileNotFoundError(f"split file not found: {p}")
     with open_npz(p, "a split .npz file") as z:
         out = {}
-        for k in ("train", "val", "test"):
-            names = [name for name in (k, f"{k}_idx", f"{k}_mask") if name in z.files]
-            if not names:
+        for k, key in zip(SPLIT_PARTS, split_part_names(z.files.__contains__, str(p)),
+                          strict=True):
+            if key is None:
                 raise ValueError(f"{p}: missing array {k!r} (or {k}_idx, {k}_mask); has "
                                  f"{sorted(z.files)}")
-            if len(names) > 1:
-                raise ValueError(f"{p}: holds {' and '.join(map(repr, names))}: one array per "
-                                 "part, please (which one is meant is unknown)")
-            key = names[0]
             try:
                 out[k] = np.asarray(z[key])
             except Exception as exc:      # an object array (never unpickled), a corrupt member

@@ -129,6 +129,16 @@ def test_round_trip_graphdata_data_graphdata(fake, tmp_path):
     for bad in ((tr, va), {"train": tr, "val": va}):
         with pytest.raises(ValueError, match="split must give train, val and test"):
             to_pyg_data(g, split=bad)
+    # the split file's names: masks too, one name per part (two: one was taken unsaid)
+    masks = {f"{k}_mask": torch.zeros(g.num_nodes, dtype=torch.bool).index_fill_(0, idx, True)
+             for k, idx in zip(("train", "val", "test"), split, strict=True)}
+    d3 = to_pyg_data(g, split={"train": masks["train_mask"], "val_idx": va,
+                               "test_mask": masks["test_mask"]})
+    for key in ("train_mask", "val_mask", "test_mask"):
+        assert torch.equal(d3[key], d[key]), key
+    with pytest.raises(ValueError, match="split holds 'test' and 'test_mask': one array per"):
+        to_pyg_data(g, split={"train": tr, "val": va, "test": te,
+                              "test_mask": masks["test_mask"]})
 
 
 def test_split_from_masks_rules(fake):

@@ -271,7 +271,7 @@ def test_a_dict_split_takes_the_split_files_names_once_each(small):
     by_index = train_hiertail(small, {"train_idx": tr.sort().values, "val": va, "test": te},
                               cfg, epochs=2, seed=0, progress=False)
     assert by_mask["test"] == by_index["test"]
-    with pytest.raises(ValueError, match="split holds 'val' and 'val_mask': one per part"):
+    with pytest.raises(ValueError, match="split holds 'val' and 'val_mask': one array per part"):
         train_hiertail(small, {**masks, "val": va}, cfg, epochs=1, seed=0, progress=False)
 
 

@@ -27,7 +27,7 @@ import torch
 
 from hiertail_fast._validation import INDEX_DTYPES, all_finite
 from hiertail_fast.data.io import GraphData, load_npz
-from hiertail_fast.data.splits import user_split
+from hiertail_fast.data.splits import SPLIT_PARTS, split_part_names, user_split
 
 __all__ = ["is_pyg_data", "import_pyg", "from_pyg_data", "to_pyg_data", "split_from_masks",
            "as_graph_data", "graph_inputs", "MASK_KEYS"]
@@ -205,12 +205,13 @@ def to_pyg_data(source: Any, *, split: Any = None):
         kwargs["edge_weight"] = source.edge_weight
     if split is not None:
         if isinstance(split, dict):
-            unknown = sorted(set(split) - {f"{k}{s}" for k in ("train", "val", "test")
-                                           for s in ("", "_idx")})
+            unknown = sorted(set(split) - {f"{k}{s}" for k in SPLIT_PARTS
+                                           for s in ("", "_idx", "_mask")})
             if unknown:   # a misspelt key ("valid") gave an empty mask, silently
                 raise ValueError(f"split has keys {unknown}; expected train, val, test (or "
-                                 "train_idx, val_idx, test_idx)")
-            split = [split.get(k, split.get(f"{k}_idx")) for k in ("train", "val", "test")]
+                                 "train_idx, ..., or train_mask, ...)")
+            split = [None if name is None else split[name]    # (a None value: not given)
+                     for name in split_part_names(lambda key: split.get(key) is not None)]
         if not isinstance(split, (list, tuple)) or len(split) != 3 or any(
                 p is None for p in split):
             raise ValueError("split must give train, val and test (index arrays or masks)")

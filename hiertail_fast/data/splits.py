@@ -27,6 +27,7 @@ Cost: O(n log n) time (one stable sort), O(n) memory; no Python loop over classe
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -193,6 +194,24 @@ def user_split(
     va = _index_set(val, int(num_nodes), "val")
     te = _index_set(test, int(num_nodes), "test")
     return tuple(torch.from_numpy(a.copy()) for a in (tr, va, te))  # type: ignore[return-value]
+
+
+SPLIT_PARTS = ("train", "val", "test")
+
+
+def split_part_names(has: Callable[[str], bool], where: str = "split") -> list[str | None]:
+    """For each part of a split (train, val, test), the one name it is stored under: the part's
+    own name, ``<part>_idx`` or PyG's ``<part>_mask`` (``has(name)`` says which exist), None
+    when none is. The one spelling rule of split files, dicts and objects; two names for one
+    part are a ValueError naming them (one was taken unsaid: which one is meant is unknown)."""
+    out: list[str | None] = []
+    for part in SPLIT_PARTS:
+        found = [name for name in (part, f"{part}_idx", f"{part}_mask") if has(name)]
+        if len(found) > 1:
+            raise ValueError(f"{where} holds {' and '.join(map(repr, found))}: one array per "
+                             "part, please (which one is meant is unknown)")
+        out.append(found[0] if found else None)
+    return out
 
 
 def class_counts(y: Any, idx: Any = None, num_classes: int | None = None) -> torch.Tensor:
