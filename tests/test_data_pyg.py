@@ -230,6 +230,26 @@ def test_prepare_graph_from_data_and_weights():
     assert g.weight.tolist() == [1.0, 5.0, 5.0, 1.0]
 
 
+def test_edge_attr_without_edge_weight_is_said_not_read():
+    """A Data's edge_attr was dropped without a word (the graph read unweighted, where a
+    user's weights may sit there); edge_weight set: no warning, the weights used."""
+    import warnings
+
+    ei = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
+    d = Data(x=torch.randn(3, 2), edge_index=ei, y=torch.tensor([0, 1, 1]),
+             edge_attr=torch.tensor([2.0, 2.0, 3.0, 3.0]))
+    said = "edge_attr is not read: the graph is used unweighted"
+    with pytest.warns(UserWarning, match=said):
+        assert from_pyg_data(d).edge_weight is None
+    with pytest.warns(UserWarning, match=said):
+        assert prepare_graph(d).weight is None
+    d.edge_weight = d.edge_attr
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(from_pyg_data(d).edge_weight, d.edge_attr)
+        assert prepare_graph(d).weight is not None
+
+
 def test_hiertail_forward_on_a_data(fake):
     torch.manual_seed(0)
     model = HierTail(fake.num_features, 4, HierTailConfig.paper(hidden=8)).eval()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,12 @@ def graph_inputs(data: Any, num_nodes: int | None = None, edge_weight: Any = Non
     if num_nodes is not None and int(num_nodes) != int(n):
         raise ValueError(f"num_nodes={num_nodes} but the Data has {n} nodes")
     w = edge_weight if edge_weight is not None else _get(data, "edge_weight")
+    if w is None and isinstance(_get(data, "edge_attr"), torch.Tensor):
+        # (as the npz loader says of arrays outside its format: the graph was read unweighted
+        # without a word, where a user's weights may sit in edge_attr)
+        warnings.warn("the Data's edge_attr is not read: the graph is used unweighted, as "
+                      "PyG's GCNConv uses it; for one weight per edge set data.edge_weight "
+                      "(e.g. data.edge_weight = data.edge_attr)", stacklevel=3)
     return ei, int(n), w
 
 
