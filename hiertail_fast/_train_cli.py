@@ -35,7 +35,7 @@ from hiertail_fast._threads import SMALL_GRAPH_NODES, default_threads, keeps_thr
 from hiertail_fast._validation import MIN_TEMPERATURE, SEED_MAX, check_classes, check_threads
 from hiertail_fast.baselines.cli import add_method_arguments, method_config_from_args
 from hiertail_fast.data.io import load_npz
-from hiertail_fast.data.splits import user_split
+from hiertail_fast.data.splits import SPLIT_PARTS, user_split
 from hiertail_fast.nn.hiertail import HierTailConfig
 from hiertail_fast.ops._dispatch import (
     _attention_available,
@@ -398,13 +398,12 @@ def _note_split_overlaps(path, split) -> None:
     """Say on stderr which parts of a user split share nodes: allowed (the protocol's natural
     split does so for classes of one or two nodes), but a validation or test node that is
     also trained on flatters model selection or the reported metrics, so never unsaid."""
-    names = ("train", "val", "test")
     shared = []
     for i in range(3):
         for j in range(i + 1, 3):
             common = np.intersect1d(split[i].numpy(), split[j].numpy()).size
             if common:
-                shared.append(f"{names[i]} and {names[j]} share {common} node(s)")
+                shared.append(f"{SPLIT_PARTS[i]} and {SPLIT_PARTS[j]} share {common} node(s)")
     if shared:
         print(f"note: --split {path}: {'; '.join(shared)} (allowed: the natural split does so "
               "for classes of one or two nodes; a node in val or test that is also trained "
