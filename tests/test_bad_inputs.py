@@ -428,6 +428,9 @@ def model_output():
     (None, "empty", ValueError, "train_idx must be a non-empty"),
     (None, "dim", ValueError, "train_idx must be 1-D"),
     (None, "duplicate", ValueError, "train_idx has duplicate node ids"),
+    # a PyG train_mask, as is or as 0/1 integers: named as a mask, with the conversion
+    (None, "mask", TypeError, "got a boolean mask: pass mask.nonzero().view(-1)"),
+    (None, "0/1 mask", ValueError, "duplicate node ids (it looks like a 0/1 mask: pass"),
 ])
 def test_hiertail_loss_bad_input(model_output, y, idx, exc, msg):
     model, out, n = model_output
@@ -437,7 +440,8 @@ def test_hiertail_loss_bad_input(model_output, y, idx, exc, msg):
     train = {None: torch.arange(4), "range": torch.tensor([1, 10]),
              "negative": torch.tensor([-2]), "empty": torch.zeros(0, dtype=torch.long),
              "dim": torch.zeros(1, 2, dtype=torch.long),
-             "duplicate": torch.tensor([3, 1, 3])}[idx]
+             "duplicate": torch.tensor([3, 1, 3]),
+             "mask": torch.arange(n) < 4, "0/1 mask": (torch.arange(n) < 4).long()}[idx]
     with pytest.raises(exc) as info:
         model.loss(out, labels, train)
     assert type(info.value) is exc and msg in str(info.value), str(info.value)

@@ -25,6 +25,9 @@ def train_labels(y, train_idx, n: int, num_classes: int, device: torch.device
     if y.numel() and int(y.max()) >= num_classes:
         raise ValueError(f"y has label {int(y.max())} but the model has {num_classes} classes "
                          f"(labels must lie in [0, {num_classes}))")
+    if isinstance(train_idx, Tensor) and train_idx.dtype == torch.bool:   # PyG's train_mask
+        raise TypeError("train_idx must be node ids (an integer tensor), got a boolean mask: "
+                        "pass mask.nonzero().view(-1)")
     train_idx = check_index_vector(train_idx, "train_idx")
     if not train_idx.numel():
         raise ValueError("train_idx must be a non-empty 1-D index tensor")
@@ -41,7 +44,9 @@ def train_labels(y, train_idx, n: int, num_classes: int, device: torch.device
     seen = torch.zeros(n, dtype=torch.bool, device=train_idx.device)
     seen[train_idx] = True
     if int(seen.sum()) != train_idx.numel():
-        raise ValueError("train_idx has duplicate node ids")
+        mask_like = train_idx.numel() == n and int(train_idx.max()) <= 1
+        raise ValueError("train_idx has duplicate node ids" + (
+            " (it looks like a 0/1 mask: pass mask.nonzero().view(-1))" if mask_like else ""))
     return y.long()[train_idx], train_idx
 
 
