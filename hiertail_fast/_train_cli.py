@@ -129,6 +129,22 @@ def parse_seeds(values: Sequence[str], base: int = 123) -> list[int]:
     return nums
 
 
+# A --seeds count above the protocol's 10 seeds is said on stderr before anything trains:
+# `--seeds 125` reads as "seed 125" but is 125 seeds (123..247), hours of runs unasked for.
+NOTED_SEED_COUNT = 10
+
+
+def seed_count_notice(values: Sequence[str] | None, seeds: Sequence[int]) -> str | None:
+    """The stderr line for a --seeds ``values`` that was read as a count above
+    ``NOTED_SEED_COUNT`` (``seeds`` as parse_seeds returned them), naming how to give one
+    seed; None for a list or a small count."""
+    if not values or len(values) != 1 or "," in values[0] or len(seeds) <= NOTED_SEED_COUNT:
+        return None
+    count = values[0].strip()
+    return (f"note: --seeds {count} is a count: {len(seeds)} seeds, {seeds[0]}..{seeds[-1]} "
+            f"(the seed {count} alone: --seeds {count}, or --seed-base {count} --seeds 1)")
+
+
 def _device_error(text: str) -> str | None:
     """Why `text` is not a usable --device, or None."""
     try:
@@ -213,7 +229,8 @@ def build_parser(prog: str = "python -m hiertail_fast.train") -> argparse.Argume
                    help="stop after this many epochs without a better val Macro-F1 (default "
                    "%(default)s)")
     m.add_argument("--seeds", nargs="+", default=["10"],
-                   help="a count (from --seed-base) or a list: 3 | 1,2,5 | 1 2 5")
+                   help="a count (from --seed-base) or a list: 3 | 1,2,5 | 1 2 5 | 7, (the seed "
+                   "7 alone)")
     m.add_argument("--seed-base", type=seed_arg, default=123,
                    help="first seed of a --seeds count (default %(default)s)")
     m.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
@@ -284,6 +301,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m hiertail_fast
         parser.error(problem)
     try:
         seeds = parse_seeds(args.seeds, args.seed_base)
+        notice = seed_count_notice(args.seeds, seeds)
+        if notice:
+            print(notice, file=sys.stderr)
         data, data_info = _load_data(args)
         check_classes(data.y)
         split = None

@@ -139,6 +139,31 @@ def test_parse_seeds_distinct_and_in_range():
         parse_seeds(["4", "4"])
 
 
+
+def test_a_large_seed_count_is_said_before_anything_trains(tmp_path, capsys):
+    """`--seeds 125` is a count (125 seeds from --seed-base), not the seed 125: above the
+    protocol's 10 seeds both command lines say so on stderr, with the way to give one seed
+    (`125,`), before loading data; a list or a small count says nothing."""
+    from hiertail_fast._train_cli import seed_count_notice
+    from hiertail_fast.experiments.cli import budget_from_args, build_parser
+
+    assert parse_seeds(["125,"]) == [125]
+    notice = seed_count_notice(["125"], parse_seeds(["125"]))
+    assert notice is not None and "125 seeds, 123..247" in notice and "--seeds 125," in notice
+    for values in (["3"], ["10"], ["125,"], ["1,2,5"], ["1", "2"]):
+        assert seed_count_notice(values, parse_seeds(values)) is None
+    with pytest.raises(SystemExit) as exc:
+        main(["--data", str(tmp_path / "missing.npz"), "--seeds", "11", "--no-progress"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--seeds 11 is a count: 11 seeds, 123..133" in err
+    assert err.index("--seeds 11 is a count") < err.index("missing.npz")
+    budget = budget_from_args(build_parser().parse_args(["main", "--seeds", "12",
+                                                         "--seed-base", "5"]))
+    assert budget.seeds == tuple(range(5, 17))
+    assert "--seeds 12 is a count: 12 seeds, 5..16" in capsys.readouterr().err
+    assert budget_from_args(build_parser().parse_args(["main", "--seeds", "125,"])).seeds == (125,)
+    assert capsys.readouterr().err == ""
+
 # ----------------------------------------------------------------------------- the JSON file
 def test_json_replaced_atomically_the_old_one_kept_as_prev(tmp_path, capsys):
     out = tmp_path / "res.json"

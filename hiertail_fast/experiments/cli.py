@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = p.add_argument_group("budget (default: the full protocol)")
     b.add_argument("--quick", action="store_true", help=f"{QUICK['seeds']} seeds, ≤ "
                    f"{QUICK['epochs']} epochs, patience {QUICK['patience']} (labelled REDUCED)")
-    b.add_argument("--seeds", nargs="+", help="a count from --seed-base or a list: 3 | 1,2,5")
+    b.add_argument("--seeds", nargs="+", help="a count from --seed-base or a list: 3 | 1,2,5 | 7, "
+                   "(the seed 7 alone)")
     b.add_argument("--seed-base", type=_seed_base,
                    help="first seed of a --seeds count and of the default seeds (default "
                    f"{FULL_SEEDS[0]})")
@@ -153,7 +154,7 @@ def given_defaults(args) -> None:
 
 
 def budget_from_args(args) -> Budget:
-    from hiertail_fast._train_cli import parse_seeds
+    from hiertail_fast._train_cli import parse_seeds, seed_count_notice
 
     # (args as parsed, before `given_defaults`, too: an unset --seed-base is the default's)
     base = _GIVEN_DEFAULTS["seed_base"] if args.seed_base is None else args.seed_base
@@ -168,6 +169,9 @@ def budget_from_args(args) -> Budget:
         seeds = parse_seeds([str(len(FULL_SEEDS))], base)
     if args.seeds:
         seeds = parse_seeds(args.seeds, base)
+        notice = seed_count_notice(args.seeds, seeds)
+        if notice:
+            print(notice, file=sys.stderr)
     epochs = args.epochs if args.epochs is not None else epochs
     patience = args.patience if args.patience is not None else patience
     return Budget(tuple(seeds), epochs, patience)
