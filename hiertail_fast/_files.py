@@ -201,6 +201,49 @@ def folder_lock(folder: Path) -> Iterator[None]:
             del held[key]
 
 
+@contextmanager
+def claim(path: Path, *, wait: bool) -> Iterator[bool]:
+    """Claim the work that `path` names (a run to train) among processes: an exclusive
+    ``flock`` on the claim file `path` (created, and removed when released). Yields True while
+    held; False when another process holds it and ``wait`` is False (without waiting); with
+    ``wait`` it blocks until the holder is done. Best effort, like `folder_lock`: where the
+    file cannot be made or locked (no fcntl on Windows, a read-only folder) it yields True,
+    and two processes may then both do the work, which wastes time but changes no result.
+
+    Why a file: a run is ~1 h on BlogCatalog, and two commands sharing --runs-dir whose
+    seeds overlapped trained the same runs side by side (three did here). The holder removes
+    the file only while it is still the file it locked (a waiter that got the lock on the
+    removed file must not remove a newer claimant's file)."""
+    path = Path(path)
+    fd = None
+    if fcntl is not None:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            fd = None
+    if fd is None:
+        yield True
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        except OSError:
+            pass                        # (locking unsupported here: best effort, held)
+        try:
+            yield True
+        finally:
+            try:
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    os.unlink(path)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)                    # (closing releases the lock)
+
+
 def replace_file_set(out: Path, writers: dict, current: list, prev_of,
                      older: list = ()) -> tuple[list[Path], list[Path]]:
     """Write a set of result files into `out` as one set, keeping the set it replaces.

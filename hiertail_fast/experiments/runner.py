@@ -7,7 +7,12 @@ soon as it finishes (``<runs>/<dataset>/<method>-<hash>-s<seed>.json``). A run w
 exists is never recomputed (the same run in two rows or two experiments is trained once), so an
 interrupted command resumes where it stopped, two commands can share a runs folder, and nothing
 a previous command computed is overwritten (but for the two misses below). Stopping the process
-(SIGSTOP / SIGCONT, or killing it) loses at most the run in progress.
+(SIGSTOP / SIGCONT, or killing it) loses at most the run in progress. While a run trains, its
+command holds a claim on it (an flock on ``.<run file stem>.training`` beside the file, removed
+when done): another command sharing the runs folder leaves that run for the end of its own list,
+then waits for it and reads it from the cache (or trains it, if the claimant stopped without
+finishing it), so commands whose seeds overlap split the runs instead of training them twice;
+running the same command twice uses two cores.
 
 The identity that names a run's file holds the data's shape (nodes, edges, features, classes and
 a non-default --feature-norm), not its content: two graphs of the same shape share file names.
@@ -39,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from hiertail_fast._files import atomic_write_text, folder_lock
+from hiertail_fast._files import atomic_write_text, claim, folder_lock
 
 __all__ = ["Budget", "RunSpec", "DataSource", "RunCache", "run_specs", "summarize",
            "data_fingerprint", "FULL_SEEDS", "FULL_EPOCHS", "FULL_PATIENCE", "QUICK"]
@@ -414,11 +419,11 @@ def _run_specs(specs, budget, source, cache, *, device, progress, log, train, no
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=len(todo), desc="runs", dynamic_ncols=True)
-    records, missing = [], []
+    done: dict[int, dict] = {}
+    missing, deferred = [], []
     told_threads: set[str] = set()
-    for i, (spec, seed) in enumerate(todo):
-        identity = spec.identity(seed, budget, device_type, source.data_key(spec.dataset))
-        fingerprint = source.run_fingerprint(spec)
+
+    def cached(spec, identity, fingerprint) -> dict | None:
         record, problem = cache.lookup(spec, identity, fingerprint)
         if problem:
             # (the other data's run is kept beside it only for a fingerprint mismatch; an
@@ -427,9 +432,51 @@ def _run_specs(specs, budget, source, cache, *, device, progress, log, train, no
                     if OTHER_DATA in problem else "")
             notice(problem + (f"; retraining it{kept}" if train
                               else " (--report-only: not reported)"))
+        return record
+
+    def trained(i, spec, seed, identity, fingerprint) -> dict:
+        from hiertail_fast.train import TrainingDivergedError
+
+        data, split, graph = source.run_inputs(spec, seed)
+        count = threads(spec.dataset) if threads is not None else None
+        if count is not None:
+            torch.set_num_threads(count)
+        t0 = time.perf_counter()
+        try:
+            result, diverged = _train(spec, data, split, graph, seed, budget, device), None
+        except TrainingDivergedError as exc:
+            result, diverged = None, str(exc)
+        record = {"identity": identity, "data_fingerprint": fingerprint, "row": spec.row,
+                  "result": result, **({"diverged": diverged} if diverged else {}),
+                  "wall_s": time.perf_counter() - t0,
+                  "threads": torch.get_num_threads(), **code_version(),
+                  "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        cache.put(spec, identity, record)
+        if result is not None:
+            t = result["test"]
+            log(f"[{i + 1}/{len(todo)}] {spec.dataset} {spec.row} seed {seed}: bAcc "
+                f"{100 * t['bacc']:.1f} Macro-F1 {100 * t['macro_f1']:.1f} | "
+                f"{result['epochs_run']} epochs, {record['wall_s']:.0f} s")
+        return record
+
+    def finish(i, spec, seed, record) -> None:
+        if record.get("diverged"):
+            line = f"{spec.dataset} / {spec.row} seed {seed} diverged: {record['diverged']}"
+            log(f"[{i + 1}/{len(todo)}] {line}")
+            if notes is not None:
+                notes.append(f"- {line} (left out of the row)")
+        else:
+            done[i] = dict(record, spec=spec)
+        if bar is not None:
+            bar.update(1)
+
+    def attempt(i, spec, seed, wait: bool) -> None:
+        identity = spec.identity(seed, budget, device_type, source.data_key(spec.dataset))
+        fingerprint = source.run_fingerprint(spec)
+        record = cached(spec, identity, fingerprint)
         if record is None and not train:
             missing.append(f"{spec.dataset} {spec.row} seed {seed}")
-            continue
+            return
         if record is not None and threads is not None and spec.dataset not in told_threads:
             asked, ran = threads(spec.dataset), record.get("threads")
             if isinstance(ran, int) and ran != asked:
@@ -439,46 +486,36 @@ def _run_specs(specs, budget, source, cache, *, device, progress, log, train, no
                        f"last bits of the float sums, and is not part of a run's identity: "
                        f"move or delete the runs to retrain them)")
         if record is None:
-            from hiertail_fast.train import TrainingDivergedError
+            # A run another command (sharing --runs-dir) is training now is left for the end
+            # of this command's list, then waited for and read from the cache: commands whose
+            # seeds overlap share the runs instead of training them twice side by side.
+            path = cache.path(spec, identity)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if wait:
+                notice(f"waiting for another command to finish {spec.dataset} {spec.row} "
+                       f"seed {seed} (it trains it in {path.parent})")
+            with claim(path.with_name(f".{path.stem}.training"), wait=wait) as held:
+                if not held:
+                    notice(f"{spec.dataset} {spec.row} seed {seed}: another command is "
+                           "training it; coming back to it after this command's other runs")
+                    deferred.append((i, spec, seed))
+                    return
+                # (read again under the claim: another command may have finished it since)
+                record = cache.lookup(spec, identity, fingerprint)[0]
+                if record is None:
+                    record = trained(i, spec, seed, identity, fingerprint)
+        finish(i, spec, seed, record)
 
-            data, split, graph = source.run_inputs(spec, seed)
-            count = threads(spec.dataset) if threads is not None else None
-            if count is not None:
-                torch.set_num_threads(count)
-            t0 = time.perf_counter()
-            try:
-                result, diverged = _train(spec, data, split, graph, seed, budget, device), None
-            except TrainingDivergedError as exc:
-                result, diverged = None, str(exc)
-            record = {"identity": identity, "data_fingerprint": fingerprint, "row": spec.row,
-                      "result": result, **({"diverged": diverged} if diverged else {}),
-                      "wall_s": time.perf_counter() - t0,
-                      "threads": torch.get_num_threads(), **code_version(),
-                      "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-            cache.put(spec, identity, record)
-            if result is not None:
-                t = result["test"]
-                log(f"[{i + 1}/{len(todo)}] {spec.dataset} {spec.row} seed {seed}: bAcc "
-                    f"{100 * t['bacc']:.1f} Macro-F1 {100 * t['macro_f1']:.1f} | "
-                    f"{result['epochs_run']} epochs, {record['wall_s']:.0f} s")
-        if record.get("diverged"):
-            line = f"{spec.dataset} / {spec.row} seed {seed} diverged: {record['diverged']}"
-            log(f"[{i + 1}/{len(todo)}] {line}")
-            if notes is not None:
-                notes.append(f"- {line} (left out of the row)")
-            if bar is not None:
-                bar.update(1)
-            continue
-        record = dict(record, spec=spec)
-        records.append(record)
-        if bar is not None:
-            bar.update(1)
+    for i, (spec, seed) in enumerate(todo):
+        attempt(i, spec, seed, wait=False)
+    for i, spec, seed in list(deferred):
+        attempt(i, spec, seed, wait=True)
     if bar is not None:
         bar.close()
     if missing:
         log(f"{len(missing)} of {len(todo)} runs are not cached and were not trained "
             f"(--report-only): {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}")
-    return records
+    return [done[i] for i in sorted(done)]
 
 
 def _is_run_record(record: Any) -> bool:
