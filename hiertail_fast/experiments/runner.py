@@ -12,7 +12,9 @@ command holds a claim on it (an flock on ``.<run file stem>.training`` beside th
 when done): another command sharing the runs folder leaves that run for the end of its own list,
 then waits for it and reads it from the cache (or trains it, if the claimant stopped without
 finishing it), so commands whose seeds overlap split the runs instead of training them twice;
-running the same command twice uses two cores.
+running the same command twice uses two cores. A command killed outright (SIGKILL, SIGTERM)
+leaves its claim file behind, unlocked: harmless, the next command to train that run takes
+it over and removes it.
 
 The identity that names a run's file holds the data's shape (nodes, edges, features, classes and
 a non-default --feature-norm), not its content: two graphs of the same shape share file names.
