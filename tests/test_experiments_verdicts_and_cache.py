@@ -301,6 +301,11 @@ def test_only_the_official_seeds_are_the_full_protocol():
     b = Budget(tuple(range(10)))
     assert not b.is_full and b.tag() == "-s10-e10000-p1000"
     assert b.header().startswith("**REDUCED BUDGET: 10 seeds (0..9)")
+    assert Budget((127,)).header().startswith("**REDUCED BUDGET: 1 seed (127) × ≤ 10,000")
+    assert Budget((1, 2, 5)).describe().startswith("3 seeds (1, 2, 5) × ")
+    assert Budget((126, 125, 124)).describe().startswith("3 seeds (126, 125, 124) × ")
+    assert Budget(tuple(range(20, 0, -2))).describe().startswith(
+        "10 seeds (20, 18, 16, 14, 12, 10, 8, 6, …) × ")
     assert Budget(runner.FULL_SEEDS).is_full
 
 

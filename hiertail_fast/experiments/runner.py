@@ -82,8 +82,18 @@ class Budget:
                 and self.patience == FULL_PATIENCE)
 
     def describe(self) -> str:
-        return (f"{len(self.seeds)} seeds ({self.seeds[0]}..{self.seeds[-1]}) × ≤ "
-                f"{self.epochs:,} epochs, patience {self.patience:,}")
+        return (f"{self.seed_text()} × ≤ {self.epochs:,} epochs, patience {self.patience:,}")
+
+    def seed_text(self) -> str:
+        """'10 seeds (123..132)' for a run of consecutive seeds, '1 seed (127)', else the
+        list ('3 seeds (1, 2, 5)'; "1..5" read as five seeds), the first 8 of a long one."""
+        s, n = self.seeds, len(self.seeds)
+        if n == 1:
+            return f"1 seed ({s[0]})"
+        if list(s) == list(range(s[0], s[0] + n)):
+            return f"{n} seeds ({s[0]}..{s[-1]})"
+        listed = ", ".join(map(str, s[:8])) + (", …" if n > 8 else "")
+        return f"{n} seeds ({listed})"
 
     def header(self) -> str:
         """The budget line every table starts with; a reduced budget says so."""
