@@ -250,6 +250,13 @@ class RunCache:
               and record.get("identity") == identity)
         return record if ok else None
 
+    def claim(self, spec: RunSpec, identity: dict, *, wait: bool):
+        """`claim` (hiertail_fast._files) of the run: the flock on ``.<run file
+        stem>.training`` beside its file, while this process trains it."""
+        p = self.path(spec, identity)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return claim(p.with_name(f".{p.stem}.training"), wait=wait)
+
     def get(self, spec: RunSpec, identity: dict, fingerprint: str | None = None) -> dict | None:
         return self.lookup(spec, identity, fingerprint)[0]
 
@@ -501,12 +508,10 @@ def _run_specs(specs, budget, source, cache, *, device, progress, log, train, no
             # A run another command (sharing --runs-dir) is training now is left for the end
             # of this command's list, then waited for and read from the cache: commands whose
             # seeds overlap share the runs instead of training them twice side by side.
-            path = cache.path(spec, identity)
-            path.parent.mkdir(parents=True, exist_ok=True)
             if wait:
                 notice(f"waiting for another command to finish {spec.dataset} {spec.row} "
-                       f"seed {seed} (it trains it in {path.parent})")
-            with claim(path.with_name(f".{path.stem}.training"), wait=wait) as held:
+                       f"seed {seed} (it trains it in {cache.path(spec, identity).parent})")
+            with cache.claim(spec, identity, wait=wait) as held:
                 if not held:
                     notice(f"{spec.dataset} {spec.row} seed {seed}: another command is "
                            "training it; coming back to it after this command's other runs")
