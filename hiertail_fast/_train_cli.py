@@ -101,6 +101,11 @@ def threads_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc).replace("threads must", "must", 1)) from None
 
 
+def _is_count(values: Sequence[str]) -> bool:
+    """Whether --seeds ``values`` is a count (one value, no comma) rather than a list."""
+    return len(values) == 1 and "," not in values[0]
+
+
 def parse_seeds(values: Sequence[str], base: int = 123) -> list[int]:
     """``["3"]`` -> 3 seeds from ``base``; ``["1,2,5"]`` or ``["1", "2", "5"]`` -> that list.
 
@@ -113,13 +118,13 @@ def parse_seeds(values: Sequence[str], base: int = 123) -> list[int]:
         raise ValueError(f"--seeds takes integers (a count or a list), got {values}") from exc
     if not nums:
         raise ValueError("--seeds is empty")
-    if len(values) == 1 and "," not in values[0]:
+    if _is_count(values):
         if not SEED_MIN <= base <= SEED_MAX:
             raise ValueError(f"--seed-base must lie in [{SEED_MIN}, {SEED_MAX}], got {base}")
         if not 1 <= nums[0] <= MAX_SEED_COUNT:
             raise ValueError(f"--seeds count must lie in [1, {MAX_SEED_COUNT}], got {nums[0]}")
         nums = list(range(base, base + nums[0]))
-    for seed in (nums[0], nums[-1]) if len(values) == 1 and "," not in values[0] else nums:
+    for seed in (nums[0], nums[-1]) if _is_count(values) else nums:
         if not SEED_MIN <= seed <= SEED_MAX:
             raise ValueError(f"--seeds: seed {seed} is out of range [{SEED_MIN}, {SEED_MAX}]")
     if len(set(nums)) < len(nums):
@@ -138,7 +143,7 @@ def seed_count_notice(values: Sequence[str] | None, seeds: Sequence[int]) -> str
     """The stderr line for a --seeds ``values`` that was read as a count above
     ``NOTED_SEED_COUNT`` (``seeds`` as parse_seeds returned them), naming how to give one
     seed; None for a list or a small count."""
-    if not values or len(values) != 1 or "," in values[0] or len(seeds) <= NOTED_SEED_COUNT:
+    if not values or not _is_count(values) or len(seeds) <= NOTED_SEED_COUNT:
         return None
     count = values[0].strip()
     return (f"note: --seeds {count} is a count: {len(seeds)} seeds, {seeds[0]}..{seeds[-1]} "

@@ -139,7 +139,6 @@ def test_parse_seeds_distinct_and_in_range():
         parse_seeds(["4", "4"])
 
 
-
 def test_a_large_seed_count_is_said_before_anything_trains(tmp_path, capsys):
     """`--seeds 125` is a count (125 seeds from --seed-base), not the seed 125: above the
     protocol's 10 seeds both command lines say so on stderr, with the way to give one seed
@@ -163,6 +162,7 @@ def test_a_large_seed_count_is_said_before_anything_trains(tmp_path, capsys):
     assert "--seeds 12 is a count: 12 seeds, 5..16" in capsys.readouterr().err
     assert budget_from_args(build_parser().parse_args(["main", "--seeds", "125,"])).seeds == (125,)
     assert capsys.readouterr().err == ""
+
 
 # ----------------------------------------------------------------------------- the JSON file
 def test_json_replaced_atomically_the_old_one_kept_as_prev(tmp_path, capsys):
