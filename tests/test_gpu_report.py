@@ -376,3 +376,38 @@ def test_the_prepared_device_call_brings_its_files_back(tmp_path):
     limits = dict(re.findall(r"^(\w+) rc \d+ in \d+ s \(limit (\d+) s\)", res.stdout, re.M))
     assert set(limits) == {"install", "pytest", "kernel_resources", "loss_profile"}, res.stdout
     assert sum(int(v) for v in limits.values()) <= 560 - 20, limits
+
+
+def test_the_acceptance_call_brings_its_files_back(tmp_path):
+    """bench/gpu_acceptance.sh (issue 9's acceptance call, run blind on a borrowed GPU) with a
+    stand-in interpreter: valid bash, every step under its limit, the limits fit the device call's
+    590 s, the whole suite goes to 16 workers, and what it leaves under $OUT fits what a device
+    call brings back (at most 8 files, at most 2 folders down)."""
+    import re
+    import tarfile
+
+    script = BENCH / "gpu_acceptance.sh"
+    res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    fake = tmp_path / "fakepy"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    out.mkdir()
+    tmp.mkdir()
+    env = dict(os.environ, PYTHON=str(fake), TMPDIR=str(tmp), OUT=str(out))
+    res = subprocess.run(["bash", str(script)], cwd=BENCH.parent, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert len(files) <= 8 and all(f.count("/") <= 2 for f in files), files
+    assert {"acceptance.tgz", "summary.txt"} <= set(files), files
+    with tarfile.open(out / "acceptance.tgz") as tar:
+        names = set(tar.getnames())
+    assert {"./install/install.log", "./report/gpu_report.log", "./tests/pytest.log",
+            "./scale/scale.log"} <= names, names
+    tests_log = (tmp / "gpu_acceptance" / "tests" / "pytest.log").read_text()
+    assert "OMP_NUM_THREADS=1" in tests_log and "-n 16 tests" in tests_log
+    limits = dict(re.findall(r"^(\w+) rc \d+ in \d+ s \(limit (\d+) s\)", res.stdout, re.M))
+    assert set(limits) == {"install", "gpu_report", "pytest", "scale_1M_bf16"}, res.stdout
+    assert sum(int(v) for v in limits.values()) <= 590 - 20, limits
