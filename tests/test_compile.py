@@ -41,7 +41,9 @@ def _custom_op_calls(gm) -> int:
 
 
 def _same(a, b, dev):
-    if torch.device(dev).type == "cpu":
+    """Compiled == eager: bit-equal on CPU and for integer outputs (indices: nearest_prototype)
+    on any device; within the dtype's tolerance for CUDA floats."""
+    if torch.device(dev).type == "cpu" or not b.is_floating_point():
         assert torch.equal(a, b), (a - b).abs().max()
     else:
         torch.testing.assert_close(a, b, **tol(b.dtype))

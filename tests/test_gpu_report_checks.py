@@ -219,9 +219,10 @@ def test_a_failed_check_makes_the_exit_status_1(tmp_path, monkeypatch):
     report = load_bench("bench_gpu_report_exit", "gpu_report.py")
     row = dict(op="gcn_propagate", backend="torch", check="value", error=0.0, tol=1e-4,
                result="PASS")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"   # (--device cpu: CPU machines only)
     for rows, status in (([row], 0), ([row, dict(row, check="grad x", result="FAIL")], 1)):
         monkeypatch.setattr(report.gc, "correctness", lambda *a, rows=rows: rows)
         out = tmp_path / str(status)
-        assert report.main(["--device", "cpu", "--sections", "correctness",
+        assert report.main(["--device", dev, "--sections", "correctness",
                             "--out", str(out)]) == status
         assert "Correctness: " in (out / "gpu_report.md").read_text()

@@ -292,7 +292,8 @@ BACKENDS = [(b, d) for b in ("torch", "attention") for d in DEVICES] + [_TRITON]
 
 @pytest.mark.parametrize(("backend", "dev"), BACKENDS)
 def test_ops_give_their_ieee_numbers_under_medium_precision(backend, dev):
-    assert backend_device(backend) == dev       # (the Triton launch guard: device asked for)
+    if backend == "triton":     # the Triton launch guard: its device asked for (torch and
+        assert backend_device(backend) == dev   # attention run on every device of DEVICES)
 
     def run():
         return _ops(backend, dev)
