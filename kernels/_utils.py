@@ -130,6 +130,27 @@ SMALLER_TILES = ((64, 64, 4), (64, 32, 8), (32, 32, 4))
 _FITTED: dict = {}
 
 
+# Floating-point contraction (FMA fusion) off where a kernel relies on a score s = dot * scale
+# being ONE rounded number (Triton fuses by default: LLVM's NVPTX backend contracts fmul + fsub
+# aggressively, even when the product has other uses). The official variant's relative mode
+# takes the row max r from the rounded s and then forms s - r: contracted to fma(dot, scale, -r),
+# the arg-max's own term is e^{(exact product - rounded product)}, not e^0, and δ = lse - r
+# carried that rounding, half an ulp of |s| (seen on an NVIDIA H200, triton 3.6, 2026-12-04:
+# 1.22e-4 = 2^-13 at |s| < 4,096 and 3.9e-3 = 2^-8 at |s| ~ 9e4, against 0 in float64;
+# the official loss 4e-4 relative off at |s| ~ 1e6 with 16-bit rows and 3.5e-2 absolute with a
+# prototype tying a node row at |s| ~ 1e7). The Triton interpreter never contracts, so the
+# CPU tests could not see it. The same holds for the shared-keys mode (its running max is taken
+# from s, its terms are e^{s - m}) and for the positives kernel (its pairs are compared with and
+# subtracted from the forward's row max). The exact variant's plain mode keeps fusion: its max
+# and its terms use the same t = s + log w, fused or not, so nothing cancels.
+def fp_fusion(meta: dict) -> dict:
+    """Launch options for one loss-kernel launch with compile-time constants `meta`:
+    ``enable_fp_fusion=False`` in the relative (official) and shared-keys modes, else none."""
+    if meta.get("RELATIVE") or meta.get("SHARED"):
+        return {"enable_fp_fusion": False}
+    return {}
+
+
 def launch_fitting(launch, tiles: tuple[int, int, int], what: str, z,
                    meta: dict) -> tuple[int, int, int]:
     """``launch(tile)`` with `tiles` (BLOCK_M, BLOCK_N, num_warps), or with the first of the

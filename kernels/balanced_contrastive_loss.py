@@ -97,6 +97,7 @@ from ._utils import (
     autotune_requested,
     cuda_arch,
     feature_block,
+    fp_fusion,
     interpreting,
     launch_fitting,
     pair_blocks,
@@ -460,13 +461,16 @@ def _launch(which: str, n: int, axis1: int, tiles, tune: bool, args: tuple, meta
     num_warps), or a smaller tile where the GPU cannot hold them (``_utils.launch_fitting``),
     or, with `tune`, the autotuned kernel, whose config supplies them (triton's autotuner skips
     the configs a GPU cannot hold)."""
+    fusion = fp_fusion(meta)
     if tune:
-        _tuned(which)[lambda cfg: (triton.cdiv(n, cfg["BLOCK_M"]), axis1)](*args, **meta)
+        _tuned(which)[lambda cfg: (triton.cdiv(n, cfg["BLOCK_M"]), axis1)](*args, **meta,
+                                                                          **fusion)
         return
     def run(tile):
         block_m, block_n, warps = tile
         _KERNELS[which][(triton.cdiv(n, block_m), axis1)](*args, **meta, BLOCK_M=block_m,
-                                                          BLOCK_N=block_n, num_warps=warps)
+                                                          BLOCK_N=block_n, num_warps=warps,
+                                                          **fusion)
 
     launch_fitting(run, tiles, f"the loss's Triton {which} kernel", args[0], meta)
 

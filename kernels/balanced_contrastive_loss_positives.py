@@ -237,7 +237,8 @@ def positive_pairs(
             z, order, lo, hi, *sorted_in, c_s, out_t, big_q if need_sums else rmax,
             dz if dz is not None else rmax,
             n, d, z.stride(0), float(scale), OFFICIAL_EPS,
-            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, **meta)
+            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, **meta,
+            enable_fp_fusion=False)   # its s must be the forward's rounded s: _utils.fp_fusion
 
     launch_fitting(run, tiles, "the official positives' Triton kernel", z, meta)
     return big_t, big_q, dz
