@@ -37,6 +37,7 @@ import importlib  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
 import multiprocessing  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from concurrent.futures import ProcessPoolExecutor  # noqa: E402
@@ -97,7 +98,7 @@ def launch_record(fn, args: tuple, kwargs: dict) -> dict:
                 else str(value)
         else:
             types[name] = kind
-    options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
+    options = {k: kwargs[k] for k in ("num_warps", "num_stages", "enable_fp_fusion") if k in kwargs}
     return {"module": fn.__module__, "kernel": fn.__name__, "types": types,
             "constexprs": constexprs, "options": options}
 
@@ -225,6 +226,16 @@ def _loss_workload(gen, dtypes, dims):
                        "shared keys"), shared
 
 
+def ptx_float_ops(ptx: str) -> dict[str, int]:
+    """Counts of the fp32 multiply / add / subtract / FMA instructions in `ptx`. ``mul.f32``,
+    ``add.f32``, ``sub.f32`` (no rounding modifier) are the ones ptxas may still contract into an
+    FMA; with ``enable_fp_fusion=False`` Triton emits the ``.rn`` forms, which it may not
+    (kernels/_utils.fp_fusion says which launches need that)."""
+    ops = ("fma.rn.f32", "mul.f32", "mul.rn.f32", "add.f32", "add.rn.f32", "sub.f32",
+           "sub.rn.f32")
+    return {op: len(re.findall(rf"\b{re.escape(op)}\b", ptx)) for op in ops}
+
+
 def compile_one(job: dict) -> dict:
     """Compile one captured launch for sm_<arch>: the row, with ``error`` if it failed."""
     import triton
@@ -238,7 +249,8 @@ def compile_one(job: dict) -> dict:
         out = triton.compile(source, target=GPUTarget("cuda", job["arch"], 32),
                              options=dict(job["options"]))
         row.update(ok=True, shared_bytes=int(out.metadata.shared),
-                   cubin_bytes=len(out.asm.get("cubin", b"")))
+                   cubin_bytes=len(out.asm.get("cubin", b"")),
+                   ptx_float_ops=ptx_float_ops(out.asm.get("ptx", "")))
     except Exception as exc:   # a launch the compiler refuses is a row, not the end of the run
         lines = str(exc).strip().splitlines() or [""]
         row.update(ok=False, error=f"{type(exc).__name__}: {lines[-1][:300]}")

@@ -146,3 +146,47 @@ def test_every_kernel_compiles_for_sm_90(tmp_path, triton_device):
     declared = {name for module in modules for name, value in vars(module).items()
                 if name.endswith("_kernel") and hasattr(value, "fn")}
     assert len(declared) == 12 and kernels == declared, declared ^ kernels
+    # kernels/_utils.fp_fusion: the launches that need one rounded score compile without FMA
+    # contraction: only .rn multiplies / adds / subtracts, which ptxas may not contract either
+    unfused = [r for r in report["rows"] if r["options"].get("enable_fp_fusion") is False]
+    assert {r["kernel"] for r in unfused} == {
+        "_balanced_contrastive_loss_fwd_kernel", "_balanced_contrastive_loss_bwd_kernel",
+        "_positive_pairs_kernel"}
+    assert all(r["constexprs"].get("RELATIVE") or r["constexprs"].get("SHARED")
+               for r in unfused if r["kernel"] != "_positive_pairs_kernel")
+    for r in unfused:
+        ops = r["ptx_float_ops"]
+        assert ops["mul.f32"] == ops["add.f32"] == ops["sub.f32"] == 0, (r["kernel"], ops)
+
+
+@pytest.mark.skipif(not _nvidia_backend(), reason="triton without its NVIDIA backend")
+def test_relative_mode_would_be_contracted_with_triton_default(triton_device):
+    """Why the relative mode launches with enable_fp_fusion=False: compiled for sm_90 with
+    Triton's default, its forward contracts s = dot * scale into the subtractions that follow
+    (FMAs replace them; on an H200 this put half an ulp of |s| into δ, 2026-12-04); with the
+    launch's own options every subtraction stays a separately rounded sub.rn."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from hiertail_fast.kernels import balanced_contrastive_loss as k
+    assert triton_device == "cpu"
+
+    def work():
+        gen = torch.Generator().manual_seed(0)
+        z, log_w = torch.randn(40, 16, generator=gen), -torch.rand(1, 40, generator=gen)
+        k.lse_forward(z, log_w, 0.5, True, relative=True)
+    launches, _, failed = kernel_compile.capture(lambda: [("relative forward", work)])
+    assert not failed and len(launches) == 1 and launches[0]["constexprs"]["RELATIVE"]
+    own = dict(launches[0], arch=90)
+    default = dict(own, options={o: v for o, v in own["options"].items()
+                                 if o != "enable_fp_fusion"})
+    assert own["options"]["enable_fp_fusion"] is False
+    with ProcessPoolExecutor(2, initializer=kernel_compile._compile_mode,
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        rows = list(pool.map(kernel_compile.compile_one, [own, default]))
+    assert all(r["ok"] for r in rows), rows
+    ops_own, ops_default = (r["ptx_float_ops"] for r in rows)
+    subs = [ops["sub.f32"] + ops["sub.rn.f32"] for ops in (ops_own, ops_default)]
+    assert ops_own["mul.f32"] == ops_own["sub.f32"] == 0 and ops_own["mul.rn.f32"] > 0
+    assert subs[1] < subs[0] and ops_default["fma.rn.f32"] > ops_own["fma.rn.f32"], (
+        ops_own, ops_default)
