@@ -404,10 +404,18 @@ def test_the_acceptance_call_brings_its_files_back(tmp_path):
     assert {"acceptance.tgz", "summary.txt"} <= set(files), files
     with tarfile.open(out / "acceptance.tgz") as tar:
         names = set(tar.getnames())
-    assert {"./install/install.log", "./report/gpu_report.log", "./tests/pytest.log",
-            "./scale/scale.log"} <= names, names
+    assert {"./install/install.log", "./recheck/pytest.log", "./report/gpu_report.log",
+            "./tests/pytest.log", "./scale/scale.log"} <= names, names
     tests_log = (tmp / "gpu_acceptance" / "tests" / "pytest.log").read_text()
     assert "OMP_NUM_THREADS=1" in tests_log and "-n 16 tests" in tests_log
-    limits = dict(re.findall(r"^(\w+) rc \d+ in \d+ s \(limit (\d+) s\)", res.stdout, re.M))
-    assert set(limits) == {"install", "gpu_report", "pytest", "scale_1M_bf16"}, res.stdout
-    assert sum(int(v) for v in limits.values()) <= 590 - 20, limits
+    recheck = (tmp / "gpu_acceptance" / "recheck" / "pytest.log").read_text()
+    for path in re.findall(r"tests/\S+\.py(?:::\w+)?", recheck):    # every node id exists
+        file, _, test = path.partition("::")
+        assert (BENCH.parent / file).exists(), path
+        assert not test or f"def {test}(" in (BENCH.parent / file).read_text(), path
+    # the summary is printed once per step as it runs, then once more from $A/summary.txt
+    steps = re.findall(r"^(\w+) rc \d+ in \d+ s \(limit (\d+) s\)", res.stdout, re.M)
+    steps = steps[:len(steps) // 2]
+    assert [s for s, _ in steps] == ["install", "pytest", "gpu_report", "pytest",
+                                     "scale_1M_bf16"], res.stdout
+    assert sum(int(v) for _, v in steps) <= 590 - 20, steps
