@@ -22,7 +22,9 @@ p = e^{(s − r) + (log w − δ)}. The arg-max's own term is then exactly w_a e
 computation that subtracts the max first: the official gradient cancels it against 1, and one
 fp32 lse of |s|'s size left ~|s| 2⁻²⁵ of it standing (28x the tests' rule at 31 rows, B =
 1,024; ``bench/official_small_n.py``). The log-weights are shifted by each level's largest
-(SHIFT) so every term is <= 1.
+(SHIFT) so every term is <= 1. "Exactly" needs s - r formed from the ROUNDED s: this mode (and
+the shared-keys mode below) launches without FMA contraction (``_utils.fp_fusion``; compiled
+with Triton's default, s - r became fma(dot, scale, -r) on an H200, 2026-12-04).
 
 Shared-keys mode (``n_common``, opt-in, untimed on a GPU: $HIERTAIL_TRITON_SHARED_LEVELS=1 in
 the loss): the fused loop above still pays one exp per entry PER LEVEL. When the first
