@@ -345,6 +345,21 @@ case "$*" in *loss_profile.py*) mkdir -p "$o"; echo '{"rows": []}' > "$o/loss_pr
 """
 
 
+def _run_blind(script: str, tmp_path):
+    """bench/`script` run with FAKE_PYTHON as the interpreter: (the completed process, its
+    $OUT, its $TMPDIR)."""
+    fake = tmp_path / "fakepy"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    out.mkdir()
+    tmp.mkdir()
+    env = dict(os.environ, PYTHON=str(fake), TMPDIR=str(tmp), OUT=str(out))
+    res = subprocess.run(["bash", f"bench/{script}"], cwd=BENCH.parent, env=env,
+                         capture_output=True, text=True, timeout=300)
+    return res, out, tmp
+
+
 def test_the_prepared_device_call_brings_its_files_back(tmp_path):
     """bench/gpu_next.sh run blind with a stand-in interpreter: every step runs under its
     limit, the limits fit the device call's 560 s, and what it leaves under $OUT fits what a
@@ -353,15 +368,7 @@ def test_the_prepared_device_call_brings_its_files_back(tmp_path):
     import re
     import tarfile
 
-    fake = tmp_path / "fakepy"
-    fake.write_text(FAKE_PYTHON)
-    fake.chmod(0o755)
-    out, tmp = tmp_path / "out", tmp_path / "tmp"
-    out.mkdir()
-    tmp.mkdir()
-    env = dict(os.environ, PYTHON=str(fake), TMPDIR=str(tmp), OUT=str(out))
-    res = subprocess.run(["bash", "bench/gpu_next.sh"], cwd=BENCH.parent, env=env,
-                         capture_output=True, text=True, timeout=300)
+    res, out, tmp = _run_blind("gpu_next.sh", tmp_path)
     assert res.returncode == 0, res.stderr
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert len(files) <= 8 and all(f.count("/") <= 2 for f in files), files
@@ -389,15 +396,7 @@ def test_the_acceptance_call_brings_its_files_back(tmp_path):
     script = BENCH / "gpu_acceptance.sh"
     res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    fake = tmp_path / "fakepy"
-    fake.write_text(FAKE_PYTHON)
-    fake.chmod(0o755)
-    out, tmp = tmp_path / "out", tmp_path / "tmp"
-    out.mkdir()
-    tmp.mkdir()
-    env = dict(os.environ, PYTHON=str(fake), TMPDIR=str(tmp), OUT=str(out))
-    res = subprocess.run(["bash", str(script)], cwd=BENCH.parent, env=env,
-                         capture_output=True, text=True, timeout=300)
+    res, out, tmp = _run_blind(script.name, tmp_path)
     assert res.returncode == 0, res.stderr
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert len(files) <= 8 and all(f.count("/") <= 2 for f in files), files
