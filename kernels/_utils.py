@@ -143,12 +143,11 @@ _FITTED: dict = {}
 # from s, its terms are e^{s - m}) and for the positives kernel (its pairs are compared with and
 # subtracted from the forward's row max). The exact variant's plain mode keeps fusion: its max
 # and its terms use the same t = s + log w, fused or not, so nothing cancels.
-def fp_fusion(meta: dict) -> dict:
-    """Launch options for one loss-kernel launch with compile-time constants `meta`:
-    ``enable_fp_fusion=False`` in the relative (official) and shared-keys modes, else none."""
-    if meta.get("RELATIVE") or meta.get("SHARED"):
-        return {"enable_fp_fusion": False}
-    return {}
+def fp_fusion(rounded_scores: bool) -> dict:
+    """Launch options for a kernel launch: ``enable_fp_fusion=False`` when it needs its scores
+    rounded once (`rounded_scores`: the loss's relative and shared-keys modes, the positives
+    kernel), else none (Triton's default)."""
+    return {"enable_fp_fusion": False} if rounded_scores else {}
 
 
 def launch_fitting(launch, tiles: tuple[int, int, int], what: str, z,

@@ -463,7 +463,7 @@ def _launch(which: str, n: int, axis1: int, tiles, tune: bool, args: tuple, meta
     num_warps), or a smaller tile where the GPU cannot hold them (``_utils.launch_fitting``),
     or, with `tune`, the autotuned kernel, whose config supplies them (triton's autotuner skips
     the configs a GPU cannot hold)."""
-    fusion = fp_fusion(meta)
+    fusion = fp_fusion(bool(meta.get("RELATIVE") or meta.get("SHARED")))
     if tune:
         _tuned(which)[lambda cfg: (triton.cdiv(n, cfg["BLOCK_M"]), axis1)](*args, **meta,
                                                                           **fusion)

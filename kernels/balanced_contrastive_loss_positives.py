@@ -48,6 +48,7 @@ from ._utils import (
     cuda_arch,
     feature_block,
     fp32_dot_tiles,
+    fp_fusion,
     launch_fitting,
     pair_blocks,
 )
@@ -238,7 +239,7 @@ def positive_pairs(
             dz if dz is not None else rmax,
             n, d, z.stride(0), float(scale), OFFICIAL_EPS,
             BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, **meta,
-            enable_fp_fusion=False)   # its s must be the forward's rounded s: _utils.fp_fusion
+            **fp_fusion(True))   # its s must be the forward's rounded s
 
     launch_fitting(run, tiles, "the official positives' Triton kernel", z, meta)
     return big_t, big_q, dz
