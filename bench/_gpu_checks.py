@@ -152,18 +152,94 @@ def time_call(fn: Callable[[], object], device: str, reps: int = 3, warmup: int 
     return dict(median_s=statistics.median(times), reps=reps, peak_extra_bytes=peak)
 
 
+def _timed_once(fn: Callable[[], object], device: str) -> tuple[float, int | None]:
+    """Seconds of one call (CUDA events on CUDA) and, on CUDA, the peak memory it added."""
+    if device != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0, None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / 1e3, torch.cuda.max_memory_allocated() - base
+
+
+def time_round_robin(steps: dict, device: str, reps: int = 3, seconds_left=None,
+                     need=None, slow_seconds: float = 5.0) -> dict:
+    """Times several competing calls ROUND-ROBIN: one warm-up call each, in order, then `reps`
+    rounds that call each once in turn, so that a drift of the machine's speed (clocks, another
+    job, a neighbour on a shared host) hits them all alike instead of whichever ran in its
+    window. Returns key -> ``time_call``'s dict (median_s, reps, peak_extra_bytes: the largest
+    extra memory of one timed call on CUDA, None elsewhere) plus ``timing="round-robin"``, or
+    {"error": ...} for a step that raised (``guarded``) or was skipped.
+
+    ``seconds_left()`` (the caller's budget) and ``need(key)`` (seconds a step needs left before
+    its warm-up, default 10) skip the steps that would overrun, from the end; rounds after the
+    first stop early when the next one would not fit (fewer reps, recorded). A step whose
+    warm-up took over `slow_seconds` is timed once (as ``time_call``)."""
+    if reps < 1:
+        raise ValueError("reps must be >= 1")
+    seconds_left = seconds_left or (lambda: float("inf"))
+    need = need or (lambda key: 10.0)
+    out, live, warm_s = {}, [], {}
+    for key, step in steps.items():
+        if seconds_left() < need(key):
+            out[key] = dict(error="skipped: time budget")
+            continue
+        t0 = time.perf_counter()
+        try:
+            step()
+            sync(device)
+        except Exception as exc:  # noqa: BLE001 - a backend that raises is a finding
+            out[key] = error_row(exc)
+            continue
+        warm_s[key] = time.perf_counter() - t0
+        live.append(key)
+    times = {key: [] for key in live}
+    peaks = {key: None for key in live}
+    for rnd in range(reps):
+        due = [k for k in live if rnd == 0 or warm_s[k] <= slow_seconds]
+        if rnd and seconds_left() < sum(times[k][-1] for k in due):  # (the last round's time)
+            break
+        for key in due:
+            try:
+                seconds, peak = _timed_once(steps[key], device)
+            except Exception as exc:  # noqa: BLE001 - reported, as in its warm-up
+                out[key] = error_row(exc)
+                live.remove(key)
+                continue
+            times[key].append(seconds)
+            if peak is not None:
+                peaks[key] = max(peak, peaks[key] or 0)
+    for key in live:
+        out[key] = dict(median_s=statistics.median(times[key]), reps=len(times[key]),
+                        peak_extra_bytes=peaks[key], timing="round-robin")
+    return {key: out[key] for key in steps}
+
+
 def guarded(fn: Callable[[], dict]) -> dict:
     """Run one measurement; an exception becomes a reported error, never a crash of the report
     (a backend that raises is a finding)."""
     try:
         return fn()
     except Exception as exc:  # noqa: BLE001 - reported, with the last frame for debugging
-        if isinstance(exc, torch.cuda.OutOfMemoryError):
-            torch.cuda.empty_cache()
-            return dict(error="out of memory")
-        frame = traceback.extract_tb(exc.__traceback__)[-1]
-        return dict(error=f"{type(exc).__name__}: {exc} ({Path(frame.filename).name}:"
-                          f"{frame.lineno})"[:300])
+        return error_row(exc)
+
+
+def error_row(exc: Exception) -> dict:
+    """{"error": ...}: the exception's type, message and last frame (out of memory: just that,
+    after giving the cache back)."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        torch.cuda.empty_cache()
+        return dict(error="out of memory")
+    frame = traceback.extract_tb(exc.__traceback__)[-1]
+    return dict(error=f"{type(exc).__name__}: {exc} ({Path(frame.filename).name}:"
+                      f"{frame.lineno})"[:300])
 
 
 # ----------------------------------------------------------------------------- PASS / FAIL

@@ -17,7 +17,10 @@
    propagation when installed; achieved bandwidth, bench/_roofline.py), top-k pooling (vs PyG
    TopKPooling when installed), nearest prototype (vs torch.cdist().argmin), 1M nodes.
 4. A short `bench/scale.py --device cuda` sweep in a subprocess.
-CUDA events, one warm-up, median of 3 (1 when a call takes over 5 s). Writes
+CUDA events, one warm-up each, then the rows compared with each other (the providers of one graph
+op and shape; the anchors and automatic rows of one loss shape; the engines of one loss shape and
+variant) timed ROUND-ROBIN, median of 3 (1 when a call takes over 5 s), so that the machine's
+drift hits them alike (bench/_gpu_checks.time_round_robin). Writes
 bench/results/gpu_report.md and .json (or --out DIR), atomically, and prints the markdown.
 Sections that would overrun the time budget are reported as skipped.
 
@@ -91,17 +94,14 @@ class Budget:
         return Budget(self.total, min(self.deadline, end), self.reps)
 
 
-def _skipped(budget: Budget, need: float) -> dict | None:
-    return dict(error="skipped: time budget") if budget.left() < need else None
-
-
 def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None = None,
                  checkpoint=None) -> list[dict]:
     """First, for every (N, d): the anchors and the automatic engine (what a user gets) for both
     variants, 1 and 3 levels, fp32 and bf16 inputs (issue 9's targets); then, for every (N, d):
     each backend at fp32 with 1 and 3 levels, the dense reference (1 level) and (CUDA) the
     opt-in Triton modes (1 level). The time budget skips rows from the end, so this order is
-    also their priority."""
+    also their priority. Rows compared with each other are timed round-robin (``_time_group``):
+    the anchors and automatic rows of one (N, d), the engines of one (N, d, variant)."""
     cases = [(n, d) for n in sizes["loss_n"] for d in sizes["loss_d"]]
     rows = [] if rows is None else rows       # (the caller's list: filled as rows are timed)
 
@@ -116,15 +116,16 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
         inputs[n, d] = z.to(dev), y.to(dev), protos.to(dev)
     for n, d in cases:
         z, y, protos = inputs[n, d]
-        for row in _loss_anchors(dev, n, d, z, budget):
-            add(row)
+        group = [(dict(n=n, d=d, variant="–", what=what), step, 5.0)
+                 for what, step in _anchor_steps(n, z).items()]
         for variant in ("exact", "official"):
             for levels in (1, 3):
                 for dtype, name in DTYPES.items():
                     engine = gc.auto_engine(z, protos, variant, levels, dtype)
-                    add(dict(n=n, d=d, variant=variant, levels=levels, dtype=name,
-                             what=f"ours (auto: {engine})", **_time_loss(
-                                 dev, None, variant, z, y, protos, budget, levels, dtype)))
+                    group.append((dict(n=n, d=d, variant=variant, levels=levels, dtype=name,
+                                       what=f"ours (auto: {engine})"), *_loss_step(
+                                           dev, None, variant, z, y, protos, levels, dtype)))
+        _time_group(dev, group, budget, add)
     # every engine at 1 and 3 levels (several levels: our fused one-pass engines against the
     # attention kernels' one head per level), the reference, then the opt-in Triton modes: the
     # time budget skips those first; the autotuned ones only at the first size (tuning compiles
@@ -135,40 +136,52 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
     for n, d in cases:
         z, y, protos = inputs[n, d]
         for variant in ("exact", "official"):
-            for label, levels in runs:
-                if gc.autotuned(label) and (n, d) != cases[0]:
-                    continue
-                add(dict(n=n, d=d, variant=variant, levels=levels, dtype="fp32",
-                         what=f"ours ({label})", **_time_loss(
-                             dev, label, variant, z, y, protos, budget, levels)))
+            _time_group(dev, [
+                (dict(n=n, d=d, variant=variant, levels=levels, dtype="fp32",
+                      what=f"ours ({label})"),
+                 *_loss_step(dev, label, variant, z, y, protos, levels))
+                for label, levels in runs if not (gc.autotuned(label) and (n, d) != cases[0])],
+                budget, add)
     return rows
 
 
 DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 
-def _time_loss(dev, label, variant, z, y, protos, budget, levels: int = 1,
-               dtype: torch.dtype = torch.float32) -> dict:
-    """fwd+bwd seconds of the loss on engine `label` (a backend, a gc.TRITON_MODES entry, or
-    None: the automatic choice) over `levels` levels, inputs cast to `dtype`."""
+def _time_group(dev: str, group: list[tuple], budget: Budget, add) -> None:
+    """Times the group's steps round-robin (``gc.time_round_robin``: the rows compared with each
+    other share the machine's drift) and adds one row each, in the group's order. `group`:
+    (row fields, step or an error dict, seconds of budget the step needs)."""
+    steps = {i: step for i, (_, step, _) in enumerate(group) if callable(step)}
+    timed = gc.time_round_robin(steps, dev, budget.reps, budget.left,
+                                lambda i: group[i][2])
+    for i, (fields, step, _) in enumerate(group):
+        add(dict(**fields, **(timed[i] if callable(step) else step)))
+
+
+def _loss_step(dev, label, variant, z, y, protos, levels: int = 1,
+               dtype: torch.dtype = torch.float32) -> tuple:
+    """(one fwd+bwd of the loss on engine `label` — a backend, a gc.TRITON_MODES entry, or None:
+    the automatic choice — over `levels` levels, inputs cast to `dtype`; the seconds of budget it
+    needs), or (an error dict, 0) for a row that cannot run here."""
     n = z.shape[0] + protos.shape[0]
     backend = None if label is None else gc.backend_of(label)
     if backend == "triton" and dev != "cuda":
-        return dict(error="skipped: triton needs CUDA")
+        return dict(error="skipped: triton needs CUDA"), 0.0
     if backend == "reference":
         need = REFERENCE_BYTES_PER_PAIR * n * n
         free = torch.cuda.mem_get_info()[0] if dev == "cuda" else 4e9
         if need > 0.8 * free:
-            return dict(error=f"does not fit (~{need / 1e9:,.0f} GB)")
+            return dict(error=f"does not fit (~{need / 1e9:,.0f} GB)"), 0.0
     step = gc.loss_step(z, y, protos, variant, levels, dtype, lambda: (
         gc.backend_mode(label) if label else contextlib.nullcontext()))
-
-    need = AUTOTUNE_NEED_S if gc.autotuned(label) else 10
-    return _skipped(budget, need) or gc.guarded(lambda: gc.time_call(step, dev, budget.reps))
+    return step, float(AUTOTUNE_NEED_S if gc.autotuned(label) else 10)
 
 
-def _loss_anchors(dev: str, n: int, d: int, z: torch.Tensor, budget: Budget) -> list[dict]:
-    rows = []
+def _anchor_steps(n: int, z: torch.Tensor) -> dict:
+    """The anchors' fwd+bwd steps on z: SDPA (q = k = v = z) in fp32 and bf16, and the cuBLAS
+    fp32 3-GEMM floor (TF32 off for its calls, restored after each)."""
+    steps = {}
     for dtype, label in ((torch.float32, "SDPA fp32 fwd+bwd"), (torch.bfloat16,
                                                                 "SDPA bf16 fwd+bwd")):
         q = z.to(dtype)[None, None].clone().requires_grad_(True)
@@ -176,25 +189,20 @@ def _loss_anchors(dev: str, n: int, d: int, z: torch.Tensor, budget: Budget) -> 
         def sdpa(q=q):
             q.grad = None
             F.scaled_dot_product_attention(q, q, q).sum().backward()
-
-        res = _skipped(budget, 5) or gc.guarded(lambda f=sdpa: gc.time_call(f, dev, budget.reps))
-        rows.append(dict(n=n, d=d, variant="–", what=label, **res))
+        steps[label] = sdpa
     block = max(1, min(n, (1 << 28) // max(n, 1)))  # rows per block: <= 1 GB of fp32 output
 
     def three_gemms():  # the GEMM work of the loss: z@z.T three times (fwd, two bwd products)
-        for _ in range(3):
-            for r0 in range(0, n, block):
-                torch.mm(z[r0:r0 + block], z.T)
-
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        rows.append(dict(n=n, d=d, variant="–", what=FLOOR,
-                         **(_skipped(budget, 5) or gc.guarded(
-                             lambda: gc.time_call(three_gemms, dev, budget.reps)))))
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-    return rows
+        tf32 = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            for _ in range(3):
+                for r0 in range(0, n, block):
+                    torch.mm(z[r0:r0 + block], z.T)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+    steps[FLOOR] = three_gemms
+    return steps
 
 
 def graph_section(dev: str, n: int, dims: list[int], budget: Budget) -> list[dict]:
@@ -209,37 +217,40 @@ def graph_section(dev: str, n: int, dims: list[int], budget: Budget) -> list[dic
                          ) from None
 
     have_pyg = "peer_pyg" in tprop.PROVIDERS
+    triton = ["triton"] if dev == "cuda" else []
     rows = []
-    for d in dims:
+    for d in dims:       # the providers of one op and shape are timed round-robin (_time_group)
         for mode in ("fwd", "fwd+bwd"):
-            for p in ["torch"] + (["triton"] if dev == "cuda" else []) + ["peer_sparse_mm"] + (
-                    ["peer_pyg"] if have_pyg else []):
-                res = _skipped(budget, 5) or gc.guarded(
-                    lambda p=p, d=d, mode=mode: _timed_step(tprop.make_propagation_step(
-                        p, n, d, mode), dev, budget.reps))
-                if "median_s" in res:
-                    res.update(bandwidth_figures(n, res["edges"], d, res["median_s"], mode,
-                                                 torch.cuda.get_device_name() if dev == "cuda"
-                                                 else None))
-                rows.append(dict(op="gcn_propagate", n=n, d=d, mode=mode, provider=p, **res))
-        for p in ["torch"] + (["triton"] if dev == "cuda" else []) + (
-                ["pyg"] if have_pyg else []):
-            res = _skipped(budget, 5) or gc.guarded(
-                lambda p=p, d=d: _timed_step(tpool.make_pool_step(p, n, d), dev, budget.reps))
-            rows.append(dict(op="topk_pool", n=n, d=d, mode="fwd+bwd", provider=p, **res))
+            group = [_built(dict(op="gcn_propagate", n=n, d=d, mode=mode, provider=p),
+                            lambda p=p, d=d, mode=mode: tprop.make_propagation_step(p, n, d, mode))
+                     for p in ["torch", *triton, "peer_sparse_mm"] + (["peer_pyg"] if have_pyg
+                                                                       else [])]
+            _time_group(dev, group, budget, rows.append)
+        group = [_built(dict(op="topk_pool", n=n, d=d, mode="fwd+bwd", provider=p),
+                        lambda p=p, d=d: tpool.make_pool_step(p, n, d))
+                 for p in ["torch", *triton] + (["pyg"] if have_pyg else [])]
+        _time_group(dev, group, budget, rows.append)
     m = 282
-    for p in ["torch"] + (["triton"] if dev == "cuda" else []) + ["cdist_argmin"]:
-        res = _skipped(budget, 5) or gc.guarded(lambda p=p: _timed_step(
-            (_cdist_step(n, m, 128, dev) if p == "cdist_argmin" else
-             tpool.make_prototype_step(p, n, m, 128)), dev, budget.reps))
-        rows.append(dict(op=f"nearest_prototype m={m}", n=n, d=128, mode="fwd", provider=p,
-                         **res))
+    group = [_built(dict(op=f"nearest_prototype m={m}", n=n, d=128, mode="fwd", provider=p),
+                    lambda p=p: (_cdist_step(n, m, 128, dev) if p == "cdist_argmin" else
+                                 tpool.make_prototype_step(p, n, m, 128)))
+             for p in ["torch", *triton, "cdist_argmin"]]
+    _time_group(dev, group, budget, rows.append)
+    for r in rows:
+        if r["op"] == "gcn_propagate" and "median_s" in r:
+            r.update(bandwidth_figures(n, r["edges"], r["d"], r["median_s"], r["mode"],
+                                       torch.cuda.get_device_name() if dev == "cuda" else None))
     return rows
 
 
-def _timed_step(step_and_edges, dev: str, reps: int) -> dict:
-    step, edges = step_and_edges if isinstance(step_and_edges, tuple) else (step_and_edges, None)
-    return dict(edges=edges, **gc.time_call(step, dev, reps))
+def _built(fields: dict, make) -> tuple:
+    """A `_time_group` entry from a step factory (a step, or (step, edges): the edges go into
+    the row); a factory that raises gives the row its error."""
+    made = gc.guarded(lambda: dict(made=make()))
+    if "error" in made:
+        return fields, made, 0.0
+    step, edges = made["made"] if isinstance(made["made"], tuple) else (made["made"], None)
+    return dict(fields, edges=edges), step, 5.0
 
 
 def _cdist_step(n: int, m: int, d: int, dev: str):
@@ -314,7 +325,10 @@ def render(report: dict) -> str:
              "", "## Loss forward + backward (40 prototypes, τ 0.1)", "",
              "÷ SDPA: over `F.scaled_dot_product_attention` fwd+bwd on q = k = v = z in the "
              "row's input dtype (issue 9: ≤ 0.6 in fp32, ≤ 1.0 in bf16); ÷ floor: over the "
-             "cuBLAS fp32 3-GEMM floor (≤ 2.5).", "", gc.markdown_table(
+             "cuBLAS fp32 3-GEMM floor (≤ 2.5). Timed round-robin: the anchors and "
+             "automatic rows of one N × d together, the engines of one N × d and variant "
+             "together (CUDA events, one warm-up each, median of the rounds).", "",
+             gc.markdown_table(
                  ["N", "d", "variant", "levels", "input", "what", "median", "÷ SDPA",
                   "÷ floor", "peak extra", "note"],
                  [[r["n"], r["d"], r["variant"], r.get("levels", "–"), r.get("dtype", "–"),

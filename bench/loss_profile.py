@@ -14,7 +14,8 @@ the share of the step's wall time the device was busy (a low share: launch / syn
 thing to cut at N = 20k; a high one: the kernels themselves). Writes DIR/loss_profile.json and
 .md (atomically, after every row: a run stopped by a device call's limit keeps what it got).
 
-Rows use bench/gpu_report.py's inputs and timing (CUDA events, warm-up, median of --reps).
+Rows use bench/gpu_report.py's inputs and timing (CUDA events, a warm-up each, the engines of one
+(variant, levels, dtype) timed round-robin, median of --reps).
 ``--device cpu`` runs the same code at a tiny size (its test in CI).
 """
 from __future__ import annotations
@@ -116,23 +117,24 @@ def tuned_reserve(engines, dev: str) -> float:
 
 
 def time_rows(dev, n, d, engines, reps, deadline, add) -> None:
+    """The anchors, timed round-robin with each other, then the engines of each (variant,
+    levels, dtype) round-robin with each other (gpu_report._time_group: the rows a choice
+    between engines compares share the machine's drift)."""
     z, y, protos = (t.to(dev) for t in gc.loss_inputs(n, d))
     budget = gpu_report.Budget(max(1.0, deadline - time.perf_counter()), deadline, reps)
-    for row in gpu_report._loss_anchors(dev, n, d, z, budget):
-        add(row)
+    gpu_report._time_group(dev, [(dict(n=n, d=d, variant="–", what=what), step, 5.0)
+                                 for what, step in gpu_report._anchor_steps(n, z).items()],
+                           budget, add)
+    groups: dict[tuple, list] = {}
     for variant, levels, dtype, label in timed_cases(engines, dev):
         row = dict(n=n, d=d, variant=variant, levels=levels,
                    dtype=gpu_report.DTYPES[dtype], what=label)
         if label == "auto":
             row["engine"] = gc.auto_engine(z, protos, variant, levels, dtype)
-        need = gpu_report.AUTOTUNE_NEED_S if gc.autotuned(label) else 5
-        left = deadline - time.perf_counter()
-        if left < need:
-            row["error"] = "skipped: time budget"
-        else:
-            step = make_step(z, y, protos, variant, levels, dtype, label)
-            row.update(gc.guarded(lambda s=step: gc.time_call(s, dev, reps)))
-        add(row)
+        groups.setdefault((variant, levels, dtype), []).append((row, make_step(
+            z, y, protos, variant, levels, dtype, label), 5.0))
+    for group in groups.values():
+        gpu_report._time_group(dev, group, budget, add)
 
 
 def tuned_rows(dev, n, d, engines, reps, deadline, add) -> None:

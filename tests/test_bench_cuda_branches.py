@@ -79,6 +79,27 @@ def test_cuda_timing_and_peak_of_one_call(monkeypatch):
     assert len(calls) == 4
 
 
+
+def test_cuda_round_robin_peak_is_the_largest_timed_call(monkeypatch):
+    """time_round_robin on CUDA: event times of completed events, and each step's peak extra
+    memory is the largest of its own timed calls (reset before each call, so a neighbour's
+    allocation in the same round is not counted; the warm-up, which compiles, neither)."""
+    gc = load_bench("bench_gpu_checks_cuda_rr", "_gpu_checks.py")
+    fake = FakeTimingCuda()
+    for name in ("synchronize", "reset_peak_memory_stats", "memory_allocated",
+                 "max_memory_allocated"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    monkeypatch.setattr(torch.cuda, "Event", fake.event)
+    sizes = {"big": iter([900, 40, 60, 50]), "small": iter([700, 5, 7, 6])}
+
+    def make(key):
+        return lambda: fake.alloc(next(sizes[key]) * MB)
+
+    res = gc.time_round_robin({k: make(k) for k in sizes}, "cuda", reps=3)
+    assert res["big"] == dict(median_s=2.0 / 1e3, reps=3, peak_extra_bytes=60 * MB,
+                              timing="round-robin")
+    assert res["small"]["peak_extra_bytes"] == 7 * MB
+
 class FakeDevicesCuda:
     """Per-device allocator peaks and a log of the calls, as torch.cuda would see them."""
 

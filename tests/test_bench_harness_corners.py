@@ -139,13 +139,14 @@ def _stub_gpu(monkeypatch, timed: list):
     gc = loss_profile.gc
     fake = SimpleNamespace(to=lambda dev: fake)
     monkeypatch.setattr(gc, "loss_inputs", lambda n, d: (fake, fake, fake))
-    monkeypatch.setattr(loss_profile.gpu_report, "_loss_anchors", lambda *a: [])
+    monkeypatch.setattr(loss_profile.gpu_report, "_anchor_steps", lambda *a: {})
     monkeypatch.setattr(gc, "auto_engine", lambda *a: "torch")
     monkeypatch.setattr(gc, "tuned_tiles", lambda: {"fwd": ["tile"]})
-    monkeypatch.setattr(loss_profile, "make_step",
-                        lambda z, y, p, v, lv, dt, label: (v, lv, dt, label))
-    monkeypatch.setattr(gc, "time_call",
-                        lambda step, dev, reps: timed.append(step) or {"median_s": 1e-3})
+    monkeypatch.setattr(loss_profile, "make_step", lambda z, y, p, v, lv, dt, label: (
+        lambda: timed.append((v, lv, dt, label))))
+    monkeypatch.setattr(gc, "sync", lambda dev: None)          # the real round-robin timing,
+    monkeypatch.setattr(gc, "_timed_once", lambda step, dev: (step(), (1e-3, None))[1])  # no GPU
+    monkeypatch.setattr(gc, "time_call", lambda step, dev, reps: step() or {"median_s": 1e-3})
 
 
 ENGINES = ["auto", "torch", "torch+slices", "triton", "triton[shared]", "triton[tf32x3]",
@@ -174,7 +175,11 @@ def test_loss_profile_times_each_engine_in_its_cells(monkeypatch):
                 fp32.append("triton[shared]")
                 bf16.append("triton[shared]")
             want |= {("fp32", v, lv, e) for e in fp32} | {("bf16", v, lv, e) for e in bf16}
-    assert got == want and len(rows) == len(want) == len(timed)
+    # each step called twice (its warm-up, one round); the engines of one cell round-robin
+    assert got == want and len(rows) == len(want) and len(timed) == 2 * len(want)
+    cell = [t for t in timed if t[:3] == ("exact", 1, torch.float32)]
+    engines = ["auto", "torch", "triton", "triton[tf32x3]"]
+    assert [t[3] for t in cell] == engines + engines
     assert all(r["median_s"] == 1e-3 for r in rows)
     assert {(r["levels"], r["what"]) for r in rows if "engine" in r} == {
         (lv, "auto") for lv in (1, 3)}

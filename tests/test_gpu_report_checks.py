@@ -226,3 +226,50 @@ def test_a_failed_check_makes_the_exit_status_1(tmp_path, monkeypatch):
         assert report.main(["--device", dev, "--sections", "correctness",
                             "--out", str(out)]) == status
         assert "Correctness: " in (out / "gpu_report.md").read_text()
+
+
+def test_round_robin_interleaves_the_steps_and_reports_each_median(gc, monkeypatch):
+    """time_round_robin: one warm-up each in order, then rounds that call every step once in
+    turn (a drift of the machine hits all alike); each step's median of its own timed calls
+    (not its warm-up); a step that raises (in its warm-up or later) is reported with its error
+    and the others go on; a slow warm-up is timed once."""
+    now, order = [0.0], []
+    cost = {"a": [5.0, 1.0, 9.0, 2.0], "b": [7.0, 4.0, 5.0, 6.0], "slow": [8.0, 3.0],
+            "bad": [], "late": [1.0, 1.0]}
+
+    def make(key):
+        def step():
+            order.append(key)
+            if key == "bad" or not cost[key]:
+                raise RuntimeError(f"{key} broke")
+            now[0] += cost[key].pop(0)
+        return step
+
+    monkeypatch.setattr(gc.time, "perf_counter", lambda: now[0])
+    res = gc.time_round_robin({k: make(k) for k in cost}, "cpu", reps=3, slow_seconds=7.5)
+    assert order == ["a", "b", "slow", "bad", "late",          # warm-ups
+                     "a", "b", "slow", "late", "a", "b", "late", "a", "b"]
+    assert res["a"] == dict(median_s=2.0, reps=3, peak_extra_bytes=None, timing="round-robin")
+    assert res["b"]["median_s"] == 5.0 and res["slow"] == dict(
+        median_s=3.0, reps=1, peak_extra_bytes=None, timing="round-robin")
+    assert res["bad"]["error"].startswith("RuntimeError: bad broke")
+    assert res["late"]["error"].startswith("RuntimeError: late broke")   # raised in round 2
+    assert list(res) == list(cost) and not any(cost[k] for k in ("a", "b", "slow"))
+
+
+def test_round_robin_keeps_to_the_budget(gc, monkeypatch):
+    """Steps whose need exceeds the seconds left are skipped before their warm-up; rounds after
+    the first stop when the last round's time no longer fits (fewer reps, recorded)."""
+    now = [0.0]
+    monkeypatch.setattr(gc.time, "perf_counter", lambda: now[0])
+
+    def step():
+        now[0] += 10.0
+
+    left = lambda: 45.0 - now[0]  # noqa: E731
+    res = gc.time_round_robin({"x": step, "y": step, "z": step}, "cpu", reps=3,
+                              seconds_left=left, need=lambda k: 30.0 if k == "z" else 1.0)
+    assert res["z"] == dict(error="skipped: time budget")        # 25 s left at its turn
+    assert res["x"]["reps"] == res["y"]["reps"] == 1              # round 2 needs 20, 5 left
+    with pytest.raises(ValueError, match="reps"):
+        gc.time_round_robin({"x": step}, "cpu", reps=0)

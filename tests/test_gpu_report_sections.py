@@ -27,8 +27,8 @@ def test_autotuned_modes_are_timed_at_the_first_size_only(report, monkeypatch):
     gc = report.gc
     monkeypatch.setattr(gc, "loss_labels", lambda dev: ["torch", "triton[autotune]"])
     monkeypatch.setattr(gc, "auto_engine", lambda *a, **k: "torch")
-    monkeypatch.setattr(report, "_loss_anchors", lambda *a, **k: [])
-    monkeypatch.setattr(report, "_time_loss", lambda *a, **k: dict(median_s=1.0))
+    monkeypatch.setattr(report, "_anchor_steps", lambda *a, **k: {})
+    monkeypatch.setattr(report, "_loss_step", lambda *a, **k: (dict(median_s=1.0), 0.0))
     sizes = dict(report.SIZES["cpu"], loss_n=[30, 40], loss_d=[4])
     rows = report.loss_section("cpu", sizes, report.Budget(60, reps=1))
     tuned = {(r["n"], r["variant"]) for r in rows if r["what"] == "ours (triton[autotune])"}
@@ -38,54 +38,57 @@ def test_autotuned_modes_are_timed_at_the_first_size_only(report, monkeypatch):
 def test_a_dense_reference_that_does_not_fit_is_not_run(report, monkeypatch):
     """The module docstring: the dense backend="reference" is timed "when it fits in memory"
     (36 bytes a pair; 4 GB assumed free on CPU): 15,040 rows need ~8 GB."""
-    monkeypatch.setattr(report.gc, "time_call", lambda *a, **k: pytest.fail("it was run"))
     z, protos = torch.zeros(15_000, 2), torch.zeros(40, 2)
     y = torch.zeros(15_000, dtype=torch.long)
-    res = report._time_loss("cpu", "reference", "exact", z, y, protos, report.Budget(100))
+    res, _ = report._loss_step("cpu", "reference", "exact", z, y, protos)
     assert res["error"].startswith("does not fit (~8 GB)"), res
+    rows = []
+    report._time_group("cpu", [(dict(what="ref"), res, 0.0)], report.Budget(100), rows.append)
+    assert rows == [dict(what="ref", **res)]
 
 
-def test_an_autotuned_row_needs_its_budget(report, monkeypatch):
+def test_an_autotuned_row_needs_its_budget(report):
     """An autotuned engine's row needs AUTOTUNE_NEED_S seconds of budget (its first call
-    compiles every tile): with 60 s left it is skipped, not started."""
-    timed = []
-    monkeypatch.setattr(report.gc, "time_call", lambda *a, **k: timed.append(1) or _no_timing())
+    compiles every tile): with 60 s left it is skipped, not started; with enough, timed."""
     z, y, protos = report.gc.loss_inputs(30, 4)
-    res = report._time_loss("cuda", "triton[autotune]", "exact", z, y, protos,
-                            report.Budget(60))
-    assert res == dict(error="skipped: time budget") and not timed
-    ok = report._time_loss("cuda", "triton[autotune]", "exact", z, y, protos,
-                           report.Budget(report.AUTOTUNE_NEED_S + 30))
-    assert ok["median_s"] == 1.0 and timed == [1]
+    _, need = report._loss_step("cuda", "triton[autotune]", "exact", z, y, protos)
+    assert need == report.AUTOTUNE_NEED_S
+    assert report._loss_step("cpu", "torch", "exact", z, y, protos)[1] < need
+    timed, rows = [], []
+    group = [(dict(what="tuned"), lambda: timed.append(1), need)]
+    report._time_group("cpu", group, report.Budget(60, reps=1), rows.append)
+    assert rows == [dict(what="tuned", error="skipped: time budget")] and not timed
+    report._time_group("cpu", group, report.Budget(need + 30, reps=1), rows.append)
+    assert rows[1]["reps"] == 1 and timed == [1, 1]          # its warm-up and one round
 
 
 def test_the_anchors_time_sdpa_in_their_dtype_and_the_floor_without_tf32(report, monkeypatch):
-    """_loss_anchors: the bf16 SDPA row runs bf16 inputs, the cuBLAS floor runs with TF32 off
+    """_anchor_steps: the bf16 SDPA step runs bf16 inputs, the cuBLAS floor runs with TF32 off
     ("the cuBLAS fp32 3-GEMM floor (3 x z@z.T, row blocks, TF32 off)"), and the caller's TF32
-    setting comes back afterwards."""
+    setting comes back after each call."""
     seen = []
 
     def sdpa(q, k, v):
         seen.append(q.dtype)
         return q * 1.0
 
-    def time_call(fn, dev, reps):
+    def mm(a, b):
         seen.append(("tf32", torch.backends.cuda.matmul.allow_tf32))
-        fn()
-        return dict(median_s=1.0, reps=1, peak_extra_bytes=None)
+        return a @ b
 
     monkeypatch.setattr(report.F, "scaled_dot_product_attention", sdpa)
-    monkeypatch.setattr(report.gc, "time_call", time_call)
+    monkeypatch.setattr(report.torch, "mm", mm)
     before = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = True
-        rows = report._loss_anchors("cpu", 20, 4, torch.randn(20, 4), report.Budget(60))
+        steps = report._anchor_steps(20, torch.randn(20, 4))
+        for step in steps.values():
+            step()
         after = torch.backends.cuda.matmul.allow_tf32
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
-    assert [r["what"] for r in rows] == ["SDPA fp32 fwd+bwd", "SDPA bf16 fwd+bwd", report.FLOOR]
-    assert seen == [("tf32", True), torch.float32, ("tf32", True), torch.bfloat16,
-                    ("tf32", False)]
+    assert list(steps) == ["SDPA fp32 fwd+bwd", "SDPA bf16 fwd+bwd", report.FLOOR]
+    assert seen == [torch.float32, torch.bfloat16] + [("tf32", False)] * 3
     assert after is True
 
 
