@@ -300,10 +300,8 @@ def _engine(
             a = torch.where(nz, g * torch.exp(-rel), torch.zeros_like(g))
             # a (~ g / N) goes into the GEMM operands divided by its block max and comes back
             # as the scalar alpha: operands stay O(1), so e * a * z never turns denormal
-            a_max = float(a.abs().max())
-            if positives is not None and not folded:
-                a_max = max(a_max, positives.coef_max(blk))
-            a_max = a_max or 1.0
+            a_max = block_norm(a, None if positives is None or folded
+                               else positives.coef_max(blk), host_reads_cheap(z.device))
             a = a / a_max
             if folded:
                 # t_ik = a_max a_i w_k e'_ik with e' = e, plus on the row's positives (keys of
@@ -317,7 +315,7 @@ def _engine(
                 if max_fold is not None:    # the entry (i, a) out (LSE part and positive)
                     set_at(e, col[0], None, 0.0)      # (after the positives wrote into e)
                 dz[rows] += (e @ zwc).mul_(a[0][:, None] * (scale * a_max))
-                key_c.addmm_(e.t(), zb * a[0][:, None], alpha=a_max)
+                addmm_scaled_(key_c, e.t(), zb * a[0][:, None], a_max)
             else:
                 t = level_weights(a, wc, tbuf[: r1 - r0])                 # sum_l a_li w_lk
                 t.mul_(e)                    # t = the gradient block; e keeps the forward values
@@ -329,7 +327,7 @@ def _engine(
                 if positives is not None:    # their sums, and + c_i q_ij / a_max into t
                     positives.common_block(blk, rows, e, m_c, max_b, arg_b, t, 1.0 / a_max)
                 dz[rows] += torch.mm(t, zc).mul_(scale * a_max)
-                key_c.addmm_(t.t(), zb, alpha=a_max)
+                addmm_scaled_(key_c, t.t(), zb, a_max)
         if n_r:
             p_r = exp_shifted_(v_r - rel[:, :, None])                     # v_r - rel <= 0
             p_r = torch.where(nz[:, :, None], g[:, :, None] * p_r, torch.zeros_like(p_r))
@@ -367,6 +365,29 @@ def _engine(
     if n_r:
         dz.index_add_(0, ridx, key_r, alpha=scale)
     return lse, rowmax, argmax, dz
+
+
+def block_norm(a: torch.Tensor, coef_max: torch.Tensor | None, host: bool):
+    """max(|a|, coef_max), or 1 where that is 0: the backward block's normaliser. A Python
+    float where host reads are cheap (CPU); else a 0-dim tensor on a's device, never read on the
+    host: a read per block made the host wait for the GPU's queue to drain once per block, and
+    the GPU wait for the host's next launches (``_host_reads``)."""
+    m = a.abs().amax()
+    if coef_max is not None:
+        m = torch.maximum(m, coef_max.to(m.dtype))
+    if host:
+        return float(m) or 1.0
+    return torch.where(m > 0, m, torch.ones_like(m))
+
+
+def addmm_scaled_(acc: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor, alpha) -> None:
+    """acc += alpha * m1 @ m2, alpha a float (addmm's own alpha) or ``block_norm``'s device
+    scalar, which addmm cannot take: it scales m2 (the block's [b, d] operand, the small one)
+    instead. Where that applies (CUDA), a denormal operand costs no time (a CPU matter)."""
+    if isinstance(alpha, torch.Tensor):
+        acc.addmm_(m1, m2 * alpha)
+    else:
+        acc.addmm_(m1, m2, alpha=alpha)
 
 
 def _compute_dtype(z: torch.Tensor) -> torch.dtype:

@@ -251,14 +251,19 @@ class BlockPositives(SlicePlan, RestKeys):
             assert target.stride(1) == 1 and target.dtype == e.dtype
             coef = (self.coef_s[:, p] * inv_norm).to(e.dtype).contiguous()
         run = self._band if self.band else self._kernel
-        if self._f_always_one or bool(f_one.all()):
+        if self._f_always_one:
             run(p, e, target, lo.contiguous(), hi.contiguous(), coef, None)
             return
         odd = (~f_one) & (hi > lo)          # hi > lo: a handled level, a group with common keys
         near = odd & ((m_c[None] - max_b) > -self._tie(rows, max_b))
+        # both flags in one host read (on CUDA a read drains the GPU's queue: one per block)
+        all_one, any_near = torch.stack([f_one.all(), near.any()]).tolist()
+        if all_one:                         # (then no row is odd, none near)
+            run(p, e, target, lo.contiguous(), hi.contiguous(), coef, None)
+            return
         run(p, e, target, lo.contiguous(), torch.where(near, lo, hi), coef,
             f.to(e.dtype).contiguous())
-        if not bool(near.any()):
+        if not any_near:
             return
         cnt = self.cnt_s[:, p]
         for lev in near.any(dim=1).nonzero().squeeze(1).tolist():
@@ -317,14 +322,18 @@ class BlockPositives(SlicePlan, RestKeys):
         levels with a non-empty range, as host numbers. Blocks are [k b, (k + 1) b) in visiting
         order (``_lse_torch._engine``): the extents of every block of p's size are computed at
         once, one host sync per call instead of several per block (on CUDA each drains the GPU
-        queue); a last, shorter block that does not start at a multiple of its size gets its
+        queue); the loop's last, shorter block is read from its full-size neighbours' table,
+        and a block of no size seen yet that does not start at a multiple of its size gets its
         own. A caller that narrows some ranges (``_ranges_block``'s near-tie rows) still gets a
         band that contains them (``_band`` masks by the ranges it is given)."""
+        n = self.lo_s.shape[1]
+        for size, extents in self._band_blocks.items():  # (the last block may be shorter)
+            if p.start % size == 0 and p.stop == min(n, p.start + size):
+                return extents[p.start // size]
         b = p.stop - p.start
         if p.start % b:
             return self._extents(p.start, p.stop, b)[0]
-        if b not in self._band_blocks:
-            self._band_blocks[b] = self._extents(0, self.lo_s.shape[1], b)
+        self._band_blocks[b] = self._extents(0, n, b)
         return self._band_blocks[b][p.start // b]
 
     def _extents(self, r0: int, r1: int, size: int) -> list[tuple[int, int, list[int]]]:
@@ -366,8 +375,9 @@ class BlockPositives(SlicePlan, RestKeys):
             None if fac is None else fac.data_ptr(), b, cut,
             self.T_s.data_ptr() + p.start * osz, self.Q_s.data_ptr() + p.start * osz, n)
 
-    def coef_max(self, p) -> float:
-        """max |c| of the block's rows (p: its slice of the visiting order)."""
+    def coef_max(self, p) -> torch.Tensor | None:
+        """max |c| of the block's rows (p: its slice of the visiting order), a 0-dim tensor
+        (not read on the host here: ``_lse_torch.block_norm``); None where there are none."""
         if self.coef_s is None or p.stop <= p.start:
-            return 0.0
-        return float(self.coef_s[:, p].abs().max())
+            return None
+        return self.coef_s[:, p].abs().amax()
