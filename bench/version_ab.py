@@ -1,4 +1,5 @@
-"""In-process A/B of the CPU loss against another git revision of the package, ROUND-ROBIN.
+"""In-process A/B of the loss (torch engine) against another git revision of the package,
+ROUND-ROBIN, on CPU (default) or, with ``--device cuda``, on a GPU.
 
 ``engine_ab.py`` switches between two paths that the current code keeps. A change that replaces
 code (nothing left to switch back to) is measured against the package as it was at an earlier
@@ -12,6 +13,7 @@ speed-up that changed the numbers shows.
 
     python bench/version_ab.py --rev HEAD~1 --levels 1 --variant official --regimes relu randn
     python bench/version_ab.py --rev 9905973 --levels 3 --exact --rounds 9
+    python bench/version_ab.py --device cuda --rev 9f412c2 --n 20000 --regimes relu  # a card
 
 Run it on an idle machine (``bench/idle_window.sh``); the load average is printed.
 """
@@ -100,20 +102,29 @@ def loss_step(pkg, z, ys, ps, tau: float, variant: str):
             loss = pkg.hierarchical_contrastive_loss(zz, ys, ps, temperature=tau,
                                                      variant=variant, backend="torch")
         loss.backward()
+        loss_grid._sync()              # (CUDA: the step's time is its kernels' too)
         return zz.grad
     return step
 
 
-@loss_grid.on_device("cpu")     # the CPU engines' internals, also on a GPU machine
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rev", required=True, help="the git revision to compare with (old)")
     add_case_arguments(p, levels=1, rounds=11)
     p.add_argument("--exact", action="store_true",
                    help="also time this checkout's exact variant (new / exact ratios)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the cases run (default cpu, also on a GPU machine: the CPU "
+                        "engines' internals); cuda: the torch engine's CUDA paths")
     args = p.parse_args(argv)
     if args.n < 1 or args.d < 1 or args.rounds < 2:
         p.error("--n and --d must be positive and --rounds at least 2")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device here")
+    return loss_grid.on_device(args.device)(_compare)(args)
+
+
+def _compare(args) -> int:
     with revision_package(args.rev, f"N {args.n}, d {args.d}, L {args.levels}, {args.variant}, "
                           f"tau {args.tau:g}, {args.rounds} rounds (first dropped)") as old_pkg:
         for regime in args.regimes:

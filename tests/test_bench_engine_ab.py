@@ -161,21 +161,29 @@ def test_version_ab_times_another_revision(capsys, tmp_path):
     assert "new/old" in out and "new/exact" in out and "grad diff" in out
     with pytest.raises(SystemExit):
         version_ab.main(["--rev", "no-such-revision-xyz", "--n", "50", "--rounds", "2"])
+    if not torch.cuda.is_available():           # --device cuda: a clear refusal without one
+        with pytest.raises(SystemExit):
+            version_ab.main(["--rev", "HEAD", "--device", "cuda"])
+        assert "--device cuda: no CUDA device here" in capsys.readouterr().err
 
 
 def test_cpu_engine_tools_stay_on_the_cpu_where_cuda_is_the_default(monkeypatch, tmp_path,
                                                                      capsys):
-    """engine_ab / block_costs measure the CPU engines' internals: on a GPU machine (where
-    bench's DEVICE is "cuda") their cases must still be CPU tensors. Emulated here by making
-    "cuda" the default: an unpinned tool would fail moving its case to a CUDA-less device."""
+    """engine_ab / block_costs / version_ab (by default) measure the CPU engines' internals:
+    on a GPU machine (where bench's DEVICE is "cuda") their cases must still be CPU tensors.
+    Emulated here by making "cuda" the default: an unpinned tool would fail moving its case to
+    a CUDA-less device."""
     import block_costs
     import loss_grid
+    import version_ab
 
     monkeypatch.setattr(loss_grid, "DEVICE", "cuda")
     assert engine_ab.main(["--switch", "fold", "--levels", "1", "--n", "120", "--d", "8",
                            "--rounds", "2", "--regimes", "relu"]) == 0
     assert block_costs.main(["--sizes", "300", "--dims", "8", "--rounds", "1", "--reps", "1",
                              "--tile", "128", "--out", str(tmp_path / "bc.json")]) == 0
+    assert version_ab.main(["--rev", "HEAD", "--n", "120", "--d", "8", "--rounds", "2",
+                            "--regimes", "relu"]) == 0
     assert loss_grid.DEVICE == "cuda"                    # restored after each tool
     capsys.readouterr()
 
