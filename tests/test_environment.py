@@ -133,3 +133,35 @@ def test_omp_dynamic_in_any_case_is_refused(monkeypatch, two_threads, value):
     monkeypatch.setenv("OMP_DYNAMIC", value)
     with pytest.raises(ValueError, match="OMP_DYNAMIC"):
         gcn_propagate(x, ei)
+
+
+def test_cuda_blocks_keep_a_floor_of_rows_within_free_memory(monkeypatch):
+    """On CUDA the 128 MB budget gives 33 rows a block at a million keys (~30,000 blocks of
+    ~100 launches per loss): unless the user set $HIERTAIL_CUDA_BLOCK_BYTES, a block keeps
+    MIN_CUDA_BLOCK_ROWS rows where a sixteenth of the free device memory holds them, fewer
+    where it does not, and never fewer than the budget's; CPU blocks are as before. The
+    attention engine's row-max pass takes the same floor."""
+    import hiertail_fast.ops._attention_lse as attention_lse
+    import hiertail_fast.ops._lse_torch as lse_torch
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    free = {"bytes": 1 << 40}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["bytes"], 0))
+    monkeypatch.delenv("HIERTAIL_CUDA_BLOCK_BYTES", raising=False)
+    floor = lse_torch.MIN_CUDA_BLOCK_ROWS
+    assert lse_torch._block_rows(10**6, 10**6, cuda) == floor            # budget: 33 rows
+    assert lse_torch._block_rows(20_000, 20_000, cuda) == (128 << 20) // (4 * 20_000)  # 1,677
+    assert lse_torch._block_rows(300, 10**6, cuda) == 300                # never past the rows
+    free["bytes"] = 16 * 4 * 10**6 * 100                                  # room for 100 rows
+    assert lse_torch._block_rows(10**6, 10**6, cuda) == 100
+    free["bytes"] = 1 << 20                                               # less than the budget
+    assert lse_torch._block_rows(10**6, 10**6, cuda) == (128 << 20) // (4 * 10**6)
+    free["bytes"] = 1 << 40
+    monkeypatch.setenv("HIERTAIL_CUDA_BLOCK_BYTES", str(128 << 20))      # the user's budget
+    assert lse_torch._block_rows(10**6, 10**6, cuda) == 33
+    monkeypatch.delenv("HIERTAIL_CUDA_BLOCK_BYTES")
+    assert lse_torch._block_rows(10**6, 10**6, cpu) == 12                # 48 MB / 4 MB rows
+
+    assert attention_lse._max_block_rows(10**6, cuda) == floor          # its row-max pass
+    assert attention_lse._max_block_rows(10**6, cpu) == 12
+    assert attention_lse._max_block_rows(5, cpu) == 5

@@ -263,7 +263,7 @@ def _row_max(z: torch.Tensor, log_w: torch.Tensor, scale: float):
     all_visible = bool(visible.all())
     rowmax = torch.empty(log_w.shape, dtype=torch.float32, device=z.device)
     argmax = torch.empty(log_w.shape, dtype=torch.long, device=z.device)
-    b = max(1, min(n, _lse_torch.block_bytes(z.device) // (4 * max(n, 1))))
+    b = _max_block_rows(n, z.device)
     for r0 in range(0, n, b):
         s = torch.mm(zc[r0:r0 + b], zc.t()).mul_(scale)
         if all_visible:
@@ -274,6 +274,15 @@ def _row_max(z: torch.Tensor, log_w: torch.Tensor, scale: float):
             m, a = _max_first(s.masked_fill(~visible[lev][None, :], float("-inf")))
             rowmax[lev, r0:r0 + b], argmax[lev, r0:r0 + b] = m, a
     return rowmax, argmax
+
+
+def _max_block_rows(n: int, device: torch.device) -> int:
+    """Rows per block of ``_row_max``: the device's block budget over n fp32 columns, on CUDA at
+    least ``_lse_torch.cuda_rows_floor`` (the budget alone is 33 rows at a million keys)."""
+    b = _lse_torch.block_bytes(device) // (4 * max(n, 1))
+    if device.type == "cuda":
+        b = _lse_torch.cuda_rows_floor(b, n, device)
+    return max(1, min(n, b))
 
 
 def lse_forward(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool):

@@ -30,6 +30,7 @@ Memory/time tricks:
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 
 import torch
@@ -127,6 +128,16 @@ MAX_BLOCK_ROWS = 256
 # bounds the block (HIERTAIL_CUDA_BLOCK_BYTES, 128 MB: 1,600 rows at N = 20k, 320 at 100k).
 CUDA_BLOCK_BYTES = 128 << 20
 
+# ... but at a million keys that budget is 33 rows a block: ~30,000 blocks of ~100 launches each
+# per loss, and the host's launches outlast the kernels (the H200 measured ~0.35 ms of overhead
+# per block: 256-row blocks at 20k took 36.7 ms, 1,600-row blocks 13.3 ms; the 1M-node epoch
+# with this engine took 56.7 s, 2026-12-04). Unless the user sets the budget, a CUDA block
+# keeps at least MIN_CUDA_BLOCK_ROWS rows where a sixteenth of the device's free memory holds
+# them (the engine keeps up to ~4 block-sized buffers: a quarter of it at most). Memory stays
+# linear in N (O(MIN_CUDA_BLOCK_ROWS * N)). Unmeasured on a card: the row count is from the
+# overhead above, not from a sweep.
+MIN_CUDA_BLOCK_ROWS = 512
+
 
 def block_bytes(device: torch.device | str | None = None) -> int:
     """A block buffer's budget in bytes: $HIERTAIL_CPU_BLOCK_BYTES (default 48 MB) for the CPU
@@ -137,9 +148,22 @@ def block_bytes(device: torch.device | str | None = None) -> int:
 
 
 def _block_rows(n_rows: int, n_cols: int, device: torch.device | None = None) -> int:
-    """Rows per block: the byte budget of `device`, and at most MAX_BLOCK_ROWS on CPU."""
-    cap = n_rows if device is not None and device.type == "cuda" else MAX_BLOCK_ROWS
-    return max(8, min(n_rows, cap, block_bytes(device) // (4 * max(n_cols, 1))))
+    """Rows per block: the byte budget of `device`, and at most MAX_BLOCK_ROWS on CPU (on CUDA
+    at least ``cuda_rows_floor``)."""
+    rows = block_bytes(device) // (4 * max(n_cols, 1))
+    if device is not None and device.type == "cuda":
+        return max(8, min(n_rows, cuda_rows_floor(rows, n_cols, device)))
+    return max(8, min(n_rows, MAX_BLOCK_ROWS, rows))
+
+
+def cuda_rows_floor(rows: int, n_cols: int, device: torch.device) -> int:
+    """`rows` (a CUDA block's rows from the byte budget) raised to MIN_CUDA_BLOCK_ROWS where a
+    sixteenth of the device's free memory holds that many fp32 rows of `n_cols`; as given where
+    the user set $HIERTAIL_CUDA_BLOCK_BYTES (their budget is the budget)."""
+    if rows >= MIN_CUDA_BLOCK_ROWS or os.environ.get("HIERTAIL_CUDA_BLOCK_BYTES", "").strip():
+        return rows
+    free = torch.cuda.mem_get_info(device)[0]          # (a driver query, not a stream sync)
+    return max(rows, min(MIN_CUDA_BLOCK_ROWS, free // (16 * 4 * max(n_cols, 1))))
 
 
 def _engine(
