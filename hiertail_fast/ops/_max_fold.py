@@ -221,13 +221,14 @@ def set_at(block: torch.Tensor, col: torch.Tensor, take: torch.Tensor | None, va
     block.scatter_(1, cc, torch.where(put, val, keep)[:, None])
 
 
-def fold_levels(t, col, pos, q, coef, a, wc, x, a_max: float):
+def fold_levels(t, col, pos, q, coef, a, wc, x, a_max: float | torch.Tensor):
     """The entries (i, col_l,i) of a gradient block of several levels, t_ik = sum_l a_l,i w_lk
     e_ik (units of a_max), rewritten BEFORE the positives add theirs: the levels whose arg-max
     is that key (col_l' = col_l) leave out their LSE part, and pre-subtract the positive term
     c_l' q_l' the positives will add where ``pos`` (so it cancels there); the other levels keep
     a_l' w_l',col e. coef [L, b]: the positives' coefficients c (None: no positives). All
-    levels at once: [L (entry), L' (term), b]; levels sharing an entry write the same value."""
+    levels at once: [L (entry), L' (term), b]; levels sharing an entry write the same value.
+    a_max: the block's normaliser, a float or (CUDA) a device scalar (`_lse_torch.block_norm`)."""
     n_levels, b = col.shape
     cc = col.clamp(min=0)
     same = col[:, None, :] == col[None, :, :]                             # [L, L', b]
