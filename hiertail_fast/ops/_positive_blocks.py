@@ -226,9 +226,9 @@ class BlockPositives(SlicePlan, RestKeys):
         p: the block's slice of the visiting order, rows = order[p] (original ids); e [b, n_c]
         = exp(s - m_c), the forward values; target: the block's gradient matrix (E * weights,
         normalised by 1 / inv_norm; a float, a 0-dim device tensor or a [b] tensor of per-row
-        factors), which gets
-        the positives' coefficients c_i q_ij * inv_norm added in place (no copy of q is
-        kept). target may be e itself: every positive entry is read before it is written."""
+        factors), which gets the positives' coefficients c_i q_ij * inv_norm added in place (no
+        copy of q is kept). target may be e itself: every positive entry is read before it is
+        written."""
         f = torch.exp(m_c[None] - max_b).clamp_(max=1.0)                  # [L, b]; 1: common max
         f_one = f == 1.0
         if self.native is not None or self.band:
