@@ -417,5 +417,5 @@ def test_the_acceptance_call_brings_its_files_back(tmp_path):
     steps = re.findall(r"^(\w+) rc \d+ in \d+ s \(limit (\d+) s\)", res.stdout, re.M)
     steps = steps[:len(steps) // 2]
     assert [s for s, _ in steps] == ["install", "pytest", "gpu_report", "pytest",
-                                     "scale_1M_bf16"], res.stdout
+                                     "scale_1M_fp32"], res.stdout
     assert sum(int(v) for _, v in steps) <= 590 - 20, steps
