@@ -61,13 +61,20 @@ class FakeTimingCuda:
         return Event()
 
 
-def test_cuda_timing_and_peak_of_one_call(monkeypatch):
-    gc = load_bench("bench_gpu_checks_cuda", "_gpu_checks.py")
+def _timing_on_fake_cuda(monkeypatch, module_name: str):
+    """bench/_gpu_checks.py loaded as `module_name`, with torch.cuda's timing and memory calls
+    replaced by a FakeTimingCuda (returned too)."""
+    gc = load_bench(module_name, "_gpu_checks.py")
     fake = FakeTimingCuda()
     for name in ("synchronize", "reset_peak_memory_stats", "memory_allocated",
                  "max_memory_allocated"):
         monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
     monkeypatch.setattr(torch.cuda, "Event", fake.event)
+    return gc, fake
+
+
+def test_cuda_timing_and_peak_of_one_call(monkeypatch):
+    gc, fake = _timing_on_fake_cuda(monkeypatch, "bench_gpu_checks_cuda")
     calls = []
 
     def step():
@@ -79,17 +86,11 @@ def test_cuda_timing_and_peak_of_one_call(monkeypatch):
     assert len(calls) == 4
 
 
-
 def test_cuda_round_robin_peak_is_the_largest_timed_call(monkeypatch):
     """time_round_robin on CUDA: event times of completed events, and each step's peak extra
     memory is the largest of its own timed calls (reset before each call, so a neighbour's
     allocation in the same round is not counted; the warm-up, which compiles, neither)."""
-    gc = load_bench("bench_gpu_checks_cuda_rr", "_gpu_checks.py")
-    fake = FakeTimingCuda()
-    for name in ("synchronize", "reset_peak_memory_stats", "memory_allocated",
-                 "max_memory_allocated"):
-        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
-    monkeypatch.setattr(torch.cuda, "Event", fake.event)
+    gc, fake = _timing_on_fake_cuda(monkeypatch, "bench_gpu_checks_cuda_rr")
     sizes = {"big": iter([900, 40, 60, 50]), "small": iter([700, 5, 7, 6])}
 
     def make(key):
@@ -99,6 +100,7 @@ def test_cuda_round_robin_peak_is_the_largest_timed_call(monkeypatch):
     assert res["big"] == dict(median_s=2.0 / 1e3, reps=3, peak_extra_bytes=60 * MB,
                               timing="round-robin")
     assert res["small"]["peak_extra_bytes"] == 7 * MB
+
 
 class FakeDevicesCuda:
     """Per-device allocator peaks and a log of the calls, as torch.cuda would see them."""
