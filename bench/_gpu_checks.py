@@ -132,24 +132,10 @@ def time_call(fn: Callable[[], object], device: str, reps: int = 3, warmup: int 
     sync(device)
     if warmup and (time.perf_counter() - start) / warmup > slow_seconds:
         reps = 1
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated() if device == "cuda" else 0
-    times = []
-    for _ in range(reps):
-        if device == "cuda":
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(begin.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    peak = torch.cuda.max_memory_allocated() - base if device == "cuda" else None
-    return dict(median_s=statistics.median(times), reps=reps, peak_extra_bytes=peak)
+    timed = [_timed_once(fn, device) for _ in range(reps)]
+    peak = max(p for _, p in timed) if device == "cuda" else None
+    return dict(median_s=statistics.median(t for t, _ in timed), reps=reps,
+                peak_extra_bytes=peak)
 
 
 def _timed_once(fn: Callable[[], object], device: str) -> tuple[float, int | None]:

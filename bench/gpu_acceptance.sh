@@ -15,8 +15,8 @@
 #      Triton cache on 2026-12-04 and reached 84 % in 180 s with a cold one; -v: a run
 #      stopped at its limit still names every test it finished);
 #   5. issue 9's 1M-node scale study with the loss in FP32, one timed epoch (limit 80 s; 73 s
-#      with a 56.7 s epoch on 2026-12-04): the epoch this session's changes are for (the torch
-#      engine's blocks: no host read, 512 rows not 33, cbbddd1). The bf16 epoch (6.82 s,
+#      with a 56.7 s epoch on 2026-12-04): the epoch the torch engine's block changes since
+#      then are for (no host read in the block loop, 3813b2d; 512 rows a block not 33, cbbddd1). The bf16 epoch (6.82 s,
 #      target 30) is left to gpu_session.sh's scale step. Last: if the steps before overrun,
 #      the device call's own limit cuts this one, and everything before it has come back.
 # Run with the device tool's timeout_s = 590:

@@ -246,10 +246,11 @@ def graph_section(dev: str, n: int, dims: list[int], budget: Budget) -> list[dic
 def _built(fields: dict, make) -> tuple:
     """A `_time_group` entry from a step factory (a step, or (step, edges): the edges go into
     the row); a factory that raises gives the row its error."""
-    made = gc.guarded(lambda: dict(made=make()))
-    if "error" in made:
-        return fields, made, 0.0
-    step, edges = made["made"] if isinstance(made["made"], tuple) else (made["made"], None)
+    try:
+        made = make()
+    except Exception as exc:  # noqa: BLE001 - a provider that raises is a finding
+        return fields, gc.error_row(exc), 0.0
+    step, edges = made if isinstance(made, tuple) else (made, None)
     return dict(fields, edges=edges), step, 5.0
 
 

@@ -252,13 +252,12 @@ class BlockPositives(SlicePlan, RestKeys):
             assert target.stride(1) == 1 and target.dtype == e.dtype
             coef = (self.coef_s[:, p] * inv_norm).to(e.dtype).contiguous()
         run = self._band if self.band else self._kernel
-        if self._f_always_one:
-            run(p, e, target, lo.contiguous(), hi.contiguous(), coef, None)
-            return
-        odd = (~f_one) & (hi > lo)          # hi > lo: a handled level, a group with common keys
-        near = odd & ((m_c[None] - max_b) > -self._tie(rows, max_b))
-        # both flags in one host read (on CUDA a read drains the GPU's queue: one per block)
-        all_one, any_near = torch.stack([f_one.all(), near.any()]).tolist()
+        all_one = self._f_always_one
+        if not all_one:
+            odd = (~f_one) & (hi > lo)      # hi > lo: a handled level, a group with common keys
+            near = odd & ((m_c[None] - max_b) > -self._tie(rows, max_b))
+            # both flags in one host read (on CUDA a read drains the GPU's queue: one a block)
+            all_one, any_near = torch.stack([f_one.all(), near.any()]).tolist()
         if all_one:                         # (then no row is odd, none near)
             run(p, e, target, lo.contiguous(), hi.contiguous(), coef, None)
             return
