@@ -132,10 +132,12 @@ def all_finite(t: torch.Tensor) -> bool:
     finite sum proves every entry finite. Only a non-finite sum (a bad entry, or finite values
     whose sum overflows) pays for the exact element-wise check. ``torch.isfinite(t).all()``
     alone costs several passes and a bool temporary (CPU: abs, two compares, a product: ~200 ms
-    for a 1M×64 fp32 matrix on the 2-core CPU, which was 15 % of a top-k pooling step)."""
+    for a 1M×64 fp32 matrix on the 2-core CPU, which was 15 % of a top-k pooling step). The
+    sum is read as a Python float and tested there: ``torch.isfinite`` of the 0-d sum would be
+    four more kernel launches on CUDA (abs, two compares, a product) before the same one read."""
     if not t.numel():
         return True
-    if bool(torch.isfinite(t.sum())):
+    if math.isfinite(float(t.sum())):
         return True
     return bool(torch.isfinite(t).all())
 
@@ -150,14 +152,17 @@ def check_float_matrix(t: object, name: str, *, finite: bool = True) -> torch.Te
     return t
 
 
-def check_index_vector(t: object, name: str, *, length: int | None = None) -> torch.Tensor:
+def check_index_vector(t: object, name: str, *, length: int | None = None,
+                       values: bool = True) -> torch.Tensor:
+    """A 1-D integer tensor (of `length` entries), no entry negative; ``values=False`` leaves
+    the one check that reads the entries (a host sync on CUDA) to the caller."""
     t = check_dense_tensor(t, name)
     if t.dim() != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
     check_index_dtype(t, name)
     if length is not None and t.numel() != length:
         raise ValueError(f"{name} has {t.numel()} entries, expected {length}")
-    if t.numel() and int(t.min()) < 0:
+    if values and t.numel() and int(t.min()) < 0:
         raise ValueError(f"{name} has negative entries")
     return t
 
@@ -283,18 +288,64 @@ def validate_contrastive_inputs(
     backends (ValueError/TypeError naming the argument). ``temperature`` must be a finite real
     >= MIN_TEMPERATURE, or a 0-d floating tensor of such a value (learnable); ``include_self``
     a bool."""
-    check_float_matrix(z, "z")
+    validate_contrastive_levels(z, [labels], [prototypes], temperature, reduction, variant,
+                                include_self=include_self)
+
+
+def validate_contrastive_levels(
+    z: torch.Tensor,
+    level_labels: list,
+    level_prototypes: list,
+    temperature: float,
+    reduction: str,
+    variant: str,
+    *,
+    include_self: bool = True,
+) -> None:
+    """``validate_contrastive_inputs`` for every level of a hierarchical loss over one z.
+
+    The checks that read no values run first (shapes, dtypes, devices, options); those that
+    read values, one ``tolist`` of a small vector for all of them (on CUDA each read is a host
+    sync that drains the device's queue: z's and every prototype tensor's finiteness, every
+    level's labels >= 0 and the logit range were 5 reads per level):
+    [max_i ‖z_i‖, max_t ‖p_t‖ of each level, min labels of each level]. A NaN or Inf entry
+    makes its row norm, and so the max, NaN or Inf, so a finite max proves the tensor finite;
+    only a non-finite one (a bad entry, or a norm that overflows) pays for the exact check,
+    which tells the two apart. The errors are those of the per-tensor checks, in their order
+    (z, then each level's labels and prototypes, then the logit range)."""
+    check_float_matrix(z, "z", finite=False)
     if z.shape[0] == 0 or z.shape[1] == 0:
         raise ValueError(f"z is empty (shape {tuple(z.shape)}); need at least one row and column")
-    if isinstance(labels, torch.Tensor) and labels.device != z.device:   # before reading them
-        raise ValueError(f"labels are on {labels.device} but z is on {z.device}")
-    check_index_vector(labels, "labels", length=z.shape[0])
-    if prototypes is not None:
-        check_float_matrix(prototypes, "prototypes")
-        check_prototypes_match(prototypes, z)
+    for labels, prototypes in zip(level_labels, level_prototypes, strict=True):
+        if isinstance(labels, torch.Tensor) and labels.device != z.device:  # before reading
+            raise ValueError(f"labels are on {labels.device} but z is on {z.device}")
+        check_index_vector(labels, "labels", length=z.shape[0], values=False)
+        if prototypes is not None:
+            check_float_matrix(prototypes, "prototypes", finite=False)
+            check_prototypes_match(prototypes, z)
     check_loss_options(temperature, reduction, variant, include_self)
     tau = check_temperature_value(temperature)
-    check_logit_range(z, prototypes, tau)
+    cdt = _logit_dtype(z)
+    levels = len(level_labels)
+    protos = [p if p is not None and p.numel() else None for p in level_prototypes]
+    reads = [_max_row_norm(t, cdt) for t in (z, *(p for p in protos if p is not None))]
+    reads += [lab.min() for lab in level_labels]
+    values = torch.stack([r.to(torch.float64) for r in reads]).tolist()
+    label_min = values[len(values) - levels:]
+    norms = iter(values[:len(values) - levels])
+    z_norm = next(norms)
+    if not math.isfinite(z_norm) and not all_finite(z):
+        raise non_finite_error("z contains NaN or Inf")
+    largest = z_norm
+    for lowest, prototypes in zip(label_min, protos, strict=True):
+        if lowest < 0:
+            raise ValueError("labels has negative entries")
+        if prototypes is not None:
+            p_norm = next(norms)
+            if not math.isfinite(p_norm) and not all_finite(prototypes):
+                raise non_finite_error("prototypes contains NaN or Inf")
+            largest = max(largest, p_norm)      # (an overflowed norm: inf)
+    check_logit_range(largest, z, [z, *(p for p in protos if p is not None)], tau)
 
 
 def check_level_sequences(level_labels: object, level_prototypes: object) -> tuple[list, list]:
@@ -344,19 +395,28 @@ def check_temperature_value(temperature: float | torch.Tensor) -> float:
     return tau
 
 
-def check_logit_range(z: torch.Tensor, prototypes: torch.Tensor | None, tau: float) -> None:
+def _logit_dtype(z: torch.Tensor) -> torch.dtype:
+    """The dtype the loss computes its logits in: float64 for float64 inputs, else float32."""
+    return torch.float64 if z.dtype == torch.float64 else torch.float32
+
+
+def _max_row_norm(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0-dim max_i ‖t_i‖ in `dtype` (t non-empty), left on t's device."""
+    return torch.linalg.vector_norm(t.detach(), dim=1, dtype=dtype).max()
+
+
+def check_logit_range(largest: float, z: torch.Tensor, rows: list, tau: float) -> None:
     """The largest logit |s_ik| = |z_i·z_k|/τ is max_i ‖z_i‖²/τ (Cauchy-Schwarz, attained by
     s_ii): it must stay finite, with room, in the dtype the logits are computed in (float32
     for 16-bit inputs). Finite embeddings ~2e19 gave inf logits and a NaN loss, silently, on
-    every backend. One norm pass over the rows."""
-    cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
+    every backend. `largest`: the max row norm of `rows` (z and the prototypes) in that dtype,
+    read by the caller with its other checks."""
+    cdt = _logit_dtype(z)
     limit = torch.finfo(cdt).max / 16
-    largest = max(float(torch.linalg.vector_norm(t.detach(), dim=1, dtype=cdt).max())
-                  for t in (z, prototypes) if t is not None and t.numel())
     if not largest ** 2 / tau <= limit:       # (inf and NaN norms fail too)
         if not math.isfinite(largest):        # the norm itself overflowed: its true size
             largest = max(float(torch.linalg.vector_norm(t.detach().double(), dim=1).max())
-                          for t in (z, prototypes) if t is not None and t.numel())
+                          for t in rows if t.numel())
         raise non_finite_error(
             f"the logits overflow {cdt}: max ‖z_i‖²/τ = {largest ** 2 / tau:.3g} > {limit:.3g}; "
             f"scale the embeddings down (e.g. normalise them) or raise the temperature")

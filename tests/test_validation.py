@@ -81,3 +81,69 @@ def test_a_cuda_index_past_the_device_count_is_refused(monkeypatch):
     for bad in ("cuda:1", "cuda:2", torch.device("cuda", 1)):
         with pytest.raises(ValueError, match="only 1 CUDA device"):
             check_device(bad)
+
+
+def _loss_args(levels: int, n: int = 40, d: int = 6, dtype=torch.float32):
+    g = torch.Generator().manual_seed(levels)
+    z = torch.randn(n, d, generator=g).to(dtype)
+    labels = [torch.randint(0, 5 - k, (n,), generator=g) for k in range(levels)]
+    protos = [torch.randn(5 - k, d, generator=g).to(dtype) for k in range(levels)]
+    return z, labels, protos
+
+
+def test_the_loss_checks_read_the_device_once_for_every_level(monkeypatch):
+    """Each value read is a host sync on CUDA (it drains the device's queue): the checks of a
+    three-level loss read one small vector, where they read 5 values per level."""
+    from tests.conftest import load_bench
+
+    from hiertail_fast._validation import validate_contrastive_levels
+
+    dispatch_count = load_bench("bench_dispatch_count_validation", "dispatch_count.py")
+    z, labels, protos = _loss_args(3)
+    protos[1] = None                                  # a level without prototypes too
+    reads = []
+    real_tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t) or real_tolist(t))
+    counter = dispatch_count._Counter(syncs=True)
+    with counter:
+        validate_contrastive_levels(z, labels, protos, 0.1, "mean", "exact")
+    assert sum(counter.calls.values()) == 0 and len(reads) == 1
+    assert reads[0].numel() == 1 + 2 + 3              # z, two prototype tensors, three labels
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_the_merged_loss_checks_name_the_bad_input_of_any_level(dtype):
+    from hiertail_fast import hierarchical_contrastive_loss
+
+    def raises(match, z, labels, protos, tau=0.1):
+        with pytest.raises(ValueError, match=match) as info:
+            hierarchical_contrastive_loss(z, labels, protos, temperature=tau)
+        return info.value
+
+    z, labels, protos = _loss_args(3, dtype=dtype)
+    ok = hierarchical_contrastive_loss(z, labels, protos, temperature=0.1)
+    assert torch.isfinite(ok)
+    for bad in (float("nan"), float("inf")):
+        zb = z.clone()
+        zb[7, 2] = bad
+        assert getattr(raises("z contains NaN or Inf", zb, labels, protos), "non_finite")
+        pb = [p.clone() for p in protos]
+        pb[2][1, 0] = bad                             # the last level's prototypes
+        assert getattr(raises("prototypes contains NaN or Inf", z, labels, pb), "non_finite")
+    lb = [t.clone() for t in labels]
+    lb[2][3] = -1
+    raises("labels has negative entries", z, lb, protos)
+    # finite but overflowing logits: in z, and in one level's prototypes only
+    big = torch.finfo(dtype).max ** 0.5 if dtype != torch.bfloat16 else 1e19
+    raises("the logits overflow", z * big, labels, protos)
+    pb = [p.clone() for p in protos]
+    pb[1] = pb[1] * big
+    raises("the logits overflow", z, labels, pb)
+    # entries so large that the row norm itself overflows (finite input): the range error
+    if dtype == torch.float32:
+        huge = torch.full_like(z, 3e38)
+        raises("the logits overflow", huge, labels, protos)
+    # the order of the per-tensor checks: z's NaN before a later level's negative label
+    zb = z.clone()
+    zb[0, 0] = float("nan")
+    raises("z contains NaN or Inf", zb, lb, protos)

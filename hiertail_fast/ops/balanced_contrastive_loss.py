@@ -27,7 +27,11 @@ from collections.abc import Sequence
 
 import torch
 
-from hiertail_fast._validation import check_level_sequences, validate_contrastive_inputs
+from hiertail_fast._validation import (
+    check_level_sequences,
+    validate_contrastive_inputs,
+    validate_contrastive_levels,
+)
 from hiertail_fast.ops import _attention_lse, _custom_ops, _lse_symmetric, _triton_loss
 from hiertail_fast.ops._amp import autocast_off, loss_inputs
 from hiertail_fast.ops._autograd import eager_twin, first_order_backward, graph_anchor
@@ -393,9 +397,8 @@ def hierarchical_contrastive_loss_op(
             f"need one prototype tensor per level: got {len(level_labels)} label tensors and "
             f"{len(level_prototypes)} prototype tensors (at least one level)"
         )
-    for lab, pro in zip(level_labels, level_prototypes, strict=True):
-        validate_contrastive_inputs(z, lab, pro, temperature, "mean", variant,
-                                    include_self=include_self)
+    validate_contrastive_levels(z, level_labels, level_prototypes, temperature, "mean",
+                                variant, include_self=include_self)   # one host read in all
     if _reference_requested(backend):
         # 16-bit inputs widened once, so that the levels' gradients add up in float32 and are
         # rounded once (cast per level, each level's share was rounded to 16 bits before the
