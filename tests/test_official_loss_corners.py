@@ -157,14 +157,19 @@ def _hub_copies(seed: int, smax: float, tau: float, d: int = 64):
     return hubs[hub].float(), hub, copy
 
 
+@pytest.mark.parametrize("sync_free", [False, True])
 @pytest.mark.parametrize("include_self", [True, False])
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_positive_pairs_copies_of_the_argmax_get_zero(seed, include_self):
+def test_positive_pairs_copies_of_the_argmax_get_zero(seed, include_self, sync_free,
+                                                      monkeypatch):
     """positive_pairs: a positive that is a bitwise copy of the row's arg-max row has s_ij = M_i
     exactly, as in the dense reference (one s for both), so every term is log(1 + eps) and
     q = 1 / (1 + eps), whatever the rounding of the recomputed dot at |s| = 1e4. A mutation
     audit's tie rule that zeroed only j == arg-max left copies a few ulp of |s| below M
     (T off by ~5e-3), no test failed. M_i, a_i from an fp32 GEMM, as the engines make them."""
+    import hiertail_fast.ops._host_reads as host_reads
+
+    monkeypatch.setattr(host_reads, "FORCE_SYNC_FREE", sync_free)   # CUDA's form too
     tau = 0.01
     z, hub, copy = _hub_copies(seed, 1e4, tau)
     gid = hub * 2 + (copy < 5).long()                  # classes of 5 copies of one hub
@@ -176,6 +181,57 @@ def test_positive_pairs_copies_of_the_argmax_get_zero(seed, include_self):
     want_t = torch.full((60,), n_pos * math.log(1 + EPS), dtype=torch.float64)
     torch.testing.assert_close(big_t.double(), want_t, **t)
     torch.testing.assert_close(big_q.double(), want_t.new_full((60,), n_pos / (1 + EPS)), **t)
+
+
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_positive_pairs_sync_free_form_equals_the_cpu_form(seed, include_self, monkeypatch):
+    """positive_pairs' CUDA form (the tie rule through ``first_equal_rows``, no host read per
+    block) gives the CPU form's numbers bit for bit: small groups (explicit pairs) and big ones
+    (GEMM blocks, 3 of them per group here), copies of hub rows at |s| ~ 1e4 (ties with the
+    arg-max), near-ties that are not copies, -0.0 against 0.0, with and without coefficients."""
+    import hiertail_fast.ops._host_reads as host_reads
+
+    tau = 0.01
+    g = torch.Generator().manual_seed(seed)
+    z, hub, _ = _hub_copies(seed, 1e4, tau, d=16)
+    z = torch.cat([z, z[:40]])                         # 100 rows: hubs of 10 to 17 copies
+    z[::7] += torch.randn(z[::7].shape, generator=g) * 1e-4    # near-ties, not copies
+    z[3, 0], z[63, 0] = 0.0, -0.0
+    z[63] = torch.where(torch.arange(16) == 0, z[63], z[3])     # equal rows up to the sign of 0
+    gid = torch.randint(0, 3, (100,), generator=g)     # two big groups (> SMALL_GROUP) and one
+    gid[gid == 2] = torch.randint(2, 12, (int((gid == 2).sum()),), generator=g)   # + small ones
+    gid[::11] = -1                                     # rows outside the level
+    scale = 1 / tau
+    s = z @ z.t() * scale
+    row_max, arg_max = s.max(dim=1)
+    coef = torch.randn(100, generator=g)
+    monkeypatch.setattr(pairs_mod, "SMALL_GROUP", 8)              # groups of ~30: big
+    monkeypatch.setattr(pairs_mod, "BLOCK_ELEMS", 12 * 30)       # several blocks per group
+    out = {}
+    for sync_free in (False, True):
+        monkeypatch.setattr(host_reads, "FORCE_SYNC_FREE", sync_free)
+        out[sync_free] = pairs_mod.positive_pairs(z, gid, 12, row_max, arg_max, scale,
+                                                  include_self, coef)
+    assert int(torch.bincount(gid[gid >= 0]).max()) > pairs_mod.SMALL_GROUP
+    for a, b in zip(out[False], out[True], strict=True):
+        assert torch.equal(a, b)
+
+
+def test_first_equal_rows_and_a_hash_collision(monkeypatch):
+    """``_tied_keys.first_equal_rows``: the smallest index of an equal row (-0.0 equal to 0.0),
+    across its chunks; a forced hash collision between different rows does not make them equal."""
+    import hiertail_fast.ops._tied_keys as tied
+
+    z = torch.tensor([[1.0, 2.0], [3.0, 4.0], [1.0, 2.0], [0.0, 5.0], [-0.0, 5.0], [3.0, 4.0],
+                      [1.0, 2.0]])
+    monkeypatch.setattr(tied, "_HASH_ROWS", 3)                   # rows compared 3 at a time
+    assert tied.first_equal_rows(z).tolist() == [0, 1, 0, 3, 3, 1, 0]
+    assert tied.first_equal_rows(z[:1]).tolist() == [0]
+    monkeypatch.setattr(tied, "row_ids", lambda t: torch.zeros(t.shape[0], dtype=torch.long))
+    # every row in one hash group: the rows that differ from row 0 keep their own index (so 3
+    # and 4 now look different: the documented cost of a collision), row 5 is not row 0's
+    assert tied.first_equal_rows(z).tolist() == [0, 1, 0, 3, 4, 5, 0]
 
 
 def _hierarchical_and_reference(z, labels, tau):

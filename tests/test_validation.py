@@ -94,9 +94,8 @@ def _loss_args(levels: int, n: int = 40, d: int = 6, dtype=torch.float32):
 def test_the_loss_checks_read_the_device_once_for_every_level(monkeypatch):
     """Each value read is a host sync on CUDA (it drains the device's queue): the checks of a
     three-level loss read one small vector, where they read 5 values per level."""
-    from tests.conftest import load_bench
-
     from hiertail_fast._validation import validate_contrastive_levels
+    from tests.conftest import load_bench
 
     dispatch_count = load_bench("bench_dispatch_count_validation", "dispatch_count.py")
     z, labels, protos = _loss_args(3)
@@ -126,10 +125,10 @@ def test_the_merged_loss_checks_name_the_bad_input_of_any_level(dtype):
     for bad in (float("nan"), float("inf")):
         zb = z.clone()
         zb[7, 2] = bad
-        assert getattr(raises("z contains NaN or Inf", zb, labels, protos), "non_finite")
+        assert raises("z contains NaN or Inf", zb, labels, protos).non_finite
         pb = [p.clone() for p in protos]
         pb[2][1, 0] = bad                             # the last level's prototypes
-        assert getattr(raises("prototypes contains NaN or Inf", z, labels, pb), "non_finite")
+        assert raises("prototypes contains NaN or Inf", z, labels, pb).non_finite
     lb = [t.clone() for t in labels]
     lb[2][3] = -1
     raises("labels has negative entries", z, lb, protos)
@@ -147,3 +146,13 @@ def test_the_merged_loss_checks_name_the_bad_input_of_any_level(dtype):
     zb = z.clone()
     zb[0, 0] = float("nan")
     raises("z contains NaN or Inf", zb, lb, protos)
+
+
+def test_all_finite_reads_a_tensor_that_requires_grad_without_a_warning():
+    import warnings
+
+    x = torch.randn(5, 3, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")             # "Converting a tensor with requires_grad"
+        assert all_finite(x) and all_finite(x * 2)
+        assert not all_finite(x.detach().clone().fill_(float("nan")).requires_grad_())

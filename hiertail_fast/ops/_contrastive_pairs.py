@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from hiertail_fast.ops._host_reads import host_reads_cheap
 from hiertail_fast.ops._lse_torch import block_bytes, exp_shifted_
+from hiertail_fast.ops._tied_keys import first_equal_rows
 
 OFFICIAL_EPS = 1e-7
 SMALL_GROUP = 48
@@ -30,7 +32,7 @@ def _tie_bound(z: torch.Tensor, row_max: torch.Tensor, scale: float) -> torch.Te
     return 2.0 * (d + 2) * eps * abs(scale) * norms * zmax + eps * row_max.abs()
 
 
-def _consistent_with_max(x, i, j, z, row_max, arg_max, tie):
+def _consistent_with_max(x, i, j, z, row_max, arg_max, tie, first_equal=None):
     """x = s_ij - M_i recomputed for positive pairs, made consistent with the max M_i.
 
     M_i came from another product (the LSE engine's GEMM), so a recomputed s_ij carries other
@@ -40,10 +42,21 @@ def _consistent_with_max(x, i, j, z, row_max, arg_max, tie):
     pairs within the rounding bound of the max whose key row equals the arg-max row exactly
     get x = 0 exactly (true s_ij = M_i), and every x is clamped to <= 0 (s_ij <= M_i holds
     for the true values). Other near-ties keep an error <= the rounding bound, as the fp32
-    reference's own s does."""
+    reference's own s does.
+
+    ``first_equal`` (``_tied_keys.first_equal_rows(z)``): the same rule in a fixed-shape form
+    that reads nothing on the host (CUDA: no sync per block), the rows compared through their
+    first equal row's index; a 2-D block then takes its key ids from j's first row (the big
+    groups' blocks: j expands the group's ids over the block's rows)."""
     # a block's rows share i along dim 1 (an expanded view): the bound per row, broadcast, not
     # gathered into a [b, n_g] temporary (a memory audit)
     bound = tie[i] if i.dim() == 1 else tie[i[:, 0]][:, None]
+    if first_equal is not None:
+        if i.dim() == 1:
+            same = first_equal[j] == first_equal[arg_max[i]]
+        else:
+            same = first_equal[j[0]][None, :] == first_equal[arg_max[i[:, 0]]][:, None]
+        return x.masked_fill_((x > -bound) & same, 0.0).clamp_(max=0.0)
     near = (x > -bound).nonzero(as_tuple=True)
     if near[0].numel():
         jn, an = j[near], arg_max[i[near]]
@@ -88,6 +101,8 @@ def positive_pairs(
     if rows.numel() == 0:
         return big_t, big_q, dz
     tie = _tie_bound(z, row_max, scale)
+    # CUDA: the tie rule without a host read per block or chunk (_consistent_with_max)
+    first_equal = None if host_reads_cheap(dev) else first_equal_rows(z)
     # on CPU within $HIERTAIL_CPU_BLOCK_BYTES too (about three [b, n_g] temporaries live per
     # block; the default 48 MB gives BLOCK_ELEMS exactly): a fixed 16 MB block held ~80 MB
     # whatever the budget (a memory audit)
@@ -118,7 +133,8 @@ def positive_pairs(
             continue
         zi, zj = z[i], z[j]
         x = (zi * zj).sum(1) * scale - row_max[i]
-        e = exp_shifted_(_consistent_with_max(x, i, j, z, row_max, arg_max, tie))
+        e = exp_shifted_(_consistent_with_max(x, i, j, z, row_max, arg_max, tie,
+                                              first_equal))
         big_t.index_add_(0, i, torch.log(e + OFFICIAL_EPS))
         q = e / (e + OFFICIAL_EPS)
         big_q.index_add_(0, i, q)
@@ -128,8 +144,8 @@ def positive_pairs(
             dz.index_add_(0, j, c * zi)
 
     # ---- big groups: GEMM blocks within the diagonal block of the group
-    for g in (counts > SMALL_GROUP).nonzero().squeeze(1).tolist():
-        s0, ng = int(starts[g]), int(counts[g])
+    big = (counts > SMALL_GROUP).nonzero().squeeze(1)
+    for s0, ng in torch.stack([starts[big], counts[big]], 1).tolist():   # one read for all
         idx = srt[s0 : s0 + ng]
         zg = z[idx]
         rb = max(1, block_elems // ng)
@@ -139,7 +155,8 @@ def positive_pairs(
             x = torch.mm(zg[a0:a1], zg.t()).mul_(scale).sub_(row_max[ia][:, None])
             ii = ia[:, None].expand_as(x)
             jj = idx[None, :].expand_as(x)
-            e = exp_shifted_(_consistent_with_max(x, ii, jj, z, row_max, arg_max, tie))
+            e = exp_shifted_(_consistent_with_max(x, ii, jj, z, row_max, arg_max, tie,
+                                                  first_equal))
             t = torch.log(e + OFFICIAL_EPS)
             q = e.div_(e + OFFICIAL_EPS)
             if not include_self:

@@ -61,6 +61,30 @@ def _hash_groups(z: torch.Tensor):
     return group, distinct
 
 
+def first_equal_rows(z: torch.Tensor) -> torch.Tensor:
+    """[N] int64: for each row of z, the smallest index of a row equal to it bit for bit
+    (-0.0 equal to 0.0; the row itself if none is smaller), so that two rows are equal exactly
+    where their entries here are. Fixed-shape work, no host sync on CUDA: the hash groups'
+    first members, each row compared with its group's first (a chunk of rows at a time). A
+    hash collision (two different rows in a group, ~N²/2⁶⁵ by chance) leaves a row that
+    differs from its group's first with its own index: two rows equal to each other but not to
+    that first would then look different (the callers' tie rule then keeps the recomputed
+    logit, within its rounding bound, as for any other near-tie)."""
+    n = z.shape[0]
+    ids = torch.arange(n, device=z.device)
+    if n < 2:
+        return ids
+    group, _ = _hash_groups(z)
+    first = torch.full((n,), n, dtype=torch.long, device=z.device)
+    first.scatter_reduce_(0, group, ids, reduce="amin")
+    first = first[group]
+    for r0 in range(0, n, _HASH_ROWS):
+        c = first[r0:r0 + _HASH_ROWS]
+        differs = (z[c] != z[r0:r0 + _HASH_ROWS]).any(dim=1)
+        c.copy_(torch.where(differs, ids[r0:r0 + _HASH_ROWS], c))
+    return first
+
+
 def common_twins(z: torch.Tensor, common: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """[len(ids)]: for each key id in ``ids``, the smallest id k with ``common[k]`` whose row
     z[k] equals z[id] bit for bit (id itself if it is such a key), -1 where there is none.
