@@ -72,7 +72,9 @@ def pow2_rescale(z: torch.Tensor, prototypes: torch.Tensor, dtype: torch.dtype |
         return z, prototypes
     # max|entry| from one aminmax pass each (z.abs().max() allocates an N×d temporary: ~45 ms
     # at 100k×128 on the 2-core CPU, against ~2 ms)
-    big = max(max(-float(lo), float(hi)) for lo, hi in map(torch.aminmax, (z, prototypes)))
+    # (and one host read for both tensors: on CUDA each read is a sync)
+    ends = [end.to(torch.float64).abs() for t in (z, prototypes) for end in torch.aminmax(t)]
+    big = float(torch.stack(ends).max())
     if big == 0.0:
         return z, prototypes
     e = math.frexp(big)[1]  # big = f·2^e, f in [1/2, 1)
