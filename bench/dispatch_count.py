@@ -5,6 +5,7 @@ so this is the count behind docs/LOSS.md's "small torch calls per loss". A count
     python bench/dispatch_count.py --levels 3 --variant official --top 15
     python bench/dispatch_count.py --n 20000 --levels 1 --as-cuda      # CUDA's engine paths
     python bench/dispatch_count.py --n 20000 --levels 1 --as-cuda --syncs --variant official
+    python bench/dispatch_count.py --epoch 10000 --as-cuda --syncs --top 20   # a HierTail epoch
 
 Each total also says how many of its calls are not views (``OpOverload.is_view``: a view makes a
 tensor header, host work only; the others launch a kernel on CUDA).
@@ -76,7 +77,28 @@ class _Counter(TorchDispatchMode):
 def count(n: int, d: int, levels: int, variant: str, regime: str, tau: float, backend: str,
           syncs: bool = False):
     z, ys, ps = make_case(regime, n, d, levels)
-    step = loss_step(backend, z, ys, ps, tau, variant)
+    return count_step(loss_step(backend, z, ys, ps, tau, variant), syncs)
+
+
+def epoch_step(nodes: int):
+    """One HierTail training epoch of ``bench/scale.py``'s defaults (paper config, 70 classes,
+    degree 10, 128 features, hidden 128; ``epoch_ab.epoch_step``): zero_grad, forward, loss,
+    backward, Adam step, the loss read once."""
+    import types
+
+    from epoch_ab import epoch_step as ab_epoch_step
+
+    import hiertail_fast
+
+    args = types.SimpleNamespace(classes=70, avg_degree=10.0, features=128, hidden=128, seed=0,
+                                 config="paper")
+    return ab_epoch_step(hiertail_fast, nodes, args)
+
+
+def count_step(step, syncs: bool = False):
+    """The calls of one ``step()`` after a warm-up call (caches, lazy imports), by (name, the
+    innermost library source line); with ``syncs`` only the host-syncing ones, and the
+    library's ``tolist()`` reads."""
     step()                                            # warm-up: caches, lazy imports
     counter = _Counter(syncs)
     real_tolist = torch.Tensor.tolist
@@ -142,27 +164,46 @@ def main(argv=None) -> int:
                         help="--as-cuda: the official positives' path (default band)")
     parser.add_argument("--syncs", action="store_true",
                         help="count only the calls that make a CUDA host wait (SYNC_OPS)")
+    parser.add_argument("--epoch", type=positive(int), metavar="NODES",
+                        help="count one HierTail training epoch on a synthetic graph of NODES "
+                        "nodes (bench/scale.py's model) instead of one loss; the loss options "
+                        "do not apply")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     variants = ["exact", "official"] if args.variant == "both" else [args.variant]
     with _as_cuda(args.positives) if args.as_cuda else contextlib.nullcontext():
-        _report(args, variants)
+        if args.epoch:
+            _report_epoch(args)
+        else:
+            _report(args, variants)
     return 0
+
+
+def _what(args, calls, unit: str) -> str:
+    if args.syncs:
+        return f"host-syncing calls per {unit}"
+    return f"operator calls per {unit} ({sum(calls.values()) - views_of(calls)} not views)"
+
+
+def _print_top(calls, top: int) -> None:
+    for (name, where), k in calls.most_common(top):
+        print(f"  {k:6d}  {name:24s} {where}")
+
+
+def _report_epoch(args) -> None:
+    calls = count_step(epoch_step(args.epoch), args.syncs)
+    print(f"HierTail epoch, {args.epoch:,d} nodes{' (CUDA forms)' if args.as_cuda else ''}: "
+          f"{sum(calls.values())} {_what(args, calls, 'epoch')}")
+    _print_top(calls, args.top)
 
 
 def _report(args, variants) -> None:
     for v in variants:
         calls = count(args.n, args.d, args.levels, v, args.regime, args.tau, args.backend,
                       args.syncs)
-        total = sum(calls.values())
-        if args.syncs:
-            what = "host-syncing calls per loss"
-        else:
-            what = f"operator calls per loss ({total - views_of(calls)} not views)"
         print(f"N={args.n} d={args.d} levels={args.levels} {v} {args.regime} tau={args.tau:g} "
-              f"backend={args.backend}: {total} {what}")
-        for (name, where), k in calls.most_common(args.top):
-            print(f"  {k:6d}  {name:24s} {where}")
+              f"backend={args.backend}: {sum(calls.values())} {_what(args, calls, 'loss')}")
+        _print_top(calls, args.top)
 
 
 if __name__ == "__main__":

@@ -253,6 +253,29 @@ def test_dispatch_count_counts_the_loss_calls():
     assert dispatch_count._syncs("mm", ()) is None
 
 
+def test_dispatch_count_counts_a_hiertail_epoch(capsys):
+    """bench/dispatch_count.py --epoch: one training epoch of scale.py's model, counted by call
+    site (the model's losses, graph ops and checks), its syncs a subset; the loss checks of
+    each loss call read the device once (``validate_contrastive_levels``)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import dispatch_count
+    finally:
+        sys.path.remove(str(BENCH))
+    calls = dispatch_count.count_step(dispatch_count.epoch_step(400))
+    files = {where.split(":")[0] for _, where in calls}
+    assert {"gcn_propagate.py", "topk_pool.py", "balanced_contrastive_loss.py"} <= files
+    syncs = dispatch_count.count_step(dispatch_count.epoch_step(400), syncs=True)
+    assert 0 < sum(syncs.values()) < sum(calls.values())
+    checks = [k for (name, where), k in syncs.items()
+              if name == "tolist" and where.startswith("_validation.py:")]
+    assert checks                        # the loss checks' one read per loss call
+    assert dispatch_count.main(["--epoch", "400", "--syncs", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "HierTail epoch, 400 nodes" in out and "host-syncing calls per epoch" in out
+    assert len(out.strip().splitlines()) == 4
+
+
 def test_vm_noise_samples_every_provider(tmp_path):
     out = tmp_path / "noise.json"
     res = subprocess.run(
