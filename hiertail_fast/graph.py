@@ -877,16 +877,20 @@ class CSRGraph:
         n, k = self._num_nodes, nodes.numel()
         dev = self.device
         nodes = nodes.long().to(dev)
-        if k and (int(nodes.min()) < 0 or int(nodes.max()) >= n):
+        # two host reads in all (on CUDA each is a sync): the ids' range before they index,
+        # then how many are distinct together with the subgraph's entry count
+        lo, hi = torch.stack(torch.aminmax(nodes)).tolist() if k else (0, -1)
+        if lo < 0 or hi >= n:
             raise ValueError(f"nodes must lie in [0, {n})")
         relabel = torch.full((n,), -1, dtype=torch.long, device=dev)
         relabel[nodes] = torch.arange(k, device=dev)
-        if int((relabel >= 0).sum()) != k:
-            raise ValueError("nodes contains duplicate ids")
         starts = self._indptr[nodes]
         counts = self._indptr[nodes + 1] - starts
         cum = torch.cumsum(counts, 0)
-        total = int(cum[-1]) if k else 0
+        distinct, total = (torch.stack([(relabel >= 0).sum(), cum[-1]]).tolist() if k
+                           else (0, 0))
+        if distinct != k:
+            raise ValueError("nodes contains duplicate ids")
         # entry ids of rows nodes[0], nodes[1], ...: row start + position inside the segment
         entry = torch.repeat_interleave(starts - (cum - counts), counts, output_size=total)
         entry += torch.arange(total, device=dev)

@@ -117,6 +117,23 @@ def test_subgraph_relabel_in_given_order():
     assert g.subgraph(torch.zeros(0, dtype=torch.long)).num_nodes == 0
 
 
+def test_subgraph_refuses_ids_out_of_range_and_repeated():
+    """The ids' checks (two host reads in all: their range, then their distinct count with the
+    subgraph's size): each bad id named, at either end; an empty list on an empty graph."""
+    g = CSRGraph.from_edge_index(torch.tensor([[0, 1, 2], [1, 2, 0]]), num_nodes=4)
+    for bad in ([0, 4], [-1, 2], [3, 7, 1]):
+        with pytest.raises(ValueError, match=r"nodes must lie in \[0, 4\)"):
+            g.subgraph(torch.tensor(bad))
+    for bad in ([1, 1], [0, 2, 3, 2]):
+        with pytest.raises(ValueError, match="nodes contains duplicate ids"):
+            g.subgraph(torch.tensor(bad))
+    assert g.subgraph(torch.tensor([3, 0])).num_nodes == 2
+    empty = CSRGraph.from_edge_index(torch.zeros(2, 0, dtype=torch.long), num_nodes=0)
+    assert empty.subgraph(torch.zeros(0, dtype=torch.long)).num_nodes == 0
+    with pytest.raises(ValueError, match=r"nodes must lie in \[0, 0\)"):
+        empty.subgraph(torch.tensor([0]))
+
+
 def test_subgraph_random_matches_dense():
     ei, w = random_graph(40, 200, weighted=True, seed=5)
     g = CSRGraph.from_edge_index(ei, w, num_nodes=40)
