@@ -2,6 +2,7 @@
 sync-free CUDA forms, and the context that runs the CUDA code paths on CPU tensors."""
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -71,3 +72,47 @@ def test_the_cuda_block_loop_makes_no_host_sync(levels, variant, per_block):
     one_block = _syncs_with_block_bytes(1 << 30, levels, variant)
     nine_blocks = _syncs_with_block_bytes(4 * 620 * 75, levels, variant)  # 75 of ~670 rows
     assert one_block > 0 and 0 <= nine_blocks - one_block <= per_block * 9
+
+
+@pytest.mark.parametrize("levels", [1, 3])
+def test_the_official_positives_setup_reads_the_device_three_times(levels, monkeypatch):
+    """``BlockPositives`` (the official positives of the torch engine) on its CUDA path: the
+    key order's level costs, the common keys' count and every level's flags (contiguous groups,
+    foldable weights, level maxima always common) are three host reads whatever the number of
+    levels (it made ~6 per level: boolean-mask indexing reads the mask's count), and give the
+    flags and key ranges of the CPU path."""
+    from hiertail_fast.ops._positive_blocks import BlockPositives
+    from tests.conftest import load_bench
+
+    dispatch_count = load_bench("bench_dispatch_count_setup", "dispatch_count.py")
+    g = torch.Generator().manual_seed(levels)
+    n = 300
+    y = torch.randint(0, 12, (n,), generator=g)
+    gid = torch.stack([y // (2 ** k) for k in range(levels)])
+    gid[-1, ::17] = -1                                    # rows outside the last level
+    common = torch.ones(n, dtype=torch.bool)
+    common[-5:] = False                                   # prototype-like keys
+    log_w = torch.where(common, -torch.log1p(gid.clamp(min=0).double()), -torch.inf)
+    log_w[0, -5:] = 0.0                                   # level 0 sees its prototypes
+    z = torch.randn(n, 8, generator=g)
+    reads = []
+    real_tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(1) or real_tolist(t))
+    built = {}
+    for cuda in (False, True):
+        counter = dispatch_count._Counter(syncs=True)
+        reads.clear()
+        with host_reads.cuda_code_paths() if cuda else contextlib.nullcontext(), counter:
+            built[cuda] = BlockPositives(z, gid, [12 >> k for k in range(levels)], True, None,
+                                         1.0, common, log_w)
+        if cuda:
+            assert sum(counter.calls.values()) + len(reads) == 3
+    cpu, gpu = built[False], built[True]
+    assert gpu.handled == cpu.handled and gpu.foldable == cpu.foldable
+    assert gpu._f_always_one == cpu._f_always_one is False
+    for a, b in zip(cpu.start + cpu.count, gpu.start + gpu.count, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(cpu.cnt_s, gpu.cnt_s)
+    if gpu.band and hasattr(cpu, "lo_s"):
+        assert torch.equal(cpu.lo_s, gpu.lo_s) and torch.equal(cpu.hi_s, gpu.hi_s)
+    assert gpu.band

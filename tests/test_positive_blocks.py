@@ -398,3 +398,23 @@ def test_positive_pairs_blocks_follow_the_cpu_block_budget(monkeypatch):
     assert shapes and max(shapes) * 3 * z.element_size() <= budget and len(shapes) == 16
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_constant_per_group_as_a_device_flag():
+    """``_positive_keys.constant_per_group``: the host-read-free twin of ``_constant_per_group``
+    (rows outside every group ignored, any number of groups, none)."""
+    from hiertail_fast.ops import _positive_keys as keys
+
+    g = torch.tensor([0, 1, 0, -1, 2, 1, -1])
+    same = torch.tensor([5.0, 7.0, 5.0, 1.0, 3.0, 7.0, 9.0])
+    for values, want in ((same, True), (same.clone().index_fill_(0, torch.tensor([5]), 8.0),
+                                        False)):
+        assert keys._constant_per_group(values, g) is want
+        assert keys.constant_per_group(values, g, 3).item() is want
+        assert keys.constant_per_group(values, g, 5).item() is want      # spare groups
+    none = torch.full((4,), -1)
+    assert keys.constant_per_group(torch.arange(4.0), none, 2).item() is True
+    assert keys.constant_per_group(torch.arange(4.0), none, 0).item() is True
+    # the level costs in one read: sum_c n_c^2, rows outside a level weighing 0
+    gid = torch.stack([g, torch.tensor([0, 0, 0, 0, 0, 0, -1]), none.new_full((7,), -1)])
+    assert keys._significance(gid) == [2, 0, 1]                       # costs 9, 36, 0

@@ -125,19 +125,40 @@ class BlockPositives(SlicePlan, RestKeys):
         self.n_c = int(self.cidx.numel())
         self.cpos = torch.full((n,), -1, dtype=torch.long, device=dev)
         self.cpos[self.cidx] = torch.arange(self.n_c, device=dev)
-        self.start, self.count, self.handled = [], [], []
+        # the levels' flags are formed as device tensors and read together below (on CUDA
+        # each host read is a sync; rows outside a level go to a spare last group, n_g, and
+        # are sliced off: no boolean-mask indexing, which reads the mask's count)
+        self.start, self.count, flags = [], [], []
+        pos = torch.arange(self.n_c, device=dev)
         for lev in range(n_levels):
+            n_g = n_groups[lev]
             g = gid[lev, self.cidx]
             inside = g >= 0
-            cnt = torch.bincount(g[inside], minlength=n_groups[lev])
-            first = torch.full((n_groups[lev],), self.n_c, dtype=torch.long, device=dev)
-            pos = torch.arange(self.n_c, device=dev)
-            first.scatter_reduce_(0, g[inside], pos[inside], "amin")
+            slot = torch.where(inside, g, n_g)
+            cnt = torch.bincount(slot, minlength=n_g + 1)[:n_g]
+            first = torch.full((n_g + 1,), self.n_c, dtype=torch.long, device=dev)
+            first.scatter_reduce_(0, slot, pos, "amin")
+            first = first[:n_g]
             # contiguous <=> every member sits inside [first, first + count)
-            ok = bool(((pos[inside] - first[g[inside]]) < cnt[g[inside]]).all())
+            gc = g.clamp(min=0)
+            flags.append(((pos - first[gc]) < cnt[gc]).logical_or_(~inside).all() if n_g
+                         else torch.ones((), dtype=torch.bool, device=dev))
             self.start.append(first)
             self.count.append(cnt)
-            self.handled.append(ok)
+        # one level whose key weights are constant inside each group (w_k = 1 / class size):
+        # the engine may keep w folded into its GEMM operands (``_lse_torch._engine``)
+        fold = n_levels == 1 and log_w is not None
+        if fold:
+            flags.append(_positive_keys.constant_per_group(log_w[0, self.cidx],
+                                                           gid[0, self.cidx], n_groups[0]))
+        # every level's visible keys are common keys (and there is one): a row's level max is
+        # its common max, f = exp(m_c - M) = 1 exactly, so no block needs the check (``_band``)
+        flags.append(torch.ones((), dtype=torch.bool, device=dev) if log_w is None else
+                     (~torch.isfinite(log_w) | common[None, :]).all())
+        flags = torch.stack(flags).tolist()                               # one host read
+        self.handled = flags[:n_levels]
+        self.foldable = fold and self.handled[0] and flags[n_levels]
+        f_always_one = self.n_c > 0 and log_w is not None and flags[-1]
         # per-row state in visiting order
         self.gid_s = gid[:, self.order]                                   # [L, N]
         self.cnt_s = torch.stack([torch.where(g >= 0, c[g.clamp(min=0)], torch.zeros_like(g))
@@ -150,10 +171,6 @@ class BlockPositives(SlicePlan, RestKeys):
         self._tie_unit = None
         self._rest_map = None
         self._rest_pj = None            # the one-each rest positives (``_collect_rest``)
-        # one level whose key weights are constant inside each group (w_k = 1 / class size):
-        # the engine may keep w folded into its GEMM operands (``_lse_torch._engine``)
-        self.foldable = n_levels == 1 and self.handled[0] and log_w is not None and bool(
-            _positive_keys._constant_per_group(log_w[0, self.cidx], gid[0, self.cidx]))
         # the fused C kernel: every handled level's positives of a block in one call, each
         # row's key range per level given as [lo, hi) (visiting order, [L, N])
         self.native = None
@@ -166,17 +183,14 @@ class BlockPositives(SlicePlan, RestKeys):
             lo = torch.zeros(n_levels, n, dtype=torch.long, device=dev)
             hi = torch.zeros_like(lo)
             for lev in range(n_levels):
-                if self.handled[lev]:
+                if self.handled[lev] and n_groups[lev]:
                     g = self.gid_s[lev]
-                    inside = g >= 0
-                    lo[lev, inside] = self.start[lev][g[inside]]
-                    hi[lev, inside] = lo[lev, inside] + self.count[lev][g[inside]]
+                    inside, gc = g >= 0, g.clamp(min=0)
+                    lo[lev] = torch.where(inside, self.start[lev][gc], 0)
+                    hi[lev] = torch.where(inside, lo[lev] + self.count[lev][gc], 0)
             self.lo_s, self.hi_s = lo, hi
             self._band_blocks = {}     # block size -> [(c0, c1, levels with a range)]: _extent
-            # every level's visible keys are common keys (and there is one): a row's level max
-            # is its common max, f = exp(m_c - M) = 1 exactly, so no block needs the check
-            self._f_always_one = self.n_c > 0 and log_w is not None and bool(
-                (~torch.isfinite(log_w) | common[None, :]).all())
+            self._f_always_one = f_always_one
             return
         self._chain(gid, _positive_keys._significance(gid)[-1])
 

@@ -16,10 +16,24 @@ def _constant_per_group(values: torch.Tensor, g: torch.Tensor) -> bool:
     return bool((first[gi] == v).all())
 
 
+def constant_per_group(values: torch.Tensor, g: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """``_constant_per_group`` as a 0-dim bool device tensor, read by the caller with its other
+    flags (g < n_groups; no host read here: rows outside every group go to a spare slot)."""
+    if not n_groups:
+        return torch.ones((), dtype=torch.bool, device=values.device)
+    inside = g >= 0
+    slot = torch.where(inside, g, n_groups)
+    first = torch.zeros(n_groups + 1, dtype=values.dtype, device=values.device)
+    first[slot] = values                   # one member's value per group (any member)
+    return ((first[slot] == values) | ~inside).all()
+
+
 def _significance(gid: torch.Tensor) -> list[int]:
-    """Levels from least to most significant sort key: by their positive pairs sum_c n_c^2."""
-    cost = [float((torch.bincount(g[g >= 0]).double() ** 2).sum()) if bool((g >= 0).any())
-            else 0.0 for g in gid]
+    """Levels from least to most significant sort key: by their positive pairs sum_c n_c^2
+    (all levels' in one host read; rows outside a level weigh 0)."""
+    cost = torch.stack([
+        (torch.bincount(g.clamp(min=0), weights=(g >= 0).double(), minlength=1) ** 2).sum()
+        for g in gid]).tolist()
     return sorted(range(gid.shape[0]), key=lambda lev: cost[lev])
 
 
