@@ -52,9 +52,11 @@ import torch
 
 from hiertail_fast.ops import _native, _positive_keys
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, _tie_bound
+from hiertail_fast.ops._host_reads import host_reads_cheap
 from hiertail_fast.ops._lse_torch import exp_cutoff
 from hiertail_fast.ops._positive_rest import RestKeys
 from hiertail_fast.ops._positive_slices import SlicePlan
+from hiertail_fast.ops._tied_keys import first_equal_rows
 
 NATIVE_MAX_LEVELS = 16  # MAX_LEVELS of _positive_blocks.c
 # entries (sum of the rows' key-range widths) from which a kernel call runs its rows on torch's
@@ -169,6 +171,7 @@ class BlockPositives(SlicePlan, RestKeys):
         self.Q_s = torch.zeros_like(self.T_s)
         self._scale = scale
         self._tie_unit = None
+        self._first_equal_rows = None
         self._rest_map = None
         self._rest_pj = None            # the one-each rest positives (``_collect_rest``)
         # the fused C kernel: every handled level's positives of a block in one call, each
@@ -225,6 +228,16 @@ class BlockPositives(SlicePlan, RestKeys):
         out = self._finish_rest(rowmax, argmax, want_grad, drop)
         self._rest_pj = self._rest_s = None
         return out
+
+    def _first_equal(self):
+        """``_tied_keys.first_equal_rows`` of the keys where host reads are not cheap (CUDA: the
+        tie rule's fixed-shape form, ``_contrastive_pairs._consistent_with_max``), else None
+        (its host-read form). Computed once."""
+        if host_reads_cheap(self.z.device):
+            return None
+        if self._first_equal_rows is None:
+            self._first_equal_rows = first_equal_rows(self.z)
+        return self._first_equal_rows
 
     def _tie(self, rows, row_max_b):
         """``_contrastive_pairs._tie_bound`` of the block's rows (their maxima row_max_b)."""

@@ -23,17 +23,20 @@ class RestKeys:
         if self._rest_map is None:
             levels = [lev for lev, ok in enumerate(self.handled) if ok]
             width = max([self.count[lev].numel() for lev in levels] + [1])
-            cols = torch.full((len(levels), width), -1, dtype=torch.long, device=ridx.device)
-            pos = torch.arange(ridx.numel(), device=ridx.device)
-            one_each = True
+            dev = ridx.device
+            # keys outside a level go to a spare column (width), sliced off; whether every
+            # group has at most one rest key: all levels in one host read (CUDA: one sync)
+            cols = torch.full((len(levels), width + 1), -1, dtype=torch.long, device=dev)
+            pos = torch.arange(ridx.numel(), device=dev)
+            several = []
             for k, lev in enumerate(levels):
                 g = self.gid[lev, ridx]
-                inside = g >= 0
-                if bool((torch.bincount(g[inside], minlength=width) > 1).any()):
-                    one_each = False
-                    break
-                cols[k, g[inside]] = pos[inside]
-            self._rest_map = (cols, torch.tensor(levels, dtype=torch.long, device=ridx.device)
+                slot = torch.where(g >= 0, g, width)
+                several.append((torch.bincount(slot, minlength=width + 1)[:width] > 1).any())
+                cols[k].scatter_(0, slot, pos)
+            one_each = not several or not any(torch.stack(several).tolist())
+            self._rest_map = (cols[:, :width],
+                              torch.tensor(levels, dtype=torch.long, device=dev)
                               ) if one_each else False
         return self._rest_map or None
 
@@ -105,7 +108,7 @@ class RestKeys:
         x = self._rest_s[k, pos] - lev_max
         x = exp_shifted_(_consistent_with_max(x, torch.arange(x.numel(), device=x.device), j,
                                               self.z, lev_max, lev_arg,
-                                              self._tie(rows, lev_max)))
+                                              self._tie(rows, lev_max), self._first_equal()))
         q = x / (x + OFFICIAL_EPS)
         at = lev * self.T_s.shape[1] + pos                        # into T_s, Q_s [L, N]
         self.T_s.view(-1).index_add_(0, at, torch.log(x + OFFICIAL_EPS))
