@@ -311,7 +311,8 @@ def validate_contrastive_levels(
     [max_i ‖z_i‖, max_t ‖p_t‖ of each level, min labels of each level]. A NaN or Inf entry
     makes its row norm, and so the max, NaN or Inf, so a finite max proves the tensor finite;
     only a non-finite one (a bad entry, or a norm that overflows) pays for the exact check,
-    which tells the two apart. The errors are those of the per-tensor checks, in their order
+    which tells the two apart. The errors are those of the per-tensor checks; every level's
+    checks that read nothing come before any that reads values, and those keep their order
     (z, then each level's labels and prototypes, then the logit range)."""
     check_float_matrix(z, "z", finite=False)
     if z.shape[0] == 0 or z.shape[1] == 0:
