@@ -116,3 +116,29 @@ def test_the_official_positives_setup_reads_the_device_three_times(levels, monke
     if gpu.band and hasattr(cpu, "lo_s"):
         assert torch.equal(cpu.lo_s, gpu.lo_s) and torch.equal(cpu.hi_s, gpu.hi_s)
     assert gpu.band
+
+
+@pytest.mark.parametrize("backend,variant,levels,most", [
+    ("torch", "exact", 1, 3), ("torch", "exact", 3, 10), ("torch", "official", 1, 9),
+    ("torch", "official", 3, 21), ("attention", "exact", 1, 4), ("attention", "exact", 3, 9),
+    ("attention", "official", 1, 12), ("attention", "official", 3, 28)])
+def test_host_reads_per_loss_in_the_cuda_forms(backend, variant, levels, most):
+    """The host syncs of one loss (fwd+bwd, 600 rows, one block) in the engines' CUDA code
+    paths stay at what 2026-12-04 left (each one drains the GPU's queue; they were 7-19 for the
+    torch engine and 8-506 for the attention engine before: one read for the input checks of
+    every level, none per class group or block in the attention engine's official positives,
+    three for the torch engine's official setup). A new read makes this fail on purpose: count
+    it in bench/dispatch_count.py --as-cuda --syncs and raise the number here if it must be."""
+    import hiertail_fast.ops._lse_torch as lse_torch
+    from tests.conftest import load_bench
+
+    dispatch_count = load_bench("bench_dispatch_count_budget", "dispatch_count.py")
+    with host_reads.cuda_code_paths({"HIERTAIL_CPU_BLOCK_BYTES": str(1 << 30)}):
+        rows = lse_torch.MAX_BLOCK_ROWS
+        lse_torch.MAX_BLOCK_ROWS = 1 << 62
+        try:
+            calls = dispatch_count.count(600, 8, levels, variant, "relu", 0.1, backend,
+                                         syncs=True)
+        finally:
+            lse_torch.MAX_BLOCK_ROWS = rows
+    assert 0 < sum(calls.values()) <= most, calls.most_common(8)
