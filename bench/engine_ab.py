@@ -57,14 +57,15 @@ def _mm_level_weights(a, w, out):
 
 def _switches():
     real_weights = lse_mod.level_weights
-    real_const = keys_mod._constant_per_group
+    real_const = keys_mod.constant_per_group
     real_rest = blocks_mod.BlockPositives._rest_columns
 
     def set_weights(new: bool):
         lse_mod.level_weights = real_weights if new else _mm_level_weights
 
     def set_fold(new: bool):
-        keys_mod._constant_per_group = real_const if new else (lambda *a: False)
+        keys_mod.constant_per_group = real_const if new else (
+            lambda values, *a: torch.zeros((), dtype=torch.bool, device=values.device))
 
     def set_rest(new: bool):
         blocks_mod.BlockPositives._rest_columns = real_rest if new else (lambda self, r: None)

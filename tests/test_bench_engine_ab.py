@@ -21,11 +21,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.mark.parametrize("switch, levels", [("fold", 1), ("weights", 3), ("rest", 3)])
 def test_each_switch_runs_swaps_and_restores(switch, levels, capsys, monkeypatch):
-    real = (lse_mod.level_weights, keys_mod._constant_per_group,
+    real = (lse_mod.level_weights, keys_mod.constant_per_group,
             blocks_mod.BlockPositives._rest_columns)
     seen = []
     spy = {"weights": (lse_mod, "level_weights"),
-           "fold": (keys_mod, "_constant_per_group"),
+           "fold": (keys_mod, "constant_per_group"),
            "rest": (blocks_mod.BlockPositives, "_rest_columns")}[switch]
     original = getattr(*spy)
 
@@ -42,17 +42,17 @@ def test_each_switch_runs_swaps_and_restores(switch, levels, capsys, monkeypatch
     # path's 2 calls do not (4 would mean the switch never swapped); restored after
     assert len(seen) == 2 and all(seen) and getattr(*spy) is watch
     monkeypatch.undo()
-    assert (lse_mod.level_weights, keys_mod._constant_per_group,
+    assert (lse_mod.level_weights, keys_mod.constant_per_group,
             blocks_mod.BlockPositives._rest_columns) == real
 
 
 def test_switch_all_runs_and_restores(capsys):
-    real = (lse_mod.level_weights, keys_mod._constant_per_group,
+    real = (lse_mod.level_weights, keys_mod.constant_per_group,
             blocks_mod.BlockPositives._rest_columns)
     assert engine_ab.main(["--switch", "all", "--levels", "1", "--n", "150", "--d", "8",
                            "--rounds", "2", "--regimes", "relu"]) == 0
     assert "new/old" in capsys.readouterr().out
-    assert (lse_mod.level_weights, keys_mod._constant_per_group,
+    assert (lse_mod.level_weights, keys_mod.constant_per_group,
             blocks_mod.BlockPositives._rest_columns) == real
 
 

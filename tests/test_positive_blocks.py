@@ -220,8 +220,10 @@ def test_single_level_folded_equals_unfolded(monkeypatch, dtype, include_self):
     """The folded official gradient (positives' coefficients divided by a_i w_i, added into
     the exp block in place) against the unfolded block (w in a separate gradient matrix) and
     the float64 reference: wide logits (randn, tau 0.2: most keys exactly 0 after the
-    cut-off), Zipf labels (slices and pair lists), prototypes, several row blocks."""
+    cut-off), Zipf labels (slices and pair lists), prototypes, several row blocks: the
+    row-block engine (520 float32 rows would take the symmetric engine, which has no fold)."""
     monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(4 * 96 * 540))
+    monkeypatch.setenv("HIERTAIL_SYMMETRIC", "0")
     gen = torch.Generator().manual_seed(7)
     y = _zipf_labels(500, 20, gen)
     z = torch.randn(500, 16, generator=gen, dtype=torch.float64)
@@ -233,8 +235,15 @@ def test_single_level_folded_equals_unfolded(monkeypatch, dtype, include_self):
             zz, y, prototypes=pp[0], backend="torch", **kw), z.to(dtype), [p.to(dtype)])
 
     folded = run()
-    monkeypatch.setattr(keys_mod, "_constant_per_group", lambda *a: False)
+    asked = []
+
+    def never_constant(values, *a):                 # the weights never foldable
+        asked.append(1)
+        return torch.zeros((), dtype=torch.bool, device=values.device)
+
+    monkeypatch.setattr(keys_mod, "constant_per_group", never_constant)
     unfolded = run()
+    assert asked                                    # the switch reached the engine
     want = _grads(lambda zz, pp: ref(zz, y, prototypes=pp[0], **kw), z, [p])
     if dtype == torch.float64:
         _assert_close64(folded, unfolded)
