@@ -327,13 +327,11 @@ def validate_contrastive_levels(
     check_loss_options(temperature, reduction, variant, include_self)
     tau = check_temperature_value(temperature)
     cdt = _logit_dtype(z)
-    levels = len(level_labels)
     protos = [p if p is not None and p.numel() else None for p in level_prototypes]
-    reads = [_max_row_norm(t, cdt) for t in (z, *(p for p in protos if p is not None))]
-    reads += [lab.min() for lab in level_labels]
+    rows = [z, *(p for p in protos if p is not None)]       # the tensors whose norms are read
+    reads = [_max_row_norm(t, cdt) for t in rows] + [lab.min() for lab in level_labels]
     values = torch.stack([r.to(torch.float64) for r in reads]).tolist()
-    label_min = values[len(values) - levels:]
-    norms = iter(values[:len(values) - levels])
+    norms, label_min = iter(values[:len(rows)]), values[len(rows):]
     z_norm = next(norms)
     if not math.isfinite(z_norm) and not all_finite(z):
         raise non_finite_error("z contains NaN or Inf")
@@ -346,7 +344,7 @@ def validate_contrastive_levels(
             if not math.isfinite(p_norm) and not all_finite(prototypes):
                 raise non_finite_error("prototypes contains NaN or Inf")
             largest = max(largest, p_norm)      # (an overflowed norm: inf)
-    check_logit_range(largest, z, [z, *(p for p in protos if p is not None)], tau)
+    check_logit_range(largest, z, rows, tau)
 
 
 def check_level_sequences(level_labels: object, level_prototypes: object) -> tuple[list, list]:

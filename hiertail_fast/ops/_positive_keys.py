@@ -5,20 +5,10 @@ from __future__ import annotations
 import torch
 
 
-def _constant_per_group(values: torch.Tensor, g: torch.Tensor) -> bool:
-    """Whether every group (g >= 0) has one value (rows outside every group: ignored)."""
-    inside = g >= 0
-    if not bool(inside.any()):
-        return True
-    v, gi = values[inside], g[inside]
-    first = torch.zeros(int(gi.max()) + 1, dtype=v.dtype, device=v.device)
-    first[gi] = v                          # one member's value per group (any member)
-    return bool((first[gi] == v).all())
-
-
 def constant_per_group(values: torch.Tensor, g: torch.Tensor, n_groups: int) -> torch.Tensor:
-    """``_constant_per_group`` as a 0-dim bool device tensor, read by the caller with its other
-    flags (g < n_groups; no host read here: rows outside every group go to a spare slot)."""
+    """Whether every group (0 <= g < n_groups) has one value, rows outside every group (g < 0)
+    ignored, as a 0-dim bool device tensor that the caller reads with its other flags (no host
+    read here: rows outside every group go to a spare slot)."""
     if not n_groups:
         return torch.ones((), dtype=torch.bool, device=values.device)
     inside = g >= 0
@@ -26,6 +16,12 @@ def constant_per_group(values: torch.Tensor, g: torch.Tensor, n_groups: int) -> 
     first = torch.zeros(n_groups + 1, dtype=values.dtype, device=values.device)
     first[slot] = values                   # one member's value per group (any member)
     return ((first[slot] == values) | ~inside).all()
+
+
+def _constant_per_group(values: torch.Tensor, g: torch.Tensor) -> bool:
+    """``constant_per_group`` read on the host, its groups counted from g (the slice plan)."""
+    n_groups = int(g.max()) + 1 if g.numel() else 0
+    return bool(constant_per_group(values, g, max(n_groups, 0)))
 
 
 def _significance(gid: torch.Tensor) -> list[int]:
