@@ -53,6 +53,9 @@ TRITON_MODES = {
     # ... on the lean tile (its backward spills ~2.7 KB per thread on the fixed one, 84 B here)
     "triton[shared+lean]": {"HIERTAIL_TRITON_SHARED_LEVELS": "1",
                             "HIERTAIL_TRITON_TILES": "lean"},
+    # the LSE kernels without key splits (kernels/_utils.KEY_SPLITS_ENV): the launches of the
+    # 2026-12-04 figures, against which the automatic splits (on from 2026-12-05) are timed
+    "triton[nosplit]": {"HIERTAIL_TRITON_KEY_SPLITS": "1"},
 }
 MULTI_LEVEL_MODES = {"triton[shared]", "triton[shared+lean]"}   # the same as others at 1 level
 
@@ -98,6 +101,18 @@ def loss_check_labels(device: str) -> list[str]:
     CUDA test suite validates the autotuned path (tests/test_balanced_contrastive_loss_triton.py,
     on a reduced tile set)."""
     return [label for label in loss_labels(device) if not autotuned(label)]
+
+
+def auto_key_splits(n: int, d: int, dev: str) -> int:
+    """The key splits the Triton LSE kernels take by themselves for `n` fp32 rows of `d`
+    columns with 3xTF32 dots on `dev` ("auto", the fixed tiles; 1 off CUDA)."""
+    if dev != "cuda":
+        return 1
+    from hiertail_fast.kernels import _utils as u
+    z = torch.empty(1, d, device=dev)             # (only its device is read)
+    block_m, block_n, _ = u.pair_blocks(n, u.feature_block(d), True, arch=u.cuda_arch(z),
+                                        fp32_dot="tf32x3")
+    return u.key_splits(n, block_m, block_n, z, "auto")
 
 
 def autotuned(label: str | None) -> bool:

@@ -3,15 +3,17 @@
 # docs/GPU_MEASUREMENTS.md), most important first, each step under its own limit
 # (bench/gpu_session.sh), about 9.5 minutes in all:
 #   1. install on top of the image's torch / triton (limit 20 s; 4 s on 2026-12-04);
-#   2. recheck (limit 45 s): the CUDA tests that failed on 2026-12-04 and the fix since (the
+#   2. recheck (limit 55 s): the CUDA tests that failed on 2026-12-04 and the fix since (the
 #      official variant's Triton launches without FMA fusion, kernels/_utils.fp_fusion), first,
-#      so a call stopped early still answers whether the fix holds on the card;
+#      so a call stopped early still answers whether the fix holds on the card; then the key
+#      splits of the LSE kernels (2026-12-05: automatic on CUDA below ~50k rows, compiled here
+#      for the first time), tests/test_triton_key_splits.py's kernel and loss cases;
 #   3. bench/gpu_report.py, every section (limit 220 s): every CUDA backend of every op against
 #      the float64 reference (PASS/FAIL), the loss against SDPA fp32 / bf16, the cuBLAS 3-GEMM
 #      floor and the dense reference, propagation / pooling / prototypes against their peers,
 #      the scale sweep at 10k and 100k nodes (the 100k fp32 epoch: the torch loss engine,
 #      ~300 row blocks, no host read in them since 3813b2d);
-#   4. the WHOLE test suite on CUDA, 16 xdist workers (limit 200 s: it took 175 s with a warm
+#   4. the WHOLE test suite on CUDA, 16 xdist workers (limit 190 s: it took 175 s with a warm
 #      Triton cache on 2026-12-04 and reached 84 % in 180 s with a cold one; -v: a run
 #      stopped at its limit still names every test it finished);
 #   5. issue 9's 1M-node scale study with the loss in FP32, one timed epoch (limit 80 s; 73 s
@@ -36,15 +38,17 @@ s install STEPS=install INSTALL_S=20
 "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
   > "$R/install/versions.txt" 2>&1
 # (node ids, no -k: gpu_session splits PYTEST_ARGS on spaces)
-s recheck STEPS=tests TESTS_S=45 OMP_NUM_THREADS=1 PYTEST_ARGS="-n 8 \
+s recheck STEPS=tests TESTS_S=55 OMP_NUM_THREADS=1 PYTEST_ARGS="-n 8 \
   tests/test_triton_fp_fusion.py \
   tests/test_balanced_contrastive_loss_triton.py::test_relative_mode_official_cancellation \
   tests/test_tied_keys.py::test_official_prototype_copying_a_node_row_matches_reference \
-  tests/test_balanced_contrastive_loss.py::test_official_16bit_rows_at_large_logits"
+  tests/test_balanced_contrastive_loss.py::test_official_16bit_rows_at_large_logits \
+  tests/test_triton_key_splits.py::test_split_forward_and_backward \
+  tests/test_triton_key_splits.py::test_the_loss_with_split_kernels"
 s report STEPS=report REPORT_S=220
 cp "$R/report/gpu_report.md" "$A/" 2>/dev/null
 # OMP_NUM_THREADS=1: 16 xdist workers on 16 cores, not 16 x 16 OpenMP threads
-s tests STEPS=tests TESTS_S=200 OMP_NUM_THREADS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 \
+s tests STEPS=tests TESTS_S=190 OMP_NUM_THREADS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 \
   PYTEST_ARGS="-n 16 tests"
 # (direct, not gpu_session's scale step: that gives each run SCALE_S / 2 - 10 s, for two sizes)
 mkdir -p "$R/scale"

@@ -72,6 +72,6 @@ s tests STEPS=tests TESTS_S=150 OMP_NUM_THREADS=1 CUBLAS_WORKSPACE_CONFIG=:4096:
   tests/test_compile_layer_corners.py"
 s resources STEPS=resources RESOURCES_S=60
 env OUT="$A/profile" STEPS=profile PROFILE_S=270 PROFILE_ARGS="--sizes 20000:64 20000:128 \
-  100000:128 100000:64 --engines auto triton triton[lean] triton[shared] triton[shared+lean] \
+  100000:128 100000:64 --engines auto triton triton[nosplit] triton[lean] triton[shared] triton[shared+lean] \
   torch+triton attention+triton triton[tf32x3+autotune] --no-profile" bash bench/gpu_session.sh
 cat "$R"/*/summary.txt "$A/profile/summary.txt"

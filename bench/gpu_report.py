@@ -125,6 +125,14 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
                     group.append((dict(n=n, d=d, variant=variant, levels=levels, dtype=name,
                                        what=f"ours (auto: {engine})"), *_loss_step(
                                            dev, None, variant, z, y, protos, levels, dtype)))
+                    if engine == "triton" and dtype == torch.float32 and gc.auto_key_splits(
+                            n + protos.shape[0], d, dev) > 1:
+                        # the same launches without key splits (on from 2026-12-05, untimed
+                        # before): the A/B of that default, round-robin with the auto row
+                        group.append((dict(n=n, d=d, variant=variant, levels=levels,
+                                           dtype=name, what="ours (triton, key splits off)"),
+                                      *_loss_step(dev, "triton[nosplit]", variant, z, y,
+                                                  protos, levels, dtype)))
         _time_group(dev, group, budget, add)
     # every engine at 1 and 3 levels (several levels: our fused one-pass engines against the
     # attention kernels' one head per level), the reference, then the opt-in Triton modes: the

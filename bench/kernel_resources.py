@@ -56,13 +56,13 @@ def _signature(kernel: str, dtype: str) -> dict:
     z = _PTR[dtype]
     if kernel.startswith("lse fwd"):
         return dict(Z=z, LOG_W="*fp32", SHIFT="*fp32", LSE="*fp32", CMAX="*fp32",
-                    ROWMAX="*fp32", ARGMAX="*i64", N="i32", N_COMMON="i32", D="i32",
-                    stride_z="i32", scale="fp32")
+                    ROWMAX="*fp32", ARGMAX="*i64", MRUN="*fp32", N="i32", N_COMMON="i32",
+                    D="i32", stride_z="i32", scale="fp32", NUM_SPLITS="i32")
     if kernel.startswith("lse bwd"):
         return dict(Z=z, LOG_W="*fp32", SHIFT="*fp32", REF="*fp32", COEF="*fp32", LSE="*fp32",
                     ROWMAX="*fp32", ARGMAX="*i64", ARGMAX_COEF="*fp32", GRAD="*fp32",
                     PARTIAL="*fp32", DZ="*fp32", N="i32", N_COMMON="i32", D="i32",
-                    stride_z="i32", scale="fp32")
+                    stride_z="i32", scale="fp32", NUM_SPLITS="i32")
     return dict(Z=z, ORDER="*i64", LO="*i32", HI="*i32", ROWMAX="*fp32", TIE="*fp32",
                 UID="*i64", UID_MAX="*i64", COEF="*fp32", T="*fp32", Q="*fp32", DZ="*fp32",
                 N="i32", D="i32", stride_z="i32", scale="fp32", eps="fp32")
@@ -83,12 +83,14 @@ def _constexprs(kernel: str, dtype: str, d_pad: int, levels: int, tile,
     if kernel.startswith("lse fwd"):
         official = kernel.endswith("max")        # the official loss's relative mode
         return dict(common, NUM_LEVELS=levels, L_PAD=l_pad, NEED_MAX=official,
-                    DOT_PRECISION=s_dot, SHARED=shared, RELATIVE=official)
+                    DOT_PRECISION=s_dot, SHARED=shared, RELATIVE=official, SPLIT=False,
+                    SPLIT_PAIR=False)
     if kernel.startswith("lse bwd"):
         return dict(common, NUM_LEVELS=levels, L_PAD=l_pad, QUERY_SIDE=True, KEY_SIDE=True,
                     ADD_PARTIAL=False, DOT_PRECISION=s_dot, GRAD_DOT_PRECISION=dot,
                     DOT_RC=True, DOT_CR=False, SHARED=shared,
-                    RELATIVE=kernel.endswith("rel"), FOLD_ARGMAX=kernel.endswith("rel"))
+                    RELATIVE=kernel.endswith("rel"), FOLD_ARGMAX=kernel.endswith("rel"),
+                    SPLIT=False)
     return dict(common, NEED_SUMS=kernel == "pos sums", NEED_DZ=kernel == "pos dz",
                 INCLUDE_SELF=True, DOT_PRECISION=s_dot,
                 GRAD_DOT_PRECISION=fp32_dot if dtype == "fp32" else "ieee")

@@ -42,10 +42,11 @@ POSITIVE_PLANS = {"torch+band": ("torch", {"HIERTAIL_POSITIVES": "band"}),
                   "attention+triton": ("attention", {"HIERTAIL_POSITIVES": "triton"})}
 ENGINES = ("auto", "attention", "torch", "torch+slices", "torch+triton", "attention+triton",
            "triton", "triton[tf32x3]",
-           "triton[lean]", "triton[shared]", "triton[shared+lean]", "triton[tf32x3+autotune]")
+           "triton[lean]", "triton[shared]", "triton[shared+lean]", "triton[nosplit]",
+           "triton[tf32x3+autotune]")
 DEFAULT_ENGINES = ("auto", "attention", "torch", "torch+slices", "triton")
 BF16_ENGINES = ("auto", "attention", "torch", "triton", "triton[lean]",  # (no fp32-dot
-                "triton[shared]", "triton[shared+lean]")                 # modes)
+                "triton[shared]", "triton[shared+lean]", "triton[nosplit]")  # modes)
 DEFAULT_SIZES = {"cuda": ["20000:64", "100000:64", "20000:128"], "cpu": ["200:16"]}
 SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
                "cudaMemcpy", "cudaMemcpyAsync")

@@ -27,7 +27,10 @@ next and how far the automatic choice of that run was from it; then the derived 
   ``[shared+lean]``, ``[tf32x3+autotune]``) and the positives kernel (``torch+triton``,
   ``attention+triton``) against its base engine: in how many cells faster, the geometric mean
   of the time ratio, and a verdict ("make it the default" only where it is faster in every
-  cell measured).
+  cell measured);
+* ``triton[nosplit]`` (the LSE kernels without their automatic key splits) against ``triton``
+  below 50k rows, where an H200 splits (``kernels/_utils.KEY_SPLITS_ENV``): the inverse switch,
+  so its verdicts say whether to keep the splits.
 
 Exit status 2 (one line) for a file that is not loss_profile JSON, and for a ``--md`` that
 is one of the input files or cannot be written (checked before reading; written atomically).
@@ -46,6 +49,12 @@ from hiertail_fast._files import atomic_write_text, overwritten_input, unwritabl
 TRITON_MODES = ("triton[lean]", "triton[shared]", "triton[shared+lean]",
                 "triton[tf32x3+autotune]")
 POSITIVES = {"torch+triton": "torch", "attention+triton": "attention"}
+# verdicts where a switch wins every cell / none / some
+VERDICTS = ("make it the default", "keep it off", "mixed: keep it off, or choose by size")
+# the key splits' inverse switch, compared below SPLIT_ROWS (an H200 splits only there)
+NO_SPLIT, SPLIT_ROWS = "triton[nosplit]", 50_000
+NO_SPLIT_VERDICTS = ("turn the key splits off (HIERTAIL_TRITON_KEY_SPLITS' default to 1)",
+                     "keep the key splits", "mixed: revisit KEY_SPLIT_MIN_FILL")
 NOT_ENGINES = ("auto",)
 FASTER = 0.97      # a mode counts as faster where it takes < 97 % of its base's time
 # engines the library never picks for a (dtype, variant), whatever their time: bf16 inputs'
@@ -187,16 +196,18 @@ def report(cells: dict, picked: dict, max_dim_now: int = 64) -> tuple[str, dict]
     tests = [(m, "triton", (lambda k: k[2] > 1 and k[1] == "exact") if "shared" in m
               else (lambda k: True)) for m in TRITON_MODES]
     tests += [(m, base, lambda k: k[1] == "official") for m, base in POSITIVES.items()]
+    tests += [(NO_SPLIT, "triton", lambda k: k[4] < SPLIT_ROWS)]
     for mode, base, only in tests:
         won, total, geo = compare(cells, mode, base, only)
+        words = NO_SPLIT_VERDICTS if mode == NO_SPLIT else VERDICTS
         if total == 0:
             verdict = "not measured"
         elif won == total:
-            verdict = "make it the default"
+            verdict = words[0]
         elif won == 0:
-            verdict = "keep it off"
+            verdict = words[1]
         else:
-            verdict = "mixed: keep it off, or choose by size"
+            verdict = words[2]
         verdicts[mode] = verdict
         lines.append(f"| `{mode}` | `{base}` | {won} of {total} | "
                      f"{'–' if total == 0 else f'{geo:.2f}'} | {verdict} |")

@@ -44,6 +44,70 @@ TUNE_TILES = (
 )
 
 
+# Key splits of the loss's LSE kernels (flash-decoding's split-K over the keys). A launch has
+# one program per block of BLOCK_M rows, each looping over ALL key tiles, and on sm_90 the fixed
+# tiles' programs take 128-202 KB of shared memory: ONE program per SM (bench/kernel_resources.py,
+# "warps/SM" 4 for every fixed LSE tile, fp32, d 64 / 128). At N = 20k the H200's 128-row tile
+# gives 157 programs for 132 SMs: two waves, the second 19 % full, so the launch lasts two
+# programs' time for 1.19 programs of work per SM (59 % of the SMs' time used); at 100k, 782
+# programs fill 5.9 of 6 waves. Measured: the exact single level took 10.2-11.6 ms at 20k
+# against 121-123 ms at 100k, 2.2x over the N^2 scaling of the 100k figure
+# (bench/loss_profile.py, 2026-11-27 and 2026-12-04). Splitting the keys into S ranges gives S
+# shorter programs per row block, each writing partial sums (forward: per row and level its
+# reference point and log-sum; backward: an fp32 [N, d] partial of dz) that the launcher
+# merges. "auto" (default) takes the smallest S whose programs fill their waves to
+# KEY_SPLIT_MIN_FILL (one program per SM assumed), each split keeping at least
+# KEY_SPLIT_MIN_TILES key tiles, at most KEY_SPLIT_MAX splits (else the fullest of those):
+# 4 at 20k x 64 on 132 SMs (628 programs, 95 %), 1 at 50k and above. CPU (the interpreter): 1
+# unless asked. An integer asks for that many (1: off). Untimed on a GPU.
+KEY_SPLITS_ENV = "HIERTAIL_TRITON_KEY_SPLITS"
+KEY_SPLIT_MIN_FILL = 0.9
+KEY_SPLIT_MIN_TILES = 16
+KEY_SPLIT_MAX = 16
+
+
+def _sm_count(device) -> int:
+    import torch
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def wave_fill(programs: int, sms: int) -> float:
+    """The share of `sms` x waves program slots that `programs` one-per-SM programs use."""
+    return programs / (triton.cdiv(programs, sms) * sms)
+
+
+def key_splits(n: int, block_m: int, block_n: int, z, requested: int | str | None = None
+               ) -> int:
+    """The number of key splits for a launch over `n` rows and keys with tiles of `block_m` x
+    `block_n` on `z`'s device: `requested` (an int >= 1 or "auto"), else
+    $HIERTAIL_TRITON_KEY_SPLITS, else "auto" (see KEY_SPLITS_ENV). Never more than the key
+    tiles (an empty split is only wasted launches); "auto" is 1 off CUDA and under the
+    interpreter."""
+    where = "key_splits"
+    if requested is None:
+        requested = os.environ.get(KEY_SPLITS_ENV, "").strip().lower() or "auto"
+        where = KEY_SPLITS_ENV
+    tiles = max(1, triton.cdiv(int(n), block_n))
+    if isinstance(requested, str) and requested.strip().lower() != "auto":
+        try:
+            requested = int(requested)
+        except ValueError:
+            raise ValueError(f"{where}={requested!r} is not 'auto' or a positive int") from None
+    if isinstance(requested, bool) or not isinstance(requested, (int, str)):
+        raise TypeError(f"{where} must be 'auto' or a positive int, got {requested!r}")
+    if isinstance(requested, int):
+        if requested < 1:
+            raise ValueError(f"{where}={requested!r} is not 'auto' or a positive int")
+        return min(requested, tiles)
+    if not getattr(z, "is_cuda", False) or interpreting():
+        return 1
+    row_blocks, sms = triton.cdiv(int(n), block_m), _sm_count(z.device)
+    cap = max(1, min(KEY_SPLIT_MAX, tiles // KEY_SPLIT_MIN_TILES))
+    fills = [wave_fill(row_blocks * s, sms) for s in range(1, cap + 1)]
+    enough = [s for s, fill in enumerate(fills, 1) if fill >= KEY_SPLIT_MIN_FILL]
+    return enough[0] if enough else 1 + fills.index(max(fills))
+
+
 def fp32_dot(value: str | None = None) -> str:
     """The fp32 dot precision: `value`, else $HIERTAIL_TRITON_FP32_DOT, else "ieee"."""
     if value is None:

@@ -70,6 +70,18 @@ for W·Z with W kept in fp32 (bf16/fp16 → fp32 is exact; casting W itself to f
 underflow for g ~ 1/N). Under TRITON_INTERPRET=1 every dot is a numpy fp32 matmul, so the
 GPU precision modes are not exercised by the CPU tests (their plumbing is).
 
+Key splits (``key_splits`` / $HIERTAIL_TRITON_KEY_SPLITS, automatic on CUDA where the row
+blocks cannot fill the GPU: ``_utils.key_splits``): flash-decoding's split-K over the keys. The
+forward's grid gains an axis of S splits, each summing its own whole key tiles; per row and
+level a split stores its reference point (the relative mode's unweighted max r_s, the plain
+mode's running max m_s) and its log-sum δ_s against it, exact to fp32 precision of their own
+sizes, and `_merge_splits` forms lse = R + log Σ_s e^{δ_s + ref_s − R} in float64 (R = max_s
+ref_s): the relative mode's rowmax + δ and the plain mode's lse as precise as unsplit; the row
+max and first arg-max are the first split's attaining R (splits in key order), bit for bit the
+unsplit ones. The one-pass backward's splits write fp32 [N, d] partials of dz, summed in split
+order (deterministic). One split compiles the unsplit code (SPLIT off). Not with the shared-keys
+mode or the two-pass backward.
+
 Tiles: fixed per head dimension (``_utils.pair_blocks``), or timed by ``triton.autotune`` over
 ``_utils.TUNE_TILES`` with ``autotune=True`` / $HIERTAIL_TRITON_AUTOTUNE=1 (CUDA only; never
 under the interpreter, where the tiles must be square for DOT_CR). The launchers' defaults are
@@ -83,9 +95,10 @@ int64 (N·d may exceed 2³¹).
 Measured on an NVIDIA H200 (torch 2.11, triton 3.6, 2026-11-27, bench/loss_profile.py, fwd+bwd
 of the whole loss, d = 64, 3xTF32 dots, fixed tiles): exact 1 level 10.2 / 32.4 / 121 ms at N =
 20k / 50k / 100k (0.66 / 0.50 / 0.47x SDPA fp32 fwd+bwd; 1.01x the cuBLAS 3-GEMM floor at 100k),
-3 levels 22.6 / 67.9 / 238 ms; with "ieee" dots 258 ms at 20k. Not measured yet: d = 128,
-the autotuned tiles, ``fuse_levels=False`` / ``two_pass=True`` against the defaults, the
-shared-keys mode, the "lean" tiles ($HIERTAIL_TRITON_TILES, ``_utils.LEAN_TILES``).
+3 levels 22.6 / 67.9 / 238 ms; with "ieee" dots 258 ms at 20k (unsplit: the key splits came
+after, 2026-12-05, untimed; they are for the 20k row's half-empty second wave). Not measured
+yet: d = 128, the autotuned tiles, ``fuse_levels=False`` / ``two_pass=True`` against the
+defaults, the shared-keys mode, the "lean" tiles ($HIERTAIL_TRITON_TILES, ``_utils.LEAN_TILES``).
 """
 from __future__ import annotations
 
@@ -106,6 +119,7 @@ from ._utils import (
     tune_configs,
 )
 from ._utils import fp32_dot as fp32_dot_precision
+from ._utils import key_splits as split_count
 
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -131,16 +145,37 @@ def _visible_max(s, lw, offs_n, N):
 
 
 @triton.jit
+def _key_range(split, N, NUM_SPLITS, BLOCK_N: tl.constexpr):
+    """[key_lo, key_hi) of key split `split` of NUM_SPLITS: whole key tiles, cdiv(tiles,
+    NUM_SPLITS) of them each, so a split's tiles are the unsplit loop's own and every score is
+    the same dot (the one-pass backward recomputes the forward's); the last splits are empty
+    (key_lo >= key_hi) when there are fewer tiles than splits. key_lo is a multiple of BLOCK_N
+    (said to the compiler, as the unsplit loop's start 0 was: aligned loads of the key
+    weights); both int32 like N, computed in int64 and kept <= the tiles' end."""
+    tiles = tl.cdiv(N, BLOCK_N).to(tl.int64)
+    per = tl.cdiv(tiles, NUM_SPLITS) * BLOCK_N
+    lo = tl.minimum(split.to(tl.int64) * per, tiles * BLOCK_N)
+    hi = tl.minimum(lo + per, N)
+    return tl.multiple_of(lo.to(tl.int32), BLOCK_N), hi.to(tl.int32)
+
+
+@triton.jit
 def _balanced_contrastive_loss_fwd_kernel(
-    Z, LOG_W, SHIFT, LSE, CMAX, ROWMAX, ARGMAX,
-    N, N_COMMON, D, stride_z, scale,
+    Z, LOG_W, SHIFT, LSE, CMAX, ROWMAX, ARGMAX, MRUN,
+    N, N_COMMON, D, stride_z, scale, NUM_SPLITS,
     NUM_LEVELS: tl.constexpr, L_PAD: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NEED_MAX: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    SHARED: tl.constexpr, RELATIVE: tl.constexpr,
+    SHARED: tl.constexpr, RELATIVE: tl.constexpr, SPLIT: tl.constexpr,
+    SPLIT_PAIR: tl.constexpr,
 ):
-    # grid = (cdiv(N, BLOCK_M), L // NUM_LEVELS): this program owns rows offs_m for levels
-    # level0 .. level0 + NUM_LEVELS - 1 (NUM_LEVELS = L when fused, 1 when not).
+    # grid = (cdiv(N, BLOCK_M), L // NUM_LEVELS, NUM_SPLITS): this program owns rows offs_m for
+    # levels level0 .. level0 + NUM_LEVELS - 1 (NUM_LEVELS = L when fused, 1 when not) over the
+    # keys of split program_id(2) under SPLIT (`_key_range`; else every key: the code of an
+    # unsplit launch is the one it was before splits existed). Its outputs go to plane
+    # program_id(2) of [NUM_SPLITS, L, N] buffers, merged by the launcher (`_merge_splits`);
+    # SPLIT_PAIR (the plain mode, split): it stores its running max to MRUN and log l to LSE,
+    # the pair the merge needs, instead of lse = m + log l.
     # RELATIVE (with NEED_MAX, not SHARED): the running sum is kept against the UNWEIGHTED
     # running max r (the official variant's M_i) and the kernel stores δ = lse - r, not lse:
     # l = Σ_k e^{(s_ik - r) + (log w_k - c_l)}, δ = c_l + log l (c_l = SHIFT[l], the level's
@@ -191,7 +226,10 @@ def _balanced_contrastive_loss_fwd_kernel(
                 rmax = tl.where(better, tile_max[:, None], rmax)
                 ridx = tl.where(better, tile_arg[:, None], ridx)
             m_c = m_new
-    for start_n in range(tail, N, BLOCK_N):
+    key_lo, key_hi = tail, N
+    if SPLIT:          # (never with SHARED: the shared-keys mode runs unsplit)
+        key_lo, key_hi = _key_range(tl.program_id(2), N, NUM_SPLITS, BLOCK_N)
+    for start_n in range(key_lo, key_hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < N
         k = _key_tile(Z, offs_n, n_valid, offs_d, d_valid, stride_z, UPCAST)
@@ -235,6 +273,8 @@ def _balanced_contrastive_loss_fwd_kernel(
         c_all = tl.load(SHIFT + level0 + cols, mask=cols < NUM_LEVELS, other=0.0)
         lse = tl.where(l_run > 0, c_all[None, :] + tl.log(tl.where(l_run > 0, l_run, 1.0)),
                        float("-inf"))
+    elif SPLIT_PAIR:  # this split's (m, log l); the launcher merges the splits' pairs
+        lse = tl.where(l_run > 0, tl.log(tl.where(l_run > 0, l_run, 1.0)), float("-inf"))
     else:
         lse = tl.where(l_run > 0, m_run + tl.log(tl.where(l_run > 0, l_run, 1.0)),
                        float("-inf"))
@@ -255,8 +295,12 @@ def _balanced_contrastive_loss_fwd_kernel(
         if tl.program_id(1) == 0:
             tl.store(CMAX + offs_m, m_ref, mask=m_valid)
     out = (level0 + cols)[None, :] * N + offs_m[:, None]
+    if SPLIT:  # plane program_id(2) of [NUM_SPLITS, L, N] (L: level programs x NUM_LEVELS)
+        out += tl.program_id(2).to(tl.int64) * tl.num_programs(1) * NUM_LEVELS * N
     out_mask = m_valid[:, None] & (cols < NUM_LEVELS)[None, :]
     tl.store(LSE + out, lse, mask=out_mask)
+    if SPLIT_PAIR:
+        tl.store(MRUN + out, m_run, mask=out_mask)
     if NEED_MAX:
         tl.store(ROWMAX + out, rmax, mask=out_mask)
         tl.store(ARGMAX + out, ridx.to(tl.int64), mask=out_mask)
@@ -265,13 +309,13 @@ def _balanced_contrastive_loss_fwd_kernel(
 @triton.jit
 def _balanced_contrastive_loss_bwd_kernel(
     Z, LOG_W, SHIFT, REF, COEF, LSE, ROWMAX, ARGMAX, ARGMAX_COEF, GRAD, PARTIAL, DZ,
-    N, N_COMMON, D, stride_z, scale,
+    N, N_COMMON, D, stride_z, scale, NUM_SPLITS,
     NUM_LEVELS: tl.constexpr, L_PAD: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     QUERY_SIDE: tl.constexpr, KEY_SIDE: tl.constexpr, ADD_PARTIAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr, GRAD_DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     DOT_RC: tl.constexpr, DOT_CR: tl.constexpr, SHARED: tl.constexpr, RELATIVE: tl.constexpr,
-    FOLD_ARGMAX: tl.constexpr,
+    FOLD_ARGMAX: tl.constexpr, SPLIT: tl.constexpr,
 ):
     # One program per block of rows r; it loops over all column tiles c and accumulates
     #   dz_r = scale · Σ_c W_rc z_c,
@@ -290,6 +334,9 @@ def _balanced_contrastive_loss_bwd_kernel(
     # its positives' share): the row max's share (-g_li on s_ia) on its key cancelled per
     # entry, as a dense computation does, not after both were summed over the rows sharing
     # that key (~N ulp of the terms). Its query side, on row i alone, is the caller's.
+    # SPLIT (NUM_SPLITS on grid axis 1; not with SHARED or ADD_PARTIAL): this program sums over
+    # the column tiles of key split program_id(1) only and writes plane program_id(1) of an
+    # fp32 [NUM_SPLITS, N, d] DZ, which the launcher sums (each pair (r, c) is in one split).
     offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_valid = offs_m < N
     offs_d = tl.arange(0, D_PAD)
@@ -355,7 +402,10 @@ def _balanced_contrastive_loss_bwd_kernel(
             if KEY_SIDE:
                 w += tl.exp(s_cr - ref_c[None, :]) * kb
             acc = tl.dot(w, k.to(tl.float32), acc, input_precision=GRAD_DOT_PRECISION)
-    for start_n in range(tail, N, BLOCK_N):
+    key_lo, key_hi = tail, N
+    if SPLIT:          # (never with SHARED: the shared-keys mode runs unsplit)
+        key_lo, key_hi = _key_range(tl.program_id(1), N, NUM_SPLITS, BLOCK_N)
+    for start_n in range(key_lo, key_hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < N
         k = _key_tile(Z, offs_n, n_valid, offs_d, d_valid, stride_z, UPCAST)
@@ -402,6 +452,8 @@ def _balanced_contrastive_loss_bwd_kernel(
         acc = tl.dot(w, k.to(tl.float32), acc, input_precision=GRAD_DOT_PRECISION)
     acc = acc * scale
     out = offs_m[:, None] * D + offs_d[None, :]
+    if SPLIT:
+        out += tl.program_id(1).to(tl.int64) * N * D
     if ADD_PARTIAL:
         acc += tl.load(PARTIAL + out, mask=tile_mask, other=0.0)
     tl.store(DZ + out, acc.to(DZ.dtype.element_ty), mask=tile_mask)
@@ -441,9 +493,10 @@ def _precisions(dtype: torch.dtype, on_cuda: bool, fp32_dot: str = "ieee"
 # compile-time mode (the keys); the chosen config is reused by every later call with that key.
 _TUNED: dict[str, object] = {}
 _TUNE_KEYS = {
-    "fwd": ["N", "D", "NUM_LEVELS", "NEED_MAX", "DOT_PRECISION", "SHARED", "RELATIVE"],
+    "fwd": ["N", "D", "NUM_LEVELS", "NEED_MAX", "DOT_PRECISION", "SHARED", "RELATIVE",
+            "NUM_SPLITS"],
     "bwd": ["N", "D", "NUM_LEVELS", "QUERY_SIDE", "KEY_SIDE", "DOT_PRECISION", "SHARED",
-            "RELATIVE", "FOLD_ARGMAX"],
+            "RELATIVE", "FOLD_ARGMAX", "NUM_SPLITS"],
 }
 
 
@@ -458,21 +511,21 @@ def _tuned(which: str):
     return _TUNED[which]
 
 
-def _launch(which: str, n: int, axis1: int, tiles, tune: bool, args: tuple, meta: dict) -> None:
-    """One launch over cdiv(n, BLOCK_M) row blocks (x axis1): fixed `tiles` (BLOCK_M, BLOCK_N,
-    num_warps), or a smaller tile where the GPU cannot hold them (``_utils.launch_fitting``),
-    or, with `tune`, the autotuned kernel, whose config supplies them (triton's autotuner skips
-    the configs a GPU cannot hold)."""
+def _launch(which: str, n: int, axis1: int, tiles, tune: bool, args: tuple, meta: dict,
+            axis2: int = 1) -> None:
+    """One launch over cdiv(n, BLOCK_M) row blocks (x axis1 x axis2): fixed `tiles` (BLOCK_M,
+    BLOCK_N, num_warps), or a smaller tile where the GPU cannot hold them
+    (``_utils.launch_fitting``), or, with `tune`, the autotuned kernel, whose config supplies
+    them (triton's autotuner skips the configs a GPU cannot hold)."""
     fusion = fp_fusion(bool(meta.get("RELATIVE") or meta.get("SHARED")))
     if tune:
-        _tuned(which)[lambda cfg: (triton.cdiv(n, cfg["BLOCK_M"]), axis1)](*args, **meta,
-                                                                          **fusion)
+        _tuned(which)[lambda cfg: (triton.cdiv(n, cfg["BLOCK_M"]), axis1, axis2)](
+            *args, **meta, **fusion)
         return
     def run(tile):
         block_m, block_n, warps = tile
-        _KERNELS[which][(triton.cdiv(n, block_m), axis1)](*args, **meta, BLOCK_M=block_m,
-                                                          BLOCK_N=block_n, num_warps=warps,
-                                                          **fusion)
+        _KERNELS[which][(triton.cdiv(n, block_m), axis1, axis2)](
+            *args, **meta, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, **fusion)
 
     launch_fitting(run, tiles, f"the loss's Triton {which} kernel", args[0], meta)
 
@@ -532,10 +585,53 @@ def _shared_coefficients(lse: torch.Tensor, grad_lse: torch.Tensor, shift: torch
     return ref.contiguous(), coef.float().contiguous()
 
 
+def _split_forward(z, log_w, scale, need_max, relative, splits, tiles, tune, meta, axis1):
+    """The forward over `splits` key ranges: each writes its plane of [splits, L, N] partial
+    buffers (relative: δ_s and r_s, the unweighted max of its keys; plain: log l_s and m_s, its
+    running max), merged by `_merge_splits`. Returns what `lse_forward` returns."""
+    num_levels, n = log_w.shape
+    part = lambda dtype=torch.float32: torch.empty(splits, num_levels, n, dtype=dtype,  # noqa: E731
+                                                   device=z.device)
+    delta = part()
+    ref = part() if not relative else None
+    rowmax = part() if need_max else None
+    argmax = part(torch.int64) if need_max else None
+    shift = _level_shift(log_w) if relative else delta
+    args = (z, log_w, shift, delta, delta, rowmax if need_max else delta,
+            argmax if need_max else delta, delta if ref is None else ref, n, 0, z.shape[1],
+            z.stride(0), float(scale), splits)
+    _launch("fwd", n, axis1, tiles, tune, args, meta, axis2=splits)
+    lse, top = _merge_splits(delta, rowmax if relative else ref)
+    if not need_max:
+        return lse.float(), None, None
+    first = (rowmax == rowmax.amax(0, keepdim=True)).to(torch.int32).argmax(0, keepdim=True)
+    amax = argmax.gather(0, first).squeeze(0)
+    rmax = top if relative else rowmax.amax(0)
+    return (lse if relative else lse.float()), rmax, amax
+
+
+def _merge_splits(delta: torch.Tensor, ref: torch.Tensor):
+    """Merge key splits' partial sums, in float64: delta [S, L, N] = log Σ_{k in split s}
+    e^{t_k - ref_s} (−inf for a split without a visible key), ref [S, L, N] = the split's
+    reference point (−inf likewise). Returns (lse = R + log Σ_s e^{delta_s + ref_s - R} [L, N]
+    float64, −inf where no split saw a key; R = max_s ref_s, fp32). Each partial is exact to
+    fp32 precision of its own size (δ ~ log N, ref an exact fp32 score), so the merged lse is
+    as precise as the unsplit kernel's (the relative mode's rowmax + δ, the plain mode's one
+    rounding to fp32)."""
+    top = ref.amax(0)
+    r64 = ref.double()
+    base = torch.where(torch.isfinite(top), top, torch.zeros_like(top)).double()
+    total = torch.exp(delta.double() + (r64 - base)).sum(0)   # −inf parts give e^−inf = 0
+    live = torch.isfinite(top) & (total > 0)
+    lse = torch.where(live, base + torch.log(torch.where(live, total, 1.0)),
+                      torch.full_like(base, -math.inf))
+    return lse, top
+
+
 def lse_forward(
     z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool, *,
     fuse_levels: bool = True, fp32_dot: str | None = None, autotune: bool | None = None,
-    n_common: int = 0, relative: bool = False,
+    n_common: int = 0, relative: bool = False, key_splits: int | str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Weighted log-sum-exp of scale·Z·Zᵀ for every level, without storing N×N.
 
@@ -558,6 +654,10 @@ def lse_forward(
             size of log N) instead of an fp32 lse (rounded to ~|s| 2^-24): the official
             variant's precision (its gradient cancels p at the arg-max against 1). Pass lse
             and rowmax to `lse_backward`.
+        key_splits: split the keys into this many ranges, one program each per row block, and
+            merge their partial sums (more programs where the row blocks cannot fill the
+            GPU; ``_utils.KEY_SPLITS_ENV``): an int >= 1 or "auto" (default
+            $HIERTAIL_TRITON_KEY_SPLITS, else "auto"). Not with n_common.
     Returns:
         lse [L, N] fp32 (float64 with n_common: m + δ to fp32 precision of δ; with
         relative: rowmax + δ; pass it as
@@ -568,6 +668,9 @@ def lse_forward(
     num_levels, n, d = _check(z, log_w)
     if relative and (not need_max or n_common):
         raise ValueError("relative=True needs need_max=True and n_common=0")
+    if n_common and key_splits not in (None, 1, "auto"):
+        raise ValueError("key_splits > 1 cannot be combined with n_common (the shared-keys "
+                         "mode runs unsplit)")
     s_prec, _, upcast = _precisions(z.dtype, z.is_cuda, fp32_dot_precision(fp32_dot))
     tune = _use_autotune(z, autotune)
     z = z.contiguous()
@@ -582,14 +685,19 @@ def lse_forward(
     shift = _shared_shift(log_w, n_common)
     if relative:
         shift = _level_shift(log_w)
-    cmax = torch.empty(n, dtype=torch.float32, device=z.device) if n_common else lse
-    args = (z, log_w, lse if shift is None else shift, lse, cmax, rowmax if need_max else lse,
-            argmax if need_max else lse, n, n_common, d, z.stride(0), float(scale))
-    meta = dict(NUM_LEVELS=per_program, L_PAD=max(2, triton.next_power_of_2(per_program)),
-                D_PAD=d_pad, NEED_MAX=bool(need_max), DOT_PRECISION=s_prec, UPCAST=upcast,
-                SHARED=bool(n_common), RELATIVE=bool(relative))
     tiles = pair_blocks(n, d_pad, z.is_cuda, arch=cuda_arch(z),
                         fp32_dot=s_prec if z.dtype == torch.float32 else None)
+    splits = 1 if n_common else split_count(n, tiles[0], tiles[1], z, key_splits)
+    meta = dict(NUM_LEVELS=per_program, L_PAD=max(2, triton.next_power_of_2(per_program)),
+                D_PAD=d_pad, NEED_MAX=bool(need_max), DOT_PRECISION=s_prec, UPCAST=upcast,
+                SHARED=bool(n_common), RELATIVE=bool(relative), SPLIT=splits > 1,
+                SPLIT_PAIR=splits > 1 and not relative)
+    if splits > 1:
+        return _split_forward(z, log_w, scale, need_max, relative, splits, tiles, tune, meta,
+                              num_levels // per_program)
+    cmax = torch.empty(n, dtype=torch.float32, device=z.device) if n_common else lse
+    args = (z, log_w, lse if shift is None else shift, lse, cmax, rowmax if need_max else lse,
+            argmax if need_max else lse, lse, n, n_common, d, z.stride(0), float(scale), 1)
     _launch("fwd", n, num_levels // per_program, tiles, tune, args, meta)
     if n_common:                    # the kernel wrote (m, δ): lse = m + δ, kept in float64
         lse = cmax.double()[None, :] + lse.double()
@@ -603,7 +711,7 @@ def lse_backward(
     scale: float, *, two_pass: bool = False, out_dtype: torch.dtype | None = None,
     fp32_dot: str | None = None, autotune: bool | None = None, n_common: int = 0,
     rowmax: torch.Tensor | None = None, argmax: torch.Tensor | None = None,
-    argmax_coef: torch.Tensor | None = None,
+    argmax_coef: torch.Tensor | None = None, key_splits: int | str | None = None,
 ) -> torch.Tensor:
     """Gradient of Σ_{l,i} grad_lse[l,i]·lse[l,i] with respect to z (both sides of s = Z·Zᵀ).
 
@@ -625,10 +733,15 @@ def lse_backward(
             row max's share, and the rest of the gradient on it), cancelled against p per
             entry inside the kernel; its query side, on row i, is left to the caller.
         argmax_coef: (with argmax) [L, N], the coefficient added at the arg-max (None: 0).
+        key_splits: as in `lse_forward` (the one-pass kernel only; not with n_common): each
+            split sums its keys' share of dz into an fp32 [N, d] partial, and the partials are
+            summed in split order (deterministic).
     Returns:
         dz [N, d] in out_dtype (fp32 accumulation), deterministic run to run.
     """
     num_levels, n, d = _check(z, log_w)
+    if (n_common or two_pass) and key_splits not in (None, 1, "auto"):
+        raise ValueError("key_splits > 1 needs the one-pass backward without n_common")
     named = [("lse", lse), ("grad_lse", grad_lse)]
     if argmax is not None:
         if rowmax is None or argmax.dtype != torch.int64:
@@ -683,16 +796,21 @@ def lse_backward(
     args = (z, log_w, lse if shift is None else shift, ref, coef, lse, rmax_ref, amax, h,
             grad_lse)
     tail = (n, n_common, d, z.stride(0), float(scale))
+    splits = 1 if n_common or two_pass else split_count(n, tiles[0], tiles[1], z, key_splits)
     if not two_pass:
-        _launch("bwd", n, 1, tiles, tune, (*args, dz, dz, *tail), dict(
+        out = dz if splits == 1 else torch.empty(splits, n, d, dtype=torch.float32,
+                                                  device=z.device)
+        _launch("bwd", n, splits, tiles, tune, (*args, out, out, *tail, splits), dict(
             QUERY_SIDE=True, KEY_SIDE=True, ADD_PARTIAL=False, DOT_RC=True, DOT_CR=redot,
-            **common))
+            SPLIT=splits > 1, **common))
+        if splits > 1:
+            dz.copy_(out.sum(0))
         return dz
     partial = torch.empty(n, d, dtype=torch.float32, device=z.device)
-    _launch("bwd", n, 1, tiles, tune, (*args, partial, partial, *tail), dict(  # dq -> partial
+    _launch("bwd", n, 1, tiles, tune, (*args, partial, partial, *tail, 1), dict(  # dq -> partial
         QUERY_SIDE=True, KEY_SIDE=False, ADD_PARTIAL=False, DOT_RC=True, DOT_CR=False,
-        **common))
-    _launch("bwd", n, 1, tiles, tune, (*args, partial, dz, *tail), dict(  # dk, adds partial
+        SPLIT=False, **common))
+    _launch("bwd", n, 1, tiles, tune, (*args, partial, dz, *tail, 1), dict(  # dk, adds partial
         QUERY_SIDE=False, KEY_SIDE=True, ADD_PARTIAL=True, DOT_RC=not redot, DOT_CR=redot,
-        **common))
+        SPLIT=False, **common))
     return dz

@@ -74,6 +74,28 @@ def test_switch_verdicts(tmp_path):
     assert got["TRITON_MIN_ROWS['official']"] is None
 
 
+@pytest.mark.parametrize("nosplit_20k, want", [
+    (1.3, "keep the key splits"),
+    (0.8, "turn the key splits off (HIERTAIL_TRITON_KEY_SPLITS' default to 1)"),
+])
+def test_the_key_splits_verdict(tmp_path, nosplit_20k, want):
+    """triton[nosplit] is the inverse switch, judged below 50k rows only (where an H200
+    splits): at 100k it runs the same launches, and a faster 100k cell there says nothing."""
+    cells = {}
+    for levels in (1, 3):
+        cells["fp32", "exact", levels, 64, 20_000] = {"triton": 1.0,
+                                                      "triton[nosplit]": nosplit_20k}
+        cells["fp32", "exact", levels, 64, 100_000] = {"triton": 1.0, "triton[nosplit]": 0.5}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"rows": _rows(cells)}))
+    text, got = _derived(path)
+    assert got["triton[nosplit]"] == want
+    assert f"| `triton[nosplit]` | `triton` | {2 if nosplit_20k < 1 else 0} of 2 |" in text
+    cells["fp32", "exact", 3, 64, 20_000]["triton[nosplit]"] = 2.0 - nosplit_20k
+    path.write_text(json.dumps({"rows": _rows(cells)}))
+    assert _derived(path)[1]["triton[nosplit]"] == "mixed: revisit KEY_SPLIT_MIN_FILL"
+
+
 def test_an_auto_row_times_the_engine_it_picked(tmp_path):
     # the prepared GPU run times only "auto" and the Triton modes: at d 128 the automatic
     # choice runs torch; its time must count as torch's, or Triton, alone in the cell, "wins"

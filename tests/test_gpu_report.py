@@ -135,8 +135,9 @@ def test_triton_modes_set_and_restore_their_environment(gc, monkeypatch):
     monkeypatch.setenv(knobs.FP32_DOT_ENV, "ieee")
     monkeypatch.delenv(knobs.TILES_ENV, raising=False)
     monkeypatch.delenv(knobs.SHARED_LEVELS_ENV, raising=False)
+    monkeypatch.delenv(knobs.KEY_SPLITS_ENV, raising=False)
     knob_names = {knobs.FP32_DOT_ENV, knobs.AUTOTUNE_ENV, knobs.TILES_ENV,
-                  knobs.SHARED_LEVELS_ENV}
+                  knobs.SHARED_LEVELS_ENV, knobs.KEY_SPLITS_ENV}
     assert gc.TRITON_MODES and all(set(env) <= knob_names for env in gc.TRITON_MODES.values())
     for label, env in gc.TRITON_MODES.items():
         with gc.backend_mode(label) as backend:
@@ -146,8 +147,10 @@ def test_triton_modes_set_and_restore_their_environment(gc, monkeypatch):
             knobs.autotune_requested()
             knobs.tile_override()
             knobs.shared_levels_requested()
+            knobs.key_splits(300, 64, 64, torch.zeros(1))
         assert os.environ[knobs.FP32_DOT_ENV] == "ieee" and knobs.AUTOTUNE_ENV not in os.environ
         assert knobs.TILES_ENV not in os.environ and knobs.SHARED_LEVELS_ENV not in os.environ
+        assert knobs.KEY_SPLITS_ENV not in os.environ
     with pytest.raises(RuntimeError), gc.backend_mode("triton[tf32x3+autotune]"):
         raise RuntimeError("a failing check")
     assert os.environ[knobs.FP32_DOT_ENV] == "ieee" and knobs.AUTOTUNE_ENV not in os.environ

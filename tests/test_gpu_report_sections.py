@@ -35,6 +35,35 @@ def test_autotuned_modes_are_timed_at_the_first_size_only(report, monkeypatch):
     assert tuned == {(30, "exact"), (30, "official")}
 
 
+def test_the_key_splits_are_timed_against_their_absence(report, monkeypatch):
+    """Where the automatic engine is triton with fp32 rows and its kernels split their keys,
+    the first group also times the same launches without splits (triton[nosplit]), right after
+    the auto row it is compared with; not for bf16 rows, other engines, or unsplit sizes."""
+    gc = report.gc
+    steps = []
+    monkeypatch.setattr(gc, "loss_labels", lambda dev: [])
+    monkeypatch.setattr(gc, "auto_engine",
+                        lambda z, p, variant, levels, dtype: "triton" if variant == "exact"
+                        else "torch")
+    monkeypatch.setattr(gc, "auto_key_splits", lambda n, d, dev: 4 if n < 100 else 1)
+    monkeypatch.setattr(report, "_anchor_steps", lambda *a, **k: {})
+
+    def step(dev, label, *a, **k):
+        steps.append(label)
+        return dict(median_s=1.0), 0.0
+
+    monkeypatch.setattr(report, "_loss_step", step)
+    sizes = dict(report.SIZES["cpu"], loss_n=[30, 200], loss_d=[4])
+    rows = report.loss_section("cpu", sizes, report.Budget(60, reps=1))
+    off = [(r["n"], r["variant"], r["levels"], r["dtype"]) for r in rows
+           if r["what"] == "ours (triton, key splits off)"]
+    assert off == [(30, "exact", 1, "fp32"), (30, "exact", 3, "fp32")]
+    whats = [r["what"] for r in rows if r["n"] == 30]
+    assert whats[1] == "ours (triton, key splits off)" and whats[0].startswith("ours (auto")
+    assert steps.count("triton[nosplit]") == 2
+    assert gc.auto_key_splits(20_000, 64, "cpu") == 1          # no splits off CUDA
+
+
 def test_a_dense_reference_that_does_not_fit_is_not_run(report, monkeypatch):
     """The module docstring: the dense backend="reference" is timed "when it fits in memory"
     (36 bytes a pair; 4 GB assumed free on CPU): 15,040 rows need ~8 GB."""
