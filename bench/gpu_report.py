@@ -56,6 +56,7 @@ from hiertail_fast._files import (  # noqa: E402
     unwritable_dir_reason,
     unwritable_file_reason,
 )
+from hiertail_fast.ops._dispatch import TRITON_MAX_DIM  # noqa: E402
 
 REPORT_NAMES = ("gpu_report.md", "gpu_report.json")
 
@@ -133,6 +134,16 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
                                            dtype=name, what="ours (triton, key splits off)"),
                                       *_loss_step(dev, "triton[nosplit]", variant, z, y,
                                                   protos, levels, dtype)))
+                    if (variant == "official" and dtype == torch.float32 and dev == "cuda"
+                            and engine != "triton" and d <= TRITON_MAX_DIM):
+                        # the Triton kernels where the automatic choice does not take them yet
+                        # (TRITON_MIN_ROWS['official'], set when their positives still ran a
+                        # torch pass): beside the auto row, the threshold's A/B
+                        group.append((dict(n=n, d=d, variant=variant, levels=levels,
+                                           dtype=name,
+                                           what="ours (triton, under its threshold)"),
+                                      *_loss_step(dev, "triton", variant, z, y, protos,
+                                                  levels, dtype)))
         _time_group(dev, group, budget, add)
     # every engine at 1 and 3 levels (several levels: our fused one-pass engines against the
     # attention kernels' one head per level), the reference, then the opt-in Triton modes: the
