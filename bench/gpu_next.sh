@@ -41,7 +41,8 @@
 #      (never timed: TRITON_MAX_DIM), the LSE kernels on the spill-free "lean" tile
 #      (kernels/_utils.LEAN_TILES), three levels in the shared-keys mode (one exp per entry for
 #      all levels), the torch / attention engines with the positives kernel
-#      ($HIERTAIL_POSITIVES=triton), then the autotuned tiles, whose choice is recorded.
+#      ($HIERTAIL_POSITIVES=triton), then the autotuned tiles, whose choice is recorded;
+#      session 54: the LSE kernels' automatic key splits (at 20k) against triton[nosplit].
 # About 8 minutes of command time (limits: install 60 s, tests 150 s, resources 60 s, profile
 # 270 s): run with the device tool's timeout_s = 560.
 #   A=$OUT; OUT=$A bash bench/gpu_next.sh
