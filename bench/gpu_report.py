@@ -7,10 +7,12 @@
    backend added later is picked up) against the float64 reference, values and gradients,
    PASS/FAIL (rules in bench/_gpu_checks.py). A backend that raises is a FAIL with its error.
 2. Loss fwd+bwd (both variants, N in {20k, 100k}, d in {64, 128}): the automatic engine with 1
-   and 3 levels and fp32 and bf16 inputs (issue 9's targets), then every loss backend at fp32
-   with 1 and 3 levels (and, on CUDA, the opt-in Triton modes of bench/_gpu_checks.TRITON_MODES:
-   3xTF32 dots, autotuned tiles; validated in section 1 too), with ratios to the anchors on the
-   same z:
+   and 3 levels and fp32 and bf16 inputs (issue 9's targets; beside its fp32 rows, on CUDA,
+   the Triton kernels without their key splits where the automatic rows split, and the Triton
+   kernels where the automatic choice skips them, ``_triton_not_chosen``), then every loss
+   backend at fp32 with 1 and 3 levels (and, on CUDA, the opt-in Triton modes of
+   bench/_gpu_checks.TRITON_MODES: 3xTF32 dots, autotuned tiles; validated in section 1 too),
+   with ratios to the anchors on the same z:
    F.scaled_dot_product_attention(q=k=v=z) fp32 and bf16 fwd+bwd, the cuBLAS fp32 3-GEMM floor
    (3 x z@z.T, row blocks, TF32 off) and the dense backend="reference" when it fits in memory.
 3. Propagation (ours torch / triton vs torch.sparse.mm on the un-normalised CSR and PyG GCNConv
@@ -134,14 +136,10 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
                                            dtype=name, what="ours (triton, key splits off)"),
                                       *_loss_step(dev, "triton[nosplit]", variant, z, y,
                                                   protos, levels, dtype)))
-                    if (variant == "official" and dtype == torch.float32 and dev == "cuda"
-                            and engine != "triton" and d <= TRITON_MAX_DIM):
-                        # the Triton kernels where the automatic choice does not take them yet
-                        # (TRITON_MIN_ROWS['official'], set when their positives still ran a
-                        # torch pass): beside the auto row, the threshold's A/B
+                    if dtype == torch.float32 and _triton_not_chosen(dev, engine, variant, n,
+                                                                     d):
                         group.append((dict(n=n, d=d, variant=variant, levels=levels,
-                                           dtype=name,
-                                           what="ours (triton, under its threshold)"),
+                                           dtype=name, what=NOT_CHOSEN),
                                       *_loss_step(dev, "triton", variant, z, y, protos,
                                                   levels, dtype)))
         _time_group(dev, group, budget, add)
@@ -165,6 +163,22 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
 
 
 DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+NOT_CHOSEN = "ours (triton, not chosen here)"
+
+
+def _triton_not_chosen(dev: str, engine: str, variant: str, n: int, d: int) -> bool:
+    """Whether the first group times the Triton kernels beside an fp32 automatic row that does
+    not run them, as the A/B of a threshold the per-engine rows (last, skipped by the budget on
+    2026-12-04) would re-decide: the official variant at d <= TRITON_MAX_DIM
+    (TRITON_MIN_ROWS['official'] = 75k was set while their positives ran a torch pass with
+    hundreds of host syncs; the Triton positives kernel since), and the exact variant wider
+    than TRITON_MAX_DIM below 50k rows (d 128 was never timed on them; the key splits are for
+    20k rows). CUDA only."""
+    if dev != "cuda" or engine == "triton":
+        return False
+    if variant == "official":
+        return d <= TRITON_MAX_DIM
+    return d > TRITON_MAX_DIM and n < 50_000
 
 
 def _time_group(dev: str, group: list[tuple], budget: Budget, add) -> None:

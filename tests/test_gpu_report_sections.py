@@ -64,18 +64,18 @@ def test_the_key_splits_are_timed_against_their_absence(report, monkeypatch):
     assert gc.auto_key_splits(20_000, 64, "cpu") == 1          # no splits off CUDA
 
 
-def test_the_official_triton_rows_beside_the_automatic_ones(report, monkeypatch):
-    """On CUDA, where the automatic choice does not run the Triton kernels for the official
-    variant (fp32, d within TRITON_MAX_DIM), the first group also times them beside it: the
-    A/B of TRITON_MIN_ROWS['official']; not on CPU, not where auto already picks them, not
-    for bf16 or wider rows."""
+def test_the_triton_rows_beside_the_automatic_ones(report, monkeypatch):
+    """On CUDA, where the automatic choice does not run the Triton kernels, the first group
+    also times them beside it (fp32): the official variant at d <= TRITON_MAX_DIM (the A/B of
+    TRITON_MIN_ROWS['official']) and the exact one wider than that below 50k rows (of
+    TRITON_MAX_DIM); not on CPU, not where auto already picks them, not for bf16."""
     gc = report.gc
     monkeypatch.setattr(gc, "loss_labels", lambda dev: [])
     monkeypatch.setattr(gc, "loss_inputs", lambda n, d: (torch.zeros(n, d),
                                                          torch.zeros(n, dtype=torch.long),
                                                          torch.zeros(4, d)))
     monkeypatch.setattr(gc, "auto_engine",
-                        lambda z, p, variant, levels, dtype: "triton" if z.shape[0] > 100
+                        lambda z, p, variant, levels, dtype: "triton" if z.shape[0] == 200
                         else "torch")
     monkeypatch.setattr(gc, "auto_key_splits", lambda n, d, dev: 1)
     monkeypatch.setattr(report, "_anchor_steps", lambda *a, **k: {})
@@ -88,14 +88,15 @@ def test_the_official_triton_rows_beside_the_automatic_ones(report, monkeypatch)
     monkeypatch.setattr(report, "_loss_step", step)
     monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: self)
     wide = report.TRITON_MAX_DIM * 2
-    sizes = dict(report.SIZES["cpu"], loss_n=[30, 200], loss_d=[4, wide])
+    sizes = dict(report.SIZES["cpu"], loss_n=[30, 200, 60_000], loss_d=[4, wide])
     rows = report.loss_section("cuda", sizes, report.Budget(60, reps=1))
-    extra = [(r["n"], r["d"], r["variant"], r["levels"], r["dtype"], r["label"]) for r in rows
-             if r["what"] == "ours (triton, under its threshold)"]
-    assert extra == [(30, 4, "official", 1, "fp32", "triton"),
-                     (30, 4, "official", 3, "fp32", "triton")]
+    extra = {(r["n"], r["d"], r["variant"], r["levels"], r["dtype"], r["label"]) for r in rows
+             if r["what"] == report.NOT_CHOSEN}
+    want = {(n, 4, "official", lv, "fp32", "triton") for n in (30, 60_000) for lv in (1, 3)}
+    want |= {(30, wide, "exact", lv, "fp32", "triton") for lv in (1, 3)}
+    assert extra == want
     assert not [r for r in report.loss_section("cpu", sizes, report.Budget(60, reps=1))
-                if r["what"] == "ours (triton, under its threshold)"]
+                if r["what"] == report.NOT_CHOSEN]
 
 
 def test_a_dense_reference_that_does_not_fit_is_not_run(report, monkeypatch):
