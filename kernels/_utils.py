@@ -76,28 +76,37 @@ def wave_fill(programs: int, sms: int) -> float:
     return programs / (triton.cdiv(programs, sms) * sms)
 
 
-def key_splits(n: int, block_m: int, block_n: int, z, requested: int | str | None = None
-               ) -> int:
-    """The number of key splits for a launch over `n` rows and keys with tiles of `block_m` x
-    `block_n` on `z`'s device: `requested` (an int >= 1 or "auto"), else
-    $HIERTAIL_TRITON_KEY_SPLITS, else "auto" (see KEY_SPLITS_ENV). Never more than the key
-    tiles (an empty split is only wasted launches); "auto" is 1 off CUDA and under the
-    interpreter."""
+def split_request(requested: int | str | None = None) -> int | str:
+    """A key-split request checked: `requested` (an int >= 1 or "auto"), else
+    $HIERTAIL_TRITON_KEY_SPLITS, else "auto"; an int or "auto". A bad value is a TypeError /
+    ValueError naming where it came from."""
     where = "key_splits"
     if requested is None:
         requested = os.environ.get(KEY_SPLITS_ENV, "").strip().lower() or "auto"
         where = KEY_SPLITS_ENV
-    tiles = max(1, triton.cdiv(int(n), block_n))
-    if isinstance(requested, str) and requested.strip().lower() != "auto":
+    if isinstance(requested, str):
+        if requested.strip().lower() == "auto":
+            return "auto"
         try:
             requested = int(requested)
         except ValueError:
             raise ValueError(f"{where}={requested!r} is not 'auto' or a positive int") from None
-    if isinstance(requested, bool) or not isinstance(requested, (int, str)):
+    if isinstance(requested, bool) or not isinstance(requested, int):
         raise TypeError(f"{where} must be 'auto' or a positive int, got {requested!r}")
-    if isinstance(requested, int):
-        if requested < 1:
-            raise ValueError(f"{where}={requested!r} is not 'auto' or a positive int")
+    if requested < 1:
+        raise ValueError(f"{where}={requested!r} is not 'auto' or a positive int")
+    return requested
+
+
+def key_splits(n: int, block_m: int, block_n: int, z, requested: int | str | None = None
+               ) -> int:
+    """The number of key splits for a launch over `n` rows and keys with tiles of `block_m` x
+    `block_n` on `z`'s device, for `split_request(requested)` (see KEY_SPLITS_ENV). Never more
+    than the key tiles (an empty split is only wasted launches); "auto" is 1 off CUDA and
+    under the interpreter."""
+    requested = split_request(requested)
+    tiles = max(1, triton.cdiv(int(n), block_n))
+    if requested != "auto":
         return min(requested, tiles)
     if not getattr(z, "is_cuda", False) or interpreting():
         return 1

@@ -116,6 +116,7 @@ from ._utils import (
     interpreting,
     launch_fitting,
     pair_blocks,
+    split_request,
     tune_configs,
 )
 from ._utils import fp32_dot as fp32_dot_precision
@@ -668,7 +669,8 @@ def lse_forward(
     num_levels, n, d = _check(z, log_w)
     if relative and (not need_max or n_common):
         raise ValueError("relative=True needs need_max=True and n_common=0")
-    if n_common and key_splits not in (None, 1, "auto"):
+    request = split_request(key_splits)      # checked whatever runs (also at N = 0)
+    if n_common and key_splits is not None and request not in (1, "auto"):
         raise ValueError("key_splits > 1 cannot be combined with n_common (the shared-keys "
                          "mode runs unsplit)")
     s_prec, _, upcast = _precisions(z.dtype, z.is_cuda, fp32_dot_precision(fp32_dot))
@@ -687,7 +689,7 @@ def lse_forward(
         shift = _level_shift(log_w)
     tiles = pair_blocks(n, d_pad, z.is_cuda, arch=cuda_arch(z),
                         fp32_dot=s_prec if z.dtype == torch.float32 else None)
-    splits = 1 if n_common else split_count(n, tiles[0], tiles[1], z, key_splits)
+    splits = 1 if n_common else split_count(n, tiles[0], tiles[1], z, request)
     meta = dict(NUM_LEVELS=per_program, L_PAD=max(2, triton.next_power_of_2(per_program)),
                 D_PAD=d_pad, NEED_MAX=bool(need_max), DOT_PRECISION=s_prec, UPCAST=upcast,
                 SHARED=bool(n_common), RELATIVE=bool(relative), SPLIT=splits > 1,
@@ -740,7 +742,8 @@ def lse_backward(
         dz [N, d] in out_dtype (fp32 accumulation), deterministic run to run.
     """
     num_levels, n, d = _check(z, log_w)
-    if (n_common or two_pass) and key_splits not in (None, 1, "auto"):
+    request = split_request(key_splits)      # checked whatever runs (also at N = 0)
+    if (n_common or two_pass) and key_splits is not None and request not in (1, "auto"):
         raise ValueError("key_splits > 1 needs the one-pass backward without n_common")
     named = [("lse", lse), ("grad_lse", grad_lse)]
     if argmax is not None:
@@ -796,7 +799,7 @@ def lse_backward(
     args = (z, log_w, lse if shift is None else shift, ref, coef, lse, rmax_ref, amax, h,
             grad_lse)
     tail = (n, n_common, d, z.stride(0), float(scale))
-    splits = 1 if n_common or two_pass else split_count(n, tiles[0], tiles[1], z, key_splits)
+    splits = 1 if n_common or two_pass else split_count(n, tiles[0], tiles[1], z, request)
     if not two_pass:
         out = dz if splits == 1 else torch.empty(splits, n, d, dtype=torch.float32,
                                                   device=z.device)

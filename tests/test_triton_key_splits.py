@@ -195,11 +195,21 @@ def test_split_refusals(triton_device):
         k.lse_backward(z, lw, lse, lw, 1.0, two_pass=True, key_splits=2)
     with pytest.raises(ValueError, match="key_splits > 1 needs the one-pass backward"):
         k.lse_backward(z, lw, lse, lw, 1.0, n_common=20, key_splits=2)
-    for bad in (0, -1, "two", 2.0):
+    for bad in (0, -1, "two", 2.0, True):
         with pytest.raises((ValueError, TypeError), match="key_splits"):
             k.lse_forward(z, lw, 1.0, False, key_splits=bad)
+        # checked whatever runs: with the shared-keys mode, the two-pass backward, no rows
+        with pytest.raises((ValueError, TypeError), match="key_splits"):
+            k.lse_forward(z, lw, 1.0, False, n_common=20, key_splits=bad)
+        with pytest.raises((ValueError, TypeError), match="key_splits"):
+            k.lse_backward(z, lw, lse, lw, 1.0, two_pass=True, key_splits=bad)
+        with pytest.raises((ValueError, TypeError), match="key_splits"):
+            k.lse_forward(z[:0], lw[:, :0], 1.0, False, key_splits=bad)
     with pytest.raises(TypeError, match="key_splits"):
         k.lse_forward(z, lw, 1.0, False, key_splits=True)
+    # "auto" and 1 are fine with the shared-keys mode (it runs unsplit)
+    k.lse_forward(z, lw, 1.0, False, n_common=20, key_splits="auto")
+    k.lse_backward(z, lw, lse, lw, 1.0, two_pass=True, key_splits=1)
 
 
 class _CudaStandIn:
