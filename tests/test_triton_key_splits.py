@@ -37,8 +37,9 @@ def _utils():
     return u
 
 
-# 300 keys are 5 key tiles of 64 both under the interpreter and on a GPU at d <= 64: 2 and 3
-# splits leave a short last split, 7 more splits than tiles (two empty ones, clipped to 5).
+# 300 keys are 5 key tiles of 64 under the interpreter (10 of 32 on a GPU's tile for IEEE fp32
+# dots, the launchers' default): 2 and 3 splits leave a short last split, and 7 are more splits
+# than the interpreter's tiles (clipped to 5) or leave two empty on a GPU.
 @pytest.mark.parametrize("need_max,relative", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("levels", [1, 3])
 def test_split_forward_and_backward(need_max, relative, levels, triton_device):
@@ -69,7 +70,8 @@ def test_split_forward_and_backward(need_max, relative, levels, triton_device):
                             key_splits=splits)
         assert dz.dtype == z.dtype and dz.shape == z.shape
         assert_rule(dz, ref[3], low[3], torch.float32, f"dz, {what}")
-        torch.testing.assert_close(dz, dz1, rtol=0, atol=4e-7 * dz1.abs().max().item())
+        # the same terms summed in another order: within a few ulps of the largest entry
+        torch.testing.assert_close(dz, dz1, rtol=0, atol=2e-6 * dz1.abs().max().item())
         again = k.lse_backward(zd, lwd, lse, gd, scale, rowmax=rowmax if relative else None,
                                key_splits=splits)
         assert torch.equal(dz, again), f"dz not deterministic, {what}"
