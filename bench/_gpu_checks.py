@@ -103,15 +103,15 @@ def loss_check_labels(device: str) -> list[str]:
     return [label for label in loss_labels(device) if not autotuned(label)]
 
 
-def auto_key_splits(n: int, d: int, dev: str) -> int:
-    """The key splits the Triton LSE kernels take by themselves for `n` fp32 rows of `d`
-    columns with 3xTF32 dots on `dev` ("auto", the fixed tiles; 1 off CUDA)."""
+def auto_key_splits(n: int, d: int, dev: str, dtype: torch.dtype = torch.float32) -> int:
+    """The key splits the Triton LSE kernels take by themselves for `n` rows of `d` columns in
+    `dtype` on `dev` ("auto", the fixed tiles; fp32 with 3xTF32 dots; 1 off CUDA)."""
     if dev != "cuda":
         return 1
     from hiertail_fast.kernels import _utils as u
     z = torch.empty(1, d, device=dev)             # (only its device is read)
     block_m, block_n, _ = u.pair_blocks(n, u.feature_block(d), True, arch=u.cuda_arch(z),
-                                        fp32_dot="tf32x3")
+                                        fp32_dot="tf32x3" if dtype == torch.float32 else None)
     return u.key_splits(n, block_m, block_n, z, "auto")
 
 

@@ -132,6 +132,8 @@ def time_rows(dev, n, d, engines, reps, deadline, add) -> None:
                    dtype=gpu_report.DTYPES[dtype], what=label)
         if label == "auto":
             row["engine"] = gc.auto_engine(z, protos, variant, levels, dtype)
+        if label == "triton":     # the key splits its kernels take here (next_defaults.py)
+            row["key_splits"] = gc.auto_key_splits(n + protos.shape[0], d, dev, dtype)
         groups.setdefault((variant, levels, dtype), []).append((row, make_step(
             z, y, protos, variant, levels, dtype, label), 5.0))
     for group in groups.values():

@@ -29,8 +29,9 @@ next and how far the automatic choice of that run was from it; then the derived 
   of the time ratio, and a verdict ("make it the default" only where it is faster in every
   cell measured);
 * ``triton[nosplit]`` (the LSE kernels without their automatic key splits) against ``triton``
-  below 50k rows, where an H200 splits (``kernels/_utils.KEY_SPLITS_ENV``): the inverse switch,
-  so its verdicts say whether to keep the splits.
+  in the cells where the ``triton`` row split its keys (its ``key_splits`` > 1, recorded by
+  loss_profile.py; ``kernels/_utils.KEY_SPLITS_ENV``): the inverse switch, so its verdicts say
+  whether to keep the splits.
 
 Exit status 2 (one line) for a file that is not loss_profile JSON, and for a ``--md`` that
 is one of the input files or cannot be written (checked before reading; written atomically).
@@ -51,8 +52,8 @@ TRITON_MODES = ("triton[lean]", "triton[shared]", "triton[shared+lean]",
 POSITIVES = {"torch+triton": "torch", "attention+triton": "attention"}
 # verdicts where a switch wins every cell / none / some
 VERDICTS = ("make it the default", "keep it off", "mixed: keep it off, or choose by size")
-# the key splits' inverse switch, compared below SPLIT_ROWS (an H200 splits only there)
-NO_SPLIT, SPLIT_ROWS = "triton[nosplit]", 50_000
+# the key splits' inverse switch, compared where the triton row split (`split_counts`)
+NO_SPLIT = "triton[nosplit]"
 NO_SPLIT_VERDICTS = ("turn the key splits off (HIERTAIL_TRITON_KEY_SPLITS' default to 1)",
                      "keep the key splits", "mixed: revisit KEY_SPLIT_MIN_FILL")
 NOT_ENGINES = ("auto",)
@@ -140,7 +141,20 @@ def compare(cells: dict, mode: str, base: str, only=lambda key: True) -> tuple[i
     return sum(r < FASTER for r in ratios), len(ratios), geo
 
 
-def report(cells: dict, picked: dict, max_dim_now: int = 64) -> tuple[str, dict]:
+def split_counts(paths: list[Path]) -> dict:
+    """{(dtype, variant, levels, d, n): the key splits the cell's "triton" row ran with}, for
+    the rows that recorded them (loss_profile.py since 2026-12-05; a later file wins)."""
+    counts: dict = {}
+    for path in paths:
+        for r in json.loads(path.read_text())["rows"]:
+            if r.get("what") == "triton" and "key_splits" in r:
+                counts[r["dtype"], r["variant"], int(r["levels"]), int(r["d"]),
+                       int(r["n"])] = int(r["key_splits"])
+    return counts
+
+
+def report(cells: dict, picked: dict, max_dim_now: int = 64,
+           splits: dict | None = None) -> tuple[str, dict]:
     lines = ["# Loss engine choices from the measured tables", ""]
     groups: dict = defaultdict(list)
     for key in cells:
@@ -196,7 +210,7 @@ def report(cells: dict, picked: dict, max_dim_now: int = 64) -> tuple[str, dict]
     tests = [(m, "triton", (lambda k: k[2] > 1 and k[1] == "exact") if "shared" in m
               else (lambda k: True)) for m in TRITON_MODES]
     tests += [(m, base, lambda k: k[1] == "official") for m, base in POSITIVES.items()]
-    tests += [(NO_SPLIT, "triton", lambda k: k[4] < SPLIT_ROWS)]
+    tests += [(NO_SPLIT, "triton", lambda k: (splits or {}).get(k, 1) > 1)]
     for mode, base, only in tests:
         won, total, geo = compare(cells, mode, base, only)
         words = NO_SPLIT_VERDICTS if mode == NO_SPLIT else VERDICTS
@@ -233,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     if not cells:
         print("next_defaults.py: no loss rows in these files", file=sys.stderr)
         return 2
-    text, _ = report(cells, picked)
+    text, _ = report(cells, picked, splits=split_counts(args.profiles))
     print(text, end="")
     if args.md:
         atomic_write_text(args.md, text)

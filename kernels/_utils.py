@@ -58,7 +58,9 @@ TUNE_TILES = (
 # merges. "auto" (default) takes the smallest S whose programs fill their waves to
 # KEY_SPLIT_MIN_FILL (one program per SM assumed), each split keeping at least
 # KEY_SPLIT_MIN_TILES key tiles, at most KEY_SPLIT_MAX splits (else the fullest of those):
-# 4 at 20k x 64 on 132 SMs (628 programs, 95 %), 1 at 50k and above. CPU (the interpreter): 1
+# 4 at 20k x 64 on 132 SMs (628 programs, 95 %), 1 at 50k and 100k (99 %), 2 at 75k (5 waves,
+# the last 44 % full -> 9, 99 %); never from 9 programs per SM (~150k rows with 128-row
+# tiles: any count of programs P >= 9 SMs fills P / (P + SMs) >= 90 %). CPU (the interpreter): 1
 # unless asked. An integer asks for that many (1: off). Untimed on a GPU.
 KEY_SPLITS_ENV = "HIERTAIL_TRITON_KEY_SPLITS"
 KEY_SPLIT_MIN_FILL = 0.9

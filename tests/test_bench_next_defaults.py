@@ -79,21 +79,38 @@ def test_switch_verdicts(tmp_path):
     (0.8, "turn the key splits off (HIERTAIL_TRITON_KEY_SPLITS' default to 1)"),
 ])
 def test_the_key_splits_verdict(tmp_path, nosplit_20k, want):
-    """triton[nosplit] is the inverse switch, judged below 50k rows only (where an H200
-    splits): at 100k it runs the same launches, and a faster 100k cell there says nothing."""
+    """triton[nosplit] is the inverse switch, judged only where the triton row split its keys
+    (key_splits > 1 in its row): at 100k it ran the same launches, and a faster 100k cell
+    there says nothing."""
     cells = {}
     for levels in (1, 3):
         cells["fp32", "exact", levels, 64, 20_000] = {"triton": 1.0,
                                                       "triton[nosplit]": nosplit_20k}
         cells["fp32", "exact", levels, 64, 100_000] = {"triton": 1.0, "triton[nosplit]": 0.5}
+
+    def write():
+        rows = _rows(cells)
+        for r in rows:
+            if r["what"] == "triton":
+                r["key_splits"] = 4 if r["n"] == 20_000 else 1
+        path.write_text(json.dumps({"rows": rows}))
+
     path = tmp_path / "p.json"
-    path.write_text(json.dumps({"rows": _rows(cells)}))
-    text, got = _derived(path)
+    write()
+    cells_read, picked = next_defaults.load([path])
+    splits = next_defaults.split_counts([path])
+    assert splits["fp32", "exact", 1, 64, 20_000] == 4
+    text, got = next_defaults.report(cells_read, picked, splits=splits)
     assert got["triton[nosplit]"] == want
     assert f"| `triton[nosplit]` | `triton` | {2 if nosplit_20k < 1 else 0} of 2 |" in text
     cells["fp32", "exact", 3, 64, 20_000]["triton[nosplit]"] = 2.0 - nosplit_20k
-    path.write_text(json.dumps({"rows": _rows(cells)}))
-    assert _derived(path)[1]["triton[nosplit]"] == "mixed: revisit KEY_SPLIT_MIN_FILL"
+    write()
+    got = next_defaults.report(*next_defaults.load([path]),
+                               splits=next_defaults.split_counts([path]))[1]
+    assert got["triton[nosplit]"] == "mixed: revisit KEY_SPLIT_MIN_FILL"
+    # without recorded splits (files before 2026-12-05) nothing is judged
+    assert next_defaults.report(*next_defaults.load([path]))[1]["triton[nosplit]"] == (
+        "not measured")
 
 
 def test_an_auto_row_times_the_engine_it_picked(tmp_path):

@@ -224,6 +224,7 @@ class _CudaStandIn:
     (20_000, 128, 132, 4),      # the H200 at 20k x 64: 157 row blocks (59 % of 2 waves) -> 628
     (50_000, 128, 132, 1),      # 391 row blocks fill 99 % of 3 waves
     (100_000, 128, 132, 1),     # 782 row blocks, 99 % of 6 waves (the 100k figures stand)
+    (75_000, 128, 132, 2),      # 586 row blocks: 5 waves, the last 44 % full (89 %) -> 99 %
     (1_000_000, 128, 132, 1),
     (10_000, 128, 132, 5),      # 79 row blocks: 3 splits fill 89.8 %, 4 80 %, 5 99.7 %
     (20_000, 64, 132, 2),       # d 128's 64-row tile: 313 row blocks (79 %) -> 626 (95 %)
@@ -240,6 +241,9 @@ def test_automatic_split_count(monkeypatch, n, block_m, sms, want):
     assert u.key_splits(n, block_m, 64, _CudaStandIn(), "auto") == want
     assert u.key_splits(n, block_m, 64, torch.zeros(1)) == 1           # CPU tensors: off
     assert u.wave_fill(157, 132) == pytest.approx(157 / 264)
+    # from 9 programs per SM any count fills >= 90 %: never split there
+    assert all(u.key_splits(rows, 128, 64, _CudaStandIn()) == 1
+               for rows in range(9 * 132 * 128, 12 * 132 * 128, 997))
     monkeypatch.setattr(u, "interpreting", lambda: True)
     assert u.key_splits(n, block_m, 64, _CudaStandIn()) == 1           # interpreter: off
 
