@@ -614,19 +614,21 @@ def _split_forward(z, log_w, scale, need_max, relative, splits, tiles, tune, met
 def _merge_splits(delta: torch.Tensor, ref: torch.Tensor):
     """Merge key splits' partial sums, in float64: delta [S, L, N] = log Σ_{k in split s}
     e^{t_k - ref_s} (−inf for a split without a visible key), ref [S, L, N] = the split's
-    reference point (−inf likewise). Returns (lse = R + log Σ_s e^{delta_s + ref_s - R} [L, N]
-    float64, −inf where no split saw a key; R = max_s ref_s, fp32). Each partial is exact to
-    fp32 precision of its own size (δ ~ log N, ref an exact fp32 score), so the merged lse is
-    as precise as the unsplit kernel's (the relative mode's rowmax + δ, the plain mode's one
-    rounding to fp32)."""
-    top = ref.amax(0)
-    r64 = ref.double()
-    base = torch.where(torch.isfinite(top), top, torch.zeros_like(top)).double()
-    total = torch.exp(delta.double() + (r64 - base)).sum(0)   # −inf parts give e^−inf = 0
-    live = torch.isfinite(top) & (total > 0)
+    reference point (−inf likewise). Returns (lse = B + log Σ_s e^{delta_s + ref_s - B} [L, N]
+    float64 with B = max_s (delta_s + ref_s), −inf where no split saw a key; R = max_s ref_s,
+    fp32). Each partial is exact to fp32 precision of its own size (δ ~ log N plus the
+    log-weights' shift, ref an exact fp32 score), so the merged lse is as precise as the
+    unsplit kernel's (the relative mode's rowmax + δ, the plain mode's one rounding to fp32);
+    the shift B keeps every exponent <= 0 whatever the log-weights (δ carries them: +800
+    would overflow float64 against R alone)."""
+    part = delta.double() + ref.double()          # −inf for a split without a visible key
+    top = part.amax(0)
+    live = torch.isfinite(top)
+    base = torch.where(live, top, torch.zeros_like(top))
+    total = torch.exp(part - base).sum(0)          # >= 1 where live: the top split's own e^0
     lse = torch.where(live, base + torch.log(torch.where(live, total, 1.0)),
                       torch.full_like(base, -math.inf))
-    return lse, top
+    return lse, ref.amax(0)
 
 
 def lse_forward(

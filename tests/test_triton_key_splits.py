@@ -186,6 +186,24 @@ def test_unsplit_launches_compile_the_unsplit_code(monkeypatch, triton_device):
     assert seen == [("bwd", 1, 1, False), ("bwd", 1, 1, False)]
 
 
+def test_split_merge_with_large_log_weights(triton_device):
+    """Log-weights far above 0 (the kernels shift them by the level's largest; the merge by the
+    largest partial): +800 would overflow float64 in a merge shifted by the row max alone. The
+    split lse equals the unsplit one to fp32 rounding in both modes; a -800 level too."""
+    k = _kernels()
+    z, log_w, _ = make_case(300, 8, 3, 2.0, seed=9, hide=0.0)
+    log_w[1] += 800.0
+    log_w[2] -= 800.0
+    zd, lwd = z.to(triton_device), log_w.to(triton_device)
+    for relative in (False, True):
+        one = k.lse_forward(zd, lwd, 2.0, True, relative=relative, key_splits=1)
+        three = k.lse_forward(zd, lwd, 2.0, True, relative=relative, key_splits=3)
+        assert torch.isfinite(three[0]).all()
+        spread = 2 * torch.finfo(torch.float32).eps * one[0].abs().max().item()
+        torch.testing.assert_close(three[0].double(), one[0].double(), rtol=0, atol=spread)
+        assert torch.equal(three[2], one[2])
+
+
 def test_split_refusals(triton_device):
     k = _kernels()
     z = torch.randn(40, 4, device=triton_device)
