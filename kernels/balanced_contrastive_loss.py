@@ -75,12 +75,12 @@ blocks cannot fill the GPU: ``_utils.key_splits``): flash-decoding's split-K ove
 forward's grid gains an axis of S splits, each summing its own whole key tiles; per row and
 level a split stores its reference point (the relative mode's unweighted max r_s, the plain
 mode's running max m_s) and its log-sum δ_s against it, exact to fp32 precision of their own
-sizes, and `_merge_splits` forms lse = R + log Σ_s e^{δ_s + ref_s − R} in float64 (R = max_s
-ref_s): the relative mode's rowmax + δ and the plain mode's lse as precise as unsplit; the row
-max and first arg-max are the first split's attaining R (splits in key order), bit for bit the
-unsplit ones. The one-pass backward's splits write fp32 [N, d] partials of dz, summed in split
-order (deterministic). One split compiles the unsplit code (SPLIT off). Not with the shared-keys
-mode or the two-pass backward.
+sizes, and `_merge_splits` forms lse = B + log Σ_s e^{δ_s + ref_s − B} in float64 (B = max_s
+(δ_s + ref_s)): the relative mode's rowmax + δ and the plain mode's lse as precise as unsplit;
+the row max and first arg-max are the first split's attaining the largest max (splits in key
+order), bit for bit the unsplit ones. The one-pass backward's splits write fp32 [N, d]
+partials of dz, summed in split order (deterministic). One split compiles the unsplit code
+(SPLIT off). Not with the shared-keys mode or the two-pass backward.
 
 Tiles: fixed per head dimension (``_utils.pair_blocks``), or timed by ``triton.autotune`` over
 ``_utils.TUNE_TILES`` with ``autotune=True`` / $HIERTAIL_TRITON_AUTOTUNE=1 (CUDA only; never
