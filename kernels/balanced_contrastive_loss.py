@@ -80,7 +80,8 @@ sizes, and `_merge_splits` forms lse = B + log Σ_s e^{δ_s + ref_s − B} in fl
 the row max and first arg-max are the first split's attaining the largest max (splits in key
 order), bit for bit the unsplit ones. The one-pass backward's splits write fp32 [N, d]
 partials of dz, summed in split order (deterministic). One split compiles the unsplit code
-(SPLIT off). Not with the shared-keys mode or the two-pass backward.
+(SPLIT off). The shared-keys mode splits too (each split takes its share of the common tiles,
+then of the rest; its pair (m_s, δ_s) merges like the others). Not with the two-pass backward.
 
 Tiles: fixed per head dimension (``_utils.pair_blocks``), or timed by ``triton.autotune`` over
 ``_utils.TUNE_TILES`` with ``autotune=True`` / $HIERTAIL_TRITON_AUTOTUNE=1 (CUDA only; never
@@ -199,6 +200,8 @@ def _balanced_contrastive_loss_fwd_kernel(
     l_run = tl.zeros([BLOCK_M, L_PAD], tl.float32)
     rmax = tl.full([BLOCK_M, L_PAD], float("-inf"), tl.float32)
     ridx = tl.zeros([BLOCK_M, L_PAD], tl.int32)
+    if SPLIT:
+        split_lo, split_hi = _key_range(tl.program_id(2), N, NUM_SPLITS, BLOCK_N)
     tail = 0
     if SHARED:
         # Keys [0, N_COMMON) are visible in every level (see `lse_forward`'s n_common): ONE exp
@@ -209,7 +212,10 @@ def _balanced_contrastive_loss_fwd_kernel(
         c_sh = tl.load(SHIFT + level0 + cols, mask=cols < NUM_LEVELS, other=0.0)
         m_c = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_c = tl.zeros([BLOCK_M, L_PAD], tl.float32)
-        for start_n in range(0, tail, BLOCK_N):
+        common_lo, common_hi = 0, tail
+        if SPLIT:      # this split's share of the common tiles
+            common_lo, common_hi = split_lo, tl.minimum(tail, split_hi)
+        for start_n in range(common_lo, common_hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             k = _key_tile(Z, offs_n, offs_n < N_COMMON, offs_d, d_valid, stride_z, UPCAST)
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
@@ -228,8 +234,10 @@ def _balanced_contrastive_loss_fwd_kernel(
                 ridx = tl.where(better, tile_arg[:, None], ridx)
             m_c = m_new
     key_lo, key_hi = tail, N
-    if SPLIT:          # (never with SHARED: the shared-keys mode runs unsplit)
-        key_lo, key_hi = _key_range(tl.program_id(2), N, NUM_SPLITS, BLOCK_N)
+    if SPLIT:          # this split's share of the other tiles
+        key_lo, key_hi = split_lo, split_hi
+        if SHARED:
+            key_lo = tl.maximum(tail, split_lo)
     for start_n in range(key_lo, key_hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < N
@@ -293,8 +301,11 @@ def _balanced_contrastive_loss_fwd_kernel(
         both = tl.exp(rel_c - top_ref) + tl.exp(rel_t - top_ref)
         lse = tl.where(top == float("-inf"), float("-inf"),
                        top_ref + tl.log(tl.where(top == float("-inf"), 1.0, both)))
-        if tl.program_id(1) == 0:
-            tl.store(CMAX + offs_m, m_ref, mask=m_valid)
+        if tl.program_id(1) == 0:      # (split: plane program_id(2) of [NUM_SPLITS, N])
+            cmax_at = offs_m
+            if SPLIT:
+                cmax_at += tl.program_id(2).to(tl.int64) * N
+            tl.store(CMAX + cmax_at, m_ref, mask=m_valid)
     out = (level0 + cols)[None, :] * N + offs_m[:, None]
     if SPLIT:  # plane program_id(2) of [NUM_SPLITS, L, N] (L: level programs x NUM_LEVELS)
         out += tl.program_id(2).to(tl.int64) * tl.num_programs(1) * NUM_LEVELS * N
@@ -335,7 +346,7 @@ def _balanced_contrastive_loss_bwd_kernel(
     # its positives' share): the row max's share (-g_li on s_ia) on its key cancelled per
     # entry, as a dense computation does, not after both were summed over the rows sharing
     # that key (~N ulp of the terms). Its query side, on row i alone, is the caller's.
-    # SPLIT (NUM_SPLITS on grid axis 1; not with SHARED or ADD_PARTIAL): this program sums over
+    # SPLIT (NUM_SPLITS on grid axis 1; not with ADD_PARTIAL): this program sums over
     # the column tiles of key split program_id(1) only and writes plane program_id(1) of an
     # fp32 [NUM_SPLITS, N, d] DZ, which the launcher sums (each pair (r, c) is in one split).
     offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -360,6 +371,8 @@ def _balanced_contrastive_loss_bwd_kernel(
     if RELATIVE:
         ref_rows = tl.load(ROWMAX + lvl, mask=lvl_mask, other=0.0)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    if SPLIT:
+        split_lo, split_hi = _key_range(tl.program_id(1), N, NUM_SPLITS, BLOCK_N)
     tail = 0
     if SHARED:
         # A row block of common keys against full tiles of common keys (see the forward):
@@ -376,7 +389,10 @@ def _balanced_contrastive_loss_bwd_kernel(
         ref_r = tl.load(REF + offs_m, mask=m_valid, other=0.0)
         a_r = tl.load(COEF + lvl, mask=lvl_mask, other=0.0)
         wk_r = tl.exp(lw_r - c_sh[None, :])                       # rows as keys: w'_lr
-        for start_n in range(0, tail, BLOCK_N):
+        common_lo, common_hi = 0, tail
+        if SPLIT:      # this split's share of the common tiles
+            common_lo, common_hi = split_lo, tl.minimum(tail, split_hi)
+        for start_n in range(common_lo, common_hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             k = _key_tile(Z, offs_n, offs_n < N_COMMON, offs_d, d_valid, stride_z, UPCAST)
             s_rc = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
@@ -404,8 +420,10 @@ def _balanced_contrastive_loss_bwd_kernel(
                 w += tl.exp(s_cr - ref_c[None, :]) * kb
             acc = tl.dot(w, k.to(tl.float32), acc, input_precision=GRAD_DOT_PRECISION)
     key_lo, key_hi = tail, N
-    if SPLIT:          # (never with SHARED: the shared-keys mode runs unsplit)
-        key_lo, key_hi = _key_range(tl.program_id(1), N, NUM_SPLITS, BLOCK_N)
+    if SPLIT:          # this split's share of the other tiles
+        key_lo, key_hi = split_lo, split_hi
+        if SHARED:
+            key_lo = tl.maximum(tail, split_lo)
     for start_n in range(key_lo, key_hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < N
@@ -586,29 +604,38 @@ def _shared_coefficients(lse: torch.Tensor, grad_lse: torch.Tensor, shift: torch
     return ref.contiguous(), coef.float().contiguous()
 
 
-def _split_forward(z, log_w, scale, need_max, relative, splits, tiles, tune, meta, axis1):
+def _split_forward(z, log_w, scale, need_max, relative, splits, tiles, tune, meta, axis1,
+                   shift, n_common):
     """The forward over `splits` key ranges: each writes its plane of [splits, L, N] partial
-    buffers (relative: δ_s and r_s, the unweighted max of its keys; plain: log l_s and m_s, its
-    running max), merged by `_merge_splits`. Returns what `lse_forward` returns."""
+    buffers (relative: δ_s and r_s, the unweighted max of its keys; shared keys: δ_s and m_s,
+    the max of its common keys, one per row; plain: log l_s and m_s, its running max), merged
+    by `_merge_splits`. `shift`: the mode's log-weight shift (relative, shared keys) or None.
+    Returns what `lse_forward` returns."""
     num_levels, n = log_w.shape
     part = lambda dtype=torch.float32: torch.empty(splits, num_levels, n, dtype=dtype,  # noqa: E731
                                                    device=z.device)
     delta = part()
-    ref = part() if not relative else None
+    ref = part() if not (relative or n_common) else None
+    cmax = torch.empty(splits, n, dtype=torch.float32, device=z.device) if n_common else delta
     rowmax = part() if need_max else None
     argmax = part(torch.int64) if need_max else None
-    shift = _level_shift(log_w) if relative else delta
-    args = (z, log_w, shift, delta, delta, rowmax if need_max else delta,
-            argmax if need_max else delta, delta if ref is None else ref, n, 0, z.shape[1],
-            z.stride(0), float(scale), splits)
+    args = (z, log_w, delta if shift is None else shift, delta, cmax,
+            rowmax if need_max else delta, argmax if need_max else delta,
+            delta if ref is None else ref, n, n_common, z.shape[1], z.stride(0), float(scale),
+            splits)
     _launch("fwd", n, axis1, tiles, tune, args, meta, axis2=splits)
-    lse, top = _merge_splits(delta, rowmax if relative else ref)
+    if relative:
+        ref = rowmax
+    elif n_common:
+        ref = cmax[:, None, :].expand_as(delta)
+    lse, top = _merge_splits(delta, ref)
+    keep64 = relative or n_common          # (these modes return lse in float64, as unsplit)
     if not need_max:
-        return lse.float(), None, None
+        return (lse if keep64 else lse.float()), None, None
     first = (rowmax == rowmax.amax(0, keepdim=True)).to(torch.int32).argmax(0, keepdim=True)
     amax = argmax.gather(0, first).squeeze(0)
     rmax = top if relative else rowmax.amax(0)
-    return (lse if relative else lse.float()), rmax, amax
+    return (lse if keep64 else lse.float()), rmax, amax
 
 
 def _merge_splits(delta: torch.Tensor, ref: torch.Tensor):
@@ -660,7 +687,7 @@ def lse_forward(
         key_splits: split the keys into this many ranges, one program each per row block, and
             merge their partial sums (more programs where the row blocks cannot fill the
             GPU; ``_utils.KEY_SPLITS_ENV``): an int >= 1 or "auto" (default
-            $HIERTAIL_TRITON_KEY_SPLITS, else "auto"). Not with n_common.
+            $HIERTAIL_TRITON_KEY_SPLITS, else "auto").
     Returns:
         lse [L, N] fp32 (float64 with n_common: m + δ to fp32 precision of δ; with
         relative: rowmax + δ; pass it as
@@ -672,9 +699,6 @@ def lse_forward(
     if relative and (not need_max or n_common):
         raise ValueError("relative=True needs need_max=True and n_common=0")
     request = split_request(key_splits)      # checked whatever runs (also at N = 0)
-    if n_common and key_splits is not None and request not in (1, "auto"):
-        raise ValueError("key_splits > 1 cannot be combined with n_common (the shared-keys "
-                         "mode runs unsplit)")
     s_prec, _, upcast = _precisions(z.dtype, z.is_cuda, fp32_dot_precision(fp32_dot))
     tune = _use_autotune(z, autotune)
     z = z.contiguous()
@@ -691,14 +715,14 @@ def lse_forward(
         shift = _level_shift(log_w)
     tiles = pair_blocks(n, d_pad, z.is_cuda, arch=cuda_arch(z),
                         fp32_dot=s_prec if z.dtype == torch.float32 else None)
-    splits = 1 if n_common else split_count(n, tiles[0], tiles[1], z, request)
+    splits = split_count(n, tiles[0], tiles[1], z, request)
     meta = dict(NUM_LEVELS=per_program, L_PAD=max(2, triton.next_power_of_2(per_program)),
                 D_PAD=d_pad, NEED_MAX=bool(need_max), DOT_PRECISION=s_prec, UPCAST=upcast,
                 SHARED=bool(n_common), RELATIVE=bool(relative), SPLIT=splits > 1,
-                SPLIT_PAIR=splits > 1 and not relative)
+                SPLIT_PAIR=splits > 1 and not (relative or n_common))
     if splits > 1:
         return _split_forward(z, log_w, scale, need_max, relative, splits, tiles, tune, meta,
-                              num_levels // per_program)
+                              num_levels // per_program, shift, n_common)
     cmax = torch.empty(n, dtype=torch.float32, device=z.device) if n_common else lse
     args = (z, log_w, lse if shift is None else shift, lse, cmax, rowmax if need_max else lse,
             argmax if need_max else lse, lse, n, n_common, d, z.stride(0), float(scale), 1)
@@ -737,7 +761,7 @@ def lse_backward(
             row max's share, and the rest of the gradient on it), cancelled against p per
             entry inside the kernel; its query side, on row i, is left to the caller.
         argmax_coef: (with argmax) [L, N], the coefficient added at the arg-max (None: 0).
-        key_splits: as in `lse_forward` (the one-pass kernel only; not with n_common): each
+        key_splits: as in `lse_forward` (the one-pass kernel only): each
             split sums its keys' share of dz into an fp32 [N, d] partial, and the partials are
             summed in split order (deterministic).
     Returns:
@@ -745,8 +769,8 @@ def lse_backward(
     """
     num_levels, n, d = _check(z, log_w)
     request = split_request(key_splits)      # checked whatever runs (also at N = 0)
-    if (n_common or two_pass) and key_splits is not None and request not in (1, "auto"):
-        raise ValueError("key_splits > 1 needs the one-pass backward without n_common")
+    if two_pass and key_splits is not None and request not in (1, "auto"):
+        raise ValueError("key_splits > 1 needs the one-pass backward (two_pass=False)")
     named = [("lse", lse), ("grad_lse", grad_lse)]
     if argmax is not None:
         if rowmax is None or argmax.dtype != torch.int64:
@@ -801,7 +825,7 @@ def lse_backward(
     args = (z, log_w, lse if shift is None else shift, ref, coef, lse, rmax_ref, amax, h,
             grad_lse)
     tail = (n, n_common, d, z.stride(0), float(scale))
-    splits = 1 if n_common or two_pass else split_count(n, tiles[0], tiles[1], z, request)
+    splits = 1 if two_pass else split_count(n, tiles[0], tiles[1], z, request)
     if not two_pass:
         out = dz if splits == 1 else torch.empty(splits, n, d, dtype=torch.float32,
                                                   device=z.device)

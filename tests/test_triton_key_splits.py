@@ -122,6 +122,43 @@ def test_split_relative_mode_official_cancellation(triton_device):
     assert_rule(folded, ref_dz, low_dz, torch.float32, "folded, 3 splits")
 
 
+@pytest.mark.parametrize("n_common", [290, 100, 20, 300])
+def test_split_shared_keys_mode(n_common, triton_device):
+    """The shared-keys mode split: each split takes its share of the common tiles (one exp per
+    entry for all levels), then of the rest; its (m_s, δ_s) merge gives the float64 lse, row
+    max and first arg-max of the unsplit mode, and dz, within the rule. n_common 290 / 100 /
+    20 / 300: splits that are all common, mixed, all rest; a common prefix of no full tile."""
+    k = _kernels()
+    n, d, levels, scale = 300, 24, 3, 10.0
+    z, log_w, grad = make_case(n, d, levels, 3.0, seed=11)
+    gen = torch.Generator().manual_seed(12)
+    log_w[:, :n_common] = -torch.rand(levels, n_common, generator=gen) * 3
+    z[n_common - 1] = z[1]           # a tie in the common max across tiles and splits
+    ref = dense(z, log_w, scale, grad, torch.float64)
+    low = dense(z, log_w, scale, grad, torch.float32)
+    zd, lwd, gd = (t.to(triton_device) for t in (z, log_w, grad))
+    one = k.lse_forward(zd, lwd, scale, True, n_common=n_common, key_splits=1)
+    dz1 = k.lse_backward(zd, lwd, one[0], gd, scale, n_common=n_common, key_splits=1)
+    for splits in (2, 3):
+        lse, rowmax, argmax = k.lse_forward(zd, lwd, scale, True, n_common=n_common,
+                                            key_splits=splits)
+        assert lse.dtype == torch.float64
+        assert_rule(lse, ref[0], low[0], torch.float32, f"lse (shared, {splits} splits)")
+        torch.testing.assert_close(lse, one[0], rtol=0,
+                                   atol=4 * torch.finfo(torch.float32).eps
+                                   * one[0].abs().max().item())
+        assert torch.equal(rowmax, one[1]) and torch.equal(argmax, one[2])
+        grid = k.lse_forward(zd, lwd, scale, True, n_common=n_common, fuse_levels=False,
+                             key_splits=splits)          # the grid over levels, split
+        torch.testing.assert_close(grid[0], lse, rtol=0, atol=4e-7 * lse.abs().max().item())
+        assert torch.equal(grid[2], argmax)
+        dz = k.lse_backward(zd, lwd, lse, gd, scale, n_common=n_common, key_splits=splits)
+        assert_rule(dz, ref[3], low[3], torch.float32, f"dz (shared, {splits} splits)")
+        # the shared factoring e^{s - R} Σ a w' rounds more than the plain terms (both are
+        # held to the rule above): split and unsplit within 1e-5 of the largest entry
+        torch.testing.assert_close(dz, dz1, rtol=0, atol=1e-5 * dz1.abs().max().item())
+
+
 def test_split_ties_take_the_first_key_across_splits(triton_device):
     """Rows 10 and 250 are equal (keys in splits 0 and 1 of 3): every row whose max they tie
     gets arg-max 10, torch.max's first index, as unsplit; a level that hides key 10 gets 250."""
@@ -208,13 +245,9 @@ def test_split_refusals(triton_device):
     k = _kernels()
     z = torch.randn(40, 4, device=triton_device)
     lw = torch.zeros(2, 40, device=triton_device)
-    with pytest.raises(ValueError, match="key_splits > 1 cannot be combined with n_common"):
-        k.lse_forward(z, lw, 1.0, False, n_common=20, key_splits=2)
     lse, _, _ = k.lse_forward(z, lw, 1.0, False, key_splits=2)
     with pytest.raises(ValueError, match="key_splits > 1 needs the one-pass backward"):
         k.lse_backward(z, lw, lse, lw, 1.0, two_pass=True, key_splits=2)
-    with pytest.raises(ValueError, match="key_splits > 1 needs the one-pass backward"):
-        k.lse_backward(z, lw, lse, lw, 1.0, n_common=20, key_splits=2)
     for bad in (0, -1, "two", 2.0, True):
         with pytest.raises((ValueError, TypeError), match="key_splits"):
             k.lse_forward(z, lw, 1.0, False, key_splits=bad)
@@ -227,8 +260,8 @@ def test_split_refusals(triton_device):
             k.lse_forward(z[:0], lw[:, :0], 1.0, False, key_splits=bad)
     with pytest.raises(TypeError, match="key_splits"):
         k.lse_forward(z, lw, 1.0, False, key_splits=True)
-    # "auto" and 1 are fine with the shared-keys mode (it runs unsplit)
-    k.lse_forward(z, lw, 1.0, False, n_common=20, key_splits="auto")
+    # "auto" and 1 are fine with the two-pass backward (it runs unsplit)
+    k.lse_backward(z, lw, lse, lw, 1.0, two_pass=True, key_splits="auto")
     k.lse_backward(z, lw, lse, lw, 1.0, two_pass=True, key_splits=1)
 
 
@@ -288,12 +321,15 @@ def test_split_count_requests(monkeypatch):
         u.key_splits(300, 64, 64, cpu)
 
 
-@pytest.mark.parametrize("variant", ["exact", "official"])
-def test_the_loss_with_split_kernels(monkeypatch, variant, triton_device):
+@pytest.mark.parametrize("variant,shared", [("exact", False), ("official", False),
+                                            ("exact", True)])
+def test_the_loss_with_split_kernels(monkeypatch, variant, shared, triton_device):
     """The loss on the Triton engine with $HIERTAIL_TRITON_KEY_SPLITS=3 (the automatic count
     is 1 off CUDA) runs both kernels split, and its value and gradients match the float64
-    reference: three levels, two with their own prototypes."""
+    reference: three levels, two with their own prototypes; also in the shared-keys mode
+    ($HIERTAIL_TRITON_SHARED_LEVELS=1, the exact variant's)."""
     u, k = _utils(), _kernels()
+    monkeypatch.setenv(u.SHARED_LEVELS_ENV, "1" if shared else "0")
     counts = []
 
     def spy(*args, real=k.split_count):
@@ -301,6 +337,13 @@ def test_the_loss_with_split_kernels(monkeypatch, variant, triton_device):
         return counts[-1]
 
     monkeypatch.setattr(k, "split_count", spy)
+    commons = []
+
+    def forward(*args, real=k.lse_forward, **kw):
+        commons.append(kw.get("n_common", 0))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(k, "lse_forward", forward)
     monkeypatch.setenv(u.KEY_SPLITS_ENV, "3")
     gen = torch.Generator().manual_seed(21)
     n, d = 260, 8
@@ -315,6 +358,7 @@ def test_the_loss_with_split_kernels(monkeypatch, variant, triton_device):
                                          temperature=0.5, variant=variant, backend="triton")
     loss.backward()
     assert counts == [3, 3]                    # forward and backward, 268 keys in 5 tiles
+    assert commons == [260 if shared else 0]   # the embedding rows: every level's keys
     zr = z.double().requires_grad_()
     pr = [p.double().requires_grad_() if p is not None else None for p in protos]
     total = sum(contrastive_ref(zr, lab, prototypes=p, temperature=0.5, variant=variant)
