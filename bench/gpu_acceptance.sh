@@ -6,8 +6,9 @@
 #   2. recheck (limit 55 s): the CUDA tests that failed on 2026-12-04 and the fix since (the
 #      official variant's Triton launches without FMA fusion, kernels/_utils.fp_fusion), first,
 #      so a call stopped early still answers whether the fix holds on the card; then the key
-#      splits of the LSE kernels (2026-12-05: automatic on CUDA below ~50k rows, compiled here
-#      for the first time), tests/test_triton_key_splits.py's kernel and loss cases;
+#      splits of the LSE kernels (2026-12-05: automatic on CUDA where the row blocks leave the
+#      last wave under 90 % full, 4 splits at 20k x 64 on an H200; compiled here for the first
+#      time), tests/test_triton_key_splits.py's kernel and loss cases;
 #   3. bench/gpu_report.py, every section (limit 220 s): every CUDA backend of every op against
 #      the float64 reference (PASS/FAIL), the loss against SDPA fp32 / bf16, the cuBLAS 3-GEMM
 #      floor and the dense reference, propagation / pooling / prototypes against their peers,
