@@ -11,7 +11,7 @@ the next GPU run.
    with or without self-loops, fp32 / fp64 accumulation, its edge-dot backward; top-k pooling's
    score, gather, filter, backward and unpool kernels; the nearest prototype; the loss's LSE
    forward / backward (exact, official with its relative mode, one and three levels, shared
-   keys) and its positives kernel, in every input dtype the launchers take.
+   keys, key splits) and its positives kernel, in every input dtype the launchers take.
 2. Compile (a subprocess pool with ``TRITON_INTERPRET=0``): each distinct launch goes through
    ``triton.compile`` for ``GPUTarget("cuda", arch, 32)``: Triton's front end, its GPU passes
    and the wheel's ptxas. That is where compiled-only failures surface (a dot shape or type
@@ -213,17 +213,39 @@ def _loss_workload(gen, dtypes, dims):
                 yield f"hierarchical_contrastive_loss {name} d={d} {variant} 3 levels", levels
 
                 def shared(levels=levels):
-                    before = os.environ.get("HIERTAIL_TRITON_SHARED_LEVELS")
-                    os.environ["HIERTAIL_TRITON_SHARED_LEVELS"] = "1"
-                    try:
-                        levels()
-                    finally:                    # (the caller's setting back as it was)
-                        if before is None:
-                            os.environ.pop("HIERTAIL_TRITON_SHARED_LEVELS")
-                        else:
-                            os.environ["HIERTAIL_TRITON_SHARED_LEVELS"] = before
+                    _with_env({"HIERTAIL_TRITON_SHARED_LEVELS": "1"}, levels)
                 yield (f"hierarchical_contrastive_loss {name} d={d} {variant} 3 levels, "
                        "shared keys"), shared
+        # the LSE kernels' key splits (SPLIT launches: a split axis, partial planes): 130 rows
+        # are 3 key tiles of the interpreter's 64, so 2 splits run
+        z = torch.nn.functional.normalize(torch.randn(130, 16, generator=gen), dim=1).to(dtype)
+        labels = torch.randint(0, 4, (130,), generator=gen)
+        protos = torch.randn(4, 16, generator=gen).to(dtype)
+        for variant, shared in (("exact", "0"), ("official", "0"), ("exact", "1")):
+            def split(z=z, labels=labels, protos=protos, variant=variant, shared=shared):
+                def run():
+                    zz = z.clone().requires_grad_()
+                    hf.hierarchical_contrastive_loss(
+                        zz, [labels, labels // 2, labels // 4], [protos, protos[:2], None],
+                        variant=variant, backend="triton").backward()
+                _with_env({"HIERTAIL_TRITON_KEY_SPLITS": "2",
+                           "HIERTAIL_TRITON_SHARED_LEVELS": shared}, run)
+            yield (f"hierarchical_contrastive_loss {name} d=16 {variant} 3 levels, 2 key "
+                   f"splits{', shared keys' if shared == '1' else ''}"), split
+
+
+def _with_env(values: dict, thunk) -> None:
+    """thunk() with the environment variables `values` set, then put back as they were."""
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        thunk()
+    finally:                            # (the caller's settings back as they were)
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key)
+            else:
+                os.environ[key] = value
 
 
 def ptx_float_ops(ptx: str) -> dict[str, int]:

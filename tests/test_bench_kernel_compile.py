@@ -146,6 +146,13 @@ def test_every_kernel_compiles_for_sm_90(tmp_path, triton_device):
     declared = {name for module in modules for name, value in vars(module).items()
                 if name.endswith("_kernel") and hasattr(value, "fn")}
     assert len(declared) == 12 and kernels == declared, declared ^ kernels
+    # the key splits' launches (a split axis, partial planes) compile too: plain, relative and
+    # shared-keys forwards and the one-pass backward
+    split = [r for r in report["rows"] if r["constexprs"].get("SPLIT")]
+    assert {(r["kernel"].split("_")[-2], bool(r["constexprs"].get("RELATIVE")),
+             bool(r["constexprs"].get("SHARED"))) for r in split} >= {
+        ("fwd", False, False), ("fwd", True, False), ("fwd", False, True),
+        ("bwd", False, False), ("bwd", True, False), ("bwd", False, True)}
     # kernels/_utils.fp_fusion: the launches that need one rounded score compile without FMA
     # contraction: only .rn multiplies / adds / subtracts, which ptxas may not contract either
     unfused = [r for r in report["rows"] if r["options"].get("enable_fp_fusion") is False]
