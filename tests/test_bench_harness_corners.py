@@ -137,10 +137,11 @@ def _stub_gpu(monkeypatch, timed: list):
     """loss_profile's GPU rows without a GPU: inputs, anchors and timing stubbed; every timed
     (variant, levels, dtype, engine) goes to `timed`."""
     gc = loss_profile.gc
-    fake = SimpleNamespace(to=lambda dev: fake)
+    fake = SimpleNamespace(to=lambda dev: fake, shape=(40, 8))
     monkeypatch.setattr(gc, "loss_inputs", lambda n, d: (fake, fake, fake))
     monkeypatch.setattr(loss_profile.gpu_report, "_anchor_steps", lambda *a: {})
     monkeypatch.setattr(gc, "auto_engine", lambda *a: "torch")
+    monkeypatch.setattr(gc, "auto_key_splits", lambda n, d, dev, dtype: 4 if n == 140 else 0)
     monkeypatch.setattr(gc, "tuned_tiles", lambda: {"fwd": ["tile"]})
     monkeypatch.setattr(loss_profile, "make_step", lambda z, y, p, v, lv, dt, label: (
         lambda: timed.append((v, lv, dt, label))))
@@ -183,6 +184,10 @@ def test_loss_profile_times_each_engine_in_its_cells(monkeypatch):
     assert all(r["median_s"] == 1e-3 for r in rows)
     assert {(r["levels"], r["what"]) for r in rows if "engine" in r} == {
         (lv, "auto") for lv in (1, 3)}
+    # the "triton" rows record the key splits of their kernels there (100 rows + 40 prototypes)
+    assert {(r["what"], r.get("key_splits")) for r in rows if "key_splits" in r} == {
+        ("triton", 4)}
+    assert all("key_splits" in r for r in rows if r["what"] == "triton")
     rows.clear()
     loss_profile.tuned_rows("cuda", 100, 8, ENGINES, 1, far, rows.append)
     assert [(r["levels"], r["what"], r["tiles"]) for r in rows] == [
