@@ -136,8 +136,7 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
                                            dtype=name, what="ours (triton, key splits off)"),
                                       *_loss_step(dev, "triton[nosplit]", variant, z, y,
                                                   protos, levels, dtype)))
-                    if dtype == torch.float32 and _triton_not_chosen(dev, engine, variant, n,
-                                                                     d):
+                    if _triton_not_chosen(dev, engine, variant, n, d, dtype):
                         group.append((dict(n=n, d=d, variant=variant, levels=levels,
                                            dtype=name, what=NOT_CHOSEN),
                                       *_loss_step(dev, "triton", variant, z, y, protos,
@@ -166,19 +165,20 @@ DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 NOT_CHOSEN = "ours (triton, not chosen here)"
 
 
-def _triton_not_chosen(dev: str, engine: str, variant: str, n: int, d: int) -> bool:
-    """Whether the first group times the Triton kernels beside an fp32 automatic row that does
-    not run them, as the A/B of a threshold the per-engine rows (last, skipped by the budget on
-    2026-12-04) would re-decide: the official variant at d <= TRITON_MAX_DIM
-    (TRITON_MIN_ROWS['official'] = 75k was set while their positives ran a torch pass with
-    hundreds of host syncs; the Triton positives kernel since), and the exact variant wider
-    than TRITON_MAX_DIM below 50k rows (d 128 was never timed on them; the key splits are for
-    20k rows). CUDA only."""
+def _triton_not_chosen(dev: str, engine: str, variant: str, n: int, d: int,
+                       dtype: torch.dtype = torch.float32) -> bool:
+    """Whether the first group times the Triton kernels beside an automatic row that does not
+    run them, as the A/B of a threshold the per-engine rows (last, skipped by the budget on
+    2026-12-04) would re-decide: the official variant at d <= TRITON_MAX_DIM, fp32 and bf16
+    (TRITON_MIN_ROWS['official'] = 75k and TRITON_MIN_ROWS_BF16['official'] = 50k were set
+    while their positives ran a torch pass with hundreds of host syncs; the Triton positives
+    kernel since), and the exact variant wider than TRITON_MAX_DIM below 50k rows in fp32
+    (d 128 was never timed on them; the key splits are for 20k rows). CUDA only."""
     if dev != "cuda" or engine == "triton":
         return False
     if variant == "official":
         return d <= TRITON_MAX_DIM
-    return d > TRITON_MAX_DIM and n < 50_000
+    return dtype == torch.float32 and d > TRITON_MAX_DIM and n < 50_000
 
 
 def _time_group(dev: str, group: list[tuple], budget: Budget, add) -> None:

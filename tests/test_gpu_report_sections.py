@@ -66,9 +66,10 @@ def test_the_key_splits_are_timed_against_their_absence(report, monkeypatch):
 
 def test_the_triton_rows_beside_the_automatic_ones(report, monkeypatch):
     """On CUDA, where the automatic choice does not run the Triton kernels, the first group
-    also times them beside it (fp32): the official variant at d <= TRITON_MAX_DIM (the A/B of
-    TRITON_MIN_ROWS['official']) and the exact one wider than that below 50k rows (of
-    TRITON_MAX_DIM); not on CPU, not where auto already picks them, not for bf16."""
+    also times them beside it: the official variant at d <= TRITON_MAX_DIM, fp32 and bf16 (the
+    A/B of TRITON_MIN_ROWS['official'] / TRITON_MIN_ROWS_BF16), and the exact one wider than
+    that below 50k rows in fp32 (of TRITON_MAX_DIM); not on CPU, not where auto already picks
+    them."""
     gc = report.gc
     monkeypatch.setattr(gc, "loss_labels", lambda dev: [])
     monkeypatch.setattr(gc, "loss_inputs", lambda n, d: (torch.zeros(n, d),
@@ -92,7 +93,8 @@ def test_the_triton_rows_beside_the_automatic_ones(report, monkeypatch):
     rows = report.loss_section("cuda", sizes, report.Budget(60, reps=1))
     extra = {(r["n"], r["d"], r["variant"], r["levels"], r["dtype"], r["label"]) for r in rows
              if r["what"] == report.NOT_CHOSEN}
-    want = {(n, 4, "official", lv, "fp32", "triton") for n in (30, 60_000) for lv in (1, 3)}
+    want = {(n, 4, "official", lv, dt, "triton") for n in (30, 60_000) for lv in (1, 3)
+            for dt in ("fp32", "bf16")}
     want |= {(30, wide, "exact", lv, "fp32", "triton") for lv in (1, 3)}
     assert extra == want
     assert not [r for r in report.loss_section("cpu", sizes, report.Budget(60, reps=1))
