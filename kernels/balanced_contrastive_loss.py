@@ -615,47 +615,42 @@ def _split_forward(z, log_w, scale, need_max, relative, splits, tiles, tune, met
     part = lambda dtype=torch.float32: torch.empty(splits, num_levels, n, dtype=dtype,  # noqa: E731
                                                    device=z.device)
     delta = part()
-    ref = part() if not (relative or n_common) else None
+    mrun = part() if not (relative or n_common) else delta     # the plain mode's m_s (MRUN)
     cmax = torch.empty(splits, n, dtype=torch.float32, device=z.device) if n_common else delta
     rowmax = part() if need_max else None
     argmax = part(torch.int64) if need_max else None
     args = (z, log_w, delta if shift is None else shift, delta, cmax,
-            rowmax if need_max else delta, argmax if need_max else delta,
-            delta if ref is None else ref, n, n_common, z.shape[1], z.stride(0), float(scale),
-            splits)
+            rowmax if need_max else delta, argmax if need_max else delta, mrun, n, n_common,
+            z.shape[1], z.stride(0), float(scale), splits)
     _launch("fwd", n, axis1, tiles, tune, args, meta, axis2=splits)
-    if relative:
-        ref = rowmax
-    elif n_common:
-        ref = cmax[:, None, :].expand_as(delta)
-    lse, top = _merge_splits(delta, ref)
-    keep64 = relative or n_common          # (these modes return lse in float64, as unsplit)
+    ref = rowmax if relative else cmax[:, None, :].expand_as(delta) if n_common else mrun
+    lse = _merge_splits(delta, ref)
+    if not (relative or n_common):      # (those modes return lse in float64, as unsplit)
+        lse = lse.float()
     if not need_max:
-        return (lse if keep64 else lse.float()), None, None
-    first = (rowmax == rowmax.amax(0, keepdim=True)).to(torch.int32).argmax(0, keepdim=True)
-    amax = argmax.gather(0, first).squeeze(0)
-    rmax = top if relative else rowmax.amax(0)
-    return (lse if keep64 else lse.float()), rmax, amax
+        return lse, None, None
+    rmax = rowmax.amax(0)
+    first = (rowmax == rmax).to(torch.int32).argmax(0, keepdim=True)    # first split at the max
+    return lse, rmax, argmax.gather(0, first).squeeze(0)
 
 
-def _merge_splits(delta: torch.Tensor, ref: torch.Tensor):
+def _merge_splits(delta: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """Merge key splits' partial sums, in float64: delta [S, L, N] = log Σ_{k in split s}
     e^{t_k - ref_s} (−inf for a split without a visible key), ref [S, L, N] = the split's
-    reference point (−inf likewise). Returns (lse = B + log Σ_s e^{delta_s + ref_s - B} [L, N]
-    float64 with B = max_s (delta_s + ref_s), −inf where no split saw a key; R = max_s ref_s,
-    fp32). Each partial is exact to fp32 precision of its own size (δ ~ log N plus the
-    log-weights' shift, ref an exact fp32 score), so the merged lse is as precise as the
-    unsplit kernel's (the relative mode's rowmax + δ, the plain mode's one rounding to fp32);
-    the shift B keeps every exponent <= 0 whatever the log-weights (δ carries them: +800
-    would overflow float64 against R alone)."""
+    reference point (−inf likewise). Returns lse = B + log Σ_s e^{delta_s + ref_s - B} [L, N]
+    float64 with B = max_s (delta_s + ref_s), −inf where no split saw a key. Each partial is
+    exact to fp32 precision of its own size (δ ~ log N plus the log-weights' shift, ref an
+    exact fp32 score), so the merged lse is as precise as the unsplit kernel's (the relative
+    mode's rowmax + δ, the plain mode's one rounding to fp32); the shift B keeps every
+    exponent <= 0 whatever the log-weights (δ carries them: +800 would overflow float64
+    against the largest reference point alone)."""
     part = delta.double() + ref.double()          # −inf for a split without a visible key
     top = part.amax(0)
     live = torch.isfinite(top)
     base = torch.where(live, top, torch.zeros_like(top))
     total = torch.exp(part - base).sum(0)          # >= 1 where live: the top split's own e^0
-    lse = torch.where(live, base + torch.log(torch.where(live, total, 1.0)),
-                      torch.full_like(base, -math.inf))
-    return lse, ref.amax(0)
+    return torch.where(live, base + torch.log(torch.where(live, total, 1.0)),
+                       torch.full_like(base, -math.inf))
 
 
 def lse_forward(
