@@ -56,6 +56,9 @@ TRITON_MODES = {
     # the LSE kernels without key splits (kernels/_utils.KEY_SPLITS_ENV): the launches of the
     # 2026-12-04 figures, against which the automatic splits (on from 2026-12-05) are timed
     "triton[nosplit]": {"HIERTAIL_TRITON_KEY_SPLITS": "1"},
+    # the table's tiles with 4 warps (kernels/_utils.TABLE_WARPS): the launches of the 2026-12-04
+    # figures, against which the 8-warp default (from 2026-12-05) is timed
+    "triton[warps4]": {"HIERTAIL_TRITON_TILES": "warps4"},
 }
 MULTI_LEVEL_MODES = {"triton[shared]", "triton[shared+lean]"}   # the same as others at 1 level
 
@@ -103,6 +106,15 @@ def loss_check_labels(device: str) -> list[str]:
     return [label for label in loss_labels(device) if not autotuned(label)]
 
 
+def _auto_tiles(n: int, d: int, dtype: torch.dtype, arch) -> tuple[int, int, int]:
+    """The fixed tile the Triton LSE kernels take on CUDA for `n` rows of `d` columns in
+    `dtype` (fp32 with 3xTF32 dots) on a card of compute capability `arch`, as the environment
+    now asks."""
+    from hiertail_fast.kernels import _utils as u
+    return u.pair_blocks(n, u.feature_block(d), True, arch=arch,
+                         fp32_dot="tf32x3" if dtype == torch.float32 else None)
+
+
 def auto_key_splits(n: int, d: int, dev: str, dtype: torch.dtype = torch.float32) -> int:
     """The key splits the Triton LSE kernels take by themselves for `n` rows of `d` columns in
     `dtype` on `dev` ("auto", the fixed tiles; fp32 with 3xTF32 dots; 1 off CUDA)."""
@@ -110,9 +122,23 @@ def auto_key_splits(n: int, d: int, dev: str, dtype: torch.dtype = torch.float32
         return 1
     from hiertail_fast.kernels import _utils as u
     z = torch.empty(1, d, device=dev)             # (only its device is read)
-    block_m, block_n, _ = u.pair_blocks(n, u.feature_block(d), True, arch=u.cuda_arch(z),
-                                        fp32_dot="tf32x3" if dtype == torch.float32 else None)
+    block_m, block_n, _ = _auto_tiles(n, d, dtype, u.cuda_arch(z))
     return u.key_splits(n, block_m, block_n, z, "auto")
+
+
+def warps_decide(n: int, d: int, dev: str, dtype: torch.dtype = torch.float32,
+                 arch: tuple[int, int] | None = None) -> bool:
+    """Whether "triton[warps4]" launches the Triton LSE kernels differently from the default
+    for these inputs on `dev` (a card of compute capability `arch`, default the current one):
+    on CUDA where their tile comes from the table (kernels/_utils.TABLE_WARPS: 8 warps from
+    2026-12-05), not from the Ampere fp32 or IEEE-dot tiles, unless the environment asks for
+    another tile (which triton[warps4] replaces)."""
+    if dev != "cuda":
+        return False
+    arch = tuple(torch.cuda.get_device_capability()) if arch is None else arch
+    default = _auto_tiles(n, d, dtype, arch)
+    with backend_mode("triton[warps4]"):
+        return _auto_tiles(n, d, dtype, arch) != default
 
 
 def autotuned(label: str | None) -> bool:

@@ -42,7 +42,9 @@
 #      (kernels/_utils.LEAN_TILES), three levels in the shared-keys mode (one exp per entry for
 #      all levels), the torch / attention engines with the positives kernel
 #      ($HIERTAIL_POSITIVES=triton), then the autotuned tiles, whose choice is recorded;
-#      session 54: the LSE kernels' automatic key splits (at 20k) against triton[nosplit].
+#      session 54: the LSE kernels' automatic key splits (at 20k) against triton[nosplit];
+#      session 55: the table's 8 warps (the same tiles) against triton[warps4], the launches
+#      timed before.
 # About 8 minutes of command time (limits: install 60 s, tests 150 s, resources 60 s, profile
 # 270 s): run with the device tool's timeout_s = 560.
 #   A=$OUT; OUT=$A bash bench/gpu_next.sh
@@ -73,6 +75,6 @@ s tests STEPS=tests TESTS_S=150 OMP_NUM_THREADS=1 CUBLAS_WORKSPACE_CONFIG=:4096:
   tests/test_compile_layer_corners.py"
 s resources STEPS=resources RESOURCES_S=60
 env OUT="$A/profile" STEPS=profile PROFILE_S=270 PROFILE_ARGS="--sizes 20000:64 20000:128 \
-  100000:128 100000:64 --engines auto triton triton[nosplit] triton[lean] triton[shared] triton[shared+lean] \
+  100000:128 100000:64 --engines auto triton triton[nosplit] triton[warps4] triton[lean] triton[shared] triton[shared+lean] \
   torch+triton attention+triton triton[tf32x3+autotune] --no-profile" bash bench/gpu_session.sh
 cat "$R"/*/summary.txt "$A/profile/summary.txt"

@@ -8,8 +8,10 @@
    PASS/FAIL (rules in bench/_gpu_checks.py). A backend that raises is a FAIL with its error.
 2. Loss fwd+bwd (both variants, N in {20k, 100k}, d in {64, 128}): the automatic engine with 1
    and 3 levels and fp32 and bf16 inputs (issue 9's targets; beside its fp32 rows, on CUDA,
-   the Triton kernels without their key splits where the automatic rows split, and the Triton
-   kernels where the automatic choice skips them, ``_triton_not_chosen``), then every loss
+   the Triton kernels without their key splits where the automatic rows split; beside every
+   automatic Triton row whose tile comes from the table, the same tiles with 4 warps, the
+   launches before 2026-12-05; and the Triton kernels where the automatic choice skips them,
+   ``_triton_not_chosen``), then every loss
    backend at fp32 with 1 and 3 levels (and, on CUDA, the opt-in Triton modes of
    bench/_gpu_checks.TRITON_MODES: 3xTF32 dots, autotuned tiles; validated in section 1 too),
    with ratios to the anchors on the same z:
@@ -136,6 +138,14 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
                                            dtype=name, what="ours (triton, key splits off)"),
                                       *_loss_step(dev, "triton[nosplit]", variant, z, y,
                                                   protos, levels, dtype)))
+                    if engine == "triton" and gc.warps_decide(n + protos.shape[0], d, dev,
+                                                              dtype):
+                        # the table's tiles with 4 warps (8 from 2026-12-05, untimed before):
+                        # the A/B of that default, round-robin with the auto row
+                        group.append((dict(n=n, d=d, variant=variant, levels=levels,
+                                           dtype=name, what=WARPS4),
+                                      *_loss_step(dev, "triton[warps4]", variant, z, y,
+                                                  protos, levels, dtype)))
                     if _triton_not_chosen(dev, engine, variant, n, d, dtype):
                         group.append((dict(n=n, d=d, variant=variant, levels=levels,
                                            dtype=name, what=NOT_CHOSEN),
@@ -163,6 +173,7 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
 
 DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 NOT_CHOSEN = "ours (triton, not chosen here)"
+WARPS4 = "ours (triton, 4 warps)"
 
 
 def _triton_not_chosen(dev: str, engine: str, variant: str, n: int, d: int,

@@ -172,6 +172,18 @@ def warps_per_sm(regs: int, smem: int, warps: int, arch: int) -> int:
     return min(by_regs, by_smem, by_threads) * warps
 
 
+def tile_arg(text: str) -> tuple[int, int, int, int]:
+    """A --tiles entry, BLOCK_MxBLOCK_NxWARPSxSTAGES (e.g. 64x64x8x3)."""
+    try:
+        tile = tuple(int(v) for v in text.lower().split("x"))
+    except ValueError:
+        tile = ()
+    if len(tile) != 4 or min(tile) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not BLOCK_MxBLOCK_NxWARPSxSTAGES (positive integers, e.g. 64x64x8x3)")
+    return tile
+
+
 def jobs(args) -> list[dict]:
     from hiertail_fast.kernels._utils import TUNE_TILES, pair_blocks
     from hiertail_fast.kernels.balanced_contrastive_loss_positives import gpu_tiles
@@ -185,8 +197,8 @@ def jobs(args) -> list[dict]:
                     dot = args.fp32_dot if dtype == "fp32" else None
                     fixed = (*(pair_blocks(1 << 20, d_pad, True, arch=cc, fp32_dot=dot) if lse
                                else gpu_tiles(d_pad, cc, dot)), 3)
-                    tiles = [fixed] + [t for t in TUNE_TILES
-                                       if t != fixed and not args.fixed_only]
+                    extra = TUNE_TILES if getattr(args, "tiles", None) is None else args.tiles
+                    tiles = [fixed] + [t for t in extra if t != fixed and not args.fixed_only]
                     levels_of = [lv for lv in args.levels if lv > 1 or "shared" not in kernel]
                     for levels in (levels_of if lse else [1]):
                         out += [dict(arch=arch, dtype=dtype, d_pad=d_pad, kernel=kernel,
@@ -243,6 +255,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", nargs="+", default=["fp32"], choices=sorted(_PTR))
     ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
     ap.add_argument("--fixed-only", action="store_true", help="only the fixed tiles")
+    ap.add_argument("--tiles", type=tile_arg, nargs="+", default=None,
+                    help="the tiles beside the fixed one, BLOCK_MxBLOCK_NxWARPSxSTAGES "
+                         "(default: kernels/_utils.TUNE_TILES)")
     ap.add_argument("--fp32-dot", default="tf32x3", choices=("tf32x3", "ieee"),
                     help="fp32 inputs' dots (ieee: the FMA path, marked 'fp32 ieee')")
     ap.add_argument("--workers", type=int, default=2)

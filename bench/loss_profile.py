@@ -43,10 +43,11 @@ POSITIVE_PLANS = {"torch+band": ("torch", {"HIERTAIL_POSITIVES": "band"}),
 ENGINES = ("auto", "attention", "torch", "torch+slices", "torch+triton", "attention+triton",
            "triton", "triton[tf32x3]",
            "triton[lean]", "triton[shared]", "triton[shared+lean]", "triton[nosplit]",
-           "triton[tf32x3+autotune]")
+           "triton[warps4]", "triton[tf32x3+autotune]")
 DEFAULT_ENGINES = ("auto", "attention", "torch", "torch+slices", "triton")
 BF16_ENGINES = ("auto", "attention", "torch", "triton", "triton[lean]",  # (no fp32-dot
-                "triton[shared]", "triton[shared+lean]", "triton[nosplit]")  # modes)
+                "triton[shared]", "triton[shared+lean]", "triton[nosplit]",  # modes)
+                "triton[warps4]")
 DEFAULT_SIZES = {"cuda": ["20000:64", "100000:64", "20000:128"], "cpu": ["200:16"]}
 SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
                "cudaMemcpy", "cudaMemcpyAsync")
@@ -132,8 +133,10 @@ def time_rows(dev, n, d, engines, reps, deadline, add) -> None:
                    dtype=gpu_report.DTYPES[dtype], what=label)
         if label == "auto":
             row["engine"] = gc.auto_engine(z, protos, variant, levels, dtype)
-        if label == "triton":     # the key splits its kernels take here (next_defaults.py)
+        if label == "triton":     # the key splits its kernels take here, and whether their
+            # tile comes from the table whose warps triton[warps4] changes (next_defaults.py)
             row["key_splits"] = gc.auto_key_splits(n + protos.shape[0], d, dev, dtype)
+            row["warps_decide"] = gc.warps_decide(n + protos.shape[0], d, dev, dtype)
         groups.setdefault((variant, levels, dtype), []).append((row, make_step(
             z, y, protos, variant, levels, dtype, label), 5.0))
     for group in groups.values():

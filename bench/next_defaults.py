@@ -31,7 +31,11 @@ next and how far the automatic choice of that run was from it; then the derived 
 * ``triton[nosplit]`` (the LSE kernels without their automatic key splits) against ``triton``
   in the cells where the ``triton`` row split its keys (its ``key_splits`` > 1, recorded by
   loss_profile.py; ``kernels/_utils.KEY_SPLITS_ENV``): the inverse switch, so its verdicts say
-  whether to keep the splits.
+  whether to keep the splits;
+* ``triton[warps4]`` (the table's tiles with 4 warps, the default until 2026-12-05) against
+  ``triton`` in the cells where the ``triton`` row's tile came from the table (its
+  ``warps_decide``, recorded by loss_profile.py; ``kernels/_utils.TABLE_WARPS``): whether to
+  keep 8 warps.
 
 Exit status 2 (one line) for a file that is not loss_profile JSON, and for a ``--md`` that
 is one of the input files or cannot be written (checked before reading; written atomically).
@@ -56,6 +60,11 @@ VERDICTS = ("make it the default", "keep it off", "mixed: keep it off, or choose
 NO_SPLIT = "triton[nosplit]"
 NO_SPLIT_VERDICTS = ("turn the key splits off (HIERTAIL_TRITON_KEY_SPLITS' default to 1)",
                      "keep the key splits", "mixed: revisit KEY_SPLIT_MIN_FILL")
+# the 8-warp table's inverse switch, compared where the triton row's tile came from the table
+# (`table_cells`: 4 warps were the default until 2026-12-05)
+WARPS4 = "triton[warps4]"
+WARPS4_VERDICTS = ("go back to 4 warps (kernels/_utils.TABLE_WARPS = 4)", "keep 8 warps",
+                   "mixed: choose the table's warps by dtype / size")
 NOT_ENGINES = ("auto",)
 FASTER = 0.97      # a mode counts as faster where it takes < 97 % of its base's time
 # engines the library never picks for a (dtype, variant), whatever their time: bf16 inputs'
@@ -141,20 +150,32 @@ def compare(cells: dict, mode: str, base: str, only=lambda key: True) -> tuple[i
     return sum(r < FASTER for r in ratios), len(ratios), geo
 
 
-def split_counts(paths: list[Path]) -> dict:
-    """{(dtype, variant, levels, d, n): the key splits the cell's "triton" row ran with}, for
-    the rows that recorded them (loss_profile.py since 2026-12-05; a later file wins)."""
-    counts: dict = {}
+def _triton_field(paths: list[Path], field: str) -> dict:
+    """{(dtype, variant, levels, d, n): the cell's "triton" row's `field`}, for the rows that
+    recorded it (a later file wins)."""
+    found: dict = {}
     for path in paths:
         for r in json.loads(path.read_text())["rows"]:
-            if r.get("what") == "triton" and "key_splits" in r:
-                counts[r["dtype"], r["variant"], int(r["levels"]), int(r["d"]),
-                       int(r["n"])] = int(r["key_splits"])
-    return counts
+            if r.get("what") == "triton" and field in r:
+                found[r["dtype"], r["variant"], int(r["levels"]), int(r["d"]),
+                      int(r["n"])] = r[field]
+    return found
+
+
+def split_counts(paths: list[Path]) -> dict:
+    """{(dtype, variant, levels, d, n): the key splits the cell's "triton" row ran with}, for
+    the rows that recorded them (loss_profile.py since 2026-12-05)."""
+    return {key: int(v) for key, v in _triton_field(paths, "key_splits").items()}
+
+
+def table_cells(paths: list[Path]) -> set:
+    """The cells whose "triton" row took the table's tile (loss_profile.py's `warps_decide`,
+    since 2026-12-05): where triton[warps4] launches differently."""
+    return {key for key, v in _triton_field(paths, "warps_decide").items() if v}
 
 
 def report(cells: dict, picked: dict, max_dim_now: int = 64,
-           splits: dict | None = None) -> tuple[str, dict]:
+           splits: dict | None = None, table: set | None = None) -> tuple[str, dict]:
     lines = ["# Loss engine choices from the measured tables", ""]
     groups: dict = defaultdict(list)
     for key in cells:
@@ -211,9 +232,10 @@ def report(cells: dict, picked: dict, max_dim_now: int = 64,
               else (lambda k: True)) for m in TRITON_MODES]
     tests += [(m, base, lambda k: k[1] == "official") for m, base in POSITIVES.items()]
     tests += [(NO_SPLIT, "triton", lambda k: (splits or {}).get(k, 1) > 1)]
+    tests += [(WARPS4, "triton", lambda k: k in (table or set()))]
     for mode, base, only in tests:
         won, total, geo = compare(cells, mode, base, only)
-        words = NO_SPLIT_VERDICTS if mode == NO_SPLIT else VERDICTS
+        words = {NO_SPLIT: NO_SPLIT_VERDICTS, WARPS4: WARPS4_VERDICTS}.get(mode, VERDICTS)
         if total == 0:
             verdict = "not measured"
         elif won == total:
@@ -247,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     if not cells:
         print("next_defaults.py: no loss rows in these files", file=sys.stderr)
         return 2
-    text, _ = report(cells, picked, splits=split_counts(args.profiles))
+    text, _ = report(cells, picked, splits=split_counts(args.profiles),
+                     table=table_cells(args.profiles))
     print(text, end="")
     if args.md:
         atomic_write_text(args.md, text)

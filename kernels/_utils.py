@@ -24,16 +24,19 @@ _ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 # visible in every level: one exp per entry for all levels instead of one per level, see the
 # kernels' docstring); default "0" until a GPU has timed it (loss_profile's "triton[shared]").
 SHARED_LEVELS_ENV = "HIERTAIL_TRITON_SHARED_LEVELS"
-# The fixed tiles of the LSE kernels on a GPU: "fixed" (default: `pair_blocks`' table, the tiles
-# behind the H200 figures), "lean" (LEAN_TILES) or an explicit "BLOCK_MxBLOCK_NxWARPS" such as
-# "128x64x8"; for A/B timing of a tile without autotuning's compile-everything first call. Under
-# the interpreter the square tiles stay (DOT_CR needs them).
+# The fixed tiles of the LSE kernels on a GPU: "fixed" (default: `pair_blocks`' table), "warps4"
+# (the table's tiles with 4 warps: the launches behind the H200 figures of 2026-11-27 and
+# 2026-12-04, see TABLE_WARPS), "lean" (LEAN_TILES) or an explicit "BLOCK_MxBLOCK_NxWARPS" such
+# as "128x64x8"; for A/B timing of a tile without autotuning's compile-everything first call.
+# Under the interpreter the square tiles stay (DOT_CR needs them).
 TILES_ENV = "HIERTAIL_TRITON_TILES"
+WARPS4 = "warps4"
 # 64 x 32 with 8 warps: the tile the compiled code favours (bench/kernel_resources.py, sm_90,
-# triton 3.6 and 3.9): no register spill in any fp32 / bf16 LSE kernel at d = 64 (the fixed
-# 128 x 64 x 4 backward spills 1,072 bytes per thread in fp32) and the least of the 8-warps-per-SM
-# tiles at d = 128. Not yet timed: a candidate for the next GPU run (loss_profile's
-# "triton[lean]" rows); the default of fp32 inputs with IEEE dots (`fp32_dot_tiles`).
+# triton 3.6 and 3.9): no register spill in any fp32 / bf16 LSE kernel at d = 64 (the table's
+# 128 x 64 backward spilled 1,072 bytes per thread in fp32 with 4 warps) and the least of the
+# 8-warps-per-SM tiles at d = 128. Not yet timed: a candidate for the next GPU run
+# (loss_profile's "triton[lean]" rows); the default of fp32 inputs with IEEE dots
+# (`fp32_dot_tiles`).
 LEAN_TILES = (64, 32, 8)
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) tried by the autotuner: FlashAttention-like tiles
 # around `pair_blocks`' choices. Configs that do not fit a GPU's registers / shared memory are
@@ -172,9 +175,10 @@ def feature_block(d: int, max_block: int = 256) -> int:
 
 
 def tile_override() -> tuple[int, int, int] | None:
-    """The tile $HIERTAIL_TRITON_TILES asks for, None for the fixed table."""
+    """The tile $HIERTAIL_TRITON_TILES asks for, None for the fixed table (also "warps4": the
+    table with 4 warps, `table_warps`)."""
     raw = os.environ.get(TILES_ENV, "").strip().lower()
-    if raw in ("", "fixed"):
+    if raw in ("", "fixed", WARPS4):
         return None
     if raw == "lean":
         return LEAN_TILES
@@ -186,8 +190,9 @@ def tile_override() -> tuple[int, int, int] | None:
     pow2 = lambda v: v > 0 and v & (v - 1) == 0  # noqa: E731
     if not (16 <= block_m <= 256 and 16 <= block_n <= 256 and pow2(block_m) and pow2(block_n)
             and warps in (1, 2, 4, 8, 16)):
-        raise ValueError(f"{TILES_ENV}={raw!r} is not 'fixed', 'lean' or BLOCK_MxBLOCK_NxWARPS "
-                         "(powers of two in 16..256, warps in 1, 2, 4, 8, 16; e.g. 128x64x8)")
+        raise ValueError(f"{TILES_ENV}={raw!r} is not 'fixed', 'warps4', 'lean' or "
+                         "BLOCK_MxBLOCK_NxWARPS (powers of two in 16..256, warps in 1, 2, 4, 8, "
+                         "16; e.g. 128x64x8)")
     return block_m, block_n, warps
 
 
@@ -261,7 +266,7 @@ def launch_fitting(launch, tiles: tuple[int, int, int], what: str, z,
 # 32 x 64 with 4 warps has the least spill of TUNE_TILES in every fp32 LSE kernel there (one
 # level): forward 0-8 bytes, backward 16-72 (d 64) and 768-924 (d 128), 34-96 KB of shared
 # memory. Chosen from the compiled code; no Ampere card has timed it. sm_90 keeps the table
-# (its figures were timed on an H200), bf16 / fp16 inputs too (their fixed tiles spill at most
+# (its 4-warp tiles were timed on an H200), bf16 / fp16 inputs too (their fixed tiles spill at most
 # 2.3 KB on sm_80 / sm_86). Consumer Blackwell (12.x: RTX 50xx, RTX PRO 6000) compiles like
 # sm_86 (sm_120, triton 3.6: the table's fp32 backward 20 KB of spill at d 64, the d-128
 # forward 128 KB of its 99 KB) and takes this tile too; datacenter Blackwell (10.x: B200,
@@ -318,8 +323,33 @@ def pair_blocks(n: int, d_pad: int, on_gpu: bool, *, arch: tuple[int, int] | Non
     special = fp32_dot_tiles(d_pad, arch, fp32_dot)
     if special is not None:
         return special
+    return table_tiles(d_pad, table_warps())
+
+
+# The table's warps per program at d_pad <= 128 (8 from 2026-12-05; 4 before, the launches the
+# H200 timed: $HIERTAIL_TRITON_TILES=warps4 brings them back). The same tiles with 8 warps hold
+# the same shared memory, so the same programs per SM, wave counts and key splits, and spill far
+# less: compiled for sm_90 (bench/kernel_resources.py, triton 3.6 and 3.9,
+# docs/results/kernel_resources_2026-12-05/), the fp32 (3xTF32) backward at d 64 spills ~1.1-1.8 KB
+# per thread with 4 warps and a few dozen bytes with 8 (the official relative mode at 3 levels
+# ~3.6 KB -> ~0.9 KB), bf16 0.3-4.3 KB -> 0-0.3 KB; sm_80 (bf16) and sm_100 alike; the forwards
+# spill nothing either way. With 128-202 KB of shared memory per fp32 program an SM holds ONE
+# program, i.e. 4 warps with the old table: one warpgroup to issue the dots, the exps and the
+# loads; 8 warps give two. Chosen from the compiled code, untimed: the next gpu_report times
+# "ours (triton, 4 warps)" beside every automatic Triton row.
+TABLE_WARPS = 8
+
+
+def table_warps() -> int:
+    """The table's warps: 4 where $HIERTAIL_TRITON_TILES is "warps4", else TABLE_WARPS."""
+    return 4 if os.environ.get(TILES_ENV, "").strip().lower() == WARPS4 else TABLE_WARPS
+
+
+def table_tiles(d_pad: int, warps: int) -> tuple[int, int, int]:
+    """`pair_blocks`' GPU table: (BLOCK_M, BLOCK_N) by head dimension, `warps` at d_pad <= 128
+    (wider: 64 x 32 with 8 warps, as it always was)."""
     if d_pad <= 64:
-        return 128, 64, 4
+        return 128, 64, warps
     if d_pad <= 128:
-        return 64, 64, 4
+        return 64, 64, warps
     return 64, 32, 8

@@ -83,8 +83,10 @@ partials of dz, summed in split order (deterministic). One split compiles the un
 (SPLIT off). The shared-keys mode splits too (each split takes its share of the common tiles,
 then of the rest; its pair (m_s, δ_s) merges like the others). Not with the two-pass backward.
 
-Tiles: fixed per head dimension (``_utils.pair_blocks``), or timed by ``triton.autotune`` over
-``_utils.TUNE_TILES`` with ``autotune=True`` / $HIERTAIL_TRITON_AUTOTUNE=1 (CUDA only; never
+Tiles: fixed per head dimension (``_utils.pair_blocks``; 8 warps since 2026-12-05, 4 in the H200
+figures below: the same tiles spill far less, see ``_utils.TABLE_WARPS``), or timed by
+``triton.autotune`` over ``_utils.TUNE_TILES`` with ``autotune=True`` /
+$HIERTAIL_TRITON_AUTOTUNE=1 (CUDA only; never
 under the interpreter, where the tiles must be square for DOT_CR). The launchers' defaults are
 "ieee" and fixed tiles; the loss engine (``ops/_triton_loss.py``) asks for "tf32x3" where the
 logits allow it (measured precision there).
@@ -94,12 +96,14 @@ index; rowmax = −inf marks it), and contributes nothing to dz (no NaN). Progra
 int64 (N·d may exceed 2³¹).
 
 Measured on an NVIDIA H200 (torch 2.11, triton 3.6, 2026-11-27, bench/loss_profile.py, fwd+bwd
-of the whole loss, d = 64, 3xTF32 dots, fixed tiles): exact 1 level 10.2 / 32.4 / 121 ms at N =
-20k / 50k / 100k (0.66 / 0.50 / 0.47x SDPA fp32 fwd+bwd; 1.01x the cuBLAS 3-GEMM floor at 100k),
-3 levels 22.6 / 67.9 / 238 ms; with "ieee" dots 258 ms at 20k (unsplit: the key splits came
-after, 2026-12-05, untimed; they are for the 20k row's half-empty second wave). Not measured
+of the whole loss, d = 64, 3xTF32 dots, the fixed tiles with 4 warps): exact 1 level 10.2 /
+32.4 / 121 ms at N = 20k / 50k / 100k (0.66 / 0.50 / 0.47x SDPA fp32 fwd+bwd; 1.01x the cuBLAS
+3-GEMM floor at 100k), 3 levels 22.6 / 67.9 / 238 ms; with "ieee" dots 258 ms at 20k
+(unsplit: the key splits came after, 2026-12-05, untimed; they are for the 20k row's
+half-empty second wave). Not measured
 yet: d = 128, the autotuned tiles, ``fuse_levels=False`` / ``two_pass=True`` against the
-defaults, the shared-keys mode, the "lean" tiles ($HIERTAIL_TRITON_TILES, ``_utils.LEAN_TILES``).
+defaults, the shared-keys mode, the "lean" tiles ($HIERTAIL_TRITON_TILES, ``_utils.LEAN_TILES``),
+the table's 8 warps.
 """
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ from .balanced_contrastive_loss import _SUPPORTED, _precisions
 
 # (BLOCK_M, BLOCK_N, num_warps) on a GPU, every d. Chosen from the compiled code, not from
 # timings (none yet): `python bench/kernel_resources.py` (sm_90, 3 stages; triton 3.6, the GPU
-# image's, and 3.9 agree) gives the gradient pass with the LSE kernels' fixed tile (128 x 64,
+# image's, and 3.9 agree) gives the gradient pass with the LSE kernels' then fixed tile (128 x 64,
 # 4 warps) 1,800 / 2,076 bytes of register spills per thread (fp32 / bf16, d 64; 3.9: 900 /
 # 5,908) and 4 warps per SM in fp32; 64 x 32 with 8 warps spills 0 / 0 at d 64 (8 warps per SM)
 # and the least of all tiles at d 128 (fp32 304 bytes with 3.6, 812 with 3.9).

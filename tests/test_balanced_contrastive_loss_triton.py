@@ -410,11 +410,35 @@ def test_tile_override_knob(monkeypatch):
     assert u.pair_blocks(10_000, 64, True, arch=(8, 0), fp32_dot="tf32x3") == u.LEAN_TILES
     monkeypatch.setenv(u.TILES_ENV, "128x64x4")
     assert u.pair_blocks(10_000, 64, True, fp32_dot="ieee") == (128, 64, 4)
-    for bad in ("big", "128x64", "100x64x4", "128x64x3", "512x64x4", "8x64x4"):
+    for bad in ("big", "128x64", "100x64x4", "128x64x3", "512x64x4", "8x64x4", "warps8"):
         monkeypatch.setenv(u.TILES_ENV, bad)
         for on_gpu in (True, False):
             with pytest.raises(ValueError, match=u.TILES_ENV):
                 u.pair_blocks(10_000, 64, on_gpu)
+
+
+def test_table_tiles_take_8_warps_and_warps4_restores_the_timed_launches(monkeypatch):
+    """The GPU table (fp32 with 3xTF32 dots on sm_90 / sm_100, 16-bit inputs everywhere):
+    128 x 64 at d_pad <= 64 and 64 x 64 at <= 128 with 8 warps (4 until 2026-12-05), 64 x 32 x 8
+    wider. $HIERTAIL_TRITON_TILES=warps4 gives the table's tiles with 4 warps -- the launches of
+    the H200 figures -- and leaves what the table never decided alone: the Ampere fp32 tile,
+    IEEE dots' lean tile, the interpreter's square tiles. The same tile shapes either way (so
+    the same key splits)."""
+    from hiertail_fast.kernels import _utils as u
+
+    monkeypatch.delenv(u.TILES_ENV, raising=False)
+    cases = {64: (128, 64), 128: (64, 64), 256: (64, 32)}
+    for raw, warps in (("", 8), ("fixed", 8), ("warps4", 4), (" Warps4 ", 4)):
+        monkeypatch.setenv(u.TILES_ENV, raw)
+        for d_pad, tile in cases.items():
+            want = (*tile, warps if d_pad <= 128 else 8)
+            for arch, dot in (((9, 0), "tf32x3"), ((10, 0), "tf32x3"), ((8, 0), None),
+                              ((12, 0), None), (None, None)):
+                assert u.pair_blocks(20_000, d_pad, True, arch=arch, fp32_dot=dot) == want
+        assert u.pair_blocks(20_000, 64, True, arch=(8, 0), fp32_dot="tf32x3") == \
+            u.AMPERE_FP32_TILES
+        assert u.pair_blocks(20_000, 64, True, arch=(9, 0), fp32_dot="ieee") == u.LEAN_TILES
+        assert u.pair_blocks(100, 64, False) == (64, 64, 4)
 
 
 def test_fp32_tiles_by_dot_and_arch(monkeypatch):

@@ -142,6 +142,7 @@ def _stub_gpu(monkeypatch, timed: list):
     monkeypatch.setattr(loss_profile.gpu_report, "_anchor_steps", lambda *a: {})
     monkeypatch.setattr(gc, "auto_engine", lambda *a: "torch")
     monkeypatch.setattr(gc, "auto_key_splits", lambda n, d, dev, dtype: 4 if n == 140 else 0)
+    monkeypatch.setattr(gc, "warps_decide", lambda n, d, dev, dtype: n == 140 and d == 8)
     monkeypatch.setattr(gc, "tuned_tiles", lambda: {"fwd": ["tile"]})
     monkeypatch.setattr(loss_profile, "make_step", lambda z, y, p, v, lv, dt, label: (
         lambda: timed.append((v, lv, dt, label))))
@@ -188,6 +189,10 @@ def test_loss_profile_times_each_engine_in_its_cells(monkeypatch):
     assert {(r["what"], r.get("key_splits")) for r in rows if "key_splits" in r} == {
         ("triton", 4)}
     assert all("key_splits" in r for r in rows if r["what"] == "triton")
+    # ... and whether triton[warps4] launches them differently (asked the same way)
+    assert {(r["what"], r.get("warps_decide")) for r in rows if "warps_decide" in r} == {
+        ("triton", True)}
+    assert all("warps_decide" in r for r in rows if r["what"] == "triton")
     rows.clear()
     loss_profile.tuned_rows("cuda", 100, 8, ENGINES, 1, far, rows.append)
     assert [(r["levels"], r["what"], r["tiles"]) for r in rows] == [

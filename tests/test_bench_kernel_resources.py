@@ -95,3 +95,25 @@ def test_fp32_dot_option_reaches_the_kernels_constants():
     row = dict(arch=80, dtype="fp32", d_pad=64, kernel="lse bwd", levels=1, tile=[32, 64, 4, 3],
                fixed=True, fp32_dot="ieee", regs=255, spill=0, smem=1024, warps_per_sm=8)
     assert "| sm_80 | fp32 ieee | 64 | lse bwd |" in kernel_resources.markdown([row], {})
+
+
+def test_tiles_option_replaces_the_tune_tiles(capsys):
+    """--tiles compiles the fixed tile and the listed ones (not TUNE_TILES); a listed tile equal
+    to the fixed one is not compiled twice; a malformed entry is an argparse error."""
+    from types import SimpleNamespace
+
+    from hiertail_fast.kernels._utils import TUNE_TILES
+
+    base = dict(arch=[90], dtypes=["fp32"], dims=[64], kernels=["lse bwd"], levels=[1],
+                fixed_only=False, fp32_dot="tf32x3")
+    fixed = next(j["tile"] for j in kernel_resources.jobs(SimpleNamespace(**base, tiles=None))
+                 if j["fixed"])
+    default = [j["tile"] for j in kernel_resources.jobs(SimpleNamespace(**base, tiles=None))]
+    assert default == [fixed] + [t for t in TUNE_TILES if t != fixed]
+    asked = [kernel_resources.tile_arg(t) for t in ("64x64x8x3", "32x32x2x2")]
+    got = [j["tile"] for j in kernel_resources.jobs(SimpleNamespace(**base, tiles=asked + [fixed]))]
+    assert got == [fixed, (64, 64, 8, 3), (32, 32, 2, 2)]
+    for bad in ("64x64x8", "64x64x8x0", "axbxcxd"):
+        with pytest.raises(SystemExit):
+            kernel_resources.main(["--tiles", bad])
+        assert "BLOCK_MxBLOCK_NxWARPSxSTAGES" in capsys.readouterr().err

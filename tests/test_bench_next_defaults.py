@@ -113,6 +113,41 @@ def test_the_key_splits_verdict(tmp_path, nosplit_20k, want):
         "not measured")
 
 
+@pytest.mark.parametrize("warps4, want", [
+    (1.2, "keep 8 warps"),
+    (0.9, "go back to 4 warps (kernels/_utils.TABLE_WARPS = 4)"),
+])
+def test_the_warps_verdict(tmp_path, warps4, want):
+    """triton[warps4] is the 8-warp table's inverse switch, judged only in the cells whose
+    triton row took the table's tile (warps_decide in its row): elsewhere (here d 256) it ran
+    the same launches, and a faster cell there says nothing."""
+    cells = {}
+    for dt in ("fp32", "bf16"):
+        cells[dt, "exact", 1, 64, 20_000] = {"triton": 1.0, "triton[warps4]": warps4}
+        cells[dt, "exact", 1, 256, 20_000] = {"triton": 1.0, "triton[warps4]": 0.5}
+    rows = _rows(cells)
+    for r in rows:
+        if r["what"] == "triton":
+            r["warps_decide"] = r["d"] <= 128
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"rows": rows}))
+    table = next_defaults.table_cells([path])
+    assert table == {("fp32", "exact", 1, 64, 20_000), ("bf16", "exact", 1, 64, 20_000)}
+    text, got = next_defaults.report(*next_defaults.load([path]), table=table)
+    assert got["triton[warps4]"] == want
+    assert f"| `triton[warps4]` | `triton` | {2 if warps4 < 1 else 0} of 2 |" in text
+    cells["bf16", "exact", 1, 64, 20_000]["triton[warps4]"] = 2.0 - warps4
+    path.write_text(json.dumps({"rows": [
+        dict(r, warps_decide=r["d"] <= 128) if r["what"] == "triton" else r
+        for r in _rows(cells)]}))
+    got = next_defaults.report(*next_defaults.load([path]),
+                               table=next_defaults.table_cells([path]))[1]
+    assert got["triton[warps4]"] == "mixed: choose the table's warps by dtype / size"
+    # without the recorded field (files before 2026-12-05) nothing is judged
+    assert next_defaults.report(*next_defaults.load([path]))[1]["triton[warps4]"] == (
+        "not measured")
+
+
 def test_an_auto_row_times_the_engine_it_picked(tmp_path):
     # the prepared GPU run times only "auto" and the Triton modes: at d 128 the automatic
     # choice runs torch; its time must count as torch's, or Triton, alone in the cell, "wins"

@@ -4,6 +4,7 @@ timing itself stubbed where it would need CUDA or minutes."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -79,6 +80,7 @@ def test_the_triton_rows_beside_the_automatic_ones(report, monkeypatch):
                         lambda z, p, variant, levels, dtype: "triton" if z.shape[0] == 200
                         else "torch")
     monkeypatch.setattr(gc, "auto_key_splits", lambda n, d, dev: 1)
+    monkeypatch.setattr(gc, "warps_decide", lambda n, d, dev, dtype: False)
     monkeypatch.setattr(report, "_anchor_steps", lambda *a, **k: {})
     monkeypatch.setattr(report, "_time_group", lambda dev, group, budget, add: [
         add(dict(**fields, **step)) for fields, step, _ in group])
@@ -99,6 +101,42 @@ def test_the_triton_rows_beside_the_automatic_ones(report, monkeypatch):
     assert extra == want
     assert not [r for r in report.loss_section("cpu", sizes, report.Budget(60, reps=1))
                 if r["what"] == report.NOT_CHOSEN]
+
+
+def test_the_8_warps_are_timed_against_4(report, monkeypatch):
+    """Beside every automatic Triton row whose tile comes from the table (gc.warps_decide), fp32
+    and bf16, the first group times the same launches with 4 warps (triton[warps4], the
+    default before 2026-12-05), right after the rows of that case; not beside other engines,
+    nor where the table does not decide the tile."""
+    gc = report.gc
+    monkeypatch.setattr(gc, "loss_labels", lambda dev: [])
+    monkeypatch.setattr(gc, "auto_engine",
+                        lambda z, p, variant, levels, dtype: "triton" if variant == "exact"
+                        else "torch")
+    monkeypatch.setattr(gc, "auto_key_splits", lambda n, d, dev: 1)
+    decided = []
+
+    def decide(n, d, dev, dtype):
+        decided.append((n, d, dev, dtype))
+        return dtype == torch.bfloat16 or n < 100
+    monkeypatch.setattr(gc, "warps_decide", decide)
+    monkeypatch.setattr(report, "_anchor_steps", lambda *a, **k: {})
+    monkeypatch.setattr(report, "_time_group", lambda dev, group, budget, add: [
+        add(dict(**fields, **step)) for fields, step, _ in group])
+    monkeypatch.setattr(report, "_loss_step",
+                        lambda dev, label, *a, **k: (dict(median_s=1.0, label=label), 0.0))
+    sizes = dict(report.SIZES["cpu"], loss_n=[30, 200], loss_d=[4])
+    rows = report.loss_section("cpu", sizes, report.Budget(60, reps=1))
+    four = [(r["n"], r["variant"], r["levels"], r["dtype"]) for r in rows
+            if r["what"] == report.WARPS4]
+    assert four == [(30, "exact", 1, "fp32"), (30, "exact", 1, "bf16"),
+                    (30, "exact", 3, "fp32"), (30, "exact", 3, "bf16"),
+                    (200, "exact", 1, "bf16"), (200, "exact", 3, "bf16")]
+    assert all(r["label"] == "triton[warps4]" for r in rows if r["what"] == report.WARPS4)
+    whats = [r["what"] for r in rows if r["n"] == 30 and r["variant"] == "exact"]
+    assert whats[:2] == ["ours (auto: triton)", report.WARPS4]
+    # asked with the loss's rows (the prototypes counted) and only for Triton rows
+    assert {n for n, *_ in decided} == {30 + 40, 200 + 40} and len(decided) == 8
 
 
 def test_a_dense_reference_that_does_not_fit_is_not_run(report, monkeypatch):
@@ -238,3 +276,23 @@ def test_the_report_is_saved_after_the_graph_section_and_gets_the_whole_budget(
     assert [w["complete"] for w in written] == [False, False, True]
     assert written[1]["graph"] and written[1]["graph"][0]["provider"] == "torch"
     assert budgets[0] == pytest.approx(100.0, abs=3.0)
+
+
+def test_warps_decide_follows_the_table(report, monkeypatch):
+    """gc.warps_decide: True where the automatic Triton tile is the table's (sm_90 / sm_100 at
+    d <= 128 in fp32 and bf16; 8.x / 12.x in bf16 only, their fp32 tile being the Ampere one),
+    False wider than 128, off CUDA, and where the environment already asks for 4 warps; it
+    leaves the environment as it found it."""
+    gc = report.gc
+    from hiertail_fast.kernels import _utils as u
+    monkeypatch.delenv(u.TILES_ENV, raising=False)
+    for arch in ((9, 0), (10, 0), (8, 0), (12, 0)):
+        for d in (64, 128, 256):
+            for dtype in (torch.float32, torch.bfloat16):
+                want = d <= 128 and (dtype == torch.bfloat16 or arch[0] in (9, 10))
+                assert gc.warps_decide(20_000, d, "cuda", dtype, arch) == want, (arch, d, dtype)
+    assert u.TILES_ENV not in os.environ
+    assert not gc.warps_decide(20_000, 64, "cpu", torch.float32, (9, 0))
+    monkeypatch.setenv(u.TILES_ENV, "warps4")
+    assert not gc.warps_decide(20_000, 64, "cuda", torch.float32, (9, 0))
+    assert os.environ[u.TILES_ENV] == "warps4"
