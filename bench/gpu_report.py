@@ -184,11 +184,16 @@ def _triton_not_chosen(dev: str, engine: str, variant: str, n: int, d: int,
     (TRITON_MIN_ROWS['official'] = 75k and TRITON_MIN_ROWS_BF16['official'] = 50k were set
     while their positives ran a torch pass with hundreds of host syncs; the Triton positives
     kernel since), and the exact variant wider than TRITON_MAX_DIM below 50k rows in fp32
-    (d 128 was never timed on them; the key splits are for 20k rows). CUDA only."""
+    (d 128 was never timed on them; the key splits are for 20k rows), and the exact variant in
+    bf16 at every size (the automatic choice sends it to the attention kernels, 3.5x SDPA bf16
+    at 20k on 2026-12-04; the Triton kernels were within 1 % of them there on 2026-11-27,
+    before their key splits and 8 warps). CUDA only."""
     if dev != "cuda" or engine == "triton":
         return False
     if variant == "official":
         return d <= TRITON_MAX_DIM
+    if dtype == torch.bfloat16:
+        return True
     return dtype == torch.float32 and d > TRITON_MAX_DIM and n < 50_000
 
 

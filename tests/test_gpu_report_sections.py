@@ -69,8 +69,8 @@ def test_the_triton_rows_beside_the_automatic_ones(report, monkeypatch):
     """On CUDA, where the automatic choice does not run the Triton kernels, the first group
     also times them beside it: the official variant at d <= TRITON_MAX_DIM, fp32 and bf16 (the
     A/B of TRITON_MIN_ROWS['official'] / TRITON_MIN_ROWS_BF16), and the exact one wider than
-    that below 50k rows in fp32 (of TRITON_MAX_DIM); not on CPU, not where auto already picks
-    them."""
+    that below 50k rows in fp32 (of TRITON_MAX_DIM) and in bf16 at every size (of the bf16
+    exact rule: the attention kernels); not on CPU, not where auto already picks them."""
     gc = report.gc
     monkeypatch.setattr(gc, "loss_labels", lambda dev: [])
     monkeypatch.setattr(gc, "loss_inputs", lambda n, d: (torch.zeros(n, d),
@@ -98,6 +98,8 @@ def test_the_triton_rows_beside_the_automatic_ones(report, monkeypatch):
     want = {(n, 4, "official", lv, dt, "triton") for n in (30, 60_000) for lv in (1, 3)
             for dt in ("fp32", "bf16")}
     want |= {(30, wide, "exact", lv, "fp32", "triton") for lv in (1, 3)}
+    want |= {(n, d, "exact", lv, "bf16", "triton") for n in (30, 60_000) for d in (4, wide)
+             for lv in (1, 3)}
     assert extra == want
     assert not [r for r in report.loss_section("cpu", sizes, report.Budget(60, reps=1))
                 if r["what"] == report.NOT_CHOSEN]
