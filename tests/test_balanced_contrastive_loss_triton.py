@@ -210,7 +210,7 @@ def test_bad_input(triton_device):
 @pytest.fixture
 def two_tiles(monkeypatch, triton_device):
     """On CUDA the real autotuner runs, over two candidate tiles and with a fresh tuner cache
-    (the full TUNE_TILES compile ten tiles per kernel variant: minutes of a short GPU
+    (the full TUNE_TILES compile eleven tiles per kernel variant: minutes of a short GPU
     session); on CPU nothing changes (no autotuner under the interpreter)."""
     if triton_device == "cuda":
         import triton
