@@ -330,14 +330,15 @@ def pair_blocks(n: int, d_pad: int, on_gpu: bool, *, arch: tuple[int, int] | Non
 # The table's warps per program at d_pad <= 128 (8 from 2026-12-05; 4 before, the launches the
 # H200 timed: $HIERTAIL_TRITON_TILES=warps4 brings them back). The same tiles with 8 warps hold
 # the same shared memory, so the same programs per SM, wave counts and key splits, and spill far
-# less: compiled for sm_90 (bench/kernel_resources.py, triton 3.6 and 3.9,
-# docs/results/kernel_resources_2026-12-05/), the fp32 (3xTF32) backward at d 64 spills ~1.1-1.8 KB
-# per thread with 4 warps and a few dozen bytes with 8 (the official relative mode at 3 levels
-# ~3.6 KB -> ~0.9 KB), bf16 0.3-4.3 KB -> 0-0.3 KB; sm_80 (bf16) and sm_100 alike; the forwards
-# spill nothing either way. With 128-202 KB of shared memory per fp32 program an SM holds ONE
-# program, i.e. 4 warps with the old table: one warpgroup to issue the dots, the exps and the
-# loads; 8 warps give two. Chosen from the compiled code, untimed: the next gpu_report times
-# "ours (triton, 4 warps)" beside every automatic Triton row.
+# less: compiled for sm_90 by the GPU image's triton 3.6 (bench/kernel_resources.py,
+# docs/results/kernel_resources_2026-12-05/), the fp32 (3xTF32) backward at d 64 spills
+# 1,072-2,100 bytes per thread with 4 warps and 16-32 with 8 (shared keys 6,408 -> 436), bf16
+# 224-5,744 -> 0-184, fp32 at d 128 1,024-1,320 -> 460-744; sm_80 (bf16) and sm_100 alike, and
+# triton 3.9 at d 64; the forwards spill nothing either way. With 128-202 KB of shared memory
+# per fp32 program an SM holds ONE program, i.e. 4 warps with the old table: one warpgroup to
+# issue the dots, the exps and the loads; 8 warps give two. Chosen from the compiled code,
+# untimed: the next gpu_report times "ours (triton, 4 warps)" beside every automatic Triton row
+# whose tile is the table's.
 TABLE_WARPS = 8
 
 
