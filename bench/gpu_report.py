@@ -11,7 +11,8 @@
    the Triton kernels without their key splits where the automatic rows split; beside every
    automatic Triton row whose tile comes from the table, the same tiles with 4 warps, the
    launches before 2026-12-05; and the Triton kernels where the automatic choice skips them,
-   ``_triton_not_chosen``), then every loss
+   ``_triton_not_chosen``; the markdown lists each of these A/B rows' time over its automatic
+   row's, ``ab_comparisons``), then every loss
    backend at fp32 with 1 and 3 levels (and, on CUDA, the opt-in Triton modes of
    bench/_gpu_checks.TRITON_MODES: 3xTF32 dots, autotuned tiles; validated in section 1 too),
    with ratios to the anchors on the same z:
@@ -135,7 +136,7 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
                         # the same launches without key splits (on from 2026-12-05, untimed
                         # before): the A/B of that default, round-robin with the auto row
                         group.append((dict(n=n, d=d, variant=variant, levels=levels,
-                                           dtype=name, what="ours (triton, key splits off)"),
+                                           dtype=name, what=SPLITS_OFF),
                                       *_loss_step(dev, "triton[nosplit]", variant, z, y,
                                                   protos, levels, dtype)))
                     if engine == "triton" and gc.warps_decide(n + protos.shape[0], d, dev,
@@ -174,6 +175,7 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
 DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 NOT_CHOSEN = "ours (triton, not chosen here)"
 WARPS4 = "ours (triton, 4 warps)"
+SPLITS_OFF = "ours (triton, key splits off)"
 
 
 def _triton_not_chosen(dev: str, engine: str, variant: str, n: int, d: int,
@@ -344,6 +346,36 @@ def anchor_ratios(loss_rows: list[dict]) -> dict[int, dict]:
     return out
 
 
+# the first group's extra rows, each the A/B of one default against the automatic row of its
+# case: what the automatic row has that the extra row lacks
+AB_QUESTIONS = {SPLITS_OFF: "key splits (kernels/_utils.key_splits)",
+                WARPS4: "8 warps (kernels/_utils.TABLE_WARPS)",
+                NOT_CHOSEN: "its engine over the Triton kernels (ops/_dispatch thresholds)"}
+AB_MARGIN = 0.03   # a ratio within 3 % of 1 decides nothing
+
+
+def ab_comparisons(loss_rows: list[dict]) -> list[dict]:
+    """The first group's A/B rows against the automatic row of the same (N, d, variant, levels,
+    input): {case fields, "auto": its engine, "against": the A/B row's what, "question", "ratio":
+    A/B time / automatic time, "reading"}; rows without both times are left out."""
+    def case(r):
+        return r["n"], r["d"], r["variant"], r.get("levels"), r.get("dtype")
+    auto = {case(r): r for r in loss_rows if str(r["what"]).startswith("ours (auto")}
+    out = []
+    for r in loss_rows:
+        a = auto.get(case(r))
+        if r["what"] not in AB_QUESTIONS or a is None or not (r.get("median_s")
+                                                               and a.get("median_s")):
+            continue
+        ratio = r["median_s"] / a["median_s"]
+        reading = ("the default is faster" if ratio > 1 + AB_MARGIN else
+                   "the alternative is faster" if ratio < 1 - AB_MARGIN else "within 3 %")
+        out.append(dict(n=r["n"], d=r["d"], variant=r["variant"], levels=r.get("levels"),
+                        dtype=r.get("dtype"), auto=a["what"], against=r["what"],
+                        question=AB_QUESTIONS[r["what"]], ratio=ratio, reading=reading))
+    return out
+
+
 def _sections_note(report: dict) -> str:
     """', sections: ...' when --sections left some out, else ''."""
     run = report.get("sections", list(SECTIONS))
@@ -386,6 +418,16 @@ def render(report: dict) -> str:
                    f(ratios.get(i, {}).get("floor")),
                    f(r.get("peak_extra_bytes") and float(r["peak_extra_bytes"]), "MB"),
                    r.get("error", "")] for i, r in enumerate(report["loss"])]),
+             "", "## The defaults' A/B rows", "",
+             "Each extra row of the first group against the automatic row of its case, timed "
+             "round-robin with it: ratio = the extra row's time ÷ the automatic row's (> 1: the "
+             "automatic row, i.e. the default named, is faster; within 3 % decides nothing).",
+             "", gc.markdown_table(
+                 ["N", "d", "variant", "levels", "input", "automatic", "against", "tests",
+                  "ratio", "reading"],
+                 [[c["n"], c["d"], c["variant"], c["levels"], c["dtype"], c["auto"],
+                   c["against"], c["question"], f"{c['ratio']:.3f}", c["reading"]]
+                  for c in ab_comparisons(report["loss"])]),
              "", "## Graph ops", "", gc.markdown_table(
                  ["op", "n", "d", "mode", "provider", "median", "GB/s (byte model)",
                   "of peak", "note"],

@@ -298,3 +298,35 @@ def test_warps_decide_follows_the_table(report, monkeypatch):
     monkeypatch.setenv(u.TILES_ENV, "warps4")
     assert not gc.warps_decide(20_000, 64, "cuda", torch.float32, (9, 0))
     assert os.environ[u.TILES_ENV] == "warps4"
+
+
+def test_the_ab_rows_are_compared_with_their_automatic_row(report):
+    """gpu_report.ab_comparisons / render: every A/B row of the first group (key splits off, 4
+    warps, the Triton kernels where auto skips them) against the automatic row of the SAME case
+    (N, d, variant, levels, input), ratio = its time / the automatic time, read with a 3 %
+    margin; rows without a time or without an automatic row of their case are left out."""
+    def row(what, t, n=20_000, levels=1, dtype="fp32", variant="exact"):
+        r = dict(n=n, d=64, variant=variant, levels=levels, dtype=dtype, what=what)
+        return r if t is None else dict(r, median_s=t)
+    rows = [dict(n=20_000, d=64, variant="–", what="SDPA fp32 fwd+bwd", median_s=1.0),
+            row("ours (auto: triton)", 0.010), row(report.SPLITS_OFF, 0.013),
+            row(report.WARPS4, 0.0099),
+            row("ours (auto: triton)", 0.020, levels=3), row(report.WARPS4, 0.018, levels=3),
+            row("ours (auto: attention)", 0.005, dtype="bf16"),
+            row(report.NOT_CHOSEN, 0.004, dtype="bf16"),
+            row(report.NOT_CHOSEN, None, variant="official"),      # no time: skipped
+            row(report.WARPS4, 0.5, n=100_000)]                  # no auto row there
+    got = report.ab_comparisons(rows)
+    assert [(c["levels"], c["dtype"], c["against"], round(c["ratio"], 3), c["reading"])
+            for c in got] == [
+        (1, "fp32", report.SPLITS_OFF, 1.3, "the default is faster"),
+        (1, "fp32", report.WARPS4, 0.99, "within 3 %"),
+        (3, "fp32", report.WARPS4, 0.9, "the alternative is faster"),
+        (1, "bf16", report.NOT_CHOSEN, 0.8, "the alternative is faster")]
+    assert got[0]["auto"] == "ours (auto: triton)" and "key splits" in got[0]["question"]
+    assert got[3]["auto"] == "ours (auto: attention)"
+    md = report.render(dict(device="dev", when="now", torch="t", triton="tr", mode="cpu",
+                            wall_s=1.0, correctness=[], loss=rows))
+    section = md.split("## The defaults' A/B rows")[1].split("## Graph ops")[0]
+    lines = [ln for ln in section.splitlines() if ln.startswith("| 20000")]
+    assert len(lines) == 4 and lines[0].endswith("| 1.300 | the default is faster |")
