@@ -11,8 +11,9 @@
    the Triton kernels without their key splits where the automatic rows split; beside every
    automatic Triton row whose tile comes from the table, the same tiles with 4 warps, the
    launches before 2026-12-05; and the Triton kernels where the automatic choice skips them,
-   ``_triton_not_chosen``; the markdown lists each of these A/B rows' time over its automatic
-   row's, ``ab_comparisons``), then every loss
+   ``_triton_not_chosen``; the shared-keys mode beside the three-level exact Triton rows; the
+   markdown lists each of these A/B rows' time over its automatic row's, ``ab_comparisons``),
+   then every loss
    backend at fp32 with 1 and 3 levels (and, on CUDA, the opt-in Triton modes of
    bench/_gpu_checks.TRITON_MODES: 3xTF32 dots, autotuned tiles; validated in section 1 too),
    with ratios to the anchors on the same z:
@@ -131,27 +132,8 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
                     group.append((dict(n=n, d=d, variant=variant, levels=levels, dtype=name,
                                        what=f"ours (auto: {engine})"), *_loss_step(
                                            dev, None, variant, z, y, protos, levels, dtype)))
-                    if engine == "triton" and dtype == torch.float32 and gc.auto_key_splits(
-                            n + protos.shape[0], d, dev) > 1:
-                        # the same launches without key splits (on from 2026-12-05, untimed
-                        # before): the A/B of that default, round-robin with the auto row
-                        group.append((dict(n=n, d=d, variant=variant, levels=levels,
-                                           dtype=name, what=SPLITS_OFF),
-                                      *_loss_step(dev, "triton[nosplit]", variant, z, y,
-                                                  protos, levels, dtype)))
-                    if engine == "triton" and gc.warps_decide(n + protos.shape[0], d, dev,
-                                                              dtype):
-                        # the table's tiles with 4 warps (8 from 2026-12-05, untimed before):
-                        # the A/B of that default, round-robin with the auto row
-                        group.append((dict(n=n, d=d, variant=variant, levels=levels,
-                                           dtype=name, what=WARPS4),
-                                      *_loss_step(dev, "triton[warps4]", variant, z, y,
-                                                  protos, levels, dtype)))
-                    if _triton_not_chosen(dev, engine, variant, n, d, dtype):
-                        group.append((dict(n=n, d=d, variant=variant, levels=levels,
-                                           dtype=name, what=NOT_CHOSEN),
-                                      *_loss_step(dev, "triton", variant, z, y, protos,
-                                                  levels, dtype)))
+                    group += _ab_steps(dev, engine, n, d, variant, levels, dtype,
+                                       (z, y, protos))
         _time_group(dev, group, budget, add)
     # every engine at 1 and 3 levels (several levels: our fused one-pass engines against the
     # attention kernels' one head per level), the reference, then the opt-in Triton modes: the
@@ -172,10 +154,39 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
     return rows
 
 
+def _ab_steps(dev: str, engine: str, n: int, d: int, variant: str, levels: int,
+              dtype: torch.dtype, inputs: tuple) -> list[tuple]:
+    """The first group's A/B rows beside the automatic row of one case (its `engine`), each
+    a default's alternative, timed round-robin with it (``ab_comparisons`` reads them):
+    the Triton launches without key splits where the automatic fp32 Triton row splits; with 4
+    warps where its tile is the table's (8 from 2026-12-05); the Triton kernels where the
+    automatic choice skips them (``_triton_not_chosen``); and, for several levels of the exact
+    variant wherever a Triton row runs, the shared-keys mode (one exp per entry for all levels,
+    opt-in until timed: the candidate for issue 9's three-level rows)."""
+    z, y, protos = inputs
+    rows = n + protos.shape[0]
+    alternatives = []
+    if engine == "triton" and dtype == torch.float32 and gc.auto_key_splits(rows, d, dev) > 1:
+        alternatives.append((SPLITS_OFF, "triton[nosplit]"))
+    if engine == "triton" and gc.warps_decide(rows, d, dev, dtype):
+        alternatives.append((WARPS4, "triton[warps4]"))
+    not_chosen = _triton_not_chosen(dev, engine, variant, n, d, dtype)
+    if not_chosen:
+        alternatives.append((NOT_CHOSEN, "triton"))
+    if (variant == "exact" and levels > 1 and dev == "cuda"
+            and (engine == "triton" or not_chosen)):
+        alternatives.append((SHARED, "triton[shared]"))
+    name = DTYPES[dtype]
+    return [(dict(n=n, d=d, variant=variant, levels=levels, dtype=name, what=what),
+             *_loss_step(dev, label, variant, z, y, protos, levels, dtype))
+            for what, label in alternatives]
+
+
 DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 NOT_CHOSEN = "ours (triton, not chosen here)"
 WARPS4 = "ours (triton, 4 warps)"
 SPLITS_OFF = "ours (triton, key splits off)"
+SHARED = "ours (triton, shared keys)"
 
 
 def _triton_not_chosen(dev: str, engine: str, variant: str, n: int, d: int,
@@ -350,7 +361,9 @@ def anchor_ratios(loss_rows: list[dict]) -> dict[int, dict]:
 # case: what the automatic row has that the extra row lacks
 AB_QUESTIONS = {SPLITS_OFF: "key splits (kernels/_utils.key_splits)",
                 WARPS4: "8 warps (kernels/_utils.TABLE_WARPS)",
-                NOT_CHOSEN: "its engine over the Triton kernels (ops/_dispatch thresholds)"}
+                NOT_CHOSEN: "its engine over the Triton kernels (ops/_dispatch thresholds)",
+                SHARED: "its engine and mode over the shared-keys mode "
+                        "(HIERTAIL_TRITON_SHARED_LEVELS)"}
 AB_MARGIN = 0.03   # a ratio within 3 % of 1 decides nothing
 
 

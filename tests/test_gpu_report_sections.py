@@ -330,3 +330,38 @@ def test_the_ab_rows_are_compared_with_their_automatic_row(report):
     section = md.split("## The defaults' A/B rows")[1].split("## Graph ops")[0]
     lines = [ln for ln in section.splitlines() if ln.startswith("| 20000")]
     assert len(lines) == 4 and lines[0].endswith("| 1.300 | the default is faster |")
+
+
+def test_the_shared_keys_mode_beside_the_three_level_triton_rows(report, monkeypatch):
+    """On CUDA, for several levels of the exact variant, wherever the first group runs the
+    Triton kernels (the automatic row, or the row beside an automatic choice that skips them),
+    it also times the shared-keys mode (triton[shared]); not at one level, not for the official
+    variant (no shared-keys form), not where no Triton row runs, not on CPU."""
+    gc = report.gc
+    monkeypatch.setattr(gc, "loss_labels", lambda dev: [])
+    monkeypatch.setattr(gc, "loss_inputs", lambda n, d: (torch.zeros(n, d),
+                                                         torch.zeros(n, dtype=torch.long),
+                                                         torch.zeros(4, d)))
+    # fp32: triton at 200 rows, torch elsewhere; bf16: attention (auto skips Triton there)
+    monkeypatch.setattr(gc, "auto_engine",
+                        lambda z, p, variant, levels, dtype: "attention"
+                        if dtype == torch.bfloat16 else "triton" if z.shape[0] == 200
+                        else "torch")
+    monkeypatch.setattr(gc, "auto_key_splits", lambda n, d, dev: 1)
+    monkeypatch.setattr(gc, "warps_decide", lambda n, d, dev, dtype: False)
+    monkeypatch.setattr(report, "_anchor_steps", lambda *a, **k: {})
+    monkeypatch.setattr(report, "_time_group", lambda dev, group, budget, add: [
+        add(dict(**fields, **step)) for fields, step, _ in group])
+    monkeypatch.setattr(report, "_loss_step",
+                        lambda dev, label, *a, **k: (dict(median_s=1.0, label=label), 0.0))
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: self)
+    sizes = dict(report.SIZES["cpu"], loss_n=[30, 200, 60_000], loss_d=[4])
+    rows = report.loss_section("cuda", sizes, report.Budget(60, reps=1))
+    shared = {(r["n"], r["variant"], r["levels"], r["dtype"], r["label"]) for r in rows
+              if r["what"] == report.SHARED}
+    # fp32 at 30 / 60k: torch, d 4 <= TRITON_MAX_DIM and exact: no Triton row, no shared row
+    assert shared == {(200, "exact", 3, "fp32", "triton[shared]")} | {
+        (n, "exact", 3, "bf16", "triton[shared]") for n in (30, 200, 60_000)}
+    assert not [r for r in report.loss_section("cpu", sizes, report.Budget(60, reps=1))
+                if r["what"] == report.SHARED]
+    assert report.SHARED in report.AB_QUESTIONS
