@@ -104,11 +104,14 @@ class Budget:
 def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None = None,
                  checkpoint=None) -> list[dict]:
     """First, for every (N, d): the anchors and the automatic engine (what a user gets) for both
-    variants, 1 and 3 levels, fp32 and bf16 inputs (issue 9's targets); then, for every (N, d):
-    each backend at fp32 with 1 and 3 levels, the dense reference (1 level) and (CUDA) the
-    opt-in Triton modes (1 level). The time budget skips rows from the end, so this order is
-    also their priority. Rows compared with each other are timed round-robin (``_time_group``):
-    the anchors and automatic rows of one (N, d), the engines of one (N, d, variant)."""
+    variants, 1 and 3 levels, fp32 and bf16 inputs (issue 9's targets); then, for every (N, d),
+    the defaults' A/B rows (``_ab_steps``), each case's automatic row timed again beside them;
+    then, for every (N, d): each backend at fp32 with 1 and 3 levels, the dense reference
+    (1 level) and (CUDA) the opt-in Triton modes (1 level). The time budget skips rows from the
+    end, so this order is also their priority (the A/B rows, with the kernel variants they
+    compile, come after every automatic row). Rows compared with each other are timed
+    round-robin (``_time_group``): the anchors and automatic rows of one (N, d), the A/B rows
+    of one (N, d) with their automatic rows, the engines of one (N, d, variant)."""
     cases = [(n, d) for n in sizes["loss_n"] for d in sizes["loss_d"]]
     rows = [] if rows is None else rows       # (the caller's list: filled as rows are timed)
 
@@ -132,8 +135,23 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
                     group.append((dict(n=n, d=d, variant=variant, levels=levels, dtype=name,
                                        what=f"ours (auto: {engine})"), *_loss_step(
                                            dev, None, variant, z, y, protos, levels, dtype)))
-                    group += _ab_steps(dev, engine, n, d, variant, levels, dtype,
-                                       (z, y, protos))
+        _time_group(dev, group, budget, add)
+    # the defaults' A/B rows, after every automatic row: they compile kernel variants of their
+    # own (seconds each on a cold cache), and issue 9's rows come first
+    for n, d in cases:
+        z, y, protos = inputs[n, d]
+        group = []
+        for variant in ("exact", "official"):
+            for levels in (1, 3):
+                for dtype, name in DTYPES.items():
+                    engine = gc.auto_engine(z, protos, variant, levels, dtype)
+                    steps = _ab_steps(dev, engine, n, d, variant, levels, dtype, (z, y, protos))
+                    if steps:
+                        group.append((dict(n=n, d=d, variant=variant, levels=levels,
+                                           dtype=name, what=f"ours (auto: {engine})", ab=True),
+                                      *_loss_step(dev, None, variant, z, y, protos, levels,
+                                                  dtype)))
+                        group += steps
         _time_group(dev, group, budget, add)
     # every engine at 1 and 3 levels (several levels: our fused one-pass engines against the
     # attention kernels' one head per level), the reference, then the opt-in Triton modes: the
@@ -177,7 +195,7 @@ def _ab_steps(dev: str, engine: str, n: int, d: int, variant: str, levels: int,
             and (engine == "triton" or not_chosen)):
         alternatives.append((SHARED, "triton[shared]"))
     name = DTYPES[dtype]
-    return [(dict(n=n, d=d, variant=variant, levels=levels, dtype=name, what=what),
+    return [(dict(n=n, d=d, variant=variant, levels=levels, dtype=name, what=what, ab=True),
              *_loss_step(dev, label, variant, z, y, protos, levels, dtype))
             for what, label in alternatives]
 
@@ -368,12 +386,16 @@ AB_MARGIN = 0.03   # a ratio within 3 % of 1 decides nothing
 
 
 def ab_comparisons(loss_rows: list[dict]) -> list[dict]:
-    """The first group's A/B rows against the automatic row of the same (N, d, variant, levels,
-    input): {case fields, "auto": its engine, "against": the A/B row's what, "question", "ratio":
-    A/B time / automatic time, "reading"}; rows without both times are left out."""
+    """The A/B rows (``_ab_steps``) against the automatic row of the same (N, d, variant,
+    levels, input) timed in their group (the first group's where none was): {case fields,
+    "auto": its engine, "against": the A/B row's what, "question", "ratio": A/B time /
+    automatic time, "reading"}; rows without both times are left out."""
     def case(r):
         return r["n"], r["d"], r["variant"], r.get("levels"), r.get("dtype")
-    auto = {case(r): r for r in loss_rows if str(r["what"]).startswith("ours (auto")}
+    auto: dict = {}
+    for r in loss_rows:        # an A/B group's automatic row wins over the first group's
+        if str(r["what"]).startswith("ours (auto") and (r.get("ab") or case(r) not in auto):
+            auto[case(r)] = r
     out = []
     for r in loss_rows:
         a = auto.get(case(r))
@@ -430,7 +452,8 @@ def render(report: dict) -> str:
                    r["what"], f(r.get("median_s"), "s"), f(ratios.get(i, {}).get("sdpa")),
                    f(ratios.get(i, {}).get("floor")),
                    f(r.get("peak_extra_bytes") and float(r["peak_extra_bytes"]), "MB"),
-                   r.get("error", "")] for i, r in enumerate(report["loss"])]),
+                   r.get("error", "") or ("A/B group" if r.get("ab") else "")]
+                  for i, r in enumerate(report["loss"])]),
              "", "## The defaults' A/B rows", "",
              "Each extra row of the first group against the automatic row of its case, timed "
              "round-robin with it: ratio = the extra row's time ÷ the automatic row's (> 1: the "

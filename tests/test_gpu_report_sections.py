@@ -59,9 +59,13 @@ def test_the_key_splits_are_timed_against_their_absence(report, monkeypatch):
     off = [(r["n"], r["variant"], r["levels"], r["dtype"]) for r in rows
            if r["what"] == "ours (triton, key splits off)"]
     assert off == [(30, "exact", 1, "fp32"), (30, "exact", 3, "fp32")]
-    whats = [r["what"] for r in rows if r["n"] == 30]
+    whats = [r["what"] for r in rows if r["n"] == 30 and r.get("ab")]
     assert whats[1] == "ours (triton, key splits off)" and whats[0].startswith("ours (auto")
     assert steps.count("triton[nosplit]") == 2
+    # after every automatic row of every size: issue 9's rows keep their budget
+    autos = [i for i, r in enumerate(rows)
+             if r["what"].startswith("ours (auto") and not r.get("ab")]
+    assert len(autos) == 2 * 8 and max(autos) < min(i for i, r in enumerate(rows) if r.get("ab"))
     assert gc.auto_key_splits(20_000, 64, "cpu") == 1          # no splits off CUDA
 
 
@@ -135,7 +139,7 @@ def test_the_8_warps_are_timed_against_4(report, monkeypatch):
                     (30, "exact", 3, "fp32"), (30, "exact", 3, "bf16"),
                     (200, "exact", 1, "bf16"), (200, "exact", 3, "bf16")]
     assert all(r["label"] == "triton[warps4]" for r in rows if r["what"] == report.WARPS4)
-    whats = [r["what"] for r in rows if r["n"] == 30 and r["variant"] == "exact"]
+    whats = [r["what"] for r in rows if r["n"] == 30 and r["variant"] == "exact" and r.get("ab")]
     assert whats[:2] == ["ours (auto: triton)", report.WARPS4]
     # asked with the loss's rows (the prototypes counted) and only for Triton rows
     assert {n for n, *_ in decided} == {30 + 40, 200 + 40} and len(decided) == 8
@@ -301,8 +305,8 @@ def test_warps_decide_follows_the_table(report, monkeypatch):
 
 
 def test_the_ab_rows_are_compared_with_their_automatic_row(report):
-    """gpu_report.ab_comparisons / render: every A/B row of the first group (key splits off, 4
-    warps, the Triton kernels where auto skips them) against the automatic row of the SAME case
+    """gpu_report.ab_comparisons / render: every A/B row (key splits off, 4 warps, the Triton
+    kernels where auto skips them, shared keys) against the automatic row of the SAME case
     (N, d, variant, levels, input), ratio = its time / the automatic time, read with a 3 %
     margin; rows without a time or without an automatic row of their case are left out."""
     def row(what, t, n=20_000, levels=1, dtype="fp32", variant="exact"):
@@ -325,6 +329,10 @@ def test_the_ab_rows_are_compared_with_their_automatic_row(report):
         (1, "bf16", report.NOT_CHOSEN, 0.8, "the alternative is faster")]
     assert got[0]["auto"] == "ours (auto: triton)" and "key splits" in got[0]["question"]
     assert got[3]["auto"] == "ours (auto: attention)"
+    # the automatic row timed in the A/B rows' own group wins over the first group's (listed
+    # after it, as the report times them)
+    regrouped = report.ab_comparisons(rows + [dict(row("ours (auto: triton)", 0.026), ab=True)])
+    assert round(regrouped[0]["ratio"], 3) == 0.5 and regrouped[0]["against"] == report.SPLITS_OFF
     md = report.render(dict(device="dev", when="now", torch="t", triton="tr", mode="cpu",
                             wall_s=1.0, correctness=[], loss=rows))
     section = md.split("## The defaults' A/B rows")[1].split("## Graph ops")[0]
