@@ -7,13 +7,14 @@
    backend added later is picked up) against the float64 reference, values and gradients,
    PASS/FAIL (rules in bench/_gpu_checks.py). A backend that raises is a FAIL with its error.
 2. Loss fwd+bwd (both variants, N in {20k, 100k}, d in {64, 128}): the automatic engine with 1
-   and 3 levels and fp32 and bf16 inputs (issue 9's targets; beside its fp32 rows, on CUDA,
-   the Triton kernels without their key splits where the automatic rows split; beside every
-   automatic Triton row whose tile comes from the table, the same tiles with 4 warps, the
-   launches before 2026-12-05; and the Triton kernels where the automatic choice skips them,
+   and 3 levels and fp32 and bf16 inputs (issue 9's targets); then, on CUDA, the defaults' A/B
+   rows, each automatic row of a case timed again beside them (``_ab_steps``: the Triton
+   kernels without their key splits where the automatic fp32 rows split; the same tiles with
+   4 warps, the launches before 2026-12-05, where the automatic Triton row's tile comes from
+   the table; the Triton kernels where the automatic choice skips them,
    ``_triton_not_chosen``; the shared-keys mode beside the three-level exact Triton rows; the
-   markdown lists each of these A/B rows' time over its automatic row's, ``ab_comparisons``),
-   then every loss
+   markdown lists each A/B row's time over its automatic row's, ``ab_comparisons``); then
+   every loss
    backend at fp32 with 1 and 3 levels (and, on CUDA, the opt-in Triton modes of
    bench/_gpu_checks.TRITON_MODES: 3xTF32 dots, autotuned tiles; validated in section 1 too),
    with ratios to the anchors on the same z:
