@@ -9,11 +9,14 @@
 #      splits of the LSE kernels (2026-12-05: automatic on CUDA where the row blocks leave the
 #      last wave under 90 % full, 4 splits at 20k x 64 on an H200; compiled here for the first
 #      time), tests/test_triton_key_splits.py's kernel and loss cases;
-#   3. bench/gpu_report.py, every section (limit 220 s): every CUDA backend of every op against
-#      the float64 reference (PASS/FAIL), the loss against SDPA fp32 / bf16, the cuBLAS 3-GEMM
-#      floor and the dense reference, propagation / pooling / prototypes against their peers,
-#      the scale sweep at 10k and 100k nodes (the 100k fp32 epoch: the torch loss engine,
-#      ~300 row blocks, no host read in them since 3813b2d);
+#   3. bench/gpu_report.py (limit 220 s): every CUDA backend of every op against the float64
+#      reference (PASS/FAIL), the loss against SDPA fp32 / bf16, the cuBLAS 3-GEMM floor and
+#      the dense reference, then the defaults' A/B rows (key splits, 8 warps, the Triton
+#      kernels where the automatic choice skips them, shared keys), the scale sweep at 10k and
+#      100k nodes (the 100k fp32 epoch: the torch loss engine, ~300 row blocks, no host read in
+#      them since 3813b2d). Not the graph section (propagation / pooling / prototypes against
+#      their peers at 1M nodes, timed on 2026-12-04; unchanged since): its share of the budget
+#      goes to the loss, whose automatic rows alone took the whole loss budget on 2026-12-04;
 #   4. the WHOLE test suite on CUDA, 16 xdist workers (limit 190 s: it took 175 s with a warm
 #      Triton cache on 2026-12-04 and reached 84 % in 180 s with a cold one; -v: a run
 #      stopped at its limit still names every test it finished);
@@ -46,7 +49,7 @@ s recheck STEPS=tests TESTS_S=55 OMP_NUM_THREADS=1 PYTEST_ARGS="-n 8 \
   tests/test_balanced_contrastive_loss.py::test_official_16bit_rows_at_large_logits \
   tests/test_triton_key_splits.py::test_split_forward_and_backward \
   tests/test_triton_key_splits.py::test_the_loss_with_split_kernels"
-s report STEPS=report REPORT_S=220
+s report STEPS=report REPORT_S=220 REPORT_ARGS="--sections correctness loss scale"
 cp "$R/report/gpu_report.md" "$A/" 2>/dev/null
 # OMP_NUM_THREADS=1: 16 xdist workers on 16 cores, not 16 x 16 OpenMP threads
 s tests STEPS=tests TESTS_S=190 OMP_NUM_THREADS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 \

@@ -411,6 +411,8 @@ def test_the_acceptance_call_brings_its_files_back(tmp_path):
             "./tests/pytest.log", "./scale/scale.log"} <= names, names
     tests_log = (tmp / "gpu_acceptance" / "tests" / "pytest.log").read_text()
     assert "OMP_NUM_THREADS=1" in tests_log and "-n 16 tests" in tests_log
+    report_log = (tmp / "gpu_acceptance" / "report" / "gpu_report.log").read_text()
+    assert "--sections correctness loss scale" in report_log    # the graph ops: 2026-12-04's
     recheck = (tmp / "gpu_acceptance" / "recheck" / "pytest.log").read_text()
     for path in re.findall(r"tests/\S+\.py(?:::\w+)?", recheck):    # every node id exists
         file, _, test = path.partition("::")
