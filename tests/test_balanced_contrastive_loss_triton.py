@@ -471,17 +471,19 @@ def test_fp32_tiles_by_dot_and_arch(monkeypatch):
         assert u.cuda_arch(torch.zeros(1, device="cuda")) == torch.cuda.get_device_capability()
 
 
-@pytest.mark.parametrize("knob", ["lean", "32x64x4"])
+@pytest.mark.parametrize("knob", ["lean", "32x64x4", "warps4"])
 def test_lean_tiles(knob, monkeypatch, triton_device):
-    """The LSE kernels on LEAN_TILES (64 x 32, 8 warps) and on AMPERE_FP32_TILES (32 x 64, 4
-    warps; an H200 runs it only when asked, so this is its CUDA check there): forward (both
-    variants' outputs) and, on CUDA, the one-pass backward (exact, and official: relative mode
-    with the arg-max fold) against the dense rule. Under the interpreter only the forward runs
-    them (its backward re-dots transposed tiles, which needs square ones)."""
+    """The LSE kernels on LEAN_TILES (64 x 32, 8 warps), on AMPERE_FP32_TILES (32 x 64, 4
+    warps; an H200 runs it only when asked, so this is its CUDA check there) and on the table's
+    tile with 4 warps (the launches before 2026-12-05, now only gpu_report's A/B rows):
+    forward (both variants' outputs) and, on CUDA, the one-pass backward (exact, and official:
+    relative mode with the arg-max fold) against the dense rule. Under the interpreter only the
+    forward runs them (its backward re-dots transposed tiles, which needs square ones)."""
     from hiertail_fast.kernels import _utils as u
 
     k = _kernels()
-    tile = u.LEAN_TILES if knob == "lean" else u.AMPERE_FP32_TILES
+    tile = {"lean": u.LEAN_TILES, "32x64x4": u.AMPERE_FP32_TILES,
+            "warps4": u.table_tiles(32, 4)}[knob]
     monkeypatch.setenv(u.TILES_ENV, knob)
     if triton_device == "cpu":
         monkeypatch.setattr(k, "pair_blocks", lambda n, d_pad, on_gpu, **kw: tile)

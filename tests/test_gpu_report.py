@@ -161,6 +161,10 @@ def test_triton_modes_set_and_restore_their_environment(gc, monkeypatch):
     assert gc.loss_check_labels("cpu") == gc.loss_labels("cpu")
     assert "triton[tf32x3]" in gc.loss_check_labels("cuda")
     assert not [m for m in gc.loss_check_labels("cuda") if "autotune" in m]
+    # the A/B-only modes (earlier defaults' launches, validated where they were timed) neither
+    assert gc.AB_ONLY_MODES <= set(gc.loss_labels("cuda"))
+    assert not gc.AB_ONLY_MODES & set(gc.loss_check_labels("cuda"))
+    assert "triton[shared]" in gc.loss_check_labels("cuda")
     assert [m for m in gc.TRITON_MODES if gc.autotuned(m)] == ["triton[autotune]",
                                                               "triton[tf32x3+autotune]"]
     assert not gc.autotuned(None) and not gc.autotuned("triton")
