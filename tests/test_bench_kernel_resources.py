@@ -32,19 +32,22 @@ def test_warps_per_sm_estimate():
 @pytest.mark.skipif(not _nvidia_backend(), reason="triton without its NVIDIA backend")
 def test_compiles_and_reports(tmp_path):
     rc = kernel_resources.main(["--dims", "64", "--levels", "1", "--kernels", "lse fwd",
-                                "pos dz", "--fixed-only", "--workers", "1", "--out",
+                                "lse bwd", "pos dz", "--fixed-only", "--workers", "1", "--out",
                                 str(tmp_path)])
     assert rc == 0
     data = json.loads((tmp_path / "kernel_resources.json").read_text())
     assert data["toolchain"]["triton"] and "ptxas sm_90" in data["toolchain"]
     rows = data["rows"]
-    assert [r["kernel"] for r in rows] == ["lse fwd", "pos dz"] and all(r["fixed"] for r in rows)
+    assert [r["kernel"] for r in rows] == ["lse fwd", "lse bwd", "pos dz"]
+    assert all(r["fixed"] for r in rows)
     for r in rows:
         assert "error" not in r, r
         assert 0 < r["regs"] <= 255 and r["spill"] >= 0 and r["smem"] > 0
         assert r["warps_per_sm"] == kernel_resources.warps_per_sm(r["regs"], r["smem"],
                                                                   r["tile"][2], 90)
-    assert rows[1]["tile"][:3] == [64, 32, 8]          # the positives' own GPU tile
+    # the LSE kernels' table tile, 8 warps since 2026-12-05 (the default launches compile)
+    assert [r["tile"][:3] for r in rows[:2]] == [[128, 64, 8]] * 2
+    assert rows[2]["tile"][:3] == [64, 32, 8]          # the positives' own GPU tile
     md = (tmp_path / "kernel_resources.md").read_text()
     assert "| sm_90 | fp32 | 64 | pos dz | 1 | 64x32 w8 s3 * |" in md
 
