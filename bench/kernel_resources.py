@@ -11,8 +11,10 @@ tensor cores fed whatever its arithmetic; those are facts of the compiled code, 
 CPU machine. They are not timings: the allocation belongs to this machine's Triton (a GPU image's
 release may allocate differently), and whether a spill-free tile is faster is for a GPU to say
 (bench/loss_profile.py). Each row: registers per thread, spill stores (bytes per thread), shared
-memory per block, and the warps an SM could hold by those (estimate: 64K registers in 256-register
-warp granules, the arch's shared memory per SM less 1 KB per block, 2,048 threads).
+memory per block, the warps an SM could hold by those (estimate: 64K registers in 256-register
+warp granules, the arch's shared memory per SM less 1 KB per block, 2,048 threads), and the
+tensor-core instructions of its PTX (Hopper's wgmma or sm_80's mma.sync, per thread: a dot that
+fell back from one to the other would show there).
 
 Kernels: the LSE forward (exact: no row max; official: NEED_MAX in the relative mode), the
 one-pass LSE backward (exact; "rel": the official variant's relative mode with its arg-max
@@ -151,11 +153,25 @@ def compile_one(job: dict) -> dict:
         if regs is None or spill is None:
             raise RuntimeError(res.stderr.strip().splitlines()[-1] if res.stderr else "ptxas")
         row.update(regs=int(regs.group(1)), spill=int(spill.group(1)),
-                   smem=int(out.metadata.shared))
+                   smem=int(out.metadata.shared), **mma_counts(out.asm["ptx"]))
         row["warps_per_sm"] = warps_per_sm(row["regs"], row["smem"], warps, job["arch"])
     except Exception as exc:  # a tile the compiler refuses is a row, not the end of the run
         row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:160]}"
     return row
+
+
+def mma_counts(ptx: str) -> dict:
+    """Tensor-core instructions in a kernel's PTX: Hopper's asynchronous warpgroup MMAs
+    (wgmma) and the warp-level ones of sm_80 (mma.sync), as written per thread (a loop body
+    counts once)."""
+    return dict(wgmma=len(re.findall(r"\bwgmma\.mma_async\b", ptx)),
+                mma_sync=len(re.findall(r"\bmma\.sync\b", ptx)))
+
+
+def _mma_cell(r: dict) -> str:
+    kinds = [f"{name} {r[key]}" for key, name in (("wgmma", "wgmma"), ("mma_sync", "mma.sync"))
+             if r.get(key)]
+    return ", ".join(kinds) or ("–" if "wgmma" in r else "")
 
 
 def _compile_mode() -> None:
@@ -225,12 +241,13 @@ def toolchain(archs: list[int]) -> dict:
 def markdown(rows: list[dict], tools: dict) -> str:
     lines = ["# Triton loss kernels: registers, spills, shared memory (compiled, no GPU)", "",
              "Toolchain: " + "; ".join(f"{k} {v}" for k, v in tools.items()) + ".", "",
-             "From `python bench/kernel_resources.py`: triton.compile for the target, ptxas -v. "
+             "From `python bench/kernel_resources.py`: triton.compile for the target, ptxas -v; "
+             "MMAs: the tensor-core instructions of the PTX, per thread (a loop body once). "
              "Tile = BLOCK_M x BLOCK_N, warps, stages; * = the fixed tile (`pair_blocks`, the "
              "positives' `gpu_tiles`). "
              "Facts of the compiled code, not timings.", "",
              "| arch | dtype | d | kernel | levels | tile | regs | spill B | smem KB | "
-             "warps/SM |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "warps/SM | MMAs (PTX) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         bm, bn, w, s = r["tile"]
         tile = f"{bm}x{bn} w{w} s{s}" + (" *" if r["fixed"] else "")
@@ -239,10 +256,10 @@ def markdown(rows: list[dict], tools: dict) -> str:
         head = (f"| sm_{r['arch']} | {dtype} | {r['d_pad']} | {r['kernel']} | "
                 f"{r['levels']} | {tile} |")
         if "error" in r:
-            lines.append(f"{head} {r['error']} | | | |")
+            lines.append(f"{head} {r['error']} | | | | |")
         else:
             lines.append(f"{head} {r['regs']} | {r['spill']} | {r['smem'] / 1024:.0f} | "
-                         f"{r['warps_per_sm']} |")
+                         f"{r['warps_per_sm']} | {_mma_cell(r)} |")
     return "\n".join(lines) + "\n"
 
 

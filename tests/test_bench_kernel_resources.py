@@ -47,9 +47,23 @@ def test_compiles_and_reports(tmp_path):
                                                                   r["tile"][2], 90)
     # the LSE kernels' table tile, 8 warps since 2026-12-05 (the default launches compile)
     assert [r["tile"][:3] for r in rows[:2]] == [[128, 64, 8]] * 2
+    # on sm_90 every dot is Hopper's wgmma: the forward's scores, the backward's scores and
+    # W·Z (3xTF32: three per product), none on sm_80's mma.sync
+    assert all(r["wgmma"] > 0 and r["mma_sync"] == 0 for r in rows)
+    assert rows[1]["wgmma"] == 2 * rows[0]["wgmma"]
     assert rows[2]["tile"][:3] == [64, 32, 8]          # the positives' own GPU tile
     md = (tmp_path / "kernel_resources.md").read_text()
     assert "| sm_90 | fp32 | 64 | pos dz | 1 | 64x32 w8 s3 * |" in md
+    assert md.splitlines()[-1].endswith(f"| wgmma {rows[2]['wgmma']} |")
+
+
+def test_mma_counts():
+    ptx = ("wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {..};\n"
+           "wgmma.fence.sync.aligned;\nwgmma.mma_async.sp.x;\n"
+           "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {..};\n")
+    assert kernel_resources.mma_counts(ptx) == dict(wgmma=2, mma_sync=1)
+    assert kernel_resources._mma_cell(dict(wgmma=2, mma_sync=1)) == "wgmma 2, mma.sync 1"
+    assert kernel_resources._mma_cell(dict(wgmma=0, mma_sync=0)) == "–"
 
 
 def test_fixed_tile_is_the_launchers_choice_for_each_arch():
