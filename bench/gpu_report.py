@@ -175,8 +175,8 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
 
 def _ab_steps(dev: str, engine: str, n: int, d: int, variant: str, levels: int,
               dtype: torch.dtype, inputs: tuple) -> list[tuple]:
-    """The first group's A/B rows beside the automatic row of one case (its `engine`), each
-    a default's alternative, timed round-robin with it (``ab_comparisons`` reads them):
+    """The defaults' A/B rows of one case, each a default's alternative, timed round-robin with
+    the case's automatic row (its `engine`) in their own group (``ab_comparisons`` reads them):
     the Triton launches without key splits where the automatic fp32 Triton row splits; with 4
     warps where its tile is the table's (8 from 2026-12-05); the Triton kernels where the
     automatic choice skips them (``_triton_not_chosen``); and, for several levels of the exact
