@@ -13,8 +13,8 @@ release may allocate differently), and whether a spill-free tile is faster is fo
 (bench/loss_profile.py). Each row: registers per thread, spill stores (bytes per thread), shared
 memory per block, the warps an SM could hold by those (estimate: 64K registers in 256-register
 warp granules, the arch's shared memory per SM less 1 KB per block, 2,048 threads), and the
-tensor-core instructions of its PTX (Hopper's wgmma or sm_80's mma.sync, per thread: a dot that
-fell back from one to the other would show there).
+tensor-core instructions of its PTX (Hopper's wgmma, Blackwell's tcgen05.mma or sm_80's mma.sync,
+per thread: a dot that fell back from one to another would show there).
 
 Kernels: the LSE forward (exact: no row max; official: NEED_MAX in the relative mode), the
 one-pass LSE backward (exact; "rel": the official variant's relative mode with its arg-max
@@ -160,17 +160,20 @@ def compile_one(job: dict) -> dict:
     return row
 
 
+MMA_KINDS = (("wgmma", "wgmma", r"\bwgmma\.mma_async\b"),      # Hopper, warpgroup-wide
+             ("tcgen05", "tcgen05.mma", r"\btcgen05\.mma\b"),   # datacenter Blackwell
+             ("mma_sync", "mma.sync", r"\bmma\.sync\b"))         # sm_80's warp-level MMA
+
+
 def mma_counts(ptx: str) -> dict:
-    """Tensor-core instructions in a kernel's PTX: Hopper's asynchronous warpgroup MMAs
-    (wgmma) and the warp-level ones of sm_80 (mma.sync), as written per thread (a loop body
-    counts once)."""
-    return dict(wgmma=len(re.findall(r"\bwgmma\.mma_async\b", ptx)),
-                mma_sync=len(re.findall(r"\bmma\.sync\b", ptx)))
+    """Tensor-core instructions in a kernel's PTX by kind (MMA_KINDS: Hopper's asynchronous
+    warpgroup MMAs, datacenter Blackwell's tcgen05 ones, sm_80's warp-level mma.sync), as
+    written per thread (a loop body counts once)."""
+    return {key: len(re.findall(pattern, ptx)) for key, _, pattern in MMA_KINDS}
 
 
 def _mma_cell(r: dict) -> str:
-    kinds = [f"{name} {r[key]}" for key, name in (("wgmma", "wgmma"), ("mma_sync", "mma.sync"))
-             if r.get(key)]
+    kinds = [f"{name} {r[key]}" for key, name, _ in MMA_KINDS if r.get(key)]
     return ", ".join(kinds) or ("–" if "wgmma" in r else "")
 
 

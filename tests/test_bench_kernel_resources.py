@@ -61,9 +61,12 @@ def test_mma_counts():
     ptx = ("wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {..};\n"
            "wgmma.fence.sync.aligned;\nwgmma.mma_async.sp.x;\n"
            "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {..};\n")
-    assert kernel_resources.mma_counts(ptx) == dict(wgmma=2, mma_sync=1)
-    assert kernel_resources._mma_cell(dict(wgmma=2, mma_sync=1)) == "wgmma 2, mma.sync 1"
-    assert kernel_resources._mma_cell(dict(wgmma=0, mma_sync=0)) == "–"
+    assert kernel_resources.mma_counts(ptx) == dict(wgmma=2, tcgen05=0, mma_sync=1)
+    blackwell = "tcgen05.mma.cta_group::1.kind::tf32 [%r1], %rd2, %rd3, %r4, p;\n"
+    assert kernel_resources.mma_counts(blackwell) == dict(wgmma=0, tcgen05=1, mma_sync=0)
+    assert kernel_resources._mma_cell(dict(wgmma=2, tcgen05=0, mma_sync=1)) == (
+        "wgmma 2, mma.sync 1")
+    assert kernel_resources._mma_cell(dict(wgmma=0, tcgen05=0, mma_sync=0)) == "–"
 
 
 def test_fixed_tile_is_the_launchers_choice_for_each_arch():
