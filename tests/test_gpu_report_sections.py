@@ -69,31 +69,35 @@ def test_the_key_splits_are_timed_against_their_absence(report, monkeypatch):
     assert gc.auto_key_splits(20_000, 64, "cpu") == 1          # no splits off CUDA
 
 
-def test_the_triton_rows_beside_the_automatic_ones(report, monkeypatch):
-    """On CUDA, where the automatic choice does not run the Triton kernels, the first group
-    also times them beside it: the official variant at d <= TRITON_MAX_DIM, fp32 and bf16 (the
-    A/B of TRITON_MIN_ROWS['official'] / TRITON_MIN_ROWS_BF16), and the exact one wider than
-    that below 50k rows in fp32 (of TRITON_MAX_DIM) and in bf16 at every size (of the bf16
-    exact rule: the attention kernels); not on CPU, not where auto already picks them."""
+def _stub_cuda_loss_rows(report, monkeypatch, auto_engine):
+    """loss_section's CUDA branches without a GPU: stand-in inputs (4 prototypes), the
+    automatic engine `auto_engine(z, protos, variant, levels, dtype)`, no key splits, no
+    8-warp A/B, no anchors, every step returning a row that names its engine label."""
     gc = report.gc
     monkeypatch.setattr(gc, "loss_labels", lambda dev: [])
     monkeypatch.setattr(gc, "loss_inputs", lambda n, d: (torch.zeros(n, d),
                                                          torch.zeros(n, dtype=torch.long),
                                                          torch.zeros(4, d)))
-    monkeypatch.setattr(gc, "auto_engine",
-                        lambda z, p, variant, levels, dtype: "triton" if z.shape[0] == 200
-                        else "torch")
+    monkeypatch.setattr(gc, "auto_engine", auto_engine)
     monkeypatch.setattr(gc, "auto_key_splits", lambda n, d, dev: 1)
     monkeypatch.setattr(gc, "warps_decide", lambda n, d, dev, dtype: False)
     monkeypatch.setattr(report, "_anchor_steps", lambda *a, **k: {})
     monkeypatch.setattr(report, "_time_group", lambda dev, group, budget, add: [
         add(dict(**fields, **step)) for fields, step, _ in group])
-
-    def step(dev, label, *a, **k):
-        return dict(median_s=1.0, label=label), 0.0
-
-    monkeypatch.setattr(report, "_loss_step", step)
+    monkeypatch.setattr(report, "_loss_step",
+                        lambda dev, label, *a, **k: (dict(median_s=1.0, label=label), 0.0))
     monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: self)
+
+
+def test_the_triton_rows_beside_the_automatic_ones(report, monkeypatch):
+    """On CUDA, where the automatic choice does not run the Triton kernels, the A/B rows time
+    them beside it: the official variant at d <= TRITON_MAX_DIM, fp32 and bf16 (the
+    A/B of TRITON_MIN_ROWS['official'] / TRITON_MIN_ROWS_BF16), and the exact one wider than
+    that below 50k rows in fp32 (of TRITON_MAX_DIM) and in bf16 at every size (of the bf16
+    exact rule: the attention kernels); not on CPU, not where auto already picks them."""
+    _stub_cuda_loss_rows(report, monkeypatch,
+                         lambda z, p, variant, levels, dtype: "triton" if z.shape[0] == 200
+                         else "torch")
     wide = report.TRITON_MAX_DIM * 2
     sizes = dict(report.SIZES["cpu"], loss_n=[30, 200, 60_000], loss_d=[4, wide])
     rows = report.loss_section("cuda", sizes, report.Budget(60, reps=1))
@@ -341,28 +345,15 @@ def test_the_ab_rows_are_compared_with_their_automatic_row(report):
 
 
 def test_the_shared_keys_mode_beside_the_three_level_triton_rows(report, monkeypatch):
-    """On CUDA, for several levels of the exact variant, wherever the first group runs the
-    Triton kernels (the automatic row, or the row beside an automatic choice that skips them),
+    """On CUDA, for several levels of the exact variant, wherever the report runs the Triton
+    kernels (the automatic row, or the row beside an automatic choice that skips them),
     it also times the shared-keys mode (triton[shared]); not at one level, not for the official
     variant (no shared-keys form), not where no Triton row runs, not on CPU."""
-    gc = report.gc
-    monkeypatch.setattr(gc, "loss_labels", lambda dev: [])
-    monkeypatch.setattr(gc, "loss_inputs", lambda n, d: (torch.zeros(n, d),
-                                                         torch.zeros(n, dtype=torch.long),
-                                                         torch.zeros(4, d)))
     # fp32: triton at 200 rows, torch elsewhere; bf16: attention (auto skips Triton there)
-    monkeypatch.setattr(gc, "auto_engine",
-                        lambda z, p, variant, levels, dtype: "attention"
-                        if dtype == torch.bfloat16 else "triton" if z.shape[0] == 200
-                        else "torch")
-    monkeypatch.setattr(gc, "auto_key_splits", lambda n, d, dev: 1)
-    monkeypatch.setattr(gc, "warps_decide", lambda n, d, dev, dtype: False)
-    monkeypatch.setattr(report, "_anchor_steps", lambda *a, **k: {})
-    monkeypatch.setattr(report, "_time_group", lambda dev, group, budget, add: [
-        add(dict(**fields, **step)) for fields, step, _ in group])
-    monkeypatch.setattr(report, "_loss_step",
-                        lambda dev, label, *a, **k: (dict(median_s=1.0, label=label), 0.0))
-    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: self)
+    _stub_cuda_loss_rows(report, monkeypatch,
+                         lambda z, p, variant, levels, dtype: "attention"
+                         if dtype == torch.bfloat16 else "triton" if z.shape[0] == 200
+                         else "torch")
     sizes = dict(report.SIZES["cpu"], loss_n=[30, 200, 60_000], loss_d=[4])
     rows = report.loss_section("cuda", sizes, report.Budget(60, reps=1))
     shared = {(r["n"], r["variant"], r["levels"], r["dtype"], r["label"]) for r in rows
