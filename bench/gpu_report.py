@@ -210,7 +210,7 @@ SHARED = "ours (triton, shared keys)"
 
 def _triton_not_chosen(dev: str, engine: str, variant: str, n: int, d: int,
                        dtype: torch.dtype = torch.float32) -> bool:
-    """Whether the first group times the Triton kernels beside an automatic row that does not
+    """Whether the A/B rows time the Triton kernels beside an automatic row that does not
     run them, as the A/B of a threshold the per-engine rows (last, skipped by the budget on
     2026-12-04) would re-decide: the official variant at d <= TRITON_MAX_DIM, fp32 and bf16
     (TRITON_MIN_ROWS['official'] = 75k and TRITON_MIN_ROWS_BF16['official'] = 50k were set
@@ -376,7 +376,7 @@ def anchor_ratios(loss_rows: list[dict]) -> dict[int, dict]:
     return out
 
 
-# the first group's extra rows, each the A/B of one default against the automatic row of its
+# the A/B rows (`_ab_steps`), each an alternative to one default, against the automatic row of its
 # case: what the automatic row has that the extra row lacks
 AB_QUESTIONS = {SPLITS_OFF: "key splits (kernels/_utils.key_splits)",
                 WARPS4: "8 warps (kernels/_utils.TABLE_WARPS)",
@@ -456,7 +456,7 @@ def render(report: dict) -> str:
                    r.get("error", "") or ("A/B group" if r.get("ab") else "")]
                   for i, r in enumerate(report["loss"])]),
              "", "## The defaults' A/B rows", "",
-             "Each extra row of the first group against the automatic row of its case, timed "
+             "Each A/B row against the automatic row of its case, timed again in their group "
              "round-robin with it: ratio = the extra row's time ÷ the automatic row's (> 1: the "
              "automatic row, i.e. the default named, is faster; within 3 % decides nothing).",
              "", gc.markdown_table(

@@ -38,7 +38,7 @@ def test_autotuned_modes_are_timed_at_the_first_size_only(report, monkeypatch):
 
 def test_the_key_splits_are_timed_against_their_absence(report, monkeypatch):
     """Where the automatic engine is triton with fp32 rows and its kernels split their keys,
-    the first group also times the same launches without splits (triton[nosplit]), right after
+    the A/B rows time the same launches without splits (triton[nosplit]), right after
     the auto row it is compared with; not for bf16 rows, other engines, or unsplit sizes."""
     gc = report.gc
     steps = []
@@ -115,7 +115,7 @@ def test_the_triton_rows_beside_the_automatic_ones(report, monkeypatch):
 
 def test_the_8_warps_are_timed_against_4(report, monkeypatch):
     """Beside every automatic Triton row whose tile comes from the table (gc.warps_decide), fp32
-    and bf16, the first group times the same launches with 4 warps (triton[warps4], the
+    and bf16, the A/B rows time the same launches with 4 warps (triton[warps4], the
     default before 2026-12-05), right after the rows of that case; not beside other engines,
     nor where the table does not decide the tile."""
     gc = report.gc
