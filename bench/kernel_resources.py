@@ -153,7 +153,11 @@ def compile_one(job: dict) -> dict:
         if regs is None or spill is None:
             raise RuntimeError(res.stderr.strip().splitlines()[-1] if res.stderr else "ptxas")
         row.update(regs=int(regs.group(1)), spill=int(spill.group(1)),
-                   smem=int(out.metadata.shared), **mma_counts(out.asm["ptx"]))
+                   smem=int(out.metadata.shared), **mma_counts(out.asm["ptx"]),
+                   trap_only=trap_only(out.asm["ptx"]))
+        tmem = getattr(out.metadata, "tmem_size", None)     # Blackwell's tensor memory, columns
+        if tmem is not None:
+            row["tmem"] = int(tmem)
         row["warps_per_sm"] = warps_per_sm(row["regs"], row["smem"], warps, job["arch"])
     except Exception as exc:  # a tile the compiler refuses is a row, not the end of the run
         row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:160]}"
@@ -172,7 +176,17 @@ def mma_counts(ptx: str) -> dict:
     return {key: len(re.findall(pattern, ptx)) for key, _, pattern in MMA_KINDS}
 
 
+def trap_only(ptx: str) -> bool:
+    """Whether a kernel compiled to nothing but a trap: no global load, a `trap;` instruction.
+    Triton 3.6 does that, without an error, for tiles whose accumulators overflow datacenter
+    Blackwell's tensor memory (512 columns): on a card the launch would abort the process's
+    CUDA context instead of raising OutOfResources."""
+    return bool(re.search(r"^\s*trap;", ptx, re.M)) and not re.search(r"\bld\.global\b", ptx)
+
+
 def _mma_cell(r: dict) -> str:
+    if r.get("trap_only"):
+        return "TRAP ONLY" + (f" (tensor memory {r['tmem']} columns)" if "tmem" in r else "")
     kinds = [f"{name} {r[key]}" for key, name, _ in MMA_KINDS if r.get(key)]
     return ", ".join(kinds) or ("–" if "wgmma" in r else "")
 

@@ -164,6 +164,40 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+# Tiles that compile to a kernel doing nothing but trap, without any compile-time error, on
+# datacenter Blackwell (compute capability 10.x) with fp32 inputs' tensor-core dots (3xTF32):
+# compiled for sm_100 by triton 3.6 (bench/kernel_resources.py, 2026-12-05, "TRAP ONLY": e.g.
+# the LSE backward at 128 x 64 x 4, d 128, asks for 704 columns of tensor memory, the SM has
+# 512), the LSE backward and the positives' gradient pass with BLOCK_M or BLOCK_N of 128 at
+# d_pad 128 (32 x 64, 64 x 32, 64 x 64 compile), and 128 x 128 at d_pad 64; bf16 and the IEEE
+# (FMA) dots compile every tile. A launch would abort the process's CUDA context, so the fixed
+# tiles keep out of them (the table's do), $HIERTAIL_TRITON_TILES asking for one is a
+# ValueError there, and the autotuner prunes them (`prune_trapping`). The forwards compile,
+# but one tile serves both kernels, so the rule covers them too.
+def tile_traps(block_m: int, block_n: int, d_pad: int, arch: tuple[int, int] | None,
+               fp32_dot: str | None) -> bool:
+    """Whether a (BLOCK_M, BLOCK_N) tile compiles to a trap-only kernel on a card of compute
+    capability `arch` for dots `fp32_dot` (None: 16-bit inputs); see above."""
+    if arch is None or arch[0] != 10 or fp32_dot != "tf32x3":
+        return False
+    if d_pad > 64:
+        return block_m > 64 or block_n > 64
+    return block_m * block_n >= 128 * 128
+
+
+def prune_trapping(configs: list, named_args: dict, **kwargs) -> list:
+    """triton.autotune's early_config_prune: drops the configs `tile_traps` names for this call
+    (its Z's card and dtype, its D_PAD and DOT_PRECISION constants). TUNE_TILES keeps 32 x 64,
+    64 x 32 and 64 x 64, which never trap, so some config always remains."""
+    import torch
+    z = named_args.get("Z")
+    arch = cuda_arch(z)
+    dot = kwargs.get("DOT_PRECISION") if getattr(z, "dtype", None) == torch.float32 else None
+    return [c for c in configs
+            if not tile_traps(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], kwargs.get("D_PAD", 0),
+                              arch, dot)]
+
+
 def tune_configs() -> list[triton.Config]:
     """TUNE_TILES as triton configs (BLOCK_M / BLOCK_N meta-parameters)."""
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
@@ -320,6 +354,12 @@ def pair_blocks(n: int, d_pad: int, on_gpu: bool, *, arch: tuple[int, int] | Non
         block = min(64, max(16, triton.next_power_of_2(int(n))))
         return block, block, 4
     if override is not None:
+        if tile_traps(override[0], override[1], d_pad, arch, fp32_dot):
+            raise ValueError(
+                f"{TILES_ENV}: the {override[0]}x{override[1]} tile compiles to a kernel that "
+                f"only traps on compute capability {arch[0]}.{arch[1]} with fp32 tensor-core "
+                f"dots at d_pad {d_pad} (its accumulators exceed the tensor memory; "
+                "kernels/_utils.tile_traps): ask for 64x64x8 or smaller, or 'fixed'")
         return override
     special = fp32_dot_tiles(d_pad, arch, fp32_dot)
     if special is not None:

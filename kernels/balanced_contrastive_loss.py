@@ -121,6 +121,7 @@ from ._utils import (
     interpreting,
     launch_fitting,
     pair_blocks,
+    prune_trapping,
     split_request,
     tune_configs,
 )
@@ -529,8 +530,9 @@ _KERNELS = {"fwd": _balanced_contrastive_loss_fwd_kernel,
 
 def _tuned(which: str):
     if which not in _TUNED:
-        _TUNED[which] = triton.autotune(configs=tune_configs(),
-                                        key=_TUNE_KEYS[which])(_KERNELS[which])
+        _TUNED[which] = triton.autotune(
+            configs=tune_configs(), key=_TUNE_KEYS[which],
+            prune_configs_by={"early_config_prune": prune_trapping})(_KERNELS[which])
     return _TUNED[which]
 
 

@@ -898,3 +898,55 @@ def test_the_shared_keys_mode_through_the_loss(monkeypatch, triton_device, varia
     with pytest.raises(ValueError, match=u.SHARED_LEVELS_ENV):
         hierarchical_contrastive_loss(zf, [lab.to(triton_device) for lab in labels], pf,
                                       temperature=0.2, variant=variant, backend="triton")
+
+
+def test_tiles_that_compile_to_a_trap_on_blackwell_are_refused_and_pruned(monkeypatch):
+    """kernels/_utils.tile_traps (triton 3.6 compiles these fp32 3xTF32 tiles for sm_100 to a
+    kernel that only traps, bench/kernel_resources.py): on 10.x with tensor-core fp32 dots,
+    BLOCK_M or BLOCK_N of 128 at d_pad 128 and 128 x 128 at d_pad 64; never elsewhere (9.x,
+    8.x, bf16, IEEE dots). The fixed tiles avoid them on every arch; an explicit
+    $HIERTAIL_TRITON_TILES asking for one there is a ValueError; the autotuner's prune drops
+    them and always keeps some config."""
+    from types import SimpleNamespace
+
+    from hiertail_fast.kernels import _utils as u
+
+    b200 = (10, 0)
+    traps = {(128, 64, 128), (64, 128, 128), (128, 32, 128), (128, 128, 128), (128, 128, 64)}
+    fine = {(64, 64, 128), (32, 64, 128), (64, 32, 128), (128, 64, 64), (64, 128, 64),
+            (128, 32, 64)}
+    for m, n, d_pad in traps:
+        assert u.tile_traps(m, n, d_pad, b200, "tf32x3"), (m, n, d_pad)
+        for arch, dot in (((9, 0), "tf32x3"), (b200, None), (b200, "ieee"), (None, "tf32x3")):
+            assert not u.tile_traps(m, n, d_pad, arch, dot)
+    for m, n, d_pad in fine:
+        assert not u.tile_traps(m, n, d_pad, b200, "tf32x3"), (m, n, d_pad)
+    monkeypatch.delenv(u.TILES_ENV, raising=False)
+    for d_pad in (16, 64, 128, 256):
+        for arch in ((9, 0), (10, 0), (12, 0), (8, 0)):
+            for dot in (None, "ieee", "tf32x3"):
+                m, n, _ = u.pair_blocks(10_000, d_pad, True, arch=arch, fp32_dot=dot)
+                assert not u.tile_traps(m, n, d_pad, arch, dot), (d_pad, arch, dot)
+    monkeypatch.setenv(u.TILES_ENV, "128x64x8")
+    with pytest.raises(ValueError, match="only traps"):
+        u.pair_blocks(10_000, 128, True, arch=b200, fp32_dot="tf32x3")
+    assert u.pair_blocks(10_000, 64, True, arch=b200, fp32_dot="tf32x3") == (128, 64, 8)
+    assert u.pair_blocks(10_000, 128, True, arch=(9, 0), fp32_dot="tf32x3") == (128, 64, 8)
+    # the autotuner's prune, with a stand-in CUDA tensor of the card
+    monkeypatch.setattr(u, "cuda_arch", lambda t: getattr(t, "arch", None))
+    configs = u.tune_configs()
+    for dtype, dot, d_pad, dropped in (
+            (torch.float32, "tf32x3", 128, {(64, 128), (128, 32), (128, 64), (128, 128)}),
+            (torch.float32, "tf32x3", 64, {(128, 128)}),
+            (torch.float32, "ieee", 128, set()), (torch.bfloat16, "tf32", 128, set())):
+        z = SimpleNamespace(dtype=dtype, arch=b200)
+        kept = u.prune_trapping(configs, {"Z": z}, D_PAD=d_pad, DOT_PRECISION=dot)
+        gone = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in configs if c not in kept}
+        assert gone == dropped and kept, (dtype, dot, d_pad)
+        z = SimpleNamespace(dtype=dtype, arch=(9, 0))
+        assert u.prune_trapping(configs, {"Z": z}, D_PAD=d_pad, DOT_PRECISION=dot) == configs
+    # ... and the loss kernels' autotuners use it (built here, never launched on CPU)
+    k = _kernels()
+    monkeypatch.setattr(k, "_TUNED", {})
+    for which in ("fwd", "bwd"):
+        assert k._tuned(which).early_config_prune is u.prune_trapping

@@ -69,6 +69,18 @@ def test_mma_counts():
     assert kernel_resources._mma_cell(dict(wgmma=0, tcgen05=0, mma_sync=0)) == "–"
 
 
+def test_trap_only():
+    """A kernel body that is only a trap (triton 3.6, sm_100, a tile over the tensor memory)
+    is told from a kernel that merely contains one."""
+    empty = ".entry k()\n{\n$L__func_begin0:\n\t.loc 1 326 0\n\ttrap;\n$L__tmp0:\n}\n"
+    real = ("ld.global.v4.b32 {%r1, %r2, %r3, %r4}, [%rd1];\n@%p1 bra $L_ok;\n\ttrap;\n"
+            "$L_ok:\n")
+    assert kernel_resources.trap_only(empty) and not kernel_resources.trap_only(real)
+    assert not kernel_resources.trap_only("ld.global.f32 %f1, [%rd1];\n")
+    cell = kernel_resources._mma_cell(dict(trap_only=True, tmem=704, wgmma=0))
+    assert cell == "TRAP ONLY (tensor memory 704 columns)"
+
+
 def test_fixed_tile_is_the_launchers_choice_for_each_arch():
     """The row marked fixed is the tile the launcher would take on that arch, dtype and fp32
     dot (3xTF32 on 8.x / 12.x: the Ampere tile; IEEE dots: the lean tile), so an sm_80 table
