@@ -374,11 +374,11 @@ def pair_blocks(n: int, d_pad: int, on_gpu: bool, *, arch: tuple[int, int] | Non
 # docs/results/kernel_resources_2026-12-05/), the fp32 (3xTF32) backward at d 64 spills
 # 1,072-2,100 bytes per thread with 4 warps and 16-32 with 8 (shared keys 6,408 -> 436), bf16
 # 224-5,744 -> 0-184, fp32 at d 128 1,024-1,320 -> 460-744; sm_80 (bf16) and sm_100 alike, and
-# triton 3.9 at d 64; the forwards spill nothing either way. With 128-202 KB of shared memory
-# per fp32 program an SM holds ONE program, i.e. 4 warps with the old table: one warpgroup to
-# issue the dots, the exps and the loads; 8 warps give two. Chosen from the compiled code,
-# untimed: the next gpu_report times "ours (triton, 4 warps)" beside every automatic Triton row
-# whose tile is the table's.
+# triton 3.9 at d 64; sm_90's forwards spill at most 148 bytes either way. With 128-202 KB of
+# shared memory per fp32 program an SM holds ONE program, i.e. 4 warps with the old table: one
+# warpgroup to issue the dots, the exps and the loads; 8 warps give two. Chosen from the
+# compiled code, untimed: the next gpu_report times "ours (triton, 4 warps)" beside every
+# automatic Triton row whose tile is the table's.
 TABLE_WARPS = 8
 
 
