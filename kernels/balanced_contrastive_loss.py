@@ -167,6 +167,28 @@ def _key_range(split, N, NUM_SPLITS, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _common_tiles(tail, split_lo, split_hi, SPLIT: tl.constexpr):
+    """The shared-keys mode's common key tiles [0, tail) one program loops over: all of them,
+    or under SPLIT those in its split [split_lo, split_hi) (`_key_range`; whole tiles)."""
+    lo, hi = 0, tail
+    if SPLIT:
+        lo, hi = split_lo, tl.minimum(tail, split_hi)
+    return lo, hi
+
+
+@triton.jit
+def _other_tiles(tail, N, split_lo, split_hi, SPLIT: tl.constexpr, SHARED: tl.constexpr):
+    """The key tiles [tail, N) after the common ones (tail = 0 without SHARED) one program loops
+    over: all of them, or under SPLIT those in its split [split_lo, split_hi)."""
+    lo, hi = tail, N
+    if SPLIT:
+        lo, hi = split_lo, split_hi
+        if SHARED:
+            lo = tl.maximum(tail, split_lo)
+    return lo, hi
+
+
+@triton.jit
 def _balanced_contrastive_loss_fwd_kernel(
     Z, LOG_W, SHIFT, LSE, CMAX, ROWMAX, ARGMAX, MRUN,
     N, N_COMMON, D, stride_z, scale, NUM_SPLITS,
@@ -205,6 +227,7 @@ def _balanced_contrastive_loss_fwd_kernel(
     l_run = tl.zeros([BLOCK_M, L_PAD], tl.float32)
     rmax = tl.full([BLOCK_M, L_PAD], float("-inf"), tl.float32)
     ridx = tl.zeros([BLOCK_M, L_PAD], tl.int32)
+    split_lo, split_hi = 0, N          # this program's keys: all, unless SPLIT
     if SPLIT:
         split_lo, split_hi = _key_range(tl.program_id(2), N, NUM_SPLITS, BLOCK_N)
     tail = 0
@@ -217,9 +240,7 @@ def _balanced_contrastive_loss_fwd_kernel(
         c_sh = tl.load(SHIFT + level0 + cols, mask=cols < NUM_LEVELS, other=0.0)
         m_c = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_c = tl.zeros([BLOCK_M, L_PAD], tl.float32)
-        common_lo, common_hi = 0, tail
-        if SPLIT:      # this split's share of the common tiles
-            common_lo, common_hi = split_lo, tl.minimum(tail, split_hi)
+        common_lo, common_hi = _common_tiles(tail, split_lo, split_hi, SPLIT)
         for start_n in range(common_lo, common_hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             k = _key_tile(Z, offs_n, offs_n < N_COMMON, offs_d, d_valid, stride_z, UPCAST)
@@ -238,11 +259,7 @@ def _balanced_contrastive_loss_fwd_kernel(
                 rmax = tl.where(better, tile_max[:, None], rmax)
                 ridx = tl.where(better, tile_arg[:, None], ridx)
             m_c = m_new
-    key_lo, key_hi = tail, N
-    if SPLIT:          # this split's share of the other tiles
-        key_lo, key_hi = split_lo, split_hi
-        if SHARED:
-            key_lo = tl.maximum(tail, split_lo)
+    key_lo, key_hi = _other_tiles(tail, N, split_lo, split_hi, SPLIT, SHARED)
     for start_n in range(key_lo, key_hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < N
@@ -376,6 +393,7 @@ def _balanced_contrastive_loss_bwd_kernel(
     if RELATIVE:
         ref_rows = tl.load(ROWMAX + lvl, mask=lvl_mask, other=0.0)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    split_lo, split_hi = 0, N          # this program's keys: all, unless SPLIT
     if SPLIT:
         split_lo, split_hi = _key_range(tl.program_id(1), N, NUM_SPLITS, BLOCK_N)
     tail = 0
@@ -394,9 +412,7 @@ def _balanced_contrastive_loss_bwd_kernel(
         ref_r = tl.load(REF + offs_m, mask=m_valid, other=0.0)
         a_r = tl.load(COEF + lvl, mask=lvl_mask, other=0.0)
         wk_r = tl.exp(lw_r - c_sh[None, :])                       # rows as keys: w'_lr
-        common_lo, common_hi = 0, tail
-        if SPLIT:      # this split's share of the common tiles
-            common_lo, common_hi = split_lo, tl.minimum(tail, split_hi)
+        common_lo, common_hi = _common_tiles(tail, split_lo, split_hi, SPLIT)
         for start_n in range(common_lo, common_hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             k = _key_tile(Z, offs_n, offs_n < N_COMMON, offs_d, d_valid, stride_z, UPCAST)
@@ -424,11 +440,7 @@ def _balanced_contrastive_loss_bwd_kernel(
             if KEY_SIDE:
                 w += tl.exp(s_cr - ref_c[None, :]) * kb
             acc = tl.dot(w, k.to(tl.float32), acc, input_precision=GRAD_DOT_PRECISION)
-    key_lo, key_hi = tail, N
-    if SPLIT:          # this split's share of the other tiles
-        key_lo, key_hi = split_lo, split_hi
-        if SHARED:
-            key_lo = tl.maximum(tail, split_lo)
+    key_lo, key_hi = _other_tiles(tail, N, split_lo, split_hi, SPLIT, SHARED)
     for start_n in range(key_lo, key_hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < N
