@@ -125,6 +125,7 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
     for n, d in cases:
         z, y, protos = gc.loss_inputs(n, d)
         inputs[n, d] = z.to(dev), y.to(dev), protos.to(dev)
+    engines = {}                # (n, d, variant, levels, dtype) -> the automatic engine
     for n, d in cases:
         z, y, protos = inputs[n, d]
         group = [(dict(n=n, d=d, variant="–", what=what), step, 5.0)
@@ -133,6 +134,7 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
             for levels in (1, 3):
                 for dtype, name in DTYPES.items():
                     engine = gc.auto_engine(z, protos, variant, levels, dtype)
+                    engines[n, d, variant, levels, dtype] = engine
                     group.append((dict(n=n, d=d, variant=variant, levels=levels, dtype=name,
                                        what=f"ours (auto: {engine})"), *_loss_step(
                                            dev, None, variant, z, y, protos, levels, dtype)))
@@ -145,7 +147,7 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
         for variant in ("exact", "official"):
             for levels in (1, 3):
                 for dtype, name in DTYPES.items():
-                    engine = gc.auto_engine(z, protos, variant, levels, dtype)
+                    engine = engines[n, d, variant, levels, dtype]
                     steps = _ab_steps(dev, engine, n, d, variant, levels, dtype, (z, y, protos))
                     if steps:
                         group.append((dict(n=n, d=d, variant=variant, levels=levels,
