@@ -186,6 +186,7 @@ def workload(quick: bool = False):
 
 def _loss_workload(gen, dtypes, dims):
     import torch
+    from _gpu_checks import environment  # (the knobs set for a call, then put back)
 
     import hiertail_fast as hf
 
@@ -213,7 +214,8 @@ def _loss_workload(gen, dtypes, dims):
                 yield f"hierarchical_contrastive_loss {name} d={d} {variant} 3 levels", levels
 
                 def shared(levels=levels):
-                    _with_env({"HIERTAIL_TRITON_SHARED_LEVELS": "1"}, levels)
+                    with environment({"HIERTAIL_TRITON_SHARED_LEVELS": "1"}):
+                        levels()
                 yield (f"hierarchical_contrastive_loss {name} d={d} {variant} 3 levels, "
                        "shared keys"), shared
         # the LSE kernels' key splits (SPLIT launches: a split axis, partial planes): 130 rows
@@ -223,29 +225,14 @@ def _loss_workload(gen, dtypes, dims):
         protos = torch.randn(4, 16, generator=gen).to(dtype)
         for variant, shared in (("exact", "0"), ("official", "0"), ("exact", "1")):
             def split(z=z, labels=labels, protos=protos, variant=variant, shared=shared):
-                def run():
+                with environment({"HIERTAIL_TRITON_KEY_SPLITS": "2",
+                                  "HIERTAIL_TRITON_SHARED_LEVELS": shared}):
                     zz = z.clone().requires_grad_()
                     hf.hierarchical_contrastive_loss(
                         zz, [labels, labels // 2, labels // 4], [protos, protos[:2], None],
                         variant=variant, backend="triton").backward()
-                _with_env({"HIERTAIL_TRITON_KEY_SPLITS": "2",
-                           "HIERTAIL_TRITON_SHARED_LEVELS": shared}, run)
             yield (f"hierarchical_contrastive_loss {name} d=16 {variant} 3 levels, 2 key "
                    f"splits{', shared keys' if shared == '1' else ''}"), split
-
-
-def _with_env(values: dict, thunk) -> None:
-    """thunk() with the environment variables `values` set, then put back as they were."""
-    before = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        thunk()
-    finally:                            # (the caller's settings back as they were)
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key)
-            else:
-                os.environ[key] = value
 
 
 def ptx_float_ops(ptx: str) -> dict[str, int]:
