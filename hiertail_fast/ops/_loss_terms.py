@@ -63,6 +63,14 @@ def class_sum_term(z, lv: Levels, scale, include_self, coef=None):
     z_i.S_c is taken as |c| (z_i.S_c / |c|) and summed in float64: |c| logits inside the
     validated bound sum past float32's range (a class of 17 rows at the bound), and the exact
     loss was -inf (an extremes audit).
+
+    Every row takes part in every level's sums, with no index list of a level's rows (a
+    ``nonzero`` per level and pass: a host sync on CUDA): the rows outside a level (gid -1)
+    go to a spare group after the level's own, which nothing reads, and their pos and dz
+    terms are masked to exactly 0. The level's groups sum their rows in the same order as
+    over the level's rows alone, so fp32 / fp64 numbers are those of that form, bit for bit
+    (a 16-bit dz now adds scale * grad in one rounding, as a full level always did; the index
+    list's ``index_add_`` rounded the product first).
     """
     n, d = z.shape
     pos = torch.zeros(lv.gid.shape, dtype=torch.float64, device=z.device)
@@ -72,24 +80,29 @@ def class_sum_term(z, lv: Levels, scale, include_self, coef=None):
     # the scale as z's dtype holds it (a float temperature and a tensor one give one value)
     scale_z = torch.as_tensor(scale, dtype=z.dtype, device=z.device).to(torch.float64)
     for lev in range(lv.gid.shape[0]):
-        # a level over every row takes them all (nonzero would cost a host sync)
-        rows = slice(None) if lv.full[lev] else (lv.gid[lev] >= 0).nonzero().squeeze(1)
-        g = lv.gid[lev, rows]
-        zr = z[rows]
-        sums = torch.zeros(lv.n_groups[lev], d, dtype=z.dtype, device=z.device)
-        sums.index_add_(0, g, zr)
+        full = lv.full[lev]
+        inside = None if full else lv.gid[lev] >= 0
+        # rows outside the level: the spare group n_groups (no rows are in it when full)
+        g = lv.gid[lev] if full else torch.where(inside, lv.gid[lev], lv.n_groups[lev])
+        sums = torch.zeros(lv.n_groups[lev] + (not full), d, dtype=z.dtype, device=z.device)
+        sums.index_add_(0, g, z)
         s_rows = sums[g]
-        size = lv.n_pos[lev, rows].double() + delta                      # |c(i)|
-        mean_dot = (zr * (s_rows / size.to(z.dtype)[:, None])).sum(1, dtype=torch.float64)
-        pos[lev, rows] = (mean_dot * size - delta * sq[rows].double()) * scale_z
+        # |c(i)|: >= 1 inside the level (i is in c), so the clamp only keeps the spare rows
+        # of an include_self level (0 there) from dividing by 0
+        size = lv.n_pos[lev].double() + delta
+        if not full:
+            size = size.clamp(min=1.0)
+        mean_dot = (z * (s_rows / size.to(z.dtype)[:, None])).sum(1, dtype=torch.float64)
+        term = (mean_dot * size - delta * sq.double()) * scale_z
+        pos[lev] = term if full else torch.where(inside, term, torch.zeros_like(term))
         if coef is not None:
-            c = coef[lev, rows].to(z.dtype)
-            acc = torch.zeros_like(sums).index_add_(0, g, zr * c[:, None])
-            grad = c[:, None] * (s_rows - 2.0 * delta * zr) + acc[g]
-            if lv.full[lev]:
-                dz.add_(grad, alpha=scale)
-            else:
-                dz.index_add_(0, rows, grad, alpha=scale)
+            c = coef[lev].to(z.dtype)
+            # (rows outside the level add only to the spare group's acc, which only they read)
+            acc = torch.zeros_like(sums).index_add_(0, g, z * c[:, None])
+            grad = c[:, None] * (s_rows - 2.0 * delta * z) + acc[g]
+            if not full:
+                grad = torch.where(inside[:, None], grad, torch.zeros_like(grad))
+            dz.add_(grad, alpha=scale)
     return pos, dz
 
 
