@@ -440,3 +440,34 @@ def test_the_logits_bound_is_computed_once_per_call_and_only_when_asked(monkeypa
         assert all(shape == (53, 6) for shape in calls)          # z with its prototypes
     bound = attn.LogitBound(z, 2.0)
     assert bound.value == bound.value == real(z, 2.0) and len(calls) == 1
+
+
+@pytest.mark.parametrize("signs", ["mixed", "negative", "zero"])
+def test_key_side_takes_both_signs_of_the_coefficients_in_one_call(monkeypatch, signs):
+    """The key side carries sign(g) on the values and log|g| in the bias: one kernel call per
+    head group whatever the signs (no host read of which occur; negative coefficients took a
+    second call), values and gradient as float64 autograd. g = 0 everywhere: the call's
+    rows are all hidden and dz is the query side's (0)."""
+    z, log_w, g = _case(90, 12, 3, seed=21)
+    if signs == "negative":
+        g = -g.abs()
+    elif signs == "zero":
+        g = torch.zeros_like(g)
+    calls = []
+    real = attn._call
+
+    def spy(q, bias_rows, scale, v_sign=None):
+        calls.append(v_sign is not None)
+        if v_sign is not None:
+            assert set(v_sign.unique().tolist()) <= {-1.0, 0.0, 1.0}
+        return real(q, bias_rows, scale, v_sign)
+
+    monkeypatch.setattr(attn, "_call", spy)
+    lse_e, dz_e = _dense(z, log_w, 1.1, g)
+    lse, _, _, dz = attn.lse_fused(z, log_w, 1.1, False, lambda rows, lse_b, mx: g[:, rows])
+    assert calls == [False, True]               # the forward (with O), then one key-side call
+    torch.testing.assert_close(lse, lse_e, rtol=1e-5, atol=1e-5)
+    if signs == "zero":
+        assert not dz.any()
+    else:
+        _close(dz, dz_e)

@@ -16,8 +16,8 @@ The gradient of ``sum_{l,i} g_li * lse_li`` needs no backward kernel, only forwa
     key side    dz_k += scale * sum_l sum_i g_li p_lik z_i
                       = scale * sum_l exp(log_w_lk + lse'_lk) * O'_lk
 
-where (O', lse') is a second call with keys' bias ``log g_li - lse_li`` (rows with g <= 0 hidden;
-negative coefficients take a third call with ``log(-g) - lse`` and are subtracted). The PyTorch
+where (O', lse') is a second call with keys' bias ``log |g_li| - lse_li`` and values
+``sign(g_li) z_i`` (rows with g = 0 hidden): both signs of g in the one call. The PyTorch
 *backward* kernels are never used: on CPU they are slower than our whole engine.
 
 Contract: the same ``lse_forward`` / ``lse_backward`` / ``lse_fused`` as ``_lse_torch``. The
@@ -110,12 +110,14 @@ def _bias(rows: torch.Tensor, n: int) -> torch.Tensor:
     return store[:, :n].view(1, h, 1, n).expand(1, h, n, n)
 
 
-def _call(q: torch.Tensor, bias_rows: torch.Tensor, scale: float):
-    """One attention call with q = k = v = q [N, d] for H heads with key-bias rows [H, N].
+def _call(q: torch.Tensor, bias_rows: torch.Tensor, scale: float,
+          v_sign: torch.Tensor | None = None):
+    """One attention call with q = k = q [N, d] for H heads with key-bias rows [H, N], and
+    values q, or ``v_sign[h, k] * q_k`` in head h (the key side's coefficient signs, +-1 / 0).
 
     Returns (out [H, N, d] in q's dtype, lse [H, N] float32)."""
     if q.dtype == torch.bfloat16 and _kernel_kind(q.device) == "cuda":
-        return _call_folded(q, bias_rows, scale)
+        return _call_folded(q, bias_rows, scale, v_sign)
     n, d = q.shape
     h = bias_rows.shape[0]
     # heads share q = k = v; materialised (O(H*N*d)) since the kernels want dense heads
@@ -124,8 +126,8 @@ def _call(q: torch.Tensor, bias_rows: torch.Tensor, scale: float):
         op = _op(_CPU_OP, _CPU_ARGS)
         if op is None:
             raise AttentionUnavailable(f"torch.ops.aten.{_CPU_OP} is not available")
-        out, lse = op(qh, qh, qh, 0.0, False, attn_mask=_bias(bias_rows.to(q.dtype), n),
-                      scale=scale)
+        out, lse = op(qh, qh, _signed(qh, v_sign), 0.0, False,
+                      attn_mask=_bias(bias_rows.to(q.dtype), n), scale=scale)
     else:
         op = _op(_CUDA_OP, _CUDA_ARGS)
         if op is None:
@@ -135,13 +137,18 @@ def _call(q: torch.Tensor, bias_rows: torch.Tensor, scale: float):
         # is called directly (on an H200, d = 3 failed). Zero columns change no dot product.
         qh = _pad_head_dim(qh, HEAD_ALIGN)
         try:
-            out, lse = op(qh, qh, qh, _bias(bias_rows.to(q.dtype), n), True, 0.0, False,
-                          scale=scale)[:2]
+            out, lse = op(qh, qh, _signed(qh, v_sign), _bias(bias_rows.to(q.dtype), n), True,
+                          0.0, False, scale=scale)[:2]
         except RuntimeError as err:  # shape/dtype/arch the kernel refuses
             raise AttentionUnavailable(str(err)) from err
         out = out[..., :d]
     # the CUDA kernel pads the LSE's sequence axis to a multiple of 32: keep the first N
     return out[0], lse[0, :, :n].float()
+
+
+def _signed(vh: torch.Tensor, v_sign: torch.Tensor | None) -> torch.Tensor:
+    """Values [1, H, N, d] with row k of head h times v_sign[h, k] (exact: +-1 or 0)."""
+    return vh if v_sign is None else vh * v_sign.to(vh.dtype)[None, :, :, None]
 
 
 def _pad_head_dim(x: torch.Tensor, align: int) -> torch.Tensor:
@@ -182,7 +189,8 @@ def fold_bias(q: torch.Tensor, bias_rows: torch.Tensor, scale: float):
     return qf, kf, vf
 
 
-def _call_folded(q: torch.Tensor, bias_rows: torch.Tensor, scale: float):
+def _call_folded(q: torch.Tensor, bias_rows: torch.Tensor, scale: float,
+                 v_sign: torch.Tensor | None = None):
     op = _op(_FLASH_OP, _FLASH_ARGS)
     if op is None:
         raise AttentionUnavailable(f"torch.ops.aten.{_FLASH_OP} is not available")
@@ -191,7 +199,7 @@ def _call_folded(q: torch.Tensor, bias_rows: torch.Tensor, scale: float):
     qf, kf, vf = fold_bias(q, bias_rows, scale)
     dp = qf.shape[1]
     qh = qf.view(1, 1, n, dp).expand(1, h, n, dp).contiguous()
-    vh = vf.view(1, 1, n, dp).expand(1, h, n, dp).contiguous()
+    vh = _signed(vf.view(1, 1, n, dp).expand(1, h, n, dp), v_sign).contiguous()
     try:
         out, lse = op(qh, kf.unsqueeze(0), vh, 0.0, False, False, scale=scale)[:2]
     except RuntimeError as err:
@@ -224,25 +232,23 @@ def _lse_and_out(z: torch.Tensor, log_w: torch.Tensor, scale: float, want_out: b
 
 
 def _key_side(z, log_w, scale, lse, g):
-    """dz_k = scale * sum_l sum_i g_li p_lik z_i (two signs -> up to two calls per head group)."""
+    """dz_k = scale * sum_l sum_i g_li p_lik z_i, one call per head group for both signs of g:
+    the rows (keys of this call) get the bias log|g_li| - lse_li and the values
+    sign(g_li) z_i, so the kernel's fp32 accumulator sums the positive and negative terms
+    together. (It was a host read of which signs occur, after the forward's kernels, and a
+    second call where some g < 0: each sign's sum rounded on its own, then subtracted.)"""
     dz = torch.zeros(z.shape, dtype=torch.float32, device=z.device)
     lse32 = lse.float()
-    live = torch.isfinite(lse32)
-    # which signs occur: one host sync for both (the exact variant's g is never negative)
-    signs = torch.stack([((g > 0) & live).any(), ((g < 0) & live).any()]).tolist()
-    for sign, occurs in zip((1.0, -1.0), signs, strict=True):
-        if not occurs:
-            continue
-        gs = g * sign
-        use = (gs > 0) & live
-        rows = torch.where(use, torch.log(gs.clamp(min=1e-38)) - lse32,
-                           torch.full_like(lse32, HIDDEN))
-        for h0, h1 in _heads(log_w):
-            out, l2 = _call(z, rows[h0:h1], scale)
-            lw = log_w[h0:h1].float()
-            coef = torch.where(torch.isfinite(lw), torch.exp(lw + l2), torch.zeros_like(lw))
-            # keys that no row reaches with g > 0: lse' = HIDDEN -> exp underflows to exactly 0
-            dz.add_(torch.einsum("hk,hkd->kd", coef, out.float()), alpha=sign * scale)
+    use = (g != 0) & torch.isfinite(lse32)
+    rows = torch.where(use, torch.log(g.abs().clamp(min=1e-38)) - lse32,
+                       torch.full_like(lse32, HIDDEN))
+    sign = torch.sign(g)
+    for h0, h1 in _heads(log_w):
+        out, l2 = _call(z, rows[h0:h1], scale, v_sign=sign[h0:h1])
+        lw = log_w[h0:h1].float()
+        coef = torch.where(torch.isfinite(lw), torch.exp(lw + l2), torch.zeros_like(lw))
+        # keys that no row reaches with g != 0: lse' = HIDDEN -> exp underflows to exactly 0
+        dz.add_(torch.einsum("hk,hkd->kd", coef, out.float()), alpha=scale)
     return dz
 
 
