@@ -196,8 +196,9 @@ def test_class_sums_of_partial_levels_read_nothing_and_match_the_level_rows(dtyp
     with counter:
         pos, dz = class_sum_term(z, lv, 0.3, include_self, coef)
         pos_only, none = class_sum_term(z, lv, 0.3, include_self)
+        no_pos, dz_only = class_sum_term(z, lv, 0.3, include_self, coef, need_pos=False)
     assert not counter.calls, counter.calls
-    assert none is None
+    assert none is None and no_pos is None and torch.equal(dz_only, want_dz)
     for got in (pos, pos_only):
         assert torch.equal(got.view(torch.int64), want_pos.view(torch.int64))   # bitwise
     assert torch.equal(dz, want_dz)

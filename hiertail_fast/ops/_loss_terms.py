@@ -53,9 +53,9 @@ def reduction_weights(lv: Levels, reduction: str, dtype) -> torch.Tensor:
     return contrib
 
 
-def class_sum_term(z, lv: Levels, scale, include_self, coef=None):
+def class_sum_term(z, lv: Levels, scale, include_self, coef=None, need_pos: bool = True):
     """pos[l, i] = z_i.(S_c(i) - d z_i) * scale (d = not include_self), float64; dz for
-    coefficients coef.
+    coefficients coef. ``need_pos=False`` (a backward pass that has pos): (None, dz).
 
     coef [L, N] is the coefficient of pos[l, i]; dz_i gets scale * (coef_i (S_c - d z_i)
     + A_c - d coef_i z_i) with A_c = sum_{i in c} coef_i z_i.
@@ -73,12 +73,13 @@ def class_sum_term(z, lv: Levels, scale, include_self, coef=None):
     list's ``index_add_`` rounded the product first).
     """
     n, d = z.shape
-    pos = torch.zeros(lv.gid.shape, dtype=torch.float64, device=z.device)
+    pos = torch.zeros(lv.gid.shape, dtype=torch.float64, device=z.device) if need_pos else None
     dz = torch.zeros_like(z) if coef is not None else None
     delta = 0.0 if include_self else 1.0
-    sq = (z * z).sum(1)
-    # the scale as z's dtype holds it (a float temperature and a tensor one give one value)
-    scale_z = torch.as_tensor(scale, dtype=z.dtype, device=z.device).to(torch.float64)
+    if need_pos:
+        sq = (z * z).sum(1)
+        # the scale as z's dtype holds it (a float temperature and a tensor one give one value)
+        scale_z = torch.as_tensor(scale, dtype=z.dtype, device=z.device).to(torch.float64)
     for lev in range(lv.gid.shape[0]):
         full = lv.full[lev]
         inside = None if full else lv.gid[lev] >= 0
@@ -87,14 +88,15 @@ def class_sum_term(z, lv: Levels, scale, include_self, coef=None):
         sums = torch.zeros(lv.n_groups[lev] + (not full), d, dtype=z.dtype, device=z.device)
         sums.index_add_(0, g, z)
         s_rows = sums[g]
-        # |c(i)|: >= 1 inside the level (i is in c), so the clamp only keeps the spare rows
-        # of an include_self level (0 there) from dividing by 0
-        size = lv.n_pos[lev].double() + delta
-        if not full:
-            size = size.clamp(min=1.0)
-        mean_dot = (z * (s_rows / size.to(z.dtype)[:, None])).sum(1, dtype=torch.float64)
-        term = (mean_dot * size - delta * sq.double()) * scale_z
-        pos[lev] = term if full else torch.where(inside, term, torch.zeros_like(term))
+        if need_pos:
+            # |c(i)|: >= 1 inside the level (i is in c), so the clamp only keeps the spare
+            # rows of an include_self level (0 there) from dividing by 0
+            size = lv.n_pos[lev].double() + delta
+            if not full:
+                size = size.clamp(min=1.0)
+            mean_dot = (z * (s_rows / size.to(z.dtype)[:, None])).sum(1, dtype=torch.float64)
+            term = (mean_dot * size - delta * sq.double()) * scale_z
+            pos[lev] = term if full else torch.where(inside, term, torch.zeros_like(term))
         if coef is not None:
             c = coef[lev].to(z.dtype)
             # (rows outside the level add only to the spare group's acc, which only they read)

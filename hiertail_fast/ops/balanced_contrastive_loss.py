@@ -223,7 +223,7 @@ class BalancedContrastiveFunction(torch.autograd.Function):
             dz = lse_backward(mod, z_in, log_w, lse, g.to(log_w.dtype), scale, ctx.fp32_dot,
                                ctx.n_common)
             dz = dz.to(zc.dtype) + class_sum_term(zc, lv, scale, ctx.include_self,
-                                                   -(g * inv_n))[1]
+                                                   -(g * inv_n), need_pos=False)[1]
         return dz.to(ctx.z_dtype), *nones
 
 
