@@ -168,6 +168,51 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+# host calls that wait for the device (a stream drained by a read; cudaMemcpy: a device-to-
+# host copy of a value), and those that launch a kernel (torch's and Triton's launchers)
+SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+               "cudaMemcpy", "cudaMemcpyAsync")
+LAUNCH_EVENTS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx",
+                 "cudaLaunchKernelExC")
+
+
+def profile_step(step: Callable[[], object], dev: str) -> dict:
+    """One call of `step` (after a warm-up call) under torch.profiler: ``profile_summary``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
+    step()
+    sync(dev)
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        step()
+        sync(dev)
+        wall = time.perf_counter() - t0
+    return profile_summary(prof, wall, dev)
+
+
+def profile_summary(prof, wall: float, dev: str) -> dict:
+    """A profiled step: its wall seconds (profiled), the seconds its kernels kept the device
+    busy (CUDA; the sum of the kernels' device time: the aten entries, which repeat their
+    kernels' time, are left out), host waits (SYNC_EVENTS) and kernel launches
+    (LAUNCH_EVENTS) by name, aten ops, the top kernels by device time and host ops by self
+    time (ms)."""
+    events = prof.key_averages()
+    device_us = lambda e: getattr(e, "self_device_time_total",  # noqa: E731
+                                  getattr(e, "self_cuda_time_total", 0.0))
+    kernels = sorted((e for e in events if device_us(e) > 0 and not e.key.startswith("aten::")),
+                     key=device_us, reverse=True)
+    busy = sum(device_us(e) for e in kernels) / 1e6
+    host = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)
+    return dict(
+        seconds=wall, device_busy_s=busy if dev == "cuda" else None,
+        syncs={e.key: e.count for e in events if e.key in SYNC_EVENTS},
+        launches=sum(e.count for e in events if e.key in LAUNCH_EVENTS),
+        ops=sum(e.count for e in events if e.key.startswith("aten::")),
+        top_kernels=[(e.key[:90], e.count, device_us(e) / 1e3) for e in kernels[:15]],
+        top_host=[(e.key[:60], e.count, e.self_cpu_time_total / 1e3) for e in host[:12]])
+
+
 def time_call(fn: Callable[[], object], device: str, reps: int = 3, warmup: int = 1,
               slow_seconds: float = 5.0) -> dict:
     """Median seconds of `reps` calls after `warmup` calls (CUDA events on CUDA), plus the peak

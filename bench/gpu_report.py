@@ -107,6 +107,7 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
     """First, for every (N, d): the anchors and the automatic engine (what a user gets) for both
     variants, 1 and 3 levels, fp32 and bf16 inputs (issue 9's targets); then, for every (N, d),
     the defaults' A/B rows (``_ab_steps``), each case's automatic row timed again beside them;
+    then one profiled step of each automatic row of the first (N, d) (``_profile_rows``);
     then, for every (N, d): each backend at fp32 with 1 and 3 levels, the dense reference
     (1 level) and (CUDA) the opt-in Triton modes (1 level). The time budget skips rows from the
     end, so this order is also their priority (the A/B rows, with the kernel variants they
@@ -156,6 +157,7 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
                                                   dtype)))
                         group += steps
         _time_group(dev, group, budget, add)
+    _profile_rows(dev, cases[0], inputs[cases[0]], engines, budget, add)
     # every engine at 1 and 3 levels (several levels: our fused one-pass engines against the
     # attention kernels' one head per level), the reference, then the opt-in Triton modes: the
     # time budget skips those first; the autotuned ones only at the first size (tuning compiles
@@ -173,6 +175,53 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
                 for label, levels in runs if not (gc.autotuned(label) and (n, d) != cases[0])],
                 budget, add)
     return rows
+
+
+PROFILE_NEED_S = 5.0   # a profiled step: its warm-up call, the profiled call, the trace's summary
+
+
+def _profile_rows(dev: str, case: tuple, inputs: tuple, engines: dict, budget: Budget,
+                  add) -> None:
+    """Where the first size's time goes (20k rows: those issue 9 misses by the most): one
+    profiled step (``gc.profile_step``) of each automatic row of the first (N, d), after the
+    A/B rows. Its kernels' device time against the row's timed median says how much of the
+    row is kernels and how much launches and host waits (a 20k row's fixed part, ~3 ms for
+    one level on the 2026-11-27 tables). Rows past the budget are marked skipped."""
+    n, d = case
+    z, y, protos = inputs
+    for variant in ("exact", "official"):
+        for levels in (1, 3):
+            for dtype, name in DTYPES.items():
+                engine = engines[n, d, variant, levels, dtype]
+                fields = dict(n=n, d=d, variant=variant, levels=levels, dtype=name,
+                              what=f"profile (auto: {engine})", profile=True)
+                step, _ = _loss_step(dev, None, variant, z, y, protos, levels, dtype)
+                if not callable(step):
+                    add(dict(**fields, **step))
+                elif budget.left() < PROFILE_NEED_S:
+                    add(dict(**fields, error="skipped: time budget"))
+                else:
+                    add(dict(**fields, **gc.guarded(lambda s=step: gc.profile_step(s, dev))))
+
+
+def profile_table(loss_rows: list[dict]) -> list[list]:
+    """The profile rows against their automatic row's timed median (the first group's):
+    [variant, levels, input, engine, median ms, kernels ms, kernels / median, host waits,
+    launches, aten ops]."""
+    timed = {(r["n"], r["d"], r["variant"], r.get("levels"), r.get("dtype")): r.get("median_s")
+             for r in loss_rows if str(r["what"]).startswith("ours (auto") and not r.get("ab")}
+    out = []
+    for r in loss_rows:
+        if not r.get("profile"):
+            continue
+        median = timed.get((r["n"], r["d"], r["variant"], r.get("levels"), r.get("dtype")))
+        busy = r.get("device_busy_s")
+        share = f"{busy / median:.2f}" if busy is not None and median else "–"
+        out.append([r["variant"], r["levels"], r["dtype"], r["what"][len("profile "):],
+                    gc.fmt(median, "s"), gc.fmt(busy, "s"), share,
+                    sum(r["syncs"].values()) if "syncs" in r else r.get("error", "–"),
+                    r.get("launches", "–"), r.get("ops", "–")])
+    return out
 
 
 def _ab_steps(dev: str, engine: str, n: int, d: int, variant: str, levels: int,
@@ -456,7 +505,7 @@ def render(report: dict) -> str:
                    f(ratios.get(i, {}).get("floor")),
                    f(r.get("peak_extra_bytes") and float(r["peak_extra_bytes"]), "MB"),
                    r.get("error", "") or ("A/B group" if r.get("ab") else "")]
-                  for i, r in enumerate(report["loss"])]),
+                  for i, r in enumerate(report["loss"]) if not r.get("profile")]),
              "", "## The defaults' A/B rows", "",
              "Each A/B row against the automatic row of its case, timed again in their group "
              "round-robin with it: ratio = the extra row's time ÷ the automatic row's (> 1: the "
@@ -467,6 +516,16 @@ def render(report: dict) -> str:
                  [[c["n"], c["d"], c["variant"], c["levels"], c["dtype"], c["auto"],
                    c["against"], c["question"], f"{c['ratio']:.3f}", c["reading"]]
                   for c in ab_comparisons(report["loss"])]),
+             "", "## Where the first size's time goes", "",
+             "One profiled step (torch.profiler) of each automatic row of the first N × d: its "
+             "kernels' device time against the row's timed median (kernels ÷ median well "
+             "under 1: the row is launches and host waits, not kernels), the host waits "
+             "(stream synchronisations and device-to-host copies), kernel launches (torch's "
+             "and Triton's) and aten ops of that step.", "",
+             gc.markdown_table(
+                 ["variant", "levels", "input", "engine", "median", "kernels", "kernels ÷ "
+                  "median", "host waits", "launches", "aten ops"],
+                 profile_table(report["loss"])),
              "", "## Graph ops", "", gc.markdown_table(
                  ["op", "n", "d", "mode", "provider", "median", "GB/s (byte model)",
                   "of peak", "note"],

@@ -49,8 +49,6 @@ BF16_ENGINES = ("auto", "attention", "torch", "triton", "triton[lean]",  # (no f
                 "triton[shared]", "triton[shared+lean]", "triton[nosplit]",  # modes)
                 "triton[warps4]")
 DEFAULT_SIZES = {"cuda": ["20000:64", "100000:64", "20000:128"], "cpu": ["200:16"]}
-SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
-               "cudaMemcpy", "cudaMemcpyAsync")
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -163,9 +161,7 @@ def tuned_rows(dev, n, d, engines, reps, deadline, add) -> None:
 
 def profile_rows(dev, n, d, add) -> None:
     """One profiled step of the automatic engine per (variant, levels, dtype)."""
-    from torch.profiler import ProfilerActivity, profile
     z, y, protos = (t.to(dev) for t in gc.loss_inputs(n, d))
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
     for variant in ("exact", "official"):
         for levels in (1, 3):
             for dtype in (torch.float32, torch.bfloat16):
@@ -173,35 +169,8 @@ def profile_rows(dev, n, d, add) -> None:
                 row = dict(n=n, d=d, variant=variant, levels=levels,
                            dtype=gpu_report.DTYPES[dtype], what="profile (auto)",
                            engine=gc.auto_engine(z, protos, variant, levels, dtype))
-                try:
-                    step()
-                    gc.sync(dev)
-                    with profile(activities=acts) as prof:
-                        t0 = time.perf_counter()
-                        step()
-                        gc.sync(dev)
-                        wall = time.perf_counter() - t0
-                    row.update(_summarise(prof, wall, dev))
-                except Exception as exc:  # noqa: BLE001 - reported, not fatal
-                    row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                row.update(gc.guarded(lambda s=step: gc.profile_step(s, dev)))
                 add(row)
-
-
-def _summarise(prof, wall: float, dev: str) -> dict:
-    events = prof.key_averages()
-    device_us = lambda e: getattr(e, "self_device_time_total",  # noqa: E731
-                                  getattr(e, "self_cuda_time_total", 0.0))
-    # kernels only: key_averages also lists each aten op with its kernels' device time
-    kernels = sorted((e for e in events if device_us(e) > 0 and not e.key.startswith("aten::")),
-                     key=device_us, reverse=True)
-    busy = sum(device_us(e) for e in kernels) / 1e6
-    host = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)
-    syncs = {e.key: e.count for e in events if e.key in SYNC_EVENTS}
-    return dict(
-        seconds=wall, device_busy_s=busy if dev == "cuda" else None, syncs=syncs,
-        ops=sum(e.count for e in events if e.key.startswith("aten::")),
-        top_kernels=[(e.key[:90], e.count, device_us(e) / 1e3) for e in kernels[:15]],
-        top_host=[(e.key[:60], e.count, e.self_cpu_time_total / 1e3) for e in host[:12]])
 
 
 def _ratio(seconds: float, anchor: float | None) -> str:

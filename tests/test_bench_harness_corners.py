@@ -226,21 +226,25 @@ def test_loss_profile_positive_plans_set_their_own_plan():
 
 
 def test_loss_profile_summary_of_a_profiled_step():
-    """_summarise (fake profiler): device busy = the kernels' device time (aten entries repeat
-    their kernels' time) in seconds, kernels by device time, host ops by self time, both
-    descending, in ms (a mutation audit)."""
+    """profile_summary (fake profiler): device busy = the kernels' device time (aten entries
+    repeat their kernels' time) in seconds, kernels by device time, host ops by self time,
+    both descending, in ms; host waits by name, kernel launches of torch and Triton counted
+    (a mutation audit)."""
     ev = lambda key, count, dev_us, cpu_us: SimpleNamespace(  # noqa: E731
         key=key, count=count, self_device_time_total=dev_us, self_cpu_time_total=cpu_us)
     events = [ev("aten::mm", 2, 300.0, 50.0), ev("gemm_kernel", 2, 300.0, 0.0),
               ev("exp_kernel", 1, 100.0, 0.0), ev("aten::exp", 1, 100.0, 400.0),
-              ev("cudaStreamSynchronize", 3, 0.0, 10.0)]
-    got = loss_profile._summarise(SimpleNamespace(key_averages=lambda: events), 0.002, "cuda")
+              ev("cudaStreamSynchronize", 3, 0.0, 10.0), ev("cudaLaunchKernel", 3, 0.0, 6.0),
+              ev("cuLaunchKernelEx", 2, 0.0, 5.0)]
+    got = loss_profile.gc.profile_summary(SimpleNamespace(key_averages=lambda: events), 0.002,
+                                          "cuda")
     assert got["device_busy_s"] == pytest.approx(400e-6)
     assert got["top_kernels"] == [("gemm_kernel", 2, 0.3), ("exp_kernel", 1, 0.1)]
     assert [k for k, _, _ in got["top_host"]][:3] == ["aten::exp", "aten::mm",
                                                       "cudaStreamSynchronize"]
     assert got["top_host"][0][2] == pytest.approx(0.4)
     assert got["syncs"] == {"cudaStreamSynchronize": 3} and got["ops"] == 3
+    assert got["launches"] == 5 and got["seconds"] == 0.002
 
 
 def test_loss_profile_table_in_ms_over_same_dtype_anchors():

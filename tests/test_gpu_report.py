@@ -222,6 +222,11 @@ def test_end_to_end_on_cpu(tmp_path, gc):
     timed = [r for r in report["loss"] + report["graph"] if "median_s" in r]
     assert timed and all(r["median_s"] > 0 for r in timed)
     assert all(r["timing"] == "round-robin" for r in timed)   # rows compared share the drift
+    # one real torch.profiler step of each automatic row of the first size (no CUDA: no
+    # device time), its counts in the report's section on where the time goes
+    prof = [r for r in report["loss"] if r.get("profile")]
+    assert len(prof) == 8 and all(r["seconds"] > 0 and r["ops"] > 0 for r in prof), prof
+    assert "## Where the first size's time goes" in md
     prop = [r for r in report["graph"] if r["op"] == "gcn_propagate" and "median_s" in r]
     assert {r["provider"] for r in prop} >= {"torch", "peer_sparse_mm"}
     assert all(r["achieved_GBps"] > 0 for r in prop)

@@ -364,3 +364,69 @@ def test_the_shared_keys_mode_beside_the_three_level_triton_rows(report, monkeyp
     assert not [r for r in report.loss_section("cpu", sizes, report.Budget(60, reps=1))
                 if r["what"] == report.SHARED]
     assert report.SHARED in report.AB_QUESTIONS
+
+
+def test_the_first_size_is_profiled_after_the_ab_rows(report, monkeypatch):
+    """loss_section: after every A/B row, one profiled step (gc.profile_step) of each
+    automatic row of the FIRST (N, d) only (8: both variants, 1 and 3 levels, fp32 and bf16),
+    marked profile=True and named by their engine; none of another size; past the budget,
+    marked skipped instead of profiled."""
+    gc = report.gc
+    profiled = []
+    monkeypatch.setattr(gc, "loss_labels", lambda dev: [])
+    monkeypatch.setattr(gc, "auto_engine", lambda z, p, variant, levels, dtype:
+                        "triton" if variant == "exact" else "torch")
+    monkeypatch.setattr(gc, "auto_key_splits", lambda n, d, dev: 4)
+    monkeypatch.setattr(report, "_anchor_steps", lambda *a, **k: {})
+    monkeypatch.setattr(report, "_loss_step", lambda *a, **k: (lambda: None, 0.0))
+
+    def profile(step, dev):
+        profiled.append(dev)
+        return dict(seconds=0.01, device_busy_s=None, syncs={}, launches=0, ops=7)
+
+    monkeypatch.setattr(gc, "profile_step", profile)
+    sizes = dict(report.SIZES["cpu"], loss_n=[30, 200], loss_d=[4])
+    rows = report.loss_section("cpu", sizes, report.Budget(60, reps=1))
+    prof = [i for i, r in enumerate(rows) if r.get("profile")]
+    assert len(prof) == len(profiled) == 8
+    assert all(rows[i]["n"] == 30 and rows[i]["ops"] == 7 for i in prof)
+    assert max(i for i, r in enumerate(rows) if r.get("ab")) < min(prof)
+    engine = {"exact": "triton", "official": "torch"}
+    assert {(rows[i]["variant"], rows[i]["levels"], rows[i]["dtype"], rows[i]["what"])
+            for i in prof} == {(v, lv, dt, f"profile (auto: {engine[v]})")
+                               for v in ("exact", "official") for lv in (1, 3)
+                               for dt in ("fp32", "bf16")}
+    monkeypatch.setattr(report, "PROFILE_NEED_S", 1e9)
+    rows = report.loss_section("cpu", sizes, report.Budget(60, reps=1))
+    skipped = [r for r in rows if r.get("profile")]
+    assert len(skipped) == 8 and all(r["error"] == "skipped: time budget" for r in skipped)
+    assert len(profiled) == 8
+
+
+def test_the_profile_table_reads_the_kernels_against_the_timed_row(report):
+    """profile_table / render: a profile row's kernels (device busy) over the timed median of
+    the first group's automatic row of its case (not an A/B group's), its host waits summed
+    over their kinds, launches and aten ops; '–' where a time is missing; the profile rows stay
+    out of the loss table."""
+    def row(what, **kw):
+        return dict(n=20_000, d=64, variant="exact", levels=1, dtype="fp32", what=what, **kw)
+    rows = [row("ours (auto: triton)", median_s=0.010),
+            row("ours (auto: triton)", median_s=0.020, ab=True),
+            row("profile (auto: triton)", profile=True, device_busy_s=0.004, launches=120,
+                ops=300, syncs={"cudaStreamSynchronize": 2, "cudaMemcpyAsync": 1}),
+            dict(row("profile (auto: attention)", profile=True, device_busy_s=None,
+                     launches=0, ops=5, syncs={}), dtype="bf16"),
+            dict(row("profile (auto: torch)", profile=True, error="skipped: time budget"),
+                 levels=3)]
+    got = report.profile_table(rows)
+    assert got[0] == ["exact", 1, "fp32", "(auto: triton)", "10.00 ms", "4.00 ms", "0.40", 3,
+                      120, 300]
+    assert got[1][4:7] == ["–", "–", "–"] and got[1][7] == 0
+    assert got[2][7] == "skipped: time budget" and got[2][8] == "–"
+    md = report.render(dict(device="dev", when="now", torch="t", triton="tr", mode="cpu",
+                            wall_s=1.0, correctness=[], loss=rows))
+    loss_table = md.split("## Loss forward")[1].split("## The defaults'")[0]
+    assert "profile (auto" not in loss_table and "ours (auto: triton)" in loss_table
+    section = md.split("## Where the first size's time goes")[1].split("## Graph ops")[0]
+    assert "| exact | 1 | fp32 | (auto: triton) | 10.00 ms | 4.00 ms | 0.40 | 3 | 120 | 300 |" \
+        in section
