@@ -478,3 +478,34 @@ def test_key_side_takes_both_signs_of_the_coefficients_in_one_call(monkeypatch, 
         _close(dz.cpu(), dz_e)
     else:
         _close(dz.cpu(), dz_e, rtol=2e-2, atol=1e-3)  # O through bf16 softmax weights
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_row_max_reads_the_host_before_the_attention_calls(fused):
+    """With need_max (the official variant) the row max runs first: its host read (are all
+    keys visible) comes before this call's attention kernels are queued, so on CUDA the host
+    does not wait for them there; the numbers are the same in either order."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    order = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            order.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    z, log_w, g = _case(60, 8, 2, seed=5)
+    with Record():
+        if fused:
+            got = attn.lse_fused(z, log_w, 1.3, True, lambda rows, lse_b, mx: g[:, rows])
+        else:
+            got = attn.lse_forward(z, log_w, 1.3, need_max=True)
+    read = order.index("_local_scalar_dense")
+    kernel = next(i for i, name in enumerate(order) if "attention" in name)
+    assert read < kernel, order[:read + 1]
+    s = 1.3 * z.double() @ z.double().T
+    for lev in range(2):
+        vis = torch.isfinite(log_w[lev])
+        want = s.masked_fill(~vis[None, :], -INF).max(dim=1)
+        torch.testing.assert_close(got[1][lev].double(), want.values, rtol=1e-6, atol=1e-6)
+        assert torch.equal(got[2][lev], want.indices)

@@ -294,8 +294,10 @@ def _max_block_rows(n: int, device: torch.device) -> int:
 def lse_forward(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool):
     """-> (lse [L, N] float64, rowmax [L, N] or None, argmax [L, N] or None)."""
     zi = _input(z)
-    lse, _ = _lse_and_out(zi, log_w, float(scale), want_out=False)
+    # the row max first: its one host read (are all keys visible) comes before any kernel of
+    # this call is queued, not after the attention calls (the host would wait for them)
     rowmax, argmax = _row_max(zi, log_w, float(scale)) if need_max else (None, None)
+    lse, _ = _lse_and_out(zi, log_w, float(scale), want_out=False)
     return lse, rowmax, argmax
 
 
@@ -313,8 +315,8 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
 
     Returns (lse, rowmax, argmax, dz) like ``_lse_torch.lse_fused``."""
     zi = _input(z)
-    lse, out = _lse_and_out(zi, log_w, float(scale), want_out=True)
-    rowmax, argmax = _row_max(zi, log_w, float(scale)) if need_max else (None, None)
+    rowmax, argmax = _row_max(zi, log_w, float(scale)) if need_max else (None, None)  # (first:
+    lse, out = _lse_and_out(zi, log_w, float(scale), want_out=True)           # lse_forward's)
     g = coef_fn(slice(None), lse, rowmax).float()
     return lse, rowmax, argmax, _grad(zi, log_w, float(scale), lse, g, out)
 
