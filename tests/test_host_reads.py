@@ -204,3 +204,13 @@ def test_class_sums_of_partial_levels_read_nothing_and_match_the_level_rows(dtyp
     assert torch.equal(dz, want_dz)
     outside = lv.gid < 0
     assert outside[1:].any() and (pos[outside] == 0).all()
+    # the rows outside spread over the spare groups (CUDA's atomics) or all in one: the same
+    import hiertail_fast.ops._loss_terms as loss_terms
+    spares = loss_terms.SPARE_GROUPS
+    try:
+        loss_terms.SPARE_GROUPS = 1
+        one_pos, one_dz = class_sum_term(z, lv, 0.3, include_self, coef)
+    finally:
+        loss_terms.SPARE_GROUPS = spares
+    assert torch.equal(one_pos.view(torch.int64), pos.view(torch.int64))
+    assert torch.equal(one_dz, dz)

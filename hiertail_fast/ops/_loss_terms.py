@@ -53,6 +53,9 @@ def reduction_weights(lv: Levels, reduction: str, dtype) -> torch.Tensor:
     return contrib
 
 
+SPARE_GROUPS = 64      # ``class_sum_term``: groups for the rows outside a level
+
+
 def class_sum_term(z, lv: Levels, scale, include_self, coef=None, need_pos: bool = True):
     """pos[l, i] = z_i.(S_c(i) - d z_i) * scale (d = not include_self), float64; dz for
     coefficients coef. ``need_pos=False`` (a backward pass that has pos): (None, dz).
@@ -66,11 +69,13 @@ def class_sum_term(z, lv: Levels, scale, include_self, coef=None, need_pos: bool
 
     Every row takes part in every level's sums, with no index list of a level's rows (a
     ``nonzero`` per level and pass: a host sync on CUDA): the rows outside a level (gid -1)
-    go to a spare group after the level's own, which nothing reads, and their pos and dz
-    terms are masked to exactly 0. The level's groups sum their rows in the same order as
-    over the level's rows alone, so fp32 / fp64 numbers are those of that form, bit for bit
-    (a 16-bit dz now adds scale * grad in one rounding, as a full level always did; the index
-    list's ``index_add_`` rounded the product first).
+    go to SPARE_GROUPS spare groups after the level's own (row i to spare i mod SPARE_GROUPS:
+    on CUDA index_add_ adds with atomics, and half the rows in one group would queue on one
+    row's addresses), which nothing reads, and their pos and dz terms are masked to exactly
+    0. The level's groups sum their rows in the same order as over the level's rows alone, so
+    fp32 / fp64 numbers are those of that form, bit for bit (a 16-bit dz now adds
+    scale * grad in one rounding, as a full level always did; the index list's
+    ``index_add_`` rounded the product first).
     """
     n, d = z.shape
     pos = torch.zeros(lv.gid.shape, dtype=torch.float64, device=z.device) if need_pos else None
@@ -80,12 +85,14 @@ def class_sum_term(z, lv: Levels, scale, include_self, coef=None, need_pos: bool
         sq = (z * z).sum(1)
         # the scale as z's dtype holds it (a float temperature and a tensor one give one value)
         scale_z = torch.as_tensor(scale, dtype=z.dtype, device=z.device).to(torch.float64)
+    spread = None if all(lv.full) else torch.arange(n, device=z.device) % SPARE_GROUPS
     for lev in range(lv.gid.shape[0]):
         full = lv.full[lev]
         inside = None if full else lv.gid[lev] >= 0
-        # rows outside the level: the spare group n_groups (no rows are in it when full)
-        g = lv.gid[lev] if full else torch.where(inside, lv.gid[lev], lv.n_groups[lev])
-        sums = torch.zeros(lv.n_groups[lev] + (not full), d, dtype=z.dtype, device=z.device)
+        # rows outside the level: the spare groups from n_groups (none when the level is full)
+        g = lv.gid[lev] if full else torch.where(inside, lv.gid[lev], spread + lv.n_groups[lev])
+        sums = torch.zeros(lv.n_groups[lev] + (0 if full else SPARE_GROUPS), d, dtype=z.dtype,
+                           device=z.device)
         sums.index_add_(0, g, z)
         s_rows = sums[g]
         if need_pos:
@@ -99,7 +106,7 @@ def class_sum_term(z, lv: Levels, scale, include_self, coef=None, need_pos: bool
             pos[lev] = term if full else torch.where(inside, term, torch.zeros_like(term))
         if coef is not None:
             c = coef[lev].to(z.dtype)
-            # (rows outside the level add only to the spare group's acc, which only they read)
+            # (rows outside the level add only to the spare groups' acc, which only they read)
             acc = torch.zeros_like(sums).index_add_(0, g, z * c[:, None])
             grad = c[:, None] * (s_rows - 2.0 * delta * z) + acc[g]
             if not full:
