@@ -1,5 +1,5 @@
-"""In-process A/B of the loss (torch engine) against another git revision of the package,
-ROUND-ROBIN, on CPU (default) or, with ``--device cuda``, on a GPU.
+"""In-process A/B of the loss (torch engine, or ``--backend attention``) against another git
+revision of the package, ROUND-ROBIN, on CPU (default) or, with ``--device cuda``, on a GPU.
 
 ``engine_ab.py`` switches between two paths that the current code keeps. A change that replaces
 code (nothing left to switch back to) is measured against the package as it was at an earlier
@@ -91,16 +91,17 @@ def _forget_revision() -> None:
         del sys.modules[name]
 
 
-def loss_step(pkg, z, ys, ps, tau: float, variant: str):
-    """Forward + backward of the loss of package ``pkg`` (torch engine); returns the gradient."""
+def loss_step(pkg, z, ys, ps, tau: float, variant: str, backend: str = "torch"):
+    """Forward + backward of the loss of package ``pkg`` (engine `backend`); returns the
+    gradient."""
     def step():
         zz = z.detach().requires_grad_()
         if len(ys) == 1:
             loss = pkg.balanced_contrastive_loss(zz, ys[0], prototypes=ps[0], temperature=tau,
-                                                 variant=variant, backend="torch")
+                                                 variant=variant, backend=backend)
         else:
             loss = pkg.hierarchical_contrastive_loss(zz, ys, ps, temperature=tau,
-                                                     variant=variant, backend="torch")
+                                                     variant=variant, backend=backend)
         loss.backward()
         loss_grid._sync()              # (CUDA: the step's time is its kernels' too)
         return zz.grad
@@ -113,6 +114,8 @@ def main(argv=None) -> int:
     add_case_arguments(p, levels=1, rounds=11)
     p.add_argument("--exact", action="store_true",
                    help="also time this checkout's exact variant (new / exact ratios)")
+    p.add_argument("--backend", choices=("torch", "attention"), default="torch",
+                   help="the loss engine both revisions run (default torch)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the cases run (default cpu, also on a GPU machine: the CPU "
                         "engines' internals); cuda: the torch engine's CUDA paths")
@@ -126,14 +129,17 @@ def main(argv=None) -> int:
 
 def _compare(args) -> int:
     with revision_package(args.rev, f"N {args.n}, d {args.d}, L {args.levels}, {args.variant}, "
-                          f"tau {args.tau:g}, {args.rounds} rounds (first dropped)") as old_pkg:
+                          f"tau {args.tau:g}, {args.backend} engine, {args.rounds} rounds "
+                          f"(first dropped)") as old_pkg:
         for regime in args.regimes:
             z, ys, ps = make_case(regime, args.n, args.d, args.levels)
-            steps = {"old": loss_step(old_pkg, z, ys, ps, args.tau, args.variant),
-                     "new": loss_step(hiertail_fast, z, ys, ps, args.tau, args.variant),
+            steps = {"old": loss_step(old_pkg, z, ys, ps, args.tau, args.variant, args.backend),
+                     "new": loss_step(hiertail_fast, z, ys, ps, args.tau, args.variant,
+                                      args.backend),
                      "floor+exp": floor_step(z, ps, with_exp=True)}
             if args.exact:
-                steps["exact"] = loss_step(hiertail_fast, z, ys, ps, args.tau, "exact")
+                steps["exact"] = loss_step(hiertail_fast, z, ys, ps, args.tau, "exact",
+                                           args.backend)
             g_old, g_new = steps["old"](), steps["new"]()
             diff = float((g_old - g_new).abs().max() / g_old.abs().max().clamp(min=1e-30))
             med = round_robin_medians(steps, args.rounds)

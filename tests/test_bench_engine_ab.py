@@ -159,6 +159,16 @@ def test_version_ab_times_another_revision(capsys, tmp_path):
                             "--rounds", "2", "--regimes", "relu", "--exact"]) == 0
     out = capsys.readouterr().out
     assert "new/old" in out and "new/exact" in out and "grad diff" in out
+    assert "torch engine" in out
+    calls = []                                     # --backend: both revisions run that engine
+    real = version_ab.loss_step
+    version_ab.loss_step = lambda *a: calls.append(a[-1]) or real(*a)
+    try:
+        assert version_ab.main(["--rev", "HEAD", "--n", "60", "--d", "8", "--rounds", "2",
+                                "--regimes", "relu", "--backend", "attention"]) == 0
+    finally:
+        version_ab.loss_step = real
+    assert calls == ["attention", "attention"] and "attention engine" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         version_ab.main(["--rev", "no-such-revision-xyz", "--n", "50", "--rounds", "2"])
     if not torch.cuda.is_available():           # --device cuda: a clear refusal without one
