@@ -397,13 +397,14 @@ def test_version_ab_old_is_the_revision_and_exact_is_exact(monkeypatch, capsys):
     made = []
     real_step = version_ab.loss_step
     monkeypatch.setattr(version_ab, "revision_package", fake_revision)
-    monkeypatch.setattr(version_ab, "loss_step", lambda pkg, z, ys, ps, tau, v: made.append(
-        (pkg, v)) or real_step(hiertail_fast, z, ys, ps, tau, v))
+    monkeypatch.setattr(version_ab, "loss_step", lambda pkg, z, ys, ps, tau, v, b: made.append(
+        (pkg, v, b)) or real_step(hiertail_fast, z, ys, ps, tau, v, b))
     monkeypatch.setattr(version_ab, "round_robin_medians", lambda steps, rounds: {
         "old": 2.0, "new": 1.0, "floor+exp": 0.5, "exact": 4.0})
     assert version_ab.main(["--rev", "X", "--levels", "1", "--variant", "official", "--n", "40",
                             "--d", "4", "--rounds", "2", "--regimes", "relu", "--exact"]) == 0
-    assert made == [(rev, "official"), (hiertail_fast, "official"), (hiertail_fast, "exact")]
+    assert made == [(rev, "official", "torch"), (hiertail_fast, "official", "torch"),
+                    (hiertail_fast, "exact", "torch")]
     out = capsys.readouterr().out
     assert "new/old 0.500" in out and "new/exact 0.250" in out
 
