@@ -186,7 +186,8 @@ def _profile_rows(dev: str, case: tuple, inputs: tuple, engines: dict, budget: B
     profiled step (``gc.profile_step``) of each automatic row of the first (N, d), after the
     A/B rows. Its kernels' device time against the row's timed median says how much of the
     row is kernels and how much launches and host waits (a 20k row's fixed part, ~3 ms for
-    one level on the 2026-11-27 tables). Rows past the budget are marked skipped."""
+    one level on the 2026-11-27 tables). Rows past the budget are marked skipped.
+    (bench/loss_profile.py profiles its first size through this too.)"""
     n, d = case
     z, y, protos = inputs
     for variant in ("exact", "official"):
@@ -194,7 +195,7 @@ def _profile_rows(dev: str, case: tuple, inputs: tuple, engines: dict, budget: B
             for dtype, name in DTYPES.items():
                 engine = engines[n, d, variant, levels, dtype]
                 fields = dict(n=n, d=d, variant=variant, levels=levels, dtype=name,
-                              what=f"profile (auto: {engine})", profile=True)
+                              what=f"profile (auto: {engine})", engine=engine, profile=True)
                 step, _ = _loss_step(dev, None, variant, z, y, protos, levels, dtype)
                 if not callable(step):
                     add(dict(**fields, **step))
@@ -204,17 +205,22 @@ def _profile_rows(dev: str, case: tuple, inputs: tuple, engines: dict, budget: B
                     add(dict(**fields, **gc.guarded(lambda s=step: gc.profile_step(s, dev))))
 
 
+def _case(row: dict) -> tuple:
+    """A loss row's case: (N, d, variant, levels, input dtype)."""
+    return row["n"], row["d"], row["variant"], row.get("levels"), row.get("dtype")
+
+
 def profile_table(loss_rows: list[dict]) -> list[list]:
     """The profile rows against their automatic row's timed median (the first group's):
     [variant, levels, input, engine, median ms, kernels ms, kernels / median, host waits,
     launches, aten ops]."""
-    timed = {(r["n"], r["d"], r["variant"], r.get("levels"), r.get("dtype")): r.get("median_s")
-             for r in loss_rows if str(r["what"]).startswith("ours (auto") and not r.get("ab")}
+    timed = {_case(r): r.get("median_s") for r in loss_rows
+             if str(r["what"]).startswith("ours (auto") and not r.get("ab")}
     out = []
     for r in loss_rows:
         if not r.get("profile"):
             continue
-        median = timed.get((r["n"], r["d"], r["variant"], r.get("levels"), r.get("dtype")))
+        median = timed.get(_case(r))
         busy = r.get("device_busy_s")
         share = f"{busy / median:.2f}" if busy is not None and median else "–"
         out.append([r["variant"], r["levels"], r["dtype"], r["what"][len("profile "):],
@@ -442,15 +448,13 @@ def ab_comparisons(loss_rows: list[dict]) -> list[dict]:
     levels, input) timed in their group (the first group's where none was): {case fields,
     "auto": its engine, "against": the A/B row's what, "question", "ratio": A/B time /
     automatic time, "reading"}; rows without both times are left out."""
-    def case(r):
-        return r["n"], r["d"], r["variant"], r.get("levels"), r.get("dtype")
     auto: dict = {}
     for r in loss_rows:        # an A/B group's automatic row wins over the first group's
-        if str(r["what"]).startswith("ours (auto") and (r.get("ab") or case(r) not in auto):
-            auto[case(r)] = r
+        if str(r["what"]).startswith("ours (auto") and (r.get("ab") or _case(r) not in auto):
+            auto[_case(r)] = r
     out = []
     for r in loss_rows:
-        a = auto.get(case(r))
+        a = auto.get(_case(r))
         if r["what"] not in AB_QUESTIONS or a is None or not (r.get("median_s")
                                                                and a.get("median_s")):
             continue

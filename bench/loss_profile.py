@@ -160,17 +160,14 @@ def tuned_rows(dev, n, d, engines, reps, deadline, add) -> None:
 
 
 def profile_rows(dev, n, d, add) -> None:
-    """One profiled step of the automatic engine per (variant, levels, dtype)."""
+    """One profiled step of the automatic engine per (variant, levels, dtype): gpu_report's
+    profile rows (``_profile_rows``), without its time budget."""
     z, y, protos = (t.to(dev) for t in gc.loss_inputs(n, d))
-    for variant in ("exact", "official"):
-        for levels in (1, 3):
-            for dtype in (torch.float32, torch.bfloat16):
-                step = make_step(z, y, protos, variant, levels, dtype, "auto")
-                row = dict(n=n, d=d, variant=variant, levels=levels,
-                           dtype=gpu_report.DTYPES[dtype], what="profile (auto)",
-                           engine=gc.auto_engine(z, protos, variant, levels, dtype))
-                row.update(gc.guarded(lambda s=step: gc.profile_step(s, dev)))
-                add(row)
+    engines = {(n, d, variant, levels, dtype): gc.auto_engine(z, protos, variant, levels, dtype)
+               for variant in ("exact", "official") for levels in (1, 3)
+               for dtype in gpu_report.DTYPES}
+    gpu_report._profile_rows(dev, (n, d), (z, y, protos), engines,
+                             gpu_report.Budget(float("inf")), add)
 
 
 def _ratio(seconds: float, anchor: float | None) -> str:

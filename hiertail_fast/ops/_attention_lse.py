@@ -315,8 +315,9 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
 
     Returns (lse, rowmax, argmax, dz) like ``_lse_torch.lse_fused``."""
     zi = _input(z)
-    rowmax, argmax = _row_max(zi, log_w, float(scale)) if need_max else (None, None)  # (first:
-    lse, out = _lse_and_out(zi, log_w, float(scale), want_out=True)           # lse_forward's)
+    # the row max first, for lse_forward's reason (its host read before any queued kernel)
+    rowmax, argmax = _row_max(zi, log_w, float(scale)) if need_max else (None, None)
+    lse, out = _lse_and_out(zi, log_w, float(scale), want_out=True)
     g = coef_fn(slice(None), lse, rowmax).float()
     return lse, rowmax, argmax, _grad(zi, log_w, float(scale), lse, g, out)
 
