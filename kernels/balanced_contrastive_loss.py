@@ -113,6 +113,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hiertail_fast.ops._finite import finite
+
 from ._utils import (
     autotune_requested,
     cuda_arch,
@@ -583,7 +585,7 @@ def _shared_shift(log_w: torch.Tensor, n_common: int) -> torch.Tensor | None:
     if n_common == 0:
         return None
     head = log_w[:, :n_common].to(torch.float32)
-    if not bool(torch.isfinite(head).all()):
+    if not bool(finite(head).all()):
         raise ValueError(f"n_common = {n_common}: the first n_common keys must be visible "
                          "(finite log_w) in every level")
     return head.max(dim=1).values.contiguous()
@@ -592,16 +594,16 @@ def _shared_shift(log_w: torch.Tensor, n_common: int) -> torch.Tensor | None:
 def _level_shift(log_w: torch.Tensor) -> torch.Tensor:
     """[L] fp32 c_l = the largest finite log-weight of level l (0 for a level with none), the
     relative mode's shift: its terms e^{(s - r) + (log w - c)} are then <= 1 (no host sync)."""
-    finite = torch.isfinite(log_w)
-    top = torch.where(finite, log_w, torch.full_like(log_w, -math.inf)).amax(dim=1)
-    return torch.where(torch.isfinite(top), top, torch.zeros_like(top)).contiguous()
+    visible = finite(log_w)
+    top = torch.where(visible, log_w, torch.full_like(log_w, -math.inf)).amax(dim=1)
+    return torch.where(finite(top), top, torch.zeros_like(top)).contiguous()
 
 
 def _relative_pair(lse: torch.Tensor, rowmax: torch.Tensor):
     """(δ = lse - rowmax [L, N] fp32, −inf on dead rows; reference r = rowmax, 0 on dead rows)
     of the backward's relative mode, formed in float64 from the forward's rowmax + δ."""
     lse64, r64 = lse.double(), rowmax.double()
-    live = torch.isfinite(lse64) & torch.isfinite(r64)
+    live = finite(lse64) & finite(r64)
     delta = torch.where(live, lse64 - r64, torch.full_like(lse64, -math.inf))
     ref = torch.where(live, r64, torch.zeros_like(r64))
     return delta.float().contiguous(), ref.float().contiguous()
@@ -612,10 +614,10 @@ def _shared_coefficients(lse: torch.Tensor, grad_lse: torch.Tensor, shift: torch
     row's live levels of lse - c (an fp32 reference, 0 for a dead row), a = g e^{R + c - lse}
     (0 where lse = -inf), computed in float64 from the forward's m + δ."""
     lse64 = lse.double()
-    live = torch.isfinite(lse64)
+    live = finite(lse64)
     rel = torch.where(live, lse64 - shift.double()[:, None], torch.full_like(lse64, math.inf))
     ref = rel.min(dim=0).values
-    ref = torch.where(torch.isfinite(ref), ref, torch.zeros_like(ref)).float()
+    ref = torch.where(finite(ref), ref, torch.zeros_like(ref)).float()
     arg = torch.where(live, ref.double()[None, :] + shift.double()[:, None] - lse64,
                       torch.zeros_like(lse64))
     coef = torch.where(live, grad_lse.double() * torch.exp(arg), torch.zeros_like(lse64))
@@ -664,7 +666,7 @@ def _merge_splits(delta: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     against the largest reference point alone)."""
     part = delta.double() + ref.double()          # −inf for a split without a visible key
     top = part.amax(0)
-    live = torch.isfinite(top)
+    live = finite(top)
     base = torch.where(live, top, torch.zeros_like(top))
     total = torch.exp(part - base).sum(0)          # >= 1 where live: the top split's own e^0
     return torch.where(live, base + torch.log(torch.where(live, total, 1.0)),

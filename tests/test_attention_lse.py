@@ -462,11 +462,11 @@ def test_key_side_takes_both_signs_of_the_coefficients_in_one_call(monkeypatch, 
     calls = []
     real = attn._call
 
-    def spy(q, bias_rows, scale, v_sign=None):
+    def spy(q, bias_rows, scale, v_sign=None, fold=None):
         calls.append(v_sign is not None)
         if v_sign is not None:
             assert set(v_sign.unique().tolist()) <= {-1.0, 0.0, 1.0}
-        return real(q, bias_rows, scale, v_sign)
+        return real(q, bias_rows, scale, v_sign, fold)
 
     monkeypatch.setattr(attn, "_call", spy)
     lse, _, _, dz = attn.lse_fused(z, log_w, 1.1, False, lambda rows, lse_b, mx: g[:, rows])

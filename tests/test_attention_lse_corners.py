@@ -150,3 +150,21 @@ def test_official_small_problem_at_four_logits_per_row_stays_within_the_rule():
     rule = (2 * (grad(z, "reference") - exp).abs().max().item()
             + 1e-4 * exp.abs().max().item() + 1e-5)
     assert (grad(z, "attention") - exp).abs().max().item() <= rule
+
+
+def test_a_calls_folded_operands_serve_every_call_as_fresh_ones():
+    """The bf16 flash branch builds q', v' and the k' buffer once per loss call (``_Fold``) and
+    rewrites only k's bias columns per attention call: each call's operands equal a fresh
+    ``fold_bias`` of its own bias rows, bit for bit, whichever head count comes first (the
+    buffer grows for more heads, a slice serves fewer), and the fill columns stay as built."""
+    gen = torch.Generator().manual_seed(8)
+    for d in (13, 16):                                  # zero padding after the fold, or none
+        q = torch.randn(21, d, generator=gen).to(torch.bfloat16)
+        fold = attn._Fold(q)
+        for heads in (1, 3, 2, 3):
+            bias = -torch.rand(heads, 21, generator=gen) * 9
+            bias[0, 2] = attn.HIDDEN
+            k = fold.keys(bias, 2.5)
+            q_new, k_new, v_new = attn.fold_bias(q, bias, 2.5)
+            assert torch.equal(fold.q, q_new) and torch.equal(fold.v, v_new)
+            assert k.shape == k_new.shape and torch.equal(k, k_new)

@@ -33,6 +33,7 @@ import functools
 import torch
 
 from hiertail_fast.ops import _lse_torch
+from hiertail_fast.ops._finite import finite
 
 # The private ops and the exact signatures used below, checked on torch 2.11 (the GPU image)
 # and 2.13 (the CPU machines). Older or newer releases go through the schema probe in
@@ -111,13 +112,14 @@ def _bias(rows: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _call(q: torch.Tensor, bias_rows: torch.Tensor, scale: float,
-          v_sign: torch.Tensor | None = None):
+          v_sign: torch.Tensor | None = None, fold: _Fold | None = None):
     """One attention call with q = k = q [N, d] for H heads with key-bias rows [H, N], and
-    values q, or ``v_sign[h, k] * q_k`` in head h (the key side's coefficient signs, +-1 / 0).
+    values q, or ``v_sign[h, k] * q_k`` in head h (the key side's coefficient signs, +-1 / 0);
+    `fold`: the call's folded operands on the bf16 flash branch (built here if None).
 
     Returns (out [H, N, d] in q's dtype, lse [H, N] float32)."""
-    if q.dtype == torch.bfloat16 and _kernel_kind(q.device) == "cuda":
-        return _call_folded(q, bias_rows, scale, v_sign)
+    if _folds(q):
+        return _call_folded(q, bias_rows, scale, v_sign, fold)
     n, d = q.shape
     h = bias_rows.shape[0]
     # heads share q = k = v; materialised (O(H*N*d)) since the kernels want dense heads
@@ -169,37 +171,70 @@ def _kernel_kind(device: torch.device) -> str:
     return "cpu" if device.type == "cpu" else "cuda"
 
 
+def _folds(q: torch.Tensor) -> bool:
+    """Whether q's calls take the bf16 flash branch (the bias folded into feature columns)."""
+    return q.dtype == torch.bfloat16 and _kernel_kind(q.device) == "cuda"
+
+
+class _Fold:
+    """The folded operands of one loss call's bf16 flash calls, built once and shared by them
+    (each rebuilt them: ~20 kernel launches a call, ~12 now): q' = [z, 1, 1, 1, 0...] [N, d'],
+    v' = [z, 0...] [N, d'], and k' [H, N, d'] = [z, hi, mid, lo, 0...] per head, whose z and
+    zero columns are written once and whose bias columns each call rewrites (``keys``: a call's
+    flash kernel has read them before the next call's writes run, in stream order)."""
+
+    def __init__(self, q: torch.Tensor) -> None:
+        n, d = q.shape
+        dp = -(-(d + FOLD_COLS) // HEAD_ALIGN) * HEAD_ALIGN
+        self.d, self.dp = d, dp
+        self.q = q.new_empty(n, dp)
+        self.q[:, :d] = q
+        self.q[:, d:d + FOLD_COLS].fill_(1.0)
+        self.v = q.new_empty(n, dp)
+        self.v[:, :d] = q
+        self.v[:, d:].fill_(0.0)
+        if dp > d + FOLD_COLS:
+            self.q[:, d + FOLD_COLS:].fill_(0.0)
+        self._k: torch.Tensor | None = None
+
+    def keys(self, bias_rows: torch.Tensor, scale: float) -> torch.Tensor:
+        """k' [H, N, d'] for bias rows [H, N]: scale * q'_i . k'_hk = scale * z_i.z_k +
+        bias_rows[h, k] to fp32 precision of the bias (hi + mid + lo of b / scale)."""
+        h, d = bias_rows.shape[0], self.d
+        if self._k is None or self._k.shape[0] < h:
+            self._k = self.q.new_empty(h, *self.q.shape)
+            self._k[:, :, :d] = self.v[:, :d]
+            if self.dp > d + FOLD_COLS:
+                self._k[:, :, d + FOLD_COLS:].fill_(0.0)
+        k = self._k[:h]
+        rest = (bias_rows.float() / scale).clamp(min=-1e37)
+        parts = []
+        for c in range(FOLD_COLS):                              # hi, mid, lo parts of b / scale
+            parts.append(rest.to(k.dtype))
+            if c + 1 < FOLD_COLS:
+                rest = rest - parts[-1].float()
+        k[:, :, d:d + FOLD_COLS] = torch.stack(parts, dim=2)
+        return k
+
+
 def fold_bias(q: torch.Tensor, bias_rows: torch.Tensor, scale: float):
     """(q' [N, d'], k' [H, N, d'], v' [N, d']) in q's dtype with scale * q'_i . k'_hk =
     scale * q_i . q_k + bias_rows[h, k] (to fp32 precision of the bias) and v' = [q, 0]."""
-    n, d = q.shape
-    h = bias_rows.shape[0]
-    dp = -(-(d + FOLD_COLS) // HEAD_ALIGN) * HEAD_ALIGN
-    qf = torch.zeros(n, dp, dtype=q.dtype, device=q.device)
-    qf[:, :d] = q
-    qf[:, d:d + FOLD_COLS] = 1.0
-    kf = qf.expand(h, n, dp).clone()
-    vf = torch.zeros_like(qf)
-    vf[:, :d] = q
-    rest = (bias_rows.float() / scale).clamp(min=-1e37)
-    for c in range(FOLD_COLS):                                  # hi, mid, lo parts of b / scale
-        part = rest.to(q.dtype)
-        kf[:, :, d + c] = part
-        rest = rest - part.float()
-    return qf, kf, vf
+    fold = _Fold(q)
+    return fold.q, fold.keys(bias_rows, scale), fold.v
 
 
 def _call_folded(q: torch.Tensor, bias_rows: torch.Tensor, scale: float,
-                 v_sign: torch.Tensor | None = None):
+                 v_sign: torch.Tensor | None = None, fold: _Fold | None = None):
     op = _op(_FLASH_OP, _FLASH_ARGS)
     if op is None:
         raise AttentionUnavailable(f"torch.ops.aten.{_FLASH_OP} is not available")
     n, d = q.shape
     h = bias_rows.shape[0]
-    qf, kf, vf = fold_bias(q, bias_rows, scale)
-    dp = qf.shape[1]
-    qh = qf.view(1, 1, n, dp).expand(1, h, n, dp).contiguous()
-    vh = _signed(vf.view(1, 1, n, dp).expand(1, h, n, dp), v_sign).contiguous()
+    fold = fold or _Fold(q)
+    kf, dp = fold.keys(bias_rows, scale), fold.dp
+    qh = fold.q.view(1, 1, n, dp).expand(1, h, n, dp).contiguous()
+    vh = _signed(fold.v.view(1, 1, n, dp).expand(1, h, n, dp), v_sign).contiguous()
     try:
         out, lse = op(qh, kf.unsqueeze(0), vh, 0.0, False, False, scale=scale)[:2]
     except RuntimeError as err:
@@ -212,43 +247,50 @@ def _heads(log_w: torch.Tensor):
         yield h0, min(log_w.shape[0], h0 + MAX_HEADS)
 
 
-def _bias_rows(log_w: torch.Tensor) -> torch.Tensor:
-    return torch.where(torch.isfinite(log_w), log_w, torch.full_like(log_w, HIDDEN))
+class _Keys:
+    """What one loss call's attention calls share about its keys: the fp32 log-weights, which
+    keys each level sees (finite log_w, tested once for every call) and, on the bf16 flash
+    branch, the folded operands (``_Fold``)."""
+
+    def __init__(self, z: torch.Tensor, log_w: torch.Tensor) -> None:
+        self.log_w = log_w.float()
+        self.visible = finite(self.log_w)
+        self.fold = _Fold(z) if _folds(z) else None
 
 
-def _lse_and_out(z: torch.Tensor, log_w: torch.Tensor, scale: float, want_out: bool):
-    n_levels, n = log_w.shape
-    lse = torch.empty(n_levels, n, dtype=torch.float64, device=z.device)
-    outs = []
-    bias = _bias_rows(log_w.float())
-    for h0, h1 in _heads(log_w):
-        out, l_h = _call(z, bias[h0:h1], scale)
-        lse[h0:h1] = l_h.double()
+def _lse_and_out(z: torch.Tensor, keys: _Keys, scale: float, want_out: bool):
+    bias = torch.where(keys.visible, keys.log_w, HIDDEN)          # a hidden key: HIDDEN
+    lses, outs = [], []
+    for h0, h1 in _heads(keys.log_w):
+        out, l_h = _call(z, bias[h0:h1], scale, fold=keys.fold)
+        lses.append(l_h)
         if want_out:
             outs.append(out)
-    hidden = ~torch.isfinite(log_w).any(dim=1)                   # a level with no visible key
-    lse.masked_fill_(hidden[:, None], float("-inf"))           # (no host sync, unlike lse[hidden])
-    return lse, (torch.cat(outs) if want_out else None)
+    lse = (lses[0] if len(lses) == 1 else torch.cat(lses)).double()
+    hidden = ~keys.visible.any(dim=1, keepdim=True)                 # a level with no visible key
+    lse.masked_fill_(hidden, float("-inf"))                # (no host sync, unlike lse[hidden])
+    if not want_out:
+        return lse, None
+    return lse, (outs[0] if len(outs) == 1 else torch.cat(outs))
 
 
-def _key_side(z, log_w, scale, lse, g):
+def _key_side(z, keys: _Keys, scale, lse, g):
     """dz_k = scale * sum_l sum_i g_li p_lik z_i, one call per head group for both signs of g:
     the rows (keys of this call) get the bias log|g_li| - lse_li and the values
     sign(g_li) z_i, so the kernel's fp32 accumulator sums the positive and negative terms
     together. (It was a host read of which signs occur, after the forward's kernels, and a
     second call where some g < 0: each sign's sum rounded on its own, then subtracted.)"""
-    dz = torch.zeros(z.shape, dtype=torch.float32, device=z.device)
     lse32 = lse.float()
-    use = (g != 0) & torch.isfinite(lse32)
-    rows = torch.where(use, torch.log(g.abs().clamp(min=1e-38)) - lse32,
-                       torch.full_like(lse32, HIDDEN))
+    use = (g != 0) & finite(lse32)
+    rows = torch.where(use, torch.log(g.abs().clamp(min=1e-38)) - lse32, HIDDEN)
     sign = torch.sign(g)
-    for h0, h1 in _heads(log_w):
-        out, l2 = _call(z, rows[h0:h1], scale, v_sign=sign[h0:h1])
-        lw = log_w[h0:h1].float()
-        coef = torch.where(torch.isfinite(lw), torch.exp(lw + l2), torch.zeros_like(lw))
+    dz = None
+    for h0, h1 in _heads(keys.log_w):
+        out, l2 = _call(z, rows[h0:h1], scale, v_sign=sign[h0:h1], fold=keys.fold)
         # keys that no row reaches with g != 0: lse' = HIDDEN -> exp underflows to exactly 0
-        dz.add_(torch.einsum("hk,hkd->kd", coef, out.float()), alpha=scale)
+        coef = torch.where(keys.visible[h0:h1], torch.exp(keys.log_w[h0:h1] + l2), 0.0)
+        term = torch.einsum("hk,hkd->kd", coef, out.float())
+        dz = term.mul_(scale) if dz is None else dz.add_(term, alpha=scale)
     return dz
 
 
@@ -265,7 +307,7 @@ def _row_max(z: torch.Tensor, log_w: torch.Tensor, scale: float):
     """
     n = z.shape[0]
     zc = z.float()
-    visible = torch.isfinite(log_w)
+    visible = finite(log_w)
     all_visible = bool(visible.all())
     rowmax = torch.empty(log_w.shape, dtype=torch.float32, device=z.device)
     argmax = torch.empty(log_w.shape, dtype=torch.long, device=z.device)
@@ -297,7 +339,7 @@ def lse_forward(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bo
     # the row max first: its one host read (are all keys visible) comes before any kernel of
     # this call is queued, not after the attention calls (the host would wait for them)
     rowmax, argmax = _row_max(zi, log_w, float(scale)) if need_max else (None, None)
-    lse, _ = _lse_and_out(zi, log_w, float(scale), want_out=False)
+    lse, _ = _lse_and_out(zi, _Keys(zi, log_w), float(scale), want_out=False)
     return lse, rowmax, argmax
 
 
@@ -306,8 +348,9 @@ def lse_backward(
 ) -> torch.Tensor:
     """dz [N, d] (float32) of sum_{l,i} grad_lse[l, i] * lse[l, i]; recomputes O."""
     zi = _input(z)
-    _, out = _lse_and_out(zi, log_w, float(scale), want_out=True)
-    return _grad(zi, log_w, float(scale), lse, grad_lse.float(), out)
+    keys = _Keys(zi, log_w)
+    _, out = _lse_and_out(zi, keys, float(scale), want_out=True)
+    return _grad(zi, keys, float(scale), lse, grad_lse.float(), out)
 
 
 def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool, coef_fn):
@@ -317,15 +360,16 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
     zi = _input(z)
     # the row max first, for lse_forward's reason (its host read before any queued kernel)
     rowmax, argmax = _row_max(zi, log_w, float(scale)) if need_max else (None, None)
-    lse, out = _lse_and_out(zi, log_w, float(scale), want_out=True)
+    keys = _Keys(zi, log_w)
+    lse, out = _lse_and_out(zi, keys, float(scale), want_out=True)
     g = coef_fn(slice(None), lse, rowmax).float()
-    return lse, rowmax, argmax, _grad(zi, log_w, float(scale), lse, g, out)
+    return lse, rowmax, argmax, _grad(zi, keys, float(scale), lse, g, out)
 
 
-def _grad(z, log_w, scale, lse, g, out):
-    g = torch.where(torch.isfinite(lse), g, torch.zeros_like(g))
+def _grad(z, keys: _Keys, scale, lse, g, out):
+    g = torch.where(finite(lse), g, 0.0)
     dz = torch.einsum("hi,hid->id", g, out.float()).mul_(scale)   # query side
-    return dz.add_(_key_side(z, log_w, scale, lse, g))
+    return dz.add_(_key_side(z, keys, scale, lse, g))
 
 
 def _input(z: torch.Tensor) -> torch.Tensor:
