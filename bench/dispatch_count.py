@@ -6,6 +6,8 @@ so this is the count behind docs/LOSS.md's "small torch calls per loss". A count
     python bench/dispatch_count.py --n 20000 --levels 1 --as-cuda      # CUDA's engine paths
     python bench/dispatch_count.py --n 20000 --levels 1 --as-cuda --syncs --variant official
     python bench/dispatch_count.py --epoch 10000 --as-cuda --syncs --top 20   # a HierTail epoch
+    python bench/dispatch_count.py --n 600 --variant exact --backend attention --as-cuda \
+        --emulate-attention --dtype bfloat16      # the bf16 flash branch, kernels not counted
 
 Each total also says how many of its calls are not views (``OpOverload.is_view``: a view makes a
 tensor header, host work only; the others launch a kernel on CUDA).
@@ -15,8 +17,9 @@ block budget with no row cap, the sync-free forms of the engines' data-dependent
 (``_host_reads``), the whole-band positives (``HIERTAIL_POSITIVES``; ``--positives slices``
 for the per-group plan CUDA ran before). ``--syncs`` counts only the calls that make a CUDA
 host wait for the device (``SYNC_OPS``: a scalar read, nonzero, unique, ...; indexing with a boolean
-mask; ``tolist()`` of a library tensor, which runs no operator on CPU): each one drains the
-GPU's queue of launched kernels.
+mask; ``tolist()`` of a library tensor, which runs no operator on CPU; a Python value made into
+a tensor, ``lift_fresh[H2D]``: on CUDA ``torch.tensor(data, device=cuda)`` is a blocking
+host-to-device copy): each one drains the GPU's queue of launched kernels.
 """
 from __future__ import annotations
 
@@ -34,17 +37,27 @@ sys.path.insert(0, str(Path(__file__).parent))
 from loss_grid import REGIMES, loss_step, make_case  # noqa: E402
 
 from hiertail_fast._argparse import positive
+from hiertail_fast.ops import _host_reads as host_reads
 
 # operators that make a CUDA host wait for the device (their result's size or value is read)
 SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "_unique2", "unique_dim",
                       "unique_consecutive", "masked_select", "repeat_interleave"})
 _INDEXING = frozenset({"index", "index_put", "index_put_", "_index_put_impl_"})
+# a Python value made into a tensor (torch.tensor / as_tensor of numbers or lists; the value
+# of an item assignment x[i] = v): torch.tensor(data, device=cuda) is copied with
+# cudaMemcpyAsync + cudaStreamSynchronize (PyTorch's blocking host-to-device copy), a wait for
+# every kernel queued before it like a scalar read, and an item assignment's 0-d CPU value
+# may be copied the same way (not measured). Counted in the CUDA code paths only (--as-cuda:
+# the CPU paths make CPU tensors from host data on purpose, ``_host_reads.device_values``).
+_FROM_HOST_DATA = frozenset({"lift_fresh", "lift_fresh_copy"})
 
 
 def _syncs(name: str, args) -> str | None:
     """The name to count a host-syncing call under, or None if the call does not sync."""
     if name in SYNC_OPS:
         return name
+    if name in _FROM_HOST_DATA and host_reads.FORCE_SYNC_FREE:
+        return name + "[H2D]"      # torch.tensor(data, device=cuda): a blocking copy
     if name in _INDEXING and any(isinstance(t, torch.Tensor) and t.dtype == torch.bool
                                  for t in args[1] if t is not None):
         return name + "[bool]"                 # a boolean mask: nonzero inside
@@ -75,9 +88,37 @@ class _Counter(TorchDispatchMode):
 
 
 def count(n: int, d: int, levels: int, variant: str, regime: str, tau: float, backend: str,
-          syncs: bool = False):
+          syncs: bool = False, dtype: torch.dtype = torch.float32):
     z, ys, ps = make_case(regime, n, d, levels)
+    z, ps = z.to(dtype), [p.to(dtype) for p in ps]
     return count_step(loss_step(backend, z, ys, ps, tau, variant), syncs)
+
+
+@contextlib.contextmanager
+def _emulated_attention():
+    """While inside: the attention engine takes its CUDA branches on CPU tensors (fp32: the
+    memory-efficient kernel's contract; bf16: flash attention on the folded operands), each
+    kernel a dense softmax (``loss_golden``'s stand-ins) run with the counter paused: the
+    calls counted are the engine's own, around kernels that count as none."""
+    import loss_golden
+
+    import hiertail_fast.ops._attention_lse as attn
+
+    def quiet(fake):
+        def kernel(*args, **kwargs):
+            with torch.utils._python_dispatch._disable_current_modes():
+                return fake(*args, **kwargs)
+        return kernel
+
+    kind, op = attn._kernel_kind, attn._op
+    fakes = {attn._FLASH_OP: quiet(loss_golden._fake_flash),
+             attn._CUDA_OP: quiet(loss_golden._fake_efficient)}
+    attn._kernel_kind = lambda device: "cuda"
+    attn._op = lambda name, args: fakes.get(name) or op(name, args)
+    try:
+        yield
+    finally:
+        attn._kernel_kind, attn._op = kind, op
 
 
 def epoch_step(nodes: int):
@@ -164,6 +205,12 @@ def main(argv=None) -> int:
                         help="--as-cuda: the official positives' path (default band)")
     parser.add_argument("--syncs", action="store_true",
                         help="count only the calls that make a CUDA host wait (SYNC_OPS)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="the rows' dtype (bfloat16 with --emulate-attention: the flash "
+                        "branch)")
+    parser.add_argument("--emulate-attention", action="store_true",
+                        help="--as-cuda: the attention engine's CUDA branches too, its kernels "
+                        "emulated and not counted")
     parser.add_argument("--epoch", type=positive(int), metavar="NODES",
                         help="count one HierTail training epoch on a synthetic graph of NODES "
                         "nodes (bench/scale.py's model) instead of one loss; the loss options "
@@ -171,7 +218,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     variants = ["exact", "official"] if args.variant == "both" else [args.variant]
-    with _as_cuda(args.positives) if args.as_cuda else contextlib.nullcontext():
+    if args.emulate_attention and not args.as_cuda:
+        parser.error("--emulate-attention needs --as-cuda")
+    with contextlib.ExitStack() as stack:
+        if args.as_cuda:
+            stack.enter_context(_as_cuda(args.positives))
+        if args.emulate_attention:
+            stack.enter_context(_emulated_attention())
         if args.epoch:
             _report_epoch(args)
         else:
@@ -200,9 +253,11 @@ def _report_epoch(args) -> None:
 def _report(args, variants) -> None:
     for v in variants:
         calls = count(args.n, args.d, args.levels, v, args.regime, args.tau, args.backend,
-                      args.syncs)
+                      args.syncs, getattr(torch, args.dtype))
+        kernels = " (attention kernels emulated, not counted)" if args.emulate_attention else ""
         print(f"N={args.n} d={args.d} levels={args.levels} {v} {args.regime} tau={args.tau:g} "
-              f"backend={args.backend}: {sum(calls.values())} {_what(args, calls, 'loss')}")
+              f"{args.dtype} backend={args.backend}{kernels}: {sum(calls.values())} "
+              f"{_what(args, calls, 'loss')}")
         _print_top(calls, args.top)
 
 

@@ -624,7 +624,8 @@ class CSRGraph:
         def compute() -> torch.Tensor:
             mask = torch.zeros(self._num_nodes, dtype=torch.bool, device=self.device)
             loops = self._indices == self.row_index()
-            mask[self._indices[loops]] = True
+            # (index_fill_: no Python value made into a tensor, which CUDA may copy blocking)
+            mask.index_fill_(0, self._indices[loops], True)
             return mask
         return self._cached("has_loop", compute)
 

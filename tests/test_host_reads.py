@@ -214,3 +214,116 @@ def test_class_sums_of_partial_levels_read_nothing_and_match_the_level_rows(dtyp
         loss_terms.SPARE_GROUPS = spares
     assert torch.equal(one_pos.view(torch.int64), pos.view(torch.int64))
     assert torch.equal(one_dz, dz)
+
+
+def _cuda_forms_calls(backend, variant, levels, syncs):
+    """The calls of one loss (fwd+bwd, 600 rows, d 8, one block) in the engines' CUDA code
+    paths, counted by bench/dispatch_count.py."""
+    import hiertail_fast.ops._lse_torch as lse_torch
+    from tests.conftest import load_bench
+
+    dispatch_count = load_bench("bench_dispatch_count_forms", "dispatch_count.py")
+    with host_reads.cuda_code_paths({"HIERTAIL_CPU_BLOCK_BYTES": str(1 << 30)}):
+        rows = lse_torch.MAX_BLOCK_ROWS
+        lse_torch.MAX_BLOCK_ROWS = 1 << 62
+        try:
+            return dispatch_count.count(600, 8, levels, variant, "relu", 0.1, backend,
+                                        syncs=syncs)
+        finally:
+            lse_torch.MAX_BLOCK_ROWS = rows
+
+
+@pytest.mark.parametrize("backend", ["torch", "attention"])
+@pytest.mark.parametrize("variant", ["exact", "official"])
+@pytest.mark.parametrize("levels", [1, 3])
+def test_no_loss_makes_a_tensor_from_host_data_in_the_cuda_forms(backend, variant, levels):
+    """torch.tensor(values, device=cuda) (and as_tensor of a number) is a blocking copy:
+    cudaMemcpyAsync, then cudaStreamSynchronize, so the host waits for every kernel queued
+    before it, as a scalar read does. The exact variant made one after its LSE kernels (the
+    class sums' scale as a device tensor), and every loss one per call for the level sizes;
+    the torch engine one for a -inf constant, the official positives for flags. None now
+    (Python floats, fills: ``_host_reads.device_values``); a new one fails this."""
+    calls = _cuda_forms_calls(backend, variant, levels, syncs=True)
+    assert not [k for k in calls if k[0].endswith("[H2D]")], calls.most_common(12)
+
+
+def test_the_counter_counts_tensors_from_host_data_in_the_cuda_forms(tmp_path):
+    """bench/dispatch_count.py counts a Python value made into a tensor (lift_fresh: a
+    torch.tensor of host data, or an item assignment's value) as a host sync in the CUDA
+    forms (on CUDA torch.tensor(data, device=cuda) is a blocking copy), not in the CPU ones."""
+    import importlib.util
+
+    from tests.conftest import load_bench
+
+    dispatch_count = load_bench("bench_dispatch_count_lift", "dispatch_count.py")
+    probe = tmp_path / "hiertail_fast_probe.py"
+    probe.write_text("import torch\n\n"
+                     "def made():\n    return torch.tensor([1.0, 2.0])\n\n"
+                     "def assigned():\n    t = torch.zeros(3)\n    t[1] = 5.0\n    return t\n")
+    spec = importlib.util.spec_from_file_location("hiertail_fast_probe", probe)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    counted = {}
+    for name in ("made", "assigned"):
+        for forms in (False, True):
+            counter = dispatch_count._Counter(syncs=True)
+            with host_reads.cuda_code_paths() if forms else contextlib.nullcontext(), counter:
+                getattr(mod, name)()
+            counted[name, forms] = sum(k for (n, _), k in counter.calls.items()
+                                       if n.endswith("[H2D]"))
+    assert counted == {("made", False): 0, ("made", True): 1, ("assigned", False): 0,
+                       ("assigned", True): 1}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bool])
+def test_device_values_equal_torch_tensor_in_both_forms(dtype):
+    """``device_values``: torch.tensor's tensor, made with one fill per value and no tensor from
+    host data in the CUDA forms (where torch.tensor(..., device=cuda) would block)."""
+    from tests.conftest import load_bench
+
+    dispatch_count = load_bench("bench_dispatch_count_values", "dispatch_count.py")
+    values = [True, False, True] if dtype == torch.bool else [3, 0, 70]
+    want = torch.tensor(values, dtype=dtype)
+    for forms in (False, True):
+        counter = dispatch_count._Counter()
+        with host_reads.cuda_code_paths() if forms else contextlib.nullcontext(), counter:
+            got = host_reads.device_values(values, dtype, "cpu")
+        assert got.dtype == dtype and torch.equal(got, want)
+        lifted = sum(k for (n, _), k in counter.calls.items() if n.startswith("lift_fresh"))
+        assert lifted == (0 if forms else 1)
+    assert host_reads.device_values([], torch.float32, "cpu").shape == (0,)
+
+
+@pytest.mark.parametrize("backend,levels,most", [
+    ("torch", 1, 135), ("torch", 3, 245), ("attention", 1, 124), ("attention", 3, 209)])
+def test_kernel_launches_per_exact_loss_in_the_cuda_forms(backend, levels, most):
+    """Calls that launch a kernel on CUDA (not views) per exact loss, fwd+bwd, in the engines'
+    CUDA code paths (the attention engine with its CPU kernel here): what 2026-12-05 left.
+    A 20k-row loss on an H200 spent more time launching kernels than running them (a bf16
+    profile, 2026-11-27: 1.6 ms of kernels in a 4.3 ms step, 203 launches). Before: 133 / 274
+    / 141 / 257 (the torch engine's one-level count rises by two fills that replace blocking
+    host-to-device copies, which the CPU count did not see): the class sums form their [L, N]
+    terms once for all levels, the attention engine tests its keys once and shares them
+    between its calls, isfinite (four kernels) became |x| < inf (two). A new launch fails
+    this on purpose: count it with bench/dispatch_count.py --as-cuda and raise the number."""
+    from tests.conftest import load_bench
+
+    dispatch_count = load_bench("bench_dispatch_count_launches", "dispatch_count.py")
+    calls = _cuda_forms_calls(backend, "exact", levels, syncs=False)
+    launches = sum(calls.values()) - dispatch_count.views_of(calls)
+    assert 0 < launches <= most, calls.most_common(10)
+
+
+def test_a_hiertail_epoch_makes_no_tensor_from_host_data_in_the_cuda_forms():
+    """The whole training epoch (bench/dispatch_count.py --epoch: model, pooling, graph caches,
+    losses, Adam) in the CUDA code paths: no Python value made into a tensor (before: the
+    losses' level sizes and scale, and x[idx] = True in the graph's self-loop cache, the
+    propagation's stored diagonal, the training labels' duplicate check and the nearest
+    prototype's tie rule, now index_fill_)."""
+    from tests.conftest import load_bench
+
+    dispatch_count = load_bench("bench_dispatch_count_epoch", "dispatch_count.py")
+    with host_reads.cuda_code_paths():
+        calls = dispatch_count.count_step(dispatch_count.epoch_step(600), syncs=True)
+    assert sum(calls.values()) > 0
+    assert not [k for k in calls if k[0].endswith("[H2D]")], calls.most_common(12)

@@ -33,6 +33,22 @@ def host_reads_cheap(device: torch.device | str) -> bool:
     return torch.device(device).type == "cpu" and not FORCE_SYNC_FREE
 
 
+def device_values(values, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A small 1-d tensor of the host's `values` on `device`, without a host wait.
+
+    ``torch.tensor(values, device=cuda)`` copies with ``cudaMemcpyAsync`` followed by
+    ``cudaStreamSynchronize`` (PyTorch's blocking host-to-device copy): the host waits for every
+    kernel queued before it, as a scalar read does. Here each value is written by a fill
+    kernel instead (one launch per value: meant for a few, such as one per level). Where host
+    reads are cheap (CPU) it is ``torch.tensor``."""
+    if host_reads_cheap(device):
+        return torch.tensor(values, dtype=dtype, device=device)
+    out = torch.empty(len(values), dtype=dtype, device=device)
+    for i, v in enumerate(values):
+        out[i].fill_(v)          # (not out[i] = v: a 0-d CPU tensor copied in, maybe blocking)
+    return out
+
+
 @contextlib.contextmanager
 def cuda_code_paths(env: dict[str, str] | None = None):
     """While inside: CPU tensors through the torch loss engines' CUDA code paths (CUDA_PATH_ENV

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from hiertail_fast.ops._host_reads import device_values
 
 
 @dataclass
@@ -35,9 +38,9 @@ def make_levels(n: int, level_rows, include_self: bool, dtype, device,
         cnt = counts[inv].to(dtype)
         log_w[lev, rows] = -torch.log(cnt)
         gid[lev, rows] = inv
-        n_pos[lev, rows] = cnt - (0.0 if include_self else 1.0)
+        n_pos[lev, rows] = cnt if include_self else cnt - 1.0
         n_groups.append(int(counts.numel()))
-    n_distinct = torch.tensor(n_groups, dtype=dtype, device=device)
+    n_distinct = device_values(n_groups, dtype, device)         # (no blocking host copy)
     # rows are distinct indices (the ops build them): n of them cover every row
     full = [rows.numel() == n for rows, _ in level_rows]
     return Levels(log_w, gid, n_groups, n_pos, n_pos > 0, n_distinct, full, n_common)
@@ -69,7 +72,7 @@ def class_sum_term(z, lv: Levels, scale, include_self, coef=None, need_pos: bool
 
     Every row takes part in every level's sums, with no index list of a level's rows (a
     ``nonzero`` per level and pass: a host sync on CUDA): the rows outside a level (gid -1)
-    go to SPARE_GROUPS spare groups after the level's own (row i to spare i mod SPARE_GROUPS:
+    go to SPARE_GROUPS spare groups before the level's own (row i to spare i mod SPARE_GROUPS:
     on CUDA index_add_ adds with atomics, and half the rows in one group would queue on one
     row's addresses), which nothing reads, and their pos and dz terms are masked to exactly
     0. The level's groups sum their rows in the same order as over the level's rows alone, so
@@ -78,41 +81,68 @@ def class_sum_term(z, lv: Levels, scale, include_self, coef=None, need_pos: bool
     ``index_add_`` rounded the product first).
     """
     n, d = z.shape
-    pos = torch.zeros(lv.gid.shape, dtype=torch.float64, device=z.device) if need_pos else None
+    n_levels = lv.gid.shape[0]
     dz = torch.zeros_like(z) if coef is not None else None
     delta = 0.0 if include_self else 1.0
+    # Everything of shape [L, N] is formed once for all levels; only the [N, d] work (the sums,
+    # their gather, the products with z) runs per level: each op is a kernel launch on CUDA,
+    # and a three-level loss spent ~100 of them here.
+    partial = not all(lv.full)
+    inside = lv.gid >= 0 if partial else None
+    if partial:
+        # the rows outside a level: spare groups 0 .. SPARE_GROUPS - 1, the level's own groups
+        # after them (an offset of a whole level's table, so every group sums the same rows in
+        # the same order)
+        spread = torch.arange(n, device=z.device) % SPARE_GROUPS
+        spare_first = torch.where(inside, lv.gid + SPARE_GROUPS, spread)
     if need_pos:
-        sq = (z * z).sum(1)
-        # the scale as z's dtype holds it (a float temperature and a tensor one give one value)
-        scale_z = torch.as_tensor(scale, dtype=z.dtype, device=z.device).to(torch.float64)
-    spread = None if all(lv.full) else torch.arange(n, device=z.device) % SPARE_GROUPS
-    for lev in range(lv.gid.shape[0]):
+        mean_dot = torch.empty(lv.gid.shape, dtype=torch.float64, device=z.device)
+        # |c(i)| (>= 1 inside a level, where i is in c; the clamp only keeps the spare rows of
+        # an include_self level, 0 there, from dividing by 0)
+        size = (lv.n_pos.double() + delta).clamp(min=1.0)
+        size_z = size.to(z.dtype)
+    if coef is not None:
+        two_delta_z = 2.0 * delta * z
+    for lev in range(n_levels):
         full = lv.full[lev]
-        inside = None if full else lv.gid[lev] >= 0
-        # rows outside the level: the spare groups from n_groups (none when the level is full)
-        g = lv.gid[lev] if full else torch.where(inside, lv.gid[lev], spread + lv.n_groups[lev])
+        g = lv.gid[lev] if full else spare_first[lev]
         sums = torch.zeros(lv.n_groups[lev] + (0 if full else SPARE_GROUPS), d, dtype=z.dtype,
                            device=z.device)
         sums.index_add_(0, g, z)
         s_rows = sums[g]
         if need_pos:
-            # |c(i)|: >= 1 inside the level (i is in c), so the clamp only keeps the spare
-            # rows of an include_self level (0 there) from dividing by 0
-            size = lv.n_pos[lev].double() + delta
-            if not full:
-                size = size.clamp(min=1.0)
-            mean_dot = (z * (s_rows / size.to(z.dtype)[:, None])).sum(1, dtype=torch.float64)
-            term = (mean_dot * size - delta * sq.double()) * scale_z
-            pos[lev] = term if full else torch.where(inside, term, torch.zeros_like(term))
+            torch.sum(z * (s_rows / size_z[lev][:, None]), dim=1, dtype=torch.float64,
+                      out=mean_dot[lev])
         if coef is not None:
             c = coef[lev].to(z.dtype)
             # (rows outside the level add only to the spare groups' acc, which only they read)
             acc = torch.zeros_like(sums).index_add_(0, g, z * c[:, None])
-            grad = c[:, None] * (s_rows - 2.0 * delta * z) + acc[g]
+            grad = c[:, None] * (s_rows - two_delta_z) + acc[g]
             if not full:
-                grad = torch.where(inside[:, None], grad, torch.zeros_like(grad))
+                grad = torch.where(inside[lev][:, None], grad, torch.zeros_like(grad))
             dz.add_(grad, alpha=scale)
+    if not need_pos:
+        return None, dz
+    scale_z = _rounded_to(scale, z.dtype)
+    sq = (z * z).sum(1)
+    term = (mean_dot * size - delta * sq.double()) * scale_z
+    pos = torch.where(inside, term, torch.zeros_like(term)) if partial else term
     return pos, dz
+
+
+_NUMPY_FLOATS = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+def _rounded_to(scale, dtype: torch.dtype):
+    """The scale as `dtype` holds it, in float64 (a float temperature and a tensor one give one
+    value): a Python float, not a tensor made on the device (``torch.as_tensor(scale,
+    device=cuda)`` is a blocking host-to-device copy: after the LSE kernels, the host waited
+    for all of them here)."""
+    if isinstance(scale, torch.Tensor):
+        return scale.to(dtype).to(torch.float64)
+    if dtype in _NUMPY_FLOATS:
+        return float(_NUMPY_FLOATS[dtype](scale))
+    return float(torch.tensor(scale, dtype=dtype))          # (a CPU tensor: no device copy)
 
 
 ARGMAX_GRAD_ROWS = 4096      # rows per block of `argmax_grad`'s float64 temporaries

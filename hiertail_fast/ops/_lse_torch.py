@@ -234,7 +234,8 @@ def _engine(
     block_fn = (_block_exp.kernel() if z.dtype == torch.float32 and z.device.type == "cpu"
                 else None)
     tbuf = torch.empty(b, n_c, dtype=z.dtype, device=z.device) if grad and not folded else None
-    neg_inf = torch.tensor(float("-inf"), dtype=z.dtype, device=z.device)
+    # (a fill, not torch.tensor(..., device=): that is a blocking host-to-device copy on CUDA)
+    neg_inf = torch.full((), float("-inf"), dtype=z.dtype, device=z.device)
     for r0 in range(0, n, b):
         r1 = min(n, r0 + b)
         blk = slice(r0, r1)                                 # the block, in visiting order

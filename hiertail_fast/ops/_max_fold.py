@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from hiertail_fast.ops._host_reads import host_reads_cheap
+from hiertail_fast.ops._host_reads import device_values, host_reads_cheap
 from hiertail_fast.ops._tied_keys import first_tied_key
 
 
@@ -90,7 +90,7 @@ class MaxFold:
         self.gid = self.handled = None
         if positives is not None:
             self.gid, self.include_self = positives.gid, positives.include_self
-            self.handled = torch.tensor(positives.handled, device=z.device)
+            self.handled = device_values(positives.handled, torch.bool, z.device)
 
     def entries(self, arg_b, e, v_r, lse_r):
         """One block's arg-max entries, read before the positives write into e. arg_b [L, b]:

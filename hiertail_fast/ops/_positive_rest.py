@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, _consistent_with_max
+from hiertail_fast.ops._host_reads import device_values
 from hiertail_fast.ops._lse_torch import exp_shifted_
 
 
@@ -36,7 +37,7 @@ class RestKeys:
                 cols[k].scatter_(0, slot, pos)
             one_each = not several or not any(torch.stack(several).tolist())
             self._rest_map = (cols[:, :width],
-                              torch.tensor(levels, dtype=torch.long, device=dev)
+                              device_values(levels, torch.long, dev)
                               ) if one_each else False
         return self._rest_map or None
 

@@ -89,7 +89,7 @@ def _merge_diagonal(indptr, indices, values, diag, insert=None):
     n = indptr.numel() - 1
     row = torch.repeat_interleave(torch.arange(n, device=indptr.device), indptr.diff())
     stored = torch.zeros(n, dtype=torch.bool, device=indptr.device)
-    stored[row[indices == row]] = True
+    stored.index_fill_(0, row[indices == row], True)   # (no Python value lifted to a tensor)
     ins = (diag != 0 if insert is None else insert) & ~stored
     before = torch.cumsum(ins, 0) - ins.long()  # inserted entries in earlier rows
     new_indptr = indptr.clone()

@@ -209,7 +209,7 @@ def _drop_equal_later_prototypes(p, rows, cols):
     if firsts is None:
         return rows, cols
     keep = torch.zeros(ccols.numel(), dtype=torch.bool, device=cols.device)
-    keep[firsts] = True
+    keep.index_fill_(0, firsts, True)          # (no Python value lifted to a tensor)
     keep = keep[cinv]
     return rows[keep], cols[keep]
 
