@@ -118,11 +118,32 @@ def test_the_official_positives_setup_reads_the_device_three_times(levels, monke
     assert gpu.band
 
 
+def _cuda_forms_calls(monkeypatch, backend, variant, levels, syncs):
+    """The calls of one loss (fwd+bwd, 600 rows, d 8, one block) in the engines' CUDA code
+    paths, counted by bench/dispatch_count.py on CPU tensors, on any machine (on a GPU the
+    profile table of bench/gpu_report.py counts the real launches and waits)."""
+    import sys
+
+    import hiertail_fast.ops._lse_torch as lse_torch
+    from tests.conftest import load_bench
+
+    dispatch_count = load_bench("bench_dispatch_count_forms", "dispatch_count.py")
+    monkeypatch.setattr(sys.modules["loss_grid"], "DEVICE", "cpu")
+    with host_reads.cuda_code_paths({"HIERTAIL_CPU_BLOCK_BYTES": str(1 << 30)}):
+        rows = lse_torch.MAX_BLOCK_ROWS
+        lse_torch.MAX_BLOCK_ROWS = 1 << 62
+        try:
+            return dispatch_count.count(600, 8, levels, variant, "relu", 0.1, backend,
+                                        syncs=syncs)
+        finally:
+            lse_torch.MAX_BLOCK_ROWS = rows
+
+
 @pytest.mark.parametrize("backend,variant,levels,most", [
     ("torch", "exact", 1, 3), ("torch", "exact", 3, 7), ("torch", "official", 1, 9),
     ("torch", "official", 3, 21), ("attention", "exact", 1, 3), ("attention", "exact", 3, 5),
     ("attention", "official", 1, 11), ("attention", "official", 3, 27)])
-def test_host_reads_per_loss_in_the_cuda_forms(backend, variant, levels, most):
+def test_host_reads_per_loss_in_the_cuda_forms(monkeypatch, backend, variant, levels, most):
     """The host syncs of one loss (fwd+bwd, 600 rows, one block) in the engines' CUDA code
     paths stay at what 2026-12-04 left (each one drains the GPU's queue; they were 7-19 for the
     torch engine and 8-506 for the attention engine before: one read for the input checks of
@@ -131,18 +152,7 @@ def test_host_reads_per_loss_in_the_cuda_forms(backend, variant, levels, most):
     level in the class sums, no read of the key side's coefficient signs. A new read makes
     this fail on purpose: count it in bench/dispatch_count.py --as-cuda --syncs and raise the
     number here if it must be."""
-    import hiertail_fast.ops._lse_torch as lse_torch
-    from tests.conftest import load_bench
-
-    dispatch_count = load_bench("bench_dispatch_count_budget", "dispatch_count.py")
-    with host_reads.cuda_code_paths({"HIERTAIL_CPU_BLOCK_BYTES": str(1 << 30)}):
-        rows = lse_torch.MAX_BLOCK_ROWS
-        lse_torch.MAX_BLOCK_ROWS = 1 << 62
-        try:
-            calls = dispatch_count.count(600, 8, levels, variant, "relu", 0.1, backend,
-                                         syncs=True)
-        finally:
-            lse_torch.MAX_BLOCK_ROWS = rows
+    calls = _cuda_forms_calls(monkeypatch, backend, variant, levels, syncs=True)
     assert 0 < sum(calls.values()) <= most, calls.most_common(8)
 
 
@@ -216,34 +226,18 @@ def test_class_sums_of_partial_levels_read_nothing_and_match_the_level_rows(dtyp
     assert torch.equal(one_dz, dz)
 
 
-def _cuda_forms_calls(backend, variant, levels, syncs):
-    """The calls of one loss (fwd+bwd, 600 rows, d 8, one block) in the engines' CUDA code
-    paths, counted by bench/dispatch_count.py."""
-    import hiertail_fast.ops._lse_torch as lse_torch
-    from tests.conftest import load_bench
-
-    dispatch_count = load_bench("bench_dispatch_count_forms", "dispatch_count.py")
-    with host_reads.cuda_code_paths({"HIERTAIL_CPU_BLOCK_BYTES": str(1 << 30)}):
-        rows = lse_torch.MAX_BLOCK_ROWS
-        lse_torch.MAX_BLOCK_ROWS = 1 << 62
-        try:
-            return dispatch_count.count(600, 8, levels, variant, "relu", 0.1, backend,
-                                        syncs=syncs)
-        finally:
-            lse_torch.MAX_BLOCK_ROWS = rows
-
-
 @pytest.mark.parametrize("backend", ["torch", "attention"])
 @pytest.mark.parametrize("variant", ["exact", "official"])
 @pytest.mark.parametrize("levels", [1, 3])
-def test_no_loss_makes_a_tensor_from_host_data_in_the_cuda_forms(backend, variant, levels):
+def test_no_loss_makes_a_tensor_from_host_data_in_the_cuda_forms(monkeypatch, backend, variant,
+                                                               levels):
     """torch.tensor(values, device=cuda) (and as_tensor of a number) is a blocking copy:
     cudaMemcpyAsync, then cudaStreamSynchronize, so the host waits for every kernel queued
     before it, as a scalar read does. The exact variant made one after its LSE kernels (the
     class sums' scale as a device tensor), and every loss one per call for the level sizes;
     the torch engine one for a -inf constant, the official positives for flags. None now
     (Python floats, fills: ``_host_reads.device_values``); a new one fails this."""
-    calls = _cuda_forms_calls(backend, variant, levels, syncs=True)
+    calls = _cuda_forms_calls(monkeypatch, backend, variant, levels, syncs=True)
     assert not [k for k in calls if k[0].endswith("[H2D]")], calls.most_common(12)
 
 
@@ -296,7 +290,7 @@ def test_device_values_equal_torch_tensor_in_both_forms(dtype):
 
 @pytest.mark.parametrize("backend,levels,most", [
     ("torch", 1, 135), ("torch", 3, 245), ("attention", 1, 124), ("attention", 3, 209)])
-def test_kernel_launches_per_exact_loss_in_the_cuda_forms(backend, levels, most):
+def test_kernel_launches_per_exact_loss_in_the_cuda_forms(monkeypatch, backend, levels, most):
     """Calls that launch a kernel on CUDA (not views) per exact loss, fwd+bwd, in the engines'
     CUDA code paths (the attention engine with its CPU kernel here): what 2026-12-05 left.
     A 20k-row loss on an H200 spent more time launching kernels than running them (a bf16
@@ -309,7 +303,7 @@ def test_kernel_launches_per_exact_loss_in_the_cuda_forms(backend, levels, most)
     from tests.conftest import load_bench
 
     dispatch_count = load_bench("bench_dispatch_count_launches", "dispatch_count.py")
-    calls = _cuda_forms_calls(backend, "exact", levels, syncs=False)
+    calls = _cuda_forms_calls(monkeypatch, backend, "exact", levels, syncs=False)
     launches = sum(calls.values()) - dispatch_count.views_of(calls)
     assert 0 < launches <= most, calls.most_common(10)
 
