@@ -23,7 +23,8 @@ import itertools
 import os
 import sys
 
-os.environ.setdefault("TRITON_INTERPRET", "1")     # before anything imports triton
+if __name__ == "__main__":    # the Triton engine on CPU tensors: before anything imports triton
+    os.environ.setdefault("TRITON_INTERPRET", "1")    # (not on import: dispatch_count's fakes)
 
 import torch  # noqa: E402
 
