@@ -10,6 +10,7 @@ import torch
 from hiertail_fast.ops import _attention_lse, _lse_symmetric, _lse_torch, _triton_loss
 from hiertail_fast.ops._contrastive_pairs import positive_pairs
 from hiertail_fast.ops._dispatch import triton_available, triton_refusal
+from hiertail_fast.ops._finite import finite
 from hiertail_fast.ops._loss_terms import Levels, argmax_grad, class_sum_term, ratio
 from hiertail_fast.ops._max_fold import ArgmaxShare
 from hiertail_fast.ops._positive_blocks import POSITIVES_ENV, BlockPositives, positives_plan
@@ -69,7 +70,7 @@ def block_positives(zc, lv: Levels, include_self: bool, coef, scale: float):
     """The official positives read from the row-block engine's own blocks (no extra GEMM);
     coef: their gradient coefficients (None: forward only)."""
     return BlockPositives(zc, lv.gid, lv.n_groups, include_self, coef, scale,
-                          torch.isfinite(lv.log_w).all(dim=0), lv.log_w)
+                          finite(lv.log_w).all(dim=0), lv.log_w)
 
 
 def official_sums(positives, triton_pos: bool, backend, zc, z_in, lv: Levels, lse, rmax,
@@ -79,7 +80,7 @@ def official_sums(positives, triton_pos: bool, backend, zc, z_in, lv: Levels, ls
     positives or None). Levels the engine's `positives` collected are taken from it, the
     others run ``positive_terms`` with coefficients coef [L, N] (None: forward only)."""
     if not tied:
-        amax = first_tied_key(zc, amax, torch.isfinite(lv.log_w))
+        amax = first_tied_key(zc, amax, finite(lv.log_w))
     big_t, big_q = torch.zeros_like(lse), torch.zeros_like(lse)
     dz = None
     for lev in range(lse.shape[0]):

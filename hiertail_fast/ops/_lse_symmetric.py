@@ -42,6 +42,7 @@ import torch
 from hiertail_fast._validation import env_switch
 from hiertail_fast.ops import _native
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS
+from hiertail_fast.ops._finite import finite
 from hiertail_fast.ops._lse_torch import MAX_BLOCK_ROWS, block_bytes, exp_cutoff
 from hiertail_fast.ops._max_fold import TileFold
 from hiertail_fast.ops._tied_keys import first_tied_key
@@ -94,7 +95,7 @@ def serves(device: torch.device, dtype: torch.dtype, n_rows: int, n_levels: int)
 def applicable(z: torch.Tensor, log_w: torch.Tensor) -> bool:
     """Whether this engine takes the call: ``serves`` its kind, and every key is visible."""
     return (serves(z.device, z.dtype, z.shape[0], log_w.shape[0])
-            and bool(torch.isfinite(log_w).all()))
+            and bool(finite(log_w).all()))
 
 
 class Positives:

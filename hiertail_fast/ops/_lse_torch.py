@@ -37,6 +37,7 @@ import torch
 
 from hiertail_fast._validation import env_int
 from hiertail_fast.ops import _block_exp  # (it imports this module too)
+from hiertail_fast.ops._finite import finite
 from hiertail_fast.ops._host_reads import host_reads_cheap
 from hiertail_fast.ops._max_fold import (
     ArgmaxShare,
@@ -180,7 +181,7 @@ def _engine(
     n, d = z.shape
     n_levels = log_w.shape[0]
     log_w = log_w.to(z.dtype)
-    visible = torch.isfinite(log_w)                                       # [L, N]
+    visible = finite(log_w)                                       # [L, N]
     common = visible.all(dim=0)
     all_common = bool(common.all())
     order = None
@@ -275,7 +276,7 @@ def _engine(
             s_r.mul_(scale)
             if not n_c:                 # the shift: each level's unweighted row max
                 shift = s_r[None].masked_fill(~vis_r[:, None, :], float("-inf")).amax(dim=2)
-                shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+                shift = torch.where(finite(shift), shift, torch.zeros_like(shift))
                 rel = neg_inf.expand(n_levels, r1 - r0)
             # (s - shift) + log w, -inf where hidden; not (s + log w) - shift: at |s| ~ 1e6
             # that sum rounds log w to an ulp of s (0.06), a 6% error in a rest key's p that

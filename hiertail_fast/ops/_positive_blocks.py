@@ -52,6 +52,7 @@ import torch
 
 from hiertail_fast.ops import _native, _positive_keys
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, _tie_bound
+from hiertail_fast.ops._finite import finite
 from hiertail_fast.ops._host_reads import host_reads_cheap
 from hiertail_fast.ops._lse_torch import exp_cutoff
 from hiertail_fast.ops._positive_rest import RestKeys
@@ -156,7 +157,7 @@ class BlockPositives(SlicePlan, RestKeys):
         # every level's visible keys are common keys (and there is one): a row's level max is
         # its common max, f = exp(m_c - M) = 1 exactly, so no block needs the check (``_band``)
         flags.append(torch.ones((), dtype=torch.bool, device=dev) if log_w is None else
-                     (~torch.isfinite(log_w) | common[None, :]).all())
+                     (~finite(log_w) | common[None, :]).all())
         flags = torch.stack(flags).tolist()                               # one host read
         self.handled = flags[:n_levels]
         self.foldable = fold and self.handled[0] and flags[n_levels]
