@@ -123,26 +123,14 @@ def class_sum_term(z, lv: Levels, scale, include_self, coef=None, need_pos: bool
             dz.add_(grad, alpha=scale)
     if not need_pos:
         return None, dz
-    scale_z = _rounded_to(scale, z.dtype)
+    # the scale as z's dtype (float32 or float64, the compute dtype) holds it, as a Python
+    # float: torch.as_tensor(scale, device=cuda) was a blocking host-to-device copy here, after
+    # the LSE kernels
+    scale_z = float(np.float32(scale)) if z.dtype == torch.float32 else float(scale)
     sq = (z * z).sum(1)
     term = (mean_dot * size - delta * sq.double()) * scale_z
     pos = torch.where(inside, term, torch.zeros_like(term)) if partial else term
     return pos, dz
-
-
-_NUMPY_FLOATS = {torch.float32: np.float32, torch.float64: np.float64}
-
-
-def _rounded_to(scale, dtype: torch.dtype):
-    """The scale as `dtype` holds it, in float64 (a float temperature and a tensor one give one
-    value): a Python float, not a tensor made on the device (``torch.as_tensor(scale,
-    device=cuda)`` is a blocking host-to-device copy: after the LSE kernels, the host waited
-    for all of them here)."""
-    if isinstance(scale, torch.Tensor):
-        return scale.to(dtype).to(torch.float64)
-    if dtype in _NUMPY_FLOATS:
-        return float(_NUMPY_FLOATS[dtype](scale))
-    return float(torch.tensor(scale, dtype=dtype))          # (a CPU tensor: no device copy)
 
 
 ARGMAX_GRAD_ROWS = 4096      # rows per block of `argmax_grad`'s float64 temporaries
