@@ -94,15 +94,11 @@ def count(n: int, d: int, levels: int, variant: str, regime: str, tau: float, ba
     return count_step(loss_step(backend, z, ys, ps, tau, variant), syncs)
 
 
-@contextlib.contextmanager
 def _emulated_attention():
-    """While inside: the attention engine takes its CUDA branches on CPU tensors (fp32: the
-    memory-efficient kernel's contract; bf16: flash attention on the folded operands), each
-    kernel a dense softmax (``loss_golden``'s stand-ins) run with the counter paused: the
-    calls counted are the engine's own, around kernels that count as none."""
+    """The attention engine's CUDA branches on CPU tensors (``loss_golden.emulated_attention``),
+    its stand-in kernels run with the counter paused: the calls counted are the engine's own,
+    around kernels that count as none."""
     import loss_golden
-
-    import hiertail_fast.ops._attention_lse as attn
 
     def quiet(fake):
         def kernel(*args, **kwargs):
@@ -110,15 +106,7 @@ def _emulated_attention():
                 return fake(*args, **kwargs)
         return kernel
 
-    kind, op = attn._kernel_kind, attn._op
-    fakes = {attn._FLASH_OP: quiet(loss_golden._fake_flash),
-             attn._CUDA_OP: quiet(loss_golden._fake_efficient)}
-    attn._kernel_kind = lambda device: "cuda"
-    attn._op = lambda name, args: fakes.get(name) or op(name, args)
-    try:
-        yield
-    finally:
-        attn._kernel_kind, attn._op = kind, op
+    return loss_golden.emulated_attention(quiet)
 
 
 def epoch_step(nodes: int):

@@ -48,20 +48,29 @@ def _fake_efficient(q, k, v, bias, compute_lse, dropout_p, is_causal, *, scale):
 
 
 @contextlib.contextmanager
-def cuda_forms():
-    """CPU tensors through the CUDA code paths, the CUDA attention kernels emulated."""
+def emulated_attention(wrap=lambda kernel: kernel):
+    """While inside: the attention engine takes its CUDA branches on CPU tensors (fp32: the
+    memory-efficient kernel's contract; bf16: flash attention on the folded operands), each
+    kernel a dense softmax (`wrap` applied to the stand-ins)."""
     import hiertail_fast.ops._attention_lse as attn
-    from hiertail_fast.ops._host_reads import cuda_code_paths
 
     kind, op = attn._kernel_kind, attn._op
-    fakes = {attn._FLASH_OP: _fake_flash, attn._CUDA_OP: _fake_efficient}
+    fakes = {attn._FLASH_OP: wrap(_fake_flash), attn._CUDA_OP: wrap(_fake_efficient)}
     attn._kernel_kind = lambda device: "cuda"
     attn._op = lambda name, args: fakes.get(name) or op(name, args)
     try:
-        with cuda_code_paths():
-            yield
+        yield
     finally:
         attn._kernel_kind, attn._op = kind, op
+
+
+@contextlib.contextmanager
+def cuda_forms():
+    """CPU tensors through the CUDA code paths, the CUDA attention kernels emulated."""
+    from hiertail_fast.ops._host_reads import cuda_code_paths
+
+    with emulated_attention(), cuda_code_paths():
+        yield
 
 
 def _problems():
