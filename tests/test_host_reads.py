@@ -40,28 +40,32 @@ def test_cuda_code_paths_sets_and_restores_every_switch(monkeypatch):
     assert not host_reads.FORCE_SYNC_FREE and "HIERTAIL_NATIVE" not in os.environ
 
 
-def _syncs_with_block_bytes(block_bytes: int, levels: int, variant: str) -> int:
-    """Host-syncing calls of one torch-engine loss (fwd+bwd) in its CUDA code paths, on CPU
-    tensors (bench/dispatch_count.py), with blocks of `block_bytes` (CUDA: no row cap)."""
+def _cuda_forms_calls(monkeypatch, backend, variant, levels, syncs,
+                      block_bytes: int = 1 << 30):
+    """The calls of one loss (fwd+bwd, 600 rows, d 8; the torch engine in blocks of
+    `block_bytes`, one by default, with no row cap, as on CUDA) in the engines' CUDA code
+    paths, counted by bench/dispatch_count.py on CPU tensors, on any machine (on a GPU the
+    profile table of bench/gpu_report.py counts the real launches and waits)."""
+    import sys
+
+    import hiertail_fast.ops._lse_torch as lse_torch
     from tests.conftest import load_bench
 
-    dispatch_count = load_bench("bench_dispatch_count_blocks", "dispatch_count.py")
-    import hiertail_fast.ops._lse_torch as lse_torch
-
-    rows = lse_torch.MAX_BLOCK_ROWS
+    dispatch_count = load_bench("bench_dispatch_count_forms", "dispatch_count.py")
+    monkeypatch.setattr(sys.modules["loss_grid"], "DEVICE", "cpu")
     with host_reads.cuda_code_paths({"HIERTAIL_CPU_BLOCK_BYTES": str(block_bytes)}):
+        rows = lse_torch.MAX_BLOCK_ROWS
         lse_torch.MAX_BLOCK_ROWS = 1 << 62
         try:
-            calls = dispatch_count.count(600, 8, levels, variant, "relu", 0.1, "torch",
-                                         syncs=True)
+            return dispatch_count.count(600, 8, levels, variant, "relu", 0.1, backend,
+                                        syncs=syncs)
         finally:
             lse_torch.MAX_BLOCK_ROWS = rows
-    return sum(calls.values())
 
 
 @pytest.mark.parametrize("levels,variant,per_block", [
     (1, "exact", 0), (3, "exact", 0), (1, "official", 0), (3, "official", 1)])
-def test_the_cuda_block_loop_makes_no_host_sync(levels, variant, per_block):
+def test_the_cuda_block_loop_makes_no_host_sync(monkeypatch, levels, variant, per_block):
     """In its CUDA code paths the torch engine's row-block loop reads nothing on the host: the
     loss makes as many host syncs in 9 blocks as in one (a read per block drained the GPU's
     queue each time and left the GPU idle while the host launched the next block's ~100 small
@@ -69,8 +73,12 @@ def test_the_cuda_block_loop_makes_no_host_sync(levels, variant, per_block):
     The official variant at several levels reads one pair of flags per block
     (_positive_blocks._ranges_block: whether any row's level max is a level-specific key
     close enough to tie), so at most one sync per block (it was four)."""
-    one_block = _syncs_with_block_bytes(1 << 30, levels, variant)
-    nine_blocks = _syncs_with_block_bytes(4 * 620 * 75, levels, variant)  # 75 of ~670 rows
+    def syncs(block_bytes):
+        return sum(_cuda_forms_calls(monkeypatch, "torch", variant, levels, True,
+                                     block_bytes).values())
+
+    one_block = syncs(1 << 30)
+    nine_blocks = syncs(4 * 620 * 75)                                  # 75 of ~670 rows
     assert one_block > 0 and 0 <= nine_blocks - one_block <= per_block * 9
 
 
@@ -116,27 +124,6 @@ def test_the_official_positives_setup_reads_the_device_three_times(levels, monke
     if gpu.band and hasattr(cpu, "lo_s"):
         assert torch.equal(cpu.lo_s, gpu.lo_s) and torch.equal(cpu.hi_s, gpu.hi_s)
     assert gpu.band
-
-
-def _cuda_forms_calls(monkeypatch, backend, variant, levels, syncs):
-    """The calls of one loss (fwd+bwd, 600 rows, d 8, one block) in the engines' CUDA code
-    paths, counted by bench/dispatch_count.py on CPU tensors, on any machine (on a GPU the
-    profile table of bench/gpu_report.py counts the real launches and waits)."""
-    import sys
-
-    import hiertail_fast.ops._lse_torch as lse_torch
-    from tests.conftest import load_bench
-
-    dispatch_count = load_bench("bench_dispatch_count_forms", "dispatch_count.py")
-    monkeypatch.setattr(sys.modules["loss_grid"], "DEVICE", "cpu")
-    with host_reads.cuda_code_paths({"HIERTAIL_CPU_BLOCK_BYTES": str(1 << 30)}):
-        rows = lse_torch.MAX_BLOCK_ROWS
-        lse_torch.MAX_BLOCK_ROWS = 1 << 62
-        try:
-            return dispatch_count.count(600, 8, levels, variant, "relu", 0.1, backend,
-                                        syncs=syncs)
-        finally:
-            lse_torch.MAX_BLOCK_ROWS = rows
 
 
 @pytest.mark.parametrize("backend,variant,levels,most", [
