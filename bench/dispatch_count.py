@@ -161,15 +161,17 @@ def views_of(calls: collections.Counter) -> int:
 
 
 @contextlib.contextmanager
-def _as_cuda(positives: str):
+def _as_cuda(positives: str = "band", block_bytes: int | None = None):
     """While inside: the engine configured as for CUDA tensors (``_host_reads.cuda_code_paths``
-    with the positives' plan `positives`, CUDA's block budget with no row cap)."""
+    with the positives' plan `positives`, CUDA's block budget, or `block_bytes`, with no row
+    cap)."""
     import hiertail_fast.ops._lse_torch as lse_torch
     from hiertail_fast.ops._host_reads import cuda_code_paths
 
     rows = lse_torch.MAX_BLOCK_ROWS
+    budget = lse_torch.CUDA_BLOCK_BYTES if block_bytes is None else block_bytes
     with cuda_code_paths({"HIERTAIL_POSITIVES": positives,
-                          "HIERTAIL_CPU_BLOCK_BYTES": str(lse_torch.CUDA_BLOCK_BYTES)}):
+                          "HIERTAIL_CPU_BLOCK_BYTES": str(budget)}):
         lse_torch.MAX_BLOCK_ROWS = 1 << 62           # CUDA: the byte budget alone bounds a block
         try:
             yield

@@ -48,19 +48,12 @@ def _cuda_forms_calls(monkeypatch, backend, variant, levels, syncs,
     profile table of bench/gpu_report.py counts the real launches and waits)."""
     import sys
 
-    import hiertail_fast.ops._lse_torch as lse_torch
     from tests.conftest import load_bench
 
     dispatch_count = load_bench("bench_dispatch_count_forms", "dispatch_count.py")
     monkeypatch.setattr(sys.modules["loss_grid"], "DEVICE", "cpu")
-    with host_reads.cuda_code_paths({"HIERTAIL_CPU_BLOCK_BYTES": str(block_bytes)}):
-        rows = lse_torch.MAX_BLOCK_ROWS
-        lse_torch.MAX_BLOCK_ROWS = 1 << 62
-        try:
-            return dispatch_count.count(600, 8, levels, variant, "relu", 0.1, backend,
-                                        syncs=syncs)
-        finally:
-            lse_torch.MAX_BLOCK_ROWS = rows
+    with dispatch_count._as_cuda(block_bytes=block_bytes):
+        return dispatch_count.count(600, 8, levels, variant, "relu", 0.1, backend, syncs=syncs)
 
 
 @pytest.mark.parametrize("levels,variant,per_block", [
