@@ -88,6 +88,40 @@ def test_row_max_visible_keys_first_index_on_ties():
     torch.testing.assert_close(rowmax[0], torch.tensor([2.0, 2.0, 2.0, 2.0]))
 
 
+@pytest.mark.parametrize("pattern", ["all", "prefix", "none_common", "gap", "empty_level"])
+@pytest.mark.parametrize("n,seed", [(37, 0), (37, 1), (37, 2), (300, 3)])
+def test_row_max_shared_over_common_keys_equals_a_masked_max_per_level(pattern, n, seed,
+                                                                      monkeypatch):
+    """The common keys' max is taken once for all levels, the rest keys per level: the values
+    and FIRST arg-max of a masked max per level, bit for bit, whatever the visibility (a
+    common prefix, none, a hidden key inside the prefix, a level that sees no rest key),
+    with ties between common and rest keys (integer rows: many equal dots), across blocks
+    (n 300: the CPU's chunked arg-max over a column view of the block)."""
+    monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(4 * n * 5))    # 5-row blocks
+    g = torch.Generator().manual_seed(seed)
+    n_levels, cut = 3, n * 2 // 3
+    z = torch.randint(-2, 3, (n, 4), generator=g).float()
+    copies = torch.randint(0, cut, (n - cut - 5,), generator=g)
+    z[cut + 5:] = z[copies]                                   # rest keys tying common ones
+    log_w = torch.zeros(n_levels, n)
+    if pattern != "all":
+        vis = torch.rand(n_levels, n, generator=g) < 0.5
+        vis[:, :cut] = True
+        if pattern == "none_common":
+            vis[1, 0] = False
+        if pattern == "gap":
+            vis[2, cut // 2] = False
+        if pattern == "empty_level":
+            vis[0, cut:] = False
+        log_w[~vis] = -INF
+    rowmax, argmax = attn._row_max(z, log_w, 0.5)
+    s = 0.5 * (z @ z.t())
+    for lev in range(n_levels):
+        want = s.masked_fill(~torch.isfinite(log_w[lev])[None, :], -INF).max(dim=1)
+        assert torch.equal(rowmax[lev], want.values)
+        assert torch.equal(argmax[lev], want.indices), (lev, argmax[lev], want.indices)
+
+
 def test_bias_is_an_aligned_stride0_view():
     rows = torch.randn(3, 21)
     b = attn._bias(rows, 21)

@@ -299,29 +299,49 @@ def _max_first(s: torch.Tensor):
     return _lse_torch.row_max_first_argmax(s) if s.device.type == "cpu" else s.max(dim=1)
 
 
-def _row_max(z: torch.Tensor, log_w: torch.Tensor, scale: float):
+def _row_max(z: torch.Tensor, log_w: torch.Tensor, scale: float,
+             visible: torch.Tensor | None = None):
     """Unweighted max_k scale * z_i.z_k over the keys visible in each level, and its first
     arg-max (torch.max's tie rule), in row blocks of the device's block budget
     (``_lse_torch.block_bytes``: 48 MB on CPU, 128 MB on CUDA; with 32 MB blocks the official
     loss took 3-5x the exact one's time on an H200 at N = 20k): (rowmax [L, N], argmax [L, N]).
-    """
+    ``visible``: finite(log_w), where the caller has it (``_Keys``).
+
+    Keys [0, p) visible in every level (the hierarchical loss's embedding rows; p = N for one
+    level) take ONE max per block for all levels, over a view of the block; only the keys past
+    p are masked per level (their few columns: the levels' prototypes). On a tie the common
+    max wins: its key ids are the smaller ones. (It was a masked copy and a max of the whole
+    block per level.)"""
     n = z.shape[0]
     zc = z.float()
-    visible = finite(log_w)
-    all_visible = bool(visible.all())
+    if visible is None:
+        visible = finite(log_w)
+    p = _common_prefix(visible)         # the call's one host read
+    rest_visible = visible[:, p:]
     rowmax = torch.empty(log_w.shape, dtype=torch.float32, device=z.device)
     argmax = torch.empty(log_w.shape, dtype=torch.long, device=z.device)
     b = _max_block_rows(n, z.device)
     for r0 in range(0, n, b):
         s = torch.mm(zc[r0:r0 + b], zc.t()).mul_(scale)
-        if all_visible:
-            m, a = _max_first(s)
-            rowmax[:, r0:r0 + b], argmax[:, r0:r0 + b] = m, a
+        if p:
+            m_c, a_c = _max_first(s if p == n else s[:, :p])
+        if p == n:
+            rowmax[:, r0:r0 + b], argmax[:, r0:r0 + b] = m_c, a_c
             continue
+        rest = s[:, p:]
         for lev in range(log_w.shape[0]):
-            m, a = _max_first(s.masked_fill(~visible[lev][None, :], float("-inf")))
+            m, a = _max_first(rest.masked_fill(~rest_visible[lev][None, :], float("-inf")))
+            a = a + p
+            if p:
+                take = m > m_c
+                m, a = torch.where(take, m, m_c), torch.where(take, a, a_c)
             rowmax[lev, r0:r0 + b], argmax[lev, r0:r0 + b] = m, a
     return rowmax, argmax
+
+
+def _common_prefix(visible: torch.Tensor) -> int:
+    """p: keys [0, p) are visible in every level (one host read)."""
+    return int(visible.all(dim=0).cumprod(0, dtype=torch.int32).sum())
 
 
 def _max_block_rows(n: int, device: torch.device) -> int:
@@ -336,10 +356,12 @@ def _max_block_rows(n: int, device: torch.device) -> int:
 def lse_forward(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool):
     """-> (lse [L, N] float64, rowmax [L, N] or None, argmax [L, N] or None)."""
     zi = _input(z)
-    # the row max first: its one host read (are all keys visible) comes before any kernel of
-    # this call is queued, not after the attention calls (the host would wait for them)
-    rowmax, argmax = _row_max(zi, log_w, float(scale)) if need_max else (None, None)
-    lse, _ = _lse_and_out(zi, _Keys(zi, log_w), float(scale), want_out=False)
+    keys = _Keys(zi, log_w)
+    # the row max first: its one host read (which keys all levels see) comes before the
+    # attention calls are queued (the host would wait for them), after the keys' few kernels
+    rowmax, argmax = ((None, None) if not need_max
+                      else _row_max(zi, keys.log_w, float(scale), keys.visible))
+    lse, _ = _lse_and_out(zi, keys, float(scale), want_out=False)
     return lse, rowmax, argmax
 
 
@@ -358,9 +380,10 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
 
     Returns (lse, rowmax, argmax, dz) like ``_lse_torch.lse_fused``."""
     zi = _input(z)
-    # the row max first, for lse_forward's reason (its host read before any queued kernel)
-    rowmax, argmax = _row_max(zi, log_w, float(scale)) if need_max else (None, None)
     keys = _Keys(zi, log_w)
+    # the row max first, for lse_forward's reason (its host read before the attention calls)
+    rowmax, argmax = ((None, None) if not need_max
+                      else _row_max(zi, keys.log_w, float(scale), keys.visible))
     lse, out = _lse_and_out(zi, keys, float(scale), want_out=True)
     g = coef_fn(slice(None), lse, rowmax).float()
     return lse, rowmax, argmax, _grad(zi, keys, float(scale), lse, g, out)
