@@ -430,6 +430,19 @@ def auto_engine(z, protos, variant: str, levels: int, dtype: torch.dtype,
                          choice, automatic=True)[0]
 
 
+def attention_serves(z, protos, variant: str, dtype: torch.dtype,
+                     temperature: float = 0.1) -> bool:
+    """Whether ``backend="attention"`` runs the attention kernels for z with the prototypes
+    (their adapter is available on z's device and their precision guard lets these logits
+    through), not our own engine in their place: an A/B row labelled "attention" must time
+    them."""
+    from hiertail_fast.ops import _attention_lse
+
+    zl = torch.cat([z.to(dtype), protos.to(dtype)])
+    return _attention_lse.available(zl.device) and settle_engine(
+        zl, 1.0 / temperature, variant, 1, "attention", automatic=False)[0] == "attention"
+
+
 def loss_step(z, y, protos, variant: str, levels: int, dtype: torch.dtype, mode):
     """One fwd+bwd of the loss (τ 0.1) on fresh leaves of z and the prototypes in `dtype`, over
     `levels` nested levels (``nested_levels``); `mode()` is a context manager that yields the

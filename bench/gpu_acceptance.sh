@@ -14,7 +14,8 @@
 #   3. bench/gpu_report.py (limit 220 s): every CUDA backend of every op against the float64
 #      reference (PASS/FAIL), the loss against SDPA fp32 / bf16, the cuBLAS 3-GEMM floor and
 #      the dense reference, then the defaults' A/B rows (key splits, 8 warps, the Triton
-#      kernels where the automatic choice skips them, shared keys), one torch.profiler step
+#      kernels where the automatic choice skips them, the attention kernels where it runs our
+#      torch engine by a rule older than the sync cuts, shared keys), one torch.profiler step
 #      of each automatic row at 20k x 64 (kernels' device time against the timed median: how
 #      much of a 20k row is launches and host waits), the scale sweep at 10k and
 #      100k nodes (the 100k fp32 epoch: the torch loss engine, ~300 row blocks, no host read in

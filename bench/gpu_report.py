@@ -12,7 +12,9 @@
    kernels without their key splits where the automatic fp32 rows split; the same tiles with
    4 warps, the launches before 2026-12-05, where the automatic Triton row's tile comes from
    the table; the Triton kernels where the automatic choice skips them,
-   ``_triton_not_chosen``; the shared-keys mode beside the three-level exact Triton rows; the
+   ``_triton_not_chosen``; the attention kernels where it runs our torch engine in their
+   place by a rule set before the host-sync cuts, ``_attention_not_chosen``; the shared-keys
+   mode beside the three-level exact Triton rows; the
    markdown lists each A/B row's time over its automatic row's, ``ab_comparisons``); then
    every loss
    backend at fp32 with 1 and 3 levels (and, on CUDA, the opt-in Triton modes of
@@ -63,7 +65,10 @@ from hiertail_fast._files import (  # noqa: E402
     unwritable_dir_reason,
     unwritable_file_reason,
 )
-from hiertail_fast.ops._dispatch import TRITON_MAX_DIM  # noqa: E402
+from hiertail_fast.ops._dispatch import (  # noqa: E402
+    ATTENTION_OFFICIAL_MIN_ROWS,
+    TRITON_MAX_DIM,
+)
 
 REPORT_NAMES = ("gpu_report.md", "gpu_report.json")
 
@@ -236,9 +241,10 @@ def _ab_steps(dev: str, engine: str, n: int, d: int, variant: str, levels: int,
     the case's automatic row (its `engine`) in their own group (``ab_comparisons`` reads them):
     the Triton launches without key splits where the automatic fp32 Triton row splits; with 4
     warps where its tile is the table's (8 from 2026-12-05); the Triton kernels where the
-    automatic choice skips them (``_triton_not_chosen``); and, for several levels of the exact
-    variant wherever a Triton row runs, the shared-keys mode (one exp per entry for all levels,
-    opt-in until timed: the candidate for issue 9's three-level rows)."""
+    automatic choice skips them (``_triton_not_chosen``); the attention kernels where it runs
+    our torch engine in their place (``_attention_not_chosen``); and, for several levels of
+    the exact variant wherever a Triton row runs, the shared-keys mode (one exp per entry for
+    all levels, opt-in until timed: the candidate for issue 9's three-level rows)."""
     z, y, protos = inputs
     rows = n + protos.shape[0]
     alternatives = []
@@ -249,6 +255,9 @@ def _ab_steps(dev: str, engine: str, n: int, d: int, variant: str, levels: int,
     not_chosen = _triton_not_chosen(dev, engine, variant, n, d, dtype)
     if not_chosen:
         alternatives.append((NOT_CHOSEN, "triton"))
+    if (_attention_not_chosen(dev, engine, variant, rows, levels, dtype)
+            and gc.attention_serves(z, protos, variant, dtype)):
+        alternatives.append((ATTENTION_NOT_CHOSEN, "attention"))
     if (variant == "exact" and levels > 1 and dev == "cuda"
             and (engine == "triton" or not_chosen)):
         alternatives.append((SHARED, "triton[shared]"))
@@ -263,6 +272,7 @@ NOT_CHOSEN = "ours (triton, not chosen here)"
 WARPS4 = "ours (triton, 4 warps)"
 SPLITS_OFF = "ours (triton, key splits off)"
 SHARED = "ours (triton, shared keys)"
+ATTENTION_NOT_CHOSEN = "ours (attention, not chosen here)"
 
 
 def _triton_not_chosen(dev: str, engine: str, variant: str, n: int, d: int,
@@ -284,6 +294,22 @@ def _triton_not_chosen(dev: str, engine: str, variant: str, n: int, d: int,
     if dtype == torch.bfloat16:
         return True
     return dtype == torch.float32 and d > TRITON_MAX_DIM and n < 50_000
+
+
+def _attention_not_chosen(dev: str, engine: str, variant: str, rows: int, levels: int,
+                          dtype: torch.dtype) -> bool:
+    """Whether the A/B rows time the attention kernels beside an automatic fp32 row that runs
+    our torch engine in their place by a rule measured on 2026-11-27, before the attention
+    engine's official pass lost ~220 of its ~230 host syncs a loss (sessions 52-53) and every
+    engine a sixth of its launches (57): the official single level below
+    ATTENTION_OFFICIAL_MIN_ROWS rows (then 62 against 35 ms for torch at 20k x 64), and the
+    exact variant at several levels (``_dispatch._automatic_engine``: 30 against 24 ms there).
+    `rows`: the loss's rows, prototypes included (the threshold's count). CUDA only."""
+    if dev != "cuda" or engine != "torch" or dtype != torch.float32:
+        return False
+    if variant == "official":
+        return levels == 1 and rows < ATTENTION_OFFICIAL_MIN_ROWS
+    return levels > 1
 
 
 def _time_group(dev: str, group: list[tuple], budget: Budget, add) -> None:
@@ -438,6 +464,8 @@ def anchor_ratios(loss_rows: list[dict]) -> dict[int, dict]:
 AB_QUESTIONS = {SPLITS_OFF: "key splits (kernels/_utils.key_splits)",
                 WARPS4: "8 warps (kernels/_utils.TABLE_WARPS)",
                 NOT_CHOSEN: "its engine over the Triton kernels (ops/_dispatch thresholds)",
+                ATTENTION_NOT_CHOSEN: "its engine over the attention kernels (ops/_dispatch: "
+                                      "ATTENTION_OFFICIAL_MIN_ROWS, the several-level rule)",
                 SHARED: "its engine and mode over the shared-keys mode "
                         "(HIERTAIL_TRITON_SHARED_LEVELS)"}
 AB_MARGIN = 0.03   # a ratio within 3 % of 1 decides nothing

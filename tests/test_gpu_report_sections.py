@@ -113,6 +113,47 @@ def test_the_triton_rows_beside_the_automatic_ones(report, monkeypatch):
                 if r["what"] == report.NOT_CHOSEN]
 
 
+@pytest.mark.parametrize("serves", [True, False])
+def test_the_attention_rows_beside_the_automatic_torch_ones(report, monkeypatch, serves):
+    """On CUDA, where the automatic fp32 choice runs our torch engine in the attention
+    kernels' place by a rule set before the host-sync cuts, the A/B rows time the kernels
+    beside it: the official single level below ATTENTION_OFFICIAL_MIN_ROWS rows (prototypes
+    counted) and the exact variant at several levels; never in bf16, not beside another
+    engine, not on CPU, and not where the kernels' guard would hand the call back to our
+    engine (the row would time torch under the attention label)."""
+    _stub_cuda_loss_rows(report, monkeypatch,
+                         lambda z, p, variant, levels, dtype: "triton" if z.shape[0] == 200
+                         else "torch")
+    asked = []
+
+    def serves_it(z, protos, variant, dtype):
+        asked.append((z.shape[0], variant, dtype))
+        return serves
+    monkeypatch.setattr(report.gc, "attention_serves", serves_it)
+    limit = report.ATTENTION_OFFICIAL_MIN_ROWS
+    # (4 stand-in prototypes: limit - 4 rows of z make the threshold's count)
+    sizes = dict(report.SIZES["cpu"], loss_n=[30, 200, limit - 5, limit - 4], loss_d=[4])
+    rows = report.loss_section("cuda", sizes, report.Budget(60, reps=1))
+    extra = {(r["n"], r["variant"], r["levels"], r["dtype"], r["label"]) for r in rows
+             if r["what"] == report.ATTENTION_NOT_CHOSEN}
+    want = {(n, "official", 1, "fp32", "attention") for n in (30, limit - 5)}
+    want |= {(n, "exact", 3, "fp32", "attention") for n in (30, limit - 5, limit - 4)}
+    assert extra == (want if serves else set())
+    assert len(asked) == len(want) and {dt for _, _, dt in asked} == {torch.float32}
+    assert not [r for r in report.loss_section("cpu", sizes, report.Budget(60, reps=1))
+                if r["what"] == report.ATTENTION_NOT_CHOSEN]
+
+
+def test_attention_serves_follows_the_kernels_guard(report):
+    """gc.attention_serves: True for the report's own inputs (their logits inside the
+    kernels' guard), False where the guard sends the call to our engine (logits ~1e6)."""
+    gc = report.gc
+    z, _, protos = gc.loss_inputs(64, 8)
+    assert gc.attention_serves(z, protos, "exact", torch.float32)
+    assert gc.attention_serves(z, protos, "official", torch.float32)
+    assert not gc.attention_serves(z * 300.0, protos, "exact", torch.float32)
+
+
 def test_the_8_warps_are_timed_against_4(report, monkeypatch):
     """Beside every automatic Triton row whose tile comes from the table (gc.warps_decide), fp32
     and bf16, the A/B rows time the same launches with 4 warps (triton[warps4], the
@@ -323,6 +364,8 @@ def test_the_ab_rows_are_compared_with_their_automatic_row(report):
             row("ours (auto: attention)", 0.005, dtype="bf16"),
             row(report.NOT_CHOSEN, 0.004, dtype="bf16"),
             row(report.NOT_CHOSEN, None, variant="official"),      # no time: skipped
+            row("ours (auto: torch)", 0.030, variant="official"),
+            row(report.ATTENTION_NOT_CHOSEN, 0.024, variant="official"),
             row(report.WARPS4, 0.5, n=100_000)]                  # no auto row there
     got = report.ab_comparisons(rows)
     assert [(c["levels"], c["dtype"], c["against"], round(c["ratio"], 3), c["reading"])
@@ -330,9 +373,11 @@ def test_the_ab_rows_are_compared_with_their_automatic_row(report):
         (1, "fp32", report.SPLITS_OFF, 1.3, "the default is faster"),
         (1, "fp32", report.WARPS4, 0.99, "within 3 %"),
         (3, "fp32", report.WARPS4, 0.9, "the alternative is faster"),
-        (1, "bf16", report.NOT_CHOSEN, 0.8, "the alternative is faster")]
+        (1, "bf16", report.NOT_CHOSEN, 0.8, "the alternative is faster"),
+        (1, "fp32", report.ATTENTION_NOT_CHOSEN, 0.8, "the alternative is faster")]
     assert got[0]["auto"] == "ours (auto: triton)" and "key splits" in got[0]["question"]
     assert got[3]["auto"] == "ours (auto: attention)"
+    assert got[4]["auto"] == "ours (auto: torch)" and "attention" in got[4]["question"]
     # the automatic row timed in the A/B rows' own group wins over the first group's (listed
     # after it, as the report times them)
     regrouped = report.ab_comparisons(rows + [dict(row("ours (auto: triton)", 0.026), ab=True)])
@@ -341,7 +386,7 @@ def test_the_ab_rows_are_compared_with_their_automatic_row(report):
                             wall_s=1.0, correctness=[], loss=rows))
     section = md.split("## The defaults' A/B rows")[1].split("## Graph ops")[0]
     lines = [ln for ln in section.splitlines() if ln.startswith("| 20000")]
-    assert len(lines) == 4 and lines[0].endswith("| 1.300 | the default is faster |")
+    assert len(lines) == 5 and lines[0].endswith("| 1.300 | the default is faster |")
 
 
 def test_the_shared_keys_mode_beside_the_three_level_triton_rows(report, monkeypatch):
