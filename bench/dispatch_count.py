@@ -9,8 +9,10 @@ so this is the count behind docs/LOSS.md's "small torch calls per loss". A count
     python bench/dispatch_count.py --n 600 --variant exact --backend attention --as-cuda \
         --emulate-attention --dtype bfloat16      # the bf16 flash branch, kernels not counted
 
-Each total also says how many of its calls are not views (``OpOverload.is_view``: a view makes a
-tensor header, host work only; the others launch a kernel on CUDA).
+Each total also says how many of its calls launch a kernel on CUDA: not views
+(``OpOverload.is_view``: a view makes a tensor header, host work only) and not allocations
+(``ALLOCATIONS``: ``torch.empty`` takes memory from the caching allocator, no kernel; counted as
+launches until 2026-12-05, session 58: eight of the exact single level's 129).
 ``--as-cuda`` counts, on this CPU, the calls the torch engine makes for CUDA tensors, where
 every call that is not a view is a kernel launch: no C kernels, no symmetric engine, CUDA's
 block budget with no row cap, the sync-free forms of the engines' data-dependent shortcuts
@@ -153,6 +155,18 @@ def count_step(step, syncs: bool = False):
     return calls
 
 
+# operators that only allocate (no kernel on CUDA: the caching allocator's host work)
+ALLOCATIONS = frozenset({"empty", "empty_strided", "empty_like", "new_empty",
+                         "new_empty_strided"})
+
+
+def launches_of(calls: collections.Counter) -> int:
+    """How many of ``count``'s calls launch a kernel on CUDA (or sync): neither views nor
+    allocations."""
+    allocs = sum(k for (name, _), k in calls.items() if name in ALLOCATIONS)
+    return sum(calls.values()) - views_of(calls) - allocs
+
+
 def views_of(calls: collections.Counter) -> int:
     """How many of ``count``'s calls are views (a new tensor header over the same memory: host
     work, no kernel on CUDA); the rest launch a kernel there, or sync."""
@@ -225,7 +239,8 @@ def main(argv=None) -> int:
 def _what(args, calls, unit: str) -> str:
     if args.syncs:
         return f"host-syncing calls per {unit}"
-    return f"operator calls per {unit} ({sum(calls.values()) - views_of(calls)} not views)"
+    return (f"operator calls per {unit} ({sum(calls.values()) - views_of(calls)} not views, "
+            f"{launches_of(calls)} launch a kernel on CUDA)")
 
 
 def _print_top(calls, top: int) -> None:

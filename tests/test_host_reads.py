@@ -269,23 +269,26 @@ def test_device_values_equal_torch_tensor_in_both_forms(dtype):
 
 
 @pytest.mark.parametrize("backend,levels,most", [
-    ("torch", 1, 129), ("torch", 3, 237), ("attention", 1, 120), ("attention", 3, 203)])
+    ("torch", 1, 119), ("torch", 3, 232), ("attention", 1, 113), ("attention", 3, 201)])
 def test_kernel_launches_per_exact_loss_in_the_cuda_forms(monkeypatch, backend, levels, most):
-    """Calls that launch a kernel on CUDA (not views) per exact loss, fwd+bwd, in the engines'
-    CUDA code paths (the attention engine with its CPU kernel here): what 2026-12-05 left.
+    """Calls that launch a kernel on CUDA (not views, not allocations) per exact loss,
+    fwd+bwd, in the engines' CUDA code paths (the attention engine with its CPU kernel here):
+    what 2026-12-05 left (session 58: a level of every row writes its tables in place, with
+    no fill and no index kernel; the count no longer takes torch.empty for a launch).
     A 20k-row loss on an H200 spent more time launching kernels than running them (a bf16
     profile, 2026-11-27: 1.6 ms of kernels in a 4.3 ms step, 203 launches). Before: 133 / 274
     / 141 / 257 (2f5126b; and two blocking host-to-device copies, each a copy launch on CUDA,
     which the CPU count did not see, replaced by fills): the class sums form their [L, N]
     terms once for all levels, the attention engine tests its keys once and shares them
-    between its calls, isfinite (four kernels) became |x| < inf (two) in every engine. A new
+    between its calls, isfinite (four kernels) became |x| < inf (two) in every engine; on the
+    new count 124 / 232 / 118 / 201 before session 58. A new
     launch fails this on purpose: count it with bench/dispatch_count.py --as-cuda and raise
     the number."""
     from tests.conftest import load_bench
 
     dispatch_count = load_bench("bench_dispatch_count_launches", "dispatch_count.py")
     calls = _cuda_forms_calls(monkeypatch, backend, "exact", levels, syncs=False)
-    launches = sum(calls.values()) - dispatch_count.views_of(calls)
+    launches = dispatch_count.launches_of(calls)
     assert 0 < launches <= most, calls.most_common(10)
 
 
@@ -302,3 +305,48 @@ def test_a_hiertail_epoch_makes_no_tensor_from_host_data_in_the_cuda_forms():
         calls = dispatch_count.count_step(dispatch_count.epoch_step(600), syncs=True)
     assert sum(calls.values()) > 0
     assert not [k for k in calls if k[0].endswith("[H2D]")], calls.most_common(12)
+
+
+def test_launch_count_leaves_out_views_and_allocations():
+    """bench/dispatch_count.launches_of: a view (a tensor header) and an allocation
+    (torch.empty: the caching allocator, no kernel) launch nothing on CUDA; a fill, a copy
+    and arithmetic each launch one."""
+    from tests.conftest import load_bench
+
+    dispatch_count = load_bench("bench_dispatch_count_allocs", "dispatch_count.py")
+
+    def step():
+        t = torch.empty(4, 3)               # allocation
+        t.fill_(1.0)                        # launch
+        u = t[1:].t()                       # two views
+        torch.zeros(2)                      # launch (a fill)
+        return (u * 2.0).clone()            # two launches
+
+    calls = dispatch_count.count_step(step)
+    assert dispatch_count.launches_of(calls) == 4, calls
+    assert dispatch_count.views_of(calls) == 2
+
+
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_level_of_every_row_in_order_builds_the_tables_of_its_index_list(include_self,
+                                                                           dtype):
+    """make_levels with rows None (every row, in order: written in place, no fill, no index
+    kernel) builds the tables, bit for bit, that the level's index list arange(N) builds;
+    beside an index-list level, and alone (no fill at all: every entry written)."""
+    from hiertail_fast.ops._loss_terms import make_levels
+
+    gen = torch.Generator().manual_seed(7)
+    n = 50
+    labels = torch.randint(0, 6, (n,), generator=gen) * 3 - 4          # negative, gaps
+    rows2 = torch.randperm(n, generator=gen)[:20]
+    labels2 = torch.randint(0, 4, (20,), generator=gen)
+    for levels in ([labels], [labels, labels2]):
+        extra = [(rows2, labels2)] if len(levels) == 2 else []
+        got = make_levels(n, [(None, labels), *extra], include_self, dtype, "cpu", n_common=n)
+        want = make_levels(n, [(torch.arange(n), labels), *extra], include_self, dtype,
+                           "cpu", n_common=n)
+        for field in ("log_w", "gid", "n_pos", "contrib", "n_distinct"):
+            assert torch.equal(getattr(got, field), getattr(want, field)), field
+        assert (got.n_groups, got.full, got.n_common) == (want.n_groups, want.full, n)
+        assert got.full[0] and got.gid[0].min() == 0

@@ -28,21 +28,36 @@ class Levels:
 
 def make_levels(n: int, level_rows, include_self: bool, dtype, device,
                  n_common: int = 0) -> Levels:
+    """The Levels of `level_rows`: per level (rows, labels), rows the level's distinct row ids
+    (labels[j] the label of row rows[j]) or None for every row in order (labels [N]), whose
+    entries are written in place, with no index kernel (and no fill of the tables, when every
+    level is so: each op is a kernel launch on CUDA)."""
     n_levels = len(level_rows)
-    log_w = torch.full((n_levels, n), float("-inf"), dtype=dtype, device=device)
-    gid = torch.full((n_levels, n), -1, dtype=torch.long, device=device)
-    n_pos = torch.zeros(n_levels, n, dtype=dtype, device=device)
+    every = all(rows is None for rows, _ in level_rows)
+    if every:
+        log_w = torch.empty(n_levels, n, dtype=dtype, device=device)
+        gid = torch.empty(n_levels, n, dtype=torch.long, device=device)
+        n_pos = torch.empty(n_levels, n, dtype=dtype, device=device)
+    else:
+        log_w = torch.full((n_levels, n), float("-inf"), dtype=dtype, device=device)
+        gid = torch.full((n_levels, n), -1, dtype=torch.long, device=device)
+        n_pos = torch.zeros(n_levels, n, dtype=dtype, device=device)
     n_groups = []
     for lev, (rows, labels) in enumerate(level_rows):
         _, inv, counts = torch.unique(labels, return_inverse=True, return_counts=True)
         cnt = counts[inv].to(dtype)
-        log_w[lev, rows] = -torch.log(cnt)
-        gid[lev, rows] = inv
-        n_pos[lev, rows] = cnt if include_self else cnt - 1.0
+        if rows is None:
+            torch.log(cnt, out=log_w[lev]).neg_()
+            gid[lev].copy_(inv)
+            torch.sub(cnt, 0.0 if include_self else 1.0, out=n_pos[lev])
+        else:
+            log_w[lev, rows] = -torch.log(cnt)
+            gid[lev, rows] = inv
+            n_pos[lev, rows] = cnt if include_self else cnt - 1.0
         n_groups.append(int(counts.numel()))
     n_distinct = device_values(n_groups, dtype, device)         # (no blocking host copy)
     # rows are distinct indices (the ops build them): n of them cover every row
-    full = [rows.numel() == n for rows, _ in level_rows]
+    full = [rows is None or rows.numel() == n for rows, _ in level_rows]
     return Levels(log_w, gid, n_groups, n_pos, n_pos > 0, n_distinct, full, n_common)
 
 

@@ -362,8 +362,7 @@ def _balanced_loss(z, labels, prototypes, temperature, include_self, reduction, 
         z_all = z
     n = z_all.shape[0]
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
-    rows = torch.arange(n, device=z.device)
-    lv = make_levels(n, [(rows, labels)], include_self, cdt, z.device, n_common=n)
+    lv = make_levels(n, [(None, labels)], include_self, cdt, z.device, n_common=n)
     scale, z_all, tau = _temperature_link(z_all, temperature, variant)
     out = _apply(
         z_all, lv, scale, bool(include_self), variant, reduction, choice,
