@@ -207,13 +207,12 @@ class _Fold:
             if self.dp > d + FOLD_COLS:
                 self._k[:, :, d + FOLD_COLS:].fill_(0.0)
         k = self._k[:h]
-        rest = (bias_rows.float() / scale).clamp(min=-1e37)
-        parts = []
+        rest = torch.div(bias_rows.float(), scale).clamp_(min=-1e37)
         for c in range(FOLD_COLS):                              # hi, mid, lo parts of b / scale
-            parts.append(rest.to(k.dtype))
+            part = k[:, :, d + c]
+            part.copy_(rest)                    # rounded to bf16 straight into its column
             if c + 1 < FOLD_COLS:
-                rest = rest - parts[-1].float()
-        k[:, :, d:d + FOLD_COLS] = torch.stack(parts, dim=2)
+                rest.sub_(part)     # what is left, in fp32 (the bf16 part promoted exactly)
         return k
 
 
