@@ -61,9 +61,10 @@ def test_official_row_max_ignores_keys_hidden_at_the_level(monkeypatch):
     gen = torch.Generator().manual_seed(0)
     u = torch.randn(8, generator=gen)
     u = u / u.norm()
-    z = 3.2 * u + 0.3 * torch.randn(40, 8, generator=gen)
+    # (200 rows: a logit bound of ~80 inside the official guard's rows rule, 0.5 per row)
+    z = 3.2 * u + 0.3 * torch.randn(200, 8, generator=gen)
     p1 = 6.3 * u + 0.05 * torch.randn(3, 8, generator=gen)
-    ys = [torch.randint(0, 3, (40,), generator=gen), torch.randint(0, 2, (40,), generator=gen)]
+    ys = [torch.randint(0, 3, (200,), generator=gen), torch.randint(0, 2, (200,), generator=gen)]
     kw = dict(temperature=0.5, variant="official")
     assert attn.within_precision(torch.cat([z, p1]), 2.0, "official")     # runs the kernels
     calls = _spy(monkeypatch)
@@ -89,12 +90,13 @@ def test_official_tied_arg_max_stays_on_a_visible_key(monkeypatch):
     gen = torch.Generator().manual_seed(0)
     u = torch.randn(8, generator=gen)
     u = u / u.norm()
-    z = 3.2 * u + 0.3 * torch.randn(40, 8, generator=gen)
+    # (200 rows: a logit bound of ~80 inside the official guard's rows rule, 0.5 per row)
+    z = 3.2 * u + 0.3 * torch.randn(200, 8, generator=gen)
     p1 = torch.randn(2, 8, generator=gen)
     p1[0] = 6.3 * u
     p2 = torch.randn(2, 8, generator=gen) * 0.3
     p2[0] = p1[0]
-    ys = [torch.randint(0, 2, (40,), generator=gen), torch.randint(0, 2, (40,), generator=gen)]
+    ys = [torch.randint(0, 2, (200,), generator=gen), torch.randint(0, 2, (200,), generator=gen)]
     kw = dict(temperature=0.5, variant="official")
     assert attn.within_precision(torch.cat([z, p1, p2]), 2.0, "official")
     calls = _spy(monkeypatch)
@@ -127,11 +129,11 @@ def test_bias_folding_at_a_tiny_scale_stays_finite():
 
 
 def test_official_small_problem_at_four_logits_per_row_stays_within_the_rule():
-    """The official guard's rows rule (OFFICIAL_LOGIT_PER_ROW = 2, docs in _attention_lse):
-    40 near-singleton rows at a logit bound of ~156 (~4 per row, inside MAX_LOGIT) must meet
-    the tests' rule of bench/official_small_n.py, error <= 2 x the dense fp32 reference's +
-    1e-4 max|ref| + 1e-5 against float64 (a mutation audit: 4 per row put this case on the
-    fp32-LSE kernels, 1.25 x the rule)."""
+    """The official guard's rows rule (OFFICIAL_LOGIT_PER_ROW, 0.5 since 2026-12-05, 2
+    before; docs in _attention_lse): 40 near-singleton rows at a logit bound of ~156 (~4 per
+    row, inside MAX_LOGIT) must meet the tests' rule of bench/official_small_n.py, error <=
+    2 x the dense fp32 reference's + 1e-4 max|ref| + 1e-5 against float64 (a mutation audit:
+    4 per row put this case on the fp32-LSE kernels, 1.25 x the rule)."""
     n, tau = 40, 0.1
     gen = torch.Generator().manual_seed(12)
     z = torch.randn(n, 8, generator=gen, dtype=torch.float64)

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+import hiertail_fast.ops._attention_lse as attn_mod
 import hiertail_fast.ops._block_exp as block_mod
 import hiertail_fast.ops._contrastive_pairs as pairs_mod
 import hiertail_fast.ops._lse_torch as lse_mod
@@ -235,7 +236,7 @@ def test_official_small_problem_on_the_fp32_lse_engines(backend, bound, seed, di
     ahead), and an fp32 LSE of |s|'s size left its rounding standing: 2.8x (attention) and
     27.8x / 6.2x / 3.1x (Triton) the rule (bench/official_small_n.py, whose cases these are).
     Now the Triton kernels carry lse - rowmax apart from rowmax, and the attention engine's
-    guard sends such calls (B > 2N) to our own engine."""
+    guard sends such calls (B > OFFICIAL_LOGIT_PER_ROW x N) to our own engine."""
     n, tau = 31, 0.1
     g = torch.Generator().manual_seed(seed)
     z = torch.randn(n, dim, generator=g, dtype=torch.float64)
@@ -253,6 +254,39 @@ def test_official_small_problem_on_the_fp32_lse_engines(backend, bound, seed, di
     exp, low = run(z.double(), "reference"), run(z, "reference")
     # the strict rule (no slack for cancelling terms), as bench/official_small_n.py measures
     assert_within_reference_error(run(z, backend, backend_device(backend)), exp, low, 0.0)
+
+
+# bench/official_fuzz.py's cases where the attention kernels missed the rule before the
+# official guard's rows rule went from 2 to 0.5 logits per row: (seed, --max-log-bound,
+# --rows, case number), each with --levels 3 and the default dims
+_HUB_CASES = [(58, 4.5, None, 16284), (582, 2.408, [150, 257], 11744)]
+
+
+@pytest.mark.parametrize("seed,max_log,rows,case", _HUB_CASES)
+def test_official_hub_keys_near_one_logit_per_row_meet_the_rule(monkeypatch, seed, max_log,
+                                                                rows, case):
+    """Explicit backend="attention", official variant, keys that are the arg-max of many rows
+    (d 1: every row's largest logit is at the largest-norm key of its sign, here a prototype)
+    at a bound B ~ N (216-225 over 260 rows, inside MAX_LOGIT): the arg-max's share of ~100
+    rows cancels their LSE parts on one key, and the kernels' fp32 LSE left the prototypes'
+    gradient 1.24x / 1.94x the rule (bench/official_fuzz.py, whose cases these are, replayed
+    by number). Now the guard sends B > 0.5 N to our engine: within the rule. On CPU the
+    kernels are also run with the old rule (2 per row) to show the case still bites."""
+    import random
+
+    from tests.conftest import load_bench
+
+    fuzz = load_bench("bench_official_fuzz_hubs", "official_fuzz.py")
+    rng = random.Random(seed)
+    for c in range(1, case + 1):
+        z, y, p, kw, desc = fuzz._case(rng, [1, 2, 3, 8, 16, 40], max_log,
+                                       seed * 1_000_003 + c, 3, rows)
+    assert desc["levels"] == 2 and desc["d"] <= 2
+    dev = backend_device("attention")
+    assert fuzz.case_ratios(z, y, p, kw, ["attention"], dev)["attention"] <= 1.0
+    if dev == "cpu":
+        monkeypatch.setattr(attn_mod, "OFFICIAL_LOGIT_PER_ROW", 2.0)
+        assert fuzz.case_ratios(z, y, p, kw, ["attention"], dev)["attention"] > 1.0
 
 
 def _on_a_line(n: int, bound: float, tau: float, g: torch.Generator) -> torch.Tensor:
