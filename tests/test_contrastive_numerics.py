@@ -258,20 +258,23 @@ def test_official_small_problem_on_the_fp32_lse_engines(backend, bound, seed, di
 
 # bench/official_fuzz.py's cases where the attention kernels missed the rule before the
 # official guard's rows rule went from 2 to 0.5 logits per row: (seed, --max-log-bound,
-# --rows, case number), each with --levels 3 and the default dims
-_HUB_CASES = [(58, 4.5, None, 16284), (582, 2.408, [150, 257], 11744)]
+# --rows, case number, whether the old rule is shown to miss it), each with --levels 3 and
+# the default dims. Measured with this VM's CPU flash kernel: 1.24x and 1.94x the rule (1.11x
+# and 1.75x with the reference's worst rounding); only the larger is held to missing it, as
+# another CPU's vector code may round the kernel's sums otherwise
+_HUB_CASES = [(58, 4.5, None, 16284, False), (582, 2.408, [150, 257], 11744, True)]
 
 
-@pytest.mark.parametrize("seed,max_log,rows,case", _HUB_CASES)
+@pytest.mark.parametrize("seed,max_log,rows,case,bites", _HUB_CASES)
 def test_official_hub_keys_near_one_logit_per_row_meet_the_rule(monkeypatch, seed, max_log,
-                                                                rows, case):
+                                                                rows, case, bites):
     """Explicit backend="attention", official variant, keys that are the arg-max of many rows
     (d 1: every row's largest logit is at the largest-norm key of its sign, here a prototype)
     at a bound B ~ N (216-225 over 260 rows, inside MAX_LOGIT): the arg-max's share of ~100
     rows cancels their LSE parts on one key, and the kernels' fp32 LSE left the prototypes'
     gradient 1.24x / 1.94x the rule (bench/official_fuzz.py, whose cases these are, replayed
     by number). Now the guard sends B > 0.5 N to our engine: within the rule. On CPU the
-    kernels are also run with the old rule (2 per row) to show the case still bites."""
+    kernels also run one case with the old rule (2 per row), to show that it still bites."""
     import random
 
     from tests.conftest import load_bench
@@ -284,7 +287,7 @@ def test_official_hub_keys_near_one_logit_per_row_meet_the_rule(monkeypatch, see
     assert desc["levels"] == 2 and desc["d"] <= 2
     dev = backend_device("attention")
     assert fuzz.case_ratios(z, y, p, kw, ["attention"], dev)["attention"] <= 1.0
-    if dev == "cpu":
+    if dev == "cpu" and bites:
         monkeypatch.setattr(attn_mod, "OFFICIAL_LOGIT_PER_ROW", 2.0)
         assert fuzz.case_ratios(z, y, p, kw, ["attention"], dev)["attention"] > 1.0
 
