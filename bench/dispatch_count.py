@@ -14,14 +14,15 @@ Each total also says how many of its calls launch a kernel on CUDA: not views
 (``ALLOCATIONS``: ``torch.empty`` takes memory from the caching allocator, no kernel; counted as
 launches until 2026-12-05, session 58: eight of the exact single level's 129).
 ``--as-cuda`` counts, on this CPU, the calls the torch engine makes for CUDA tensors, where
-every call that is not a view is a kernel launch: no C kernels, no symmetric engine, CUDA's
-block budget with no row cap, the sync-free forms of the engines' data-dependent shortcuts
-(``_host_reads``), the whole-band positives (``HIERTAIL_POSITIVES``; ``--positives slices``
-for the per-group plan CUDA ran before). ``--syncs`` counts only the calls that make a CUDA
-host wait for the device (``SYNC_OPS``: a scalar read, nonzero, unique, ...; indexing with a boolean
-mask; ``tolist()`` of a library tensor, which runs no operator on CPU; a Python value made into
-a tensor, ``lift_fresh[H2D]``: on CUDA ``torch.tensor(data, device=cuda)`` is a blocking
-host-to-device copy): each one drains the GPU's queue of launched kernels.
+every call that is neither a view nor an allocation is a kernel launch: no C kernels, no
+symmetric engine, CUDA's block budget with no row cap, the sync-free forms of the engines'
+data-dependent shortcuts (``_host_reads``), the whole-band positives (``HIERTAIL_POSITIVES``;
+``--positives slices`` for the per-group plan CUDA ran before). ``--syncs`` counts only the
+calls that make a CUDA host wait for the device (``SYNC_OPS``: a scalar read, nonzero,
+unique, ...; indexing with a boolean mask; ``tolist()`` of a library tensor, which runs no
+operator on CPU; a Python value made into a tensor, ``lift_fresh[H2D]``: on CUDA
+``torch.tensor(data, device=cuda)`` is a blocking host-to-device copy): each one drains the
+GPU's queue of launched kernels.
 """
 from __future__ import annotations
 
@@ -169,7 +170,7 @@ def launches_of(calls: collections.Counter) -> int:
 
 def views_of(calls: collections.Counter) -> int:
     """How many of ``count``'s calls are views (a new tensor header over the same memory: host
-    work, no kernel on CUDA); the rest launch a kernel there, or sync."""
+    work, no kernel on CUDA; ``launches_of`` also leaves out the allocations)."""
     names = getattr(calls, "views", set())
     return sum(k for (name, _), k in calls.items() if name in names)
 

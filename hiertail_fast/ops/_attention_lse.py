@@ -279,9 +279,8 @@ def _key_side(z, keys: _Keys, scale, lse, g):
     sign(g_li) z_i, so the kernel's fp32 accumulator sums the positive and negative terms
     together. (It was a host read of which signs occur, after the forward's kernels, and a
     second call where some g < 0: each sign's sum rounded on its own, then subtracted.)"""
-    lse32 = lse.float()
-    use = (g != 0) & finite(lse32)
-    rows = torch.where(use, torch.log(g.abs().clamp(min=1e-38)) - lse32, HIDDEN)
+    # (g is 0 wherever lse is not finite: ``_grad`` zeroed it, so g != 0 alone picks the rows)
+    rows = torch.where(g != 0, torch.log(g.abs().clamp(min=1e-38)) - lse.float(), HIDDEN)
     sign = torch.sign(g)
     dz = None
     for h0, h1 in _heads(keys.log_w):
