@@ -1,5 +1,5 @@
-"""Differential fuzz of the official loss variant on every engine against float64: where does
-each engine meet the tests' rule?
+"""Differential fuzz of the official loss variant (``--variant exact``: the exact one) on every
+engine against float64: where does each engine meet the tests' rule?
 
 Random problems (rows 2-257, dims from --dims, tau 0.01-1, logit bound B = scale max|z|^2 log-
 uniform in [1, 10^--max-log-bound], labels singleton / few / many / one class, optional
@@ -8,7 +8,9 @@ run on the torch, attention and triton engines (without CUDA the Triton kernels 
 interpreter) and on the dense reference in float64 and in float32. The rule is the suite's
 (tests/test_balanced_contrastive_loss.py ``_check``): error <= 2 x the dense fp32 reference's +
 1e-5 + 1e-4 max|ref|, gradients + 32 ulp of the terms that cancel in them (g max|z| sqrt(d) /
-tau). Prints each case over the rule as it happens, then the worst ratio per engine.
+tau), and, unlike the suite's, the value + 32 ulp of the terms that cancel in it (the logit
+bound, ``_value_terms``). Prints each case over the rule as it happens, then the worst ratio
+per engine (``--by-ratio``: also per range of the logit bound B over the rows, and of B).
 
     python bench/official_fuzz.py --seconds 300                      # dims 1 2 3 8 16 40
     python bench/official_fuzz.py --dims 16 40 64 --seconds 300
@@ -18,6 +20,8 @@ tau). Prints each case over the rule as it happens, then the worst ratio per eng
     python bench/official_fuzz.py --rows 512 700 1030 --engines torch   # the symmetric engine
     python bench/official_fuzz.py --levels 3 --engines torch --cuda-forms   # CUDA's code paths
     python bench/official_fuzz.py --levels 3 --engines torch --seed 2 --case 4711   # replay one
+    python bench/official_fuzz.py --variant exact --levels 3         # the exact variant instead
+    python bench/official_fuzz.py --engines attention --max-log-bound 3.01 --by-ratio  # by B/rows
 
 A case over the rule is printed with its number (``--case`` replays it with the same options)
 and its ratio to the rule with the fp32 reference's error taken as the worst of 23 roundings of
@@ -96,7 +100,7 @@ ROWS = [2, 3, 5, 8, 13, 31, 64, 100, 150, 257]
 
 
 def _case(rng: random.Random, dims, max_log_bound: float, seed: int, max_levels: int = 1,
-          rows=None):
+          rows=None, variant: str = "official"):
     n = rng.choice(rows or ROWS)
     d = rng.choice(dims)
     tau = rng.choice([0.01, 0.1, 0.5, 1.0])
@@ -118,7 +122,7 @@ def _case(rng: random.Random, dims, max_log_bound: float, seed: int, max_levels:
          "one": torch.zeros(n, dtype=torch.long)}[labels]
     if m:
         y = y % m
-    kw = dict(temperature=tau, include_self=rng.random() < 0.5, variant="official",
+    kw = dict(temperature=tau, include_self=rng.random() < 0.5, variant=variant,
               reduction=rng.choice(["mean", "sum", "none"]))
     desc = dict(n=n, d=d, m=m, labels=labels, B=round(bound, 1), tau=tau,
                 include_self=kw["include_self"], reduction=kw["reduction"])
@@ -163,12 +167,32 @@ def weights_and_float64_reference(z, y, p, kw):
     return w, _run(z.double(), y, p64, kw, "reference", w.double())
 
 
+def _logit_bound(z, protos, kw) -> float:
+    """B = max |row|^2 / tau over the rows and prototypes: the attention guard's bound (the
+    draw's "B" is its ceiling: the rows' norms are scaled by 0.3-1)."""
+    return max(q.double().pow(2).sum(1).max().item() for q in [z, *protos]) / kw["temperature"]
+
+
+def _value_terms(z, protos, kw, n_levels: int) -> float:
+    """The size of the terms that cancel in the loss value: a row's loss is its LSE minus the
+    mean of its positives' logits, each up to the logit bound B = max |row|^2 / tau. Where one
+    key dominates a row's LSE and is its only positive (the row's own key with include_self,
+    a singleton class), the two are equal in exact arithmetic and the loss ~0; an engine that
+    takes them from two dot products of different rounding (the LSE from its GEMM, the
+    positives from class sums) is off by an ulp of B, the dense fp32 reference, which reads
+    both from one logit matrix, by nothing (a fuzzing find, 2026-12-05: 80x the rule before
+    this term at B 2.3e4, 2 rows; an ulp of B is fp32's resolution of those logits). Scaled
+    as the value: per row ("none"), the rows' sum ("sum"), and one term per level."""
+    return _logit_bound(z, protos, kw) * n_levels * (z.shape[0] if kw["reduction"] == "sum" else 1)
+
+
 def case_ratios(z, y, p, kw, engines, dev="cpu", roundings=False) -> dict[str, float]:
     """Each engine's worst error on the case (value and every gradient) over the suite's rule:
-    2 x the dense fp32 reference's error + 1e-5 + 1e-4 max|ref|, gradients + 32 ulp of the
-    terms that cancel in them. ``roundings``: the fp32 reference's error in the rule is the
-    largest of its roundings' (``_reference_roundings``, the given one included), a diagnostic
-    for cases over the suite's rule, never the rule itself."""
+    2 x the dense fp32 reference's error + 1e-5 + 1e-4 max|ref|, + 32 ulp of the terms that
+    cancel in each (gradients: g max|z| sqrt(d) / tau; the value: ``_value_terms``).
+    ``roundings``: the fp32 reference's error in the rule is the largest of its roundings'
+    (``_reference_roundings``, the given one included), a diagnostic for cases over the suite's
+    rule, never the rule itself."""
     n, d = z.shape
     protos = [q for q in (p if isinstance(p, list) else [p]) if q is not None]
     w, exp = weights_and_float64_reference(z, y, p, kw)
@@ -181,14 +205,14 @@ def case_ratios(z, y, p, kw, engines, dev="cpu", roundings=False) -> dict[str, f
     g_max = 2.0 * n_levels / n if kw["reduction"] == "mean" or n_levels > 1 else 2.0
     z_max = max([z.abs().max().item()] + [q.abs().max().item() for q in protos])
     terms = g_max * z_max * d ** 0.5 / kw["temperature"]
+    value_terms = _value_terms(z, protos, kw, n_levels)
     out = {}
     for eng in engines:
         got = _run(z, y, p, kw, eng, w, dev if eng != "torch" else "cpu")
         ratio = 0.0
         for j, (a, e) in enumerate(zip(got, exp, strict=True)):
             rule = 2 * ref_err[j] + 1e-5 + 1e-4 * e.abs().max().item()
-            if j:
-                rule += 32 * torch.finfo(torch.float32).eps * terms
+            rule += 32 * torch.finfo(torch.float32).eps * (terms if j else value_terms)
             ratio = max(ratio, (a - e).abs().max().item() / rule)
         out[eng] = ratio
     return out
@@ -210,6 +234,10 @@ def main(argv=None) -> None:
                     help="up to this many levels (the hierarchical loss; 1: the cases as before)")
     ap.add_argument("--cuda-forms", action="store_true",
                     help="CPU tensors through the engines' CUDA code paths (see above)")
+    ap.add_argument("--variant", choices=["official", "exact"], default="official",
+                    help="the loss variant of every case (the same draws either way)")
+    ap.add_argument("--by-ratio", action="store_true",
+                    help="also print each engine's worst ratio per range of B / rows and of B")
     ap.add_argument("--case", type=int, default=None,
                     help="run only case K of this seed's sequence (the 'case' printed with a "
                          "case over the rule), with the same options")
@@ -227,10 +255,47 @@ def main(argv=None) -> None:
         _fuzz(args)
 
 
+# the --by-ratio tables: B / rows (the official guard's rows rule) and B (its MAX_LOGIT)
+TABLES = {"B / rows": (0.25, 0.5, 0.75, 1.0, 2.0, 4.0, 8.0),
+          "B": (64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0)}
+
+
+def _rows(z, protos) -> int:
+    """The rows the attention guard counts: the queries and every level's prototypes."""
+    return z.shape[0] + sum(q.shape[0] for q in protos)
+
+
+def _bucket(value: float, edges) -> int:
+    return sum(value > edge for edge in edges)
+
+
+def _bucket_name(b: int, edges) -> str:
+    if b == 0:
+        return f"<= {edges[0]:g}"
+    if b == len(edges):
+        return f"> {edges[-1]:g}"
+    return f"({edges[b - 1]:g}, {edges[b]:g}]"
+
+
+def _print_tables(by_range, engines) -> None:
+    """Each engine's worst ratio to the rule per range of B / rows and of B (cases in brackets;
+    rows: the queries and every level's prototypes, as the attention guard counts them)."""
+    for name, edges in TABLES.items():
+        print(f"worst ratio to the rule by {name} (cases in brackets):")
+        print("| engine | " + " | ".join(_bucket_name(b, edges) for b in range(len(edges) + 1))
+              + " |")
+        print("|---" * (len(edges) + 2) + "|")
+        for eng in engines:
+            cells = [by_range.get((eng, name, b)) for b in range(len(edges) + 1)]
+            print(f"| {eng} | " + " | ".join("-" if c is None else f"{c[0]:.2f} ({c[1]})"
+                                             for c in cells) + " |")
+
+
 def _fuzz(args) -> None:
     rng = random.Random(args.seed)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     worst: dict[str, tuple[float, dict]] = {}
+    by_range: dict[tuple, tuple[float, int]] = {}   # (engine, table, bucket) -> worst, cases
     over = dict.fromkeys(args.engines, 0)
     end, cases = time.time() + args.seconds, 0
     shown = time.time()
@@ -242,13 +307,20 @@ def _fuzz(args) -> None:
                   flush=True)
         cases += 1
         z, y, p, kw, desc = _case(rng, args.dims, args.max_log_bound, args.seed * 1_000_003 + cases,
-                                  args.levels, args.rows)
+                                  args.levels, args.rows, args.variant)
         if args.case is not None and cases < args.case:
             continue            # the case's draws only: replay reaches case K as the run did
         desc = {"case": cases, **desc}
         ratios = case_ratios(z, y, p, kw, args.engines, dev)
+        protos = [q for q in (p if isinstance(p, list) else [p]) if q is not None]
+        bound = _logit_bound(z, protos, kw)
+        buckets = [(name, _bucket(bound / _rows(z, protos) if name == "B / rows" else bound,
+                                  edges)) for name, edges in TABLES.items()]
         for eng in args.engines:
             ratio = ratios[eng]
+            for key in buckets:
+                top, seen = by_range.get((eng, *key), (0.0, 0))
+                by_range[(eng, *key)] = (max(top, ratio), seen + 1)
             if ratio > worst.get(eng, (0.0, {}))[0]:
                 worst[eng] = (ratio, desc)
             if ratio > 1 or args.case is not None:
@@ -259,12 +331,14 @@ def _fuzz(args) -> None:
                       f"{N_ROUNDINGS} roundings: {other:.2f}x)", flush=True)
         if args.case is not None:
             break
-    print(f"{cases} cases, dims {args.dims}, B <= 10^{args.max_log_bound:g}, "
+    print(f"{cases} cases, {args.variant} variant, dims {args.dims}, "
+          f"B <= 10^{args.max_log_bound:g}, "
           f"levels <= {args.levels}{', CUDA code paths on CPU' if args.cuda_forms else ''}")
     for eng in args.engines:
         ratio, desc = worst.get(eng, (0.0, {}))
         print(f"worst {eng}: {ratio:.3f}x the rule, {over[eng]} case(s) over it {desc}")
-
+    if args.by_ratio:
+        _print_tables(by_range, args.engines)
 
 if __name__ == "__main__":
     main()

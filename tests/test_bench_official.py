@@ -39,7 +39,8 @@ def test_official_fuzz_runs_and_reports_every_engine(capsys):
     official_fuzz.main(["--seconds", "0.5", "--dims", "3", "--max-log-bound", "2",
                         "--engines", "torch", "attention"])
     out = capsys.readouterr().out
-    assert re.search(r"^\d+ cases, dims \[3\], B <= 10\^2, levels <= 1$", out, re.M), out
+    assert re.search(r"^\d+ cases, official variant, dims \[3\], B <= 10\^2, levels <= 1$",
+                     out, re.M), out
     for eng in ("torch", "attention"):
         match = re.search(rf"^worst {eng}: ([0-9.]+)x the rule", out, re.M)
         assert match and float(match.group(1)) <= 1.0, out       # small logits: within it
@@ -52,7 +53,8 @@ def test_official_fuzz_levels_run_the_hierarchical_loss(capsys):
     official_fuzz.main(["--cases", "12", "--seconds", "60", "--dims", "2", "--max-log-bound",
                         "1.5", "--engines", "torch", "--levels", "3"])
     out = capsys.readouterr().out
-    assert re.search(r"^12 cases, dims \[2\], B <= 10\^1.5, levels <= 3$", out, re.M), out
+    assert re.search(r"^12 cases, official variant, dims \[2\], B <= 10\^1.5, levels <= 3$",
+                     out, re.M), out
     match = re.search(r"^worst torch: ([0-9.]+)x the rule", out, re.M)
     assert match and float(match.group(1)) <= 1.0, out
     rng = random.Random(0)
@@ -198,3 +200,46 @@ def test_the_reference_roundings_are_the_same_loss(levels):
             for a, e in zip(got, want, strict=True):
                 torch.testing.assert_close(a, e, rtol=1e-3,
                                            atol=1e-4 * (1 + e.abs().max().item()))
+
+
+def test_exact_variant_fuzz_prints_its_table_by_bound_over_rows(capsys):
+    """--variant exact runs the exact loss on every case; --by-ratio adds each engine's worst
+    ratio per range of B / rows, with the cases counted in each range."""
+    import official_fuzz
+
+    official_fuzz.main(["--cases", "10", "--seconds", "120", "--dims", "2", "--max-log-bound",
+                        "1.5", "--engines", "torch", "--variant", "exact", "--by-ratio"])
+    out = capsys.readouterr().out
+    assert re.search(r"^10 cases, exact variant, dims \[2\], B <= 10\^1.5, levels <= 1$", out,
+                     re.M), out
+    rows = re.findall(r"^\| torch \| (.*) \|$", out, re.M)
+    assert len(rows) == len(official_fuzz.TABLES), out           # B / rows, and B
+    for row, edges in zip(rows, official_fuzz.TABLES.values(), strict=True):
+        cells = row.split(" | ")
+        assert len(cells) == len(edges) + 1
+        assert sum(int(c.split("(")[1].rstrip(")")) for c in cells if c != "-") == 10
+    rng = random.Random(0)
+    kws = [official_fuzz._case(rng, [2], 1.5, k, 1, None, "exact")[3] for k in range(1, 11)]
+    assert {kw["variant"] for kw in kws} == {"exact"}
+
+
+def test_the_value_rule_allows_an_ulp_of_the_logits_that_cancel():
+    """bench/official_fuzz.py --variant exact --seed 59, case 269: two rows in classes of their
+    own, include_self, B 2.3e4. Each row's loss is its LSE minus its own logit, 0 in float64
+    (the other key is e^-1e4 behind); the dense fp32 reference reads both from one logit and
+    gets 0, the engines take the LSE from a GEMM and the positive from a class sum and are off
+    by a fraction of an ulp of the logit (8e-4 at |s| 2.25e4, ulp 2e-3): 80x the suite's value
+    rule, within the fuzz's, which adds 32 ulp of the terms that cancel in the value."""
+    import official_fuzz
+
+    z = torch.tensor([[37.0880, -47.1982, -14.4682], [-48.9697, 92.4134, 3.9238]])
+    y = torch.tensor([0, 2])
+    kw = dict(temperature=0.5, include_self=True, variant="exact", reduction="none")
+    w, exp = official_fuzz.weights_and_float64_reference(z, y, None, kw)
+    assert exp[0].abs().max().item() < 1e-300
+    got = official_fuzz._run(z, y, None, kw, "torch", w)
+    value_err = (got[0] - exp[0]).abs().max().item()
+    ulp = torch.finfo(torch.float32).eps * z.double().pow(2).sum(1).max().item() / 0.5
+    assert 1e-5 < value_err <= ulp           # over the suite's value rule, within an ulp of B
+    assert official_fuzz.case_ratios(z, y, None, kw, ["torch"])["torch"] <= 1.0
+
