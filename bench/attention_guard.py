@@ -92,8 +92,8 @@ def main(argv=None) -> int:
     real_guard, real_bf16 = attn.MAX_LOGIT, attn.MAX_LOGIT_BF16
     attn.MAX_LOGIT = dict.fromkeys(real_guard, float("inf"))   # every call on the kernels
     attn.MAX_LOGIT_BF16 = dict.fromkeys(real_bf16, float("inf"))
-    real_rows = attn.OFFICIAL_LOGIT_PER_ROW
-    attn.OFFICIAL_LOGIT_PER_ROW = float("inf")
+    real_rows = attn.OFFICIAL_LOGIT_PER_ROW, attn.EXACT_LOGIT_PER_ROW
+    attn.OFFICIAL_LOGIT_PER_ROW = attn.EXACT_LOGIT_PER_ROW = float("inf")      # the rows rules
     rows = []
     load_start = gc.load_average()
     try:
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
                               flush=True)
     finally:
         attn.MAX_LOGIT, attn.MAX_LOGIT_BF16 = real_guard, real_bf16
-        attn.OFFICIAL_LOGIT_PER_ROW = real_rows
+        attn.OFFICIAL_LOGIT_PER_ROW, attn.EXACT_LOGIT_PER_ROW = real_rows
     meta = dict(device=device_name(), torch=torch.__version__, n=args.n, d=args.d, tau=TAU,
                 dtype=args.dtype, guard_in_library=real_guard, guard_bf16=real_bf16,
                 load_average_start=load_start, load_average_end=gc.load_average(),

@@ -274,6 +274,20 @@ def cuda_forms():
         yield
 
 
+@pytest.fixture
+def exact_rows_rule_off(monkeypatch):
+    """The attention engine's exact-variant rows rule off for the test
+    (``_attention_lse.EXACT_LOGIT_PER_ROW``: since 2026-12-05 a problem of N < 1,024 rows runs
+    the kernels only while its logit bound is <= max(64, N), our engine above): the tests that
+    check the kernels' math, or plumbing around them (autocast, torch.func, second
+    derivatives), on small problems with larger logits keep running the kernels, as problems of
+    1,024 rows and more with those logits do. MAX_LOGIT stays. The rule itself:
+    tests/test_attention_lse.py."""
+    import hiertail_fast.ops._attention_lse as attn
+
+    monkeypatch.setattr(attn, "EXACT_LOGIT_PER_ROW", float("inf"))
+
+
 def with_cuda_forms(request, backend: str) -> str:
     """A test's backend (or device) value, where "torch/cuda-forms" ("cuda-forms" for a
     device) means CPU tensors through the torch engine's CUDA code paths: applies the

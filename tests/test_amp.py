@@ -80,6 +80,7 @@ def test_graph_ops_under_autocast_keep_their_dtype(backend, dev):
 @pytest.mark.parametrize("backend, dev", LOSS_BACKENDS)
 @pytest.mark.parametrize("variant", ["exact", "official"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.usefixtures("exact_rows_rule_off")
 def test_losses_under_autocast_run_on_its_dtype(backend, dev, variant, dtype):
     dev = backend_device(backend) if backend == "triton" else dev  # the launch guard
     # under autocast: the loss on autocast's dtype (as scaled_dot_product_attention), value in

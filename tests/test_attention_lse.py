@@ -239,11 +239,12 @@ def test_large_logits_go_to_the_exact_engine(monkeypatch, variant):
 def test_guard_depends_on_the_variant(monkeypatch):
     """A bound between the two limits (here 800): the exact variant stays on the kernels (its
     error there is measured ~1e-5, bench/attention_guard.py), the official one goes to our
-    engine; both match the float64 reference."""
+    engine; both match the float64 reference. (820 rows: the exact variant's rows rule,
+    max(64, N), lets 800 through from 800 rows.)"""
     assert attn.MAX_LOGIT["official"] < 800 <= attn.MAX_LOGIT["exact"]
-    z = torch.randn(60, 8)
+    z = torch.randn(820, 8)
     z = z / z.norm(dim=1, keepdim=True) * 20.0                  # bound 400 / 0.5 = 800
-    y = torch.randint(0, 4, (60,))
+    y = torch.randint(0, 4, (820,))
     for variant, runs_kernels in (("exact", True), ("official", False)):
         calls = _spy(monkeypatch)
         got = _loss_grads(z, y, None, temperature=0.5, backend="attention", variant=variant)
@@ -279,6 +280,41 @@ def test_official_limit_scales_with_the_rows(monkeypatch):
                           variant="official")
         for a, e in zip(got, exp, strict=True):
             torch.testing.assert_close(a.double(), e, rtol=1e-4, atol=1e-5)
+
+
+def test_exact_limit_scales_with_the_rows(monkeypatch):
+    """Exact variant: below 1,024 rows the limit is also max(EXACT_MIN_LOGIT,
+    EXACT_LOGIT_PER_ROW x the rows) (prototypes included), so a small problem inside MAX_LOGIT
+    runs our engine where its bound is over that, the kernels where it is under; bf16 keeps its
+    own limit (its gradient comes back rounded to bf16)."""
+    floor, per_row = attn.EXACT_MIN_LOGIT, attn.EXACT_LOGIT_PER_ROW
+    assert attn.rows_limit("exact", torch.float32, 10) == floor
+    assert attn.rows_limit("exact", torch.float32, 300) == 300 * per_row
+    assert attn.rows_limit("exact", torch.float32, 5000) == attn.MAX_LOGIT["exact"]
+    assert attn.rows_limit("exact", torch.float16, 300) == 300 * per_row
+    assert attn.rows_limit("exact", torch.bfloat16, 300) == attn.MAX_LOGIT_BF16["exact"]
+    assert attn.rows_limit("official", torch.float32, 300) == min(
+        attn.MAX_LOGIT["official"], attn.OFFICIAL_LOGIT_PER_ROW * 300)
+    gen = torch.Generator().manual_seed(7)
+    for n_z, m in ((20, 0), (170, 30)):
+        rows = n_z + m
+        limit = max(floor, per_row * rows)
+        z = torch.randn(n_z, 8, generator=gen)
+        z = z / z.norm(dim=1, keepdim=True)
+        p = torch.randn(m, 8, generator=gen) * 0.1 if m else None
+        y = torch.randint(0, max(m, 4), (n_z,), generator=gen)
+        for bound, runs_kernels in ((0.9 * limit, True), (1.1 * limit, False)):
+            zb = z * (bound * 0.5) ** 0.5                           # temperature 0.5: scale 2
+            rows_all = zb if p is None else torch.cat([zb, p])
+            assert attn.within_precision(rows_all, 2.0, "exact") == runs_kernels, (rows, bound)
+            calls = _spy(monkeypatch)
+            got = _loss_grads(zb, y, p, temperature=0.5, backend="attention", variant="exact")
+            assert bool(calls) == runs_kernels, (rows, bound)
+            exp = _loss_grads(zb.double(), y, None if p is None else p.double(),
+                              temperature=0.5, backend="reference", variant="exact")
+            for a, e in zip(got, exp, strict=True):
+                if e is not None:
+                    torch.testing.assert_close(a.double(), e, rtol=1e-4, atol=1e-5)
 
 
 def test_bf16_inputs_have_their_own_limits(monkeypatch):

@@ -33,6 +33,8 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
     ("loss_accuracy.py", ["--taus", "0"], "--taus: '0' must be a positive number"),
     ("official_prototype_copy.py", ["--seeds", "0"], "--seeds: '0' must be a positive integer"),
     ("official_small_n.py", ["--n", "0"], "--n: '0' must be a positive integer"),
+    ("exact_small_n.py", ["--n", "1"], "--n >= 2"),
+    ("exact_small_n.py", ["--seeds", "0"], "--seeds: '0' must be a positive integer"),
     ("dispatch_count.py", ["--d", "0"], "--d: '0' must be a positive integer"),
 ])
 def test_bad_values_are_one_line_and_exit_2(script, args, message, tmp_path):

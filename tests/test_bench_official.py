@@ -1,6 +1,6 @@
-"""Smoke runs of the official variant's precision scripts (bench/official_small_n.py,
-bench/official_fuzz.py): they run, report per engine, and switch off the attention engine's
-row limit only for their own measurement."""
+"""Smoke runs of the loss variants' precision scripts (bench/official_small_n.py,
+bench/official_fuzz.py, bench/exact_small_n.py): they run, report per engine, and switch off
+the attention engine's row limits only for their own measurement."""
 from __future__ import annotations
 
 import os
@@ -243,3 +243,21 @@ def test_the_value_rule_allows_an_ulp_of_the_logits_that_cancel():
     assert 1e-5 < value_err <= ulp           # over the suite's value rule, within an ulp of B
     assert official_fuzz.case_ratios(z, y, None, kw, ["torch"])["torch"] <= 1.0
 
+
+def test_exact_small_n_measures_the_kernels_and_restores_the_rows_rule(capsys):
+    """bench/exact_small_n.py: a table row per N, a cell per bound, the kernels themselves
+    (the rows rule off while it runs: 2 rows at B 900 are over max(64, 2), yet the kernels
+    run, and miss the rule: measured 8.1x), "-" for a bound at MAX_LOGIT; the rule is back
+    afterwards."""
+    import exact_small_n
+
+    import hiertail_fast.ops._attention_lse as attn
+
+    before = attn.EXACT_LOGIT_PER_ROW, attn.EXACT_MIN_LOGIT
+    exact_small_n.main(["--n", "2", "--bounds", "32", "900", str(attn.MAX_LOGIT["exact"]),
+                        "--dims", "2", "--seeds", "4"])
+    out = capsys.readouterr().out
+    assert (attn.EXACT_LOGIT_PER_ROW, attn.EXACT_MIN_LOGIT) == before
+    row = re.search(r"^\| 2 \| ([0-9.]+) \| ([0-9.]+) \| - \|$", out, re.M)
+    assert row, out
+    assert float(row.group(1)) <= 1.0 < float(row.group(2))

@@ -127,6 +127,7 @@ def _regime(name, n, d, gen):
 @pytest.mark.parametrize("regime", ["normalised", "relu", "randn", "randn30"])
 @pytest.mark.parametrize("tau", [0.01, 1.0, 10.0])
 @pytest.mark.parametrize("variant", ["exact", "official"])
+@pytest.mark.usefixtures("exact_rows_rule_off")
 def test_regime_grid_matches_reference(request, backend, regime, tau, variant):
     """The benchmark grid's regimes at test size: value and gradient within 2x the fp32
     reference's own error plus fp32 tolerance (relative to the tensor's size); gradients also
@@ -289,6 +290,42 @@ def test_official_hub_keys_near_one_logit_per_row_meet_the_rule(monkeypatch, see
     assert fuzz.case_ratios(z, y, p, kw, ["attention"], dev)["attention"] <= 1.0
     if dev == "cpu" and bites:
         monkeypatch.setattr(attn_mod, "OFFICIAL_LOGIT_PER_ROW", 2.0)
+        assert fuzz.case_ratios(z, y, p, kw, ["attention"], dev)["attention"] > 1.0
+
+
+# bench/official_fuzz.py --variant exact --seed 59's cases where the attention kernels missed
+# the rule before the exact variant's rows rule (2026-12-05): (--levels, case number, whether
+# the kernels are shown to miss it). Measured with this VM's CPU flash kernel: 8.41x (2 rows,
+# d 3, B 616) and 3.80x (3 rows, d 2, B 900; a one-level case of the --levels 3 run) the rule,
+# the reference's worst rounding changing neither: far enough over it to hold on another
+# CPU's vector code
+_SELF_CASES = [(1, 857, True), (3, 5697, True)]
+
+
+@pytest.mark.parametrize("levels,case,bites", _SELF_CASES)
+def test_exact_rows_whose_own_key_takes_the_softmax_meet_the_rule(monkeypatch, levels, case,
+                                                                  bites):
+    """Explicit backend="attention", exact variant, rows in classes of their own with
+    include_self, each row's own key far ahead of the others (p_ii ~ 1): the gradient p_ii - 1
+    cancels, and the kernels' key side, forming p_ii from the first call's fp32 lse and the
+    second call's logit, left ~B 2^-24 of it standing. Now the guard sends B > max(64, N) to
+    our engine: within the rule. On CPU the kernels also run the cases with the rows rule off,
+    to show that it bites."""
+    import random
+
+    from tests.conftest import load_bench
+
+    fuzz = load_bench("bench_official_fuzz_self", "official_fuzz.py")
+    rng = random.Random(59)
+    for c in range(1, case + 1):
+        z, y, p, kw, desc = fuzz._case(rng, [1, 2, 3, 8, 16, 40], 4.5, 59 * 1_000_003 + c,
+                                       levels, None, "exact")
+    assert desc["n"] <= 3 and kw["include_self"] and kw["variant"] == "exact", desc
+    dev = backend_device("attention")
+    assert fuzz.case_ratios(z, y, p, kw, ["attention"], dev)["attention"] <= 1.0
+    if dev == "cpu" and bites:
+        monkeypatch.setattr(attn_mod, "EXACT_LOGIT_PER_ROW", float("inf"))
+        monkeypatch.setattr(attn_mod, "EXACT_MIN_LOGIT", float("inf"))
         assert fuzz.case_ratios(z, y, p, kw, ["attention"], dev)["attention"] > 1.0
 
 

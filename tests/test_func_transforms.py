@@ -58,6 +58,7 @@ def _graph_inputs(dev, n=40, e=120, d=6, seed=0):
 @pytest.mark.parametrize("backend", ["reference", "torch", "attention", _TRITON])
 @pytest.mark.parametrize("variant", ["exact", "official"])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.usefixtures("exact_rows_rule_off")
 def test_func_grad_of_the_loss_is_the_eager_gradient(backend, variant, reduction):
     dev = backend_device(backend)
     gen = torch.Generator().manual_seed(1)
@@ -83,6 +84,7 @@ def test_func_grad_of_the_loss_is_the_eager_gradient(backend, variant, reduction
 
 
 @pytest.mark.parametrize("backend", ["torch", "attention", _TRITON])
+@pytest.mark.usefixtures("exact_rows_rule_off")
 def test_func_grad_of_the_hierarchical_loss(backend):
     dev = backend_device(backend)
     gen = torch.Generator().manual_seed(2)
@@ -288,6 +290,7 @@ def test_func_forward_mode_over_the_graph_ops_raises_naming_the_op(backend):
 
 
 @pytest.mark.parametrize("backend", ["torch", "attention", _TRITON])
+@pytest.mark.usefixtures("exact_rows_rule_off")
 def test_ops_on_constants_inside_a_jvp_work(backend):
     """Inside torch.func.jvp an op whose inputs carry no tangent is a constant (tangent 0): it
     runs, with eager's value. (The losses refused every jvp level before; the graph ops' own
@@ -379,6 +382,7 @@ def test_eager_calls_take_the_ctx_style_twin(monkeypatch):
 
 
 @pytest.mark.parametrize("backend", ["torch", "attention", _TRITON])
+@pytest.mark.usefixtures("exact_rows_rule_off")
 def test_batched_grads_are_exact_or_raise(backend):
     # torch.autograd.grad(..., is_grads_batched=True) (and jacobian(vectorize=True)) runs the
     # backward under PyTorch's legacy batching, which _functorch does not see: where the

@@ -302,6 +302,7 @@ _SECOND_ORDER = [
 
 
 @pytest.mark.parametrize("op, backend, name", _SECOND_ORDER)
+@pytest.mark.usefixtures("exact_rows_rule_off")
 def test_second_derivative_raises_instead_of_vanishing(op, backend, name):
     # The fast backends' gradients are hand-written (the loss's often computed in its forward)
     # and carry no graph. A gradient penalty through them, |dL/dz|^2 with create_graph=True,

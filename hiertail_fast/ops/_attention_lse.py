@@ -482,21 +482,53 @@ class LogitBound:
 # 2 3 8 --max-log-bound 2.41 --levels 3`` found none over the rule in 416 cases (worst 0.47).
 OFFICIAL_LOGIT_PER_ROW = 0.5
 
+# The exact variant at small N (a fuzzing find, 2026-12-05, session 59: `python
+# bench/official_fuzz.py --variant exact`): a row whose own key takes its whole softmax
+# (p_ii ~ 1: a large norm, the other keys far behind) and is its only positive (include_self,
+# a class of its own: a long tail's singletons) has a gradient that cancels, p_ii - 1 ~ 0. The
+# query side (scale g O_i) cancels exactly, O_i being normalised inside the kernel; the key
+# side's p_ii = e^{s_ii + log w_i - lse_i} takes lse_i from the first call, rounded to fp32 at
+# |s|'s size, and s_ii from the second: ~B 2^-24 of the term stays (our torch engine reuses one
+# s per block: nothing stays). With many rows, such rows' other terms are larger against it,
+# so the excess shrinks with N. Seed 59 of the fuzz (18,115 one-level and 12,411 up-to-three-
+# level cases) put 26 cases over the tests' rule, all at 2-3 rows and B / N > 8 (worst 8.4x at
+# B 616, 2 rows). `python bench/exact_small_n.py` (rows of equal norm in classes of their own,
+# include_self, tau 0.1, d 2 / 16 / 64, 4 seeds; CPU flash kernel), worst error / rule: B 64:
+# 0.42 / 0.29 / 0.10 at N = 2 / 8 / 64; B = N: 0.10 / 0.23 / 0.39 / 0.57 / 0.68 at N = 64 / 128
+# / 256 / 512 / 1,000; above B = N the kernels miss it: B 128 at N = 2 1.07, B 512 at N = 64
+# 1.50, B 1,000 at N = 256 1.18. So the exact limit is also max(EXACT_MIN_LOGIT,
+# EXACT_LOGIT_PER_ROW x the rows): problems of 1,024 rows and more keep MAX_LOGIT, smaller ones
+# with larger logits run our engine (instant there). The same seeds with the rule: 0 cases
+# over it (worst 0.81). Unlike the official rule this one reaches the automatic choice: on
+# CUDA, fp32 exact single-level calls below the Triton engine's rows run these kernels.
+EXACT_LOGIT_PER_ROW = 1.0
+EXACT_MIN_LOGIT = 64.0
+
 
 def max_logit(variant: str, dtype: torch.dtype) -> float:
     """The guard's limit for `variant` on inputs of `dtype`."""
     return (MAX_LOGIT_BF16 if dtype == torch.bfloat16 else MAX_LOGIT)[variant]
 
 
+def rows_limit(variant: str, dtype: torch.dtype, rows: int) -> float:
+    """The guard's limit for `variant` on `rows` rows (queries and prototypes) of `dtype`:
+    ``max_logit`` and, for the fp32 kernels, the rows rule of the variant (official: at most
+    ``OFFICIAL_LOGIT_PER_ROW`` x the rows; exact: at most the larger of ``EXACT_MIN_LOGIT`` and
+    ``EXACT_LOGIT_PER_ROW`` x the rows). bf16 on CUDA (flash, its gradient rounded to bf16)
+    keeps its own limits."""
+    limit = max_logit(variant, dtype)
+    if variant == "official":
+        return min(limit, OFFICIAL_LOGIT_PER_ROW * rows)
+    if dtype != torch.bfloat16:
+        return min(limit, max(EXACT_MIN_LOGIT, EXACT_LOGIT_PER_ROW * rows))
+    return limit
+
+
 def within_precision(z: torch.Tensor, scale: float, variant: str = "official",
                      bound: LogitBound | None = None) -> bool:
     """Whether the kernels' fp32 LSE is precise enough for these logits: the bound (the call's
-    shared ``LogitBound`` if given) <= ``max_logit(variant, z.dtype)``, and for the official
-    variant <= ``OFFICIAL_LOGIT_PER_ROW`` x the rows."""
-    limit = max_logit(variant, z.dtype)
-    if variant == "official":
-        limit = min(limit, OFFICIAL_LOGIT_PER_ROW * z.shape[0])
-    return (bound or LogitBound(z, scale)).value <= limit
+    shared ``LogitBound`` if given) <= ``rows_limit(variant, z.dtype, rows of z)``."""
+    return (bound or LogitBound(z, scale)).value <= rows_limit(variant, z.dtype, z.shape[0])
 
 
 __all__ = [
@@ -508,6 +540,7 @@ __all__ = [
     "lse_forward",
     "lse_fused",
     "max_logit",
+    "rows_limit",
     "supported",
     "within_precision",
 ]
