@@ -514,8 +514,8 @@ def rows_limit(variant: str, dtype: torch.dtype, rows: int) -> float:
     """The guard's limit for `variant` on `rows` rows (queries and prototypes) of `dtype`:
     ``max_logit`` and, for the fp32 kernels, the rows rule of the variant (official: at most
     ``OFFICIAL_LOGIT_PER_ROW`` x the rows; exact: at most the larger of ``EXACT_MIN_LOGIT`` and
-    ``EXACT_LOGIT_PER_ROW`` x the rows). bf16 on CUDA (flash, its gradient rounded to bf16)
-    keeps its own limits."""
+    ``EXACT_LOGIT_PER_ROW`` x the rows). bf16 inputs, whose gradient comes back rounded to
+    bf16, keep their own limits (``MAX_LOGIT_BF16``)."""
     limit = max_logit(variant, dtype)
     if variant == "official":
         return min(limit, OFFICIAL_LOGIT_PER_ROW * rows)
