@@ -182,8 +182,10 @@ def _value_terms(z, protos, kw, n_levels: int) -> float:
     positives from class sums) is off by an ulp of B, the dense fp32 reference, which reads
     both from one logit matrix, by nothing (a fuzzing find, 2026-12-05: 80x the rule before
     this term at B 2.3e4, 2 rows; an ulp of B is fp32's resolution of those logits). Scaled
-    as the value: per row ("none"), the rows' sum ("sum"), and one term per level."""
-    return _logit_bound(z, protos, kw) * n_levels * (z.shape[0] if kw["reduction"] == "sum" else 1)
+    as the value: per row ("none"), the rows' sum ("sum"; several levels take the mean, as
+    ``_run``), and one term per level."""
+    rows_summed = n_levels == 1 and kw["reduction"] == "sum"
+    return _logit_bound(z, protos, kw) * n_levels * (z.shape[0] if rows_summed else 1)
 
 
 def case_ratios(z, y, p, kw, engines, dev="cpu", roundings=False) -> dict[str, float]:
