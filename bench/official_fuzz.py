@@ -29,10 +29,13 @@ its logits (``_reference_roundings``: the logits scaled, the features reversed):
 the excess is the reference's rounding luck on the case (docs/LOSS.md, case (a)), not an
 engine's error.
 
-``--cuda-forms`` runs the engines on CPU tensors through the code paths they take for CUDA
-tensors (no C kernels, no symmetric engine, the whole-band positives, the sync-free forms of
-``ops/_host_reads.cuda_code_paths``, as the tests' ``cuda_forms`` fixture): a fuzz of those
-paths without a GPU.
+``--emulate-attention`` runs the attention engine's CUDA branches on CPU tensors, PyTorch's CUDA
+kernels replaced by dense fp32 stand-ins (``loss_golden.emulated_attention``): the adapter's padding
+and bias plumbing against float64 without a GPU (the stand-ins' rounding is not the kernels').
+``--cuda-forms`` runs the engines on CPU tensors through the code paths they take for CUDA tensors
+(no C kernels, no symmetric engine, the whole-band positives, the sync-free forms of
+``ops/_host_reads.cuda_code_paths``, as the tests' ``cuda_forms`` fixture): a fuzz of those paths
+without a GPU.
 
 Measured 2026-11-27 (sessions 22-23, Triton interpreter, CPU flash attention; the torch
 engines before and after their arg-max entry fold, ``ops/_max_fold.py``): docs/LOSS.md."""
@@ -236,6 +239,9 @@ def main(argv=None) -> None:
                     help="up to this many levels (the hierarchical loss; 1: the cases as before)")
     ap.add_argument("--cuda-forms", action="store_true",
                     help="CPU tensors through the engines' CUDA code paths (see above)")
+    ap.add_argument("--emulate-attention", action="store_true",
+                    help="the attention engine's CUDA branches on CPU tensors, PyTorch's CUDA "
+                         "kernels replaced by dense stand-ins (see above)")
     ap.add_argument("--variant", choices=["official", "exact"], default="official",
                     help="the loss variant of every case (the same draws either way)")
     ap.add_argument("--by-ratio", action="store_true",
@@ -253,8 +259,18 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
     from hiertail_fast.ops._host_reads import cuda_code_paths
 
-    with cuda_code_paths() if args.cuda_forms else contextlib.nullcontext():
+    with (cuda_code_paths() if args.cuda_forms else contextlib.nullcontext(),
+          _emulated_attention() if args.emulate_attention else contextlib.nullcontext()):
         _fuzz(args)
+
+
+def _emulated_attention():
+    """``loss_golden.emulated_attention``: the attention engine takes its CUDA branches (fp32:
+    the memory-efficient kernel's contract, head dim padded to 8, bias rows to 16, LSE padded
+    to 32) on CPU tensors, each kernel a dense fp32 softmax."""
+    import loss_golden
+
+    return loss_golden.emulated_attention()
 
 
 # the --by-ratio tables: B / rows (the official guard's rows rule) and B (its MAX_LOGIT)
@@ -335,7 +351,8 @@ def _fuzz(args) -> None:
             break
     print(f"{cases} cases, {args.variant} variant, dims {args.dims}, "
           f"B <= 10^{args.max_log_bound:g}, "
-          f"levels <= {args.levels}{', CUDA code paths on CPU' if args.cuda_forms else ''}")
+          f"levels <= {args.levels}{', CUDA code paths on CPU' if args.cuda_forms else ''}"
+          f"{', CUDA attention emulated' if args.emulate_attention else ''}")
     for eng in args.engines:
         ratio, desc = worst.get(eng, (0.0, {}))
         print(f"worst {eng}: {ratio:.3f}x the rule, {over[eng]} case(s) over it {desc}")

@@ -261,3 +261,32 @@ def test_exact_small_n_measures_the_kernels_and_restores_the_rows_rule(capsys):
     row = re.search(r"^\| 2 \| ([0-9.]+) \| ([0-9.]+) \| - \|$", out, re.M)
     assert row, out
     assert float(row.group(1)) <= 1.0 < float(row.group(2))
+
+
+def test_official_fuzz_emulated_attention_runs_the_cuda_branches_and_restores_them(
+        monkeypatch, capsys):
+    """--emulate-attention: the attention engine's CUDA branches on CPU tensors, the
+    memory-efficient kernel's stand-in called (fp32 rows), the adapter as it was afterwards."""
+    import loss_golden
+    import official_fuzz
+
+    import hiertail_fast.ops._attention_lse as attn
+
+    calls = []
+    real = loss_golden._fake_efficient
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loss_golden, "_fake_efficient", counted)
+    kind, op = attn._kernel_kind, attn._op
+    official_fuzz.main(["--cases", "6", "--seconds", "60", "--dims", "3", "--max-log-bound",
+                        "1.5", "--engines", "attention", "--variant", "exact",
+                        "--emulate-attention"])
+    out = capsys.readouterr().out
+    assert re.search(r"^6 cases, exact variant, .* CUDA attention emulated$", out, re.M), out
+    match = re.search(r"^worst attention: ([0-9.]+)x the rule", out, re.M)
+    assert match and float(match.group(1)) <= 1.0, out
+    assert calls and all(shape[-1] % 8 == 0 for shape in calls)    # head dim padded to 8
+    assert (attn._kernel_kind, attn._op) == (kind, op)
