@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import official_fuzz  # noqa: E402  (sets TRITON_INTERPRET without CUDA, before triton loads)
+from loss_golden import rows_rules_off  # noqa: E402
 
 import hiertail_fast.ops._attention_lse as attn  # noqa: E402
 from hiertail_fast._argparse import positive  # noqa: E402
@@ -68,8 +69,6 @@ def main(argv=None) -> None:
     # the kernels themselves: the guard's rows rule off (MAX_LOGIT stays: a bound over it
     # runs our engine; one at MAX_LOGIT itself may round just over it: such cells print "-")
     limit = attn.MAX_LOGIT["exact"]
-    real = attn.EXACT_LOGIT_PER_ROW, attn.EXACT_MIN_LOGIT
-    attn.EXACT_LOGIT_PER_ROW = attn.EXACT_MIN_LOGIT = float("inf")
     torch.set_num_threads(1)
     cols = args.per_row or args.bounds
     name = "B / N" if args.per_row else "B"
@@ -77,15 +76,13 @@ def main(argv=None) -> None:
           f"error / rule (MAX_LOGIT {attn.MAX_LOGIT['exact']:g})")
     print(f"| N \\ {name} | " + " | ".join(f"{c:g}" for c in cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
-    try:
+    with rows_rules_off():
         for n in args.n:
             bounds = [c * n if args.per_row else c for c in cols]
             cells = ["-" if args.engine == "attention" and b >= limit else
                      f"{worst_ratio(args.engine, n, b, args.dims, args.seeds, args.tau, dev):.2f}"
                      for b in bounds]
             print(f"| {n} | " + " | ".join(cells) + " |", flush=True)
-    finally:
-        attn.EXACT_LOGIT_PER_ROW, attn.EXACT_MIN_LOGIT = real
 
 
 if __name__ == "__main__":
