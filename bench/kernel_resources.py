@@ -57,7 +57,7 @@ _PTR = {"fp32": "*fp32", "bf16": "*bf16"}
 def _signature(kernel: str, dtype: str) -> dict:
     z = _PTR[dtype]
     if kernel.startswith("lse fwd"):
-        return dict(Z=z, LOG_W="*fp32", SHIFT="*fp32", LSE="*fp32", CMAX="*fp32",
+        return dict(Z=z, LOG_W="*fp32", SHIFT="*fp32", LSE="*fp32",
                     ROWMAX="*fp32", ARGMAX="*i64", MRUN="*fp32", N="i32", N_COMMON="i32",
                     D="i32", stride_z="i32", scale="fp32", NUM_SPLITS="i32")
     if kernel.startswith("lse bwd"):

@@ -31,14 +31,16 @@ the loss): the fused loop above still pays one exp per entry PER LEVEL. When the
 n_common keys are visible in every level (the multi-level loss's embedding rows; only the
 prototypes are level-specific), their full tiles take ONE exp per entry for all levels:
 Σ_k w_lk e^{s_ik} = e^{m_i + c_l} Σ_k e^{s_ik - m_i} w'_lk (m_i the running max over those keys,
-c_l the level's largest common log-weight, w' = e^{log w - c} <= 1, summed by L multiply-adds);
-the remaining keys run the per-level loop. The forward stores lse as the pair (m, δ = lse - m),
-returned as float64 m + δ, because one fp32 lse rounds to ~0.008 at |s| ~ 1e5 and the backward
+c_l the level's largest finite log-weight, w' = e^{log w - c} <= 1, summed by L multiply-adds);
+the remaining keys run the per-level loop in the relative mode's form (against their unweighted
+running max r). The forward stores lse per level as the pair (R, δ = lse - R), R = max(m, r),
+returned as float64 R + δ, because one fp32 lse rounds to ~0.008 at |s| ~ 1e5 and the backward
 must see the forward's numbers. The backward factors the same way, two exps per entry
 (query side, key side) whatever L: W_rc = e^{s_rc - R_r} Σ_l a_lr w'_lc + e^{s_cr - R_c} Σ_l
 w'_lr a_lc with a = g e^{R + c - lse} computed by the launcher in float64 and R an fp32
 reference per row (min over levels of lse - c); no overflow since s_rc - R_r is at most the log
-of the weights' spread. Exps per entry at L levels: L + 2L -> 1 + 2.
+of the weights' spread. Exps per entry at L levels: L + 2L -> 1 + 2. The other keys' p is
+formed as the relative mode's, e^{(s - r) + (log w - δ)} with r = fp32(lse - c) per level.
 
 Backward (`lse_backward`) of Σ_{l,i} g[l,i]·lse[l,i], with p_lik = exp(scale·s_ik + log_w[l,k]
 − lse[l,i]) recomputed from the saved lse (FlashAttention-2 style, O(N·d) memory):
@@ -192,7 +194,7 @@ def _other_tiles(tail, N, split_lo, split_hi, SPLIT: tl.constexpr, SHARED: tl.co
 
 @triton.jit
 def _balanced_contrastive_loss_fwd_kernel(
-    Z, LOG_W, SHIFT, LSE, CMAX, ROWMAX, ARGMAX, MRUN,
+    Z, LOG_W, SHIFT, LSE, ROWMAX, ARGMAX, MRUN,
     N, N_COMMON, D, stride_z, scale, NUM_SPLITS,
     NUM_LEVELS: tl.constexpr, L_PAD: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -206,7 +208,8 @@ def _balanced_contrastive_loss_fwd_kernel(
     # unsplit launch is the one it was before splits existed). Its outputs go to plane
     # program_id(2) of [NUM_SPLITS, L, N] buffers, merged by the launcher (`_merge_splits`);
     # SPLIT_PAIR (the plain mode, split): it stores its running max to MRUN and log l to LSE,
-    # the pair the merge needs, instead of lse = m + log l.
+    # the pair the merge needs, instead of lse = m + log l. SHARED stores its pair (R, δ) there
+    # too, split or not (see the end of the kernel).
     # RELATIVE (with NEED_MAX, not SHARED): the running sum is kept against the UNWEIGHTED
     # running max r (the official variant's M_i) and the kernel stores δ = lse - r, not lse:
     # l = Σ_k e^{(s_ik - r) + (log w_k - c_l)}, δ = c_l + log l (c_l = SHIFT[l], the level's
@@ -237,7 +240,7 @@ def _balanced_contrastive_loss_fwd_kernel(
         # Keys [0, N_COMMON) are visible in every level (see `lse_forward`'s n_common): ONE exp
         # per entry serves all levels, Σ_k w_lk e^{s_ik} = e^{m_i + c_l} Σ_k e^{s_ik - m_i} w'_lk
         # with m_i the running max over these keys and w' = e^{log w - c_l} <= 1 (c_l = SHIFT:
-        # the level's largest common log-weight). Full tiles only; the rest runs the loop below.
+        # the level's largest finite log-weight). Full tiles only; the rest runs the loop below.
         tail = (N_COMMON // BLOCK_N) * BLOCK_N
         c_sh = tl.load(SHIFT + level0 + cols, mask=cols < NUM_LEVELS, other=0.0)
         m_c = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -271,7 +274,7 @@ def _balanced_contrastive_loss_fwd_kernel(
         for j in tl.static_range(NUM_LEVELS):
             lw = tl.load(LOG_W + (level0 + j) * N + offs_n, mask=n_valid, other=float("-inf"))
             sel = (cols == j)[None, :]
-            if RELATIVE:
+            if RELATIVE or SHARED:     # (SHARED: the keys after the common tiles, see below)
                 c_j = tl.load(SHIFT + level0 + j)
                 tile_max, tile_arg = _visible_max(s, lw, offs_n, N)
                 r_old = tl.max(tl.where(sel, rmax, float("-inf")), 1)
@@ -302,7 +305,7 @@ def _balanced_contrastive_loss_fwd_kernel(
                     rmax = tl.where(better, tile_max[:, None], rmax)
                     ridx = tl.where(better, tile_arg[:, None], ridx)
     # l_run = 0 exactly when the row saw no visible key (m_run = −inf)
-    if RELATIVE:      # δ = lse - rowmax (see the top of the kernel)
+    if RELATIVE or SHARED:      # δ = lse - rowmax (see the top of the kernel)
         c_all = tl.load(SHIFT + level0 + cols, mask=cols < NUM_LEVELS, other=0.0)
         lse = tl.where(l_run > 0, c_all[None, :] + tl.log(tl.where(l_run > 0, l_run, 1.0)),
                        float("-inf"))
@@ -312,24 +315,29 @@ def _balanced_contrastive_loss_fwd_kernel(
         lse = tl.where(l_run > 0, m_run + tl.log(tl.where(l_run > 0, l_run, 1.0)),
                        float("-inf"))
     if SHARED:
-        # lse = m + δ stored as the pair (CMAX = m, LSE = δ): δ has the magnitude of log N, not
-        # of |s|, so the backward recomputes p to fp32 precision at |s| ~ 1e5 (a single fp32
-        # lse there is rounded to ~0.008). Common part δ_c = c + log l_c, the rest relative to
-        # m; log-added. (rmax / ridx: common first, the rest only if strictly greater.)
-        m_ref = tl.where(m_c == float("-inf"), 0.0, m_c)
+        # lse = R + δ stored as the pair (MRUN = R, LSE = δ) per level, R = max(m_c, r): δ
+        # has the size of log N and the log-weights, not of |s|, so the backward recomputes p
+        # to fp32 precision at |s| ~ 1e5 (a single fp32 lse there is rounded to ~0.008).
+        # Common part: c + log l_c against m_c; the other keys (the relative loop above):
+        # δ_t = c + log l_run against r = rmax. Both references are fp32 scores, so where
+        # either part matters (R - m_c or R - r within the log-weights' spread) their
+        # difference is exact (Sterbenz); log-added. (A fuzzing find, 2026-12-05: the other
+        # keys' lse was an fp32 m_run + log l_run of |s|'s size and merged against m_c, so a
+        # row whose largest term is one of those keys (its own, a prototype) had lse off by
+        # up to an ulp of |s| and p = e^0 of that key off by as much: up to 4.8x the tests'
+        # rule at logit bounds 3.8e3-2.5e4.) (rmax / ridx: common first, the rest only if
+        # strictly greater.)
         rel_c = tl.where(l_c > 0, c_sh[None, :] + tl.log(tl.where(l_c > 0, l_c, 1.0)),
                          float("-inf"))
-        rel_t = lse - m_ref[:, None]
-        top = tl.maximum(rel_c, rel_t)
+        ref = tl.maximum(m_c[:, None], rmax)
+        ref = tl.where(ref == float("-inf"), 0.0, ref)   # 0 for a row with no visible key
+        part_c = tl.where(rel_c == float("-inf"), float("-inf"), (m_c[:, None] - ref) + rel_c)
+        part_t = tl.where(lse == float("-inf"), float("-inf"), (rmax - ref) + lse)
+        top = tl.maximum(part_c, part_t)
         top_ref = tl.where(top == float("-inf"), 0.0, top)
-        both = tl.exp(rel_c - top_ref) + tl.exp(rel_t - top_ref)
+        both = tl.exp(part_c - top_ref) + tl.exp(part_t - top_ref)
         lse = tl.where(top == float("-inf"), float("-inf"),
                        top_ref + tl.log(tl.where(top == float("-inf"), 1.0, both)))
-        if tl.program_id(1) == 0:      # (split: plane program_id(2) of [NUM_SPLITS, N])
-            cmax_at = offs_m
-            if SPLIT:
-                cmax_at += tl.program_id(2).to(tl.int64) * N
-            tl.store(CMAX + cmax_at, m_ref, mask=m_valid)
     out = (level0 + cols)[None, :] * N + offs_m[:, None]
     if SPLIT:  # plane program_id(2) of [NUM_SPLITS, L, N] (L: level programs x NUM_LEVELS)
         out += tl.program_id(2).to(tl.int64) * tl.num_programs(1) * NUM_LEVELS * N
@@ -337,6 +345,8 @@ def _balanced_contrastive_loss_fwd_kernel(
     tl.store(LSE + out, lse, mask=out_mask)
     if SPLIT_PAIR:
         tl.store(MRUN + out, m_run, mask=out_mask)
+    if SHARED:
+        tl.store(MRUN + out, ref, mask=out_mask)
     if NEED_MAX:
         tl.store(ROWMAX + out, rmax, mask=out_mask)
         tl.store(ARGMAX + out, ridx.to(tl.int64), mask=out_mask)
@@ -365,6 +375,8 @@ def _balanced_contrastive_loss_bwd_kernel(
     # RELATIVE: LSE holds the forward's δ = lse - r and ROWMAX its r (0 on dead rows), and
     # p = e^{(s - r) + (log w - δ)}: the arg-max's p is e^{log w_a - δ} to fp32 precision
     # (the same fp32 score as the forward's r), not rounded through an fp32 lse of |s|'s size.
+    # SHARED uses the same form outside its common tiles, with r = fp32(lse - c) per level
+    # (the launcher's; s - r is exact where p matters, δ ~ c has the log-weights' size).
     # FOLD_ARGMAX (with RELATIVE, key side): the key side of W takes g_li (p_lia - 1) + h_li
     # at a = ARGMAX[l, i] (h = ARGMAX_COEF: the rest of the official gradient on the row max,
     # its positives' share): the row max's share (-g_li on s_ia) on its key cancelled per
@@ -392,7 +404,7 @@ def _balanced_contrastive_loss_bwd_kernel(
     g_r = tl.where(lse_r > float("-inf"), g_r, 0.0)
     lse_r = tl.where(lse_r > float("-inf"), lse_r, float("inf"))
     lw_r = tl.load(LOG_W + lvl, mask=lvl_mask, other=float("-inf"))
-    if RELATIVE:
+    if RELATIVE or SHARED:
         ref_rows = tl.load(ROWMAX + lvl, mask=lvl_mask, other=0.0)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
     split_lo, split_hi = 0, N          # this program's keys: all, unless SPLIT
@@ -461,7 +473,7 @@ def _balanced_contrastive_loss_bwd_kernel(
                 lw_c = tl.load(LOG_W + col, mask=n_valid, other=float("-inf"))
                 lse_j = tl.max(tl.where(sel, lse_r, float("-inf")), 1)
                 g_j = tl.sum(tl.where(sel, g_r, 0.0), 1)
-                if RELATIVE:
+                if RELATIVE or SHARED:
                     r_j = tl.sum(tl.where(sel, ref_rows, 0.0), 1)
                     w += g_j[:, None] * tl.exp((s_rc - r_j[:, None])
                                                + (lw_c[None, :] - lse_j[:, None]))
@@ -473,7 +485,7 @@ def _balanced_contrastive_loss_bwd_kernel(
                 g_c = tl.where(lse_c > float("-inf"), g_c, 0.0)
                 lse_c = tl.where(lse_c > float("-inf"), lse_c, float("inf"))
                 lw_j = tl.max(tl.where(sel, lw_r, float("-inf")), 1)
-                if RELATIVE:
+                if RELATIVE or SHARED:
                     r_c = tl.load(ROWMAX + col, mask=n_valid, other=0.0)
                     p = tl.exp((s_cr - r_c[None, :]) + (lw_j[:, None] - lse_c[None, :]))
                     if FOLD_ARGMAX:   # rows as keys: g (p - 1) + h where the row is query
@@ -576,9 +588,11 @@ def _use_autotune(z: torch.Tensor, autotune: bool | None) -> bool:
 
 
 def _shared_shift(log_w: torch.Tensor, n_common: int) -> torch.Tensor | None:
-    """[L] fp32 c_l = max of log_w[l, :n_common] for the shared-keys mode (None when off), after
-    checking its precondition: every one of those keys visible in every level (one host sync;
-    a key hidden everywhere would be unbounded against the backward's reference)."""
+    """[L] fp32 c_l = the level's largest finite log-weight (``_level_shift``: the common
+    keys' w' = e^{log w - c} and the other keys' relative terms are then <= 1) for the
+    shared-keys mode (None when off), after checking its precondition: every one of the first
+    n_common keys visible in every level (one host sync; a key hidden everywhere would be
+    unbounded against the backward's reference)."""
     n = log_w.shape[1]
     if not isinstance(n_common, int) or isinstance(n_common, bool) or not 0 <= n_common <= n:
         raise ValueError(f"n_common must be an int in [0, N = {n}], got {n_common!r}")
@@ -588,7 +602,7 @@ def _shared_shift(log_w: torch.Tensor, n_common: int) -> torch.Tensor | None:
     if not bool(finite(head).all()):
         raise ValueError(f"n_common = {n_common}: the first n_common keys must be visible "
                          "(finite log_w) in every level")
-    return head.max(dim=1).values.contiguous()
+    return _level_shift(log_w)
 
 
 def _level_shift(log_w: torch.Tensor) -> torch.Tensor:
@@ -635,15 +649,14 @@ def _split_forward(z, log_w, scale, need_max, relative, splits, tiles, tune, met
     part = lambda dtype=torch.float32: torch.empty(splits, num_levels, n, dtype=dtype,  # noqa: E731
                                                    device=z.device)
     delta = part()
-    mrun = part() if not (relative or n_common) else delta     # the plain mode's m_s (MRUN)
-    cmax = torch.empty(splits, n, dtype=torch.float32, device=z.device) if n_common else delta
+    mrun = part() if not relative else delta     # the plain mode's m_s, shared keys' R_s (MRUN)
     rowmax = part() if need_max else None
     argmax = part(torch.int64) if need_max else None
-    args = (z, log_w, delta if shift is None else shift, delta, cmax,
+    args = (z, log_w, delta if shift is None else shift, delta,
             rowmax if need_max else delta, argmax if need_max else delta, mrun, n, n_common,
             z.shape[1], z.stride(0), float(scale), splits)
     _launch("fwd", n, axis1, tiles, tune, args, meta, axis2=splits)
-    ref = rowmax if relative else cmax[:, None, :].expand_as(delta) if n_common else mrun
+    ref = rowmax if relative else mrun
     lse = _merge_splits(delta, ref)
     if not (relative or n_common):      # (those modes return lse in float64, as unsplit)
         lse = lse.float()
@@ -738,12 +751,12 @@ def lse_forward(
     if splits > 1:
         return _split_forward(z, log_w, scale, need_max, relative, splits, tiles, tune, meta,
                               num_levels // per_program, shift, n_common)
-    cmax = torch.empty(n, dtype=torch.float32, device=z.device) if n_common else lse
-    args = (z, log_w, lse if shift is None else shift, lse, cmax, rowmax if need_max else lse,
-            argmax if need_max else lse, lse, n, n_common, d, z.stride(0), float(scale), 1)
+    ref = torch.empty_like(lse) if n_common else lse
+    args = (z, log_w, lse if shift is None else shift, lse, rowmax if need_max else lse,
+            argmax if need_max else lse, ref, n, n_common, d, z.stride(0), float(scale), 1)
     _launch("fwd", n, num_levels // per_program, tiles, tune, args, meta)
-    if n_common:                    # the kernel wrote (m, δ): lse = m + δ, kept in float64
-        lse = cmax.double()[None, :] + lse.double()
+    if n_common:                    # the kernel wrote (R, δ): lse = R + δ, kept in float64
+        lse = ref.double() + lse.double()
     elif relative:                  # the kernel wrote δ = lse - rowmax
         lse = rowmax.double() + lse.double()
     return lse, rowmax, argmax
@@ -813,6 +826,11 @@ def lse_backward(
     ref, coef = _shared_coefficients(lse, grad_lse, shift) if shift is not None else (dz, dz)
     if rowmax is not None:
         lse, rmax_ref = _relative_pair(lse, rowmax)
+    elif shift is not None:
+        # the shared-keys mode's other keys (and the rows of a block past the common tiles):
+        # p in the relative form against r = fp32(lse - c) per level (rounded BEFORE δ =
+        # lse - r is formed, so r + δ is the forward's lse to fp32 precision of δ ~ c)
+        lse, rmax_ref = _relative_pair(lse, (lse.double() - shift.double()[:, None]).float())
     else:
         lse, rmax_ref = lse.to(torch.float32).contiguous(), dz
     grad_lse = grad_lse.to(torch.float32).contiguous()

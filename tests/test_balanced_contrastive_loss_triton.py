@@ -351,6 +351,40 @@ def test_shared_keys_mode(n, d, levels, scale, norm, n_common, triton_device):
         assert_rule(dz, ref[3], low[3], torch.float32, f"dz (shared, two_pass={two_pass})")
 
 
+@pytest.mark.parametrize("levels,splits", [(2, 1), (3, 1), (2, 3)])
+def test_shared_keys_mode_rows_led_by_a_key_after_the_common_tiles(levels, splits,
+                                                                    triton_device):
+    """Every row's largest term is its own key, so for the rows past the last full common
+    tile (keys 64.. on 64-key tiles) it is a key of the loop after the common tiles, and
+    their largest common score (~5e3) lies one binade below it (~1.2e4). Their lse and the
+    backward's p = e^0 of that key must come from the same numbers: before the fix (a fuzzing
+    find, 2026-12-05) that loop's lse was an fp32 m + log l of |s|'s size, merged against the
+    common max in fp32 (one bit lost: a tie, rounded to even half the time), and dz of those
+    rows was off by ~1e-3 relative (3.9x the rule in the fuzz case). Same rule as the plain
+    mode, which the kernels must also meet here, with and without key splits."""
+    k = _kernels()
+    n, d, scale = 100, 128, 1.0
+    gen = torch.Generator().manual_seed(5)
+    z = torch.zeros(n, d)
+    head = 75.0 + 10.0 * torch.rand(n, generator=gen)
+    z[torch.arange(n), torch.arange(n)] = head                   # s_jj ~ 5.6e3-7.2e3
+    rows = torch.arange(64, n)
+    z[rows, rows] = 85.0 + 10.0 * torch.rand(rows.numel(), generator=gen)
+    z[rows, rows - 64] = 5000.0 / head[rows - 64]               # s_{i, i-64} ~ 5e3
+    log_w = -3.0 * torch.rand(levels, n, generator=gen)
+    grad = torch.randn(levels, n, generator=gen)
+    ref = dense(z, log_w, scale, grad, torch.float64)
+    low = dense(z, log_w, scale, grad, torch.float32)
+    zd, lwd, gd = (t.to(triton_device) for t in (z, log_w, grad))
+    lse, _, _ = k.lse_forward(zd, lwd, scale, False, n_common=n, key_splits=splits)
+    assert_rule(lse, ref[0], low[0], torch.float32, "lse (shared)")
+    dz = k.lse_backward(zd, lwd, lse, gd, scale, n_common=n, key_splits=splits)
+    assert_rule(dz, ref[3], low[3], torch.float32, "dz (shared)")
+    plain_lse, _, _ = k.lse_forward(zd, lwd, scale, False, key_splits=splits)
+    plain = k.lse_backward(zd, lwd, plain_lse, gd, scale, key_splits=splits)
+    assert_rule(plain, ref[3], low[3], torch.float32, "dz (plain)")
+
+
 def test_shared_keys_mode_ties(triton_device):
     """Exact ties across common key tiles (integer embeddings: every dot exact) resolve to the
     lowest index in the shared-keys mode too; a level-specific key after the prefix that ties
