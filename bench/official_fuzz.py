@@ -22,6 +22,7 @@ per engine (``--by-ratio``: also per range of the logit bound B over the rows, a
     python bench/official_fuzz.py --levels 3 --engines torch --seed 2 --case 4711   # replay one
     python bench/official_fuzz.py --variant exact --levels 3         # the exact variant instead
     python bench/official_fuzz.py --engines attention --max-log-bound 3.01 --by-ratio  # by B/rows
+    python bench/official_fuzz.py --dtype bfloat16 --emulate-attention --variant exact  # 16 bits
 
 A case over the rule is printed with its number (``--case`` replays it with the same options)
 and its ratio to the rule with the fp32 reference's error taken as the worst of 23 roundings of
@@ -103,7 +104,7 @@ ROWS = [2, 3, 5, 8, 13, 31, 64, 100, 150, 257]
 
 
 def _case(rng: random.Random, dims, max_log_bound: float, seed: int, max_levels: int = 1,
-          rows=None, variant: str = "official"):
+          rows=None, variant: str = "official", dtype: torch.dtype = torch.float32):
     n = rng.choice(rows or ROWS)
     d = rng.choice(dims)
     tau = rng.choice([0.01, 0.1, 0.5, 1.0])
@@ -133,6 +134,11 @@ def _case(rng: random.Random, dims, max_log_bound: float, seed: int, max_levels:
         y, p = _levels(rng, y, p, max_levels, seed)
         if isinstance(y, list):
             desc.update(levels=len(y), reduction="mean")
+    if dtype != torch.float32:      # the rows as a 16-bit caller holds them (same draws)
+        z = z.to(dtype)
+        p = ([q.to(dtype) if q is not None else None for q in p] if isinstance(p, list)
+             else p.to(dtype) if p is not None else None)
+        desc.update(dtype=str(dtype).removeprefix("torch."))
     return z, y, p, kw, desc
 
 
@@ -191,19 +197,28 @@ def _value_terms(z, protos, kw, n_levels: int) -> float:
     return _logit_bound(z, protos, kw) * n_levels * (z.shape[0] if rows_summed else 1)
 
 
-def case_ratios(z, y, p, kw, engines, dev="cpu", roundings=False) -> dict[str, float]:
+def case_ratios(z, y, p, kw, engines, dev="cpu", roundings=False,
+                terms_dtype: torch.dtype = torch.float32) -> dict[str, float]:
     """Each engine's worst error on the case (value and every gradient) over the suite's rule:
     2 x the dense fp32 reference's error + 1e-5 + 1e-4 max|ref|, + 32 ulp of the terms that
-    cancel in each (gradients: g max|z| sqrt(d) / tau; the value: ``_value_terms``).
+    cancel in each (gradients: g max|z| sqrt(d) / tau; the value: ``_value_terms``). With a
+    16-bit `terms_dtype` (``--terms-in input``), the gradients' term is instead ONE ulp of that
+    dtype: the rule of a path that forms them in 16 bits (the bf16 flash output).
     ``roundings``: the fp32 reference's error in the rule is the largest of its roundings'
     (``_reference_roundings``, the given one included), a diagnostic for cases over the suite's
     rule, never the rule itself."""
     n, d = z.shape
     protos = [q for q in (p if isinstance(p, list) else [p]) if q is not None]
     w, exp = weights_and_float64_reference(z, y, p, kw)
-    lows = [_run(z, y, p, kw, "reference", w)]
+    # the dense fp32 reference; 16-bit rows: on their fp32 copy, its gradients rounded to their
+    # dtype as the engines return them (the loss value stays fp32)
+    z32, p32 = z.float(), ([q.float() if q is not None else None for q in p]
+                           if isinstance(p, list) else p.float() if p is not None else None)
+    lows = [_run(z32, y, p32, kw, "reference", w)]
     if roundings:
-        lows += list(_reference_roundings(z, y, p, kw, w))
+        lows += list(_reference_roundings(z32, y, p32, kw, w))
+    if z.dtype != torch.float32:
+        lows = [[lo[0]] + [g.to(z.dtype).double() for g in lo[1:]] for lo in lows]
     ref_err = [max((lo[j] - e).abs().max().item() for lo in lows) for j, e in enumerate(exp)]
     # the rule's cancelling terms: every level's gradient coefficients (mean: 2 / n each)
     n_levels = len(y) if isinstance(y, list) else 1
@@ -211,13 +226,15 @@ def case_ratios(z, y, p, kw, engines, dev="cpu", roundings=False) -> dict[str, f
     z_max = max([z.abs().max().item()] + [q.abs().max().item() for q in protos])
     terms = g_max * z_max * d ** 0.5 / kw["temperature"]
     value_terms = _value_terms(z, protos, kw, n_levels)
+    # 32 fp32 ulp (the suite's), or ONE ulp of a 16-bit terms_dtype (its output's rounding)
+    terms_ulp = torch.finfo(terms_dtype).eps * (32 if terms_dtype == torch.float32 else 1)
     out = {}
     for eng in engines:
         got = _run(z, y, p, kw, eng, w, dev if eng != "torch" else "cpu")
         ratio = 0.0
         for j, (a, e) in enumerate(zip(got, exp, strict=True)):
             rule = 2 * ref_err[j] + 1e-5 + 1e-4 * e.abs().max().item()
-            rule += 32 * torch.finfo(torch.float32).eps * (terms if j else value_terms)
+            rule += terms_ulp * terms if j else 32 * torch.finfo(torch.float32).eps * value_terms
             ratio = max(ratio, (a - e).abs().max().item() / rule)
         out[eng] = ratio
     return out
@@ -244,6 +261,13 @@ def main(argv=None) -> None:
                          "kernels replaced by dense stand-ins (see above)")
     ap.add_argument("--variant", choices=["official", "exact"], default="official",
                     help="the loss variant of every case (the same draws either way)")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                    help="the rows' and prototypes' dtype (the same draws, rounded to it; the "
+                         "float64 reference on the rounded values)")
+    ap.add_argument("--terms-in", choices=["float32", "input"], default="float32",
+                    help="the gradients' cancelling terms in the rule: 32 fp32 ulp (the "
+                         "suite's), or one ulp of the rows' 16-bit dtype (the bf16 flash "
+                         "path's output against its own precision)")
     ap.add_argument("--by-ratio", action="store_true",
                     help="also print each engine's worst ratio per range of B / rows and of B")
     ap.add_argument("--case", type=int, default=None,
@@ -325,11 +349,12 @@ def _fuzz(args) -> None:
                   flush=True)
         cases += 1
         z, y, p, kw, desc = _case(rng, args.dims, args.max_log_bound, args.seed * 1_000_003 + cases,
-                                  args.levels, args.rows, args.variant)
+                                  args.levels, args.rows, args.variant, getattr(torch, args.dtype))
         if args.case is not None and cases < args.case:
             continue            # the case's draws only: replay reaches case K as the run did
         desc = {"case": cases, **desc}
-        ratios = case_ratios(z, y, p, kw, args.engines, dev)
+        terms_dtype = z.dtype if args.terms_in == "input" else torch.float32
+        ratios = case_ratios(z, y, p, kw, args.engines, dev, terms_dtype=terms_dtype)
         protos = [q for q in (p if isinstance(p, list) else [p]) if q is not None]
         bound = _logit_bound(z, protos, kw)
         buckets = [(name, _bucket(bound / _rows(z, protos) if name == "B / rows" else bound,
@@ -343,7 +368,8 @@ def _fuzz(args) -> None:
                 worst[eng] = (ratio, desc)
             if ratio > 1 or args.case is not None:
                 over[eng] += ratio > 1
-                other = case_ratios(z, y, p, kw, [eng], dev, roundings=True)[eng]
+                other = case_ratios(z, y, p, kw, [eng], dev, roundings=True,
+                                    terms_dtype=terms_dtype)[eng]
                 print(f"{'over the rule' if ratio > 1 else 'within the rule'}: {eng} "
                       f"{ratio:.2f}x {desc} (with the reference's worst of "
                       f"{N_ROUNDINGS} roundings: {other:.2f}x)", flush=True)
@@ -352,7 +378,9 @@ def _fuzz(args) -> None:
     print(f"{cases} cases, {args.variant} variant, dims {args.dims}, "
           f"B <= 10^{args.max_log_bound:g}, "
           f"levels <= {args.levels}{', CUDA code paths on CPU' if args.cuda_forms else ''}"
-          f"{', CUDA attention emulated' if args.emulate_attention else ''}")
+          f"{', CUDA attention emulated' if args.emulate_attention else ''}"
+          f"{', rows in ' + args.dtype if args.dtype != 'float32' else ''}"
+          f"{', gradient terms at one ulp of the rows dtype' if args.terms_in == 'input' else ''}")
     for eng in args.engines:
         ratio, desc = worst.get(eng, (0.0, {}))
         print(f"worst {eng}: {ratio:.3f}x the rule, {over[eng]} case(s) over it {desc}")
