@@ -416,8 +416,8 @@ def _balanced_contrastive_loss_bwd_kernel(
         # p_lrc = e^{s_rc - R_r} · w'_lc · e^{R_r + c_l - lse_lr} (R: an fp32 reference per row,
         # REF, ~min_l (lse_lr - c_l)), so one exp per entry and side serves every level:
         #   W_rc = e^{s_rc - R_r} Σ_l a_lr w'_lc + e^{s_cr - R_c} Σ_l w'_lr a_lc,
-        # a = g e^{R + c - lse} (COEF, from the launcher in float64 from the forward's exact
-        # m + δ: precise where s - R and R + c - lse are each rounded to |s|'s ulp), w' =
+        # a = g e^{R + c - lse} (COEF, from the launcher in float64 from the forward's
+        # float64 lse: precise where s - R and R + c - lse are each rounded to |s|'s ulp), w' =
         # e^{log w - c} <= 1. No overflow: s_rc + log w_lc <= lse_lr at every level gives
         # s_rc - R_r <= max_l (c_l - log w_lc) + rounding: the log of the weights' spread.
         common_rows = (tl.program_id(0) + 1) * BLOCK_M <= N_COMMON
@@ -626,7 +626,7 @@ def _relative_pair(lse: torch.Tensor, rowmax: torch.Tensor):
 def _shared_coefficients(lse: torch.Tensor, grad_lse: torch.Tensor, shift: torch.Tensor):
     """(R [N] fp32, a [L, N] fp32) of the backward's shared-keys tiles: R_r = min over the
     row's live levels of lse - c (an fp32 reference, 0 for a dead row), a = g e^{R + c - lse}
-    (0 where lse = -inf), computed in float64 from the forward's m + δ."""
+    (0 where lse = -inf), computed in float64 from the forward's float64 lse."""
     lse64 = lse.double()
     live = finite(lse64)
     rel = torch.where(live, lse64 - shift.double()[:, None], torch.full_like(lse64, math.inf))
@@ -717,7 +717,7 @@ def lse_forward(
             GPU; ``_utils.KEY_SPLITS_ENV``): an int >= 1 or "auto" (default
             $HIERTAIL_TRITON_KEY_SPLITS, else "auto").
     Returns:
-        lse [L, N] fp32 (float64 with n_common: m + δ to fp32 precision of δ; with
+        lse [L, N] fp32 (float64 with n_common: R + δ per level to fp32 precision of δ; with
         relative: rowmax + δ; pass it as
         is to `lse_backward`) (−inf for a row with no visible key), rowmax [L, N] fp32 =
         max_{k visible} scale·z_i·z_k (−inf if none) and argmax [L, N] int64 (lowest index

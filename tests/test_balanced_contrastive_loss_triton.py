@@ -328,7 +328,7 @@ SHARED_CASES = [  # n, d, levels, scale, norm, n_common
 @pytest.mark.parametrize("n,d,levels,scale,norm,n_common", SHARED_CASES)
 def test_shared_keys_mode(n, d, levels, scale, norm, n_common, triton_device):
     """n_common: the keys visible in every level take one exp per entry for all levels. Same
-    rule against float64 as the ordinary mode, forward (lse returned in float64 as m + δ, row
+    rule against float64 as the ordinary mode, forward (lse returned in float64 as R + δ, row
     max, first arg-max) and both backward schedules, with the grid-over-levels forward too."""
     k = _kernels()
     z, log_w, grad = make_case(n, d, levels, norm, seed=11)
