@@ -389,3 +389,17 @@ def recorded_method_seeds(monkeypatch, module) -> list:
 
     monkeypatch.setattr(module, "build_method", build)
     return seeds
+
+
+def recorded_first_arg_shapes(monkeypatch, owner, name: str) -> list:
+    """The shape of the first argument of every call of ``owner.name`` from here on, each call
+    run as usual (which attention kernels a loss reached, and on what padded operands)."""
+    shapes = []
+    real = getattr(owner, name)
+
+    def spy(*args, **kwargs):
+        shapes.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, spy)
+    return shapes

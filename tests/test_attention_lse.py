@@ -11,6 +11,7 @@ import hiertail_fast.ops._attention_lse as attn
 import hiertail_fast.ops.balanced_contrastive_loss as ops_mod
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss
 from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
+from tests.conftest import recorded_first_arg_shapes
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -155,15 +156,7 @@ def _close(a, e, rtol=1e-4, atol=1e-5):
 
 
 def _spy(monkeypatch):
-    calls = []
-    real = attn._call
-
-    def spy(*a, **k):
-        calls.append(a[0].shape)
-        return real(*a, **k)
-
-    monkeypatch.setattr(attn, "_call", spy)
-    return calls
+    return recorded_first_arg_shapes(monkeypatch, attn, "_call")
 
 
 def _loss_grads(z, y, p, **kw):

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import recorded_first_arg_shapes
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
 
@@ -272,14 +274,7 @@ def test_official_fuzz_emulated_attention_runs_the_cuda_branches_and_restores_th
 
     import hiertail_fast.ops._attention_lse as attn
 
-    calls = []
-    real = loss_golden._fake_efficient
-
-    def counted(*args, **kwargs):
-        calls.append(args[0].shape)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(loss_golden, "_fake_efficient", counted)
+    calls = recorded_first_arg_shapes(monkeypatch, loss_golden, "_fake_efficient")
     kind, op = attn._kernel_kind, attn._op
     official_fuzz.main(["--cases", "6", "--seconds", "60", "--dims", "3", "--max-log-bound",
                         "1.5", "--engines", "attention", "--variant", "exact",
