@@ -73,7 +73,7 @@ def main(argv=None) -> None:
     cols = args.per_row or args.bounds
     name = "B / N" if args.per_row else "B"
     print(f"{args.engine}, exact, tau {args.tau:g}, dims {args.dims}, {args.seeds} seeds: worst "
-          f"error / rule (MAX_LOGIT {attn.MAX_LOGIT['exact']:g})")
+          f"error / rule (MAX_LOGIT {limit:g})")
     print(f"| N \\ {name} | " + " | ".join(f"{c:g}" for c in cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
     with rows_rules_off():

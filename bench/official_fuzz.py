@@ -103,6 +103,14 @@ def _levels(rng: random.Random, y, p, max_levels: int, seed: int):
 ROWS = [2, 3, 5, 8, 13, 31, 64, 100, 150, 257]
 
 
+def _protos_to(p, dtype: torch.dtype):
+    """A case's prototypes (None, a tensor, or one entry per level, each None or a tensor)
+    in `dtype`, the same structure."""
+    if isinstance(p, list):
+        return [q.to(dtype) if q is not None else None for q in p]
+    return p.to(dtype) if p is not None else None
+
+
 def _case(rng: random.Random, dims, max_log_bound: float, seed: int, max_levels: int = 1,
           rows=None, variant: str = "official", dtype: torch.dtype = torch.float32):
     n = rng.choice(rows or ROWS)
@@ -136,8 +144,7 @@ def _case(rng: random.Random, dims, max_log_bound: float, seed: int, max_levels:
             desc.update(levels=len(y), reduction="mean")
     if dtype != torch.float32:      # the rows as a 16-bit caller holds them (same draws)
         z = z.to(dtype)
-        p = ([q.to(dtype) if q is not None else None for q in p] if isinstance(p, list)
-             else p.to(dtype) if p is not None else None)
+        p = _protos_to(p, dtype)
         desc.update(dtype=str(dtype).removeprefix("torch."))
     return z, y, p, kw, desc
 
@@ -171,9 +178,7 @@ def weights_and_float64_reference(z, y, p, kw):
     of its rows and prototypes (``_run``'s ``weights``), shared by every run of the case."""
     protos = [q for q in (p if isinstance(p, list) else [p]) if q is not None]
     w = torch.linspace(-1, 2, z.shape[0] + sum(q.shape[0] for q in protos))
-    p64 = ([q.double() if q is not None else None for q in p] if isinstance(p, list)
-           else p.double() if p is not None else None)
-    return w, _run(z.double(), y, p64, kw, "reference", w.double())
+    return w, _run(z.double(), y, _protos_to(p, torch.float64), kw, "reference", w.double())
 
 
 def _logit_bound(z, protos, kw) -> float:
@@ -212,8 +217,7 @@ def case_ratios(z, y, p, kw, engines, dev="cpu", roundings=False,
     w, exp = weights_and_float64_reference(z, y, p, kw)
     # the dense fp32 reference; 16-bit rows: on their fp32 copy, its gradients rounded to their
     # dtype as the engines return them (the loss value stays fp32)
-    z32, p32 = z.float(), ([q.float() if q is not None else None for q in p]
-                           if isinstance(p, list) else p.float() if p is not None else None)
+    z32, p32 = z.float(), _protos_to(p, torch.float32)
     lows = [_run(z32, y, p32, kw, "reference", w)]
     if roundings:
         lows += list(_reference_roundings(z32, y, p32, kw, w))
