@@ -624,9 +624,11 @@ def _relative_pair(lse: torch.Tensor, rowmax: torch.Tensor):
 
 
 def _shared_coefficients(lse: torch.Tensor, grad_lse: torch.Tensor, shift: torch.Tensor):
-    """(R [N] fp32, a [L, N] fp32) of the backward's shared-keys tiles: R_r = min over the
-    row's live levels of lse - c (an fp32 reference, 0 for a dead row), a = g e^{R + c - lse}
-    (0 where lse = -inf), computed in float64 from the forward's float64 lse."""
+    """(R [N] fp32, a [L, N] fp32, r [L, N] fp32) of the backward's shared-keys mode, computed
+    in float64 from the forward's float64 lse. Its common tiles: R_r = min over the row's live
+    levels of lse - c (an fp32 reference, 0 for a dead row), a = g e^{R + c - lse} (0 where
+    lse = -inf). The other keys: r = lse - c per level, rounded to fp32 (+inf where lse =
+    -inf), the reference of their relative form (``_relative_pair``)."""
     lse64 = lse.double()
     live = finite(lse64)
     rel = torch.where(live, lse64 - shift.double()[:, None], torch.full_like(lse64, math.inf))
@@ -635,7 +637,7 @@ def _shared_coefficients(lse: torch.Tensor, grad_lse: torch.Tensor, shift: torch
     arg = torch.where(live, ref.double()[None, :] + shift.double()[:, None] - lse64,
                       torch.zeros_like(lse64))
     coef = torch.where(live, grad_lse.double() * torch.exp(arg), torch.zeros_like(lse64))
-    return ref.contiguous(), coef.float().contiguous()
+    return ref.contiguous(), coef.float().contiguous(), rel.float()
 
 
 def _split_forward(z, log_w, scale, need_max, relative, splits, tiles, tune, meta, axis1,
@@ -823,14 +825,15 @@ def lse_backward(
     if n == 0:
         return dz
     shift = _shared_shift(log_w, n_common)
-    ref, coef = _shared_coefficients(lse, grad_lse, shift) if shift is not None else (dz, dz)
+    ref, coef, level_ref = (_shared_coefficients(lse, grad_lse, shift) if shift is not None
+                            else (dz, dz, None))
     if rowmax is not None:
         lse, rmax_ref = _relative_pair(lse, rowmax)
-    elif shift is not None:
+    elif level_ref is not None:
         # the shared-keys mode's other keys (and the rows of a block past the common tiles):
         # p in the relative form against r = fp32(lse - c) per level (rounded BEFORE δ =
         # lse - r is formed, so r + δ is the forward's lse to fp32 precision of δ ~ c)
-        lse, rmax_ref = _relative_pair(lse, (lse.double() - shift.double()[:, None]).float())
+        lse, rmax_ref = _relative_pair(lse, level_ref)
     else:
         lse, rmax_ref = lse.to(torch.float32).contiguous(), dz
     grad_lse = grad_lse.to(torch.float32).contiguous()
