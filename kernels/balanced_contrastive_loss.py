@@ -643,8 +643,9 @@ def _shared_coefficients(lse: torch.Tensor, grad_lse: torch.Tensor, shift: torch
 def _split_forward(z, log_w, scale, need_max, relative, splits, tiles, tune, meta, axis1,
                    shift, n_common):
     """The forward over `splits` key ranges: each writes its plane of [splits, L, N] partial
-    buffers (relative: δ_s and r_s, the unweighted max of its keys; shared keys: δ_s and m_s,
-    the max of its common keys, one per row; plain: log l_s and m_s, its running max), merged
+    buffers (relative: δ_s and r_s, the unweighted max of its keys; shared keys: δ_s and R_s,
+    per level the larger of its common keys' max and its other keys' unweighted max; plain:
+    log l_s and m_s, its running max), merged
     by `_merge_splits`. `shift`: the mode's log-weight shift (relative, shared keys) or None.
     Returns what `lse_forward` returns."""
     num_levels, n = log_w.shape
