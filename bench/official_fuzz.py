@@ -59,24 +59,34 @@ ENGINES = ("torch", "attention", "triton")
 
 
 def _run(z, y, p, kw, backend, weights, device="cpu"):
-    """[loss, dz, dprototypes...] in float64 on the CPU. Several levels (y and p lists): the
-    hierarchical loss (mean reduction per level)."""
+    """[loss, dz, dprototypes..., (dtau)] in float64 on the CPU. Several levels (y and p
+    lists): the hierarchical loss (mean reduction per level). kw["learn_tau"] (``--learnable-
+    temperature``): the temperature as a 0-d tensor that requires grad (float64 with float64
+    rows, else float32, as a user's learnable one), its gradient last, shaped [1]."""
     z = z.to(device).clone().requires_grad_()
+    kw = dict(kw)
+    tau = None
+    if kw.pop("learn_tau", False):
+        tau = torch.tensor(kw["temperature"], device=device, requires_grad=True,
+                           dtype=torch.float64 if z.dtype == torch.float64 else torch.float32)
+        kw["temperature"] = tau
     if isinstance(y, list):
         ps = [q.to(device).clone().requires_grad_() if q is not None else None for q in p]
-        kw = {k: v for k, v in kw.items() if k != "reduction"}
+        kw.pop("reduction")
         out = hierarchical_contrastive_loss(z, [t.to(device) for t in y], ps, backend=backend,
                                             **kw)
         (out * 2).backward()
         grads = [z.grad] + [q.grad for q in ps if q is not None]
-        return [t.detach().double().cpu() for t in [out, *grads]]
-    pp = p.to(device).clone().requires_grad_() if p is not None else None
-    out = balanced_contrastive_loss(z, y.to(device), prototypes=pp, backend=backend, **kw)
-    if kw["reduction"] == "none":
-        (out * weights.to(out.device, out.dtype)).sum().backward()
     else:
-        (out * 2).backward()
-    grads = [z.grad] + ([pp.grad] if pp is not None else [])
+        pp = p.to(device).clone().requires_grad_() if p is not None else None
+        out = balanced_contrastive_loss(z, y.to(device), prototypes=pp, backend=backend, **kw)
+        if kw["reduction"] == "none":
+            (out * weights.to(out.device, out.dtype)).sum().backward()
+        else:
+            (out * 2).backward()
+        grads = [z.grad] + ([pp.grad] if pp is not None else [])
+    if tau is not None:
+        grads.append(tau.grad.reshape(1))
     return [t.detach().double().cpu() for t in [out, *grads]]
 
 
@@ -112,7 +122,8 @@ def _protos_to(p, dtype: torch.dtype):
 
 
 def _case(rng: random.Random, dims, max_log_bound: float, seed: int, max_levels: int = 1,
-          rows=None, variant: str = "official", dtype: torch.dtype = torch.float32):
+          rows=None, variant: str = "official", dtype: torch.dtype = torch.float32,
+          learn_tau: bool = False):
     n = rng.choice(rows or ROWS)
     d = rng.choice(dims)
     tau = rng.choice([0.01, 0.1, 0.5, 1.0])
@@ -138,6 +149,9 @@ def _case(rng: random.Random, dims, max_log_bound: float, seed: int, max_levels:
               reduction=rng.choice(["mean", "sum", "none"]))
     desc = dict(n=n, d=d, m=m, labels=labels, B=round(bound, 1), tau=tau,
                 include_self=kw["include_self"], reduction=kw["reduction"])
+    if learn_tau:                   # after the draws: the same problems either way
+        kw["learn_tau"] = True
+        desc.update(learn_tau=True)
     if max_levels > 1:
         y, p = _levels(rng, y, p, max_levels, seed)
         if isinstance(y, list):
@@ -169,8 +183,9 @@ def _reference_roundings(z, y, p, kw, w):
             ps = [scaled(q) for q in p] if isinstance(p, list) else scaled(p)
             out = _run(scaled(z), y, ps, {**kw, "temperature": kw["temperature"] * c * c},
                        "reference", w)
-            # order is its own inverse (identity or reversal)
-            yield [out[0]] + [g[:, order] * c for g in out[1:]]
+            # order is its own inverse (identity or reversal); dL/dtau at tau c^2 is dL/dtau / c^2
+            tau_grad = [out.pop() * c * c] if kw.get("learn_tau") else []
+            yield [out[0]] + [g[:, order] * c for g in out[1:]] + tau_grad
 
 
 def weights_and_float64_reference(z, y, p, kw):
@@ -221,8 +236,10 @@ def case_ratios(z, y, p, kw, engines, dev="cpu", roundings=False,
     lows = [_run(z32, y, p32, kw, "reference", w)]
     if roundings:
         lows += list(_reference_roundings(z32, y, p32, kw, w))
+    learn_tau = kw.get("learn_tau", False)      # dL/dtau last: float32 whatever the rows
     if z.dtype != torch.float32:
-        lows = [[lo[0]] + [g.to(z.dtype).double() for g in lo[1:]] for lo in lows]
+        lows = [[lo[0]] + [g.to(z.dtype).double() for g in lo[1:len(lo) - learn_tau]]
+                + lo[len(lo) - learn_tau:] for lo in lows]
     ref_err = [max((lo[j] - e).abs().max().item() for lo in lows) for j, e in enumerate(exp)]
     # the rule's cancelling terms: every level's gradient coefficients (mean: 2 / n each)
     n_levels = len(y) if isinstance(y, list) else 1
@@ -238,7 +255,12 @@ def case_ratios(z, y, p, kw, engines, dev="cpu", roundings=False,
         ratio = 0.0
         for j, (a, e) in enumerate(zip(got, exp, strict=True)):
             rule = 2 * ref_err[j] + 1e-5 + 1e-4 * e.abs().max().item()
-            rule += terms_ulp * terms if j else 32 * torch.finfo(torch.float32).eps * value_terms
+            if learn_tau and j == len(exp) - 1:
+                pass    # dL/dtau: the suite's rule as it is (test_learnable_temperature)
+            elif j:
+                rule += terms_ulp * terms
+            else:
+                rule += 32 * torch.finfo(torch.float32).eps * value_terms
             ratio = max(ratio, (a - e).abs().max().item() / rule)
         out[eng] = ratio
     return out
@@ -272,6 +294,9 @@ def main(argv=None) -> None:
                     help="the gradients' cancelling terms in the rule: 32 fp32 ulp (the "
                          "suite's), or one ulp of the rows' 16-bit dtype (the bf16 flash "
                          "path's output against its own precision)")
+    ap.add_argument("--learnable-temperature", action="store_true",
+                    help="the temperature a 0-d tensor that requires grad: dL/dtau checked too, "
+                         "by the suite's rule (test_learnable_temperature; the same draws)")
     ap.add_argument("--by-ratio", action="store_true",
                     help="also print each engine's worst ratio per range of B / rows and of B")
     ap.add_argument("--case", type=int, default=None,
@@ -353,7 +378,8 @@ def _fuzz(args) -> None:
                   flush=True)
         cases += 1
         z, y, p, kw, desc = _case(rng, args.dims, args.max_log_bound, args.seed * 1_000_003 + cases,
-                                  args.levels, args.rows, args.variant, getattr(torch, args.dtype))
+                                  args.levels, args.rows, args.variant, getattr(torch, args.dtype),
+                                  args.learnable_temperature)
         if args.case is not None and cases < args.case:
             continue            # the case's draws only: replay reaches case K as the run did
         desc = {"case": cases, **desc}
@@ -384,7 +410,8 @@ def _fuzz(args) -> None:
           f"levels <= {args.levels}{', CUDA code paths on CPU' if args.cuda_forms else ''}"
           f"{', CUDA attention emulated' if args.emulate_attention else ''}"
           f"{', rows in ' + args.dtype if args.dtype != 'float32' else ''}"
-          f"{', gradient terms at one ulp of the rows dtype' if args.terms_in == 'input' else ''}")
+          f"{', gradient terms at one ulp of the rows dtype' if args.terms_in == 'input' else ''}"
+          f"{', learnable temperature' if args.learnable_temperature else ''}")
     for eng in args.engines:
         ratio, desc = worst.get(eng, (0.0, {}))
         print(f"worst {eng}: {ratio:.3f}x the rule, {over[eng]} case(s) over it {desc}")

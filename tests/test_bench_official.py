@@ -185,15 +185,16 @@ def test_official_fuzz_replays_a_case_by_its_number(capsys):
 
 
 @pytest.mark.parametrize("levels", [1, 3])
-def test_the_reference_roundings_are_the_same_loss(levels):
+@pytest.mark.parametrize("learn_tau", [False, True])
+def test_the_reference_roundings_are_the_same_loss(levels, learn_tau):
     """The fuzz's diagnostic references (z and prototypes scaled by c, temperature by c^2,
-    features reversed; gradients mapped back) compute the loss and gradients of the problem,
-    to fp32 rounding: 22 of them, each a different rounding of the logits."""
+    features reversed; gradients mapped back, dL/dtau by c^2) compute the loss and gradients of
+    the problem, to fp32 rounding: 22 of them, each a different rounding of the logits."""
     import official_fuzz
 
     rng = random.Random(3)
     for k in range(1, 9):
-        z, y, p, kw, desc = official_fuzz._case(rng, [3], 2.0, k, levels)
+        z, y, p, kw, desc = official_fuzz._case(rng, [3], 2.0, k, levels, learn_tau=learn_tau)
         w, want = official_fuzz.weights_and_float64_reference(z, y, p, kw)
         variants = list(official_fuzz._reference_roundings(z, y, p, kw, w))
         assert len(variants) == official_fuzz.N_ROUNDINGS - 1 == 22, desc
@@ -335,3 +336,44 @@ def test_the_bf16_flash_path_meets_a_bf16_rule_where_it_misses_the_fp32_one():
         bf16_rule = official_fuzz.case_ratios(z, y, None, kw, ["attention"],
                                               terms_dtype=torch.bfloat16)["attention"]
     assert fp32_rule > 10.0 and bf16_rule <= 1.0, (fp32_rule, bf16_rule)
+
+
+@pytest.mark.parametrize("variant", ["official", "exact"])
+def test_official_fuzz_learnable_temperature_checks_dtau(capsys, monkeypatch, variant):
+    """--learnable-temperature: the same draws with the temperature a 0-d tensor that requires
+    grad; dL/dtau comes last from every run, float32 beside 16-bit rows, and is held to the
+    suite's rule: an engine whose dL/dtau is off by 1e-3 relative is over it."""
+    import official_fuzz
+
+    plain, learn = random.Random(7), random.Random(7)
+    for k in range(1, 7):
+        a = official_fuzz._case(plain, [3], 2.0, k, 3, None, variant)
+        b = official_fuzz._case(learn, [3], 2.0, k, 3, None, variant, torch.bfloat16, True)
+        assert torch.equal(b[0], a[0].to(torch.bfloat16)) and b[4]["learn_tau"]
+        assert b[3] == {**a[3], "learn_tau": True} and "learn_tau" not in a[3]
+        w, exp = official_fuzz.weights_and_float64_reference(*b[:4])
+        got = official_fuzz._run(*b[:4], "torch", w)
+        assert len(got) == len(exp) == len(official_fuzz._run(*a[:4], "torch", w)) + 1
+        assert exp[-1].shape == (1,) and exp[-1].item() != 0
+        torch.testing.assert_close(got[-1], exp[-1], rtol=1e-4, atol=1e-5)
+    z, y, p, kw, _ = official_fuzz._case(random.Random(1), [3], 2.0, 1, 1, None, variant,
+                                         torch.float32, True)
+    assert official_fuzz.case_ratios(z, y, p, kw, ["torch"])["torch"] <= 1.0
+    real = official_fuzz._run
+
+    def off_in_dtau(*args, **kwargs):         # a fault in dL/dtau alone
+        out = real(*args, **kwargs)
+        if args[4] == "torch":
+            out[-1] = out[-1] * (1 + 1e-3)
+        return out
+
+    with monkeypatch.context() as patch:
+        patch.setattr(official_fuzz, "_run", off_in_dtau)
+        assert official_fuzz.case_ratios(z, y, p, kw, ["torch"])["torch"] > 1.0
+    official_fuzz.main(["--cases", "6", "--seconds", "120", "--dims", "3", "--max-log-bound",
+                        "2", "--engines", "torch", "--variant", variant, "--levels", "3",
+                        "--learnable-temperature"])
+    out = capsys.readouterr().out
+    assert re.search(rf"^6 cases, {variant} variant, .*, learnable temperature$", out, re.M), out
+    match = re.search(r"^worst torch: ([0-9.]+)x the rule", out, re.M)
+    assert match and float(match.group(1)) <= 1.0, out
