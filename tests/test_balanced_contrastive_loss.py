@@ -296,6 +296,47 @@ def test_official_learnable_temperature_where_its_gradient_nearly_vanishes(backe
     assert err <= 2e-5 + 1e-4 * abs(t64.grad.item()), err
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("variant", ["exact", "official"])
+def test_learnable_temperature_where_each_row_holds_its_own_lse(backend, variant):
+    """Three rows in classes of their own with include_self at tau 0.01 (the seed-61 case 7807
+    of ``bench/official_fuzz.py --variant exact --levels 3 --learnable-temperature``): each
+    row's own logit (40-190) holds its LSE, the others e^-100 behind, so the loss and dL/dtau
+    are ~1e-17. dL/dtau taken as -<Z, dL/dZ>/(2 tau) carried dL/dZ's rounding (1.5e-5, within
+    its own rule) times |z|: 1e-3 off in the exact variant (100x the rule), where the dense
+    fp32 reference is within 1e-22. Summed at the logits' level (_temperature_grad), both
+    variants meet the suite's rule, with "mean", "sum" and "none" (signed weights), and the
+    hierarchical loss (the rows' classes, then all in one)."""
+    dev = backend_device(backend)
+    z0 = torch.tensor([[0.0937136858701706, -0.6326814293861389],
+                       [-1.004937767982483, 0.009074294939637184],
+                       [1.3763585090637207, 0.23747052252292633]])
+    y = torch.tensor([0, 1, 2])
+    w = torch.tensor([-1.0, 0.5, 2.0])
+
+    def dtau(dtype, device, b, reduction):
+        z = z0.to(device, dtype).requires_grad_()
+        tau = torch.tensor(0.01, dtype=dtype, device=device, requires_grad=True)
+        if reduction == "hierarchical":
+            out = hierarchical_contrastive_loss(
+                z, [y.to(device), torch.zeros_like(y, device=device)], [None, None],
+                temperature=tau, variant=variant, backend=b)
+        else:
+            out = balanced_contrastive_loss(z, y.to(device), temperature=tau, variant=variant,
+                                            reduction=reduction, backend=b)
+            if reduction == "none":
+                out = out * w.to(device, dtype)
+        out.sum().backward()
+        return tau.grad.item()
+
+    for reduction in ("mean", "sum", "none", "hierarchical"):
+        want = dtau(torch.float64, "cpu", "reference", reduction)
+        low = dtau(torch.float32, "cpu", "reference", reduction)
+        got = dtau(torch.float32, dev, backend, reduction)
+        bound = 2 * abs(low - want) + 1e-5 + 1e-4 * abs(want)
+        assert abs(got - want) <= bound, (reduction, got, want, bound)
+
+
 def test_learnable_temperature_in_the_module():
     tau = torch.nn.Parameter(torch.tensor(0.5))
     loss_fn = BalancedContrastiveLoss(temperature=tau, variant="official")

@@ -496,10 +496,12 @@ def test_every_op_runs_in_deterministic_mode(device):
 
 
 @pytest.mark.parametrize("backend", ["torch", "attention"])
-def test_official_learnable_temperature_second_derivatives_raise(backend):
-    """Official variant, learnable tau: its dL/dtau is computed apart from dL/dz (exactly, at
-    the logits' level), and both links were missing from autograd's graph, so the mixed second
-    derivatives came back as None / 0 (the reference: 0.53, 5.2, 1.5). Now they raise."""
+@pytest.mark.parametrize("variant", ["official", "exact"])
+def test_learnable_temperature_second_derivatives_raise(backend, variant):
+    """Learnable tau: its dL/dtau is computed apart from dL/dz (exactly, at the logits' level;
+    the official variant's since 2026-11-27, the exact one's since 2026-12-05), and both links
+    were missing from autograd's graph, so the mixed second derivatives came back as None / 0
+    (the reference: 0.53, 5.2, 1.5). Now they raise."""
     gen = torch.Generator().manual_seed(0)
     z = torch.randn(40, 6, generator=gen, dtype=torch.float64, requires_grad=True)
     protos = torch.randn(4, 6, generator=gen, dtype=torch.float64, requires_grad=True)
@@ -508,11 +510,11 @@ def test_official_learnable_temperature_second_derivatives_raise(backend):
 
     def grads():
         loss = balanced_contrastive_loss(z, y, prototypes=protos, temperature=tau,
-                                         variant="official", backend=backend)
+                                         variant=variant, backend=backend)
         return torch.autograd.grad(loss, (z, tau), create_graph=True)
     gz, gtau = grads()
     ref = balanced_contrastive_loss(z, y, prototypes=protos, temperature=tau,
-                                    variant="official", backend="reference")
+                                    variant=variant, backend="reference")
     rz, rtau = torch.autograd.grad(ref, (z, tau))
     torch.testing.assert_close(gz, rz)
     torch.testing.assert_close(gtau, rtau)

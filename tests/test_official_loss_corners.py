@@ -356,8 +356,9 @@ def test_official_learnable_temperature_many_labels():
 
 
 @pytest.mark.parametrize("hierarchical", [False, True])
-def test_official_temperature_gradient_over_many_row_blocks(monkeypatch, hierarchical):
-    """The dL/dtau pass (_temperature_grad.official_g_dot_s) runs over the rows in blocks of
+@pytest.mark.parametrize("variant", ["official", "exact"])
+def test_temperature_gradient_over_many_row_blocks(monkeypatch, hierarchical, variant):
+    """The dL/dtau pass (_temperature_grad.g_dot_s) runs over the rows in blocks of
     BLOCK_BYTES; here made 7 rows so 150 rows take 22 blocks (at the default, N = 3000 does).
     Every row must be summed once: a mutation audit's block slice one short dropped each
     block's last row (0.2 % at N = 3000), unnoticed. Against the float64 reference."""
@@ -368,10 +369,10 @@ def test_official_temperature_gradient_over_many_row_blocks(monkeypatch, hierarc
     z = torch.randn(n, 16, generator=g, dtype=torch.float64) / 4
     if hierarchical:
         call = lambda zz, tau, b: hierarchical_contrastive_loss(
-            zz, [y, y // 3], [None, None], temperature=tau, variant="official", backend=b)
+            zz, [y, y // 3], [None, None], temperature=tau, variant=variant, backend=b)
     else:
         call = lambda zz, tau, b: balanced_contrastive_loss(zz, y, temperature=tau,
-                                                            variant="official", backend=b)
+                                                            variant=variant, backend=b)
     _assert_tau_like_reference(call, z, 0.2)
 
 

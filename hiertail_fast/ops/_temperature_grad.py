@@ -1,19 +1,23 @@
-"""dL/dτ of the official variant for a learnable temperature, summed at the level of the logits.
+"""dL/dτ of a learnable temperature, both variants, summed at the level of the logits.
 
 The loss depends on τ only through S = Z Zᵀ/τ, so dL/dτ = -(1/τ) Σ_ik G_ik s_ik (G = dL/dS).
-The generic link (``balanced_contrastive_loss._temperature_link``) takes that sum as
-⟨Z, dL/dZ⟩ / 2, exact in the exact variant (relative error ~1e-7). In the official variant the
-terms of that inner product include the row max's gradient times s_{i,argmax} (|s| up to
-thousands at small τ) cancelling against the positives' terms: the result, often 1e-4, came out
-up to 2e-3 off (dL/dZ's rounding times |s|), where the dense fp32 reference, summing G ⊙ S, is
-within 1e-5. Per row of a level, with the row max M_i taken out inside the sums (it cancels
-exactly: Σ_k p_ik = 1, and the max's own gradient)::
+Taken as ⟨Z, dL/dZ⟩ / 2 (the generic link through the rows, which the exact variant used until
+2026-12-05) it carries dL/dZ's rounding times |z|: in the official variant the terms of that
+inner product include the row max's gradient times s_{i,argmax} (|s| up to thousands at small
+τ) cancelling against the positives' terms, and the result, often 1e-4, came out up to 2e-3 off
+where the dense fp32 reference, summing G ⊙ S, is within 1e-5. The exact variant cancels the
+same way wherever a row's positives hold its LSE: ``bench/official_fuzz.py --variant exact
+--learnable-temperature`` (seed 61) found dL/dτ 1e-3 to 2e-3 off a true ~1e-16 (3 rows of one
+class at τ 0.01; 100-220x the suite's rule) where the fp32 reference is within 1e-21. Per row
+of a level, with the row max M_i taken out inside the sums (it cancels exactly: Σ_k p_ik = 1,
+and the positives' weights sum to 1)::
 
-    Σ_k G_ik s_ik = r_i Σ_k p_ik (s_ik - M_i) - (1/n_i) Σ_{j∈P(i)} q_ij (s_ij - M_i)
+    official: Σ_k G_ik s_ik = r_i Σ_k p_ik (s_ik - M_i) - (1/n_i) Σ_{j∈P(i)} q_ij (s_ij - M_i)
+    exact:    Σ_k G_ik s_ik =     Σ_k p_ik (s_ik - M_i) - (1/n_i) Σ_{j∈P(i)}      (s_ij - M_i)
 
 p_ik = w_k exp(s_ik - LSE_i) over the level's keys, e_ij = exp(s_ij - M_i), q_ij = e_ij / (e_ij
 + eps), r_i = exp(LSE_i - M_i) / D_i (``_loss_terms.ratio``): no term carries s's magnitude.
-``OfficialTemperature`` adds an exact 0 to the loss whose backward returns that dL/dτ (the loss
+``LogitsTemperature`` adds an exact 0 to the loss whose backward returns that dL/dτ (the loss
 itself is taken with τ as a constant): one more pass over the logits in row blocks (torch
 operators, a few [b, N] temporaries of at most ``BLOCK_BYTES``), in the backward of a call whose
 τ requires grad only.
@@ -30,11 +34,12 @@ from hiertail_fast.ops._lse_torch import block_bytes
 BLOCK_BYTES = 64 << 20          # one row block's [b, N] temporaries (about four of them)
 
 
-def official_g_dot_s(z: torch.Tensor, lv: Levels, scale: float, include_self: bool,
-                     g: torch.Tensor) -> torch.Tensor:
-    """Σ_l Σ_i g[l, i] Σ_k G_lik s_lik of the official loss (the module docstring's per-row
-    formula), z [N, d] in the compute dtype, g [L, N] the rows' incoming coefficients. Per row
-    block: one GEMM, one exp; p = w e / Σ w e with e = exp(s - M)."""
+def g_dot_s(z: torch.Tensor, lv: Levels, scale: float, include_self: bool, g: torch.Tensor,
+            variant: str) -> torch.Tensor:
+    """Σ_l Σ_i g[l, i] Σ_k G_lik s_lik of the loss (the module docstring's per-row formulas),
+    z [N, d] in the compute dtype, g [L, N] the rows' incoming coefficients. Per row block: one
+    GEMM, one exp; p = w e / Σ w e with e = exp(s - M)."""
+    official = variant == "official"
     n = z.shape[0]
     total = torch.zeros((), dtype=torch.float64, device=z.device)
     log_eps = torch.log(OFFICIAL_EPS * lv.n_distinct.to(z.dtype))             # [L]
@@ -62,27 +67,30 @@ def official_g_dot_s(z: torch.Tensor, lv: Levels, scale: float, include_self: bo
             pos = gid[rows, None] == gid[None, :]
             if not include_self:
                 pos[torch.arange(rows.numel(), device=z.device), rows] = False
-            q_s = e.div_(e + OFFICIAL_EPS).mul_(s).mul_(pos)   # q_ij (s_ij - M_i) on P(i)
-            r = ratio(torch.log(den), torch.zeros_like(den), log_eps[lev])
-            per_row = r * a - q_s.sum(1) / lv.n_pos[lev, rows].to(z.dtype).clamp(min=1)
+            if official:
+                q_s = e.div_(e + OFFICIAL_EPS).mul_(s).mul_(pos)   # q_ij (s_ij - M_i) on P(i)
+                a = a * ratio(torch.log(den), torch.zeros_like(den), log_eps[lev])
+            else:
+                q_s = s.mul_(pos)                                  # (s_ij - M_i) on P(i)
+            per_row = a - q_s.sum(1) / lv.n_pos[lev, rows].to(z.dtype).clamp(min=1)
             total += (g[lev, rows].to(torch.float64) * per_row.to(torch.float64)).sum()
     return total
 
 
 @eager_twin
-class OfficialTemperature(torch.autograd.Function):
-    """(τ, z, lv, scale, include_self, base, shape, dtype) -> zeros(shape): an exact 0 added to
-    the official loss, whose backward gives dL/dτ (the module docstring). ``base`` [L, N]: the
+class LogitsTemperature(torch.autograd.Function):
+    """(τ, z, lv, scale, include_self, variant, base, shape, dtype) -> zeros(shape): an exact 0
+    added to the loss, whose backward gives dL/dτ (the module docstring). ``base`` [L, N]: the
     reduction's row weights (``mean``: contributing rows / their count; ``sum`` and ``none``:
     the contributing rows)."""
 
     @staticmethod
-    def forward(tau, z, lv, scale, include_self, base, shape, dtype):
+    def forward(tau, z, lv, scale, include_self, variant, base, shape, dtype):
         return torch.zeros(shape, dtype=dtype, device=z.device)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        tau, z, ctx.lv, ctx.scale, ctx.include_self, base, _, _ = inputs
+        tau, z, ctx.lv, ctx.scale, ctx.include_self, ctx.variant, base, _, _ = inputs
         ctx.save_for_backward(tau, z, base)
 
     @staticmethod
@@ -91,7 +99,7 @@ class OfficialTemperature(torch.autograd.Function):
         tau, z, base = ctx.saved_tensors
         go = grad_out.to(base.dtype)
         g = base * (go[None] if go.dim() else go)                             # [L, N]
-        dot = official_g_dot_s(z, ctx.lv, ctx.scale, ctx.include_self, g)
+        dot = g_dot_s(z, ctx.lv, ctx.scale, ctx.include_self, g, ctx.variant)
         # dL/dτ = -(1/τ) Σ G s, τ = 1 / scale
         grad_tau = (-ctx.scale * dot).to(device=tau.device, dtype=tau.dtype)
-        return grad_tau, None, None, None, None, None, None, None
+        return grad_tau, None, None, None, None, None, None, None, None

@@ -63,7 +63,7 @@ from hiertail_fast.ops._loss_terms import (
     reduction_weights,
 )
 from hiertail_fast.ops._matmul_precision import ieee_matmuls
-from hiertail_fast.ops._temperature_grad import OfficialTemperature
+from hiertail_fast.ops._temperature_grad import LogitsTemperature
 from hiertail_fast.reference.balanced_contrastive_loss import balanced_contrastive_loss_ref
 
 
@@ -254,10 +254,9 @@ def _apply(z_all, lv: Levels, scale: float, include_self: bool, variant: str, re
            backend: str, want_grad: bool, automatic: bool, tau: torch.Tensor | None = None):
     """BalancedContrastiveFunction.run with the engine of ``settle_engine``, and the fallback
     to our own engine when the attention kernels refuse the call (a shape, dtype or GPU they do
-    not support). ``tau``: the official variant's learnable temperature (``_temperature_link``),
-    which reaches the loss outside z_all: tied into the anchor with a zero factor, so that
-    differentiating dL/dz w.r.t. tau raises as every second derivative does (it was a silent
-    None / 0)."""
+    not support). ``tau``: a learnable temperature (``_temperature_link``), which reaches the
+    loss outside z_all: tied into the anchor with a zero factor, so that differentiating dL/dz
+    w.r.t. tau raises as every second derivative does (it was a silent None / 0)."""
     backend, fp32_dot = settle_engine(z_all, scale, variant, lv.log_w.shape[0], backend,
                                       automatic)
     anchor = graph_anchor(z_all)
@@ -305,43 +304,31 @@ def balanced_contrastive_loss_op(
                               variant, backend)
 
 
-def _temperature_link(z_all: torch.Tensor, temperature, variant: str
-                      ) -> tuple[float, torch.Tensor, torch.Tensor | None]:
-    """(scale = 1/tau as a float for the engines, the rows the engines see, the tau tensor
-    whose gradient ``_official_tau`` adds, or None). A tensor tau that autograd tracks (a
-    learnable temperature) is tied in exactly: the loss depends on the rows and tau only
-    through S = z_all z_all^T / tau, so with tau0 = tau's value the rows z_all * sqrt(tau0 /
-    tau) -- equal to z_all, the factor being exactly 1 -- give S the same value and dS/dtau =
-    -S/tau; autograd then carries dL/dtau = -<z_all, dL/dz_all> / (2 tau) through this one
-    [N, d] product, whatever engine computed dL/dz_all. Its error is dL/dz_all's, summed over
-    the rows: relative ~1e-7 in the exact variant; in the official one the sum cancels terms
-    of the logits' size, so its tau gets ``_temperature_grad.OfficialTemperature`` instead."""
+def _temperature_link(z_all: torch.Tensor, temperature) -> tuple[float, torch.Tensor | None]:
+    """(scale = 1/tau as a float for the engines, the tau tensor whose gradient ``_with_tau``
+    adds, or None). The engines take tau as a constant; a tensor tau that autograd tracks (a
+    learnable temperature) gets dL/dtau summed at the logits' level, the row max taken out
+    (``_temperature_grad``), in both variants: taken as -<z_all, dL/dz_all> / (2 tau) through
+    the rows, it carried dL/dz's rounding times |z| (2e-3 off a true 0 in the exact variant, a
+    fuzzing find; up to 2e-3 off a true ~1e-4 in the official one)."""
     tensor = isinstance(temperature, torch.Tensor)
     tau0 = float(temperature.detach() if tensor else temperature)
-    if tensor and temperature.requires_grad and torch.is_grad_enabled():
-        if variant == "official":
-            return 1.0 / tau0, z_all, temperature
-        acc = torch.float64 if z_all.dtype == torch.float64 else torch.float32
-        factor = torch.sqrt(tau0 / temperature.to(z_all.device, acc))
-        # 16-bit rows go on in float32 (the engines compute their logits in float32 anyway):
-        # the product in the rows' dtype formed <z_all, dL/dz_all> from a gradient rounded
-        # to 16 bits, dL/dtau 2.7e-3 to 7e-2 off in bf16; z's own gradient is the same rounding
-        z_all = z_all.to(acc) * factor
-    return 1.0 / tau0, z_all, None
+    tracked = tensor and temperature.requires_grad and torch.is_grad_enabled()
+    return 1.0 / tau0, (temperature if tracked else None)
 
 
-def _official_tau(out: torch.Tensor, tau: torch.Tensor | None, z_all: torch.Tensor, lv: Levels,
-                  scale: float, include_self: bool, reduction: str) -> torch.Tensor:
-    """out plus an exact 0 whose backward gives the official loss's dL/dtau summed at the
-    logits' level (``_temperature_grad``); out itself when tau is None."""
+def _with_tau(out: torch.Tensor, tau: torch.Tensor | None, z_all: torch.Tensor, lv: Levels,
+              scale: float, include_self: bool, variant: str, reduction: str) -> torch.Tensor:
+    """out plus an exact 0 whose backward gives dL/dtau summed at the logits' level
+    (``_temperature_grad``); out itself when tau is None."""
     if tau is None:
         return out
     cdt = torch.float64 if z_all.dtype == torch.float64 else torch.float32
     # z_all itself, not detached: its backward then ties dL/dtau to z's sources, so a second
     # derivative of it w.r.t. z or the prototypes raises (it was a silent None / 0)
-    return out + OfficialTemperature.run(tau, z_all.to(cdt), lv, scale,
-                                           include_self, reduction_weights(lv, reduction, cdt),
-                                           out.shape, out.dtype)
+    return out + LogitsTemperature.run(tau, z_all.to(cdt), lv, scale, include_self, variant,
+                                       reduction_weights(lv, reduction, cdt), out.shape,
+                                       out.dtype)
 
 
 def _reference_requested(backend: str | None) -> bool:
@@ -363,13 +350,13 @@ def _balanced_loss(z, labels, prototypes, temperature, include_self, reduction, 
     n = z_all.shape[0]
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
     lv = make_levels(n, [(None, labels)], include_self, cdt, z.device, n_common=n)
-    scale, z_all, tau = _temperature_link(z_all, temperature, variant)
+    scale, tau = _temperature_link(z_all, temperature)
     out = _apply(
         z_all, lv, scale, bool(include_self), variant, reduction, choice,
         torch.is_grad_enabled() and z_all.requires_grad,
         automatic=backend is None and requested_backend() is None, tau=tau,
     )
-    return _official_tau(out, tau, z_all, lv, scale, bool(include_self), reduction)
+    return _with_tau(out, tau, z_all, lv, scale, bool(include_self), variant, reduction)
 
 
 def hierarchical_contrastive_loss_op(
@@ -441,13 +428,13 @@ def _hierarchical_loss(z, level_labels, level_prototypes, temperature, include_s
     z_big = torch.cat(parts, dim=0) if len(parts) > 1 else z
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
     lv = make_levels(off, level_rows, include_self, cdt, z.device, n_common=n)
-    scale, z_big, tau = _temperature_link(z_big, temperature, variant)
+    scale, tau = _temperature_link(z_big, temperature)
     out = _apply(
         z_big, lv, scale, bool(include_self), variant, "mean", choice,
         torch.is_grad_enabled() and z_big.requires_grad,
         automatic=backend is None and requested_backend() is None, tau=tau,
     )
-    return _official_tau(out, tau, z_big, lv, scale, bool(include_self), "mean")
+    return _with_tau(out, tau, z_big, lv, scale, bool(include_self), variant, "mean")
 
 
 __all__ = [
