@@ -90,16 +90,30 @@ def _run(z, y, p, kw, backend, weights, device="cpu"):
     return [t.detach().double().cpu() for t in [out, *grads]]
 
 
-def _levels(rng: random.Random, y, p, max_levels: int, seed: int):
-    """With --levels L > 1: 1 to L levels, level l's labels y // 2^l, prototypes (one per label,
-    or none) per level; 1 level: the problem as it is."""
+LEVEL_LABELS = ("halved", "modulo", "random")
+
+
+def _levels(rng: random.Random, y, p, max_levels: int, seed: int, level_labels: str = "halved"):
+    """With --levels L > 1: 1 to L levels, prototypes (one per label, or none) per level; 1
+    level: the problem as it is. Level l's labels (``level_labels``): y // 2^l ("halved": each
+    level coarsens the one before, so the levels nest), y % ceil(k / 2^l) ("modulo": classes
+    of y merged across its order, not nesting) or ceil(k / 2^l) labels drawn anew per row
+    ("random": a grouping with no relation to y); level 0 is y in each."""
     n_levels = rng.randint(1, max_levels)
     if n_levels == 1:
         return y, p
     g = torch.Generator().manual_seed(seed + 7)
+    k0 = int(y.max()) + 1
     ys, ps = [], []
     for lev in range(n_levels):
-        yl = y // (2 ** lev)
+        n_labels = -(-k0 // 2 ** lev)                    # ceil(k0 / 2^lev)
+        if lev == 0 or level_labels == "halved":
+            yl = y // (2 ** lev)
+        elif level_labels == "modulo":
+            yl = y % n_labels
+        else:
+            yl = torch.randint(0, n_labels, y.shape,
+                               generator=torch.Generator().manual_seed(seed + lev))
         ys.append(yl)
         if p is not None and lev % 2 == 0:
             k = int(yl.max()) + 1
@@ -123,7 +137,7 @@ def _protos_to(p, dtype: torch.dtype):
 
 def _case(rng: random.Random, dims, max_log_bound: float, seed: int, max_levels: int = 1,
           rows=None, variant: str = "official", dtype: torch.dtype = torch.float32,
-          learn_tau: bool = False):
+          learn_tau: bool = False, level_labels: str = "halved"):
     n = rng.choice(rows or ROWS)
     d = rng.choice(dims)
     tau = rng.choice([0.01, 0.1, 0.5, 1.0])
@@ -153,7 +167,7 @@ def _case(rng: random.Random, dims, max_log_bound: float, seed: int, max_levels:
         kw["learn_tau"] = True
         desc.update(learn_tau=True)
     if max_levels > 1:
-        y, p = _levels(rng, y, p, max_levels, seed)
+        y, p = _levels(rng, y, p, max_levels, seed, level_labels)
         if isinstance(y, list):
             desc.update(levels=len(y), reduction="mean")
     if dtype != torch.float32:      # the rows as a 16-bit caller holds them (same draws)
@@ -280,6 +294,9 @@ def main(argv=None) -> None:
                          "engine on one level)")
     ap.add_argument("--levels", type=int, default=1,
                     help="up to this many levels (the hierarchical loss; 1: the cases as before)")
+    ap.add_argument("--level-labels", choices=LEVEL_LABELS, default="halved",
+                    help="with --levels > 1, level l's labels: y // 2^l (nested), y %% "
+                         "ceil(k / 2^l) or drawn anew (levels that do not nest; see _levels)")
     ap.add_argument("--cuda-forms", action="store_true",
                     help="CPU tensors through the engines' CUDA code paths (see above)")
     ap.add_argument("--emulate-attention", action="store_true",
@@ -379,7 +396,7 @@ def _fuzz(args) -> None:
         cases += 1
         z, y, p, kw, desc = _case(rng, args.dims, args.max_log_bound, args.seed * 1_000_003 + cases,
                                   args.levels, args.rows, args.variant, getattr(torch, args.dtype),
-                                  args.learnable_temperature)
+                                  args.learnable_temperature, args.level_labels)
         if args.case is not None and cases < args.case:
             continue            # the case's draws only: replay reaches case K as the run did
         desc = {"case": cases, **desc}
@@ -407,7 +424,9 @@ def _fuzz(args) -> None:
             break
     print(f"{cases} cases, {args.variant} variant, dims {args.dims}, "
           f"B <= 10^{args.max_log_bound:g}, "
-          f"levels <= {args.levels}{', CUDA code paths on CPU' if args.cuda_forms else ''}"
+          f"levels <= {args.levels}"
+          f"{', level labels ' + args.level_labels if args.level_labels != 'halved' else ''}"
+          f"{', CUDA code paths on CPU' if args.cuda_forms else ''}"
           f"{', CUDA attention emulated' if args.emulate_attention else ''}"
           f"{', rows in ' + args.dtype if args.dtype != 'float32' else ''}"
           f"{', gradient terms at one ulp of the rows dtype' if args.terms_in == 'input' else ''}"

@@ -377,3 +377,40 @@ def test_official_fuzz_learnable_temperature_checks_dtau(capsys, monkeypatch, va
     assert re.search(rf"^6 cases, {variant} variant, .*, learnable temperature$", out, re.M), out
     match = re.search(r"^worst torch: ([0-9.]+)x the rule", out, re.M)
     assert match and float(match.group(1)) <= 1.0, out
+
+
+def test_official_fuzz_level_labels_that_do_not_nest(capsys):
+    """--level-labels modulo / random: levels whose classes do not nest (a class of level 1
+    spans classes of level 0 far apart in y's order, or has no relation to y), the loss's
+    separate positive-pair pass; "halved" (the default) draws the same problems as before."""
+    import official_fuzz
+
+    def nest(ys):                # every class of each level inside one class of the next
+        return all(len(set(b[a == c].tolist())) == 1 for a, b in zip(ys, ys[1:])
+                   for c in a.unique())
+
+    drawn = {}
+    for kind in official_fuzz.LEVEL_LABELS:
+        rng = random.Random(4)
+        drawn[kind] = [official_fuzz._case(rng, [3], 2.0, k, 3, level_labels=kind)
+                       for k in range(1, 40)]
+    plain = random.Random(4)
+    for k, case in enumerate(drawn["halved"], 1):
+        old = official_fuzz._case(plain, [3], 2.0, k, 3)
+        assert case[4] == old[4] and torch.equal(case[0], old[0])
+    for kind in ("modulo", "random"):
+        several = [c for c in drawn[kind] if isinstance(c[1], list)]
+        assert several and all(c[1][0].equal(h[1][0]) for c, h in zip(
+            drawn[kind], drawn["halved"], strict=True) if isinstance(c[1], list))
+        assert any(not nest(c[1]) for c in several), kind
+        for c in several:              # prototypes: one per label of their level
+            for yl, pl in zip(c[1], c[2], strict=True):
+                assert pl is None or pl.shape[0] == int(yl.max()) + 1
+    assert all(nest(c[1]) for c in drawn["halved"] if isinstance(c[1], list))
+    official_fuzz.main(["--cases", "8", "--seconds", "120", "--dims", "3", "--max-log-bound",
+                        "2", "--engines", "torch", "--levels", "3", "--level-labels", "random"])
+    out = capsys.readouterr().out
+    assert re.search(r"^8 cases, official variant, .*, levels <= 3, level labels random$", out,
+                     re.M), out
+    match = re.search(r"^worst torch: ([0-9.]+)x the rule", out, re.M)
+    assert match and float(match.group(1)) <= 1.0, out
