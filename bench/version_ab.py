@@ -91,20 +91,23 @@ def _forget_revision() -> None:
         del sys.modules[name]
 
 
-def loss_step(pkg, z, ys, ps, tau: float, variant: str, backend: str = "torch"):
+def loss_step(pkg, z, ys, ps, tau: float, variant: str, backend: str = "torch",
+              learn_tau: bool = False):
     """Forward + backward of the loss of package ``pkg`` (engine `backend`); returns the
-    gradient."""
+    gradient (``learn_tau``: tau a 0-d tensor that requires grad, and the step returns
+    (dL/dz, dL/dtau))."""
     def step():
         zz = z.detach().requires_grad_()
+        t = torch.tensor(tau, device=z.device, requires_grad=True) if learn_tau else tau
         if len(ys) == 1:
-            loss = pkg.balanced_contrastive_loss(zz, ys[0], prototypes=ps[0], temperature=tau,
+            loss = pkg.balanced_contrastive_loss(zz, ys[0], prototypes=ps[0], temperature=t,
                                                  variant=variant, backend=backend)
         else:
-            loss = pkg.hierarchical_contrastive_loss(zz, ys, ps, temperature=tau,
+            loss = pkg.hierarchical_contrastive_loss(zz, ys, ps, temperature=t,
                                                      variant=variant, backend=backend)
         loss.backward()
         loss_grid._sync()              # (CUDA: the step's time is its kernels' too)
-        return zz.grad
+        return (zz.grad, t.grad) if learn_tau else zz.grad
     return step
 
 
@@ -116,6 +119,8 @@ def main(argv=None) -> int:
                    help="also time this checkout's exact variant (new / exact ratios)")
     p.add_argument("--backend", choices=("torch", "attention"), default="torch",
                    help="the loss engine both revisions run (default torch)")
+    p.add_argument("--learnable-temperature", action="store_true",
+                   help="tau a 0-d tensor that requires grad in every step (dL/dtau printed)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the cases run (default cpu, also on a GPU machine: the CPU "
                         "engines' internals); cuda: the torch engine's CUDA paths")
@@ -130,17 +135,27 @@ def main(argv=None) -> int:
 def _compare(args) -> int:
     with revision_package(args.rev, f"N {args.n}, d {args.d}, L {args.levels}, {args.variant}, "
                           f"tau {args.tau:g}, {args.backend} engine, {args.rounds} rounds "
-                          f"(first dropped)") as old_pkg:
+                          f"(first dropped)"
+                          f"{', learnable tau' if args.learnable_temperature else ''}") as old_pkg:
         for regime in args.regimes:
             z, ys, ps = make_case(regime, args.n, args.d, args.levels)
-            steps = {"old": loss_step(old_pkg, z, ys, ps, args.tau, args.variant, args.backend),
+            learn = args.learnable_temperature
+            steps = {"old": loss_step(old_pkg, z, ys, ps, args.tau, args.variant, args.backend,
+                                      learn),
                      "new": loss_step(hiertail_fast, z, ys, ps, args.tau, args.variant,
-                                      args.backend),
+                                      args.backend, learn),
                      "floor+exp": floor_step(z, ps, with_exp=True)}
             if args.exact:
                 steps["exact"] = loss_step(hiertail_fast, z, ys, ps, args.tau, "exact",
-                                           args.backend)
+                                           args.backend, learn)
+            if learn:          # what learning tau costs: this checkout with a float tau
+                steps["float tau"] = loss_step(hiertail_fast, z, ys, ps, args.tau, args.variant,
+                                               args.backend)
             g_old, g_new = steps["old"](), steps["new"]()
+            taus = ""
+            if learn:
+                (g_old, t_old), (g_new, t_new) = g_old, g_new
+                taus = f"  dL/dtau old {t_old.item():.9g} new {t_new.item():.9g}"
             diff = float((g_old - g_new).abs().max() / g_old.abs().max().clamp(min=1e-30))
             med = round_robin_medians(steps, args.rounds)
             line = (f"{regime:10s} old {med['old']:.4f} s  new {med['new']:.4f} s  "
@@ -149,7 +164,10 @@ def _compare(args) -> int:
             if args.exact:
                 line += (f"  exact {med['exact']:.4f} s  new/exact "
                          f"{med['new'] / med['exact']:.3f}")
-            print(line, flush=True)
+            if learn:
+                line += (f"  float tau {med['float tau']:.4f} s  new/float tau "
+                         f"{med['new'] / med['float tau']:.3f}")
+            print(line + taus, flush=True)
     print(f"load average {os.getloadavg()}")
     return 0
 

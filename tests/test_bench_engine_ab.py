@@ -3,6 +3,7 @@ runs end to end on a tiny case, really swaps the path while timing, and restores
 own path afterwards."""
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -162,13 +163,20 @@ def test_version_ab_times_another_revision(capsys, tmp_path):
     assert "torch engine" in out
     calls = []                                     # --backend: both revisions run that engine
     real = version_ab.loss_step
-    version_ab.loss_step = lambda *a: calls.append(a[-1]) or real(*a)
+    version_ab.loss_step = lambda *a: calls.append(a[6]) or real(*a)     # (its backend)
     try:
         assert version_ab.main(["--rev", "HEAD", "--n", "60", "--d", "8", "--rounds", "2",
                                 "--regimes", "relu", "--backend", "attention"]) == 0
     finally:
         version_ab.loss_step = real
     assert calls == ["attention", "attention"] and "attention engine" in capsys.readouterr().out
+    # --learnable-temperature: tau a tensor that requires grad, both revisions' dL/dtau shown
+    assert version_ab.main(["--rev", "HEAD", "--n", "60", "--d", "8", "--rounds", "2",
+                            "--regimes", "relu", "--learnable-temperature"]) == 0
+    out = capsys.readouterr().out
+    taus = re.search(r"dL/dtau old (\S+) new (\S+)$", out, re.M)
+    assert "learnable tau" in out and "new/float tau" in out and taus, out
+    assert float(taus.group(1)) == float(taus.group(2)) != 0.0       # the same revision
     with pytest.raises(SystemExit):
         version_ab.main(["--rev", "no-such-revision-xyz", "--n", "50", "--rounds", "2"])
     if not torch.cuda.is_available():           # --device cuda: a clear refusal without one

@@ -18,14 +18,19 @@ and the positives' weights sum to 1)::
 p_ik = w_k exp(s_ik - LSE_i) over the level's keys, e_ij = exp(s_ij - M_i), q_ij = e_ij / (e_ij
 + eps), r_i = exp(LSE_i - M_i) / D_i (``_loss_terms.ratio``): no term carries s's magnitude.
 ``LogitsTemperature`` adds an exact 0 to the loss whose backward returns that dL/dτ (the loss
-itself is taken with τ as a constant): one more pass over the logits in row blocks (torch
-operators, a few [b, N] temporaries of at most ``BLOCK_BYTES``), in the backward of a call whose
-τ requires grad only.
+itself is taken with τ as a constant): one more pass over the logits in row blocks, in the
+backward of a call whose τ requires grad only. Per block one GEMM, then the per-row sums (a, den,
+pos below): on CPU in float32 one C kernel (``_temperature_grad.c``: a row read once for its
+max, then kept in cache), elsewhere torch operators (``_torch_row_terms``, a few [b, N]
+temporaries of at most ``BLOCK_BYTES``; also the kernel's oracle in the tests).
 """
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
+from hiertail_fast.ops import _native
 from hiertail_fast.ops._autograd import eager_twin, first_order_backward
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS
 from hiertail_fast.ops._loss_terms import Levels, ratio
@@ -34,46 +39,100 @@ from hiertail_fast.ops._lse_torch import block_bytes
 BLOCK_BYTES = 64 << 20          # one row block's [b, N] temporaries (about four of them)
 
 
+def kernel():
+    """The C kernel (ctypes function), or None (native kernels off or not buildable here)."""
+    lib = _native.load("_temperature_grad", openmp=True)
+    if lib is None:
+        return None
+    fn = lib.hiertail_temperature_rows_f32
+    if fn.argtypes is None:
+        i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+        fn.argtypes = [i64, i64, i64, ptr, i64, f32, ptr, ptr, ptr, ptr, i64, f32, ptr]
+        fn.restype = i64                  # the number of threads that ran
+    return fn
+
+
+def _torch_row_terms(x: torch.Tensor, scale: float, gid: torch.Tensor, w: torch.Tensor,
+                     rows: torch.Tensor, include_self: bool, official: bool,
+                     full: bool = False) -> torch.Tensor:
+    """[b, 3] float64 (a, den, pos) of a block of dot products x [b, N] (rows ``rows`` against
+    every key; x is not written): s = scale x, M the row max over the level's keys (gid >= 0),
+    e = exp(s - M), den = Σ_k w_k e_k, a = Σ_k w_k e_k (s_k - M), pos = Σ over the row's
+    positives of q_k (s_k - M), q = 1 (exact) or e / (e + eps) (official). ``full``: every
+    key is in the level (no mask to apply)."""
+    keys = None if full else gid >= 0
+    s = x * scale
+    if keys is not None:
+        s.masked_fill_(~keys, float("-inf"))     # keys outside the level
+    s.sub_(s.amax(dim=1, keepdim=True))          # s - M: <= 0 on the level's keys
+    e = torch.exp(s)                             # 0 outside the level
+    if keys is not None:
+        s.masked_fill_(~keys, 0.0)               # no -inf left to multiply by 0
+    we = e * w
+    den = we.sum(1)                              # exp(LSE - M)
+    a = we.mul_(s).sum(1)                        # den Σ_k p_ik (s_ik - M_i)
+    pos = gid[rows, None] == gid[None, :]
+    if not include_self:
+        pos[torch.arange(rows.numel(), device=x.device), rows] = False
+    if official:
+        q_s = e.div_(e + OFFICIAL_EPS).mul_(s).mul_(pos)      # q_ij (s_ij - M_i) on P(i)
+    else:
+        q_s = s.mul_(pos)                                      # (s_ij - M_i) on P(i)
+    return torch.stack([a, den, q_s.sum(1)], dim=1).to(torch.float64)
+
+
+def native_row_terms(fn, x: torch.Tensor, scale: float, gid: torch.Tensor, w: torch.Tensor,
+                     rows: torch.Tensor, include_self: bool, official: bool) -> torch.Tensor:
+    """``_torch_row_terms`` through the C kernel ``fn`` (from ``kernel()``): x float32 [b, N]
+    with unit column stride (not written), gid int64 [N] (its labels, < 2^31, as int32 for the
+    kernel's 8-lane compares), w float32 [N] (> 0 exactly on the level's keys: 1 / class size
+    there, exp(-inf) = 0 elsewhere), rows int64 [b]."""
+    b, n = x.shape
+    if x.dtype != torch.float32 or w.dtype != torch.float32 or x.stride(1) != 1:
+        raise TypeError("the temperature kernel takes float32 blocks with unit column stride")
+    lab, w = gid.to(torch.int32).contiguous(), w.contiguous()
+    own = lab[rows].contiguous()
+    self_col = (torch.full_like(rows, -1) if include_self else rows).contiguous()
+    out = torch.empty(b, 3, dtype=torch.float64)
+    fn(torch.get_num_threads(), b, n, x.data_ptr(), x.stride(0), float(scale), lab.data_ptr(),
+       w.data_ptr(), own.data_ptr(), self_col.data_ptr(), int(official), OFFICIAL_EPS,
+       out.data_ptr())
+    return out
+
+
 def g_dot_s(z: torch.Tensor, lv: Levels, scale: float, include_self: bool, g: torch.Tensor,
             variant: str) -> torch.Tensor:
     """Σ_l Σ_i g[l, i] Σ_k G_lik s_lik of the loss (the module docstring's per-row formulas),
     z [N, d] in the compute dtype, g [L, N] the rows' incoming coefficients. Per row block: one
-    GEMM, one exp; p = w e / Σ w e with e = exp(s - M)."""
+    GEMM, then the rows' sums (``native_row_terms`` / ``_torch_row_terms``)."""
     official = variant == "official"
     n = z.shape[0]
     total = torch.zeros((), dtype=torch.float64, device=z.device)
-    log_eps = torch.log(OFFICIAL_EPS * lv.n_distinct.to(z.dtype))             # [L]
+    log_eps = torch.log(OFFICIAL_EPS * lv.n_distinct.to(torch.float64))           # [L]
+    fn = kernel() if z.device.type == "cpu" and z.dtype == torch.float32 else None
     # within the engines' block budget too (the default 48 MB gives BLOCK_BYTES: 64 MB for the
     # ~four temporaries was fixed whatever $HIERTAIL_CPU_BLOCK_BYTES; a memory audit)
     budget = min(BLOCK_BYTES, block_bytes(z.device) * 4 // 3)
     rows_per_block = max(1, budget // (4 * n * z.element_size()))
-    for lev in range(lv.log_w.shape[0]):
-        active = (g[lev] != 0).nonzero().squeeze(1)      # rows that reach the loss here
-        gid = lv.gid[lev]
-        keys = None if lv.full[lev] else gid >= 0        # None: every row is a key
-        w = torch.exp(lv.log_w[lev].to(z.dtype))         # 0 outside the level
-        for start in range(0, active.numel(), rows_per_block):
-            rows = active[start:start + rows_per_block]
-            s = torch.mm(z[rows], z.t()).mul_(scale)                          # [b, N]
-            if keys is not None:
-                s.masked_fill_(~keys, float("-inf"))     # keys outside the level
-            s.sub_(s.amax(dim=1, keepdim=True))          # s - M: <= 0 on the level's keys
-            e = torch.exp(s)                             # 0 outside the level
-            if keys is not None:
-                s.masked_fill_(~keys, 0.0)               # no -inf left to multiply by 0
-            we = e * w
-            den = we.sum(1)                              # exp(LSE - M)
-            a = (we.mul_(s)).sum(1) / den                # Σ_k p_ik (s_ik - M_i)
-            pos = gid[rows, None] == gid[None, :]
-            if not include_self:
-                pos[torch.arange(rows.numel(), device=z.device), rows] = False
-            if official:
-                q_s = e.div_(e + OFFICIAL_EPS).mul_(s).mul_(pos)   # q_ij (s_ij - M_i) on P(i)
-                a = a * ratio(torch.log(den), torch.zeros_like(den), log_eps[lev])
+    ws = torch.exp(lv.log_w.to(z.dtype))                # [L, N], 0 outside each level
+    # one GEMM per row block for every level (a level's rows outside it: g 0, finite terms)
+    active = (g != 0).any(0).nonzero().squeeze(1)        # rows that reach the loss
+    for start in range(0, active.numel(), rows_per_block):
+        rows = active[start:start + rows_per_block]
+        x = torch.mm(z[rows], z.t())                                          # [b, N] dots
+        for lev in range(lv.log_w.shape[0]):
+            gid = lv.gid[lev]
+            if fn is not None:
+                a, den, pos = native_row_terms(fn, x, scale, gid, ws[lev], rows, include_self,
+                                               official).unbind(1)
             else:
-                q_s = s.mul_(pos)                                  # (s_ij - M_i) on P(i)
-            per_row = a - q_s.sum(1) / lv.n_pos[lev, rows].to(z.dtype).clamp(min=1)
-            total += (g[lev, rows].to(torch.float64) * per_row.to(torch.float64)).sum()
+                a, den, pos = _torch_row_terms(x, scale, gid, ws[lev], rows, include_self,
+                                               official, bool(lv.full[lev])).unbind(1)
+            a = a / den                                  # Σ_k p_ik (s_ik - M_i)
+            if official:
+                a = a * ratio(torch.log(den), torch.zeros_like(den), log_eps[lev])
+            per_row = a - pos / lv.n_pos[lev, rows].to(torch.float64).clamp(min=1)
+            total += (g[lev, rows].to(torch.float64) * per_row).sum()
     return total
 
 
