@@ -304,7 +304,7 @@ def balanced_contrastive_loss_op(
                               variant, backend)
 
 
-def _temperature_link(z_all: torch.Tensor, temperature) -> tuple[float, torch.Tensor | None]:
+def _temperature_link(temperature) -> tuple[float, torch.Tensor | None]:
     """(scale = 1/tau as a float for the engines, the tau tensor whose gradient ``_with_tau``
     adds, or None). The engines take tau as a constant; a tensor tau that autograd tracks (a
     learnable temperature) gets dL/dtau summed at the logits' level, the row max taken out
@@ -350,7 +350,7 @@ def _balanced_loss(z, labels, prototypes, temperature, include_self, reduction, 
     n = z_all.shape[0]
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
     lv = make_levels(n, [(None, labels)], include_self, cdt, z.device, n_common=n)
-    scale, tau = _temperature_link(z_all, temperature)
+    scale, tau = _temperature_link(temperature)
     out = _apply(
         z_all, lv, scale, bool(include_self), variant, reduction, choice,
         torch.is_grad_enabled() and z_all.requires_grad,
@@ -428,7 +428,7 @@ def _hierarchical_loss(z, level_labels, level_prototypes, temperature, include_s
     z_big = torch.cat(parts, dim=0) if len(parts) > 1 else z
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
     lv = make_levels(off, level_rows, include_self, cdt, z.device, n_common=n)
-    scale, tau = _temperature_link(z_big, temperature)
+    scale, tau = _temperature_link(temperature)
     out = _apply(
         z_big, lv, scale, bool(include_self), variant, "mean", choice,
         torch.is_grad_enabled() and z_big.requires_grad,
