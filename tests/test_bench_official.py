@@ -386,8 +386,8 @@ def test_official_fuzz_level_labels_that_do_not_nest(capsys):
     import official_fuzz
 
     def nest(ys):                # every class of each level inside one class of the next
-        return all(len(set(b[a == c].tolist())) == 1 for a, b in zip(ys, ys[1:])
-                   for c in a.unique())
+        return all(len(set(b[a == c].tolist())) == 1
+                   for a, b in zip(ys[:-1], ys[1:], strict=True) for c in a.unique())
 
     drawn = {}
     for kind in official_fuzz.LEVEL_LABELS:

@@ -143,6 +143,7 @@ def test_cuda_blocks_keep_a_floor_of_rows_within_free_memory(monkeypatch):
     attention engine's row-max pass takes the same floor."""
     import hiertail_fast.ops._attention_lse as attention_lse
     import hiertail_fast.ops._lse_torch as lse_torch
+    import hiertail_fast.ops._temperature_grad as tgrad
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     free = {"bytes": 1 << 40}
@@ -165,3 +166,10 @@ def test_cuda_blocks_keep_a_floor_of_rows_within_free_memory(monkeypatch):
     assert attention_lse._max_block_rows(10**6, cuda) == floor          # its row-max pass
     assert attention_lse._max_block_rows(10**6, cpu) == 12
     assert attention_lse._max_block_rows(5, cpu) == 5
+    # the learnable temperature's pass (four [b, N] temporaries in its 64 MB): 4 rows a block
+    # at a million keys from its budget, the floor on CUDA, the budget's on CPU
+    assert tgrad._block_rows(10**6, 4, cuda) == floor
+    assert tgrad._block_rows(20_000, 4, cuda) == floor                    # budget: 209 rows
+    assert tgrad._block_rows(10**6, 4, cpu) == (48 << 20) * 4 // 3 // (16 * 10**6)    # 4
+    monkeypatch.setenv("HIERTAIL_CUDA_BLOCK_BYTES", str(128 << 20))      # the user's budget
+    assert tgrad._block_rows(10**6, 4, cuda) == (64 << 20) // (16 * 10**6)            # 4

@@ -64,8 +64,8 @@ if TAGS and "tags" in inspect.signature(torch.library.custom_op).parameters:
 # tracking's too), but this op's implementation IS the eager loss, whose cat / casts /
 # learnable temperature's Function and the reference backend need autograd.
 # _autograd_dispatch() re-includes those keys for the implementation's own, detached leaves
-# (nothing outside the op is recorded). Private torch._C API, present from torch 2.0 to 2.13 at least: without it the
-# public ops are traced as before (``READY`` False).
+# (nothing outside the op is recorded). Private torch._C API, present from torch 2.0 to 2.13
+# at least: without it the public ops are traced as before (``READY`` False).
 _AUTOGRAD_KEYS = ("AutogradFunctionality", "AutogradOther", "AutogradNestedTensor",
                   "ADInplaceOrView")
 READY = (hasattr(torch._C, "_PreserveDispatchKeyGuard")

@@ -34,7 +34,7 @@ from hiertail_fast.ops import _native
 from hiertail_fast.ops._autograd import eager_twin, first_order_backward
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS
 from hiertail_fast.ops._loss_terms import Levels, ratio
-from hiertail_fast.ops._lse_torch import block_bytes
+from hiertail_fast.ops._lse_torch import block_bytes, cuda_rows_floor
 
 BLOCK_BYTES = 64 << 20          # one row block's [b, N] temporaries (about four of them)
 
@@ -100,6 +100,20 @@ def native_row_terms(fn, x: torch.Tensor, scale: float, gid: torch.Tensor, w: to
     return out
 
 
+def _block_rows(n: int, element_size: int, device: torch.device) -> int:
+    """Rows per block of the pass over n keys: within BLOCK_BYTES for its ~four [b, N]
+    temporaries and within the engines' block budget too (the default 48 MB gives BLOCK_BYTES:
+    64 MB for the ~four temporaries was fixed whatever $HIERTAIL_CPU_BLOCK_BYTES; a memory
+    audit). On CUDA at least the engines' floor of rows where free memory holds them
+    (``_lse_torch.cuda_rows_floor``): the budget alone is 4 rows a block at a million keys,
+    ~250,000 blocks of ~15 launches each."""
+    budget = min(BLOCK_BYTES, block_bytes(device) * 4 // 3)
+    rows = max(1, budget // (4 * n * element_size))
+    if device.type == "cuda":
+        rows = cuda_rows_floor(rows, n, device)
+    return rows
+
+
 def g_dot_s(z: torch.Tensor, lv: Levels, scale: float, include_self: bool, g: torch.Tensor,
             variant: str) -> torch.Tensor:
     """Σ_l Σ_i g[l, i] Σ_k G_lik s_lik of the loss (the module docstring's per-row formulas),
@@ -110,10 +124,7 @@ def g_dot_s(z: torch.Tensor, lv: Levels, scale: float, include_self: bool, g: to
     total = torch.zeros((), dtype=torch.float64, device=z.device)
     log_eps = torch.log(OFFICIAL_EPS * lv.n_distinct.to(torch.float64))           # [L]
     fn = kernel() if z.device.type == "cpu" and z.dtype == torch.float32 else None
-    # within the engines' block budget too (the default 48 MB gives BLOCK_BYTES: 64 MB for the
-    # ~four temporaries was fixed whatever $HIERTAIL_CPU_BLOCK_BYTES; a memory audit)
-    budget = min(BLOCK_BYTES, block_bytes(z.device) * 4 // 3)
-    rows_per_block = max(1, budget // (4 * n * z.element_size()))
+    rows_per_block = _block_rows(n, z.element_size(), z.device)
     ws = torch.exp(lv.log_w.to(z.dtype))                # [L, N], 0 outside each level
     # one GEMM per row block for every level (a level's rows outside it: g 0, finite terms)
     active = (g != 0).any(0).nonzero().squeeze(1)        # rows that reach the loss
