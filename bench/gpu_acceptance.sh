@@ -12,7 +12,9 @@
 #      engine's one signed key-side call (2026-12-05: values sign(g) z on the real
 #      memory-efficient and flash kernels, fp32 and bf16); and the shared-keys mode's rows
 #      led by a key after its common tiles (2026-12-05: the relative form there, compiled for
-#      the first time);
+#      the first time); and a learnable temperature's dL/dtau at the logits' level in both
+#      variants (2026-12-05, session 61: the exact variant's, and the pass's CUDA block floor,
+#      new on a card);
 #   3. bench/gpu_report.py (limit 220 s): every CUDA backend of every op against the float64
 #      reference (PASS/FAIL), the loss against SDPA fp32 / bf16, the cuBLAS 3-GEMM floor and
 #      the dense reference, then the defaults' A/B rows (key splits, 8 warps, the Triton
@@ -57,7 +59,8 @@ s recheck STEPS=tests TESTS_S=55 OMP_NUM_THREADS=1 PYTEST_ARGS="-n 8 \
   tests/test_triton_key_splits.py::test_split_forward_and_backward \
   tests/test_triton_key_splits.py::test_the_loss_with_split_kernels \
   tests/test_attention_lse.py::test_key_side_takes_both_signs_of_the_coefficients_in_one_call \
-  tests/test_balanced_contrastive_loss_triton.py::test_shared_keys_mode_rows_led_by_a_key_after_the_common_tiles"
+  tests/test_balanced_contrastive_loss_triton.py::test_shared_keys_mode_rows_led_by_a_key_after_the_common_tiles \
+  tests/test_balanced_contrastive_loss.py::test_learnable_temperature_where_each_row_holds_its_own_lse"
 s report STEPS=report REPORT_S=220 REPORT_ARGS="--sections correctness loss scale"
 cp "$R/report/gpu_report.md" "$A/" 2>/dev/null
 # OMP_NUM_THREADS=1: 16 xdist workers on 16 cores, not 16 x 16 OpenMP threads
