@@ -23,6 +23,8 @@ per engine (``--by-ratio``: also per range of the logit bound B over the rows, a
     python bench/official_fuzz.py --variant exact --levels 3         # the exact variant instead
     python bench/official_fuzz.py --engines attention --max-log-bound 3.01 --by-ratio  # by B/rows
     python bench/official_fuzz.py --dtype bfloat16 --emulate-attention --variant exact  # 16 bits
+    python bench/official_fuzz.py --variant exact --levels 3 --learnable-temperature  # dL/dtau
+    python bench/official_fuzz.py --levels 3 --level-labels random   # levels that do not nest
 
 A case over the rule is printed with its number (``--case`` replays it with the same options)
 and its ratio to the rule with the fp32 reference's error taken as the worst of 23 roundings of
