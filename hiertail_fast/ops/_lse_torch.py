@@ -280,14 +280,22 @@ def _engine(
                 rel = neg_inf.expand(n_levels, r1 - r0)
             # (s - shift) + log w, -inf where hidden; not (s + log w) - shift: at |s| ~ 1e6
             # that sum rounds log w to an ulp of s (0.06), a 6% error in a rest key's p that
-            # ties the max (a prototype copying the arg-max row: a mutation audit's find)
-            v_r = (s_r[None] - shift[:, :, None]) + lwr[:, None, :]
+            # ties the max (a prototype copying the arg-max row: a mutation audit's find).
+            # In float64 (small: [L, b, N_r]): where rest keys lead the common ones by D (a
+            # level's prototypes far above every node row: shift is the common max), v_r and
+            # rel are ~D, in fp32 each an ulp of D off (2.4e-4 at D ~ 5,500), and so were
+            # p_r = exp(v_r - rel) and the arg-max fold's rest - v_t: a gradient 75 % off
+            # (official_fuzz --level-labels modulo --levels 3 --seed 63, case 16656: 1.7x
+            # the rule where every rounding of the fp32 reference is within it)
+            v_r = ((s_r.double()[None] - shift.double()[:, :, None])
+                   + lwr.double()[:, None, :])
             lse_r = torch.logsumexp(v_r, dim=2)
-            rel = torch.logaddexp(rel, lse_r)
+            rel = torch.logaddexp(rel.double(), lse_r)
         # lse kept in float64: shift (|s| up to thousands) + rel (small) without losing the
         # digits of rel to the rounding of a large fp32 number (the official variant needs
         # lse - rowmax to full precision)
-        lse_b = shift.double() + rel.double()
+        rel64 = rel.double()
+        lse_b = shift.double() + rel64
         lse[:, rows] = lse_b
         rel = rel.to(z.dtype)
         max_b = None
@@ -314,7 +322,8 @@ def _engine(
         # ---- gradient of sum_l g_l * lse_l, p_lik = w_lk exp(s_ik - lse_li)
         g = grad_lse[:, rows] if grad_lse is not None else coef_fn(rows, lse_b, max_b)
         if lse_in is not None:
-            rel = (lse_in[:, rows].double() - shift.double()).to(z.dtype)
+            rel64 = lse_in[:, rows].double() - shift.double()
+            rel = rel64.to(z.dtype)
         g = g.to(z.dtype)
         nz = g != 0
         if max_fold is not None:        # the entries (i, a_li); their shares after the loop
@@ -355,7 +364,7 @@ def _engine(
                 dz[rows] += torch.mm(t, zc).mul_(scale * a_max)
                 addmm_scaled_(key_c, t.t(), zb, a_max)
         if n_r:
-            p_r = exp_shifted_(v_r - rel[:, :, None])                     # v_r - rel <= 0
+            p_r = exp_shifted_((v_r - rel64[:, :, None]).to(z.dtype))     # v_r - rel <= 0
             p_r = torch.where(nz[:, :, None], g[:, :, None] * p_r, torch.zeros_like(p_r))
             if max_fold is not None:    # the LSE part of levels whose arg-max is a rest key
                 own = torch.zeros(p_r.shape, dtype=torch.bool, device=p_r.device)
