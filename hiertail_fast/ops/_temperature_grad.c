@@ -14,8 +14,9 @@
  *
  * float sums over chunks of CHUNK entries, theirs in float64. The torch path
  * (``_torch_row_terms``) takes ~ten passes over a block that does not fit in cache; here a row
- * is read from memory once for its max and stays in L1/L2 for the rest. The exp is _native_math.h's branch-free polynomial, so the loop
- * vectorises. Compiled on first use by ``_native.py`` (plain C99, no Python or torch headers).
+ * is read from memory once for its max and stays in L1/L2 for the rest. The exp is
+ * _native_math.h's branch-free polynomial, so the loops vectorise. Compiled on first use by
+ * ``_native.py`` (plain C99, no Python or torch headers).
  */
 /* No contraction of s = x * scale and d = s - m into one fma(x, scale, -m): that skips s's
  * rounding, and the arg-max key's d became its rounding error instead of 0 (e^d != 1: den 7e-5
