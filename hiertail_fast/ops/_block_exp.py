@@ -15,7 +15,6 @@ runs on torch's OpenMP threads (``_native.load(..., openmp=True)``).
 """
 from __future__ import annotations
 
-import ctypes
 import math
 
 import torch
@@ -25,16 +24,10 @@ from hiertail_fast.ops import _lse_torch, _native  # (_lse_torch imports this mo
 
 def kernel():
     """The C kernel (ctypes function), or None (native kernels off or not buildable here)."""
-    lib = _native.load("_block_exp", openmp=True)
-    if lib is None:
-        return None
-    fn = lib.hiertail_block_exp_f32
-    if fn.argtypes is None:
-        i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-        fn.argtypes = [i64, i64, i64, ptr, i64, f32, f32, f32, i64, ptr, i64, ptr, ptr, ptr,
-                       ptr, i64]
-        fn.restype = i64                  # the number of threads that ran
-    return fn
+    i64, ptr, f32 = _native.I64, _native.PTR, _native.F32
+    return _native.threaded_function("_block_exp", "hiertail_block_exp_f32",
+                                     [i64, i64, i64, ptr, i64, f32, f32, f32, i64, ptr, i64,
+                                      ptr, ptr, ptr, ptr, i64])
 
 
 def reference_step(e: torch.Tensor, w: torch.Tensor, need_arg: bool,

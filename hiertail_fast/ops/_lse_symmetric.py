@@ -34,7 +34,6 @@ no compiler: the row-block engine.
 """
 from __future__ import annotations
 
-import ctypes
 import math
 
 import torch
@@ -58,19 +57,17 @@ def enabled() -> bool:
 
 
 def _kernels():
-    lib = _native.load("_symmetric_lse", openmp=True)
-    if lib is None:
+    i64, ptr, f32 = _native.I64, _native.PTR, _native.F32
+    stats = _native.threaded_function(
+        "_symmetric_lse", "hiertail_sym_stats_f32",
+        [i64, i64, i64, ptr, i64, i64, f32, ptr, ptr, ptr, ptr, f32, f32, ptr, ptr, ptr, ptr,
+         ptr, ptr])
+    if stats is None:
         return None
-    stats, grad = lib.hiertail_sym_stats_f32, lib.hiertail_sym_grad_f32
-    if stats.argtypes is None:
-        i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-        stats.argtypes = [i64, i64, i64, ptr, i64, i64, f32, ptr, ptr, ptr, ptr, f32, f32,
-                          ptr, ptr, ptr, ptr, ptr, ptr]
-        stats.restype = i64
-        grad.argtypes = [i64, i64, i64, ptr, i64, i64, f32, ptr, ptr, ptr, ptr, ptr, ptr, ptr,
-                         ptr, f32, f32, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, f32, ptr,
-                         ptr, ptr, ptr]
-        grad.restype = i64
+    grad = _native.threaded_function(
+        "_symmetric_lse", "hiertail_sym_grad_f32",
+        [i64, i64, i64, ptr, i64, i64, f32, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, f32, f32,
+         ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, f32, ptr, ptr, ptr, ptr])
     return stats, grad
 
 

@@ -223,3 +223,21 @@ def load(name: str, openmp: bool = False) -> ctypes.CDLL | None:
                                   stacklevel=2)
         _LOADED[key] = lib
         return lib
+
+
+# ctypes argument types of the kernels' C functions (``threaded_function``)
+I64, PTR, F32, F64 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_double
+
+
+def threaded_function(name: str, symbol: str, argtypes: list):
+    """The C function ``symbol`` of ``hiertail_fast/ops/<name>.c`` (the OpenMP build, see
+    ``load``) with its argument types set once and an int64 result (the kernels return how
+    many threads ran), or None when native kernels are off or cannot be built here."""
+    lib = load(name, openmp=True)
+    if lib is None:
+        return None
+    fn = getattr(lib, symbol)
+    if fn.argtypes is None:
+        fn.argtypes = argtypes
+        fn.restype = I64
+    return fn

@@ -10,8 +10,6 @@ re-decides it with the lowest-index rule, so ``nearest_prototype``'s answer is t
 """
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from hiertail_fast.ops import _native
@@ -23,15 +21,11 @@ def kernel(dtype: torch.dtype):
     """The C kernel for ``dtype`` (float32 / float64) as a ctypes function, or None (another
     dtype, native kernels off, or not buildable here)."""
     name = _DTYPES.get(dtype)
-    lib = None if name is None else _native.load("_nearest_rows", openmp=True)
-    if lib is None:
+    if name is None:
         return None
-    fn = getattr(lib, name)
-    if fn.argtypes is None:
-        i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        fn.argtypes = [i64, i64, i64, ptr, i64, ptr, ptr, ptr]
-        fn.restype = i64                  # the number of threads that ran
-    return fn
+    i64, ptr = _native.I64, _native.PTR
+    return _native.threaded_function("_nearest_rows", name,
+                                     [i64, i64, i64, ptr, i64, ptr, ptr, ptr])
 
 
 def reference_step(d: torch.Tensor):

@@ -44,7 +44,6 @@ keys (``RestKeys``). The last two are mixins of ``BlockPositives``.
 """
 from __future__ import annotations
 
-import ctypes
 import math
 import os
 
@@ -99,16 +98,13 @@ def _factor_cut(fac, dtype: torch.dtype) -> float:
 def native_kernel(dtype: torch.dtype):
     """The fused C kernel of ``_positive_blocks.c`` for float32 / float64 blocks, or None
     (native kernels off or not buildable here: the torch path)."""
-    lib = _native.load("_positive_blocks", openmp=True)
-    if lib is None or dtype not in (torch.float32, torch.float64):
+    if dtype not in (torch.float32, torch.float64):
         return None
-    fn = lib.hiertail_positives_f32 if dtype == torch.float32 else lib.hiertail_positives_f64
-    if fn.argtypes is None:
-        i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        fn.argtypes = [i64, i64, i64, i64, ptr, i64, ptr, i64, ptr, ptr, i64, ptr, ptr, i64,
-                       ctypes.c_double, ptr, i64, ctypes.c_double, ptr, ptr, i64]
-        fn.restype = i64                  # the number of threads that ran
-    return fn
+    i64, ptr, f64 = _native.I64, _native.PTR, _native.F64
+    symbol = "hiertail_positives_f32" if dtype == torch.float32 else "hiertail_positives_f64"
+    return _native.threaded_function("_positive_blocks", symbol,
+                                     [i64, i64, i64, i64, ptr, i64, ptr, i64, ptr, ptr, i64,
+                                      ptr, ptr, i64, f64, ptr, i64, f64, ptr, ptr, i64])
 
 
 class BlockPositives(SlicePlan, RestKeys):

@@ -26,8 +26,6 @@ temporaries of at most ``BLOCK_BYTES``; also the kernel's oracle in the tests).
 """
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from hiertail_fast.ops import _native
@@ -41,15 +39,10 @@ BLOCK_BYTES = 64 << 20          # one row block's [b, N] temporaries (about four
 
 def kernel():
     """The C kernel (ctypes function), or None (native kernels off or not buildable here)."""
-    lib = _native.load("_temperature_grad", openmp=True)
-    if lib is None:
-        return None
-    fn = lib.hiertail_temperature_rows_f32
-    if fn.argtypes is None:
-        i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-        fn.argtypes = [i64, i64, i64, ptr, i64, f32, ptr, ptr, ptr, ptr, i64, f32, ptr]
-        fn.restype = i64                  # the number of threads that ran
-    return fn
+    i64, ptr, f32 = _native.I64, _native.PTR, _native.F32
+    return _native.threaded_function("_temperature_grad", "hiertail_temperature_rows_f32",
+                                     [i64, i64, i64, ptr, i64, f32, ptr, ptr, ptr, ptr, i64,
+                                      f32, ptr])
 
 
 def _torch_row_terms(x: torch.Tensor, scale: float, gid: torch.Tensor, w: torch.Tensor,
