@@ -37,7 +37,7 @@
 #define LOWEST (-87.0f)
 /* float sums over chunks of this many entries (8 lanes, 16 terms each: a few ulp of the chunk's
  * sum, whose terms all have one sign), the chunks' sums in float64: vectorised float lanes,
- * not double ones with a conversion per entry (3.2 ns an entry on the 2-core Xeon before) */
+ * not double ones with a conversion per entry (several times slower, untimed as a figure) */
 #define CHUNK 128
 
 /* e^d for d <= 0, 0 below e^-87 (no denormal number) */
