@@ -397,8 +397,9 @@ def test_version_ab_old_is_the_revision_and_exact_is_exact(monkeypatch, capsys):
     made = []
     real_step = version_ab.loss_step
     monkeypatch.setattr(version_ab, "revision_package", fake_revision)
-    monkeypatch.setattr(version_ab, "loss_step", lambda pkg, z, ys, ps, tau, v, b: made.append(
-        (pkg, v, b)) or real_step(hiertail_fast, z, ys, ps, tau, v, b))
+    monkeypatch.setattr(version_ab, "loss_step", lambda pkg, z, ys, ps, tau, v, b, learn=False:
+                        made.append((pkg, v, b)) or real_step(hiertail_fast, z, ys, ps, tau, v,
+                                                              b, learn))
     monkeypatch.setattr(version_ab, "round_robin_medians", lambda steps, rounds: {
         "old": 2.0, "new": 1.0, "floor+exp": 0.5, "exact": 4.0})
     assert version_ab.main(["--rev", "X", "--levels", "1", "--variant", "official", "--n", "40",

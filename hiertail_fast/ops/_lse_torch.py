@@ -199,6 +199,7 @@ def _engine(
     n_c, n_r = zc.shape[0], ridx.numel()
     wc = (log_w if cidx is None else log_w[:, cidx]).exp()                # [L, N_c]
     zr, lwr = z[ridx], log_w[:, ridx]                                     # [N_r, d], [L, N_r]
+    lwr64 = lwr.double() if n_r else None           # (v_r below is float64: once per call)
     vis_r = visible[:, ridx]
 
     grad = coef_fn is not None or grad_lse is not None
@@ -287,15 +288,17 @@ def _engine(
             # p_r = exp(v_r - rel) and the arg-max fold's rest - v_t: a gradient 75 % off
             # (official_fuzz --level-labels modulo --levels 3 --seed 63, case 16656: 1.7x
             # the rule where every rounding of the fp32 reference is within it)
-            v_r = ((s_r.double()[None] - shift.double()[:, :, None])
-                   + lwr.double()[:, None, :])
+            shift64 = shift.double()
+            v_r = (s_r.double()[None] - shift64[:, :, None]) + lwr64[:, None, :]
             lse_r = torch.logsumexp(v_r, dim=2)
             rel = torch.logaddexp(rel.double(), lse_r)
+        else:
+            shift64 = shift.double()
         # lse kept in float64: shift (|s| up to thousands) + rel (small) without losing the
         # digits of rel to the rounding of a large fp32 number (the official variant needs
         # lse - rowmax to full precision)
         rel64 = rel.double()
-        lse_b = shift.double() + rel64
+        lse_b = shift64 + rel64
         lse[:, rows] = lse_b
         rel = rel.to(z.dtype)
         max_b = None
@@ -322,7 +325,7 @@ def _engine(
         # ---- gradient of sum_l g_l * lse_l, p_lik = w_lk exp(s_ik - lse_li)
         g = grad_lse[:, rows] if grad_lse is not None else coef_fn(rows, lse_b, max_b)
         if lse_in is not None:
-            rel64 = lse_in[:, rows].double() - shift.double()
+            rel64 = lse_in[:, rows].double() - shift64
             rel = rel64.to(z.dtype)
         g = g.to(z.dtype)
         nz = g != 0
