@@ -19,6 +19,7 @@ import hiertail_fast.ops._positive_blocks as blocks_mod
 from hiertail_fast import hierarchical_contrastive_loss
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS
 from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
+from tests.conftest import built_kernel
 
 
 def _lib():
@@ -30,9 +31,7 @@ def _lib():
 
 def _no_native_kernels():
     """Skip without a C compiler, except on CI, where the kernels must build."""
-    if os.environ.get("CI"):
-        pytest.fail("the native kernels did not build on the CI machine")
-    pytest.skip("no C compiler here")
+    built_kernel(None)
 
 
 def test_build_is_cached_and_reused(fresh_native, monkeypatch):
