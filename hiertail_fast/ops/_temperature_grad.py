@@ -77,9 +77,10 @@ def _torch_row_terms(x: torch.Tensor, scale: float, gid: torch.Tensor, w: torch.
 def native_row_terms(fn, x: torch.Tensor, scale: float, gid: torch.Tensor, w: torch.Tensor,
                      rows: torch.Tensor, include_self: bool, official: bool) -> torch.Tensor:
     """``_torch_row_terms`` through the C kernel ``fn`` (from ``kernel()``): x float32 [b, N]
-    with unit column stride (not written), gid int64 [N] (its labels, < 2^31, as int32 for the
-    kernel's 8-lane compares), w float32 [N] (> 0 exactly on the level's keys: 1 / class size
-    there, exp(-inf) = 0 elsewhere), rows int64 [b]."""
+    with unit column stride (not written), gid int32 or int64 [N] (the labels, < 2^31, taken
+    as int32 for the kernel's 8-lane compares: g_dot_s converts them once per call), w float32
+    [N] (> 0 exactly on the level's keys: 1 / class size there, exp(-inf) = 0 elsewhere), rows
+    int64 [b]."""
     b, n = x.shape
     if x.dtype != torch.float32 or w.dtype != torch.float32 or x.stride(1) != 1:
         raise TypeError("the temperature kernel takes float32 blocks with unit column stride")
@@ -119,13 +120,14 @@ def g_dot_s(z: torch.Tensor, lv: Levels, scale: float, include_self: bool, g: to
     fn = kernel() if z.device.type == "cpu" and z.dtype == torch.float32 else None
     rows_per_block = _block_rows(n, z.element_size(), z.device)
     ws = torch.exp(lv.log_w.to(z.dtype))                # [L, N], 0 outside each level
+    gids = lv.gid.to(torch.int32) if fn is not None else lv.gid      # (the kernel's labels)
     # one GEMM per row block for every level (a level's rows outside it: g 0, finite terms)
     active = (g != 0).any(0).nonzero().squeeze(1)        # rows that reach the loss
     for start in range(0, active.numel(), rows_per_block):
         rows = active[start:start + rows_per_block]
         x = torch.mm(z[rows], z.t())                                          # [b, N] dots
         for lev in range(lv.log_w.shape[0]):
-            gid = lv.gid[lev]
+            gid = gids[lev]
             if fn is not None:
                 a, den, pos = native_row_terms(fn, x, scale, gid, ws[lev], rows, include_self,
                                                official).unbind(1)
