@@ -52,8 +52,7 @@ def test_kernel_matches_the_torch_path(kind, shape, official, include_self):
     rows, cols = shape
     rows = min(rows, cols)
     x, scale, gid, w, idx = _case(kind, rows, cols, seed=rows * 1000 + cols)
-    if idx.numel() == 0:
-        pytest.skip("no row of the level drawn")
+    assert idx.numel() > 0                  # (the draws put rows in the level: no empty case)
     x0 = x.clone()
     got = tgrad.native_row_terms(fn, x, scale, gid, w, idx, include_self, official)
     assert torch.equal(x, x0)               # the block is not written (the levels share it)
