@@ -279,8 +279,8 @@ def test_official_limit_scales_with_the_rows(monkeypatch):
 def test_exact_limit_scales_with_the_rows(monkeypatch):
     """Exact variant: below 1,024 rows the limit is also max(EXACT_MIN_LOGIT,
     EXACT_LOGIT_PER_ROW x the rows) (prototypes included), so a small problem inside MAX_LOGIT
-    runs our engine where its bound is over that, the kernels where it is under; bf16 keeps its
-    own limit (its gradient comes back rounded to bf16)."""
+    runs our engine where its bound is over that, the kernels where it is under; the bf16
+    kernels keep their own limit (their gradient comes back rounded to bf16)."""
     floor, per_row = attn.EXACT_MIN_LOGIT, attn.EXACT_LOGIT_PER_ROW
     assert attn.rows_limit("exact", torch.float32, 10) == floor
     assert attn.rows_limit("exact", torch.float32, 300) == 300 * per_row
@@ -311,21 +311,24 @@ def test_exact_limit_scales_with_the_rows(monkeypatch):
                     torch.testing.assert_close(a.double(), e, rtol=1e-4, atol=1e-5)
 
 
-def test_bf16_inputs_have_their_own_limits(monkeypatch):
-    """Exact variant, a bound between the fp32 and the bf16 limits: fp32 and float16 inputs go to
-    our engine, bf16 inputs stay on the kernels (their gradient comes back rounded to bf16,
-    2^-9, above the kernels' error there: bench/attention_guard.py --dtype bfloat16); the
-    bf16 result matches the float64 reference on the same bf16 inputs to that rounding. The
-    official variant never runs the bf16 kernels (limit 0: flash's bf16 output O is amplified
-    by the official gradient's cancellation), even at a small bound."""
+def test_bf16_kernels_have_their_own_limits(monkeypatch):
+    """Exact variant, a bound between the fp32 and the bf16 limits: on the bf16 kernels (CUDA
+    flash, emulated here) bf16 inputs stay on the kernels (their gradient comes back rounded to
+    bf16, 2^-9, above the kernels' error there: bench/attention_guard.py --dtype bfloat16),
+    fp32 and float16 inputs go to our engine; the bf16 result matches the float64 reference on
+    the same bf16 inputs to that rounding. The official variant never runs the bf16 kernels
+    (limit 0: flash's bf16 output O is amplified by the official gradient's cancellation), even
+    at a small bound."""
     f32, b16 = attn.max_logit("exact", torch.float32), attn.max_logit("exact", torch.bfloat16)
     assert f32 < b16 and attn.max_logit("exact", torch.float16) == f32
     assert attn.max_logit("official", torch.bfloat16) == 0.0
+    _emulate_cuda(monkeypatch, attn._FLASH_OP, _fake_flash([]))
     gen = torch.Generator().manual_seed(4)
     z = torch.randn(60, 8, generator=gen).relu() + 0.05
     z = z / z.norm(dim=1, keepdim=True) * (0.5 * (f32 + b16) * 0.5) ** 0.5   # temperature 0.5
     y = torch.randint(0, 4, (60,), generator=gen)
     zb = z.bfloat16()
+    assert attn.kernel_dtype(zb) == torch.bfloat16
     assert attn.within_precision(zb, 2.0, "exact") and not attn.within_precision(z, 2.0, "exact")
     for dtype, runs_kernels in ((torch.float32, False), (torch.float16, False),
                                 (torch.bfloat16, True)):
@@ -342,6 +345,40 @@ def test_bf16_inputs_have_their_own_limits(monkeypatch):
                       variant="official")
     assert not calls
     assert float((got[1].double() - exp[1]).abs().max() / exp[1].abs().max()) < 4e-3
+
+
+def test_bf16_rows_on_the_fp32_kernel_take_the_fp32_limits(monkeypatch):
+    """bf16 rows on CPU run the fp32 kernel (``kernel_dtype``), whose fp32 LSE is the fp32
+    engine's: the guard gives them the fp32 limits and rows rules, not the bf16 kernels'. A
+    fuzzing find (2026-12-05, ``bench/official_fuzz.py --dtype bfloat16 --variant exact
+    --engines attention``, seed 62): keyed on the rows' dtype, 2 rows in classes of their own
+    (include_self: each row's own key takes its softmax, p_ii - 1 cancels) at B 1e3-1e4 stayed
+    on the kernel, whose p_ii carries ~B 2^-24 of the cancelling terms: up to 55x the tests'
+    rule; this case on the kernel is 6.1x the 32 fp32 ulp of the terms below, where our
+    engine, the fp32 rows' engine at that bound, is exact. On CUDA bf16 rows take the flash
+    branch and its own limits (the test above)."""
+    if attn._kernel_kind(torch.device("cpu")) != "cpu":
+        pytest.skip("the adapter's CPU branch is emulated away")
+    gen = torch.Generator().manual_seed(7)
+    n, d, tau, bound = 2, 16, 0.1, 2000.0
+    z = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    zb = (z / z.norm(dim=1, keepdim=True) * (bound * tau) ** 0.5).bfloat16()
+    y = torch.arange(n)
+    assert attn.kernel_dtype(zb) == torch.float32
+    assert not attn.within_precision(zb, 1 / tau, "exact")
+    assert attn.within_precision(zb, 1 / tau, "exact") == attn.within_precision(
+        zb.float(), 1 / tau, "exact")
+    calls = _spy(monkeypatch)
+    got = _loss_grads(zb, y, None, temperature=tau, include_self=True, backend="attention")
+    assert not calls                                    # our engine, as for the fp32 rows
+    exp = _loss_grads(zb.double(), y, None, temperature=tau, include_self=True,
+                      backend="reference")
+    terms = (3 * 2 / n) * zb.double().abs().max() * d ** 0.5 / tau   # (loss * 3), mean
+    assert float((got[1].double() - exp[1]).abs().max() / terms) <= 32 * 2 ** -24
+    small = (zb.float() * (50.0 / bound) ** 0.5).bfloat16()           # B 50: the kernel
+    calls = _spy(monkeypatch)
+    _loss_grads(small, y, None, temperature=tau, include_self=True, backend="attention")
+    assert calls
 
 
 def test_kernel_refusal_falls_back(monkeypatch):

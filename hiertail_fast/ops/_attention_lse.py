@@ -393,16 +393,22 @@ def _grad(z, keys: _Keys, scale, lse, g, out):
     return dz.add_(_key_side(z, keys, scale, lse, g))
 
 
+def kernel_dtype(z: torch.Tensor) -> torch.dtype:
+    """The dtype the kernels compute on for rows `z` (float32 or bfloat16): bf16 on CUDA stays
+    bf16 (flash attention with the folded bias); other 16-bit inputs, and every 16-bit input on
+    CPU, run in fp32 (the memory-efficient kernel takes its bias in the inputs' dtype:
+    log-weights in 16 bits would be off by up to ~3 %). The precision guard keys on it too."""
+    if z.dtype == torch.bfloat16 and _kernel_kind(z.device) == "cuda":
+        return torch.bfloat16
+    return torch.float32
+
+
 def _input(z: torch.Tensor) -> torch.Tensor:
-    """Kernel input dtype. float64 is refused (the caller keeps its exact engine: never a
-    silent downgrade). bf16 on CUDA stays bf16 (flash attention with the folded bias); other
-    16-bit inputs, and every 16-bit input on CPU, run in fp32 (the memory-efficient kernel takes
-    its bias in the inputs' dtype: log-weights in 16 bits would be off by up to ~3 %)."""
+    """The kernels' input: z in ``kernel_dtype(z)``. float64 is refused (the caller keeps its
+    exact engine: never a silent downgrade)."""
     if z.dtype == torch.float64:
         raise AttentionUnavailable("float64 inputs stay on the exact engine")
-    if z.dtype == torch.bfloat16 and _kernel_kind(z.device) == "cuda":
-        return z.contiguous()
-    return z.float().contiguous()
+    return z.to(kernel_dtype(z)).contiguous()
 
 
 # The attention kernels return the LSE in fp32 and recompute s inside the kernel, so p_ik =
@@ -420,18 +426,19 @@ def _input(z: torch.Tensor) -> torch.Tensor:
 # tolerance (1e-4). HierTail's own embeddings sit at ~400-450 (scale 10, unnormalised hidden
 # layer), which 256 sent to a slower engine for the exact variant.
 MAX_LOGIT = {"exact": 1024.0, "official": 256.0}
-# bf16 inputs: the gradient comes back in bf16 (rounded to 2^-9 relative, 2e-3), so the exact
-# variant may go further: measured with `python bench/attention_guard.py --dtype bfloat16`
-# (NVIDIA H200, 2026-11-27, flash attention with the folded bias; against float64 on the same
-# bf16 inputs), max-norm relative gradient error, attention / our exact torch engine (both
-# include bf16's rounding of the returned gradient): exact relu 1.7e-3 / 1.7e-3 at B = 1,024,
-# 2.2e-3 / 1.7e-3 at 4,096, 2.1e-3 / 1.3e-3 at 8,192, 2.0e-3 / 1.7e-3 at 16,384; randn
-# 3.0e-3 / 3.0e-3 up to 4,096, 2.3e-3 / 2.1e-3 at 8,192. The official variant is never served
-# there: flash attention returns its output O in bf16, and the official gradient cancels (its
-# LSE part against its positives) so much that this rounding became 3.6e-2 at B = 1,024 (torch
-# engine 1.7e-3). HierTail's own embeddings reach ~1,200 at 100k nodes (scale 10), over the
-# fp32 limit: with --loss-dtype bfloat16 they stay on the bf16 kernels. float16 rounds 4x
-# finer: it keeps the fp32 limits (and runs the fp32 memory-efficient kernel).
+# bf16 inputs on the bf16 kernels (CUDA flash; on CPU they run the fp32 kernel and take the fp32
+# limits, ``within_precision``): the gradient comes back in bf16 (rounded to 2^-9 relative, 2e-3),
+# so the exact variant may go further: measured with `python bench/attention_guard.py --dtype
+# bfloat16` (NVIDIA H200, 2026-11-27, flash attention with the folded bias; against float64 on the
+# same bf16 inputs), max-norm relative gradient error, attention / our exact torch engine (both
+# include bf16's rounding of the returned gradient): exact relu 1.7e-3 / 1.7e-3 at B = 1,024, 2.2e-3
+# / 1.7e-3 at 4,096, 2.1e-3 / 1.3e-3 at 8,192, 2.0e-3 / 1.7e-3 at 16,384; randn 3.0e-3 / 3.0e-3 up
+# to 4,096, 2.3e-3 / 2.1e-3 at 8,192. The official variant is never served there: flash attention
+# returns its output O in bf16, and the official gradient cancels (its LSE part against its
+# positives) so much that this rounding became 3.6e-2 at B = 1,024 (torch engine 1.7e-3). HierTail's
+# own embeddings reach ~1,200 at 100k nodes (scale 10), over the fp32 limit: with --loss-dtype
+# bfloat16 they stay on the bf16 kernels. float16 rounds 4x finer: it keeps the fp32 limits (and
+# runs the fp32 memory-efficient kernel).
 MAX_LOGIT_BF16 = {"exact": 8192.0, "official": 0.0}
 
 
@@ -514,8 +521,9 @@ def rows_limit(variant: str, dtype: torch.dtype, rows: int) -> float:
     """The guard's limit for `variant` on `rows` rows (queries and prototypes) of `dtype`:
     ``max_logit`` and, for the fp32 kernels, the rows rule of the variant (official: at most
     ``OFFICIAL_LOGIT_PER_ROW`` x the rows; exact: at most the larger of ``EXACT_MIN_LOGIT`` and
-    ``EXACT_LOGIT_PER_ROW`` x the rows). bf16 inputs, whose gradient comes back rounded to
-    bf16, keep their own limits (``MAX_LOGIT_BF16``)."""
+    ``EXACT_LOGIT_PER_ROW`` x the rows). `dtype` is the kernels' (``kernel_dtype``): the bf16
+    kernels, whose gradient comes back rounded to bf16, keep their own limits
+    (``MAX_LOGIT_BF16``)."""
     limit = max_logit(variant, dtype)
     if variant == "official":
         return min(limit, OFFICIAL_LOGIT_PER_ROW * rows)
@@ -527,14 +535,21 @@ def rows_limit(variant: str, dtype: torch.dtype, rows: int) -> float:
 def within_precision(z: torch.Tensor, scale: float, variant: str = "official",
                      bound: LogitBound | None = None) -> bool:
     """Whether the kernels' fp32 LSE is precise enough for these logits: the bound (the call's
-    shared ``LogitBound`` if given) <= ``rows_limit(variant, z.dtype, rows of z)``."""
-    return (bound or LogitBound(z, scale)).value <= rows_limit(variant, z.dtype, z.shape[0])
+    shared ``LogitBound`` if given) <= ``rows_limit(variant, kernel_dtype(z), rows of z)``.
+    The dtype the kernels compute on, not z's: bf16 rows on CPU run the fp32 kernel, whose
+    error is the fp32 one, so they take the fp32 limits and rows rules (with the bf16 limits
+    they did not: ``bench/official_fuzz.py --dtype bfloat16 --variant exact --engines
+    attention``, seed 62, found 2-3 row cases up to 55x the tests' rule at B 1e3-1e4, each
+    within it on our engine; a fuzzing find, 2026-12-05)."""
+    limit = rows_limit(variant, kernel_dtype(z), z.shape[0])
+    return (bound or LogitBound(z, scale)).value <= limit
 
 
 __all__ = [
     "AttentionUnavailable",
     "LogitBound",
     "available",
+    "kernel_dtype",
     "logit_bound",
     "lse_backward",
     "lse_forward",
