@@ -173,7 +173,7 @@ def _kernel_kind(device: torch.device) -> str:
 
 def _folds(q: torch.Tensor) -> bool:
     """Whether q's calls take the bf16 flash branch (the bias folded into feature columns)."""
-    return q.dtype == torch.bfloat16 and _kernel_kind(q.device) == "cuda"
+    return kernel_dtype(q) == torch.bfloat16
 
 
 class _Fold:
