@@ -120,8 +120,11 @@ def _check_gcn(c, backend):
                    ref_lowp=None if xl is None else xl.grad)
     if w is not None:
         gscale = 1 + (float(w64.grad.abs().max()) if w64.grad.numel() else 0.0)
-        assert_close64(w.grad, w64.grad, dt, extra=extra * gscale, scale=gscale,
-                       what="gcn grad w", ref_lowp=None if wl is None else wl.grad)
+        # float32 weights of 16-bit rows: dL/dw = Σ g_i x_j (dinv terms) is float32 sums of the
+        # 16-bit values' exact products, never rounded to 16 bits, so float32's tolerance
+        wdt = torch.float32 if dt in LOW else dt
+        assert_close64(w.grad, w64.grad, wdt, extra=extra * gscale, scale=gscale,
+                       what="gcn grad w")
 
 
 @st.composite
