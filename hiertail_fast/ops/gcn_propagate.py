@@ -164,16 +164,20 @@ def _spmm(backend, graph, weight, dinv, loop, x, key, transposed):
     return out.to(x_in.dtype)
 
 
-def _edge_dots(g: torch.Tensor, x: torch.Tensor, row: torch.Tensor, col: torch.Tensor):
-    """a_e = <g[row_e], x[col_e]> for every entry, in chunks so memory stays O(chunk·d), in the
-    compute dtype (float32 for 16-bit rows, each chunk widened as it is gathered: products and
-    sums in bf16 put the weights' gradient ~1e-3 relative off, 3.5 % on a 2-node graph; a
-    fuzzing find, 2026-12-05), as the Triton launcher returns them."""
+def _edge_dots(g: torch.Tensor, x: torch.Tensor, row: torch.Tensor | None,
+               col: torch.Tensor | None) -> torch.Tensor:
+    """a_e = <g[row_e], x[col_e]> for every entry (row = col = None: the diagonal, <g_i, x_i>
+    for every node, by slices), in chunks so memory stays O(chunk·d), in the compute dtype
+    (float32 for 16-bit rows, each chunk widened as it is read: products and sums in bf16 put
+    the weights' gradient ~1e-3 relative off, 3.5 % on a 2-node graph; a fuzzing find,
+    2026-12-05), as the Triton launcher returns them."""
     cdtype = _cdtype(g.dtype)
-    out = torch.empty(row.numel(), dtype=cdtype, device=g.device)
+    count = g.shape[0] if row is None else row.numel()
+    out = torch.empty(count, dtype=cdtype, device=g.device)
     step = max(1, _SDDMM_CHUNK_ELEMS // max(1, g.shape[1]))
-    for s in range(0, row.numel(), step):
-        rows, cols = row[s:s + step], col[s:s + step]
+    for s in range(0, count, step):
+        rows = slice(s, s + step) if row is None else row[s:s + step]
+        cols = slice(s, s + step) if col is None else col[s:s + step]
         out[s:s + step] = (g[rows].to(cdtype) * x[cols].to(cdtype)).sum(1)
     return out
 
@@ -253,8 +257,7 @@ class GCNPropagateFunction(torch.autograd.Function):
                 grad_dinv = (_row_sums(graph, w * dinv[col] * a)
                              + _col_sums(graph, w * dinv[row] * a))
                 if loop is not None:      # <g_i, x_i> as the edges' (chunked, compute dtype)
-                    nodes = torch.arange(x.shape[0], device=x.device)
-                    grad_dinv += 2.0 * loop * dinv * _edge_dots(grad_out, x, nodes, nodes)
+                    grad_dinv += 2.0 * loop * dinv * _edge_dots(grad_out, x, None, None)
         # None for: loop (constant), graph, key, backend (not tensors)
         return grad_x, grad_w, grad_dinv, None, None, None, None
 
