@@ -4,8 +4,12 @@ Comparison rule (``assert_close64``): every backend's result, computed from inpu
 ``dtype``, is compared with the float64 reference evaluated on the SAME (already rounded)
 inputs, elementwise  |got − ref64| <= atol + rtol·|ref64| + extra  with (rtol, atol) from
 ``tests.conftest.tol(dtype)``, plus
-* for float16/bfloat16 inputs, twice the error of the low-precision reference itself
-  (``2·|ref_lowp − ref64|``, the rule of tests/conftest and STYLE.md);
+* twice the error of the low-precision reference itself (``2·|ref_lowp − ref64|``, the rule
+  of tests/conftest and STYLE.md) where the caller passes one: for float16/bfloat16 inputs,
+  and for the official loss variant in float32, whose gradient is discontinuous where two
+  logits of a row tie for its max within fp32 rounding (the row max's gradient goes to
+  whichever rounds higher: the float32 dense reference and every engine agree, float64 picks
+  the other; a long campaign at 40 rows, ``HIERTAIL_FUZZ_ROWS=40``, found one 0.47 off);
 * ``extra``: a condition-scaled term for ill-conditioned cases, computed by the caller from a
   first-order error bound (documented next to each use: huge logits of the contrastive loss in
   float32, GCN degrees that nearly cancel with signed weights).
@@ -78,7 +82,7 @@ def assert_close64(got, ref64, dtype, *, ref_lowp=None, extra=0.0, scale=1.0, wh
     got64, ref64 = got.detach().double(), ref64.detach().double()
     assert got64.shape == ref64.shape, (what, got64.shape, ref64.shape)
     bound = t["atol"] * scale + t["rtol"] * ref64.abs() + extra
-    if ref_lowp is not None and dtype in LOW:
+    if ref_lowp is not None:
         # a low-precision reference that overflowed (NaN/inf) sets no bound for that entry
         lowp_err = (ref_lowp.detach().double() - ref64).abs()
         bound = bound + 2 * torch.nan_to_num(lowp_err, nan=float("inf"))
