@@ -265,6 +265,7 @@ def _engine(
             else:
                 m_c, i_c, sums = _block_exp.reference_step(e, wc, need_max, cidx, scale)
             shift = m_c[None].expand(n_levels, -1)                        # [L, b]
+            shift64 = shift.double()
             rel = torch.log(sums)                                         # lse - shift
         else:
             m_c = neg_inf.expand(r1 - r0)
@@ -278,6 +279,7 @@ def _engine(
             if not n_c:                 # the shift: each level's unweighted row max
                 shift = s_r[None].masked_fill(~vis_r[:, None, :], float("-inf")).amax(dim=2)
                 shift = torch.where(finite(shift), shift, torch.zeros_like(shift))
+                shift64 = shift.double()
                 rel = neg_inf.expand(n_levels, r1 - r0)
             # (s - shift) + log w, -inf where hidden; not (s + log w) - shift: at |s| ~ 1e6
             # that sum rounds log w to an ulp of s (0.06), a 6% error in a rest key's p that
@@ -288,12 +290,9 @@ def _engine(
             # p_r = exp(v_r - rel) and the arg-max fold's rest - v_t: a gradient 75 % off
             # (official_fuzz --level-labels modulo --levels 3 --seed 63, case 16656: 1.7x
             # the rule where every rounding of the fp32 reference is within it)
-            shift64 = shift.double()
             v_r = (s_r.double()[None] - shift64[:, :, None]) + lwr64[:, None, :]
             lse_r = torch.logsumexp(v_r, dim=2)
             rel = torch.logaddexp(rel.double(), lse_r)
-        else:
-            shift64 = shift.double()
         # lse kept in float64: shift (|s| up to thousands) + rel (small) without losing the
         # digits of rel to the rounding of a large fp32 number (the official variant needs
         # lse - rowmax to full precision)
