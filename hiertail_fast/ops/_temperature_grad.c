@@ -91,7 +91,8 @@ static void row_terms(int64_t n, const float *x, float scale, const int32_t *lab
     if (self >= 0 && w[self] > 0.0f && lab[self] == own) {   /* not its own positive */
         const float s = x[self] * scale;
         const float d = s - m;
-        pos -= official ? exp_or_zero(d) / (exp_or_zero(d) + eps) * d : d;
+        const float e = exp_or_zero(d);
+        pos -= official ? e / (e + eps) * d : d;
     }
     out[0] = a;
     out[1] = den;
