@@ -23,15 +23,7 @@ from tests.conftest import built_kernel
 
 
 def _lib():
-    lib = native_mod.load("_positive_blocks")
-    if lib is None:
-        _no_native_kernels()
-    return lib
-
-
-def _no_native_kernels():
-    """Skip without a C compiler, except on CI, where the kernels must build."""
-    built_kernel(None)
+    return built_kernel(native_mod.load("_positive_blocks"))
 
 
 def test_build_is_cached_and_reused(fresh_native, monkeypatch):
@@ -301,8 +293,7 @@ def test_a_damaged_cached_library_is_built_again(fresh_native, damage):
     another kernel's library failed at its first symbol. Its recorded sha256 no longer
     matches: it is built again. Every build and load runs in a child process: a library this
     process had mapped must not be truncated under it (that is the SIGBUS)."""
-    if native_mod.compiler() is None:
-        _no_native_kernels()
+    built_kernel(native_mod.compiler())
     env = {**os.environ, "HIERTAIL_NATIVE_CACHE": str(fresh_native)}
 
     def child(code: str) -> subprocess.CompletedProcess:
