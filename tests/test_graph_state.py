@@ -416,7 +416,7 @@ def test_a_thread_using_the_graph_while_another_drops_its_stale_entries():
     after the marker is gone; every dict operation is the plain dict's."""
     import threading
 
-    from hiertail_fast import graph as graph_mod
+    from hiertail_fast import _graph_cache as graph_cache
 
     s, w0 = _graph()
     w = torch.nn.Parameter(w0)
@@ -433,7 +433,7 @@ def test_a_thread_using_the_graph_while_another_drops_its_stale_entries():
 
     class PausingDict(dict):
         def _pause(self, key):
-            if key == graph_mod._FINITE_WEIGHTS and threading.current_thread().name == "A":
+            if key == graph_cache.FINITE_WEIGHTS and threading.current_thread().name == "A":
                 a_paused.set()
                 b_done.wait(1.0)
 

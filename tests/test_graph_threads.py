@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hiertail_fast import CSRGraph, gcn_propagate
-from hiertail_fast import graph as graph_mod
+from hiertail_fast import _graph_cache as graph_cache
 from tests.conftest import fork_while_held
 from tests.test_graph_state import _propagate_in_a_worker
 
@@ -35,7 +35,7 @@ def test_threads_at_a_graphs_first_use_share_one_lock(monkeypatch):
     _NEW_LOCK)."""
     g = _graph()
     barrier = threading.Barrier(2, timeout=10)
-    real = graph_mod._NEW_LOCK
+    real = graph_cache._NEW_LOCK
 
     class Racing:
         def __enter__(self):
@@ -46,7 +46,7 @@ def test_threads_at_a_graphs_first_use_share_one_lock(monkeypatch):
         def __exit__(self, *exc):
             real.release()
 
-    monkeypatch.setattr(graph_mod, "_NEW_LOCK", Racing())
+    monkeypatch.setattr(graph_cache, "_NEW_LOCK", Racing())
     inside, overlap, entered = [], [], []
     second = threading.Event()
 
@@ -127,7 +127,7 @@ def test_clear_cache_while_another_thread_fills_a_structural_cache():
 def test_clear_cache_while_another_thread_checks_learnable_weights():
     g = _graph(learnable=True)
     g.gcn_norm_values()                        # the weights are checked once (the marker is set)
-    values = _race(g, lambda what, key: what == "contains" and key == graph_mod._FINITE_WEIGHTS,
+    values = _race(g, lambda what, key: what == "contains" and key == graph_cache.FINITE_WEIGHTS,
                    lambda g: g.gcn_norm_values()[0])
     torch.testing.assert_close(values, _graph().gcn_norm_values()[0])
 
@@ -136,7 +136,7 @@ def test_clear_cache_while_another_thread_checks_learnable_weights():
 def test_a_fork_while_another_thread_makes_a_graphs_lock_does_not_hang_the_child():
     g = _graph()                                  # never used: its lock is made in the child
     x = torch.randn(g.num_nodes, 3)
-    hung, code = fork_while_held(lambda: graph_mod._NEW_LOCK, _propagate_in_a_worker, (x, g))
+    hung, code = fork_while_held(lambda: graph_cache._NEW_LOCK, _propagate_in_a_worker, (x, g))
     assert not hung and code == 0
 
 

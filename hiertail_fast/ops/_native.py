@@ -52,7 +52,7 @@ _WARNED: list[str] = []       # the kernel whose failed build was reported (one 
 def _fresh_lock_after_fork() -> None:
     """In a forked child (a DataLoader worker): the lock as new. A parent thread compiling a
     kernel at the fork held it, and the child, where that thread does not exist, hung at its
-    first native call (a mutation audit; graph.py resets its graphs' locks alike)."""
+    first native call (a mutation audit; _graph_cache.py resets its graphs' locks alike)."""
     global _LOCK
     _LOCK = threading.Lock()
 
