@@ -1,4 +1,5 @@
-"""CSRGraph's caches across copies, modes and in-place updates (hiertail_fast/graph.py).
+"""CSRGraph's caches across copies, modes and in-place updates (hiertail_fast/graph.py and
+_graph_cache.py).
 
 Each case gave a silently wrong result or a crash before (an audit of 2026-11-28): a pickled
 graph kept cache entries keyed by version counters that restart on load, an operator built by
@@ -11,6 +12,7 @@ import copy
 import io
 import os
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -254,6 +256,27 @@ def test_a_used_graph_loads_with_weights_only():
         h = torch.load(buf, weights_only=True)
     assert torch.equal(gcn_propagate(x, h), before)
     assert h.known_symmetric is g.known_symmetric is False      # checked, and kept
+
+
+def test_graphs_saved_by_an_earlier_release_still_load():
+    """tests/data/graphs_pickled_7d4f089.pt: two used graphs (unweighted and symmetric;
+    weighted and not) with their caches, saved by revision 7d4f089, before the caches moved
+    to the base class `GraphCaches`. A user's saved graphs must keep loading (weights_only)
+    with the caches valid: propagation as saved and as a fresh graph of the same arrays, the
+    symmetry as checked then, and a transpose that is the graph's own."""
+    path = Path(__file__).parent / "data" / "graphs_pickled_7d4f089.pt"
+    with torch.serialization.safe_globals([CSRGraph]):
+        saved = torch.load(path, weights_only=True)
+    for name, symmetric in (("unweighted", True), ("weighted", False)):
+        g, x, y = saved[name]["graph"], saved[name]["x"], saved[name]["y"]
+        assert type(g) is CSRGraph and g._cache            # the caches came with it
+        assert g.known_symmetric is symmetric
+        assert torch.equal(gcn_propagate(x, g), y)
+        fresh = CSRGraph(g.indptr.clone(), g.indices.clone(),
+                         None if g.weight is None else g.weight.clone(), g.num_nodes)
+        assert torch.equal(gcn_propagate(x, fresh), y)
+        assert torch.equal(g.transpose().indices, fresh.transpose().indices)
+        assert g.transpose() is g if symmetric else g.transpose() is not g
 
 
 def test_a_deep_copy_keeps_a_declared_symmetry_declared():
