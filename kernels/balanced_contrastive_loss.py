@@ -775,7 +775,8 @@ def lse_backward(
     """Gradient of Σ_{l,i} grad_lse[l,i]·lse[l,i] with respect to z (both sides of s = Z·Zᵀ).
 
     Args:
-        z, log_w, scale: as given to `lse_forward`; lse: its [L, N] fp32 output.
+        z, log_w, scale: as given to `lse_forward`; lse: its [L, N] output as returned
+            (fp32; float64 in the relative and shared-keys modes).
         grad_lse: [L, N] upstream gradient (rows with grad 0 or lse −inf contribute nothing).
         two_pass: FlashAttention-2 query pass + key pass instead of the one-pass symmetric
             kernel (same result up to fp32 rounding; twice the GEMM work).

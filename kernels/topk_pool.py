@@ -1,7 +1,7 @@
 """Triton kernels for top-k pooling (gPool / PyG TopKPooling) and unpooling.
 
 Forward:   t_i = x_i·p̂, p̂ = p/‖p‖; score = tanh(t)   (_topk_score_kernel, reads X once)
-           [top-k selection: a stable torch.sort on the device, in hiertail_fast/ops]
+           [top-k selection on the device: ``_select`` in hiertail_fast/ops/topk_pool.py]
            out_r = x_{perm_r} · score_{perm_r}          (_topk_gather_scale_kernel)
 Backward:  for kept rows only (dropped rows get no gradient through the output):
            ds_r  = Σ_c g_rc x_{perm_r,c} + gs_r         (gs: gradient of the returned score)

@@ -37,7 +37,7 @@ from hiertail_fast.ops._finite import finite
 
 # The private ops and the exact signatures used below, checked on torch 2.11 (the GPU image)
 # and 2.13 (the CPU machines). Older or newer releases go through the schema probe in
-# `_ops()`; anything unexpected makes the adapter unavailable rather than wrong.
+# `_op()`; anything unexpected makes the adapter unavailable rather than wrong.
 MIN_TORCH = (2, 4)
 _CPU_OP = "_scaled_dot_product_flash_attention_for_cpu"
 _CUDA_OP = "_scaled_dot_product_efficient_attention"

@@ -230,7 +230,8 @@ def _(indptr, indices, weight, num_nodes):
 def traced_augment_a2(graph: CSRGraph) -> CSRGraph:
     """``CSRGraph.augment_a2`` while TorchDynamo traces it (the official configuration runs
     it on every pooled graph): one custom op, the A² graph built in the traced code with the
-    symmetry it inherits in eager (not differentiable, as eager)."""
+    symmetry it inherits in eager. The op carries no gradient for the weights: `augment_a2`
+    sends weights that need gradients to the eager method instead (a graph break)."""
     weight = None if graph.weight is None else graph.weight.detach()
     indptr, indices, a2_weight = augment_a2(graph.indptr, graph.indices, weight,
                                             graph.num_nodes)

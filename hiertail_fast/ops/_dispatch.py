@@ -278,10 +278,10 @@ def refine_loss_backend(choice: str, z_all: torch.Tensor, scale: float, variant:
 def _own_cpu_engine_takes(z: torch.Tensor, n_levels: int) -> bool:
     """Whether a one-level CPU loss on `z` runs our torch backend with its C kernels: the
     symmetric engine (``_lse_symmetric``: each pair once, 2 N^2 d multiply-adds) from its
-    MIN_ROWS rows, the row-block engine's single block below. Both measured faster than the CPU
-    attention kernel (4 N^2 d) for the exact loss: the symmetric engine from 6k to 100k rows,
-    the single block 1.02-1.27x at 100-500 rows in 33 of 36 cells, even in the other three
-    (docs/LOSS.md: `bench/loss_grid.py`). The engines compute in the op's compute
+    MIN_ROWS rows, the row-block engine below (one or two blocks). Both measured faster than
+    the CPU attention kernel (4 N^2 d) for the exact loss: the symmetric engine from 6k to 100k
+    rows, the row-block engine 1.02-1.27x at 100-500 rows in 33 of 36 cells, even in the other
+    three (docs/LOSS.md: `bench/loss_grid.py`). The engines compute in the op's compute
     dtype: 16-bit inputs run on their float32 copy (as backend="torch" does); the CPU attention
     kernel on their bf16 rows, the choice before, took 1.22x / 1.28x the symmetric engine's
     time at 12k / 50k rows, d 128 (`bench/loss_grid.py --dtype bfloat16`). Switched off

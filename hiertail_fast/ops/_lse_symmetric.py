@@ -47,7 +47,8 @@ from hiertail_fast.ops._max_fold import TileFold
 from hiertail_fast.ops._tied_keys import first_tied_key
 
 ENV_VAR = "HIERTAIL_SYMMETRIC"
-# below this many rows the row-block engine's single block is as good (and has fewer calls)
+# below this many rows the row-block engine (one or two blocks of MAX_BLOCK_ROWS) is as good
+# (and has fewer calls)
 MIN_ROWS = 2 * MAX_BLOCK_ROWS
 
 

@@ -18,8 +18,10 @@ S_c are class sums (one index_add, O(N*d)); the official positive terms go throu
               ds_ij (j in P(i)) = -(g_i / n_i) q_ij, q_ij = e_ij / (e_ij + eps);
               dM_i = g_i (Q_i / n_i - r_i) routed to s_{i, argmax_i} (as torch.max does).
 
-With a scalar reduction on the torch backend the per-row coefficients are known during forward,
-so the gradient is computed there (3 GEMMs per block in total) and backward only scales it.
+With a scalar reduction on the torch and attention backends the per-row coefficients are known
+during forward, so the gradient is computed there (on the row-block engine 3 GEMMs per block in
+total; the symmetric engine and the attention kernels have their own counts, docs/LOSS.md) and
+backward only scales it.
 """
 from __future__ import annotations
 

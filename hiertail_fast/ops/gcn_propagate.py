@@ -78,7 +78,8 @@ def _normalised(graph: CSRGraph, weight, dinv, transposed: bool):
 def _merge_diagonal(indptr, indices, values, diag, insert=None):
     """Insert the entries (i, i, diag_i) for every i with ``insert_i`` (nodes that get an added
     self-loop; default ``diag != 0``) into a row-sorted CSR, keeping columns sorted: O(nnz + n),
-    no sort. Used once per graph for the cached CPU operator, so a call is ONE sparse product
+    no sort. Used once per graph for the cached operator (torch / torch_sparse backends, any
+    device), so a call is ONE sparse product
     (no extra pass of x·diag over the features).
 
     Which rows get an entry is decided from the STRUCTURE (``insert`` and the stored diagonal),
