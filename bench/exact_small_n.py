@@ -10,7 +10,7 @@ a row per N, a column per bound (``--per-row``: per multiple of N), each cell th
 over seeds x dims (> 1: the rule fails; "-": a bound at or over MAX_LOGIT, which runs our
 engine whatever the rows).
 
-    python bench/exact_small_n.py                                   # N 2-1,000, B 64-1,024
+    python bench/exact_small_n.py                                   # N 2-1,000, B 64-1,000
     python bench/exact_small_n.py --n 64 128 256 512 --per-row 1 2
     python bench/exact_small_n.py --engine torch                    # our engine, for contrast
 

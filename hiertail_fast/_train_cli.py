@@ -5,11 +5,12 @@ options, loads the graph (``--data`` .npz, ``--dataset`` NAME [``--root``] or ``
 an optional user split, runs `run_seeds`, prints the table and writes ``--json``. This module
 drives `hiertail_fast.train`; the loop never imports it back.
 
-Exit codes: 0 done; 2 the command line or an input file is refused before training (one line on
-stderr, argparse's ``error``); 1 the run failed after training started: training diverged (a
-non-finite loss, `TrainingDivergedError`: one line naming the seed, the epoch and the lr; the
-seeds finished before it are the ``seed ...`` lines already on stderr, no --json is written)
-or --json could not be written (the results go to stdout)."""
+Exit codes: 0 done; 2 the command line or an input file is refused (one line on stderr,
+argparse's ``error``), before training or, for an option a method checks only when its run
+starts, then; 1 the run failed: training diverged (a non-finite loss, `TrainingDivergedError`:
+one line naming the seed, the epoch and the lr; the seeds finished before it are the ``seed
+...`` lines already on stderr, no --json is written), memory ran out (one line), or --json
+could not be written (the results go to stdout); 130 interrupted (Ctrl-C; one line)."""
 from __future__ import annotations
 
 import argparse

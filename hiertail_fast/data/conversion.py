@@ -195,8 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hiertail_fast.data.conversion``: convert a dataset (a name or a file) to the
-    uniform .npz; usage errors exit with code 2 and one line on stderr."""
+    """``python -m hiertail_fast.data convert SOURCE OUT``: convert a dataset (a name or a
+    file) to the uniform .npz (or .pt); usage errors exit with code 2 and one line on stderr."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if _is_file_source(args.source) and (args.root is not None or args.download):

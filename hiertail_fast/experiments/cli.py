@@ -96,8 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", type=_positive(float), help="override every method's learning rate "
                    "(e.g. 0.001, the official code's default, PROTOCOL §5.1 item 1)")
     t.add_argument("--adj-norm", choices=("none", "row"), help="baselines' adjacency: none "
-                   "(official HierTail copy, default) or row = D^-1(A+I) (LTE4G / HeroLT; "
-                   "PROTOCOL §5.2 item 9)")
+                   "(official HierTail copy, default; lte4g: row, its official code) or row = "
+                   "D^-1(A+I) (LTE4G / HeroLT; PROTOCOL §5.2 item 9)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--report-only", action="store_true", help="train nothing: write the tables "
                    "from the runs already cached (rows say how many seeds they hold); it does "

@@ -6,29 +6,29 @@ on one device type. Its result is written, atomically, to its own file under the
 soon as it finishes (``<runs>/<dataset>/<method>-<hash>-s<seed>.json``). A run whose file
 exists is never recomputed (the same run in two rows or two experiments is trained once), so an
 interrupted command resumes where it stopped, two commands can share a runs folder, and nothing
-a previous command computed is overwritten (but for the two misses below). Stopping the process
-(SIGSTOP / SIGCONT, or killing it) loses at most the run in progress. While a run trains, its
-command holds a claim on it (an flock on ``.<run file stem>.training`` beside the file, removed
-when done): another command sharing the runs folder leaves that run for the end of its own list,
-then waits for it and reads it from the cache (or trains it, if the claimant stopped without
-finishing it), so commands whose seeds overlap split the runs instead of training them twice;
-running the same command twice uses two cores. A command killed outright (SIGKILL, SIGTERM)
-leaves its claim file behind, unlocked: harmless, the next command to train that run takes
-it over and removes it.
+a previous command computed is lost (the misses below keep or report what they replace).
+Stopping the process (SIGSTOP / SIGCONT, or killing it) loses at most the run in progress. While
+a run trains, its command holds a claim on it (an flock on ``.<run file stem>.training`` beside
+the file, removed when done): another command sharing the runs folder leaves that run for the
+end of its own list, then waits for it and reads it from the cache (or trains it, if the
+claimant stopped without finishing it), so commands whose seeds overlap split the runs instead
+of training them twice; running the same command twice uses two cores. A command killed
+outright (SIGKILL, SIGTERM) leaves its claim file behind, unlocked: harmless, the next command
+to train that run takes it over and removes it.
 
 The identity that names a run's file holds the data's shape (nodes, edges, features, classes and
 a non-default --feature-norm), not its content: two graphs of the same shape share file names.
 Each record therefore also carries ``data_fingerprint`` (function `data_fingerprint`: sha256 of
 x, edge_index and y as the run sees them, after loading and feature normalisation, and for the
 semi-synthetic split of the graph made from them: `DataSource.run_fingerprint`), and a cached
-record whose fingerprint differs from this command's data is a miss: the run is retrained, its
-file rewritten, and stdout says so. A cached file that cannot be read (truncated, corrupt) is a
-miss too, with a warning naming it. Records written before the fingerprint existed have none and
-are still reused on their shape alone: the committed reproduction cache
-(docs/results/experiments/runs, 435 runs) predates it and was made from the one data folder the
-identity's shape describes, and retraining it would cost days of CPU; to check them against the
-data, ``python -m hiertail_fast.experiments.migrate_fingerprints RUNS`` adds the fingerprint of
-the data they were run on (hiertail_fast/experiments/migrate_fingerprints.py).
+record whose fingerprint differs from this command's data is a miss: the run is retrained and
+stdout says so; the old record is moved beside the new one as ``<name>.data-<its fingerprint>
+.json`` (`RunCache.put`) and served again when that data comes back. A cached file that cannot
+be read (truncated, corrupt) is a miss too, with a warning naming it, and the only file a new
+run replaces. Records written before the fingerprint existed have none and are still reused on
+their shape alone; ``python -m hiertail_fast.experiments.migrate_fingerprints RUNS`` adds the
+fingerprint of the data they were run on (hiertail_fast/experiments/migrate_fingerprints.py),
+as was done for the committed reproduction cache (docs/results/experiments/runs).
 """
 from __future__ import annotations
 

@@ -199,7 +199,8 @@ class HierTailConfig:
 
     @classmethod
     def paper(cls, **overrides) -> HierTailConfig:
-        """The paper's model (default): see the module docstring's table."""
+        """The paper's model (default): see the table in hiertail_fast/nn/hiertail.py's
+        docstring."""
         return cls(**{"name": "paper", **overrides})
 
     @classmethod
