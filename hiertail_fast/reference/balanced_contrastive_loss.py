@@ -95,7 +95,12 @@ def balanced_contrastive_loss_ref(
     z_all = z_all.to(torch.promote_types(z_all.dtype, torch.float32))
     n_all = z_all.shape[0]
 
-    s = z_all @ z_all.t() / temperature                                  # [N_all, N_all]
+    # the logits as every engine forms them, the dot times 1/tau (the same math as / tau, one
+    # rounding apart in ~1 of 7 entries): the fp32 reference's error then samples the engines'
+    # own rounding of the logits, the one the tests' rule scales with (a fuzzing find: with
+    # / tau the engines' dz was 3x the reference's error on a case where their rounding alone
+    # made the difference, docs/LOSS.md "Logits formed as the engines form them")
+    s = (z_all @ z_all.t()) * (1.0 / temperature)                        # [N_all, N_all]
     _, inverse, counts = torch.unique(labels_all, return_inverse=True, return_counts=True)
     w = 1.0 / counts[inverse].to(z_all.dtype)                             # [N_all] key weights
     pos = labels_all[:, None] == labels_all[None, :]                      # positive mask
