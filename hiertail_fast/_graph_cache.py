@@ -119,7 +119,7 @@ def _stamp(value) -> tuple | None:
     if torch.compiler.is_compiling():
         return None
     if isinstance(value, torch.Tensor):
-        return (None if value.is_inference() else value._version,)
+        return _versions(value)
     if isinstance(value, GraphCaches):
         return _stamp((value._indptr, value._indices, value._weight))
     if isinstance(value, (tuple, list)):
