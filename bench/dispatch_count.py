@@ -37,6 +37,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).parent))
+import loss_grid  # noqa: E402
 from loss_grid import REGIMES, loss_step, make_case  # noqa: E402
 
 from hiertail_fast._argparse import positive
@@ -230,10 +231,10 @@ def main(argv=None) -> int:
             stack.enter_context(_as_cuda(args.positives))
         if args.emulate_attention:
             stack.enter_context(_emulated_attention())
-        if args.epoch:
-            _report_epoch(args)
-        else:
-            _report(args, variants)
+        report = _report_epoch if args.epoch else lambda a: _report(a, variants)
+        if args.as_cuda:     # CPU tensors through CUDA's code paths, on a GPU machine too
+            report = loss_grid.on_device("cpu")(report)
+        report(args)
     return 0
 
 

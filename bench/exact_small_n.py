@@ -13,6 +13,7 @@ engine whatever the rows).
     python bench/exact_small_n.py                                   # N 2-1,000, B 64-1,000
     python bench/exact_small_n.py --n 64 128 256 512 --per-row 1 2
     python bench/exact_small_n.py --engine torch                    # our engine, for contrast
+    python bench/exact_small_n.py --device cpu       # the CPU kernel on a GPU machine
 
 A fuzzing find of 2026-12-05 (``python bench/official_fuzz.py --variant exact``): the kernels'
 key side forms p_ii from the first call's fp32 lse (rounded at |s|'s size) and the second
@@ -62,10 +63,15 @@ def main(argv=None) -> None:
     p.add_argument("--dims", type=positive(int), nargs="+", default=[2, 16, 64])
     p.add_argument("--seeds", type=positive(int), default=4)
     p.add_argument("--tau", type=positive(float), default=0.1)
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="where the attention engine runs (default: cuda where available); "
+                        "cpu: the CPU flash kernel, the one the guard's rows rule was set on")
     args = p.parse_args(argv)
     if min(args.n) < 2:
         p.error("--n >= 2")
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA device")
+    dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     # the kernels themselves: the guard's rows rule off (MAX_LOGIT stays: a bound over it
     # runs our engine; one at MAX_LOGIT itself may round just over it: such cells print "-")
     limit = attn.MAX_LOGIT["exact"]

@@ -46,7 +46,8 @@ def _fake_efficient(q, k, v, bias, compute_lse, dropout_p, is_causal, *, scale):
     s = scale * q @ k.transpose(-1, -2) + bias
     lse = torch.logsumexp(s, dim=-1)
     n = q.shape[2]
-    padded = torch.full((*lse.shape[:2], -(-n // 32) * 32), float("nan"))   # padded to 32
+    padded = torch.full((*lse.shape[:2], -(-n // 32) * 32), float("nan"),   # padded to 32
+                        device=lse.device)
     padded[..., :n] = lse
     return torch.softmax(s, dim=-1) @ v, padded, None, None
 

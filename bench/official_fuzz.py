@@ -40,7 +40,10 @@ and bias plumbing against float64 without a GPU (the stand-ins' rounding is not 
 ``--cuda-forms`` runs the engines on CPU tensors through the code paths they take for CUDA tensors
 (no C kernels, no symmetric engine, the whole-band positives, the sync-free forms of
 ``ops/_host_reads.cuda_code_paths``, as the tests' ``cuda_forms`` fixture): a fuzz of those paths
-without a GPU.
+without a GPU. Both run on the CPU on any machine. ``--device`` is where the attention and Triton
+engines run otherwise (default: CUDA where there is one; the torch engine and the references
+always run on the CPU); ``--device cpu`` replays on a GPU machine what a CPU one found (the
+Triton engine then needs ``TRITON_INTERPRET=1`` set before the script starts).
 
 Measured 2026-11-27 (sessions 22-23, Triton interpreter, CPU flash attention; the torch
 engines before and after their arg-max entry fold, ``ops/_max_fold.py``): docs/LOSS.md."""
@@ -314,6 +317,9 @@ def main(argv=None) -> None:
     ap.add_argument("--emulate-attention", action="store_true",
                     help="the attention engine's CUDA branches on CPU tensors, PyTorch's CUDA "
                          "kernels replaced by dense stand-ins (see above)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                    help="where the attention and Triton engines run (default: cuda where "
+                         "available, cpu with --cuda-forms / --emulate-attention)")
     ap.add_argument("--variant", choices=["official", "exact"], default="official",
                     help="the loss variant of every case (the same draws either way)")
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
@@ -338,12 +344,30 @@ def main(argv=None) -> None:
             or (args.case is not None and args.cases is not None and args.case > args.cases)):
         ap.error("--seconds > 0, --cases >= 1, --dims >= 1, --max-log-bound >= 0, --levels >= 1"
                  ", --rows >= 2, 1 <= --case <= --cases")
+    args.device = _device(ap, args)
     torch.set_num_threads(1)
     from hiertail_fast.ops._host_reads import cuda_code_paths
 
     with (cuda_code_paths() if args.cuda_forms else contextlib.nullcontext(),
           _emulated_attention() if args.emulate_attention else contextlib.nullcontext()):
         _fuzz(args)
+
+
+def _device(ap: argparse.ArgumentParser, args) -> str:
+    """The attention and Triton engines' device: --device, else CUDA where there is one; the
+    CPU with --cuda-forms / --emulate-attention, which put CPU tensors through CUDA code paths
+    (on a GPU machine the emulation's stand-ins got CUDA tensors before this option)."""
+    on_cpu = args.cuda_forms or args.emulate_attention
+    if args.device == "cuda" and on_cpu:
+        ap.error("--cuda-forms and --emulate-attention run on the CPU: not with --device cuda")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA device")
+    device = args.device or ("cuda" if torch.cuda.is_available() and not on_cpu else "cpu")
+    if (device == "cpu" and "triton" in args.engines
+            and os.environ.get("TRITON_INTERPRET") != "1"):
+        ap.error("the triton engine on the CPU needs TRITON_INTERPRET=1 set before the script "
+                 "starts (it is set for you on a machine without CUDA)")
+    return device
 
 
 def _emulated_attention():
@@ -393,7 +417,7 @@ def _print_tables(by_range, engines) -> None:
 
 def _fuzz(args) -> None:
     rng = random.Random(args.seed)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = args.device
     worst: dict[str, tuple[float, dict]] = {}
     by_range: dict[tuple, tuple[float, int]] = {}   # (engine, table, bucket) -> worst, cases
     over = dict.fromkeys(args.engines, 0)

@@ -472,10 +472,11 @@ def test_bench_results_are_checked_first_and_the_previous_is_kept(tmp_path):
     assert (tmp_path / "g.prev.md").exists()
 
 
-def test_dispatch_count_emulates_the_attention_engines_cuda_branches(capsys):
+def test_dispatch_count_emulates_the_attention_engines_cuda_branches(capsys, monkeypatch):
     """--emulate-attention (with --as-cuda): the attention engine takes its CUDA branches on CPU
     tensors (bf16: flash attention on the folded operands), its kernels emulated and not
-    counted; without --as-cuda it is refused."""
+    counted, on a GPU machine too (the cases' device, CUDA there, is pinned to the CPU: here
+    it is set to "cuda" as a GPU machine has it); without --as-cuda it is refused."""
     sys.path.insert(0, str(BENCH))
     try:
         import dispatch_count
@@ -483,10 +484,12 @@ def test_dispatch_count_emulates_the_attention_engines_cuda_branches(capsys):
         sys.path.remove(str(BENCH))
     import hiertail_fast.ops._attention_lse as attn
 
+    monkeypatch.setattr(dispatch_count.loss_grid, "DEVICE", "cuda")
     seen = []
     real = attn._call_folded
     try:
-        attn._call_folded = lambda *a, **k: seen.append(1) or real(*a, **k)
+        attn._call_folded = lambda *a, **k: seen.append(dispatch_count.loss_grid.DEVICE) or \
+            real(*a, **k)
         assert dispatch_count.main(["--n", "120", "--d", "8", "--levels", "1", "--variant",
                                     "exact", "--backend", "attention", "--as-cuda",
                                     "--emulate-attention", "--dtype", "bfloat16", "--top",
@@ -494,7 +497,9 @@ def test_dispatch_count_emulates_the_attention_engines_cuda_branches(capsys):
     finally:
         attn._call_folded = real
     out = capsys.readouterr().out
-    assert seen and "bfloat16 backend=attention (attention kernels emulated" in out
+    assert seen and set(seen) == {"cpu"}
+    assert "bfloat16 backend=attention (attention kernels emulated" in out
+    assert dispatch_count.loss_grid.DEVICE == "cuda"                   # put back
     assert "attention" not in out.split("\n", 1)[1].replace("_attention_lse.py", "")
     assert attn._kernel_kind(torch.device("cpu")) == "cpu"           # put back
     with pytest.raises(SystemExit):

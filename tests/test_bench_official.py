@@ -94,13 +94,26 @@ def test_official_fuzz_cuda_forms_runs_cuda_paths_and_restores_the_switches(monk
     assert os.environ["HIERTAIL_POSITIVES"] == "slices" and "HIERTAIL_NATIVE" not in os.environ
 
 
-def test_official_fuzz_rejects_bad_arguments():
+def test_official_fuzz_rejects_bad_arguments(monkeypatch, capsys):
     import official_fuzz
 
     with pytest.raises(SystemExit):
         official_fuzz.main(["--seconds", "0"])
     with pytest.raises(SystemExit):
         official_fuzz.main(["--levels", "0"])
+    # the CPU emulations of CUDA paths are CPU runs; --device cuda needs a CUDA device; the
+    # Triton engine on the CPU needs the interpreter, which triton reads when it is imported
+    bad = [["--device", "cuda", "--emulate-attention"], ["--device", "cuda", "--cuda-forms"]]
+    if not torch.cuda.is_available():
+        bad.append(["--device", "cuda"])
+    for argv in bad:
+        with pytest.raises(SystemExit):
+            official_fuzz.main(["--cases", "1", *argv])
+        assert "--device cuda" in capsys.readouterr().err
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(SystemExit):
+        official_fuzz.main(["--cases", "1", "--engines", "triton", "--device", "cpu"])
+    assert "TRITON_INTERPRET=1" in capsys.readouterr().err
 
 
 def test_symmetric_engine_cases_the_fuzz_found_are_within_the_rule():
@@ -198,7 +211,10 @@ def test_cases_over_the_rule_by_the_references_logit_rounding_are_within_it(
     them as the engines do."""
     import official_fuzz
 
-    official_fuzz.main(["--seed", str(seed), "--engines", engine, "--case", str(case)])
+    # on the CPU on any machine: the cases and their ratios are the CPU's (on a GPU the
+    # attention engine runs other kernels, with their own roundings)
+    official_fuzz.main(["--seed", str(seed), "--engines", engine, "--case", str(case),
+                        "--device", "cpu"])
     line = re.search(rf"^(?:over|within) the rule: {engine} ([0-9.]+)x "
                      rf"\{{'case': {case}, (.*)\}} \(", capsys.readouterr().out, re.M)
     assert line, f"case {case} not replayed"
@@ -280,7 +296,7 @@ def test_exact_small_n_measures_the_kernels_and_restores_the_rows_rule(capsys):
 
     before = attn.EXACT_LOGIT_PER_ROW, attn.EXACT_MIN_LOGIT
     exact_small_n.main(["--n", "2", "--bounds", "32", "900", str(attn.MAX_LOGIT["exact"]),
-                        "--dims", "2", "--seeds", "4"])
+                        "--dims", "2", "--seeds", "4", "--device", "cpu"])   # the CPU kernel
     out = capsys.readouterr().out
     assert (attn.EXACT_LOGIT_PER_ROW, attn.EXACT_MIN_LOGIT) == before
     row = re.search(r"^\| 2 \| ([0-9.]+) \| ([0-9.]+) \| - \|$", out, re.M)
@@ -291,13 +307,16 @@ def test_exact_small_n_measures_the_kernels_and_restores_the_rows_rule(capsys):
 def test_official_fuzz_emulated_attention_runs_the_cuda_branches_and_restores_them(
         monkeypatch, capsys):
     """--emulate-attention: the attention engine's CUDA branches on CPU tensors, the
-    memory-efficient kernel's stand-in called (fp32 rows), the adapter as it was afterwards."""
+    memory-efficient kernel's stand-in called (fp32 rows), the adapter as it was afterwards;
+    on the CPU on a GPU machine too (faked here: the fuzz ran the stand-ins on CUDA tensors
+    there before --device)."""
     import loss_golden
     import official_fuzz
 
     import hiertail_fast.ops._attention_lse as attn
 
     calls = recorded_first_arg_shapes(monkeypatch, loss_golden, "_fake_efficient")
+    monkeypatch.setattr(official_fuzz.torch.cuda, "is_available", lambda: True)
     kind, op = attn._kernel_kind, attn._op
     official_fuzz.main(["--cases", "6", "--seconds", "60", "--dims", "3", "--max-log-bound",
                         "1.5", "--engines", "attention", "--variant", "exact",
