@@ -353,7 +353,7 @@ def test_shared_keys_mode(n, d, levels, scale, norm, n_common, triton_device):
 
 @pytest.mark.parametrize("levels,splits", [(2, 1), (3, 1), (2, 3)])
 def test_shared_keys_mode_rows_led_by_a_key_after_the_common_tiles(levels, splits,
-                                                                    triton_device):
+                                                                    triton_device, monkeypatch):
     """Every row's largest term is its own key, so for the rows past the last full common
     tile (keys 64.. on 64-key tiles) it is a key of the loop after the common tiles, and
     their largest common score (~5e3) lies one binade below it (~1.2e4). Their lse and the
@@ -361,8 +361,14 @@ def test_shared_keys_mode_rows_led_by_a_key_after_the_common_tiles(levels, split
     find, 2026-12-05) that loop's lse was an fp32 m + log l of |s|'s size, merged against the
     common max in fp32 (one bit lost: a tie, rounded to even half the time), and dz of those
     rows was off by ~1e-3 relative (3.9x the rule in the fuzz case). Same rule as the plain
-    mode, which the kernels must also meet here, with and without key splits."""
+    mode, which the kernels must also meet here, with and without key splits. On a card the
+    tiles are 64 keys wide as under the interpreter: fp32 rows with IEEE dots take LEAN_TILES
+    there, 32 keys wide, which would leave only rows 96.. past the common tiles."""
     k = _kernels()
+    if triton_device != "cpu":
+        from hiertail_fast.kernels import _utils as u
+
+        monkeypatch.setenv(u.TILES_ENV, "64x64x8")
     n, d, scale = 100, 128, 1.0
     gen = torch.Generator().manual_seed(5)
     z = torch.zeros(n, d)
@@ -519,28 +525,37 @@ def test_lean_tiles(knob, monkeypatch, triton_device):
     tile = {"lean": u.LEAN_TILES, "32x64x4": u.AMPERE_FP32_TILES,
             "warps4": u.table_tiles(32, 4)}[knob]
     monkeypatch.setenv(u.TILES_ENV, knob)
-    if triton_device == "cpu":
-        monkeypatch.setattr(k, "pair_blocks", lambda n, d_pad, on_gpu, **kw: tile)
-    else:
-        assert u.pair_blocks(300, 32, True) == tile
     n, d, levels, scale, norm = CASES[5]          # 300 rows: several 64-row blocks
     z, log_w, grad = make_case(n, d, levels, norm, seed=9)
     ref = dense(z, log_w, scale, grad, torch.float64)
     low = dense(z, log_w, scale, grad, torch.float32)
     zd, lwd, gd = (t.to(triton_device) for t in (z, log_w, grad))
-    lse, rowmax, _ = k.lse_forward(zd, lwd, scale, True)
+    # On a card the dots are 3xTF32 (the rule holds at this bound, test_tf32x3_and_autotuned_
+    # tiles): with the launchers' default IEEE dots fp32 rows take LEAN_TILES whatever "warps4"
+    # and "fixed" say (fp32_dot_tiles), so the 4-warp case and the comparison with the table's
+    # tile below would both have run the lean tile.
+    dot = None
+    if triton_device == "cpu":
+        monkeypatch.setattr(k, "pair_blocks", lambda n, d_pad, on_gpu, **kw: tile)
+    else:
+        dot = "tf32x3"
+        taken = u.pair_blocks(n, 32, True, arch=u.cuda_arch(zd), fp32_dot=dot)
+        if taken != tile:    # "warps4" on 8.x / 12.x cards: 3xTF32 takes AMPERE_FP32_TILES
+            pytest.skip(f"this card runs {taken} for fp32 rows with 3xTF32 dots, not {tile}")
+    lse, rowmax, _ = k.lse_forward(zd, lwd, scale, True, fp32_dot=dot)
     assert_rule(lse, ref[0], low[0], torch.float32, f"lse ({knob} tiles)")
     assert_rule(rowmax, ref[1], low[1], torch.float32, f"rowmax ({knob} tiles)")
     if triton_device != "cpu":
-        dz = k.lse_backward(zd, lwd, lse, gd, scale)
+        dz = k.lse_backward(zd, lwd, lse, gd, scale, fp32_dot=dot)
         assert_rule(dz, ref[3], low[3], torch.float32, f"dz ({knob} tiles)")
-        # official: relative mode, with and without the arg-max fold, against the default tile
+        # official: relative mode, with and without the arg-max fold, against the table's tile
         outs = {}
         for env in (knob, "fixed"):
             monkeypatch.setenv(u.TILES_ENV, env)
-            rel, rmax, amax = k.lse_forward(zd, lwd, scale, True, relative=True)
-            outs[env] = (rel, k.lse_backward(zd, lwd, rel, gd, scale, rowmax=rmax),
-                         k.lse_backward(zd, lwd, rel, gd, scale, rowmax=rmax, argmax=amax))
+            rel, rmax, amax = k.lse_forward(zd, lwd, scale, True, relative=True, fp32_dot=dot)
+            outs[env] = (rel, k.lse_backward(zd, lwd, rel, gd, scale, rowmax=rmax, fp32_dot=dot),
+                         k.lse_backward(zd, lwd, rel, gd, scale, rowmax=rmax, argmax=amax,
+                                        fp32_dot=dot))
         assert_rule(outs[knob][0], ref[0], low[0], torch.float32, f"lse (relative, {knob})")
         assert_rule(outs[knob][1], ref[3], low[3], torch.float32, f"dz (relative, {knob})")
         # the fold (no dense twin here): within twice a dense fp32 gradient's error of the
