@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 
 from hiertail_fast import (
     CSRGraph,
@@ -168,10 +169,13 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-# host calls that wait for the device (a stream drained by a read; cudaMemcpy: a device-to-
-# host copy of a value), and those that launch a kernel (torch's and Triton's launchers)
+# host calls that wait for the device (a stream drained by a read; cudaMemcpy: a blocking
+# copy), and those that launch a kernel (torch's and Triton's launchers). Not cudaMemcpyAsync:
+# a value read to the host is a cudaMemcpyAsync AND the cudaStreamSynchronize after it (one
+# wait, counted twice until 2026-12-05; the 2026-11-27 profile's 13 / 9), and host-to-device
+# or device-to-device copies with it wait for nothing
 SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
-               "cudaMemcpy", "cudaMemcpyAsync")
+               "cudaMemcpy")
 LAUNCH_EVENTS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx",
                  "cudaLaunchKernelExC")
 
@@ -188,19 +192,27 @@ def profile_step(step: Callable[[], object], dev: str) -> dict:
         step()
         sync(dev)
         wall = time.perf_counter() - t0
-    return profile_summary(prof, wall, dev)
+    got = profile_summary(prof, wall, dev)
+    if dev == "cuda" and got["syncs"].get("cudaDeviceSynchronize"):   # not the harness's own
+        got["syncs"]["cudaDeviceSynchronize"] -= 1
+        if not got["syncs"]["cudaDeviceSynchronize"]:
+            del got["syncs"]["cudaDeviceSynchronize"]
+    return got
 
 
 def profile_summary(prof, wall: float, dev: str) -> dict:
     """A profiled step: its wall seconds (profiled), the seconds its kernels kept the device
-    busy (CUDA; the sum of the kernels' device time: the aten entries, which repeat their
-    kernels' time, are left out), host waits (SYNC_EVENTS) and kernel launches
+    busy (CUDA; the sum of the device-side entries' time: every host op that launched a kernel
+    repeats that kernel's time as its own self device time, the aten ops and the autograd
+    Functions that launch our Triton kernels alike, so only entries whose device_type is CUDA
+    count, not GPU user annotations), host waits (SYNC_EVENTS) and kernel launches
     (LAUNCH_EVENTS) by name, aten ops, the top kernels by device time and host ops by self
     time (ms)."""
     events = prof.key_averages()
     device_us = lambda e: getattr(e, "self_device_time_total",  # noqa: E731
                                   getattr(e, "self_cuda_time_total", 0.0))
-    kernels = sorted((e for e in events if device_us(e) > 0 and not e.key.startswith("aten::")),
+    kernels = sorted((e for e in events if getattr(e, "device_type", None) == DeviceType.CUDA
+                      and not getattr(e, "is_user_annotation", False) and device_us(e) > 0),
                      key=device_us, reverse=True)
     busy = sum(device_us(e) for e in kernels) / 1e6
     host = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)

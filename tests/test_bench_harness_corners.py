@@ -226,25 +226,55 @@ def test_loss_profile_positive_plans_set_their_own_plan():
 
 
 def test_loss_profile_summary_of_a_profiled_step():
-    """profile_summary (fake profiler): device busy = the kernels' device time (aten entries
-    repeat their kernels' time) in seconds, kernels by device time, host ops by self time,
-    both descending, in ms; host waits by name, kernel launches of torch and Triton counted
-    (a mutation audit)."""
-    ev = lambda key, count, dev_us, cpu_us: SimpleNamespace(  # noqa: E731
-        key=key, count=count, self_device_time_total=dev_us, self_cpu_time_total=cpu_us)
-    events = [ev("aten::mm", 2, 300.0, 50.0), ev("gemm_kernel", 2, 300.0, 0.0),
-              ev("exp_kernel", 1, 100.0, 0.0), ev("aten::exp", 1, 100.0, 400.0),
-              ev("cudaStreamSynchronize", 3, 0.0, 10.0), ev("cudaLaunchKernel", 3, 0.0, 6.0),
-              ev("cuLaunchKernelEx", 2, 0.0, 5.0)]
+    """profile_summary (fake profiler): device busy = the device-side entries' time (host ops
+    repeat the time of the kernels they launch: aten ops, and the autograd Function that
+    launches a Triton kernel, whose time was counted twice before 2026-12-05; GPU user
+    annotations span kernels) in seconds, kernels by device time, host ops by self time, both
+    descending, in ms; host waits by name (a read's cudaMemcpyAsync is not a second wait),
+    kernel launches of torch and Triton counted (a mutation audit)."""
+    from torch.autograd import DeviceType
+
+    def ev(key, count, dev_us, cpu_us, device=DeviceType.CPU, annotation=False):
+        return SimpleNamespace(key=key, count=count, self_device_time_total=dev_us,
+                               self_cpu_time_total=cpu_us, device_type=device,
+                               is_user_annotation=annotation)
+
+    cuda = DeviceType.CUDA
+    events = [ev("aten::mm", 2, 300.0, 50.0), ev("gemm_kernel", 2, 300.0, 0.0, cuda),
+              ev("exp_kernel", 1, 100.0, 0.0, cuda), ev("aten::exp", 1, 100.0, 400.0),
+              ev("BalancedContrastiveFunction", 1, 50.0, 30.0),
+              ev("_lse_fwd_kernel", 1, 50.0, 0.0, cuda), ev("loss", 1, 450.0, 0.0, cuda, True),
+              ev("cudaStreamSynchronize", 3, 0.0, 10.0), ev("cudaMemcpyAsync", 3, 0.0, 2.0),
+              ev("cudaLaunchKernel", 3, 0.0, 6.0), ev("cuLaunchKernelEx", 2, 0.0, 5.0)]
     got = loss_profile.gc.profile_summary(SimpleNamespace(key_averages=lambda: events), 0.002,
                                           "cuda")
-    assert got["device_busy_s"] == pytest.approx(400e-6)
-    assert got["top_kernels"] == [("gemm_kernel", 2, 0.3), ("exp_kernel", 1, 0.1)]
-    assert [k for k, _, _ in got["top_host"]][:3] == ["aten::exp", "aten::mm",
+    assert got["device_busy_s"] == pytest.approx(450e-6)
+    assert got["top_kernels"] == [("gemm_kernel", 2, 0.3), ("exp_kernel", 1, 0.1),
+                                  ("_lse_fwd_kernel", 1, 0.05)]
+    assert [k for k, _, _ in got["top_host"]][:4] == ["aten::exp", "aten::mm",
+                                                      "BalancedContrastiveFunction",
                                                       "cudaStreamSynchronize"]
     assert got["top_host"][0][2] == pytest.approx(0.4)
     assert got["syncs"] == {"cudaStreamSynchronize": 3} and got["ops"] == 3
     assert got["launches"] == 5 and got["seconds"] == 0.002
+
+
+def test_profile_step_leaves_out_its_own_device_sync(monkeypatch):
+    """profile_step on CUDA synchronises inside the profiled block (the kernels must end in
+    it): that cudaDeviceSynchronize is the harness's, not the step's, and is not counted; on
+    the CPU there is none to take away (the profiler faked: no GPU here)."""
+    import torch.profiler
+
+    gc = loss_profile.gc
+    monkeypatch.setattr(torch.profiler, "profile", lambda **kw: contextlib.nullcontext())
+    monkeypatch.setattr(gc, "sync", lambda dev: None)
+    for own, step_syncs in ((1, {}), (3, {"cudaDeviceSynchronize": 2})):
+        monkeypatch.setattr(gc, "profile_summary", lambda prof, wall, dev, n=own: dict(
+            seconds=wall, syncs={"cudaDeviceSynchronize": n, "cudaStreamSynchronize": 4}))
+        got = gc.profile_step(lambda: None, "cuda")
+        assert got["syncs"] == {**step_syncs, "cudaStreamSynchronize": 4}
+        got = gc.profile_step(lambda: None, "cpu")
+        assert got["syncs"] == {"cudaDeviceSynchronize": own, "cudaStreamSynchronize": 4}
 
 
 def test_loss_profile_table_in_ms_over_same_dtype_anchors():
