@@ -110,13 +110,15 @@ class Budget:
 def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None = None,
                  checkpoint=None) -> list[dict]:
     """First, for every (N, d): the anchors and the automatic engine (what a user gets) for both
-    variants, 1 and 3 levels, fp32 and bf16 inputs (issue 9's targets); then, for every (N, d),
-    the defaults' A/B rows (``_ab_steps``), each case's automatic row timed again beside them;
-    then one profiled step of each automatic row of the first (N, d) (``_profile_rows``);
-    then, for every (N, d): each backend at fp32 with 1 and 3 levels, the dense reference
-    (1 level) and (CUDA) the opt-in Triton modes (1 level). The time budget skips rows from the
-    end, so this order is also their priority (the A/B rows, with the kernel variants they
-    compile, come after every automatic row). Rows compared with each other are timed
+    variants, 1 and 3 levels, fp32 and bf16 inputs (issue 9's targets); then one profiled
+    step of each automatic row of the first (N, d) (``_profile_rows``: a few seconds in all);
+    then, for every (N, d), the defaults' A/B rows (``_ab_steps``), each case's automatic row
+    timed again beside them; then, for every (N, d): each backend at fp32 with 1 and 3 levels,
+    the dense reference (1 level) and (CUDA) the opt-in Triton modes (1 level). The time
+    budget skips rows from the end, so this order is also their priority (the A/B rows, with
+    the kernel variants they compile, come after every automatic row; the profile before them
+    since 2026-12-05: on 2026-12-04 the automatic rows took the whole loss budget, and behind
+    the A/B rows the profile would get none). Rows compared with each other are timed
     round-robin (``_time_group``): the anchors and automatic rows of one (N, d), the A/B rows
     of one (N, d) with their automatic rows, the engines of one (N, d, variant)."""
     cases = [(n, d) for n in sizes["loss_n"] for d in sizes["loss_d"]]
@@ -145,8 +147,9 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
                                        what=f"ours (auto: {engine})"), *_loss_step(
                                            dev, None, variant, z, y, protos, levels, dtype)))
         _time_group(dev, group, budget, add)
-    # the defaults' A/B rows, after every automatic row: they compile kernel variants of their
-    # own (seconds each on a cold cache), and issue 9's rows come first
+    _profile_rows(dev, cases[0], inputs[cases[0]], engines, budget, add)
+    # the defaults' A/B rows, after every automatic row and the profile: they compile kernel
+    # variants of their own (seconds each on a cold cache), and issue 9's rows come first
     for n, d in cases:
         z, y, protos = inputs[n, d]
         group = []
@@ -162,7 +165,6 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
                                                   dtype)))
                         group += steps
         _time_group(dev, group, budget, add)
-    _profile_rows(dev, cases[0], inputs[cases[0]], engines, budget, add)
     # every engine at 1 and 3 levels (several levels: our fused one-pass engines against the
     # attention kernels' one head per level), the reference, then the opt-in Triton modes: the
     # time budget skips those first; the autotuned ones only at the first size (tuning compiles
@@ -189,9 +191,10 @@ def _profile_rows(dev: str, case: tuple, inputs: tuple, engines: dict, budget: B
                   add) -> None:
     """Where the first size's time goes (20k rows: those issue 9 misses by the most): one
     profiled step (``gc.profile_step``) of each automatic row of the first (N, d), after the
-    A/B rows. Its kernels' device time against the row's timed median says how much of the
-    row is kernels and how much launches and host waits (a 20k row's fixed part, ~3 ms for
-    one level on the 2026-11-27 tables). Rows past the budget are marked skipped.
+    automatic rows and before the A/B rows. Its kernels' device time against the row's timed
+    median says how much of the row is kernels and how much launches and host waits (a 20k
+    row's fixed part, ~3 ms for one level on the 2026-11-27 tables). Rows past the budget are
+    marked skipped.
     (bench/loss_profile.py profiles its first size through this too.)"""
     n, d = case
     z, y, protos = inputs

@@ -411,11 +411,13 @@ def test_the_shared_keys_mode_beside_the_three_level_triton_rows(report, monkeyp
     assert report.SHARED in report.AB_QUESTIONS
 
 
-def test_the_first_size_is_profiled_after_the_ab_rows(report, monkeypatch):
-    """loss_section: after every A/B row, one profiled step (gc.profile_step) of each
-    automatic row of the FIRST (N, d) only (8: both variants, 1 and 3 levels, fp32 and bf16),
-    marked profile=True and named by their engine; none of another size; past the budget,
-    marked skipped instead of profiled."""
+def test_the_first_size_is_profiled_after_the_automatic_rows(report, monkeypatch):
+    """loss_section: after every size's automatic rows and before any A/B row (which compile
+    kernel variants and came first until 2026-12-05, when the automatic rows alone could take
+    the whole budget), one profiled step (gc.profile_step) of each automatic row of the FIRST
+    (N, d) only (8: both variants, 1 and 3 levels, fp32 and bf16), marked profile=True and
+    named by their engine; none of another size; past the budget, marked skipped instead of
+    profiled."""
     gc = report.gc
     profiled = []
     monkeypatch.setattr(gc, "loss_labels", lambda dev: [])
@@ -435,7 +437,11 @@ def test_the_first_size_is_profiled_after_the_ab_rows(report, monkeypatch):
     prof = [i for i, r in enumerate(rows) if r.get("profile")]
     assert len(prof) == len(profiled) == 8
     assert all(rows[i]["n"] == 30 and rows[i]["ops"] == 7 for i in prof)
-    assert max(i for i, r in enumerate(rows) if r.get("ab")) < min(prof)
+    automatic = [i for i, r in enumerate(rows) if r["what"].startswith("ours (auto")
+                 and not r.get("ab")]
+    assert any(rows[i]["n"] == 200 for i in automatic)        # the second size's too
+    assert max(automatic) < min(prof) and max(prof) < min(
+        i for i, r in enumerate(rows) if r.get("ab"))
     engine = {"exact": "triton", "official": "torch"}
     assert {(rows[i]["variant"], rows[i]["levels"], rows[i]["dtype"], rows[i]["what"])
             for i in prof} == {(v, lv, dt, f"profile (auto: {engine[v]})")
