@@ -141,7 +141,7 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
         for variant in ("exact", "official"):
             for levels in (1, 3):
                 for dtype, name in DTYPES.items():
-                    engine = gc.auto_engine(z, protos, variant, levels, dtype)
+                    engine = _engine_or_error(z, protos, variant, levels, dtype)
                     engines[n, d, variant, levels, dtype] = engine
                     group.append((dict(n=n, d=d, variant=variant, levels=levels, dtype=name,
                                        what=f"ours (auto: {engine})"), *_loss_step(
@@ -157,10 +157,16 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
             for levels in (1, 3):
                 for dtype, name in DTYPES.items():
                     engine = engines[n, d, variant, levels, dtype]
-                    steps = _ab_steps(dev, engine, n, d, variant, levels, dtype, (z, y, protos))
+                    fields = dict(n=n, d=d, variant=variant, levels=levels, dtype=name)
+                    try:        # a card-only fault of one A/B question: a row, not the end
+                        steps = _ab_steps(dev, engine, n, d, variant, levels, dtype,
+                                          (z, y, protos))
+                    except Exception as exc:  # noqa: BLE001 - reported as the row's error
+                        add(dict(**fields, what=f"A/B rows of auto: {engine}",
+                                 **gc.error_row(exc)))
+                        continue
                     if steps:
-                        group.append((dict(n=n, d=d, variant=variant, levels=levels,
-                                           dtype=name, what=f"ours (auto: {engine})", ab=True),
+                        group.append((dict(**fields, what=f"ours (auto: {engine})", ab=True),
                                       *_loss_step(dev, None, variant, z, y, protos, levels,
                                                   dtype)))
                         group += steps
@@ -236,6 +242,15 @@ def profile_table(loss_rows: list[dict]) -> list[list]:
                     sum(r["syncs"].values()) if "syncs" in r else r.get("error", "–"),
                     r.get("launches", "–"), r.get("ops", "–")])
     return out
+
+
+def _engine_or_error(z, protos, variant: str, levels: int, dtype: torch.dtype) -> str:
+    """``gc.auto_engine``, or "error: ..." where the choice itself raises (on a card only, say):
+    the rows of that case then report the loss call's own error, and the report goes on."""
+    try:
+        return gc.auto_engine(z, protos, variant, levels, dtype)
+    except Exception as exc:  # noqa: BLE001 - reported in the rows' names
+        return f"error: {gc.error_row(exc)['error']}"
 
 
 def _ab_steps(dev: str, engine: str, n: int, d: int, variant: str, levels: int,

@@ -454,6 +454,43 @@ def test_the_first_size_is_profiled_after_the_automatic_rows(report, monkeypatch
     assert len(profiled) == 8
 
 
+def test_a_failing_ab_question_or_engine_choice_is_a_row_not_the_end(report, monkeypatch):
+    """loss_section: where building one case's A/B rows raises (a card-only fault, say), that
+    case gets an error row and the other cases' A/B rows and the per-engine rows still come;
+    where the automatic choice itself raises, its rows are named by the error; the report
+    renders either."""
+    gc = report.gc
+    monkeypatch.setattr(gc, "loss_labels", lambda dev: [])
+    monkeypatch.setattr(report, "_anchor_steps", lambda *a, **k: {})
+    monkeypatch.setattr(report, "_loss_step", lambda *a, **k: (lambda: None, 0.0))
+    monkeypatch.setattr(gc, "profile_step", lambda step, dev: dict(seconds=0.01, syncs={}))
+    real = report._ab_steps
+
+    def ab_steps(dev, engine, n, d, variant, levels, dtype, inputs):
+        if (n, variant, levels) == (30, "exact", 3):
+            raise RuntimeError("no kernel image for this card")
+        return [(dict(n=n, d=d, variant=variant, levels=levels, what="ours (triton[x])"),
+                 lambda: None, 0.0)]
+
+    monkeypatch.setattr(report, "_ab_steps", ab_steps)
+    sizes = dict(report.SIZES["cpu"], loss_n=[30, 200], loss_d=[4])
+    rows = report.loss_section("cpu", sizes, report.Budget(60, reps=1))
+    failed = [r for r in rows if r["what"].startswith("A/B rows of auto")]
+    assert len(failed) == 2 and all("no kernel image" in r["error"] for r in failed)  # 2 dtypes
+    assert any(r.get("ab") and r["n"] == 200 for r in rows)
+    assert any(r["what"] == "ours (triton[x])" and r["n"] == 30 for r in rows)
+    md = report.render(dict(device="dev", when="now", torch="t", triton="tr", mode="cpu",
+                            wall_s=1.0, correctness=[], loss=rows))
+    assert "no kernel image" in md
+    monkeypatch.setattr(report, "_ab_steps", real)
+    monkeypatch.setattr(gc, "auto_engine", lambda *a, **k: 1 / 0)
+    rows = report.loss_section("cpu", sizes, report.Budget(60, reps=1))
+    assert rows and all("ZeroDivisionError" in r["what"] for r in rows
+                        if r["what"].startswith("ours (auto"))
+    report.render(dict(device="dev", when="now", torch="t", triton="tr", mode="cpu",
+                       wall_s=1.0, correctness=[], loss=rows))
+
+
 def test_the_profile_table_reads_the_kernels_against_the_timed_row(report):
     """profile_table / render: a profile row's kernels (device busy) over the timed median of
     the first group's automatic row of its case (not an A/B group's), its host waits summed
