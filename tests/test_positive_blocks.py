@@ -423,3 +423,21 @@ def test_constant_per_group_as_a_device_flag():
     # the level costs in one read: sum_c n_c^2, rows outside a level weighing 0
     gid = torch.stack([g, torch.tensor([0, 0, 0, 0, 0, 0, -1]), none.new_full((7,), -1)])
     assert keys._significance(gid) == [2, 0, 1]                       # costs 9, 36, 0
+    assert keys._significance(gid, [3, 1, 0]) == keys._significance(gid, [5, 2, 4]) == [2, 0, 1]
+    assert keys.key_order(gid, [3, 1, 0]).tolist() == keys.key_order(gid).tolist()
+
+
+@pytest.mark.parametrize("size", [1, 3, 50])
+def test_slot_counts_are_bincounts_without_reading_the_device(size, monkeypatch):
+    """``_positive_keys.slot_counts``: torch.bincount's counts in a known size, without the
+    bincount (on CUDA it reads its input's min and max on the host, and with weights has no
+    deterministic implementation): empty, one slot, every slot, slots never hit."""
+    from hiertail_fast.ops import _positive_keys as keys
+
+    monkeypatch.setattr(torch, "bincount", None)          # the op must not be called
+    g = torch.Generator().manual_seed(size)
+    for n in (0, 1, 7, 200):
+        slot = torch.randint(0, size, (n,), generator=g)
+        want = torch.tensor([int((slot == v).sum()) for v in range(size)])
+        got = keys.slot_counts(slot, size)
+        assert got.dtype == torch.long and torch.equal(got, want)

@@ -12,6 +12,7 @@ import torch
 
 from hiertail_fast.ops._host_reads import host_reads_cheap
 from hiertail_fast.ops._lse_torch import block_bytes, exp_shifted_
+from hiertail_fast.ops._positive_keys import slot_counts
 from hiertail_fast.ops._tied_keys import first_equal_rows
 
 OFFICIAL_EPS = 1e-7
@@ -110,7 +111,7 @@ def positive_pairs(
                    else max(1, min(BLOCK_ELEMS, block_bytes(dev) // (3 * z.element_size()))))
     srt = rows[torch.argsort(gid[rows], stable=True)]                    # rows sorted by group
     g_srt = gid[srt]
-    counts = torch.bincount(g_srt, minlength=n_groups)
+    counts = slot_counts(g_srt, n_groups)
     starts = torch.cumsum(counts, 0) - counts
     n_each = counts[g_srt]                                                # group size per row
 

@@ -119,7 +119,7 @@ class BlockPositives(SlicePlan, RestKeys):
         n_levels, n = gid.shape
         dev = gid.device
         self.z, self.gid, self.include_self = z, gid, include_self
-        self.order = _positive_keys.key_order(gid)
+        self.order = _positive_keys.key_order(gid, n_groups)
         self.cidx = self.order[common[self.order]]
         self.n_c = int(self.cidx.numel())
         self.cpos = torch.full((n,), -1, dtype=torch.long, device=dev)
@@ -134,7 +134,7 @@ class BlockPositives(SlicePlan, RestKeys):
             g = gid[lev, self.cidx]
             inside = g >= 0
             slot = torch.where(inside, g, n_g)
-            cnt = torch.bincount(slot, minlength=n_g + 1)[:n_g]
+            cnt = _positive_keys.slot_counts(slot, n_g + 1)[:n_g]
             first = torch.full((n_g + 1,), self.n_c, dtype=torch.long, device=dev)
             first.scatter_reduce_(0, slot, pos, "amin")
             first = first[:n_g]
@@ -192,7 +192,7 @@ class BlockPositives(SlicePlan, RestKeys):
             self._band_blocks = {}     # block size -> [(c0, c1, levels with a range)]: _extent
             self._f_always_one = f_always_one
             return
-        self._chain(gid, _positive_keys._significance(gid)[-1])
+        self._chain(gid, _positive_keys._significance(gid, n_groups)[-1])
 
     def _by_row_id(self, sums_s: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(sums_s)

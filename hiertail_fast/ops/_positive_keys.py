@@ -24,20 +24,36 @@ def _constant_per_group(values: torch.Tensor, g: torch.Tensor) -> bool:
     return bool(constant_per_group(values, g, max(n_groups, 0)))
 
 
-def _significance(gid: torch.Tensor) -> list[int]:
+def slot_counts(slot: torch.Tensor, size: int) -> torch.Tensor:
+    """How many entries of `slot` (int64, each in [0, size)) hold each value: [size] int64.
+    Not ``torch.bincount``: on CUDA it reads its input's min and max on the host to size its
+    output (two syncs, where the size is known here), and with weights it has no deterministic
+    implementation (under ``torch.use_deterministic_algorithms`` it raises there)."""
+    return torch.zeros(size, dtype=torch.long, device=slot.device).index_add_(
+        0, slot, torch.ones_like(slot))
+
+
+def _significance(gid: torch.Tensor, n_groups=None) -> list[int]:
     """Levels from least to most significant sort key: by their positive pairs sum_c n_c^2
-    (all levels' in one host read; rows outside a level weigh 0)."""
-    cost = torch.stack([
-        (torch.bincount(g.clamp(min=0), weights=(g >= 0).double(), minlength=1) ** 2).sum()
-        for g in gid]).tolist()
+    (all levels' in one host read; rows outside a level weigh 0). ``n_groups``: each level's
+    group count (None: read from gid, one more host read per level)."""
+    if n_groups is None:
+        n_groups = [int(g.max()) + 1 if g.numel() else 0 for g in gid]
+    cost = []
+    for g, n_g in zip(gid, n_groups, strict=True):
+        n_g = max(int(n_g), 0)              # rows outside the level: the spare last slot
+        counts = slot_counts(torch.where(g >= 0, g, n_g), n_g + 1)[:n_g]
+        cost.append((counts.double() ** 2).sum())
+    cost = torch.stack(cost).tolist() if cost else []
     return sorted(range(gid.shape[0]), key=lambda lev: cost[lev])
 
 
-def key_order(gid: torch.Tensor) -> torch.Tensor:
+def key_order(gid: torch.Tensor, n_groups=None) -> torch.Tensor:
     """Stable lexicographic order of the rows by their group ids, the level with the most
     positive pairs (sum_c n_c^2) most significant: that level's groups are always contiguous,
-    and for nested levels (the costliest is then the coarsest) every level's are."""
+    and for nested levels (the costliest is then the coarsest) every level's are.
+    ``n_groups`` as in ``_significance``."""
     order = torch.arange(gid.shape[1], device=gid.device)
-    for lev in _significance(gid):
+    for lev in _significance(gid, n_groups):
         order = order[torch.argsort(gid[lev, order], stable=True)]
     return order

@@ -11,6 +11,7 @@ import torch
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, _consistent_with_max
 from hiertail_fast.ops._host_reads import device_values
 from hiertail_fast.ops._lse_torch import exp_shifted_
+from hiertail_fast.ops._positive_keys import slot_counts
 
 
 class RestKeys:
@@ -33,7 +34,7 @@ class RestKeys:
             for k, lev in enumerate(levels):
                 g = self.gid[lev, ridx]
                 slot = torch.where(g >= 0, g, width)
-                several.append((torch.bincount(slot, minlength=width + 1)[:width] > 1).any())
+                several.append((slot_counts(slot, width + 1)[:width] > 1).any())
                 cols[k].scatter_(0, slot, pos)
             one_each = not several or not any(torch.stack(several).tolist())
             self._rest_map = (cols[:, :width],
