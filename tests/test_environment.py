@@ -138,16 +138,21 @@ def test_omp_dynamic_in_any_case_is_refused(monkeypatch, two_threads, value):
 def test_cuda_blocks_keep_a_floor_of_rows_within_free_memory(monkeypatch):
     """On CUDA the 128 MB budget gives 33 rows a block at a million keys (~30,000 blocks of
     ~100 launches per loss): unless the user set $HIERTAIL_CUDA_BLOCK_BYTES, a block keeps
-    MIN_CUDA_BLOCK_ROWS rows where a sixteenth of the free device memory holds them, fewer
-    where it does not, and never fewer than the budget's; CPU blocks are as before. The
-    attention engine's row-max pass takes the same floor."""
+    MIN_CUDA_BLOCK_ROWS rows where a quarter of the free device memory holds the pass's block
+    buffers (four fp32 ones: a sixteenth per buffer; fp64 rows: half the rows), fewer where
+    it does not, and never fewer than the budget's; free memory counts what PyTorch's caching
+    allocator holds unused (in training it keeps most of a card); CPU blocks are as before.
+    The attention engine's row-max pass takes the same floor, the learnable temperature's
+    pass one for its five temporaries and two masks."""
     import hiertail_fast.ops._attention_lse as attention_lse
     import hiertail_fast.ops._lse_torch as lse_torch
     import hiertail_fast.ops._temperature_grad as tgrad
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    free = {"bytes": 1 << 40}
+    free = {"bytes": 1 << 40, "reserved": 0, "allocated": 0}
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["bytes"], 0))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: free["reserved"])
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: free["allocated"])
     monkeypatch.delenv("HIERTAIL_CUDA_BLOCK_BYTES", raising=False)
     floor = lse_torch.MIN_CUDA_BLOCK_ROWS
     assert lse_torch._block_rows(10**6, 10**6, cuda) == floor            # budget: 33 rows
@@ -155,6 +160,11 @@ def test_cuda_blocks_keep_a_floor_of_rows_within_free_memory(monkeypatch):
     assert lse_torch._block_rows(300, 10**6, cuda) == 300                # never past the rows
     free["bytes"] = 16 * 4 * 10**6 * 100                                  # room for 100 rows
     assert lse_torch._block_rows(10**6, 10**6, cuda) == 100
+    assert lse_torch._block_rows(10**6, 10**6, cuda, 8) == 50             # fp64 buffers
+    free.update(bytes=0, reserved=16 * 4 * 10**6 * 100 + 12345, allocated=12345)
+    assert lse_torch._block_rows(10**6, 10**6, cuda) == 100               # the allocator's
+    free.update(bytes=16 * 4 * 10**6 * 100, reserved=0, allocated=0)
+    assert tgrad._block_rows(10**6, 4, cuda) == 16 * 4 * 100 // (4 * 22)  # 72: 5 x 4 + 2 B
     free["bytes"] = 1 << 20                                               # less than the budget
     assert lse_torch._block_rows(10**6, 10**6, cuda) == (128 << 20) // (4 * 10**6)
     free["bytes"] = 1 << 40

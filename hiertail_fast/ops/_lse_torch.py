@@ -133,10 +133,12 @@ CUDA_BLOCK_BYTES = 128 << 20
 # per loss, and the host's launches outlast the kernels (the H200 measured ~0.35 ms of overhead
 # per block: 256-row blocks at 20k took 36.7 ms, 1,600-row blocks 13.3 ms; the 1M-node epoch
 # with this engine took 56.7 s, 2026-12-04). Unless the user sets the budget, a CUDA block
-# keeps at least MIN_CUDA_BLOCK_ROWS rows where a sixteenth of the device's free memory holds
-# them (the engine keeps up to ~4 block-sized buffers: a quarter of it at most). Memory stays
-# linear in N (O(MIN_CUDA_BLOCK_ROWS * N)). Unmeasured on a card: the row count is from the
-# overhead above, not from a sweep.
+# keeps at least MIN_CUDA_BLOCK_ROWS rows where a quarter of the device's free memory holds
+# the block-sized buffers the pass keeps (the engine ~4 of its dtype's: a sixteenth per fp32
+# buffer, as before 2026-12-05, an eighth per fp64 one); "free" is the driver's free memory
+# plus what PyTorch's caching allocator holds unused (in a training loop the allocator keeps
+# most of a card). Memory stays linear in N (O(MIN_CUDA_BLOCK_ROWS * N)). Unmeasured on a
+# card: the row count is from the overhead above, not from a sweep.
 MIN_CUDA_BLOCK_ROWS = 512
 
 
@@ -148,23 +150,28 @@ def block_bytes(device: torch.device | str | None = None) -> int:
     return env_int("HIERTAIL_CPU_BLOCK_BYTES", 48 << 20)
 
 
-def _block_rows(n_rows: int, n_cols: int, device: torch.device | None = None) -> int:
+def _block_rows(n_rows: int, n_cols: int, device: torch.device | None = None,
+                element_size: int = 4) -> int:
     """Rows per block: the byte budget of `device`, and at most MAX_BLOCK_ROWS on CPU (on CUDA
-    at least ``cuda_rows_floor``)."""
+    at least ``cuda_rows_floor`` for ~4 buffers of `element_size`-byte entries)."""
     rows = block_bytes(device) // (4 * max(n_cols, 1))
     if device is not None and device.type == "cuda":
-        return max(8, min(n_rows, cuda_rows_floor(rows, n_cols, device)))
+        return max(8, min(n_rows, cuda_rows_floor(rows, n_cols, device, 4 * element_size)))
     return max(8, min(n_rows, MAX_BLOCK_ROWS, rows))
 
 
-def cuda_rows_floor(rows: int, n_cols: int, device: torch.device) -> int:
+def cuda_rows_floor(rows: int, n_cols: int, device: torch.device,
+                    bytes_per_entry: int = 16) -> int:
     """`rows` (a CUDA block's rows from the byte budget) raised to MIN_CUDA_BLOCK_ROWS where a
-    sixteenth of the device's free memory holds that many fp32 rows of `n_cols`; as given where
-    the user set $HIERTAIL_CUDA_BLOCK_BYTES (their budget is the budget)."""
+    quarter of the device's free memory holds that many rows of `n_cols` entries, each
+    `bytes_per_entry` bytes over the pass's live block buffers (16: four fp32 ones); free
+    memory counts what PyTorch's caching allocator holds unused. As given where the user set
+    $HIERTAIL_CUDA_BLOCK_BYTES (their budget is the budget)."""
     if rows >= MIN_CUDA_BLOCK_ROWS or os.environ.get("HIERTAIL_CUDA_BLOCK_BYTES", "").strip():
         return rows
-    free = torch.cuda.mem_get_info(device)[0]          # (a driver query, not a stream sync)
-    return max(rows, min(MIN_CUDA_BLOCK_ROWS, free // (16 * 4 * max(n_cols, 1))))
+    free = (torch.cuda.mem_get_info(device)[0]         # (driver and allocator queries, no sync)
+            + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    return max(rows, min(MIN_CUDA_BLOCK_ROWS, free // (4 * bytes_per_entry * max(n_cols, 1))))
 
 
 def _engine(
@@ -231,7 +238,7 @@ def _engine(
         has_twin = twin >= 0
         if not host_reads_cheap(z.device) or bool(has_twin.any()):
             rest_twins = (has_twin, column_of(cidx, n)[twin.clamp(min=0)].clamp_(min=0))
-    b = _block_rows(n, n_c, z.device)
+    b = _block_rows(n, n_c, z.device, z.element_size())
     buf = torch.empty(b, n_c, dtype=z.dtype, device=z.device)
     block_fn = (_block_exp.kernel() if z.dtype == torch.float32 and z.device.type == "cpu"
                 else None)
