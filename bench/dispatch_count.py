@@ -46,7 +46,7 @@ from hiertail_fast.ops import _host_reads as host_reads
 # operators that make a CUDA host wait for the device (their result's size or value is read)
 SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "_unique2", "unique_dim",
                       "unique_consecutive", "masked_select", "repeat_interleave",
-                      "bincount"})  # (CUDA: reads its input's min and max to size its output)
+                      "bincount"})  # (one call, two syncs on CUDA: its input's min and max)
 _INDEXING = frozenset({"index", "index_put", "index_put_", "_index_put_impl_"})
 # a Python value made into a tensor (torch.tensor / as_tensor of numbers or lists; the value
 # of an item assignment x[i] = v): torch.tensor(data, device=cuda) is copied with

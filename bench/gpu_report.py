@@ -157,6 +157,8 @@ def loss_section(dev: str, sizes: dict, budget: Budget, rows: list[dict] | None 
             for levels in (1, 3):
                 for dtype, name in DTYPES.items():
                     engine = engines[n, d, variant, levels, dtype]
+                    if engine.startswith("error:"):  # its automatic rows report the error
+                        continue
                     fields = dict(n=n, d=d, variant=variant, levels=levels, dtype=name)
                     try:        # a card-only fault of one A/B question: a row, not the end
                         steps = _ab_steps(dev, engine, n, d, variant, levels, dtype,
@@ -211,7 +213,9 @@ def _profile_rows(dev: str, case: tuple, inputs: tuple, engines: dict, budget: B
                 fields = dict(n=n, d=d, variant=variant, levels=levels, dtype=name,
                               what=f"profile (auto: {engine})", engine=engine, profile=True)
                 step, _ = _loss_step(dev, None, variant, z, y, protos, levels, dtype)
-                if not callable(step):
+                if engine.startswith("error:"):
+                    add(dict(**fields, error=engine))
+                elif not callable(step):
                     add(dict(**fields, **step))
                 elif budget.left() < PROFILE_NEED_S:
                     add(dict(**fields, error="skipped: time budget"))
@@ -570,7 +574,8 @@ def render(report: dict) -> str:
              "One profiled step (torch.profiler) of each automatic row of the first N × d: its "
              "kernels' device time against the row's timed median (kernels ÷ median well "
              "under 1: the row is launches and host waits, not kernels), the host waits "
-             "(stream synchronisations and device-to-host copies), kernel launches (torch's "
+             "(stream, event and device synchronisations and blocking copies, less the "
+             "harness's own), kernel launches (torch's "
              "and Triton's) and aten ops of that step.", "",
              gc.markdown_table(
                  ["variant", "levels", "input", "engine", "median", "kernels", "kernels ÷ "

@@ -303,7 +303,10 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dims", type=int, nargs="+", default=[1, 2, 3, 8, 16, 40])
     ap.add_argument("--max-log-bound", type=float, default=4.5)
-    ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    ap.add_argument("--engines", nargs="+", choices=ENGINES, default=None,
+                    help=f"default {list(ENGINES)}, less triton on the CPU without "
+                         "TRITON_INTERPRET=1 (a GPU machine's --cuda-forms / "
+                         "--emulate-attention / --device cpu runs)")
     ap.add_argument("--rows", type=int, nargs="+", default=None,
                     help=f"row counts to draw from (default {ROWS}; >= 512: the symmetric "
                          "engine on one level)")
@@ -363,8 +366,10 @@ def _device(ap: argparse.ArgumentParser, args) -> str:
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA device")
     device = args.device or ("cuda" if torch.cuda.is_available() and not on_cpu else "cpu")
-    if (device == "cpu" and "triton" in args.engines
-            and os.environ.get("TRITON_INTERPRET") != "1"):
+    triton_runs = device == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    if args.engines is None:
+        args.engines = [e for e in ENGINES if e != "triton" or triton_runs]
+    if "triton" in args.engines and not triton_runs:
         ap.error("the triton engine on the CPU needs TRITON_INTERPRET=1 set before the script "
                  "starts (it is set for you on a machine without CUDA)")
     return device

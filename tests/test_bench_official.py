@@ -114,6 +114,11 @@ def test_official_fuzz_rejects_bad_arguments(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         official_fuzz.main(["--cases", "1", "--engines", "triton", "--device", "cpu"])
     assert "TRITON_INTERPRET=1" in capsys.readouterr().err
+    # ... asked for; by default it is left out there (a GPU machine's CPU runs)
+    official_fuzz.main(["--cases", "1", "--dims", "2", "--max-log-bound", "1", "--device",
+                        "cpu"])
+    out = capsys.readouterr().out
+    assert "worst torch" in out and "worst attention" in out and "worst triton" not in out
 
 
 def test_symmetric_engine_cases_the_fuzz_found_are_within_the_rule():

@@ -487,6 +487,10 @@ def test_a_failing_ab_question_or_engine_choice_is_a_row_not_the_end(report, mon
     rows = report.loss_section("cpu", sizes, report.Budget(60, reps=1))
     assert rows and all("ZeroDivisionError" in r["what"] for r in rows
                         if r["what"].startswith("ours (auto"))
+    assert not any(r.get("ab") for r in rows)            # no A/B rows beside a failed choice
+    prof = [r for r in rows if r.get("profile")]
+    assert len(prof) == 8 and all(r["error"].startswith("error: ZeroDivisionError")
+                                  for r in prof)
     report.render(dict(device="dev", when="now", torch="t", triton="tr", mode="cpu",
                        wall_s=1.0, correctness=[], loss=rows))
 
@@ -501,7 +505,7 @@ def test_the_profile_table_reads_the_kernels_against_the_timed_row(report):
     rows = [row("ours (auto: triton)", median_s=0.010),
             row("ours (auto: triton)", median_s=0.020, ab=True),
             row("profile (auto: triton)", profile=True, device_busy_s=0.004, launches=120,
-                ops=300, syncs={"cudaStreamSynchronize": 2, "cudaMemcpyAsync": 1}),
+                ops=300, syncs={"cudaStreamSynchronize": 2, "cudaMemcpy": 1}),
             dict(row("profile (auto: attention)", profile=True, device_busy_s=None,
                      launches=0, ops=5, syncs={}), dtype="bf16"),
             dict(row("profile (auto: torch)", profile=True, error="skipped: time budget"),
