@@ -143,7 +143,7 @@ def test_cuda_blocks_keep_a_floor_of_rows_within_free_memory(monkeypatch):
     it does not, and never fewer than the budget's; free memory counts what PyTorch's caching
     allocator holds unused (in training it keeps most of a card); CPU blocks are as before.
     The attention engine's row-max pass takes the same floor, the learnable temperature's
-    pass one for its five temporaries and two masks."""
+    pass one for its five temporaries and its bool mask."""
     import hiertail_fast.ops._attention_lse as attention_lse
     import hiertail_fast.ops._lse_torch as lse_torch
     import hiertail_fast.ops._temperature_grad as tgrad
@@ -164,7 +164,7 @@ def test_cuda_blocks_keep_a_floor_of_rows_within_free_memory(monkeypatch):
     free.update(bytes=0, reserved=16 * 4 * 10**6 * 100 + 12345, allocated=12345)
     assert lse_torch._block_rows(10**6, 10**6, cuda) == 100               # the allocator's
     free.update(bytes=16 * 4 * 10**6 * 100, reserved=0, allocated=0)
-    assert tgrad._block_rows(10**6, 4, cuda) == 16 * 4 * 100 // (4 * 22)  # 72: 5 x 4 + 2 B
+    assert tgrad._block_rows(10**6, 4, cuda) == 16 * 4 * 100 // (4 * 21)  # 76: 5 x 4 + 1 B
     free["bytes"] = 1 << 20                                               # less than the budget
     assert lse_torch._block_rows(10**6, 10**6, cuda) == (128 << 20) // (4 * 10**6)
     free["bytes"] = 1 << 40

@@ -134,8 +134,9 @@ CUDA_BLOCK_BYTES = 128 << 20
 # per block: 256-row blocks at 20k took 36.7 ms, 1,600-row blocks 13.3 ms; the 1M-node epoch
 # with this engine took 56.7 s, 2026-12-04). Unless the user sets the budget, a CUDA block
 # keeps at least MIN_CUDA_BLOCK_ROWS rows where a quarter of the device's free memory holds
-# the block-sized buffers the pass keeps (the engine ~4 of its dtype's: a sixteenth per fp32
-# buffer, as before 2026-12-05, an eighth per fp64 one); "free" is the driver's free memory
+# the block-sized buffers the pass keeps (the engine ~4 of its dtype's: a sixteenth per
+# buffer of either dtype; fp64 buffers took an eighth before 2026-12-05, sized as fp32 ones);
+# "free" is the driver's free memory
 # plus what PyTorch's caching allocator holds unused (in a training loop the allocator keeps
 # most of a card). Memory stays linear in N (O(MIN_CUDA_BLOCK_ROWS * N)). Unmeasured on a
 # card: the row count is from the overhead above, not from a sweep.

@@ -2,6 +2,8 @@
 group ids so that every level's groups are column ranges of a block wherever the levels nest."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -33,7 +35,7 @@ def slot_counts(slot: torch.Tensor, size: int) -> torch.Tensor:
         0, slot, torch.ones_like(slot))
 
 
-def _significance(gid: torch.Tensor, n_groups=None) -> list[int]:
+def _significance(gid: torch.Tensor, n_groups: Sequence[int] | None = None) -> list[int]:
     """Levels from least to most significant sort key: by their positive pairs sum_c n_c^2
     (all levels' in one host read; rows outside a level weigh 0). ``n_groups``: each level's
     group count (None: read from gid, one more host read per level)."""
@@ -41,14 +43,15 @@ def _significance(gid: torch.Tensor, n_groups=None) -> list[int]:
         n_groups = [int(g.max()) + 1 if g.numel() else 0 for g in gid]
     cost = []
     for g, n_g in zip(gid, n_groups, strict=True):
-        n_g = max(int(n_g), 0)              # rows outside the level: the spare last slot
+        n_g = max(int(n_g), 0)
+        # rows outside the level count in a spare last slot, sliced off
         counts = slot_counts(torch.where(g >= 0, g, n_g), n_g + 1)[:n_g]
         cost.append((counts.double() ** 2).sum())
     cost = torch.stack(cost).tolist() if cost else []
     return sorted(range(gid.shape[0]), key=lambda lev: cost[lev])
 
 
-def key_order(gid: torch.Tensor, n_groups=None) -> torch.Tensor:
+def key_order(gid: torch.Tensor, n_groups: Sequence[int] | None = None) -> torch.Tensor:
     """Stable lexicographic order of the rows by their group ids, the level with the most
     positive pairs (sum_c n_c^2) most significant: that level's groups are always contiguous,
     and for nested levels (the costliest is then the coarsest) every level's are.

@@ -101,13 +101,14 @@ def _block_rows(n: int, element_size: int, device: torch.device) -> int:
     audit). On CUDA at least the engines' floor of rows where free memory holds them
     (``_lse_torch.cuda_rows_floor``): the budget alone is 4 rows a block at a million keys,
     ~250,000 blocks of ~15 launches each. The floor counts what the pass keeps live at its
-    peak (``_torch_row_terms``: five [b, N] temporaries of the rows' dtype and two bool masks;
-    sized for one fp32 buffer until 2026-12-05, a third of the free memory in fp32 then, two
-    thirds in fp64)."""
+    peak (``_torch_row_terms``: the block x, s, e, w e and e + eps, five [b, N] temporaries of
+    the rows' dtype, and the bool positives mask; it sized for one fp32 buffer until
+    2026-12-05, up to a third of the free memory in fp32 then, two thirds in fp64). The budget
+    on its own still counts four temporaries, as it did."""
     budget = min(BLOCK_BYTES, block_bytes(device) * 4 // 3)
     rows = max(1, budget // (4 * n * element_size))
     if device.type == "cuda":
-        rows = cuda_rows_floor(rows, n, device, 5 * element_size + 2)
+        rows = cuda_rows_floor(rows, n, device, 5 * element_size + 1)
     return rows
 
 
