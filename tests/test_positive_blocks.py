@@ -429,15 +429,15 @@ def test_constant_per_group_as_a_device_flag():
 
 @pytest.mark.parametrize("size", [1, 3, 50])
 def test_slot_counts_are_bincounts_without_reading_the_device(size, monkeypatch):
-    """``_positive_keys.slot_counts``: torch.bincount's counts in a known size, without the
+    """``_host_reads.slot_counts``: torch.bincount's counts in a known size, without the
     bincount (on CUDA it reads its input's min and max on the host, and with weights has no
     deterministic implementation): empty, one slot, every slot, slots never hit."""
-    from hiertail_fast.ops import _positive_keys as keys
+    from hiertail_fast.ops._host_reads import slot_counts
 
     monkeypatch.setattr(torch, "bincount", None)          # the op must not be called
     g = torch.Generator().manual_seed(size)
     for n in (0, 1, 7, 200):
         slot = torch.randint(0, size, (n,), generator=g)
         want = torch.tensor([int((slot == v).sum()) for v in range(size)])
-        got = keys.slot_counts(slot, size)
+        got = slot_counts(slot, size)
         assert got.dtype == torch.long and torch.equal(got, want)

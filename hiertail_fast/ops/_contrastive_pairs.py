@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from hiertail_fast.ops._host_reads import host_reads_cheap
+from hiertail_fast.ops._host_reads import host_reads_cheap, slot_counts
 from hiertail_fast.ops._lse_torch import block_bytes, exp_shifted_
-from hiertail_fast.ops._positive_keys import slot_counts
 from hiertail_fast.ops._tied_keys import first_equal_rows
 
 OFFICIAL_EPS = 1e-7

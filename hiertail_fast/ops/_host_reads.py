@@ -49,6 +49,15 @@ def device_values(values, dtype: torch.dtype, device: torch.device | str) -> tor
     return out
 
 
+def slot_counts(slot: torch.Tensor, size: int) -> torch.Tensor:
+    """How many entries of `slot` (int64, each in [0, size)) hold each value: [size] int64.
+    Not ``torch.bincount``: on CUDA it reads its input's min and max on the host to size its
+    output (two syncs, where the size is known here), and with weights it has no deterministic
+    implementation (under ``torch.use_deterministic_algorithms`` it raises there)."""
+    return torch.zeros(size, dtype=torch.long, device=slot.device).index_add_(
+        0, slot, torch.ones_like(slot))
+
+
 @contextlib.contextmanager
 def cuda_code_paths(env: dict[str, str] | None = None):
     """While inside: CPU tensors through the torch loss engines' CUDA code paths (CUDA_PATH_ENV

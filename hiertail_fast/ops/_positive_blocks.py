@@ -52,7 +52,7 @@ import torch
 from hiertail_fast.ops import _native, _positive_keys
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, _tie_bound
 from hiertail_fast.ops._finite import finite
-from hiertail_fast.ops._host_reads import host_reads_cheap
+from hiertail_fast.ops._host_reads import host_reads_cheap, slot_counts
 from hiertail_fast.ops._lse_torch import exp_cutoff
 from hiertail_fast.ops._positive_rest import RestKeys
 from hiertail_fast.ops._positive_slices import SlicePlan
@@ -134,7 +134,7 @@ class BlockPositives(SlicePlan, RestKeys):
             g = gid[lev, self.cidx]
             inside = g >= 0
             slot = torch.where(inside, g, n_g)
-            cnt = _positive_keys.slot_counts(slot, n_g + 1)[:n_g]
+            cnt = slot_counts(slot, n_g + 1)[:n_g]
             first = torch.full((n_g + 1,), self.n_c, dtype=torch.long, device=dev)
             first.scatter_reduce_(0, slot, pos, "amin")
             first = first[:n_g]

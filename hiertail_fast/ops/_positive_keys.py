@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
+from hiertail_fast.ops._host_reads import slot_counts
+
 
 def constant_per_group(values: torch.Tensor, g: torch.Tensor, n_groups: int) -> torch.Tensor:
     """Whether every group (0 <= g < n_groups) has one value, rows outside every group (g < 0)
@@ -24,15 +26,6 @@ def _constant_per_group(values: torch.Tensor, g: torch.Tensor) -> bool:
     """``constant_per_group`` read on the host, its groups counted from g (the slice plan)."""
     n_groups = int(g.max()) + 1 if g.numel() else 0
     return bool(constant_per_group(values, g, max(n_groups, 0)))
-
-
-def slot_counts(slot: torch.Tensor, size: int) -> torch.Tensor:
-    """How many entries of `slot` (int64, each in [0, size)) hold each value: [size] int64.
-    Not ``torch.bincount``: on CUDA it reads its input's min and max on the host to size its
-    output (two syncs, where the size is known here), and with weights it has no deterministic
-    implementation (under ``torch.use_deterministic_algorithms`` it raises there)."""
-    return torch.zeros(size, dtype=torch.long, device=slot.device).index_add_(
-        0, slot, torch.ones_like(slot))
 
 
 def _significance(gid: torch.Tensor, n_groups: Sequence[int] | None = None) -> list[int]:

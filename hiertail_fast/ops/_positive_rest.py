@@ -9,9 +9,8 @@ from __future__ import annotations
 import torch
 
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, _consistent_with_max
-from hiertail_fast.ops._host_reads import device_values
+from hiertail_fast.ops._host_reads import device_values, slot_counts
 from hiertail_fast.ops._lse_torch import exp_shifted_
-from hiertail_fast.ops._positive_keys import slot_counts
 
 
 class RestKeys:
