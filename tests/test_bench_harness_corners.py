@@ -262,13 +262,14 @@ def test_loss_profile_summary_of_a_profiled_step():
 def test_profile_step_leaves_out_its_own_device_syncs(monkeypatch):
     """profile_step on CUDA: the host waits an empty step shows under the same harness (its
     own sync ending the timed call, the profiler's on exit: two cudaDeviceSynchronize in the
-    2026-11-27 H200 profiles) are not the step's and are taken away by name; on the CPU
-    nothing is (the profiler faked: no GPU here)."""
+    2026-11-27 H200 profiles) are not the step's and are taken away by name, the empty step
+    profiled once, not once a step; on the CPU nothing is (the profiler faked: no GPU here)."""
     import torch.profiler
 
     gc = loss_profile.gc
     monkeypatch.setattr(torch.profiler, "profile", lambda **kw: contextlib.nullcontext())
     monkeypatch.setattr(gc, "sync", lambda dev: None)
+    monkeypatch.setattr(gc, "_OWN_SYNCS", {})
     own = {"cudaDeviceSynchronize": 2}
     queue = {}                                  # the summaries the fake profiler returns
     monkeypatch.setattr(gc, "profile_summary", lambda prof, wall, dev: dict(
@@ -277,6 +278,8 @@ def test_profile_step_leaves_out_its_own_device_syncs(monkeypatch):
                               {"cudaStreamSynchronize": 4}),
                              ({"cudaDeviceSynchronize": 5}, {"cudaDeviceSynchronize": 3})):
         queue["summaries"] = iter([step_syncs, own])   # the step's profile, the empty step's
+        assert gc.profile_step(lambda: None, "cuda")["syncs"] == left
+        queue["summaries"] = iter([step_syncs])        # again: the empty step's is known
         assert gc.profile_step(lambda: None, "cuda")["syncs"] == left
         queue["summaries"] = iter([step_syncs])
         assert gc.profile_step(lambda: None, "cpu")["syncs"] == step_syncs
