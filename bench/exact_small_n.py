@@ -30,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import official_fuzz  # noqa: E402  (sets TRITON_INTERPRET without CUDA, before triton loads)
+from _device import asked_device  # noqa: E402
 from loss_golden import rows_rules_off  # noqa: E402
 
 import hiertail_fast.ops._attention_lse as attn  # noqa: E402
@@ -69,9 +70,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if min(args.n) < 2:
         p.error("--n >= 2")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda: torch sees no CUDA device")
-    dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dev = asked_device(p, args.device)
     # the kernels themselves: the guard's rows rule off (MAX_LOGIT stays: a bound over it
     # runs our engine; one at MAX_LOGIT itself may round just over it: such cells print "-")
     limit = attn.MAX_LOGIT["exact"]

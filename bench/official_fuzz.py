@@ -60,6 +60,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from _device import asked_device  # noqa: E402
+
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss  # noqa: E402
 
 ENGINES = ("torch", "attention", "triton")
@@ -363,9 +365,7 @@ def _device(ap: argparse.ArgumentParser, args) -> str:
     on_cpu = args.cuda_forms or args.emulate_attention
     if args.device == "cuda" and on_cpu:
         ap.error("--cuda-forms and --emulate-attention run on the CPU: not with --device cuda")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        ap.error("--device cuda: torch sees no CUDA device")
-    device = args.device or ("cuda" if torch.cuda.is_available() and not on_cpu else "cpu")
+    device = asked_device(ap, args.device or ("cpu" if on_cpu else None))
     triton_runs = device == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
     if args.engines is None:
         args.engines = [e for e in ENGINES if e != "triton" or triton_runs]

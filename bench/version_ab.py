@@ -35,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import loss_grid  # noqa: E402
+from _device import asked_device  # noqa: E402
 from engine_ab import add_case_arguments, round_robin_medians  # noqa: E402
 from loss_grid import floor_step, make_case  # noqa: E402
 
@@ -127,9 +128,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.n < 1 or args.d < 1 or args.rounds < 2:
         p.error("--n and --d must be positive and --rounds at least 2")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda: no CUDA device here")
-    return loss_grid.on_device(args.device)(_compare)(args)
+    return loss_grid.on_device(asked_device(p, args.device))(_compare)(args)
 
 
 def _compare(args) -> int:
