@@ -283,13 +283,13 @@ def validate_contrastive_inputs(
     variant: str,
     *,
     include_self: bool = True,
-) -> None:
+) -> float:
     """Input checks of the balanced contrastive losses, shared by the reference and the fast
     backends (ValueError/TypeError naming the argument). ``temperature`` must be a finite real
     >= MIN_TEMPERATURE, or a 0-d floating tensor of such a value (learnable); ``include_self``
-    a bool."""
-    validate_contrastive_levels(z, [labels], [prototypes], temperature, reduction, variant,
-                                include_self=include_self)
+    a bool. Returns the temperature's value as a float (read with the other values)."""
+    return validate_contrastive_levels(z, [labels], [prototypes], temperature, reduction,
+                                       variant, include_self=include_self)
 
 
 def validate_contrastive_levels(
@@ -301,14 +301,17 @@ def validate_contrastive_levels(
     variant: str,
     *,
     include_self: bool = True,
-) -> None:
-    """``validate_contrastive_inputs`` for every level of a hierarchical loss over one z.
+) -> float:
+    """``validate_contrastive_inputs`` for every level of a hierarchical loss over one z;
+    returns the temperature's value as a float.
 
     The checks that read no values run first (shapes, dtypes, devices, options); those that
     read values, one ``tolist`` of a small vector for all of them (on CUDA each read is a host
     sync that drains the device's queue: z's and every prototype tensor's finiteness, every
     level's labels >= 0 and the logit range were 5 reads per level):
-    [max_i ‖z_i‖, max_t ‖p_t‖ of each level, min labels of each level]. A NaN or Inf entry
+    [max_i ‖z_i‖, max_t ‖p_t‖ of each level, min labels of each level, and a tensor
+    temperature's value where it is on z's device (a learnable one: read here, and not again
+    by the loss, ``_temperature_link``; it was two more syncs a call)]. A NaN or Inf entry
     makes its row norm, and so the max, NaN or Inf, so a finite max proves the tensor finite;
     only a non-finite one (a bad entry, or a norm that overflows) pays for the exact check,
     which tells the two apart. The errors are those of the per-tensor checks; every level's
@@ -325,12 +328,17 @@ def validate_contrastive_levels(
             check_float_matrix(prototypes, "prototypes", finite=False)
             check_prototypes_match(prototypes, z)
     check_loss_options(temperature, reduction, variant, include_self)
-    tau = check_temperature_value(temperature)
+    # a tensor temperature elsewhere (a CPU scalar beside CUDA rows) is read on its own: moved
+    # to z's device, its copy would wait for the device's queue as a read does
+    tau_read = isinstance(temperature, torch.Tensor) and temperature.device == z.device
     cdt = _logit_dtype(z)
     protos = [p if p is not None and p.numel() else None for p in level_prototypes]
     rows = [z, *(p for p in protos if p is not None)]       # the tensors whose norms are read
     reads = [_max_row_norm(t, cdt) for t in rows] + [lab.min() for lab in level_labels]
+    if tau_read:
+        reads.append(temperature.detach())
     values = torch.stack([r.to(torch.float64) for r in reads]).tolist()
+    tau = check_temperature_value(temperature, values.pop() if tau_read else None)
     norms, label_min = iter(values[:len(rows)]), values[len(rows):]
     z_norm = next(norms)
     if not math.isfinite(z_norm) and not all_finite(z):
@@ -345,6 +353,7 @@ def validate_contrastive_levels(
                 raise non_finite_error("prototypes contains NaN or Inf")
             largest = max(largest, p_norm)      # (an overflowed norm: inf)
     check_logit_range(largest, z, rows, tau)
+    return tau
 
 
 def check_level_sequences(level_labels: object, level_prototypes: object) -> tuple[list, list]:
@@ -375,13 +384,15 @@ def check_prototypes_match(prototypes: torch.Tensor, z: torch.Tensor) -> None:
         raise ValueError(f"prototypes are on {prototypes.device} but z is on {z.device}")
 
 
-def check_temperature_value(temperature: float | torch.Tensor) -> float:
+def check_temperature_value(temperature: float | torch.Tensor,
+                            value: float | None = None) -> float:
     """The temperature's value as a float: finite, >= MIN_TEMPERATURE, and for a tensor within
     float32's range (its computations run in float32 or float64: 1e300 as a float64 tensor
-    became inf, and the loss NaN)."""
+    became inf, and the loss NaN). ``value``: a tensor temperature's value already read by the
+    caller (None: read it here)."""
     try:
-        tau = float(temperature.detach() if isinstance(temperature, torch.Tensor)
-                    else temperature)
+        tau = value if value is not None else float(
+            temperature.detach() if isinstance(temperature, torch.Tensor) else temperature)
     except OverflowError:                           # an int beyond float's range (10**400)
         raise ValueError(f"temperature must be a finite number >= {MIN_TEMPERATURE:g}, got "
                          f"an int beyond float's range") from None

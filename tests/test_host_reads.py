@@ -354,3 +354,71 @@ def test_a_level_of_every_row_in_order_builds_the_tables_of_its_index_list(inclu
             assert torch.equal(getattr(got, field), getattr(want, field)), field
         assert (got.n_groups, got.full, got.n_common) == (want.n_groups, want.full, n)
         assert got.full[0] and got.gid[0].min() == 0
+
+
+@pytest.mark.parametrize("hierarchical", [False, True])
+@pytest.mark.parametrize("variant", ["exact", "official"])
+def test_a_learnable_temperature_is_read_with_the_input_checks(hierarchical, variant):
+    """A tensor temperature's value is read once, in the checks' one ``tolist`` (a read of a
+    CUDA tensor is a host sync: the checks and ``_temperature_link`` each read it, two syncs a
+    call more than a float temperature). The loss and both gradients are those of the float
+    temperature's call with the tensor's value, bit for bit (and its dtau, from its own pass)."""
+    from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss
+    from tests.conftest import load_bench
+
+    dispatch_count = load_bench("bench_dispatch_count_tau_read", "dispatch_count.py")
+    gen = torch.Generator().manual_seed(5)
+    z = torch.randn(300, 8, generator=gen, requires_grad=True)
+    y = torch.randint(0, 7, (300,), generator=gen)
+    protos = torch.randn(7, 8, generator=gen, requires_grad=True)
+
+    def loss(tau):
+        if hierarchical:
+            return hierarchical_contrastive_loss(z, [y, y % 3], [protos, None], temperature=tau,
+                                                 variant=variant)
+        return balanced_contrastive_loss(z, y, prototypes=protos, temperature=tau,
+                                         variant=variant)
+
+    tau = torch.tensor(0.3, requires_grad=True)
+    reads = []
+    real_tolist = torch.Tensor.tolist
+
+    def tolist(t):
+        reads.append(t.numel())
+        return real_tolist(t)
+
+    counter = dispatch_count._Counter(syncs=True)
+    torch.Tensor.tolist = tolist
+    try:
+        with counter:
+            out = loss(tau)
+    finally:
+        torch.Tensor.tolist = real_tolist
+    scalar_reads = [where for (name, where), k in counter.calls.items()
+                    if name == "_local_scalar_dense"]
+    assert not any(w.startswith(("_validation.py", "balanced_contrastive_loss.py"))
+                   for w in scalar_reads), scalar_reads
+    n_levels = 2 if hierarchical else 1
+    assert reads[0] == 1 + 1 + n_levels + 1          # z, the prototypes, the labels, tau
+    out.backward()
+    grads = z.grad.clone(), protos.grad.clone()
+    assert tau.grad is not None and torch.isfinite(tau.grad)
+    z.grad = protos.grad = None
+    expected = loss(float(tau))
+    expected.backward()
+    assert torch.equal(out.detach(), expected.detach())
+    assert torch.equal(grads[0], z.grad) and torch.equal(grads[1], protos.grad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CPU temperature beside CUDA rows")
+def test_a_cpu_temperature_beside_cuda_rows_is_read_on_its_own():
+    """A tensor temperature on another device than z is read by itself (copied to z's
+    device, its copy would wait for the device as a read does); the loss is the float's."""
+    from hiertail_fast import balanced_contrastive_loss
+
+    gen = torch.Generator().manual_seed(6)
+    z = torch.randn(200, 8, generator=gen).cuda()
+    y = torch.randint(0, 5, (200,), generator=gen).cuda()
+    tau = torch.tensor(0.25, requires_grad=True)
+    out = balanced_contrastive_loss(z, y, temperature=tau)
+    assert torch.equal(out, balanced_contrastive_loss(z, y, temperature=0.25))

@@ -291,8 +291,8 @@ def balanced_contrastive_loss_op(
         return _custom_ops.traced_loss(z, [labels], [prototypes], temperature, include_self,
                                        reduction, variant, backend, hierarchical=False)
     check_transforms("balanced_contrastive_loss", z, labels, prototypes, temperature)
-    validate_contrastive_inputs(z, labels, prototypes, temperature, reduction, variant,
-                                include_self=include_self)
+    tau0 = validate_contrastive_inputs(z, labels, prototypes, temperature, reduction, variant,
+                                       include_self=include_self)
     if _reference_requested(backend):
         return balanced_contrastive_loss_ref(
             z, labels, prototypes=prototypes, temperature=temperature,
@@ -302,19 +302,20 @@ def balanced_contrastive_loss_op(
     check_no_tangent("balanced_contrastive_loss", z, prototypes, temperature)   # forward AD
     z, prototypes = loss_inputs(z, prototypes)
     with autocast_off(z), on_input_device(z), ieee_matmuls():
-        return _balanced_loss(z, labels, prototypes, temperature, include_self, reduction,
-                              variant, backend)
+        return _balanced_loss(z, labels, prototypes, temperature, tau0, include_self,
+                              reduction, variant, backend)
 
 
-def _temperature_link(temperature) -> tuple[float, torch.Tensor | None]:
+def _temperature_link(temperature, tau0: float) -> tuple[float, torch.Tensor | None]:
     """(scale = 1/tau as a float for the engines, the tau tensor whose gradient ``_with_tau``
-    adds, or None). The engines take tau as a constant; a tensor tau that autograd tracks (a
-    learnable temperature) gets dL/dtau summed at the logits' level, the row max taken out
-    (``_temperature_grad``), in both variants: taken as -<z_all, dL/dz_all> / (2 tau) through
-    the rows, it carried dL/dz's rounding times |z| (2e-3 off a true 0 in the exact variant, a
-    fuzzing find; up to 2e-3 off a true ~1e-4 in the official one)."""
+    adds, or None); ``tau0`` the temperature's value, read by the input checks (a tensor's
+    read is a host sync on CUDA: it was read twice). The engines take tau as a constant; a
+    tensor tau that autograd tracks (a learnable temperature) gets dL/dtau summed at the
+    logits' level, the row max taken out (``_temperature_grad``), in both variants: taken as
+    -<z_all, dL/dz_all> / (2 tau) through the rows, it carried dL/dz's rounding times |z| (2e-3
+    off a true 0 in the exact variant, a fuzzing find; up to 2e-3 off a true ~1e-4 in the
+    official one)."""
     tensor = isinstance(temperature, torch.Tensor)
-    tau0 = float(temperature.detach() if tensor else temperature)
     tracked = tensor and temperature.requires_grad and torch.is_grad_enabled()
     return 1.0 / tau0, (temperature if tracked else None)
 
@@ -339,7 +340,7 @@ def _reference_requested(backend: str | None) -> bool:
     return (backend if backend is not None else requested_backend()) == "reference"
 
 
-def _balanced_loss(z, labels, prototypes, temperature, include_self, reduction, variant,
+def _balanced_loss(z, labels, prototypes, temperature, tau0, include_self, reduction, variant,
                    backend):
     choice = choose_loss_backend(z, backend, variant)
     labels = labels.long()
@@ -352,7 +353,7 @@ def _balanced_loss(z, labels, prototypes, temperature, include_self, reduction, 
     n = z_all.shape[0]
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
     lv = make_levels(n, [(None, labels)], include_self, cdt, z.device, n_common=n)
-    scale, tau = _temperature_link(temperature)
+    scale, tau = _temperature_link(temperature, tau0)
     out = _apply(
         z_all, lv, scale, bool(include_self), variant, reduction, choice,
         torch.is_grad_enabled() and z_all.requires_grad,
@@ -387,8 +388,9 @@ def hierarchical_contrastive_loss_op(
             f"need one prototype tensor per level: got {len(level_labels)} label tensors and "
             f"{len(level_prototypes)} prototype tensors (at least one level)"
         )
-    validate_contrastive_levels(z, level_labels, level_prototypes, temperature, "mean",
-                                variant, include_self=include_self)   # one host read in all
+    tau0 = validate_contrastive_levels(z, level_labels, level_prototypes, temperature, "mean",
+                                       variant, include_self=include_self)  # one host read
+
     if _reference_requested(backend):
         # 16-bit inputs widened once, so that the levels' gradients add up in float32 and are
         # rounded once (cast per level, each level's share was rounded to 16 bits before the
@@ -409,12 +411,12 @@ def hierarchical_contrastive_loss_op(
     check_no_tangent("hierarchical_contrastive_loss", z, *level_prototypes, temperature)
     z, *level_prototypes = loss_inputs(z, *level_prototypes)
     with autocast_off(z), on_input_device(z), ieee_matmuls():
-        return _hierarchical_loss(z, level_labels, level_prototypes, temperature, include_self,
-                                  variant, backend)
+        return _hierarchical_loss(z, level_labels, level_prototypes, temperature, tau0,
+                                  include_self, variant, backend)
 
 
-def _hierarchical_loss(z, level_labels, level_prototypes, temperature, include_self, variant,
-                       backend):
+def _hierarchical_loss(z, level_labels, level_prototypes, temperature, tau0, include_self,
+                       variant, backend):
     choice = choose_loss_backend(z, backend, variant, len(level_labels))
     n = z.shape[0]
     parts, level_rows, off = [z], [], n
@@ -430,7 +432,7 @@ def _hierarchical_loss(z, level_labels, level_prototypes, temperature, include_s
     z_big = torch.cat(parts, dim=0) if len(parts) > 1 else z
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
     lv = make_levels(off, level_rows, include_self, cdt, z.device, n_common=n)
-    scale, tau = _temperature_link(temperature)
+    scale, tau = _temperature_link(temperature, tau0)
     out = _apply(
         z_big, lv, scale, bool(include_self), variant, "mean", choice,
         torch.is_grad_enabled() and z_big.requires_grad,
