@@ -7,6 +7,7 @@ import operator
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -274,6 +275,16 @@ def check_gcn_degrees(deg: torch.Tensor) -> None:
         )
 
 
+class LossInputValues(NamedTuple):
+    """What the contrastive losses' checks read, for the loss to use rather than read again
+    (each read of a CUDA tensor is a host sync): the temperature's value, and the largest row
+    norm of z and every prototype tensor, max_i ‖z_i‖ in the logits' dtype (its square over τ
+    bounds every logit: ``_attention_lse.LogitBound``; None where the rows the loss runs on
+    are not those checked: autocast's 16-bit copies)."""
+    tau: float
+    max_row_norm: float | None
+
+
 def validate_contrastive_inputs(
     z: torch.Tensor,
     labels: torch.Tensor,
@@ -283,11 +294,11 @@ def validate_contrastive_inputs(
     variant: str,
     *,
     include_self: bool = True,
-) -> float:
+) -> LossInputValues:
     """Input checks of the balanced contrastive losses, shared by the reference and the fast
     backends (ValueError/TypeError naming the argument). ``temperature`` must be a finite real
     >= MIN_TEMPERATURE, or a 0-d floating tensor of such a value (learnable); ``include_self``
-    a bool. Returns the temperature's value as a float (read with the other values)."""
+    a bool. Returns the values the checks read (``LossInputValues``)."""
     return validate_contrastive_levels(z, [labels], [prototypes], temperature, reduction,
                                        variant, include_self=include_self)
 
@@ -301,9 +312,9 @@ def validate_contrastive_levels(
     variant: str,
     *,
     include_self: bool = True,
-) -> float:
+) -> LossInputValues:
     """``validate_contrastive_inputs`` for every level of a hierarchical loss over one z;
-    returns the temperature's value as a float.
+    returns the values it read (``LossInputValues``).
 
     The checks that read no values run first (shapes, dtypes, devices, options); those that
     read values, one ``tolist`` of a small vector for all of them (on CUDA each read is a host
@@ -353,7 +364,7 @@ def validate_contrastive_levels(
                 raise non_finite_error("prototypes contains NaN or Inf")
             largest = max(largest, p_norm)      # (an overflowed norm: inf)
     check_logit_range(largest, z, rows, tau)
-    return tau
+    return LossInputValues(tau, largest)
 
 
 def check_level_sequences(level_labels: object, level_prototypes: object) -> tuple[list, list]:

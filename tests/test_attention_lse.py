@@ -520,25 +520,52 @@ def test_public_bf16_loss_reaches_the_flash_branch(monkeypatch):
     _close(z.grad, zr.grad, rtol=3e-2, atol=1e-3)
 
 
-def test_the_logits_bound_is_computed_once_per_call_and_only_when_asked(monkeypatch):
-    """One reduction + host sync per loss call at most (the call's shared LogitBound: the
-    automatic CUDA choice, the attention guard and the Triton dots all read it), none on an
-    engine no guard applies to."""
+def test_the_logits_bound_comes_from_the_input_checks(monkeypatch):
+    """The logits' bound (the automatic CUDA choice, the attention guard and the Triton dots
+    all read it) is the input checks' largest row norm, squared times the scale: no reduction
+    and no host sync of its own, where it was one per call. Under autocast the loss runs on
+    16-bit copies of the rows, not the rows checked: one reduction then, on those copies, and
+    none on an engine no guard applies to. The same bound to a few ulps either way."""
+    from hiertail_fast import hierarchical_contrastive_loss
+
     calls = []
     real = attn.logit_bound
 
     def counting(z, scale):
-        calls.append(z.shape)
+        calls.append((z.shape, z.dtype))
         return real(z, scale)
 
     monkeypatch.setattr(attn, "logit_bound", counting)
-    z, y = torch.randn(50, 6), torch.randint(0, 3, (50,))
+    seen = []
+    real_init = attn.LogitBound.__init__
+
+    def init(self, z, scale, max_row_norm=None):
+        real_init(self, z, scale, max_row_norm)
+        seen.append(self)
+
+    monkeypatch.setattr(attn.LogitBound, "__init__", init)
+    z, y = torch.randn(50, 6) * 3, torch.randint(0, 3, (50,))
+    protos = torch.randn(3, 6) * 5
+    for backend in ("attention", "torch"):
+        calls.clear()
+        seen.clear()
+        _loss_grads(z, y, protos, temperature=0.5, backend=backend)
+        assert calls == [] and len(seen) == 1, backend
+        want = real(torch.cat([z, protos]), 2.0)
+        assert seen[0].value == pytest.approx(want, rel=1e-6)
+    seen.clear()
+    hierarchical_contrastive_loss(z, [y, y % 2], [protos[:2], protos], temperature=0.5,
+                                  backend="attention")
+    assert calls == [] and seen[0].value == pytest.approx(
+        real(torch.cat([z, protos[:2], protos]), 2.0), rel=1e-6)
     for backend, want in (("attention", 1), ("torch", 0)):
         calls.clear()
-        _loss_grads(z, y, torch.randn(3, 6), temperature=0.5, backend=backend)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _loss_grads(z, y, protos, temperature=0.5, backend=backend)
         assert len(calls) == want, backend
-        assert all(shape == (53, 6) for shape in calls)          # z with its prototypes
-    bound = attn.LogitBound(z, 2.0)
+        assert all(call == ((53, 6), torch.bfloat16) for call in calls)    # the 16-bit copies
+    calls.clear()
+    bound = attn.LogitBound(z, 2.0)                   # no norm given: computed once, on use
     assert bound.value == bound.value == real(z, 2.0) and len(calls) == 1
 
 

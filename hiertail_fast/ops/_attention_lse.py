@@ -452,10 +452,15 @@ def logit_bound(z: torch.Tensor, scale: float) -> float:
 class LogitBound:
     """One loss call's ``logit_bound``, computed on first use and then shared by every guard
     that asks (the automatic CUDA choice, the attention guard, the Triton dots): one reduction
-    and one host sync per call at most, none when no guard asks."""
+    and one host sync per call at most, none when no guard asks. ``max_row_norm``: max_i ‖z_i‖
+    already read (the loss's input checks, ``_validation.LossInputValues``): the bound is then
+    scale · max_row_norm², no reduction and no sync (the same bound to a few ulps: the norm is
+    rounded in the logits' dtype, then squared in float64)."""
 
-    def __init__(self, z: torch.Tensor, scale: float) -> None:
-        self._z, self._scale, self._value = z, scale, None
+    def __init__(self, z: torch.Tensor, scale: float,
+                 max_row_norm: float | None = None) -> None:
+        self._z, self._scale = z, scale
+        self._value = None if max_row_norm is None else abs(scale) * max_row_norm ** 2
 
     @property
     def value(self) -> float:

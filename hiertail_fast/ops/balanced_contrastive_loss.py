@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import torch
 
 from hiertail_fast._validation import (
+    LossInputValues,
     check_level_sequences,
     validate_contrastive_inputs,
     validate_contrastive_levels,
@@ -253,14 +254,18 @@ def settle_engine(z_all: torch.Tensor, scale: float, variant: str, n_levels: int
 
 
 def _apply(z_all, lv: Levels, scale: float, include_self: bool, variant: str, reduction: str,
-           backend: str, want_grad: bool, automatic: bool, tau: torch.Tensor | None = None):
+           backend: str, want_grad: bool, automatic: bool, tau: torch.Tensor | None = None,
+           max_row_norm: float | None = None):
     """BalancedContrastiveFunction.run with the engine of ``settle_engine``, and the fallback
     to our own engine when the attention kernels refuse the call (a shape, dtype or GPU they do
     not support). ``tau``: a learnable temperature (``_temperature_link``), which reaches the
     loss outside z_all: tied into the anchor with a zero factor, so that differentiating dL/dz
-    w.r.t. tau raises as every second derivative does (it was a silent None / 0)."""
+    w.r.t. tau raises as every second derivative does (it was a silent None / 0).
+    ``max_row_norm``: z_all's largest row norm as the input checks read it (None: unknown),
+    which bounds the logits without a reduction and a host sync (``LogitBound``)."""
+    bound = _attention_lse.LogitBound(z_all, scale, max_row_norm)
     backend, fp32_dot = settle_engine(z_all, scale, variant, lv.log_w.shape[0], backend,
-                                      automatic)
+                                      automatic, bound)
     anchor = graph_anchor(z_all)
     if tau is not None and anchor is not None:      # (no dL/dz, nothing to guard: None)
         anchor = anchor + (tau * 0).to(anchor.device, anchor.dtype)
@@ -291,7 +296,7 @@ def balanced_contrastive_loss_op(
         return _custom_ops.traced_loss(z, [labels], [prototypes], temperature, include_self,
                                        reduction, variant, backend, hierarchical=False)
     check_transforms("balanced_contrastive_loss", z, labels, prototypes, temperature)
-    tau0 = validate_contrastive_inputs(z, labels, prototypes, temperature, reduction, variant,
+    read = validate_contrastive_inputs(z, labels, prototypes, temperature, reduction, variant,
                                        include_self=include_self)
     if _reference_requested(backend):
         return balanced_contrastive_loss_ref(
@@ -300,10 +305,20 @@ def balanced_contrastive_loss_op(
         )
     check_transforms("balanced_contrastive_loss", grad_only=True, jvp_ok=True)    # no vmap
     check_no_tangent("balanced_contrastive_loss", z, prototypes, temperature)   # forward AD
-    z, prototypes = loss_inputs(z, prototypes)
+    read, z, prototypes = read_rows(read, z, *loss_inputs(z, prototypes))
     with autocast_off(z), on_input_device(z), ieee_matmuls():
-        return _balanced_loss(z, labels, prototypes, temperature, tau0, include_self,
+        return _balanced_loss(z, labels, prototypes, temperature, read, include_self,
                               reduction, variant, backend)
+
+
+def read_rows(read: LossInputValues, z: torch.Tensor, z_run: torch.Tensor, *others
+               ) -> tuple[LossInputValues, torch.Tensor, ...]:
+    """(read, z_run, *others) after ``loss_inputs``: read's row norm dropped where the rows
+    the loss runs on are autocast's copies, not the rows checked (their bound is recomputed
+    then, from the copies)."""
+    if z_run is not z:
+        read = read._replace(max_row_norm=None)
+    return read, z_run, *others
 
 
 def _temperature_link(temperature, tau0: float) -> tuple[float, torch.Tensor | None]:
@@ -340,8 +355,8 @@ def _reference_requested(backend: str | None) -> bool:
     return (backend if backend is not None else requested_backend()) == "reference"
 
 
-def _balanced_loss(z, labels, prototypes, temperature, tau0, include_self, reduction, variant,
-                   backend):
+def _balanced_loss(z, labels, prototypes, temperature, read: LossInputValues, include_self,
+                   reduction, variant, backend):
     choice = choose_loss_backend(z, backend, variant)
     labels = labels.long()
     if prototypes is not None and prototypes.shape[0]:
@@ -353,11 +368,12 @@ def _balanced_loss(z, labels, prototypes, temperature, tau0, include_self, reduc
     n = z_all.shape[0]
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
     lv = make_levels(n, [(None, labels)], include_self, cdt, z.device, n_common=n)
-    scale, tau = _temperature_link(temperature, tau0)
+    scale, tau = _temperature_link(temperature, read.tau)
     out = _apply(
         z_all, lv, scale, bool(include_self), variant, reduction, choice,
         torch.is_grad_enabled() and z_all.requires_grad,
         automatic=backend is None and requested_backend() is None, tau=tau,
+        max_row_norm=read.max_row_norm,
     )
     return _with_tau(out, tau, z_all, lv, scale, bool(include_self), variant, reduction)
 
@@ -388,7 +404,7 @@ def hierarchical_contrastive_loss_op(
             f"need one prototype tensor per level: got {len(level_labels)} label tensors and "
             f"{len(level_prototypes)} prototype tensors (at least one level)"
         )
-    tau0 = validate_contrastive_levels(z, level_labels, level_prototypes, temperature, "mean",
+    read = validate_contrastive_levels(z, level_labels, level_prototypes, temperature, "mean",
                                        variant, include_self=include_self)  # one host read
 
     if _reference_requested(backend):
@@ -409,14 +425,14 @@ def hierarchical_contrastive_loss_op(
         return total
     check_transforms("hierarchical_contrastive_loss", grad_only=True, jvp_ok=True)  # no vmap
     check_no_tangent("hierarchical_contrastive_loss", z, *level_prototypes, temperature)
-    z, *level_prototypes = loss_inputs(z, *level_prototypes)
+    read, z, *level_prototypes = read_rows(read, z, *loss_inputs(z, *level_prototypes))
     with autocast_off(z), on_input_device(z), ieee_matmuls():
-        return _hierarchical_loss(z, level_labels, level_prototypes, temperature, tau0,
+        return _hierarchical_loss(z, level_labels, level_prototypes, temperature, read,
                                   include_self, variant, backend)
 
 
-def _hierarchical_loss(z, level_labels, level_prototypes, temperature, tau0, include_self,
-                       variant, backend):
+def _hierarchical_loss(z, level_labels, level_prototypes, temperature, read: LossInputValues,
+                       include_self, variant, backend):
     choice = choose_loss_backend(z, backend, variant, len(level_labels))
     n = z.shape[0]
     parts, level_rows, off = [z], [], n
@@ -432,11 +448,12 @@ def _hierarchical_loss(z, level_labels, level_prototypes, temperature, tau0, inc
     z_big = torch.cat(parts, dim=0) if len(parts) > 1 else z
     cdt = torch.float64 if z.dtype == torch.float64 else torch.float32
     lv = make_levels(off, level_rows, include_self, cdt, z.device, n_common=n)
-    scale, tau = _temperature_link(temperature, tau0)
+    scale, tau = _temperature_link(temperature, read.tau)
     out = _apply(
         z_big, lv, scale, bool(include_self), variant, "mean", choice,
         torch.is_grad_enabled() and z_big.requires_grad,
         automatic=backend is None and requested_backend() is None, tau=tau,
+        max_row_norm=read.max_row_norm,
     )
     return _with_tau(out, tau, z_big, lv, scale, bool(include_self), variant, "mean")
 
