@@ -53,13 +53,16 @@ import argparse
 import contextlib
 import os
 import random
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+sys.path.insert(0, str(Path(__file__).parent))     # (its siblings, when loaded from a file)
 from _device import asked_device  # noqa: E402
 
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss  # noqa: E402
