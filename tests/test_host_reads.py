@@ -120,8 +120,8 @@ def test_the_official_positives_setup_reads_the_device_three_times(levels, monke
 
 
 @pytest.mark.parametrize("backend,variant,levels,most", [
-    ("torch", "exact", 1, 3), ("torch", "exact", 3, 7), ("torch", "official", 1, 9),
-    ("torch", "official", 3, 21), ("attention", "exact", 1, 2), ("attention", "exact", 3, 4),
+    ("torch", "exact", 1, 2), ("torch", "exact", 3, 6), ("torch", "official", 1, 8),
+    ("torch", "official", 3, 20), ("attention", "exact", 1, 2), ("attention", "exact", 3, 4),
     ("attention", "official", 1, 10), ("attention", "official", 3, 26)])
 def test_host_reads_per_loss_in_the_cuda_forms(monkeypatch, backend, variant, levels, most):
     """The host syncs of one loss (fwd+bwd, 600 rows, one block) in the engines' CUDA code
@@ -130,7 +130,8 @@ def test_host_reads_per_loss_in_the_cuda_forms(monkeypatch, backend, variant, le
     every level, none per class group or block in the attention engine's official positives,
     three for the torch engine's official setup), less 2026-12-05's: no index list per partial
     level in the class sums, no read of the key side's coefficient signs; less 2026-12-06's:
-    the attention engine's logit bound from the input checks' read. A new read makes
+    the attention engine's logit bound from the input checks' read, and the torch engine's
+    every-key-visible fact from the levels. A new read makes
     this fail on purpose: count it in bench/dispatch_count.py --as-cuda --syncs and raise the
     number here if it must be."""
     calls = _cuda_forms_calls(monkeypatch, backend, variant, levels, syncs=True)
@@ -423,3 +424,47 @@ def test_a_cpu_temperature_beside_cuda_rows_is_read_on_its_own():
     tau = torch.tensor(0.25, requires_grad=True)
     out = balanced_contrastive_loss(z, y, temperature=tau)
     assert torch.equal(out, balanced_contrastive_loss(z, y, temperature=0.25))
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("variant", ["exact", "official"])
+def test_the_torch_engine_takes_every_keys_visibility_from_the_levels(monkeypatch, grad,
+                                                                      variant):
+    """Whether every key is visible in every level comes to the torch engine from the levels
+    (``Levels.full``), not from a read of log_w (a host sync on CUDA, in every call): the
+    fact given equals the read, for levels with and without their own rows, forward only and
+    with the gradient's pass."""
+    from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss
+    from hiertail_fast.ops import _lse_torch
+    from hiertail_fast.ops._finite import finite
+
+    given = []
+    real = _lse_torch._engine
+
+    def engine(z, log_w, *args, all_visible=None, **kw):
+        given.append((all_visible, bool(finite(log_w).all())))
+        return real(z, log_w, *args, all_visible=all_visible, **kw)
+
+    monkeypatch.setattr(_lse_torch, "_engine", engine)
+    gen = torch.Generator().manual_seed(8)
+    z = torch.randn(120, 6, generator=gen, requires_grad=grad)
+    y = torch.randint(0, 6, (120,), generator=gen)
+    protos = torch.randn(6, 6, generator=gen)
+    calls = [
+        lambda: balanced_contrastive_loss(z, y, variant=variant, backend="torch"),
+        lambda: balanced_contrastive_loss(z, y, prototypes=protos, variant=variant,
+                                          backend="torch"),
+        lambda: balanced_contrastive_loss(z, y, prototypes=protos, variant=variant,
+                                          backend="torch", reduction="none").sum(),
+        lambda: hierarchical_contrastive_loss(z, [y, y % 2], [None, None], variant=variant,
+                                              backend="torch"),
+        lambda: hierarchical_contrastive_loss(z, [y, y % 2], [protos, protos[:2]],
+                                              variant=variant, backend="torch"),
+    ]
+    with torch.set_grad_enabled(grad):
+        for call in calls:
+            out = call()
+            if grad:
+                out.backward()
+    assert {read for _, read in given} == {True, False}, given      # both kinds were seen
+    assert all(fact is read for fact, read in given), given

@@ -123,6 +123,8 @@ def fused_pass(zc, z_in, lv: Levels, base, inv_n, log_eps_w, log_w, scale: float
     share = None
     if official and mod in (_lse_torch, _lse_symmetric):
         share = kw["fold_argmax"] = ArgmaxShare(lv.log_w.shape[0], zc.shape[0], zc.device)
+    if mod is _lse_torch:
+        kw["all_visible"] = all(lv.full)        # (the engine reads nothing to learn it)
 
     def coef_fn(rows, lse_b, max_b):
         g = base[:, rows]

@@ -185,13 +185,16 @@ def _engine(
     grad_lse: torch.Tensor | None = None,
     positives=None,
     fold_argmax: ArgmaxShare | None = None,
+    all_visible: bool | None = None,
 ):
     n, d = z.shape
     n_levels = log_w.shape[0]
     log_w = log_w.to(z.dtype)
     visible = finite(log_w)                                       # [L, N]
     common = visible.all(dim=0)
-    all_common = bool(common.all())
+    # every key visible in every level: the caller's fact (the levels' ``full``), else read
+    # (a host sync on CUDA)
+    all_common = bool(common.all()) if all_visible is None else all_visible
     order = None
     if positives is not None:
         # official positives read from the blocks (``_positive_blocks``): common keys sorted by
@@ -440,15 +443,17 @@ def _compute_dtype(z: torch.Tensor) -> torch.dtype:
 
 
 def lse_forward(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool,
-                positives=None):
+                positives=None, all_visible: bool | None = None):
     """-> (lse [L, N] float64, rowmax [L, N] or None, argmax [L, N] int64 or None).
 
     lse is float64 here (a superset of the contract's fp32): see the comment in ``_engine``.
     ``positives``: a ``_positive_blocks.BlockPositives`` that collects the official positive
-    pairs' sums from the blocks.
+    pairs' sums from the blocks. ``all_visible``: whether every log_w is finite (every key in
+    every level), if the caller knows it (None: read from log_w, a host sync on CUDA).
     """
     zc = z.to(_compute_dtype(z))
-    lse, rowmax, argmax, _ = _engine(zc, log_w, float(scale), need_max, positives=positives)
+    lse, rowmax, argmax, _ = _engine(zc, log_w, float(scale), need_max, positives=positives,
+                                     all_visible=all_visible)
     return lse, rowmax, argmax
 
 
@@ -465,7 +470,8 @@ def lse_backward(
 
 
 def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool,
-              coef_fn: CoefFn, positives=None, fold_argmax: ArgmaxShare | None = None):
+              coef_fn: CoefFn, positives=None, fold_argmax: ArgmaxShare | None = None,
+              all_visible: bool | None = None):
     """Forward and gradient in one pass: coef_fn(rows, lse_b [L,b], rowmax_b) -> g [L,b]
     (rows: the block's rows, a slice or an index tensor).
 
@@ -474,7 +480,8 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
     ``fold_argmax`` (an ``_max_fold.ArgmaxShare``) and need_max, the entries (i, a_li) are
     left out of dz (a_li: the first key, among those whose row equals the returned arg-max's,
     visible at level l) and their LSE part and positive term handed back in it.
+    ``all_visible`` as in ``lse_forward``.
     """
     zc = z.to(_compute_dtype(z))
     return _engine(zc, log_w, float(scale), need_max, coef_fn=coef_fn, positives=positives,
-                   fold_argmax=fold_argmax)
+                   fold_argmax=fold_argmax, all_visible=all_visible)

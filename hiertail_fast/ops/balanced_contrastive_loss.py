@@ -35,7 +35,7 @@ from hiertail_fast._validation import (
     validate_contrastive_inputs,
     validate_contrastive_levels,
 )
-from hiertail_fast.ops import _attention_lse, _custom_ops, _lse_symmetric, _triton_loss
+from hiertail_fast.ops import _attention_lse, _custom_ops, _lse_symmetric, _lse_torch, _triton_loss
 from hiertail_fast.ops._amp import autocast_off, loss_inputs
 from hiertail_fast.ops._autograd import eager_twin, first_order_backward, graph_anchor
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS
@@ -134,6 +134,8 @@ class BalancedContrastiveFunction(torch.autograd.Function):
                         and _triton_loss.shared_levels() and not official else 0)
             if n_common:
                 kw["n_common"] = n_common
+            if mod is _lse_torch:
+                kw["all_visible"] = all(lv.full)    # (the engine reads nothing to learn it)
             if symmetric:
                 lse, rmax, amax, _ = _lse_symmetric.lse_fused(zc, log_w, scale, official)
             else:
