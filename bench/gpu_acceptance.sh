@@ -28,7 +28,11 @@
 #      goes to the loss, whose automatic rows alone took the whole loss budget on 2026-12-04;
 #   4. the WHOLE test suite on CUDA, 16 xdist workers (limit 180 s: it took 175 s with a warm
 #      Triton cache on 2026-12-04 and reached 84 % in 180 s with a cold one, which a fresh
-#      machine has; -v: a run stopped at its limit still names every test it finished);
+#      machine has; -v: a run stopped at its limit still names every test it finished), the
+#      tests that run the card's kernels first (HIERTAIL_TEST_ORDER=device-first,
+#      tests/conftest.py: ~740 of ~4,730; a stopped run has run those, where 2026-12-04's
+#      missed files collected last, the Triton and tied-keys ones), and the 30 slowest listed
+#      (--durations) when it finishes;
 #   5. issue 9's 1M-node scale study with the loss in FP32, one timed epoch (limit 90 s, the
 #      worker's 85 s; 73 s with a 56.7 s epoch on 2026-12-04, under the 75 s the worker had
 #      then by 2 s, at load 4.3 from the test step's exiting workers: 10 s moved here from
@@ -67,7 +71,7 @@ s report STEPS=report REPORT_S=220 REPORT_ARGS="--sections correctness loss scal
 cp "$R/report/gpu_report.md" "$A/" 2>/dev/null
 # OMP_NUM_THREADS=1: 16 xdist workers on 16 cores, not 16 x 16 OpenMP threads
 s tests STEPS=tests TESTS_S=180 OMP_NUM_THREADS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 \
-  PYTEST_ARGS="-n 16 tests"
+  HIERTAIL_TEST_ORDER=device-first PYTEST_ARGS="-n 16 --durations=30 tests"
 # (direct, not gpu_session's scale step: that gives each run SCALE_S / 2 - 10 s, for two sizes)
 mkdir -p "$R/scale"
 t0=$SECONDS

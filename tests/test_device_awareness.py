@@ -91,6 +91,43 @@ def test_pairing_rule_on_synthetic_items():
     assert not conftest.pairs_triton_with_cpu(object())  # not parametrised
 
 
+def test_device_first_order_puts_the_device_tests_first(monkeypatch):
+    """HIERTAIL_TEST_ORDER=device-first (bench/gpu_acceptance.sh's suite step, which a device
+    call may stop at its limit): the tests that run the device's kernels first, each group in
+    its collected order; unset, the order is pytest's; any other value is a usage error."""
+    class Spec:
+        def __init__(self, **params):
+            self.params = params
+
+    class Item:
+        def __init__(self, name, path="tests/test_data_io.py", fixtures=(), **params):
+            self.name, self.fspath, self.fixturenames = name, path, list(fixtures)
+            if params:
+                self.callspec = Spec(**params)
+
+        def add_marker(self, marker):
+            pass
+
+    items = [Item("plain"), Item("cuda_param", dev=torch.device("cuda")),
+             Item("plain_again", backend="torch", device="cpu"),
+             Item("triton_param", backend="triton"), Item("device_fixture", fixtures=["device"]),
+             Item("attention_param", provider="attention"),
+             Item("kernel_file", path="tests/test_triton_key_splits.py"),
+             Item("last", fixtures=["tmp_path"])]
+    run = [it.name for it in items]
+    monkeypatch.delenv(conftest.TEST_ORDER_ENV, raising=False)
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [it.name for it in items] == run
+    monkeypatch.setenv(conftest.TEST_ORDER_ENV, "device-first")
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [it.name for it in items] == ["cuda_param", "triton_param", "device_fixture",
+                                         "attention_param", "kernel_file", "plain",
+                                         "plain_again", "last"]
+    monkeypatch.setenv(conftest.TEST_ORDER_ENV, "random")
+    with pytest.raises(pytest.UsageError, match="device-first"):
+        conftest.pytest_collection_modifyitems(None, items)
+
+
 @interpreter_only
 @requires_triton
 def test_guard_fails_a_triton_launch_without_the_triton_device():

@@ -352,6 +352,7 @@ def test_the_prepared_device_call_parses_and_names_known_engines():
 FAKE_PYTHON = """#!/bin/bash
 echo "ARGS: $*"
 echo "OMP_NUM_THREADS=${OMP_NUM_THREADS:-unset}"
+echo "HIERTAIL_TEST_ORDER=${HIERTAIL_TEST_ORDER:-unset}"
 prev=""; for a in "$@"; do [ "$prev" = "--out" ] && o=$a; prev=$a; done
 case "$*" in *loss_profile.py*) mkdir -p "$o"; echo '{"rows": []}' > "$o/loss_profile.json"
   echo "# md" > "$o/loss_profile.md";; esac
@@ -401,8 +402,8 @@ def test_the_prepared_device_call_brings_its_files_back(tmp_path):
 def test_the_acceptance_call_brings_its_files_back(tmp_path):
     """bench/gpu_acceptance.sh (issue 9's acceptance call, run blind on a borrowed GPU) with a
     stand-in interpreter: valid bash, every step under its limit, the limits fit the device call's
-    590 s, the whole suite goes to 16 workers, and what it leaves under $OUT fits what a device
-    call brings back (at most 8 files, at most 2 folders down)."""
+    590 s, the whole suite goes to 16 workers, the device's tests first, and what it leaves
+    under $OUT fits what a device call brings back (at most 8 files, at most 2 folders down)."""
     import re
     import tarfile
 
@@ -419,7 +420,9 @@ def test_the_acceptance_call_brings_its_files_back(tmp_path):
     assert {"./install/install.log", "./recheck/pytest.log", "./report/gpu_report.log",
             "./tests/pytest.log", "./scale/scale.log"} <= names, names
     tests_log = (tmp / "gpu_acceptance" / "tests" / "pytest.log").read_text()
-    assert "OMP_NUM_THREADS=1" in tests_log and "-n 16 tests" in tests_log
+    assert "OMP_NUM_THREADS=1" in tests_log and "-n 16 " in tests_log
+    # the device's tests first (a stopped step has run those), and where the time went
+    assert "HIERTAIL_TEST_ORDER=device-first" in tests_log and "--durations=" in tests_log
     report_log = (tmp / "gpu_acceptance" / "report" / "gpu_report.log").read_text()
     assert "--sections correctness loss scale" in report_log    # the graph ops: 2026-12-04's
     recheck = (tmp / "gpu_acceptance" / "recheck" / "pytest.log").read_text()
