@@ -30,9 +30,9 @@
 #      Triton cache on 2026-12-04 and reached 84 % in 180 s with a cold one, which a fresh
 #      machine has; -v: a run stopped at its limit still names every test it finished), the
 #      tests that run the card's kernels first (HIERTAIL_TEST_ORDER=device-first,
-#      tests/conftest.py: ~740 of ~4,730; a stopped run has run those, where 2026-12-04's
-#      missed files collected last, the Triton and tied-keys ones), and the 30 slowest listed
-#      (--durations) when it finishes;
+#      tests/conftest.py: ~710 of ~4,730; a stopped run has run those, where one in
+#      collection order misses the files collected last, the Triton ones among them), and the
+#      30 slowest listed (--durations) when it finishes;
 #   5. issue 9's 1M-node scale study with the loss in FP32, one timed epoch (limit 90 s, the
 #      worker's 85 s; 73 s with a 56.7 s epoch on 2026-12-04, under the 75 s the worker had
 #      then by 2 s, at load 4.3 from the test step's exiting workers: 10 s moved here from

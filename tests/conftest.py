@@ -195,22 +195,22 @@ def pairs_triton_with_cpu(item) -> bool:
 
 # ``HIERTAIL_TEST_ORDER=device-first``: the tests that run the device's kernels are collected
 # first, the rest after, each in its own order (bench/gpu_acceptance.sh: a device call stops
-# the suite at its limit, 84 % of it on 2026-12-04's cold Triton cache, and the files
-# collected last, alphabetically, were Triton's and the tied keys'; xdist hands tests out in
-# collection order, the same on every worker)
+# the suite at its limit, 84 % of it on 2026-12-04's cold Triton cache; xdist hands tests
+# out in collection order, the same on every worker, so a stopped run misses the files
+# collected last, alphabetically, the Triton ones among them)
 TEST_ORDER_ENV = "HIERTAIL_TEST_ORDER"
 _DEVICE_FILES = ("triton", "attention", "cuda", "gpu", "kernel", "device")
 
 
 def runs_the_device_kernels(item) -> bool:
     """Whether a collected test runs (or may run) kernels on the accelerator: a parameter
-    naming cuda, triton or attention, the ``device`` / ``triton_device`` fixtures, or a
-    file about them (its name)."""
+    naming cuda, triton or attention (the ``device`` fixture's cuda half among them), the
+    ``triton_device`` fixture, or a file about them (its name)."""
     values = getattr(getattr(item, "callspec", None), "params", {}).values()
     if any(isinstance(v, (str, torch.device)) and str(v) in ("cuda", "triton", "attention")
            for v in values):
         return True
-    if {"device", "triton_device"} & set(getattr(item, "fixturenames", ())):
+    if "triton_device" in getattr(item, "fixturenames", ()):
         return True
     return any(part in Path(str(item.fspath)).stem for part in _DEVICE_FILES)
 

@@ -110,7 +110,9 @@ def test_device_first_order_puts_the_device_tests_first(monkeypatch):
 
     items = [Item("plain"), Item("cuda_param", dev=torch.device("cuda")),
              Item("plain_again", backend="torch", device="cpu"),
-             Item("triton_param", backend="triton"), Item("device_fixture", fixtures=["device"]),
+             Item("triton_param", backend="triton"),
+             Item("cpu_half", fixtures=["device"], device="cpu"),
+             Item("device_fixture", fixtures=["device", "triton_device"]),
              Item("attention_param", provider="attention"),
              Item("kernel_file", path="tests/test_triton_key_splits.py"),
              Item("last", fixtures=["tmp_path"])]
@@ -122,7 +124,7 @@ def test_device_first_order_puts_the_device_tests_first(monkeypatch):
     conftest.pytest_collection_modifyitems(None, items)
     assert [it.name for it in items] == ["cuda_param", "triton_param", "device_fixture",
                                          "attention_param", "kernel_file", "plain",
-                                         "plain_again", "last"]
+                                         "plain_again", "cpu_half", "last"]
     monkeypatch.setenv(conftest.TEST_ORDER_ENV, "random")
     with pytest.raises(pytest.UsageError, match="device-first"):
         conftest.pytest_collection_modifyitems(None, items)
