@@ -430,17 +430,42 @@ def check_logit_range(largest: float, z: torch.Tensor, rows: list, tau: float) -
     """The largest logit |s_ik| = |z_i·z_k|/τ is max_i ‖z_i‖²/τ (Cauchy-Schwarz, attained by
     s_ii): it must stay finite, with room, in the dtype the logits are computed in (float32
     for 16-bit inputs). Finite embeddings ~2e19 gave inf logits and a NaN loss, silently, on
-    every backend. `largest`: the max row norm of `rows` (z and the prototypes) in that dtype,
-    read by the caller with its other checks."""
+    every backend. So must the dot products themselves, max_i ‖z_i‖², which every backend
+    forms before it divides by τ: with τ > 1 the logits' bound alone let rows of norm ~1.85e19
+    through (float32), whose dots overflow, and the loss was NaN, silently, on every backend.
+    `largest`: the max row norm of `rows` (z and the prototypes) in that dtype, read by the
+    caller with its other checks."""
     cdt = _logit_dtype(z)
     limit = torch.finfo(cdt).max / 16
-    if not largest ** 2 / tau <= limit:       # (inf and NaN norms fail too)
-        if not math.isfinite(largest):        # the norm itself overflowed: its true size
-            largest = max(float(torch.linalg.vector_norm(t.detach().double(), dim=1).max())
-                          for t in rows if t.numel())
+    dots = largest * largest        # (a float product overflows to inf; ** raised OverflowError)
+    if dots <= limit and dots / tau <= limit:           # (inf and NaN norms fail too)
+        return
+    if not math.isfinite(largest):        # the norm itself overflowed: its true size
+        largest = max(_robust_max_row_norm(t) for t in rows if t.numel())
+    if not largest * largest <= limit:
         raise non_finite_error(
-            f"the logits overflow {cdt}: max ‖z_i‖²/τ = {largest ** 2 / tau:.3g} > {limit:.3g}; "
-            f"scale the embeddings down (e.g. normalise them) or raise the temperature")
+            f"the logits overflow {cdt}, their dot products z_i·z_k already, before the "
+            f"division by the temperature: max ‖z_i‖² = {_square_text(largest)} > "
+            f"{limit:.3g}; scale the embeddings down (e.g. normalise them)")
+    raise non_finite_error(
+        f"the logits overflow {cdt}: max ‖z_i‖²/τ = {_square_text(largest, tau)} > "
+        f"{limit:.3g}; scale the embeddings down (e.g. normalise them) or raise the temperature")
+
+
+def _robust_max_row_norm(t: torch.Tensor) -> float:
+    """max_i ‖t_i‖ in float64 without overflow in the squares: each row scaled by its largest
+    entry first (an error path only)."""
+    t = t.detach().double()
+    peak = t.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float64).tiny)
+    return float((torch.linalg.vector_norm(t / peak, dim=1) * peak[:, 0]).max())
+
+
+def _square_text(norm: float, tau: float = 1.0) -> str:
+    """norm² / tau in %.3g, or as a power of ten where it is past float64's range."""
+    value = norm * norm / tau
+    if math.isfinite(value):
+        return f"{value:.3g}"
+    return f"~1e{2 * math.log10(norm) - math.log10(tau):.0f}"
 
 
 def check_loss_options(temperature: object, reduction: str, variant: str,

@@ -288,6 +288,21 @@ CASES = [
     ("bcl logits overflow fp64", _bcl(z=Z.double() * 1e155, prototypes=None, temperature=1.0),
      ValueError, "the logits overflow torch.float64"),
     ("hier logits overflow", _hier(z=Z * 2e19), ValueError, "the logits overflow"),
+    # the dot products overflow before the division by tau > 1, the logits' bound would not:
+    # a NaN loss on every backend, silently; a float64 bound past float's range raised an
+    # OverflowError (no ValueError)
+    ("bcl dots overflow tau > 1", _bcl(z=torch.tensor([[1.85e19], [1.0], [2.0]]),
+                                       labels=torch.tensor([0, 0, 1]), prototypes=None,
+                                       temperature=1000.0), ValueError,
+     "the logits overflow torch.float32, their dot products z_i·z_k already"),
+    ("hier dots overflow tau > 1", _hier(z=Z * 1e19, level_prototypes=[None],
+                                         level_labels=[Y], temperature=1e30), ValueError,
+     "their dot products z_i·z_k already"),
+    ("bcl dots overflow fp64", _bcl(z=torch.tensor([[1e200], [2e200]], dtype=torch.float64),
+                                    labels=torch.tensor([0, 1]), prototypes=None,
+                                    temperature=1e300), ValueError,
+     "the logits overflow torch.float64, their dot products z_i·z_k already, before the "
+     "division by the temperature: max ‖z_i‖² = ~1e401"),
     ("module reduction", lambda: BalancedContrastiveLoss(reduction="avg"), ValueError,
      "reduction='avg' is not one of"),
     ("module tau", lambda: BalancedContrastiveLoss(temperature=-1.0), ValueError,
