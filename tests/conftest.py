@@ -212,7 +212,8 @@ def runs_the_device_kernels(item) -> bool:
         return True
     if "triton_device" in getattr(item, "fixturenames", ()):
         return True
-    return any(part in Path(str(item.fspath)).stem for part in _DEVICE_FILES)
+    path = getattr(item, "path", None) or Path(str(getattr(item, "fspath", "")))
+    return any(part in Path(path).stem for part in _DEVICE_FILES)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -101,7 +101,7 @@ def test_device_first_order_puts_the_device_tests_first(monkeypatch):
 
     class Item:
         def __init__(self, name, path="tests/test_data_io.py", fixtures=(), **params):
-            self.name, self.fspath, self.fixturenames = name, path, list(fixtures)
+            self.name, self.path, self.fixturenames = name, Path(path), list(fixtures)
             if params:
                 self.callspec = Spec(**params)
 

@@ -420,7 +420,7 @@ def test_the_acceptance_call_brings_its_files_back(tmp_path):
     assert {"./install/install.log", "./recheck/pytest.log", "./report/gpu_report.log",
             "./tests/pytest.log", "./scale/scale.log"} <= names, names
     tests_log = (tmp / "gpu_acceptance" / "tests" / "pytest.log").read_text()
-    assert "OMP_NUM_THREADS=1" in tests_log and "-n 16 " in tests_log
+    assert "OMP_NUM_THREADS=1" in tests_log and "-n 16 --durations=30 tests" in tests_log
     # the device's tests first (a stopped step has run those), and where the time went
     assert "HIERTAIL_TEST_ORDER=device-first" in tests_log and "--durations=" in tests_log
     report_log = (tmp / "gpu_acceptance" / "report" / "gpu_report.log").read_text()
