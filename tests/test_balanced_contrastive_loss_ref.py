@@ -195,3 +195,33 @@ def test_bad_inputs(kwargs, exc, match):
     z, labels = kwargs.pop("z"), kwargs.pop("labels")
     with pytest.raises(exc, match=match):
         ref(z, labels, **kwargs)
+
+
+@pytest.mark.parametrize("variant", ["exact", "official"])
+@pytest.mark.parametrize("tau_dtype,tau", [(torch.bfloat16, 0.07), (torch.float16, 1e-5),
+                                           (torch.float32, 0.3), (torch.float64, 0.3)])
+def test_a_tensor_temperature_scales_as_its_value_does(variant, tau_dtype, tau):
+    """A tensor temperature of any float dtype gives the loss and gradients of its value as a
+    float, bit for bit (1/tau in float64, rounded once, as the engines take it); in its own
+    dtype a bf16 0.07 rounded 1/tau to 8 bits (the loss 8e-4 relative off) and an fp16 1e-5
+    overflowed to inf (a NaN loss). Its own gradient against float64 central differences."""
+    torch.manual_seed(0)
+    z = torch.nn.functional.normalize(torch.randn(32, 8), dim=1)
+    y = torch.randint(0, 3, (32,))
+    t = torch.tensor(tau, dtype=tau_dtype, requires_grad=True)
+    za, zb = z.clone().requires_grad_(), z.clone().requires_grad_()
+    got = ref(za, y, temperature=t, variant=variant)
+    want = ref(zb, y, temperature=float(t), variant=variant)
+    assert torch.isfinite(got) and torch.equal(got.detach(), want.detach())
+    (got + want).backward()
+    assert torch.equal(za.grad, zb.grad)
+    value = float(t.detach())
+    z64 = z.double()
+    step = value * 1e-6
+    numeric = float((ref(z64, y, temperature=value + step, variant=variant)
+                     - ref(z64, y, temperature=value - step, variant=variant)) / (2 * step))
+    if abs(numeric) > torch.finfo(tau_dtype).max:      # tau's gradient has tau's dtype
+        assert float(t.grad) == math.copysign(math.inf, numeric)      # (fp16 1e-5: -8.8e9)
+    else:
+        rel = max(2e-3, torch.finfo(tau_dtype).eps)
+        assert float(t.grad) == pytest.approx(numeric, rel=rel, abs=1e-6)

@@ -100,7 +100,12 @@ def balanced_contrastive_loss_ref(
     # own rounding of the logits, the one the tests' rule scales with (a fuzzing find: with
     # / tau the engines' dz was 3x the reference's error on a case where their rounding alone
     # made the difference, docs/LOSS.md "Logits formed as the engines form them")
-    s = (z_all @ z_all.t()) * (1.0 / temperature)                        # [N_all, N_all]
+    # A tensor tau (learnable): 1/tau in float64, rounded once to the logits' dtype, as the
+    # engines take it (1 / float(tau)); in tau's own dtype a 16-bit tau rounded 1/tau to 8 or
+    # 11 bits (bf16 0.07: the loss 8e-4 relative off) or overflowed (fp16 1e-5: a NaN loss)
+    inv_tau = (1.0 / temperature.to(torch.float64)).to(z_all.dtype) if isinstance(
+        temperature, torch.Tensor) else 1.0 / temperature
+    s = (z_all @ z_all.t()) * inv_tau                                      # [N_all, N_all]
     _, inverse, counts = torch.unique(labels_all, return_inverse=True, return_counts=True)
     w = 1.0 / counts[inverse].to(z_all.dtype)                             # [N_all] key weights
     pos = labels_all[:, None] == labels_all[None, :]                      # positive mask
