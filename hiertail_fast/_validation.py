@@ -452,6 +452,27 @@ def check_logit_range(largest: float, z: torch.Tensor, rows: list, tau: float) -
         f"{limit:.3g}; scale the embeddings down (e.g. normalise them) or raise the temperature")
 
 
+# The official variant on the fast engines (every backend but the dense reference): its
+# denominator's LSE_i - M_i is the difference of two float64 numbers of the logits' size, an
+# error of ~2^-55 max|s| absolute in the loss: measured on 4 rows (two classes of 2, tau 1,
+# docs/LOSS.md) 6.5e-8 relative at max|s| = 1e10, 4.3e-6 at 1e12, 7.7e-4 at 1e14, 9.4 % at 1e16
+# and beyond (the reference, which subtracts M_i from every logit first: exact). Past this
+# bound the fast engines refuse the call rather than answer that far off, silently.
+OFFICIAL_ENGINE_MAX_LOGIT = 1e10
+
+
+def check_official_engine_range(max_logit: float) -> None:
+    """The official variant's fast engines' range (``OFFICIAL_ENGINE_MAX_LOGIT``): a
+    ValueError naming the bound and the ways out past it. ``max_logit``: scale · max‖z_i‖²."""
+    if max_logit > OFFICIAL_ENGINE_MAX_LOGIT:
+        raise ValueError(
+            f"variant='official' on the fast engines: the logits reach max ‖z_i‖²/τ = "
+            f"{max_logit:.3g} > {OFFICIAL_ENGINE_MAX_LOGIT:.0e}, where its denominator (the "
+            f"log-sum-exp less the row max, both of that size) loses ~2^-55 of it (0.08 % of "
+            f"the loss at 1e14, 9 % at 1e16); scale the embeddings down (e.g. normalise them), "
+            f"raise the temperature, or use backend='reference' (dense: N x N memory)")
+
+
 def _robust_max_row_norm(t: torch.Tensor) -> float:
     """max_i ‖t_i‖ in float64 without overflow in the squares: each row scaled by its largest
     entry first (an error path only)."""

@@ -399,3 +399,44 @@ def test_argmax_grad_in_row_blocks_is_the_whole_matrix_sum(monkeypatch):
     no_keys = _loss_terms.argmax_grad(z, amax, gamma, 2.5, key_side=False, precise=True)
     torch.testing.assert_close(no_keys, sum((gamma[lev] * 2.5)[:, None] * z.double()[amax[lev]]
                                             for lev in range(2)).float(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", ["torch", "attention", "triton"])
+def test_the_official_fast_engines_refuse_logits_past_their_range(backend):
+    """The official variant's fast engines form its denominator LSE_i - M_i from two numbers
+    of the logits' size (an audit: on these 4 rows the loss was 4.3e-6 relative off at max|s|
+    1e12, 9.4 % at 1e16 and beyond, silently, where the reference is exact): past
+    OFFICIAL_ENGINE_MAX_LOGIT they refuse the call; within it they hold the loss to fp32's
+    rounding (6.5e-8 relative at 1e10 here). Both losses, and under autocast (whose 16-bit
+    rows the bound is computed from); the reference answers at any size."""
+    from hiertail_fast._validation import OFFICIAL_ENGINE_MAX_LOGIT
+    from tests.conftest import on_backend_device
+
+    dev = on_backend_device(backend)
+    unit = torch.tensor([[1., 0.], [0., 1.], [-1., 0.], [0., -1.]], device=dev)
+    y = torch.tensor([0, 0, 1, 1], device=dev)
+    exact64 = balanced_contrastive_loss(unit.double() * 1e5, y, temperature=1.0,
+                                        variant="official", backend="reference")
+    inside = balanced_contrastive_loss(unit * OFFICIAL_ENGINE_MAX_LOGIT ** 0.5, y,
+                                       temperature=1.0, variant="official", backend=backend)
+    assert float(inside) == pytest.approx(float(exact64), rel=2e-7)
+    past = unit * (10 * OFFICIAL_ENGINE_MAX_LOGIT) ** 0.5
+    calls = [lambda: balanced_contrastive_loss(past, y, temperature=1.0, variant="official",
+                                               backend=backend),
+             lambda: hierarchical_contrastive_loss(past, [y, y * 0], [None, None],
+                                                   temperature=1.0, variant="official",
+                                                   backend=backend)]
+    if dev == "cpu":
+        def autocast_call():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return balanced_contrastive_loss(past, y, temperature=1.0, variant="official",
+                                                 backend=backend)
+        calls.append(autocast_call)
+    for call in calls:
+        with pytest.raises(ValueError, match="variant='official' on the fast engines"):
+            call()
+    far = balanced_contrastive_loss(unit.double() * 1e9, y, temperature=1.0,
+                                    variant="official", backend="reference")
+    assert float(far) == pytest.approx(float(exact64), rel=1e-12)
+    assert float(balanced_contrastive_loss(past, y, temperature=1.0, variant="exact",
+                                           backend=backend)) > 0     # the exact variant: no limit

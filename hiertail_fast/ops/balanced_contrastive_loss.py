@@ -32,6 +32,7 @@ import torch
 from hiertail_fast._validation import (
     LossInputValues,
     check_level_sequences,
+    check_official_engine_range,
     validate_contrastive_inputs,
     validate_contrastive_levels,
 )
@@ -264,8 +265,12 @@ def _apply(z_all, lv: Levels, scale: float, include_self: bool, variant: str, re
     loss outside z_all: tied into the anchor with a zero factor, so that differentiating dL/dz
     w.r.t. tau raises as every second derivative does (it was a silent None / 0).
     ``max_row_norm``: z_all's largest row norm as the input checks read it (None: unknown),
-    which bounds the logits without a reduction and a host sync (``LogitBound``)."""
+    which bounds the logits without a reduction and a host sync (``LogitBound``). The
+    official variant past its fast engines' range: a ValueError
+    (``_validation.check_official_engine_range``)."""
     bound = _attention_lse.LogitBound(z_all, scale, max_row_norm)
+    if variant == "official":
+        check_official_engine_range(bound.value)
     backend, fp32_dot = settle_engine(z_all, scale, variant, lv.log_w.shape[0], backend,
                                       automatic, bound)
     anchor = graph_anchor(z_all)
