@@ -463,9 +463,11 @@ OFFICIAL_ENGINE_MAX_LOGIT = 1e10
 
 def check_official_engine_range(max_logit: float) -> None:
     """The official variant's fast engines' range (``OFFICIAL_ENGINE_MAX_LOGIT``): a
-    ValueError naming the bound and the ways out past it. ``max_logit``: scale · max‖z_i‖²."""
+    ValueError naming the bound and the ways out past it, marked as the overflow checks' are
+    (``non_finite_error``: a training run whose embeddings grow past it is reported as
+    diverged, not crashed). ``max_logit``: scale · max‖z_i‖²."""
     if max_logit > OFFICIAL_ENGINE_MAX_LOGIT:
-        raise ValueError(
+        raise non_finite_error(
             f"variant='official' on the fast engines: the logits reach max ‖z_i‖²/τ = "
             f"{max_logit:.3g} > {OFFICIAL_ENGINE_MAX_LOGIT:.0e}, where its denominator (the "
             f"log-sum-exp less the row max, both of that size) loses ~2^-55 of it (0.08 % of "
