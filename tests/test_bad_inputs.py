@@ -79,6 +79,13 @@ def _near(**kw):
     return lambda: nearest_prototype(**args)
 
 
+def _conv_with_weight(value: float) -> GCNConv:
+    conv = GCNConv(4, 2)                                   # in >= out: Â (x Wᵀ)
+    with torch.no_grad():
+        conv.weight.fill_(value)
+    return conv
+
+
 def _bcl(**kw):
     args = dict(z=Z, labels=Y, prototypes=PROTOS, temperature=0.1)
     args.update(kw)
@@ -303,6 +310,12 @@ CASES = [
                                     temperature=1e300), ValueError,
      "the logits overflow torch.float64, their dot products z_i·z_k already, before the "
      "division by the temperature: max ‖z_i‖² = ~1e401"),
+    # GCNConv's own product x·Wᵀ overflowing (in >= out: the product goes into the
+    # propagation, whose check blamed the user's finite x)
+    ("conv product overflow", lambda: _conv_with_weight(1.0)(torch.full((3, 4), 2e38), EI),
+     ValueError, "GCNConv: x·Wᵀ holds NaN or Inf although x is finite (the product overflows"),
+    ("conv weight nan", lambda: _conv_with_weight(float("nan"))(torch.ones(3, 4), EI),
+     ValueError, "GCNConv: x·Wᵀ holds NaN or Inf although x is finite (the weight holds NaN"),
     ("module reduction", lambda: BalancedContrastiveLoss(reduction="avg"), ValueError,
      "reduction='avg' is not one of"),
     ("module tau", lambda: BalancedContrastiveLoss(temperature=-1.0), ValueError,

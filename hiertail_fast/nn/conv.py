@@ -8,7 +8,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hiertail_fast._validation import check_flag, check_positive_int, check_tensor
+from hiertail_fast._validation import (
+    all_finite,
+    check_flag,
+    check_positive_int,
+    check_tensor,
+    is_non_finite_error,
+    non_finite_error,
+)
 from hiertail_fast.graph import CSRGraph, outside_inference_mode
 from hiertail_fast.ops.gcn_propagate import PROPAGATION_BACKENDS, as_graph, gcn_propagate
 
@@ -113,9 +120,27 @@ class GCNConv(nn.Module):
             graph, weight = self._graph(graph_or_edge_index, edge_weight, x.shape[0]), None
         if self.in_channels < self.out_channels:
             out = F.linear(self._propagate(x, graph, weight), self.weight)
-        else:
+        elif torch.compiler.is_compiling():
             out = self._propagate(F.linear(x, self.weight), graph, weight)
+        else:
+            out = self._propagate_product(x, graph, weight)
         return out if self.bias is None else out + self.bias
+
+    def _propagate_product(self, x, graph, weight):
+        """Â (X Wᵀ), where gcn_propagate's check of its input names the layer's product, not
+        the user's finite x, when X Wᵀ holds NaN / Inf (an overflow, or NaN weights): the
+        check said "x contains NaN or Inf" of an x that held neither (an overflow audit)."""
+        h = F.linear(x, self.weight)
+        try:
+            return self._propagate(h, graph, weight)
+        except ValueError as exc:
+            if not is_non_finite_error(exc) or not all_finite(x.detach()):
+                raise
+            why = ("the weight holds NaN / Inf" if not all_finite(self.weight.detach())
+                   else "the product overflows its dtype")
+            raise non_finite_error(
+                f"GCNConv: x·Wᵀ holds NaN or Inf although x is finite ({why}); scale x or "
+                f"the weights down") from exc
 
     def _check_input(self, x) -> None:
         """x [n, in_channels] in the parameters' dtype (any dtype under autocast): a wrong
