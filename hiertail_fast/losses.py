@@ -60,7 +60,9 @@ def balanced_contrastive_loss(
     ``temperature``: a float, or a 0-d float tensor that may require grad (learnable; its
     gradient is exact on every backend). ``backend``: None (automatic, see the module
     docstring) | "reference" (dense N x N, the definition) | "torch" | "attention" | "triton".
-    Extra memory O(B*N) on CPU (row blocks), O(N*d) on GPU.
+    Extra memory O(B*N) on CPU (row blocks), O(N*d) on GPU. Refused with a ValueError: logits
+    or dot products that overflow their dtype, and ``variant="official"`` on a fast backend
+    past max ‖z_i‖²/τ = 2^37 (its error there; the reference has no such bound).
     """
     return balanced_contrastive_loss_op(
         z, labels, prototypes, temperature, include_self, reduction, variant, backend

@@ -406,9 +406,9 @@ def test_the_official_fast_engines_refuse_logits_past_their_range(backend):
     """The official variant's fast engines form its denominator LSE_i - M_i from two numbers
     of the logits' size (an audit: on these 4 rows the loss was 4.3e-6 relative off at max|s|
     1e12, 9.4 % at 1e16 and beyond, silently, where the reference is exact): past
-    OFFICIAL_ENGINE_MAX_LOGIT they refuse the call; within it they hold the loss to fp32's
-    rounding (6.5e-8 relative at 1e10 here). Both losses, and under autocast (whose 16-bit
-    rows the bound is computed from); the reference answers at any size."""
+    OFFICIAL_ENGINE_MAX_LOGIT (2^37) they refuse the call; within it their error stays under
+    2^-17 absolute (the tests' float32 tolerance is 1e-5). Both losses, and under autocast
+    (whose 16-bit rows the bound is computed from); the reference answers at any size."""
     from hiertail_fast._validation import OFFICIAL_ENGINE_MAX_LOGIT
     from tests.conftest import on_backend_device
 
@@ -419,7 +419,7 @@ def test_the_official_fast_engines_refuse_logits_past_their_range(backend):
                                         variant="official", backend="reference")
     inside = balanced_contrastive_loss(unit * OFFICIAL_ENGINE_MAX_LOGIT ** 0.5, y,
                                        temperature=1.0, variant="official", backend=backend)
-    assert float(inside) == pytest.approx(float(exact64), rel=2e-7)
+    assert abs(float(inside) - float(exact64)) <= 2.0 ** -17        # the bound's promise
     past = unit * (10 * OFFICIAL_ENGINE_MAX_LOGIT) ** 0.5
     calls = [lambda: balanced_contrastive_loss(past, y, temperature=1.0, variant="official",
                                                backend=backend),

@@ -103,8 +103,9 @@ def balanced_contrastive_loss_ref(
     # A tensor tau (learnable): 1/tau in float64, rounded once to the logits' dtype, as the
     # engines take it (1 / float(tau)); in tau's own dtype a 16-bit tau rounded 1/tau to 8 or
     # 11 bits (bf16 0.07: the loss 8e-4 relative off) or overflowed (fp16 1e-5: a NaN loss)
+    # (a numpy float16 the same: 1.0 / np.float16 stays float16)
     inv_tau = (1.0 / temperature.to(torch.float64)).to(z_all.dtype) if isinstance(
-        temperature, torch.Tensor) else 1.0 / temperature
+        temperature, torch.Tensor) else 1.0 / float(temperature)
     s = (z_all @ z_all.t()) * inv_tau                                      # [N_all, N_all]
     _, inverse, counts = torch.unique(labels_all, return_inverse=True, return_counts=True)
     w = 1.0 / counts[inverse].to(z_all.dtype)                             # [N_all] key weights
