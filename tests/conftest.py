@@ -186,11 +186,16 @@ def triton_device() -> str:
     return backend_device("triton")
 
 
+def _parameter_names(item) -> set[str]:
+    """The string and device values among a collected test's parameters (none if it has no
+    parameters)."""
+    values = getattr(getattr(item, "callspec", None), "params", {}).values()
+    return {str(v) for v in values if isinstance(v, (str, torch.device))}
+
+
 def pairs_triton_with_cpu(item) -> bool:
     """Whether a collected test's parameters pair the triton backend with a CPU device."""
-    values = list(getattr(getattr(item, "callspec", None), "params", {}).values())
-    has = lambda kind: any(isinstance(v, (str, torch.device)) and str(v) == kind for v in values)
-    return has("triton") and has("cpu")
+    return {"triton", "cpu"} <= _parameter_names(item)
 
 
 # ``HIERTAIL_TEST_ORDER=device-first``: the tests that run the device's kernels are collected
@@ -206,9 +211,7 @@ def runs_the_device_kernels(item) -> bool:
     """Whether a collected test runs (or may run) kernels on the accelerator: a parameter
     naming cuda, triton or attention (the ``device`` fixture's cuda half among them), the
     ``triton_device`` fixture, or a file about them (its name)."""
-    values = getattr(getattr(item, "callspec", None), "params", {}).values()
-    if any(isinstance(v, (str, torch.device)) and str(v) in ("cuda", "triton", "attention")
-           for v in values):
+    if _parameter_names(item) & {"cuda", "triton", "attention"}:
         return True
     if "triton_device" in getattr(item, "fixturenames", ()):
         return True
