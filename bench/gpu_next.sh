@@ -44,24 +44,28 @@
 #      ($HIERTAIL_POSITIVES=triton), then the autotuned tiles, whose choice is recorded;
 #      session 54: the LSE kernels' automatic key splits (at 20k) against triton[nosplit];
 #      session 55: the table's 8 warps (the same tiles) against triton[warps4], the launches
-#      timed before.
-# About 8 minutes of command time (limits: install 60 s, tests 150 s, resources 60 s, profile
-# 270 s): run with the device tool's timeout_s = 560.
+#      timed before; session 66: 4. before the profile, the loss's LSE call on each of
+#      PyTorch's attention kernels (bench/attention_kernels.py: flash with the folded bias, as
+#      the bf16 path runs it, against cuDNN attention with the same operands at head dim 72
+#      instead of flash's 96, and with its own bf16 bias; memory-efficient fp32 and bf16),
+#      timed against SDPA bf16 and checked against float64: is cuDNN the bf16 path's kernel?
+# About 8 minutes of command time (limits: install 40 s (4 s on 2026-12-04), tests 150 s,
+# resources 60 s, kernels 40 s, profile 250 s): run with the device tool's timeout_s = 560.
 #   A=$OUT; OUT=$A bash bench/gpu_next.sh
 # Then, on any machine: python bench/next_defaults.py <profile/loss_profile.json>
 # What comes back, if the call is stopped at its limit too: next.tgz is rewritten after every
-# step before the profile (install, tests, resources: their logs), and the profile writes
-# straight under $A/profile (loss_profile.py rewrites its JSON and markdown after every row):
+# step before the profile (install, tests, resources, kernels: their logs and files), and the
+# profile writes straight under $A/profile (loss_profile.py rewrites its JSON and markdown after every row):
 # 6 files in all, under the device tool's 8. The sizes run in that order, 100k x 64 last (its
 # other engines were timed on 2026-11-27; d 128 never was, and decides TRITON_MAX_DIM): ~128
-# rows may not all fit the 210 s, and a row past the budget is reported as skipped.
+# rows may not all fit the 190 s, and a row past the budget is reported as skipped.
 set -u
 A=${OUT:?set OUT to the folder that comes back}
 R=${TMPDIR:-/tmp}/gpu_next
 rm -rf "$R" && mkdir -p "$R"
 s() { env OUT="$R/$1" "${@:2}" bash bench/gpu_session.sh
       tar czf "$R.tgz" -C "$R" . && mv "$R.tgz" "$A/next.tgz"; }   # (whole, or the last one)
-s install STEPS=install INSTALL_S=60
+s install STEPS=install INSTALL_S=40
 # OMP_NUM_THREADS=1: 16 xdist workers on 16 cores, not 16 x 16 OpenMP threads
 s tests STEPS=tests TESTS_S=150 OMP_NUM_THREADS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 \
   PYTEST_ARGS="-n 16 \
@@ -74,7 +78,8 @@ s tests STEPS=tests TESTS_S=150 OMP_NUM_THREADS=1 CUBLAS_WORKSPACE_CONFIG=:4096:
   tests/test_attention_lse_corners.py tests/test_graph_kernel_corners.py \
   tests/test_compile_layer_corners.py"
 s resources STEPS=resources RESOURCES_S=60
-env OUT="$A/profile" STEPS=profile PROFILE_S=270 PROFILE_ARGS="--sizes 20000:64 20000:128 \
+s kernels STEPS=kernels KERNELS_S=40
+env OUT="$A/profile" STEPS=profile PROFILE_S=250 PROFILE_ARGS="--sizes 20000:64 20000:128 \
   100000:128 100000:64 --engines auto triton triton[nosplit] triton[warps4] triton[lean] triton[shared] triton[shared+lean] \
   torch+triton attention+triton triton[tf32x3+autotune] --no-profile" bash bench/gpu_session.sh
 cat "$R"/*/summary.txt "$A/profile/summary.txt"

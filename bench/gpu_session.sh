@@ -15,7 +15,9 @@
 # (default: the bounds 256 ... 4096; e.g. "--dtype bfloat16 --bounds 4096 8192"); "profile" adds
 # bench/loss_profile.py under PROFILE_S, default 200 s, its timed rows getting PROFILE_S - 60,
 # with PROFILE_ARGS, e.g. "--sizes 20000:64"; "resources" adds bench/kernel_resources.py
-# --fixed-only under RESOURCES_S, default 120 s), REPORT_S (gpu_report's limit, default 270 s;
+# --fixed-only under RESOURCES_S, default 120 s; "kernels" adds bench/attention_kernels.py, the
+# loss's LSE call on each of PyTorch's attention kernels against float64, under KERNELS_S,
+# default 60 s, with KERNELS_ARGS), REPORT_S (gpu_report's limit, default 270 s;
 # its own --budget is 30 s less),
 # REPORT_ARGS (more gpu_report arguments, e.g. "--sections loss"), TESTS_S (the test suite's
 # limit, default 270 s). summary.txt gets one line per step with its exit status (124: it ran past its
@@ -39,14 +41,17 @@ GUARD_ARGS=${GUARD_ARGS:---bounds 256 512 1024 2048 4096}
 PROFILE_S=${PROFILE_S:-200}
 PROFILE_ARGS=${PROFILE_ARGS:-}
 RESOURCES_S=${RESOURCES_S:-120}
+KERNELS_S=${KERNELS_S:-60}
+KERNELS_ARGS=${KERNELS_ARGS:-}
 REPORT_ARGS=${REPORT_ARGS:-}
 PY=${PYTHON:-$(command -v python || command -v python3)}
 PYTEST_ARGS=${PYTEST_ARGS:-}
 ARCHIVE=${ARCHIVE:-}
 for s in $STEPS; do          # every name before the first step: a typo found at step 3
   case $s in                 # spent the device time of steps 1-2 and brought nothing back
-    install|report|tests|guard|profile|scale|resources) ;;
-    *) echo "unknown step $s (install, report, tests, guard, profile, scale, resources)" >&2
+    install|report|tests|guard|profile|scale|resources|kernels) ;;
+    *) echo "unknown step $s (install, report, tests, guard, profile, scale, resources," \
+            "kernels)" >&2
        exit 2 ;;
   esac
 done
@@ -93,6 +98,11 @@ for s in $STEPS; do
       # this image's triton compiles them (bench/kernel_resources.py; compile only)
       step kernel_resources "$RESOURCES_S" "$PY" bench/kernel_resources.py --fixed-only \
         --dtypes fp32 bf16 --workers 8 --out "$OUT" ;;
+    kernels)    # the loss's LSE call on flash / memory-efficient / cuDNN attention: time
+      # against SDPA bf16 and error against float64 (bench/attention_kernels.py)
+      # shellcheck disable=SC2086  # KERNELS_ARGS: several words on purpose
+      step attention_kernels "$KERNELS_S" "$PY" bench/attention_kernels.py --out "$OUT" \
+        $KERNELS_ARGS ;;
   esac
 done
 if [ -n "$ARCHIVE" ]; then     # written beside, then moved: ARCHIVE may lie inside $OUT

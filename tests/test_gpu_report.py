@@ -275,6 +275,15 @@ def test_gpu_session_script_logs_each_step_under_out(tmp_path):
     lines = (tmp_path / "summary.txt").read_text().splitlines()
     assert lines == [ln for ln in lines if ln.startswith("kernel_resources rc 124 in ")] != []
     assert (tmp_path / "kernel_resources.log").exists()
+    # the kernels step (bench/attention_kernels.py): wired, logged, its exit status recorded
+    # (2 here: no CUDA; its own run is tests/test_bench_attention_kernels.py)
+    res = subprocess.run(["bash", script], capture_output=True, text=True, timeout=120,
+                         env=dict(env, STEPS="kernels", KERNELS_S="60"), cwd=BENCH.parent)
+    assert res.returncode == 0, res.stderr
+    lines = (tmp_path / "summary.txt").read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attention_kernels rc 2 in "), lines
+    assert "(limit 60 s)" in lines[0]
+    assert "no CUDA" in (tmp_path / "attention_kernels.log").read_text()
 
 
 def test_loss_rows_are_checkpointed_one_by_one():
@@ -391,11 +400,12 @@ def test_the_prepared_device_call_brings_its_files_back(tmp_path):
     with tarfile.open(out / "next.tgz") as tar:
         names = set(tar.getnames())
     assert {"./install/install.log", "./tests/pytest.log",
-            "./resources/kernel_resources.log"} <= names, names
+            "./resources/kernel_resources.log", "./kernels/attention_kernels.log"} <= names, names
     tests_log = (tmp / "gpu_next" / "tests" / "pytest.log").read_text()
     assert "OMP_NUM_THREADS=1" in tests_log and "-n 16" in tests_log
     limits = dict(re.findall(r"^(\w+) rc \d+ in \d+ s \(limit (\d+) s\)", res.stdout, re.M))
-    assert set(limits) == {"install", "pytest", "kernel_resources", "loss_profile"}, res.stdout
+    assert set(limits) == {"install", "pytest", "kernel_resources", "attention_kernels",
+                           "loss_profile"}, res.stdout
     assert sum(int(v) for v in limits.values()) <= 560 - 20, limits
 
 
