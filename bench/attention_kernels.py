@@ -128,8 +128,8 @@ def errors(call, n: int, d: int, want, rows) -> dict:
 
 
 def anchors(z, dev: str) -> dict:
-    """SDPA on q = k = v = z (its default scale): bf16 forward, bf16 and fp32 forward + backward
-    (fp32 forward only on CPU, whose SDPA backward is not an anchor anyone uses)."""
+    """SDPA on q = k = v = z (its default scale): bf16 forward, bf16 and fp32 forward +
+    backward (issue 9's anchors)."""
     steps = {}
     qb = z.to(torch.bfloat16)[None, None].contiguous()
 
