@@ -13,13 +13,58 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+# Longest file name (bytes) where a folder's limit cannot be read: NAME_MAX of Linux, macOS
+# and Windows' NTFS alike.
+NAME_MAX = 255
+# How much of a result file's name its temporary file's name carries (bytes): enough to tell
+# whose a leftover is; bounded, so that a target whose own name is near the file system's
+# limit still gets a temporary name under it (`.NAME.XXXXXXXX.tmp` with the whole name went
+# over it: a 245-character --json name passed the checks, then failed after the training).
+TEMP_NAME_BYTES = 64
+
+
+def _temp_prefix(name: str) -> str:
+    """``.NAME.`` for a temporary file beside `name`, NAME cut to TEMP_NAME_BYTES bytes."""
+    return "." + os.fsencode(name)[:TEMP_NAME_BYTES].decode("utf-8", errors="ignore") + "."
+
+
+def _name_max(folder: Path) -> int:
+    """The longest file name (bytes) the file system of `folder` (or its nearest existing
+    ancestor) takes."""
+    probe = Path(folder)
+    try:
+        while not probe.exists() and probe.parent != probe:
+            probe = probe.parent
+        return int(os.pathconf(probe, "PC_NAME_MAX"))
+    except (OSError, ValueError, AttributeError):   # no pathconf (Windows), no such limit
+        return NAME_MAX
+
+
+def _name_reason(path: Path, *names: str) -> str | None:
+    """Why `names` (the file's, and names it will get, e.g. its .prev) cannot be created beside
+    `path`: longer than the file system takes (a later write would fail after the work)."""
+    limit = _name_max(path.parent)
+    for name in names:
+        size = len(os.fsencode(name))
+        if size > limit:
+            return (f"the file name {name!r} is {size} bytes long, over this file system's "
+                    f"limit of {limit}")
+    return None
+
 
 def unwritable_dir_reason(directory: Path) -> str | None:
     """Why files cannot be created in `directory` (created later if missing), or None.
 
     Probes with a real temporary file in the directory, or in its nearest existing ancestor
-    when it does not exist yet (nothing is created on the way)."""
-    directory = Path(directory)
+    when it does not exist yet (nothing is created on the way). An OSError of the probing
+    itself (a name too long for the file system, a permission on the way) is the reason."""
+    try:
+        return _unwritable_dir_reason(Path(directory))
+    except OSError as exc:
+        return f"{directory} cannot be used ({exc.strerror or exc})"
+
+
+def _unwritable_dir_reason(directory: Path) -> str | None:
     probe = directory
     while not probe.exists():
         if probe.parent == probe:
@@ -56,11 +101,26 @@ def not_regular_reason(path: Path) -> str | None:
 def unwritable_file_reason(path: Path, *, keeps_prev: bool = False) -> str | None:
     """Why `path` cannot be (re)written as a file, or None. ``keeps_prev``: the writer keeps
     an existing `path` as :func:`prev_path` (``replace_keeping_prev``), which must be
-    replaceable too — checked before the work, not found after it."""
+    replaceable too — checked before the work, not found after it. A path that names a folder
+    (``.``, ``/``, ``x/..``), a name longer than the file system takes, and an OSError of the
+    checks themselves are reasons too (each was a traceback, or a failure after the work)."""
     path = Path(path)
-    problem = not_regular_reason(path)
+    if path.name in ("", ".", ".."):
+        return f"{path} names a folder, not a file"
+    try:
+        return _unwritable_file_reason(path, keeps_prev)
+    except OSError as exc:
+        return f"{path} cannot be used ({exc.strerror or exc})"
+
+
+def _unwritable_file_reason(path: Path, keeps_prev: bool) -> str | None:
+    problem = _name_reason(path, path.name)
+    if problem is None:
+        problem = not_regular_reason(path)
     if problem is None and path.exists() and not os.access(path, os.W_OK):
         problem = f"{path} is read-only"
+    if problem is None and keeps_prev and path.exists():
+        problem = _name_reason(path, prev_path(path).name)
     if problem is None and keeps_prev and path.exists():
         prev = not_regular_reason(prev_path(path))
         problem = prev and f"the file it replaces is kept as {prev_path(path)}, but {prev}"
@@ -105,7 +165,7 @@ def atomic_path(path: Path, *, overwrite: bool = True) -> Iterator[Path]:
     if problem:                     # never renamed over a directory, device or FIFO
         raise FileExistsError(problem)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path.name), suffix=".tmp")
     os.close(fd)
     tmp = Path(name)
     try:
@@ -269,7 +329,7 @@ def replace_file_set(out: Path, writers: dict, current: list, prev_of,
     try:
         for name, write in writers.items():
             # (the name's own suffix last: writers such as matplotlib read the format there)
-            fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.",
+            fd, tmp = tempfile.mkstemp(dir=out, prefix=_temp_prefix(name),
                                        suffix=f".tmp{Path(name).suffix}")
             os.close(fd)
             temps[name] = Path(tmp)

@@ -298,11 +298,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m hiertail_fast
         problem = (f"--loss-backend attention cannot run on --device {args.device} (this "
                    f"torch {torch.__version__} has no fused attention kernels for it); use "
                    "torch or reference")
-    if problem is None and args.json is not None:
-        problem = _json_clash(args)
-    if problem is None and args.json is not None:
+    if problem is None and args.json is not None:   # (first: _json_clash takes the path's
+        # .prev name, which "." or "/" do not have, and reads it, which a name too long fails)
         problem = unwritable_file_reason(args.json, keeps_prev=True)
         problem = problem and f"--json {args.json} cannot be written: {problem}"
+    if problem is None and args.json is not None:
+        problem = _json_clash(args)
     if problem is not None:
         parser.error(problem)
     try:

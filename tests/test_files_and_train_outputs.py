@@ -13,7 +13,10 @@ failed on the mutant named in its docstring and passes on main.
   training; a hard link to --data and the dataset files under the default ``$HIERTAIL_DATA``
   root are inputs too;
 - ``_argparse.positive`` refuses fractional / infinite counts with a one-line error, and reads
-  counts exactly up to int64 (session 45).
+  counts exactly up to int64 (session 45);
+- paths a fresh-user audit found (session 66): a --json that names a folder (".", "/",
+  "x/.."), a name near or over the file system's limit, its .prev name over it, and the
+  temporary names beside a result.
 """
 from __future__ import annotations
 
@@ -268,3 +271,61 @@ def test_positive_reads_counts_exactly_and_refuses_them_above_int64():
         with pytest.raises(argparse.ArgumentTypeError,
                            match=rf"'{text}' is too large \(at most {2**63 - 1}\)"):
             positive(int)(text)
+
+
+# ----------------------------------------------------------------- paths a walkthrough found
+# (session 66, a fresh-user audit; each case failed on the code before as its comment says)
+@pytest.mark.parametrize("spelling", [".", "/", "./", "x/..", "{tmp}/missing/.."])
+def test_a_json_path_that_names_a_folder_is_one_line(spelling, tmp_path, capsys, monkeypatch):
+    """--json . and / raised ValueError ('has an empty name') from the .prev name, a
+    traceback; x/.. passed the checks, trained, then failed to write and left x/ behind."""
+    monkeypatch.chdir(tmp_path)
+    path = spelling.format(tmp=tmp_path)
+    last = _exit_2(TINY + ["--json", path], capsys, monkeypatch)
+    assert f"--json {Path(path)} cannot be written: " in last
+    assert "names a folder, not a file" in last
+    assert not (tmp_path / "missing").exists() and not (tmp_path / "x").exists()
+
+
+def test_a_json_name_near_the_limit_is_written_one_over_it_refused(tmp_path, capsys):
+    """A 250-byte name (legal) passed the checks, trained, then failed: its temporary name
+    beside it (.NAME.XXXXXXXX.tmp) was over 255 bytes. A 300-byte name was a traceback
+    (OSError from exists())."""
+    near = tmp_path / ("a" * 245 + ".json")
+    main(TINY + ["--json", str(near)])
+    capsys.readouterr()
+    assert json.loads(near.read_text())["seeds"] == [123]
+    assert [p.name for p in tmp_path.iterdir()] == [near.name]        # no temporary left
+    main(TINY + ["--json", str(near)])       # again: the old file kept as NAME.prev.json,
+    capsys.readouterr()                      # 255 bytes exactly
+    assert sorted(len(p.name) for p in tmp_path.iterdir()) == [250, 255]
+    over = tmp_path / ("b" * 300)
+    last = _exit_2(TINY + ["--json", str(over)], capsys)
+    assert "is 300 bytes long, over this file system's limit of 255" in last
+    deep = tmp_path / ("c" * 300) / "r.json"
+    last = _exit_2(TINY + ["--json", str(deep)], capsys)
+    assert "cannot be used (File name too long)" in last
+
+
+def test_a_prev_name_over_the_limit_is_refused_before_the_work(tmp_path):
+    """An existing 252-byte NAME.json is kept as NAME.prev.json, 257 bytes: the check says so
+    (the rotation failed after the work)."""
+    path = tmp_path / ("p" * 247 + ".json")
+    assert unwritable_file_reason(path, keeps_prev=True) is None       # nothing to keep yet
+    path.write_text("old")
+    assert unwritable_file_reason(path) is None
+    reason = unwritable_file_reason(path, keeps_prev=True)
+    assert reason and "257 bytes long" in reason
+
+
+def test_temporary_names_stay_short_for_any_name(tmp_path):
+    """atomic_write_text and replace_file_set name their temporary file after the target, cut
+    to TEMP_NAME_BYTES bytes (multi-byte characters cut whole)."""
+    from hiertail_fast._files import TEMP_NAME_BYTES, _temp_prefix
+
+    for name in ("é" * 120 + ".json", "x" * 250, "short.csv"):
+        prefix = _temp_prefix(name)
+        assert len(os.fsencode(prefix)) <= TEMP_NAME_BYTES + 2 and prefix.startswith(".")
+        assert name.startswith(prefix[1:-1])
+    atomic_write_text(tmp_path / ("é" * 125 + ".txt"), "ok")                  # 254 bytes
+    assert (tmp_path / ("é" * 125 + ".txt")).read_text() == "ok"

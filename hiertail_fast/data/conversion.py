@@ -183,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("convert", help="dataset name | .npz | .pt (PyG Data) -> .npz | .pt")
     c.add_argument("source", help=f"a dataset name ({', '.join(DATASETS)}), a uniform .npz "
-                   "or a .pt file with a PyG Data")
+                   "or a .pt file with a PyG Data (unpickled by torch.load: only a file "
+                   "you trust)")
     c.add_argument("out", type=path_arg,
                    help="output file: .npz (uniform format) or .pt (PyG Data)")
     c.add_argument("--root", type=path_arg, help="data directory of a dataset name (default: "
