@@ -167,6 +167,11 @@ def _device_error(text: str) -> str | None:
     return None
 
 
+# the synthetic generator's options and their defaults (``--synthetic`` only)
+SYNTHETIC_DEFAULTS = {"nodes": 2000, "classes": 20, "avg_degree": 10.0, "homophily": 0.8,
+                      "features": 64, "data_seed": 0}
+
+
 def build_parser(prog: str = "python -m hiertail_fast.train") -> argparse.ArgumentParser:
     p = ArgumentParser(prog=prog,
                        description="Train HierTail (long-tail node classification).")
@@ -183,19 +188,22 @@ def build_parser(prog: str = "python -m hiertail_fast.train") -> argparse.Argume
                      "$HIERTAIL_DATA)")
     src.add_argument("--download", action="store_true", help="--dataset: let PyG download "
                      "missing raw files into --root (needs a network)")
-    src.add_argument("--nodes", type=_positive(int), default=2000,
-                     help="--synthetic: nodes (default %(default)s)")
-    src.add_argument("--classes", type=_positive(int), default=20,
-                     help="--synthetic: classes, long-tailed sizes (default %(default)s)")
-    src.add_argument("--avg-degree", type=_positive(float), default=10.0,
-                     help="--synthetic: average degree (default %(default)s)")
-    src.add_argument("--homophily", type=float, default=0.8,
+    # default None, SYNTHETIC_DEFAULTS filled in after parsing: given without --synthetic,
+    # they are refused (they were silently ignored with --data / --dataset)
+    d = SYNTHETIC_DEFAULTS
+    src.add_argument("--nodes", type=_positive(int),
+                     help=f"--synthetic: nodes (default {d['nodes']})")
+    src.add_argument("--classes", type=_positive(int),
+                     help=f"--synthetic: classes, long-tailed sizes (default {d['classes']})")
+    src.add_argument("--avg-degree", type=_positive(float),
+                     help=f"--synthetic: average degree (default {d['avg_degree']})")
+    src.add_argument("--homophily", type=float,
                      help="--synthetic: share of same-class edges, in [0, 1] (default "
-                     "%(default)s)")
-    src.add_argument("--features", type=_positive(int), default=64,
-                     help="--synthetic: feature dimension (default %(default)s)")
-    src.add_argument("--data-seed", type=seed_arg, default=0,
-                     help="synthetic generator seed")
+                     f"{d['homophily']})")
+    src.add_argument("--features", type=_positive(int),
+                     help=f"--synthetic: feature dimension (default {d['features']})")
+    src.add_argument("--data-seed", type=seed_arg,
+                     help=f"--synthetic: generator seed (default {d['data_seed']})")
     src.add_argument("--feature-norm", choices=("none", "row"), default="none",
                      help="node features: none (as loaded; the official default) or row = "
                      "x_i / sum_j x_ij (the official --is_normalize; Wiki's raw TF-IDF rows "
@@ -285,6 +293,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m hiertail_fast
         parser.error("--download only applies to --dataset")
     if args.compound_pool_bug and args.config != "official":
         parser.error("--compound-pool-bug only applies to --config official")
+    if args.fix_cluster_labels and args.config != "official":
+        parser.error("--fix-cluster-labels only applies to --config official (the paper "
+                     "config labels nodes by their nearest prototype already)")
+    given = [f"--{k.replace('_', '-')}" for k in SYNTHETIC_DEFAULTS if getattr(args, k) is not None]
+    if given and not args.synthetic:
+        parser.error(f"{', '.join(given)} only appl{'ies' if len(given) == 1 else 'y'} to "
+                     "--synthetic (the generator's options)")
     for option, path in (("--data", args.data), ("--split", args.split)):
         if path is not None and path.is_dir():
             parser.error(f"{option} {path} is a directory, not an .npz file")
@@ -503,12 +518,12 @@ def _load_source(args) -> tuple[Any, dict[str, Any]]:
         data = load_dataset(args.dataset, root, download=args.download)
         return data, {"dataset": data.name, "root": str(root), "name": data.name}
     from hiertail_fast.data.synthetic import make_synthetic_graph
-    data = make_synthetic_graph(args.nodes, num_classes=args.classes, avg_degree=args.avg_degree,
-                                homophily=args.homophily, num_features=args.features,
-                                seed=args.data_seed)
-    return data, {"synthetic": True, "nodes": args.nodes, "classes": args.classes,
-                  "avg_degree": args.avg_degree, "homophily": args.homophily,
-                  "features": args.features, "data_seed": args.data_seed, "name": "synthetic"}
+    opt = {key: default if getattr(args, key) is None else getattr(args, key)
+           for key, default in SYNTHETIC_DEFAULTS.items()}
+    data = make_synthetic_graph(opt["nodes"], num_classes=opt["classes"],
+                                avg_degree=opt["avg_degree"], homophily=opt["homophily"],
+                                num_features=opt["features"], seed=opt["data_seed"])
+    return data, {"synthetic": True, **opt, "name": "synthetic"}
 
 
 def json_text(result: dict) -> str:

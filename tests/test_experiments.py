@@ -16,6 +16,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 TINY = ["--synthetic", "--synthetic-nodes", "120", "--seeds", "1", "--epochs", "3",
         "--hidden", "8", "--no-progress", "--device", "cpu"]
 TINY_DATA = ["--synthetic", "--synthetic-nodes", "120", "--no-progress", "--device", "cpu"]
+# (TINY[3:]: TINY on the datasets, without --synthetic and its --synthetic-nodes, which real
+# data refuses)
 EXTRA = {
     "sensitivity": ["--gammas", "0.01", "--taus", "0.1,1.0", "--activations", "relu,elu",
                     "--hiddens", "8", "--dropouts", "0.0"],
@@ -259,7 +261,7 @@ def test_a_cached_run_on_other_data_of_the_same_shape_is_retrained(tmp_path, mon
                                                                     capsys):
     d_a, d_b = _graph_pair(tmp_path)
     runs = tmp_path / "runs"
-    base = ["main", *TINY[1:], "--datasets", "email", "--methods", "origin", "--runs-dir",
+    base = ["main", *TINY[3:], "--datasets", "email", "--methods", "origin", "--runs-dir",
             str(runs)]
     calls = _count_trainings(monkeypatch)
     a = main([*base, "--data-dir", str(d_a), "--out", str(tmp_path / "A")])
@@ -333,7 +335,7 @@ def test_migrate_fingerprints_adds_the_runners_fingerprint_to_legacy_records(tmp
 
     d_a, _ = _graph_pair(tmp_path)
     runs = tmp_path / "runs"
-    base = ["main", *TINY[1:], "--datasets", "email", "--methods", "origin", "--runs-dir",
+    base = ["main", *TINY[3:], "--datasets", "email", "--methods", "origin", "--runs-dir",
             str(runs), "--data-dir", str(d_a)]
     main([*base, "--out", str(tmp_path / "A")])
     main([*base, "--feature-norm", "row", "--out", str(tmp_path / "R")])
@@ -410,6 +412,10 @@ def test_unwritable_out_or_runs_dir_is_refused_before_any_training(tmp_path, mon
     ("main", ["--synthetic-classes", "1"], "--synthetic-classes >= 2, got 120 and 1"),
     ("main", ["--synthetic-nodes", "5"], "--synthetic-nodes >= 8 (its average degree is 6)"),
     ("main", ["--runs-dir", ""], "argument --runs-dir: an empty path"),
+    # the synthetic graph's options on the datasets were silently ignored (a fresh-user audit,
+    # session 66)
+    ("main", ["--datasets", "email", "--synthetic-classes", "4"],
+     "--synthetic-classes only applies to --synthetic"),
     # the baselines' adjacency where no baseline runs: it named a second summary as a variant
     # of identical rows (an experiments audit)
     ("tasks", ["--adj-norm", "row"], "--adj-norm does not apply to tasks: it runs no baseline"),
@@ -427,7 +433,7 @@ def test_bad_experiment_arguments_are_refused_before_training(tmp_path, monkeypa
     argv = [name, *TINY, "--out", str(tmp_path / "out"), *bad]
     if "--datasets" in bad:
         d_a, _ = _graph_pair(tmp_path)
-        argv = [a for a in argv if a != "--synthetic"] + ["--data-dir", str(d_a)]
+        argv = [name, *TINY[3:], "--out", str(tmp_path / "out"), *bad, "--data-dir", str(d_a)]
     with pytest.raises(SystemExit) as exc:
         main(argv)
     err = capsys.readouterr().err
@@ -511,7 +517,7 @@ def test_a_bad_dataset_of_the_data_folder_is_refused_before_any_run(tmp_path, mo
         np.savez(d_a / f"{name}.npz", **{**arrays, **bad})
         calls = _count_trainings(monkeypatch)
         with pytest.raises(SystemExit) as exc:
-            main(["main", *(a for a in TINY if a != "--synthetic"), "--methods", "origin",
+            main(["main", *TINY[3:], "--methods", "origin",
                   "--data-dir", str(d_a), "--out", str(tmp_path / "out")])
         err = capsys.readouterr().err
         assert exc.value.code == 2 and message in err and calls == [], err
@@ -626,7 +632,7 @@ def test_thread_count_follows_each_dataset_not_the_command(tmp_path, monkeypatch
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        res = main(["main", *TINY[1:], "--datasets", "email,wiki", "--methods", "origin",
+        res = main(["main", *TINY[3:], "--datasets", "email,wiki", "--methods", "origin",
                     "--data-dir", str(data), "--out", str(tmp_path / "out")])
     finally:
         torch.set_num_threads(before)

@@ -812,10 +812,36 @@ def test_cli_options_reach_the_config_and_the_graph():
     args = parse(["--synthetic", "--nodes", "200", "--classes", "4", "--features", "8",
                   "--homophily", "0.3", "--data-seed", "7"])
     data, info = _load_source(args)
-    want = make_synthetic_graph(200, num_classes=4, avg_degree=args.avg_degree, homophily=0.3,
+    want = make_synthetic_graph(200, num_classes=4, avg_degree=10.0, homophily=0.3,
                                 num_features=8, seed=7)
     assert torch.equal(data.edge_index, want.edge_index) and torch.equal(data.x, want.x)
-    assert (info["homophily"], info["data_seed"]) == (0.3, 7)
+    assert (info["homophily"], info["data_seed"], info["avg_degree"]) == (0.3, 7, 10.0)
+
+
+@pytest.mark.parametrize("extra, said", [
+    (["--nodes", "50"], "--nodes only applies to --synthetic"),
+    (["--classes", "5", "--homophily", "0.3", "--data-seed", "4"],
+     "--classes, --homophily, --data-seed only apply to --synthetic"),
+    (["--avg-degree", "4", "--features", "16"], "--avg-degree, --features only apply to "),
+    (["--fix-cluster-labels"], "--fix-cluster-labels only applies to --config official"),
+])
+@pytest.mark.parametrize("source", [["--data", "g.npz"], ["--dataset", "email"]])
+def test_options_that_do_not_apply_are_refused(extra, said, source, capsys, monkeypatch):
+    """The generator's options with --data or --dataset, and --fix-cluster-labels on the paper
+    config (which labels by the nearest prototype already), were silently ignored: same
+    results, same recorded config (a fresh-user audit, session 66). Refused, one line."""
+    last = _exit_2([*source, *extra], capsys, monkeypatch)
+    assert said in last
+
+
+def test_the_generators_defaults_are_recorded_when_not_given(monkeypatch):
+    """With --synthetic and no generator option, the run records the defaults it used."""
+    from hiertail_fast._train_cli import SYNTHETIC_DEFAULTS, _load_source, build_parser
+
+    _, info = _load_source(build_parser().parse_args(["--synthetic", "--nodes", "60",
+                                                      "--classes", "3", "--features", "4"]))
+    assert {k: info[k] for k in SYNTHETIC_DEFAULTS} == dict(SYNTHETIC_DEFAULTS, nodes=60,
+                                                            classes=3, features=4)
 
 
 def test_result_records_the_run_as_it_ran(monkeypatch):

@@ -72,10 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="node features: none (raw, the official harness's default) or row = "
                    "x_i / sum_j x_ij (the official --is_normalize; Wiki's raw TF-IDF rows sum "
                    "to thousands); a non-default value is part of every run's cache key")
-    d.add_argument("--synthetic-nodes", type=_positive(int), default=240,
-                   help="--synthetic: nodes (default %(default)s)")
-    d.add_argument("--synthetic-classes", type=_positive(int), default=6,
-                   help="--synthetic: classes (default %(default)s)")
+    d.add_argument("--synthetic-nodes", type=_positive(int),
+                   help=f"--synthetic: nodes (default {_GIVEN_DEFAULTS['synthetic_nodes']})")
+    d.add_argument("--synthetic-classes", type=_positive(int),
+                   help=f"--synthetic: classes (default {_GIVEN_DEFAULTS['synthetic_classes']})")
     b = p.add_argument_group("budget (default: the full protocol)")
     b.add_argument("--quick", action="store_true", help=f"{QUICK['seeds']} seeds, ≤ "
                    f"{QUICK['epochs']} epochs, patience {QUICK['patience']} (labelled REDUCED)")
@@ -132,6 +132,9 @@ def inapplicable_option(args, parser: argparse.ArgumentParser) -> str | None:
     if (getattr(module, "TRAINS", True) and not getattr(module, "RUNS_BASELINES", True)
             and args.adj_norm is not None):     # (it went into the summary as a variant)
         return f"--adj-norm does not apply to {args.name}: it runs no baseline"
+    for dest in ("synthetic_nodes", "synthetic_classes"):   # (they were silently ignored)
+        if getattr(args, dest) is not None and not args.synthetic:
+            return f"--{dest.replace('_', '-')} only applies to --synthetic"
     if not getattr(module, "TRAINS", True):
         for dest in _TRAINING_OPTIONS:
             if getattr(args, dest) != parser.get_default(dest):
@@ -143,7 +146,8 @@ def inapplicable_option(args, parser: argparse.ArgumentParser) -> str | None:
 # Options whose parser default is None ("not given") and their values once given_defaults
 # ran: an explicit default value (`main --config paper`, `datasets --seed-base 123`) is then
 # refused where the option does not apply, as any other value (it was silently ignored)
-_GIVEN_DEFAULTS = {"config": "paper", "seed_base": FULL_SEEDS[0]}
+_GIVEN_DEFAULTS = {"config": "paper", "seed_base": FULL_SEEDS[0], "synthetic_nodes": 240,
+                   "synthetic_classes": 6}
 
 
 def given_defaults(args) -> None:
