@@ -193,19 +193,23 @@ def check_edge_index(edge_index: object, num_nodes: int | None = None) -> torch.
     return ei
 
 
-def check_edge_weight(edge_weight: object, num_edges: int) -> torch.Tensor | None:
+def check_edge_weight(edge_weight: object, num_edges: int,
+                      name: str = "edge_weight") -> torch.Tensor | None:
+    """``name``: what the user gave the weights as (a sparse adjacency's values are named as
+    such: "edge_weight must be a floating-point tensor" of a call that passed no edge_weight
+    was a fresh-user audit's find)."""
     if edge_weight is None:
         return None
-    w = check_dense_tensor(edge_weight, "edge_weight")
+    w = check_dense_tensor(edge_weight, name)
     if w.dim() != 1:
-        raise ValueError(f"edge_weight must be 1-D [E], got shape {tuple(w.shape)}")
-    check_float_dtype(w, "edge_weight")
+        raise ValueError(f"{name} must be 1-D [E], got shape {tuple(w.shape)}")
+    check_float_dtype(w, name)
     if w.numel() != num_edges:
         raise ValueError(
-            f"edge_weight has {w.numel()} entries but edge_index has {num_edges} edges"
+            f"{name} has {w.numel()} entries but edge_index has {num_edges} edges"
         )
     if not all_finite(w):
-        raise ValueError("edge_weight contains NaN or Inf")
+        raise ValueError(f"{name} contains NaN or Inf")
     return w
 
 

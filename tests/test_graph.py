@@ -523,5 +523,6 @@ def test_duplicate_weights_summing_past_their_dtype_are_refused_where_they_merge
     assert merged.weight.tolist() == [torch.finfo(dtype).max]
     # a weight that is itself non-finite keeps its own message
     bad = torch.sparse_coo_tensor(twice.flip(0), torch.tensor([1.0, float("inf")]), (2, 2))
-    with pytest.raises(ValueError, match="edge_weight contains NaN or Inf"):
+    with pytest.raises(ValueError, match=r"the sparse adjacency's value tensor \(its edge "
+                       r"weights\) contains NaN or Inf"):
         CSRGraph.from_sparse(bad)

@@ -162,10 +162,19 @@ def test_bad_sparse_adjacencies():
         CSRGraph.from_sparse(torch.eye(3))
     with pytest.raises(TypeError, match="sparse"):
         CSRGraph.from_sparse([[0, 1], [1, 0]])
-    with pytest.raises(TypeError, match="floating"):
-        CSRGraph.from_sparse(torch.sparse_coo_tensor(ei, torch.ones(2, dtype=torch.long),
-                                                     (n, n)))
-    with pytest.raises(ValueError, match="NaN"):
+    # the values are named as such, not as an edge_weight the call never passed (a fresh-user
+    # audit, session 66), for every entry point and both integer and bool values
+    for values in (torch.ones(2, dtype=torch.long), torch.ones(2, dtype=torch.bool)):
+        int_adj = torch.sparse_coo_tensor(ei, values, (n, n))
+        for call in (lambda a=int_adj: CSRGraph.from_sparse(a),
+                     lambda a=int_adj: gcn_propagate(x, a),
+                     lambda a=int_adj: gcn_propagate(x, a.to_sparse_csr())):
+            with pytest.raises(TypeError, match=r"a sparse adjacency's values are its edge "
+                               rf"weights and must be floating-point .*got {values.dtype}; "
+                               r"for an unweighted graph pass adj.float\(\)"):
+                call()
+    with pytest.raises(ValueError, match=r"the sparse adjacency's value tensor \(its edge "
+                       r"weights\) contains NaN"):
         CSRGraph.from_sparse(torch.sparse_coo_tensor(ei, torch.tensor([1.0, float("nan")]),
                                                      (n, n)))
     adj = torch.sparse_coo_tensor(ei, torch.ones(2), (n, n))
