@@ -583,3 +583,16 @@ def test_written_files_get_the_usual_permissions(tmp_path):
         assert stat.S_IMODE(os.stat(tmp_path / "g.npz").st_mode) == 0o664
     finally:
         os.umask(old)
+
+
+@pytest.mark.parametrize("name", ["graph.pt", "graph.npz"])
+def test_a_torch_save_file_is_named_as_one(tmp_path, name):
+    """torch.save's zip opens as an npz of its members: the error listed them ('missing
+    array(s) ...; has ['g/.data/serialization_id', ...]'), where the user needs to hear that
+    the file is a .pt and how to convert it (a fresh-user audit, session 66)."""
+    path = tmp_path / name
+    torch.save({"edge_index": torch.zeros(2, 1, dtype=torch.long)}, path)
+    with pytest.raises(ValueError, match=r"is a torch.save file \(a .pt\), not the uniform "
+                       r".npz format; convert a saved PyG Data with `python -m "
+                       r"hiertail_fast.data convert "):
+        load_npz(path)

@@ -301,6 +301,13 @@ def load_npz(
         csr = ("x_data", "x_indices", "x_indptr", "x_shape")
         if "x" not in keys and not all(k in keys for k in csr):
             missing.append("x (or x_data/x_indices/x_indptr/x_shape)")
+        if missing and any(k == "data.pkl" or k.endswith("/data.pkl") for k in keys):
+            # torch.save's zip (a .pt file) opens as an npz of its members: the list of those
+            # said nothing useful (a fresh-user audit)
+            raise ValueError(f"{where} is a torch.save file (a .pt), not the uniform .npz "
+                             f"format; convert a saved PyG Data with `python -m "
+                             f"hiertail_fast.data convert {p} OUT.npz` (it unpickles the file: "
+                             f"only one you trust)")
         if missing:
             raise ValueError(f"{where}: missing array(s) {', '.join(missing)}; has {sorted(keys)}")
         both = sorted(keys & set(csr)) if "x" in keys else []
