@@ -279,7 +279,14 @@ class CSRGraph(GraphCaches):
 
     def to(self, device: torch.device | str) -> CSRGraph:
         """The graph on `device`: itself when already there (immutable, so its caches are kept),
-        else a copy (caches rebuilt on demand; a known symmetry flag is kept)."""
+        else a copy (caches rebuilt on demand; a known symmetry flag is kept). A device only:
+        ``to(torch.float64)`` is a TypeError saying so (it was torch.device()'s own)."""
+        if isinstance(device, torch.dtype):
+            raise TypeError(f"CSRGraph.to takes a device, got the dtype {device}: a graph moves "
+                            f"between devices only (the ops compute in the features' dtype)")
+        if not isinstance(device, (str, torch.device, int)) or isinstance(device, bool):
+            raise TypeError(f"CSRGraph.to takes a device (a str, torch.device or CUDA index), "
+                            f"got {type(device).__name__}")
         if torch.device(device) == self.device:
             return self
         w = None if self._weight is None else self._weight.to(device)

@@ -287,6 +287,14 @@ def test_to_device_and_repr():
     h = g.to("cpu")
     assert h is g  # immutable: same device -> the same object, caches kept
     assert "weighted" in repr(h) and "num_edges=1" in repr(h)
+    # a dtype, or no device at all, is a TypeError saying what `to` takes (it was
+    # torch.device()'s "invalid combination of arguments": a fresh-user audit)
+    with pytest.raises(TypeError, match="CSRGraph.to takes a device, got the dtype "
+                                        "torch.float64"):
+        g.to(torch.float64)
+    for bad in (1.5, True, None):
+        with pytest.raises(TypeError, match=r"CSRGraph.to takes a device \(a str"):
+            g.to(bad)
 
 
 @pytest.mark.parametrize(
