@@ -7,9 +7,19 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 
 
 class ArgumentParser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # A value that starts like a negative number ("-1,2", "-5e3", "-3,") is a value, as
+        # Python 3.13's argparse reads it; 3.11's took only "-1" / "-1.5" so, and "--seeds
+        # -1,2" failed as "expected at least one argument" instead of naming the seed (a
+        # fresh-user audit). None of our options looks like a negative number.
+        if hasattr(self, "_negative_number_matcher"):
+            self._negative_number_matcher = re.compile(r"-\.?\d")
+
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the options)\n")
 

@@ -385,6 +385,12 @@ def _exit_2(argv, capsys, monkeypatch=None) -> str:
     (["--tau", "1e-7"], "--tau: must be a finite number >= 1e-06, got 1e-7"),
     (["--seed-base", "-5"], "--seed-base: must be an integer >= 0, got -5"),
     (["--seeds=-3,-2"], "--seeds: seed -3 is out of range [0, "),
+    # without "=": argparse (3.11) took "-1,2" for an option, "expected at least one argument"
+    # (a fresh-user audit); a value that starts like a negative number is a value now
+    (["--seeds", "-1,2"], "--seeds: seed -1 is out of range [0, "),
+    (["--seeds", "-3,"], "--seeds: seed -3 is out of range [0, "),
+    (["--seeds", "-5e3"], "--seeds takes integers (a count or a list), got ['-5e3']"),
+    (["--epochs", "-2e1"], "--epochs: must be an integer > 0, got -2e1"),
     (["--data-seed", "-1"], "--data-seed: must be an integer >= 0, got -1"),
     (["--seed-base", str(2**64)], f"--seed-base: '{2**64}' is too large (at most {2**64 - 1})"),
     (["--epochs", "1e19"], f"--epochs: '1e19' is too large (at most {2**63 - 1})"),
