@@ -267,8 +267,11 @@ def _config_from_args(args, dataset_name: str | None) -> HierTailConfig:
         if getattr(args, key) is not None:
             over[key] = getattr(args, key)
     preset = args.config or "paper"
-    if preset == "paper" and args.hidden is None and dataset_name in PAPER_HIDDEN:
-        over["hidden"] = PAPER_HIDDEN[dataset_name]
+    # the name in any case, as --dataset reads it (Email.npz trained at hidden 128 where
+    # email.npz and --dataset EMAIL took the paper's 64: a fresh-user audit)
+    name = (dataset_name or "").lower()
+    if preset == "paper" and args.hidden is None and name in PAPER_HIDDEN:
+        over["hidden"] = PAPER_HIDDEN[name]
     if args.augment_a2 is not None:
         over["augment_a2"] = args.augment_a2 == "on"
     if args.fix_cluster_labels:

@@ -815,6 +815,10 @@ def test_cli_options_reach_the_config_and_the_graph():
     official = _config_from_args(parse(["--dataset", "email", "--config", "official"]), "email")
     assert official.hidden == HierTailConfig.official().hidden
     assert _config_from_args(parse(["--dataset", "email"]), "email").hidden == 64
+    # a --data file's stem in any case, as --dataset's name (Email.npz took 128: an audit)
+    for stem, hidden in (("Email", 64), ("WIKI", 64), ("BlogCatalog", 64), ("email_v2", 128),
+                         ("cora_full", 128)):
+        assert _config_from_args(parse(["--data", f"{stem}.npz"]), stem).hidden == hidden
     args = parse(["--synthetic", "--nodes", "200", "--classes", "4", "--features", "8",
                   "--homophily", "0.3", "--data-seed", "7"])
     data, info = _load_source(args)
