@@ -59,7 +59,7 @@ sys.path.insert(0, str(HERE))
 import _gpu_checks as gc  # noqa: E402
 from _roofline import bandwidth_figures  # noqa: E402
 
-from hiertail_fast._argparse import path_arg  # noqa: E402
+from hiertail_fast._argparse import dir_arg  # noqa: E402
 from hiertail_fast._files import (  # noqa: E402
     prev_path,
     unwritable_dir_reason,
@@ -605,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (~1-2 minutes)")
     parser.add_argument("--budget", type=float, default=270.0, help="seconds (default 270)")
-    parser.add_argument("--out", type=path_arg, default=HERE / "results")
+    parser.add_argument("--out", type=dir_arg, default=HERE / "results")
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS),
                         help="run only these sections (default: all), e.g. a re-check of the "
                              "loss after a change: --sections loss")

@@ -79,7 +79,7 @@ from _scale_worker import _setup as _setup
 from _scale_worker import _tracked_peak as _tracked_peak
 from _scale_worker import build_model as build_model
 
-from hiertail_fast._argparse import ArgumentParser, exact_int, path_arg, positive
+from hiertail_fast._argparse import ArgumentParser, dir_arg, exact_int, positive
 from hiertail_fast._files import unwritable_dir_reason, unwritable_file_reason
 from hiertail_fast._train_cli import threads_arg
 from hiertail_fast._validation import SEED_MAX
@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch threads, at most the CPUs available (default: torch's)")
     p.add_argument("--cpu-memory", choices=("rss", "tracked"), default="rss",
                    help="CPU memory figure: peak RSS (default) or torch-allocator peak")
-    p.add_argument("--out", type=path_arg, default=Path(__file__).resolve().parent / "results",
+    p.add_argument("--out", type=dir_arg, default=Path(__file__).resolve().parent / "results",
                    help="directory for scale.csv/.json/.png (default bench/results); results "
                         "already there are kept as scale.prev.* (one generation)")
     p.add_argument("--no-plot", action="store_true", help="skip scale.png")

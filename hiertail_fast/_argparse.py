@@ -25,13 +25,23 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def path_arg(value: str):
-    """``type=`` of a path option: a ``Path``, refusing the empty string, which ``Path("")``
+    """``type=`` of a FILE option: a ``Path``, refusing the empty string, which ``Path("")``
     silently turns into the current folder (``--root ""`` read the working directory's
     files, where the library's ``resolve_root("")`` refuses it)."""
+    return _path(value, "a file name is needed")
+
+
+def dir_arg(value: str):
+    """``type=`` of a FOLDER option: ``path_arg``'s refusal, with the spelling of the current
+    folder (which a file option must not suggest: ``--json .`` names no file)."""
+    return _path(value, "use '.' for the current folder")
+
+
+def _path(value: str, hint: str):
     from pathlib import Path
 
     if not value:
-        raise argparse.ArgumentTypeError("an empty path (use '.' for the current folder)")
+        raise argparse.ArgumentTypeError(f"an empty path ({hint})")
     return Path(value)
 
 

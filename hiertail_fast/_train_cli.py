@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from hiertail_fast._argparse import ArgumentParser, exact_int, path_arg
+from hiertail_fast._argparse import ArgumentParser, dir_arg, exact_int, path_arg
 from hiertail_fast._files import (
     DeferredInterrupt,
     overwritten_input,
@@ -184,7 +184,7 @@ def build_parser(prog: str = "python -m hiertail_fast.train") -> argparse.Argume
     src.add_argument("--dataset", help="a paper dataset by name (cora_full, wiki, email, "
                      "blogcatalog, amazon_clothing, amazon_electronics): ROOT/NAME.npz or PyG's "
                      "raw files, official preprocessing (hiertail_fast.data.datasets)")
-    src.add_argument("--root", type=path_arg, help="data directory of --dataset (default: "
+    src.add_argument("--root", type=dir_arg, help="data directory of --dataset (default: "
                      "$HIERTAIL_DATA)")
     src.add_argument("--download", action="store_true", help="--dataset: let PyG download "
                      "missing raw files into --root (needs a network)")

@@ -53,9 +53,9 @@ def _python(args: list[str], env_drop=("OMP_WAIT_POLICY",), timeout=300, **env):
     (["--device", "foo"], "--device 'foo' is not a device"),
     (["--device", "meta"], "--device meta: only cpu and cuda devices can train"),
     # Path("") is the current folder: --root "" read the working directory's files
-    (["--json", ""], "argument --json: an empty path (use '.' for the current folder)"),
+    (["--json", ""], "argument --json: an empty path (a file name is needed)"),
     (["--split", ""], "argument --split: an empty path"),
-    (["--root", ""], "argument --root: an empty path"),
+    (["--root", ""], "argument --root: an empty path (use '.' for the current folder)"),
 ])
 def test_bad_values_exit_2_with_one_line(extra, message, capsys):
     with pytest.raises(SystemExit) as exc:

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from hiertail_fast._argparse import ArgumentParser, path_arg
+from hiertail_fast._argparse import ArgumentParser, dir_arg, path_arg
 from hiertail_fast._files import check_new_output, overwritten_input, same_file, write_atomic
 from hiertail_fast._validation import check_path
 from hiertail_fast.data.datasets import (
@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "you trust)")
     c.add_argument("out", type=path_arg,
                    help="output file: .npz (uniform format) or .pt (PyG Data)")
-    c.add_argument("--root", type=path_arg, help="data directory of a dataset name (default: "
+    c.add_argument("--root", type=dir_arg, help="data directory of a dataset name (default: "
                    "$HIERTAIL_DATA)")
     c.add_argument("--force", action="store_true", help="overwrite an existing output")
     c.add_argument("--download", action="store_true", help="let PyG download raw files")

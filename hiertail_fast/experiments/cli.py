@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from hiertail_fast._argparse import ArgumentParser, exact_int, path_arg
+from hiertail_fast._argparse import ArgumentParser, dir_arg, exact_int
 from hiertail_fast._files import DeferredInterrupt
 from hiertail_fast._validation import FEATURE_NORMS, SEED_MAX, check_classes
 from hiertail_fast.experiments import EXPERIMENTS
@@ -50,19 +50,19 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Reproduce one table or figure of the HierTail "
                        "paper (see hiertail_fast/experiments/__init__.py).")
     p.add_argument("name", choices=list(EXPERIMENTS))
-    p.add_argument("--out", type=path_arg, help="results folder (default results/NAME). A summary "
+    p.add_argument("--out", type=dir_arg, help="results folder (default results/NAME). A summary "
                    "from other arguments is never replaced (this one goes to NAME-<hash>.*); "
                    "one from the same arguments is replaced, kept as NAME.prev.* (one "
                    "generation), but not by a summary holding fewer finished runs (e.g. "
                    "--report-only over an empty or other --runs-dir): that is refused (exit 2) "
                    "unless --replace-summary")
-    p.add_argument("--runs-dir", type=path_arg, help="per-run cache (default OUT/runs); share it "
+    p.add_argument("--runs-dir", type=dir_arg, help="per-run cache (default OUT/runs); share it "
                    "between experiments to reuse their runs (a cached run made from other "
                    "data of the same shape, or an unreadable one, is retrained)")
     p.add_argument("--replace-summary", action="store_true", help="replace the summary in "
                    "--out even when it holds more runs than this one (it is kept as .prev.*)")
     d = p.add_argument_group("data")
-    d.add_argument("--data-dir", type=path_arg, help="folder of the uniform .npz files (default "
+    d.add_argument("--data-dir", type=dir_arg, help="folder of the uniform .npz files (default "
                    "$HIERTAIL_DATA, else ../shared/data)")
     d.add_argument("--datasets", help="comma-separated names (default: every paper dataset "
                    "present in the data folder)")

@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from hiertail_fast._argparse import ArgumentParser, path_arg
+from hiertail_fast._argparse import ArgumentParser, dir_arg
 from hiertail_fast._files import atomic_write_text
 from hiertail_fast.experiments.runner import DataSource, _json_default
 
@@ -105,8 +105,8 @@ def migrate(runs_dir: Path, data_dir: Path, *, dry_run: bool = False, log=print)
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m hiertail_fast.experiments.migrate_fingerprints",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("runs_dir", type=path_arg, help="the runs folder (<dataset>/<run>.json)")
-    p.add_argument("--data-dir", type=path_arg, help="the data folder the runs were made from "
+    p.add_argument("runs_dir", type=dir_arg, help="the runs folder (<dataset>/<run>.json)")
+    p.add_argument("--data-dir", type=dir_arg, help="the data folder the runs were made from "
                    "(default $HIERTAIL_DATA, else ../shared/data)")
     p.add_argument("--dry-run", action="store_true", help="count, write nothing")
     args = p.parse_args(argv)
