@@ -34,12 +34,14 @@ the fold once per loss call and rewrites the 3 bias columns per call).
 ``--device cpu`` runs the CPU flash kernel (the CPU engine's, with and without the fold) at a
 small size: the test mode of this script (tests/test_bench_attention_kernels.py). Without
 CUDA and without ``--device cpu``: one line, exit status 2.
-Writes DIR/attention_kernels.md and .json (default bench/results; earlier files kept as .prev).
+Writes DIR/attention_kernels.md and .json after every size (default bench/results; files
+already there kept as .prev).
 """
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import sys
 import time
 from pathlib import Path
@@ -52,6 +54,7 @@ sys.path.insert(0, str(HERE))
 import _gpu_checks as gc  # noqa: E402
 from _results import check_targets, write_result  # noqa: E402
 
+from hiertail_fast._files import atomic_write_text  # noqa: E402
 from hiertail_fast.ops import _attention_lse as al  # noqa: E402
 
 ORACLE_ROWS = 256
@@ -221,13 +224,17 @@ def main(argv: list[str] | None = None) -> int:
                   torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
                   tau=args.tau, load_average_start=gc.load_average(), rows=[])
     t0 = time.perf_counter()
-    for n, d in sizes:
-        report["rows"] += rows_at(n, d, args.device, args.reps, args.tau)
-    report["load_average_end"], report["seconds"] = gc.load_average(), time.perf_counter() - t0
-    text = render(report)
     args.out.mkdir(parents=True, exist_ok=True)
-    write_result(md, text)
-    gc.write_json(js, report)
+    for i, (n, d) in enumerate(sizes):
+        report["rows"] += rows_at(n, d, args.device, args.reps, args.tau)
+        report["load_average_end"] = gc.load_average()
+        report["seconds"] = time.perf_counter() - t0
+        text = render(report)
+        # written after every size (a device call's limit keeps what was measured); files
+        # already there are kept as .prev by the first write only, not replaced by this run's
+        write = write_result if i == 0 else atomic_write_text
+        write(md, text)
+        write(js, json.dumps(report, indent=1, default=str))
     print(text)
     return 0
 

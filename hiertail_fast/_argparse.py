@@ -14,9 +14,10 @@ class ArgumentParser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         # A value that starts like a negative number ("-1,2", "-5e3", "-3,") is a value, as
-        # Python 3.13's argparse reads it; 3.11's took only "-1" / "-1.5" so, and "--seeds
-        # -1,2" failed as "expected at least one argument" instead of naming the seed (a
-        # fresh-user audit). None of our options looks like a negative number.
+        # later argparse releases read it; older ones (3.11, 3.12.1, 3.13.0 among them) took
+        # only "-1" / "-1.5" so, and "--seeds -1,2" failed as "expected at least one argument"
+        # instead of naming the seed (a fresh-user audit). None of our options looks like a
+        # negative number.
         if hasattr(self, "_negative_number_matcher"):
             self._negative_number_matcher = re.compile(r"-\.?\d")
 

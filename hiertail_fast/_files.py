@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -13,14 +14,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-# Longest file name (bytes) where a folder's limit cannot be read: NAME_MAX of Linux, macOS
-# and Windows' NTFS alike.
+# Longest file name where a folder's limit cannot be read, or reads as none (pathconf's -1):
+# 255, in bytes on Linux, in UTF-16 units on macOS (APFS, HFS+) and Windows (NTFS).
 NAME_MAX = 255
+# Where a name's length counts UTF-16 units, not bytes (the limit pathconf reports on macOS is
+# in those units too: 255 bytes would refuse a legal 100-character CJK name there).
+_UTF16_NAMES = sys.platform in ("darwin", "win32")
 # How much of a result file's name its temporary file's name carries (bytes): enough to tell
 # whose a leftover is; bounded, so that a target whose own name is near the file system's
 # limit still gets a temporary name under it (`.NAME.XXXXXXXX.tmp` with the whole name went
 # over it: a 245-character --json name passed the checks, then failed after the training).
 TEMP_NAME_BYTES = 64
+# The longest suffix a temporary name repeats (a writer such as matplotlib reads the format
+# there: ".png", ".json"); a longer one is no format, and would lengthen the name past the
+# limit again (a review's find: "r.xxxx...", 242 bytes).
+TEMP_SUFFIX_BYTES = 16
 
 
 def _temp_prefix(name: str) -> str:
@@ -28,16 +36,31 @@ def _temp_prefix(name: str) -> str:
     return "." + os.fsencode(name)[:TEMP_NAME_BYTES].decode("utf-8", errors="ignore") + "."
 
 
+def _temp_suffix(name: str) -> str:
+    """``.tmp`` + `name`'s own suffix where that is a short one (``TEMP_SUFFIX_BYTES``)."""
+    suffix = Path(name).suffix
+    return ".tmp" + (suffix if len(os.fsencode(suffix)) <= TEMP_SUFFIX_BYTES else "")
+
+
 def _name_max(folder: Path) -> int:
-    """The longest file name (bytes) the file system of `folder` (or its nearest existing
-    ancestor) takes."""
+    """The longest file name the file system of `folder` (or its nearest existing ancestor)
+    takes, in the units of ``_name_length``."""
     probe = Path(folder)
     try:
         while not probe.exists() and probe.parent != probe:
             probe = probe.parent
-        return int(os.pathconf(probe, "PC_NAME_MAX"))
+        limit = int(os.pathconf(probe, "PC_NAME_MAX"))
     except (OSError, ValueError, AttributeError):   # no pathconf (Windows), no such limit
         return NAME_MAX
+    return limit if limit > 0 else NAME_MAX         # -1: "no limit" reported; 0: unset
+
+
+def _name_length(name: str) -> tuple[int, str]:
+    """(length, unit) of `name` as the file system counts it: bytes, or UTF-16 units on macOS
+    and Windows."""
+    if _UTF16_NAMES:
+        return len(name.encode("utf-16-le", errors="surrogatepass")) // 2, "characters"
+    return len(os.fsencode(name)), "bytes"
 
 
 def _name_reason(path: Path, *names: str) -> str | None:
@@ -45,9 +68,9 @@ def _name_reason(path: Path, *names: str) -> str | None:
     `path`: longer than the file system takes (a later write would fail after the work)."""
     limit = _name_max(path.parent)
     for name in names:
-        size = len(os.fsencode(name))
+        size, unit = _name_length(name)
         if size > limit:
-            return (f"the file name {name!r} is {size} bytes long, over this file system's "
+            return (f"the file name {name!r} is {size} {unit} long, over this file system's "
                     f"limit of {limit}")
     return None
 
@@ -330,7 +353,7 @@ def replace_file_set(out: Path, writers: dict, current: list, prev_of,
         for name, write in writers.items():
             # (the name's own suffix last: writers such as matplotlib read the format there)
             fd, tmp = tempfile.mkstemp(dir=out, prefix=_temp_prefix(name),
-                                       suffix=f".tmp{Path(name).suffix}")
+                                       suffix=_temp_suffix(name))
             os.close(fd)
             temps[name] = Path(tmp)
             write(temps[name])

@@ -34,6 +34,30 @@ def test_cpu_rows_meet_float64_and_files(tmp_path):
     assert len(data["load_average_start"]) == 3
     md = (tmp_path / "attention_kernels.md").read_text()
     assert "| 200 | 16 | cpu flash fp32, folded bias | 24 |" in md
+    # a second run keeps the first one's files as .prev (once: not its own first size's)
+    assert ak.main(["--device", "cpu", "--sizes", "40:4", "50:4", "--reps", "1",
+                    "--out", str(tmp_path)]) == 0
+    prev = json.loads((tmp_path / "attention_kernels.prev.json").read_text())
+    assert prev["rows"] == data["rows"]
+    assert "| 200 | 16 |" in (tmp_path / "attention_kernels.prev.md").read_text()
+    now = json.loads((tmp_path / "attention_kernels.json").read_text())
+    assert {r["n"] for r in now["rows"]} == {40, 50}
+
+
+def test_each_size_is_written_as_it_ends(monkeypatch, tmp_path):
+    """A device call's limit can stop the run: the sizes measured by then are on disk."""
+    real = ak.rows_at
+
+    def stop_at_the_second(n, *args):
+        if n == 50:
+            raise KeyboardInterrupt
+        return real(n, *args)
+    monkeypatch.setattr(ak, "rows_at", stop_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        ak.main(["--device", "cpu", "--sizes", "40:4", "50:4", "--reps", "1",
+                 "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "attention_kernels.json").read_text())["rows"]
+    assert rows and {r["n"] for r in rows} == {40}
 
 
 def test_the_oracle_sees_the_bias_and_the_scale():

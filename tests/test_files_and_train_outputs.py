@@ -329,3 +329,49 @@ def test_temporary_names_stay_short_for_any_name(tmp_path):
         assert name.startswith(prefix[1:-1])
     atomic_write_text(tmp_path / ("é" * 125 + ".txt"), "ok")                  # 254 bytes
     assert (tmp_path / ("é" * 125 + ".txt")).read_text() == "ok"
+
+
+def test_a_long_suffix_is_not_repeated_in_the_temporary_name(tmp_path, capsys):
+    """"r." + 240 x's (242 bytes) passed the checks, trained, then failed: replace_file_set
+    repeated the whole suffix after its temporary name (a review's find). A suffix over
+    TEMP_SUFFIX_BYTES is no format and is left out."""
+    from hiertail_fast._files import TEMP_SUFFIX_BYTES, _temp_suffix
+
+    path = tmp_path / ("r." + "x" * 240)
+    main(TINY + ["--json", str(path)])
+    capsys.readouterr()
+    assert json.loads(path.read_text())["seeds"] == [123]
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+    assert _temp_suffix("a.png") == ".tmp.png" and _temp_suffix(path.name) == ".tmp"
+    assert len(_temp_suffix("a." + "y" * (TEMP_SUFFIX_BYTES - 1))) == 4 + TEMP_SUFFIX_BYTES
+
+
+@pytest.mark.parametrize("reported", [-1, 0])
+def test_a_file_system_that_reports_no_name_limit_refuses_nothing(reported, tmp_path,
+                                                                  monkeypatch):
+    """pathconf's -1 ("no limit") or an unset 0 made every name "over this file system's
+    limit of -1" (a review's find): the fallback, NAME_MAX, applies."""
+    import hiertail_fast._files as files
+
+    monkeypatch.setattr(files.os, "pathconf", lambda path, name: reported)
+    assert unwritable_file_reason(tmp_path / "r.json") is None
+    assert "over this file system's limit of 255" in unwritable_file_reason(
+        tmp_path / ("r" * 256))
+
+
+def test_names_count_utf16_units_where_the_file_system_does(tmp_path, monkeypatch):
+    """macOS (APFS, HFS+) and Windows (NTFS) count a name's length in UTF-16 units: a
+    105-character CJK name (305 bytes) is legal there and was refused by a byte count (a
+    review's find); Linux counts bytes."""
+    import hiertail_fast._files as files
+
+    cjk = "中" * 100 + ".json"
+    monkeypatch.setattr(files, "_UTF16_NAMES", True)
+    monkeypatch.setattr(files.os, "pathconf", lambda path, name: 255)
+    assert files._name_length(cjk) == (105, "characters")
+    assert files._name_reason(tmp_path / cjk, cjk) is None
+    assert "256 characters long" in files._name_reason(tmp_path / "x", "中" * 256)
+    monkeypatch.setattr(files, "_UTF16_NAMES", False)
+    assert files._name_length(cjk) == (305, "bytes")
+    assert "305 bytes long, over this file system's limit of 255" in files._name_reason(
+        tmp_path / cjk, cjk)

@@ -816,8 +816,8 @@ def test_cli_options_reach_the_config_and_the_graph():
     assert official.hidden == HierTailConfig.official().hidden
     assert _config_from_args(parse(["--dataset", "email"]), "email").hidden == 64
     # a --data file's stem in any case, as --dataset's name (Email.npz took 128: an audit)
-    for stem, hidden in (("Email", 64), ("WIKI", 64), ("BlogCatalog", 64), ("email_v2", 128),
-                         ("cora_full", 128)):
+    for stem, hidden in (("Email", 64), ("WIKI", 64), ("BlogCatalog", 64), ("BLOG", 64),
+                         ("email_v2", 128), ("cora-full", 128), ("cora_full", 128)):
         assert _config_from_args(parse(["--data", f"{stem}.npz"]), stem).hidden == hidden
     args = parse(["--synthetic", "--nodes", "200", "--classes", "4", "--features", "8",
                   "--homophily", "0.3", "--data-seed", "7"])
@@ -842,6 +842,15 @@ def test_options_that_do_not_apply_are_refused(extra, said, source, capsys, monk
     results, same recorded config (a fresh-user audit, session 66). Refused, one line."""
     last = _exit_2([*source, *extra], capsys, monkeypatch)
     assert said in last
+
+
+@pytest.mark.parametrize("flag", ["--fix-cluster-labels", "--compound-pool-bug"])
+def test_hiertails_config_flags_with_a_baseline_name_the_method(flag, capsys, monkeypatch):
+    """With a baseline --method, HierTail's flags are refused as HierTail's (the baselines'
+    check), not as "only applies to --config official", whose advice led to a second refusal
+    (a review's find)."""
+    last = _exit_2(["--synthetic", "--method", "graphsmote_t", flag], capsys, monkeypatch)
+    assert f"{flag}: only for --method hiertail" in last
 
 
 def test_the_generators_defaults_are_recorded_when_not_given(monkeypatch):

@@ -304,10 +304,13 @@ def load_npz(
         if missing and any(k == "data.pkl" or k.endswith("/data.pkl") for k in keys):
             # torch.save's zip (a .pt file) opens as an npz of its members: the list of those
             # said nothing useful (a fresh-user audit)
+            # (convert picks its reader by the suffix: a .pt source is unpickled)
+            source = p if p.suffix == ".pt" else p.with_suffix(".pt")
+            rename = "" if source == p else f"rename it to {source.name}, then "
             raise ValueError(f"{where} is a torch.save file (a .pt), not the uniform .npz "
-                             f"format; convert a saved PyG Data with `python -m "
-                             f"hiertail_fast.data convert {p} OUT.npz` (it unpickles the file: "
-                             f"only one you trust)")
+                             f"format; {rename}convert a saved PyG Data with `python -m "
+                             f"hiertail_fast.data convert {source} OUT.npz` (it unpickles the "
+                             f"file: only one you trust)")
         if missing:
             raise ValueError(f"{where}: missing array(s) {', '.join(missing)}; has {sorted(keys)}")
         both = sorted(keys & set(csr)) if "x" in keys else []
