@@ -49,6 +49,9 @@
 #      the bf16 path runs it, against cuDNN attention with the same operands at head dim 72
 #      instead of flash's 96, and with its own bf16 bias; memory-efficient fp32 and bf16),
 #      timed against SDPA bf16 and checked against float64: is cuDNN the bf16 path's kernel?
+#      and in the profile, the whole exact bf16 loss with it (attention[cudnn],
+#      $HIERTAIL_ATTENTION_BF16=cudnn) against the automatic row (attention on flash);
+#      next_defaults.py gives the verdict
 # About 8 minutes of command time (limits: install 40 s (4 s on 2026-12-04), tests 150 s,
 # resources 60 s, kernels 40 s, profile 250 s): run with the device tool's timeout_s = 560.
 #   A=$OUT; OUT=$A bash bench/gpu_next.sh
@@ -80,6 +83,6 @@ s tests STEPS=tests TESTS_S=150 OMP_NUM_THREADS=1 CUBLAS_WORKSPACE_CONFIG=:4096:
 s resources STEPS=resources RESOURCES_S=60
 s kernels STEPS=kernels KERNELS_S=40
 env OUT="$A/profile" STEPS=profile PROFILE_S=250 PROFILE_ARGS="--sizes 20000:64 20000:128 \
-  100000:128 100000:64 --engines auto triton triton[nosplit] triton[warps4] triton[lean] triton[shared] triton[shared+lean] \
+  100000:128 100000:64 --engines auto attention[cudnn] triton triton[nosplit] triton[warps4] triton[lean] triton[shared] triton[shared+lean] \
   torch+triton attention+triton triton[tf32x3+autotune] --no-profile" bash bench/gpu_session.sh
 cat "$R"/*/summary.txt "$A/profile/summary.txt"

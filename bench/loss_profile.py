@@ -40,14 +40,18 @@ POSITIVE_PLANS = {"torch+band": ("torch", {"HIERTAIL_POSITIVES": "band"}),
                   "torch+slices": ("torch", {"HIERTAIL_POSITIVES": "slices"}),
                   "torch+triton": ("torch", {"HIERTAIL_POSITIVES": "triton"}),
                   "attention+triton": ("attention", {"HIERTAIL_POSITIVES": "triton"})}
-ENGINES = ("auto", "attention", "torch", "torch+slices", "torch+triton", "attention+triton",
+# the attention engine's opt-in bf16 kernel (cuDNN on the folded operands, flash the default):
+# label -> (backend, environment); bf16 rows only (fp32 runs the memory-efficient kernel)
+ATTENTION_MODES = {"attention[cudnn]": ("attention", {"HIERTAIL_ATTENTION_BF16": "cudnn"})}
+ENGINES = ("auto", "attention", "attention[cudnn]", "torch", "torch+slices", "torch+triton",
+           "attention+triton",
            "triton", "triton[tf32x3]",
            "triton[lean]", "triton[shared]", "triton[shared+lean]", "triton[nosplit]",
            "triton[warps4]", "triton[tf32x3+autotune]")
 DEFAULT_ENGINES = ("auto", "attention", "torch", "torch+slices", "triton")
-BF16_ENGINES = ("auto", "attention", "torch", "triton", "triton[lean]",  # (no fp32-dot
-                "triton[shared]", "triton[shared+lean]", "triton[nosplit]",  # modes)
-                "triton[warps4]")
+BF16_ENGINES = ("auto", "attention", "attention[cudnn]", "torch", "triton",  # (no fp32-dot
+                "triton[lean]", "triton[shared]", "triton[shared+lean]",  # modes)
+                "triton[nosplit]", "triton[warps4]")
 DEFAULT_SIZES = {"cuda": ["20000:64", "100000:64", "20000:128"], "cpu": ["200:16"]}
 
 
@@ -67,8 +71,8 @@ def engine_mode(label: str):
     None, a positives plan -> its engine with $HIERTAIL_POSITIVES, else gpu_report's labels."""
     if label == "auto":
         yield None
-    elif label in POSITIVE_PLANS:
-        backend, env = POSITIVE_PLANS[label]
+    elif label in POSITIVE_PLANS or label in ATTENTION_MODES:
+        backend, env = {**POSITIVE_PLANS, **ATTENTION_MODES}[label]
         with gc.environment(env):
             yield backend
     else:
@@ -101,6 +105,10 @@ def timed_cases(engines, dev: str) -> list[tuple[str, int, torch.dtype, str]]:
         if gc.autotuned(label):
             continue    # tuning compiles every tile: last, at the first size (tuned_rows)
         if label in POSITIVE_PLANS and variant != "official":
+            continue
+        if label in ATTENTION_MODES and (dtype != torch.bfloat16 or variant != "exact"):
+            # the fp32 rows run the memory-efficient kernel either way, and the official
+            # variant's bf16 rows never run the bf16 kernels (their precision guard)
             continue
         kept.append((variant, levels, dtype, label))
     return kept

@@ -65,7 +65,12 @@ NO_SPLIT_VERDICTS = ("turn the key splits off (HIERTAIL_TRITON_KEY_SPLITS' defau
 WARPS4 = "triton[warps4]"
 WARPS4_VERDICTS = ("go back to 4 warps (kernels/_utils.TABLE_WARPS = 4)", "keep 8 warps",
                    "mixed: choose the table's warps by dtype / size")
-NOT_ENGINES = ("auto",)
+# the attention engine's opt-in bf16 kernel (loss_profile.ATTENTION_MODES): a switch of the
+# "attention" engine, compared with it below, not an engine the automatic choice can name
+CUDNN = "attention[cudnn]"
+CUDNN_VERDICTS = ("run the bf16 branch on cuDNN (_attention_lse.bf16_kernel's default)",
+                  "keep flash", "mixed: choose the bf16 kernel by size")
+NOT_ENGINES = ("auto", CUDNN)
 FASTER = 0.97      # a mode counts as faster where it takes < 97 % of its base's time
 # engines the library never picks for a (dtype, variant), whatever their time: bf16 inputs'
 # official variant on the attention kernels is 3.6e-2 off (flash's bf16 output against the
@@ -233,9 +238,11 @@ def report(cells: dict, picked: dict, max_dim_now: int = 64,
     tests += [(m, base, lambda k: k[1] == "official") for m, base in POSITIVES.items()]
     tests += [(NO_SPLIT, "triton", lambda k: (splits or {}).get(k, 1) > 1)]
     tests += [(WARPS4, "triton", lambda k: k in (table or set()))]
+    tests += [(CUDNN, "attention", lambda k: k[:2] == ("bf16", "exact"))]
     for mode, base, only in tests:
         won, total, geo = compare(cells, mode, base, only)
-        words = {NO_SPLIT: NO_SPLIT_VERDICTS, WARPS4: WARPS4_VERDICTS}.get(mode, VERDICTS)
+        words = {NO_SPLIT: NO_SPLIT_VERDICTS, WARPS4: WARPS4_VERDICTS,
+                 CUDNN: CUDNN_VERDICTS}.get(mode, VERDICTS)
         if total == 0:
             verdict = "not measured"
         elif won == total:

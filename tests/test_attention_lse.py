@@ -502,6 +502,68 @@ def test_bf16_flash_branch_with_an_emulated_kernel(monkeypatch):
     _close(dz, dz_e, rtol=2e-2, atol=1e-3)                  # O through bf16 softmax weights
 
 
+def _fake_cudnn(seen):
+    """cuDNN attention emulated as _fake_flash, with its own signature and its LSE's shape
+    [B, H, N, 1]; checks the folded call's contract (no bias, the LSE asked for)."""
+    flash = _fake_flash(seen)
+
+    def cudnn(q, k, v, attn_bias, compute_log_sumexp, dropout_p, is_causal, return_debug_mask,
+              *, scale):
+        assert attn_bias is None and compute_log_sumexp and dropout_p == 0.0
+        assert not is_causal and not return_debug_mask
+        out, lse = flash(q, k, v, dropout_p, is_causal, return_debug_mask, scale=scale)
+        return out, lse[..., None], None, None, 0, 0, None, None, None
+    return cudnn
+
+
+def test_bf16_branch_on_cudnn_when_asked(monkeypatch):
+    """HIERTAIL_ATTENTION_BF16=cudnn runs the folded operands on cuDNN attention (emulated here:
+    its signature and [B, H, N, 1] LSE), flash never called: lse and gradient as the flash
+    branch's test against float64; unset or "flash": flash; another value: a ValueError
+    naming the variable."""
+    seen, flash_seen = [], []
+    _emulate_cuda(monkeypatch, attn._CUDNN_OP, _fake_cudnn(seen))
+    real_op = attn._op
+    monkeypatch.setattr(attn, "_op", lambda name, args: _fake_flash(flash_seen)
+                        if name == attn._FLASH_OP else real_op(name, args))
+    z, log_w, g = _case(64, 16, 2, seed=11)
+    zb = z.to(torch.bfloat16)
+    lse_e, dz_e = _dense(zb.float(), log_w, 0.8, g)
+    monkeypatch.setenv(attn.BF16_KERNEL_ENV, "cudnn")
+    lse, _, _, dz = attn.lse_fused(zb, log_w, 0.8, False, lambda rows, lse_b, mx: g[:, rows])
+    assert seen and all(dt == torch.bfloat16 for dt in seen) and not flash_seen
+    assert lse.shape == lse_e.shape
+    torch.testing.assert_close(lse, lse_e, rtol=1e-5, atol=1e-4)
+    _close(dz, dz_e, rtol=2e-2, atol=1e-3)
+    for value in ("flash", ""):
+        monkeypatch.setenv(attn.BF16_KERNEL_ENV, value)
+        seen.clear()
+        attn.lse_forward(zb, log_w, 0.8, need_max=False)
+        assert flash_seen and not seen
+    monkeypatch.setenv(attn.BF16_KERNEL_ENV, "cuDNN")
+    with pytest.raises(ValueError, match="HIERTAIL_ATTENTION_BF16='cuDNN' is not one of flash, "
+                                         "cudnn"):
+        attn.lse_forward(zb, log_w, 0.8, need_max=False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="cuDNN attention needs a GPU")
+def test_bf16_cudnn_kernel_on_the_card(monkeypatch):
+    """The real cuDNN kernel with the folded operands against float64 on the bf16 rows, as
+    the flash branch's card tests. A card or build whose cuDNN refuses the call falls back to
+    our engine (AttentionUnavailable): reported as a skip, not a pass."""
+    monkeypatch.setenv(attn.BF16_KERNEL_ENV, "cudnn")
+    z, log_w, g = _case(200, 64, 2, seed=12)
+    zb = z.to("cuda", torch.bfloat16)
+    lse_e, dz_e = _dense(zb.float().cpu(), log_w, 0.8, g)
+    try:
+        lse, _, _, dz = attn.lse_fused(zb, log_w.cuda(), 0.8, False,
+                                       lambda rows, lse_b, mx: g.cuda()[:, rows])
+    except attn.AttentionUnavailable as exc:
+        pytest.skip(f"cuDNN attention refused the call on this card: {exc}")
+    torch.testing.assert_close(lse.cpu(), lse_e, rtol=1e-5, atol=1e-4)
+    _close(dz.cpu(), dz_e, rtol=2e-2, atol=1e-3)
+
+
 def test_public_bf16_loss_reaches_the_flash_branch(monkeypatch):
     """A bf16 loss call on the attention backend (fused forward + gradient, the training path)
     must hand bf16 tensors to the flash kernel on CUDA, not an fp32 copy."""

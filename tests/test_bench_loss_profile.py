@@ -87,6 +87,25 @@ def test_the_prepared_gpu_run_times_no_row_twice():
     assert not [c for c in loss_profile.timed_cases(engines, "cpu") if c[3].startswith("triton")]
 
 
+def test_the_cudnn_kernel_is_timed_where_it_runs():
+    """attention[cudnn] ($HIERTAIL_ATTENTION_BF16=cudnn) changes the exact variant's bf16 rows
+    only: fp32 runs the memory-efficient kernel, the official bf16 rows never run the bf16
+    kernels; elsewhere it would re-time the attention rows. Its environment is set while its
+    step runs and put back after."""
+    import os
+
+    import torch
+
+    cases = loss_profile.timed_cases(["auto", "attention[cudnn]"], "cuda")
+    cudnn = [c for c in cases if c[3] == "attention[cudnn]"]
+    assert sorted(cudnn) == [("exact", 1, torch.bfloat16, "attention[cudnn]"),
+                             ("exact", 3, torch.bfloat16, "attention[cudnn]")]
+    assert os.environ.get("HIERTAIL_ATTENTION_BF16") is None
+    with loss_profile.engine_mode("attention[cudnn]") as backend:
+        assert backend == "attention" and os.environ["HIERTAIL_ATTENTION_BF16"] == "cudnn"
+    assert os.environ.get("HIERTAIL_ATTENTION_BF16") is None
+
+
 def test_time_is_kept_back_for_the_autotuned_rows():
     import gpu_report
     assert loss_profile.tuned_reserve(["auto", "triton[tf32x3+autotune]"], "cuda") == \

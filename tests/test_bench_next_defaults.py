@@ -74,6 +74,29 @@ def test_switch_verdicts(tmp_path):
     assert got["TRITON_MIN_ROWS['official']"] is None
 
 
+@pytest.mark.parametrize("cudnn, want", [
+    (0.8, "run the bf16 branch on cuDNN (_attention_lse.bf16_kernel's default)"),
+    (1.2, "keep flash"),
+])
+def test_the_cudnn_verdict(tmp_path, cudnn, want):
+    """attention[cudnn] is judged against the attention engine (flash) on the exact bf16
+    cells, and is never named the fastest engine: the automatic choice names engines, and
+    this is a switch of one (its cells' fastest stays "attention" or another engine)."""
+    cells = {}
+    for n in (20_000, 100_000):
+        for levels in (1, 3):
+            cells["bf16", "exact", levels, 64, n] = {"attention": 1.0, "torch": 3.0,
+                                                     "attention[cudnn]": cudnn}
+        # an fp32 cell with a (meaningless) cudnn row: not part of the verdict
+        cells["fp32", "exact", 1, 64, n] = {"attention": 1.0, "attention[cudnn]": 5.0}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"rows": _rows(cells)}))
+    text, got = _derived(path)
+    assert got["attention[cudnn]"] == want
+    assert "| `attention[cudnn]` | `attention` | " + ("4 of 4" if cudnn < 1 else "0 of 4") in text
+    assert "| bf16 | exact | 1 | 64 | 20,000 | attention | 1000.0 |" in text
+
+
 @pytest.mark.parametrize("nosplit_20k, want", [
     (1.3, "keep the key splits"),
     (0.8, "turn the key splits off (HIERTAIL_TRITON_KEY_SPLITS' default to 1)"),

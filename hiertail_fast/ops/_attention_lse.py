@@ -29,6 +29,7 @@ A level with no visible key gets lse = -inf.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -50,6 +51,15 @@ _CUDA_ARGS = ("query", "key", "value", "attn_bias", "compute_log_sumexp", "dropo
 # accumulate in fp32), head dim padded to HEAD_ALIGN. DESIGN.md §3.1.
 _FLASH_OP = "_scaled_dot_product_flash_attention"
 _FLASH_ARGS = ("query", "key", "value", "dropout_p", "is_causal", "return_debug_mask", "scale")
+# The same folded operands on cuDNN attention, opt in (HIERTAIL_ATTENTION_BF16=cudnn): it takes
+# head dims in steps of 8 (72 at d = 64, where flash runs its 96-wide kernels); untimed on a
+# card (bench/attention_kernels.py times the one call, gpu_next.sh's profile the whole loss as
+# "attention[cudnn]"). Its LSE comes back as [B, H, N, 1].
+_CUDNN_OP = "_scaled_dot_product_cudnn_attention"
+_CUDNN_ARGS = ("query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p",
+               "is_causal", "return_debug_mask", "scale")
+BF16_KERNEL_ENV = "HIERTAIL_ATTENTION_BF16"
+BF16_KERNELS = ("flash", "cudnn")
 FOLD_COLS = 3
 HEAD_ALIGN = 8
 # Memory-efficient attention reads the bias in 16-byte vectors: its row stride must be a
@@ -223,11 +233,22 @@ def fold_bias(q: torch.Tensor, bias_rows: torch.Tensor, scale: float):
     return fold.q, fold.keys(bias_rows, scale), fold.v
 
 
+def bf16_kernel() -> str:
+    """The kernel of the bf16 branch: ``$HIERTAIL_ATTENTION_BF16``, "flash" (default) or
+    "cudnn"; another value is a ValueError naming the variable."""
+    value = os.environ.get(BF16_KERNEL_ENV) or "flash"
+    if value not in BF16_KERNELS:
+        raise ValueError(f"{BF16_KERNEL_ENV}={value!r} is not one of {', '.join(BF16_KERNELS)}")
+    return value
+
+
 def _call_folded(q: torch.Tensor, bias_rows: torch.Tensor, scale: float,
                  v_sign: torch.Tensor | None = None, fold: _Fold | None = None):
-    op = _op(_FLASH_OP, _FLASH_ARGS)
+    cudnn = bf16_kernel() == "cudnn"
+    name, args = (_CUDNN_OP, _CUDNN_ARGS) if cudnn else (_FLASH_OP, _FLASH_ARGS)
+    op = _op(name, args)
     if op is None:
-        raise AttentionUnavailable(f"torch.ops.aten.{_FLASH_OP} is not available")
+        raise AttentionUnavailable(f"torch.ops.aten.{name} is not available")
     n, d = q.shape
     h = bias_rows.shape[0]
     fold = fold or _Fold(q)
@@ -235,10 +256,15 @@ def _call_folded(q: torch.Tensor, bias_rows: torch.Tensor, scale: float,
     qh = fold.q.view(1, 1, n, dp).expand(1, h, n, dp).contiguous()
     vh = _signed(fold.v.view(1, 1, n, dp).expand(1, h, n, dp), v_sign).contiguous()
     try:
-        out, lse = op(qh, kf.unsqueeze(0), vh, 0.0, False, False, scale=scale)[:2]
+        if cudnn:       # (no bias: it is in the folded columns; the LSE asked for)
+            out, lse = op(qh, kf.unsqueeze(0), vh, None, True, 0.0, False, False,
+                          scale=scale)[:2]
+        else:
+            out, lse = op(qh, kf.unsqueeze(0), vh, 0.0, False, False, scale=scale)[:2]
     except RuntimeError as err:
         raise AttentionUnavailable(str(err)) from err
-    return out[0, :, :, :d], lse[0, :, :n].float()
+    # flash: [1, H, N]; cuDNN: [1, H, N, 1]
+    return out[0, :, :, :d], lse.reshape(1, h, -1)[0, :, :n].float()
 
 
 def _heads(log_w: torch.Tensor):
