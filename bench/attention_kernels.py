@@ -54,6 +54,7 @@ sys.path.insert(0, str(HERE))
 import _gpu_checks as gc  # noqa: E402
 from _results import check_targets, write_result  # noqa: E402
 
+from hiertail_fast._argparse import temperature_arg  # noqa: E402
 from hiertail_fast._files import atomic_write_text  # noqa: E402
 from hiertail_fast.ops import _attention_lse as al  # noqa: E402
 
@@ -208,12 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", type=_size, nargs="+", default=None,
                    help="N:d (default: 20000:64 100000:64 on CUDA, 300:16 on CPU)")
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--tau", type=float, default=0.1)
+    p.add_argument("--tau", type=temperature_arg, default=0.1)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     p.add_argument("--out", type=Path, default=HERE / "results")
     args = p.parse_args(argv)
-    if args.reps < 1 or not args.tau > 0:
-        p.error("--reps must be >= 1 and --tau > 0")
+    if args.reps < 1:
+        p.error("--reps must be >= 1")
     if args.device == "cuda" and not torch.cuda.is_available():
         print("attention_kernels: no CUDA device (the test mode is --device cpu)")
         return 2

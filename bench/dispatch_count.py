@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import loss_grid  # noqa: E402
 from loss_grid import REGIMES, loss_step, make_case  # noqa: E402
 
-from hiertail_fast._argparse import positive
+from hiertail_fast._argparse import positive, temperature_arg
 from hiertail_fast.ops import _host_reads as host_reads
 
 # operators that make a CUDA host wait for the device (their result's size or value is read)
@@ -203,7 +203,7 @@ def main(argv=None) -> int:
     parser.add_argument("--levels", type=int, choices=[1, 3], default=3)
     parser.add_argument("--variant", choices=["exact", "official", "both"], default="both")
     parser.add_argument("--regime", choices=REGIMES, default="relu")
-    parser.add_argument("--tau", type=positive(float), default=0.1)
+    parser.add_argument("--tau", type=temperature_arg, default=0.1)
     parser.add_argument("--backend", default="torch")
     parser.add_argument("--top", type=int, default=0, help="also list the N busiest call sites")
     parser.add_argument("--as-cuda", action="store_true",

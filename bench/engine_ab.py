@@ -48,7 +48,7 @@ import hiertail_fast.ops._block_exp as block_mod  # noqa: E402
 import hiertail_fast.ops._lse_torch as lse_mod  # noqa: E402
 import hiertail_fast.ops._positive_blocks as blocks_mod  # noqa: E402
 import hiertail_fast.ops._positive_keys as keys_mod  # noqa: E402
-from hiertail_fast._argparse import positive  # noqa: E402
+from hiertail_fast._argparse import positive, temperature_arg  # noqa: E402
 
 
 def _mm_level_weights(a, w, out):
@@ -99,7 +99,7 @@ def add_case_arguments(p: argparse.ArgumentParser, levels: int, rounds: int) -> 
     p.add_argument("--d", type=positive(int), default=64)
     p.add_argument("--levels", type=int, choices=(1, 3), default=levels)
     p.add_argument("--variant", choices=("exact", "official"), default="official")
-    p.add_argument("--tau", type=positive(float), default=0.1)
+    p.add_argument("--tau", type=temperature_arg, default=0.1)
     p.add_argument("--regimes", nargs="+", choices=REGIMES, default=["relu", "randn"])
     p.add_argument("--rounds", type=positive(int), default=rounds)
 

@@ -34,7 +34,7 @@ from _device import asked_device  # noqa: E402
 from loss_golden import rows_rules_off  # noqa: E402
 
 import hiertail_fast.ops._attention_lse as attn  # noqa: E402
-from hiertail_fast._argparse import positive  # noqa: E402
+from hiertail_fast._argparse import positive, temperature_arg  # noqa: E402
 
 
 def worst_ratio(engine: str, n: int, bound: float, dims, seeds: int, tau: float,
@@ -63,7 +63,7 @@ def main(argv=None) -> None:
                    help="bounds as multiples of N instead of --bounds")
     p.add_argument("--dims", type=positive(int), nargs="+", default=[2, 16, 64])
     p.add_argument("--seeds", type=positive(int), default=4)
-    p.add_argument("--tau", type=positive(float), default=0.1)
+    p.add_argument("--tau", type=temperature_arg, default=0.1)
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="where the attention engine runs (default: cuda where available); "
                         "cpu: the CPU flash kernel, the one the guard's rows rule was set on")

@@ -29,7 +29,7 @@ from loss_grid import REGIMES, make_case  # noqa: E402
 
 import hiertail_fast.ops._attention_lse as attn  # noqa: E402
 from hiertail_fast import balanced_contrastive_loss  # noqa: E402
-from hiertail_fast._argparse import positive  # noqa: E402
+from hiertail_fast._argparse import positive, temperature_arg  # noqa: E402
 
 
 def _engine_used(fn) -> str:
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=positive(int), default=2000)
     parser.add_argument("--d", type=positive(int), default=64)
-    parser.add_argument("--taus", type=positive(float), nargs="+", default=[0.1, 1.0])
+    parser.add_argument("--taus", type=temperature_arg, nargs="+", default=[0.1, 1.0])
     parser.add_argument("--regimes", nargs="+", choices=REGIMES, default=list(REGIMES))
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).parent / "results" / "loss_accuracy.json")

@@ -54,7 +54,7 @@ from _results import check_targets, write_result  # noqa: E402
 
 import hiertail_fast.ops._native as native_mod  # noqa: E402
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss  # noqa: E402
-from hiertail_fast._argparse import positive  # noqa: E402
+from hiertail_fast._argparse import positive, temperature_arg  # noqa: E402
 from hiertail_fast.ops._lse_symmetric import ENV_VAR as SYMMETRIC_ENV  # noqa: E402
 from hiertail_fast.ops._lse_torch import exp_cutoff  # noqa: E402
 
@@ -407,7 +407,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[6000])
     parser.add_argument("--dims", type=int, nargs="+", default=[64, 128])
-    parser.add_argument("--taus", type=float, nargs="+", default=[0.01, 0.1, 1.0, 10.0])
+    parser.add_argument("--taus", type=temperature_arg, nargs="+", default=[0.01, 0.1, 1.0, 10.0])
     parser.add_argument("--regimes", nargs="+", choices=REGIMES, default=list(REGIMES))
     parser.add_argument("--levels", type=int, nargs="+", choices=[1, 3], default=[1, 3])
     parser.add_argument("--variants", nargs="+", choices=["exact", "official"],
@@ -434,8 +434,6 @@ def main(argv=None) -> int:
             parser.error(f"--report {args.report}: not a loss_grid JSON ({err!r})")
     if min(args.sizes) < 1 or min(args.dims) < 1 or args.rounds < 1:
         parser.error("--sizes, --dims and --rounds must be positive")
-    if not all(t > 0 for t in args.taus):          # (a traceback from inside the loss before)
-        parser.error(f"--taus must be positive, got {args.taus}")
     check_targets(parser, "--out", args.out, args.out.with_suffix(".md"))
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -17,7 +17,7 @@ import argparse
 import torch
 
 from hiertail_fast import hierarchical_contrastive_loss
-from hiertail_fast._argparse import positive
+from hiertail_fast._argparse import positive, temperature_arg
 
 
 def case(seed: int, norm: float, copy: bool):
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default="torch", choices=["torch", "attention", "triton"])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--norm", type=positive(float), default=1000.0)
-    ap.add_argument("--taus", type=positive(float), nargs="+", default=[1.0, 0.1, 0.01, 1e-3, 1e-4])
+    ap.add_argument("--taus", type=temperature_arg, nargs="+", default=[1.0, 0.1, 0.01, 1e-3, 1e-4])
     ap.add_argument("--seeds", type=positive(int), default=8)
     ap.add_argument("--no-copy", action="store_true", help="a random prototype instead")
     args = ap.parse_args(argv)

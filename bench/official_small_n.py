@@ -24,7 +24,7 @@ if not torch.cuda.is_available():
 
 import hiertail_fast.ops._attention_lse as attn  # noqa: E402
 from hiertail_fast import balanced_contrastive_loss  # noqa: E402
-from hiertail_fast._argparse import positive  # noqa: E402
+from hiertail_fast._argparse import positive, temperature_arg  # noqa: E402
 
 
 def _grad(z, labels, tau, backend):
@@ -38,7 +38,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--engine", choices=("triton", "attention", "torch"), default="triton")
     p.add_argument("--n", type=positive(int), default=31)
-    p.add_argument("--tau", type=positive(float), default=0.1)
+    p.add_argument("--tau", type=temperature_arg, default=0.1)
     p.add_argument("--dims", type=positive(int), nargs="+", default=[1, 3, 8])
     p.add_argument("--seeds", type=positive(int), default=12)
     p.add_argument("--bounds", type=positive(float), nargs="+", default=[64, 128, 256, 1024])

@@ -46,6 +46,22 @@ def _path(value: str, hint: str):
     return Path(value)
 
 
+def temperature_arg(text: str) -> float:
+    """``type=`` of a loss temperature: a finite number >= MIN_TEMPERATURE, what the loss takes
+    (the bench tools' own "> 0" let 1e-7 or inf through, to a traceback from inside the loss:
+    an audit of the tools)."""
+    from hiertail_fast._validation import MIN_TEMPERATURE
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value >= MIN_TEMPERATURE):
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number >= {MIN_TEMPERATURE:g}, got {text}")
+    return value
+
+
 # The largest count an int option takes: torch's sizes and seeds are int64.
 MAX_COUNT = 2**63 - 1
 

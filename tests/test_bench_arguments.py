@@ -21,7 +21,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
     ("nearest_degenerate.py", ["--prototypes", "0"], "--prototypes: '0' must be a positive"),
     ("apply_overhead.py", ["--rounds", "0"], "--rounds: '0' must be a positive integer"),
     ("dispatch_count.py", ["--n", "0"], "--n: '0' must be a positive integer"),
-    ("engine_ab.py", ["--tau", "-1"], "--tau: '-1' must be a positive number"),
+    ("engine_ab.py", ["--tau", "-1"], "--tau: must be a finite number >= 1e-06, got -1"),
     ("kernel_resources.py", ["--dims", "0"], "--dims: '0' must be a positive integer"),
     ("kernel_compile.py", ["--jobs", "0"], "--jobs: '0' must be a positive integer"),
     ("kernel_compile.py", ["--arch", "0"], "--arch: invalid choice: 0"),
@@ -30,7 +30,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
     ("compile_time.py", ["--modes", "eager"], "--modes: eager not among"),
     # (each of these was a traceback, or for --seeds 0 a report of "worst error 0" from no run)
     ("interleaved.py", ["prototype", "--prototypes", "0"], "--prototypes: '0' must be a positive"),
-    ("loss_accuracy.py", ["--taus", "0"], "--taus: '0' must be a positive number"),
+    ("loss_accuracy.py", ["--taus", "0"], "--taus: must be a finite number >= 1e-06, got 0"),
     ("official_prototype_copy.py", ["--seeds", "0"], "--seeds: '0' must be a positive integer"),
     ("official_small_n.py", ["--n", "0"], "--n: '0' must be a positive integer"),
     ("exact_small_n.py", ["--n", "1"], "--n >= 2"),
@@ -49,3 +49,21 @@ def test_compile_time_checks_its_json_before_the_runs(tmp_path):
                           "--json", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and f"--json {tmp_path} cannot be written" in res.stderr
     assert "repeat 1/" not in res.stderr                       # no fresh process was started
+
+
+@pytest.mark.parametrize("script, option", [
+    ("loss_grid.py", "--taus"), ("loss_accuracy.py", "--taus"), ("dispatch_count.py", "--tau"),
+    ("engine_ab.py", "--tau"), ("version_ab.py", "--tau"), ("attention_kernels.py", "--tau"),
+    ("exact_small_n.py", "--tau"), ("official_small_n.py", "--tau"),
+    ("official_prototype_copy.py", "--taus")])
+@pytest.mark.parametrize("value", ["1e-7", "inf", "nan"])
+def test_a_temperature_the_loss_refuses_is_refused_by_the_tool(script, option, value):
+    """The tools checked tau > 0 (or only positive and finite): 1e-7 passed, and the loss
+    raised its ValueError from inside the run, a traceback (an audit of the tools). They take
+    the loss's own bound now (temperature_arg, MIN_TEMPERATURE = 1e-6)."""
+    res = subprocess.run([sys.executable, str(BENCH / script), option, value, "--rev", "HEAD"]
+                         if script == "version_ab.py" else
+                         [sys.executable, str(BENCH / script), option, value],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert f"argument {option}: must be a finite number >= 1e-06, got {value}" in res.stderr

@@ -461,7 +461,7 @@ def test_bench_results_are_checked_first_and_the_previous_is_kept(tmp_path):
     assert f"--out {tmp_path / 'dir.json'} cannot be written: " in res.stderr
     res = subprocess.run(grid + ["--taus", "-1", "--out", str(tmp_path / "g.json")],
                          capture_output=True, text=True, timeout=120)
-    assert res.returncode == 2 and "--taus must be positive" in res.stderr
+    assert res.returncode == 2 and "--taus: must be a finite number >= 1e-06, got -1" in res.stderr
     out = tmp_path / "g.json"
     for _ in range(2):
         res = subprocess.run(grid + ["--out", str(out)], capture_output=True, text=True,
