@@ -35,7 +35,7 @@ def _torch_square(g: CSRGraph, vals: torch.Tensor):
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--sizes", type=positive(int), nargs="+", default=[1500, 100_000])
     ap.add_argument("--rounds", type=positive(int), default=5)
     ap.add_argument("--reps", type=int, default=0, help="calls per round (0: by size)")

@@ -74,7 +74,7 @@ def errors_vs_float64(engine: str, variant: str, z, y, p) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--n", type=int, default=2000)
     parser.add_argument("--d", type=int, default=64)
     parser.add_argument("--bounds", type=float, nargs="+",

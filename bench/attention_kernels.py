@@ -205,7 +205,7 @@ def _size(text: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--sizes", type=_size, nargs="+", default=None,
                    help="N:d (default: 20000:64 100000:64 on CUDA, 300:16 on CPU)")
     p.add_argument("--reps", type=int, default=5)

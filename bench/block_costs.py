@@ -204,7 +204,7 @@ def render(meta: dict, rows: list[dict]) -> str:
 
 @loss_grid.on_device("cpu")     # the CPU engines' internals, also on a GPU machine
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--sizes", type=int, nargs="+", default=[6000])
     p.add_argument("--dims", type=int, nargs="+", default=[64])
     p.add_argument("--rounds", type=int, default=5)

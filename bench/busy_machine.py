@@ -43,7 +43,7 @@ def run_cli(data: Path, epochs: int, env_extra: dict, extra: list[str]) -> float
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--epochs", type=positive(int), default=30)
     parser.add_argument("--busy", type=int, default=os.cpu_count() or 1,

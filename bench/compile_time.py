@@ -79,7 +79,7 @@ def worker(mode: str, compiler: str | None, n: int, d: int, variant: str, steps:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--n", type=positive(int), default=2000)
     ap.add_argument("--d", type=positive(int), default=64)
     ap.add_argument("--variant", default="official", choices=["exact", "official"])

@@ -113,6 +113,8 @@ def _emulated_attention():
 
     return loss_golden.emulated_attention(quiet)
 
+EPOCH_MIN_NODES = 70        # the epoch's graph has 70 classes (bench/scale.py's), a node each
+
 
 def epoch_step(nodes: int):
     """One HierTail training epoch of ``bench/scale.py``'s defaults (paper config, 70 classes,
@@ -124,8 +126,8 @@ def epoch_step(nodes: int):
 
     import hiertail_fast
 
-    args = types.SimpleNamespace(classes=70, avg_degree=10.0, features=128, hidden=128, seed=0,
-                                 config="paper")
+    args = types.SimpleNamespace(classes=EPOCH_MIN_NODES, avg_degree=10.0, features=128,
+                                 hidden=128, seed=0, config="paper")
     return ab_epoch_step(hiertail_fast, nodes, args)
 
 
@@ -197,18 +199,19 @@ def _as_cuda(positives: str = "band", block_bytes: int | None = None):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--n", type=positive(int), default=6000)
     parser.add_argument("--d", type=positive(int), default=64)
     parser.add_argument("--levels", type=int, choices=[1, 3], default=3)
     parser.add_argument("--variant", choices=["exact", "official", "both"], default="both")
     parser.add_argument("--regime", choices=REGIMES, default="relu")
     parser.add_argument("--tau", type=temperature_arg, default=0.1)
-    parser.add_argument("--backend", default="torch")
+    parser.add_argument("--backend", choices=("torch", "attention", "triton", "reference"),
+                        default="torch")
     parser.add_argument("--top", type=int, default=0, help="also list the N busiest call sites")
     parser.add_argument("--as-cuda", action="store_true",
                         help="the torch engine's CUDA configuration, counted on the CPU")
-    parser.add_argument("--positives", choices=["band", "slices"], default="band",
+    parser.add_argument("--positives", choices=["band", "slices"],
                         help="--as-cuda: the official positives' path (default band)")
     parser.add_argument("--syncs", action="store_true",
                         help="count only the calls that make a CUDA host wait (SYNC_OPS)")
@@ -227,6 +230,12 @@ def main(argv=None) -> int:
     variants = ["exact", "official"] if args.variant == "both" else [args.variant]
     if args.emulate_attention and not args.as_cuda:
         parser.error("--emulate-attention needs --as-cuda")
+    if args.positives is not None and not args.as_cuda:   # (it was ignored, unsaid)
+        parser.error("--positives needs --as-cuda")
+    if args.epoch is not None and args.epoch < EPOCH_MIN_NODES:
+        parser.error(f"--epoch needs at least {EPOCH_MIN_NODES} nodes (bench/scale.py's "
+                     f"graph has {EPOCH_MIN_NODES} classes), got {args.epoch}")
+    args.positives = args.positives or "band"
     with contextlib.ExitStack() as stack:
         if args.as_cuda:
             stack.enter_context(_as_cuda(args.positives))

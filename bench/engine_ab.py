@@ -122,7 +122,7 @@ def round_robin_medians(steps: dict, rounds: int, before=None) -> dict:
 
 @loss_grid.on_device("cpu")     # the CPU engines' internals, also on a GPU machine
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--switch", choices=("fold", "weights", "rest", "all", "native", "blockexp",
                                         "posthreads"), required=True)
     add_case_arguments(p, levels=3, rounds=15)

@@ -62,7 +62,7 @@ def epoch_step(pkg, nodes: int, args):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--rev", required=True, help="the git revision to compare with (old)")
     p.add_argument("--nodes", type=positive(int), nargs="+", default=[1000, 100_000])
     p.add_argument("--rounds", type=positive(int), default=7,

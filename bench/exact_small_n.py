@@ -54,7 +54,7 @@ def worst_ratio(engine: str, n: int, bound: float, dims, seeds: int, tau: float,
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--engine", choices=("attention", "torch"), default="attention")
     p.add_argument("--n", type=positive(int), nargs="+", default=[2, 8, 64, 256, 1000])
     p.add_argument("--bounds", type=positive(float), nargs="+",

@@ -602,7 +602,7 @@ def render(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--quick", action="store_true", help="smaller sizes (~1-2 minutes)")
     parser.add_argument("--budget", type=float, default=270.0, help="seconds (default 270)")
     parser.add_argument("--out", type=dir_arg, default=HERE / "results")

@@ -45,7 +45,7 @@ def hub_graph(nodes: int, hubs: int, hub_degree: int, per_node: int, seed: int):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--rev", required=True, help="the git revision to compare with (old)")
     p.add_argument("--nodes", type=positive(int), default=200_000)
     p.add_argument("--hubs", type=int, default=4)
@@ -55,8 +55,9 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=positive(int), default=7, help="rounds (the first dropped)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    if args.rounds < 2 or args.nodes < args.hubs or min(args.hubs, args.per_node) < 0:
-        p.error("--rounds >= 2, --nodes >= --hubs >= 0, --per-node >= 0")
+    if args.rounds < 2 or args.nodes < args.hubs or args.hubs < 1 or args.per_node < 0:
+        # (--hubs 0 was allowed, then failed on an empty max: a traceback)
+        p.error("--rounds >= 2, --nodes >= --hubs >= 1, --per-node >= 0")
     ei = hub_graph(args.nodes, args.hubs, args.hub_degree, args.per_node, args.seed)
     gen = torch.Generator().manual_seed(args.seed + 1)
     x0 = torch.rand(args.nodes, args.d, generator=gen)            # >= 0, as after a ReLU

@@ -93,7 +93,7 @@ def _bandwidth_text(bw: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("op", choices=sorted(OPS))
     parser.add_argument("--nodes", type=positive(int), nargs="+", default=[100_000])
     parser.add_argument("--dims", type=positive(int), nargs="+", default=[64, 128])

@@ -281,7 +281,7 @@ def markdown(rows: list[dict], tools: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--arch", type=int, nargs="+", default=[90])
     ap.add_argument("--dims", type=positive(int), nargs="+", default=[64, 128],
                     help="padded head dims")

@@ -79,7 +79,7 @@ def measure(backend: str, dtype: torch.dtype, regime: str, tau: float, variant: 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--n", type=positive(int), default=2000)
     parser.add_argument("--d", type=positive(int), default=64)
     parser.add_argument("--taus", type=temperature_arg, nargs="+", default=[0.1, 1.0])

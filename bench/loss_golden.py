@@ -23,11 +23,14 @@ import contextlib
 import itertools
 import os
 import sys
+from pathlib import Path
 
 if __name__ == "__main__":    # the Triton engine on CPU tensors: before anything imports triton
     os.environ.setdefault("TRITON_INTERPRET", "1")    # (not on import: dispatch_count's fakes)
 
 import torch  # noqa: E402
+
+from hiertail_fast._files import atomic_path, unwritable_file_reason  # noqa: E402
 
 SHAPES = ((40, 8, 1), (61, 12, 3), (33, 5, 2))       # (rows, width, levels)
 # "attention[kernels]": the attention engine with its guard's rows rules off (MAX_LOGIT stays),
@@ -170,7 +173,7 @@ def differences(a: dict, b: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     sub = parser.add_subparsers(dest="what", required=True)
     rec = sub.add_parser("record", help="run the grid and save its record")
     rec.add_argument("out")
@@ -179,12 +182,22 @@ def main(argv: list[str] | None = None) -> int:
     cmp_.add_argument("b")
     args = parser.parse_args(argv)
     if args.what == "record":
+        problem = unwritable_file_reason(Path(args.out))    # (before the minutes of the grid)
+        if problem:
+            parser.error(f"record {args.out} cannot be written: {problem}")
         out = record()
-        torch.save(out, args.out)
+        with atomic_path(Path(args.out)) as tmp:    # (its folder made; torch.save makes none)
+            torch.save(out, tmp)
         raised = sum(len(v) == 1 for v in out.values())
         print(f"{len(out)} calls recorded ({raised} raised) -> {args.out}")
         return 0
-    a, b = torch.load(args.a), torch.load(args.b)
+    try:
+        a, b = torch.load(args.a), torch.load(args.b)
+        if not (isinstance(a, dict) and isinstance(b, dict)):
+            raise TypeError("not a dict of calls")
+    except Exception as exc:  # noqa: BLE001 - whatever unpickling another file raises
+        parser.error(f"compare: {args.a} and {args.b} must be records of this script "
+                     f"({type(exc).__name__}: {exc})")
     diff = differences(a, b)
     for line in diff[:50]:
         print("DIFFERS", line)

@@ -404,7 +404,7 @@ def write_report(out: Path, meta: dict, records: list[dict], backends) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--sizes", type=int, nargs="+", default=[6000])
     parser.add_argument("--dims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--taus", type=temperature_arg, nargs="+", default=[0.01, 0.1, 1.0, 10.0])

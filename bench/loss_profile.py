@@ -232,7 +232,7 @@ def render(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--sizes", nargs="+", type=_size, help="N:d pairs (default per device)")
     p.add_argument("--engines", nargs="+", choices=ENGINES, default=list(DEFAULT_ENGINES))
     p.add_argument("--budget", type=float, default=150.0, help="seconds for the timed rows")

@@ -22,7 +22,7 @@ from hiertail_fast._argparse import positive
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--rows", type=positive(int), default=10_000)
     p.add_argument("--prototypes", type=positive(int), default=400)
     p.add_argument("--dim", type=positive(int), default=128)

@@ -93,13 +93,16 @@ def load(paths: list[Path]) -> dict:
             for r in rows:
                 if r.get("variant") in (None, "–") or r.get("median_s") is None:
                     continue
-                if str(r["what"]).startswith("profile"):
+                if not all(isinstance(r.get(k), str) for k in ("what", "variant", "dtype")):
+                    raise TypeError(f"a row's what / variant / dtype are not strings: {r}")
+                if r["what"].startswith("profile"):
                     continue
                 key = (r["dtype"], r["variant"], int(r["levels"]), int(r["d"]), int(r["n"]))
                 here[key][r["what"]] = float(r["median_s"])
                 if r["what"] == "auto" and "engine" in r:
                     picked[key] = r["engine"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            # (AttributeError: a row that is null, or a "what" that is; an audit's find)
             raise SystemExit(
                 f"next_defaults.py: {path} is not loss_profile.py JSON ({exc!r})") from None
         for key, times in here.items():

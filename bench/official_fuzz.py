@@ -301,7 +301,7 @@ def case_ratios(z, y, p, kw, engines, dev="cpu", roundings=False,
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--seconds", type=float, default=300.0)
     ap.add_argument("--cases", type=int, default=None,
                     help="stop after this many cases (a run comparable across revisions)")

@@ -56,7 +56,7 @@ def worst_ratios(backend, tau, norm, copy, seeds, device):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--backend", default="torch", choices=["torch", "attention", "triton"])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--norm", type=positive(float), default=1000.0)

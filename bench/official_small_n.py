@@ -35,7 +35,7 @@ def _grad(z, labels, tau, backend):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--engine", choices=("triton", "attention", "torch"), default="triton")
     p.add_argument("--n", type=positive(int), default=31)
     p.add_argument("--tau", type=temperature_arg, default=0.1)

@@ -113,7 +113,7 @@ def loss_step(pkg, z, ys, ps, tau: float, variant: str, backend: str = "torch",
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--rev", required=True, help="the git revision to compare with (old)")
     add_case_arguments(p, levels=1, rounds=11)
     p.add_argument("--exact", action="store_true",

@@ -68,7 +68,7 @@ def spread(rows: list[dict], key: str) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--n", type=int, default=6000)
     parser.add_argument("--d", type=int, default=64)
     parser.add_argument("--samples", type=int, default=20)

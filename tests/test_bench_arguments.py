@@ -36,6 +36,13 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
     ("exact_small_n.py", ["--n", "1"], "--n >= 2"),
     ("exact_small_n.py", ["--seeds", "0"], "--seeds: '0' must be a positive integer"),
     ("dispatch_count.py", ["--d", "0"], "--d: '0' must be a positive integer"),
+    # an audit of the tools (session 66): each was a traceback, or an option silently ignored
+    ("dispatch_count.py", ["--backend", "bogus"], "--backend: invalid choice: 'bogus'"),
+    ("dispatch_count.py", ["--epoch", "10"], "--epoch needs at least 70 nodes"),
+    ("dispatch_count.py", ["--positives", "slices"], "--positives needs --as-cuda"),
+    ("hub_rows.py", ["--rev", "HEAD", "--hubs", "0"], "--nodes >= --hubs >= 1"),
+    ("loss_golden.py", ["compare", "no-such.pt", "x.pt"],
+     "compare: no-such.pt and x.pt must be records of this script (FileNotFoundError"),
 ])
 def test_bad_values_are_one_line_and_exit_2(script, args, message, tmp_path):
     res = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True,

@@ -219,3 +219,20 @@ def test_md_never_replaces_an_input_and_is_checked_before_reading(tmp_path, caps
     with pytest.raises(SystemExit) as exc:
         next_defaults.main([str(profile), "--md", str(tmp_path)])
     assert exc.value.code == 2 and "is a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda rows: rows.__setitem__(5, None),
+    lambda rows: rows[5].__setitem__("what", None),
+    lambda rows: rows[5].__setitem__("variant", 5),
+])
+def test_a_malformed_row_is_one_line_and_exit_2(mutate, tmp_path, capsys):
+    """The docstring's promise for a file that is not loss_profile JSON: a null row, or a
+    row whose what / variant is no string, were tracebacks (an audit of the tools)."""
+    data = json.loads(H200.read_text())
+    mutate(data["rows"])
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    assert next_defaults.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"next_defaults.py: {path} is not loss_profile.py JSON" in err
