@@ -40,6 +40,8 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=positive(int), default=5)
     ap.add_argument("--reps", type=int, default=0, help="calls per round (0: by size)")
     args = ap.parse_args(argv)
+    if min(args.sizes) < 12:    # the graph's degree 10 needs more nodes (a traceback before)
+        ap.error(f"--sizes must be >= 12 (the graph's average degree is 10), got {args.sizes}")
     if _scipy_sparse() is None:
         raise SystemExit("a2_product: scipy is not installed")
     proc = psutil.Process()

@@ -76,6 +76,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.rounds < 2 or min(args.nodes) < 4 * args.classes:
         p.error("--rounds must be at least 2 and every size at least 4 x --classes")
+    if args.avg_degree >= min(args.nodes) - 1:     # (the generator's traceback before)
+        p.error(f"--avg-degree must be below the smallest size - 1, got {args.avg_degree:g} "
+                f"for {min(args.nodes)} nodes")
     header = (f"HierTail {args.config}, {args.classes} classes, degree {args.avg_degree:g}, "
               f"features {args.features}, hidden {args.hidden}, {args.rounds} rounds (first "
               "dropped)")

@@ -44,7 +44,7 @@ from _device import DEVICE, device_name  # noqa: E402
 from _results import check_targets, write_result  # noqa: E402
 from _roofline import bandwidth_figures  # noqa: E402
 
-from hiertail_fast._argparse import positive
+from hiertail_fast._argparse import path_arg, positive
 
 OPS = {
     "propagation": dict(providers=[p for p in tprop.PROVIDERS if p != "reference"],
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     parser.add_argument("--providers", nargs="+")
     parser.add_argument("--prototypes", type=positive(int), default=282, help="m (prototype op)")
     parser.add_argument("--rounds", type=positive(int), default=15)
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--out", type=path_arg)
     args = parser.parse_args(argv)
     spec = OPS[args.op]
     providers = args.providers or spec["providers"]

@@ -43,6 +43,10 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
     ("hub_rows.py", ["--rev", "HEAD", "--hubs", "0"], "--nodes >= --hubs >= 1"),
     ("loss_golden.py", ["compare", "no-such.pt", "x.pt"],
      "compare: no-such.pt and x.pt must be records of this script (FileNotFoundError"),
+    ("a2_product.py", ["--sizes", "10"], "--sizes must be >= 12"),
+    ("epoch_ab.py", ["--rev", "HEAD", "--nodes", "300", "--rounds", "2", "--avg-degree", "500"],
+     "--avg-degree must be below the smallest size - 1, got 500 for 300 nodes"),
+    ("interleaved.py", ["propagation", "--out", ""], "--out: an empty path (a file name is"),
 ])
 def test_bad_values_are_one_line_and_exit_2(script, args, message, tmp_path):
     res = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True,
