@@ -9,6 +9,7 @@ relative (a tie within rounding may pick either); pooling: the same kept nodes i
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -162,6 +163,18 @@ def tuned_tiles() -> dict[str, list[str]]:
     mod = sys.modules.get("hiertail_fast.kernels.balanced_contrastive_loss")
     return {which: [f"{key} -> {cfg}" for key, cfg in getattr(tuner, "cache", {}).items()]
             for which, tuner in getattr(mod, "_TUNED", {}).items()}
+
+
+def size_arg(text: str) -> tuple[int, int]:
+    """``type=`` of an N:d size (bench/loss_profile.py, bench/attention_kernels.py): N >= 2
+    rows, d >= 1 columns."""
+    try:
+        n, d = (int(v) for v in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a size is N:d (e.g. 20000:64), got {text!r}") from None
+    if n < 2 or d < 1:
+        raise argparse.ArgumentTypeError(f"need N >= 2 and d >= 1, got {text!r}")
+    return n, d
 
 
 def sync(device: str) -> None:

@@ -194,19 +194,9 @@ def render(report: dict) -> str:
     return head + table + "\n"
 
 
-def _size(text: str) -> tuple[int, int]:
-    try:
-        n, d = (int(v) for v in text.split(":"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected N:d (e.g. 20000:64), got {text!r}") from None
-    if n < 1 or d < 1:
-        raise argparse.ArgumentTypeError(f"N and d must be >= 1, got {text!r}")
-    return n, d
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    p.add_argument("--sizes", type=_size, nargs="+", default=None,
+    p.add_argument("--sizes", type=gc.size_arg, nargs="+", default=None,
                    help="N:d (default: 20000:64 100000:64 on CUDA, 300:16 on CPU)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--tau", type=temperature_arg, default=0.1)

@@ -55,16 +55,6 @@ BF16_ENGINES = ("auto", "attention", "attention[cudnn]", "torch", "triton",  # (
 DEFAULT_SIZES = {"cuda": ["20000:64", "100000:64", "20000:128"], "cpu": ["200:16"]}
 
 
-def _size(text: str) -> tuple[int, int]:
-    try:
-        n, d = (int(v) for v in text.split(":"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a size is N:d (e.g. 20000:64), got {text!r}") from None
-    if n < 2 or d < 1:
-        raise argparse.ArgumentTypeError(f"need N >= 2 and d >= 1, got {text!r}")
-    return n, d
-
-
 @contextlib.contextmanager
 def engine_mode(label: str):
     """Yields the `backend=` argument of engine `label` with its environment set: "auto" ->
@@ -233,7 +223,7 @@ def render(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    p.add_argument("--sizes", nargs="+", type=_size, help="N:d pairs (default per device)")
+    p.add_argument("--sizes", nargs="+", type=gc.size_arg, help="N:d pairs (default per device)")
     p.add_argument("--engines", nargs="+", choices=ENGINES, default=list(DEFAULT_ENGINES))
     p.add_argument("--budget", type=float, default=150.0, help="seconds for the timed rows")
     p.add_argument("--reps", type=int, default=3)
@@ -245,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("loss_profile: no CUDA device (use --device cpu for the CPU test mode)")
         return 2
-    sizes = args.sizes or [_size(s) for s in DEFAULT_SIZES[args.device]]
+    sizes = args.sizes or [gc.size_arg(s) for s in DEFAULT_SIZES[args.device]]
     reason = unwritable_dir_reason(args.out)
     if reason:
         p.error(f"--out: {reason}")
