@@ -206,7 +206,7 @@ def main(argv=None) -> int:
     parser.add_argument("--variant", choices=["exact", "official", "both"], default="both")
     parser.add_argument("--regime", choices=REGIMES, default="relu")
     parser.add_argument("--tau", type=temperature_arg, default=0.1)
-    parser.add_argument("--backend", choices=("torch", "attention", "triton", "reference"),
+    parser.add_argument("--backend", choices=(*loss_grid.BACKENDS, "triton", "reference"),
                         default="torch")
     parser.add_argument("--top", type=int, default=0, help="also list the N busiest call sites")
     parser.add_argument("--as-cuda", action="store_true",

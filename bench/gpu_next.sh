@@ -79,7 +79,8 @@ s tests STEPS=tests TESTS_S=150 OMP_NUM_THREADS=1 CUBLAS_WORKSPACE_CONFIG=:4096:
   tests/test_contrastive_numerics.py tests/test_triton_tile_fallback.py tests/test_topk_pool.py \
   tests/test_matmul_precision.py tests/test_gcn_propagate.py tests/test_triton_loss_corners.py \
   tests/test_attention_lse_corners.py tests/test_graph_kernel_corners.py \
-  tests/test_compile_layer_corners.py"
+  tests/test_compile_layer_corners.py \
+  tests/test_attention_lse.py::test_bf16_cudnn_kernel_on_the_card"
 s resources STEPS=resources RESOURCES_S=60
 s kernels STEPS=kernels KERNELS_S=40
 env OUT="$A/profile" STEPS=profile PROFILE_S=250 PROFILE_ARGS="--sizes 20000:64 20000:128 \

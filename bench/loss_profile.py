@@ -61,13 +61,39 @@ def engine_mode(label: str):
     None, a positives plan -> its engine with $HIERTAIL_POSITIVES, else gpu_report's labels."""
     if label == "auto":
         yield None
-    elif label in POSITIVE_PLANS or label in ATTENTION_MODES:
-        backend, env = {**POSITIVE_PLANS, **ATTENTION_MODES}[label]
+    elif label in POSITIVE_PLANS:
+        backend, env = POSITIVE_PLANS[label]
         with gc.environment(env):
+            yield backend
+    elif label in ATTENTION_MODES:
+        backend, env = ATTENTION_MODES[label]
+        with gc.environment(env), _refusals_raise():
             yield backend
     else:
         with gc.backend_mode(label) as bk:
             yield bk
+
+
+@contextlib.contextmanager
+def _refusals_raise():
+    """An opt-in kernel that refuses a call must not be timed as itself: the library then falls
+    back to its own engine (by design, unsaid), so here a refusal ends the step with an error,
+    which the timing reports as the row's (a review's find: a cuDNN refusal timed the torch
+    engine as attention[cudnn], and next_defaults would have judged cuDNN by it)."""
+    from hiertail_fast.ops import _attention_lse as al
+
+    real = al._call_folded
+
+    def strict(*args, **kwargs):
+        try:
+            return real(*args, **kwargs)
+        except al.AttentionUnavailable as exc:
+            raise RuntimeError(f"the opt-in kernel refused the call: {exc}") from exc
+    al._call_folded = strict
+    try:
+        yield
+    finally:
+        al._call_folded = real
 
 
 def make_step(z, y, protos, variant: str, levels: int, dtype: torch.dtype, label: str):

@@ -552,6 +552,8 @@ def test_bf16_cudnn_kernel_on_the_card(monkeypatch):
     the flash branch's card tests. A card or build whose cuDNN refuses the call falls back to
     our engine (AttentionUnavailable): reported as a skip, not a pass."""
     monkeypatch.setenv(attn.BF16_KERNEL_ENV, "cudnn")
+    asked, real_op = [], attn._op
+    monkeypatch.setattr(attn, "_op", lambda name, args: asked.append(name) or real_op(name, args))
     z, log_w, g = _case(200, 64, 2, seed=12)
     zb = z.to("cuda", torch.bfloat16)
     lse_e, dz_e = _dense(zb.float().cpu(), log_w, 0.8, g)
@@ -560,6 +562,7 @@ def test_bf16_cudnn_kernel_on_the_card(monkeypatch):
                                        lambda rows, lse_b, mx: g.cuda()[:, rows])
     except attn.AttentionUnavailable as exc:
         pytest.skip(f"cuDNN attention refused the call on this card: {exc}")
+    assert attn._CUDNN_OP in asked and attn._FLASH_OP not in asked      # cuDNN ran, not flash
     torch.testing.assert_close(lse.cpu(), lse_e, rtol=1e-5, atol=1e-4)
     _close(dz.cpu(), dz_e, rtol=2e-2, atol=1e-3)
 

@@ -106,6 +106,36 @@ def test_the_cudnn_kernel_is_timed_where_it_runs():
     assert os.environ.get("HIERTAIL_ATTENTION_BF16") is None
 
 
+def test_a_refused_cudnn_call_is_an_error_not_a_time(monkeypatch):
+    """The library falls back to its own engine when cuDNN refuses (unsaid, by design); timed
+    as attention[cudnn], that fallback's time would have judged cuDNN (a review's find). In
+    the profile a refusal ends the step with an error, so the row records it; outside the
+    mode the fallback is as before."""
+    import torch
+
+    import hiertail_fast.ops._attention_lse as al
+    from hiertail_fast import balanced_contrastive_loss
+
+    def refusing(*args, **kwargs):
+        raise RuntimeError("cuDNN Frontend error: no engine for this graph")
+    real_op = al._op
+    monkeypatch.setattr(al, "_kernel_kind", lambda device: "cuda")
+    monkeypatch.setattr(al, "_op", lambda name, args: refusing if name == al._CUDNN_OP
+                        else real_op(name, args))
+    gen = torch.Generator().manual_seed(3)
+    z = torch.randn(40, 8, generator=gen).relu().bfloat16()
+    y = torch.randint(0, 3, (40,), generator=gen)
+    real_call = al._call_folded
+    with loss_profile.engine_mode("attention[cudnn]") as backend:
+        with pytest.raises(RuntimeError, match="the opt-in kernel refused the call: cuDNN "
+                                               "Frontend error"):
+            balanced_contrastive_loss(z, y, temperature=0.5, backend=backend)
+    assert al._call_folded is real_call                           # put back after the mode
+    monkeypatch.setenv("HIERTAIL_ATTENTION_BF16", "cudnn")        # the library alone: falls
+    loss = balanced_contrastive_loss(z, y, temperature=0.5, backend="attention")   # back
+    assert torch.isfinite(loss)
+
+
 def test_time_is_kept_back_for_the_autotuned_rows():
     import gpu_report
     assert loss_profile.tuned_reserve(["auto", "triton[tf32x3+autotune]"], "cuda") == \
