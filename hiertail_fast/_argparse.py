@@ -46,20 +46,33 @@ def _path(value: str, hint: str):
     return Path(value)
 
 
+def bounded(kind, low: float, strict: bool):
+    """``type=`` of a finite `kind` number > low (strict) or >= low (ints read exactly, "1e5"
+    too)."""
+    bound = ("an integer " if kind is int else "a finite number ") + (
+        f"> {low:g}" if strict else f">= {low:g}")
+
+    def parse(text: str):
+        if kind is int:
+            value = exact_int(text)
+        else:
+            try:
+                value = kind(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or (value <= low if strict else value < low):
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        return value
+    return parse
+
+
 def temperature_arg(text: str) -> float:
-    """``type=`` of a loss temperature: a finite number >= MIN_TEMPERATURE, what the loss takes
-    (the bench tools' own "> 0" let 1e-7 or inf through, to a traceback from inside the loss:
-    an audit of the tools)."""
+    """``type=`` of a loss temperature: ``bounded`` at MIN_TEMPERATURE, what the loss takes and
+    the trainer's --tau reads (the bench tools' own "> 0" let 1e-7 or inf through, to a
+    traceback from inside the loss: an audit of the tools)."""
     from hiertail_fast._validation import MIN_TEMPERATURE
 
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and value >= MIN_TEMPERATURE):
-        raise argparse.ArgumentTypeError(
-            f"must be a finite number >= {MIN_TEMPERATURE:g}, got {text}")
-    return value
+    return bounded(float, MIN_TEMPERATURE, strict=False)(text)
 
 
 # The largest count an int option takes: torch's sizes and seeds are int64.

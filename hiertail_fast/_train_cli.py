@@ -23,7 +23,14 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from hiertail_fast._argparse import ArgumentParser, dir_arg, exact_int, path_arg
+from hiertail_fast._argparse import (
+    ArgumentParser,
+    bounded,
+    dir_arg,
+    exact_int,
+    path_arg,
+    temperature_arg,
+)
 from hiertail_fast._files import (
     DeferredInterrupt,
     overwritten_input,
@@ -58,31 +65,12 @@ SEED_MIN = 0
 MAX_SEED_COUNT = 100_000
 
 
-def _number(kind, low: float, strict: bool):
-    """argparse type: a finite `kind` number > low (strict) or >= low."""
-    bound = ("an integer " if kind is int else "a finite number ") + (
-        f"> {low:g}" if strict else f">= {low:g}")
-
-    def parse(text: str):
-        if kind is int:
-            value = exact_int(text)     # ("1e5" too, exactly)
-        else:
-            try:
-                value = kind(text)
-            except ValueError:
-                raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not math.isfinite(value) or (value <= low if strict else value < low):
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
-        return value
-    return parse
-
-
 def _positive(kind):
-    return _number(kind, 0, strict=True)
+    return bounded(kind, 0, strict=True)
 
 
 def _non_negative(kind):
-    return _number(kind, 0, strict=False)
+    return bounded(kind, 0, strict=False)
 
 
 def seed_arg(text: str) -> int:
@@ -222,7 +210,7 @@ def build_parser(prog: str = "python -m hiertail_fast.train") -> argparse.Argume
                    "email/wiki/blogcatalog)")
     m.add_argument("--gamma", type=_non_negative(float),
                    help="weight of the contrastive losses (default: config)")
-    m.add_argument("--tau", type=_number(float, MIN_TEMPERATURE, strict=False),
+    m.add_argument("--tau", type=temperature_arg,
                    help=f"contrastive temperature, >= {MIN_TEMPERATURE:g} (default: config)")
     m.add_argument("--dropout", type=_non_negative(float), help="in [0, 1) (default: config)")
     m.add_argument("--lr", type=_positive(float), help="learning rate; a run whose loss turns "
