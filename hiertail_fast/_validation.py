@@ -1,6 +1,7 @@
 """Input checks shared by every public op: clear ValueError/TypeError naming the problem."""
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import operator
@@ -42,6 +43,20 @@ def non_finite_error(message: str) -> ValueError:
 def is_non_finite_error(exc: BaseException) -> bool:
     """Whether ``exc`` came from `non_finite_error`."""
     return isinstance(exc, ValueError) and getattr(exc, "non_finite", False) is True
+
+
+@contextlib.contextmanager
+def blame_inner_non_finite(x: torch.Tensor, message):
+    """Re-raise an inner op's non-finite check ("x contains NaN or Inf" of ITS input) as
+    ``message(exc)`` when the user's ``x`` is finite: the NaN / Inf is the module's own (an
+    overflow, or NaN parameters), and the inner check blamed the user's x for it (an overflow
+    and an nn-module audit). Other errors, and those of a non-finite x, pass unchanged."""
+    try:
+        yield
+    except ValueError as exc:
+        if not is_non_finite_error(exc) or not all_finite(x.detach()):
+            raise
+        raise non_finite_error(message(exc)) from exc
 
 
 def check_tensor(t: object, name: str) -> torch.Tensor:

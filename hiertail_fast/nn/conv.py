@@ -10,11 +10,10 @@ from torch import nn
 
 from hiertail_fast._validation import (
     all_finite,
+    blame_inner_non_finite,
     check_flag,
     check_positive_int,
     check_tensor,
-    is_non_finite_error,
-    non_finite_error,
 )
 from hiertail_fast.graph import CSRGraph, outside_inference_mode
 from hiertail_fast.ops.gcn_propagate import PROPAGATION_BACKENDS, as_graph, gcn_propagate
@@ -131,16 +130,14 @@ class GCNConv(nn.Module):
         the user's finite x, when X Wᵀ holds NaN / Inf (an overflow, or NaN weights): the
         check said "x contains NaN or Inf" of an x that held neither (an overflow audit)."""
         h = F.linear(x, self.weight)
-        try:
+        with blame_inner_non_finite(x, self._non_finite_product):
             return self._propagate(h, graph, weight)
-        except ValueError as exc:
-            if not is_non_finite_error(exc) or not all_finite(x.detach()):
-                raise
-            why = ("the weight holds NaN / Inf" if not all_finite(self.weight.detach())
-                   else "the product overflows its dtype")
-            raise non_finite_error(
-                f"GCNConv: x·Wᵀ holds NaN or Inf although x is finite ({why}); scale x or "
-                f"the weights down") from exc
+
+    def _non_finite_product(self, exc: ValueError) -> str:
+        why = ("the weight holds NaN / Inf" if not all_finite(self.weight.detach())
+               else "the product overflows its dtype")
+        return (f"GCNConv: x·Wᵀ holds NaN or Inf although x is finite ({why}); scale x or "
+                f"the weights down")
 
     def _check_input(self, x) -> None:
         """x [n, in_channels] in the parameters' dtype (any dtype under autocast): a wrong

@@ -52,11 +52,10 @@ from torch import nn
 
 from hiertail_fast._validation import (
     all_finite,
+    blame_inner_non_finite,
     check_no_edge_weight,
     check_num_nodes,
     check_tensor,
-    is_non_finite_error,
-    non_finite_error,
 )
 from hiertail_fast.data.pyg import graph_inputs, is_pyg_data
 from hiertail_fast.graph import CSRGraph, is_sparse_adjacency
@@ -274,18 +273,14 @@ class HierTail(nn.Module):
                             f"or a PyG Data, got {type(graph).__name__}")
         if graph.num_nodes != x.shape[0]:
             raise ValueError(f"graph has {graph.num_nodes} nodes but x has {x.shape[0]} rows")
-        try:
+        with blame_inner_non_finite(x, self._non_finite_hidden):
             return self._forward_on(x, graph)
-        except ValueError as exc:
-            if not is_non_finite_error(exc) or not all_finite(x.detach()):
-                raise
-            # an inner op's check of ITS input ("x contains NaN or Inf") blamed the user's
-            # finite x for the model's own values (an nn-module audit)
-            bad = [name for name, p in self.named_parameters() if not all_finite(p.detach())]
-            raise non_finite_error(
-                "HierTail: a hidden representation became NaN or Inf although x is finite ("
+
+    def _non_finite_hidden(self, exc: ValueError) -> str:
+        bad = [name for name, p in self.named_parameters() if not all_finite(p.detach())]
+        return ("HierTail: a hidden representation became NaN or Inf although x is finite ("
                 + (f"parameters holding NaN / Inf: {', '.join(bad)}" if bad else
-                   "an overflow inside the model") + f"); the inner check said: {exc}") from exc
+                   "an overflow inside the model") + f"); the inner check said: {exc}")
 
     def _forward_on(self, x: torch.Tensor, graph: CSRGraph) -> HierTailOutput:
         cfg = self.config
