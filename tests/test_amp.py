@@ -31,7 +31,7 @@ def _autocast(dev: str, dtype=torch.bfloat16):
 
 def _same(a: torch.Tensor, b: torch.Tensor, dev: str, dtype: torch.dtype | None = None) -> None:
     """Bit for bit on CPU (deterministic); on CUDA within the dtype's tolerance, since the
-    class sums and degrees there use atomics (README, Guarantees: determinism) and two runs of
+    class sums and degrees there use atomics (docs/GUARANTEES.md: determinism) and two runs of
     the same path may round differently."""
     if torch.device(dev).type == "cpu" or not a.is_floating_point():
         assert torch.equal(a, b)

@@ -32,7 +32,7 @@ _TRITON = pytest.param("triton", marks=requires_triton)
 
 def _same(a, b):
     """Bit for bit on CPU; on CUDA within fp32 rounding (index_add_ there uses atomics: two runs
-    of the same call may round differently, README, Guarantees: determinism)."""
+    of the same call may round differently, docs/GUARANTEES.md: determinism)."""
     if a.device.type == "cpu":
         assert torch.equal(a, b), (a - b).abs().max()
     else:

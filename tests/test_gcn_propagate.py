@@ -567,7 +567,7 @@ def test_gcnconv_cached_during_a_scoring_pass_still_trains(weighted):
 
 def test_gcnconv_checks_its_arguments_and_x():
     ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
-    # a wrong type is a TypeError (README, Guarantees; it was a ValueError), 0 a ValueError
+    # a wrong type is a TypeError (docs/GUARANTEES.md; it was a ValueError), 0 a ValueError
     for bad, exc, msg in ((True, TypeError, "must be an int, got bool"),
                           (2.0, TypeError, "must be an int, got float"),
                           ("3", TypeError, "must be an int, got str"),

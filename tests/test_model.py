@@ -369,7 +369,7 @@ FLAGS = ("share_convs", "linear_classifier", "augment_a2", "improved", "fix_clus
 
 def test_config_switches_are_bools_and_numbers_refuse_bools():
     """share_convs="no" built shared convs (read by truthiness), gamma=True / lr=True passed as
-    numbers. README Guarantees: a switch is a bool or numpy bool."""
+    numbers. docs/GUARANTEES.md: a switch is a bool or numpy bool."""
     for name in FLAGS:
         for bad in ("no", 1, None):
             with pytest.raises(TypeError, match=f"{name} must be a bool"):

@@ -1,4 +1,4 @@
-"""Run to run on CPU threads: the same call gives the same bits (README, Guarantees:
+"""Run to run on CPU threads: the same call gives the same bits (docs/GUARANTEES.md:
 determinism). torch's CPU backward of advanced indexing ``t[idx]`` (index_put_ with
 accumulate) adds repeated indices in parallel once the gathered rows pass ~32k elements and
 torch has more than one thread, so a gradient through such a gather changed in its last bits

@@ -51,7 +51,7 @@ class GCNConv(nn.Module):
                  bias: bool = True, add_self_loops: bool = True,
                  backend: str | None = None, *, cached: bool = False) -> None:
         super().__init__()
-        # a wrong type is a TypeError (README, Guarantees), a size below 1 a ValueError
+        # a wrong type is a TypeError (docs/GUARANTEES.md), a size below 1 a ValueError
         self.in_channels = check_positive_int(in_channels, "in_channels")
         self.out_channels = check_positive_int(out_channels, "out_channels")
         in_channels, out_channels = self.in_channels, self.out_channels

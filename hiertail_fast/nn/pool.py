@@ -34,7 +34,7 @@ class TopKPool(nn.Module):
         super().__init__()
         # any integer but bool, numpy's included (as GCNConv: HierTailConfig(hidden=np.int64(8))
         # built its GCNConvs, then failed here)
-        # (a wrong type is a TypeError, README's Guarantees; a size below 1 a ValueError)
+        # (a wrong type is a TypeError, docs/GUARANTEES.md; a size below 1 a ValueError)
         self.channels = check_positive_int(channels, "channels")
         pool_size(1, ratio)  # validates ratio (type and range) now, not at the first forward
         self.ratio = ratio
