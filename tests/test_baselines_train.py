@@ -196,6 +196,21 @@ def test_unsorted_labels_warn_for_tail_methods(syn):
                            epochs=1, progress=False)       # no tail: nothing to say
 
 
+def test_unsorted_labels_warn_for_lte4g(syn):
+    # LTE4G's head classes are the first sep_point labels: on labels not sorted by size its
+    # head experts got small classes without a word (a baselines audit, session 67)
+    from dataclasses import replace
+    flipped = replace(syn, y=syn.num_classes - 1 - syn.y)
+    cfg = BaselineConfig(method="lte4g", hidden=8, expert_ep=1, curriculum_ep=1)
+    with pytest.warns(UserWarning, match=r"'lte4g' takes the first labels as its head classes "
+                      r"\(sep_class='pareto_73'\), but this graph's labels are not sorted"):
+        run_baseline_seeds(flipped, cfg, seeds=[1], epochs=1, progress=False)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run_baseline_seeds(syn, cfg, seeds=[1], epochs=1, progress=False)
+
+
 @pytest.mark.parametrize("method", ["hiertail-paper", "hiertail-official", "origin", "imgagn",
                                     "lte4g"])
 def test_training_under_a_float64_default_dtype(method):

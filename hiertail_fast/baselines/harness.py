@@ -35,17 +35,22 @@ __all__ = ["train_baseline", "run_baseline_seeds"]
 
 
 def _warn_unsorted_tail(cfg: BaselineConfig, y: torch.Tensor, num_classes: int) -> None:
-    """The tail is the last ``im_class_num`` labels (the official rule, for labels sorted by
-    descending class size, as ``load_npz(..., relabel_by_size=True)``, load_dataset and the
-    CLI give them). A graph whose labels are not: its "tail" may be large or empty classes,
-    and an up-sampling method then silently does little or nothing (a baselines audit): warn,
-    naming the fix."""
-    if not getattr(METHODS[cfg.method], "uses_tail", False):
+    """The tail is the last ``im_class_num`` labels, and LTE4G's head the first ``sep_point``
+    ones (the official rules, for labels sorted by descending class size, as
+    ``load_npz(..., relabel_by_size=True)``, load_dataset and the CLI give them). A graph whose
+    labels are not: its "tail" may be large or empty classes, and an up-sampling method then
+    silently does little or nothing; LTE4G's head experts get small classes (two baselines
+    audits): warn, naming the fix."""
+    method = METHODS[cfg.method]
+    if getattr(method, "uses_tail", False):
+        rule = f"takes the last im_class_num={cfg.im_class_num} labels as the tail classes"
+    elif getattr(method, "head_first", False):
+        rule = f"takes the first labels as its head classes (sep_class={cfg.sep_class!r})"
+    else:
         return
     sizes = torch.bincount(y.cpu(), minlength=num_classes)
     if bool((sizes[:-1] < sizes[1:]).any()):
-        warnings.warn(f"method {cfg.method!r} takes the last im_class_num={cfg.im_class_num} "
-                      f"labels as the tail classes, but this graph's labels are not sorted by "
+        warnings.warn(f"method {cfg.method!r} {rule}, but this graph's labels are not sorted by "
                       f"descending class "
                       f"size (sizes {sizes.tolist()[:12]}{' ...' if num_classes > 12 else ''}): "
                       "relabel them first (hiertail_fast.data.io.relabel_by_size, or "

@@ -71,6 +71,7 @@ class LTE4G(BaselineMethod):
     """§2.11 LTE4G; see the module docstring for the stages."""
 
     name = "lte4g"
+    head_first = True
 
     def __init__(self, ctx: MethodContext, cfg: BaselineConfig) -> None:
         super().__init__(ctx, cfg)      # encoder, classifier (= classifier_og), Â

@@ -68,6 +68,7 @@ class BaselineMethod(nn.Module):
 
     name: ClassVar[str] = ""
     uses_tail: ClassVar[bool] = False   # uses the tail classes (im_class_num)
+    head_first: ClassVar[bool] = False  # its head classes are the first labels (LTE4G)
 
     def __init__(self, ctx: MethodContext, cfg: BaselineConfig) -> None:
         super().__init__()
