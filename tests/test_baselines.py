@@ -327,6 +327,29 @@ def test_bad_build(tiny):
         MethodContext(g.x[:-1], g.y, graph, torch.arange(3), 4, torch.Generator())
 
 
+def test_method_context_names_bad_indices_and_labels(tiny):
+    # a PyG-style boolean mask was read as node ids 0 and 1 by the up-sampling methods (no
+    # synthetic nodes, a loss on two nodes), and labels past num_classes or node ids past n
+    # failed deep inside torch (a baselines audit, session 67)
+    g, graph = tiny
+    n, gen = g.num_nodes, torch.Generator()
+    mask = torch.arange(n) % 2 == 0
+    with pytest.raises(TypeError, match=r"train_idx must hold node ids .* boolean mask: pass "
+                       r"mask.nonzero\(\).flatten\(\)"):
+        MethodContext(g.x, g.y, graph, mask, 4, gen)
+    with pytest.raises(TypeError, match="val_idx must hold node ids"):
+        MethodContext(g.x, g.y, graph, torch.arange(3), 4, gen, val_idx=mask)
+    with pytest.raises(ValueError, match=f"train_idx holds node {n} but the graph has {n}"):
+        MethodContext(g.x, g.y, graph, torch.tensor([0, n]), 4, gen)
+    with pytest.raises(ValueError, match="train_idx has negative entries"):
+        MethodContext(g.x, g.y, graph, torch.tensor([0, -1]), 4, gen)
+    with pytest.raises(TypeError, match="train_idx must be an integer tensor"):
+        MethodContext(g.x, g.y, graph, torch.zeros(2), 4, gen)
+    with pytest.raises(ValueError, match=r"num_classes=3 but the labels y go up to 3"):
+        MethodContext(g.x, g.y, graph, torch.arange(3), 3, gen)
+    MethodContext(g.x, g.y, graph, mask.nonzero().flatten(), 4, gen)    # the fix it names
+
+
 def test_config_records_faithful_choices():
     d = BaselineConfig(method="smote", adj_norm="row").to_dict()
     assert d["method"] == "smote" and d["classifier"] == "gnn"

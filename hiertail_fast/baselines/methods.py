@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hiertail_fast._validation import check_index_vector
 from hiertail_fast.baselines.config import BaselineConfig
 from hiertail_fast.baselines.layers import Classifier, Encoder, adjacency_operator
 from hiertail_fast.baselines.sampling import (
@@ -61,6 +62,25 @@ class MethodContext:
                              f"({self.graph.num_nodes} nodes) disagree")
         if self.num_classes < 2:
             raise ValueError(f"need at least 2 classes, got {self.num_classes}")
+        check_index_vector(self.y, "y", length=n)
+        if n and int(self.y.max()) >= self.num_classes:
+            raise ValueError(f"num_classes={self.num_classes} but the labels y go up to "
+                             f"{int(self.y.max())}")
+        for name in ("train_idx", "val_idx"):
+            idx = getattr(self, name)
+            if idx is None:
+                continue
+            # a PyG-style boolean mask was read as node ids 0 and 1 by the up-sampling methods
+            # (no synthetic nodes, a loss on two nodes; a baselines audit)
+            if isinstance(idx, torch.Tensor) and idx.dtype == torch.bool:
+                raise TypeError(f"{name} must hold node ids (an integer tensor), got a boolean "
+                                f"mask: pass mask.nonzero().flatten()")
+            check_index_vector(idx, name)
+            if idx.device != self.x.device:
+                raise ValueError(f"{name} is on {idx.device} but x on {self.x.device}")
+            if idx.numel() and int(idx.max()) >= n:
+                raise ValueError(f"{name} holds node {int(idx.max())} but the graph has {n} "
+                                 f"nodes")
 
 
 class BaselineMethod(nn.Module):
