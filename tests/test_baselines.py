@@ -350,6 +350,23 @@ def test_method_context_names_bad_indices_and_labels(tiny):
     MethodContext(g.x, g.y, graph, mask.nonzero().flatten(), 4, gen)    # the fix it names
 
 
+def test_config_replace_with_another_method_takes_its_defaults():
+    # replace(method=...) kept the old method's resolved hidden / dropout / lr / up_scale /
+    # self_loops (GraphMixup ran with origin's 64 / 0.5 / 0.01 / 1 / True; a baselines audit)
+    import pickle
+    for method in ("graphmixup", "graphens", "imgagn", "origin"):
+        assert BaselineConfig().replace(method=method) == BaselineConfig(method=method)
+        assert (BaselineConfig(method="graphmixup").replace(method=method)
+                == BaselineConfig(method=method))
+    # values the user gave stay, under another method and through a pickle
+    mine = pickle.loads(pickle.dumps(BaselineConfig(hidden=64, lr=0.05)))
+    moved = mine.replace(method="graphmixup")
+    assert (moved.hidden, moved.lr, moved.dropout) == (64, 0.05, 0.1)
+    assert moved.replace(method="graphmixup", hidden=32).hidden == 32
+    # the same method: nothing resolved again
+    assert BaselineConfig(method="graphmixup").replace(dropout=0.2).hidden == 128
+
+
 def test_config_records_faithful_choices():
     d = BaselineConfig(method="smote", adj_norm="row").to_dict()
     assert d["method"] == "smote" and d["classifier"] == "gnn"

@@ -199,10 +199,15 @@ class BaselineConfig:
         if self.method not in METHOD_FIELDS:
             raise ValueError(f"unknown baseline method {self.method!r}; "
                              f"choose from {sorted(METHOD_FIELDS)}")
+        defaulted = []
         for name, default in _GLOBAL_DEFAULTS.items():      # frozen: resolve the None defaults
             if getattr(self, name) is None:
+                defaulted.append(name)
                 object.__setattr__(self, name,
                                    METHOD_DEFAULTS.get(self.method, {}).get(name, default))
+        # which of them were left to the method (not a field: not compared, not recorded);
+        # `replace` with another method resolves those again for it
+        object.__setattr__(self, "_defaulted", frozenset(defaulted))
         for name, low in (("hidden", 1), ("im_class_num", 1), ("ep_pre", 0), ("sep_degree", 0),
                           ("expert_ep", 1), ("expert_patience", 1), ("curriculum_ep", 1),
                           ("warmup_epochs", 1), ("disc_steps", 1)):
@@ -285,6 +290,14 @@ class BaselineConfig:
         return self.adj_norm or official_value(self.method, "adj_norm")
 
     def replace(self, **changes: Any) -> BaselineConfig:
+        """A copy with ``changes``. With another ``method``, the fields this config left to its
+        method's default (hidden, dropout, lr, up_scale, self_loops) take the new method's:
+        ``BaselineConfig().replace(method="graphmixup")`` is ``BaselineConfig(method=
+        "graphmixup")`` (it kept origin's 64 / 0.5 / 0.01 / 1 / True; a baselines audit).
+        ``dataclasses.replace`` copies the resolved values as they are."""
+        if changes.get("method", self.method) != self.method:
+            for name in getattr(self, "_defaulted", ()):
+                changes.setdefault(name, None)
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
