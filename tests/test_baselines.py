@@ -4,12 +4,15 @@ re-weighting's class weights, the sparse over-sampling graph against the officia
 every method's sparse forward against the same model on dense matrices, bad configurations."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from hiertail_fast.baselines import METHODS, BaselineConfig, MethodContext, build_method, sampling
+from hiertail_fast.baselines.config import METHOD_FIELDS
 from hiertail_fast.baselines.layers import adjacency_operator
 from hiertail_fast.baselines.methods import OwnArchitectureMethod, reweight_class_weights
 from hiertail_fast.baselines.sampling import (
@@ -181,7 +184,8 @@ def test_sparse_forward_matches_dense_reference(tiny, method, norm):
     if issubclass(METHODS[method], OwnArchitectureMethod):   # no encoder / classifier on Â
         pytest.skip("own aggregation and dense reference: tests/test_baselines_<method>.py")
     g, graph = tiny
-    cfg = BaselineConfig(method=method, hidden=8, adj_norm=norm, im_class_num=2)
+    tail = {"im_class_num": 2} if "im_class_num" in METHOD_FIELDS[method] else {}
+    cfg = BaselineConfig(method=method, hidden=8, adj_norm=norm, **tail)
     model = build_method(_ctx(g, graph), cfg).eval()
     a = _dense(getattr(model, "graph_mx", graph))    # GraphMixup: raw A, no self-loops
     x = g.x
@@ -365,6 +369,31 @@ def test_config_replace_with_another_method_takes_its_defaults():
     assert moved.replace(method="graphmixup", hidden=32).hidden == 32
     # the same method: nothing resolved again
     assert BaselineConfig(method="graphmixup").replace(dropout=0.2).hidden == 128
+
+
+def test_config_refuses_another_methods_options():
+    # accepted and ignored before, and left out of to_dict's record: imgagn ran row-normalised
+    # under adj_norm="none", origin ran without the tail options it was given (a baselines
+    # audit, session 67); the CLI refused the same combinations
+    import dataclasses
+    for kw, text in ((dict(method="imgagn", adj_norm="none"), "adj_norm='none'"),
+                     (dict(method="graphens", classifier="mlp"), "classifier='mlp'"),
+                     (dict(method="origin", im_class_num=2, up_scale=3),
+                      "im_class_num=2, up_scale=3"),
+                     (dict(method="origin", k_num=5), "k_num=5"),
+                     (dict(method="lte4g", smote_lambda="node"), "smote_lambda='node'"),
+                     (dict(method="smote", self_loops=False), "self_loops=False")):
+        with pytest.raises(ValueError, match=rf"^{re.escape(text)}: not an option of method "
+                           rf"'{kw['method']}' \(used by "):
+            BaselineConfig(**kw)
+    # a value's own check comes first; a default given back (dataclasses.replace) is no option
+    with pytest.raises(TypeError, match="k_num must be an int"):
+        BaselineConfig(method="origin", k_num=5.5)
+    for method in ("origin", "graphmixup", "imgagn"):
+        cfg = BaselineConfig(method=method)
+        assert dataclasses.replace(cfg, weight_decay=0.0).hidden == cfg.hidden
+        assert BaselineConfig(method=method, up_scale=cfg.up_scale,
+                              self_loops=cfg.self_loops) == cfg
 
 
 def test_config_records_faithful_choices():

@@ -196,3 +196,7 @@ def test_baseline_config_takes_the_commands_adj_norm(norm):
     a = argparse.Namespace(hidden=None, lr=None, adj_norm=norm)
     for method in ("origin", "lte4g"):
         assert baseline_config(method, "email", a).adj_norm == norm
+    # graphens and imgagn aggregate with their own official D^-1(A+I): the option is not
+    # theirs, and BaselineConfig refuses another method's option (session 67)
+    for method in ("graphens", "imgagn"):
+        assert baseline_config(method, "email", a).adj_norm is None

@@ -97,6 +97,16 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _MAX_KD_TEMPERATURE = 1.0 / MIN_TEMPERATURE
 
 
+def _is_default(value: Any, default: Any) -> bool:
+    """``value`` is the field's default (a value of a wrong type, a tensor say, is not: its
+    own check names it)."""
+    if isinstance(value, bool) or isinstance(default, bool):
+        return value is default
+    if isinstance(value, (int, float)) and isinstance(default, (int, float)):
+        return value == default
+    return type(value) is type(default) and value == default
+
+
 @dataclass(frozen=True)
 class BaselineConfig:
     """One baseline run's configuration.
@@ -199,6 +209,14 @@ class BaselineConfig:
         if self.method not in METHOD_FIELDS:
             raise ValueError(f"unknown baseline method {self.method!r}; "
                              f"choose from {sorted(METHOD_FIELDS)}")
+        # another method's option (its raw value, before the defaults resolve): refused, not
+        # dropped, once the values themselves are checked (below)
+        used = METHOD_FIELDS[self.method]
+        own = {**_GLOBAL_DEFAULTS, **METHOD_DEFAULTS.get(self.method, {})}
+        unused = [f.name for f in fields(self) if f.name != "method" and f.name not in used
+                  and not _is_default(getattr(self, f.name), f.default)
+                  # (a resolved default given back, as dataclasses.replace does)
+                  and not (f.name in own and _is_default(getattr(self, f.name), own[f.name]))]
         defaulted = []
         for name, default in _GLOBAL_DEFAULTS.items():      # frozen: resolve the None defaults
             if getattr(self, name) is None:
@@ -276,6 +294,14 @@ class BaselineConfig:
             raise ValueError("GraphSMOTE's classifier is always the GNN classifier (§2.6); "
                              "classifier='mlp' does not apply")
         _check_graphmixup(self)
+        # the run would not be the variant asked for, and to_dict leaves the option out of its
+        # record (`method="imgagn", adj_norm="none"` ran row-normalised; the CLI refused these
+        # already; a baselines audit)
+        if unused:
+            users = sorted({m for m, fs in METHOD_FIELDS.items() if set(unused) & set(fs)})
+            raise ValueError(
+                f"{', '.join(f'{k}={getattr(self, k)!r}' for k in unused)}: not an option of "
+                f"method {self.method!r} (used by {', '.join(users)})")
 
     @property
     def name(self) -> str:

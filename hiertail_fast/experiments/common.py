@@ -75,11 +75,12 @@ def baseline_config(method: str, dataset: str, args):
     BlogCatalog, 128 elsewhere), its official per-dataset settings (``DATASET_SETTINGS``) and
     the command's --hidden / --lr / --adj-norm overrides."""
     from hiertail_fast.baselines import BaselineConfig
+    from hiertail_fast.baselines.config import METHOD_FIELDS
 
     over = {"hidden": _hidden(args, dataset, SMALL_HIDDEN.get(dataset, 128)),
             **DATASET_SETTINGS.get((method, dataset), {})}
     if getattr(args, "lr", None) is not None:
         over["lr"] = args.lr
-    if getattr(args, "adj_norm", None) is not None:
-        over["adj_norm"] = args.adj_norm
+    if getattr(args, "adj_norm", None) is not None and "adj_norm" in METHOD_FIELDS[method]:
+        over["adj_norm"] = args.adj_norm     # (graphens, imgagn: their own aggregation)
     return BaselineConfig(method=method, **over)
