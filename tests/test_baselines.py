@@ -312,6 +312,13 @@ def test_enormous_up_sampling_is_a_clear_error(tiny):
         with pytest.raises(ValueError, match="up_scale=.*synthetic nodes"):
             upsample_rounds(y, train, 5, 3, 3e38, rule)
     assert len(upsample_rounds(y, train, 5, 3, 3e38, "recon")) == 3   # one round whatever k
+    # the cap counts the whole graph's synthetic nodes: each of three tail classes within
+    # it made 3x it (a baselines audit, session 67)
+    y3, train3 = torch.arange(90) % 3, torch.arange(30)     # 10 training nodes per class
+    with pytest.raises(ValueError, match=r"up_scale=900.0 asks for 27000 synthetic nodes, "
+                       r"more than 100x the graph's 90 nodes"):
+        upsample_rounds(y3, train3, 3, 3, 900.0, "src")
+    assert sum(r.numel() for _, r in upsample_rounds(y3, train3, 3, 3, 300.0, "src")) == 9000
     with pytest.raises(ValueError, match="up_scale=.*synthetic nodes"):
         mixup_rounds(y, train, 5, 3, 3e38, 0.0)
     for method, kw in (("smote", dict(up_scale=3e38)), ("oversampling", dict(up_scale=3e38)),

@@ -49,15 +49,19 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--method", choices=("hiertail", *METHODS), default="hiertail",
                    help="hiertail (default) or a baseline on the same loop")
     g.add_argument("--im-class-num", type=exact_int, help="baselines: tail = the last N labels (3)")
-    g.add_argument("--up-scale", type=float, help="baselines: synthetic-node rule / re-weight "
-                   "(1, graphmixup 0; 0 = up to the average class size; embed_smote / "
-                   "graphsmote_t / _o make one round at most, so values above 1 act as 1, as in "
-                   "the official code)")
+    g.add_argument("--up-scale", type=float, help="baselines: synthetic-node rule (1, "
+                   "graphmixup 0; 0 = up to the average class size; embed_smote / graphsmote_t "
+                   "/ _o make one round at most, so values above 1 act as 1, as in the official "
+                   "code); reweight: the tail classes' loss weight is 1 + up_scale (0: no "
+                   "re-weighting)")
     g.add_argument("--adj-norm", choices=("none", "row"), help="baselines: none = unnormalised "
-                   "A+I (official HierTail copy, default; lte4g: row, its official code), "
-                   "row = D^-1(A+I) (recommended fix)")
-    g.add_argument("--smote-lambda", choices=("class", "node"), help="smote / embed_smote: one "
-                   "λ per class per round (official, default) or per synthetic node")
+                   "A+I (official HierTail copy, default; lte4g: row, its official code; "
+                   "graphmixup: its raw A, without self-loops unless --self-loops), row = "
+                   "D^-1(A+I) (recommended fix; graphmixup: D^-1 A); graphens and imgagn "
+                   "aggregate with their own D^-1(A+I)")
+    g.add_argument("--smote-lambda", choices=("class", "node"), help="smote / embed_smote / "
+                   "graphsmote_t / _o: one λ per class per round (official, default) or per "
+                   "synthetic node")
     g.add_argument("--classifier", choices=("gnn", "mlp"), help="baselines: GraphConv + Linear "
                    "(gnn, default) or Linear (mlp; embed_smote's only choice)")
     g.add_argument("--rec-weight", type=float, help="graphsmote_t / _o: weight of the edge "

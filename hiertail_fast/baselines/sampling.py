@@ -99,13 +99,16 @@ def tail_rounds(y: torch.Tensor, train_idx: torch.Tensor, num_classes: int, im_c
     train_idx = train_idx.long()
     y_train = y[train_idx]
     avg = int(train_idx.numel() / num_classes)
-    rounds: list[tuple[int, torch.Tensor]] = []
+    plan = []
     for c in tail_classes(num_classes, im_class_num):
         t_c = train_idx[y_train == c]
-        n_c = t_c.numel()
-        if n_c:
-            rounds.extend((c, t_c[:m]) for m in parts(n_c, avg) if m > 0)
-    return rounds
+        if t_c.numel():
+            plan.append((c, t_c, [m for m in parts(t_c.numel(), avg) if m > 0]))
+    # the cap is the graph's: `parts` keeps each class within it, and three tail classes made
+    # 3x it (a baselines audit)
+    check_synthetic_count(sum(sum(sizes) for _, _, sizes in plan), y.shape[0],
+                          f"up_scale={up_scale}")
+    return [(c, t_c[:m]) for c, t_c, sizes in plan for m in sizes]
 
 
 def same_class_nearest_neighbour(feats: torch.Tensor) -> torch.Tensor:
