@@ -604,6 +604,47 @@ def test_report_only_over_the_same_runs_leaves_the_summaries_alone(tmp_path, cap
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
 
 
+def test_a_summary_file_gone_is_written_again(tmp_path, capsys):
+    # with the same results in the .json, a deleted .md (or figure) was never written again,
+    # and every rerun logged "already holds these results" (an experiments audit, session 67)
+    out = tmp_path / "pc"
+    main(["per-class", *TINY, "--out", str(out)])
+    stem = "per-class-s1-e3-p1000"
+    pngs = sorted(p.name for p in out.glob(f"{stem}-*.png"))
+    assert pngs
+    (out / f"{stem}.md").unlink()
+    (out / pngs[0]).unlink()
+    capsys.readouterr()
+    main(["per-class", *TINY, "--out", str(out), "--report-only"])
+    assert "already holds" not in capsys.readouterr().err
+    assert (out / f"{stem}.md").is_file() and (out / pngs[0]).is_file()
+    capsys.readouterr()
+    main(["per-class", *TINY, "--out", str(out), "--report-only"])     # now whole: left alone
+    assert "already holds these results; left as it is" in capsys.readouterr().err
+
+
+def test_an_unreadable_summary_is_named_and_kept(tmp_path, capsys):
+    # a truncated .json was read as {} ("comes from other arguments; kept"), and every later
+    # run of the same command wrote to a hashed name beside the stale .md (an experiments
+    # audit, session 67)
+    out = tmp_path / "pc"
+    main(["per-class", *TINY, "--out", str(out)])
+    stem = "per-class-s1-e3-p1000"
+    broken = (out / f"{stem}.json").read_bytes()[:200]
+    (out / f"{stem}.json").write_bytes(broken)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["per-class", *TINY, "--out", str(out), "--report-only"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert f"{stem}.json cannot be read as a summary" in err and "--replace-summary" in err
+    assert (out / f"{stem}.json").read_bytes() == broken
+    assert not list(out.glob(f"{stem}-*.md"))                   # no hashed name either
+    main(["per-class", *TINY, "--out", str(out), "--report-only", "--replace-summary"])
+    assert json.loads((out / f"{stem}.json").read_text())["args"]
+    assert (out / f"{stem}.prev.json").read_bytes() == broken   # kept, one generation
+
+
 def test_thread_count_follows_each_dataset_not_the_command(tmp_path, monkeypatch):
     """Without --threads a run on a graph below 5,000 nodes trains on 1 thread and a larger
     one on torch's count, per dataset: the count was once set for the whole command (1 only

@@ -302,9 +302,20 @@ def _write_outputs(out: Path, stem: str, markdown: str, payload: dict, figures, 
         else:
             try:
                 old = json.loads(existing.read_text())
-                old = old if isinstance(old, dict) else {}
-            except (OSError, ValueError):
+                if not isinstance(old, dict):
+                    raise ValueError(f"a JSON {type(old).__name__}, not an object")
+            except (OSError, ValueError) as exc:
+                # (read as {} before: "comes from other arguments; kept", and every later run
+                # of the same command wrote to a hashed name beside the stale .md; an
+                # experiments audit)
+                if not replace_fewer:
+                    raise SummaryKept(
+                        f"{existing} cannot be read as a summary ({exc}); it is kept: move it "
+                        f"and its .md / .png away, or pass --replace-summary to replace it "
+                        f"(it is then kept as {cand}.prev.*)") from exc
                 old = {}
+                stem = cand
+                break
             old_args = json.dumps(old.get("args"), sort_keys=True, default=str)
             old_data = old.get("data_fingerprints")
             same_data = old_data is None or data is None or old_data == data
@@ -323,13 +334,16 @@ def _write_outputs(out: Path, stem: str, markdown: str, payload: dict, figures, 
                 "(pass --replace-summary to replace it; the old one is then kept as "
                 f"{stem}.prev.*)")
     payload.setdefault("runs", summary_runs(payload))
-    if old is not None and _results_of(payload) == _results_of(old):
-        # the same results (e.g. --report-only over the same runs): rewriting would only move
-        # the previous summary out of .prev.* for a copy of this one
-        log(f"{out / stem}.md already holds these results; left as it is")
-        return []
     writers = {f"{stem}-{name}.png": (lambda p, fig=fig: fig.savefig(
         p, format="png", dpi=110, bbox_inches="tight")) for name, fig in (figures or {}).items()}
+    missing = [name for name in (f"{stem}.md", *writers) if not (out / name).is_file()]
+    if old is not None and _results_of(payload) == _results_of(old) and not missing:
+        # the same results (e.g. --report-only over the same runs): rewriting would only move
+        # the previous summary out of .prev.* for a copy of this one. (Not when a file of the
+        # set is gone: a deleted .md or figure was never written again, and the log said it
+        # was there; an experiments audit)
+        log(f"{out / stem}.md already holds these results; left as it is")
+        return []
     payload.setdefault("figures", []).extend(writers)
     writers[f"{stem}.md"] = lambda p: p.write_text(markdown)
     writers[f"{stem}.json"] = lambda p: p.write_text(
