@@ -172,6 +172,22 @@ def test_quick_flag_sets_the_reduced_budget(tmp_path):
     assert budget_from_args(build_parser().parse_args(["main"])).is_full
 
 
+def test_seeds_replace_the_default_count_before_it_is_checked():
+    # `--seed-base 2**64-6 --seeds 1` was refused for the default ten seeds' last one, which
+    # --seeds replaces (an experiments audit, session 67); the ten are still checked alone
+    from hiertail_fast.experiments.cli import budget_from_args, build_parser
+
+    base = str(2**64 - 6)
+    for extra in ([], ["--quick"]):
+        args = build_parser().parse_args(["main", "--seed-base", base, "--seeds", "1", *extra])
+        assert budget_from_args(args).seeds == (2**64 - 6,)
+    with pytest.raises(ValueError, match="out of range"):
+        budget_from_args(build_parser().parse_args(["main", "--seed-base", base]))
+    with pytest.raises(ValueError, match="out of range"):
+        budget_from_args(build_parser().parse_args(["main", "--seed-base", base,
+                                                    "--seeds", "7"]))
+
+
 def test_a_summary_from_other_arguments_is_kept(tmp_path, capsys):
     base = ["main", *TINY, "--out", str(tmp_path)]
     main([*base, "--methods", "origin"])

@@ -166,16 +166,19 @@ def budget_from_args(args) -> Budget:
     epochs, patience = FULL_EPOCHS, FULL_PATIENCE
     # (the default counts go through parse_seeds too: it checks --seed-base and the last
     # seed's range before anything trains; an unchecked base failed on its first bad seed)
+    # (--seeds replaces the default count before it is derived: `--seed-base 2**64-6 --seeds
+    # 1` was refused for the default ten seeds' last one; an experiments audit)
     if args.quick:
-        seeds = parse_seeds([str(QUICK["seeds"])], base)
         epochs, patience = QUICK["epochs"], QUICK["patience"]
-    elif base != FULL_SEEDS[0]:
-        seeds = parse_seeds([str(len(FULL_SEEDS))], base)
     if args.seeds:
         seeds = parse_seeds(args.seeds, base)
         notice = seed_count_notice(args.seeds, seeds)
         if notice:
             print(notice, file=sys.stderr)
+    elif args.quick:
+        seeds = parse_seeds([str(QUICK["seeds"])], base)
+    elif base != FULL_SEEDS[0]:
+        seeds = parse_seeds([str(len(FULL_SEEDS))], base)
     epochs = args.epochs if args.epochs is not None else epochs
     patience = args.patience if args.patience is not None else patience
     return Budget(tuple(seeds), epochs, patience)
