@@ -125,6 +125,10 @@ def test_table4_cells_hold_the_papers_numbers():
 
 def test_table5_cells_hold_the_papers_numbers_without_std():
     assert tasks.task_counts(70, None) == [(198, 70), (70, 35), (2, 1)]
+    # on two classes the second default row is (2, 1) too: one row, not a refusal of the
+    # command's own sweep as "given twice" (an experiments audit, session 67)
+    assert tasks.task_counts(2, None) == [(6, 2), (2, 1)]
+    assert tasks.task_counts(3, None) == [(9, 3), (3, 2), (2, 1)]
     records = []
     for counts, v in (((198, 70), 55.5), ((70, 35), 56.0), ((2, 1), 50.0)):
         records += _records("cora_full", f"tasks={counts[0]},{counts[1]}",

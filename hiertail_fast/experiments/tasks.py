@@ -47,7 +47,10 @@ def task_counts(num_classes: int, spec: str | None, num_nodes: int | None = None
         check_distinct("--task-counts", [f"{a}:{b}" for a, b in out])
     else:
         c = num_classes
-        out = [(math.ceil(198 * c / 70), c), (c, math.ceil(c / 2)), (2, 1)]
+        # (without repeats: on two classes the second row is (2, 1) too, and the table
+        # refused its own default sweep as "tasks=2,1 is given twice"; an experiments audit)
+        out = list(dict.fromkeys([(math.ceil(198 * c / 70), c), (c, math.ceil(c / 2)),
+                                  (2, 1)]))
     if num_nodes is not None:
         big = [f"{a}:{b}" for a, b in out if a > num_nodes]
         if big:
