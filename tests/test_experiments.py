@@ -620,6 +620,23 @@ def test_report_only_over_the_same_runs_leaves_the_summaries_alone(tmp_path, cap
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
 
 
+def test_tail_baselines_on_too_few_classes_are_refused_before_any_run(tmp_path, monkeypatch,
+                                                                      capsys):
+    # on two classes each tail baseline raised "im_class_num must lie in [1, 2]" from inside
+    # its runs, a traceback after HierTail and Origin had trained (an experiments audit,
+    # session 67)
+    monkeypatch.setattr(runner, "_train", lambda *a, **k: pytest.fail("a run was trained"))
+    with pytest.raises(SystemExit) as exc:
+        main(["main", "--synthetic", "--synthetic-classes", "2", "--seeds", "1", "--epochs",
+              "2", "--no-progress", "--methods", "origin,smote,imgagn,lte4g",
+              "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert ("dataset synthetic has 2 classes, and smote, imgagn take its last 3 labels as the "
+            "tail classes") in err
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_summary_file_gone_is_written_again(tmp_path, capsys):
     # with the same results in the .json, a deleted .md (or figure) was never written again,
     # and every rerun logged "already holds these results" (an experiments audit, session 67)

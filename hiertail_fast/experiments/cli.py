@@ -241,6 +241,27 @@ def _check_datasets(source: DataSource, datasets: list[str], trains: bool) -> No
             raise type(exc)(f"dataset {name}: {exc}") from None
 
 
+def _check_tail_classes(specs, source: DataSource) -> None:
+    """The tail baselines' last ``im_class_num`` labels (3, the official default: no option
+    here) exist in every dataset they run on: on two classes each raised from inside its runs,
+    a traceback after HierTail and Origin had trained (an experiments audit)."""
+    from hiertail_fast.baselines import METHODS
+
+    short: dict[tuple[str, int, int], list[str]] = {}
+    for spec in specs:
+        tail = getattr(METHODS.get(spec.method), "uses_tail", False)
+        classes = int(source.load(spec.dataset).num_classes) if tail else 0
+        if tail and spec.config.im_class_num > classes:
+            short.setdefault((spec.dataset, classes, spec.config.im_class_num),
+                             []).append(spec.method)
+    for (dataset, classes, tail), methods in short.items():
+        raise ValueError(f"dataset {dataset} has {classes} classes, and {', '.join(methods)} "
+                         f"take its last {tail} labels as the tail classes (im_class_num="
+                         f"{tail}, the official default): leave them out with --methods, or "
+                         f"run them with `python -m hiertail_fast.train --method NAME "
+                         f"--im-class-num N`")
+
+
 def _check_targets(args, out: Path, stem: str, trains: bool) -> None:
     """Before any run (training can take hours): --out and its summary files must be writable,
     and the runs folder too when runs are trained (--report-only only reads it)."""
@@ -341,6 +362,7 @@ def _main(argv: Sequence[str] | None) -> dict:
         threads = run_threads(args.threads, source)
         specs = module.specs(ctx)
         check_distinct("table rows", [f"{s.dataset} / {s.row}" for s in specs])
+        _check_tail_classes(specs, source)
     except (ValueError, TypeError, OSError) as exc:
         parser.error(str(exc))
     except KeyboardInterrupt:   # Ctrl-C while the datasets load: nothing is written yet
