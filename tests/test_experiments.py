@@ -637,6 +637,19 @@ def test_tail_baselines_on_too_few_classes_are_refused_before_any_run(tmp_path, 
     assert not (tmp_path / "o").exists()
 
 
+def test_adj_norm_on_rows_without_the_option_is_refused(tmp_path, monkeypatch, capsys):
+    # main --methods hiertail_paper,graphens --adj-norm row reused the runs made without it
+    # and recorded adj_norm: row in the summary's args (an experiments audit, session 67)
+    monkeypatch.setattr(runner, "_train", lambda *a, **k: pytest.fail("a run was trained"))
+    with pytest.raises(SystemExit) as exc:
+        main(["main", *TINY, "--methods", "hiertail_paper,graphens,imgagn",
+              "--adj-norm", "row", "--out", str(tmp_path / "o")])
+    assert exc.value.code == 2
+    assert ("--adj-norm does not apply to the rows selected (graphens, hiertail, imgagn)"
+            in capsys.readouterr().err)
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_summary_file_gone_is_written_again(tmp_path, capsys):
     # with the same results in the .json, a deleted .md (or figure) was never written again,
     # and every rerun logged "already holds these results" (an experiments audit, session 67)

@@ -262,6 +262,21 @@ def _check_tail_classes(specs, source: DataSource) -> None:
                          f"--im-class-num N`")
 
 
+def _check_adj_norm_applies(args, specs) -> None:
+    """--adj-norm on rows none of which has the option (HierTail's, graphens's and imgagn's
+    aggregation is their own): the same cached runs as without it, and a summary whose args
+    said adj_norm: row (an experiments audit; `inapplicable_option` refuses it where the
+    table runs no baseline at all)."""
+    from hiertail_fast.baselines.config import METHOD_FIELDS
+
+    if getattr(args, "adj_norm", None) is None:
+        return
+    if not any("adj_norm" in METHOD_FIELDS.get(spec.method, ()) for spec in specs):
+        rows = sorted({spec.method for spec in specs})
+        raise ValueError(f"--adj-norm does not apply to the rows selected ({', '.join(rows)}): "
+                         f"none of them has the option")
+
+
 def _check_targets(args, out: Path, stem: str, trains: bool) -> None:
     """Before any run (training can take hours): --out and its summary files must be writable,
     and the runs folder too when runs are trained (--report-only only reads it)."""
@@ -363,6 +378,7 @@ def _main(argv: Sequence[str] | None) -> dict:
         specs = module.specs(ctx)
         check_distinct("table rows", [f"{s.dataset} / {s.row}" for s in specs])
         _check_tail_classes(specs, source)
+        _check_adj_norm_applies(args, specs)
     except (ValueError, TypeError, OSError) as exc:
         parser.error(str(exc))
     except KeyboardInterrupt:   # Ctrl-C while the datasets load: nothing is written yet
