@@ -3,6 +3,7 @@ resume from the per-run cache, reduced-budget labelling, summaries never clobber
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -648,6 +649,27 @@ def test_adj_norm_on_rows_without_the_option_is_refused(tmp_path, monkeypatch, c
     assert ("--adj-norm does not apply to the rows selected (graphens, hiertail, imgagn)"
             in capsys.readouterr().err)
     assert not (tmp_path / "o").exists()
+
+
+def test_per_class_rows_without_values_are_null_and_a_dash(tmp_path, capsys):
+    # rows without runs wrote bare NaN into the .json (strict JSON readers refuse it) and
+    # "nan" cells with a RuntimeWarning (an experiments audit, session 67)
+    import warnings
+
+    out = tmp_path / "pc"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        main(["per-class", *TINY, "--out", str(out), "--report-only"])
+    text = (out / "per-class-s1-e3-p1000.json").read_text()
+
+    def refuse(name):
+        raise ValueError(f"non-standard JSON constant {name}")
+    payload = json.loads(text, parse_constant=refuse)
+    methods = payload["datasets"][0]["methods"]
+    assert methods and all(v["seeds"] == 0 and set(v["mean"]) == {None}
+                           for v in methods.values())
+    md = (out / "per-class-s1-e3-p1000.md").read_text()
+    assert not re.search(r"\bnan\b", md, re.IGNORECASE) and "| 0 | — | — | — |" in md
 
 
 def test_a_summary_file_gone_is_written_again(tmp_path, capsys):

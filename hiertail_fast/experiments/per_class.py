@@ -71,6 +71,19 @@ def _figure(dataset: str, train, unlabelled, curves: dict):
     return fig
 
 
+def _json_values(values: np.ndarray) -> list:
+    """A class's mean / std as JSON: null where no seed has a value (bare NaN, which strict
+    JSON readers refuse, was written; an experiments audit)."""
+    return [None if np.isnan(v) else float(v) for v in values]
+
+
+def _mean_cell(values: np.ndarray) -> str:
+    """The mean of the classes that have a value, or "—" where none has (no tail class, a
+    row without runs: "nan" and a RuntimeWarning before)."""
+    values = values[~np.isnan(values)]
+    return f"{values.mean():.1f}" if values.size else "—"
+
+
 def report(ctx: Context, records: list[dict]):
     lines = ["Test recall per class (= per-class bAcc, ×100), mean over seeds; classes sorted "
              "by size, largest first. Head / tail: the classes holding the first 80 % of the "
@@ -88,9 +101,10 @@ def report(ctx: Context, records: list[dict]):
         for row, label in ROWS.items():
             mean, std, n = per_class_means(records, d, row, order)
             curves[label] = mean
-            entry["methods"][row] = {"seeds": n, "mean": mean.tolist(), "std": std.tolist()}
-            lines.append(f"| {label} | {n} | {np.nanmean(mean[head]):.1f} | "
-                         f"{np.nanmean(mean[~head]):.1f} | {np.nanmean(mean):.1f} |")
+            entry["methods"][row] = {"seeds": n, "mean": _json_values(mean),
+                                     "std": _json_values(std)}
+            lines.append(f"| {label} | {n} | {_mean_cell(mean[head])} | "
+                         f"{_mean_cell(mean[~head])} | {_mean_cell(mean)} |")
         lines.append("")
         payload.append(entry)
         figs[d] = _figure(d, train, unlabelled, curves)
