@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
+import torch
 
 from hiertail_fast.experiments import (
     ablation,
@@ -23,11 +24,22 @@ METRIC_ORDER = ("bacc", "macro_f1", "g_means", "acc")
 
 
 class FakeSource:
-    def __init__(self, classes=70):
+    """Each dataset with the paper's Table 1 shape (nodes, features, classes), or ``shapes``'."""
+
+    def __init__(self, classes=70, shapes=None):
         self.classes = classes
+        self.shapes = shapes or {}
 
     def data_key(self, name):
         return {"classes": self.classes}
+
+    def load(self, name):
+        from hiertail_fast.experiments.paper_numbers import TABLE1_DATASETS
+
+        paper = TABLE1_DATASETS.get(name, dict(nodes=10, features=3, classes=self.classes))
+        nodes, features, classes = self.shapes.get(
+            name, (paper["nodes"], paper["features"], paper["classes"]))
+        return argparse.Namespace(x=torch.empty(nodes, features), num_classes=classes)
 
 
 def _ctx(datasets, **args) -> Context:
@@ -104,6 +116,29 @@ def test_table3_cells_hold_the_papers_numbers(monkeypatch):
     assert [_paper_cell(row, m) for m in METRIC_ORDER] == [
         "23.6 ± 0.9", "21.0 ± 1.3", "48.5 ± 1.0", "23.6 ± 0.9"]
     assert _delta_cell(row, "bacc") == "+0.0σ" and _delta_cell(row, "g_means") == "-24.9σ"
+
+
+def test_a_graph_that_is_not_the_papers_gets_no_paper_cells():
+    # a user's own graph saved under a paper name (a 266-node, 3-class email.npz) was compared
+    # with the paper's row: "+3.0σ above" (an experiments audit, session 67)
+    def report(shapes):
+        ctx = _ctx(["email", "wiki"])
+        ctx.source = FakeSource(shapes=shapes)
+        records = []
+        for d in ("email", "wiki"):
+            records += _records(d, "origin", {m: 50.0 for m in METRIC_ORDER})
+        md, payload, _ = main_table.report(ctx, records)
+        return md, payload, ctx.notes
+
+    md, payload, notes = report({"email": (266, 128, 3)})
+    by = {r["dataset"]: r for r in payload["rows"]}
+    assert all(v["paper"] is None for v in by["email"]["metrics"].values())
+    assert all(v["paper"] is not None for v in by["wiki"]["metrics"].values())
+    assert notes == ["- email: not the paper's graph (nodes 266 vs 1,005, classes 3 vs 42): "
+                     "not compared with the paper"]
+    md, payload, notes = report({})
+    assert notes == [] and all(v["paper"] is not None for r in payload["rows"]
+                               for v in r["metrics"].values())
 
 
 def test_table4_cells_hold_the_papers_numbers():

@@ -49,7 +49,7 @@ def report(ctx: Context, records: list[dict]):
     labels[ORIGIN_ROW] = "Origin (GCN baseline; paper row = L_CE only)"
     rows = [(d, r, labels[r]) for d in ctx.datasets for r in labels]
     return comparison_report(
-        records, rows, paper_lookup,
+        records, rows, ctx.paper_lookup(paper_lookup),
         f"HierTail preset: `{ctx.args.config}`. M1 = hierarchical task grouping (pooling levels), "
         "M2 = the balanced contrastive losses (SCL + BCL). The paper's numbers (Table 4) are for "
         "Cora-Full only; other datasets show ours alone.", len(ctx.budget.seeds))

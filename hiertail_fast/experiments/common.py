@@ -26,6 +26,34 @@ class Context:
     device: str = "cpu"
     notes: list[str] = field(default_factory=list)   # lines for the markdown (skipped rows, ...)
 
+    def paper_lookup(self, lookup):
+        """``lookup(dataset, row, metric)`` (-> the paper's Cell or None) with no paper cell for
+        a dataset that is not the paper's graph: a user's own graph saved under a paper name
+        (a 266-node, 3-class ``email.npz``) was compared with the paper's row, "+3.0σ above"
+        (an experiments audit). Each such dataset gets a note."""
+        foreign = {}
+        for d in self.datasets:
+            why = _not_the_papers_graph(self.source.load(d), d)
+            if why:
+                foreign[d] = why
+                self.notes.append(f"- {d}: not the paper's graph ({why}): not compared with "
+                                  f"the paper")
+        return lambda d, r, m: None if d in foreign else lookup(d, r, m)
+
+
+def _not_the_papers_graph(data, dataset: str) -> str | None:
+    """How a dataset's graph differs from the paper's Table 1 in nodes, features or classes
+    (None: it does not, or the paper has no such dataset)."""
+    from hiertail_fast.experiments.paper_numbers import TABLE1_DATASETS
+
+    paper = TABLE1_DATASETS.get(dataset)
+    if paper is None:
+        return None
+    ours = {"nodes": int(data.x.shape[0]), "features": int(data.x.shape[1]),
+            "classes": int(data.num_classes)}
+    diffs = [f"{k} {v:,} vs {int(paper[k]):,}" for k, v in ours.items() if v != paper[k]]
+    return ", ".join(diffs) or None
+
 
 def check_distinct(option: str, values: list) -> None:
     """ValueError naming the first value given twice: a repeated entry would train / count the

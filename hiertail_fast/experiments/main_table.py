@@ -79,8 +79,8 @@ def specs(ctx: Context) -> list[RunSpec]:
 def build_rows(ctx: Context, records: list[dict], paper_table: dict) -> list[dict]:
     labels = row_labels()
     rows = [(d, r, labels[r]) for d in ctx.datasets for r in selected_rows(ctx)]
-    return comparison_rows(summarize(records), rows,
-                           lambda d, r, m: paper_cell(paper_table, d, paper_row_key(r), m))
+    return comparison_rows(summarize(records), rows, ctx.paper_lookup(
+        lambda d, r, m: paper_cell(paper_table, d, paper_row_key(r), m)))
 
 
 def report(ctx: Context, records: list[dict]):

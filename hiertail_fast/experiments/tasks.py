@@ -85,7 +85,7 @@ def report(ctx: Context, records: list[dict]):
         for counts in task_counts(ctx.source.data_key(d)["classes"], ctx.args.task_counts):
             rows.append((d, _row(counts), f"[{counts[0]}, {counts[1]}]"))
     return comparison_report(
-        records, rows, paper_lookup,
+        records, rows, ctx.paper_lookup(paper_lookup),
         f"HierTail preset: `{ctx.args.config}`, the two task-grouping levels keeping [A, B] "
         "nodes (`pool_counts`). The paper's Table 5 is Cora-Full only and has no std: Δ is in "
         "points there (reproduced within 0.5).", len(ctx.budget.seeds))
