@@ -414,6 +414,14 @@ def test_unwritable_out_or_runs_dir_is_refused_before_any_training(tmp_path, mon
     ("sensitivity", ["--parts", "grid", "--gammas", "0.1,0.1", "--taus", "1"],
      "--gammas: 0.1 is given twice"),
     ("sensitivity", ["--parts", "hidden", "--hiddens", "8,08"], "--hiddens: 8 is given twice"),
+    # values that share their row label, and a sweep's options without its part (unchecked
+    # values into the summary's args; an experiments audit, session 67)
+    ("sensitivity", ["--parts", "dropout", "--dropouts", "0.1,0.1000001"],
+     "--dropouts: 0.1 and 0.1000001 share the row label 0.1 (6 significant digits)"),
+    ("sensitivity", ["--parts", "grid", "--hiddens", "abc"],
+     "--hiddens applies to the hidden sweep, which --parts 'grid' leaves out"),
+    ("sensitivity", ["--parts", "hidden,dropout", "--activations", "nope"],
+     "--activations applies to the activation sweep, which --parts 'hidden,dropout' leaves"),
     ("tasks", ["--task-counts", "3:3,3:3"], "--task-counts: 3:3 is given twice"),
     ("semi-synthetic", ["--alpha", "2"], "must lie in (0, 1)"),
     ("semi-synthetic", ["--alpha", "nan"], "must lie in (0, 1)"),

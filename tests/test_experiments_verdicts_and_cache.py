@@ -238,9 +238,12 @@ def _sensitivity(values):
 
     gammas = sorted({g for g, _ in values})
     taus = sorted({t for _, t in values})
+    from hiertail_fast.experiments.sensitivity import PART_OPTIONS
+
     ns = argparse.Namespace(config="paper", parts="grid", gammas=",".join(map(str, gammas)),
-                            taus=",".join(map(str, taus)), activations="relu", hiddens="8",
-                            dropouts="0.0")
+                            taus=",".join(map(str, taus)), **{
+                                k: v for part in ("activation", "hidden", "dropout")
+                                for k, v in PART_OPTIONS[part].items()})
     records = [_record("toy", f"gamma={g:g},tau={t:g}", 1,
                        {"bacc": v / 100, "macro_f1": v / 200, "g_means": 0.0, "acc": 0.0})
                for (g, t), v in values.items()]

@@ -35,7 +35,13 @@ def _floats(text: str, option: str = "the sweep") -> list[float]:
         if not math.isfinite(x):
             raise ValueError(f"{option}: {v!r} is not a finite number")
         out.append(x)
-    check_distinct(option, [f"{x:g}" for x in out])   # the rows' labels
+    check_distinct(option, out)
+    labels: dict[str, float] = {}
+    for x in out:                                          # the rows' labels (and run keys)
+        if f"{x:g}" in labels:
+            raise ValueError(f"{option}: {labels[f'{x:g}']!r} and {x!r} share the row label "
+                             f"{x:g} (6 significant digits): give values that differ there")
+        labels[f"{x:g}"] = x
     return out
 
 
@@ -54,16 +60,24 @@ def _ints(text: str, option: str) -> list[int]:
     return out
 
 
+# each sweep's options and their defaults
+PART_OPTIONS = {"grid": {"gammas": "0.001,0.01,0.1,1.0", "taus": "0.01,0.1,1.0"},
+                "activation": {"activations": "relu,leaky_relu,elu,tanh"},
+                "hidden": {"hiddens": "16,32,64,128,256"},
+                "dropout": {"dropouts": "0.0,0.1,0.3,0.5"}}
+
+
 def add_arguments(parser) -> None:
     parser.add_argument("--parts", default=",".join(PARTS), help="sensitivity: which sweeps "
                         f"({','.join(PARTS)})")
-    parser.add_argument("--gammas", default="0.001,0.01,0.1,1.0", help="sensitivity: γ values")
-    parser.add_argument("--taus", default="0.01,0.1,1.0", help="sensitivity: τ values")
-    parser.add_argument("--activations", default="relu,leaky_relu,elu,tanh",
+    d = {k: v for options in PART_OPTIONS.values() for k, v in options.items()}
+    parser.add_argument("--gammas", default=d["gammas"], help="sensitivity: γ values")
+    parser.add_argument("--taus", default=d["taus"], help="sensitivity: τ values")
+    parser.add_argument("--activations", default=d["activations"],
                         help="sensitivity: activations")
-    parser.add_argument("--hiddens", default="16,32,64,128,256", help="sensitivity: hidden "
+    parser.add_argument("--hiddens", default=d["hiddens"], help="sensitivity: hidden "
                         "sizes, integers >= 1 (every list: comma-separated, each value once)")
-    parser.add_argument("--dropouts", default="0.0,0.1,0.3,0.5",
+    parser.add_argument("--dropouts", default=d["dropouts"],
                         help="sensitivity: dropout rates in [0, 1)")
 
 
@@ -75,6 +89,13 @@ def sweeps(ctx: Context) -> dict[str, list[tuple[str, dict]]]:
     if bad:
         raise ValueError(f"--parts: unknown {', '.join(bad)}; known: {', '.join(PARTS)}")
     check_distinct("--parts", parts)
+    # a sweep's options given without its part: their values went unchecked into the
+    # summary's args (--parts grid --hiddens abc; an experiments audit)
+    for part, options in PART_OPTIONS.items():
+        for dest, default in options.items():
+            if part not in parts and getattr(a, dest) != default:
+                raise ValueError(f"--{dest} applies to the {part} sweep, which --parts "
+                                 f"{a.parts!r} leaves out")
     base = {"gamma": SENSITIVITY_GRID["appendix_figure_gamma"],
             "tau": SENSITIVITY_GRID["appendix_figure_tau"]}
     out: dict[str, list[tuple[str, dict]]] = {}
