@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = ["--synthetic", "--synthetic-nodes", "120", "--seeds", "1", "--epochs", "3",
         "--hidden", "8", "--no-progress", "--device", "cpu"]
-TINY_DATA = ["--synthetic", "--synthetic-nodes", "120", "--no-progress", "--device", "cpu"]
+TINY_DATA = ["--synthetic", "--synthetic-nodes", "120", "--no-progress"]
 # (TINY[3:]: TINY on the datasets, without --synthetic and its --synthetic-nodes, which real
 # data refuses)
 EXTRA = {
@@ -60,6 +60,10 @@ def test_every_experiment_runs_end_to_end(tmp_path, name, capsys):
     ("tasks", ["--gammas", "0.1"], "--gammas does not apply to tasks"),
     ("datasets", ["--lr", "5"], "--lr does not apply to datasets: it trains nothing"),
     ("datasets", ["--methods", "foo"], "--methods does not apply to datasets"),
+    ("datasets", ["--device", "cuda"], "--device does not apply to datasets: it trains "),
+    ("datasets", ["--device", "cpu"], "--device does not apply to datasets"),
+    ("datasets", ["--feature-norm", "row"], "--feature-norm does not apply to datasets"),
+    ("datasets", ["--threads", "1"], "--threads does not apply to datasets"),
 ])
 def test_options_of_other_experiments_are_refused(tmp_path, capsys, name, extra, msg):
     # they were silently ignored (a CLI audit): `ablation --methods origin` trained every
@@ -885,7 +889,7 @@ def test_the_datasets_table_of_other_data_is_kept(tmp_path, capsys):
     out = tmp_path / "out"
     for data_dir in (a, b):
         main(["datasets", "--datasets", "email", "--data-dir", str(data_dir), "--out", str(out),
-              "--no-progress", "--device", "cpu"])
+              "--no-progress"])
     first = json.loads((out / "datasets.json").read_text())
     assert str(a) in first["provenance"]["command"]
     assert len(list(out.glob("datasets-*.json"))) == 1
@@ -895,7 +899,7 @@ def test_the_datasets_table_of_other_data_is_kept(tmp_path, capsys):
 # ---- dataset selection and Ctrl-C (a mutation audit, s43)
 def _datasets_table(argv, data_dir, out):
     return main(["datasets", *argv, "--data-dir", str(data_dir), "--out", str(out),
-                 "--no-progress", "--device", "cpu"])
+                 "--no-progress"])
 
 
 def test_datasets_are_named_by_their_registry_names(tmp_path, capsys):

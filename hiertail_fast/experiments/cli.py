@@ -113,7 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 # What a table that trains nothing (datasets) ignores
 _TRAINING_OPTIONS = ("quick", "seeds", "seed_base", "epochs", "patience", "hidden", "lr",
-                     "adj_norm", "report_only", "replace_summary", "runs_dir")
+                     "adj_norm", "report_only", "replace_summary", "runs_dir", "device",
+                     "threads", "feature_norm")   # (the last three: the datasets table checked
+# --device cuda on a CPU machine, and --feature-norm, which changes no statistic of it, named
+# a second summary; an experiments audit)
 
 
 def inapplicable_option(args, parser: argparse.ArgumentParser) -> str | None:
@@ -351,7 +354,7 @@ def _main(argv: Sequence[str] | None) -> dict:
         out = args.out or Path("results") / args.name
         stem = args.name + (budget.tag() if trains else "")
         _check_targets(args, out, stem, trains)
-        device = _device(args)
+        device = _device(args) if trains else "cpu"
         data_dir = args.data_dir or Path(os.environ.get("HIERTAIL_DATA") or "../shared/data")
         synthetic = ({"nodes": args.synthetic_nodes, "classes": args.synthetic_classes,
                       "features": 16} if args.synthetic else None)
