@@ -122,6 +122,11 @@ def test_threads_text_marks_a_dataset_whose_runs_used_two_thread_counts():
     text = report._threads_text({"runs_threads": {"email": [1, 2], "wiki": [2]}, "threads": 1})
     email, wiki = text.split("; torch threads of the runs: ")[1].split(", ")
     assert email.startswith("email 1 and 2 (**mixed**") and wiki == "wiki 2"
+    # no run reported (all diverged): not the command's count, which named 2 threads for runs
+    # at 1 (an experiments audit, session 67); a summary from before runs_threads: the command's
+    assert report._threads_text({"runs_threads": {}, "threads": 2}) == (
+        "; no run reported, so no runs' torch threads to name")
+    assert report._threads_text({"threads": 2}) == ", 2 torch thread(s)"
 
 
 def test_summary_runs_of_a_legacy_summary_counts_the_seeds_of_its_rows():

@@ -198,10 +198,13 @@ def provenance_markdown(p: dict, trains: bool = True) -> str:
 def _threads_text(p: dict) -> str:
     """The runs' torch thread counts by dataset (the thread count changes the float sums, so
     the numbers); a dataset whose runs differ is marked. Summaries written before
-    ``runs_threads`` existed give the command's count."""
+    ``runs_threads`` existed give the command's count; one without a reported run says so
+    (it gave the command's count, 2 for runs that all diverged at 1; an experiments audit)."""
     by_data = p.get("runs_threads")
-    if not by_data:
+    if by_data is None:
         return f", {p['threads']} torch thread(s)"
+    if not by_data:
+        return "; no run reported, so no runs' torch threads to name"
     parts = []
     for dataset, counts in by_data.items():
         text = " and ".join("?" if t is None else str(t) for t in counts)
