@@ -684,6 +684,27 @@ def test_per_class_rows_without_values_are_null_and_a_dash(tmp_path, capsys):
     assert not re.search(r"\bnan\b", md, re.IGNORECASE) and "| 0 | — | — | — |" in md
 
 
+def test_a_summary_from_before_an_option_existed_has_the_same_arguments(tmp_path, capsys):
+    # a summary recorded before --feature-norm existed has no entry for it: every rerun of its
+    # own command called it "other arguments" and wrote a hashed name beside it (session 67)
+    out = tmp_path / "pc"
+    main(["per-class", *TINY, "--out", str(out)])
+    path = out / "per-class-s1-e3-p1000.json"
+    old = json.loads(path.read_text())
+    del old["args"]["feature_norm"]
+    path.write_text(json.dumps(old))
+    capsys.readouterr()
+    main(["per-class", *TINY, "--out", str(out), "--report-only"])
+    err = capsys.readouterr().err
+    assert "comes from other arguments" not in err
+    assert not list(out.glob("per-class-s1-e3-p1000-*.md"))                # no hashed name
+    assert json.loads(path.read_text())["args"]["feature_norm"] == "none"     # rewritten whole
+    # an option the old summary lacks, given at another value: other arguments
+    path.write_text(json.dumps(old))
+    main(["per-class", *TINY, "--out", str(out), "--report-only", "--feature-norm", "row"])
+    assert "comes from other arguments; kept" in capsys.readouterr().err
+
+
 def test_a_summary_file_gone_is_written_again(tmp_path, capsys):
     # with the same results in the .json, a deleted .md (or figure) was never written again,
     # and every rerun logged "already holds these results" (an experiments audit, session 67)

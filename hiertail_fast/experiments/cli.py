@@ -305,6 +305,21 @@ def _result_args(args) -> dict:
             if k not in _NOT_RESULT_ARGS}
 
 
+def _close(figures: dict | None) -> None:
+    if figures:
+        import matplotlib.pyplot as plt
+
+        for fig in figures.values():
+            plt.close(fig)
+
+
+def _result_defaults(parser: argparse.ArgumentParser, args) -> dict:
+    """Each recorded argument's value when not given (the parser's, or `given_defaults`'): a
+    summary recorded before an option existed holds no entry for it, and matches a command
+    that leaves the option at this value (`write_outputs`)."""
+    return {k: _GIVEN_DEFAULTS.get(k, parser.get_default(k)) for k in _result_args(args)}
+
+
 def run_threads(requested: int | None, source):
     """dataset -> the torch thread count its runs train with: ``--threads``, else 1 on a graph
     below ``_threads.SMALL_GRAPH_NODES`` nodes (as ``train``'s default) and torch's count as
@@ -429,10 +444,13 @@ def _main(argv: Sequence[str] | None) -> dict:
         log = lambda line: print(line, file=sys.stderr)  # noqa: E731
         try:
             paths = write_outputs(out, stem, markdown, full, figures, log=log,
-                                  replace_fewer=args.replace_summary)
+                                  replace_fewer=args.replace_summary,
+                                  arg_defaults=_result_defaults(parser, args))
         except SummaryKept as exc:
             print(markdown)
             parser.error(f"{exc}; the table above was not saved")
+        finally:    # (pyplot keeps every figure open until closed: one set per call of main)
+            _close(figures)
         print(markdown)
         if paths:
             log("wrote " + ", ".join(str(p) for p in paths))

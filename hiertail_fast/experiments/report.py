@@ -266,7 +266,7 @@ def _results_of(payload: dict) -> str:
 
 def write_outputs(out: Path, stem: str, markdown: str, payload: dict,
                   figures: dict[str, Any] | None = None, log=print,
-                  replace_fewer: bool = False) -> list[Path]:
+                  replace_fewer: bool = False, arg_defaults: dict | None = None) -> list[Path]:
     """Write ``<stem>.md``, ``<stem>.json`` and ``<stem>-<figure>.png`` under ``out``, atomically.
 
     A summary made by a command with other arguments (``payload["args"]``) is never replaced:
@@ -278,16 +278,34 @@ def write_outputs(out: Path, stem: str, markdown: str, payload: dict,
     fewer runs (``summary_runs``: e.g. --report-only over an empty or other --runs-dir):
     SummaryKept is raised and nothing is written, unless ``replace_fewer``. Every new file is
     complete (temporary files) before the old set is moved aside; a failure leaves it in place.
+    ``arg_defaults``: each argument's value when not given; a summary recorded before an
+    option existed (no entry for it) has the same arguments as a command that leaves it there.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     # the name chosen and the set replaced as one step among processes (_files.folder_lock)
     with folder_lock(out):
-        return _write_outputs(out, stem, markdown, payload, figures, log, replace_fewer)
+        return _write_outputs(out, stem, markdown, payload, figures, log, replace_fewer,
+                              arg_defaults or {})
+
+
+def _same_args(old: object, new: object, defaults: dict) -> bool:
+    """Whether a summary's recorded arguments ``old`` are those of ``new`` (JSON values), an
+    argument ``old`` lacks counting as its default: an option added since (--feature-norm)
+    made every older summary "other arguments", and a rerun of its recorded command wrote a
+    hashed name beside it (seen rebuilding a committed summary, session 67)."""
+    if old == new:
+        return True
+    if not isinstance(old, dict) or not isinstance(new, dict) or set(old) - set(new):
+        return False
+    plain = json.loads(json.dumps(defaults, default=str))
+    return all(old[k] == v if k in old else (k in plain and plain[k] == v)
+               for k, v in new.items())
 
 
 def _write_outputs(out: Path, stem: str, markdown: str, payload: dict, figures, log,
-                   replace_fewer: bool) -> list[Path]:
+                   replace_fewer: bool, arg_defaults: dict) -> list[Path]:
+    new_args = json.loads(json.dumps(payload.get("args"), default=str))
     args_key = json.dumps(payload.get("args"), sort_keys=True, default=str)
     data = payload.get("data_fingerprints")
     data_key = json.dumps(data, sort_keys=True)
@@ -319,11 +337,11 @@ def _write_outputs(out: Path, stem: str, markdown: str, payload: dict, figures, 
                 old = {}
                 stem = cand
                 break
-            old_args = json.dumps(old.get("args"), sort_keys=True, default=str)
+            same_args = _same_args(old.get("args"), new_args, arg_defaults)
             old_data = old.get("data_fingerprints")
             same_data = old_data is None or data is None or old_data == data
-            if (old_args != args_key or not same_data) and i + 1 < len(candidates):
-                what = "other arguments" if old_args != args_key else "other data"
+            if (not same_args or not same_data) and i + 1 < len(candidates):
+                what = "other arguments" if not same_args else "other data"
                 log(f"{existing} comes from {what}; kept. This command writes "
                     f"{candidates[i + 1]}.*")
                 continue
