@@ -245,8 +245,15 @@ def sparse_to_coo(adj: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
                              f"{tuple(adj.shape)}, sparse_dim {adj.sparse_dim()})")
         n, m = adj.shape
         if adj.layout == torch.sparse_csr:
-            row = torch.repeat_interleave(
-                torch.arange(n, device=adj.device), adj.crow_indices().diff())
+            crow = adj.crow_indices()
+            counts = crow.diff()
+            if (crow.numel() != n + 1 or int(crow[0]) != 0 or bool((counts < 0).any())
+                    or int(crow[-1]) != adj.col_indices().numel()):
+                raise ValueError(f"a sparse CSR adjacency's crow_indices must start at 0, not "
+                                 f"decrease and end at its {adj.col_indices().numel()} entries "
+                                 f"({n + 1} of them); torch does not check them unless "
+                                 f"torch.sparse.check_sparse_tensor_invariants is on")
+            row = torch.repeat_interleave(torch.arange(n, device=adj.device), counts)
             col, w = adj.col_indices(), adj.values()
         else:
             # coalesced (duplicates summed) and read with values(): differentiable
@@ -262,6 +269,16 @@ def sparse_to_coo(adj: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
                         + ("" if not isinstance(adj, torch.Tensor) else " (dense)"))
     if n != m:
         raise ValueError(f"a sparse adjacency must be square, got {n} x {m}")
+    # torch builds sparse tensors without checking their indices (unless its invariant checks
+    # are on), and the (row, col) key below folded one outside [0, n) into another edge: a
+    # source 4 of a 3-node graph became the edge 1 -> 1 (a data audit)
+    for idx, what in ((row, "target (row)"), (col, "source (column)")):
+        if idx.numel():
+            low, high = int(idx.min()), int(idx.max())
+            if low < 0 or high >= n:
+                raise ValueError(f"a sparse adjacency's {what} indices must lie in [0, {n}), "
+                                 f"got {low if low < 0 else high}; torch does not check them "
+                                 f"unless torch.sparse.check_sparse_tensor_invariants is on")
     if w is not None and w.dtype not in FLOAT_DTYPES:
         raise TypeError(f"a sparse adjacency's values are its edge weights and must be "
                         f"floating-point (float32, float64, float16 or bfloat16), got {w.dtype}; "

@@ -184,6 +184,31 @@ def test_bad_sparse_adjacencies():
         gcn_propagate(torch.randn(4, 2), adj)
 
 
+def test_sparse_indices_outside_the_graph_are_refused():
+    # torch builds sparse tensors without checking their indices; the (row, col) key folded an
+    # index outside [0, n) into another edge: a source 4 of a 3-node graph became the edge
+    # 1 -> 1, a CSR column -1 another real edge, a target row 5 a RuntimeError from inside
+    # coo_to_csr (a data audit, session 67)
+    x = torch.randn(3, 2)
+    bad = [(torch.sparse_coo_tensor(torch.tensor([[0], [4]]), torch.ones(1), (3, 3)),
+            r"source \(column\) indices must lie in \[0, 3\), got 4"),
+           (torch.sparse_coo_tensor(torch.tensor([[5], [0]]), torch.ones(1), (3, 3)),
+            r"target \(row\) indices must lie in \[0, 3\), got 5"),
+           (torch.sparse_csr_tensor(torch.tensor([0, 1, 2, 2]), torch.tensor([0, -1]),
+                                    torch.ones(2), (3, 3)),
+            r"source \(column\) indices must lie in \[0, 3\), got -1"),
+           (torch.sparse_csc_tensor(torch.tensor([0, 1, 2, 2]), torch.tensor([0, 7]),
+                                    torch.ones(2), (3, 3)),
+            r"target \(row\) indices must lie in \[0, 3\), got 7"),
+           (torch.sparse_csr_tensor(torch.tensor([0, 2, 1, 2]), torch.tensor([0, 1]),
+                                    torch.ones(2), (3, 3)),
+            r"crow_indices must start at 0, not decrease and end at its 2 entries")]
+    for adj, message in bad:
+        for call in (lambda a=adj: CSRGraph.from_sparse(a), lambda a=adj: gcn_propagate(x, a)):
+            with pytest.raises(ValueError, match=message):
+                call()
+
+
 def test_hiertail_model_on_a_sparse_adjacency():
     """prepare_graph (and so HierTail(x, adj_t)) takes a sparse adjacency: its values as edge
     weights; a symmetric 0/1 adjacency gives the edge_index's logits."""
