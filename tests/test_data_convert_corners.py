@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import zipfile
 
 import numpy as np
@@ -73,6 +74,36 @@ def test_convert_takes_a_data_object_with_its_masks(tmp_path):
     split = load_split(tmp_path / "split.npz")
     assert [split[k].tolist() for k in ("train", "val", "test")] == [TRAIN, VAL, TEST]
     assert torch.equal(load_npz(tmp_path / "g.npz").y, Y)
+
+
+def test_convert_to_npz_says_when_a_datas_masks_are_not_written(tmp_path, capsys):
+    """Without ``split_out`` the masks were dropped without a word (a later ``--data`` run
+    took the natural split), and masks that are not one split (only train_mask, several
+    columns) refused the whole conversion with advice that did not apply (a data audit,
+    session 67): now a warning, the graph written; where the split is written (a .pt output,
+    ``split_out``) such masks are still an error."""
+    partial = Data(x=torch.arange(12.0).view(6, 2), edge_index=EI, y=Y,
+                   train_mask=torch.ones(6, dtype=torch.bool))
+    for data, what in ((_masked_data(), "train/val/test masks are not written"),
+                       (partial, "masks (data has train_mask but not val_mask, test_mask")):
+        out = tmp_path / "g.npz"
+        with pytest.warns(UserWarning, match=re.escape(f"the source's {what}")):
+            convert(data, out, force=True)
+        assert torch.equal(load_npz(out).y, Y)
+    with pytest.raises(ValueError, match="train_mask but not val_mask"):
+        convert(partial, tmp_path / "g.pt")
+    with pytest.raises(ValueError, match="train_mask but not val_mask"):
+        convert(partial, tmp_path / "h.npz", split_out=tmp_path / "s.npz")
+    # on the command line: one line, not Python's warning with its file and source line
+    torch.save(_masked_data(), tmp_path / "m.pt")
+    assert main(["convert", str(tmp_path / "m.pt"), str(tmp_path / "m.npz")]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("python -m hiertail_fast.data: warning: the source's train/val/test "
+                          "masks are not written to") and "UserWarning" not in err
+    # a weighted graph: GraphData.to_npz refuses what save_graph refuses (it dropped them)
+    with pytest.raises(ValueError, match="the graph has edge weights, which the .npz format"):
+        _graph(edge_weight=torch.full((4,), 2.0)).to_npz(tmp_path / "w.npz")
+    assert not (tmp_path / "w.npz").exists()
 
 
 def test_convert_takes_a_graphdata_and_refuses_other_objects(tmp_path):
@@ -221,7 +252,9 @@ def test_cli_force_overwrites_and_reports_the_graph(tmp_path, capsys):
     assert main(["convert", str(src), str(out), "--force"]) == 0
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err.strip() == f"wrote {out}: 6 nodes, 4 edges, 2 features, 3 classes"
+    # (after the line saying the masks are not written: test_convert_to_npz_says_...)
+    assert captured.err.strip().splitlines()[-1] == (
+        f"wrote {out}: 6 nodes, 4 edges, 2 features, 3 classes")
     assert load_npz(out).num_edges == 4
 
 

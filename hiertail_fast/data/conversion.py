@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -34,7 +35,13 @@ from hiertail_fast.data.datasets import (
     dataset_input_paths,
     load_dataset,
 )
-from hiertail_fast.data.io import GraphData, check_graph_arrays, load_npz, save_npz
+from hiertail_fast.data.io import (
+    GraphData,
+    check_graph_arrays,
+    check_unit_weights,
+    load_npz,
+    save_npz,
+)
 from hiertail_fast.data.pyg import from_pyg_data, is_pyg_data, split_from_masks, to_pyg_data
 
 __all__ = ["write_atomic", "save_graph", "convert", "main"]
@@ -52,17 +59,14 @@ def save_graph(graph: GraphData, path: Any, *, force: bool = False, split: Any =
     if path.suffix == ".pt":
         data = to_pyg_data(graph, split=split)
         return write_atomic(path, lambda tmp: torch.save(data, tmp), force=force)
-    w = graph.edge_weight
-    if w is not None and not bool((w == 1).all()):
-        raise ValueError(f"output {path}: the graph has edge weights, which the .npz format "
-                         "cannot store; drop them (edge_weight=None) or write a .pt file")
+    check_unit_weights(graph.edge_weight, path)
     return save_npz(path, graph.edge_index, graph.x, graph.y, force=force)
 
 
 def _read_source(source: Any, root: Any, download: bool) -> tuple[GraphData, Any]:
     """(graph, split or None) of a dataset name, a .npz path or a .pt file with a Data."""
     if is_pyg_data(source):
-        return from_pyg_data(source), split_from_masks(source)
+        return from_pyg_data(source), _masks(source)
     if isinstance(source, GraphData):
         return source, None
     if not isinstance(source, (str, os.PathLike)):
@@ -86,13 +90,23 @@ def _read_source(source: Any, root: Any, download: bool) -> tuple[GraphData, Any
                              f"Data ({type(exc).__name__}: {reason})") from None
         if not is_pyg_data(obj):
             raise ValueError(f"source {path}: holds a {type(obj).__name__}, not a PyG Data")
-        return from_pyg_data(obj, name=path.stem), split_from_masks(obj)
+        return from_pyg_data(obj, name=path.stem), _masks(obj)
     try:
         name = canonical_name(str(source))
     except ValueError:
         raise ValueError(f"source {str(source)!r} is neither a file nor a dataset name "
                          f"({', '.join(DATASETS)})") from None
     return load_dataset(name, root, download=download), None
+
+
+def _masks(data: Any) -> Any:
+    """A Data's split (its train / val / test masks; None without), or the ValueError that
+    says why its masks are not one split (some of the three, several columns): `convert`
+    raises it only where the split is written."""
+    try:
+        return split_from_masks(data)
+    except ValueError as exc:
+        return exc
 
 
 def _is_file_source(source: Any) -> bool:
@@ -159,6 +173,18 @@ def convert(source: Any, out: Any, *, root: Any = None, force: bool = False,
     check_graph_arrays(graph.edge_index, graph.x, graph.y, f"source {_describe(source)}")
     if split_out is not None and split is None:
         raise ValueError(f"split_out={split_out}: the source has no train/val/test masks")
+    wanted = split_out is not None or out.suffix == ".pt"
+    if isinstance(split, ValueError) and wanted:
+        raise split
+    if split is not None and not wanted:
+        # (they were dropped without a word, and a later --data run took the natural split;
+        # masks that are not one split refused the whole conversion; a data audit)
+        what = ("train/val/test masks" if not isinstance(split, ValueError)
+                else f"masks ({split})")
+        warnings.warn(f"the source's {what} are not written to {out} (the .npz format has "
+                      f"none): pass split_out= (--split-out FILE.npz) to keep a split, or "
+                      f"write a .pt file", UserWarning, stacklevel=2)
+        split = None
     save_graph(graph, out, force=force, split=split if out.suffix == ".pt" else None)
     if split_out is not None:
         arrays = {k: t.numpy() for k, t in zip(("train", "val", "test"), split, strict=True)}
@@ -204,10 +230,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--root and --download apply to a dataset name, not to the file "
                      f"{args.source} (they were ignored)")
     try:
-        g = convert(args.source, args.out, root=args.root, force=args.force,
-                    download=args.download, split_out=args.split_out)
+        with warnings.catch_warnings(record=True) as caught:    # (the filters as they are)
+            g = convert(args.source, args.out, root=args.root, force=args.force,
+                        download=args.download, split_out=args.split_out)
     except (ValueError, TypeError, OSError, ImportError) as exc:
         parser.error(str(exc))      # OSError: FileNotFound/FileExists/IsADirectory/Permission
+    for w in caught:                # one line each, not Python's file:line and source line
+        print(f"{parser.prog}: warning: {w.message}", file=sys.stderr)
     print(f"wrote {args.out}: {g.num_nodes} nodes, {g.num_edges} edges, {g.num_features} "
           f"features, {g.num_classes} classes", file=sys.stderr)
     return 0

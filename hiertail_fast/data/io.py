@@ -84,8 +84,19 @@ class GraphData:
         return torch.bincount(self.y, minlength=self.num_classes)
 
     def to_npz(self, path: PathLike, *, sparse_x: bool = False, force: bool = False) -> Path:
-        """Write the graph to ``path`` in the uniform format (see :func:`save_npz`)."""
+        """Write the graph to ``path`` in the uniform format (see :func:`save_npz`). The format
+        has no edge weights: a weighted graph is refused unless every weight is 1 (they were
+        dropped without a word, where ``save_graph`` / convert refused; a data audit)."""
+        check_unit_weights(self.edge_weight, path)
         return save_npz(path, self.edge_index, self.x, self.y, sparse_x=sparse_x, force=force)
+
+
+def check_unit_weights(edge_weight: torch.Tensor | None, path: PathLike) -> None:
+    """ValueError for edge weights other than 1, which the .npz format cannot store."""
+    if edge_weight is not None and not bool((edge_weight == 1).all()):
+        raise ValueError(f"output {path}: the graph has edge weights, which the .npz format "
+                         "cannot store; drop them (edge_weight=None) or write a .pt file "
+                         "(hiertail_fast.data.conversion.save_graph)")
 
 
 def _np(a: Any) -> np.ndarray:
