@@ -648,6 +648,18 @@ def test_tail_baselines_on_too_few_classes_are_refused_before_any_run(tmp_path, 
     assert ("dataset synthetic has 2 classes, and smote, imgagn take its last 3 labels as the "
             "tail classes") in err
     assert not (tmp_path / "o").exists()
+    # semi-synthetic: the graph it trains on keeps the classes large enough for its split
+    # (2 of 8 here; the source graph's 8 passed the check, and reweight raised from inside its
+    # runs after origin had trained; a review, session 67)
+    with pytest.raises(SystemExit) as exc:
+        main(["semi-synthetic", "--synthetic", "--synthetic-nodes", "300",
+              "--synthetic-classes", "8", "--alpha", "0.5", "--val-per-class", "10",
+              "--test-per-class", "15", "--seeds", "1", "--epochs", "2", "--no-progress",
+              "--methods", "origin,reweight", "--out", str(tmp_path / "s")])
+    assert exc.value.code == 2
+    assert ("the semi-synthetic graph of synthetic has 2 classes, and reweight takes its last "
+            "3 labels") in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
 
 
 def test_adj_norm_on_rows_without_the_option_is_refused(tmp_path, monkeypatch, capsys):

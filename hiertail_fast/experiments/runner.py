@@ -362,6 +362,13 @@ class DataSource:
             self._fingerprints[key] = data_fingerprint(self._semi(spec, 0).data)
         return self._fingerprints[key]
 
+    def run_classes(self, spec: RunSpec) -> int:
+        """The number of classes of the graph a run of ``spec`` trains on (a semi-synthetic
+        graph keeps only the classes large enough for its split)."""
+        if spec.split[0] != "semi_lt":
+            return int(self.load(spec.dataset).num_classes)
+        return int(self._semi(spec, 0).data.num_classes)
+
     def _semi(self, spec: RunSpec, split_seed: int):
         """The semi-synthetic graph of a ``("semi_lt", alpha, val, test, bug)`` split (its
         graph does not depend on ``split_seed``, only its train / val / test nodes)."""
