@@ -376,6 +376,13 @@ def test_config_replace_with_another_method_takes_its_defaults():
     assert moved.replace(method="graphmixup", hidden=32).hidden == 32
     # the same method: nothing resolved again
     assert BaselineConfig(method="graphmixup").replace(dropout=0.2).hidden == 128
+    # through a chain of replace calls (a review, session 67): the first one's copy forgot
+    # which fields were left to the method
+    chained = BaselineConfig().replace(weight_decay=1e-4).replace(method="graphmixup")
+    assert chained == BaselineConfig(method="graphmixup", weight_decay=1e-4)
+    back = BaselineConfig(method="graphmixup").replace(lr=0.002).replace(method="origin")
+    assert back == BaselineConfig(method="origin", lr=0.002)
+    assert BaselineConfig().replace(hidden=32).replace(method="graphmixup").hidden == 32
 
 
 def test_config_refuses_another_methods_options():

@@ -321,10 +321,17 @@ class BaselineConfig:
         ``BaselineConfig().replace(method="graphmixup")`` is ``BaselineConfig(method=
         "graphmixup")`` (it kept origin's 64 / 0.5 / 0.01 / 1 / True; a baselines audit).
         ``dataclasses.replace`` copies the resolved values as they are."""
+        defaulted = getattr(self, "_defaulted", frozenset())
         if changes.get("method", self.method) != self.method:
-            for name in getattr(self, "_defaulted", ()):
+            for name in defaulted:
                 changes.setdefault(name, None)
-        return replace(self, **changes)
+            return replace(self, **changes)
+        # the same method: the copy is built from resolved values; it keeps the record of
+        # which were left to the method, less those changed now (a chain of replace calls,
+        # .replace(lr=...).replace(method=...), kept the first method's; a review)
+        out = replace(self, **changes)
+        object.__setattr__(out, "_defaulted", defaulted - set(changes))
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """The fields the method uses, plus ``faithful``: for every official-vs-fix choice the
