@@ -758,6 +758,27 @@ def test_an_unreadable_summary_is_named_and_kept(tmp_path, capsys):
     assert (out / f"{stem}.prev.json").read_bytes() == broken   # kept, one generation
 
 
+def test_an_unreadable_summary_of_another_command_does_not_block_this_one(tmp_path, capsys):
+    # an unreadable plain-named summary refused a command whose own summary sits at a hashed
+    # name, and --replace-summary then wrote into the other command's slot (a review,
+    # session 67): the command finds its own further on and keeps the unreadable one
+    out = tmp_path / "pc"
+    main(["per-class", *TINY, "--out", str(out)])
+    main(["per-class", *TINY, "--lr", "0.02", "--out", str(out)])
+    stem = "per-class-s1-e3-p1000"
+    (hashed,) = [p.name for p in out.glob(f"{stem}-*.json")]
+    (out / f"{stem}.json").write_text("{broken")
+    capsys.readouterr()
+    main(["per-class", *TINY, "--lr", "0.02", "--out", str(out), "--report-only"])
+    err = capsys.readouterr().err
+    assert f"{stem}.json cannot be read as a summary" in err and "; kept" in err
+    assert f"{hashed[:-5]}.md already holds these results" in err
+    assert (out / f"{stem}.json").read_text() == "{broken"
+    with pytest.raises(SystemExit) as exc:          # the first command's own: it may be it
+        main(["per-class", *TINY, "--out", str(out), "--report-only"])
+    assert exc.value.code == 2 and "and it may be this command's" in capsys.readouterr().err
+
+
 def test_thread_count_follows_each_dataset_not_the_command(tmp_path, monkeypatch):
     """Without --threads a run on a graph below 5,000 nodes trains on 1 thread and a larger
     one on torch's count, per dataset: the count was once set for the whole command (1 only

@@ -316,6 +316,7 @@ def _write_outputs(out: Path, stem: str, markdown: str, payload: dict, figures, 
     candidates = [stem, f"{stem}-{hashlib.sha256(args_key.encode()).hexdigest()[:8]}",
                   f"{stem}-{hashlib.sha256((args_key + data_key).encode()).hexdigest()[:8]}"]
     old: dict | None = None
+    unreadable = None       # (stem, path, error) of the first summary .json that cannot be read
     for i, cand in enumerate(candidates):
         existing = out / f"{cand}.json"
         if not existing.is_file():
@@ -326,15 +327,13 @@ def _write_outputs(out: Path, stem: str, markdown: str, payload: dict, figures, 
                 if not isinstance(old, dict):
                     raise ValueError(f"a JSON {type(old).__name__}, not an object")
             except (OSError, ValueError) as exc:
-                # (read as {} before: "comes from other arguments; kept", and every later run
-                # of the same command wrote to a hashed name beside the stale .md; an
-                # experiments audit)
-                if not replace_fewer:
-                    raise SummaryKept(
-                        f"{existing} cannot be read as a summary ({exc}); it is kept: move it "
-                        f"and its .md / .png away, or pass --replace-summary to replace it "
-                        f"(it is then kept as {cand}.prev.*)") from exc
-                old = {}
+                # whose it is cannot be known: this command's own summary may be further on
+                # (it was read as {}, "other arguments", and when it was this command's, every
+                # later run wrote to a hashed name beside the stale .md; an experiments audit)
+                unreadable = unreadable or (cand, existing, exc)
+                old = None
+                if i + 1 < len(candidates):
+                    continue
                 stem = cand
                 break
             same_args = _same_args(old.get("args"), new_args, arg_defaults)
@@ -347,6 +346,17 @@ def _write_outputs(out: Path, stem: str, markdown: str, payload: dict, figures, 
                 continue
         stem = cand
         break
+    if unreadable is not None:
+        cand, existing, exc = unreadable
+        if old is not None:         # this command's own summary, found further on
+            log(f"{existing} cannot be read as a summary ({exc}); kept")
+        elif not replace_fewer:     # none found further on: the unreadable one may be it
+            raise SummaryKept(
+                f"{existing} cannot be read as a summary ({exc}), and it may be this "
+                f"command's; it is kept: move it and its .md / .png away, or pass "
+                f"--replace-summary to replace it (it is then kept as {cand}.prev.*)") from exc
+        else:
+            stem, old = cand, {}
     if old is not None and not replace_fewer:
         had, has = summary_runs(old), summary_runs(payload)
         if has < had:
