@@ -3,7 +3,7 @@
 One place for a policy three callers share (``train``'s CLI, the experiments' CLI, and the
 experiment runner), so none of them imports it from another's module. The count matters for
 results, not only speed: the loss's float sums are split by thread, so its last bits depend on
-it (README, determinism)."""
+it (docs/GUARANTEES.md, determinism)."""
 from __future__ import annotations
 
 import contextlib

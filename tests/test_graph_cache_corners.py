@@ -1,8 +1,8 @@
 """CSRGraph's caches, weight versions, copies and pickles (``graph.py``): corners a mutation
 audit of 2026-12-03 found unchecked (each test failed on the mutant it describes, passes on
-main). README: "Cached operators, degrees, transposes and A² follow in-place updates of the
-edge weights" and "changing [the arrays] in place afterwards makes every later call raise ...
-The same holds for a copy".
+main). docs/GUARANTEES.md: "Cached operators, degrees, transposes and A² follow in-place
+updates of the edge weights" and "changing [the arrays] in place afterwards makes every later
+call raise ... The same holds for a copy".
 
 - a pickled / torch.save'd copy records its loaded arrays' versions: an edit after the load
   raises (it was served silently).

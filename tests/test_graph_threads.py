@@ -1,7 +1,7 @@
-"""CSRGraph's lock under threads and forks (README: "One graph may be used from several threads
-(its caches are checked and filled under a lock of its own ...)"; a forked child gets the locks
-new). Each interleaving is forced (a barrier, or a thread paused at most 1 s inside a cache
-step), so a missing lock shows every time, not by chance. From a mutation audit (s42): the
+"""CSRGraph's lock under threads and forks (docs/GUARANTEES.md: "One graph may be used from several
+threads (its caches are checked and filled under a lock of its own ...)"; a forked child gets
+the locks new). Each interleaving is forced (a barrier, or a thread paused at most 1 s inside a
+cache step), so a missing lock shows every time, not by chance. From a mutation audit (s42): the
 lock made twice at a graph's first use, a fork while that lock is being made, a loaded graph's
 lock, and ``clear_cache`` / ``_cached`` / ``_check_weights`` outside the lock all passed."""
 from __future__ import annotations
