@@ -90,6 +90,23 @@ def test_relabel_by_size(tmp_path):
     np.testing.assert_array_equal(g.label_map, label_map)
 
 
+def test_relabel_by_size_names_labels_it_cannot_take():
+    # public (the baselines' warning names it): float labels were truncated (2 classes from
+    # [0.5, 1.5, 1.7, 1.2]), a 2-D y flattened, a -1 or a uint64 label >= 2**63 failed inside
+    # numpy (a data audit, session 67)
+    for y, exc, message in ((np.array([0.5, 1.5, 1.7, 1.2]), TypeError, "integer array"),
+                            (torch.tensor([0.0, 1.0]), TypeError, "integer array"),
+                            (np.array([[0, 1], [1, 1]]), ValueError, r"1-D \[n\], got shape"),
+                            (np.array([0, -1, 1]), ValueError, r"negative labels \(min -1\)"),
+                            (np.array([0, 2**63], dtype=np.uint64), ValueError,
+                             "above int64's range")):
+        for call in (relabel_by_size, size_order):
+            with pytest.raises(exc, match=message):
+                call(y)
+    new, label_map = relabel_by_size(torch.tensor([1, 1, 0]))       # a tensor is fine
+    np.testing.assert_array_equal(new, [0, 0, 1])
+
+
 def _write(path, **arrays):
     with open(path, "wb") as fh:
         np.savez(fh, **arrays)

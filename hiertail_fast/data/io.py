@@ -226,12 +226,28 @@ def _csr_to_dense(z: Any, where: str) -> np.ndarray:
     return dense
 
 
+def _label_array(y: Any) -> np.ndarray:
+    """``y`` as a numpy array of labels: 1-D, integer, in [0, int64's largest]. (Float labels
+    were truncated, a 2-D y flattened, a -1 or a uint64 label >= 2**63 failed inside numpy;
+    relabel_by_size is public: a data audit.)"""
+    a = _np(y)
+    if not _is_int(a):
+        raise TypeError(f"y must be an integer array of labels, got {a.dtype}")
+    if a.ndim != 1:
+        raise ValueError(f"y must be 1-D [n], got shape {a.shape}")
+    if a.size and int(a.min()) < 0:
+        raise ValueError(f"y has negative labels (min {int(a.min())})")
+    if a.size and int(a.max()) > INT64_MAX:
+        raise ValueError(f"y has labels above int64's range (max {int(a.max())})")
+    return a
+
+
 def size_order(y: Any) -> tuple[np.ndarray, np.ndarray]:
     """``(new_y, original_labels)``: the labels relabelled by descending class size (class 0
     largest, ties in ascending original label) and ``original_labels[new]`` = the original
     label of class ``new``. Only the labels present count; memory O(n) whatever the largest
     label (np.unique, no table indexed by label)."""
-    y = _np(y).astype(np.int64, copy=False)
+    y = _label_array(y).astype(np.int64, copy=False)
     present, inverse, counts = np.unique(y, return_inverse=True, return_counts=True)
     order = np.argsort(-counts, kind="stable")   # order[new] = index into present (ascending)
     rank = np.empty_like(order)
