@@ -4,6 +4,7 @@ sparse tensors, ``torch_sparse.SparseTensor``). Same orientation and duplicate r
 `hiertail_fast.graph` docstring; nothing here mutates a caller's tensor."""
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 
@@ -285,6 +286,35 @@ def sparse_to_coo(adj: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
                         f"for an unweighted graph pass adj.float() (or its edge_index)")
     w = check_edge_weight(w, row.numel(), "the sparse adjacency's value tensor (its edge weights)")
     return row.long(), col.long(), w, check_num_nodes(n)
+
+
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+# bytes per node of a graph's node-indexed arrays at build time (row pointers, a count, a
+# degree: int64 / float64 each); their sum past the machine's memory cannot be built
+NODE_ARRAY_BYTES = 24
+
+
+def check_node_arrays_fit(n: int, device: torch.device, inferred: bool) -> None:
+    """ValueError when a CPU graph of ``n`` nodes needs more memory for its node-indexed arrays
+    alone than the machine has: one edge to a raw id of 3,000,000,000 made n the id + 1 and a
+    ~24 GB allocation, the process killed by the OS (a data audit). ``inferred``: n was taken
+    from the largest id (no num_nodes given)."""
+    total = physical_memory() if device.type == "cpu" else None
+    need = NODE_ARRAY_BYTES * (n + 1)
+    if total is None or need <= total:
+        return
+    what = "num_nodes was taken as the largest node id + 1" if inferred else "num_nodes"
+    raise ValueError(f"{what} = {n:,}: the graph's node arrays alone would need "
+                     f"~{need / 1e9:.3g} GB, more than this machine's {total / 1e9:.3g} GB; "
+                     + ("pass num_nodes, or number the nodes 0..n-1 (torch.unique(edge_index, "
+                        "return_inverse=True))" if inferred else "number the nodes 0..n-1"))
 
 
 HUB_ROW_ENTRIES = 1 << 12  # rows longer than this are summed in pieces (`split_long_rows`)

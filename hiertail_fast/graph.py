@@ -32,6 +32,7 @@ import torch
 
 from hiertail_fast._csr import (  # noqa: F401  (is_sparse_adjacency: re-exported)
     check_csr,
+    check_node_arrays_fit,
     coo_to_csr,
     csr_square,
     deg_inv_sqrt,
@@ -129,9 +130,11 @@ class CSRGraph(GraphCaches):
             num_nodes = check_num_nodes(num_nodes)
         ei = check_edge_index(edge_index, num_nodes)
         w = check_edge_weight(edge_weight, ei.shape[1])
-        if num_nodes is None:
+        inferred = num_nodes is None
+        if inferred:
             num_nodes = int(ei.max()) + 1 if ei.numel() else 0
             check_num_nodes(num_nodes)
+        check_node_arrays_fit(num_nodes, ei.device, inferred)
         src, dst = ei[0].long(), ei[1].long()
         if remove_self_loops:
             keep = src != dst
@@ -160,6 +163,7 @@ class CSRGraph(GraphCaches):
         a duplicate entry stays a separate unit entry, so it counts twice in every propagation,
         as torch_sparse's own product and PyG count it). O(nnz log nnz) (one sort)."""
         row, col, w, n = sparse_to_coo(adj)
+        check_node_arrays_fit(n, row.device, inferred=False)
         # without values there is no weight to sum duplicates into: unweighted deduplication
         # would keep one of them (PyG's GCNConv on the same adj_t counts both)
         return cls._from_coo(row, col, w, n, dedupe=w is not None)
