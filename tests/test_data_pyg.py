@@ -298,3 +298,26 @@ def test_integer_edge_weights_become_float():
     g = from_pyg_data(d)
     assert g.edge_weight.is_floating_point() and g.edge_weight.tolist() == [2.0, 3.0]
     assert d.edge_weight.dtype == torch.int64          # the Data itself is left as it was
+
+
+def test_from_pyg_data_takes_a_sparse_or_numpy_x_and_names_num_nodes_right():
+    # a torch_sparse SparseTensor or numpy x was reported "data.x is missing", and a Data's
+    # num_nodes of 5 over an x of 3 rows was reported as "num_nodes=3 but the Data has 5
+    # nodes" (a data audit, session 67)
+    ei, y = torch.tensor([[0, 1], [1, 2]]), torch.tensor([0, 1, 1])
+    dense = torch.arange(6.0).view(3, 2)
+    xs = [dense.numpy()]
+    try:
+        import torch_sparse
+        xs.append(torch_sparse.SparseTensor.from_dense(dense))
+    except ImportError:                 # (the optional pyg extra)
+        pass
+    for x in xs:
+        g = from_pyg_data(Data(x=x, edge_index=ei, y=y, num_nodes=3))
+        assert torch.equal(g.x, dense)
+    with pytest.raises(TypeError, match="data.x must be a tensor of node features"):
+        from_pyg_data(Data(x=[[1.0]] * 3, edge_index=ei, y=y, num_nodes=3))
+    with pytest.raises(ValueError, match="data.x is missing"):
+        from_pyg_data(Data(edge_index=ei, y=y, num_nodes=3))
+    with pytest.raises(ValueError, match=r"^data.num_nodes = 5 but data.x has 3 rows$"):
+        from_pyg_data(Data(x=dense, edge_index=ei, y=y, num_nodes=5))

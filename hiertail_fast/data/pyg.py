@@ -24,6 +24,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from hiertail_fast._validation import INDEX_DTYPES, all_finite
@@ -102,8 +103,16 @@ def from_pyg_data(data: Any, *, name: str | None = None) -> GraphData:
     if not is_pyg_data(data):
         raise TypeError(f"data must be a torch_geometric.data.Data, got {type(data).__name__}")
     x, y = _get(data, "x"), _get(data, "y")
-    if not isinstance(x, torch.Tensor):
+    if x is None:
         raise ValueError("data.x is missing: HierTail needs node features x [n, F]")
+    # (a torch_sparse SparseTensor or a numpy x was reported "missing"; a data audit)
+    if type(x).__name__ == "SparseTensor" and hasattr(x, "to_dense"):
+        x = x.to_dense()
+    elif isinstance(x, np.ndarray):
+        x = torch.from_numpy(np.ascontiguousarray(x))
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"data.x must be a tensor of node features [n, F], got "
+                        f"{type(x).__name__}")
     if x.layout != torch.strided:  # e.g. AttributedGraphDataset's sparse CSR x (> 10k features)
         x = x.to_dense()
     if x.dim() != 2:
@@ -121,6 +130,10 @@ def from_pyg_data(data: Any, *, name: str | None = None) -> GraphData:
     n = x.shape[0]
     if y.shape[0] != n:
         raise ValueError(f"data.y has {y.shape[0]} labels but data.x has {n} rows")
+    given = data["num_nodes"] if "num_nodes" in data else None    # set, not inferred by PyG
+    if given is not None and int(given) != n:
+        # (graph_inputs' own message named the two the other way round; a data audit)
+        raise ValueError(f"data.num_nodes = {int(given)} but data.x has {n} rows")
     if not y.numel():
         raise ValueError("data has no nodes")
     if int(y.min()) < 0:
