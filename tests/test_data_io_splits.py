@@ -617,3 +617,16 @@ def test_a_torch_save_file_is_named_as_one(tmp_path, name):
     assert (f"is a torch.save file (a .pt), not the uniform .npz format; {rename}convert a "
             f"saved PyG Data with `python -m hiertail_fast.data convert "
             f"{tmp_path / 'graph.pt'} OUT.npz`") in str(exc.value)
+
+
+def test_save_npz_takes_the_tensors_from_pyg_data_takes(tmp_path):
+    # a bfloat16 x gave torch's "Got unsupported ScalarType BFloat16", a sparse x torch's own
+    # TypeError, a meta x a NotImplementedError (a data audit, session 67)
+    ei, y = torch.tensor([[0, 1], [1, 2]]), torch.tensor([0, 1, 1])
+    dense = torch.tensor([[1.0, 0.0], [0.0, 2.0], [0.5, 0.0]])
+    for x in (dense.bfloat16(), dense.to_sparse(), dense.to_sparse_csr()):
+        path = save_npz(tmp_path / "g.npz", ei, x, y, force=True)
+        assert torch.equal(load_npz(path).x, dense)
+    with pytest.raises(ValueError, match="'x' is on the meta device"):
+        save_npz(tmp_path / "m.npz", ei, torch.empty(3, 2, device="meta"), y)
+    assert not (tmp_path / "m.npz").exists()

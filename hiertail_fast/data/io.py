@@ -101,8 +101,21 @@ def check_unit_weights(edge_weight: torch.Tensor | None, path: PathLike) -> None
 
 def _np(a: Any) -> np.ndarray:
     if isinstance(a, torch.Tensor):
-        return a.detach().cpu().numpy()
+        a = a.detach()
+        if a.layout != torch.strided:       # a sparse x (torch's own TypeError before)
+            a = a.to_dense()
+        if a.dtype == torch.bfloat16:       # numpy has none ("unsupported ScalarType")
+            a = a.float()
+        return a.cpu().numpy()
     return np.asarray(a)
+
+
+def _graph_arrays(edge_index: Any, x: Any, y: Any, where: str) -> tuple:
+    """The three as numpy arrays; a meta tensor (no values) is a ValueError naming it."""
+    for name, t in (("edge_index", edge_index), ("x", x), ("y", y)):
+        if isinstance(t, torch.Tensor) and t.device.type == "meta":   # torch's "no data!"
+            raise ValueError(f"{where}: '{name}' is on the meta device: it has no values")
+    return _np(edge_index), _np(x), _np(y)
 
 
 def _is_int(a: np.ndarray) -> bool:
@@ -160,10 +173,7 @@ def _float32_features(x: np.ndarray, where: str) -> np.ndarray:
 def check_graph_arrays(edge_index: Any, x: Any, y: Any, where: str) -> None:
     """The checks of :func:`load_npz` / :func:`save_npz` on arrays or tensors (ValueError
     naming ``where`` and the problem), float32's range of ``x`` included."""
-    for name, t in (("edge_index", edge_index), ("x", x), ("y", y)):
-        if isinstance(t, torch.Tensor) and t.device.type == "meta":   # torch's "no data!"
-            raise ValueError(f"{where}: '{name}' is on the meta device: it has no values")
-    ei, xx, yy = _np(edge_index), _np(x), _np(y)
+    ei, xx, yy = _graph_arrays(edge_index, x, y, where)
     _check_arrays(ei, xx, yy, where)
     _float32_features(xx, where)
 
@@ -397,8 +407,8 @@ def save_npz(
     """
     force = check_flag(force, "force")
     path = check_path(path, "path")
-    ei, xx, yy = _np(edge_index), _np(x), _np(y)
     where = f"save_npz({path})"
+    ei, xx, yy = _graph_arrays(edge_index, x, y, where)
     _check_arrays(ei, xx, yy, where)
     arrays = {"edge_index": ei.astype(np.int64), "y": yy.astype(np.int64)}
     xx = _float32_features(xx, where)
