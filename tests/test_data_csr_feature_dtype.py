@@ -32,3 +32,20 @@ def test_complex_sparse_features_are_refused_like_dense_ones(tmp_path):
         warnings.simplefilter("error")       # a ComplexWarning instead of the error: a failure
         with pytest.raises(ValueError, match=r"csr\.npz.*x_data.*complex"):
             load_npz(path)
+
+
+def test_unsigned_csr_parts_load_and_an_enormous_shape_is_named(tmp_path):
+    """uint64 x_indptr / x_shape (valid CSR parts) and an x_shape past the address space
+    (3 x 2**62: numpy's ValueError "array is too big", not a MemoryError) were both reported as
+    "a corrupt member, or an object array" (a data audit, session 67)."""
+    def write(name, indptr, shape):
+        with open(tmp_path / name, "wb") as fh:
+            np.savez(fh, edge_index=np.zeros((2, 0), np.int64), y=np.array([0, 1, 0]),
+                     x_data=np.array([1.0, 2.0]), x_indices=np.array([0, 1]),
+                     x_indptr=indptr, x_shape=shape)
+        return tmp_path / name
+    g = load_npz(write("u.npz", np.array([0, 1, 1, 2], np.uint64), np.array([3, 2], np.uint64)))
+    assert g.x.tolist() == [[1.0, 0.0], [0.0, 0.0], [0.0, 2.0]]
+    with pytest.raises(ValueError, match=r"'x_shape' 3 x 4611686018427387904 densify to "
+                       r".* more than this machine can allocate"):
+        load_npz(write("big.npz", np.array([0, 1, 1, 2]), np.array([3, 2**62])))

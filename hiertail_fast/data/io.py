@@ -205,6 +205,11 @@ def _csr_to_dense(z: Any, where: str) -> np.ndarray:
     rows, cols = int(shape[0]), int(shape[1])
     if indptr.ndim != 1 or indptr.shape[0] != rows + 1 or not _is_int(indptr):
         raise ValueError(f"{where}: 'x_indptr' must be an integer array of length {rows + 1}")
+    if indptr.size and int(indptr.max()) > INT64_MAX:
+        raise ValueError(f"{where}: 'x_indptr' has entries above int64's range")
+    # (uint64 parts are valid: their differences wrapped in unsigned arithmetic and np.repeat
+    # failed, reported as "a corrupt member"; a data audit)
+    indptr = indptr.astype(np.int64, copy=False)
     if indptr[0] != 0 or np.any(np.diff(indptr) < 0):
         raise ValueError(f"{where}: 'x_indptr' must start at 0 and be non-decreasing")
     nnz = int(indptr[-1])
@@ -223,7 +228,8 @@ def _csr_to_dense(z: Any, where: str) -> np.ndarray:
     row = np.repeat(np.arange(rows, dtype=np.int64), np.diff(indptr))
     try:
         dense = np.zeros((rows, cols), dtype=np.float32)
-    except MemoryError:     # was "cannot decode arrays (a corrupt member ...)"
+    except (MemoryError, ValueError):   # was "cannot decode arrays (a corrupt member ...)";
+        # (numpy raises ValueError "array is too big" past the address space: 3 x 2**62)
         raise ValueError(f"{where}: the sparse features 'x_shape' {rows} x {cols} densify to "
                          f"{rows * cols * 4 / 1e9:.3g} GB of float32, more than this machine "
                          f"can allocate") from None
