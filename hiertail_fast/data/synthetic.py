@@ -99,7 +99,9 @@ def _head_share(a: float, h: int, c: int) -> float:
 def zipf_class_sizes(
     num_nodes: int, num_classes: int, head_fraction: float = 0.2, head_mass: float = 0.8
 ) -> np.ndarray:
-    """Class sizes int64 [C], non-increasing, sum n, head round(head_fraction·C) ≈ head_mass·n."""
+    """Class sizes int64 [C], non-increasing, sum n, head round(head_fraction·C) ≈ head_mass·n
+    (every class keeps at least 1-2 nodes: with few nodes per class the head holds less, and
+    `make_synthetic_graph` warns)."""
     n, c = _int_arg("num_nodes", num_nodes), _int_arg("num_classes", num_classes)
     head_fraction = _real_arg("head_fraction", head_fraction)
     head_mass = _real_arg("head_mass", head_mass)
@@ -189,6 +191,21 @@ def _check(cond: bool, msg: str) -> None:
 # how far the realised graph may miss the request before make_synthetic_graph says so
 DEGREE_SHORTFALL = 0.05          # relative, of avg_degree
 HOMOPHILY_MISS = 0.05            # absolute
+HEAD_MASS_MISS = 0.05            # absolute, of the share of the nodes in the head classes
+
+
+def _warn_if_not_long_tailed(realised: float, head_mass: float, n: int, c: int) -> None:
+    """A UserWarning when the head classes hold another share of the nodes than asked: every
+    class keeps at least one or two nodes, so few nodes per class leave the Zipf law no room
+    (100 nodes, 50 classes: all classes equal, the head 0.20 of the nodes, not 0.8; 300 nodes,
+    70 classes: one class of 161 and the rest 2-3; a data audit). The realised share is in
+    ``stats["head_mass"]``."""
+    if abs(realised - head_mass) > HEAD_MASS_MISS:
+        warnings.warn(
+            f"make_synthetic_graph: the head classes hold {realised:.3g} of the nodes, asked "
+            f"for head_mass {head_mass:g}: {n} nodes are too few for {c} long-tailed classes "
+            "(each keeps at least 1-2 nodes; more nodes or fewer classes get closer); the "
+            "realised share is in .stats['head_mass']", UserWarning, stacklevel=3)
 
 
 def _warn_if_short(stats: dict, avg_degree: float, homophily: float) -> None:
@@ -355,9 +372,12 @@ def make_synthetic_graph(
                   num_features=f, head_fraction=head_fraction, head_mass=head_mass,
                   degree_exponent=degree_exponent, class_sep=class_sep,
                   feature_noise=feature_noise, seed=seed)
+    h = min(max(1, round(head_fraction * c)), c - 1)          # zipf_class_sizes' head
     stats = dict(homophily=keys_in.shape[0] / num_und if num_und else float("nan"),
-                 avg_degree=2.0 * num_und / n, num_undirected_edges=num_und)
+                 avg_degree=2.0 * num_und / n, num_undirected_edges=num_und,
+                 head_mass=float(sizes[:h].sum() / n))
     _warn_if_short(stats, avg_degree, homophily)
+    _warn_if_not_long_tailed(stats["head_mass"], head_mass, n, c)
     return SyntheticGraph(
         edge_index=torch.from_numpy(edge_index),
         x=torch.from_numpy(x),
