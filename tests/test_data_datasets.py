@@ -367,7 +367,18 @@ def test_convert_never_writes_over_its_source(tmp_path, capsys):
     err = _convert_exit_2(["convert", "wiki", str(tmp_path / "wiki" / "raw" / "w.npz"),
                            "--root", str(tmp_path)], capsys)
     assert f"is an input of source wiki ({tmp_path / 'wiki'})" in err
+    # the dataset's .npz where it is not there yet: nothing would be overwritten, and the
+    # message said so (a data audit, session 67); refused for what it would do instead
+    err = _convert_exit_2(["convert", "wiki", str(tmp_path / "wiki.npz"), "--root",
+                           str(tmp_path)], capsys)
+    assert (f"is where the source wiki is read from first when it exists "
+            f"({tmp_path / 'wiki.npz'}): every later load would read the converted graph") in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["email.npz"]
+    # a suffix in capitals is the format it names (load_npz reads G.NPZ; convert refused it)
+    assert main(["convert", str(src), str(tmp_path / "UP.NPZ")]) == 0
+    assert main(["convert", str(tmp_path / "UP.NPZ"), str(tmp_path / "UP.PT")]) == 0
+    assert load_npz(tmp_path / "UP.NPZ").num_nodes == 3
+    (tmp_path / "UP.NPZ").unlink(), (tmp_path / "UP.PT").unlink()
 
 
 def test_source_pyg_for_a_dataset_without_pyg_class(tmp_path):

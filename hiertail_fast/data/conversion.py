@@ -49,14 +49,20 @@ __all__ = ["write_atomic", "save_graph", "convert", "main"]
 _FORMATS = (".npz", ".pt")
 
 
+def _suffix(path: Path) -> str:
+    """The suffix that picks a file's format, in any case (load_npz reads G.NPZ; convert
+    refused it as "expected a .npz or .pt file"; a data audit)."""
+    return path.suffix.lower()
+
+
 def save_graph(graph: GraphData, path: Any, *, force: bool = False, split: Any = None) -> Path:
     """Write ``graph`` atomically: ``.npz`` uniform format or ``.pt`` PyG ``Data`` (with the
     masks of ``split``). The .npz format has no edge weights: a weighted graph is refused
     unless every weight is 1."""
     path = check_path(path, "path")
-    if path.suffix not in _FORMATS:
+    if _suffix(path) not in _FORMATS:
         raise ValueError(f"output {path}: the suffix must be one of {_FORMATS}")
-    if path.suffix == ".pt":
+    if _suffix(path) == ".pt":
         data = to_pyg_data(graph, split=split)
         return write_atomic(path, lambda tmp: torch.save(data, tmp), force=force)
     check_unit_weights(graph.edge_weight, path)
@@ -78,9 +84,9 @@ def _read_source(source: Any, root: Any, download: bool) -> tuple[GraphData, Any
             raise IsADirectoryError(f"source {path} is a directory, not a .npz or .pt file")
         if not path.is_file():
             raise FileNotFoundError(f"source file not found: {path}")
-        if path.suffix == ".npz":
+        if _suffix(path) == ".npz":
             return load_npz(path), None
-        if path.suffix != ".pt":
+        if _suffix(path) != ".pt":
             raise ValueError(f"source {path}: expected a .npz or .pt file")
         try:
             obj = torch.load(path, map_location="cpu", weights_only=False)
@@ -115,7 +121,7 @@ def _is_file_source(source: Any) -> bool:
     never a source file, and PyG's own folders (``ROOT/cora``, ``ROOT/wiki``) made every
     ``convert cora ...`` run inside the data root fail ("--root ... not to the file cora")."""
     path = Path(source)
-    if path.suffix in _FORMATS:
+    if _suffix(path) in _FORMATS:
         return True
     if path.is_dir():
         try:
@@ -149,7 +155,7 @@ def convert(source: Any, out: Any, *, root: Any = None, force: bool = False,
     """
     out = check_path(out, "out")
     split_out = None if split_out is None else check_path(split_out, "split_out")
-    if out.suffix not in _FORMATS:
+    if _suffix(out) not in _FORMATS:
         raise ValueError(f"output {out}: the suffix must be one of {_FORMATS}")
     if split_out is not None and same_file(out, split_out):
         raise ValueError(f"split_out={split_out} is the output file itself: the split would "
@@ -160,6 +166,12 @@ def convert(source: Any, out: Any, *, root: Any = None, force: bool = False,
         if p.is_dir():
             raise IsADirectoryError(f"output {p} is a directory, not a file")
         src = overwritten_input(p, _source_paths(source, root))
+        if src is not None and not src.exists() and same_file(p, src):
+            # (the dataset's .npz, not there yet: nothing to overwrite; a data audit)
+            raise ValueError(f"output {p} is where the source {_describe(source)} is read from "
+                             f"first when it exists ({src}): every later load would read the "
+                             "converted graph there in place of the raw files; write to "
+                             "another file")
         if src is not None:
             raise ValueError(f"output {p} is an input of source {_describe(source)} ({src}): "
                              "it would be overwritten (with --force) by the converted graph; "
@@ -173,7 +185,7 @@ def convert(source: Any, out: Any, *, root: Any = None, force: bool = False,
     check_graph_arrays(graph.edge_index, graph.x, graph.y, f"source {_describe(source)}")
     if split_out is not None and split is None:
         raise ValueError(f"split_out={split_out}: the source has no train/val/test masks")
-    wanted = split_out is not None or out.suffix == ".pt"
+    wanted = split_out is not None or _suffix(out) == ".pt"
     if isinstance(split, ValueError) and wanted:
         raise split
     if split is not None and not wanted:
@@ -185,7 +197,7 @@ def convert(source: Any, out: Any, *, root: Any = None, force: bool = False,
                       f"none): pass split_out= (--split-out FILE.npz) to keep a split, or "
                       f"write a .pt file", UserWarning, stacklevel=2)
         split = None
-    save_graph(graph, out, force=force, split=split if out.suffix == ".pt" else None)
+    save_graph(graph, out, force=force, split=split if _suffix(out) == ".pt" else None)
     if split_out is not None:
         arrays = {k: t.numpy() for k, t in zip(("train", "val", "test"), split, strict=True)}
         write_atomic(split_out, lambda tmp: _savez(tmp, arrays), force=force)
