@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import warnings
 import zipfile
 
 import numpy as np
@@ -351,3 +352,17 @@ def test_convert_inside_the_data_root_next_to_pyg_folders(tmp_path, monkeypatch,
     (tmp_path / "mydir").mkdir()
     err = _convert_exit_2(["convert", "mydir", "o.npz"], capsys)
     assert "source mydir is a directory" in err
+
+
+def test_convert_names_the_data_attributes_it_does_not_carry(tmp_path, capsys):
+    """edge_attr, pos, node_year, ... of a Data were dropped without a word (edge_attr with a
+    warning worded for training: "the graph is used unweighted") (a data audit, session 67)."""
+    d = _masked_data()
+    d.edge_attr, d.pos = torch.rand(4, 3), torch.randn(6, 2)
+    with pytest.warns(UserWarning, match=r"the source Data's edge_attr, pos are not converted") \
+            as caught:
+        convert(d, tmp_path / "g.pt")
+    assert not any("used unweighted" in str(w.message) for w in caught)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        convert(_masked_data(), tmp_path / "h.pt")          # nothing dropped: nothing said

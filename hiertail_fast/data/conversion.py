@@ -72,7 +72,7 @@ def save_graph(graph: GraphData, path: Any, *, force: bool = False, split: Any =
 def _read_source(source: Any, root: Any, download: bool) -> tuple[GraphData, Any]:
     """(graph, split or None) of a dataset name, a .npz path or a .pt file with a Data."""
     if is_pyg_data(source):
-        return from_pyg_data(source), _masks(source)
+        return _from_data(source), _masks(source)
     if isinstance(source, GraphData):
         return source, None
     if not isinstance(source, (str, os.PathLike)):
@@ -96,13 +96,34 @@ def _read_source(source: Any, root: Any, download: bool) -> tuple[GraphData, Any
                              f"Data ({type(exc).__name__}: {reason})") from None
         if not is_pyg_data(obj):
             raise ValueError(f"source {path}: holds a {type(obj).__name__}, not a PyG Data")
-        return from_pyg_data(obj, name=path.stem), _masks(obj)
+        return _from_data(obj, name=path.stem), _masks(obj)
     try:
         name = canonical_name(str(source))
     except ValueError:
         raise ValueError(f"source {str(source)!r} is neither a file nor a dataset name "
                          f"({', '.join(DATASETS)})") from None
     return load_dataset(name, root, download=download), None
+
+
+# the Data attributes a converted graph carries (x, edge_index, y, edge weights, the split)
+_CONVERTED = {"x", "edge_index", "y", "edge_weight", "num_nodes", "train_mask", "val_mask",
+              "test_mask"}
+
+
+def _from_data(data: Any, name: str | None = None) -> GraphData:
+    """``from_pyg_data``, with one warning naming the Data's attributes the converted graph
+    does not carry (edge_attr, pos, node_year, ... were dropped without a word, edge_attr with
+    a warning worded for training; a data audit)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="the Data's edge_attr is not read")
+        graph = from_pyg_data(data, name=name)
+    keys = data.keys() if callable(data.keys) else data.keys     # (a property before PyG 2.4)
+    extras = sorted(k for k in keys if k not in _CONVERTED)
+    if extras:
+        warnings.warn(f"the source Data's {', '.join(extras)} are not converted (a converted "
+                      f"graph holds x, edge_index, y, edge_weight and the train/val/test masks)",
+                      UserWarning, stacklevel=3)
+    return graph
 
 
 def _masks(data: Any) -> Any:
