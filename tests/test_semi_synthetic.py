@@ -206,3 +206,25 @@ def test_alignment_bug_split_is_train_then_val_then_test_in_id_order():
     assert s.val.tolist() == val
     assert s.test.tolist() == test
     assert s.train.tolist() == train
+
+
+def test_a_weighted_graphs_weights_follow_their_edges():
+    # they were dropped: a weighted input came out unweighted (a data audit, session 67)
+    from hiertail_fast.data.synthetic import make_synthetic_graph
+
+    g = make_synthetic_graph(1200, 8, avg_degree=6.0, num_features=2, seed=1)
+    ids = torch.arange(g.num_nodes, dtype=torch.float32)
+    src, dst = g.edge_index.double()
+    data = GraphData(edge_index=g.edge_index, x=torch.stack([ids, ids], 1), y=g.y,
+                     num_classes=g.num_classes, edge_weight=src * 10_000 + dst + 1)
+    semi = semi_synthetic_long_tail(data, val_per_class=5, test_per_class=10)
+    out = semi.data
+    original = out.x[:, 0].long()                 # x is the node's original id, in new order
+    s, d = original[out.edge_index[0]].double(), original[out.edge_index[1]].double()
+    assert out.edge_weight is not None and out.num_edges > 0
+    assert torch.equal(out.edge_weight, s * 10_000 + d + 1)
+    unweighted = semi_synthetic_long_tail(GraphData(edge_index=g.edge_index, x=data.x, y=g.y,
+                                                    num_classes=g.num_classes),
+                                          val_per_class=5, test_per_class=10)
+    assert unweighted.data.edge_weight is None
+    assert torch.equal(unweighted.data.edge_index, out.edge_index)

@@ -149,7 +149,11 @@ def semi_synthetic_long_tail(data: GraphData, *, alpha: float = 0.8, val_per_cla
     src, dst = new_id[ei[0]], new_id[ei[1]]
     keep = (src >= 0) & (dst >= 0)
     edge_index = np.stack([src[keep], dst[keep]])
-    edge_index = edge_index[:, np.lexsort((edge_index[1], edge_index[0]))]
+    perm = np.lexsort((edge_index[1], edge_index[0]))
+    edge_index = edge_index[:, perm]
+    # a weighted graph's weights follow their edges (they were dropped: a data audit)
+    weight = (None if data.edge_weight is None
+              else data.edge_weight[torch.from_numpy(np.flatnonzero(keep)[perm])])
     # X and y: the adjacency's order (fixed) or ascending original ids (the official bug)
     feat_order = np.sort(adj_order) if alignment_bug else adj_order
     y_new, _ = size_order(y[feat_order])
@@ -177,5 +181,5 @@ def semi_synthetic_long_tail(data: GraphData, *, alpha: float = 0.8, val_per_cla
     }
     out = GraphData(edge_index=torch.from_numpy(edge_index), x=x_new,
                     y=torch.from_numpy(y_new), num_classes=int(y_new.max()) + 1,
-                    name=f"{data.name}_semi_lt")
+                    name=f"{data.name}_semi_lt", edge_weight=weight)
     return SemiSyntheticGraph(out, idx["train"], idx["val"], idx["test"], info)
