@@ -18,6 +18,10 @@ _EXPORTS = {
     "from_pyg_data": "hiertail_fast.data.pyg",
     "to_pyg_data": "hiertail_fast.data.pyg",
     "convert": "hiertail_fast.data.conversion",
+    "relabel_by_size": "hiertail_fast.data.io",
+    "natural_split": "hiertail_fast.data.splits",
+    "make_synthetic_graph": "hiertail_fast.data.synthetic",
+    "semi_synthetic_long_tail": "hiertail_fast.data.semi_synthetic",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -30,8 +34,14 @@ if TYPE_CHECKING:
     from hiertail_fast.data.datasets import load_dataset as load_dataset
     from hiertail_fast.data.io import GraphData as GraphData
     from hiertail_fast.data.io import load_npz as load_npz
+    from hiertail_fast.data.io import relabel_by_size as relabel_by_size
     from hiertail_fast.data.io import save_npz as save_npz
     from hiertail_fast.data.pyg import from_pyg_data as from_pyg_data
     from hiertail_fast.data.pyg import to_pyg_data as to_pyg_data
+    from hiertail_fast.data.semi_synthetic import (
+        semi_synthetic_long_tail as semi_synthetic_long_tail,
+    )
+    from hiertail_fast.data.splits import natural_split as natural_split
+    from hiertail_fast.data.synthetic import make_synthetic_graph as make_synthetic_graph
 
 __getattr__ = lazy_getattr(__name__, _EXPORTS)
