@@ -248,8 +248,11 @@ def sparse_to_coo(adj: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
         if adj.layout == torch.sparse_csr:
             crow = adj.crow_indices()
             counts = crow.diff()
-            if (crow.numel() != n + 1 or int(crow[0]) != 0 or bool((counts < 0).any())
-                    or int(crow[-1]) != adj.col_indices().numel()):
+            nnz = adj.col_indices().numel()
+            # (one read to the host for the three: a sync each on CUDA otherwise)
+            first, last, low = (torch.stack([crow[0], crow[-1], counts.min()]).tolist()
+                                if crow.numel() == n + 1 and n else (0, 0, 0))
+            if crow.numel() != n + 1 or first != 0 or low < 0 or last != nnz:
                 raise ValueError(f"a sparse CSR adjacency's crow_indices must start at 0, not "
                                  f"decrease and end at its {adj.col_indices().numel()} entries "
                                  f"({n + 1} of them); torch does not check them unless "
@@ -273,9 +276,10 @@ def sparse_to_coo(adj: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     # torch builds sparse tensors without checking their indices (unless its invariant checks
     # are on), and the (row, col) key below folded one outside [0, n) into another edge: a
     # source 4 of a 3-node graph became the edge 1 -> 1 (a data audit)
-    for idx, what in ((row, "target (row)"), (col, "source (column)")):
-        if idx.numel():
-            low, high = int(idx.min()), int(idx.max())
+    if row.numel():     # (one read to the host for the four bounds)
+        bounds = torch.stack([t.long() for t in (row.min(), row.max(), col.min(),
+                                                  col.max())]).tolist()
+        for (low, high), what in ((bounds[:2], "target (row)"), (bounds[2:], "source (column)")):
             if low < 0 or high >= n:
                 raise ValueError(f"a sparse adjacency's {what} indices must lie in [0, {n}), "
                                  f"got {low if low < 0 else high}; torch does not check them "

@@ -202,11 +202,18 @@ def test_sparse_indices_outside_the_graph_are_refused():
             r"target \(row\) indices must lie in \[0, 3\), got 7"),
            (torch.sparse_csr_tensor(torch.tensor([0, 2, 1, 2]), torch.tensor([0, 1]),
                                     torch.ones(2), (3, 3)),
-            r"crow_indices must start at 0, not decrease and end at its 2 entries")]
+            r"crow_indices must start at 0, not decrease and end at its 2 entries"),
+           (torch.sparse_csr_tensor(torch.tensor([0, 1, 2, 2], dtype=torch.int32),
+                                    torch.tensor([1, 3], dtype=torch.int32), torch.ones(2),
+                                    (3, 3)),
+            r"source \(column\) indices must lie in \[0, 3\), got 3")]
     for adj, message in bad:
         for call in (lambda a=adj: CSRGraph.from_sparse(a), lambda a=adj: gcn_propagate(x, a)):
             with pytest.raises(ValueError, match=message):
                 call()
+    ok = torch.sparse_csr_tensor(torch.tensor([0, 1, 2, 2], dtype=torch.int32),
+                                 torch.tensor([1, 2], dtype=torch.int32), torch.ones(2), (3, 3))
+    assert CSRGraph.from_sparse(ok).num_edges == 2         # int32 parts in range: taken
 
 
 def test_hiertail_model_on_a_sparse_adjacency():
