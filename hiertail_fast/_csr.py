@@ -231,8 +231,11 @@ def sparse_to_coo(adj: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     differentiably; COO / CSC coalesced, duplicates summed) or a ``torch_sparse.SparseTensor``
     (without values: None). ValueError / TypeError naming the problem."""
     if _is_torch_sparse_tensor(adj):
-        row, col, w = adj.coo()
         n, m = adj.sparse_sizes()
+        _check_square(n, m)
+        # its row pointers and columns, before coo() reads rows from them
+        _check_sparse_parts(adj.storage.rowptr(), adj.storage.col(), n, "rowptr")
+        row, col, w = adj.coo()
     elif isinstance(adj, torch.Tensor) and adj.layout != torch.strided:
         if adj.dim() != 2:
             raise ValueError(f"a sparse adjacency must be 2-D, got shape {tuple(adj.shape)}")
@@ -245,23 +248,23 @@ def sparse_to_coo(adj: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
                              f"tensor with {adj.dense_dim()} dense dimension(s) (shape "
                              f"{tuple(adj.shape)}, sparse_dim {adj.sparse_dim()})")
         n, m = adj.shape
+        _check_square(n, m)
         if adj.layout == torch.sparse_csr:
-            crow = adj.crow_indices()
-            counts = crow.diff()
-            nnz = adj.col_indices().numel()
-            # (one read to the host for the three: a sync each on CUDA otherwise)
-            first, last, low = (torch.stack([crow[0], crow[-1], counts.min()]).tolist()
-                                if crow.numel() == n + 1 and n else (0, 0, 0))
-            if crow.numel() != n + 1 or first != 0 or low < 0 or last != nnz:
-                raise ValueError(f"a sparse CSR adjacency's crow_indices must start at 0, not "
-                                 f"decrease and end at its {adj.col_indices().numel()} entries "
-                                 f"({n + 1} of them); torch does not check them unless "
-                                 f"torch.sparse.check_sparse_tensor_invariants is on")
-            row = torch.repeat_interleave(torch.arange(n, device=adj.device), counts)
+            _check_sparse_parts(adj.crow_indices(), adj.col_indices(), n, "crow_indices")
+            row = torch.repeat_interleave(torch.arange(n, device=adj.device),
+                                          adj.crow_indices().diff())
             col, w = adj.col_indices(), adj.values()
         else:
+            if adj.layout == torch.sparse_csc:   # (malformed pointers: to_sparse_coo crashed)
+                _check_sparse_parts(adj.ccol_indices(), adj.row_indices(), n, "ccol_indices")
+                raw = adj.to_sparse_coo()
+            else:
+                # the raw entries, before coalesce() keys them by row * n + col: one outside
+                # [0, n) merged into a valid entry there ([[1, 0], [0, 3]] of 3 nodes became
+                # one edge 0 -> 1 of weight 12; a review)
+                raw = adj
+                _check_sparse_parts(None, raw._indices(), n, "indices")
             # coalesced (duplicates summed) and read with values(): differentiable
-            raw = adj if adj.layout == torch.sparse_coo else adj.to_sparse_coo()
             coo = raw.coalesce()
             (row, col), w = coo.indices(), coo.values()
             if (w.is_floating_point() and not raw.is_coalesced() and not all_finite(w.detach())
@@ -271,25 +274,53 @@ def sparse_to_coo(adj: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
         raise TypeError(f"adj must be a torch sparse tensor or a torch_sparse.SparseTensor, "
                         f"got {type(adj).__name__}"
                         + ("" if not isinstance(adj, torch.Tensor) else " (dense)"))
-    if n != m:
-        raise ValueError(f"a sparse adjacency must be square, got {n} x {m}")
-    # torch builds sparse tensors without checking their indices (unless its invariant checks
-    # are on), and the (row, col) key below folded one outside [0, n) into another edge: a
-    # source 4 of a 3-node graph became the edge 1 -> 1 (a data audit)
-    if row.numel():     # (one read to the host for the four bounds)
-        bounds = torch.stack([t.long() for t in (row.min(), row.max(), col.min(),
-                                                  col.max())]).tolist()
-        for (low, high), what in ((bounds[:2], "target (row)"), (bounds[2:], "source (column)")):
-            if low < 0 or high >= n:
-                raise ValueError(f"a sparse adjacency's {what} indices must lie in [0, {n}), "
-                                 f"got {low if low < 0 else high}; torch does not check them "
-                                 f"unless torch.sparse.check_sparse_tensor_invariants is on")
     if w is not None and w.dtype not in FLOAT_DTYPES:
         raise TypeError(f"a sparse adjacency's values are its edge weights and must be "
                         f"floating-point (float32, float64, float16 or bfloat16), got {w.dtype}; "
                         f"for an unweighted graph pass adj.float() (or its edge_index)")
     w = check_edge_weight(w, row.numel(), "the sparse adjacency's value tensor (its edge weights)")
     return row.long(), col.long(), w, check_num_nodes(n)
+
+
+def _check_square(n: int, m: int) -> None:
+    if n != m:
+        raise ValueError(f"a sparse adjacency must be square, got {n} x {m}")
+
+
+def _check_sparse_parts(pointers: torch.Tensor | None, indices: torch.Tensor, n: int,
+                        name: str) -> None:
+    """ValueError unless a sparse adjacency's compressed ``pointers`` (CSR crow / CSC ccol /
+    SparseTensor rowptr; None for COO) start at 0, do not decrease and end at the entries, and
+    its ``indices`` (the other dimension's; COO: both rows of [2, nnz]) lie in [0, n). torch
+    builds sparse tensors without checking them (unless its invariant checks are on): an
+    index outside the graph was folded into another edge, malformed pointers read memory out
+    of bounds or crashed in to_sparse_coo (a data audit, a review). One read to the host for
+    all of it (a sync on CUDA)."""
+    nnz = indices.shape[-1]
+    parts = []
+    if pointers is not None:
+        if pointers.dim() != 1 or pointers.numel() != n + 1:
+            raise ValueError(f"a sparse adjacency's {name} must hold {n + 1} entries, got "
+                             f"{tuple(pointers.shape)}")
+        parts += [pointers[0], pointers[-1],
+                  pointers.diff().min() if n else pointers[0]]
+    if nnz:
+        parts += [indices.min(), indices.max()]
+    if not parts:
+        return
+    values = torch.stack([t.long() for t in parts]).tolist()
+    if pointers is not None:
+        first, last, low = values[:3]
+        values = values[3:]
+        if first != 0 or low < 0 or last != nnz:
+            raise ValueError(f"a sparse adjacency's {name} must start at 0, not decrease and "
+                             f"end at its {nnz} entries; torch does not check them unless "
+                             f"torch.sparse.check_sparse_tensor_invariants is on")
+    if nnz and (values[0] < 0 or values[1] >= n):
+        bad = values[0] if values[0] < 0 else values[1]
+        raise ValueError(f"a sparse adjacency's indices must lie in [0, {n}), got {bad}; "
+                         f"torch does not check them unless "
+                         f"torch.sparse.check_sparse_tensor_invariants is on")
 
 
 def physical_memory() -> int | None:
@@ -310,8 +341,12 @@ def check_node_arrays_fit(n: int, device: torch.device, inferred: bool) -> None:
     alone than the machine has: one edge to a raw id of 3,000,000,000 made n the id + 1 and a
     ~24 GB allocation, the process killed by the OS (a data audit). ``inferred``: n was taken
     from the largest id (no num_nodes given)."""
-    total = physical_memory() if device.type == "cpu" else None
     need = NODE_ARRAY_BYTES * (n + 1)
+    # (below 1 GB, or while TorchDynamo traces, the OS is not asked: os.sysconf broke the
+    # traced graph of a compiled topk_pool on an edge_index; a review)
+    if need < 1 << 30 or device.type != "cpu" or torch.compiler.is_compiling():
+        return
+    total = physical_memory()
     if total is None or need <= total:
         return
     what = "num_nodes was taken as the largest node id + 1" if inferred else "num_nodes"

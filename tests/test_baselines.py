@@ -383,6 +383,7 @@ def test_config_replace_with_another_method_takes_its_defaults():
     back = BaselineConfig(method="graphmixup").replace(lr=0.002).replace(method="origin")
     assert back == BaselineConfig(method="origin", lr=0.002)
     assert BaselineConfig().replace(hidden=32).replace(method="graphmixup").hidden == 32
+    assert BaselineConfig().replace(lr=None).replace(method="graphmixup").lr == 1e-3
 
 
 def test_config_refuses_another_methods_options():

@@ -363,6 +363,7 @@ def test_convert_names_the_data_attributes_it_does_not_carry(tmp_path, capsys):
             as caught:
         convert(d, tmp_path / "g.pt")
     assert not any("used unweighted" in str(w.message) for w in caught)
+    assert [w.filename for w in caught if "not converted" in str(w.message)] == [__file__]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         convert(_masked_data(), tmp_path / "h.pt")          # nothing dropped: nothing said

@@ -374,6 +374,9 @@ def test_convert_never_writes_over_its_source(tmp_path, capsys):
     assert (f"is where the source wiki is read from first when it exists "
             f"({tmp_path / 'wiki.npz'}): every later load would read the converted graph") in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["email.npz"]
+    # a source file that is not there, named as its own output: not found, not "an input"
+    with pytest.raises(FileNotFoundError, match="source file not found"):
+        convert(tmp_path / "none.npz", tmp_path / "none.npz")
     # a suffix in capitals is the format it names (load_npz reads G.NPZ; convert refused it)
     assert main(["convert", str(src), str(tmp_path / "UP.NPZ")]) == 0
     assert main(["convert", str(tmp_path / "UP.NPZ"), str(tmp_path / "UP.PT")]) == 0

@@ -538,17 +538,19 @@ def test_duplicate_weights_summing_past_their_dtype_are_refused_where_they_merge
 
 def test_node_arrays_past_the_machines_memory_are_refused(monkeypatch):
     # one edge to a raw id of 3,000,000,000 made n = id + 1 and a ~24 GB row-pointer array:
-    # the process was killed by the OS (a data audit, session 67)
+    # the process was killed by the OS (a data audit, session 67). Graphs under 1 GB of node
+    # arrays never ask the OS (nor while TorchDynamo traces)
     from hiertail_fast import _csr
 
-    monkeypatch.setattr(_csr, "physical_memory", lambda: 1_000_000)       # 1 MB
-    ei = torch.tensor([[0], [100_000]])
+    monkeypatch.setattr(_csr, "physical_memory", lambda: 1_000_000_000)      # 1 GB
+    ei = torch.tensor([[0], [50_000_000]])
     with pytest.raises(ValueError, match=r"num_nodes was taken as the largest node id \+ 1 = "
-                       r"100,001: the graph's node arrays alone would need ~0.0024 GB, more "
-                       r"than this machine's 0.001 GB; pass num_nodes"):
+                       r"50,000,001: the graph's node arrays alone would need ~1.2 GB, more "
+                       r"than this machine's 1 GB; pass num_nodes"):
         CSRGraph.from_edge_index(ei)
-    with pytest.raises(ValueError, match=r"^num_nodes = 200,000: .* number the nodes"):
-        CSRGraph.from_edge_index(ei, num_nodes=200_000)
+    with pytest.raises(ValueError, match=r"^num_nodes = 60,000,000: .* number the nodes"):
+        CSRGraph.from_edge_index(ei, num_nodes=60_000_000)
+    monkeypatch.setattr(_csr, "physical_memory", lambda: 1000)              # under 1 GB: no ask
     assert CSRGraph.from_edge_index(torch.tensor([[0], [1000]])).num_nodes == 1001
-    monkeypatch.setattr(_csr, "physical_memory", lambda: None)           # the OS does not say
-    assert CSRGraph.from_edge_index(ei).num_nodes == 100_001
+    monkeypatch.setattr(_csr, "physical_memory", lambda: None)              # the OS does not say
+    _csr.check_node_arrays_fit(50_000_001, torch.device("cpu"), inferred=True)

@@ -188,32 +188,46 @@ def test_sparse_indices_outside_the_graph_are_refused():
     # torch builds sparse tensors without checking their indices; the (row, col) key folded an
     # index outside [0, n) into another edge: a source 4 of a 3-node graph became the edge
     # 1 -> 1, a CSR column -1 another real edge, a target row 5 a RuntimeError from inside
-    # coo_to_csr (a data audit, session 67)
+    # coo_to_csr (a data audit, session 67); COO entries were checked after coalesce(), which
+    # merged [[1, 0], [0, 3]] into one valid edge of weight 12, and CSC / SparseTensor
+    # pointers not at all (out-of-bounds reads, a crash in to_sparse_coo; a review)
     x = torch.randn(3, 2)
-    bad = [(torch.sparse_coo_tensor(torch.tensor([[0], [4]]), torch.ones(1), (3, 3)),
-            r"source \(column\) indices must lie in \[0, 3\), got 4"),
-           (torch.sparse_coo_tensor(torch.tensor([[5], [0]]), torch.ones(1), (3, 3)),
-            r"target \(row\) indices must lie in \[0, 3\), got 5"),
-           (torch.sparse_csr_tensor(torch.tensor([0, 1, 2, 2]), torch.tensor([0, -1]),
-                                    torch.ones(2), (3, 3)),
-            r"source \(column\) indices must lie in \[0, 3\), got -1"),
-           (torch.sparse_csc_tensor(torch.tensor([0, 1, 2, 2]), torch.tensor([0, 7]),
-                                    torch.ones(2), (3, 3)),
-            r"target \(row\) indices must lie in \[0, 3\), got 7"),
-           (torch.sparse_csr_tensor(torch.tensor([0, 2, 1, 2]), torch.tensor([0, 1]),
-                                    torch.ones(2), (3, 3)),
-            r"crow_indices must start at 0, not decrease and end at its 2 entries"),
-           (torch.sparse_csr_tensor(torch.tensor([0, 1, 2, 2], dtype=torch.int32),
-                                    torch.tensor([1, 3], dtype=torch.int32), torch.ones(2),
-                                    (3, 3)),
-            r"source \(column\) indices must lie in \[0, 3\), got 3")]
+    coo, csr, csc = torch.sparse_coo_tensor, torch.sparse_csr_tensor, torch.sparse_csc_tensor
+    i32 = dict(dtype=torch.int32)
+    outside = r"indices must lie in \[0, 3\), got "
+    bad = [(coo(torch.tensor([[0], [4]]), torch.ones(1), (3, 3)), outside + "4"),
+           (coo(torch.tensor([[5], [0]]), torch.ones(1), (3, 3)), outside + "5"),
+           (coo(torch.tensor([[1, 0], [0, 3]]), torch.tensor([5.0, 7.0]), (3, 3)), outside + "3"),
+           (csr(torch.tensor([0, 1, 2, 2]), torch.tensor([0, -1]), torch.ones(2), (3, 3)),
+            outside + "-1"),
+           (csr(torch.tensor([0, 1, 2, 2], **i32), torch.tensor([1, 3], **i32), torch.ones(2),
+                (3, 3)), outside + "3"),
+           (csc(torch.tensor([0, 1, 2, 2]), torch.tensor([0, 7]), torch.ones(2), (3, 3)),
+            outside + "7"),
+           (csr(torch.tensor([0, 2, 1, 2]), torch.tensor([0, 1]), torch.ones(2), (3, 3)),
+            "crow_indices must start at 0, not decrease and end at its 2 entries"),
+           (csc(torch.tensor([0, 2, 1, 2]), torch.tensor([0, 1]), torch.ones(2), (3, 3)),
+            "ccol_indices must start at 0, not decrease"),
+           (csc(torch.tensor([1, 1, 2, 2]), torch.tensor([0, 1]), torch.ones(2), (3, 3)),
+            "ccol_indices must start at 0"),
+           (csc(torch.tensor([0, 1, 1, 1]), torch.tensor([0, 1]), torch.ones(2), (3, 3)),
+            "ccol_indices must start at 0, not decrease and end at its 2 entries")]
     for adj, message in bad:
         for call in (lambda a=adj: CSRGraph.from_sparse(a), lambda a=adj: gcn_propagate(x, a)):
             with pytest.raises(ValueError, match=message):
                 call()
-    ok = torch.sparse_csr_tensor(torch.tensor([0, 1, 2, 2], dtype=torch.int32),
-                                 torch.tensor([1, 2], dtype=torch.int32), torch.ones(2), (3, 3))
+    ok = csr(torch.tensor([0, 1, 2, 2], **i32), torch.tensor([1, 2], **i32), torch.ones(2),
+             (3, 3))
     assert CSRGraph.from_sparse(ok).num_edges == 2         # int32 parts in range: taken
+    try:
+        import torch_sparse
+    except ImportError:                 # (the optional pyg extra)
+        return
+    st = torch_sparse.SparseTensor(rowptr=torch.tensor([0, 2, 1, 3]),
+                                   col=torch.tensor([0, 1, 2]), sparse_sizes=(3, 3),
+                                   is_sorted=True, trust_data=True)
+    with pytest.raises(ValueError, match="rowptr must start at 0, not decrease"):
+        CSRGraph.from_sparse(st)
 
 
 def test_hiertail_model_on_a_sparse_adjacency():

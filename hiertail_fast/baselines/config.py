@@ -330,7 +330,7 @@ class BaselineConfig:
         # which were left to the method, less those changed now (a chain of replace calls,
         # .replace(lr=...).replace(method=...), kept the first method's; a review)
         out = replace(self, **changes)
-        object.__setattr__(out, "_defaulted", defaulted - set(changes))
+        object.__setattr__(out, "_defaulted", (defaulted - set(changes)) | out._defaulted)
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -122,7 +122,7 @@ def _from_data(data: Any, name: str | None = None) -> GraphData:
     if extras:
         warnings.warn(f"the source Data's {', '.join(extras)} are not converted (a converted "
                       f"graph holds x, edge_index, y, edge_weight and the train/val/test masks)",
-                      UserWarning, stacklevel=3)
+                      UserWarning, stacklevel=4)      # (convert's caller)
     return graph
 
 
@@ -187,6 +187,8 @@ def convert(source: Any, out: Any, *, root: Any = None, force: bool = False,
         if p.is_dir():
             raise IsADirectoryError(f"output {p} is a directory, not a file")
         src = overwritten_input(p, _source_paths(source, root))
+        if src is not None and not src.exists() and _is_file_source(source):
+            src = None          # a source file that is not there: reading it says so (a review)
         if src is not None and not src.exists() and same_file(p, src):
             # (the dataset's .npz, not there yet: nothing to overwrite; a data audit)
             raise ValueError(f"output {p} is where the source {_describe(source)} is read from "
