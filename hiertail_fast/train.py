@@ -164,7 +164,9 @@ def train_hiertail(
 
     Args:
         data: graph with ``edge_index`` [2, E], ``x`` [n, F], ``y`` [n], ``num_classes``, or a
-            PyG ``Data`` (x, edge_index, y, optional edge_weight and masks).
+            PyG ``Data`` (x, edge_index, y, optional edge_weight and masks). Training runs in
+            float32 whatever x's dtype (``prepare_run`` casts the features, as the official
+            harness trains).
         split: (train, val, test) indices (tuple, dict or object with those fields); None: the
             ``Data``'s train/val/test masks, else the natural split drawn with ``seed``.
         config: model/loss config (default ``HierTailConfig.paper()``); lr / weight_decay come
@@ -193,8 +195,9 @@ def train_hiertail(
     train_idx, val_idx, test_idx, device = run.train_idx, run.val_idx, run.test_idx, run.device
     n = int(data.y.shape[0])
 
-    # in the features' dtype, not torch's default one (set_default_dtype(float64): the model
-    # came out float64 against float32 features, a TypeError at the first layer)
+    # in the features' dtype (float32: prepare_run casts them), not torch's default one
+    # (set_default_dtype(float64): the model came out float64 against float32 features, a
+    # TypeError at the first layer)
     model = HierTail(x.shape[1], int(data.num_classes), cfg).to(device=device, dtype=x.dtype)
     opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
     y_val, y_test = y[val_idx].cpu(), y[test_idx].cpu()
