@@ -718,3 +718,24 @@ def test_config_refuses_a_tau_below_min_temperature(tau):
         with pytest.raises(ValueError, match="tau"):
             HierTailConfig.named(preset, tau=tau)
     assert HierTailConfig.paper(tau=1e-6).tau == 1e-6        # the bound itself is allowed
+
+
+def test_topkpool_names_its_own_weight():
+    """The op's checks of its score_weight are of the module's weight: "score_weight is all
+    zeros" after nn.init.zeros_ named an argument the user never passed (an nn-module audit,
+    session 67). The error's type and its non-finite mark are kept."""
+    from hiertail_fast._validation import is_non_finite_error
+    from hiertail_fast.nn.pool import TopKPool
+
+    pool = TopKPool(4, ratio=0.5)
+    x, ei = torch.randn(5, 4), torch.tensor([[0, 1], [1, 0]])
+    torch.nn.init.zeros_(pool.weight)
+    with pytest.raises(ValueError, match=r"^TopKPool.weight is all zeros"):
+        pool(x, ei)
+    with torch.no_grad():
+        pool.weight[0] = float("nan")
+    with pytest.raises(ValueError, match=r"^TopKPool.weight contains NaN or Inf") as caught:
+        pool(x, ei)
+    assert is_non_finite_error(caught.value)
+    with pytest.raises(TypeError, match=r"^TopKPool.weight has dtype torch.float64 but x has"):
+        TopKPool(4, ratio=0.5).double()(x, ei)

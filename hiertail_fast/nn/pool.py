@@ -6,7 +6,7 @@ import math
 import torch
 from torch import nn
 
-from hiertail_fast._validation import check_positive_int
+from hiertail_fast._validation import check_positive_int, is_non_finite_error, non_finite_error
 from hiertail_fast.graph import CSRGraph
 from hiertail_fast.ops.topk_pool import TopKPoolResult, topk_pool
 from hiertail_fast.reference.topk_pool import pool_size
@@ -55,8 +55,18 @@ class TopKPool(nn.Module):
             # (topk_pool would blame its score_weight, the module's own parameter)
             raise ValueError(f"x has {x.shape[1]} features, TopKPool({self.channels}) expects "
                              f"{self.channels}")
-        return topk_pool(x, graph_or_edge_index, self.weight,
-                         self.ratio if ratio is None else ratio, edge_weight, backend=backend)
+        try:
+            return topk_pool(x, graph_or_edge_index, self.weight,
+                             self.ratio if ratio is None else ratio, edge_weight,
+                             backend=backend)
+        except (ValueError, TypeError) as exc:
+            # the op's check of its score_weight is of this module's weight: named as such
+            # ("score_weight is all zeros" after nn.init.zeros_; an nn-module audit)
+            if not str(exc).startswith("score_weight"):
+                raise
+            text = "TopKPool.weight" + str(exc)[len("score_weight"):]
+            raise (non_finite_error(text) if is_non_finite_error(exc)
+                   else type(exc)(text)) from exc
 
     def extra_repr(self) -> str:
         return f"{self.channels}, ratio={self.ratio}"
