@@ -233,8 +233,13 @@ def sparse_to_coo(adj: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     if _is_torch_sparse_tensor(adj):
         n, m = adj.sparse_sizes()
         _check_square(n, m)
-        # its row pointers and columns, before coo() reads rows from them
-        _check_sparse_parts(adj.storage.rowptr(), adj.storage.col(), n, "rowptr")
+        storage = adj.storage
+        if storage.has_row():     # coo() returns the stored rows: those are checked (building
+            # rowptr from rows outside [0, n) wrote out of bounds in torch_sparse; a review)
+            _check_sparse_parts(None, torch.stack([storage.row(), storage.col()]), n,
+                                "indices")
+        else:                     # coo() reads the rows from the pointers
+            _check_sparse_parts(storage.rowptr(), storage.col(), n, "rowptr")
         row, col, w = adj.coo()
     elif isinstance(adj, torch.Tensor) and adj.layout != torch.strided:
         if adj.dim() != 2:

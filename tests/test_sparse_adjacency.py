@@ -228,6 +228,13 @@ def test_sparse_indices_outside_the_graph_are_refused():
                                    is_sorted=True, trust_data=True)
     with pytest.raises(ValueError, match="rowptr must start at 0, not decrease"):
         CSRGraph.from_sparse(st)
+    # built from rows outside [0, n): checked before torch_sparse builds its row pointers from
+    # them (which wrote out of bounds: a crash; a fuzzing review)
+    for bad_row in (5, -1):
+        st = torch_sparse.SparseTensor(row=torch.tensor([0, bad_row]), col=torch.tensor([1, 0]),
+                                       sparse_sizes=(3, 3), is_sorted=True, trust_data=True)
+        with pytest.raises(ValueError, match=outside + str(bad_row)):
+            CSRGraph.from_sparse(st)
 
 
 def test_hiertail_model_on_a_sparse_adjacency():
