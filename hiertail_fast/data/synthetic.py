@@ -96,6 +96,12 @@ def _head_share(a: float, h: int, c: int) -> float:
     return float(w[:h].sum() / w.sum())
 
 
+def _head_classes(head_fraction: float, c: int) -> int:
+    """How many of the C classes (the largest) are the head: round(head_fraction·C), at least
+    one, and at least one tail class left."""
+    return min(max(1, round(head_fraction * c)), c - 1)
+
+
 def zipf_class_sizes(
     num_nodes: int, num_classes: int, head_fraction: float = 0.2, head_mass: float = 0.8
 ) -> np.ndarray:
@@ -113,7 +119,7 @@ def zipf_class_sizes(
         raise ValueError(f"head_fraction must be in (0, 1), got {head_fraction}")
     if not 0.0 < head_mass < 1.0:
         raise ValueError(f"head_mass must be in (0, 1), got {head_mass}")
-    h = min(max(1, round(head_fraction * c)), c - 1)
+    h = _head_classes(head_fraction, c)
     if head_mass < h / c - 1e-12:
         raise ValueError(
             f"head_mass {head_mass} is below the head's share {h}/{c} of balanced classes; "
@@ -372,7 +378,7 @@ def make_synthetic_graph(
                   num_features=f, head_fraction=head_fraction, head_mass=head_mass,
                   degree_exponent=degree_exponent, class_sep=class_sep,
                   feature_noise=feature_noise, seed=seed)
-    h = min(max(1, round(head_fraction * c)), c - 1)          # zipf_class_sizes' head
+    h = _head_classes(head_fraction, c)
     stats = dict(homophily=keys_in.shape[0] / num_und if num_und else float("nan"),
                  avg_degree=2.0 * num_und / n, num_undirected_edges=num_und,
                  head_mass=float(sizes[:h].sum() / n))
