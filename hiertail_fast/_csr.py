@@ -4,7 +4,6 @@ sparse tensors, ``torch_sparse.SparseTensor``). Same orientation and duplicate r
 `hiertail_fast.graph` docstring; nothing here mutates a caller's tensor."""
 from __future__ import annotations
 
-import os
 import threading
 import warnings
 
@@ -20,6 +19,7 @@ from hiertail_fast._validation import (
     check_gcn_degrees,
     check_index_dtype,
     check_num_nodes,
+    check_sparse_parts,
     duplicate_sum_overflow,
 )
 
@@ -236,10 +236,10 @@ def sparse_to_coo(adj: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
         storage = adj.storage
         if storage.has_row():     # coo() returns the stored rows: those are checked (building
             # rowptr from rows outside [0, n) wrote out of bounds in torch_sparse; a review)
-            _check_sparse_parts(None, torch.stack([storage.row(), storage.col()]), n,
+            check_sparse_parts(None, torch.stack([storage.row(), storage.col()]), n,
                                 "indices")
         else:                     # coo() reads the rows from the pointers
-            _check_sparse_parts(storage.rowptr(), storage.col(), n, "rowptr")
+            check_sparse_parts(storage.rowptr(), storage.col(), n, "rowptr")
         row, col, w = adj.coo()
     elif isinstance(adj, torch.Tensor) and adj.layout != torch.strided:
         if adj.dim() != 2:
@@ -255,20 +255,20 @@ def sparse_to_coo(adj: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
         n, m = adj.shape
         _check_square(n, m)
         if adj.layout == torch.sparse_csr:
-            _check_sparse_parts(adj.crow_indices(), adj.col_indices(), n, "crow_indices")
+            check_sparse_parts(adj.crow_indices(), adj.col_indices(), n, "crow_indices")
             row = torch.repeat_interleave(torch.arange(n, device=adj.device),
                                           adj.crow_indices().diff())
             col, w = adj.col_indices(), adj.values()
         else:
             if adj.layout == torch.sparse_csc:   # (malformed pointers: to_sparse_coo crashed)
-                _check_sparse_parts(adj.ccol_indices(), adj.row_indices(), n, "ccol_indices")
+                check_sparse_parts(adj.ccol_indices(), adj.row_indices(), n, "ccol_indices")
                 raw = adj.to_sparse_coo()
             else:
                 # the raw entries, before coalesce() keys them by row * n + col: one outside
                 # [0, n) merged into a valid entry there ([[1, 0], [0, 3]] of 3 nodes became
                 # one edge 0 -> 1 of weight 12; a review)
                 raw = adj
-                _check_sparse_parts(None, raw._indices(), n, "indices")
+                check_sparse_parts(None, raw._indices(), n, "indices")
             # coalesced (duplicates summed) and read with values(): differentiable
             coo = raw.coalesce()
             (row, col), w = coo.indices(), coo.values()
@@ -290,75 +290,6 @@ def sparse_to_coo(adj: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 def _check_square(n: int, m: int) -> None:
     if n != m:
         raise ValueError(f"a sparse adjacency must be square, got {n} x {m}")
-
-
-def _check_sparse_parts(pointers: torch.Tensor | None, indices: torch.Tensor, n: int,
-                        name: str) -> None:
-    """ValueError unless a sparse adjacency's compressed ``pointers`` (CSR crow / CSC ccol /
-    SparseTensor rowptr; None for COO) start at 0, do not decrease and end at the entries, and
-    its ``indices`` (the other dimension's; COO: both rows of [2, nnz]) lie in [0, n). torch
-    builds sparse tensors without checking them (unless its invariant checks are on): an
-    index outside the graph was folded into another edge, malformed pointers read memory out
-    of bounds or crashed in to_sparse_coo (a data audit, a review). One read to the host for
-    all of it (a sync on CUDA)."""
-    nnz = indices.shape[-1]
-    parts = []
-    if pointers is not None:
-        if pointers.dim() != 1 or pointers.numel() != n + 1:
-            raise ValueError(f"a sparse adjacency's {name} must hold {n + 1} entries, got "
-                             f"{tuple(pointers.shape)}")
-        parts += [pointers[0], pointers[-1],
-                  pointers.diff().min() if n else pointers[0]]
-    if nnz:
-        parts += [indices.min(), indices.max()]
-    if not parts:
-        return
-    values = torch.stack([t.long() for t in parts]).tolist()
-    if pointers is not None:
-        first, last, low = values[:3]
-        values = values[3:]
-        if first != 0 or low < 0 or last != nnz:
-            raise ValueError(f"a sparse adjacency's {name} must start at 0, not decrease and "
-                             f"end at its {nnz} entries; torch does not check them unless "
-                             f"torch.sparse.check_sparse_tensor_invariants is on")
-    if nnz and (values[0] < 0 or values[1] >= n):
-        bad = values[0] if values[0] < 0 else values[1]
-        raise ValueError(f"a sparse adjacency's indices must lie in [0, {n}), got {bad}; "
-                         f"torch does not check them unless "
-                         f"torch.sparse.check_sparse_tensor_invariants is on")
-
-
-def physical_memory() -> int | None:
-    """This machine's physical memory in bytes (None where the OS does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-# bytes per node of a graph's node-indexed arrays at build time (row pointers, a count, a
-# degree: int64 / float64 each); their sum past the machine's memory cannot be built
-NODE_ARRAY_BYTES = 24
-
-
-def check_node_arrays_fit(n: int, device: torch.device, inferred: bool) -> None:
-    """ValueError when a CPU graph of ``n`` nodes needs more memory for its node-indexed arrays
-    alone than the machine has: one edge to a raw id of 3,000,000,000 made n the id + 1 and a
-    ~24 GB allocation, the process killed by the OS (a data audit). ``inferred``: n was taken
-    from the largest id (no num_nodes given)."""
-    need = NODE_ARRAY_BYTES * (n + 1)
-    # (below 1 GB, or while TorchDynamo traces, the OS is not asked: os.sysconf broke the
-    # traced graph of a compiled topk_pool on an edge_index; a review)
-    if need < 1 << 30 or device.type != "cpu" or torch.compiler.is_compiling():
-        return
-    total = physical_memory()
-    if total is None or need <= total:
-        return
-    what = "num_nodes was taken as the largest node id + 1" if inferred else "num_nodes"
-    raise ValueError(f"{what} = {n:,}: the graph's node arrays alone would need "
-                     f"~{need / 1e9:.3g} GB, more than this machine's {total / 1e9:.3g} GB; "
-                     + ("pass num_nodes, or number the nodes 0..n-1 (torch.unique(edge_index, "
-                        "return_inverse=True))" if inferred else "number the nodes 0..n-1"))
 
 
 HUB_ROW_ENTRIES = 1 << 12  # rows longer than this are summed in pieces (`split_long_rows`)

@@ -720,6 +720,75 @@ def check_num_nodes(num_nodes: object, name: str = "num_nodes") -> int:
     return int(num_nodes)
 
 
+def check_sparse_parts(pointers: torch.Tensor | None, indices: torch.Tensor, n: int,
+                       name: str) -> None:
+    """ValueError unless a sparse adjacency's compressed ``pointers`` (CSR crow / CSC ccol /
+    SparseTensor rowptr; None for COO) start at 0, do not decrease and end at the entries, and
+    its ``indices`` (the other dimension's; COO: both rows of [2, nnz]) lie in [0, n). torch
+    builds sparse tensors without checking them (unless its invariant checks are on): an
+    index outside the graph was folded into another edge, malformed pointers read memory out
+    of bounds or crashed in to_sparse_coo (a data audit, a review). One read to the host for
+    all of it (a sync on CUDA)."""
+    nnz = indices.shape[-1]
+    parts = []
+    if pointers is not None:
+        if pointers.dim() != 1 or pointers.numel() != n + 1:
+            raise ValueError(f"a sparse adjacency's {name} must hold {n + 1} entries, got "
+                             f"{tuple(pointers.shape)}")
+        parts += [pointers[0], pointers[-1],
+                  pointers.diff().min() if n else pointers[0]]
+    if nnz:
+        parts += [indices.min(), indices.max()]
+    if not parts:
+        return
+    values = torch.stack([t.long() for t in parts]).tolist()
+    if pointers is not None:
+        first, last, low = values[:3]
+        values = values[3:]
+        if first != 0 or low < 0 or last != nnz:
+            raise ValueError(f"a sparse adjacency's {name} must start at 0, not decrease and "
+                             f"end at its {nnz} entries; torch does not check them unless "
+                             f"torch.sparse.check_sparse_tensor_invariants is on")
+    if nnz and (values[0] < 0 or values[1] >= n):
+        bad = values[0] if values[0] < 0 else values[1]
+        raise ValueError(f"a sparse adjacency's indices must lie in [0, {n}), got {bad}; "
+                         f"torch does not check them unless "
+                         f"torch.sparse.check_sparse_tensor_invariants is on")
+
+
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+# bytes per node of a graph's node-indexed arrays at build time (row pointers, a count, a
+# degree: int64 / float64 each); their sum past the machine's memory cannot be built
+NODE_ARRAY_BYTES = 24
+
+
+def check_node_arrays_fit(n: int, device: torch.device, inferred: bool) -> None:
+    """ValueError when a CPU graph of ``n`` nodes needs more memory for its node-indexed arrays
+    alone than the machine has: one edge to a raw id of 3,000,000,000 made n the id + 1 and a
+    ~24 GB allocation, the process killed by the OS (a data audit). ``inferred``: n was taken
+    from the largest id (no num_nodes given)."""
+    need = NODE_ARRAY_BYTES * (n + 1)
+    # (below 1 GB, or while TorchDynamo traces, the OS is not asked: os.sysconf broke the
+    # traced graph of a compiled topk_pool on an edge_index; a review)
+    if need < 1 << 30 or device.type != "cpu" or torch.compiler.is_compiling():
+        return
+    total = physical_memory()
+    if total is None or need <= total:
+        return
+    what = "num_nodes was taken as the largest node id + 1" if inferred else "num_nodes"
+    raise ValueError(f"{what} = {n:,}: the graph's node arrays alone would need "
+                     f"~{need / 1e9:.3g} GB, more than this machine's {total / 1e9:.3g} GB; "
+                     + ("pass num_nodes, or number the nodes 0..n-1 (torch.unique(edge_index, "
+                        "return_inverse=True))" if inferred else "number the nodes 0..n-1"))
+
+
 def check_unpool_args(perm: object, num_nodes: object, k: int) -> torch.Tensor:
     """Validate ``perm`` [k] (distinct, in range) and ``num_nodes`` for unpooling."""
     num_nodes = check_num_nodes(num_nodes)  # int-like (numpy ints too), >= 0

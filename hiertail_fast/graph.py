@@ -32,7 +32,6 @@ import torch
 
 from hiertail_fast._csr import (  # noqa: F401  (is_sparse_adjacency: re-exported)
     check_csr,
-    check_node_arrays_fit,
     coo_to_csr,
     csr_square,
     deg_inv_sqrt,
@@ -56,6 +55,7 @@ from hiertail_fast._validation import (
     check_finite_number,
     check_flag,
     check_index_dtype,
+    check_node_arrays_fit,
     check_num_nodes,
     check_weights_fit,
     duplicate_sum_overflow,

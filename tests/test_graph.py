@@ -540,9 +540,9 @@ def test_node_arrays_past_the_machines_memory_are_refused(monkeypatch):
     # one edge to a raw id of 3,000,000,000 made n = id + 1 and a ~24 GB row-pointer array:
     # the process was killed by the OS (a data audit, session 67). Graphs under 1 GB of node
     # arrays never ask the OS (nor while TorchDynamo traces)
-    from hiertail_fast import _csr
+    from hiertail_fast import _validation
 
-    monkeypatch.setattr(_csr, "physical_memory", lambda: 1_000_000_000)      # 1 GB
+    monkeypatch.setattr(_validation, "physical_memory", lambda: 1_000_000_000)   # 1 GB
     ei = torch.tensor([[0], [50_000_000]])
     with pytest.raises(ValueError, match=r"num_nodes was taken as the largest node id \+ 1 = "
                        r"50,000,001: the graph's node arrays alone would need ~1.2 GB, more "
@@ -550,7 +550,7 @@ def test_node_arrays_past_the_machines_memory_are_refused(monkeypatch):
         CSRGraph.from_edge_index(ei)
     with pytest.raises(ValueError, match=r"^num_nodes = 60,000,000: .* number the nodes"):
         CSRGraph.from_edge_index(ei, num_nodes=60_000_000)
-    monkeypatch.setattr(_csr, "physical_memory", lambda: 1000)              # under 1 GB: no ask
+    monkeypatch.setattr(_validation, "physical_memory", lambda: 1000)   # < 1 GB: not asked
     assert CSRGraph.from_edge_index(torch.tensor([[0], [1000]])).num_nodes == 1001
-    monkeypatch.setattr(_csr, "physical_memory", lambda: None)              # the OS does not say
-    _csr.check_node_arrays_fit(50_000_001, torch.device("cpu"), inferred=True)
+    monkeypatch.setattr(_validation, "physical_memory", lambda: None)   # the OS does not say
+    _validation.check_node_arrays_fit(50_000_001, torch.device("cpu"), inferred=True)
