@@ -546,6 +546,30 @@ def check_classes(y: object) -> None:
                          "needs at least 2 classes")
 
 
+def is_integer_array(a: np.ndarray) -> bool:
+    """An integer numpy dtype, bool not counted."""
+    return np.issubdtype(a.dtype, np.integer) and a.dtype != bool
+
+
+def check_label_array(y: np.ndarray, name: str = "y", *,
+                      not_integer: type[Exception] = TypeError) -> np.ndarray:
+    """``y``, a numpy array, as class labels: integer (not bool), 1-D, in [0, int64's
+    largest] (a uint64 label >= 2**63 wraps negative in the int64 cast); returned as it is.
+    ``name`` opens each message (a file's arrays name the file as well). ``not_integer``: the
+    error for a non-integer dtype, part of each caller's contract (a TypeError for an
+    argument, a ValueError for a file's array and for the splits' documented ValueError).
+    One check for the loaders, relabel_by_size and the splits, which wrote it three times."""
+    if not is_integer_array(y):
+        raise not_integer(f"{name} must be an integer array of labels, got {y.dtype}")
+    if y.ndim != 1:
+        raise ValueError(f"{name} must be 1-D [n], got shape {y.shape}")
+    if y.size and int(y.min()) < 0:
+        raise ValueError(f"{name} has negative labels (min {int(y.min())})")
+    if y.size and int(y.max()) > INT64_MAX:
+        raise ValueError(f"{name} has labels above int64's range (max {int(y.max())})")
+    return y
+
+
 def check_epochs_patience(epochs: object, patience: object) -> tuple[int, int]:
     """A training loop's length (`train_hiertail`, `train_baseline`): ``epochs`` >= 1 and
     ``patience`` >= 0 as ints; numpy integers pass, bool / float / NaN are a TypeError (2.5

@@ -254,7 +254,7 @@ def test_natural_split_determinism():
 def test_natural_split_bad():
     with pytest.raises(ValueError):
         natural_split(np.array([0.5, 1.0]))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="y is empty"):
         natural_split(np.array([], dtype=np.int64))
     with pytest.raises(ValueError):
         natural_split(np.array([0, -1]))
@@ -426,7 +426,7 @@ def test_natural_split_sparse_labels_cost_nothing_per_missing_class():
     for s in (0, 1):
         for u, v in zip(natural_split(y, s), natural_split(sparse, s), strict=True):
             assert torch.equal(u, v)
-    with pytest.raises(ValueError, match="beyond int64"):      # wrapped to a negative label
+    with pytest.raises(ValueError, match="above int64"):      # wrapped to a negative label
         natural_split(np.array([0, 2**63 + 5], dtype=np.uint64))
     with pytest.raises(ValueError, match="meta"):               # NotImplementedError deep down
         natural_split(torch.empty(3, dtype=torch.long, device="meta"))
@@ -630,3 +630,24 @@ def test_save_npz_takes_the_tensors_from_pyg_data_takes(tmp_path):
     with pytest.raises(ValueError, match="'x' is on the meta device"):
         save_npz(tmp_path / "m.npz", ei, torch.empty(3, 2, device="meta"), y)
     assert not (tmp_path / "m.npz").exists()
+
+
+def test_the_label_checks_say_the_same_thing_wherever_labels_enter(tmp_path):
+    # one check (_validation.check_label_array) for the file loaders, relabel_by_size and the
+    # splits, which wrote it three times in three wordings; each keeps its exception type for
+    # float labels (a file's array and the splits: ValueError; relabel_by_size: TypeError)
+    ei, x = np.array([[0, 1], [1, 2]]), np.ones((3, 2), np.float32)
+    for y, message in ((np.array([0, -3, 1]), r"has negative labels \(min -3\)"),
+                       (np.array([0, 2**63, 1], dtype=np.uint64),
+                        r"has labels above int64's range \(max 9223372036854775808\)"),
+                       (np.array([[0, 1, 1]]), r"must be 1-D \[n\], got shape \(1, 3\)")):
+        for call in (lambda y: save_npz(tmp_path / "g.npz", ei, x, y),
+                     relabel_by_size, natural_split):
+            with pytest.raises(ValueError, match=message):
+                call(y)
+    floats = np.array([0.0, 1.0, 1.0])
+    for call, exc in ((lambda y: save_npz(tmp_path / "g.npz", ei, x, y), ValueError),
+                      (relabel_by_size, TypeError), (natural_split, ValueError)):
+        with pytest.raises(exc, match="must be an integer array of labels, got float64"):
+            call(floats)
+    assert not (tmp_path / "g.npz").exists()

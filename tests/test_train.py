@@ -306,7 +306,7 @@ def test_hand_built_graph_data_is_checked(small):
     y_frac = small.y.double()
     y_frac[0] = 0.5
     for data, exc, msg in (
-            (replace(small, y=y_frac), ValueError, "'y' must be a 1-D integer array"),
+            (replace(small, y=y_frac), ValueError, "'y' must be an integer array of labels"),
             (replace(small, num_classes=5.7), TypeError, "data.num_classes must be an int"),
             (replace(small, num_classes="5"), TypeError, "data.num_classes must be an int"),
             (replace(small, num_classes=2), ValueError, "data.num_classes=2 but the labels go"),

@@ -27,7 +27,13 @@ import numpy as np
 import torch
 
 from hiertail_fast._files import write_atomic
-from hiertail_fast._validation import INT64_MAX, check_flag, check_path
+from hiertail_fast._validation import (
+    INT64_MAX,
+    check_flag,
+    check_label_array,
+    check_path,
+    is_integer_array,
+)
 
 __all__ = ["GraphData", "load_npz", "save_npz", "relabel_by_size", "size_order",
            "open_npz"]
@@ -118,22 +124,13 @@ def _graph_arrays(edge_index: Any, x: Any, y: Any, where: str) -> tuple:
     return _np(edge_index), _np(x), _np(y)
 
 
-def _is_int(a: np.ndarray) -> bool:
-    return np.issubdtype(a.dtype, np.integer) and a.dtype != bool
-
-
 def _check_arrays(edge_index: np.ndarray, x: np.ndarray, y: np.ndarray, where: str) -> None:
     """Raise ValueError naming ``where`` (a file name) and the problem."""
-    if y.ndim != 1 or not _is_int(y):
-        raise ValueError(f"{where}: 'y' must be a 1-D integer array, got {y.dtype} {y.shape}")
+    check_label_array(y, f"{where}: 'y'", not_integer=ValueError)
     n = y.shape[0]
     if n == 0:
         raise ValueError(f"{where}: the graph has no nodes ('y' is empty)")
-    if y.min() < 0:
-        raise ValueError(f"{where}: 'y' has negative labels (min {int(y.min())})")
-    if int(y.max()) > INT64_MAX:   # uint64 labels >= 2**63 wrapped negative in the int64 cast
-        raise ValueError(f"{where}: 'y' has labels above int64's range (max {int(y.max())})")
-    if edge_index.ndim != 2 or edge_index.shape[0] != 2 or not _is_int(edge_index):
+    if edge_index.ndim != 2 or edge_index.shape[0] != 2 or not is_integer_array(edge_index):
         raise ValueError(
             f"{where}: 'edge_index' must be an integer array of shape [2, E], "
             f"got {edge_index.dtype} {edge_index.shape}"
@@ -151,7 +148,7 @@ def _check_arrays(edge_index: np.ndarray, x: np.ndarray, y: np.ndarray, where: s
     if x.shape[1] == 0:
         raise ValueError(f"{where}: 'x' has no feature columns (shape {x.shape}): the model "
                          "needs at least one node attribute")
-    if not (np.issubdtype(x.dtype, np.floating) or _is_int(x)):
+    if not (np.issubdtype(x.dtype, np.floating) or is_integer_array(x)):
         raise ValueError(f"{where}: 'x' must be numeric, got {x.dtype}")
     if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
         raise ValueError(f"{where}: 'x' contains NaN or Inf")
@@ -200,10 +197,10 @@ def _csr_to_dense(z: Any, where: str) -> np.ndarray:
     """Densify the CSR parts x_data/x_indices/x_indptr/x_shape (duplicates are summed)."""
     data, indices = np.asarray(z["x_data"]), np.asarray(z["x_indices"])
     indptr, shape = np.asarray(z["x_indptr"]), np.asarray(z["x_shape"])
-    if shape.shape != (2,) or not _is_int(shape) or shape.min() < 0:
+    if shape.shape != (2,) or not is_integer_array(shape) or shape.min() < 0:
         raise ValueError(f"{where}: 'x_shape' must be two non-negative integers, got {shape}")
     rows, cols = int(shape[0]), int(shape[1])
-    if indptr.ndim != 1 or indptr.shape[0] != rows + 1 or not _is_int(indptr):
+    if indptr.ndim != 1 or indptr.shape[0] != rows + 1 or not is_integer_array(indptr):
         raise ValueError(f"{where}: 'x_indptr' must be an integer array of length {rows + 1}")
     if indptr.size and int(indptr.max()) > INT64_MAX:
         raise ValueError(f"{where}: 'x_indptr' has entries above int64's range")
@@ -213,13 +210,13 @@ def _csr_to_dense(z: Any, where: str) -> np.ndarray:
     if indptr[0] != 0 or np.any(np.diff(indptr) < 0):
         raise ValueError(f"{where}: 'x_indptr' must start at 0 and be non-decreasing")
     nnz = int(indptr[-1])
-    if data.shape != (nnz,) or indices.shape != (nnz,) or not _is_int(indices):
+    if data.shape != (nnz,) or indices.shape != (nnz,) or not is_integer_array(indices):
         raise ValueError(
             f"{where}: 'x_data' and 'x_indices' must be 1-D of length x_indptr[-1] = {nnz}"
         )
     if nnz and (indices.min() < 0 or indices.max() >= cols):
         raise ValueError(f"{where}: 'x_indices' out of range [0, {cols})")
-    if not (np.issubdtype(data.dtype, np.floating) or _is_int(data)):   # as a dense 'x'
+    if not (np.issubdtype(data.dtype, np.floating) or is_integer_array(data)):   # as a dense 'x'
         raise ValueError(f"{where}: 'x_data' must be numeric (integer or float), got "
                          f"{data.dtype}")
     # the range check before densifying (1e300 became inf there and was reported as "NaN or
@@ -243,19 +240,10 @@ def _csr_to_dense(z: Any, where: str) -> np.ndarray:
 
 
 def _label_array(y: Any) -> np.ndarray:
-    """``y`` as a numpy array of labels: 1-D, integer, in [0, int64's largest]. (Float labels
-    were truncated, a 2-D y flattened, a -1 or a uint64 label >= 2**63 failed inside numpy;
-    relabel_by_size is public: a data audit.)"""
-    a = _np(y)
-    if not _is_int(a):
-        raise TypeError(f"y must be an integer array of labels, got {a.dtype}")
-    if a.ndim != 1:
-        raise ValueError(f"y must be 1-D [n], got shape {a.shape}")
-    if a.size and int(a.min()) < 0:
-        raise ValueError(f"y has negative labels (min {int(a.min())})")
-    if a.size and int(a.max()) > INT64_MAX:
-        raise ValueError(f"y has labels above int64's range (max {int(a.max())})")
-    return a
+    """``y`` as a numpy array of labels (``check_label_array``: float labels were truncated,
+    a 2-D y flattened, a -1 or a uint64 label >= 2**63 failed inside numpy; relabel_by_size
+    is public: a data audit)."""
+    return check_label_array(_np(y))
 
 
 def size_order(y: Any) -> tuple[np.ndarray, np.ndarray]:

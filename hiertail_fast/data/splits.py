@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hiertail_fast._validation import INT64_MAX, check_dense_tensor, check_seed
+from hiertail_fast._validation import check_dense_tensor, check_label_array, check_seed
 
 __all__ = ["natural_split", "natural_split_sizes", "user_split", "class_counts", "split_counts"]
 
@@ -47,15 +47,10 @@ def _to_numpy(a: Any, name: str) -> np.ndarray:
 
 
 def _labels(y: Any) -> np.ndarray:
-    arr = _to_numpy(y, "y")
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"y must be a non-empty 1-D label vector, got shape {arr.shape}")
-    if not np.issubdtype(arr.dtype, np.integer) or arr.dtype == bool:
-        raise ValueError(f"y must hold integer labels, got dtype {arr.dtype}")
-    if arr.min() < 0:
-        raise ValueError("y has negative labels")
-    if arr.dtype == np.uint64 and int(arr.max()) > INT64_MAX:   # would wrap negative
-        raise ValueError(f"y has labels beyond int64 (max {int(arr.max())})")
+    # (a ValueError for float labels, as the splits have always raised: callers catch it)
+    arr = check_label_array(_to_numpy(y, "y"), not_integer=ValueError)
+    if arr.size == 0:
+        raise ValueError("y is empty: there are no nodes to split")
     return arr.astype(np.int64, copy=False)
 
 
