@@ -12,7 +12,6 @@ import torch
 
 from hiertail_fast._threads import in_forked_child
 from hiertail_fast._validation import (
-    FLOAT_DTYPES,
     all_finite,
     check_dense_tensor,
     check_edge_weight,
@@ -279,11 +278,8 @@ def sparse_to_coo(adj: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
         raise TypeError(f"adj must be a torch sparse tensor or a torch_sparse.SparseTensor, "
                         f"got {type(adj).__name__}"
                         + ("" if not isinstance(adj, torch.Tensor) else " (dense)"))
-    if w is not None and w.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"a sparse adjacency's values are its edge weights and must be "
-                        f"floating-point (float32, float64, float16 or bfloat16), got {w.dtype}; "
-                        f"for an unweighted graph pass adj.float() (or its edge_index)")
-    w = check_edge_weight(w, row.numel(), "the sparse adjacency's value tensor (its edge weights)")
+    w = check_edge_weight(w, row.numel(), "the sparse adjacency's value tensor (its edge weights)",
+                          "; for an unweighted graph pass adj.float() (or its edge_index)")
     return row.long(), col.long(), w, check_num_nodes(n)
 
 

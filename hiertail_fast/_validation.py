@@ -81,10 +81,11 @@ FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
-def check_float_dtype(t: torch.Tensor, name: str) -> torch.Tensor:
+def check_float_dtype(t: torch.Tensor, name: str, hint: str = "") -> torch.Tensor:
+    """``hint``: what to do instead, appended to the message."""
     if t.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} must be a floating-point tensor (float32, float64, float16 or "
-                        f"bfloat16), got {t.dtype}")
+                        f"bfloat16), got {t.dtype}{hint}")
     return t
 
 
@@ -209,16 +210,16 @@ def check_edge_index(edge_index: object, num_nodes: int | None = None) -> torch.
 
 
 def check_edge_weight(edge_weight: object, num_edges: int,
-                      name: str = "edge_weight") -> torch.Tensor | None:
+                      name: str = "edge_weight", hint: str = "") -> torch.Tensor | None:
     """``name``: what the user gave the weights as (a sparse adjacency's values are named as
     such: "edge_weight must be a floating-point tensor" of a call that passed no edge_weight
-    was a fresh-user audit's find)."""
+    was a fresh-user audit's find); ``hint``: what to do instead of a non-float dtype."""
     if edge_weight is None:
         return None
     w = check_dense_tensor(edge_weight, name)
     if w.dim() != 1:
         raise ValueError(f"{name} must be 1-D [E], got shape {tuple(w.shape)}")
-    check_float_dtype(w, name)
+    check_float_dtype(w, name, hint)
     if w.numel() != num_edges:
         raise ValueError(
             f"{name} has {w.numel()} entries but edge_index has {num_edges} edges"

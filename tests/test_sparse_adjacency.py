@@ -169,9 +169,9 @@ def test_bad_sparse_adjacencies():
         for call in (lambda a=int_adj: CSRGraph.from_sparse(a),
                      lambda a=int_adj: gcn_propagate(x, a),
                      lambda a=int_adj: gcn_propagate(x, a.to_sparse_csr())):
-            with pytest.raises(TypeError, match=r"a sparse adjacency's values are its edge "
-                               rf"weights and must be floating-point .*got {values.dtype}; "
-                               r"for an unweighted graph pass adj.float\(\)"):
+            with pytest.raises(TypeError, match=r"the sparse adjacency's value tensor \(its "
+                               r"edge weights\) must be a floating-point tensor .*got "
+                               rf"{values.dtype}; for an unweighted graph pass adj.float\(\)"):
                 call()
     with pytest.raises(ValueError, match=r"the sparse adjacency's value tensor \(its edge "
                        r"weights\) contains NaN"):
