@@ -184,6 +184,24 @@ def check_index_vector(t: object, name: str, *, length: int | None = None,
     return t
 
 
+def check_node_ids(idx: object, name: str, n: int, device: torch.device,
+                   where: str) -> torch.Tensor:
+    """``idx`` as node ids: a 1-D integer tensor on ``device`` with entries in [0, n);
+    ``where`` names what holds the n nodes ("the output", "the graph"). A boolean mask (PyG's
+    train_mask) is refused by name: indexed with it, the baselines' up-sampling read node ids
+    0 and 1 (a baselines audit). One check for the model's loss and the baselines' context,
+    which wrote it twice in two wordings. Reads the largest id (a host sync on CUDA)."""
+    if isinstance(idx, torch.Tensor) and idx.dtype == torch.bool:
+        raise TypeError(f"{name} must hold node ids (an integer tensor), got a boolean mask: "
+                        "pass mask.nonzero().view(-1)")
+    idx = check_index_vector(idx, name)
+    if idx.device != device:
+        raise ValueError(f"{name} is on {idx.device} but {where} is on {device}")
+    if idx.numel() and int(idx.max()) >= n:
+        raise ValueError(f"{name} refers to node {int(idx.max())} but {where} has {n} nodes")
+    return idx
+
+
 def check_feature_norm(value: object, name: str = "feature_norm") -> str:
     """``value`` if it is one of FEATURE_NORMS, else a TypeError / ValueError naming them."""
     if not isinstance(value, str):

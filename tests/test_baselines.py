@@ -346,11 +346,12 @@ def test_method_context_names_bad_indices_and_labels(tiny):
     n, gen = g.num_nodes, torch.Generator()
     mask = torch.arange(n) % 2 == 0
     with pytest.raises(TypeError, match=r"train_idx must hold node ids .* boolean mask: pass "
-                       r"mask.nonzero\(\).flatten\(\)"):
+                       r"mask.nonzero\(\).view\(-1\)"):
         MethodContext(g.x, g.y, graph, mask, 4, gen)
     with pytest.raises(TypeError, match="val_idx must hold node ids"):
         MethodContext(g.x, g.y, graph, torch.arange(3), 4, gen, val_idx=mask)
-    with pytest.raises(ValueError, match=f"train_idx holds node {n} but the graph has {n}"):
+    with pytest.raises(ValueError,
+                       match=f"train_idx refers to node {n} but the graph has {n} nodes"):
         MethodContext(g.x, g.y, graph, torch.tensor([0, n]), 4, gen)
     with pytest.raises(ValueError, match="train_idx has negative entries"):
         MethodContext(g.x, g.y, graph, torch.tensor([0, -1]), 4, gen)
@@ -358,7 +359,7 @@ def test_method_context_names_bad_indices_and_labels(tiny):
         MethodContext(g.x, g.y, graph, torch.zeros(2), 4, gen)
     with pytest.raises(ValueError, match=r"num_classes=3 but the labels y go up to 3"):
         MethodContext(g.x, g.y, graph, torch.arange(3), 3, gen)
-    MethodContext(g.x, g.y, graph, mask.nonzero().flatten(), 4, gen)    # the fix it names
+    MethodContext(g.x, g.y, graph, mask.nonzero().view(-1), 4, gen)    # the fix it names
 
 
 def test_config_replace_with_another_method_takes_its_defaults():

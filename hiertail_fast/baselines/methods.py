@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hiertail_fast._validation import check_index_vector
+from hiertail_fast._validation import check_index_vector, check_node_ids
 from hiertail_fast.baselines.config import BaselineConfig
 from hiertail_fast.baselines.layers import Classifier, Encoder, adjacency_operator
 from hiertail_fast.baselines.sampling import (
@@ -70,17 +70,9 @@ class MethodContext:
             idx = getattr(self, name)
             if idx is None:
                 continue
-            # a PyG-style boolean mask was read as node ids 0 and 1 by the up-sampling methods
-            # (no synthetic nodes, a loss on two nodes; a baselines audit)
-            if isinstance(idx, torch.Tensor) and idx.dtype == torch.bool:
-                raise TypeError(f"{name} must hold node ids (an integer tensor), got a boolean "
-                                f"mask: pass mask.nonzero().flatten()")
-            check_index_vector(idx, name)
-            if idx.device != self.x.device:
-                raise ValueError(f"{name} is on {idx.device} but x on {self.x.device}")
-            if idx.numel() and int(idx.max()) >= n:
-                raise ValueError(f"{name} holds node {int(idx.max())} but the graph has {n} "
-                                 f"nodes")
+            # (a boolean mask: the up-sampling methods read node ids 0 and 1, no synthetic
+            # nodes and a loss on two nodes; a baselines audit)
+            check_node_ids(idx, name, n, self.x.device, "the graph")
 
 
 class BaselineMethod(nn.Module):

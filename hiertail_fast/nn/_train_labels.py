@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hiertail_fast._validation import check_index_vector, check_tensor
+from hiertail_fast._validation import check_index_vector, check_node_ids, check_tensor
 from hiertail_fast.ops._custom_ops import OP_OPTIONS, READY, unshared
 
 
@@ -25,18 +25,11 @@ def train_labels(y, train_idx, n: int, num_classes: int, device: torch.device
     if y.numel() and int(y.max()) >= num_classes:
         raise ValueError(f"y has label {int(y.max())} but the model has {num_classes} classes "
                          f"(labels must lie in [0, {num_classes}))")
-    if isinstance(train_idx, Tensor) and train_idx.dtype == torch.bool:   # PyG's train_mask
-        raise TypeError("train_idx must be node ids (an integer tensor), got a boolean mask: "
-                        "pass mask.nonzero().view(-1)")
-    train_idx = check_index_vector(train_idx, "train_idx")
+    if y.device != device:
+        raise ValueError(f"y is on {y.device} but the output is on {device}")
+    train_idx = check_node_ids(train_idx, "train_idx", n, device, "the output")
     if not train_idx.numel():
         raise ValueError("train_idx must be a non-empty 1-D index tensor")
-    if int(train_idx.max()) >= n:
-        raise ValueError(f"train_idx refers to node {int(train_idx.max())} but the output has "
-                         f"{n} nodes")
-    for t, name in ((y, "y"), (train_idx, "train_idx")):
-        if t.device != device:
-            raise ValueError(f"{name} is on {t.device} but the output is on {device}")
     train_idx = train_idx.long()
     # a node listed twice re-weighted CE and SCL, and with include_self=False its own copy
     # became its positive (the split helpers refuse this with the same words). One boolean
