@@ -184,6 +184,15 @@ def check_index_vector(t: object, name: str, *, length: int | None = None,
     return t
 
 
+def check_labels_below(top: int, num_classes: int, count: str = "num_classes") -> None:
+    """ValueError when the largest label ``top`` is not below the class count; ``count`` names
+    that count as the caller's user gave it. One message for the splits, the metrics, the
+    trainer, the model's loss and the baselines, which had four wordings of it."""
+    if top >= num_classes:
+        raise ValueError(f"the labels go up to {top} but {count} is {num_classes}: labels "
+                         f"must lie in [0, {num_classes})")
+
+
 def check_node_ids(idx: object, name: str, n: int, device: torch.device,
                    where: str) -> torch.Tensor:
     """``idx`` as node ids: a 1-D integer tensor on ``device`` with entries in [0, n);
@@ -722,9 +731,7 @@ def check_num_classes(num_classes: object, y: torch.Tensor) -> int:
                                                                     (int, np.integer)):
         raise TypeError(f"data.num_classes must be an int, got {type(num_classes).__name__} "
                         f"{num_classes!r}")
-    top = int(torch.as_tensor(y).max())
-    if num_classes <= top:
-        raise ValueError(f"data.num_classes={num_classes} but the labels go up to {top}")
+    check_labels_below(int(torch.as_tensor(y).max()), num_classes, "data.num_classes")
     return int(num_classes)
 
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from hiertail_fast._validation import check_labels_below
+
 # Labels up to max(this, 4 n) count in dense per-label vectors (np.bincount, O(n + K)); beyond
 # it the present labels are relabelled first (O(n log n)), as data/io.py's DENSE_LABEL_MAP_MIN.
 DENSE_LABELS_MIN = 1 << 16
@@ -118,8 +120,7 @@ def _counts(t: np.ndarray, p: np.ndarray, num_classes: int | None = None):
     10**10 asked for 74.5 GiB)."""
     k = int(max(t.max(), p.max())) + 1
     if num_classes is not None:
-        if k > num_classes:
-            raise ValueError(f"labels go up to {k - 1} but num_classes is {num_classes}")
+        check_labels_below(k - 1, num_classes)
         k = num_classes
     elif k > max(DENSE_LABELS_MIN, 4 * t.shape[0]):
         present, inverse = np.unique(np.concatenate([t, p]), return_inverse=True)

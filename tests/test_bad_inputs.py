@@ -447,7 +447,7 @@ def model_output():
 
 
 @pytest.mark.parametrize("y, idx, exc, msg", [
-    ("range", None, ValueError, "y has label 7 but the model has 3 classes"),
+    ("range", None, ValueError, "the labels go up to 7 but the model's num_classes is 3"),
     ("negative", None, ValueError, "y has negative entries"),
     ("float", None, TypeError, "y must be an integer tensor"),
     ("length", None, ValueError, "y has 9 entries, expected 10"),

@@ -357,7 +357,8 @@ def test_method_context_names_bad_indices_and_labels(tiny):
         MethodContext(g.x, g.y, graph, torch.tensor([0, -1]), 4, gen)
     with pytest.raises(TypeError, match="train_idx must be an integer tensor"):
         MethodContext(g.x, g.y, graph, torch.zeros(2), 4, gen)
-    with pytest.raises(ValueError, match=r"num_classes=3 but the labels y go up to 3"):
+    with pytest.raises(ValueError, match=r"the labels go up to 3 but num_classes is 3: "
+                       r"labels must lie in \[0, 3\)"):
         MethodContext(g.x, g.y, graph, torch.arange(3), 3, gen)
     MethodContext(g.x, g.y, graph, mask.nonzero().view(-1), 4, gen)    # the fix it names
 

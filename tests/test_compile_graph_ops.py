@@ -469,7 +469,7 @@ def test_hiertail_training_step_compiles_whole(config):
     assert len(got_g) == len(want_g) > 0
     for a, b in zip(got_g, want_g, strict=True):
         assert torch.equal(a, b), (a - b).abs().max()
-    with pytest.raises(ValueError, match="y has label 6 but the model has 6 classes"):
+    with pytest.raises(ValueError, match="the labels go up to 6 but the model's num_classes is 6"):
         compiled(g.x, torch.full_like(g.y, 6))
 
 
@@ -633,7 +633,7 @@ def test_label_checks_without_the_private_guard_are_traced_as_before(monkeypatch
     for a, b in zip(compiled(y, idx), f(y, idx), strict=True):
         assert torch.equal(a, b)
     assert graphs and not [op for gm in graphs for op in _ops_in(gm)]
-    with pytest.raises(ValueError, match="y has label 3 but the model has 3 classes"):
+    with pytest.raises(ValueError, match="the labels go up to 3 but the model's num_classes is 3"):
         compiled(torch.full((10,), 3), idx)
 
 

@@ -243,7 +243,7 @@ def test_hiertail_loss_checks_labels_and_indices():
     ei = torch.randint(0, n, (2, 30))
     out = model(torch.randn(n, 4), prepare_graph(ei, n))
     y = torch.arange(n) % c
-    with pytest.raises(ValueError, match="y has label 3 but the model has 3 classes"):
+    with pytest.raises(ValueError, match="the labels go up to 3 but the model's num_classes is 3"):
         model.loss(out, torch.full((n,), 3), torch.arange(4))
     with pytest.raises(ValueError, match="train_idx refers to node 12"):
         model.loss(out, y, torch.tensor([0, 12]))

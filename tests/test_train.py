@@ -309,7 +309,8 @@ def test_hand_built_graph_data_is_checked(small):
             (replace(small, y=y_frac), ValueError, "'y' must be an integer array of labels"),
             (replace(small, num_classes=5.7), TypeError, "data.num_classes must be an int"),
             (replace(small, num_classes="5"), TypeError, "data.num_classes must be an int"),
-            (replace(small, num_classes=2), ValueError, "data.num_classes=2 but the labels go"),
+            (replace(small, num_classes=2), ValueError,
+             "the labels go up to 4 but data.num_classes is 2"),
             (replace(small, x=small.x[:, 0]), ValueError, "'x' must be 2-D"),
             (replace(small, x=small.x.double() * 1e39), ValueError,
              "'x' has values beyond float32's range")):

@@ -136,7 +136,8 @@ def test_num_classes_equal_to_the_largest_label_is_refused(trainer):
     top = int(small.y.max())
     assert top == small.num_classes - 1
     bad = replace(small, num_classes=top)
-    with pytest.raises(ValueError, match=f"data.num_classes={top} but the labels go up to {top}"):
+    with pytest.raises(ValueError,
+                       match=f"the labels go up to {top} but data.num_classes is {top}"):
         if trainer == "hiertail":
             train_hiertail(bad, None, HierTailConfig.paper(hidden=4), epochs=1, seed=0,
                            progress=False)

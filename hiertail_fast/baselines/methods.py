@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hiertail_fast._validation import check_index_vector, check_node_ids
+from hiertail_fast._validation import check_index_vector, check_labels_below, check_node_ids
 from hiertail_fast.baselines.config import BaselineConfig
 from hiertail_fast.baselines.layers import Classifier, Encoder, adjacency_operator
 from hiertail_fast.baselines.sampling import (
@@ -63,9 +63,8 @@ class MethodContext:
         if self.num_classes < 2:
             raise ValueError(f"need at least 2 classes, got {self.num_classes}")
         check_index_vector(self.y, "y", length=n)
-        if n and int(self.y.max()) >= self.num_classes:
-            raise ValueError(f"num_classes={self.num_classes} but the labels y go up to "
-                             f"{int(self.y.max())}")
+        if n:
+            check_labels_below(int(self.y.max()), self.num_classes)
         for name in ("train_idx", "val_idx"):
             idx = getattr(self, name)
             if idx is None:

@@ -33,7 +33,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from hiertail_fast._validation import check_dense_tensor, check_label_array, check_seed
+from hiertail_fast._validation import (
+    check_dense_tensor,
+    check_label_array,
+    check_labels_below,
+    check_seed,
+)
 
 __all__ = ["natural_split", "natural_split_sizes", "user_split", "class_counts", "split_counts"]
 
@@ -64,8 +69,7 @@ def _num_classes(num_classes: Any, lab: np.ndarray) -> int:
         raise TypeError(f"num_classes must be an int, got {type(num_classes).__name__} "
                         f"{num_classes!r}")
     c = int(num_classes)
-    if c <= int(lab.max()):
-        raise ValueError(f"labels go up to {int(lab.max())} but num_classes is {c}")
+    check_labels_below(int(lab.max()), c)
     return c
 
 

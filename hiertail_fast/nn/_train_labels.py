@@ -11,7 +11,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hiertail_fast._validation import check_index_vector, check_node_ids, check_tensor
+from hiertail_fast._validation import (
+    check_index_vector,
+    check_labels_below,
+    check_node_ids,
+    check_tensor,
+)
 from hiertail_fast.ops._custom_ops import OP_OPTIONS, READY, unshared
 
 
@@ -22,9 +27,8 @@ def train_labels(y, train_idx, n: int, num_classes: int, device: torch.device
     (the model output's). Any integer dtype: cross_entropy needs int64 targets, and a uint8
     index tensor would be read as a boolean mask."""
     y = check_index_vector(y, "y", length=n)
-    if y.numel() and int(y.max()) >= num_classes:
-        raise ValueError(f"y has label {int(y.max())} but the model has {num_classes} classes "
-                         f"(labels must lie in [0, {num_classes}))")
+    if y.numel():
+        check_labels_below(int(y.max()), num_classes, "the model's num_classes")
     if y.device != device:
         raise ValueError(f"y is on {y.device} but the output is on {device}")
     train_idx = check_node_ids(train_idx, "train_idx", n, device, "the output")
