@@ -69,6 +69,14 @@ def _syncs(name: str, args) -> str | None:
     return None
 
 
+def _site(frame: traceback.FrameSummary) -> str:
+    """``file.py:line`` of a library frame, the file named with its folder inside a private
+    package (``_validation/losses.py``: the public ``losses.py`` is another file)."""
+    path = Path(frame.filename)
+    name = f"{path.parent.name}/{path.name}" if path.parent.name.startswith("_") else path.name
+    return f"{name}:{frame.lineno}"
+
+
 class _Counter(TorchDispatchMode):
     """Counts every dispatched operator (only the host-syncing ones with `syncs`) by (name, the
     innermost library source line)."""
@@ -87,7 +95,7 @@ class _Counter(TorchDispatchMode):
             self.views.add(name)
         if name is not None:
             frames = [f for f in traceback.extract_stack() if "hiertail_fast" in f.filename]
-            where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "-"
+            where = _site(frames[-1]) if frames else "-"
             self.calls[(name, where)] += 1
         return func(*args, **(kwargs or {}))
 
@@ -144,7 +152,7 @@ def count_step(step, syncs: bool = False):
         with torch.utils._python_dispatch._disable_current_modes():
             frames = [f for f in traceback.extract_stack() if "hiertail_fast" in f.filename]
         if frames:
-            where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}"
+            where = _site(frames[-1])
             counter.calls[("tolist", where)] += 1
         return real_tolist(self)
 

@@ -250,7 +250,8 @@ def test_dispatch_count_counts_the_loss_calls():
     # checks read every level's values in one tolist)
     real_tolist = torch.Tensor.tolist
     att = dispatch_count.count(120, 8, 1, "exact", "relu", 0.1, "attention", syncs=True)
-    assert any(name == "tolist" and where.startswith("_validation.py:") for name, where in att)
+    assert any(name == "tolist" and where.startswith("_validation/losses.py:")
+               for name, where in att)
     assert torch.Tensor.tolist is real_tolist                              # put back
     mask = torch.tensor([True, False])
     assert dispatch_count._syncs("index", (torch.zeros(2), [mask])) == "index[bool]"
@@ -273,7 +274,7 @@ def test_dispatch_count_counts_a_hiertail_epoch(capsys):
     syncs = dispatch_count.count_step(dispatch_count.epoch_step(400), syncs=True)
     assert 0 < sum(syncs.values()) < sum(calls.values())
     checks = [k for (name, where), k in syncs.items()
-              if name == "tolist" and where.startswith("_validation.py:")]
+              if name == "tolist" and where.startswith("_validation/losses.py:")]
     assert checks                        # the loss checks' one read per loss call
     assert dispatch_count.main(["--epoch", "400", "--syncs", "--top", "3"]) == 0
     out = capsys.readouterr().out

@@ -81,3 +81,19 @@ def test_readme_public_api_example_runs():
     torch.testing.assert_close(value, ns["balanced_contrastive_loss"](ns["z"].detach(), ns["y"]))
     assert ns["out"].logits.shape == (ns["g"].num_nodes, ns["g"].num_classes)
     assert torch.equal(ns["dz"], ns["z"].grad)        # torch.func.grad: the backward's numbers
+
+
+def test_every_subpackage_is_listed_for_the_wheel():
+    # pyproject lists the packages by name (the kernels/ mapping rules out find:); an editable
+    # install finds an unlisted one anyway, a wheel (pip install .) leaves it out and the
+    # package fails at import. hiertail_fast._validation became a package in session 68
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")            # (Python 3.11+; 3.10 is supported)
+    root = Path(hiertail_fast.__file__).resolve().parent
+    config = tomllib.loads((root.parent / "pyproject.toml").read_text())
+    listed = set(config["tool"]["setuptools"]["packages"])
+    on_disk = {".".join(("hiertail_fast",) + p.parent.relative_to(root).parts)
+               for p in root.rglob("__init__.py")}
+    assert on_disk <= listed, f"not in pyproject's packages: {sorted(on_disk - listed)}"
+    assert "hiertail_fast.kernels" in listed

@@ -1,0 +1,78 @@
+"""Input checks shared by every public op: clear ValueError/TypeError naming the problem.
+
+One package, four topics (a module of 880 lines split under the house's ~400): ``tensors``
+(type, dtype, finiteness, index vectors), ``options`` (paths, flags, seeds, threads, devices),
+``graphs`` (labels, node ids, edges, sparse adjacencies) and ``losses`` (the contrastive
+losses' inputs). Import from here: the names are re-exported, so a check may move between the
+modules without its callers changing."""
+from hiertail_fast._validation.graphs import (  # noqa: F401
+    MAX_NODES,
+    NODE_ARRAY_BYTES,
+    check_classes,
+    check_edge_index,
+    check_edge_weight,
+    check_gcn_degrees,
+    check_label_array,
+    check_labels_below,
+    check_no_edge_weight,
+    check_node_arrays_fit,
+    check_node_ids,
+    check_num_classes,
+    check_num_nodes,
+    check_prototype_args,
+    check_score_weight,
+    check_sparse_parts,
+    check_unpool_args,
+    check_weights_fit,
+    duplicate_sum_overflow,
+    physical_memory,
+)
+from hiertail_fast._validation.losses import (  # noqa: F401
+    _FP32_MAX,
+    MIN_TEMPERATURE,
+    OFFICIAL_ENGINE_MAX_LOGIT,
+    REDUCTIONS,
+    VARIANTS,
+    LossInputValues,
+    check_level_sequences,
+    check_logit_range,
+    check_loss_options,
+    check_official_engine_range,
+    check_prototypes_match,
+    check_temperature_value,
+    validate_contrastive_inputs,
+    validate_contrastive_levels,
+)
+from hiertail_fast._validation.options import (  # noqa: F401
+    FEATURE_NORMS,
+    SEED_MAX,
+    available_cpus,
+    check_device,
+    check_epochs_patience,
+    check_feature_norm,
+    check_finite_number,
+    check_flag,
+    check_openmp_team,
+    check_path,
+    check_positive_int,
+    check_seed,
+    check_threads,
+    env_int,
+    env_switch,
+)
+from hiertail_fast._validation.tensors import (  # noqa: F401
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    INT64_MAX,
+    all_finite,
+    blame_inner_non_finite,
+    check_dense_tensor,
+    check_float_dtype,
+    check_float_matrix,
+    check_index_dtype,
+    check_index_vector,
+    check_tensor,
+    is_integer_array,
+    is_non_finite_error,
+    non_finite_error,
+)
