@@ -47,7 +47,7 @@ ENGINES = ("auto", "attention", "attention[cudnn]", "torch", "torch+slices", "to
            "attention+triton",
            "triton", "triton[tf32x3]",
            "triton[lean]", "triton[shared]", "triton[shared+lean]", "triton[nosplit]",
-           "triton[warps4]", "triton[tf32x3+autotune]")
+           "triton[warps4]", "triton[autotune]", "triton[tf32x3+autotune]")
 DEFAULT_ENGINES = ("auto", "attention", "torch", "torch+slices", "triton")
 BF16_ENGINES = ("auto", "attention", "attention[cudnn]", "torch", "triton",  # (no fp32-dot
                 "triton[lean]", "triton[shared]", "triton[shared+lean]",  # modes)

@@ -142,3 +142,11 @@ def test_time_is_kept_back_for_the_autotuned_rows():
         gpu_report.AUTOTUNE_NEED_S / 2
     assert loss_profile.tuned_reserve(["auto", "triton"], "cuda") == 0
     assert loss_profile.tuned_reserve(["triton[tf32x3+autotune]"], "cpu") == 0
+
+
+def test_every_opt_in_triton_mode_is_a_loss_profile_engine():
+    # README says gpu_report.py and loss_profile.py time the opt-in Triton modes as extra
+    # engines; loss_profile lacked triton[autotune] (exit 2, "invalid choice": a docs audit)
+    assert set(loss_profile.gc.TRITON_MODES) <= set(loss_profile.ENGINES)
+    assert "triton[autotune]" not in [c[3] for c in loss_profile.timed_cases(
+        ["triton", "triton[autotune]"], "cuda")]                   # tuned_rows' own, as above

@@ -431,6 +431,12 @@ def test_unwritable_out_or_runs_dir_is_refused_before_any_training(tmp_path, mon
     ("semi-synthetic", ["--alpha", "nan"], "must lie in (0, 1)"),
     ("semi-synthetic", ["--val-per-class", "-1"], "--val-per-class"),
     ("semi-synthetic", ["--val-per-class", "1000"], "no dataset can take this split"),
+    # no head class: more eligible classes help too (the advice named --alpha alone; a docs
+    # audit, session 68)
+    ("semi-synthetic", ["--val-per-class", "1", "--test-per-class", "1", "--alpha", "0.95"],
+     "head classes (the official rule; 1 - 0.8 is 0.19999999999999996 in floats); need at "
+     "least one head and one tail class); try another --alpha, or smaller --val-per-class / "
+     "--test-per-class"),
     ("sensitivity", ["--parts", "hidden", "--hiddens", "16.7"], "'16.7' is not an integer"),
     ("sensitivity", ["--parts", "hidden", "--hiddens", "inf"], "'inf' is not an integer"),
     ("sensitivity", ["--parts", ""], "--parts '' gives no value"),

@@ -63,7 +63,10 @@ def specs(ctx: Context) -> list[RunSpec]:
             setting(ctx, d)
             usable.append(d)
         except ValueError as exc:
-            advice = ("try another --alpha" if str(exc).startswith("alpha=")
+            # (the head-class count int((1 - alpha) C) also grows with the eligible classes C:
+            # smaller per-class counts let more classes in)
+            advice = ("try another --alpha, or smaller --val-per-class / --test-per-class (more "
+                      "classes large enough to keep)" if str(exc).startswith("alpha=")
                       else "try smaller --val-per-class / --test-per-class")
             ctx.notes.append(f"- {d}: not applicable ({exc}); {advice}")
     if not usable:
