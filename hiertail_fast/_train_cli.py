@@ -51,7 +51,9 @@ from hiertail_fast.ops._dispatch import (
     triton_refusal,
 )
 from hiertail_fast.train import (
+    EPOCHS,
     PAPER_HIDDEN,
+    PATIENCE,
     TrainingDivergedError,
     format_table,
     is_out_of_memory,
@@ -225,9 +227,9 @@ def build_parser(prog: str = "python -m hiertail_fast.train") -> argparse.Argume
     m.add_argument("--loss-backend", choices=("reference", "torch", "triton", "attention"),
                    help="the contrastive losses' backend (default: chosen per device; "
                         "attention: PyTorch's fused attention kernels)")
-    m.add_argument("--epochs", type=_positive(int), default=10_000,
+    m.add_argument("--epochs", type=_positive(int), default=EPOCHS,
                    help="most epochs per seed (default %(default)s, the paper's protocol)")
-    m.add_argument("--patience", type=_non_negative(int), default=1_000,
+    m.add_argument("--patience", type=_non_negative(int), default=PATIENCE,
                    help="stop after this many epochs without a better val Macro-F1 (default "
                    "%(default)s)")
     m.add_argument("--seeds", nargs="+", default=["10"],

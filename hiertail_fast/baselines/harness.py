@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
+from hiertail_fast._protocol import EPOCHS, PATIENCE
 from hiertail_fast._validation import check_epochs_patience, check_flag
 from hiertail_fast.baselines.config import BaselineConfig
 from hiertail_fast.baselines.methods import METHODS, MethodContext, build_method
@@ -62,8 +63,8 @@ def train_baseline(
     split: Any = None,
     config: BaselineConfig | None = None,
     *,
-    epochs: int = 10_000,
-    patience: int = 1_000,
+    epochs: int = EPOCHS,
+    patience: int = PATIENCE,
     seed: int | None = None,
     device: str | torch.device = "cpu",
     graph=None,

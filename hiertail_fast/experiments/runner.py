@@ -47,16 +47,15 @@ from typing import Any
 import numpy as np
 
 from hiertail_fast._files import atomic_write_text, claim, folder_lock
+from hiertail_fast._protocol import EPOCHS, METRICS, OFFICIAL_SEEDS, PAPER_HIDDEN, PATIENCE
 
 __all__ = ["Budget", "RunSpec", "DataSource", "RunCache", "run_specs", "summarize",
            "data_fingerprint", "FULL_SEEDS", "FULL_EPOCHS", "FULL_PATIENCE", "QUICK"]
 
-FULL_SEEDS = tuple(range(123, 133))     # the official 123..132
-FULL_EPOCHS, FULL_PATIENCE = 10_000, 1_000
+FULL_SEEDS = OFFICIAL_SEEDS     # the official 123..132
+FULL_EPOCHS, FULL_PATIENCE = EPOCHS, PATIENCE
 QUICK = {"seeds": 3, "epochs": 300, "patience": 100}
-METRICS = ("bacc", "macro_f1", "g_means", "acc")
-# hidden size of the paper's appendix: 64 on these three, 128 on the other paper datasets
-SMALL_HIDDEN = {"email": 64, "wiki": 64, "blogcatalog": 64}
+SMALL_HIDDEN = PAPER_HIDDEN     # 64 on Email, Wiki, BlogCatalog; 128 on the other paper datasets
 
 
 @dataclass(frozen=True)
