@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hiertail_fast._files import claim
-from hiertail_fast.experiments import runner
+from hiertail_fast.experiments import run_cache, runner
 from hiertail_fast.experiments.cli import main
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
@@ -83,7 +83,7 @@ def test_a_run_another_command_trains_is_waited_for_not_trained_twice(
     claim_path = first.with_name(f".{first.stem}.training")
 
     trained, waiting = [], threading.Event()
-    real_train, real_claim = runner._train, runner.claim
+    real_train, real_claim = runner._train, run_cache.claim
 
     def counting(spec, *args, **kwargs):
         trained.append(args[3])
@@ -94,7 +94,7 @@ def test_a_run_another_command_trains_is_waited_for_not_trained_twice(
             waiting.set()
         return real_claim(path, wait=wait)
     monkeypatch.setattr(runner, "_train", counting)
-    monkeypatch.setattr(runner, "claim", spying)
+    monkeypatch.setattr(run_cache, "claim", spying)      # (RunCache.claim's)
 
     holding = threading.Event()
 

@@ -9,7 +9,7 @@ fingerprint of the data it was run on, computed exactly as the runner computes i
 ``DataSource`` loads for the record's ``identity.dataset`` from ``--data-dir`` (default, as the
 experiments: ``$HIERTAIL_DATA``, else ``../shared/data``) with the identity's ``feature_norm``
 (absent: ``none``), or for ``synthetic`` the CLI's synthetic graph of the identity's nodes,
-classes and features; then ``runner.data_fingerprint`` of it. A record is migrated only when that
+classes and features; then ``run_cache.data_fingerprint`` of it. A record is migrated only when that
 data's shape key equals the one in its identity (else it was not made from this data folder's
 file: it is listed and left alone). Each record is rewritten atomically, its content unchanged
 but for ``data_fingerprint`` (after ``identity``) and ``data_fingerprint_added`` (how and when).
@@ -32,7 +32,8 @@ from pathlib import Path
 
 from hiertail_fast._argparse import ArgumentParser, dir_arg
 from hiertail_fast._files import atomic_write_text
-from hiertail_fast.experiments.runner import DataSource, _json_default
+from hiertail_fast.experiments.data_source import DataSource
+from hiertail_fast.experiments.run_cache import _json_default
 
 
 def _source_for(identity: dict, data_dir: Path, sources: dict) -> tuple[DataSource, str]:

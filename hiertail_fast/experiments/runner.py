@@ -1,5 +1,5 @@
-"""The shared runner of the experiments: budgets, data sources, run specs, the per-run cache
-(resume) and the loop that trains whatever is not cached yet.
+"""The shared runner of the experiments: budgets, run specs and the loop that trains whatever the
+per-run cache (``run_cache``, resume) does not hold yet, on the graphs of a ``data_source``.
 
 A run is one (dataset, split, method, configuration, seed) under one budget (epochs, patience)
 on one device type. Its result is written, atomically, to its own file under the runs folder as
@@ -32,22 +32,27 @@ as was done for the committed reproduction cache (docs/results/experiments/runs)
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hiertail_fast._files import atomic_write_text, claim, folder_lock
 from hiertail_fast._protocol import EPOCHS, METRICS, OFFICIAL_SEEDS, PAPER_HIDDEN, PATIENCE
+from hiertail_fast.experiments.data_source import SYNTHETIC_DEGREE, DataSource  # noqa: F401
+from hiertail_fast.experiments.run_cache import (  # noqa: F401  (this module's names too)
+    OTHER_DATA,
+    RunCache,
+    _is_run_record,
+    _json_default,
+    code_key,
+    code_text,
+    code_version,
+    data_fingerprint,
+    git,
+)
 
 __all__ = ["Budget", "RunSpec", "DataSource", "RunCache", "run_specs", "summarize",
            "data_fingerprint", "FULL_SEEDS", "FULL_EPOCHS", "FULL_PATIENCE", "QUICK"]
@@ -124,275 +129,6 @@ class RunSpec:
         return {"dataset": self.dataset, "data": data_key, "split": list(self.split),
                 "method": self.method, "config": self.config.to_dict(), "seed": int(seed),
                 "epochs": budget.epochs, "patience": budget.patience, "device": device_type}
-
-
-def git(*args: str) -> str | None:
-    """``git ARGS`` in this package's checkout; None when git or the checkout is absent."""
-    try:
-        res = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return res.stdout.strip() if res.returncode == 0 else None
-
-
-@lru_cache(maxsize=1)
-def code_version() -> dict:
-    """The code the runs of this process train with: the commit (and whether tracked files
-    differ) when this package runs from a git checkout of itself, and the package's version.
-    An installed copy (site-packages, perhaps inside a user's own repository, whose commit is
-    not this code's) has no commit: its ``git_commit`` / ``git_dirty`` are None."""
-    from hiertail_fast import __version__
-
-    tracked = git("ls-files", "--error-unmatch", "--", "__init__.py") is not None
-    dirty = git("status", "--porcelain", "--untracked-files=no") if tracked else None
-    return {"git_commit": git("rev-parse", "HEAD") if tracked else None,
-            "git_dirty": None if dirty is None else bool(dirty),
-            "package_version": __version__}
-
-
-def code_key(record: dict) -> tuple:
-    """What identifies the code of a run record or provenance: its commit when it has one,
-    else its package version (records written before versions were recorded have None)."""
-    if record.get("git_commit") is not None:
-        return (record["git_commit"], record.get("git_dirty"), None)
-    return (None, None, record.get("package_version"))
-
-
-def code_text(key: tuple) -> str:
-    """A `code_key` for a summary: the commit, or the package version of an installed copy."""
-    commit, dirty, version = key
-    if commit is not None:
-        return f"`{commit}`" + (" (uncommitted changes)" if dirty else "")
-    return f"version `{version}` (no git checkout)" if version else "`None`"
-
-
-def data_fingerprint(data) -> str:
-    """``"sha256:<hex>"`` of a graph's content as a run sees it: x, edge_index and y (each its
-    name, dtype, shape and bytes, C order). Two graphs of the same shape but other features,
-    edges or labels get different fingerprints."""
-    h = hashlib.sha256()
-    for name in ("x", "edge_index", "y"):
-        value = getattr(data, name)
-        if hasattr(value, "detach"):
-            value = value.detach().cpu().contiguous().numpy()
-        a = np.ascontiguousarray(value)
-        h.update(f"{name}:{a.dtype.str}:{list(a.shape)};".encode())
-        h.update(a.tobytes())
-    return "sha256:" + h.hexdigest()
-
-
-def _safe(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "._=-" else "_" for c in text)[:80]
-
-
-# what `RunCache.lookup` says of a run of other data of the same shape, which `RunCache.put`
-# keeps beside the new one (run_specs' notice says so only then)
-OTHER_DATA = "was made from other data of the same shape"
-
-
-class RunCache:
-    """One JSON file per finished run; the file name carries a hash of the run's identity."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = Path(root)
-
-    def path(self, spec: RunSpec, identity: dict) -> Path:
-        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
-        return (self.root / _safe(spec.dataset)
-                / f"{_safe(spec.method)}-{digest}-s{identity['seed']}.json")
-
-    def lookup(self, spec: RunSpec, identity: dict, fingerprint: str | None = None
-               ) -> tuple[dict | None, str | None]:
-        """(the cached record or None, why a file that exists is not used, or None).
-
-        Not used: a file that cannot be read or parsed (truncated, corrupt), and a record whose
-        ``data_fingerprint`` differs from ``fingerprint`` (same shape, other data). A record
-        without a fingerprint (made before it existed) is used: see the module docstring."""
-        p = self.path(spec, identity)
-        if not p.is_file():
-            return None, None
-        try:
-            record = json.loads(p.read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            return None, f"warning: cached run {p} cannot be read ({exc}); treated as missing"
-        if not _is_run_record(record):
-            return None, (f"warning: cached run {p} is not a complete run record "
-                          "(corrupt); treated as missing")
-        if record.get("identity") != identity:
-            return None, None
-        cached = record.get("data_fingerprint")
-        if fingerprint is not None and cached is not None and cached != fingerprint:
-            kept = self._kept(p, fingerprint, identity)  # this data's run, kept by a put
-            if kept is not None:
-                return kept, None
-            return None, (f"cached run {p} {OTHER_DATA} "
-                          f"(data fingerprint {str(cached)[:19]}, this data {fingerprint[:19]}); "
-                          "treated as missing")
-        return record, None
-
-    @staticmethod
-    def _version_path(p: Path, fingerprint: str) -> Path:
-        """Where the run of `p`'s identity made from the data of `fingerprint` is kept when
-        the run of other data of the same shape takes `p`."""
-        return p.with_name(f"{p.stem}.data-{str(fingerprint).split(':')[-1][:16]}.json")
-
-    def _kept(self, p: Path, fingerprint: str, identity: dict) -> dict | None:
-        """The run `put` kept beside `p` for the data of `fingerprint`: served only whole,
-        of that data (its full fingerprint) and of this run (its identity, as `lookup`
-        checks `p`'s: a file copied into place, or a 48-bit digest shared, is not this run)."""
-        try:
-            record = json.loads(self._version_path(p, fingerprint).read_text())
-        except (OSError, UnicodeDecodeError, ValueError):
-            return None
-        ok = (_is_run_record(record) and record.get("data_fingerprint") == fingerprint
-              and record.get("identity") == identity)
-        return record if ok else None
-
-    def claim(self, spec: RunSpec, identity: dict, *, wait: bool):
-        """`claim` (hiertail_fast._files) of the run: the flock on ``.<run file
-        stem>.training`` beside its file, while this process trains it."""
-        p = self.path(spec, identity)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        return claim(p.with_name(f".{p.stem}.training"), wait=wait)
-
-    def get(self, spec: RunSpec, identity: dict, fingerprint: str | None = None) -> dict | None:
-        return self.lookup(spec, identity, fingerprint)[0]
-
-    def put(self, spec: RunSpec, identity: dict, record: dict) -> Path:
-        """Write `record` as its identity's run; a run of other data of the same shape in that
-        file is first moved beside it (``<name>.data-<its fingerprint>.json``), where
-        `lookup` finds it again when that data comes back (it was overwritten: switching
-        between two versions of a dataset retrained every run each time)."""
-        p = self.path(spec, identity)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        # the read, move and write as one step among commands sharing --runs-dir: two that
-        # retrained this run on other data at once each moved the file the other had just
-        # moved (a crash after training) or kept the wrong run beside it
-        with folder_lock(p.parent):
-            try:
-                old = json.loads(p.read_text())
-            except (OSError, UnicodeDecodeError, ValueError):
-                old = None
-            cached = old.get("data_fingerprint") if isinstance(old, dict) else None
-            if cached and cached != record.get("data_fingerprint"):
-                os.replace(p, self._version_path(p, cached))
-            atomic_write_text(p, json.dumps(record, indent=1, default=_json_default) + "\n")
-        return p
-
-
-def _json_default(obj: Any):
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.floating):
-        return float(obj)
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
-SYNTHETIC_DEGREE = 6.0      # the --synthetic graph's average degree (DataSource.load)
-
-
-class DataSource:
-    """The graphs of a command: paper datasets from ``data_dir`` (``load_dataset``, official
-    preprocessing) or one small synthetic long-tail graph named ``synthetic`` (CI), their
-    features normalised by ``feature_norm`` (``"none"``, the official default, or ``"row"``;
-    ``load_dataset``). A non-default ``feature_norm`` is part of every run's data key, so its
-    runs are cached apart; ``"none"`` leaves the key (and the runs cached before) as it was."""
-
-    def __init__(self, data_dir: Path | None, synthetic: dict | None = None,
-                 feature_norm: str = "none") -> None:
-        from hiertail_fast._validation import check_feature_norm
-
-        self.data_dir, self.synthetic = data_dir, synthetic
-        self.feature_norm = check_feature_norm(feature_norm)
-        self._data: dict[str, Any] = {}
-        self._graphs: dict[tuple, Any] = {}
-        self._fingerprints: dict[Any, str] = {}
-
-    def available(self) -> list[str]:
-        if self.synthetic is not None:
-            return ["synthetic"]
-        from hiertail_fast.data.datasets import DATASETS
-        return [n for n in DATASETS if (Path(self.data_dir) / f"{n}.npz").is_file()]
-
-    def load(self, name: str):
-        if name not in self._data:
-            if name == "synthetic" and self.synthetic is not None:
-                from hiertail_fast.data.synthetic import make_synthetic_graph
-                s = self.synthetic
-                g = make_synthetic_graph(s["nodes"], num_classes=s["classes"],
-                                         avg_degree=SYNTHETIC_DEGREE,
-                                         num_features=s["features"], seed=s.get("seed", 0))
-                g.name = "synthetic"
-                from hiertail_fast.data.datasets import normalize_features
-                self._data[name] = normalize_features(g, self.feature_norm)
-            else:
-                from hiertail_fast.data.datasets import load_dataset
-                self._data[name] = load_dataset(name, self.data_dir,
-                                                feature_norm=self.feature_norm)
-        return self._data[name]
-
-    def data_key(self, name: str) -> dict:
-        d = self.load(name)
-        key = {"nodes": int(d.y.shape[0]), "edges": int(d.edge_index.shape[1]),
-               "features": int(d.x.shape[1]), "classes": int(d.num_classes)}
-        if self.feature_norm != "none":
-            key["feature_norm"] = self.feature_norm
-        return key
-
-    def fingerprint(self, name: str) -> str:
-        """`data_fingerprint` of the graph ``load(name)`` gives (after feature normalisation)."""
-        if name not in self._fingerprints:
-            self._fingerprints[name] = data_fingerprint(self.load(name))
-        return self._fingerprints[name]
-
-    def run_fingerprint(self, spec: RunSpec) -> str:
-        """`data_fingerprint` of the graph a run of ``spec`` trains on: the loaded one, or the
-        semi-synthetic graph made from it (its nodes, edges and order are the code's, not only
-        the identity's arguments: when that code came to follow the official arithmetic, the
-        runs of the old graphs were served for the new ones). Its split is drawn by the seed,
-        as the natural split is."""
-        if spec.split[0] != "semi_lt":
-            return self.fingerprint(spec.dataset)
-        key = (spec.dataset, spec.split)
-        if key not in self._fingerprints:
-            self._fingerprints[key] = data_fingerprint(self._semi(spec, 0).data)
-        return self._fingerprints[key]
-
-    def run_classes(self, spec: RunSpec) -> int:
-        """The number of classes of the graph a run of ``spec`` trains on (a semi-synthetic
-        graph keeps only the classes large enough for its split)."""
-        if spec.split[0] != "semi_lt":
-            return int(self.load(spec.dataset).num_classes)
-        return int(self._semi(spec, 0).data.num_classes)
-
-    def _semi(self, spec: RunSpec, split_seed: int):
-        """The semi-synthetic graph of a ``("semi_lt", alpha, val, test, bug)`` split (its
-        graph does not depend on ``split_seed``, only its train / val / test nodes)."""
-        from hiertail_fast.data.semi_synthetic import semi_synthetic_long_tail
-        _, alpha, val, test, bug = spec.split
-        return semi_synthetic_long_tail(self.load(spec.dataset), alpha=alpha,
-                                        val_per_class=val, test_per_class=test,
-                                        split_seed=split_seed, alignment_bug=bug)
-
-    def run_inputs(self, spec: RunSpec, seed: int):
-        """(graph data, split, prepared graph) of one run."""
-        from hiertail_fast.data.splits import natural_split
-        from hiertail_fast.nn.hiertail import prepare_graph
-        data = self.load(spec.dataset)
-        if spec.split[0] == "natural":
-            split = natural_split(data.y, seed)
-        elif spec.split[0] == "semi_lt":
-            semi = self._semi(spec, seed)
-            data, split = semi.data, semi.split
-        else:
-            raise ValueError(f"unknown split {spec.split!r}")
-        key = (spec.dataset, spec.split)
-        if key not in self._graphs:
-            self._graphs[key] = prepare_graph(data.edge_index, int(data.y.shape[0]))
-        return data, split, self._graphs[key]
 
 
 def _train(spec: RunSpec, data, split, graph, seed: int, budget: Budget, device: str) -> dict:
@@ -539,20 +275,6 @@ def _run_specs(specs, budget, source, cache, *, device, progress, log, train, no
         log(f"{len(missing)} of {len(todo)} runs are not cached and were not trained "
             f"(--report-only): {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}")
     return [done[i] for i in sorted(done)]
-
-
-def _is_run_record(record: Any) -> bool:
-    """Whether a cached file holds a whole run: a diverged run's message, or a result with the
-    test metrics and epochs the summaries read, and its wall time. (A record with an empty or
-    partial result was used and crashed the summary with a KeyError after all training.)"""
-    if not isinstance(record, dict) or not isinstance(record.get("wall_s"), (int, float)):
-        return False
-    if isinstance(record.get("diverged"), str):
-        return True
-    result = record.get("result")
-    test = result.get("test") if isinstance(result, dict) else None
-    return (isinstance(test, dict) and "epochs_run" in result
-            and all(isinstance(test.get(m), (int, float)) for m in METRICS))
 
 
 def summarize(records: list[dict]) -> dict[tuple[str, str], dict]:
