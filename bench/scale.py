@@ -79,9 +79,8 @@ from _scale_worker import _setup as _setup
 from _scale_worker import _tracked_peak as _tracked_peak
 from _scale_worker import build_model as build_model
 
-from hiertail_fast._argparse import ArgumentParser, dir_arg, exact_int, positive
+from hiertail_fast._argparse import ArgumentParser, dir_arg, exact_int, positive, threads_arg
 from hiertail_fast._files import unwritable_dir_reason, unwritable_file_reason
-from hiertail_fast._train_cli import threads_arg
 from hiertail_fast._validation import SEED_MAX
 
 METHODS = OWN_METHODS   # the default --methods; any harness baseline is accepted too

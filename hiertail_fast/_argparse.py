@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+from collections.abc import Sequence
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -80,29 +81,16 @@ MAX_COUNT = 2**63 - 1
 
 
 def positive(kind: type):
-    """``type=`` of a count or size: a positive int ("100000" or "1e5") or a positive finite
-    float; anything else an argparse error (exit 2, one line), not a traceback from the run.
-    Counts are read exactly (``decimal``, not through a float: "9007199254740993" stays that
-    number, where a float made it ...992) and refused above int64 (``MAX_COUNT``; "1e999999"
-    would otherwise build a million-digit int)."""
-    def convert(text: str):
-        if kind is int:
-            return _count(text)
-        try:
-            number = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not (number > 0 and math.isfinite(number)):
-            raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
-        return number
-    return convert
+    """``type=`` of a count or size: an int > 0 ("100000" or "1e5", read exactly: ``exact_int``,
+    refused above int64, ``MAX_COUNT``) or a finite float > 0; anything else an argparse error
+    (exit 2, one line), not a traceback from the run. One family with ``non_negative`` and
+    ``bounded``: the bench tools' positive type and the command lines' wrote two wordings."""
+    return bounded(kind, 0, strict=True)
 
 
-def _count(text: str) -> int:
-    number = exact_int(text)
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
-    return number
+def non_negative(kind: type):
+    """``type=`` of an int or a finite float >= 0 (``bounded``)."""
+    return bounded(kind, 0, strict=False)
 
 
 def exact_int(text: str, largest: int = MAX_COUNT) -> int:
@@ -123,3 +111,99 @@ def exact_int(text: str, largest: int = MAX_COUNT) -> int:
             f"{text!r} is too large (at most {largest})" if number > 0 else
             f"{text!r} is too small (at least -{largest})")
     return int(number)
+
+
+# a run's seed: _validation.check_seed's range ([0, SEED_MAX]: torch.manual_seed takes
+# [-2**63, 2**64), the natural split's numpy generator only >= 0)
+SEED_MIN = 0
+MAX_SEED_COUNT = 100_000
+
+
+def seed_arg(text: str) -> int:
+    """argparse type of --seed-base / --data-seed: an integer in [0, SEED_MAX], "1e3" too."""
+    from hiertail_fast._validation import SEED_MAX  # (imported when used: torch-free here)
+
+    value = exact_int(text, SEED_MAX)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    return value
+
+
+def threads_arg(text: str) -> int:
+    """argparse type of --threads: an integer in [1, the CPUs available] (check_threads)."""
+    from hiertail_fast._validation import check_threads
+
+    value = positive(int)(text)
+    try:
+        return check_threads(value, "threads")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("threads must", "must", 1)) from None
+
+
+def _is_count(values: Sequence[str]) -> bool:
+    """Whether --seeds ``values`` is a count (one value, no comma) rather than a list."""
+    return len(values) == 1 and "," not in values[0]
+
+
+def parse_seeds(values: Sequence[str], base: int = 123) -> list[int]:
+    """``["3"]`` -> 3 seeds from ``base``; ``["1,2,5"]`` or ``["1", "2", "5"]`` -> that list.
+
+    Seeds must be distinct (the same seed twice would count one run twice in the mean ± std)
+    and within what ``torch.manual_seed`` accepts."""
+    from hiertail_fast._validation import SEED_MAX
+
+    items = [v for text in values for v in text.split(",") if v.strip()]
+    try:
+        nums = [int(v) for v in items]
+    except ValueError as exc:
+        raise ValueError(f"--seeds takes integers (a count or a list), got {values}") from exc
+    if not nums:
+        raise ValueError("--seeds is empty")
+    if _is_count(values):
+        if not SEED_MIN <= base <= SEED_MAX:
+            raise ValueError(f"--seed-base must lie in [{SEED_MIN}, {SEED_MAX}], got {base}")
+        if not 1 <= nums[0] <= MAX_SEED_COUNT:
+            raise ValueError(f"--seeds count must lie in [1, {MAX_SEED_COUNT}], got {nums[0]}")
+        nums = list(range(base, base + nums[0]))
+    for seed in (nums[0], nums[-1]) if _is_count(values) else nums:
+        if not SEED_MIN <= seed <= SEED_MAX:
+            raise ValueError(f"--seeds: seed {seed} is out of range [{SEED_MIN}, {SEED_MAX}]")
+    if len(set(nums)) < len(nums):
+        repeated = sorted({s for s in nums if nums.count(s) > 1})
+        raise ValueError(f"--seeds lists {', '.join(map(str, repeated))} more than once "
+                         "(each seed is one run of the mean ± std)")
+    return nums
+
+
+# A --seeds count above the protocol's 10 seeds is said on stderr before anything trains:
+# `--seeds 125` reads as "seed 125" but is 125 seeds (123..247), hours of runs unasked for.
+NOTED_SEED_COUNT = 10
+
+
+def seed_count_notice(values: Sequence[str] | None, seeds: Sequence[int]) -> str | None:
+    """The stderr line for a --seeds ``values`` that was read as a count above
+    ``NOTED_SEED_COUNT`` (``seeds`` as parse_seeds returned them), naming how to give one
+    seed; None for a list or a small count."""
+    if not values or not _is_count(values) or len(seeds) <= NOTED_SEED_COUNT:
+        return None
+    count = values[0].strip()
+    return (f"note: --seeds {count} is a count: {len(seeds)} seeds, {seeds[0]}..{seeds[-1]} "
+            f"(the seed {count} alone: --seeds {count}, or --seed-base {count} --seeds 1)")
+
+
+def device_error(text: str) -> str | None:
+    """Why `text` is not a usable --device, or None."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        return f"--device {text!r} is not a device (use cpu, cuda or cuda:N)"
+    if device.type not in ("cpu", "cuda"):
+        return f"--device {text}: only cpu and cuda devices can train"
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return f"--device {text}: CUDA is not available"
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            return f"--device {text}: only {torch.cuda.device_count()} CUDA device(s)"
+    return None

@@ -25,11 +25,16 @@ import torch
 
 from hiertail_fast._argparse import (
     ArgumentParser,
-    bounded,
+    device_error,
     dir_arg,
-    exact_int,
+    non_negative,
+    parse_seeds,
     path_arg,
+    positive,
+    seed_arg,
+    seed_count_notice,
     temperature_arg,
+    threads_arg,
 )
 from hiertail_fast._files import (
     DeferredInterrupt,
@@ -40,7 +45,7 @@ from hiertail_fast._files import (
     unwritable_file_reason,
 )
 from hiertail_fast._threads import SMALL_GRAPH_NODES, default_threads, keeps_thread_count
-from hiertail_fast._validation import MIN_TEMPERATURE, SEED_MAX, check_classes, check_threads
+from hiertail_fast._validation import MIN_TEMPERATURE, check_classes
 from hiertail_fast.baselines.cli import add_method_arguments, method_config_from_args
 from hiertail_fast.data.io import load_npz
 from hiertail_fast.data.splits import SPLIT_PARTS, user_split
@@ -60,102 +65,6 @@ from hiertail_fast.train import (
     load_split,
     run_seeds,
 )
-
-# a run's seed: _validation.check_seed's range ([0, SEED_MAX]: torch.manual_seed takes
-# [-2**63, 2**64), the natural split's numpy generator only >= 0)
-SEED_MIN = 0
-MAX_SEED_COUNT = 100_000
-
-
-def _positive(kind):
-    return bounded(kind, 0, strict=True)
-
-
-def _non_negative(kind):
-    return bounded(kind, 0, strict=False)
-
-
-def seed_arg(text: str) -> int:
-    """argparse type of --seed-base / --data-seed: an integer in [0, SEED_MAX], "1e3" too."""
-    value = exact_int(text, SEED_MAX)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
-    return value
-
-
-def threads_arg(text: str) -> int:
-    """argparse type of --threads: an integer in [1, the CPUs available] (check_threads)."""
-    value = _positive(int)(text)
-    try:
-        return check_threads(value, "threads")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc).replace("threads must", "must", 1)) from None
-
-
-def _is_count(values: Sequence[str]) -> bool:
-    """Whether --seeds ``values`` is a count (one value, no comma) rather than a list."""
-    return len(values) == 1 and "," not in values[0]
-
-
-def parse_seeds(values: Sequence[str], base: int = 123) -> list[int]:
-    """``["3"]`` -> 3 seeds from ``base``; ``["1,2,5"]`` or ``["1", "2", "5"]`` -> that list.
-
-    Seeds must be distinct (the same seed twice would count one run twice in the mean ± std)
-    and within what ``torch.manual_seed`` accepts."""
-    items = [v for text in values for v in text.split(",") if v.strip()]
-    try:
-        nums = [int(v) for v in items]
-    except ValueError as exc:
-        raise ValueError(f"--seeds takes integers (a count or a list), got {values}") from exc
-    if not nums:
-        raise ValueError("--seeds is empty")
-    if _is_count(values):
-        if not SEED_MIN <= base <= SEED_MAX:
-            raise ValueError(f"--seed-base must lie in [{SEED_MIN}, {SEED_MAX}], got {base}")
-        if not 1 <= nums[0] <= MAX_SEED_COUNT:
-            raise ValueError(f"--seeds count must lie in [1, {MAX_SEED_COUNT}], got {nums[0]}")
-        nums = list(range(base, base + nums[0]))
-    for seed in (nums[0], nums[-1]) if _is_count(values) else nums:
-        if not SEED_MIN <= seed <= SEED_MAX:
-            raise ValueError(f"--seeds: seed {seed} is out of range [{SEED_MIN}, {SEED_MAX}]")
-    if len(set(nums)) < len(nums):
-        repeated = sorted({s for s in nums if nums.count(s) > 1})
-        raise ValueError(f"--seeds lists {', '.join(map(str, repeated))} more than once "
-                         "(each seed is one run of the mean ± std)")
-    return nums
-
-
-# A --seeds count above the protocol's 10 seeds is said on stderr before anything trains:
-# `--seeds 125` reads as "seed 125" but is 125 seeds (123..247), hours of runs unasked for.
-NOTED_SEED_COUNT = 10
-
-
-def seed_count_notice(values: Sequence[str] | None, seeds: Sequence[int]) -> str | None:
-    """The stderr line for a --seeds ``values`` that was read as a count above
-    ``NOTED_SEED_COUNT`` (``seeds`` as parse_seeds returned them), naming how to give one
-    seed; None for a list or a small count."""
-    if not values or not _is_count(values) or len(seeds) <= NOTED_SEED_COUNT:
-        return None
-    count = values[0].strip()
-    return (f"note: --seeds {count} is a count: {len(seeds)} seeds, {seeds[0]}..{seeds[-1]} "
-            f"(the seed {count} alone: --seeds {count}, or --seed-base {count} --seeds 1)")
-
-
-def _device_error(text: str) -> str | None:
-    """Why `text` is not a usable --device, or None."""
-    try:
-        device = torch.device(text)
-    except (RuntimeError, ValueError):
-        return f"--device {text!r} is not a device (use cpu, cuda or cuda:N)"
-    if device.type not in ("cpu", "cuda"):
-        return f"--device {text}: only cpu and cuda devices can train"
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            return f"--device {text}: CUDA is not available"
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            return f"--device {text}: only {torch.cuda.device_count()} CUDA device(s)"
-    return None
-
 
 # the synthetic generator's options and their defaults (``--synthetic`` only)
 SYNTHETIC_DEFAULTS = {"nodes": 2000, "classes": 20, "avg_degree": 10.0, "homophily": 0.8,
@@ -181,16 +90,16 @@ def build_parser(prog: str = "python -m hiertail_fast.train") -> argparse.Argume
     # default None, SYNTHETIC_DEFAULTS filled in after parsing: given without --synthetic,
     # they are refused (they were silently ignored with --data / --dataset)
     d = SYNTHETIC_DEFAULTS
-    src.add_argument("--nodes", type=_positive(int),
+    src.add_argument("--nodes", type=positive(int),
                      help=f"--synthetic: nodes (default {d['nodes']})")
-    src.add_argument("--classes", type=_positive(int),
+    src.add_argument("--classes", type=positive(int),
                      help=f"--synthetic: classes, long-tailed sizes (default {d['classes']})")
-    src.add_argument("--avg-degree", type=_positive(float),
+    src.add_argument("--avg-degree", type=positive(float),
                      help=f"--synthetic: average degree (default {d['avg_degree']})")
     src.add_argument("--homophily", type=float,
                      help="--synthetic: share of same-class edges, in [0, 1] (default "
                      f"{d['homophily']})")
-    src.add_argument("--features", type=_positive(int),
+    src.add_argument("--features", type=positive(int),
                      help=f"--synthetic: feature dimension (default {d['features']})")
     src.add_argument("--data-seed", type=seed_arg,
                      help=f"--synthetic: generator seed (default {d['data_seed']})")
@@ -208,16 +117,16 @@ def build_parser(prog: str = "python -m hiertail_fast.train") -> argparse.Argume
     m.add_argument("--config", choices=("paper", "official"),
                    help="HierTail preset: the paper's hyper-parameters or the official "
                    "code's (default paper; HierTailConfig.paper / .official)")
-    m.add_argument("--hidden", type=_positive(int), help="default: config (paper: 64 on "
+    m.add_argument("--hidden", type=positive(int), help="default: config (paper: 64 on "
                    "email/wiki/blogcatalog)")
-    m.add_argument("--gamma", type=_non_negative(float),
+    m.add_argument("--gamma", type=non_negative(float),
                    help="weight of the contrastive losses (default: config)")
     m.add_argument("--tau", type=temperature_arg,
                    help=f"contrastive temperature, >= {MIN_TEMPERATURE:g} (default: config)")
-    m.add_argument("--dropout", type=_non_negative(float), help="in [0, 1) (default: config)")
-    m.add_argument("--lr", type=_positive(float), help="learning rate; a run whose loss turns "
+    m.add_argument("--dropout", type=non_negative(float), help="in [0, 1) (default: config)")
+    m.add_argument("--lr", type=positive(float), help="learning rate; a run whose loss turns "
                    "NaN/Inf stops with an error naming the epoch (exit code 1)")
-    m.add_argument("--weight-decay", type=_non_negative(float),
+    m.add_argument("--weight-decay", type=non_negative(float),
                    help="Adam weight decay (default: config)")
     m.add_argument("--augment-a2", choices=("on", "off"), help="override the config's A²")
     m.add_argument("--fix-cluster-labels", action="store_true",
@@ -227,9 +136,9 @@ def build_parser(prog: str = "python -m hiertail_fast.train") -> argparse.Argume
     m.add_argument("--loss-backend", choices=("reference", "torch", "triton", "attention"),
                    help="the contrastive losses' backend (default: chosen per device; "
                         "attention: PyTorch's fused attention kernels)")
-    m.add_argument("--epochs", type=_positive(int), default=EPOCHS,
+    m.add_argument("--epochs", type=positive(int), default=EPOCHS,
                    help="most epochs per seed (default %(default)s, the paper's protocol)")
-    m.add_argument("--patience", type=_non_negative(int), default=PATIENCE,
+    m.add_argument("--patience", type=non_negative(int), default=PATIENCE,
                    help="stop after this many epochs without a better val Macro-F1 (default "
                    "%(default)s)")
     m.add_argument("--seeds", nargs="+", default=["10"],
@@ -309,7 +218,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m hiertail_fast
     for option, path in (("--data", args.data), ("--split", args.split)):
         if path is not None and path.is_dir():
             parser.error(f"{option} {path} is a directory, not an .npz file")
-    problem = _device_error(args.device)
+    problem = device_error(args.device)
     if problem is None and args.loss_backend == "triton" and not triton_available(
             torch.device(args.device)):
         problem = (f"--loss-backend triton cannot run on --device {args.device}: "

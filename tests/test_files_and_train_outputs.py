@@ -231,9 +231,9 @@ def test_a_zero_where_a_positive_value_is_needed_is_refused(extra, message, caps
 @pytest.mark.parametrize("kind, text, message", [
     (int, "1.5", "'1.5' is not an integer"),
     (int, "inf", "'inf' is not an integer"),
-    (float, "inf", "'inf' must be a positive number"),
-    (float, "nan", "'nan' must be a positive number"),
-    (int, "0", "'0' must be a positive integer"),
+    (float, "inf", "must be a finite number > 0, got inf"),
+    (float, "nan", "must be a finite number > 0, got nan"),
+    (int, "0", "must be an integer > 0, got 0"),
 ])
 def test_positive_refuses_with_one_line(kind, text, message, capsys):
     """A bench count of 1.5 silently became 1, and an infinite one a traceback

@@ -56,17 +56,17 @@ def test_seed_takes_what_torch_manual_seed_takes():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--sizes", "0"], "must be a positive integer"),
+    (["--sizes", "0"], "must be an integer > 0"),
     (["--sizes", "abc"], "is not an integer"),
     (["--sizes", "1.5"], "is not an integer"),
-    (["--nodes", "-5"], "must be a positive integer"),
+    (["--nodes", "-5"], "must be an integer > 0"),
     (["--sizes", "50"], "smaller than --classes 70"),
     (["--classes", "1"], "--classes must be >= 2"),
     (["--methods", "gat"], "invalid choice: 'gat'"),
     (["--device", "tpu"], "invalid choice: 'tpu'"),
-    (["--memory-budget", "-1"], "must be a positive number"),
-    (["--time-budget", "nan"], "must be a positive number"),
-    (["--epochs", "0"], "must be a positive integer"),
+    (["--memory-budget", "-1"], "must be a finite number > 0"),
+    (["--time-budget", "nan"], "must be a finite number > 0"),
+    (["--epochs", "0"], "must be an integer > 0"),
     (["--warmup", "-1"], "--warmup must be >= 0"),
     (["--loss-dtype", "float64"], "invalid choice: 'float64'"),
     (["--seed", "-1"], "must be >= 0"),

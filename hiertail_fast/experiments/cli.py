@@ -44,7 +44,7 @@ def _seed_base(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from hiertail_fast._train_cli import _non_negative, _positive, threads_arg
+    from hiertail_fast._argparse import non_negative, positive, threads_arg
 
     p = ArgumentParser(prog="python -m hiertail_fast.experiments",
                        description="Reproduce one table or figure of the HierTail "
@@ -72,9 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="node features: none (raw, the official harness's default) or row = "
                    "x_i / sum_j x_ij (the official --is_normalize; Wiki's raw TF-IDF rows sum "
                    "to thousands); a non-default value is part of every run's cache key")
-    d.add_argument("--synthetic-nodes", type=_positive(int),
+    d.add_argument("--synthetic-nodes", type=positive(int),
                    help=f"--synthetic: nodes (default {_GIVEN_DEFAULTS['synthetic_nodes']})")
-    d.add_argument("--synthetic-classes", type=_positive(int),
+    d.add_argument("--synthetic-classes", type=positive(int),
                    help=f"--synthetic: classes (default {_GIVEN_DEFAULTS['synthetic_classes']})")
     b = p.add_argument_group("budget (default: the full protocol)")
     b.add_argument("--quick", action="store_true", help=f"{QUICK['seeds']} seeds, ≤ "
@@ -84,16 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed-base", type=_seed_base,
                    help="first seed of a --seeds count and of the default seeds (default "
                    f"{FULL_SEEDS[0]})")
-    b.add_argument("--epochs", type=_positive(int), help="most epochs per run (default: the "
+    b.add_argument("--epochs", type=positive(int), help="most epochs per run (default: the "
                    "budget's)")
-    b.add_argument("--patience", type=_non_negative(int), help="early-stopping patience "
+    b.add_argument("--patience", type=non_negative(int), help="early-stopping patience "
                    "(default: the budget's)")
     t = p.add_argument_group("training")
     t.add_argument("--device", help="cpu or cuda[:N] (default: cuda when present)")
     t.add_argument("--threads", type=threads_arg, help="torch CPU threads (default, per "
                    "dataset: 1 on a graph below 5,000 nodes, else torch's default)")
-    t.add_argument("--hidden", type=_positive(int), help="override every method's hidden size")
-    t.add_argument("--lr", type=_positive(float), help="override every method's learning rate "
+    t.add_argument("--hidden", type=positive(int), help="override every method's hidden size")
+    t.add_argument("--lr", type=positive(float), help="override every method's learning rate "
                    "(e.g. 0.001, the official code's default, PROTOCOL §5.1 item 1)")
     t.add_argument("--adj-norm", choices=("none", "row"), help="baselines' adjacency: none "
                    "(official HierTail copy, default; lte4g: row, its official code) or row = "
@@ -161,7 +161,7 @@ def given_defaults(args) -> None:
 
 
 def budget_from_args(args) -> Budget:
-    from hiertail_fast._train_cli import parse_seeds, seed_count_notice
+    from hiertail_fast._argparse import parse_seeds, seed_count_notice
 
     # (args as parsed, before `given_defaults`, too: an unset --seed-base is the default's)
     base = _GIVEN_DEFAULTS["seed_base"] if args.seed_base is None else args.seed_base
@@ -190,11 +190,11 @@ def budget_from_args(args) -> Budget:
 def _device(args) -> str:
     import torch
 
-    from hiertail_fast._train_cli import _device_error
+    from hiertail_fast._argparse import device_error
 
     if args.device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
-    problem = _device_error(args.device)
+    problem = device_error(args.device)
     if problem:
         raise ValueError(problem)
     return args.device

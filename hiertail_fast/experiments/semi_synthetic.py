@@ -30,13 +30,13 @@ def _unit_open(text: str) -> float:
 
 
 def add_arguments(parser) -> None:
-    from hiertail_fast._train_cli import _positive
+    from hiertail_fast._argparse import positive
 
     parser.add_argument("--alpha", type=_unit_open, default=0.8, help="semi-synthetic: share "
                         "of the training nodes in the head classes, in (0, 1)")
-    parser.add_argument("--val-per-class", type=_positive(int), default=25,
+    parser.add_argument("--val-per-class", type=positive(int), default=25,
                         help="semi-synthetic: validation nodes per class (>= 1)")
-    parser.add_argument("--test-per-class", type=_positive(int), default=55,
+    parser.add_argument("--test-per-class", type=positive(int), default=55,
                         help="semi-synthetic: test nodes per class (>= 1)")
     parser.add_argument("--alignment-bug", action="store_true", help="semi-synthetic: "
                         "reproduce the official feature / adjacency misalignment")
