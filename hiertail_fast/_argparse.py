@@ -192,18 +192,12 @@ def seed_count_notice(values: Sequence[str] | None, seeds: Sequence[int]) -> str
 
 
 def device_error(text: str) -> str | None:
-    """Why `text` is not a usable --device, or None."""
-    import torch
+    """Why `text` is not a usable --device, or None (``check_device``'s refusal, as the
+    command lines print it: one line, exit 2, before anything loads)."""
+    from hiertail_fast._validation import check_device
 
     try:
-        device = torch.device(text)
-    except (RuntimeError, ValueError):
-        return f"--device {text!r} is not a device (use cpu, cuda or cuda:N)"
-    if device.type not in ("cpu", "cuda"):
-        return f"--device {text}: only cpu and cuda devices can train"
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            return f"--device {text}: CUDA is not available"
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            return f"--device {text}: only {torch.cuda.device_count()} CUDA device(s)"
+        check_device(text, "--device")
+    except ValueError as exc:
+        return str(exc)
     return None

@@ -29,7 +29,8 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
     ("compile_time.py", ["--modes", "bogus:aot_eager"], "--modes: bogus:aot_eager not among"),
     ("compile_time.py", ["--modes", "eager"], "--modes: eager not among"),
     # (each of these was a traceback, or for --seeds 0 a report of "worst error 0" from no run)
-    ("interleaved.py", ["prototype", "--prototypes", "0"], "--prototypes: must be an integer > 0, got 0"),
+    ("interleaved.py", ["prototype", "--prototypes", "0"],
+     "--prototypes: must be an integer > 0, got 0"),
     ("loss_accuracy.py", ["--taus", "0"], "--taus: must be a finite number >= 1e-06, got 0"),
     ("official_prototype_copy.py", ["--seeds", "0"], "--seeds: must be an integer > 0, got 0"),
     ("official_small_n.py", ["--n", "0"], "--n: must be an integer > 0, got 0"),

@@ -69,7 +69,8 @@ def test_bad_values_exit_2_with_one_line(extra, message, capsys):
 def test_cuda_device_without_cuda(capsys):
     with pytest.raises(SystemExit) as exc:
         main(TINY + ["--device", "cuda"])
-    assert exc.value.code == 2 and "CUDA is not available" in capsys.readouterr().err
+    err = capsys.readouterr().err   # (check_device's words, the option as typed)
+    assert exc.value.code == 2 and "--device cuda: CUDA is not available (torch " in err
 
 
 def test_data_or_split_directory_is_named_as_such(tmp_path, capsys):

@@ -171,22 +171,26 @@ def check_openmp_team(threads: int | None = None) -> None:
 def check_device(device: object, name: str = "device") -> torch.device:
     """``device`` as a torch.device (a str, a torch.device or a CUDA index), ValueError when it
     is no device or a CUDA device this build / machine does not have (torch raised an
-    AssertionError 'Torch not compiled with CUDA enabled' at the first tensor moved there)."""
+    AssertionError 'Torch not compiled with CUDA enabled' at the first tensor moved there).
+    A command-line option's ``name`` ("--device") is named as the user typed it, ``--device
+    cuda:3``; an argument's as ``device='cuda:3'``."""
     if not isinstance(device, (str, torch.device, int)) or isinstance(device, bool):
         raise TypeError(f"{name} must be a str or a torch.device, got {type(device).__name__}")
+    option = name.startswith("--")
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
-        raise ValueError(f"{name}={device!r} is not a device (use cpu, cuda or cuda:N)") from None
+        given = f"{name} {device!r}" if option else f"{name}={device!r}"
+        raise ValueError(f"{given} is not a device (use cpu, cuda or cuda:N)") from None
+    given = f"{name} {device}" if option else f"{name}={str(device)!r}"
     if dev.type not in ("cpu", "cuda"):   # meta / mps / xpu / hpu failed inside torch
-        raise ValueError(f"{name}={str(device)!r}: only cpu and cuda devices can train")
+        raise ValueError(f"{given}: only cpu and cuda devices can train")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"{name}={str(device)!r}: CUDA is not available (torch "
-                             f"{torch.__version__}, cuda.is_available() is False)")
+            raise ValueError(f"{given}: CUDA is not available (torch {torch.__version__}, "
+                             "cuda.is_available() is False)")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"{name}={str(device)!r}: only {torch.cuda.device_count()} CUDA "
-                             "device(s)")
+            raise ValueError(f"{given}: only {torch.cuda.device_count()} CUDA device(s)")
     return dev
 
 
