@@ -49,3 +49,8 @@ def test_unsigned_csr_parts_load_and_an_enormous_shape_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"'x_shape' 3 x 4611686018427387904 densify to "
                        r".* more than this machine can allocate"):
         load_npz(write("big.npz", np.array([0, 1, 1, 2]), np.array([3, 2**62])))
+    # a uint64 pointer past int64 wraps negative in the cast: named as such, not as pointers
+    # that do not start at 0 or decrease (they do not; unguarded until session 68)
+    with pytest.raises(ValueError, match="'x_indptr' has entries above int64's range"):
+        load_npz(write("wrap.npz", np.array([0, 1, 1, 2**63 + 1], np.uint64),
+                       np.array([3, 2], np.uint64)))

@@ -656,15 +656,21 @@ def test_tail_baselines_on_too_few_classes_are_refused_before_any_run(tmp_path, 
     assert not (tmp_path / "o").exists()
     # semi-synthetic: the graph it trains on keeps the classes large enough for its split
     # (2 of 8 here; the source graph's 8 passed the check, and reweight raised from inside its
-    # runs after origin had trained; a review, session 67)
+    # runs after origin had trained; a review, session 67), built once for the check of every
+    # tail method (it was built again for each: aae8159, unguarded until session 68)
+    builds = []
+    real_semi = runner.DataSource._semi
+    monkeypatch.setattr(runner.DataSource, "_semi",
+                        lambda self, *a, **k: builds.append(a) or real_semi(self, *a, **k))
     with pytest.raises(SystemExit) as exc:
         main(["semi-synthetic", "--synthetic", "--synthetic-nodes", "300",
               "--synthetic-classes", "8", "--alpha", "0.5", "--val-per-class", "10",
               "--test-per-class", "15", "--seeds", "1", "--epochs", "2", "--no-progress",
-              "--methods", "origin,reweight", "--out", str(tmp_path / "s")])
+              "--methods", "origin,reweight,smote,imgagn", "--out", str(tmp_path / "s")])
     assert exc.value.code == 2
-    assert ("the semi-synthetic graph of synthetic has 2 classes, and reweight takes its last "
-            "3 labels") in capsys.readouterr().err
+    assert ("the semi-synthetic graph of synthetic has 2 classes, and reweight, smote, imgagn "
+            "take its last 3 labels") in capsys.readouterr().err
+    assert len(builds) == 1
     assert not (tmp_path / "s").exists()
 
 
@@ -745,9 +751,14 @@ def test_a_summary_file_gone_is_written_again(tmp_path, capsys):
 def test_an_unreadable_summary_is_named_and_kept(tmp_path, capsys):
     # a truncated .json was read as {} ("comes from other arguments; kept"), and every later
     # run of the same command wrote to a hashed name beside the stale .md (an experiments
-    # audit, session 67)
+    # audit, session 67). Each call closes the figures it made, on the refusal too (pyplot
+    # kept every call's open: a fix-test check, session 68, found it unguarded)
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
     out = tmp_path / "pc"
     main(["per-class", *TINY, "--out", str(out)])
+    assert plt.get_fignums() == []
     stem = "per-class-s1-e3-p1000"
     broken = (out / f"{stem}.json").read_bytes()[:200]
     (out / f"{stem}.json").write_bytes(broken)
@@ -758,6 +769,7 @@ def test_an_unreadable_summary_is_named_and_kept(tmp_path, capsys):
     assert exc.value.code == 2
     assert f"{stem}.json cannot be read as a summary" in err and "--replace-summary" in err
     assert (out / f"{stem}.json").read_bytes() == broken
+    assert plt.get_fignums() == []                             # the summary-kept path's too
     assert not list(out.glob(f"{stem}-*.md"))                   # no hashed name either
     main(["per-class", *TINY, "--out", str(out), "--report-only", "--replace-summary"])
     assert json.loads((out / f"{stem}.json").read_text())["args"]
