@@ -23,8 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from hiertail_fast._validation import check_labels_below
-
 # Labels up to max(this, 4 n) count in dense per-label vectors (np.bincount, O(n + K)); beyond
 # it the present labels are relabelled first (O(n log n)), as data/io.py's DENSE_LABEL_MAP_MIN.
 DENSE_LABELS_MIN = 1 << 16
@@ -58,6 +56,13 @@ def _to_numpy(a: Any, name: str) -> np.ndarray:
         if type(a).__name__ == "MaskedTensor":      # (torch.masked's; torch not imported)
             raise TypeError(f"{name} must be a plain tensor, got a MaskedTensor: pass the "
                             "entries that are present as a plain tensor")
+        # (a meta tensor failed in .cpu() with NotImplementedError, a sparse one was refused
+        # as "a tensor of dtype torch.int64 cannot be converted": an API audit, session 68)
+        if str(getattr(a, "device", "")) == "meta":
+            raise ValueError(f"{name} is on the meta device: it has no values")
+        if str(getattr(a, "layout", "torch.strided")) != "torch.strided":
+            raise TypeError(f"{name} must be a dense tensor, got layout {a.layout}: pass "
+                            f"{name}.to_dense()")
         t = a.detach().cpu()
         try:
             return t.numpy()
@@ -120,6 +125,8 @@ def _counts(t: np.ndarray, p: np.ndarray, num_classes: int | None = None):
     10**10 asked for 74.5 GiB)."""
     k = int(max(t.max(), p.max())) + 1
     if num_classes is not None:
+        from hiertail_fast._validation import check_labels_below  # (torch: not at import)
+
         check_labels_below(k - 1, num_classes)
         k = num_classes
     elif k > max(DENSE_LABELS_MIN, 4 * t.shape[0]):

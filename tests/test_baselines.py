@@ -363,6 +363,34 @@ def test_method_context_names_bad_indices_and_labels(tiny):
     MethodContext(g.x, g.y, graph, mask.nonzero().view(-1), 4, gen)    # the fix it names
 
 
+def test_method_context_refuses_what_gave_nan_or_failed_deep_inside(tiny):
+    # an API audit (session 68): an empty train_idx gave a NaN loss and a NaN x NaN logits,
+    # silently; a repeated node counted twice; an int / 1-D x, an edge_index for the graph and
+    # a str num_classes failed inside torch (HierTail's loss refused the first three already)
+    g, graph = tiny
+    gen = torch.Generator()
+    ok = torch.arange(0, g.num_nodes, 4)
+    for kwargs, exc, message in (
+            (dict(train_idx=torch.tensor([], dtype=torch.long)), ValueError,
+             "train_idx must be a non-empty 1-D index tensor"),
+            (dict(train_idx=torch.tensor([1, 1, 2])), ValueError,
+             "train_idx has duplicate node ids"),
+            (dict(val_idx=torch.tensor([3, 3])), ValueError, "val_idx has duplicate node ids"),
+            (dict(x=torch.full_like(g.x, float("nan"))), ValueError, "x contains NaN or Inf"),
+            (dict(x=g.x.long()), TypeError, "x must be a floating-point tensor"),
+            (dict(x=g.x[:, 0]), ValueError, r"x must be 2-D \[n, d\]"),
+            (dict(x=g.x.to("meta")), ValueError, "x is on the meta device"),
+            (dict(x=g.x.tolist()), TypeError, "x must be a torch.Tensor"),
+            (dict(graph=g.edge_index), TypeError, "graph must be a CSRGraph"),
+            (dict(num_classes="4"), TypeError, "num_classes must be an int")):
+        args = dict(x=g.x, y=g.y, graph=graph, train_idx=ok, num_classes=4, generator=gen)
+        args.update(kwargs)
+        with pytest.raises(exc, match=message):
+            MethodContext(**args)
+    ctx = MethodContext(g.x, g.y, graph, ok, np.int64(4), gen, val_idx=torch.tensor([1, 2]))
+    assert ctx.num_classes == 4 and type(ctx.num_classes) is int
+
+
 def test_config_replace_with_another_method_takes_its_defaults():
     # replace(method=...) kept the old method's resolved hidden / dropout / lr / up_scale /
     # self_loops (GraphMixup ran with origin's 64 / 0.5 / 0.01 / 1 / True; a baselines audit)

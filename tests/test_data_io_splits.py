@@ -103,6 +103,8 @@ def test_relabel_by_size_names_labels_it_cannot_take():
         for call in (relabel_by_size, size_order):
             with pytest.raises(exc, match=message):
                 call(y)
+    with pytest.raises(ValueError, match="y is on the meta device"):   # (NotImplementedError)
+        relabel_by_size(torch.tensor([1, 1, 0], device="meta"))
     new, label_map = relabel_by_size(torch.tensor([1, 1, 0]))       # a tensor is fine
     np.testing.assert_array_equal(new, [0, 0, 1])
 

@@ -92,6 +92,19 @@ def test_from_pyg_data_converts_dtypes_and_sparse_x():
     (dict(x=torch.tensor([[1e300, 1.0]] * 3, dtype=torch.float64),
           edge_index=torch.zeros(2, 0, dtype=torch.long), y=torch.zeros(3, dtype=torch.long)),
      ValueError, "beyond float32's range"),
+    # a meta x / y / edge_index failed inside torch, and a complex x lost its imaginary part
+    # (an API audit, session 68)
+    (dict(x=torch.ones(3, 2, device="meta"), edge_index=torch.zeros(2, 0, dtype=torch.long),
+          y=torch.zeros(3, dtype=torch.long)), ValueError, "data.x is on the meta device"),
+    (dict(x=torch.ones(3, 2), edge_index=torch.zeros(2, 0, dtype=torch.long),
+          y=torch.zeros(3, dtype=torch.long, device="meta")), ValueError,
+     "data.y is on the meta device"),
+    (dict(x=torch.ones(3, 2), edge_index=torch.zeros(2, 0, dtype=torch.long, device="meta"),
+          y=torch.zeros(3, dtype=torch.long)), ValueError,
+     "data.edge_index is on the meta device"),
+    (dict(x=torch.ones(3, 2, dtype=torch.complex64), y=torch.zeros(3, dtype=torch.long),
+          edge_index=torch.zeros(2, 0, dtype=torch.long)), TypeError,
+     r"data.x is complex \(torch.complex64\); the model takes real features"),
 ])
 def test_from_pyg_data_bad_inputs(kwargs, exc, message):
     with pytest.raises(exc, match=message):

@@ -40,3 +40,27 @@ def test_loss_range_refuses_nan_per_node_losses():
     with pytest.raises(ValueError, match="per-node losses contain NaN"):
         loss_range([1.0, float("nan"), 3.0, 1.0], y=[0, 1, 1, 2])
     assert loss_range([1.0, 2.0, 4.0, 1.0], y=[0, 1, 1, 2]) == 2.0     # class 1 mean 3.0
+
+
+def test_meta_and_sparse_tensors_are_named_and_torch_is_not_imported():
+    # an API audit (session 68): a meta tensor failed in .cpu() with NotImplementedError, a
+    # sparse one was refused for its dtype; and the module keeps its promise not to import
+    # torch (the label check it shares with the splits is imported when first used)
+    import subprocess
+    import sys
+
+    import torch
+
+    from hiertail_fast import metrics
+
+    y = torch.tensor([0, 1, 1, 0])
+    for call in (lambda a: metrics.evaluate(a, y), lambda a: metrics.macro_f1(y, a),
+                 lambda a: metrics.long_tailedness_ratio(a)):
+        with pytest.raises(ValueError, match="is on the meta device: it has no values"):
+            call(y.to("meta"))
+        with pytest.raises(TypeError, match=r"must be a dense tensor, got layout "
+                           r"torch.sparse_coo: pass .*\.to_dense\(\)"):
+            call(y.to_sparse())
+    code = "import sys, hiertail_fast.metrics; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr

@@ -24,7 +24,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hiertail_fast._validation import check_index_vector, check_labels_below, check_node_ids
+from hiertail_fast._validation import (
+    check_float_matrix,
+    check_index_vector,
+    check_labels_below,
+    check_node_ids,
+    check_positive_int,
+)
 from hiertail_fast.baselines.config import BaselineConfig
 from hiertail_fast.baselines.layers import Classifier, Encoder, adjacency_operator
 from hiertail_fast.baselines.sampling import (
@@ -56,6 +62,16 @@ class MethodContext:
     patience: int | None = None
 
     def __post_init__(self) -> None:
+        # (an API audit, session 68: an int, 1-D or NaN x, an edge_index for the graph, a str
+        # num_classes failed deep inside torch or gave NaN logits; an empty train_idx a NaN
+        # loss, a repeated one counted its nodes twice, as HierTail's loss refuses)
+        self.x = check_float_matrix(self.x, "x")
+        if not isinstance(self.graph, CSRGraph):
+            raise TypeError(f"graph must be a CSRGraph (prepare_graph builds it), got "
+                            f"{type(self.graph).__name__}")
+        self.num_classes = check_positive_int(self.num_classes, "num_classes")
+        if self.graph.device != self.x.device:
+            raise ValueError(f"the graph is on {self.graph.device} but x is on {self.x.device}")
         n = self.x.shape[0]
         if self.y.shape != (n,) or self.graph.num_nodes != n:
             raise ValueError(f"x [{n}, F], y {tuple(self.y.shape)} and the graph "
@@ -71,7 +87,8 @@ class MethodContext:
                 continue
             # (a boolean mask: the up-sampling methods read node ids 0 and 1, no synthetic
             # nodes and a loss on two nodes; a baselines audit)
-            check_node_ids(idx, name, n, self.x.device, "the graph")
+            check_node_ids(idx, name, n, self.x.device, "the graph",
+                           nonempty=name == "train_idx", distinct=True)
 
 
 class BaselineMethod(nn.Module):

@@ -242,7 +242,9 @@ def _csr_to_dense(z: Any, where: str) -> np.ndarray:
 def _label_array(y: Any) -> np.ndarray:
     """``y`` as a numpy array of labels (``check_label_array``: float labels were truncated,
     a 2-D y flattened, a -1 or a uint64 label >= 2**63 failed inside numpy; relabel_by_size
-    is public: a data audit)."""
+    is public: a data audit; a meta y failed inside torch: an API audit)."""
+    if isinstance(y, torch.Tensor) and y.device.type == "meta":
+        raise ValueError("y is on the meta device: it has no values")
     return check_label_array(_np(y))
 
 

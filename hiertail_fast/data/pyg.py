@@ -78,6 +78,8 @@ def graph_inputs(data: Any, num_nodes: int | None = None, edge_weight: Any = Non
     ei = _get(data, "edge_index")
     if not isinstance(ei, torch.Tensor):
         raise ValueError("data.edge_index is missing: the Data must carry edge_index [2, E]")
+    if ei.device.type == "meta":
+        raise ValueError("data.edge_index is on the meta device: it has no values")
     n = data.num_nodes
     if n is None:
         raise ValueError("data.num_nodes is unknown: give the Data an x or a num_nodes")
@@ -113,12 +115,21 @@ def from_pyg_data(data: Any, *, name: str | None = None) -> GraphData:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"data.x must be a tensor of node features [n, F], got "
                         f"{type(x).__name__}")
+    # (an API audit, session 68: a meta x failed inside torch, a complex x lost its imaginary
+    # part to x.float() with torch's generic warning only)
+    if x.device.type == "meta":
+        raise ValueError("data.x is on the meta device: it has no values")
+    if x.is_complex():
+        raise TypeError(f"data.x is complex ({x.dtype}); the model takes real features: pass "
+                        "x.real, x.abs() or both as columns")
     if x.layout != torch.strided:  # e.g. AttributedGraphDataset's sparse CSR x (> 10k features)
         x = x.to_dense()
     if x.dim() != 2:
         raise ValueError(f"data.x must be 2-D [n, F], got shape {tuple(x.shape)}")
     if not isinstance(y, torch.Tensor):
         raise ValueError("data.y is missing: node labels y [n] are required")
+    if y.device.type == "meta":
+        raise ValueError("data.y is on the meta device: it has no values")
     if y.dim() == 2 and y.shape[1] == 1:
         y = y.view(-1)
     if y.dim() != 1:
