@@ -94,7 +94,10 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 def seed_everything(seed: int) -> None:
     """Seed Python's, NumPy's (``seed mod 2^32``) and torch's global generators (all
-    devices) with ``seed``."""
+    devices) with ``seed``, an int in [0, 2**64 - 1] (``check_seed``: TypeError / ValueError
+    before any generator is touched; "3", 1.5, None and 2**64 failed inside one of them after
+    Python's was reseeded: an API audit)."""
+    seed = check_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -264,7 +267,7 @@ def prepare_run(data: Any, split: Any, seed: int | None, device: str | torch.dev
     device = check_device(device)
     data, split = as_graph_data(data, split)
     check_graph_arrays(data.edge_index, data.x, data.y, "data")   # a hand-built GraphData too
-    check_num_classes(data.num_classes, data.y)
+    check_num_classes(data.num_classes, int(torch.as_tensor(data.y).max()), "data.num_classes")
     check_classes(data.y)
     if seed is not None:
         seed_everything(seed)

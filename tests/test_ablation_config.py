@@ -95,3 +95,17 @@ def test_defaults_are_unchanged():
     d = HierTailConfig.paper().to_dict()
     assert d["task_grouping"] and d["contrastive"] and d["activation"] == "relu"
     assert "pool_counts" in d and d["pool_counts"] is None
+
+
+def test_pool_sizes_checks_its_counts():
+    # -5 nodes gave counts of -5, 0 classes a ZeroDivisionError (official config), 100.5 nodes
+    # half-node counts (an API audit, session 68)
+    for cfg in (HierTailConfig.paper(), HierTailConfig.official(),
+                HierTailConfig.paper(pool_counts=(10, 5))):
+        for args, exc, message in (((-5, 3), ValueError, "num_nodes must be >= 0"),
+                                   ((100.5, 3), TypeError, "num_nodes must be an int"),
+                                   ((100, 0), ValueError, "num_classes must be a positive int"),
+                                   ((100, "3"), TypeError, "num_classes")):
+            with pytest.raises(exc, match=message):
+                cfg.pool_sizes(*args)
+        assert cfg.pool_sizes(np.int64(100), np.int64(3)) == cfg.pool_sizes(100, 3)

@@ -77,8 +77,14 @@ def test_relabel_by_size_table_covers_num_classes():
     new, label_map = relabel_by_size(y, num_classes=5)
     np.testing.assert_array_equal(label_map, [1, 0, 2, 3, 4])
     np.testing.assert_array_equal(new, label_map[y])
-    new2, label_map2 = relabel_by_size(y, num_classes=2)   # smaller than max label + 1: ignored
-    np.testing.assert_array_equal(label_map2, [1, 0, 2])
+    # a count below the labels is refused, as the splits and the trainer refuse it (it was
+    # ignored; and 2.5, -1, True, "5" were taken or failed inside numpy: an API audit, s68)
+    with pytest.raises(ValueError, match=r"the labels go up to 2 but num_classes is 2"):
+        relabel_by_size(y, num_classes=2)
+    for bad in (2.5, True, "5", np.float64(5)):
+        with pytest.raises(TypeError, match="num_classes must be an int"):
+            relabel_by_size(y, num_classes=bad)
+    np.testing.assert_array_equal(relabel_by_size(y, num_classes=np.int64(3))[1], [1, 0, 2])
 
 
 def test_a_label_equal_to_num_classes_is_refused():

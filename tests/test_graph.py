@@ -554,3 +554,12 @@ def test_node_arrays_past_the_machines_memory_are_refused(monkeypatch):
     assert CSRGraph.from_edge_index(torch.tensor([[0], [1000]])).num_nodes == 1001
     monkeypatch.setattr(_validation, "physical_memory", lambda: None)   # the OS does not say
     _validation.check_node_arrays_fit(50_000_001, torch.device("cpu"), inferred=True)
+
+
+def test_degree_names_a_dtype_that_is_not_one():
+    # degree("float32") failed inside torch.promote_types (an API audit, session 68)
+    g = CSRGraph.from_edge_index(torch.tensor([[0, 1], [1, 0]]))
+    for bad in ("float32", torch.int64, None):
+        with pytest.raises(TypeError, match="dtype must be a floating-point torch.dtype"):
+            g.degree(bad)
+    assert g.degree(torch.float64).tolist() == [1.0, 1.0]

@@ -739,3 +739,21 @@ def test_topkpool_names_its_own_weight():
     assert is_non_finite_error(caught.value)
     with pytest.raises(TypeError, match=r"^TopKPool.weight has dtype torch.float64 but x has"):
         TopKPool(4, ratio=0.5).double()(x, ei)
+
+
+def test_a_dtype_mismatch_names_the_conversion_that_works():
+    # integer or boolean features: the advice module.to(x.dtype) is refused by torch ("only
+    # accepts floating point or complex dtypes"), so the features are named (an API audit,
+    # session 68); float features keep the module advice, which works
+    from hiertail_fast.nn import GCNConv
+
+    conv, ei = GCNConv(3, 2), torch.tensor([[0, 1], [1, 0]])
+    for x in (torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.bool)):
+        with pytest.raises(TypeError, match=r"convert one of them \(e\.g\. "
+                           r"x\.to\(torch\.float32\)\)"):
+            conv(x, ei)
+        conv(x.to(torch.float32), ei)                               # the advice works
+    x64 = torch.ones(2, 3, dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"e\.g\. module\.to\(x\.dtype\)"):
+        conv(x64, ei)
+    assert conv.to(x64.dtype)(x64, ei).dtype == torch.float64

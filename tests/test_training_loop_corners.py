@@ -294,3 +294,22 @@ def test_the_training_loss_sees_the_train_labels_only(small, monkeypatch):
     again = train_hiertail(dataclasses.replace(small, y=relabelled), split, cfg, epochs=3,
                            seed=0, progress=False)
     assert again["final_loss"] == first["final_loss"]
+
+
+def test_seed_everything_checks_its_seed_before_touching_a_generator():
+    # "3", 1.5, None and 2**64 failed inside numpy / torch after Python's generator had been
+    # reseeded (an API audit, session 68)
+    import random
+
+    from hiertail_fast.train import seed_everything
+
+    for bad, exc in (("3", TypeError), (1.5, TypeError), (None, TypeError),
+                     (2**64, ValueError), (-1, ValueError)):
+        state = random.getstate()
+        with pytest.raises(exc, match="seed must"):
+            seed_everything(bad)
+        assert random.getstate() == state
+    seed_everything(np.int64(7))
+    first = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    seed_everything(7)
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == first

@@ -2,6 +2,7 @@
 and the graph ops' own arguments (pooling, prototypes)."""
 from __future__ import annotations
 
+import numbers
 import operator
 import os
 
@@ -196,14 +197,16 @@ def check_label_array(y: np.ndarray, name: str = "y", *,
     return y
 
 
-def check_num_classes(num_classes: object, y: torch.Tensor) -> int:
-    """A graph's ``num_classes``: an int above every label ``y`` (a float or a str was
-    converted by int(): 5.7 trained a 5-class model)."""
+def check_num_classes(num_classes: object, top: int, name: str = "num_classes") -> int:
+    """A class count ``num_classes`` (named ``name`` in messages) as an int above the largest
+    label ``top``: any integer but bool (numpy's too; a float or a str was converted by int():
+    5.7 trained a 5-class model). One check for GraphData.num_classes, the splits and
+    relabel_by_size (which ignored a count below its labels, and took 2.5, -1 and True)."""
     if isinstance(num_classes, (bool, np.bool_)) or not isinstance(num_classes,
-                                                                    (int, np.integer)):
-        raise TypeError(f"data.num_classes must be an int, got {type(num_classes).__name__} "
+                                                                    numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(num_classes).__name__} "
                         f"{num_classes!r}")
-    check_labels_below(int(torch.as_tensor(y).max()), num_classes, "data.num_classes")
+    check_labels_below(top, int(num_classes), name)
     return int(num_classes)
 
 

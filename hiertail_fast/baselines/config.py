@@ -154,12 +154,12 @@ class BaselineConfig:
     """
 
     method: str = "origin"
-    hidden: int = None          # type: ignore[assignment]  # None: METHOD_DEFAULTS, else 64
-    dropout: float = None       # type: ignore[assignment]  # None: METHOD_DEFAULTS, else 0.5
-    lr: float = None            # type: ignore[assignment]  # None: METHOD_DEFAULTS, else 0.01
+    hidden: int | None = None           # None: METHOD_DEFAULTS, else 64
+    dropout: float | None = None        # None: METHOD_DEFAULTS, else 0.5
+    lr: float | None = None             # None: METHOD_DEFAULTS, else 0.01
     weight_decay: float = 5e-4
     im_class_num: int = 3
-    up_scale: float = None      # type: ignore[assignment]  # None: METHOD_DEFAULTS, else 1
+    up_scale: float | None = None       # None: METHOD_DEFAULTS, else 1
     adj_norm: str | None = None
     smote_lambda: str = "class"
     classifier: str | None = None
@@ -176,7 +176,7 @@ class BaselineConfig:
     pretrain_epochs: int | None = None
     q_start_epoch: int = 50
     mixup_neighbour: str = "local"
-    self_loops: bool = None     # type: ignore[assignment]  # None: METHOD_DEFAULTS, else True
+    self_loops: bool | None = None      # None: METHOD_DEFAULTS, else True
     keep_prob: float = 0.01
     pred_temp: float = 2.0
     warmup_epochs: int = 1

@@ -31,6 +31,7 @@ from hiertail_fast._validation import (
     INT64_MAX,
     check_flag,
     check_label_array,
+    check_num_classes,
     check_path,
     is_integer_array,
 )
@@ -289,7 +290,8 @@ def relabel_by_size(y: np.ndarray, num_classes: int | None = None) -> tuple[np.n
     """Relabel classes by descending size: class 0 largest, class C-1 smallest.
 
     Returns ``(new_y, label_map)`` with ``new_y = label_map[y]``: a dense int64 table over the
-    labels 0..max(num_classes, max label + 1)-1 (absent labels after the present ones). Ties
+    labels 0..num_classes-1 (default: max label + 1; absent labels after the present ones).
+    TypeError for a ``num_classes`` that is no int, ValueError for one at or below a label. Ties
     keep the original label order (stable sort). The official HierTail harness uses a
     non-stable ``argsort`` reversed, so its tie-break is arbitrary (in practice the larger
     original label first); results that depend on which of two equal-size classes is "last"
@@ -299,6 +301,8 @@ def relabel_by_size(y: np.ndarray, num_classes: int | None = None) -> tuple[np.n
     """
     new_y, original_labels = size_order(y)
     top = int(original_labels.max()) + 1 if original_labels.size else 0
+    if num_classes is not None:     # (any int was taken: 2.5, -1, True, a count below the labels)
+        num_classes = check_num_classes(num_classes, top - 1)
     return new_y, _dense_label_map(original_labels, max(num_classes or 0, top))
 
 

@@ -88,7 +88,8 @@ def semi_synthetic_long_tail(data: GraphData, *, alpha: float = 0.8, val_per_cla
     """Down-sample ``data`` to the paper's manual long-tail setting (module docstring).
 
     Raises ValueError when α is not in (0, 1), the per-class counts are not positive integers,
-    ``split_seed`` is negative, or fewer than two classes are large enough; TypeError when a
+    ``split_seed`` is negative, fewer than two classes are large enough, or α leaves no head
+    or no tail class among them (the official int((1 - α) C) head classes); TypeError when a
     seed is not an int (None would be unreproducible), ``alignment_bug`` not a bool, or α a
     float32 (inexact: 0.8 becomes 0.800000011920929)."""
     if not isinstance(data, GraphData):

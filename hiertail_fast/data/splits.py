@@ -26,7 +26,6 @@ Cost: O(n log n) time (one stable sort), O(n) memory; no Python loop over classe
 """
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +35,7 @@ import torch
 from hiertail_fast._validation import (
     check_dense_tensor,
     check_label_array,
-    check_labels_below,
+    check_num_classes,
     check_seed,
 )
 
@@ -64,13 +63,7 @@ def _num_classes(num_classes: Any, lab: np.ndarray) -> int:
     parsed) or, when None, max label + 1; ValueError when a label is >= C."""
     if num_classes is None:
         return int(lab.max()) + 1
-    if isinstance(num_classes, (bool, np.bool_)) or not isinstance(num_classes,
-                                                                   numbers.Integral):
-        raise TypeError(f"num_classes must be an int, got {type(num_classes).__name__} "
-                        f"{num_classes!r}")
-    c = int(num_classes)
-    check_labels_below(int(lab.max()), c)
-    return c
+    return check_num_classes(num_classes, int(lab.max()))
 
 
 def natural_split_sizes(class_sizes: Any) -> np.ndarray:

@@ -26,9 +26,9 @@ Model (all vectorised numpy; O(n + E) memory, no n x n or C x n array):
    and degree fall short; ``stats`` reports them.
 4. Features x_i = μ_{y_i} + feature_noise·ε_i with class means μ_c ~ N(0, class_sep²/F · I_F)
    (so ‖μ_c − μ_d‖ ≈ class_sep·√2 whatever F) and ε_i ~ N(0, I_F); float32, built in chunks.
-   With the defaults (n = 20,000, C = 70) features alone are weak (nearest class mean: ~11 %
-   accuracy, ~28 % balanced accuracy) while one-hop neighbour averaging reaches ~71 % / ~87 %:
-   the graph carries most of the signal.
+   At n = 20,000, C = 70 (the other parameters at their defaults) features alone are weak
+   (nearest class mean: ~11 % accuracy, ~28 % balanced accuracy) while one-hop neighbour
+   averaging reaches ~71 % / ~87 %: the graph carries most of the signal.
 
 Determinism: one ``numpy.random.SeedSequence(seed)`` spawns independent streams for sizes/ids,
 degrees, edges and features, so e.g. changing ``num_features`` does not change the graph.

@@ -147,8 +147,12 @@ class GCNConv(nn.Module):
             raise ValueError(f"x must be [num_nodes, in_channels={self.in_channels}], got shape "
                              f"{tuple(x.shape)}")
         if x.dtype != self.weight.dtype and not torch.is_autocast_enabled(x.device.type):
+            # (integer or boolean features: module.to(x.dtype) is refused by torch, so the
+            # features are what to convert; an API audit)
+            fix = (f"e.g. x.to({self.weight.dtype})" if not x.is_floating_point()
+                   else "e.g. module.to(x.dtype)")
             raise TypeError(f"x is {x.dtype} but the layer's parameters are "
-                            f"{self.weight.dtype}: convert one of them (e.g. module.to(x.dtype))")
+                            f"{self.weight.dtype}: convert one of them ({fix})")
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, improved={self.improved}, "

@@ -18,6 +18,8 @@ from hiertail_fast._validation import (
     MIN_TEMPERATURE,
     check_finite_number,
     check_flag,
+    check_num_nodes,
+    check_positive_int,
 )
 
 __all__ = ["HierTailConfig"]
@@ -234,7 +236,12 @@ class HierTailConfig:
         return out
 
     def pool_sizes(self, num_nodes: int, num_classes: int) -> list[int | float]:
-        """What each level hands to ``topk_pool``: an int count or a float ratio in (0, 1]."""
+        """What each level hands to ``topk_pool``: an int count or a float ratio in (0, 1].
+        ``num_nodes`` an int >= 0, ``num_classes`` an int >= 1 (TypeError / ValueError: -5
+        nodes gave counts of -5, 0 classes a ZeroDivisionError, 100.5 nodes half-node
+        counts; an API audit)."""
+        num_nodes = check_num_nodes(num_nodes)
+        num_classes = check_positive_int(num_classes, "num_classes")
         if not self.task_grouping:
             return []
         if self.pool_counts is not None:   # a level keeps at most the previous level's nodes
