@@ -183,3 +183,24 @@ def test_cuda_blocks_keep_a_floor_of_rows_within_free_memory(monkeypatch):
     assert tgrad._block_rows(10**6, 4, cpu) == (48 << 20) * 4 // 3 // (16 * 10**6)    # 4
     monkeypatch.setenv("HIERTAIL_CUDA_BLOCK_BYTES", str(128 << 20))      # the user's budget
     assert tgrad._block_rows(10**6, 4, cuda) == (64 << 20) // (16 * 10**6)            # 4
+
+
+def test_the_torch_engine_sizes_its_blocks_by_the_rows_dtype(monkeypatch):
+    # _block_rows' CUDA floor counts bytes: the engine must pass its rows' element size (8 for
+    # float64), or float64 blocks are sized as float32 ones, twice the memory the floor allows
+    # (174ff26 tested _block_rows alone: a fix-test check, session 68)
+    import hiertail_fast.ops._lse_torch as lse
+
+    seen, real = [], lse._block_rows
+
+    def spy(n_rows, n_cols, device=None, element_size=4):
+        seen.append(element_size)
+        return real(n_rows, n_cols, device, element_size)
+
+    monkeypatch.setattr(lse, "_block_rows", spy)
+    gen = torch.Generator().manual_seed(0)
+    for dtype, size in ((torch.float64, 8), (torch.float32, 4)):
+        seen.clear()
+        z = torch.randn(40, 8, generator=gen, dtype=dtype)
+        balanced_contrastive_loss(z, torch.arange(40) % 4, temperature=0.5, backend="torch")
+        assert seen and set(seen) == {size}, (dtype, seen)

@@ -375,3 +375,39 @@ def test_names_count_utf16_units_where_the_file_system_does(tmp_path, monkeypatc
     assert files._name_length(cjk) == (305, "bytes")
     assert "305 bytes long, over this file system's limit of 255" in files._name_reason(
         tmp_path / cjk, cjk)
+
+
+def test_a_folder_name_too_long_is_a_reason_not_a_traceback(tmp_path, capsys):
+    # the probe's own OSError (ENAMETOOLONG from Path.exists on a 300-byte name) is the reason
+    # (7447b7e; its other parts were tested, this one not: a fix-test check, session 68)
+    from hiertail_fast._files import unwritable_dir_reason
+    from hiertail_fast.experiments.cli import main as experiments_main
+
+    folder = tmp_path / ("c" * 300) / "out"
+    reason = unwritable_dir_reason(folder)
+    assert reason is not None and "cannot be used (File name too long)" in reason
+    with pytest.raises(SystemExit) as exc:
+        experiments_main(["main", "--synthetic", "--seeds", "1", "--epochs", "1",
+                          "--methods", "origin", "--no-progress", "--out", str(folder)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "File name too long" in err and "Traceback" not in err
+
+
+def test_every_folder_option_keeps_the_current_folder_hint(capsys):
+    # folder options say "use '.'"; file options that a file name is needed (6cc542c tested the
+    # trainer's --root only; the other folder options reverted to the file wording passed: a
+    # fix-test check, session 68)
+    from hiertail_fast.data.conversion import main as convert_main
+    from hiertail_fast.experiments.cli import main as experiments_main
+    from hiertail_fast.experiments.migrate_fingerprints import main as migrate_main
+
+    hint = "an empty path (use '.' for the current folder)"
+    for call in (lambda: experiments_main(["main", "--synthetic", "--out", ""]),
+                 lambda: experiments_main(["main", "--synthetic", "--runs-dir", ""]),
+                 lambda: experiments_main(["main", "--data-dir", ""]),
+                 lambda: convert_main(["convert", "email", "never_written.npz", "--root", ""]),
+                 lambda: migrate_main([""])):
+        with pytest.raises(SystemExit) as exc:
+            call()
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and hint in err, err

@@ -757,3 +757,17 @@ def test_a_dtype_mismatch_names_the_conversion_that_works():
     with pytest.raises(TypeError, match=r"e\.g\. module\.to\(x\.dtype\)"):
         conv(x64, ei)
     assert conv.to(x64.dtype)(x64, ei).dtype == torch.float64
+
+
+def test_gcnconv_keeps_the_inputs_message_for_a_non_finite_x():
+    # GCNConv names its own product x·Wᵀ only when x is finite; a NaN / Inf x keeps "x
+    # contains NaN or Inf" (895836b's cases had a finite x: a fix-test check, session 68)
+    from hiertail_fast.nn import GCNConv
+
+    ei = torch.tensor([[0, 1], [1, 2]])
+    for bad in (float("nan"), float("inf")):
+        x = torch.ones(3, 4)
+        x[1, 2] = bad
+        with pytest.raises(ValueError, match="x contains NaN or Inf") as exc:
+            GCNConv(4, 2)(x, ei)
+        assert "although x is finite" not in str(exc.value)

@@ -441,3 +441,24 @@ def test_the_official_fast_engines_refuse_logits_past_their_range(backend):
     assert float(far) == pytest.approx(float(exact64), rel=1e-12)
     assert float(balanced_contrastive_loss(past, y, temperature=1.0, variant="exact",
                                            backend=backend)) > 0     # the exact variant: no limit
+
+
+def test_the_official_range_refusal_names_every_way_to_the_reference():
+    # the refusal past 2^37 names the bound and the three ways to the dense reference (8c14d16;
+    # its test matched the first words only: a fix-test check, session 68)
+    unit = torch.tensor([[1., 0.], [0., 1.], [-1., 0.], [0., -1.]])
+    with pytest.raises(ValueError) as exc:
+        balanced_contrastive_loss(unit * 1e6, torch.tensor([0, 0, 1, 1]), temperature=1.0,
+                                  variant="official", backend="torch")
+    for part in ("variant='official' on the fast engines", "2^37", "backend='reference'",
+                 "HIERTAIL_BACKEND=reference", "HierTailConfig(loss_backend='reference')"):
+        assert part in str(exc.value), part
+
+
+def test_a_norm_past_float64_is_named_at_its_true_size():
+    # a row norm that overflows float64 (1.4e300 squared) is recomputed row-scaled, so the
+    # refusal says ~1e600, not ~1einf (0730a62's branch, which no test reached: a fix-test
+    # check, session 68)
+    z = torch.tensor([[1e300, 1e300], [1.0, 2.0]], dtype=torch.float64)
+    with pytest.raises(ValueError, match="max ‖z_i‖² = ~1e600 "):
+        balanced_contrastive_loss(z, torch.tensor([0, 1]), temperature=1.0)
