@@ -252,11 +252,10 @@ class CSRGraph(GraphCaches):
 
     def degree(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Weighted in-degree (row sums of M, i.e. summed over the TARGET index), [n], in
-        ``dtype``: summed in float64 (`_wide_degree`), rounded once. ``dtype`` a floating
-        torch.dtype (TypeError otherwise: "float32" failed inside torch.promote_types)."""
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating-point torch.dtype (e.g. torch.float32), "
-                            f"got {dtype!r}")
+        ``dtype``: summed in float64 (`_wide_degree`), rounded once. ``dtype`` a torch.dtype
+        (TypeError otherwise: "float32" failed inside torch.promote_types)."""
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype (e.g. torch.float32), got {dtype!r}")
         return self._wide_degree(dtype).to(dtype)
 
     def _wide_degree(self, dtype: torch.dtype) -> torch.Tensor:

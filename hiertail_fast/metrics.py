@@ -125,9 +125,9 @@ def _counts(t: np.ndarray, p: np.ndarray, num_classes: int | None = None):
     10**10 asked for 74.5 GiB)."""
     k = int(max(t.max(), p.max())) + 1
     if num_classes is not None:
-        from hiertail_fast._validation import check_labels_below  # (torch: not at import)
-
-        check_labels_below(k - 1, num_classes)
+        if k > num_classes:     # (_validation.check_labels_below's words; it imports torch)
+            raise ValueError(f"the labels go up to {k - 1} but num_classes is {num_classes}: "
+                             f"labels must lie in [0, {num_classes})")
         k = num_classes
     elif k > max(DENSE_LABELS_MIN, 4 * t.shape[0]):
         present, inverse = np.unique(np.concatenate([t, p]), return_inverse=True)

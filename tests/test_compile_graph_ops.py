@@ -426,6 +426,25 @@ def test_pooling_under_dynamic_shapes(ratio):
         assert torch.equal(f(x, g), step(x, g))
 
 
+
+def test_the_paper_forward_compiles_whole_on_a_second_graph_size():
+    """docs/GUARANTEES.md: the paper model's forward compiles into one graph also once the
+    node count is symbolic (the second size recompiles with dynamic shapes). pool_sizes' input
+    check on x.shape[0], a SymInt there, made that second compile fail with fullgraph (a
+    review, session 68)."""
+    from hiertail_fast import make_synthetic_graph
+    from hiertail_fast.nn.hiertail import HierTail, HierTailConfig, prepare_graph
+
+    torch.manual_seed(0)
+    model = HierTail(8, 6, HierTailConfig.paper()).eval()
+    graphs: list = []
+    forward = _compiled(lambda x, graph: model(x, graph).logits, graphs)
+    for n in (240, 300):
+        g = make_synthetic_graph(n, num_classes=6, avg_degree=4, num_features=8, seed=0)
+        graph = prepare_graph(g.edge_index, g.num_nodes)
+        assert torch.equal(forward(g.x, graph), model(g.x, graph).logits)
+    assert len(graphs) == 2          # one per size: the second with a symbolic node count
+
 @pytest.mark.parametrize("config", ["paper", "official"])
 def test_hiertail_training_step_compiles_whole(config):
     """The model's forward (GCN, three pooling levels, unpooling, classifier; the official

@@ -256,8 +256,9 @@ def test_natural_split_determinism():
 def test_natural_split_bad():
     with pytest.raises(ValueError):
         natural_split(np.array([0.5, 1.0]))
-    with pytest.raises(ValueError, match="y is empty"):
-        natural_split(np.array([], dtype=np.int64))
+    for empty in (np.array([], dtype=np.int64), []):      # ([] is float64 to numpy)
+        with pytest.raises(ValueError, match="y is empty"):
+            natural_split(empty)
     with pytest.raises(ValueError):
         natural_split(np.array([0, -1]))
     with pytest.raises(ValueError, match="num_classes"):

@@ -85,6 +85,13 @@ def test_relabel_by_size_table_covers_num_classes():
         with pytest.raises(TypeError, match="num_classes must be an int"):
             relabel_by_size(y, num_classes=bad)
     np.testing.assert_array_equal(relabel_by_size(y, num_classes=np.int64(3))[1], [1, 0, 2])
+    # a 0-d integer tensor (y.max() + 1) is a count too, as before (a review, session 68); a
+    # negative one is named as not positive, not as "labels must lie in [0, -1)"
+    import torch
+
+    np.testing.assert_array_equal(relabel_by_size(y, torch.tensor(y).max() + 1)[1], [1, 0, 2])
+    with pytest.raises(ValueError, match="num_classes must be a positive int, got -1"):
+        relabel_by_size(y, num_classes=-1)
 
 
 def test_a_label_equal_to_num_classes_is_refused():

@@ -61,6 +61,20 @@ def test_meta_and_sparse_tensors_are_named_and_torch_is_not_imported():
         with pytest.raises(TypeError, match=r"must be a dense tensor, got layout "
                            r"torch.sparse_coo: pass .*\.to_dense\(\)"):
             call(y.to_sparse())
-    code = "import sys, hiertail_fast.metrics; print('torch' in sys.modules)"
+    # nor any metric on plain lists (per_class_accuracy checked its class count with the
+    # torch-importing _validation check: a review, session 68), whose words it keeps
+    code = ("import sys, hiertail_fast.metrics as m; m.per_class_accuracy([0, 1, 1], [0, 1, 0]); "
+            "m.evaluate([0, 1, 1], [0, 1, 0]); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_the_metrics_class_bound_says_what_the_validators_say():
+    # metrics keeps its own copy of the label-bound check (torch-free); the two must not drift
+    from hiertail_fast._validation import check_labels_below
+
+    with pytest.raises(ValueError) as ours:
+        per_class_accuracy([0, 3], [0, 1], num_classes=3)
+    with pytest.raises(ValueError) as theirs:
+        check_labels_below(3, 3)
+    assert str(ours.value) == str(theirs.value)

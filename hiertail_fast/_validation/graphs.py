@@ -2,7 +2,6 @@
 and the graph ops' own arguments (pooling, prototypes)."""
 from __future__ import annotations
 
-import numbers
 import operator
 import os
 
@@ -40,7 +39,8 @@ def check_node_ids(idx: object, name: str, n: int, device: torch.device, where: 
     n nodes ("the output", "the graph"). A boolean mask (PyG's train_mask) is refused by name:
     indexed with it, the baselines' up-sampling read node ids 0 and 1 (a baselines audit).
     One check for the model's loss and the baselines' context, which wrote it twice in two
-    wordings. Reads the largest id (a host sync on CUDA), and with ``distinct`` a count."""
+    wordings. Reads the smallest and the largest id (host syncs on CUDA), and with
+    ``distinct`` a count."""
     if isinstance(idx, torch.Tensor) and idx.dtype == torch.bool:
         raise TypeError(f"{name} must hold node ids (an integer tensor), got a boolean mask: "
                         "pass mask.nonzero().view(-1)")
@@ -198,22 +198,22 @@ def check_label_array(y: np.ndarray, name: str = "y", *,
 
 
 def check_num_classes(num_classes: object, top: int, name: str = "num_classes") -> int:
-    """A class count ``num_classes`` (named ``name`` in messages) as an int above the largest
-    label ``top``: any integer but bool (numpy's too; a float or a str was converted by int():
-    5.7 trained a 5-class model). One check for GraphData.num_classes, the splits and
-    relabel_by_size (which ignored a count below its labels, and took 2.5, -1 and True)."""
-    if isinstance(num_classes, (bool, np.bool_)) or not isinstance(num_classes,
-                                                                    numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(num_classes).__name__} "
-                        f"{num_classes!r}")
-    check_labels_below(top, int(num_classes), name)
-    return int(num_classes)
+    """A class count ``num_classes`` (named ``name`` in messages) as an int >= 1 above the
+    largest label ``top``: an int as ``check_positive_int`` takes one (numpy's, a one-element
+    integer tensor; a float or a str was converted by int(): 5.7 trained a 5-class model).
+    One check for GraphData.num_classes, the splits and relabel_by_size (which ignored a count
+    below its labels, and took 2.5, -1 and True)."""
+    from hiertail_fast._validation.options import check_positive_int
+
+    count = check_positive_int(num_classes, name)
+    check_labels_below(top, count, name)
+    return count
 
 
-def check_num_nodes(num_nodes: object, name: str = "num_nodes") -> int:
+def check_num_nodes(num_nodes: object, name: str = "num_nodes", least: int = 0) -> int:
     """``num_nodes`` as an int: any integer that ``operator.index`` accepts (int, numpy
     integers, a one-element integer tensor); bool (including numpy's) and floats are rejected
-    with TypeError, negative or too large values with ValueError."""
+    with TypeError, values below ``least`` or too large with ValueError."""
     if isinstance(num_nodes, torch.Tensor):
         ok = num_nodes.numel() == 1 and not (num_nodes.is_floating_point()
                                              or num_nodes.is_complex()
@@ -229,8 +229,9 @@ def check_num_nodes(num_nodes: object, name: str = "num_nodes") -> int:
     if not hasattr(num_nodes, "__index__"):
         raise TypeError(f"{name} must be an int, got {type(num_nodes).__name__}")
     num_nodes = operator.index(num_nodes)
-    if num_nodes < 0:
-        raise ValueError(f"{name} must be >= 0, got {num_nodes}")
+    if num_nodes < least:   # (a class count of -1 was told ">= 0", 0 being no count either)
+        raise ValueError(f"{name} must be a positive int, got {num_nodes}" if least == 1
+                         else f"{name} must be >= {least}, got {num_nodes}")
     if num_nodes > MAX_NODES:
         raise ValueError(f"{name}={num_nodes} is too large (max {MAX_NODES})")
     return int(num_nodes)

@@ -197,7 +197,4 @@ def check_device(device: object, name: str = "device") -> torch.device:
 def check_positive_int(value: object, name: str) -> int:
     """A size such as a layer's channel count: an int as ``check_num_nodes`` takes one
     (TypeError for bool, floats, strings), >= 1 (ValueError)."""
-    value = check_num_nodes(value, name)
-    if value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value}")
-    return value
+    return check_num_nodes(value, name, least=1)

@@ -51,11 +51,11 @@ def _to_numpy(a: Any, name: str) -> np.ndarray:
 
 
 def _labels(y: Any) -> np.ndarray:
-    # (a ValueError for float labels, as the splits have always raised: callers catch it)
-    arr = check_label_array(_to_numpy(y, "y"), not_integer=ValueError)
-    if arr.size == 0:
+    arr = _to_numpy(y, "y")
+    if arr.size == 0:       # (before the dtype: np.asarray([]) is float64; a review)
         raise ValueError("y is empty: there are no nodes to split")
-    return arr.astype(np.int64, copy=False)
+    # (a ValueError for float labels, as the splits have always raised: callers catch it)
+    return check_label_array(arr, not_integer=ValueError).astype(np.int64, copy=False)
 
 
 def _num_classes(num_classes: Any, lab: np.ndarray) -> int:

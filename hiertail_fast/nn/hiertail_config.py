@@ -239,9 +239,11 @@ class HierTailConfig:
         """What each level hands to ``topk_pool``: an int count or a float ratio in (0, 1].
         ``num_nodes`` an int >= 0, ``num_classes`` an int >= 1 (TypeError / ValueError: -5
         nodes gave counts of -5, 0 classes a ZeroDivisionError, 100.5 nodes half-node
-        counts; an API audit)."""
-        num_nodes = check_num_nodes(num_nodes)
-        num_classes = check_positive_int(num_classes, "num_classes")
+        counts; an API audit). Not while TorchDynamo traces: the forward passes x.shape[0],
+        a symbolic int under dynamic shapes, whose check broke the compiled graph (a review)."""
+        if not torch.compiler.is_compiling():
+            num_nodes = check_num_nodes(num_nodes)
+            num_classes = check_positive_int(num_classes, "num_classes")
         if not self.task_grouping:
             return []
         if self.pool_counts is not None:   # a level keeps at most the previous level's nodes
