@@ -391,6 +391,32 @@ def test_shared_keys_mode_rows_led_by_a_key_after_the_common_tiles(levels, split
     assert_rule(plain, ref[3], low[3], torch.float32, "dz (plain)")
 
 
+def test_shared_keys_mode_shifts_by_the_largest_log_weight_over_all_keys(triton_device):
+    """The shared-keys mode's shift c_l is the level's largest finite log-weight over ALL keys:
+    the keys after the common tiles run the relative loop e^{(s - r) + (log w - c)}, which must
+    stay <= 1. With c taken over the common keys only, a later key whose log-weight leads them
+    by more than 88 overflowed fp32's exp: lse +inf / NaN and dz off by ~12 where float64 is
+    finite (ecde8f1's shift, unguarded: the tests drew log-weights in [-3, 0], where either
+    shift works; a fix-test check, session 68). The losses keep the spread within log N; the
+    kernel API takes any finite log-weights."""
+    k = _kernels()
+    n, d, n_common, scale = 100, 16, 64, 1.0
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(n, d, generator=gen)
+    log_w = torch.zeros(2, n)
+    log_w[:, :n_common] = -95.0            # the common keys, far below the later ones
+    log_w[0, 80:] = -INF                   # keys after them, some hidden per level
+    log_w[1, n_common:] = -INF
+    grad = torch.randn(2, n, generator=gen)
+    ref = dense(z, log_w, scale, grad, torch.float64)
+    low = dense(z, log_w, scale, grad, torch.float32)
+    zd, lwd, gd = (t.to(triton_device) for t in (z, log_w, grad))
+    lse, _, _ = k.lse_forward(zd, lwd, scale, False, n_common=n_common)
+    assert_rule(lse, ref[0], low[0], torch.float32, "lse (shared, spread log-weights)")
+    dz = k.lse_backward(zd, lwd, lse, gd, scale, n_common=n_common)
+    assert_rule(dz, ref[3], low[3], torch.float32, "dz (shared, spread log-weights)")
+
+
 def test_shared_keys_mode_ties(triton_device):
     """Exact ties across common key tiles (integer embeddings: every dot exact) resolve to the
     lowest index in the shared-keys mode too; a level-specific key after the prefix that ties

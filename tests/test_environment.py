@@ -204,3 +204,27 @@ def test_the_torch_engine_sizes_its_blocks_by_the_rows_dtype(monkeypatch):
         z = torch.randn(40, 8, generator=gen, dtype=dtype)
         balanced_contrastive_loss(z, torch.arange(40) % 4, temperature=0.5, backend="torch")
         assert seen and set(seen) == {size}, (dtype, seen)
+
+
+def test_the_temperature_pass_sizes_its_blocks_with_the_cuda_floor(monkeypatch):
+    # the learnable temperature's pass (g_dot_s) keeps the engines' CUDA floor of rows a block
+    # through _block_rows; 858b9c4 tested _block_rows alone, and the pass reverted to the
+    # budget-only size (4 rows a block at a million keys on a card) passed every test (a
+    # fix-test check, session 68)
+    import hiertail_fast.ops._temperature_grad as tgrad
+
+    seen, real = [], tgrad._block_rows
+
+    def spy(n, element_size, device):
+        seen.append((n, element_size, torch.device(device).type))
+        return real(n, element_size, device)
+
+    monkeypatch.setattr(tgrad, "_block_rows", spy)
+    gen = torch.Generator().manual_seed(0)
+    for dtype, size in ((torch.float32, 4), (torch.float64, 8)):
+        seen.clear()
+        z = torch.randn(30, 8, generator=gen, dtype=dtype, requires_grad=True)
+        tau = torch.tensor(0.5, dtype=dtype, requires_grad=True)
+        balanced_contrastive_loss(z, torch.arange(30) % 3, temperature=tau,
+                                  variant="official", backend="torch").backward()
+        assert tau.grad is not None and seen == [(30, size, "cpu")], seen
