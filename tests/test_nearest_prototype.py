@@ -480,3 +480,21 @@ def test_hard_cases_against_rational_arithmetic(dtype):
                 assert (got - best) / best < Fraction(1, 10**12), (case, i)
             checked += 1
     assert checked > 100
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+def test_a_tie_among_rescaled_tiny_rows_takes_the_exact_answer(backend):
+    # entries ~1e-30 are rescaled up by a power of two before the near-tie re-decision; its
+    # candidates must come from the rescaled rows: from the rows as given every expanded value
+    # is ~|p|^2 and the only candidate was p0, the smallest-norm prototype, far from the row
+    # (4ad0a84's candidate part, unguarded: a fix-test check, session 68). The exact answer
+    # (rational arithmetic): p1, the lower index of the exact tie p1 / p2
+    from fractions import Fraction
+
+    z = torch.tensor([[1e-30, 0.0]], dtype=torch.float32)
+    p = torch.tensor([[-5e-31, 0.0], [1e-30, 1e-30], [1e-30, -1e-30]], dtype=torch.float32)
+    row = [Fraction(v) for v in z[0].double().tolist()]
+    dist = [sum((a - Fraction(b)) ** 2 for a, b in zip(row, q, strict=True))
+            for q in p.double().tolist()]
+    assert dist.index(min(dist)) == 1
+    assert nearest_prototype(z, p, backend=backend).tolist() == [1]

@@ -87,3 +87,40 @@ def test_positives_kernel_launches_without_fp_fusion(monkeypatch, triton_device)
     pos.positive_pairs(z, gid, 3, rowmax[0], argmax[0], 0.5, False,
                        torch.ones(z.shape[0], device=triton_device))
     assert calls and all(kw.get("enable_fp_fusion") is False for kw in calls)
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_the_autotuned_launches_are_unfused_too(monkeypatch, triton_device):
+    """The autotuned branch of the launchers (HIERTAIL_TRITON_AUTOTUNE=1 on CUDA) launches the
+    official variant's relative mode and the shared-keys mode without FMA fusion too (a fused
+    launch gives delta = lse - rowmax half an ulp of |s| off). The tests above record the
+    fixed-tile launches only; dropping the option from the tuned call passed them (c95545a, a
+    fix-test check, session 68). Here a stand-in autotuner records each launch's options."""
+    from hiertail_fast.kernels import balanced_contrastive_loss as k
+
+    z, log_w, grad = _case(triton_device)
+    lse, rowmax, argmax = k.lse_forward(z, log_w, 0.5, True, relative=True)
+    shared_lse, _, _ = k.lse_forward(z, log_w, 0.5, False, n_common=20)
+    seen: list = []
+
+    class Tuner:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs)
+                raise _Stop
+            return launch
+
+    monkeypatch.setattr(k, "_use_autotune", lambda z, autotune: True)
+    monkeypatch.setattr(k, "_tuned", lambda which: Tuner())
+    for call in (lambda: k.lse_forward(z, log_w, 0.5, True, relative=True),
+                 lambda: k.lse_backward(z, log_w, lse, grad, 0.5, rowmax=rowmax,
+                                        argmax=argmax),
+                 lambda: k.lse_forward(z, log_w, 0.5, False, n_common=20),
+                 lambda: k.lse_backward(z, log_w, shared_lse, grad, 0.5, n_common=20)):
+        with pytest.raises(_Stop):
+            call()
+    assert len(seen) == 4
+    assert all(kw.get("enable_fp_fusion") is False for kw in seen), seen

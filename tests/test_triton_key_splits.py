@@ -253,16 +253,22 @@ def test_split_refusals(triton_device):
     lse, _, _ = k.lse_forward(z, lw, 1.0, False, key_splits=2)
     with pytest.raises(ValueError, match="key_splits > 1 needs the one-pass backward"):
         k.lse_backward(z, lw, lse, lw, 1.0, two_pass=True, key_splits=2)
+    # the value's own refusal, not "needs the one-pass backward", which also names key_splits
+    # (the match was too loose to tell them apart, and the backward at N = 0 was not called:
+    # a fix-test check, session 68)
+    own = r"key_splits(=.*is not 'auto' or a positive int| must be 'auto' or a positive int)"
     for bad in (0, -1, "two", 2.0, True):
-        with pytest.raises((ValueError, TypeError), match="key_splits"):
+        with pytest.raises((ValueError, TypeError), match=own):
             k.lse_forward(z, lw, 1.0, False, key_splits=bad)
         # checked whatever runs: with the shared-keys mode, the two-pass backward, no rows
-        with pytest.raises((ValueError, TypeError), match="key_splits"):
+        with pytest.raises((ValueError, TypeError), match=own):
             k.lse_forward(z, lw, 1.0, False, n_common=20, key_splits=bad)
-        with pytest.raises((ValueError, TypeError), match="key_splits"):
+        with pytest.raises((ValueError, TypeError), match=own):
             k.lse_backward(z, lw, lse, lw, 1.0, two_pass=True, key_splits=bad)
-        with pytest.raises((ValueError, TypeError), match="key_splits"):
+        with pytest.raises((ValueError, TypeError), match=own):
             k.lse_forward(z[:0], lw[:, :0], 1.0, False, key_splits=bad)
+        with pytest.raises((ValueError, TypeError), match=own):
+            k.lse_backward(z[:0], lw[:, :0], lse[:, :0], lw[:, :0], 1.0, key_splits=bad)
     with pytest.raises(TypeError, match="key_splits"):
         k.lse_forward(z, lw, 1.0, False, key_splits=True)
     # "auto" and 1 are fine with the two-pass backward (it runs unsplit)
