@@ -856,10 +856,12 @@ def test_wider_weights_beyond_the_features_dtype_raise(backend):
     dev = backend_device(backend)
     ei = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]], device=dev)
     x = torch.randn(4, 3, device=dev)
-    with pytest.raises(ValueError, match="edge_weight .torch.float64. has values beyond "
-                                         "torch.float32's range"):
-        gcn_propagate(x, ei, torch.full((4,), 1e39, dtype=torch.float64, device=dev),
-                      backend=backend)
+    for grad in (False, True):      # learnable weights take another path (3e6be2f's second
+        # part, unguarded: their rows came out ±inf, silently; a fix-test check, session 68)
+        with pytest.raises(ValueError, match="edge_weight .torch.float64. has values beyond "
+                                             "torch.float32's range"):
+            gcn_propagate(x, ei, torch.full((4,), 1e39, dtype=torch.float64, device=dev,
+                                            requires_grad=grad), backend=backend)
     # below its normal range: flushed to a few bits (1e-44: 1.4 % off) or to 0 (1e-50: every
     # row 0), silently (an extremes audit)
     for small in (1e-40, 1e-50):

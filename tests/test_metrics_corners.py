@@ -78,3 +78,17 @@ def test_the_metrics_class_bound_says_what_the_validators_say():
     with pytest.raises(ValueError) as theirs:
         check_labels_below(3, 3)
     assert str(ours.value) == str(theirs.value)
+
+
+def test_the_midpoint_quantile_tests_its_hit_exactly():
+    # at 10^10 instances one more than 80 % is not an exact hit: Q = 0.5, Ratio_LT = 1/3; a
+    # float tolerance (1e-9 n = 10 instances) called it one (Q = 1, 1.0). 8d06cc7 tested the
+    # big counts with quantile="plain" only (a fix-test check, session 68)
+    import math
+
+    from hiertail_fast.metrics import long_tailedness_ratio
+
+    n = 10**10
+    head = 8 * n // 10 + 1
+    assert math.isclose(long_tailedness_ratio(class_sizes=[head, n - head]), 1 / 3)
+    assert long_tailedness_ratio(class_sizes=[8 * n // 10, n - 8 * n // 10]) == 1.0

@@ -498,3 +498,24 @@ def test_a_tie_among_rescaled_tiny_rows_takes_the_exact_answer(backend):
             for q in p.double().tolist()]
     assert dist.index(min(dist)) == 1
     assert nearest_prototype(z, p, backend=backend).tolist() == [1]
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+def test_float16_rows_are_rescaled_in_float32(backend):
+    # a large entry elsewhere in z triggers the power-of-two rescale; done in float16 the small
+    # entries (~1e-6 -> ~1e-8) became subnormal or zero and row 2's answer flipped, silently
+    # (3d46ec1's rescale dtype, unguarded: a fix-test check, session 68; two cases of its fuzz)
+    cases = [
+        ([[-162.125, 5.0067901611328125e-06], [-5.9604644775390625e-06, -1.3113021850585938e-06],
+          [5.066394805908203e-06, -1.1920928955078125e-07]],
+         [[3.874301910400391e-06, 1.806020736694336e-05],
+          [1.8358230590820312e-05, -9.298324584960938e-06]]),
+        ([[0.07830810546875, 0.03369140625], [0.0026988983154296875, 13784.0],
+          [-0.11474609375, -0.04705810546875]],
+         [[-0.11627197265625, -0.048095703125], [-0.11553955078125, -0.0484619140625]]),
+    ]
+    for rows, prototypes in cases:
+        z = torch.tensor(rows, dtype=torch.float16)
+        p = torch.tensor(prototypes, dtype=torch.float16)
+        want = ((z.double()[:, None] - p.double()[None]) ** 2).sum(-1).argmin(1)
+        assert torch.equal(nearest_prototype(z, p, backend=backend), want)
