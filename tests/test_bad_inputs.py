@@ -248,6 +248,10 @@ CASES = [
     ("hier prototypes None", _hier(level_prototypes=None), TypeError,
      "level_prototypes is NoneType"),
     ("hier labels int", _hier(level_labels=3), TypeError, "level_labels is int"),
+    # a str / bytes is iterable: split into one "level" per character, its error named an
+    # entry (6b44917's str / bytes part, unguarded: a fix-test check, session 68)
+    ("hier labels str", _hier(level_labels="ab"), TypeError, "level_labels is str"),
+    ("hier labels bytes", _hier(level_labels=b"ab"), TypeError, "level_labels is bytes"),
     # ---- nested tensors (torch.nested): every check and op failed with torch's "Internal
     # error: NestedTensorImpl doesn't support sizes"; a jagged edge_index read as a sparse
     # adjacency

@@ -1048,6 +1048,17 @@ def test_out_of_memory_in_a_run_is_one_line_and_exit_1(tmp_path, monkeypatch, ca
                          f"command resumes from them; the summary "
                          f"({out / 'main-s1-e3-p1000'}.md / .json) was not written"), line
     assert not list(out.glob("main*"))
+    # Python's own MemoryError has no message: named by its type, as the trainer names it
+    # (it printed "out of memory in a run ();": a fix-test check, session 68)
+
+    def bare(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(runner, "_train", bare)
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 1
+    assert "out of memory in a run (MemoryError); " in capsys.readouterr().err
 
     def bug(*args, **kwargs):
         raise RuntimeError("shape mismatch in some op")

@@ -271,6 +271,20 @@ def test_positive_reads_counts_exactly_and_refuses_them_above_int64():
         with pytest.raises(argparse.ArgumentTypeError,
                            match=rf"'{text}' is too large \(at most {2**63 - 1}\)"):
             positive(int)(text)
+    # the exponent check is what keeps "1e999999" from expanding its digits (~25 s; the test
+    # above only got slower without it), and a huge negative is "too small" (48f9ff6's
+    # parts, unguarded: a fix-test check, session 68)
+    import time
+
+    from hiertail_fast._argparse import exact_int
+
+    start = time.perf_counter()
+    with pytest.raises(argparse.ArgumentTypeError, match="too large"):
+        exact_int("1e999999")
+    assert time.perf_counter() - start < 5.0
+    with pytest.raises(argparse.ArgumentTypeError,
+                       match=rf"'-1e30' is too small \(at least -{2**63 - 1}\)"):
+        exact_int("-1e30")
 
 
 # ----------------------------------------------------------------- paths a walkthrough found

@@ -205,6 +205,19 @@ def test_a_callers_sigterm_handler_runs_after_the_rotation(tmp_path):
         done.stdout, done.stderr)   # the lambda (not SIG_DFL) is back: 'restored' is False
 
 
+def test_a_callers_sigint_handler_runs_after_the_rotation(tmp_path):
+    """A caller's own Ctrl-C handler (not Python's default) is held as well and runs once,
+    after the moves, seeing the new file; it was swallowed with the re-raise limited to
+    SIGTERM / SIGHUP (b7025ac's SIGINT part, unguarded: every SIGINT test used the default
+    handler; a fix-test check, session 68)."""
+    handler = ("def on_int(signum, frame):\n"
+               "    print('handler ran', Path(sys.argv[1], 'r.csv').read_text(), flush=True)\n"
+               "signal.signal(sig, on_int)")
+    done = _rotate_and_signal(tmp_path, "SIGINT", handler, restored="on_int")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["handler", "ran", "new", "survived", "True"], done.stdout
+
+
 def test_an_ignored_sigterm_stays_ignored(tmp_path):
     done = _rotate_and_signal(tmp_path, "SIGTERM", "signal.signal(sig, signal.SIG_IGN)",
                               restored="signal.SIG_IGN")

@@ -729,6 +729,9 @@ def test_ctrl_c_while_the_json_is_written_is_one_line(tmp_path, capsys, monkeypa
     ("training", "run_seeds", torch.OutOfMemoryError("CUDA out of memory. Tried to allocate "
                                                      "20.00 GiB"),
      "out of memory while training (CUDA out of memory. Tried to allocate 20.00 GiB)"),
+    # Python's own MemoryError ([0] * 10**13) has no message: named by its type (a862b01's
+    # fallback, unguarded: a fix-test check, session 68)
+    ("training", "run_seeds", MemoryError(), "out of memory while training (MemoryError);"),
 ])
 def test_out_of_memory_is_one_line_and_exit_1(stage, target, error, words, tmp_path, capsys,
                                               monkeypatch):
@@ -1011,3 +1014,22 @@ def test_usage_and_errors_name_the_command_the_user_ran(how, prog, tmp_path):
     err = proc.stderr.strip().splitlines()
     assert err[-1].startswith(f"{prog}: error: ") and err[-1].endswith(
         f"({prog} --help lists the options)"), err[-1]
+
+
+def test_ctrl_c_while_writing_a_new_json_says_nothing_was_written(tmp_path, capsys,
+                                                                  monkeypatch):
+    # a Ctrl-C during the --json write with no file there before: it claimed "the existing
+    # file is unchanged" (101bbce's no-file case, unguarded: a fix-test check, session 68)
+    import hiertail_fast._train_cli as cli
+
+    out = tmp_path / "res.json"
+
+    def interrupted(path, text):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "replace_keeping_prev", interrupted)
+    with pytest.raises(SystemExit) as exc:
+        main(TINY + ["--json", str(out)])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 130 and not out.exists()
+    assert last.endswith(f"interrupted while writing --json {out}; nothing was written"), last

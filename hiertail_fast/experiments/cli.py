@@ -423,7 +423,9 @@ def _main(argv: Sequence[str] | None) -> dict:
         if not is_out_of_memory(exc):
             raise
         # (--hiddens 30000000 passes the option checks: the model wanted 3.6 PB)
-        print(f"{parser.prog}: error: out of memory in a run ({' '.join(str(exc).split())}); "
+        # (Python's own MemoryError has no message: named by its type, as the trainer does)
+        what = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"{parser.prog}: error: out of memory in a run ({what}); "
               f"the runs finished before are kept in {args.runs_dir or out / 'runs'} and the "
               f"same command resumes from them; the summary ({out / stem}.md / .json) was not "
               "written", file=sys.stderr)
