@@ -59,7 +59,7 @@ def _to_numpy(a: Any, name: str) -> np.ndarray:
         # (a meta tensor failed in .cpu() with NotImplementedError, a sparse one was refused
         # as "a tensor of dtype torch.int64 cannot be converted": an API audit, session 68)
         if str(getattr(a, "device", "")) == "meta":
-            raise ValueError(f"{name} is on the meta device: it has no values")
+            raise ValueError(f"{name} is on the meta device: it has no values to read")
         if str(getattr(a, "layout", "torch.strided")) != "torch.strided":
             raise TypeError(f"{name} must be a dense tensor, got layout {a.layout}: pass "
                             f"{name}.to_dense()")

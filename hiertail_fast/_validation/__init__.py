@@ -69,6 +69,7 @@ from hiertail_fast._validation.tensors import (  # noqa: F401
     check_dense_tensor,
     check_float_dtype,
     check_float_matrix,
+    check_has_values,
     check_index_dtype,
     check_index_vector,
     check_tensor,

@@ -79,16 +79,23 @@ def check_index_dtype(t: torch.Tensor, name: str) -> torch.Tensor:
     return t
 
 
-def check_dense_tensor(t: object, name: str) -> torch.Tensor:
-    """``check_tensor`` for arrays whose values are read: a strided (dense) tensor with data
-    (a sparse one failed deep inside with a RuntimeError on memory formats; one on the meta
-    device with 'Tensor.item() cannot be called on meta tensors')."""
-    t = check_tensor(t, name)
-    if t.layout != torch.strided:
-        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+def check_has_values(t: torch.Tensor, name: str) -> torch.Tensor:
+    """``t`` unless it is on the meta device, which holds shapes but no values (reading them
+    failed deep inside torch: 'Tensor.item() cannot be called on meta tensors', or a
+    NotImplementedError from .cpu())."""
     if t.device.type == "meta":
         raise ValueError(f"{name} is on the meta device: it has no values to read")
     return t
+
+
+def check_dense_tensor(t: object, name: str) -> torch.Tensor:
+    """``check_tensor`` for arrays whose values are read: a strided (dense) tensor with data
+    (a sparse one failed deep inside with a RuntimeError on memory formats; a meta one:
+    ``check_has_values``)."""
+    t = check_tensor(t, name)
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+    return check_has_values(t, name)
 
 
 def all_finite(t: torch.Tensor) -> bool:

@@ -30,6 +30,7 @@ from hiertail_fast._files import write_atomic
 from hiertail_fast._validation import (
     INT64_MAX,
     check_flag,
+    check_has_values,
     check_label_array,
     check_num_classes,
     check_path,
@@ -106,9 +107,10 @@ def check_unit_weights(edge_weight: torch.Tensor | None, path: PathLike) -> None
                          "(hiertail_fast.data.conversion.save_graph)")
 
 
-def _np(a: Any) -> np.ndarray:
+def _np(a: Any, name: str) -> np.ndarray:
+    """``a`` (named ``name`` in errors) as a numpy array; a tensor densified, bf16 widened."""
     if isinstance(a, torch.Tensor):
-        a = a.detach()
+        a = check_has_values(a, name).detach()
         if a.layout != torch.strided:       # a sparse x (torch's own TypeError before)
             a = a.to_dense()
         if a.dtype == torch.bfloat16:       # numpy has none ("unsupported ScalarType")
@@ -119,10 +121,8 @@ def _np(a: Any) -> np.ndarray:
 
 def _graph_arrays(edge_index: Any, x: Any, y: Any, where: str) -> tuple:
     """The three as numpy arrays; a meta tensor (no values) is a ValueError naming it."""
-    for name, t in (("edge_index", edge_index), ("x", x), ("y", y)):
-        if isinstance(t, torch.Tensor) and t.device.type == "meta":   # torch's "no data!"
-            raise ValueError(f"{where}: '{name}' is on the meta device: it has no values")
-    return _np(edge_index), _np(x), _np(y)
+    return (_np(edge_index, f"{where}: 'edge_index'"), _np(x, f"{where}: 'x'"),
+            _np(y, f"{where}: 'y'"))
 
 
 def _check_arrays(edge_index: np.ndarray, x: np.ndarray, y: np.ndarray, where: str) -> None:
@@ -244,9 +244,7 @@ def _label_array(y: Any) -> np.ndarray:
     """``y`` as a numpy array of labels (``check_label_array``: float labels were truncated,
     a 2-D y flattened, a -1 or a uint64 label >= 2**63 failed inside numpy; relabel_by_size
     is public: a data audit; a meta y failed inside torch: an API audit)."""
-    if isinstance(y, torch.Tensor) and y.device.type == "meta":
-        raise ValueError("y is on the meta device: it has no values")
-    return check_label_array(_np(y))
+    return check_label_array(_np(y, "y"))
 
 
 def size_order(y: Any) -> tuple[np.ndarray, np.ndarray]:

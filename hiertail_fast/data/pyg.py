@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hiertail_fast._validation import INDEX_DTYPES, all_finite
+from hiertail_fast._validation import INDEX_DTYPES, all_finite, check_has_values
 from hiertail_fast.data.io import GraphData, load_npz
 from hiertail_fast.data.splits import SPLIT_PARTS, split_part_names, user_split
 
@@ -78,8 +78,7 @@ def graph_inputs(data: Any, num_nodes: int | None = None, edge_weight: Any = Non
     ei = _get(data, "edge_index")
     if not isinstance(ei, torch.Tensor):
         raise ValueError("data.edge_index is missing: the Data must carry edge_index [2, E]")
-    if ei.device.type == "meta":
-        raise ValueError("data.edge_index is on the meta device: it has no values")
+    check_has_values(ei, "data.edge_index")
     n = data.num_nodes
     if n is None:
         raise ValueError("data.num_nodes is unknown: give the Data an x or a num_nodes")
@@ -117,8 +116,7 @@ def from_pyg_data(data: Any, *, name: str | None = None) -> GraphData:
                         f"{type(x).__name__}")
     # (an API audit, session 68: a meta x failed inside torch, a complex x lost its imaginary
     # part to x.float() with torch's generic warning only)
-    if x.device.type == "meta":
-        raise ValueError("data.x is on the meta device: it has no values")
+    check_has_values(x, "data.x")
     if x.is_complex():
         raise TypeError(f"data.x is complex ({x.dtype}); the model takes real features: pass "
                         "x.real, x.abs() or both as columns")
@@ -128,8 +126,7 @@ def from_pyg_data(data: Any, *, name: str | None = None) -> GraphData:
         raise ValueError(f"data.x must be 2-D [n, F], got shape {tuple(x.shape)}")
     if not isinstance(y, torch.Tensor):
         raise ValueError("data.y is missing: node labels y [n] are required")
-    if y.device.type == "meta":
-        raise ValueError("data.y is on the meta device: it has no values")
+    check_has_values(y, "data.y")
     if y.dim() == 2 and y.shape[1] == 1:
         y = y.view(-1)
     if y.dim() != 1:
