@@ -47,15 +47,15 @@ def _path(value: str, hint: str):
     return Path(value)
 
 
-def bounded(kind, low: float, strict: bool):
+def bounded(kind, low: float, strict: bool, largest: int | None = None):
     """``type=`` of a finite `kind` number > low (strict) or >= low (ints read exactly, "1e5"
-    too)."""
+    too, at most ``largest``: ``exact_int``'s default, int64, when None)."""
     bound = ("an integer " if kind is int else "a finite number ") + (
         f"> {low:g}" if strict else f">= {low:g}")
 
     def parse(text: str):
         if kind is int:
-            value = exact_int(text)
+            value = exact_int(text) if largest is None else exact_int(text, largest)
         else:
             try:
                 value = kind(text)
@@ -123,10 +123,7 @@ def seed_arg(text: str) -> int:
     """argparse type of --seed-base / --data-seed: an integer in [0, SEED_MAX], "1e3" too."""
     from hiertail_fast._validation import SEED_MAX  # (imported when used: torch-free here)
 
-    value = exact_int(text, SEED_MAX)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
-    return value
+    return bounded(int, SEED_MIN, strict=False, largest=SEED_MAX)(text)
 
 
 def threads_arg(text: str) -> int:
