@@ -381,6 +381,7 @@ def test_method_context_refuses_what_gave_nan_or_failed_deep_inside(tiny):
             (dict(x=g.x[:, 0]), ValueError, r"x must be 2-D \[n, d\]"),
             (dict(x=g.x.to("meta")), ValueError, "x is on the meta device"),
             (dict(x=g.x.tolist()), TypeError, "x must be a torch.Tensor"),
+            (dict(y=g.y.tolist()), TypeError, "y must be a torch.Tensor"),
             (dict(graph=g.edge_index), TypeError, "graph must be a CSRGraph"),
             (dict(num_classes="4"), TypeError, "num_classes must be an int")):
         args = dict(x=g.x, y=g.y, graph=graph, train_idx=ok, num_classes=4, generator=gen)

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hiertail_fast._validation import (
+    check_dense_tensor,
     check_float_matrix,
     check_index_vector,
     check_labels_below,
@@ -73,6 +74,7 @@ class MethodContext:
         if self.graph.device != self.x.device:
             raise ValueError(f"the graph is on {self.graph.device} but x is on {self.x.device}")
         n = self.x.shape[0]
+        check_dense_tensor(self.y, "y")  # (a list's .shape raised AttributeError; session 69)
         if self.y.shape != (n,) or self.graph.num_nodes != n:
             raise ValueError(f"x [{n}, F], y {tuple(self.y.shape)} and the graph "
                              f"({self.graph.num_nodes} nodes) disagree")
