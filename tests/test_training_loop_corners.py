@@ -313,3 +313,35 @@ def test_seed_everything_checks_its_seed_before_touching_a_generator():
     first = (random.random(), float(np.random.rand()), float(torch.rand(1)))
     seed_everything(7)
     assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == first
+
+
+def test_a_kept_state_with_inf_weights_is_divergence():
+    # a parameter the validation does not read (a decoder, say) overflows to -inf in the last
+    # step: the loss and the val score stay finite, so only the kept state's own check can see
+    # it ("a kept state with NaN/Inf weights raises"; mutation audit, session 69)
+    from hiertail_fast.train import TrainingDivergedError
+
+    model = torch.nn.Module()
+    model.a = torch.nn.Parameter(torch.ones(2))       # read by the validation
+    model.b = torch.nn.Parameter(torch.ones(2))       # training-only
+    opt = torch.optim.SGD([model.b], lr=1e38)         # one step: b = 1 - 1e39 = -inf (fp32)
+
+    def step():
+        loss = (10 * model.b).sum()
+        return loss, loss
+
+    with pytest.raises(TrainingDivergedError, match="selected model's weights are NaN or Inf"):
+        fit_early_stopping(model, opt, step, lambda: float(model.a.detach().sum()) / 4, epochs=1,
+                           patience=5, progress=False, desc="t", device=torch.device("cpu"))
+
+
+def test_seed_everything_seeds_numpy_with_the_seed_mod_2_to_the_32():
+    # the documented rule (seed mod 2**32): mod 2**31 gave seeds 5 and 2**31 + 5 one stream
+    # (mutation audit, session 69)
+    from hiertail_fast.train import seed_everything
+
+    for seed in (5, 2**31 + 5, 2**32 + 5, 2**64 - 1):
+        seed_everything(seed)
+        got = np.random.rand(3)
+        np.random.seed(seed % 2**32)
+        assert np.array_equal(got, np.random.rand(3)), seed
