@@ -701,3 +701,27 @@ def test_the_row_max_reads_the_host_before_the_attention_calls(fused):
         want = s.masked_fill(~vis[None, :], -INF).max(dim=1)
         torch.testing.assert_close(got[1][lev].double(), want.values, rtol=1e-6, atol=1e-6)
         assert torch.equal(got[2][lev], want.indices)
+
+
+def test_the_precision_guard_admits_a_bound_equal_to_its_limit():
+    # "bound <= rows_limit": a strict < refused the kernels at the limit itself (mutation
+    # audit, session 69). scale * max|z|^2 = 64 = the small-problem floor, exactly.
+    z = torch.zeros(8, 2)
+    z[0, 0] = 8.0
+    limit = attn.rows_limit("exact", torch.float32, 8)
+    assert attn.logit_bound(z, 1.0) == limit == attn.EXACT_MIN_LOGIT
+    assert attn.within_precision(z, 1.0, "exact")
+    z[0, 0] = 8.0 * (1 + 2**-20)
+    assert not attn.within_precision(z, 1.0, "exact")
+
+
+def test_the_adapter_refuses_float64_rather_than_computing_it_in_fp32():
+    # float64 stays on the exact engine; the adapter's own refusal (not only the dispatch's)
+    # keeps a direct call from being computed in fp32 silently (mutation audit, session 69)
+    z = torch.randn(6, 3, dtype=torch.float64)
+    log_w = torch.zeros(1, 6, dtype=torch.float64)
+    with pytest.raises(attn.AttentionUnavailable, match="float64"):
+        attn.lse_forward(z, log_w, 1.0, False)
+    lse = torch.zeros(1, 6, dtype=torch.float64)
+    with pytest.raises(attn.AttentionUnavailable, match="float64"):
+        attn.lse_backward(z, log_w, lse, torch.ones(1, 6, dtype=torch.float64), 1.0)

@@ -165,6 +165,7 @@ def test_loss_engine_refinement_on_cpu(monkeypatch):
     assert choose_loss_backend(z, None, "exact") == "attention"
     assert choose_loss_backend(z, None, "official") == "torch"
     assert choose_loss_backend(z, None, "exact", n_levels=3) == "torch"
+    assert choose_loss_backend(z, None, "exact", n_levels=2) == "torch"  # (> 2 passed; s69)
     assert choose_loss_backend(z, "torch", "exact") == "torch"           # explicit wins
     assert choose_loss_backend(z.double(), None, "exact") == "torch"     # float64: own engine
 
@@ -180,6 +181,7 @@ def test_loss_engine_refinement_on_cuda(monkeypatch):
     assert choose_loss_backend(z, None, "exact") == "attention"
     assert choose_loss_backend(z, None, "official") == "torch"
     assert choose_loss_backend(z, None, "exact", n_levels=3) == "torch"
+    assert choose_loss_backend(z, None, "exact", n_levels=2) == "torch"  # (> 2 passed; s69)
     assert choose_loss_backend(z, "attention", "official") == "attention"  # explicit wins
 
 
