@@ -217,6 +217,32 @@ def test_func_second_derivative_raises(op):
         grad(lambda x: grad(f)(x).pow(2).sum())(x)
 
 
+def test_a_create_graph_gradient_is_a_tensor_of_its_own():
+    # the op's gradient under create_graph=True passes through a Function whose backward raises
+    # the op's message; it must return a new tensor, not a view of its input: a view made in a
+    # custom Function made a plain in-place edit of the gradient fail deep inside autograd
+    # (mutation audit, session 69)
+    z = torch.randn(8, 3, requires_grad=True)
+    y = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    (g,) = torch.autograd.grad(balanced_contrastive_loss(z, y, backend="torch"), z,
+                               create_graph=True)
+    assert g._base is None
+    before = g.detach().clone()
+    g.mul_(0.5)
+    assert torch.equal(g.detach(), before * 0.5)
+
+
+def test_vmap_over_a_list_of_prototypes_raises_naming_the_op():
+    # the transform check looks inside the lists a loss takes: a batched tensor in
+    # level_prototypes raised torch's "Cannot access data pointer" deep inside (mutation
+    # audit, session 69)
+    z = torch.randn(8, 3)
+    labels = [torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])]
+    batch = torch.randn(5, 2, 3)
+    with pytest.raises(RuntimeError, match=f"^hierarchical_contrastive_loss: {_UNSUPPORTED}"):
+        vmap(lambda p: hierarchical_contrastive_loss(z, labels, [p], backend="torch"))(batch)
+
+
 def test_func_batching_transforms_raise_naming_the_op():
     x, ei, _, p = _graph_inputs("cpu", seed=7)
     y = torch.randint(0, 3, (x.shape[0],))

@@ -165,3 +165,22 @@ def test_feature_block_is_a_legal_dot_width():
         assert b & (b - 1) == 0 and 16 <= b <= 256, (d, b)
         assert b >= min(d, 256), (d, b)
         assert b == 16 or b // 2 < d, (d, b)           # the smallest such width
+
+
+def test_backward_ignores_the_gradient_of_a_level_with_no_visible_key(triton_device):
+    # "rows with grad 0 or lse -inf contribute nothing": a level whose keys are all hidden has
+    # lse = -inf, and whatever gradient reaches it (inf here) must not reach dz. Without the
+    # mask, dz came back NaN (mutation audit, session 69)
+    k = _kernels()
+    z = torch.randn(20, 8, generator=torch.Generator().manual_seed(0)).to(triton_device)
+    log_w = torch.zeros(2, 20, device=triton_device)
+    log_w[1] = -INF
+    lse, _, _ = k.lse_forward(z, log_w, 2.0, False)
+    assert bool(torch.isinf(lse[1]).all())
+    live_only = torch.zeros(2, 20, device=triton_device)
+    live_only[0] = 1.0
+    for dead in (INF, float("nan"), 3.0):
+        g = live_only.clone()
+        g[1] = dead
+        dz = k.lse_backward(z, log_w, lse, g, 2.0)
+        assert torch.equal(dz, k.lse_backward(z, log_w, lse, live_only, 2.0)), dead
