@@ -519,3 +519,37 @@ def test_float16_rows_are_rescaled_in_float32(backend):
         p = torch.tensor(prototypes, dtype=torch.float16)
         want = ((z.double()[:, None] - p.double()[None]) ** 2).sum(-1).argmin(1)
         assert torch.equal(nearest_prototype(z, p, backend=backend), want)
+
+
+@pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
+def test_rows_near_a_tight_cluster_in_128_dims_are_re_decided(backend):
+    """The near-tie bound grows with d: γ = (d + 2)·u. Rows near a tight cluster of
+    prototypes in 128 dimensions: the expanded form's rounding exceeds the gaps between the
+    distances, and a bound of 2·u left 26 of the 300 rows with a wrong prototype (mutation
+    audit, session 69). Float64 direct distances (gaps ~1e-4 on ~128) are the truth here."""
+    dev = backend_device(backend)
+    g = torch.Generator().manual_seed(1)
+    c = torch.randn(128, generator=g) * 30
+    p = c + torch.randn(32, 128, generator=g) * 1e-4
+    z = c + torch.randn(300, 128, generator=g)
+    truth = ((z.double()[:, None] - p.double()[None]) ** 2).sum(-1).argmin(1)
+    expanded = ((p * p).sum(1)[None] - 2 * z @ p.T).argmin(1)      # the case is a hard one
+    assert int((expanded != truth).sum()) >= 10
+    assert torch.equal(nearest_prototype(z.to(dev), p.to(dev), backend=backend).cpu(), truth)
+
+
+@pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
+def test_float64_at_the_ends_of_the_range_is_rescaled_from_both_inputs(backend):
+    """float64 rows and prototypes whose squared distances under- or overflow float64: the
+    rescale must look at both tensors (prototypes of 1e200 with rows of 1: every distance inf,
+    prototype 0 for all) and the near-tie re-decision must read the rescaled values (at 1e-170
+    the squares are 0: every candidate tied, prototype 0). Prototype 1 is the nearer in both
+    (mutation audit, session 69)."""
+    dev = backend_device(backend)
+    f64 = dict(dtype=torch.float64, device=dev)
+    z = torch.tensor([[1.0, 0.0]], **f64)
+    p = torch.tensor([[3e200, 0.0], [-1e200, 0.0]], **f64)
+    assert nearest_prototype(z, p, backend=backend).cpu().tolist() == [1]
+    z = torch.zeros(1, 2, **f64)
+    p = torch.tensor([[1.0 + 4e-16, 0.0], [-1.0, 0.0]], **f64) * 1e-170
+    assert nearest_prototype(z, p, backend=backend).cpu().tolist() == [1]
