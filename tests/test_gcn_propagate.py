@@ -436,6 +436,19 @@ def test_gcnconv_module_api():
     assert float(conv.weight.detach().abs().max()) <= bound
     with pytest.raises(ValueError, match="channels"):
         GCNConv(0, 3)
+    # glorot as PyG (uniform in ±sqrt(6 / (in + out))) and a zero bias, at construction and
+    # after reset_parameters: a bound of sqrt(3 / ...) and a bias of ones passed (mutation
+    # audit, session 69). 40 x 60 weights: the largest lies within 1 % of the bound.
+    torch.manual_seed(0)
+    wide = GCNConv(40, 60)
+    for _ in range(2):
+        a = (6.0 / 100) ** 0.5
+        top = float(wide.weight.detach().abs().max())
+        assert 0.99 * a < top <= a
+        assert torch.equal(wide.bias.detach(), torch.zeros(60))
+        with torch.no_grad():
+            wide.bias.fill_(3.0)
+        wide.reset_parameters()
 
 
 def test_bad_inputs():

@@ -547,6 +547,13 @@ def test_unpool_backends(backend):
     assert torch.equal(xp.grad, gout[perm])
     with pytest.raises(ValueError):
         topk_unpool(xp, perm, 10, backend=backend)
+    # a scatter: non-finite rows are placed as they are, as the reference does (refusing them
+    # on the fast paths passed every test; mutation audit, session 69)
+    odd = torch.tensor([[1.0, float("inf")], [float("nan"), 2.0]], device=dev)
+    got = topk_unpool(odd, torch.tensor([2, 0], device=dev), 3, backend=backend)
+    exp = topk_unpool_ref(odd.cpu(), torch.tensor([2, 0]), 3)
+    assert torch.equal(got.cpu().nan_to_num(7.0), exp.nan_to_num(7.0))
+    assert bool(got[0, 0].isnan()) and got.cpu()[2].tolist() == [1.0, float("inf")]
 
 
 def test_module_matches_functional_and_init():
