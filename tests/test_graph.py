@@ -46,6 +46,14 @@ def test_dedupe_sums_weights_and_no_dedupe_keeps_entries():
     g2 = CSRGraph.from_edge_index(ei, w, dedupe=False)
     assert g2.edge_index().tolist() == [[0, 2, 2], [1, 1, 1]]
     assert g2.weight.tolist() == [1.0, 0.5, 0.25]  # stable order among duplicates
+    # past the few thousand entries where torch's sort stops being stable by luck: 5,000
+    # duplicates of two edges, interleaved, keep their input order (an unstable sort passed;
+    # mutation audit, session 69)
+    many = torch.zeros(2, 5000, dtype=torch.long)
+    many[0, ::2] = 1
+    g3 = CSRGraph.from_edge_index(many, torch.arange(5000.0), num_nodes=3, dedupe=False)
+    assert g3.weight[:2500].tolist() == list(range(1, 5000, 2))
+    assert g3.weight[2500:].tolist() == list(range(0, 5000, 2))
 
 
 def test_symmetrize():
@@ -73,6 +81,12 @@ def test_self_loop_methods():
     assert g.with_self_loops(1.0).weight is not None
     u = CSRGraph.from_edge_index(ei).with_self_loops(1.0)  # unit loops stay unweighted
     assert u.weight is None and u.num_edges == 3 + 3
+    # an unweighted graph with another fill gets weighted loops of that fill (unit loops for
+    # every unweighted graph passed; mutation audit, session 69)
+    for remaining, diagonal in ((True, [2.0, 1.0, 2.0, 2.0]), (False, [2.0, 3.0, 2.0, 2.0])):
+        uw = CSRGraph.from_edge_index(ei, num_nodes=4).with_self_loops(2.0, remaining=remaining)
+        assert uw.weight is not None
+        assert dense(uw).diagonal().tolist() == diagonal
 
 
 def test_gcn_norm_path_graph_hand_computed():
