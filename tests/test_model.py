@@ -591,6 +591,12 @@ def test_a_shared_model_loads_its_own_checkpoint_with_nan_weights():
     twin = HierTail(12, 4, HierTailConfig.paper(hidden=8, share_convs=True))
     twin.load_state_dict(model.state_dict())
     assert bool(twin.down[1].weight.isnan().any())
+    # a checkpoint whose tensors were cloned one by one (fit_early_stopping's best state): the
+    # aliases are no longer one storage, so their values are compared, NaN equal to NaN (a
+    # plain == refused it as "not shared"; mutation audit, session 69)
+    other = HierTail(12, 4, HierTailConfig.paper(hidden=8, share_convs=True))
+    other.load_state_dict({k: v.detach().clone() for k, v in model.state_dict().items()})
+    assert bool(other.down[1].weight.isnan().any())
 
 
 @pytest.mark.parametrize("name", CONFIGS)

@@ -182,6 +182,7 @@ def test_train_api_bad_inputs(small):
     (dict(progress="no"), TypeError, "progress must be a bool"),
     (dict(lr=True), TypeError, "lr must be a real number"),
     (dict(lr=float("nan")), ValueError, "lr must be finite"),
+    (dict(lr=0.0), ValueError, "lr must be finite and > 0"),   # (>= 0 passed; s69)
     (dict(weight_decay=-1.0), ValueError, "weight_decay must be finite and >= 0"),
 ])
 def test_train_hiertail_argument_types(small, kwargs, exc, msg):
