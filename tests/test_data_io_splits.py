@@ -391,6 +391,15 @@ def test_features_beyond_float32_and_without_columns_are_refused(tmp_path):
     with pytest.raises(ValueError, match="NaN or Inf") as exc:
         load_npz(tmp_path / "nan.npz")
     assert "range" not in str(exc.value)
+    # an Inf as well, in float32 (a NaN-only check passed; mutation audit, session 69)
+    inf = x.astype(np.float32)
+    inf[1, 0] = np.inf
+    _write(tmp_path / "inf.npz", edge_index=ei, x=inf, y=y)
+    with pytest.raises(ValueError, match=r"inf\.npz: 'x' contains NaN or Inf"):
+        load_npz(tmp_path / "inf.npz")
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        save_npz(tmp_path / "out.npz", ei, inf, y)
+    assert not (tmp_path / "out.npz").exists()
     # float64 within range still loads (as float32)
     _write(tmp_path / "ok.npz", edge_index=ei, x=x.astype(np.float64) * 1e30, y=y)
     assert load_npz(tmp_path / "ok.npz").x.dtype == torch.float32

@@ -184,6 +184,12 @@ def test_zipf_class_sizes_and_seed_checks():
     with pytest.raises(TypeError, match="head_mass"):
         zipf_class_sizes(50, 5, head_mass="0.8")
     assert zipf_class_sizes(np.int64(50), np.int32(5)).tolist() == zipf_class_sizes(50, 5).tolist()
+    # two classes, head_fraction 0.8: the head keeps one tail class (uncapped, both were head
+    # and the valid call was refused), and avg_degree must stay below n - 1 (n - 1 was
+    # accepted and gave ~half that degree); mutation audit, session 69
+    assert zipf_class_sizes(100, 2, head_fraction=0.8, head_mass=0.9).tolist() == [90, 10]
+    with pytest.raises(ValueError, match="avg_degree must be in"):
+        make_synthetic_graph(20, 2, avg_degree=19.0, num_features=4)
     with pytest.raises(ValueError, match="seed must be >= 0"):   # numpy's own message before
         make_synthetic_graph(60, 3, num_features=2, avg_degree=2.0, seed=-1)
 
@@ -210,6 +216,11 @@ def test_a_graph_short_of_the_request_says_so():
     assert caught[0].filename == caught[1].filename == __file__     # points at the caller
     with pytest.warns(UserWarning, match="homophily 0, asked for 2 and 0.8"):
         make_synthetic_graph(5, 5, avg_degree=2.0, num_features=2)   # one node a class
+    # a miss of 0.1 in homophily alone (over HOMOPHILY_MISS = 0.05; 0.5 passed every test,
+    # mutation audit, session 69)
+    with pytest.warns(UserWarning, match=r"avg_degree 1 and homophily 0\.5, asked for 1 and 0\.6"):
+        make_synthetic_graph(8, 2, avg_degree=1.0, homophily=0.6, num_features=2,
+                             degree_exponent=None)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for n, c in ((1_000, 10), (10_000, 70)):
