@@ -154,6 +154,12 @@ def test_parse_seeds():
     assert parse_seeds(["2"], base=10) == [10, 11]
     with pytest.raises(ValueError):
         parse_seeds(["0"])
+    # a list is checked seed by seed, not by its ends only (a seed out of range in the middle
+    # passed; mutation audit, session 69)
+    with pytest.raises(ValueError, match=r"--seeds: seed -4 is out of range"):
+        parse_seeds(["1,-4,5"])
+    with pytest.raises(ValueError, match=r"--seeds: seed 18446744073709551616 is out of range"):
+        parse_seeds(["1", str(2**64), "5"])
 
 
 def test_train_api_bad_inputs(small):
