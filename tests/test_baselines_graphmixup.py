@@ -373,3 +373,33 @@ def test_harness_selects_and_counts_patience_over_fine_tune_epochs_only():
     assert p == 15                                       # min(2010, 30 // 2), not the patience
     assert res["best_epoch"] >= p and res["epochs_run"] > p
     assert cfg.to_dict()["model_selection"] == "fine-tune epochs only"
+
+
+def test_discrete_edges_keep_a_candidate_at_p_one_half(tiny, monkeypatch):
+    # edge_mode="discrete" keeps the candidate edges with 1[P >= 0.5]: with the decoder zeroed
+    # every P is sigmoid(0) = 0.5 and every candidate stays (> 0.5 dropped them all and passed
+    # every test; mutation audit, session 69)
+    g, graph = tiny
+    cfg = BaselineConfig(method="graphmixup", hidden=8, dropout=0.0, im_class_num=2, k_num=30,
+                         clu_nclass=5, edge_mode="discrete", up_scale=1.0,
+                         mixup_neighbour="global")
+    m = build_method(_ctx(g, graph), cfg).train()
+    m.epoch = m.pretrain_epochs                     # fine-tune: CE on the augmented graph
+    with torch.no_grad():
+        m.decoder.weight.zero_()
+    seen = {}
+    candidates, augmented = gm.candidate_edges, gm.AugmentedAdjacency
+
+    def count_candidates(*args):
+        ck, cj = candidates(*args)
+        seen["candidates"] = ck.numel()
+        return ck, cj
+
+    def count_kept(graph_mx, num_synthetic, ck, cj, p, adj_norm):
+        seen["kept"] = ck.numel()
+        return augmented(graph_mx, num_synthetic, ck, cj, p, adj_norm)
+
+    monkeypatch.setattr(gm, "candidate_edges", count_candidates)
+    monkeypatch.setattr(gm, "AugmentedAdjacency", count_kept)
+    m.train_loss()
+    assert seen["candidates"] > 0 and seen["kept"] == seen["candidates"]
