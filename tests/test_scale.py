@@ -126,6 +126,11 @@ def test_memory_extrapolation_keeps_fixed_costs_fixed():
     assert lin == pytest.approx(400e6 + 300e6 / 9000 * 90_000)          # 3.4 GB, not 4.0
     assert scale.extrapolate_memory([(1000, 5e8), (10_000, 4e8)],
                                     100_000) == pytest.approx(4e9)   # falling: scaled
+    # flat: scaled as well (slope <= 0; with < 0 it predicted 5 GB, no growth at all), and a
+    # prediction below the last size keeps that size's measurement (mutation audit, s69)
+    assert scale.extrapolate_memory([(1000, 5e9), (10_000, 5e9)],
+                                    100_000) == pytest.approx(5e10)
+    assert scale.extrapolate_memory([(1000, 100e6), (10_000, 400e6)], 5000) == 400e6
     assert scale.extrapolate_memory([], 10, pairs=sq) is None
 
 
