@@ -316,7 +316,9 @@ def test_a_damaged_cached_library_is_built_again(fresh_native, damage):
     assert lib.read_bytes() == data                       # rebuilt in place, the same bytes
 
 
-def test_a_temp_fallback_others_may_write_to_is_not_used(fresh_native, monkeypatch, tmp_path):
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o707], ids=["777", "770", "707"])
+def test_a_temp_fallback_others_may_write_to_is_not_used(fresh_native, monkeypatch, tmp_path,
+                                                         mode):
     """The fallback's name is predictable, in a world-writable directory: a folder others
     may write to (a library planted there would be loaded) is refused."""
     blocker = tmp_path / "a_file"
@@ -325,7 +327,7 @@ def test_a_temp_fallback_others_may_write_to_is_not_used(fresh_native, monkeypat
     monkeypatch.setattr(native_mod.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
     fallback = tmp_path / "tmp" / f"hiertail_fast-native-{os.getuid()}"
     fallback.mkdir(parents=True)
-    fallback.chmod(0o777)
+    fallback.chmod(mode)      # (group-writable was let through with every test passing; s69)
     with pytest.raises(OSError, match="only this user may write to"):
         native_mod._build(native_mod._HERE / "_positive_blocks.c", native_mod.compiler())
 
@@ -344,3 +346,37 @@ def test_a_fork_while_another_thread_builds_a_kernel_does_not_hang_the_child():
 
     hung, code = fork_while_held(lambda: native_mod._LOCK, _load_in_a_worker)
     assert not hung and code == 0
+
+
+def test_the_build_key_follows_the_cpu_model_and_flags(fresh_native, monkeypatch):
+    # a -march=native build is cached per CPU: model AND feature flags (the same model with
+    # AVX-512 hidden by a VM must not share a build: SIGILL from a shared cache). Dropping the
+    # signature from the key, or the flags from the signature, passed every test (mutation
+    # audit, session 69)
+    import io
+
+    def cpuinfo(model, flags):
+        text = f"processor\t: 0\nmodel name\t: {model}\nflags\t\t: {flags}\n"
+        monkeypatch.setattr(native_mod, "open", lambda path, *a, **k: io.StringIO(text),
+                            raising=False)
+        return native_mod._cpu_signature()
+
+    signatures = {cpuinfo("Xeon X", "sse2 avx2"), cpuinfo("Xeon X", "sse2 avx2 avx512f"),
+                  cpuinfo("EPYC Y", "sse2 avx2")}
+    assert len(signatures) == 3
+    monkeypatch.delattr(native_mod, "open")
+    cc = built_kernel(native_mod.compiler(), "a C compiler")
+    source = native_mod._HERE / "_block_exp.c"
+    names = set()
+    for signature in ("model name: A\nflags: avx2\n", "model name: A\nflags: avx512f\n"):
+        monkeypatch.setattr(native_mod, "_cpu_signature", lambda s=signature: s)
+        names.add(native_mod._build(source, cc).name)
+    assert len(names) == 2
+
+
+def test_the_cache_follows_xdg_cache_home(monkeypatch, tmp_path):
+    monkeypatch.delenv("HIERTAIL_NATIVE_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert native_mod.cache_dir() == tmp_path / "hiertail_fast" / "native"
+    monkeypatch.setenv("HIERTAIL_NATIVE_CACHE", str(tmp_path / "mine"))
+    assert native_mod.cache_dir() == tmp_path / "mine"

@@ -157,6 +157,8 @@ def test_extrapolate_linear_plus_quadratic_fit():
     assert scale.extrapolate([(100, 1.0), (1000, 1e6)], 10_000, 1.0) == pytest.approx(1e8)
     # v = a·n + b·n² through both points: a = b = 1e-3 here
     assert scale.extrapolate([(10, 0.11), (100, 10.1)], 1000, 1.0) == pytest.approx(1001.0)
+    # two points of one size: the last one scaled (no fit through one size; > divided by 0)
+    assert scale.extrapolate([(1000, 1.0), (1000, 2.0)], 10_000, 1.0) == pytest.approx(20.0)
 
 
 def test_planned_epochs_shrink_for_long_epochs():
