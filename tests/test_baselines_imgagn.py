@@ -280,6 +280,9 @@ def test_a_tail_class_already_at_its_target_gets_no_generator(tiny):
     m = _model(g, graph, gen_ratio=0.375, disc_steps=1)
     assert [(c, s) for c, _, s in m.blocks] == [(3, 2)]
     assert m.info()["generated_per_class"] == {"3": 2}
+    # the floor, not the nearest integer: ⌊0.45·8⌋ = 3 (round gave 4 and one node more per
+    # class with every test passing; mutation audit, session 69)
+    assert _model(g, graph, gen_ratio=0.45).info()["generated_per_class"] == {"3": 2}
     m.train_loss()                                           # generate + D step
     assert torch.isfinite(m.train_loss())                    # the G step
 
