@@ -578,3 +578,34 @@ def test_degree_names_a_dtype_that_is_not_one():
             g.degree(bad)
     assert g.degree(torch.float64).tolist() == [1.0, 1.0]
     assert g.degree(torch.int64).tolist() == [1, 1]          # integer counts, as before
+
+
+def test_a_directed_cycle_is_not_symmetric_and_propagates_back_through_the_transpose():
+    # a 3-cycle has its transpose's row lengths but other columns: comparing the row pointers
+    # alone called it symmetric, and gcn_propagate's backward applied Â for Âᵀ (wrong
+    # gradients, every test passing; mutation audit, session 69)
+    from hiertail_fast.ops.gcn_propagate import gcn_propagate
+
+    ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    for w in (None, torch.tensor([1.0, 2.0, 3.0])):
+        g = CSRGraph.from_edge_index(ei, w, num_nodes=3)
+        assert g.is_symmetric() is False
+        x = torch.tensor([[1.0], [2.0], [4.0]], dtype=torch.float64, requires_grad=True)
+        up = torch.tensor([[1.0], [0.0], [0.0]], dtype=torch.float64)
+        gcn_propagate(x, g, backend="torch").backward(up)
+        a = dense(g) + 2 * torch.eye(3, dtype=torch.float64)       # improved: loops of 2
+        d = a.sum(1).rsqrt()
+        a_hat = d[:, None] * a * d[None, :]
+        torch.testing.assert_close(x.grad, a_hat.T @ up)
+
+
+def test_edge_weight_casts_and_the_degree_sums_the_weights_as_the_dtype_holds_them():
+    # edge_weight(dtype) casts (it returned the stored tensor); degree(float32) of float64
+    # weights sums their float32 values, as the float32 operator does (it summed the
+    # unrounded ones: 1 ulp off); mutation audit, session 69
+    w = torch.full((3,), 1 + 0.49 * 2.0**-23, dtype=torch.float64)
+    g = CSRGraph.from_edge_index(torch.tensor([[1, 2, 0], [0, 0, 0]]), w, num_nodes=3)
+    assert g.edge_weight() is g.weight and g.edge_weight(torch.float32).dtype == torch.float32
+    assert torch.equal(g.edge_weight(torch.float32), w.float())
+    assert g.degree(torch.float32)[0].item() == 3.0 == w.float().double().sum().float().item()
+    assert g.degree(torch.float64)[0].item() == w.sum().item() != 3.0
