@@ -57,6 +57,23 @@ def test_claim_is_exclusive_waits_and_leaves_no_file(tmp_path):
     assert not path.exists()
 
 
+def test_a_released_claim_leaves_a_newer_claimants_file(tmp_path):
+    # A holds; its file is removed (a cleanup); B claims anew, on a new file; A's release must
+    # not remove B's file, or a third process could claim the run B trains (removing it
+    # whatever file it was passed every test; mutation audit, session 69)
+    path = tmp_path / ".run.training"
+    a = claim(path, wait=False)
+    assert a.__enter__() is True
+    os.unlink(path)
+    with claim(path, wait=False) as b_holds:
+        assert b_holds is True
+        a.__exit__(None, None, None)
+        assert path.exists()
+        with claim(path, wait=False) as third:
+            assert third is False
+    assert not path.exists()
+
+
 def test_claim_where_no_file_can_be_made_is_best_effort(tmp_path):
     """(a folder that does not exist: the claim file cannot be created, as in a read-only
     folder, for root too)"""
