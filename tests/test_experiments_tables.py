@@ -188,6 +188,11 @@ def test_table5_cells_hold_the_papers_numbers_without_std():
     # command's own sweep as "given twice" (an experiments audit, session 67)
     assert tasks.task_counts(2, None) == [(6, 2), (2, 1)]
     assert tasks.task_counts(3, None) == [(9, 3), (3, 2), (2, 1)]
+    # a pair must hold 1 <= B <= A: 3:4 was taken (the row labelled [3, 4], its second level
+    # clamped) with b > a + 1 and every test passing; mutation audit, session 69
+    with pytest.raises(ValueError, match="B > A"):
+        tasks.task_counts(6, "3:4", 240)
+    assert tasks.task_counts(6, "3:3", 240) == [(3, 3)]
     records = []
     for counts, v in (((198, 70), 55.5), ((70, 35), 56.0), ((2, 1), 50.0)):
         records += _records("cora_full", f"tasks={counts[0]},{counts[1]}",

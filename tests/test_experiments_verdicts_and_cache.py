@@ -586,6 +586,32 @@ def test_a_cached_record_missing_one_test_metric_is_a_miss(tmp_path):
                                 "wall_s": 1.0}))
     got, why = cache.lookup(spec, identity)
     assert got is None and "not a complete run record" in why
+    # all four metrics but no epochs_run: a miss as well (served, summarize raised KeyError
+    # 'epochs_run'; mutation audit, session 69)
+    path.write_text(json.dumps({"identity": identity, "wall_s": 1.0, "result": {
+        "test": {m: 0.5 for m in runner.METRICS}}}))
+    got, why = cache.lookup(spec, identity)
+    assert got is None and "not a complete run record" in why
+
+
+def test_the_data_fingerprint_reads_shapes_and_dtypes():
+    # "name, dtype, shape and bytes": the same bytes reshaped, or as another dtype, are other
+    # data (either dropped from the header passed every test; mutation audit, session 69)
+    import types
+
+    import numpy as np
+
+    from hiertail_fast.experiments.run_cache import data_fingerprint
+
+    ei, y = np.array([[0, 1], [1, 0]]), np.array([0, 1, 1, 0, 1, 0])
+
+    def fp(x):
+        return data_fingerprint(types.SimpleNamespace(x=x, edge_index=ei, y=y))
+
+    x = np.arange(12, dtype=np.float32)
+    assert fp(x.reshape(6, 2)) != fp(x.reshape(2, 6))
+    assert fp(np.zeros((6, 2), np.int32)) != fp(np.zeros((6, 2), np.float32))
+    assert fp(x.reshape(6, 2)) == fp(x.reshape(6, 2).copy())
 
 
 # ---- RunCache's identity and fingerprint rules, migrate's dry run (a mutation audit, s42)
