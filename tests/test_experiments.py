@@ -457,6 +457,10 @@ def test_unwritable_out_or_runs_dir_is_refused_before_any_training(tmp_path, mon
     ("sensitivity", ["--parts", "hidden", "--hiddens", "8", "--adj-norm", "row"],
      "--adj-norm does not apply to sensitivity"),
     ("tasks", ["--task-counts", "2:5"], "has B > A"),
+    # refused by the options themselves, naming them (a mutation audit, session 69: --alpha 1
+    # went on to a data-layer message about --val-per-class, --hiddens 0 to the config's)
+    ("semi-synthetic", ["--alpha", "1"], "argument --alpha: must lie in (0, 1), got 1"),
+    ("sensitivity", ["--parts", "hidden", "--hiddens", "0,16"], "--hiddens: '0' must be >= 1"),
     ("main", ["--methods", ","], "names no method"),
     # an empty value (an unset shell variable) is refused, not read as "every row"
     ("main", ["--methods", ""], "--methods '' names no method"),

@@ -158,6 +158,20 @@ def test_new_numbers_with_the_same_run_count_replace_the_summary(tmp_path):
     assert not any("already holds" in line for line in log)
 
 
+def test_a_summary_whose_arguments_include_one_this_command_lacks_is_kept(tmp_path):
+    # "other arguments" both ways: an old summary with an option the new command does not
+    # have (another version's) is kept, the new one written under a hashed name (compared one
+    # way only, it was replaced and demoted to .prev; mutation audit, session 69)
+    old = {"args": {"seeds": 3, "foo": "bar"}, "runs": 1}
+    report.write_outputs(tmp_path, "main", "# old\n", old, log=lambda line: None)
+    log = []
+    paths = report.write_outputs(tmp_path, "main", "# new\n", {"args": {"seeds": 3}, "runs": 1},
+                                 log=log.append)
+    assert (tmp_path / "main.md").read_text() == "# old\n"
+    assert not (tmp_path / "main.prev.md").exists()
+    assert any(p.name.startswith("main-") and p.read_text() == "# new\n" for p in paths)
+
+
 def test_a_summary_of_other_data_is_kept_not_replaced(tmp_path):
     """The same arguments on other data (another --data-dir, an edited file: other
     fingerprints) replaced the summary in place, and a third run lost it (a README audit:
@@ -378,6 +392,18 @@ def test_options_that_change_the_numbers_name_their_own_summary(option):
 
     parse = build_parser().parse_args
     assert _result_args(parse(["main"])) != _result_args(parse(["main", *option]))
+
+
+@pytest.mark.parametrize("option", [["--threads", "1"], ["--no-progress"], ["--out", "elsewhere"],
+                                    ["--runs-dir", "runs2"], ["--report-only"]])
+def test_options_that_only_change_where_or_how_fast_share_the_summary(option):
+    # the other side of the rule: a rerun with --threads 1 (etc.) is the same table and
+    # replaces / keeps its own summary (--threads counted as a result argument wrote a second,
+    # hashed summary with every test passing; mutation audit, session 69)
+    from hiertail_fast.experiments.cli import _result_args, build_parser
+
+    parse = build_parser().parse_args
+    assert _result_args(parse(["main"])) == _result_args(parse(["main", *option]))
 
 
 def test_report_only_notes_a_row_missing_on_one_of_two_datasets(tmp_path):
