@@ -161,6 +161,27 @@ def test_hierarchical_rest_keys_and_prototype_maxima_float64(monkeypatch, includ
     assert len(calls) == (0 if nested else 1)
 
 
+def test_rest_columns_take_the_one_each_lookup_only_for_at_most_one_key_per_group():
+    """The one-each lookup (``_rest_columns``) is a [level, group] -> key column table; a group
+    holding two rest keys must send the block to the general mask path (None), where the
+    table would keep one of them and lose the other's positive pair. Through the public API
+    each level has one prototype per label, so only a direct call reaches the second case."""
+    def positives(gid):
+        bp = object.__new__(BlockPositives)
+        bp._rest_map, bp.handled = None, [True, True]
+        bp.count = [torch.ones(3, dtype=torch.long), torch.ones(2, dtype=torch.long)]
+        bp.gid = torch.tensor(gid)
+        return bp
+
+    # keys 0-3 common; 4-6 rest keys: level 0 groups 0, 1, 2; level 1 groups 1, -, 0
+    one_each = positives([[0, 1, 2, 0, 0, 1, 2], [0, 1, 1, 0, 1, -1, 0]])
+    cols, levels = one_each._rest_columns(torch.tensor([4, 5, 6]))
+    assert cols.tolist() == [[0, 1, 2], [2, 0, -1]] and levels.tolist() == [0, 1]
+    # level 1's group 0 holds two rest keys (4 and 6): no lookup table
+    two = positives([[0, 1, 2, 0, 0, 1, 2], [0, 1, 1, 0, 0, -1, 0]])
+    assert two._rest_columns(torch.tensor([4, 5, 6])) is None
+
+
 @pytest.mark.parametrize("norm", [3.0, 30.0])
 def test_fused_duplicate_rows_at_huge_logits(norm):
     """Duplicated rows (nodes, and prototypes equal to nodes: ties across two products) with
