@@ -202,10 +202,11 @@ def test_low_degree_experts_start_from_high_degree_ones_and_routing_masks(tiny):
 
 def test_expert_epochs_capped_by_loop_and_distillation_targets(tiny):
     g, graph = tiny
-    m, (_, val, _) = _built(g, graph, expert_ep=50, expert_patience=2, curriculum_ep=3)
+    # patience past both caps: only the loop's 4 epochs stop an expert (official: ``ep``)
+    m, (_, val, _) = _built(g, graph, expert_ep=50, expert_patience=100, curriculum_ep=3)
     m.after_fit(val, epochs=4)
     ex = m.info()["stages"]["experts"]
-    assert all(e["epochs_run"] <= 4 for e in ex.values())
+    assert {e["epochs_run"] for e in ex.values() if e["train_nodes"]} == {4}
     embed = m.encoder(g.x, m.adj)
     t = m.distillation_targets("T", embed)
     assert t["H"].shape == (len(m.train_groups["TH"]), 6 - m.sep_point)
