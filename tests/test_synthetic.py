@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from hiertail_fast.data.io import load_npz
-from hiertail_fast.data.synthetic import SyntheticGraph, make_synthetic_graph, zipf_class_sizes
+from hiertail_fast.data.synthetic import (
+    SyntheticGraph,
+    _inverse_cdf_pick,
+    make_synthetic_graph,
+    zipf_class_sizes,
+)
 from hiertail_fast.metrics import balanced_accuracy
 
 
@@ -258,3 +263,27 @@ def test_a_graph_too_small_for_its_long_tail_says_so():
         for n, c in ((1_000, 70), (240, 6)):
             g = make_synthetic_graph(n, c, avg_degree=4.0, num_features=2)
             assert abs(g.stats["head_mass"] - 0.8) <= 0.05
+
+
+def test_inverse_cdf_pick_keeps_each_draw_in_its_class():
+    """Within-class endpoints: u = cum_start + r·Θ_c is summed in another order than the
+    cumulative θ, so r just below 1 can round u past the class's last cumulative θ (here
+    class 1: position 9, class 2's first). The draw must stay in its class; inside, a draw
+    is the inverse CDF (position k holds r ∈ [cum_{k-1}, cum_k) of the class's θ)."""
+    rng = np.random.default_rng(0)
+    theta = (1.0 - rng.random(12)) ** (-1 / 1.5)
+    sizes, start = np.array([5, 4, 3]), np.array([0, 5, 9])
+    cum = np.cumsum(theta)
+    theta_c = np.add.reduceat(theta, start)
+    cum_start = cum[start] - theta[start]
+    cls = np.array([0, 1, 2])
+    top = np.full(3, np.nextafter(1.0, 0.0))
+    assert np.searchsorted(cum, cum_start[1] + top[1] * theta_c[1], side="right") == 9
+
+    def pick(c, r):
+        return _inverse_cdf_pick(cum, cum_start, theta_c, start, sizes, c, r).tolist()
+
+    assert pick(cls, top) == [4, 8, 11]
+    assert pick(cls, np.zeros(3)) == [0, 5, 9]
+    # the middle of position 6's share of class 1's θ
+    assert pick(np.array([1]), np.array([(theta[5] + theta[6] / 2) / theta_c[1]])) == [6]
