@@ -6,6 +6,7 @@ import builtins
 import pytest
 import torch
 
+from hiertail_fast import balanced_contrastive_loss
 from hiertail_fast.ops import _dispatch
 from hiertail_fast.ops._dispatch import AUTO_BACKEND, BACKENDS, OPS, auto_backend, choose_backend
 
@@ -124,6 +125,9 @@ def test_bad_arguments(monkeypatch):
         auto_backend("spmm", "cpu")
     with pytest.raises(TypeError, match="torch.Tensor"):
         choose_backend([1.0, 2.0], op="topk_pool")
+    # the loss's own list, with its attention engine named
+    with pytest.raises(ValueError, match=r"backend='x' is not one of .*'attention'"):
+        _dispatch.choose_loss_backend(torch.zeros(3, 2), "x", "exact")
     monkeypatch.setenv(_dispatch.ENV_VAR, "fast")
     with pytest.raises(ValueError, match="HIERTAIL_BACKEND='fast'"):
         choose_backend(torch.zeros(3), op="topk_pool")
@@ -301,6 +305,13 @@ def test_a_triton_request_names_what_is_missing(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="needs CUDA tensors"):
         choose_backend(x, "triton")
+    # unset, as for most CPU users: the same refusal (not the interpreter, which crashed
+    # inside Triton with "0 active drivers")
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert "needs CUDA tensors" in _dispatch.triton_unavailable_reason(x.device)
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        balanced_contrastive_loss(torch.randn(6, 2), torch.tensor([0, 0, 1, 1, 2, 2]),
+                                  backend="triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     real_import = builtins.__import__
 

@@ -251,6 +251,9 @@ def test_func_batching_transforms_raise_naming_the_op():
         ("gcn_propagate", lambda: vmap(lambda x: gcn_propagate(x, ei))(batch)),
         ("topk_pool", lambda: vmap(lambda x: topk_pool(x, ei, p, 0.5).x)(batch)),
         ("nearest_prototype", lambda: vmap(lambda x: nearest_prototype(x, x[:3]))(batch)),
+        # the batched tensor passed by keyword is checked too
+        ("nearest_prototype", lambda: vmap(lambda q: nearest_prototype(x, prototypes=q))(
+            batch[:, :3])),
         ("balanced_contrastive_loss", lambda: vmap(lambda z: balanced_contrastive_loss(z, y))(
             batch)),
         ("hierarchical_contrastive_loss", lambda: vmap(

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import numpy as np
@@ -435,6 +436,9 @@ def test_ops_run_with_their_inputs_device_current():
 
     assert isinstance(on_input_device(torch.zeros(1)), contextlib.nullcontext)
     assert isinstance(on_input_device(None), contextlib.nullcontext)
+    # a CUDA tensor's own device, not the current one (a stand-in: no GPU needed to build it)
+    guard = on_input_device(types.SimpleNamespace(is_cuda=True, device=torch.device("cuda", 1)))
+    assert isinstance(guard, torch.cuda.device) and guard.idx == 1
     seen = []
     op = public_op(lambda x, *, k=1: seen.append(torch.is_autocast_enabled("cpu")) or x * k)
     with torch.autocast("cpu", dtype=torch.bfloat16):
