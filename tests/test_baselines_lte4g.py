@@ -158,6 +158,32 @@ def test_focal_loss_batch_and_sample():
         st.focal_loss(logits, y, w, 1.0, 0.6, "node")
 
 
+def test_focal_loss_gradient_flows_through_p_t():
+    """The official batch focal loss does not detach p_t: its gradient is autograd's of the
+    whole formula (a detached p_t keeps the value and changes the gradient), both with the
+    class weights and with alpha; the paper's per-sample form likewise."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 3, generator=gen, dtype=torch.float64)
+    y = torch.tensor([0, 1, 2, 0, 1, 2])
+    w = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64)
+
+    def by_hand(x, weight, focal):
+        ce = F.cross_entropy(x, y, reduction="none")
+        if focal == "sample":
+            per = (1 - torch.exp(-ce)) ** 2 * ce
+            return (w[y] * per).sum() / w[y].sum() if weight is not None else 0.6 * per.mean()
+        pt = torch.exp(-ce.mean())
+        body = (w[y] * ce).sum() / w[y].sum() if weight is not None else 0.6 * ce.mean()
+        return (1 - pt) ** 2 * body
+
+    for weight in (w, None):
+        for focal in ("batch", "sample"):
+            x = logits.clone().requires_grad_()
+            got = torch.autograd.grad(st.focal_loss(x, y, weight, 2.0, 0.6, focal), x)[0]
+            want = torch.autograd.grad(by_hand(x, weight, focal), x)[0]
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+
+
 def test_distillation_loss_reductions_and_empty():
     s, t = torch.randn(4, 3), torch.randn(4, 3)
     with pytest.warns(UserWarning):                      # torch's note on reduction="mean"
