@@ -12,6 +12,7 @@ from hiertail_fast.baselines import graphsmote as gs
 from hiertail_fast.baselines.layers import adjacency_operator
 from hiertail_fast.baselines.sampling import same_class_nearest_neighbour, smote_interpolate
 from hiertail_fast.data.synthetic import make_synthetic_graph
+from hiertail_fast.graph import CSRGraph
 from hiertail_fast.nn.hiertail import prepare_graph
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -45,6 +46,13 @@ def test_recon_loss_matches_dense(tiny, monkeypatch):
     torch.testing.assert_close(z1.grad, z2.grad)
     with pytest.raises(ValueError, match="rows"):
         gs.recon_loss(z1[:5], graph)
+    # binarised: an entry stored twice (a CSRGraph built directly) counts once, as in the
+    # official dense loss on (A != 0)
+    dup = CSRGraph(torch.tensor([0, 3, 4, 5, 6]), torch.tensor([1, 1, 2, 0, 0, 1]), None, 4)
+    once = torch.zeros(4, 4, dtype=torch.float64)
+    once[dup.row_index(), dup.indices] = 1.0
+    z = torch.randn(4, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    torch.testing.assert_close(gs.recon_loss(z, dup), gs.recon_loss_dense(z, once))
 
 
 @pytest.mark.parametrize("variant", ["t", "o"])
