@@ -380,3 +380,19 @@ def test_the_cache_follows_xdg_cache_home(monkeypatch, tmp_path):
     assert native_mod.cache_dir() == tmp_path / "hiertail_fast" / "native"
     monkeypatch.setenv("HIERTAIL_NATIVE_CACHE", str(tmp_path / "mine"))
     assert native_mod.cache_dir() == tmp_path / "mine"
+
+
+def test_the_build_key_follows_the_headers(fresh_native, tmp_path):
+    # a kernel's headers (_native_math.h, _native_omp.h) are part of its build: a changed
+    # header must give a new build, not the cached library of the old one (dropping them
+    # from the key passed every test: mutation audit, session 70)
+    import ctypes
+
+    cc = built_kernel(native_mod.compiler(), "a C compiler")
+    src, header = tmp_path / "k.c", tmp_path / "k.h"
+    src.write_text('#include "k.h"\nint value(void) { return VALUE; }\n')
+    values = []
+    for v in (1, 2):
+        header.write_text(f"#define VALUE {v}\n")
+        values.append(ctypes.CDLL(str(native_mod._build(src, cc))).value())
+    assert values == [1, 2]
