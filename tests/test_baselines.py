@@ -383,6 +383,7 @@ def test_method_context_refuses_what_gave_nan_or_failed_deep_inside(tiny):
             (dict(x=g.x.tolist()), TypeError, "x must be a torch.Tensor"),
             (dict(y=g.y.tolist()), TypeError, "y must be a torch.Tensor"),
             (dict(graph=g.edge_index), TypeError, "graph must be a CSRGraph"),
+            (dict(graph=graph.to("meta")), ValueError, "the graph is on meta but x is on cpu"),
             (dict(num_classes="4"), TypeError, "num_classes must be an int")):
         args = dict(x=g.x, y=g.y, graph=graph, train_idx=ok, num_classes=4, generator=gen)
         args.update(kwargs)
