@@ -197,6 +197,10 @@ def test_a_dense_reference_that_does_not_fit_is_not_run(report, monkeypatch):
     y = torch.zeros(15_000, dtype=torch.long)
     res, _ = report._loss_step("cpu", "reference", "exact", z, y, protos)
     assert res["error"].startswith("does not fit (~8 GB)"), res
+    # the margin: 10,000 rows need 3.6 GB, under the 4 GB assumed free but over its 80 %
+    z, y = torch.zeros(9_960, 2), torch.zeros(9_960, dtype=torch.long)
+    res, _ = report._loss_step("cpu", "reference", "exact", z, y, protos)
+    assert res["error"].startswith("does not fit (~4 GB)"), res
     rows = []
     report._time_group("cpu", [(dict(what="ref"), res, 0.0)], report.Budget(100), rows.append)
     assert rows == [dict(what="ref", **res)]
@@ -376,6 +380,10 @@ def test_the_ab_rows_are_compared_with_their_automatic_row(report):
         (1, "bf16", report.NOT_CHOSEN, 0.8, "the alternative is faster"),
         (1, "fp32", report.ATTENTION_NOT_CHOSEN, 0.8, "the alternative is faster")]
     assert got[0]["auto"] == "ours (auto: triton)" and "key splits" in got[0]["question"]
+    # a ratio of exactly 1 ± AB_MARGIN is "within 3 %": only beyond it decides
+    for t in (1.0 + report.AB_MARGIN, 1.0 - report.AB_MARGIN):
+        edge = [row("ours (auto: triton)", 1.0, n=7), row(report.SPLITS_OFF, t, n=7)]
+        assert report.ab_comparisons(edge)[0]["reading"] == "within 3 %", t
     assert got[3]["auto"] == "ours (auto: attention)"
     assert got[4]["auto"] == "ours (auto: torch)" and "attention" in got[4]["question"]
     # the automatic row timed in the A/B rows' own group wins over the first group's (listed
@@ -509,8 +517,13 @@ def test_the_profile_table_reads_the_kernels_against_the_timed_row(report):
             dict(row("profile (auto: attention)", profile=True, device_busy_s=None,
                      launches=0, ops=5, syncs={}), dtype="bf16"),
             dict(row("profile (auto: torch)", profile=True, error="skipped: time budget"),
-                 levels=3)]
+                 levels=3),
+            # the automatic row failed (no median): its profile's kernels time, no share
+            dict(row("ours (auto: torch)", error="out of memory"), variant="official"),
+            dict(row("profile (auto: torch)", profile=True, device_busy_s=0.01, launches=4,
+                     ops=9, syncs={}), variant="official")]
     got = report.profile_table(rows)
+    assert got[3][:7] == ["official", 1, "fp32", "(auto: torch)", "–", "10.00 ms", "–"]
     assert got[0] == ["exact", 1, "fp32", "(auto: triton)", "10.00 ms", "4.00 ms", "0.40", 3,
                       120, 300]
     assert got[1][4:7] == ["–", "–", "–"] and got[1][7] == 0
@@ -522,3 +535,16 @@ def test_the_profile_table_reads_the_kernels_against_the_timed_row(report):
     section = md.split("## Where the first size's time goes")[1].split("## Graph ops")[0]
     assert "| exact | 1 | fp32 | (auto: triton) | 10.00 ms | 4.00 ms | 0.40 | 3 | 120 | 300 |" \
         in section
+
+
+def test_the_not_chosen_rules_are_strict_at_their_thresholds(report):
+    """The A/B rows for kernels the automatic choice skips: the exact fp32 variant wider than
+    TRITON_MAX_DIM below 50k rows (at 50k the automatic choice runs the Triton kernels), the
+    attention kernels for the official single level below ATTENTION_OFFICIAL_MIN_ROWS."""
+    wide = report.TRITON_MAX_DIM * 2
+    assert report._triton_not_chosen("cuda", "torch", "exact", 49_999, wide)
+    assert not report._triton_not_chosen("cuda", "torch", "exact", 50_000, wide)
+    assert not report._triton_not_chosen("cuda", "torch", "exact", 49_999, report.TRITON_MAX_DIM)
+    rows = report.ATTENTION_OFFICIAL_MIN_ROWS
+    assert report._attention_not_chosen("cuda", "torch", "official", rows - 1, 1, torch.float32)
+    assert not report._attention_not_chosen("cuda", "torch", "official", rows, 1, torch.float32)

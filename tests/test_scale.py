@@ -185,6 +185,17 @@ def test_tiny_memory_budget_skips_every_run_without_starting_one(tmp_path, monke
     assert "skipped: would need ~" in capsys.readouterr().out
 
 
+def test_a_run_whose_predicted_memory_equals_the_budget_runs(monkeypatch):
+    """The budget is what a run may take: skipped only when its prediction exceeds it."""
+    monkeypatch.setattr(scale, "run_one", lambda spec, timeout: {
+        "status": "ok", "peak_memory_bytes": 1.0, "epoch_seconds": 0.1})
+    args = scale.parse_args(["--sizes", "200", "--methods", "gcn", "--epochs", "1", "--no-plot"])
+    need = scale.predict_memory("gcn", 200, classes=args.classes, features=args.features,
+                                hidden=args.hidden, avg_degree=args.avg_degree, config=args.config)
+    assert scale.sweep(args, need)[0]["status"] == "ok"
+    assert scale.sweep(args, need * 0.999)[0]["status"].startswith("skipped: would need")
+
+
 def test_sweep_skips_from_measured_smaller_runs(monkeypatch):
     def fake_run(spec, timeout):
         return {"edges": 10, "epoch_seconds": 100.0, "peak_memory_bytes": 1e9, "device": "cpu",
