@@ -304,3 +304,34 @@ def test_a_student_over_a_group_without_training_nodes_trains_the_others():
     students = m.stage_log["students"]
     assert students["T"]["train_nodes"] == 0 and students["H"]["train_nodes"] == 10
     assert all(torch.isfinite(p).all() for p in m.parameters())
+
+
+def test_the_harness_reports_eval_mode_metrics_when_a_student_saw_no_val_node(monkeypatch):
+    """A student whose group has no validation node never puts itself in eval mode (its
+    selection returns 0 first, as the official code does); the harness's final model.eval()
+    must: the reported test metrics are those of the eval-mode model (dropout off)."""
+    import hiertail_fast.baselines.harness as harness
+
+    g = make_synthetic_graph(200, num_classes=6, num_features=8, head_fraction=0.34,
+                             head_mass=0.5, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    parts = ([], [], [])
+    for c in range(6):
+        idx = (g.y == c).nonzero().view(-1)
+        idx = idx[torch.randperm(idx.numel(), generator=gen)]
+        k = idx.numel() // 2
+        parts[0].append(idx[:k])
+        parts[1].append(idx[k:k + 5] if c == 0 else idx[:0])         # val: class 0 only
+        parts[2].append(idx[k + 5:] if c == 0 else idx[k:])
+    split = tuple(torch.cat(p) for p in parts)
+    built = []
+    monkeypatch.setattr(harness, "build_method",
+                        lambda ctx, cfg: built.append(build_method(ctx, cfg)) or built[-1])
+    cfg = BaselineConfig(method="lte4g", hidden=8, expert_ep=3, curriculum_ep=3, dropout=0.9)
+    res = train_baseline(g, split, cfg, epochs=3, patience=3, seed=0, progress=False)
+    m = built[0]
+    assert not [name for name, mod in m.named_modules() if mod.training]
+    with torch.no_grad():
+        pred = m.predict().argmax(1)
+    acc = (pred[split[2]] == g.y[split[2]]).double().mean().item()
+    assert res["test"]["acc"] == pytest.approx(acc)

@@ -46,8 +46,11 @@ def _config(method: str) -> BaselineConfig:
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_synthetic_beats_majority(syn, method):
     split = natural_split(syn.y, 0)
-    res = train_baseline(syn, split, _config(method), epochs=40, seed=0, progress=False)
+    cfg = _config(method)
+    res = train_baseline(syn, split, cfg, epochs=40, seed=0, progress=False)
     assert res["method"] == method and res["epochs_run"] == 40
+    assert cfg.lr != cfg.weight_decay            # (so that a swapped record would show)
+    assert (res["lr"], res["weight_decay"]) == (cfg.lr, cfg.weight_decay)
     assert res["test"]["bacc"] > 2 * _majority_bacc(syn, split[2])
 
 
