@@ -398,12 +398,27 @@ def _exit_2(argv, capsys, monkeypatch=None) -> str:
     (["--epochs", "1.5"], "--epochs: '1.5' is not an integer"),
     (["--method", "smote", "--im-class-num", "100"],
      "--im-class-num 100: --method smote takes the last N classes as the tail, N in [1, 5]"),
+    # dropout 1 leaves no unit: refused up front, naming the option as typed
+    (["--dropout", "1"], "--dropout must lie in [0, 1), got 1.0"),
+    (["--method", "origin", "--dropout", "1"], "--dropout must lie in [0, 1), got 1.0"),
     (["--method", "graphmixup", "--pretrain-epochs", "2"],
      "--pretrain-epochs 2 must be < --epochs 2"),
 ])
 def test_values_refused_before_training(extra, message, capsys):
     """These passed the parser and failed at training start with a traceback and exit 1."""
     assert message in _exit_2(TINY + extra, capsys)
+
+
+def test_the_tail_size_may_be_every_class():
+    """--im-class-num N takes the last N classes as the tail, N in [1, classes]: both ends
+    are accepted by the up-front check, one class more refused (below 1: BaselineConfig)."""
+    from hiertail_fast._train_cli import _check_method_run
+    from hiertail_fast.baselines import BaselineConfig
+
+    for n in (1, 5):
+        _check_method_run(BaselineConfig(method="smote", im_class_num=n), 5, 2)
+    with pytest.raises(ValueError, match=r"--im-class-num 6: .* N in \[1, 5\]"):
+        _check_method_run(BaselineConfig(method="smote", im_class_num=6), 5, 2)
 
 
 def test_counts_and_seeds_in_scientific_notation_are_read_exactly():
