@@ -10,7 +10,7 @@ from hiertail_fast.graph import CSRGraph
 from hiertail_fast.nn.pool import TopKPool
 from hiertail_fast.ops.topk_pool import TopKPoolResult, topk_pool, topk_unpool
 from hiertail_fast.reference.topk_pool import pool_size, topk_pool_ref, topk_unpool_ref
-from tests.conftest import backend_device, requires_triton, tol
+from tests.conftest import DEVICES, backend_device, requires_triton, tol
 
 try:
     from torch_geometric.nn import TopKPooling
@@ -611,6 +611,46 @@ def test_pooled_csr_equals_csrgraph_subgraph(backend):
         assert torch.equal(r.graph.indptr, s.indptr) and torch.equal(r.graph.indices, s.indices)
         assert torch.equal(r.graph.weight, s.weight)
 
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_overflowed_row_sums_as_with_an_unbounded_exponent(device):
+    # rescale_overflowed_dots' promise: a row whose float sum overflowed on the way rounds as
+    # the plain sum would with an unbounded exponent. Scaling by a power of two is exact, so
+    # that sum is 2^k · Σ (x·2^-k)·p̂ for any k that keeps it finite (the same op, the same
+    # summation order: here k = 20, not the rescue's own exponent). Row 0: ±B entries that
+    # cancel to a dot inside tanh's range (1/√7 where no term is absorbed; rows of ±max
+    # alone saturate at ±1 and would not show a rescue off by a factor of two); row 1 finite.
+    from hiertail_fast.reference.topk_pool import rescale_overflowed_dots, score_direction
+
+    big = 3.4e38
+    x = torch.tensor([[big, -big, -big, 1.0, big, big, -big], [0.1] * 7], device=device)
+    phat, _, _ = score_direction(torch.ones(7, device=device))
+    t = (x * phat).sum(dim=-1)
+    assert not math.isfinite(float(t[0])) and math.isfinite(float(t[1]))
+    got = rescale_overflowed_dots(x, phat, t)
+    k = 2.0 ** 20
+    want0 = ((x[:1] / k) * phat).sum(dim=-1) * k
+    assert 0 < abs(float(want0)) < 10                         # inside tanh's range
+    assert got[0] == want0[0] and got[1] == t[1]
+    finite = t[1:]
+    assert rescale_overflowed_dots(x[1:], phat, finite) is finite     # nothing to rescue
+
+
+def test_pyg_pool_size_refusals():
+    from hiertail_fast.reference.topk_pool import pyg_pool_size
+
+    for bad in (0, 0.0, -0.0, -1, -2.5, -math.inf):
+        with pytest.raises(ValueError, match="ratio must be > 0|ratio must be finite"):
+            pyg_pool_size(10, bad)
+    with pytest.raises(ValueError, match=r"ratio must be > 0, got 0$"):
+        pyg_pool_size(10, 0)
+    with pytest.raises(ValueError, match="ratio must be finite, got inf"):
+        pyg_pool_size(10, math.inf)        # (int(inf): an OverflowError before)
+    for bad in (math.nan, "0.5", None, True):
+        with pytest.raises(TypeError, match="ratio must be a real number"):
+            pyg_pool_size(10, bad)
+    assert pyg_pool_size(10, 3) == 3 and pyg_pool_size(10, 0.25) == 3
 
 
 @requires_pyg

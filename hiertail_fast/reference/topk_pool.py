@@ -105,6 +105,8 @@ def pyg_pool_size(num_nodes: int, ratio: float | int,
     ``topk_pool`` takes: ``topk_pool(..., ratio=pyg_pool_size(n, r))``."""
     if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or math.isnan(ratio):
         raise TypeError(f"ratio must be a real number, got {ratio!r}")
+    if math.isinf(ratio):       # (int(inf) raised an OverflowError)
+        raise ValueError(f"ratio must be finite, got {ratio}")
     if ratio >= 1:
         return min(int(ratio), int(num_nodes))
     if ratio <= 0:
