@@ -596,6 +596,37 @@ def test_run_specs_trains_each_run_with_its_own_seed(tmp_path, monkeypatch):
     assert [r["identity"]["seed"] for r in recs] == [5, 6, 7, 5, 6, 7]
 
 
+def test_run_records_name_the_commit_the_process_started_with(tmp_path, monkeypatch):
+    """A commit or checkout while a long experiment trains must not relabel its runs: every
+    record names the code the process started with (run_specs reads code_version before the
+    first run; read lazily, the first record named the commit checked out during its
+    training; an old fix without a test, found in session 70)."""
+    import hiertail_fast.experiments.run_cache as run_cache
+    import hiertail_fast.train as train
+    from hiertail_fast.nn.hiertail_config import HierTailConfig
+
+    head = {"now": "a" * 40}
+    monkeypatch.setattr(run_cache, "git", lambda *a: {"ls-files": "__init__.py", "status": "",
+                                                      "rev-parse": head["now"]}[a[0]])
+
+    def fake(data, split, cfg, *, seed, **kw):
+        head["now"] = "b" * 40                  # the checkout moves while the run trains
+        m = {k: 0.5 for k in runner.METRICS}
+        return {"test": m, "val": m, "epochs_run": 1, "test_per_class": []}
+
+    monkeypatch.setattr(train, "train_hiertail", fake)
+    run_cache.code_version.cache_clear()
+    try:
+        src = runner.DataSource(None, synthetic={"nodes": 200, "classes": 4, "features": 8})
+        spec = RunSpec("synthetic", "hiertail_paper", "hiertail", HierTailConfig.paper())
+        recs = runner.run_specs([spec], Budget(seeds=(1, 2), epochs=2, patience=1), src,
+                                runner.RunCache(tmp_path / "runs"), progress=False,
+                                log=lambda _line: None, notice=lambda _line: None)
+    finally:
+        run_cache.code_version.cache_clear()
+    assert [r["git_commit"] for r in recs] == ["a" * 40] * 2
+
+
 def test_a_cached_record_missing_one_test_metric_is_a_miss(tmp_path):
     """A cached run whose test metrics lack one of the four is no run record (the summaries read
     all four: such a record crashed them with a KeyError after all the training); accepting a
