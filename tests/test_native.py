@@ -77,6 +77,34 @@ def test_failing_compiler_warns_once_and_leaves_nothing(fresh_native, monkeypatc
         assert native_mod.load("_symmetric_lse") is None
 
 
+def test_any_build_failure_falls_back_to_the_torch_path(fresh_native, monkeypatch):
+    # the kernels are an optional accelerator: any exception of the build (not only OSError /
+    # RuntimeError / SubprocessError) is a warning and the torch path, and the loss's value
+    # is the reference's (an old fix without a test, 74dd999, found in session 70)
+    def broken(*args, **kwargs):
+        raise ValueError("simulated unexpected build failure")
+
+    monkeypatch.setattr(native_mod, "_build", broken)
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(40, 8, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, 3, (40,), generator=gen)
+    with pytest.warns(RuntimeWarning, match="simulated unexpected build failure"):
+        got = hierarchical_contrastive_loss(z, [y], [None], temperature=0.5,
+                                            variant="official", backend="torch")
+    torch.testing.assert_close(got, ref(z, y, temperature=0.5, variant="official"))
+
+
+def test_the_build_needs_no_getuid(fresh_native, monkeypatch):
+    # os.getuid does not exist on Windows: the temp-dir fallback's name takes the user name
+    # there, and the kernel still builds (an old fix without a test, 74dd999)
+    import os
+
+    built_kernel(native_mod.compiler(), "a C compiler")
+    monkeypatch.delattr(os, "getuid")
+    monkeypatch.setenv("USERNAME", "someone")
+    assert native_mod.load("_block_exp") is not None
+
+
 def test_kernel_log_within_two_ulp():
     """The vectorisable log of the float32 kernel on its whole domain x + eps, x in [0, 1]
     (and well beyond), against float64 log: within 2 ulp of the correctly rounded result."""
