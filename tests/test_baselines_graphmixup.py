@@ -403,3 +403,33 @@ def test_discrete_edges_keep_a_candidate_at_p_one_half(tiny, monkeypatch):
     monkeypatch.setattr(gm, "AugmentedAdjacency", count_kept)
     m.train_loss()
     assert seen["candidates"] > 0 and seen["kept"] == seen["candidates"]
+
+
+def test_fine_tune_step_is_linear_in_memory(monkeypatch):
+    """One fine-tuning step (CE on the augmented graph, continuous edges: B's learnable
+    weights) forward + backward on n = 3,000 (+ s synthetic) nodes: B is applied as an
+    operator, so no tensor comes near (n+s)² elements (a sparse B with learnable values has
+    torch's dense grad·(XW)ᵀ in its backward: an old fix without a GraphMixup test, b7c31ef)."""
+    import hiertail_fast.baselines.graphsmote as gs
+    from tests.test_baselines_graphsmote import _LargestTensor
+
+    n = 3000
+    monkeypatch.setattr(gs, "_BLOCK_ELEMS", 20 * n)
+    g = make_synthetic_graph(n, num_classes=6, avg_degree=6, num_features=16, seed=5)
+    graph = prepare_graph(g.edge_index, g.num_nodes)
+    idx = [torch.nonzero(g.y == c).flatten() for c in range(6)]
+    train = torch.cat([i[:k] for i, k in zip(idx, (40, 40, 40, 10, 5, 3), strict=True)])
+    val = torch.cat([i[50:55] for i in idx])
+    for norm in ("none", "row"):
+        ctx = MethodContext(g.x, g.y, graph, train, 6, torch.Generator().manual_seed(7),
+                            val_idx=val, epochs=20, patience=5)
+        cfg = BaselineConfig(method="graphmixup", hidden=16, k_num=30, clu_nclass=5,
+                             mixup_neighbour="global", adj_norm=norm)
+        model = build_method(ctx, cfg).train()
+        model.epoch = model.pretrain_epochs                 # the fine-tuning phase
+        rec = _LargestTensor()
+        with rec:
+            model.train_loss().backward()
+        m = n + model.num_synthetic
+        assert model.num_synthetic > 0 and cfg.edge_mode == "continuous"
+        assert rec.largest < 1_000_000 < m * m // 9, (norm, rec.largest, rec.op, m * m)
