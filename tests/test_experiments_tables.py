@@ -330,6 +330,24 @@ def test_per_class_counts_follow_the_class_order():
     assert (train + unlabelled).tolist() == sizes[order].tolist()
 
 
+def test_per_class_figure_has_integer_class_ranks():
+    """The figure's x axis is the class rank: integer ticks only (matplotlib put ticks at 2.5,
+    7.5, ... for 17 classes; an old fix without a test, 0aa4a89)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from hiertail_fast.experiments.per_class import _figure
+
+    train = np.linspace(40, 2, 17).round()
+    fig = _figure("demo", train, 5 * train, {"A": np.linspace(90, 10, 17)})
+    try:
+        fig.canvas.draw()
+        ticks = fig.axes[0].get_xticks()
+        assert len(ticks) >= 3 and all(float(t).is_integer() for t in ticks), ticks
+    finally:
+        plt.close(fig)
+
+
 def test_per_class_equal_size_classes_keep_label_order():
     """Ties in label order (the library's rule: lowest index first): numpy's SIMD quicksort
     orders ties by the CPU's instruction set, so the figure's x axis, classes_by_size and which
