@@ -89,6 +89,23 @@ def test_negative_degree_same_error_every_backend(backend):
     assert torch.equal(out, torch.zeros(3, 2))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_negative_degree_with_learnable_weights_is_the_error_alone(backend):
+    # weights that require grad: the degree check reads detached degrees, so the refusal
+    # comes without torch's "Converting a tensor with requires_grad=True to a scalar"
+    # warning (an old fix without a test, 3077139)
+    import warnings
+
+    on_backend_device(backend)
+    w = torch.tensor([-5.0, -5.0], requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # (improved=True, the default: a self-loop of weight 2; -5 + 2)
+        with pytest.raises(ValueError, match="node 0 has GCN degree -3"):
+            gcn_propagate(torch.randn(2, 3), torch.tensor([[0, 1], [1, 0]]), edge_weight=w,
+                          backend=backend)
+
+
 # ---------------------------------------------------------------- 3. stale weight caches
 def _param_graph():
     base = CSRGraph.from_edge_index(torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]]),
