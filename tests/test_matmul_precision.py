@@ -369,6 +369,20 @@ def test_a_setting_made_while_an_override_runs_is_taken_in(change):
 
 
 @needs_flags
+def test_a_flag_the_user_reduces_inside_a_call_is_what_comes_back():
+    """oneDNN's flag IEEE on entry (CUDA's reduced: the first call overrides), set to bf16 by
+    the user while that call runs; a second call entering then takes the new setting in, and
+    the user's bf16 is what both calls leave (not the IEEE saved on the first entry)."""
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    torch.backends.mkldnn.matmul.fp32_precision = "ieee"
+    with mp.ieee_matmuls():
+        torch.backends.mkldnn.matmul.fp32_precision = "bf16"     # the user, meanwhile
+        with mp.ieee_matmuls():
+            _assert_ieee_inside()
+    assert (mp._GET("mkldnn", "matmul"), mp._GET("cuda", "matmul")) == ("bf16", "tf32")
+
+
+@needs_flags
 def test_onednn_tf32_alone_is_overridden_and_restored():
     """oneDNN's TF32 fp-math mode set on its own (``torch.backends.mkldnn.matmul.fp32_precision
     = "tf32"``) is a reduced precision like oneDNN bf16: overridden inside ``ieee_matmuls()``
