@@ -910,6 +910,20 @@ def test_the_loss_picks_its_fp32_dot_from_the_logits(monkeypatch, triton_device,
         assert _triton_loss.tf32_cores(torch.device("cuda")) == (cap >= (8, 0))
 
 
+@pytest.mark.parametrize("variant, limit", [("exact", 2048.0), ("official", 1024.0)])
+def test_the_fp32_dot_limits_hold_at_and_past_their_bounds(monkeypatch, variant, limit):
+    """3xTF32 dots up to the measured bound B = scale·max‖z‖² of each variant (the module
+    docstring: 2,048 exact, 1,024 official), a bound equal to it included; IEEE dots past it."""
+    from hiertail_fast.ops import _triton_loss
+
+    monkeypatch.delenv(_triton_loss.FP32_DOT_ENV, raising=False)
+    z = torch.zeros(8, 2)
+    z[0, 0] = 32.0                                       # max‖z‖² = 1024
+    for b, want in ((limit, "tf32x3"), (1.5 * limit, "ieee")):
+        assert _triton_loss.LogitBound(z, b / 1024).value == b
+        assert _triton_loss.fp32_dot(z, b / 1024, variant) == want, (b, variant)
+
+
 @pytest.mark.parametrize("cap, want", [((7, 5), False), ((8, 0), True), ((8, 6), True),
                                        ((9, 0), True), ((12, 0), True)])
 def test_tf32_cores_from_ampere_on(monkeypatch, cap, want):
