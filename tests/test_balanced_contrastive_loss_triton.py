@@ -204,6 +204,27 @@ def test_bad_input(triton_device):
         k.lse_forward(z, zeros(1, 5), 1.0, False)
     with pytest.raises(ValueError, match="grad_lse"):
         k.lse_backward(z, zeros(2, 6), zeros(2, 6), zeros(1, 6), 1.0)
+    # log_w on another device than z: named, not a failure inside the launch (a meta
+    # tensor stands in for a second device)
+    meta = torch.zeros(1, 6, device="meta")
+    with pytest.raises(ValueError, match="log_w is on meta"):
+        k.lse_forward(z, meta, 1.0, False)
+    with pytest.raises(ValueError, match="log_w is on meta"):
+        k.lse_backward(z, meta, zeros(1, 6), torch.ones(1, 6, device=triton_device), 1.0)
+
+
+def test_key_splits_merge_in_float64():
+    """_merge_splits: the splits' partial (δ_s, R_s) merge to log Σ_s e^(δ_s + R_s) in float64
+    (its promise; an fp32 sum of the exponentials was 2.2e-7 off, under the kernels' own fp32
+    error, so the loss tests could not see it)."""
+    k = _kernels()
+    gen = torch.Generator().manual_seed(0)
+    delta = (torch.rand(8, 2, 1000, generator=gen, dtype=torch.float64) * 5).float()
+    ref = (torch.randn(8, 2, 1000, generator=gen, dtype=torch.float64) * 3).float()
+    got = k._merge_splits(delta, ref)
+    assert got.dtype == torch.float64
+    want = torch.logsumexp(delta.double() + ref.double(), dim=0)
+    torch.testing.assert_close(got, want, rtol=1e-14, atol=1e-13)
 
 
 # ------------------------------------------------------------------ precision and tile knobs
