@@ -161,7 +161,10 @@ def shared_levels_requested() -> bool:
 
 
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """$TRITON_INTERPRET as Triton reads it (``_dispatch.triton_interpreting``)."""
+    from hiertail_fast.ops._dispatch import triton_interpreting
+
+    return triton_interpreting()
 
 
 # Tiles that compile to a kernel doing nothing but trap, without any compile-time error, on

@@ -297,6 +297,29 @@ def test_the_backend_switch_reaches_the_loss(monkeypatch):
     assert _dispatch.choose_loss_backend(torch.randn(64, 8), None, "exact") == "torch"
 
 
+def test_triton_interpret_is_read_as_triton_reads_it(monkeypatch):
+    """TRITON_INTERPRET=true (yes, on, y; any case) runs Triton's interpreter as "1" does:
+    a CPU request is then not refused as needing CUDA, and the kernels' launchers know they
+    are interpreted; "0", "false", "2" or unset: not interpreting."""
+    for value in ("1", "true", "TRUE", " yes ", "on", "y"):
+        monkeypatch.setenv("TRITON_INTERPRET", value)
+        assert _dispatch.triton_interpreting(), value
+        reason = _dispatch.triton_unavailable_reason(torch.device("cpu"))
+        assert reason is None or "needs CUDA tensors" not in reason, (value, reason)
+    for value in ("0", "false", "off", "2", ""):
+        monkeypatch.setenv("TRITON_INTERPRET", value)
+        assert not _dispatch.triton_interpreting(), value
+        assert "needs CUDA tensors" in _dispatch.triton_unavailable_reason(torch.device("cpu"))
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert not _dispatch.triton_interpreting()
+    pytest.importorskip("triton")
+    from hiertail_fast.kernels import _utils
+
+    for value, want in (("true", True), ("false", False), ("1", True)):
+        monkeypatch.setenv("TRITON_INTERPRET", value)
+        assert _utils.interpreting() is want, value
+
+
 def test_a_triton_request_names_what_is_missing(monkeypatch):
     """backend="triton" where the kernels cannot run names the missing piece (a packaging
     audit: TRITON_INTERPRET=1 without triton installed, or a source checkout imported without

@@ -293,6 +293,8 @@ class _CudaStandIn:
     (20_000, 128, 108, 2),      # A100: 157 of 216 slots (73 %) -> 314 of 324 (97 %)
     (4_000, 128, 132, 3),       # 32 row blocks, at most 63 tiles // 16 = 3 splits: the fullest
     (900, 128, 132, 1),         # 15 key tiles: under the 16 a split must keep
+    (45 * 128, 128, 10, 1),     # 45 row blocks on 10 SMs fill exactly 90 %: enough (2
+                                # splits would fill 100 %), unsplit
 ])
 def test_automatic_split_count(monkeypatch, n, block_m, sms, want):
     u = _utils()

@@ -100,9 +100,20 @@ def requested_backend() -> str | None:
     return value
 
 
+# Triton's own reading of TRITON_INTERPRET (its getenv_bool, triton 3.6: case-insensitive)
+_TRUE = ("1", "true", "yes", "on", "y")
+
+
+def triton_interpreting() -> bool:
+    """Whether Triton runs its kernels in its CPU interpreter: $TRITON_INTERPRET read as Triton
+    reads it ("true", "on", ... too: with only "1" taken, TRITON_INTERPRET=true interpreted in
+    Triton while the CPU request was refused as needing CUDA)."""
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in _TRUE
+
+
 def triton_unavailable_reason(device: torch.device) -> str | None:
     """Why Triton kernels cannot run on tensors of `device` (None: they can)."""
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+    if device.type != "cuda" and not triton_interpreting():
         return _needs_cuda(device)
     try:
         import triton  # noqa: F401
