@@ -243,12 +243,22 @@ def test_near_duplicates_keep_their_own_scores(triton_device):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_low_precision_inputs(dtype, triton_device):
+def test_low_precision_inputs(dtype, triton_device, monkeypatch):
+    """16-bit rows: the sums and gradient to fp32's rule against the float64 sums of the same
+    rounded inputs. The gradient's dots (fp32 weights times the rows) stay IEEE even when fp32
+    dots are asked to be 3xTF32 (TF32 would round the weights to 10 bits on a GPU; the
+    interpreter ignores the precision, so the launch's constant is what is checked here)."""
+    _, pos_k = _kernels()
+    launched = []
+    real_launch = pos_k.launch_fitting
+    monkeypatch.setattr(pos_k, "launch_fitting", lambda run_, tiles, what, z_, meta: (
+        launched.append(meta["GRAD_DOT_PRECISION"]), real_launch(run_, tiles, what, z_, meta)))
     z, gid, coef = make_case(130, 40, 4, 8.0)
     zl = z.to(dtype)
     exp = dense(zl.double(), gid, 10.0, True, coef, torch.float64)     # same rounded inputs
     low = dense(zl.float(), gid, 10.0, True, coef, torch.float32)
-    outs = run(zl, gid, 10.0, True, coef, triton_device)
+    outs = run(zl, gid, 10.0, True, coef, triton_device, fp32_dot="tf32x3")
+    assert launched and set(launched) == {"ieee"}
     for out, e, lo, what in zip(outs, exp, low, ("T", "Q", "dz"), strict=True):
         assert out.dtype == torch.float32
         assert_rule(out, e, lo, torch.float32, what)
