@@ -254,6 +254,30 @@ def test_gcn_propagate_rejects_non_finite_x(backend, bad):
         gcn_propagate(x, g, backend=backend)
 
 
+def test_train_labels_refusals_at_their_edges():
+    """train_labels (the models' shared label check): a one-node graph's label is checked
+    too; y on another device than the output is named (a meta device stands in); under
+    torch.compile a y or train_idx that is not a tensor gets eager's TypeError, not a
+    failure inside the fake-tensor trace."""
+    from hiertail_fast.nn._train_labels import checked_train_labels, train_labels
+
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="the labels go up to 5 but the model's num_classes"):
+        train_labels(torch.tensor([5]), torch.tensor([0]), 1, 3, cpu)
+    with pytest.raises(ValueError, match="y is on cpu but the output is on meta"):
+        train_labels(torch.tensor([0, 1]), torch.tensor([0]), 2, 3, torch.device("meta"))
+
+    def step(y, idx):
+        return checked_train_labels(y, idx, 4, 3, cpu)
+
+    for y, idx, name in (([0, 1, 2, 0], torch.tensor([0, 2]), "y"),
+                         (torch.tensor([0, 1, 2, 0]), [0, 2], "train_idx")):
+        torch._dynamo.reset()
+        for fn in (step, torch.compile(step, backend="eager")):
+            with pytest.raises(TypeError, match=f"{name} must be a torch.Tensor, got list"):
+                fn(y, idx)
+
+
 def test_hiertail_loss_checks_labels_and_indices():
     torch.manual_seed(0)
     n, c = 12, 3

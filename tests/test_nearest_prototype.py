@@ -202,7 +202,8 @@ def test_best_two_kernel_rejects_what_it_cannot_read():
     # (one strided row too: an expanded [1, 64] row was read past its storage, ASan's find in
     # a sanitizer audit, and a step-2 row gave the wrong minimum)
     for bad in (torch.zeros(4, 0), torch.zeros(5, 4).t(), torch.zeros(4, 5, dtype=torch.int32),
-                torch.tensor([2.0]).expand(1, 64), torch.arange(8.0)[None, ::2]):
+                torch.tensor([2.0]).expand(1, 64), torch.arange(8.0)[None, ::2],
+                torch.arange(4.0)[None, ::2]):          # two strided columns too
         with pytest.raises(ValueError, match="best-two kernel"):
             rows_mod.native_step(fn, bad)
     assert rows_mod.kernel(torch.float16) is None

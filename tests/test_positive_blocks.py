@@ -161,6 +161,16 @@ def test_hierarchical_rest_keys_and_prototype_maxima_float64(monkeypatch, includ
     assert len(calls) == (0 if nested else 1)
 
 
+def test_key_order_is_stable_and_ranks_levels_by_exact_cost():
+    """key_order: a stable lexicographic order (equal group ids keep index order); the levels
+    are ranked by their positive pairs Σ n_c² counted exactly (float32 rounds 25,000,001 to
+    25,000,000)."""
+    assert key_order(torch.tensor([[1, 0, 1, 0, 0]])).tolist() == [1, 3, 4, 0, 2]
+    more = torch.tensor([0] * 5000 + [1])          # 5000² + 1
+    less = torch.tensor([0] * 5000 + [-1])         # 5000² (the last row outside the level)
+    assert keys_mod._significance(torch.stack([more, less])) == [1, 0]
+
+
 def test_rest_columns_take_the_one_each_lookup_only_for_at_most_one_key_per_group():
     """The one-each lookup (``_rest_columns``) is a [level, group] -> key column table; a group
     holding two rest keys must send the block to the general mask path (None), where the
