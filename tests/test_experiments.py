@@ -291,8 +291,10 @@ def test_a_cached_run_on_other_data_of_the_same_shape_is_retrained(tmp_path, mon
     capsys.readouterr()
     b = main([*base, "--data-dir", str(d_b), "--out", str(tmp_path / "B")])
     assert len(calls) == 2                                   # retrained, not reused
-    assert f"cached run {path} was made from other data of the same shape" in \
-        capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"cached run {path} was made from other data of the same shape" in out
+    assert ("; retraining it (that run is kept beside it, as <name>.data-<its fingerprint>"
+            ".json)") in out                         # where the other data's run went
     fp_a, fp_b = record_a["data_fingerprint"], json.loads(path.read_text())["data_fingerprint"]
     # B's run takes the file name; A's is kept beside it (it was overwritten: a CLI audit)
     kept = path.with_name(f"{path.stem}.data-{fp_a.split(':')[1][:16]}.json")

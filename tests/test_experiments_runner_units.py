@@ -100,3 +100,31 @@ def test_datasets_table_counts_and_missing_paper_cells():
     row = markdown([{"dataset": "mine", "ours": ours, "paper": None,
                      "matches_paper": None}]).splitlines()[-1]
     assert row.startswith("| mine | 3 / – | 2 / – |") and "/ 0" not in row
+
+
+def test_report_only_lists_six_missing_runs_then_dots():
+    """--report-only: the runs neither cached nor trained are named, six of them, then "...":
+    seven missing runs show six and the dots, six show six and none."""
+    class Cfg:
+        def to_dict(self):
+            return {}
+
+    class Source:
+        def data_key(self, dataset):
+            return {}
+
+        def run_fingerprint(self, spec):
+            return "fp"
+
+    class Empty:
+        def lookup(self, spec, identity, fingerprint=None):
+            return None, None
+
+    for count, dots in ((7, True), (6, False)):
+        log = []
+        specs = [RunSpec("toy", f"r{i}", "origin", Cfg()) for i in range(count)]
+        runner.run_specs(specs, Budget(seeds=(1,)), Source(), Empty(), progress=False,
+                         log=log.append, notice=lambda _line: None, train=False)
+        last = log[-1]
+        assert last.startswith(f"{count} of {count} runs are not cached and were not trained")
+        assert last.count("toy r") == 6 and last.endswith(" ...") is dots, last
