@@ -66,6 +66,7 @@ sys.path.insert(0, str(Path(__file__).parent))     # (its siblings, when loaded 
 from _device import asked_device  # noqa: E402
 
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss  # noqa: E402
+from hiertail_fast.ops._dispatch import triton_interpreting  # noqa: E402
 
 ENGINES = ("torch", "attention", "triton")
 
@@ -369,7 +370,7 @@ def _device(ap: argparse.ArgumentParser, args) -> str:
     if args.device == "cuda" and on_cpu:
         ap.error("--cuda-forms and --emulate-attention run on the CPU: not with --device cuda")
     device = asked_device(ap, args.device or ("cpu" if on_cpu else None))
-    triton_runs = device == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    triton_runs = device == "cuda" or triton_interpreting()
     if args.engines is None:
         args.engines = [e for e in ENGINES if e != "triton" or triton_runs]
     if "triton" in args.engines and not triton_runs:

@@ -5,6 +5,8 @@ import os
 
 import triton
 
+from hiertail_fast.ops._dispatch import triton_interpreting
+
 # fp32 inputs on a GPU: how tl.dot multiplies them. "ieee": FMA units, full fp32 (the launchers'
 # default; the loss engine, ops/_triton_loss.py, picks per call from the logits); "tf32x3":
 # CUTLASS's 3xTF32 on tensor cores (a = a_big + a_small in TF32, a_big b_big + a_big b_small +
@@ -162,8 +164,6 @@ def shared_levels_requested() -> bool:
 
 def interpreting() -> bool:
     """$TRITON_INTERPRET as Triton reads it (``_dispatch.triton_interpreting``)."""
-    from hiertail_fast.ops._dispatch import triton_interpreting
-
     return triton_interpreting()
 
 

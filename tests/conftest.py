@@ -31,6 +31,9 @@ CUDA_PRESENT = torch.cuda.is_available()
 EMULATE_CUDA = os.environ.get("HIERTAIL_TEST_EMULATE_CUDA", "0") == "1"
 if not CUDA_PRESENT:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from hiertail_fast.ops._dispatch import triton_interpreting  # noqa: E402  (after the line above)
+
 CUDA_MACHINE = CUDA_PRESENT or EMULATE_CUDA  # collection as on a GPU machine
 
 DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -130,7 +133,7 @@ def interpreter_problem(run_probe=_run_interpreter_probe) -> str | None:
     int() of a one-element NumPy array, an error since NumPy 2.4 ("only 0-dimensional arrays
     can be converted to Python scalars"), so every kernel looping over a runtime bound fails
     (255 tests with triton 3.6 and NumPy 2.4.6; triton 3.8 and 3.9 run with it)."""
-    if CUDA_PRESENT or os.environ.get("TRITON_INTERPRET", "0") != "1" or not triton_importable():
+    if CUDA_PRESENT or not triton_interpreting() or not triton_importable():
         return None
     import triton
     try:
@@ -233,7 +236,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _interpreted_function_class():
-    if os.environ.get("TRITON_INTERPRET", "0") != "1" or CUDA_PRESENT:
+    if not triton_interpreting() or CUDA_PRESENT:
         return None
     try:
         from triton.runtime.interpreter import InterpretedFunction

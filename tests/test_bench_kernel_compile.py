@@ -3,7 +3,6 @@ compiled for a GPU target on this GPU-less machine (a pre-flight for a GPU run).
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -14,10 +13,11 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
 import kernel_compile  # noqa: E402
 
+from hiertail_fast.ops._dispatch import triton_interpreting  # noqa: E402
 from tests.conftest import requires_triton  # noqa: E402
 
 pytestmark = [requires_triton, pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET", "0") != "1",
+    not triton_interpreting(),
     reason="the capture runs the kernels under the interpreter (CPU runs)")]
 
 
