@@ -447,3 +447,21 @@ def built_kernel(kernel, what: str = "the native kernels"):
             pytest.fail(f"{what} did not build on the CI machine")
         pytest.skip("no C compiler here")
     return kernel
+
+
+class LargestTensor(torch.utils._python_dispatch.TorchDispatchMode):
+    """A memory probe for the linear-memory tests: records the most elements of any strided
+    tensor an op returns (forward and backward: the CPU backward runs on the calling thread,
+    under the mode)."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest, self.op = 0, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if (isinstance(t, torch.Tensor) and t.layout == torch.strided
+                    and t.numel() > self.largest):
+                self.largest, self.op = t.numel(), str(func)
+        return out

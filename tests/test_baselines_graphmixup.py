@@ -411,7 +411,7 @@ def test_fine_tune_step_is_linear_in_memory(monkeypatch):
     operator, so no tensor comes near (n+s)² elements (a sparse B with learnable values has
     torch's dense grad·(XW)ᵀ in its backward: an old fix without a GraphMixup test, b7c31ef)."""
     import hiertail_fast.baselines.graphsmote as gs
-    from tests.test_baselines_graphsmote import _LargestTensor
+    from tests.conftest import LargestTensor
 
     n = 3000
     monkeypatch.setattr(gs, "_BLOCK_ELEMS", 20 * n)
@@ -427,7 +427,7 @@ def test_fine_tune_step_is_linear_in_memory(monkeypatch):
                              mixup_neighbour="global", adj_norm=norm)
         model = build_method(ctx, cfg).train()
         model.epoch = model.pretrain_epochs                 # the fine-tuning phase
-        rec = _LargestTensor()
+        rec = LargestTensor()
         with rec:
             model.train_loss().backward()
         m = n + model.num_synthetic

@@ -14,6 +14,7 @@ from hiertail_fast.baselines.sampling import same_class_nearest_neighbour, smote
 from hiertail_fast.data.synthetic import make_synthetic_graph
 from hiertail_fast.graph import CSRGraph
 from hiertail_fast.nn.hiertail import prepare_graph
+from tests.conftest import LargestTensor
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -228,23 +229,6 @@ def test_epoch_loss_and_gradients_match_dense(tiny, method, edge_grad, norm):
     assert torch.allclose(grads["decoder.weight"], rec, atol=1e-7) != edge_grad
 
 
-class _LargestTensor(torch.utils._python_dispatch.TorchDispatchMode):
-    """Records the most elements of any strided tensor an op returns (forward and backward:
-    the CPU backward runs on the calling thread, under the mode)."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest, self.op = 0, None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in torch.utils._pytree.tree_leaves(out):
-            if (isinstance(t, torch.Tensor) and t.layout == torch.strided
-                    and t.numel() > self.largest):
-                self.largest, self.op = t.numel(), str(func)
-        return out
-
-
 def test_edge_grad_backward_is_linear_in_memory(monkeypatch):
     """One edge_grad training step (forward + backward) on n = 3,000 (+ s synthetic) nodes:
     no tensor anywhere near (n+s)² elements (torch's backward of a sparse product w.r.t. its
@@ -259,7 +243,7 @@ def test_edge_grad_backward_is_linear_in_memory(monkeypatch):
                              edge_grad=True)
         ctx = MethodContext(g.x, g.y, graph, train, 6, torch.Generator().manual_seed(7))
         model = build_method(ctx, cfg).train()
-        rec = _LargestTensor()
+        rec = LargestTensor()
         with rec:
             model.train_loss().backward()
         m = n + model.num_synthetic
