@@ -6,7 +6,9 @@ passes on main). CPU engines, float32 against the float64 reference.
 - the tie bound of ``_contrastive_pairs._tie_bound`` scales with |z_i| max|z|, not |z_i|²: a
   short row (norm 1) whose max is a long row (norm 1000) and that row's exact copy.
 - ``_positive_blocks``: a row whose level max is its own prototype only a rounding above its
-  best node key goes to the pair lists with the tie rule, not (also) through the C kernel.
+  best node key goes to the pair lists with the tie rule, not (also) through the C kernel;
+  at a level the blocks leave to the separate pair pass (levels that do not nest), not
+  through the block's pair lists either (2026-12-06: its gradient was counted twice).
 - the row-block engine's level-specific keys: a prototype that ties a node key exactly
   (different rows, equal logits) gets no share of the max; the first index (the node) does.
 - ``_loss_passes.official_sums`` moves the arg-max to the FIRST bitwise-equal key row even
@@ -19,7 +21,7 @@ import pytest
 import torch
 
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss
-from hiertail_fast.ops import _attention_lse
+from hiertail_fast.ops import _attention_lse, _positive_blocks
 from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
 
 TOL32 = dict(rtol=1e-4, atol=1e-5)      # tests/conftest.py's float32 tolerance
@@ -68,20 +70,36 @@ def _hierarchical_grads(z, labels, p0, backend, dtype, tau):
     return loss.detach().double(), z.grad.double(), p.grad.double()
 
 
+@pytest.mark.parametrize("nested", [True, False])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_prototype_a_rounding_above_the_node_max(seed):
+def test_prototype_a_rounding_above_the_node_max(seed, nested, monkeypatch):
+    """Nested levels: both levels' positives come from the blocks. Levels that do not nest:
+    the prototypes' level has groups that are not contiguous in the key order, so the blocks
+    leave it to the separate pair pass, and its near-tie row must not go through the block's
+    pair lists as well (its gradient coefficients would be added twice: 3e-2 off; the loss
+    value, whose T of that level is never read, stays right)."""
+    handled = []
+    real_init = _positive_blocks.BlockPositives.__init__
+
+    def spy(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        handled.append(list(self.handled))
+
+    monkeypatch.setattr(_positive_blocks.BlockPositives, "__init__", spy)
     g = torch.Generator().manual_seed(seed)
     n, d = 40, 8
     z = torch.randn(n, d, generator=g) * 0.5
     z[0] *= 2.5                          # row 0's best node key is itself
     y0 = torch.randint(0, 4, (n,), generator=g)
-    labels = [y0, y0 // 2]               # nested: both levels' positives come from the blocks
+    y1 = y0 // 2 if nested else torch.randint(0, 2, (n,), generator=g)
+    labels = [y0, y1]
     p0 = torch.randn(4, d, generator=g) * 0.5
     p0[y0[0]] = z[0] * (1 + 1e-6)        # row 0's level-0 max: its own prototype, by ~1 ulp
     s = z[0] @ torch.cat([z, p0]).t()
     assert s.argmax() == n + y0[0]       # the precondition: a rest-key max
     want = _hierarchical_grads(z, labels, p0, "reference", torch.float64, 0.5)
     got = _hierarchical_grads(z, labels, p0, "torch", torch.float32, 0.5)
+    assert handled and handled[-1][0] is nested     # the path the case is for
     for w, a in zip(want, got, strict=True):
         torch.testing.assert_close(a, w, **TOL32)
 
