@@ -185,6 +185,23 @@ def test_cuda_blocks_keep_a_floor_of_rows_within_free_memory(monkeypatch):
     assert tgrad._block_rows(10**6, 4, cuda) == (64 << 20) // (16 * 10**6)            # 4
 
 
+def test_the_temperature_pass_takes_the_users_cpu_budget_and_the_rows_dtype(monkeypatch):
+    """The learnable temperature's CPU blocks: within $HIERTAIL_CPU_BLOCK_BYTES (x 4/3, the
+    pass's four temporaries against the engines' three; 64 MB at the default, which is why the
+    default alone cannot tell), and fp64 rows half as many as fp32 ones (a second mutation
+    audit: a fixed 64 MB budget gave 419 rows a block where 1 MB allows 8; fp64 rows sized as
+    fp32 ones took twice the budget)."""
+    import hiertail_fast.ops._temperature_grad as tgrad
+
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(1 << 20))
+    assert tgrad._block_rows(10_000, 4, cpu) == (1 << 20) * 4 // 3 // (4 * 10_000 * 4)   # 8
+    assert tgrad._block_rows(10_000, 8, cpu) == (1 << 20) * 4 // 3 // (4 * 10_000 * 8)   # 4
+    monkeypatch.delenv("HIERTAIL_CPU_BLOCK_BYTES")
+    assert tgrad._block_rows(100_000, 8, cpu) == (64 << 20) // (4 * 100_000 * 8)         # 20
+    assert tgrad._block_rows(100_000, 4, cpu) == (64 << 20) // (4 * 100_000 * 4)         # 41
+
+
 def test_the_torch_engine_sizes_its_blocks_by_the_rows_dtype(monkeypatch):
     # _block_rows' CUDA floor counts bytes: the engine must pass its rows' element size (8 for
     # float64), or float64 blocks are sized as float32 ones, twice the memory the floor allows

@@ -91,6 +91,28 @@ def test_kernel_refuses_what_it_does_not_take():
         tgrad.native_row_terms(fn, x.double(), scale, gid, w, idx, True, False)
     with pytest.raises(TypeError, match="unit column stride"):
         tgrad.native_row_terms(fn, torch.randn(9, 4).t(), scale, gid, w, idx, True, False)
+    with pytest.raises(TypeError, match="float32"):         # (the kernel reads w as float)
+        tgrad.native_row_terms(fn, x, scale, gid, w.double(), idx, True, False)
+
+
+@pytest.mark.parametrize("ramp", [False, True])
+def test_kernel_sums_a_wide_row_in_float64(ramp):
+    """(a, den, pos) are float64 sums of float chunks of 128 entries (the kernel's header): a
+    row of 2^20 keys to 1e-6 of the float64 terms. One float sum, or float chunks as long as
+    the row, was 2e-5 to 2e-4 off there; the other tests' rows are at most 1,000 keys wide."""
+    fn = _kernel()
+    n = 1 << 20
+    gid = torch.zeros(n, dtype=torch.long)
+    gid[n // 2:] = 1
+    w = torch.full((n,), 1.0 / 3.0)
+    x = -torch.linspace(0, 1, n)[None] if ramp else torch.zeros(1, n)
+    rows = torch.tensor([3])
+    got = tgrad.native_row_terms(fn, x, 10.0, gid, w, rows, False, False)[0]
+    want = tgrad._torch_row_terms(x.double(), 10.0, gid, w.double(), rows, False, False, True)[0]
+    for j, name in enumerate(("a", "den", "pos")):
+        if want[j] != 0:
+            assert abs(got[j] - want[j]) <= 1e-6 * abs(want[j]), (name, got[j], want[j])
+    assert want[1] > 0 and (not ramp or (want[0] != 0 and want[2] != 0))
 
 
 @pytest.mark.parametrize("variant", ["exact", "official"])
@@ -133,3 +155,77 @@ def test_dtau_through_either_path_against_float64(monkeypatch, variant, native):
         bound = 2 * abs(low - want) + 1e-5 + 1e-4 * abs(want)
         assert abs(got - want) <= bound, (hierarchical, got, want, bound)
     assert bool(calls) == native            # the path asked for was the one taken
+
+
+def _outside_the_level_case(case: str):
+    """(z, labels, level-1 prototypes, include_self) at tau 0.1 where level 2 (the nodes only)
+    leaves level 1's prototype rows and keys out (a second mutation audit of the kernel, each
+    case NaN there): ``self_above``: a prototype row, not its own positive, whose own dot lies
+    ~89 above its level-2 row max (e^d overflows if the row is taken as its own positive at a
+    level it is not in); ``far_below``: a prototype row whose logits on every level-2 key are
+    -120, past float32's smallest exp (a row max clamped at 0 leaves den = 0);
+    ``key_above``: prototype keys ~89 above every
+    node's level-2 row max (e^(s - M) of a key outside the level overflows, 0 * inf)."""
+    gen = torch.Generator().manual_seed(0)
+    n, d = 40, 4
+    y1, y2 = torch.arange(n) % 2, torch.arange(n) % 4
+    p1 = torch.zeros(2, d)
+    if case == "self_above":
+        z = torch.randn(n, d, generator=gen)
+        z[:, 0] = 0.0                                   # nodes orthogonal to the prototypes
+        p1[:, 0] = 8.9 ** 0.5
+        return z, [y1, y2], p1, False
+    z = torch.randn(n, d, generator=gen) * (0.3 if case == "far_below" else 0.05)
+    z[:, 0] = 1.0
+    p1[:, 0] = -12.0 if case == "far_below" else 9.92
+    return z, [y1, y2], p1, case == "key_above"
+
+
+@pytest.mark.parametrize("case", ["self_above", "far_below", "key_above"])
+@pytest.mark.parametrize("variant", ["exact", "official"])
+@pytest.mark.parametrize("native", [True, False])
+def test_dtau_with_rows_and_keys_outside_a_level(monkeypatch, case, variant, native):
+    """Rows outside a level take 0 of that level's dL/dtau, and a finite 0: their terms are
+    computed in the same block as the level's rows (g = 0 times a NaN is NaN)."""
+    if native:
+        _kernel()
+    else:
+        monkeypatch.setattr(native_mod, "enabled", lambda: False)
+    z0, labels, p0, include_self = _outside_the_level_case(case)
+
+    def dtau(dtype, backend):
+        tau = torch.tensor(0.1, dtype=dtype, requires_grad=True)
+        hierarchical_contrastive_loss(z0.to(dtype), labels, [p0.to(dtype), None],
+                                      temperature=tau, include_self=include_self,
+                                      variant=variant, backend=backend).backward()
+        return tau.grad.item()
+
+    want, low = dtau(torch.float64, "reference"), dtau(torch.float32, "reference")
+    got = dtau(torch.float32, "torch")
+    bound = 2 * abs(low - want) + 1e-5 + 1e-4 * abs(want)
+    assert abs(got - want) <= bound, (got, want, bound)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("native", [True, False])
+def test_dtau_scales_with_the_incoming_gradient(monkeypatch, reduction, native):
+    """d(c L)/dtau = c dL/dtau for a reduced (0-dim) loss, as for "none" with weights: a loss
+    weighted in a sum of losses (HierTail's lambda) passes its weight on to tau."""
+    if native:
+        _kernel()
+    else:
+        monkeypatch.setattr(native_mod, "enabled", lambda: False)
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(50, 6, generator=gen)
+    y = torch.arange(50) % 3
+
+    def dtau(c):
+        tau = torch.tensor(0.2, requires_grad=True)
+        (c * balanced_contrastive_loss(z, y, temperature=tau, reduction=reduction,
+                                       backend="torch")).backward()
+        return tau.grad.item()
+
+    one = dtau(1.0)
+    assert abs(one) > 1e-3                      # (a gradient to scale)
+    assert dtau(3.0) == pytest.approx(3.0 * one, rel=1e-6)
+    assert dtau(-0.5) == pytest.approx(-0.5 * one, rel=1e-6)
