@@ -14,6 +14,7 @@ import torch
 import hiertail_fast.ops._lse_symmetric as sym
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss
 from hiertail_fast.ops import _dispatch, _lse_torch
+from hiertail_fast.ops import _host_reads as host_reads
 from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
 from tests.test_contrastive_numerics import _regime, assert_within_reference_error
 
@@ -390,6 +391,61 @@ def test_zero_upstream_gradient_gives_zero_not_nan(forced, variant, reduction):
     (loss.sum() * 0.0).backward()
     assert forced["fused"] > 0, "the symmetric engine did not run"
     assert torch.isfinite(z.grad).all() and bool((z.grad == 0).all())
+
+
+@pytest.mark.parametrize("kind", ["one", "all"])
+@pytest.mark.parametrize("prototypes", [False, True])
+@pytest.mark.parametrize("variant", ["exact", "official"])
+@pytest.mark.parametrize("engine", ["symmetric", "rowblock", "rowblock-slices",
+                                    "rowblock-band", "rowblock-cuda"])
+def test_tiny_upstream_gradients_of_reduction_none(forced, monkeypatch, engine, variant,
+                                                   prototypes, kind):
+    """The backward of reduction "none" with upstream gradients of ~1e-39 (below float32's
+    smallest normal): one such entry among -1 (gradient ascent, a row weighted ~0), or all of
+    them. Within the fp32 reference's own error of the float64 gradients. Before
+    (2026-12-06, a second mutation audit): the row-block engine's official variant gave NaN in
+    both cases, its positives' coefficients over the block's normaliser taken through 1 /
+    1e-39, which is inf in float32; and the symmetric engine, had it normalised by max g
+    instead of max |g|, would have divided by -1e-39 (NaN). The row-block engine with each of
+    its official positives' paths: the C kernel, the torch ones, and CUDA's forms (no host
+    read: the block's normaliser a 0-dim tensor, ``_host_reads.FORCE_SYNC_FREE``)."""
+    if engine.startswith("rowblock"):
+        monkeypatch.setenv(sym.ENV_VAR, "0")
+    if engine == "rowblock-cuda":
+        monkeypatch.setattr(host_reads, "FORCE_SYNC_FREE", True)
+        for name, value in host_reads.CUDA_PATH_ENV.items():
+            monkeypatch.setenv(name, value)
+    elif engine in ("rowblock-slices", "rowblock-band"):
+        monkeypatch.setenv("HIERTAIL_POSITIVES", engine.split("-")[1])
+    gen = torch.Generator().manual_seed(0)
+    n = 120
+    z = torch.randn(n, 8, generator=gen)
+    y = torch.randint(0, 4, (n,), generator=gen)
+    p = torch.randn(4, 8, generator=gen) if prototypes else None
+    go = -torch.ones(n + (4 if prototypes else 0), dtype=torch.float64)
+    if kind == "one":
+        go[0] = -1e-39
+    else:
+        go *= 1e-39
+
+    def grads(dtype, backend):
+        zz = z.to(dtype, copy=True).requires_grad_()
+        pp = None if p is None else p.to(dtype, copy=True).requires_grad_()
+        fn = ref if backend is None else (
+            lambda *a, **k: balanced_contrastive_loss(*a, backend=backend, **k))
+        fn(zz, y, prototypes=pp, temperature=0.5, variant=variant,
+           reduction="none").backward(go.to(dtype))
+        return [zz.grad] + ([] if pp is None else [pp.grad])
+
+    got, want, low = grads(torch.float32, "torch"), grads(torch.float64, None), grads(
+        torch.float32, None)
+    assert (forced["fused"] > 0) == (engine == "symmetric")
+    for a, w, lo in zip(got, want, low, strict=True):
+        assert torch.isfinite(a).all()
+        size = w.abs().max().item()
+        err, ref_err = ((a.double() - w).abs().max().item() / size,
+                        (lo.double() - w).abs().max().item() / size)
+        assert err <= 2 * ref_err + 1e-5, (err, ref_err)
 
 
 _FEWER_THREADS_SCRIPT = r"""

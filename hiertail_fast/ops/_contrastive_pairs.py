@@ -21,6 +21,18 @@ BLOCK_ELEMS = 1 << 22          # elements of one big-group GEMM block on CPU at 
                                # the engine's block budget, _lse_torch.block_bytes: fewer launches)
 
 
+def scaled_coefficients(coef: torch.Tensor, inv_norm, dtype: torch.dtype) -> torch.Tensor:
+    """coef * inv_norm in ``dtype``, the product taken in float64. inv_norm is 1 over a gradient
+    block's normaliser (a float, a 0-dim tensor, or [b] per-row factors, all in float64): it
+    lies beyond float32's range where the block's upstream gradients are tiny (an entry of
+    1e-39 in the backward of reduction "none": 1 / 1e-39 rounds to inf in float32, and c * inf
+    and 0 * inf made the gradient inf and NaN), while the product, a coefficient over the
+    normaliser it is part of, stays O(1)."""
+    if isinstance(inv_norm, torch.Tensor):
+        inv_norm = inv_norm.to(torch.float64)
+    return (coef.to(torch.float64) * inv_norm).to(dtype)
+
+
 def _tie_bound(z: torch.Tensor, row_max: torch.Tensor, scale: float) -> torch.Tensor:
     """[N] bound on |fl(s_ij - M_i) - (s_ij - M_i)|: the rounding of two length-d dot products
     (gamma_d * scale * |z_i| * max|z| each) and of the subtraction, in z's precision (fp32 also

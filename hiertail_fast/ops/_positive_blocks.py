@@ -50,7 +50,7 @@ import os
 import torch
 
 from hiertail_fast.ops import _native, _positive_keys
-from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, _tie_bound
+from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, _tie_bound, scaled_coefficients
 from hiertail_fast.ops._finite import finite
 from hiertail_fast.ops._host_reads import host_reads_cheap, slot_counts
 from hiertail_fast.ops._lse_torch import exp_cutoff
@@ -274,7 +274,7 @@ class BlockPositives(SlicePlan, RestKeys):
         coef = None
         if target is not None:
             assert target.stride(1) == 1 and target.dtype == e.dtype
-            coef = (self.coef_s[:, p] * inv_norm).to(e.dtype).contiguous()
+            coef = scaled_coefficients(self.coef_s[:, p], inv_norm, e.dtype).contiguous()
         run = self._band if self.band else self._kernel
         all_one = self._f_always_one
         if not all_one:

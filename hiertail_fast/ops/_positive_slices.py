@@ -23,7 +23,11 @@ from bisect import bisect_right
 import torch
 
 from hiertail_fast.ops import _positive_keys
-from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS, _consistent_with_max
+from hiertail_fast.ops._contrastive_pairs import (
+    OFFICIAL_EPS,
+    _consistent_with_max,
+    scaled_coefficients,
+)
 from hiertail_fast.ops._lse_torch import exp_shifted_
 
 SLICE_GROUP = 64        # groups with at least this many common keys are read as 2-D slices
@@ -52,7 +56,8 @@ class SlicePlan:
             big = (c >= SLICE_GROUP) & f_one[lev]
             t_row = torch.zeros(g.numel(), dtype=e.dtype, device=e.device)
             q_row = torch.zeros_like(t_row)
-            coef = None if target is None else self.coef_s[lev, p] * inv_norm
+            coef = (None if target is None
+                    else scaled_coefficients(self.coef_s[lev, p], inv_norm, target.dtype))
             for grp in torch.unique(g[big]).tolist():
                 loc = ((g == grp) & big).nonzero().squeeze(1)
                 self._slice(lev, grp, loc, rows, e, t_row, q_row, coef, target)
@@ -158,7 +163,7 @@ class SlicePlan:
                 done = torch.zeros(len(self.chain), r1 - r0, dtype=torch.bool, device=e.device)
                 f_c = f_one[self.chain_idx]
                 if target is not None:
-                    coef = self.coef_cs[:, p] * inv_norm                   # [C, b]
+                    coef = scaled_coefficients(self.coef_cs[:, p], inv_norm, target.dtype)
             self._run(grp, a - r0, b - r0, r0, e, f_c, done, coef, target)
         return done
 
