@@ -170,3 +170,42 @@ def test_a_calls_folded_operands_serve_every_call_as_fresh_ones():
             q_new, k_new, v_new = attn.fold_bias(q, bias, 2.5)
             assert torch.equal(fold.q, q_new) and torch.equal(fold.v, v_new)
             assert k.shape == k_new.shape and torch.equal(k, k_new)
+
+
+@pytest.mark.parametrize("kind", ["one", "all"])
+@pytest.mark.parametrize("prototypes", [False, True])
+@pytest.mark.parametrize("variant", ["exact", "official"])
+def test_tiny_upstream_gradients_of_reduction_none(monkeypatch, variant, prototypes, kind):
+    """The backward of reduction "none" with upstream gradients of ~1e-39 (below float32's
+    smallest normal): one among -1, or all of them. Within the fp32 reference's own error of
+    the float64 gradients. Before (2026-12-06): the key side's log|g| clamped |g| at 1e-38, so
+    with every entry at 1e-39 the gradient came out 4-28x the reference's; now the gradient is
+    taken for g / max|g| and scaled back."""
+    calls = _spy(monkeypatch)
+    gen = torch.Generator().manual_seed(0)
+    n = 120
+    z = torch.randn(n, 8, generator=gen)
+    y = torch.randint(0, 4, (n,), generator=gen)
+    p = torch.randn(4, 8, generator=gen) if prototypes else None
+    go = -torch.ones(n + (4 if prototypes else 0), dtype=torch.float64)
+    if kind == "one":
+        go[0] = -1e-39
+    else:
+        go *= 1e-39
+
+    def grads(dtype, backend):
+        zz = z.to(dtype, copy=True).requires_grad_()
+        pp = None if p is None else p.to(dtype, copy=True).requires_grad_()
+        fn = ref if backend is None else (
+            lambda *a, **k: balanced_contrastive_loss(*a, backend=backend, **k))
+        fn(zz, y, prototypes=pp, temperature=0.5, variant=variant,
+           reduction="none").backward(go.to(dtype))
+        return [zz.grad] + ([] if pp is None else [pp.grad])
+
+    got = grads(torch.float32, "attention")
+    assert calls                                # the attention kernels ran (no fallback)
+    want, low = grads(torch.float64, None), grads(torch.float32, None)
+    for a, w, lo in zip(got, want, low, strict=True):
+        assert torch.isfinite(a).all()
+        err, ref_err = _rel_err(a, w), _rel_err(lo, w)
+        assert err <= 2 * ref_err + 1e-5, (err, ref_err)

@@ -396,7 +396,7 @@ def lse_backward(
     zi = _input(z)
     keys = _Keys(zi, log_w)
     _, out = _lse_and_out(zi, keys, float(scale), want_out=True)
-    return _grad(zi, keys, float(scale), lse, grad_lse.float(), out)
+    return _grad(zi, keys, float(scale), lse, grad_lse, out)
 
 
 def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool, coef_fn):
@@ -409,14 +409,22 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
     rowmax, argmax = ((None, None) if not need_max
                       else _row_max(zi, keys.log_w, float(scale), keys.visible))
     lse, out = _lse_and_out(zi, keys, float(scale), want_out=True)
-    g = coef_fn(slice(None), lse, rowmax).float()
+    g = coef_fn(slice(None), lse, rowmax)
     return lse, rowmax, argmax, _grad(zi, keys, float(scale), lse, g, out)
 
 
 def _grad(z, keys: _Keys, scale, lse, g, out):
+    """dz of sum g * lse, g [L, N] in its caller's dtype (float64 from the loss). The gradient
+    is linear in g: it is taken for g / max|g| in float32 and scaled back (a 0-dim tensor, no
+    host read; four launches). Upstream gradients of ~1e-39, below float32's normal range,
+    came out up to 28x off the reference's: ``_key_side``'s log|g| clamps |g| at 1e-38, and
+    float32 g that small has lost bits (2026-12-06)."""
     g = torch.where(finite(lse), g, 0.0)
+    # (max|g| of an all-zero g: the dtype's smallest normal, so 0 / norm = 0)
+    norm = torch.linalg.vector_norm(g, float("inf")).clamp(min=torch.finfo(g.dtype).tiny)
+    g = (g / norm).float()
     dz = torch.einsum("hi,hid->id", g, out.float()).mul_(scale)   # query side
-    return dz.add_(_key_side(z, keys, scale, lse, g))
+    return dz.add_(_key_side(z, keys, scale, lse, g)).mul_(norm)
 
 
 def kernel_dtype(z: torch.Tensor) -> torch.dtype:
