@@ -277,13 +277,17 @@ def _near_duplicate_hubs(n: int, seed: int):
     return z.float(), idx, g
 
 
+@pytest.mark.parametrize("sync_free", [False, True])
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_positive_pairs_clamped_at_the_row_max(seed):
+def test_positive_pairs_clamped_at_the_row_max(seed, sync_free, monkeypatch):
     """positive_pairs recomputes s_ij of near-duplicate rows in another product than M_i; at
     |s| ~ 7e8 one ulp is 64, so s_ij - M_i can come out > 88 and exp overflow. Every x is
     clamped to <= 0 (s_ij <= M_i holds exactly): T_i <= n_i log(1 + eps), Q_i <= n_i / (1 +
     eps), everything finite. A mutation audit removed the clamp (T, Q, dz inf / NaN), no test
-    failed."""
+    failed; a second one removed it from CUDA's form (no host read), which this ran without."""
+    import hiertail_fast.ops._host_reads as host_reads
+
+    monkeypatch.setattr(host_reads, "FORCE_SYNC_FREE", sync_free)   # CUDA's form too
     n, tau = 120, 0.01
     z, idx, g = _near_duplicate_hubs(n, seed)
     gid = torch.randint(0, 4, (n,), generator=g)
@@ -297,6 +301,29 @@ def test_positive_pairs_clamped_at_the_row_max(seed):
     atol = tol(torch.float32)["atol"]
     assert (big_t.double() <= n_pos * math.log(1 + EPS) + atol).all()
     assert (big_q.double() <= n_pos / (1 + EPS) + atol).all()
+
+
+@pytest.mark.parametrize("size", [pairs_mod.SMALL_GROUP - 1, pairs_mod.SMALL_GROUP,
+                                  pairs_mod.SMALL_GROUP + 1])
+def test_positive_pairs_groups_at_the_small_group_size(size):
+    """A group of SMALL_GROUP members or one either side: the pair lists take groups up to
+    SMALL_GROUP, the GEMM blocks the bigger ones, so each group's positives are summed once.
+    The suite had no group of exactly SMALL_GROUP (tests patch it to 8 or use small groups): a
+    second mutation audit had such a group summed by neither path (T = 0; the attention
+    engine's official loss -1.64 for 6.05) or by both (T doubled)."""
+    g = torch.Generator().manual_seed(0)
+    n, scale = size + 12, 10.0
+    z = torch.nn.functional.normalize(torch.randn(n, 8, generator=g), dim=1)
+    gid = (torch.arange(n) >= size).long()          # a group of `size`, and one of 12
+    s = z @ z.t() * scale
+    row_max, arg_max = s.max(dim=1)
+    big_t, big_q, _ = pairs_mod.positive_pairs(z, gid, 2, row_max, arg_max, scale, True)
+    same = gid[:, None] == gid[None, :]
+    x = torch.exp(s.double() - row_max.double()[:, None])
+    want_t = (torch.log(x + EPS) * same).sum(1)
+    want_q = (x / (x + EPS) * same).sum(1)
+    torch.testing.assert_close(big_t.double(), want_t, **tol(torch.float32))
+    torch.testing.assert_close(big_q.double(), want_q, **tol(torch.float32))
 
 
 @pytest.mark.parametrize("seed", [0, 1])
