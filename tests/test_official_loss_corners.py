@@ -232,6 +232,10 @@ def test_first_equal_rows_and_a_hash_collision(monkeypatch):
     # every row in one hash group: the rows that differ from row 0 keep their own index (so 3
     # and 4 now look different: the documented cost of a collision), row 5 is not row 0's
     assert tied.first_equal_rows(z).tolist() == [0, 1, 0, 3, 4, 5, 0]
+    # rows that share some entries are not equal (a second mutation audit's .all for .any)
+    assert tied.first_equal_rows(torch.tensor([[1.0, 2.0], [1.0, 3.0]])).tolist() == [0, 1]
+    monkeypatch.undo()
+    assert tied.first_equal_rows(z[:1].repeat(2, 1)).tolist() == [0, 0]      # two rows (n = 2)
 
 
 def _hierarchical_and_reference(z, labels, tau):

@@ -37,6 +37,8 @@ def test_first_tied_key_moves_to_the_first_equal_visible_row():
     assert out[0].tolist() == [0, 1, 3, 0, 0, 1]       # -0.0 equals 0.0
     assert out[1].tolist() == [2, 1, 4, 2, 0, 1]       # only visible keys; never moves later
     assert tied.first_tied_key(z, arg).tolist() == out[0:1].expand(2, -1).tolist()
+    two = z[:1].repeat(2, 1)                          # the smallest case: two equal rows
+    assert tied.first_tied_key(two, torch.tensor([[1, 1]])).tolist() == [[0, 0]]
 
 
 @pytest.mark.usefixtures("forms")
@@ -48,6 +50,9 @@ def test_first_tied_key_checks_rows_not_just_hashes(monkeypatch):
     monkeypatch.setattr(tied, "row_ids", lambda rows: torch.zeros(rows.shape[0],
                                                                   dtype=torch.long))
     assert torch.equal(tied.first_tied_key(z, arg), arg)        # all "collide", none equal
+    # rows that share some entries are not equal (a second mutation audit's .any for .all)
+    shared = torch.tensor([[1.0, 2.0], [1.0, 3.0], [4.0, 5.0], [4.0, 5.0]])
+    assert tied.first_tied_key(shared, torch.tensor([[1, 1, 3, 3]])).tolist()[0][:2] == [1, 1]
 
 
 @pytest.mark.usefixtures("forms")
@@ -59,6 +64,7 @@ def test_common_twins_finds_the_first_equal_common_key(monkeypatch):
     common = torch.tensor([False, True, True, True, False, True, True, False])
     ids = torch.tensor([0, 4, 5, 6, 7, 1])
     assert tied.common_twins(z, common, ids).tolist() == [2, 3, 1, 6, 2, 1]
+    assert tied.common_twins(z, common, torch.tensor([7])).tolist() == [2]     # one id alone
     assert tied.common_twins(z, torch.zeros(8, dtype=torch.bool), ids).tolist() == [-1] * 6
     distinct = torch.randn(9, 3, generator=torch.Generator().manual_seed(0))
     all_keys = torch.ones(9, dtype=torch.bool)
@@ -204,6 +210,28 @@ def test_the_reference_picks_the_first_equal_row_whatever_the_rounding(seed):
         grads.append(torch.autograd.grad(loss, zz)[0])
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(grads[2], grads[0], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.01])
+def test_official_single_prototype_copying_a_node_row_matches_reference(tau):
+    """The case below with ONE level-specific key: level 0 a single class whose one prototype
+    copies node 1 (norm 1000). The row-block engine gives the copy the node column's dots
+    (``common_twins``) for one id as for many: a second mutation audit's early exit at one id
+    left the loss 2.7-18x and the gradients 660-10,700x the suite's rule."""
+    bench = load_bench("bench_official_prototype_copy", "official_prototype_copy.py")
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(30, 64, generator=gen)
+    z = z / z.norm(dim=1, keepdim=True)
+    z[1] *= 1000.0
+    labels = [torch.zeros(30, dtype=torch.long), torch.randint(0, 3, (30,), generator=gen)]
+    p0 = z[1:2].clone()
+    exp = bench.run(z.double(), labels, p0.double(), "reference", tau, "cpu")
+    low = bench.run(z, labels, p0, "reference", tau, "cpu")
+    got = bench.run(z, labels, p0, "torch", tau, "cpu")
+    for name, a, lo, e in zip(("loss", "dz", "dprototypes"), got, low, exp, strict=True):
+        bound = 2 * (lo - e).abs().max().item() + 1e-5 + 1e-4 * e.abs().max().item()
+        err = (a - e).abs().max().item()
+        assert err <= bound, (name, err, bound)
 
 
 @pytest.mark.usefixtures("forms")
