@@ -448,6 +448,45 @@ def test_tiny_upstream_gradients_of_reduction_none(forced, monkeypatch, engine, 
         assert err <= 2 * ref_err + 1e-5, (err, ref_err)
 
 
+@pytest.mark.parametrize("tiles", ["forced", "default"])
+def test_large_logits_cancel_before_the_class_weight_is_added(forced, monkeypatch, tiles):
+    """The gradient kernel's exponent is (s - M) + (log w - b): the large logit cancels against
+    the row max first, then the class weight's log joins. Integer rows (fp32 dots exact),
+    |s| ~ 1.6e5 with neighbours a few units apart, imbalanced classes (log w != 0): the
+    gradient within 1e-4 of the float64 reference's (3.6e-6 here). A second mutation audit's
+    (s + log w) - (M + b), on the diagonal tiles or the others, was 4e-3 and 7e-3 off."""
+    if tiles == "default":
+        monkeypatch.setattr(sym, "MAX_BLOCK_ROWS", 256)
+    g = torch.Generator().manual_seed(0)
+    n = 600
+    z = 200.0 + torch.randint(0, 2, (n, 4), generator=g).float()   # s_ij = z_i.z_j exact
+    y = torch.randint(0, 7, (n,), generator=g) ** 2 % 7             # imbalanced classes
+    zz = z.clone().requires_grad_()
+    balanced_contrastive_loss(zz, y, temperature=1.0, backend="torch").backward()
+    assert forced["fused"] == 1
+    zd = z.double().requires_grad_()
+    ref(zd, y, temperature=1.0).backward()
+    err = (zz.grad.double() - zd.grad).abs().max() / zd.grad.abs().max()
+    assert err.item() <= 1e-4, err.item()
+
+
+def test_row_sums_of_pass_one_are_float64():
+    """Pass 1 sums each row's chunk in float64: rows whose own term (e^0 = 1) dominates and
+    whose 511 others are each e^-17 ~ 4e-8, under half a float32 ulp of the running sum. Rows
+    of +-1 and scale 17 / 512 make every logit exact in fp32, so the float64 logsumexp of the
+    same logits is the answer: within 1e-9 (1e-11 here). Summed in float, 5e-7 off (a second
+    mutation audit)."""
+    gen = torch.Generator().manual_seed(0)
+    n = d = 512
+    z = torch.randint(0, 2, (n, d), generator=gen).float() * 2 - 1
+    scale = 17.0 / 512
+    lse, _, _, _ = sym.lse_fused(z, torch.zeros(1, n), scale, False)
+    s = (z.double() @ z.double().t()) * scale
+    want = torch.logsumexp(s, dim=1)
+    assert (s.diagonal()[:, None] - s).fill_diagonal_(float("inf")).min() > 8   # (the setup)
+    assert (lse[0].double() - want).abs().max().item() <= 1e-9
+
+
 _FEWER_THREADS_SCRIPT = r"""
 import json, sys, torch
 import hiertail_fast.ops._lse_symmetric as sym
