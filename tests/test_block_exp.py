@@ -61,7 +61,9 @@ def _block(kind: str, rows: int, cols: int, gen) -> torch.Tensor:
         s = torch.cat([s, s], dim=1)[:, :cols]
     elif kind == "cutoff":                  # entries right at the cut-off boundary
         c = exp_cutoff(torch.float32)
-        s = torch.tensor([0.0, -c, -c + 1e-3, -c - 1e-3, -c * 1.5, -1e-30])[None].repeat(rows, 1)
+        # (-c + 5e-5: inside the 1e-4 margin of the zeros' threshold e^-c * 1.0001)
+        s = torch.tensor([0.0, -c, -c + 1e-3, -c - 1e-3, -c * 1.5, -1e-30, -c + 5e-5])
+        s = s[None].repeat(rows, 1)
         s = s[:, :cols] if cols <= s.shape[1] else torch.cat(
             [s, torch.zeros(rows, cols - s.shape[1])], 1)
     return s
@@ -129,6 +131,24 @@ def test_strided_rows_and_the_rest_of_the_buffer():
     torch.testing.assert_close(e, want, rtol=2.5e-7, atol=0.0)
     assert torch.equal(buf[:12, 31:], keep[:12, 31:]) and torch.equal(buf[12:], keep[12:])
     torch.testing.assert_close(sums.float(), s_ref, rtol=1e-5, atol=0.0)
+    wt = torch.rand(31, 2, generator=gen).t()                   # weights with column stride 2
+    _, _, sums_t = block_mod.native_step(fn, buf[:12, :31].clone(), wt, False)
+    _, _, ref_t = block_mod.reference_step(buf[:12, :31].clone(), wt, False)
+    torch.testing.assert_close(sums_t.float(), ref_t, rtol=1e-5, atol=0.0)
+
+
+def test_a_nan_row_gets_an_arg_max_in_range():
+    """NaN rows (the public losses refuse NaN inputs; the kernels' own contract): with key ids
+    the documented fallback ids[0] on both paths, without them a column of the row. A second
+    mutation audit returned INT64_MAX, int32's max or N, ids no key has."""
+    fn = _kernel()
+    e = torch.full((1, 3), float("nan"))
+    w, ids = torch.ones(1, 3), torch.tensor([4, 9, 6])
+    assert block_mod.native_step(fn, e.clone(), w, True, ids)[1].tolist() == [4]
+    assert block_mod.reference_step(e.clone(), w, True, ids)[1].tolist() == [4]
+    for step in (lambda x: block_mod.native_step(fn, x, w, True),
+                 lambda x: block_mod.reference_step(x, w, True)):
+        assert 0 <= step(e.clone())[1].item() < 3
 
 
 def test_bad_arguments_are_refused():
