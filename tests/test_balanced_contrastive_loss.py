@@ -508,6 +508,31 @@ def test_torch_lse_contract_multilevel(monkeypatch, n_cols_common):
     torch.testing.assert_close(fused[3], zz.grad)
 
 
+def test_torch_lse_contract_corners():
+    """Two corners of the contract above that the public losses never reach (every node row is
+    visible at every level, prototypes come after the nodes), found unguarded by a second
+    mutation audit: a level that sees no key at all while no key is common gets lse = -inf
+    (an empty sum; NaN before), and a level-specific key tying a common key exactly wins the
+    arg-max when its index is smaller (torch.max's first index)."""
+    from hiertail_fast.ops import _lse_torch
+
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(12, 4, generator=g, dtype=torch.float64)
+    log_w = torch.zeros(3, 12, dtype=torch.float64)
+    log_w[0, 6:] = log_w[1, :6] = log_w[2, :] = float("-inf")   # no common key; level 2 none
+    lse = _lse_torch.lse_forward(z, log_w, 0.5, True)[0]
+    assert torch.equal(lse[2], torch.full((12,), float("-inf"), dtype=torch.float64))
+    dense = torch.logsumexp((z @ z.t() * 0.5)[None] + log_w[:2, None, :], dim=2)
+    torch.testing.assert_close(lse[:2], dense)
+    z = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5], [1.0, 0.0], [-1.0, 0.0]],
+                     dtype=torch.float64)
+    log_w = torch.zeros(2, 5, dtype=torch.float64)
+    log_w[1, 0] = float("-inf")        # key 0 level-specific (hidden from level 1); key 3 its copy
+    amax = _lse_torch.lse_forward(z, log_w, 1.0, True)[2]
+    assert torch.equal(amax[0], (z @ z.t()).max(dim=1).indices)       # [0, 1, 0, 0, 4]
+    assert amax[0].tolist() == [0, 1, 0, 0, 4]
+
+
 def test_functional_module_agree_and_repr():
     z, y, p = _data(50, 8, m=3, seed=4)
     mod = BalancedContrastiveLoss(temperature=0.2, include_self=False, variant="official")
