@@ -487,6 +487,37 @@ def test_row_sums_of_pass_one_are_float64():
     assert (lse[0].double() - want).abs().max().item() <= 1e-9
 
 
+def test_fold_share_is_exactly_zero_where_the_max_holds_the_whole_row(forced, monkeypatch):
+    """The symmetric engine's fold (``_max_fold.TileFold``): a row whose every other term
+    underflowed in pass 1 has o = row sum - t = 0 exactly, so its arg-max share u is exactly 0,
+    as the reference's p - 1 = 1 - 1 (the module's promise): t is formed as pass 1's fp32
+    product. Formed in float64 (a second mutation audit), 24 of those rows got |u| ~ 1e-10."""
+    from hiertail_fast.ops import _loss_passes
+    from hiertail_fast.ops._lse_torch import exp_cutoff
+
+    shares = []
+    real = _loss_passes.ArgmaxShare
+
+    class Spy(real):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            shares.append(self)
+
+    monkeypatch.setattr(_loss_passes, "ArgmaxShare", Spy)
+    gen = torch.Generator().manual_seed(0)
+    z = (torch.randn(60, 6, generator=gen, dtype=torch.float64) * 4).float()
+    y = torch.randint(0, 7, (60,), generator=gen)
+    balanced_contrastive_loss(z.clone().requires_grad_(), y, temperature=0.05,
+                              variant="official", backend="torch").backward()
+    assert forced["fused"] == 1 and shares
+    s = (z.double() @ z.double().t()) * 20.0
+    gap = s - s.max(dim=1, keepdim=True).values
+    gap[torch.arange(60), s.argmax(dim=1)] = float("-inf")
+    alone = gap.max(dim=1).values < -(exp_cutoff(torch.float32) + 10)   # the rest underflow
+    assert int(alone.sum()) >= 20                                        # (the setup)
+    assert bool((shares[-1].u[0, alone] == 0).all())
+
+
 _FEWER_THREADS_SCRIPT = r"""
 import json, sys, torch
 import hiertail_fast.ops._lse_symmetric as sym
