@@ -16,7 +16,11 @@ from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_lo
 from hiertail_fast.ops import _dispatch, _lse_torch
 from hiertail_fast.ops import _host_reads as host_reads
 from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
-from tests.test_contrastive_numerics import _regime, assert_within_reference_error
+from tests.test_contrastive_numerics import (
+    _regime,
+    assert_tiny_upstream_within_rule,
+    assert_within_reference_error,
+)
 
 pytestmark = pytest.mark.skipif(not sym.available(), reason="no C compiler: the engine is off")
 
@@ -417,35 +421,8 @@ def test_tiny_upstream_gradients_of_reduction_none(forced, monkeypatch, engine, 
             monkeypatch.setenv(name, value)
     elif engine in ("rowblock-slices", "rowblock-band"):
         monkeypatch.setenv("HIERTAIL_POSITIVES", engine.split("-")[1])
-    gen = torch.Generator().manual_seed(0)
-    n = 120
-    z = torch.randn(n, 8, generator=gen)
-    y = torch.randint(0, 4, (n,), generator=gen)
-    p = torch.randn(4, 8, generator=gen) if prototypes else None
-    go = -torch.ones(n + (4 if prototypes else 0), dtype=torch.float64)
-    if kind == "one":
-        go[0] = -1e-39
-    else:
-        go *= 1e-39
-
-    def grads(dtype, backend):
-        zz = z.to(dtype, copy=True).requires_grad_()
-        pp = None if p is None else p.to(dtype, copy=True).requires_grad_()
-        fn = ref if backend is None else (
-            lambda *a, **k: balanced_contrastive_loss(*a, backend=backend, **k))
-        fn(zz, y, prototypes=pp, temperature=0.5, variant=variant,
-           reduction="none").backward(go.to(dtype))
-        return [zz.grad] + ([] if pp is None else [pp.grad])
-
-    got, want, low = grads(torch.float32, "torch"), grads(torch.float64, None), grads(
-        torch.float32, None)
+    assert_tiny_upstream_within_rule("torch", variant, prototypes, kind)
     assert (forced["fused"] > 0) == (engine == "symmetric")
-    for a, w, lo in zip(got, want, low, strict=True):
-        assert torch.isfinite(a).all()
-        size = w.abs().max().item()
-        err, ref_err = ((a.double() - w).abs().max().item() / size,
-                        (lo.double() - w).abs().max().item() / size)
-        assert err <= 2 * ref_err + 1e-5, (err, ref_err)
 
 
 @pytest.mark.parametrize("tiles", ["forced", "default"])

@@ -17,6 +17,14 @@ def _kernel():
     return built_kernel(tgrad.kernel(), "the temperature kernel")
 
 
+def _take_path(monkeypatch, native: bool) -> None:
+    """The C kernel (skipped where it cannot be built) or, native off, the torch path."""
+    if native:
+        _kernel()
+    else:
+        monkeypatch.setattr(native_mod, "enabled", lambda: False)
+
+
 def _case(kind: str, rows: int, cols: int, seed: int):
     """(dots [rows, cols], scale, gid [cols], w [cols], row indices [rows]) of one level: some
     keys outside it (gid -1, weight 0) unless kind == "full", the rows among the keys."""
@@ -121,10 +129,7 @@ def test_dtau_through_either_path_against_float64(monkeypatch, variant, native):
     """dL/dtau of the balanced loss ("none" with signed weights, prototypes) and of the
     hierarchical one (a level with prototypes of its own, so keys outside the other level):
     the suite's rule against the float64 reference, with the C kernel and without."""
-    if native:
-        _kernel()
-    else:
-        monkeypatch.setattr(native_mod, "enabled", lambda: False)
+    _take_path(monkeypatch, native)
     gen = torch.Generator().manual_seed(3)
     z0 = torch.randn(300, 8, generator=gen)
     p0 = torch.randn(5, 8, generator=gen)
@@ -187,10 +192,7 @@ def _outside_the_level_case(case: str):
 def test_dtau_with_rows_and_keys_outside_a_level(monkeypatch, case, variant, native):
     """Rows outside a level take 0 of that level's dL/dtau, and a finite 0: their terms are
     computed in the same block as the level's rows (g = 0 times a NaN is NaN)."""
-    if native:
-        _kernel()
-    else:
-        monkeypatch.setattr(native_mod, "enabled", lambda: False)
+    _take_path(monkeypatch, native)
     z0, labels, p0, include_self = _outside_the_level_case(case)
 
     def dtau(dtype, backend):
@@ -211,10 +213,7 @@ def test_dtau_with_rows_and_keys_outside_a_level(monkeypatch, case, variant, nat
 def test_dtau_scales_with_the_incoming_gradient(monkeypatch, reduction, native):
     """d(c L)/dtau = c dL/dtau for a reduced (0-dim) loss, as for "none" with weights: a loss
     weighted in a sum of losses (HierTail's lambda) passes its weight on to tau."""
-    if native:
-        _kernel()
-    else:
-        monkeypatch.setattr(native_mod, "enabled", lambda: False)
+    _take_path(monkeypatch, native)
     gen = torch.Generator().manual_seed(0)
     z = torch.randn(50, 6, generator=gen)
     y = torch.arange(50) % 3
