@@ -14,7 +14,13 @@ import hiertail_fast.ops._contrastive_pairs as pairs_mod
 import hiertail_fast.ops._lse_torch as lse_mod
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss
 from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
-from tests.conftest import DEVICES, backend_device, triton_importable, with_cuda_forms
+from tests.conftest import (
+    DEVICES,
+    backend_device,
+    on_backend_device,
+    triton_importable,
+    with_cuda_forms,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BACKENDS = ["torch", "attention"]
@@ -168,41 +174,61 @@ def assert_within_reference_error(fast, exp, low, terms: float):
         assert err <= bound, f"tensor {i}: error {err:.3g} > {bound:.3g}"
 
 
-def assert_tiny_upstream_within_rule(backend: str, variant: str, prototypes: bool,
-                                     kind: str) -> None:
-    """The backward of reduction "none" with upstream gradients of ~1e-39 (below float32's
-    smallest normal) on 120 rows at tau 0.5: the upstream -1 with one entry -1e-39 ("one":
-    gradient ascent, a row weighted ~0) or every entry -1e-39 ("all"). ``backend`` on fp32 rows
-    within twice the fp32 reference's own error (relative to the largest entry, + 1e-5) of the
-    float64 gradients, finite. (tests/test_lse_symmetric.py and
-    tests/test_attention_lse_corners.py run it on the engines they force.)"""
+# upstream-gradient regimes of the backward of reduction "none" (2026-12-06): (upstream entry,
+# rows' dtype, scale of the rows, tau). "tiny": below float32's normal range; "small-rows": the
+# same with rows of ~3e-4 at tau 1e-6 (the gradient itself ~1e-37, a normal float32: every
+# product of the engines subnormal before the 1/tau); "float64": below float64's normal range;
+# "huge": a gradient up to 2.5e38, inside float32's range while the key side's sums were not
+UPSTREAM_REGIMES = {
+    "tiny": (1e-39, torch.float32, 1.0, 0.5),
+    "small-rows": (1e-39, torch.float32, 1e-4, 1e-6),
+    "float64": (1e-310, torch.float64, 1.0, 0.5),
+    "huge": (1e37, torch.float32, 1.0, 0.5),
+}
+# (variant, regime, kind): the official variant's own fp32 reference is NaN at "huge"
+UPSTREAM_CASES = [(variant, regime, kind) for regime in UPSTREAM_REGIMES
+                  for variant in ("exact", "official") for kind in ("one", "all")
+                  if not (regime == "huge" and variant == "official")]
+
+
+def assert_upstream_within_rule(backend: str, variant: str, prototypes: bool, kind: str,
+                                regime: str = "tiny") -> None:
+    """The backward of reduction "none" on 120 rows (+ 4 prototypes) with the upstream -1 but
+    one entry -v ("one": gradient ascent, a row weighted ~0) or every entry -v ("all"), v and
+    the rows as ``UPSTREAM_REGIMES[regime]`` says. ``backend``'s gradients within twice the
+    same-dtype reference's own error (relative to the largest entry, + 1e-5) of the float64
+    ones, finite. (tests/test_lse_symmetric.py and tests/test_attention_lse_corners.py run it
+    on the engines they force.)"""
+    value, dtype, size, tau = UPSTREAM_REGIMES[regime]
     gen = torch.Generator().manual_seed(0)
     n = 120
-    z = torch.randn(n, 8, generator=gen)
+    z = (torch.randn(n, 8, generator=gen, dtype=torch.float64) * size).to(dtype)
     y = torch.randint(0, 4, (n,), generator=gen)
-    p = torch.randn(4, 8, generator=gen) if prototypes else None
+    p = ((torch.randn(4, 8, generator=gen, dtype=torch.float64) * size).to(dtype)
+         if prototypes else None)
     go = -torch.ones(n + (4 if prototypes else 0), dtype=torch.float64)
     if kind == "one":
-        go[0] = -1e-39
+        go[0] = -value
     else:
-        go *= 1e-39
+        go *= value
+    go = go.to(dtype).double()                # (the upstream as the fast call gets it)
 
-    def grads(dtype, name):
-        zz = z.to(dtype, copy=True).requires_grad_()
-        pp = None if p is None else p.to(dtype, copy=True).requires_grad_()
+    def grads(dt, name):
+        zz = z.to(dt, copy=True).requires_grad_()
+        pp = None if p is None else p.to(dt, copy=True).requires_grad_()
         fn = ref if name == "reference" else (
             lambda *a, **k: balanced_contrastive_loss(*a, backend=name, **k))
-        fn(zz, y, prototypes=pp, temperature=0.5, variant=variant,
-           reduction="none").backward(go.to(dtype))
+        fn(zz, y, prototypes=pp, temperature=tau, variant=variant,
+           reduction="none").backward(go.to(dt))
         return [zz.grad] + ([] if pp is None else [pp.grad])
 
-    got = grads(torch.float32, backend)
-    want, low = grads(torch.float64, "reference"), grads(torch.float32, "reference")
+    got = grads(dtype, backend)
+    want, low = grads(torch.float64, "reference"), grads(dtype, "reference")
     for a, w, lo in zip(got, want, low, strict=True):
         assert torch.isfinite(a).all()
-        size = w.abs().max().item()
-        err = (a.double() - w).abs().max().item() / size
-        ref_err = (lo.double() - w).abs().max().item() / size
+        size_w = w.abs().max().item()
+        err = (a.double() - w).abs().max().item() / size_w
+        ref_err = (lo.double() - w).abs().max().item() / size_w
         assert err <= 2 * ref_err + 1e-5, (err, ref_err)
 
 
@@ -587,3 +613,12 @@ def test_a_levels_prototypes_far_above_every_node_row(request, backend, variant)
     low = run(z, p, "reference")
     zmax = max(z.abs().max().item(), p.abs().max().item())
     assert_within_reference_error(fast, exp, low, 2 * 2.0 / 5 * zmax * 3 ** 0.5)
+
+
+@pytest.mark.parametrize("variant", ["exact", "official"])
+def test_extreme_upstream_gradients_on_the_triton_engine(variant):
+    """The small-rows regime of the extreme upstream gradients (tests/test_lse_symmetric.py)
+    on the Triton engine, whose backward of reduction "none" takes the same grad_out / 2^k:
+    1,016x (exact) and 157x (official) the rule before (2026-12-06)."""
+    on_backend_device("triton")          # CPU tensors: the interpreter (skipped on CUDA)
+    assert_upstream_within_rule("triton", variant, False, "all", "small-rows")

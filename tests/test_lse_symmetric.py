@@ -17,8 +17,10 @@ from hiertail_fast.ops import _dispatch, _lse_torch
 from hiertail_fast.ops import _host_reads as host_reads
 from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
 from tests.test_contrastive_numerics import (
+    UPSTREAM_CASES,
+    UPSTREAM_REGIMES,
     _regime,
-    assert_tiny_upstream_within_rule,
+    assert_upstream_within_rule,
     assert_within_reference_error,
 )
 
@@ -397,22 +399,23 @@ def test_zero_upstream_gradient_gives_zero_not_nan(forced, variant, reduction):
     assert torch.isfinite(z.grad).all() and bool((z.grad == 0).all())
 
 
-@pytest.mark.parametrize("kind", ["one", "all"])
+@pytest.mark.parametrize("variant,regime,kind", UPSTREAM_CASES)
 @pytest.mark.parametrize("prototypes", [False, True])
-@pytest.mark.parametrize("variant", ["exact", "official"])
 @pytest.mark.parametrize("engine", ["symmetric", "rowblock", "rowblock-slices",
                                     "rowblock-band", "rowblock-cuda"])
-def test_tiny_upstream_gradients_of_reduction_none(forced, monkeypatch, engine, variant,
-                                                   prototypes, kind):
-    """The backward of reduction "none" with upstream gradients of ~1e-39 (below float32's
-    smallest normal): one such entry among -1 (gradient ascent, a row weighted ~0), or all of
-    them. Within the fp32 reference's own error of the float64 gradients. Before
-    (2026-12-06, a second mutation audit): the row-block engine's official variant gave NaN in
-    both cases, its positives' coefficients over the block's normaliser taken through 1 /
-    1e-39, which is inf in float32; and the symmetric engine, had it normalised by max g
-    instead of max |g|, would have divided by -1e-39 (NaN). The row-block engine with each of
-    its official positives' paths: the C kernel, the torch ones, and CUDA's forms (no host
-    read: the block's normaliser a 0-dim tensor, ``_host_reads.FORCE_SYNC_FREE``)."""
+def test_extreme_upstream_gradients_of_reduction_none(forced, monkeypatch, engine, variant,
+                                                      regime, kind, prototypes):
+    """The backward of reduction "none" with extreme upstream gradients
+    (test_contrastive_numerics.UPSTREAM_REGIMES: ~1e-39, also on rows of ~3e-4 at tau 1e-6;
+    1e-310 on float64 rows; 1e37), one such entry among -1 or all of them: within the
+    same-dtype reference's own error of the float64 gradients. Before (2026-12-06): NaN on the
+    row-block engine's official variant (its positives' coefficients went through 1 / the
+    block's normaliser, inf in float32 at 1e-39 and in float64 at 1e-310), 9-1,000x the rule
+    on every engine with the small rows (products subnormal before the 1/tau), inf at 1e37 (the
+    key side's sums overflowed where the gradient fits); now the backward runs on grad_out /
+    2^k and scales back. The row-block engine with each of its official positives' paths: the
+    C kernel, the torch ones, and CUDA's forms (no host read: the block's normaliser a 0-dim
+    tensor, ``_host_reads.FORCE_SYNC_FREE``)."""
     if engine.startswith("rowblock"):
         monkeypatch.setenv(sym.ENV_VAR, "0")
     if engine == "rowblock-cuda":
@@ -421,8 +424,9 @@ def test_tiny_upstream_gradients_of_reduction_none(forced, monkeypatch, engine, 
             monkeypatch.setenv(name, value)
     elif engine in ("rowblock-slices", "rowblock-band"):
         monkeypatch.setenv("HIERTAIL_POSITIVES", engine.split("-")[1])
-    assert_tiny_upstream_within_rule("torch", variant, prototypes, kind)
-    assert (forced["fused"] > 0) == (engine == "symmetric")
+    assert_upstream_within_rule("torch", variant, prototypes, kind, regime)
+    fp32 = UPSTREAM_REGIMES[regime][1] == torch.float32        # (the symmetric engine's rows)
+    assert (forced["fused"] > 0) == (engine == "symmetric" and fp32)
 
 
 @pytest.mark.parametrize("tiles", ["forced", "default"])

@@ -21,16 +21,18 @@ BLOCK_ELEMS = 1 << 22          # elements of one big-group GEMM block on CPU at 
                                # the engine's block budget, _lse_torch.block_bytes: fewer launches)
 
 
-def scaled_coefficients(coef: torch.Tensor, inv_norm, dtype: torch.dtype) -> torch.Tensor:
-    """coef * inv_norm in ``dtype``, the product taken in float64. inv_norm is 1 over a gradient
-    block's normaliser (a float, a 0-dim tensor, or [b] per-row factors, all in float64): it
-    lies beyond float32's range where the block's upstream gradients are tiny (an entry of
-    1e-39 in the backward of reduction "none": 1 / 1e-39 rounds to inf in float32, and c * inf
-    and 0 * inf made the gradient inf and NaN), while the product, a coefficient over the
-    normaliser it is part of, stays O(1)."""
-    if isinstance(inv_norm, torch.Tensor):
-        inv_norm = inv_norm.to(torch.float64)
-    return (coef.to(torch.float64) * inv_norm).to(dtype)
+def scaled_coefficients(coef: torch.Tensor, norm, dtype: torch.dtype) -> torch.Tensor:
+    """coef / norm in ``dtype`` (0 where norm is 0), the quotient taken in float64. norm is a
+    gradient block's normaliser (a float, a 0-dim tensor, or [b] per-row divisors): tiny where
+    the block's upstream gradients are (an entry of 1e-39 in the backward of reduction "none":
+    its inverse, which this took until 2026-12-06, was inf in float32, 1e-310 in float64, and
+    c * inf and 0 * inf made the gradient inf and NaN), while the quotient, a coefficient over
+    the normaliser it is part of, stays O(1)."""
+    c = coef.to(torch.float64)
+    if not isinstance(norm, torch.Tensor):
+        return (c / norm).to(dtype)
+    norm = norm.to(torch.float64)
+    return torch.where(norm != 0, c / norm, 0.0).to(dtype)
 
 
 def _tie_bound(z: torch.Tensor, row_max: torch.Tensor, scale: float) -> torch.Tensor:

@@ -357,11 +357,11 @@ def _engine(
                 # (its forward values are spent); rows with a_i = 0 have c_i = 0, and a_i < 0
                 # (the backward of reduction "none" with a negative grad_out) divides as any a_i
                 if positives is not None:
-                    # in float64: 1 / den overflows float32 for a row whose upstream gradient
-                    # is tiny (~1e-39), while c_i / den stays O(1) (``scaled_coefficients``)
+                    # a divisor, not its inverse: 1 / den overflows for a row whose upstream
+                    # gradient is tiny (~1e-39 in fp32), while c_i / den stays O(1)
+                    # (``scaled_coefficients``, in float64)
                     den = a[0].double() * (a_max * wrow[rows].double())
-                    inv = torch.where(den != 0, 1.0 / den, torch.zeros_like(den))
-                    positives.common_block(blk, rows, e, m_c, max_b, arg_b, e, inv)
+                    positives.common_block(blk, rows, e, m_c, max_b, arg_b, e, den)
                 if max_fold is not None:    # the entry (i, a) out (LSE part and positive)
                     set_at(e, col[0], None, 0.0)      # (after the positives wrote into e)
                 dz[rows] += (e @ zwc).mul_(a[0][:, None] * (scale * a_max))
@@ -375,7 +375,7 @@ def _engine(
                     fold_levels(t, col, pos_c, q_c, None if positives is None
                                 else positives.coef_s[:, blk], a, wc, x, a_max)
                 if positives is not None:    # their sums, and + c_i q_ij / a_max into t
-                    positives.common_block(blk, rows, e, m_c, max_b, arg_b, t, inverse(a_max))
+                    positives.common_block(blk, rows, e, m_c, max_b, arg_b, t, a_max)
                 dz[rows] += torch.mm(t, zc).mul_(scale * a_max)
                 addmm_scaled_(key_c, t.t(), zb, a_max)
         if n_r:
@@ -428,13 +428,6 @@ def block_norm(a: torch.Tensor, coef_max: torch.Tensor | None, host: bool):
     if host:
         return float(m) or 1.0
     return torch.where(m > 0, m, torch.ones_like(m))
-
-
-def inverse(norm):
-    """1 / ``block_norm``'s normaliser in float64 (a float, or a 0-dim device tensor, not read on
-    the host): a block whose upstream gradients are all tiny (~1e-39) has a normaliser whose
-    float32 inverse is inf."""
-    return 1.0 / (norm.double() if isinstance(norm, torch.Tensor) else norm)
 
 
 def addmm_scaled_(acc: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor, alpha) -> None:

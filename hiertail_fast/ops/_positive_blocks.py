@@ -244,24 +244,24 @@ class BlockPositives(SlicePlan, RestKeys):
         return self._tie_unit[rows] + torch.finfo(self.z.dtype).eps * row_max_b.abs()
 
     # ---- forward: common keys
-    def common_block(self, p, rows, e, m_c, max_b, arg_b, target=None, inv_norm=1.0):
+    def common_block(self, p, rows, e, m_c, max_b, arg_b, target=None, norm=1.0):
         """Sums of the block's positives with a common key, into T and Q.
 
         p: the block's slice of the visiting order, rows = order[p] (original ids); e [b, n_c]
         = exp(s - m_c), the forward values; target: the block's gradient matrix (E * weights,
-        normalised by 1 / inv_norm; a float, a 0-dim device tensor or a [b] tensor of per-row
-        factors), which gets the positives' coefficients c_i q_ij * inv_norm added in place (no
-        copy of q is kept). target may be e itself: every positive entry is read before it is
+        divided by its normaliser ``norm``: a float, a 0-dim device tensor or a [b] tensor of
+        per-row divisors), which gets the positives' coefficients c_i q_ij / norm added in place
+        (no copy of q is kept). target may be e itself: every positive entry is read before it is
         written."""
         f = torch.exp(m_c[None] - max_b).clamp_(max=1.0)                  # [L, b]; 1: common max
         f_one = f == 1.0
         if self.native is not None or self.band:
             self._ranges_block(p, rows, e, m_c, f, f_one, max_b, arg_b, target,
-                               inv_norm)
+                               norm)
         else:
-            self._slices_block(p, rows, e, f, f_one, max_b, arg_b, target, inv_norm)
+            self._slices_block(p, rows, e, f, f_one, max_b, arg_b, target, norm)
 
-    def _ranges_block(self, p, rows, e, m_c, f, f_one, max_b, arg_b, target, inv_norm):
+    def _ranges_block(self, p, rows, e, m_c, f, f_one, max_b, arg_b, target, norm):
         """``common_block`` through the fused C kernel (or its torch twin ``_band``), ONE call
         for the block: every level reads x = e f with its own per-row factor f = exp(m_c - M)
         (1 where the level's max M_i is a common key, so x = e exactly; < 1 where it is a
@@ -274,7 +274,7 @@ class BlockPositives(SlicePlan, RestKeys):
         coef = None
         if target is not None:
             assert target.stride(1) == 1 and target.dtype == e.dtype
-            coef = scaled_coefficients(self.coef_s[:, p], inv_norm, e.dtype).contiguous()
+            coef = scaled_coefficients(self.coef_s[:, p], norm, e.dtype).contiguous()
         run = self._band if self.band else self._kernel
         all_one = self._f_always_one
         if not all_one:

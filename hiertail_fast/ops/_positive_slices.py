@@ -36,14 +36,14 @@ SLICE_GROUP = 64        # groups with at least this many common keys are read as
 class SlicePlan:
     """``BlockPositives``' torch plan for the common keys (see the module docstring)."""
 
-    def _slices_block(self, p, rows, e, f, f_one, max_b, arg_b, target, inv_norm):
+    def _slices_block(self, p, rows, e, f, f_one, max_b, arg_b, target, norm):
         """``common_block`` without the C kernel or the band: the chain levels' shared slices
         (``_runs``), then per level each big group's rows as a 2-D slice (``_slice``) and the
         rest as pair lists (``_pairs``). f, f_one [L, b]: the rows' factors exp(m_c - M) and
         where they are 1."""
         cnt = self.cnt_s[:, p]
         if self.chain:
-            done = self._runs(p, e, f_one, target, inv_norm)              # [C, b]
+            done = self._runs(p, e, f_one, target, norm)                  # [C, b]
             if done is not None:
                 cnt = cnt.clone()
                 cnt[self.chain_idx] *= ~done
@@ -57,7 +57,7 @@ class SlicePlan:
             t_row = torch.zeros(g.numel(), dtype=e.dtype, device=e.device)
             q_row = torch.zeros_like(t_row)
             coef = (None if target is None
-                    else scaled_coefficients(self.coef_s[lev, p], inv_norm, target.dtype))
+                    else scaled_coefficients(self.coef_s[lev, p], norm, target.dtype))
             for grp in torch.unique(g[big]).tolist():
                 loc = ((g == grp) & big).nonzero().squeeze(1)
                 self._slice(lev, grp, loc, rows, e, t_row, q_row, coef, target)
@@ -145,7 +145,7 @@ class SlicePlan:
             self._work = torch.empty(2, n, dtype=x.dtype, device=x.device)
         return self._work[0, :n].view(x.shape), self._work[1, :n].view(x.shape)
 
-    def _runs(self, p, e, f_one, target, inv_norm):
+    def _runs(self, p, e, f_one, target, norm):
         """The chain levels' positives of the block's rows in big top groups (``_run`` each).
         Returns done [C, b] ((chain level, row) pairs taken), or None if no such rows."""
         r0, r1 = p.start, p.stop
@@ -163,7 +163,7 @@ class SlicePlan:
                 done = torch.zeros(len(self.chain), r1 - r0, dtype=torch.bool, device=e.device)
                 f_c = f_one[self.chain_idx]
                 if target is not None:
-                    coef = scaled_coefficients(self.coef_cs[:, p], inv_norm, target.dtype)
+                    coef = scaled_coefficients(self.coef_cs[:, p], norm, target.dtype)
             self._run(grp, a - r0, b - r0, r0, e, f_c, done, coef, target)
         return done
 
