@@ -321,6 +321,19 @@ def test_temperature_below_minimum_rejected(temperature):
     assert torch.isfinite(balanced_contrastive_loss(z, y, temperature=1e-6, backend="reference"))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_a_tensor_temperature_at_the_minimum_as_its_dtype_holds_it(dtype):
+    """torch.tensor(1e-6) in float32 is 9.99999997e-07: the smallest learnable temperature is
+    accepted (it was refused as below the minimum), the next value below it refused."""
+    z, y = torch.randn(4, 3), torch.tensor([0, 0, 1, 1])
+    tau = torch.tensor(1e-6, dtype=dtype)
+    assert torch.isfinite(balanced_contrastive_loss(z, y, temperature=tau, backend="reference"))
+    below = torch.nextafter(tau, torch.zeros((), dtype=dtype)) if dtype != torch.bfloat16 else (
+        tau.float() * 0.99).to(dtype)
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 1e-06"):
+        balanced_contrastive_loss(z, y, temperature=below)
+
+
 def test_contrastive_validator_lives_in_validation():
     from hiertail_fast import _validation
     from hiertail_fast.reference import balanced_contrastive_loss as ref

@@ -167,7 +167,12 @@ def check_temperature_value(temperature: float | torch.Tensor,
     except OverflowError:                           # an int beyond float's range (10**400)
         raise ValueError(f"temperature must be a finite number >= {MIN_TEMPERATURE:g}, got "
                          f"an int beyond float's range") from None
-    if not math.isfinite(tau) or not tau >= MIN_TEMPERATURE:
+    # a tensor's minimum as its dtype holds it: float32(1e-6) is 9.99999997e-07, and the
+    # smallest learnable temperature was refused as below the minimum (an audit, 2026-12-06)
+    floor = (float(torch.tensor(MIN_TEMPERATURE, dtype=temperature.dtype))
+             if isinstance(temperature, torch.Tensor) and temperature.is_floating_point()
+             else MIN_TEMPERATURE)
+    if not math.isfinite(tau) or not tau >= floor:
         raise ValueError(f"temperature must be a finite number >= {MIN_TEMPERATURE:g}, got "
                          f"{tau}")
     if isinstance(temperature, torch.Tensor) and tau > _FP32_MAX:
