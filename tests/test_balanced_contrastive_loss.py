@@ -524,6 +524,14 @@ def test_torch_lse_contract_corners():
     assert torch.equal(lse[2], torch.full((12,), float("-inf"), dtype=torch.float64))
     dense = torch.logsumexp((z @ z.t() * 0.5)[None] + log_w[:2, None, :], dim=2)
     torch.testing.assert_close(lse[:2], dense)
+    # its gradient: the blind level's coefficient 0 masks exp(-inf - (-inf)) = NaN (dz NaN
+    # without the mask: a third corner of the same audit)
+    coef = torch.tensor([1.0, 0.5, 0.0], dtype=torch.float64)[:, None].expand(3, 12)
+    dz = _lse_torch.lse_fused(z, log_w, 0.5, False, lambda rows, lb, mb: coef[:, rows])[3]
+    zz = z.clone().requires_grad_()
+    (torch.logsumexp((zz @ zz.t() * 0.5)[None] + log_w[:2, None, :], dim=2)
+     * coef[:2]).sum().backward()
+    torch.testing.assert_close(dz, zz.grad)
     z = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5], [1.0, 0.0], [-1.0, 0.0]],
                      dtype=torch.float64)
     log_w = torch.zeros(2, 5, dtype=torch.float64)

@@ -185,6 +185,21 @@ def test_cuda_blocks_keep_a_floor_of_rows_within_free_memory(monkeypatch):
     assert tgrad._block_rows(10**6, 4, cuda) == (64 << 20) // (16 * 10**6)            # 4
 
 
+def test_cpu_blocks_are_capped_at_max_block_rows(monkeypatch):
+    """The torch engine's CPU row blocks: the byte budget's rows, at most MAX_BLOCK_ROWS (the
+    caches' cap; CUDA blocks have none), never more than the rows, at least 8 (a second
+    mutation audit dropped the cap: 2,097 rows a block at 6,000 keys; only CUDA was tested)."""
+    import hiertail_fast.ops._lse_torch as lse_torch
+
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("HIERTAIL_CPU_BLOCK_BYTES", raising=False)
+    assert lse_torch._block_rows(6000, 6000, cpu) == lse_torch.MAX_BLOCK_ROWS
+    assert lse_torch._block_rows(100, 6000, cpu) == 100
+    assert lse_torch._block_rows(3, 6000, cpu) == 8
+    monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(1 << 20))
+    assert lse_torch._block_rows(6000, 6000, cpu) == (1 << 20) // (4 * 6000)          # 43
+
+
 def test_the_temperature_pass_takes_the_users_cpu_budget_and_the_rows_dtype(monkeypatch):
     """The learnable temperature's CPU blocks: within $HIERTAIL_CPU_BLOCK_BYTES (x 4/3, the
     pass's four temporaries against the engines' three; 64 MB at the default, which is why the
