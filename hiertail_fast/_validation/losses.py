@@ -30,6 +30,10 @@ VARIANTS = ("exact", "official")
 # kernels), and already at τ < 1e-6 a similarity z·z/τ of ordinary embeddings (|z·z| >= 3.4e32·τ)
 # overflows float32. The paper uses τ in [0.01, 1].
 MIN_TEMPERATURE = 1e-6
+# MIN_TEMPERATURE as each floating dtype holds it (made once here: a tensor made per call is a
+# host copy on the loss's path, which the sync-free checks forbid)
+_MIN_TEMPERATURE_AS = {dt: float(torch.tensor(MIN_TEMPERATURE, dtype=dt))
+                       for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
 
 
 _FP32_MAX = float(torch.finfo(torch.float32).max)
@@ -169,8 +173,8 @@ def check_temperature_value(temperature: float | torch.Tensor,
                          f"an int beyond float's range") from None
     # a tensor's minimum as its dtype holds it: float32(1e-6) is 9.99999997e-07, and the
     # smallest learnable temperature was refused as below the minimum (an audit, 2026-12-06)
-    floor = (float(torch.tensor(MIN_TEMPERATURE, dtype=temperature.dtype))
-             if isinstance(temperature, torch.Tensor) and temperature.is_floating_point()
+    floor = (_MIN_TEMPERATURE_AS[temperature.dtype]
+             if isinstance(temperature, torch.Tensor) and temperature.dtype in _MIN_TEMPERATURE_AS
              else MIN_TEMPERATURE)
     if not math.isfinite(tau) or not tau >= floor:
         raise ValueError(f"temperature must be a finite number >= {MIN_TEMPERATURE:g}, got "
