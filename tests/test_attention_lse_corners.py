@@ -188,3 +188,51 @@ def test_extreme_upstream_gradients_of_reduction_none(monkeypatch, variant, regi
     calls = _spy(monkeypatch)
     assert_upstream_within_rule("attention", variant, prototypes, kind, regime)
     assert bool(calls) == (UPSTREAM_REGIMES[regime][1] == torch.float32)
+
+
+def test_a_hidden_key_at_large_logits_stays_out_of_its_level():
+    """Hierarchical exact loss on the kernels (1,100 rows, bound 1,000 under the guard's 1,024):
+    level 1's prototype 10 e1 is hidden from level 0, where its logit (~300) tops every visible
+    one (<= 90). The hidden key's bias must keep it out of level 0's LSE whatever the logit:
+    a bias of -200 (a second mutation audit) let it dominate, the gradient 0.6 off."""
+    calls = []
+    g = torch.Generator().manual_seed(0)
+    n, d, tau = 1100, 8, 0.1
+    e1 = torch.zeros(d)
+    e1[0] = 1
+    z = e1 + 0.3 * torch.randn(n, d, generator=g)
+    z = z / z.norm(dim=1, keepdim=True) * 3.0
+    ps = [0.5 * torch.randn(3, d, generator=g), torch.stack([10 * e1, -e1])]
+    ys = [torch.randint(0, 3, (n,), generator=g), torch.randint(0, 2, (n,), generator=g)]
+    real = attn._call
+    try:
+        attn._call = lambda *a, **k: calls.append(1) or real(*a, **k)
+        loss, dz, _ = _hierarchical_grads(z, ys, ps, temperature=tau, variant="exact")
+    finally:
+        attn._call = real
+    assert calls                                      # the kernels ran (no fallback)
+    want, want_dz, _ = _sum_of_levels(z, ys, ps, temperature=tau, variant="exact")
+    assert abs(loss.double() - want).item() <= 1e-5 * abs(want).item()
+    assert _rel_err(dz, want_dz) <= 1e-4
+
+
+def test_a_large_row_without_upstream_gradient_stays_out_of_the_key_side():
+    """reduction "none" on the kernels with the upstream gradient 0 on a row of norm 10 (its own
+    logit 1,000; the others' norm 1): the key side's call hides rows of g = 0, so their exp
+    never joins its normaliser. A finite bias there (-200 or 0: two mutation audits) let that
+    row swamp the others' weights, which underflowed: a NaN gradient."""
+    g = torch.Generator().manual_seed(0)
+    n, d, tau = 1100, 8, 0.1
+    z = torch.randn(n, d, generator=g)
+    z = z / z.norm(dim=1, keepdim=True)
+    z[0] *= 10.0
+    y = torch.randint(0, 5, (n,), generator=g)
+    go = torch.ones(n)
+    go[0] = 0.0
+    zz = z.clone().requires_grad_()
+    balanced_contrastive_loss(zz, y, temperature=tau, backend="attention",
+                              reduction="none").backward(go)
+    zr = z.double().requires_grad_()
+    ref(zr, y, temperature=tau, reduction="none").backward(go.double())
+    assert torch.isfinite(zz.grad).all()
+    assert _rel_err(zz.grad, zr.grad) <= 1e-4
