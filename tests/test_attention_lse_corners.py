@@ -236,3 +236,32 @@ def test_a_large_row_without_upstream_gradient_stays_out_of_the_key_side():
     ref(zr, y, temperature=tau, reduction="none").backward(go.double())
     assert torch.isfinite(zz.grad).all()
     assert _rel_err(zz.grad, zr.grad) <= 1e-4
+
+
+def test_the_adapter_calls_an_op_unavailable_unless_its_schema_fits(monkeypatch):
+    """``_op`` / ``available``: a private op without a default overload, or whose schema lacks
+    an argument the adapter passes (a torch release that renamed one), is unavailable (the
+    loss then runs our own engine), not an AttributeError or a call that fails deep; a device
+    other than CPU and CUDA has no kernels. All three unguarded before a second mutation
+    audit."""
+    attn._op.cache_clear()                             # (and at the end: no answer kept)
+    assert attn._op("pow", ("self",)) is None          # aten.pow: overloads, no .default
+    assert attn._op(attn._CPU_OP, (*attn._CPU_ARGS, "an_argument_no_release_has")) is None
+    monkeypatch.setattr(attn, "_CPU_OP", "pow")
+    assert not attn.available("cpu")
+    assert not attn.available("meta")
+    attn._op.cache_clear()
+
+
+def test_the_row_max_takes_one_row_a_block_under_a_tiny_budget(monkeypatch):
+    """A block budget under one row of keys (a user's $HIERTAIL_CPU_BLOCK_BYTES, or ~12.6M
+    keys at the default) still gives one row a block: 0 rows made range() fail in ``_row_max``
+    (a second mutation audit). The official loss on the kernels then equals the reference."""
+    monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", "64")          # 16 fp32 columns
+    assert attn._max_block_rows(40, torch.device("cpu")) == 1
+    g = torch.Generator().manual_seed(0)
+    z, y = torch.randn(40, 4, generator=g) * 0.3, torch.arange(40) % 3
+    got = balanced_contrastive_loss(z, y, temperature=0.5, variant="official",
+                                    backend="attention")
+    want = ref(z.double(), y, temperature=0.5, variant="official")
+    assert abs(got.double() - want).item() <= 1e-5 * abs(want).item()
