@@ -129,6 +129,9 @@ def test_bias_is_an_aligned_stride0_view():
     assert b.shape == (1, 3, 21, 21)
     assert b.stride(2) == 0 and b.stride(3) == 1 and b.stride(1) % attn.BIAS_ALIGN == 0
     torch.testing.assert_close(b[0, :, 5, :], rows)
+    # the memory-efficient kernel reads the bias 16 bytes at a time: the constant itself
+    # (the stride check above moves with it; a second mutation audit set it to 8)
+    assert attn.BIAS_ALIGN == 16
 
 
 def test_version_check_and_missing_op(monkeypatch):

@@ -265,3 +265,25 @@ def test_the_row_max_takes_one_row_a_block_under_a_tiny_budget(monkeypatch):
                                     backend="attention")
     want = ref(z.double(), y, temperature=0.5, variant="official")
     assert abs(got.double() - want).item() <= 1e-5 * abs(want).item()
+
+
+def test_the_guards_limits_are_the_documented_ones():
+    """docs/LOSS.md's precision guard, as numbers (the guard's tests read the module's
+    constants, so a changed constant moved their expectations with it: a second mutation
+    audit doubled the exact rows rule, raised the official one to 0.6 and the exact bf16 limit
+    to 16,384, and turned within_precision's default variant to the exact one, unnoticed):
+    fp32 kernels: exact <= 1,024 and <= max(64, rows), official <= 256 and <= 0.5 x rows; bf16
+    kernels: exact <= 8,192, official never."""
+    f32, bf16 = torch.float32, torch.bfloat16
+    assert attn.rows_limit("exact", f32, 300) == 300
+    assert attn.rows_limit("exact", f32, 10) == 64
+    assert attn.rows_limit("exact", f32, 5000) == 1024
+    assert attn.rows_limit("official", f32, 300) == 150
+    assert attn.rows_limit("official", f32, 5000) == 256
+    assert attn.rows_limit("exact", bf16, 300) == 8192
+    assert attn.rows_limit("official", bf16, 5000) == 0
+    z = torch.randn(1000, 8, generator=torch.Generator().manual_seed(0))
+    scale = 900 / float(z.norm(dim=1).max() ** 2)           # bound 900: exact yes, official no
+    assert attn.within_precision(z, scale, "exact")
+    assert not attn.within_precision(z, scale) and not attn.within_precision(z, scale,
+                                                                              "official")
