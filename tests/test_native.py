@@ -46,7 +46,10 @@ def test_unwritable_cache_falls_back_to_the_temp_dir(fresh_native, monkeypatch, 
     monkeypatch.setenv("HIERTAIL_NATIVE_CACHE", str(blocker / "cache"))
     monkeypatch.setattr(native_mod.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
     assert _lib() is not None
-    assert len(list((tmp_path / "tmp").glob("hiertail_fast-native-*/_positive_blocks-*.so"))) == 1
+    (fallback,) = (tmp_path / "tmp").glob("hiertail_fast-native-*")
+    assert len(list(fallback.glob("_positive_blocks-*.so"))) == 1
+    if hasattr(os, "getuid"):       # made ours alone: others may not even list it (s72)
+        assert fallback.stat().st_mode & 0o077 == 0
 
 
 def test_switched_off_and_no_compiler(fresh_native, monkeypatch):
@@ -380,6 +383,60 @@ def test_a_temp_fallback_others_may_write_to_is_not_used(fresh_native, monkeypat
     fallback.chmod(mode)      # (group-writable was let through with every test passing; s69)
     with pytest.raises(OSError, match="only this user may write to"):
         native_mod._build(native_mod._HERE / "_positive_blocks.c", native_mod.compiler())
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX owners and modes")
+@pytest.mark.parametrize("foreign", ["others may write to it", "another user owns it"])
+def test_a_library_planted_in_a_foreign_temp_fallback_is_not_loaded(fresh_native, monkeypatch,
+                                                                    tmp_path, foreign):
+    """The refusal above with a library in the folder: an intact build (its sha256 beside it)
+    planted there was returned before the folder's owner and mode were looked at (a mutation
+    audit's find, s72; the test above only met an empty folder)."""
+    source, cc = native_mod._HERE / "_positive_blocks.c", built_kernel(native_mod.compiler())
+    monkeypatch.setenv("HIERTAIL_NATIVE_CACHE", str(tmp_path / "genuine"))
+    genuine = native_mod._build(source, cc)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("HIERTAIL_NATIVE_CACHE", str(blocker / "cache"))
+    monkeypatch.setattr(native_mod.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    uid = os.getuid()
+    if foreign == "another user owns it":       # this process now runs as another user
+        uid += 1
+        monkeypatch.setattr(os, "getuid", lambda: uid)
+    fallback = tmp_path / "tmp" / f"hiertail_fast-native-{uid}"
+    fallback.mkdir(parents=True)
+    fallback.chmod(0o777 if foreign == "others may write to it" else 0o700)
+    for planted in (genuine, native_mod._digest_path(genuine)):
+        (fallback / planted.name).write_bytes(planted.read_bytes())
+    assert native_mod._intact(fallback / genuine.name)
+    with pytest.raises(OSError, match="only this user may write to"):
+        native_mod._build(source, cc)
+
+
+def test_a_compiler_with_flags_is_found_by_its_first_word(monkeypatch):
+    """``CC`` often carries flags (``gcc -m64``): it is looked up on PATH by its first word and
+    used whole; one whose first word is not on PATH falls through to ``cc``/``gcc``/``clang``."""
+    import shutil
+
+    first = next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
+    if first is None:
+        pytest.skip("no C compiler here")
+    monkeypatch.setenv("CC", f"{first} -m64")
+    assert native_mod.compiler() == f"{first} -m64"
+    monkeypatch.setenv("CC", "no-such-compiler-here -m64")
+    assert native_mod.compiler() == first
+
+
+def test_the_serial_and_the_openmp_build_are_loaded_apart(fresh_native):
+    """load() remembers each kernel per (name, openmp): the serial library loaded first must not
+    be handed out for a later ``openmp=True`` load (that kernel's threads would be lost)."""
+    serial = _lib()
+    threaded = native_mod.load("_positive_blocks", openmp=True)
+    assert threaded is not None and threaded is not serial
+    assert not serial.threaded
+    if native_mod.openmp_runtime() is None:       # nothing to run its threads on: serial
+        assert not threaded.threaded
+    assert native_mod.load("_positive_blocks") is serial
 
 
 def _load_in_a_worker():
