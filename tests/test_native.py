@@ -45,6 +45,7 @@ def test_unwritable_cache_falls_back_to_the_temp_dir(fresh_native, monkeypatch, 
     blocker.write_text("not a directory")
     monkeypatch.setenv("HIERTAIL_NATIVE_CACHE", str(blocker / "cache"))
     monkeypatch.setattr(native_mod.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()                   # (a temp directory exists)
     assert _lib() is not None
     (fallback,) = (tmp_path / "tmp").glob("hiertail_fast-native-*")
     assert len(list(fallback.glob("_positive_blocks-*.so"))) == 1
