@@ -131,6 +131,18 @@ def test_bad_arguments(monkeypatch):
     monkeypatch.setenv(_dispatch.ENV_VAR, "fast")
     with pytest.raises(ValueError, match="HIERTAIL_BACKEND='fast'"):
         choose_backend(torch.zeros(3), op="topk_pool")
+    # the loss's own engine is no graph op's backend, named or from the environment, and a
+    # forced backend does not skip the op's check (the s72 audit: D24, D25, D26)
+    monkeypatch.delenv(_dispatch.ENV_VAR)
+    with pytest.raises(ValueError, match="backend='attention' is not one of"):
+        choose_backend(torch.zeros(3), "attention", op="nearest_prototype")
+    with pytest.raises(ValueError, match="op='spmm'"):
+        choose_backend(torch.zeros(3), "torch", op="spmm")
+    monkeypatch.setenv(_dispatch.ENV_VAR, "attention")
+    with pytest.raises(ValueError, match="HIERTAIL_BACKEND='attention' is not one of"):
+        choose_backend(torch.zeros(3), op="topk_pool")
+    with pytest.raises(ValueError, match="HIERTAIL_BACKEND='attention' is not one of"):
+        balanced_contrastive_loss(torch.randn(6, 2), torch.tensor([0, 0, 1, 1, 2, 2]))
 
 
 @pytest.mark.parametrize("module, op", [
@@ -267,6 +279,10 @@ def test_automatic_cuda_choices_by_size_dtype_and_logits(monkeypatch):
         at = torch.zeros(tri["exact"], _dispatch.TRITON_MAX_DIM)
         at[:, 0] = (small / 10.0) ** 0.5
         assert refine(choice, at.as_subclass(_FakeCuda), 10.0, "exact") == "triton"
+        at16 = torch.zeros(_dispatch.TRITON_MIN_ROWS_BF16["official"], _dispatch.TRITON_MAX_DIM)
+        at16[:, 0] = (small / 10.0) ** 0.5
+        assert refine(choice, at16.bfloat16().as_subclass(_FakeCuda), 10.0, "official") \
+            == "triton"                                # (bf16's `<`: the s72 audit, D16)
         # fp16 rows do not take the fp32 rules (the official single level's attention row)
         assert refine(choice, rows(att, small).half(), 10.0, "official") == choice
     assert refine("reference", rows(tri["exact"], small), 10.0, "exact") == "reference"
@@ -284,6 +300,13 @@ def test_automatic_cuda_choices_by_size_dtype_and_logits(monkeypatch):
     monkeypatch.setattr(_dispatch, "triton_available", lambda device: False)
     assert refine("torch", rows(tri["official"], small), 10.0, "official") == "attention"
     assert refine("torch", rows(tri["exact"], small), 10.0, "exact") == "torch"
+    # a torch without the attention kernels: never attention, in any row that names it
+    # (choose_loss_backend refuses backend="attention" there; the s72 audit, D34 and D35)
+    monkeypatch.setattr(_dispatch, "_attention_available", lambda device: False)
+    for variant, levels in (("exact", 1), ("exact", 3), ("official", 1), ("official", 3)):
+        for z in (rows(att, small), rows(tri["official"], small), rows(100, small).bfloat16(),
+                  rows(tri["official"], small).bfloat16()):
+            assert refine("torch", z, 10.0, variant, levels) == "torch", (variant, levels, z.dtype)
 
 
 def test_the_backend_switch_reaches_the_loss(monkeypatch):
@@ -332,6 +355,10 @@ def test_a_triton_request_names_what_is_missing(monkeypatch):
     # inside Triton with "0 active drivers")
     monkeypatch.delenv("TRITON_INTERPRET")
     assert "needs CUDA tensors" in _dispatch.triton_unavailable_reason(x.device)
+    for other in ("meta", "mps"):      # not only CPU tensors: every device but CUDA (s72, D02)
+        assert "needs CUDA tensors" in _dispatch.triton_unavailable_reason(torch.device(other))
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        choose_backend(torch.zeros(3, device="meta"), "triton", op="topk_pool")
     with pytest.raises(ValueError, match="needs CUDA tensors"):
         balanced_contrastive_loss(torch.randn(6, 2), torch.tensor([0, 0, 1, 1, 2, 2]),
                                   backend="triton")
