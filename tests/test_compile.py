@@ -386,6 +386,17 @@ def test_exported_loss_trains_or_says_why():
     with pytest.raises(RuntimeError, match="traced .* with z not requiring grad"):
         frozen.module()(zz, p.clone().requires_grad_()).backward()
 
+    # a tensor temperature exported without grad, then learned (the s72 audit, C23: the check
+    # read the float temperature's slot, and tau.grad stayed None)
+    class TauLoss(torch.nn.Module):
+        def forward(self, z, tau):
+            return balanced_contrastive_loss(z, y, temperature=tau)
+
+    frozen_tau = torch.export.export(TauLoss(), (z.clone().requires_grad_(), torch.tensor(0.5)))
+    with pytest.raises(RuntimeError, match="traced .* with temperature not requiring grad"):
+        frozen_tau.module()(z.clone().requires_grad_(),
+                            torch.tensor(0.5, requires_grad=True)).backward()
+
     zz = z.clone().requires_grad_()
     (g,) = torch.autograd.grad(trained.module()(zz, p), zz, create_graph=True)
     with pytest.raises(RuntimeError, match="cannot be differentiated again"):

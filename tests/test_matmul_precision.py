@@ -85,11 +85,19 @@ SETTINGS = {
         setattr(torch.backends.mkldnn.matmul, "fp32_precision", "tf32")),
     "generic tf32, cuBLAS switch on": lambda: (
         _set_generic_tf32(), setattr(torch.backends.cuda.matmul, "allow_tf32", True)),
+    # an explicit IEEE equal to its fallback's: the probe must tell it from "none" (the s72
+    # audit, M01: a probe value equal to the value read reported every IEEE as following)
+    "generic ieee, oneDNN ieee set": lambda: (
+        mp._SET("generic", "all", "ieee"), mp._SET("mkldnn", "all", "ieee"),
+        mp._SET("cuda", "matmul", "tf32")),
 }
 
 
 def _assert_ieee_inside() -> None:
     assert not mp.reduced()
+    # legacy "highest" where readable: a legacy value left reduced beside an IEEE cuBLAS flag
+    # is the mix torch's CUDA GEMMs refuse (the s72 audit, M09)
+    assert mp._legacy() in (None, "highest")
     if mp.PER_BACKEND_FLAGS:
         assert mp._GET("mkldnn", "matmul") == "ieee"
         assert mp._GET("cuda", "matmul") == "ieee"
@@ -115,6 +123,7 @@ def _later_changes():
     """Changes a user may make after a call, each from the state the setting left."""
     return {
         "generic ieee": lambda: setattr(torch.backends, "fp32_precision", "ieee"),
+        "generic tf32": _set_generic_tf32,
         "cuda all ieee": lambda: mp._SET("cuda", "all", "ieee"),
         "mkldnn all bf16": lambda: mp._SET("mkldnn", "all", "bf16"),
         "mkldnn matmul ieee": lambda: setattr(torch.backends.mkldnn.matmul, "fp32_precision",
