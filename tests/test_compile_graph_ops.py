@@ -257,6 +257,14 @@ def test_compiled_graph_ops_raise_the_eager_errors():
         _compiled(lambda x: nearest_prototype(x, x.new_empty(0, x.shape[1])))(x)
     torch._dynamo.reset()
 
+    # a 1-D x under a whole-graph compile: the eager message (Dynamo quotes it in its
+    # Unsupported), not an IndexError from the traced op's shape logic (the s72 audit, x41)
+    with pytest.raises((ValueError, torch._dynamo.exc.TorchDynamoException),
+                       match="x must be 2-D"):
+        torch.compile(lambda x: topk_pool(x, g, x, 0.5).x, backend="aot_eager",
+                      fullgraph=True)(x[:, 0].contiguous())
+    torch._dynamo.reset()
+
     def bad_flag(x):
         return gcn_propagate(x, g, improved="yes")
 

@@ -127,6 +127,20 @@ def test_a_thread_limit_equal_to_torchs_threads_is_accepted(monkeypatch, two_thr
         gcn_propagate(x, ei)
 
 
+def test_the_baselines_sparse_operator_checks_the_openmp_team(monkeypatch, two_threads):
+    """The baselines multiply their adjacency operator with `@`, not csr_matmul: its build
+    (sparse_csr) is where the OpenMP team is checked (the s72 audit, p15: without that check
+    the operator was built under OMP_THREAD_LIMIT=1 with torch at 2 threads)."""
+    from hiertail_fast import CSRGraph
+    from hiertail_fast.baselines.layers import adjacency_operator
+
+    _, ei = _case()
+    graph = CSRGraph.from_edge_index(ei, num_nodes=30)
+    monkeypatch.setenv("OMP_THREAD_LIMIT", "1")
+    with pytest.raises(ValueError, match="OMP_THREAD_LIMIT"):
+        adjacency_operator(graph, "row")
+
+
 @pytest.mark.parametrize("value", ["TRUE", "True", " on "])
 def test_omp_dynamic_in_any_case_is_refused(monkeypatch, two_threads, value):
     x, ei = _case()
