@@ -346,6 +346,77 @@ SHARED_CASES = [  # n, d, levels, scale, norm, n_common
 ]
 
 
+def test_launches_follow_the_schedule_and_dot_arguments(monkeypatch, triton_device):
+    """What the launchers hand the kernels, recorded at ``_launch`` (the s72 mutation audit):
+    fuse_levels=False launches a grid axis over the L levels with one level per program (the
+    schedule the cross-checks above compare against: launched fused, they compared the fused
+    kernel with itself); an explicit fp32_dot wins over $HIERTAIL_TRITON_FP32_DOT in the
+    forward and the backward alike (the one-pass backward recomputes the forward's scores:
+    the forward took the variable's value while the backward took the argument)."""
+    k = _kernels()
+    seen = []
+
+    def spy(which, n, axis1, tiles, tune, args, meta, axis2=1, real=k._launch):
+        seen.append((which, axis1, meta["NUM_LEVELS"], meta["DOT_PRECISION"]))
+        return real(which, n, axis1, tiles, tune, args, meta, axis2)
+
+    monkeypatch.setattr(k, "_launch", spy)
+    monkeypatch.delenv("HIERTAIL_TRITON_FP32_DOT", raising=False)
+    z, log_w, grad = make_case(70, 8, 3, 2.0, seed=5)
+    zd, lwd, gd = (t.to(triton_device) for t in (z, log_w, grad))
+    for fuse, axis1, per_program in ((True, 1, 3), (False, 3, 1)):
+        seen.clear()
+        k.lse_forward(zd, lwd, 2.0, False, fuse_levels=fuse, key_splits=1)
+        assert seen == [("fwd", axis1, per_program, "ieee")], (fuse, seen)
+    for env in (None, "tf32x3", "ieee"):
+        if env is None:
+            monkeypatch.delenv("HIERTAIL_TRITON_FP32_DOT", raising=False)
+        else:
+            monkeypatch.setenv("HIERTAIL_TRITON_FP32_DOT", env)
+        for dot in ("ieee", "tf32x3"):
+            seen.clear()
+            lse, _, _ = k.lse_forward(zd, lwd, 2.0, False, fp32_dot=dot, key_splits=1)
+            k.lse_backward(zd, lwd, lse, gd, 2.0, fp32_dot=dot, key_splits=1)
+            assert [entry[3] for entry in seen] == [dot, dot], (env, dot, seen)
+
+
+def test_the_shared_keys_mode_takes_one_exp_per_common_entry(triton_device):
+    """The shared-keys mode's promise (module docstring: exps per entry at L levels L + 2L ->
+    1 + 2): its common keys' tiles take one exp per entry for all levels. Counted under the
+    interpreter at L = 4, 192 rows, 128 common keys: fewer elements exponentiated than the
+    plain mode's (the s72 audit, t03: with the common-key loop skipped, every key went through
+    the per-level loop, 151,296 elements against 77,952, the values still right)."""
+    if torch.device(triton_device).type != "cpu":
+        pytest.skip("counts the CPU interpreter's operations")
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if not hasattr(builder, "create_exp"):
+        pytest.skip("this Triton's interpreter has no create_exp to count")
+    k = _kernels()
+    count = [0]
+
+    def counting(self, arg, real=builder.create_exp):
+        count[0] += arg.data.size
+        return real(self, arg)
+
+    gen = torch.Generator().manual_seed(0)
+    n, levels, n_common = 192, 4, 128
+    z = torch.randn(n, 16, generator=gen)
+    log_w = -torch.rand(levels, n, generator=gen)
+    counts = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(builder, "create_exp", counting)
+        for common in (0, n_common):
+            count[0] = 0
+            k.lse_forward(z, log_w, 1.0, True, n_common=common, key_splits=1)
+            counts[common] = count[0]
+    # the common keys' entries once, the rest once per level (+ O(L·N) for the row updates)
+    plain, shared = counts[0], counts[n_common]
+    assert shared < 0.6 * plain, counts
+    assert shared <= n * n_common + levels * n * (n - n_common) + 64 * levels * n, counts
+
+
 @pytest.mark.parametrize("n,d,levels,scale,norm,n_common", SHARED_CASES)
 def test_shared_keys_mode(n, d, levels, scale, norm, n_common, triton_device):
     """n_common: the keys visible in every level take one exp per entry for all levels. Same
