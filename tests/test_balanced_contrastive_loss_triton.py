@@ -415,6 +415,62 @@ def test_the_shared_keys_mode_takes_one_exp_per_common_entry(triton_device):
     plain, shared = counts[0], counts[n_common]
     assert shared < 0.6 * plain, counts
     assert shared <= n * n_common + levels * n * (n - n_common) + 64 * levels * n, counts
+    # the backward: a row block whose rows all lie in the prefix (here rows 0-63 of 128, the
+    # interpreter's 64-row blocks, exactly at the prefix's end) takes the common tiles once
+    # for all levels too (s72, m06/m07: with `<` for `<=`, or the common tiles skipped, it
+    # took L exps per entry: 98,816 elements against the plain mode's 98,304; 82,624 here)
+    n, half = 128, 64
+    z, log_w = z[:n], log_w[:, :n]
+    grad = torch.randn(levels, n, generator=gen)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(builder, "create_exp", counting)
+        for common in (0, half):
+            lse, _, _ = k.lse_forward(z, log_w, 1.0, False, n_common=common, key_splits=1)
+            count[0] = 0
+            k.lse_backward(z, log_w, lse, grad, 1.0, n_common=common, key_splits=1)
+            counts[common] = count[0]
+    assert counts[half] < counts[0] - (levels - 1) * half * half, counts
+
+
+def test_the_autotuners_keys_tell_every_launched_kernel_apart(monkeypatch, triton_device):
+    """triton.autotune keeps one config per value of its keys (and the tensors' dtypes): two
+    launches whose keys agree but whose compile-time modes differ would share a config timed
+    for the other kernel. Every launch of a set of calls (each mode, split and schedule) is
+    recorded at ``_launch``; launches that agree on the keys (_TUNE_KEYS, N, D, the splits)
+    compile the same kernel (the s72 audit, m30: FOLD_ARGMAX dropped from the backward's keys
+    passed every test, autotuning running on a GPU only)."""
+    k = _kernels()
+    seen = []
+
+    def spy(which, n, axis1, tiles, tune, args, meta, axis2=1, real=k._launch):
+        seen.append((which, n, axis1, axis2, args[0].dtype, dict(meta)))
+        return real(which, n, axis1, tiles, tune, args, meta, axis2)
+
+    monkeypatch.setattr(k, "_launch", spy)
+    z, log_w, grad = make_case(70, 8, 2, 2.0, seed=7, hide=0.0)
+    zd, lwd, gd = (t.to(triton_device) for t in (z, log_w, grad))
+    coef = torch.randn(2, 70, generator=torch.Generator().manual_seed(8)).to(triton_device)
+    for splits in (1, 2):
+        lse, _, _ = k.lse_forward(zd, lwd, 2.0, False, key_splits=splits)
+        k.lse_forward(zd, lwd, 2.0, True, key_splits=splits)
+        k.lse_backward(zd, lwd, lse, gd, 2.0, key_splits=splits)
+        k.lse_backward(zd, lwd, lse, gd, 2.0, two_pass=True)
+        lse, rowmax, argmax = k.lse_forward(zd, lwd, 2.0, True, relative=True, key_splits=splits)
+        k.lse_backward(zd, lwd, lse, gd, 2.0, rowmax=rowmax, key_splits=splits)
+        k.lse_backward(zd, lwd, lse, gd, 2.0, rowmax=rowmax, argmax=argmax, key_splits=splits)
+        k.lse_backward(zd, lwd, lse, gd, 2.0, rowmax=rowmax, argmax=argmax, argmax_coef=coef,
+                       key_splits=splits)
+        k.lse_forward(zd, lwd, 2.0, True, key_splits=splits, fuse_levels=False)
+        lse, _, _ = k.lse_forward(zd, lwd, 2.0, True, n_common=70, key_splits=splits)
+        k.lse_backward(zd, lwd, lse, gd, 2.0, n_common=70, key_splits=splits)
+    kernels = {}
+    for which, n, axis1, axis2, dtype, meta in seen:
+        key = (which, n, axis1, axis2, dtype,
+               *(meta.get(name) for name in k._TUNE_KEYS[which] if name not in ("N", "D")))
+        kernels.setdefault(key, []).append(meta)
+    assert len(kernels) >= 10, len(kernels)
+    for key, metas in kernels.items():
+        assert all(m == metas[0] for m in metas), (key, metas)
 
 
 @pytest.mark.parametrize("n,d,levels,scale,norm,n_common", SHARED_CASES)
@@ -838,6 +894,8 @@ def test_relative_mode_bad_combinations(triton_device):
     with pytest.raises(ValueError, match="argmax .int64. needs rowmax"):
         k.lse_backward(z, lw, lse, lw, 1.0, rowmax=rowmax, argmax=lw)
     amax = torch.zeros_like(lw, dtype=torch.int64)
+    with pytest.raises(ValueError, match="argmax must have shape"):       # (s72, m34)
+        k.lse_backward(z, lw, lse, lw, 1.0, rowmax=rowmax, argmax=amax[:, :-1].contiguous())
     with pytest.raises(ValueError, match="argmax_coef needs argmax"):
         k.lse_backward(z, lw, lse, lw, 1.0, rowmax=rowmax, argmax_coef=lw)
     with pytest.raises(ValueError, match="argmax_coef must have shape"):
@@ -961,6 +1019,17 @@ def test_the_loss_picks_its_fp32_dot_from_the_logits(monkeypatch, triton_device,
 
     monkeypatch.setattr(k, "lse_forward", fwd)
     monkeypatch.setattr(k, "lse_backward", bwd)
+    # the official positives' pass too: its pairs are compared with the forward's row max, so
+    # it must multiply as the forward did (the s72 audit, m24: it got None, the env's dots)
+    import importlib
+
+    pos = importlib.import_module("hiertail_fast.kernels.balanced_contrastive_loss_positives")
+
+    def pairs(*args, fp32_dot=None, real=pos.positive_pairs, **kw):
+        seen.append(("pos", fp32_dot))
+        return real(*args, fp32_dot=fp32_dot, **kw)
+
+    monkeypatch.setattr(pos, "positive_pairs", pairs)
     monkeypatch.delenv(_triton_loss.FP32_DOT_ENV, raising=False)
     limit = _triton_loss.TF32X3_MAX_LOGIT[variant]
     gen = torch.Generator().manual_seed(3)
@@ -981,13 +1050,30 @@ def test_the_loss_picks_its_fp32_dot_from_the_logits(monkeypatch, triton_device,
         loss = balanced_contrastive_loss(got, y.to(triton_device), temperature=0.5,
                                          variant=variant, backend="triton")
         loss.backward()
-        assert seen == [("fwd", want), ("bwd", want)]
+        lse_calls = [entry for entry in seen if entry[0] != "pos"]
+        assert lse_calls == [("fwd", want), ("bwd", want)]
+        positives = [entry for entry in seen if entry[0] == "pos"]
+        assert positives == ([("pos", want)] * len(positives) if variant == "official" else [])
+        assert variant == "exact" or positives
         ref = zb.double().requires_grad_()
         loss_ref = balanced_contrastive_loss(ref, y, temperature=0.5,
                                              variant=variant, backend="reference")
         loss_ref.backward()
         torch.testing.assert_close(loss.double().cpu(), loss_ref, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(got.grad.double().cpu(), ref.grad, rtol=1e-4, atol=1e-4)
+    # a blank variable is unset: the choice by the logits stands (the s72 audit, m60: read
+    # unstripped, "  " forced the slow IEEE dots)
+    monkeypatch.setenv(_triton_loss.FP32_DOT_ENV, "  ")
+    assert _triton_loss.fp32_dot(z * (0.5 * limit * 0.5) ** 0.5, 2.0, variant) == "tf32x3"
+    # the call's shared bound decides, not a new reduction of z (s72, m26): a bound past the
+    # limit read from the loss's checks gives IEEE dots for rows whose own bound is within it
+    from hiertail_fast.ops._attention_lse import LogitBound
+
+    monkeypatch.delenv(_triton_loss.FP32_DOT_ENV)
+    within = z * (0.5 * limit * 0.5) ** 0.5
+    past = LogitBound(within, 2.0, max_row_norm=(limit / 2.0) ** 0.5 * 2)
+    assert _triton_loss.fp32_dot(within, 2.0, variant) == "tf32x3"
+    assert _triton_loss.fp32_dot(within, 2.0, variant, past) == "ieee"
     # 16-bit inputs have native dots: the knob says "ieee" (unused) for them
     monkeypatch.delenv(_triton_loss.FP32_DOT_ENV, raising=False)
     assert _triton_loss.fp32_dot(z.bfloat16(), 2.0, variant) == "ieee"

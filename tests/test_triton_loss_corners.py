@@ -75,6 +75,51 @@ def test_non_contiguous_inputs(relative, triton_device):
     assert_rule(rowmax, ref[1], low[1], torch.float32, "rowmax (views)")
     dz = k.lse_backward(zv, lwv, lse, gv, scale, rowmax=rowmax if relative else None)
     assert_rule(dz, ref[3], low[3], torch.float32, "dz (views)")
+    # the forward's outputs handed back as views: lse, and in the relative mode the folded
+    # arg-max and its coefficients (the s72 audit: without their .contiguous() dz was 15-15,748
+    # off; m18, m19, m52). The same dz as the contiguous call's.
+    def view(t):
+        return t.T.contiguous().T
+
+    extra = {}
+    if relative:
+        coef = torch.randn(levels, n, generator=torch.Generator().manual_seed(1))
+        extra = dict(rowmax=rowmax, argmax=argmax, argmax_coef=coef.to(triton_device))
+    want = k.lse_backward(zv, lwv, lse, gv, scale, **extra)
+    views = [("lse", view(lse), extra)]
+    if relative:
+        views += [(name, lse, {**extra, name: view(extra[name])})
+                  for name in ("argmax", "argmax_coef")]
+    for name, lse_in, kw in views:
+        assert not (lse_in if name == "lse" else kw[name]).is_contiguous()
+        got = k.lse_backward(zv, lwv, lse_in, gv, scale, **kw)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6 * float(want.abs().max()),
+                                   msg=f"dz with {name} a view")
+
+
+def test_the_bridge_keeps_its_modes_apart(triton_device):
+    """ops/_triton_loss, the loss's bridge to the kernels: need_max with a shared-keys prefix
+    runs (the relative mode is for need_max without one; with both the kernels refuse it), and
+    the positives' pass with need_sums=False (the backward's call) computes dz only (the s72
+    audit, m46 and m23)."""
+    from hiertail_fast.ops import _triton_loss
+
+    k = _kernels()
+    n, scale = 64, 2.0
+    z, log_w, _ = make_case(n, 8, 2, 3.0, seed=4, hide=0.0)
+    zd, lwd = z.to(triton_device), log_w.to(triton_device)
+    lse, rowmax, argmax = _triton_loss.lse_forward(zd, lwd, scale, True, n_common=n)
+    want = k.lse_forward(zd, lwd, scale, True, n_common=n)
+    assert torch.equal(lse, want[0]) and torch.equal(rowmax, want[1])
+    assert torch.equal(argmax, want[2])
+    gid = torch.randint(0, 3, (n,), generator=torch.Generator().manual_seed(5)).to(triton_device)
+    _, rmax, amax = k.lse_forward(zd, lwd[:1], scale, True, relative=True)
+    coef = torch.randn(n, generator=torch.Generator().manual_seed(6)).to(triton_device)
+    t, q, dz = _triton_loss.positive_pairs(zd, gid, 3, rmax[0].float(), amax[0], scale, False,
+                                           coef, need_sums=False)
+    assert t is None and q is None
+    full = _triton_loss.positive_pairs(zd, gid, 3, rmax[0].float(), amax[0], scale, False, coef)
+    assert full[0] is not None and torch.equal(dz, full[2])
 
 
 @pytest.mark.parametrize("relative", [False, True])
