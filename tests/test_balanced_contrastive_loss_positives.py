@@ -93,6 +93,10 @@ CASES = [  # n, d, groups, scale, norm, big
     (150, 33, 3, 10.0, 5.0, 100),
     (90, 12, 4, 100.0, 30.0, 0),       # |s| up to ~9e4 (tau = 0.01, norms 30)
     (7, 8, 2, 1.0, 1.0, 0),
+    # one group over 65 columns: a row block's last column tile holds ONE column on the
+    # interpreter's 64 and the GPU's 32 columns (the s72 audit, t02: a loop that stopped one
+    # short skipped it, Q 1.0 off)
+    (65, 16, 1, 2.0, 1.0, 65),
 ]
 
 
@@ -295,6 +299,38 @@ def test_bad_input(triton_device):
                              True)
     with pytest.raises(TypeError, match="2-D"):
         pos_k.positive_pairs(z[0], gid, 1, m, gid, 1.0, True)
+    # an input on another device than z (meta stands in for one): named, not an error from
+    # inside torch or none at all (the s72 audit, t15: arg_max on another device ran)
+    for name, args in (("gid", (gid.to("meta"), 1, m, gid)),
+                       ("row_max", (gid, 1, m.to("meta"), gid)),
+                       ("arg_max", (gid, 1, m, gid.to("meta")))):
+        with pytest.raises(ValueError, match=f"{name} is on meta"):
+            pos_k.positive_pairs(z, *args, 1.0, True, torch.ones(6, device=triton_device))
+
+
+def test_views_and_the_dots_asked_for(triton_device, monkeypatch):
+    """z as a strided view gives what its contiguous copy gives (the kernel reads rows at
+    stride 1; s72, t10: without the launcher's .contiguous() T, Q, dz were 5-36 off), and fp32
+    rows are multiplied with the dots asked for, the scores' and the gradient's alike (s72,
+    t13/t14: either left IEEE passed; the interpreter ignores the precision, so the launch's
+    constants are what is checked)."""
+    _, pos_k = _kernels()
+    launched = []
+    real_launch = pos_k.launch_fitting
+    monkeypatch.setattr(pos_k, "launch_fitting", lambda run_, tiles, what, z_, meta: (
+        launched.append((meta["DOT_PRECISION"], meta["GRAD_DOT_PRECISION"])),
+        real_launch(run_, tiles, what, z_, meta)))
+    z, gid, coef = make_case(40, 32, 3, 2.0)
+    view = z[:, ::2]
+    assert not view.is_contiguous()
+    want = run(view.contiguous(), gid, 2.0, True, coef, triton_device)
+    got = run(view, gid, 2.0, True, coef, triton_device)
+    for out, exp, what in zip(got, want, ("T", "Q", "dz"), strict=True):
+        assert torch.equal(out, exp), what
+    for dot in ("ieee", "tf32x3"):
+        launched.clear()
+        run(z, gid, 2.0, True, coef, triton_device, fp32_dot=dot)
+        assert launched == [(dot, dot)], (dot, launched)
 
 
 def test_row_ids():

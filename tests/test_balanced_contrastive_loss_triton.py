@@ -297,10 +297,21 @@ def test_knobs_from_the_environment(monkeypatch, triton_device):
     assert u.fp32_dot() == "ieee" and u.autotune_requested() is False
     monkeypatch.setenv(u.FP32_DOT_ENV, " TF32x3 ")
     assert u.fp32_dot() == "tf32x3" and u.fp32_dot("ieee") == "ieee"
-    for raw, want in (("1", True), ("on", True), ("TRUE", True), ("0", False), ("no", False)):
+    # every documented spelling, for both on/off variables (s72, u05/u06: one dropped from
+    # the lists passed every test)
+    spellings = [(raw, True) for raw in ("1", "true", "yes", "on", " TRUE ", "Yes")] + [
+        (raw, False) for raw in ("0", "false", "no", "off", "", " OFF ")]
+    for raw, want in spellings:
         monkeypatch.setenv(u.AUTOTUNE_ENV, raw)
-        assert u.autotune_requested() is want
+        monkeypatch.setenv(u.SHARED_LEVELS_ENV, raw)
+        assert u.autotune_requested() is want, raw
+        assert u.shared_levels_requested() is want, raw
+    monkeypatch.delenv(u.SHARED_LEVELS_ENV)
+    # the argument wins over the variable either way (s72, u11: False fell through to it)
+    monkeypatch.setenv(u.AUTOTUNE_ENV, "1")
     assert u.autotune_requested(False) is False
+    monkeypatch.setenv(u.AUTOTUNE_ENV, "0")
+    assert u.autotune_requested(False) is False and u.autotune_requested(True) is True
     with pytest.raises(TypeError, match="autotune"):
         u.autotune_requested(1)
     with pytest.raises(ValueError, match="fp32_dot='tf32'"):
@@ -624,7 +635,9 @@ def test_tile_override_knob(monkeypatch):
     assert u.pair_blocks(10_000, 64, True, arch=(8, 0), fp32_dot="tf32x3") == u.LEAN_TILES
     monkeypatch.setenv(u.TILES_ENV, "128x64x4")
     assert u.pair_blocks(10_000, 64, True, fp32_dot="ieee") == (128, 64, 4)
-    for bad in ("big", "128x64", "100x64x4", "128x64x3", "512x64x4", "8x64x4", "warps8"):
+    for bad in ("big", "128x64", "100x64x4", "128x64x3", "512x64x4", "8x64x4", "warps8",
+                # BLOCK_N and the warps checked as BLOCK_M is (s72: u09, u10, u20)
+                "128x64x32", "128x48x4", "64x8x4", "64x512x4"):
         monkeypatch.setenv(u.TILES_ENV, bad)
         for on_gpu in (True, False):
             with pytest.raises(ValueError, match=u.TILES_ENV):
@@ -1184,7 +1197,8 @@ def test_tiles_that_compile_to_a_trap_on_blackwell_are_refused_and_pruned(monkey
             (128, 32, 64)}
     for m, n, d_pad in traps:
         assert u.tile_traps(m, n, d_pad, b200, "tf32x3"), (m, n, d_pad)
-        for arch, dot in (((9, 0), "tf32x3"), (b200, None), (b200, "ieee"), (None, "tf32x3")):
+        for arch, dot in (((9, 0), "tf32x3"), ((12, 0), "tf32x3"), ((11, 0), "tf32x3"),
+                          (b200, None), (b200, "ieee"), (None, "tf32x3")):
             assert not u.tile_traps(m, n, d_pad, arch, dot)
     for m, n, d_pad in fine:
         assert not u.tile_traps(m, n, d_pad, b200, "tf32x3"), (m, n, d_pad)

@@ -295,6 +295,9 @@ class _CudaStandIn:
     (900, 128, 132, 1),         # 15 key tiles: under the 16 a split must keep
     (45 * 128, 128, 10, 1),     # 45 row blocks on 10 SMs fill exactly 90 %: enough (2
                                 # splits would fill 100 %), unsplit
+    (132 * 128, 128, 132, 1),   # exactly one full wave (s72, u01: counted as 2 waves, 9 splits)
+    (128_000, 128_000, 132, 16),  # one row block, 2,000 key tiles: no count fills 90 %, the
+                                  # fullest within KEY_SPLIT_MAX (s72, u04: 119 uncapped)
 ])
 def test_automatic_split_count(monkeypatch, n, block_m, sms, want):
     u = _utils()
@@ -305,6 +308,7 @@ def test_automatic_split_count(monkeypatch, n, block_m, sms, want):
     assert u.key_splits(n, block_m, 64, _CudaStandIn(), "auto") == want
     assert u.key_splits(n, block_m, 64, torch.zeros(1)) == 1           # CPU tensors: off
     assert u.wave_fill(157, 132) == pytest.approx(157 / 264)
+    assert u.wave_fill(264, 132) == 1.0 and u.wave_fill(132, 132) == 1.0
     # from 9 programs per SM any count fills >= 90 %: never split there
     assert all(u.key_splits(rows, 128, 64, _CudaStandIn()) == 1
                for rows in range(9 * 132 * 128, 12 * 132 * 128, 997))
@@ -326,6 +330,8 @@ def test_split_count_requests(monkeypatch):
     assert u.key_splits(300, 64, 64, cpu, 1) == 1
     monkeypatch.setenv(u.KEY_SPLITS_ENV, "AUTO")
     assert u.key_splits(300, 64, 64, cpu) == 1
+    # the argument is read as the variable is: any case, spaces around (s72, u02)
+    assert u.split_request(" Auto ") == "auto" and u.key_splits(300, 64, 64, cpu, "AUTO") == 1
     monkeypatch.setenv(u.KEY_SPLITS_ENV, "many")
     with pytest.raises(ValueError, match=u.KEY_SPLITS_ENV):
         u.key_splits(300, 64, 64, cpu)
