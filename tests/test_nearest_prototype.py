@@ -514,6 +514,11 @@ def test_float16_rows_are_rescaled_in_float32(backend):
         ([[0.07830810546875, 0.03369140625], [0.0026988983154296875, 13784.0],
           [-0.11474609375, -0.04705810546875]],
          [[-0.11627197265625, -0.048095703125], [-0.11553955078125, -0.0484619140625]]),
+        # squared norms past float16's largest value (65504): the near tie is re-decided in
+        # float32, not in float16, where every candidate was inf and the row got index m
+        # (the s72 mutation audit, w24)
+        ([[256.0]], [[255.625], [256.25]]),
+        ([[300.0, 1.0], [-290.0, 2.0]], [[299.5, 1.25], [300.25, 0.75], [-290.5, 2.0]]),
     ]
     for rows, prototypes in cases:
         z = torch.tensor(rows, dtype=torch.float16)
