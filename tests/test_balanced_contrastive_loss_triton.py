@@ -211,6 +211,52 @@ def test_bad_input(triton_device):
         k.lse_forward(z, meta, 1.0, False)
     with pytest.raises(ValueError, match="log_w is on meta"):
         k.lse_backward(z, meta, zeros(1, 6), torch.ones(1, 6, device=triton_device), 1.0)
+    # an lse of another shape (a transposed one, an extra column) is refused, not read with
+    # the wrong layout; no level at all; z not 2-D (the s72 audit: n18, m27, m28)
+    for lse in (zeros(6, 2), zeros(2, 7)):
+        with pytest.raises(ValueError, match="lse must have shape"):
+            k.lse_backward(z, zeros(2, 6), lse, zeros(2, 6), 1.0)
+    with pytest.raises(ValueError, match="L >= 1"):
+        k.lse_forward(z, zeros(0, 6), 1.0, False)
+    with pytest.raises(ValueError, match="L >= 1"):
+        k.lse_backward(z, zeros(0, 6), zeros(0, 6), zeros(0, 6), 1.0)
+    for bad in (zeros(6), zeros(6, 4, 1)):
+        with pytest.raises(TypeError, match="2-D"):
+            k.lse_forward(bad, zeros(1, 6), 1.0, False)
+        with pytest.raises(TypeError, match="2-D"):
+            k.lse_backward(bad, zeros(1, 6), zeros(1, 6), zeros(1, 6), 1.0)
+
+
+def test_16bit_rows_keep_fp32_partials_and_any_sign_of_scale(triton_device):
+    """fp16 rows with out_dtype=float32 (what the loss asks for): the key splits' planes and
+    the two-pass kernel's query-side partial are fp32, so both give the one-pass unsplit dz to
+    fp32 rounding (the s72 audit, m67/m68: partials in z's dtype were 2-5e-4 off, fp16's
+    rounding). And the kernels take any sign of scale (a multiplier of z_i.z_k; the loss's is
+    1/τ > 0): at scale -3 the gradient is float64 autograd's (s72, m66: |scale| gave 1e19)."""
+    k = _kernels()
+    gen = torch.Generator().manual_seed(0)
+    n, d, levels = 128, 16, 2
+    z = torch.randn(n, d, generator=gen).half().to(triton_device)
+    log_w = torch.log(torch.rand(levels, n, generator=gen) + 0.1).to(triton_device)
+    grad = torch.randn(levels, n, generator=gen).to(triton_device)
+    lse, _, _ = k.lse_forward(z, log_w, 4.0, False, key_splits=1)
+    base = k.lse_backward(z, log_w, lse, grad, 4.0, out_dtype=torch.float32, key_splits=1)
+    for kw in (dict(key_splits=2), dict(key_splits=4), dict(two_pass=True)):
+        other = k.lse_backward(z, log_w, lse, grad, 4.0, out_dtype=torch.float32, **kw)
+        assert other.dtype == torch.float32
+        err = float((other - base).abs().max() / base.abs().max())
+        assert err < 2e-6, (kw, err)
+    zf = torch.randn(40, 8, generator=gen)
+    lw, g = log_w[:, :40].cpu(), grad[:, :40].cpu()
+    zr = zf.double().requires_grad_()
+    ref = torch.logsumexp(-3.0 * (zr @ zr.T)[None] + lw.double()[:, None, :], dim=2)
+    (ref * g.double()).sum().backward()
+    lse, _, _ = k.lse_forward(zf.to(triton_device), lw.to(triton_device), -3.0, False)
+    torch.testing.assert_close(lse.double().cpu(), ref.detach(), rtol=1e-5, atol=1e-5)
+    dz = k.lse_backward(zf.to(triton_device), lw.to(triton_device), lse, g.to(triton_device),
+                        -3.0)
+    torch.testing.assert_close(dz.double().cpu(), zr.grad, rtol=1e-4,
+                               atol=1e-5 * float(zr.grad.abs().max()))
 
 
 def test_key_splits_merge_in_float64():
