@@ -137,9 +137,10 @@ class BalancedContrastiveLoss(nn.Module):
 
         def applied(t: torch.Tensor) -> torch.Tensor:
             out = fn(t)
-            if out.dtype in (torch.float16, torch.bfloat16) and t.dtype.is_floating_point \
-                    and torch.finfo(t.dtype).bits > 16:
+            if out.dtype in (torch.float16, torch.bfloat16) and t.dtype.is_floating_point:
                 out = t.to(device=out.device)           # moved, not rounded to 16 bits
+                # (nor one 16-bit format rounded to the other: a float16 τ under .bfloat16()
+                # became bfloat16, 0.0999755859375 -> 0.10009765625; a mutation audit, s72)
             return out
 
         with torch.no_grad():

@@ -646,6 +646,15 @@ def test_16bit_conversion_keeps_a_tensor_temperature(kind):
     assert loss.temperature.dtype == torch.float64   # widening conversions apply
     if kind == "parameter":   # its .grad too, as nn.Module's own conversion (a mutation audit)
         assert loss.temperature.grad.dtype == torch.float64
+    # a 16-bit τ keeps its own format too: not rounded to the other 16-bit one (s72)
+    for dtype, convert in ((torch.float16, torch.nn.Module.bfloat16),
+                           (torch.bfloat16, torch.nn.Module.half)):
+        tau16 = torch.tensor(0.1, dtype=dtype)
+        if kind == "parameter":
+            tau16 = torch.nn.Parameter(tau16)
+        loss16 = convert(BalancedContrastiveLoss(temperature=tau16))
+        assert loss16.temperature.dtype == dtype
+        assert float(loss16.temperature.detach()) == float(torch.tensor(0.1, dtype=dtype))
 
 
 @pytest.mark.parametrize("kind", ["buffer", "parameter"])
