@@ -134,6 +134,35 @@ def test_float64_loss_is_untouched_by_autocast():
     torch.testing.assert_close(auto, plain, rtol=1e-12, atol=1e-12)
 
 
+def test_the_official_range_check_reads_the_rows_autocast_runs_on():
+    """Under CPU bf16 autocast the official loss runs on bf16 copies of z: its 2^37 range
+    check reads the copies' norms, not the fp32 rows' (the s72 mutation audit: reading the
+    fp32 norms refused a call whose copies are within the bound, and would let through one
+    whose copies are past it). τ is put between the two bounds, each way round."""
+    def case(up: bool):
+        for seed in range(200):
+            gen = torch.Generator().manual_seed(seed)
+            z = torch.randn(16, 8, generator=gen) * 1000
+            n32 = z.double().norm(dim=1).max().item() ** 2
+            n16 = z.bfloat16().double().norm(dim=1).max().item() ** 2
+            if (n16 > n32) == up and abs(n16 - n32) > 1e-4 * n32:
+                return z, (n32 + n16) / 2 / 2.0 ** 37
+        raise AssertionError("no seed rounds that way")
+
+    y = torch.arange(16) % 3
+    for up in (False, True):
+        z, tau = case(up)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if up:           # the copies past 2^37: refused
+                with pytest.raises(ValueError, match="2\\^37"):
+                    balanced_contrastive_loss(z, y, temperature=tau, variant="official",
+                                              backend="torch")
+            else:            # the copies within it: runs
+                loss = balanced_contrastive_loss(z, y, temperature=tau, variant="official",
+                                                 backend="torch")
+                assert torch.isfinite(loss)
+
+
 def test_float16_overflow_under_autocast_stays_float32():
     # rows beyond float16's 65,504 (in z or in the prototypes) keep the call in float32: the
     # float32 result, never one computed on infinities
