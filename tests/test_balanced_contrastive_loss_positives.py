@@ -321,7 +321,7 @@ def test_views_and_the_dots_asked_for(triton_device, monkeypatch):
         launched.append((meta["DOT_PRECISION"], meta["GRAD_DOT_PRECISION"])),
         real_launch(run_, tiles, what, z_, meta)))
     z, gid, coef = make_case(40, 32, 3, 2.0)
-    view = z[:, ::2]
+    view = z.to(triton_device)[:, ::2]                 # a view on the kernels' device
     assert not view.is_contiguous()
     want = run(view.contiguous(), gid, 2.0, True, coef, triton_device)
     got = run(view, gid, 2.0, True, coef, triton_device)

@@ -121,7 +121,7 @@ def test_triton_gcn_on_column_major_features_and_strided_edge_weights():
     w_ref = w0.double().requires_grad_()
     want = gcn_propagate_ref(rows.double(), ei, w_ref)
     want.backward(gout.double())
-    x = rows.t().contiguous().t().to(dev)
+    x = rows.to(dev).t().contiguous().t()            # column-major, on the kernels' device
     assert not x.is_contiguous() and torch.equal(x.cpu(), rows)
     w = w0.to(dev).requires_grad_()
     out = gcn_propagate(x, ei.to(dev), w, backend="triton")
