@@ -40,14 +40,21 @@ def test_build_is_cached_and_reused(fresh_native, monkeypatch):
     assert native_mod.load("_positive_blocks") is not None         # a new process: the cache
 
 
-def test_unwritable_cache_falls_back_to_the_temp_dir(fresh_native, monkeypatch, tmp_path):
+def _cache_unwritable(monkeypatch, tmp_path):
+    """The build cache made unwritable (a file where its folder would be) and the temp
+    directory moved under tmp_path: builds fall back to the temp directory, returned."""
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
     monkeypatch.setenv("HIERTAIL_NATIVE_CACHE", str(blocker / "cache"))
     monkeypatch.setattr(native_mod.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
-    (tmp_path / "tmp").mkdir()                   # (a temp directory exists)
+    return tmp_path / "tmp"
+
+
+def test_unwritable_cache_falls_back_to_the_temp_dir(fresh_native, monkeypatch, tmp_path):
+    temp = _cache_unwritable(monkeypatch, tmp_path)
+    temp.mkdir()                                 # (a temp directory exists)
     assert _lib() is not None
-    (fallback,) = (tmp_path / "tmp").glob("hiertail_fast-native-*")
+    (fallback,) = temp.glob("hiertail_fast-native-*")
     assert len(list(fallback.glob("_positive_blocks-*.so"))) == 1
     if hasattr(os, "getuid"):       # made ours alone: others may not even list it (s72)
         assert fallback.stat().st_mode & 0o077 == 0
@@ -375,11 +382,7 @@ def test_a_temp_fallback_others_may_write_to_is_not_used(fresh_native, monkeypat
                                                          mode):
     """The fallback's name is predictable, in a world-writable directory: a folder others
     may write to (a library planted there would be loaded) is refused."""
-    blocker = tmp_path / "a_file"
-    blocker.write_text("not a directory")
-    monkeypatch.setenv("HIERTAIL_NATIVE_CACHE", str(blocker / "cache"))
-    monkeypatch.setattr(native_mod.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
-    fallback = tmp_path / "tmp" / f"hiertail_fast-native-{os.getuid()}"
+    fallback = _cache_unwritable(monkeypatch, tmp_path) / f"hiertail_fast-native-{os.getuid()}"
     fallback.mkdir(parents=True)
     fallback.chmod(mode)      # (group-writable was let through with every test passing; s69)
     with pytest.raises(OSError, match="only this user may write to"):
@@ -396,15 +399,12 @@ def test_a_library_planted_in_a_foreign_temp_fallback_is_not_loaded(fresh_native
     source, cc = native_mod._HERE / "_positive_blocks.c", built_kernel(native_mod.compiler())
     monkeypatch.setenv("HIERTAIL_NATIVE_CACHE", str(tmp_path / "genuine"))
     genuine = native_mod._build(source, cc)
-    blocker = tmp_path / "a_file"
-    blocker.write_text("not a directory")
-    monkeypatch.setenv("HIERTAIL_NATIVE_CACHE", str(blocker / "cache"))
-    monkeypatch.setattr(native_mod.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    temp = _cache_unwritable(monkeypatch, tmp_path)
     uid = os.getuid()
     if foreign == "another user owns it":       # this process now runs as another user
         uid += 1
         monkeypatch.setattr(os, "getuid", lambda: uid)
-    fallback = tmp_path / "tmp" / f"hiertail_fast-native-{uid}"
+    fallback = temp / f"hiertail_fast-native-{uid}"
     fallback.mkdir(parents=True)
     fallback.chmod(0o777 if foreign == "others may write to it" else 0o700)
     for planted in (genuine, native_mod._digest_path(genuine)):
@@ -419,9 +419,8 @@ def test_a_compiler_with_flags_is_found_by_its_first_word(monkeypatch):
     used whole; one whose first word is not on PATH falls through to ``cc``/``gcc``/``clang``."""
     import shutil
 
-    first = next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
-    if first is None:
-        pytest.skip("no C compiler here")
+    first = built_kernel(next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None),
+                         "a C compiler")
     monkeypatch.setenv("CC", f"{first} -m64")
     assert native_mod.compiler() == f"{first} -m64"
     monkeypatch.setenv("CC", "no-such-compiler-here -m64")
