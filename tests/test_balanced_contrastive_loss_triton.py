@@ -26,6 +26,19 @@ def _kernels():
     return k
 
 
+def record_launches(monkeypatch, k, entry) -> list:
+    """The list of entry(which, n, axis1, axis2, args, meta) for every launch through
+    ``k._launch`` from now on (each launch still runs): what the launchers hand the kernels."""
+    seen = []
+
+    def spy(which, n, axis1, tiles, tune, args, meta, axis2=1, real=k._launch):
+        seen.append(entry(which, n, axis1, axis2, args, meta))
+        return real(which, n, axis1, tiles, tune, args, meta, axis2)
+
+    monkeypatch.setattr(k, "_launch", spy)
+    return seen
+
+
 def make_case(n, d, levels, norm, seed=0, hide=0.3):
     """Clustered embeddings with norms in [norm/2, norm] (so |scale·s| reaches the thousands
     while many keys share the softmax mass), log-weights with hidden keys, grads with zeros."""
@@ -411,13 +424,8 @@ def test_launches_follow_the_schedule_and_dot_arguments(monkeypatch, triton_devi
     forward and the backward alike (the one-pass backward recomputes the forward's scores:
     the forward took the variable's value while the backward took the argument)."""
     k = _kernels()
-    seen = []
-
-    def spy(which, n, axis1, tiles, tune, args, meta, axis2=1, real=k._launch):
-        seen.append((which, axis1, meta["NUM_LEVELS"], meta["DOT_PRECISION"]))
-        return real(which, n, axis1, tiles, tune, args, meta, axis2)
-
-    monkeypatch.setattr(k, "_launch", spy)
+    seen = record_launches(monkeypatch, k, lambda which, n, axis1, axis2, args, meta: (
+        which, axis1, meta["NUM_LEVELS"], meta["DOT_PRECISION"]))
     monkeypatch.delenv("HIERTAIL_TRITON_FP32_DOT", raising=False)
     z, log_w, grad = make_case(70, 8, 3, 2.0, seed=5)
     zd, lwd, gd = (t.to(triton_device) for t in (z, log_w, grad))
@@ -437,7 +445,7 @@ def test_launches_follow_the_schedule_and_dot_arguments(monkeypatch, triton_devi
             assert [entry[3] for entry in seen] == [dot, dot], (env, dot, seen)
 
 
-def test_the_shared_keys_mode_takes_one_exp_per_common_entry(triton_device):
+def test_the_shared_keys_mode_takes_one_exp_per_common_entry(monkeypatch, triton_device):
     """The shared-keys mode's promise (module docstring: exps per entry at L levels L + 2L ->
     1 + 2): its common keys' tiles take one exp per entry for all levels. Counted under the
     interpreter at L = 4, 192 rows, 128 common keys: fewer elements exponentiated than the
@@ -457,21 +465,22 @@ def test_the_shared_keys_mode_takes_one_exp_per_common_entry(triton_device):
         count[0] += arg.data.size
         return real(self, arg)
 
+    def exps(fn, *args, **kwargs) -> int:
+        """Elements the interpreter exponentiates in fn(*args, **kwargs)."""
+        count[0] = 0
+        fn(*args, **kwargs)
+        return count[0]
+
+    monkeypatch.setattr(builder, "create_exp", counting)
     gen = torch.Generator().manual_seed(0)
     n, levels, n_common = 192, 4, 128
     z = torch.randn(n, 16, generator=gen)
     log_w = -torch.rand(levels, n, generator=gen)
-    counts = {}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(builder, "create_exp", counting)
-        for common in (0, n_common):
-            count[0] = 0
-            k.lse_forward(z, log_w, 1.0, True, n_common=common, key_splits=1)
-            counts[common] = count[0]
+    plain, shared = (exps(k.lse_forward, z, log_w, 1.0, True, n_common=common, key_splits=1)
+                     for common in (0, n_common))
     # the common keys' entries once, the rest once per level (+ O(L·N) for the row updates)
-    plain, shared = counts[0], counts[n_common]
-    assert shared < 0.6 * plain, counts
-    assert shared <= n * n_common + levels * n * (n - n_common) + 64 * levels * n, counts
+    assert shared < 0.6 * plain, (plain, shared)
+    assert shared <= n * n_common + levels * n * (n - n_common) + 64 * levels * n, shared
     # the backward: a row block whose rows all lie in the prefix (here rows 0-63 of 128, the
     # interpreter's 64-row blocks, exactly at the prefix's end) takes the common tiles once
     # for all levels too (s72, m06/m07: with `<` for `<=`, or the common tiles skipped, it
@@ -479,13 +488,11 @@ def test_the_shared_keys_mode_takes_one_exp_per_common_entry(triton_device):
     n, half = 128, 64
     z, log_w = z[:n], log_w[:, :n]
     grad = torch.randn(levels, n, generator=gen)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(builder, "create_exp", counting)
-        for common in (0, half):
-            lse, _, _ = k.lse_forward(z, log_w, 1.0, False, n_common=common, key_splits=1)
-            count[0] = 0
-            k.lse_backward(z, log_w, lse, grad, 1.0, n_common=common, key_splits=1)
-            counts[common] = count[0]
+    counts = {}
+    for common in (0, half):
+        lse, _, _ = k.lse_forward(z, log_w, 1.0, False, n_common=common, key_splits=1)
+        counts[common] = exps(k.lse_backward, z, log_w, lse, grad, 1.0, n_common=common,
+                              key_splits=1)
     assert counts[half] < counts[0] - (levels - 1) * half * half, counts
 
 
@@ -497,13 +504,8 @@ def test_the_autotuners_keys_tell_every_launched_kernel_apart(monkeypatch, trito
     compile the same kernel (the s72 audit, m30: FOLD_ARGMAX dropped from the backward's keys
     passed every test, autotuning running on a GPU only)."""
     k = _kernels()
-    seen = []
-
-    def spy(which, n, axis1, tiles, tune, args, meta, axis2=1, real=k._launch):
-        seen.append((which, n, axis1, axis2, args[0].dtype, dict(meta)))
-        return real(which, n, axis1, tiles, tune, args, meta, axis2)
-
-    monkeypatch.setattr(k, "_launch", spy)
+    seen = record_launches(monkeypatch, k, lambda which, n, axis1, axis2, args, meta: (
+        which, n, axis1, axis2, args[0].dtype, dict(meta)))
     z, log_w, grad = make_case(70, 8, 2, 2.0, seed=7, hide=0.0)
     zd, lwd, gd = (t.to(triton_device) for t in (z, log_w, grad))
     coef = torch.randn(2, 70, generator=torch.Generator().manual_seed(8)).to(triton_device)
@@ -1122,22 +1124,21 @@ def test_the_loss_picks_its_fp32_dot_from_the_logits(monkeypatch, triton_device,
         torch.testing.assert_close(got.grad.double().cpu(), ref.grad, rtol=1e-4, atol=1e-4)
     # a blank variable is unset: the choice by the logits stands (the s72 audit, m60: read
     # unstripped, "  " forced the slow IEEE dots)
+    small = z * (0.5 * limit * 0.5) ** 0.5            # rows within the 3xTF32 limit
     monkeypatch.setenv(_triton_loss.FP32_DOT_ENV, "  ")
-    assert _triton_loss.fp32_dot(z * (0.5 * limit * 0.5) ** 0.5, 2.0, variant) == "tf32x3"
+    assert _triton_loss.fp32_dot(small, 2.0, variant) == "tf32x3"
     # the call's shared bound decides, not a new reduction of z (s72, m26): a bound past the
     # limit read from the loss's checks gives IEEE dots for rows whose own bound is within it
     from hiertail_fast.ops._attention_lse import LogitBound
 
     monkeypatch.delenv(_triton_loss.FP32_DOT_ENV)
-    within = z * (0.5 * limit * 0.5) ** 0.5
-    past = LogitBound(within, 2.0, max_row_norm=(limit / 2.0) ** 0.5 * 2)
-    assert _triton_loss.fp32_dot(within, 2.0, variant) == "tf32x3"
-    assert _triton_loss.fp32_dot(within, 2.0, variant, past) == "ieee"
+    past = LogitBound(small, 2.0, max_row_norm=(limit / 2.0) ** 0.5 * 2)
+    assert _triton_loss.fp32_dot(small, 2.0, variant) == "tf32x3"
+    assert _triton_loss.fp32_dot(small, 2.0, variant, past) == "ieee"
     # 16-bit inputs have native dots: the knob says "ieee" (unused) for them
     monkeypatch.delenv(_triton_loss.FP32_DOT_ENV, raising=False)
     assert _triton_loss.fp32_dot(z.bfloat16(), 2.0, variant) == "ieee"
     # a card without TF32 tensor cores (compute capability < 8.0): exact dots
-    small = z * (0.5 * limit * 0.5) ** 0.5
     assert _triton_loss.fp32_dot(small, 2.0, variant) == "tf32x3"
     monkeypatch.setattr(_triton_loss, "tf32_cores", lambda device: False)
     assert _triton_loss.fp32_dot(small, 2.0, variant) == "ieee"

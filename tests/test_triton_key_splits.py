@@ -21,6 +21,7 @@ from tests.test_balanced_contrastive_loss_triton import (
     assert_rule,
     dense,
     make_case,
+    record_launches,
 )
 
 pytestmark = requires_triton
@@ -209,13 +210,8 @@ def test_unsplit_launches_compile_the_unsplit_code(monkeypatch, triton_device):
     registers and spills, bench/kernel_resources.py) over a grid of one split; more launch
     SPLIT over a split axis (the forward's third, the backward's second)."""
     k = _kernels()
-    seen = []
-
-    def spy(which, n, axis1, tiles, tune, args, meta, axis2=1, real=k._launch):
-        seen.append((which, axis1, axis2, meta["SPLIT"]))
-        return real(which, n, axis1, tiles, tune, args, meta, axis2)
-
-    monkeypatch.setattr(k, "_launch", spy)
+    seen = record_launches(monkeypatch, k, lambda which, n, axis1, axis2, args, meta: (
+        which, axis1, axis2, meta["SPLIT"]))
     z, log_w, grad = make_case(300, 8, 2, 2.0, seed=2)
     zd, lwd, gd = (t.to(triton_device) for t in (z, log_w, grad))
     for splits in (1, 3):
