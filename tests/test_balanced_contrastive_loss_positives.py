@@ -246,6 +246,20 @@ def test_near_duplicates_keep_their_own_scores(triton_device):
                                rtol=1e-5, atol=1e-9)
 
 
+def _record_dots(monkeypatch, pos_k) -> list:
+    """The (DOT_PRECISION, GRAD_DOT_PRECISION) of every positives launch from now on (the
+    interpreter ignores the precision, so the launch's constants are what a CPU can check)."""
+    launched = []
+    real_launch = pos_k.launch_fitting
+
+    def spy(run_, tiles, what, z_, meta):
+        launched.append((meta["DOT_PRECISION"], meta["GRAD_DOT_PRECISION"]))
+        return real_launch(run_, tiles, what, z_, meta)
+
+    monkeypatch.setattr(pos_k, "launch_fitting", spy)
+    return launched
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_inputs(dtype, triton_device, monkeypatch):
     """16-bit rows: the sums and gradient to fp32's rule against the float64 sums of the same
@@ -253,16 +267,13 @@ def test_low_precision_inputs(dtype, triton_device, monkeypatch):
     dots are asked to be 3xTF32 (TF32 would round the weights to 10 bits on a GPU; the
     interpreter ignores the precision, so the launch's constant is what is checked here)."""
     _, pos_k = _kernels()
-    launched = []
-    real_launch = pos_k.launch_fitting
-    monkeypatch.setattr(pos_k, "launch_fitting", lambda run_, tiles, what, z_, meta: (
-        launched.append(meta["GRAD_DOT_PRECISION"]), real_launch(run_, tiles, what, z_, meta)))
+    launched = _record_dots(monkeypatch, pos_k)
     z, gid, coef = make_case(130, 40, 4, 8.0)
     zl = z.to(dtype)
     exp = dense(zl.double(), gid, 10.0, True, coef, torch.float64)     # same rounded inputs
     low = dense(zl.float(), gid, 10.0, True, coef, torch.float32)
     outs = run(zl, gid, 10.0, True, coef, triton_device, fp32_dot="tf32x3")
-    assert launched and set(launched) == {"ieee"}
+    assert launched and {grad_dot for _, grad_dot in launched} == {"ieee"}
     for out, e, lo, what in zip(outs, exp, low, ("T", "Q", "dz"), strict=True):
         assert out.dtype == torch.float32
         assert_rule(out, e, lo, torch.float32, what)
@@ -315,11 +326,7 @@ def test_views_and_the_dots_asked_for(triton_device, monkeypatch):
     t13/t14: either left IEEE passed; the interpreter ignores the precision, so the launch's
     constants are what is checked)."""
     _, pos_k = _kernels()
-    launched = []
-    real_launch = pos_k.launch_fitting
-    monkeypatch.setattr(pos_k, "launch_fitting", lambda run_, tiles, what, z_, meta: (
-        launched.append((meta["DOT_PRECISION"], meta["GRAD_DOT_PRECISION"])),
-        real_launch(run_, tiles, what, z_, meta)))
+    launched = _record_dots(monkeypatch, pos_k)
     z, gid, coef = make_case(40, 32, 3, 2.0)
     view = z.to(triton_device)[:, ::2]                 # a view on the kernels' device
     assert not view.is_contiguous()
