@@ -929,6 +929,23 @@ def test_nan_in_wider_learnable_weights_is_named_as_nan(backend):
         gcn_propagate(torch.randn(3, 2, device=dev), g, backend=backend)
 
 
+@pytest.mark.parametrize("backend", ["reference", *BACKENDS])
+def test_learnable_weights_of_a_zero_degree_node_get_a_zero_gradient(backend):
+    """A node whose only in-edge has weight 0 (no self-loops added) has degree 0: dinv 0 there,
+    and the gradient of that edge's weight 0, not NaN (deg^-1/2 is taken on a safe input under
+    `where`; without it 0 * inf made the weight's gradient NaN on every backend and the
+    reference, the forward unchanged: a mutation pass, session 73)."""
+    dev = backend_device(backend)
+    ei = torch.tensor([[1, 2], [0, 1]], device=dev)
+    x = torch.randn(3, 2, generator=torch.Generator().manual_seed(0)).to(dev)
+    w = torch.tensor([0.0, 2.0], device=dev, requires_grad=True)
+    out = gcn_propagate(x, ei, w, add_self_loops=False, backend=backend)
+    out.sum().backward()
+    assert torch.isfinite(out).all()
+    assert torch.equal(out[0].cpu(), torch.zeros(2))                # no degree: a zero row
+    assert torch.isfinite(w.grad).all() and w.grad[0].item() == 0.0
+
+
 def test_constant_weights_keep_pygs_rounding_of_the_degrees():
     """Weights that need no gradient: deg^-1/2 is taken on the degree rounded to the features'
     dtype, as PyG's gcn_norm (bit for bit); the float64 degree path is for learnable weights

@@ -354,6 +354,15 @@ def test_bad_csr_and_subgraph():
         CSRGraph(torch.tensor([1, 1, 2]), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="indptr has 3 entries, expected 5"):
         CSRGraph(torch.tensor([0, 0, 0]), torch.tensor([], dtype=torch.long), num_nodes=4)
+    # 2-D index tensors and an empty indptr (a mutation pass, session 73: without their checks
+    # a 2-D indices was taken as a graph, a 2-D indptr failed in a scalar conversion, and an
+    # empty one gave "num_nodes must be >= 0, got -1" for a num_nodes the call never passed)
+    with pytest.raises(ValueError, match=r"indices must be 1-D, got shape \(2, 1\)"):
+        CSRGraph(torch.tensor([0, 1, 2]), torch.tensor([[0], [1]]))
+    with pytest.raises(ValueError, match=r"indptr must be 1-D, got shape \(1, 4\)"):
+        CSRGraph(torch.tensor([[0, 1, 2, 2]]), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"indptr must have num_nodes \+ 1 >= 1 entries"):
+        CSRGraph(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
     with pytest.raises(ValueError, match="is too large"):
         CSRGraph.from_edge_index(torch.tensor([[0, 2**62], [2**62, 0]]))
     g = CSRGraph(torch.tensor([0, 2, 3]), torch.tensor([0, 1, 0]))

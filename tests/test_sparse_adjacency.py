@@ -212,6 +212,13 @@ def test_sparse_indices_outside_the_graph_are_refused():
             "ccol_indices must start at 0"),
            (csc(torch.tensor([0, 1, 1, 1]), torch.tensor([0, 1]), torch.ones(2), (3, 3)),
             "ccol_indices must start at 0, not decrease and end at its 2 entries")]
+    # pointers of the wrong length (torch builds them unchecked too): one entry short or two
+    # long crashed in repeat_interleave (a mutation pass, session 73)
+    bad += [(csr(torch.tensor(crow), torch.tensor([0, 1]), torch.ones(2), (3, 3)),
+             r"crow_indices must hold 4 entries, got \(%d,\)" % len(crow))
+            for crow in ([0, 1, 2], [0, 1, 2, 2, 2])]
+    bad += [(csc(torch.tensor([0, 1, 2]), torch.tensor([0, 1]), torch.ones(2), (3, 3)),
+             r"ccol_indices must hold 4 entries, got \(3,\)")]
     for adj, message in bad:
         for call in (lambda a=adj: CSRGraph.from_sparse(a), lambda a=adj: gcn_propagate(x, a)):
             with pytest.raises(ValueError, match=message):

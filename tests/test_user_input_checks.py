@@ -33,6 +33,7 @@ from hiertail_fast._validation import MAX_NODES, available_cpus, check_device, c
 from hiertail_fast.graph import CSRGraph
 from hiertail_fast.metrics import loss_range, per_class_accuracy
 from hiertail_fast.ops.gcn_propagate import gcn_propagate
+from tests.conftest import tol
 
 
 def test_nan_per_node_loss_is_refused_not_dropped():
@@ -80,6 +81,20 @@ def test_float64_weights_beyond_float32_raise_for_float32_features(requires_grad
     graph = CSRGraph.from_edge_index(ei, w, num_nodes=3, dedupe=False)
     with pytest.raises(ValueError, match="edge_weight"):
         gcn_propagate(torch.randn(3, 2), graph, backend="torch")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_subnormal_weights_in_the_features_dtype_are_taken(dtype):
+    """The range check is for weights WIDER than the features (cast, they lose bits); weights
+    already in the features' dtype hold exactly what they propagate with, subnormals included
+    (refused once the check also ran on same-dtype weights: a mutation pass, session 73)."""
+    tiny = torch.finfo(dtype).tiny / 1024                       # a subnormal of the dtype
+    ei = torch.tensor([[1, 2], [0, 0]])
+    w = torch.tensor([tiny, 1.0], dtype=dtype)
+    x = torch.ones(3, 2, dtype=dtype)
+    got = gcn_propagate(x, ei, w, backend="torch")
+    want = gcn_propagate(x.double(), ei, w.double(), backend="reference")
+    torch.testing.assert_close(got.double(), want, **tol(dtype))
 
 
 @pytest.mark.usefixtures("two_threads")
