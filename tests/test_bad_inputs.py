@@ -152,6 +152,9 @@ CASES = [
     ("unpool perm repeated", _unpool(perm=torch.tensor([2, 2])), ValueError,
      "perm has repeated node indices"),
     ("unpool perm length", _unpool(perm=torch.tensor([0])), ValueError, "perm has 1 entries"),
+    # a 0-d perm was scattered as if it were [2] (a mutation pass, session 73)
+    ("unpool perm 0-d", _unpool(x_pooled=torch.ones(1, 3), perm=torch.tensor(2)), ValueError,
+     "perm must be 1-D, got shape ()"),
     ("unpool perm dtype", _unpool(perm=torch.tensor([0.0, 2.0])), TypeError,
      "perm must be an integer tensor"),
     ("unpool num_nodes negative", _unpool(x_pooled=torch.ones(0, 3), perm=torch.zeros(
@@ -459,6 +462,8 @@ def model_output():
     (None, "negative", ValueError, "train_idx has negative entries"),
     (None, "empty", ValueError, "train_idx must be a non-empty"),
     (None, "dim", ValueError, "train_idx must be 1-D"),
+    # a 0-d node id: refused as itself, not later as a z of the wrong shape (a mutation pass)
+    (None, "0-d", ValueError, "train_idx must be 1-D, got shape ()"),
     (None, "duplicate", ValueError, "train_idx has duplicate node ids"),
     # a PyG train_mask, as is or as 0/1 integers: named as a mask, with the conversion
     (None, "mask", TypeError, "got a boolean mask: pass mask.nonzero().view(-1)"),
@@ -472,6 +477,7 @@ def test_hiertail_loss_bad_input(model_output, y, idx, exc, msg):
     train = {None: torch.arange(4), "range": torch.tensor([1, 10]),
              "negative": torch.tensor([-2]), "empty": torch.zeros(0, dtype=torch.long),
              "dim": torch.zeros(1, 2, dtype=torch.long),
+             "0-d": torch.tensor(3),
              "duplicate": torch.tensor([3, 1, 3]),
              "mask": torch.arange(n) < 4, "0/1 mask": (torch.arange(n) < 4).long()}[idx]
     with pytest.raises(exc) as info:

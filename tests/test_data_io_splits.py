@@ -122,6 +122,9 @@ def _write(path, **arrays):
         (dict(x=None), "missing array"),
         (dict(y=np.array([0, 1, -1, 0, 0])), "negative labels"),
         (dict(y=np.array([0.0, 1, 1, 0, 0])), "integer"),
+        (dict(y=np.array([True, False, True, True, False])), "integer array of labels, got bool"),
+        (dict(edge_index=np.array([[True, False], [False, True]])),
+         r"integer array of shape \[2, E\], got bool"),
         (dict(edge_index=np.array([[0, 5], [1, 0]])), "refers to node 5"),
         (dict(edge_index=np.array([[0, -1], [1, 0]])), "negative node"),
         (dict(edge_index=np.array([0, 1, 1, 0])), r"\[2, E\]"),
@@ -657,9 +660,13 @@ def test_the_label_checks_say_the_same_thing_wherever_labels_enter(tmp_path):
                      relabel_by_size, natural_split):
             with pytest.raises(ValueError, match=message):
                 call(y)
-    floats = np.array([0.0, 1.0, 1.0])
-    for call, exc in ((lambda y: save_npz(tmp_path / "g.npz", ei, x, y), ValueError),
-                      (relabel_by_size, TypeError), (natural_split, ValueError)):
-        with pytest.raises(exc, match="must be an integer array of labels, got float64"):
-            call(floats)
+    # float labels, and bool ones (a mask passed as labels: counted as an integer array, it
+    # was read as two classes without a word; a mutation pass, session 73)
+    for labels in (np.array([0.0, 1.0, 1.0]), np.array([True, False, True])):
+        for call, exc in ((lambda y: save_npz(tmp_path / "g.npz", ei, x, y), ValueError),
+                          (relabel_by_size, TypeError), (natural_split, ValueError),
+                          (class_counts, ValueError)):
+            with pytest.raises(exc, match="must be an integer array of labels, got "
+                               f"{labels.dtype}"):
+                call(labels)
     assert not (tmp_path / "g.npz").exists()

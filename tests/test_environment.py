@@ -68,9 +68,12 @@ def test_openmp_settings_that_break_torchs_sparse_products_are_refused(monkeypat
 
 
 @pytest.mark.parametrize("value, on", [("OFF", False), ("False", False), ("no", False),
-                                       ("0", False), ("ON", True), ("1", True), ("", True)])
+                                       ("0", False), ("ON", True), ("1", True), ("", True),
+                                       (" 0 ", False), ("off\n", False), ("  ", True)])
 def test_switches_read_any_case(monkeypatch, value, on):
-    """HIERTAIL_NATIVE=OFF / False / No were read as "on" (only lower case counted)."""
+    """HIERTAIL_NATIVE=OFF / False / No were read as "on" (only lower case counted). Spaces
+    around the value (a .env file's "0 ") are not part of it, and blank is unset (a mutation
+    pass, session 73: without the strip "0 " was refused)."""
     monkeypatch.setenv("HIERTAIL_NATIVE", value)
     monkeypatch.setenv("HIERTAIL_SYMMETRIC", value)
     assert _native.enabled() is on and _lse_symmetric.enabled() is on

@@ -32,8 +32,11 @@ def test_normalize_features_row_none_and_bad_values():
     torch.testing.assert_close(out.x, torch.tensor([[0.25, 0.75], [0.0, 0.0], [0.25, 0.75]]))
     assert torch.equal(g.x, _graph().x)                          # input untouched
     assert out.edge_index is g.edge_index and out.num_classes == 2
-    with pytest.raises(ValueError, match="feature_norm='l2' is not one of"):
-        normalize_features(g, "l2")
+    # the check is the only guard: normalize_features row-normalises whatever is not "none"
+    # (an empty or differently cased value let in was taken as "row"; a mutation pass, s73)
+    for bad in ("l2", "", "ROW", "None"):
+        with pytest.raises(ValueError, match=f"feature_norm={bad!r} is not one of"):
+            normalize_features(g, bad)
     with pytest.raises(TypeError, match="feature_norm must be a str"):
         normalize_features(g, None)
     # entries that cancel: x / sum leaves float32; the loader's NaN / Inf check then blamed

@@ -113,9 +113,9 @@ _SWITCH_ON, _SWITCH_OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off"
 
 
 def env_switch(name: str, default: bool) -> bool:
-    """An on/off environment variable (1/0, true/false, yes/no, on/off, any case; unset or
-    empty: ``default``); anything else a ValueError naming it (HIERTAIL_NATIVE=OFF and
-    HIERTAIL_SYMMETRIC=nope were read as "on" without a word)."""
+    """An on/off environment variable (1/0, true/false, yes/no, on/off, any case, spaces around
+    it ignored; unset or blank: ``default``); anything else a ValueError naming it
+    (HIERTAIL_NATIVE=OFF and HIERTAIL_SYMMETRIC=nope were read as "on" without a word)."""
     raw = os.environ.get(name, "").strip().lower()
     if not raw:
         return default
