@@ -10,6 +10,7 @@ from hiertail_fast import (
     BalancedContrastiveLoss,
     CSRGraph,
     GCNConv,
+    TopKPool,
     balanced_accuracy,
     balanced_contrastive_loss,
     gcn_propagate,
@@ -317,6 +318,31 @@ CASES = [
                                     temperature=1e300), ValueError,
      "the logits overflow torch.float64, their dot products z_i·z_k already, before the "
      "division by the temperature: max ‖z_i‖² = ~1e401"),
+    # (a mutation pass, session 73) the limit is 1/16 of the dtype's largest value, not 1/2:
+    # logits of 0.1 x float32's max at tau 1 gave a loss of ~1e30 or one of the other sign by
+    # backend; the message's size is the true one where a prototype's (or any) norm overflows
+    # float32, beside a zero row (its own size: ~1enan; z's only: "14.4", another cause)
+    ("bcl logits past a 16th", _bcl(z=torch.nn.functional.normalize(Z, dim=1) * (
+        torch.finfo(torch.float32).max * 0.1) ** 0.5, prototypes=None, temperature=1.0),
+     ValueError, "the logits overflow torch.float32"),
+    ("bcl protos norm overflows", _bcl(prototypes=torch.tensor([[3e38, 3e38, 0.0, 0.0],
+                                                                 [1.0, 1.0, 1.0, 1.0]]),
+                                       temperature=0.5), ValueError,
+     "their dot products z_i·z_k already, before the division by the temperature: "
+     "max ‖z_i‖² = 1.8e+77 > 2.13e+37"),
+    ("bcl norm overflows beside a zero row", _bcl(z=torch.tensor([[3e38, 3e38, 0.0, 0.0],
+                                                                   [0.0, 0.0, 0.0, 0.0],
+                                                                   [1.0, 2.0, 0.0, 0.0]]),
+                                                   labels=torch.tensor([0, 0, 1]),
+                                                   prototypes=None, temperature=0.5),
+     ValueError, "max ‖z_i‖² = 1.8e+77 > 2.13e+37"),
+    # an edge_weight beside a CSRGraph (whose weights are stored in it) was dropped silently
+    ("conv csr weight", lambda: GCNConv(4, 2)(X, CSRGraph.from_edge_index(EI, num_nodes=3),
+                                              torch.ones(3)), ValueError,
+     "edge_weight must be None when a CSRGraph or a sparse adjacency is given"),
+    # too few features: named as x's, not as the module's weight that does not match them
+    ("pool module x narrow", lambda: TopKPool(4, 0.5)(torch.randn(5, 3), EI), ValueError,
+     "x has 3 features, TopKPool(4) expects 4"),
     # GCNConv's own product x·Wᵀ overflowing (in >= out: the product goes into the
     # propagation, whose check blamed the user's finite x)
     ("conv product overflow", lambda: _conv_with_weight(1.0)(torch.full((3, 4), 2e38), EI),

@@ -694,6 +694,26 @@ def test_label_checks_without_the_private_guard_are_traced_as_before(monkeypatch
         compiled(torch.full((10,), 3), idx)
 
 
+def test_compiled_label_checks_refuse_a_train_idx_that_is_not_1d():
+    """The label op's fake (what tracing runs) takes a train_idx of any shape and leaves the
+    refusal to the op: a 0-d or 2-D train_idx gets the eager ValueError from a fullgraph
+    compiled call (its fake read shape[0] of a 0-d one: an IndexError while tracing; a mutation
+    pass, session 73)."""
+    from hiertail_fast.nn._train_labels import checked_train_labels
+
+    y = torch.tensor([0, 1, 1, 0])
+
+    def f(y, idx):
+        return checked_train_labels(y, idx, 4, 2, y.device)
+
+    compiled = torch.compile(f, backend="eager", fullgraph=True)
+    for idx in (torch.tensor(1), torch.tensor([[0, 1]])):
+        torch._dynamo.reset()
+        with pytest.raises(ValueError, match=r"train_idx must be 1-D, got shape \(" +
+                           ", ".join(map(str, idx.shape)) + r"\)"):
+            compiled(y, idx)
+
+
 def test_compiled_a2_of_a_directed_pooled_graph_has_the_eager_gradient():
     """traced_augment_a2: A² inherits the input's symmetry, nothing more (declared symmetric
     for a directed input, the backward applied Â for Âᵀ: mutant Y05). The A² of a pooled

@@ -5,13 +5,19 @@ official variant's positive pairs across chunk boundaries (its forward without a
 gradient). Values against the float64 reference."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 import hiertail_fast.ops._lse_symmetric as sym
-from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss
+from hiertail_fast import (
+    BalancedContrastiveLoss,
+    balanced_contrastive_loss,
+    hierarchical_contrastive_loss,
+)
 from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
 from tests import test_lse_symmetric
+from tests.conftest import tol
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 forced = test_lse_symmetric.forced     # the symmetric engine forced on, 16-row blocks, a spy
@@ -48,6 +54,36 @@ def test_hierarchical_validates_every_level():
         # the same input at level 0 gives the same error (one rule for every level)
         with pytest.raises(err, match=words):
             hierarchical_contrastive_loss(z, labs[::-1], pros[::-1], temperature=0.5)
+
+
+def test_the_documented_argument_forms_are_taken():
+    """Forms the docstrings and docs/GUARANTEES.md accept, each refused or broken by a mutant
+    that passed every test (a mutation pass, session 73): levels as any iterable (generators:
+    "no len()"), a numpy integer temperature (a TypeError), a tensor temperature up to float32's
+    largest (3e38 refused at half of it), and 16-bit rows whose norms pass float16's range (the
+    logits are float32: norms taken in float16 overflowed and the call was refused)."""
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(6, 3, generator=g)
+    y1, y2 = torch.tensor([0, 0, 1, 1, 2, 2]), torch.tensor([0, 0, 0, 1, 1, 1])
+    p1, p2 = torch.randn(3, 3, generator=g), torch.randn(2, 3, generator=g)
+    as_lists = hierarchical_contrastive_loss(z, [y1, y2], [p1, p2], temperature=0.5)
+    as_generators = hierarchical_contrastive_loss(z, (t for t in (y1, y2)),
+                                                  (p for p in (p1, p2)), temperature=0.5)
+    assert torch.equal(as_generators, as_lists)
+    for numpy_tau, tau in ((np.int64(1), 1.0), (np.int32(2), 2.0), (np.float32(0.5), 0.5)):
+        want = balanced_contrastive_loss(z, y1, temperature=tau)
+        assert torch.equal(balanced_contrastive_loss(z, y1, temperature=numpy_tau), want)
+        assert torch.equal(BalancedContrastiveLoss(temperature=numpy_tau)(z, y1), want)
+    big = torch.tensor(3e38)
+    torch.testing.assert_close(balanced_contrastive_loss(z, y1, temperature=big),
+                               balanced_contrastive_loss(z, y1, temperature=3e38))
+    wide = torch.tensor([[60000., 60000.], [1., 2.], [3., -1.], [-2., 5.]], dtype=torch.float16)
+    labels = torch.tensor([0, 0, 1, 1])
+    for backend in ("reference", None):
+        got = balanced_contrastive_loss(wide, labels, temperature=1e3, backend=backend)
+        want = balanced_contrastive_loss(wide.double(), labels, temperature=1e3,
+                                         backend="reference")
+        torch.testing.assert_close(got.double(), want, **tol(torch.float16))
 
 
 @pytest.mark.parametrize("n", [*range(1, 130), 200])

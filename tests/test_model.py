@@ -756,6 +756,17 @@ def test_topkpool_names_its_own_weight():
         TopKPool(4, ratio=0.5).double()(x, ei)
 
 
+def test_topkpool_builds_its_weight_in_the_dtype_asked_for():
+    # the factory kwargs reach the weight (dropped, TopKPool(dtype=float64) built float32 and
+    # then refused float64 features; a mutation pass, session 73)
+    from hiertail_fast.nn.pool import TopKPool
+
+    pool = TopKPool(4, ratio=0.5, dtype=torch.float64)
+    assert pool.weight.dtype == torch.float64
+    x, ei = torch.randn(6, 4, dtype=torch.float64), torch.tensor([[0, 1, 2], [1, 2, 3]])
+    assert pool(x, ei)[0].dtype == torch.float64
+
+
 def test_a_dtype_mismatch_names_the_conversion_that_works():
     # integer or boolean features: the advice module.to(x.dtype) is refused by torch ("only
     # accepts floating point or complex dtypes"), so the features are named (an API audit,

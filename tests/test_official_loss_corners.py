@@ -456,7 +456,12 @@ def test_the_official_fast_engines_refuse_logits_past_their_range(backend):
                                                backend=backend),
              lambda: hierarchical_contrastive_loss(past, [y, y * 0], [None, None],
                                                    temperature=1.0, variant="official",
-                                                   backend=backend)]
+                                                   backend=backend),
+             # rows of norm 1, prototypes past the bound: the bound is taken over both (taken
+             # over z alone, the call ran on, 5.9e-4 relative off at 4.8e14; a mutation pass,
+             # session 73)
+             lambda: balanced_contrastive_loss(unit, y, prototypes=past[:2], temperature=1.0,
+                                               variant="official", backend=backend)]
     if dev == "cpu":
         def autocast_call():
             with torch.autocast("cpu", dtype=torch.bfloat16):
