@@ -160,6 +160,15 @@ def test_parse_seeds():
         parse_seeds(["1,-4,5"])
     with pytest.raises(ValueError, match=r"--seeds: seed 18446744073709551616 is out of range"):
         parse_seeds(["1", str(2**64), "5"])
+    # (a mutation pass, session 73) values that hold no seed: refused by name, not [] or an
+    # IndexError; a base out of range named as --seed-base, not as a seed it would make
+    for empty in ([","], [" , "], [""]):
+        with pytest.raises(ValueError, match="--seeds is empty"):
+            parse_seeds(empty)
+    for base in (-5, 2**64):
+        with pytest.raises(ValueError, match=rf"--seed-base must lie in \[0, {2**64 - 1}\], "
+                           rf"got {base}"):
+            parse_seeds(["3"], base=base)
 
 
 def test_train_api_bad_inputs(small):

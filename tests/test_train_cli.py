@@ -150,7 +150,10 @@ def test_a_large_seed_count_is_said_before_anything_trains(tmp_path, capsys):
     assert parse_seeds(["125,"]) == [125]
     notice = seed_count_notice(["125"], parse_seeds(["125"]))
     assert notice is not None and "125 seeds, 123..247" in notice and "--seeds 125," in notice
-    for values in (["3"], ["10"], ["125,"], ["1,2,5"], ["1", "2"]):
+    # (lists of more than 10 seeds too: a mutation pass, session 73, found the notice said for
+    # them, "--seeds 1 is a count: 11 seeds", without a test failing)
+    eleven = [str(seed) for seed in range(1, 12)]
+    for values in (["3"], ["10"], ["125,"], ["1,2,5"], ["1", "2"], [",".join(eleven)], eleven):
         assert seed_count_notice(values, parse_seeds(values)) is None
     with pytest.raises(SystemExit) as exc:
         main(["--data", str(tmp_path / "missing.npz"), "--seeds", "11", "--no-progress"])
@@ -241,6 +244,20 @@ def test_entry_points_wait_passively_unless_told(entry):
     assert SPIN.format(0) in proc.stderr          # OpenMP saw PASSIVE when torch loaded it
     proc = _python(entry + ["--help"], OMP_DISPLAY_ENV="VERBOSE", OMP_WAIT_POLICY="ACTIVE")
     assert SPIN.format(30000000000) in proc.stderr  # the user's own choice is kept
+
+
+def test_the_wait_policy_is_left_alone_once_torch_is_loaded(monkeypatch):
+    """An embedding program that loaded torch before calling main: OpenMP has read its policy
+    already, so the entry sets none (set, it would be recorded as the run's policy without
+    being in effect, and passed on to child processes; a mutation pass, session 73)."""
+    import sys
+
+    from hiertail_fast.__main__ import prefer_passive_wait
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert "torch" in sys.modules
+    assert prefer_passive_wait() is False
+    assert "OMP_WAIT_POLICY" not in os.environ
 
 
 def test_console_script_trains_and_exits_0(tmp_path):
