@@ -241,6 +241,24 @@ def test_force_replaces_both_the_graph_and_the_split(tmp_path):
     assert load_split(split)["test"].tolist() == TEST
 
 
+def test_a_split_file_made_while_the_graph_is_written_is_kept(tmp_path, monkeypatch):
+    """Without force the split is linked into place, not replaced: a file another writer made
+    between the early check and the write is kept, and the conversion says so (written with
+    force=True regardless, it was replaced silently; a mutation pass, session 73)."""
+    split = tmp_path / "split.npz"
+    real_save = conversion.save_graph
+
+    def save_then_another_writer(*args, **kwargs):
+        out = real_save(*args, **kwargs)
+        split.write_bytes(b"another writer's file")
+        return out
+
+    monkeypatch.setattr(conversion, "save_graph", save_then_another_writer)
+    with pytest.raises(FileExistsError):
+        convert(_masked_data(), tmp_path / "g.npz", split_out=split)
+    assert split.read_bytes() == b"another writer's file"
+
+
 # ------------------------------------------------------------------------ the command line
 def test_cli_force_overwrites_and_reports_the_graph(tmp_path, capsys):
     """``--force`` replaces an existing output, and the success line on stderr gives the

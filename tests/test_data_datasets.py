@@ -184,6 +184,15 @@ def test_root_and_name_checks(tmp_path, monkeypatch):
         load_dataset("email", root=3)
     with pytest.raises(ValueError, match="source="):
         load_dataset("email", root=tmp_path, source="web")
+    # (a mutation pass, session 73) "~" is the user's home, for root= and $HIERTAIL_DATA (the
+    # README's own root="~/data"); an empty $HIERTAIL_DATA counts as unset, said as such
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert resolve_root("~") == tmp_path and load_dataset("email", root="~").num_nodes == 3
+    monkeypatch.setenv("HIERTAIL_DATA", "~")
+    assert resolve_root() == tmp_path
+    monkeypatch.setenv("HIERTAIL_DATA", "")
+    with pytest.raises(ValueError, match="root is not given and HIERTAIL_DATA is not set"):
+        resolve_root()
 
 
 def test_blogcatalog_rows_are_normalised_as_the_official_loader():
@@ -192,6 +201,8 @@ def test_blogcatalog_rows_are_normalised_as_the_official_loader():
                   num_classes=2)
     out = official_preprocess(g, "blog")
     torch.testing.assert_close(out.x, torch.tensor([[0.25, 0.75], [0.0, 0.0], [-0.5, 1.5]]))
+    # named after the dataset (its canonical name), not the graph it was given
+    assert out.name == "blogcatalog" and official_preprocess(g, "Cora-Full").name == "cora_full"
     assert out.edge_index.tolist() == [[0, 1], [1, 0]] and out.y.tolist() == [1, 0, 0]
     assert torch.equal(g.x, x)  # input untouched
 

@@ -51,6 +51,8 @@ def test_from_pyg_data_shares_tensors(fake):
     assert g.edge_index.data_ptr() == fake.edge_index.data_ptr()
     assert g.num_classes == int(fake.y.max()) + 1 and g.num_nodes == fake.num_nodes
     assert is_pyg_data(fake) and not is_pyg_data(g) and not is_pyg_data(fake.x)
+    # a user's own container named Data (taken as PyG's, it failed inside; a mutation pass)
+    assert not is_pyg_data(type("Data", (), {"__module__": "my_package"})())
 
 
 @pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
@@ -113,6 +115,16 @@ def test_from_pyg_data_converts_dtypes_and_sparse_x():
     *[(dict(x=torch.ones(4, 3), edge_index=torch.tensor([[0, 1], [1, 2]]).to(dtype),
             y=torch.tensor([0, 1, 0, 1])), ValueError,
        "data.edge_index must be an integer tensor") for dtype in (torch.uint16, torch.uint32)],
+    # (a mutation pass, session 73) x not 2-D: an IndexError, or [3, 2, 2] taken as 2 features;
+    # no nodes: torch's min() error; a negative node id taken into the GraphData
+    *[(dict(x=torch.ones(shape), edge_index=torch.tensor([[0, 1], [1, 0]]),
+            y=torch.tensor([0, 1, 0])), ValueError, r"data.x must be 2-D \[n, F\]")
+      for shape in ((3,), (3, 2, 2))],
+    (dict(x=torch.zeros(0, 3), edge_index=torch.zeros(2, 0, dtype=torch.long),
+          y=torch.zeros(0, dtype=torch.long)), ValueError, "data has no nodes"),
+    (dict(x=torch.ones(3, 2), edge_index=torch.tensor([[0, -1], [1, 0]]),
+          y=torch.tensor([0, 1, 0])), ValueError,
+     r"data.edge_index has node ids outside \[0, 3\)"),
 ])
 def test_from_pyg_data_bad_inputs(kwargs, exc, message):
     with pytest.raises(exc, match=message):

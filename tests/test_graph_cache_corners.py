@@ -17,6 +17,9 @@ call raise ... The same holds for a copy".
 - a deep copy of a graph with a DECLARED symmetry whose arrays were edited raises.
 - ``gcn_norm_values`` of learnable weights is recomputed each call (a cached one failed the
   second backward).
+- (a mutation pass, session 73) a loaded copy's own learnable weights stepped by a fused
+  optimizer are compared before an entry is served; structural entries first cached in
+  inference mode are ordinary tensors.
 """
 from __future__ import annotations
 
@@ -128,6 +131,42 @@ def test_a_copy_after_a_fused_step_and_freeze_serves_the_new_weights():
     with torch.no_grad():
         torch.testing.assert_close(gcn_propagate(x, c), gcn_propagate(x, _fresh(g)))
     assert c.is_symmetric() is False
+
+
+def test_a_loaded_copy_follows_a_fused_step_of_its_own_learnable_weights():
+    """A copy keeps its cached entries but not the weights' snapshot; its weights, learnable,
+    stepped by a fused optimizer (no version bump) must be compared before an entry is served
+    (skipped where no snapshot travelled, the copy served the old operator: a mutation pass,
+    session 73)."""
+    s = CSRGraph.from_edge_index(torch.randint(0, 20, (2, 70), generator=torch.Generator()
+                                               .manual_seed(0)), num_nodes=20, symmetrize=True)
+    g = CSRGraph(s.indptr, s.indices, torch.nn.Parameter(torch.ones(s.num_edges)), s.num_nodes)
+    x = torch.randn(20, 3, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        gcn_propagate(x, g)                                # caches the operator
+    c = pickle.loads(pickle.dumps(g))
+    assert c.weight.requires_grad
+    opt = torch.optim.Adam([c.weight], lr=0.5, fused=True)
+    (c.weight * torch.arange(c.num_edges)).sum().backward()
+    version = c.weight._version
+    opt.step()
+    assert c.weight._version == version                    # the counter was not bumped
+    with torch.no_grad():
+        torch.testing.assert_close(gcn_propagate(x, c), gcn_propagate(x, _fresh(c)))
+
+
+def test_structural_entries_cached_in_inference_mode_serve_a_later_training_step():
+    """docs/GUARANTEES.md: caches filled under torch.inference_mode() hold ordinary tensors.
+    A row index first cached in an evaluation pass was an inference tensor (made without the
+    guard), and every later training step on learnable weights failed: "Inference tensors
+    cannot be saved for backward" (a mutation pass, session 73)."""
+    w = torch.nn.Parameter(torch.ones(4))
+    g = CSRGraph(torch.tensor([0, 1, 3, 4]), torch.tensor([1, 0, 2, 1]), w, 3)
+    with torch.inference_mode():
+        assert not g.row_index().is_inference()
+    values, _ = g.gcn_norm_values()
+    values.sum().backward()
+    assert w.grad is not None and torch.isfinite(w.grad).all()
 
 
 def test_a2_of_learnable_bfloat16_weights_sums_in_float32():
