@@ -470,5 +470,8 @@ def test_the_request_without_a_triton_device_is_a_clear_error(monkeypatch):
     with pytest.raises(ValueError, match="HIERTAIL_POSITIVES=triton cannot run here: the triton "
                                          "backend needs CUDA"):
         balanced_contrastive_loss(z, y, variant="official", backend="torch")
-    # the exact variant has no positive pairs to compute: unaffected
-    balanced_contrastive_loss(z, y, variant="exact", backend="torch")
+    # the exact variant has no positive pairs to compute: unaffected, its gradient too (the
+    # fused pass asked for the Triton positives of any variant: a mutation pass, session 73)
+    z.requires_grad_(True)
+    balanced_contrastive_loss(z, y, variant="exact", backend="torch").backward()
+    assert torch.isfinite(z.grad).all()

@@ -161,6 +161,34 @@ def test_hierarchical_rest_keys_and_prototype_maxima_float64(monkeypatch, includ
     assert len(calls) == (0 if nested else 1)
 
 
+def test_a_prototype_whose_row_max_is_a_common_key_of_a_big_group(engine_path, monkeypatch):
+    """A level's prototype row is not one of the common keys (its column -1): in a big group
+    (>= 64 common keys) whose common key holds the prototype's row max (short prototypes), the
+    slice plan must not read that -1 as a column from the end of the slice (without its guard
+    the slice's last key left the prototype's sums: the hierarchical loss 1.8e-5 off, its
+    gradient 2.6e-5, float64, on the torch plan; a mutation pass, session 73)."""
+    monkeypatch.setenv("HIERTAIL_SYMMETRIC", "0")
+    gen = torch.Generator().manual_seed(0)
+    n, d = 200, 8
+
+    def unit_rows(k):
+        return torch.nn.functional.normalize(torch.randn(k, d, generator=gen,
+                                                         dtype=torch.float64), dim=1)
+
+    z = unit_rows(n)
+    y = torch.zeros(n, dtype=torch.long)
+    y[150:] = 1 + torch.arange(50) % 5                                # class 0: 150 rows
+    short = 0.5 * unit_rows(6)                                        # short: node keys win
+    second = torch.randint(0, 3, (n,), generator=gen)                 # not nested in y
+    protos = [short, 0.5 * unit_rows(3)]
+    kw = dict(temperature=0.5, variant="official", include_self=False)
+    got = _grads(lambda zz, pp: hierarchical_contrastive_loss(zz, [y, second], pp,
+                                                              backend="torch", **kw), z, protos)
+    want = _grads(lambda zz, pp: ref(zz, y, prototypes=pp[0], **kw)
+                  + ref(zz, second, prototypes=pp[1], **kw), z, protos)
+    _assert_close64(got, want)
+
+
 def test_key_order_is_stable_and_ranks_levels_by_exact_cost():
     """key_order: a stable lexicographic order (equal group ids keep index order); the levels
     are ranked by their positive pairs Σ n_c² counted exactly (float32 rounds 25,000,001 to
