@@ -167,6 +167,12 @@ def test_row_normalisation():
     torch.testing.assert_close(_dense(g, "row"), a / a.sum(1, keepdim=True).clamp_min(1))
     with pytest.raises(ValueError, match="norm"):
         adjacency_operator(g, "sym")
+    # the graph's float32 weights as they are, both norms (through float16 they were 0.12347:
+    # a mutation pass, session 73)
+    w = CSRGraph(torch.tensor([0, 2, 4]), torch.tensor([0, 1, 0, 1]),
+                 torch.tensor([1.0, 0.1234567, 0.1234567, 1.0]), 2)
+    assert _dense(w)[0, 1].item() == torch.tensor(0.1234567).item()
+    assert _dense(w, "row")[0, 1].item() == pytest.approx(0.1234567 / 1.1234567, rel=1e-6)
 
 
 def _ctx(g, graph, seed=0):
@@ -330,12 +336,20 @@ def test_enormous_up_sampling_is_a_clear_error(tiny):
 
 def test_bad_build(tiny):
     g, graph = tiny
-    with pytest.raises(ValueError, match="im_class_num"):
-        build_method(_ctx(g, graph), BaselineConfig(method="smote", im_class_num=5))
+    # every method with tail classes checks their number when it is built (a mutation pass,
+    # session 73: GraphMixup, which does not check it again later, was built for 5 of 4)
+    for method in [m for m, fields in METHOD_FIELDS.items() if "im_class_num" in fields]:
+        with pytest.raises(ValueError, match=r"im_class_num must lie in \[1, num_classes=4\], "
+                           "got 5"):
+            build_method(_ctx(g, graph), BaselineConfig(method=method, im_class_num=5))
     with pytest.raises(TypeError, match="BaselineConfig"):
         build_method(_ctx(g, graph), {"method": "origin"})
     with pytest.raises(ValueError, match="disagree"):
         MethodContext(g.x[:-1], g.y, graph, torch.arange(3), 4, torch.Generator())
+    # a graph of another size than x and y (the same mutation pass: it was taken)
+    other = prepare_graph(g.edge_index, g.num_nodes + 2)
+    with pytest.raises(ValueError, match=r"and the graph \(62 nodes\) disagree"):
+        MethodContext(g.x, g.y, other, torch.arange(3), 4, torch.Generator())
 
 
 def test_method_context_names_bad_indices_and_labels(tiny):

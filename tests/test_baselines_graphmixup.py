@@ -76,6 +76,12 @@ def test_sample_distinct():
         assert torch.equal(a, b) and a.numel() == min(total, k)
         assert a.unique().numel() == a.numel() and (a.numel() == 0 or 0 <= a.min() <= a.max()
                                                      < total)
+    # the documented stream, so a seed names its pairs: a permutation while total <= 4k (the
+    # dense oracle calls the same function, so a changed threshold passed every test: a
+    # mutation pass, session 73)
+    for total, k in [(10, 4), (12, 3)]:
+        perm = torch.randperm(total, generator=torch.Generator().manual_seed(0))[:k]
+        assert torch.equal(mt.sample_distinct(total, k, torch.Generator().manual_seed(0)), perm)
 
 
 def test_global_path_targets_match_official_bfs(tiny):

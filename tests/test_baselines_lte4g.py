@@ -16,6 +16,7 @@ from hiertail_fast.baselines import lte4g_steps as st
 from hiertail_fast.baselines.layers import adjacency_operator
 from hiertail_fast.data.splits import natural_split
 from hiertail_fast.data.synthetic import make_synthetic_graph
+from hiertail_fast.graph import CSRGraph
 from hiertail_fast.nn.hiertail import prepare_graph
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -42,6 +43,13 @@ def test_head_tail_split_pareto_rule():
     picks = {st.head_tail_split([3, 3, 1], "pareto_55", torch.Generator().manual_seed(s))
              for s in range(20)}
     assert picks == {1, 2}
+    # which side of the coin is which (a mutation pass, session 73: reversed, every test
+    # passed): d = [9, 9, 5, 5, 5, 1, 1, 1], "≥ 5" 5/3 and "> 5" 2/6 tie; 0 takes "≥"
+    for seed in range(8):
+        coin = int(torch.randint(2, (1,), generator=torch.Generator().manual_seed(seed)))
+        got = st.head_tail_split([9, 9, 5, 5, 5, 1, 1, 1], "pareto_55",
+                                 torch.Generator().manual_seed(seed))
+        assert got == (5 if coin == 0 else 2), seed
 
 
 def test_degrees_and_groups_match_dense_rule(tiny):
@@ -58,6 +66,11 @@ def test_degrees_and_groups_match_dense_rule(tiny):
         assert bool(((deg[nodes] >= 5) == (name[1] == "H")).all())
     ev = st.group_eval_nodes(train, g.y, 3, deg, 4)
     assert all(torch.equal(ev[k], groups[k]) for k in st.GROUPS)
+    # column sums, on a graph that is not symmetric (prepare_graph's A + I is: row sums there
+    # equal them; a mutation pass, session 73)
+    asym = CSRGraph(torch.tensor([0, 3, 4, 5]), torch.tensor([0, 1, 2, 1, 2]), None, 3)
+    assert st.node_degrees(asym).tolist() == [1, 2, 2]
+    assert st.node_degrees_dense(_dense(asym)).tolist() == [1, 2, 2]
 
 
 def test_single_training_node_of_a_group_goes_to_a_coin_subset():
@@ -133,6 +146,18 @@ def test_resources_fill_rules():
     assert off[:2].tolist() == gap[:2].tolist() == [0, 1]
     assert len(off) == 3 and len(gap) == 4
     assert st.class_resources(0, torch.tensor([0, 1]), 2, prob, x, graph).tolist() == [0, 1]
+    # (a mutation pass, session 73) an entry stored with weight 0 is no neighbour (node 2
+    # joined through it); a class without any resource gets the zero centroid, not NaN
+    zeros = CSRGraph(torch.tensor([0, 3, 5, 6]), torch.tensor([0, 1, 2, 0, 1, 2]),
+                     torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0, 1.0]), 3)
+    likely = torch.tensor([[0.1, 0.9], [0.8, 0.2], [0.9, 0.1]])
+    assert st.class_resources(0, torch.tensor([0]), 3, likely, torch.randn(3, 2),
+                              zeros).tolist() == [0, 1]
+    path = prepare_graph(torch.tensor([[0, 1, 2, 3, 4], [1, 2, 3, 4, 5]]), 6)
+    y = torch.tensor([0, 0, 1, 1, 2, 2])
+    centroids = st.class_prototypes(torch.randn(6, 3), torch.softmax(torch.randn(6, 3), 1),
+                                    torch.randn(6, 4), path, y, torch.tensor([0, 1, 2, 3]), 3)
+    assert torch.equal(centroids[2], torch.zeros(3)) and torch.isfinite(centroids).all()
 
 
 def test_routing_by_top1_cosine():
@@ -224,6 +249,56 @@ def test_low_degree_experts_start_from_high_degree_ones_and_routing_masks(tiny):
     assert torch.isfinite(out).all()
     tail = (out[:, m.sep_point:] > -999999.0).all(1)
     assert bool(((out[:, :m.sep_point] > -999999.0).all(1) ^ tail).all())   # one block a node
+
+
+def test_experts_and_students_train_as_configured_and_keep_their_best_epoch(monkeypatch):
+    """Stages 2-4 (a mutation pass, session 73: each of these passed every test, the defaults
+    making lr and lr_expert equal): every expert and student trains with Adam at lr_expert and
+    the configured weight decay, and comes out of its fit holding the state of its best epoch,
+    not its last; the centroids rank classes by the classifier's softmax over classes."""
+    from hiertail_fast.baselines import lte4g as lte4g_mod
+
+    g = make_synthetic_graph(150, num_classes=5, avg_degree=6, num_features=8,
+                             head_fraction=0.4, head_mass=0.6, seed=0)
+    perm = torch.randperm(150, generator=torch.Generator().manual_seed(1))
+    train, val = perm[:60], perm[60:100]
+    ctx = MethodContext(g.x, g.y, prepare_graph(g.edge_index, 150), train, 5,
+                        torch.Generator().manual_seed(0), val_idx=val)
+    torch.manual_seed(0)
+    m = build_method(ctx, BaselineConfig(method="lte4g", expert_ep=20, expert_patience=20,
+                                         curriculum_ep=6, lr=0.01, lr_expert=0.05,
+                                         weight_decay=5e-4))
+    optimizers, fits = [], []
+    real_adam, real_fit = torch.optim.Adam, lte4g_mod.fit_early_stopping
+
+    def adam(params, **kw):
+        optimizers.append(kw)
+        return real_adam(params, **kw)
+
+    def fit(module, *args, **kw):
+        out = real_fit(module, *args, **kw)
+        fits.append((module, out))
+        return out
+
+    monkeypatch.setattr(torch.optim, "Adam", adam)
+    monkeypatch.setattr(lte4g_mod, "fit_early_stopping", fit)
+    m.eval()
+    with torch.no_grad():
+        embed = m.encoder(g.x, m.adj)
+        prob = torch.softmax(m.classifier(embed, m.adj), dim=1)
+        c = m.ctx
+        want = st.class_prototypes(embed, prob, c.x, c.graph, c.y, c.train_idx, c.num_classes,
+                                   m.cfg.criterion, m.cfg.prototype_fill)
+    torch.manual_seed(0)
+    m.after_fit(val, epochs=20)
+    torch.testing.assert_close(m.centroids, want)
+    assert optimizers and all(kw == {"lr": 0.05, "weight_decay": 5e-4} for kw in optimizers)
+    assert len(fits) == len(optimizers)
+    before_last = [out for _, out in fits if out.best_epoch < out.epochs_run - 1]
+    assert before_last                      # the case that tells the best state from the last
+    for module, out in fits:
+        for name, value in module.state_dict().items():
+            assert torch.equal(value, out.best_state[name]), name
 
 
 def test_expert_epochs_capped_by_loop_and_distillation_targets(tiny):
