@@ -514,7 +514,32 @@ def test_loss_dtype_float16_overflow_names_loss_dtype_and_is_no_divergence(tiny)
         out.embedding = out.embedding.detach() - 1e5
         with pytest.raises(ValueError, match=r"loss_dtype='float16'"):
             model.loss(out, y, tr)
+        # float16's largest value itself is held: taken (refused at ">=": a mutation pass,
+        # session 73)
+        out = model(x, g)
+        edge = out.embedding.detach().clone()
+        edge[0, 0] = 65504.0
+        out.embedding = edge
+        totals["float16 at its largest"] = model.loss(out, y, tr).total
     assert all(torch.isfinite(t) for t in totals.values())
+
+
+def test_official_hidden_is_the_last_up_convs_input_after_the_skip():
+    """HierTailOutput.hidden (official configuration): what the last up conv takes, the skip
+    sum x0 + unpool(u), not x0, the embedding (a mutation pass, session 73)."""
+    torch.manual_seed(0)
+    n = 40
+    graph = prepare_graph(torch.randint(0, n, (2, 120), generator=torch.Generator()
+                                        .manual_seed(1)), n)
+    model = HierTail(5, 4, HierTailConfig.official(hidden=8)).eval()
+    seen = []
+    handle = model.up[-1].register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
+    try:
+        out = model(torch.randn(n, 5), graph)
+    finally:
+        handle.remove()
+    assert torch.equal(out.hidden, seen[-1])
+    assert not torch.equal(out.hidden, out.embedding)
 
 
 def test_hiertail_loss_refuses_duplicate_train_nodes(tiny):

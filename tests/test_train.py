@@ -171,6 +171,23 @@ def test_parse_seeds():
             parse_seeds(["3"], base=base)
 
 
+def test_reported_pool_sizes_are_the_models_with_classes_that_hold_no_node():
+    """The run's pool_sizes are those the model was built with, from data.num_classes (its C),
+    also where the top classes hold no node (from max(y) + 1 they were [3, 2] for a model
+    pooled to [6, 3]; a mutation pass, session 73)."""
+    from hiertail_fast.data.io import GraphData
+    from hiertail_fast.nn.hiertail import HierTailConfig
+
+    gen = torch.Generator().manual_seed(0)
+    n = 60
+    data = GraphData(edge_index=torch.randint(0, n, (2, 200), generator=gen),
+                     x=torch.randn(n, 4, generator=gen), y=torch.arange(n) % 3, num_classes=6)
+    split = (torch.arange(0, 30), torch.arange(30, 45), torch.arange(45, 60))
+    run = train_hiertail(data, split, epochs=2, patience=5, seed=0, progress=False)
+    assert run["pool_sizes"] == HierTailConfig.paper().pool_sizes(n, 6) != \
+        HierTailConfig.paper().pool_sizes(n, 3)
+
+
 def test_train_api_bad_inputs(small):
     split = natural_split(small.y, 0)
     with pytest.raises(ValueError, match="epochs"):

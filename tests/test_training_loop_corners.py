@@ -345,3 +345,79 @@ def test_seed_everything_seeds_numpy_with_the_seed_mod_2_to_the_32():
         got = np.random.rand(3)
         np.random.seed(seed % 2**32)
         assert np.array_equal(got, np.random.rand(3)), seed
+        # torch takes the seed itself (seeded mod 2**31, 5 and 2**31 + 5 were one stream:
+        # a mutation pass, session 73)
+        assert torch.initial_seed() == seed
+
+
+# ---------------------------------------------------------------- a mutation pass, session 73
+def _linear_fit(step, val_f1=lambda: 0.5, **kw):
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    args = dict(epochs=5, patience=10, progress=False, desc="run", device=torch.device("cpu"))
+    args.update(kw)
+    return fit_early_stopping(model, opt, lambda: step(model), val_f1, **args)
+
+
+def _plain_step(model):
+    loss = model(torch.ones(1, 2)).sum()
+    return loss, loss
+
+
+def test_tied_logits_predict_the_lowest_class():
+    # torch's argmax and the official output.max(1)[1]: a dead model (all logits equal)
+    # predicts class 0 (the last class taken, its metrics changed with no error)
+    from hiertail_fast._fit import predicted_classes
+
+    logits = torch.tensor([[0., 0., 0., 0.], [1., 3., 3., 0.], [2., 2., 0., 0.]])
+    assert predicted_classes(logits).tolist() == [0, 1, 0]
+
+
+def test_a_plain_value_error_during_training_is_raised_as_itself():
+    """Only the non-finite errors (overflowing values) after a step are divergence, a run's
+    outcome; any other ValueError of the training step or the validation pass, at any epoch,
+    is raised as itself (reported as TrainingDivergedError it looked like the run's result)."""
+    from hiertail_fast.train import TrainingDivergedError
+
+    calls = {"n": 0}
+
+    def failing_at_epoch_2(model):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise ValueError("a bad input found at epoch 2")
+        return _plain_step(model)
+
+    def bad_val():
+        raise ValueError("a bad input found in the validation pass")
+
+    for kw in (dict(step=failing_at_epoch_2), dict(step=_plain_step, val_f1=bad_val)):
+        with pytest.raises(ValueError, match="a bad input found") as caught:
+            _linear_fit(**kw)
+        assert not isinstance(caught.value, TrainingDivergedError)
+
+
+def test_divergence_names_its_epoch_and_warm_up_epochs_count_as_training_time():
+    import time
+
+    from hiertail_fast.train import TrainingDivergedError
+
+    calls = {"n": 0}
+
+    def nan_at_epoch_3(model):
+        calls["n"] += 1
+        loss, _ = _plain_step(model)
+        loss = loss * (float("nan") if calls["n"] == 4 else 1.0)
+        return loss, loss
+
+    with pytest.raises(TrainingDivergedError, match="diverged at epoch 3") as caught:
+        _linear_fit(nan_at_epoch_3, epochs=9)
+    assert caught.value.epoch == 3
+
+    def slow(model):
+        time.sleep(0.02)
+        return _plain_step(model)
+
+    # epochs before select_from are trained too: their steps count in train_time (dropped,
+    # 10 steps of 20 ms came to ~0.04 s)
+    fit = _linear_fit(slow, epochs=10, patience=100, select_from=8)
+    assert fit.train_time >= 10 * 0.02
