@@ -112,6 +112,16 @@ def _assert_close64(got, want):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
 
 
+def _assert_two_levels_match_reference(z, y, second, protos, kw):
+    """The torch engine's hierarchical loss over levels y and second: value and gradients (z,
+    both prototypes) against the sum of the two levels' float64 references."""
+    got = _grads(lambda zz, pp: hierarchical_contrastive_loss(zz, [y, second], pp,
+                                                              backend="torch", **kw), z, protos)
+    want = _grads(lambda zz, pp: ref(zz, y, prototypes=pp[0], **kw)
+                  + ref(zz, second, prototypes=pp[1], **kw), z, protos)
+    _assert_close64(got, want)
+
+
 @pytest.mark.parametrize("include_self", [True, False])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_single_level_slices_and_pairs_float64(monkeypatch, include_self, reduction):
@@ -153,11 +163,7 @@ def test_hierarchical_rest_keys_and_prototype_maxima_float64(monkeypatch, includ
     protos = [torch.randn(12, 8, generator=gen, dtype=torch.float64) * 3,
               torch.randn(4, 8, generator=gen, dtype=torch.float64) * 3]
     kw = dict(temperature=0.5, variant="official", include_self=include_self)
-    got = _grads(lambda zz, pp: hierarchical_contrastive_loss(zz, [y, second], pp,
-                                                              backend="torch", **kw), z, protos)
-    want = _grads(lambda zz, pp: ref(zz, y, prototypes=pp[0], **kw)
-                  + ref(zz, second, prototypes=pp[1], **kw), z, protos)
-    _assert_close64(got, want)
+    _assert_two_levels_match_reference(z, y, second, protos, kw)
     assert len(calls) == (0 if nested else 1)
 
 
@@ -182,11 +188,7 @@ def test_a_prototype_whose_row_max_is_a_common_key_of_a_big_group(engine_path, m
     second = torch.randint(0, 3, (n,), generator=gen)                 # not nested in y
     protos = [short, 0.5 * unit_rows(3)]
     kw = dict(temperature=0.5, variant="official", include_self=False)
-    got = _grads(lambda zz, pp: hierarchical_contrastive_loss(zz, [y, second], pp,
-                                                              backend="torch", **kw), z, protos)
-    want = _grads(lambda zz, pp: ref(zz, y, prototypes=pp[0], **kw)
-                  + ref(zz, second, prototypes=pp[1], **kw), z, protos)
-    _assert_close64(got, want)
+    _assert_two_levels_match_reference(z, y, second, protos, kw)
 
 
 def test_key_order_is_stable_and_ranks_levels_by_exact_cost():
