@@ -85,6 +85,12 @@ def tol(dtype: torch.dtype) -> dict:
     return TOLERANCES[dtype]
 
 
+def ulp(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Spacing of `dtype` at |v| (its smallest normal's spacing below that)."""
+    e = torch.floor(torch.log2(v.abs().clamp_min(torch.finfo(dtype).tiny)))
+    return torch.exp2(e) * torch.finfo(dtype).eps
+
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 

@@ -10,7 +10,7 @@ from hiertail_fast.graph import CSRGraph
 from hiertail_fast.nn.pool import TopKPool
 from hiertail_fast.ops.topk_pool import TopKPoolResult, topk_pool, topk_unpool
 from hiertail_fast.reference.topk_pool import pool_size, topk_pool_ref, topk_unpool_ref
-from tests.conftest import DEVICES, backend_device, requires_triton, tol
+from tests.conftest import DEVICES, backend_device, requires_triton, tol, ulp
 
 try:
     from torch_geometric.nn import TopKPooling
@@ -368,12 +368,6 @@ def test_scores_of_rows_near_the_largest_value(backend, dtype):
                                atol=0, rtol=torch.finfo(dtype).eps)
 
 
-def _ulp(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Spacing of `dtype` at |v|."""
-    e = torch.floor(torch.log2(v.abs().clamp_min(torch.finfo(dtype).tiny)))
-    return torch.exp2(e) * torch.finfo(dtype).eps
-
-
 def _check_16bit_gradients(x, p, dev, backend, ratio, g, saturated=False):
     """topk_pool's gradients on 16-bit x, p against float64 autograd on the same values, with
     random upstream gradients of the rows and the scores: dp within 2 eps, relative (measured:
@@ -404,12 +398,12 @@ def _check_16bit_gradients(x, p, dev, backend, ratio, g, saturated=False):
     dt = ((gx.double() * xs).sum(1) + gs.double()) * (1 - sd ** 2)
     size = (gx.double() * sd[:, None]).abs() + (dt[:, None] * phat).abs()
     got = xg.grad.cpu().double()[perm]
-    assert bool(((got - x64g.grad[perm]).abs() <= 2 * _ulp(size, dtype)).all())
+    assert bool(((got - x64g.grad[perm]).abs() <= 2 * ulp(size, dtype)).all())
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
-def test_16bit_scores_within_an_ulp(backend, dtype):
+def test_16bit_scores_within_anulp(backend, dtype):
     # cancelling dots: Σ|x_j p̂_j| is ~10-30× |x·p̂|. Scores are tanh(x·p̂) with p̂, the dot
     # and tanh in float32, rounded once: within one ulp of tanh(x·p/‖p‖) evaluated in float64
     # on the same 16-bit inputs (with a 16-bit p̂, as before, fp16 scores were 6 ulps off:
@@ -432,10 +426,10 @@ def test_16bit_scores_within_an_ulp(backend, dtype):
     cancel = (x64.abs() @ phat.abs())[kept]
     assert float((cancel / dots.abs()).median()) > 10          # the case is the cancelling one
     score = r.score.cpu().double()
-    assert bool(((score - exact).abs() <= _ulp(exact, dtype)).all()), (score - exact).abs().max()
+    assert bool(((score - exact).abs() <= ulp(exact, dtype)).all()), (score - exact).abs().max()
     rows = x64[kept] * exact[:, None]
     err = (r.x.cpu().double() - rows).abs()
-    assert bool((err <= _ulp(rows, dtype)).all()), err.max()  # x·s from the fp32 score, once
+    assert bool((err <= ulp(rows, dtype)).all()), err.max()  # x·s from the fp32 score, once
     if backend == "reference":      # plain 16-bit autograd: the gradients' bounds are ours
         return
     _check_16bit_gradients(x, p, dev, backend, 0.5, g)
