@@ -1082,9 +1082,7 @@ def test_the_loss_picks_its_fp32_dot_from_the_logits(monkeypatch, triton_device,
     monkeypatch.setattr(k, "lse_backward", bwd)
     # the official positives' pass too: its pairs are compared with the forward's row max, so
     # it must multiply as the forward did (the s72 audit, m24: it got None, the env's dots)
-    import importlib
-
-    pos = importlib.import_module("hiertail_fast.kernels.balanced_contrastive_loss_positives")
+    from hiertail_fast.kernels import balanced_contrastive_loss_positives as pos
 
     def pairs(*args, fp32_dot=None, real=pos.positive_pairs, **kw):
         seen.append(("pos", fp32_dot))
