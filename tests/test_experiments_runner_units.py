@@ -128,3 +128,19 @@ def test_report_only_lists_six_missing_runs_then_dots():
         last = log[-1]
         assert last.startswith(f"{count} of {count} runs are not cached and were not trained")
         assert last.count("toy r") == 6 and last.endswith(" ...") is dots, last
+
+
+def test_summary_rows_keep_each_seeds_epochs_and_the_runs_total_wall_time():
+    """A row's ``epochs_run`` lists each seed's count in the order of its ``seeds``, and the
+    comparison row's ``train_wall_s`` is the row's total training time (the runs' sum)."""
+    from hiertail_fast.experiments.report import comparison_rows
+
+    recs = [{"spec": RunSpec("toy", "r", "origin", None), "identity": {"seed": s},
+             "result": {**_result(), "epochs_run": e}, "wall_s": w}
+            for s, e, w in ((7, 40, 2.0), (3, 10, 3.0), (5, 25, 4.0))]
+    summary = runner.summarize(recs)
+    assert summary[("toy", "r")]["seeds"] == [7, 3, 5]
+    assert summary[("toy", "r")]["epochs_run"] == [40, 10, 25]
+    (row,) = comparison_rows(summary, [("toy", "r", "R")], lambda d, r, m: None)
+    assert (row["seeds"], row["epochs_run"], row["train_wall_s"]) == ([7, 3, 5], [40, 10, 25],
+                                                                      9.0)

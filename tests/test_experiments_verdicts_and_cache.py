@@ -596,6 +596,39 @@ def test_run_specs_trains_each_run_with_its_own_seed(tmp_path, monkeypatch):
     assert [r["identity"]["seed"] for r in recs] == [5, 6, 7, 5, 6, 7]
 
 
+def test_a_run_record_names_the_thread_count_it_trained_with(tmp_path, monkeypatch):
+    """Without a per-dataset ``threads`` rule a run still records the torch thread count it
+    trained with (the summaries' provenance names it; None there means a run recorded before
+    the count was), and such an older record is reused without a notice of another count."""
+    import torch
+
+    import hiertail_fast.baselines.harness as harness
+    from hiertail_fast.baselines import BaselineConfig
+
+    def fake(data, split, cfg, *, seed, **kw):
+        m = {k: 0.5 for k in runner.METRICS}
+        return {"test": m, "val": m, "epochs_run": 1, "test_per_class": []}
+
+    monkeypatch.setattr(harness, "train_baseline", fake)
+    src = runner.DataSource(None, synthetic={"nodes": 200, "classes": 4, "features": 8})
+    spec = RunSpec("synthetic", "origin", "origin", BaselineConfig(method="origin"))
+    cache = runner.RunCache(tmp_path / "runs")
+    (rec,) = runner.run_specs([spec], Budget(seeds=(1,), epochs=2, patience=1), src, cache,
+                              progress=False, log=lambda _line: None,
+                              notice=lambda _line: None)
+    assert rec["threads"] == torch.get_num_threads()
+    (path,) = (tmp_path / "runs" / "synthetic").glob("origin-*.json")
+    assert json.loads(path.read_text())["threads"] == torch.get_num_threads()
+    # a record from before the count was recorded is reused without a thread-count notice
+    legacy = {k: v for k, v in json.loads(path.read_text()).items() if k != "threads"}
+    path.write_text(json.dumps(legacy))
+    notices = []
+    (again,) = runner.run_specs([spec], Budget(seeds=(1,), epochs=2, patience=1), src, cache,
+                                progress=False, log=lambda _line: None, notice=notices.append,
+                                threads=lambda _dataset: 1)
+    assert "threads" not in again and notices == []
+
+
 def test_run_records_name_the_commit_the_process_started_with(tmp_path, monkeypatch):
     """A commit or checkout while a long experiment trains must not relabel its runs: every
     record names the code the process started with (run_specs reads code_version before the
@@ -733,6 +766,39 @@ def test_migrate_fingerprints_dry_run_counts_and_writes_nothing(tmp_path):
     assert stats["migrated"] == 1
     assert json.loads(p.read_text())["data_fingerprint"] == source.fingerprint("synthetic")
 
+
+
+def test_migrate_fingerprints_gives_each_record_its_own_datas_fingerprint(tmp_path, capsys):
+    """Each legacy record gets the fingerprint of the data of its own identity (a synthetic
+    graph under each --feature-norm), written right after ``identity``; an unreadable file
+    leaves the command's exit status at 1."""
+    from hiertail_fast.experiments import migrate_fingerprints
+    from hiertail_fast.experiments.runner import DataSource
+
+    syn = {"nodes": 120, "classes": 6, "features": 16}
+    runs = tmp_path / "runs"
+    (runs / "synthetic").mkdir(parents=True)
+    expected = {}
+    for norm in ("none", "row"):
+        source = DataSource(None, syn, norm)
+        identity = {"dataset": "synthetic", "data": source.data_key("synthetic"),
+                    "split": ["natural"], "method": "origin", "seed": 1}
+        p = runs / "synthetic" / f"origin-{norm}-s1.json"
+        p.write_text(json.dumps(_run_record(identity, 0.5)))
+        expected[p] = source.fingerprint("synthetic")
+    assert len(set(expected.values())) == 2
+    assert migrate_fingerprints.main([str(runs), "--data-dir", str(tmp_path)]) == 0
+    for p, fingerprint in expected.items():
+        record = json.loads(p.read_text())
+        assert record["data_fingerprint"] == fingerprint, p.name
+        keys = list(record)
+        assert keys[keys.index("identity") + 1] == "data_fingerprint"
+    assert "added a fingerprint to 2 record(s); 0 had one; 0 left without one" in \
+        capsys.readouterr().out
+    (runs / "synthetic" / "truncated.json").write_text('{"identity": ')
+    assert migrate_fingerprints.main([str(runs), "--data-dir", str(tmp_path)]) == 1
+    assert "added a fingerprint to 0 record(s); 2 had one; 1 left without one" in \
+        capsys.readouterr().out
 
 
 # ---- the run of other data kept beside a run's file (a mutation audit, s43)
