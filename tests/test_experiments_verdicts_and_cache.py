@@ -801,6 +801,33 @@ def test_migrate_fingerprints_gives_each_record_its_own_datas_fingerprint(tmp_pa
         capsys.readouterr().out
 
 
+def test_migrate_fingerprints_replaces_an_empty_fingerprint(tmp_path, capsys):
+    """A record whose ``data_fingerprint`` is present but empty (null or "", a hand-edited or
+    foreign record) is migrated like one without it: the file then holds the data's fingerprint,
+    once, right after ``identity`` (the copy of the old empty value must not overwrite it)."""
+    from hiertail_fast.experiments import migrate_fingerprints
+    from hiertail_fast.experiments.runner import DataSource
+
+    source = DataSource(None, {"nodes": 120, "classes": 6, "features": 16})
+    identity = {"dataset": "synthetic", "data": source.data_key("synthetic"),
+                "split": ["natural"], "method": "origin", "seed": 1}
+    runs = tmp_path / "runs"
+    (runs / "synthetic").mkdir(parents=True)
+    paths = []
+    for i, empty in enumerate((None, "")):
+        p = runs / "synthetic" / f"origin-empty{i}-s1.json"
+        p.write_text(json.dumps({**_run_record(identity, 0.5), "data_fingerprint": empty}))
+        paths.append(p)
+    assert migrate_fingerprints.main([str(runs), "--data-dir", str(tmp_path)]) == 0
+    assert "added a fingerprint to 2 record(s); 0 had one" in capsys.readouterr().out
+    for p in paths:
+        record = json.loads(p.read_text())
+        assert record["data_fingerprint"] == source.fingerprint("synthetic"), p.name
+        keys = list(record)
+        assert keys[keys.index("identity") + 1] == "data_fingerprint"
+        assert keys.count("data_fingerprint") == 1 and record["result"]["epochs_run"] == 3
+
+
 # ---- the run of other data kept beside a run's file (a mutation audit, s43)
 def test_a_kept_run_is_served_only_whole_and_only_for_its_own_data(tmp_path):
     """`put` moves the run of other data of the same shape to ``<name>.data-<16 hex>.json``

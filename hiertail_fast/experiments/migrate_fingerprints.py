@@ -91,6 +91,8 @@ def migrate(runs_dir: Path, data_dir: Path, *, dry_run: bool = False, log=print)
             continue
         new = {}
         for k, v in record.items():
+            if k in ("data_fingerprint", "data_fingerprint_added"):
+                continue  # an empty one (null, ""): replaced below, not copied over the new one
             new[k] = v
             if k == "identity":
                 new["data_fingerprint"] = fingerprint
