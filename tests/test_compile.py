@@ -189,6 +189,26 @@ def test_compiled_loss_under_autocast(dev):
         _same(a, b, dev)
 
 
+@pytest.mark.parametrize("dev", DEVICES)
+def test_compiled_loss_backward_after_autocast_keeps_the_traced_dtype(dev):
+    """reduction="none" traced under autocast of the device's non-default 16-bit dtype,
+    backward() after the autocast block (as training loops do): the backward op reruns the
+    loss on the traced autocast dtype, so the gradient is eager's, not that of the loss on
+    the device's default autocast dtype."""
+    z, y, _ = _data(dev, n=60)
+    amp_dtype = torch.float16 if torch.device(dev).type == "cpu" else torch.bfloat16
+
+    def f(z):
+        return balanced_contrastive_loss(z, y, reduction="none")
+
+    with torch.autocast(torch.device(dev).type, dtype=amp_dtype):
+        got = _compiled(f)(z)
+        want = f(z)
+    _same(got, want, dev)
+    for a, b in zip(_grads(got, [z]), _grads(want, [z]), strict=True):
+        _same(a, b, dev)
+
+
 def test_compiled_reference_backend_returns_the_fast_backends_dtype():
     """A 16-bit input's loss on backend="reference" comes back in float32, eager and compiled
     (the fast backends' rule; eager returned the input dtype until the reference computed
@@ -235,6 +255,24 @@ def test_compiled_loss_raises_the_eager_errors():
                 f(z, y, protos)
             with pytest.raises(exc, match=msg):
                 torch.compile(f, backend="aot_eager")(z, y, protos)
+
+
+@pytest.mark.parametrize("hierarchical", [False, True], ids=["balanced", "hierarchical"])
+def test_compiled_loss_names_labels_that_are_not_a_tensor(hierarchical):
+    """As eager: labels given as a list (one level's, for the hierarchical loss) raise the
+    TypeError naming them while the call is traced, not a TorchRuntimeError from the op."""
+    z, y, _ = _data("cpu", n=20)
+    y2 = torch.div(y, 2, rounding_mode="floor").tolist()
+
+    def f(z):
+        if hierarchical:
+            return hierarchical_contrastive_loss(z, [y, y2], [None, None])
+        return balanced_contrastive_loss(z, y.tolist())
+
+    with pytest.raises(TypeError, match="labels must be a torch.Tensor, got list"):
+        f(z)
+    with pytest.raises(TypeError, match="labels must be a torch.Tensor, got list"):
+        torch.compile(f, backend="aot_eager")(z)
 
 
 def test_compiled_loss_reads_the_backend_switch_when_it_runs(monkeypatch):

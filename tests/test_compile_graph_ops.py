@@ -284,6 +284,43 @@ def test_compiled_graph_ops_raise_the_eager_errors():
         torch.compile(float_count, backend="aot_eager")(x)
 
 
+def test_compiled_graph_ops_check_their_options_as_eager():
+    """The traced calls' own checks: a separate edge_weight beside a CSRGraph (which carries
+    its weights) is the eager ValueError for gcn_propagate and topk_pool, not silently
+    ignored; a non-bool add_self_loops is the eager TypeError, not read by its truthiness."""
+    x = torch.randn(12, 3, generator=torch.Generator().manual_seed(0))
+    g = CSRGraph.from_edge_index(torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]]), None, 12)
+    w, p = torch.rand(4), torch.ones(3)
+    for call, exc, msg in [
+        (lambda x: gcn_propagate(x, g, w), ValueError, "edge_weight must be None"),
+        (lambda x: topk_pool(x, g, p, 0.5, edge_weight=w).x, ValueError,
+         "edge_weight must be None"),
+        (lambda x: gcn_propagate(x, g, add_self_loops="no"), TypeError,
+         "add_self_loops must be a bool"),
+    ]:
+        with pytest.raises(exc, match=msg):
+            call(x)
+        torch._dynamo.reset()
+        with pytest.raises(exc, match=msg):
+            torch.compile(call, backend="aot_eager")(x)
+
+
+def test_compiled_topk_pool_refuses_x_of_another_node_count():
+    """As eager: x with fewer or more rows than the CSRGraph has nodes raises the eager
+    ValueError when the compiled pooling runs, not an IndexError from inside the op."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(12, 3, generator=gen)
+    g = CSRGraph.from_edge_index(torch.randint(0, 12, (2, 30), generator=gen), None, 12)
+    p = torch.randn(3, generator=gen)
+    pool = torch.compile(lambda x: topk_pool(x, g, p, 0.5).x, backend="aot_eager")
+    for rows in (11, 14):
+        bad = torch.cat([x, x])[:rows]
+        with pytest.raises(ValueError, match=f"the graph has 12 nodes but x has {rows} rows"):
+            topk_pool(bad, g, p, 0.5)
+        with pytest.raises(ValueError, match=f"the graph has 12 nodes but x has {rows} rows"):
+            pool(bad)
+
+
 @pytest.mark.parametrize("backend", [None, "reference"])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_a_pooling_step_compiles_whole(weighted, backend):
@@ -660,6 +697,19 @@ def test_compiled_gcn_propagate_on_an_edge_index_checks_num_nodes(num_nodes):
     """(mutant N06: the edge_index path skipped _count)"""
     ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
     with pytest.raises(TypeError, match="num_nodes"):
+        torch.compile(lambda x: gcn_propagate(x, ei, num_nodes=num_nodes),
+                      backend="aot_eager")(_x12())
+
+
+@pytest.mark.parametrize("num_nodes", [13, 11])
+def test_compiled_gcn_propagate_on_an_edge_index_refuses_another_node_count(num_nodes):
+    """As eager: an int num_nodes other than x's row count is the eager ValueError when the
+    compiled call runs, not a propagation over x's own rows."""
+    ei = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]])
+    msg = f"x has 12 rows but the graph has {num_nodes} nodes"
+    with pytest.raises(ValueError, match=msg):
+        gcn_propagate(_x12(), ei, num_nodes=num_nodes)
+    with pytest.raises(ValueError, match=msg):
         torch.compile(lambda x: gcn_propagate(x, ei, num_nodes=num_nodes),
                       backend="aot_eager")(_x12())
 
