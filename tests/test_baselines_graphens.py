@@ -248,6 +248,40 @@ def test_predict_ignores_synthetic_nodes_and_weight_decay_groups(tiny):
     assert info["num_synthetic_per_epoch"] == 19 and "warmup" in info["schedule"]
 
 
+def test_pairs_do_not_depend_on_the_order_of_the_training_ids(tiny):
+    """Each class's sources are its training nodes by ascending id (official idx_info), so a
+    shuffled train_idx draws the same pairs; info reports the saliency mask's ⌊F·keep_prob⌋."""
+    g, graph = tiny
+    train = torch.cat([torch.nonzero(g.y == c).flatten()[:k] for c, k in enumerate((9, 5, 2, 1))])
+    cfg = BaselineConfig(method="graphens", hidden=8, dropout=0.0, keep_prob=0.17)
+    pairs = []
+    for ids in (train, train.flip(0), train[torch.randperm(train.numel(),
+                                                            generator=torch.Generator().manual_seed(2))]):
+        ctx = MethodContext(g.x, g.y, graph, ids, 4, torch.Generator().manual_seed(7))
+        m = build_method(ctx, cfg)
+        pairs.append(m.sample_pairs())
+    for other in pairs[1:]:
+        assert all(torch.equal(u, v) for u, v in zip(pairs[0], other, strict=True))
+    assert m.info()["saliency_features_kept"] == 3                 # ⌊20 · 0.17⌋
+
+
+def test_dropout_only_in_training_mode(tiny):
+    """The dropout before the Linear layer is off in eval mode: predict() is deterministic and
+    equals the dropout-free forward."""
+    g, graph = tiny
+    m = _model(g, graph).eval()
+    m.cfg = m.cfg.replace(dropout=0.9)
+    a = torch.zeros(g.num_nodes, g.num_nodes)
+    a[graph.row_index(), graph.indices] = 1.0
+    x = g.x
+    with torch.no_grad():
+        for conv in m.convs:
+            x = F.relu(conv(x, a / a.sum(1, keepdim=True)))
+        torch.testing.assert_close(m.predict(), m.linear(x))
+        m.train()
+        assert not torch.allclose(m.predict(), m.linear(x))
+
+
 @pytest.mark.parametrize("kwargs, exc, match", [
     (dict(keep_prob=0.0), ValueError, "keep_prob"),
     (dict(keep_prob=1.5), ValueError, "keep_prob"),

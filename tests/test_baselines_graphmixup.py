@@ -124,6 +124,15 @@ def test_mixup_rounds_by_hand():
         gm.mixup_rounds(y, train, 4, 2, -1.0, 0.0)
 
 
+def test_default_pretraining_is_the_floor_of_half_an_odd_run():
+    """Without ``pretrain_epochs`` the pre-training is min(2010, ⌊epochs / 2⌋), for an odd
+    number of epochs too."""
+    cfg = BaselineConfig(method="graphmixup")
+    assert gm.pretrain_length(cfg, 21) == 10
+    assert gm.pretrain_length(cfg, 3) == 1
+    assert gm.pretrain_length(cfg, 4021) == gm.OFFICIAL_PRETRAIN_EPOCHS
+
+
 @pytest.mark.parametrize("neighbour", ["global", "local"])
 def test_mixup_interpolation(neighbour):
     h = torch.randn(12, 3, requires_grad=True)
@@ -184,6 +193,16 @@ def test_q_agent_stopping_rule():
     assert a.stopped(0.05)
     a.record[-20:] = [0.0, 0.1] * 10
     assert not a.stopped(0.05) and a.stopped(0.1)
+
+
+def test_q_agent_stopping_window_is_the_last_20_values():
+    """The stopping rule looks at the last ``window`` values of k only: an earlier outlier
+    does not keep the agent going."""
+    a = gm.QLearningScale(torch.Generator())
+    a.record = [0.0] * 149 + [0.5] + [0.0] * 20
+    assert a.stopped(0.05)
+    a.record[-20] = 0.5
+    assert not a.stopped(0.05)
 
 
 def _norm(a, norm):
