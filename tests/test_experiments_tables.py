@@ -368,3 +368,72 @@ def test_per_class_equal_size_classes_keep_label_order():
         if sizes[a] == sizes[b]:
             assert a < b, (a, b)                            # ties: label order
     assert ((train + unlabelled) == s).all()
+
+
+def test_a_graph_differing_from_the_papers_in_any_shape_gets_no_paper_cells():
+    """Context.paper_lookup: a dataset whose nodes, features or classes differ from the paper's
+    Table 1 (fewer or more) is not compared with the paper, with a note naming the difference."""
+    records = _records("email", "origin", {m: 50.0 for m in METRIC_ORDER})
+    for shape, why in (((1005, 64, 42), "features 64 vs 128"),
+                       ((2000, 128, 42), "nodes 2,000 vs 1,005"),
+                       ((1005, 128, 50), "classes 50 vs 42")):
+        ctx = _ctx(["email"])
+        ctx.source = FakeSource(shapes={"email": shape})
+        _, payload, _ = main_table.report(ctx, records)
+        assert all(v["paper"] is None for r in payload["rows"] for v in r["metrics"].values())
+        assert ctx.notes == [f"- email: not the paper's graph ({why}): not compared with the "
+                             "paper"]
+
+
+def test_table5_rows_are_the_commands_task_counts():
+    """``tasks --task-counts`` reports the pairs given, in their order, each with its runs;
+    the default sweep's rows are not shown."""
+    records = []
+    for counts, v in (((40, 7), 51.0), ((9, 3), 52.0)):
+        records += _records("wiki", f"tasks={counts[0]},{counts[1]}",
+                            {m: v for m in METRIC_ORDER})
+    md, payload, _ = tasks.report(_ctx(["wiki"], task_counts="40:7,9:3"), records)
+    assert [r["label"] for r in payload["rows"]] == ["[40, 7]", "[9, 3]"]
+    assert _cells(md, "[40, 7]")[1] == "2" and _cells(md, "[9, 3]")[1] == "2"
+    assert "[70, 35]" not in md and "[2, 1]" not in md
+
+
+def test_per_class_means_stds_and_counts_of_a_dataset():
+    """per-class report: each class's mean and population std over the seeds of that dataset's
+    row (a class without a value in a seed is left out of that class's mean, not counted as
+    0); head = the classes before which the larger classes hold < 80 % of the nodes (a class
+    starting exactly at 80 % is tail); the JSON's train / unlabelled counts are the natural
+    split's, classes by size."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from hiertail_fast.data.splits import natural_split_sizes
+    from hiertail_fast.experiments import per_class
+
+    sizes = np.array([50, 30, 20])
+    y = torch.from_numpy(np.repeat(np.arange(3), sizes))
+
+    class Source:
+        def load(self, name):
+            return argparse.Namespace(y=y)
+
+    def rec(dataset, seed, recall):
+        return {"spec": RunSpec(dataset, "origin", "x", None), "identity": {"seed": seed},
+                "result": {"test_per_class": recall}}
+
+    records = [rec("toy", 1, [0.5, 0.4, None]), rec("toy", 2, [0.7, 0.4, 0.3]),
+               rec("other", 1, [0.0, 0.0, 0.0])]
+    ctx = Context(argparse.Namespace(), Budget((1, 2)), Source(), None, ["toy"])
+    md, payload, figs = per_class.report(ctx, records)
+    for fig in figs.values():
+        plt.close(fig)
+    assert _cells(md, per_class.ROWS["origin"])[1:] == ["2", "50.0", "30.0", "43.3"]
+    (entry,) = payload["datasets"]
+    origin = entry["methods"]["origin"]
+    assert origin["seeds"] == 2
+    assert origin["mean"] == pytest.approx([60.0, 40.0, 30.0])
+    assert origin["std"] == pytest.approx([10.0, 0.0, 0.0])
+    train = natural_split_sizes(sizes)[:, 1]
+    assert entry["train_count"] == train.tolist()
+    assert entry["unlabelled_count"] == (sizes - train).tolist()
+    assert entry["train_count"] != entry["unlabelled_count"]

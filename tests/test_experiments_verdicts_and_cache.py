@@ -352,6 +352,39 @@ def test_a_data_source_keeps_each_splits_graph_and_fingerprint():
     assert src.run_fingerprint(semi[0.8]) != src.run_fingerprint(semi[0.5])
 
 
+def test_the_synthetic_graph_takes_its_seed_degree_and_feature_norm():
+    """DataSource's --synthetic graph is make_synthetic_graph(nodes, classes, average degree
+    SYNTHETIC_DEGREE = 6, features, seed) with the command's seed, normalised by feature_norm;
+    data_key holds its node, (directed) edge, feature and class counts."""
+    import torch
+
+    from hiertail_fast.data.datasets import normalize_features
+    from hiertail_fast.data.synthetic import make_synthetic_graph
+
+    spec = {"nodes": 300, "classes": 8, "features": 4, "seed": 3}
+    got = runner.DataSource(None, synthetic=spec).load("synthetic")
+    want = make_synthetic_graph(300, num_classes=8, avg_degree=6.0, num_features=4, seed=3)
+    assert torch.equal(got.x, want.x) and torch.equal(got.edge_index, want.edge_index)
+    assert torch.equal(got.y, want.y)
+    src = runner.DataSource(None, synthetic=spec, feature_norm="row")
+    assert torch.equal(src.load("synthetic").x, normalize_features(want, "row").x)
+    assert not torch.equal(want.x, normalize_features(want, "row").x)
+    assert src.data_key("synthetic") == {"nodes": 300, "edges": int(want.edge_index.shape[1]),
+                                         "features": 4, "classes": 8, "feature_norm": "row"}
+
+
+def test_run_classes_counts_the_classes_a_semi_synthetic_run_keeps():
+    """DataSource.run_classes: the class count of the graph the run trains on; a semi-synthetic
+    split keeps only the classes large enough for it (5 of the synthetic graph's 8 here)."""
+    from hiertail_fast.nn.hiertail import HierTailConfig
+
+    src = runner.DataSource(None, synthetic={"nodes": 300, "classes": 8, "features": 4})
+    cfg = HierTailConfig.paper()
+    semi = RunSpec("synthetic", "r", "hiertail", cfg, ("semi_lt", 0.5, 3, 5, False))
+    assert src.run_classes(RunSpec("synthetic", "r", "hiertail", cfg)) == 8
+    assert src.run_classes(semi) == src._semi(semi, 0).info["kept_classes"] == 5
+
+
 def test_data_fingerprint_covers_the_edges():
     """data_fingerprint hashes x, edge_index AND y (its docstring): a rewired graph of the
     same shape (same x, labels and edge count) must not reuse the cached runs of the original.

@@ -384,3 +384,44 @@ def test_semi_synthetic_report_counts_undirected_edges():
     undirected = int((ei[0] < ei[1]).sum())
     line = next(x for x in markdown.splitlines() if x.startswith("| synthetic |"))
     assert line.split("|")[5].strip() == f"{undirected:,}"
+    assert "alignment bug fixed." in markdown and "REPRODUCED" not in markdown
+
+
+def test_the_commands_hidden_and_lr_reach_every_config():
+    """hiertail_config / baseline_config take the command's --hidden / --lr over the paper's
+    hidden size and the preset's lr, on both presets and every baseline; an explicit override
+    (a sensitivity row) wins over the command's value (common module docs)."""
+    from hiertail_fast.experiments.common import baseline_config, hiertail_config
+
+    a = argparse.Namespace(hidden=24, lr=0.05, adj_norm=None)
+    for preset in ("paper", "official"):
+        cfg = hiertail_config(preset, "email", a)
+        assert (cfg.hidden, cfg.lr) == (24, 0.05), preset
+    cfg = hiertail_config("paper", "email", a, hidden=16, lr=0.2)
+    assert (cfg.hidden, cfg.lr) == (16, 0.2)
+    for method, dataset in (("origin", "email"), ("graphens", "cora_full")):
+        cfg = baseline_config(method, dataset, a)
+        assert (cfg.hidden, cfg.lr) == (24, 0.05), method
+
+
+@pytest.mark.parametrize("preset", ["paper", "official"])
+def test_task_count_rows_run_the_requested_preset_with_their_counts(preset):
+    """Table 5's rows run the ``--config`` preset with pool_counts = the row's (A, B)
+    (tasks module)."""
+    from hiertail_fast.experiments import tasks
+    from hiertail_fast.nn.hiertail_config import HierTailConfig
+
+    specs = tasks.specs(_ctx(("cora_full",), config=preset, task_counts="40:7,9:3"))
+    assert [s.row for s in specs] == ["tasks=40,7", "tasks=9,3"]
+    for s, counts in zip(specs, ((40, 7), (9, 3)), strict=True):
+        assert s.config == HierTailConfig.named(preset, pool_counts=counts)
+
+
+def test_per_class_rows_run_gcn_and_the_paper_preset():
+    """per-class runs GCN (Origin) and HierTail's ``paper`` config, the same runs as main's
+    rows origin / hiertail_paper."""
+    from hiertail_fast.experiments import main_table, per_class
+
+    ctx = _ctx(("cora_full",), methods="origin,hiertail_paper")
+    got = [(s.row, s.method, s.config) for s in per_class.specs(ctx)]
+    assert got == [(s.row, s.method, s.config) for s in main_table.specs(ctx)]
