@@ -670,3 +670,99 @@ def test_the_label_checks_say_the_same_thing_wherever_labels_enter(tmp_path):
                                f"{labels.dtype}"):
                 call(labels)
     assert not (tmp_path / "g.npz").exists()
+
+
+# ------------------------------------------------ shapes, counts and tables the loader promises
+def test_load_names_malformed_edge_index_and_csr_shapes(tmp_path):
+    """An edge_index of three rows, a negative x_shape and an x_indptr longer than
+    x_shape[0] + 1 are refused with the message naming that array (not read, nor reported
+    as a corrupt member or an allocation failure)."""
+    ei, y = np.array([[0, 1], [1, 0]]), np.array([0, 1])
+    three_rows = np.array([[0, 1], [1, 0], [0, 0]])
+    with pytest.raises(ValueError, match=r"'edge_index' must be an integer array of shape "
+                       r"\[2, E\], got int64 \(3, 2\)"):
+        load_npz(_write(tmp_path / "e.npz", edge_index=three_rows, y=y,
+                        x=np.ones((2, 1), np.float32)))
+    for shape, ptr, message in (
+            ([2, -1], [0, 0, 0], r"'x_shape' must be two non-negative integers, got \[ 2 -1\]"),
+            ([2, 2], [0, 0, 0, 0], "'x_indptr' must be an integer array of length 3"),
+            ([2, 2], [0, 1, 1, 1], "'x_indptr' must be an integer array of length 3")):
+        nnz = ptr[-1]
+        path = _write(tmp_path / "c.npz", edge_index=ei, y=y, x_data=np.ones(nnz, np.float32),
+                      x_indices=np.zeros(nnz, np.int32), x_indptr=np.array(ptr),
+                      x_shape=np.array(shape))
+        with pytest.raises(ValueError, match=message):
+            load_npz(path)
+
+
+def test_class_sizes_has_one_entry_per_class_empty_ones_included():
+    """GraphData.class_sizes() is [C] long: classes after the largest label count 0."""
+    g = GraphData(torch.tensor([[0], [1]]), torch.ones(3, 1), torch.tensor([1, 0, 1]),
+                  num_classes=4)
+    assert g.class_sizes().tolist() == [1, 2, 0, 0]
+
+
+def test_dense_label_map_is_kept_up_to_four_labels_per_node(tmp_path):
+    """load_npz(relabel_by_size=True) keeps the dense label_map while max label + 1 is at most
+    max(DENSE_LABEL_MAP_MIN, 4 n), and gives None just past it (original_labels either way)."""
+    from hiertail_fast.data.io import DENSE_LABEL_MAP_MIN
+
+    n = 20_000
+    assert 4 * n > DENSE_LABEL_MAP_MIN
+    for top, dense in ((4 * n, True), (4 * n + 1, False)):
+        y = np.zeros(n, np.int64)
+        y[:2] = top - 1
+        save_npz(tmp_path / "g.npz", np.zeros((2, 0), np.int64), np.ones((n, 1), np.float32),
+                 y, force=True)
+        g = load_npz(tmp_path / "g.npz", relabel_by_size=True)
+        assert g.original_labels.tolist() == [0, top - 1]
+        if dense:
+            assert g.label_map.shape == (top,)
+            assert (int(g.label_map[0]), int(g.label_map[top - 1])) == (0, 1)
+        else:
+            assert g.label_map is None
+
+
+def test_class_counts_cover_every_label_class_when_idx_misses_the_last():
+    """class_counts / split_counts without num_classes have max label + 1 entries, also when
+    the selected nodes hold none of the largest class."""
+    y = np.array([0, 1, 2, 2])
+    assert class_counts(y, [0, 1]).tolist() == [1, 1, 0]
+    assert split_counts(y, [0], [1], [2, 3]).tolist() == [[1, 0, 0], [0, 1, 0], [0, 0, 2]]
+
+
+def test_duplicate_ids_get_the_mask_hint_only_when_they_could_be_a_mask():
+    """A 0/1 array of num_nodes entries is hinted to be a mask; a shorter one with a repeated
+    id is just a duplicate (no hint about masks)."""
+    with pytest.raises(ValueError, match=r"looks like a 0/1 mask"):
+        user_split(3, [0, 1, 1])
+    with pytest.raises(ValueError, match=r"^train has duplicate node ids$"):
+        user_split(5, [0, 1, 1])
+
+
+def test_a_graph_without_nodes_is_refused_on_save_and_load(tmp_path):
+    """An empty 'y' (no nodes) is a ValueError naming the file, on writing and on reading."""
+    ei, x, y = np.zeros((2, 0), np.int64), np.zeros((0, 2), np.float32), np.zeros(0, np.int64)
+    with pytest.raises(ValueError, match=r"empty\.npz\): the graph has no nodes"):
+        save_npz(tmp_path / "empty.npz", ei, x, y)
+    assert not (tmp_path / "empty.npz").exists()
+    path = _write(tmp_path / "empty.npz", edge_index=ei, x=x, y=y)
+    with pytest.raises(ValueError, match=r"empty\.npz: the graph has no nodes"):
+        load_npz(path)
+
+
+def test_class_counts_checks_its_node_ids():
+    """class_counts validates ``idx`` as user_split does: a negative or duplicate id is a
+    ValueError naming idx, not wrapped around or counted twice."""
+    y = np.array([0, 1, 1])
+    with pytest.raises(ValueError, match=r"idx has node ids outside \[0, 3\)"):
+        class_counts(y, [-1])
+    with pytest.raises(ValueError, match="idx has duplicate node ids"):
+        class_counts(y, [1, 1])
+    assert class_counts(y, np.array([True, False, True])).tolist() == [1, 1]
+
+
+def test_user_split_num_nodes_is_no_bool():
+    """num_nodes=True is a TypeError (a bool is no node count), not one node."""
+    with pytest.raises(TypeError, match="num_nodes must be an int, got bool"):
+        user_split(True, [0])
