@@ -153,6 +153,19 @@ def test_resume_trains_only_what_is_missing_and_gives_the_same_numbers(tmp_path,
     assert len(calls) == 3                   # everything cached
 
 
+def test_the_module_entry_sets_the_wait_policy_then_runs_the_command(monkeypatch):
+    """`python -m hiertail_fast.experiments`'s main asks for the passive OpenMP wait policy
+    before the command (and torch) runs, passes its argv on, and returns exit status 0."""
+    from hiertail_fast.experiments import __main__ as entry
+    from hiertail_fast.experiments import cli
+
+    calls = []
+    monkeypatch.setattr(entry, "prefer_passive_wait", lambda: calls.append("wait"))
+    monkeypatch.setattr(cli, "main", lambda argv: calls.append(("run", argv)))
+    assert entry.main(["datasets", "--no-progress"]) == 0
+    assert calls == ["wait", ("run", ["datasets", "--no-progress"])]
+
+
 def test_budget_header_and_tag():
     full = Budget()
     assert full.is_full and full.tag() == "" and "full protocol" in full.header()
@@ -175,6 +188,15 @@ def test_quick_flag_sets_the_reduced_budget(tmp_path):
     args = build_parser().parse_args(["main", "--quick", "--epochs", "50"])
     assert budget_from_args(args).epochs == 50
     assert budget_from_args(build_parser().parse_args(["main"])).is_full
+
+
+def test_patience_option_replaces_the_budgets():
+    """--patience overrides the budget's early-stopping patience, full or --quick."""
+    from hiertail_fast.experiments.cli import budget_from_args, build_parser
+
+    for extra in ([], ["--quick"]):
+        args = build_parser().parse_args(["main", *extra, "--patience", "7"])
+        assert budget_from_args(args).patience == 7
 
 
 def test_seeds_replace_the_default_count_before_it_is_checked():
@@ -231,6 +253,13 @@ def test_report_only_trains_nothing_and_names_what_is_missing(tmp_path, monkeypa
     assert any("synthetic / reweight: no finished run yet" in n for n in res["notes"])
 
 
+def test_report_only_shows_no_progress_bar(tmp_path, capsys):
+    """--report-only trains nothing: no bar of runs, even without --no-progress."""
+    argv = [a for a in TINY if a != "--no-progress"]
+    main(["main", *argv, "--methods", "origin", "--report-only", "--out", str(tmp_path)])
+    assert "runs:" not in capsys.readouterr().err
+
+
 def _summary(out, stem="main-s1-e3-p1000"):
     return (out / f"{stem}.md").read_text(), json.loads((out / f"{stem}.json").read_text())
 
@@ -240,12 +269,18 @@ def test_report_only_over_an_empty_runs_dir_never_replaces_a_filled_summary(tmp_
     main(base)
     filled_md, filled = _summary(tmp_path / "V")
     assert filled["runs"] == 1 and "| Origin |" in filled_md
+    capsys.readouterr()
     empty = [*base, "--runs-dir", str(tmp_path / "empty"), "--report-only"]
     with pytest.raises(SystemExit) as exc:
         main(empty)
     assert exc.value.code == 2
-    err = capsys.readouterr().err
+    said = capsys.readouterr()
+    err = said.err
     assert "holds 1 finished run(s), this summary 0: not replaced" in err
+    # the table refused is still shown ("the table above was not saved")
+    assert "the table above was not saved" in err
+    assert said.out.startswith("# Table 2: ") and "REDUCED BUDGET: 1 seed (123)" in said.out
+    assert "synthetic / origin: no finished run yet (--report-only)" in said.out
     assert _summary(tmp_path / "V") == (filled_md, filled)          # untouched
     assert not list((tmp_path / "V").glob("*.prev.*"))
     # asked for: replaced, the filled one kept as the .prev generation
@@ -453,9 +488,12 @@ def test_unwritable_out_or_runs_dir_is_refused_before_any_training(tmp_path, mon
     # session 66)
     ("main", ["--datasets", "email", "--synthetic-classes", "4"],
      "--synthetic-classes only applies to --synthetic"),
+    ("main", ["--datasets", "email", "--synthetic-nodes", "300"],
+     "--synthetic-nodes only applies to --synthetic"),
     # the baselines' adjacency where no baseline runs: it named a second summary as a variant
     # of identical rows (an experiments audit)
     ("tasks", ["--adj-norm", "row"], "--adj-norm does not apply to tasks: it runs no baseline"),
+    ("tasks", ["--adj-norm", "none"], "--adj-norm does not apply to tasks: it runs no baseline"),
     ("sensitivity", ["--parts", "hidden", "--hiddens", "8", "--adj-norm", "row"],
      "--adj-norm does not apply to sensitivity"),
     ("tasks", ["--task-counts", "2:5"], "has B > A"),
@@ -680,6 +718,18 @@ def test_tail_baselines_on_too_few_classes_are_refused_before_any_run(tmp_path, 
     assert not (tmp_path / "s").exists()
 
 
+def test_checks_before_the_runs_accept_what_can_run(tmp_path, capsys):
+    """The tail check refuses only a graph with fewer classes than the tail (3 of 3 runs), and
+    --adj-norm is accepted where at least one selected row has the option."""
+    res = main(["main", "--synthetic", "--synthetic-nodes", "120", "--synthetic-classes", "3",
+                "--seeds", "1", "--epochs", "2", "--no-progress", "--device", "cpu",
+                "--methods", "smote", "--report-only", "--out", str(tmp_path / "t")])
+    assert res["runs"] == 0 and res["args"]["synthetic_classes"] == 3
+    res = main(["main", *TINY, "--methods", "hiertail_paper,origin", "--adj-norm", "row",
+                "--report-only", "--out", str(tmp_path / "a")])
+    assert res["runs"] == 0 and res["args"]["adj_norm"] == "row"
+
+
 def test_adj_norm_on_rows_without_the_option_is_refused(tmp_path, monkeypatch, capsys):
     # main --methods hiertail_paper,graphens --adj-norm row reused the runs made without it
     # and recorded adj_norm: row in the summary's args (an experiments audit, session 67)
@@ -722,6 +772,7 @@ def test_a_summary_from_before_an_option_existed_has_the_same_arguments(tmp_path
     path = out / "per-class-s1-e3-p1000.json"
     old = json.loads(path.read_text())
     del old["args"]["feature_norm"]
+    del old["args"]["seed_base"]            # an option whose default is filled in after parsing
     path.write_text(json.dumps(old))
     capsys.readouterr()
     main(["per-class", *TINY, "--out", str(out), "--report-only"])
@@ -729,6 +780,7 @@ def test_a_summary_from_before_an_option_existed_has_the_same_arguments(tmp_path
     assert "comes from other arguments" not in err
     assert not list(out.glob("per-class-s1-e3-p1000-*.md"))                # no hashed name
     assert json.loads(path.read_text())["args"]["feature_norm"] == "none"     # rewritten whole
+    assert json.loads(path.read_text())["args"]["seed_base"] == runner.FULL_SEEDS[0]
     # an option the old summary lacks, given at another value: other arguments
     path.write_text(json.dumps(old))
     main(["per-class", *TINY, "--out", str(out), "--report-only", "--feature-norm", "row"])
@@ -849,9 +901,13 @@ def test_cached_runs_of_another_thread_count_are_reused_with_a_notice(tmp_path, 
     main(["per-class", *TINY, "--out", str(out), "--threads", "1"])
     capsys.readouterr()
     main(["per-class", *TINY, "--out", str(out), "--threads", "2"])
-    said = capsys.readouterr().out
-    assert said.count("reusing cached runs trained on 1 torch threads (this command would "
-                      "train on 2") == 1
+    said = capsys.readouterr()
+    assert said.out.count("reusing cached runs trained on 1 torch threads (this command would "
+                          "train on 2") == 1
+    # the thread count is not one of the summary's arguments: the same summary, replaced
+    assert "comes from other arguments" not in said.err
+    assert not list(out.glob("per-class-s1-e3-p1000-*.md"))
+    assert "threads" not in json.loads((out / "per-class-s1-e3-p1000.json").read_text())["args"]
     main(["per-class", *TINY, "--out", str(out), "--threads", "1"])
     assert "reusing cached runs" not in capsys.readouterr().out
 
@@ -945,6 +1001,56 @@ def test_an_explicit_default_of_another_experiments_option_is_refused(tmp_path, 
     args = build_parser().parse_args(["ablation"])
     given_defaults(args)
     assert (args.config, args.seed_base) == ("paper", runner.FULL_SEEDS[0])
+
+
+def test_device_defaults_to_cuda_when_present(monkeypatch):
+    """No --device: cuda when torch sees one, else cpu; a given device is kept."""
+    import torch
+
+    from hiertail_fast.experiments.cli import _device, build_parser
+
+    args = build_parser().parse_args(["main"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert _device(args) == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _device(args) == "cpu"
+    assert _device(build_parser().parse_args(["main", "--device", "cpu"])) == "cpu"
+
+
+def test_the_datasets_table_synthetic_sizes_one_class_and_no_budget(tmp_path):
+    """--synthetic without sizes is the 240-node, 6-class graph, and 8 nodes (its average
+    degree + 2) is accepted; the datasets table, which trains nothing, states no budget and
+    describes a graph of one class (only training needs two)."""
+    import torch
+
+    from hiertail_fast.data.io import GraphData
+    from hiertail_fast.data.synthetic import make_synthetic_graph
+
+    res = main(["datasets", "--synthetic", "--no-progress", "--out", str(tmp_path / "s")])
+    ours = res["rows"][0]["ours"]
+    assert (ours["nodes"], ours["classes"]) == (240, 6)
+    md = (tmp_path / "s" / "datasets.md").read_text()     # it trains nothing: no budget line
+    assert "Budget" not in md and "BUDGET" not in md and res["budget_header"] is None
+    with pytest.warns(UserWarning, match="too few"):      # the smallest the generator takes
+        res = main(["datasets", "--synthetic", "--synthetic-nodes", "8", "--no-progress",
+                    "--out", str(tmp_path / "s8")])
+    assert res["rows"][0]["ours"]["nodes"] == 8
+    g = make_synthetic_graph(120, num_classes=6, avg_degree=6.0, num_features=16, seed=0)
+    (tmp_path / "d").mkdir()
+    GraphData(edge_index=g.edge_index, x=g.x, y=torch.zeros_like(g.y),
+              num_classes=1).to_npz(tmp_path / "d" / "email.npz")
+    res = main(["datasets", "--data-dir", str(tmp_path / "d"), "--no-progress",
+                "--out", str(tmp_path / "o")])
+    assert [(r["dataset"], r["ours"]["classes"]) for r in res["rows"]] == [("email", 1)]
+
+
+def test_the_data_folder_defaults_to_hiertail_data(tmp_path, monkeypatch):
+    """Without --data-dir the datasets are read from $HIERTAIL_DATA."""
+    d_a, _ = _graph_pair(tmp_path)
+    monkeypatch.setenv("HIERTAIL_DATA", str(d_a))
+    monkeypatch.chdir(tmp_path)
+    res = main(["datasets", "--no-progress", "--out", str(tmp_path / "o")])
+    assert [(r["dataset"], r["ours"]["nodes"]) for r in res["rows"]] == [("email", 120)]
 
 
 def test_the_datasets_table_of_other_data_is_kept(tmp_path, capsys):
