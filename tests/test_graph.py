@@ -618,3 +618,19 @@ def test_edge_weight_casts_and_the_degree_sums_the_weights_as_the_dtype_holds_th
     assert torch.equal(g.edge_weight(torch.float32), w.float())
     assert g.degree(torch.float32)[0].item() == 3.0 == w.float().double().sum().float().item()
     assert g.degree(torch.float64)[0].item() == w.sum().item() != 3.0
+
+
+def test_default_dtypes_of_weights_and_degrees():
+    """weight_or_ones and degree default to float32; the loops added to an unweighted graph
+    take torch's default dtype, as do the weights of an empty graph's A²."""
+    g = CSRGraph.from_edge_index(torch.tensor([[0, 1], [1, 2]]))
+    assert g.weight_or_ones().dtype == torch.float32
+    assert g.degree().dtype == torch.float32 and g.degree(torch.float64).dtype == torch.float64
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert g.with_self_loops(2.0).weight.dtype == torch.float64
+        assert CSRGraph.from_edge_index(torch.zeros(2, 0, dtype=torch.long), num_nodes=0
+                                        ).augment_a2().weight.dtype == torch.float64
+    finally:
+        torch.set_default_dtype(previous)

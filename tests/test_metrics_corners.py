@@ -92,3 +92,58 @@ def test_the_midpoint_quantile_tests_its_hit_exactly():
     head = 8 * n // 10 + 1
     assert math.isclose(long_tailedness_ratio(class_sizes=[head, n - head]), 1 / 3)
     assert long_tailedness_ratio(class_sizes=[8 * n // 10, n - 8 * n // 10]) == 1.0
+
+
+def test_per_class_accuracy_spans_the_predicted_labels_as_float64():
+    """Without num_classes K is the largest label of y_true OR y_pred plus one, entries are
+    float64 (a class only predicted is a NaN entry, not a refusal or a shorter array)."""
+    got = per_class_accuracy([0, 1, 1], [0, 3, 1])
+    assert got.dtype == np.float64 and got.shape == (4,)
+    np.testing.assert_array_equal(np.isnan(got), [False, False, True, True])
+    assert got[0] == 1.0 and got[1] == 0.5
+    assert per_class_accuracy([0, 0, 0], [0, 1, 0])[0] == 2 / 3     # exact in float64
+
+
+def test_uint64_labels_up_to_int64_max_are_accepted():
+    """A uint64 class id is refused only beyond int64's range: 2**63 - 1 itself is a valid
+    (far-apart) class id, scored as its dense relabelling."""
+    from hiertail_fast.metrics import evaluate
+
+    big = 2**63 - 1
+    t = np.array([0, big, big, 5], dtype=np.uint64)
+    p = np.array([0, big, 5, 5], dtype=np.uint64)
+    assert evaluate(t, p) == evaluate([0, 2, 2, 1], [0, 2, 1, 1])
+
+
+def test_class_sizes_bounds_are_named():
+    """class_sizes that are not finite are refused as such (not as 'too large' or 'not
+    whole'), and the int64 guard refuses a sum of exactly 2**62, as it says."""
+    from hiertail_fast.metrics import class_imbalance_ratio, long_tailedness_ratio
+
+    for bad in ([np.inf, 1.0], [np.nan, 1.0], [1.0, -np.inf]):
+        for fn in (long_tailedness_ratio, class_imbalance_ratio):
+            with pytest.raises(ValueError, match="class_sizes must be finite and > 0"):
+                fn(class_sizes=bad)
+    with pytest.raises(ValueError, match="sum to 2\\*\\*62 or more"):
+        long_tailedness_ratio(class_sizes=[2**61, 2**61])
+    assert long_tailedness_ratio(class_sizes=[2**61, 2**61 - 2**10]) == 3.0
+
+
+def test_loss_range_names_an_empty_input():
+    """An empty loss vector is refused as such, with or without labels."""
+    with pytest.raises(ValueError, match="losses must be a non-empty 1-D array"):
+        loss_range([])
+    with pytest.raises(ValueError, match="losses must be a non-empty 1-D array"):
+        loss_range(np.zeros(0), y=np.zeros(0, dtype=np.int64))
+
+
+def test_dataset_statistics_refuse_empty_labels():
+    """No labels, no classes: both ratios refuse an empty y by name (not inf, not numpy's
+    zero-size error)."""
+    from hiertail_fast.metrics import class_imbalance_ratio, long_tailedness_ratio
+
+    for call in (lambda: class_imbalance_ratio(np.zeros(0, dtype=np.int64)),
+                 lambda: long_tailedness_ratio([]),
+                 lambda: long_tailedness_ratio(np.zeros(0, dtype=np.int64), quantile="plain")):
+        with pytest.raises(ValueError, match="y is empty"):
+            call()
