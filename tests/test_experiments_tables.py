@@ -244,6 +244,8 @@ def test_row_verdicts():
     (53.4, Cell(52.8, 0.6), "reproduced"), (7.5, Cell(7.1, 0.4), "reproduced"),
     (53.5, Cell(52.8, 0.6), "above"), (52.7, Cell(52.2, None), "reproduced"),
     (52.8, Cell(52.2, None), "above"),
+    # no paper std: 0.5 points exactly, where 1.1 - 0.6 = 0.5000000000000001 in floats
+    (1.1, Cell(0.6, None), "reproduced"), (0.6, Cell(1.1, None), "reproduced"),
 ])
 def test_verdict_at_exactly_one_paper_std_is_reproduced(ours, paper, verdict):
     """|ours − paper| ≤ one paper std is 'reproduced' (report module doc), so exactly one std

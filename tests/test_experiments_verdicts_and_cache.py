@@ -887,3 +887,68 @@ def test_a_kept_run_is_served_only_whole_and_only_for_its_own_data(tmp_path):
         kept.write_text(json.dumps(planted))
         record, problem = cache.lookup(spec, identity, fp_a)
         assert record is None and runner.OTHER_DATA in problem, planted
+
+
+def test_a_put_replaces_the_run_file_whole_and_keeps_numpy_floats(tmp_path):
+    """`put` writes the record to a new file that then takes the run's name (a reader that
+    opened the old record reads it whole, never a truncated or half-written one), and a
+    numpy float of the record (a float32 metric) is stored as that float."""
+    import numpy as np
+
+    cache, spec = runner.RunCache(tmp_path), _origin_spec()
+    identity = _run_identity(123)
+    first = _run_record(identity, 0.5)
+    p = cache.put(spec, identity, first)
+    with p.open() as reader:
+        second = _run_record(identity, 0.25)
+        second["result"]["test"]["acc"] = np.float32(0.75)
+        cache.put(spec, identity, second)
+        assert json.loads(reader.read()) == first
+    stored = json.loads(p.read_text())
+    assert stored["result"]["test"]["acc"] == 0.75
+    assert cache.get(spec, identity)["result"]["test"] == {**dict.fromkeys(runner.METRICS, 0.25),
+                                                            "acc": 0.75}
+
+
+def test_a_put_of_the_same_datas_run_keeps_no_copy_beside_it(tmp_path):
+    """`put` moves the file's run beside the new one only when it was made from OTHER data
+    (its docstring): a run of the same data rewritten (retrained after a partial record) leaves
+    the run's file alone in its folder, holding the new record."""
+    cache, spec = runner.RunCache(tmp_path), _origin_spec()
+    identity = _run_identity(123)
+    fp = "sha256:" + "a" * 64
+    p = cache.put(spec, identity, {**_run_record(identity, 0.25), "data_fingerprint": fp})
+    cache.put(spec, identity, {**_run_record(identity, 0.75), "data_fingerprint": fp})
+    assert sorted(x.name for x in p.parent.iterdir()) == [p.name]
+    assert cache.lookup(spec, identity, fp)[0]["result"]["test"]["bacc"] == 0.75
+
+
+def test_runs_threads_sorts_each_datasets_counts_with_an_unknown_one_last():
+    """runs_threads: dataset -> its runs' thread counts, sorted, None (a run recorded before
+    its count was) last; the datasets in name order, as the provenance line lists them."""
+    records = [_record("wiki", "origin", 1, 0.5, threads=2),
+               _record("email", "origin", 1, 0.5, threads=None),
+               _record("email", "origin", 2, 0.5, threads=4),
+               _record("email", "reweight", 1, 0.5, threads=1),
+               _record("email", "reweight", 2, 0.5, threads=4)]
+    got = report.runs_threads(records)
+    assert list(got.items()) == [("email", [1, 4, None]), ("wiki", [2])]
+    assert report._threads_text({"runs_threads": got}) == (
+        "; torch threads of the runs: email 1 and 4 and ? (**mixed**: its runs' numbers "
+        "depend on it), wiki 2")
+
+
+def test_a_cached_record_with_a_non_numeric_test_metric_is_a_miss(tmp_path):
+    """A whole run record holds a number for each test metric (`_is_run_record`): a metric
+    that is null or text (a hand-edited or foreign file) makes the file a miss, retrained,
+    not a record served into the summary, whose mean then fails or is garbage."""
+    cache, spec = runner.RunCache(tmp_path), _origin_spec()
+    identity = _run_identity(123)
+    p = cache.path(spec, identity)
+    p.parent.mkdir(parents=True)
+    for bad in (None, "0.5", [0.5]):
+        record = _run_record(identity, 0.5)
+        record["result"]["test"]["macro_f1"] = bad
+        p.write_text(json.dumps(record))
+        got, why = cache.lookup(spec, identity)
+        assert got is None and "not a complete run record" in why, bad

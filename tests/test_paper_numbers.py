@@ -11,6 +11,7 @@ import pytest
 
 from hiertail_fast.experiments.paper_numbers import (
     METRICS,
+    PAPER_METHOD_NAMES,
     TABLE1_DATASETS,
     TABLE2_MAIN,
     TABLE3_SEMI_SYNTHETIC,
@@ -123,3 +124,16 @@ def test_table5_every_cell_matches_the_tex(tex):
     ours = TABLE5_TASKS["cora_full"]
     assert {k: [ours[k][m].mean for m in METRICS] for k in ours} == parsed
     assert all(ours[k][m].std is None for k in ours for m in METRICS)
+
+
+def test_paper_method_names_are_the_tables_row_labels():
+    """PAPER_METHOD_NAMES: each method's row label as Tables 2 and 3 print it (a LaTeX
+    subscript written ``_T`` / ``_O``, "Ours" as "Ours (HierTail)"), so no two of the main
+    table's rows carry the same label."""
+    def plain(label: str) -> str:
+        return re.sub(r"^\$\\text\{(\w+)\}_\{(\w)\}\$$", r"\1_\2", label)
+
+    expected = {name: "Ours (HierTail)" if name == "hiertail" else plain(label)
+                for label, name in METHODS.items()}
+    assert PAPER_METHOD_NAMES == expected
+    assert len(set(PAPER_METHOD_NAMES.values())) == len(PAPER_METHOD_NAMES)
