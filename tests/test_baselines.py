@@ -465,3 +465,17 @@ def test_config_records_faithful_choices():
     o = BaselineConfig(method="origin").to_dict()
     assert "smote_lambda" not in o and "up_scale" not in o
     assert BaselineConfig(method="embed_smote").to_dict()["classifier"] == "mlp"
+
+
+def test_config_bounds_of_rates_and_weights():
+    """lr_expert must be > 0 and focal_alpha >= 0 (ValueError naming the field, as lr and
+    focal_gamma); the documented closed ends of the ranges are accepted: keep_prob 1,
+    disc_steps 1, dropout 0, lr_expert / focal_alpha tiny or 0."""
+    for kw, text in ((dict(lr_expert=0.0), "lr_expert must be > 0"),
+                     (dict(lr_expert=-0.01), "lr_expert must be > 0"),
+                     (dict(focal_alpha=-0.5), "focal_alpha must be >= 0")):
+        with pytest.raises(ValueError, match=text):
+            BaselineConfig(method="lte4g", **kw)
+    assert BaselineConfig(method="lte4g", lr_expert=1e-6, focal_alpha=0.0).focal_alpha == 0.0
+    assert BaselineConfig(method="graphens", keep_prob=1.0).keep_prob == 1.0
+    assert BaselineConfig(method="imgagn", disc_steps=1, dropout=0.0).disc_steps == 1

@@ -123,3 +123,37 @@ def test_shared_option_reaches_the_baseline_config(method, flag, text, field, va
         ["--synthetic", "--method", method, flag, text]))
     assert getattr(cfg, field) == value
     assert cfg.to_dict()[field] == value                   # and recorded with the run
+
+
+# every other baseline option reaches its `BaselineConfig` field (method, flag, value given,
+# field, value); the store_const flags have no value
+METHOD_OPTIONS = [
+    ("smote", "--im-class-num", "2", "im_class_num", 2),
+    ("smote", "--up-scale", "2.5", "up_scale", 2.5),
+    ("smote", "--smote-lambda", "node", "smote_lambda", "node"),
+    ("origin", "--adj-norm", "row", "adj_norm", "row"),
+    ("oversampling", "--classifier", "mlp", "classifier", "mlp"),
+    ("graphsmote_t", "--rec-weight", "0.5", "rec_weight", 0.5),
+    ("graphsmote_t", "--ep-pre", "3", "ep_pre", 3),
+    ("graphsmote_o", "--edge-grad", None, "edge_grad", True),
+    ("graphens", "--keep-prob", "0.5", "keep_prob", 0.5),
+    ("graphens", "--pred-temp", "3.0", "pred_temp", 3.0),
+    ("graphens", "--warmup-epochs", "4", "warmup_epochs", 4),
+    ("imgagn", "--disc-steps", "7", "disc_steps", 7),
+    ("imgagn", "--gen-ratio", "0.5", "gen_ratio", 0.5),
+    ("imgagn", "--gen-adv-grad", None, "gen_adv_grad", True),
+    ("graphmixup", "--self-loops", None, "self_loops", True),
+]
+
+
+@pytest.mark.parametrize("method, flag, text, field, value", METHOD_OPTIONS)
+def test_each_baseline_option_reaches_the_config(method, flag, text, field, value):
+    """``--method M --option V`` builds M's config with the field set to V (a flag: True) and
+    records it in ``to_dict``; the option left out keeps the default."""
+    assert getattr(BaselineConfig(method=method), field) != value
+    argv = ["--synthetic", "--method", method, flag] + ([text] if text is not None else [])
+    cfg = method_config_from_args(build_parser().parse_args(argv))
+    assert getattr(cfg, field) == value and cfg.to_dict()[field] == value
+    plain = method_config_from_args(build_parser().parse_args(["--synthetic", "--method",
+                                                               method]))
+    assert plain == BaselineConfig(method=method)
