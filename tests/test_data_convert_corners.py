@@ -385,3 +385,23 @@ def test_convert_names_the_data_attributes_it_does_not_carry(tmp_path, capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         convert(_masked_data(), tmp_path / "h.pt")          # nothing dropped: nothing said
+
+
+def test_an_explicit_num_nodes_is_carried_not_reported_as_dropped(tmp_path):
+    """A Data's ``num_nodes`` is part of the converted graph (its node count): a Data that sets
+    it explicitly converts without a warning that something was not converted."""
+    d = _masked_data()
+    d.num_nodes = 6
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert convert(d, tmp_path / "g.pt").num_nodes == 6
+
+
+def test_an_existing_file_of_another_format_is_named_as_such(tmp_path):
+    """An existing file is a file source whatever its suffix: one that is neither .npz nor .pt
+    is refused as such, not looked up as a dataset name."""
+    src = tmp_path / "graph.csv"
+    src.write_text("0,1\n")
+    with pytest.raises(ValueError, match=r"expected a \.npz or \.pt file"):
+        convert(src, tmp_path / "g.npz")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["graph.csv"]

@@ -42,7 +42,8 @@ def test_edge_counts_follow_the_documented_split_of_m():
     rounds drawing past M_out (2,506 edges for 2,500) survived the approximate homophily /
     degree tests."""
     for n, c, d, h in ((1_000, 10, 5.0, 0.1003), (2_000, 20, 7.0, 0.6789),
-                       (20_000, 70, 10.0, 0.0), (5_000, 70, 3.0, 0.4321)):
+                       (20_000, 70, 10.0, 0.0), (5_000, 70, 3.0, 0.4321),
+                       (1_001, 10, 3.0, 0.0)):           # n·d/2 = 1,501.5 -> 1,502
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")         # (the within part may fall short)
             g = make_synthetic_graph(n, c, avg_degree=d, homophily=h, num_features=1, seed=0)
@@ -53,6 +54,37 @@ def test_edge_counts_follow_the_documented_split_of_m():
         assert within <= m_in
     g = make_synthetic_graph(1_000, 10, avg_degree=5.0, homophily=0.1003, num_features=1)
     assert _undirected(g) == (2_500, 251)           # round(0.1003 · 2,500) = round(250.75)
+
+
+def test_a_graph_short_by_more_than_the_relative_margin_warns():
+    """make_synthetic_graph warns when the degree misses the request by more than
+    DEGREE_SHORTFALL = 5 % of avg_degree: 200 nodes in 2 classes at avg_degree 80 reach 75.3
+    (5.8 % short, homophily 0.894 within its margin), so the degree alone must warn."""
+    with pytest.warns(UserWarning, match=r"avg_degree 75\.3 and homophily 0\.894, asked for 80"):
+        g = make_synthetic_graph(200, 2, avg_degree=80.0, homophily=0.9, num_features=1)
+    assert 0.90 * 80.0 < g.stats["avg_degree"] < 0.95 * 80.0
+
+
+def test_params_name_and_stats_report_the_request_and_the_graph():
+    """``params`` holds each argument under its own name, the graph's name carries n, C and the
+    seed (graphs of other seeds are told apart), and the homophily of a graph without edges is
+    NaN (undefined), not a homophily of 0."""
+    g = make_synthetic_graph(50, 5, avg_degree=0.0, num_features=1, head_fraction=0.4,
+                             head_mass=0.7, seed=7)
+    assert g.params["head_fraction"] == 0.4 and g.params["head_mass"] == 0.7
+    assert g.params["seed"] == 7 and g.params["num_nodes"] == 50
+    assert g.name == "synthetic_n50_c5_s7"
+    assert g.stats["num_undirected_edges"] == 0 and np.isnan(g.stats["homophily"])
+
+
+@pytest.mark.parametrize("frac", [0.0, 1.0])
+def test_head_fraction_outside_the_open_interval_is_refused(frac):
+    """head_fraction must lie in (0, 1): 1.0 (every class the head) is a ValueError naming it,
+    not a graph silently built with C - 1 head classes."""
+    with pytest.raises(ValueError, match=r"head_fraction must be in \(0, 1\)"):
+        make_synthetic_graph(100, 10, head_fraction=frac, head_mass=0.95, num_features=1)
+    with pytest.raises(ValueError, match=r"head_fraction must be in \(0, 1\)"):
+        zipf_class_sizes(100, 10, head_fraction=frac)
 
 
 def test_within_class_edges_that_fit_the_caps_are_all_placed():
@@ -69,7 +101,6 @@ def test_within_class_edges_that_fit_the_caps_are_all_placed():
         g = make_synthetic_graph(n, c, avg_degree=d, homophily=h, num_features=1, seed=0)
     assert g.stats["avg_degree"] >= 0.98 * d
     assert g.stats["homophily"] == pytest.approx(h, abs=0.005)
-
 
 
 def test_a_graph_within_the_relative_shortfall_warns_nothing():
@@ -139,7 +170,6 @@ def test_a_class_of_exactly_val_plus_test_nodes_is_dropped():
     train = np.array(s.info["train_per_class"])
     assert len(train) == s.data.num_classes == 9
     assert s.data.num_nodes == train.sum() + 9 * 6
-
 
 
 def test_semi_synthetic_ratio_lt_counts_only_classes_with_training_nodes():

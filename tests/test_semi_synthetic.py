@@ -57,6 +57,30 @@ def test_small_classes_are_dropped_and_too_few_refused():
         semi_synthetic_long_tail(g, alpha=1.0)
 
 
+def test_dropped_classes_are_listed_by_label_and_zero_counts_refused():
+    """info["dropped_classes"] lists the too-small classes in ascending label whatever their
+    sizes; a validation or test count of 0 is a ValueError (an integer >= 1 is required)."""
+    g = _graph([3, 5, 60, 50, 40, 30, 25, 20])
+    s = semi_synthetic_long_tail(g, val_per_class=2, test_per_class=4)
+    assert s.info["dropped_classes"] == [0, 1] and s.info["kept_classes"] == 6
+    for name in ("val_per_class", "test_per_class"):
+        kw = {"val_per_class": 2, "test_per_class": 4, name: 0}
+        with pytest.raises(ValueError, match=f"{name} must be an integer >= 1, got 0"):
+            semi_synthetic_long_tail(g, **kw)
+
+
+def test_info_records_the_arguments_and_the_graph_is_named_after_its_source():
+    """info holds each argument under its own key (the split seed is not the graph seed, the
+    validation count not the test count) and the result is named ``<source>_semi_lt``, so it
+    is not taken for the full graph."""
+    s = semi_synthetic_long_tail(_graph(SIZES), val_per_class=2, test_per_class=4,
+                                 graph_seed=5, split_seed=3)
+    assert (s.info["graph_seed"], s.info["split_seed"]) == (5, 3)
+    assert (s.info["val_per_class"], s.info["test_per_class"]) == (2, 4)
+    assert s.info["alpha"] == 0.8 and s.info["alignment_bug"] is False
+    assert s.data.name == "toy_semi_lt"
+
+
 def test_fixed_alignment_keeps_features_labels_and_edges_together():
     g = _graph(SIZES)
     s = semi_synthetic_long_tail(g, val_per_class=2, test_per_class=4)
