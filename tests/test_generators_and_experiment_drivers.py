@@ -417,6 +417,42 @@ def test_semi_synthetic_report_counts_undirected_edges():
     assert "alignment bug fixed." in markdown and "REPRODUCED" not in markdown
 
 
+def test_semi_synthetic_report_describes_only_the_datasets_that_ran():
+    """A dataset given to ``semi-synthetic`` that cannot take the split is left out with a note
+    when the runs are planned; the report then describes the datasets that have runs, and does
+    not try to down-sample the left-out one again (which raises)."""
+    from hiertail_fast.data.semi_synthetic import semi_synthetic_long_tail
+    from hiertail_fast.experiments import runner, semi_synthetic
+    from hiertail_fast.experiments.common import Context
+
+    src = runner.DataSource(None, synthetic={"nodes": 300, "classes": 8, "features": 4})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                 # (too small for its degree: no matter)
+        tiny = make_synthetic_graph(12, 4, avg_degree=2.0, num_features=4, seed=0)
+    with pytest.raises(ValueError):
+        semi_synthetic_long_tail(tiny, val_per_class=1, test_per_class=2)
+
+    class Source:
+        def __getattr__(self, name):
+            return getattr(src, name)
+
+        def load(self, name):
+            return tiny if name == "tiny" else src.load(name)
+
+    ns = argparse.Namespace(methods="origin", hidden=None, lr=None, adj_norm=None, alpha=0.8,
+                            val_per_class=1, test_per_class=2, alignment_bug=False)
+    ctx = Context(ns, runner.Budget((1,)), Source(), None, ["synthetic", "tiny"])
+    (spec,) = semi_synthetic.specs(ctx)
+    assert spec.dataset == "synthetic"
+    assert [n for n in ctx.notes if n.startswith("- tiny: not applicable")]
+    rec = {"spec": spec, "identity": {"seed": 1}, "wall_s": 1.0,
+           "result": {"test": dict.fromkeys(("bacc", "macro_f1", "g_means", "acc"), 0.5),
+                      "epochs_run": 1}}
+    markdown, payload, _ = semi_synthetic.report(ctx, [rec])
+    assert list(payload["settings"]) == ["synthetic"]
+    assert "| synthetic |" in markdown and "| tiny |" not in markdown
+
+
 def test_the_commands_hidden_and_lr_reach_every_config():
     """hiertail_config / baseline_config take the command's --hidden / --lr over the paper's
     hidden size and the preset's lr, on both presets and every baseline; an explicit override
