@@ -425,3 +425,15 @@ def test_every_folder_option_keeps_the_current_folder_hint(capsys):
             call()
         err = capsys.readouterr().err
         assert exc.value.code == 2 and hint in err, err
+
+
+def test_the_trainer_refuses_an_existing_json_whose_prev_name_is_too_long(tmp_path, capsys,
+                                                                          monkeypatch):
+    """--json NAME.json that exists is kept as NAME.prev.json: when that name is over the
+    file system's limit, the trainer refuses before training (exit 2, one line naming the
+    length) and leaves the file as it was."""
+    path = tmp_path / ("p" * 247 + ".json")
+    path.write_text("old")
+    last = _exit_2(TINY + ["--json", str(path)], capsys, monkeypatch)
+    assert f"--json {path} cannot be written" in last and "257 bytes long" in last, last
+    assert path.read_text() == "old"

@@ -436,6 +436,9 @@ def test_the_tail_size_may_be_every_class():
         _check_method_run(BaselineConfig(method="smote", im_class_num=n), 5, 2)
     with pytest.raises(ValueError, match=r"--im-class-num 6: .* N in \[1, 5\]"):
         _check_method_run(BaselineConfig(method="smote", im_class_num=6), 5, 2)
+    # a method without tail classes never reads --im-class-num: its default 3 runs on 2 classes
+    for method in ("origin", "graphens", "lte4g"):
+        _check_method_run(BaselineConfig(method=method), 2, 2)
 
 
 def test_counts_and_seeds_in_scientific_notation_are_read_exactly():
@@ -874,6 +877,7 @@ def test_cli_options_reach_the_config_and_the_graph():
      "--classes, --homophily, --data-seed only apply to --synthetic"),
     (["--avg-degree", "4", "--features", "16"], "--avg-degree, --features only apply to "),
     (["--fix-cluster-labels"], "--fix-cluster-labels only applies to --config official"),
+    (["--compound-pool-bug"], "--compound-pool-bug only applies to --config official"),
 ])
 @pytest.mark.parametrize("source", [["--data", "g.npz"], ["--dataset", "email"]])
 def test_options_that_do_not_apply_are_refused(extra, said, source, capsys, monkeypatch):
@@ -1084,3 +1088,30 @@ def test_program_name_of_an_embedding_program(monkeypatch):
         monkeypatch.setattr("sys.argv", [argv0])
         assert program_name() == name, argv0
     assert program_name("python -m hiertail_fast") == "python -m hiertail_fast"
+
+
+def test_the_result_records_the_training_options_it_ran_with(monkeypatch):
+    """The result's ``training`` and ``data`` parts and the forwarded run options: --patience
+    as given, the config's lr when --lr is not given, the generator's default homophily (0.8,
+    as --help says), --no-progress reaching run_seeds (progress bars otherwise), and the
+    command line read from sys.argv when main() is given none (the console script)."""
+    import hiertail_fast._train_cli as cli
+
+    tiny = ["--synthetic", "--nodes", "60", "--classes", "3", "--features", "4"]
+    argv = [*tiny, "--epochs", "7", "--patience", "3", "--no-progress"]
+    seen: dict = {}
+
+    def fake(data, cfg, seeds, **kw):
+        seen.update(kw)
+        return {"seeds": seeds, "split": "natural", "runs": [], "summary": {}}
+
+    monkeypatch.setattr(cli, "run_seeds", fake)
+    monkeypatch.setattr(cli, "format_table", lambda result: "")
+    monkeypatch.setattr(sys, "argv", ["hiertail-train", *argv])
+    res = cli.main()
+    assert res["argv"] == argv and seen["progress"] is False
+    assert (res["training"]["epochs"], res["training"]["patience"]) == (7, 3)
+    assert res["training"]["lr"] == HierTailConfig.paper().lr
+    assert res["data"]["homophily"] == 0.8
+    cli.main(tiny)
+    assert seen["progress"] is True
