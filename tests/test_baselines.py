@@ -334,6 +334,17 @@ def test_enormous_up_sampling_is_a_clear_error(tiny):
             build_method(_ctx(g, graph), cfg)
 
 
+def test_synthetic_count_is_refused_when_the_graph_would_exceed_max_nodes():
+    """check_synthetic_count: the graph's nodes plus the synthetic ones must fit MAX_NODES,
+    even when the synthetic count alone does and stays under 100x the graph."""
+    from hiertail_fast._validation import MAX_NODES
+
+    with pytest.raises(ValueError, match=r"up_scale=2 asks for 20 synthetic nodes; with the "
+                       r"graph's \d+ that exceeds the \d+ nodes a graph can hold"):
+        sampling.check_synthetic_count(20, MAX_NODES - 10, "up_scale=2")
+    sampling.check_synthetic_count(10, MAX_NODES - 10, "up_scale=2")
+
+
 def test_bad_build(tiny):
     g, graph = tiny
     # every method with tail classes checks their number when it is built (a mutation pass,

@@ -323,3 +323,24 @@ def test_each_cycle_trains_the_discriminator_on_its_own_generated_nodes(tiny):
     loss = m.train_loss()                                    # cycle 2: generate + D
     assert not torch.equal(first[1], m.gen_weights()[1])  # (class 3 has one node: weights 1)
     torch.testing.assert_close(loss, _dense_disc_loss(m, g, graph))
+
+
+@pytest.mark.parametrize("adv", [False, True])
+def test_generator_loss_targets_real_and_the_blocks_class(tiny, adv):
+    """L_G = Σ_c CE(real/fake of D(x_gen) → real) + CE(class of D(x_gen) → c) + mean ‖x_i −
+    x_gen_j‖₂ (module docstring): each block's class term asks D for the block's own tail
+    class, not class 0."""
+    g, graph = tiny
+    m = _model(g, graph, disc_steps=1, gen_adv_grad=adv)
+    m.train_loss()                                            # generate + D step
+    got = m.train_loss()                                      # G step on the same z
+    want = 0.0
+    for (c, nodes, s), gen, z in zip(m.blocks, m.generators, m._z, strict=True):
+        x_c = g.x[nodes]
+        x_gen = F.softmax(gen(z), 1) @ x_c
+        cls, rf = m.disc.alone(x_gen)
+        want = want + F.cross_entropy(rf, torch.zeros(s, dtype=torch.long)) \
+            + F.cross_entropy(cls, torch.full((s,), c)) \
+            + ig.euclidean_dist(x_c, x_gen).mean()
+    assert [c for c, _, _ in m.blocks] == [3, 2]
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
