@@ -634,3 +634,35 @@ def test_default_dtypes_of_weights_and_degrees():
                                         ).augment_a2().weight.dtype == torch.float64
     finally:
         torch.set_default_dtype(previous)
+
+
+def test_gcn_normalisation_refuses_weights_beyond_the_dtype():
+    """float64 weights past float32's range are refused by name when the GCN degrees are
+    asked for in float32, not returned as inf / 0."""
+    g = CSRGraph.from_edge_index(torch.tensor([[0], [1]]),
+                                 torch.tensor([1e300], dtype=torch.float64))
+    with pytest.raises(ValueError, match="beyond torch.float32's range"):
+        g.gcn_deg_inv_sqrt(dtype=torch.float32)
+    with pytest.raises(ValueError, match="beyond torch.float32's range"):
+        g.gcn_norm_values(dtype=torch.float32)
+    assert torch.isfinite(g.gcn_deg_inv_sqrt(dtype=torch.float64)[0]).all()
+
+
+def test_with_self_loops_refuses_a_remaining_that_is_not_a_bool():
+    """``remaining`` must be a bool: a string ("no" is truthy) is a TypeError naming it."""
+    g = CSRGraph.from_edge_index(torch.tensor([[0, 1], [1, 2]]))
+    with pytest.raises(TypeError, match="remaining must be a bool"):
+        g.with_self_loops(remaining="no")
+    with pytest.raises(TypeError, match="remaining must be a bool"):
+        g.with_self_loops(remaining=None)
+
+
+def test_symmetrize_without_dedupe_keeps_both_directions_apart():
+    """``symmetrize=True, dedupe=False`` keeps every original and reversed entry separate;
+    only ``dedupe`` merges them (summing the weights)."""
+    ei, w = torch.tensor([[0, 1], [1, 0]]), torch.tensor([1.0, 2.0])
+    kept = CSRGraph.from_edge_index(ei, w, symmetrize=True, dedupe=False)
+    assert kept.num_edges == 4
+    assert sorted(kept.weight.tolist()) == [1.0, 1.0, 2.0, 2.0]
+    merged = CSRGraph.from_edge_index(ei, w, symmetrize=True)
+    assert merged.num_edges == 2 and merged.weight.tolist() == [3.0, 3.0]
