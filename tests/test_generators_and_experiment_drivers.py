@@ -349,6 +349,20 @@ def test_each_seed_of_a_semi_synthetic_row_draws_its_own_split(bug):
     assert torch.equal(trains[0], trains[1]) == bug
 
 
+def _semi_synthetic_args(**changed):
+    """The semi-synthetic command's arguments: one Origin row on a small split, unless changed."""
+    args = dict(methods="origin", hidden=None, lr=None, adj_norm=None, alpha=0.8,
+                val_per_class=1, test_per_class=2, alignment_bug=False)
+    return argparse.Namespace(**{**args, **changed})
+
+
+def _one_seed_record(spec):
+    """A finished one-seed run of ``spec`` that scored 0.5 on every test metric."""
+    return {"spec": spec, "identity": {"seed": 1}, "wall_s": 1.0,
+            "result": {"test": dict.fromkeys(("bacc", "macro_f1", "g_means", "acc"), 0.5),
+                       "epochs_run": 1}}
+
+
 def test_semi_synthetic_runs_take_the_commands_val_and_test_counts():
     """``semi-synthetic --val-per-class V --test-per-class T`` runs every row on the split
     ("semi_lt", α, V, T, alignment_bug). A mutation audit found V and T swapped in the runs'
@@ -357,11 +371,9 @@ def test_semi_synthetic_runs_take_the_commands_val_and_test_counts():
     from hiertail_fast.experiments import runner, semi_synthetic
     from hiertail_fast.experiments.common import Context
 
-    ns = argparse.Namespace(methods="origin,hiertail_paper", hidden=None, lr=None,
-                            adj_norm=None, alpha=0.8, val_per_class=1, test_per_class=2,
-                            alignment_bug=True)
+    args = _semi_synthetic_args(methods="origin,hiertail_paper", alignment_bug=True)
     src = runner.DataSource(None, synthetic={"nodes": 300, "classes": 8, "features": 4})
-    ctx = Context(ns, runner.Budget((1,)), src, None, ["synthetic"])
+    ctx = Context(args, runner.Budget((1,)), src, None, ["synthetic"])
     assert [s.split for s in semi_synthetic.specs(ctx)] == [("semi_lt", 0.8, 1, 2, True)] * 2
 
 
@@ -400,14 +412,10 @@ def test_semi_synthetic_report_counts_undirected_edges():
     from hiertail_fast.experiments import runner, semi_synthetic
     from hiertail_fast.experiments.common import Context
 
-    ns = argparse.Namespace(methods="origin", hidden=None, lr=None, adj_norm=None, alpha=0.8,
-                            val_per_class=1, test_per_class=2, alignment_bug=False)
     src = runner.DataSource(None, synthetic={"nodes": 300, "classes": 8, "features": 4})
-    ctx = Context(ns, runner.Budget((1,)), src, None, ["synthetic"])
+    ctx = Context(_semi_synthetic_args(), runner.Budget((1,)), src, None, ["synthetic"])
     spec = semi_synthetic.specs(ctx)[0]
-    rec = {"spec": spec, "identity": {"seed": 1}, "wall_s": 1.0,
-           "result": {"test": dict.fromkeys(("bacc", "macro_f1", "g_means", "acc"), 0.5),
-                      "epochs_run": 1}}
+    rec = _one_seed_record(spec)
     markdown, payload, _ = semi_synthetic.report(ctx, [rec])
     ei = semi_synthetic_long_tail(src.load("synthetic"), val_per_class=1,
                                   test_per_class=2).data.edge_index
@@ -439,15 +447,12 @@ def test_semi_synthetic_report_describes_only_the_datasets_that_ran():
         def load(self, name):
             return tiny if name == "tiny" else src.load(name)
 
-    ns = argparse.Namespace(methods="origin", hidden=None, lr=None, adj_norm=None, alpha=0.8,
-                            val_per_class=1, test_per_class=2, alignment_bug=False)
-    ctx = Context(ns, runner.Budget((1,)), Source(), None, ["synthetic", "tiny"])
+    ctx = Context(_semi_synthetic_args(), runner.Budget((1,)), Source(), None,
+                  ["synthetic", "tiny"])
     (spec,) = semi_synthetic.specs(ctx)
     assert spec.dataset == "synthetic"
     assert [n for n in ctx.notes if n.startswith("- tiny: not applicable")]
-    rec = {"spec": spec, "identity": {"seed": 1}, "wall_s": 1.0,
-           "result": {"test": dict.fromkeys(("bacc", "macro_f1", "g_means", "acc"), 0.5),
-                      "epochs_run": 1}}
+    rec = _one_seed_record(spec)
     markdown, payload, _ = semi_synthetic.report(ctx, [rec])
     assert list(payload["settings"]) == ["synthetic"]
     assert "| synthetic |" in markdown and "| tiny |" not in markdown
