@@ -520,6 +520,23 @@ def test_bad_experiment_arguments_are_refused_before_training(tmp_path, monkeypa
     assert "Traceback" not in err and not (tmp_path / "out").exists()
 
 
+def test_a_driver_that_plans_a_row_twice_is_refused_before_training(tmp_path, monkeypatch,
+                                                                   capsys):
+    """The command checks the rows a driver plans, not only the --methods it was given: a
+    driver bug that plans one table row twice (it would train the same runs twice and report a
+    std over copies) is a clear error naming the row, before any training or output."""
+    from hiertail_fast.experiments import main_table
+
+    planned = main_table.specs
+    monkeypatch.setattr(main_table, "specs", lambda ctx: planned(ctx) * 2)
+    calls = _count_trainings(monkeypatch)
+    with pytest.raises(SystemExit) as exc:
+        main(["main", *TINY, "--methods", "origin", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and calls == [] and not (tmp_path / "out").exists()
+    assert "table rows: synthetic / " in err and "is given twice" in err
+
+
 def test_a_corrupt_cached_run_is_retrained_and_rewritten(tmp_path, monkeypatch, capsys):
     argv = ["main", *TINY, "--methods", "origin", "--out", str(tmp_path)]
     first = main(argv)
