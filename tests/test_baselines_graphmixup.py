@@ -458,3 +458,21 @@ def test_fine_tune_step_is_linear_in_memory(monkeypatch):
         m = n + model.num_synthetic
         assert model.num_synthetic > 0 and cfg.edge_mode == "continuous"
         assert rec.largest < 1_000_000 < m * m // 9, (norm, rec.largest, rec.op, m * m)
+
+
+def test_pretrain_loss_weighs_each_self_supervised_term_by_its_own_weight(tiny):
+    """Pre-training: L = L_rec / n + dis_weight·L_dis + clu_weight·L_clu (+ 0·CE), each term
+    with its own weight, and a zero weight drops its term."""
+    g, graph = tiny
+    for dis_w, clu_w in ((2.0, 0.5), (0.0, 3.0), (0.25, 0.0)):
+        cfg = BaselineConfig(method="graphmixup", hidden=8, dropout=0.0, im_class_num=2,
+                             k_num=30, clu_nclass=5, dis_weight=dis_w, clu_weight=clu_w)
+        m = build_method(_ctx(g, graph), cfg).train()
+        assert m.epoch < m.pretrain_epochs
+        loss = m.train_loss()
+        with torch.no_grad():
+            h = m.encoder(g.x, m.adj)
+            l_dis, l_clu = m.self_supervised_losses(h)
+            rec = gm.recon_loss(h @ m.decoder.weight.T, m.graph_mx) / g.num_nodes
+        assert float(l_dis) > 0 and float(l_clu) > 0
+        torch.testing.assert_close(loss.detach(), rec + dis_w * l_dis + clu_w * l_clu)

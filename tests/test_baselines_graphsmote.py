@@ -250,3 +250,28 @@ def test_edge_grad_backward_is_linear_in_memory(monkeypatch):
         assert model.num_synthetic > 0 and model.decoder.weight.grad.abs().sum() > 0
         # the largest is L_rec's |E|·h gather (335,936 here); the dense grad: (n+s)² = 9.6M
         assert rec.largest < 1_000_000 < m * m // 9, (norm, rec.largest, rec.op, m * m)
+
+
+@pytest.mark.parametrize("choice", ["class", "node"])
+def test_synthetic_embeddings_follow_smote_lambda(tiny, choice):
+    """``smote_lambda`` reaches GraphSMOTE (CLI: "graphsmote_t / _o: one λ per class per round
+    (official, default) or per synthetic node"): the classifier sees [H; h_new] with h_new =
+    h_v + λ(h_nn − h_v), λ drawn once per round or once per synthetic node."""
+    g, graph = tiny
+    train = torch.cat([torch.nonzero(g.y == c).flatten()[:4] for c in range(4)])
+    cfg = BaselineConfig(method="graphsmote_t", hidden=8, dropout=0.0, im_class_num=2,
+                         smote_lambda=choice)
+    ctx = MethodContext(g.x, g.y, graph, train, 4, torch.Generator().manual_seed(7))
+    model = build_method(ctx, cfg).train()
+    seen = []
+    model.classifier.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].detach()))
+    model.train_loss()
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        h = model.encoder(g.x, model.adj)
+        want = [h]
+        for _, r in model.rounds:
+            nb = same_class_nearest_neighbour(h[r])
+            want.append(smote_interpolate(h[r], nb, gen, per_node=choice == "node"))
+    assert len(seen) == 1 and seen[0].shape[0] == g.num_nodes + model.num_synthetic
+    torch.testing.assert_close(seen[0], torch.cat(want))

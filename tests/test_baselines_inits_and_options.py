@@ -44,13 +44,17 @@ def test_classifier_linear_weight_is_normal_with_std_0_05(kind, hidden):
 @pytest.mark.parametrize("hidden", [16, 64, 128])
 def test_decoder_weight_is_uniform_within_one_over_sqrt_h(hidden):
     """h² ≥ 256 weights: all within s = 1/√h, the largest above 0.9 s, the mean square s²/3
-    within ±0.1 s² (its standard error is ≤ s²·√(4/45/256) = 0.019 s²)."""
+    within ±0.1 s² (its standard error is ≤ s²·√(4/45/256) = 0.019 s²), and symmetric about
+    0: the smallest below −0.9 s, the mean within ±0.2 s (its standard error is ≤ s/√768 =
+    0.036 s; U(0, s) would give 0.5 s)."""
     torch.manual_seed(0)
     w = Decoder(hidden).weight.detach().double().flatten()
     s = 1.0 / math.sqrt(hidden)
     assert w.numel() == hidden * hidden
     assert 0.9 * s < float(w.abs().max()) <= s
     assert abs(float((w * w).mean()) - s * s / 3) < 0.1 * s * s
+    assert float(w.min()) < -0.9 * s
+    assert abs(float(w.mean())) < 0.2 * s
 
 
 # ------------------------------------------------------------
