@@ -33,6 +33,19 @@ def test_provenance_records_the_budget_it_ran():
     assert "- seeds [3, 4], epochs ≤ 17, patience 5" in md
 
 
+def test_provenance_records_the_python_and_torch_versions():
+    """provenance records the Python and torch versions (its docstring) as their release
+    numbers, and the summary's text names them."""
+    import platform
+
+    import torch
+
+    p = report.provenance(["main"], Budget((1,), 3, 2), time.time(), "cpu")
+    assert (p["python"], p["torch"]) == (platform.python_version(), torch.__version__)
+    assert f"- python {platform.python_version()}, torch {torch.__version__}" in \
+        report.provenance_markdown(p)
+
+
 # ------------------------------------------------------------
 # (s42 audit, mutants F33 / F23) of a summary's provenance text.
 #

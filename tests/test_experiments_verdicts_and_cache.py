@@ -54,6 +54,16 @@ def test_markdown_table_lists_under_each_dataset_only_its_rows():
     assert labels == {"email": ["Origin", "SMOTE"], "wiki": ["Re-weight"]}
 
 
+def test_markdown_table_keeps_the_datasets_in_the_order_of_the_rows():
+    """markdown_table's tables follow the order of the rows it is given (the paper's column
+    order: Cora-Full, BlogCatalog, Email, Wiki), not the datasets' names in alphabetical order:
+    wiki's rows first -> wiki's table first."""
+    md = report.markdown_table([_table_row("wiki", "Origin"), _table_row("email", "Origin"),
+                                _table_row("cora_full", "Origin")], 1)
+    headings = [line for line in md.splitlines() if line.startswith("### ")]
+    assert headings == ["### wiki", "### email", "### cora_full"]
+
+
 def test_runs_code_lists_most_runs_first_and_the_warning_counts_the_other_runs():
     """runs_code: the code versions of the reported runs, most runs first (its docstring); the
     provenance warning says how many runs were trained at ANOTHER version than the command's.
@@ -140,6 +150,19 @@ def test_summary_runs_of_a_legacy_summary_counts_the_seeds_of_its_rows():
     assert report.summary_runs({"runs": 7, "rows": [{"n": 3}]}) == 7
 
 
+def test_a_written_summary_records_how_many_runs_it_holds(tmp_path):
+    """A summary written now carries its ``runs`` entry (summary_runs: only summaries written
+    before it existed lack one): a payload given without it is written with the seeds of its
+    rows, 3 + 2; one that has it keeps its own."""
+    report.write_outputs(tmp_path, "main", "t\n", {"args": {"name": "main"},
+                                                   "rows": [{"n": 3}, {"n": 2}]},
+                         log=lambda line: None)
+    assert json.loads((tmp_path / "main.json").read_text())["runs"] == 5
+    report.write_outputs(tmp_path / "b", "main", "t\n", {"args": {}, "runs": 7, "rows": []},
+                         log=lambda line: None)
+    assert json.loads((tmp_path / "b" / "main.json").read_text())["runs"] == 7
+
+
 def test_new_numbers_with_the_same_run_count_replace_the_summary(tmp_path):
     """write_outputs leaves a summary alone only when it holds the same results; the same
     arguments and as many runs but other numbers (e.g. runs retrained on other data) must
@@ -202,6 +225,22 @@ def test_a_summary_of_other_data_is_kept_not_replaced(tmp_path):
                                                     "data_fingerprints": {"email": "x"}},
                          log=log.append)
     assert (legacy / "main.md").read_text() == "new\n"
+
+
+def test_summaries_of_two_commands_on_a_third_data_set_each_keep_their_own(tmp_path):
+    """The third name is hashed by the arguments *and* the data (write_outputs docstring): two
+    commands of other arguments, each run on data A, B and C, keep six summaries; C's of the
+    first command is not replaced by C's of the second (a name hashed by the data alone is the
+    same for both, and the second took the first's file, leaving it only as .prev)."""
+    log = []
+    for args in ("X", "Y"):
+        for data in "ABC":
+            payload = {"args": {"name": args}, "runs": 1, "rows": [{"bacc": args + data}],
+                       "data_fingerprints": {"email": f"sha256:{data}"}}
+            report.write_outputs(tmp_path, "main", f"{args}{data}\n", payload, log=log.append)
+    summaries = sorted(p.read_text() for p in tmp_path.glob("*.md") if ".prev" not in p.name)
+    assert summaries == [f"{a}{d}\n" for a in "XY" for d in "ABC"]
+    assert not list(tmp_path.glob("*.prev.*"))
 
 
 # ------------------------------------------------------------------ aggregation over seeds
@@ -859,6 +898,35 @@ def test_migrate_fingerprints_replaces_an_empty_fingerprint(tmp_path, capsys):
         keys = list(record)
         assert keys[keys.index("identity") + 1] == "data_fingerprint"
         assert keys.count("data_fingerprint") == 1 and record["result"]["epochs_run"] == 3
+
+
+def test_migrate_fingerprints_reads_the_data_from_hiertail_data_by_default(tmp_path, monkeypatch,
+                                                                          capsys):
+    """Without --data-dir the records' data is read from $HIERTAIL_DATA (the module's
+    docstring: "default, as the experiments"), not from ../shared/data: a legacy email record
+    gets the fingerprint of $HIERTAIL_DATA's email graph, and the command exits 0."""
+    from hiertail_fast.data.io import GraphData
+    from hiertail_fast.data.synthetic import make_synthetic_graph
+    from hiertail_fast.experiments import migrate_fingerprints
+    from hiertail_fast.experiments.runner import DataSource
+
+    g = make_synthetic_graph(120, num_classes=6, avg_degree=6.0, num_features=16, seed=0)
+    data = tmp_path / "d"
+    data.mkdir()
+    GraphData(edge_index=g.edge_index, x=g.x, y=g.y, num_classes=g.num_classes).to_npz(
+        data / "email.npz")
+    source = DataSource(data, None)
+    identity = {"dataset": "email", "data": source.data_key("email"), "split": ["natural"],
+                "method": "origin", "seed": 1}
+    p = tmp_path / "work" / "runs" / "email" / "origin-x-s1.json"
+    p.parent.mkdir(parents=True)
+    p.write_text(json.dumps(_run_record(identity, 0.5)))
+    monkeypatch.setenv("HIERTAIL_DATA", str(data))
+    monkeypatch.chdir(tmp_path / "work")
+    assert migrate_fingerprints.main(["runs"]) == 0
+    assert "added a fingerprint to 1 record(s); 0 had one; 0 left without one" in \
+        capsys.readouterr().out
+    assert json.loads(p.read_text())["data_fingerprint"] == source.fingerprint("email")
 
 
 # ---- the run of other data kept beside a run's file (a mutation audit, s43)

@@ -12,6 +12,7 @@ import pytest
 from hiertail_fast.experiments.paper_numbers import (
     METRICS,
     PAPER_METHOD_NAMES,
+    SENSITIVITY_GRID,
     TABLE1_DATASETS,
     TABLE2_MAIN,
     TABLE3_SEMI_SYNTHETIC,
@@ -137,3 +138,20 @@ def test_paper_method_names_are_the_tables_row_labels():
                 for label, name in METHODS.items()}
     assert PAPER_METHOD_NAMES == expected
     assert len(set(PAPER_METHOD_NAMES.values())) == len(PAPER_METHOD_NAMES)
+
+
+def test_sensitivity_grid_matches_the_tex(tex):
+    """SENSITIVITY_GRID: the values the appendix says γ and τ were selected in (γ in
+    $\\{0.01, 0.1\\}$, τ in $\\{0.01, 0.1, 1.0\\}$), and the γ, τ its remaining-hyperparameter
+    figures were run with."""
+    def selected(name: str) -> tuple[float, ...]:
+        m = re.search(rf"{name}\$[^$]*?is selected in \$\\{{([^$]*)\\}}\$", tex)
+        assert m, name
+        return tuple(float(v) for v in m.group(1).split(","))
+
+    assert SENSITIVITY_GRID["gamma_searched"] == selected(r"\\gamma")
+    assert SENSITIVITY_GRID["tau_searched"] == selected(r"\\tau")
+    m = re.search(r"weight \$\\gamma=([\d.]+)\$ and temperature \$\\tau=([\d.]+)\$", tex)
+    assert m
+    assert (SENSITIVITY_GRID["appendix_figure_gamma"], SENSITIVITY_GRID["appendix_figure_tau"]) \
+        == (float(m.group(1)), float(m.group(2)))
