@@ -79,6 +79,25 @@ def test_compiled_gcn_propagate_with_learnable_edge_weights(as_graph, dev):
     assert weight.requires_grad
 
 
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("as_graph", [True, False])
+def test_compiled_gcn_propagate_under_no_grad_with_learnable_edge_weights(as_graph, dev):
+    """Under torch.no_grad, edge weights that require grad are plain values, as in the eager
+    op: the compiled value is the eager one (bit for bit on CPU) and records nothing."""
+    x, ei, w = _graph_data(dev, weighted=True)
+    x = x.detach()
+    w.requires_grad_()
+    g = CSRGraph.from_edge_index(ei, w, num_nodes=x.shape[0], dedupe=False)
+
+    def f(x):
+        with torch.no_grad():
+            return gcn_propagate(x, g) if as_graph else gcn_propagate(x, ei, w)
+    got = _compiled(f)(x)
+    want = f(x)
+    _same(got, want, dev)
+    assert not got.requires_grad
+
+
 def test_compiled_gcn_propagate_reuses_the_graphs_caches(monkeypatch):
     """No CSRGraph is built per compiled call: the op finds the user's graph again from its
     arrays (CSRGraph._live) and its cached operator serves forward and backward."""

@@ -218,6 +218,20 @@ def test_an_output_spelled_differently_from_its_source_is_still_refused(tmp_path
     assert src.read_bytes() == before
 
 
+def test_a_split_out_spelled_differently_from_the_output_is_refused(tmp_path, monkeypatch):
+    """``split_out`` naming the output file by another spelling (relative vs absolute, or
+    through a symlinked folder) is the output file itself: refused before anything is
+    written, with or without force, not the graph written and then replaced by the split."""
+    (tmp_path / "alias").symlink_to(tmp_path, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "g.npz"
+    for split_out in ("g.npz", tmp_path / "alias" / "g.npz"):
+        for force in (False, True):
+            with pytest.raises(ValueError, match="is the output file itself"):
+                convert(_masked_data(), out, split_out=split_out, force=force)
+            assert not out.exists()
+
+
 def test_an_existing_output_is_refused_before_it_is_written(tmp_path):
     """Without force an existing file is refused before the writer runs: a large graph is not
     serialised and compressed only to be thrown away (mutant: the early check dropped, the
@@ -275,6 +289,21 @@ def test_cli_force_overwrites_and_reports_the_graph(tmp_path, capsys):
     assert captured.err.strip().splitlines()[-1] == (
         f"wrote {out}: 6 nodes, 4 edges, 2 features, 3 classes")
     assert load_npz(out).num_edges == 4
+
+
+def test_cli_root_and_download_with_any_source_file_are_a_usage_error(tmp_path, capsys):
+    """``--root`` / ``--download`` with a source file are refused naming the file, whatever the
+    file's suffix (G.NPZ, which load_npz reads, or a .csv), not silently ignored or reported
+    as another error."""
+    save_npz(tmp_path / "G.NPZ", EI, np.ones((6, 2)), Y)
+    (tmp_path / "graph.csv").write_text("0,1\n")
+    for name in ("G.NPZ", "graph.csv"):
+        src = tmp_path / name
+        for extra in (["--root", str(tmp_path)], ["--download"]):
+            err = _convert_exit_2(["convert", str(src), str(tmp_path / "o.npz"), *extra],
+                                  capsys)
+            assert f"--root and --download apply to a dataset name, not to the file {src}" in err
+    assert not (tmp_path / "o.npz").exists()
 
 
 def test_cli_without_a_command_is_a_usage_error(capsys):
