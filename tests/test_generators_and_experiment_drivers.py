@@ -220,6 +220,22 @@ def test_ablation_rows_run_the_variant_they_are_labelled():
     assert {got[r].method for r in flags} == {"hiertail"} and got["origin"].method == "origin"
 
 
+def test_ablation_rows_take_each_datasets_hidden_size():
+    """Table 4 on several datasets: every row of a dataset, Origin included, runs that
+    dataset's configuration (the paper's hidden size: 64 on Email, 128 on Cora-Full; common
+    module doc), not another dataset's."""
+    from hiertail_fast.experiments import ablation
+    from hiertail_fast.experiments.common import baseline_config
+
+    ctx = _ctx(("email", "cora_full"))
+    got = {(s.dataset, s.row): s.config for s in ablation.specs(ctx)}
+    for dataset, hidden in (("email", 64), ("cora_full", 128)):
+        assert {r: got[(dataset, r)].hidden for r in ablation.ROWS} == dict.fromkeys(
+            ablation.ROWS, hidden)
+        assert got[(dataset, "origin")].hidden == hidden
+        assert got[(dataset, "origin")] == baseline_config("origin", dataset, ctx.args)
+
+
 def test_sensitivity_cells_run_the_values_in_their_labels():
     """Every sensitivity row runs the γ, τ, hidden size or dropout its label names; the grid
     is the full γ × τ product, each pair once; the appendix sweeps (activation, hidden, dropout)
@@ -320,6 +336,50 @@ def test_task_counts_accept_a_first_level_of_every_node():
     assert task_counts(10, "300:10,300:300", 300) == [(300, 10), (300, 300)]
     with pytest.raises(ValueError, match="301:10"):
         task_counts(10, "301:10", 300)
+
+
+@pytest.mark.parametrize("spec", ["3:0", "5:3,4:-1", "0:0"])
+def test_task_counts_refuse_a_level_of_fewer_than_one_task(spec):
+    """--task-counts pairs need 1 <= B <= A (tasks module doc): a second level of 0 (or fewer)
+    tasks is refused naming the pair, as a first level of 0 is."""
+    from hiertail_fast.experiments.tasks import task_counts
+
+    bad = spec.split(",")[-1]
+    with pytest.raises(ValueError, match=f"--task-counts: '{bad}' needs counts >= 1"):
+        task_counts(10, spec, 300)
+
+
+def test_task_counts_beyond_the_nodes_say_where_they_came_from():
+    """A pair with more first-level tasks than the graph has nodes is refused naming its
+    source: the command's --task-counts, or the default sweep when none was given (tasks
+    module: the default scaled to a 70-class, 100-node graph asks for 198 tasks)."""
+    from hiertail_fast.experiments.tasks import task_counts
+
+    with pytest.raises(ValueError, match=r"^default task counts: 198:70 on tiny \(100 nodes\)"):
+        task_counts(70, None, 100, "tiny")
+    with pytest.raises(ValueError, match=r"^--task-counts: 101:1 on tiny \(100 nodes\)"):
+        task_counts(70, "101:1", 100, "tiny")
+
+
+@pytest.mark.parametrize("error", [ValueError, TypeError])
+def test_a_row_whose_config_cannot_be_built_is_skipped_with_a_note(monkeypatch, error):
+    """main's rows: a baseline whose config cannot be built (ValueError or TypeError) is
+    skipped with a note naming the dataset, the row and the reason; the other rows are
+    still planned (main_table.method_specs)."""
+    from hiertail_fast.experiments import main_table
+
+    real = main_table.baseline_config
+
+    def config(method, dataset, args):
+        if method == "reweight":
+            raise error("no config for reweight yet")
+        return real(method, dataset, args)
+
+    monkeypatch.setattr(main_table, "baseline_config", config)
+    ctx = _ctx(("cora_full",), methods="origin,reweight,hiertail_paper")
+    assert [s.row for s in main_table.specs(ctx)] == ["origin", "hiertail_paper"]
+    assert ctx.notes == ["- cora_full / reweight: skipped, its config cannot be built "
+                         "(no config for reweight yet)"]
 
 
 @pytest.mark.parametrize("bug", [False, True])
@@ -423,6 +483,32 @@ def test_semi_synthetic_report_counts_undirected_edges():
     line = next(x for x in markdown.splitlines() if x.startswith("| synthetic |"))
     assert line.split("|")[5].strip() == f"{undirected:,}"
     assert "alignment bug fixed." in markdown and "REPRODUCED" not in markdown
+
+
+def test_semi_synthetic_setting_table_follows_the_commands_split():
+    """The semi-synthetic plan and its setting table use the command's --alpha / per-class
+    counts: α = 0.5 with 5 / 10 held-out nodes keeps 3 classes of the synthetic graph (α = 0.8
+    would leave no head class), and the row gives kept and dropped class counts, nodes and
+    the train Ratio_LT of that graph."""
+    from hiertail_fast.data.semi_synthetic import semi_synthetic_long_tail
+    from hiertail_fast.experiments import runner, semi_synthetic
+    from hiertail_fast.experiments.common import Context
+
+    args = _semi_synthetic_args(alpha=0.5, val_per_class=5, test_per_class=10)
+    src = runner.DataSource(None, synthetic={"nodes": 300, "classes": 8, "features": 4})
+    ctx = Context(args, runner.Budget((1,)), src, None, ["synthetic"])
+    (spec,) = semi_synthetic.specs(ctx)
+    assert spec.split == ("semi_lt", 0.5, 5, 10, False)
+    markdown, payload, _ = semi_synthetic.report(ctx, [_one_seed_record(spec)])
+    info = semi_synthetic_long_tail(src.load("synthetic"), alpha=0.5, val_per_class=5,
+                                    test_per_class=10).info
+    assert payload["settings"]["synthetic"] == info
+    assert (info["alpha"], info["kept_classes"], len(info["dropped_classes"])) == (0.5, 3, 5)
+    line = next(x for x in markdown.splitlines() if x.startswith("| synthetic |"))
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    assert cells[1:4] == ["3", "5", f"{info['num_nodes']:,}"]
+    assert cells[5] == f"{info['train_ratio_lt_0.8']:.2f}"
+    assert "α = 0.5, 5 validation / 10 test nodes per class" in markdown
 
 
 def test_semi_synthetic_report_describes_only_the_datasets_that_ran():
