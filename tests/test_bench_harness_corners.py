@@ -132,6 +132,28 @@ def test_next_defaults_attention_rule_needs_a_strict_win(tmp_path):
     assert got["ATTENTION_OFFICIAL_MIN_ROWS"] is None
 
 
+def test_next_defaults_max_dim_reads_single_level_cells_only(tmp_path):
+    """TRITON_MAX_DIM comes from the exact ONE-level fp32 cells: a width timed only at three
+    levels (where Triton wins) neither widens it nor stops the report."""
+    cells = {("fp32", "exact", 1, 64, 20_000): {"torch": 1.0, "triton": 0.5},
+             ("fp32", "exact", 3, 128, 20_000): {"torch": 1.0, "triton": 0.5}}
+    text, got = _derive(tmp_path, cells)
+    assert got["TRITON_MAX_DIM"] == 64
+    assert "| `TRITON_MAX_DIM` | 64 |" in text
+
+
+def test_next_defaults_min_rows_uses_the_derived_max_dim(tmp_path):
+    """TRITON_MIN_ROWS counts the cells up to the TRITON_MAX_DIM these tables derive (here 128,
+    wider than the shipped 64): d 128 losing at 20k puts the exact threshold at 100k."""
+    cells = {}
+    for d, small in ((64, 0.5), (128, 1.5)):
+        cells["fp32", "exact", 1, d, 20_000] = {"torch": 1.0, "triton": small}
+        cells["fp32", "exact", 1, d, 100_000] = {"torch": 1.0, "triton": 0.5}
+    _, got = _derive(tmp_path, cells)
+    assert got["TRITON_MAX_DIM"] == 128
+    assert got["TRITON_MIN_ROWS['exact']"] == 100_000
+
+
 # ------------------------------------------------------------------------- loss_profile.py
 def _stub_gpu(monkeypatch, timed: list):
     """loss_profile's GPU rows without a GPU: inputs, anchors and timing stubbed; every timed

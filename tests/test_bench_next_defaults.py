@@ -236,3 +236,39 @@ def test_a_malformed_row_is_one_line_and_exit_2(mutate, tmp_path, capsys):
     assert next_defaults.main([str(path)]) == 2
     err = capsys.readouterr().err
     assert f"next_defaults.py: {path} is not loss_profile.py JSON" in err
+
+
+def test_files_without_loss_rows_exit_2_in_one_line(tmp_path, capsys):
+    """loss_profile JSON that holds no loss rows (only profiled or untimed rows) is one line on
+    stderr and exit 2, not an empty report."""
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"rows": [
+        {"n": 100, "d": 8, "variant": "exact", "levels": 1, "dtype": "fp32", "what": "torch",
+         "median_s": None}]}))
+    out = tmp_path / "r.md"
+    assert next_defaults.main([str(path), "--md", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == "next_defaults.py: no loss rows in these files"
+    assert captured.out == "" and not out.exists()
+
+
+def test_a_later_files_triton_row_decides_its_splits_and_tile(tmp_path):
+    """split_counts / table_cells: as for the times, a later file's "triton" row replaces an
+    earlier file's for the same cell, so a cell re-measured without key splits (or off the
+    table's tile) is no longer judged for triton[nosplit] (triton[warps4])."""
+    key = ("fp32", "exact", 1, 64, 20_000)
+    paths = []
+    for i, (splits, decide) in enumerate(((4, True), (1, False))):
+        rows = _rows({key: {"triton": 1.0, "triton[nosplit]": 0.5, "triton[warps4]": 0.5}})
+        for r in rows:
+            if r["what"] == "triton":
+                r.update(key_splits=splits, warps_decide=decide)
+        paths.append(tmp_path / f"p{i}.json")
+        paths[-1].write_text(json.dumps({"rows": rows}))
+    assert next_defaults.split_counts(paths) == {key: 1}
+    assert next_defaults.table_cells(paths) == set()
+    got = next_defaults.report(*next_defaults.load(paths), splits=next_defaults.split_counts(
+        paths), table=next_defaults.table_cells(paths))[1]
+    assert got["triton[nosplit]"] == got["triton[warps4]"] == "not measured"
+    assert next_defaults.split_counts(paths[::-1]) == {key: 4}
+    assert next_defaults.table_cells(paths[::-1]) == {key}

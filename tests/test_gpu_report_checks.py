@@ -5,6 +5,9 @@ only runs correct backends, so a check that compared the wrong tensor, the refer
 itself or never looked at a gradient went unnoticed there."""
 from __future__ import annotations
 
+import argparse
+import os
+
 import pytest
 import torch
 
@@ -273,3 +276,96 @@ def test_round_robin_keeps_to_the_budget(gc, monkeypatch):
     assert res["x"]["reps"] == res["y"]["reps"] == 1              # round 2 needs 20, 5 left
     with pytest.raises(ValueError, match="reps"):
         gc.time_round_robin({"x": step}, "cpu", reps=0)
+
+
+def test_time_call_cuts_reps_on_one_slow_warm_up_call_not_their_sum(gc, monkeypatch):
+    """time_call: the reps drop to one when a warm-up CALL (their mean) is slower than
+    slow_seconds; two 3 s warm-ups against a 5 s limit keep all three reps."""
+    now, steps = [0.0], []
+
+    def call():
+        now[0] += steps.pop(0)
+
+    monkeypatch.setattr(gc.time, "perf_counter", lambda: now[0])
+    steps[:] = [3.0, 3.0, 1.0, 4.0, 2.0]               # two warm-ups, then three reps
+    res = gc.time_call(call, "cpu", reps=3, warmup=2, slow_seconds=5.0)
+    assert res == dict(median_s=2.0, reps=3, peak_extra_bytes=None) and not steps
+    steps[:] = [6.0, 6.0, 1.0]                         # each warm-up call over the limit
+    assert gc.time_call(call, "cpu", reps=3, warmup=2, slow_seconds=5.0)["reps"] == 1
+    assert not steps
+
+
+def test_size_arg_needs_two_rows_and_one_column(gc):
+    """size_arg (the N:d sizes of loss_profile.py and attention_kernels.py): N >= 2 rows and
+    d >= 1 columns; one row or no column is refused with the rule in the message."""
+    assert gc.size_arg("2:1") == (2, 1) and gc.size_arg("20000:64") == (20_000, 64)
+    for text in ("1:64", "0:64", "20000:0"):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"need N >= 2 and d >= 1"):
+            gc.size_arg(text)
+    with pytest.raises(argparse.ArgumentTypeError, match="a size is N:d"):
+        gc.size_arg("20000")
+
+
+def test_round_robin_times_a_warm_up_of_exactly_slow_seconds_every_round(gc, monkeypatch):
+    """time_round_robin, as time_call: only a warm-up OVER slow_seconds is timed once; one of
+    exactly slow_seconds gets every round."""
+    now = [0.0]
+    costs = {"edge": [5.0, 1.0, 3.0, 2.0], "over": [5.5, 4.0]}
+
+    def make(key):
+        def step():
+            now[0] += costs[key].pop(0)
+        return step
+
+    monkeypatch.setattr(gc.time, "perf_counter", lambda: now[0])
+    res = gc.time_round_robin({k: make(k) for k in costs}, "cpu", reps=3, slow_seconds=5.0)
+    assert res["edge"] == dict(median_s=2.0, reps=3, peak_extra_bytes=None, timing="round-robin")
+    assert res["over"]["reps"] == 1 and not costs["edge"] and not costs["over"]
+
+
+def test_rel_error_refuses_a_shape_that_only_broadcasts(gc):
+    """rel_error compares tensors of the reference's shape: an output of another shape with
+    the same number of elements (a loss as a 1-element vector, a column for a vector) is a
+    ValueError naming both shapes, not a comparison after broadcasting."""
+    with pytest.raises(ValueError, match=r"shape \(1,\) != reference \(\)"):
+        gc.rel_error(torch.tensor([2.0]), torch.tensor(2.0))
+    with pytest.raises(ValueError, match=r"shape \(3, 1\) != reference \(3,\)"):
+        gc.rel_error(torch.ones(3, 1), torch.ones(3))
+
+
+def test_nested_levels_keep_one_prototype_per_level(gc):
+    """nested_levels: labels y // 2**k with the first max(1, m // 2**k) prototypes, so that a
+    level never has no prototype, whatever m."""
+    y = torch.tensor([0, 1, 1, 0])
+    ys, ps = gc.nested_levels(y, torch.arange(4.0).reshape(2, 2), 3)
+    assert [p.shape[0] for p in ps] == [2, 1, 1]
+    assert [t.tolist() for t in ys] == [[0, 1, 1, 0], [0, 0, 0, 0], [0, 0, 0, 0]]
+    assert torch.equal(ps[2], torch.tensor([[0.0, 1.0]]))
+
+
+def test_fmt_seconds_below_one_are_milliseconds_and_load_note_reads_one_minute(gc):
+    """fmt(.., "s"): any time under a second in ms (0.5 s is "500.00 ms"), from 1 s in
+    seconds; load_note: the 1-minute load averages at the start and the end."""
+    assert gc.fmt(0.5, "s") == "500.00 ms" and gc.fmt(0.999, "s") == "999.00 ms"
+    assert gc.fmt(1.0, "s") == "1.000 s"
+    cores = os.cpu_count()
+    assert gc.load_note(dict(load_average_start=[1.5, 2.0, 3.0],
+                             load_average_end=[4.25, 5.0, 6.0])) == (
+        f"load average 1.5 -> 4.25 on {cores} cores")
+    assert gc.load_note(dict(load_average_start=[1.5, 2.0, 3.0], load_average_end=None)) == (
+        f"load average 1.5 -> (still running) on {cores} cores")
+    assert gc.load_note({}) == "load average not recorded"
+
+
+def test_the_official_triton_ab_row_includes_the_max_dim_width():
+    """_triton_not_chosen, official variant: the Triton kernels are timed beside an automatic
+    row that skips them at every d up to AND including TRITON_MAX_DIM (the shipped d 64),
+    not wider; never where the automatic row already runs them, never off CUDA."""
+    report = load_bench("bench_gpu_report_not_chosen", "gpu_report.py")
+    top = report.TRITON_MAX_DIM
+    assert report._triton_not_chosen("cuda", "torch", "official", 20_000, top)
+    assert report._triton_not_chosen("cuda", "attention", "official", 20_000, top,
+                                     torch.bfloat16)
+    assert not report._triton_not_chosen("cuda", "torch", "official", 20_000, top + 1)
+    assert not report._triton_not_chosen("cuda", "triton", "official", 20_000, top)
+    assert not report._triton_not_chosen("cpu", "torch", "official", 20_000, top)

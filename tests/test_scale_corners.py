@@ -157,3 +157,177 @@ def test_a_dense_graph_the_cli_accepts_runs_in_the_default_rss_mode():
                 cpu_memory="rss", threads=1, loss_dtype=None)
     res = worker.run_worker(spec)
     assert res["status"] == "ok" and res["edges"] > 300 * 100     # the asked, dense degree
+
+
+def test_a_size_of_exactly_classes_nodes_is_accepted(capsys):
+    """Every class needs a node: a size of exactly --classes nodes (one node a class) is a
+    valid sweep size; one node fewer is refused before any run, naming the size."""
+    argv = ["--classes", "5", "--avg-degree", "2", "--device", "cpu", "--sizes"]
+    assert scale.parse_args(argv + ["5", "100"]).sizes == [5, 100]
+    with pytest.raises(SystemExit) as exc:
+        scale.parse_args(argv + ["4", "100"])
+    assert exc.value.code == 2
+    assert "sizes [4] are smaller than --classes 5" in capsys.readouterr().err
+
+
+def test_a_failed_worker_reads_its_last_stderr_line(monkeypatch):
+    """run_one: a worker that dies without a result is 'error: ' and the last non-blank line
+    of its stderr (a traceback's exception, not its 'Traceback' header), or its exit code
+    when it printed nothing."""
+    stderr = ("Traceback (most recent call last):\n  File \"w.py\", line 1, in <module>\n"
+              "ValueError: avg_degree too large\n\n")
+    results = iter([(1, stderr), (3, "")])
+
+    def fake_run(cmd, **kwargs):
+        code, err = next(results)
+        return scale.subprocess.CompletedProcess(cmd, code, stdout="progress\n", stderr=err)
+
+    monkeypatch.setattr(scale.subprocess, "run", fake_run)
+    assert scale.run_one({"nodes": 1}, None) == {"status": "error: ValueError: avg_degree too "
+                                                           "large"}
+    assert scale.run_one({"nodes": 1}, None) == {"status": "error: exit code 3"}
+
+
+def test_the_runs_options_reach_every_worker_and_the_loss_dtype_column(monkeypatch):
+    """sweep: --threads, --seed and --loss-dtype reach every worker's spec, and the CSV's
+    loss_dtype column names the dtype for both HierTail methods (the dense reference casts
+    its loss inputs too) and 'n/a' for the others."""
+    specs: list[dict] = []
+
+    def fake_run(spec, timeout):
+        specs.append(spec)
+        return {"edges": 10, "epoch_seconds": 0.1, "peak_memory_bytes": 1e6, "status": "ok",
+                "warmup_epochs": 1, "timed_epochs": 3}
+
+    monkeypatch.setattr(scale, "run_one", fake_run)
+    args = scale.parse_args(["--sizes", "100", "--methods", "hiertail", "hiertail-reference",
+                             "gcn", "--threads", "1", "--seed", "7", "--loss-dtype", "bfloat16",
+                             "--device", "cpu"])
+    rows = scale.sweep(args, budget=1e12)
+    assert [(s["method"], s["threads"], s["seed"], s["loss_dtype"]) for s in specs] == [
+        ("hiertail", 1, 7, "bfloat16"), ("hiertail-reference", 1, 7, "bfloat16"),
+        ("gcn", 1, 7, "bfloat16")]
+    assert [r["loss_dtype"] for r in rows] == ["bfloat16", "bfloat16", "n/a"]
+
+
+def test_a_run_without_its_warm_up_is_not_plain_ok(monkeypatch):
+    """sweep: a run that dropped its warm-up (a long epoch) reads 'ok (0 warm-up + N timed
+    epochs: long epochs)' even when all --epochs were timed, so the table says which runs
+    were timed cold."""
+    monkeypatch.setattr(scale, "run_one", lambda spec, timeout: {
+        "edges": 10, "epoch_seconds": 0.1, "peak_memory_bytes": 1e6, "status": "ok",
+        "warmup_epochs": 0, "timed_epochs": 3})
+    args = scale.parse_args(["--sizes", "100", "--methods", "gcn", "--warmup", "1",
+                             "--epochs", "3", "--device", "cpu"])
+    assert scale.sweep(args, budget=1e12)[0]["status"] == (
+        "ok (0 warm-up + 3 timed epochs: long epochs)")
+
+
+def test_progress_rows_show_seconds_and_megabytes():
+    """format_row (the progress lines and the final table): epoch seconds to 4 decimals and
+    the peak in MB of 10**6 bytes, as the 'peak MB' header says, '-' for a run not measured."""
+    row = {**dict.fromkeys(scale.CSV_COLUMNS, ""), "method": "gcn", "nodes": 100, "edges": 10,
+           "epoch_seconds": 0.25, "peak_memory_bytes": 2_500_000, "device": "cpu",
+           "status": "ok"}
+    assert scale.format_row(row).split() == ["gcn", "100", "10", "0.2500", "2.5", "cpu", "ok"]
+    skipped = dict(row, epoch_seconds="", peak_memory_bytes="", status="skipped")
+    assert scale.format_row(skipped).split() == ["gcn", "100", "10", "-", "-", "cpu", "skipped"]
+
+
+def test_plot_predicts_memory_only_for_runs_skipped_over_memory(tmp_path, monkeypatch):
+    """The dashed predicted-memory line follows the runs skipped for memory ('would need');
+    sizes skipped after a timeout have no memory figure to draw."""
+    report = sys.modules["_scale_report"]
+    drawn = recorded_plot_lines(monkeypatch)
+    base = dict(method="gcn", edges=10, device="cpu", once_seconds="", epoch_seconds="",
+                peak_memory_bytes="")
+    rows = [dict(base, nodes=100, epoch_seconds=0.1, peak_memory_bytes=2e6, status="ok",
+                 predicted_memory_bytes=1e6),
+            dict(base, nodes=1000, status="timed out after 40 s", predicted_memory_bytes=5e6),
+            dict(base, nodes=10_000, status="skipped: 1000 nodes timed out (time budget 40 s)",
+                 predicted_memory_bytes=7e7)]
+    report.plot(rows, tmp_path / "scale.png")
+    assert [label for _, _, label in drawn] == ["gcn", "gcn"]
+
+
+def test_timed_epochs_stop_when_exactly_run_seconds_are_spent(monkeypatch):
+    """The worker times no further epoch once the timed ones have taken RUN_SECONDS (on a
+    scripted clock: two 60 s epochs of a 120 s allowance, not a third)."""
+    now = [0.0]
+
+    def setup(spec, nodes):
+        losses = []
+
+        def epoch():
+            now[0] += 60.0
+            losses.append(1.0)
+        return epoch, 10, losses, None
+
+    monkeypatch.setattr(worker, "_setup", setup)
+    monkeypatch.setattr(worker.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(worker, "RUN_SECONDS", 120.0)
+    monkeypatch.setattr(worker, "_tracked_peak", lambda step: 0)
+    res = worker.run_worker(dict(SPEC, cpu_memory="tracked", epochs=5))
+    assert res["timed_epochs"] == 2 and res["epoch_seconds"] == 60.0
+
+
+def test_the_run_seed_draws_the_split_and_the_initial_weights(monkeypatch):
+    """_setup: --seed ('graph, split and model seed') reaches natural_split and seeds the
+    model's initial weights: with the graph and the split held fixed, two seeds give two
+    first losses, one seed the same loss again."""
+    import hiertail_fast.data.splits as splits
+    import hiertail_fast.data.synthetic as synthetic
+
+    seeds: list[int] = []
+    real_split, real_graph = splits.natural_split, synthetic.make_synthetic_graph
+
+    def split(y, seed=0, **kwargs):
+        seeds.append(seed)
+        return real_split(y, 0, **kwargs)
+
+    monkeypatch.setattr(splits, "natural_split", split)
+    monkeypatch.setattr(synthetic, "make_synthetic_graph",
+                        lambda *args, seed=0, **kwargs: real_graph(*args, seed=0, **kwargs))
+
+    def first_loss(seed: int) -> float:
+        epoch, _, losses, _ = worker._setup(dict(SPEC, seed=seed), SPEC["nodes"])
+        epoch()
+        return losses[0]
+
+    a, b, again = first_loss(5), first_loss(6), first_loss(5)
+    assert seeds == [5, 6, 5]
+    assert a == again and a != b
+
+
+def test_after_loop_stages_run_one_epoch_per_loop(monkeypatch):
+    """A baseline's after-loop stages run once with one epoch per stage loop (ONCE_SCHEDULE:
+    LTE4G's experts and students), not their training defaults (1000 and 500 epochs), which
+    would make once_seconds the stages' full training; a method without those loops takes its
+    default config."""
+    import hiertail_fast.baselines as baselines
+
+    seen = []
+    real = baselines.build_method
+    monkeypatch.setattr(baselines, "build_method",
+                        lambda ctx, cfg: seen.append(cfg) or real(ctx, cfg))
+    worker._setup(dict(SPEC, method="lte4g"), SPEC["nodes"])
+    worker._setup(dict(SPEC, method="graphsmote_t"), SPEC["nodes"])
+    assert (seen[0].method, seen[0].expert_ep, seen[0].curriculum_ep) == ("lte4g", 1, 1)
+    assert seen[1].method == "graphsmote_t" and seen[1].hidden == SPEC["hidden"]
+
+
+def test_nothing_measured_keeps_a_set_written_without_a_plot(tmp_path, capsys):
+    """A sweep that measures nothing writes nothing while --out holds ANY results: a set
+    written with --no-plot (scale.csv and scale.json, no scale.png) stays in place too, not
+    moved to scale.prev.* for an empty table."""
+    out = tmp_path / "res"
+    out.mkdir()
+    for name in ("scale.csv", "scale.json"):
+        (out / name).write_text(f"old {name}")
+    argv = ["--sizes", "100", "--methods", "gcn", "--memory-budget", "1e-6", "--device", "cpu",
+            "--out", str(out)]
+    assert scale.main(argv) == 0
+    assert "nothing was measured" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["scale.csv", "scale.json"]
+    assert [(out / n).read_text() for n in ("scale.csv", "scale.json")] == [
+        "old scale.csv", "old scale.json"]
