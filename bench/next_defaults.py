@@ -118,12 +118,15 @@ def load(paths: list[Path]) -> dict:
 
 
 def fastest(times: dict, key: tuple) -> tuple[str, float] | None:
-    """(engine, seconds) of the fastest engine the library may pick in cell ``key``."""
+    """(engine, seconds) of the fastest engine the library may pick in cell ``key``. A tie
+    is no win for a Triton mode (as everywhere in this tool): on equal times a non-Triton
+    engine is the fastest, then the first by name, so the answer never depends on the order
+    of the JSON rows."""
     barred = NOT_ENGINES + IMPRECISE.get(key[:2], ())
     engines = {e: t for e, t in times.items() if e not in barred}
     if not engines:
         return None
-    best = min(engines, key=engines.get)
+    best = min(engines, key=lambda e: (engines[e], is_triton(e), e))
     return best, engines[best]
 
 

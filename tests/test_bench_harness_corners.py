@@ -132,6 +132,17 @@ def test_next_defaults_attention_rule_needs_a_strict_win(tmp_path):
     assert got["ATTENTION_OFFICIAL_MIN_ROWS"] is None
 
 
+@pytest.mark.parametrize("order", [("torch", "triton"), ("triton", "torch")])
+def test_next_defaults_a_tie_is_no_triton_win_in_either_row_order(tmp_path, order):
+    """A Triton mode timed equal to torch does not win its cell, whichever row comes first in
+    the JSON: the thresholds never depend on the rows' order (a tie once went to the first
+    row, giving TRITON_MIN_ROWS 20,000 and TRITON_MAX_DIM 64 with Triton listed first)."""
+    key = ("fp32", "exact", 1, 64, 20_000)
+    text, got = _derive(tmp_path, {key: dict.fromkeys(order, 1.0)})
+    assert got["TRITON_MIN_ROWS['exact']"] is None and got["TRITON_MAX_DIM"] is None
+    assert "| fp32 | exact | 1 | 64 | 20,000 | torch |" in text
+
+
 def test_next_defaults_max_dim_reads_single_level_cells_only(tmp_path):
     """TRITON_MAX_DIM comes from the exact ONE-level fp32 cells: a width timed only at three
     levels (where Triton wins) neither widens it nor stops the report."""
