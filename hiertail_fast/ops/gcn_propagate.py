@@ -56,12 +56,25 @@ from hiertail_fast.ops._dispatch import BACKENDS, choose_backend, public_op
 _SDDMM_CHUNK_ELEMS = 1 << 22  # entries·d per chunk of the edge-gradient dot products (16 MB fp32)
 
 
-def torch_sparse_available() -> bool:
+def _torch_sparse_problem() -> str | None:
+    """Why the optional torch_sparse package cannot be used here, or None when it can. A
+    torch_sparse built against another torch release is installed but fails to load its
+    compiled ops with an OSError (an undefined C++ symbol): that is "not usable", never an
+    error raised from a mere availability check."""
     try:
         import torch_sparse  # noqa: F401
     except ImportError:
-        return False
-    return True
+        return "needs the optional torch_sparse package"
+    except OSError as exc:
+        return (f"found torch_sparse but it cannot be loaded with torch {torch.__version__} "
+                f"(built against another torch release? rebuild it: pip install "
+                f"--no-build-isolation --force-reinstall torch-sparse): {exc}")
+    return None
+
+
+def torch_sparse_available() -> bool:
+    """Whether ``backend="torch_sparse"`` can run: the package imports and loads its ops."""
+    return _torch_sparse_problem() is None
 
 
 def _normalised(graph: CSRGraph, weight, dinv, transposed: bool):
@@ -286,8 +299,9 @@ PROPAGATION_BACKENDS = (*BACKENDS, "torch_sparse")   # gcn_propagate's backend= 
 
 def _resolve_backend(x: torch.Tensor, backend: str | None) -> str:
     if backend == "torch_sparse":
-        if not torch_sparse_available():
-            raise ValueError("backend='torch_sparse' needs the optional torch_sparse package")
+        problem = _torch_sparse_problem()
+        if problem is not None:
+            raise ValueError(f"backend='torch_sparse' {problem}")
         return backend
     if backend is not None and backend not in PROPAGATION_BACKENDS:   # (the list named all)
         raise ValueError(f"backend={backend!r} is not one of {PROPAGATION_BACKENDS}")
