@@ -333,6 +333,60 @@ def test_loss_profile_table_in_ms_over_same_dtype_anchors():
     assert "| 10 | 4 | exact | 1 | bf16 | torch | 8.00 | 2.00 | 1.60 |" in md
 
 
+def test_loss_profile_cells_time_apart_and_autotuned_rows_in_fp32_on_cuda_only(monkeypatch):
+    """time_rows: each (variant, levels, dtype) is its own round-robin (its warm-ups and round
+    before the next cell's: fp32 and bf16 are not mixed); tuned_rows: the exact variant in
+    fp32 (its row says fp32 and the step runs fp32), timed with AUTOTUNE_NEED_S / 2 left (not
+    NEED), and nothing without CUDA."""
+    timed: list = []
+    _stub_gpu(monkeypatch, timed)
+    far = loss_profile.time.perf_counter() + 1e6
+    loss_profile.time_rows("cuda", 100, 8, ["auto", "torch"], 1, far, lambda row: None)
+    exact1 = [(t[2], t[3]) for t in timed if t[:2] == ("exact", 1)]
+    fp32, bf16 = [(torch.float32, e) for e in ("auto", "torch")], \
+        [(torch.bfloat16, e) for e in ("auto", "torch")]
+    assert exact1 == fp32 + fp32 + bf16 + bf16
+    timed.clear()
+    rows: list = []
+    need = loss_profile.gpu_report.AUTOTUNE_NEED_S
+    soon = loss_profile.time.perf_counter() + 0.75 * need
+    loss_profile.tuned_rows("cuda", 100, 8, ["triton[autotune]"], 1, soon, rows.append)
+    assert [(r["variant"], r["levels"], r["dtype"], r["median_s"]) for r in rows] == [
+        ("exact", 1, "fp32", 1e-3), ("exact", 3, "fp32", 1e-3)]
+    assert timed == [("exact", lv, torch.float32, "triton[autotune]") for lv in (1, 3)]
+    rows.clear()
+    loss_profile.tuned_rows("cpu", 100, 8, ["triton[autotune]"], 1, far, rows.append)
+    assert rows == [] and len(timed) == 2
+
+
+def test_loss_profile_table_engines_errors_anchors_and_profiles():
+    """render: an automatic row names the engine it chose; a row without a time shows its
+    error; the anchors line lists every anchor in ms; a profile row reads wall and device-busy
+    time in ms, and a profile row with an error shows it."""
+    anchor = lambda what, s: dict(n=10, d=4, variant="–", levels="–",  # noqa: E731
+                                  dtype="–", what=what, median_s=s)
+    prof = dict(n=10, d=4, variant="exact", levels=1, dtype="fp32", what="profile",
+                engine="torch", seconds=0.002, device_busy_s=0.00045, ops=3,
+                syncs={"cudaStreamSynchronize": 1}, top_kernels=[("gemm", 2, 0.3)],
+                top_host=[("aten::mm", 2, 0.05)])
+    report = dict(device="x", when="now", torch="t", load_average_start=None,
+                  load_average_end=None, rows=[
+                      anchor("SDPA fp32 fwd+bwd", 0.010), anchor("SDPA bf16 fwd+bwd", 0.004),
+                      dict(n=10, d=4, variant="exact", levels=1, dtype="fp32", what="auto",
+                           engine="attention", median_s=0.02),
+                      dict(n=10, d=4, variant="exact", levels=3, dtype="fp32", what="torch",
+                           error="skipped: time budget"),
+                      prof, dict(prof, levels=3, error="RuntimeError: out of memory")])
+    md = loss_profile.render(report)
+    assert "| 10 | 4 | exact | 1 | fp32 | auto → attention | 20.00 | 2.00 | – |" in md
+    assert "| 10 | 4 | exact | 3 | fp32 | torch | skipped: time budget | |" in md
+    assert "Anchors: 10×4 SDPA fp32 fwd+bwd 10.00 ms; 10×4 SDPA bf16 fwd+bwd 4.00 ms" in md
+    assert "wall 2.00 ms (profiled), device busy 0.45 ms, aten ops 3" in md
+    assert "| `gemm` | 2 | 0.300 |" in md
+    assert "## Profile: exact, 3 level(s), fp32, N 10, d 4, engine torch\nerror: " \
+           "RuntimeError: out of memory" in md
+
+
 # ------------------------------------------------------------------------- _roofline.py
 def test_roofline_card_peaks_units_and_modes():
     """Every listed card resolves to its own peak (a shorter name listed first would shadow it),
@@ -347,6 +401,16 @@ def test_roofline_card_peaks_units_and_modes():
     assert fig["peak_GBps"] == pytest.approx(4800.0)
     with pytest.raises(ValueError, match="non-negative"):
         _roofline.spmm_bytes(-1, 3, 4)
+
+
+def test_roofline_zero_sizes_count_and_card_names_match_in_any_case():
+    """Zero is a size, not an error ("non-negative"): an empty graph still moves its row
+    pointers and output rows; a card's name matches its entry whatever its case."""
+    assert _roofline.spmm_bytes(0, 0, 0) == 0
+    assert _roofline.spmm_bytes(5, 0, 4) == 5 * (4 + 16)
+    assert _roofline.spmm_bytes(2, 3, 0) == 5 * 4
+    assert _roofline.peak_bandwidth("nvidia h200") == 4.8e12
+    assert _roofline.peak_bandwidth("NVIDIA L40S".lower()) == 0.864e12
 
 
 # ------------------------------------------------------------------------- interleaved.py
@@ -428,6 +492,90 @@ def test_loss_grid_gemm_probe_counts_two_flops_per_multiply_add(monkeypatch):
 def test_loss_grid_spread_counts_cells_strictly_above_the_limit():
     """'cells > 1.5' counts values above the limit, not at it (a mutation audit)."""
     assert loss_grid._spread_cols([1.5, 1.6], 1.5).endswith("| 1")
+
+
+def test_loss_grid_regimes_scale_as_documented():
+    """embeddings(): relu = relu(randn) / sqrt(d), randn30 = 30 randn, normalised = unit rows,
+    each from the same draws of the generator."""
+    def draw(regime):
+        return loss_grid.embeddings(regime, 12, 16, torch.Generator().manual_seed(5))
+    z = torch.randn(12, 16, generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(draw("relu"), torch.relu(z) / 4.0)
+    torch.testing.assert_close(draw("randn30"), 30.0 * z)
+    torch.testing.assert_close(draw("randn"), z)
+    torch.testing.assert_close(draw("normalised"), z / z.norm(dim=1, keepdim=True))
+    with pytest.raises(ValueError, match="regime='wide'"):
+        draw("wide")
+
+
+def test_loss_grid_steps_call_the_loss_as_the_cell_says(monkeypatch):
+    """loss_step: the cell's temperature and variant, every level (hierarchical on 3), and
+    "auto" passes no backend (the library's own choice); _case_steps gives the loss --dtype
+    rows and the anchors float32 rows."""
+    seen = []
+
+    def spy(name):
+        def loss(zz, *args, **kw):
+            levels = len(args[0]) if name == "hierarchical" else 1
+            seen.append((name, levels, kw["temperature"], kw["variant"], kw["backend"]))
+            return zz.sum()
+        return loss
+    monkeypatch.setattr(loss_grid, "balanced_contrastive_loss", spy("balanced"))
+    monkeypatch.setattr(loss_grid, "hierarchical_contrastive_loss", spy("hierarchical"))
+    z1, ys1, ps1 = loss_grid.make_case("relu", 30, 4, 1)
+    z3, ys3, ps3 = loss_grid.make_case("relu", 30, 4, 3)
+    loss_grid.loss_step("auto", z1, ys1, ps1, 0.25, "official")()
+    loss_grid.loss_step("attention", z3, ys3, ps3, 2.0, "official")()
+    loss_grid.loss_step("rowblock", z1, ys1, ps1, 0.5, "exact")()
+    assert seen == [("balanced", 1, 0.25, "official", None),
+                    ("hierarchical", 3, 2.0, "official", "attention"),
+                    ("balanced", 1, 0.5, "exact", "torch")]
+    got = {}
+    monkeypatch.setattr(loss_grid, "loss_step", lambda b, z, ys, ps, tau, v: got.setdefault(
+        "loss", (z.dtype, {p.dtype for p in ps})))
+    monkeypatch.setattr(loss_grid, "floor_step", lambda z, ps, with_exp: got.setdefault(
+        with_exp, (z.dtype, {p.dtype for p in ps})))
+    loss_grid._case_steps((30, 4, 3, "relu", 0.1), ["exact"], ["torch"], torch.bfloat16)
+    assert got == {"loss": (torch.bfloat16, {torch.bfloat16}),
+                   False: (torch.float32, {torch.float32}),
+                   True: (torch.float32, {torch.float32})}
+
+
+def test_loss_grid_floor_exp_takes_exp_of_clamped_products(monkeypatch):
+    """floor+exp's exp pass sees the products clamped into [-C, 0] (C = the library's exp
+    cut-off), even on the randn30 regime whose raw products overflow exp."""
+    z, _, ps = loss_grid.make_case("randn30", 30, 4, 1)
+    ranges = []
+    real = torch.Tensor.exp_
+    monkeypatch.setattr(torch.Tensor, "exp_", lambda self: ranges.append(
+        (self.min().item(), self.max().item())) or real(self))
+    loss_grid.floor_step(z, ps, with_exp=True)()
+    cutoff = loss_grid.exp_cutoff(torch.float32)
+    assert ranges and all(-cutoff <= lo and hi <= 0.0 for lo, hi in ranges), ranges
+    assert min(lo for lo, _ in ranges) == -cutoff
+
+
+def test_loss_grid_markdown_rule_spans_every_column():
+    """The markdown's rule row has one '---' per header column (2 engines: 14 columns), so
+    the table renders."""
+    times = {"torch": [2.0], "attention": [3.0], "floor": [1.0], "floor+exp": [0.5]}
+    (rec,) = loss_grid._case_records((10, 4, 1, "relu", 0.1),
+                                     {f"exact:{b}": times[b] for b in ("torch", "attention")}
+                                     | times, ["exact"], ["torch", "attention"])
+    head, rule = loss_grid.markdown([rec], ["torch", "attention"]).splitlines()[:2]
+    assert rule.count("---") == head.count("|") - 1 == 14
+
+
+def test_loss_grid_refuses_zero_rounds_before_any_timing(capsys, tmp_path):
+    """--rounds 0: exit 2 with one line, before the GEMM probe (not a StatisticsError after
+    the warm-ups)."""
+    with pytest.raises(SystemExit) as exc:
+        loss_grid.main(["--sizes", "20", "--dims", "4", "--taus", "1", "--regimes", "relu",
+                        "--levels", "1", "--variants", "exact", "--rounds", "0", "--out",
+                        str(tmp_path / "g.json")])
+    captured = capsys.readouterr()
+    assert exc.value.code == 2 and "loss grid on" not in captured.out
+    assert "--sizes, --dims and --rounds must be positive" in captured.err
 
 
 # --------------------------------------------------------- engine_ab / version_ab / epoch_ab

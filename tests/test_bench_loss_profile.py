@@ -150,3 +150,72 @@ def test_every_opt_in_triton_mode_is_a_loss_profile_engine():
     assert set(loss_profile.gc.TRITON_MODES) <= set(loss_profile.ENGINES)
     assert "triton[autotune]" not in [c[3] for c in loss_profile.timed_cases(
         ["triton", "triton[autotune]"], "cuda")]                   # tuned_rows' own, as above
+
+
+def _stub_sections(monkeypatch, calls: list, stop_after_first_row: bool = False):
+    """main's sections stubbed: (section, n, d, ...) of each call go to `calls`."""
+    def time_rows(dev, n, d, engines, reps, deadline, add):
+        calls.append(("time", n, d, reps, deadline))
+        add(dict(n=n, d=d, variant="exact", levels=1, dtype="fp32", what="torch", median_s=1e-3))
+        if stop_after_first_row:
+            raise KeyboardInterrupt
+    monkeypatch.setattr(loss_profile, "time_rows", time_rows)
+    monkeypatch.setattr(loss_profile, "tuned_rows", lambda dev, n, d, engines, reps, deadline,
+                        add: calls.append(("tuned", n, d, reps, deadline)))
+    monkeypatch.setattr(loss_profile, "profile_rows",
+                        lambda dev, n, d, add: calls.append(("profile", n, d)))
+
+
+def test_main_runs_the_sections_its_flags_ask_for_at_the_first_size(monkeypatch, tmp_path):
+    """Every size's rows with --reps (3 unless given: the GPU session passes none), then the
+    autotuned rows and the profile at the FIRST size; --profile-only and --no-profile each
+    drop their sections; the JSON records the argv it was given."""
+    calls: list = []
+    _stub_sections(monkeypatch, calls)
+    base = ["--device", "cpu", "--sizes", "30:4", "20:8", "--out", str(tmp_path)]
+    assert loss_profile.main(base) == 0
+    assert [c[:4] for c in calls[:2]] == [("time", 30, 4, 3), ("time", 20, 8, 3)]
+    assert [c[:4] for c in calls[2:]] == [("tuned", 30, 4, 3), ("profile", 30, 4)]
+    calls.clear()
+    assert loss_profile.main(base + ["--reps", "5", "--no-profile"]) == 0
+    assert [c[:4] for c in calls] == [("time", 30, 4, 5), ("time", 20, 8, 5), ("tuned", 30, 4, 5)]
+    calls.clear()
+    assert loss_profile.main(base + ["--profile-only"]) == 0
+    assert calls == [("profile", 30, 4)]
+    data = json.loads((tmp_path / "loss_profile.json").read_text())
+    assert data["argv"] == base + ["--profile-only"]
+
+
+def test_main_keeps_the_autotune_reserve_out_of_the_timed_rows(monkeypatch, tmp_path):
+    """On CUDA (faked) with an autotuned engine, the timed rows' deadline is the run's minus
+    tuned_reserve (AUTOTUNE_NEED_S / 2); the autotuned rows get the whole budget."""
+    calls: list = []
+    _stub_sections(monkeypatch, calls)
+    monkeypatch.setattr(loss_profile.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(loss_profile.torch.cuda, "get_device_name", lambda *a: "fake GPU")
+    assert loss_profile.main(["--sizes", "30:4", "--engines", "auto", "triton[autotune]",
+                              "--no-profile", "--out", str(tmp_path)]) == 0
+    (_, _, _, _, rows_deadline), (_, _, _, _, deadline) = calls
+    assert deadline - rows_deadline == pytest.approx(
+        loss_profile.gpu_report.AUTOTUNE_NEED_S / 2)
+
+
+def test_each_row_is_on_disk_as_it_ends_and_a_bad_out_is_refused_first(monkeypatch, tmp_path,
+                                                                        capsys):
+    """A run stopped by a device call's limit keeps the rows it got (JSON and markdown written
+    after every row); an --out that cannot be written is exit 2 naming --out before any row."""
+    calls: list = []
+    _stub_sections(monkeypatch, calls, stop_after_first_row=True)
+    with pytest.raises(KeyboardInterrupt):
+        loss_profile.main(["--device", "cpu", "--sizes", "30:4", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "loss_profile.json").read_text())["rows"]
+    assert [(r["n"], r["what"]) for r in rows] == [(30, "torch")]
+    assert "| 30 | 4 | exact | 1 | fp32 | torch | 1.00 |" in (
+        tmp_path / "loss_profile.md").read_text()
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    calls.clear()
+    with pytest.raises(SystemExit) as exc:
+        loss_profile.main(["--device", "cpu", "--sizes", "30:4", "--out", str(blocker)])
+    assert exc.value.code == 2 and not calls and "--out" in capsys.readouterr().err
+    assert blocker.read_text() == "x"
