@@ -48,6 +48,18 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
     ("epoch_ab.py", ["--rev", "HEAD", "--nodes", "300", "--rounds", "2", "--avg-degree", "500"],
      "--avg-degree must be below the smallest size - 1, got 500 for 300 nodes"),
     ("interleaved.py", ["propagation", "--out", ""], "--out: an empty path (a file name is"),
+    # every size is checked, not only the first or the largest; an option the tool cannot
+    # honour is refused, not run under a wrong label
+    ("interleaved.py", ["propagation", "--nodes", "1000", "50"],
+     "--nodes must be >= 70 for propagation (its benchmark graphs have 70 classes), got 50"),
+    ("interleaved.py", ["pooling", "--modes", "fwd"], "pooling is timed in modes ['fwd+bwd']"),
+    ("version_ab.py", ["--rev", "HEAD", "--n", "50", "--rounds", "1"], "--rounds at least 2"),
+    ("epoch_ab.py", ["--rev", "HEAD", "--nodes", "300", "--rounds", "1"],
+     "--rounds must be at least 2"),
+    ("epoch_ab.py", ["--rev", "HEAD", "--nodes", "300", "10", "--classes", "5", "--rounds", "2"],
+     "every size at least 4 x --classes"),
+    ("epoch_ab.py", ["--rev", "HEAD", "--nodes", "300", "3000", "--rounds", "2",
+                     "--avg-degree", "500"], "got 500 for 300 nodes"),
 ])
 def test_bad_values_are_one_line_and_exit_2(script, args, message, tmp_path):
     res = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True,

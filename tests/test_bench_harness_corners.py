@@ -448,6 +448,46 @@ def test_interleaved_records_medians_ratios_and_bytes(monkeypatch, tmp_path, cap
     assert rec["torch"]["bytes_model"] == 2 * (30 * 20 + 70 * 20)
 
 
+def test_interleaved_times_only_the_chosen_providers_and_records_the_run(monkeypatch, tmp_path):
+    """--providers picks whose steps are made and timed, --rounds is recorded, a propagation
+    record names no prototype count, and --out's missing folder is created."""
+    import interleaved
+
+    others = [p for p in interleaved.OPS["propagation"]["providers"] if p != "torch"]
+    made = []
+    monkeypatch.setattr(interleaved, "propagation_step",
+                        lambda p, n, d, mode: made.append(p) or (None, 30))
+    monkeypatch.setattr(interleaved, "time_round_robin",
+                        lambda steps, rounds: {p: [0.001] * rounds for p in steps})
+    out = tmp_path / "new_folder" / "r.json"
+    assert interleaved.main(["propagation", "--nodes", "70", "--dims", "4", "--modes", "fwd",
+                             "--providers", "torch", others[0], "--rounds", "3",
+                             "--out", str(out)]) == 0
+    assert made == ["torch", others[0]]
+    data = json.loads(out.read_text())
+    assert data["rounds"] == 3 and data["op"] == "propagation"
+    assert [r["provider"] for r in data["records"]] == ["torch", others[0]]
+    assert all(r["prototypes"] is None and r["mode"] == "fwd" for r in data["records"])
+
+
+def test_interleaved_prototype_step_gets_m_prototypes_of_d_features(monkeypatch, tmp_path):
+    """prototype op: --prototypes is the number m of prototypes and --dims their width d, in
+    the step and in the records."""
+    import interleaved
+
+    seen = []
+    monkeypatch.setattr(interleaved.tpool, "make_prototype_step",
+                        lambda provider, n, m, d=128: seen.append((provider, n, m, d)) or None)
+    monkeypatch.setattr(interleaved, "time_round_robin",
+                        lambda steps, rounds: {p: [0.001] * rounds for p in steps})
+    out = tmp_path / "p.json"
+    assert interleaved.main(["prototype", "--nodes", "50", "--dims", "4", "--prototypes", "3",
+                             "--providers", "torch", "--rounds", "2", "--out", str(out)]) == 0
+    assert seen == [("torch", 50, 3, 4)]
+    (rec,) = json.loads(out.read_text())["records"]
+    assert rec["prototypes"] == 3 and rec["d"] == 4 and rec["n"] == 50
+
+
 # ------------------------------------------------------------------------- loss_grid.py
 def test_loss_grid_record_medians_and_best_rounds():
     """_record: the median (not the mean) of the rounds, the best round (not the first), the
@@ -651,3 +691,148 @@ def test_epoch_ab_medians_labels_and_ratio(monkeypatch, capsys):
                           "4"]) == 0
     out = capsys.readouterr().out
     assert "old 2.0000 s  new 1.0000 s  new/old 0.500  (best 1.0000 / 0.5000 s)" in out
+
+
+def test_engine_ab_exact_runs_the_librarys_path_and_a_failure_restores_it(monkeypatch):
+    """Only the "old" rounds take the old path: --exact times the exact variant on the
+    library's own path; and the library's path is back even when a step fails mid-run."""
+    import hiertail_fast.ops._lse_torch as lse_mod
+
+    real = lse_mod.level_weights
+    clock = FakeClock()
+    monkeypatch.setattr(engine_ab, "time", clock)
+    seen = []
+
+    def recording(backend, z, ys, ps, tau, variant):
+        return lambda: seen.append((variant, lse_mod.level_weights is real)) or clock.spend(1)
+
+    monkeypatch.setattr(engine_ab, "loss_step", recording)
+    argv = ["--switch", "weights", "--levels", "3", "--n", "40", "--d", "4", "--rounds", "2",
+            "--regimes", "relu", "--exact"]
+    assert engine_ab.main(argv) == 0
+    assert seen == [("official", False), ("official", True), ("exact", True)] * 2
+
+    def failing(backend, z, ys, ps, tau, variant):
+        def step():
+            if lse_mod.level_weights is not real:
+                raise RuntimeError("the old path failed")
+        return step
+
+    monkeypatch.setattr(engine_ab, "loss_step", failing)
+    with pytest.raises(RuntimeError, match="the old path failed"):
+        engine_ab.main(argv)
+    assert lse_mod.level_weights is real
+
+
+def test_engine_ab_applies_threads_and_prints_the_load_before_and_after(monkeypatch, capsys):
+    """--threads sets torch's thread count (said in the header, with the default three
+    levels), and the load average is printed before and after the timing."""
+    monkeypatch.setattr(engine_ab, "round_robin_medians", lambda steps, rounds, before: {
+        "old": 2.0, "new": 1.0, "floor+exp": 0.5})
+    threads = torch.get_num_threads()
+    try:
+        assert engine_ab.main(["--switch", "fold", "--n", "40", "--d", "4", "--rounds", "2",
+                               "--regimes", "relu", "--threads", "3"]) == 0
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(threads)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("load average (") and ", 3 threads, " in lines[0]
+    assert ", L 3, official," in lines[0]
+    assert lines[-1].startswith("load average (") and len(lines) == 3
+
+
+def test_version_ab_largest_gradient_difference_and_float_tau(monkeypatch, capsys):
+    """version_ab (revision stubbed): 'grad diff' is the LARGEST |old - new| over the largest
+    |old|; with --learnable-temperature, "float tau" is this checkout with a float tau and
+    new/float tau is new over it; the defaults are one level and 11 rounds."""
+    headers, made = [], []
+
+    @contextlib.contextmanager
+    def fake_revision(r, header):
+        headers.append(header)
+        yield "rev"
+
+    grads = {"rev": torch.tensor([2.0, 0.0, 0.0, 0.0]),
+             hiertail_fast: torch.tensor([2.0, 0.0, 0.0, 1.0])}
+
+    def fake_step(pkg, z, ys, ps, tau, variant, backend="torch", learn_tau=False):
+        made.append((pkg, learn_tau))
+        return lambda: (grads[pkg], torch.tensor(0.5)) if learn_tau else grads[pkg]
+
+    monkeypatch.setattr(version_ab, "revision_package", fake_revision)
+    monkeypatch.setattr(version_ab, "loss_step", fake_step)
+    monkeypatch.setattr(version_ab, "round_robin_medians", lambda steps, rounds: {
+        "old": 2.0, "new": 1.0, "floor+exp": 0.5, "float tau": 4.0})
+    assert version_ab.main(["--rev", "X", "--n", "40", "--d", "4", "--regimes", "relu",
+                            "--learnable-temperature"]) == 0
+    assert made == [("rev", True), (hiertail_fast, True), (hiertail_fast, False)]
+    out = capsys.readouterr().out
+    assert "grad diff 5.0e-01" in out and "new/float tau 0.250" in out
+    assert ", L 1, " in headers[0] and " 11 rounds " in headers[0]
+
+
+def test_revision_package_imports_the_fresh_revision_and_leaves_no_trace(monkeypatch, capsys):
+    """revision_package: the with block gets the revision just unpacked, not a module of that
+    name imported before (another revision's, its folder gone); afterwards neither the module
+    nor its folder is left in sys.modules / on sys.path."""
+    def fake_unpack(rev, into):
+        pkg = into / version_ab.REV_NAME
+        pkg.mkdir()
+        (pkg / "__init__.py").write_text(f"REV = {rev!r}\n")
+        return pkg
+
+    monkeypatch.setattr(version_ab, "unpack_revision", fake_unpack)
+    path_before = list(sys.path)
+    sys.modules[version_ab.REV_NAME] = SimpleNamespace(REV="stale")
+    try:
+        with version_ab.revision_package("abc", "header") as pkg:
+            assert pkg.REV == "abc"
+            folder = Path(pkg.__file__).parent.parent
+        assert sys.path == path_before and version_ab.REV_NAME not in sys.modules
+    finally:
+        sys.modules.pop(version_ab.REV_NAME, None)
+    assert not folder.exists()
+    assert "old = abc, new = this checkout, header" in capsys.readouterr().out
+
+
+def test_epoch_ab_reports_the_largest_loss_difference(monkeypatch, capsys):
+    """epoch_ab: 'max loss rel diff' is the largest |old - new| / |old| over the rounds'
+    losses, so one diverging round shows."""
+    clock = FakeClock()
+    monkeypatch.setattr(epoch_ab, "time", clock)
+
+    @contextlib.contextmanager
+    def fake_revision(r, header):
+        yield "rev"
+
+    losses = {"rev": iter([1.0, 2.0, 4.0]), hiertail_fast: iter([1.0, 2.0, 5.0])}
+    monkeypatch.setattr(epoch_ab, "revision_package", fake_revision)
+    monkeypatch.setattr(epoch_ab, "epoch_step", lambda pkg, nodes, args:
+                        lambda: clock.spend(1) or next(losses[pkg]))
+    assert epoch_ab.main(["--rev", "X", "--nodes", "100", "--classes", "5", "--rounds",
+                          "3"]) == 0
+    assert "max loss rel diff 2.5e-01" in capsys.readouterr().out
+
+
+def test_epoch_ab_epoch_uses_the_seed_the_width_and_fresh_gradients(monkeypatch):
+    """epoch_step: the synthetic graph of --seed, a model of --hidden width, and every epoch
+    starts from zeroed gradients (zero_grad, forward, loss, backward, Adam step)."""
+    import hiertail_fast.data.synthetic as synthetic
+    import hiertail_fast.nn.hiertail as hiertail
+
+    seeds, widths, zeroed = [], [], []
+    real_graph, real_model = synthetic.make_synthetic_graph, hiertail.HierTail
+    real_zero = torch.optim.Adam.zero_grad
+    monkeypatch.setattr(synthetic, "make_synthetic_graph",
+                        lambda *a, **k: seeds.append(k.get("seed")) or real_graph(*a, **k))
+    monkeypatch.setattr(hiertail, "HierTail",
+                        lambda *a: widths.append(a[2].hidden) or real_model(*a))
+    monkeypatch.setattr(torch.optim.Adam, "zero_grad",
+                        lambda self, *a, **k: zeroed.append(1) or real_zero(self, *a, **k))
+    args = SimpleNamespace(classes=5, avg_degree=4.0, features=8, hidden=8, seed=3,
+                           config="paper")
+    epoch = epoch_ab.epoch_step(hiertail_fast, 120, args)
+    losses = [epoch(), epoch()]
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert seeds == [3] and widths == [8] and len(zeroed) == 2

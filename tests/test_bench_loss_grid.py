@@ -302,6 +302,58 @@ def test_vm_noise_samples_every_provider(tmp_path):
     assert bad.returncode == 2 and "--samples" in bad.stderr
 
 
+def _vm_noise():
+    from tests.conftest import load_bench
+
+    return load_bench("bench_vm_noise_units", "vm_noise.py")
+
+
+def test_vm_noise_report_loads_before_and_after_and_median_spread(tmp_path, monkeypatch,
+                                                                   capsys):
+    """vm_noise main (sampling stubbed): the load average read before the samples is
+    load_average_before and the one read after them load_average_after; a spread's median is
+    the median (not the mean); --copy-mb 0 is refused before any sampling."""
+    vm = _vm_noise()
+    loads, order = iter([[1.0, 1.0, 1.0], [3.0, 2.0, 1.0]]), []
+    rows = [{"t": "x", "copy_gbs": g, "exact": g, "official": 1.0, "floor+exp": 1.0}
+            for g in (1.0, 2.0, 9.0)]
+    monkeypatch.setattr(vm, "load_average", lambda: order.append("load") or next(loads))
+    monkeypatch.setattr(vm, "sample_all", lambda *a: order.append("samples") or rows)
+    out = tmp_path / "noise.json"
+    assert vm.main(["--out", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert order == ["load", "samples", "load"]
+    assert rep["load_average_before"] == [1.0, 1.0, 1.0]
+    assert rep["load_average_after"] == [3.0, 2.0, 1.0]
+    assert rep["spread"]["copy_gbs"] == {"min": 1.0, "median": 2.0, "max": 9.0}
+    capsys.readouterr()
+    monkeypatch.setattr(vm, "load_average", lambda: [])
+    monkeypatch.setattr(vm, "sample_all", lambda *a: pytest.fail("sampled"))
+    with pytest.raises(SystemExit) as exc:
+        vm.main(["--copy-mb", "0", "--out", str(out)])
+    assert exc.value.code == 2 and "--copy-mb must be positive" in capsys.readouterr().err
+
+
+def test_vm_noise_samples_take_the_best_copy_and_pause_only_between(monkeypatch):
+    """sample_all: a sample's copy figure is the best of its three copies, every step is timed
+    once per sample, the pause comes between samples (none after the last); copy_gbs counts a
+    copy's bytes twice (read + write)."""
+    vm = _vm_noise()
+    speeds = iter([50.0, 1.0, 7.0, 3.0, 2.0, 8.0, 4.0])       # the warm-up, 3 per sample
+    ticks, pauses, real_copy = iter(range(1000)), [], vm.copy_gbs
+    monkeypatch.setattr(vm, "copy_gbs", lambda src, dst: next(speeds))
+    monkeypatch.setattr(vm, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks)),
+                                                    strftime=lambda fmt: "12:00:00",
+                                                    sleep=pauses.append))
+    rows = vm.sample_all(90, 8, 2, 0.5, 1)
+    assert [r["copy_gbs"] for r in rows] == [7.0, 8.0] and pauses == [0.5]
+    assert all(r[k] == 1.0 for r in rows for k in ("exact", "official", "floor+exp"))
+    clock = iter([1.0, 1.5])
+    monkeypatch.setattr(vm, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    src = torch.zeros(1 << 18)                                    # 1 MiB of fp32
+    assert real_copy(src, torch.empty_like(src)) == pytest.approx(2 * (1 << 20) / 0.5 / 1e9)
+
+
 def test_report_rewrites_an_earlier_json_with_official_over_exact(tmp_path):
     def rec(variant, torch_s, attn_s, fe_s):
         return dict(n=6, d=4, levels=1, variant=variant, regime="relu", tau=0.1,
