@@ -116,6 +116,27 @@ def triton_importable() -> bool:
 requires_triton = pytest.mark.skipif(not triton_importable(), reason="triton is not installed")
 
 
+def torch_sparse_or_none():
+    """The optional torch_sparse module where the library can use it, else None: not
+    installed, or built against another torch release (its ops fail to load with an OSError,
+    which ``pytest.importorskip`` does not catch; the library counts it as not installed)."""
+    from hiertail_fast.ops.gcn_propagate import torch_sparse_available
+
+    if not torch_sparse_available():
+        return None
+    import torch_sparse
+
+    return torch_sparse
+
+
+def torch_sparse_or_skip():
+    """torch_sparse, or skip the test where ``torch_sparse_or_none`` finds none."""
+    module = torch_sparse_or_none()
+    if module is None:
+        pytest.skip("torch_sparse is not installed or cannot be loaded with this torch")
+    return module
+
+
 def _run_interpreter_probe() -> int:
     """A three-line kernel with a loop over a runtime bound, under the interpreter: 2."""
     import triton

@@ -24,6 +24,7 @@ from hiertail_fast.data.pyg import (  # noqa: E402
 )
 from hiertail_fast.data.splits import natural_split  # noqa: E402
 from hiertail_fast.nn.hiertail import HierTail, HierTailConfig, prepare_graph  # noqa: E402
+from tests.conftest import torch_sparse_or_none  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -340,11 +341,9 @@ def test_from_pyg_data_takes_a_sparse_or_numpy_x_and_names_num_nodes_right():
     ei, y = torch.tensor([[0, 1], [1, 2]]), torch.tensor([0, 1, 1])
     dense = torch.arange(6.0).view(3, 2)
     xs = [dense.numpy()]
-    try:
-        import torch_sparse
+    torch_sparse = torch_sparse_or_none()  # (the optional pyg extra)
+    if torch_sparse is not None:
         xs.append(torch_sparse.SparseTensor.from_dense(dense))
-    except ImportError:                 # (the optional pyg extra)
-        pass
     for x in xs:
         g = from_pyg_data(Data(x=x, edge_index=ei, y=y, num_nodes=3))
         assert torch.equal(g.x, dense)

@@ -11,7 +11,7 @@ import torch
 from hiertail_fast import gcn_propagate, topk_pool
 from hiertail_fast.graph import CSRGraph
 from hiertail_fast.nn import GCNConv
-from tests.conftest import tol
+from tests.conftest import tol, torch_sparse_or_none, torch_sparse_or_skip
 
 
 def _edges(n=30, e=120, seed=0):
@@ -46,7 +46,7 @@ def test_from_sparse_is_the_coalesced_edge_index(layout):
 
 
 def test_from_torch_sparse_tensor():
-    torch_sparse = pytest.importorskip("torch_sparse")
+    torch_sparse = torch_sparse_or_skip()
     n = 30
     ei, w = _edges(n)
     adj_t = torch_sparse.SparseTensor(row=ei[1], col=ei[0], value=w, sparse_sizes=(n, n))
@@ -65,7 +65,7 @@ def test_from_torch_sparse_tensor():
 
 
 def test_valueless_sparse_tensor_counts_duplicate_edges_as_pyg_does():
-    torch_sparse = pytest.importorskip("torch_sparse")
+    torch_sparse = torch_sparse_or_skip()
     n = 4
     ei = torch.tensor([[0, 0, 1, 2], [1, 1, 2, 3]])             # 0 -> 1 twice (a multigraph)
     adj_t = torch_sparse.SparseTensor(row=ei[1], col=ei[0], sparse_sizes=(n, n))
@@ -145,10 +145,7 @@ def test_bad_sparse_adjacencies():
     x = torch.randn(n, 2)
     with pytest.raises(ValueError, match="square"):
         CSRGraph.from_sparse(torch.sparse_coo_tensor(ei, torch.ones(2), (5, 4)))
-    try:
-        import torch_sparse
-    except ImportError:                 # (the optional pyg extra)
-        torch_sparse = None
+    torch_sparse = torch_sparse_or_none()  # (the optional pyg extra)
     if torch_sparse is not None:        # a 3 x 4 SparseTensor, its columns in range or not
         for last in (0, 3):
             adj = torch_sparse.SparseTensor(row=torch.tensor([0, 1, 2]),
@@ -226,9 +223,8 @@ def test_sparse_indices_outside_the_graph_are_refused():
     ok = csr(torch.tensor([0, 1, 2, 2], **i32), torch.tensor([1, 2], **i32), torch.ones(2),
              (3, 3))
     assert CSRGraph.from_sparse(ok).num_edges == 2         # int32 parts in range: taken
-    try:
-        import torch_sparse
-    except ImportError:                 # (the optional pyg extra)
+    torch_sparse = torch_sparse_or_none()  # (the optional pyg extra)
+    if torch_sparse is None:
         return
     st = torch_sparse.SparseTensor(rowptr=torch.tensor([0, 2, 1, 3]),
                                    col=torch.tensor([0, 1, 2]), sparse_sizes=(3, 3),
@@ -286,7 +282,7 @@ def test_gcnconv_cached_sees_an_edit_of_a_sparse_tensors_indices(valued):
     """cached=True versioned only a SparseTensor's values: an in-place edit of its columns (or
     of a SparseTensor without values) was served the graph of the old ones (a mutation
     audit)."""
-    torch_sparse = pytest.importorskip("torch_sparse")
+    torch_sparse = torch_sparse_or_skip()
     n = 30
     ei, w = _edges(n)
     adj = torch_sparse.SparseTensor(row=ei[1], col=ei[0], value=w if valued else None,
