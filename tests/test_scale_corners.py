@@ -4,12 +4,14 @@ beyond sleeps that only overshoot.
 """
 from __future__ import annotations
 
+import csv
 import sys
 
 import pytest
 
 from tests.conftest import recorded_plot_lines
 from tests.test_scale import scale
+from tests.test_scale_tracked_and_imgagn_rng import _sweep_specs
 
 worker = sys.modules["_scale_worker"]
 
@@ -188,25 +190,18 @@ def test_a_failed_worker_reads_its_last_stderr_line(monkeypatch):
     assert scale.run_one({"nodes": 1}, None) == {"status": "error: exit code 3"}
 
 
-def test_the_runs_options_reach_every_worker_and_the_loss_dtype_column(monkeypatch):
+def test_the_runs_options_reach_every_worker_and_the_loss_dtype_column(monkeypatch, tmp_path):
     """sweep: --threads, --seed and --loss-dtype reach every worker's spec, and the CSV's
     loss_dtype column names the dtype for both HierTail methods (the dense reference casts
     its loss inputs too) and 'n/a' for the others."""
-    specs: list[dict] = []
-
-    def fake_run(spec, timeout):
-        specs.append(spec)
-        return {"edges": 10, "epoch_seconds": 0.1, "peak_memory_bytes": 1e6, "status": "ok",
-                "warmup_epochs": 1, "timed_epochs": 3}
-
-    monkeypatch.setattr(scale, "run_one", fake_run)
-    args = scale.parse_args(["--sizes", "100", "--methods", "hiertail", "hiertail-reference",
-                             "gcn", "--threads", "1", "--seed", "7", "--loss-dtype", "bfloat16",
-                             "--device", "cpu"])
-    rows = scale.sweep(args, budget=1e12)
+    specs, _ = _sweep_specs(monkeypatch, tmp_path, [
+        "--sizes", "100", "--methods", "hiertail", "hiertail-reference", "gcn", "--threads",
+        "1", "--seed", "7", "--loss-dtype", "bfloat16", "--device", "cpu"])
     assert [(s["method"], s["threads"], s["seed"], s["loss_dtype"]) for s in specs] == [
         ("hiertail", 1, 7, "bfloat16"), ("hiertail-reference", 1, 7, "bfloat16"),
         ("gcn", 1, 7, "bfloat16")]
+    with (tmp_path / "scale.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
     assert [r["loss_dtype"] for r in rows] == ["bfloat16", "bfloat16", "n/a"]
 
 
