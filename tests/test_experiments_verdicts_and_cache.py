@@ -820,14 +820,20 @@ def test_a_record_without_a_fingerprint_is_reused(tmp_path):
     assert problem is None and record == legacy
 
 
+def _legacy_identity(source, dataset: str) -> dict:
+    """The identity of a seed-1 Origin run on ``dataset`` of ``source`` (a runner.DataSource),
+    as the records written before the data fingerprint existed hold it."""
+    return {"dataset": dataset, "data": source.data_key(dataset), "split": ["natural"],
+            "method": "origin", "seed": 1}
+
+
 def test_migrate_fingerprints_dry_run_counts_and_writes_nothing(tmp_path):
     """--dry-run: "count, write nothing"; the real run then adds the runner's fingerprint."""
     from hiertail_fast.experiments.migrate_fingerprints import migrate
     from hiertail_fast.experiments.runner import DataSource
 
     source = DataSource(None, {"nodes": 120, "classes": 6, "features": 16})
-    identity = {"dataset": "synthetic", "data": source.data_key("synthetic"),
-                "split": ["natural"], "method": "origin", "seed": 1}
+    identity = _legacy_identity(source, "synthetic")
     p = tmp_path / "runs" / "synthetic" / "origin-abc-s1.json"
     p.parent.mkdir(parents=True)
     p.write_text(json.dumps(_run_record(identity, 0.5), indent=1) + "\n")
@@ -853,8 +859,7 @@ def test_migrate_fingerprints_gives_each_record_its_own_datas_fingerprint(tmp_pa
     expected = {}
     for norm in ("none", "row"):
         source = DataSource(None, syn, norm)
-        identity = {"dataset": "synthetic", "data": source.data_key("synthetic"),
-                    "split": ["natural"], "method": "origin", "seed": 1}
+        identity = _legacy_identity(source, "synthetic")
         p = runs / "synthetic" / f"origin-{norm}-s1.json"
         p.write_text(json.dumps(_run_record(identity, 0.5)))
         expected[p] = source.fingerprint("synthetic")
@@ -881,8 +886,7 @@ def test_migrate_fingerprints_replaces_an_empty_fingerprint(tmp_path, capsys):
     from hiertail_fast.experiments.runner import DataSource
 
     source = DataSource(None, {"nodes": 120, "classes": 6, "features": 16})
-    identity = {"dataset": "synthetic", "data": source.data_key("synthetic"),
-                "split": ["natural"], "method": "origin", "seed": 1}
+    identity = _legacy_identity(source, "synthetic")
     runs = tmp_path / "runs"
     (runs / "synthetic").mkdir(parents=True)
     paths = []
@@ -916,8 +920,7 @@ def test_migrate_fingerprints_reads_the_data_from_hiertail_data_by_default(tmp_p
     GraphData(edge_index=g.edge_index, x=g.x, y=g.y, num_classes=g.num_classes).to_npz(
         data / "email.npz")
     source = DataSource(data, None)
-    identity = {"dataset": "email", "data": source.data_key("email"), "split": ["natural"],
-                "method": "origin", "seed": 1}
+    identity = _legacy_identity(source, "email")
     p = tmp_path / "work" / "runs" / "email" / "origin-x-s1.json"
     p.parent.mkdir(parents=True)
     p.write_text(json.dumps(_run_record(identity, 0.5)))
