@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -273,3 +274,66 @@ def test_bench_tools_run_without_pytest(tool):
         assert proc.returncode == 1 and "needs the test extra" in proc.stderr
     else:
         assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr[-500:]
+
+
+def test_hub_graph_gives_hub_k_its_in_edges():
+    """hub_graph: --per-node random in-edges a node (row 1 the target), and hub k (node k)
+    hub_degree / 2^k more, from sources among the nodes."""
+    import hub_rows
+
+    for per_node in (2, 0):
+        ei = hub_rows.hub_graph(20, 3, 40, per_node, seed=0)
+        in_degree = torch.bincount(ei[1], minlength=20)
+        expected = torch.full((20,), per_node)
+        expected[:3] += torch.tensor([40, 20, 10])
+        assert torch.equal(in_degree, expected), per_node
+        assert ei.shape == (2, 20 * per_node + 70) and 0 <= int(ei.min()) <= int(ei.max()) < 20
+
+
+@pytest.mark.parametrize("args", [["--nodes", "2", "--hubs", "4"], ["--per-node", "-1"]])
+def test_hub_rows_refuses_a_graph_it_cannot_build(args, capsys):
+    import hub_rows
+
+    with pytest.raises(SystemExit) as exit_:
+        hub_rows.main(["--rev", "HEAD", *args])
+    assert exit_.value.code == 2
+    assert "--rounds >= 2, --nodes >= --hubs >= 1, --per-node >= 0" in capsys.readouterr().err
+
+
+def test_hub_rows_reports_each_sides_times_errors_and_ratio(monkeypatch, capsys):
+    """Each side's line: the median (best) of the rounds after the first, the hub rows' forward
+    error then the x gradient's; then new / old of the medians."""
+    import contextlib
+
+    import hub_rows
+
+    import hiertail_fast
+
+    now = [0.0]
+    steps = {"old": iter([0, 100, 1, 3]), "new": iter([0, 100, 4, 6])}   # seconds a step
+    real = hiertail_fast.gcn_propagate
+
+    def timed(side, off=0.0):
+        def propagate(x, graph, **kw):
+            now[0] += next(steps[side])
+            out = real(x, graph, **kw)
+            return out + off * out.detach()           # a forward error, the gradient exact
+        return propagate
+
+    old = SimpleNamespace(CSRGraph=hiertail_fast.CSRGraph, gcn_propagate=timed("old", 1e-3))
+    monkeypatch.setattr(hub_rows, "revision_package",
+                        lambda rev, header: contextlib.nullcontext(old))
+    monkeypatch.setattr(hub_rows, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    x64_steps = iter([real])
+    monkeypatch.setattr(hiertail_fast, "gcn_propagate",
+                        lambda x, g, **kw: (next(x64_steps, None) or timed("new"))(x, g, **kw))
+    assert hub_rows.main(["--rev", "X", "--nodes", "300", "--hubs", "2", "--hub-degree", "600",
+                          "--d", "4", "--rounds", "3"]) == 0
+    out = capsys.readouterr().out
+    lines = {m[0]: m[1:] for m in re.findall(
+        r"^(old|new): fwd\+bwd (\S+) s \(best (\S+)\)  hub rows' max rel error (\S+), "
+        r"x grad (\S+)$", out, re.M)}
+    assert lines["old"][:2] == ("2.0000", "1.0000") and lines["new"][:2] == ("5.0000", "4.0000")
+    assert float(lines["old"][2]) == pytest.approx(1e-3, rel=1e-2)
+    assert float(lines["old"][3]) < 1e-5 and max(map(float, lines["new"][2:])) < 1e-5
+    assert "new/old 2.500" in out
