@@ -41,6 +41,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
     ("dispatch_count.py", ["--backend", "bogus"], "--backend: invalid choice: 'bogus'"),
     ("dispatch_count.py", ["--epoch", "10"], "--epoch needs at least 70 nodes"),
     ("dispatch_count.py", ["--positives", "slices"], "--positives needs --as-cuda"),
+    ("dispatch_count.py", ["--positives", "band"], "--positives needs --as-cuda"),
     ("hub_rows.py", ["--rev", "HEAD", "--hubs", "0"], "--nodes >= --hubs >= 1"),
     ("loss_golden.py", ["compare", "no-such.pt", "x.pt"],
      "compare: no-such.pt and x.pt must be records of this script (FileNotFoundError"),

@@ -149,3 +149,121 @@ def test_tiles_option_replaces_the_tune_tiles(capsys):
         with pytest.raises(SystemExit):
             kernel_resources.main(["--tiles", bad])
         assert "BLOCK_MxBLOCK_NxWARPSxSTAGES" in capsys.readouterr().err
+
+
+def test_warps_per_sm_granule_reservation_thread_cap_and_arch():
+    """The occupancy estimate: registers per warp rounded up to 256-register granules, 1 KB of
+    shared memory reserved per block, at most 2,048 threads, each arch's shared memory per SM
+    (102,400 bytes for an arch it does not know), no register limit when none are reported."""
+    # 33 registers: 1,056 per warp, 1,280 allocated; 4-warp blocks: 12 by registers
+    assert kernel_resources.warps_per_sm(33, 0, 4, 90) == 48
+    # half of sm_90's 228 KB per block: one block fits with the reservation, not two
+    assert kernel_resources.warps_per_sm(32, 233472 // 2, 4, 90) == 4
+    # 16 registers: 32 blocks by registers, 16 by the 2,048-thread cap
+    assert kernel_resources.warps_per_sm(16, 0, 4, 90) == 64
+    # 80 KB blocks: two on an A100 (164 KB), one on sm_86 and an unknown arch (100 KB)
+    smem = 80 * 1024
+    assert [kernel_resources.warps_per_sm(32, smem, 4, a) for a in (80, 86, 87)] == [8, 4, 4]
+    assert kernel_resources.warps_per_sm(0, 0, 4, 90) == 64
+
+
+def test_markdown_rows_put_each_value_in_its_column():
+    """A row's cells in the header's order (registers, spill bytes, shared memory in KiB,
+    warps/SM, MMAs); an error row has as many cells as the header; only fp32 rows are marked
+    with an IEEE dot."""
+    ok = dict(arch=90, dtype="bf16", d_pad=128, kernel="lse fwd", levels=3,
+              tile=[128, 64, 8, 3], fixed=False, fp32_dot="ieee", regs=168, spill=24,
+              smem=98304, warps_per_sm=8, wgmma=4, tcgen05=0, mma_sync=0)
+    bad = dict(arch=90, dtype="fp32", d_pad=64, kernel="pos dz", levels=1, tile=[64, 32, 8, 3],
+               fixed=True, fp32_dot="tf32x3", error="OutOfResources: shared memory")
+    lines = kernel_resources.markdown([ok, bad], {"triton": "3"}).splitlines()
+    header = next(ln for ln in lines if ln.startswith("| arch |"))
+    assert lines[-2] == ("| sm_90 | bf16 | 128 | lse fwd | 3 | 128x64 w8 s3 | 168 | 24 | 96 | "
+                         "8 | wgmma 4 |")
+    assert lines[-1].startswith("| sm_90 | fp32 | 64 | pos dz | 1 | 64x32 w8 s3 * | "
+                                "OutOfResources: shared memory |")
+    assert lines[-1].count("|") == lines[-2].count("|") == header.count("|")
+
+
+def test_jobs_compile_shared_keys_at_several_levels_and_the_positives_once():
+    """The shared-keys kernels are compiled only for more than one level, the other LSE kernels
+    for each level asked, the positives' kernels once (they have no levels)."""
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(arch=[90], dtypes=["fp32"], dims=[64], levels=[1, 3],
+                           kernels=["lse fwd", "lse bwd shared", "pos sums"], fixed_only=True,
+                           fp32_dot="tf32x3")
+    got = [(j["kernel"], j["levels"]) for j in kernel_resources.jobs(args)]
+    assert got == [("lse fwd", 1), ("lse fwd", 3), ("lse bwd shared", 3), ("pos sums", 1)]
+
+
+def test_each_kernel_name_compiles_its_own_mode():
+    """The kernel names of the table compile their modes: the official forward with the row
+    max in the relative mode, the "rel" backward with its arg-max fold, "shared" in the
+    shared-keys mode, the positives' sums and gradient passes apart."""
+    modes = {}
+    for kernel in kernel_resources.KERNELS:
+        c = kernel_resources._constexprs(kernel, "fp32", 64, 3, (64, 64, 4, 3))
+        modes[kernel] = {k for k in ("NEED_MAX", "RELATIVE", "FOLD_ARGMAX", "SHARED",
+                                     "NEED_SUMS", "NEED_DZ") if c.get(k)}
+    assert modes == {"lse fwd": set(), "lse fwd+max": {"NEED_MAX", "RELATIVE"},
+                     "lse bwd": set(), "lse bwd rel": {"RELATIVE", "FOLD_ARGMAX"},
+                     "lse fwd shared": {"SHARED"}, "lse bwd shared": {"SHARED"},
+                     "pos sums": {"NEED_SUMS"}, "pos dz": {"NEED_DZ"}}
+
+
+def test_tile_arg_takes_an_upper_case_separator():
+    """--tiles 64X64X8X3 is the tile 64x64x8x3."""
+    assert kernel_resources.tile_arg("64X64X8X3") == (64, 64, 8, 3)
+
+
+def _main_without_compiling(monkeypatch, rows):
+    """kernel_resources.main with the compiles replaced by `rows` (in process, no spawn)."""
+    class Pool:
+        def __init__(self, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def map(self, fn, jobs):
+            return [dict(job, tile=list(job["tile"]), **rows) for job in jobs]
+
+    monkeypatch.setattr(kernel_resources, "ProcessPoolExecutor", Pool)
+    monkeypatch.setattr(kernel_resources, "toolchain", lambda archs: {"triton": "test"})
+
+
+def test_an_unwritable_out_is_refused_before_compiling(tmp_path, monkeypatch, capsys):
+    """--out that is a file: argparse's one-line error, exit 2, and nothing compiled."""
+    _main_without_compiling(monkeypatch, {})
+    monkeypatch.setattr(kernel_resources, "jobs",
+                        lambda args: pytest.fail("compiled for an unwritable --out"))
+    target = tmp_path / "a-file"
+    target.write_text("x")
+    with pytest.raises(SystemExit) as info:
+        kernel_resources.main(["--out", str(target)])
+    assert info.value.code == 2 and "--out:" in capsys.readouterr().err
+    assert target.read_text() == "x"
+
+
+def test_a_failed_write_keeps_the_previous_results(tmp_path, monkeypatch):
+    """The results are written atomically: a write that fails half-way (a full disk) leaves the
+    previous kernel_resources.json as it was."""
+    _main_without_compiling(monkeypatch, dict(regs=64, spill=0, smem=2048, warps_per_sm=16))
+    previous = tmp_path / "kernel_resources.json"
+    previous.write_text('{"rows": ["previous"]}')
+    real = Path.write_text
+
+    def half_then_full(self, text, *args, **kwargs):
+        real(self, text[: len(text) // 2], *args, **kwargs)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", half_then_full)
+    with pytest.raises(OSError, match="No space left"):
+        kernel_resources.main(["--dims", "64", "--levels", "1", "--kernels", "pos dz",
+                               "--fixed-only", "--out", str(tmp_path)])
+    monkeypatch.undo()
+    assert json.loads(previous.read_text()) == {"rows": ["previous"]}

@@ -282,6 +282,171 @@ def test_dispatch_count_counts_a_hiertail_epoch(capsys):
     assert len(out.strip().splitlines()) == 4
 
 
+def _dispatch_count():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import dispatch_count
+    finally:
+        sys.path.remove(str(BENCH))
+    return dispatch_count
+
+
+def test_dispatch_count_names_each_host_waiting_call():
+    """--syncs counts each call that makes a CUDA host wait under its name: a scalar read,
+    nonzero, unique, bincount, repeat_interleave, masked_select, indexing and item assignment
+    with a boolean mask (beside an index tensor too); arithmetic and integer indexing are
+    not counted."""
+    dispatch_count = _dispatch_count()
+    x = torch.tensor([3.0, 0.0, 2.0])
+    mask, idx = x > 1, torch.tensor([0, 2])
+    counter = dispatch_count._Counter(syncs=True)
+    with counter:
+        x.sum().item()
+        x.nonzero()
+        torch.unique(x)
+        torch.bincount(idx)
+        torch.repeat_interleave(idx)
+        torch.masked_select(x, mask)
+        x[mask]
+        torch.ones(2, 3)[torch.tensor([1]), mask]
+        y = x.clone()
+        y[mask] = 0.0
+        y[idx] = 1.0
+        x[idx] + 1
+    assert dict(counter.calls) == {
+        ("_local_scalar_dense", "-"): 1, ("nonzero", "-"): 1, ("_unique2", "-"): 1,
+        ("bincount", "-"): 1, ("repeat_interleave", "-"): 1, ("masked_select", "-"): 1,
+        ("index[bool]", "-"): 2, ("index_put_[bool]", "-"): 1}
+
+
+def test_dispatch_count_names_the_innermost_library_line(tmp_path):
+    """A call is counted at the innermost library line that made it (``file.py:line``, the
+    file named with its private folder)."""
+    import importlib.util
+
+    probe = tmp_path / "hiertail_fast" / "_probe" / "calls.py"
+    probe.parent.mkdir(parents=True)
+    probe.write_text("import torch\n\n\ndef inner(t):\n    return t.nonzero()\n\n\n"
+                     "def outer(t):\n    return inner(t)\n")
+    spec = importlib.util.spec_from_file_location("hiertail_fast_probe_calls", probe)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    counter = _dispatch_count()._Counter(syncs=True)
+    with counter:
+        mod.outer(torch.tensor([1.0, 0.0]))
+    assert dict(counter.calls) == {("nonzero", "_probe/calls.py:5"): 1}
+
+
+def _loss_line(out: str):
+    """The numbers of a loss line: total, and (not views, launches) or None with --syncs."""
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("N=")]
+    total, rest = line.split(": ", 1)[1].split(" ", 1)
+    if rest.startswith("host-syncing"):
+        return int(total), None
+    inner = rest.split("(", 1)[1]
+    return int(total), (int(inner.split()[0]), int(inner.split(", ")[1].split()[0]))
+
+
+def test_dispatch_count_report_line_adds_up(capsys):
+    """A loss line's total, calls that are not views and kernel launches are those of
+    ``count`` (one line a variant without --top); --syncs reports the host-syncing calls."""
+    dispatch_count = _dispatch_count()
+    case = ["--n", "120", "--d", "8", "--levels", "1", "--variant", "exact"]
+    assert dispatch_count.main(case) == 0
+    out = capsys.readouterr().out
+    assert len(out.strip().splitlines()) == 1
+    calls = dispatch_count.count(120, 8, 1, "exact", "relu", 0.1, "torch")
+    total = sum(calls.values())
+    assert _loss_line(out) == (total, (total - dispatch_count.views_of(calls),
+                                       dispatch_count.launches_of(calls)))
+    assert dispatch_count.main(case + ["--syncs"]) == 0
+    out = capsys.readouterr().out
+    syncs = dispatch_count.count(120, 8, 1, "exact", "relu", 0.1, "torch", syncs=True)
+    assert "host-syncing calls per loss" in out
+    assert _loss_line(out) == (sum(syncs.values()), None) and 0 < sum(syncs.values()) < total
+
+
+def test_dispatch_count_runs_the_rows_asked_for(monkeypatch, capsys):
+    """--n, --d and --dtype reach the loss that is counted (rows and prototypes in that
+    dtype)."""
+    dispatch_count = _dispatch_count()
+    seen = []
+    real = dispatch_count.loss_step
+
+    def spy(backend, z, ys, ps, tau, variant):
+        seen.append((tuple(z.shape), z.dtype, {p.dtype for p in ps}))
+        return real(backend, z, ys, ps, tau, variant)
+
+    monkeypatch.setattr(dispatch_count, "loss_step", spy)
+    assert dispatch_count.main(["--n", "120", "--d", "8", "--levels", "1", "--variant",
+                                "exact", "--dtype", "bfloat16"]) == 0
+    assert seen == [((120, 8), torch.bfloat16, {torch.bfloat16})]
+    assert "float32" not in capsys.readouterr().out
+
+
+def test_dispatch_count_as_cuda_takes_the_band_unless_asked(capsys):
+    """--as-cuda without --positives counts the band plan (CUDA's), not the slices; no line
+    says attention kernels were emulated unless --emulate-attention is given."""
+    dispatch_count = _dispatch_count()
+    outs = {}
+    for extra in ([], ["--positives", "band"], ["--positives", "slices"]):
+        assert dispatch_count.main(["--n", "300", "--d", "8", "--levels", "1", "--variant",
+                                    "official", "--as-cuda", "--top", "400", *extra]) == 0
+        outs[tuple(extra)] = capsys.readouterr().out
+    assert outs[()] == outs[("--positives", "band")] != outs[("--positives", "slices")]
+    assert "emulated" not in outs[()]
+
+
+def test_dispatch_count_as_cuda_block_budget_and_no_row_cap():
+    """``_as_cuda(block_bytes=...)``: the torch engine in blocks of that budget (more blocks,
+    more launches) and no row cap; the row cap is put back after."""
+    import hiertail_fast.ops._lse_torch as lse_torch
+
+    dispatch_count = _dispatch_count()
+    rows = lse_torch.MAX_BLOCK_ROWS
+    launches = {}
+    for budget in (1 << 30, 4 * 620 * 75):
+        with dispatch_count._as_cuda(block_bytes=budget):
+            assert lse_torch.MAX_BLOCK_ROWS > 1 << 40
+            launches[budget] = dispatch_count.launches_of(
+                dispatch_count.count(600, 8, 1, "exact", "relu", 0.1, "torch"))
+        assert lse_torch.MAX_BLOCK_ROWS == rows
+    assert launches[4 * 620 * 75] > launches[1 << 30]
+
+
+def test_dispatch_count_epoch_of_the_smallest_graph(capsys):
+    """--epoch 70 (the graph's 70 classes, a node each) runs; --as-cuda says "(CUDA forms)";
+    --syncs counts the host-syncing calls only, fewer than all calls."""
+    dispatch_count = _dispatch_count()
+    totals = {}
+    for extra in ([], ["--syncs"]):
+        assert dispatch_count.main(["--epoch", "70", "--as-cuda", *extra]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("HierTail epoch, 70 nodes (CUDA forms): ")
+        totals[bool(extra)] = int(out.split(": ", 1)[1].split()[0])
+    assert 0 < totals[True] < totals[False]
+
+
+def test_dispatch_count_counts_every_call_after_a_warm_up():
+    """``count_step`` counts the second call of a step (the first fills caches), every call of
+    a view or an allocation, repeated ones too: ``empty_like`` is an allocation, no launch."""
+    dispatch_count = _dispatch_count()
+    runs = []
+
+    def step():
+        if not runs:                        # a cache filled on the first call only
+            torch.zeros(5).add_(1.0)
+        runs.append(1)
+        t = torch.ones(2, 3)                # one launch (a fill)
+        for _ in range(3):
+            t.t()                           # three views
+        torch.empty_like(t)                 # an allocation
+
+    calls = dispatch_count.count_step(step)
+    assert len(runs) == 2
+    assert dispatch_count.views_of(calls) == 3 and dispatch_count.launches_of(calls) == 1, calls
+
+
 def test_vm_noise_samples_every_provider(tmp_path):
     out = tmp_path / "noise.json"
     res = subprocess.run(
