@@ -836,3 +836,157 @@ def test_epoch_ab_epoch_uses_the_seed_the_width_and_fresh_gradients(monkeypatch)
     losses = [epoch(), epoch()]
     assert all(torch.isfinite(torch.tensor(losses)))
     assert seeds == [3] and widths == [8] and len(zeroed) == 2
+
+
+def test_bench_device_takes_the_asked_device_and_names_it(monkeypatch, capsys):
+    """bench/_device.py: DEVICE is cuda where CUDA is available; asked_device returns the asked
+    device over the default (--device cpu on a GPU machine), the default where none is asked,
+    and argparse's error for cuda without CUDA; device_name names the asked device, the CPU
+    with its cores and torch's threads."""
+    import argparse
+
+    import _device
+
+    assert _device.DEVICE == ("cuda" if torch.cuda.is_available() else "cpu")
+    parser = argparse.ArgumentParser()
+    monkeypatch.setattr(_device, "DEVICE", "cuda")
+    monkeypatch.setattr(_device.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(_device.torch.cuda, "get_device_name", lambda *a: "Fake GPU")
+    assert _device.asked_device(parser, "cpu") == "cpu"
+    assert _device.asked_device(parser, None) == _device.asked_device(parser, "cuda") == "cuda"
+    assert _device.device_name("cuda") == "Fake GPU"
+    monkeypatch.setattr(_device.os, "cpu_count", lambda: 3)
+    monkeypatch.setattr(_device.torch, "get_num_threads", lambda: 5)
+    name = _device.device_name("cpu")
+    assert name.startswith("cpu (") and name.endswith(", 3 cores, 5 torch threads)"), name
+    monkeypatch.setattr(_device.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exc:
+        _device.asked_device(parser, "cuda")
+    assert exc.value.code == 2 and "--device cuda: no CUDA device here" in capsys.readouterr().err
+
+
+def test_busy_machine_refuses_bad_values_and_runs_each_mode_in_its_env(monkeypatch, tmp_path,
+                                                                       capsys):
+    """bench/busy_machine.py: --busy below 0 and a --data that is no file are argparse errors;
+    by default one busy loop per core, each killed and reaped after the runs; each mode runs the
+    CLI with its own OMP_WAIT_POLICY (the default mode without the caller's) and threads, and
+    prints the time per epoch the CLI reported."""
+    import busy_machine
+
+    loops, runs = [], []
+
+    class Loop:
+        def __init__(self, argv):
+            self.killed = self.reaped = False
+            loops.append(self)
+
+        def kill(self):
+            self.killed = True
+
+        def wait(self):
+            self.reaped = True
+
+    def run(argv, env, **kw):
+        runs.append((argv, env))
+        return SimpleNamespace(stdout=f"seed 0\ntime/epoch {12.5 * len(runs)} ms\n")
+
+    monkeypatch.setattr(busy_machine.subprocess, "Popen", Loop)
+    monkeypatch.setattr(busy_machine.subprocess, "run", run)
+    monkeypatch.setattr(busy_machine.time, "sleep", lambda s: None)
+    monkeypatch.setattr(busy_machine.os, "cpu_count", lambda: 3)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    data = tmp_path / "graph.npz"
+    data.write_bytes(b"")
+    for argv, message in ((["--data", str(data), "--busy", "-1"], "--busy must be >= 0, got -1"),
+                          (["--data", str(tmp_path / "none.npz")], "none.npz is not a file")):
+        with pytest.raises(SystemExit) as exc:
+            busy_machine.main(argv)
+        assert exc.value.code == 2 and message in capsys.readouterr().err
+    assert not runs and not loops
+    assert busy_machine.main(["--data", str(data), "--epochs", "2"]) == 0
+    assert len(loops) == 3 and all(p.killed and p.reaped for p in loops)
+    assert [env.get("OMP_WAIT_POLICY") for _, env in runs] == [None, "PASSIVE", "ACTIVE"]
+    assert [a[a.index("--threads") + 1] if "--threads" in a else None for a, _ in runs] == \
+        [None, "2", "2"]
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("3 busy-loop processes")
+    monkeypatch.setattr(busy_machine.subprocess, "run",
+                        lambda argv, env, **kw: SimpleNamespace(stdout="a changed format\n"))
+    with pytest.raises(RuntimeError, match="no 'time/epoch' line in the CLI's output"):
+        busy_machine.run_cli(data, 2, {}, [])
+    assert [line.split() for line in out[1:]] == [
+        ["default", "12.5", "ms/epoch"], ["passive-2", "25.0", "ms/epoch"],
+        ["active-2", "37.5", "ms/epoch"]]
+
+
+def test_nearest_degenerate_checks_the_ties_and_runs_seeded_on_its_threads(monkeypatch,
+                                                                            capsys):
+    """bench/nearest_degenerate.py: --case zeros must answer prototype 0 (a run that answers
+    otherwise fails); --case far draws the same rows every run; the call runs on --threads
+    threads; the line counts the distinct prototypes chosen."""
+    import nearest_degenerate
+
+    real, calls = nearest_degenerate.nearest_prototype, []
+
+    def spy(z, protos):
+        calls.append((z, protos, torch.get_num_threads()))
+        return real(z, protos)
+
+    def run(case):
+        monkeypatch.setattr(sys, "argv", ["x", "--rows", "20", "--prototypes", "5", "--dim",
+                                          "4", "--threads", "2", "--case", case])
+        nearest_degenerate.main()
+
+    monkeypatch.setattr(nearest_degenerate, "nearest_prototype", spy)
+    threads = torch.get_num_threads()
+    try:
+        for case in ("zeros", "far", "far"):
+            run(case)
+    finally:
+        torch.set_num_threads(threads)
+    lines = capsys.readouterr().out.splitlines()
+    assert [t for *_, t in calls] == [2, 2, 2]
+    assert torch.equal(calls[1][0], calls[2][0]) and torch.equal(calls[1][1], calls[2][1])
+    far = real(calls[1][0], calls[1][1]).unique().numel()
+    assert lines[0].endswith(", 1 distinct prototypes chosen"), lines
+    assert lines[1].endswith(f", {far} distinct prototypes chosen"), lines
+    monkeypatch.setattr(nearest_degenerate, "nearest_prototype",
+                        lambda z, protos: torch.ones(len(z), dtype=torch.long))
+    try:
+        with pytest.raises(AssertionError, match="exact ties must go to the lowest index"):
+            run("zeros")
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_sanitize_plugin_builds_sanitized_and_fails_a_kernel_that_did_not_load(monkeypatch):
+    """bench/_sanitize_plugin.py: the native FLAGS list itself (every module holds it) becomes
+    -O1 with the sanitizers and SAN_EXTRA, without -O3; SAN_SERIAL=1 gives no OpenMP runtime;
+    a kernel that did not load fails, unless $CC is set; openmp is passed on."""
+    import hiertail_fast.ops._native as native
+    from tests.conftest import load_bench
+
+    flags, saved = native.FLAGS, list(native.FLAGS)
+    for name in ("FLAGS", "load", "openmp_runtime", "enabled", "compiler"):
+        monkeypatch.setattr(native, name, getattr(native, name))
+    monkeypatch.setenv("SAN_SERIAL", "1")
+    monkeypatch.setenv("SAN_EXTRA", "-DSAN_A -DSAN_B")
+    monkeypatch.delenv("CC", raising=False)
+    try:
+        plugin = load_bench("bench_sanitize_plugin", "_sanitize_plugin.py")
+        assert native.FLAGS is flags and "-O3" not in flags
+        assert flags[:5] == ["-O1", "-g", "-fno-omit-frame-pointer",
+                             "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
+        assert flags[5:7] == ["-DSAN_A", "-DSAN_B"] and flags[7:] == saved[1:]
+        assert native.openmp_runtime() is None
+        monkeypatch.setattr(native, "enabled", lambda: True)
+        monkeypatch.setattr(native, "compiler", lambda: "cc")
+        plugin._load = lambda name, openmp=False: (name, openmp)
+        assert native.load("k", openmp=True) == ("k", True)
+        plugin._load = lambda name, openmp=False: None
+        with pytest.raises(RuntimeError, match="sanitized build of native kernel 'k' did not"):
+            native.load("k")
+        monkeypatch.setenv("CC", "false")
+        assert native.load("k") is None
+    finally:
+        flags[:] = saved

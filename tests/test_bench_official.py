@@ -460,3 +460,51 @@ def test_official_fuzz_level_labels_that_do_not_nest(capsys):
                      re.M), out
     match = re.search(r"^worst torch: ([0-9.]+)x the rule", out, re.M)
     assert match and float(match.group(1)) <= 1.0, out
+
+
+def test_exact_small_n_cases_per_row_bounds_and_the_torch_engine(monkeypatch, capsys):
+    """bench/exact_small_n.py: a cell is the worst over every seed x dim, each case N rows of
+    norm sqrt(B tau) in classes of their own on the asked device, B the --per-row multiple of
+    N; the torch engine is measured at any bound (the "-" of a bound at MAX_LOGIT is the
+    attention engine's)."""
+    import exact_small_n
+    import official_fuzz
+
+    import hiertail_fast.ops._attention_lse as attn
+
+    seen = []
+
+    def ratios(z, y, p, kw, engines, dev):
+        seen.append((z, y, dev))
+        return {engines[0]: 0.25 * len(seen)}
+
+    monkeypatch.setattr(official_fuzz, "case_ratios", ratios)
+    exact_small_n.main(["--n", "4", "--per-row", "2", "--dims", "3", "5", "--seeds", "2",
+                        "--tau", "0.5", "--device", "cpu"])
+    assert re.search(r"^\| 4 \| 1.00 \|$", capsys.readouterr().out, re.M)
+    assert [(z.shape, d) for z, _, d in seen] == [((4, 3), "cpu"), ((4, 5), "cpu")] * 2
+    assert not torch.equal(seen[0][0], seen[2][0])                   # another seed
+    for z, y, _ in seen:
+        torch.testing.assert_close(z.double().pow(2).sum(1) / 0.5, torch.full((4,), 8.0,
+                                   dtype=torch.float64))
+        assert torch.equal(y, torch.arange(4))
+    seen.clear()
+    exact_small_n.main(["--engine", "torch", "--n", "2", "--bounds", str(attn.MAX_LOGIT["exact"]),
+                        "--dims", "2", "--seeds", "1", "--device", "cpu"])
+    assert re.search(r"^\| 2 \| 0.25 \|$", capsys.readouterr().out, re.M) and len(seen) == 1
+
+
+def test_exact_small_n_refuses_every_n_under_2_and_cuda_without_it(capsys):
+    """Any --n under 2 is refused, not only the first; --device cuda without CUDA is
+    argparse's error, not a traceback from the first case."""
+    import exact_small_n
+
+    with pytest.raises(SystemExit) as exc:
+        exact_small_n.main(["--n", "4", "1"])
+    assert exc.value.code == 2 and "--n >= 2" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit) as exc:
+            exact_small_n.main(["--n", "2", "--bounds", "32", "--dims", "2", "--seeds", "1",
+                                "--device", "cuda"])
+        assert exc.value.code == 2 and "--device cuda: no CUDA device here" in \
+            capsys.readouterr().err
