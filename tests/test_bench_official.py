@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import recorded_first_arg_shapes
+from tests.conftest import load_bench, recorded_first_arg_shapes
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
@@ -508,3 +508,313 @@ def test_exact_small_n_refuses_every_n_under_2_and_cuda_without_it(capsys):
                                 "--device", "cuda"])
         assert exc.value.code == 2 and "--device cuda: no CUDA device here" in \
             capsys.readouterr().err
+
+
+def _small_official_case():
+    """8 rows in 3 classes, d 3, 3 prototypes, official variant: well inside the rule."""
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(8, 3, generator=g)
+    p = torch.randn(3, 3, generator=g)
+    y = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    kw = dict(temperature=0.5, include_self=False, variant="official", reduction="mean")
+    return z, y, p, kw
+
+
+def test_official_fuzz_puts_a_fault_in_any_one_output_over_the_rule(monkeypatch):
+    """case_ratios holds the engine's value and each gradient to the rule at their worst entry:
+    a fault of 5 x (1e-4 max|output| + 1e-5) in ONE entry of one output of the torch engine
+    alone puts the case over the rule, and ``worst_output`` names that output."""
+    import official_fuzz
+
+    z, y, p, kw = _small_official_case()
+    which = {}
+    assert official_fuzz.case_ratios(z, y, p, kw, ["torch"], worst_output=which)["torch"] <= 1.0
+    real = official_fuzz._run
+    for j, name in enumerate(["value", "dz", "dprototypes[0]"]):
+        def one_entry_off(*args, j=j, **kwargs):
+            out = real(*args, **kwargs)
+            if args[4] == "torch":
+                out[j] = out[j].clone()
+                out[j].view(-1)[0] += 5 * (1e-4 * out[j].abs().max().item() + 1e-5)
+            return out
+
+        with monkeypatch.context() as patch:
+            patch.setattr(official_fuzz, "_run", one_entry_off)
+            ratio = official_fuzz.case_ratios(z, y, p, kw, ["torch"], worst_output=which)
+        assert ratio["torch"] > 1.0 and which["torch"] == name, (name, ratio, which)
+
+
+def test_official_fuzz_16bit_terms_allow_one_ulp_of_the_dtype(monkeypatch):
+    """terms_dtype bfloat16 (``--terms-in input``): the gradients' allowance for the terms that
+    cancel is ONE bf16 ulp of g max|z| sqrt(d) / tau: a dz fault of 4 of them is over it."""
+    import official_fuzz
+
+    z, y, p, kw = _small_official_case()
+    terms = 2.0 / z.shape[0] * max(z.abs().max(), p.abs().max()).item() * 3 ** 0.5 / 0.5
+    real = official_fuzz._run
+
+    def dz_off(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if args[4] == "torch":
+            out[1] = out[1].clone()
+            out[1][0, 0] += 4 * torch.finfo(torch.bfloat16).eps * terms
+        return out
+
+    monkeypatch.setattr(official_fuzz, "_run", dz_off)
+    ratio = official_fuzz.case_ratios(z, y, p, kw, ["torch"], terms_dtype=torch.bfloat16)
+    assert 1.0 < ratio["torch"] <= 4.0, ratio
+
+
+def test_official_fuzz_terms_in_input_reaches_the_rule_and_the_summary(monkeypatch, capsys):
+    """--terms-in input: every case's rule takes its gradient terms in the rows' dtype, and the
+    summary says so; by default (float32) in fp32 ulps, unsaid."""
+    import official_fuzz
+
+    real, seen = official_fuzz.case_ratios, []
+
+    def spy(*args, terms_dtype=torch.float32, **kwargs):
+        seen.append(terms_dtype)
+        return real(*args, terms_dtype=terms_dtype, **kwargs)
+
+    monkeypatch.setattr(official_fuzz, "case_ratios", spy)
+    argv = ["--cases", "3", "--seconds", "60", "--dims", "2", "--max-log-bound", "1",
+            "--engines", "torch", "--dtype", "bfloat16"]
+    for extra, dtype, said in (([], torch.float32, False),
+                               (["--terms-in", "input"], torch.bfloat16, True)):
+        seen.clear()
+        official_fuzz.main(argv + extra)
+        out = capsys.readouterr().out
+        assert seen and set(seen) == {dtype}, seen
+        summary = re.search(r"^3 cases, .*$", out, re.M)
+        assert summary and summary.group(0).endswith(
+            ", gradient terms at one ulp of the rows dtype") == said, out
+
+
+def test_the_roundings_diagnostic_takes_the_worst_rounding(monkeypatch):
+    """roundings=True: the fp32 reference's error in the rule is the largest over its roundings
+    (the given one included), so one rounding 1e-2 off widens the rule and the case's ratio
+    falls; without roundings the rule is the suite's."""
+    import official_fuzz
+
+    z, y, p, kw = _small_official_case()
+    plain = official_fuzz.case_ratios(z, y, p, kw, ["torch"])["torch"]
+
+    def one_far_off(z, y, p, kw, w):
+        yield [t + 1e-2 for t in official_fuzz._run(z, y, p, kw, "reference", w)]
+
+    monkeypatch.setattr(official_fuzz, "_reference_roundings", one_far_off)
+    assert official_fuzz.case_ratios(z, y, p, kw, ["torch"])["torch"] == plain
+    assert official_fuzz.case_ratios(z, y, p, kw, ["torch"], roundings=True)["torch"] \
+        < plain / 10
+
+
+def test_the_reference_roundings_are_distinct_roundings():
+    """The 22 diagnostic references round the logits 22 ways: no two give the same gradient
+    (the features reversed is another summation order of each dot product)."""
+    import official_fuzz
+
+    z, y, p, kw, desc = official_fuzz._case(random.Random(3), [3], 2.0, 1, 1)
+    w, _ = official_fuzz.weights_and_float64_reference(z, y, p, kw)
+    grads = [tuple(v[1].flatten().tolist())
+             for v in official_fuzz._reference_roundings(z, y, p, kw, w)]
+    assert len(set(grads)) == len(grads) == 22, desc
+
+
+def test_official_fuzz_reduction_none_backpropagates_signed_weights():
+    """'none' cases backpropagate fixed upstream weights of both signs (one per row and
+    prototype): the float64 reference's gradients are those of sum(w * loss)."""
+    import official_fuzz
+
+    from hiertail_fast import balanced_contrastive_loss
+
+    z, y, p, kw = _small_official_case()
+    kw = {**kw, "reduction": "none"}
+    w, exp = official_fuzz.weights_and_float64_reference(z, y, p, kw)
+    assert (w < 0).any() and (w > 0).any()
+    zz, pp = z.double().requires_grad_(), p.double().requires_grad_()
+    loss = balanced_contrastive_loss(zz, y, prototypes=pp, backend="reference", **kw)
+    want = torch.autograd.grad((loss * w.double()).sum(), [zz, pp])
+    torch.testing.assert_close(exp[1], want[0])
+    torch.testing.assert_close(exp[2], want[1])
+
+
+def test_official_fuzz_by_ratio_tables_bucket_each_case_by_its_bound(monkeypatch, capsys):
+    """--by-ratio: each case is counted in the range its B / rows and its B fall in (B = max
+    |row|^2 / tau over the rows and prototypes; rows: the queries and every level's
+    prototypes; ranges (a, b]), each cell the worst ratio of its cases."""
+    import official_fuzz
+
+    drawn, ratios = [], [0.9, 0.1, 0.5, 0.3, 0.7, 0.2, 0.8, 0.4, 0.6, 0.05, 0.95, 0.15]
+    real_case = official_fuzz._case
+
+    def spy_case(*args, **kwargs):
+        drawn.append(real_case(*args, **kwargs))
+        return drawn[-1]
+
+    monkeypatch.setattr(official_fuzz, "_case", spy_case)
+    monkeypatch.setattr(official_fuzz, "case_ratios",
+                        lambda *a, **k: {"torch": ratios[len(drawn) - 1]})
+    official_fuzz.main(["--cases", "12", "--seconds", "60", "--dims", "2", "--max-log-bound",
+                        "3.6", "--engines", "torch", "--levels", "3", "--by-ratio", "--seed",
+                        "0"])
+    rows = re.findall(r"^\| torch \| (.*) \|$", capsys.readouterr().out, re.M)
+    want = {}
+    for (z, _, p, kw, _), ratio in zip(drawn, ratios, strict=True):
+        protos = [q for q in (p if isinstance(p, list) else [p]) if q is not None]
+        bound = max(q.double().pow(2).sum(1).max().item() for q in [z, *protos]) / kw[
+            "temperature"]
+        n_rows = z.shape[0] + sum(q.shape[0] for q in protos)
+        for name, value in (("B / rows", bound / n_rows), ("B", bound)):
+            key = (name, sum(value > e for e in official_fuzz.TABLES[name]))
+            top, seen = want.get(key, (0.0, 0))
+            want[key] = (max(top, ratio), seen + 1)
+    assert any(p is not None for _, _, p, _, _ in drawn)
+    for row, (name, edges) in zip(rows, official_fuzz.TABLES.items(), strict=True):
+        expected = ["-" if (name, b) not in want else
+                    f"{want[name, b][0]:.2f} ({want[name, b][1]})" for b in range(len(edges) + 1)]
+        assert row.split(" | ") == expected, (name, row, expected)
+
+
+def test_official_fuzz_seeds_draw_distinct_problems(monkeypatch):
+    """Each case of each --seed has its own torch draws: the cases of --seed 0, 1 and 2 are
+    drawn with 15 distinct generator seeds, none repeating another seed's."""
+    import official_fuzz
+
+    seeds = []
+    real_case = official_fuzz._case
+
+    def spy_case(rng, dims, max_log_bound, seed, *args, **kwargs):
+        seeds.append(seed)
+        return real_case(rng, dims, max_log_bound, seed, *args, **kwargs)
+
+    monkeypatch.setattr(official_fuzz, "_case", spy_case)
+    monkeypatch.setattr(official_fuzz, "case_ratios", lambda *a, **k: {"torch": 0.0})
+    for seed in ("0", "1", "2"):
+        official_fuzz.main(["--cases", "5", "--seconds", "60", "--dims", "2", "--engines",
+                            "torch", "--seed", seed])
+    assert len(seeds) == len(set(seeds)) == 15, seeds
+
+
+@pytest.mark.parametrize("argv", [["--dims", "2", "0"], ["--max-log-bound", "-1"],
+                                  ["--cases", "0"], ["--rows", "5", "1"], ["--case", "0"],
+                                  ["--cases", "3", "--case", "4"]])
+def test_official_fuzz_refuses_each_out_of_range_option(argv, capsys):
+    """Each documented bound is checked, one argparse line (exit 2) before any case runs."""
+    import official_fuzz
+
+    with pytest.raises(SystemExit) as exc:
+        official_fuzz.main(["--cases", "2", "--seconds", "60", "--engines", "torch", *argv])
+    assert exc.value.code == 2
+    assert "--dims >= 1, --max-log-bound >= 0" in capsys.readouterr().err
+
+
+def test_official_fuzz_rule_allows_32_ulp_of_the_terms_that_cancel(monkeypatch):
+    """The fuzz's rule: the suite's (2 x the fp32 reference's error + 1e-5 + 1e-4 max|ref|) +
+    32 fp32 ulp of the terms that cancel: for the value B = max|row|^2 / tau per level (x the
+    rows with one level and reduction "sum"), for a gradient g max|z| sqrt(d) / tau with g 2 / n
+    per level (mean or several levels), else 2. Every output 0 in float64 and in fp32 and the
+    engine's off by 0.75 x that rule: a ratio of 0.75."""
+    import official_fuzz
+
+    z = torch.tensor([[3.0, -4.0], [1.0, 2.0], [0.5, 0.5], [-2.0, 1.0]])   # B 25 / tau
+    ulps = 32 * torch.finfo(torch.float32).eps
+    y1, y2 = torch.tensor([0, 1, 0, 1]), [torch.tensor([0, 1, 0, 1]), torch.tensor([0, 0, 0, 0])]
+    cases = [  # labels, reduction, output off, its allowance (tau 0.5)
+        (y1, "sum", 0, ulps * 25 / 0.5 * 4), (y1, "sum", 1, ulps * 2 * 4 * 2 ** 0.5 / 0.5),
+        (y1, "mean", 0, ulps * 25 / 0.5), (y1, "mean", 1, ulps * 2 / 4 * 4 * 2 ** 0.5 / 0.5),
+        (y2, "mean", 0, ulps * 25 / 0.5 * 2), (y2, "mean", 1, ulps * 4 / 4 * 4 * 2 ** 0.5 / 0.5)]
+    for y, reduction, j, allowance in cases:
+        def zero_outputs(z, y, p, kw, backend, weights, device="cpu", j=j, allowance=allowance):
+            out = [torch.zeros((), dtype=torch.float64), torch.zeros(z.shape, dtype=torch.float64)]
+            if backend == "torch":
+                out[j] = out[j] + 0.75 * (1e-5 + allowance)
+            return out
+
+        monkeypatch.setattr(official_fuzz, "_run", zero_outputs)
+        kw = dict(temperature=0.5, include_self=False, variant="official", reduction=reduction)
+        ratio = official_fuzz.case_ratios(z, y, None, kw, ["torch"])["torch"]
+        assert ratio == pytest.approx(0.75, rel=1e-6), (reduction, j, ratio)
+
+
+def test_official_fuzz_counts_the_cases_over_the_rule(monkeypatch, capsys):
+    """The summary: the worst case (its ratio and problem) and how many cases were over the
+    rule (ratio > 1); a case replayed by --case is printed within the rule or over it, and
+    counted only where over it."""
+    import official_fuzz
+
+    ratios, calls = [0.5, 1.5, 0.9, 2.0, 0.3], []
+
+    def fake(z, y, p, kw, engines, dev="cpu", roundings=False, terms_dtype=None,
+             worst_output=None):
+        if not roundings:
+            calls.append(z)
+        if worst_output is not None:
+            worst_output["torch"] = "dz"
+        return {"torch": ratios[len(calls) - 1]}
+
+    monkeypatch.setattr(official_fuzz, "case_ratios", fake)
+    argv = ["--cases", "5", "--seconds", "60", "--dims", "2", "--engines", "torch"]
+    official_fuzz.main(argv)
+    out = capsys.readouterr().out
+    assert len(re.findall(r"^over the rule: torch", out, re.M)) == 2, out
+    assert re.search(r"^worst torch: 2.000x the rule, 2 case\(s\) over it \{'case': 4, ", out,
+                     re.M), out
+    calls.clear()
+    official_fuzz.main([*argv, "--case", "1"])
+    out = capsys.readouterr().out
+    assert re.search(r"^within the rule: torch 0.50x \{'case': 1, ", out, re.M), out
+    assert re.search(r"^worst torch: 0.500x the rule, 0 case\(s\) over it", out, re.M), out
+
+
+def test_official_fuzz_levels_keep_prototypes_on_level_0():
+    """--levels: a case drawn with prototypes that gets several levels keeps them on level 0
+    (one per label of y, the finest level's classes), as a one-level case has them."""
+    import official_fuzz
+
+    rng, several = random.Random(2), 0
+    for k in range(1, 40):
+        z, y, p, kw, desc = official_fuzz._case(rng, [3], 2.0, k, 3)
+        if desc["m"] and isinstance(y, list):
+            several += 1
+            assert p[0] is not None and p[0].shape == (int(y[0].max()) + 1, 3), desc
+    assert several
+
+
+def test_official_small_n_reports_each_bounds_worst_case(monkeypatch, capsys):
+    """official_small_n.py: per bound, the worst over seeds x dims (each its own problem) of
+    the engine's gradient error against float64 / the rule 2 x the fp32 reference's error +
+    1e-4 max|ref| + 1e-5. An engine gradient off by exactly 3 x that rule on the first case
+    alone prints 3.00 for its bound, and the next bound is within the rule."""
+    import hiertail_fast.ops._attention_lse as attn
+
+    bench = load_bench("bench_official_small_n", "official_small_n.py")
+    monkeypatch.setattr(attn, "OFFICIAL_LOGIT_PER_ROW", attn.OFFICIAL_LOGIT_PER_ROW)
+    real, seen = bench._grad, []
+
+    def first_case_off(z, labels, tau, backend):
+        if backend == "reference":
+            return real(z, labels, tau, backend)
+        seen.append(z)
+        got = real(z, labels, tau, backend)
+        if len(seen) == 1:
+            ref = real(z.double(), labels, tau, "reference")
+            rule = (2 * (real(z, labels, tau, "reference") - ref).abs().max().item()
+                    + 1e-4 * ref.abs().max().item() + 1e-5)
+            got = ref.clone()
+            got[0, 0] += 3 * rule
+        return got
+
+    monkeypatch.setattr(bench, "_grad", first_case_off)
+    monkeypatch.setattr(sys, "argv", ["official_small_n.py", "--engine", "torch", "--n", "8",
+                                      "--dims", "1", "3", "--seeds", "2", "--bounds", "64",
+                                      "128"])
+    threads = torch.get_num_threads()
+    try:
+        bench.main()
+    finally:
+        torch.set_num_threads(threads)
+    worst = re.findall(r"^torch n=8 tau=0.1 B<=(\d+): worst error / rule ([0-9.]+)$",
+                       capsys.readouterr().out, re.M)
+    assert [b for b, _ in worst] == ["64", "128"]
+    assert worst[0][1] == "3.00" and float(worst[1][1]) <= 1.0, worst
+    assert len(seen) == 8 and not torch.equal(seen[0], seen[2])     # seed 0 vs 1, d 1

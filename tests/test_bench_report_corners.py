@@ -112,3 +112,85 @@ def test_official_prototype_copy_prints_the_torch_engine_within_the_rule(capsys)
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
     assert [float(r[0]) for r in rows] == [1.0, 0.01]
     assert all(0.0 <= float(x) <= 1.0 for r in rows for x in r[2:]), rows
+
+
+def test_official_prototype_copy_case_is_the_node_and_its_copy():
+    """case(): 30 unit rows but node 1, of norm --norm and in class 0 of level 0, whose
+    prototype of class 0 is a bit-for-bit copy of it (copy=False: a random prototype, the rest
+    the same draws); level 1 the classes halved."""
+    bench = load_bench("bench_official_prototype_copy", "official_prototype_copy.py")
+    z, (y0, y1), p0 = bench.case(3, 50.0, True)
+    norms = z.double().norm(dim=1)
+    assert norms[1].item() == pytest.approx(50.0, rel=1e-6)
+    torch.testing.assert_close(norms[torch.arange(30) != 1], torch.ones(29, dtype=torch.float64))
+    assert y0[1] == 0 and torch.equal(y1, y0 // 2) and p0.shape == (4, 64)
+    assert torch.equal(p0[0], z[1])
+    z2, labels2, q0 = bench.case(3, 50.0, False)
+    assert torch.equal(z2, z) and torch.equal(labels2[0], y0) and torch.equal(q0[1:], p0[1:])
+    assert not torch.equal(q0[0], z[1])
+
+
+def test_official_prototype_copy_run_is_the_official_loss_and_its_gradients():
+    """run(): [loss, dL/dz, dL/dprototypes] of the official hierarchical loss of the case."""
+    from hiertail_fast import hierarchical_contrastive_loss
+
+    bench = load_bench("bench_official_prototype_copy", "official_prototype_copy.py")
+    z, labels, p0 = bench.case(0, 5.0, True)
+    got = bench.run(z.double(), labels, p0.double(), "reference", 0.5, "cpu")
+    zz, pp = z.double().requires_grad_(), p0.double().requires_grad_()
+    loss = hierarchical_contrastive_loss(zz, labels, [pp, None], temperature=0.5,
+                                         variant="official", backend="reference")
+    want = [loss.detach(), *torch.autograd.grad(loss, [zz, pp])]
+    assert [t.shape for t in got] == [t.shape for t in want]
+    for a, e in zip(got, want, strict=True):
+        torch.testing.assert_close(a, e)
+
+
+def test_official_prototype_copy_reports_the_engines_worst_seed(monkeypatch):
+    """worst_ratios runs the engine on --seeds distinct cases and reports, per output, the worst
+    error against the float64 reference / the rule (2 x the fp32 reference's error + 1e-5 +
+    1e-4 max|float64|) over them: an engine that returns the float64 answer is at 0, one whose
+    prototype gradient is off by 3 x the rule on the first seed alone at 3."""
+    bench = load_bench("bench_official_prototype_copy", "official_prototype_copy.py")
+    real, seen = bench.run, []
+
+    def float64_first_seed_off(z, labels, p0, backend, tau, device):
+        if backend == "reference":
+            return real(z, labels, p0, backend, tau, device)
+        seen.append(z)
+        out = real(z.double(), labels, p0.double(), "reference", tau, "cpu")
+        if len(seen) == 1:
+            low = real(z, labels, p0, "reference", tau, "cpu")[2]
+            rule = (2 * (low - out[2]).abs().max().item() + 1e-5
+                    + 1e-4 * out[2].abs().max().item())
+            out[2] = out[2].clone()
+            out[2][0, 0] += 3 * rule
+        return out
+
+    monkeypatch.setattr(bench, "run", float64_first_seed_off)
+    worst = bench.worst_ratios("torch", 1.0, 10.0, True, 3, "cpu")
+    assert worst[:2] == [0.0, 0.0] and worst[2] == pytest.approx(3.0, rel=1e-9), worst
+    assert len(seen) == 3
+    assert not torch.equal(seen[0], seen[1]) and not torch.equal(seen[1], seen[2])
+
+
+def test_official_prototype_copy_main_passes_its_options_and_prints_each_output(monkeypatch,
+                                                                                capsys):
+    """main(): one worst_ratios call per --taus entry with the options as given (--no-copy: a
+    random prototype), a row per temperature: tau, norm^2 / tau, value, dz, dprototypes."""
+    bench = load_bench("bench_official_prototype_copy", "official_prototype_copy.py")
+    calls = []
+
+    def fake(*args):
+        calls.append(args)
+        return [0.25, 0.5, 0.75]
+
+    monkeypatch.setattr(bench, "worst_ratios", fake)
+    for extra, copy in (([], True), (["--no-copy"], False)):
+        calls.clear()
+        assert bench.main(["--norm", "10", "--taus", "1", "0.01", "--seeds", "3", *extra]) == 0
+        assert calls == [("torch", 1.0, 10.0, copy, 3, "cpu"), ("torch", 0.01, 10.0, copy, 3,
+                                                                 "cpu")]
+        rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+        assert rows == [["1", "1e+02", "0.25", "0.5", "0.75"],
+                        ["0.01", "1e+04", "0.25", "0.5", "0.75"]]
