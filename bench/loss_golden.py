@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import math
 import os
 import sys
 from pathlib import Path
@@ -165,7 +166,10 @@ def differences(a: dict, b: dict) -> list[str]:
             else:
                 same = (u.dtype == v.dtype and u.shape == v.shape
                         and torch.equal(u.isnan(), v.isnan())
-                        and torch.equal(u.nan_to_num(0.0), v.nan_to_num(0.0)))
+                        # (NaN set to 0 after its own check; inf kept: nan_to_num's default
+                        # would make it the dtype's largest finite value, equal to that)
+                        and torch.equal(u.nan_to_num(0.0, math.inf, -math.inf),
+                                        v.nan_to_num(0.0, math.inf, -math.inf)))
             if not same:
                 diff.append(f"{k}")
                 break

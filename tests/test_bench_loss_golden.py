@@ -139,3 +139,17 @@ def test_record_and_compare_from_the_command_line(tmp_path, monkeypatch, capsys)
     with pytest.raises(SystemExit) as exc:
         golden.main(["compare", str(path_a), str(path_c)])
     assert exc.value.code == 2 and "(TypeError: not a dict of calls)" in capsys.readouterr().err
+
+
+def test_differences_tell_an_infinity_from_the_largest_finite_value():
+    """An inf that turns into the dtype's largest finite value (or back) is a difference, of
+    either sign; the same infinities and NaNs in both records are not."""
+    golden = load_bench("bench_loss_golden", "loss_golden.py")
+    big, inf = torch.finfo(torch.float32).max, float("inf")
+    g = torch.ones(2)
+    for sign in (1.0, -1.0):
+        a = {"k": (torch.tensor([sign * inf, 1.0]), g)}
+        b = {"k": (torch.tensor([sign * big, 1.0]), g)}
+        assert golden.differences(a, b) == golden.differences(b, a) == ["k"], sign
+    same = {"k": (torch.tensor([inf, -inf, float("nan")]), g)}
+    assert golden.differences(same, {"k": (same["k"][0].clone(), g.clone())}) == []
