@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import random
 import sys
@@ -301,6 +302,20 @@ def case_ratios(z, y, p, kw, engines, dev="cpu", roundings=False,
     return out
 
 
+def largest_log_bound(variant: str, dtype: torch.dtype) -> float:
+    """The largest --max-log-bound whose cases the loss takes: B (= max |z_i|^2 / tau, at most
+    10^bound) under the official variant's fast-engine range (2^37) or, for the exact variant,
+    the logits' float32 range (``check_logit_range``), and 16-bit rows' entries (of norm up to
+    sqrt(B), tau <= 1) finite in their dtype; rounded down to 0.01, a margin of >= 0.6 % over
+    the rounding of the rows to their dtype. Past it every large case raised, a traceback."""
+    from hiertail_fast._validation.losses import OFFICIAL_ENGINE_MAX_LOGIT
+
+    logits = OFFICIAL_ENGINE_MAX_LOGIT if variant == "official" else torch.finfo(
+        torch.float32).max / 16
+    largest = min(logits, torch.finfo(dtype).max ** 2)
+    return math.floor(100 * math.log10(largest)) / 100
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--seconds", type=float, default=300.0)
@@ -308,7 +323,10 @@ def main(argv=None) -> None:
                     help="stop after this many cases (a run comparable across revisions)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dims", type=int, nargs="+", default=[1, 2, 3, 8, 16, 40])
-    ap.add_argument("--max-log-bound", type=float, default=4.5)
+    ap.add_argument("--max-log-bound", type=float, default=4.5,
+                    help="the logit bound B is log-uniform in [1, 10^this]; at most "
+                         "largest_log_bound(): 11.13 for the official variant, 37.32 for "
+                         "the exact one, 9.63 with float16 rows")
     ap.add_argument("--engines", nargs="+", choices=ENGINES, default=None,
                     help=f"default {list(ENGINES)}, less triton on the CPU without "
                          "TRITON_INTERPRET=1 (a GPU machine's --cuda-forms / "
@@ -347,12 +365,17 @@ def main(argv=None) -> None:
                     help="run only case K of this seed's sequence (the 'case' printed with a "
                          "case over the rule), with the same options")
     args = ap.parse_args(argv)
-    if (args.seconds <= 0 or min(args.dims) < 1 or args.max_log_bound < 0
+    if (not args.seconds > 0 or min(args.dims) < 1 or not args.max_log_bound >= 0
             or (args.cases is not None and args.cases < 1) or args.levels < 1
             or min(args.rows or ROWS) < 2 or (args.case is not None and args.case < 1)
             or (args.case is not None and args.cases is not None and args.case > args.cases)):
         ap.error("--seconds > 0, --cases >= 1, --dims >= 1, --max-log-bound >= 0, --levels >= 1"
                  ", --rows >= 2, 1 <= --case <= --cases")
+    largest = largest_log_bound(args.variant, getattr(torch, args.dtype))
+    if args.max_log_bound > largest:
+        ap.error(f"--max-log-bound {args.max_log_bound:g}: at most {largest:g} for "
+                 f"--variant {args.variant} with {args.dtype} rows (the loss refuses larger "
+                 f"logits)")
     args.device = _device(ap, args)
     torch.set_num_threads(1)
     from hiertail_fast.ops._host_reads import cuda_code_paths

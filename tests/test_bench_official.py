@@ -818,3 +818,33 @@ def test_official_small_n_reports_each_bounds_worst_case(monkeypatch, capsys):
     assert [b for b, _ in worst] == ["64", "128"]
     assert worst[0][1] == "3.00" and float(worst[1][1]) <= 1.0, worst
     assert len(seen) == 8 and not torch.equal(seen[0], seen[2])     # seed 0 vs 1, d 1
+
+
+@pytest.mark.parametrize("argv", [["--seconds", "nan"], ["--max-log-bound", "nan"]])
+def test_official_fuzz_refuses_nan_options(argv, capsys):
+    """NaN is no time limit and no bound: an argparse line (exit 2), not a run of 0 cases
+    reported clean."""
+    import official_fuzz
+
+    with pytest.raises(SystemExit) as exc:
+        official_fuzz.main(["--cases", "2", "--engines", "torch", *argv])
+    assert exc.value.code == 2 and "--seconds > 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "largest"), [
+    ([], "11.13"), (["--variant", "exact"], "37.32"), (["--dtype", "float16"], "9.63"),
+    (["--variant", "exact", "--dtype", "bfloat16"], "37.32")])
+def test_official_fuzz_bounds_max_log_bound_by_what_the_loss_takes(argv, largest, capsys):
+    """--max-log-bound past the logits the loss accepts (the official fast engines' 2^37, the
+    exact variant's float32 range, float16 rows' entries) is refused with the largest it takes,
+    where a run ended in the loss's ValueError; at that largest, the drawn cases run."""
+    import official_fuzz
+
+    base = ["--cases", "4", "--seconds", "60", "--dims", "2", "--engines", "torch", *argv]
+    over = f"{float(largest) + 0.01:.2f}"
+    with pytest.raises(SystemExit) as exc:
+        official_fuzz.main([*base, "--max-log-bound", over])
+    assert exc.value.code == 2
+    assert f"--max-log-bound {over}: at most {largest} for --variant" in capsys.readouterr().err
+    official_fuzz.main([*base, "--max-log-bound", largest, "--seed", "5"])
+    assert re.search(r"^4 cases, ", capsys.readouterr().out, re.M)
