@@ -18,6 +18,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
     ("a2_product.py", ["--sizes", "0"], "--sizes: must be an integer > 0, got 0"),
     ("a2_product.py", ["--rounds", "0"], "--rounds: must be an integer > 0, got 0"),
     ("nearest_degenerate.py", ["--rows", "0"], "--rows: must be an integer > 0, got 0"),
+    ("tied_weights.py", ["--sizes", "1e2", "0"], "--sizes: must be a finite number > 0, got 0"),
     ("nearest_degenerate.py", ["--prototypes", "0"], "--prototypes: must be an integer > 0, got 0"),
     ("apply_overhead.py", ["--rounds", "0"], "--rounds: must be an integer > 0, got 0"),
     ("dispatch_count.py", ["--n", "0"], "--n: must be an integer > 0, got 0"),
