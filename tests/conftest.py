@@ -105,6 +105,19 @@ def load_bench(name: str, file: str):
     return mod
 
 
+class FakeClock:
+    """A perf_counter that moves only when a step says how long it took."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def spend(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def triton_importable() -> bool:
     try:
         import triton  # noqa: F401

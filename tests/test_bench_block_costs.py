@@ -11,6 +11,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.conftest import FakeClock, load_bench
+
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "block_costs.py"
 
 
@@ -71,43 +73,30 @@ def test_symmetric_scheme_matches_the_engine():
 
 
 def _block_costs():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_block_costs", SCRIPT)
-    bc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bc)
-    return bc
+    return load_bench("bench_block_costs", "block_costs.py")
 
 
-class _Clock:
-    """A perf_counter that moves only when a fake piece runs: each call of a piece takes the
-    next of its given durations (seconds), and a piece called more often than given fails."""
+def _piece(clock: FakeClock, durations):
+    """A fake piece: each call takes the next of its given durations (seconds) on `clock`, and
+    a piece called more often than given fails."""
+    todo = iter(durations)
 
-    def __init__(self):
-        self.now = 0.0
-
-    def perf_counter(self):
-        return self.now
-
-    def piece(self, durations):
-        todo = iter(durations)
-
-        def call():
-            self.now += next(todo)
-        return call
+    def call():
+        clock.spend(next(todo))
+    return call
 
 
 def test_measure_reports_per_block_medians_and_bests_in_ms(monkeypatch):
     """A piece's row: per round the median of its calls, each divided by the blocks it covers;
     then the median and the best round, in milliseconds, and GFLOP/s from each."""
     bc = _block_costs()
-    clock = _Clock()
+    clock = FakeClock()
     ms = 1e-3
     gemm = [0.5 * ms] + [t * ms for t in (1, 2, 2, 9, 3, 3, 3, 30, 10, 10, 10, 10)]
     loss = [t * ms for t in (5, 8, 12, 40)]             # 4 blocks a call: 2, 3, 10 ms a block
     monkeypatch.setattr(bc, "time", clock)
     monkeypatch.setattr(bc, "_pieces", lambda n, d, tile: {
-        "gemm": (clock.piece(gemm), 0.006, 1), "loss": (clock.piece(loss), None, 4)})
+        "gemm": (_piece(clock, gemm), 0.006, 1), "loss": (_piece(clock, loss), None, 4)})
     rows = bc.measure(300, 8, rounds=3, reps=4, tile=128)
     assert [r["piece"] for r in rows] == ["gemm", "loss"]
     assert rows[0] == dict(n=300, d=8, piece="gemm", median_ms=pytest.approx(3.0),

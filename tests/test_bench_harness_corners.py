@@ -27,20 +27,8 @@ import loss_profile  # noqa: E402
 import version_ab  # noqa: E402
 
 import hiertail_fast  # noqa: E402
+from tests.conftest import FakeClock  # noqa: E402
 from tests.test_bench_next_defaults import _derived, _rows  # noqa: E402
-
-
-class FakeClock:
-    """A perf_counter that moves only when a step says how long it took."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    def spend(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def _costed_steps(clock: FakeClock, costs: dict) -> tuple[dict, list]:

@@ -216,15 +216,21 @@ def test_busy_machine_script_runs_on_an_idle_machine(data_dir):
     assert len(times) == 3 and all(float(t) > 0 for t in times)
 
 
-def test_dispatch_count_counts_the_loss_calls():
-    """bench/dispatch_count.py: counts every operator of one loss step, by call site; the
-    official variant's positive-pair pass adds calls on top of the exact variant's; --syncs
-    counts the host-syncing ones."""
+def _dispatch_count():
+    """bench/dispatch_count.py as the module it imports as (its siblings from bench/)."""
     sys.path.insert(0, str(BENCH))
     try:
         import dispatch_count
     finally:
         sys.path.remove(str(BENCH))
+    return dispatch_count
+
+
+def test_dispatch_count_counts_the_loss_calls():
+    """bench/dispatch_count.py: counts every operator of one loss step, by call site; the
+    official variant's positive-pair pass adds calls on top of the exact variant's; --syncs
+    counts the host-syncing ones."""
+    dispatch_count = _dispatch_count()
     exact = dispatch_count.count(300, 8, 3, "exact", "relu", 0.1, "torch")
     official = dispatch_count.count(300, 8, 3, "official", "relu", 0.1, "torch")
     assert sum(exact.values()) > 50
@@ -263,11 +269,7 @@ def test_dispatch_count_counts_a_hiertail_epoch(capsys):
     """bench/dispatch_count.py --epoch: one training epoch of scale.py's model, counted by call
     site (the model's losses, graph ops and checks), its syncs a subset; the loss checks of
     each loss call read the device once (``validate_contrastive_levels``)."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        import dispatch_count
-    finally:
-        sys.path.remove(str(BENCH))
+    dispatch_count = _dispatch_count()
     calls = dispatch_count.count_step(dispatch_count.epoch_step(400))
     files = {where.split(":")[0] for _, where in calls}
     assert {"gcn_propagate.py", "topk_pool.py", "balanced_contrastive_loss.py"} <= files
@@ -280,15 +282,6 @@ def test_dispatch_count_counts_a_hiertail_epoch(capsys):
     out = capsys.readouterr().out
     assert "HierTail epoch, 400 nodes" in out and "host-syncing calls per epoch" in out
     assert len(out.strip().splitlines()) == 4
-
-
-def _dispatch_count():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import dispatch_count
-    finally:
-        sys.path.remove(str(BENCH))
-    return dispatch_count
 
 
 def test_dispatch_count_names_each_host_waiting_call():
@@ -695,11 +688,7 @@ def test_dispatch_count_emulates_the_attention_engines_cuda_branches(capsys, mon
     tensors (bf16: flash attention on the folded operands), its kernels emulated and not
     counted, on a GPU machine too (the cases' device, CUDA there, is pinned to the CPU: here
     it is set to "cuda" as a GPU machine has it); without --as-cuda it is refused."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        import dispatch_count
-    finally:
-        sys.path.remove(str(BENCH))
+    dispatch_count = _dispatch_count()
     import hiertail_fast.ops._attention_lse as attn
 
     monkeypatch.setattr(dispatch_count.loss_grid, "DEVICE", "cuda")
