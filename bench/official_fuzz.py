@@ -302,16 +302,17 @@ def case_ratios(z, y, p, kw, engines, dev="cpu", roundings=False,
     return out
 
 
-def largest_log_bound(variant: str, dtype: torch.dtype) -> float:
-    """The largest --max-log-bound whose cases the fuzz can judge: B (= max |z_i|^2 / tau, at
-    most 10^bound) within 2^37 and, for 16-bit rows, their entries (of norm up to sqrt(B),
-    tau <= 1) finite in their dtype; rounded down to 0.01, a margin of >= 0.6 % over the
-    rounding of the rows to their dtype. 2^37 is the official variant's fast-engine range (past
-    it the loss raises) and, for the exact variant, where the float64 truth stops being one: the
-    dense reference adds log w to the logits (logsumexp(s + log w)), so its share of keys that
-    tie a row's max (duplicate rows in classes of unequal size) is off by ~|s| 2^-53 relative,
-    1.2e-4 at |s| ~ 1e12 and 2.3x at 1e17, where the torch engine (which multiplies the weights)
-    was right and was reported over the rule. Past the bound a run ended in a traceback."""
+def largest_log_bound(dtype: torch.dtype) -> float:
+    """The largest --max-log-bound whose cases the fuzz can judge, for both variants: B (= max
+    |z_i|^2 / tau, at most 10^bound) within 2^37 and, for 16-bit rows, their entries (of norm up
+    to sqrt(B), tau <= 1) finite in their dtype; rounded down to 0.01, a margin of >= 0.6 % over
+    the rounding of the rows to their dtype. 2^37 is the official variant's fast-engine range
+    (past it the loss raises: a traceback) and, for the exact variant, where the float64 truth
+    stops being one: the dense reference adds log w to the logits (logsumexp(s + log w)), so its
+    share of keys that tie a row's max (duplicate rows in classes of unequal size) is off by
+    ~|s| 2^-53 relative, 1.2e-4 at |s| ~ 1e12 and 2.3x at 1e17, where the torch engine (which
+    multiplies the weights) was right and was reported over the rule
+    (bench/tied_weights.py)."""
     from hiertail_fast._validation.losses import OFFICIAL_ENGINE_MAX_LOGIT
 
     largest = min(OFFICIAL_ENGINE_MAX_LOGIT, torch.finfo(dtype).max ** 2)
@@ -372,7 +373,7 @@ def main(argv=None) -> None:
             or (args.case is not None and args.cases is not None and args.case > args.cases)):
         ap.error("--seconds > 0, --cases >= 1, --dims >= 1, --max-log-bound >= 0, --levels >= 1"
                  ", --rows >= 2, 1 <= --case <= --cases")
-    largest = largest_log_bound(args.variant, getattr(torch, args.dtype))
+    largest = largest_log_bound(getattr(torch, args.dtype))
     if args.max_log_bound > largest:
         ap.error(f"--max-log-bound {args.max_log_bound:g}: at most {largest:g} for "
                  f"--variant {args.variant} with {args.dtype} rows (past it the loss or the "
