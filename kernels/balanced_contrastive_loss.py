@@ -613,14 +613,26 @@ def _level_shift(log_w: torch.Tensor) -> torch.Tensor:
     return torch.where(finite(top), top, torch.zeros_like(top)).contiguous()
 
 
-def _relative_pair(lse: torch.Tensor, rowmax: torch.Tensor):
+def _relative_pair(lse: torch.Tensor, rowmax: torch.Tensor, delta: torch.Tensor | None = None):
     """(δ = lse - rowmax [L, N] fp32, −inf on dead rows; reference r = rowmax, 0 on dead rows)
-    of the backward's relative mode, formed in float64 from the forward's rowmax + δ."""
-    lse64, r64 = lse.double(), rowmax.double()
-    live = finite(lse64) & finite(r64)
-    delta = torch.where(live, lse64 - r64, torch.full_like(lse64, -math.inf))
+    of the backward's relative mode: the forward's δ where given (``return_delta``), else
+    formed in float64 from its lse = rowmax + δ, which holds δ to fp32 precision only while
+    |rowmax| <= 2^29 (float64 rounds the sum to |rowmax| 2^-53: 1.5e-5 at 1e11, 128 ulp of a δ
+    ~ log 31, and the official gradient's cancellation at the arg-max exposed it: 2.7x the
+    tests' rule at B = 1.1e11, 31 rows; bench/official_fuzz.py)."""
+    r64 = rowmax.double()
+    rel = lse.double() - r64 if delta is None else delta.double()
+    live = finite(rel) & finite(r64)
+    rel = torch.where(live, rel, torch.full_like(rel, -math.inf))
     ref = torch.where(live, r64, torch.zeros_like(r64))
-    return delta.float().contiguous(), ref.float().contiguous()
+    return rel.float().contiguous(), ref.float().contiguous()
+
+
+def _live_delta(delta: torch.Tensor, rowmax: torch.Tensor) -> torch.Tensor:
+    """The relative mode's δ [L, N] as ``return_delta`` gives it: float64, −inf on dead rows
+    (rowmax −inf)."""
+    d64 = delta.double()
+    return torch.where(finite(d64) & finite(rowmax), d64, torch.full_like(d64, -math.inf))
 
 
 def _shared_coefficients(lse: torch.Tensor, grad_lse: torch.Tensor, shift: torch.Tensor):
@@ -641,13 +653,14 @@ def _shared_coefficients(lse: torch.Tensor, grad_lse: torch.Tensor, shift: torch
 
 
 def _split_forward(z, log_w, scale, need_max, relative, splits, tiles, tune, meta, axis1,
-                   shift, n_common):
+                   shift, n_common, return_delta=False):
     """The forward over `splits` key ranges: each writes its plane of [splits, L, N] partial
     buffers (relative: δ_s and r_s, the unweighted max of its keys; shared keys: δ_s and R_s,
     per level the larger of its common keys' max and its other keys' unweighted max; plain:
     log l_s and m_s, its running max), merged
     by `_merge_splits`. `shift`: the mode's log-weight shift (relative, shared keys) or None.
-    Returns what `lse_forward` returns."""
+    Returns what `lse_forward` returns (with `return_delta`, δ merged against the whole
+    rowmax: exact in float64, where rowmax + δ would round δ to |rowmax| 2^-53)."""
     num_levels, n = log_w.shape
     part = lambda dtype=torch.float32: torch.empty(splits, num_levels, n, dtype=dtype,  # noqa: E731
                                                    device=z.device)
@@ -667,7 +680,12 @@ def _split_forward(z, log_w, scale, need_max, relative, splits, tiles, tune, met
         return lse, None, None
     rmax = rowmax.amax(0)
     first = (rowmax == rmax).to(torch.int32).argmax(0, keepdim=True)    # first split at the max
-    return lse, rmax, argmax.gather(0, first).squeeze(0)
+    out = lse, rmax, argmax.gather(0, first).squeeze(0)
+    if not return_delta:
+        return out
+    # each split's r_s - rmax is exact in float64 where its term can matter (both fp32 scores)
+    rel_ref = ref.double() - torch.where(finite(rmax), rmax, torch.zeros_like(rmax)).double()
+    return (*out, _live_delta(_merge_splits(delta, rel_ref), rmax))
 
 
 def _merge_splits(delta: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
@@ -693,7 +711,8 @@ def lse_forward(
     z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool, *,
     fuse_levels: bool = True, fp32_dot: str | None = None, autotune: bool | None = None,
     n_common: int = 0, relative: bool = False, key_splits: int | str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    return_delta: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """Weighted log-sum-exp of scale·Z·Zᵀ for every level, without storing N×N.
 
     Args:
@@ -714,7 +733,10 @@ def lse_forward(
             return lse as float64 rowmax + δ, δ = lse - rowmax to fp32 precision of δ (the
             size of log N) instead of an fp32 lse (rounded to ~|s| 2^-24): the official
             variant's precision (its gradient cancels p at the arg-max against 1). Pass lse
-            and rowmax to `lse_backward`.
+            and rowmax to `lse_backward`. float64 holds rowmax + δ to fp32 precision of δ
+            only while |rowmax| <= 2^29: past it, ask for δ (`return_delta`).
+        return_delta: (relative only) also return δ = lse - rowmax [L, N] float64 as the
+            kernel summed it (−inf on dead rows), for `lse_backward`'s ``delta``.
         key_splits: split the keys into this many ranges, one program each per row block, and
             merge their partial sums (more programs where the row blocks cannot fill the
             GPU; ``_utils.KEY_SPLITS_ENV``): an int >= 1 or "auto" (default
@@ -724,11 +746,13 @@ def lse_forward(
         relative: rowmax + δ; pass it as
         is to `lse_backward`) (−inf for a row with no visible key), rowmax [L, N] fp32 =
         max_{k visible} scale·z_i·z_k (−inf if none) and argmax [L, N] int64 (lowest index
-        among ties, 0 if none) when need_max, else None, None.
+        among ties, 0 if none) when need_max, else None, None; with return_delta, δ fourth.
     """
     num_levels, n, d = _check(z, log_w)
     if relative and (not need_max or n_common):
         raise ValueError("relative=True needs need_max=True and n_common=0")
+    if return_delta and not relative:
+        raise ValueError("return_delta=True needs relative=True")
     request = split_request(key_splits)      # checked whatever runs (also at N = 0)
     s_prec, _, upcast = _precisions(z.dtype, z.is_cuda, fp32_dot_precision(fp32_dot))
     tune = _use_autotune(z, autotune)
@@ -738,7 +762,7 @@ def lse_forward(
     rowmax = torch.empty_like(lse) if need_max else None
     argmax = torch.empty(num_levels, n, dtype=torch.int64, device=z.device) if need_max else None
     if n == 0:
-        return lse, rowmax, argmax
+        return (lse, rowmax, argmax, lse.double()) if return_delta else (lse, rowmax, argmax)
     d_pad = feature_block(d)
     per_program = num_levels if fuse_levels else 1
     shift = _shared_shift(log_w, n_common)
@@ -753,7 +777,7 @@ def lse_forward(
                 SPLIT_PAIR=splits > 1 and not (relative or n_common))
     if splits > 1:
         return _split_forward(z, log_w, scale, need_max, relative, splits, tiles, tune, meta,
-                              num_levels // per_program, shift, n_common)
+                              num_levels // per_program, shift, n_common, return_delta)
     ref = torch.empty_like(lse) if n_common else lse
     args = (z, log_w, lse if shift is None else shift, lse, rowmax if need_max else lse,
             argmax if need_max else lse, ref, n, n_common, d, z.stride(0), float(scale), 1)
@@ -761,7 +785,9 @@ def lse_forward(
     if n_common:                    # the kernel wrote (R, δ): lse = R + δ, kept in float64
         lse = ref.double() + lse.double()
     elif relative:                  # the kernel wrote δ = lse - rowmax
-        lse = rowmax.double() + lse.double()
+        delta, lse = lse, rowmax.double() + lse.double()
+        if return_delta:
+            return lse, rowmax, argmax, _live_delta(delta, rowmax)
     return lse, rowmax, argmax
 
 
@@ -771,6 +797,7 @@ def lse_backward(
     fp32_dot: str | None = None, autotune: bool | None = None, n_common: int = 0,
     rowmax: torch.Tensor | None = None, argmax: torch.Tensor | None = None,
     argmax_coef: torch.Tensor | None = None, key_splits: int | str | None = None,
+    delta: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Gradient of Σ_{l,i} grad_lse[l,i]·lse[l,i] with respect to z (both sides of s = Z·Zᵀ).
 
@@ -788,6 +815,8 @@ def lse_backward(
         rowmax: the forward's rowmax with ``relative=True`` (and its float64 lse): p is formed
             as e^{(s - rowmax) + (log w - δ)}, δ = lse - rowmax, to fp32 precision of δ
             (not with n_common).
+        delta: (with rowmax) the forward's δ (``return_delta``) in place of lse - rowmax,
+            which loses δ's low bits where |rowmax| > 2^29 (lse is then read for its shape).
         argmax: (with rowmax) the forward's argmax [L, N] int64: the gradient then also has
             the KEY side of (argmax_coef - grad_lse)[l, i] on s_{i, argmax[l, i]} (the official
             row max's share, and the rest of the gradient on it), cancelled against p per
@@ -812,6 +841,10 @@ def lse_backward(
             named.append(("argmax_coef", argmax_coef))
     elif argmax_coef is not None:
         raise ValueError("argmax_coef needs argmax")
+    if delta is not None:
+        if rowmax is None:
+            raise ValueError("delta needs rowmax (the relative mode)")
+        named.append(("delta", delta))
     if rowmax is not None:
         if n_common:
             raise ValueError("rowmax (the relative mode) cannot be combined with n_common")
@@ -830,7 +863,7 @@ def lse_backward(
     ref, coef, level_ref = (_shared_coefficients(lse, grad_lse, shift) if shift is not None
                             else (dz, dz, None))
     if rowmax is not None:
-        lse, rmax_ref = _relative_pair(lse, rowmax)
+        lse, rmax_ref = _relative_pair(lse, rowmax, delta)
     elif level_ref is not None:
         # the shared-keys mode's other keys (and the rows of a block past the common tiles):
         # p in the relative form against r = fp32(lse - c) per level (rounded BEFORE δ =

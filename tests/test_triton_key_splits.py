@@ -93,13 +93,17 @@ def test_split_grid_over_levels(triton_device):
         assert torch.equal(grid[1], fused[1]) and torch.equal(grid[2], fused[2])
 
 
-def test_split_relative_mode_official_cancellation(triton_device):
+@pytest.mark.parametrize("scale,bound", [(10.0, 4096.0), (100.0, 2.0 ** 36)])
+def test_split_relative_mode_official_cancellation(scale, bound, triton_device):
     """The official variant's relative mode, split: δ = lse - rowmax to fp32 precision of δ
     (the merge keeps each split's δ against its own max, not an fp32 lse of |s|'s size), so
     F = Σ g (lse - rowmax), whose gradient cancels p at the arg-max against 1, stays within the
-    rule at a bound where one fp32 lse missed it; the folded arg-max key side too."""
+    rule at a bound where one fp32 lse missed it; the folded arg-max key side too. At 2^36
+    float64 rowmax + δ keeps too few of δ's bits: δ merged against the whole rowmax
+    (return_delta) and given to the backward (delta=); the rule's slack is the unsplit test's
+    (8 ulp of the cancelling terms; from lse - rowmax: 17x them here)."""
     k = _kernels()
-    n, d, levels, scale, bound = 300, 8, 2, 10.0, 4096.0
+    n, d, levels = 300, 8, 2
     gen = torch.Generator().manual_seed(1)
     z = torch.randn(n, d, generator=gen)
     z = z / z.norm(dim=1, keepdim=True) * (bound / scale) ** 0.5 * (
@@ -110,17 +114,24 @@ def test_split_relative_mode_official_cancellation(triton_device):
     ref_delta, ref_dz = _official_like(z, log_w, scale, grad, torch.float64)
     low_delta, low_dz = _official_like(z, log_w, scale, grad, torch.float32)
     zd, lwd, gd = (t.to(triton_device) for t in (z, log_w, grad))
-    lse, rowmax, argmax = k.lse_forward(zd, lwd, scale, True, relative=True, key_splits=3)
-    assert lse.dtype == torch.float64
-    assert_rule(lse - rowmax.double(), ref_delta, low_delta, torch.float32, "lse - rowmax")
-    dz = k.lse_backward(zd, lwd, lse, gd, scale, rowmax=rowmax, key_splits=3)
+    lse, rowmax, argmax, delta = k.lse_forward(zd, lwd, scale, True, relative=True,
+                                               key_splits=3, return_delta=True)
+    assert lse.dtype == torch.float64 and delta.dtype == torch.float64
+    assert torch.equal(k.lse_forward(zd, lwd, scale, True, relative=True, key_splits=3)[0], lse)
+    unsplit = k.lse_forward(zd, lwd, scale, True, relative=True, key_splits=1,
+                            return_delta=True)[3]
+    torch.testing.assert_close(delta, unsplit, rtol=0, atol=4 * torch.finfo(torch.float32).eps)
+    assert_rule(delta, ref_delta, low_delta, torch.float32, "delta")
+    slack = 8 * torch.finfo(torch.float32).eps * grad.max().item() * (bound / scale) ** 0.5 * (
+        d ** 0.5 * scale)
+    dz = k.lse_backward(zd, lwd, lse, gd, scale, rowmax=rowmax, key_splits=3, delta=delta)
     dz = dz.cpu().double() - _argmax_grad(z.double(), argmax.cpu(), grad.double(), scale)
-    assert_rule(dz, ref_dz, low_dz, torch.float32, "d/dz (lse - rowmax), 3 splits")
+    assert_rule(dz, ref_dz, low_dz, torch.float32, "d/dz (lse - rowmax), 3 splits", slack)
     folded = k.lse_backward(zd, lwd, lse, gd, scale, rowmax=rowmax, argmax=argmax,
-                            key_splits=3)
+                            key_splits=3, delta=delta)
     folded = folded.cpu().double() - _argmax_grad(z.double(), argmax.cpu(), grad.double(),
                                                   scale, key_side=False)
-    assert_rule(folded, ref_dz, low_dz, torch.float32, "folded, 3 splits")
+    assert_rule(folded, ref_dz, low_dz, torch.float32, "folded, 3 splits", slack)
 
 
 @pytest.mark.parametrize("n_common", [290, 100, 20, 300])

@@ -112,6 +112,13 @@ def test_the_bridge_keeps_its_modes_apart(triton_device):
     want = k.lse_forward(zd, lwd, scale, True, n_common=n)
     assert torch.equal(lse, want[0]) and torch.equal(rowmax, want[1])
     assert torch.equal(argmax, want[2])
+    # need_max without a prefix: the relative mode, whose δ relative_forward also returns
+    rel = _triton_loss.relative_forward(zd, lwd, scale)
+    plain = _triton_loss.lse_forward(zd, lwd, scale, True)
+    want = k.lse_forward(zd, lwd, scale, True, relative=True, return_delta=True)
+    assert len(rel) == 4 and len(plain) == 3
+    for a, b, c in zip(rel, plain + (want[3],), want, strict=True):
+        assert torch.equal(a, b) and torch.equal(a, c)
     gid = torch.randint(0, 3, (n,), generator=torch.Generator().manual_seed(5)).to(triton_device)
     _, rmax, amax = k.lse_forward(zd, lwd[:1], scale, True, relative=True)
     coef = torch.randn(n, generator=torch.Generator().manual_seed(6)).to(triton_device)

@@ -51,19 +51,19 @@ def positive_terms(triton_pos: bool, backend, zc, z_in, lv: Levels, lev: int, rm
 
 
 def lse_backward(mod, z_in, log_w, lse, grad_lse, scale, fp32_dot=None, n_common=0,
-                 rowmax=None, argmax=None, argmax_coef=None):
+                 rowmax=None, argmax=None, argmax_coef=None, delta=None):
     """The engine's LSE gradient, in fp32 for the Triton kernels (16-bit inputs: not rounded to
     16 bits before the positive-pair part, which it can cancel, is added) with the forward's
     fp32 dot, shared-keys prefix and (official variant) row max: the kernels' relative mode,
-    ``_triton_loss.lse_forward``; with `argmax` the kernels also add the key side of
-    argmax_coef - grad_lse on each row's arg-max score (the row max's share of the official
-    gradient and the positives' share of it, cancelled per entry; its query side is the
-    caller's)."""
+    ``_triton_loss.relative_forward``, whose δ is `delta`; with `argmax` the kernels also add
+    the key side of argmax_coef - grad_lse on each row's arg-max score (the row max's share of
+    the official gradient and the positives' share of it, cancelled per entry; its query side
+    is the caller's)."""
     if mod is _lse_torch or mod is _attention_lse:
         return mod.lse_backward(z_in, log_w, lse, grad_lse, scale)
     return mod.lse_backward(z_in, log_w, lse, grad_lse, scale, out_dtype=torch.float32,
                             fp32_dot=fp32_dot, n_common=n_common, rowmax=rowmax,
-                            argmax=argmax, argmax_coef=argmax_coef)
+                            argmax=argmax, argmax_coef=argmax_coef, delta=delta)
 
 
 def block_positives(zc, lv: Levels, include_self: bool, coef, scale: float):

@@ -42,7 +42,8 @@ TF32X3_MAX_LOGIT = {"exact": 2048.0, "official": 1024.0}
 # went to our torch engine, and even inside those limits small problems missed the tests'
 # rule (N = 31, B = 1,024: 28x; bench/official_small_n.py). The official calls now run the
 # kernels' relative mode (``lse_forward`` below): sums against the unweighted row max, lse
-# returned as rowmax + δ with δ to fp32 precision of log N. Measured after the change
+# returned as rowmax + δ with δ to fp32 precision of log N (and δ itself, ``relative_forward``:
+# float64 rowmax + δ holds δ only while |rowmax| <= 2^29; 2026-12-07). Measured after the change
 # (``python bench/attention_guard.py --engines triton torch --dtype {float32,float16,
 # bfloat16} --n 300 --d 16 --bounds 4096 16384 65536 262144 1048576``, Triton interpreter,
 # official variant): the Triton gradient and value errors equal the torch engine's at every
@@ -108,30 +109,40 @@ def shared_levels() -> bool:
 
 
 def lse_forward(z, log_w, scale, need_max, *, fp32_dot: str | None = None, n_common: int = 0):
-    """The kernels' forward; with need_max (the official variant) and no shared-keys prefix in
-    the relative mode: lse comes back as float64 rowmax + δ with δ = lse - rowmax to fp32
-    precision of δ, so the official gradient's cancellation at the arg-max is not swamped by an
-    fp32 lse's rounding (~|s| 2^-24; at small N it was up to 28x the tests' rule,
-    bench/official_small_n.py). The backward then takes the rowmax (``lse_backward``)."""
-    relative = bool(need_max) and not n_common
+    """The kernels' forward: (lse, rowmax, argmax) as ``_lse_torch``'s; with need_max (the
+    official variant) and no shared-keys prefix, ``relative_forward``'s without its δ."""
+    if need_max and not n_common:
+        return relative_forward(z, log_w, scale, fp32_dot=fp32_dot)[:3]
     return _kernels().lse_forward(z, log_w, scale, need_max, fp32_dot=fp32_dot,
-                                  n_common=n_common, relative=relative)
+                                  n_common=n_common)
+
+
+def relative_forward(z, log_w, scale, *, fp32_dot: str | None = None):
+    """The official variant's forward, the kernels' relative mode: (lse float64 = rowmax + δ,
+    rowmax, argmax, δ = lse - rowmax float64). δ is kept apart to fp32 precision of its own
+    size (~log N), so the official gradient's cancellation at the arg-max is not swamped by an
+    fp32 lse's rounding (~|s| 2^-24; at small N it was up to 28x the tests' rule,
+    bench/official_small_n.py), nor by the float64 sum's past |s| ~ 2^29 (2.7x the rule at
+    |s| 1.1e11). The backward takes the rowmax and this δ (``lse_backward``)."""
+    return _kernels().lse_forward(z, log_w, scale, True, fp32_dot=fp32_dot, relative=True,
+                                  return_delta=True)
 
 
 def lse_backward(z, log_w, lse, grad_lse, scale, *, fp32_dot: str | None = None,
                  out_dtype: torch.dtype | None = None, n_common: int = 0,
                  rowmax: torch.Tensor | None = None, argmax: torch.Tensor | None = None,
-                 argmax_coef: torch.Tensor | None = None):
+                 argmax_coef: torch.Tensor | None = None, delta: torch.Tensor | None = None):
     """The kernels' backward with the forward's `fp32_dot` (its one-pass kernel recomputes the
     forward's scores and relies on getting the same ones) and shared-keys prefix; `rowmax`:
-    the forward's, when it ran the relative mode (``lse_forward``; None otherwise); `argmax`
+    the forward's, when it ran the relative mode (``relative_forward``; None otherwise), and
+    `delta` its δ (None: lse - rowmax, short of fp32 precision past |s| ~ 2^29); `argmax`
     (with rowmax): fold the key side of argmax_coef - grad_lse on each row's arg-max score
     into the kernel's gradient blocks, where it cancels against p per entry (the official
     row max's share and the positives' share of it; its query side is the caller's)."""
     return _kernels().lse_backward(z, log_w, lse, grad_lse, scale, fp32_dot=fp32_dot,
                                    out_dtype=out_dtype, n_common=n_common, rowmax=rowmax,
-                                   argmax=argmax, argmax_coef=argmax_coef)
+                                   argmax=argmax, argmax_coef=argmax_coef, delta=delta)
 
 
 __all__ = ["TF32X3_MAX_LOGIT", "fp32_dot", "lse_backward", "lse_forward", "positive_pairs",
-           "shared_levels", "tf32_cores", "tf32x3_precise"]
+           "relative_forward", "shared_levels", "tf32_cores", "tf32x3_precise"]

@@ -110,6 +110,7 @@ class BalancedContrastiveFunction(torch.autograd.Function):
         log_w = lv.log_w if backend == "torch" else lv.log_w.float()
         triton_pos = official and triton_positives(backend, zc)
         n_common = 0
+        rel = None                  # the official variant's lse - rowmax, where an engine has it
         if fused:
             lse, rmax, amax, big_t, big_q, dz = fused_pass(
                 zc, z_in, lv, base, inv_n, log_eps_w, log_w, scale, include_self, official,
@@ -139,6 +140,10 @@ class BalancedContrastiveFunction(torch.autograd.Function):
                 kw["all_visible"] = all(lv.full)    # (the engine reads nothing to learn it)
             if symmetric:
                 lse, rmax, amax, _ = _lse_symmetric.lse_fused(zc, log_w, scale, official)
+            elif official and backend == "triton":
+                # the kernels keep δ = lse - rowmax apart from rowmax: float64 rowmax + δ holds
+                # δ to fp32 precision only while |rowmax| <= 2^29 (_triton_loss)
+                lse, rmax, amax, rel = _triton_loss.relative_forward(z_in, log_w, scale, **kw)
             else:
                 lse, rmax, amax = mod.lse_forward(z_in, log_w, scale, official, **kw)
             lse = lse.double()       # loss formulas in float64: lse - rowmax to full precision
@@ -151,7 +156,9 @@ class BalancedContrastiveFunction(torch.autograd.Function):
             else:
                 big_t = class_sum_term(zc, lv, scale, include_self)[0]
         if official:
-            loss = torch.logaddexp(lse - rmax, log_eps_w) - big_t * inv_n
+            # lse - rowmax: the Triton kernels' own δ (above), the others' in float64
+            rel = lse - rmax if rel is None else rel
+            loss = torch.logaddexp(rel, log_eps_w) - big_t * inv_n
         else:
             loss = lse - big_t * inv_n
         loss = torch.where(lv.contrib, loss, torch.zeros_like(loss))
@@ -164,7 +171,7 @@ class BalancedContrastiveFunction(torch.autograd.Function):
         elif want_grad and fusable:
             saved = (zc, z_in, log_w, base, inv_n, log_eps_w)
         elif want_grad:
-            extra = (rmax, amax, big_q) if official else ()
+            extra = (rmax, amax, big_q, rel) if official else ()
             saved = (zc, z_in, log_w, lse, base, inv_n, log_eps_w, *extra)
         else:
             saved = ()
@@ -207,8 +214,7 @@ class BalancedContrastiveFunction(torch.autograd.Function):
         g = base * go[None] if ctx.reduction == "none" else base * go     # [L, N]
         mod = backend_module(ctx.backend)
         if ctx.official:
-            rmax, amax, big_q = extra
-            a = lse - rmax
+            rmax, amax, big_q, a = extra      # a: lse - rowmax (the forward's rel)
             r = torch.exp(a - torch.logaddexp(a, log_eps_w))
             # the key side of the row max's share, -g r + g Q / n on s_{i, argmax}: folded
             # into the Triton kernels' gradient blocks, where it cancels against g r p_ia per
@@ -220,7 +226,7 @@ class BalancedContrastiveFunction(torch.autograd.Function):
             dz = lse_backward(mod, z_in, log_w, lse, (g * r).to(log_w.dtype), scale,
                                ctx.fp32_dot, ctx.n_common, rowmax=rmax,
                                argmax=amax if fold else None,
-                               argmax_coef=g * big_q * inv_n if fold else None)
+                               argmax_coef=g * big_q * inv_n if fold else None, delta=a)
             dz = dz.to(zc.dtype)
             for lev in range(lse.shape[0]):
                 dz += positive_terms(ctx.triton_pos, ctx.backend, zc, z_in, lv, lev, rmax,
