@@ -107,12 +107,17 @@ def _run(z, y, p, kw, backend, weights, device="cpu"):
 LEVEL_LABELS = ("halved", "modulo", "random")
 
 
-def _levels(rng: random.Random, y, p, max_levels: int, seed: int, level_labels: str = "halved"):
+def _levels(rng: random.Random, y, p, max_levels: int, seed: int, level_labels: str = "halved",
+            norm_cap: float | None = None):
     """With --levels L > 1: 1 to L levels, prototypes (one per label, or none) per level; 1
     level: the problem as it is. Level l's labels (``level_labels``): y // 2^l ("halved": each
     level coarsens the one before, so the levels nest), y % ceil(k / 2^l) ("modulo": classes
     of y merged across its order, not nesting) or ceil(k / 2^l) labels drawn anew per row
-    ("random": a grouping with no relation to y); level 0 is y in each."""
+    ("random": a grouping with no relation to y); level 0 is y in each. A level's prototypes
+    are drawn ones scaled by 1-1.1, each then at most `norm_cap` long (the norm of B =
+    10^--max-log-bound: grown past it, B reached 1.43e11 at the largest bound, seed 8 case
+    232 with --levels 3, and the loss refused the call, a traceback; the cap scales only such
+    prototypes, the other draws are as before)."""
     n_levels = rng.randint(1, max_levels)
     if n_levels == 1:
         return y, p
@@ -132,7 +137,11 @@ def _levels(rng: random.Random, y, p, max_levels: int, seed: int, level_labels: 
         if p is not None and lev % 2 == 0:
             k = int(yl.max()) + 1
             idx = torch.randint(0, p.shape[0], (k,), generator=g)
-            ps.append(p[idx] * (1 + 0.1 * torch.rand(k, 1, generator=g)))
+            q = p[idx] * (1 + 0.1 * torch.rand(k, 1, generator=g))
+            if norm_cap is not None:     # (a factor of exactly 1 where the cap is not reached)
+                over = (norm_cap / q.double().norm(dim=1, keepdim=True)).clamp(max=1.0)
+                q = q * over.to(q.dtype)
+            ps.append(q)
         else:
             ps.append(None)
     return ys, ps
@@ -181,7 +190,8 @@ def _case(rng: random.Random, dims, max_log_bound: float, seed: int, max_levels:
         kw["learn_tau"] = True
         desc.update(learn_tau=True)
     if max_levels > 1:
-        y, p = _levels(rng, y, p, max_levels, seed, level_labels)
+        y, p = _levels(rng, y, p, max_levels, seed, level_labels,
+                       norm_cap=(10 ** max_log_bound * tau) ** 0.5)
         if isinstance(y, list):
             desc.update(levels=len(y), reduction="mean")
     if dtype != torch.float32:      # the rows as a 16-bit caller holds them (same draws)

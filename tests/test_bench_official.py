@@ -831,6 +831,48 @@ def test_official_fuzz_refuses_nan_options(argv, capsys):
     assert exc.value.code == 2 and "--seconds > 0" in capsys.readouterr().err
 
 
+def test_official_fuzz_level_prototypes_stay_within_the_bound(capsys):
+    """A level's prototypes are drawn ones scaled by up to 1.1: at the largest bound seed 8
+    case 232 (2 rows, 3 levels) drew B = 1.43e11 > 2^37 and the loss refused it, a traceback
+    that ended the run. They are now capped at the bound's norm: the case runs, over that
+    seed's first 232 draws B never passes 10^--max-log-bound, and the cap scales only the
+    prototypes past it (the others, and every draw, are bit for bit what they were)."""
+    import official_fuzz
+
+    official_fuzz.main(["--seed", "8", "--levels", "3", "--max-log-bound", "11.13", "--case",
+                        "232", "--engines", "torch"])
+    assert "'case': 232" in capsys.readouterr().out
+    rng = random.Random(8)
+    for k in range(1, 233):
+        z, y, p, kw, _ = official_fuzz._case(rng, [1, 2, 3, 8, 16, 40], 11.13,
+                                             8 * 1_000_003 + k, 3)
+        protos = [q for q in (p if isinstance(p, list) else [p]) if q is not None]
+        assert official_fuzz._logit_bound(z, protos, kw) <= 10 ** 11.13 * (1 + 1e-6), k
+    # _levels itself: 3 levels of 6 labels, prototypes of norms 1-10 (grown by up to 1.1)
+    gen = torch.Generator().manual_seed(0)
+    y = torch.arange(6).repeat(2)
+    p = torch.randn(6, 4, generator=gen)
+    p = p / p.norm(dim=1, keepdim=True) * torch.linspace(1, 10, 6)[:, None]
+
+    def levels(cap):
+        return official_fuzz._levels(random.Random(5), y, p, 3, 11, norm_cap=cap)[1]  # 3 levels
+
+    free, capped = levels(None), levels(8.0)
+    assert len(free) == len(capped) == 3 and free[0] is not None and free[1] is None
+    for a, b in zip(free, capped, strict=True):
+        if a is None:
+            assert b is None
+            continue
+        norms = a.double().norm(dim=1)
+        keep = norms <= 8.0
+        assert torch.equal(a[keep], b[keep])                     # not reached: unchanged
+        assert (~keep).any()                                     # (the case reaches the cap)
+        torch.testing.assert_close(b[~keep].double().norm(dim=1),
+                                   torch.full_like(norms[~keep], 8.0))
+        torch.testing.assert_close(b[~keep] / b[~keep].norm(dim=1, keepdim=True),
+                                   a[~keep] / a[~keep].norm(dim=1, keepdim=True))
+
+
 @pytest.mark.parametrize(("argv", "largest"), [
     ([], "11.13"), (["--variant", "exact"], "11.13"), (["--dtype", "float16"], "9.63"),
     (["--variant", "exact", "--dtype", "bfloat16"], "11.13")])
