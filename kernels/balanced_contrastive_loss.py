@@ -22,7 +22,11 @@ p = e^{(s − r) + (log w − δ)}. The arg-max's own term is then exactly w_a e
 computation that subtracts the max first: the official gradient cancels it against 1, and one
 fp32 lse of |s|'s size left ~|s| 2⁻²⁵ of it standing (28x the tests' rule at 31 rows, B =
 1,024; ``bench/official_small_n.py``). The log-weights are shifted by each level's largest
-(SHIFT) so every term is <= 1. "Exactly" needs s - r formed from the ROUNDED s: this mode (and
+(SHIFT) so every term is <= 1; δ is then formed against the arg-max's own term (exactly
+log w_a where no other key adds to the row's sum; c + log l was ~2 ulp off it, alike for
+every row on one key, which the official gradient sums over a hub's rows), and handed out
+apart from the float64 rowmax + δ (``return_delta``: that sum keeps δ's fp32 bits only
+while |rowmax| <= 2^29). "Exactly" needs s - r formed from the ROUNDED s: this mode (and
 the shared-keys mode below) launches without FMA contraction (``_utils.fp_fusion``; compiled
 with Triton's default, s - r became fma(dot, scale, -r) on an H200, 2026-12-04).
 
@@ -309,6 +313,27 @@ def _balanced_contrastive_loss_fwd_kernel(
         c_all = tl.load(SHIFT + level0 + cols, mask=cols < NUM_LEVELS, other=0.0)
         lse = tl.where(l_run > 0, c_all[None, :] + tl.log(tl.where(l_run > 0, l_run, 1.0)),
                        float("-inf"))
+        if RELATIVE:
+            # δ taken against the arg-max's own term t_a = e^{log w_a - c} (the loop added
+            # exactly that: s_a - r = 0): δ = log w_a + log1p((l - t_a) / t_a), exactly log w_a
+            # where no other key adds to l. c + log l rounds twice off it (~2 ulp), the same
+            # way for every row whose softmax sits on one key, and the official gradient
+            # sums g (p_ia - 1) over the rows sharing an arg-max key (hubs), so that rounding
+            # added up: 1.5x the tests' rule at 150 rows, d = 1 (bench/official_fuzz.py).
+            # Rows whose t_a is not a normal float (log-weights spread past ~87 in a level)
+            # keep c + log l.
+            lvl_rows = (level0 + cols)[None, :] * N + ridx
+            live = m_valid[:, None] & (cols < NUM_LEVELS)[None, :] & (l_run > 0)
+            lw_a = tl.load(LOG_W + lvl_rows, mask=live, other=0.0)
+            t_a = tl.exp(lw_a - c_all[None, :])
+            use_a = live & (t_a >= 1.1754943508222875e-38)
+            t_ok = tl.where(use_a, t_a, 1.0)
+            x = (l_run - t_ok) / t_ok          # >= 0: rounded sums of terms >= 0 never drop
+            u = 1.0 + x
+            # log1p(x) to log's precision (Kahan's form; Triton has no log1p): x where u = 1
+            lp = tl.where(u == 1.0, x, tl.log(tl.where(u > 0, u, 1.0)) * (x / tl.where(
+                u == 1.0, 1.0, u - 1.0)))
+            lse = tl.where(use_a, lw_a + lp, lse)
     elif SPLIT_PAIR:  # this split's (m, log l); the launcher merges the splits' pairs
         lse = tl.where(l_run > 0, tl.log(tl.where(l_run > 0, l_run, 1.0)), float("-inf"))
     else:
