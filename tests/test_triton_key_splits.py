@@ -134,6 +134,23 @@ def test_split_relative_mode_official_cancellation(scale, bound, triton_device):
     assert_rule(folded, ref_dz, low_dz, torch.float32, "folded, 3 splits", slack)
 
 
+def test_split_delta_of_a_row_on_one_key_is_its_log_weight(triton_device):
+    """The hub case of test_balanced_contrastive_loss_triton (every row's softmax on one key of
+    weight 1/15, the level's largest 1), split in 3: each split forms its δ against its own
+    arg-max's term and the float64 merge keeps the one that holds the row, so δ is log w_a
+    exactly, as unsplit."""
+    from tests.test_balanced_contrastive_loss_triton import _hub_case
+
+    k = _kernels()
+    z, y = _hub_case()
+    log_w = -torch.log(torch.bincount(y)[y].float())[None]
+    zd, lwd = z.to(triton_device), log_w.to(triton_device)
+    _, _, argmax, delta = k.lse_forward(zd, lwd, 2.0, True, relative=True, key_splits=3,
+                                        return_delta=True)
+    assert set(argmax.cpu().unique().tolist()) == {0, 1}
+    assert torch.equal(delta.cpu().float(), log_w.gather(1, argmax.cpu()))
+
+
 @pytest.mark.parametrize("n_common", [290, 100, 20, 300])
 def test_split_shared_keys_mode(n_common, triton_device):
     """The shared-keys mode split: each split takes its share of the common tiles (one exp per
