@@ -997,6 +997,30 @@ def test_relative_mode_delta_of_a_row_on_one_key_is_its_log_weight(triton_device
     assert_rule(folded, ref_dz, low_dz, torch.float32, "d/dz (lse - rowmax), hubs", slack)
 
 
+def test_relative_mode_argmax_on_a_key_of_tiny_weight(triton_device):
+    """Rows whose arg-max key weighs e^-100 of the level's largest: its own term t_a is not a
+    normal fp32 number, so δ cannot be formed against it (dividing by it gave ±inf δ) and the
+    kernel keeps c + log l there; δ and the official-like gradient within the rule."""
+    k = _kernels()
+    n, d, scale = 40, 4, 1.0
+    gen = torch.Generator().manual_seed(3)
+    z = torch.randn(n, d, generator=gen) * 3
+    log_w = torch.zeros(1, n)
+    log_w[0, ::2] = -100.0
+    grad = torch.rand(1, n, generator=gen) / n
+    ref_delta, ref_dz = _official_like(z, log_w, scale, grad, torch.float64)
+    low_delta, low_dz = _official_like(z, log_w, scale, grad, torch.float32)
+    zd, lwd, gd = (t.to(triton_device) for t in (z, log_w, grad))
+    lse, rowmax, argmax, delta = k.lse_forward(zd, lwd, scale, True, relative=True,
+                                               return_delta=True)
+    assert (log_w.gather(1, argmax.cpu()) < -50).sum() >= 5      # (rows on a light key)
+    assert_rule(delta, ref_delta, low_delta, torch.float32, "delta")
+    dz = k.lse_backward(zd, lwd, lse, gd, scale, rowmax=rowmax, argmax=argmax, delta=delta)
+    dz = dz.cpu().double() - _argmax_grad(z.double(), argmax.cpu(), grad.double(), scale,
+                                          key_side=False)
+    assert_rule(dz, ref_dz, low_dz, torch.float32, "d/dz (lse - rowmax)")
+
+
 def test_relative_mode_bad_combinations(triton_device):
     k = _kernels()
     z = torch.randn(20, 4).to(triton_device)
