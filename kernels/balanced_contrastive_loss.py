@@ -653,13 +653,6 @@ def _relative_pair(lse: torch.Tensor, rowmax: torch.Tensor, delta: torch.Tensor 
     return rel.float().contiguous(), ref.float().contiguous()
 
 
-def _live_delta(delta: torch.Tensor, rowmax: torch.Tensor) -> torch.Tensor:
-    """The relative mode's δ [L, N] as ``return_delta`` gives it: float64, −inf on dead rows
-    (rowmax −inf)."""
-    d64 = delta.double()
-    return torch.where(finite(d64) & finite(rowmax), d64, torch.full_like(d64, -math.inf))
-
-
 def _shared_coefficients(lse: torch.Tensor, grad_lse: torch.Tensor, shift: torch.Tensor):
     """(R [N] fp32, a [L, N] fp32, r [L, N] fp32) of the backward's shared-keys mode, computed
     in float64 from the forward's float64 lse. Its common tiles: R_r = min over the row's live
@@ -710,7 +703,7 @@ def _split_forward(z, log_w, scale, need_max, relative, splits, tiles, tune, met
         return out
     # each split's r_s - rmax is exact in float64 where its term can matter (both fp32 scores)
     rel_ref = ref.double() - torch.where(finite(rmax), rmax, torch.zeros_like(rmax)).double()
-    return (*out, _live_delta(_merge_splits(delta, rel_ref), rmax))
+    return (*out, _merge_splits(delta, rel_ref))       # (−inf where no split saw a key)
 
 
 def _merge_splits(delta: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
@@ -811,8 +804,8 @@ def lse_forward(
         lse = ref.double() + lse.double()
     elif relative:                  # the kernel wrote δ = lse - rowmax
         delta, lse = lse, rowmax.double() + lse.double()
-        if return_delta:
-            return lse, rowmax, argmax, _live_delta(delta, rowmax)
+        if return_delta:            # (the kernel leaves −inf on rows with no visible key)
+            return lse, rowmax, argmax, delta.double()
     return lse, rowmax, argmax
 
 
