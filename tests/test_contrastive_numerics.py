@@ -321,6 +321,23 @@ def test_official_small_problem_on_the_fp32_lse_engines(backend, bound, seed, di
     assert_within_reference_error(run(z, backend, backend_device(backend)), exp, low, 0.0)
 
 
+def _official_triton_check(z, ys, tau, include_self, terms):
+    """The official loss on the Triton engine (one level: ys of one label tensor; several:
+    the hierarchical loss without prototypes), value and gradient, against the float64
+    reference under ``assert_within_reference_error`` with `terms`."""
+    def run(zz, b, device="cpu"):
+        zz = zz.to(device).clone().requires_grad_()
+        kw = dict(temperature=tau, include_self=include_self, variant="official", backend=b)
+        yy = [t.to(device) for t in ys]
+        loss = (balanced_contrastive_loss(zz, yy[0], **kw) if len(yy) == 1 else
+                hierarchical_contrastive_loss(zz, yy, [None] * len(yy), **kw))
+        loss.backward()
+        return [loss.detach().double().cpu(), zz.grad.double().cpu()]
+
+    exp, low = run(z.double(), "reference"), run(z, "reference")
+    assert_within_reference_error(run(z, "triton", backend_device("triton")), exp, low, terms)
+
+
 @_TRITON
 @pytest.mark.parametrize("levels", [1, 3])
 def test_official_triton_logits_past_two_to_the_29(levels):
@@ -338,19 +355,8 @@ def test_official_triton_logits_past_two_to_the_29(levels):
     frac = 0.3 + 0.7 * torch.rand(n, 1, generator=g, dtype=torch.float64)
     z = (z / z.norm(dim=1, keepdim=True) * (bound * tau) ** 0.5 * frac).float()
     y = torch.zeros(n, dtype=torch.long)
-
-    def run(zz, b, device="cpu"):
-        zz = zz.to(device).clone().requires_grad_()
-        kw = dict(temperature=tau, include_self=True, variant="official", backend=b)
-        yy = y.to(device)
-        loss = (balanced_contrastive_loss(zz, yy, **kw) if levels == 1 else
-                hierarchical_contrastive_loss(zz, [yy] * levels, [None] * levels, **kw))
-        loss.backward()
-        return [loss.detach().double().cpu(), zz.grad.double().cpu()]
-
-    exp, low = run(z.double(), "reference"), run(z, "reference")
     terms = levels / n * z.abs().max().item() * d ** 0.5 / tau
-    assert_within_reference_error(run(z, "triton", backend_device("triton")), exp, low, terms)
+    _official_triton_check(z, [y] * levels, tau, True, terms)
 
 
 @_TRITON
@@ -366,19 +372,8 @@ def test_official_triton_hub_keys_whose_weight_is_not_the_largest(levels):
 
     z, y = _hub_case()
     n, tau = z.shape[0], 0.5
-
-    def run(zz, b, device="cpu"):
-        zz = zz.to(device).clone().requires_grad_()
-        kw = dict(temperature=tau, include_self=False, variant="official", backend=b)
-        yy = y.to(device)
-        loss = (balanced_contrastive_loss(zz, yy, **kw) if levels == 1 else
-                hierarchical_contrastive_loss(zz, [yy, yy // 4], [None, None], **kw))
-        loss.backward()
-        return [loss.detach().double().cpu(), zz.grad.double().cpu()]
-
-    exp, low = run(z.double(), "reference"), run(z, "reference")
     terms = levels / n * z.abs().max().item() / tau
-    assert_within_reference_error(run(z, "triton", backend_device("triton")), exp, low, terms)
+    _official_triton_check(z, [y, y // 4][:levels], tau, False, terms)
 
 
 # bench/official_fuzz.py's cases where the attention kernels missed the rule before the
