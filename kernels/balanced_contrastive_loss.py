@@ -677,8 +677,9 @@ def _split_forward(z, log_w, scale, need_max, relative, splits, tiles, tune, met
     per level the larger of its common keys' max and its other keys' unweighted max; plain:
     log l_s and m_s, its running max), merged
     by `_merge_splits`. `shift`: the mode's log-weight shift (relative, shared keys) or None.
-    Returns what `lse_forward` returns (with `return_delta`, δ merged against the whole
-    rowmax: exact in float64, where rowmax + δ would round δ to |rowmax| 2^-53)."""
+    Returns what `lse_forward` returns. Relative: δ merged once, against the whole rowmax
+    (exact in float64, where a merged lse would round δ to |rowmax| 2^-53), and lse = rowmax
+    + δ as unsplit."""
     num_levels, n = log_w.shape
     part = lambda dtype=torch.float32: torch.empty(splits, num_levels, n, dtype=dtype,  # noqa: E731
                                                    device=z.device)
@@ -690,20 +691,22 @@ def _split_forward(z, log_w, scale, need_max, relative, splits, tiles, tune, met
             rowmax if need_max else delta, argmax if need_max else delta, mrun, n, n_common,
             z.shape[1], z.stride(0), float(scale), splits)
     _launch("fwd", n, axis1, tiles, tune, args, meta, axis2=splits)
-    ref = rowmax if relative else mrun
-    lse = _merge_splits(delta, ref)
-    if not (relative or n_common):      # (those modes return lse in float64, as unsplit)
-        lse = lse.float()
+    rmax = rowmax.amax(0) if need_max else None
+    if relative:
+        # each split's r_s - rmax is exact in float64 where its term can matter (both fp32
+        # scores); −inf where no split saw a key
+        rel = _merge_splits(delta, rowmax.double() - torch.where(
+            finite(rmax), rmax, torch.zeros_like(rmax)).double())
+        lse = rmax.double() + rel
+    else:
+        lse = _merge_splits(delta, mrun)
+        if not n_common:                # (the shared-keys mode returns lse in float64)
+            lse = lse.float()
     if not need_max:
         return lse, None, None
-    rmax = rowmax.amax(0)
     first = (rowmax == rmax).to(torch.int32).argmax(0, keepdim=True)    # first split at the max
     out = lse, rmax, argmax.gather(0, first).squeeze(0)
-    if not return_delta:
-        return out
-    # each split's r_s - rmax is exact in float64 where its term can matter (both fp32 scores)
-    rel_ref = ref.double() - torch.where(finite(rmax), rmax, torch.zeros_like(rmax)).double()
-    return (*out, _merge_splits(delta, rel_ref))       # (−inf where no split saw a key)
+    return (*out, rel) if return_delta else out
 
 
 def _merge_splits(delta: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
