@@ -3,11 +3,11 @@ work (a docs / bench audit found each of these a traceback, exit 1, or — kerne
 compile_time — a run that exited 0 with rows of errors or a mislabelled mode)."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests._preloaded_cli import run_script
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
@@ -67,15 +67,13 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
                      "--avg-degree", "500"], "got 500 for 300 nodes"),
 ])
 def test_bad_values_are_one_line_and_exit_2(script, args, message, tmp_path):
-    res = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True,
-                         text=True, timeout=120, cwd=tmp_path)
+    res = run_script(BENCH / script, args, cwd=tmp_path)
     assert res.returncode == 2, res.stderr
     assert message in res.stderr and "Traceback" not in res.stderr
 
 
 def test_compile_time_checks_its_json_before_the_runs(tmp_path):
-    res = subprocess.run([sys.executable, str(BENCH / "compile_time.py"), "--modes", "eager:-",
-                          "--json", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    res = run_script(BENCH / "compile_time.py", ["--modes", "eager:-", "--json", tmp_path])
     assert res.returncode == 2 and f"--json {tmp_path} cannot be written" in res.stderr
     assert "repeat 1/" not in res.stderr                       # no fresh process was started
 
@@ -90,9 +88,7 @@ def test_a_temperature_the_loss_refuses_is_refused_by_the_tool(script, option, v
     """The tools checked tau > 0 (or only positive and finite): 1e-7 passed, and the loss
     raised its ValueError from inside the run, a traceback (an audit of the tools). They take
     the loss's own bound now (temperature_arg, MIN_TEMPERATURE = 1e-6)."""
-    res = subprocess.run([sys.executable, str(BENCH / script), option, value, "--rev", "HEAD"]
-                         if script == "version_ab.py" else
-                         [sys.executable, str(BENCH / script), option, value],
-                         capture_output=True, text=True, timeout=120)
+    res = run_script(BENCH / script, [option, value, "--rev", "HEAD"]
+                     if script == "version_ab.py" else [option, value])
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert f"argument {option}: must be a finite number >= 1e-06, got {value}" in res.stderr

@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests._preloaded_cli import run_script
 from tests.conftest import FakeClock, load_bench
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "block_costs.py"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          timeout=300)
+    return run_script(SCRIPT, args, timeout=300)
 
 
 def test_every_piece_is_timed(tmp_path):

@@ -5,17 +5,17 @@ from __future__ import annotations
 import importlib.util
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests._preloaded_cli import run_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "interleaved.py"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          timeout=300)
+    return run_script(SCRIPT, args, timeout=300)
 
 
 @pytest.mark.parametrize("op,modes", [("propagation", {"fwd", "fwd+bwd"}),

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+
+from tests._preloaded_cli import run_script
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 SCRIPT = BENCH / "loss_grid.py"
@@ -19,11 +20,10 @@ SCRIPT = BENCH / "loss_grid.py"
 @pytest.mark.parametrize("order", ["interleaved", "cells"])
 def test_grid_records_every_cell_and_provider(tmp_path, order):
     out = tmp_path / "grid.json"
-    res = subprocess.run(
-        [sys.executable, str(SCRIPT), "--sizes", "120", "--dims", "8", "--taus", "0.1", "10",
-         "--regimes", "relu", "randn30", "--levels", "1", "3", "--variants", "exact",
-         "--rounds", "2", "--threads", "1", "--order", order, "--out", str(out)],
-        capture_output=True, text=True, timeout=300)
+    res = run_script(SCRIPT, [
+        "--sizes", "120", "--dims", "8", "--taus", "0.1", "10", "--regimes", "relu", "randn30",
+        "--levels", "1", "3", "--variants", "exact", "--rounds", "2", "--threads", "1",
+        "--order", order, "--out", out], timeout=300)
     assert res.returncode == 0, res.stderr
     data = json.loads(out.read_text())
     assert len(data["records"]) == 2 * 2 * 2
@@ -59,11 +59,10 @@ def test_grid_takes_16_bit_inputs_and_the_automatic_choice(tmp_path):
     """--dtype feeds the loss bf16 rows (anchors in float32); "auto" times the library's own
     choice (no backend=); both recorded."""
     out = tmp_path / "grid.json"
-    res = subprocess.run(
-        [sys.executable, str(SCRIPT), "--sizes", "90", "--dims", "8", "--taus", "0.5",
-         "--regimes", "relu", "--levels", "1", "--variants", "exact", "--dtype", "bfloat16",
-         "--backends", "auto", "torch", "--rounds", "1", "--threads", "1", "--out", str(out)],
-        capture_output=True, text=True, timeout=300)
+    res = run_script(SCRIPT, [
+        "--sizes", "90", "--dims", "8", "--taus", "0.5", "--regimes", "relu", "--levels", "1",
+        "--variants", "exact", "--dtype", "bfloat16", "--backends", "auto", "torch",
+        "--rounds", "1", "--threads", "1", "--out", out], timeout=300)
     assert res.returncode == 0, res.stderr
     data = json.loads(out.read_text())
     assert data["dtype"] == "bfloat16" and len(data["records"]) == 1
@@ -182,10 +181,9 @@ def test_anchor_and_cases_compute_what_they_claim():
 
 def test_accuracy_report_runs_and_names_the_engine(tmp_path):
     out = tmp_path / "acc.json"
-    res = subprocess.run(
-        [sys.executable, str(BENCH / "loss_accuracy.py"), "--n", "80", "--d", "8", "--taus",
-         "1", "--regimes", "relu", "randn30", "--out", str(out)],
-        capture_output=True, text=True, timeout=300)
+    res = run_script(BENCH / "loss_accuracy.py", [
+        "--n", "80", "--d", "8", "--taus", "1", "--regimes", "relu", "randn30", "--out", out],
+        timeout=300)
     assert res.returncode == 0, res.stderr
     rows = json.loads(out.read_text())["rows"]
     n_backends = 3 if torch.cuda.is_available() else 2      # torch, attention (+ triton)
@@ -208,9 +206,9 @@ def test_accuracy_report_runs_and_names_the_engine(tmp_path):
 
 
 def test_busy_machine_script_runs_on_an_idle_machine(data_dir):
-    res = subprocess.run(
-        [sys.executable, str(BENCH / "busy_machine.py"), "--data", str(data_dir / "email.npz"),
-         "--epochs", "2", "--busy", "0"], capture_output=True, text=True, timeout=600)
+    res = run_script(BENCH / "busy_machine.py",
+                     ["--data", data_dir / "email.npz", "--epochs", "2", "--busy", "0"],
+                     timeout=600)
     assert res.returncode == 0, res.stderr
     times = [line.split()[1] for line in res.stdout.splitlines()[1:]]
     assert len(times) == 3 and all(float(t) > 0 for t in times)
@@ -442,10 +440,9 @@ def test_dispatch_count_counts_every_call_after_a_warm_up():
 
 def test_vm_noise_samples_every_provider(tmp_path):
     out = tmp_path / "noise.json"
-    res = subprocess.run(
-        [sys.executable, str(BENCH / "vm_noise.py"), "--n", "90", "--d", "8", "--samples", "3",
-         "--pause", "0", "--copy-mb", "1", "--threads", "1", "--out", str(out)],
-        capture_output=True, text=True, timeout=300)
+    res = run_script(BENCH / "vm_noise.py", [
+        "--n", "90", "--d", "8", "--samples", "3", "--pause", "0", "--copy-mb", "1",
+        "--threads", "1", "--out", out], timeout=300)
     assert res.returncode == 0, res.stderr
     rep = json.loads(out.read_text())
     assert len(rep["samples"]) == 3 and rep["threads"] == 1
@@ -455,8 +452,7 @@ def test_vm_noise_samples_every_provider(tmp_path):
     for key, s in rep["spread"].items():
         vals = [row[key] for row in rep["samples"]]
         assert s["min"] == min(vals) and s["max"] == max(vals) and s["min"] <= s["median"]
-    bad = subprocess.run([sys.executable, str(BENCH / "vm_noise.py"), "--samples", "0"],
-                         capture_output=True, text=True, timeout=120)
+    bad = run_script(BENCH / "vm_noise.py", ["--samples", "0"], timeout=120)
     assert bad.returncode == 2 and "--samples" in bad.stderr
 
 
@@ -525,8 +521,7 @@ def test_report_rewrites_an_earlier_json_with_official_over_exact(tmp_path):
                records=[rec("exact", 1.0, 2.0, 1.0), rec("official", 1.5, 1.4, 1.0)])
     path = tmp_path / "old.json"
     path.write_text(json.dumps(old))
-    res = subprocess.run([sys.executable, str(SCRIPT), "--report", str(path)],
-                         capture_output=True, text=True, timeout=120)
+    res = run_script(SCRIPT, ["--report", str(path)], timeout=120)
     assert res.returncode == 0, res.stderr
     md = path.with_suffix(".md").read_text()
     assert "(cells order;" in md and "C kernels" not in md        # not recorded then
@@ -536,8 +531,7 @@ def test_report_rewrites_an_earlier_json_with_official_over_exact(tmp_path):
     assert data["records"][1]["min_ratio_to_floor_exp"]["torch"] == 0.75 / 0.5
     bad = tmp_path / "bad.json"
     bad.write_text('{"records": [{"n": 1}]}')
-    res = subprocess.run([sys.executable, str(SCRIPT), "--report", str(bad)],
-                         capture_output=True, text=True, timeout=120)
+    res = run_script(SCRIPT, ["--report", str(bad)], timeout=120)
     assert res.returncode == 2 and "not a loss_grid JSON" in res.stderr
     assert bad.read_text() == '{"records": [{"n": 1}]}'            # left as it was
 
@@ -574,10 +568,9 @@ def test_dispatch_count_as_cuda_counts_the_band_and_the_slices():
     official positives' band path makes fewer calls than the per-group slice plan, through
     _band and not _slice, and the exact variant's count does not depend on the path."""
     def run(*extra):
-        res = subprocess.run(
-            [sys.executable, str(BENCH / "dispatch_count.py"), "--n", "900", "--d", "8",
-             "--levels", "1", "--as-cuda", "--top", "400", *extra],
-            capture_output=True, text=True, timeout=300)
+        res = run_script(BENCH / "dispatch_count.py", [
+            "--n", "900", "--d", "8", "--levels", "1", "--as-cuda", "--top", "400", *extra],
+            timeout=300)
         assert res.returncode == 0, res.stderr
         totals = [int(line.split(": ")[1].split()[0]) for line in res.stdout.splitlines()
                   if "operator calls per loss" in line]
@@ -609,10 +602,9 @@ def test_attention_guard_sweep_runs_with_the_guard_off(tmp_path):
     kernels really used above the library's limit (the guard off), errors small at a small
     bound, and the library's limits recorded."""
     out = tmp_path / "guard.json"
-    res = subprocess.run(
-        [sys.executable, str(BENCH / "attention_guard.py"), "--n", "200", "--d", "8",
-         "--bounds", "64", "4096", "--out", str(out)],
-        capture_output=True, text=True, timeout=300)
+    res = run_script(BENCH / "attention_guard.py",
+                     ["--n", "200", "--d", "8", "--bounds", "64", "4096", "--out", out],
+                     timeout=300)
     assert res.returncode == 0, res.stderr
     data = json.loads(out.read_text())
     rows = data["rows"]
@@ -635,10 +627,10 @@ def test_attention_guard_sweep_in_bf16_and_its_engine_choices(tmp_path):
     variant); triton[tf32x3] is refused without CUDA (the interpreter's dots are not the
     GPU's)."""
     out = tmp_path / "guard.json"
-    cmd = [sys.executable, str(BENCH / "attention_guard.py"), "--n", "150", "--d", "8",
-           "--bounds", "4096", "--dtype", "bfloat16", "--engines", "attention", "torch",
-           "--out", str(out)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    guard = BENCH / "attention_guard.py"
+    cmd = ["--n", "150", "--d", "8", "--bounds", "4096", "--dtype", "bfloat16", "--engines",
+           "attention", "torch", "--out", out]
+    res = run_script(guard, cmd, timeout=300)
     assert res.returncode == 0, res.stderr
     data = json.loads(out.read_text())
     assert data["meta"]["dtype"] == "bfloat16" and data["meta"]["guard_bf16"]["exact"] > 1024
@@ -652,8 +644,8 @@ def test_attention_guard_sweep_in_bf16_and_its_engine_choices(tmp_path):
             assert r["grad_rel_err"] < 1e-2, r
     assert data["meta"]["guard_bf16"]["official"] == 0.0
     if not torch.cuda.is_available():
-        res = subprocess.run(cmd[:-5] + ["--engines", "triton[tf32x3]", "--out", str(out)],
-                             capture_output=True, text=True, timeout=300)
+        res = run_script(guard, cmd[:-5] + ["--engines", "triton[tf32x3]", "--out", out],
+                         timeout=300)
         assert res.returncode == 2 and "needs CUDA" in res.stderr
 
 
@@ -662,21 +654,17 @@ def test_bench_results_are_checked_first_and_the_previous_is_kept(tmp_path):
     interleaved): an unwritable --out was found after the whole run (a traceback, the results
     lost) and a second run replaced the first silently (a docs audit). Now: exit 2 and one
     line before any timing; the earlier result kept as NAME.prev.EXT."""
-    grid = [sys.executable, str(SCRIPT), "--sizes", "60", "--dims", "4", "--taus", "1",
-            "--regimes", "relu", "--levels", "1", "--variants", "exact", "--rounds", "1",
-            "--threads", "1"]
+    grid = ["--sizes", "60", "--dims", "4", "--taus", "1", "--regimes", "relu", "--levels", "1",
+            "--variants", "exact", "--rounds", "1", "--threads", "1"]
     (tmp_path / "dir.json").mkdir()
-    res = subprocess.run(grid + ["--out", str(tmp_path / "dir.json")], capture_output=True,
-                         text=True, timeout=120)
+    res = run_script(SCRIPT, grid + ["--out", tmp_path / "dir.json"], timeout=120)
     assert res.returncode == 2 and "loss grid on" not in res.stdout          # nothing timed
     assert f"--out {tmp_path / 'dir.json'} cannot be written: " in res.stderr
-    res = subprocess.run(grid + ["--taus", "-1", "--out", str(tmp_path / "g.json")],
-                         capture_output=True, text=True, timeout=120)
+    res = run_script(SCRIPT, grid + ["--taus", "-1", "--out", tmp_path / "g.json"], timeout=120)
     assert res.returncode == 2 and "--taus: must be a finite number >= 1e-06, got -1" in res.stderr
     out = tmp_path / "g.json"
     for _ in range(2):
-        res = subprocess.run(grid + ["--out", str(out)], capture_output=True, text=True,
-                             timeout=300)
+        res = run_script(SCRIPT, grid + ["--out", out], timeout=300)
         assert res.returncode == 0, res.stderr
     assert "the previous g.json is kept as" in res.stdout
     assert json.loads((tmp_path / "g.prev.json").read_text())["records"]

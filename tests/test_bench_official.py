@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 import random
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests._preloaded_cli import run_script
 from tests.conftest import load_bench, recorded_first_arg_shapes
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
@@ -21,10 +21,11 @@ sys.path.insert(0, str(BENCH))
 
 def test_official_small_n_reports_the_engine_itself():
     def worst(engine):
-        out = subprocess.run(
-            [sys.executable, str(BENCH / "official_small_n.py"), "--engine", engine, "--n",
-             "8", "--dims", "1", "3", "--seeds", "2", "--bounds", "64"],
-            capture_output=True, text=True, timeout=300, check=True).stdout
+        res = run_script(BENCH / "official_small_n.py", [
+            "--engine", engine, "--n", "8", "--dims", "1", "3", "--seeds", "2", "--bounds", "64"],
+            timeout=300)
+        assert res.returncode == 0, res.stderr
+        out = res.stdout
         match = re.search(rf"{engine} n=8 tau=0.1 B<=64: worst error / rule ([0-9.]+)", out)
         assert match, out
         return float(match.group(1))

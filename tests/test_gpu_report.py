@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import hiertail_fast.ops._dispatch as dispatch
+from tests._preloaded_cli import run_script
 from tests.conftest import BENCH, load_bench
 
 SCRIPT = BENCH / "gpu_report.py"
@@ -24,8 +25,7 @@ def gc():
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          timeout=600)
+    return run_script(SCRIPT, args, timeout=600)
 
 
 @no_cuda_only

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests._preloaded_cli import run_script
 from tests.conftest import ctrl_c_line
 
 SCALE_PY = Path(__file__).resolve().parents[1] / "bench" / "scale.py"
@@ -90,8 +91,7 @@ def test_cuda_without_device_is_an_error(capsys):
 
 
 def test_cli_bad_method_exit_code():
-    proc = subprocess.run([sys.executable, str(SCALE_PY), "--methods", "hiertail", "gat"],
-                          capture_output=True, text=True, timeout=120)
+    proc = run_script(SCALE_PY, ["--methods", "hiertail", "gat"], timeout=120)
     assert proc.returncode == 2
     assert "invalid choice: 'gat'" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -370,9 +370,8 @@ def test_unwritable_out_directory(tmp_path, monkeypatch, capsys):
 
 def test_cli_unwritable_out_exit_2_without_traceback(tmp_path):
     (tmp_path / "file").write_text("x")
-    proc = subprocess.run([sys.executable, str(SCALE_PY), "--sizes", "100", "--device", "cpu",
-                           "--out", str(tmp_path / "file")], capture_output=True, text=True,
-                          timeout=120)
+    proc = run_script(SCALE_PY, ["--sizes", "100", "--device", "cpu", "--out", tmp_path / "file"],
+                      timeout=120)
     assert proc.returncode == 2 and "is not a directory" in proc.stderr
     assert "Traceback" not in proc.stderr
 

@@ -1,0 +1,152 @@
+"""Run a command-line script as ``python SCRIPT ARGS`` would, without paying torch's import
+each time: for tests that run many short command lines (a bad option refused with exit 2).
+
+A fresh ``python`` spends ~2.5 s of this suite's 2-core CI machine importing torch before a
+script can even parse its arguments; 69 such runs cost test_bench_arguments.py ~165 s. Here one
+server process (this file run as a script) imports torch once, and forks a child per run: the
+child takes the run's working directory, argv and sys.path[0] (the script's folder, as
+``python SCRIPT`` sets it), runs the script as ``__main__`` (runpy) with stdin from /dev/null
+and stdout / stderr into files, and exits with the script's exit status (SystemExit's code, 1
+and a traceback on an uncaught exception), running its atexit handlers first. Nothing a run
+does outlives its child, so runs cannot leak into each other or into pytest.
+
+What it cannot give: environment variables read when torch loads (OpenMP / MKL thread counts,
+CUDA device selection, ...) are fixed at the server's start, so `run_script` takes no
+environment; tests that need one run ``subprocess`` themselves. Triton and this package are
+NOT preloaded: a script that sets TRITON_INTERPRET before importing triton still does so in
+time (the server inherits pytest's environment, conftest's TRITON_INTERPRET included).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+_server = None
+_lock = threading.Lock()
+
+
+def _start_server() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, bufsize=1)
+
+
+def _stop_server() -> None:
+    if _server is not None and _server.poll() is None:
+        _server.stdin.close()
+        try:
+            _server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            _server.kill()
+
+
+def run_script(script, args=(), cwd=None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``subprocess.run([sys.executable, script, *args], cwd=cwd, capture_output=True,
+    text=True)``, run by the preloaded server. ``returncode`` is -9 if the run took longer than
+    `timeout` seconds (its child is killed)."""
+    global _server
+    request = {"script": str(Path(script).resolve()), "args": [str(a) for a in args],
+               "cwd": str(cwd) if cwd is not None else os.getcwd(), "timeout": timeout}
+    with _lock:
+        if _server is None or _server.poll() is not None:
+            _server = _start_server()
+            atexit.register(_stop_server)
+        _server.stdin.write(json.dumps(request) + "\n")
+        line = _server.stdout.readline()
+    if not line:
+        raise RuntimeError(f"the preloaded CLI server exited (status {_server.poll()})")
+    reply = json.loads(line)
+    return subprocess.CompletedProcess([sys.executable, request["script"], *request["args"]],
+                                       reply["returncode"], reply["stdout"], reply["stderr"])
+
+
+# ---- the server (this file run as a script) ----
+
+def _child(request: dict, out_path: str, err_path: str) -> None:
+    """In the forked child: become ``python SCRIPT ARGS`` and never return."""
+    code = 1
+    try:
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        for fd, path in ((1, out_path), (2, err_path)):
+            f = os.open(path, os.O_WRONLY | os.O_TRUNC)
+            os.dup2(f, fd)
+            os.close(f)
+        sys.stdin = open(0, closefd=False)
+        sys.stdout = open(1, "w", closefd=False)
+        sys.stderr = open(2, "w", closefd=False)
+        os.chdir(request["cwd"])
+        script = request["script"]
+        sys.argv = [script, *request["args"]]
+        sys.path[0] = os.path.dirname(script)
+        import runpy
+        import traceback
+        try:
+            runpy.run_path(script, run_name="__main__")
+            code = 0
+        except SystemExit as exc:      # as the interpreter maps it
+            if exc.code is None:
+                code = 0
+            elif isinstance(exc.code, int):
+                code = exc.code
+            else:
+                print(exc.code, file=sys.stderr)
+                code = 1
+        except BaseException:          # noqa: BLE001  (an uncaught exception: traceback, 1)
+            traceback.print_exc()
+            code = 1
+        atexit._run_exitfuncs()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code & 0xFF)
+
+
+def _serve() -> None:
+    import torch  # noqa: F401  (the point of this server: imported once, shared by every fork)
+
+    # (mkdtemp, not TemporaryDirectory: a child runs the atexit handlers it inherits, as a
+    # fresh python that imported torch would, and a TemporaryDirectory's finalizer is one)
+    tmp = tempfile.mkdtemp(prefix="preloaded-cli-")
+    out_path, err_path = os.path.join(tmp, "out"), os.path.join(tmp, "err")
+    try:
+        for line in sys.stdin:
+            request = json.loads(line)
+            for path in (out_path, err_path):
+                open(path, "w").close()
+            sys.stdout.flush()
+            pid = os.fork()
+            if pid == 0:
+                _child(request, out_path, err_path)
+            deadline = time.monotonic() + request["timeout"]
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    returncode = os.waitstatus_to_exitcode(status)
+                    break
+                if time.monotonic() > deadline:
+                    os.kill(pid, 9)
+                    os.waitpid(pid, 0)
+                    returncode = -9
+                    break
+                time.sleep(0.005)
+            with open(out_path, errors="replace") as f_out, \
+                    open(err_path, errors="replace") as f_err:
+                reply = {"returncode": returncode, "stdout": f_out.read(), "stderr": f_err.read()}
+            sys.stdout.write(json.dumps(reply) + "\n")
+            sys.stdout.flush()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    _serve()

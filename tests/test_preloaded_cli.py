@@ -1,0 +1,88 @@
+"""tests/_preloaded_cli.run_script runs a script as ``python SCRIPT ARGS`` does: the same exit
+status, stdout and stderr as a real subprocess for each way a script can end, and nothing a run
+changes reaches the next one."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests._preloaded_cli import run_script
+
+SCRIPTS = {
+    "exit 0, argv, cwd, sys.path[0]": """
+        import os, sys
+        print("argv", sys.argv[1:], os.path.basename(sys.argv[0]))
+        print("cwd", os.getcwd())
+        print("path0", sys.path[0])
+        print("to stderr", file=sys.stderr)
+        """,
+    "argparse error": """
+        import argparse
+        p = argparse.ArgumentParser()
+        p.add_argument("--n", type=int, required=True)
+        p.parse_args()
+        """,
+    "sys.exit(3)": "import sys; print('before'); sys.exit(3)",
+    "sys.exit(message)": "import sys; sys.exit('a message to stderr')",
+    "uncaught exception": "print('partial'); raise ValueError('bad value')",
+    "atexit handler": """
+        import atexit, sys
+        atexit.register(lambda: print("at exit", file=sys.stderr))
+        print("body")
+        """,
+    "imports a module beside it": "import helper_beside; print(helper_beside.VALUE)",
+    "unflushed output before os-level exit": "import sys; sys.stdout.write('no newline')",
+}
+
+
+def _real(path, args, cwd):
+    return subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True,
+                          timeout=120, cwd=cwd)
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_same_status_and_output_as_a_real_python(name, tmp_path):
+    (tmp_path / "helper_beside.py").write_text("VALUE = 'found beside the script'\n")
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(SCRIPTS[name]))
+    work = tmp_path / "work"
+    work.mkdir()
+    args = ["--flag", "value with spaces"]
+    real, ours = _real(script, args, work), run_script(script, args, cwd=work)
+    assert ours.returncode == real.returncode, (name, ours.stderr)
+    assert ours.stdout == real.stdout
+    if name == "uncaught exception":   # the traceback's frames differ (runpy's are in it)
+        assert ours.stderr.startswith("Traceback") and real.stderr.startswith("Traceback")
+        assert ours.stderr.splitlines()[-1] == real.stderr.splitlines()[-1]
+    else:
+        assert ours.stderr == real.stderr
+
+
+def test_a_run_changes_nothing_the_next_run_sees(tmp_path):
+    first = tmp_path / "first.py"
+    first.write_text(textwrap.dedent("""
+        import os, sys, torch
+        os.environ["PRELOADED_CLI_PROBE"] = "set"
+        torch.PRELOADED_CLI_PROBE = "set"
+        sys.modules["preloaded_cli_probe"] = object()
+        os.chdir("/")
+        """))
+    second = tmp_path / "second.py"
+    second.write_text(textwrap.dedent("""
+        import os, sys, torch
+        print(os.environ.get("PRELOADED_CLI_PROBE"), hasattr(torch, "PRELOADED_CLI_PROBE"),
+              "preloaded_cli_probe" in sys.modules, os.getcwd())
+        """))
+    assert run_script(first, cwd=tmp_path).returncode == 0
+    assert run_script(second, cwd=tmp_path).stdout == f"None False False {tmp_path}\n"
+
+
+def test_a_run_past_its_timeout_is_killed(tmp_path):
+    script = tmp_path / "sleeps.py"
+    script.write_text("import time; print('started', flush=True); time.sleep(60)\n")
+    res = run_script(script, timeout=1)
+    assert res.returncode == -9 and res.stdout == "started\n"
+    assert run_script(tmp_path / "sleeps.py", timeout=1).returncode == -9  # the server goes on
