@@ -258,18 +258,19 @@ def test_hub_rows_times_the_propagation_against_another_revision(capsys):
 
 @pytest.mark.parametrize("tool", ["hub_rows", "engine_ab", "version_ab", "epoch_ab", "loss_grid",
                                   "attention_guard", "loss_accuracy", "interleaved"])
-def test_bench_tools_run_without_pytest(tool):
+def test_bench_tools_run_without_pytest(tool, tmp_path):
     """After the main job's plain `pip install -e .` (no pytest): the command-line tools start
     (they took DEVICE from bench/conftest.py, which imports pytest: ModuleNotFoundError);
     interleaved.py, which times the pytest-benchmark suites' own steps, says it needs the
     test extra."""
-    import subprocess
+    from tests._preloaded_cli import run_script
 
     bench = Path(__file__).resolve().parents[1] / "bench"
-    code = ("import runpy, sys; sys.modules['pytest'] = None; sys.argv = ['x', '--help']; "
-            f"runpy.run_path({str(bench / (tool + '.py'))!r}, run_name='__main__')")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300)
+    wrapper = tmp_path / "without_pytest.py"   # (the preloaded server imports no pytest)
+    wrapper.write_text("import runpy, sys; sys.modules['pytest'] = None; sys.argv = ['x', "
+                       f"'--help']; runpy.run_path({str(bench / (tool + '.py'))!r}, "
+                       "run_name='__main__')\n")
+    proc = run_script(wrapper, timeout=300)
     if tool == "interleaved":
         assert proc.returncode == 1 and "needs the test extra" in proc.stderr
     else:
