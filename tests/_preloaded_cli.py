@@ -10,11 +10,12 @@ and stdout / stderr into files, and exits with the script's exit status (SystemE
 and a traceback on an uncaught exception), running its atexit handlers first. Nothing a run
 does outlives its child, so runs cannot leak into each other or into pytest.
 
-What it cannot give: environment variables read when torch loads (OpenMP / MKL thread counts,
-CUDA device selection, ...) are fixed at the server's start, so `run_script` takes no
-environment; tests that need one run ``subprocess`` themselves. Triton and this package are
-NOT preloaded: a script that sets TRITON_INTERPRET before importing triton still does so in
-time (the server inherits pytest's environment, conftest's TRITON_INTERPRET included).
+The environment: each run gets the caller's ``os.environ`` as it is at the call (a
+monkeypatched variable included), set in the child before the script starts. Variables that
+torch or its libraries read while torch loads (OpenMP / MKL / CUDA / torch's own, the dynamic
+loader's, Python's) were fixed when the server started, so where one of those differs from the
+server's, the run falls back to a real ``subprocess.run``. Triton and this package are NOT
+preloaded: a script that sets TRITON_INTERPRET before importing triton still does so in time.
 """
 from __future__ import annotations
 
@@ -30,10 +31,20 @@ import time
 from pathlib import Path
 
 _server = None
+_server_env: dict = {}
 _lock = threading.Lock()
+# read while torch and its libraries load (a run whose value differs takes a real subprocess)
+LOAD_TIME_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "CUDA_", "NVIDIA_",
+                      "TORCH", "PYTORCH_", "LD_", "PYTHON", "MALLOC_", "NCCL_")
+
+
+def _load_time_env(env) -> dict:
+    return {k: v for k, v in env.items() if k.startswith(LOAD_TIME_PREFIXES)}
 
 
 def _start_server() -> subprocess.Popen:
+    global _server_env
+    _server_env = _load_time_env(os.environ)
     return subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, bufsize=1)
 
@@ -53,11 +64,14 @@ def run_script(script, args=(), cwd=None, timeout: float = 120) -> subprocess.Co
     `timeout` seconds (its child is killed)."""
     global _server
     request = {"script": str(Path(script).resolve()), "args": [str(a) for a in args],
-               "cwd": str(cwd) if cwd is not None else os.getcwd(), "timeout": timeout}
+               "cwd": str(cwd) if cwd is not None else os.getcwd(), "timeout": timeout,
+               "env": dict(os.environ)}
     with _lock:
         if _server is None or _server.poll() is not None:
             _server = _start_server()
             atexit.register(_stop_server)
+        if _load_time_env(os.environ) != _server_env:
+            return _real_python(request)
         _server.stdin.write(json.dumps(request) + "\n")
         line = _server.stdout.readline()
     if not line:
@@ -65,6 +79,17 @@ def run_script(script, args=(), cwd=None, timeout: float = 120) -> subprocess.Co
     reply = json.loads(line)
     return subprocess.CompletedProcess([sys.executable, request["script"], *request["args"]],
                                        reply["returncode"], reply["stdout"], reply["stderr"])
+
+
+def _real_python(request: dict) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, request["script"], *request["args"]]
+    try:
+        return subprocess.run(cmd, cwd=request["cwd"], capture_output=True, text=True,
+                              timeout=request["timeout"], stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        out, err = (b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+                    for b in (exc.stdout, exc.stderr))
+        return subprocess.CompletedProcess(cmd, -9, out, err)
 
 
 # ---- the server (this file run as a script) ----
@@ -82,6 +107,8 @@ def _child(request: dict, out_path: str, err_path: str) -> None:
         sys.stdin = open(0, closefd=False)
         sys.stdout = open(1, "w", closefd=False)
         sys.stderr = open(2, "w", closefd=False)
+        os.environ.clear()
+        os.environ.update(request["env"])
         os.chdir(request["cwd"])
         script = request["script"]
         sys.argv = [script, *request["args"]]

@@ -3,6 +3,7 @@ status, stdout and stderr as a real subprocess for each way a script can end, an
 changes reaches the next one."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -86,3 +87,28 @@ def test_a_run_past_its_timeout_is_killed(tmp_path):
     res = run_script(script, timeout=1)
     assert res.returncode == -9 and res.stdout == "started\n"
     assert run_script(tmp_path / "sleeps.py", timeout=1).returncode == -9  # the server goes on
+
+
+def test_each_run_gets_the_callers_environment_of_that_moment(tmp_path, monkeypatch):
+    """A variable set (monkeypatched) at the call reaches that run only: the server, started
+    whenever the first run came, does not keep the environment of that moment."""
+    script = tmp_path / "env.py"
+    script.write_text("import os; print(os.environ.get('PRELOADED_CLI_VAR'))\n")
+    run_script(script)                                   # the server is running before this
+    with monkeypatch.context() as m:
+        m.setenv("PRELOADED_CLI_VAR", "at this call")
+        assert run_script(script).stdout == "at this call\n"
+    assert run_script(script).stdout == "None\n"
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2 or os.environ.get("OMP_NUM_THREADS") == "1",
+                    reason="needs a server whose torch runs more than one thread")
+def test_a_variable_read_while_torch_loads_takes_a_real_python(tmp_path, monkeypatch):
+    """OMP_NUM_THREADS is read when torch's OpenMP runtime loads, which in the server happened
+    at its start (with more than one thread here): a run that sets it to 1 gets a fresh python,
+    which honours it (a child forked from the server printed the server's count)."""
+    script = tmp_path / "threads.py"
+    script.write_text("import torch; print(torch.get_num_threads())\n")
+    assert run_script(script).stdout != "1\n"         # the server is running before this
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert run_script(script).stdout == "1\n"
