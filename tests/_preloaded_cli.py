@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 
 _server = None
@@ -138,6 +139,21 @@ def _child(request: dict, out_path: str, err_path: str) -> None:
             os._exit(code & 0xFF)
 
 
+def _fork_quietly() -> int:
+    """os.fork() without Python 3.12+'s DeprecationWarning that the process is multi-threaded
+    (the server is: numpy's OpenBLAS starts a thread when torch imports it; OpenBLAS re-forms
+    its pool in a forked child). Parent and child both leave with the warning filters as they
+    were, so a script's own fork still warns as under a fresh python."""
+    quiet = warnings.catch_warnings()
+    quiet.__enter__()
+    try:
+        warnings.filterwarnings("ignore", message=r"This process \(pid=\d+\) is multi-threaded",
+                                category=DeprecationWarning)
+        return os.fork()
+    finally:
+        quiet.__exit__(None, None, None)
+
+
 def _serve() -> None:
     import torch  # noqa: F401  (the point of this server: imported once, shared by every fork)
 
@@ -151,7 +167,7 @@ def _serve() -> None:
             for path in (out_path, err_path):
                 open(path, "w").close()
             sys.stdout.flush()
-            pid = os.fork()
+            pid = _fork_quietly()
             if pid == 0:
                 _child(request, out_path, err_path)
             deadline = time.monotonic() + request["timeout"]

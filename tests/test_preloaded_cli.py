@@ -112,3 +112,24 @@ def test_a_variable_read_while_torch_loads_takes_a_real_python(tmp_path, monkeyp
     assert run_script(script).stdout != "1\n"         # the server is running before this
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert run_script(script).stdout == "1\n"
+
+
+def test_the_server_itself_writes_nothing_to_stderr(tmp_path):
+    """The server forks from a multi-threaded process (numpy's OpenBLAS pool): Python 3.12+
+    warns of that on every fork (the GPU image runs 3.12), which would print one
+    DeprecationWarning per run into the test log. Its forks are quiet; a script's output still
+    comes back whole."""
+    import json
+
+    import tests._preloaded_cli as cli
+
+    script = tmp_path / "s.py"
+    script.write_text("import sys; print('out'); print('err', file=sys.stderr)\n")
+    request = json.dumps({"script": str(script), "args": [], "cwd": str(tmp_path),
+                          "timeout": 60, "env": dict(os.environ)})
+    server = subprocess.run([sys.executable, cli.__file__], input=f"{request}\n{request}\n",
+                            capture_output=True, text=True, timeout=120)
+    replies = [json.loads(line) for line in server.stdout.splitlines()]
+    assert [r["stdout"] for r in replies] == ["out\n"] * 2
+    assert [r["stderr"] for r in replies] == ["err\n"] * 2
+    assert server.returncode == 0 and server.stderr == ""
