@@ -5,7 +5,7 @@ A fresh ``python`` spends ~2.5 s of this suite's 2-core CI machine importing tor
 script can even parse its arguments; 69 such runs cost test_bench_arguments.py ~165 s. Here one
 server process (this file run as a script) imports torch once, and forks a child per run: the
 child takes the run's working directory, argv and sys.path[0] (the script's folder, as
-``python SCRIPT`` sets it), runs the script as ``__main__`` (runpy) with stdin from /dev/null
+``python SCRIPT`` sets it), runs the script as ``__main__`` with stdin from /dev/null
 and stdout / stderr into files, and exits with the script's exit status (SystemExit's code, 1
 and a traceback on an uncaught exception), running its atexit handlers first. Nothing a run
 does outlives its child, so runs cannot leak into each other or into pytest.
@@ -29,7 +29,6 @@ import tempfile
 import threading
 import time
 import warnings
-from pathlib import Path
 
 _server = None
 _server_env: dict = {}
@@ -64,8 +63,11 @@ def run_script(script, args=(), cwd=None, timeout: float = 120) -> subprocess.Co
     text=True)``, run by the preloaded server. ``returncode`` is -9 if the run took longer than
     `timeout` seconds (its child is killed)."""
     global _server
-    request = {"script": str(Path(script).resolve()), "args": [str(a) for a in args],
-               "cwd": str(cwd) if cwd is not None else os.getcwd(), "timeout": timeout,
+    cwd = os.path.abspath(cwd if cwd is not None else os.getcwd())
+    # as python: a relative SCRIPT is found from cwd, argv[0] is SCRIPT as given, __file__ its
+    # absolute path (no link resolved), sys.path[0] its folder with links resolved
+    request = {"script": os.path.join(cwd, script), "argv0": str(script),
+               "args": [str(a) for a in args], "cwd": cwd, "timeout": timeout,
                "env": dict(os.environ)}
     with _lock:
         if _server is None or _server.poll() is not None:
@@ -78,12 +80,12 @@ def run_script(script, args=(), cwd=None, timeout: float = 120) -> subprocess.Co
     if not line:
         raise RuntimeError(f"the preloaded CLI server exited (status {_server.poll()})")
     reply = json.loads(line)
-    return subprocess.CompletedProcess([sys.executable, request["script"], *request["args"]],
+    return subprocess.CompletedProcess([sys.executable, request["argv0"], *request["args"]],
                                        reply["returncode"], reply["stdout"], reply["stderr"])
 
 
 def _real_python(request: dict) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, request["script"], *request["args"]]
+    cmd = [sys.executable, request["argv0"], *request["args"]]
     try:
         return subprocess.run(cmd, cwd=request["cwd"], capture_output=True, text=True,
                               timeout=request["timeout"], stdin=subprocess.DEVNULL)
@@ -112,12 +114,21 @@ def _child(request: dict, out_path: str, err_path: str) -> None:
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
         script = request["script"]
-        sys.argv = [script, *request["args"]]
-        sys.path[0] = os.path.dirname(script)
-        import runpy
+        sys.argv = [request["argv0"], *request["args"]]
+        sys.path[0] = os.path.dirname(os.path.realpath(script))
         import traceback
+        import types
+        from importlib.machinery import SourceFileLoader
+
+        # the script as python's own __main__ (runpy.run_path would set argv[0] to the path)
+        main = types.ModuleType("__main__")
+        main.__file__, main.__builtins__ = script, __builtins__
+        main.__loader__, main.__spec__ = SourceFileLoader("__main__", script), None
+        sys.modules["__main__"] = main
         try:
-            runpy.run_path(script, run_name="__main__")
+            with open(script, "rb") as f:
+                source = f.read()
+            exec(compile(source, script, "exec"), main.__dict__)
             code = 0
         except SystemExit as exc:      # as the interpreter maps it
             if exc.code is None:
@@ -127,8 +138,9 @@ def _child(request: dict, out_path: str, err_path: str) -> None:
             else:
                 print(exc.code, file=sys.stderr)
                 code = 1
-        except BaseException:          # noqa: BLE001  (an uncaught exception: traceback, 1)
-            traceback.print_exc()
+        except BaseException as exc:   # noqa: BLE001  (uncaught: the traceback, status 1)
+            # from the script's frames on, as python prints it (this function's frame left out)
+            traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
             code = 1
         atexit._run_exitfuncs()
     finally:
