@@ -49,6 +49,7 @@ def _start_server() -> subprocess.Popen:
                             stdout=subprocess.PIPE, text=True, bufsize=1)
 
 
+@atexit.register
 def _stop_server() -> None:
     if _server is not None and _server.poll() is None:
         _server.stdin.close()
@@ -72,7 +73,6 @@ def run_script(script, args=(), cwd=None, timeout: float = 120) -> subprocess.Co
     with _lock:
         if _server is None or _server.poll() is not None:
             _server = _start_server()
-            atexit.register(_stop_server)
         if _load_time_env(os.environ) != _server_env:
             return _real_python(request)
         _server.stdin.write(json.dumps(request) + "\n")
@@ -156,14 +156,10 @@ def _fork_quietly() -> int:
     (the server is: numpy's OpenBLAS starts a thread when torch imports it; OpenBLAS re-forms
     its pool in a forked child). Parent and child both leave with the warning filters as they
     were, so a script's own fork still warns as under a fresh python."""
-    quiet = warnings.catch_warnings()
-    quiet.__enter__()
-    try:
+    with warnings.catch_warnings():    # (the child, too, leaves this block as it returns)
         warnings.filterwarnings("ignore", message=r"This process \(pid=\d+\) is multi-threaded",
                                 category=DeprecationWarning)
         return os.fork()
-    finally:
-        quiet.__exit__(None, None, None)
 
 
 def _serve() -> None:
