@@ -16,6 +16,9 @@ kernels are compiled and accept only CUDA tensors):
 ``HIERTAIL_TEST_EMULATE_CUDA=1`` makes the collection behave as on a CUDA machine (devices,
 skips) so that tests/test_device_awareness.py can check it without a GPU; only
 ``--collect-only`` is meaningful in that mode.
+Under the interpreter, tests/_interpreter_speed.py spares it re-patching triton.language on
+every call of a kernel's helper (~40% of a launch; ``HIERTAIL_TEST_PLAIN_INTERPRETER=1``
+runs the interpreter as shipped).
 """
 from __future__ import annotations
 
@@ -197,6 +200,10 @@ def pytest_configure(config):
     problem = interpreter_problem()
     if problem is not None:
         raise pytest.UsageError(problem)
+    if (not CUDA_PRESENT and triton_interpreting() and triton_importable()
+            and os.environ.get("HIERTAIL_TEST_PLAIN_INTERPRETER", "0") != "1"):
+        from tests._interpreter_speed import install  # kernels' helpers: no re-patch per call
+        install()
 
 
 @pytest.fixture(autouse=True)

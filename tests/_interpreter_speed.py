@@ -1,0 +1,122 @@
+"""Test-suite speed: spare Triton's CPU interpreter a repeated re-patch of triton.language.
+
+Under TRITON_INTERPRET=1 a kernel launch (triton.runtime.interpreter.GridExecutor.__call__)
+calls ``_patch_lang(fn)``: it wraps for the interpreter every builtin of the language modules
+fn's module sees (tl and/or tl.core; an ``inspect.getmembers`` walk over each, its tensor
+class and tl.math), runs the whole grid, and then restores them. Every call of a
+``@triton.jit`` function from inside the kernel (InterpretedFunction.__call__: our helpers,
+and triton's own tl.max / tl.sum / tl.zeros, whose module sees tl.core) calls ``_patch_lang``
+again, ~2.5 ms each, and never restores. Within a launch a repeated patch of a module changes
+nothing: the builtins it finds are already wrapped (a wrapper is no longer a builtin, so none
+is wrapped twice), and the few attributes it sets anew (``range``, ``tensor.__bool__``...)
+get stateless closures equal to the ones in place. These re-patches were ~40% of our loss
+kernels' interpreted time.
+
+``install()`` swaps the module's ``_patch_lang`` for one that does the same, except that a
+call made inside a launch on the same thread, for language modules already patched in that
+launch (by the launch, or by an earlier helper call), returns an empty scope instead of
+patching again. Everything else runs as shipped: the launch's own patch and restore, and a
+helper's first patch of a module the launch did not patch (which, as in triton, is not
+restored). tests/test_interpreter_speed.py holds every op run with and without it to the same
+bits and the same state of triton.language. Installed by tests/conftest.py only where the
+interpreter runs the kernels and the module has the layout this was written against
+(triton 3.9; checked at install); elsewhere ``install()`` returns False and the interpreter
+runs unchanged.
+"""
+from __future__ import annotations
+
+import inspect
+import threading
+
+_held = threading.local()  # per thread: a stack of the language-module sets patched in launches
+
+
+def _language_modules(module, fn) -> set:
+    """The language modules ``_patch_lang(fn)`` patches: those among tl and tl.core that fn's
+    module sees (its own test of them, repeated here)."""
+    tl = module.tl
+    return {id(value) for value in fn.__globals__.values()
+            if inspect.ismodule(value) and value in (tl, tl.core)}
+
+
+def _stack() -> list:
+    if not hasattr(_held, "stack"):
+        _held.stack = []
+    return _held.stack
+
+
+def install(module=None) -> bool:
+    """Install the skip in triton.runtime.interpreter (or the module given); True if it did.
+    Idempotent."""
+    if module is None:
+        try:
+            import triton.runtime.interpreter as module
+        except ImportError:
+            return False
+    original = getattr(module, "_patch_lang", None)
+    if getattr(original, "_skips_nested_patches", False):
+        return True
+    scope_class = getattr(module, "_LangPatchScope", None)
+    needed = (original, scope_class, getattr(module, "tl", None),
+              getattr(module, "GridExecutor", None), getattr(module, "InterpretedFunction", None))
+    if any(part is None for part in needed) or not callable(getattr(scope_class, "restore", None)):
+        return False
+
+    class _LaunchScope:
+        """The launch's scope: restoring it also ends its hold on the stack."""
+
+        def __init__(self, scope, entry):
+            self._scope, self._entry = scope, entry
+
+        def restore(self) -> None:
+            stack = _stack()
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i] is self._entry:
+                    del stack[i]
+                    break
+            self._scope.restore()
+
+    seen: dict = {}      # fn -> (size of its module's globals, its language modules)
+
+    def _patch_lang(fn):
+        size = len(fn.__globals__)
+        known = seen.get(fn)
+        if known is None or known[0] != size:       # a global added since: look again
+            known = seen[fn] = (size, _language_modules(module, fn))
+        langs = known[1]
+        stack = _stack()
+        if not _called_by_a_launch(module):
+            if stack and langs <= stack[-1]:
+                return scope_class()                 # a helper inside the launch: patched
+            scope = original(fn)                     # outside a launch, or new modules:
+            if stack:                                # patched as the interpreter does, and
+                stack[-1] |= langs                   # (never restored) held from now on
+            return scope
+        entry = set(langs)
+        stack.append(entry)
+        return _LaunchScope(original(fn), entry)
+
+    _patch_lang._skips_nested_patches = True
+    _patch_lang._original = original
+    module._patch_lang = _patch_lang
+    return True
+
+
+def uninstall(module=None) -> None:
+    """Put the interpreter's own ``_patch_lang`` back (for the test that compares the two)."""
+    if module is None:
+        import triton.runtime.interpreter as module
+    current = getattr(module, "_patch_lang", None)
+    if getattr(current, "_skips_nested_patches", False):
+        module._patch_lang = current._original
+
+
+def _called_by_a_launch(module) -> bool:
+    """Whether the caller of ``_patch_lang`` is the launch (GridExecutor.__call__), the one
+    call that restores its patch; a helper's call comes from InterpretedFunction.__call__."""
+    frame = inspect.currentframe()
+    try:
+        caller = frame.f_back.f_back
+        return caller is not None and caller.f_code is module.GridExecutor.__call__.__code__
+    finally:
+        del frame
