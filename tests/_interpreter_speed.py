@@ -45,9 +45,18 @@ def _stack() -> list:
     return _held.stack
 
 
+def fits(module) -> bool:
+    """Whether the interpreter module has the layout this was written against."""
+    needed = [getattr(module, name, None) for name in
+              ("_patch_lang", "_LangPatchScope", "tl", "GridExecutor", "InterpretedFunction")]
+    return (all(part is not None for part in needed)
+            and callable(getattr(needed[1], "restore", None))
+            and inspect.isfunction(getattr(needed[3], "__dict__", {}).get("__call__")))
+
+
 def install(module=None) -> bool:
-    """Install the skip in triton.runtime.interpreter (or the module given); True if it did.
-    Idempotent."""
+    """Install the skip in triton.runtime.interpreter (or the module given); True if it did
+    (or had). Idempotent."""
     if module is None:
         try:
             import triton.runtime.interpreter as module
@@ -56,11 +65,9 @@ def install(module=None) -> bool:
     original = getattr(module, "_patch_lang", None)
     if getattr(original, "_skips_nested_patches", False):
         return True
-    scope_class = getattr(module, "_LangPatchScope", None)
-    needed = (original, scope_class, getattr(module, "tl", None),
-              getattr(module, "GridExecutor", None), getattr(module, "InterpretedFunction", None))
-    if any(part is None for part in needed) or not callable(getattr(scope_class, "restore", None)):
+    if not fits(module):
         return False
+    scope_class = module._LangPatchScope
 
     class _LaunchScope:
         """The launch's scope: restoring it also ends its hold on the stack."""
@@ -100,6 +107,10 @@ def install(module=None) -> bool:
     _patch_lang._original = original
     module._patch_lang = _patch_lang
     return True
+
+
+def installed(module) -> bool:
+    return getattr(getattr(module, "_patch_lang", None), "_skips_nested_patches", False)
 
 
 def uninstall(module=None) -> None:
