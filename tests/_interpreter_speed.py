@@ -93,15 +93,16 @@ def install(module=None) -> bool:
         langs = known[1]
         stack = _stack()
         if not _called_by_a_launch(module):
-            if stack and langs <= stack[-1]:
+            if stack and langs and langs <= stack[-1]:
                 return scope_class()                 # a helper inside the launch: patched
             scope = original(fn)                     # outside a launch, or new modules:
             if stack:                                # patched as the interpreter does, and
                 stack[-1] |= langs                   # (never restored) held from now on
             return scope
-        entry = set(langs)
+        scope = original(fn)                         # (its errors, e.g. no tl in sight,
+        entry = set(langs)                           # as shipped: nothing held then)
         stack.append(entry)
-        return _LaunchScope(original(fn), entry)
+        return _LaunchScope(scope, entry)
 
     _patch_lang._skips_nested_patches = True
     _patch_lang._original = original

@@ -277,6 +277,29 @@ def test_rule_nested_launches_and_a_failing_launch_release_their_hold():
     assert module.patched == ["kernel", "helper"]
 
 
+def test_rule_errors_of_the_shipped_patch_pass_through_and_hold_nothing():
+    """A function that sees no language module: the interpreter's own assertion, inside a
+    launch as outside it; a launch whose patch fails leaves no hold behind."""
+    module = _stand_in()
+    real = module._patch_lang
+
+    def strict(fn):
+        assert any(v is module.tl or v is module.tl.core for v in fn.__globals__.values()), \
+            "triton.language must be visible from within jit'd function"
+        return real(fn)
+
+    module._patch_lang = strict
+    speed.install(module)
+    blind = module.InterpretedFunction(_function("blind", {}))
+    kernel = _function("kernel", {"tl": module.tl})
+    with pytest.raises(AssertionError, match="must be visible"):
+        module.GridExecutor(kernel, blind)()
+    assert speed._stack() == [] and module.restored == ["kernel"]
+    with pytest.raises(AssertionError, match="must be visible"):
+        module.GridExecutor(_function("blind_kernel", {}), lambda: None)()
+    assert speed._stack() == []
+
+
 def test_rule_install_declines_a_layout_it_does_not_know():
     for missing in ("_patch_lang", "_LangPatchScope", "GridExecutor", "tl"):
         module = _stand_in()
