@@ -1,8 +1,9 @@
 """tests/_interpreter_speed.py: the suite's shortcut through Triton's CPU interpreter (no
 re-patch of triton.language on every call of a kernel's helper) changes no result and no
-state. Every Triton op run with and without it gives the same bits; a launch leaves
-triton.language as it found it; the skip is engaged (one patch per launch); its rule on a
-stand-in module: only a helper inside a launch, only for language modules the launch patched.
+state. Every Triton op run with and without it gives the same bits; launches leave
+triton.language in the state the shipped interpreter leaves; the skip is engaged (a patch per
+launch, not per helper call); its rule on a stand-in module: only a helper inside a launch,
+only for language modules already patched in it, the shipped patch's errors as shipped.
 """
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ import types
 import pytest
 import torch
 
+from hiertail_fast.ops._dispatch import triton_interpreting
 from tests import _interpreter_speed as speed
 from tests.conftest import CUDA_PRESENT, requires_triton
 
-interpreted = pytest.mark.skipif(CUDA_PRESENT, reason="the kernels are compiled on a GPU: "
-                                 "no interpreter to shortcut")
+interpreted = pytest.mark.skipif(CUDA_PRESENT or not triton_interpreting(),
+                                 reason="the kernels are compiled (a GPU, or TRITON_INTERPRET "
+                                 "off): no interpreter to shortcut")
 
 
 def _interpreter():
