@@ -28,7 +28,10 @@ from __future__ import annotations
 import inspect
 import threading
 
-_held = threading.local()  # per thread: a stack of the language-module sets patched in launches
+# per thread: the language modules patched in the running launch (None outside a launch).
+# One slot, not a stack: a kernel cannot launch a kernel; were one launch run inside another,
+# the inner one's restore would empty the slot and the outer's helpers patch as shipped.
+_launch = threading.local()
 
 
 def _language_modules(module, fn) -> set:
@@ -39,19 +42,18 @@ def _language_modules(module, fn) -> set:
             if inspect.ismodule(value) and value in (tl, tl.core)}
 
 
-def _stack() -> list:
-    if not hasattr(_held, "stack"):
-        _held.stack = []
-    return _held.stack
+def _held() -> set | None:
+    return getattr(_launch, "modules", None)
 
 
 def fits(module) -> bool:
     """Whether the interpreter module has the layout this was written against."""
     needed = [getattr(module, name, None) for name in
               ("_patch_lang", "_LangPatchScope", "tl", "GridExecutor", "InterpretedFunction")]
+    _, scope_class, _, launch_class, _ = needed
     return (all(part is not None for part in needed)
-            and callable(getattr(needed[1], "restore", None))
-            and inspect.isfunction(getattr(needed[3], "__dict__", {}).get("__call__")))
+            and callable(getattr(scope_class, "restore", None))
+            and inspect.isfunction(getattr(launch_class, "__dict__", {}).get("__call__")))
 
 
 def install(module=None) -> bool:
@@ -70,17 +72,13 @@ def install(module=None) -> bool:
     scope_class = module._LangPatchScope
 
     class _LaunchScope:
-        """The launch's scope: restoring it also ends its hold on the stack."""
+        """The launch's scope: restoring it also empties the thread's slot."""
 
-        def __init__(self, scope, entry):
-            self._scope, self._entry = scope, entry
+        def __init__(self, scope):
+            self._scope = scope
 
         def restore(self) -> None:
-            stack = _stack()
-            for i in range(len(stack) - 1, -1, -1):
-                if stack[i] is self._entry:
-                    del stack[i]
-                    break
+            _launch.modules = None
             self._scope.restore()
 
     seen: dict = {}      # fn -> (size of its module's globals, its language modules)
@@ -91,18 +89,17 @@ def install(module=None) -> bool:
         if known is None or known[0] != size:       # a global added since: look again
             known = seen[fn] = (size, _language_modules(module, fn))
         langs = known[1]
-        stack = _stack()
+        held = _held()
         if not _called_by_a_launch(module):
-            if stack and langs and langs <= stack[-1]:
+            if held is not None and langs and langs <= held:
                 return scope_class()                 # a helper inside the launch: patched
             scope = original(fn)                     # outside a launch, or new modules:
-            if stack:                                # patched as the interpreter does, and
-                stack[-1] |= langs                   # (never restored) held from now on
+            if held is not None:                     # patched as the interpreter does, and
+                held |= langs                        # (never restored) held from now on
             return scope
         scope = original(fn)                         # (its errors, e.g. no tl in sight,
-        entry = set(langs)                           # as shipped: nothing held then)
-        stack.append(entry)
-        return _LaunchScope(scope, entry)
+        _launch.modules = set(langs)                 # as shipped: nothing held then)
+        return _LaunchScope(scope)
 
     _patch_lang._skips_nested_patches = True
     _patch_lang._original = original
