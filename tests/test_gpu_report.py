@@ -238,52 +238,65 @@ def test_gpu_session_script_logs_each_step_under_out(tmp_path):
     """bench/gpu_session.sh, the one prepared device call: on this CPU machine its report step
     runs gpu_report (exit 2, no CUDA) under the limit, logs it under $OUT and records the exit
     status; an unknown step is refused."""
-    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path), "STEPS": "report", "REPORT_S": "120",
-           "PYTHON": sys.executable}
+    env = {"PATH": "/usr/bin:/bin", "REPORT_S": "120", "PYTHON": sys.executable}
     script = str(BENCH / "gpu_session.sh")
-    res = subprocess.run(["bash", script], capture_output=True, text=True, timeout=300, env=env,
-                         cwd=BENCH.parent)
+    # the five calls at once, each with its own $OUT (each spends most of its time importing
+    # torch on one core: 15 s of this suite one after the other)
+    calls = {"report": dict(STEPS="report"), "bad": dict(STEPS="report bogus"),
+             "scale": dict(STEPS="scale", SCALE_S="60"),
+             "resources": dict(STEPS="resources", RESOURCES_S="1"),
+             "kernels": dict(STEPS="kernels", KERNELS_S="60")}
+    procs = {name: subprocess.Popen(["bash", script], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, cwd=BENCH.parent,
+                                    env=dict(env, OUT=str(tmp_path / name), **extra))
+             for name, extra in calls.items()}
+    runs = {}
+    try:
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=300)
+            runs[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+    res, out = runs["report"], tmp_path / "report"
     assert res.returncode == 0, res.stderr
-    summary = (tmp_path / "summary.txt").read_text().splitlines()
+    summary = (out / "summary.txt").read_text().splitlines()
     assert len(summary) == 1 and summary[0].startswith("gpu_report rc 2 in ")
-    assert "no CUDA" in (tmp_path / "gpu_report.log").read_text()
-    assert (tmp_path / "machine.txt").exists()
+    assert "no CUDA" in (out / "gpu_report.log").read_text()
+    assert (out / "machine.txt").exists()
     # every step name checked before the first step runs ("report bogus" ran the report, then
     # stopped before the archive: a docs audit), and nothing written
-    bad_out = tmp_path / "bad"
-    bad = subprocess.run(["bash", script], capture_output=True, text=True, timeout=60,
-                         env=dict(env, STEPS="report bogus", OUT=str(bad_out)),
-                         cwd=BENCH.parent)
+    bad = runs["bad"]
     assert bad.returncode == 2 and "unknown step bogus" in bad.stderr
-    assert not bad_out.exists()
+    assert not (tmp_path / "bad").exists()
     # the optional scale step: one run per loss dtype, each logged with its exit status (here
     # scale.py refuses --device cuda: no CUDA on this machine)
-    scale = subprocess.run(["bash", script], capture_output=True, text=True, timeout=300,
-                           env=dict(env, STEPS="scale", SCALE_S="60"), cwd=BENCH.parent)
+    scale, out = runs["scale"], tmp_path / "scale"
     assert scale.returncode == 0, scale.stderr
-    lines = (tmp_path / "summary.txt").read_text().splitlines()
+    lines = (out / "summary.txt").read_text().splitlines()
     assert [ln.split(" rc ")[0] for ln in lines] == ["scale_float32", "scale_bfloat16"]
     assert all(" rc 2 in " in ln and "(limit 60 s)" in ln for ln in lines)
     for dt in ("float32", "bfloat16"):
-        log = (tmp_path / f"scale_{dt}.log").read_text()
+        log = (out / f"scale_{dt}.log").read_text()
         assert "--device cuda was asked for but torch sees no CUDA device" in log
     # the resources step (bench/kernel_resources.py, compile only): wired, logged, limited
     # (a 1 s limit stops it: its own run is tests/test_bench_kernel_resources.py)
-    res = subprocess.run(["bash", script], capture_output=True, text=True, timeout=120,
-                         env=dict(env, STEPS="resources", RESOURCES_S="1"), cwd=BENCH.parent)
+    res, out = runs["resources"], tmp_path / "resources"
     assert res.returncode == 0, res.stderr
-    lines = (tmp_path / "summary.txt").read_text().splitlines()
+    lines = (out / "summary.txt").read_text().splitlines()
     assert lines == [ln for ln in lines if ln.startswith("kernel_resources rc 124 in ")] != []
-    assert (tmp_path / "kernel_resources.log").exists()
+    assert (out / "kernel_resources.log").exists()
     # the kernels step (bench/attention_kernels.py): wired, logged, its exit status recorded
     # (2 here: no CUDA; its own run is tests/test_bench_attention_kernels.py)
-    res = subprocess.run(["bash", script], capture_output=True, text=True, timeout=120,
-                         env=dict(env, STEPS="kernels", KERNELS_S="60"), cwd=BENCH.parent)
+    res, out = runs["kernels"], tmp_path / "kernels"
     assert res.returncode == 0, res.stderr
-    lines = (tmp_path / "summary.txt").read_text().splitlines()
+    lines = (out / "summary.txt").read_text().splitlines()
     assert len(lines) == 1 and lines[0].startswith("attention_kernels rc 2 in "), lines
     assert "(limit 60 s)" in lines[0]
-    assert "no CUDA" in (tmp_path / "attention_kernels.log").read_text()
+    assert "no CUDA" in (out / "attention_kernels.log").read_text()
 
 
 def test_loss_rows_are_checkpointed_one_by_one():
