@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import subprocess
 import sys
 
@@ -347,22 +348,34 @@ def test_big_blocks_split_over_threads_bit_for_bit(monkeypatch, threads):
     assert torch.equal(one[0], split[0]) and torch.equal(one[1], split[1])
 
 
+def _native_child(cache, code: str) -> subprocess.CompletedProcess:
+    """``code`` run after ``import hiertail_fast.ops._native as n`` in a child process whose
+    build cache is ``cache``."""
+    env = {**os.environ, "HIERTAIL_NATIVE_CACHE": str(cache)}
+    return subprocess.run([sys.executable, "-c", "import hiertail_fast.ops._native as n\n"
+                           + code], env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def built_cache(tmp_path_factory):
+    """A build cache holding both C libraries, built in a child process (built once for the
+    module's damage cases: each takes a copy)."""
+    built_kernel(native_mod.compiler())
+    cache = tmp_path_factory.mktemp("built") / "cache"
+    built = _native_child(cache, "assert n.load('_positive_blocks') is not None\n"
+                                 "assert n.load('_block_exp') is not None\n")
+    assert built.returncode == 0, built.stderr
+    return cache
+
+
 @pytest.mark.parametrize("damage", ["truncated", "another kernel"])
-def test_a_damaged_cached_library_is_built_again(fresh_native, damage):
+def test_a_damaged_cached_library_is_built_again(fresh_native, built_cache, damage):
     """A cached .so that is not the file its build wrote (a copied or synced cache, a disk
     fault) was loaded as it was: a truncated one killed the process with SIGBUS on every run,
     another kernel's library failed at its first symbol. Its recorded sha256 no longer
     matches: it is built again. Every build and load runs in a child process: a library this
     process had mapped must not be truncated under it (that is the SIGBUS)."""
-    built_kernel(native_mod.compiler())
-    env = {**os.environ, "HIERTAIL_NATIVE_CACHE": str(fresh_native)}
-
-    def child(code: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", "import hiertail_fast.ops._native as n\n"
-                               + code], env=env, capture_output=True, text=True, timeout=300)
-    built = child("assert n.load('_positive_blocks') is not None\n"
-                  "assert n.load('_block_exp') is not None\n")
-    assert built.returncode == 0, built.stderr
+    shutil.copytree(built_cache, fresh_native)              # a copied cache, as a user's
     (lib,) = fresh_native.glob("_positive_blocks-*.so")
     data = lib.read_bytes()
     if damage == "truncated":
@@ -370,9 +383,9 @@ def test_a_damaged_cached_library_is_built_again(fresh_native, damage):
     else:
         (other,) = fresh_native.glob("_block_exp-*.so")
         lib.write_bytes(other.read_bytes())
-    proc = child("lib = n.load('_positive_blocks')\n"
-                 "assert lib is not None and hasattr(lib, 'hiertail_positives_f32')\n"
-                 "print('loaded')\n")
+    proc = _native_child(fresh_native, "lib = n.load('_positive_blocks')\n"
+                         "assert lib is not None and hasattr(lib, 'hiertail_positives_f32')\n"
+                         "print('loaded')\n")
     assert proc.returncode == 0 and "loaded" in proc.stdout, (proc.returncode, proc.stderr)
     assert lib.read_bytes() == data                       # rebuilt in place, the same bytes
 
