@@ -30,6 +30,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests import _gc_freeze
+
 CUDA_PRESENT = torch.cuda.is_available()
 EMULATE_CUDA = os.environ.get("HIERTAIL_TEST_EMULATE_CUDA", "0") == "1"
 if not CUDA_PRESENT:
@@ -267,6 +269,17 @@ def runs_the_device_kernels(item) -> bool:
         return True
     path = getattr(item, "path", None) or Path(str(getattr(item, "fspath", "")))
     return any(part in Path(path).stem for part in _DEVICE_FILES)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Each module's first test: the objects alive then frozen out of the full garbage
+    collections (tests/_gc_freeze.py)."""
+    _gc_freeze.at_test_setup(item)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _gc_freeze.unfreeze()
 
 
 def pytest_collection_modifyitems(config, items):
