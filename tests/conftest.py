@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -497,6 +498,26 @@ def recorded_first_arg_shapes(monkeypatch, owner, name: str) -> list:
 
     monkeypatch.setattr(owner, name, spy)
     return shapes
+
+
+def run_at_once(calls: list[dict], timeout: float = 300) -> list[subprocess.CompletedProcess]:
+    """Each of ``calls`` (``subprocess.Popen`` keyword arguments: ``args``, ``env``, ``cwd``)
+    started at once, stdout and stderr captured as text; their completed processes, in order.
+    Each is waited for up to ``timeout`` s; any still running when one fails or times out is
+    killed. (For tests whose command lines spend their time importing torch on one core.)"""
+    procs = [subprocess.Popen(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **call)
+             for call in calls]
+    try:
+        done = []
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+        return done
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
 
 
 def built_kernel(kernel, what: str = "the native kernels"):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,7 +17,13 @@ import pytest
 import torch
 
 from tests import conftest
-from tests.conftest import CUDA_PRESENT, TRITON_CPU_SKIP, backend_device, requires_triton
+from tests.conftest import (
+    CUDA_PRESENT,
+    TRITON_CPU_SKIP,
+    backend_device,
+    requires_triton,
+    run_at_once,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 interpreter_only = pytest.mark.skipif(CUDA_PRESENT, reason="the guard exists only under the "
@@ -47,34 +52,26 @@ sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "--asser
 """
 
 
-def _start_collection(emulate: bool) -> subprocess.Popen:
+def _collection(emulate: bool) -> dict:
+    """The collection's command (``run_at_once``'s keyword arguments)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("HIERTAIL_TEST_EMULATE_CUDA", None)
     if emulate:
         env["HIERTAIL_TEST_EMULATE_CUDA"] = "1"
-    return subprocess.Popen([sys.executable, "-c", _COLLECT], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _collected(proc: subprocess.Popen) -> list[dict]:
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    items = [json.loads(line[5:]) for line in out.splitlines() if line.startswith("ITEM ")]
-    assert len(items) > 100, "the suite should collect hundreds of tests"
-    return items
+    return dict(args=[sys.executable, "-c", _COLLECT], cwd=ROOT, env=env)
 
 
 def _collect(*emulate: bool) -> list[list[dict]]:
     """The suite's items collected with each emulation setting, the collections run at once
     (one core each on a 2-core machine: two in turn took 33 s of this suite)."""
-    procs = [_start_collection(e) for e in emulate]
-    try:
-        return [_collected(proc) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+    collected = []
+    for res in run_at_once([_collection(e) for e in emulate]):
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        items = [json.loads(line[5:]) for line in res.stdout.splitlines()
+                 if line.startswith("ITEM ")]
+        assert len(items) > 100, "the suite should collect hundreds of tests"
+        collected.append(items)
+    return collected
 
 
 @pytest.mark.slow

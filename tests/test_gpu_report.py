@@ -13,7 +13,7 @@ import torch
 
 import hiertail_fast.ops._dispatch as dispatch
 from tests._preloaded_cli import run_script
-from tests.conftest import BENCH, load_bench
+from tests.conftest import BENCH, load_bench, run_at_once
 
 SCRIPT = BENCH / "gpu_report.py"
 no_cuda_only = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -246,20 +246,10 @@ def test_gpu_session_script_logs_each_step_under_out(tmp_path):
              "scale": dict(STEPS="scale", SCALE_S="60"),
              "resources": dict(STEPS="resources", RESOURCES_S="1"),
              "kernels": dict(STEPS="kernels", KERNELS_S="60")}
-    procs = {name: subprocess.Popen(["bash", script], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, cwd=BENCH.parent,
-                                    env=dict(env, OUT=str(tmp_path / name), **extra))
-             for name, extra in calls.items()}
-    runs = {}
-    try:
-        for name, proc in procs.items():
-            out, err = proc.communicate(timeout=300)
-            runs[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+    runs = dict(zip(calls, run_at_once(
+        [dict(args=["bash", script], cwd=BENCH.parent,
+              env=dict(env, OUT=str(tmp_path / name), **extra))
+         for name, extra in calls.items()]), strict=True))
 
     res, out = runs["report"], tmp_path / "report"
     assert res.returncode == 0, res.stderr
