@@ -277,3 +277,17 @@ def test_the_temperature_pass_sizes_its_blocks_with_the_cuda_floor(monkeypatch):
         balanced_contrastive_loss(z, torch.arange(30) % 3, temperature=tau,
                                   variant="official", backend="torch").backward()
         assert tau.grad is not None and seen == [(30, size, "cpu")], seen
+
+
+@pytest.mark.parametrize("value", ["mkl", "on", "oneDNN3"])
+def test_an_unknown_gemm_provider_is_an_error_naming_it(monkeypatch, value):
+    """HIERTAIL_CPU_GEMM (read by the symmetric engine at each call) names its choices."""
+    if not _lse_symmetric.available():
+        pytest.skip("no C compiler: the symmetric engine, which reads it, is off")
+    monkeypatch.setenv("HIERTAIL_CPU_GEMM", value)
+    z, y = torch.randn(600, 8), torch.arange(600) % 3
+    with pytest.raises(ValueError, match=f"HIERTAIL_CPU_GEMM='{value}' is not one of auto, "
+                                         "onednn, blas"):
+        balanced_contrastive_loss(z, y)
+    monkeypatch.setenv("HIERTAIL_CPU_GEMM", " Blas ")
+    assert torch.isfinite(balanced_contrastive_loss(z, y))

@@ -13,7 +13,7 @@ import torch
 
 import hiertail_fast.ops._lse_symmetric as sym
 from hiertail_fast import balanced_contrastive_loss, hierarchical_contrastive_loss
-from hiertail_fast.ops import _dispatch, _lse_torch
+from hiertail_fast.ops import _dispatch, _lse_torch, _onednn_gemm
 from hiertail_fast.ops import _host_reads as host_reads
 from hiertail_fast.reference import balanced_contrastive_loss_ref as ref
 from tests.test_contrastive_numerics import (
@@ -27,13 +27,17 @@ from tests.test_contrastive_numerics import (
 pytestmark = pytest.mark.skipif(not sym.available(), reason="no C compiler: the engine is off")
 
 
-@pytest.fixture
-def forced(monkeypatch):
-    """The engine on every fp32 CPU single-level call, row blocks of 16; returns the spy's
-    call counter ({'fused': n}). Skips where the engine cannot run (no C compiler), so the
-    files that borrow this fixture need no check of their own."""
+@pytest.fixture(params=["blas", "onednn"])
+def forced(request, monkeypatch):
+    """The engine on every fp32 CPU single-level call, row blocks of 16, its GEMMs on torch's
+    BLAS and (a second run) on oneDNN (``HIERTAIL_CPU_GEMM``; skipped where the adapter says
+    no); returns the spy's call counter ({'fused': n}). Skips where the engine cannot run (no
+    C compiler), so the files that borrow this fixture need no check of their own."""
     if not sym.available():
         pytest.skip("no C compiler: the engine is off")
+    if request.param == "onednn" and (why := _onednn_gemm._unavailable()) is not None:
+        pytest.skip(why)
+    monkeypatch.setenv(_onednn_gemm.ENV_VAR, request.param)
     monkeypatch.setenv(sym.ENV_VAR, "1")
     monkeypatch.setattr(sym, "MIN_ROWS", 1)
     monkeypatch.setattr(sym, "MAX_BLOCK_ROWS", 16)
@@ -315,13 +319,13 @@ def test_no_denormal_reaches_a_gemm(forced, monkeypatch):
     nonzero below e^-50 of the largest (whose products with z would turn subnormal: x86
     multiplies those 20-30x slower)."""
     tiles = []
-    real = torch.Tensor.addmm_
+    real = _onednn_gemm.add_mm_
 
-    def spy(self, mat1, mat2, **kwargs):
+    def spy(acc, mat1, mat2, **kwargs):
         tiles.append(mat1.detach().flatten().clone())
-        return real(self, mat1, mat2, **kwargs)
+        return real(acc, mat1, mat2, **kwargs)
 
-    monkeypatch.setattr(torch.Tensor, "addmm_", spy)
+    monkeypatch.setattr(_onednn_gemm, "add_mm_", spy)
     gen = torch.Generator().manual_seed(12)
     z = torch.randn(300, 32, generator=gen)
     y = torch.randint(0, 3, (300,), generator=gen)
@@ -336,18 +340,27 @@ def test_no_denormal_reaches_a_gemm(forced, monkeypatch):
     assert nonzero.min() >= 1e-22 * nonzero.max()       # e^-50 = 1.9e-22
 
 
-def test_tiles_cover_each_pair_once_within_the_buffer_budget(monkeypatch):
+@pytest.mark.parametrize("use,n", [("blas", 103), ("onednn", 103), ("onednn", 400)])
+def test_tiles_cover_each_pair_once_within_the_buffer_budget(monkeypatch, use, n):
     """The tile list: each unordered pair of rows of different blocks in exactly one tile (as
     (earlier row, later row)), each ordered pair inside a block in its diagonal tile; wide
-    ranges cut into pieces within HIERTAIL_CPU_BLOCK_BYTES, and the buffer holds any tile."""
+    ranges cut into pieces within HIERTAIL_CPU_BLOCK_BYTES, and the buffer holds any tile
+    torch.mm computes. For oneDNN: pieces of 32, 16 or < 16 columns, and only the full-block
+    ones of 32 and 16 on oneDNN (3 shapes at any n)."""
     monkeypatch.setattr(sym, "MAX_BLOCK_ROWS", 16)
-    monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(4 * 16 * 40))      # 40-column pieces
-    n = 103
-    tiles, size = sym._tiles(n)
+    monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(4 * 16 * 40))  # blas: 40-column pieces
+    width = 40 if use == "blas" else 32
+    tiles, size = sym._tiles(n, use)
     cover = torch.zeros(n, n, dtype=torch.long)
+    shapes = set()
     for r0, r1, c0, c1 in tiles:
-        assert (r1 - r0) * (c1 - c0) <= size and c1 - c0 <= max(40, r1 - r0)
+        assert c1 - c0 <= max(width, r1 - r0)
+        if sym._gemm_use(use, r1 - r0, c1 - c0) == "onednn":
+            shapes.add((r1 - r0, c1 - c0))
+        else:
+            assert (r1 - r0) * (c1 - c0) <= size
         cover[r0:r1, c0:c1] += 1
+    assert shapes == (set() if use == "blas" else {(16, 16), (16, 32)})
     block = torch.arange(n) // 16
     same = block[:, None] == block[None, :]
     assert (cover[same] == 1).all()

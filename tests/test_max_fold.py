@@ -220,20 +220,23 @@ def test_rest_without_target_row_subset_equals_every_row():
             assert ta[lev, i] == (v_r[lev, i, j] if j >= 0 else 0.0)
 
 
-@pytest.mark.parametrize("n,budget", [(600, None), (1030, None), (3000, 4 * 256 * 700)])
-def test_tile_fold_addresses_every_entry_inside_its_tile(monkeypatch, n, budget):
-    """The symmetric engine's entries (i, target_i) located arithmetically in the engine's
-    tile list (diagonal tiles, then column pieces: several per block with a small block-byte
-    budget), each at its (row, column) offset in the tile's buffer, mutual pairs merged."""
+@pytest.mark.parametrize("use", ["blas", "onednn"])
+@pytest.mark.parametrize("n,budget", [(600, None), (1030, None), (3000, 4 * 256 * 700),
+                                      (5000, 4 * 256 * 1024)])
+def test_tile_fold_addresses_every_entry_inside_its_tile(monkeypatch, n, budget, use):
+    """The symmetric engine's entries (i, target_i) located in the engine's tile list
+    (diagonal tiles, then column pieces: several per block with a small block-byte budget;
+    for oneDNN of power-of-two widths, then a ragged one), each at its (row, column) offset
+    in the tile's buffer, mutual pairs merged."""
     from hiertail_fast.ops import _lse_symmetric as sym
 
     if budget is not None:
         monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(budget))
-    tiles, _ = sym._tiles(n)
+    tiles, _ = sym._tiles(n, use)
     target = torch.randint(0, n, (n,), generator=torch.Generator().manual_seed(n))
     target[:3] = torch.tensor([n - 1, 0, 2])             # 0 -> n - 1, 1 -> 0, 2 -> itself
     target[n - 1] = 0                 # 0 <-> n - 1 (other blocks): one entry, both folded
-    tf = TileFold(tiles, sym.MAX_BLOCK_ROWS, sym._piece_width(), target, target.clone(),
+    tf = TileFold(tiles, sym.MAX_BLOCK_ROWS, target, target.clone(),
                   torch.ones(n, dtype=torch.bool))
     seen = 0
     for t, sp in enumerate(tf.spans):

@@ -31,6 +31,11 @@ coefficient c_i q_ij (+ c_j q_ji) to W. The arg-max ties go to the smallest ORIG
 
 float32 on CPU with the C kernel only (``applicable``); float64, several levels, hidden keys,
 no compiler: the row-block engine.
+
+The GEMMs run on torch.mm or, where MKL runs slow code (AMD CPUs), on oneDNN
+(``_onednn_gemm``: 1.6x per tile there). oneDNN keeps a kernel per GEMM shape, so for it the
+pieces after a row block are a power of two times the block wide (``_next_piece``) and at most
+16 MiB, and the ragged last piece (< one block) goes to torch.mm.
 """
 from __future__ import annotations
 
@@ -39,7 +44,7 @@ import math
 import torch
 
 from hiertail_fast._validation import env_switch
-from hiertail_fast.ops import _native
+from hiertail_fast.ops import _native, _onednn_gemm
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS
 from hiertail_fast.ops._finite import finite
 from hiertail_fast.ops._lse_torch import MAX_BLOCK_ROWS, block_bytes, exp_cutoff
@@ -113,30 +118,75 @@ def _ptr(t: torch.Tensor | None, rows: slice):
     return None if t is None else t[rows].data_ptr()
 
 
-def _tiles(n: int) -> tuple[list[tuple[int, int, int, int]], int]:
+def _tiles(n: int, use: str = "blas") -> tuple[list[tuple[int, int, int, int]], int]:
     """Every upper-triangle tile (r0, r1, c0, c1) in visiting order, and the flat buffer size
-    they need. Row blocks of MAX_BLOCK_ROWS (the row-block engine's measured best); per block
-    its diagonal tile (c0 = r0) and the keys after it, cut into pieces of at most
-    ``HIERTAIL_CPU_BLOCK_BYTES`` (48 MB, as the row-block engine's buffer) so the buffer stays
-    bounded at any N (one piece up to ~49k keys at 256 rows)."""
-    b, width = MAX_BLOCK_ROWS, _piece_width()
+    the torch.mm tiles need. Row blocks of MAX_BLOCK_ROWS (the row-block engine's measured
+    best); per block its diagonal tile (c0 = r0) and the keys after it, cut into pieces of at
+    most ``HIERTAIL_CPU_BLOCK_BYTES`` (48 MB, as the row-block engine's buffer) so the buffer
+    stays bounded at any N (one piece up to ~49k keys at 256 rows). For oneDNN (``use``) the
+    pieces have few shapes (``_next_piece``)."""
+    b, width = MAX_BLOCK_ROWS, _piece_width(use)
     tiles = []
     for r0 in range(0, n, b):
         r1 = min(n, r0 + b)
         tiles.append((r0, r1, r0, r1))
-        tiles.extend((r0, r1, c0, min(n, c0 + width)) for c0 in range(r1, n, width))
-    return tiles, b * min(n, max(b, width))
+        c0 = r1
+        while c0 < n:
+            c1 = c0 + _next_piece(n - c0, width, use)
+            tiles.append((r0, r1, c0, c1))
+            c0 = c1
+    size = b * b if use == "onednn" else b * min(n, max(b, width))
+    return tiles, size
 
 
-def _piece_width() -> int:
-    """Columns per off-diagonal piece of ``_tiles``."""
-    return max(MAX_BLOCK_ROWS, block_bytes() // (4 * MAX_BLOCK_ROWS))
+# oneDNN returns each tile as a fresh tensor (``_gemm``). Under glibc's 32 MiB mmap ceiling the
+# freed tile's memory is handed back by the heap for the next one; a 48 MB tile was mapped and
+# faulted in anew at every GEMM (its logits 17.3 ms at 49,152 keys where 3 x 16,384 took
+# 3 x 3.2 ms, bench/cpu_gemm.py)
+ONEDNN_TILE_BYTES = 16 << 20
 
 
-def _gemm(buf: torch.Tensor, a: torch.Tensor, bt: torch.Tensor) -> torch.Tensor:
-    """a @ bt.T into a contiguous view of the flat buffer (row stride = its width)."""
+def _piece_width(use: str = "blas") -> int:
+    """Columns per off-diagonal piece of ``_tiles`` (``use``: the GEMM provider). For oneDNN
+    a power of two times the row block, at most ONEDNN_TILE_BYTES."""
+    budget = block_bytes()
+    if use != "onednn":
+        return max(MAX_BLOCK_ROWS, budget // (4 * MAX_BLOCK_ROWS))
+    units = min(budget, ONEDNN_TILE_BYTES) // (4 * MAX_BLOCK_ROWS * MAX_BLOCK_ROWS)
+    return MAX_BLOCK_ROWS << max(0, units.bit_length() - 1)
+
+
+def _next_piece(rest: int, width: int, use: str) -> int:
+    """Width of the next piece when ``rest`` keys are left. oneDNN builds (and keeps, ~0.6 MB
+    each, never given back) a kernel for every distinct GEMM shape: ragged pieces, one width
+    per row block, grew a 100k-node epoch's memory from 0.8 to 1.4 GB. So its pieces are
+    ``width`` or the largest power of two times the row block that fits (a binary cut of the
+    rest: a few shapes in all), and the last < one row block of keys is a ragged piece that
+    torch.mm serves (``_gemm_use``)."""
+    if use != "onednn" or rest >= width:
+        return min(rest, width)
+    if rest < MAX_BLOCK_ROWS:
+        return rest
+    return MAX_BLOCK_ROWS << ((rest // MAX_BLOCK_ROWS).bit_length() - 1)
+
+
+def _gemm_use(use: str, rows: int, cols: int) -> str:
+    """The provider of one tile's products: oneDNN only for its few shapes (full row block,
+    a power of two times it in columns), torch.mm for the ragged rest."""
+    b = MAX_BLOCK_ROWS
+    if use == "onednn" and rows == b and cols % b == 0 and (cols // b).bit_count() == 1:
+        return "onednn"
+    return "blas"
+
+
+def _gemm(buf: torch.Tensor, a: torch.Tensor, bt: torch.Tensor, use: str) -> torch.Tensor:
+    """a @ bt.T: into a contiguous view of the flat buffer (row stride = its width) with
+    torch.mm; a fresh contiguous tile from oneDNN (``use``: ``_gemm_use``), which writes no
+    ``out=`` (the caller drops each tile before the next: one alive at a time)."""
+    if use == "onednn":
+        return _onednn_gemm.mm_nt(a, bt, use=use)
     out = buf[: a.shape[0] * bt.shape[0]].view(a.shape[0], bt.shape[0])
-    return torch.mm(a, bt.t(), out=out)
+    return _onednn_gemm.mm_nt(a, bt, out=out, use=use)
 
 
 def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool,
@@ -172,24 +222,27 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
     row_m = torch.full((n,), float("-inf"), dtype=torch.float32)
     row_s = torch.zeros(n, dtype=torch.float64)
     row_a = torch.full((n,), -1, dtype=torch.long)
-    tiles, size = _tiles(n)
+    use = _onednn_gemm.provider()       # MKL or oneDNN, read once per call
+    tiles, size = _tiles(n, use)
     buf = torch.empty(size, dtype=torch.float32)
 
     def tiles_of_the_triangle():
-        """(rows, cols, diag, logits tile) of every upper-triangle tile, in order."""
+        """(rows, cols, diag, logits tile, its GEMMs' provider) of every upper-triangle tile,
+        in order. The caller drops its tile before asking for the next (``del s``)."""
         for r0, r1, c0, c1 in tiles:
-            cols = slice(c0, c1)
-            yield slice(r0, r1), cols, c0 == r0, _gemm(buf, zs[r0:r1], zs[cols])
+            cols, u = slice(c0, c1), _gemm_use(use, r1 - r0, c1 - c0)
+            yield slice(r0, r1), cols, c0 == r0, _gemm(buf, zs[r0:r1], zs[cols], u), u
 
     p = _ptr
     # ---- pass 1: running row statistics, each pair once
-    for rs, cols, diag, s in tiles_of_the_triangle():
+    for rs, cols, diag, s, _ in tiles_of_the_triangle():
         used = stats_fn(threads, s.shape[0], s.shape[1], s.data_ptr(), s.stride(0), int(diag),
                         scale, p(w, rs), p(w, cols), p(ids, rs), p(ids, cols), cutoff, thr,
                         p(row_m, rs), p(row_s, rs), p(row_a, rs), p(row_m, cols),
                         p(row_s, cols), p(row_a, cols))
         if used < 0:
             raise MemoryError("the symmetric loss kernel could not allocate its row stats")
+        del s
     lse_s = row_m.double() + torch.log(row_s)
     inv = torch.empty_like(order)
     inv[order] = torch.arange(n)
@@ -222,12 +275,12 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
     if fold_argmax is not None and need_max:
         fold_argmax.amax = first_tied_key(z, argmax)                      # original ids
         target = inv[fold_argmax.amax[0][order]]                          # sorted positions
-        fold = TileFold(tiles, MAX_BLOCK_ROWS, _piece_width(), target, inv[row_a], g32 != 0)
+        fold = TileFold(tiles, MAX_BLOCK_ROWS, target, inv[row_a], g32 != 0)
         fold.rows(dict(m=row_m, rel=rel, g=g32, lw=lw, row_s=row_s, cutoff=cutoff,
                        c=c32, gid=positives.gid[order] if with_pos else None,
                        include_self=positives.include_self if with_pos else True))
     dz = torch.zeros_like(zs)
-    for t_id, (rs, cols, diag, s) in enumerate(tiles_of_the_triangle()):
+    for t_id, (rs, cols, diag, s, u) in enumerate(tiles_of_the_triangle()):
         logits = fold.read(t_id, s, scale) if fold is not None else None   # (rarely needed)
         used = grad_fn(threads, s.shape[0], s.shape[1], s.data_ptr(), s.stride(0), int(diag),
                        scale, p(row_m, rs), p(rel, rs), p(g32, rs), p(lw, rs),
@@ -241,8 +294,9 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
             raise MemoryError("the symmetric loss kernel could not allocate its row sums")
         if fold is not None:
             fold.write(t_id, s, logits)
-        dz[rs].addmm_(s, zs[cols])
-        dz[cols].addmm_(s.t(), zs[rs])
+        _onednn_gemm.add_mm_(dz[rs], s, zs[cols], use=u)
+        _onednn_gemm.add_mm_(dz[cols], s.t(), zs[rs], use=u)
+        del s, logits
     dz.mul_(scale * g_max)
     out = torch.empty_like(dz)
     out[order] = dz

@@ -264,12 +264,12 @@ class TileFold:
     gradient pass, and a tile only writes them; an entry moved to an earlier duplicate key
     (``_tied_keys``) reads its logit from the tile before the gradient pass overwrites it.
 
-    Rows are in the engine's sorted order; ``tiles``: the engine's (r0, r1, c0, c1) list,
-    ``block``/``width`` its row block and column piece; target [N]: each row's arg-max (first
-    of duplicate keys) and own [N]: its pass-1 arg-max, sorted positions; take [N]: rows with
-    a nonzero coefficient."""
+    Rows are in the engine's sorted order; ``tiles``: the engine's (r0, r1, c0, c1) list
+    (each row block's diagonal tile, then its pieces left to right, of any widths), ``block``
+    its row block; target [N]: each row's arg-max (first of duplicate keys) and own [N]: its
+    pass-1 arg-max, sorted positions; take [N]: rows with a nonzero coefficient."""
 
-    def __init__(self, tiles, block: int, width: int, target: torch.Tensor,
+    def __init__(self, tiles, block: int, target: torch.Tensor,
                  own: torch.Tensor, take: torch.Tensor):
         n = target.numel()
         i = take.nonzero().squeeze(1)
@@ -291,16 +291,17 @@ class TileFold:
         from_q = f1 & (own[q] == k)
         known = from_q | (f2 & (own[k] == q))
         # the entries' tiles (a block's diagonal tile, then its pieces, in ``tiles``' order)
-        # and their offsets in a tile's [r1 - r0, c1 - c0] buffer
-        diag_tile = torch.tensor([t for t, (r0, _, c0, _) in enumerate(tiles) if c0 == r0],
-                                 dtype=torch.long)
+        # and their offsets in a tile's [r1 - r0, c1 - c0] buffer. Every tile is keyed by
+        # block * (n + 1) + its first column: the list is sorted by that key, and an entry's
+        # tile is the last one whose key is <= block * (n + 1) + its column
+        spec = torch.tensor(tiles, dtype=torch.long).reshape(-1, 4)
+        t_key = (spec[:, 0] // block) * (n + 1) + spec[:, 2]
         blk = q // block
         r0 = blk * block
-        r1 = torch.clamp(r0 + block, max=n)
-        piece = torch.where(diag, 0, (k - r1).clamp(min=0) // width)
-        c0 = torch.where(diag, r0, r1 + piece * width)
-        tile = diag_tile[blk] + torch.where(diag, 0, 1 + piece)
-        ld = torch.where(diag, r1 - r0, torch.clamp(c0 + width, max=n) - c0)
+        col = torch.where(diag, r0, k)
+        tile = torch.searchsorted(t_key, blk * (n + 1) + col, right=True) - 1
+        c0 = spec[tile, 2]
+        ld = spec[tile, 3] - c0
         order = torch.argsort(tile, stable=True)
         self.q, self.k, self.diag = q[order], k[order], diag[order]
         self.f1, self.f2, self.known = f1[order], f2[order], known[order]
