@@ -19,10 +19,15 @@ between a path the library takes and one it keeps (or reproduces) for comparison
                 threads (``_block_exp.c``, new) vs the six torch passes it replaces
     posthreads  the positives kernel's rows on torch's OpenMP threads for blocks with at least
                 PARALLEL_MIN_ENTRIES entries (new) vs one thread per call
+    gemm        the symmetric engine's GEMMs on oneDNN (``HIERTAIL_CPU_GEMM=onednn``, new)
+                vs torch.mm on torch's BLAS (``blas``, MKL in the x86 wheels); use --levels 1
+                and the sizes the engine serves (>= 512 rows)
 
     python bench/engine_ab.py --switch weights --levels 3 --variant official --rounds 15
     python bench/engine_ab.py --switch fold --levels 1 --variant official --regimes relu randn
     python bench/engine_ab.py --switch native --levels 3 --exact     (+ the exact variant's time)
+    python bench/engine_ab.py --switch gemm --levels 1 --variant exact --n 20000 --d 128 \
+        --regimes normalised --rounds 4
 
 A change that leaves no old path to switch to is measured against the package at an earlier git
 revision, with that revision's own C kernels: ``bench/version_ab.py``.
@@ -46,6 +51,7 @@ from loss_grid import REGIMES, floor_step, loss_step, make_case  # noqa: E402
 
 import hiertail_fast.ops._block_exp as block_mod  # noqa: E402
 import hiertail_fast.ops._lse_torch as lse_mod  # noqa: E402
+import hiertail_fast.ops._onednn_gemm as gemm_mod  # noqa: E402
 import hiertail_fast.ops._positive_blocks as blocks_mod  # noqa: E402
 import hiertail_fast.ops._positive_keys as keys_mod  # noqa: E402
 from hiertail_fast._argparse import positive, temperature_arg  # noqa: E402
@@ -89,8 +95,20 @@ def _switches():
     def set_posthreads(new: bool):
         blocks_mod.PARALLEL_MIN_ENTRIES = real_min_entries if new else 1 << 62
 
+    saved_gemm = os.environ.get(gemm_mod.ENV_VAR)
+
+    def set_gemm(new: bool | None):
+        """new / old provider; None: the environment as it was (after the run)."""
+        if new is not None:
+            os.environ[gemm_mod.ENV_VAR] = "onednn" if new else "blas"
+        elif saved_gemm is None:
+            os.environ.pop(gemm_mod.ENV_VAR, None)
+        else:
+            os.environ[gemm_mod.ENV_VAR] = saved_gemm
+
     return {"weights": set_weights, "fold": set_fold, "rest": set_rest, "all": set_all,
-            "native": set_native, "blockexp": set_block, "posthreads": set_posthreads}
+            "native": set_native, "blockexp": set_block, "posthreads": set_posthreads,
+            "gemm": set_gemm}
 
 
 def add_case_arguments(p: argparse.ArgumentParser, levels: int, rounds: int) -> None:
@@ -124,7 +142,7 @@ def round_robin_medians(steps: dict, rounds: int, before=None) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--switch", choices=("fold", "weights", "rest", "all", "native", "blockexp",
-                                        "posthreads"), required=True)
+                                        "posthreads", "gemm"), required=True)
     add_case_arguments(p, levels=3, rounds=15)
     p.add_argument("--threads", type=positive(int))
     p.add_argument("--exact", action="store_true",
@@ -141,6 +159,8 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     set_path = _switches()[args.switch]
+    if args.switch == "gemm" and (why := gemm_mod._unavailable()) is not None:
+        p.error(f"--switch gemm: {why}")
 
     def switch_for(name: str) -> None:            # the old / new path before its step
         if name in ("old", "new"):
@@ -166,7 +186,7 @@ def main(argv=None) -> int:
                          f"{med['new'] / med['exact']:.3f}")
             print(line, flush=True)
     finally:
-        set_path(True)
+        set_path(None if args.switch == "gemm" else True)
     print(f"load average {os.getloadavg()}")
     return 0
 

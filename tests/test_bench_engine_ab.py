@@ -3,6 +3,7 @@ runs end to end on a tiny case, really swaps the path while timing, and restores
 own path afterwards."""
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -46,6 +47,33 @@ def test_each_switch_runs_swaps_and_restores(switch, levels, capsys, monkeypatch
     monkeypatch.undo()
     assert (lse_mod.level_weights, keys_mod.constant_per_group,
             blocks_mod.BlockPositives._rest_columns) == real
+
+
+def test_switch_gemm_runs_each_provider_in_turn_and_restores(capsys, monkeypatch):
+    """old = torch.mm (blas), new = oneDNN, alternating; the user's setting after."""
+    import hiertail_fast.ops._lse_symmetric as sym
+    import hiertail_fast.ops._onednn_gemm as gemm_mod
+
+    if gemm_mod._unavailable() is not None or not sym.available():
+        pytest.skip("no oneDNN GEMM or no symmetric engine here")
+    monkeypatch.setenv(gemm_mod.ENV_VAR, "BLAS ")
+    monkeypatch.setattr(sym, "MIN_ROWS", 1)
+    seen = []
+    real = sym.lse_fused
+
+    def spy(*a, **k):
+        seen.append(gemm_mod.provider())
+        return real(*a, **k)
+
+    monkeypatch.setattr(sym, "lse_fused", spy)
+    assert engine_ab.main(["--switch", "gemm", "--levels", "1", "--variant", "exact",
+                           "--n", "150", "--d", "8", "--rounds", "2", "--regimes", "relu"]) == 0
+    assert "new/old" in capsys.readouterr().out
+    assert seen == ["blas", "onednn"] * 2              # forward + backward share one call
+    assert os.environ[gemm_mod.ENV_VAR] == "BLAS "
+    monkeypatch.delenv(gemm_mod.ENV_VAR)
+    engine_ab._switches()["gemm"](None)
+    assert gemm_mod.ENV_VAR not in os.environ
 
 
 def test_switch_all_runs_and_restores(capsys):
