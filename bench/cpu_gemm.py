@@ -15,6 +15,11 @@ per shape: why the engine gives it few shapes, ``_lse_symmetric._next_piece``).
 
     python bench/cpu_gemm.py --widths 4096 16384 49152 --d 128 --rounds 7 --shapes 100
 
+``--loss N --tile-mib 16 8 4`` then runs the exact loss (forward + backward, N normalised rows,
+70 classes) on oneDNN with each tile budget (``HIERTAIL_CPU_BLOCK_BYTES``) in turn, for
+``--loss-rounds`` rounds, printing seconds and the process's minor page faults per call: a
+fresh tile the allocator maps anew is faulted in page by page (why ``ONEDNN_TILE_BYTES``).
+
 Run it on an idle machine (``bench/idle_window.sh``); the load average is printed before and
 after.
 """
@@ -87,6 +92,39 @@ def shape_growth(shapes: int, d: int) -> float:
     return (rss_mb() - before) / shapes
 
 
+def minor_faults() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def loss_faults(n: int, d: int, tiles_mib: list[int], rounds: int) -> list[tuple]:
+    """(round, MiB, seconds, minor faults) of the exact loss on oneDNN per tile budget."""
+    from hiertail_fast import balanced_contrastive_loss
+
+    gen = torch.Generator().manual_seed(n)
+    z0 = torch.nn.functional.normalize(torch.randn(n, d, generator=gen), dim=1)
+    y = torch.randint(0, 70, (n,), generator=gen)
+    saved = {k: os.environ.get(k) for k in (og.ENV_VAR, "HIERTAIL_CPU_BLOCK_BYTES")}
+    rows = []
+    try:
+        os.environ[og.ENV_VAR] = "onednn"
+        for r in range(rounds):
+            for mib in tiles_mib:
+                os.environ["HIERTAIL_CPU_BLOCK_BYTES"] = str(mib << 20)
+                z = z0.clone().requires_grad_()
+                f0, start = minor_faults(), time.perf_counter()
+                balanced_contrastive_loss(z, y, temperature=0.1).backward()
+                rows.append((r, mib, time.perf_counter() - start, minor_faults() - f0))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--widths", type=positive(int), nargs="+", default=[4096, 16384, 49152])
@@ -95,6 +133,10 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=positive(int), default=5, help="calls per timing")
     p.add_argument("--shapes", type=int, default=0,
                    help="also measure the RSS growth over this many distinct shapes (Linux)")
+    p.add_argument("--loss", type=positive(int), help="also time the exact loss at N rows")
+    p.add_argument("--tile-mib", type=positive(int), nargs="+", default=[16, 8],
+                   help="--loss: tile budgets (MiB) to run it with")
+    p.add_argument("--loss-rounds", type=positive(int), default=2)
     p.add_argument("--threads", type=positive(int))
     args = p.parse_args(argv)
     if args.rounds < 2:
@@ -123,6 +165,11 @@ def main(argv=None) -> int:
         if args.shapes:
             print(f"RSS growth per distinct oneDNN shape: "
                   f"{shape_growth(args.shapes, args.d):.2f} MB ({args.shapes} shapes)")
+    if args.loss:
+        for r, mib, secs, faults in loss_faults(args.loss, args.d, args.tile_mib,
+                                                args.loss_rounds):
+            print(f"loss N {args.loss} round {r} tiles {mib:3d} MiB {secs:8.2f} s "
+                  f"{faults:9d} minor faults", flush=True)
     print(f"load average {os.getloadavg()}")
     return 0
 

@@ -3,6 +3,7 @@ each form on each provider, rows and ratios that follow from the timings, the pe
 memory line, and argparse's errors."""
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -45,6 +46,35 @@ def test_each_form_on_each_provider_and_the_tile_row(capsys, monkeypatch):
     assert {u for _, u in calls[:24]} == {"blas", "onednn"}
     assert re.search(r"RSS growth per distinct oneDNN shape: -?[\d.]+ MB \(3 shapes\)", out)
     assert out.count("load average") == 2
+
+
+@needs_onednn
+def test_loss_rows_per_tile_budget_and_the_environment_restored(capsys, monkeypatch):
+    import hiertail_fast.ops._lse_symmetric as sym
+
+    if not sym.available():
+        pytest.skip("no symmetric engine here")
+    monkeypatch.setattr(sym, "MIN_ROWS", 1)
+    monkeypatch.setattr(sym, "MAX_BLOCK_ROWS", 16)
+    monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", "123456")
+    monkeypatch.delenv(og.ENV_VAR, raising=False)
+    budgets = []
+    real = sym._piece_width
+
+    def spy(use="blas"):
+        budgets.append((use, os.environ["HIERTAIL_CPU_BLOCK_BYTES"]))
+        return real(use)
+
+    monkeypatch.setattr(sym, "_piece_width", spy)
+    assert cpu_gemm.main(["--widths", "16", "--d", "8", "--rounds", "2", "--repeat", "1",
+                          "--loss", "300", "--tile-mib", "2", "1", "--loss-rounds", "2"]) == 0
+    out = capsys.readouterr().out
+    rows = re.findall(r"^loss N 300 round (\d) tiles\s+(\d+) MiB\s+[\d.]+ s\s+\d+ minor faults$",
+                      out, re.M)
+    assert rows == [("0", "2"), ("0", "1"), ("1", "2"), ("1", "1")]
+    assert budgets == [("onednn", str(2 << 20)), ("onednn", str(1 << 20))] * 2
+    assert os.environ["HIERTAIL_CPU_BLOCK_BYTES"] == "123456"
+    assert og.ENV_VAR not in os.environ
 
 
 @pytest.mark.parametrize("args, message", [

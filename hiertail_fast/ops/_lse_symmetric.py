@@ -35,7 +35,7 @@ no compiler: the row-block engine.
 The GEMMs run on torch.mm or, where MKL runs slow code (AMD CPUs), on oneDNN
 (``_onednn_gemm``: 1.6x per tile there). oneDNN keeps a kernel per GEMM shape, so for it the
 pieces after a row block are a power of two times the block wide (``_next_piece``) and at most
-16 MiB, and the ragged last piece (< one block) goes to torch.mm.
+8 MiB, and the ragged last piece (< one block) goes to torch.mm.
 """
 from __future__ import annotations
 
@@ -139,11 +139,11 @@ def _tiles(n: int, use: str = "blas") -> tuple[list[tuple[int, int, int, int]], 
     return tiles, size
 
 
-# oneDNN returns each tile as a fresh tensor (``_gemm``). Under glibc's 32 MiB mmap ceiling the
-# freed tile's memory is handed back by the heap for the next one; a 48 MB tile was mapped and
-# faulted in anew at every GEMM (its logits 17.3 ms at 49,152 keys where 3 x 16,384 took
-# 3 x 3.2 ms, bench/cpu_gemm.py)
-ONEDNN_TILE_BYTES = 16 << 20
+# oneDNN returns each tile as a fresh tensor (``_gemm``), which the allocator may map and fault
+# in anew: a 48 MB tile at every GEMM (its logits 17.3 ms at 49,152 keys where 3 x 16,384 took
+# 3 x 3.2 ms, bench/cpu_gemm.py); 16 MiB tiles still at times (2.4M minor faults in one 100k
+# loss, 25.4 s, where 8 MiB tiles had 225k, as torch.mm's path, 22.0 s). 8 MiB it is.
+ONEDNN_TILE_BYTES = 8 << 20
 
 
 def _piece_width(use: str = "blas") -> int:
