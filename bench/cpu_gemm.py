@@ -134,7 +134,7 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", type=int, default=0,
                    help="also measure the RSS growth over this many distinct shapes (Linux)")
     p.add_argument("--loss", type=positive(int), help="also time the exact loss at N rows")
-    p.add_argument("--tile-mib", type=positive(int), nargs="+", default=[16, 8],
+    p.add_argument("--tile-mib", type=positive(int), nargs="+", default=[16, 8, 4],
                    help="--loss: tile budgets (MiB) to run it with")
     p.add_argument("--loss-rounds", type=positive(int), default=2)
     p.add_argument("--threads", type=positive(int))

@@ -35,7 +35,7 @@ no compiler: the row-block engine.
 The GEMMs run on torch.mm or, where MKL runs slow code (AMD CPUs), on oneDNN
 (``_onednn_gemm``: 1.6x per tile there). oneDNN keeps a kernel per GEMM shape, so for it the
 pieces after a row block are a power of two times the block wide (``_next_piece``) and at most
-8 MiB, and the ragged last piece (< one block) goes to torch.mm.
+4 MiB, and the ragged last piece (< one block) goes to torch.mm.
 """
 from __future__ import annotations
 
@@ -139,11 +139,13 @@ def _tiles(n: int, use: str = "blas") -> tuple[list[tuple[int, int, int, int]], 
     return tiles, size
 
 
-# oneDNN returns each tile as a fresh tensor (``_gemm``), which the allocator may map and fault
-# in anew: a 48 MB tile at every GEMM (its logits 17.3 ms at 49,152 keys where 3 x 16,384 took
-# 3 x 3.2 ms, bench/cpu_gemm.py); 16 MiB tiles still at times (2.4M minor faults in one 100k
-# loss, 25.4 s, where 8 MiB tiles had 225k, as torch.mm's path, 22.0 s). 8 MiB it is.
-ONEDNN_TILE_BYTES = 8 << 20
+# oneDNN returns each tile as a fresh tensor (``_gemm``), which glibc's allocator may map and
+# fault in anew, page by page, depending on what the process allocated and freed before: a
+# 48 MB tile at every GEMM (its logits 17.3 ms at 49,152 keys where 3 x 16,384 took 3 x 3.2 ms,
+# bench/cpu_gemm.py); 16 and 8 MiB tiles in some processes (one 100k loss: 5.0M minor faults,
+# 30-31 s) and not in others; 4 MiB tiles in none measured (226k-230k, as torch.mm's path;
+# 18.3-20.4 s), at 1.49x torch.mm per tile where 16 MiB got 1.59x.
+ONEDNN_TILE_BYTES = 4 << 20
 
 
 def _piece_width(use: str = "blas") -> int:
