@@ -6,7 +6,7 @@ inside torch, picks its kernels by instruction set. On this project's 2-core AMD
 (AVX-512, torch 2.13.0+cpu; ``bench/cpu_gemm.py``, idle, round-robin) a symmetric-engine tile
 of 256 x 16,384 keys, d 128, took 23.6 ms in torch.mm and 14.9 ms in oneDNN (1.59x; the
 logits 1.90x, the rows' product 1.83x, the keys' 1.08x), and a whole HierTail epoch at 100k
-nodes 38.6 s -> 25.0 s (``bench/epoch_ab.py``; the first epoch's loss equal).
+nodes 41.1 s -> 24.0 s (``bench/epoch_ab.py``, the engine's 4 MiB tiles; loss equal).
 
 torch reaches oneDNN's plain float32 matmul only through a private op,
 ``torch.ops.mkldnn._linear_pointwise(X, W, bias, "none", [], "")`` = X @ W^T, which takes
