@@ -135,8 +135,9 @@ def test_memory_extrapolation_keeps_fixed_costs_fixed():
 
 
 def test_main_jobs_reference_runs_fit_the_default_budget():
-    """The main job's own 100- and 1,000-node reference runs (docs/results/scale.csv: 3.5 and
-    47 MB) put the 10k reference at 4.4 GB through n² alone (44 B a pair: a third of that
+    """The main job's own 100- and 1,000-node reference runs (its table of 2026-11-27,
+    docs/results/scale_2026-11-27_epyc/scale.csv: 3.5 and 47 MB) put the 10k reference at
+    4.4 GB through n² alone (44 B a pair: a third of that
     growth is linear costs) and skipped it under the 4 GB default budget; it takes 2.1 GB (a
     docs audit). The model's per-node bytes are charged first now; the 1k / 10k runs still
     rule out 100k (~200 GB), and pairs twice as costly as the model's are still seen."""
