@@ -284,3 +284,15 @@ def test_onednn_tiles_stay_under_the_allocators_mmap_ceiling(monkeypatch):
     assert max((r1 - r0) * (c1 - c0) for r0, r1, c0, c1 in tiles) * 4 < 32 << 20
     monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(4 << 20))     # a smaller budget holds
     assert sym._piece_width("onednn") * 4 * sym.MAX_BLOCK_ROWS == 4 << 20
+
+
+def test_torch_release_reads_major_and_minor(monkeypatch):
+    from hiertail_fast.ops import _torch_release
+
+    for text, want in [("2.13.0+cpu", (2, 13)), ("2.11.0", (2, 11)), ("3.0.1+cu130", (3, 0))]:
+        monkeypatch.setattr(_torch_release.torch, "__version__", text)
+        assert _torch_release.torch_release() == want
+    monkeypatch.setattr(_torch_release.torch, "__version__", "2.0.0")
+    assert not og.supported()
+    monkeypatch.setattr(_torch_release.torch, "__version__", "2.1.0")
+    assert og.supported()

@@ -35,6 +35,7 @@ import torch
 
 from hiertail_fast.ops import _lse_torch
 from hiertail_fast.ops._finite import finite
+from hiertail_fast.ops._torch_release import torch_release
 
 # The private ops and the exact signatures used below, checked on torch 2.11 (the GPU image)
 # and 2.13 (the CPU machines). Older or newer releases go through the schema probe in
@@ -76,14 +77,9 @@ class AttentionUnavailable(RuntimeError):
     """The attention kernels cannot serve this call (caller falls back to its own engine)."""
 
 
-def _torch_version() -> tuple[int, int]:
-    parts = torch.__version__.split("+")[0].split(".")
-    return int(parts[0]), int(parts[1])
-
-
 def supported(version: tuple[int, int] | None = None) -> bool:
     """Whether this torch release is one the adapter knows (>= MIN_TORCH)."""
-    return (version or _torch_version()) >= MIN_TORCH
+    return (version or torch_release()) >= MIN_TORCH
 
 
 @functools.lru_cache(maxsize=None)

@@ -38,6 +38,7 @@ import platform
 import torch
 
 from hiertail_fast.ops._matmul_precision import ieee_matmuls
+from hiertail_fast.ops._torch_release import torch_release
 
 ENV_VAR = "HIERTAIL_CPU_GEMM"
 CHOICES = ("auto", "onednn", "blas")
@@ -48,14 +49,9 @@ MIN_TORCH = (2, 1)
 _OP_ARGS = ("X", "W", "B", "attr", "scalars", "algorithm")
 
 
-def _torch_version() -> tuple[int, int]:
-    parts = torch.__version__.split("+")[0].split(".")
-    return int(parts[0]), int(parts[1])
-
-
 def supported(version: tuple[int, int] | None = None) -> bool:
     """Whether this torch release is one the adapter knows (>= MIN_TORCH)."""
-    return (version or _torch_version()) >= MIN_TORCH
+    return (version or torch_release()) >= MIN_TORCH
 
 
 @functools.lru_cache(maxsize=None)
