@@ -33,7 +33,7 @@ float32 on CPU with the C kernel only (``applicable``); float64, several levels,
 no compiler: the row-block engine.
 
 The GEMMs run on torch.mm or, where MKL runs slow code (AMD CPUs), on oneDNN
-(``_onednn_gemm``: 1.6x per tile there). oneDNN keeps a kernel per GEMM shape, so for it the
+(``_onednn_gemm``: 1.49x per 4 MiB tile there). oneDNN keeps a kernel per GEMM shape, so for it the
 pieces after a row block are a power of two times the block wide (``_next_piece``) and at most
 4 MiB, and the ragged last piece (< one block) goes to torch.mm.
 """
@@ -159,7 +159,7 @@ def _piece_width(use: str = "blas") -> int:
 
 
 def _next_piece(rest: int, width: int, use: str) -> int:
-    """Width of the next piece when ``rest`` keys are left. oneDNN builds (and keeps, ~0.6 MB
+    """Width of the next piece when ``rest`` keys are left. oneDNN builds (and keeps, ~0.5 MB
     each, never given back) a kernel for every distinct GEMM shape: ragged pieces, one width
     per row block, grew a 100k-node epoch's memory from 0.8 to 1.4 GB. So its pieces are
     ``width`` or the largest power of two times the row block that fits (a binary cut of the
