@@ -35,6 +35,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).parent))
+from _gpu_checks import environment  # noqa: E402
+
 from hiertail_fast._argparse import positive  # noqa: E402
 from hiertail_fast.ops import _onednn_gemm as og  # noqa: E402
 from hiertail_fast.ops._matmul_precision import ieee_matmuls  # noqa: E402
@@ -105,23 +108,14 @@ def loss_faults(n: int, d: int, tiles_mib: list[int], rounds: int) -> list[tuple
     gen = torch.Generator().manual_seed(n)
     z0 = torch.nn.functional.normalize(torch.randn(n, d, generator=gen), dim=1)
     y = torch.randint(0, 70, (n,), generator=gen)
-    saved = {k: os.environ.get(k) for k in (og.ENV_VAR, "HIERTAIL_CPU_BLOCK_BYTES")}
     rows = []
-    try:
-        os.environ[og.ENV_VAR] = "onednn"
-        for r in range(rounds):
-            for mib in tiles_mib:
-                os.environ["HIERTAIL_CPU_BLOCK_BYTES"] = str(mib << 20)
+    for r in range(rounds):
+        for mib in tiles_mib:
+            with environment({og.ENV_VAR: "onednn", "HIERTAIL_CPU_BLOCK_BYTES": str(mib << 20)}):
                 z = z0.clone().requires_grad_()
                 f0, start = minor_faults(), time.perf_counter()
                 balanced_contrastive_loss(z, y, temperature=0.1).backward()
                 rows.append((r, mib, time.perf_counter() - start, minor_faults() - f0))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     return rows
 
 

@@ -47,6 +47,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import loss_grid  # noqa: E402
+from _gpu_checks import environment  # noqa: E402
 from loss_grid import REGIMES, floor_step, loss_step, make_case  # noqa: E402
 
 import hiertail_fast.ops._block_exp as block_mod  # noqa: E402
@@ -95,16 +96,8 @@ def _switches():
     def set_posthreads(new: bool):
         blocks_mod.PARALLEL_MIN_ENTRIES = real_min_entries if new else 1 << 62
 
-    saved_gemm = os.environ.get(gemm_mod.ENV_VAR)
-
-    def set_gemm(new: bool | None):
-        """new / old provider; None: the environment as it was (after the run)."""
-        if new is not None:
-            os.environ[gemm_mod.ENV_VAR] = "onednn" if new else "blas"
-        elif saved_gemm is None:
-            os.environ.pop(gemm_mod.ENV_VAR, None)
-        else:
-            os.environ[gemm_mod.ENV_VAR] = saved_gemm
+    def set_gemm(new: bool):      # (main puts the user's setting back after the run)
+        os.environ[gemm_mod.ENV_VAR] = "onednn" if new else "blas"
 
     return {"weights": set_weights, "fold": set_fold, "rest": set_rest, "all": set_all,
             "native": set_native, "blockexp": set_block, "posthreads": set_posthreads,
@@ -170,23 +163,27 @@ def main(argv=None) -> int:
           f"switch {args.switch}, N {args.n}, d {args.d}, L {args.levels}, {args.variant}, "
           f"tau {args.tau:g}, {args.rounds} rounds (first dropped)"
           + (f", exact variant on {args.exact_backend}" if args.exact else ""))
-    try:
-        for regime in args.regimes:
-            z, ys, ps = make_case(regime, args.n, args.d, args.levels)
-            step = loss_step("torch", z, ys, ps, args.tau, args.variant)
-            steps = {"old": step, "new": step, "floor+exp": floor_step(z, ps, with_exp=True)}
-            if args.exact:
-                steps["exact"] = loss_step(args.exact_backend, z, ys, ps, args.tau, "exact")
-            med = round_robin_medians(steps, args.rounds, before=switch_for)
-            line = (f"{regime:10s} old {med['old']:.4f} s  new {med['new']:.4f} s  "
-                    f"floor+exp {med['floor+exp']:.4f} s  new/old {med['new'] / med['old']:.3f}")
-            if args.exact:
-                line += (f"  exact {med['exact']:.4f} s  old/exact "
-                         f"{med['old'] / med['exact']:.3f}  new/exact "
-                         f"{med['new'] / med['exact']:.3f}")
-            print(line, flush=True)
-    finally:
-        set_path(None if args.switch == "gemm" else True)
+    # the gemm switch sets HIERTAIL_CPU_GEMM: put back as the user had it after the run (its
+    # own value; unset: "" for the run, which reads as unset, then removed again)
+    with environment({gemm_mod.ENV_VAR: os.environ.get(gemm_mod.ENV_VAR, "")}):
+        try:
+            for regime in args.regimes:
+                z, ys, ps = make_case(regime, args.n, args.d, args.levels)
+                step = loss_step("torch", z, ys, ps, args.tau, args.variant)
+                steps = {"old": step, "new": step, "floor+exp": floor_step(z, ps, with_exp=True)}
+                if args.exact:
+                    steps["exact"] = loss_step(args.exact_backend, z, ys, ps, args.tau, "exact")
+                med = round_robin_medians(steps, args.rounds, before=switch_for)
+                line = (f"{regime:10s} old {med['old']:.4f} s  new {med['new']:.4f} s  "
+                        f"floor+exp {med['floor+exp']:.4f} s  "
+                        f"new/old {med['new'] / med['old']:.3f}")
+                if args.exact:
+                    line += (f"  exact {med['exact']:.4f} s  old/exact "
+                             f"{med['old'] / med['exact']:.3f}  new/exact "
+                             f"{med['new'] / med['exact']:.3f}")
+                print(line, flush=True)
+        finally:
+            set_path(True)
     print(f"load average {os.getloadavg()}")
     return 0
 

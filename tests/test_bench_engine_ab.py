@@ -71,8 +71,11 @@ def test_switch_gemm_runs_each_provider_in_turn_and_restores(capsys, monkeypatch
     assert "new/old" in capsys.readouterr().out
     assert seen == ["blas", "onednn"] * 2              # forward + backward share one call
     assert os.environ[gemm_mod.ENV_VAR] == "BLAS "
-    monkeypatch.delenv(gemm_mod.ENV_VAR)
-    engine_ab._switches()["gemm"](None)
+    monkeypatch.delenv(gemm_mod.ENV_VAR)              # unset before: unset after
+    seen.clear()
+    assert engine_ab.main(["--switch", "gemm", "--levels", "1", "--variant", "exact",
+                           "--n", "150", "--d", "8", "--rounds", "2", "--regimes", "relu"]) == 0
+    assert seen == ["blas", "onednn"] * 2
     assert gemm_mod.ENV_VAR not in os.environ
 
 
