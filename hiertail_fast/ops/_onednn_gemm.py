@@ -47,6 +47,7 @@ FPMATH_ENV = "ONEDNN_DEFAULT_FPMATH_MODE"
 # and present since 2.1; other releases go through the schema probe in `_op()`
 MIN_TORCH = (2, 1)
 _OP_ARGS = ("X", "W", "B", "attr", "scalars", "algorithm")
+_NO_OP = "torch.ops.mkldnn._linear_pointwise is not available in this torch build"
 
 
 def supported(version: tuple[int, int] | None = None) -> bool:
@@ -91,7 +92,7 @@ def _probe() -> str | None:
     why not. Cached: run once per process (inside our ops, at IEEE precision flags)."""
     op = _op()
     if op is None:
-        return "torch.ops.mkldnn._linear_pointwise is not available in this torch build"
+        return _NO_OP
     g = torch.Generator().manual_seed(0)
     x = torch.randn(67, 160, generator=g)
     w = torch.randn(45, 160, generator=g)
@@ -111,7 +112,7 @@ def _probe() -> str | None:
 def _unavailable() -> str | None:
     """Why oneDNN cannot serve the GEMMs here, or None."""
     if _op() is None:
-        return "torch.ops.mkldnn._linear_pointwise is not available in this torch build"
+        return _NO_OP
     if not _fpmath_strict():
         return f"{FPMATH_ENV}={os.environ[FPMATH_ENV]!r} lets oneDNN round float32 inputs"
     return _probe()
