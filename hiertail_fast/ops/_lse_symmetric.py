@@ -142,9 +142,9 @@ def _tiles(n: int, use: str = "blas") -> tuple[list[tuple[int, int, int, int]], 
 # oneDNN returns each tile as a fresh tensor (``_gemm``), which glibc's allocator may map and
 # fault in anew, page by page, depending on what the process allocated and freed before: a
 # 48 MB tile at every GEMM (its logits 17.3 ms at 49,152 keys where 3 x 16,384 took 3 x 3.2 ms,
-# bench/cpu_gemm.py). Smaller tiles less often, not never: in one process 16 and 8 MiB tiles
-# cost 5.0M minor faults per 100k loss (30-31 s) and 4 MiB ones 226-230k (18-20 s, as the
-# torch.mm path's); in another all three ~4M (docs/LOSS.md). 4 MiB: 1.49x torch.mm per tile.
+# bench/cpu_gemm.py). At 16, 8 and 4 MiB the process's history decided it, not the size (one
+# 100k loss: 226k to 5.0M minor faults, 18-31 s; docs/LOSS.md); 4 MiB: 1.49x torch.mm per tile,
+# and the epoch measured no different from 16 MiB.
 ONEDNN_TILE_BYTES = 4 << 20
 
 
