@@ -57,6 +57,7 @@ from hiertail_fast._validation.options import (  # noqa: F401
     check_positive_int,
     check_seed,
     check_threads,
+    env_choice,
     env_int,
     env_switch,
 )

@@ -126,6 +126,16 @@ def env_switch(name: str, default: bool) -> bool:
     raise ValueError(f"{name}={raw!r} is not one of 1/0 (true/false, yes/no, on/off)")
 
 
+def env_choice(name: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices`` from the environment (any case, spaces around it ignored; unset or
+    blank: the first), anything else a ValueError naming the variable and its choices
+    (HIERTAIL_CPU_GEMM, HIERTAIL_CPU_HEAP)."""
+    value = os.environ.get(name, "").strip().lower() or choices[0]
+    if value not in choices:
+        raise ValueError(f"{name}={os.environ[name]!r} is not one of {', '.join(choices)}")
+    return value
+
+
 def env_int(name: str, default: int, least: int = 1) -> int:
     """An integer >= ``least`` from the environment (unset or empty: ``default``); anything
     else a ValueError naming the variable (the block sizes were read with a bare int(): it

@@ -35,16 +35,18 @@ no compiler: the row-block engine.
 The GEMMs run on torch.mm or, where MKL runs slow code (AMD CPUs), on oneDNN
 (``_onednn_gemm``: 1.49x per 4 MiB tile there). oneDNN keeps a kernel per GEMM shape, so for it the
 pieces after a row block are a power of two times the block wide (``_next_piece``) and at most
-4 MiB, and the ragged last piece (< one block) goes to torch.mm.
+4 MiB, and the ragged last piece (< one block) goes to torch.mm. oneDNN returns each tile as a
+fresh tensor, so while it serves, glibc's heap is padded (``_roomy_heap``).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 
 from hiertail_fast._validation import env_switch
-from hiertail_fast.ops import _native, _onednn_gemm
+from hiertail_fast.ops import _native, _onednn_gemm, _roomy_heap
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS
 from hiertail_fast.ops._finite import finite
 from hiertail_fast.ops._lse_torch import MAX_BLOCK_ROWS, block_bytes, exp_cutoff
@@ -201,6 +203,17 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
     need_max and coef_fn): the entries (i, a_i) are left out of dz (a_i: the first key equal
     to the returned arg-max's row) and their LSE part and positive term handed back in it
     (``_max_fold.TileFold``)."""
+    use = _onednn_gemm.provider()       # MKL or oneDNN, read once per call
+    _roomy_heap.choice()                # a bad HIERTAIL_CPU_HEAP is an error on every path
+    # oneDNN's logits tiles are fresh tensors: keep glibc from handing their pages back to the
+    # kernel between two tiles (a page fault per 4 KiB of the next one; ``_roomy_heap``)
+    heap = _roomy_heap.roomy_heap() if use == "onednn" else contextlib.nullcontext()
+    with heap:
+        return _lse_fused(z, log_w, scale, need_max, coef_fn, positives, fold_argmax, use)
+
+
+def _lse_fused(z, log_w, scale, need_max, coef_fn, positives, fold_argmax, use: str):
+    """``lse_fused``'s work with the GEMM provider ``use``."""
     stats_fn, grad_fn = _kernels()
     n, _ = z.shape
     threads = torch.get_num_threads()
@@ -224,7 +237,6 @@ def lse_fused(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool
     row_m = torch.full((n,), float("-inf"), dtype=torch.float32)
     row_s = torch.zeros(n, dtype=torch.float64)
     row_a = torch.full((n,), -1, dtype=torch.long)
-    use = _onednn_gemm.provider()       # MKL or oneDNN, read once per call
     tiles, size = _tiles(n, use)
     buf = torch.empty(size, dtype=torch.float32)
 

@@ -37,6 +37,7 @@ import platform
 
 import torch
 
+from hiertail_fast._validation import env_choice
 from hiertail_fast.ops._matmul_precision import ieee_matmuls
 from hiertail_fast.ops._torch_release import torch_release
 
@@ -127,11 +128,7 @@ def _auto_machine() -> bool:
 
 def choice() -> str:
     """HIERTAIL_CPU_GEMM's value (unset or empty: auto); anything else a ValueError."""
-    value = os.environ.get(ENV_VAR, "").strip().lower() or "auto"
-    if value not in CHOICES:
-        raise ValueError(f"{ENV_VAR}={os.environ[ENV_VAR]!r} is not one of "
-                         f"{', '.join(CHOICES)}")
-    return value
+    return env_choice(ENV_VAR, CHOICES)
 
 
 def provider() -> str:
