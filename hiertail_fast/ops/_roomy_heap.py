@@ -8,8 +8,10 @@ the trim threshold free at the top it hands the pages back to the kernel (``brk`
 tile then touches fresh pages, one minor page fault per 4 KiB. Whether that happens depends on
 the process's history (what its heap held before), not on our code: 4.0-4.3M faults per 100k
 loss in some processes, 0.23M in others (``bench/cpu_gemm.py --loss``; torch.mm, which writes
-into one reused buffer, 0.24M). On the project's 2-core AMD EPYC VM the faults cost 27-29 s
-against 19-22 s for the same loss without them (``bench/heap_ab.py``).
+into one reused buffer, 0.24M). On the project's 2-core AMD EPYC VM (2026-12-07, fresh
+processes alternated, ``bench/heap_ab.py``) a 100k exact loss, forward + backward, took 28.5 s
+with glibc as it was (4.3M faults) and 22.1 s padded (0.24M; 0.775x, peak RSS the same); a
+HierTail epoch at 100k nodes, whose process had only 0.48M faults, 23.0 -> 21.2 s (0.92x).
 
 What. While the engine runs with oneDNN tiles, ``roomy_heap()`` sets
 
