@@ -72,6 +72,28 @@ def test_products_within_float32s_bound(use, m, k, n):
         assert torch.equal(base[:2], keep[:2]) and torch.equal(base[2 + m:], keep[2 + m:])
 
 
+@pytest.mark.parametrize("use", ["blas", pytest.param("onednn", marks=needs_onednn)])
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 13, 5), (37, 160, 300), (256, 3, 1)])
+def test_the_transposed_accumulation_within_float32s_bound(use, m, k, n):
+    """acc_t += (a @ b)^T into a column slice of a wider [n, *] buffer (the engine's
+    transposed keys accumulator, row stride N), a row-major and as a transposed view; the
+    buffer's other columns untouched."""
+    gen = torch.Generator().manual_seed(m * 7 + k * 3 + n)
+    b = torch.randn(k, n, generator=gen)
+    base = torch.randn(n, m + 5, generator=gen)
+    keep = base.clone()
+    a = torch.randn(m, k, generator=gen)
+    for lhs in (a, a.t().contiguous().t()):
+        acc_t = base[:, 3:3 + m]
+        before = acc_t.double().clone()
+        assert og.add_mm_t_(acc_t, lhs, b, use=use) is acc_t
+        want = before + (lhs.double() @ b.double()).t()
+        bound = _bound(lhs, b).t() + 4 * 2.0 ** -24 * want.abs()
+        assert ((acc_t.double() - want).abs() <= bound).all()
+        assert torch.equal(base[:, :3], keep[:, :3]) and torch.equal(base[:, 3 + m:],
+                                                                       keep[:, 3 + m:])
+
+
 @needs_onednn
 def test_onednn_computes_the_float32_products_and_nothing_else(monkeypatch, fresh):
     calls = _counting_op(monkeypatch)
@@ -79,7 +101,8 @@ def test_onednn_computes_the_float32_products_and_nothing_else(monkeypatch, fres
     og.mm_nt(a, b, use="onednn")
     og.add_mm_(torch.zeros(4, 5), a, c, use="onednn")
     og.add_mm_(torch.zeros(5, 4), b.t().contiguous().t(), a.t(), use="onednn")  # a view
-    assert len(calls) == 3
+    og.add_mm_t_(torch.zeros(5, 4), a, c, use="onednn")
+    assert len(calls) == 4
     # float64 and bf16 stay on torch.mm, exact as before
     a64, b64 = a.double(), b.double()
     assert torch.equal(og.mm_nt(a64, b64, use="onednn"), a64 @ b64.t())
@@ -88,8 +111,12 @@ def test_onednn_computes_the_float32_products_and_nothing_else(monkeypatch, fres
     acc = torch.zeros(4, 5, dtype=torch.float64)
     og.add_mm_(acc, a64, c.double(), use="onednn")
     assert torch.equal(acc, a64 @ c.double())
+    acc_t = torch.zeros(5, 4, dtype=torch.float64)
+    og.add_mm_t_(acc_t, a64, c.double(), use="onednn")
+    torch.testing.assert_close(acc_t, (a64 @ c.double()).t(), rtol=1e-15, atol=1e-15)
     og.mm_nt(a, b, use="blas")
-    assert len(calls) == 3
+    og.add_mm_t_(torch.zeros(5, 4), a, c, use="blas")
+    assert len(calls) == 4
 
 
 def test_choice_reads_the_environment(monkeypatch, fresh):

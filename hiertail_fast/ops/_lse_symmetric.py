@@ -294,6 +294,9 @@ def _lse_fused(z, log_w, scale, need_max, coef_fn, positives, fold_argmax, use: 
                        c=c32, gid=positives.gid[order] if with_pos else None,
                        include_self=positives.include_self if with_pos else True))
     dz = torch.zeros_like(zs)
+    # the keys' products of oneDNN's tiles, transposed [d, N]: oneDNN returns them as [d, keys]
+    # and they add in row by row (into dz's rows it was a strided add, ``add_mm_t_``)
+    dz_keys_t = torch.zeros(zs.shape[1], n, dtype=zs.dtype) if use == "onednn" else None
     for t_id, (rs, cols, diag, s, u) in enumerate(tiles_of_the_triangle()):
         logits = fold.read(t_id, s, scale) if fold is not None else None   # (rarely needed)
         used = grad_fn(threads, s.shape[0], s.shape[1], s.data_ptr(), s.stride(0), int(diag),
@@ -309,8 +312,14 @@ def _lse_fused(z, log_w, scale, need_max, coef_fn, positives, fold_argmax, use: 
         if fold is not None:
             fold.write(t_id, s, logits)
         _onednn_gemm.add_mm_(dz[rs], s, zs[cols], use=u)
-        _onednn_gemm.add_mm_(dz[cols], s.t(), zs[rs], use=u)
+        if u == "onednn":
+            _onednn_gemm.add_mm_t_(dz_keys_t[:, cols], s.t(), zs[rs], use=u)
+        else:
+            _onednn_gemm.add_mm_(dz[cols], s.t(), zs[rs], use=u)
         del s, logits
+    if dz_keys_t is not None:
+        dz.add_(dz_keys_t.t())
+        del dz_keys_t
     dz.mul_(scale * g_max)
     out = torch.empty_like(dz)
     out[order] = dz
