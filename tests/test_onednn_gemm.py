@@ -278,6 +278,10 @@ def test_symmetric_engine_on_each_provider_matches_the_reference(monkeypatch, va
     monkeypatch.setattr(sym, "MAX_BLOCK_ROWS", 64)
     monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(4 * 64 * 300))
     calls = _counting_op(monkeypatch) if ONEDNN_HERE else []
+    transposed = []                 # the keys' products into the transposed accumulator
+    real_t = og.add_mm_t_
+    monkeypatch.setattr(og, "add_mm_t_", lambda acc_t, *a, **k: (
+        transposed.append((acc_t.shape, acc_t.stride())), real_t(acc_t, *a, **k))[1])
     gen = torch.Generator().manual_seed(5)
     z = torch.nn.functional.normalize(torch.randn(1001, 24, generator=gen), dim=1)
     y = torch.randint(0, 7, (1001,), generator=gen)
@@ -292,6 +296,9 @@ def test_symmetric_engine_on_each_provider_matches_the_reference(monkeypatch, va
     tiles, _ = sym._tiles(1001, use)
     served = [sym._gemm_use(use, r1 - r0, c1 - c0) for r0, r1, c0, c1 in tiles]
     assert len(calls) == 4 * served.count("onednn")
+    # pass 2: each oneDNN tile's keys' product row by row into the [d, N] accumulator
+    assert transposed == [((24, c1 - c0), (1001, 1)) for (r0, r1, c0, c1), u in
+                          zip(tiles, served, strict=True) if u == "onednn"]
     ragged = [r1 - r0 < 64 or c1 - c0 < 64 for r0, r1, c0, c1 in tiles]
     if use == "onednn":
         assert served == ["blas" if r else "onednn" for r in ragged] and not all(ragged)
