@@ -18,7 +18,9 @@ per shape: why the engine gives it few shapes, ``_lse_symmetric._next_piece``).
 ``--loss N --tile-mib 16 8 4`` then runs the exact loss (forward + backward, N normalised rows,
 70 classes) on oneDNN with each tile budget (``HIERTAIL_CPU_BLOCK_BYTES``) in turn, for
 ``--loss-rounds`` rounds, printing seconds and the process's minor page faults per call: a
-fresh tile the allocator maps anew is faulted in page by page (why ``ONEDNN_TILE_BYTES``).
+fresh tile the allocator maps anew is faulted in page by page (why ``ONEDNN_TILE_BYTES``;
+the engine pads glibc's heap against that since 2026-12-07, ``ops/_roomy_heap.py``: run with
+``HIERTAIL_CPU_HEAP=keep`` to see glibc as it was, and ``bench/heap_ab.py`` for the A/B).
 
 Run it on an idle machine (``bench/idle_window.sh``); the load average is printed before and
 after.
