@@ -31,8 +31,7 @@ def recorder(monkeypatch):
         return 1
 
     monkeypatch.setattr(heap, "_mallopt", lambda: mallopt)
-    for name in (*heap.USER_MALLOC_VARS, "GLIBC_TUNABLES", heap.ENV_VAR):
-        monkeypatch.delenv(name, raising=False)
+    _no_user_tuning(monkeypatch)
     return calls
 
 
@@ -180,6 +179,12 @@ def test_the_pad_holds_the_engines_tiles():
     assert tile < heap.MMAP_THRESHOLD and 2 * tile <= heap.TOP_PAD
 
 
+def _no_user_tuning(monkeypatch) -> None:
+    """The runner's own malloc variables (if any) out of the way, and the setting unset."""
+    for name in (*heap.USER_MALLOC_VARS, "GLIBC_TUNABLES", heap.ENV_VAR):
+        monkeypatch.delenv(name, raising=False)
+
+
 def _spy(monkeypatch) -> list:
     entered = []
     real = heap.roomy_heap
@@ -204,6 +209,7 @@ def _loss_and_grad(n=700):
 
 @pytest.mark.skipif(not sym.available(), reason="no C compiler: the symmetric engine is off")
 def test_the_engine_pads_only_around_onednn_tiles(monkeypatch):
+    _no_user_tuning(monkeypatch)
     monkeypatch.setenv(sym.ENV_VAR, "1")
     monkeypatch.setenv(og.ENV_VAR, "blas")
     entered = _spy(monkeypatch)
@@ -235,8 +241,7 @@ def test_the_numbers_do_not_depend_on_the_heap(monkeypatch):
     mallopt where there is one)."""
     monkeypatch.setenv(sym.ENV_VAR, "1")
     monkeypatch.setenv(og.ENV_VAR, "onednn")
-    for name in (*heap.USER_MALLOC_VARS, "GLIBC_TUNABLES"):
-        monkeypatch.delenv(name, raising=False)
+    _no_user_tuning(monkeypatch)
     entered = _spy(monkeypatch)
     monkeypatch.setenv(heap.ENV_VAR, "keep")
     loss_keep, grad_keep = _loss_and_grad()
