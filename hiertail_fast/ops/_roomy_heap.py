@@ -28,6 +28,9 @@ can keep glibc as it was with ``HIERTAIL_CPU_HEAP=keep``.
 
 Left alone: non-glibc C libraries (musl, macOS, Windows), and processes whose user tuned
 malloc already (``MALLOC_*_`` variables or ``glibc.malloc.`` tunables in the environment).
+glibc cannot be asked for its current settings, so a program that calls ``mallopt`` itself
+(through ctypes, say) cannot be seen: it should set ``HIERTAIL_CPU_HEAP=keep``, or its own
+``M_TOP_PAD`` would be put back to 128 KiB after each loss.
 """
 from __future__ import annotations
 
