@@ -101,8 +101,10 @@ def test_nested_and_concurrent_scopes_set_once_and_restore_once(recorder):
 @pytest.mark.parametrize("env,why", [
     ({heap.ENV_VAR: "keep"}, "HIERTAIL_CPU_HEAP=keep"),
     ({"MALLOC_TOP_PAD_": "0"}, r"the user tuned malloc \(MALLOC_TOP_PAD_ is set\)"),
-    ({"MALLOC_ARENA_MAX": "2"}, r"the user tuned malloc \(MALLOC_ARENA_MAX is set\)"),
+    ({"MALLOC_MMAP_MAX_": "0"}, r"the user tuned malloc \(MALLOC_MMAP_MAX_ is set\)"),
     ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"},
+     r"the user tuned malloc \(GLIBC_TUNABLES is set\)"),
+    ({"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F:glibc.malloc.top_pad=0"},
      r"the user tuned malloc \(GLIBC_TUNABLES is set\)"),
 ])
 def test_the_heap_is_left_alone_where_asked_or_tuned_by_the_user(monkeypatch, recorder, env,
@@ -115,8 +117,14 @@ def test_the_heap_is_left_alone_where_asked_or_tuned_by_the_user(monkeypatch, re
     assert recorder == []
 
 
-def test_tunables_of_other_parts_of_glibc_do_not_count(monkeypatch, recorder):
-    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.cpu.hwcaps=-AVX512F")
+@pytest.mark.parametrize("env", [
+    {"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F"},
+    {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"},
+    {"MALLOC_ARENA_MAX": "2"},          # set by many container images: not what we change
+])
+def test_settings_the_scope_does_not_touch_do_not_count(monkeypatch, recorder, env):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     assert heap.why_not() is None
 
 

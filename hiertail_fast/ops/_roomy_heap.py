@@ -7,8 +7,8 @@ serves a block that size from the top of its heap, and when a freed block leaves
 the trim threshold free at the top it hands the pages back to the kernel (``brk``). The next
 tile then touches fresh pages, one minor page fault per 4 KiB. Whether that happens depends on
 the process's history (what its heap held before), not on our code: 4.0-4.3M faults per 100k
-loss in some processes, 0.23M in others (``bench/cpu_gemm.py --loss``; torch.mm, which writes
-into one reused buffer, 0.24M). On the project's 2-core AMD EPYC VM (2026-12-07, fresh
+loss in some processes, 0.23M in others (``bench/cpu_gemm.py --loss``; torch.mm writes into
+one reused buffer and is not concerned). On the project's 2-core AMD EPYC VM (2026-12-07, fresh
 processes alternated, ``bench/heap_ab.py``) a 100k exact loss, forward + backward, took 28.5 s
 with glibc as it was (4.3M faults) and 22.1 s padded (0.24M; 0.775x, peak RSS the same); a
 HierTail epoch at 100k nodes, whose process had only 0.48M faults, 23.0 -> 21.2 s (0.92x).
@@ -26,8 +26,9 @@ threshold stays 32 MiB, and glibc's dynamic threshold adjustment stays off (any 
 turns it off; glibc offers no call to turn it on again). A process whose peak is at issue
 can keep glibc as it was with ``HIERTAIL_CPU_HEAP=keep``.
 
-Left alone: non-glibc C libraries (musl, macOS, Windows), and processes whose user tuned
-malloc already (``MALLOC_*_`` variables or ``glibc.malloc.`` tunables in the environment).
+Left alone: non-glibc C libraries (musl, macOS, Windows), and processes whose user set these
+settings already (``MALLOC_TOP_PAD_``, ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``,
+``MALLOC_MMAP_MAX_`` or their ``glibc.malloc.`` tunables in the environment).
 glibc cannot be asked for its current settings, so a program that calls ``mallopt`` itself
 (through ctypes, say) cannot be seen: it should set ``HIERTAIL_CPU_HEAP=keep``, or its own
 ``M_TOP_PAD`` would be put back to 128 KiB after each loss.
@@ -53,9 +54,13 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 * MIB
 TOP_PAD = 32 * MIB
 GLIBC_TOP_PAD = 128 * 1024          # glibc's default M_TOP_PAD, put back on leaving
-# the environment through which a user tunes glibc's malloc (read by glibc at start-up)
+# the environment through which a user sets what the scope would change (read by glibc at
+# start-up): the thresholds and the pad, as variables or as glibc tunables. Arena settings
+# (MALLOC_ARENA_MAX, set by many container images to bound memory) are not among them.
 USER_MALLOC_VARS = ("MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
-                    "MALLOC_MMAP_MAX_", "MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST")
+                    "MALLOC_MMAP_MAX_")
+USER_TUNABLES = ("glibc.malloc.top_pad", "glibc.malloc.mmap_threshold",
+                 "glibc.malloc.trim_threshold", "glibc.malloc.mmap_max")
 
 _lock = threading.Lock()
 _depth = 0                          # roomy_heap() scopes open now, over all threads
@@ -92,11 +97,13 @@ def _mallopt():
 
 
 def _user_tuned() -> str | None:
-    """The environment variable through which the user tuned malloc, if any."""
+    """The environment variable through which the user set glibc's thresholds or pad, if
+    any."""
     for name in USER_MALLOC_VARS:
         if name in os.environ:
             return name
-    if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    if any(t in tunables for t in USER_TUNABLES):
         return "GLIBC_TUNABLES"
     return None
 
