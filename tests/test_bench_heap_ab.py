@@ -43,6 +43,15 @@ def test_a_child_reports_the_setting_it_ran_under(monkeypatch, capsys):
     assert len(lines) == 2 and all('"heap": "keep"' in line for line in lines)
 
 
+def test_the_epoch_workload_runs_a_hiertail_epoch_per_call(monkeypatch, capsys):
+    monkeypatch.setenv(heap_ab._roomy_heap.ENV_VAR, "auto")
+    assert heap_ab.main(["--child", "--workload", "epoch", "--nodes", "300",
+                         "--calls", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all('"heap": "auto"' in line for line in lines)
+    assert all(float(re.search(r'"seconds": ([\d.e-]+)', line).group(1)) > 0 for line in lines)
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--calls", "1"], "--calls must be at least 2"),
     (["--workload", "epoch", "--nodes", "100"], "at least 280 nodes"),
