@@ -6,7 +6,9 @@ One tile of the engine is 256 rows x W keys, d features:
 
     logits   S = z_B z_W^T          [256, W]    (twice per tile: pass 1 and pass 2)
     rows     dz_B += W_t z_W        [256, d]    (K = W)
-    keys     dz_W += W_t^T z_B      [W, d]      (K = 256, the tile read transposed)
+    keys     dz_W += W_t^T z_B      [W, d]      (K = 256, the tile read transposed; on
+                                                 oneDNN into the engine's transposed
+                                                 [d, W] accumulator, ``add_mm_t_``)
 
 Per width it prints the median milliseconds of each form per provider and their ratio, and the
 tile's four GEMMs together (2 x logits + rows + keys). ``--shapes N`` then calls oneDNN on N
@@ -55,12 +57,17 @@ def tile_steps(width: int, d: int, use: str, gen: torch.Generator) -> dict:
     w = torch.randn(ROWS, width, generator=gen)
     buf = torch.empty(ROWS * width)
     acc_b = torch.zeros(ROWS, d)
-    acc_w = torch.zeros(width, d)
     out = buf.view(ROWS, width)
+    if use == "onednn":     # as the engine: row by row into a transposed accumulator
+        acc_w_t = torch.zeros(d, width)
+        keys = lambda: og.add_mm_t_(acc_w_t, w.t(), zb, use=use)  # noqa: E731
+    else:
+        acc_w = torch.zeros(width, d)
+        keys = lambda: og.add_mm_(acc_w, w.t(), zb, use=use)  # noqa: E731
     return {
         "logits": lambda: og.mm_nt(zb, zw, out=out, use=use),
         "rows": lambda: og.add_mm_(acc_b, w, zw, use=use),
-        "keys": lambda: og.add_mm_(acc_w, w.t(), zb, use=use),
+        "keys": keys,
     }
 
 

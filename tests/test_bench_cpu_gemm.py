@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ needs_onednn = pytest.mark.skipif(og._unavailable() is not None, reason=str(og._
 @needs_onednn
 def test_each_form_on_each_provider_and_the_tile_row(capsys, monkeypatch):
     calls = []
-    for name in ("mm_nt", "add_mm_"):
+    for name in ("mm_nt", "add_mm_", "add_mm_t_"):
         real = getattr(og, name)
 
         def spy(*a, _real=real, _name=name, **k):
@@ -44,6 +45,12 @@ def test_each_form_on_each_provider_and_the_tile_row(capsys, monkeypatch):
     # 2 widths x 2 rounds x 3 forms x 2 providers, then the shapes' 3 x (mm_nt + add_mm_)
     assert len(calls) == 2 * 2 * 3 * 2 + 6
     assert {u for _, u in calls[:24]} == {"blas", "onednn"}
+    # per width and round: logits on each provider, rows on each, and the keys as the engine
+    # runs them (torch.mm: add_mm_ on the tile read transposed; oneDNN: into the transposed
+    # accumulator, add_mm_t_)
+    assert Counter(calls[:24]) == {("mm_nt", "blas"): 4, ("mm_nt", "onednn"): 4,
+                                   ("add_mm_", "blas"): 8, ("add_mm_", "onednn"): 4,
+                                   ("add_mm_t_", "onednn"): 4}
     assert re.search(r"RSS growth per distinct oneDNN shape: -?[\d.]+ MB \(3 shapes\)", out)
     assert out.count("load average") == 2
 
