@@ -61,18 +61,30 @@ def epoch_step(pkg, nodes: int, args):
     return epoch
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    p.add_argument("--rev", required=True, help="the git revision to compare with (old)")
-    p.add_argument("--nodes", type=positive(int), nargs="+", default=[1000, 100_000])
-    p.add_argument("--rounds", type=positive(int), default=7,
-                   help="rounds per size (the first dropped)")
+def add_epoch_arguments(p: argparse.ArgumentParser) -> None:
+    """The epoch's graph and model (bench/scale.py's); shared with ``heap_ab.py``."""
     p.add_argument("--config", choices=("paper", "official"), default="paper")
     p.add_argument("--classes", type=positive(int), default=70)
     p.add_argument("--avg-degree", type=positive(float), default=10.0)
     p.add_argument("--features", type=positive(int), default=128)
     p.add_argument("--hidden", type=positive(int), default=128)
     p.add_argument("--seed", type=int, default=0)
+
+
+def epoch_defaults(**given) -> argparse.Namespace:
+    """``add_epoch_arguments``' defaults, with ``given`` values in their place."""
+    p = argparse.ArgumentParser()
+    add_epoch_arguments(p)
+    return argparse.Namespace(**{**vars(p.parse_args([])), **given})
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    p.add_argument("--rev", required=True, help="the git revision to compare with (old)")
+    p.add_argument("--nodes", type=positive(int), nargs="+", default=[1000, 100_000])
+    p.add_argument("--rounds", type=positive(int), default=7,
+                   help="rounds per size (the first dropped)")
+    add_epoch_arguments(p)
     args = p.parse_args(argv)
     if args.rounds < 2 or min(args.nodes) < 4 * args.classes:
         p.error("--rounds must be at least 2 and every size at least 4 x --classes")

@@ -53,13 +53,11 @@ def _workload(kind: str, nodes: int, seed: int):
             z = z0.clone().requires_grad_()
             balanced_contrastive_loss(z, y, temperature=0.1).backward()
         return call
-    from epoch_ab import epoch_step
+    from epoch_ab import epoch_defaults, epoch_step
 
     import hiertail_fast
 
-    args = argparse.Namespace(classes=70, avg_degree=10.0, features=128, hidden=128,
-                              seed=seed, config="paper")
-    return epoch_step(hiertail_fast, nodes, args)
+    return epoch_step(hiertail_fast, nodes, epoch_defaults(seed=seed))
 
 
 def child(kind: str, nodes: int, calls: int, seed: int) -> int:
