@@ -23,8 +23,10 @@ import torch
 FORCE_SYNC_FREE = False
 
 # what CUDA tensors do without these: no C kernels (``_native``), no symmetric engine (CPU
-# only), the official positives over whole key bands (``_positive_blocks.band_path``)
-CUDA_PATH_ENV = {"HIERTAIL_NATIVE": "0", "HIERTAIL_SYMMETRIC": "0", "HIERTAIL_POSITIVES": "band"}
+# only), the official positives over whole key bands (``_positive_blocks.band_path``), the
+# row-block engine's GEMMs whole on torch.mm (not in oneDNN's CPU pieces, ``_block_gemms``)
+CUDA_PATH_ENV = {"HIERTAIL_NATIVE": "0", "HIERTAIL_SYMMETRIC": "0", "HIERTAIL_POSITIVES": "band",
+                 "HIERTAIL_CPU_GEMM": "blas"}
 
 
 def host_reads_cheap(device: torch.device | str) -> bool:

@@ -29,6 +29,7 @@ Memory/time tricks:
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Callable
@@ -36,7 +37,12 @@ from collections.abc import Callable
 import torch
 
 from hiertail_fast._validation import env_int
-from hiertail_fast.ops import _block_exp  # (it imports this module too)
+from hiertail_fast.ops import (
+    _block_exp,  # (it imports this module too)
+    _block_gemms,
+    _onednn_gemm,
+    _roomy_heap,
+)
 from hiertail_fast.ops._finite import finite
 from hiertail_fast.ops._host_reads import host_reads_cheap
 from hiertail_fast.ops._max_fold import (
@@ -175,7 +181,22 @@ def cuda_rows_floor(rows: int, n_cols: int, device: torch.device,
     return max(rows, min(MIN_CUDA_BLOCK_ROWS, free // (4 * bytes_per_entry * max(n_cols, 1))))
 
 
-def _engine(
+def _engine(z: torch.Tensor, log_w: torch.Tensor, scale: float, need_max: bool, **kw):
+    """``_blocks`` with its GEMMs' provider: oneDNN for CPU float32 where
+    ``_onednn_gemm.provider()`` says so (``_block_gemms``), inside glibc's padded heap for its
+    fresh tiles (``_roomy_heap``); torch.mm otherwise."""
+    use = "blas"
+    if z.device.type == "cpu" and z.dtype == torch.float32:
+        _roomy_heap.choice()            # a bad HIERTAIL_CPU_HEAP is an error on every path
+        use = _onednn_gemm.provider()
+        if z.shape[0] < _block_gemms.PIECE_UNIT:     # no oneDNN piece: no heap padding
+            use = "blas"
+    heap = _roomy_heap.roomy_heap() if use == "onednn" else contextlib.nullcontext()
+    with heap:
+        return _blocks(z, log_w, scale, need_max, use=use, **kw)
+
+
+def _blocks(
     z: torch.Tensor,
     log_w: torch.Tensor,
     scale: float,
@@ -186,6 +207,7 @@ def _engine(
     positives=None,
     fold_argmax: ArgmaxShare | None = None,
     all_visible: bool | None = None,
+    use: str = "blas",
 ):
     n, d = z.shape
     n_levels = log_w.shape[0]
@@ -242,7 +264,8 @@ def _engine(
         has_twin = twin >= 0
         if not host_reads_cheap(z.device) or bool(has_twin.any()):
             rest_twins = (has_twin, column_of(cidx, n)[twin.clamp(min=0)].clamp_(min=0))
-    b = _block_rows(n, n_c, z.device, z.element_size())
+    b = _block_gemms.rows(_block_rows(n, n_c, z.device, z.element_size()), use, n_c)
+    gemms = _block_gemms.BlockGemms(zc, b, use, grad)
     buf = torch.empty(b, n_c, dtype=z.dtype, device=z.device)
     block_fn = (_block_exp.kernel() if z.dtype == torch.float32 and z.device.type == "cpu"
                 else None)
@@ -257,7 +280,7 @@ def _engine(
         e = buf[: r1 - r0]
         # ---- common columns: one GEMM, one max, one exp for all levels
         if n_c:
-            torch.mm(zb, zc.t(), out=e)               # z_i . z_k; the step scales it: s_ik
+            gemms.logits(e, zb, zc)                   # z_i . z_k; the step scales it: s_ik
             if max_fold is not None and max_fold.duplicates is not None:   # equal keys, equal
                 dup, twin = max_fold.duplicates                            # dot products
                 e[:, dup] = e[:, twin]
@@ -364,8 +387,8 @@ def _engine(
                     positives.common_block(blk, rows, e, m_c, max_b, arg_b, e, den)
                 if max_fold is not None:    # the entry (i, a) out (LSE part and positive)
                     set_at(e, col[0], None, 0.0)      # (after the positives wrote into e)
-                dz[rows] += (e @ zwc).mul_(a[0][:, None] * (scale * a_max))
-                addmm_scaled_(key_c, e.t(), zb * a[0][:, None], a_max)
+                dz[rows] += gemms.products(e, zwc, key_c, zb * a[0][:, None], a_max).mul_(
+                    a[0][:, None] * (scale * a_max))
             else:
                 t = level_weights(a, wc, tbuf[: r1 - r0])                 # sum_l a_li w_lk
                 t.mul_(e)                    # t = the gradient block; e keeps the forward values
@@ -376,8 +399,7 @@ def _engine(
                                 else positives.coef_s[:, blk], a, wc, x, a_max)
                 if positives is not None:    # their sums, and + c_i q_ij / a_max into t
                     positives.common_block(blk, rows, e, m_c, max_b, arg_b, t, a_max)
-                dz[rows] += torch.mm(t, zc).mul_(scale * a_max)
-                addmm_scaled_(key_c, t.t(), zb, a_max)
+                dz[rows] += gemms.products(t, zc, key_c, zb, a_max).mul_(scale * a_max)
         if n_r:
             p_r = exp_shifted_((v_r - rel64[:, :, None]).to(z.dtype))     # v_r - rel <= 0
             p_r = torch.where(nz[:, :, None], g[:, :, None] * p_r, torch.zeros_like(p_r))
@@ -406,6 +428,7 @@ def _engine(
         c = c.to(z.dtype)[:, None]
         dz.index_add_(0, i, c * z[j], alpha=scale)
         dz.index_add_(0, j, c * z[i], alpha=scale)
+    gemms.finish_keys(key_c)
     if folded:
         key_c.mul_(wc[0][:, None])
     if cidx is None:
