@@ -19,15 +19,18 @@ between a path the library takes and one it keeps (or reproduces) for comparison
                 threads (``_block_exp.c``, new) vs the six torch passes it replaces
     posthreads  the positives kernel's rows on torch's OpenMP threads for blocks with at least
                 PARALLEL_MIN_ENTRIES entries (new) vs one thread per call
-    gemm        the symmetric engine's GEMMs on oneDNN (``HIERTAIL_CPU_GEMM=onednn``, new)
-                vs torch.mm on torch's BLAS (``blas``, MKL in the x86 wheels); use --levels 1
-                and the sizes the engine serves (>= 512 rows)
+    gemm        the CPU engines' GEMMs on oneDNN (``HIERTAIL_CPU_GEMM=onednn``, new) vs
+                torch.mm on torch's BLAS (``blas``, MKL in the x86 wheels): --levels 1 at the
+                sizes the symmetric engine serves (>= 512 rows), --levels 3 the row-block
+                engine's (``ops/_block_gemms.py``: oneDNN pieces from 256 keys)
 
     python bench/engine_ab.py --switch weights --levels 3 --variant official --rounds 15
     python bench/engine_ab.py --switch fold --levels 1 --variant official --regimes relu randn
     python bench/engine_ab.py --switch native --levels 3 --exact     (+ the exact variant's time)
     python bench/engine_ab.py --switch gemm --levels 1 --variant exact --n 20000 --d 128 \
         --regimes normalised --rounds 4
+    python bench/engine_ab.py --switch gemm --levels 3 --variant official --n 30000 --d 128 \
+        --regimes normalised --rounds 5
 
 A change that leaves no old path to switch to is measured against the package at an earlier git
 revision, with that revision's own C kernels: ``bench/version_ab.py``.

@@ -151,11 +151,14 @@ def test_two_levels_on_each_provider_match_the_reference(monkeypatch, variant, u
         assert {x for x, _ in calls} <= {(48, 12), (48, 64), (48, 32), (48, 16), (12, 48)}
 
 
+@pytest.mark.parametrize("variant", ["exact", "official"])
 @pytest.mark.parametrize("use", USES)
-def test_one_level_and_a_level_without_prototypes_match_the_reference(monkeypatch, use):
+def test_one_level_and_a_level_without_prototypes_match_the_reference(monkeypatch, use,
+                                                                       variant):
     """The row-block engine's other calls on both providers: one level below the symmetric
-    engine's rows (MIN_ROWS), and two levels of which the second has no prototypes (the
-    first's are hidden keys there)."""
+    engine's rows (MIN_ROWS; the weights folded into the operands, and for the official
+    variant the positives written into the block before its products), and two levels of
+    which the second has no prototypes (the first's are hidden keys there)."""
     monkeypatch.setenv(og.ENV_VAR, use)
     monkeypatch.setenv("HIERTAIL_CPU_BLOCK_BYTES", str(4 * 32 * 300))
     monkeypatch.setattr(bg, "PIECE_UNIT", 16)
@@ -167,14 +170,16 @@ def test_one_level_and_a_level_without_prototypes_match_the_reference(monkeypatc
         got_z = z.clone().requires_grad_()
         if len(labels) == 1:
             loss = balanced_contrastive_loss(got_z, labels[0], prototypes=protos[0],
-                                             temperature=0.2, backend="torch")
+                                             temperature=0.2, variant=variant,
+                                             backend="torch")
         else:
             loss = hierarchical_contrastive_loss(got_z, labels, protos, temperature=0.2,
-                                                 backend="torch").sum()
+                                                 variant=variant, backend="torch").sum()
         loss.backward()
         want_z = z.double().requires_grad_()
         want = sum(ref(want_z, y, prototypes=None if p is None else p.double(),
-                       temperature=0.2) for y, p in zip(labels, protos, strict=True))
+                       temperature=0.2, variant=variant)
+                   for y, p in zip(labels, protos, strict=True))
         want.backward()
         assert abs(loss.item() - want.item()) <= 1e-5 * abs(want.item())
         assert ((got_z.grad.double() - want_z.grad).abs().max()
