@@ -21,7 +21,8 @@ def fresh(monkeypatch):
     """Cleared adapter caches before and after (tests replace what they read)."""
     monkeypatch.delenv(og.ENV_VAR, raising=False)
     monkeypatch.delenv(og.FPMATH_ENV, raising=False)
-    cached = (og._op, og._probe)        # a test may replace them: clear the real ones after
+    cached = (og._op, og._probe, og._cpu_vendor)  # a test may replace them: clear the real
+                                                  # ones after
     for fn in cached:
         fn.cache_clear()
     yield
@@ -159,11 +160,18 @@ def test_cpu_vendor_is_read_from_cpuinfo(monkeypatch, tmp_path):
     real_open = open
     monkeypatch.setattr("builtins.open", lambda path, *a, **k: real_open(
         info if path == "/proc/cpuinfo" else path, *a, **k))
-    assert og._cpu_vendor() == "AuthenticAMD"
+    read = og._cpu_vendor.__wrapped__         # past the per-process cache
+    assert read() == "AuthenticAMD"
     info.write_text("processor\t: 0\n")
-    assert og._cpu_vendor() is None
+    assert read() is None
     info.unlink()
-    assert og._cpu_vendor() is None
+    assert read() is None
+    info.write_text("vendor_id\t: AuthenticAMD\n")
+    og._cpu_vendor.cache_clear()
+    assert og._cpu_vendor() == "AuthenticAMD" and og._cpu_vendor.cache_info().hits == 0
+    info.write_text("processor\t: 0\n")
+    assert og._cpu_vendor() == "AuthenticAMD"             # read once per process
+    og._cpu_vendor.cache_clear()
 
 
 def test_without_the_op_auto_falls_back_and_a_forced_onednn_says_why(monkeypatch, fresh):
