@@ -19,16 +19,16 @@ cuts its tiles:
 * oneDNN writes no ``out=``: each piece of logits comes back fresh (<= 4 MiB, inside
   ``_roomy_heap``'s padded heap) and is copied into the block's buffer, which the C step
   needs whole (the row max over all keys);
-* oneDNN reads only dense operands fast (a strided column slice as W took 10 s for a GEMM of
-  8 ms), so each piece of t is copied once into a contiguous scratch that serves both
+* oneDNN reads only dense operands fast (a strided column slice as W ran over 1,000x slower
+  in a one-off check), so each piece of t is copied once into a contiguous scratch that serves both
   products: rows as X W^T with W = Z_c[piece]^T (a transposed view), keys transposed,
   Z_b^T t_piece, added into a [d, N_c] accumulator row by row (``_onednn_gemm.add_mm_t_``'s
   form) and into the keys' [N_c, d] once at the end.
 
-Measured on the project's 2-core AMD EPYC (AVX-512, torch 2.13.0+cpu), one block of 256 rows
-x 30,000 keys, d 128: logits 12.3 ms on torch.mm against 5.2 in oneDNN pieces, rows 10.7
-against 7.1-7.6, keys 9.8 against 7.7 (scratch scripts; the loss-level A/B is
-``bench/engine_ab.py --switch gemm``, docs/LOSS.md).
+On the project's 2-core AMD EPYC (AVX-512, torch 2.13.0+cpu) a 30k-row three-level loss,
+d 128, took 0.70x (official) and 0.64x (exact) the time of torch.mm's GEMMs, unchanged at
+1,000-2,400 rows (``bench/version_ab.py --levels 3``, ``bench/engine_ab.py --switch gemm
+--levels 3``; docs/LOSS.md).
 """
 from __future__ import annotations
 
