@@ -72,6 +72,16 @@ def pieces(n_cols: int, b: int, use: str) -> list[tuple[int, int, bool]]:
     return out
 
 
+def addmm_scaled_(acc: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor, alpha) -> None:
+    """acc += alpha * m1 @ m2, alpha a float (addmm's own alpha) or ``block_norm``'s device
+    scalar, which addmm cannot take: it scales m2 (the block's [b, d] operand, the small one)
+    instead. Where that applies (CUDA), a denormal operand costs no time (a CPU matter)."""
+    if isinstance(alpha, torch.Tensor):
+        acc.addmm_(m1, m2 * alpha)
+    else:
+        acc.addmm_(m1, m2, alpha=alpha)
+
+
 class BlockGemms:
     """The GEMMs of one ``_engine`` call against the common keys ``zc`` [N_c, d], blocks of
     ``b`` rows, provider ``use`` (``_onednn_gemm.provider()``, read once per call).
@@ -101,11 +111,9 @@ class BlockGemms:
                 e[:, c0:c1].copy_(torch.mm(zb, zc[c0:c1].t()))
 
     def products(self, t: torch.Tensor, right: torch.Tensor, key_c: torch.Tensor,
-                 left: torch.Tensor, alpha: float) -> torch.Tensor:
+                 left: torch.Tensor, alpha) -> torch.Tensor:
         """t [rows, N_c] -> t @ right [rows, d], and key_c [N_c, d] += alpha * t^T @ left
-        (alpha a float: CPU; the torch.mm path keeps ``addmm_scaled_``'s contract)."""
-        from hiertail_fast.ops._lse_torch import addmm_scaled_
-
+        (alpha: ``addmm_scaled_``'s; a float wherever oneDNN serves, which is CPU only)."""
         if self.key_t is None or t.shape[0] != self.b:
             out = torch.mm(t, right)
             addmm_scaled_(key_c, t.t(), left, alpha)

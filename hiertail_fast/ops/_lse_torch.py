@@ -453,16 +453,6 @@ def block_norm(a: torch.Tensor, coef_max: torch.Tensor | None, host: bool):
     return torch.where(m > 0, m, torch.ones_like(m))
 
 
-def addmm_scaled_(acc: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor, alpha) -> None:
-    """acc += alpha * m1 @ m2, alpha a float (addmm's own alpha) or ``block_norm``'s device
-    scalar, which addmm cannot take: it scales m2 (the block's [b, d] operand, the small one)
-    instead. Where that applies (CUDA), a denormal operand costs no time (a CPU matter)."""
-    if isinstance(alpha, torch.Tensor):
-        acc.addmm_(m1, m2 * alpha)
-    else:
-        acc.addmm_(m1, m2, alpha=alpha)
-
-
 def _compute_dtype(z: torch.Tensor) -> torch.dtype:
     return torch.float64 if z.dtype == torch.float64 else torch.float32
 
