@@ -36,7 +36,8 @@ import torch
 
 from hiertail_fast.ops import _onednn_gemm
 
-# a oneDNN piece is at most this many bytes of float32 logits (the symmetric engine's tile)
+# a oneDNN piece is at most this many bytes of float32 logits, as the symmetric engine's tile
+# (``_lse_symmetric.ONEDNN_TILE_BYTES``, which is this value; why 4 MiB: there)
 PIECE_BYTES = 4 << 20
 PIECE_UNIT = 256        # piece widths are PIECE_UNIT * 2^k keys
 ROW_UNIT = 16           # oneDNN's blocks have a multiple of ROW_UNIT rows
@@ -53,18 +54,30 @@ def rows(b: int, use: str, n_cols: int) -> int:
     return b - b % ROW_UNIT
 
 
+def widest(budget: int, b: int, unit: int) -> int:
+    """The widest oneDNN piece for blocks of `b` rows: unit * 2^k keys, at most `budget` bytes
+    of float32 (one unit if none fits). Shared with the symmetric engine's tiles."""
+    units = max(1, budget // (4 * b * unit))
+    return unit << (units.bit_length() - 1)
+
+
+def cut(rest: int, width: int, unit: int) -> int:
+    """The next piece's width when rest >= unit keys are left: `width`, or the largest
+    unit * 2^k that fits (a binary cut of the rest: a few shapes at any N). Shared with the
+    symmetric engine's tiles."""
+    return width if rest >= width else unit << ((rest // unit).bit_length() - 1)
+
+
 def pieces(n_cols: int, b: int, use: str) -> list[tuple[int, int, bool]]:
     """(c0, c1, on oneDNN) covering [0, n_cols) for a full block of `b` rows: one piece on
     torch.mm for torch's BLAS; for oneDNN a binary cut into widths PIECE_UNIT * 2^k of at most
     PIECE_BYTES, and the last < PIECE_UNIT keys on torch.mm."""
     if use != "onednn":
         return [(0, n_cols, False)]
-    units = max(1, PIECE_BYTES // (4 * b * PIECE_UNIT))
-    width = PIECE_UNIT << (units.bit_length() - 1)
+    width = widest(PIECE_BYTES, b, PIECE_UNIT)
     out, c0 = [], 0
     while n_cols - c0 >= PIECE_UNIT:
-        rest = n_cols - c0
-        w = width if rest >= width else PIECE_UNIT << ((rest // PIECE_UNIT).bit_length() - 1)
+        w = cut(n_cols - c0, width, PIECE_UNIT)
         out.append((c0, c0 + w, True))
         c0 += w
     if c0 < n_cols:

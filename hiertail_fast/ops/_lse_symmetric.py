@@ -46,7 +46,7 @@ import math
 import torch
 
 from hiertail_fast._validation import env_switch
-from hiertail_fast.ops import _native, _onednn_gemm, _roomy_heap
+from hiertail_fast.ops import _block_gemms, _native, _onednn_gemm, _roomy_heap
 from hiertail_fast.ops._contrastive_pairs import OFFICIAL_EPS
 from hiertail_fast.ops._finite import finite
 from hiertail_fast.ops._lse_torch import MAX_BLOCK_ROWS, block_bytes, exp_cutoff
@@ -147,7 +147,7 @@ def _tiles(n: int, use: str = "blas") -> tuple[list[tuple[int, int, int, int]], 
 # bench/cpu_gemm.py). At 16, 8 and 4 MiB the process's history decided it, not the size (one
 # 100k loss: 226k to 5.0M minor faults, 18-31 s; docs/LOSS.md); 4 MiB: 1.49x torch.mm per tile,
 # and the epoch measured no different from 16 MiB.
-ONEDNN_TILE_BYTES = 4 << 20
+ONEDNN_TILE_BYTES = _block_gemms.PIECE_BYTES      # 4 MiB, the row-block engine's pieces too
 
 
 def _piece_width(use: str = "blas") -> int:
@@ -156,8 +156,7 @@ def _piece_width(use: str = "blas") -> int:
     budget = block_bytes()
     if use != "onednn":
         return max(MAX_BLOCK_ROWS, budget // (4 * MAX_BLOCK_ROWS))
-    units = min(budget, ONEDNN_TILE_BYTES) // (4 * MAX_BLOCK_ROWS * MAX_BLOCK_ROWS)
-    return MAX_BLOCK_ROWS << max(0, units.bit_length() - 1)
+    return _block_gemms.widest(min(budget, ONEDNN_TILE_BYTES), MAX_BLOCK_ROWS, MAX_BLOCK_ROWS)
 
 
 def _next_piece(rest: int, width: int, use: str) -> int:
@@ -171,7 +170,7 @@ def _next_piece(rest: int, width: int, use: str) -> int:
         return min(rest, width)
     if rest < MAX_BLOCK_ROWS:
         return rest
-    return MAX_BLOCK_ROWS << ((rest // MAX_BLOCK_ROWS).bit_length() - 1)
+    return _block_gemms.cut(rest, width, MAX_BLOCK_ROWS)
 
 
 def _gemm_use(use: str, rows: int, cols: int) -> str:
